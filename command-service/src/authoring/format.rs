@@ -1,0 +1,235 @@
+//! The workspace file: spaces with what is authored in them, and users with their
+//! memberships and API keys. JSON; unknown fields are rejected so typos fail loudly.
+
+use std::collections::HashSet;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Workspace {
+    #[serde(default)]
+    pub spaces: Vec<SpaceSpec>,
+    #[serde(default)]
+    pub users: Vec<UserSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SpaceSpec {
+    pub slug: String,
+    pub name: String,
+    /// The space's AI credit balance; set exactly to this value on apply.
+    #[serde(default)]
+    pub ai_credits: Option<i64>,
+    /// The space's email allowance, e.g. `{"monthly": 10000}`.
+    #[serde(default)]
+    pub email_allowance: Option<Value>,
+    #[serde(default)]
+    pub schemas: Vec<SchemaSpec>,
+    #[serde(default)]
+    pub templates: Vec<ResourceSpec>,
+    #[serde(default)]
+    pub broadcasts: Vec<ResourceSpec>,
+    #[serde(default)]
+    pub workflows: Vec<ResourceSpec>,
+    #[serde(default)]
+    pub forms: Vec<ResourceSpec>,
+    #[serde(default)]
+    pub topics: Vec<ResourceSpec>,
+    #[serde(default)]
+    pub senders: Vec<ResourceSpec>,
+    #[serde(default)]
+    pub domains: Vec<ResourceSpec>,
+    #[serde(default)]
+    pub contact_tracks: Vec<ResourceSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SchemaSpec {
+    pub slug: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub schema_type: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub attributes: Vec<AttributeSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AttributeSpec {
+    pub key: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// `type`, `required`, `default`, `options`, `valueSource`, `autoFill`, and for evaluated
+    /// attributes `returnType`, `targets` and `expression` (stored, never exposed).
+    pub definition: Map<String, Value>,
+}
+
+/// A template, broadcast, workflow, form, topic, sender, domain or contact track: a `slug`
+/// (unique per kind in the space), an optional fixed `id`, and the kind's own fields.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResourceSpec {
+    pub slug: String,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(flatten)]
+    pub fields: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UserSpec {
+    pub email: String,
+    pub name: String,
+    #[serde(default)]
+    pub memberships: Vec<MembershipSpec>,
+    #[serde(default)]
+    pub api_keys: Vec<KeySpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MembershipSpec {
+    /// The space's slug.
+    pub space: String,
+    /// `admin`, `non_paid_admin` or `member`.
+    pub role: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KeySpec {
+    pub name: String,
+    /// The slug of the space the key is bound to; absent for a space-unbound key.
+    #[serde(default)]
+    pub space: Option<String>,
+    /// The full key (`sk_...`), for fixtures and tests. Absent: generated and printed once.
+    #[serde(default)]
+    pub secret: Option<String>,
+    #[serde(default)]
+    pub revoked: bool,
+}
+
+/// Parses and checks a workspace file.
+pub fn parse(text: &str) -> anyhow::Result<Workspace> {
+    let workspace: Workspace = serde_json::from_str(text).context("the workspace file is not valid")?;
+    validate(&workspace)?;
+    Ok(workspace)
+}
+
+fn validate(workspace: &Workspace) -> anyhow::Result<()> {
+    let mut space_slugs = HashSet::new();
+    for space in &workspace.spaces {
+        check_slug("space", &space.slug)?;
+        if !space_slugs.insert(space.slug.as_str()) {
+            bail!("space {:?} is defined twice", space.slug);
+        }
+        let mut schema_slugs = HashSet::new();
+        for schema in &space.schemas {
+            check_slug("schema", &schema.slug)?;
+            if !schema_slugs.insert(schema.slug.as_str()) {
+                bail!("schema {:?} is defined twice in space {:?}", schema.slug, space.slug);
+            }
+            if !matches!(schema.schema_type.as_str(), "contact" | "object" | "event") {
+                bail!("schema {:?} has type {:?}; use contact, object or event", schema.slug, schema.schema_type);
+            }
+            let base: Vec<&str> =
+                shared::records::base_attributes(&schema.schema_type).iter().map(|(key, _, _)| *key).collect();
+            let mut keys = HashSet::new();
+            for attribute in &schema.attributes {
+                let valid_key = !attribute.key.is_empty()
+                    && attribute.key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && attribute.key.chars().next().is_some_and(|c| c.is_ascii_alphabetic());
+                if !valid_key {
+                    bail!(
+                        "attribute key {:?} in schema {:?} must be letters, digits and _",
+                        attribute.key,
+                        schema.slug
+                    );
+                }
+                if base.contains(&attribute.key.as_str()) {
+                    bail!("attribute {:?} in schema {:?} is a base attribute", attribute.key, schema.slug);
+                }
+                if !keys.insert(attribute.key.as_str()) {
+                    bail!("attribute {:?} is defined twice in schema {:?}", attribute.key, schema.slug);
+                }
+                if attribute.definition.get("type").and_then(Value::as_str).is_none() {
+                    bail!("attribute {:?} in schema {:?} needs definition.type", attribute.key, schema.slug);
+                }
+            }
+        }
+    }
+    let mut emails = HashSet::new();
+    for user in &workspace.users {
+        if !user.email.contains('@') {
+            bail!("user email {:?} is not an email address", user.email);
+        }
+        if !emails.insert(user.email.to_lowercase()) {
+            bail!("user {:?} is defined twice", user.email);
+        }
+        for membership in &user.memberships {
+            if !space_slugs.contains(membership.space.as_str()) {
+                bail!("user {:?} is a member of unknown space {:?}", user.email, membership.space);
+            }
+            if shared::auth::Role::parse(&membership.role).is_none() {
+                bail!("role {:?} of {:?}; use admin, non_paid_admin or member", membership.role, user.email);
+            }
+        }
+        let mut names = HashSet::new();
+        for key in &user.api_keys {
+            if !names.insert(key.name.as_str()) {
+                bail!("user {:?} has two keys named {:?}", user.email, key.name);
+            }
+            if let Some(space) = &key.space
+                && !space_slugs.contains(space.as_str())
+            {
+                bail!("key {:?} is bound to unknown space {:?}", key.name, space);
+            }
+            if let Some(secret) = &key.secret {
+                let prefix = format!("{}_", shared::auth::KEY_PREFIX);
+                if !secret.starts_with(&prefix) || secret.len() < 24 {
+                    bail!("key {:?}: a secret must start with {prefix} and be at least 24 characters", key.name);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_slug(kind: &str, slug: &str) -> anyhow::Result<()> {
+    let valid = !slug.is_empty()
+        && slug.len() <= 64
+        && slug.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if valid { Ok(()) } else { bail!("{kind} slug {slug:?} must be lowercase letters, digits, - and _") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_workspace_parses() {
+        let text = include_str!("../../../deploy/demo-workspace.json");
+        let workspace = parse(text).expect("demo workspace is valid");
+        assert!(!workspace.spaces.is_empty());
+    }
+
+    #[test]
+    fn typos_and_bad_references_are_rejected() {
+        assert!(parse(r#"{"spacez": []}"#).is_err());
+        let bad_role = r#"{"spaces": [{"slug": "a", "name": "A"}],
+            "users": [{"email": "u@x.io", "name": "U", "memberships": [{"space": "a", "role": "owner"}]}]}"#;
+        assert!(parse(bad_role).is_err());
+        let unknown_space =
+            r#"{"users": [{"email": "u@x.io", "name": "U", "memberships": [{"space": "b", "role": "admin"}]}]}"#;
+        assert!(parse(unknown_space).is_err());
+    }
+}

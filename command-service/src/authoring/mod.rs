@@ -1,0 +1,8 @@
+//! Authoring (decision D3): the declarative workspace file and applying it through the log.
+//! The format is documented in `docs/workspace-file.md`.
+
+mod apply;
+mod format;
+
+pub use apply::{ApplyReport, apply, wait_for_catalog};
+pub use format::{Workspace, parse};

@@ -1,0 +1,4 @@
+//! Decisions: pure functions from state and command to events or a refusal. No IO here.
+
+pub mod attributes;
+pub mod records;

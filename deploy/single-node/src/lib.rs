@@ -1,0 +1,75 @@
+//! Single-node mode: the command service's and the query service's routes behind one base
+//! URL, with the projector running in the same process. For development and the demo; the
+//! split deployment (separate processes behind nginx, routing by method) is in `deploy/`.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use actix_web::dev::Server;
+use actix_web::{App, HttpServer, middleware, web};
+use anyhow::Context;
+use shared::readmodel::ReadModels;
+use shared::settings::Settings;
+
+pub struct SingleNode {
+    port: u16,
+    server: Server,
+    /// Keys with a secret in the applied workspace file: `(name, secret)`.
+    pub workspace_keys: Vec<(String, String)>,
+}
+
+impl SingleNode {
+    /// Migrates, starts the projector, applies `workspace` (if any) and binds the server.
+    pub async fn build(settings: Settings, workspace: Option<&str>) -> anyhow::Result<Self> {
+        let database_url = settings.database_url.expose().to_owned();
+        let pool = shared::db::pool(&database_url, settings.database_pool_size)?;
+        projector::migrate(&pool).await.context("migrating")?;
+        let projector_pool = shared::db::pool(&database_url, 4)?;
+        let worker = format!("single-node-{}", std::process::id());
+        tokio::spawn(projector::daemon::run(projector_pool, database_url.clone(), worker, std::future::pending()));
+        let read_models = ReadModels::start(pool.clone(), database_url);
+        let command_state = command_service::State::new(settings.clone(), pool.clone(), read_models.clone());
+        let query_state = query_service::State::new(settings.clone(), pool.clone(), read_models);
+        let mut workspace_keys = Vec::new();
+        if let Some(text) = workspace {
+            let parsed = command_service::authoring::parse(text)?;
+            let report = command_service::authoring::apply(&pool, &command_state.event_log, &parsed).await?;
+            command_service::authoring::wait_for_catalog(&pool, report.position, Duration::from_secs(30)).await?;
+            for user in &parsed.users {
+                for key in user.api_keys.iter().filter(|key| !key.revoked) {
+                    if let Some(secret) = &key.secret {
+                        workspace_keys.push((key.name.clone(), secret.clone()));
+                    }
+                }
+            }
+            for (email, name, secret) in report.generated_keys {
+                workspace_keys.push((format!("{name} ({email})"), secret));
+            }
+        }
+        let listener = TcpListener::bind((settings.host.as_str(), settings.port)).context("binding the listener")?;
+        let port = listener.local_addr()?.port();
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(middleware::from_fn(shared::http::request_id_middleware))
+                .app_data(command_state.clone())
+                .app_data(query_state.clone())
+                .service(
+                    web::scope(shared::routes::API_PREFIX)
+                        .configure(command_service::configure)
+                        .configure(query_service::configure),
+                )
+                .default_service(web::to(shared::http::fallback))
+        })
+        .listen(listener)?
+        .run();
+        Ok(Self { port, server, workspace_keys })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}

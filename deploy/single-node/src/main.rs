@@ -1,0 +1,29 @@
+//! Runs the whole system in one process and prints the base URL and the workspace's keys.
+
+use clap::Parser;
+use shared::settings::Settings;
+use single_node::SingleNode;
+
+#[derive(Parser)]
+#[command(about = "The whole API in one process: both route sets and the projector")]
+struct Cli {
+    /// A workspace file to apply at start (idempotent).
+    #[arg(long)]
+    workspace: Option<std::path::PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    shared::telemetry::init("warn");
+    let cli = Cli::parse();
+    let settings = Settings::from_env()?;
+    let workspace = cli.workspace.map(std::fs::read_to_string).transpose()?;
+    let node = SingleNode::build(settings.clone(), workspace.as_deref()).await?;
+    println!("Base URL: http://{}:{}/v1", settings.host, node.port());
+    for (name, secret) in &node.workspace_keys {
+        println!("API key {name}: {secret}");
+    }
+    println!("Try: curl -H 'Authorization: Bearer <key>' http://{}:{}/v1/me", settings.host, node.port());
+    node.run_until_stopped().await?;
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! The projector loop: project every live and building version until caught up, then sleep
+//! until the log announces new events (LISTEN/NOTIFY), polling as a fallback.
+
+use std::future::Future;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use shared::log::LOG_CHANNEL;
+
+use crate::Projection;
+use crate::runner::{Faults, Outcome, project_batch};
+
+/// How long to sleep when caught up and no notification arrives.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Runs until `shutdown` completes.
+pub async fn run(pool: Pool, database_url: String, worker: String, shutdown: impl Future<Output = ()>) {
+    let faults = Faults::from_env();
+    let mut notifications = shared::db::listen(database_url, LOG_CHANNEL);
+    tokio::pin!(shutdown);
+    loop {
+        let versions = match active_versions(&pool).await {
+            Ok(versions) => versions,
+            Err(error) => {
+                tracing::error!(error = format!("{error:#}"), "cannot list projections");
+                Vec::new()
+            }
+        };
+        let mut failed = false;
+        for (projection, version) in versions {
+            loop {
+                match project_batch(&pool, projection, version, &worker, &faults).await {
+                    Ok(Outcome::Projected { .. }) => continue,
+                    Ok(Outcome::CaughtUp { .. } | Outcome::Busy) => break,
+                    Err(error) => {
+                        tracing::error!(
+                            projection = projection.name(),
+                            version,
+                            error = format!("{error:#}"),
+                            "projection failed; retrying"
+                        );
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+        }
+        let pause = if failed { Duration::from_secs(1) } else { POLL_INTERVAL };
+        tokio::select! {
+            () = &mut shutdown => return,
+            _ = notifications.recv() => {}
+            () = tokio::time::sleep(pause) => {}
+        }
+        while notifications.try_recv().is_ok() {}
+    }
+}
+
+async fn active_versions(pool: &Pool) -> anyhow::Result<Vec<(Projection, i32)>> {
+    let client = pool.get().await?;
+    let rows = client
+        .query("SELECT name, version FROM projections WHERE status IN ('live', 'building') ORDER BY name, version", &[])
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| Projection::parse(row.get::<_, &str>(0)).map(|projection| (projection, row.get(1))))
+        .collect())
+}

@@ -1,0 +1,48 @@
+//! The read models. Each knows its tables (created in a schema of its own per version) and
+//! how one log event changes them.
+
+mod catalog;
+mod records;
+
+use deadpool_postgres::Transaction;
+use shared::log::StoredEvent;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Projection {
+    /// Spaces, users, memberships, keys, schemas, attributes, credits, authored resources.
+    Catalog,
+    /// Contact and object records, with per-schema counters for list totals.
+    Records,
+}
+
+impl Projection {
+    pub const ALL: [Projection; 2] = [Projection::Catalog, Projection::Records];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Catalog => shared::catalog::CATALOG,
+            Self::Records => "records",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|projection| projection.name() == name)
+    }
+
+    /// Creates the tables of one version inside `schema`.
+    pub fn ddl(self, schema: &str) -> String {
+        let tables = match self {
+            Self::Catalog => catalog::DDL,
+            Self::Records => records::DDL,
+        };
+        format!("CREATE SCHEMA {schema};\n{}", tables.replace("{s}", schema))
+    }
+
+    /// Applies one event. Runs in the batch transaction that also advances the checkpoint.
+    pub async fn apply(self, transaction: &Transaction<'_>, schema: &str, event: &StoredEvent) -> anyhow::Result<()> {
+        match self {
+            Self::Catalog => catalog::apply(transaction, schema, event).await,
+            Self::Records => records::apply(transaction, schema, event).await,
+        }
+    }
+}

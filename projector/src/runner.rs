@@ -1,0 +1,195 @@
+//! Projecting one batch: take the lease, read the next events, check contiguity, apply them
+//! and advance the checkpoint in one transaction, then announce the progress.
+
+use anyhow::Context;
+use deadpool_postgres::{Pool, Transaction};
+use shared::log::{StoredEvent, read_after};
+use shared::readmodel::{PROGRESS_CHANNEL, schema_name};
+
+use crate::Projection;
+
+/// Events read and applied per batch.
+pub const BATCH_SIZE: i64 = 1000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// This many events were applied; there may be more.
+    Projected { events: usize, position: i64 },
+    /// Nothing new after the checkpoint.
+    CaughtUp { position: i64 },
+    /// Another process holds the lease for this projection version.
+    Busy,
+}
+
+/// Options that tests use to inject failures.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Abort the whole process after applying this many events of a batch, before COMMIT.
+    pub crash_after_events: Option<usize>,
+    /// Only for this projection (all when `None`).
+    pub crash_projection: Option<String>,
+}
+
+impl Faults {
+    /// `APP__PROJECTOR_CRASH_AFTER_EVENTS`, used only by the crash-recovery test.
+    pub fn from_env() -> Self {
+        Self {
+            crash_after_events: std::env::var("APP__PROJECTOR_CRASH_AFTER_EVENTS").ok().and_then(|v| v.parse().ok()),
+            crash_projection: std::env::var("APP__PROJECTOR_CRASH_PROJECTION").ok(),
+        }
+    }
+}
+
+/// Creates version 1 of every projection that has no version yet.
+pub async fn ensure_initialized(pool: &Pool) -> anyhow::Result<()> {
+    let mut client = pool.get().await?;
+    for projection in Projection::ALL {
+        let transaction = client.transaction().await?;
+        transaction.execute("SELECT pg_advisory_xact_lock(727002)", &[]).await?;
+        let exists = transaction.query_opt("SELECT 1 FROM projections WHERE name = $1", &[&projection.name()]).await?;
+        if exists.is_none() {
+            transaction.batch_execute(&projection.ddl(&schema_name(projection.name(), 1))).await?;
+            transaction
+                .execute(
+                    "INSERT INTO projections (name, version, position, status) VALUES ($1, 1, 0, 'live')",
+                    &[&projection.name()],
+                )
+                .await?;
+        }
+        transaction.commit().await?;
+    }
+    Ok(())
+}
+
+/// Projects the next batch of one projection version, if this process can take its lease.
+pub async fn project_batch(
+    pool: &Pool,
+    projection: Projection,
+    version: i32,
+    worker: &str,
+    faults: &Faults,
+) -> anyhow::Result<Outcome> {
+    let mut client = pool.get().await.context("connecting to project")?;
+    let transaction = client.transaction().await?;
+    let Some(row) = transaction
+        .query_opt(
+            "SELECT position FROM projections WHERE name = $1 AND version = $2 AND status IN ('live', 'building')
+             FOR UPDATE SKIP LOCKED",
+            &[&projection.name(), &version],
+        )
+        .await?
+    else {
+        return Ok(Outcome::Busy);
+    };
+    let checkpoint: i64 = row.get(0);
+    let applied = project_in(&transaction, projection, version, checkpoint, BATCH_SIZE, worker, faults).await?;
+    let Some((events, position)) = applied else {
+        transaction.rollback().await?;
+        return Ok(Outcome::CaughtUp { position: checkpoint });
+    };
+    transaction.commit().await.context("committing a projection batch")?;
+    announce(pool, projection, version, position).await;
+    Ok(Outcome::Projected { events, position })
+}
+
+/// Applies up to `limit` events after `checkpoint` inside `transaction` (which must hold the
+/// lease) and advances the checkpoint. Returns the count and new position, or `None`.
+pub async fn project_in(
+    transaction: &Transaction<'_>,
+    projection: Projection,
+    version: i32,
+    checkpoint: i64,
+    limit: i64,
+    worker: &str,
+    faults: &Faults,
+) -> anyhow::Result<Option<(usize, i64)>> {
+    let events = read_after(transaction, checkpoint, limit).await?;
+    let Some(last) = events.last() else { return Ok(None) };
+    let last_position = last.position;
+    check_contiguity(projection, checkpoint, &events)?;
+    let schema = schema_name(projection.name(), version);
+    for (applied, event) in events.iter().enumerate() {
+        let targeted = faults.crash_projection.as_deref().is_none_or(|name| name == projection.name());
+        if targeted && faults.crash_after_events == Some(applied) {
+            tracing::error!("injected fault: aborting the projector mid-batch");
+            std::process::abort();
+        }
+        projection.apply(transaction, &schema, event).await.with_context(|| {
+            format!("projection {} failed on {} at position {}", projection.name(), event.event_type, event.position)
+        })?;
+    }
+    transaction
+        .execute(
+            "UPDATE projections SET position = $3, updated_at = now() WHERE name = $1 AND version = $2",
+            &[&projection.name(), &version, &last_position],
+        )
+        .await?;
+    transaction
+        .execute(
+            "INSERT INTO projection_batches (name, version, first_position, last_position, worker)
+             VALUES ($1, $2, $3, $4, $5)",
+            &[&projection.name(), &version, &(checkpoint + 1), &last_position, &worker],
+        )
+        .await?;
+    Ok(Some((events.len(), last_position)))
+}
+
+/// A batch must start right after the checkpoint and have no holes; otherwise the projection
+/// halts loudly rather than skipping an event.
+fn check_contiguity(projection: Projection, checkpoint: i64, events: &[StoredEvent]) -> anyhow::Result<()> {
+    for (expected, event) in (checkpoint + 1..).zip(events) {
+        if event.position != expected {
+            anyhow::bail!(
+                "hole in the log for projection {}: expected position {expected}, found {}; refusing to skip",
+                projection.name(),
+                event.position
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Tells readers (after the commit) that a projection version advanced.
+pub async fn announce(pool: &Pool, projection: Projection, version: i32, position: i64) {
+    let Ok(client) = pool.get().await else { return };
+    let payload = format!("{}:{version}:{position}", projection.name());
+    if let Err(error) = client.execute("SELECT pg_notify($1, $2)", &[&PROGRESS_CHANNEL, &payload]).await {
+        tracing::warn!(%error, "could not announce projection progress");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+
+    fn event_at(position: i64) -> StoredEvent {
+        StoredEvent {
+            position,
+            event_id: uuid::Uuid::now_v7(),
+            stream_id: "s".into(),
+            stream_version: position,
+            event_type: "X.v1".into(),
+            payload: Vec::new(),
+            space_id: None,
+            actor_key_id: None,
+            subject_id: None,
+            occurred_at: Utc::now(),
+            recorded_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn contiguous_batches_pass() {
+        let events = vec![event_at(11), event_at(12), event_at(13)];
+        assert!(check_contiguity(Projection::Records, 10, &events).is_ok());
+    }
+
+    #[test]
+    fn a_hole_halts() {
+        let events = vec![event_at(11), event_at(13)];
+        let error = check_contiguity(Projection::Records, 10, &events).expect_err("hole");
+        assert!(error.to_string().contains("expected position 12"));
+        assert!(check_contiguity(Projection::Records, 9, &[event_at(11)]).is_err());
+    }
+}

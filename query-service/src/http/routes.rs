@@ -1,0 +1,23 @@
+//! Every route of the query service, in one place.
+
+use actix_web::{HttpResponse, web};
+
+use super::{me, records, schemas};
+
+pub fn configure(config: &mut web::ServiceConfig) {
+    config
+        .route("/openapi.json", web::get().to(openapi))
+        .route("/me", web::get().to(me::get))
+        .route("/schemas", web::get().to(schemas::list))
+        .route("/schemas/{schema}", web::get().to(schemas::get))
+        .route("/schemas/{schema}/attributes", web::get().to(schemas::attributes))
+        .route("/schemas/{schema}/records", web::get().to(records::list))
+        .route("/schemas/{schema}/records/{id}", web::get().to(records::get));
+}
+
+/// The OpenAPI 3.1 document, kept in the repo at `docs/openapi.json`.
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+async fn openapi() -> HttpResponse {
+    HttpResponse::Ok().content_type("application/json").body(OPENAPI)
+}

@@ -1,0 +1,67 @@
+# Shell functions for a private PostgreSQL cluster (sourced by scripts/start and scripts/test).
+# Installs Debian's postgresql when its binaries are missing; runs initdb as the postgres
+# user when we are root (initdb refuses to run as root).
+
+pg_bindir() {
+    ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+}
+
+ensure_postgres() {
+    if [ -z "$(pg_bindir)" ] || [ ! -x "$(pg_bindir)/initdb" ]; then
+        echo "PostgreSQL binaries are missing; installing Debian's postgresql" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq postgresql >/dev/null
+    fi
+    PG_BIN="$(pg_bindir)"
+    export PG_BIN
+}
+
+# Runs a command as the cluster's owner.
+as_pg_owner() {
+    if [ "$(id -u)" = 0 ]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+# pg_start DATA_DIR PORT [extra server options]: initialise (once) and start a cluster that
+# listens on 127.0.0.1:PORT and a socket in DATA_DIR.
+pg_start() {
+    local data_dir="$1" port="$2"
+    shift 2
+    ensure_postgres
+    mkdir -p "$data_dir"
+    if [ "$(id -u)" = 0 ]; then
+        chown postgres:postgres "$data_dir"
+        chmod 700 "$data_dir"
+        # postgres must be able to reach the directory through its parents.
+        local parent
+        parent="$(dirname "$data_dir")"
+        while [ "$parent" != "/" ]; do
+            chmod o+x "$parent" 2>/dev/null || true
+            parent="$(dirname "$parent")"
+        done
+    fi
+    if [ ! -f "$data_dir/PG_VERSION" ]; then
+        as_pg_owner "$PG_BIN/initdb" -D "$data_dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    fi
+    if as_pg_owner "$PG_BIN/pg_ctl" -D "$data_dir" status >/dev/null 2>&1; then
+        return 0
+    fi
+    as_pg_owner "$PG_BIN/pg_ctl" -D "$data_dir" -l "$data_dir/server.log" -w -t 60 \
+        -o "-p $port -k $data_dir -c listen_addresses=127.0.0.1 -c max_connections=400 $*" start >/dev/null
+}
+
+pg_stop() {
+    local data_dir="$1"
+    as_pg_owner "$PG_BIN/pg_ctl" -D "$data_dir" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+# psql against the cluster as the postgres superuser.
+pg_psql() {
+    local port="$1"
+    shift
+    "$PG_BIN/psql" -h 127.0.0.1 -p "$port" -U postgres -v ON_ERROR_STOP=1 -q "$@"
+}

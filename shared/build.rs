@@ -1,0 +1,11 @@
+//! Compiles the log event schemas in pure Rust (protox), so no system `protoc` is needed.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = "../schemas";
+    let files = ["platform/events/v1/authoring.proto", "platform/events/v1/records.proto"];
+    for file in files {
+        println!("cargo:rerun-if-changed={root}/{file}");
+    }
+    let descriptors = protox::compile(files, [root])?;
+    prost_build::Config::new().compile_fds(descriptors)?;
+    Ok(())
+}

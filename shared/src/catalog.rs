@@ -1,0 +1,163 @@
+//! Queries over the catalog read model (spaces, users, memberships, keys, schemas,
+//! attributes, credits), which both services use: the command service to authenticate and
+//! validate, the query service to authenticate and answer.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+
+use crate::auth::Role;
+
+pub const CATALOG: &str = "catalog";
+
+/// An API key with its owner and the owner's memberships.
+#[derive(Debug, Clone)]
+pub struct KeyIdentity {
+    pub key_id: String,
+    pub name: String,
+    pub key_display: String,
+    pub created_at: DateTime<Utc>,
+    pub user_id: String,
+    pub user_name: String,
+    pub user_email: String,
+    pub bound_space_id: Option<String>,
+    /// `(id, slug, name)` of the bound space, whether or not the owner is a member of it.
+    pub bound_space: Option<(String, String, String)>,
+    pub memberships: Vec<Membership>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Membership {
+    pub space_id: String,
+    pub slug: String,
+    pub name: String,
+    pub role: Role,
+}
+
+/// Looks up a live (not revoked) key by the SHA-256 of its full value.
+pub async fn find_key(
+    client: &impl GenericClient,
+    schema: &str,
+    key_hash: &str,
+) -> Result<Option<KeyIdentity>, tokio_postgres::Error> {
+    let Some(row) = client
+        .query_opt(
+            &format!(
+                "SELECT k.key_id, k.name, k.key_display, k.created_at, k.user_id, u.name, u.email, k.space_id,
+                        s.slug, s.name
+                 FROM {schema}.api_keys k JOIN {schema}.users u ON u.user_id = k.user_id
+                 LEFT JOIN {schema}.spaces s ON s.space_id = k.space_id
+                 WHERE k.key_hash = $1 AND NOT k.revoked"
+            ),
+            &[&key_hash],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let user_id: String = row.get(4);
+    let memberships = client
+        .query(
+            &format!(
+                "SELECT m.space_id, s.slug, s.name, m.role FROM {schema}.memberships m
+                 JOIN {schema}.spaces s ON s.space_id = m.space_id WHERE m.user_id = $1 ORDER BY m.space_id"
+            ),
+            &[&user_id],
+        )
+        .await?
+        .into_iter()
+        .filter_map(|row| {
+            let role = Role::parse(row.get::<_, &str>(3))?;
+            Some(Membership { space_id: row.get(0), slug: row.get(1), name: row.get(2), role })
+        })
+        .collect();
+    Ok(Some(KeyIdentity {
+        key_id: row.get(0),
+        name: row.get(1),
+        key_display: row.get(2),
+        created_at: row.get(3),
+        user_id,
+        user_name: row.get::<_, Option<String>>(5).unwrap_or_default(),
+        user_email: row.get::<_, Option<String>>(6).unwrap_or_default(),
+        bound_space_id: row.get(7),
+        bound_space: match (
+            row.get::<_, Option<String>>(7),
+            row.get::<_, Option<String>>(8),
+            row.get::<_, Option<String>>(9),
+        ) {
+            (Some(id), Some(slug), Some(name)) => Some((id, slug, name)),
+            _ => None,
+        },
+        memberships,
+    }))
+}
+
+/// A schema of a space as the catalog holds it.
+#[derive(Debug, Clone)]
+pub struct SchemaEntry {
+    pub schema_id: String,
+    pub slug: String,
+    pub schema_type: String,
+    pub doc: Value,
+    pub attribute_count: i64,
+}
+
+/// Finds a schema of the space by id or slug.
+pub async fn find_schema(
+    client: &impl GenericClient,
+    schema: &str,
+    space_id: &str,
+    id_or_slug: &str,
+) -> Result<Option<SchemaEntry>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT schema_id, slug, schema_type, doc, attribute_count FROM {schema}.schemas
+                 WHERE space_id = $1 AND (schema_id = $2 OR slug = $2)
+                 ORDER BY (schema_id = $2) DESC LIMIT 1"
+            ),
+            &[&space_id, &id_or_slug],
+        )
+        .await?;
+    Ok(row.map(|row| SchemaEntry {
+        schema_id: row.get(0),
+        slug: row.get(1),
+        schema_type: row.get(2),
+        doc: row.get(3),
+        attribute_count: row.get::<_, i32>(4).into(),
+    }))
+}
+
+/// A custom attribute's key and its public definition, for validating input.
+#[derive(Debug, Clone)]
+pub struct AttributeEntry {
+    pub key: String,
+    pub definition: Value,
+}
+
+pub async fn custom_attributes(
+    client: &impl GenericClient,
+    schema: &str,
+    schema_id: &str,
+) -> Result<Vec<AttributeEntry>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            &format!(
+                "SELECT key, definition FROM {schema}.attributes WHERE schema_id = $1 AND NOT is_base ORDER BY ordinal"
+            ),
+            &[&schema_id],
+        )
+        .await?;
+    Ok(rows.into_iter().map(|row| AttributeEntry { key: row.get(0), definition: row.get(1) }).collect())
+}
+
+/// The space's AI credit balance (0 when never set).
+pub async fn ai_credits(
+    client: &impl GenericClient,
+    schema: &str,
+    space_id: &str,
+) -> Result<i64, tokio_postgres::Error> {
+    let row =
+        client.query_opt(&format!("SELECT balance FROM {schema}.ai_credits WHERE space_id = $1"), &[&space_id]).await?;
+    Ok(row.map(|row| row.get(0)).unwrap_or(0))
+}

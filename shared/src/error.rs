@@ -1,0 +1,190 @@
+//! The contract's error envelope `{error: {type, code, message, issues?}}`, used by every
+//! service for every failure.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+use serde_json::json;
+
+/// One problem with the input, naming the key it concerns when there is one.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Issue {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<&'static str>,
+    pub message: String,
+}
+
+impl Issue {
+    pub fn for_key(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { key: Some(key.into()), code: None, message: message.into() }
+    }
+
+    pub fn coded(key: impl Into<String>, code: &'static str, message: impl Into<String>) -> Self {
+        Self { key: Some(key.into()), code: Some(code), message: message.into() }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    status: StatusCode,
+    code: Option<&'static str>,
+    message: String,
+    issues: Vec<Issue>,
+    headers: Vec<(&'static str, String)>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: Option<&'static str>, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into(), issues: Vec::new(), headers: Vec::new() }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, Some(code), message)
+    }
+
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, Some(code), message)
+    }
+
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, Some(code), message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, None, message)
+    }
+
+    pub fn invalid_api_key(message: &str) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, Some("invalid_api_key"), message)
+    }
+
+    pub fn insufficient_credits() -> Self {
+        Self::new(
+            StatusCode::PAYMENT_REQUIRED,
+            Some("insufficient_credits"),
+            "the space has no AI credits left; add credits before writing to a schema with AI auto-fill",
+        )
+    }
+
+    pub fn route_not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, Some("route_not_found"), "no such endpoint; see /v1/openapi.json")
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed"), "this method is not allowed on this path")
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, Some("service_unavailable"), message)
+    }
+
+    /// A server failure. The cause is logged in full; the caller learns little.
+    pub fn internal(cause: &anyhow::Error) -> Self {
+        tracing::error!(error = format!("{cause:#}"), "internal error");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, Some("internal_error"), "internal server error")
+    }
+
+    pub fn with_issues(mut self, issues: Vec<Issue>) -> Self {
+        self.issues = issues;
+        self
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: String) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn code(&self) -> Option<&'static str> {
+        self.code
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        let kind = if self.status.is_server_error() { "api_error" } else { "invalid_request_error" };
+        let mut error = json!({ "type": kind, "code": self.code, "message": self.message });
+        if !self.issues.is_empty() {
+            error["issues"] = json!(self.issues);
+        }
+        json!({ "error": error })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {:?}: {}", self.status.as_u16(), self.code, self.message)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status);
+        for (name, value) in &self.headers {
+            response.insert_header((*name, value.as_str()));
+        }
+        response.json(self.body())
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(cause: anyhow::Error) -> Self {
+        Self::internal(&cause)
+    }
+}
+
+impl From<tokio_postgres::Error> for ApiError {
+    fn from(cause: tokio_postgres::Error) -> Self {
+        Self::internal(&anyhow::Error::new(cause))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for ApiError {
+    fn from(cause: deadpool_postgres::PoolError) -> Self {
+        tracing::error!(error = %cause, "database pool unavailable");
+        Self::unavailable("the database is unavailable; retry shortly")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_errors_are_invalid_request_errors_with_issues() {
+        let error = ApiError::bad_request("required_attribute_missing", "plan is required")
+            .with_issues(vec![Issue::for_key("plan", "required")]);
+        assert_eq!(
+            error.body(),
+            json!({"error": {"type": "invalid_request_error", "code": "required_attribute_missing",
+                "message": "plan is required", "issues": [{"key": "plan", "message": "required"}]}})
+        );
+    }
+
+    #[test]
+    fn server_errors_are_api_errors_without_issues() {
+        let error = ApiError::internal(&anyhow::anyhow!("boom"));
+        assert_eq!(
+            error.body(),
+            json!({"error": {"type": "api_error", "code": "internal_error", "message": "internal server error"}})
+        );
+    }
+
+    #[test]
+    fn codeless_errors_have_null_code() {
+        let error = ApiError::forbidden("Space is out of scope");
+        assert_eq!(error.body()["error"]["code"], serde_json::Value::Null);
+        assert_eq!(error.status(), StatusCode::FORBIDDEN);
+    }
+}

@@ -1,0 +1,171 @@
+//! The HTTP edge every service shares: reading and checking JSON bodies, query strings,
+//! success bodies, the 404/405 fallback and request ids.
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::middleware::Next;
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use futures_util::StreamExt;
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+use crate::pagination::Warning;
+use crate::routes;
+
+/// The largest request body accepted (the contract's 10 MB).
+pub const MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
+
+/// The request id, taken from `X-Request-Id` or generated, stored in request extensions.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+pub fn request_id(req: &HttpRequest) -> String {
+    req.extensions().get::<RequestId>().map(|id| id.0.clone()).unwrap_or_default()
+}
+
+/// Middleware: gives every request an id and echoes it in `X-Request-Id`.
+pub async fn request_id_middleware(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let incoming = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|value| value.to_str().ok())
+        .filter(|value| !value.is_empty() && value.len() <= 128)
+        .map(str::to_owned);
+    let id = incoming.unwrap_or_else(|| crate::ids::new_id("req"));
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.path());
+    let _entered = span.enter();
+    let mut response = next.call(req).await?;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(HeaderName::from_static("x-request-id"), value);
+    }
+    Ok(response)
+}
+
+/// Fallback for every request no route took: 405 for a known path, 404 otherwise.
+pub async fn fallback(req: HttpRequest) -> HttpResponse {
+    use actix_web::ResponseError;
+    let error =
+        if routes::is_known_path(req.path()) { ApiError::method_not_allowed() } else { ApiError::route_not_found() };
+    error.error_response()
+}
+
+/// Reads the body as a JSON object, enforcing size, content type, charset and encoding.
+pub async fn read_json_object(req: &HttpRequest, payload: web::Payload) -> Result<Map<String, Value>, ApiError> {
+    match read_json(req, payload).await? {
+        Value::Object(object) => Ok(object),
+        _ => Err(ApiError::bad_request("invalid_body", "the request body must be a JSON object")),
+    }
+}
+
+/// Reads the body as JSON, enforcing size, content type, charset and encoding.
+pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value, ApiError> {
+    check_content_headers(req)?;
+    let bytes = read_body(req, payload).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("malformed_json", "the request body is empty; send a JSON object"));
+    }
+    serde_json::from_slice(&bytes).map_err(|error| {
+        ApiError::bad_request("malformed_json", format!("the request body is not valid JSON: {error}"))
+    })
+}
+
+fn check_content_headers(req: &HttpRequest) -> Result<(), ApiError> {
+    if let Some(encoding) = req.headers().get(header::CONTENT_ENCODING) {
+        let encoding = encoding.to_str().unwrap_or("").trim().to_ascii_lowercase();
+        if !encoding.is_empty() && encoding != "identity" {
+            return Err(unsupported(format!(
+                "content encoding {encoding:?} is not supported; send the body uncompressed"
+            )));
+        }
+    }
+    let Some(content_type) = req.headers().get(header::CONTENT_TYPE) else {
+        return Err(unsupported("the Content-Type header is missing; send application/json".to_owned()));
+    };
+    let content_type = content_type.to_str().unwrap_or("").to_ascii_lowercase();
+    let mut parts = content_type.split(';').map(str::trim);
+    let media_type = parts.next().unwrap_or("");
+    let is_json =
+        media_type == "application/json" || (media_type.starts_with("application/") && media_type.ends_with("+json"));
+    if !is_json {
+        return Err(unsupported(format!("content type {media_type:?} is not supported; send application/json")));
+    }
+    for parameter in parts {
+        if let Some(charset) = parameter.strip_prefix("charset=") {
+            let charset = charset.trim_matches('"');
+            if charset != "utf-8" && charset != "utf8" {
+                return Err(unsupported(format!("charset {charset:?} is not supported; send UTF-8")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn unsupported(message: String) -> ApiError {
+    ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type"), message)
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, Some("body_too_large"), "the request body is larger than 10 MB")
+}
+
+async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY_BYTES) {
+        return Err(too_large());
+    }
+    let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(64 * 1024));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|error| {
+            ApiError::bad_request("invalid_body", format!("the request body could not be read: {error}"))
+        })?;
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// Query pairs in order, repeated keys kept.
+pub fn query_pairs(req: &HttpRequest) -> Vec<(String, String)> {
+    form_urlencoded::parse(req.query_string().as_bytes()).into_owned().collect()
+}
+
+/// `{data}` plus `warnings` when there are any.
+pub fn data_body(data: Value, warnings: &[Warning]) -> Value {
+    let mut body = json!({ "data": data });
+    if !warnings.is_empty() {
+        body["warnings"] = json!(warnings);
+    }
+    body
+}
+
+/// `{data: [...], pagination}` plus `warnings` when there are any.
+pub fn page_body(items: Vec<Value>, pagination: Value, warnings: &[Warning]) -> Value {
+    let mut body = json!({ "data": items, "pagination": pagination });
+    if !warnings.is_empty() {
+        body["warnings"] = json!(warnings);
+    }
+    body
+}
+
+pub fn json_response(status: StatusCode, body: &Value) -> HttpResponse {
+    HttpResponse::build(status).json(body)
+}
+
+/// The bearer credential of a request, if any.
+pub fn bearer_token(req: &HttpRequest) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())
+}

@@ -1,0 +1,25 @@
+//! What the command service, the query service and the projector share: the log event
+//! types and the log client, the error envelope, authentication, pagination, settings,
+//! the database pool and the read-model access helpers.
+
+pub mod auth;
+pub mod catalog;
+pub mod db;
+pub mod error;
+pub mod events;
+pub mod http;
+pub mod ids;
+pub mod log;
+pub mod pagination;
+pub mod readmodel;
+pub mod records;
+pub mod routes;
+pub mod settings;
+pub mod telemetry;
+pub mod time;
+
+/// Types generated from `schemas/platform/events/v1/*.proto`.
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/platform.events.v1.rs"));
+}

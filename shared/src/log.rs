@@ -1,0 +1,485 @@
+//! The event log client: appends through a per-process batcher, and reads in position order.
+//!
+//! Positions come from the single `log_head` counter row, updated as the last statement but
+//! one before COMMIT (the event rows follow it in one INSERT). Its row lock is held until the
+//! commit is visible, so positions become visible in order and without gaps, and a follower
+//! that reads `position > checkpoint` can never miss a late commit. To win back the group
+//! commit that the lock costs, one task per process groups concurrent commands into one
+//! transaction, each inside its own savepoint, so one command's lost race fails only itself.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Pool, Transaction};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use crate::events::LogEvent;
+
+/// Who and what caused an append.
+#[derive(Debug, Clone, Default)]
+pub struct Metadata {
+    pub space_id: Option<String>,
+    pub actor_key_id: Option<String>,
+    pub actor_user_id: Option<String>,
+    pub request_id: Option<String>,
+    pub idempotency_key: Option<String>,
+}
+
+/// The version a stream must be at for the append to go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpectedVersion {
+    /// The stream must not exist yet.
+    NoStream,
+    /// The stream must be at exactly this version.
+    Exactly(i64),
+    /// No expectation: append after whatever is there.
+    Any,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub event: LogEvent,
+    /// The data subject the event is about (record, user), for erasure and audit trails.
+    pub subject_id: Option<String>,
+    pub occurred_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StreamAppend {
+    pub stream_id: String,
+    pub expected: ExpectedVersion,
+    pub events: Vec<NewEvent>,
+}
+
+/// A write-side claim run inside the command's savepoint (for example a unique identity).
+/// A unique violation fails the command with `conflict`.
+pub struct Guard {
+    pub sql: &'static str,
+    pub params: Vec<Box<dyn ToSql + Send + Sync>>,
+    pub conflict: AppendError,
+}
+
+/// One command's append: its streams and guards, atomic with each other.
+pub struct AppendRequest {
+    pub metadata: Metadata,
+    pub streams: Vec<StreamAppend>,
+    pub guards: Vec<Guard>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Position of the command's last event (0 when it appended none).
+    pub last_position: i64,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AppendError {
+    /// A stream was not at the expected version: another writer won the race.
+    #[error("stream {stream_id} is not at the expected version")]
+    WrongVersion { stream_id: String },
+    /// A guard's claim collided with an existing one.
+    #[error("{code}: {message}")]
+    Conflict { code: &'static str, message: String },
+    /// The database refused the transaction; nothing was written.
+    #[error("the log is unavailable: {0}")]
+    Unavailable(String),
+    /// The connection failed during COMMIT: the append may or may not have happened.
+    #[error("the outcome of the append is unknown: {0}")]
+    OutcomeUnknown(String),
+}
+
+/// A stored event as followers read it.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub position: i64,
+    pub event_id: Uuid,
+    pub stream_id: String,
+    pub stream_version: i64,
+    pub event_type: String,
+    pub payload: Vec<u8>,
+    pub space_id: Option<String>,
+    pub actor_key_id: Option<String>,
+    pub subject_id: Option<String>,
+    pub occurred_at: DateTime<Utc>,
+    pub recorded_at: DateTime<Utc>,
+}
+
+impl StoredEvent {
+    pub fn decode(&self) -> anyhow::Result<LogEvent> {
+        LogEvent::decode(&self.event_type, &self.payload)
+            .with_context(|| format!("decoding {} at position {}", self.event_type, self.position))
+    }
+}
+
+/// The channel notified (after commit, once per batch) with the new head position.
+pub const LOG_CHANNEL: &str = "log_appended";
+
+struct Job {
+    request: AppendRequest,
+    reply: oneshot::Sender<Result<Appended, AppendError>>,
+}
+
+/// Handle to this process's append batcher.
+#[derive(Clone)]
+pub struct EventLog {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl EventLog {
+    /// Starts the batcher task. `batch_max` bounds the commands grouped in one transaction.
+    pub fn start(pool: Pool, batch_max: usize) -> Self {
+        let (jobs, receiver) = mpsc::channel(batch_max.max(1) * 4);
+        tokio::spawn(run_batcher(pool, receiver, batch_max.max(1)));
+        Self { jobs }
+    }
+
+    #[tracing::instrument(skip_all, fields(streams = request.streams.len()))]
+    pub async fn append(&self, request: AppendRequest) -> Result<Appended, AppendError> {
+        let (reply, outcome) = oneshot::channel();
+        self.jobs
+            .send(Job { request, reply })
+            .await
+            .map_err(|_| AppendError::Unavailable("the append batcher has stopped".to_owned()))?;
+        outcome.await.map_err(|_| AppendError::OutcomeUnknown("the append batcher stopped mid-append".to_owned()))?
+    }
+}
+
+async fn run_batcher(pool: Pool, mut receiver: mpsc::Receiver<Job>, batch_max: usize) {
+    while let Some(first) = receiver.recv().await {
+        let mut jobs = vec![first];
+        while jobs.len() < batch_max {
+            match receiver.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        append_batch(&pool, jobs).await;
+    }
+}
+
+/// Row values of one event, positions assigned once the batch is known.
+struct PendingRow {
+    event_id: Uuid,
+    stream_id: String,
+    stream_version: i64,
+    event_type: String,
+    payload: Vec<u8>,
+    metadata_index: usize,
+    subject_id: Option<String>,
+    occurred_at: DateTime<Utc>,
+}
+
+async fn append_batch(pool: &Pool, jobs: Vec<Job>) {
+    let mut requests = Vec::with_capacity(jobs.len());
+    let mut replies = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        requests.push(job.request);
+        replies.push(job.reply);
+    }
+    let outcomes = match write_batch(pool, &requests).await {
+        Ok((outcomes, head)) => {
+            if head > 0 {
+                notify_appended(pool, head).await;
+            }
+            outcomes
+        }
+        Err(error) => requests.iter().map(|_| Err(error.clone())).collect(),
+    };
+    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+        let _ = reply.send(outcome);
+    }
+}
+
+/// Notifies followers after the commit, once per batch (never inside the append transaction).
+async fn notify_appended(pool: &Pool, head: i64) {
+    let Ok(client) = pool.get().await else { return };
+    let payload = head.to_string();
+    if let Err(error) = client.execute("SELECT pg_notify($1, $2)", &[&LOG_CHANNEL, &payload]).await {
+        tracing::warn!(%error, "could not notify followers; they fall back to polling");
+    }
+}
+
+type BatchOutcome = (Vec<Result<Appended, AppendError>>, i64);
+
+async fn write_batch(pool: &Pool, requests: &[AppendRequest]) -> Result<BatchOutcome, AppendError> {
+    let mut client = pool.get().await.map_err(|error| AppendError::Unavailable(error.to_string()))?;
+    let transaction = client.transaction().await.map_err(unavailable)?;
+    let mut outcomes: Vec<Option<Result<(), AppendError>>> = Vec::with_capacity(requests.len());
+    let mut rows_per_request: Vec<Vec<PendingRow>> = Vec::with_capacity(requests.len());
+    for (index, request) in requests.iter().enumerate() {
+        transaction.batch_execute("SAVEPOINT command").await.map_err(unavailable)?;
+        match stage_request(&transaction, request, index).await {
+            Ok(rows) => {
+                transaction.batch_execute("RELEASE SAVEPOINT command").await.map_err(unavailable)?;
+                rows_per_request.push(rows);
+                outcomes.push(Some(Ok(())));
+            }
+            Err(Staging::Refused(error)) => {
+                transaction.batch_execute("ROLLBACK TO SAVEPOINT command").await.map_err(unavailable)?;
+                rows_per_request.push(Vec::new());
+                outcomes.push(Some(Err(error)));
+            }
+            Err(Staging::Failed(error)) => return Err(unavailable(error)),
+        }
+    }
+    let total: i64 = rows_per_request.iter().map(|rows| rows.len() as i64).sum();
+    let mut last_positions = vec![0_i64; requests.len()];
+    let mut head = 0;
+    if total > 0 {
+        let row = transaction
+            .query_one("UPDATE log_head SET position = position + $1 RETURNING position", &[&total])
+            .await
+            .map_err(unavailable)?;
+        head = row.get::<_, i64>(0);
+        let mut next = head - total + 1;
+        let mut columns = Columns::default();
+        for (index, rows) in rows_per_request.into_iter().enumerate() {
+            for row in rows {
+                let metadata = &requests[row.metadata_index].metadata;
+                columns.push(next, row, metadata);
+                last_positions[index] = next;
+                next += 1;
+            }
+        }
+        columns.insert(&transaction).await.map_err(unavailable)?;
+        record_key_positions(&transaction, requests, &last_positions).await.map_err(unavailable)?;
+    }
+    transaction.commit().await.map_err(|error| {
+        if error.as_db_error().is_some() { unavailable(error) } else { AppendError::OutcomeUnknown(error.to_string()) }
+    })?;
+    let outcomes = outcomes
+        .into_iter()
+        .zip(last_positions)
+        .map(|(outcome, last_position)| match outcome {
+            Some(Ok(())) => Ok(Appended { last_position }),
+            Some(Err(error)) => Err(error),
+            None => Err(AppendError::Unavailable("not attempted".to_owned())),
+        })
+        .collect();
+    Ok((outcomes, head))
+}
+
+enum Staging {
+    /// The command is refused (lost race, guard conflict); the batch goes on.
+    Refused(AppendError),
+    /// The transaction is unusable; the whole batch fails.
+    Failed(tokio_postgres::Error),
+}
+
+impl From<tokio_postgres::Error> for Staging {
+    fn from(error: tokio_postgres::Error) -> Self {
+        Self::Failed(error)
+    }
+}
+
+fn is_unique_violation(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&SqlState::UNIQUE_VIOLATION)
+}
+
+async fn stage_request(
+    transaction: &Transaction<'_>,
+    request: &AppendRequest,
+    metadata_index: usize,
+) -> Result<Vec<PendingRow>, Staging> {
+    let mut rows = Vec::new();
+    for stream in &request.streams {
+        let count = stream.events.len() as i64;
+        if count == 0 {
+            continue;
+        }
+        let wrong_version = || Staging::Refused(AppendError::WrongVersion { stream_id: stream.stream_id.clone() });
+        let first_version = match stream.expected {
+            ExpectedVersion::NoStream => {
+                match transaction
+                    .execute("INSERT INTO streams (stream_id, version) VALUES ($1, $2)", &[&stream.stream_id, &count])
+                    .await
+                {
+                    Ok(_) => 1,
+                    Err(error) if is_unique_violation(&error) => return Err(wrong_version()),
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            ExpectedVersion::Exactly(version) => {
+                let updated = transaction
+                    .execute(
+                        "UPDATE streams SET version = $3 WHERE stream_id = $1 AND version = $2",
+                        &[&stream.stream_id, &version, &(version + count)],
+                    )
+                    .await?;
+                if updated != 1 {
+                    return Err(wrong_version());
+                }
+                version + 1
+            }
+            ExpectedVersion::Any => {
+                let row = transaction
+                    .query_one(
+                        "INSERT INTO streams (stream_id, version) VALUES ($1, $2)
+                         ON CONFLICT (stream_id) DO UPDATE SET version = streams.version + EXCLUDED.version
+                         RETURNING version",
+                        &[&stream.stream_id, &count],
+                    )
+                    .await?;
+                row.get::<_, i64>(0) - count + 1
+            }
+        };
+        for (offset, event) in stream.events.iter().enumerate() {
+            rows.push(PendingRow {
+                event_id: Uuid::now_v7(),
+                stream_id: stream.stream_id.clone(),
+                stream_version: first_version + offset as i64,
+                event_type: event.event.event_type().to_owned(),
+                payload: event.event.encode(),
+                metadata_index,
+                subject_id: event.subject_id.clone(),
+                occurred_at: event.occurred_at,
+            });
+        }
+    }
+    for guard in &request.guards {
+        let params: Vec<&(dyn ToSql + Sync)> = guard.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+        match transaction.execute(guard.sql, &params).await {
+            Ok(_) => {}
+            Err(error) if is_unique_violation(&error) => return Err(Staging::Refused(guard.conflict.clone())),
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(rows)
+}
+
+#[derive(Default)]
+struct Columns {
+    position: Vec<i64>,
+    event_id: Vec<Uuid>,
+    stream_id: Vec<String>,
+    stream_version: Vec<i64>,
+    event_type: Vec<String>,
+    payload: Vec<Vec<u8>>,
+    space_id: Vec<Option<String>>,
+    actor_key_id: Vec<Option<String>>,
+    actor_user_id: Vec<Option<String>>,
+    request_id: Vec<Option<String>>,
+    idempotency_key: Vec<Option<String>>,
+    subject_id: Vec<Option<String>>,
+    occurred_at: Vec<DateTime<Utc>>,
+}
+
+impl Columns {
+    fn push(&mut self, position: i64, row: PendingRow, metadata: &Metadata) {
+        self.position.push(position);
+        self.event_id.push(row.event_id);
+        self.stream_id.push(row.stream_id);
+        self.stream_version.push(row.stream_version);
+        self.event_type.push(row.event_type);
+        self.payload.push(row.payload);
+        self.space_id.push(metadata.space_id.clone());
+        self.actor_key_id.push(metadata.actor_key_id.clone());
+        self.actor_user_id.push(metadata.actor_user_id.clone());
+        self.request_id.push(metadata.request_id.clone());
+        self.idempotency_key.push(metadata.idempotency_key.clone());
+        self.subject_id.push(row.subject_id);
+        self.occurred_at.push(row.occurred_at);
+    }
+
+    async fn insert(&self, transaction: &Transaction<'_>) -> Result<u64, tokio_postgres::Error> {
+        transaction
+            .execute(
+                "INSERT INTO events (position, event_id, stream_id, stream_version, event_type, payload, space_id,
+                     actor_key_id, actor_user_id, request_id, idempotency_key, subject_id, occurred_at)
+                 SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::bytea[],
+                     $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::timestamptz[])",
+                &[
+                    &self.position,
+                    &self.event_id,
+                    &self.stream_id,
+                    &self.stream_version,
+                    &self.event_type,
+                    &self.payload,
+                    &self.space_id,
+                    &self.actor_key_id,
+                    &self.actor_user_id,
+                    &self.request_id,
+                    &self.idempotency_key,
+                    &self.subject_id,
+                    &self.occurred_at,
+                ],
+            )
+            .await
+    }
+}
+
+/// Records each writing key's last position, for read-your-writes in the query service.
+async fn record_key_positions(
+    transaction: &Transaction<'_>,
+    requests: &[AppendRequest],
+    last_positions: &[i64],
+) -> Result<(), tokio_postgres::Error> {
+    let mut latest: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+    for (request, position) in requests.iter().zip(last_positions) {
+        if let Some(key_id) = request.metadata.actor_key_id.as_deref().filter(|_| *position > 0) {
+            let entry = latest.entry(key_id).or_insert(0);
+            *entry = (*entry).max(*position);
+        }
+    }
+    if latest.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<&str> = latest.keys().copied().collect();
+    let positions: Vec<i64> = latest.values().copied().collect();
+    transaction
+        .execute(
+            "INSERT INTO key_positions (key_id, position) SELECT * FROM unnest($1::text[], $2::bigint[])
+             ON CONFLICT (key_id) DO UPDATE SET position = GREATEST(key_positions.position, EXCLUDED.position)",
+            &[&keys, &positions],
+        )
+        .await?;
+    Ok(())
+}
+
+fn unavailable(error: impl std::fmt::Display) -> AppendError {
+    AppendError::Unavailable(error.to_string())
+}
+
+/// Reads up to `limit` events after `position`, in position order.
+pub async fn read_after(
+    client: &impl deadpool_postgres::GenericClient,
+    position: i64,
+    limit: i64,
+) -> Result<Vec<StoredEvent>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT position, event_id, stream_id, stream_version, event_type, payload, space_id, actor_key_id,
+                    subject_id, occurred_at, recorded_at
+             FROM events WHERE position > $1 ORDER BY position LIMIT $2",
+            &[&position, &limit],
+        )
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| StoredEvent {
+            position: row.get(0),
+            event_id: row.get(1),
+            stream_id: row.get(2),
+            stream_version: row.get(3),
+            event_type: row.get(4),
+            payload: row.get(5),
+            space_id: row.get(6),
+            actor_key_id: row.get(7),
+            subject_id: row.get(8),
+            occurred_at: row.get(9),
+            recorded_at: row.get(10),
+        })
+        .collect())
+}
+
+/// The current head position of the log.
+pub async fn head(client: &impl deadpool_postgres::GenericClient) -> Result<i64, tokio_postgres::Error> {
+    Ok(client.query_one("SELECT position FROM log_head", &[]).await?.get(0))
+}
+
+/// A short pause used by retry loops.
+pub const RETRY_PAUSE: Duration = Duration::from_millis(50);

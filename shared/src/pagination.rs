@@ -1,0 +1,152 @@
+//! Offset pagination exactly as the contract says: `limit` default 50 clamped to 1..200 with a
+//! warning, negative `offset` clamped to 0 with a warning, `offset` above 10000 rejected.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+
+pub const DEFAULT_LIMIT: i64 = 50;
+pub const MAX_LIMIT: i64 = 200;
+pub const MAX_OFFSET: i64 = 10_000;
+
+/// A warning in a success body: `{code, message}`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Warning {
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// Limit and offset as applied, with the warnings their clamping produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest {
+    limit: i64,
+    offset: i64,
+    pub warnings: Vec<Warning>,
+}
+
+impl PageRequest {
+    pub fn limit(&self) -> i64 {
+        self.limit
+    }
+
+    pub fn offset(&self) -> i64 {
+        self.offset
+    }
+
+    /// Parses `limit` and `offset` from query pairs.
+    pub fn parse(query: &[(String, String)]) -> Result<Self, ApiError> {
+        Self::parse_with_cap(query, MAX_LIMIT)
+    }
+
+    pub fn parse_with_cap(query: &[(String, String)], max_limit: i64) -> Result<Self, ApiError> {
+        let mut warnings = Vec::new();
+        let limit = match last_value(query, "limit") {
+            None => DEFAULT_LIMIT,
+            Some(raw) => {
+                let requested = parse_integer("limit", raw)?;
+                let applied = requested.clamp(1, max_limit);
+                if applied != requested {
+                    warnings.push(Warning {
+                        code: "limit_clamped",
+                        message: format!("limit must be between 1 and {max_limit}; used {applied}"),
+                    });
+                }
+                applied
+            }
+        };
+        let offset = match last_value(query, "offset") {
+            None => 0,
+            Some(raw) => {
+                let requested = parse_integer("offset", raw)?;
+                if requested > MAX_OFFSET {
+                    return Err(ApiError::bad_request(
+                        "offset_too_large",
+                        format!("offset must be at most {MAX_OFFSET}; got {requested}"),
+                    ));
+                }
+                if requested < 0 {
+                    warnings.push(Warning {
+                        code: "offset_clamped",
+                        message: format!("offset must not be negative; used 0 instead of {requested}"),
+                    });
+                    0
+                } else {
+                    requested
+                }
+            }
+        };
+        Ok(Self { limit, offset, warnings })
+    }
+
+    /// The pagination object for a page of `returned` rows out of `total_count`.
+    pub fn pagination(&self, returned: usize, total_count: i64) -> Value {
+        let returned = i64::try_from(returned).unwrap_or(i64::MAX);
+        let has_more = self.offset + returned < total_count && self.offset + self.limit < MAX_OFFSET;
+        json!({ "limit": self.limit, "offset": self.offset, "totalCount": total_count, "hasMore": has_more })
+    }
+}
+
+fn last_value<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    query.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
+}
+
+fn parse_integer(name: &str, raw: &str) -> Result<i64, ApiError> {
+    raw.trim().parse::<i64>().map_err(|_| {
+        ApiError::bad_request("invalid_query_parameter", format!("{name} must be an integer; got {raw:?}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn defaults_are_fifty_and_zero_without_warnings() {
+        let page = PageRequest::parse(&[]).expect("defaults parse");
+        assert_eq!((page.limit(), page.offset()), (50, 0));
+        assert!(page.warnings.is_empty());
+    }
+
+    #[test]
+    fn limits_outside_range_are_clamped_with_warning() {
+        let high = PageRequest::parse(&query(&[("limit", "500")])).expect("parses");
+        assert_eq!(high.limit(), 200);
+        assert_eq!(high.warnings[0].code, "limit_clamped");
+        let low = PageRequest::parse(&query(&[("limit", "0")])).expect("parses");
+        assert_eq!(low.limit(), 1);
+        assert_eq!(low.warnings.len(), 1);
+    }
+
+    #[test]
+    fn negative_offset_is_clamped_and_large_offset_rejected() {
+        let negative = PageRequest::parse(&query(&[("offset", "-5")])).expect("parses");
+        assert_eq!(negative.offset(), 0);
+        assert_eq!(negative.warnings[0].code, "offset_clamped");
+        let at_max = PageRequest::parse(&query(&[("offset", "10000")])).expect("10000 is allowed");
+        assert_eq!(at_max.offset(), 10_000);
+        let error = PageRequest::parse(&query(&[("offset", "10001")])).expect_err("too large");
+        assert_eq!(error.code(), Some("offset_too_large"));
+    }
+
+    #[test]
+    fn non_integer_values_are_rejected() {
+        let error = PageRequest::parse(&query(&[("limit", "ten")])).expect_err("not a number");
+        assert_eq!(error.code(), Some("invalid_query_parameter"));
+    }
+
+    #[test]
+    fn has_more_needs_more_rows_and_next_offset_below_cap() {
+        let page = PageRequest::parse(&query(&[("limit", "10"), ("offset", "0")])).expect("parses");
+        assert_eq!(page.pagination(10, 11)["hasMore"], true);
+        assert_eq!(page.pagination(10, 10)["hasMore"], false);
+        let deep = PageRequest::parse(&query(&[("limit", "10"), ("offset", "9990")])).expect("parses");
+        assert_eq!(deep.pagination(10, 50_000)["hasMore"], false);
+        let almost = PageRequest::parse(&query(&[("limit", "10"), ("offset", "9980")])).expect("parses");
+        assert_eq!(almost.pagination(10, 50_000)["hasMore"], true);
+    }
+}

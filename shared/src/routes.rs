@@ -1,0 +1,83 @@
+//! The API's route table: every path of the contract (decision D1) with the methods it has.
+//! Both services answer 405 for a known path with another method and 404 for unknown paths,
+//! whichever service a request lands on, so the split deployment behaves like a single node.
+
+use actix_web::dev::ResourceDef;
+
+/// `(path under /v1, methods)`. A path with no methods exists only to answer 405.
+pub const API_ROUTES: &[(&str, &[&str])] = &[
+    ("/me", &["GET"]),
+    ("/openapi.json", &["GET"]),
+    ("/schemas", &["GET"]),
+    ("/schemas/{schema}", &["GET"]),
+    ("/schemas/{schema}/attributes", &["GET"]),
+    ("/schemas/{schema}/records", &["GET", "POST"]),
+    ("/schemas/{schema}/records/upsert", &["POST"]),
+    ("/schemas/{schema}/records/{id}", &["GET", "PATCH", "DELETE"]),
+    ("/schemas/{schema}/records/{id}/audit-trail", &["GET"]),
+    ("/record-deletions/{operationId}", &["GET"]),
+    ("/contacts/suppressions", &["GET", "POST"]),
+    ("/contacts/suppressions/batch", &["POST"]),
+    ("/contacts/suppressions/batch-remove", &["POST"]),
+    ("/contacts/suppressions/{id}", &["DELETE"]),
+    ("/events", &["GET"]),
+    ("/events/{schema}", &["POST"]),
+    ("/events/{schema}/batch", &["POST"]),
+    ("/events/{schema}/{id}/status", &["GET"]),
+    ("/event-identities", &["POST"]),
+    ("/webhooks", &["GET", "POST"]),
+    ("/webhooks/{id}", &["GET", "PATCH", "DELETE"]),
+    ("/webhooks/{id}/rotate-secret", &["POST"]),
+    ("/templates", &["GET"]),
+    ("/templates/{id}", &["GET"]),
+    ("/templates/{templateId}/send", &["POST"]),
+    ("/segments", &["GET", "POST"]),
+    ("/segments/{id}", &["GET", "DELETE"]),
+    ("/segments/{id}/contacts", &["GET"]),
+    ("/broadcasts", &["GET"]),
+    ("/broadcasts/{id}", &["GET", "PATCH"]),
+    ("/broadcasts/{id}/send", &["POST"]),
+    ("/broadcasts/{id}/runs", &["GET"]),
+    ("/broadcasts/{id}/runs/{runId}", &["GET"]),
+    ("/workflows", &["GET"]),
+    ("/workflows/{id}", &["GET", "POST"]),
+    ("/workflows/{id}/pause", &["POST"]),
+    ("/workflows/{id}/unpause", &["POST"]),
+    ("/workflows/{id}/runs", &["GET"]),
+    ("/workflows/{id}/runs/{runId}", &["GET"]),
+    ("/domains", &["GET"]),
+    ("/domains/{id}", &["GET"]),
+    ("/senders", &["GET"]),
+    ("/senders/{id}", &["GET"]),
+    ("/topics", &["GET"]),
+    ("/topics/{id}", &["GET"]),
+    ("/forms/{formId}/submit", &["POST"]),
+    ("/forms/{formId}/confirm/{token}", &["GET"]),
+    ("/emails/{emailId}/unsubscribe", &["POST"]),
+];
+
+/// The API prefix every path lives under.
+pub const API_PREFIX: &str = "/v1";
+
+/// Whether a request path (with the `/v1` prefix) names a path of the API.
+pub fn is_known_path(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix(API_PREFIX) else {
+        return false;
+    };
+    let rest = rest.strip_suffix('/').filter(|r| !r.is_empty()).unwrap_or(rest);
+    API_ROUTES.iter().any(|(pattern, _)| ResourceDef::new(*pattern).is_match(rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_paths_match_patterns() {
+        assert!(is_known_path("/v1/me"));
+        assert!(is_known_path("/v1/events/ev_123"));
+        assert!(is_known_path("/v1/schemas/contacts/records/con_1"));
+        assert!(!is_known_path("/v1/nothing"));
+        assert!(!is_known_path("/me"));
+    }
+}

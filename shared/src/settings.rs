@@ -1,0 +1,82 @@
+//! Typed settings from environment variables with the `APP__` prefix.
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+/// A secret that never prints.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `APP__DATABASE_URL`: a libpq-style URL or key=value string.
+    pub database_url: Secret,
+    /// `APP__HOST` (default 127.0.0.1) and `APP__PORT` (default 8080; 0 picks a free port).
+    pub host: String,
+    pub port: u16,
+    /// `APP__DATABASE_POOL_SIZE` (default 16).
+    pub database_pool_size: usize,
+    /// `APP__AUTH_CACHE_MILLIS` (default 500): how long a key lookup is cached. Revocation
+    /// takes effect within this plus the catalog projection's lag.
+    pub auth_cache_ttl: Duration,
+    /// `APP__CONSISTENCY_WAIT_MILLIS` (default 3000): the longest a read waits for its
+    /// projection to reach the caller's last write.
+    pub consistency_wait: Duration,
+    /// `APP__APPEND_BATCH_MAX` (default 256): most commands grouped into one log transaction.
+    pub append_batch_max: usize,
+}
+
+impl Settings {
+    pub fn from_env() -> anyhow::Result<Self> {
+        let database_url = std::env::var("APP__DATABASE_URL").context("APP__DATABASE_URL is not set")?;
+        Ok(Self {
+            database_url: Secret::new(database_url),
+            host: env_or("APP__HOST", "127.0.0.1".to_owned())?,
+            port: env_or("APP__PORT", 8080)?,
+            database_pool_size: env_or("APP__DATABASE_POOL_SIZE", 16)?,
+            auth_cache_ttl: Duration::from_millis(env_or("APP__AUTH_CACHE_MILLIS", 500)?),
+            consistency_wait: Duration::from_millis(env_or("APP__CONSISTENCY_WAIT_MILLIS", 3000)?),
+            append_batch_max: env_or("APP__APPEND_BATCH_MAX", 256)?,
+        })
+    }
+
+    /// Settings for a database URL with every other value at its default.
+    pub fn for_database(database_url: &str) -> Self {
+        Self {
+            database_url: Secret::new(database_url.to_owned()),
+            host: "127.0.0.1".to_owned(),
+            port: 0,
+            database_pool_size: 16,
+            auth_cache_ttl: Duration::from_millis(500),
+            consistency_wait: Duration::from_millis(3000),
+            append_batch_max: 256,
+        }
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(name) {
+        Ok(raw) => raw.parse().map_err(|error| anyhow::anyhow!("{name}={raw:?} is invalid: {error}")),
+        Err(_) => Ok(default),
+    }
+}

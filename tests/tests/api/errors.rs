@@ -1,0 +1,111 @@
+//! The error envelope everywhere: routing, methods, bodies, content types.
+
+use serde_json::json;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn unknown_routes_are_404_and_wrong_methods_405_in_the_envelope() {
+    let app = TestApp::spawn().await;
+    let unknown = app.get("/nothing-here", ALPHA_ADMIN).await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.body["error"]["type"], "invalid_request_error");
+    // A POST to a read-only path reaches the command service, which knows the whole API.
+    let wrong = app.post("/schemas", ALPHA_ADMIN, &json!({})).await;
+    assert_eq!(wrong.status, 405);
+    assert_eq!(wrong.body["error"]["type"], "invalid_request_error");
+    let wrong_get = app.get("/contacts/suppressions/sup_1", ALPHA_ADMIN).await;
+    assert_eq!(wrong_get.status, 405);
+}
+
+#[tokio::test]
+async fn patch_and_delete_on_events_always_answer_405() {
+    let app = TestApp::spawn().await;
+    for method in [reqwest::Method::PATCH, reqwest::Method::DELETE] {
+        for key in [Some(ALPHA_ADMIN), None] {
+            let response = app.send(app.request(method.clone(), "/events/ev_123", key).json(&json!({}))).await;
+            assert_eq!(response.status, 405, "{method} with key {key:?}");
+            assert!(response.body["error"].is_object());
+        }
+    }
+}
+
+#[tokio::test]
+async fn malformed_json_is_400() {
+    let app = TestApp::spawn().await;
+    let request = app
+        .request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+        .header("content-type", "application/json")
+        .body("{\"email\": ");
+    let response = app.send(request).await;
+    assert_eq!(response.status, 400);
+    assert_eq!(response.code(), "malformed_json");
+    let empty = app
+        .send(
+            app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+                .header("content-type", "application/json"),
+        )
+        .await;
+    assert_eq!(empty.code(), "malformed_json");
+}
+
+#[tokio::test]
+async fn bodies_over_10_mb_are_413() {
+    let app = TestApp::spawn().await;
+    let big = format!("{{\"firstName\": \"{}\"}}", "a".repeat(10 * 1024 * 1024 + 10));
+    let request = app
+        .request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+        .header("content-type", "application/json")
+        .body(big);
+    let response = app.send(request).await;
+    assert_eq!(response.status, 413);
+    assert_eq!(response.body["error"]["type"], "invalid_request_error");
+}
+
+#[tokio::test]
+async fn unsupported_content_type_charset_or_encoding_is_415() {
+    let app = TestApp::spawn().await;
+    for (name, value) in [
+        ("content-type", "text/plain"),
+        ("content-type", "application/json; charset=latin1"),
+        ("content-encoding", "gzip"),
+    ] {
+        let mut request = app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN)).body("{}");
+        if name == "content-encoding" {
+            request = request.header("content-type", "application/json");
+        }
+        let response = app.send(request.header(name, value)).await;
+        assert_eq!(response.status, 415, "{name}: {value}");
+        assert!(response.body["error"]["message"].is_string());
+    }
+    let utf8 = app
+        .send(
+            app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+                .header("content-type", "application/json; charset=UTF-8")
+                .body("{}"),
+        )
+        .await;
+    assert_eq!(utf8.status, 201);
+}
+
+#[tokio::test]
+async fn the_openapi_document_is_served_and_lists_every_route_built() {
+    let app = TestApp::spawn().await;
+    let response = app.send(app.request(reqwest::Method::GET, "/openapi.json", None)).await;
+    assert_eq!(response.status, 200);
+    assert_eq!(response.body["openapi"], "3.1.0");
+    let paths = response.body["paths"].as_object().expect("paths");
+    for (path, method) in [
+        ("/me", "get"),
+        ("/schemas", "get"),
+        ("/schemas/{schema}", "get"),
+        ("/schemas/{schema}/attributes", "get"),
+        ("/schemas/{schema}/records", "get"),
+        ("/schemas/{schema}/records", "post"),
+        ("/schemas/{schema}/records/{id}", "get"),
+        ("/events/{id}", "patch"),
+        ("/events/{id}", "delete"),
+    ] {
+        assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} is documented");
+    }
+}

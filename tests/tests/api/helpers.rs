@@ -1,0 +1,235 @@
+//! Test support: a fresh database per test (cloned from a migrated template), the services
+//! started in-process on port 0, and one method per kind of request.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+use shared::settings::Settings;
+
+pub const ALPHA_ADMIN: &str = "sk_test_alpha_admin_00000000000001";
+pub const ALPHA_ADMIN_SECOND: &str = "sk_test_alpha_admin_00000000000002";
+pub const ALPHA_REVOKED: &str = "sk_test_alpha_revoked_000000000003";
+pub const ALPHA_MEMBER: &str = "sk_test_alpha_member_0000000000004";
+pub const ALPHA_NON_PAID_ADMIN: &str = "sk_test_alpha_npa_000000000000005";
+pub const MULTI_UNBOUND: &str = "sk_test_multi_unbound_00000000006";
+pub const MULTI_BETA: &str = "sk_test_multi_beta_0000000000007";
+pub const SOLO_UNBOUND: &str = "sk_test_solo_unbound_000000000008";
+pub const NOBODY_UNBOUND: &str = "sk_test_nobody_unbound_0000000009";
+pub const NOBODY_BOUND: &str = "sk_test_nobody_bound_000000000010";
+
+pub const WORKSPACE: &str = include_str!("../../fixtures/workspace.json");
+
+fn admin_url(dbname: &str) -> String {
+    let host = std::env::var("TEST_DATABASE_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+    let port = std::env::var("TEST_DATABASE_PORT")
+        .expect("TEST_DATABASE_PORT is not set: run the tests with scripts/test, which starts PostgreSQL");
+    format!("host={host} port={port} user=postgres dbname={dbname}")
+}
+
+/// A fresh database cloned from the migrated template.
+pub async fn create_database() -> String {
+    let name = format!("t_{}", uuid::Uuid::now_v7().simple());
+    let (client, connection) =
+        tokio_postgres::connect(&admin_url("postgres"), tokio_postgres::NoTls).await.expect("connect as admin");
+    tokio::spawn(connection);
+    client.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE app_template")).await.expect("clone template");
+    admin_url(&name)
+}
+
+/// The directory holding the built binaries (`target/debug`).
+pub fn binaries_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent().and_then(|deps| deps.parent()).expect("target directory").to_path_buf()
+}
+
+/// A child process killed when dropped.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts one of the built binaries with the database URL and extra environment.
+pub fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str, String)]) -> ChildGuard {
+    let mut command = Command::new(binaries_dir().join(name));
+    command.args(args).env("APP__DATABASE_URL", database_url).env("RUST_LOG", "warn");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    if std::env::var("TEST_LOG").is_err() {
+        command.stdout(Stdio::null()).stderr(Stdio::null());
+    }
+    ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {name}: {error}")))
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+#[derive(Debug)]
+pub struct TestResponse {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl TestResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    pub fn code(&self) -> &Value {
+        &self.body["error"]["code"]
+    }
+}
+
+pub struct TestApp {
+    pub database_url: String,
+    pub pool: Pool,
+    pub command_url: String,
+    pub query_url: String,
+    pub http: reqwest::Client,
+}
+
+#[derive(Clone, Copy)]
+pub struct Options {
+    /// Run the projector in-process.
+    pub projector: bool,
+}
+
+impl TestApp {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(Options { projector: true }).await
+    }
+
+    pub async fn spawn_with(options: Options) -> Self {
+        if std::env::var("TEST_LOG").is_ok() {
+            shared::telemetry::init("info");
+        }
+        let database_url = create_database().await;
+        let settings = Settings::for_database(&database_url);
+        let pool = shared::db::pool(&database_url, 8).expect("pool");
+        if options.projector {
+            let projector_pool = shared::db::pool(&database_url, 4).expect("pool");
+            tokio::spawn(projector::daemon::run(
+                projector_pool,
+                database_url.clone(),
+                "test-projector".into(),
+                std::future::pending(),
+            ));
+        }
+        let command = command_service::Application::build(settings.clone()).await.expect("command service");
+        let query = query_service::Application::build(settings).await.expect("query service");
+        let command_url = format!("http://127.0.0.1:{}/v1", command.port());
+        let query_url = format!("http://127.0.0.1:{}/v1", query.port());
+        tokio::spawn(command.run_until_stopped());
+        tokio::spawn(query.run_until_stopped());
+        let app = Self { database_url, pool, command_url, query_url, http: reqwest::Client::new() };
+        app.apply_workspace(WORKSPACE, options.projector).await;
+        if !options.projector {
+            app.catch_up_once().await;
+        }
+        app
+    }
+
+    /// Projects every live read model to the head of the log once, in this process.
+    pub async fn catch_up_once(&self) {
+        let faults = projector::runner::Faults::default();
+        for projection in projector::Projection::ALL {
+            loop {
+                let outcome = projector::runner::project_batch(&self.pool, projection, 1, "test-catch-up", &faults)
+                    .await
+                    .expect("projects");
+                match outcome {
+                    projector::runner::Outcome::Projected { .. } => continue,
+                    projector::runner::Outcome::CaughtUp { .. } => break,
+                    projector::runner::Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        }
+    }
+
+    pub async fn query_i64(&self, sql: &str) -> i64 {
+        let client = self.pool.get().await.expect("client");
+        client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)
+    }
+
+    /// Applies a workspace file and, when a projector runs, waits for the catalog.
+    pub async fn apply_workspace(&self, text: &str, wait: bool) -> command_service::authoring::ApplyReport {
+        let workspace = command_service::authoring::parse(text).expect("workspace parses");
+        let event_log = shared::log::EventLog::start(self.pool.clone(), 16);
+        let report = command_service::authoring::apply(&self.pool, &event_log, &workspace).await.expect("apply");
+        if wait {
+            command_service::authoring::wait_for_catalog(&self.pool, report.position, Duration::from_secs(20))
+                .await
+                .expect("catalog catches up");
+        }
+        report
+    }
+
+    fn url_for(&self, method: &reqwest::Method, path: &str) -> String {
+        let base = if method == reqwest::Method::GET { &self.query_url } else { &self.command_url };
+        format!("{base}{path}")
+    }
+
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> TestResponse {
+        let response = request.send().await.expect("request is sent");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await.expect("body is read");
+        let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
+        TestResponse { status, headers, body }
+    }
+
+    pub fn request(&self, method: reqwest::Method, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
+        let url = self.url_for(&method, path);
+        let mut builder = self.http.request(method, url);
+        if let Some(key) = key {
+            builder = builder.bearer_auth(key);
+        }
+        builder
+    }
+
+    pub async fn get(&self, path: &str, key: &str) -> TestResponse {
+        self.send(self.request(reqwest::Method::GET, path, Some(key))).await
+    }
+
+    pub async fn post(&self, path: &str, key: &str, body: &Value) -> TestResponse {
+        self.send(self.request(reqwest::Method::POST, path, Some(key)).json(body)).await
+    }
+
+    /// Creates a contact in alpha's `contacts` schema and returns its body.
+    pub async fn create_contact(&self, body: &Value) -> Value {
+        let response = self.post("/schemas/contacts/records", ALPHA_ADMIN, body).await;
+        assert_eq!(response.status, 201, "create contact: {:?}", response.body);
+        response.body["data"].clone()
+    }
+
+    /// Waits until every live projection has reached the head of the log.
+    pub async fn wait_for_projections(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let client = self.pool.get().await.expect("client");
+            let row = client
+                .query_one(
+                    "SELECT (SELECT position FROM log_head), (SELECT min(position) FROM projections WHERE status = 'live')",
+                    &[],
+                )
+                .await
+                .expect("positions");
+            let (head, projected): (i64, i64) = (row.get(0), row.get(1));
+            if projected >= head {
+                return;
+            }
+            assert!(Instant::now() < deadline, "projections stuck at {projected} of {head}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

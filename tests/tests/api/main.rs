@@ -1,0 +1,12 @@
+//! Integration tests against a real PostgreSQL started by `scripts/test`.
+
+mod auth;
+mod authoring;
+mod consistency;
+mod deployment;
+mod errors;
+mod helpers;
+mod log;
+mod projector;
+mod records;
+mod schemas;

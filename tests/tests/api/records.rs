@@ -1,0 +1,192 @@
+//! Records: strict create, read by id, list order and totals.
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn create_returns_201_with_flattened_values_defaults_and_source_api() {
+    let app = TestApp::spawn().await;
+    let response = app
+        .post(
+            "/schemas/contacts/records",
+            ALPHA_ADMIN,
+            &json!({"id": "con_mine", "source": "import", "email": "Ada@Example.COM", "firstName": "Ada", "age": 36}),
+        )
+        .await;
+    assert_eq!(response.status, 201, "{:?}", response.body);
+    let record = &response.body["data"];
+    let id = record["id"].as_str().expect("id");
+    assert!(id.starts_with("con_") && id != "con_mine", "body id is ignored: {id}");
+    assert_eq!(record["source"], "api");
+    assert_eq!(record["email"], "ada@example.com");
+    assert_eq!(record["firstName"], "Ada");
+    assert_eq!(record["age"], 36);
+    assert_eq!(record["plan"], "free", "default applied");
+    assert!(record["userId"].is_null() && record["phone"].is_null());
+    assert!(record.get("score").is_none() && record.get("total").is_none(), "evaluated and aggregate are not expanded");
+    assert!(record["createdAt"].as_str().expect("createdAt").ends_with('Z'));
+    assert!(response.header("operation-id").expect("Operation-Id").starts_with("op_"));
+    assert!(response.header("consistency-token").is_some());
+
+    let fetched = app.get(&format!("/schemas/contacts/records/{id}"), ALPHA_ADMIN).await;
+    assert_eq!(fetched.status, 200);
+    assert_eq!(&fetched.body["data"], record, "the read model shows what the write returned");
+}
+
+#[tokio::test]
+async fn schema_is_addressed_by_id_or_slug() {
+    let app = TestApp::spawn().await;
+    let schema = app.get("/schemas/companies", ALPHA_ADMIN).await;
+    let schema_id = schema.body["data"]["id"].as_str().expect("schema id").to_owned();
+    let created = app
+        .post(&format!("/schemas/{schema_id}/records"), ALPHA_ADMIN, &json!({"externalId": "ACME-1", "name": "Acme"}))
+        .await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let record = &created.body["data"];
+    assert!(record["id"].as_str().expect("id").starts_with("obj_"));
+    assert_eq!(record["externalId"], "ACME-1");
+    let id = record["id"].as_str().expect("id");
+    assert_eq!(app.get(&format!("/schemas/companies/records/{id}"), ALPHA_ADMIN).await.status, 200);
+    assert_eq!(app.get(&format!("/schemas/{schema_id}/records/{id}"), ALPHA_ADMIN).await.status, 200);
+}
+
+#[tokio::test]
+async fn strict_create_with_an_existing_identity_is_409_identifier_conflict() {
+    let app = TestApp::spawn().await;
+    app.create_contact(&json!({"email": "dup@example.com", "userId": "u-1"})).await;
+    for body in [
+        json!({"email": "DUP@example.com"}),
+        json!({"userId": "u-1"}),
+        json!({"email": "other@example.com", "userId": "u-1"}),
+    ] {
+        let conflict = app.post("/schemas/contacts/records", ALPHA_ADMIN, &body).await;
+        assert_eq!(conflict.status, 409, "{body}");
+        assert_eq!(conflict.code(), "identifier_conflict");
+    }
+    // Identities are per schema and per space.
+    assert_eq!(
+        app.post("/schemas/leads/records", ALPHA_ADMIN, &json!({"email": "dup@example.com", "company": "X"}))
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        app.post("/schemas/contacts/records", MULTI_BETA, &json!({"email": "dup@example.com"})).await.status,
+        201
+    );
+    app.wait_for_projections().await;
+    let list = app.get("/schemas/contacts/records", ALPHA_ADMIN).await;
+    assert_eq!(list.body["pagination"]["totalCount"], 1, "a refused create leaves nothing behind");
+}
+
+#[tokio::test]
+async fn concurrent_creates_of_one_identity_make_one_record() {
+    let app = TestApp::spawn().await;
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let request = app
+            .request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+            .json(&json!({"email": "race@example.com"}));
+        tasks.push(tokio::spawn(async move { request.send().await.expect("sent").status().as_u16() }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.expect("task"));
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
+}
+
+#[tokio::test]
+async fn invalid_input_is_rejected_with_issues_and_nothing_is_written() {
+    let app = TestApp::spawn().await;
+    let missing = app.post("/schemas/leads/records", ALPHA_ADMIN, &json!({"email": "a@b.io"})).await;
+    assert_eq!(missing.status, 400);
+    assert_eq!(missing.code(), "required_attribute_missing");
+    assert_eq!(missing.body["error"]["issues"][0]["key"], "company");
+
+    for (body, code) in [
+        (json!({"score": 3}), "attribute_not_writable"),
+        (json!({"total": 3}), "attribute_not_writable"),
+        (json!({"createdAt": "2020-01-01T00:00:00Z"}), "attribute_not_writable"),
+        (json!({"favouriteColour": "red"}), "unknown_attribute"),
+        (json!({"age": "old"}), "invalid_attribute_value"),
+        (json!({"plan": "platinum"}), "invalid_attribute_value"),
+        (json!({"email": "not-an-email"}), "invalid_attribute_value"),
+        (json!({"email": 12}), "invalid_attribute_value"),
+    ] {
+        let response = app.post("/schemas/contacts/records", ALPHA_ADMIN, &body).await;
+        assert_eq!(response.status, 400, "{body}: {:?}", response.body);
+        assert_eq!(response.code(), code, "{body}");
+        let key = body.as_object().and_then(|o| o.keys().next().cloned()).expect("key");
+        assert_eq!(response.body["error"]["issues"][0]["key"], Value::String(key));
+    }
+    let not_object = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!([1, 2])).await;
+    assert_eq!(not_object.status, 400);
+    app.wait_for_projections().await;
+    assert_eq!(app.get("/schemas/contacts/records", ALPHA_ADMIN).await.body["pagination"]["totalCount"], 0);
+}
+
+#[tokio::test]
+async fn ai_auto_fill_schemas_need_credits() {
+    let app = TestApp::spawn().await;
+    let broke = app.post("/schemas/accounts/records", MULTI_BETA, &json!({"externalId": "A"})).await;
+    assert_eq!(broke.status, 402);
+    assert_eq!(broke.code(), "insufficient_credits");
+    // Alpha has credits, so its auto-fill schema accepts writes.
+    assert_eq!(app.post("/schemas/companies/records", ALPHA_ADMIN, &json!({"externalId": "A"})).await.status, 201);
+    // A schema without auto-fill needs none.
+    assert_eq!(app.post("/schemas/contacts/records", MULTI_BETA, &json!({"email": "c@d.io"})).await.status, 201);
+}
+
+#[tokio::test]
+async fn unknown_schemas_and_records_are_404() {
+    let app = TestApp::spawn().await;
+    let no_schema = app.post("/schemas/nope/records", ALPHA_ADMIN, &json!({})).await;
+    assert_eq!(no_schema.status, 404);
+    assert_eq!(no_schema.code(), "schema_not_found");
+    let event_schema = app.post("/schemas/signup/records", ALPHA_ADMIN, &json!({})).await;
+    assert_eq!(event_schema.code(), "schema_not_found");
+    assert_eq!(app.get("/schemas/nope/records", ALPHA_ADMIN).await.code(), "schema_not_found");
+    let no_record = app.get("/schemas/contacts/records/con_missing", ALPHA_ADMIN).await;
+    assert_eq!(no_record.status, 404);
+    assert_eq!(no_record.code(), "record_not_found");
+}
+
+#[tokio::test]
+async fn another_space_never_sees_a_record() {
+    let app = TestApp::spawn().await;
+    let record = app.create_contact(&json!({"email": "private@example.com"})).await;
+    let id = record["id"].as_str().expect("id");
+    // Beta has a schema with the same slug; the record is still invisible there.
+    let other = app.get(&format!("/schemas/contacts/records/{id}"), MULTI_BETA).await;
+    assert_eq!(other.status, 404);
+    let list = app.get("/schemas/contacts/records", MULTI_BETA).await;
+    assert_eq!(list.body["pagination"]["totalCount"], 0);
+    assert!(!list.body.to_string().contains("private@example.com"));
+    // Schema ids of another space are not found either.
+    let alpha_schema =
+        app.get("/schemas/contacts", ALPHA_ADMIN).await.body["data"]["id"].as_str().expect("id").to_owned();
+    assert_eq!(app.get(&format!("/schemas/{alpha_schema}"), MULTI_BETA).await.status, 404);
+}
+
+#[tokio::test]
+async fn list_is_ordered_by_created_at_then_id_with_counted_totals() {
+    let app = TestApp::spawn().await;
+    let mut ids = Vec::new();
+    for index in 0..7 {
+        let record = app.create_contact(&json!({"email": format!("order{index}@example.com")})).await;
+        ids.push(record["id"].as_str().expect("id").to_owned());
+    }
+    let page = app.get("/schemas/contacts/records?limit=3&offset=2", ALPHA_ADMIN).await;
+    assert_eq!(page.status, 200);
+    let listed: Vec<&str> =
+        page.body["data"].as_array().expect("list").iter().filter_map(|r| r["id"].as_str()).collect();
+    assert_eq!(listed, ids[2..5].iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(page.body["pagination"], json!({"limit": 3, "offset": 2, "totalCount": 7, "hasMore": true}));
+    let last = app.get("/schemas/contacts/records?limit=3&offset=6", ALPHA_ADMIN).await;
+    assert_eq!(last.body["pagination"]["hasMore"], false);
+    assert_eq!(last.body["data"].as_array().map(Vec::len), Some(1));
+}
