@@ -20,7 +20,8 @@ ensure_postgres() {
 # Runs a command as the cluster's owner.
 as_pg_owner() {
     if [ "$(id -u)" = 0 ]; then
-        runuser -u postgres -- "$@"
+        # From / so that postgres is not left in a directory it may not enter.
+        (cd / && runuser -u postgres -- "$@")
     else
         "$@"
     fi

@@ -126,8 +126,8 @@ pub async fn project_in(
         .await?;
     transaction
         .execute(
-            "INSERT INTO projection_batches (name, version, first_position, last_position, worker)
-             VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO projection_batches (name, version, first_position, last_position, worker, committed_at)
+             VALUES ($1, $2, $3, $4, $5, clock_timestamp())",
             &[&projection.name(), &version, &(checkpoint + 1), &last_position, &worker],
         )
         .await?;
