@@ -5,13 +5,10 @@ pub mod authoring;
 pub mod domain;
 pub mod http;
 
-use std::net::TcpListener;
-
-use actix_web::dev::Server;
-use actix_web::{App, HttpServer, middleware, web};
-use anyhow::Context;
+use actix_web::web;
 use deadpool_postgres::Pool;
 use shared::auth::Authenticator;
+use shared::http::ApiServer;
 use shared::log::EventLog;
 use shared::readmodel::ReadModels;
 use shared::settings::Settings;
@@ -38,9 +35,9 @@ pub fn configure(config: &mut web::ServiceConfig) {
     http::routes::configure(config);
 }
 
+/// The service as a server: `build`, then `port()` and `run_until_stopped()`.
 pub struct Application {
-    port: u16,
-    server: Server,
+    server: ApiServer,
 }
 
 impl Application {
@@ -48,25 +45,18 @@ impl Application {
         let pool = shared::db::pool(settings.database_url.expose(), settings.database_pool_size)?;
         let read_models = ReadModels::start(pool.clone(), settings.database_url.expose().to_owned());
         let state = State::new(settings.clone(), pool, read_models);
-        let listener = TcpListener::bind((settings.host.as_str(), settings.port)).context("binding the listener")?;
-        let port = listener.local_addr()?.port();
-        let server = HttpServer::new(move || {
-            App::new()
-                .wrap(middleware::from_fn(shared::http::request_id_middleware))
-                .app_data(state.clone())
-                .service(web::scope(shared::routes::API_PREFIX).configure(configure))
-                .default_service(web::to(shared::http::fallback))
-        })
-        .listen(listener)?
-        .run();
-        Ok(Self { port, server })
+        let server = ApiServer::bind(&settings.host, settings.port, move |config| {
+            config.app_data(state.clone());
+            configure(config);
+        })?;
+        Ok(Self { server })
     }
 
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        self.server.run_until_stopped().await
     }
 }

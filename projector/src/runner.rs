@@ -9,7 +9,7 @@ use shared::readmodel::{PROGRESS_CHANNEL, schema_name};
 use crate::Projection;
 
 /// Events read and applied per batch.
-pub const BATCH_SIZE: i64 = 1000;
+pub const BATCH_SIZE: i64 = 2000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -71,14 +71,13 @@ pub async fn project_batch(
 ) -> anyhow::Result<Outcome> {
     let mut client = pool.get().await.context("connecting to project")?;
     let transaction = client.transaction().await?;
-    let Some(row) = transaction
-        .query_opt(
+    let lease = transaction
+        .prepare_cached(
             "SELECT position FROM projections WHERE name = $1 AND version = $2 AND status IN ('live', 'building')
              FOR UPDATE SKIP LOCKED",
-            &[&projection.name(), &version],
         )
-        .await?
-    else {
+        .await?;
+    let Some(row) = transaction.query_opt(&lease, &[&projection.name(), &version]).await? else {
         return Ok(Outcome::Busy);
     };
     let checkpoint: i64 = row.get(0);
@@ -108,28 +107,24 @@ pub async fn project_in(
     let last_position = last.position;
     check_contiguity(projection, checkpoint, &events)?;
     let schema = schema_name(projection.name(), version);
-    for (applied, event) in events.iter().enumerate() {
-        let targeted = faults.crash_projection.as_deref().is_none_or(|name| name == projection.name());
-        if targeted && faults.crash_after_events == Some(applied) {
-            tracing::error!("injected fault: aborting the projector mid-batch");
-            std::process::abort();
-        }
-        projection.apply(transaction, &schema, event).await.with_context(|| {
-            format!("projection {} failed on {} at position {}", projection.name(), event.event_type, event.position)
-        })?;
+    let targeted = faults.crash_projection.as_deref().is_none_or(|name| name == projection.name());
+    if let (true, Some(after)) = (targeted, faults.crash_after_events) {
+        // Apply part of the batch, then die before COMMIT, as a crash mid-batch would.
+        projection.apply(transaction, &schema, &events[..after.min(events.len())]).await?;
+        tracing::error!("injected fault: aborting the projector mid-batch");
+        std::process::abort();
     }
-    transaction
-        .execute(
-            "UPDATE projections SET position = $3, updated_at = now() WHERE name = $1 AND version = $2",
-            &[&projection.name(), &version, &last_position],
+    projection.apply(transaction, &schema, &events).await?;
+    let statement = transaction
+        .prepare_cached(
+            "WITH advanced AS (
+                 UPDATE projections SET position = $4, updated_at = now() WHERE name = $1 AND version = $2)
+             INSERT INTO projection_batches (name, version, first_position, last_position, worker, committed_at)
+             VALUES ($1, $2, $3, $4, $5, clock_timestamp())",
         )
         .await?;
     transaction
-        .execute(
-            "INSERT INTO projection_batches (name, version, first_position, last_position, worker, committed_at)
-             VALUES ($1, $2, $3, $4, $5, clock_timestamp())",
-            &[&projection.name(), &version, &(checkpoint + 1), &last_position, &worker],
-        )
+        .execute(&statement, &[&projection.name(), &version, &(checkpoint + 1), &last_position, &worker])
         .await?;
     Ok(Some((events.len(), last_position)))
 }

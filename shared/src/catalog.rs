@@ -40,30 +40,27 @@ pub async fn find_key(
     schema: &str,
     key_hash: &str,
 ) -> Result<Option<KeyIdentity>, tokio_postgres::Error> {
-    let Some(row) = client
-        .query_opt(
-            &format!(
-                "SELECT k.key_id, k.name, k.key_display, k.created_at, k.user_id, u.name, u.email, k.space_id,
-                        s.slug, s.name
-                 FROM {schema}.api_keys k JOIN {schema}.users u ON u.user_id = k.user_id
-                 LEFT JOIN {schema}.spaces s ON s.space_id = k.space_id
-                 WHERE k.key_hash = $1 AND NOT k.revoked"
-            ),
-            &[&key_hash],
-        )
-        .await?
-    else {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT k.key_id, k.name, k.key_display, k.created_at, k.user_id, u.name, u.email, k.space_id,
+                    s.slug, s.name
+             FROM {schema}.api_keys k JOIN {schema}.users u ON u.user_id = k.user_id
+             LEFT JOIN {schema}.spaces s ON s.space_id = k.space_id
+             WHERE k.key_hash = $1 AND NOT k.revoked"
+        ))
+        .await?;
+    let Some(row) = client.query_opt(&statement, &[&key_hash]).await? else {
         return Ok(None);
     };
     let user_id: String = row.get(4);
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT m.space_id, s.slug, s.name, m.role FROM {schema}.memberships m
+             JOIN {schema}.spaces s ON s.space_id = m.space_id WHERE m.user_id = $1 ORDER BY m.space_id"
+        ))
+        .await?;
     let memberships = client
-        .query(
-            &format!(
-                "SELECT m.space_id, s.slug, s.name, m.role FROM {schema}.memberships m
-                 JOIN {schema}.spaces s ON s.space_id = m.space_id WHERE m.user_id = $1 ORDER BY m.space_id"
-            ),
-            &[&user_id],
-        )
+        .query(&statement, &[&user_id])
         .await?
         .into_iter()
         .filter_map(|row| {
@@ -109,16 +106,14 @@ pub async fn find_schema(
     space_id: &str,
     id_or_slug: &str,
 ) -> Result<Option<SchemaEntry>, tokio_postgres::Error> {
-    let row = client
-        .query_opt(
-            &format!(
-                "SELECT schema_id, slug, schema_type, doc, attribute_count FROM {schema}.schemas
-                 WHERE space_id = $1 AND (schema_id = $2 OR slug = $2)
-                 ORDER BY (schema_id = $2) DESC LIMIT 1"
-            ),
-            &[&space_id, &id_or_slug],
-        )
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT schema_id, slug, schema_type, doc, attribute_count FROM {schema}.schemas
+             WHERE space_id = $1 AND (schema_id = $2 OR slug = $2)
+             ORDER BY (schema_id = $2) DESC LIMIT 1"
+        ))
         .await?;
+    let row = client.query_opt(&statement, &[&space_id, &id_or_slug]).await?;
     Ok(row.map(|row| SchemaEntry {
         schema_id: row.get(0),
         slug: row.get(1),
@@ -135,19 +130,23 @@ pub struct AttributeEntry {
     pub definition: Value,
 }
 
+/// The custom attributes of the schema that `id_or_slug` names in the space (resolved in the
+/// same statement, so this can run alongside `find_schema`).
 pub async fn custom_attributes(
     client: &impl GenericClient,
     schema: &str,
-    schema_id: &str,
+    space_id: &str,
+    id_or_slug: &str,
 ) -> Result<Vec<AttributeEntry>, tokio_postgres::Error> {
-    let rows = client
-        .query(
-            &format!(
-                "SELECT key, definition FROM {schema}.attributes WHERE schema_id = $1 AND NOT is_base ORDER BY ordinal"
-            ),
-            &[&schema_id],
-        )
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT key, definition FROM {schema}.attributes WHERE NOT is_base AND schema_id = (
+                 SELECT schema_id FROM {schema}.schemas WHERE space_id = $1 AND (schema_id = $2 OR slug = $2)
+                 ORDER BY (schema_id = $2) DESC LIMIT 1)
+             ORDER BY ordinal"
+        ))
         .await?;
+    let rows = client.query(&statement, &[&space_id, &id_or_slug]).await?;
     Ok(rows.into_iter().map(|row| AttributeEntry { key: row.get(0), definition: row.get(1) }).collect())
 }
 

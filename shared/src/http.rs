@@ -169,3 +169,38 @@ pub fn bearer_token(req: &HttpRequest) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())
 }
+
+/// An HTTP server with the API's middleware, `/v1` scope and 404/405 fallback. Each service
+/// (and single-node mode) passes what to register in the scope, its state included.
+pub struct ApiServer {
+    port: u16,
+    server: actix_web::dev::Server,
+}
+
+impl ApiServer {
+    pub fn bind<F>(host: &str, port: u16, configure: F) -> anyhow::Result<Self>
+    where
+        F: Fn(&mut web::ServiceConfig) + Send + Clone + 'static,
+    {
+        use anyhow::Context;
+        let listener = std::net::TcpListener::bind((host, port)).context("binding the listener")?;
+        let port = listener.local_addr()?.port();
+        let server = actix_web::HttpServer::new(move || {
+            actix_web::App::new()
+                .wrap(actix_web::middleware::from_fn(request_id_middleware))
+                .service(web::scope(routes::API_PREFIX).configure(configure.clone()))
+                .default_service(web::to(fallback))
+        })
+        .listen(listener)?
+        .run();
+        Ok(Self { port, server })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}

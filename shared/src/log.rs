@@ -205,8 +205,52 @@ async fn notify_appended(pool: &Pool, head: i64) {
 
 type BatchOutcome = (Vec<Result<Appended, AppendError>>, i64);
 
+/// Writes a batch. The fast path sends every command's statements at once (pipelined) with
+/// no savepoints; if any command is refused (lost race, guard conflict) the transaction is
+/// rolled back and the batch is written again with a savepoint per command, so only the
+/// refused commands fail.
 async fn write_batch(pool: &Pool, requests: &[AppendRequest]) -> Result<BatchOutcome, AppendError> {
     let mut client = pool.get().await.map_err(|error| AppendError::Unavailable(error.to_string()))?;
+    match write_pipelined(&mut client, requests).await {
+        Ok(outcome) => Ok(outcome),
+        Err(Fallback::Isolate) => write_isolated(&mut client, requests).await,
+        Err(Fallback::Fail(error)) => Err(error),
+    }
+}
+
+enum Fallback {
+    /// Some command was refused; write again with a savepoint per command.
+    Isolate,
+    Fail(AppendError),
+}
+
+async fn write_pipelined(
+    client: &mut deadpool_postgres::Client,
+    requests: &[AppendRequest],
+) -> Result<BatchOutcome, Fallback> {
+    let transaction = client.transaction().await.map_err(|error| Fallback::Fail(unavailable(error)))?;
+    let staged = futures_util::future::join_all(
+        requests.iter().enumerate().map(|(index, request)| stage_request(&transaction, request, index)),
+    )
+    .await;
+    let mut rows_per_request = Vec::with_capacity(requests.len());
+    for outcome in staged {
+        match outcome {
+            Ok(rows) => rows_per_request.push(rows),
+            Err(_) => {
+                let _ = transaction.rollback().await;
+                return Err(Fallback::Isolate);
+            }
+        }
+    }
+    let outcomes = rows_per_request.iter().map(|_| Some(Ok(()))).collect();
+    finish_batch(transaction, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
+}
+
+async fn write_isolated(
+    client: &mut deadpool_postgres::Client,
+    requests: &[AppendRequest],
+) -> Result<BatchOutcome, AppendError> {
     let transaction = client.transaction().await.map_err(unavailable)?;
     let mut outcomes: Vec<Option<Result<(), AppendError>>> = Vec::with_capacity(requests.len());
     let mut rows_per_request: Vec<Vec<PendingRow>> = Vec::with_capacity(requests.len());
@@ -226,36 +270,52 @@ async fn write_batch(pool: &Pool, requests: &[AppendRequest]) -> Result<BatchOut
             Err(Staging::Failed(error)) => return Err(unavailable(error)),
         }
     }
+    finish_batch(transaction, requests, outcomes, rows_per_request).await
+}
+
+/// Takes the positions, inserts the events and records each key's last position in one
+/// statement (so the counter row is locked only from here to COMMIT), then commits.
+async fn finish_batch(
+    transaction: Transaction<'_>,
+    requests: &[AppendRequest],
+    outcomes: Vec<Option<Result<(), AppendError>>>,
+    rows_per_request: Vec<Vec<PendingRow>>,
+) -> Result<BatchOutcome, AppendError> {
     let total: i64 = rows_per_request.iter().map(|rows| rows.len() as i64).sum();
-    let mut last_positions = vec![0_i64; requests.len()];
+    // Each command's last event, as an ordinal (1-based) within the batch.
+    let mut last_ordinals = vec![0_i64; requests.len()];
     let mut head = 0;
     if total > 0 {
-        let row = transaction
-            .query_one("UPDATE log_head SET position = position + $1 RETURNING position", &[&total])
-            .await
-            .map_err(unavailable)?;
-        head = row.get::<_, i64>(0);
-        let mut next = head - total + 1;
         let mut columns = Columns::default();
+        let mut ordinal = 0;
         for (index, rows) in rows_per_request.into_iter().enumerate() {
             for row in rows {
                 let metadata = &requests[row.metadata_index].metadata;
-                columns.push(next, row, metadata);
-                last_positions[index] = next;
-                next += 1;
+                columns.push(row, metadata);
+                ordinal += 1;
+                last_ordinals[index] = ordinal;
             }
         }
-        columns.insert(&transaction).await.map_err(unavailable)?;
-        record_key_positions(&transaction, requests, &last_positions).await.map_err(unavailable)?;
+        let mut key_latest: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+        for (request, ordinal) in requests.iter().zip(&last_ordinals) {
+            if let Some(key_id) = request.metadata.actor_key_id.as_deref().filter(|_| *ordinal > 0) {
+                let entry = key_latest.entry(key_id).or_insert(0);
+                *entry = (*entry).max(*ordinal);
+            }
+        }
+        let keys: Vec<&str> = key_latest.keys().copied().collect();
+        let key_ordinals: Vec<i64> = key_latest.values().copied().collect();
+        head = columns.insert(&transaction, total, &keys, &key_ordinals).await.map_err(unavailable)?;
     }
     transaction.commit().await.map_err(|error| {
         if error.as_db_error().is_some() { unavailable(error) } else { AppendError::OutcomeUnknown(error.to_string()) }
     })?;
+    let first = head - total;
     let outcomes = outcomes
         .into_iter()
-        .zip(last_positions)
-        .map(|(outcome, last_position)| match outcome {
-            Some(Ok(())) => Ok(Appended { last_position }),
+        .zip(last_ordinals)
+        .map(|(outcome, ordinal)| match outcome {
+            Some(Ok(())) => Ok(Appended { last_position: if ordinal > 0 { first + ordinal } else { 0 } }),
             Some(Err(error)) => Err(error),
             None => Err(AppendError::Unavailable("not attempted".to_owned())),
         })
@@ -294,36 +354,34 @@ async fn stage_request(
         let wrong_version = || Staging::Refused(AppendError::WrongVersion { stream_id: stream.stream_id.clone() });
         let first_version = match stream.expected {
             ExpectedVersion::NoStream => {
-                match transaction
-                    .execute("INSERT INTO streams (stream_id, version) VALUES ($1, $2)", &[&stream.stream_id, &count])
-                    .await
-                {
+                let statement =
+                    transaction.prepare_cached("INSERT INTO streams (stream_id, version) VALUES ($1, $2)").await?;
+                match transaction.execute(&statement, &[&stream.stream_id, &count]).await {
                     Ok(_) => 1,
                     Err(error) if is_unique_violation(&error) => return Err(wrong_version()),
                     Err(error) => return Err(error.into()),
                 }
             }
             ExpectedVersion::Exactly(version) => {
-                let updated = transaction
-                    .execute(
-                        "UPDATE streams SET version = $3 WHERE stream_id = $1 AND version = $2",
-                        &[&stream.stream_id, &version, &(version + count)],
-                    )
+                let statement = transaction
+                    .prepare_cached("UPDATE streams SET version = $3 WHERE stream_id = $1 AND version = $2")
                     .await?;
+                let updated =
+                    transaction.execute(&statement, &[&stream.stream_id, &version, &(version + count)]).await?;
                 if updated != 1 {
                     return Err(wrong_version());
                 }
                 version + 1
             }
             ExpectedVersion::Any => {
-                let row = transaction
-                    .query_one(
+                let statement = transaction
+                    .prepare_cached(
                         "INSERT INTO streams (stream_id, version) VALUES ($1, $2)
                          ON CONFLICT (stream_id) DO UPDATE SET version = streams.version + EXCLUDED.version
                          RETURNING version",
-                        &[&stream.stream_id, &count],
                     )
                     .await?;
+                let row = transaction.query_one(&statement, &[&stream.stream_id, &count]).await?;
                 row.get::<_, i64>(0) - count + 1
             }
         };
@@ -342,7 +400,8 @@ async fn stage_request(
     }
     for guard in &request.guards {
         let params: Vec<&(dyn ToSql + Sync)> = guard.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
-        match transaction.execute(guard.sql, &params).await {
+        let statement = transaction.prepare_cached(guard.sql).await?;
+        match transaction.execute(&statement, &params).await {
             Ok(_) => {}
             Err(error) if is_unique_violation(&error) => return Err(Staging::Refused(guard.conflict.clone())),
             Err(error) => return Err(error.into()),
@@ -353,7 +412,6 @@ async fn stage_request(
 
 #[derive(Default)]
 struct Columns {
-    position: Vec<i64>,
     event_id: Vec<Uuid>,
     stream_id: Vec<String>,
     stream_version: Vec<i64>,
@@ -369,8 +427,7 @@ struct Columns {
 }
 
 impl Columns {
-    fn push(&mut self, position: i64, row: PendingRow, metadata: &Metadata) {
-        self.position.push(position);
+    fn push(&mut self, row: PendingRow, metadata: &Metadata) {
         self.event_id.push(row.event_id);
         self.stream_id.push(row.stream_id);
         self.stream_version.push(row.stream_version);
@@ -385,15 +442,45 @@ impl Columns {
         self.occurred_at.push(row.occurred_at);
     }
 
-    async fn insert(&self, transaction: &Transaction<'_>) -> Result<u64, tokio_postgres::Error> {
-        transaction
-            .execute(
-                "INSERT INTO events (position, event_id, stream_id, stream_version, event_type, payload, space_id,
-                     actor_key_id, actor_user_id, request_id, idempotency_key, subject_id, occurred_at)
-                 SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::bytea[],
-                     $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::timestamptz[])",
+    /// Advances the head by `total`, inserts the events at the positions that frees, and
+    /// records each key's last position (`key_ordinals` are 1-based within the batch).
+    /// Returns the new head.
+    async fn insert(
+        &self,
+        transaction: &Transaction<'_>,
+        total: i64,
+        keys: &[&str],
+        key_ordinals: &[i64],
+    ) -> Result<i64, tokio_postgres::Error> {
+        let statement = transaction
+            .prepare_cached(
+                "WITH head AS (
+                     UPDATE log_head SET position = position + $14 RETURNING position - $14 AS base
+                 ),
+                 inserted AS (
+                     INSERT INTO events (position, event_id, stream_id, stream_version, event_type, payload, space_id,
+                         actor_key_id, actor_user_id, request_id, idempotency_key, subject_id, occurred_at)
+                     SELECT head.base + e.ordinal, e.event_id, e.stream_id, e.stream_version, e.event_type,
+                            e.payload, e.space_id, e.actor_key_id, e.actor_user_id, e.request_id,
+                            e.idempotency_key, e.subject_id, e.occurred_at
+                     FROM head, unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::bytea[], $6::text[],
+                         $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::timestamptz[])
+                         WITH ORDINALITY AS e(event_id, stream_id, stream_version, event_type, payload, space_id,
+                         actor_key_id, actor_user_id, request_id, idempotency_key, subject_id, occurred_at, ordinal)
+                     RETURNING position
+                 ),
+                 keys AS (
+                     INSERT INTO key_positions (key_id, position)
+                     SELECT k.key_id, head.base + k.ordinal FROM head, unnest($13::text[], $15::bigint[]) AS k(key_id, ordinal)
+                     ON CONFLICT (key_id) DO UPDATE SET position = GREATEST(key_positions.position, EXCLUDED.position)
+                 )
+                 SELECT max(position) FROM inserted",
+            )
+            .await?;
+        let row = transaction
+            .query_one(
+                &statement,
                 &[
-                    &self.position,
                     &self.event_id,
                     &self.stream_id,
                     &self.stream_version,
@@ -406,38 +493,14 @@ impl Columns {
                     &self.idempotency_key,
                     &self.subject_id,
                     &self.occurred_at,
+                    &keys,
+                    &total,
+                    &key_ordinals,
                 ],
             )
-            .await
+            .await?;
+        Ok(row.get::<_, Option<i64>>(0).unwrap_or(0))
     }
-}
-
-/// Records each writing key's last position, for read-your-writes in the query service.
-async fn record_key_positions(
-    transaction: &Transaction<'_>,
-    requests: &[AppendRequest],
-    last_positions: &[i64],
-) -> Result<(), tokio_postgres::Error> {
-    let mut latest: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
-    for (request, position) in requests.iter().zip(last_positions) {
-        if let Some(key_id) = request.metadata.actor_key_id.as_deref().filter(|_| *position > 0) {
-            let entry = latest.entry(key_id).or_insert(0);
-            *entry = (*entry).max(*position);
-        }
-    }
-    if latest.is_empty() {
-        return Ok(());
-    }
-    let keys: Vec<&str> = latest.keys().copied().collect();
-    let positions: Vec<i64> = latest.values().copied().collect();
-    transaction
-        .execute(
-            "INSERT INTO key_positions (key_id, position) SELECT * FROM unnest($1::text[], $2::bigint[])
-             ON CONFLICT (key_id) DO UPDATE SET position = GREATEST(key_positions.position, EXCLUDED.position)",
-            &[&keys, &positions],
-        )
-        .await?;
-    Ok(())
 }
 
 fn unavailable(error: impl std::fmt::Display) -> AppendError {
@@ -450,14 +513,14 @@ pub async fn read_after(
     position: i64,
     limit: i64,
 ) -> Result<Vec<StoredEvent>, tokio_postgres::Error> {
-    let rows = client
-        .query(
+    let statement = client
+        .prepare_cached(
             "SELECT position, event_id, stream_id, stream_version, event_type, payload, space_id, actor_key_id,
                     subject_id, occurred_at, recorded_at
              FROM events WHERE position > $1 ORDER BY position LIMIT $2",
-            &[&position, &limit],
         )
         .await?;
+    let rows = client.query(&statement, &[&position, &limit]).await?;
     Ok(rows
         .into_iter()
         .map(|row| StoredEvent {

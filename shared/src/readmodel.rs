@@ -117,6 +117,30 @@ impl ReadModels {
         Ok(())
     }
 
+    /// The live versions of `names` as last seen (loading them if never seen), with no
+    /// claim about how far they have projected.
+    pub async fn current(&self, names: &[&str]) -> Result<Consistent, ApiError> {
+        if self.cached(names).is_none() {
+            self.refresh().await?;
+        }
+        let models = self
+            .cached(names)
+            .ok_or_else(|| ApiError::unavailable("the read models are not built yet; retry shortly"))?;
+        Ok(Consistent { models, reached: false, required: 0 })
+    }
+
+    /// Records live versions and positions observed by a check query.
+    pub fn observe(&self, observed: &[(String, Live)]) {
+        if let Ok(mut live) = self.live.write() {
+            for (name, model) in observed {
+                let entry = live.entry(name.clone()).or_insert(*model);
+                if entry.version != model.version || entry.position < model.position {
+                    *entry = *model;
+                }
+            }
+        }
+    }
+
     fn cached(&self, names: &[&str]) -> Option<Vec<(String, Live)>> {
         let live = self.live.read().ok()?;
         names.iter().map(|name| live.get(*name).map(|model| ((*name).to_owned(), *model))).collect()
@@ -149,4 +173,25 @@ impl ReadModels {
             refreshed = true;
         }
     }
+}
+
+/// The check that runs first in a consistent read: the calling key's last write and where
+/// the live versions of the read models are. One row, always.
+pub const CHECK_SQL: &str = "SELECT COALESCE((SELECT position FROM key_positions WHERE key_id = $1), 0),
+        COALESCE(array_agg(name), '{}'::text[]), COALESCE(array_agg(version), '{}'::integer[]),
+        COALESCE(array_agg(position), '{}'::bigint[])
+    FROM projections WHERE status = 'live' AND name = ANY($2)";
+
+/// Decodes the row of `CHECK_SQL`: `(key position, live models)`.
+pub fn decode_check(row: &tokio_postgres::Row) -> (i64, Vec<(String, Live)>) {
+    let names: Vec<String> = row.get(1);
+    let versions: Vec<i32> = row.get(2);
+    let positions: Vec<i64> = row.get(3);
+    let models = names
+        .into_iter()
+        .zip(versions)
+        .zip(positions)
+        .map(|((name, version), position)| (name, Live { version, position }))
+        .collect();
+    (row.get(0), models)
 }

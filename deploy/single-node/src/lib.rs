@@ -2,18 +2,15 @@
 //! URL, with the projector running in the same process. For development and the demo; the
 //! split deployment (separate processes behind nginx, routing by method) is in `deploy/`.
 
-use std::net::TcpListener;
 use std::time::Duration;
 
-use actix_web::dev::Server;
-use actix_web::{App, HttpServer, middleware, web};
 use anyhow::Context;
+use shared::http::ApiServer;
 use shared::readmodel::ReadModels;
 use shared::settings::Settings;
 
 pub struct SingleNode {
-    port: u16,
-    server: Server,
+    server: ApiServer,
     /// Keys with a secret in the applied workspace file: `(name, secret)`.
     pub workspace_keys: Vec<(String, String)>,
 }
@@ -46,30 +43,19 @@ impl SingleNode {
                 workspace_keys.push((format!("{name} ({email})"), secret));
             }
         }
-        let listener = TcpListener::bind((settings.host.as_str(), settings.port)).context("binding the listener")?;
-        let port = listener.local_addr()?.port();
-        let server = HttpServer::new(move || {
-            App::new()
-                .wrap(middleware::from_fn(shared::http::request_id_middleware))
-                .app_data(command_state.clone())
-                .app_data(query_state.clone())
-                .service(
-                    web::scope(shared::routes::API_PREFIX)
-                        .configure(command_service::configure)
-                        .configure(query_service::configure),
-                )
-                .default_service(web::to(shared::http::fallback))
-        })
-        .listen(listener)?
-        .run();
-        Ok(Self { port, server, workspace_keys })
+        let server = ApiServer::bind(&settings.host, settings.port, move |config| {
+            config.app_data(command_state.clone()).app_data(query_state.clone());
+            command_service::configure(config);
+            query_service::configure(config);
+        })?;
+        Ok(Self { server, workspace_keys })
     }
 
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        self.server.run_until_stopped().await
     }
 }

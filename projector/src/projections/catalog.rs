@@ -59,6 +59,19 @@ CREATE TABLE {s}.resources (
 );
 ";
 
+/// Event types this projection reads; everything else is skipped without decoding.
+pub(super) const EVENT_TYPES: &[&str] = &[
+    "SpaceDefined.v1",
+    "UserDefined.v1",
+    "MembershipGranted.v1",
+    "MembershipRevoked.v1",
+    "ApiKeyIssued.v1",
+    "ApiKeyRevoked.v1",
+    "SchemaDefined.v1",
+    "AiCreditsSet.v1",
+    "ResourceDefined.v1",
+];
+
 pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &StoredEvent) -> anyhow::Result<()> {
     match event.decode()? {
         LogEvent::SpaceDefined(space) => {

@@ -4,6 +4,7 @@
 mod catalog;
 mod records;
 
+use anyhow::Context;
 use deadpool_postgres::Transaction;
 use shared::log::StoredEvent;
 
@@ -38,11 +39,27 @@ impl Projection {
         format!("CREATE SCHEMA {schema};\n{}", tables.replace("{s}", schema))
     }
 
-    /// Applies one event. Runs in the batch transaction that also advances the checkpoint.
-    pub async fn apply(self, transaction: &Transaction<'_>, schema: &str, event: &StoredEvent) -> anyhow::Result<()> {
+    /// Applies a batch of events, in order. Runs in the batch transaction that also advances
+    /// the checkpoint.
+    pub async fn apply(
+        self,
+        transaction: &Transaction<'_>,
+        schema: &str,
+        events: &[StoredEvent],
+    ) -> anyhow::Result<()> {
         match self {
-            Self::Catalog => catalog::apply(transaction, schema, event).await,
-            Self::Records => records::apply(transaction, schema, event).await,
+            Self::Catalog => {
+                for event in events.iter().filter(|event| catalog::EVENT_TYPES.contains(&event.event_type.as_str())) {
+                    catalog::apply(transaction, schema, event).await.with_context(|| {
+                        format!("projection catalog failed on {} at position {}", event.event_type, event.position)
+                    })?;
+                }
+                Ok(())
+            }
+            Self::Records => records::apply(transaction, schema, events).await.with_context(|| {
+                let first = events.first().map_or(0, |event| event.position);
+                format!("projection records failed on the batch starting at position {first}")
+            }),
         }
     }
 }

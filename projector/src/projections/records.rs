@@ -24,35 +24,41 @@ CREATE TABLE {s}.record_counts (
 );
 ";
 
-pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, event: &StoredEvent) -> anyhow::Result<()> {
-    if let LogEvent::RecordCreated(created) = event.decode()? {
-        let document = record_document(&created)?;
-        let inserted = transaction
-            .execute(
-                &format!(
-                    "INSERT INTO {schema}.records (record_id, space_id, schema_id, created_at, doc)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (record_id) DO NOTHING"
-                ),
-                &[
-                    &created.record_id,
-                    &created.space_id,
-                    &created.schema_id,
-                    &from_millis(created.created_at_ms),
-                    &document,
-                ],
-            )
-            .await?;
-        if inserted == 1 {
-            transaction
-                .execute(
-                    &format!(
-                        "INSERT INTO {schema}.record_counts (space_id, schema_id, total) VALUES ($1, $2, 1)
-                         ON CONFLICT (space_id, schema_id) DO UPDATE SET total = record_counts.total + 1"
-                    ),
-                    &[&created.space_id, &created.schema_id],
-                )
-                .await?;
+/// Event types this projection reads; everything else is skipped without decoding.
+pub(super) const EVENT_TYPES: &[&str] = &["RecordCreated.v1"];
+
+/// Applies a batch with one statement: new records are inserted and the counters grow by
+/// the rows actually inserted, so applying the same events twice changes nothing.
+pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, events: &[StoredEvent]) -> anyhow::Result<()> {
+    let mut record_ids = Vec::new();
+    let mut space_ids = Vec::new();
+    let mut schema_ids = Vec::new();
+    let mut created_at = Vec::new();
+    let mut documents = Vec::new();
+    for event in events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())) {
+        if let LogEvent::RecordCreated(created) = event.decode()? {
+            documents.push(record_document(&created)?);
+            created_at.push(from_millis(created.created_at_ms));
+            record_ids.push(created.record_id);
+            space_ids.push(created.space_id);
+            schema_ids.push(created.schema_id);
         }
     }
+    if record_ids.is_empty() {
+        return Ok(());
+    }
+    let statement = transaction
+        .prepare_cached(&format!(
+            "WITH inserted AS (
+                 INSERT INTO {schema}.records (record_id, space_id, schema_id, created_at, doc)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::jsonb[])
+                 ON CONFLICT (record_id) DO NOTHING
+                 RETURNING space_id, schema_id)
+             INSERT INTO {schema}.record_counts (space_id, schema_id, total)
+             SELECT space_id, schema_id, count(*) FROM inserted GROUP BY space_id, schema_id
+             ON CONFLICT (space_id, schema_id) DO UPDATE SET total = record_counts.total + EXCLUDED.total"
+        ))
+        .await?;
+    transaction.execute(&statement, &[&record_ids, &space_ids, &schema_ids, &created_at, &documents]).await?;
     Ok(())
 }

@@ -5,38 +5,81 @@ pub mod records;
 pub mod routes;
 pub mod schemas;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Instant;
+
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
+use deadpool_postgres::Client;
 use serde_json::Value;
 use shared::auth::{Caller, Permission};
 use shared::error::ApiError;
 use shared::pagination::Warning;
-use shared::readmodel::Consistent;
+use shared::readmodel::{CHECK_SQL, Consistent, decode_check};
 
 use crate::State;
 
 /// The header a writer may pass to read its write with another key.
 pub const CONSISTENCY_TOKEN: &str = "consistency-token";
 
-/// Authorises a read and waits until the read models it uses include the caller's last
-/// write (by this key, or named by a `Consistency-Token` header).
-pub async fn begin_read(state: &State, req: &HttpRequest, models: &[&str]) -> Result<(Caller, Consistent), ApiError> {
-    let caller = state.authenticator.authorize(req, Permission::Read).await?;
-    let required = required_position(state, req, caller.key_id()).await?;
-    let consistent = state.read_models.wait_for(models, required, state.settings.consistency_wait).await?;
-    Ok((caller, consistent))
-}
+/// What a read does once it knows which versions of the read models to read.
+pub type ReadFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ApiError>> + 'a>>;
 
-async fn required_position(state: &State, req: &HttpRequest, key_id: &str) -> Result<i64, ApiError> {
+/// Authorises a read (permission `read`) and parses the optional `Consistency-Token`.
+pub async fn authorize_read(state: &State, req: &HttpRequest) -> Result<(Caller, i64), ApiError> {
+    let caller = state.authenticator.authorize(req, Permission::Read).await?;
     let token = match req.headers().get(CONSISTENCY_TOKEN) {
         None => 0,
         Some(value) => value.to_str().ok().and_then(|text| text.trim().parse::<i64>().ok()).ok_or_else(|| {
             ApiError::bad_request("invalid_consistency_token", "Consistency-Token must be a log position (an integer)")
         })?,
     };
+    Ok((caller, token))
+}
+
+/// Reads consistently with the caller's last write, in one round trip when the read models
+/// are up to date: the check (the key's last position, the live versions and positions) is
+/// sent first and `read` right after it on the same connection, so the read's snapshot is at
+/// least as new as the check's. If the read models are behind, waits (bounded, woken by
+/// progress notifications) and reads again; past the bound, answers with what it has and
+/// `reached: false`.
+pub async fn consistent_read<T, F>(
+    state: &State,
+    caller: &Caller,
+    token: i64,
+    models: &[&str],
+    read: F,
+) -> Result<(T, Consistent), ApiError>
+where
+    F: for<'a> Fn(&'a Client, &'a Consistent) -> ReadFuture<'a, T>,
+{
     let client = state.pool.get().await?;
-    let row = client.query_opt("SELECT position FROM key_positions WHERE key_id = $1", &[&key_id]).await?;
-    Ok(row.map_or(0, |row| row.get::<_, i64>(0)).max(token))
+    let check = client.prepare_cached(CHECK_SQL).await?;
+    let names: Vec<&str> = models.to_vec();
+    let deadline = Instant::now() + state.settings.consistency_wait;
+    let mut guess = state.read_models.current(models).await?;
+    loop {
+        let key_id = caller.key_id();
+        let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key_id, &names];
+        let (checked, result) = tokio::join!(client.query_one(&check, &check_params), read(&client, &guess));
+        let (key_position, live) = decode_check(&checked?);
+        state.read_models.observe(&live);
+        let required = key_position.max(token);
+        let same_versions = models.iter().all(|name| {
+            let used = guess.models.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
+            let current = live.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
+            used.is_some() && used == current
+        });
+        if same_versions {
+            let reached = live.iter().all(|(_, model)| model.position >= required);
+            if reached || Instant::now() >= deadline {
+                return Ok((result?, Consistent { models: live, reached, required }));
+            }
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        guess = state.read_models.wait_for(models, required, remaining).await?;
+    }
 }
 
 /// A 200 with `Projection-Position`, and a warning when the read models had not caught up.

@@ -2,25 +2,36 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::Value;
-use shared::catalog::CATALOG;
+use shared::catalog::{self, CATALOG, SchemaEntry};
 use shared::error::ApiError;
 use shared::http::{data_body, page_body, query_pairs};
 use shared::pagination::PageRequest;
+use tokio_postgres::types::ToSql;
 
-use super::schemas::find_or_404;
-use super::{begin_read, respond};
+use super::schemas::schema_not_found;
+use super::{authorize_read, consistent_read, respond};
 use crate::State;
 
 const RECORDS: &str = "records";
 
-fn record_schema_or_404(schema: &shared::catalog::SchemaEntry, id_or_slug: &str) -> Result<(), ApiError> {
-    if schema.schema_type == "event" {
-        return Err(ApiError::not_found(
+/// Records live in contact and object schemas; an event schema has none.
+fn record_schema(schema: Option<SchemaEntry>, id_or_slug: &str) -> Result<SchemaEntry, ApiError> {
+    match schema {
+        Some(schema) if schema.schema_type != "event" => Ok(schema),
+        Some(_) => Err(ApiError::not_found(
             "schema_not_found",
             format!("{id_or_slug:?} is an event schema; records live in contact and object schemas"),
-        ));
+        )),
+        None => Err(schema_not_found(id_or_slug)),
     }
-    Ok(())
+}
+
+/// The schema id of `$2` (id or slug) in space `$1`, as a SQL subquery over catalog `c`.
+fn schema_id_subquery(c: &str, space: &str, reference: &str) -> String {
+    format!(
+        "(SELECT schema_id FROM {c}.schemas WHERE space_id = {space} AND (schema_id = {reference} OR slug = {reference})
+          ORDER BY (schema_id = {reference}) DESC LIMIT 1)"
+    )
 }
 
 pub async fn list(
@@ -29,28 +40,40 @@ pub async fn list(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let page = PageRequest::parse(&query_pairs(&req))?;
-    let (caller, consistent) = begin_read(&state, &req, &[CATALOG, RECORDS]).await?;
-    let client = state.pool.get().await?;
-    let schema = find_or_404(&client, &consistent.schema(CATALOG), caller.space_id(), &path).await?;
-    record_schema_or_404(&schema, &path)?;
-    let r = consistent.schema(RECORDS);
-    let total: i64 = client
-        .query_opt(
-            &format!("SELECT total FROM {r}.record_counts WHERE space_id = $1 AND schema_id = $2"),
-            &[&caller.space_id(), &schema.schema_id],
-        )
-        .await?
-        .map_or(0, |row| row.get(0));
-    let rows = client
-        .query(
-            &format!(
-                "SELECT doc FROM {r}.records WHERE space_id = $1 AND schema_id = $2
-                 ORDER BY created_at, record_id LIMIT $3 OFFSET $4"
-            ),
-            &[&caller.space_id(), &schema.schema_id, &page.limit(), &page.offset()],
-        )
+    let (caller, token) = authorize_read(&state, &req).await?;
+    let (space_id, schema_ref) = (caller.space_id().to_owned(), path.into_inner());
+    let (limit, offset) = (page.limit(), page.offset());
+    let ((schema, total, items), consistent) =
+        consistent_read(&state, &caller, token, &[CATALOG, RECORDS], |client, models| {
+            let (c, r) = (models.schema(CATALOG), models.schema(RECORDS));
+            let (space_id, schema_ref) = (space_id.clone(), schema_ref.clone());
+            Box::pin(async move {
+                let schema_id = schema_id_subquery(&c, "$1", "$2");
+                let count = client
+                    .prepare_cached(&format!(
+                        "SELECT total FROM {r}.record_counts WHERE space_id = $1 AND schema_id = {schema_id}"
+                    ))
+                    .await?;
+                let rows = client
+                    .prepare_cached(&format!(
+                        "SELECT doc FROM {r}.records WHERE space_id = $1 AND schema_id = {schema_id}
+                         ORDER BY created_at, record_id LIMIT $3 OFFSET $4"
+                    ))
+                    .await?;
+                let count_params: [&(dyn ToSql + Sync); 2] = [&space_id, &schema_ref];
+                let rows_params: [&(dyn ToSql + Sync); 4] = [&space_id, &schema_ref, &limit, &offset];
+                let (schema, total, rows) = tokio::join!(
+                    catalog::find_schema(client, &c, &space_id, &schema_ref),
+                    client.query_opt(&count, &count_params),
+                    client.query(&rows, &rows_params),
+                );
+                let total: i64 = total?.map_or(0, |row| row.get(0));
+                let items: Vec<Value> = rows?.into_iter().map(|row| row.get(0)).collect();
+                Ok((schema?, total, items))
+            })
+        })
         .await?;
-    let items: Vec<Value> = rows.into_iter().map(|row| row.get(0)).collect();
+    record_schema(schema, &schema_ref)?;
     let pagination = page.pagination(items.len(), total);
     Ok(respond(&consistent, page.warnings.clone(), |warnings| page_body(items, pagination, warnings)))
 }
@@ -61,18 +84,30 @@ pub async fn get(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let (schema_ref, record_id) = path.into_inner();
-    let (caller, consistent) = begin_read(&state, &req, &[CATALOG, RECORDS]).await?;
-    let client = state.pool.get().await?;
-    let schema = find_or_404(&client, &consistent.schema(CATALOG), caller.space_id(), &schema_ref).await?;
-    record_schema_or_404(&schema, &schema_ref)?;
-    let r = consistent.schema(RECORDS);
-    let document: Value = client
-        .query_opt(
-            &format!("SELECT doc FROM {r}.records WHERE record_id = $1 AND space_id = $2 AND schema_id = $3"),
-            &[&record_id, &caller.space_id(), &schema.schema_id],
-        )
-        .await?
-        .map(|row| row.get(0))
+    let (caller, token) = authorize_read(&state, &req).await?;
+    let space_id = caller.space_id().to_owned();
+    let ((schema, document), consistent) =
+        consistent_read(&state, &caller, token, &[CATALOG, RECORDS], |client, models| {
+            let (c, r) = (models.schema(CATALOG), models.schema(RECORDS));
+            let (space_id, schema_ref, record_id) = (space_id.clone(), schema_ref.clone(), record_id.clone());
+            Box::pin(async move {
+                let schema_id = schema_id_subquery(&c, "$2", "$3");
+                let fetch = client
+                    .prepare_cached(&format!(
+                        "SELECT doc FROM {r}.records WHERE record_id = $1 AND space_id = $2 AND schema_id = {schema_id}"
+                    ))
+                    .await?;
+                let fetch_params: [&(dyn ToSql + Sync); 3] = [&record_id, &space_id, &schema_ref];
+                let (schema, record) = tokio::join!(
+                    catalog::find_schema(client, &c, &space_id, &schema_ref),
+                    client.query_opt(&fetch, &fetch_params),
+                );
+                Ok((schema?, record?.map(|row| row.get::<_, Value>(0))))
+            })
+        })
+        .await?;
+    record_schema(schema, &schema_ref)?;
+    let document = document
         .ok_or_else(|| ApiError::not_found("record_not_found", format!("no record {record_id:?} in this schema")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
