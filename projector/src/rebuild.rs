@@ -50,6 +50,14 @@ pub async fn rebuild(
             Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
+    // Fresh tables have no planner statistics; without them the first queries on the new
+    // version can choose sequential scans.
+    {
+        let client = pool.get().await?;
+        client
+            .batch_execute(&format!("ANALYZE {}", tables_of(&client, &schema_name(projection.name(), version)).await?))
+            .await?;
+    }
     let position = switch(pool, projection, live_version, version, &worker).await?;
     let elapsed = started.elapsed();
     progress(&format!(
@@ -133,4 +141,12 @@ async fn switch(pool: &Pool, projection: Projection, live: i32, next: i32, worke
     transaction.commit().await?;
     announce(pool, projection, next, position).await;
     Ok(position)
+}
+
+/// The tables of a read-model schema, as a comma-separated list for ANALYZE.
+async fn tables_of(client: &deadpool_postgres::Client, schema: &str) -> anyhow::Result<String> {
+    let rows = client.query("SELECT tablename FROM pg_tables WHERE schemaname = $1", &[&schema]).await?;
+    let tables: Vec<String> = rows.into_iter().map(|row| format!("{schema}.{}", row.get::<_, String>(0))).collect();
+    anyhow::ensure!(!tables.is_empty(), "schema {schema} has no tables");
+    Ok(tables.join(", "))
 }

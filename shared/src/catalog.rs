@@ -130,33 +130,47 @@ pub struct AttributeEntry {
     pub definition: Value,
 }
 
-/// The custom attributes of the schema that `id_or_slug` names in the space (resolved in the
-/// same statement, so this can run alongside `find_schema`).
-pub async fn custom_attributes(
+/// Everything a record write needs from the catalog, in one statement: the schema, its
+/// custom attributes and the space's AI credits. `None` when the schema does not exist.
+pub async fn write_context(
     client: &impl GenericClient,
     schema: &str,
     space_id: &str,
     id_or_slug: &str,
-) -> Result<Vec<AttributeEntry>, tokio_postgres::Error> {
+) -> Result<Option<(SchemaEntry, Vec<AttributeEntry>, i64)>, tokio_postgres::Error> {
     let statement = client
         .prepare_cached(&format!(
-            "SELECT key, definition FROM {schema}.attributes WHERE NOT is_base AND schema_id = (
-                 SELECT schema_id FROM {schema}.schemas WHERE space_id = $1 AND (schema_id = $2 OR slug = $2)
-                 ORDER BY (schema_id = $2) DESC LIMIT 1)
-             ORDER BY ordinal"
+            "SELECT s.schema_id, s.slug, s.schema_type, s.doc, s.attribute_count,
+                    COALESCE((SELECT jsonb_agg(jsonb_build_array(a.key, a.definition) ORDER BY a.ordinal)
+                              FROM {schema}.attributes a WHERE a.schema_id = s.schema_id AND NOT a.is_base), '[]'),
+                    COALESCE((SELECT balance FROM {schema}.ai_credits WHERE space_id = $1), 0)
+             FROM {schema}.schemas s WHERE s.space_id = $1 AND (s.schema_id = $2 OR s.slug = $2)
+             ORDER BY (s.schema_id = $2) DESC LIMIT 1"
         ))
         .await?;
-    let rows = client.query(&statement, &[&space_id, &id_or_slug]).await?;
-    Ok(rows.into_iter().map(|row| AttributeEntry { key: row.get(0), definition: row.get(1) }).collect())
-}
-
-/// The space's AI credit balance (0 when never set).
-pub async fn ai_credits(
-    client: &impl GenericClient,
-    schema: &str,
-    space_id: &str,
-) -> Result<i64, tokio_postgres::Error> {
-    let row =
-        client.query_opt(&format!("SELECT balance FROM {schema}.ai_credits WHERE space_id = $1"), &[&space_id]).await?;
-    Ok(row.map(|row| row.get(0)).unwrap_or(0))
+    let Some(row) = client.query_opt(&statement, &[&space_id, &id_or_slug]).await? else {
+        return Ok(None);
+    };
+    let entry = SchemaEntry {
+        schema_id: row.get(0),
+        slug: row.get(1),
+        schema_type: row.get(2),
+        doc: row.get(3),
+        attribute_count: row.get::<_, i32>(4).into(),
+    };
+    let attributes = match row.get::<_, Value>(5) {
+        Value::Array(pairs) => pairs
+            .into_iter()
+            .filter_map(|pair| match pair {
+                Value::Array(mut parts) if parts.len() == 2 => {
+                    let definition = parts.pop()?;
+                    let key = parts.pop()?.as_str()?.to_owned();
+                    Some(AttributeEntry { key, definition })
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(Some((entry, attributes, row.get(6))))
 }

@@ -25,15 +25,12 @@ pub async fn create(
     let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait).await?;
     let catalog_schema = models.schema(CATALOG);
     let client = state.pool.get().await?;
-    let (schema, attributes, credits) = tokio::join!(
-        catalog::find_schema(&client, &catalog_schema, caller.space_id(), &path),
-        catalog::custom_attributes(&client, &catalog_schema, caller.space_id(), &path),
-        catalog::ai_credits(&client, &catalog_schema, caller.space_id()),
-    );
-    let schema = schema?.filter(|schema| schema.schema_type != "event").ok_or_else(|| {
-        ApiError::not_found("schema_not_found", format!("no contact or object schema {:?}", path.as_str()))
-    })?;
-    let (attributes, credits) = (attributes?, credits?);
+    let (schema, attributes, credits) = catalog::write_context(&client, &catalog_schema, caller.space_id(), &path)
+        .await?
+        .filter(|(schema, _, _)| schema.schema_type != "event")
+        .ok_or_else(|| {
+            ApiError::not_found("schema_not_found", format!("no contact or object schema {:?}", path.as_str()))
+        })?;
     drop(client);
 
     let prefix = if schema.schema_type == "contact" { "con" } else { "obj" };
