@@ -4,6 +4,7 @@
 pub mod authoring;
 pub mod domain;
 pub mod http;
+pub mod store;
 
 use actix_web::web;
 use deadpool_postgres::Pool;

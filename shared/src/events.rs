@@ -18,6 +18,7 @@ pub enum LogEvent {
     AiCreditsSet(proto::AiCreditsSet),
     ResourceDefined(proto::ResourceDefined),
     RecordCreated(proto::RecordCreated),
+    RecordUpdated(proto::RecordUpdated),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -60,6 +61,7 @@ event_types! {
     AiCreditsSet => "AiCreditsSet.v1",
     ResourceDefined => "ResourceDefined.v1",
     RecordCreated => "RecordCreated.v1",
+    RecordUpdated => "RecordUpdated.v1",
 }
 
 /// Wraps a subject's personal data. Today it is stored in the open; the erasure feature

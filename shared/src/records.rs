@@ -38,29 +38,78 @@ pub fn base_attributes(schema_type: &str) -> &'static [(&'static str, &'static s
     }
 }
 
-/// The record document: platform fields with custom values flattened beside them.
+/// A record's state as its latest event holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordState {
+    pub record_id: String,
+    pub space_id: String,
+    pub schema_id: String,
+    pub schema_type: String,
+    pub source: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// `None` once the personal data is erased.
+    pub personal: Option<proto::RecordPersonal>,
+}
+
+impl RecordState {
+    pub fn from_created(created: &proto::RecordCreated) -> anyhow::Result<Self> {
+        Ok(Self {
+            record_id: created.record_id.clone(),
+            space_id: created.space_id.clone(),
+            schema_id: created.schema_id.clone(),
+            schema_type: created.schema_type.clone(),
+            source: created.source.clone(),
+            created_at_ms: created.created_at_ms,
+            updated_at_ms: created.created_at_ms,
+            personal: open(created.personal.as_ref())?,
+        })
+    }
+
+    pub fn from_updated(updated: &proto::RecordUpdated) -> anyhow::Result<Self> {
+        Ok(Self {
+            record_id: updated.record_id.clone(),
+            space_id: updated.space_id.clone(),
+            schema_id: updated.schema_id.clone(),
+            schema_type: updated.schema_type.clone(),
+            source: updated.source.clone(),
+            created_at_ms: updated.created_at_ms,
+            updated_at_ms: updated.updated_at_ms,
+            personal: open(updated.personal.as_ref())?,
+        })
+    }
+
+    /// The custom values as a JSON object.
+    pub fn values(&self) -> Map<String, Value> {
+        match self.personal.as_ref().map(|p| serde_json::from_str::<Value>(&p.values_json)) {
+            Some(Ok(Value::Object(values))) => values,
+            _ => Map::new(),
+        }
+    }
+
+    /// The record document: platform fields with custom values flattened beside them.
+    pub fn document(&self) -> Value {
+        let personal = self.personal.as_ref();
+        let mut document = self.values();
+        document.insert("id".into(), json!(self.record_id));
+        document.insert("source".into(), json!(self.source));
+        match self.schema_type.as_str() {
+            "contact" => {
+                document.insert("userId".into(), json!(personal.and_then(|p| p.user_id.clone())));
+                document.insert("email".into(), json!(personal.and_then(|p| p.email.clone())));
+                document.insert("phone".into(), json!(personal.and_then(|p| p.phone.clone())));
+            }
+            _ => {
+                document.insert("externalId".into(), json!(personal.and_then(|p| p.external_id.clone())));
+            }
+        }
+        document.insert("createdAt".into(), json!(format_millis(self.created_at_ms)));
+        document.insert("updatedAt".into(), json!(format_millis(self.updated_at_ms)));
+        Value::Object(document)
+    }
+}
+
+/// The record document of a create event.
 pub fn record_document(created: &proto::RecordCreated) -> anyhow::Result<Value> {
-    let personal: Option<proto::RecordPersonal> = open(created.personal.as_ref())?;
-    let mut document = Map::new();
-    if let Some(personal) = &personal
-        && let Ok(Value::Object(values)) = serde_json::from_str::<Value>(&personal.values_json)
-    {
-        document.extend(values);
-    }
-    document.insert("id".into(), json!(created.record_id));
-    document.insert("source".into(), json!(created.source));
-    match created.schema_type.as_str() {
-        "contact" => {
-            document.insert("userId".into(), json!(personal.as_ref().and_then(|p| p.user_id.clone())));
-            document.insert("email".into(), json!(personal.as_ref().and_then(|p| p.email.clone())));
-            document.insert("phone".into(), json!(personal.as_ref().and_then(|p| p.phone.clone())));
-        }
-        _ => {
-            document.insert("externalId".into(), json!(personal.as_ref().and_then(|p| p.external_id.clone())));
-        }
-    }
-    let created_at = format_millis(created.created_at_ms);
-    document.insert("createdAt".into(), json!(created_at));
-    document.insert("updatedAt".into(), json!(created_at));
-    Ok(Value::Object(document))
+    Ok(RecordState::from_created(created)?.document())
 }

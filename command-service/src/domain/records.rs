@@ -1,11 +1,16 @@
-//! Deciding a strict record create: validate the flat input against the schema, apply
-//! defaults, and produce the `RecordCreated` event with the identities it claims.
+//! Record decisions: strict create, upsert (match, then create or update) and update. Input is
+//! validated against the schema, defaults apply on create, identity collisions follow the
+//! contract's rules 1 and 4. Pure: every fact comes in as an argument.
+
+use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 use shared::catalog::AttributeEntry;
 use shared::error::{ApiError, Issue};
 use shared::events::seal;
+use shared::pagination::Warning;
 use shared::proto;
+use shared::records::RecordState;
 
 use super::attributes::{default_value, has_auto_fill, is_required, is_writable, normalize_value};
 
@@ -26,43 +31,84 @@ pub struct Identity {
     pub value: String,
 }
 
+/// Who holds each identity value already: `(key, value) -> record id`.
+pub type Owners = BTreeMap<(String, String), String>;
+
+/// Validated input: identity fields (`None` for an explicit null) and custom values (an
+/// explicit null kept as `Value::Null`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Input {
+    pub identities: Vec<(&'static str, Option<String>)>,
+    pub values: Map<String, Value>,
+    /// The body's `id`, used by upsert to select a record.
+    pub id: Option<String>,
+}
+
+impl Input {
+    pub fn identity(&self, key: &str) -> Option<&str> {
+        self.identities.iter().find(|(k, _)| *k == key).and_then(|(_, value)| value.as_deref())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreateDecision {
     pub event: proto::RecordCreated,
     pub identities: Vec<Identity>,
+    pub warnings: Vec<Warning>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpdateDecision {
+    /// Nothing changes: answer with the current record and append nothing.
+    Unchanged,
+    Changed(Box<Change>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub event: proto::RecordUpdated,
+    pub state: RecordState,
+    /// Identities to claim and to release.
+    pub claims: Vec<Identity>,
+    pub releases: Vec<Identity>,
+    pub warnings: Vec<Warning>,
+}
+
+/// The upsert's target, per rule 3.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Match {
+    Existing(String),
+    New,
 }
 
 /// Platform fields that callers cannot set.
 const READ_ONLY_PLATFORM_FIELDS: &[&str] = &["createdAt", "updatedAt"];
-/// Fields the contract says are ignored on input.
-const IGNORED_FIELDS: &[&str] = &["id", "source"];
 
-fn identity_keys(schema_type: &str) -> &'static [&'static str] {
+pub fn identity_keys(schema_type: &str) -> &'static [&'static str] {
     match schema_type {
         "contact" => &["userId", "email", "phone"],
         _ => &["externalId"],
     }
 }
 
-/// Decides a strict create. `credits` is the space's AI credit balance.
-pub fn decide_create(
-    schema: &WriteSchema<'_>,
-    credits: i64,
-    input: Map<String, Value>,
-    record_id: &str,
-    now_ms: i64,
-) -> Result<CreateDecision, ApiError> {
+/// 402 when the schema has a writable AI auto-fill attribute and the space has no credits.
+pub fn check_credits(schema: &WriteSchema<'_>, credits: i64) -> Result<(), ApiError> {
     let auto_filled = schema.attributes.iter().any(|a| is_writable(&a.definition) && has_auto_fill(&a.definition));
-    if auto_filled && credits <= 0 {
-        return Err(ApiError::insufficient_credits());
-    }
+    if auto_filled && credits <= 0 { Err(ApiError::insufficient_credits()) } else { Ok(()) }
+}
+
+/// Validates a flat record input against the schema. `source` is ignored, `id` kept aside.
+pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Result<Input, ApiError> {
     let mut issues = Vec::new();
-    let mut personal = proto::RecordPersonal::default();
-    let mut identities = Vec::new();
-    let mut values = Map::new();
+    let mut parsed = Input::default();
     for (key, value) in input {
-        if IGNORED_FIELDS.contains(&key.as_str()) {
-            continue;
+        match key.as_str() {
+            "source" => continue,
+            "id" => {
+                parsed.id = value.as_str().map(str::to_owned);
+                continue;
+            }
+            _ => {}
         }
         if READ_ONLY_PLATFORM_FIELDS.contains(&key.as_str()) {
             issues.push(Issue::coded(&key, "attribute_not_writable", format!("{key} is set by the platform")));
@@ -70,11 +116,7 @@ pub fn decide_create(
         }
         if let Some(identity_key) = identity_keys(schema.schema_type).iter().find(|k| **k == key) {
             match normalize_identity(identity_key, value) {
-                Ok(None) => {}
-                Ok(Some(normalized)) => {
-                    set_identity(&mut personal, identity_key, normalized.clone());
-                    identities.push(Identity { key: identity_key, value: normalized });
-                }
+                Ok(normalized) => parsed.identities.push((identity_key, normalized)),
                 Err(message) => issues.push(Issue::coded(&key, "invalid_attribute_value", message)),
             }
             continue;
@@ -93,15 +135,61 @@ pub fn decide_create(
         }
         match normalize_value(&attribute.definition, value) {
             Ok(normalized) => {
-                values.insert(key, normalized);
+                parsed.values.insert(key, normalized);
             }
             Err(message) => issues.push(Issue::coded(&key, "invalid_attribute_value", format!("{key} {message}"))),
         }
     }
+    match issues.first() {
+        None => Ok(parsed),
+        Some(first) => {
+            let (code, message) = (first.code.unwrap_or("invalid_record_input"), first.message.clone());
+            Err(ApiError::bad_request(code, message).with_issues(issues))
+        }
+    }
+}
+
+fn collision_warning(identity_key: &str) -> Warning {
+    Warning {
+        code: "identifier_skipped",
+        message: format!("{identity_key} belongs to another record of this schema; the field was left unchanged"),
+    }
+}
+
+/// Decides a create. In a strict create (`skip_collisions` false) an identity held by
+/// another record is 409 `identifier_conflict`; in an upsert that creates, the field is
+/// skipped and reported in a warning (rule 4).
+pub fn decide_create(
+    schema: &WriteSchema<'_>,
+    input: Input,
+    owners: &Owners,
+    skip_collisions: bool,
+    record_id: &str,
+    now_ms: i64,
+) -> Result<CreateDecision, ApiError> {
+    let mut personal = proto::RecordPersonal::default();
+    let mut identities = Vec::new();
+    let mut warnings = Vec::new();
+    for (key, value) in input.identities {
+        let Some(value) = value else { continue };
+        if owners.contains_key(&(key.to_owned(), value.clone())) {
+            if skip_collisions {
+                warnings.push(collision_warning(key));
+                continue;
+            }
+            return Err(ApiError::conflict(
+                "identifier_conflict",
+                format!("a record with this {key} already exists in the schema"),
+            )
+            .with_issues(vec![Issue::coded(key, "identifier_conflict", format!("{key} is already taken"))]));
+        }
+        set_identity(&mut personal, key, Some(value.clone()));
+        identities.push(Identity { key, value });
+    }
+    let mut values = input.values;
     let mut missing = Vec::new();
     for attribute in schema.attributes.iter().filter(|a| is_writable(&a.definition)) {
-        let present = values.get(&attribute.key).is_some_and(|value| !value.is_null());
-        if present {
+        if values.get(&attribute.key).is_some_and(|value| !value.is_null()) {
             continue;
         }
         if let Some(default) = default_value(&attribute.definition) {
@@ -113,14 +201,8 @@ pub fn decide_create(
                 format!("{} is required", attribute.key),
             ));
         } else {
-            values.entry(attribute.key.clone()).or_insert(Value::Null);
+            values.insert(attribute.key.clone(), Value::Null);
         }
-    }
-    if let Some(first) = issues.first() {
-        let code = first.code.unwrap_or("invalid_record_input");
-        let message = first.message.clone();
-        issues.extend(missing);
-        return Err(ApiError::bad_request(code, message).with_issues(issues));
     }
     if !missing.is_empty() {
         let keys: Vec<&str> = missing.iter().filter_map(|issue| issue.key.as_deref()).collect();
@@ -137,7 +219,119 @@ pub fn decide_create(
         personal: Some(seal(record_id, &personal)),
         schema_type: schema.schema_type.to_owned(),
     };
-    Ok(CreateDecision { event, identities })
+    Ok(CreateDecision { event, identities, warnings })
+}
+
+/// Finds the record an upsert addresses (rule 3), given who holds each identity value and
+/// the states of those holders. The body's explicit `id` is handled by the caller.
+pub fn match_upsert(schema_type: &str, input: &Input, owners: &Owners, holders: &[RecordState]) -> Match {
+    let holder = |key: &str| {
+        let value = input.identity(key)?;
+        let record_id = owners.get(&(key.to_owned(), value.to_owned()))?;
+        holders.iter().find(|state| &state.record_id == record_id)
+    };
+    if schema_type != "contact" {
+        return holder("externalId").map_or(Match::New, |state| Match::Existing(state.record_id.clone()));
+    }
+    let has = |state: &RecordState, key: &str| {
+        state.personal.as_ref().is_some_and(|p| match key {
+            "userId" => p.user_id.is_some(),
+            "email" => p.email.is_some(),
+            _ => false,
+        })
+    };
+    if let Some(state) = holder("userId") {
+        return Match::Existing(state.record_id.clone());
+    }
+    if let Some(state) = holder("email").filter(|state| !has(state, "userId")) {
+        return Match::Existing(state.record_id.clone());
+    }
+    if let Some(state) = holder("phone").filter(|state| !has(state, "userId") && !has(state, "email")) {
+        return Match::Existing(state.record_id.clone());
+    }
+    Match::New
+}
+
+/// Decides an update of `current`: given fields replace, omitted fields are kept, an
+/// explicit null clears a nullable field, and an identity held by another record is skipped
+/// with a warning (rule 4).
+pub fn decide_update(
+    schema: &WriteSchema<'_>,
+    current: &RecordState,
+    input: Input,
+    owners: &Owners,
+    now_ms: i64,
+) -> Result<UpdateDecision, ApiError> {
+    let mut personal = current.personal.clone().unwrap_or_default();
+    let mut values = current.values();
+    let mut changed = Vec::new();
+    let mut claims = Vec::new();
+    let mut releases = Vec::new();
+    let mut warnings = Vec::new();
+    for (key, value) in input.identities {
+        let existing = get_identity(&personal, key);
+        if existing == value {
+            continue;
+        }
+        if let Some(value) = &value
+            && owners.get(&(key.to_owned(), value.clone())).is_some_and(|owner| owner != &current.record_id)
+        {
+            warnings.push(collision_warning(key));
+            continue;
+        }
+        if let Some(old) = existing {
+            releases.push(Identity { key, value: old });
+        }
+        if let Some(value) = &value {
+            claims.push(Identity { key, value: value.clone() });
+        }
+        set_identity(&mut personal, key, value);
+        changed.push(key.to_owned());
+    }
+    let mut issues = Vec::new();
+    for (key, value) in input.values {
+        if value.is_null()
+            && let Some(attribute) = schema.attributes.iter().find(|a| a.key == key)
+            && is_required(&attribute.definition)
+        {
+            issues.push(Issue::coded(
+                &key,
+                "required_attribute_missing",
+                format!("{key} is required and cannot be cleared"),
+            ));
+            continue;
+        }
+        if values.get(&key) != Some(&value) {
+            values.insert(key.clone(), value);
+            changed.push(key);
+        }
+    }
+    if let Some(first) = issues.first() {
+        let message = first.message.clone();
+        return Err(ApiError::bad_request("required_attribute_missing", message).with_issues(issues));
+    }
+    if changed.is_empty() {
+        return Ok(UpdateDecision::Unchanged);
+    }
+    personal.values_json = Value::Object(values).to_string();
+    let state = RecordState {
+        source: "api".to_owned(),
+        updated_at_ms: now_ms.max(current.updated_at_ms),
+        personal: Some(personal.clone()),
+        ..current.clone()
+    };
+    let event = proto::RecordUpdated {
+        record_id: state.record_id.clone(),
+        space_id: state.space_id.clone(),
+        schema_id: state.schema_id.clone(),
+        schema_type: state.schema_type.clone(),
+        source: state.source.clone(),
+        created_at_ms: state.created_at_ms,
+        updated_at_ms: state.updated_at_ms,
+        personal: Some(seal(&state.record_id, &personal)),
+        changed_keys: changed,
+    };
+    Ok(UpdateDecision::Changed(Box::new(Change { event, state, claims, releases, warnings })))
 }
 
 fn normalize_identity(key: &str, value: Value) -> Result<Option<String>, String> {
@@ -161,12 +355,21 @@ fn normalize_identity(key: &str, value: Value) -> Result<Option<String>, String>
     }
 }
 
-fn set_identity(personal: &mut proto::RecordPersonal, key: &str, value: String) {
+fn get_identity(personal: &proto::RecordPersonal, key: &str) -> Option<String> {
     match key {
-        "userId" => personal.user_id = Some(value),
-        "email" => personal.email = Some(value),
-        "phone" => personal.phone = Some(value),
-        _ => personal.external_id = Some(value),
+        "userId" => personal.user_id.clone(),
+        "email" => personal.email.clone(),
+        "phone" => personal.phone.clone(),
+        _ => personal.external_id.clone(),
+    }
+}
+
+fn set_identity(personal: &mut proto::RecordPersonal, key: &str, value: Option<String>) {
+    match key {
+        "userId" => personal.user_id = value,
+        "email" => personal.email = value,
+        "phone" => personal.phone = value,
+        _ => personal.external_id = value,
     }
 }
 
@@ -187,21 +390,45 @@ mod tests {
         value.as_object().cloned().expect("test input is an object")
     }
 
+    fn create(schema: &WriteSchema<'_>, input: Value) -> Result<CreateDecision, ApiError> {
+        decide_create(schema, parse_input(schema, object(input))?, &Owners::new(), false, "con_1", 1000)
+    }
+
     fn values_of(decision: &CreateDecision) -> Value {
         let personal: proto::RecordPersonal =
             shared::events::open(decision.event.personal.as_ref()).expect("opens").expect("present");
         serde_json::from_str(&personal.values_json).expect("json")
     }
 
+    fn contact(record_id: &str, user_id: Option<&str>, email: Option<&str>, phone: Option<&str>) -> RecordState {
+        RecordState {
+            record_id: record_id.into(),
+            space_id: "spc_1".into(),
+            schema_id: "sch_1".into(),
+            schema_type: "contact".into(),
+            source: "api".into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            personal: Some(proto::RecordPersonal {
+                user_id: user_id.map(str::to_owned),
+                email: email.map(str::to_owned),
+                phone: phone.map(str::to_owned),
+                external_id: None,
+                values_json: json!({"plan": "free", "nickname": "n"}).to_string(),
+            }),
+        }
+    }
+
+    fn owners(pairs: &[(&str, &str, &str)]) -> Owners {
+        pairs.iter().map(|(k, v, id)| (((*k).to_owned(), (*v).to_owned()), (*id).to_owned())).collect()
+    }
+
     #[test]
     fn given_valid_input_when_creating_then_source_is_api_and_identities_are_claimed() {
         let attributes = [attribute("plan", json!({"type": "string"}))];
-        let decision = decide_create(
+        let decision = create(
             &contact_schema(&attributes),
-            0,
-            object(json!({"email": "Ada@Example.com", "plan": "pro", "source": "import", "id": "con_x"})),
-            "con_1",
-            1000,
+            json!({"email": "Ada@Example.com", "plan": "pro", "source": "import", "id": "con_x"}),
         )
         .expect("valid");
         assert_eq!(decision.event.source, "api");
@@ -213,15 +440,14 @@ mod tests {
     #[test]
     fn given_a_default_when_the_value_is_missing_then_the_default_applies() {
         let attributes = [attribute("plan", json!({"type": "string", "required": true, "default": "free"}))];
-        let decision = decide_create(&contact_schema(&attributes), 0, object(json!({})), "con_1", 0).expect("valid");
+        let decision = create(&contact_schema(&attributes), json!({})).expect("valid");
         assert_eq!(values_of(&decision), json!({"plan": "free"}));
     }
 
     #[test]
     fn given_a_required_attribute_without_value_or_default_then_400_names_the_key() {
         let attributes = [attribute("plan", json!({"type": "string", "required": true}))];
-        let error = decide_create(&contact_schema(&attributes), 0, object(json!({"plan": null})), "con_1", 0)
-            .expect_err("missing");
+        let error = create(&contact_schema(&attributes), json!({"plan": null})).expect_err("missing");
         assert_eq!(error.code(), Some("required_attribute_missing"));
         assert_eq!(error.body()["error"]["issues"][0]["key"], "plan");
     }
@@ -232,43 +458,132 @@ mod tests {
             attribute("score", json!({"type": "evaluated"})),
             attribute("total", json!({"type": "number", "valueSource": {"type": "aggregate"}})),
         ];
-        let error = decide_create(&contact_schema(&attributes), 0, object(json!({"score": 1})), "con_1", 0)
-            .expect_err("evaluated");
-        assert_eq!(error.code(), Some("attribute_not_writable"));
-        let error = decide_create(&contact_schema(&attributes), 0, object(json!({"total": 1})), "con_1", 0)
-            .expect_err("aggregate");
-        assert_eq!(error.code(), Some("attribute_not_writable"));
+        let schema = contact_schema(&attributes);
+        assert_eq!(create(&schema, json!({"score": 1})).expect_err("evaluated").code(), Some("attribute_not_writable"));
+        assert_eq!(create(&schema, json!({"total": 1})).expect_err("aggregate").code(), Some("attribute_not_writable"));
     }
 
     #[test]
-    fn given_auto_fill_without_credits_then_402_before_validation() {
+    fn given_auto_fill_without_credits_then_402() {
         let attributes = [attribute("summary", json!({"type": "string", "autoFill": {"enabled": true}}))];
-        let error = decide_create(&contact_schema(&attributes), 0, object(json!({"nope": 1})), "con_1", 0)
-            .expect_err("no credits");
+        let error = check_credits(&contact_schema(&attributes), 0).expect_err("no credits");
         assert_eq!(error.code(), Some("insufficient_credits"));
         assert_eq!(error.status().as_u16(), 402);
-        assert!(decide_create(&contact_schema(&attributes), 5, object(json!({})), "con_1", 0).is_ok());
+        assert!(check_credits(&contact_schema(&attributes), 5).is_ok());
+        assert!(check_credits(&contact_schema(&[]), 0).is_ok());
     }
 
     #[test]
     fn given_unknown_keys_or_bad_values_then_issues_name_them() {
         let attributes = [attribute("age", json!({"type": "integer"}))];
-        let error = decide_create(&contact_schema(&attributes), 0, object(json!({"age": "x", "nope": 1})), "con_1", 0)
-            .expect_err("invalid");
+        let error = create(&contact_schema(&attributes), json!({"age": "x", "nope": 1})).expect_err("invalid");
         assert_eq!(error.status().as_u16(), 400);
-        let issues = error.body()["error"]["issues"].clone();
-        assert_eq!(issues.as_array().map(Vec::len), Some(2));
-        let error = decide_create(&contact_schema(&attributes), 0, object(json!({"createdAt": "x"})), "con_1", 0)
-            .expect_err("read only");
+        assert_eq!(error.body()["error"]["issues"].as_array().map(Vec::len), Some(2));
+        let error = create(&contact_schema(&attributes), json!({"createdAt": "x"})).expect_err("read only");
         assert_eq!(error.code(), Some("attribute_not_writable"));
+    }
+
+    #[test]
+    fn strict_create_conflicts_while_upsert_create_skips_and_warns() {
+        let schema = contact_schema(&[]);
+        let taken = owners(&[("email", "a@b.io", "con_other")]);
+        let input = || parse_input(&schema, object(json!({"email": "a@b.io", "phone": "+1 555 0100"}))).expect("valid");
+        let error = decide_create(&schema, input(), &taken, false, "con_1", 0).expect_err("conflict");
+        assert_eq!(error.code(), Some("identifier_conflict"));
+        let decision = decide_create(&schema, input(), &taken, true, "con_1", 0).expect("skips");
+        assert_eq!(decision.identities, vec![Identity { key: "phone", value: "+1 555 0100".into() }]);
+        assert_eq!(decision.warnings[0].code, "identifier_skipped");
     }
 
     #[test]
     fn objects_claim_external_id() {
         let schema = WriteSchema { schema_id: "sch_2", space_id: "spc_1", schema_type: "object", attributes: &[] };
-        let decision = decide_create(&schema, 0, object(json!({"externalId": "A-1"})), "obj_1", 0).expect("valid");
+        let decision = decide_create(
+            &schema,
+            parse_input(&schema, object(json!({"externalId": "A-1"}))).expect("valid"),
+            &Owners::new(),
+            false,
+            "obj_1",
+            0,
+        )
+        .expect("valid");
         assert_eq!(decision.identities, vec![Identity { key: "externalId", value: "A-1".into() }]);
-        let error = decide_create(&schema, 0, object(json!({"email": "a@b.co"})), "obj_1", 0).expect_err("no email");
-        assert_eq!(error.code(), Some("unknown_attribute"));
+        assert_eq!(
+            parse_input(&schema, object(json!({"email": "a@b.co"}))).expect_err("x").code(),
+            Some("unknown_attribute")
+        );
+    }
+
+    #[test]
+    fn upsert_matches_user_id_first_then_email_without_user_id_then_phone_alone() {
+        let schema = contact_schema(&[]);
+        let parse = |input: Value| parse_input(&schema, object(input)).expect("valid");
+        let holders = [
+            contact("con_u", Some("u1"), Some("u@x.io"), None),
+            contact("con_e", None, Some("e@x.io"), Some("+1 555 0101")),
+            contact("con_p", None, None, Some("+1 555 0102")),
+        ];
+        let known = owners(&[
+            ("userId", "u1", "con_u"),
+            ("email", "u@x.io", "con_u"),
+            ("email", "e@x.io", "con_e"),
+            ("phone", "+1 555 0101", "con_e"),
+            ("phone", "+1 555 0102", "con_p"),
+        ]);
+        let matched = |input: Value| match_upsert("contact", &parse(input), &known, &holders);
+        assert_eq!(matched(json!({"userId": "u1", "email": "e@x.io"})), Match::Existing("con_u".into()));
+        // email matches only a contact without userId.
+        assert_eq!(matched(json!({"email": "u@x.io"})), Match::New);
+        assert_eq!(matched(json!({"email": "e@x.io"})), Match::Existing("con_e".into()));
+        assert_eq!(matched(json!({"userId": "new", "email": "e@x.io"})), Match::Existing("con_e".into()));
+        // phone matches only a contact with neither userId nor email.
+        assert_eq!(matched(json!({"phone": "+1 555 0101"})), Match::New);
+        assert_eq!(matched(json!({"phone": "+1 555 0102"})), Match::Existing("con_p".into()));
+        assert_eq!(matched(json!({"email": "nobody@x.io"})), Match::New);
+    }
+
+    #[test]
+    fn update_keeps_omitted_fields_clears_explicit_nulls_and_skips_collisions() {
+        let attributes = [
+            attribute("plan", json!({"type": "string", "required": true})),
+            attribute("nickname", json!({"type": "string"})),
+        ];
+        let schema = contact_schema(&attributes);
+        let current = contact("con_1", None, Some("a@x.io"), None);
+        let taken = owners(&[("phone", "+1 555 0199", "con_other")]);
+        let input = parse_input(&schema, object(json!({"nickname": null, "phone": "+1 555 0199", "userId": "u9"})))
+            .expect("valid");
+        let UpdateDecision::Changed(change) = decide_update(&schema, &current, input, &taken, 5).expect("valid") else {
+            panic!("expected a change");
+        };
+        let Change { state, claims, releases, warnings, event } = *change;
+        assert_eq!(state.values(), object(json!({"plan": "free", "nickname": null})));
+        let personal = state.personal.expect("personal");
+        assert_eq!(
+            (personal.email.as_deref(), personal.user_id.as_deref(), personal.phone),
+            (Some("a@x.io"), Some("u9"), None)
+        );
+        assert_eq!(claims, vec![Identity { key: "userId", value: "u9".into() }]);
+        assert!(releases.is_empty());
+        assert_eq!(warnings[0].code, "identifier_skipped");
+        assert_eq!(event.changed_keys, vec!["userId".to_owned(), "nickname".to_owned()]);
+
+        let cleared = parse_input(&schema, object(json!({"email": null}))).expect("valid");
+        let UpdateDecision::Changed(change) =
+            decide_update(&schema, &current, cleared, &Owners::new(), 5).expect("valid")
+        else {
+            panic!("expected a change");
+        };
+        assert_eq!(change.releases, vec![Identity { key: "email", value: "a@x.io".into() }]);
+
+        let required = parse_input(&schema, object(json!({"plan": null}))).expect("valid");
+        let error = decide_update(&schema, &current, required, &Owners::new(), 5).expect_err("required");
+        assert_eq!(error.code(), Some("required_attribute_missing"));
+
+        let same = parse_input(&schema, object(json!({"email": "A@x.io", "plan": "free"}))).expect("valid");
+        assert_eq!(
+            decide_update(&schema, &current, same, &Owners::new(), 5).expect("valid"),
+            UpdateDecision::Unchanged
+        );
     }
 }

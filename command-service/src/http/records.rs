@@ -1,16 +1,207 @@
-//! `POST /schemas/{schema}/records`: strict create.
+//! Record writes: `POST /schemas/{schema}/records` (strict create), `POST
+//! /schemas/{schema}/records/upsert` and `PATCH /schemas/{schema}/records/{id}`.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use shared::auth::Permission;
-use shared::catalog::{self, CATALOG};
+use serde_json::{Map, Value};
+use shared::auth::{Caller, Permission};
+use shared::catalog::{self, AttributeEntry, CATALOG, SchemaEntry};
 use shared::error::ApiError;
+use shared::events::LogEvent;
 use shared::ids::new_id;
-use shared::log::{AppendRequest, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
-use shared::records::record_document;
+use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use shared::pagination::Warning;
+use shared::records::{RecordState, record_document};
 
 use crate::State;
-use crate::domain::records::{WriteSchema, decide_create};
+use crate::domain::records::{
+    Change, CreateDecision, Identity, Input, Match, UpdateDecision, WriteSchema, check_credits, decide_create,
+    decide_update, match_upsert, parse_input,
+};
+use crate::store::records::{identity_owners, load_records, stream_id};
+
+/// How often a write that lost a race (stream version, identity claim) is decided again.
+const ATTEMPTS: usize = 3;
+
+/// What every record write loads before deciding.
+struct Prelude {
+    caller: Caller,
+    input: Map<String, Value>,
+    schema: SchemaEntry,
+    attributes: Vec<AttributeEntry>,
+    credits: i64,
+}
+
+impl Prelude {
+    fn write_schema(&self) -> WriteSchema<'_> {
+        WriteSchema {
+            schema_id: &self.schema.schema_id,
+            space_id: &self.caller.space.space_id,
+            schema_type: &self.schema.schema_type,
+            attributes: &self.attributes,
+        }
+    }
+}
+
+async fn prelude(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &State,
+    schema_ref: &str,
+) -> Result<Prelude, ApiError> {
+    let caller = state.authenticator.authorize(req, Permission::Write).await?;
+    let input = shared::http::read_json_object(req, payload).await?;
+    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait).await?;
+    let client = state.pool.get().await?;
+    let (schema, attributes, credits) =
+        catalog::write_context(&client, &models.schema(CATALOG), caller.space_id(), schema_ref)
+            .await?
+            .filter(|(schema, _, _)| schema.schema_type != "event")
+            .ok_or_else(|| {
+                ApiError::not_found("schema_not_found", format!("no contact or object schema {schema_ref:?}"))
+            })?;
+    Ok(Prelude { caller, input, schema, attributes, credits })
+}
+
+fn metadata(req: &HttpRequest, caller: &Caller) -> Metadata {
+    Metadata {
+        space_id: Some(caller.space_id().to_owned()),
+        actor_key_id: Some(caller.key_id().to_owned()),
+        actor_user_id: Some(caller.identity.user_id.clone()),
+        request_id: Some(shared::http::request_id(req)),
+        idempotency_key: None,
+    }
+}
+
+fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
+    Guard {
+        sql: "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id) VALUES ($1, $2, $3, $4, $5)",
+        params: vec![
+            Box::new(space_id.to_owned()),
+            Box::new(schema_id.to_owned()),
+            Box::new(identity.key.to_owned()),
+            Box::new(identity.value.clone()),
+            Box::new(record_id.to_owned()),
+        ],
+        conflict: AppendError::Conflict {
+            code: "identifier_conflict",
+            message: format!("a record with this {} already exists in the schema", identity.key),
+        },
+    }
+}
+
+fn release(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
+    Guard {
+        sql: "DELETE FROM record_identities WHERE space_id = $1 AND schema_id = $2 AND kind = $3 AND value = $4
+              AND record_id = $5",
+        params: vec![
+            Box::new(space_id.to_owned()),
+            Box::new(schema_id.to_owned()),
+            Box::new(identity.key.to_owned()),
+            Box::new(identity.value.clone()),
+            Box::new(record_id.to_owned()),
+        ],
+        conflict: AppendError::Conflict { code: "identifier_conflict", message: String::new() },
+    }
+}
+
+fn respond(
+    status: StatusCode,
+    document: Value,
+    warnings: &[Warning],
+    operation_id: String,
+    appended: Option<Appended>,
+) -> HttpResponse {
+    let mut response = HttpResponse::build(status);
+    response.insert_header(("Operation-Id", operation_id));
+    if let Some(appended) = appended.filter(|a| a.last_position > 0) {
+        response.insert_header(("Consistency-Token", appended.last_position.to_string()));
+    }
+    response.json(shared::http::data_body(document, warnings))
+}
+
+/// Identity values of the input, to look up their holders.
+fn identity_values(input: &Input) -> Vec<(&'static str, String)> {
+    input.identities.iter().filter_map(|(key, value)| value.clone().map(|value| (*key, value))).collect()
+}
+
+async fn append_create(
+    req: &HttpRequest,
+    state: &State,
+    prelude: &Prelude,
+    decision: CreateDecision,
+) -> Result<Appended, AppendError> {
+    let record_id = decision.event.record_id.clone();
+    let guards = decision
+        .identities
+        .iter()
+        .map(|identity| claim(prelude.caller.space_id(), &prelude.schema.schema_id, &record_id, identity))
+        .collect();
+    let occurred_at = shared::time::from_millis(decision.event.created_at_ms);
+    state
+        .event_log
+        .append(AppendRequest {
+            metadata: metadata(req, &prelude.caller),
+            streams: vec![StreamAppend {
+                stream_id: stream_id(&record_id),
+                expected: ExpectedVersion::NoStream,
+                events: vec![NewEvent {
+                    event: LogEvent::RecordCreated(decision.event),
+                    subject_id: Some(record_id.clone()),
+                    occurred_at,
+                }],
+            }],
+            guards,
+        })
+        .await
+}
+
+/// Appends an update at `version`; `Ok(None)` when nothing changed.
+async fn append_update(
+    req: &HttpRequest,
+    state: &State,
+    prelude: &Prelude,
+    version: i64,
+    decision: UpdateDecision,
+) -> Result<Option<(Appended, RecordState, Vec<Warning>)>, AppendError> {
+    let UpdateDecision::Changed(change) = decision else {
+        return Ok(None);
+    };
+    let Change { event, state: new_state, claims, releases, warnings } = *change;
+    let record_id = new_state.record_id.clone();
+    let (space_id, schema_id) = (prelude.caller.space_id(), prelude.schema.schema_id.as_str());
+    let guards = releases
+        .iter()
+        .map(|identity| release(space_id, schema_id, &record_id, identity))
+        .chain(claims.iter().map(|identity| claim(space_id, schema_id, &record_id, identity)))
+        .collect();
+    let occurred_at = shared::time::from_millis(event.updated_at_ms);
+    let appended = state
+        .event_log
+        .append(AppendRequest {
+            metadata: metadata(req, &prelude.caller),
+            streams: vec![StreamAppend {
+                stream_id: stream_id(&record_id),
+                expected: ExpectedVersion::Exactly(version),
+                events: vec![NewEvent {
+                    event: LogEvent::RecordUpdated(event),
+                    subject_id: Some(record_id),
+                    occurred_at,
+                }],
+            }],
+            guards,
+        })
+        .await?;
+    Ok(Some((appended, new_state, warnings)))
+}
+
+fn is_lost_race(error: &AppendError) -> bool {
+    matches!(error, AppendError::WrongVersion { .. } | AppendError::Conflict { code: "identifier_conflict", .. })
+}
+
+fn lost_too_often() -> ApiError {
+    ApiError::conflict("concurrent_modification", "the record kept changing while this write was applied; retry")
+}
 
 #[tracing::instrument(skip_all, fields(schema = %path.as_str()))]
 pub async fn create(
@@ -20,75 +211,130 @@ pub async fn create(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let operation_id = new_id("op");
-    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
-    let input = shared::http::read_json_object(&req, payload).await?;
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait).await?;
-    let catalog_schema = models.schema(CATALOG);
-    let client = state.pool.get().await?;
-    let (schema, attributes, credits) = catalog::write_context(&client, &catalog_schema, caller.space_id(), &path)
-        .await?
-        .filter(|(schema, _, _)| schema.schema_type != "event")
-        .ok_or_else(|| {
-            ApiError::not_found("schema_not_found", format!("no contact or object schema {:?}", path.as_str()))
-        })?;
-    drop(client);
-
-    let prefix = if schema.schema_type == "contact" { "con" } else { "obj" };
-    let record_id = new_id(prefix);
-    let write_schema = WriteSchema {
-        schema_id: &schema.schema_id,
-        space_id: caller.space_id(),
-        schema_type: &schema.schema_type,
-        attributes: &attributes,
+    let prelude = prelude(&req, payload, &state, &path).await?;
+    let schema = prelude.write_schema();
+    check_credits(&schema, prelude.credits)?;
+    let input = parse_input(&schema, prelude.input.clone())?;
+    let owners = {
+        let client = state.pool.get().await?;
+        identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?
     };
-    let decision = decide_create(&write_schema, credits, input, &record_id, shared::time::now_millis())?;
+    let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
+    let decision = decide_create(&schema, input, &owners, false, &record_id, shared::time::now_millis())?;
     let document = record_document(&decision.event).map_err(|error| ApiError::internal(&error))?;
-
-    let guards = decision
-        .identities
-        .iter()
-        .map(|identity| Guard {
-            sql: "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id) VALUES ($1, $2, $3, $4, $5)",
-            params: vec![
-                Box::new(caller.space_id().to_owned()),
-                Box::new(schema.schema_id.clone()),
-                Box::new(identity.key.to_owned()),
-                Box::new(identity.value.clone()),
-                Box::new(record_id.clone()),
-            ],
-            conflict: shared::log::AppendError::Conflict {
-                code: "identifier_conflict",
-                message: format!("a record with this {} already exists in the schema", identity.key),
-            },
-        })
-        .collect();
-    let occurred_at = shared::time::from_millis(decision.event.created_at_ms);
-    let request = AppendRequest {
-        metadata: Metadata {
-            space_id: Some(caller.space_id().to_owned()),
-            actor_key_id: Some(caller.key_id().to_owned()),
-            actor_user_id: Some(caller.identity.user_id.clone()),
-            request_id: Some(shared::http::request_id(&req)),
-            idempotency_key: None,
-        },
-        streams: vec![StreamAppend {
-            stream_id: format!("record/{record_id}"),
-            expected: ExpectedVersion::NoStream,
-            events: vec![NewEvent {
-                event: shared::events::LogEvent::RecordCreated(decision.event),
-                subject_id: Some(record_id.clone()),
-                occurred_at,
-            }],
-        }],
-        guards,
-    };
-    let appended = state
-        .event_log
-        .append(request)
+    let appended = append_create(&req, &state, &prelude, decision)
         .await
         .map_err(|error| super::append_error(error).with_header("Operation-Id", operation_id.clone()))?;
-    Ok(HttpResponse::build(StatusCode::CREATED)
-        .insert_header(("Operation-Id", operation_id))
-        .insert_header(("Consistency-Token", appended.last_position.to_string()))
-        .json(shared::http::data_body(document, &[])))
+    Ok(respond(StatusCode::CREATED, document, &[], operation_id, Some(appended)))
+}
+
+#[tracing::instrument(skip_all, fields(schema = %path.as_str()))]
+pub async fn upsert(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let operation_id = new_id("op");
+    let prelude = prelude(&req, payload, &state, &path).await?;
+    let schema = prelude.write_schema();
+    check_credits(&schema, prelude.credits)?;
+    let with_id = |error: ApiError| error.with_header("Operation-Id", operation_id.clone());
+    for _ in 0..ATTEMPTS {
+        let input = parse_input(&schema, prelude.input.clone())?;
+        let client = state.pool.get().await?;
+        let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
+        let target = match &input.id {
+            Some(record_id) => Match::Existing(record_id.clone()),
+            None => {
+                let holders: Vec<String> = owners.values().cloned().collect();
+                let states: Vec<RecordState> =
+                    load_records(&client, &holders).await?.into_iter().map(|(_, state)| state).collect();
+                match_upsert(schema.schema_type, &input, &owners, &states)
+            }
+        };
+        let now = shared::time::now_millis();
+        match target {
+            Match::Existing(record_id) => {
+                let (version, current) = load_records(&client, std::slice::from_ref(&record_id))
+                    .await?
+                    .into_iter()
+                    .find(|(_, state)| state.space_id == schema.space_id && state.schema_id == schema.schema_id)
+                    .ok_or_else(|| with_id(record_not_found(&record_id)))?;
+                drop(client);
+                let decision = decide_update(&schema, &current, input, &owners, now)?;
+                match append_update(&req, &state, &prelude, version, decision).await {
+                    Ok(None) => return Ok(respond(StatusCode::OK, current.document(), &[], operation_id, None)),
+                    Ok(Some((appended, new_state, warnings))) => {
+                        return Ok(respond(
+                            StatusCode::OK,
+                            new_state.document(),
+                            &warnings,
+                            operation_id,
+                            Some(appended),
+                        ));
+                    }
+                    Err(error) if is_lost_race(&error) => continue,
+                    Err(error) => return Err(with_id(super::append_error(error))),
+                }
+            }
+            Match::New => {
+                drop(client);
+                let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
+                let decision = decide_create(&schema, input, &owners, true, &record_id, now)?;
+                let document = record_document(&decision.event).map_err(|error| ApiError::internal(&error))?;
+                let warnings = decision.warnings.clone();
+                match append_create(&req, &state, &prelude, decision).await {
+                    Ok(appended) => {
+                        return Ok(respond(StatusCode::CREATED, document, &warnings, operation_id, Some(appended)));
+                    }
+                    Err(error) if is_lost_race(&error) => continue,
+                    Err(error) => return Err(with_id(super::append_error(error))),
+                }
+            }
+        }
+    }
+    Err(with_id(lost_too_often()))
+}
+
+fn record_not_found(record_id: &str) -> ApiError {
+    ApiError::not_found("record_not_found", format!("no record {record_id:?} in this schema"))
+}
+
+#[tracing::instrument(skip_all, fields(schema = %path.0, record = %path.1))]
+pub async fn update(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let operation_id = new_id("op");
+    let (schema_ref, record_id) = path.into_inner();
+    let mut prelude = prelude(&req, payload, &state, &schema_ref).await?;
+    // The path id overrides a body id.
+    prelude.input.remove("id");
+    let schema = prelude.write_schema();
+    check_credits(&schema, prelude.credits)?;
+    let with_id = |error: ApiError| error.with_header("Operation-Id", operation_id.clone());
+    for _ in 0..ATTEMPTS {
+        let input = parse_input(&schema, prelude.input.clone())?;
+        let client = state.pool.get().await?;
+        let (version, current) = load_records(&client, std::slice::from_ref(&record_id))
+            .await?
+            .into_iter()
+            .find(|(_, state)| state.space_id == schema.space_id && state.schema_id == schema.schema_id)
+            .ok_or_else(|| with_id(record_not_found(&record_id)))?;
+        let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
+        drop(client);
+        let decision = decide_update(&schema, &current, input, &owners, shared::time::now_millis())?;
+        match append_update(&req, &state, &prelude, version, decision).await {
+            Ok(None) => return Ok(respond(StatusCode::OK, current.document(), &[], operation_id, None)),
+            Ok(Some((appended, new_state, warnings))) => {
+                return Ok(respond(StatusCode::OK, new_state.document(), &warnings, operation_id, Some(appended)));
+            }
+            Err(error) if is_lost_race(&error) => continue,
+            Err(error) => return Err(with_id(super::append_error(error))),
+        }
+    }
+    Err(with_id(lost_too_often()))
 }

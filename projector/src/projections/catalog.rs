@@ -170,7 +170,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &Stored
                 )
                 .await?;
         }
-        LogEvent::RecordCreated(_) | LogEvent::Unknown(_) => {}
+        _ => {}
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 use deadpool_postgres::Transaction;
 use shared::events::LogEvent;
 use shared::log::StoredEvent;
-use shared::records::record_document;
+use shared::records::{RecordState, record_document};
 use shared::time::from_millis;
 
 pub(super) const DDL: &str = "
@@ -25,7 +25,7 @@ CREATE TABLE {s}.record_counts (
 ";
 
 /// Event types this projection reads; everything else is skipped without decoding.
-pub(super) const EVENT_TYPES: &[&str] = &["RecordCreated.v1"];
+pub(super) const EVENT_TYPES: &[&str] = &["RecordCreated.v1", "RecordUpdated.v1"];
 
 /// Applies a batch with one statement: new records are inserted and the counters grow by
 /// the rows actually inserted, so applying the same events twice changes nothing.
@@ -35,18 +35,49 @@ pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, events: &
     let mut schema_ids = Vec::new();
     let mut created_at = Vec::new();
     let mut documents = Vec::new();
+    // Updates carry the whole new state: only the last one of a record in the batch matters.
+    let mut updated: std::collections::BTreeMap<String, serde_json::Value> = std::collections::BTreeMap::new();
     for event in events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())) {
-        if let LogEvent::RecordCreated(created) = event.decode()? {
-            documents.push(record_document(&created)?);
-            created_at.push(from_millis(created.created_at_ms));
-            record_ids.push(created.record_id);
-            space_ids.push(created.space_id);
-            schema_ids.push(created.schema_id);
+        match event.decode()? {
+            LogEvent::RecordCreated(created) => {
+                documents.push(record_document(&created)?);
+                created_at.push(from_millis(created.created_at_ms));
+                record_ids.push(created.record_id);
+                space_ids.push(created.space_id);
+                schema_ids.push(created.schema_id);
+            }
+            LogEvent::RecordUpdated(update) => {
+                let state = RecordState::from_updated(&update)?;
+                updated.insert(update.record_id, state.document());
+            }
+            _ => {}
         }
     }
-    if record_ids.is_empty() {
-        return Ok(());
+    if !record_ids.is_empty() {
+        insert_records(transaction, schema, &record_ids, &space_ids, &schema_ids, &created_at, &documents).await?;
     }
+    if !updated.is_empty() {
+        let (ids, docs): (Vec<String>, Vec<serde_json::Value>) = updated.into_iter().unzip();
+        let statement = transaction
+            .prepare_cached(&format!(
+                "UPDATE {schema}.records r SET doc = u.doc FROM unnest($1::text[], $2::jsonb[]) AS u(record_id, doc)
+                 WHERE r.record_id = u.record_id"
+            ))
+            .await?;
+        transaction.execute(&statement, &[&ids, &docs]).await?;
+    }
+    Ok(())
+}
+
+async fn insert_records(
+    transaction: &Transaction<'_>,
+    schema: &str,
+    record_ids: &[String],
+    space_ids: &[String],
+    schema_ids: &[String],
+    created_at: &[chrono::DateTime<chrono::Utc>],
+    documents: &[serde_json::Value],
+) -> anyhow::Result<()> {
     let statement = transaction
         .prepare_cached(&format!(
             "WITH inserted AS (

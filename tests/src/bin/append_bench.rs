@@ -37,7 +37,10 @@ async fn main() -> anyhow::Result<()> {
                         stream_id: format!("bench/{}/{worker}/{index}", std::process::id()),
                         expected: ExpectedVersion::NoStream,
                         events: vec![NewEvent {
-                            event: LogEvent::AiCreditsSet(proto::AiCreditsSet { space_id: "spc_bench".into(), balance: 1 }),
+                            event: LogEvent::AiCreditsSet(proto::AiCreditsSet {
+                                space_id: "spc_bench".into(),
+                                balance: 1,
+                            }),
                             subject_id: None,
                             occurred_at: chrono::Utc::now(),
                         }],

@@ -10,3 +10,4 @@ mod log;
 mod projector;
 mod records;
 mod schemas;
+mod upsert;
