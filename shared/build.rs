@@ -1,7 +1,11 @@
 //! Compiles the log event schemas in pure Rust (protox), so no system `protoc` is needed.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = "../schemas";
-    let files = ["platform/events/v1/authoring.proto", "platform/events/v1/records.proto"];
+    let files = [
+        "platform/events/v1/authoring.proto",
+        "platform/events/v1/records.proto",
+        "platform/events/v1/suppressions.proto",
+    ];
     for file in files {
         println!("cargo:rerun-if-changed={root}/{file}");
     }

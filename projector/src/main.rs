@@ -39,7 +39,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Rebuild { name } => {
             let projection = Projection::parse(&name)
-                .ok_or_else(|| anyhow::anyhow!("unknown read model {name:?}; known: catalog, records"))?;
+                .ok_or_else(|| anyhow::anyhow!("unknown read model {name:?}; known: catalog, records, suppressions"))?;
             let report = projector::rebuild::rebuild(&pool, projection, |line| println!("{line}")).await?;
             println!("rebuilt {} events in {:.2}s", report.events, report.elapsed.as_secs_f64());
             Ok(())

@@ -10,7 +10,10 @@ use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 /// `(version, name, sql)` of each migration, applied in order.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "event_log", include_str!("../migrations/V1__event_log.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "event_log", include_str!("../migrations/V1__event_log.sql")),
+    (2, "suppressions", include_str!("../migrations/V2__suppressions.sql")),
+];
 
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
     let mut config = tokio_postgres::Config::from_str(database_url).context("parsing the database URL")?;

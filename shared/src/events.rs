@@ -19,6 +19,8 @@ pub enum LogEvent {
     ResourceDefined(proto::ResourceDefined),
     RecordCreated(proto::RecordCreated),
     RecordUpdated(proto::RecordUpdated),
+    SuppressionAdded(proto::SuppressionAdded),
+    SuppressionRemoved(proto::SuppressionRemoved),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -62,6 +64,8 @@ event_types! {
     ResourceDefined => "ResourceDefined.v1",
     RecordCreated => "RecordCreated.v1",
     RecordUpdated => "RecordUpdated.v1",
+    SuppressionAdded => "SuppressionAdded.v1",
+    SuppressionRemoved => "SuppressionRemoved.v1",
 }
 
 /// Wraps a subject's personal data. Today it is stored in the open; the erasure feature

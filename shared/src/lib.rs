@@ -15,6 +15,7 @@ pub mod readmodel;
 pub mod records;
 pub mod routes;
 pub mod settings;
+pub mod suppressions;
 pub mod telemetry;
 pub mod time;
 

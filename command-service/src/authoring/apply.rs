@@ -11,10 +11,10 @@ use rand::Rng;
 use serde_json::Value;
 use shared::events::{LogEvent, seal};
 use shared::ids::{derived_id, sha256_hex};
-use shared::log::{AppendRequest, EventLog, ExpectedVersion, Metadata, NewEvent, StreamAppend};
+use shared::log::{AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
 use shared::proto;
 
-use super::format::{ResourceSpec, SpaceSpec, Workspace};
+use super::format::{ResourceSpec, SpaceSpec, SuppressionSpec, Workspace};
 
 #[derive(Debug, Clone, Default)]
 pub struct ApplyReport {
@@ -49,6 +49,7 @@ async fn load_current(pool: &Pool) -> anyhow::Result<Current> {
 struct Plan<'a> {
     current: &'a Current,
     streams: Vec<StreamAppend>,
+    guards: Vec<Guard>,
     now_ms: i64,
 }
 
@@ -76,7 +77,8 @@ impl Plan<'_> {
 /// Applies `workspace`, returning what was appended.
 pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> anyhow::Result<ApplyReport> {
     let current = load_current(pool).await?;
-    let mut plan = Plan { current: &current, streams: Vec::new(), now_ms: shared::time::now_millis() };
+    let mut plan =
+        Plan { current: &current, streams: Vec::new(), guards: Vec::new(), now_ms: shared::time::now_millis() };
     let mut report = ApplyReport::default();
     let space_ids: BTreeMap<&str, String> = workspace
         .spaces
@@ -112,6 +114,12 @@ pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> 
         }
         plan_schemas(&mut plan, space, space_id);
         plan_resources(&mut plan, space, space_id);
+        for suppression in &space.suppressions {
+            plan_suppression(&mut plan, space_id, suppression);
+        }
+    }
+    for suppression in &workspace.global_suppressions {
+        plan_suppression(&mut plan, "", suppression);
     }
 
     let mut wanted_memberships = HashSet::new();
@@ -299,6 +307,31 @@ fn plan_schemas(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {
         }
         plan.ensure(stream_id, LogEvent::SchemaDefined(desired));
     }
+}
+
+/// An authored suppression is added once; applying again leaves it (and its creation time)
+/// alone. It takes its identity key without failing when the API added the same one. Authored
+/// suppressions are global or provider ones, which the API never removes, so they live in
+/// authoring streams.
+fn plan_suppression(plan: &mut Plan<'_>, space_id: &str, spec: &SuppressionSpec) {
+    let identifier = spec.identifier.trim().to_lowercase();
+    let scope = shared::suppressions::scope(space_id).to_owned();
+    let suppression_id = derived_id("sup", &["suppression", &scope, &identifier, &spec.reason]);
+    let stream_id = crate::store::suppressions::authored_stream_id(&suppression_id);
+    if matches!(plan.latest(&stream_id), Some(LogEvent::SuppressionAdded(_))) {
+        return;
+    }
+    let source = if matches!(spec.reason.as_str(), "bounce" | "complaint") { "provider" } else { "authoring" };
+    let new =
+        crate::domain::suppressions::NewSuppression { identifier: identifier.clone(), reason: spec.reason.clone() };
+    let added = crate::domain::suppressions::decide_add(space_id, &new, &suppression_id, plan.now_ms, source);
+    plan.ensure(stream_id, LogEvent::SuppressionAdded(added));
+    plan.guards.push(Guard {
+        sql: "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)
+              ON CONFLICT DO NOTHING",
+        params: vec![Box::new(scope), Box::new(identifier), Box::new(spec.reason.clone()), Box::new(suppression_id)],
+        conflict: shared::log::AppendError::Conflict { code: "suppression_already_exists", message: String::new() },
+    });
 }
 
 fn plan_resources(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {

@@ -14,6 +14,19 @@ pub struct Workspace {
     pub spaces: Vec<SpaceSpec>,
     #[serde(default)]
     pub users: Vec<UserSpec>,
+    /// Suppressions not tied to a space; they block sends in every space.
+    #[serde(default)]
+    pub global_suppressions: Vec<SuppressionSpec>,
+}
+
+/// A suppression authored in the file: a space's provider `bounce` / `complaint` ones (until
+/// the email pipeline records them), or global ones with any reason.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SuppressionSpec {
+    pub identifier: String,
+    /// `manual`, `legal`, `bounce` or `complaint`.
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -45,6 +58,8 @@ pub struct SpaceSpec {
     pub domains: Vec<ResourceSpec>,
     #[serde(default)]
     pub contact_tracks: Vec<ResourceSpec>,
+    #[serde(default)]
+    pub suppressions: Vec<SuppressionSpec>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -165,6 +180,23 @@ fn validate(workspace: &Workspace) -> anyhow::Result<()> {
                     bail!("attribute {:?} in schema {:?} needs definition.type", attribute.key, schema.slug);
                 }
             }
+        }
+    }
+    for suppression in workspace.spaces.iter().flat_map(|space| space.suppressions.iter()) {
+        if !matches!(suppression.reason.as_str(), "bounce" | "complaint") {
+            bail!(
+                "a space's authored suppression must be bounce or complaint; manual and legal ones come through the API"
+            );
+        }
+    }
+    let all_suppressions =
+        workspace.global_suppressions.iter().chain(workspace.spaces.iter().flat_map(|space| space.suppressions.iter()));
+    for suppression in all_suppressions {
+        if !suppression.identifier.contains('@') {
+            bail!("suppression identifier {:?} is not an email address", suppression.identifier);
+        }
+        if !shared::suppressions::ALL_REASONS.contains(&suppression.reason.as_str()) {
+            bail!("suppression reason {:?}; use manual, legal, bounce or complaint", suppression.reason);
         }
     }
     let mut emails = HashSet::new();

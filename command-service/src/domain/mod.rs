@@ -2,3 +2,4 @@
 
 pub mod attributes;
 pub mod records;
+pub mod suppressions;

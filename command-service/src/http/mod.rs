@@ -2,6 +2,7 @@
 
 pub mod records;
 pub mod routes;
+pub mod suppressions;
 
 use shared::error::ApiError;
 use shared::log::AppendError;

@@ -2,11 +2,15 @@
 
 use actix_web::web;
 
-use super::records;
+use super::{records, suppressions};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
         .route("/schemas/{schema}/records", web::post().to(records::create))
         .route("/schemas/{schema}/records/upsert", web::post().to(records::upsert))
-        .route("/schemas/{schema}/records/{id}", web::patch().to(records::update));
+        .route("/schemas/{schema}/records/{id}", web::patch().to(records::update))
+        .route("/contacts/suppressions", web::post().to(suppressions::create))
+        .route("/contacts/suppressions/batch", web::post().to(suppressions::batch_create))
+        .route("/contacts/suppressions/batch-remove", web::post().to(suppressions::batch_remove))
+        .route("/contacts/suppressions/{id}", web::delete().to(suppressions::delete));
 }

@@ -2,3 +2,4 @@
 //! record's stream, which carries the whole state) and who holds each identity value.
 
 pub mod records;
+pub mod suppressions;

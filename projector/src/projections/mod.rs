@@ -3,6 +3,7 @@
 
 mod catalog;
 mod records;
+mod suppressions;
 
 use anyhow::Context;
 use deadpool_postgres::Transaction;
@@ -14,15 +15,18 @@ pub enum Projection {
     Catalog,
     /// Contact and object records, with per-schema counters for list totals.
     Records,
+    /// The email suppression list, space-scoped and global.
+    Suppressions,
 }
 
 impl Projection {
-    pub const ALL: [Projection; 2] = [Projection::Catalog, Projection::Records];
+    pub const ALL: [Projection; 3] = [Projection::Catalog, Projection::Records, Projection::Suppressions];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Catalog => shared::catalog::CATALOG,
             Self::Records => "records",
+            Self::Suppressions => "suppressions",
         }
     }
 
@@ -35,6 +39,7 @@ impl Projection {
         let tables = match self {
             Self::Catalog => catalog::DDL,
             Self::Records => records::DDL,
+            Self::Suppressions => suppressions::DDL,
         };
         format!("CREATE SCHEMA {schema};\n{}", tables.replace("{s}", schema))
     }
@@ -52,6 +57,14 @@ impl Projection {
                 for event in events.iter().filter(|event| catalog::EVENT_TYPES.contains(&event.event_type.as_str())) {
                     catalog::apply(transaction, schema, event).await.with_context(|| {
                         format!("projection catalog failed on {} at position {}", event.event_type, event.position)
+                    })?;
+                }
+                Ok(())
+            }
+            Self::Suppressions => {
+                for event in events.iter().filter(|e| suppressions::EVENT_TYPES.contains(&e.event_type.as_str())) {
+                    suppressions::apply(transaction, schema, event).await.with_context(|| {
+                        format!("projection suppressions failed on {} at position {}", event.event_type, event.position)
                     })?;
                 }
                 Ok(())

@@ -4,6 +4,7 @@ pub mod me;
 pub mod records;
 pub mod routes;
 pub mod schemas;
+pub mod suppressions;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,13 +30,19 @@ pub type ReadFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ApiError>> + 
 /// Authorises a read (permission `read`) and parses the optional `Consistency-Token`.
 pub async fn authorize_read(state: &State, req: &HttpRequest) -> Result<(Caller, i64), ApiError> {
     let caller = state.authenticator.authorize(req, Permission::Read).await?;
+    let token = consistency_token(req)?;
+    Ok((caller, token))
+}
+
+/// Parses the optional `Consistency-Token` header.
+pub fn consistency_token(req: &HttpRequest) -> Result<i64, ApiError> {
     let token = match req.headers().get(CONSISTENCY_TOKEN) {
         None => 0,
         Some(value) => value.to_str().ok().and_then(|text| text.trim().parse::<i64>().ok()).ok_or_else(|| {
             ApiError::bad_request("invalid_consistency_token", "Consistency-Token must be a log position (an integer)")
         })?,
     };
-    Ok((caller, token))
+    Ok(token)
 }
 
 /// Reads consistently with the caller's last write, in one round trip when the read models

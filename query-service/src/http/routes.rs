@@ -2,7 +2,7 @@
 
 use actix_web::{HttpResponse, web};
 
-use super::{me, records, schemas};
+use super::{me, records, schemas, suppressions};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
@@ -12,7 +12,8 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/schemas/{schema}", web::get().to(schemas::get))
         .route("/schemas/{schema}/attributes", web::get().to(schemas::attributes))
         .route("/schemas/{schema}/records", web::get().to(records::list))
-        .route("/schemas/{schema}/records/{id}", web::get().to(records::get));
+        .route("/schemas/{schema}/records/{id}", web::get().to(records::get))
+        .route("/contacts/suppressions", web::get().to(suppressions::list));
 }
 
 /// The OpenAPI 3.1 document, kept in the repo at `docs/openapi.json`.

@@ -10,4 +10,5 @@ mod log;
 mod projector;
 mod records;
 mod schemas;
+mod suppressions;
 mod upsert;

@@ -1,0 +1,135 @@
+//! Suppression decisions: validating input, adding, and whether one may be removed.
+
+use serde_json::Value;
+use shared::error::{ApiError, Issue};
+use shared::events::seal;
+use shared::proto;
+use shared::suppressions::{API_REASONS, removable};
+
+use super::attributes::normalize_email;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSuppression {
+    pub identifier: String,
+    pub reason: String,
+}
+
+/// Parses `{identifier, reason}`: an email address and `manual` or `legal`.
+pub fn parse_new(value: &Value) -> Result<NewSuppression, ApiError> {
+    let Some(object) = value.as_object() else {
+        return Err(ApiError::bad_request("invalid_body", "a suppression is a JSON object {identifier, reason}"));
+    };
+    let mut issues = Vec::new();
+    for key in object.keys().filter(|key| !matches!(key.as_str(), "identifier" | "reason")) {
+        issues.push(Issue::coded(key, "unknown_field", format!("{key} is not a suppression field")));
+    }
+    let identifier = match object.get("identifier").and_then(Value::as_str) {
+        Some(text) => match normalize_email(text) {
+            Ok(email) => Some(email),
+            Err(message) => {
+                issues.push(Issue::coded("identifier", "invalid_identifier", message));
+                None
+            }
+        },
+        None => {
+            issues.push(Issue::coded("identifier", "invalid_identifier", "identifier (an email address) is required"));
+            None
+        }
+    };
+    let reason = match object.get("reason").and_then(Value::as_str) {
+        Some(reason) if API_REASONS.contains(&reason) => Some(reason.to_owned()),
+        _ => {
+            issues.push(Issue::coded("reason", "invalid_reason", "reason must be manual or legal"));
+            None
+        }
+    };
+    match (identifier, reason, issues.first()) {
+        (Some(identifier), Some(reason), None) => Ok(NewSuppression { identifier, reason }),
+        (_, _, first) => {
+            let (code, message) = first
+                .map_or(("invalid_body", String::new()), |i| (i.code.unwrap_or("invalid_body"), i.message.clone()));
+            Err(ApiError::bad_request(code, message).with_issues(issues))
+        }
+    }
+}
+
+pub fn decide_add(
+    space_id: &str,
+    new: &NewSuppression,
+    suppression_id: &str,
+    now_ms: i64,
+    source: &str,
+) -> proto::SuppressionAdded {
+    proto::SuppressionAdded {
+        suppression_id: suppression_id.to_owned(),
+        space_id: space_id.to_owned(),
+        reason: new.reason.clone(),
+        created_at_ms: now_ms,
+        personal: Some(seal(suppression_id, &proto::SuppressionPersonal { identifier: new.identifier.clone() })),
+        source: source.to_owned(),
+    }
+}
+
+/// Why a removal is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such suppression in the caller's space (or already removed).
+    NotFound,
+    /// A global or provider (bounce, complaint) suppression.
+    NotRemovable,
+}
+
+/// Decides removing `added` (`None` when it does not exist or was removed) for a caller in
+/// `space_id`. Global suppressions are visible to every space but removable by none.
+pub fn decide_remove(
+    space_id: &str,
+    added: Option<&proto::SuppressionAdded>,
+    now_ms: i64,
+) -> Result<proto::SuppressionRemoved, Refusal> {
+    let added = added.ok_or(Refusal::NotFound)?;
+    if !added.space_id.is_empty() && added.space_id != space_id {
+        return Err(Refusal::NotFound);
+    }
+    if !removable(added) {
+        return Err(Refusal::NotRemovable);
+    }
+    Ok(proto::SuppressionRemoved {
+        suppression_id: added.suppression_id.clone(),
+        space_id: added.space_id.clone(),
+        removed_at_ms: now_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn input_needs_an_email_and_an_api_reason() {
+        let parsed = parse_new(&json!({"identifier": " A@B.io ", "reason": "legal"})).expect("valid");
+        assert_eq!(parsed, NewSuppression { identifier: "a@b.io".into(), reason: "legal".into() });
+        for bad in [
+            json!({"identifier": "nope", "reason": "manual"}),
+            json!({"identifier": "a@b.io", "reason": "bounce"}),
+            json!({"identifier": "a@b.io"}),
+            json!({"identifier": "a@b.io", "reason": "manual", "extra": 1}),
+            json!([1]),
+        ] {
+            assert_eq!(parse_new(&bad).expect_err("invalid").status().as_u16(), 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_manual_and_legal_of_the_callers_space_can_be_removed() {
+        let new = |reason: &str| NewSuppression { identifier: "a@b.io".into(), reason: reason.into() };
+        let manual = decide_add("spc_1", &new("manual"), "sup_1", 0, "api");
+        assert!(decide_remove("spc_1", Some(&manual), 1).is_ok());
+        assert_eq!(decide_remove("spc_2", Some(&manual), 1), Err(Refusal::NotFound));
+        assert_eq!(decide_remove("spc_1", None, 1), Err(Refusal::NotFound));
+        let bounce = decide_add("spc_1", &new("bounce"), "sup_2", 0, "provider");
+        assert_eq!(decide_remove("spc_1", Some(&bounce), 1), Err(Refusal::NotRemovable));
+        let global = decide_add("", &new("manual"), "sup_3", 0, "authoring");
+        assert_eq!(decide_remove("spc_1", Some(&global), 1), Err(Refusal::NotRemovable));
+    }
+}

@@ -1,0 +1,65 @@
+//! `GET /contacts/suppressions` (admin): newest first, the caller's space and global ones.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde_json::Value;
+use shared::auth::Permission;
+use shared::error::ApiError;
+use shared::http::{page_body, query_pairs};
+use shared::pagination::PageRequest;
+use tokio_postgres::types::ToSql;
+
+use super::{consistent_read, respond};
+use crate::State;
+
+const SUPPRESSIONS: &str = "suppressions";
+
+pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+    let query = query_pairs(&req);
+    let page = PageRequest::parse(&query)?;
+    let identifier = query
+        .iter()
+        .rev()
+        .find(|(key, _)| key == "identifier")
+        .map(|(_, value)| value.trim().to_lowercase())
+        .filter(|value| !value.is_empty());
+    let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
+    let token = super::consistency_token(&req)?;
+    let scopes = vec![caller.space_id().to_owned(), "global".to_owned()];
+    let (limit, offset) = (page.limit(), page.offset());
+    let ((total, items), consistent) = consistent_read(&state, &caller, token, &[SUPPRESSIONS], |client, models| {
+        let (s, scopes, identifier) = (models.schema(SUPPRESSIONS), scopes.clone(), identifier.clone());
+        Box::pin(async move {
+            let (count_sql, rows_sql) = match identifier {
+                // One identifier has a handful of rows: counting them is cheap.
+                Some(_) => (
+                    format!("SELECT count(*) FROM {s}.suppressions WHERE scope = ANY($1) AND identifier = $2"),
+                    format!(
+                        "SELECT doc FROM {s}.suppressions WHERE scope = ANY($1) AND identifier = $2
+                         ORDER BY created_at DESC, suppression_id DESC LIMIT $3 OFFSET $4"
+                    ),
+                ),
+                None => (
+                    format!(
+                        "SELECT COALESCE(sum(total), 0)::bigint FROM {s}.suppression_counts
+                         WHERE scope = ANY($1) AND $2::text IS NULL"
+                    ),
+                    format!(
+                        "SELECT doc FROM {s}.suppressions WHERE scope = ANY($1) AND $2::text IS NULL
+                         ORDER BY created_at DESC, suppression_id DESC LIMIT $3 OFFSET $4"
+                    ),
+                ),
+            };
+            let count = client.prepare_cached(&count_sql).await?;
+            let rows = client.prepare_cached(&rows_sql).await?;
+            let count_params: [&(dyn ToSql + Sync); 2] = [&scopes, &identifier];
+            let rows_params: [&(dyn ToSql + Sync); 4] = [&scopes, &identifier, &limit, &offset];
+            let (total, rows) =
+                tokio::join!(client.query_one(&count, &count_params), client.query(&rows, &rows_params));
+            let items: Vec<Value> = rows?.into_iter().map(|row| row.get(0)).collect();
+            Ok((total?.get::<_, i64>(0), items))
+        })
+    })
+    .await?;
+    let pagination = page.pagination(items.len(), total);
+    Ok(respond(&consistent, page.warnings.clone(), |warnings| page_body(items, pagination, warnings)))
+}
