@@ -26,7 +26,8 @@ pub struct State {
 impl State {
     pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> web::Data<Self> {
         let event_log = EventLog::start(pool.clone(), settings.append_batch_max);
-        let authenticator = Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl);
+        let authenticator =
+            Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl, settings.rate_limits);
         web::Data::new(Self { pool, event_log, authenticator, read_models, settings })
     }
 }

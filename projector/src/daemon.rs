@@ -12,13 +12,22 @@ use crate::runner::{Faults, Outcome, project_batch};
 
 /// How long to sleep when caught up and no notification arrives.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// How often expired rate-limit windows are purged.
+const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Runs until `shutdown` completes.
 pub async fn run(pool: Pool, database_url: String, worker: String, shutdown: impl Future<Output = ()>) {
     let faults = Faults::from_env();
     let mut notifications = shared::db::listen(database_url, LOG_CHANNEL);
     tokio::pin!(shutdown);
+    let mut last_maintenance = std::time::Instant::now();
     loop {
+        if last_maintenance.elapsed() >= MAINTENANCE_INTERVAL {
+            last_maintenance = std::time::Instant::now();
+            if let Err(error) = shared::ratelimit::purge_expired(&pool).await {
+                tracing::warn!(error = format!("{error:#}"), "could not purge rate-limit windows");
+            }
+        }
         let versions = match active_versions(&pool).await {
             Ok(versions) => versions,
             Err(error) => {

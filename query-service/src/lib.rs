@@ -19,7 +19,8 @@ pub struct State {
 
 impl State {
     pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> web::Data<Self> {
-        let authenticator = Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl);
+        let authenticator =
+            Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl, settings.rate_limits);
         web::Data::new(Self { pool, authenticator, read_models, settings })
     }
 }

@@ -12,6 +12,7 @@ use crate::catalog::{self, CATALOG, KeyIdentity, Membership};
 use crate::error::ApiError;
 use crate::http::bearer_token;
 use crate::ids::sha256_hex;
+use crate::ratelimit::{Bucket, Limits, RateLimiter};
 use crate::readmodel::ReadModels;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,20 +159,31 @@ pub struct Authenticator {
     read_models: ReadModels,
     ttl: Duration,
     cache: Arc<Mutex<HashMap<String, CacheEntry>>>,
+    rate_limiter: RateLimiter,
 }
 
 impl Authenticator {
-    pub fn new(pool: Pool, read_models: ReadModels, ttl: Duration) -> Self {
-        Self { pool, read_models, ttl, cache: Arc::default() }
+    pub fn new(pool: Pool, read_models: ReadModels, ttl: Duration, limits: Limits) -> Self {
+        let rate_limiter = RateLimiter::new(pool.clone(), limits);
+        Self { pool, read_models, ttl, cache: Arc::default(), rate_limiter }
     }
 
-    /// The key's identity, with no space resolved (for `GET /me`).
+    /// The key's identity, with no space resolved (for `GET /me`). Counts the request in its
+    /// bucket first (by hashed credential, or client IP without one).
     pub async fn identify(&self, req: &HttpRequest) -> Result<Arc<KeyIdentity>, ApiError> {
-        let token = bearer_token(req).ok_or_else(|| ApiError::invalid_api_key("no key provided"))?;
+        let token = bearer_token(req);
+        let key_hash = token.map(sha256_hex);
+        let subject = match &key_hash {
+            Some(hash) => hash.clone(),
+            None => format!("ip:{}", req.peer_addr().map(|addr| addr.ip().to_string()).unwrap_or_default()),
+        };
+        self.rate_limiter.check(Bucket::for_request(req), &subject).await?;
+        let (Some(token), Some(key_hash)) = (token, key_hash) else {
+            return Err(ApiError::invalid_api_key("no key provided"));
+        };
         if !token.starts_with(KEY_PREFIX) || !token.contains('_') || token.len() > 512 {
             return Err(ApiError::invalid_api_key("invalid key"));
         }
-        let key_hash = sha256_hex(token);
         if let Some(cached) = self.cached(&key_hash) {
             return cached.ok_or_else(|| ApiError::invalid_api_key("invalid key"));
         }

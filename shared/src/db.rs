@@ -13,6 +13,7 @@ use tokio_postgres::{AsyncMessage, NoTls};
 const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "event_log", include_str!("../migrations/V1__event_log.sql")),
     (2, "suppressions", include_str!("../migrations/V2__suppressions.sql")),
+    (3, "rate_windows", include_str!("../migrations/V3__rate_windows.sql")),
 ];
 
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {

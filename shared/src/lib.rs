@@ -11,6 +11,7 @@ pub mod http;
 pub mod ids;
 pub mod log;
 pub mod pagination;
+pub mod ratelimit;
 pub mod readmodel;
 pub mod records;
 pub mod routes;

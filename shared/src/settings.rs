@@ -41,6 +41,9 @@ pub struct Settings {
     pub consistency_wait: Duration,
     /// `APP__APPEND_BATCH_MAX` (default 256): most commands grouped into one log transaction.
     pub append_batch_max: usize,
+    /// `APP__RATE_READ_PER_SECOND` (100), `APP__RATE_WRITE_PER_SECOND` (25),
+    /// `APP__RATE_AI_PER_MINUTE` (10); `APP__RATE_LIMITS=off` disables them (for measuring).
+    pub rate_limits: crate::ratelimit::Limits,
 }
 
 impl Settings {
@@ -54,6 +57,12 @@ impl Settings {
             auth_cache_ttl: Duration::from_millis(env_or("APP__AUTH_CACHE_MILLIS", 500)?),
             consistency_wait: Duration::from_millis(env_or("APP__CONSISTENCY_WAIT_MILLIS", 3000)?),
             append_batch_max: env_or("APP__APPEND_BATCH_MAX", 256)?,
+            rate_limits: crate::ratelimit::Limits {
+                read: (env_or("APP__RATE_READ_PER_SECOND", 100)?, Duration::from_secs(1)),
+                write: (env_or("APP__RATE_WRITE_PER_SECOND", 25)?, Duration::from_secs(1)),
+                ai: (env_or("APP__RATE_AI_PER_MINUTE", 10)?, Duration::from_secs(60)),
+                enabled: std::env::var("APP__RATE_LIMITS").map_or(true, |value| value != "off"),
+            },
         })
     }
 
@@ -67,6 +76,7 @@ impl Settings {
             auth_cache_ttl: Duration::from_millis(500),
             consistency_wait: Duration::from_millis(3000),
             append_batch_max: 256,
+            rate_limits: crate::ratelimit::Limits::default(),
         }
     }
 }

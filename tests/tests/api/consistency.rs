@@ -27,7 +27,7 @@ async fn create_then_get_and_list_sees_the_write_every_time() {
 
 #[tokio::test]
 async fn a_consistency_token_lets_another_key_read_the_write() {
-    let app = TestApp::spawn_with(Options { projector: false }).await;
+    let app = TestApp::spawn_with(Options::without_projector()).await;
     let created = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({"email": "token@example.com"})).await;
     assert_eq!(created.status, 201);
     let id = created.body["data"]["id"].as_str().expect("id").to_owned();
@@ -60,7 +60,7 @@ async fn a_consistency_token_lets_another_key_read_the_write() {
 
 #[tokio::test]
 async fn a_read_that_cannot_catch_up_says_so() {
-    let app = TestApp::spawn_with(Options { projector: false }).await;
+    let app = TestApp::spawn_with(Options::without_projector()).await;
     let _projector = spawn_binary("projector", &["run"], &app.database_url, &[]);
     let created = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({})).await;
     assert_eq!(created.status, 201);

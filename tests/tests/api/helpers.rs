@@ -59,7 +59,12 @@ impl Drop for ChildGuard {
 /// Starts one of the built binaries with the database URL and extra environment.
 pub fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str, String)]) -> ChildGuard {
     let mut command = Command::new(binaries_dir().join(name));
-    command.args(args).env("APP__DATABASE_URL", database_url).env("RUST_LOG", "warn");
+    command
+        .args(args)
+        .env("APP__DATABASE_URL", database_url)
+        .env("RUST_LOG", "warn")
+        .env("APP__RATE_READ_PER_SECOND", "1000000")
+        .env("APP__RATE_WRITE_PER_SECOND", "1000000");
     for (key, value) in env {
         command.env(key, value);
     }
@@ -102,11 +107,28 @@ pub struct TestApp {
 pub struct Options {
     /// Run the projector in-process.
     pub projector: bool,
+    /// Request buckets; `None` raises them far above what any test sends.
+    pub limits: Option<shared::ratelimit::Limits>,
+}
+
+impl Options {
+    pub fn without_projector() -> Self {
+        Self { projector: false, limits: None }
+    }
+}
+
+/// Limits far above what any test sends, for tests that are not about rate limits.
+pub fn unlimited() -> shared::ratelimit::Limits {
+    let mut limits = shared::ratelimit::Limits::default();
+    limits.read.0 = 1_000_000;
+    limits.write.0 = 1_000_000;
+    limits.ai.0 = 1_000_000;
+    limits
 }
 
 impl TestApp {
     pub async fn spawn() -> Self {
-        Self::spawn_with(Options { projector: true }).await
+        Self::spawn_with(Options { projector: true, limits: None }).await
     }
 
     pub async fn spawn_with(options: Options) -> Self {
@@ -114,7 +136,8 @@ impl TestApp {
             shared::telemetry::init("info");
         }
         let database_url = create_database().await;
-        let settings = Settings::for_database(&database_url);
+        let mut settings = Settings::for_database(&database_url);
+        settings.rate_limits = options.limits.unwrap_or_else(unlimited);
         let pool = shared::db::pool(&database_url, 8).expect("pool");
         if options.projector {
             let projector_pool = shared::db::pool(&database_url, 4).expect("pool");

@@ -8,6 +8,7 @@ mod errors;
 mod helpers;
 mod log;
 mod projector;
+mod ratelimit;
 mod records;
 mod schemas;
 mod suppressions;

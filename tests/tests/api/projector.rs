@@ -18,7 +18,7 @@ async fn create_contacts(app: &TestApp, count: usize, prefix: &str) {
 
 #[tokio::test]
 async fn a_projector_killed_mid_batch_resumes_without_loss_or_double_effect() {
-    let app = TestApp::spawn_with(Options { projector: false }).await;
+    let app = TestApp::spawn_with(Options::without_projector()).await;
     let records_before = app.query_i64("SELECT position FROM projections WHERE name = 'records'").await;
     create_contacts(&app, 30, "crash").await;
     let mut crashing = spawn_binary(
@@ -48,7 +48,7 @@ async fn a_projector_killed_mid_batch_resumes_without_loss_or_double_effect() {
 
 #[tokio::test]
 async fn two_projector_processes_never_apply_the_same_batch() {
-    let app = TestApp::spawn_with(Options { projector: false }).await;
+    let app = TestApp::spawn_with(Options::without_projector()).await;
     let _first = spawn_binary("projector", &["run"], &app.database_url, &[]);
     let _second = spawn_binary("projector", &["run"], &app.database_url, &[]);
     let port = free_port();

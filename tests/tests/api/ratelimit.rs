@@ -1,0 +1,106 @@
+//! Request buckets: per key, fixed windows, shared by every instance, 429 with an HTTP date.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+
+use crate::helpers::*;
+use crate::log::wait_until_listening;
+
+fn limits(read: u32, write: u32) -> shared::ratelimit::Limits {
+    let mut limits = shared::ratelimit::Limits::default();
+    limits.read.0 = read;
+    limits.write.0 = write;
+    limits
+}
+
+/// Sleeps until just after a second boundary, so a quick burst falls in one window.
+async fn start_of_a_window() {
+    let millis = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() % 1000;
+    tokio::time::sleep(Duration::from_millis((1000 - millis + 20) as u64)).await;
+}
+
+#[tokio::test]
+async fn the_read_bucket_limits_each_key_per_second_with_an_http_date_to_retry() {
+    let app = TestApp::spawn_with(Options { projector: true, limits: Some(limits(5, 25)) }).await;
+    start_of_a_window().await;
+    let mut statuses = Vec::new();
+    let mut limited = None;
+    for _ in 0..8 {
+        let response = app.get("/me", ALPHA_MEMBER).await;
+        if response.status == 429 {
+            limited = Some(response);
+        } else {
+            assert!(response.header("retry-after").is_none());
+            assert!(response.headers.keys().all(|name| !name.as_str().contains("ratelimit")), "no remaining counters");
+            statuses.push(response.status);
+        }
+    }
+    assert_eq!(statuses, vec![200; 5], "five requests fit the window");
+    let limited = limited.expect("the sixth request is limited");
+    assert_eq!(limited.code(), "rate_limit_exceeded");
+    let retry_after = limited.header("retry-after").expect("Retry-After");
+    let reset = chrono::DateTime::parse_from_rfc2822(retry_after).expect("an HTTP date");
+    let wait = reset.timestamp_millis() - chrono::Utc::now().timestamp_millis();
+    assert!((-1000..=1000).contains(&wait), "the window resets within a second: {retry_after}");
+    // Another key has its own budget.
+    assert_eq!(app.get("/me", ALPHA_ADMIN).await.status, 200);
+    // The next window opens the bucket again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(app.get("/me", ALPHA_MEMBER).await.status, 200);
+}
+
+#[tokio::test]
+async fn reads_and_writes_are_independent_buckets() {
+    let app = TestApp::spawn_with(Options { projector: true, limits: Some(limits(3, 2)) }).await;
+    start_of_a_window().await;
+    let empty = json!({});
+    let writes: Vec<u16> =
+        futures_util::future::join_all((0..3).map(|_| app.post("/schemas/contacts/records", ALPHA_ADMIN, &empty)))
+            .await
+            .into_iter()
+            .map(|r| r.status)
+            .collect();
+    assert_eq!(writes.iter().filter(|s| **s == 201).count(), 2, "{writes:?}");
+    assert_eq!(writes.iter().filter(|s| **s == 429).count(), 1, "{writes:?}");
+    // The write bucket is spent; the read bucket is not.
+    assert_eq!(app.get("/schemas", ALPHA_ADMIN).await.status, 200);
+    // Requests without a key are counted by client IP.
+    let anonymous: Vec<u16> =
+        futures_util::future::join_all((0..3).map(|_| app.send(app.request(reqwest::Method::GET, "/me", None))))
+            .await
+            .into_iter()
+            .map(|r| r.status)
+            .collect();
+    assert_eq!(anonymous.iter().filter(|s| **s == 401).count(), 3, "{anonymous:?}");
+    assert_eq!(app.send(app.request(reqwest::Method::GET, "/me", None)).await.status, 429);
+}
+
+#[tokio::test]
+async fn two_command_service_processes_share_one_write_budget() {
+    let app = TestApp::spawn().await;
+    let mut urls = Vec::new();
+    let mut processes = Vec::new();
+    for _ in 0..2 {
+        let port = free_port();
+        processes.push(spawn_binary(
+            "command-service",
+            &["serve"],
+            &app.database_url,
+            &[("APP__PORT", port.to_string()), ("APP__RATE_WRITE_PER_SECOND", "4".into())],
+        ));
+        urls.push(format!("http://127.0.0.1:{port}/v1"));
+    }
+    for url in &urls {
+        wait_until_listening(&app.http, url).await;
+    }
+    start_of_a_window().await;
+    let statuses: Vec<u16> = futures_util::future::join_all((0..8).map(|index| {
+        let url = format!("{}/schemas/contacts/records", urls[index % 2]);
+        let request = app.http.post(url).bearer_auth(ALPHA_ADMIN).json(&json!({}));
+        async move { request.send().await.expect("sent").status().as_u16() }
+    }))
+    .await;
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 4, "one budget for both instances: {statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 4, "{statuses:?}");
+}
