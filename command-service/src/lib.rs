@@ -4,6 +4,7 @@
 pub mod authoring;
 pub mod domain;
 pub mod http;
+pub mod idempotency;
 pub mod store;
 
 use actix_web::web;
@@ -28,7 +29,20 @@ impl State {
         let event_log = EventLog::start(pool.clone(), settings.append_batch_max);
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl, settings.rate_limits);
+        tokio::spawn(maintain(pool.clone()));
         web::Data::new(Self { pool, event_log, authenticator, read_models, settings })
+    }
+}
+
+/// Every minute: purge idempotency records past their 24 hours and reconcile unresolved
+/// claims. Any number of instances may run it.
+async fn maintain(pool: Pool) {
+    let mut ticker = tokio::time::interval(std::time::Duration::from_secs(60));
+    loop {
+        ticker.tick().await;
+        if let Err(error) = idempotency::purge_and_reconcile(&pool).await {
+            tracing::warn!(error = format!("{error:#}"), "idempotency maintenance failed");
+        }
     }
 }
 

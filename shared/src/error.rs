@@ -33,11 +33,13 @@ pub struct ApiError {
     message: String,
     issues: Vec<Issue>,
     headers: Vec<(&'static str, String)>,
+    /// The contract lets an unconfirmed idempotent outcome (503) omit `type`.
+    omit_type: bool,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: Option<&'static str>, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), issues: Vec::new(), headers: Vec::new() }
+        Self { status, code, message: message.into(), issues: Vec::new(), headers: Vec::new(), omit_type: false }
     }
 
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
@@ -91,6 +93,11 @@ impl ApiError {
         self
     }
 
+    pub fn without_type(mut self) -> Self {
+        self.omit_type = true;
+        self
+    }
+
     pub fn with_header(mut self, name: &'static str, value: String) -> Self {
         self.headers.push((name, value));
         self
@@ -111,6 +118,11 @@ impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         let kind = if self.status.is_server_error() { "api_error" } else { "invalid_request_error" };
         let mut error = json!({ "type": kind, "code": self.code, "message": self.message });
+        if self.omit_type
+            && let Some(object) = error.as_object_mut()
+        {
+            object.remove("type");
+        }
         if !self.issues.is_empty() {
             error["issues"] = json!(self.issues);
         }

@@ -3,6 +3,7 @@
 //! the database pool and the read-model access helpers.
 
 pub mod auth;
+pub mod canonical;
 pub mod catalog;
 pub mod db;
 pub mod error;

@@ -56,11 +56,26 @@ pub struct StreamAppend {
 }
 
 /// A write-side claim run inside the command's savepoint (for example a unique identity).
-/// A unique violation fails the command with `conflict`.
+/// A unique violation, or a row count other than the one required, fails the command with
+/// `conflict`.
 pub struct Guard {
     pub sql: &'static str,
     pub params: Vec<Box<dyn ToSql + Send + Sync>>,
     pub conflict: AppendError,
+    /// When set, the statement must affect exactly this many rows.
+    pub expect_rows: Option<u64>,
+}
+
+impl Guard {
+    /// A statement that fails the command only on a unique violation.
+    pub fn unique(sql: &'static str, params: Vec<Box<dyn ToSql + Send + Sync>>, conflict: AppendError) -> Self {
+        Self { sql, params, conflict, expect_rows: None }
+    }
+
+    /// A statement that must affect exactly one row.
+    pub fn exactly_one(sql: &'static str, params: Vec<Box<dyn ToSql + Send + Sync>>, conflict: AppendError) -> Self {
+        Self { sql, params, conflict, expect_rows: Some(1) }
+    }
 }
 
 /// One command's append: its streams and guards, atomic with each other.
@@ -402,6 +417,9 @@ async fn stage_request(
         let params: Vec<&(dyn ToSql + Sync)> = guard.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
         let statement = transaction.prepare_cached(guard.sql).await?;
         match transaction.execute(&statement, &params).await {
+            Ok(rows) if guard.expect_rows.is_some_and(|expected| expected != rows) => {
+                return Err(Staging::Refused(guard.conflict.clone()));
+            }
             Ok(_) => {}
             Err(error) if is_unique_violation(&error) => return Err(Staging::Refused(guard.conflict.clone())),
             Err(error) => return Err(error.into()),

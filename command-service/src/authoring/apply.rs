@@ -327,6 +327,7 @@ fn plan_suppression(plan: &mut Plan<'_>, space_id: &str, spec: &SuppressionSpec)
     let added = crate::domain::suppressions::decide_add(space_id, &new, &suppression_id, plan.now_ms, source);
     plan.ensure(stream_id, LogEvent::SuppressionAdded(added));
     plan.guards.push(Guard {
+        expect_rows: None,
         sql: "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)
               ON CONFLICT DO NOTHING",
         params: vec![Box::new(scope), Box::new(identifier), Box::new(spec.reason.clone()), Box::new(suppression_id)],

@@ -10,7 +10,6 @@ use shared::error::ApiError;
 use shared::events::LogEvent;
 use shared::ids::new_id;
 use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
-use shared::pagination::Warning;
 use shared::records::{RecordState, record_document};
 
 use crate::State;
@@ -18,6 +17,7 @@ use crate::domain::records::{
     Change, CreateDecision, Identity, Input, Match, UpdateDecision, WriteSchema, check_credits, decide_create,
     decide_update, match_upsert, parse_input,
 };
+use crate::idempotency::{self, Admission, Claim};
 use crate::store::records::{identity_owners, load_records, stream_id};
 
 /// How often a write that lost a race (stream version, identity claim) is decided again.
@@ -63,18 +63,19 @@ async fn prelude(
     Ok(Prelude { caller, input, schema, attributes, credits })
 }
 
-fn metadata(req: &HttpRequest, caller: &Caller) -> Metadata {
+fn metadata(req: &HttpRequest, caller: &Caller, claim: Option<&Claim>) -> Metadata {
     Metadata {
         space_id: Some(caller.space_id().to_owned()),
         actor_key_id: Some(caller.key_id().to_owned()),
         actor_user_id: Some(caller.identity.user_id.clone()),
         request_id: Some(shared::http::request_id(req)),
-        idempotency_key: None,
+        idempotency_key: claim.map(|claim| claim.key.clone()),
     }
 }
 
 fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
     Guard {
+        expect_rows: None,
         sql: "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id) VALUES ($1, $2, $3, $4, $5)",
         params: vec![
             Box::new(space_id.to_owned()),
@@ -92,6 +93,7 @@ fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) 
 
 fn release(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
     Guard {
+        expect_rows: None,
         sql: "DELETE FROM record_identities WHERE space_id = $1 AND schema_id = $2 AND kind = $3 AND value = $4
               AND record_id = $5",
         params: vec![
@@ -105,19 +107,42 @@ fn release(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity
     }
 }
 
-fn respond(
-    status: StatusCode,
-    document: Value,
-    warnings: &[Warning],
-    operation_id: String,
-    appended: Option<Appended>,
-) -> HttpResponse {
+fn respond(status: StatusCode, body: &Value, operation_id: &str, appended: Option<Appended>) -> HttpResponse {
     let mut response = HttpResponse::build(status);
-    response.insert_header(("Operation-Id", operation_id));
+    response.insert_header(("Operation-Id", operation_id.to_owned()));
     if let Some(appended) = appended.filter(|a| a.last_position > 0) {
         response.insert_header(("Consistency-Token", appended.last_position.to_string()));
     }
-    response.json(shared::http::data_body(document, warnings))
+    response.json(body)
+}
+
+/// Runs a claimed (or unprotected) operation and finishes its answer.
+async fn idempotent<F, Fut>(
+    state: &State,
+    req: &HttpRequest,
+    prelude: &Prelude,
+    run: F,
+) -> Result<HttpResponse, ApiError>
+where
+    F: FnOnce(Option<Claim>, String) -> Fut,
+    Fut: std::future::Future<Output = (Result<HttpResponse, ApiError>, bool)>,
+{
+    let body = Value::Object(prelude.input.clone());
+    let (claim, operation_id) = match idempotency::admit(state, req, &prelude.caller, &body).await? {
+        Admission::Replay(response) => return Ok(response),
+        Admission::Claimed(claim) => (Some(claim.clone()), claim.operation_id),
+        Admission::Unprotected { operation_id } => (None, operation_id),
+    };
+    let (outcome, unconfirmed) = run(claim.clone(), operation_id.clone()).await;
+    idempotency::finish(state, claim.as_ref(), &operation_id, outcome, unconfirmed).await
+}
+
+/// Maps an append failure, noting when the outcome is unconfirmed.
+fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
+    if matches!(error, AppendError::OutcomeUnknown(_)) {
+        *unconfirmed = true;
+    }
+    super::append_error(error)
 }
 
 /// Identity values of the input, to look up their holders.
@@ -125,23 +150,30 @@ fn identity_values(input: &Input) -> Vec<(&'static str, String)> {
     input.identities.iter().filter_map(|(key, value)| value.clone().map(|value| (*key, value))).collect()
 }
 
+/// The completion guard of a claimed operation whose answer will be `status` and `body`.
+fn completion(claim: Option<&Claim>, status: StatusCode, body: &Value) -> Option<Guard> {
+    claim.map(|claim| claim.completion(status, body))
+}
+
 async fn append_create(
     req: &HttpRequest,
     state: &State,
     prelude: &Prelude,
     decision: CreateDecision,
+    idempotency: (Option<&Claim>, Option<Guard>),
 ) -> Result<Appended, AppendError> {
     let record_id = decision.event.record_id.clone();
     let guards = decision
         .identities
         .iter()
         .map(|identity| claim(prelude.caller.space_id(), &prelude.schema.schema_id, &record_id, identity))
+        .chain(idempotency.1)
         .collect();
     let occurred_at = shared::time::from_millis(decision.event.created_at_ms);
     state
         .event_log
         .append(AppendRequest {
-            metadata: metadata(req, &prelude.caller),
+            metadata: metadata(req, &prelude.caller, idempotency.0),
             streams: vec![StreamAppend {
                 stream_id: stream_id(&record_id),
                 expected: ExpectedVersion::NoStream,
@@ -162,24 +194,23 @@ async fn append_update(
     state: &State,
     prelude: &Prelude,
     version: i64,
-    decision: UpdateDecision,
-) -> Result<Option<(Appended, RecordState, Vec<Warning>)>, AppendError> {
-    let UpdateDecision::Changed(change) = decision else {
-        return Ok(None);
-    };
-    let Change { event, state: new_state, claims, releases, warnings } = *change;
+    change: Change,
+    idempotency: (Option<&Claim>, Option<Guard>),
+) -> Result<Appended, AppendError> {
+    let Change { event, state: new_state, claims, releases, .. } = change;
     let record_id = new_state.record_id.clone();
     let (space_id, schema_id) = (prelude.caller.space_id(), prelude.schema.schema_id.as_str());
     let guards = releases
         .iter()
         .map(|identity| release(space_id, schema_id, &record_id, identity))
         .chain(claims.iter().map(|identity| claim(space_id, schema_id, &record_id, identity)))
+        .chain(idempotency.1)
         .collect();
     let occurred_at = shared::time::from_millis(event.updated_at_ms);
-    let appended = state
+    state
         .event_log
         .append(AppendRequest {
-            metadata: metadata(req, &prelude.caller),
+            metadata: metadata(req, &prelude.caller, idempotency.0),
             streams: vec![StreamAppend {
                 stream_id: stream_id(&record_id),
                 expected: ExpectedVersion::Exactly(version),
@@ -191,8 +222,7 @@ async fn append_update(
             }],
             guards,
         })
-        .await?;
-    Ok(Some((appended, new_state, warnings)))
+        .await
 }
 
 fn is_lost_race(error: &AppendError) -> bool {
@@ -210,22 +240,32 @@ pub async fn create(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let operation_id = new_id("op");
     let prelude = prelude(&req, payload, &state, &path).await?;
-    let schema = prelude.write_schema();
-    check_credits(&schema, prelude.credits)?;
-    let input = parse_input(&schema, prelude.input.clone())?;
-    let owners = {
-        let client = state.pool.get().await?;
-        identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?
-    };
-    let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
-    let decision = decide_create(&schema, input, &owners, false, &record_id, shared::time::now_millis())?;
-    let document = record_document(&decision.event).map_err(|error| ApiError::internal(&error))?;
-    let appended = append_create(&req, &state, &prelude, decision)
-        .await
-        .map_err(|error| super::append_error(error).with_header("Operation-Id", operation_id.clone()))?;
-    Ok(respond(StatusCode::CREATED, document, &[], operation_id, Some(appended)))
+    let (req, state, prelude) = (&req, &**state, &prelude);
+    idempotent(state, req, prelude, |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        let outcome = async {
+            let schema = prelude.write_schema();
+            check_credits(&schema, prelude.credits)?;
+            let input = parse_input(&schema, prelude.input.clone())?;
+            let owners = {
+                let client = state.pool.get().await?;
+                identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?
+            };
+            let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
+            let decision = decide_create(&schema, input, &owners, false, &record_id, shared::time::now_millis())?;
+            let document = record_document(&decision.event).map_err(|error| ApiError::internal(&error))?;
+            let body = shared::http::data_body(document, &[]);
+            let guard = completion(claim.as_ref(), StatusCode::CREATED, &body);
+            let appended = append_create(req, state, prelude, decision, (claim.as_ref(), guard))
+                .await
+                .map_err(|error| append_failure(error, &mut unconfirmed))?;
+            Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
+        }
+        .await;
+        (outcome, unconfirmed)
+    })
+    .await
 }
 
 #[tracing::instrument(skip_all, fields(schema = %path.as_str()))]
@@ -235,11 +275,26 @@ pub async fn upsert(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let operation_id = new_id("op");
     let prelude = prelude(&req, payload, &state, &path).await?;
+    let (req, state, prelude) = (&req, &**state, &prelude);
+    idempotent(state, req, prelude, |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        let outcome = upsert_attempts(req, state, prelude, claim.as_ref(), &operation_id, &mut unconfirmed).await;
+        (outcome, unconfirmed)
+    })
+    .await
+}
+
+async fn upsert_attempts(
+    req: &HttpRequest,
+    state: &State,
+    prelude: &Prelude,
+    claim: Option<&Claim>,
+    operation_id: &str,
+    unconfirmed: &mut bool,
+) -> Result<HttpResponse, ApiError> {
     let schema = prelude.write_schema();
     check_credits(&schema, prelude.credits)?;
-    let with_id = |error: ApiError| error.with_header("Operation-Id", operation_id.clone());
     for _ in 0..ATTEMPTS {
         let input = parse_input(&schema, prelude.input.clone())?;
         let client = state.pool.get().await?;
@@ -254,47 +309,44 @@ pub async fn upsert(
             }
         };
         let now = shared::time::now_millis();
-        match target {
+        let (status, body, appended) = match target {
             Match::Existing(record_id) => {
                 let (version, current) = load_records(&client, std::slice::from_ref(&record_id))
                     .await?
                     .into_iter()
                     .find(|(_, state)| state.space_id == schema.space_id && state.schema_id == schema.schema_id)
-                    .ok_or_else(|| with_id(record_not_found(&record_id)))?;
+                    .ok_or_else(|| record_not_found(&record_id))?;
                 drop(client);
-                let decision = decide_update(&schema, &current, input, &owners, now)?;
-                match append_update(&req, &state, &prelude, version, decision).await {
-                    Ok(None) => return Ok(respond(StatusCode::OK, current.document(), &[], operation_id, None)),
-                    Ok(Some((appended, new_state, warnings))) => {
-                        return Ok(respond(
-                            StatusCode::OK,
-                            new_state.document(),
-                            &warnings,
-                            operation_id,
-                            Some(appended),
-                        ));
+                let UpdateDecision::Changed(change) = decide_update(&schema, &current, input, &owners, now)? else {
+                    let body = shared::http::data_body(current.document(), &[]);
+                    if let Some(claim) = claim {
+                        claim.record(state, StatusCode::OK, &body).await?;
                     }
-                    Err(error) if is_lost_race(&error) => continue,
-                    Err(error) => return Err(with_id(super::append_error(error))),
-                }
+                    return Ok(respond(StatusCode::OK, &body, operation_id, None));
+                };
+                let body = shared::http::data_body(change.state.document(), &change.warnings);
+                let guard = completion(claim, StatusCode::OK, &body);
+                let appended = append_update(req, state, prelude, version, *change, (claim, guard)).await;
+                (StatusCode::OK, body, appended)
             }
             Match::New => {
                 drop(client);
                 let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
                 let decision = decide_create(&schema, input, &owners, true, &record_id, now)?;
                 let document = record_document(&decision.event).map_err(|error| ApiError::internal(&error))?;
-                let warnings = decision.warnings.clone();
-                match append_create(&req, &state, &prelude, decision).await {
-                    Ok(appended) => {
-                        return Ok(respond(StatusCode::CREATED, document, &warnings, operation_id, Some(appended)));
-                    }
-                    Err(error) if is_lost_race(&error) => continue,
-                    Err(error) => return Err(with_id(super::append_error(error))),
-                }
+                let body = shared::http::data_body(document, &decision.warnings);
+                let guard = completion(claim, StatusCode::CREATED, &body);
+                let appended = append_create(req, state, prelude, decision, (claim, guard)).await;
+                (StatusCode::CREATED, body, appended)
             }
+        };
+        match appended {
+            Ok(appended) => return Ok(respond(status, &body, operation_id, Some(appended))),
+            Err(error) if is_lost_race(&error) => continue,
+            Err(error) => return Err(append_failure(error, unconfirmed)),
         }
     }
-    Err(with_id(lost_too_often()))
+    Err(lost_too_often())
 }
 
 fn record_not_found(record_id: &str) -> ApiError {
@@ -308,6 +360,7 @@ pub async fn update(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
+    // PATCH does not honour Idempotency-Key.
     let operation_id = new_id("op");
     let (schema_ref, record_id) = path.into_inner();
     let mut prelude = prelude(&req, payload, &state, &schema_ref).await?;
@@ -326,12 +379,15 @@ pub async fn update(
             .ok_or_else(|| with_id(record_not_found(&record_id)))?;
         let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
         drop(client);
-        let decision = decide_update(&schema, &current, input, &owners, shared::time::now_millis())?;
-        match append_update(&req, &state, &prelude, version, decision).await {
-            Ok(None) => return Ok(respond(StatusCode::OK, current.document(), &[], operation_id, None)),
-            Ok(Some((appended, new_state, warnings))) => {
-                return Ok(respond(StatusCode::OK, new_state.document(), &warnings, operation_id, Some(appended)));
-            }
+        let UpdateDecision::Changed(change) =
+            decide_update(&schema, &current, input, &owners, shared::time::now_millis())?
+        else {
+            let body = shared::http::data_body(current.document(), &[]);
+            return Ok(respond(StatusCode::OK, &body, &operation_id, None));
+        };
+        let body = shared::http::data_body(change.state.document(), &change.warnings);
+        match append_update(&req, &state, &prelude, version, *change, (None, None)).await {
+            Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended))),
             Err(error) if is_lost_race(&error) => continue,
             Err(error) => return Err(with_id(super::append_error(error))),
         }

@@ -51,6 +51,7 @@ async fn add(
                 events: vec![NewEvent { event: LogEvent::SuppressionAdded(added), subject_id: None, occurred_at }],
             }],
             guards: vec![Guard {
+                expect_rows: None,
                 sql: "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)",
                 params: vec![
                     Box::new(scope(caller.space_id()).to_owned()),
@@ -88,6 +89,7 @@ async fn remove(req: &HttpRequest, state: &State, caller: &Caller, suppression_i
                 events: vec![NewEvent { event: LogEvent::SuppressionRemoved(removed), subject_id: None, occurred_at }],
             }],
             guards: vec![Guard {
+                expect_rows: None,
                 sql: "DELETE FROM suppression_keys WHERE suppression_id = $1",
                 params: vec![Box::new(suppression_id.to_owned())],
                 conflict: AppendError::Conflict { code: "suppression_not_found", message: String::new() },

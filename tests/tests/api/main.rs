@@ -6,6 +6,7 @@ mod consistency;
 mod deployment;
 mod errors;
 mod helpers;
+mod idempotency;
 mod log;
 mod projector;
 mod ratelimit;

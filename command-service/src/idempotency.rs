@@ -1,0 +1,280 @@
+//! `Idempotency-Key` on the contract's 17 operations: one mechanism for all of them.
+//!
+//! After authentication and parsing (which record nothing), the operation is claimed:
+//! a row keyed by (calling key, method, path, idempotency key) with the canonical body hash
+//! and a fresh claim token is inserted and committed. The operation then runs; its outcome
+//! (status and body) is recorded by a guard in the same transaction as its append, which
+//! matches the claim token, so an acknowledged write and its recorded response cannot
+//! diverge. Errors raised after the claim are recorded too and replayed.
+//!
+//! A claim left `processing` by an instance that died is reconciled when it is older than
+//! `CLAIM_TIMEOUT`: the next request with the key marks it `unresolved` (409
+//! `idempotency_outcome_unknown`), and reconciliation (`reconcile_unresolved`, run by the
+//! projector) releases unresolved claims whose operation appended nothing, so the key can
+//! run again. The takeover changes nothing the stalled claimant could still commit: its
+//! completion guard no longer matches a `processing` row with its token, so its append fails.
+
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse};
+use serde_json::Value;
+use shared::auth::Caller;
+use shared::error::ApiError;
+use shared::log::{AppendError, Guard};
+use uuid::Uuid;
+
+use crate::State;
+
+/// The longest an idempotency key may be.
+pub const MAX_KEY_LENGTH: usize = 256;
+/// A `processing` claim older than this belongs to an instance presumed dead.
+pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long admission may wait for the database before answering 429.
+const ADMISSION_WAIT: Duration = Duration::from_secs(2);
+
+/// A claimed operation, to be completed by its append (or by `record`).
+#[derive(Debug, Clone)]
+pub struct Claim {
+    scope_key: String,
+    claim_token: Uuid,
+    pub operation_id: String,
+    /// The caller's `Idempotency-Key`, recorded in the log's metadata.
+    pub key: String,
+}
+
+pub enum Admission {
+    /// No `Idempotency-Key`: run the operation unprotected.
+    Unprotected { operation_id: String },
+    /// Claimed: run it and complete the claim.
+    Claimed(Claim),
+    /// A completed operation: answer with its recorded response.
+    Replay(HttpResponse),
+}
+
+fn conflict(code: &'static str, message: &str) -> ApiError {
+    ApiError::conflict(code, message)
+}
+
+/// Claims the operation, or answers from (or about) an earlier one with the same key.
+pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Value) -> Result<Admission, ApiError> {
+    let Some(header) = req.headers().get("idempotency-key") else {
+        return Ok(Admission::Unprotected { operation_id: shared::ids::new_id("op") });
+    };
+    let key = header
+        .to_str()
+        .map_err(|_| ApiError::bad_request("invalid_idempotency_key", "Idempotency-Key must be visible ASCII"))?;
+    if key.is_empty() || key.chars().count() > MAX_KEY_LENGTH {
+        return Err(ApiError::bad_request(
+            "invalid_idempotency_key",
+            format!("Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters; got {}", key.chars().count()),
+        ));
+    }
+    let method = req.method().as_str();
+    let path = req.path();
+    let scope_key = shared::ids::sha256_hex(&format!("{}\u{1f}{method}\u{1f}{path}\u{1f}{key}", caller.key_id()));
+    let body_hash = shared::canonical::body_hash(body);
+    let claim =
+        Claim { scope_key, claim_token: Uuid::now_v7(), operation_id: shared::ids::new_id("op"), key: key.to_owned() };
+    let busy = || {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            Some("idempotency_admission_busy"),
+            "the operation could not be admitted right now; retry with the same key and body",
+        )
+        .with_header("Retry-After", "1".to_owned())
+    };
+    let attempt = async {
+        let client = state.pool.get().await?;
+        let insert = client
+            .prepare_cached(
+                "INSERT INTO idempotency_records (scope_key, key_id, method, path, idempotency_key, body_hash,
+                     operation_id, claim_token, state)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processing') ON CONFLICT (scope_key) DO NOTHING",
+            )
+            .await?;
+        let inserted = client
+            .execute(
+                &insert,
+                &[
+                    &claim.scope_key,
+                    &caller.key_id(),
+                    &method,
+                    &path,
+                    &key,
+                    &body_hash,
+                    &claim.operation_id,
+                    &claim.claim_token,
+                ],
+            )
+            .await?;
+        if inserted == 1 {
+            return Ok(Admission::Claimed(claim.clone()));
+        }
+        let existing = client
+            .prepare_cached(
+                "SELECT body_hash, operation_id, state, status, response, claim_token,
+                        claimed_at < now() - make_interval(secs => $2)
+                 FROM idempotency_records WHERE scope_key = $1",
+            )
+            .await?;
+        let timeout = CLAIM_TIMEOUT.as_secs_f64();
+        let Some(row) = client.query_opt(&existing, &[&claim.scope_key, &timeout]).await? else {
+            // Released between the insert and the read: the caller may simply retry.
+            return Err(conflict("idempotency_conflict", "the operation with this key is changing state; retry"));
+        };
+        let (stored_hash, operation_id, record_state): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        if stored_hash != body_hash {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some("idempotency_key_reused"),
+                "this Idempotency-Key was used with a different body; use a new key for a new operation",
+            )
+            .with_header("Operation-Id", operation_id));
+        }
+        match record_state.as_str() {
+            "completed" => {
+                let status: i32 = row.get(3);
+                let response: Value = row.get(4);
+                let status = StatusCode::from_u16(u16::try_from(status).unwrap_or(500)).unwrap_or(StatusCode::OK);
+                Ok(Admission::Replay(
+                    HttpResponse::build(status)
+                        .insert_header(("Idempotent-Replay", "true"))
+                        .insert_header(("Operation-Id", operation_id))
+                        .json(response),
+                ))
+            }
+            "processing" if !row.get::<_, bool>(6) => Err(conflict(
+                "idempotency_conflict",
+                "an operation with this key is still processing; retry later with the same key and body",
+            )
+            .with_header("Operation-Id", operation_id)),
+            _ => {
+                if record_state == "processing" {
+                    let token: Uuid = row.get(5);
+                    client
+                        .execute(
+                            "UPDATE idempotency_records SET state = 'unresolved'
+                             WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+                            &[&claim.scope_key, &token],
+                        )
+                        .await?;
+                }
+                Err(conflict(
+                    "idempotency_outcome_unknown",
+                    "the outcome of the operation with this key is unresolved; inspect the affected resource before \
+                     acting",
+                )
+                .with_header("Operation-Id", operation_id))
+            }
+        }
+    };
+    match tokio::time::timeout(ADMISSION_WAIT, attempt).await {
+        Ok(Ok(admission)) => Ok(admission),
+        Ok(Err(error)) if error.status() == StatusCode::SERVICE_UNAVAILABLE => Err(busy()),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(busy()),
+    }
+}
+
+impl Claim {
+    /// The guard that records the outcome in the operation's append transaction.
+    pub fn completion(&self, status: StatusCode, body: &Value) -> Guard {
+        Guard::exactly_one(
+            "UPDATE idempotency_records SET state = 'completed', status = $3, response = $4, completed_at = now()
+             WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+            vec![
+                Box::new(self.scope_key.clone()),
+                Box::new(self.claim_token),
+                Box::new(i32::from(status.as_u16())),
+                Box::new(body.clone()),
+            ],
+            AppendError::Conflict {
+                code: "idempotency_outcome_unknown",
+                message: "the claim on this idempotency key was taken over; inspect the affected resource".to_owned(),
+            },
+        )
+    }
+
+    /// Records an outcome that appended nothing (an error after the claim, or a no-op).
+    pub async fn record(&self, state: &State, status: StatusCode, body: &Value) -> Result<(), ApiError> {
+        let client = state.pool.get().await?;
+        client
+            .execute(
+                "UPDATE idempotency_records SET state = 'completed', status = $3, response = $4, completed_at = now()
+                 WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+                &[&self.scope_key, &self.claim_token, &i32::from(status.as_u16()), body],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// After the connection failed during COMMIT: wait for that transaction's fate (the row
+    /// lock) and, if it did not complete the claim, mark the outcome unresolved.
+    pub async fn mark_unresolved(&self, state: &State) {
+        let Ok(client) = state.pool.get().await else { return };
+        let _ = client
+            .execute(
+                "UPDATE idempotency_records SET state = 'unresolved'
+                 WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+                &[&self.scope_key, &self.claim_token],
+            )
+            .await;
+    }
+}
+
+/// Finishes a claimed operation's answer: records errors raised after the claim (and
+/// turns an unconfirmed outcome into 503 `idempotency_outcome_unknown`), adds `Operation-Id`.
+pub async fn finish(
+    state: &State,
+    claim: Option<&Claim>,
+    operation_id: &str,
+    outcome: Result<HttpResponse, ApiError>,
+    unconfirmed: bool,
+) -> Result<HttpResponse, ApiError> {
+    match (outcome, claim) {
+        (Ok(response), _) => Ok(response),
+        (Err(error), Some(claim)) if unconfirmed => {
+            claim.mark_unresolved(state).await;
+            let _ = error;
+            Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("idempotency_outcome_unknown"),
+                "the outcome could not be confirmed; keep the Operation-Id, the key and the body, and reconcile \
+                 before a new operation",
+            )
+            .without_type()
+            .with_header("Operation-Id", operation_id.to_owned()))
+        }
+        (Err(error), Some(claim)) => {
+            if let Err(record_error) = claim.record(state, error.status(), &error.body()).await {
+                tracing::error!(error = %record_error, "could not record an idempotent error outcome");
+            }
+            Err(error.with_header("Operation-Id", operation_id.to_owned()))
+        }
+        (Err(error), None) => Err(error.with_header("Operation-Id", operation_id.to_owned())),
+    }
+}
+
+/// Deletes completed records older than 24 hours and releases unresolved claims whose
+/// operation appended nothing (run periodically by the projector).
+pub async fn purge_and_reconcile(pool: &deadpool_postgres::Pool) -> anyhow::Result<(u64, u64)> {
+    let client = pool.get().await?;
+    let purged = client
+        .execute(
+            "DELETE FROM idempotency_records WHERE state = 'completed' AND completed_at < now() - interval '24 hours'",
+            &[],
+        )
+        .await?;
+    // An outcome is recorded atomically with its append, so an unresolved claim with no
+    // event appended under its key since the claim wrote nothing: the key may run again.
+    let released = client
+        .execute(
+            "DELETE FROM idempotency_records r WHERE r.state = 'unresolved'
+             AND NOT EXISTS (SELECT 1 FROM events e WHERE e.actor_key_id = r.key_id
+                             AND e.idempotency_key = r.idempotency_key AND e.recorded_at >= r.claimed_at)",
+            &[],
+        )
+        .await?;
+    Ok((purged, released))
+}

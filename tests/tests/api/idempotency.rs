@@ -1,0 +1,232 @@
+//! Idempotency keys: claim, replay, body identity, conflicts, reconciliation, expiry.
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+use crate::log::wait_until_listening;
+
+async fn create_with_key(app: &TestApp, key: &str, body: &Value) -> TestResponse {
+    app.send(
+        app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+            .header("Idempotency-Key", key)
+            .json(body),
+    )
+    .await
+}
+
+async fn record_count(app: &TestApp) -> i64 {
+    app.wait_for_projections().await;
+    app.query_i64("SELECT count(*) FROM rm_records_v1.records").await
+}
+
+#[tokio::test]
+async fn a_repeat_replays_the_recorded_response() {
+    let app = TestApp::spawn().await;
+    let body = json!({"email": "idem@example.com", "firstName": "I", "age": 3});
+    let first = create_with_key(&app, "key-1", &body).await;
+    assert_eq!(first.status, 201);
+    assert!(first.header("idempotent-replay").is_none());
+    let operation_id = first.header("operation-id").expect("Operation-Id").to_owned();
+    // Reordered keys are the same body.
+    let reordered = json!({"age": 3, "firstName": "I", "email": "idem@example.com"});
+    let replay = create_with_key(&app, "key-1", &reordered).await;
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.header("idempotent-replay"), Some("true"));
+    assert_eq!(replay.header("operation-id"), Some(operation_id.as_str()));
+    assert_eq!(replay.body, first.body);
+    assert_eq!(record_count(&app).await, 1);
+
+    let changed =
+        create_with_key(&app, "key-1", &json!({"email": "idem@example.com", "firstName": "J", "age": 3})).await;
+    assert_eq!((changed.status, changed.code().as_str()), (422, Some("idempotency_key_reused")));
+    // The scope is key + method + path: upsert with the same key is another operation, and so
+    // is the same key used by another API key.
+    let upsert = app
+        .send(
+            app.request(reqwest::Method::POST, "/schemas/contacts/records/upsert", Some(ALPHA_ADMIN))
+                .header("Idempotency-Key", "key-1")
+                .json(&json!({"email": "idem@example.com", "age": 4})),
+        )
+        .await;
+    assert_eq!(upsert.status, 200);
+    let other_key = app
+        .send(
+            app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_MEMBER))
+                .header("Idempotency-Key", "key-1")
+                .json(&json!({"email": "other@example.com"})),
+        )
+        .await;
+    assert_eq!(other_key.status, 201);
+    assert!(other_key.header("idempotent-replay").is_none());
+}
+
+#[tokio::test]
+async fn keys_longer_than_256_characters_are_rejected() {
+    let app = TestApp::spawn().await;
+    let too_long = create_with_key(&app, &"k".repeat(257), &json!({})).await;
+    assert_eq!((too_long.status, too_long.code().as_str()), (400, Some("invalid_idempotency_key")));
+    assert_eq!(create_with_key(&app, &"k".repeat(256), &json!({})).await.status, 201);
+}
+
+#[tokio::test]
+async fn errors_after_the_claim_are_replayed_and_checks_before_it_record_nothing() {
+    let app = TestApp::spawn().await;
+    // A parse failure happens before the claim: nothing is recorded.
+    let malformed = app
+        .send(
+            app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+                .header("Idempotency-Key", "key-2")
+                .header("content-type", "application/json")
+                .body("{oops"),
+        )
+        .await;
+    assert_eq!(malformed.status, 400);
+    assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 0);
+    // A validation failure happens after it and is replayed.
+    let invalid = json!({"age": "not a number"});
+    let first = create_with_key(&app, "key-2", &invalid).await;
+    assert_eq!(first.status, 400);
+    let replay = create_with_key(&app, "key-2", &invalid).await;
+    assert_eq!((replay.status, replay.header("idempotent-replay")), (400, Some("true")));
+    assert_eq!(replay.body, first.body);
+    // So is a conflict.
+    app.create_contact(&json!({"email": "taken@example.com"})).await;
+    let conflict = create_with_key(&app, "key-3", &json!({"email": "taken@example.com"})).await;
+    assert_eq!(conflict.status, 409);
+    let replayed_conflict = create_with_key(&app, "key-3", &json!({"email": "taken@example.com"})).await;
+    assert_eq!((replayed_conflict.status, replayed_conflict.header("idempotent-replay")), (409, Some("true")));
+}
+
+#[tokio::test]
+async fn twenty_concurrent_identical_requests_execute_once() {
+    let app = TestApp::spawn().await;
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let request = app
+            .request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+            .header("Idempotency-Key", "burst")
+            .json(&json!({"email": "burst@example.com"}));
+        tasks.push(tokio::spawn(async move {
+            let response = request.send().await.expect("sent");
+            let replay = response.headers().get("idempotent-replay").is_some();
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            (status, replay, body["error"]["code"].as_str().map(str::to_owned))
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("task"));
+    }
+    let executed = outcomes.iter().filter(|(status, replay, _)| *status == 201 && !replay).count();
+    assert_eq!(executed, 1, "{outcomes:?}");
+    for (status, replay, code) in &outcomes {
+        assert!(
+            (*status == 201) || (*status == 409 && code.as_deref() == Some("idempotency_conflict")),
+            "unexpected {status} {replay} {code:?}"
+        );
+    }
+    assert_eq!(record_count(&app).await, 1);
+}
+
+#[tokio::test]
+async fn replays_survive_a_restart_and_come_from_any_instance() {
+    let app = TestApp::spawn().await;
+    let body = json!({"email": "restart@example.com"});
+    let first = create_with_key(&app, "key-r", &body).await;
+    assert_eq!(first.status, 201);
+    for _ in 0..2 {
+        // A fresh command-service process each time: another instance, then a restart.
+        let port = free_port();
+        let instance =
+            spawn_binary("command-service", &["serve"], &app.database_url, &[("APP__PORT", port.to_string())]);
+        let url = format!("http://127.0.0.1:{port}/v1");
+        wait_until_listening(&app.http, &url).await;
+        let replay = app
+            .http
+            .post(format!("{url}/schemas/contacts/records"))
+            .bearer_auth(ALPHA_ADMIN)
+            .header("Idempotency-Key", "key-r")
+            .json(&body)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(replay.status().as_u16(), 201);
+        assert_eq!(replay.headers().get("idempotent-replay").and_then(|v| v.to_str().ok()), Some("true"));
+        let replayed: Value = replay.json().await.expect("json");
+        assert_eq!(replayed, first.body);
+        drop(instance);
+    }
+    assert_eq!(record_count(&app).await, 1);
+}
+
+#[tokio::test]
+async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expire() {
+    let app = TestApp::spawn().await;
+    let body = json!({"email": "stale@example.com"});
+    // A claim still processing answers idempotency_conflict.
+    let first = create_with_key(&app, "key-s", &body).await;
+    assert_eq!(first.status, 201);
+    let client = app.pool.get().await.expect("client");
+    client
+        .execute("UPDATE idempotency_records SET state = 'processing', status = NULL, response = NULL", &[])
+        .await
+        .expect("simulate an unfinished claim");
+    let processing = create_with_key(&app, "key-s", &body).await;
+    assert_eq!(processing.code(), "idempotency_conflict");
+    // Past the claim timeout its owner is presumed dead: the outcome is unresolved.
+    client.execute("UPDATE idempotency_records SET claimed_at = now() - interval '5 minutes'", &[]).await.expect("age");
+    let unresolved = create_with_key(&app, "key-s", &body).await;
+    assert_eq!((unresolved.status, unresolved.code().as_str()), (409, Some("idempotency_outcome_unknown")));
+    assert_eq!(create_with_key(&app, "key-s", &body).await.code(), "idempotency_outcome_unknown", "kept");
+    // Here the claim did append (we faked its state), so reconciliation keeps it.
+    command_service::idempotency::purge_and_reconcile(&app.pool).await.expect("reconcile");
+    assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 1);
+    // A claim whose operation appended nothing is released, and the key runs again.
+    let never_ran = json!({"email": "never@example.com"});
+    create_with_key(&app, "key-n", &never_ran).await;
+    client
+        .execute(
+            "UPDATE idempotency_records SET state = 'unresolved', claimed_at = now() + interval '1 minute'
+             WHERE idempotency_key = 'key-n'",
+            &[],
+        )
+        .await
+        .expect("simulate an unresolved claim that wrote nothing");
+    command_service::idempotency::purge_and_reconcile(&app.pool).await.expect("reconcile");
+    assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'key-n'").await, 0);
+    // Completed records expire after 24 hours; then the key executes again.
+    let expiring = json!({"email": "expiring@example.com"});
+    assert_eq!(create_with_key(&app, "key-e", &expiring).await.status, 201);
+    client
+        .execute(
+            "UPDATE idempotency_records SET completed_at = now() - interval '25 hours' WHERE idempotency_key = 'key-e'",
+            &[],
+        )
+        .await
+        .expect("age");
+    command_service::idempotency::purge_and_reconcile(&app.pool).await.expect("purge");
+    let again = create_with_key(&app, "key-e", &expiring).await;
+    assert_eq!(again.status, 409, "executed again (and the email is now taken)");
+    assert!(again.header("idempotent-replay").is_none());
+}
+
+#[tokio::test]
+async fn patch_ignores_the_idempotency_key() {
+    let app = TestApp::spawn().await;
+    let record = app.create_contact(&json!({"email": "patch-idem@example.com"})).await;
+    let id = record["id"].as_str().expect("id");
+    for age in [1, 2] {
+        let response = app
+            .send(
+                app.request(reqwest::Method::PATCH, &format!("/schemas/contacts/records/{id}"), Some(ALPHA_ADMIN))
+                    .header("Idempotency-Key", "same")
+                    .json(&json!({"age": age})),
+            )
+            .await;
+        assert_eq!(response.status, 200);
+        assert!(response.header("idempotent-replay").is_none());
+        assert_eq!(response.body["data"]["age"], age, "each PATCH executes");
+    }
+    assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 0);
+}
