@@ -209,6 +209,18 @@ impl Claim {
         Ok(())
     }
 
+    /// Releases the claim of an operation that wrote nothing because the service was
+    /// unavailable, so a retry with the same key executes instead of replaying the failure.
+    pub async fn release(&self, state: &State) {
+        let Ok(client) = state.pool.get().await else { return };
+        let _ = client
+            .execute(
+                "DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+                &[&self.scope_key, &self.claim_token],
+            )
+            .await;
+    }
+
     /// After the connection failed during COMMIT: wait for that transaction's fate (the row
     /// lock) and, if it did not complete the claim, mark the outcome unresolved.
     pub async fn mark_unresolved(&self, state: &State) {
@@ -223,8 +235,10 @@ impl Claim {
     }
 }
 
-/// Finishes a claimed operation's answer: records errors raised after the claim (and
-/// turns an unconfirmed outcome into 503 `idempotency_outcome_unknown`), adds `Operation-Id`.
+/// Finishes a claimed operation's answer: records errors raised after the claim so they are
+/// replayed, except a transient 503 `service_unavailable` (nothing written), which releases
+/// the claim; turns an unconfirmed outcome into 503 `idempotency_outcome_unknown`; adds
+/// `Operation-Id`.
 pub async fn finish(
     state: &State,
     claim: Option<&Claim>,
@@ -245,6 +259,11 @@ pub async fn finish(
             )
             .without_type()
             .with_header("Operation-Id", operation_id.to_owned()))
+        }
+        // Nothing was written and the failure is transient: let a retry execute.
+        (Err(error), Some(claim)) if error.code() == Some("service_unavailable") => {
+            claim.release(state).await;
+            Err(error.with_header("Operation-Id", operation_id.to_owned()))
         }
         (Err(error), Some(claim)) => {
             if let Err(record_error) = claim.record(state, error.status(), &error.body()).await {
