@@ -123,6 +123,13 @@ pub async fn find_schema(
     }))
 }
 
+/// Whether callers may write an attribute: its definition type is not `evaluated` and it
+/// has no `valueSource` (the contract's rule).
+pub fn is_writable(definition: &Value) -> bool {
+    definition.get("type").and_then(Value::as_str) != Some("evaluated")
+        && definition.get("valueSource").is_none_or(Value::is_null)
+}
+
 /// A custom attribute's key and its public definition, for validating input.
 #[derive(Debug, Clone)]
 pub struct AttributeEntry {

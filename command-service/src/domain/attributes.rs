@@ -3,11 +3,7 @@
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use serde_json::Value;
 
-/// Whether callers may write an attribute: not evaluated and no value source.
-pub fn is_writable(definition: &Value) -> bool {
-    definition.get("type").and_then(Value::as_str) != Some("evaluated")
-        && definition.get("valueSource").is_none_or(Value::is_null)
-}
+pub use shared::catalog::is_writable;
 
 /// Whether the attribute is filled by AI auto-fill.
 pub fn has_auto_fill(definition: &Value) -> bool {

@@ -156,14 +156,13 @@ fn collision_warning(identity_key: &str) -> Warning {
     }
 }
 
-/// Decides a create. In a strict create (`skip_collisions` false) an identity held by
-/// another record is 409 `identifier_conflict`; in an upsert that creates, the field is
-/// skipped and reported in a warning (rule 4).
+/// Decides a create. An identity that `owners` shows held by another record is skipped and
+/// reported in a warning (rule 4, for an upsert that creates). A strict create passes no
+/// owners: its identity guards in the append turn a collision into 409 `identifier_conflict`.
 pub fn decide_create(
     schema: &WriteSchema<'_>,
     input: Input,
     owners: &Owners,
-    skip_collisions: bool,
     record_id: &str,
     now_ms: i64,
 ) -> Result<CreateDecision, ApiError> {
@@ -173,15 +172,8 @@ pub fn decide_create(
     for (key, value) in input.identities {
         let Some(value) = value else { continue };
         if owners.contains_key(&(key.to_owned(), value.clone())) {
-            if skip_collisions {
-                warnings.push(collision_warning(key));
-                continue;
-            }
-            return Err(ApiError::conflict(
-                "identifier_conflict",
-                format!("a record with this {key} already exists in the schema"),
-            )
-            .with_issues(vec![Issue::coded(key, "identifier_conflict", format!("{key} is already taken"))]));
+            warnings.push(collision_warning(key));
+            continue;
         }
         set_identity(&mut personal, key, Some(value.clone()));
         identities.push(Identity { key, value });
@@ -391,7 +383,7 @@ mod tests {
     }
 
     fn create(schema: &WriteSchema<'_>, input: Value) -> Result<CreateDecision, ApiError> {
-        decide_create(schema, parse_input(schema, object(input))?, &Owners::new(), false, "con_1", 1000)
+        decide_create(schema, parse_input(schema, object(input))?, &Owners::new(), "con_1", 1000)
     }
 
     fn values_of(decision: &CreateDecision) -> Value {
@@ -484,13 +476,11 @@ mod tests {
     }
 
     #[test]
-    fn strict_create_conflicts_while_upsert_create_skips_and_warns() {
+    fn a_create_skips_identities_held_by_another_record_and_warns() {
         let schema = contact_schema(&[]);
         let taken = owners(&[("email", "a@b.io", "con_other")]);
         let input = || parse_input(&schema, object(json!({"email": "a@b.io", "phone": "+1 555 0100"}))).expect("valid");
-        let error = decide_create(&schema, input(), &taken, false, "con_1", 0).expect_err("conflict");
-        assert_eq!(error.code(), Some("identifier_conflict"));
-        let decision = decide_create(&schema, input(), &taken, true, "con_1", 0).expect("skips");
+        let decision = decide_create(&schema, input(), &taken, "con_1", 0).expect("skips");
         assert_eq!(decision.identities, vec![Identity { key: "phone", value: "+1 555 0100".into() }]);
         assert_eq!(decision.warnings[0].code, "identifier_skipped");
     }
@@ -502,7 +492,6 @@ mod tests {
             &schema,
             parse_input(&schema, object(json!({"externalId": "A-1"}))).expect("valid"),
             &Owners::new(),
-            false,
             "obj_1",
             0,
         )

@@ -4,8 +4,21 @@ pub mod records;
 pub mod routes;
 pub mod suppressions;
 
+use actix_web::HttpRequest;
+use shared::auth::Caller;
 use shared::error::ApiError;
-use shared::log::AppendError;
+use shared::log::{AppendError, Metadata};
+
+/// The log metadata of a write by `caller`.
+pub fn metadata(req: &HttpRequest, caller: &Caller, idempotency_key: Option<String>) -> Metadata {
+    Metadata {
+        space_id: Some(caller.space_id().to_owned()),
+        actor_key_id: Some(caller.key_id().to_owned()),
+        actor_user_id: Some(caller.identity.user_id.clone()),
+        request_id: Some(shared::http::request_id(req)),
+        idempotency_key,
+    }
+}
 
 /// Turns a failed append into the contract's answer.
 pub fn append_error(error: AppendError) -> ApiError {

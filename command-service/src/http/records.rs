@@ -9,12 +9,12 @@ use shared::catalog::{self, AttributeEntry, CATALOG, SchemaEntry};
 use shared::error::ApiError;
 use shared::events::LogEvent;
 use shared::ids::new_id;
-use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::records::{RecordState, record_document};
 
 use crate::State;
 use crate::domain::records::{
-    Change, CreateDecision, Identity, Input, Match, UpdateDecision, WriteSchema, check_credits, decide_create,
+    Change, CreateDecision, Identity, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, decide_create,
     decide_update, match_upsert, parse_input,
 };
 use crate::idempotency::{self, Admission, Claim};
@@ -61,16 +61,6 @@ async fn prelude(
                 ApiError::not_found("schema_not_found", format!("no contact or object schema {schema_ref:?}"))
             })?;
     Ok(Prelude { caller, input, schema, attributes, credits })
-}
-
-fn metadata(req: &HttpRequest, caller: &Caller, claim: Option<&Claim>) -> Metadata {
-    Metadata {
-        space_id: Some(caller.space_id().to_owned()),
-        actor_key_id: Some(caller.key_id().to_owned()),
-        actor_user_id: Some(caller.identity.user_id.clone()),
-        request_id: Some(shared::http::request_id(req)),
-        idempotency_key: claim.map(|claim| claim.key.clone()),
-    }
 }
 
 fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
@@ -173,7 +163,7 @@ async fn append_create(
     state
         .event_log
         .append(AppendRequest {
-            metadata: metadata(req, &prelude.caller, idempotency.0),
+            metadata: super::metadata(req, &prelude.caller, idempotency.0.map(|claim| claim.key.clone())),
             streams: vec![StreamAppend {
                 stream_id: stream_id(&record_id),
                 expected: ExpectedVersion::NoStream,
@@ -210,7 +200,7 @@ async fn append_update(
     state
         .event_log
         .append(AppendRequest {
-            metadata: metadata(req, &prelude.caller, idempotency.0),
+            metadata: super::metadata(req, &prelude.caller, idempotency.0.map(|claim| claim.key.clone())),
             streams: vec![StreamAppend {
                 stream_id: stream_id(&record_id),
                 expected: ExpectedVersion::Exactly(version),
@@ -248,12 +238,10 @@ pub async fn create(
             let schema = prelude.write_schema();
             check_credits(&schema, prelude.credits)?;
             let input = parse_input(&schema, prelude.input.clone())?;
-            let owners = {
-                let client = state.pool.get().await?;
-                identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?
-            };
+            // A strict create needs no lookup of identity holders: the identity guards in its
+            // append are the uniqueness check, and a collision is 409 identifier_conflict.
             let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
-            let decision = decide_create(&schema, input, &owners, false, &record_id, shared::time::now_millis())?;
+            let decision = decide_create(&schema, input, &Owners::new(), &record_id, shared::time::now_millis())?;
             let document = record_document(&decision.event).map_err(|error| ApiError::internal(&error))?;
             let body = shared::http::data_body(document, &[]);
             let guard = completion(claim.as_ref(), StatusCode::CREATED, &body);
@@ -311,11 +299,7 @@ async fn upsert_attempts(
         let now = shared::time::now_millis();
         let (status, body, appended) = match target {
             Match::Existing(record_id) => {
-                let (version, current) = load_records(&client, std::slice::from_ref(&record_id))
-                    .await?
-                    .into_iter()
-                    .find(|(_, state)| state.space_id == schema.space_id && state.schema_id == schema.schema_id)
-                    .ok_or_else(|| record_not_found(&record_id))?;
+                let (version, current) = load_in_schema(&client, &schema, &record_id).await?;
                 drop(client);
                 let UpdateDecision::Changed(change) = decide_update(&schema, &current, input, &owners, now)? else {
                     let body = shared::http::data_body(current.document(), &[]);
@@ -332,7 +316,7 @@ async fn upsert_attempts(
             Match::New => {
                 drop(client);
                 let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
-                let decision = decide_create(&schema, input, &owners, true, &record_id, now)?;
+                let decision = decide_create(&schema, input, &owners, &record_id, now)?;
                 let document = record_document(&decision.event).map_err(|error| ApiError::internal(&error))?;
                 let body = shared::http::data_body(document, &decision.warnings);
                 let guard = completion(claim, StatusCode::CREATED, &body);
@@ -351,6 +335,19 @@ async fn upsert_attempts(
 
 fn record_not_found(record_id: &str) -> ApiError {
     ApiError::not_found("record_not_found", format!("no record {record_id:?} in this schema"))
+}
+
+/// The record's stream version and state, if it is a record of `schema`; else 404.
+async fn load_in_schema(
+    client: &deadpool_postgres::Client,
+    schema: &WriteSchema<'_>,
+    record_id: &str,
+) -> Result<(i64, RecordState), ApiError> {
+    load_records(client, &[record_id.to_owned()])
+        .await?
+        .into_iter()
+        .find(|(_, state)| state.space_id == schema.space_id && state.schema_id == schema.schema_id)
+        .ok_or_else(|| record_not_found(record_id))
 }
 
 #[tracing::instrument(skip_all, fields(schema = %path.0, record = %path.1))]
@@ -372,11 +369,7 @@ pub async fn update(
     for _ in 0..ATTEMPTS {
         let input = parse_input(&schema, prelude.input.clone())?;
         let client = state.pool.get().await?;
-        let (version, current) = load_records(&client, std::slice::from_ref(&record_id))
-            .await?
-            .into_iter()
-            .find(|(_, state)| state.space_id == schema.space_id && state.schema_id == schema.schema_id)
-            .ok_or_else(|| with_id(record_not_found(&record_id)))?;
+        let (version, current) = load_in_schema(&client, &schema, &record_id).await.map_err(with_id)?;
         let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
         drop(client);
         let UpdateDecision::Changed(change) =

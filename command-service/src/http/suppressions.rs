@@ -7,7 +7,7 @@ use shared::auth::{Caller, Permission};
 use shared::error::ApiError;
 use shared::events::LogEvent;
 use shared::ids::new_id;
-use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::suppressions::{scope, suppression_document};
 
 use crate::State;
@@ -16,16 +16,6 @@ use crate::store::suppressions::{load, stream_id};
 
 /// Items a batch takes.
 const BATCH_MAX: usize = 100;
-
-fn metadata(req: &HttpRequest, caller: &Caller) -> Metadata {
-    Metadata {
-        space_id: Some(caller.space_id().to_owned()),
-        actor_key_id: Some(caller.key_id().to_owned()),
-        actor_user_id: Some(caller.identity.user_id.clone()),
-        request_id: Some(shared::http::request_id(req)),
-        idempotency_key: None,
-    }
-}
 
 /// Adds one suppression; `Ok((document, appended))` or the append's refusal.
 async fn add(
@@ -44,7 +34,7 @@ async fn add(
     let appended = state
         .event_log
         .append(AppendRequest {
-            metadata: metadata(req, caller),
+            metadata: super::metadata(req, caller, None),
             streams: vec![StreamAppend {
                 stream_id: stream_id(&suppression_id),
                 expected: ExpectedVersion::NoStream,
@@ -82,7 +72,7 @@ async fn remove(req: &HttpRequest, state: &State, caller: &Caller, suppression_i
     state
         .event_log
         .append(AppendRequest {
-            metadata: metadata(req, caller),
+            metadata: super::metadata(req, caller, None),
             streams: vec![StreamAppend {
                 stream_id: stream_id(suppression_id),
                 expected: ExpectedVersion::Exactly(version),
@@ -116,10 +106,28 @@ fn refusal_error(refusal: Refusal, suppression_id: &str) -> ApiError {
     }
 }
 
-fn consistency(response: &mut actix_web::HttpResponseBuilder, last_position: i64) {
+/// An answer with `Consistency-Token` when something was written.
+fn answer(status: StatusCode, last_position: i64, body: &Value) -> HttpResponse {
+    let mut response = HttpResponse::build(status);
     if last_position > 0 {
         response.insert_header(("Consistency-Token", last_position.to_string()));
     }
+    response.json(body)
+}
+
+/// A batch's 200: per-item results (each with the position it wrote, 0 for none) and the
+/// summary counting items by the given statuses, every other status counted as failed.
+fn batch_answer(outcomes: Vec<(Value, i64)>, counted: &[&str]) -> HttpResponse {
+    let mut summary = serde_json::Map::new();
+    for status in counted {
+        let count = outcomes.iter().filter(|(result, _)| result["status"] == *status).count();
+        summary.insert((*status).to_owned(), json!(count));
+    }
+    let failed = outcomes.iter().filter(|(result, _)| !counted.iter().any(|s| result["status"] == *s)).count();
+    summary.insert("failed".to_owned(), json!(failed));
+    let last_position = outcomes.iter().map(|(_, position)| *position).max().unwrap_or(0);
+    let results: Vec<Value> = outcomes.into_iter().map(|(result, _)| result).collect();
+    answer(StatusCode::OK, last_position, &json!({ "data": { "results": results, "summary": summary } }))
 }
 
 /// `POST /contacts/suppressions`: one suppression; no idempotency.
@@ -132,9 +140,7 @@ pub async fn create(
     let body = shared::http::read_json(&req, payload).await?;
     let new = parse_new(&body)?;
     let (document, appended) = add(&req, &state, &caller, &new).await.map_err(super::append_error)?;
-    let mut response = HttpResponse::build(StatusCode::CREATED);
-    consistency(&mut response, appended.last_position);
-    Ok(response.json(json!({ "data": document })))
+    Ok(answer(StatusCode::CREATED, appended.last_position, &json!({ "data": document })))
 }
 
 /// Reads `{<field>: [1..100 items]}`.
@@ -166,33 +172,25 @@ pub async fn batch_create(
             let new = match parse_new(item) {
                 Ok(new) => new,
                 Err(error) => {
-                    return (json!({"index": index, "status": "invalid", "error": error.body()["error"]}), 0, "failed");
+                    return (json!({"index": index, "status": "invalid", "error": error.body()["error"]}), 0);
                 }
             };
             match add(req, state, caller, &new).await {
-                Ok((document, appended)) => (
-                    json!({"index": index, "status": "created", "suppression": document}),
-                    appended.last_position,
-                    "created",
-                ),
+                Ok((document, appended)) => {
+                    (json!({"index": index, "status": "created", "suppression": document}), appended.last_position)
+                }
                 Err(AppendError::Conflict { code: "suppression_already_exists", .. }) => {
-                    (json!({"index": index, "status": "exists"}), 0, "exists")
+                    (json!({"index": index, "status": "exists"}), 0)
                 }
                 Err(other) => {
                     let error = super::append_error(other);
-                    (json!({"index": index, "status": "failed", "error": error.body()["error"]}), 0, "failed")
+                    (json!({"index": index, "status": "failed", "error": error.body()["error"]}), 0)
                 }
             }
         }
     }))
     .await;
-    let count = |kind: &str| outcomes.iter().filter(|(_, _, k)| *k == kind).count();
-    let summary = json!({"created": count("created"), "exists": count("exists"), "failed": count("failed")});
-    let last_position = outcomes.iter().map(|(_, position, _)| *position).max().unwrap_or(0);
-    let results: Vec<Value> = outcomes.into_iter().map(|(result, _, _)| result).collect();
-    let mut response = HttpResponse::build(StatusCode::OK);
-    consistency(&mut response, last_position);
-    Ok(response.json(json!({ "data": { "results": results, "summary": summary } })))
+    Ok(batch_answer(outcomes, &["created", "exists"]))
 }
 
 /// `POST /contacts/suppressions/batch-remove`: each id on its own; always 200.
@@ -225,13 +223,7 @@ pub async fn batch_remove(
         }
     }))
     .await;
-    let removed = outcomes.iter().filter(|(result, _)| result["status"] == "removed").count();
-    let summary = json!({"removed": removed, "failed": outcomes.len() - removed});
-    let last_position = outcomes.iter().map(|(_, position)| *position).max().unwrap_or(0);
-    let results: Vec<Value> = outcomes.into_iter().map(|(result, _)| result).collect();
-    let mut response = HttpResponse::build(StatusCode::OK);
-    consistency(&mut response, last_position);
-    Ok(response.json(json!({ "data": { "results": results, "summary": summary } })))
+    Ok(batch_answer(outcomes, &["removed"]))
 }
 
 /// `DELETE /contacts/suppressions/{id}`.
@@ -242,7 +234,5 @@ pub async fn delete(
 ) -> Result<HttpResponse, ApiError> {
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let appended = remove(&req, &state, &caller, &path).await?;
-    let mut response = HttpResponse::build(StatusCode::OK);
-    consistency(&mut response, appended.last_position);
-    Ok(response.json(json!({ "data": { "id": path.as_str(), "deleted": true } })))
+    Ok(answer(StatusCode::OK, appended.last_position, &json!({ "data": { "id": path.as_str(), "deleted": true } })))
 }

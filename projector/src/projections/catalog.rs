@@ -3,6 +3,7 @@
 
 use deadpool_postgres::Transaction;
 use serde_json::{Value, json};
+use shared::catalog::is_writable;
 use shared::events::{LogEvent, open};
 use shared::log::StoredEvent;
 use shared::proto;
@@ -173,12 +174,6 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &Stored
         _ => {}
     }
     Ok(())
-}
-
-/// Whether callers may write an attribute: not evaluated and no value source.
-pub(crate) fn is_writable(definition: &Value) -> bool {
-    definition.get("type").and_then(Value::as_str) != Some("evaluated")
-        && definition.get("valueSource").is_none_or(Value::is_null)
 }
 
 async fn apply_schema(transaction: &Transaction<'_>, s: &str, schema: &proto::SchemaDefined) -> anyhow::Result<()> {

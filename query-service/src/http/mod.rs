@@ -89,6 +89,26 @@ where
     }
 }
 
+/// One page of an offset list in one pipelined round trip: the total (0 when the count
+/// query returns no row) and the `doc` column of each row. Both queries take `params`; the
+/// rows query takes `limit` and `offset` after them.
+pub async fn page_of_docs(
+    client: &Client,
+    count_sql: &str,
+    rows_sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    (limit, offset): (i64, i64),
+) -> Result<(i64, Vec<Value>), ApiError> {
+    let count = client.prepare_cached(count_sql).await?;
+    let rows = client.prepare_cached(rows_sql).await?;
+    let mut rows_params = params.to_vec();
+    rows_params.push(&limit);
+    rows_params.push(&offset);
+    let (total, rows) = tokio::join!(client.query_opt(&count, params), client.query(&rows, &rows_params));
+    let total = total?.and_then(|row| row.get::<_, Option<i64>>(0)).unwrap_or(0);
+    Ok((total, rows?.into_iter().map(|row| row.get(0)).collect()))
+}
+
 /// A 200 with `Projection-Position`, and a warning when the read models had not caught up.
 pub fn respond(
     consistent: &Consistent,

@@ -9,7 +9,7 @@ use shared::pagination::PageRequest;
 use tokio_postgres::types::ToSql;
 
 use super::schemas::schema_not_found;
-use super::{authorize_read, consistent_read, respond};
+use super::{authorize_read, consistent_read, page_of_docs, respond};
 use crate::State;
 
 const RECORDS: &str = "records";
@@ -49,26 +49,18 @@ pub async fn list(
             let (space_id, schema_ref) = (space_id.clone(), schema_ref.clone());
             Box::pin(async move {
                 let schema_id = schema_id_subquery(&c, "$1", "$2");
-                let count = client
-                    .prepare_cached(&format!(
-                        "SELECT total FROM {r}.record_counts WHERE space_id = $1 AND schema_id = {schema_id}"
-                    ))
-                    .await?;
-                let rows = client
-                    .prepare_cached(&format!(
-                        "SELECT doc FROM {r}.records WHERE space_id = $1 AND schema_id = {schema_id}
-                         ORDER BY created_at, record_id LIMIT $3 OFFSET $4"
-                    ))
-                    .await?;
-                let count_params: [&(dyn ToSql + Sync); 2] = [&space_id, &schema_ref];
-                let rows_params: [&(dyn ToSql + Sync); 4] = [&space_id, &schema_ref, &limit, &offset];
-                let (schema, total, rows) = tokio::join!(
-                    catalog::find_schema(client, &c, &space_id, &schema_ref),
-                    client.query_opt(&count, &count_params),
-                    client.query(&rows, &rows_params),
+                let count =
+                    format!("SELECT total FROM {r}.record_counts WHERE space_id = $1 AND schema_id = {schema_id}");
+                let rows = format!(
+                    "SELECT doc FROM {r}.records WHERE space_id = $1 AND schema_id = {schema_id}
+                     ORDER BY created_at, record_id LIMIT $3 OFFSET $4"
                 );
-                let total: i64 = total?.map_or(0, |row| row.get(0));
-                let items: Vec<Value> = rows?.into_iter().map(|row| row.get(0)).collect();
+                let params: [&(dyn ToSql + Sync); 2] = [&space_id, &schema_ref];
+                let (schema, page) = tokio::join!(
+                    catalog::find_schema(client, &c, &space_id, &schema_ref),
+                    page_of_docs(client, &count, &rows, &params, (limit, offset)),
+                );
+                let (total, items) = page?;
                 Ok((schema?, total, items))
             })
         })

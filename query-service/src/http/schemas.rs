@@ -8,7 +8,7 @@ use shared::http::{data_body, page_body, query_pairs};
 use shared::pagination::PageRequest;
 use tokio_postgres::types::ToSql;
 
-use super::{authorize_read, consistent_read, respond};
+use super::{authorize_read, consistent_read, page_of_docs, respond};
 use crate::State;
 
 const SCHEMA_TYPES: [&str; 3] = ["contact", "object", "event"];
@@ -44,24 +44,15 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
     let ((total, items), consistent) = consistent_read(&state, &caller, token, &[CATALOG], |client, models| {
         let (s, space_id, types) = (models.schema(CATALOG), space_id.clone(), types.clone());
         Box::pin(async move {
-            let count = client
-                .prepare_cached(&format!(
-                    "SELECT COALESCE(sum(total), 0)::bigint FROM {s}.schema_counts
-                     WHERE space_id = $1 AND schema_type = ANY($2)"
-                ))
-                .await?;
-            let rows = client
-                .prepare_cached(&format!(
-                    "SELECT doc FROM {s}.schemas WHERE space_id = $1 AND schema_type = ANY($2)
-                     ORDER BY created_at, schema_id LIMIT $3 OFFSET $4"
-                ))
-                .await?;
-            let count_params: [&(dyn ToSql + Sync); 2] = [&space_id, &types];
-            let rows_params: [&(dyn ToSql + Sync); 4] = [&space_id, &types, &limit, &offset];
-            let (total, rows) =
-                tokio::join!(client.query_one(&count, &count_params), client.query(&rows, &rows_params));
-            let items: Vec<Value> = rows?.into_iter().map(|row| row.get(0)).collect();
-            Ok((total?.get::<_, i64>(0), items))
+            let count = format!(
+                "SELECT COALESCE(sum(total), 0)::bigint FROM {s}.schema_counts WHERE space_id = $1 AND schema_type = ANY($2)"
+            );
+            let rows = format!(
+                "SELECT doc FROM {s}.schemas WHERE space_id = $1 AND schema_type = ANY($2)
+                 ORDER BY created_at, schema_id LIMIT $3 OFFSET $4"
+            );
+            let params: [&(dyn ToSql + Sync); 2] = [&space_id, &types];
+            page_of_docs(client, &count, &rows, &params, (limit, offset)).await
         })
     })
     .await?;

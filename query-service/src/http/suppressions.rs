@@ -1,14 +1,13 @@
 //! `GET /contacts/suppressions` (admin): newest first, the caller's space and global ones.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde_json::Value;
 use shared::auth::Permission;
 use shared::error::ApiError;
 use shared::http::{page_body, query_pairs};
 use shared::pagination::PageRequest;
 use tokio_postgres::types::ToSql;
 
-use super::{consistent_read, respond};
+use super::{consistent_read, page_of_docs, respond};
 use crate::State;
 
 const SUPPRESSIONS: &str = "suppressions";
@@ -49,14 +48,8 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
                     ),
                 ),
             };
-            let count = client.prepare_cached(&count_sql).await?;
-            let rows = client.prepare_cached(&rows_sql).await?;
-            let count_params: [&(dyn ToSql + Sync); 2] = [&scopes, &identifier];
-            let rows_params: [&(dyn ToSql + Sync); 4] = [&scopes, &identifier, &limit, &offset];
-            let (total, rows) =
-                tokio::join!(client.query_one(&count, &count_params), client.query(&rows, &rows_params));
-            let items: Vec<Value> = rows?.into_iter().map(|row| row.get(0)).collect();
-            Ok((total?.get::<_, i64>(0), items))
+            let params: [&(dyn ToSql + Sync); 2] = [&scopes, &identifier];
+            page_of_docs(client, &count_sql, &rows_sql, &params, (limit, offset)).await
         })
     })
     .await?;
