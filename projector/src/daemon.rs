@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use shared::log::LOG_CHANNEL;
+use shared::log::{EventLog, LOG_CHANNEL};
 
 use crate::Projection;
 use crate::runner::{Faults, Outcome, project_batch};
@@ -15,9 +15,17 @@ const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// How often expired rate-limit windows are purged.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Runs until `shutdown` completes.
-pub async fn run(pool: Pool, database_url: String, worker: String, shutdown: impl Future<Output = ()>) {
+/// Runs until `shutdown` completes. Deletion operations waiting longer than
+/// `erasure_blocked_after` for a projection are reported `blocked`.
+pub async fn run(
+    pool: Pool,
+    database_url: String,
+    worker: String,
+    erasure_blocked_after: Duration,
+    shutdown: impl Future<Output = ()>,
+) {
     let faults = Faults::from_env();
+    let log = EventLog::start(pool.clone(), 16);
     let mut notifications = shared::db::listen(database_url, LOG_CHANNEL);
     tokio::pin!(shutdown);
     let mut last_maintenance = std::time::Instant::now();
@@ -53,6 +61,9 @@ pub async fn run(pool: Pool, database_url: String, worker: String, shutdown: imp
                     }
                 }
             }
+        }
+        if let Err(error) = crate::eraser::run_pass(&pool, &log, erasure_blocked_after).await {
+            tracing::warn!(error = format!("{error:#}"), "could not advance record deletions");
         }
         let pause = if failed { Duration::from_secs(1) } else { POLL_INTERVAL };
         tokio::select! {

@@ -6,6 +6,7 @@
 //! projector processes may run, and each batch is applied by exactly one of them.
 
 pub mod daemon;
+pub mod eraser;
 pub mod projections;
 pub mod rebuild;
 pub mod runner;

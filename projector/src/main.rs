@@ -31,15 +31,22 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate => projector::migrate(&pool).await,
         Command::Run => {
             let worker = format!("projector-{}", std::process::id());
-            projector::daemon::run(pool, settings.database_url.expose().to_owned(), worker, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            projector::daemon::run(
+                pool,
+                settings.database_url.expose().to_owned(),
+                worker,
+                settings.erasure_blocked_after,
+                async {
+                    let _ = tokio::signal::ctrl_c().await;
+                },
+            )
             .await;
             Ok(())
         }
         Command::Rebuild { name } => {
-            let projection = Projection::parse(&name)
-                .ok_or_else(|| anyhow::anyhow!("unknown read model {name:?}; known: catalog, records, suppressions"))?;
+            let projection = Projection::parse(&name).ok_or_else(|| {
+                anyhow::anyhow!("unknown read model {name:?}; known: catalog, records, suppressions, deletions")
+            })?;
             let report = projector::rebuild::rebuild(&pool, projection, |line| println!("{line}")).await?;
             println!("rebuilt {} events in {:.2}s", report.events, report.elapsed.as_secs_f64());
             Ok(())

@@ -2,6 +2,7 @@
 
 use prost::Message;
 
+use crate::crypto::{DataKey, Keys};
 use crate::proto;
 
 /// Every event type the log holds. Types are stored by name with a `.v1` suffix; a breaking
@@ -19,6 +20,9 @@ pub enum LogEvent {
     ResourceDefined(proto::ResourceDefined),
     RecordCreated(proto::RecordCreated),
     RecordUpdated(proto::RecordUpdated),
+    RecordDeletionRequested(proto::RecordDeletionRequested),
+    RecordDeletionBlocked(proto::RecordDeletionBlocked),
+    RecordDeletionCompleted(proto::RecordDeletionCompleted),
     SuppressionAdded(proto::SuppressionAdded),
     SuppressionRemoved(proto::SuppressionRemoved),
     /// A type this build does not know (written by a newer build); projections skip it.
@@ -64,12 +68,17 @@ event_types! {
     ResourceDefined => "ResourceDefined.v1",
     RecordCreated => "RecordCreated.v1",
     RecordUpdated => "RecordUpdated.v1",
+    RecordDeletionRequested => "RecordDeletionRequested.v1",
+    RecordDeletionBlocked => "RecordDeletionBlocked.v1",
+    RecordDeletionCompleted => "RecordDeletionCompleted.v1",
     SuppressionAdded => "SuppressionAdded.v1",
     SuppressionRemoved => "SuppressionRemoved.v1",
 }
 
-/// Wraps a subject's personal data. Today it is stored in the open; the erasure feature
-/// encrypts it here under the subject's data key, and nothing else has to change.
+/// Wraps a subject's personal data in the clear. Decisions build events with this; the
+/// write path then encrypts the seals of erasable subjects with [`encrypt`] before appending.
+/// Seals left in the clear are those of subjects with no erasure through the API (users
+/// authored in the workspace file, suppression entries; see ARCHITECTURE.md).
 pub fn seal<M: Message>(subject_id: &str, personal: &M) -> proto::Sealed {
     proto::Sealed {
         body: Some(proto::sealed::Body::Clear(personal.encode_to_vec())),
@@ -77,11 +86,25 @@ pub fn seal<M: Message>(subject_id: &str, personal: &M) -> proto::Sealed {
     }
 }
 
-/// The personal data inside a seal; `None` once it is erased (or absent).
-pub fn open<M: Message + Default>(sealed: Option<&proto::Sealed>) -> Result<Option<M>, prost::DecodeError> {
-    match sealed.and_then(|sealed| sealed.body.as_ref()) {
+/// Encrypts a clear seal under its subject's data key (a no-op for an encrypted one).
+pub fn encrypt(sealed: &mut proto::Sealed, key: &DataKey) {
+    if let Some(proto::sealed::Body::Clear(bytes)) = &sealed.body {
+        let ciphertext = key.encrypt(&sealed.subject_id, bytes);
+        sealed.body = Some(proto::sealed::Body::Ciphertext(ciphertext));
+    }
+}
+
+/// The personal data inside a seal; `None` when it is absent or erased (its subject's data
+/// key is gone from `keys`). Erased data reads the same way on every replay.
+pub fn open<M: Message + Default>(sealed: Option<&proto::Sealed>, keys: &Keys) -> anyhow::Result<Option<M>> {
+    let Some(sealed) = sealed else { return Ok(None) };
+    match &sealed.body {
         Some(proto::sealed::Body::Clear(bytes)) => Ok(Some(M::decode(bytes.as_slice())?)),
-        Some(proto::sealed::Body::Ciphertext(_)) | None => Ok(None),
+        Some(proto::sealed::Body::Ciphertext(ciphertext)) => match keys.get(&sealed.subject_id) {
+            Some(key) => Ok(Some(M::decode(key.decrypt(&sealed.subject_id, ciphertext)?.as_slice())?)),
+            None => Ok(None),
+        },
+        None => Ok(None),
     }
 }
 
@@ -110,7 +133,23 @@ mod tests {
     fn sealed_personal_data_opens() {
         let personal = proto::UserPersonal { name: "Ada".into(), email: "ada@example.com".into() };
         let sealed = seal("usr_1", &personal);
-        let opened: Option<proto::UserPersonal> = open(Some(&sealed)).expect("opens");
+        let opened: Option<proto::UserPersonal> = open(Some(&sealed), &Keys::default()).expect("opens");
         assert_eq!(opened, Some(personal));
+    }
+
+    #[test]
+    fn encrypted_seals_open_with_the_key_and_read_as_erased_without_it() {
+        let keyring = crate::crypto::Keyring::from_hex(crate::crypto::TEST_MASTER_KEY).expect("key");
+        let (key, _) = keyring.generate("con_1");
+        let personal = proto::UserPersonal { name: "Ada".into(), email: "ada@example.com".into() };
+        let mut sealed = seal("con_1", &personal);
+        encrypt(&mut sealed, &key);
+        assert!(matches!(sealed.body, Some(proto::sealed::Body::Ciphertext(_))));
+        let mut keys = Keys::default();
+        keys.insert("con_1".into(), key);
+        let opened: Option<proto::UserPersonal> = open(Some(&sealed), &keys).expect("opens");
+        assert_eq!(opened, Some(personal));
+        let erased: Option<proto::UserPersonal> = open(Some(&sealed), &Keys::default()).expect("no error");
+        assert_eq!(erased, None);
     }
 }

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod canonical;
 pub mod catalog;
+pub mod crypto;
 pub mod db;
 pub mod error;
 pub mod events;

@@ -124,6 +124,24 @@ pub struct StoredEvent {
 }
 
 impl StoredEvent {
+    /// A row of `SELECT position, event_id, stream_id, stream_version, event_type, payload,
+    /// space_id, actor_key_id, subject_id, occurred_at, recorded_at`.
+    pub fn from_row(row: &tokio_postgres::Row) -> Self {
+        Self {
+            position: row.get(0),
+            event_id: row.get(1),
+            stream_id: row.get(2),
+            stream_version: row.get(3),
+            event_type: row.get(4),
+            payload: row.get(5),
+            space_id: row.get(6),
+            actor_key_id: row.get(7),
+            subject_id: row.get(8),
+            occurred_at: row.get(9),
+            recorded_at: row.get(10),
+        }
+    }
+
     pub fn decode(&self) -> anyhow::Result<LogEvent> {
         LogEvent::decode(&self.event_type, &self.payload)
             .with_context(|| format!("decoding {} at position {}", self.event_type, self.position))
@@ -539,22 +557,7 @@ pub async fn read_after(
         )
         .await?;
     let rows = client.query(&statement, &[&position, &limit]).await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| StoredEvent {
-            position: row.get(0),
-            event_id: row.get(1),
-            stream_id: row.get(2),
-            stream_version: row.get(3),
-            event_type: row.get(4),
-            payload: row.get(5),
-            space_id: row.get(6),
-            actor_key_id: row.get(7),
-            subject_id: row.get(8),
-            occurred_at: row.get(9),
-            recorded_at: row.get(10),
-        })
-        .collect())
+    Ok(rows.iter().map(StoredEvent::from_row).collect())
 }
 
 /// The current head position of the log.

@@ -3,6 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::crypto::Keys;
 use crate::events::open;
 use crate::proto;
 use crate::time::format_millis;
@@ -53,7 +54,7 @@ pub struct RecordState {
 }
 
 impl RecordState {
-    pub fn from_created(created: &proto::RecordCreated) -> anyhow::Result<Self> {
+    pub fn from_created(created: &proto::RecordCreated, keys: &Keys) -> anyhow::Result<Self> {
         Ok(Self {
             record_id: created.record_id.clone(),
             space_id: created.space_id.clone(),
@@ -62,11 +63,11 @@ impl RecordState {
             source: created.source.clone(),
             created_at_ms: created.created_at_ms,
             updated_at_ms: created.created_at_ms,
-            personal: open(created.personal.as_ref())?,
+            personal: open(created.personal.as_ref(), keys)?,
         })
     }
 
-    pub fn from_updated(updated: &proto::RecordUpdated) -> anyhow::Result<Self> {
+    pub fn from_updated(updated: &proto::RecordUpdated, keys: &Keys) -> anyhow::Result<Self> {
         Ok(Self {
             record_id: updated.record_id.clone(),
             space_id: updated.space_id.clone(),
@@ -75,7 +76,7 @@ impl RecordState {
             source: updated.source.clone(),
             created_at_ms: updated.created_at_ms,
             updated_at_ms: updated.updated_at_ms,
-            personal: open(updated.personal.as_ref())?,
+            personal: open(updated.personal.as_ref(), keys)?,
         })
     }
 
@@ -109,7 +110,11 @@ impl RecordState {
     }
 }
 
-/// The record document of a create event.
-pub fn record_document(created: &proto::RecordCreated) -> anyhow::Result<Value> {
-    Ok(RecordState::from_created(created)?.document())
+/// The record document of a create event, its personal data opened with `keys`.
+pub fn record_document(created: &proto::RecordCreated, keys: &Keys) -> anyhow::Result<Value> {
+    Ok(RecordState::from_created(created, keys)?.document())
 }
+
+/// What a record deletion operation says while it is `pending`.
+pub const DELETION_PENDING_MESSAGE: &str = "erasure in progress: the record's data key is being destroyed and every read \
+     model is purging its copies; poll GET /v1/record-deletions/{operationId} until the status is completed";

@@ -44,11 +44,19 @@ pub struct Settings {
     /// `APP__RATE_READ_PER_SECOND` (100), `APP__RATE_WRITE_PER_SECOND` (25),
     /// `APP__RATE_AI_PER_MINUTE` (10); `APP__RATE_LIMITS=off` disables them (for measuring).
     pub rate_limits: crate::ratelimit::Limits,
+    /// `APP__ERASURE_BLOCKED_AFTER_MILLIS` (default 60000): how long a record deletion may
+    /// wait for a projection to pass its position before it is reported `blocked`.
+    pub erasure_blocked_after: Duration,
 }
 
 impl Settings {
     pub fn from_env() -> anyhow::Result<Self> {
         let database_url = std::env::var("APP__DATABASE_URL").context("APP__DATABASE_URL is not set")?;
+        // `APP__MASTER_KEY`: 64 hex characters (`openssl rand -hex 32`); it wraps every data
+        // subject's key, so losing it loses all personal data in the log.
+        let master_key = std::env::var("APP__MASTER_KEY")
+            .context("APP__MASTER_KEY is not set (64 hex characters, for example from `openssl rand -hex 32`)")?;
+        crate::crypto::install(crate::crypto::Keyring::from_hex(&master_key).context("APP__MASTER_KEY")?);
         Ok(Self {
             database_url: Secret::new(database_url),
             host: env_or("APP__HOST", "127.0.0.1".to_owned())?,
@@ -63,11 +71,16 @@ impl Settings {
                 ai: (env_or("APP__RATE_AI_PER_MINUTE", 10)?, Duration::from_secs(60)),
                 enabled: std::env::var("APP__RATE_LIMITS").map_or(true, |value| value != "off"),
             },
+            erasure_blocked_after: Duration::from_millis(env_or("APP__ERASURE_BLOCKED_AFTER_MILLIS", 60_000)?),
         })
     }
 
     /// Settings for a database URL with every other value at its default.
+    /// Installs the test master key ([`crate::crypto::TEST_MASTER_KEY`]).
     pub fn for_database(database_url: &str) -> Self {
+        if let Ok(keyring) = crate::crypto::Keyring::from_hex(crate::crypto::TEST_MASTER_KEY) {
+            crate::crypto::install(keyring);
+        }
         Self {
             database_url: Secret::new(database_url.to_owned()),
             host: "127.0.0.1".to_owned(),
@@ -77,6 +90,7 @@ impl Settings {
             consistency_wait: Duration::from_millis(3000),
             append_batch_max: 256,
             rate_limits: crate::ratelimit::Limits::default(),
+            erasure_blocked_after: Duration::from_secs(60),
         }
     }
 }

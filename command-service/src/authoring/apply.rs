@@ -62,10 +62,15 @@ impl Plan<'_> {
             None => ExpectedVersion::NoStream,
         };
         let occurred_at = shared::time::from_millis(self.now_ms);
+        // Suppressions are about their email address (for audit trails).
+        let subject_id = match &event {
+            LogEvent::SuppressionAdded(added) => shared::suppressions::subject_of(added).ok().flatten(),
+            _ => None,
+        };
         self.streams.push(StreamAppend {
             stream_id,
             expected,
-            events: vec![NewEvent { event, subject_id: None, occurred_at }],
+            events: vec![NewEvent { event, subject_id, occurred_at }],
         });
     }
 

@@ -388,7 +388,9 @@ mod tests {
 
     fn values_of(decision: &CreateDecision) -> Value {
         let personal: proto::RecordPersonal =
-            shared::events::open(decision.event.personal.as_ref()).expect("opens").expect("present");
+            shared::events::open(decision.event.personal.as_ref(), &Default::default())
+                .expect("opens")
+                .expect("present");
         serde_json::from_str(&personal.values_json).expect("json")
     }
 

@@ -6,10 +6,12 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value};
 use shared::auth::{Caller, Permission};
 use shared::catalog::{self, AttributeEntry, CATALOG, SchemaEntry};
+use shared::crypto::{self, DataKey};
 use shared::error::ApiError;
 use shared::events::LogEvent;
 use shared::ids::new_id;
 use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::proto::Sealed;
 use shared::records::{RecordState, record_document};
 
 use crate::State;
@@ -17,8 +19,8 @@ use crate::domain::records::{
     Change, CreateDecision, Identity, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, decide_create,
     decide_update, match_upsert, parse_input,
 };
-use crate::idempotency::{self, Admission, Claim};
-use crate::store::records::{identity_owners, load_records, stream_id};
+use crate::idempotency::{self, Claim};
+use crate::store::records::{Loaded, identity_owners, load_records, stream_id};
 
 /// How often a write that lost a race (stream version, identity claim) is decided again.
 const ATTEMPTS: usize = 3;
@@ -51,16 +53,23 @@ async fn prelude(
 ) -> Result<Prelude, ApiError> {
     let caller = state.authenticator.authorize(req, Permission::Write).await?;
     let input = shared::http::read_json_object(req, payload).await?;
+    let (schema, attributes, credits) = write_context(state, &caller, schema_ref).await?;
+    Ok(Prelude { caller, input, schema, attributes, credits })
+}
+
+/// The contact or object schema `schema_ref` of the caller's space, its attributes and the
+/// space's AI credits; 404 `schema_not_found` otherwise.
+async fn write_context(
+    state: &State,
+    caller: &Caller,
+    schema_ref: &str,
+) -> Result<(SchemaEntry, Vec<AttributeEntry>, i64), ApiError> {
     let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait).await?;
     let client = state.pool.get().await?;
-    let (schema, attributes, credits) =
-        catalog::write_context(&client, &models.schema(CATALOG), caller.space_id(), schema_ref)
-            .await?
-            .filter(|(schema, _, _)| schema.schema_type != "event")
-            .ok_or_else(|| {
-                ApiError::not_found("schema_not_found", format!("no contact or object schema {schema_ref:?}"))
-            })?;
-    Ok(Prelude { caller, input, schema, attributes, credits })
+    catalog::write_context(&client, &models.schema(CATALOG), caller.space_id(), schema_ref)
+        .await?
+        .filter(|(schema, _, _)| schema.schema_type != "event")
+        .ok_or_else(|| ApiError::not_found("schema_not_found", format!("no contact or object schema {schema_ref:?}")))
 }
 
 fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
@@ -117,14 +126,7 @@ where
     F: FnOnce(Option<Claim>, String) -> Fut,
     Fut: std::future::Future<Output = (Result<HttpResponse, ApiError>, bool)>,
 {
-    let body = Value::Object(prelude.input.clone());
-    let (claim, operation_id) = match idempotency::admit(state, req, &prelude.caller, &body).await? {
-        Admission::Replay(response) => return Ok(response),
-        Admission::Claimed(claim) => (Some(claim.clone()), claim.operation_id),
-        Admission::Unprotected { operation_id } => (None, operation_id),
-    };
-    let (outcome, unconfirmed) = run(claim.clone(), operation_id.clone()).await;
-    idempotency::finish(state, claim.as_ref(), &operation_id, outcome, unconfirmed).await
+    idempotency::protect(state, req, &prelude.caller, &Value::Object(prelude.input.clone()), run).await
 }
 
 /// Maps an append failure, noting when the outcome is unconfirmed.
@@ -152,11 +154,14 @@ async fn append_create(
     decision: CreateDecision,
     idempotency: (Option<&Claim>, Option<Guard>),
 ) -> Result<Appended, AppendError> {
+    let mut decision = decision;
     let record_id = decision.event.record_id.clone();
+    let key_guard = protect(&mut decision.event.personal, None, &record_id, prelude.caller.space_id())?;
     let guards = decision
         .identities
         .iter()
         .map(|identity| claim(prelude.caller.space_id(), &prelude.schema.schema_id, &record_id, identity))
+        .chain(key_guard)
         .chain(idempotency.1)
         .collect();
     let occurred_at = shared::time::from_millis(decision.event.created_at_ms);
@@ -183,17 +188,19 @@ async fn append_update(
     req: &HttpRequest,
     state: &State,
     prelude: &Prelude,
-    version: i64,
+    (version, key): (i64, Option<DataKey>),
     change: Change,
     idempotency: (Option<&Claim>, Option<Guard>),
 ) -> Result<Appended, AppendError> {
-    let Change { event, state: new_state, claims, releases, .. } = change;
+    let Change { mut event, state: new_state, claims, releases, .. } = change;
     let record_id = new_state.record_id.clone();
     let (space_id, schema_id) = (prelude.caller.space_id(), prelude.schema.schema_id.as_str());
+    let key_guard = protect(&mut event.personal, key, &record_id, space_id)?;
     let guards = releases
         .iter()
         .map(|identity| release(space_id, schema_id, &record_id, identity))
         .chain(claims.iter().map(|identity| claim(space_id, schema_id, &record_id, identity)))
+        .chain(key_guard)
         .chain(idempotency.1)
         .collect();
     let occurred_at = shared::time::from_millis(event.updated_at_ms);
@@ -213,6 +220,29 @@ async fn append_update(
             guards,
         })
         .await
+}
+
+/// Encrypts a record event's personal data under the record's data key. A record without a
+/// key (a new one, or one written before encryption) gets a fresh key, stored by the returned
+/// guard in the same transaction as the event.
+fn protect(
+    personal: &mut Option<Sealed>,
+    key: Option<DataKey>,
+    record_id: &str,
+    space_id: &str,
+) -> Result<Option<Guard>, AppendError> {
+    let (key, guard) = match key {
+        Some(key) => (key, None),
+        None => {
+            let keyring = crypto::keyring().map_err(|error| AppendError::Unavailable(error.to_string()))?;
+            let (key, wrapped) = keyring.generate(record_id);
+            (key, Some(crypto::store_key(record_id, space_id, wrapped)))
+        }
+    };
+    if let Some(personal) = personal.as_mut() {
+        shared::events::encrypt(personal, &key);
+    }
+    Ok(guard)
 }
 
 fn is_lost_race(error: &AppendError) -> bool {
@@ -242,7 +272,8 @@ pub async fn create(
             // append are the uniqueness check, and a collision is 409 identifier_conflict.
             let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
             let decision = decide_create(&schema, input, &Owners::new(), &record_id, shared::time::now_millis())?;
-            let document = record_document(&decision.event).map_err(|error| ApiError::internal(&error))?;
+            let document =
+                record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
             let body = shared::http::data_body(document, &[]);
             let guard = completion(claim.as_ref(), StatusCode::CREATED, &body);
             let appended = append_create(req, state, prelude, decision, (claim.as_ref(), guard))
@@ -291,15 +322,21 @@ async fn upsert_attempts(
             Some(record_id) => Match::Existing(record_id.clone()),
             None => {
                 let holders: Vec<String> = owners.values().cloned().collect();
-                let states: Vec<RecordState> =
-                    load_records(&client, &holders).await?.into_iter().map(|(_, state)| state).collect();
+                let states: Vec<RecordState> = load_records(&client, &holders)
+                    .await?
+                    .into_iter()
+                    .filter_map(|(_, loaded)| match loaded {
+                        Loaded::Live { state, .. } => Some(state),
+                        _ => None,
+                    })
+                    .collect();
                 match_upsert(schema.schema_type, &input, &owners, &states)
             }
         };
         let now = shared::time::now_millis();
         let (status, body, appended) = match target {
             Match::Existing(record_id) => {
-                let (version, current) = load_in_schema(&client, &schema, &record_id).await?;
+                let (version, current, key) = load_in_schema(&client, &schema, &record_id).await?;
                 drop(client);
                 let UpdateDecision::Changed(change) = decide_update(&schema, &current, input, &owners, now)? else {
                     let body = shared::http::data_body(current.document(), &[]);
@@ -310,14 +347,15 @@ async fn upsert_attempts(
                 };
                 let body = shared::http::data_body(change.state.document(), &change.warnings);
                 let guard = completion(claim, StatusCode::OK, &body);
-                let appended = append_update(req, state, prelude, version, *change, (claim, guard)).await;
+                let appended = append_update(req, state, prelude, (version, key), *change, (claim, guard)).await;
                 (StatusCode::OK, body, appended)
             }
             Match::New => {
                 drop(client);
                 let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
                 let decision = decide_create(&schema, input, &owners, &record_id, now)?;
-                let document = record_document(&decision.event).map_err(|error| ApiError::internal(&error))?;
+                let document = record_document(&decision.event, &Default::default())
+                    .map_err(|error| ApiError::internal(&error))?;
                 let body = shared::http::data_body(document, &decision.warnings);
                 let guard = completion(claim, StatusCode::CREATED, &body);
                 let appended = append_create(req, state, prelude, decision, (claim, guard)).await;
@@ -337,17 +375,29 @@ fn record_not_found(record_id: &str) -> ApiError {
     ApiError::not_found("record_not_found", format!("no record {record_id:?} in this schema"))
 }
 
-/// The record's stream version and state, if it is a record of `schema`; else 404.
+/// The record's stream version, state and data key, if it is a record of `schema`; else
+/// 404, or 409 while its deletion is under way.
 async fn load_in_schema(
     client: &deadpool_postgres::Client,
     schema: &WriteSchema<'_>,
     record_id: &str,
-) -> Result<(i64, RecordState), ApiError> {
-    load_records(client, &[record_id.to_owned()])
+) -> Result<(i64, RecordState, Option<DataKey>), ApiError> {
+    let loaded = load_records(client, &[record_id.to_owned()])
         .await?
         .into_iter()
-        .find(|(_, state)| state.space_id == schema.space_id && state.schema_id == schema.schema_id)
-        .ok_or_else(|| record_not_found(record_id))
+        .find(|(_, loaded)| loaded.scope() == (schema.space_id, schema.schema_id));
+    match loaded {
+        Some((version, Loaded::Live { state, key })) => Ok((version, state, key)),
+        Some((_, Loaded::Deleting { operation_id, .. })) => Err(deletion_pending(record_id, &operation_id)),
+        Some((_, Loaded::Deleted { .. })) | None => Err(record_not_found(record_id)),
+    }
+}
+
+fn deletion_pending(record_id: &str, operation_id: &str) -> ApiError {
+    ApiError::conflict(
+        "record_deletion_pending",
+        format!("record {record_id:?} is being deleted (operation {operation_id}); it accepts no more work"),
+    )
 }
 
 #[tracing::instrument(skip_all, fields(schema = %path.0, record = %path.1))]
@@ -369,7 +419,7 @@ pub async fn update(
     for _ in 0..ATTEMPTS {
         let input = parse_input(&schema, prelude.input.clone())?;
         let client = state.pool.get().await?;
-        let (version, current) = load_in_schema(&client, &schema, &record_id).await.map_err(with_id)?;
+        let (version, current, key) = load_in_schema(&client, &schema, &record_id).await.map_err(with_id)?;
         let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
         drop(client);
         let UpdateDecision::Changed(change) =
@@ -379,9 +429,94 @@ pub async fn update(
             return Ok(respond(StatusCode::OK, &body, &operation_id, None));
         };
         let body = shared::http::data_body(change.state.document(), &change.warnings);
-        match append_update(&req, &state, &prelude, version, *change, (None, None)).await {
+        match append_update(&req, &state, &prelude, (version, key), *change, (None, None)).await {
             Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended))),
             Err(error) if is_lost_race(&error) => continue,
+            Err(error) => return Err(with_id(super::append_error(error))),
+        }
+    }
+    Err(with_id(lost_too_often()))
+}
+
+/// `DELETE /schemas/{schema}/records/{id}`: starts the deletion operation and answers 200 with
+/// it while `pending`. The record leaves every read at once; its erasure is proven when the
+/// operation reaches `completed` (see ARCHITECTURE.md, Erasure). Does not honour
+/// `Idempotency-Key`: a repeated DELETE gets 409 while pending and 404 afterwards.
+#[tracing::instrument(skip_all, fields(schema = %path.0, record = %path.1))]
+pub async fn delete(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let operation_id = new_id("op");
+    let with_id = |error: ApiError| error.with_header("Operation-Id", operation_id.clone());
+    let (schema_ref, record_id) = path.into_inner();
+    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
+    let (schema, attributes, _) = write_context(&state, &caller, &schema_ref).await.map_err(with_id)?;
+    let write_schema = WriteSchema {
+        schema_id: &schema.schema_id,
+        space_id: caller.space_id(),
+        schema_type: &schema.schema_type,
+        attributes: &attributes,
+    };
+    for _ in 0..ATTEMPTS {
+        let client = state.pool.get().await?;
+        let (version, _, _) = load_in_schema(&client, &write_schema, &record_id).await.map_err(with_id)?;
+        drop(client);
+        let requested = shared::proto::RecordDeletionRequested {
+            operation_id: operation_id.clone(),
+            record_id: record_id.clone(),
+            space_id: caller.space_id().to_owned(),
+            schema_id: schema.schema_id.clone(),
+            schema_type: schema.schema_type.clone(),
+            requested_at_ms: shared::time::now_millis(),
+        };
+        let occurred_at = shared::time::from_millis(requested.requested_at_ms);
+        let guards = vec![
+            // The identities are free again at once; their values leave the write side.
+            Guard::unique(
+                "DELETE FROM record_identities WHERE record_id = $1",
+                vec![Box::new(record_id.clone())],
+                AppendError::Conflict { code: "record_deletion_pending", message: String::new() },
+            ),
+            Guard::exactly_one(
+                "INSERT INTO record_deletions (operation_id, record_id, space_id, state) VALUES ($1, $2, $3, 'pending')
+                 ON CONFLICT (record_id) DO NOTHING",
+                vec![
+                    Box::new(operation_id.clone()),
+                    Box::new(record_id.clone()),
+                    Box::new(caller.space_id().to_owned()),
+                ],
+                AppendError::Conflict {
+                    code: "record_deletion_pending",
+                    message: format!("record {record_id:?} is already being deleted"),
+                },
+            ),
+        ];
+        let appended = state
+            .event_log
+            .append(AppendRequest {
+                metadata: super::metadata(&req, &caller, None),
+                streams: vec![StreamAppend {
+                    stream_id: stream_id(&record_id),
+                    expected: ExpectedVersion::Exactly(version),
+                    events: vec![NewEvent {
+                        event: LogEvent::RecordDeletionRequested(requested),
+                        subject_id: Some(record_id.clone()),
+                        occurred_at,
+                    }],
+                }],
+                guards,
+            })
+            .await;
+        match appended {
+            Ok(appended) => {
+                let body = serde_json::json!({
+                    "data": { "operationId": operation_id, "status": "pending", "message": shared::records::DELETION_PENDING_MESSAGE }
+                });
+                return Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended)));
+            }
+            Err(AppendError::WrongVersion { .. }) => continue,
             Err(error) => return Err(with_id(super::append_error(error))),
         }
     }

@@ -9,6 +9,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/schemas/{schema}/records", web::post().to(records::create))
         .route("/schemas/{schema}/records/upsert", web::post().to(records::upsert))
         .route("/schemas/{schema}/records/{id}", web::patch().to(records::update))
+        .route("/schemas/{schema}/records/{id}", web::delete().to(records::delete))
         .route("/contacts/suppressions", web::post().to(suppressions::create))
         .route("/contacts/suppressions/batch", web::post().to(suppressions::batch_create))
         .route("/contacts/suppressions/batch-remove", web::post().to(suppressions::batch_remove))

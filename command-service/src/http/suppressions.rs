@@ -7,23 +7,28 @@ use shared::auth::{Caller, Permission};
 use shared::error::ApiError;
 use shared::events::LogEvent;
 use shared::ids::new_id;
-use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::suppressions::{scope, suppression_document};
 
 use crate::State;
 use crate::domain::suppressions::{NewSuppression, Refusal, decide_add, decide_remove, parse_new};
-use crate::store::suppressions::{load, stream_id};
+use crate::idempotency::{self, Claim};
+use crate::store::suppressions::{load, load_many, stream_id};
 
 /// Items a batch takes.
 const BATCH_MAX: usize = 100;
 
-/// Adds one suppression; `Ok((document, appended))` or the append's refusal.
-async fn add(
-    req: &HttpRequest,
-    state: &State,
-    caller: &Caller,
-    new: &NewSuppression,
-) -> Result<(Value, Appended), AppendError> {
+/// How often a batch whose decision lost a race (a concurrent add or removal) is decided again.
+const ATTEMPTS: usize = 3;
+
+/// The append of one new suppression, its uniqueness guard included.
+struct Addition {
+    stream: StreamAppend,
+    guard: Guard,
+    document: Value,
+}
+
+fn addition(caller: &Caller, new: &NewSuppression) -> Result<Addition, AppendError> {
     let suppression_id = new_id("sup");
     let added = decide_add(caller.space_id(), new, &suppression_id, shared::time::now_millis(), "api");
     let document = suppression_document(&added)
@@ -31,66 +36,66 @@ async fn add(
         .flatten()
         .ok_or_else(|| AppendError::Unavailable("could not build the suppression document".to_owned()))?;
     let occurred_at = shared::time::from_millis(added.created_at_ms);
-    let appended = state
-        .event_log
-        .append(AppendRequest {
-            metadata: super::metadata(req, caller, None),
-            streams: vec![StreamAppend {
-                stream_id: stream_id(&suppression_id),
-                expected: ExpectedVersion::NoStream,
-                events: vec![NewEvent { event: LogEvent::SuppressionAdded(added), subject_id: None, occurred_at }],
+    let subject_id =
+        shared::crypto::email_subject(&new.identifier).map_err(|e| AppendError::Unavailable(e.to_string()))?;
+    Ok(Addition {
+        stream: StreamAppend {
+            stream_id: stream_id(&suppression_id),
+            expected: ExpectedVersion::NoStream,
+            events: vec![NewEvent {
+                event: LogEvent::SuppressionAdded(added),
+                subject_id: Some(subject_id),
+                occurred_at,
             }],
-            guards: vec![Guard {
-                expect_rows: None,
-                sql: "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)",
-                params: vec![
-                    Box::new(scope(caller.space_id()).to_owned()),
-                    Box::new(new.identifier.clone()),
-                    Box::new(new.reason.clone()),
-                    Box::new(suppression_id.clone()),
-                ],
-                conflict: AppendError::Conflict {
-                    code: "suppression_already_exists",
-                    message: format!("{} is already suppressed with reason {}", new.identifier, new.reason),
-                },
-            }],
-        })
-        .await?;
-    Ok((document, appended))
+        },
+        guard: Guard::unique(
+            "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)",
+            vec![
+                Box::new(scope(caller.space_id()).to_owned()),
+                Box::new(new.identifier.clone()),
+                Box::new(new.reason.clone()),
+                Box::new(suppression_id),
+            ],
+            AppendError::Conflict {
+                code: "suppression_already_exists",
+                message: format!("{} is already suppressed with reason {}", new.identifier, new.reason),
+            },
+        ),
+        document,
+    })
 }
 
-/// Removes one suppression of the caller's space.
-async fn remove(req: &HttpRequest, state: &State, caller: &Caller, suppression_id: &str) -> Result<Appended, ApiError> {
-    let client = state.pool.get().await?;
-    let current = load(&client, suppression_id).await.map_err(|error| ApiError::internal(&error))?;
-    drop(client);
-    let version = current.as_ref().map_or(0, |(version, _)| *version);
-    let removed =
-        decide_remove(caller.space_id(), current.as_ref().map(|(_, added)| added), shared::time::now_millis())
-            .map_err(|refusal| refusal_error(refusal, suppression_id))?;
+/// The append of one removal, or why the suppression cannot be removed.
+struct Removal {
+    stream: StreamAppend,
+    guard: Guard,
+}
+
+fn removal(
+    caller: &Caller,
+    suppression_id: &str,
+    current: Option<&(i64, shared::proto::SuppressionAdded)>,
+) -> Result<Removal, ApiError> {
+    let version = current.map_or(0, |(version, _)| *version);
+    let removed = decide_remove(caller.space_id(), current.map(|(_, added)| added), shared::time::now_millis())
+        .map_err(|refusal| refusal_error(refusal, suppression_id))?;
     let occurred_at = shared::time::from_millis(removed.removed_at_ms);
-    state
-        .event_log
-        .append(AppendRequest {
-            metadata: super::metadata(req, caller, None),
-            streams: vec![StreamAppend {
-                stream_id: stream_id(suppression_id),
-                expected: ExpectedVersion::Exactly(version),
-                events: vec![NewEvent { event: LogEvent::SuppressionRemoved(removed), subject_id: None, occurred_at }],
-            }],
-            guards: vec![Guard {
-                expect_rows: None,
-                sql: "DELETE FROM suppression_keys WHERE suppression_id = $1",
-                params: vec![Box::new(suppression_id.to_owned())],
-                conflict: AppendError::Conflict { code: "suppression_not_found", message: String::new() },
-            }],
-        })
-        .await
-        .map_err(|error| match error {
-            // Removed by someone else in the meantime.
-            AppendError::WrongVersion { .. } => refusal_error(Refusal::NotFound, suppression_id),
-            other => super::append_error(other),
-        })
+    let subject_id = match current {
+        Some((_, added)) => shared::suppressions::subject_of(added).map_err(|error| ApiError::internal(&error))?,
+        None => None,
+    };
+    Ok(Removal {
+        stream: StreamAppend {
+            stream_id: stream_id(suppression_id),
+            expected: ExpectedVersion::Exactly(version),
+            events: vec![NewEvent { event: LogEvent::SuppressionRemoved(removed), subject_id, occurred_at }],
+        },
+        guard: Guard::unique(
+            "DELETE FROM suppression_keys WHERE suppression_id = $1",
+            vec![Box::new(suppression_id.to_owned())],
+            AppendError::Conflict { code: "suppression_not_found", message: String::new() },
+        ),
+    })
 }
 
 fn refusal_error(refusal: Refusal, suppression_id: &str) -> ApiError {
@@ -106,28 +111,83 @@ fn refusal_error(refusal: Refusal, suppression_id: &str) -> ApiError {
     }
 }
 
-/// An answer with `Consistency-Token` when something was written.
-fn answer(status: StatusCode, last_position: i64, body: &Value) -> HttpResponse {
+/// An answer with `Consistency-Token` when something was written, and `Operation-Id` when
+/// the operation has one.
+fn answer(status: StatusCode, last_position: i64, body: &Value, operation_id: Option<&str>) -> HttpResponse {
     let mut response = HttpResponse::build(status);
     if last_position > 0 {
         response.insert_header(("Consistency-Token", last_position.to_string()));
     }
+    if let Some(operation_id) = operation_id {
+        response.insert_header(("Operation-Id", operation_id.to_owned()));
+    }
     response.json(body)
 }
 
-/// A batch's 200: per-item results (each with the position it wrote, 0 for none) and the
-/// summary counting items by the given statuses, every other status counted as failed.
-fn batch_answer(outcomes: Vec<(Value, i64)>, counted: &[&str]) -> HttpResponse {
+/// A batch's body: per-item results and the summary counting items by the given statuses,
+/// every other status counted as failed.
+fn batch_body(results: Vec<Value>, counted: &[&str]) -> Value {
     let mut summary = serde_json::Map::new();
     for status in counted {
-        let count = outcomes.iter().filter(|(result, _)| result["status"] == *status).count();
+        let count = results.iter().filter(|result| result["status"] == *status).count();
         summary.insert((*status).to_owned(), json!(count));
     }
-    let failed = outcomes.iter().filter(|(result, _)| !counted.iter().any(|s| result["status"] == *s)).count();
+    let failed = results.iter().filter(|result| !counted.iter().any(|s| result["status"] == *s)).count();
     summary.insert("failed".to_owned(), json!(failed));
-    let last_position = outcomes.iter().map(|(_, position)| *position).max().unwrap_or(0);
-    let results: Vec<Value> = outcomes.into_iter().map(|(result, _)| result).collect();
-    answer(StatusCode::OK, last_position, &json!({ "data": { "results": results, "summary": summary } }))
+    json!({ "data": { "results": results, "summary": summary } })
+}
+
+/// Appends a batch's writes with the claim's completion in one transaction, or, when it
+/// writes nothing, records the answer; then answers 200.
+async fn commit_batch(
+    req: &HttpRequest,
+    state: &State,
+    caller: &Caller,
+    (claim, operation_id): (Option<&Claim>, &str),
+    (streams, guards): (Vec<StreamAppend>, Vec<Guard>),
+    body: &Value,
+) -> Result<HttpResponse, AppendError> {
+    if streams.is_empty() {
+        if let Some(claim) = claim {
+            claim
+                .record(state, StatusCode::OK, body)
+                .await
+                .map_err(|error| AppendError::Unavailable(error.to_string()))?;
+        }
+        return Ok(answer(StatusCode::OK, 0, body, Some(operation_id)));
+    }
+    let guards = guards.into_iter().chain(claim.map(|claim| claim.completion(StatusCode::OK, body))).collect();
+    let appended = state
+        .event_log
+        .append(AppendRequest {
+            metadata: super::metadata(req, caller, claim.map(|claim| claim.key.clone())),
+            streams,
+            guards,
+        })
+        .await?;
+    Ok(answer(StatusCode::OK, appended.last_position, body, Some(operation_id)))
+}
+
+/// The outcome of a batch attempt: retry when the decision lost a race.
+fn batch_outcome(
+    outcome: Result<HttpResponse, AppendError>,
+    unconfirmed: &mut bool,
+) -> Option<Result<HttpResponse, ApiError>> {
+    match outcome {
+        Ok(response) => Some(Ok(response)),
+        Err(AppendError::WrongVersion { .. } | AppendError::Conflict { code: "suppression_already_exists", .. }) => {
+            None
+        }
+        Err(AppendError::Conflict { code: "suppression_not_found", .. }) => None,
+        Err(error) => {
+            *unconfirmed = matches!(error, AppendError::OutcomeUnknown(_));
+            Some(Err(super::append_error(error)))
+        }
+    }
+}
+
+fn lost_too_often() -> ApiError {
+    ApiError::conflict("concurrent_modification", "the suppressions kept changing while this batch was applied; retry")
 }
 
 /// `POST /contacts/suppressions`: one suppression; no idempotency.
@@ -139,8 +199,17 @@ pub async fn create(
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let body = shared::http::read_json(&req, payload).await?;
     let new = parse_new(&body)?;
-    let (document, appended) = add(&req, &state, &caller, &new).await.map_err(super::append_error)?;
-    Ok(answer(StatusCode::CREATED, appended.last_position, &json!({ "data": document })))
+    let Addition { stream, guard, document } = addition(&caller, &new).map_err(super::append_error)?;
+    let appended = state
+        .event_log
+        .append(AppendRequest {
+            metadata: super::metadata(&req, &caller, None),
+            streams: vec![stream],
+            guards: vec![guard],
+        })
+        .await
+        .map_err(super::append_error)?;
+    Ok(answer(StatusCode::CREATED, appended.last_position, &json!({ "data": document }), None))
 }
 
 /// Reads `{<field>: [1..100 items]}`.
@@ -157,7 +226,9 @@ fn batch_items(body: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
     Ok(items.clone())
 }
 
-/// `POST /contacts/suppressions/batch`: each item on its own; always 200.
+/// `POST /contacts/suppressions/batch`: per-item results, always 200. The new suppressions
+/// are appended in one transaction (with the idempotency outcome, when keyed); an item whose
+/// identifier and reason exist already (or repeat an earlier item) is `exists`.
 pub async fn batch_create(
     req: HttpRequest,
     payload: web::Payload,
@@ -166,34 +237,73 @@ pub async fn batch_create(
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let body = shared::http::read_json(&req, payload).await?;
     let items = batch_items(&body, "suppressions")?;
-    let outcomes = futures_util::future::join_all(items.iter().enumerate().map(|(index, item)| {
-        let (req, state, caller) = (&req, &state, &caller);
-        async move {
-            let new = match parse_new(item) {
-                Ok(new) => new,
-                Err(error) => {
-                    return (json!({"index": index, "status": "invalid", "error": error.body()["error"]}), 0);
+    let (req, state, caller, items) = (&req, &**state, &caller, &items);
+    idempotency::protect(state, req, caller, &body, |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        for _ in 0..ATTEMPTS {
+            let attempt = async {
+                let parsed: Vec<Result<NewSuppression, ApiError>> = items.iter().map(parse_new).collect();
+                let wanted: Vec<&NewSuppression> = parsed.iter().filter_map(|item| item.as_ref().ok()).collect();
+                let client = state.pool.get().await.map_err(|e| AppendError::Unavailable(e.to_string()))?;
+                let existing = existing_keys(&client, scope(caller.space_id()), &wanted)
+                    .await
+                    .map_err(|e| AppendError::Unavailable(e.to_string()))?;
+                drop(client);
+                let mut seen = std::collections::HashSet::new();
+                let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
+                for (index, item) in parsed.iter().enumerate() {
+                    let new = match item {
+                        Ok(new) => new,
+                        Err(error) => {
+                            results.push(json!({"index": index, "status": "invalid", "error": error.body()["error"]}));
+                            continue;
+                        }
+                    };
+                    let key = (new.identifier.clone(), new.reason.clone());
+                    if existing.contains(&key) || !seen.insert(key) {
+                        results.push(json!({"index": index, "status": "exists"}));
+                        continue;
+                    }
+                    let Addition { stream, guard, document } = addition(caller, new)?;
+                    results.push(json!({"index": index, "status": "created", "suppression": document}));
+                    streams.push(stream);
+                    guards.push(guard);
                 }
+                let body = batch_body(results, &["created", "exists"]);
+                commit_batch(req, state, caller, (claim.as_ref(), &operation_id), (streams, guards), &body).await
             };
-            match add(req, state, caller, &new).await {
-                Ok((document, appended)) => {
-                    (json!({"index": index, "status": "created", "suppression": document}), appended.last_position)
-                }
-                Err(AppendError::Conflict { code: "suppression_already_exists", .. }) => {
-                    (json!({"index": index, "status": "exists"}), 0)
-                }
-                Err(other) => {
-                    let error = super::append_error(other);
-                    (json!({"index": index, "status": "failed", "error": error.body()["error"]}), 0)
-                }
+            if let Some(outcome) = batch_outcome(attempt.await, &mut unconfirmed) {
+                return (outcome, unconfirmed);
             }
         }
-    }))
-    .await;
-    Ok(batch_answer(outcomes, &["created", "exists"]))
+        (Err(lost_too_often()), unconfirmed)
+    })
+    .await
 }
 
-/// `POST /contacts/suppressions/batch-remove`: each id on its own; always 200.
+/// Which of `wanted` (identifier, reason) already exist in `scope`.
+async fn existing_keys(
+    client: &deadpool_postgres::Client,
+    scope: &str,
+    wanted: &[&NewSuppression],
+) -> Result<std::collections::HashSet<(String, String)>, tokio_postgres::Error> {
+    let identifiers: Vec<&str> = wanted.iter().map(|new| new.identifier.as_str()).collect();
+    let reasons: Vec<&str> = wanted.iter().map(|new| new.reason.as_str()).collect();
+    let rows = client
+        .query(
+            "SELECT k.identifier, k.reason FROM suppression_keys k
+             JOIN unnest($2::text[], $3::text[]) AS w(identifier, reason)
+               ON w.identifier = k.identifier AND w.reason = k.reason
+             WHERE k.scope = $1",
+            &[&scope, &identifiers, &reasons],
+        )
+        .await?;
+    Ok(rows.into_iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+/// `POST /contacts/suppressions/batch-remove`: per-id results, always 200; the removals are
+/// appended in one transaction (with the idempotency outcome, when keyed). An id repeated in
+/// the batch is `not_found` after its first removal.
 pub async fn batch_remove(
     req: HttpRequest,
     payload: web::Payload,
@@ -202,37 +312,95 @@ pub async fn batch_remove(
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let body = shared::http::read_json(&req, payload).await?;
     let items = batch_items(&body, "ids")?;
-    let outcomes = futures_util::future::join_all(items.iter().enumerate().map(|(index, item)| {
-        let (req, state, caller) = (&req, &state, &caller);
-        async move {
-            let Some(id) = item.as_str() else {
-                let error = ApiError::bad_request("invalid_id", "each id must be a string");
-                return (json!({"index": index, "status": "invalid", "error": error.body()["error"]}), 0);
-            };
-            match remove(req, state, caller, id).await {
-                Ok(appended) => (json!({"index": index, "id": id, "status": "removed"}), appended.last_position),
-                Err(error) => {
-                    let status = match error.code() {
-                        Some("suppression_not_found") => "not_found",
-                        Some("suppression_not_removable") => "not_removable",
-                        _ => "failed",
+    let (req, state, caller, items) = (&req, &**state, &caller, &items);
+    idempotency::protect(state, req, caller, &body, |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        for _ in 0..ATTEMPTS {
+            let attempt = async {
+                let ids: Vec<String> = items.iter().filter_map(|item| item.as_str().map(str::to_owned)).collect();
+                let client = state.pool.get().await.map_err(|e| AppendError::Unavailable(e.to_string()))?;
+                let current = load_many(&client, &ids).await.map_err(|e| AppendError::Unavailable(e.to_string()))?;
+                drop(client);
+                let mut seen = std::collections::HashSet::new();
+                let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
+                for (index, item) in items.iter().enumerate() {
+                    let Some(id) = item.as_str() else {
+                        let error = ApiError::bad_request("invalid_id", "each id must be a string");
+                        results.push(json!({"index": index, "status": "invalid", "error": error.body()["error"]}));
+                        continue;
                     };
-                    (json!({"index": index, "id": id, "status": status, "error": error.body()["error"]}), 0)
+                    let found = if seen.insert(id) { current.get(id) } else { None };
+                    match removal(caller, id, found) {
+                        Ok(Removal { stream, guard }) => {
+                            results.push(json!({"index": index, "id": id, "status": "removed"}));
+                            streams.push(stream);
+                            guards.push(guard);
+                        }
+                        Err(error) => {
+                            let status = match error.code() {
+                                Some("suppression_not_found") => "not_found",
+                                Some("suppression_not_removable") => "not_removable",
+                                _ => "failed",
+                            };
+                            results.push(
+                                json!({"index": index, "id": id, "status": status, "error": error.body()["error"]}),
+                            );
+                        }
+                    }
                 }
+                let body = batch_body(results, &["removed"]);
+                commit_batch(req, state, caller, (claim.as_ref(), &operation_id), (streams, guards), &body).await
+            };
+            if let Some(outcome) = batch_outcome(attempt.await, &mut unconfirmed) {
+                return (outcome, unconfirmed);
             }
         }
-    }))
-    .await;
-    Ok(batch_answer(outcomes, &["removed"]))
+        (Err(lost_too_often()), unconfirmed)
+    })
+    .await
 }
 
-/// `DELETE /contacts/suppressions/{id}`.
+/// `DELETE /contacts/suppressions/{id}` (honours `Idempotency-Key`).
 pub async fn delete(
     req: HttpRequest,
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
-    let appended = remove(&req, &state, &caller, &path).await?;
-    Ok(answer(StatusCode::OK, appended.last_position, &json!({ "data": { "id": path.as_str(), "deleted": true } })))
+    let suppression_id = path.into_inner();
+    let (req, state, caller, suppression_id) = (&req, &**state, &caller, suppression_id.as_str());
+    // The path is the whole input: the body identity of a DELETE is empty.
+    idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        let outcome = async {
+            let client = state.pool.get().await?;
+            let current = load(&client, suppression_id).await.map_err(|error| ApiError::internal(&error))?;
+            drop(client);
+            let Removal { stream, guard } = removal(caller, suppression_id, current.as_ref())?;
+            let body = json!({ "data": { "id": suppression_id, "deleted": true } });
+            let guards =
+                std::iter::once(guard).chain(claim.as_ref().map(|c| c.completion(StatusCode::OK, &body))).collect();
+            let appended = state
+                .event_log
+                .append(AppendRequest {
+                    metadata: super::metadata(req, caller, claim.as_ref().map(|claim| claim.key.clone())),
+                    streams: vec![stream],
+                    guards,
+                })
+                .await
+                .map_err(|error| match error {
+                    // Removed by someone else in the meantime.
+                    AppendError::WrongVersion { .. } => refusal_error(Refusal::NotFound, suppression_id),
+                    AppendError::OutcomeUnknown(message) => {
+                        unconfirmed = true;
+                        super::append_error(AppendError::OutcomeUnknown(message))
+                    }
+                    other => super::append_error(other),
+                })?;
+            Ok(answer(StatusCode::OK, appended.last_position, &body, Some(&operation_id)))
+        }
+        .await;
+        (outcome, unconfirmed)
+    })
+    .await
 }

@@ -35,3 +35,33 @@ pub async fn load(
     }
     Ok(current)
 }
+
+/// [`load`] for many suppressions in one statement: the live ones by id.
+pub async fn load_many(
+    client: &impl GenericClient,
+    suppression_ids: &[String],
+) -> anyhow::Result<std::collections::HashMap<String, (i64, proto::SuppressionAdded)>> {
+    let mut current = std::collections::HashMap::new();
+    if suppression_ids.is_empty() {
+        return Ok(current);
+    }
+    let streams: Vec<String> = suppression_ids.iter().flat_map(|id| [stream_id(id), authored_stream_id(id)]).collect();
+    let statement = client
+        .prepare_cached(
+            "SELECT stream_version, event_type, payload FROM events WHERE stream_id = ANY($1)
+             ORDER BY stream_id, stream_version",
+        )
+        .await?;
+    for row in client.query(&statement, &[&streams]).await? {
+        match LogEvent::decode(row.get(1), row.get(2))? {
+            LogEvent::SuppressionAdded(added) => {
+                current.insert(added.suppression_id.clone(), (row.get(0), added));
+            }
+            LogEvent::SuppressionRemoved(removed) => {
+                current.remove(&removed.suppression_id);
+            }
+            _ => {}
+        }
+    }
+    Ok(current)
+}

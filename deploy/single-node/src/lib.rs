@@ -23,7 +23,13 @@ impl SingleNode {
         projector::migrate(&pool).await.context("migrating")?;
         let projector_pool = shared::db::pool(&database_url, 4)?;
         let worker = format!("single-node-{}", std::process::id());
-        tokio::spawn(projector::daemon::run(projector_pool, database_url.clone(), worker, std::future::pending()));
+        tokio::spawn(projector::daemon::run(
+            projector_pool,
+            database_url.clone(),
+            worker,
+            settings.erasure_blocked_after,
+            std::future::pending(),
+        ));
         let read_models = ReadModels::start(pool.clone(), database_url);
         let command_state = command_service::State::new(settings.clone(), pool.clone(), read_models.clone());
         let query_state = query_service::State::new(settings.clone(), pool.clone(), read_models);

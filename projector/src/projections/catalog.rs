@@ -87,7 +87,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &Stored
                 .await?;
         }
         LogEvent::UserDefined(user) => {
-            let personal: Option<proto::UserPersonal> = open(user.personal.as_ref())?;
+            let personal: Option<proto::UserPersonal> = open(user.personal.as_ref(), &shared::crypto::Keys::default())?;
             let (name, email) = personal.map(|p| (Some(p.name), Some(p.email))).unwrap_or((None, None));
             transaction
                 .execute(

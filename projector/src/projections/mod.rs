@@ -2,6 +2,7 @@
 //! how one log event changes them.
 
 mod catalog;
+pub mod deletions;
 mod records;
 mod suppressions;
 
@@ -17,16 +18,20 @@ pub enum Projection {
     Records,
     /// The email suppression list, space-scoped and global.
     Suppressions,
+    /// Record deletion operations and their status.
+    Deletions,
 }
 
 impl Projection {
-    pub const ALL: [Projection; 3] = [Projection::Catalog, Projection::Records, Projection::Suppressions];
+    pub const ALL: [Projection; 4] =
+        [Projection::Catalog, Projection::Records, Projection::Suppressions, Projection::Deletions];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Catalog => shared::catalog::CATALOG,
             Self::Records => "records",
             Self::Suppressions => "suppressions",
+            Self::Deletions => "deletions",
         }
     }
 
@@ -40,6 +45,7 @@ impl Projection {
             Self::Catalog => catalog::DDL,
             Self::Records => records::DDL,
             Self::Suppressions => suppressions::DDL,
+            Self::Deletions => deletions::DDL,
         };
         format!("CREATE SCHEMA {schema};\n{}", tables.replace("{s}", schema))
     }
@@ -65,6 +71,14 @@ impl Projection {
                 for event in events.iter().filter(|e| suppressions::EVENT_TYPES.contains(&e.event_type.as_str())) {
                     suppressions::apply(transaction, schema, event).await.with_context(|| {
                         format!("projection suppressions failed on {} at position {}", event.event_type, event.position)
+                    })?;
+                }
+                Ok(())
+            }
+            Self::Deletions => {
+                for event in events.iter().filter(|e| deletions::EVENT_TYPES.contains(&e.event_type.as_str())) {
+                    deletions::apply(transaction, schema, event).await.with_context(|| {
+                        format!("projection deletions failed on {} at position {}", event.event_type, event.position)
                     })?;
                 }
                 Ok(())

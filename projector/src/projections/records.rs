@@ -25,11 +25,20 @@ CREATE TABLE {s}.record_counts (
 ";
 
 /// Event types this projection reads; everything else is skipped without decoding.
-pub(super) const EVENT_TYPES: &[&str] = &["RecordCreated.v1", "RecordUpdated.v1"];
+pub(super) const EVENT_TYPES: &[&str] = &["RecordCreated.v1", "RecordUpdated.v1", "RecordDeletionRequested.v1"];
 
-/// Applies a batch with one statement: new records are inserted and the counters grow by
-/// the rows actually inserted, so applying the same events twice changes nothing.
+/// Applies a batch set-wise: new records are inserted and the counters grow by the rows
+/// actually inserted, updates replace documents, deletions remove rows and shrink the
+/// counters by the rows actually removed, so applying the same events twice changes nothing.
+/// Personal data opens with the data keys that still exist: a record whose key is destroyed
+/// (erased) is projected with its personal fields empty, the same way on every replay, and
+/// its deletion, later in the log, removes the row.
 pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, events: &[StoredEvent]) -> anyhow::Result<()> {
+    let relevant: Vec<&StoredEvent> =
+        events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())).collect();
+    let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
+    let keys = shared::crypto::load_keys(transaction, &subjects).await?;
+    let mut deleted = Vec::new();
     let mut record_ids = Vec::new();
     let mut space_ids = Vec::new();
     let mut schema_ids = Vec::new();
@@ -37,18 +46,22 @@ pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, events: &
     let mut documents = Vec::new();
     // Updates carry the whole new state: only the last one of a record in the batch matters.
     let mut updated: std::collections::BTreeMap<String, serde_json::Value> = std::collections::BTreeMap::new();
-    for event in events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())) {
+    for event in relevant {
         match event.decode()? {
             LogEvent::RecordCreated(created) => {
-                documents.push(record_document(&created)?);
+                documents.push(record_document(&created, &keys)?);
                 created_at.push(from_millis(created.created_at_ms));
                 record_ids.push(created.record_id);
                 space_ids.push(created.space_id);
                 schema_ids.push(created.schema_id);
             }
             LogEvent::RecordUpdated(update) => {
-                let state = RecordState::from_updated(&update)?;
+                let state = RecordState::from_updated(&update, &keys)?;
                 updated.insert(update.record_id, state.document());
+            }
+            LogEvent::RecordDeletionRequested(requested) => {
+                updated.remove(&requested.record_id);
+                deleted.push(requested.record_id);
             }
             _ => {}
         }
@@ -65,6 +78,19 @@ pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, events: &
             ))
             .await?;
         transaction.execute(&statement, &[&ids, &docs]).await?;
+    }
+    if !deleted.is_empty() {
+        let statement = transaction
+            .prepare_cached(&format!(
+                "WITH gone AS (
+                     DELETE FROM {schema}.records r USING unnest($1::text[]) AS d(record_id)
+                     WHERE r.record_id = d.record_id RETURNING r.space_id, r.schema_id),
+                 counted AS (SELECT space_id, schema_id, count(*) AS n FROM gone GROUP BY space_id, schema_id)
+                 UPDATE {schema}.record_counts c SET total = c.total - counted.n FROM counted
+                 WHERE c.space_id = counted.space_id AND c.schema_id = counted.schema_id"
+            ))
+            .await?;
+        transaction.execute(&statement, &[&deleted]).await?;
     }
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! The HTTP surface of the query service.
 
+pub mod audit;
+pub mod deletions;
 pub mod me;
 pub mod records;
 pub mod routes;

@@ -2,7 +2,7 @@
 
 use actix_web::{HttpResponse, web};
 
-use super::{me, records, schemas, suppressions};
+use super::{audit, deletions, me, records, schemas, suppressions};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
@@ -13,6 +13,8 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/schemas/{schema}/attributes", web::get().to(schemas::attributes))
         .route("/schemas/{schema}/records", web::get().to(records::list))
         .route("/schemas/{schema}/records/{id}", web::get().to(records::get))
+        .route("/schemas/{schema}/records/{id}/audit-trail", web::get().to(audit::get))
+        .route("/record-deletions/{operationId}", web::get().to(deletions::get))
         .route("/contacts/suppressions", web::get().to(suppressions::list));
 }
 

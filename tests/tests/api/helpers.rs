@@ -62,6 +62,7 @@ pub fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str,
     command
         .args(args)
         .env("APP__DATABASE_URL", database_url)
+        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
         .env("RUST_LOG", "warn")
         .env("APP__RATE_READ_PER_SECOND", "1000000")
         .env("APP__RATE_WRITE_PER_SECOND", "1000000");
@@ -109,11 +110,13 @@ pub struct Options {
     pub projector: bool,
     /// Request buckets; `None` raises them far above what any test sends.
     pub limits: Option<shared::ratelimit::Limits>,
+    /// How long a record deletion waits for projections before it is `blocked` (60 s).
+    pub erasure_blocked_after: Option<Duration>,
 }
 
 impl Options {
     pub fn without_projector() -> Self {
-        Self { projector: false, limits: None }
+        Self { projector: false, limits: None, erasure_blocked_after: None }
     }
 }
 
@@ -128,7 +131,7 @@ pub fn unlimited() -> shared::ratelimit::Limits {
 
 impl TestApp {
     pub async fn spawn() -> Self {
-        Self::spawn_with(Options { projector: true, limits: None }).await
+        Self::spawn_with(Options { projector: true, limits: None, erasure_blocked_after: None }).await
     }
 
     pub async fn spawn_with(options: Options) -> Self {
@@ -145,6 +148,7 @@ impl TestApp {
                 projector_pool,
                 database_url.clone(),
                 "test-projector".into(),
+                options.erasure_blocked_after.unwrap_or(Duration::from_secs(60)),
                 std::future::pending(),
             ));
         }

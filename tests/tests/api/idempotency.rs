@@ -230,3 +230,112 @@ async fn patch_ignores_the_idempotency_key() {
     }
     assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 0);
 }
+
+async fn keyed(app: &TestApp, method: reqwest::Method, path: &str, key: &str, body: Option<&Value>) -> TestResponse {
+    let mut request = app.request(method, path, Some(ALPHA_ADMIN)).header("Idempotency-Key", key);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    app.send(request).await
+}
+
+async fn suppression_events(app: &TestApp) -> i64 {
+    app.query_i64("SELECT count(*) FROM events WHERE event_type IN ('SuppressionAdded.v1', 'SuppressionRemoved.v1')")
+        .await
+}
+
+#[tokio::test]
+async fn suppression_batches_and_delete_honour_the_key() {
+    let app = TestApp::spawn().await;
+    let batch = json!({"suppressions": [
+        {"identifier": "one@example.com", "reason": "manual"},
+        {"identifier": "two@example.com", "reason": "legal"},
+    ]});
+    let first = keyed(&app, reqwest::Method::POST, "/contacts/suppressions/batch", "batch-1", Some(&batch)).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    assert_eq!(first.body["data"]["summary"]["created"], 2);
+    let operation_id = first.header("operation-id").expect("Operation-Id").to_owned();
+    let events = suppression_events(&app).await;
+    // Without the key the repeat would report `exists`; with it the original answer is replayed.
+    let replay = keyed(&app, reqwest::Method::POST, "/contacts/suppressions/batch", "batch-1", Some(&batch)).await;
+    assert_eq!((replay.status, replay.header("idempotent-replay")), (200, Some("true")));
+    assert_eq!(replay.header("operation-id"), Some(operation_id.as_str()));
+    assert_eq!(replay.body, first.body);
+    assert_eq!(suppression_events(&app).await, events, "the replay wrote nothing");
+    let other = json!({"suppressions": [{"identifier": "three@example.com", "reason": "manual"}]});
+    let reused = keyed(&app, reqwest::Method::POST, "/contacts/suppressions/batch", "batch-1", Some(&other)).await;
+    assert_eq!((reused.status, reused.code().as_str()), (422, Some("idempotency_key_reused")));
+
+    let ids: Vec<Value> = first.body["data"]["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|result| result["suppression"]["id"].clone())
+        .collect();
+    let remove = json!({ "ids": ids });
+    let removed =
+        keyed(&app, reqwest::Method::POST, "/contacts/suppressions/batch-remove", "rm-1", Some(&remove)).await;
+    assert_eq!(removed.body["data"]["summary"]["removed"], 2, "{:?}", removed.body);
+    let again = keyed(&app, reqwest::Method::POST, "/contacts/suppressions/batch-remove", "rm-1", Some(&remove)).await;
+    assert_eq!(again.header("idempotent-replay"), Some("true"));
+    assert_eq!(again.body, removed.body, "replayed, not `not_found`");
+    let fresh = keyed(&app, reqwest::Method::POST, "/contacts/suppressions/batch-remove", "rm-2", Some(&remove)).await;
+    assert_eq!(fresh.body["data"]["summary"]["removed"], 0, "a new key executes again");
+
+    let single = app
+        .post("/contacts/suppressions", ALPHA_ADMIN, &json!({"identifier": "d@example.com", "reason": "manual"}))
+        .await;
+    let path = format!("/contacts/suppressions/{}", single.body["data"]["id"].as_str().expect("id"));
+    let deleted = keyed(&app, reqwest::Method::DELETE, &path, "del-1", None).await;
+    assert_eq!(deleted.status, 200);
+    assert!(deleted.header("operation-id").is_some());
+    let replayed = keyed(&app, reqwest::Method::DELETE, &path, "del-1", None).await;
+    assert_eq!((replayed.status, replayed.header("idempotent-replay")), (200, Some("true")));
+    let unkeyed = app.send(app.request(reqwest::Method::DELETE, &path, Some(ALPHA_ADMIN))).await;
+    assert_eq!(unkeyed.code().as_str(), Some("suppression_not_found"));
+    // An error after the claim is replayed too.
+    let missing = keyed(&app, reqwest::Method::DELETE, "/contacts/suppressions/sup_missing", "del-2", None).await;
+    assert_eq!(missing.status, 404);
+    let missing_again = keyed(&app, reqwest::Method::DELETE, "/contacts/suppressions/sup_missing", "del-2", None).await;
+    assert_eq!((missing_again.status, missing_again.header("idempotent-replay")), (404, Some("true")));
+}
+
+#[tokio::test]
+async fn twenty_concurrent_identical_batches_execute_once() {
+    let app = TestApp::spawn().await;
+    let batch = json!({"suppressions": [
+        {"identifier": "c1@example.com", "reason": "manual"},
+        {"identifier": "c2@example.com", "reason": "manual"},
+    ]});
+    let before = suppression_events(&app).await;
+    let requests =
+        (0..20).map(|_| keyed(&app, reqwest::Method::POST, "/contacts/suppressions/batch", "same", Some(&batch)));
+    let answers = futures_util::future::join_all(requests).await;
+    let created: Vec<&TestResponse> = answers.iter().filter(|answer| answer.status == 200).collect();
+    assert!(!created.is_empty());
+    assert!(created.iter().all(|answer| answer.body == created[0].body), "every 200 carries the one outcome");
+    assert!(
+        answers.iter().all(|answer| answer.status == 200 || answer.code().as_str() == Some("idempotency_conflict")),
+        "{:?}",
+        answers.iter().map(|a| (a.status, a.body.clone())).collect::<Vec<_>>()
+    );
+    assert_eq!(suppression_events(&app).await - before, 2, "the batch executed once");
+}
+
+#[tokio::test]
+async fn a_batch_with_repeated_items_reports_them_as_existing() {
+    let app = TestApp::spawn().await;
+    let batch = json!({"suppressions": [
+        {"identifier": "rep@example.com", "reason": "manual"},
+        {"identifier": "REP@example.com", "reason": "manual"},
+        {"identifier": "rep@example.com", "reason": "legal"},
+    ]});
+    let answer = app.post("/contacts/suppressions/batch", ALPHA_ADMIN, &batch).await;
+    let statuses: Vec<&str> = answer.body["data"]["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|result| result["status"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(statuses, ["created", "exists", "created"], "{:?}", answer.body);
+}

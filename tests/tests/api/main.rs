@@ -1,9 +1,11 @@
 //! Integration tests against a real PostgreSQL started by `scripts/test`.
 
+mod audit;
 mod auth;
 mod authoring;
 mod consistency;
 mod deployment;
+mod erasure;
 mod errors;
 mod helpers;
 mod idempotency;

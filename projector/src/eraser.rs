@@ -1,0 +1,193 @@
+//! The eraser: drives record deletion operations from `pending` (or `blocked`) to
+//! `completed`.
+//!
+//! For each open operation it (1) destroys the record's data key and blanks the write side's
+//! copies of its data (recorded idempotent responses; identity claims went with the request),
+//! then (2) waits until every projection version that holds data (live, being rebuilt, or
+//! retired but not yet dropped) has passed the deletion's position, and (3) appends
+//! `RecordDeletionCompleted`. Step 1 is idempotent and commits before step 3, so a completed
+//! operation always means the key is gone. Several projector processes may run the eraser:
+//! the guard on `record_deletions` lets exactly one completion (or block) through.
+//!
+//! An operation that waits longer than the configured time, because a projection is stuck
+//! (failing on an event, or a rebuild that was abandoned), becomes `blocked` with the reason;
+//! it completes by itself once that projection passes the position or the abandoned version
+//! is dropped.
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use shared::events::LogEvent;
+use shared::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+
+/// How many open operations one pass looks at.
+const PASS_LIMIT: i64 = 100;
+
+struct Open {
+    operation_id: String,
+    record_id: String,
+    space_id: String,
+    state: String,
+    waited: Duration,
+}
+
+/// One pass over the open deletion operations. Returns how many completed.
+pub async fn run_pass(pool: &Pool, log: &EventLog, blocked_after: Duration) -> anyhow::Result<usize> {
+    let client = pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT operation_id, record_id, space_id, state,
+                    (extract(epoch FROM clock_timestamp() - requested_at) * 1000)::bigint
+             FROM record_deletions WHERE state <> 'completed' ORDER BY requested_at LIMIT $1",
+            &[&PASS_LIMIT],
+        )
+        .await?;
+    drop(client);
+    let mut completed = 0;
+    for row in rows {
+        let open = Open {
+            operation_id: row.get(0),
+            record_id: row.get(1),
+            space_id: row.get(2),
+            state: row.get(3),
+            waited: Duration::from_millis(u64::try_from(row.get::<_, i64>(4)).unwrap_or(0)),
+        };
+        match advance(pool, log, &open, blocked_after).await {
+            Ok(true) => completed += 1,
+            Ok(false) => {}
+            Err(error) => tracing::warn!(
+                operation = %open.operation_id,
+                error = format!("{error:#}"),
+                "could not advance a record deletion; retrying"
+            ),
+        }
+    }
+    Ok(completed)
+}
+
+/// Advances one operation; `true` when it completed.
+async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Duration) -> anyhow::Result<bool> {
+    let mut client = pool.get().await?;
+    let stream_id = format!("record/{}", open.record_id);
+    let requested = client
+        .query_opt(
+            "SELECT position, payload FROM events WHERE stream_id = $1 AND event_type = 'RecordDeletionRequested.v1'",
+            &[&stream_id],
+        )
+        .await?;
+    let Some(requested) = requested else { anyhow::bail!("no RecordDeletionRequested event for {}", open.record_id) };
+    let deletion_position: i64 = requested.get(0);
+    let LogEvent::RecordDeletionRequested(request) = LogEvent::decode("RecordDeletionRequested.v1", requested.get(1))?
+    else {
+        anyhow::bail!("undecodable deletion request")
+    };
+
+    // 1. Destroy the key and blank the write side's copies (idempotent).
+    let transaction = client.transaction().await?;
+    transaction.execute("DELETE FROM subject_keys WHERE subject_id = $1", &[&open.record_id]).await?;
+    transaction.execute("DELETE FROM record_identities WHERE record_id = $1", &[&open.record_id]).await?;
+    transaction
+        .execute(
+            "UPDATE idempotency_records
+             SET response = jsonb_build_object('data', jsonb_build_object('id', $1::text, 'erased', true))
+             WHERE response -> 'data' ->> 'id' = $1",
+            &[&open.record_id],
+        )
+        .await?;
+    transaction.commit().await?;
+
+    // 2. Every projection version that holds data must have passed the deletion.
+    let laggard = client
+        .query_opt(
+            "SELECT name, version, position FROM projections
+             WHERE position < $1
+               AND (status IN ('live', 'building', 'halted')
+                    OR (status = 'retired' AND to_regnamespace('rm_' || name || '_v' || version) IS NOT NULL))
+             ORDER BY position LIMIT 1",
+            &[&deletion_position],
+        )
+        .await?;
+    drop(client);
+    let metadata = Metadata { space_id: Some(open.space_id.clone()), ..Metadata::default() };
+    let now = shared::time::now_millis();
+    if let Some(laggard) = laggard {
+        if open.state == "pending" && open.waited >= blocked_after {
+            let reason = format!(
+                "blocked: read model {} version {} is at log position {} and has not passed the deletion at position \
+                 {deletion_position}; the deletion completes by itself once it does (or once that version is dropped)",
+                laggard.get::<_, String>(0),
+                laggard.get::<_, i32>(1),
+                laggard.get::<_, i64>(2),
+            );
+            let event = LogEvent::RecordDeletionBlocked(shared::proto::RecordDeletionBlocked {
+                operation_id: open.operation_id.clone(),
+                record_id: open.record_id.clone(),
+                space_id: open.space_id.clone(),
+                reason,
+                blocked_at_ms: now,
+                schema_id: request.schema_id.clone(),
+            });
+            let guard = transition(
+                &open.operation_id,
+                "UPDATE record_deletions SET state = 'blocked' WHERE operation_id = $1 AND state = 'pending'",
+            );
+            append(log, metadata, &stream_id, &open.record_id, event, guard).await?;
+        }
+        return Ok(false);
+    }
+
+    // 3. Proven: record it.
+    let event = LogEvent::RecordDeletionCompleted(shared::proto::RecordDeletionCompleted {
+        operation_id: open.operation_id.clone(),
+        record_id: open.record_id.clone(),
+        space_id: open.space_id.clone(),
+        deletion_position,
+        completed_at_ms: now,
+        schema_id: request.schema_id,
+    });
+    let guard = transition(
+        &open.operation_id,
+        "UPDATE record_deletions SET state = 'completed', completed_at = now()
+         WHERE operation_id = $1 AND state <> 'completed'",
+    );
+    append(log, metadata, &stream_id, &open.record_id, event, guard).await
+}
+
+fn transition(operation_id: &str, sql: &'static str) -> Guard {
+    Guard::exactly_one(
+        sql,
+        vec![Box::new(operation_id.to_owned())],
+        AppendError::Conflict { code: "deletion_moved_on", message: String::new() },
+    )
+}
+
+/// Appends a transition; `false` (not an error) when another eraser got there first.
+async fn append(
+    log: &EventLog,
+    metadata: Metadata,
+    stream_id: &str,
+    record_id: &str,
+    event: LogEvent,
+    guard: Guard,
+) -> anyhow::Result<bool> {
+    let outcome = log
+        .append(AppendRequest {
+            metadata,
+            streams: vec![StreamAppend {
+                stream_id: stream_id.to_owned(),
+                expected: ExpectedVersion::Any,
+                events: vec![NewEvent {
+                    event,
+                    subject_id: Some(record_id.to_owned()),
+                    occurred_at: chrono::Utc::now(),
+                }],
+            }],
+            guards: vec![guard],
+        })
+        .await;
+    match outcome {
+        Ok(_) => Ok(true),
+        Err(AppendError::Conflict { code: "deletion_moved_on", .. }) => Ok(false),
+        Err(error) => Err(error.into()),
+    }
+}

@@ -1,0 +1,207 @@
+//! Crypto-shredding. A data subject's personal fields are encrypted in the log with
+//! AES-256-GCM under the subject's own data key. Data keys are stored only wrapped (encrypted)
+//! by the master key from configuration, in `subject_keys`. Erasing a subject deletes its
+//! wrapped key: every copy of its data in the log becomes unreadable for good, and readers
+//! treat it as erased.
+//!
+//! The keyring is process-wide: it is installed from the settings when they are loaded, so
+//! the log readers (projections, decisions, the audit trail) need not carry it around.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use aes_gcm::aead::{Aead, KeyInit, Payload};
+use aes_gcm::{Aes256Gcm, Key, Nonce};
+use anyhow::Context;
+use deadpool_postgres::GenericClient;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+use crate::log::{AppendError, Guard};
+
+const NONCE_LEN: usize = 12;
+const KEY_LEN: usize = 32;
+
+/// A master key for tests and local runs only; production sets `APP__MASTER_KEY`.
+pub const TEST_MASTER_KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+static KEYRING: OnceLock<Keyring> = OnceLock::new();
+
+/// The master key, which wraps and unwraps data keys.
+#[derive(Clone)]
+pub struct Keyring {
+    master: Aes256Gcm,
+    /// Derived from the master key: keys the digests that name email addresses as subjects.
+    digest_key: [u8; 32],
+}
+
+/// One subject's data key.
+#[derive(Clone)]
+pub struct DataKey {
+    /// Boxed: the expanded AES key schedule is large.
+    cipher: Box<Aes256Gcm>,
+}
+
+impl Keyring {
+    /// Parses a master key of 64 hexadecimal characters.
+    pub fn from_hex(hex: &str) -> anyhow::Result<Self> {
+        let bytes = decode_hex(hex.trim()).context("the master key must be 64 hexadecimal characters")?;
+        anyhow::ensure!(bytes.len() == KEY_LEN, "the master key must be 64 hexadecimal characters (32 bytes)");
+        let digest_key = Sha256::new().chain_update(b"email-subject-digest\0").chain_update(&bytes).finalize().into();
+        Ok(Self { master: Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&bytes)), digest_key })
+    }
+
+    /// The subject id that names an email address in the log without holding it: a keyed
+    /// digest, so log rows about the address (suppressions, sends) can be found by it, and a
+    /// dump of the database does not reveal it.
+    pub fn email_subject(&self, email: &str) -> String {
+        let digest = Sha256::new().chain_update(self.digest_key).chain_update(email.trim().to_lowercase()).finalize();
+        let hex: String = digest.iter().take(16).map(|byte| format!("{byte:02x}")).collect();
+        format!("email:{hex}")
+    }
+
+    /// A fresh data key for `subject_id` and its wrapped form, to be stored.
+    pub fn generate(&self, subject_id: &str) -> (DataKey, Vec<u8>) {
+        let mut bytes = [0u8; KEY_LEN];
+        rand::rng().fill_bytes(&mut bytes);
+        let wrapped = encrypt(&self.master, subject_id.as_bytes(), &bytes);
+        let key = DataKey { cipher: Box::new(Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&bytes))) };
+        (key, wrapped)
+    }
+
+    /// Unwraps a stored data key. The subject id is bound in, so a key cannot be moved to
+    /// another subject.
+    pub fn unwrap_key(&self, subject_id: &str, wrapped: &[u8]) -> anyhow::Result<DataKey> {
+        let bytes = decrypt(&self.master, subject_id.as_bytes(), wrapped)
+            .with_context(|| format!("the data key of {subject_id} does not open with the master key"))?;
+        anyhow::ensure!(bytes.len() == KEY_LEN, "the data key of {subject_id} has the wrong length");
+        Ok(DataKey { cipher: Box::new(Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&bytes))) })
+    }
+}
+
+impl DataKey {
+    pub fn encrypt(&self, subject_id: &str, plaintext: &[u8]) -> Vec<u8> {
+        encrypt(&self.cipher, subject_id.as_bytes(), plaintext)
+    }
+
+    pub fn decrypt(&self, subject_id: &str, ciphertext: &[u8]) -> anyhow::Result<Vec<u8>> {
+        decrypt(&self.cipher, subject_id.as_bytes(), ciphertext)
+    }
+}
+
+/// Installs the process-wide keyring (the first installation wins).
+pub fn install(keyring: Keyring) {
+    let _ = KEYRING.set(keyring);
+}
+
+/// The process-wide keyring.
+pub fn keyring() -> anyhow::Result<&'static Keyring> {
+    KEYRING.get().context("no master key is installed (APP__MASTER_KEY)")
+}
+
+/// [`Keyring::email_subject`] with the process-wide keyring.
+pub fn email_subject(email: &str) -> anyhow::Result<String> {
+    Ok(keyring()?.email_subject(email))
+}
+
+/// `nonce || ciphertext+tag`, with `aad` authenticated.
+fn encrypt(cipher: &Aes256Gcm, aad: &[u8], plaintext: &[u8]) -> Vec<u8> {
+    let mut nonce = [0u8; NONCE_LEN];
+    rand::rng().fill_bytes(&mut nonce);
+    // Encryption fails only for inputs beyond GCM's length limit (64 GiB).
+    let sealed = cipher.encrypt(Nonce::from_slice(&nonce), Payload { msg: plaintext, aad }).unwrap_or_default();
+    let mut out = Vec::with_capacity(NONCE_LEN + sealed.len());
+    out.extend_from_slice(&nonce);
+    out.extend_from_slice(&sealed);
+    out
+}
+
+fn decrypt(cipher: &Aes256Gcm, aad: &[u8], bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
+    anyhow::ensure!(bytes.len() > NONCE_LEN, "ciphertext too short");
+    let (nonce, sealed) = bytes.split_at(NONCE_LEN);
+    cipher
+        .decrypt(Nonce::from_slice(nonce), Payload { msg: sealed, aad })
+        .map_err(|_| anyhow::anyhow!("ciphertext failed authentication"))
+}
+
+fn decode_hex(hex: &str) -> anyhow::Result<Vec<u8>> {
+    anyhow::ensure!(hex.len().is_multiple_of(2) && hex.is_ascii(), "odd length or not ASCII");
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(anyhow::Error::from)).collect()
+}
+
+/// The data keys of some subjects, as loaded for one decision or one projection batch. A
+/// subject without a key here is erased (or was never encrypted).
+#[derive(Clone, Default)]
+pub struct Keys(HashMap<String, DataKey>);
+
+impl Keys {
+    pub fn get(&self, subject_id: &str) -> Option<&DataKey> {
+        self.0.get(subject_id)
+    }
+
+    pub fn insert(&mut self, subject_id: String, key: DataKey) {
+        self.0.insert(subject_id, key);
+    }
+}
+
+/// Loads and unwraps the stored data keys of `subject_ids`.
+pub async fn load_keys(client: &impl GenericClient, subject_ids: &[String]) -> anyhow::Result<Keys> {
+    let mut keys = Keys::default();
+    if subject_ids.is_empty() {
+        return Ok(keys);
+    }
+    let keyring = keyring()?;
+    let statement =
+        client.prepare_cached("SELECT subject_id, wrapped_key FROM subject_keys WHERE subject_id = ANY($1)").await?;
+    for row in client.query(&statement, &[&subject_ids]).await? {
+        let subject_id: String = row.get(0);
+        let key = keyring.unwrap_key(&subject_id, row.get(1))?;
+        keys.insert(subject_id, key);
+    }
+    Ok(keys)
+}
+
+/// The guard that stores a new subject's wrapped key in the transaction of its first event,
+/// so the key and the data it protects commit together.
+pub fn store_key(subject_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
+    Guard::exactly_one(
+        "INSERT INTO subject_keys (subject_id, space_id, wrapped_key) VALUES ($1, $2, $3)
+         ON CONFLICT (subject_id) DO NOTHING",
+        vec![Box::new(subject_id.to_owned()), Box::new(space_id.to_owned()), Box::new(wrapped)],
+        AppendError::Conflict { code: "identifier_conflict", message: "the record id is already taken".to_owned() },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_keys_round_trip_and_are_bound_to_their_subject() {
+        let keyring = Keyring::from_hex(TEST_MASTER_KEY).expect("valid key");
+        let (key, wrapped) = keyring.generate("con_1");
+        let unwrapped = keyring.unwrap_key("con_1", &wrapped).expect("unwraps");
+        let sealed = key.encrypt("con_1", b"ada@example.com");
+        assert!(!sealed.windows(3).any(|w| w == b"ada"), "ciphertext must not hold the clear text");
+        assert_eq!(unwrapped.decrypt("con_1", &sealed).expect("opens"), b"ada@example.com");
+        assert!(keyring.unwrap_key("con_2", &wrapped).is_err(), "a wrapped key opens only for its subject");
+        assert!(unwrapped.decrypt("con_2", &sealed).is_err(), "ciphertext opens only for its subject");
+    }
+
+    #[test]
+    fn email_subjects_are_keyed_and_normalised() {
+        let keyring = Keyring::from_hex(TEST_MASTER_KEY).expect("valid key");
+        let other = Keyring::from_hex(&"ab".repeat(32)).expect("valid key");
+        let subject = keyring.email_subject("Ada@Example.com ");
+        assert_eq!(subject, keyring.email_subject("ada@example.com"));
+        assert!(subject.starts_with("email:") && !subject.contains("ada"));
+        assert_ne!(subject, other.email_subject("ada@example.com"), "the digest depends on the master key");
+    }
+
+    #[test]
+    fn a_malformed_master_key_is_refused() {
+        assert!(Keyring::from_hex("abc").is_err());
+        assert!(Keyring::from_hex(&"zz".repeat(32)).is_err());
+        assert!(Keyring::from_hex(&"ab".repeat(16)).is_err());
+    }
+}
