@@ -2,7 +2,9 @@
 //! PostgreSQL, so every instance of a tier shares one budget. The window boundaries come
 //! from the database's clock, so instances with drifting clocks still count the same window.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use actix_web::HttpRequest;
 use actix_web::http::StatusCode;
@@ -72,58 +74,146 @@ impl Limits {
     }
 }
 
+/// A process's share of one window's budget: tokens reserved from the shared counter and not
+/// yet used, or the knowledge that the window's budget is spent.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    window_index: i64,
+    /// When the window ends, on this process's clock (measured from the database's answer).
+    ends: Instant,
+    remaining: u32,
+    spent: bool,
+}
+
+/// Keys with a lease kept before expired ones are swept.
+const LEASES_BEFORE_SWEEP: usize = 10_000;
+
 #[derive(Clone)]
 pub struct RateLimiter {
     pool: Pool,
     limits: Limits,
+    leases: Arc<Mutex<HashMap<String, Lease>>>,
+}
+
+/// How many tokens one reservation takes: 1 (exact, one statement per request) for budgets
+/// under 100 per window, growing with the budget to at most 1,000. Tokens a process reserved
+/// but did not use when the window ends are lost, so at most `chunk - 1` per process per
+/// window are refused early; the budget is never exceeded.
+pub fn chunk_for(allowed: u32) -> u32 {
+    (allowed / 50).clamp(1, 1000)
 }
 
 impl RateLimiter {
     pub fn new(pool: Pool, limits: Limits) -> Self {
-        Self { pool, limits }
+        Self { pool, limits, leases: Arc::new(Mutex::new(HashMap::new())) }
     }
 
     /// Counts one request of `subject` (a hashed credential or `ip:<address>`) in `bucket`;
     /// 429 `rate_limit_exceeded` with `Retry-After` (the window's end as an HTTP date) when
-    /// the window's budget is spent.
+    /// the window's budget is spent. Tokens are reserved from the shared window counter in
+    /// PostgreSQL, a chunk at a time for large budgets (see [`chunk_for`]); a window known to
+    /// be spent is refused without a round trip until it ends.
     pub async fn check(&self, bucket: Bucket, subject: &str) -> Result<(), ApiError> {
         if !self.limits.enabled {
             return Ok(());
         }
         let (allowed, window) = self.limits.of(bucket);
         let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX).max(1);
+        let key = format!("{}:{subject}", bucket.name());
+        if let Some(answer) = self.answer_from_lease(&key, bucket, allowed, window_ms) {
+            return answer;
+        }
+        let chunk = chunk_for(allowed);
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
-                "WITH w AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000 / $2::bigint)::bigint AS idx)
-                 INSERT INTO rate_windows (bucket_key, window_index, count, expires_at)
-                 SELECT $1::text, w.idx, 1, to_timestamp((w.idx + 1) * $2::bigint / 1000.0) FROM w
-                 ON CONFLICT (bucket_key, window_index) DO UPDATE SET count = rate_windows.count + 1
-                 RETURNING count, window_index",
+                "WITH w AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms)
+                 INSERT INTO rate_windows AS r (bucket_key, window_index, count, expires_at)
+                 SELECT $1::text, w.now_ms / $2::bigint, $3::integer,
+                        to_timestamp((w.now_ms / $2::bigint + 1) * $2::bigint / 1000.0) FROM w
+                 ON CONFLICT (bucket_key, window_index) DO UPDATE SET count = r.count + $3::integer
+                 RETURNING r.count, r.window_index,
+                           (r.window_index + 1) * $2::bigint - (SELECT now_ms FROM w)",
             )
             .await?;
-        let key = format!("{}:{subject}", bucket.name());
-        let row = client.query_one(&statement, &[&key, &window_ms]).await?;
-        let (count, window_index): (i32, i64) = (row.get(0), row.get(1));
-        if u32::try_from(count).unwrap_or(u32::MAX) <= allowed {
-            return Ok(());
-        }
-        let reset = Utc.timestamp_millis_opt((window_index + 1) * window_ms).single().unwrap_or_else(Utc::now);
-        Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            Some("rate_limit_exceeded"),
-            format!(
-                "the {} bucket allows {allowed} requests per {} ms for this key; retry after the window resets",
-                bucket.name(),
-                window_ms
-            ),
-        )
-        .with_header("Retry-After", reset.format("%a, %d %b %Y %H:%M:%S GMT").to_string()))
+        let chunk_i32 = i32::try_from(chunk).unwrap_or(i32::MAX);
+        let row = client.query_one(&statement, &[&key, &window_ms, &chunk_i32]).await?;
+        drop(client);
+        let (count, window_index, left_ms): (i32, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        // Tokens before this reservation, and how many of the chunk fit in the budget.
+        let before = u32::try_from(count).unwrap_or(u32::MAX).saturating_sub(chunk);
+        let granted = allowed.saturating_sub(before).min(chunk);
+        let ends = Instant::now() + Duration::from_millis(u64::try_from(left_ms.max(0)).unwrap_or(0));
+        let lease = Lease { window_index, ends, remaining: granted.saturating_sub(1), spent: granted == 0 };
+        self.store_lease(key, lease);
+        if granted > 0 { Ok(()) } else { Err(exceeded(bucket, allowed, window_ms, window_index)) }
     }
+
+    /// Answers from this process's lease on the current window, if it has one.
+    fn answer_from_lease(
+        &self,
+        key: &str,
+        bucket: Bucket,
+        allowed: u32,
+        window_ms: i64,
+    ) -> Option<Result<(), ApiError>> {
+        let mut leases = self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let lease = leases.get_mut(key).filter(|lease| lease.ends > Instant::now())?;
+        if lease.remaining > 0 {
+            lease.remaining -= 1;
+            return Some(Ok(()));
+        }
+        lease.spent.then(|| Err(exceeded(bucket, allowed, window_ms, lease.window_index)))
+    }
+
+    fn store_lease(&self, key: String, lease: Lease) {
+        let mut leases = self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if leases.len() >= LEASES_BEFORE_SWEEP {
+            let now = Instant::now();
+            leases.retain(|_, lease| lease.ends > now);
+        }
+        match leases.get_mut(&key) {
+            // Concurrent reservations in the same window add up.
+            Some(current) if current.window_index == lease.window_index => {
+                current.remaining = current.remaining.saturating_add(lease.remaining);
+                current.spent = current.spent || lease.spent;
+            }
+            _ => {
+                leases.insert(key, lease);
+            }
+        }
+    }
+}
+
+fn exceeded(bucket: Bucket, allowed: u32, window_ms: i64, window_index: i64) -> ApiError {
+    let reset = Utc.timestamp_millis_opt((window_index + 1) * window_ms).single().unwrap_or_else(Utc::now);
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        Some("rate_limit_exceeded"),
+        format!(
+            "the {} bucket allows {allowed} requests per {window_ms} ms for this key; retry after the window resets",
+            bucket.name()
+        ),
+    )
+    .with_header("Retry-After", reset.format("%a, %d %b %Y %H:%M:%S GMT").to_string())
 }
 
 /// Deletes windows that have ended (run periodically by the projector).
 pub async fn purge_expired(pool: &Pool) -> anyhow::Result<u64> {
     let client = pool.get().await?;
     Ok(client.execute("DELETE FROM rate_windows WHERE expires_at < now() - interval '1 minute'", &[]).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_exact_for_the_contract_budgets_and_grow_with_large_ones() {
+        assert_eq!(chunk_for(10), 1);
+        assert_eq!(chunk_for(25), 1);
+        assert_eq!(chunk_for(99), 1);
+        assert_eq!(chunk_for(100), 2);
+        assert_eq!(chunk_for(100_000_000), 1000);
+    }
 }
