@@ -112,8 +112,7 @@ async fn two_command_service_processes_share_one_write_budget() {
 async fn reserved_chunks_never_exceed_the_shared_budget() {
     let app = TestApp::spawn_with(Options::without_projector()).await;
     // Two limiters stand for two processes; a 10 s window keeps the test clear of boundaries.
-    let mut limits = shared::ratelimit::Limits::default();
-    limits.read = (200, Duration::from_secs(10));
+    let limits = shared::ratelimit::Limits { read: (200, Duration::from_secs(10)), ..Default::default() };
     let chunk = shared::ratelimit::chunk_for(200);
     assert!(chunk > 1, "this budget is reserved in chunks");
     let limiters = [
