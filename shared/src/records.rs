@@ -39,6 +39,9 @@ pub fn base_attributes(schema_type: &str) -> &'static [(&'static str, &'static s
     }
 }
 
+/// The communication channels a consent field (and an audit-trail entry) can name.
+pub const CHANNELS: &[&str] = &["email", "sms", "push", "whatsapp"];
+
 /// A record's state as its latest event holds it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecordState {

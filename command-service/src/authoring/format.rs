@@ -179,6 +179,20 @@ fn validate(workspace: &Workspace) -> anyhow::Result<()> {
                 if attribute.definition.get("type").and_then(Value::as_str).is_none() {
                     bail!("attribute {:?} in schema {:?} needs definition.type", attribute.key, schema.slug);
                 }
+                if let Some(consent) = attribute.definition.get("consent") {
+                    let channel = consent.get("channel").and_then(Value::as_str);
+                    if schema.schema_type != "contact"
+                        || !channel.is_some_and(|c| shared::records::CHANNELS.contains(&c))
+                    {
+                        bail!(
+                            "attribute {:?} in schema {:?}: consent fields belong to contact schemas and need \
+                             consent.channel, one of {}",
+                            attribute.key,
+                            schema.slug,
+                            shared::records::CHANNELS.join(", ")
+                        );
+                    }
+                }
             }
         }
     }
@@ -263,5 +277,20 @@ mod tests {
         let unknown_space =
             r#"{"users": [{"email": "u@x.io", "name": "U", "memberships": [{"space": "b", "role": "admin"}]}]}"#;
         assert!(parse(unknown_space).is_err());
+    }
+
+    #[test]
+    fn consent_fields_need_a_known_channel_on_a_contact_schema() {
+        let with = |schema_type: &str, consent: &str| {
+            format!(
+                r#"{{"spaces": [{{"slug": "a", "name": "A", "schemas": [{{"slug": "s", "name": "S",
+                    "type": "{schema_type}", "attributes": [{{"key": "c",
+                    "definition": {{"type": "boolean", "consent": {consent}}}}}]}}]}}]}}"#
+            )
+        };
+        assert!(parse(&with("contact", r#"{"channel": "email"}"#)).is_ok());
+        assert!(parse(&with("contact", r#"{"channel": "fax"}"#)).is_err());
+        assert!(parse(&with("contact", "{}")).is_err());
+        assert!(parse(&with("object", r#"{"channel": "email"}"#)).is_err());
     }
 }

@@ -21,15 +21,12 @@ use shared::events::LogEvent;
 use shared::http::{page_body, query_pairs};
 use shared::log::StoredEvent;
 use shared::pagination::PageRequest;
-use shared::records::RecordState;
+use shared::records::{CHANNELS, RecordState};
 use shared::time::format_millis;
 
 use super::schemas::schema_not_found;
 use super::{authorize_read, consistent_read, respond};
 use crate::State;
-
-/// The communication channels an entry (and the `channel` filter) can name.
-pub const CHANNELS: &[&str] = &["email", "sms", "push", "whatsapp"];
 
 const COLUMNS: &str = "position, event_id, stream_id, stream_version, event_type, payload, space_id, actor_key_id, \
                        subject_id, occurred_at, recorded_at";
