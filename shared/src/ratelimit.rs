@@ -50,6 +50,8 @@ pub struct Limits {
     pub ai: (u32, Duration),
     /// Off only for measuring the limiter's own cost.
     pub enabled: bool,
+    /// The most tokens one reservation takes (see [`Limits::chunk`]); 1 reserves per request.
+    pub reserve_max: u32,
 }
 
 impl Default for Limits {
@@ -60,11 +62,20 @@ impl Default for Limits {
             write: (25, Duration::from_secs(1)),
             ai: (10, Duration::from_secs(60)),
             enabled: true,
+            reserve_max: 1000,
         }
     }
 }
 
 impl Limits {
+    /// How many tokens one reservation takes: 1 (exact, one statement per request) for
+    /// budgets under 100 per window, growing with the budget to at most `reserve_max`. Tokens
+    /// a process reserved but did not use when the window ends are lost, so at most
+    /// `chunk - 1` per process per window are refused early; the budget is never exceeded.
+    pub fn chunk(&self, allowed: u32) -> u32 {
+        (allowed / 50).clamp(1, self.reserve_max.max(1))
+    }
+
     fn of(&self, bucket: Bucket) -> (u32, Duration) {
         match bucket {
             Bucket::Read => self.read,
@@ -95,14 +106,6 @@ pub struct RateLimiter {
     leases: Arc<Mutex<HashMap<String, Lease>>>,
 }
 
-/// How many tokens one reservation takes: 1 (exact, one statement per request) for budgets
-/// under 100 per window, growing with the budget to at most 1,000. Tokens a process reserved
-/// but did not use when the window ends are lost, so at most `chunk - 1` per process per
-/// window are refused early; the budget is never exceeded.
-pub fn chunk_for(allowed: u32) -> u32 {
-    (allowed / 50).clamp(1, 1000)
-}
-
 impl RateLimiter {
     pub fn new(pool: Pool, limits: Limits) -> Self {
         Self { pool, limits, leases: Arc::new(Mutex::new(HashMap::new())) }
@@ -111,7 +114,7 @@ impl RateLimiter {
     /// Counts one request of `subject` (a hashed credential or `ip:<address>`) in `bucket`;
     /// 429 `rate_limit_exceeded` with `Retry-After` (the window's end as an HTTP date) when
     /// the window's budget is spent. Tokens are reserved from the shared window counter in
-    /// PostgreSQL, a chunk at a time for large budgets (see [`chunk_for`]); a window known to
+    /// PostgreSQL, a chunk at a time for large budgets (see [`Limits::chunk`]); a window known to
     /// be spent is refused without a round trip until it ends.
     pub async fn check(&self, bucket: Bucket, subject: &str) -> Result<(), ApiError> {
         if !self.limits.enabled {
@@ -123,7 +126,7 @@ impl RateLimiter {
         if let Some(answer) = self.answer_from_lease(&key, bucket, allowed, window_ms) {
             return answer;
         }
-        let chunk = chunk_for(allowed);
+        let chunk = self.limits.chunk(allowed);
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
@@ -210,10 +213,12 @@ mod tests {
 
     #[test]
     fn chunks_are_exact_for_the_contract_budgets_and_grow_with_large_ones() {
-        assert_eq!(chunk_for(10), 1);
-        assert_eq!(chunk_for(25), 1);
-        assert_eq!(chunk_for(99), 1);
-        assert_eq!(chunk_for(100), 2);
-        assert_eq!(chunk_for(100_000_000), 1000);
+        let limits = Limits::default();
+        assert_eq!(limits.chunk(10), 1);
+        assert_eq!(limits.chunk(25), 1);
+        assert_eq!(limits.chunk(99), 1);
+        assert_eq!(limits.chunk(100), 2);
+        assert_eq!(limits.chunk(100_000_000), 1000);
+        assert_eq!(Limits { reserve_max: 1, ..limits }.chunk(100_000_000), 1);
     }
 }

@@ -42,7 +42,9 @@ pub struct Settings {
     /// `APP__APPEND_BATCH_MAX` (default 256): most commands grouped into one log transaction.
     pub append_batch_max: usize,
     /// `APP__RATE_READ_PER_SECOND` (100), `APP__RATE_WRITE_PER_SECOND` (25),
-    /// `APP__RATE_AI_PER_MINUTE` (10); `APP__RATE_LIMITS=off` disables them (for measuring).
+    /// `APP__RATE_AI_PER_MINUTE` (10); `APP__RATE_LIMITS=off` disables them (for measuring);
+    /// `APP__RATE_RESERVE_MAX` (1000): the most tokens one reservation from the shared window
+    /// takes (1 reserves per request).
     pub rate_limits: crate::ratelimit::Limits,
     /// `APP__ERASURE_BLOCKED_AFTER_MILLIS` (default 60000): how long a record deletion may
     /// wait for a projection to pass its position before it is reported `blocked`.
@@ -70,6 +72,7 @@ impl Settings {
                 write: (env_or("APP__RATE_WRITE_PER_SECOND", 25)?, Duration::from_secs(1)),
                 ai: (env_or("APP__RATE_AI_PER_MINUTE", 10)?, Duration::from_secs(60)),
                 enabled: std::env::var("APP__RATE_LIMITS").map_or(true, |value| value != "off"),
+                reserve_max: env_or("APP__RATE_RESERVE_MAX", 1000)?,
             },
             erasure_blocked_after: Duration::from_millis(env_or("APP__ERASURE_BLOCKED_AFTER_MILLIS", 60_000)?),
         })

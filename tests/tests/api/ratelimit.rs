@@ -113,7 +113,7 @@ async fn reserved_chunks_never_exceed_the_shared_budget() {
     let app = TestApp::spawn_with(Options::without_projector()).await;
     // Two limiters stand for two processes; a 10 s window keeps the test clear of boundaries.
     let limits = shared::ratelimit::Limits { read: (200, Duration::from_secs(10)), ..Default::default() };
-    let chunk = shared::ratelimit::chunk_for(200);
+    let chunk = limits.chunk(200);
     assert!(chunk > 1, "this budget is reserved in chunks");
     let limiters = [
         shared::ratelimit::RateLimiter::new(app.pool.clone(), limits),
