@@ -173,7 +173,23 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
         Ok(Ok(admission)) => Ok(admission),
         Ok(Err(error)) if error.status() == StatusCode::SERVICE_UNAVAILABLE => Err(busy()),
         Ok(Err(error)) => Err(error),
-        Err(_) => Err(busy()),
+        Err(_) => {
+            // The claim statement may still complete in the database after we gave up on it;
+            // nobody will run that operation, so withdraw the claim (by its token) once the
+            // database gets to it, and the caller's retry executes instead of meeting it.
+            let pool = state.pool.clone();
+            let (scope_key, token) = (claim.scope_key.clone(), claim.claim_token);
+            tokio::spawn(async move {
+                let Ok(client) = pool.get().await else { return };
+                let _ = client
+                    .execute(
+                        "DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+                        &[&scope_key, &token],
+                    )
+                    .await;
+            });
+            Err(busy())
+        }
     }
 }
 

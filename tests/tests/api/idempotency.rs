@@ -339,3 +339,32 @@ async fn a_batch_with_repeated_items_reports_them_as_existing() {
         .collect();
     assert_eq!(statuses, ["created", "exists", "created"], "{:?}", answer.body);
 }
+
+#[tokio::test]
+async fn a_stalled_admission_answers_429_and_leaves_no_claim_behind() {
+    let app = TestApp::spawn().await;
+    // Another session holds the idempotency table: admission cannot complete.
+    let (locker, connection) =
+        tokio_postgres::connect(&app.database_url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    locker.batch_execute("BEGIN; LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE").await.expect("lock");
+    let body = json!({"email": "stalled@example.com"});
+    let started = std::time::Instant::now();
+    let busy = create_with_key(&app, "stalled", &body).await;
+    assert_eq!((busy.status, busy.code().as_str()), (429, Some("idempotency_admission_busy")), "{:?}", busy.body);
+    assert!(busy.header("retry-after").is_some());
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    // The abandoned claim is withdrawn: the retry executes (possibly after a brief conflict).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let retry = create_with_key(&app, "stalled", &body).await;
+        if retry.status == 201 {
+            break;
+        }
+        assert_eq!(retry.code().as_str(), Some("idempotency_conflict"), "{:?}", retry.body);
+        assert!(std::time::Instant::now() < deadline, "the abandoned claim was never withdrawn");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(record_count(&app).await, 1);
+}
