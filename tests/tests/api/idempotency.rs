@@ -368,3 +368,27 @@ async fn a_stalled_admission_answers_429_and_leaves_no_claim_behind() {
     }
     assert_eq!(record_count(&app).await, 1);
 }
+
+#[tokio::test]
+async fn a_transient_failure_that_wrote_nothing_releases_the_claim() {
+    let app = TestApp::spawn().await;
+    // The log refuses every append for a while (as a failing database would).
+    let client = app.pool.get().await.expect("client");
+    client
+        .batch_execute(
+            "CREATE FUNCTION refuse_appends() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'injected failure'; END; $$;
+             CREATE TRIGGER refuse_appends BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_appends();",
+        )
+        .await
+        .expect("install the failure");
+    let body = json!({"email": "transient@example.com"});
+    let failed = create_with_key(&app, "transient", &body).await;
+    assert_eq!((failed.status, failed.code().as_str()), (503, Some("service_unavailable")), "{:?}", failed.body);
+    client.batch_execute("DROP TRIGGER refuse_appends ON events").await.expect("remove the failure");
+    // Not a replay of the 503: the retry executes.
+    let retry = create_with_key(&app, "transient", &body).await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(retry.header("idempotent-replay").is_none());
+    assert_eq!(record_count(&app).await, 1);
+}
