@@ -12,7 +12,7 @@ use crate::runner::{Faults, Outcome, project_batch};
 
 /// How long to sleep when caught up and no notification arrives.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
-/// How often expired rate-limit windows are purged.
+/// How often expired rate-limit windows and old batch history are purged.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Runs until `shutdown` completes. Deletion operations waiting longer than
@@ -34,6 +34,9 @@ pub async fn run(
             last_maintenance = std::time::Instant::now();
             if let Err(error) = shared::ratelimit::purge_expired(&pool).await {
                 tracing::warn!(error = format!("{error:#}"), "could not purge rate-limit windows");
+            }
+            if let Err(error) = purge_batch_history(&pool).await {
+                tracing::warn!(error = format!("{error:#}"), "could not purge the projection batch history");
             }
         }
         let versions = match active_versions(&pool).await {
@@ -73,6 +76,12 @@ pub async fn run(
         }
         while notifications.try_recv().is_ok() {}
     }
+}
+
+/// The batch history exists to show overlapping work; a day of it is plenty.
+async fn purge_batch_history(pool: &Pool) -> anyhow::Result<u64> {
+    let client = pool.get().await?;
+    Ok(client.execute("DELETE FROM projection_batches WHERE committed_at < now() - interval '1 day'", &[]).await?)
 }
 
 async fn active_versions(pool: &Pool) -> anyhow::Result<Vec<(Projection, i32)>> {
