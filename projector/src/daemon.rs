@@ -79,7 +79,7 @@ pub async fn run(
 }
 
 /// The batch history exists to show overlapping work; a day of it is plenty.
-async fn purge_batch_history(pool: &Pool) -> anyhow::Result<u64> {
+pub async fn purge_batch_history(pool: &Pool) -> anyhow::Result<u64> {
     let client = pool.get().await?;
     Ok(client.execute("DELETE FROM projection_batches WHERE committed_at < now() - interval '1 day'", &[]).await?)
 }

@@ -149,3 +149,19 @@ async fn a_rebuilt_read_model_equals_the_incrementally_built_one() {
     let id = created["id"].as_str().expect("id");
     assert_eq!(app.get(&format!("/schemas/contacts/records/{id}"), ALPHA_ADMIN).await.status, 200);
 }
+
+#[tokio::test]
+async fn batch_history_older_than_a_day_is_pruned() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    app.query_i64(
+        "WITH old AS (INSERT INTO projection_batches (name, version, first_position, last_position, worker, committed_at)
+                      VALUES ('records', 1, 1000000, 1000000, 'old', now() - interval '2 days') RETURNING 1)
+         SELECT count(*) FROM old",
+    )
+    .await;
+    let recent = app.query_i64("SELECT count(*) FROM projection_batches WHERE worker <> 'old'").await;
+    assert!(recent > 0, "applying the workspace left recent batches");
+    let pruned = projector::daemon::purge_batch_history(&app.pool).await.expect("prune");
+    assert_eq!(pruned, 1);
+    assert_eq!(app.query_i64("SELECT count(*) FROM projection_batches WHERE worker <> 'old'").await, recent);
+}
