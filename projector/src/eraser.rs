@@ -3,7 +3,7 @@
 //!
 //! For each open operation it (1) destroys the record's data key and blanks the write side's
 //! copies of its data (recorded idempotent responses; identity claims went with the request),
-//! then (2) waits until every projection version that holds data (live, being rebuilt, or
+//! once, then (2) waits until every projection version that holds data (live, being rebuilt, or
 //! retired but not yet dropped) has passed the deletion's position, and (3) appends
 //! `RecordDeletionCompleted`. Step 1 is idempotent and commits before step 3, so a completed
 //! operation always means the key is gone. Several projector processes may run the eraser:
@@ -27,8 +27,11 @@ struct Open {
     operation_id: String,
     record_id: String,
     space_id: String,
+    schema_id: String,
     state: String,
     waited: Duration,
+    /// The request's log position, once step 1 is done.
+    position: Option<i64>,
 }
 
 /// One pass over the open deletion operations. Returns how many completed.
@@ -36,8 +39,8 @@ pub async fn run_pass(pool: &Pool, log: &EventLog, blocked_after: Duration) -> a
     let client = pool.get().await?;
     let rows = client
         .query(
-            "SELECT operation_id, record_id, space_id, state,
-                    (extract(epoch FROM clock_timestamp() - requested_at) * 1000)::bigint
+            "SELECT operation_id, record_id, space_id, schema_id, state,
+                    (extract(epoch FROM clock_timestamp() - requested_at) * 1000)::bigint, position
              FROM record_deletions WHERE state <> 'completed' ORDER BY requested_at LIMIT $1",
             &[&PASS_LIMIT],
         )
@@ -49,8 +52,10 @@ pub async fn run_pass(pool: &Pool, log: &EventLog, blocked_after: Duration) -> a
             operation_id: row.get(0),
             record_id: row.get(1),
             space_id: row.get(2),
-            state: row.get(3),
-            waited: Duration::from_millis(u64::try_from(row.get::<_, i64>(4)).unwrap_or(0)),
+            schema_id: row.get(3),
+            state: row.get(4),
+            waited: Duration::from_millis(u64::try_from(row.get::<_, i64>(5)).unwrap_or(0)),
+            position: row.get(6),
         };
         match advance(pool, log, &open, blocked_after).await {
             Ok(true) => completed += 1,
@@ -69,32 +74,10 @@ pub async fn run_pass(pool: &Pool, log: &EventLog, blocked_after: Duration) -> a
 async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Duration) -> anyhow::Result<bool> {
     let mut client = pool.get().await?;
     let stream_id = format!("record/{}", open.record_id);
-    let requested = client
-        .query_opt(
-            "SELECT position, payload FROM events WHERE stream_id = $1 AND event_type = 'RecordDeletionRequested.v1'",
-            &[&stream_id],
-        )
-        .await?;
-    let Some(requested) = requested else { anyhow::bail!("no RecordDeletionRequested event for {}", open.record_id) };
-    let deletion_position: i64 = requested.get(0);
-    let LogEvent::RecordDeletionRequested(request) = LogEvent::decode("RecordDeletionRequested.v1", requested.get(1))?
-    else {
-        anyhow::bail!("undecodable deletion request")
+    let deletion_position = match open.position {
+        Some(position) => position,
+        None => erase(&mut client, open, &stream_id).await?,
     };
-
-    // 1. Destroy the key and blank the write side's copies (idempotent).
-    let transaction = client.transaction().await?;
-    transaction.execute("DELETE FROM subject_keys WHERE subject_id = $1", &[&open.record_id]).await?;
-    transaction.execute("DELETE FROM record_identities WHERE record_id = $1", &[&open.record_id]).await?;
-    transaction
-        .execute(
-            "UPDATE idempotency_records
-             SET response = jsonb_build_object('data', jsonb_build_object('id', $1::text, 'erased', true))
-             WHERE response -> 'data' ->> 'id' = $1",
-            &[&open.record_id],
-        )
-        .await?;
-    transaction.commit().await?;
 
     // 2. Every projection version that holds data must have passed the deletion.
     let laggard = client
@@ -125,7 +108,7 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
                 space_id: open.space_id.clone(),
                 reason,
                 blocked_at_ms: now,
-                schema_id: request.schema_id.clone(),
+                schema_id: open.schema_id.clone(),
             });
             let guard = transition(
                 &open.operation_id,
@@ -143,7 +126,7 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
         space_id: open.space_id.clone(),
         deletion_position,
         completed_at_ms: now,
-        schema_id: request.schema_id,
+        schema_id: open.schema_id.clone(),
     });
     let guard = transition(
         &open.operation_id,
@@ -151,6 +134,38 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
          WHERE operation_id = $1 AND state <> 'completed'",
     );
     append(log, metadata, &stream_id, &open.record_id, event, guard).await
+}
+
+/// Step 1, once per operation: destroys the record's data key and blanks recorded idempotent
+/// responses about it (its identity claims went with the request), and notes the request's
+/// log position, all in one transaction. Returns that position.
+async fn erase(client: &mut deadpool_postgres::Client, open: &Open, stream_id: &str) -> anyhow::Result<i64> {
+    let transaction = client.transaction().await?;
+    let requested = transaction
+        .query_opt(
+            "SELECT position FROM events WHERE stream_id = $1 AND event_type = 'RecordDeletionRequested.v1'",
+            &[&stream_id],
+        )
+        .await?;
+    let Some(requested) = requested else { anyhow::bail!("no RecordDeletionRequested event for {}", open.record_id) };
+    let position: i64 = requested.get(0);
+    transaction.execute("DELETE FROM subject_keys WHERE subject_id = $1", &[&open.record_id]).await?;
+    transaction
+        .execute(
+            "UPDATE idempotency_records
+             SET response = jsonb_build_object('data', jsonb_build_object('id', $1::text, 'erased', true))
+             WHERE response -> 'data' ->> 'id' = $1",
+            &[&open.record_id],
+        )
+        .await?;
+    transaction
+        .execute(
+            "UPDATE record_deletions SET position = $2, erased_at = now() WHERE operation_id = $1",
+            &[&open.operation_id, &position],
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok(position)
 }
 
 fn transition(operation_id: &str, sql: &'static str) -> Guard {

@@ -9,13 +9,18 @@ CREATE TABLE subject_keys (
 
 -- Record deletion operations still being worked on by the eraser, and their outcome. The
 -- row is inserted in the transaction of the RecordDeletionRequested event and moves to
--- `completed` in the transaction of RecordDeletionCompleted. No personal data.
+-- `completed` in the transaction of RecordDeletionCompleted. `position` (the request's log
+-- position) is set when the eraser has destroyed the key and blanked the write side's copies.
+-- No personal data.
 CREATE TABLE record_deletions (
     operation_id text PRIMARY KEY,
     record_id text NOT NULL UNIQUE,
     space_id text NOT NULL,
+    schema_id text NOT NULL,
     state text NOT NULL CHECK (state IN ('pending', 'blocked', 'completed')),
     requested_at timestamptz NOT NULL DEFAULT now(),
+    position bigint,
+    erased_at timestamptz,
     completed_at timestamptz
 );
 CREATE INDEX record_deletions_open ON record_deletions (requested_at) WHERE state <> 'completed';

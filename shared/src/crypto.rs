@@ -61,12 +61,12 @@ impl Keyring {
     }
 
     /// A fresh data key for `subject_id` and its wrapped form, to be stored.
-    pub fn generate(&self, subject_id: &str) -> (DataKey, Vec<u8>) {
+    pub fn generate(&self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)> {
         let mut bytes = [0u8; KEY_LEN];
         rand::rng().fill_bytes(&mut bytes);
-        let wrapped = encrypt(&self.master, subject_id.as_bytes(), &bytes);
+        let wrapped = encrypt(&self.master, subject_id.as_bytes(), &bytes)?;
         let key = DataKey { cipher: Box::new(Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&bytes))) };
-        (key, wrapped)
+        Ok((key, wrapped))
     }
 
     /// Unwraps a stored data key. The subject id is bound in, so a key cannot be moved to
@@ -80,7 +80,7 @@ impl Keyring {
 }
 
 impl DataKey {
-    pub fn encrypt(&self, subject_id: &str, plaintext: &[u8]) -> Vec<u8> {
+    pub fn encrypt(&self, subject_id: &str, plaintext: &[u8]) -> anyhow::Result<Vec<u8>> {
         encrypt(&self.cipher, subject_id.as_bytes(), plaintext)
     }
 
@@ -105,15 +105,17 @@ pub fn email_subject(email: &str) -> anyhow::Result<String> {
 }
 
 /// `nonce || ciphertext+tag`, with `aad` authenticated.
-fn encrypt(cipher: &Aes256Gcm, aad: &[u8], plaintext: &[u8]) -> Vec<u8> {
+fn encrypt(cipher: &Aes256Gcm, aad: &[u8], plaintext: &[u8]) -> anyhow::Result<Vec<u8>> {
     let mut nonce = [0u8; NONCE_LEN];
     rand::rng().fill_bytes(&mut nonce);
-    // Encryption fails only for inputs beyond GCM's length limit (64 GiB).
-    let sealed = cipher.encrypt(Nonce::from_slice(&nonce), Payload { msg: plaintext, aad }).unwrap_or_default();
+    // Fails only for inputs beyond GCM's length limit (64 GiB).
+    let sealed = cipher
+        .encrypt(Nonce::from_slice(&nonce), Payload { msg: plaintext, aad })
+        .map_err(|_| anyhow::anyhow!("encryption failed"))?;
     let mut out = Vec::with_capacity(NONCE_LEN + sealed.len());
     out.extend_from_slice(&nonce);
     out.extend_from_slice(&sealed);
-    out
+    Ok(out)
 }
 
 fn decrypt(cipher: &Aes256Gcm, aad: &[u8], bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
@@ -162,7 +164,8 @@ pub async fn load_keys(client: &impl GenericClient, subject_ids: &[String]) -> a
 }
 
 /// The guard that stores a new subject's wrapped key in the transaction of its first event,
-/// so the key and the data it protects commit together.
+/// so the key and the data it protects commit together. If the subject already has a key (a
+/// concurrent first write won), the command fails as a lost race and is decided again.
 pub fn store_key(subject_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
     Guard::exactly_one(
         "INSERT INTO subject_keys (subject_id, space_id, wrapped_key) VALUES ($1, $2, $3)
@@ -179,9 +182,9 @@ mod tests {
     #[test]
     fn data_keys_round_trip_and_are_bound_to_their_subject() {
         let keyring = Keyring::from_hex(TEST_MASTER_KEY).expect("valid key");
-        let (key, wrapped) = keyring.generate("con_1");
+        let (key, wrapped) = keyring.generate("con_1").expect("generates");
         let unwrapped = keyring.unwrap_key("con_1", &wrapped).expect("unwraps");
-        let sealed = key.encrypt("con_1", b"ada@example.com");
+        let sealed = key.encrypt("con_1", b"ada@example.com").expect("encrypts");
         assert!(!sealed.windows(3).any(|w| w == b"ada"), "ciphertext must not hold the clear text");
         assert_eq!(unwrapped.decrypt("con_1", &sealed).expect("opens"), b"ada@example.com");
         assert!(keyring.unwrap_key("con_2", &wrapped).is_err(), "a wrapped key opens only for its subject");

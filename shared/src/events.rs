@@ -87,11 +87,12 @@ pub fn seal<M: Message>(subject_id: &str, personal: &M) -> proto::Sealed {
 }
 
 /// Encrypts a clear seal under its subject's data key (a no-op for an encrypted one).
-pub fn encrypt(sealed: &mut proto::Sealed, key: &DataKey) {
+pub fn encrypt(sealed: &mut proto::Sealed, key: &DataKey) -> anyhow::Result<()> {
     if let Some(proto::sealed::Body::Clear(bytes)) = &sealed.body {
-        let ciphertext = key.encrypt(&sealed.subject_id, bytes);
+        let ciphertext = key.encrypt(&sealed.subject_id, bytes)?;
         sealed.body = Some(proto::sealed::Body::Ciphertext(ciphertext));
     }
+    Ok(())
 }
 
 /// The personal data inside a seal; `None` when it is absent or erased (its subject's data
@@ -140,10 +141,10 @@ mod tests {
     #[test]
     fn encrypted_seals_open_with_the_key_and_read_as_erased_without_it() {
         let keyring = crate::crypto::Keyring::from_hex(crate::crypto::TEST_MASTER_KEY).expect("key");
-        let (key, _) = keyring.generate("con_1");
+        let (key, _) = keyring.generate("con_1").expect("generates");
         let personal = proto::UserPersonal { name: "Ada".into(), email: "ada@example.com".into() };
         let mut sealed = seal("con_1", &personal);
-        encrypt(&mut sealed, &key);
+        encrypt(&mut sealed, &key).expect("encrypts");
         assert!(matches!(sealed.body, Some(proto::sealed::Body::Ciphertext(_))));
         let mut keys = Keys::default();
         keys.insert("con_1".into(), key);

@@ -123,9 +123,12 @@ pub struct StoredEvent {
     pub recorded_at: DateTime<Utc>,
 }
 
+/// The columns of `events` that [`StoredEvent::from_row`] reads, in its order.
+pub const EVENT_COLUMNS: &str = "position, event_id, stream_id, stream_version, event_type, payload, space_id, \
+                                 actor_key_id, subject_id, occurred_at, recorded_at";
+
 impl StoredEvent {
-    /// A row of `SELECT position, event_id, stream_id, stream_version, event_type, payload,
-    /// space_id, actor_key_id, subject_id, occurred_at, recorded_at`.
+    /// A row of `SELECT {EVENT_COLUMNS}`.
     pub fn from_row(row: &tokio_postgres::Row) -> Self {
         Self {
             position: row.get(0),
@@ -550,11 +553,7 @@ pub async fn read_after(
     limit: i64,
 ) -> Result<Vec<StoredEvent>, tokio_postgres::Error> {
     let statement = client
-        .prepare_cached(
-            "SELECT position, event_id, stream_id, stream_version, event_type, payload, space_id, actor_key_id,
-                    subject_id, occurred_at, recorded_at
-             FROM events WHERE position > $1 ORDER BY position LIMIT $2",
-        )
+        .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE position > $1 ORDER BY position LIMIT $2"))
         .await?;
     let rows = client.query(&statement, &[&position, &limit]).await?;
     Ok(rows.iter().map(StoredEvent::from_row).collect())

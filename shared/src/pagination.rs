@@ -41,7 +41,7 @@ impl PageRequest {
 
     pub fn parse_with_cap(query: &[(String, String)], max_limit: i64) -> Result<Self, ApiError> {
         let mut warnings = Vec::new();
-        let limit = match last_value(query, "limit") {
+        let limit = match crate::http::query_value(query, "limit") {
             None => DEFAULT_LIMIT,
             Some(raw) => {
                 let requested = parse_integer("limit", raw)?;
@@ -55,7 +55,7 @@ impl PageRequest {
                 applied
             }
         };
-        let offset = match last_value(query, "offset") {
+        let offset = match crate::http::query_value(query, "offset") {
             None => 0,
             Some(raw) => {
                 let requested = parse_integer("offset", raw)?;
@@ -85,10 +85,6 @@ impl PageRequest {
         let has_more = self.offset + returned < total_count && self.offset + self.limit < MAX_OFFSET;
         json!({ "limit": self.limit, "offset": self.offset, "totalCount": total_count, "hasMore": has_more })
     }
-}
-
-fn last_value<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    query.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
 }
 
 fn parse_integer(name: &str, raw: &str) -> Result<i64, ApiError> {

@@ -115,20 +115,6 @@ fn respond(status: StatusCode, body: &Value, operation_id: &str, appended: Optio
     response.json(body)
 }
 
-/// Runs a claimed (or unprotected) operation and finishes its answer.
-async fn idempotent<F, Fut>(
-    state: &State,
-    req: &HttpRequest,
-    prelude: &Prelude,
-    run: F,
-) -> Result<HttpResponse, ApiError>
-where
-    F: FnOnce(Option<Claim>, String) -> Fut,
-    Fut: std::future::Future<Output = (Result<HttpResponse, ApiError>, bool)>,
-{
-    idempotency::protect(state, req, &prelude.caller, &Value::Object(prelude.input.clone()), run).await
-}
-
 /// Maps an append failure, noting when the outcome is unconfirmed.
 fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
     if matches!(error, AppendError::OutcomeUnknown(_)) {
@@ -156,7 +142,7 @@ async fn append_create(
 ) -> Result<Appended, AppendError> {
     let mut decision = decision;
     let record_id = decision.event.record_id.clone();
-    let key_guard = protect(&mut decision.event.personal, None, &record_id, prelude.caller.space_id())?;
+    let key_guard = encrypt_personal(&mut decision.event.personal, None, &record_id, prelude.caller.space_id())?;
     let guards = decision
         .identities
         .iter()
@@ -195,7 +181,7 @@ async fn append_update(
     let Change { mut event, state: new_state, claims, releases, .. } = change;
     let record_id = new_state.record_id.clone();
     let (space_id, schema_id) = (prelude.caller.space_id(), prelude.schema.schema_id.as_str());
-    let key_guard = protect(&mut event.personal, key, &record_id, space_id)?;
+    let key_guard = encrypt_personal(&mut event.personal, key, &record_id, space_id)?;
     let guards = releases
         .iter()
         .map(|identity| release(space_id, schema_id, &record_id, identity))
@@ -225,22 +211,23 @@ async fn append_update(
 /// Encrypts a record event's personal data under the record's data key. A record without a
 /// key (a new one, or one written before encryption) gets a fresh key, stored by the returned
 /// guard in the same transaction as the event.
-fn protect(
+fn encrypt_personal(
     personal: &mut Option<Sealed>,
     key: Option<DataKey>,
     record_id: &str,
     space_id: &str,
 ) -> Result<Option<Guard>, AppendError> {
+    let unavailable = |error: anyhow::Error| AppendError::Unavailable(error.to_string());
     let (key, guard) = match key {
         Some(key) => (key, None),
         None => {
-            let keyring = crypto::keyring().map_err(|error| AppendError::Unavailable(error.to_string()))?;
-            let (key, wrapped) = keyring.generate(record_id);
+            let (key, wrapped) =
+                crypto::keyring().and_then(|keyring| keyring.generate(record_id)).map_err(unavailable)?;
             (key, Some(crypto::store_key(record_id, space_id, wrapped)))
         }
     };
     if let Some(personal) = personal.as_mut() {
-        shared::events::encrypt(personal, &key);
+        shared::events::encrypt(personal, &key).map_err(unavailable)?;
     }
     Ok(guard)
 }
@@ -261,8 +248,8 @@ pub async fn create(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let prelude = prelude(&req, payload, &state, &path).await?;
-    let (req, state, prelude) = (&req, &**state, &prelude);
-    idempotent(state, req, prelude, |claim, operation_id| async move {
+    let (req, state, prelude, body) = (&req, &**state, &prelude, Value::Object(prelude.input.clone()));
+    idempotency::protect(state, req, &prelude.caller, &body, |claim, operation_id| async move {
         let mut unconfirmed = false;
         let outcome = async {
             let schema = prelude.write_schema();
@@ -295,8 +282,8 @@ pub async fn upsert(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let prelude = prelude(&req, payload, &state, &path).await?;
-    let (req, state, prelude) = (&req, &**state, &prelude);
-    idempotent(state, req, prelude, |claim, operation_id| async move {
+    let (req, state, prelude, body) = (&req, &**state, &prelude, Value::Object(prelude.input.clone()));
+    idempotency::protect(state, req, &prelude.caller, &body, |claim, operation_id| async move {
         let mut unconfirmed = false;
         let outcome = upsert_attempts(req, state, prelude, claim.as_ref(), &operation_id, &mut unconfirmed).await;
         (outcome, unconfirmed)
@@ -480,12 +467,13 @@ pub async fn delete(
                 AppendError::Conflict { code: "record_deletion_pending", message: String::new() },
             ),
             Guard::exactly_one(
-                "INSERT INTO record_deletions (operation_id, record_id, space_id, state) VALUES ($1, $2, $3, 'pending')
-                 ON CONFLICT (record_id) DO NOTHING",
+                "INSERT INTO record_deletions (operation_id, record_id, space_id, schema_id, state)
+                 VALUES ($1, $2, $3, $4, 'pending') ON CONFLICT (record_id) DO NOTHING",
                 vec![
                     Box::new(operation_id.clone()),
                     Box::new(record_id.clone()),
                     Box::new(caller.space_id().to_owned()),
+                    Box::new(schema.schema_id.clone()),
                 ],
                 AppendError::Conflict {
                     code: "record_deletion_pending",

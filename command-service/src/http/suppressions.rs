@@ -137,6 +137,13 @@ fn batch_body(results: Vec<Value>, counted: &[&str]) -> Value {
     json!({ "data": { "results": results, "summary": summary } })
 }
 
+/// A batch decided against the current state: its appends and the answer they make.
+struct BatchPlan {
+    streams: Vec<StreamAppend>,
+    guards: Vec<Guard>,
+    body: Value,
+}
+
 /// Appends a batch's writes with the claim's completion in one transaction, or, when it
 /// writes nothing, records the answer; then answers 200.
 async fn commit_batch(
@@ -144,19 +151,18 @@ async fn commit_batch(
     state: &State,
     caller: &Caller,
     (claim, operation_id): (Option<&Claim>, &str),
-    (streams, guards): (Vec<StreamAppend>, Vec<Guard>),
-    body: &Value,
+    BatchPlan { streams, guards, body }: BatchPlan,
 ) -> Result<HttpResponse, AppendError> {
     if streams.is_empty() {
         if let Some(claim) = claim {
             claim
-                .record(state, StatusCode::OK, body)
+                .record(state, StatusCode::OK, &body)
                 .await
                 .map_err(|error| AppendError::Unavailable(error.to_string()))?;
         }
-        return Ok(answer(StatusCode::OK, 0, body, Some(operation_id)));
+        return Ok(answer(StatusCode::OK, 0, &body, Some(operation_id)));
     }
-    let guards = guards.into_iter().chain(claim.map(|claim| claim.completion(StatusCode::OK, body))).collect();
+    let guards = guards.into_iter().chain(claim.map(|claim| claim.completion(StatusCode::OK, &body))).collect();
     let appended = state
         .event_log
         .append(AppendRequest {
@@ -165,7 +171,40 @@ async fn commit_batch(
             guards,
         })
         .await?;
-    Ok(answer(StatusCode::OK, appended.last_position, body, Some(operation_id)))
+    Ok(answer(StatusCode::OK, appended.last_position, &body, Some(operation_id)))
+}
+
+/// Runs a batch under the caller's `Idempotency-Key`: decides it, commits it, and decides
+/// again (up to `ATTEMPTS` times) when a concurrent write made the decision stale.
+async fn run_batch<F, Fut>(
+    req: &HttpRequest,
+    state: &State,
+    caller: &Caller,
+    body: &Value,
+    decide: F,
+) -> Result<HttpResponse, ApiError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<BatchPlan, AppendError>>,
+{
+    idempotency::protect(state, req, caller, body, |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        for _ in 0..ATTEMPTS {
+            let outcome = match decide().await {
+                Ok(plan) => commit_batch(req, state, caller, (claim.as_ref(), &operation_id), plan).await,
+                Err(error) => Err(error),
+            };
+            if let Some(outcome) = batch_outcome(outcome, &mut unconfirmed) {
+                return (outcome, unconfirmed);
+            }
+        }
+        (Err(lost_too_often()), unconfirmed)
+    })
+    .await
+}
+
+fn unavailable(error: impl std::fmt::Display) -> AppendError {
+    AppendError::Unavailable(error.to_string())
 }
 
 /// The outcome of a batch attempt: retry when the decision lost a race.
@@ -237,46 +276,34 @@ pub async fn batch_create(
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let body = shared::http::read_json(&req, payload).await?;
     let items = batch_items(&body, "suppressions")?;
-    let (req, state, caller, items) = (&req, &**state, &caller, &items);
-    idempotency::protect(state, req, caller, &body, |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        for _ in 0..ATTEMPTS {
-            let attempt = async {
-                let parsed: Vec<Result<NewSuppression, ApiError>> = items.iter().map(parse_new).collect();
-                let wanted: Vec<&NewSuppression> = parsed.iter().filter_map(|item| item.as_ref().ok()).collect();
-                let client = state.pool.get().await.map_err(|e| AppendError::Unavailable(e.to_string()))?;
-                let existing = existing_keys(&client, scope(caller.space_id()), &wanted)
-                    .await
-                    .map_err(|e| AppendError::Unavailable(e.to_string()))?;
-                drop(client);
-                let mut seen = std::collections::HashSet::new();
-                let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
-                for (index, item) in parsed.iter().enumerate() {
-                    let new = match item {
-                        Ok(new) => new,
-                        Err(error) => {
-                            results.push(json!({"index": index, "status": "invalid", "error": error.body()["error"]}));
-                            continue;
-                        }
-                    };
-                    let key = (new.identifier.clone(), new.reason.clone());
-                    if existing.contains(&key) || !seen.insert(key) {
-                        results.push(json!({"index": index, "status": "exists"}));
-                        continue;
-                    }
-                    let Addition { stream, guard, document } = addition(caller, new)?;
-                    results.push(json!({"index": index, "status": "created", "suppression": document}));
-                    streams.push(stream);
-                    guards.push(guard);
+    let parsed: Vec<Result<NewSuppression, ApiError>> = items.iter().map(parse_new).collect();
+    let (state, caller, parsed) = (&**state, &caller, &parsed);
+    run_batch(&req, state, caller, &body, || async move {
+        let wanted: Vec<&NewSuppression> = parsed.iter().filter_map(|item| item.as_ref().ok()).collect();
+        let client = state.pool.get().await.map_err(unavailable)?;
+        let existing = existing_keys(&client, scope(caller.space_id()), &wanted).await.map_err(unavailable)?;
+        drop(client);
+        let mut seen = std::collections::HashSet::new();
+        let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
+        for (index, item) in parsed.iter().enumerate() {
+            let new = match item {
+                Ok(new) => new,
+                Err(error) => {
+                    results.push(json!({"index": index, "status": "invalid", "error": error.body()["error"]}));
+                    continue;
                 }
-                let body = batch_body(results, &["created", "exists"]);
-                commit_batch(req, state, caller, (claim.as_ref(), &operation_id), (streams, guards), &body).await
             };
-            if let Some(outcome) = batch_outcome(attempt.await, &mut unconfirmed) {
-                return (outcome, unconfirmed);
+            let key = (new.identifier.clone(), new.reason.clone());
+            if existing.contains(&key) || !seen.insert(key) {
+                results.push(json!({"index": index, "status": "exists"}));
+                continue;
             }
+            let Addition { stream, guard, document } = addition(caller, new)?;
+            results.push(json!({"index": index, "status": "created", "suppression": document}));
+            streams.push(stream);
+            guards.push(guard);
         }
-        (Err(lost_too_often()), unconfirmed)
+        Ok(BatchPlan { streams, guards, body: batch_body(results, &["created", "exists"]) })
     })
     .await
 }
@@ -312,50 +339,38 @@ pub async fn batch_remove(
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let body = shared::http::read_json(&req, payload).await?;
     let items = batch_items(&body, "ids")?;
-    let (req, state, caller, items) = (&req, &**state, &caller, &items);
-    idempotency::protect(state, req, caller, &body, |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        for _ in 0..ATTEMPTS {
-            let attempt = async {
-                let ids: Vec<String> = items.iter().filter_map(|item| item.as_str().map(str::to_owned)).collect();
-                let client = state.pool.get().await.map_err(|e| AppendError::Unavailable(e.to_string()))?;
-                let current = load_many(&client, &ids).await.map_err(|e| AppendError::Unavailable(e.to_string()))?;
-                drop(client);
-                let mut seen = std::collections::HashSet::new();
-                let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
-                for (index, item) in items.iter().enumerate() {
-                    let Some(id) = item.as_str() else {
-                        let error = ApiError::bad_request("invalid_id", "each id must be a string");
-                        results.push(json!({"index": index, "status": "invalid", "error": error.body()["error"]}));
-                        continue;
-                    };
-                    let found = if seen.insert(id) { current.get(id) } else { None };
-                    match removal(caller, id, found) {
-                        Ok(Removal { stream, guard }) => {
-                            results.push(json!({"index": index, "id": id, "status": "removed"}));
-                            streams.push(stream);
-                            guards.push(guard);
-                        }
-                        Err(error) => {
-                            let status = match error.code() {
-                                Some("suppression_not_found") => "not_found",
-                                Some("suppression_not_removable") => "not_removable",
-                                _ => "failed",
-                            };
-                            results.push(
-                                json!({"index": index, "id": id, "status": status, "error": error.body()["error"]}),
-                            );
-                        }
-                    }
-                }
-                let body = batch_body(results, &["removed"]);
-                commit_batch(req, state, caller, (claim.as_ref(), &operation_id), (streams, guards), &body).await
+    let ids: Vec<String> = items.iter().filter_map(|item| item.as_str().map(str::to_owned)).collect();
+    let (state, caller, items, ids) = (&**state, &caller, &items, &ids);
+    run_batch(&req, state, caller, &body, || async move {
+        let client = state.pool.get().await.map_err(unavailable)?;
+        let current = load_many(&client, ids).await.map_err(unavailable)?;
+        drop(client);
+        let mut seen = std::collections::HashSet::new();
+        let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
+        for (index, item) in items.iter().enumerate() {
+            let Some(id) = item.as_str() else {
+                let error = ApiError::bad_request("invalid_id", "each id must be a string");
+                results.push(json!({"index": index, "status": "invalid", "error": error.body()["error"]}));
+                continue;
             };
-            if let Some(outcome) = batch_outcome(attempt.await, &mut unconfirmed) {
-                return (outcome, unconfirmed);
+            let found = if seen.insert(id) { current.get(id) } else { None };
+            match removal(caller, id, found) {
+                Ok(Removal { stream, guard }) => {
+                    results.push(json!({"index": index, "id": id, "status": "removed"}));
+                    streams.push(stream);
+                    guards.push(guard);
+                }
+                Err(error) => {
+                    let status = match error.code() {
+                        Some("suppression_not_found") => "not_found",
+                        Some("suppression_not_removable") => "not_removable",
+                        _ => "failed",
+                    };
+                    results.push(json!({"index": index, "id": id, "status": status, "error": error.body()["error"]}));
+                }
             }
         }
-        (Err(lost_too_often()), unconfirmed)
+        Ok(BatchPlan { streams, guards, body: batch_body(results, &["removed"]) })
     })
     .await
 }

@@ -58,35 +58,29 @@ impl Projection {
         schema: &str,
         events: &[StoredEvent],
     ) -> anyhow::Result<()> {
-        match self {
-            Self::Catalog => {
-                for event in events.iter().filter(|event| catalog::EVENT_TYPES.contains(&event.event_type.as_str())) {
-                    catalog::apply(transaction, schema, event).await.with_context(|| {
-                        format!("projection catalog failed on {} at position {}", event.event_type, event.position)
-                    })?;
-                }
-                Ok(())
-            }
-            Self::Suppressions => {
-                for event in events.iter().filter(|e| suppressions::EVENT_TYPES.contains(&e.event_type.as_str())) {
-                    suppressions::apply(transaction, schema, event).await.with_context(|| {
-                        format!("projection suppressions failed on {} at position {}", event.event_type, event.position)
-                    })?;
-                }
-                Ok(())
-            }
-            Self::Deletions => {
-                for event in events.iter().filter(|e| deletions::EVENT_TYPES.contains(&e.event_type.as_str())) {
-                    deletions::apply(transaction, schema, event).await.with_context(|| {
-                        format!("projection deletions failed on {} at position {}", event.event_type, event.position)
-                    })?;
-                }
-                Ok(())
-            }
-            Self::Records => records::apply(transaction, schema, events).await.with_context(|| {
+        if self == Self::Records {
+            // Set-based: the whole batch in a few statements.
+            return records::apply(transaction, schema, events).await.with_context(|| {
                 let first = events.first().map_or(0, |event| event.position);
                 format!("projection records failed on the batch starting at position {first}")
-            }),
+            });
         }
+        // The others apply event by event (`Records` returned above and never reaches these).
+        let types = match self {
+            Self::Catalog => catalog::EVENT_TYPES,
+            Self::Suppressions => suppressions::EVENT_TYPES,
+            Self::Deletions | Self::Records => deletions::EVENT_TYPES,
+        };
+        for event in events.iter().filter(|event| types.contains(&event.event_type.as_str())) {
+            let applied = match self {
+                Self::Catalog => catalog::apply(transaction, schema, event).await,
+                Self::Suppressions => suppressions::apply(transaction, schema, event).await,
+                Self::Deletions | Self::Records => deletions::apply(transaction, schema, event).await,
+            };
+            applied.with_context(|| {
+                format!("projection {} failed on {} at position {}", self.name(), event.event_type, event.position)
+            })?;
+        }
+        Ok(())
     }
 }

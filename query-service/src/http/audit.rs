@@ -19,17 +19,14 @@ use shared::catalog::{self, CATALOG};
 use shared::error::ApiError;
 use shared::events::LogEvent;
 use shared::http::{page_body, query_pairs};
-use shared::log::StoredEvent;
+use shared::log::{EVENT_COLUMNS, StoredEvent};
 use shared::pagination::PageRequest;
 use shared::records::{CHANNELS, RecordState};
-use shared::time::format_millis;
+use shared::time::format_timestamp;
 
 use super::schemas::schema_not_found;
 use super::{authorize_read, consistent_read, respond};
 use crate::State;
-
-const COLUMNS: &str = "position, event_id, stream_id, stream_version, event_type, payload, space_id, actor_key_id, \
-                       subject_id, occurred_at, recorded_at";
 
 pub async fn get(
     req: HttpRequest,
@@ -38,7 +35,7 @@ pub async fn get(
 ) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let page = PageRequest::parse(&query)?;
-    let channel = match query.iter().rev().find(|(key, _)| key == "channel").map(|(_, value)| value.as_str()) {
+    let channel = match shared::http::query_value(&query, "channel") {
         Some(channel) if CHANNELS.contains(&channel) => Some(channel.to_owned()),
         Some(other) => {
             return Err(ApiError::bad_request(
@@ -73,8 +70,9 @@ pub async fn get(
         .collect();
 
     let client = state.pool.get().await?;
-    let statement =
-        client.prepare_cached(&format!("SELECT {COLUMNS} FROM events WHERE subject_id = $1 ORDER BY position")).await?;
+    let statement = client
+        .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE subject_id = $1 ORDER BY position"))
+        .await?;
     let rows = client.query(&statement, &[&record_id]).await?;
     let record_events: Vec<StoredEvent> = rows.iter().map(StoredEvent::from_row).collect();
     let keys = shared::crypto::load_keys(&client, std::slice::from_ref(&record_id)).await?;
@@ -88,7 +86,7 @@ pub async fn get(
         .collect::<anyhow::Result<Vec<String>>>()?;
     let statement = client
         .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM events WHERE subject_id = ANY($1)
+            "SELECT {EVENT_COLUMNS} FROM events WHERE subject_id = ANY($1)
                AND event_type IN ('SuppressionAdded.v1', 'SuppressionRemoved.v1') ORDER BY position"
         ))
         .await?;
@@ -164,7 +162,7 @@ fn record_history(
                         "id": event.event_id.to_string(),
                         "type": "consent_changed",
                         "channel": channel,
-                        "occurredAt": format_millis(event.occurred_at.timestamp_millis()),
+                        "occurredAt": format_timestamp(event.occurred_at),
                         "attribute": key,
                         "previousValue": before,
                         "value": value,
@@ -205,7 +203,7 @@ fn suppression_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result
                 "id": event.event_id.to_string(),
                 "type": kind,
                 "channel": "email",
-                "occurredAt": format_millis(event.occurred_at.timestamp_millis()),
+                "occurredAt": format_timestamp(event.occurred_at),
                 "suppressionId": suppression_id,
                 "reason": reason,
                 "identifier": identifier,

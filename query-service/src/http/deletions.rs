@@ -4,7 +4,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Value, json};
 use shared::error::ApiError;
 use shared::http::data_body;
-use shared::time::format_millis;
+use shared::time::format_timestamp;
 
 use super::{authorize_read, consistent_read, respond};
 use crate::State;
@@ -27,15 +27,14 @@ pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<Sta
                 .await?;
             let row = client.query_opt(&statement, &[&operation_id, &space_id]).await?;
             Ok(row.map(|row| {
-                let millis = |at: chrono::DateTime<chrono::Utc>| format_millis(at.timestamp_millis());
                 json!({
                     "operationId": row.get::<_, String>(0),
                     "status": row.get::<_, String>(1),
                     "message": row.get::<_, String>(2),
                     "recordId": row.get::<_, String>(3),
                     "schemaId": row.get::<_, String>(4),
-                    "requestedAt": millis(row.get(5)),
-                    "completedAt": row.get::<_, Option<chrono::DateTime<chrono::Utc>>>(6).map(millis),
+                    "requestedAt": format_timestamp(row.get(5)),
+                    "completedAt": row.get::<_, Option<chrono::DateTime<chrono::Utc>>>(6).map(format_timestamp),
                 })
             }))
         })

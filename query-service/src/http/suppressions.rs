@@ -15,11 +15,8 @@ const SUPPRESSIONS: &str = "suppressions";
 pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let page = PageRequest::parse(&query)?;
-    let identifier = query
-        .iter()
-        .rev()
-        .find(|(key, _)| key == "identifier")
-        .map(|(_, value)| value.trim().to_lowercase())
+    let identifier = shared::http::query_value(&query, "identifier")
+        .map(|value| value.trim().to_lowercase())
         .filter(|value| !value.is_empty());
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let token = super::consistency_token(&req)?;

@@ -211,6 +211,8 @@ async fn a_stuck_projection_blocks_the_deletion_until_it_is_resolved() {
     assert!(message.contains("records version 99"), "{message}");
     // The key is already destroyed; only the proof is outstanding.
     assert_eq!(app.query_i64(&format!("SELECT count(*) FROM subject_keys WHERE subject_id = '{id}'")).await, 0);
+    let erased_once = "SELECT count(*) FROM record_deletions WHERE erased_at IS NOT NULL AND position IS NOT NULL";
+    assert_eq!(app.query_i64(erased_once).await, 1, "step 1 is recorded, so it is not repeated while waiting");
     // Reconciliation: the abandoned version is dropped, and the deletion completes by itself.
     app.query_i64("WITH gone AS (DELETE FROM projections WHERE version = 99 RETURNING 1) SELECT count(*) FROM gone")
         .await;
