@@ -22,6 +22,8 @@ pub struct State {
     pub authenticator: Authenticator,
     pub read_models: ReadModels,
     pub settings: Settings,
+    /// Event admission scopes whose rows this process knows exist.
+    admission_scopes: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl State {
@@ -29,19 +31,54 @@ impl State {
         let event_log = EventLog::start(pool.clone(), settings.append_batch_max);
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl, settings.rate_limits);
-        tokio::spawn(maintain(pool.clone()));
-        web::Data::new(Self { pool, event_log, authenticator, read_models, settings })
+        tokio::spawn(maintain(pool.clone(), settings.event_receipt_retention));
+        web::Data::new(Self {
+            pool,
+            event_log,
+            authenticator,
+            read_models,
+            settings,
+            admission_scopes: Default::default(),
+        })
+    }
+
+    /// Whether some of `scopes` may lack their admission row (not yet seen by this process);
+    /// marks them seen.
+    pub fn new_admission_scopes(&self, scopes: &[(String, shared::admission::ScopeLimits)]) -> bool {
+        let Ok(mut seen) = self.admission_scopes.lock() else { return true };
+        let mut new = false;
+        for (scope, _) in scopes {
+            new |= seen.insert(scope.clone());
+        }
+        new
     }
 }
 
-/// Every minute: purge idempotency records past their 24 hours and reconcile unresolved
-/// claims. Any number of instances may run it.
-async fn maintain(pool: Pool) {
+/// Every minute: purge idempotency records past their 24 hours, reconcile unresolved claims
+/// and retire event receipts past their retention. Any number of instances may run it.
+async fn maintain(pool: Pool, receipt_retention: std::time::Duration) {
     let mut ticker = tokio::time::interval(std::time::Duration::from_secs(60));
     loop {
         ticker.tick().await;
         if let Err(error) = idempotency::purge_and_reconcile(&pool).await {
             tracing::warn!(error = format!("{error:#}"), "idempotency maintenance failed");
+        }
+        if let Err(error) = retire_receipts(&pool, receipt_retention).await {
+            tracing::warn!(error = format!("{error:#}"), "retiring event receipts failed");
+        }
+    }
+}
+
+/// Retires every event receipt past `retention`, in bounded steps.
+pub async fn retire_receipts(pool: &Pool, retention: std::time::Duration) -> anyhow::Result<u64> {
+    const STEP: i64 = 10_000;
+    let client = pool.get().await?;
+    let mut total = 0;
+    loop {
+        let retired = store::events::retire_receipts(&client, retention, STEP).await?;
+        total += retired;
+        if retired < STEP as u64 {
+            return Ok(total);
         }
     }
 }

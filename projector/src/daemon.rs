@@ -10,22 +10,35 @@ use shared::log::{EventLog, LOG_CHANNEL};
 use crate::Projection;
 use crate::runner::{Faults, Outcome, project_batch};
 
+/// Stops a spawned task when the daemon returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How long to sleep when caught up and no notification arrives.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// How often expired rate-limit windows and old batch history are purged.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Runs until `shutdown` completes. Deletion operations waiting longer than
-/// `erasure_blocked_after` for a projection are reported `blocked`.
+/// `erasure_blocked_after` for a projection are reported `blocked`. Runs the preparation
+/// worker (with `provider`) beside the projections.
 pub async fn run(
     pool: Pool,
     database_url: String,
     worker: String,
     erasure_blocked_after: Duration,
+    provider: shared::ai::AiProvider,
     shutdown: impl Future<Output = ()>,
 ) {
     let faults = Faults::from_env();
     let log = EventLog::start(pool.clone(), 16);
+    let preparation = tokio::spawn(crate::preparation::run(pool.clone(), database_url.clone(), log.clone(), provider));
+    let _stop_preparation = AbortOnDrop(preparation);
     let mut notifications = shared::db::listen(database_url, LOG_CHANNEL);
     tokio::pin!(shutdown);
     let mut last_maintenance = std::time::Instant::now();

@@ -136,8 +136,9 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
     append(log, metadata, &stream_id, &open.record_id, event, guard).await
 }
 
-/// Step 1, once per operation: destroys the record's data key and blanks recorded idempotent
-/// responses about it (its identity claims went with the request), and notes the request's
+/// Step 1, once per operation: destroys the record's data key, blanks recorded idempotent
+/// responses about it (its identity claims went with the request), clears the input digests
+/// of event receipts about it and erases the aliases bound to it, and notes the request's
 /// log position, all in one transaction. Returns that position.
 async fn erase(client: &mut deadpool_postgres::Client, open: &Open, stream_id: &str) -> anyhow::Result<i64> {
     let transaction = client.transaction().await?;
@@ -155,6 +156,17 @@ async fn erase(client: &mut deadpool_postgres::Client, open: &Open, stream_id: &
             "UPDATE idempotency_records
              SET response = jsonb_build_object('data', jsonb_build_object('id', $1::text, 'erased', true))
              WHERE response -> 'data' ->> 'id' = $1",
+            &[&open.record_id],
+        )
+        .await?;
+    // Events about the record: their receipts keep no digest of the erased input (a retry of
+    // such an occurrence is 409 event_erased), and aliases bound to it are erased.
+    transaction
+        .execute("UPDATE event_receipts SET input_digest = NULL WHERE subject_id = $1", &[&open.record_id])
+        .await?;
+    transaction
+        .execute(
+            "UPDATE identity_aliases SET erased = true, contact_id = NULL WHERE contact_id = $1",
             &[&open.record_id],
         )
         .await?;

@@ -7,6 +7,7 @@
 
 pub mod daemon;
 pub mod eraser;
+pub mod preparation;
 pub mod projections;
 pub mod rebuild;
 pub mod runner;

@@ -31,11 +31,13 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate => projector::migrate(&pool).await,
         Command::Run => {
             let worker = format!("projector-{}", std::process::id());
+            let provider = shared::ai::AiProvider::new(&settings.ai)?;
             projector::daemon::run(
                 pool,
                 settings.database_url.expose().to_owned(),
                 worker,
                 settings.erasure_blocked_after,
+                provider,
                 async {
                     let _ = tokio::signal::ctrl_c().await;
                 },
@@ -45,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Rebuild { name } => {
             let projection = Projection::parse(&name).ok_or_else(|| {
-                anyhow::anyhow!("unknown read model {name:?}; known: catalog, records, suppressions, deletions")
+                anyhow::anyhow!("unknown read model {name:?}; known: catalog, records, suppressions, deletions, events")
             })?;
             let report = projector::rebuild::rebuild(&pool, projection, |line| println!("{line}")).await?;
             println!("rebuilt {} events in {:.2}s", report.events, report.elapsed.as_secs_f64());

@@ -97,6 +97,8 @@ pub struct SchemaEntry {
     pub schema_type: String,
     pub doc: Value,
     pub attribute_count: i64,
+    /// The definition revision (`definitionRevision` of events accepted under it).
+    pub revision: i64,
 }
 
 /// Finds a schema of the space by id or slug.
@@ -108,7 +110,7 @@ pub async fn find_schema(
 ) -> Result<Option<SchemaEntry>, tokio_postgres::Error> {
     let statement = client
         .prepare_cached(&format!(
-            "SELECT schema_id, slug, schema_type, doc, attribute_count FROM {schema}.schemas
+            "SELECT schema_id, slug, schema_type, doc, attribute_count, revision FROM {schema}.schemas
              WHERE space_id = $1 AND (schema_id = $2 OR slug = $2)
              ORDER BY (schema_id = $2) DESC LIMIT 1"
         ))
@@ -120,6 +122,7 @@ pub async fn find_schema(
         schema_type: row.get(2),
         doc: row.get(3),
         attribute_count: row.get::<_, i32>(4).into(),
+        revision: row.get(5),
     }))
 }
 
@@ -137,8 +140,10 @@ pub struct AttributeEntry {
     pub definition: Value,
 }
 
-/// Everything a record write needs from the catalog, in one statement: the schema, its
-/// custom attributes and the space's AI credits. `None` when the schema does not exist.
+/// Everything a record write or an event acceptance needs from the catalog, in one
+/// statement: the schema, its custom attributes and the space's remaining AI credits (the
+/// authored grant less what the write side has recorded as spent). `None` when the schema
+/// does not exist.
 pub async fn write_context(
     client: &impl GenericClient,
     schema: &str,
@@ -147,10 +152,11 @@ pub async fn write_context(
 ) -> Result<Option<(SchemaEntry, Vec<AttributeEntry>, i64)>, tokio_postgres::Error> {
     let statement = client
         .prepare_cached(&format!(
-            "SELECT s.schema_id, s.slug, s.schema_type, s.doc, s.attribute_count,
+            "SELECT s.schema_id, s.slug, s.schema_type, s.doc, s.attribute_count, s.revision,
                     COALESCE((SELECT jsonb_agg(jsonb_build_array(a.key, a.definition) ORDER BY a.ordinal)
                               FROM {schema}.attributes a WHERE a.schema_id = s.schema_id AND NOT a.is_base), '[]'),
                     COALESCE((SELECT balance FROM {schema}.ai_credits WHERE space_id = $1), 0)
+                      - COALESCE((SELECT spent FROM public.ai_credit_spend WHERE space_id = $1), 0)
              FROM {schema}.schemas s WHERE s.space_id = $1 AND (s.schema_id = $2 OR s.slug = $2)
              ORDER BY (s.schema_id = $2) DESC LIMIT 1"
         ))
@@ -164,8 +170,9 @@ pub async fn write_context(
         schema_type: row.get(2),
         doc: row.get(3),
         attribute_count: row.get::<_, i32>(4).into(),
+        revision: row.get(5),
     };
-    let attributes = match row.get::<_, Value>(5) {
+    let attributes = match row.get::<_, Value>(6) {
         Value::Array(pairs) => pairs
             .into_iter()
             .filter_map(|pair| match pair {
@@ -179,5 +186,5 @@ pub async fn write_context(
             .collect(),
         _ => Vec::new(),
     };
-    Ok(Some((entry, attributes, row.get(6))))
+    Ok(Some((entry, attributes, row.get(7))))
 }

@@ -60,6 +60,18 @@ impl Keyring {
         format!("email:{hex}")
     }
 
+    /// A keyed digest of `text` for `purpose` (hex): lets the write side compare or name a
+    /// value (an event's input, an anonymous id) without storing it.
+    pub fn digest(&self, purpose: &str, text: &str) -> String {
+        let digest = Sha256::new()
+            .chain_update(self.digest_key)
+            .chain_update(purpose.as_bytes())
+            .chain_update([0u8])
+            .chain_update(text.as_bytes())
+            .finalize();
+        digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
     /// A fresh data key for `subject_id` and its wrapped form, to be stored.
     pub fn generate(&self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)> {
         let mut bytes = [0u8; KEY_LEN];
@@ -102,6 +114,11 @@ pub fn keyring() -> anyhow::Result<&'static Keyring> {
 /// [`Keyring::email_subject`] with the process-wide keyring.
 pub fn email_subject(email: &str) -> anyhow::Result<String> {
     Ok(keyring()?.email_subject(email))
+}
+
+/// [`Keyring::digest`] with the process-wide keyring.
+pub fn keyed_digest(purpose: &str, text: &str) -> anyhow::Result<String> {
+    Ok(keyring()?.digest(purpose, text))
 }
 
 /// `nonce || ciphertext+tag`, with `aad` authenticated.

@@ -16,6 +16,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (3, "rate_windows", include_str!("../migrations/V3__rate_windows.sql")),
     (4, "idempotency", include_str!("../migrations/V4__idempotency.sql")),
     (5, "erasure", include_str!("../migrations/V5__erasure.sql")),
+    (6, "business_events", include_str!("../migrations/V6__business_events.sql")),
 ];
 
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {

@@ -25,6 +25,9 @@ pub enum LogEvent {
     RecordDeletionCompleted(proto::RecordDeletionCompleted),
     SuppressionAdded(proto::SuppressionAdded),
     SuppressionRemoved(proto::SuppressionRemoved),
+    EventAccepted(proto::EventAccepted),
+    EventReadinessChanged(proto::EventReadinessChanged),
+    EventIdentityChanged(proto::EventIdentityChanged),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -73,6 +76,9 @@ event_types! {
     RecordDeletionCompleted => "RecordDeletionCompleted.v1",
     SuppressionAdded => "SuppressionAdded.v1",
     SuppressionRemoved => "SuppressionRemoved.v1",
+    EventAccepted => "EventAccepted.v1",
+    EventReadinessChanged => "EventReadinessChanged.v1",
+    EventIdentityChanged => "EventIdentityChanged.v1",
 }
 
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the

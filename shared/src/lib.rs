@@ -2,6 +2,9 @@
 //! types and the log client, the error envelope, authentication, pagination, settings,
 //! the database pool and the read-model access helpers.
 
+pub mod admission;
+pub mod ai;
+pub mod attributes;
 pub mod auth;
 pub mod canonical;
 pub mod catalog;

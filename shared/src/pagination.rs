@@ -40,21 +40,7 @@ impl PageRequest {
     }
 
     pub fn parse_with_cap(query: &[(String, String)], max_limit: i64) -> Result<Self, ApiError> {
-        let mut warnings = Vec::new();
-        let limit = match crate::http::query_value(query, "limit") {
-            None => DEFAULT_LIMIT,
-            Some(raw) => {
-                let requested = parse_integer("limit", raw)?;
-                let applied = requested.clamp(1, max_limit);
-                if applied != requested {
-                    warnings.push(Warning {
-                        code: "limit_clamped",
-                        message: format!("limit must be between 1 and {max_limit}; used {applied}"),
-                    });
-                }
-                applied
-            }
-        };
+        let (limit, mut warnings) = parse_limit(query, max_limit)?;
         let offset = match crate::http::query_value(query, "offset") {
             None => 0,
             Some(raw) => {
@@ -85,6 +71,27 @@ impl PageRequest {
         let has_more = self.offset + returned < total_count && self.offset + self.limit < MAX_OFFSET;
         json!({ "limit": self.limit, "offset": self.offset, "totalCount": total_count, "hasMore": has_more })
     }
+}
+
+/// `limit` from query pairs: `DEFAULT_LIMIT` when absent, clamped to `1..=max_limit` with a
+/// warning, 400 `invalid_query_parameter` when it is not an integer.
+pub fn parse_limit(query: &[(String, String)], max_limit: i64) -> Result<(i64, Vec<Warning>), ApiError> {
+    let mut warnings = Vec::new();
+    let limit = match crate::http::query_value(query, "limit") {
+        None => DEFAULT_LIMIT,
+        Some(raw) => {
+            let requested = parse_integer("limit", raw)?;
+            let applied = requested.clamp(1, max_limit);
+            if applied != requested {
+                warnings.push(Warning {
+                    code: "limit_clamped",
+                    message: format!("limit must be between 1 and {max_limit}; used {applied}"),
+                });
+            }
+            applied
+        }
+    };
+    Ok((limit, warnings))
 }
 
 fn parse_integer(name: &str, raw: &str) -> Result<i64, ApiError> {

@@ -49,6 +49,15 @@ pub struct Settings {
     /// `APP__ERASURE_BLOCKED_AFTER_MILLIS` (default 60000): how long a record deletion may
     /// wait for a projection to pass its position before it is reported `blocked`.
     pub erasure_blocked_after: Duration,
+    /// Event admission: `APP__EVENT_{FLEET,SPACE,SCHEMA}_{RATE,BURST,PENDING,RECEIPTS}`
+    /// (defaults: the contract's values).
+    pub event_admission: crate::admission::AdmissionLimits,
+    /// `APP__EVENT_RECEIPT_RETENTION_HOURS` (default 24): how long a receipt is retained
+    /// after acceptance (and after its preparation is over) before it is retired.
+    pub event_receipt_retention: Duration,
+    /// The AI provider (`APP__AI_PROVIDER`, `APP__AI_ENDPOINT`, `APP__AI_MODEL`,
+    /// `APP__AI_API_KEY`, `APP__AI_TIMEOUT_MILLIS`; see [`crate::ai::AiSettings`]).
+    pub ai: crate::ai::AiSettings,
 }
 
 impl Settings {
@@ -75,6 +84,9 @@ impl Settings {
                 reserve_max: env_or("APP__RATE_RESERVE_MAX", 1000)?,
             },
             erasure_blocked_after: Duration::from_millis(env_or("APP__ERASURE_BLOCKED_AFTER_MILLIS", 60_000)?),
+            event_admission: crate::admission::AdmissionLimits::from_env()?,
+            event_receipt_retention: Duration::from_secs(3600 * env_or("APP__EVENT_RECEIPT_RETENTION_HOURS", 24)?),
+            ai: crate::ai::AiSettings::from_env()?,
         })
     }
 
@@ -94,11 +106,14 @@ impl Settings {
             append_batch_max: 256,
             rate_limits: crate::ratelimit::Limits::default(),
             erasure_blocked_after: Duration::from_secs(60),
+            event_admission: crate::admission::AdmissionLimits::default(),
+            event_receipt_retention: Duration::from_secs(24 * 3600),
+            ai: crate::ai::AiSettings::deterministic(),
         }
     }
 }
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T>
+pub(crate) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T>
 where
     T::Err: std::fmt::Display,
 {

@@ -12,7 +12,7 @@ use shared::pagination::Warning;
 use shared::proto;
 use shared::records::RecordState;
 
-use super::attributes::{default_value, has_auto_fill, is_required, is_writable, normalize_value};
+use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, normalize_value};
 
 /// What the decision needs to know of the schema.
 #[derive(Debug, Clone)]
@@ -331,8 +331,8 @@ fn normalize_identity(key: &str, value: Value) -> Result<Option<String>, String>
         Value::Null => Ok(None),
         Value::String(text) => {
             let normalized = match key {
-                "email" => super::attributes::normalize_email(&text)?,
-                "phone" => super::attributes::normalize_phone(&text)?,
+                "email" => shared::attributes::normalize_email(&text)?,
+                "phone" => shared::attributes::normalize_phone(&text)?,
                 _ => text.trim().to_owned(),
             };
             if normalized.is_empty() {

@@ -6,7 +6,7 @@ use shared::events::seal;
 use shared::proto;
 use shared::suppressions::{API_REASONS, removable};
 
-use super::attributes::normalize_email;
+use shared::attributes::normalize_email;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewSuppression {

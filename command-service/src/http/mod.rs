@@ -1,5 +1,6 @@
 //! The HTTP surface of the command service. Only this module knows actix-web.
 
+pub mod events;
 pub mod records;
 pub mod routes;
 pub mod suppressions;

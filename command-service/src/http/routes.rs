@@ -2,7 +2,7 @@
 
 use actix_web::web;
 
-use super::{records, suppressions};
+use super::{events, records, suppressions};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
@@ -13,5 +13,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/contacts/suppressions", web::post().to(suppressions::create))
         .route("/contacts/suppressions/batch", web::post().to(suppressions::batch_create))
         .route("/contacts/suppressions/batch-remove", web::post().to(suppressions::batch_remove))
-        .route("/contacts/suppressions/{id}", web::delete().to(suppressions::delete));
+        .route("/contacts/suppressions/{id}", web::delete().to(suppressions::delete))
+        .route("/events/{schema}", web::post().to(events::fire))
+        .route("/events/{schema}/batch", web::post().to(events::batch));
 }

@@ -23,11 +23,13 @@ impl SingleNode {
         projector::migrate(&pool).await.context("migrating")?;
         let projector_pool = shared::db::pool(&database_url, 4)?;
         let worker = format!("single-node-{}", std::process::id());
+        let provider = shared::ai::AiProvider::new(&settings.ai)?;
         tokio::spawn(projector::daemon::run(
             projector_pool,
             database_url.clone(),
             worker,
             settings.erasure_blocked_after,
+            provider,
             std::future::pending(),
         ));
         let read_models = ReadModels::start(pool.clone(), database_url);

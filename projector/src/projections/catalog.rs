@@ -34,6 +34,7 @@ CREATE TABLE {s}.schemas (
     doc jsonb NOT NULL,
     created_at timestamptz NOT NULL,
     attribute_count integer NOT NULL,
+    revision bigint NOT NULL DEFAULT 1,
     UNIQUE (space_id, slug)
 );
 CREATE INDEX ON {s}.schemas (space_id, schema_type, created_at, schema_id);
@@ -191,10 +192,11 @@ async fn apply_schema(transaction: &Transaction<'_>, s: &str, schema: &proto::Sc
     let inserted = transaction
         .query_one(
             &format!(
-                "INSERT INTO {s}.schemas (schema_id, space_id, slug, schema_type, doc, created_at, attribute_count)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                "INSERT INTO {s}.schemas (schema_id, space_id, slug, schema_type, doc, created_at, attribute_count,
+                     revision)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                  ON CONFLICT (schema_id) DO UPDATE SET slug = EXCLUDED.slug, doc = EXCLUDED.doc,
-                     attribute_count = EXCLUDED.attribute_count
+                     attribute_count = EXCLUDED.attribute_count, revision = EXCLUDED.revision
                  RETURNING (xmax = 0)"
             ),
             &[
@@ -205,6 +207,7 @@ async fn apply_schema(transaction: &Transaction<'_>, s: &str, schema: &proto::Sc
                 &document,
                 &from_millis(schema.created_at_ms),
                 &attribute_count,
+                &schema.revision,
             ],
         )
         .await?

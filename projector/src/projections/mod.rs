@@ -3,6 +3,7 @@
 
 mod catalog;
 pub mod deletions;
+mod events;
 mod records;
 mod suppressions;
 
@@ -20,11 +21,13 @@ pub enum Projection {
     Suppressions,
     /// Record deletion operations and their status.
     Deletions,
+    /// Business events with their readiness, and the cursor index of ready events.
+    Events,
 }
 
 impl Projection {
-    pub const ALL: [Projection; 4] =
-        [Projection::Catalog, Projection::Records, Projection::Suppressions, Projection::Deletions];
+    pub const ALL: [Projection; 5] =
+        [Projection::Catalog, Projection::Records, Projection::Suppressions, Projection::Deletions, Projection::Events];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -32,6 +35,7 @@ impl Projection {
             Self::Records => "records",
             Self::Suppressions => "suppressions",
             Self::Deletions => "deletions",
+            Self::Events => "events",
         }
     }
 
@@ -46,6 +50,7 @@ impl Projection {
             Self::Records => records::DDL,
             Self::Suppressions => suppressions::DDL,
             Self::Deletions => deletions::DDL,
+            Self::Events => events::DDL,
         };
         format!("CREATE SCHEMA {schema};\n{}", tables.replace("{s}", schema))
     }
@@ -58,24 +63,30 @@ impl Projection {
         schema: &str,
         events: &[StoredEvent],
     ) -> anyhow::Result<()> {
-        if self == Self::Records {
-            // Set-based: the whole batch in a few statements.
-            return records::apply(transaction, schema, events).await.with_context(|| {
+        // Set-based: the whole batch in a few statements.
+        let set_based = match self {
+            Self::Records => Some(records::apply(transaction, schema, events).await),
+            Self::Events => Some(events::apply(transaction, schema, events).await),
+            _ => None,
+        };
+        if let Some(applied) = set_based {
+            return applied.with_context(|| {
                 let first = events.first().map_or(0, |event| event.position);
-                format!("projection records failed on the batch starting at position {first}")
+                format!("projection {} failed on the batch starting at position {first}", self.name())
             });
         }
-        // The others apply event by event (`Records` returned above and never reaches these).
+        // The others apply event by event (the set-based ones returned above and never reach
+        // these).
         let types = match self {
             Self::Catalog => catalog::EVENT_TYPES,
             Self::Suppressions => suppressions::EVENT_TYPES,
-            Self::Deletions | Self::Records => deletions::EVENT_TYPES,
+            Self::Deletions | Self::Records | Self::Events => deletions::EVENT_TYPES,
         };
         for event in events.iter().filter(|event| types.contains(&event.event_type.as_str())) {
             let applied = match self {
                 Self::Catalog => catalog::apply(transaction, schema, event).await,
                 Self::Suppressions => suppressions::apply(transaction, schema, event).await,
-                Self::Deletions | Self::Records => deletions::apply(transaction, schema, event).await,
+                Self::Deletions | Self::Records | Self::Events => deletions::apply(transaction, schema, event).await,
             };
             applied.with_context(|| {
                 format!("projection {} failed on {} at position {}", self.name(), event.event_type, event.position)

@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod deletions;
+pub mod events;
 pub mod me;
 pub mod records;
 pub mod routes;

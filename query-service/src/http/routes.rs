@@ -2,7 +2,7 @@
 
 use actix_web::{HttpResponse, web};
 
-use super::{audit, deletions, me, records, schemas, suppressions};
+use super::{audit, deletions, events, me, records, schemas, suppressions};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
@@ -15,7 +15,9 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/schemas/{schema}/records/{id}", web::get().to(records::get))
         .route("/schemas/{schema}/records/{id}/audit-trail", web::get().to(audit::get))
         .route("/record-deletions/{operationId}", web::get().to(deletions::get))
-        .route("/contacts/suppressions", web::get().to(suppressions::list));
+        .route("/contacts/suppressions", web::get().to(suppressions::list))
+        .route("/events", web::get().to(events::list))
+        .route("/events/{schema}/{id}/status", web::get().to(events::status));
 }
 
 /// The OpenAPI 3.1 document, kept in the repo at `docs/openapi.json`.

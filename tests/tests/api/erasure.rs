@@ -190,12 +190,9 @@ async fn concurrent_deletes_start_exactly_one_operation() {
 
 #[tokio::test]
 async fn a_stuck_projection_blocks_the_deletion_until_it_is_resolved() {
-    let app = TestApp::spawn_with(Options {
-        projector: true,
-        limits: None,
-        erasure_blocked_after: Some(Duration::from_millis(300)),
-    })
-    .await;
+    let app =
+        TestApp::spawn_with(Options { erasure_blocked_after: Some(Duration::from_millis(300)), ..Options::default() })
+            .await;
     let contact = app.create_contact(&json!({"email": "blocked@example.com"})).await;
     let id = contact["id"].as_str().expect("id").to_owned();
     // A rebuild that was abandoned at position 0: its version may still hold data.

@@ -104,7 +104,7 @@ pub struct TestApp {
     pub http: reqwest::Client,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Options {
     /// Run the projector in-process.
     pub projector: bool,
@@ -112,12 +112,29 @@ pub struct Options {
     pub limits: Option<shared::ratelimit::Limits>,
     /// How long a record deletion waits for projections before it is `blocked` (60 s).
     pub erasure_blocked_after: Option<Duration>,
+    /// Event admission; `None` raises it far above what any test sends.
+    pub admission: Option<shared::admission::AdmissionLimits>,
+    /// The AI provider of the preparation worker (the deterministic one by default).
+    pub ai: Option<shared::ai::AiSettings>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { projector: true, limits: None, erasure_blocked_after: None, admission: None, ai: None }
+    }
 }
 
 impl Options {
     pub fn without_projector() -> Self {
-        Self { projector: false, limits: None, erasure_blocked_after: None }
+        Self { projector: false, ..Self::default() }
     }
+}
+
+/// Event admission far above what any test sends, for tests that are not about admission.
+pub fn unlimited_admission() -> shared::admission::AdmissionLimits {
+    let open =
+        shared::admission::ScopeLimits { rate: 1e6, burst: 1e6, pending: 1_000_000_000, receipts: 1_000_000_000 };
+    shared::admission::AdmissionLimits { fleet: open, space: open, schema: open }
 }
 
 /// Limits far above what any test sends, for tests that are not about rate limits.
@@ -131,7 +148,7 @@ pub fn unlimited() -> shared::ratelimit::Limits {
 
 impl TestApp {
     pub async fn spawn() -> Self {
-        Self::spawn_with(Options { projector: true, limits: None, erasure_blocked_after: None }).await
+        Self::spawn_with(Options::default()).await
     }
 
     pub async fn spawn_with(options: Options) -> Self {
@@ -141,6 +158,10 @@ impl TestApp {
         let database_url = create_database().await;
         let mut settings = Settings::for_database(&database_url);
         settings.rate_limits = options.limits.unwrap_or_else(unlimited);
+        settings.event_admission = options.admission.unwrap_or_else(unlimited_admission);
+        if let Some(ai) = options.ai.clone() {
+            settings.ai = ai;
+        }
         let pool = shared::db::pool(&database_url, 8).expect("pool");
         if options.projector {
             let projector_pool = shared::db::pool(&database_url, 4).expect("pool");
@@ -149,6 +170,7 @@ impl TestApp {
                 database_url.clone(),
                 "test-projector".into(),
                 options.erasure_blocked_after.unwrap_or(Duration::from_secs(60)),
+                shared::ai::AiProvider::new(&settings.ai).expect("AI provider"),
                 std::future::pending(),
             ));
         }

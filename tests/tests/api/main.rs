@@ -1,5 +1,6 @@
 //! Integration tests against a real PostgreSQL started by `scripts/test`.
 
+mod ai;
 mod audit;
 mod auth;
 mod authoring;
@@ -7,6 +8,8 @@ mod consistency;
 mod deployment;
 mod erasure;
 mod errors;
+mod events;
+mod fake_ai;
 mod helpers;
 mod idempotency;
 mod log;

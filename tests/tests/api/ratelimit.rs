@@ -22,9 +22,7 @@ async fn start_of_a_window() {
 
 #[tokio::test]
 async fn the_read_bucket_limits_each_key_per_second_with_an_http_date_to_retry() {
-    let app =
-        TestApp::spawn_with(Options { projector: true, limits: Some(limits(5, 25)), erasure_blocked_after: None })
-            .await;
+    let app = TestApp::spawn_with(Options { limits: Some(limits(5, 25)), ..Options::default() }).await;
     start_of_a_window().await;
     let mut statuses = Vec::new();
     let mut limited = None;
@@ -54,8 +52,7 @@ async fn the_read_bucket_limits_each_key_per_second_with_an_http_date_to_retry()
 
 #[tokio::test]
 async fn reads_and_writes_are_independent_buckets() {
-    let app =
-        TestApp::spawn_with(Options { projector: true, limits: Some(limits(3, 2)), erasure_blocked_after: None }).await;
+    let app = TestApp::spawn_with(Options { limits: Some(limits(3, 2)), ..Options::default() }).await;
     start_of_a_window().await;
     let empty = json!({});
     let writes: Vec<u16> =

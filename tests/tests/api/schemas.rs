@@ -9,16 +9,16 @@ async fn schemas_list_filters_by_repeatable_type() {
     let app = TestApp::spawn().await;
     let all = app.get("/schemas", ALPHA_ADMIN).await;
     assert_eq!(all.status, 200);
-    assert_eq!(all.body["pagination"]["totalCount"], 4);
+    assert_eq!(all.body["pagination"]["totalCount"], 5);
     let contacts = app.get("/schemas?type=contact", ALPHA_ADMIN).await;
     assert_eq!(contacts.body["pagination"]["totalCount"], 2);
     assert!(contacts.body["data"].as_array().expect("list").iter().all(|s| s["type"] == "contact"));
     let two = app.get("/schemas?type=object&type=event", ALPHA_ADMIN).await;
     let slugs: Vec<&str> =
         two.body["data"].as_array().expect("list").iter().filter_map(|s| s["slug"].as_str()).collect();
-    assert_eq!(slugs.len(), 2);
-    assert!(slugs.contains(&"companies") && slugs.contains(&"signup"));
-    assert_eq!(two.body["pagination"]["totalCount"], 2);
+    assert_eq!(slugs.len(), 3);
+    assert!(slugs.contains(&"companies") && slugs.contains(&"signup") && slugs.contains(&"purchase"));
+    assert_eq!(two.body["pagination"]["totalCount"], 3);
     let bad = app.get("/schemas?type=widget", ALPHA_ADMIN).await;
     assert_eq!(bad.status, 400);
 }

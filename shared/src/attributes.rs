@@ -3,7 +3,7 @@
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use serde_json::Value;
 
-pub use shared::catalog::is_writable;
+pub use crate::catalog::is_writable;
 
 /// Whether the attribute is filled by AI auto-fill.
 pub fn has_auto_fill(definition: &Value) -> bool {

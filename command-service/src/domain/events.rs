@@ -1,0 +1,473 @@
+//! Business event decisions: normalising a fire input against the event schema, what makes
+//! two fires the same occurrence, and which admission limit refuses an occurrence. Pure:
+//! every fact comes in as an argument.
+
+use serde_json::{Map, Value, json};
+use shared::admission::ScopeLimits;
+use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, normalize_value};
+use shared::catalog::AttributeEntry;
+use shared::error::{ApiError, Issue};
+
+/// The normalised input of one event may not exceed this (the contract: 256 KiB).
+pub const MAX_INPUT_BYTES: usize = 256 * 1024;
+/// The longest caller-owned `eventId`.
+pub const MAX_EVENT_ID_CHARS: usize = 256;
+/// An explicit `occurredAt` may be at most this old...
+pub const MAX_AGE_MS: i64 = 366 * 24 * 3600 * 1000;
+/// ...and at most this far ahead of acceptance.
+pub const MAX_AHEAD_MS: i64 = 5 * 60 * 1000;
+
+/// Fields the platform sets on an event; an input that sets them is refused.
+pub const RESERVED_FIELDS: &[&str] = &[
+    "readinessState",
+    "readinessAtAcceptance",
+    "readyAt",
+    "receivedAt",
+    "createdAt",
+    "definitionRevision",
+    "isDuplicate",
+    "schemaId",
+    "schemaSlug",
+];
+
+/// What the decision needs of the event schema.
+#[derive(Debug, Clone, Copy)]
+pub struct EventSchema<'a> {
+    pub attributes: &'a [AttributeEntry],
+}
+
+/// A validated fire input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FireInput {
+    /// The caller's occurrence id, or a generated UUID.
+    pub event_id: String,
+    /// Whether `event_id` was generated (a fire without one is always a new occurrence).
+    pub generated_event_id: bool,
+    /// The explicit `occurredAt` in milliseconds; `None` means "at acceptance".
+    pub occurred_at_ms: Option<i64>,
+    pub contact_id: Option<String>,
+    pub object_id: Option<String>,
+    /// Every writable attribute: given values normalised, defaults applied, absent ones null.
+    pub values: Map<String, Value>,
+    /// Auto-fill attributes without a value: prepared asynchronously, so the event is
+    /// accepted `pending`.
+    pub pending_keys: Vec<String>,
+}
+
+impl FireInput {
+    /// The subject record the event names, if any.
+    pub fn subject(&self) -> Option<&str> {
+        self.contact_id.as_deref().or(self.object_id.as_deref())
+    }
+
+    /// The normalised payload that decides whether a retry is the same occurrence: values,
+    /// subject and `occurredAt` as given (an omitted one matches an omitted one).
+    pub fn normalized(&self) -> Value {
+        json!({
+            "values": self.values,
+            "contactId": self.contact_id,
+            "objectId": self.object_id,
+            "occurredAt": self.occurred_at_ms,
+        })
+    }
+
+    pub fn readiness(&self) -> &'static str {
+        if self.pending_keys.is_empty() { "ready" } else { "pending" }
+    }
+}
+
+fn optional_string(key: &str, value: Value) -> Result<Option<String>, Issue> {
+    match value {
+        Value::Null => Ok(None),
+        Value::String(text) if !text.trim().is_empty() => Ok(Some(text)),
+        _ => Err(Issue::coded(key, "invalid_attribute_value", format!("{key} must be a non-empty string or null"))),
+    }
+}
+
+fn parse_occurred_at(value: Value, now_ms: i64) -> Result<Option<i64>, Issue> {
+    let text = match value {
+        Value::Null => return Ok(None),
+        Value::String(text) => text,
+        _ => return Err(Issue::coded("occurredAt", "invalid_occurred_at", "occurredAt must be an RFC 3339 date-time")),
+    };
+    let at = chrono::DateTime::parse_from_rfc3339(&text).map_err(|_| {
+        Issue::coded("occurredAt", "invalid_occurred_at", format!("occurredAt {text:?} is not an RFC 3339 date-time"))
+    })?;
+    let ms = at.timestamp_millis();
+    if ms < now_ms - MAX_AGE_MS {
+        return Err(Issue::coded("occurredAt", "invalid_occurred_at", "occurredAt is more than 366 days in the past"));
+    }
+    if ms > now_ms + MAX_AHEAD_MS {
+        return Err(Issue::coded(
+            "occurredAt",
+            "invalid_occurred_at",
+            "occurredAt is more than 5 minutes in the future",
+        ));
+    }
+    Ok(Some(ms))
+}
+
+/// Validates and normalises a flat fire input. `generate_id` supplies the `eventId` when it
+/// is omitted or null. A body `id` is ignored.
+pub fn parse_fire(
+    schema: EventSchema<'_>,
+    input: Map<String, Value>,
+    now_ms: i64,
+    generate_id: impl FnOnce() -> String,
+) -> Result<FireInput, ApiError> {
+    let mut issues = Vec::new();
+    let mut event_id = None;
+    let mut occurred_at_ms = None;
+    let (mut contact_id, mut object_id) = (None, None);
+    let mut given = Map::new();
+    for (key, value) in input {
+        match key.as_str() {
+            "id" => {}
+            "eventId" => match optional_string("eventId", value) {
+                Ok(Some(id)) if id.chars().count() > MAX_EVENT_ID_CHARS => issues.push(Issue::coded(
+                    "eventId",
+                    "invalid_attribute_value",
+                    format!("eventId must be at most {MAX_EVENT_ID_CHARS} characters"),
+                )),
+                Ok(id) => event_id = id,
+                Err(issue) => issues.push(issue),
+            },
+            "occurredAt" => match parse_occurred_at(value, now_ms) {
+                Ok(at) => occurred_at_ms = at,
+                Err(issue) => issues.push(issue),
+            },
+            "contactId" => match optional_string("contactId", value) {
+                Ok(id) => contact_id = id,
+                Err(issue) => issues.push(issue),
+            },
+            "objectId" => match optional_string("objectId", value) {
+                Ok(id) => object_id = id,
+                Err(issue) => issues.push(issue),
+            },
+            reserved if RESERVED_FIELDS.contains(&reserved) => issues.push(Issue::coded(
+                &key,
+                "reserved_field",
+                format!("{key} is set by the platform and cannot be given"),
+            )),
+            _ => {
+                given.insert(key, value);
+            }
+        }
+    }
+    if contact_id.is_some() && object_id.is_some() {
+        issues.push(Issue::coded(
+            "objectId",
+            "invalid_event_subject",
+            "contactId and objectId are mutually exclusive; name at most one subject",
+        ));
+    }
+    let mut values = Map::new();
+    for (key, value) in given {
+        let Some(attribute) = schema.attributes.iter().find(|a| a.key == key) else {
+            issues.push(Issue::coded(&key, "unknown_attribute", format!("{key} is not an attribute of this schema")));
+            continue;
+        };
+        if !is_writable(&attribute.definition) {
+            issues.push(Issue::coded(
+                &key,
+                "attribute_not_writable",
+                format!("{key} is evaluated or aggregated by the platform and cannot be written"),
+            ));
+            continue;
+        }
+        match normalize_value(&attribute.definition, value) {
+            Ok(normalized) => {
+                values.insert(key, normalized);
+            }
+            Err(message) => issues.push(Issue::coded(&key, "invalid_attribute_value", format!("{key} {message}"))),
+        }
+    }
+    let mut pending_keys = Vec::new();
+    for attribute in schema.attributes.iter().filter(|a| is_writable(&a.definition)) {
+        if values.get(&attribute.key).is_some_and(|value| !value.is_null()) {
+            continue;
+        }
+        if has_auto_fill(&attribute.definition) {
+            pending_keys.push(attribute.key.clone());
+            values.insert(attribute.key.clone(), Value::Null);
+        } else if let Some(default) = default_value(&attribute.definition) {
+            values.insert(attribute.key.clone(), default.clone());
+        } else if is_required(&attribute.definition) {
+            issues.push(Issue::coded(
+                &attribute.key,
+                "required_attribute_missing",
+                format!("{} is required", attribute.key),
+            ));
+        } else {
+            values.insert(attribute.key.clone(), Value::Null);
+        }
+    }
+    if let Some(first) = issues.first() {
+        let (code, message) = (first.code.unwrap_or("invalid_event_input"), first.message.clone());
+        return Err(ApiError::bad_request(code, message).with_issues(issues));
+    }
+    let (generated_event_id, event_id) = match event_id {
+        Some(id) => (false, id),
+        None => (true, generate_id()),
+    };
+    let parsed =
+        FireInput { event_id, generated_event_id, occurred_at_ms, contact_id, object_id, values, pending_keys };
+    let size = shared::canonical::canonical_json(&parsed.normalized()).len();
+    if size > MAX_INPUT_BYTES {
+        return Err(ApiError::bad_request(
+            "event_input_too_large",
+            format!("the normalised event input is {size} bytes; the limit is {MAX_INPUT_BYTES} (256 KiB)"),
+        ));
+    }
+    Ok(parsed)
+}
+
+/// What an earlier receipt under the same eventId means for a fire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Earlier {
+    /// The same occurrence: answer the original receipt, admit nothing.
+    Duplicate,
+    /// Changed input under a used eventId: 409 `event_id_conflict`.
+    Conflict,
+    /// The occurrence's subject was erased (or is being erased): 409 `event_erased`.
+    Erased,
+}
+
+/// Compares a fire with the receipt already held under its eventId.
+pub fn compare_with_receipt(input_digest: Option<&str>, subject_erased: bool, digest: &str) -> Earlier {
+    match input_digest {
+        _ if subject_erased => Earlier::Erased,
+        None => Earlier::Erased,
+        Some(earlier) if earlier == digest => Earlier::Duplicate,
+        Some(_) => Earlier::Conflict,
+    }
+}
+
+pub fn event_id_conflict(event_id: &str) -> ApiError {
+    ApiError::conflict(
+        "event_id_conflict",
+        format!("eventId {event_id:?} was already used for an occurrence with different input or occurredAt"),
+    )
+}
+
+pub fn event_erased(event_id: &str) -> ApiError {
+    ApiError::conflict("event_erased", format!("the occurrence {event_id:?} was erased; it cannot be accepted again"))
+}
+
+/// A scope's admission state as the database holds it, refilled to now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScopeState {
+    pub limits: ScopeLimits,
+    /// Tokens available now (after refill, capped at the burst).
+    pub tokens: f64,
+    pub pending: i64,
+    pub receipts: i64,
+}
+
+/// Why an occurrence is not admitted, and when to retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// 429 `event_rate_limited`, after the computed delay.
+    RateLimited { retry_after_ms: u64 },
+    /// 429 `event_backlog_full`: retry in 30 s.
+    BacklogFull,
+    /// 429 `event_receipt_limit`: retry in an hour, once receipts have retired.
+    ReceiptLimit,
+}
+
+impl Refusal {
+    pub const BACKLOG_RETRY_MS: u64 = 30_000;
+    pub const RECEIPT_RETRY_MS: u64 = 3_600_000;
+
+    pub fn retry_after_ms(self) -> u64 {
+        match self {
+            Self::RateLimited { retry_after_ms } => retry_after_ms,
+            Self::BacklogFull => Self::BACKLOG_RETRY_MS,
+            Self::ReceiptLimit => Self::RECEIPT_RETRY_MS,
+        }
+    }
+
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::RateLimited { .. } => "event_rate_limited",
+            Self::BacklogFull => "event_backlog_full",
+            Self::ReceiptLimit => "event_receipt_limit",
+        }
+    }
+
+    pub fn message(self) -> String {
+        match self {
+            Self::RateLimited { retry_after_ms } => {
+                format!("event admission rate exceeded; retry in {retry_after_ms} ms")
+            }
+            Self::BacklogFull => "too many events are pending preparation; retry in 30 seconds".to_owned(),
+            Self::ReceiptLimit => {
+                "the retained-receipt limit is reached; retry in an hour, once older receipts have retired".to_owned()
+            }
+        }
+    }
+
+    /// The error of a single fire, with `Retry-After` in whole seconds (at least 1).
+    pub fn error(self) -> ApiError {
+        let seconds = self.retry_after_ms().div_ceil(1000).max(1);
+        ApiError::new(actix_web::http::StatusCode::TOO_MANY_REQUESTS, Some(self.code()), self.message())
+            .with_header("Retry-After", seconds.to_string())
+    }
+}
+
+/// Walks new occurrences in order (`true` for one that needs preparation) against the scopes'
+/// state and returns the first that would be refused, with the reason. The receipt cap is
+/// checked first, then the backlog, then the rate, in every scope.
+pub fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Option<(usize, Refusal)> {
+    let mut scopes = scopes.to_vec();
+    for (index, needs_preparation) in occurrences.iter().enumerate() {
+        if scopes.iter().any(|scope| scope.receipts + 1 > scope.limits.receipts) {
+            return Some((index, Refusal::ReceiptLimit));
+        }
+        if *needs_preparation && scopes.iter().any(|scope| scope.pending + 1 > scope.limits.pending) {
+            return Some((index, Refusal::BacklogFull));
+        }
+        let wait = scopes
+            .iter()
+            .filter(|scope| scope.tokens < 1.0)
+            .map(|scope| if scope.limits.rate > 0.0 { (1.0 - scope.tokens) / scope.limits.rate } else { f64::INFINITY })
+            .fold(0.0_f64, f64::max);
+        if wait > 0.0 {
+            let retry_after_ms = if wait.is_finite() { (wait * 1000.0).ceil() as u64 } else { u64::MAX / 2 };
+            return Some((index, Refusal::RateLimited { retry_after_ms: retry_after_ms.max(1) }));
+        }
+        for scope in &mut scopes {
+            scope.tokens -= 1.0;
+            scope.receipts += 1;
+            if *needs_preparation {
+                scope.pending += 1;
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attributes() -> Vec<AttributeEntry> {
+        vec![
+            AttributeEntry { key: "plan".into(), definition: json!({"type": "string"}) },
+            AttributeEntry { key: "amount".into(), definition: json!({"type": "number", "required": true}) },
+            AttributeEntry { key: "channel".into(), definition: json!({"type": "string", "default": "web"}) },
+            AttributeEntry {
+                key: "summary".into(),
+                definition: json!({"type": "string", "autoFill": {"enabled": true, "prompt": "summary"}}),
+            },
+            AttributeEntry { key: "score".into(), definition: json!({"type": "evaluated"}) },
+        ]
+    }
+
+    fn parse(input: Value) -> Result<FireInput, ApiError> {
+        let attributes = attributes();
+        let Value::Object(input) = input else { panic!("object") };
+        parse_fire(EventSchema { attributes: &attributes }, input, 1_000_000_000_000, || "generated".into())
+    }
+
+    #[test]
+    fn a_valid_input_is_normalised_with_defaults_and_pending_auto_fill() {
+        let parsed = parse(json!({"eventId": "e1", "amount": 5, "id": "ignored", "contactId": "con_1"})).expect("ok");
+        assert_eq!(parsed.event_id, "e1");
+        assert!(!parsed.generated_event_id);
+        assert_eq!(parsed.values["channel"], "web");
+        assert_eq!(parsed.values["plan"], Value::Null);
+        assert_eq!(parsed.pending_keys, ["summary"]);
+        assert_eq!(parsed.readiness(), "pending");
+        assert_eq!(parsed.subject(), Some("con_1"));
+        let given = parse(json!({"amount": 5, "summary": "given"})).expect("ok");
+        assert!(given.pending_keys.is_empty());
+        assert_eq!(given.event_id, "generated");
+        assert!(given.generated_event_id);
+    }
+
+    #[test]
+    fn invalid_inputs_are_refused_with_their_codes() {
+        let code = |input: Value| parse(input).err().and_then(|error| error.code());
+        assert_eq!(code(json!({})), Some("required_attribute_missing"));
+        assert_eq!(code(json!({"amount": 1, "readinessState": "ready"})), Some("reserved_field"));
+        assert_eq!(code(json!({"amount": 1, "nope": 1})), Some("unknown_attribute"));
+        assert_eq!(code(json!({"amount": 1, "score": 1})), Some("attribute_not_writable"));
+        assert_eq!(code(json!({"amount": "x"})), Some("invalid_attribute_value"));
+        assert_eq!(
+            code(json!({"amount": 1, "contactId": "con_1", "objectId": "obj_1"})),
+            Some("invalid_event_subject")
+        );
+        assert_eq!(code(json!({"amount": 1, "eventId": 7})), Some("invalid_attribute_value"));
+        assert_eq!(code(json!({"amount": 1, "eventId": "x".repeat(257)})), Some("invalid_attribute_value"));
+        assert_eq!(code(json!({"amount": 1, "plan": "x".repeat(MAX_INPUT_BYTES)})), Some("event_input_too_large"));
+    }
+
+    #[test]
+    fn occurred_at_must_lie_within_366_days_back_and_5_minutes_ahead() {
+        let now = 1_000_000_000_000_i64;
+        let at = |ms: i64| shared::time::format_millis(ms);
+        let code = |input: Value| parse(input).err().and_then(|error| error.code());
+        assert_eq!(code(json!({"amount": 1, "occurredAt": at(now - MAX_AGE_MS - 1)})), Some("invalid_occurred_at"));
+        assert_eq!(code(json!({"amount": 1, "occurredAt": at(now + MAX_AHEAD_MS + 1)})), Some("invalid_occurred_at"));
+        assert_eq!(code(json!({"amount": 1, "occurredAt": "yesterday"})), Some("invalid_occurred_at"));
+        let parsed = parse(json!({"amount": 1, "occurredAt": at(now - MAX_AGE_MS + 1000)})).expect("in range");
+        assert_eq!(parsed.occurred_at_ms, Some(now - MAX_AGE_MS + 1000));
+        assert!(parse(json!({"amount": 1, "occurredAt": at(now + MAX_AHEAD_MS)})).is_ok());
+    }
+
+    #[test]
+    fn the_normalised_payload_ignores_key_order_and_the_event_id() {
+        let a = parse(json!({"eventId": "a", "amount": 1, "plan": "pro"})).expect("ok");
+        let b = parse(json!({"plan": "pro", "amount": 1.0, "eventId": "b"})).expect("ok");
+        let canonical = |input: &FireInput| shared::canonical::canonical_json(&input.normalized());
+        assert_ne!(canonical(&a), canonical(&b), "1 and 1.0 are different JSON numbers");
+        let c = parse(json!({"plan": "pro", "amount": 1, "eventId": "c"})).expect("ok");
+        assert_eq!(canonical(&a), canonical(&c));
+        let d = parse(json!({"plan": "pro", "amount": 2, "eventId": "a"})).expect("ok");
+        assert_ne!(canonical(&a), canonical(&d));
+    }
+
+    #[test]
+    fn earlier_receipts_decide_duplicate_conflict_or_erased() {
+        assert_eq!(compare_with_receipt(Some("d"), false, "d"), Earlier::Duplicate);
+        assert_eq!(compare_with_receipt(Some("d"), false, "x"), Earlier::Conflict);
+        assert_eq!(compare_with_receipt(Some("d"), true, "d"), Earlier::Erased);
+        assert_eq!(compare_with_receipt(None, false, "d"), Earlier::Erased);
+    }
+
+    fn scope(tokens: f64, pending: i64, receipts: i64) -> ScopeState {
+        ScopeState {
+            limits: ScopeLimits { rate: 5.0, burst: 15.0, pending: 2, receipts: 10 },
+            tokens,
+            pending,
+            receipts,
+        }
+    }
+
+    #[test]
+    fn refusals_name_the_first_occurrence_over_a_limit() {
+        assert_eq!(first_refusal(&[scope(3.0, 0, 0)], &[false, false, false]), None);
+        assert_eq!(
+            first_refusal(&[scope(2.5, 0, 0)], &[false, false, false]),
+            Some((2, Refusal::RateLimited { retry_after_ms: 100 }))
+        );
+        assert_eq!(first_refusal(&[scope(9.0, 1, 0)], &[false, true, true]), Some((2, Refusal::BacklogFull)));
+        assert_eq!(first_refusal(&[scope(9.0, 0, 9)], &[false, false]), Some((1, Refusal::ReceiptLimit)));
+        // The strictest scope decides the delay.
+        let slow = ScopeState { limits: ScopeLimits { rate: 1.0, ..scope(0.0, 0, 0).limits }, ..scope(0.5, 0, 0) };
+        assert_eq!(
+            first_refusal(&[scope(0.0, 0, 0), slow], &[false]),
+            Some((0, Refusal::RateLimited { retry_after_ms: 500 }))
+        );
+    }
+
+    #[test]
+    fn refusal_errors_carry_retry_after_in_seconds() {
+        let error = Refusal::RateLimited { retry_after_ms: 1200 }.error();
+        assert_eq!(error.status().as_u16(), 429);
+        assert_eq!(error.code(), Some("event_rate_limited"));
+        assert_eq!(Refusal::BacklogFull.retry_after_ms(), 30_000);
+        assert_eq!(Refusal::ReceiptLimit.retry_after_ms(), 3_600_000);
+    }
+}

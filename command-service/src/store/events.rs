@@ -1,0 +1,284 @@
+//! The write side of business events: receipts (the eventId index), the subjects events
+//! name, and admission state; plus the guards an acceptance appends with.
+
+use std::collections::HashMap;
+
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+use shared::admission::ScopeLimits;
+use shared::crypto::{self, DataKey};
+use shared::events::LogEvent;
+use shared::log::{AppendError, Guard};
+
+use crate::domain::events::ScopeState;
+
+pub fn stream_id(event_id: &str) -> String {
+    format!("event/{event_id}")
+}
+
+/// A receipt already held under an eventId.
+#[derive(Debug, Clone)]
+pub struct Receipt {
+    pub id: String,
+    /// `None` once the subject was erased.
+    pub input_digest: Option<String>,
+    /// The receipt as first answered (`isDuplicate: false`).
+    pub receipt: Value,
+    /// The subject record is deleted or being deleted.
+    pub subject_erased: bool,
+}
+
+/// The receipts held under `event_ids` in the event schema, by eventId.
+pub async fn find_receipts(
+    client: &impl GenericClient,
+    space_id: &str,
+    schema_id: &str,
+    event_ids: &[String],
+) -> Result<HashMap<String, Receipt>, tokio_postgres::Error> {
+    if event_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let statement = client
+        .prepare_cached(
+            "SELECT r.event_id, r.id, r.input_digest, r.receipt, d.record_id IS NOT NULL
+             FROM event_receipts r LEFT JOIN record_deletions d ON d.record_id = r.subject_id
+             WHERE r.space_id = $1 AND r.schema_id = $2 AND r.event_id = ANY($3)",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&space_id, &schema_id, &event_ids]).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let receipt =
+                Receipt { id: row.get(1), input_digest: row.get(2), receipt: row.get(3), subject_erased: row.get(4) };
+            (row.get(0), receipt)
+        })
+        .collect())
+}
+
+/// A record an event names as its subject.
+pub enum Subject {
+    /// It exists: its space, schema type (`contact` or `object`) and data key (absent only
+    /// for records written before encryption).
+    Live { space_id: String, schema_type: String, key: Option<DataKey> },
+    /// Its deletion is under way.
+    Deleting,
+    /// Deleted and erased.
+    Deleted,
+}
+
+/// The state of each record in `record_ids` that was ever written, from the latest event
+/// of its stream, with its data key; in one statement.
+pub async fn load_subjects(
+    client: &impl GenericClient,
+    record_ids: &[String],
+) -> anyhow::Result<HashMap<String, Subject>> {
+    if record_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let streams: Vec<String> = record_ids.iter().map(|id| super::records::stream_id(id)).collect();
+    let statement = client
+        .prepare_cached(
+            "SELECT l.subject_id, l.event_type, l.payload, k.wrapped_key FROM (
+                 SELECT DISTINCT ON (stream_id) event_type, payload, subject_id FROM events
+                 WHERE stream_id = ANY($1) ORDER BY stream_id, stream_version DESC) l
+             LEFT JOIN subject_keys k ON k.subject_id = l.subject_id",
+        )
+        .await?;
+    let mut subjects = HashMap::new();
+    for row in client.query(&statement, &[&streams]).await? {
+        let Some(record_id) = row.get::<_, Option<String>>(0) else { continue };
+        let key = match row.get::<_, Option<&[u8]>>(3) {
+            Some(wrapped) => Some(crypto::keyring()?.unwrap_key(&record_id, wrapped)?),
+            None => None,
+        };
+        let subject = match LogEvent::decode(row.get(1), row.get(2))? {
+            LogEvent::RecordCreated(created) => {
+                Subject::Live { space_id: created.space_id, schema_type: created.schema_type, key }
+            }
+            LogEvent::RecordUpdated(updated) => {
+                Subject::Live { space_id: updated.space_id, schema_type: updated.schema_type, key }
+            }
+            LogEvent::RecordDeletionRequested(_) | LogEvent::RecordDeletionBlocked(_) => Subject::Deleting,
+            LogEvent::RecordDeletionCompleted(_) => Subject::Deleted,
+            _ => continue,
+        };
+        subjects.insert(record_id, subject);
+    }
+    Ok(subjects)
+}
+
+/// One new occurrence's write-side row.
+pub struct NewReceipt {
+    pub event_id: String,
+    pub id: String,
+    pub input_digest: String,
+    pub subject_id: Option<String>,
+    pub receipt: Value,
+    pub pending: bool,
+}
+
+/// The code of the guard conflict when another fire took one of the eventIds first.
+pub const EVENT_ID_TAKEN: &str = "event_id_taken";
+/// The code of the guard conflict when admission refuses.
+pub const ADMISSION_REFUSED: &str = "event_admission_refused";
+/// The code of the guard conflict when a subject's deletion started.
+pub const SUBJECT_DELETING: &str = "record_deletion_pending";
+
+/// Inserts the receipts; a taken eventId fails the command (it is then decided again and
+/// finds the receipt that won).
+pub fn receipts_guard(space_id: &str, schema_id: &str, receipts: &[NewReceipt]) -> Guard {
+    let event_ids: Vec<String> = receipts.iter().map(|r| r.event_id.clone()).collect();
+    let ids: Vec<String> = receipts.iter().map(|r| r.id.clone()).collect();
+    let digests: Vec<String> = receipts.iter().map(|r| r.input_digest.clone()).collect();
+    let subjects: Vec<Option<String>> = receipts.iter().map(|r| r.subject_id.clone()).collect();
+    let bodies: Vec<Value> = receipts.iter().map(|r| r.receipt.clone()).collect();
+    let pending: Vec<bool> = receipts.iter().map(|r| r.pending).collect();
+    Guard::unique(
+        "INSERT INTO event_receipts (space_id, schema_id, event_id, id, input_digest, subject_id, receipt, pending)
+         SELECT $1, $2, r.event_id, r.id, r.input_digest, r.subject_id, r.receipt, r.pending
+         FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bool[])
+             AS r(event_id, id, input_digest, subject_id, receipt, pending)",
+        vec![
+            Box::new(space_id.to_owned()),
+            Box::new(schema_id.to_owned()),
+            Box::new(event_ids),
+            Box::new(ids),
+            Box::new(digests),
+            Box::new(subjects),
+            Box::new(bodies),
+            Box::new(pending),
+        ],
+        AppendError::Conflict { code: EVENT_ID_TAKEN, message: String::new() },
+    )
+}
+
+/// Refuses the command if the deletion of any of `subjects` has started (closing the race
+/// between reading a subject and appending an event about it).
+pub fn subjects_guard(subjects: Vec<String>) -> Guard {
+    Guard::exactly_one(
+        "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM record_deletions WHERE record_id = ANY($1))",
+        vec![Box::new(subjects)],
+        AppendError::Conflict { code: SUBJECT_DELETING, message: String::new() },
+    )
+}
+
+/// Takes `count` admissions (`pending` of them needing preparation) in every scope at once:
+/// refills each token bucket to now (the database's clock), and succeeds only if every scope
+/// has the tokens and stays within its caps. Rows are locked in scope order.
+pub fn admission_guard(scopes: &[(String, ScopeLimits)], count: i64, pending: i64) -> Guard {
+    let names: Vec<String> = scopes.iter().map(|(name, _)| name.clone()).collect();
+    let rates: Vec<f64> = scopes.iter().map(|(_, limits)| limits.rate).collect();
+    let bursts: Vec<f64> = scopes.iter().map(|(_, limits)| limits.burst).collect();
+    let pending_caps: Vec<i64> = scopes.iter().map(|(_, limits)| limits.pending).collect();
+    let receipt_caps: Vec<i64> = scopes.iter().map(|(_, limits)| limits.receipts).collect();
+    let expected = scopes.len() as u64;
+    Guard {
+        sql: "WITH l AS (
+                  SELECT * FROM unnest($1::text[], $2::float8[], $3::float8[], $4::bigint[], $5::bigint[])
+                      AS l(scope, rate, burst, pending_cap, receipt_cap)),
+              locked AS (
+                  SELECT a.scope, LEAST(l.burst, a.tokens
+                             + GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - a.refilled_at)) * l.rate) AS tokens,
+                         a.pending, a.receipts, l.pending_cap, l.receipt_cap
+                  FROM event_admission a JOIN l ON l.scope = a.scope ORDER BY a.scope FOR UPDATE OF a)
+              UPDATE event_admission a
+              SET tokens = locked.tokens - $6::float8, refilled_at = GREATEST(a.refilled_at, clock_timestamp()),
+                  receipts = a.receipts + $8::bigint, pending = a.pending + $7::bigint
+              FROM locked
+              WHERE a.scope = locked.scope AND locked.tokens >= $6::float8
+                AND locked.receipts + $8::bigint <= locked.receipt_cap
+                AND ($7::bigint = 0 OR locked.pending + $7::bigint <= locked.pending_cap)",
+        params: vec![
+            Box::new(names),
+            Box::new(rates),
+            Box::new(bursts),
+            Box::new(pending_caps),
+            Box::new(receipt_caps),
+            Box::new(count as f64),
+            Box::new(pending),
+            Box::new(count),
+        ],
+        conflict: AppendError::Conflict { code: ADMISSION_REFUSED, message: String::new() },
+        expect_rows: Some(expected),
+    }
+}
+
+/// Creates the admission rows of `scopes` that do not exist yet, with full buckets.
+pub async fn ensure_scopes(
+    client: &impl GenericClient,
+    scopes: &[(String, ScopeLimits)],
+) -> Result<(), tokio_postgres::Error> {
+    let names: Vec<&str> = scopes.iter().map(|(name, _)| name.as_str()).collect();
+    let bursts: Vec<f64> = scopes.iter().map(|(_, limits)| limits.burst).collect();
+    let statement = client
+        .prepare_cached(
+            "INSERT INTO event_admission (scope, tokens) SELECT * FROM unnest($1::text[], $2::float8[])
+             ON CONFLICT (scope) DO NOTHING",
+        )
+        .await?;
+    client.execute(&statement, &[&names, &bursts]).await?;
+    Ok(())
+}
+
+/// The scopes' admission state now, in the order of `scopes`, to say why and for how long
+/// an admission was refused.
+pub async fn admission_state(
+    client: &impl GenericClient,
+    scopes: &[(String, ScopeLimits)],
+) -> Result<Vec<ScopeState>, tokio_postgres::Error> {
+    let names: Vec<&str> = scopes.iter().map(|(name, _)| name.as_str()).collect();
+    let statement = client
+        .prepare_cached(
+            "SELECT scope, tokens, EXTRACT(EPOCH FROM clock_timestamp() - refilled_at)::float8, pending, receipts
+             FROM event_admission WHERE scope = ANY($1)",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&names]).await?;
+    Ok(scopes
+        .iter()
+        .map(|(name, limits)| {
+            let row = rows.iter().find(|row| row.get::<_, &str>(0) == name);
+            match row {
+                Some(row) => ScopeState {
+                    limits: *limits,
+                    tokens: (row.get::<_, f64>(1) + row.get::<_, f64>(2).max(0.0) * limits.rate).min(limits.burst),
+                    pending: row.get(3),
+                    receipts: row.get(4),
+                },
+                None => ScopeState { limits: *limits, tokens: limits.burst, pending: 0, receipts: 0 },
+            }
+        })
+        .collect())
+}
+
+/// Retires receipts accepted more than `retention` ago whose preparation is over, at most
+/// `limit` per call, giving their capacity back to the scopes they counted in. Returns how
+/// many were retired. Any number of instances may run it.
+pub async fn retire_receipts(
+    client: &impl GenericClient,
+    retention: std::time::Duration,
+    limit: i64,
+) -> Result<u64, tokio_postgres::Error> {
+    let seconds = retention.as_secs_f64();
+    let statement = client
+        .prepare_cached(
+            "WITH gone AS (
+                 DELETE FROM event_receipts WHERE id IN (
+                     SELECT id FROM event_receipts
+                     WHERE NOT pending AND accepted_at < now() - make_interval(secs => $1)
+                     ORDER BY accepted_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+                 RETURNING space_id, schema_id),
+             counted AS (
+                 SELECT 'space:' || space_id AS scope, count(*) AS n FROM gone GROUP BY space_id
+                 UNION ALL SELECT 'schema:' || schema_id, count(*) FROM gone GROUP BY schema_id
+                 UNION ALL SELECT 'fleet', count(*) FROM gone),
+             released AS (
+                 UPDATE event_admission a SET receipts = GREATEST(a.receipts - counted.n, 0)
+                 FROM counted WHERE a.scope = counted.scope AND counted.n > 0)
+             SELECT count(*) FROM gone",
+        )
+        .await?;
+    let row = client.query_one(&statement, &[&seconds, &limit]).await?;
+    Ok(row.get::<_, i64>(0).max(0) as u64)
+}

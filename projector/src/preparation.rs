@@ -1,0 +1,357 @@
+//! The preparation worker: fills the AI auto-fill attributes an event was accepted without,
+//! then appends its readiness change.
+//!
+//! It follows the log with its own checkpoint (`worker_checkpoints`), at least once: an
+//! event whose receipt is no longer pending was prepared already and is skipped, and the
+//! readiness change is appended at version 2 of the event's stream with a guard that takes
+//! the receipt out of the backlog exactly once, so a second run (after a crash between the
+//! append and the checkpoint, or a second worker) changes nothing. One worker is active at a
+//! time (a session advisory lock); others wait as standbys.
+//!
+//! Per missing attribute it calls the AI provider, each call that reaches the provider
+//! spending one credit of the space:
+//! - an answer that fits the attribute's type fills it;
+//! - an answer that does not fit is asked again, at most [`UNFIT_ATTEMPTS`] calls in all,
+//!   then the event is `failed`;
+//! - a refusal makes the event `failed`;
+//! - a call whose outcome cannot be known (a timeout after sending, a lost connection) makes
+//!   it `outcome_unknown`: it may have been processed and billed, so it is not repeated;
+//! - a call known not to have reached the provider is retried with backoff, at most
+//!   [`TRANSIENT_ATTEMPTS`] times, then the event is `failed` (provider unavailable);
+//! - no credits left makes it `failed` (insufficient credits).
+//!
+//! All attributes filled: `ready`, with the prepared values. `failed` and `outcome_unknown`
+//! are final: the event never appears in the list; fire it again under a new eventId.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use deadpool_postgres::{GenericClient, Pool};
+use serde_json::{Map, Value};
+use shared::ai::{AiError, AiProvider, FillTask};
+use shared::events::LogEvent;
+use shared::log::{
+    AppendError, AppendRequest, EventLog, ExpectedVersion, LOG_CHANNEL, Metadata, NewEvent, StoredEvent, StreamAppend,
+    read_after,
+};
+use shared::proto;
+
+/// The checkpoint row of this worker.
+pub const WORKER: &str = "preparation";
+/// Calls per attribute whose answers do not fit before the event is `failed`.
+pub const UNFIT_ATTEMPTS: usize = 3;
+/// Calls per attribute that did not reach the provider before the event is `failed`.
+pub const TRANSIENT_ATTEMPTS: usize = 4;
+const ADVISORY_LOCK: i64 = 727_003;
+const BATCH: i64 = 500;
+const POLL: Duration = Duration::from_millis(250);
+
+/// Runs until the process stops: waits to be the active worker, then prepares.
+pub async fn run(pool: Pool, database_url: String, log: EventLog, provider: AiProvider) {
+    let mut notifications = shared::db::listen(database_url, LOG_CHANNEL);
+    loop {
+        if let Err(error) = run_active(&pool, &log, &provider, &mut notifications).await {
+            tracing::warn!(error = format!("{error:#}"), "preparation worker stopped; restarting");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn run_active(
+    pool: &Pool,
+    log: &EventLog,
+    provider: &AiProvider,
+    notifications: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> anyhow::Result<()> {
+    // The lock lives as long as this connection is held.
+    let lock = pool.get().await?;
+    let locked: bool = lock.query_one("SELECT pg_try_advisory_lock($1)", &[&ADVISORY_LOCK]).await?.get(0);
+    if !locked {
+        return Ok(());
+    }
+    lock.execute("INSERT INTO worker_checkpoints (name) VALUES ($1) ON CONFLICT DO NOTHING", &[&WORKER]).await?;
+    loop {
+        let prepared = prepare_next(pool, log, provider).await?;
+        if prepared == 0 {
+            tokio::select! {
+                _ = notifications.recv() => {}
+                () = tokio::time::sleep(POLL) => {}
+            }
+            while notifications.try_recv().is_ok() {}
+            // Still holding the lock (the connection is alive)?
+            lock.query_one("SELECT 1", &[]).await.context("the preparation lock connection is gone")?;
+        }
+    }
+}
+
+/// Reads the next events after the checkpoint, prepares the pending ones, and advances the
+/// checkpoint. Returns how many events were read.
+pub async fn prepare_next(pool: &Pool, log: &EventLog, provider: &AiProvider) -> anyhow::Result<usize> {
+    let client = pool.get().await?;
+    let checkpoint: i64 =
+        client.query_one("SELECT position FROM worker_checkpoints WHERE name = $1", &[&WORKER]).await?.get(0);
+    let events = read_after(&client, checkpoint, BATCH).await?;
+    drop(client);
+    let Some(last) = events.last().map(|event| event.position) else { return Ok(0) };
+    for stored in &events {
+        if stored.event_type != "EventAccepted.v1" {
+            continue;
+        }
+        if let LogEvent::EventAccepted(accepted) = stored.decode()?
+            && accepted.readiness == "pending"
+        {
+            prepare(pool, log, provider, stored, accepted).await?;
+        }
+    }
+    let client = pool.get().await?;
+    client
+        .execute(
+            "UPDATE worker_checkpoints SET position = GREATEST(position, $2), updated_at = now() WHERE name = $1",
+            &[&WORKER, &last],
+        )
+        .await?;
+    Ok(events.len())
+}
+
+/// The outcome of preparing one event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    pub state: &'static str,
+    pub reason: String,
+    pub values: Map<String, Value>,
+    pub credits_spent: i64,
+}
+
+async fn prepare(
+    pool: &Pool,
+    log: &EventLog,
+    provider: &AiProvider,
+    stored: &StoredEvent,
+    accepted: proto::EventAccepted,
+) -> anyhow::Result<()> {
+    let client = pool.get().await?;
+    let pending = client
+        .query_opt("SELECT pending FROM event_receipts WHERE id = $1", &[&accepted.id])
+        .await?
+        .is_some_and(|row| row.get::<_, bool>(0));
+    if !pending {
+        return Ok(());
+    }
+    let subjects: Vec<String> = stored.subject_id.iter().cloned().collect();
+    let keys = shared::crypto::load_keys(&client, &subjects).await?;
+    let data: Option<proto::EventData> = shared::events::open(accepted.data.as_ref(), &keys)?;
+    let definitions = definitions(&client, &accepted.schema_id, &accepted.pending_keys).await?;
+    let credits = remaining_credits(&client, &accepted.space_id).await?;
+    drop(client);
+    let prepared = match data {
+        None => Prepared {
+            state: "failed",
+            reason: "the event's subject was erased before preparation".to_owned(),
+            values: Map::new(),
+            credits_spent: 0,
+        },
+        Some(data) => {
+            let input: Map<String, Value> = match serde_json::from_str(&data.values_json)? {
+                Value::Object(input) => input,
+                _ => Map::new(),
+            };
+            fill(provider, &input, &definitions, credits).await
+        }
+    };
+    let mut sealed = shared::events::seal(
+        stored.subject_id.as_deref().unwrap_or(&accepted.id),
+        &proto::EventData { values_json: Value::Object(prepared.values.clone()).to_string() },
+    );
+    if let Some(key) = stored.subject_id.as_deref().and_then(|subject| keys.get(subject)) {
+        shared::events::encrypt(&mut sealed, key)?;
+    }
+    let now = shared::time::now_millis();
+    let change = proto::EventReadinessChanged {
+        id: accepted.id.clone(),
+        space_id: accepted.space_id.clone(),
+        schema_id: accepted.schema_id.clone(),
+        state: prepared.state.to_owned(),
+        changed_at_ms: now,
+        prepared: (prepared.state == "ready").then_some(sealed),
+        reason: prepared.reason.clone(),
+        credits_spent: prepared.credits_spent,
+    };
+    let outcome = log
+        .append(AppendRequest {
+            metadata: Metadata { space_id: Some(accepted.space_id.clone()), ..Metadata::default() },
+            streams: vec![StreamAppend {
+                stream_id: format!("event/{}", accepted.id),
+                expected: ExpectedVersion::Exactly(1),
+                events: vec![NewEvent {
+                    event: LogEvent::EventReadinessChanged(change),
+                    subject_id: stored.subject_id.clone(),
+                    occurred_at: shared::time::from_millis(now),
+                }],
+            }],
+            guards: shared::admission::preparation_guards(
+                &accepted.id,
+                &accepted.space_id,
+                &accepted.schema_id,
+                prepared.credits_spent,
+            ),
+        })
+        .await;
+    match outcome {
+        Ok(_) | Err(AppendError::WrongVersion { .. } | AppendError::Conflict { .. }) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The current definitions of `keys` in the event schema (from the live catalog).
+async fn definitions(
+    client: &impl GenericClient,
+    schema_id: &str,
+    keys: &[String],
+) -> anyhow::Result<Vec<(String, Value)>> {
+    let catalog = live_catalog(client).await?;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT key, definition FROM {catalog}.attributes WHERE schema_id = $1 AND key = ANY($2) ORDER BY ordinal"
+            ),
+            &[&schema_id, &keys],
+        )
+        .await?;
+    Ok(rows.into_iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
+    let version: i32 = client
+        .query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&shared::catalog::CATALOG])
+        .await?
+        .map(|row| row.get(0))
+        .context("the catalog has no live version")?;
+    Ok(shared::readmodel::schema_name(shared::catalog::CATALOG, version))
+}
+
+/// The space's remaining credits: its authored grant less what was spent.
+async fn remaining_credits(client: &impl GenericClient, space_id: &str) -> anyhow::Result<i64> {
+    let catalog = live_catalog(client).await?;
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT COALESCE((SELECT balance FROM {catalog}.ai_credits WHERE space_id = $1), 0)
+                      - COALESCE((SELECT spent FROM ai_credit_spend WHERE space_id = $1), 0)"
+            ),
+            &[&space_id],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Fills every attribute in `definitions` from `input`, with at most `credits` calls that
+/// reach the provider.
+pub async fn fill(
+    provider: &AiProvider,
+    input: &Map<String, Value>,
+    definitions: &[(String, Value)],
+    credits: i64,
+) -> Prepared {
+    let known: Map<String, Value> =
+        input.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut prepared = Prepared { state: "ready", reason: String::new(), values: Map::new(), credits_spent: 0 };
+    let fail = |mut prepared: Prepared, state: &'static str, reason: String| {
+        prepared.state = state;
+        prepared.reason = reason;
+        prepared.values.clear();
+        prepared
+    };
+    for (key, definition) in definitions {
+        let (mut unfit, mut transient) = (0, 0);
+        loop {
+            if prepared.credits_spent >= credits {
+                return fail(prepared, "failed", "insufficient_credits: the space has no AI credits left".to_owned());
+            }
+            let task = FillTask { attribute_key: key, definition, input: &known };
+            let outcome = provider.fill(&task).await;
+            if outcome.as_ref().err().is_none_or(AiError::spent) {
+                prepared.credits_spent += 1;
+            }
+            match outcome {
+                Ok(value) => {
+                    prepared.values.insert(key.clone(), value);
+                    break;
+                }
+                Err(AiError::Unfit(_)) if unfit + 1 < UNFIT_ATTEMPTS => unfit += 1,
+                Err(AiError::Unfit(_)) => {
+                    let reason = format!("ai_output_unfit: {UNFIT_ATTEMPTS} answers for {key} did not fit its type");
+                    return fail(prepared, "failed", reason);
+                }
+                Err(AiError::Refused(_)) => {
+                    return fail(prepared, "failed", format!("ai_refused: the AI provider refused to fill {key}"));
+                }
+                Err(AiError::OutcomeUnknown(_)) => {
+                    let reason = format!("ai_outcome_unknown: the outcome of the call filling {key} is unknown");
+                    return fail(prepared, "outcome_unknown", reason);
+                }
+                Err(AiError::Transient(_)) if transient + 1 < TRANSIENT_ATTEMPTS => {
+                    transient += 1;
+                    tokio::time::sleep(Duration::from_millis(200 << transient)).await;
+                }
+                Err(AiError::Transient(_)) => {
+                    let reason = format!("ai_unavailable: the AI provider could not be reached to fill {key}");
+                    return fail(prepared, "failed", reason);
+                }
+            }
+        }
+    }
+    prepared
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn definition(prompt: &str) -> Vec<(String, Value)> {
+        vec![("summary".to_owned(), json!({"type": "string", "autoFill": {"enabled": true, "prompt": prompt}}))]
+    }
+
+    fn input() -> Map<String, Value> {
+        let Value::Object(input) = json!({"plan": "pro", "summary": null}) else { panic!("object") };
+        input
+    }
+
+    #[tokio::test]
+    async fn a_fitting_answer_makes_the_event_ready_and_spends_one_credit() {
+        let prepared = fill(&AiProvider::Deterministic, &input(), &definition("summary"), 5).await;
+        assert_eq!(prepared.state, "ready");
+        assert_eq!(prepared.credits_spent, 1);
+        assert!(prepared.values["summary"].as_str().is_some_and(|s| s.starts_with("summary: ")));
+    }
+
+    #[tokio::test]
+    async fn refusals_unfit_answers_and_unknown_outcomes_end_in_their_states() {
+        let refused = fill(&AiProvider::Deterministic, &input(), &definition("[refuse]"), 5).await;
+        assert_eq!((refused.state, refused.credits_spent), ("failed", 1));
+        assert!(refused.reason.starts_with("ai_refused"));
+        assert!(refused.values.is_empty());
+        let unfit = fill(&AiProvider::Deterministic, &input(), &definition("[unfit]"), 5).await;
+        assert_eq!((unfit.state, unfit.credits_spent), ("failed", UNFIT_ATTEMPTS as i64));
+        let unknown = fill(&AiProvider::Deterministic, &input(), &definition("[unknown]"), 5).await;
+        assert_eq!((unknown.state, unknown.credits_spent), ("outcome_unknown", 1));
+    }
+
+    #[tokio::test]
+    async fn calls_that_never_reached_the_provider_are_retried_and_cost_nothing() {
+        let transient = fill(&AiProvider::Deterministic, &input(), &definition("[transient]"), 5).await;
+        assert_eq!((transient.state, transient.credits_spent), ("failed", 0));
+        assert!(transient.reason.starts_with("ai_unavailable"));
+    }
+
+    #[tokio::test]
+    async fn no_credits_fails_without_a_call() {
+        let broke = fill(&AiProvider::Deterministic, &input(), &definition("summary"), 0).await;
+        assert_eq!((broke.state, broke.credits_spent), ("failed", 0));
+        assert!(broke.reason.starts_with("insufficient_credits"));
+        let two =
+            definition("a").into_iter().chain([("other".to_owned(), json!({"type": "integer"}))]).collect::<Vec<_>>();
+        let short = fill(&AiProvider::Deterministic, &input(), &two, 1).await;
+        assert_eq!((short.state, short.credits_spent), ("failed", 1));
+    }
+}

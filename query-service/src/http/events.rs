@@ -1,0 +1,376 @@
+//! `GET /events` (the cursor list of ready events) and `GET /events/{schema}/{id}/status`.
+//!
+//! The list walks the events read model's cursor index (ready events by `occurredAt`
+//! descending, then id descending) with a keyset: a page is one index range scan from the
+//! cursor, so its cost does not grow with the number of events. A cursor carries the
+//! resolved schema, window and limit it was issued for; a request that follows it with other
+//! values gets 400 `invalid_cursor`, and omitted values are taken from the cursor (so a
+//! defaulted `to` does not move while paging).
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use shared::catalog::{self, CATALOG, SchemaEntry};
+use shared::error::ApiError;
+use shared::http::{data_body, query_pairs, query_value};
+use shared::pagination::{Warning, parse_limit};
+use shared::time::format_timestamp;
+use tokio_postgres::Row;
+
+use super::schemas::schema_not_found;
+use super::{authorize_read, consistent_read, respond};
+use crate::State;
+
+const EVENTS: &str = "events";
+/// The events list's page size cap.
+pub const MAX_LIMIT: i64 = 200;
+/// The window when `from` is omitted: the 7 days before `to`.
+pub const DEFAULT_WINDOW_DAYS: i64 = 7;
+/// Longer windows are clamped to this, with a warning.
+pub const MAX_WINDOW_DAYS: i64 = 90;
+
+/// Event schemas only: a contact or object schema has no events.
+fn event_schema(schema: Option<SchemaEntry>, id_or_slug: &str) -> Result<SchemaEntry, ApiError> {
+    match schema {
+        Some(schema) if schema.schema_type == "event" => Ok(schema),
+        Some(_) => Err(ApiError::not_found("schema_not_found", format!("{id_or_slug:?} is not an event schema"))),
+        None => Err(schema_not_found(id_or_slug)),
+    }
+}
+
+fn timestamp_ms(row: &Row, index: usize) -> Option<String> {
+    row.get::<_, Option<DateTime<Utc>>>(index).map(format_timestamp)
+}
+
+/// Columns both endpoints read, in the order [`event_document`] takes them.
+const COLUMNS: &str = "id, schema_id, event_id, received_at, occurred_at, ready_at, state, definition_revision, \
+                       contact_id, object_id, data, reason";
+
+fn event_document(row: &Row) -> Value {
+    json!({
+        "id": row.get::<_, String>(0),
+        "eventId": row.get::<_, String>(2),
+        "receivedAt": timestamp_ms(row, 3),
+        "occurredAt": timestamp_ms(row, 4),
+        "readyAt": timestamp_ms(row, 5),
+        "readinessState": row.get::<_, String>(6),
+        "definitionRevision": row.get::<_, i64>(7).to_string(),
+        "contactId": row.get::<_, Option<String>>(8),
+        "objectId": row.get::<_, Option<String>>(9),
+        "data": row.get::<_, Option<Value>>(10),
+        "readinessReason": row.get::<_, Option<String>>(11),
+    })
+}
+
+pub async fn status(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let (schema_ref, event_id) = path.into_inner();
+    let (caller, token) = authorize_read(&state, &req).await?;
+    let space_id = caller.space_id().to_owned();
+    let ((schema, row), consistent) = consistent_read(&state, &caller, token, &[CATALOG, EVENTS], |client, models| {
+        let (c, e) = (models.schema(CATALOG), models.schema(EVENTS));
+        let (space_id, schema_ref, event_id) = (space_id.clone(), schema_ref.clone(), event_id.clone());
+        Box::pin(async move {
+            let fetch = client
+                .prepare_cached(&format!("SELECT {COLUMNS} FROM {e}.events WHERE id = $1 AND space_id = $2"))
+                .await?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&event_id, &space_id];
+            let (schema, row) = tokio::join!(
+                catalog::find_schema(client, &c, &space_id, &schema_ref),
+                client.query_opt(&fetch, &params),
+            );
+            Ok((schema?, row?))
+        })
+    })
+    .await?;
+    let schema = event_schema(schema, &schema_ref)?;
+    let document = row
+        .filter(|row| row.get::<_, &str>(1) == schema.schema_id)
+        .map(|row| event_document(&row))
+        .ok_or_else(|| ApiError::not_found("event_not_found", format!("no event {event_id:?} in this schema")))?;
+    Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
+}
+
+/// What a cursor remembers: where the next page starts, and the resolved request it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    /// `occurredAt` (microseconds) and id of the last event returned.
+    #[serde(rename = "a")]
+    pub after_at: i64,
+    #[serde(rename = "i")]
+    pub after_id: String,
+    #[serde(rename = "s")]
+    pub schema_id: String,
+    #[serde(rename = "f")]
+    pub from: i64,
+    #[serde(rename = "t")]
+    pub to: i64,
+    #[serde(rename = "l")]
+    pub limit: i64,
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    pub fn decode(text: &str) -> Result<Self, ApiError> {
+        let malformed = || ApiError::bad_request("invalid_cursor", "cursor is malformed; pass nextCursor as given");
+        let bytes = URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| malformed())?;
+        serde_json::from_slice(&bytes).map_err(|_| malformed())
+    }
+}
+
+/// The resolved window and page size of a list request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub limit: i64,
+    pub after: Option<(DateTime<Utc>, String)>,
+    pub warnings: Vec<Warning>,
+}
+
+fn parse_time(name: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
+    DateTime::parse_from_rfc3339(raw.trim()).map(|at| at.with_timezone(&Utc)).map_err(|_| {
+        ApiError::bad_request("invalid_time_range", format!("{name} must be an RFC 3339 date-time; got {raw:?}"))
+    })
+}
+
+fn micros(at: DateTime<Utc>) -> i64 {
+    at.timestamp_micros()
+}
+
+fn from_micros(value: i64) -> Result<DateTime<Utc>, ApiError> {
+    DateTime::from_timestamp_micros(value)
+        .ok_or_else(|| ApiError::bad_request("invalid_cursor", "cursor is malformed; pass nextCursor as given"))
+}
+
+/// Resolves `from`, `to`, `limit` and `cursor` of a list request for `schema_id` at `now`.
+pub fn resolve_window(query: &[(String, String)], schema_id: &str, now: DateTime<Utc>) -> Result<Window, ApiError> {
+    let (limit, mut warnings) = parse_limit(query, MAX_LIMIT)?;
+    let explicit_limit = query_value(query, "limit").is_some();
+    let from = query_value(query, "from").map(|raw| parse_time("from", raw)).transpose()?;
+    let to = query_value(query, "to").map(|raw| parse_time("to", raw)).transpose()?;
+    let cursor = query_value(query, "cursor").filter(|raw| !raw.is_empty()).map(Cursor::decode).transpose()?;
+    if let Some(cursor) = cursor {
+        let other = |what: &str| {
+            ApiError::bad_request(
+                "invalid_cursor",
+                format!(
+                    "this cursor was issued for another {what}; keep schema, from, to and limit fixed while paging"
+                ),
+            )
+        };
+        if cursor.schema_id != schema_id {
+            return Err(other("schema"));
+        }
+        if from.is_some_and(|from| micros(from) != cursor.from) {
+            return Err(other("from"));
+        }
+        if to.is_some_and(|to| micros(to) != cursor.to) {
+            return Err(other("to"));
+        }
+        if explicit_limit && limit != cursor.limit {
+            return Err(other("limit"));
+        }
+        return Ok(Window {
+            from: from_micros(cursor.from)?,
+            to: from_micros(cursor.to)?,
+            limit: cursor.limit.clamp(1, MAX_LIMIT),
+            after: Some((from_micros(cursor.after_at)?, cursor.after_id)),
+            warnings,
+        });
+    }
+    let to = to.unwrap_or(now);
+    let mut from = from.unwrap_or(to - Duration::days(DEFAULT_WINDOW_DAYS));
+    if from >= to {
+        return Err(ApiError::bad_request("invalid_time_range", "from must be earlier than to"));
+    }
+    if to - from > Duration::days(MAX_WINDOW_DAYS) {
+        from = to - Duration::days(MAX_WINDOW_DAYS);
+        warnings.push(Warning {
+            code: "time_range_clamped",
+            message: format!(
+                "the window is limited to {MAX_WINDOW_DAYS} days; from was moved to {}",
+                from.to_rfc3339_opts(SecondsFormat::Millis, true)
+            ),
+        });
+    }
+    Ok(Window { from, to, limit, after: None, warnings })
+}
+
+pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+    let query = query_pairs(&req);
+    let (caller, token) = authorize_read(&state, &req).await?;
+    let schema_ref = query_value(&query, "schema")
+        .filter(|value| !value.trim().is_empty())
+        .ok_or_else(|| {
+            ApiError::bad_request("invalid_query_parameter", "schema is required: the id or slug of an event schema")
+        })?
+        .to_owned();
+    let space_id = caller.space_id().to_owned();
+    let now = Utc::now();
+    let ((schema, page), consistent) = consistent_read(&state, &caller, token, &[CATALOG, EVENTS], |client, models| {
+        let (c, e) = (models.schema(CATALOG), models.schema(EVENTS));
+        let (space_id, schema_ref, query) = (space_id.clone(), schema_ref.clone(), query.clone());
+        Box::pin(async move {
+            let Some(schema) = catalog::find_schema(client, &c, &space_id, &schema_ref).await? else {
+                return Ok((None, None));
+            };
+            if schema.schema_type != "event" {
+                return Ok((Some(schema), None));
+            }
+            let window = resolve_window(&query, &schema.schema_id, now)?;
+            let (after_at, after_id) = match &window.after {
+                Some((at, id)) => (Some(*at), Some(id.clone())),
+                None => (None, None),
+            };
+            let statement = client
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM {e}.events
+                         WHERE space_id = $1 AND schema_id = $2 AND state = 'ready'
+                           AND occurred_at >= $3 AND occurred_at < $4
+                           AND ($5::timestamptz IS NULL OR (occurred_at, id) < ($5, $6::text))
+                         ORDER BY occurred_at DESC, id DESC LIMIT $7"
+                ))
+                .await?;
+            let fetch = window.limit + 1;
+            let rows = client
+                .query(
+                    &statement,
+                    &[&space_id, &schema.schema_id, &window.from, &window.to, &after_at, &after_id, &fetch],
+                )
+                .await?;
+            Ok((Some(schema), Some((window, rows))))
+        })
+    })
+    .await?;
+    let schema = event_schema(schema, &schema_ref)?;
+    let Some((window, mut rows)) = page else { return Err(schema_not_found(&schema_ref)) };
+    let has_more = rows.len() as i64 > window.limit;
+    rows.truncate(usize::try_from(window.limit).unwrap_or(0));
+    let next_cursor = match rows.last() {
+        Some(last) if has_more => Some(
+            Cursor {
+                after_at: micros(last.get(4)),
+                after_id: last.get(0),
+                schema_id: schema.schema_id.clone(),
+                from: micros(window.from),
+                to: micros(window.to),
+                limit: window.limit,
+            }
+            .encode(),
+        ),
+        _ => None,
+    };
+    let items: Vec<Value> = rows
+        .iter()
+        .map(|row| {
+            let mut item = event_document(row);
+            item["schemaId"] = json!(schema.schema_id);
+            item["schemaSlug"] = json!(schema.slug);
+            item["createdAt"] = item["receivedAt"].clone();
+            item
+        })
+        .collect();
+    let pagination = json!({ "limit": window.limit, "nextCursor": next_cursor, "hasMore": has_more });
+    Ok(respond(&consistent, window.warnings, |warnings| shared::http::page_body(items, pagination, warnings)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    fn now() -> DateTime<Utc> {
+        parse_time("now", "2026-11-21T12:00:00Z").expect("time")
+    }
+
+    #[test]
+    fn the_default_window_is_the_seven_days_before_to() {
+        let window = resolve_window(&query(&[]), "sch_1", now()).expect("resolves");
+        assert_eq!(window.to, now());
+        assert_eq!(window.from, now() - Duration::days(7));
+        assert_eq!(window.limit, 50);
+        assert!(window.warnings.is_empty());
+        let to = "2026-10-01T00:00:00Z";
+        let window = resolve_window(&query(&[("to", to)]), "sch_1", now()).expect("resolves");
+        assert_eq!(window.from, parse_time("to", to).expect("t") - Duration::days(7));
+    }
+
+    #[test]
+    fn windows_over_ninety_days_are_clamped_with_a_warning() {
+        let window = resolve_window(&query(&[("from", "2025-01-01T00:00:00Z")]), "sch_1", now()).expect("resolves");
+        assert_eq!(window.from, now() - Duration::days(90));
+        assert_eq!(window.warnings[0].code, "time_range_clamped");
+    }
+
+    #[test]
+    fn bad_times_are_invalid_time_range() {
+        for pairs in [
+            vec![("from", "yesterday")],
+            vec![("to", "2026-13-01T00:00:00Z")],
+            vec![("from", "2026-11-21T12:00:00Z"), ("to", "2026-11-21T12:00:00Z")],
+            vec![("from", "2026-11-22T00:00:00Z"), ("to", "2026-11-21T00:00:00Z")],
+        ] {
+            let error = resolve_window(&query(&pairs), "sch_1", now()).expect_err("invalid");
+            assert_eq!(error.code(), Some("invalid_time_range"), "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn limits_are_capped_at_two_hundred() {
+        let window = resolve_window(&query(&[("limit", "1000")]), "sch_1", now()).expect("resolves");
+        assert_eq!(window.limit, 200);
+        assert_eq!(window.warnings[0].code, "limit_clamped");
+    }
+
+    #[test]
+    fn cursors_round_trip_and_keep_the_request_fixed() {
+        let cursor = Cursor {
+            after_at: micros(now()),
+            after_id: "ev_9".into(),
+            schema_id: "sch_1".into(),
+            from: micros(now() - Duration::days(7)),
+            to: micros(now()),
+            limit: 10,
+        };
+        let text = cursor.encode();
+        assert_eq!(Cursor::decode(&text).expect("decodes"), cursor);
+        // Omitted values come from the cursor, even when `now` has moved on.
+        let later = now() + Duration::minutes(5);
+        let window = resolve_window(&query(&[("cursor", &text)]), "sch_1", later).expect("follows");
+        assert_eq!((window.to, window.limit), (now(), 10));
+        assert_eq!(window.after, Some((now(), "ev_9".to_owned())));
+        // Repeating the same values is fine; other values are not.
+        assert!(resolve_window(&query(&[("cursor", &text), ("limit", "10")]), "sch_1", later).is_ok());
+        for pairs in
+            [vec![("limit", "20")], vec![("to", "2026-11-20T00:00:00Z")], vec![("from", "2026-11-01T00:00:00Z")]]
+        {
+            let mut all = pairs.clone();
+            all.push(("cursor", &text));
+            let error = resolve_window(&query(&all), "sch_1", later).expect_err("other values");
+            assert_eq!(error.code(), Some("invalid_cursor"));
+        }
+        let error = resolve_window(&query(&[("cursor", &text)]), "sch_2", later).expect_err("other schema");
+        assert_eq!(error.code(), Some("invalid_cursor"));
+    }
+
+    #[test]
+    fn malformed_cursors_are_invalid_cursor() {
+        for text in ["%%%", "bm90IGpzb24", "e30"] {
+            let error = resolve_window(&query(&[("cursor", text)]), "sch_1", now()).expect_err("malformed");
+            assert_eq!(error.code(), Some("invalid_cursor"), "{text}");
+        }
+    }
+}

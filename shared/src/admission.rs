@@ -1,0 +1,111 @@
+//! Event admission limits (the contract's Limits, Event admission): per fleet, space and
+//! schema, a sustained rate with a burst, a cap on events pending preparation and a cap on
+//! retained receipts. Every value comes from configuration, so benchmarks can raise them.
+
+use crate::log::{AppendError, Guard};
+
+/// The limits of one scope.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScopeLimits {
+    /// Sustained admissions per second (the token bucket's refill rate).
+    pub rate: f64,
+    /// Admissions allowed at once (the bucket's size).
+    pub burst: f64,
+    /// Events pending preparation.
+    pub pending: i64,
+    /// Receipts retained.
+    pub receipts: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdmissionLimits {
+    pub fleet: ScopeLimits,
+    pub space: ScopeLimits,
+    pub schema: ScopeLimits,
+}
+
+impl Default for AdmissionLimits {
+    /// The contract's values.
+    fn default() -> Self {
+        Self {
+            fleet: ScopeLimits { rate: 100.0, burst: 200.0, pending: 10_000, receipts: 1_000_000 },
+            space: ScopeLimits { rate: 10.0, burst: 30.0, pending: 1_000, receipts: 50_000 },
+            schema: ScopeLimits { rate: 5.0, burst: 15.0, pending: 500, receipts: 20_000 },
+        }
+    }
+}
+
+impl AdmissionLimits {
+    /// The scopes an occurrence in `space_id` / `schema_id` counts against, with their
+    /// limits, sorted by scope name (the order their rows are locked in).
+    pub fn scopes(&self, space_id: &str, schema_id: &str) -> Vec<(String, ScopeLimits)> {
+        let [fleet, space, schema] = scope_names(space_id, schema_id);
+        let mut scopes = vec![(fleet, self.fleet), (space, self.space), (schema, self.schema)];
+        scopes.sort_by(|a, b| a.0.cmp(&b.0));
+        scopes
+    }
+
+    /// Reads `APP__EVENT_{FLEET,SPACE,SCHEMA}_{RATE,BURST,PENDING,RECEIPTS}`, defaulting to
+    /// the contract's values.
+    pub fn from_env() -> anyhow::Result<Self> {
+        let defaults = Self::default();
+        let scope = |name: &str, default: ScopeLimits| -> anyhow::Result<ScopeLimits> {
+            Ok(ScopeLimits {
+                rate: crate::settings::env_or(&format!("APP__EVENT_{name}_RATE"), default.rate)?,
+                burst: crate::settings::env_or(&format!("APP__EVENT_{name}_BURST"), default.burst)?,
+                pending: crate::settings::env_or(&format!("APP__EVENT_{name}_PENDING"), default.pending)?,
+                receipts: crate::settings::env_or(&format!("APP__EVENT_{name}_RECEIPTS"), default.receipts)?,
+            })
+        };
+        Ok(Self {
+            fleet: scope("FLEET", defaults.fleet)?,
+            space: scope("SPACE", defaults.space)?,
+            schema: scope("SCHEMA", defaults.schema)?,
+        })
+    }
+}
+
+/// The admission rows an occurrence counts in: fleet, space, schema.
+pub fn scope_names(space_id: &str, schema_id: &str) -> [String; 3] {
+    ["fleet".to_owned(), format!("space:{space_id}"), format!("schema:{schema_id}")]
+}
+
+/// The guards that end an event's preparation, appended with its `EventReadinessChanged`:
+/// the receipt leaves the backlog (exactly once: a second preparation of the same event
+/// fails here), the scopes' pending counts drop, and the spent credits are counted.
+pub fn preparation_guards(id: &str, space_id: &str, schema_id: &str, credits_spent: i64) -> Vec<Guard> {
+    let names: Vec<String> = scope_names(space_id, schema_id).to_vec();
+    let prepared = || AppendError::Conflict { code: "event_already_prepared", message: String::new() };
+    vec![
+        Guard::exactly_one(
+            "UPDATE event_receipts SET pending = false WHERE id = $1 AND pending",
+            vec![Box::new(id.to_owned())],
+            prepared(),
+        ),
+        Guard::unique(
+            "UPDATE event_admission SET pending = GREATEST(pending - 1, 0) WHERE scope = ANY($1)",
+            vec![Box::new(names)],
+            prepared(),
+        ),
+        Guard::unique(
+            "INSERT INTO ai_credit_spend (space_id, spent) VALUES ($1, $2)
+             ON CONFLICT (space_id) DO UPDATE SET spent = ai_credit_spend.spent + EXCLUDED.spent",
+            vec![Box::new(space_id.to_owned()), Box::new(credits_spent)],
+            prepared(),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_are_sorted_for_a_stable_lock_order() {
+        let scopes = AdmissionLimits::default().scopes("spc_1", "sch_1");
+        let names: Vec<&str> = scopes.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["fleet", "schema:sch_1", "space:spc_1"]);
+        assert_eq!(scopes[1].1.burst, 15.0);
+        assert_eq!(scopes[2].1.receipts, 50_000);
+    }
+}
