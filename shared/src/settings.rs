@@ -58,6 +58,22 @@ pub struct Settings {
     /// The AI provider (`APP__AI_PROVIDER`, `APP__AI_ENDPOINT`, `APP__AI_MODEL`,
     /// `APP__AI_API_KEY`, `APP__AI_TIMEOUT_MILLIS`; see [`crate::ai::AiSettings`]).
     pub ai: crate::ai::AiSettings,
+    /// Identity binding capacity per space: `APP__IDENTITY_ALIASES_PER_SPACE` (100000) and
+    /// `APP__IDENTITY_CHANGES_PER_SPACE` (1000000).
+    pub identity_capacity: IdentityCapacity,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdentityCapacity {
+    pub aliases: i64,
+    pub changes: i64,
+}
+
+impl Default for IdentityCapacity {
+    /// The contract's values.
+    fn default() -> Self {
+        Self { aliases: 100_000, changes: 1_000_000 }
+    }
 }
 
 impl Settings {
@@ -87,6 +103,10 @@ impl Settings {
             event_admission: crate::admission::AdmissionLimits::from_env()?,
             event_receipt_retention: Duration::from_secs(3600 * env_or("APP__EVENT_RECEIPT_RETENTION_HOURS", 24)?),
             ai: crate::ai::AiSettings::from_env()?,
+            identity_capacity: IdentityCapacity {
+                aliases: env_or("APP__IDENTITY_ALIASES_PER_SPACE", 100_000)?,
+                changes: env_or("APP__IDENTITY_CHANGES_PER_SPACE", 1_000_000)?,
+            },
         })
     }
 
@@ -109,6 +129,7 @@ impl Settings {
             event_admission: crate::admission::AdmissionLimits::default(),
             event_receipt_retention: Duration::from_secs(24 * 3600),
             ai: crate::ai::AiSettings::deterministic(),
+            identity_capacity: IdentityCapacity::default(),
         }
     }
 }

@@ -63,14 +63,9 @@ async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<C
     Ok(Context { caller, schema, attributes, credits, scopes })
 }
 
-/// Parses one item; 402 when it needs preparation and the space has no credits.
 fn parse_item(context: &Context, input: Map<String, Value>, now_ms: i64) -> Result<FireInput, ApiError> {
     let schema = EventSchema { attributes: &context.attributes };
-    let parsed = parse_fire(schema, input, now_ms, || uuid::Uuid::new_v4().to_string())?;
-    if !parsed.pending_keys.is_empty() && context.credits <= 0 {
-        return Err(ApiError::insufficient_credits());
-    }
-    Ok(parsed)
+    parse_fire(schema, input, now_ms, || uuid::Uuid::new_v4().to_string())
 }
 
 /// A valid item, ready to be decided.
@@ -137,7 +132,7 @@ fn check_subject(
         (None, None) => return Ok(None),
     };
     match subjects.get(id) {
-        Some(Subject::Live { space_id: owner, schema_type, key }) if owner == space_id && schema_type == kind => {
+        Some(Subject::Live { space_id: owner, schema_type, key, .. }) if owner == space_id && schema_type == kind => {
             Ok(key.clone())
         }
         Some(Subject::Deleting) => Err(ApiError::conflict(
@@ -148,7 +143,8 @@ fn check_subject(
     }
 }
 
-/// The log event and receipt of a new occurrence.
+/// The log event and receipt of a new occurrence; 402 when it needs preparation and the
+/// space has no credits (a duplicate recovers its receipt whatever the credits).
 fn accepted(
     context: &Context,
     input: &FireInput,
@@ -156,6 +152,9 @@ fn accepted(
     key: Option<&DataKey>,
     now_ms: i64,
 ) -> Result<(StreamAppend, NewReceipt), ApiError> {
+    if !input.pending_keys.is_empty() && context.credits <= 0 {
+        return Err(ApiError::insufficient_credits());
+    }
     let id = new_id("ev");
     let values = Value::Object(input.values.clone()).to_string();
     let subject = input.subject().map(str::to_owned);

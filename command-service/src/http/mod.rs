@@ -1,6 +1,7 @@
 //! The HTTP surface of the command service. Only this module knows actix-web.
 
 pub mod events;
+pub mod identities;
 pub mod records;
 pub mod routes;
 pub mod suppressions;

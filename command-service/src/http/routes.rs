@@ -2,7 +2,7 @@
 
 use actix_web::web;
 
-use super::{events, records, suppressions};
+use super::{events, identities, records, suppressions};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
@@ -15,5 +15,6 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/contacts/suppressions/batch-remove", web::post().to(suppressions::batch_remove))
         .route("/contacts/suppressions/{id}", web::delete().to(suppressions::delete))
         .route("/events/{schema}", web::post().to(events::fire))
-        .route("/events/{schema}/batch", web::post().to(events::batch));
+        .route("/events/{schema}/batch", web::post().to(events::batch))
+        .route("/event-identities", web::post().to(identities::change));
 }

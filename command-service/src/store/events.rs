@@ -60,7 +60,7 @@ pub async fn find_receipts(
 pub enum Subject {
     /// It exists: its space, schema type (`contact` or `object`) and data key (absent only
     /// for records written before encryption).
-    Live { space_id: String, schema_type: String, key: Option<DataKey> },
+    Live { space_id: String, schema_id: String, schema_type: String, key: Option<DataKey> },
     /// Its deletion is under way.
     Deleting,
     /// Deleted and erased.
@@ -93,12 +93,18 @@ pub async fn load_subjects(
             None => None,
         };
         let subject = match LogEvent::decode(row.get(1), row.get(2))? {
-            LogEvent::RecordCreated(created) => {
-                Subject::Live { space_id: created.space_id, schema_type: created.schema_type, key }
-            }
-            LogEvent::RecordUpdated(updated) => {
-                Subject::Live { space_id: updated.space_id, schema_type: updated.schema_type, key }
-            }
+            LogEvent::RecordCreated(created) => Subject::Live {
+                space_id: created.space_id,
+                schema_id: created.schema_id,
+                schema_type: created.schema_type,
+                key,
+            },
+            LogEvent::RecordUpdated(updated) => Subject::Live {
+                space_id: updated.space_id,
+                schema_id: updated.schema_id,
+                schema_type: updated.schema_type,
+                key,
+            },
             LogEvent::RecordDeletionRequested(_) | LogEvent::RecordDeletionBlocked(_) => Subject::Deleting,
             LogEvent::RecordDeletionCompleted(_) => Subject::Deleted,
             _ => continue,

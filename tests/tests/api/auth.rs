@@ -85,12 +85,12 @@ async fn space_resolution_follows_the_contract() {
     assert_eq!(solo.status, 200);
     let slugs: Vec<&str> =
         solo.body["data"].as_array().expect("list").iter().filter_map(|s| s["slug"].as_str()).collect();
-    assert_eq!(slugs, ["accounts", "contacts"]);
+    assert_eq!(slugs, ["accounts", "visit", "contacts"]);
 
     // A bound key acts in its space even when its owner has several.
     let beta = app.get("/schemas", MULTI_BETA).await;
     assert_eq!(beta.status, 200);
-    assert_eq!(beta.body["pagination"]["totalCount"], 2);
+    assert_eq!(beta.body["pagination"]["totalCount"], 3);
 }
 
 #[tokio::test]

@@ -105,6 +105,11 @@ async fn the_openapi_document_is_served_and_lists_every_route_built() {
         ("/schemas/{schema}/records/{id}", "get"),
         ("/events/{id}", "patch"),
         ("/events/{id}", "delete"),
+        ("/events", "get"),
+        ("/events/{schema}", "post"),
+        ("/events/{schema}/batch", "post"),
+        ("/events/{schema}/{id}/status", "get"),
+        ("/event-identities", "post"),
     ] {
         assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} is documented");
     }

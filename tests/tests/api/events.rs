@@ -400,6 +400,14 @@ async fn a_pending_event_is_prepared_then_listed() {
     // The worker prepared it once.
     app.wait_for_projections().await;
     assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE event_type = 'EventReadinessChanged.v1'").await, 1);
+    // Once the credits are spent, new events needing preparation are refused, but a retry
+    // still recovers its receipt.
+    app.query_i64("UPDATE ai_credit_spend SET spent = 100 RETURNING spent").await;
+    let broke = app.post("/events/purchase", ALPHA_ADMIN, &json!({"eventId": "p-2", "amount": 1})).await;
+    assert_eq!((broke.status, broke.code().as_str()), (402, Some("insufficient_credits")));
+    let retry =
+        app.post("/events/purchase", ALPHA_ADMIN, &json!({"eventId": "p-1", "amount": 12.5, "item": "a novel"})).await;
+    assert_eq!((retry.status, retry.body["data"]["isDuplicate"].as_bool()), (202, Some(true)));
 }
 
 #[tokio::test]
@@ -534,4 +542,52 @@ async fn events_about_an_erased_contact_are_erased() {
     let status = app.get(&format!("/events/signup/{id}/status"), ALPHA_ADMIN).await;
     assert_eq!(status.status, 404);
     assert_eq!(app.query_i64("SELECT count(*) FROM event_receipts WHERE input_digest IS NOT NULL").await, 0);
+}
+
+#[tokio::test]
+async fn preparation_through_an_openai_compatible_provider_ends_in_each_state() {
+    use crate::fake_ai::{FakeAi, Mode};
+    let fake = FakeAi::start().await;
+    let ai = shared::ai::AiSettings::openai(&fake.url, "test-model", Some("sk-fake"), Duration::from_millis(500));
+    let app = TestApp::spawn_with(Options { ai: Some(ai), ..Options::default() }).await;
+    let fire = async |event_id: &str| {
+        let body = json!({"eventId": event_id, "amount": 3, "item": "chess set"});
+        let fired = app.post("/events/purchase", ALPHA_ADMIN, &body).await;
+        assert_eq!(fired.status, 202, "{:?}", fired.body);
+        let id = fired.body["data"]["id"].as_str().expect("id").to_owned();
+        settled_status(&app, "purchase", &id).await
+    };
+    fake.set_mode(Mode::Answer(json!("games")));
+    let ready = fire("o-ready").await;
+    assert_eq!((ready["readinessState"].as_str(), ready["data"]["category"].as_str()), (Some("ready"), Some("games")));
+    let request = fake.requests().pop().expect("a call");
+    assert_eq!(request["model"], "test-model");
+    assert!(request.to_string().contains("chess set"), "the call carries the event's values");
+
+    fake.set_mode(Mode::Refuse);
+    let refused = fire("o-refused").await;
+    assert_eq!(refused["readinessState"], "failed");
+    assert!(refused["readinessReason"].as_str().is_some_and(|r| r.starts_with("ai_refused")), "{refused:?}");
+    assert_eq!(refused["readyAt"], Value::Null);
+
+    fake.set_mode(Mode::Garbage);
+    let calls = fake.request_count();
+    let unfit = fire("o-unfit").await;
+    assert_eq!(unfit["readinessState"], "failed");
+    assert!(unfit["readinessReason"].as_str().is_some_and(|r| r.starts_with("ai_output_unfit")));
+    assert_eq!(fake.request_count() - calls, 3, "bounded retries");
+
+    fake.set_mode(Mode::Hang(Duration::from_secs(3)));
+    let unknown = fire("o-unknown").await;
+    assert_eq!(unknown["readinessState"], "outcome_unknown");
+    assert!(unknown["readinessReason"].as_str().is_some_and(|r| r.starts_with("ai_outcome_unknown")));
+
+    // Every call that reached the provider spent a credit; only the ready event is listed.
+    app.wait_for_projections().await;
+    assert_eq!(app.query_i64("SELECT spent FROM ai_credit_spend").await, 6);
+    let list = app.get("/events?schema=purchase", ALPHA_ADMIN).await;
+    let listed: Vec<&str> =
+        list.body["data"].as_array().expect("items").iter().filter_map(|i| i["eventId"].as_str()).collect();
+    assert_eq!(listed, ["o-ready"]);
+    assert_eq!(app.query_i64("SELECT pending FROM event_admission WHERE scope = 'fleet'").await, 0);
 }

@@ -12,6 +12,7 @@ mod events;
 mod fake_ai;
 mod helpers;
 mod idempotency;
+mod identities;
 mod log;
 mod projector;
 mod ratelimit;
