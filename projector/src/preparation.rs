@@ -93,14 +93,20 @@ pub async fn prepare_next(pool: &Pool, log: &EventLog, provider: &AiProvider) ->
     let events = read_after(&client, checkpoint, BATCH).await?;
     drop(client);
     let Some(last) = events.last().map(|event| event.position) else { return Ok(0) };
+    let mut auto_filled = AutoFilled::default();
     for stored in &events {
-        if stored.event_type != "EventAccepted.v1" {
-            continue;
-        }
-        if let LogEvent::EventAccepted(accepted) = stored.decode()?
-            && accepted.readiness == "pending"
-        {
-            prepare(pool, log, provider, stored, accepted).await?;
+        match stored.event_type.as_str() {
+            "EventAccepted.v1" => {
+                if let LogEvent::EventAccepted(accepted) = stored.decode()?
+                    && accepted.readiness == "pending"
+                {
+                    prepare(pool, log, provider, stored, accepted).await?;
+                }
+            }
+            "RecordCreated.v1" | "RecordUpdated.v1" => {
+                fill_record(pool, log, provider, stored, &mut auto_filled).await?;
+            }
+            _ => {}
         }
     }
     let client = pool.get().await?;
@@ -200,6 +206,156 @@ async fn prepare(
         Ok(_) | Err(AppendError::WrongVersion { .. } | AppendError::Conflict { .. }) => Ok(()),
         Err(error) => Err(error.into()),
     }
+}
+
+/// The writable auto-fill attributes of each schema seen in a batch, by schema id.
+#[derive(Default)]
+struct AutoFilled(std::collections::HashMap<String, Vec<(String, Value)>>);
+
+impl AutoFilled {
+    async fn of(&mut self, client: &impl GenericClient, schema_id: &str) -> anyhow::Result<&[(String, Value)]> {
+        if !self.0.contains_key(schema_id) {
+            let catalog = live_catalog(client).await?;
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT key, definition FROM {catalog}.attributes WHERE schema_id = $1 AND NOT is_base
+                         ORDER BY ordinal"
+                    ),
+                    &[&schema_id],
+                )
+                .await?;
+            let attributes = rows
+                .into_iter()
+                .map(|row| (row.get::<_, String>(0), row.get::<_, Value>(1)))
+                .filter(|(_, definition)| {
+                    shared::attributes::is_writable(definition) && shared::attributes::has_auto_fill(definition)
+                })
+                .collect();
+            self.0.insert(schema_id.to_owned(), attributes);
+        }
+        Ok(self.0.get(schema_id).map_or(&[], Vec::as_slice))
+    }
+}
+
+/// Fills the AI auto-fill attributes a record holds no value for, from its latest state, and
+/// appends the filled values as a `RecordUpdated` at the stream version it read. A record
+/// changed meanwhile loses the race and is looked at again when its newer event comes by; a
+/// record whose attributes are all filled (including by this worker's own update) needs
+/// nothing, so the worker never loops. A fill that fails leaves the attributes empty (the
+/// next write of the record tries again) and records the credits it spent.
+async fn fill_record(
+    pool: &Pool,
+    log: &EventLog,
+    provider: &AiProvider,
+    stored: &StoredEvent,
+    auto_filled: &mut AutoFilled,
+) -> anyhow::Result<()> {
+    let client = pool.get().await?;
+    let Some((version, state, key)) = latest_record(&client, &stored.stream_id).await? else { return Ok(()) };
+    let definitions: Vec<(String, Value)> = auto_filled
+        .of(&client, &state.schema_id)
+        .await?
+        .iter()
+        .filter(|(key, _)| state.values().get(key).is_none_or(Value::is_null))
+        .cloned()
+        .collect();
+    if definitions.is_empty() || state.personal.is_none() {
+        return Ok(());
+    }
+    let credits = remaining_credits(&client, &state.space_id).await?;
+    drop(client);
+    let prepared = fill(provider, &state.values(), &definitions, credits).await;
+    let now = shared::time::now_millis();
+    let metadata = Metadata { space_id: Some(state.space_id.clone()), ..Metadata::default() };
+    let (stream, guards) = if prepared.state == "ready" {
+        let mut personal = state.personal.clone().unwrap_or_default();
+        let mut values = state.values();
+        values.extend(prepared.values.clone());
+        personal.values_json = Value::Object(values).to_string();
+        let mut sealed = shared::events::seal(&state.record_id, &personal);
+        if let Some(key) = &key {
+            shared::events::encrypt(&mut sealed, key)?;
+        }
+        let update = proto::RecordUpdated {
+            record_id: state.record_id.clone(),
+            space_id: state.space_id.clone(),
+            schema_id: state.schema_id.clone(),
+            schema_type: state.schema_type.clone(),
+            source: state.source.clone(),
+            created_at_ms: state.created_at_ms,
+            updated_at_ms: now.max(state.updated_at_ms),
+            personal: Some(sealed),
+            changed_keys: prepared.values.keys().cloned().collect(),
+            credits_spent: prepared.credits_spent,
+        };
+        let stream = StreamAppend {
+            stream_id: stored.stream_id.clone(),
+            expected: ExpectedVersion::Exactly(version),
+            events: vec![NewEvent {
+                event: LogEvent::RecordUpdated(update),
+                subject_id: Some(state.record_id.clone()),
+                occurred_at: shared::time::from_millis(now),
+            }],
+        };
+        (stream, vec![shared::admission::spend_guard(&state.space_id, prepared.credits_spent)])
+    } else if prepared.credits_spent > 0 {
+        let spent = proto::AiCreditsSpent {
+            space_id: state.space_id.clone(),
+            subject_id: state.record_id.clone(),
+            credits: prepared.credits_spent,
+            reason: prepared.reason.clone(),
+            spent_at_ms: now,
+        };
+        let stream = StreamAppend {
+            stream_id: format!("credits/{}", state.space_id),
+            expected: ExpectedVersion::Any,
+            events: vec![NewEvent {
+                event: LogEvent::AiCreditsSpent(spent),
+                subject_id: Some(state.record_id.clone()),
+                occurred_at: shared::time::from_millis(now),
+            }],
+        };
+        (stream, vec![shared::admission::spend_guard(&state.space_id, prepared.credits_spent)])
+    } else {
+        return Ok(());
+    };
+    match log.append(AppendRequest { metadata, streams: vec![stream], guards }).await {
+        Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The latest state of a record stream, its version and the record's data key; `None` when
+/// the record is being deleted or erased.
+async fn latest_record(
+    client: &impl GenericClient,
+    stream_id: &str,
+) -> anyhow::Result<Option<(i64, shared::records::RecordState, Option<shared::crypto::DataKey>)>> {
+    let row = client
+        .query_opt(
+            "SELECT e.stream_version, e.event_type, e.payload, e.subject_id, k.wrapped_key FROM events e
+             LEFT JOIN subject_keys k ON k.subject_id = e.subject_id
+             WHERE e.stream_id = $1 ORDER BY e.stream_version DESC LIMIT 1",
+            &[&stream_id],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let mut keys = shared::crypto::Keys::default();
+    let key = match (row.get::<_, Option<String>>(3), row.get::<_, Option<&[u8]>>(4)) {
+        (Some(subject), Some(wrapped)) => {
+            let key = shared::crypto::keyring()?.unwrap_key(&subject, wrapped)?;
+            keys.insert(subject, key.clone());
+            Some(key)
+        }
+        _ => None,
+    };
+    let state = match LogEvent::decode(row.get(1), row.get(2))? {
+        LogEvent::RecordCreated(created) => shared::records::RecordState::from_created(&created, &keys)?,
+        LogEvent::RecordUpdated(updated) => shared::records::RecordState::from_updated(&updated, &keys)?,
+        _ => return Ok(None),
+    };
+    Ok(Some((row.get(0), state, key)))
 }
 
 /// The current definitions of `keys` in the event schema (from the live catalog).

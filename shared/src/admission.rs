@@ -87,13 +87,18 @@ pub fn preparation_guards(id: &str, space_id: &str, schema_id: &str, credits_spe
             vec![Box::new(names)],
             prepared(),
         ),
-        Guard::unique(
-            "INSERT INTO ai_credit_spend (space_id, spent) VALUES ($1, $2)
-             ON CONFLICT (space_id) DO UPDATE SET spent = ai_credit_spend.spent + EXCLUDED.spent",
-            vec![Box::new(space_id.to_owned()), Box::new(credits_spent)],
-            prepared(),
-        ),
+        spend_guard(space_id, credits_spent),
     ]
+}
+
+/// Counts `credits` spent by the space, in the transaction of the event that records them.
+pub fn spend_guard(space_id: &str, credits: i64) -> Guard {
+    Guard::unique(
+        "INSERT INTO ai_credit_spend (space_id, spent) VALUES ($1, $2)
+         ON CONFLICT (space_id) DO UPDATE SET spent = ai_credit_spend.spent + EXCLUDED.spent",
+        vec![Box::new(space_id.to_owned()), Box::new(credits)],
+        AppendError::Conflict { code: "credit_spend", message: String::new() },
+    )
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ pub enum LogEvent {
     EventAccepted(proto::EventAccepted),
     EventReadinessChanged(proto::EventReadinessChanged),
     EventIdentityChanged(proto::EventIdentityChanged),
+    AiCreditsSpent(proto::AiCreditsSpent),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -79,6 +80,7 @@ event_types! {
     EventAccepted => "EventAccepted.v1",
     EventReadinessChanged => "EventReadinessChanged.v1",
     EventIdentityChanged => "EventIdentityChanged.v1",
+    AiCreditsSpent => "AiCreditsSpent.v1",
 }
 
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the

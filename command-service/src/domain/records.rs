@@ -322,6 +322,7 @@ pub fn decide_update(
         updated_at_ms: state.updated_at_ms,
         personal: Some(seal(&state.record_id, &personal)),
         changed_keys: changed,
+        credits_spent: 0,
     };
     Ok(UpdateDecision::Changed(Box::new(Change { event, state, claims, releases, warnings })))
 }

@@ -190,3 +190,32 @@ async fn list_is_ordered_by_created_at_then_id_with_counted_totals() {
     assert_eq!(last.body["pagination"]["hasMore"], false);
     assert_eq!(last.body["data"].as_array().map(Vec::len), Some(1));
 }
+
+#[tokio::test]
+async fn ai_auto_fill_attributes_of_a_record_are_filled_by_the_preparation_worker() {
+    let app = TestApp::spawn().await;
+    let created =
+        app.post("/schemas/companies/records", ALPHA_ADMIN, &json!({"externalId": "acme", "name": "Acme"})).await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    assert_eq!(created.body["data"]["industry"], serde_json::Value::Null, "filled asynchronously");
+    let id = created.body["data"]["id"].as_str().expect("id").to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let industry = loop {
+        let record = app.get(&format!("/schemas/companies/records/{id}"), ALPHA_ADMIN).await;
+        if let Some(industry) = record.body["data"]["industry"].as_str() {
+            break industry.to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "industry was never filled: {:?}", record.body);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(industry.starts_with("industry: "), "the deterministic provider's answer: {industry}");
+    assert_eq!(app.query_i64("SELECT spent FROM ai_credit_spend").await, 1);
+    // A given value is kept, and the worker's own update needs no further fill.
+    let given =
+        app.post("/schemas/companies/records", ALPHA_ADMIN, &json!({"externalId": "b", "industry": "retail"})).await;
+    assert_eq!(given.status, 201);
+    app.wait_for_projections().await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE event_type = 'RecordUpdated.v1'").await, 1);
+    assert_eq!(app.query_i64("SELECT spent FROM ai_credit_spend").await, 1);
+}
