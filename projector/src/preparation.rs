@@ -251,7 +251,16 @@ async fn fill_record(
     stored: &StoredEvent,
     auto_filled: &mut AutoFilled,
 ) -> anyhow::Result<()> {
+    let schema_id = match stored.decode()? {
+        LogEvent::RecordCreated(created) => created.schema_id,
+        LogEvent::RecordUpdated(updated) => updated.schema_id,
+        _ => return Ok(()),
+    };
     let client = pool.get().await?;
+    // Most schemas have no auto-fill attribute: nothing more to read for their records.
+    if auto_filled.of(&client, &schema_id).await?.is_empty() {
+        return Ok(());
+    }
     let Some((version, state, key)) = latest_record(&client, &stored.stream_id).await? else { return Ok(()) };
     let definitions: Vec<(String, Value)> = auto_filled
         .of(&client, &state.schema_id)

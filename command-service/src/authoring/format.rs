@@ -34,7 +34,7 @@ pub struct SuppressionSpec {
 pub struct SpaceSpec {
     pub slug: String,
     pub name: String,
-    /// The space's AI credit balance; set exactly to this value on apply.
+    /// The space's AI credit grant; the remaining balance is this less what was spent.
     #[serde(default)]
     pub ai_credits: Option<i64>,
     /// The space's email allowance, e.g. `{"monthly": 10000}`.

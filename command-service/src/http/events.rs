@@ -301,6 +301,20 @@ async fn accept_round<'a>(
             }
         }
     }
+    // Fast path: all new occurrences in one command. If every one is admitted this is the
+    // same outcome as committing each on its own; if any is refused, nothing was written and
+    // each is appended on its own below, so only the refused ones fail.
+    if appending.len() > 1 {
+        let new: Vec<(StreamAppend, NewReceipt)> =
+            appending.iter().map(|(_, (stream, receipt))| (stream.clone(), receipt.clone())).collect();
+        if let Ok(Appended { last_position }) = state.event_log.append(acceptance(req, context, new)).await {
+            for (candidate, (_, receipt)) in appending {
+                outcomes
+                    .insert(candidate.index, Outcome::Accepted { receipt: receipt.receipt, position: last_position });
+            }
+            return Ok(Vec::new());
+        }
+    }
     let appends = appending.into_iter().map(|(candidate, new)| {
         let receipt = new.1.receipt.clone();
         let request = acceptance(req, context, vec![new]);

@@ -115,6 +115,7 @@ pub async fn load_subjects(
 }
 
 /// One new occurrence's write-side row.
+#[derive(Debug, Clone)]
 pub struct NewReceipt {
     pub event_id: String,
     pub id: String,

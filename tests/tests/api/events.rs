@@ -349,9 +349,10 @@ async fn the_backlog_and_receipt_caps_refuse_until_capacity_frees() {
 }
 
 #[tokio::test]
-async fn two_command_service_instances_share_one_fleet_budget() {
+async fn two_command_service_instances_share_the_fleet_and_space_budgets() {
     let mut limits = unlimited_admission();
     limits.fleet = shared::admission::ScopeLimits { rate: 0.001, burst: 6.0, pending: 100, receipts: 100 };
+    limits.space = shared::admission::ScopeLimits { rate: 0.001, burst: 4.0, pending: 100, receipts: 100 };
     let app = TestApp::spawn_with(Options { admission: Some(limits), ..Options::default() }).await;
     let mut settings = shared::settings::Settings::for_database(&app.database_url);
     settings.rate_limits = unlimited();
@@ -359,19 +360,40 @@ async fn two_command_service_instances_share_one_fleet_budget() {
     let second = command_service::Application::build(settings).await.expect("second instance");
     let second_url = format!("http://127.0.0.1:{}/v1", second.port());
     tokio::spawn(second.run_until_stopped());
-    let mut statuses = Vec::new();
-    for n in 0..10 {
-        let url = if n % 2 == 0 {
-            format!("{}/events/signup", app.command_url)
-        } else {
-            format!("{second_url}/events/signup")
-        };
-        let key = if n % 3 == 0 { ALPHA_ADMIN } else { ALPHA_MEMBER };
-        let response = app.send(app.http.post(url).bearer_auth(key).json(&json!({"eventId": format!("f-{n}")}))).await;
-        statuses.push(response.status);
+    let fire = async |n: usize, path: &str, key: &str, body: Value| {
+        let base = if n.is_multiple_of(2) { app.command_url.clone() } else { second_url.clone() };
+        app.send(app.http.post(format!("{base}{path}")).bearer_auth(key).json(&body)).await.status
+    };
+    // Alpha's space budget (4) is shared by both instances and both keys.
+    let mut alpha = Vec::new();
+    for n in 0..8_usize {
+        let key = if n.is_multiple_of(3) { ALPHA_ADMIN } else { ALPHA_MEMBER };
+        alpha.push(fire(n, "/events/signup", key, json!({"eventId": format!("a-{n}")})).await);
     }
-    assert_eq!(statuses.iter().filter(|s| **s == 202).count(), 6, "{statuses:?}");
-    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 4, "{statuses:?}");
+    assert_eq!(alpha.iter().filter(|s| **s == 202).count(), 4, "{alpha:?}");
+    // Beta's space has room, but the fleet (6) has only 2 left.
+    let mut beta = Vec::new();
+    for n in 0..4 {
+        beta.push(fire(n, "/events/visit", MULTI_BETA, json!({"eventId": format!("b-{n}"), "topic": "t"})).await);
+    }
+    assert_eq!(beta, [202, 202, 429, 429]);
+}
+
+#[tokio::test]
+async fn idempotency_keys_play_no_part_in_firing_events() {
+    let app = TestApp::spawn().await;
+    let fire = |body: Value| {
+        app.send(
+            app.request(reqwest::Method::POST, "/events/signup", Some(ALPHA_ADMIN))
+                .header("Idempotency-Key", "k-1")
+                .json(&body),
+        )
+    };
+    let first = fire(json!({"eventId": "i-1"})).await;
+    let second = fire(json!({"eventId": "i-2"})).await;
+    assert_eq!((first.status, second.status), (202, 202), "{:?}", second.body);
+    assert_ne!(first.body["data"]["id"], second.body["data"]["id"]);
+    assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 0);
 }
 
 #[tokio::test]
