@@ -201,11 +201,9 @@ impl OpenAiClient {
         anyhow::ensure!(!settings.model.trim().is_empty(), "the AI model must be set for the openai provider");
         let url =
             reqwest::Url::parse(endpoint).with_context(|| format!("the AI endpoint {endpoint:?} is not a URL"))?;
-        // The workspace builds reqwest without a TLS backend, so an https endpoint would fail on
-        // every call; say so at start-up instead. Drop this check once a TLS feature is enabled.
         anyhow::ensure!(
-            url.scheme() == "http",
-            "the AI endpoint {endpoint:?} must use http: this build has no TLS support for reqwest"
+            matches!(url.scheme(), "http" | "https"),
+            "the AI endpoint {endpoint:?} must be an http or https URL"
         );
         let http = reqwest::Client::builder()
             .timeout(settings.timeout)
