@@ -93,18 +93,18 @@ pub async fn prepare_next(pool: &Pool, log: &EventLog, provider: &AiProvider) ->
     let events = read_after(&client, checkpoint, BATCH).await?;
     drop(client);
     let Some(last) = events.last().map(|event| event.position) else { return Ok(0) };
-    let mut auto_filled = AutoFilled::default();
+    let mut catalog = Catalog::default();
     for stored in &events {
         match stored.event_type.as_str() {
             "EventAccepted.v1" => {
                 if let LogEvent::EventAccepted(accepted) = stored.decode()?
                     && accepted.readiness == "pending"
                 {
-                    prepare(pool, log, provider, stored, accepted).await?;
+                    prepare(pool, log, provider, stored, accepted, &mut catalog).await?;
                 }
             }
             "RecordCreated.v1" | "RecordUpdated.v1" => {
-                fill_record(pool, log, provider, stored, &mut auto_filled).await?;
+                fill_record(pool, log, provider, stored, &mut catalog).await?;
             }
             _ => {}
         }
@@ -134,6 +134,7 @@ async fn prepare(
     provider: &AiProvider,
     stored: &StoredEvent,
     accepted: proto::EventAccepted,
+    catalog: &mut Catalog,
 ) -> anyhow::Result<()> {
     let client = pool.get().await?;
     let pending = client
@@ -146,8 +147,14 @@ async fn prepare(
     let subjects: Vec<String> = stored.subject_id.iter().cloned().collect();
     let keys = shared::crypto::load_keys(&client, &subjects).await?;
     let data: Option<proto::EventData> = shared::events::open(accepted.data.as_ref(), &keys)?;
-    let definitions = definitions(&client, &accepted.schema_id, &accepted.pending_keys).await?;
-    let credits = remaining_credits(&client, &accepted.space_id).await?;
+    let definitions: Vec<(String, Value)> = catalog
+        .auto_filled(&client, &accepted.schema_id)
+        .await?
+        .iter()
+        .filter(|(key, _)| accepted.pending_keys.contains(key))
+        .cloned()
+        .collect();
+    let credits = catalog.remaining_credits(&client, &accepted.space_id).await?;
     drop(client);
     let prepared = match data {
         None => Prepared {
@@ -208,14 +215,40 @@ async fn prepare(
     }
 }
 
-/// The writable auto-fill attributes of each schema seen in a batch, by schema id.
+/// What one pass reads from the live catalog, each at most once: its schema name and the
+/// writable auto-fill attributes of each schema met.
 #[derive(Default)]
-struct AutoFilled(std::collections::HashMap<String, Vec<(String, Value)>>);
+struct Catalog {
+    schema: Option<String>,
+    auto_filled: std::collections::HashMap<String, Vec<(String, Value)>>,
+}
 
-impl AutoFilled {
-    async fn of(&mut self, client: &impl GenericClient, schema_id: &str) -> anyhow::Result<&[(String, Value)]> {
-        if !self.0.contains_key(schema_id) {
-            let catalog = live_catalog(client).await?;
+impl Catalog {
+    async fn schema(&mut self, client: &impl GenericClient) -> anyhow::Result<String> {
+        if let Some(schema) = &self.schema {
+            return Ok(schema.clone());
+        }
+        let version: i32 = client
+            .query_opt(
+                "SELECT version FROM projections WHERE name = $1 AND status = 'live'",
+                &[&shared::catalog::CATALOG],
+            )
+            .await?
+            .map(|row| row.get(0))
+            .context("the catalog has no live version")?;
+        let schema = shared::readmodel::schema_name(shared::catalog::CATALOG, version);
+        self.schema = Some(schema.clone());
+        Ok(schema)
+    }
+
+    /// The writable auto-fill attributes of `schema_id`, in order.
+    async fn auto_filled(
+        &mut self,
+        client: &impl GenericClient,
+        schema_id: &str,
+    ) -> anyhow::Result<&[(String, Value)]> {
+        if !self.auto_filled.contains_key(schema_id) {
+            let catalog = self.schema(client).await?;
             let rows = client
                 .query(
                     &format!(
@@ -232,9 +265,25 @@ impl AutoFilled {
                     shared::attributes::is_writable(definition) && shared::attributes::has_auto_fill(definition)
                 })
                 .collect();
-            self.0.insert(schema_id.to_owned(), attributes);
+            self.auto_filled.insert(schema_id.to_owned(), attributes);
         }
-        Ok(self.0.get(schema_id).map_or(&[], Vec::as_slice))
+        Ok(self.auto_filled.get(schema_id).map_or(&[], Vec::as_slice))
+    }
+
+    /// The space's remaining credits: its authored grant less what was spent (read fresh: the
+    /// pass itself spends them).
+    async fn remaining_credits(&mut self, client: &impl GenericClient, space_id: &str) -> anyhow::Result<i64> {
+        let catalog = self.schema(client).await?;
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT COALESCE((SELECT balance FROM {catalog}.ai_credits WHERE space_id = $1), 0)
+                          - COALESCE((SELECT spent FROM ai_credit_spend WHERE space_id = $1), 0)"
+                ),
+                &[&space_id],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 }
 
@@ -249,21 +298,22 @@ async fn fill_record(
     log: &EventLog,
     provider: &AiProvider,
     stored: &StoredEvent,
-    auto_filled: &mut AutoFilled,
+    catalog: &mut Catalog,
 ) -> anyhow::Result<()> {
-    let schema_id = match stored.decode()? {
-        LogEvent::RecordCreated(created) => created.schema_id,
-        LogEvent::RecordUpdated(updated) => updated.schema_id,
+    let (record_id, schema_id) = match stored.decode()? {
+        LogEvent::RecordCreated(created) => (created.record_id, created.schema_id),
+        LogEvent::RecordUpdated(updated) => (updated.record_id, updated.schema_id),
         _ => return Ok(()),
     };
     let client = pool.get().await?;
     // Most schemas have no auto-fill attribute: nothing more to read for their records.
-    if auto_filled.of(&client, &schema_id).await?.is_empty() {
+    if catalog.auto_filled(&client, &schema_id).await?.is_empty() {
         return Ok(());
     }
-    let Some((version, state, key)) = latest_record(&client, &stored.stream_id).await? else { return Ok(()) };
-    let definitions: Vec<(String, Value)> = auto_filled
-        .of(&client, &state.schema_id)
+    let latest = shared::records::load_records(&client, std::slice::from_ref(&record_id)).await?.pop();
+    let Some((_, version, shared::records::Loaded::Live { state, key })) = latest else { return Ok(()) };
+    let definitions: Vec<(String, Value)> = catalog
+        .auto_filled(&client, &state.schema_id)
         .await?
         .iter()
         .filter(|(key, _)| state.values().get(key).is_none_or(Value::is_null))
@@ -272,7 +322,7 @@ async fn fill_record(
     if definitions.is_empty() || state.personal.is_none() {
         return Ok(());
     }
-    let credits = remaining_credits(&client, &state.space_id).await?;
+    let credits = catalog.remaining_credits(&client, &state.space_id).await?;
     drop(client);
     let prepared = fill(provider, &state.values(), &definitions, credits).await;
     let now = shared::time::now_millis();
@@ -286,18 +336,8 @@ async fn fill_record(
         if let Some(key) = &key {
             shared::events::encrypt(&mut sealed, key)?;
         }
-        let update = proto::RecordUpdated {
-            record_id: state.record_id.clone(),
-            space_id: state.space_id.clone(),
-            schema_id: state.schema_id.clone(),
-            schema_type: state.schema_type.clone(),
-            source: state.source.clone(),
-            created_at_ms: state.created_at_ms,
-            updated_at_ms: now.max(state.updated_at_ms),
-            personal: Some(sealed),
-            changed_keys: prepared.values.keys().cloned().collect(),
-            credits_spent: prepared.credits_spent,
-        };
+        let updated = shared::records::RecordState { updated_at_ms: now.max(state.updated_at_ms), ..state.clone() };
+        let update = updated.updated_event(sealed, prepared.values.keys().cloned().collect(), prepared.credits_spent);
         let stream = StreamAppend {
             stream_id: stored.stream_id.clone(),
             expected: ExpectedVersion::Exactly(version),
@@ -333,80 +373,6 @@ async fn fill_record(
         Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(()),
         Err(error) => Err(error.into()),
     }
-}
-
-/// The latest state of a record stream, its version and the record's data key; `None` when
-/// the record is being deleted or erased.
-async fn latest_record(
-    client: &impl GenericClient,
-    stream_id: &str,
-) -> anyhow::Result<Option<(i64, shared::records::RecordState, Option<shared::crypto::DataKey>)>> {
-    let row = client
-        .query_opt(
-            "SELECT e.stream_version, e.event_type, e.payload, e.subject_id, k.wrapped_key FROM events e
-             LEFT JOIN subject_keys k ON k.subject_id = e.subject_id
-             WHERE e.stream_id = $1 ORDER BY e.stream_version DESC LIMIT 1",
-            &[&stream_id],
-        )
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let mut keys = shared::crypto::Keys::default();
-    let key = match (row.get::<_, Option<String>>(3), row.get::<_, Option<&[u8]>>(4)) {
-        (Some(subject), Some(wrapped)) => {
-            let key = shared::crypto::keyring()?.unwrap_key(&subject, wrapped)?;
-            keys.insert(subject, key.clone());
-            Some(key)
-        }
-        _ => None,
-    };
-    let state = match LogEvent::decode(row.get(1), row.get(2))? {
-        LogEvent::RecordCreated(created) => shared::records::RecordState::from_created(&created, &keys)?,
-        LogEvent::RecordUpdated(updated) => shared::records::RecordState::from_updated(&updated, &keys)?,
-        _ => return Ok(None),
-    };
-    Ok(Some((row.get(0), state, key)))
-}
-
-/// The current definitions of `keys` in the event schema (from the live catalog).
-async fn definitions(
-    client: &impl GenericClient,
-    schema_id: &str,
-    keys: &[String],
-) -> anyhow::Result<Vec<(String, Value)>> {
-    let catalog = live_catalog(client).await?;
-    let rows = client
-        .query(
-            &format!(
-                "SELECT key, definition FROM {catalog}.attributes WHERE schema_id = $1 AND key = ANY($2) ORDER BY ordinal"
-            ),
-            &[&schema_id, &keys],
-        )
-        .await?;
-    Ok(rows.into_iter().map(|row| (row.get(0), row.get(1))).collect())
-}
-
-async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
-    let version: i32 = client
-        .query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&shared::catalog::CATALOG])
-        .await?
-        .map(|row| row.get(0))
-        .context("the catalog has no live version")?;
-    Ok(shared::readmodel::schema_name(shared::catalog::CATALOG, version))
-}
-
-/// The space's remaining credits: its authored grant less what was spent.
-async fn remaining_credits(client: &impl GenericClient, space_id: &str) -> anyhow::Result<i64> {
-    let catalog = live_catalog(client).await?;
-    let row = client
-        .query_one(
-            &format!(
-                "SELECT COALESCE((SELECT balance FROM {catalog}.ai_credits WHERE space_id = $1), 0)
-                      - COALESCE((SELECT spent FROM ai_credit_spend WHERE space_id = $1), 0)"
-            ),
-            &[&space_id],
-        )
-        .await?;
-    Ok(row.get(0))
 }
 
 /// Fills every attribute in `definitions` from `input`, with at most `credits` calls that

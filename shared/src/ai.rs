@@ -36,7 +36,7 @@ use chrono::NaiveDate;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::attributes::normalize_value;
+use crate::attributes::{attribute_type, normalize_value, options};
 use crate::settings::Secret;
 
 /// Which AI provider to use, from `APP__AI_*` environment variables.
@@ -346,24 +346,6 @@ fn prompt<'a>(task: &FillTask<'a>) -> &'a str {
         .map(str::trim)
         .filter(|prompt| !prompt.is_empty())
         .unwrap_or(task.attribute_key)
-}
-
-fn attribute_type(definition: &Value) -> &str {
-    definition.get("type").and_then(Value::as_str).unwrap_or("json")
-}
-
-/// The allowed values of a select or multiselect, given as strings or `{"value": ...}`.
-fn options(definition: &Value) -> Vec<&str> {
-    definition
-        .get("options")
-        .and_then(Value::as_array)
-        .map(|options| {
-            options
-                .iter()
-                .filter_map(|option| option.as_str().or_else(|| option.get("value").and_then(Value::as_str)))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn deterministic_fill(task: &FillTask<'_>) -> Result<Value, AiError> {

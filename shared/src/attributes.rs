@@ -3,7 +3,9 @@
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use serde_json::Value;
 
+use crate::catalog::AttributeEntry;
 pub use crate::catalog::is_writable;
+use crate::error::Issue;
 
 /// Whether the attribute is filled by AI auto-fill.
 pub fn has_auto_fill(definition: &Value) -> bool {
@@ -22,14 +24,36 @@ pub fn default_value(definition: &Value) -> Option<&Value> {
     definition.get("default").filter(|value| !value.is_null())
 }
 
+/// Checks one input key and value against a schema's custom attributes: the attribute must
+/// exist and be writable, and the value must fit its type. Returns the normalised value, or
+/// the issue (`unknown_attribute`, `attribute_not_writable`, `invalid_attribute_value`).
+pub fn writable_value(attributes: &[AttributeEntry], key: &str, value: Value) -> Result<Value, Issue> {
+    let Some(attribute) = attributes.iter().find(|a| a.key == key) else {
+        return Err(Issue::coded(key, "unknown_attribute", format!("{key} is not an attribute of this schema")));
+    };
+    if !is_writable(&attribute.definition) {
+        return Err(Issue::coded(
+            key,
+            "attribute_not_writable",
+            format!("{key} is evaluated or aggregated by the platform and cannot be written"),
+        ));
+    }
+    normalize_value(&attribute.definition, value)
+        .map_err(|message| Issue::coded(key, "invalid_attribute_value", format!("{key} {message}")))
+}
+
+/// The definition's stored type (`json` when it names none).
+pub fn attribute_type(definition: &Value) -> &str {
+    definition.get("type").and_then(Value::as_str).unwrap_or("json")
+}
+
 /// Checks `value` against the definition's type and returns it normalised (datetimes in
 /// UTC with milliseconds, emails trimmed and lowercased). `Err` is a message for the caller.
 pub fn normalize_value(definition: &Value, value: Value) -> Result<Value, String> {
     if value.is_null() {
         return Ok(Value::Null);
     }
-    let attribute_type = definition.get("type").and_then(Value::as_str).unwrap_or("json");
-    match attribute_type {
+    match attribute_type(definition) {
         "string" | "text" => match value {
             Value::String(_) => Ok(value),
             _ => Err("must be a string".to_owned()),
@@ -101,7 +125,8 @@ pub fn normalize_phone(text: &str) -> Result<String, String> {
     }
 }
 
-fn options(definition: &Value) -> Vec<&str> {
+/// The allowed values of a select or multiselect, given as strings or `{"value": ...}`.
+pub fn options(definition: &Value) -> Vec<&str> {
     definition
         .get("options")
         .and_then(Value::as_array)

@@ -101,6 +101,20 @@ pub struct SchemaEntry {
     pub revision: i64,
 }
 
+impl SchemaEntry {
+    /// A row starting with `schema_id, slug, schema_type, doc, attribute_count, revision`.
+    fn from_row(row: &tokio_postgres::Row) -> Self {
+        Self {
+            schema_id: row.get(0),
+            slug: row.get(1),
+            schema_type: row.get(2),
+            doc: row.get(3),
+            attribute_count: row.get::<_, i32>(4).into(),
+            revision: row.get(5),
+        }
+    }
+}
+
 /// Finds a schema of the space by id or slug.
 pub async fn find_schema(
     client: &impl GenericClient,
@@ -116,14 +130,7 @@ pub async fn find_schema(
         ))
         .await?;
     let row = client.query_opt(&statement, &[&space_id, &id_or_slug]).await?;
-    Ok(row.map(|row| SchemaEntry {
-        schema_id: row.get(0),
-        slug: row.get(1),
-        schema_type: row.get(2),
-        doc: row.get(3),
-        attribute_count: row.get::<_, i32>(4).into(),
-        revision: row.get(5),
-    }))
+    Ok(row.as_ref().map(SchemaEntry::from_row))
 }
 
 /// Whether callers may write an attribute: its definition type is not `evaluated` and it
@@ -164,14 +171,7 @@ pub async fn write_context(
     let Some(row) = client.query_opt(&statement, &[&space_id, &id_or_slug]).await? else {
         return Ok(None);
     };
-    let entry = SchemaEntry {
-        schema_id: row.get(0),
-        slug: row.get(1),
-        schema_type: row.get(2),
-        doc: row.get(3),
-        attribute_count: row.get::<_, i32>(4).into(),
-        revision: row.get(5),
-    };
+    let entry = SchemaEntry::from_row(&row);
     let attributes = match row.get::<_, Value>(6) {
         Value::Array(pairs) => pairs
             .into_iter()

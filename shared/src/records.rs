@@ -1,10 +1,11 @@
 //! What a record looks like on the wire, built from its log event by both the command
 //! service (the write response) and the projector (the read model), so the two agree.
 
+use deadpool_postgres::GenericClient;
 use serde_json::{Map, Value, json};
 
-use crate::crypto::Keys;
-use crate::events::open;
+use crate::crypto::{DataKey, Keys};
+use crate::events::{LogEvent, open};
 use crate::proto;
 use crate::time::format_millis;
 
@@ -91,6 +92,27 @@ impl RecordState {
         }
     }
 
+    /// The `RecordUpdated` that carries this (new) state, with its personal data `sealed`.
+    pub fn updated_event(
+        &self,
+        sealed: proto::Sealed,
+        changed_keys: Vec<String>,
+        credits_spent: i64,
+    ) -> proto::RecordUpdated {
+        proto::RecordUpdated {
+            record_id: self.record_id.clone(),
+            space_id: self.space_id.clone(),
+            schema_id: self.schema_id.clone(),
+            schema_type: self.schema_type.clone(),
+            source: self.source.clone(),
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            personal: Some(sealed),
+            changed_keys,
+            credits_spent,
+        }
+    }
+
     /// The record document: platform fields with custom values flattened beside them.
     pub fn document(&self) -> Value {
         let personal = self.personal.as_ref();
@@ -121,3 +143,88 @@ pub fn record_document(created: &proto::RecordCreated, keys: &Keys) -> anyhow::R
 /// What a record deletion operation says while it is `pending`.
 pub const DELETION_PENDING_MESSAGE: &str = "erasure in progress: the record's data key is being destroyed and every read \
      model is purging its copies; poll GET /v1/record-deletions/{operationId} until the status is completed";
+
+/// The log stream of a record.
+pub fn stream_id(record_id: &str) -> String {
+    format!("record/{record_id}")
+}
+
+/// A record as its stream's latest event leaves it.
+pub enum Loaded {
+    /// The record exists; `key` is its data key (absent only for records written before
+    /// encryption, which get one on their next write).
+    Live { state: RecordState, key: Option<DataKey> },
+    /// A deletion operation is under way: the record is closed to conflicting work.
+    Deleting { space_id: String, schema_id: String, operation_id: String },
+    /// Erased.
+    Deleted { space_id: String, schema_id: String },
+}
+
+impl Loaded {
+    pub fn scope(&self) -> (&str, &str) {
+        match self {
+            Self::Live { state, .. } => (&state.space_id, &state.schema_id),
+            Self::Deleting { space_id, schema_id, .. } | Self::Deleted { space_id, schema_id } => (space_id, schema_id),
+        }
+    }
+}
+
+/// `(record id, stream version, state)` of each of `record_ids` that was ever written, from
+/// the latest event of its stream, with its data key; in one statement. Used by decisions
+/// about records and about what names them (events, aliases), and by the preparation worker.
+pub async fn load_records(
+    client: &impl GenericClient,
+    record_ids: &[String],
+) -> anyhow::Result<Vec<(String, i64, Loaded)>> {
+    if record_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let streams: Vec<String> = record_ids.iter().map(|id| stream_id(id)).collect();
+    let statement = client
+        .prepare_cached(
+            "SELECT l.stream_version, l.event_type, l.payload, k.wrapped_key, l.subject_id, l.stream_id FROM (
+                 SELECT DISTINCT ON (stream_id) stream_version, event_type, payload, subject_id, stream_id FROM events
+                 WHERE stream_id = ANY($1) ORDER BY stream_id, stream_version DESC) l
+             LEFT JOIN subject_keys k ON k.subject_id = l.subject_id",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&streams]).await?;
+    let mut loaded = Vec::with_capacity(rows.len());
+    for row in rows {
+        let mut keys = Keys::default();
+        let key = match (row.get::<_, Option<&[u8]>>(3), row.get::<_, Option<String>>(4)) {
+            (Some(wrapped), Some(subject_id)) => {
+                let key = crate::crypto::keyring()?.unwrap_key(&subject_id, wrapped)?;
+                keys.insert(subject_id, key.clone());
+                Some(key)
+            }
+            _ => None,
+        };
+        let record = match LogEvent::decode(row.get(1), row.get(2))? {
+            LogEvent::RecordCreated(created) => {
+                Loaded::Live { state: RecordState::from_created(&created, &keys)?, key }
+            }
+            LogEvent::RecordUpdated(updated) => {
+                Loaded::Live { state: RecordState::from_updated(&updated, &keys)?, key }
+            }
+            LogEvent::RecordDeletionRequested(requested) => Loaded::Deleting {
+                space_id: requested.space_id,
+                schema_id: requested.schema_id,
+                operation_id: requested.operation_id,
+            },
+            LogEvent::RecordDeletionBlocked(blocked) => Loaded::Deleting {
+                space_id: blocked.space_id,
+                schema_id: blocked.schema_id,
+                operation_id: blocked.operation_id,
+            },
+            LogEvent::RecordDeletionCompleted(completed) => {
+                Loaded::Deleted { space_id: completed.space_id, schema_id: completed.schema_id }
+            }
+            _ => continue,
+        };
+        let stream: &str = row.get(5);
+        let record_id = stream.strip_prefix("record/").unwrap_or(stream).to_owned();
+        loaded.push((record_id, row.get(0), record));
+    }
+    Ok(loaded)
+}

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value, json};
 use shared::admission::ScopeLimits;
-use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, normalize_value};
+use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
 use shared::catalog::AttributeEntry;
 use shared::error::{ApiError, Issue};
 
@@ -163,23 +163,11 @@ pub fn parse_fire(
     }
     let mut values = Map::new();
     for (key, value) in given {
-        let Some(attribute) = schema.attributes.iter().find(|a| a.key == key) else {
-            issues.push(Issue::coded(&key, "unknown_attribute", format!("{key} is not an attribute of this schema")));
-            continue;
-        };
-        if !is_writable(&attribute.definition) {
-            issues.push(Issue::coded(
-                &key,
-                "attribute_not_writable",
-                format!("{key} is evaluated or aggregated by the platform and cannot be written"),
-            ));
-            continue;
-        }
-        match normalize_value(&attribute.definition, value) {
+        match writable_value(schema.attributes, &key, value) {
             Ok(normalized) => {
                 values.insert(key, normalized);
             }
-            Err(message) => issues.push(Issue::coded(&key, "invalid_attribute_value", format!("{key} {message}"))),
+            Err(issue) => issues.push(issue),
         }
     }
     let mut pending_keys = Vec::new();

@@ -12,7 +12,7 @@ use shared::pagination::Warning;
 use shared::proto;
 use shared::records::RecordState;
 
-use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, normalize_value};
+use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
 
 /// What the decision needs to know of the schema.
 #[derive(Debug, Clone)]
@@ -121,23 +121,11 @@ pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Resul
             }
             continue;
         }
-        let Some(attribute) = schema.attributes.iter().find(|a| a.key == key) else {
-            issues.push(Issue::coded(&key, "unknown_attribute", format!("{key} is not an attribute of this schema")));
-            continue;
-        };
-        if !is_writable(&attribute.definition) {
-            issues.push(Issue::coded(
-                &key,
-                "attribute_not_writable",
-                format!("{key} is evaluated or aggregated by the platform and cannot be written"),
-            ));
-            continue;
-        }
-        match normalize_value(&attribute.definition, value) {
+        match writable_value(schema.attributes, &key, value) {
             Ok(normalized) => {
                 parsed.values.insert(key, normalized);
             }
-            Err(message) => issues.push(Issue::coded(&key, "invalid_attribute_value", format!("{key} {message}"))),
+            Err(issue) => issues.push(issue),
         }
     }
     match issues.first() {
@@ -312,18 +300,7 @@ pub fn decide_update(
         personal: Some(personal.clone()),
         ..current.clone()
     };
-    let event = proto::RecordUpdated {
-        record_id: state.record_id.clone(),
-        space_id: state.space_id.clone(),
-        schema_id: state.schema_id.clone(),
-        schema_type: state.schema_type.clone(),
-        source: state.source.clone(),
-        created_at_ms: state.created_at_ms,
-        updated_at_ms: state.updated_at_ms,
-        personal: Some(seal(&state.record_id, &personal)),
-        changed_keys: changed,
-        credits_spent: 0,
-    };
+    let event = state.updated_event(seal(&state.record_id, &personal), changed, 0);
     Ok(UpdateDecision::Changed(Box::new(Change { event, state, claims, releases, warnings })))
 }
 

@@ -22,6 +22,7 @@ use shared::events::LogEvent;
 use shared::ids::new_id;
 use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::proto;
+use shared::records::Loaded;
 
 use crate::State;
 use crate::domain::events::{
@@ -29,8 +30,8 @@ use crate::domain::events::{
     parse_fire,
 };
 use crate::store::events::{
-    ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, Subject, admission_guard,
-    admission_state, ensure_scopes, find_receipts, load_subjects, receipts_guard, stream_id, subjects_guard,
+    ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, admission_guard, admission_state,
+    ensure_scopes, find_receipts, load_subjects, receipts_guard, stream_id, subjects_guard,
 };
 
 /// How often an acceptance that lost an eventId race is decided again.
@@ -73,6 +74,15 @@ struct Candidate {
     index: usize,
     input: FireInput,
     digest: String,
+}
+
+/// A batch item parsed into a candidate.
+fn parse_candidate(context: &Context, index: usize, item: Value, now_ms: i64) -> Result<Candidate, ApiError> {
+    let input = match item {
+        Value::Object(input) => input,
+        _ => return Err(ApiError::bad_request("invalid_event_input", "each event must be a JSON object")),
+    };
+    candidate(index, parse_item(context, input, now_ms)?)
 }
 
 fn candidate(index: usize, input: FireInput) -> Result<Candidate, ApiError> {
@@ -124,7 +134,7 @@ fn against_receipt(candidate: &Candidate, receipt: &Receipt) -> Outcome {
 fn check_subject(
     input: &FireInput,
     space_id: &str,
-    subjects: &HashMap<String, Subject>,
+    subjects: &HashMap<String, Loaded>,
 ) -> Result<Option<DataKey>, ApiError> {
     let (id, kind) = match (&input.contact_id, &input.object_id) {
         (Some(id), _) => (id, "contact"),
@@ -132,15 +142,24 @@ fn check_subject(
         (None, None) => return Ok(None),
     };
     match subjects.get(id) {
-        Some(Subject::Live { space_id: owner, schema_type, key, .. }) if owner == space_id && schema_type == kind => {
-            Ok(key.clone())
-        }
-        Some(Subject::Deleting) => Err(ApiError::conflict(
+        Some(Loaded::Live { state, key }) if state.space_id == space_id && state.schema_type == kind => Ok(key.clone()),
+        Some(Loaded::Deleting { .. }) => Err(ApiError::conflict(
             "record_deletion_pending",
             format!("{kind} {id:?} is being deleted; it accepts no more events"),
         )),
         _ => Err(ApiError::not_found("record_not_found", format!("no {kind} {id:?} in this space"))),
     }
+}
+
+/// The log event and receipt of a new occurrence whose subject (if any) is in `subjects`.
+fn new_occurrence(
+    context: &Context,
+    candidate: &Candidate,
+    subjects: &HashMap<String, Loaded>,
+    now_ms: i64,
+) -> Result<(StreamAppend, NewReceipt), ApiError> {
+    let key = check_subject(&candidate.input, context.caller.space_id(), subjects)?;
+    accepted(context, &candidate.input, &candidate.digest, key.as_ref(), now_ms)
 }
 
 /// The log event and receipt of a new occurrence; 402 when it needs preparation and the
@@ -223,7 +242,7 @@ async fn lookups(
     state: &State,
     context: &Context,
     candidates: &[&Candidate],
-) -> Result<(HashMap<String, Receipt>, HashMap<String, Subject>), ApiError> {
+) -> Result<(HashMap<String, Receipt>, HashMap<String, Loaded>), ApiError> {
     let client = state.pool.get().await?;
     let event_ids: Vec<String> = candidates.iter().map(|c| c.input.event_id.clone()).collect();
     let subject_ids: Vec<String> = candidates.iter().filter_map(|c| c.input.subject().map(str::to_owned)).collect();
@@ -292,9 +311,7 @@ async fn accept_round<'a>(
             outcomes.insert(candidate.index, against_receipt(candidate, receipt));
             continue;
         }
-        let built = check_subject(&candidate.input, context.caller.space_id(), &subjects)
-            .and_then(|key| accepted(context, &candidate.input, &candidate.digest, key.as_ref(), now_ms));
-        match built {
+        match new_occurrence(context, candidate, &subjects, now_ms) {
             Ok(new) => appending.push((candidate, new)),
             Err(error) => {
                 outcomes.insert(candidate.index, Outcome::failed(error));
@@ -419,13 +436,6 @@ fn parse_batch(body: Value) -> Result<(Vec<Value>, OnError), ApiError> {
     Ok((events, on_error))
 }
 
-fn item_input(value: Value) -> Result<Map<String, Value>, ApiError> {
-    match value {
-        Value::Object(input) => Ok(input),
-        _ => Err(ApiError::bad_request("invalid_event_input", "each event must be a JSON object")),
-    }
-}
-
 fn accepted_item(index: usize, receipt: &Value) -> Value {
     json!({
         "index": index,
@@ -471,7 +481,7 @@ async fn batch_continue(
     let mut outcomes = HashMap::new();
     let mut candidates = Vec::new();
     for (index, event) in events.into_iter().enumerate() {
-        match item_input(event).and_then(|input| parse_item(context, input, now_ms)).and_then(|p| candidate(index, p)) {
+        match parse_candidate(context, index, event, now_ms) {
             Ok(candidate) => candidates.push(candidate),
             Err(error) => {
                 outcomes.insert(index, Outcome::failed(error));
@@ -532,7 +542,7 @@ async fn batch_abort(
     let mut candidates = Vec::new();
     let mut invalid = None;
     for (index, event) in events.into_iter().enumerate() {
-        match item_input(event).and_then(|input| parse_item(context, input, now_ms)).and_then(|p| candidate(index, p)) {
+        match parse_candidate(context, index, event, now_ms) {
             Ok(candidate) => candidates.push(candidate),
             Err(error) => {
                 invalid = Some((index, Outcome::failed(error)));
@@ -568,9 +578,7 @@ async fn batch_abort(
                 failure = Some((candidate.index, Outcome::failed(event_id_conflict(event_id))));
                 break;
             }
-            let built = check_subject(&candidate.input, context.caller.space_id(), &subjects)
-                .and_then(|key| accepted(context, &candidate.input, &candidate.digest, key.as_ref(), now_ms));
-            match built {
+            match new_occurrence(context, candidate, &subjects, now_ms) {
                 Ok(item) => {
                     firsts.insert(event_id, candidate.index);
                     planned.push(Planned::New(item.1.receipt.clone()));
@@ -624,7 +632,7 @@ async fn first_deleting(state: &State, candidates: &[Candidate]) -> Result<Optio
     let subjects = load_subjects(&client, &subject_ids).await.map_err(|error| ApiError::internal(&error))?;
     Ok(candidates
         .iter()
-        .find(|c| c.input.subject().is_some_and(|id| !matches!(subjects.get(id), Some(Subject::Live { .. }))))
+        .find(|c| c.input.subject().is_some_and(|id| !matches!(subjects.get(id), Some(Loaded::Live { .. }))))
         .map(|c| c.index))
 }
 

@@ -17,7 +17,9 @@ use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, NewEvent, 
 use shared::proto;
 
 use crate::State;
-use crate::store::events::{SUBJECT_DELETING, Subject, load_subjects, subjects_guard};
+use shared::records::Loaded;
+
+use crate::store::events::{SUBJECT_DELETING, load_subjects, subjects_guard};
 
 const FIELDS: [&str; 6] =
     ["sourceId", "subjectSchemaId", "anonymousId", "contactId", "operationId", "expectedAliasRevision"];
@@ -225,9 +227,9 @@ pub async fn change(
         if let Some(contact_id) = &change.contact_id {
             let subjects = load_subjects(&client, std::slice::from_ref(contact_id)).await.map_err(internal)?;
             match subjects.get(contact_id) {
-                Some(Subject::Live { space_id: owner, schema_id, .. })
-                    if *owner == space_id && *schema_id == change.subject_schema_id => {}
-                Some(Subject::Deleting) => {
+                Some(Loaded::Live { state, .. })
+                    if state.space_id == space_id && state.schema_id == change.subject_schema_id => {}
+                Some(Loaded::Deleting { .. }) => {
                     return Err(ApiError::conflict(
                         "record_deletion_pending",
                         format!("contact {contact_id:?} is being deleted"),

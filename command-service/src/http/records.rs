@@ -312,7 +312,7 @@ async fn upsert_attempts(
                 let states: Vec<RecordState> = load_records(&client, &holders)
                     .await?
                     .into_iter()
-                    .filter_map(|(_, loaded)| match loaded {
+                    .filter_map(|(_, _, loaded)| match loaded {
                         Loaded::Live { state, .. } => Some(state),
                         _ => None,
                     })
@@ -372,11 +372,11 @@ async fn load_in_schema(
     let loaded = load_records(client, &[record_id.to_owned()])
         .await?
         .into_iter()
-        .find(|(_, loaded)| loaded.scope() == (schema.space_id, schema.schema_id));
+        .find(|(_, _, loaded)| loaded.scope() == (schema.space_id, schema.schema_id));
     match loaded {
-        Some((version, Loaded::Live { state, key })) => Ok((version, state, key)),
-        Some((_, Loaded::Deleting { operation_id, .. })) => Err(deletion_pending(record_id, &operation_id)),
-        Some((_, Loaded::Deleted { .. })) | None => Err(record_not_found(record_id)),
+        Some((_, version, Loaded::Live { state, key })) => Ok((version, state, key)),
+        Some((_, _, Loaded::Deleting { operation_id, .. })) => Err(deletion_pending(record_id, &operation_id)),
+        Some((_, _, Loaded::Deleted { .. })) | None => Err(record_not_found(record_id)),
     }
 }
 

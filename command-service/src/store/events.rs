@@ -6,9 +6,8 @@ use std::collections::HashMap;
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use shared::admission::ScopeLimits;
-use shared::crypto::{self, DataKey};
-use shared::events::LogEvent;
 use shared::log::{AppendError, Guard};
+use shared::records::Loaded;
 
 use crate::domain::events::ScopeState;
 
@@ -56,62 +55,13 @@ pub async fn find_receipts(
         .collect())
 }
 
-/// A record an event names as its subject.
-pub enum Subject {
-    /// It exists: its space, schema type (`contact` or `object`) and data key (absent only
-    /// for records written before encryption).
-    Live { space_id: String, schema_id: String, schema_type: String, key: Option<DataKey> },
-    /// Its deletion is under way.
-    Deleting,
-    /// Deleted and erased.
-    Deleted,
-}
-
-/// The state of each record in `record_ids` that was ever written, from the latest event
-/// of its stream, with its data key; in one statement.
+/// The records `record_ids` that events (or aliases) name, as their streams leave them.
 pub async fn load_subjects(
     client: &impl GenericClient,
     record_ids: &[String],
-) -> anyhow::Result<HashMap<String, Subject>> {
-    if record_ids.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let streams: Vec<String> = record_ids.iter().map(|id| super::records::stream_id(id)).collect();
-    let statement = client
-        .prepare_cached(
-            "SELECT l.subject_id, l.event_type, l.payload, k.wrapped_key FROM (
-                 SELECT DISTINCT ON (stream_id) event_type, payload, subject_id FROM events
-                 WHERE stream_id = ANY($1) ORDER BY stream_id, stream_version DESC) l
-             LEFT JOIN subject_keys k ON k.subject_id = l.subject_id",
-        )
-        .await?;
-    let mut subjects = HashMap::new();
-    for row in client.query(&statement, &[&streams]).await? {
-        let Some(record_id) = row.get::<_, Option<String>>(0) else { continue };
-        let key = match row.get::<_, Option<&[u8]>>(3) {
-            Some(wrapped) => Some(crypto::keyring()?.unwrap_key(&record_id, wrapped)?),
-            None => None,
-        };
-        let subject = match LogEvent::decode(row.get(1), row.get(2))? {
-            LogEvent::RecordCreated(created) => Subject::Live {
-                space_id: created.space_id,
-                schema_id: created.schema_id,
-                schema_type: created.schema_type,
-                key,
-            },
-            LogEvent::RecordUpdated(updated) => Subject::Live {
-                space_id: updated.space_id,
-                schema_id: updated.schema_id,
-                schema_type: updated.schema_type,
-                key,
-            },
-            LogEvent::RecordDeletionRequested(_) | LogEvent::RecordDeletionBlocked(_) => Subject::Deleting,
-            LogEvent::RecordDeletionCompleted(_) => Subject::Deleted,
-            _ => continue,
-        };
-        subjects.insert(record_id, subject);
-    }
-    Ok(subjects)
+) -> anyhow::Result<HashMap<String, Loaded>> {
+    let loaded = shared::records::load_records(client, record_ids).await?;
+    Ok(loaded.into_iter().map(|(record_id, _, record)| (record_id, record)).collect())
 }
 
 /// One new occurrence's write-side row.
