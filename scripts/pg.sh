@@ -51,8 +51,12 @@ pg_start() {
     if as_pg_owner "$PG_BIN/pg_ctl" -D "$data_dir" status >/dev/null 2>&1; then
         return 0
     fi
-    as_pg_owner "$PG_BIN/pg_ctl" -D "$data_dir" -l "$data_dir/server.log" -w -t 60 \
-        -o "-p $port -k $data_dir -c listen_addresses=127.0.0.1 -c max_connections=400 $*" start >/dev/null
+    if ! as_pg_owner "$PG_BIN/pg_ctl" -D "$data_dir" -l "$data_dir/server.log" -w -t 60 \
+        -o "-p $port -k $data_dir -c listen_addresses=127.0.0.1 -c max_connections=400 $*" start >/dev/null; then
+        echo "PostgreSQL did not start on port $port; its log ends with:" >&2
+        tail -n 20 "$data_dir/server.log" >&2 || true
+        return 1
+    fi
 }
 
 pg_stop() {
