@@ -306,7 +306,11 @@ pub async fn finish(
         }
         (Err(error), Some(claim)) => {
             if let Err(record_error) = claim.record(state, error.status(), &error.body()).await {
-                tracing::error!(error = %record_error, "could not record an idempotent error outcome");
+                // An error outcome never follows a committed append (the append records its
+                // own outcome), so nothing was written: release the claim and let a retry with
+                // the same key execute rather than wedge on a claim nobody will complete.
+                tracing::error!(error = %record_error, "could not record an idempotent error outcome; releasing the claim");
+                claim.release(state).await;
             }
             Err(error.with_header("Operation-Id", operation_id.to_owned()))
         }

@@ -151,14 +151,7 @@ async fn erase(client: &mut deadpool_postgres::Client, open: &Open, stream_id: &
     let Some(requested) = requested else { anyhow::bail!("no RecordDeletionRequested event for {}", open.record_id) };
     let position: i64 = requested.get(0);
     transaction.execute("DELETE FROM subject_keys WHERE subject_id = $1", &[&open.record_id]).await?;
-    transaction
-        .execute(
-            "UPDATE idempotency_records
-             SET response = jsonb_build_object('data', jsonb_build_object('id', $1::text, 'erased', true))
-             WHERE response -> 'data' ->> 'id' = $1",
-            &[&open.record_id],
-        )
-        .await?;
+    transaction.execute(shared::records::BLANK_IDEMPOTENT_RESPONSES, &[&open.record_id]).await?;
     // Events about the record: their receipts keep no digest of the erased input (a retry of
     // such an occurrence is 409 event_erased), and aliases bound to it are erased.
     transaction

@@ -17,6 +17,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (4, "idempotency", include_str!("../migrations/V4__idempotency.sql")),
     (5, "erasure", include_str!("../migrations/V5__erasure.sql")),
     (6, "business_events", include_str!("../migrations/V6__business_events.sql")),
+    (7, "hardening", include_str!("../migrations/V7__hardening.sql")),
 ];
 
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
@@ -105,4 +106,42 @@ async fn listen_once(database_url: &str, channel: &str, sender: &mpsc::Unbounded
     driver.abort();
     drop(client);
     anyhow::bail!("connection closed")
+}
+
+/// What a failed statement says about the request that sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The database could not be reached or gave up for a reason of its own (connection lost,
+    /// serialization failure, deadlock, out of resources, shutting down): retrying may succeed.
+    Transient,
+    /// The database refused a value (a data exception, or a program limit such as an index
+    /// entry that is too large): the same request can never succeed.
+    Refused,
+    /// Anything else: a defect of ours (a constraint our code should have kept, bad SQL).
+    Defect,
+}
+
+/// Classifies a statement's failure by its SQLSTATE class.
+pub fn classify(error: &tokio_postgres::Error) -> Failure {
+    let Some(database_error) = error.as_db_error() else {
+        // No SQLSTATE: the connection failed or the driver gave up.
+        let io = std::error::Error::source(error).is_some_and(|source| source.is::<std::io::Error>());
+        let text = error.to_string();
+        return if error.is_closed() || io || text.contains("connect") || text.contains("timeout") {
+            Failure::Transient
+        } else {
+            Failure::Defect
+        };
+    };
+    let code = database_error.code().code();
+    match &code[..2] {
+        // connection exception, transaction rollback, insufficient resources, operator
+        // intervention (shutdown, statement timeout), system error
+        "08" | "40" | "53" | "57" | "58" => Failure::Transient,
+        // lock not available; idle-in-transaction session timeout
+        "55" if code == "55P03" => Failure::Transient,
+        "25" if code == "25P03" => Failure::Transient,
+        "22" | "54" => Failure::Refused,
+        _ => Failure::Defect,
+    }
 }

@@ -82,6 +82,18 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, Some("service_unavailable"), message)
     }
 
+    /// A value of the request that the database refused to store (found past the edge's own
+    /// checks, so it is logged: the edge should learn to refuse it).
+    pub fn value_not_storable(cause: &str) -> Self {
+        tracing::warn!(error = cause, "the database refused a value of a request");
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            Some("value_not_storable"),
+            "a value of this request cannot be stored (for example a NUL character or an over-long identifier); \
+             change the input",
+        )
+    }
+
     /// A server failure. The cause is logged in full; the caller learns little.
     pub fn internal(cause: &anyhow::Error) -> Self {
         tracing::error!(error = format!("{cause:#}"), "internal error");
@@ -151,14 +163,32 @@ impl ResponseError for ApiError {
 }
 
 impl From<anyhow::Error> for ApiError {
+    /// Classifies a database failure inside `cause` (see `From<tokio_postgres::Error>`);
+    /// anything else is a 500.
     fn from(cause: anyhow::Error) -> Self {
-        Self::internal(&cause)
+        match cause.downcast::<tokio_postgres::Error>() {
+            Ok(database) => database.into(),
+            Err(cause) => match cause.downcast::<deadpool_postgres::PoolError>() {
+                Ok(pool) => pool.into(),
+                Err(cause) => Self::internal(&cause),
+            },
+        }
     }
 }
 
 impl From<tokio_postgres::Error> for ApiError {
+    /// A transient failure is a 503 (retry); a value the database refuses is a 400, since the
+    /// same request can never succeed (the edge should have refused it: logged); anything else
+    /// is ours, a 500.
     fn from(cause: tokio_postgres::Error) -> Self {
-        Self::internal(&anyhow::Error::new(cause))
+        match crate::db::classify(&cause) {
+            crate::db::Failure::Transient => {
+                tracing::warn!(error = %cause, "database unavailable");
+                Self::unavailable("the database is unavailable; nothing was written, retry shortly")
+            }
+            crate::db::Failure::Refused => Self::value_not_storable(&cause.to_string()),
+            crate::db::Failure::Defect => Self::internal(&anyhow::Error::new(cause)),
+        }
     }
 }
 

@@ -47,12 +47,41 @@ pub async fn request_id_middleware(
     Ok(response)
 }
 
-/// Fallback for every request no route took: 405 for a known path, 404 otherwise.
+/// Fallback for every request no route took: 405 with `Allow` for a known path, 404
+/// otherwise.
 pub async fn fallback(req: HttpRequest) -> HttpResponse {
     use actix_web::ResponseError;
-    let error =
-        if routes::is_known_path(req.path()) { ApiError::method_not_allowed() } else { ApiError::route_not_found() };
+    let error = match routes::allowed_methods(req.path()) {
+        Some(methods) => ApiError::method_not_allowed().with_header("Allow", methods.join(", ")),
+        None => ApiError::route_not_found(),
+    };
     error.error_response()
+}
+
+/// Middleware: refuses, before any handler runs, a request whose path parameters or query
+/// string hold what the store cannot hold (see [`crate::storable`]): 400 `invalid_character`
+/// naming each parameter. Bodies are checked where they are read ([`read_json`]).
+pub async fn storable_input_middleware(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<actix_web::body::EitherBody<impl MessageBody>>, actix_web::Error> {
+    use actix_web::ResponseError;
+    let path_parameters = routes::path_parameters(req.path());
+    let decoded: Vec<(&str, std::borrow::Cow<'_, str>)> = path_parameters
+        .iter()
+        .map(|(name, raw)| (*name, percent_encoding::percent_decode_str(raw).decode_utf8_lossy()))
+        .collect();
+    let query: Vec<(String, String)> = form_urlencoded::parse(req.query_string().as_bytes()).into_owned().collect();
+    let mut issues = crate::storable::parameter_issues("path", decoded.iter().map(|(name, value)| (*name, &**value)));
+    issues.extend(crate::storable::parameter_issues(
+        "query",
+        query.iter().map(|(name, value)| (name.as_str(), value.as_str())),
+    ));
+    if let Err(error) = crate::storable::reject(issues) {
+        let response = error.error_response();
+        return Ok(req.into_response(response).map_into_right_body());
+    }
+    Ok(next.call(req).await?.map_into_left_body())
 }
 
 /// Reads the body as a JSON object, enforcing size, content type, charset and encoding.
@@ -70,9 +99,11 @@ pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request("malformed_json", "the request body is empty; send a JSON object"));
     }
-    serde_json::from_slice(&bytes).map_err(|error| {
+    let value: Value = serde_json::from_slice(&bytes).map_err(|error| {
         ApiError::bad_request("malformed_json", format!("the request body is not valid JSON: {error}"))
-    })
+    })?;
+    crate::storable::reject(crate::storable::json_issues(&value))?;
+    Ok(value)
 }
 
 fn check_content_headers(req: &HttpRequest) -> Result<(), ApiError> {
@@ -192,6 +223,7 @@ impl ApiServer {
         let port = listener.local_addr()?.port();
         let server = actix_web::HttpServer::new(move || {
             actix_web::App::new()
+                .wrap(actix_web::middleware::from_fn(storable_input_middleware))
                 .wrap(actix_web::middleware::from_fn(request_id_middleware))
                 .service(web::scope(routes::API_PREFIX).configure(configure.clone()))
                 .default_service(web::to(fallback))

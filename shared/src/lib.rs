@@ -21,6 +21,7 @@ pub mod readmodel;
 pub mod records;
 pub mod routes;
 pub mod settings;
+pub mod storable;
 pub mod suppressions;
 pub mod telemetry;
 pub mod time;

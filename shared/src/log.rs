@@ -102,9 +102,46 @@ pub enum AppendError {
     /// The database refused the transaction; nothing was written.
     #[error("the log is unavailable: {0}")]
     Unavailable(String),
+    /// The database refused a value of this command (a data exception, a program limit):
+    /// retrying cannot help. Only this command fails; the rest of its batch commits.
+    #[error("the database refused a value of the command: {0}")]
+    Refused(String),
+    /// A statement of this command failed for a reason of ours (a defect). Only this command
+    /// fails.
+    #[error("a statement of the command failed: {0}")]
+    Failed(String),
     /// The connection failed during COMMIT: the append may or may not have happened.
     #[error("the outcome of the append is unknown: {0}")]
     OutcomeUnknown(String),
+}
+
+impl From<tokio_postgres::Error> for AppendError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        match crate::db::classify(&error) {
+            crate::db::Failure::Transient => Self::Unavailable(error.to_string()),
+            crate::db::Failure::Refused => Self::Refused(error.to_string()),
+            crate::db::Failure::Defect => Self::Failed(format!("{error:#}")),
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for AppendError {
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        Self::Unavailable(error.to_string())
+    }
+}
+
+impl From<anyhow::Error> for AppendError {
+    /// Classifies a database failure inside `error`; anything else is a defect.
+    fn from(error: anyhow::Error) -> Self {
+        match error.downcast::<tokio_postgres::Error>() {
+            Ok(database) => database.into(),
+            Err(error) => match error.downcast::<deadpool_postgres::PoolError>() {
+                Ok(pool) => pool.into(),
+                Err(error) => Self::Failed(format!("{error:#}")),
+            },
+        }
+    }
 }
 
 /// A stored event as followers read it.
@@ -367,8 +404,15 @@ enum Staging {
 }
 
 impl From<tokio_postgres::Error> for Staging {
+    /// A transient failure makes the transaction unusable for everyone in the batch; any other
+    /// failure is this command's own (a refused value, a defect) and fails only it (its
+    /// savepoint is rolled back).
     fn from(error: tokio_postgres::Error) -> Self {
-        Self::Failed(error)
+        match crate::db::classify(&error) {
+            crate::db::Failure::Transient => Self::Failed(error),
+            crate::db::Failure::Refused => Self::Refused(AppendError::Refused(error.to_string())),
+            crate::db::Failure::Defect => Self::Refused(AppendError::Failed(format!("{error:#}"))),
+        }
     }
 }
 

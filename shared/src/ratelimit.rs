@@ -68,12 +68,15 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// How many tokens one reservation takes: 1 (exact, one statement per request) for
-    /// budgets under 100 per window, growing with the budget to at most `reserve_max`. Tokens
-    /// a process reserved but did not use when the window ends are lost, so at most
-    /// `chunk - 1` per process per window are refused early; the budget is never exceeded.
+    /// How many tokens one reservation takes: 1 (exact, one statement per request) for budgets
+    /// up to [`EXACT_UP_TO`] per window, which covers the contract's buckets, so N requests
+    /// within the budget all pass and the next one does not, however many processes share the
+    /// key. Larger budgets (configured for load tests and big tenants) reserve up to
+    /// `reserve_max` at a time: tokens a process reserved but did not use when the window ends
+    /// are lost, so at most `chunk - 1` per process per window are refused early; the budget
+    /// is never exceeded.
     pub fn chunk(&self, allowed: u32) -> u32 {
-        (allowed / 50).clamp(1, self.reserve_max.max(1))
+        if allowed <= EXACT_UP_TO { 1 } else { (allowed / 50).clamp(1, self.reserve_max.max(1)) }
     }
 
     fn of(&self, bucket: Bucket) -> (u32, Duration) {
@@ -84,6 +87,9 @@ impl Limits {
         }
     }
 }
+
+/// Budgets up to this many requests per window are counted exactly (one token per request).
+pub const EXACT_UP_TO: u32 = 1000;
 
 /// A process's share of one window's budget: tokens reserved from the shared counter and not
 /// yet used, or the knowledge that the window's budget is spent.
@@ -147,9 +153,9 @@ impl RateLimiter {
         let before = u32::try_from(count).unwrap_or(u32::MAX).saturating_sub(chunk);
         let granted = allowed.saturating_sub(before).min(chunk);
         let ends = Instant::now() + Duration::from_millis(u64::try_from(left_ms.max(0)).unwrap_or(0));
-        let lease = Lease { window_index, ends, remaining: granted.saturating_sub(1), spent: granted == 0 };
-        self.store_lease(key, lease);
-        if granted > 0 { Ok(()) } else { Err(exceeded(bucket, allowed, window_ms, window_index)) }
+        // A grant short of the chunk means the shared window has no tokens left.
+        let lease = Lease { window_index, ends, remaining: granted, spent: granted < chunk };
+        if self.take_with(key, lease) { Ok(()) } else { Err(exceeded(bucket, allowed, window_ms, window_index)) }
     }
 
     /// Answers from this process's lease on the current window, if it has one.
@@ -169,21 +175,37 @@ impl RateLimiter {
         lease.spent.then(|| Err(exceeded(bucket, allowed, window_ms, lease.window_index)))
     }
 
-    fn store_lease(&self, key: String, lease: Lease) {
+    /// Adds a fresh reservation to this process's lease and takes one token for the request
+    /// that made it. Concurrent reservations in the same window add up, so a reservation that
+    /// came back empty still passes while tokens an earlier one reserved remain unused here.
+    fn take_with(&self, key: String, lease: Lease) -> bool {
         let mut leases = self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if leases.len() >= LEASES_BEFORE_SWEEP {
             let now = Instant::now();
             leases.retain(|_, lease| lease.ends > now);
         }
-        match leases.get_mut(&key) {
-            // Concurrent reservations in the same window add up.
-            Some(current) if current.window_index == lease.window_index => {
-                current.remaining = current.remaining.saturating_add(lease.remaining);
-                current.spent = current.spent || lease.spent;
+        let current = match leases.entry(key) {
+            std::collections::hash_map::Entry::Occupied(entry) => {
+                let current = entry.into_mut();
+                if current.window_index == lease.window_index {
+                    current.remaining = current.remaining.saturating_add(lease.remaining);
+                    current.spent = current.spent || lease.spent;
+                } else if current.window_index < lease.window_index {
+                    *current = lease;
+                }
+                current
             }
-            _ => {
-                leases.insert(key, lease);
-            }
+            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(lease),
+        };
+        if current.window_index != lease.window_index {
+            // A reservation for a window that already ended here: count it on its own terms.
+            return lease.remaining > 0;
+        }
+        if current.remaining > 0 {
+            current.remaining -= 1;
+            true
+        } else {
+            false
         }
     }
 }
@@ -216,9 +238,26 @@ mod tests {
         let limits = Limits::default();
         assert_eq!(limits.chunk(10), 1);
         assert_eq!(limits.chunk(25), 1);
-        assert_eq!(limits.chunk(99), 1);
-        assert_eq!(limits.chunk(100), 2);
+        assert_eq!(limits.chunk(100), 1);
+        assert_eq!(limits.chunk(EXACT_UP_TO), 1);
+        assert_eq!(limits.chunk(100_000), 1000);
         assert_eq!(limits.chunk(100_000_000), 1000);
         assert_eq!(Limits { reserve_max: 1, ..limits }.chunk(100_000_000), 1);
+    }
+
+    #[test]
+    fn an_empty_reservation_still_passes_while_this_process_holds_unused_tokens() {
+        let pool = crate::db::pool("host=127.0.0.1 port=1 user=nobody dbname=none", 1).expect("lazy pool");
+        let limiter = RateLimiter::new(pool, Limits::default());
+        let ends = Instant::now() + Duration::from_secs(1);
+        // A chunk of 3 arrived and was used by its own request: 2 left here.
+        assert!(limiter.take_with("k".into(), Lease { window_index: 7, ends, remaining: 3, spent: false }));
+        // Two concurrent reservations came back empty (the shared window is spent) but the
+        // tokens held here serve them.
+        assert!(limiter.take_with("k".into(), Lease { window_index: 7, ends, remaining: 0, spent: true }));
+        assert!(limiter.take_with("k".into(), Lease { window_index: 7, ends, remaining: 0, spent: true }));
+        assert!(!limiter.take_with("k".into(), Lease { window_index: 7, ends, remaining: 0, spent: true }));
+        // The next window starts afresh.
+        assert!(limiter.take_with("k".into(), Lease { window_index: 8, ends, remaining: 1, spent: false }));
     }
 }

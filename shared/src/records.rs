@@ -144,6 +144,14 @@ pub fn record_document(created: &proto::RecordCreated, keys: &Keys) -> anyhow::R
 pub const DELETION_PENDING_MESSAGE: &str = "erasure in progress: the record's data key is being destroyed and every read \
      model is purging its copies; poll GET /v1/record-deletions/{operationId} until the status is completed";
 
+/// Replaces every recorded idempotent response about record `$1` (a create or upsert answer,
+/// which holds its personal data) by `{data: {id, erased: true}}`. Run as a guard in the
+/// transaction that requests the record's deletion, so a replay after the DELETE never shows
+/// the record, and again by the eraser (idempotent).
+pub const BLANK_IDEMPOTENT_RESPONSES: &str = "UPDATE idempotency_records
+     SET response = jsonb_build_object('data', jsonb_build_object('id', $1::text, 'erased', true))
+     WHERE response -> 'data' ->> 'id' = $1::text AND NOT (response -> 'data' ? 'erased')";
+
 /// The log stream of a record.
 pub fn stream_id(record_id: &str) -> String {
     format!("record/{record_id}")

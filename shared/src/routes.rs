@@ -68,9 +68,57 @@ pub fn is_known_path(path: &str) -> bool {
     API_ROUTES.iter().any(|(pattern, _)| ResourceDef::new(*pattern).is_match(rest))
 }
 
+/// The methods a known request path (with the `/v1` prefix) allows, for `Allow` on a 405.
+pub fn allowed_methods(path: &str) -> Option<&'static [&'static str]> {
+    let rest = path.strip_prefix(API_PREFIX)?;
+    let rest = rest.strip_suffix('/').filter(|r| !r.is_empty()).unwrap_or(rest);
+    API_ROUTES.iter().find(|(pattern, _)| ResourceDef::new(*pattern).is_match(rest)).map(|(_, methods)| *methods)
+}
+
+/// The named parameters of a request path (with the `/v1` prefix) as sent, still
+/// percent-encoded: `[("schema", "contacts"), ("id", "con_1")]`. Empty for unknown paths.
+pub fn path_parameters(path: &str) -> Vec<(&'static str, &str)> {
+    let Some(rest) = path.strip_prefix(API_PREFIX) else { return Vec::new() };
+    let rest = rest.strip_suffix('/').filter(|r| !r.is_empty()).unwrap_or(rest);
+    let segments: Vec<&str> = rest.split('/').collect();
+    for (pattern, _) in API_ROUTES {
+        let parts: Vec<&'static str> = pattern.split('/').collect();
+        if parts.len() != segments.len() {
+            continue;
+        }
+        let mut parameters = Vec::new();
+        let matched = parts.iter().zip(&segments).all(|(part, segment)| {
+            match part.strip_prefix('{').and_then(|name| name.strip_suffix('}')) {
+                Some(name) => {
+                    parameters.push((name, *segment));
+                    true
+                }
+                None => part == segment,
+            }
+        });
+        if matched {
+            return parameters;
+        }
+    }
+    Vec::new()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_parameters_are_named_by_the_route() {
+        assert_eq!(
+            path_parameters("/v1/schemas/contacts/records/con_%00"),
+            [("schema", "contacts"), ("id", "con_%00")]
+        );
+        assert_eq!(path_parameters("/v1/record-deletions/op_1/"), [("operationId", "op_1")]);
+        assert!(path_parameters("/v1/me").is_empty());
+        assert!(path_parameters("/v1/nothing/here").is_empty());
+        assert_eq!(allowed_methods("/v1/schemas/contacts/records"), Some(&["GET", "POST"][..]));
+        assert_eq!(allowed_methods("/v1/nothing"), None);
+    }
 
     #[test]
     fn known_paths_match_patterns() {

@@ -135,7 +135,12 @@ pub struct KeySpec {
 
 /// Parses and checks a workspace file.
 pub fn parse(text: &str) -> anyhow::Result<Workspace> {
-    let workspace: Workspace = serde_json::from_str(text).context("the workspace file is not valid")?;
+    let value: Value = serde_json::from_str(text).context("the workspace file is not valid JSON")?;
+    // What the store cannot hold would stop the catalog read model when projected.
+    if let Some(issue) = shared::storable::json_issues(&value).into_iter().next() {
+        bail!("the workspace file is not valid: {}", issue.message);
+    }
+    let workspace: Workspace = serde_json::from_value(value).context("the workspace file is not valid")?;
     validate(&workspace)?;
     Ok(workspace)
 }
@@ -277,6 +282,13 @@ mod tests {
         let unknown_space =
             r#"{"users": [{"email": "u@x.io", "name": "U", "memberships": [{"space": "b", "role": "admin"}]}]}"#;
         assert!(parse(unknown_space).is_err());
+    }
+
+    #[test]
+    fn a_nul_anywhere_is_refused_before_it_can_reach_the_catalog() {
+        let error = parse(r#"{"spaces": [{"slug": "a", "name": "A\u0000B"}]}"#).expect_err("NUL refused");
+        assert!(format!("{error:#}").contains("spaces[0].name"), "{error:#}");
+        assert!(parse(r#"{"spaces": [{"slug": "a", "name": "A B"}]}"#).is_ok());
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub fn append_error(error: AppendError) -> ApiError {
             tracing::error!(%message, "append failed");
             ApiError::unavailable("the write could not be stored; nothing was written, retry")
         }
+        AppendError::Refused(message) => ApiError::value_not_storable(&message),
+        AppendError::Failed(message) => ApiError::internal(&anyhow::anyhow!(message)),
         AppendError::OutcomeUnknown(message) => {
             tracing::error!(%message, "append outcome unknown");
             ApiError::new(

@@ -217,17 +217,16 @@ fn encrypt_personal(
     record_id: &str,
     space_id: &str,
 ) -> Result<Option<Guard>, AppendError> {
-    let unavailable = |error: anyhow::Error| AppendError::Unavailable(error.to_string());
+    let failed = AppendError::from;
     let (key, guard) = match key {
         Some(key) => (key, None),
         None => {
-            let (key, wrapped) =
-                crypto::keyring().and_then(|keyring| keyring.generate(record_id)).map_err(unavailable)?;
+            let (key, wrapped) = crypto::keyring().and_then(|keyring| keyring.generate(record_id)).map_err(failed)?;
             (key, Some(crypto::store_key(record_id, space_id, wrapped)))
         }
     };
     if let Some(personal) = personal.as_mut() {
-        shared::events::encrypt(personal, &key).map_err(unavailable)?;
+        shared::events::encrypt(personal, &key).map_err(failed)?;
     }
     Ok(guard)
 }
@@ -463,6 +462,13 @@ pub async fn delete(
             // The identities are free again at once; their values leave the write side.
             Guard::unique(
                 "DELETE FROM record_identities WHERE record_id = $1",
+                vec![Box::new(record_id.clone())],
+                AppendError::Conflict { code: "record_deletion_pending", message: String::new() },
+            ),
+            // A replay of the record's create or upsert is a read of its personal data: it
+            // leaves with the request, in the same transaction.
+            Guard::unique(
+                shared::records::BLANK_IDEMPOTENT_RESPONSES,
                 vec![Box::new(record_id.clone())],
                 AppendError::Conflict { code: "record_deletion_pending", message: String::new() },
             ),

@@ -34,10 +34,9 @@ fn addition(caller: &Caller, new: &NewSuppression) -> Result<Addition, AppendErr
     let document = suppression_document(&added)
         .ok()
         .flatten()
-        .ok_or_else(|| AppendError::Unavailable("could not build the suppression document".to_owned()))?;
+        .ok_or_else(|| AppendError::Failed("could not build the suppression document".to_owned()))?;
     let occurred_at = shared::time::from_millis(added.created_at_ms);
-    let subject_id =
-        shared::crypto::email_subject(&new.identifier).map_err(|e| AppendError::Unavailable(e.to_string()))?;
+    let subject_id = shared::crypto::email_subject(&new.identifier).map_err(AppendError::from)?;
     Ok(Addition {
         stream: StreamAppend {
             stream_id: stream_id(&suppression_id),
@@ -155,10 +154,11 @@ async fn commit_batch(
 ) -> Result<HttpResponse, AppendError> {
     if streams.is_empty() {
         if let Some(claim) = claim {
-            claim
-                .record(state, StatusCode::OK, &body)
-                .await
-                .map_err(|error| AppendError::Unavailable(error.to_string()))?;
+            claim.record(state, StatusCode::OK, &body).await.map_err(|error| match error.code() {
+                Some("service_unavailable") => AppendError::Unavailable(error.message().to_owned()),
+                Some("value_not_storable") => AppendError::Refused(error.message().to_owned()),
+                _ => AppendError::Failed(error.message().to_owned()),
+            })?;
         }
         return Ok(answer(StatusCode::OK, 0, &body, Some(operation_id)));
     }
@@ -201,10 +201,6 @@ where
         (Err(lost_too_often()), unconfirmed)
     })
     .await
-}
-
-fn unavailable(error: impl std::fmt::Display) -> AppendError {
-    AppendError::Unavailable(error.to_string())
 }
 
 /// The outcome of a batch attempt: retry when the decision lost a race.
@@ -280,8 +276,8 @@ pub async fn batch_create(
     let (state, caller, parsed) = (&**state, &caller, &parsed);
     run_batch(&req, state, caller, &body, || async move {
         let wanted: Vec<&NewSuppression> = parsed.iter().filter_map(|item| item.as_ref().ok()).collect();
-        let client = state.pool.get().await.map_err(unavailable)?;
-        let existing = existing_keys(&client, scope(caller.space_id()), &wanted).await.map_err(unavailable)?;
+        let client = state.pool.get().await?;
+        let existing = existing_keys(&client, scope(caller.space_id()), &wanted).await?;
         drop(client);
         let mut seen = std::collections::HashSet::new();
         let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
@@ -342,8 +338,8 @@ pub async fn batch_remove(
     let ids: Vec<String> = items.iter().filter_map(|item| item.as_str().map(str::to_owned)).collect();
     let (state, caller, items, ids) = (&**state, &caller, &items, &ids);
     run_batch(&req, state, caller, &body, || async move {
-        let client = state.pool.get().await.map_err(unavailable)?;
-        let current = load_many(&client, ids).await.map_err(unavailable)?;
+        let client = state.pool.get().await?;
+        let current = load_many(&client, ids).await?;
         drop(client);
         let mut seen = std::collections::HashSet::new();
         let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());

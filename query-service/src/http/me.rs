@@ -9,6 +9,9 @@ use crate::State;
 
 pub async fn get(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     let identity = state.authenticator.identify(&req).await?;
+    // `/me` reads no read model, but a malformed `Consistency-Token` is refused here as on
+    // every other GET: one rule everywhere.
+    super::consistency_token(&req)?;
     let space = identity.bound_space.as_ref().map(|(id, slug, name)| json!({"id": id, "slug": slug, "name": name}));
     let role = identity.bound_space_id.as_ref().and_then(|space_id| {
         identity.memberships.iter().find(|membership| &membership.space_id == space_id).map(|membership| {

@@ -16,7 +16,9 @@ const SCHEMA_TYPES: [&str; 3] = ["contact", "object", "event"];
 fn parse_types(query: &[(String, String)]) -> Result<Vec<String>, ApiError> {
     let mut types: Vec<String> = Vec::new();
     for (key, value) in query.iter().filter(|(key, _)| key == "type") {
-        for value in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+        // Every value of a given `type` must be a schema type: `type=` or `type=contact,` is
+        // refused rather than read as "no filter".
+        for value in value.split(',').map(str::trim) {
             if !SCHEMA_TYPES.contains(&value) {
                 return Err(ApiError::bad_request(
                     "invalid_query_parameter",

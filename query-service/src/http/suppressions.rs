@@ -15,9 +15,18 @@ const SUPPRESSIONS: &str = "suppressions";
 pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let page = PageRequest::parse(&query)?;
+    // A filter that is given must be an email address: an empty or malformed one is refused
+    // rather than ignored (which would list everything) or matched (which finds nothing).
     let identifier = shared::http::query_value(&query, "identifier")
-        .map(|value| value.trim().to_lowercase())
-        .filter(|value| !value.is_empty());
+        .map(|value| {
+            shared::attributes::normalize_email(value).map_err(|_| {
+                ApiError::bad_request(
+                    "invalid_query_parameter",
+                    format!("identifier must be an email address; got {:?}", shared::storable::escaped(value)),
+                )
+            })
+        })
+        .transpose()?;
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let token = super::consistency_token(&req)?;
     let scopes = vec![caller.space_id().to_owned(), "global".to_owned()];

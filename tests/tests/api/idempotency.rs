@@ -372,12 +372,13 @@ async fn a_stalled_admission_answers_429_and_leaves_no_claim_behind() {
 #[tokio::test]
 async fn a_transient_failure_that_wrote_nothing_releases_the_claim() {
     let app = TestApp::spawn().await;
-    // The log refuses every append for a while (as a failing database would).
+    // The log refuses every append for a while (as a database out of resources would: the
+    // SQLSTATE class says the failure is transient).
     let client = app.pool.get().await.expect("client");
     client
         .batch_execute(
             "CREATE FUNCTION refuse_appends() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN RAISE EXCEPTION 'injected failure'; END; $$;
+             BEGIN RAISE EXCEPTION 'injected failure' USING ERRCODE = '53000'; END; $$;
              CREATE TRIGGER refuse_appends BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_appends();",
         )
         .await

@@ -10,6 +10,7 @@ mod erasure;
 mod errors;
 mod events;
 mod fake_ai;
+mod hardening;
 mod helpers;
 mod idempotency;
 mod identities;
