@@ -51,6 +51,7 @@ pub async fn run(
             if let Err(error) = purge_batch_history(&pool).await {
                 tracing::warn!(error = format!("{error:#}"), "could not purge the projection batch history");
             }
+            report_dead_letters(&pool).await;
         }
         let versions = match active_versions(&pool).await {
             Ok(versions) => versions,
@@ -88,6 +89,33 @@ pub async fn run(
             () = tokio::time::sleep(pause) => {}
         }
         while notifications.try_recv().is_ok() {}
+    }
+}
+
+/// Repeats, every maintenance pass, that read models hold back quarantined spaces: an open
+/// dead letter needs an operator.
+async fn report_dead_letters(pool: &Pool) {
+    let open = match pool.get().await {
+        Ok(client) => crate::quarantine::list_open(&client).await,
+        Err(error) => Err(error.into()),
+    };
+    match open {
+        Ok(open) if open.is_empty() => {}
+        Ok(open) => {
+            for letter in &open {
+                tracing::error!(
+                    projection = %letter.name,
+                    version = letter.version,
+                    position = letter.position,
+                    space = %letter.space_key,
+                    error = %letter.error,
+                    "open dead letter: this space's later events are held; fix the cause, then run \
+                     `projector dead-letters retry {}`",
+                    letter.name
+                );
+            }
+        }
+        Err(error) => tracing::warn!(error = format!("{error:#}"), "could not list dead letters"),
     }
 }
 

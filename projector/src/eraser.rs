@@ -79,14 +79,18 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
         None => erase(&mut client, open, &stream_id).await?,
     };
 
-    // 2. Every projection version that holds data must have passed the deletion.
+    // 2. Every projection version that holds data must have passed the deletion, and applied
+    // it: a deletion event that was dead-lettered removed nothing. (Deletion events are applied
+    // even in a quarantined space, so a quarantine elsewhere does not hold erasure back.)
     let laggard = client
         .query_opt(
-            "SELECT name, version, position FROM projections
-             WHERE position < $1
-               AND (status IN ('live', 'building', 'halted')
-                    OR (status = 'retired' AND to_regnamespace('rm_' || name || '_v' || version) IS NOT NULL))
-             ORDER BY position LIMIT 1",
+            "SELECT p.name, p.version, p.position, d.error FROM projections p
+             LEFT JOIN projection_dead_letters d ON d.name = p.name AND d.version = p.version
+                 AND d.position = $1 AND d.resolved_at IS NULL
+             WHERE (p.position < $1 OR d.position IS NOT NULL)
+               AND (p.status IN ('live', 'building', 'halted')
+                    OR (p.status = 'retired' AND to_regnamespace('rm_' || p.name || '_v' || p.version) IS NOT NULL))
+             ORDER BY p.position LIMIT 1",
             &[&deletion_position],
         )
         .await?;
@@ -95,13 +99,20 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
     let now = shared::time::now_millis();
     if let Some(laggard) = laggard {
         if open.state == "pending" && open.waited >= blocked_after {
-            let reason = format!(
-                "blocked: read model {} version {} is at log position {} and has not passed the deletion at position \
-                 {deletion_position}; the deletion completes by itself once it does (or once that version is dropped)",
-                laggard.get::<_, String>(0),
-                laggard.get::<_, i32>(1),
-                laggard.get::<_, i64>(2),
-            );
+            let (name, version, position) =
+                (laggard.get::<_, String>(0), laggard.get::<_, i32>(1), laggard.get::<_, i64>(2));
+            let reason = match laggard.get::<_, Option<String>>(3) {
+                Some(_) => format!(
+                    "blocked: read model {name} version {version} could not apply the deletion at position \
+                     {deletion_position} (a dead letter); the deletion completes by itself once an operator has \
+                     fixed and retried it"
+                ),
+                None => format!(
+                    "blocked: read model {name} version {version} is at log position {position} and has not passed \
+                     the deletion at position {deletion_position}; the deletion completes by itself once it does (or \
+                     once that version is dropped)"
+                ),
+            };
             let event = LogEvent::RecordDeletionBlocked(shared::proto::RecordDeletionBlocked {
                 operation_id: open.operation_id.clone(),
                 record_id: open.record_id.clone(),

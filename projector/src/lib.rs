@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod eraser;
 pub mod preparation;
 pub mod projections;
+pub mod quarantine;
 pub mod rebuild;
 pub mod runner;
 

@@ -19,6 +19,24 @@ enum Command {
     Run,
     /// Rebuild a read model from position 0 beside the live one, then switch readers to it.
     Rebuild { name: String },
+    /// Events a read model could not apply: list them, or retry them after a fix.
+    DeadLetters {
+        #[command(subcommand)]
+        action: DeadLetterAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeadLetterAction {
+    /// List the open dead letters of every live and building read-model version.
+    List,
+    /// Apply the held events of a read model's quarantined spaces again, in order.
+    Retry {
+        name: String,
+        /// Only this space (its id; an empty string for events without a space).
+        #[arg(long)]
+        space: Option<String>,
+    },
 }
 
 #[tokio::main]
@@ -45,13 +63,44 @@ async fn main() -> anyhow::Result<()> {
             .await;
             Ok(())
         }
+        Command::DeadLetters { action: DeadLetterAction::List } => {
+            let client = pool.get().await?;
+            let open = projector::quarantine::list_open(&client).await?;
+            for letter in &open {
+                println!(
+                    "{} v{} position {} space {:?} {} failed at {} (retried {} times): {}",
+                    letter.name,
+                    letter.version,
+                    letter.position,
+                    letter.space_key,
+                    letter.event_type,
+                    letter.failed_at,
+                    letter.retries,
+                    letter.error
+                );
+            }
+            println!("{} open dead letters", open.len());
+            Ok(())
+        }
+        Command::DeadLetters { action: DeadLetterAction::Retry { name, space } } => {
+            let report = projector::quarantine::retry(&pool, parse_projection(&name)?, space.as_deref()).await?;
+            println!(
+                "retried {} quarantined spaces ({} held events); {} dead letters still open",
+                report.spaces, report.events, report.still_dead
+            );
+            Ok(())
+        }
         Command::Rebuild { name } => {
-            let projection = Projection::parse(&name).ok_or_else(|| {
-                anyhow::anyhow!("unknown read model {name:?}; known: catalog, records, suppressions, deletions, events")
-            })?;
+            let projection = parse_projection(&name)?;
             let report = projector::rebuild::rebuild(&pool, projection, |line| println!("{line}")).await?;
             println!("rebuilt {} events in {:.2}s", report.events, report.elapsed.as_secs_f64());
             Ok(())
         }
     }
+}
+
+fn parse_projection(name: &str) -> anyhow::Result<Projection> {
+    Projection::parse(name).ok_or_else(|| {
+        anyhow::anyhow!("unknown read model {name:?}; known: catalog, records, suppressions, deletions, events")
+    })
 }

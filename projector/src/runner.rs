@@ -92,7 +92,9 @@ pub async fn project_batch(
 }
 
 /// Applies up to `limit` events after `checkpoint` inside `transaction` (which must hold the
-/// lease) and advances the checkpoint. Returns the count and new position, or `None`.
+/// lease) and advances the checkpoint. Returns the count and new position, or `None`. An event
+/// the read model cannot apply is dead-lettered and its space quarantined (see
+/// [`crate::quarantine`]); a transient or systemic failure fails the batch.
 pub async fn project_in(
     transaction: &Transaction<'_>,
     projection: Projection,
@@ -114,7 +116,9 @@ pub async fn project_in(
         tracing::error!("injected fault: aborting the projector mid-batch");
         std::process::abort();
     }
-    projection.apply(transaction, &schema, &events).await?;
+    let count = events.len();
+    let mut quarantine = crate::quarantine::Quarantine::load(transaction, projection.name(), version).await?;
+    crate::quarantine::apply(transaction, projection, version, &schema, events, &mut quarantine).await?;
     let statement = transaction
         .prepare_cached(
             "WITH advanced AS (
@@ -126,7 +130,7 @@ pub async fn project_in(
     transaction
         .execute(&statement, &[&projection.name(), &version, &(checkpoint + 1), &last_position, &worker])
         .await?;
-    Ok(Some((events.len(), last_position)))
+    Ok(Some((count, last_position)))
 }
 
 /// A batch must start right after the checkpoint and have no holes; otherwise the projection

@@ -45,6 +45,9 @@ pub struct Consistent {
     pub models: Vec<(String, Live)>,
     pub reached: bool,
     pub required: i64,
+    /// Read models that hold back the caller's space since a dead letter at this position
+    /// (see the projector's quarantine): they have not applied the space's later events.
+    pub quarantined: Vec<(String, i64)>,
 }
 
 impl Consistent {
@@ -56,9 +59,23 @@ impl Consistent {
             .unwrap_or_else(|| schema_name(name, 1))
     }
 
-    /// The lowest position among the models read: the `Projection-Position` of a response.
+    /// The lowest position among the models read, for the caller's space: the
+    /// `Projection-Position` of a response. A model quarantined for the space counts as being
+    /// just before its dead letter.
     pub fn position(&self) -> i64 {
-        self.models.iter().map(|(_, live)| live.position).min().unwrap_or(0)
+        self.models.iter().map(|(name, live)| self.effective(name, live.position)).min().unwrap_or(0)
+    }
+
+    fn effective(&self, name: &str, position: i64) -> i64 {
+        match self.quarantined.iter().find(|(model, _)| model == name) {
+            Some((_, dead_at)) => position.min(dead_at - 1),
+            None => position,
+        }
+    }
+
+    /// Whether every model read has applied the caller's space up to `required`.
+    pub fn has_reached(&self, required: i64) -> bool {
+        self.models.iter().all(|(name, live)| self.effective(name, live.position) >= required)
     }
 }
 
@@ -126,7 +143,7 @@ impl ReadModels {
         let models = self
             .cached(names)
             .ok_or_else(|| ApiError::unavailable("the read models are not built yet; retry shortly"))?;
-        Ok(Consistent { models, reached: false, required: 0 })
+        Ok(Consistent { models, reached: false, required: 0, quarantined: Vec::new() })
     }
 
     /// Records live versions and positions observed by a check query.
@@ -155,10 +172,10 @@ impl ReadModels {
             let notified = self.progress.notified();
             if let Some(models) = self.cached(names) {
                 if models.iter().all(|(_, live)| live.position >= required) {
-                    return Ok(Consistent { models, reached: true, required });
+                    return Ok(Consistent { models, reached: true, required, quarantined: Vec::new() });
                 }
                 if Instant::now() >= deadline {
-                    return Ok(Consistent { models, reached: false, required });
+                    return Ok(Consistent { models, reached: false, required, quarantined: Vec::new() });
                 }
             } else if !refreshed {
                 self.refresh().await?;
@@ -175,23 +192,39 @@ impl ReadModels {
     }
 }
 
-/// The check that runs first in a consistent read: the calling key's last write and where
-/// the live versions of the read models are. One row, always.
+/// The check that runs first in a consistent read: the calling key's last write, where the
+/// live versions of the read models are, and, per model, the position of the first open dead
+/// letter that holds back the caller's space (`$3`) or events without a space (null when
+/// none). One row, always.
 pub const CHECK_SQL: &str = "SELECT COALESCE((SELECT position FROM key_positions WHERE key_id = $1), 0),
-        COALESCE(array_agg(name), '{}'::text[]), COALESCE(array_agg(version), '{}'::integer[]),
-        COALESCE(array_agg(position), '{}'::bigint[])
-    FROM projections WHERE status = 'live' AND name = ANY($2)";
+        COALESCE(array_agg(p.name), '{}'::text[]), COALESCE(array_agg(p.version), '{}'::integer[]),
+        COALESCE(array_agg(p.position), '{}'::bigint[]),
+        COALESCE(array_agg((SELECT min(d.position) FROM projection_dead_letters d
+                            WHERE d.name = p.name AND d.version = p.version AND d.resolved_at IS NULL
+                              AND d.space_key IN ($3, ''))), '{}'::bigint[])
+    FROM projections p WHERE p.status = 'live' AND p.name = ANY($2)";
 
-/// Decodes the row of `CHECK_SQL`: `(key position, live models)`.
-pub fn decode_check(row: &tokio_postgres::Row) -> (i64, Vec<(String, Live)>) {
+/// What the row of `CHECK_SQL` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub key_position: i64,
+    pub models: Vec<(String, Live)>,
+    pub quarantined: Vec<(String, i64)>,
+}
+
+/// Decodes the row of `CHECK_SQL`.
+pub fn decode_check(row: &tokio_postgres::Row) -> Check {
     let names: Vec<String> = row.get(1);
     let versions: Vec<i32> = row.get(2);
     let positions: Vec<i64> = row.get(3);
+    let dead: Vec<Option<i64>> = row.get(4);
+    let quarantined =
+        names.iter().zip(&dead).filter_map(|(name, dead)| dead.map(|position| (name.clone(), position))).collect();
     let models = names
         .into_iter()
         .zip(versions)
         .zip(positions)
         .map(|((name, version), position)| (name, Live { version, position }))
         .collect();
-    (row.get(0), models)
+    Check { key_position: row.get(0), models, quarantined }
 }

@@ -70,21 +70,26 @@ where
     let deadline = Instant::now() + state.settings.consistency_wait;
     let mut guess = state.read_models.current(models).await?;
     loop {
-        let key_id = caller.key_id();
-        let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key_id, &names];
+        let (key_id, space_id) = (caller.key_id(), caller.space_id());
+        let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&key_id, &names, &space_id];
         let (checked, result) = tokio::join!(client.query_one(&check, &check_params), read(&client, &guess));
-        let (key_position, live) = decode_check(&checked?);
-        state.read_models.observe(&live);
-        let required = key_position.max(token);
+        let check = decode_check(&checked?);
+        state.read_models.observe(&check.models);
+        let required = check.key_position.max(token);
         let same_versions = models.iter().all(|name| {
             let used = guess.models.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
-            let current = live.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
+            let current = check.models.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
             used.is_some() && used == current
         });
         if same_versions {
-            let reached = live.iter().all(|(_, model)| model.position >= required);
-            if reached || Instant::now() >= deadline {
-                return Ok((result?, Consistent { models: live, reached, required }));
+            let mut consistent =
+                Consistent { models: check.models, reached: false, required, quarantined: check.quarantined };
+            consistent.reached = consistent.has_reached(required);
+            // A model that holds back the caller's space will not catch up by waiting: answer
+            // now, saying so.
+            let stuck = !consistent.reached && consistent.quarantined.iter().any(|(_, dead_at)| *dead_at <= required);
+            if consistent.reached || stuck || Instant::now() >= deadline {
+                return Ok((result?, consistent));
             }
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -118,7 +123,16 @@ pub fn respond(
     mut warnings: Vec<Warning>,
     body: impl FnOnce(&[Warning]) -> Value,
 ) -> HttpResponse {
-    if !consistent.reached {
+    if let Some((model, dead_at)) = consistent.quarantined.first() {
+        warnings.push(Warning {
+            code: "stale_read",
+            message: format!(
+                "the {model} read model could not apply a change of this space at position {dead_at}; it shows the \
+                 space as of position {} until an operator has fixed and retried it",
+                dead_at - 1
+            ),
+        });
+    } else if !consistent.reached {
         warnings.push(Warning {
             code: "stale_read",
             message: format!(
