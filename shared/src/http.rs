@@ -66,6 +66,10 @@ pub async fn storable_input_middleware(
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<actix_web::body::EitherBody<impl MessageBody>>, actix_web::Error> {
     use actix_web::ResponseError;
+    // A request no route will take is answered 404 or 405 without touching storage.
+    if !routes::is_served(req.method().as_str(), req.path()) {
+        return Ok(next.call(req).await?.map_into_left_body());
+    }
     let path_parameters = routes::path_parameters(req.path());
     let decoded: Vec<(&str, std::borrow::Cow<'_, str>)> = path_parameters
         .iter()

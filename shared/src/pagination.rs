@@ -94,10 +94,19 @@ pub fn parse_limit(query: &[(String, String)], max_limit: i64) -> Result<(i64, V
     Ok((limit, warnings))
 }
 
+/// An integer query value. Any integer is one: a value beyond the 64-bit range saturates
+/// (the contract clamps `limit` and a negative `offset`, and refuses a large `offset`, for any
+/// integer), so only what is not an integer at all is 400.
 fn parse_integer(name: &str, raw: &str) -> Result<i64, ApiError> {
-    raw.trim().parse::<i64>().map_err(|_| {
-        ApiError::bad_request("invalid_query_parameter", format!("{name} must be an integer; got {raw:?}"))
-    })
+    let text = raw.trim();
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(ApiError::bad_request(
+            "invalid_query_parameter",
+            format!("{name} must be an integer; got {:?}", crate::storable::escaped(raw)),
+        ));
+    }
+    Ok(text.parse::<i64>().unwrap_or(if text.starts_with('-') { i64::MIN } else { i64::MAX }))
 }
 
 #[cfg(test)]
@@ -138,8 +147,23 @@ mod tests {
 
     #[test]
     fn non_integer_values_are_rejected() {
-        let error = PageRequest::parse(&query(&[("limit", "ten")])).expect_err("not a number");
-        assert_eq!(error.code(), Some("invalid_query_parameter"));
+        for raw in ["ten", "", "1.5", "1e3", "-", "0x10"] {
+            let error = PageRequest::parse(&query(&[("limit", raw)])).expect_err("not an integer");
+            assert_eq!(error.code(), Some("invalid_query_parameter"), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn integers_beyond_64_bits_are_clamped_or_too_large_like_any_other() {
+        let huge = PageRequest::parse(&query(&[("limit", "114365333545700542119936")])).expect("an integer");
+        assert_eq!(huge.limit(), 200);
+        let very_negative =
+            PageRequest::parse(&query(&[("limit", "-1286621620809"), ("offset", "-179327428177846990203256832")]))
+                .expect("integers");
+        assert_eq!((very_negative.limit(), very_negative.offset()), (1, 0));
+        let error = PageRequest::parse(&query(&[("offset", "362881000000000000000000")])).expect_err("too large");
+        assert_eq!(error.code(), Some("offset_too_large"));
+        assert_eq!(PageRequest::parse(&query(&[("offset", "+7")])).expect("signed").offset(), 7);
     }
 
     #[test]

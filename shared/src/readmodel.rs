@@ -48,6 +48,8 @@ pub struct Consistent {
     /// Read models that hold back the caller's space since a dead letter at this position
     /// (see the projector's quarantine): they have not applied the space's later events.
     pub quarantined: Vec<(String, i64)>,
+    /// The head of the log when checked (0 when not checked).
+    pub head: i64,
 }
 
 impl Consistent {
@@ -143,7 +145,7 @@ impl ReadModels {
         let models = self
             .cached(names)
             .ok_or_else(|| ApiError::unavailable("the read models are not built yet; retry shortly"))?;
-        Ok(Consistent { models, reached: false, required: 0, quarantined: Vec::new() })
+        Ok(Consistent { models, reached: false, required: 0, quarantined: Vec::new(), head: 0 })
     }
 
     /// Records live versions and positions observed by a check query.
@@ -172,10 +174,10 @@ impl ReadModels {
             let notified = self.progress.notified();
             if let Some(models) = self.cached(names) {
                 if models.iter().all(|(_, live)| live.position >= required) {
-                    return Ok(Consistent { models, reached: true, required, quarantined: Vec::new() });
+                    return Ok(Consistent { models, reached: true, required, quarantined: Vec::new(), head: 0 });
                 }
                 if Instant::now() >= deadline {
-                    return Ok(Consistent { models, reached: false, required, quarantined: Vec::new() });
+                    return Ok(Consistent { models, reached: false, required, quarantined: Vec::new(), head: 0 });
                 }
             } else if !refreshed {
                 self.refresh().await?;
@@ -195,19 +197,22 @@ impl ReadModels {
 /// The check that runs first in a consistent read: the calling key's last write, where the
 /// live versions of the read models are, and, per model, the position of the first open dead
 /// letter that holds back the caller's space (`$3`) or events without a space (null when
-/// none). One row, always.
+/// none), and the head of the log. One row, always.
 pub const CHECK_SQL: &str = "SELECT COALESCE((SELECT position FROM key_positions WHERE key_id = $1), 0),
         COALESCE(array_agg(p.name), '{}'::text[]), COALESCE(array_agg(p.version), '{}'::integer[]),
         COALESCE(array_agg(p.position), '{}'::bigint[]),
         COALESCE(array_agg((SELECT min(d.position) FROM projection_dead_letters d
                             WHERE d.name = p.name AND d.version = p.version AND d.resolved_at IS NULL
-                              AND d.space_key IN ($3, ''))), '{}'::bigint[])
+                              AND d.space_key IN ($3, ''))), '{}'::bigint[]),
+        (SELECT position FROM log_head)
     FROM projections p WHERE p.status = 'live' AND p.name = ANY($2)";
 
 /// What the row of `CHECK_SQL` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
     pub key_position: i64,
+    /// The head of the log: no write has a position beyond it.
+    pub head: i64,
     pub models: Vec<(String, Live)>,
     pub quarantined: Vec<(String, i64)>,
 }
@@ -226,5 +231,5 @@ pub fn decode_check(row: &tokio_postgres::Row) -> Check {
         .zip(positions)
         .map(|((name, version), position)| (name, Live { version, position }))
         .collect();
-    Check { key_position: row.get(0), models, quarantined }
+    Check { key_position: row.get(0), models, quarantined, head: row.get(5) }
 }

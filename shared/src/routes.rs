@@ -21,7 +21,9 @@ pub const API_ROUTES: &[(&str, &[&str])] = &[
     ("/contacts/suppressions/batch-remove", &["POST"]),
     ("/contacts/suppressions/{id}", &["DELETE"]),
     ("/events", &["GET"]),
-    ("/events/{schema}", &["POST"]),
+    // PATCH and DELETE here are the contract's guards (`/events/{id}`): they exist only to
+    // answer 405, every time (see [`GUARDS`]).
+    ("/events/{schema}", &["POST", "PATCH", "DELETE"]),
     ("/events/{schema}/batch", &["POST"]),
     ("/events/{schema}/{id}/status", &["GET"]),
     ("/event-identities", &["POST"]),
@@ -55,6 +57,23 @@ pub const API_ROUTES: &[(&str, &[&str])] = &[
     ("/forms/{formId}/confirm/{token}", &["GET"]),
     ("/emails/{emailId}/unsubscribe", &["POST"]),
 ];
+
+/// Operations that exist only to answer 405 (`PATCH` and `DELETE /events/{id}`: events are
+/// immutable). No handler serves them; the fallback answers, with `Allow`.
+pub const GUARDS: &[(&str, &str)] = &[("PATCH", "/events/{schema}"), ("DELETE", "/events/{schema}")];
+
+/// Whether a request would be served by a handler: its path is known, the path offers its
+/// method, and the operation is not a guard.
+pub fn is_served(method: &str, path: &str) -> bool {
+    let Some(rest) = path.strip_prefix(API_PREFIX) else { return false };
+    let rest = rest.strip_suffix('/').filter(|r| !r.is_empty()).unwrap_or(rest);
+    API_ROUTES.iter().find(|(pattern, _)| ResourceDef::new(*pattern).is_match(rest)).is_some_and(
+        |(pattern, methods)| {
+            methods.contains(&method)
+                && !GUARDS.iter().any(|(guard_method, guard)| *guard_method == method && guard == pattern)
+        },
+    )
+}
 
 /// The API prefix every path lives under.
 pub const API_PREFIX: &str = "/v1";
@@ -118,6 +137,9 @@ mod tests {
         assert!(path_parameters("/v1/nothing/here").is_empty());
         assert_eq!(allowed_methods("/v1/schemas/contacts/records"), Some(&["GET", "POST"][..]));
         assert_eq!(allowed_methods("/v1/nothing"), None);
+        assert!(is_served("POST", "/v1/events/order-placed"));
+        assert!(!is_served("PATCH", "/v1/events/ev_1"), "a guard");
+        assert!(!is_served("PUT", "/v1/me"));
     }
 
     #[test]

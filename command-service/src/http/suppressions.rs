@@ -247,8 +247,20 @@ pub async fn create(
     Ok(answer(StatusCode::CREATED, appended.last_position, &json!({ "data": document }), None))
 }
 
-/// Reads `{<field>: [1..100 items]}`.
+/// Reads `{<field>: [1..100 items]}`; any other field is 400 `unknown_field`.
 fn batch_items(body: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
+    if let Some(object) = body.as_object() {
+        let issues: Vec<shared::error::Issue> = object
+            .keys()
+            .filter(|key| key.as_str() != field)
+            .map(|key| {
+                shared::error::Issue::coded(key, "unknown_field", format!("{key} is not a field; the body has {field}"))
+            })
+            .collect();
+        if let Some(first) = issues.first() {
+            return Err(ApiError::bad_request("unknown_field", first.message.clone()).with_issues(issues));
+        }
+    }
     let items = body.get(field).and_then(Value::as_array).ok_or_else(|| {
         ApiError::bad_request("invalid_body", format!("the body must be an object with an array {field:?}"))
     })?;

@@ -97,6 +97,10 @@ pub async fn status(
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 
+/// The years 1 to 9999 in microseconds: what RFC 3339 can write (and PostgreSQL can hold).
+const MIN_MICROS: i64 = -62_135_596_800_000_000;
+const MAX_MICROS: i64 = 253_402_300_799_999_999;
+
 /// What a cursor remembers: where the next page starts, and the resolved request it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cursor {
@@ -123,7 +127,13 @@ impl Cursor {
     pub fn decode(text: &str) -> Result<Self, ApiError> {
         let malformed = || ApiError::bad_request("invalid_cursor", "cursor is malformed; pass nextCursor as given");
         let bytes = URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| malformed())?;
-        serde_json::from_slice(&bytes).map_err(|_| malformed())
+        let cursor: Self = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
+        // A cursor is the caller's input too: what it holds must be storable and in range.
+        let in_range = |micros: i64| (MIN_MICROS..=MAX_MICROS).contains(&micros);
+        let sound = shared::storable::is_storable(&cursor.after_id)
+            && shared::storable::is_storable(&cursor.schema_id)
+            && [cursor.after_at, cursor.from, cursor.to].into_iter().all(in_range);
+        if sound { Ok(cursor) } else { Err(malformed()) }
     }
 }
 
@@ -371,6 +381,23 @@ mod tests {
         for text in ["%%%", "bm90IGpzb24", "e30"] {
             let error = resolve_window(&query(&[("cursor", text)]), "sch_1", now()).expect_err("malformed");
             assert_eq!(error.code(), Some("invalid_cursor"), "{text}");
+        }
+        // Well-formed JSON holding what the store cannot hold, or times out of range.
+        let sound = Cursor {
+            after_at: micros(now()),
+            after_id: "ev_9".into(),
+            schema_id: "sch_1".into(),
+            from: micros(now() - Duration::days(7)),
+            to: micros(now()),
+            limit: 10,
+        };
+        for crafted in [
+            Cursor { after_id: "ev_\u{0}".into(), ..sound.clone() },
+            Cursor { after_at: i64::MIN, ..sound.clone() },
+            Cursor { to: MAX_MICROS + 1, ..sound.clone() },
+        ] {
+            let error = resolve_window(&query(&[("cursor", &crafted.encode())]), "sch_1", now()).expect_err("crafted");
+            assert_eq!(error.code(), Some("invalid_cursor"), "{crafted:?}");
         }
     }
 }

@@ -82,12 +82,19 @@ where
             used.is_some() && used == current
         });
         if same_versions {
-            let mut consistent =
-                Consistent { models: check.models, reached: false, required, quarantined: check.quarantined };
+            let mut consistent = Consistent {
+                models: check.models,
+                reached: false,
+                required,
+                quarantined: check.quarantined,
+                head: check.head,
+            };
             consistent.reached = consistent.has_reached(required);
-            // A model that holds back the caller's space will not catch up by waiting: answer
+            // A model that holds back the caller's space will not catch up by waiting, nor will
+            // any model reach a token beyond the head of the log (no write returned it): answer
             // now, saying so.
-            let stuck = !consistent.reached && consistent.quarantined.iter().any(|(_, dead_at)| *dead_at <= required);
+            let stuck = !consistent.reached
+                && (required > check.head || consistent.quarantined.iter().any(|(_, dead_at)| *dead_at <= required));
             if consistent.reached || stuck || Instant::now() >= deadline {
                 return Ok((result?, consistent));
             }
@@ -130,6 +137,14 @@ pub fn respond(
                 "the {model} read model could not apply a change of this space at position {dead_at}; it shows the \
                  space as of position {} until an operator has fixed and retried it",
                 dead_at - 1
+            ),
+        });
+    } else if !consistent.reached && consistent.required > consistent.head && consistent.head > 0 {
+        warnings.push(Warning {
+            code: "stale_read",
+            message: format!(
+                "Consistency-Token {} is beyond the end of the log ({}); pass a value that a write returned",
+                consistent.required, consistent.head
             ),
         });
     } else if !consistent.reached {

@@ -88,6 +88,10 @@ async fn a_nul_in_a_path_or_query_is_400_never_5xx() {
         let response = app.send(request).await;
         assert_invalid_character(&response, key, &format!("{method} {path}"));
     }
+    // The guards on /events/{id} answer 405 every time, and an unknown path 404.
+    let guard = app.send(app.request(reqwest::Method::PATCH, "/events/ev_%00", Some(ALPHA_ADMIN))).await;
+    assert_eq!(guard.status, 405);
+    assert_eq!(app.get("/nothing/a%00b", ALPHA_ADMIN).await.status, 404);
 }
 
 #[tokio::test]
@@ -171,7 +175,7 @@ async fn a_405_says_which_methods_the_path_allows() {
     for (method, path, allow) in [
         (reqwest::Method::PUT, "/me", "GET"),
         (reqwest::Method::DELETE, "/schemas/contacts/records", "GET, POST"),
-        (reqwest::Method::PATCH, "/events/ev_1", "POST"),
+        (reqwest::Method::PATCH, "/events/ev_1", "POST, PATCH, DELETE"),
         (reqwest::Method::GET, "/contacts/suppressions/sup_1", "DELETE"),
     ] {
         let response = app.send(app.request(method.clone(), path, Some(ALPHA_ADMIN))).await;
@@ -198,6 +202,24 @@ async fn every_get_refuses_a_malformed_consistency_token_me_included() {
             app.send(app.request(reqwest::Method::GET, path, Some(ALPHA_ADMIN)).header("Consistency-Token", "1")).await;
         assert_eq!(fine.status, 200, "{path}: {:?}", fine.body);
     }
+}
+
+#[tokio::test]
+async fn a_consistency_token_beyond_the_log_answers_at_once_with_stale_read() {
+    let app =
+        TestApp::spawn_with(Options { consistency_wait: Some(Duration::from_secs(60)), ..Options::default() }).await;
+    let started = std::time::Instant::now();
+    let response = app
+        .send(
+            app.request(reqwest::Method::GET, "/schemas", Some(ALPHA_ADMIN))
+                .header("Consistency-Token", "9223372036854775807"),
+        )
+        .await;
+    assert!(started.elapsed() < Duration::from_secs(30), "no write returned that token: waiting cannot help");
+    assert_eq!(response.status, 200);
+    assert_eq!(response.body["warnings"][0]["code"], "stale_read", "{:?}", response.body);
+    let message = response.body["warnings"][0]["message"].as_str().expect("message");
+    assert!(message.contains("beyond the end of the log"), "{message}");
 }
 
 #[tokio::test]

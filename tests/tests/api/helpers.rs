@@ -116,11 +116,20 @@ pub struct Options {
     pub admission: Option<shared::admission::AdmissionLimits>,
     /// The AI provider of the preparation worker (the deterministic one by default).
     pub ai: Option<shared::ai::AiSettings>,
+    /// How long a read waits for read-your-writes (3 s by default).
+    pub consistency_wait: Option<Duration>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { projector: true, limits: None, erasure_blocked_after: None, admission: None, ai: None }
+        Self {
+            projector: true,
+            limits: None,
+            erasure_blocked_after: None,
+            admission: None,
+            ai: None,
+            consistency_wait: None,
+        }
     }
 }
 
@@ -161,6 +170,9 @@ impl TestApp {
         settings.event_admission = options.admission.unwrap_or_else(unlimited_admission);
         if let Some(ai) = options.ai.clone() {
             settings.ai = ai;
+        }
+        if let Some(wait) = options.consistency_wait {
+            settings.consistency_wait = wait;
         }
         let pool = shared::db::pool(&database_url, 8).expect("pool");
         if options.projector {

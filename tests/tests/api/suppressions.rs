@@ -136,6 +136,13 @@ async fn batch_create_reports_each_item_and_a_summary() {
     ] {
         assert_eq!(post(&app, "/contacts/suppressions/batch", bad).await.status, 400);
     }
+    // Only the one field: a typo is not silently ignored.
+    let typo = json!({"suppressions": [{"identifier": "a@b.io", "reason": "manual"}], "onError": "abort"});
+    let refused = post(&app, "/contacts/suppressions/batch", typo).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("unknown_field")), "{:?}", refused.body);
+    assert_eq!(refused.body["error"]["issues"][0]["key"], "onError");
+    let refused = post(&app, "/contacts/suppressions/batch-remove", json!({"ids": ["sup_1"], "x": 1})).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("unknown_field")));
 }
 
 #[tokio::test]
