@@ -345,16 +345,21 @@ mod tests {
         assert_eq!(window.warnings[0].code, "limit_clamped");
     }
 
-    #[test]
-    fn cursors_round_trip_and_keep_the_request_fixed() {
-        let cursor = Cursor {
+    /// A cursor for schema `sch_1`, the last 7 days and limit 10.
+    fn sound_cursor() -> Cursor {
+        Cursor {
             after_at: micros(now()),
             after_id: "ev_9".into(),
             schema_id: "sch_1".into(),
             from: micros(now() - Duration::days(7)),
             to: micros(now()),
             limit: 10,
-        };
+        }
+    }
+
+    #[test]
+    fn cursors_round_trip_and_keep_the_request_fixed() {
+        let cursor = sound_cursor();
         let text = cursor.encode();
         assert_eq!(Cursor::decode(&text).expect("decodes"), cursor);
         // Omitted values come from the cursor, even when `now` has moved on.
@@ -383,14 +388,7 @@ mod tests {
             assert_eq!(error.code(), Some("invalid_cursor"), "{text}");
         }
         // Well-formed JSON holding what the store cannot hold, or times out of range.
-        let sound = Cursor {
-            after_at: micros(now()),
-            after_id: "ev_9".into(),
-            schema_id: "sch_1".into(),
-            from: micros(now() - Duration::days(7)),
-            to: micros(now()),
-            limit: 10,
-        };
+        let sound = sound_cursor();
         for crafted in [
             Cursor { after_id: "ev_\u{0}".into(), ..sound.clone() },
             Cursor { after_at: i64::MIN, ..sound.clone() },

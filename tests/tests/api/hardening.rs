@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::helpers::*;
 
@@ -128,15 +128,6 @@ async fn a_value_the_database_refuses_fails_only_its_own_command() {
     assert_eq!(app.query_i64("SELECT count(*) FROM worker_checkpoints WHERE name LIKE 'good-%'").await, 19);
 }
 
-async fn create_with_key(app: &TestApp, key: &str, body: &Value) -> TestResponse {
-    app.send(
-        app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
-            .header("Idempotency-Key", key)
-            .json(body),
-    )
-    .await
-}
-
 #[tokio::test]
 async fn an_error_outcome_that_cannot_be_recorded_releases_the_claim() {
     let app = TestApp::spawn().await;
@@ -154,18 +145,18 @@ async fn an_error_outcome_that_cannot_be_recorded_releases_the_claim() {
         .expect("install the failure");
     // An error raised after the claim (an unknown attribute is found by the decision).
     let body = json!({"email": "wedge@example.com", "nope": 1});
-    let first = create_with_key(&app, "wedge", &body).await;
+    let first = app.create_with_key("wedge", &body).await;
     assert_eq!((first.status, first.code().as_str()), (400, Some("unknown_attribute")), "{:?}", first.body);
     // Not wedged: the same key runs again instead of answering 409.
-    let second = create_with_key(&app, "wedge", &body).await;
+    let second = app.create_with_key("wedge", &body).await;
     assert_eq!(second.status, 400, "{:?}", second.body);
     assert!(second.header("idempotent-replay").is_none());
     assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 0, "no claim is left behind");
     client.batch_execute("DROP TRIGGER refuse_error_outcomes ON idempotency_records").await.expect("remove");
     // Once outcomes can be recorded again, the error is recorded and replayed.
-    let third = create_with_key(&app, "wedge", &body).await;
+    let third = app.create_with_key("wedge", &body).await;
     assert_eq!(third.status, 400);
-    let replay = create_with_key(&app, "wedge", &body).await;
+    let replay = app.create_with_key("wedge", &body).await;
     assert_eq!((replay.status, replay.header("idempotent-replay")), (400, Some("true")), "{:?}", replay.body);
 }
 
@@ -258,7 +249,7 @@ async fn an_empty_or_invalid_filter_is_refused_not_ignored() {
 async fn a_replay_right_after_a_delete_no_longer_shows_the_record() {
     let app = TestApp::spawn().await;
     let body = json!({"email": "gone@example.com", "firstName": "Gone"});
-    let created = create_with_key(&app, "erase-race", &body).await;
+    let created = app.create_with_key("erase-race", &body).await;
     assert_eq!(created.status, 201);
     let id = created.body["data"]["id"].as_str().expect("id").to_owned();
     let deleted = app
@@ -266,7 +257,7 @@ async fn a_replay_right_after_a_delete_no_longer_shows_the_record() {
         .await;
     assert_eq!(deleted.status, 200, "{:?}", deleted.body);
     // At once, before the eraser has run: the replay holds no personal data.
-    let replay = create_with_key(&app, "erase-race", &body).await;
+    let replay = app.create_with_key("erase-race", &body).await;
     assert_eq!(replay.header("idempotent-replay"), Some("true"));
     assert_eq!(replay.body, json!({"data": {"id": id, "erased": true}}));
     assert_eq!(
@@ -285,21 +276,8 @@ async fn start_of_a_database_window(app: &TestApp) {
 #[tokio::test]
 async fn a_hundred_concurrent_reads_all_pass_across_processes_and_the_next_one_does_not() {
     let app = TestApp::spawn().await;
-    let mut urls = Vec::new();
-    let mut processes = Vec::new();
-    for _ in 0..2 {
-        let port = free_port();
-        processes.push(spawn_binary(
-            "query-service",
-            &[],
-            &app.database_url,
-            &[("APP__PORT", port.to_string()), ("APP__RATE_READ_PER_SECOND", "100".into())],
-        ));
-        urls.push(format!("http://127.0.0.1:{port}/v1"));
-    }
-    for url in &urls {
-        crate::log::wait_until_listening(&app.http, url).await;
-    }
+    let (_processes, urls) =
+        spawn_servers(&app, "query-service", &[], 2, &[("APP__RATE_READ_PER_SECOND", "100".into())]).await;
     // A burst must fall within one window; a slow machine may straddle a boundary, so try a
     // few windows and require one clean burst.
     let mut clean = false;

@@ -75,6 +75,36 @@ pub fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str,
     ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {name}: {error}")))
 }
 
+/// Starts `count` instances of a server binary on free ports with `env` and waits until each
+/// answers; returns the processes (killed when dropped) and their base URLs.
+pub async fn spawn_servers(
+    app: &TestApp,
+    name: &str,
+    args: &[&str],
+    count: usize,
+    env: &[(&str, String)],
+) -> (Vec<ChildGuard>, Vec<String>) {
+    let mut processes = Vec::new();
+    let mut urls = Vec::new();
+    for _ in 0..count {
+        let port = free_port();
+        let mut env = env.to_vec();
+        env.push(("APP__PORT", port.to_string()));
+        processes.push(spawn_binary(name, args, &app.database_url, &env));
+        urls.push(format!("http://127.0.0.1:{port}/v1"));
+    }
+    for url in &urls {
+        for attempt in 0.. {
+            if app.http.get(format!("{url}/me")).send().await.is_ok() {
+                break;
+            }
+            assert!(attempt < 200, "{url} did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    (processes, urls)
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
@@ -260,6 +290,16 @@ impl TestApp {
 
     pub async fn get(&self, path: &str, key: &str) -> TestResponse {
         self.send(self.request(reqwest::Method::GET, path, Some(key))).await
+    }
+
+    /// `POST /schemas/contacts/records` as alpha's admin under `Idempotency-Key: idempotency_key`.
+    pub async fn create_with_key(&self, idempotency_key: &str, body: &Value) -> TestResponse {
+        self.send(
+            self.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+                .header("Idempotency-Key", idempotency_key)
+                .json(body),
+        )
+        .await
     }
 
     pub async fn post(&self, path: &str, key: &str, body: &Value) -> TestResponse {

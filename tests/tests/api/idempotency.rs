@@ -5,15 +5,6 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 use crate::log::wait_until_listening;
 
-async fn create_with_key(app: &TestApp, key: &str, body: &Value) -> TestResponse {
-    app.send(
-        app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
-            .header("Idempotency-Key", key)
-            .json(body),
-    )
-    .await
-}
-
 async fn record_count(app: &TestApp) -> i64 {
     app.wait_for_projections().await;
     app.query_i64("SELECT count(*) FROM rm_records_v1.records").await
@@ -23,21 +14,20 @@ async fn record_count(app: &TestApp) -> i64 {
 async fn a_repeat_replays_the_recorded_response() {
     let app = TestApp::spawn().await;
     let body = json!({"email": "idem@example.com", "firstName": "I", "age": 3});
-    let first = create_with_key(&app, "key-1", &body).await;
+    let first = app.create_with_key("key-1", &body).await;
     assert_eq!(first.status, 201);
     assert!(first.header("idempotent-replay").is_none());
     let operation_id = first.header("operation-id").expect("Operation-Id").to_owned();
     // Reordered keys are the same body.
     let reordered = json!({"age": 3, "firstName": "I", "email": "idem@example.com"});
-    let replay = create_with_key(&app, "key-1", &reordered).await;
+    let replay = app.create_with_key("key-1", &reordered).await;
     assert_eq!(replay.status, 201);
     assert_eq!(replay.header("idempotent-replay"), Some("true"));
     assert_eq!(replay.header("operation-id"), Some(operation_id.as_str()));
     assert_eq!(replay.body, first.body);
     assert_eq!(record_count(&app).await, 1);
 
-    let changed =
-        create_with_key(&app, "key-1", &json!({"email": "idem@example.com", "firstName": "J", "age": 3})).await;
+    let changed = app.create_with_key("key-1", &json!({"email": "idem@example.com", "firstName": "J", "age": 3})).await;
     assert_eq!((changed.status, changed.code().as_str()), (422, Some("idempotency_key_reused")));
     // The scope is key + method + path: upsert with the same key is another operation, and so
     // is the same key used by another API key.
@@ -63,9 +53,9 @@ async fn a_repeat_replays_the_recorded_response() {
 #[tokio::test]
 async fn keys_longer_than_256_characters_are_rejected() {
     let app = TestApp::spawn().await;
-    let too_long = create_with_key(&app, &"k".repeat(257), &json!({})).await;
+    let too_long = app.create_with_key(&"k".repeat(257), &json!({})).await;
     assert_eq!((too_long.status, too_long.code().as_str()), (400, Some("invalid_idempotency_key")));
-    assert_eq!(create_with_key(&app, &"k".repeat(256), &json!({})).await.status, 201);
+    assert_eq!(app.create_with_key(&"k".repeat(256), &json!({})).await.status, 201);
 }
 
 #[tokio::test]
@@ -84,16 +74,16 @@ async fn errors_after_the_claim_are_replayed_and_checks_before_it_record_nothing
     assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 0);
     // A validation failure happens after it and is replayed.
     let invalid = json!({"age": "not a number"});
-    let first = create_with_key(&app, "key-2", &invalid).await;
+    let first = app.create_with_key("key-2", &invalid).await;
     assert_eq!(first.status, 400);
-    let replay = create_with_key(&app, "key-2", &invalid).await;
+    let replay = app.create_with_key("key-2", &invalid).await;
     assert_eq!((replay.status, replay.header("idempotent-replay")), (400, Some("true")));
     assert_eq!(replay.body, first.body);
     // So is a conflict.
     app.create_contact(&json!({"email": "taken@example.com"})).await;
-    let conflict = create_with_key(&app, "key-3", &json!({"email": "taken@example.com"})).await;
+    let conflict = app.create_with_key("key-3", &json!({"email": "taken@example.com"})).await;
     assert_eq!(conflict.status, 409);
-    let replayed_conflict = create_with_key(&app, "key-3", &json!({"email": "taken@example.com"})).await;
+    let replayed_conflict = app.create_with_key("key-3", &json!({"email": "taken@example.com"})).await;
     assert_eq!((replayed_conflict.status, replayed_conflict.header("idempotent-replay")), (409, Some("true")));
 }
 
@@ -133,7 +123,7 @@ async fn twenty_concurrent_identical_requests_execute_once() {
 async fn replays_survive_a_restart_and_come_from_any_instance() {
     let app = TestApp::spawn().await;
     let body = json!({"email": "restart@example.com"});
-    let first = create_with_key(&app, "key-r", &body).await;
+    let first = app.create_with_key("key-r", &body).await;
     assert_eq!(first.status, 201);
     for _ in 0..2 {
         // A fresh command-service process each time: another instance, then a restart.
@@ -165,26 +155,26 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
     let app = TestApp::spawn().await;
     let body = json!({"email": "stale@example.com"});
     // A claim still processing answers idempotency_conflict.
-    let first = create_with_key(&app, "key-s", &body).await;
+    let first = app.create_with_key("key-s", &body).await;
     assert_eq!(first.status, 201);
     let client = app.pool.get().await.expect("client");
     client
         .execute("UPDATE idempotency_records SET state = 'processing', status = NULL, response = NULL", &[])
         .await
         .expect("simulate an unfinished claim");
-    let processing = create_with_key(&app, "key-s", &body).await;
+    let processing = app.create_with_key("key-s", &body).await;
     assert_eq!(processing.code(), "idempotency_conflict");
     // Past the claim timeout its owner is presumed dead: the outcome is unresolved.
     client.execute("UPDATE idempotency_records SET claimed_at = now() - interval '5 minutes'", &[]).await.expect("age");
-    let unresolved = create_with_key(&app, "key-s", &body).await;
+    let unresolved = app.create_with_key("key-s", &body).await;
     assert_eq!((unresolved.status, unresolved.code().as_str()), (409, Some("idempotency_outcome_unknown")));
-    assert_eq!(create_with_key(&app, "key-s", &body).await.code(), "idempotency_outcome_unknown", "kept");
+    assert_eq!(app.create_with_key("key-s", &body).await.code(), "idempotency_outcome_unknown", "kept");
     // Here the claim did append (we faked its state), so reconciliation keeps it.
     command_service::idempotency::purge_and_reconcile(&app.pool).await.expect("reconcile");
     assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 1);
     // A claim whose operation appended nothing is released, and the key runs again.
     let never_ran = json!({"email": "never@example.com"});
-    create_with_key(&app, "key-n", &never_ran).await;
+    app.create_with_key("key-n", &never_ran).await;
     client
         .execute(
             "UPDATE idempotency_records SET state = 'unresolved', claimed_at = now() + interval '1 minute'
@@ -197,7 +187,7 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
     assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'key-n'").await, 0);
     // Completed records expire after 24 hours; then the key executes again.
     let expiring = json!({"email": "expiring@example.com"});
-    assert_eq!(create_with_key(&app, "key-e", &expiring).await.status, 201);
+    assert_eq!(app.create_with_key("key-e", &expiring).await.status, 201);
     client
         .execute(
             "UPDATE idempotency_records SET completed_at = now() - interval '25 hours' WHERE idempotency_key = 'key-e'",
@@ -206,7 +196,7 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
         .await
         .expect("age");
     command_service::idempotency::purge_and_reconcile(&app.pool).await.expect("purge");
-    let again = create_with_key(&app, "key-e", &expiring).await;
+    let again = app.create_with_key("key-e", &expiring).await;
     assert_eq!(again.status, 409, "executed again (and the email is now taken)");
     assert!(again.header("idempotent-replay").is_none());
 }
@@ -350,7 +340,7 @@ async fn a_stalled_admission_answers_429_and_leaves_no_claim_behind() {
     locker.batch_execute("BEGIN; LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE").await.expect("lock");
     let body = json!({"email": "stalled@example.com"});
     let started = std::time::Instant::now();
-    let busy = create_with_key(&app, "stalled", &body).await;
+    let busy = app.create_with_key("stalled", &body).await;
     assert_eq!((busy.status, busy.code().as_str()), (429, Some("idempotency_admission_busy")), "{:?}", busy.body);
     assert!(busy.header("retry-after").is_some());
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
@@ -358,7 +348,7 @@ async fn a_stalled_admission_answers_429_and_leaves_no_claim_behind() {
     // The abandoned claim is withdrawn: the retry executes (possibly after a brief conflict).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let retry = create_with_key(&app, "stalled", &body).await;
+        let retry = app.create_with_key("stalled", &body).await;
         if retry.status == 201 {
             break;
         }
@@ -384,11 +374,11 @@ async fn a_transient_failure_that_wrote_nothing_releases_the_claim() {
         .await
         .expect("install the failure");
     let body = json!({"email": "transient@example.com"});
-    let failed = create_with_key(&app, "transient", &body).await;
+    let failed = app.create_with_key("transient", &body).await;
     assert_eq!((failed.status, failed.code().as_str()), (503, Some("service_unavailable")), "{:?}", failed.body);
     client.batch_execute("DROP TRIGGER refuse_appends ON events").await.expect("remove the failure");
     // Not a replay of the 503: the retry executes.
-    let retry = create_with_key(&app, "transient", &body).await;
+    let retry = app.create_with_key("transient", &body).await;
     assert_eq!(retry.status, 201, "{:?}", retry.body);
     assert!(retry.header("idempotent-replay").is_none());
     assert_eq!(record_count(&app).await, 1);

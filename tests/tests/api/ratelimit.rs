@@ -5,7 +5,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::json;
 
 use crate::helpers::*;
-use crate::log::wait_until_listening;
 
 fn limits(read: u32, write: u32) -> shared::ratelimit::Limits {
     let mut limits = shared::ratelimit::Limits::default();
@@ -79,21 +78,8 @@ async fn reads_and_writes_are_independent_buckets() {
 #[tokio::test]
 async fn two_command_service_processes_share_one_write_budget() {
     let app = TestApp::spawn().await;
-    let mut urls = Vec::new();
-    let mut processes = Vec::new();
-    for _ in 0..2 {
-        let port = free_port();
-        processes.push(spawn_binary(
-            "command-service",
-            &["serve"],
-            &app.database_url,
-            &[("APP__PORT", port.to_string()), ("APP__RATE_WRITE_PER_SECOND", "4".into())],
-        ));
-        urls.push(format!("http://127.0.0.1:{port}/v1"));
-    }
-    for url in &urls {
-        wait_until_listening(&app.http, url).await;
-    }
+    let (_processes, urls) =
+        spawn_servers(&app, "command-service", &["serve"], 2, &[("APP__RATE_WRITE_PER_SECOND", "4".into())]).await;
     start_of_a_window().await;
     let statuses: Vec<u16> = futures_util::future::join_all((0..8).map(|index| {
         let url = format!("{}/schemas/contacts/records", urls[index % 2]);
