@@ -14,6 +14,7 @@
 //! run again. The takeover changes nothing the stalled claimant could still commit: its
 //! completion guard no longer matches a `processing` row with its token, so its append fails.
 
+use shared::error::Code;
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
@@ -52,7 +53,7 @@ pub enum Admission {
     Replay(HttpResponse),
 }
 
-fn conflict(code: &'static str, message: &str) -> ApiError {
+fn conflict(code: Code, message: &str) -> ApiError {
     ApiError::conflict(code, message)
 }
 
@@ -63,10 +64,10 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
     };
     let key = header
         .to_str()
-        .map_err(|_| ApiError::bad_request("invalid_idempotency_key", "Idempotency-Key must be visible ASCII"))?;
+        .map_err(|_| ApiError::bad_request(Code::InvalidIdempotencyKey, "Idempotency-Key must be visible ASCII"))?;
     if key.is_empty() || key.chars().count() > MAX_KEY_LENGTH {
         return Err(ApiError::bad_request(
-            "invalid_idempotency_key",
+            Code::InvalidIdempotencyKey,
             format!("Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters; got {}", key.chars().count()),
         ));
     }
@@ -79,7 +80,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
     let busy = || {
         ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            Some("idempotency_admission_busy"),
+            Some(Code::IdempotencyAdmissionBusy),
             "the operation could not be admitted right now; retry with the same key and body",
         )
         .with_header("Retry-After", "1".to_owned())
@@ -121,13 +122,13 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
         let timeout = CLAIM_TIMEOUT.as_secs_f64();
         let Some(row) = client.query_opt(&existing, &[&claim.scope_key, &timeout]).await? else {
             // Released between the insert and the read: the caller may simply retry.
-            return Err(conflict("idempotency_conflict", "the operation with this key is changing state; retry"));
+            return Err(conflict(Code::IdempotencyConflict, "the operation with this key is changing state; retry"));
         };
         let (stored_hash, operation_id, record_state): (String, String, String) = (row.get(0), row.get(1), row.get(2));
         if stored_hash != body_hash {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                Some("idempotency_key_reused"),
+                Some(Code::IdempotencyKeyReused),
                 "this Idempotency-Key was used with a different body; use a new key for a new operation",
             )
             .with_header("Operation-Id", operation_id));
@@ -145,7 +146,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
                 ))
             }
             "processing" if !row.get::<_, bool>(6) => Err(conflict(
-                "idempotency_conflict",
+                Code::IdempotencyConflict,
                 "an operation with this key is still processing; retry later with the same key and body",
             )
             .with_header("Operation-Id", operation_id)),
@@ -161,7 +162,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
                         .await?;
                 }
                 Err(conflict(
-                    "idempotency_outcome_unknown",
+                    Code::IdempotencyOutcomeUnknown,
                     "the outcome of the operation with this key is unresolved; inspect the affected resource before \
                      acting",
                 )
@@ -206,7 +207,7 @@ impl Claim {
                 Box::new(body.clone()),
             ],
             AppendError::Conflict {
-                code: "idempotency_outcome_unknown",
+                code: Code::IdempotencyOutcomeUnknown,
                 message: "the claim on this idempotency key was taken over; inspect the affected resource".to_owned(),
             },
         )
@@ -292,7 +293,7 @@ pub async fn finish(
             let _ = error;
             Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                Some("idempotency_outcome_unknown"),
+                Some(Code::IdempotencyOutcomeUnknown),
                 "the outcome could not be confirmed; keep the Operation-Id, the key and the body, and reconcile \
                  before a new operation",
             )
@@ -300,7 +301,7 @@ pub async fn finish(
             .with_header("Operation-Id", operation_id.to_owned()))
         }
         // Nothing was written and the failure is transient: let a retry execute.
-        (Err(error), Some(claim)) if error.code() == Some("service_unavailable") => {
+        (Err(error), Some(claim)) if error.code() == Some(Code::ServiceUnavailable) => {
             claim.release(state).await;
             Err(error.with_header("Operation-Id", operation_id.to_owned()))
         }

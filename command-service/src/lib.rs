@@ -2,10 +2,13 @@
 //! check the permission, parse and validate, decide, append to the event log.
 
 pub mod authoring;
-pub mod domain;
-pub mod http;
+pub mod edge;
+pub mod events;
 pub mod idempotency;
-pub mod store;
+pub mod identities;
+pub mod records;
+pub mod routes;
+pub mod suppressions;
 
 use actix_web::web;
 use deadpool_postgres::Pool;
@@ -75,7 +78,7 @@ pub async fn retire_receipts(pool: &Pool, retention: std::time::Duration) -> any
     let client = pool.get().await?;
     let mut total = 0;
     loop {
-        let retired = store::events::retire_receipts(&client, retention, STEP).await?;
+        let retired = events::store::retire_receipts(&client, retention, STEP).await?;
         total += retired;
         if retired < STEP as u64 {
             return Ok(total);
@@ -85,7 +88,7 @@ pub async fn retire_receipts(pool: &Pool, retention: std::time::Duration) -> any
 
 /// Registers this service's routes (inside the `/v1` scope).
 pub fn configure(config: &mut web::ServiceConfig) {
-    http::routes::configure(config);
+    routes::configure(config);
 }
 
 /// The service as a server: `build`, then `port()` and `run_until_stopped()`.

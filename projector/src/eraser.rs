@@ -14,6 +14,7 @@
 //! it completes by itself once that projection passes the position or the abandoned version
 //! is dropped.
 
+use shared::error::Code;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -188,7 +189,7 @@ fn transition(operation_id: &str, sql: &'static str) -> Guard {
     Guard::exactly_one(
         sql,
         vec![Box::new(operation_id.to_owned())],
-        AppendError::Conflict { code: "deletion_moved_on", message: String::new() },
+        AppendError::Conflict { code: Code::DeletionMovedOn, message: String::new() },
     )
 }
 
@@ -218,7 +219,7 @@ async fn append(
         .await;
     match outcome {
         Ok(_) => Ok(true),
-        Err(AppendError::Conflict { code: "deletion_moved_on", .. }) => Ok(false),
+        Err(AppendError::Conflict { code: Code::DeletionMovedOn, .. }) => Ok(false),
         Err(error) => Err(error.into()),
     }
 }

@@ -2,6 +2,7 @@
 //! schema, a sustained rate with a burst, a cap on events pending preparation and a cap on
 //! retained receipts. Every value comes from configuration, so benchmarks can raise them.
 
+use crate::error::Code;
 use crate::log::{AppendError, Guard};
 
 /// The limits of one scope.
@@ -75,7 +76,7 @@ pub fn scope_names(space_id: &str, schema_id: &str) -> [String; 3] {
 /// fails here), the scopes' pending counts drop, and the spent credits are counted.
 pub fn preparation_guards(id: &str, space_id: &str, schema_id: &str, credits_spent: i64) -> Vec<Guard> {
     let names: Vec<String> = scope_names(space_id, schema_id).to_vec();
-    let prepared = || AppendError::Conflict { code: "event_already_prepared", message: String::new() };
+    let prepared = || AppendError::Conflict { code: Code::EventAlreadyPrepared, message: String::new() };
     vec![
         Guard::exactly_one(
             "UPDATE event_receipts SET pending = false WHERE id = $1 AND pending",
@@ -97,7 +98,7 @@ pub fn spend_guard(space_id: &str, credits: i64) -> Guard {
         "INSERT INTO ai_credit_spend (space_id, spent) VALUES ($1, $2)
          ON CONFLICT (space_id) DO UPDATE SET spent = ai_credit_spend.spent + EXCLUDED.spent",
         vec![Box::new(space_id.to_owned()), Box::new(credits)],
-        AppendError::Conflict { code: "credit_spend", message: String::new() },
+        AppendError::Conflict { code: Code::CreditSpend, message: String::new() },
     )
 }
 

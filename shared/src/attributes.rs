@@ -1,5 +1,6 @@
 //! Validating one attribute value against its definition.
 
+use crate::error::Code;
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use serde_json::Value;
 
@@ -29,17 +30,17 @@ pub fn default_value(definition: &Value) -> Option<&Value> {
 /// the issue (`unknown_attribute`, `attribute_not_writable`, `invalid_attribute_value`).
 pub fn writable_value(attributes: &[AttributeEntry], key: &str, value: Value) -> Result<Value, Issue> {
     let Some(attribute) = attributes.iter().find(|a| a.key == key) else {
-        return Err(Issue::coded(key, "unknown_attribute", format!("{key} is not an attribute of this schema")));
+        return Err(Issue::coded(key, Code::UnknownAttribute, format!("{key} is not an attribute of this schema")));
     };
     if !is_writable(&attribute.definition) {
         return Err(Issue::coded(
             key,
-            "attribute_not_writable",
+            Code::AttributeNotWritable,
             format!("{key} is evaluated or aggregated by the platform and cannot be written"),
         ));
     }
     normalize_value(&attribute.definition, value)
-        .map_err(|message| Issue::coded(key, "invalid_attribute_value", format!("{key} {message}")))
+        .map_err(|message| Issue::coded(key, Code::InvalidAttributeValue, format!("{key} {message}")))
 }
 
 /// The definition's stored type (`json` when it names none).

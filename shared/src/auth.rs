@@ -1,6 +1,7 @@
 //! Authentication and authorisation as the contract's Authentication section says: bearer
 //! keys matched by hash, space resolution, roles and their permissions.
 
+use crate::error::Code;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -110,7 +111,7 @@ pub fn resolve_space(identity: &KeyIdentity) -> Result<Membership, ApiError> {
             [only] => Ok(only.clone()),
             [] => Err(ApiError::forbidden("the key's owner has no membership in any space")),
             _ => Err(ApiError::bad_request(
-                "unknown_space",
+                Code::UnknownSpace,
                 "the key is not bound to a space and its owner belongs to several; use a key bound to one space",
             )),
         },
@@ -271,7 +272,7 @@ mod tests {
     fn unbound_key_needs_exactly_one_membership() {
         assert!(resolve_space(&identity(None, &[("spc_a", Role::Admin)])).is_ok());
         let several = resolve_space(&identity(None, &[("spc_a", Role::Admin), ("spc_b", Role::Admin)]));
-        assert_eq!(several.expect_err("several").code(), Some("unknown_space"));
+        assert_eq!(several.expect_err("several").code(), Some(Code::UnknownSpace));
         let none = resolve_space(&identity(None, &[])).expect_err("none");
         assert_eq!(none.status().as_u16(), 403);
     }

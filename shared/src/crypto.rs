@@ -7,6 +7,7 @@
 //! The keyring is process-wide: it is installed from the settings when they are loaded, so
 //! the log readers (projections, decisions, the audit trail) need not carry it around.
 
+use crate::error::Code;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -188,7 +189,7 @@ pub fn store_key(subject_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
         "INSERT INTO subject_keys (subject_id, space_id, wrapped_key) VALUES ($1, $2, $3)
          ON CONFLICT (subject_id) DO NOTHING",
         vec![Box::new(subject_id.to_owned()), Box::new(space_id.to_owned()), Box::new(wrapped)],
-        AppendError::Conflict { code: "identifier_conflict", message: "the record id is already taken".to_owned() },
+        AppendError::Conflict { code: Code::IdentifierConflict, message: "the record id is already taken".to_owned() },
     )
 }
 

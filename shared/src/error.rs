@@ -6,13 +6,133 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use serde_json::json;
 
+/// Declares [`Code`]: every code the server uses, with its wire text.
+macro_rules! codes {
+    (public { $($public:ident = $public_text:literal,)* } internal { $($internal:ident = $internal_text:literal,)* }) => {
+        /// Every error and issue code of the API (the contract's and our own), and the labels
+        /// of write-side guard refusals that never leave the service (`internal`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Code {
+            $($public,)*
+            $($internal,)*
+        }
+
+        impl Code {
+            /// The codes a client can meet.
+            pub const PUBLIC: &'static [Code] = &[$(Code::$public,)*];
+
+            /// The text on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Code::$public => $public_text,)*
+                    $(Code::$internal => $internal_text,)*
+                }
+            }
+
+            /// Whether the code labels a guard refusal that handlers translate and that never
+            /// reaches a client.
+            pub fn is_internal(self) -> bool {
+                !Self::PUBLIC.contains(&self)
+            }
+        }
+    };
+}
+
+codes! {
+    public {
+    InvalidApiKey = "invalid_api_key",
+    UnknownSpace = "unknown_space",
+    RateLimitExceeded = "rate_limit_exceeded",
+    OffsetTooLarge = "offset_too_large",
+    MalformedJson = "malformed_json",
+    InvalidTimeRange = "invalid_time_range",
+    InvalidCursor = "invalid_cursor",
+    RequiredAttributeMissing = "required_attribute_missing",
+    SchemaNotFound = "schema_not_found",
+    RecordNotFound = "record_not_found",
+    SuppressionNotFound = "suppression_not_found",
+    IdentifierConflict = "identifier_conflict",
+    SuppressionAlreadyExists = "suppression_already_exists",
+    EventIdConflict = "event_id_conflict",
+    EventErased = "event_erased",
+    IdempotencyConflict = "idempotency_conflict",
+    IdempotencyOutcomeUnknown = "idempotency_outcome_unknown",
+    IdempotencyKeyReused = "idempotency_key_reused",
+    IdempotencyAdmissionBusy = "idempotency_admission_busy",
+    InsufficientCredits = "insufficient_credits",
+    EventRateLimited = "event_rate_limited",
+    EventBacklogFull = "event_backlog_full",
+    EventReceiptLimit = "event_receipt_limit",
+    RouteNotFound = "route_not_found",
+    MethodNotAllowed = "method_not_allowed",
+    UnsupportedMediaType = "unsupported_media_type",
+    BodyTooLarge = "body_too_large",
+    InvalidBody = "invalid_body",
+    InvalidQueryParameter = "invalid_query_parameter",
+    InvalidConsistencyToken = "invalid_consistency_token",
+    InvalidIdempotencyKey = "invalid_idempotency_key",
+    InvalidCharacter = "invalid_character",
+    ValueNotStorable = "value_not_storable",
+    ServiceUnavailable = "service_unavailable",
+    OutcomeUnknown = "outcome_unknown",
+    InternalError = "internal_error",
+    UnknownAttribute = "unknown_attribute",
+    AttributeNotWritable = "attribute_not_writable",
+    InvalidAttributeValue = "invalid_attribute_value",
+    ConcurrentModification = "concurrent_modification",
+    RecordDeletionPending = "record_deletion_pending",
+    RecordDeletionNotFound = "record_deletion_not_found",
+    UnknownField = "unknown_field",
+    InvalidIdentifier = "invalid_identifier",
+    InvalidReason = "invalid_reason",
+    InvalidId = "invalid_id",
+    InvalidBatch = "invalid_batch",
+    InvalidBatchSize = "invalid_batch_size",
+    SuppressionNotRemovable = "suppression_not_removable",
+    InvalidOccurredAt = "invalid_occurred_at",
+    InvalidEventSubject = "invalid_event_subject",
+    ReservedField = "reserved_field",
+    EventInputTooLarge = "event_input_too_large",
+    EventNotFound = "event_not_found",
+    InvalidEventInput = "invalid_event_input",
+    InvalidIdentityChange = "invalid_identity_change",
+    IdentitySourceUnavailable = "identity_source_unavailable",
+    AliasRevisionConflict = "alias_revision_conflict",
+    AliasErased = "alias_erased",
+    OperationIdConflict = "operation_id_conflict",
+    IdentityCapacityExhausted = "identity_capacity_exhausted",
+    MissingField = "missing_field",
+    InvalidField = "invalid_field",
+    }
+    internal {
+    OperationTaken = "operation_taken",
+    EventIdTaken = "event_id_taken",
+    EventAdmissionRefused = "event_admission_refused",
+    DeletionMovedOn = "deletion_moved_on",
+    EventAlreadyPrepared = "event_already_prepared",
+    CreditSpend = "credit_spend",
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 /// One problem with the input, naming the key it concerns when there is one.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Issue {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub code: Option<&'static str>,
+    pub code: Option<Code>,
     pub message: String,
 }
 
@@ -21,7 +141,7 @@ impl Issue {
         Self { key: Some(key.into()), code: None, message: message.into() }
     }
 
-    pub fn coded(key: impl Into<String>, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn coded(key: impl Into<String>, code: Code, message: impl Into<String>) -> Self {
         Self { key: Some(key.into()), code: Some(code), message: message.into() }
     }
 }
@@ -29,7 +149,7 @@ impl Issue {
 #[derive(Debug, Clone)]
 pub struct ApiError {
     status: StatusCode,
-    code: Option<&'static str>,
+    code: Option<Code>,
     message: String,
     issues: Vec<Issue>,
     headers: Vec<(&'static str, String)>,
@@ -38,19 +158,19 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: Option<&'static str>, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: Option<Code>, message: impl Into<String>) -> Self {
         Self { status, code, message: message.into(), issues: Vec::new(), headers: Vec::new(), omit_type: false }
     }
 
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn bad_request(code: Code, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, Some(code), message)
     }
 
-    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn not_found(code: Code, message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, Some(code), message)
     }
 
-    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn conflict(code: Code, message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, Some(code), message)
     }
 
@@ -59,27 +179,31 @@ impl ApiError {
     }
 
     pub fn invalid_api_key(message: &str) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, Some("invalid_api_key"), message)
+        Self::new(StatusCode::UNAUTHORIZED, Some(Code::InvalidApiKey), message)
     }
 
     pub fn insufficient_credits() -> Self {
         Self::new(
             StatusCode::PAYMENT_REQUIRED,
-            Some("insufficient_credits"),
+            Some(Code::InsufficientCredits),
             "the space has no AI credits left; add credits before writing to a schema with AI auto-fill",
         )
     }
 
     pub fn route_not_found() -> Self {
-        Self::new(StatusCode::NOT_FOUND, Some("route_not_found"), "no such endpoint; see /v1/openapi.json")
+        Self::new(StatusCode::NOT_FOUND, Some(Code::RouteNotFound), "no such endpoint; see /v1/openapi.json")
     }
 
     pub fn method_not_allowed() -> Self {
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed"), "this method is not allowed on this path")
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            Some(Code::MethodNotAllowed),
+            "this method is not allowed on this path",
+        )
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, Some("service_unavailable"), message)
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, Some(Code::ServiceUnavailable), message)
     }
 
     /// A value of the request that the database refused to store (found past the edge's own
@@ -88,7 +212,7 @@ impl ApiError {
         tracing::warn!(error = cause, "the database refused a value of a request");
         Self::new(
             StatusCode::BAD_REQUEST,
-            Some("value_not_storable"),
+            Some(Code::ValueNotStorable),
             "a value of this request cannot be stored (for example a NUL character or an over-long identifier); \
              change the input",
         )
@@ -97,7 +221,7 @@ impl ApiError {
     /// A server failure. The cause is logged in full; the caller learns little.
     pub fn internal(cause: &anyhow::Error) -> Self {
         tracing::error!(error = format!("{cause:#}"), "internal error");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, Some("internal_error"), "internal server error")
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, Some(Code::InternalError), "internal server error")
     }
 
     pub fn with_issues(mut self, issues: Vec<Issue>) -> Self {
@@ -119,7 +243,7 @@ impl ApiError {
         self.status
     }
 
-    pub fn code(&self) -> Option<&'static str> {
+    pub fn code(&self) -> Option<Code> {
         self.code
     }
 
@@ -205,7 +329,7 @@ mod tests {
 
     #[test]
     fn client_errors_are_invalid_request_errors_with_issues() {
-        let error = ApiError::bad_request("required_attribute_missing", "plan is required")
+        let error = ApiError::bad_request(Code::RequiredAttributeMissing, "plan is required")
             .with_issues(vec![Issue::for_key("plan", "required")]);
         assert_eq!(
             error.body(),
@@ -221,6 +345,20 @@ mod tests {
             error.body(),
             json!({"error": {"type": "api_error", "code": "internal_error", "message": "internal server error"}})
         );
+    }
+
+    #[test]
+    fn every_public_code_is_documented_and_no_internal_one_is() {
+        let document = include_str!("../../docs/openapi.json");
+        for code in Code::PUBLIC {
+            let quoted = format!("\"{code}\"");
+            let ticked = format!("`{code}`");
+            assert!(document.contains(&quoted) || document.contains(&ticked), "{code} is not in docs/openapi.json");
+        }
+        for code in [Code::OperationTaken, Code::EventIdTaken, Code::DeletionMovedOn, Code::CreditSpend] {
+            assert!(code.is_internal());
+            assert!(!document.contains(&format!("\"{code}\"")), "{code} is internal");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The HTTP edge every service shares: reading and checking JSON bodies, query strings,
 //! success bodies, the 404/405 fallback and request ids.
 
+use crate::error::Code;
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
@@ -92,7 +93,7 @@ pub async fn storable_input_middleware(
 pub async fn read_json_object(req: &HttpRequest, payload: web::Payload) -> Result<Map<String, Value>, ApiError> {
     match read_json(req, payload).await? {
         Value::Object(object) => Ok(object),
-        _ => Err(ApiError::bad_request("invalid_body", "the request body must be a JSON object")),
+        _ => Err(ApiError::bad_request(Code::InvalidBody, "the request body must be a JSON object")),
     }
 }
 
@@ -101,10 +102,10 @@ pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value
     check_content_headers(req)?;
     let bytes = read_body(req, payload).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request("malformed_json", "the request body is empty; send a JSON object"));
+        return Err(ApiError::bad_request(Code::MalformedJson, "the request body is empty; send a JSON object"));
     }
     let value: Value = serde_json::from_slice(&bytes).map_err(|error| {
-        ApiError::bad_request("malformed_json", format!("the request body is not valid JSON: {error}"))
+        ApiError::bad_request(Code::MalformedJson, format!("the request body is not valid JSON: {error}"))
     })?;
     crate::storable::reject(crate::storable::json_issues(&value))?;
     Ok(value)
@@ -142,11 +143,11 @@ fn check_content_headers(req: &HttpRequest) -> Result<(), ApiError> {
 }
 
 fn unsupported(message: String) -> ApiError {
-    ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type"), message)
+    ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, Some(Code::UnsupportedMediaType), message)
 }
 
 fn too_large() -> ApiError {
-    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, Some("body_too_large"), "the request body is larger than 10 MB")
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, Some(Code::BodyTooLarge), "the request body is larger than 10 MB")
 }
 
 async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
@@ -161,7 +162,7 @@ async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<web::
     let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(64 * 1024));
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|error| {
-            ApiError::bad_request("invalid_body", format!("the request body could not be read: {error}"))
+            ApiError::bad_request(Code::InvalidBody, format!("the request body could not be read: {error}"))
         })?;
         if body.len() + chunk.len() > MAX_BODY_BYTES {
             return Err(too_large());

@@ -98,7 +98,7 @@ pub enum AppendError {
     WrongVersion { stream_id: String },
     /// A guard's claim collided with an existing one.
     #[error("{code}: {message}")]
-    Conflict { code: &'static str, message: String },
+    Conflict { code: crate::error::Code, message: String },
     /// The database refused the transaction; nothing was written.
     #[error("the log is unavailable: {0}")]
     Unavailable(String),

@@ -1,6 +1,7 @@
 //! Offset pagination exactly as the contract says: `limit` default 50 clamped to 1..200 with a
 //! warning, negative `offset` clamped to 0 with a warning, `offset` above 10000 rejected.
 
+use crate::error::Code;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -47,7 +48,7 @@ impl PageRequest {
                 let requested = parse_integer("offset", raw)?;
                 if requested > MAX_OFFSET {
                     return Err(ApiError::bad_request(
-                        "offset_too_large",
+                        Code::OffsetTooLarge,
                         format!("offset must be at most {MAX_OFFSET}; got {requested}"),
                     ));
                 }
@@ -102,7 +103,7 @@ fn parse_integer(name: &str, raw: &str) -> Result<i64, ApiError> {
     let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
     if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
         return Err(ApiError::bad_request(
-            "invalid_query_parameter",
+            Code::InvalidQueryParameter,
             format!("{name} must be an integer; got {:?}", crate::storable::escaped(raw)),
         ));
     }
@@ -142,14 +143,14 @@ mod tests {
         let at_max = PageRequest::parse(&query(&[("offset", "10000")])).expect("10000 is allowed");
         assert_eq!(at_max.offset(), 10_000);
         let error = PageRequest::parse(&query(&[("offset", "10001")])).expect_err("too large");
-        assert_eq!(error.code(), Some("offset_too_large"));
+        assert_eq!(error.code(), Some(Code::OffsetTooLarge));
     }
 
     #[test]
     fn non_integer_values_are_rejected() {
         for raw in ["ten", "", "1.5", "1e3", "-", "0x10"] {
             let error = PageRequest::parse(&query(&[("limit", raw)])).expect_err("not an integer");
-            assert_eq!(error.code(), Some("invalid_query_parameter"), "{raw:?}");
+            assert_eq!(error.code(), Some(Code::InvalidQueryParameter), "{raw:?}");
         }
     }
 
@@ -162,7 +163,7 @@ mod tests {
                 .expect("integers");
         assert_eq!((very_negative.limit(), very_negative.offset()), (1, 0));
         let error = PageRequest::parse(&query(&[("offset", "362881000000000000000000")])).expect_err("too large");
-        assert_eq!(error.code(), Some("offset_too_large"));
+        assert_eq!(error.code(), Some(Code::OffsetTooLarge));
         assert_eq!(PageRequest::parse(&query(&[("offset", "+7")])).expect("signed").offset(), 7);
     }
 

@@ -2,6 +2,7 @@
 //! PostgreSQL, so every instance of a tier shares one budget. The window boundaries come
 //! from the database's clock, so instances with drifting clocks still count the same window.
 
+use crate::error::Code;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -214,7 +215,7 @@ fn exceeded(bucket: Bucket, allowed: u32, window_ms: i64, window_index: i64) -> 
     let reset = Utc.timestamp_millis_opt((window_index + 1) * window_ms).single().unwrap_or_else(Utc::now);
     ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
-        Some("rate_limit_exceeded"),
+        Some(Code::RateLimitExceeded),
         format!(
             "the {} bucket allows {allowed} requests per {window_ms} ms for this key; retry after the window resets",
             bucket.name()

@@ -8,12 +8,13 @@
 //! lone surrogates, numbers out of range and nesting deeper than 128 levels before we see the
 //! value, and index entries are bounded by the per-field length limits of each decision.
 
+use crate::error::Code;
 use serde_json::Value;
 
 use crate::error::{ApiError, Issue};
 
 /// The code of an input that holds a character the store cannot hold.
-pub const INVALID_CHARACTER: &str = "invalid_character";
+pub const INVALID_CHARACTER: Code = Code::InvalidCharacter;
 
 /// Whether `text` can be stored in a PostgreSQL `text` or `jsonb` value.
 pub fn is_storable(text: &str) -> bool {

@@ -1,6 +1,7 @@
 //! Applying a workspace file: compute the events that bring the authored state to what the
 //! file says, and append them in one transaction. Re-applying the same file appends nothing.
 
+use shared::error::Code;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -322,21 +323,21 @@ fn plan_suppression(plan: &mut Plan<'_>, space_id: &str, spec: &SuppressionSpec)
     let identifier = spec.identifier.trim().to_lowercase();
     let scope = shared::suppressions::scope(space_id).to_owned();
     let suppression_id = derived_id("sup", &["suppression", &scope, &identifier, &spec.reason]);
-    let stream_id = crate::store::suppressions::authored_stream_id(&suppression_id);
+    let stream_id = crate::suppressions::store::authored_stream_id(&suppression_id);
     if matches!(plan.latest(&stream_id), Some(LogEvent::SuppressionAdded(_))) {
         return;
     }
     let source = if matches!(spec.reason.as_str(), "bounce" | "complaint") { "provider" } else { "authoring" };
     let new =
-        crate::domain::suppressions::NewSuppression { identifier: identifier.clone(), reason: spec.reason.clone() };
-    let added = crate::domain::suppressions::decide_add(space_id, &new, &suppression_id, plan.now_ms, source);
+        crate::suppressions::decide::NewSuppression { identifier: identifier.clone(), reason: spec.reason.clone() };
+    let added = crate::suppressions::decide::decide_add(space_id, &new, &suppression_id, plan.now_ms, source);
     plan.ensure(stream_id, LogEvent::SuppressionAdded(added));
     plan.guards.push(Guard {
         expect_rows: None,
         sql: "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)
               ON CONFLICT DO NOTHING",
         params: vec![Box::new(scope), Box::new(identifier), Box::new(spec.reason.clone()), Box::new(suppression_id)],
-        conflict: shared::log::AppendError::Conflict { code: "suppression_already_exists", message: String::new() },
+        conflict: shared::log::AppendError::Conflict { code: Code::SuppressionAlreadyExists, message: String::new() },
     });
 }
 

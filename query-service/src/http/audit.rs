@@ -11,6 +11,7 @@
 //!
 //! Sends and unsubscribes join as the email pipeline arrives.
 
+use shared::error::Code;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -39,7 +40,7 @@ pub async fn get(
         Some(channel) if CHANNELS.contains(&channel) => Some(channel.to_owned()),
         Some(other) => {
             return Err(ApiError::bad_request(
-                "invalid_query_parameter",
+                Code::InvalidQueryParameter,
                 format!("channel must be one of {}; got {other:?}", CHANNELS.join(", ")),
             ));
         }
@@ -57,7 +58,7 @@ pub async fn get(
     let (schema, attributes, _) = context.ok_or_else(|| schema_not_found(&schema_ref))?;
     if schema.schema_type != "contact" {
         return Err(ApiError::not_found(
-            "schema_not_found",
+            Code::SchemaNotFound,
             format!("{schema_ref:?} is not a contact schema; audit trails exist for contacts only"),
         ));
     }
@@ -77,7 +78,7 @@ pub async fn get(
     let record_events: Vec<StoredEvent> = rows.iter().map(StoredEvent::from_row).collect();
     let keys = shared::crypto::load_keys(&client, std::slice::from_ref(&record_id)).await?;
     let history = record_history(&record_events, &keys, &space_id, &schema.schema_id, &consent)?
-        .ok_or_else(|| ApiError::not_found("record_not_found", format!("no record {record_id:?} in this schema")))?;
+        .ok_or_else(|| ApiError::not_found(Code::RecordNotFound, format!("no record {record_id:?} in this schema")))?;
 
     let subjects = history
         .emails

@@ -3,6 +3,7 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Value, json};
 use shared::error::ApiError;
+use shared::error::Code;
 use shared::http::data_body;
 use shared::time::format_timestamp;
 
@@ -41,7 +42,7 @@ pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<Sta
     })
     .await?;
     let document: Value = row.ok_or_else(|| {
-        ApiError::not_found("record_deletion_not_found", format!("no record deletion {operation_id:?} in this space"))
+        ApiError::not_found(Code::RecordDeletionNotFound, format!("no record deletion {operation_id:?} in this space"))
     })?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }

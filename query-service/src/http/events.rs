@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use shared::catalog::{self, CATALOG, SchemaEntry};
 use shared::error::ApiError;
+use shared::error::Code;
 use shared::http::{data_body, query_pairs, query_value};
 use shared::pagination::{Warning, parse_limit};
 use shared::time::format_timestamp;
@@ -36,7 +37,7 @@ pub const MAX_WINDOW_DAYS: i64 = 90;
 fn event_schema(schema: Option<SchemaEntry>, id_or_slug: &str) -> Result<SchemaEntry, ApiError> {
     match schema {
         Some(schema) if schema.schema_type == "event" => Ok(schema),
-        Some(_) => Err(ApiError::not_found("schema_not_found", format!("{id_or_slug:?} is not an event schema"))),
+        Some(_) => Err(ApiError::not_found(Code::SchemaNotFound, format!("{id_or_slug:?} is not an event schema"))),
         None => Err(schema_not_found(id_or_slug)),
     }
 }
@@ -93,7 +94,7 @@ pub async fn status(
     let document = row
         .filter(|row| row.get::<_, &str>(1) == schema.schema_id)
         .map(|row| event_document(&row))
-        .ok_or_else(|| ApiError::not_found("event_not_found", format!("no event {event_id:?} in this schema")))?;
+        .ok_or_else(|| ApiError::not_found(Code::EventNotFound, format!("no event {event_id:?} in this schema")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 
@@ -125,7 +126,7 @@ impl Cursor {
     }
 
     pub fn decode(text: &str) -> Result<Self, ApiError> {
-        let malformed = || ApiError::bad_request("invalid_cursor", "cursor is malformed; pass nextCursor as given");
+        let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
         let bytes = URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| malformed())?;
         let cursor: Self = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
         // A cursor is the caller's input too: what it holds must be storable and in range.
@@ -149,7 +150,7 @@ pub struct Window {
 
 fn parse_time(name: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
     DateTime::parse_from_rfc3339(raw.trim()).map(|at| at.with_timezone(&Utc)).map_err(|_| {
-        ApiError::bad_request("invalid_time_range", format!("{name} must be an RFC 3339 date-time; got {raw:?}"))
+        ApiError::bad_request(Code::InvalidTimeRange, format!("{name} must be an RFC 3339 date-time; got {raw:?}"))
     })
 }
 
@@ -159,7 +160,7 @@ fn micros(at: DateTime<Utc>) -> i64 {
 
 fn from_micros(value: i64) -> Result<DateTime<Utc>, ApiError> {
     DateTime::from_timestamp_micros(value)
-        .ok_or_else(|| ApiError::bad_request("invalid_cursor", "cursor is malformed; pass nextCursor as given"))
+        .ok_or_else(|| ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given"))
 }
 
 /// Resolves `from`, `to`, `limit` and `cursor` of a list request for `schema_id` at `now`.
@@ -172,7 +173,7 @@ pub fn resolve_window(query: &[(String, String)], schema_id: &str, now: DateTime
     if let Some(cursor) = cursor {
         let other = |what: &str| {
             ApiError::bad_request(
-                "invalid_cursor",
+                Code::InvalidCursor,
                 format!(
                     "this cursor was issued for another {what}; keep schema, from, to and limit fixed while paging"
                 ),
@@ -201,7 +202,7 @@ pub fn resolve_window(query: &[(String, String)], schema_id: &str, now: DateTime
     let to = to.unwrap_or(now);
     let mut from = from.unwrap_or(to - Duration::days(DEFAULT_WINDOW_DAYS));
     if from >= to {
-        return Err(ApiError::bad_request("invalid_time_range", "from must be earlier than to"));
+        return Err(ApiError::bad_request(Code::InvalidTimeRange, "from must be earlier than to"));
     }
     if to - from > Duration::days(MAX_WINDOW_DAYS) {
         from = to - Duration::days(MAX_WINDOW_DAYS);
@@ -222,7 +223,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
     let schema_ref = query_value(&query, "schema")
         .filter(|value| !value.trim().is_empty())
         .ok_or_else(|| {
-            ApiError::bad_request("invalid_query_parameter", "schema is required: the id or slug of an event schema")
+            ApiError::bad_request(Code::InvalidQueryParameter, "schema is required: the id or slug of an event schema")
         })?
         .to_owned();
     let space_id = caller.space_id().to_owned();
@@ -334,7 +335,7 @@ mod tests {
             vec![("from", "2026-11-22T00:00:00Z"), ("to", "2026-11-21T00:00:00Z")],
         ] {
             let error = resolve_window(&query(&pairs), "sch_1", now()).expect_err("invalid");
-            assert_eq!(error.code(), Some("invalid_time_range"), "{pairs:?}");
+            assert_eq!(error.code(), Some(Code::InvalidTimeRange), "{pairs:?}");
         }
     }
 
@@ -375,17 +376,17 @@ mod tests {
             let mut all = pairs.clone();
             all.push(("cursor", &text));
             let error = resolve_window(&query(&all), "sch_1", later).expect_err("other values");
-            assert_eq!(error.code(), Some("invalid_cursor"));
+            assert_eq!(error.code(), Some(Code::InvalidCursor));
         }
         let error = resolve_window(&query(&[("cursor", &text)]), "sch_2", later).expect_err("other schema");
-        assert_eq!(error.code(), Some("invalid_cursor"));
+        assert_eq!(error.code(), Some(Code::InvalidCursor));
     }
 
     #[test]
     fn malformed_cursors_are_invalid_cursor() {
         for text in ["%%%", "bm90IGpzb24", "e30"] {
             let error = resolve_window(&query(&[("cursor", text)]), "sch_1", now()).expect_err("malformed");
-            assert_eq!(error.code(), Some("invalid_cursor"), "{text}");
+            assert_eq!(error.code(), Some(Code::InvalidCursor), "{text}");
         }
         // Well-formed JSON holding what the store cannot hold, or times out of range.
         let sound = sound_cursor();
@@ -395,7 +396,7 @@ mod tests {
             Cursor { to: MAX_MICROS + 1, ..sound.clone() },
         ] {
             let error = resolve_window(&query(&[("cursor", &crafted.encode())]), "sch_1", now()).expect_err("crafted");
-            assert_eq!(error.code(), Some("invalid_cursor"), "{crafted:?}");
+            assert_eq!(error.code(), Some(Code::InvalidCursor), "{crafted:?}");
         }
     }
 }

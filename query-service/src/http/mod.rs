@@ -9,6 +9,7 @@ pub mod routes;
 pub mod schemas;
 pub mod suppressions;
 
+use shared::error::Code;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Instant;
@@ -42,7 +43,10 @@ pub fn consistency_token(req: &HttpRequest) -> Result<i64, ApiError> {
     let token = match req.headers().get(CONSISTENCY_TOKEN) {
         None => 0,
         Some(value) => value.to_str().ok().and_then(|text| text.trim().parse::<i64>().ok()).ok_or_else(|| {
-            ApiError::bad_request("invalid_consistency_token", "Consistency-Token must be a log position (an integer)")
+            ApiError::bad_request(
+                Code::InvalidConsistencyToken,
+                "Consistency-Token must be a log position (an integer)",
+            )
         })?,
     };
     Ok(token)

@@ -4,6 +4,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::Value;
 use shared::catalog::{self, CATALOG, SchemaEntry};
 use shared::error::ApiError;
+use shared::error::Code;
 use shared::http::{data_body, page_body, query_pairs};
 use shared::pagination::PageRequest;
 use tokio_postgres::types::ToSql;
@@ -19,7 +20,7 @@ fn record_schema(schema: Option<SchemaEntry>, id_or_slug: &str) -> Result<Schema
     match schema {
         Some(schema) if schema.schema_type != "event" => Ok(schema),
         Some(_) => Err(ApiError::not_found(
-            "schema_not_found",
+            Code::SchemaNotFound,
             format!("{id_or_slug:?} is an event schema; records live in contact and object schemas"),
         )),
         None => Err(schema_not_found(id_or_slug)),
@@ -100,6 +101,6 @@ pub async fn get(
         .await?;
     record_schema(schema, &schema_ref)?;
     let document = document
-        .ok_or_else(|| ApiError::not_found("record_not_found", format!("no record {record_id:?} in this schema")))?;
+        .ok_or_else(|| ApiError::not_found(Code::RecordNotFound, format!("no record {record_id:?} in this schema")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }

@@ -4,6 +4,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::Value;
 use shared::catalog::{self, CATALOG, SchemaEntry};
 use shared::error::ApiError;
+use shared::error::Code;
 use shared::http::{data_body, page_body, query_pairs};
 use shared::pagination::PageRequest;
 use tokio_postgres::types::ToSql;
@@ -21,7 +22,7 @@ fn parse_types(query: &[(String, String)]) -> Result<Vec<String>, ApiError> {
         for value in value.split(',').map(str::trim) {
             if !SCHEMA_TYPES.contains(&value) {
                 return Err(ApiError::bad_request(
-                    "invalid_query_parameter",
+                    Code::InvalidQueryParameter,
                     format!("{key} must be contact, object or event; got {value:?}"),
                 ));
             }
@@ -63,7 +64,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
 }
 
 pub fn schema_not_found(id_or_slug: &str) -> ApiError {
-    ApiError::not_found("schema_not_found", format!("no schema {id_or_slug:?} in this space"))
+    ApiError::not_found(Code::SchemaNotFound, format!("no schema {id_or_slug:?} in this space"))
 }
 
 pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<State>) -> Result<HttpResponse, ApiError> {

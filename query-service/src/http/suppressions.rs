@@ -3,6 +3,7 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use shared::auth::Permission;
 use shared::error::ApiError;
+use shared::error::Code;
 use shared::http::{page_body, query_pairs};
 use shared::pagination::PageRequest;
 use tokio_postgres::types::ToSql;
@@ -21,7 +22,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
         .map(|value| {
             shared::attributes::normalize_email(value).map_err(|_| {
                 ApiError::bad_request(
-                    "invalid_query_parameter",
+                    Code::InvalidQueryParameter,
                     format!("identifier must be an email address; got {:?}", shared::storable::escaped(value)),
                 )
             })

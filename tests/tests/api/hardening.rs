@@ -105,7 +105,7 @@ async fn a_value_the_database_refuses_fails_only_its_own_command() {
         guards: vec![Guard::unique(
             "INSERT INTO worker_checkpoints (name) VALUES ($1)",
             vec![Box::new(text.to_owned())],
-            AppendError::Conflict { code: "taken", message: String::new() },
+            AppendError::Conflict { code: shared::error::Code::OperationTaken, message: String::new() },
         )],
     };
     // Sent together, so the batcher groups them into one transaction.

@@ -2,6 +2,7 @@
 //! validated against the schema, defaults apply on create, identity collisions follow the
 //! contract's rules 1 and 4. Pure: every fact comes in as an argument.
 
+use shared::error::Code;
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
@@ -111,13 +112,13 @@ pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Resul
             _ => {}
         }
         if READ_ONLY_PLATFORM_FIELDS.contains(&key.as_str()) {
-            issues.push(Issue::coded(&key, "attribute_not_writable", format!("{key} is set by the platform")));
+            issues.push(Issue::coded(&key, Code::AttributeNotWritable, format!("{key} is set by the platform")));
             continue;
         }
         if let Some(identity_key) = identity_keys(schema.schema_type).iter().find(|k| **k == key) {
             match normalize_identity(identity_key, value) {
                 Ok(normalized) => parsed.identities.push((identity_key, normalized)),
-                Err(message) => issues.push(Issue::coded(&key, "invalid_attribute_value", message)),
+                Err(message) => issues.push(Issue::coded(&key, Code::InvalidAttributeValue, message)),
             }
             continue;
         }
@@ -131,7 +132,7 @@ pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Resul
     match issues.first() {
         None => Ok(parsed),
         Some(first) => {
-            let (code, message) = (first.code.unwrap_or("invalid_record_input"), first.message.clone());
+            let (code, message) = (first.code.unwrap_or(Code::InvalidAttributeValue), first.message.clone());
             Err(ApiError::bad_request(code, message).with_issues(issues))
         }
     }
@@ -177,7 +178,7 @@ pub fn decide_create(
         } else if is_required(&attribute.definition) && !has_auto_fill(&attribute.definition) {
             missing.push(Issue::coded(
                 &attribute.key,
-                "required_attribute_missing",
+                Code::RequiredAttributeMissing,
                 format!("{} is required", attribute.key),
             ));
         } else {
@@ -187,7 +188,7 @@ pub fn decide_create(
     if !missing.is_empty() {
         let keys: Vec<&str> = missing.iter().filter_map(|issue| issue.key.as_deref()).collect();
         let message = format!("required attributes are missing: {}", keys.join(", "));
-        return Err(ApiError::bad_request("required_attribute_missing", message).with_issues(missing));
+        return Err(ApiError::bad_request(Code::RequiredAttributeMissing, message).with_issues(missing));
     }
     personal.values_json = Value::Object(values).to_string();
     let event = proto::RecordCreated {
@@ -276,7 +277,7 @@ pub fn decide_update(
         {
             issues.push(Issue::coded(
                 &key,
-                "required_attribute_missing",
+                Code::RequiredAttributeMissing,
                 format!("{key} is required and cannot be cleared"),
             ));
             continue;
@@ -288,7 +289,7 @@ pub fn decide_update(
     }
     if let Some(first) = issues.first() {
         let message = first.message.clone();
-        return Err(ApiError::bad_request("required_attribute_missing", message).with_issues(issues));
+        return Err(ApiError::bad_request(Code::RequiredAttributeMissing, message).with_issues(issues));
     }
     if changed.is_empty() {
         return Ok(UpdateDecision::Unchanged);
@@ -420,7 +421,7 @@ mod tests {
     fn given_a_required_attribute_without_value_or_default_then_400_names_the_key() {
         let attributes = [attribute("plan", json!({"type": "string", "required": true}))];
         let error = create(&contact_schema(&attributes), json!({"plan": null})).expect_err("missing");
-        assert_eq!(error.code(), Some("required_attribute_missing"));
+        assert_eq!(error.code(), Some(Code::RequiredAttributeMissing));
         assert_eq!(error.body()["error"]["issues"][0]["key"], "plan");
     }
 
@@ -431,15 +432,21 @@ mod tests {
             attribute("total", json!({"type": "number", "valueSource": {"type": "aggregate"}})),
         ];
         let schema = contact_schema(&attributes);
-        assert_eq!(create(&schema, json!({"score": 1})).expect_err("evaluated").code(), Some("attribute_not_writable"));
-        assert_eq!(create(&schema, json!({"total": 1})).expect_err("aggregate").code(), Some("attribute_not_writable"));
+        assert_eq!(
+            create(&schema, json!({"score": 1})).expect_err("evaluated").code(),
+            Some(Code::AttributeNotWritable)
+        );
+        assert_eq!(
+            create(&schema, json!({"total": 1})).expect_err("aggregate").code(),
+            Some(Code::AttributeNotWritable)
+        );
     }
 
     #[test]
     fn given_auto_fill_without_credits_then_402() {
         let attributes = [attribute("summary", json!({"type": "string", "autoFill": {"enabled": true}}))];
         let error = check_credits(&contact_schema(&attributes), 0).expect_err("no credits");
-        assert_eq!(error.code(), Some("insufficient_credits"));
+        assert_eq!(error.code(), Some(Code::InsufficientCredits));
         assert_eq!(error.status().as_u16(), 402);
         assert!(check_credits(&contact_schema(&attributes), 5).is_ok());
         assert!(check_credits(&contact_schema(&[]), 0).is_ok());
@@ -452,7 +459,7 @@ mod tests {
         assert_eq!(error.status().as_u16(), 400);
         assert_eq!(error.body()["error"]["issues"].as_array().map(Vec::len), Some(2));
         let error = create(&contact_schema(&attributes), json!({"createdAt": "x"})).expect_err("read only");
-        assert_eq!(error.code(), Some("attribute_not_writable"));
+        assert_eq!(error.code(), Some(Code::AttributeNotWritable));
     }
 
     #[test]
@@ -479,7 +486,7 @@ mod tests {
         assert_eq!(decision.identities, vec![Identity { key: "externalId", value: "A-1".into() }]);
         assert_eq!(
             parse_input(&schema, object(json!({"email": "a@b.co"}))).expect_err("x").code(),
-            Some("unknown_attribute")
+            Some(Code::UnknownAttribute)
         );
     }
 
@@ -547,7 +554,7 @@ mod tests {
 
         let required = parse_input(&schema, object(json!({"plan": null}))).expect("valid");
         let error = decide_update(&schema, &current, required, &Owners::new(), 5).expect_err("required");
-        assert_eq!(error.code(), Some("required_attribute_missing"));
+        assert_eq!(error.code(), Some(Code::RequiredAttributeMissing));
 
         let same = parse_input(&schema, object(json!({"email": "A@x.io", "plan": "free"}))).expect("valid");
         assert_eq!(

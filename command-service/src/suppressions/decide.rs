@@ -1,6 +1,7 @@
 //! Suppression decisions: validating input, adding, and whether one may be removed.
 
 use serde_json::Value;
+use shared::error::Code;
 use shared::error::{ApiError, Issue};
 use shared::events::seal;
 use shared::proto;
@@ -17,37 +18,42 @@ pub struct NewSuppression {
 /// Parses `{identifier, reason}`: an email address and `manual` or `legal`.
 pub fn parse_new(value: &Value) -> Result<NewSuppression, ApiError> {
     let Some(object) = value.as_object() else {
-        return Err(ApiError::bad_request("invalid_body", "a suppression is a JSON object {identifier, reason}"));
+        return Err(ApiError::bad_request(Code::InvalidBody, "a suppression is a JSON object {identifier, reason}"));
     };
     let mut issues = Vec::new();
     for key in object.keys().filter(|key| !matches!(key.as_str(), "identifier" | "reason")) {
-        issues.push(Issue::coded(key, "unknown_field", format!("{key} is not a suppression field")));
+        issues.push(Issue::coded(key, Code::UnknownField, format!("{key} is not a suppression field")));
     }
     let identifier = match object.get("identifier").and_then(Value::as_str) {
         Some(text) => match normalize_email(text) {
             Ok(email) => Some(email),
             Err(message) => {
-                issues.push(Issue::coded("identifier", "invalid_identifier", message));
+                issues.push(Issue::coded("identifier", Code::InvalidIdentifier, message));
                 None
             }
         },
         None => {
-            issues.push(Issue::coded("identifier", "invalid_identifier", "identifier (an email address) is required"));
+            issues.push(Issue::coded(
+                "identifier",
+                Code::InvalidIdentifier,
+                "identifier (an email address) is required",
+            ));
             None
         }
     };
     let reason = match object.get("reason").and_then(Value::as_str) {
         Some(reason) if API_REASONS.contains(&reason) => Some(reason.to_owned()),
         _ => {
-            issues.push(Issue::coded("reason", "invalid_reason", "reason must be manual or legal"));
+            issues.push(Issue::coded("reason", Code::InvalidReason, "reason must be manual or legal"));
             None
         }
     };
     match (identifier, reason, issues.first()) {
         (Some(identifier), Some(reason), None) => Ok(NewSuppression { identifier, reason }),
         (_, _, first) => {
-            let (code, message) = first
-                .map_or(("invalid_body", String::new()), |i| (i.code.unwrap_or("invalid_body"), i.message.clone()));
+            let (code, message) = first.map_or((Code::InvalidBody, String::new()), |i| {
+                (i.code.unwrap_or(Code::InvalidBody), i.message.clone())
+            });
             Err(ApiError::bad_request(code, message).with_issues(issues))
         }
     }

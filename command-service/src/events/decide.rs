@@ -6,6 +6,7 @@ use serde_json::{Map, Value, json};
 use shared::admission::ScopeLimits;
 use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
 use shared::catalog::AttributeEntry;
+use shared::error::Code;
 use shared::error::{ApiError, Issue};
 
 /// The normalised input of one event may not exceed this (the contract: 256 KiB).
@@ -80,7 +81,7 @@ fn optional_string(key: &str, value: Value) -> Result<Option<String>, Issue> {
     match value {
         Value::Null => Ok(None),
         Value::String(text) if !text.trim().is_empty() => Ok(Some(text)),
-        _ => Err(Issue::coded(key, "invalid_attribute_value", format!("{key} must be a non-empty string or null"))),
+        _ => Err(Issue::coded(key, Code::InvalidAttributeValue, format!("{key} must be a non-empty string or null"))),
     }
 }
 
@@ -88,19 +89,25 @@ fn parse_occurred_at(value: Value, now_ms: i64) -> Result<Option<i64>, Issue> {
     let text = match value {
         Value::Null => return Ok(None),
         Value::String(text) => text,
-        _ => return Err(Issue::coded("occurredAt", "invalid_occurred_at", "occurredAt must be an RFC 3339 date-time")),
+        _ => {
+            return Err(Issue::coded("occurredAt", Code::InvalidOccurredAt, "occurredAt must be an RFC 3339 date-time"));
+        }
     };
     let at = chrono::DateTime::parse_from_rfc3339(&text).map_err(|_| {
-        Issue::coded("occurredAt", "invalid_occurred_at", format!("occurredAt {text:?} is not an RFC 3339 date-time"))
+        Issue::coded("occurredAt", Code::InvalidOccurredAt, format!("occurredAt {text:?} is not an RFC 3339 date-time"))
     })?;
     let ms = at.timestamp_millis();
     if ms < now_ms - MAX_AGE_MS {
-        return Err(Issue::coded("occurredAt", "invalid_occurred_at", "occurredAt is more than 366 days in the past"));
+        return Err(Issue::coded(
+            "occurredAt",
+            Code::InvalidOccurredAt,
+            "occurredAt is more than 366 days in the past",
+        ));
     }
     if ms > now_ms + MAX_AHEAD_MS {
         return Err(Issue::coded(
             "occurredAt",
-            "invalid_occurred_at",
+            Code::InvalidOccurredAt,
             "occurredAt is more than 5 minutes in the future",
         ));
     }
@@ -126,7 +133,7 @@ pub fn parse_fire(
             "eventId" => match optional_string("eventId", value) {
                 Ok(Some(id)) if id.chars().count() > MAX_EVENT_ID_CHARS => issues.push(Issue::coded(
                     "eventId",
-                    "invalid_attribute_value",
+                    Code::InvalidAttributeValue,
                     format!("eventId must be at most {MAX_EVENT_ID_CHARS} characters"),
                 )),
                 Ok(id) => event_id = id,
@@ -146,7 +153,7 @@ pub fn parse_fire(
             },
             reserved if RESERVED_FIELDS.contains(&reserved) => issues.push(Issue::coded(
                 &key,
-                "reserved_field",
+                Code::ReservedField,
                 format!("{key} is set by the platform and cannot be given"),
             )),
             _ => {
@@ -157,7 +164,7 @@ pub fn parse_fire(
     if contact_id.is_some() && object_id.is_some() {
         issues.push(Issue::coded(
             "objectId",
-            "invalid_event_subject",
+            Code::InvalidEventSubject,
             "contactId and objectId are mutually exclusive; name at most one subject",
         ));
     }
@@ -183,7 +190,7 @@ pub fn parse_fire(
         } else if is_required(&attribute.definition) {
             issues.push(Issue::coded(
                 &attribute.key,
-                "required_attribute_missing",
+                Code::RequiredAttributeMissing,
                 format!("{} is required", attribute.key),
             ));
         } else {
@@ -191,7 +198,7 @@ pub fn parse_fire(
         }
     }
     if let Some(first) = issues.first() {
-        let (code, message) = (first.code.unwrap_or("invalid_event_input"), first.message.clone());
+        let (code, message) = (first.code.unwrap_or(Code::InvalidEventInput), first.message.clone());
         return Err(ApiError::bad_request(code, message).with_issues(issues));
     }
     let (generated_event_id, event_id) = match event_id {
@@ -203,7 +210,7 @@ pub fn parse_fire(
     let size = shared::canonical::canonical_json(&parsed.normalized()).len();
     if size > MAX_INPUT_BYTES {
         return Err(ApiError::bad_request(
-            "event_input_too_large",
+            Code::EventInputTooLarge,
             format!("the normalised event input is {size} bytes; the limit is {MAX_INPUT_BYTES} (256 KiB)"),
         ));
     }
@@ -233,13 +240,16 @@ pub fn compare_with_receipt(input_digest: Option<&str>, subject_erased: bool, di
 
 pub fn event_id_conflict(event_id: &str) -> ApiError {
     ApiError::conflict(
-        "event_id_conflict",
+        Code::EventIdConflict,
         format!("eventId {event_id:?} was already used for an occurrence with different input or occurredAt"),
     )
 }
 
 pub fn event_erased(event_id: &str) -> ApiError {
-    ApiError::conflict("event_erased", format!("the occurrence {event_id:?} was erased; it cannot be accepted again"))
+    ApiError::conflict(
+        Code::EventErased,
+        format!("the occurrence {event_id:?} was erased; it cannot be accepted again"),
+    )
 }
 
 /// A scope's admission state as the database holds it, refilled to now.
@@ -275,11 +285,11 @@ impl Refusal {
         }
     }
 
-    pub fn code(self) -> &'static str {
+    pub fn code(self) -> Code {
         match self {
-            Self::RateLimited { .. } => "event_rate_limited",
-            Self::BacklogFull => "event_backlog_full",
-            Self::ReceiptLimit => "event_receipt_limit",
+            Self::RateLimited { .. } => Code::EventRateLimited,
+            Self::BacklogFull => Code::EventBacklogFull,
+            Self::ReceiptLimit => Code::EventReceiptLimit,
         }
     }
 
@@ -377,18 +387,18 @@ mod tests {
     #[test]
     fn invalid_inputs_are_refused_with_their_codes() {
         let code = |input: Value| parse(input).err().and_then(|error| error.code());
-        assert_eq!(code(json!({})), Some("required_attribute_missing"));
-        assert_eq!(code(json!({"amount": 1, "readinessState": "ready"})), Some("reserved_field"));
-        assert_eq!(code(json!({"amount": 1, "nope": 1})), Some("unknown_attribute"));
-        assert_eq!(code(json!({"amount": 1, "score": 1})), Some("attribute_not_writable"));
-        assert_eq!(code(json!({"amount": "x"})), Some("invalid_attribute_value"));
+        assert_eq!(code(json!({})), Some(Code::RequiredAttributeMissing));
+        assert_eq!(code(json!({"amount": 1, "readinessState": "ready"})), Some(Code::ReservedField));
+        assert_eq!(code(json!({"amount": 1, "nope": 1})), Some(Code::UnknownAttribute));
+        assert_eq!(code(json!({"amount": 1, "score": 1})), Some(Code::AttributeNotWritable));
+        assert_eq!(code(json!({"amount": "x"})), Some(Code::InvalidAttributeValue));
         assert_eq!(
             code(json!({"amount": 1, "contactId": "con_1", "objectId": "obj_1"})),
-            Some("invalid_event_subject")
+            Some(Code::InvalidEventSubject)
         );
-        assert_eq!(code(json!({"amount": 1, "eventId": 7})), Some("invalid_attribute_value"));
-        assert_eq!(code(json!({"amount": 1, "eventId": "x".repeat(257)})), Some("invalid_attribute_value"));
-        assert_eq!(code(json!({"amount": 1, "plan": "x".repeat(MAX_INPUT_BYTES)})), Some("event_input_too_large"));
+        assert_eq!(code(json!({"amount": 1, "eventId": 7})), Some(Code::InvalidAttributeValue));
+        assert_eq!(code(json!({"amount": 1, "eventId": "x".repeat(257)})), Some(Code::InvalidAttributeValue));
+        assert_eq!(code(json!({"amount": 1, "plan": "x".repeat(MAX_INPUT_BYTES)})), Some(Code::EventInputTooLarge));
     }
 
     #[test]
@@ -396,9 +406,9 @@ mod tests {
         let now = 1_000_000_000_000_i64;
         let at = |ms: i64| shared::time::format_millis(ms);
         let code = |input: Value| parse(input).err().and_then(|error| error.code());
-        assert_eq!(code(json!({"amount": 1, "occurredAt": at(now - MAX_AGE_MS - 1)})), Some("invalid_occurred_at"));
-        assert_eq!(code(json!({"amount": 1, "occurredAt": at(now + MAX_AHEAD_MS + 1)})), Some("invalid_occurred_at"));
-        assert_eq!(code(json!({"amount": 1, "occurredAt": "yesterday"})), Some("invalid_occurred_at"));
+        assert_eq!(code(json!({"amount": 1, "occurredAt": at(now - MAX_AGE_MS - 1)})), Some(Code::InvalidOccurredAt));
+        assert_eq!(code(json!({"amount": 1, "occurredAt": at(now + MAX_AHEAD_MS + 1)})), Some(Code::InvalidOccurredAt));
+        assert_eq!(code(json!({"amount": 1, "occurredAt": "yesterday"})), Some(Code::InvalidOccurredAt));
         let parsed = parse(json!({"amount": 1, "occurredAt": at(now - MAX_AGE_MS + 1000)})).expect("in range");
         assert_eq!(parsed.occurred_at_ms, Some(now - MAX_AGE_MS + 1000));
         assert!(parse(json!({"amount": 1, "occurredAt": at(now + MAX_AHEAD_MS)})).is_ok());
@@ -454,7 +464,7 @@ mod tests {
     fn refusal_errors_carry_retry_after_in_seconds() {
         let error = Refusal::RateLimited { retry_after_ms: 1200 }.error();
         assert_eq!(error.status().as_u16(), 429);
-        assert_eq!(error.code(), Some("event_rate_limited"));
+        assert_eq!(error.code(), Some(Code::EventRateLimited));
         assert_eq!(Refusal::BacklogFull.retry_after_ms(), 30_000);
         assert_eq!(Refusal::ReceiptLimit.retry_after_ms(), 3_600_000);
     }

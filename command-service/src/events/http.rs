@@ -8,6 +8,7 @@
 //! refused admission or an aborted batch leaves nothing behind. `Idempotency-Key` plays no
 //! part here.
 
+use shared::error::Code;
 use std::collections::HashMap;
 
 use actix_web::http::StatusCode;
@@ -25,11 +26,11 @@ use shared::proto;
 use shared::records::Loaded;
 
 use crate::State;
-use crate::domain::events::{
+use crate::events::decide::{
     Earlier, EventSchema, FireInput, Refusal, compare_with_receipt, event_erased, event_id_conflict, first_refusal,
     parse_fire,
 };
-use crate::store::events::{
+use crate::events::store::{
     ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, admission_guard, admission_state,
     ensure_scopes, find_receipts, load_subjects, receipts_guard, stream_id, subjects_guard,
 };
@@ -56,7 +57,7 @@ async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<C
         catalog::write_context(&client, &models.schema(CATALOG), caller.space_id(), schema_ref)
             .await?
             .filter(|(schema, _, _)| schema.schema_type == "event")
-            .ok_or_else(|| ApiError::not_found("schema_not_found", format!("no event schema {schema_ref:?}")))?;
+            .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no event schema {schema_ref:?}")))?;
     let scopes = state.settings.event_admission.scopes(caller.space_id(), &schema.schema_id);
     if state.new_admission_scopes(&scopes) {
         ensure_scopes(&client, &scopes).await?;
@@ -80,7 +81,7 @@ struct Candidate {
 fn parse_candidate(context: &Context, index: usize, item: Value, now_ms: i64) -> Result<Candidate, ApiError> {
     let input = match item {
         Value::Object(input) => input,
-        _ => return Err(ApiError::bad_request("invalid_event_input", "each event must be a JSON object")),
+        _ => return Err(ApiError::bad_request(Code::InvalidEventInput, "each event must be a JSON object")),
     };
     candidate(index, parse_item(context, input, now_ms)?)
 }
@@ -144,10 +145,10 @@ fn check_subject(
     match subjects.get(id) {
         Some(Loaded::Live { state, key }) if state.space_id == space_id && state.schema_type == kind => Ok(key.clone()),
         Some(Loaded::Deleting { .. }) => Err(ApiError::conflict(
-            "record_deletion_pending",
+            Code::RecordDeletionPending,
             format!("{kind} {id:?} is being deleted; it accepts no more events"),
         )),
-        _ => Err(ApiError::not_found("record_not_found", format!("no {kind} {id:?} in this space"))),
+        _ => Err(ApiError::not_found(Code::RecordNotFound, format!("no {kind} {id:?} in this space"))),
     }
 }
 
@@ -234,7 +235,7 @@ fn acceptance(req: &HttpRequest, context: &Context, new: Vec<(StreamAppend, NewR
         guards.push(subjects_guard(subjects));
     }
     guards.push(admission_guard(&context.scopes, count, pending));
-    AppendRequest { metadata: super::metadata(req, &context.caller, None), streams, guards }
+    AppendRequest { metadata: crate::edge::metadata(req, &context.caller, None), streams, guards }
 }
 
 /// Receipts and subjects of `candidates`, in two statements.
@@ -285,7 +286,7 @@ async fn accept_each(
             outcomes.insert(
                 candidate.index,
                 Outcome::failed(ApiError::conflict(
-                    "concurrent_modification",
+                    Code::ConcurrentModification,
                     "this eventId was being fired concurrently; retry",
                 )),
             );
@@ -349,13 +350,13 @@ async fn accept_round<'a>(
             Err(AppendError::Conflict { code: ADMISSION_REFUSED, .. }) => refused.push(candidate),
             Err(AppendError::Conflict { code: SUBJECT_DELETING, .. }) => {
                 let error = ApiError::conflict(
-                    "record_deletion_pending",
+                    Code::RecordDeletionPending,
                     "the event's subject is being deleted; it accepts no more events",
                 );
                 outcomes.insert(candidate.index, Outcome::failed(error));
             }
             Err(error) => {
-                outcomes.insert(candidate.index, Outcome::failed(super::append_error(error)));
+                outcomes.insert(candidate.index, Outcome::failed(crate::edge::append_error(error)));
             }
         }
     }
@@ -408,28 +409,30 @@ enum OnError {
 
 fn parse_batch(body: Value) -> Result<(Vec<Value>, OnError), ApiError> {
     let Value::Object(mut body) = body else {
-        return Err(ApiError::bad_request("invalid_body", "the request body must be a JSON object"));
+        return Err(ApiError::bad_request(Code::InvalidBody, "the request body must be a JSON object"));
     };
     let on_error = match body.remove("onError") {
         None | Some(Value::Null) => OnError::Continue,
         Some(Value::String(mode)) if mode == "continue" => OnError::Continue,
         Some(Value::String(mode)) if mode == "abort" => OnError::Abort,
-        Some(_) => return Err(ApiError::bad_request("invalid_batch", "onError must be \"continue\" or \"abort\"")),
+        Some(_) => return Err(ApiError::bad_request(Code::InvalidBatch, "onError must be \"continue\" or \"abort\"")),
     };
     let events = match body.remove("events") {
         Some(Value::Array(events)) => events,
-        Some(_) => return Err(ApiError::bad_request("invalid_batch", "events must be an array of event inputs")),
-        None => return Err(ApiError::bad_request("invalid_batch", "events is required: an array of 1 to 500 inputs")),
+        Some(_) => return Err(ApiError::bad_request(Code::InvalidBatch, "events must be an array of event inputs")),
+        None => {
+            return Err(ApiError::bad_request(Code::InvalidBatch, "events is required: an array of 1 to 500 inputs"));
+        }
     };
     if let Some(key) = body.keys().next() {
         return Err(ApiError::bad_request(
-            "invalid_batch",
+            Code::InvalidBatch,
             format!("unknown field {key:?}; a batch has events and onError"),
         ));
     }
     if events.is_empty() || events.len() > MAX_BATCH {
         return Err(ApiError::bad_request(
-            "invalid_batch_size",
+            Code::InvalidBatchSize,
             format!("a batch has 1 to {MAX_BATCH} events; got {}", events.len()),
         ));
     }
@@ -608,13 +611,13 @@ async fn batch_abort(
                 }
                 Err(AppendError::Conflict { code: SUBJECT_DELETING, .. }) => {
                     let error = ApiError::conflict(
-                        "record_deletion_pending",
+                        Code::RecordDeletionPending,
                         "a subject of this batch is being deleted; it accepts no more events",
                     );
                     let index = first_deleting(state, &candidates).await?.unwrap_or(0);
                     Some((index, Outcome::failed(error)))
                 }
-                Err(error) => return Err(super::append_error(error)),
+                Err(error) => return Err(crate::edge::append_error(error)),
             },
         };
         return Ok(match failure {
@@ -622,7 +625,7 @@ async fn batch_abort(
             None => abort_success(&planned, 0),
         });
     }
-    Err(ApiError::conflict("concurrent_modification", "eventIds of this batch were being fired concurrently; retry"))
+    Err(ApiError::conflict(Code::ConcurrentModification, "eventIds of this batch were being fired concurrently; retry"))
 }
 
 /// The index of the first candidate whose subject's deletion has started.

@@ -11,6 +11,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
 use shared::auth::{Caller, Permission};
 use shared::catalog::CATALOG;
+use shared::error::Code;
 use shared::error::{ApiError, Issue};
 use shared::events::LogEvent;
 use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, NewEvent, StreamAppend};
@@ -19,13 +20,13 @@ use shared::proto;
 use crate::State;
 use shared::records::Loaded;
 
-use crate::store::events::{SUBJECT_DELETING, load_subjects, subjects_guard};
+use crate::events::store::{SUBJECT_DELETING, load_subjects, subjects_guard};
 
 const FIELDS: [&str; 6] =
     ["sourceId", "subjectSchemaId", "anonymousId", "contactId", "operationId", "expectedAliasRevision"];
-const OPERATION_TAKEN: &str = "operation_taken";
-const REVISION_MOVED: &str = "alias_revision_conflict";
-const CAPACITY: &str = "identity_capacity_exhausted";
+const OPERATION_TAKEN: Code = Code::OperationTaken;
+const REVISION_MOVED: Code = Code::AliasRevisionConflict;
+const CAPACITY: Code = Code::IdentityCapacityExhausted;
 const ATTEMPTS: usize = 3;
 
 /// A validated identity change.
@@ -43,7 +44,7 @@ pub struct Change {
 pub fn parse_change(body: Map<String, Value>) -> Result<Change, ApiError> {
     let mut issues = Vec::new();
     for key in body.keys().filter(|key| !FIELDS.contains(&key.as_str())) {
-        issues.push(Issue::coded(key, "unknown_field", format!("{key} is not a field of an identity change")));
+        issues.push(Issue::coded(key, Code::UnknownField, format!("{key} is not a field of an identity change")));
     }
     let text = |key: &str, issues: &mut Vec<Issue>| -> Option<String> {
         match body.get(key) {
@@ -51,11 +52,11 @@ pub fn parse_change(body: Map<String, Value>) -> Result<Change, ApiError> {
                 Some(value.clone())
             }
             Some(_) => {
-                issues.push(Issue::coded(key, "invalid_field", format!("{key} must be a non-empty string")));
+                issues.push(Issue::coded(key, Code::InvalidField, format!("{key} must be a non-empty string")));
                 None
             }
             None => {
-                issues.push(Issue::coded(key, "missing_field", format!("{key} is required")));
+                issues.push(Issue::coded(key, Code::MissingField, format!("{key} is required")));
                 None
             }
         }
@@ -67,18 +68,22 @@ pub fn parse_change(body: Map<String, Value>) -> Result<Change, ApiError> {
         Some(Value::Null) => Some(None),
         Some(Value::String(id)) if !id.trim().is_empty() => Some(Some(id.clone())),
         Some(_) => {
-            issues.push(Issue::coded("contactId", "invalid_field", "contactId must be a contact id or null"));
+            issues.push(Issue::coded("contactId", Code::InvalidField, "contactId must be a contact id or null"));
             None
         }
         None => {
-            issues.push(Issue::coded("contactId", "missing_field", "contactId is required (null removes the binding)"));
+            issues.push(Issue::coded(
+                "contactId",
+                Code::MissingField,
+                "contactId is required (null removes the binding)",
+            ));
             None
         }
     };
     let operation_id = text("operationId", &mut issues).and_then(|id| match uuid::Uuid::parse_str(&id) {
         Ok(parsed) => Some(parsed.hyphenated().to_string()),
         Err(_) => {
-            issues.push(Issue::coded("operationId", "invalid_field", "operationId must be a UUID"));
+            issues.push(Issue::coded("operationId", Code::InvalidField, "operationId must be a UUID"));
             None
         }
     });
@@ -88,7 +93,7 @@ pub fn parse_change(body: Map<String, Value>) -> Result<Change, ApiError> {
             None => {
                 issues.push(Issue::coded(
                     "expectedAliasRevision",
-                    "invalid_field",
+                    Code::InvalidField,
                     "expectedAliasRevision must be a decimal string (\"0\" for a new alias)",
                 ));
                 None
@@ -108,7 +113,7 @@ pub fn parse_change(body: Map<String, Value>) -> Result<Change, ApiError> {
         }
         _ => {
             let message = issues.first().map_or_else(|| "invalid identity change".to_owned(), |i| i.message.clone());
-            Err(ApiError::bad_request("invalid_identity_change", message).with_issues(issues))
+            Err(ApiError::bad_request(Code::InvalidIdentityChange, message).with_issues(issues))
         }
     }
 }
@@ -116,7 +121,7 @@ pub fn parse_change(body: Map<String, Value>) -> Result<Change, ApiError> {
 fn source_unavailable(source_id: &str) -> ApiError {
     ApiError::new(
         actix_web::http::StatusCode::FORBIDDEN,
-        Some("identity_source_unavailable"),
+        Some(Code::IdentitySourceUnavailable),
         format!(
             "identity source {source_id:?} is unavailable: no enabled contact track with this sourceId uses that \
              contact schema"
@@ -180,7 +185,7 @@ fn replay(recorded: (String, Value), digest: &str) -> Result<HttpResponse, ApiEr
     let (recorded_digest, mut result) = recorded;
     if recorded_digest != digest {
         return Err(ApiError::conflict(
-            "operation_id_conflict",
+            Code::OperationIdConflict,
             "this operationId was used for a different identity change; use a new operationId",
         ));
     }
@@ -219,7 +224,7 @@ pub async fn change(
         }
         let (previous, revision, erased) = load_alias(&client, &space_id, &alias).await?;
         if erased {
-            return Err(ApiError::conflict("alias_erased", "the contact this alias was bound to was erased"));
+            return Err(ApiError::conflict(Code::AliasErased, "the contact this alias was bound to was erased"));
         }
         if revision != change.expected_revision {
             return Err(revision_conflict(revision));
@@ -231,13 +236,13 @@ pub async fn change(
                     if state.space_id == space_id && state.schema_id == change.subject_schema_id => {}
                 Some(Loaded::Deleting { .. }) => {
                     return Err(ApiError::conflict(
-                        "record_deletion_pending",
+                        Code::RecordDeletionPending,
                         format!("contact {contact_id:?} is being deleted"),
                     ));
                 }
                 _ => {
                     return Err(ApiError::not_found(
-                        "record_not_found",
+                        Code::RecordNotFound,
                         format!("no contact {contact_id:?} in schema {:?}", change.subject_schema_id),
                     ));
                 }
@@ -267,7 +272,7 @@ pub async fn change(
         let appended = state
             .event_log
             .append(AppendRequest {
-                metadata: super::metadata(&req, &caller, None),
+                metadata: crate::edge::metadata(&req, &caller, None),
                 streams: vec![StreamAppend {
                     stream_id: format!("alias/{space_id}/{alias}"),
                     expected: if revision == 0 {
@@ -304,17 +309,20 @@ pub async fn change(
                 ));
             }
             Err(AppendError::Conflict { code: SUBJECT_DELETING, .. }) => {
-                return Err(ApiError::conflict("record_deletion_pending", "the contact is being deleted"));
+                return Err(ApiError::conflict(Code::RecordDeletionPending, "the contact is being deleted"));
             }
-            Err(error) => return Err(super::append_error(error)),
+            Err(error) => return Err(crate::edge::append_error(error)),
         }
     }
-    Err(ApiError::conflict("concurrent_modification", "the alias kept changing while this change was applied; retry"))
+    Err(ApiError::conflict(
+        Code::ConcurrentModification,
+        "the alias kept changing while this change was applied; retry",
+    ))
 }
 
 fn revision_conflict(current: i64) -> ApiError {
     ApiError::conflict(
-        "alias_revision_conflict",
+        Code::AliasRevisionConflict,
         format!("expectedAliasRevision does not match: the alias is at revision {current}"),
     )
 }
@@ -406,7 +414,7 @@ mod tests {
         let mut extra = valid();
         extra["note"] = json!("x");
         let error = parse_change(body(extra)).expect_err("unknown field");
-        assert_eq!(error.code(), Some("invalid_identity_change"));
+        assert_eq!(error.code(), Some(Code::InvalidIdentityChange));
         for key in FIELDS {
             let mut missing = valid();
             missing.as_object_mut().map(|o| o.remove(key));

@@ -1,6 +1,7 @@
 //! The write side of business events: receipts (the eventId index), the subjects events
 //! name, and admission state; plus the guards an acceptance appends with.
 
+use shared::error::Code;
 use std::collections::HashMap;
 
 use deadpool_postgres::GenericClient;
@@ -9,7 +10,7 @@ use shared::admission::ScopeLimits;
 use shared::log::{AppendError, Guard};
 use shared::records::Loaded;
 
-use crate::domain::events::ScopeState;
+use crate::events::decide::ScopeState;
 
 pub fn stream_id(event_id: &str) -> String {
     format!("event/{event_id}")
@@ -76,11 +77,11 @@ pub struct NewReceipt {
 }
 
 /// The code of the guard conflict when another fire took one of the eventIds first.
-pub const EVENT_ID_TAKEN: &str = "event_id_taken";
+pub const EVENT_ID_TAKEN: Code = Code::EventIdTaken;
 /// The code of the guard conflict when admission refuses.
-pub const ADMISSION_REFUSED: &str = "event_admission_refused";
+pub const ADMISSION_REFUSED: Code = Code::EventAdmissionRefused;
 /// The code of the guard conflict when a subject's deletion started.
-pub const SUBJECT_DELETING: &str = "record_deletion_pending";
+pub const SUBJECT_DELETING: Code = Code::RecordDeletionPending;
 
 /// Inserts the receipts; a taken eventId fails the command (it is then decided again and
 /// finds the receipt that won).

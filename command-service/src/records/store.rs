@@ -3,7 +3,7 @@
 use deadpool_postgres::GenericClient;
 pub use shared::records::{Loaded, load_records, stream_id};
 
-use crate::domain::records::Owners;
+use crate::records::decide::Owners;
 
 /// Who holds each of `identities` (`(key, value)`) in the schema.
 pub async fn identity_owners(

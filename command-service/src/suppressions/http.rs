@@ -5,15 +5,16 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Value, json};
 use shared::auth::{Caller, Permission};
 use shared::error::ApiError;
+use shared::error::Code;
 use shared::events::LogEvent;
 use shared::ids::new_id;
 use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::suppressions::{scope, suppression_document};
 
 use crate::State;
-use crate::domain::suppressions::{NewSuppression, Refusal, decide_add, decide_remove, parse_new};
 use crate::idempotency::{self, Claim};
-use crate::store::suppressions::{load, load_many, stream_id};
+use crate::suppressions::decide::{NewSuppression, Refusal, decide_add, decide_remove, parse_new};
+use crate::suppressions::store::{load, load_many, stream_id};
 
 /// Items a batch takes.
 const BATCH_MAX: usize = 100;
@@ -56,7 +57,7 @@ fn addition(caller: &Caller, new: &NewSuppression) -> Result<Addition, AppendErr
                 Box::new(suppression_id),
             ],
             AppendError::Conflict {
-                code: "suppression_already_exists",
+                code: Code::SuppressionAlreadyExists,
                 message: format!("{} is already suppressed with reason {}", new.identifier, new.reason),
             },
         ),
@@ -92,7 +93,7 @@ fn removal(
         guard: Guard::unique(
             "DELETE FROM suppression_keys WHERE suppression_id = $1",
             vec![Box::new(suppression_id.to_owned())],
-            AppendError::Conflict { code: "suppression_not_found", message: String::new() },
+            AppendError::Conflict { code: Code::SuppressionNotFound, message: String::new() },
         ),
     })
 }
@@ -100,10 +101,10 @@ fn removal(
 fn refusal_error(refusal: Refusal, suppression_id: &str) -> ApiError {
     match refusal {
         Refusal::NotFound => {
-            ApiError::not_found("suppression_not_found", format!("no suppression {suppression_id:?} in this space"))
+            ApiError::not_found(Code::SuppressionNotFound, format!("no suppression {suppression_id:?} in this space"))
         }
         Refusal::NotRemovable => ApiError::conflict(
-            "suppression_not_removable",
+            Code::SuppressionNotRemovable,
             "only manual and legal suppressions of your space can be removed; global and provider (bounce, \
              complaint) suppressions cannot",
         ),
@@ -155,8 +156,8 @@ async fn commit_batch(
     if streams.is_empty() {
         if let Some(claim) = claim {
             claim.record(state, StatusCode::OK, &body).await.map_err(|error| match error.code() {
-                Some("service_unavailable") => AppendError::Unavailable(error.message().to_owned()),
-                Some("value_not_storable") => AppendError::Refused(error.message().to_owned()),
+                Some(Code::ServiceUnavailable) => AppendError::Unavailable(error.message().to_owned()),
+                Some(Code::ValueNotStorable) => AppendError::Refused(error.message().to_owned()),
                 _ => AppendError::Failed(error.message().to_owned()),
             })?;
         }
@@ -166,7 +167,7 @@ async fn commit_batch(
     let appended = state
         .event_log
         .append(AppendRequest {
-            metadata: super::metadata(req, caller, claim.map(|claim| claim.key.clone())),
+            metadata: crate::edge::metadata(req, caller, claim.map(|claim| claim.key.clone())),
             streams,
             guards,
         })
@@ -210,19 +211,22 @@ fn batch_outcome(
 ) -> Option<Result<HttpResponse, ApiError>> {
     match outcome {
         Ok(response) => Some(Ok(response)),
-        Err(AppendError::WrongVersion { .. } | AppendError::Conflict { code: "suppression_already_exists", .. }) => {
+        Err(AppendError::WrongVersion { .. } | AppendError::Conflict { code: Code::SuppressionAlreadyExists, .. }) => {
             None
         }
-        Err(AppendError::Conflict { code: "suppression_not_found", .. }) => None,
+        Err(AppendError::Conflict { code: Code::SuppressionNotFound, .. }) => None,
         Err(error) => {
             *unconfirmed = matches!(error, AppendError::OutcomeUnknown(_));
-            Some(Err(super::append_error(error)))
+            Some(Err(crate::edge::append_error(error)))
         }
     }
 }
 
 fn lost_too_often() -> ApiError {
-    ApiError::conflict("concurrent_modification", "the suppressions kept changing while this batch was applied; retry")
+    ApiError::conflict(
+        Code::ConcurrentModification,
+        "the suppressions kept changing while this batch was applied; retry",
+    )
 }
 
 /// `POST /contacts/suppressions`: one suppression; no idempotency.
@@ -234,16 +238,16 @@ pub async fn create(
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let body = shared::http::read_json(&req, payload).await?;
     let new = parse_new(&body)?;
-    let Addition { stream, guard, document } = addition(&caller, &new).map_err(super::append_error)?;
+    let Addition { stream, guard, document } = addition(&caller, &new).map_err(crate::edge::append_error)?;
     let appended = state
         .event_log
         .append(AppendRequest {
-            metadata: super::metadata(&req, &caller, None),
+            metadata: crate::edge::metadata(&req, &caller, None),
             streams: vec![stream],
             guards: vec![guard],
         })
         .await
-        .map_err(super::append_error)?;
+        .map_err(crate::edge::append_error)?;
     Ok(answer(StatusCode::CREATED, appended.last_position, &json!({ "data": document }), None))
 }
 
@@ -254,19 +258,23 @@ fn batch_items(body: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
             .keys()
             .filter(|key| key.as_str() != field)
             .map(|key| {
-                shared::error::Issue::coded(key, "unknown_field", format!("{key} is not a field; the body has {field}"))
+                shared::error::Issue::coded(
+                    key,
+                    Code::UnknownField,
+                    format!("{key} is not a field; the body has {field}"),
+                )
             })
             .collect();
         if let Some(first) = issues.first() {
-            return Err(ApiError::bad_request("unknown_field", first.message.clone()).with_issues(issues));
+            return Err(ApiError::bad_request(Code::UnknownField, first.message.clone()).with_issues(issues));
         }
     }
     let items = body.get(field).and_then(Value::as_array).ok_or_else(|| {
-        ApiError::bad_request("invalid_body", format!("the body must be an object with an array {field:?}"))
+        ApiError::bad_request(Code::InvalidBody, format!("the body must be an object with an array {field:?}"))
     })?;
     if items.is_empty() || items.len() > BATCH_MAX {
         return Err(ApiError::bad_request(
-            "invalid_batch_size",
+            Code::InvalidBatchSize,
             format!("{field} must hold 1 to {BATCH_MAX} items; got {}", items.len()),
         ));
     }
@@ -357,7 +365,7 @@ pub async fn batch_remove(
         let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
         for (index, item) in items.iter().enumerate() {
             let Some(id) = item.as_str() else {
-                let error = ApiError::bad_request("invalid_id", "each id must be a string");
+                let error = ApiError::bad_request(Code::InvalidId, "each id must be a string");
                 results.push(json!({"index": index, "status": "invalid", "error": error.body()["error"]}));
                 continue;
             };
@@ -370,8 +378,8 @@ pub async fn batch_remove(
                 }
                 Err(error) => {
                     let status = match error.code() {
-                        Some("suppression_not_found") => "not_found",
-                        Some("suppression_not_removable") => "not_removable",
+                        Some(Code::SuppressionNotFound) => "not_found",
+                        Some(Code::SuppressionNotRemovable) => "not_removable",
                         _ => "failed",
                     };
                     results.push(json!({"index": index, "id": id, "status": status, "error": error.body()["error"]}));
@@ -406,7 +414,7 @@ pub async fn delete(
             let appended = state
                 .event_log
                 .append(AppendRequest {
-                    metadata: super::metadata(req, caller, claim.as_ref().map(|claim| claim.key.clone())),
+                    metadata: crate::edge::metadata(req, caller, claim.as_ref().map(|claim| claim.key.clone())),
                     streams: vec![stream],
                     guards,
                 })
@@ -416,9 +424,9 @@ pub async fn delete(
                     AppendError::WrongVersion { .. } => refusal_error(Refusal::NotFound, suppression_id),
                     AppendError::OutcomeUnknown(message) => {
                         unconfirmed = true;
-                        super::append_error(AppendError::OutcomeUnknown(message))
+                        crate::edge::append_error(AppendError::OutcomeUnknown(message))
                     }
-                    other => super::append_error(other),
+                    other => crate::edge::append_error(other),
                 })?;
             Ok(answer(StatusCode::OK, appended.last_position, &body, Some(&operation_id)))
         }

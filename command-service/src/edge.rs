@@ -1,14 +1,10 @@
-//! The HTTP surface of the command service. Only this module knows actix-web.
-
-pub mod events;
-pub mod identities;
-pub mod records;
-pub mod routes;
-pub mod suppressions;
+//! What every write handler shares at the HTTP edge: the log metadata of a request and the
+//! contract's answer to a failed append.
 
 use actix_web::HttpRequest;
 use shared::auth::Caller;
 use shared::error::ApiError;
+use shared::error::Code;
 use shared::log::{AppendError, Metadata};
 
 /// The log metadata of a write by `caller`.
@@ -25,9 +21,13 @@ pub fn metadata(req: &HttpRequest, caller: &Caller, idempotency_key: Option<Stri
 /// Turns a failed append into the contract's answer.
 pub fn append_error(error: AppendError) -> ApiError {
     match error {
+        // A guard's internal label must have been translated by its handler.
+        AppendError::Conflict { code, message } if code.is_internal() => {
+            ApiError::internal(&anyhow::anyhow!("an untranslated guard refusal {code}: {message}"))
+        }
         AppendError::Conflict { code, message } => ApiError::conflict(code, message),
         AppendError::WrongVersion { stream_id } => ApiError::conflict(
-            "concurrent_modification",
+            Code::ConcurrentModification,
             format!("{stream_id} was changed by another request at the same time; retry"),
         ),
         AppendError::Unavailable(message) => {
@@ -40,7 +40,7 @@ pub fn append_error(error: AppendError) -> ApiError {
             tracing::error!(%message, "append outcome unknown");
             ApiError::new(
                 actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
-                Some("outcome_unknown"),
+                Some(Code::OutcomeUnknown),
                 "the write may or may not have been stored; inspect the resource before retrying",
             )
         }

@@ -8,6 +8,7 @@ use shared::auth::{Caller, Permission};
 use shared::catalog::{self, AttributeEntry, CATALOG, SchemaEntry};
 use shared::crypto::{self, DataKey};
 use shared::error::ApiError;
+use shared::error::Code;
 use shared::events::LogEvent;
 use shared::ids::new_id;
 use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
@@ -15,12 +16,12 @@ use shared::proto::Sealed;
 use shared::records::{RecordState, record_document};
 
 use crate::State;
-use crate::domain::records::{
+use crate::idempotency::{self, Claim};
+use crate::records::decide::{
     Change, CreateDecision, Identity, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, decide_create,
     decide_update, match_upsert, parse_input,
 };
-use crate::idempotency::{self, Claim};
-use crate::store::records::{Loaded, identity_owners, load_records, stream_id};
+use crate::records::store::{Loaded, identity_owners, load_records, stream_id};
 
 /// How often a write that lost a race (stream version, identity claim) is decided again.
 const ATTEMPTS: usize = 3;
@@ -69,7 +70,7 @@ async fn write_context(
     catalog::write_context(&client, &models.schema(CATALOG), caller.space_id(), schema_ref)
         .await?
         .filter(|(schema, _, _)| schema.schema_type != "event")
-        .ok_or_else(|| ApiError::not_found("schema_not_found", format!("no contact or object schema {schema_ref:?}")))
+        .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no contact or object schema {schema_ref:?}")))
 }
 
 fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
@@ -84,7 +85,7 @@ fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) 
             Box::new(record_id.to_owned()),
         ],
         conflict: AppendError::Conflict {
-            code: "identifier_conflict",
+            code: Code::IdentifierConflict,
             message: format!("a record with this {} already exists in the schema", identity.key),
         },
     }
@@ -102,7 +103,7 @@ fn release(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity
             Box::new(identity.value.clone()),
             Box::new(record_id.to_owned()),
         ],
-        conflict: AppendError::Conflict { code: "identifier_conflict", message: String::new() },
+        conflict: AppendError::Conflict { code: Code::IdentifierConflict, message: String::new() },
     }
 }
 
@@ -120,7 +121,7 @@ fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
     if matches!(error, AppendError::OutcomeUnknown(_)) {
         *unconfirmed = true;
     }
-    super::append_error(error)
+    crate::edge::append_error(error)
 }
 
 /// Identity values of the input, to look up their holders.
@@ -154,7 +155,7 @@ async fn append_create(
     state
         .event_log
         .append(AppendRequest {
-            metadata: super::metadata(req, &prelude.caller, idempotency.0.map(|claim| claim.key.clone())),
+            metadata: crate::edge::metadata(req, &prelude.caller, idempotency.0.map(|claim| claim.key.clone())),
             streams: vec![StreamAppend {
                 stream_id: stream_id(&record_id),
                 expected: ExpectedVersion::NoStream,
@@ -193,7 +194,7 @@ async fn append_update(
     state
         .event_log
         .append(AppendRequest {
-            metadata: super::metadata(req, &prelude.caller, idempotency.0.map(|claim| claim.key.clone())),
+            metadata: crate::edge::metadata(req, &prelude.caller, idempotency.0.map(|claim| claim.key.clone())),
             streams: vec![StreamAppend {
                 stream_id: stream_id(&record_id),
                 expected: ExpectedVersion::Exactly(version),
@@ -232,11 +233,11 @@ fn encrypt_personal(
 }
 
 fn is_lost_race(error: &AppendError) -> bool {
-    matches!(error, AppendError::WrongVersion { .. } | AppendError::Conflict { code: "identifier_conflict", .. })
+    matches!(error, AppendError::WrongVersion { .. } | AppendError::Conflict { code: Code::IdentifierConflict, .. })
 }
 
 fn lost_too_often() -> ApiError {
-    ApiError::conflict("concurrent_modification", "the record kept changing while this write was applied; retry")
+    ApiError::conflict(Code::ConcurrentModification, "the record kept changing while this write was applied; retry")
 }
 
 #[tracing::instrument(skip_all, fields(schema = %path.as_str()))]
@@ -358,7 +359,7 @@ async fn upsert_attempts(
 }
 
 fn record_not_found(record_id: &str) -> ApiError {
-    ApiError::not_found("record_not_found", format!("no record {record_id:?} in this schema"))
+    ApiError::not_found(Code::RecordNotFound, format!("no record {record_id:?} in this schema"))
 }
 
 /// The record's stream version, state and data key, if it is a record of `schema`; else
@@ -381,7 +382,7 @@ async fn load_in_schema(
 
 fn deletion_pending(record_id: &str, operation_id: &str) -> ApiError {
     ApiError::conflict(
-        "record_deletion_pending",
+        Code::RecordDeletionPending,
         format!("record {record_id:?} is being deleted (operation {operation_id}); it accepts no more work"),
     )
 }
@@ -418,7 +419,7 @@ pub async fn update(
         match append_update(&req, &state, &prelude, (version, key), *change, (None, None)).await {
             Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended))),
             Err(error) if is_lost_race(&error) => continue,
-            Err(error) => return Err(with_id(super::append_error(error))),
+            Err(error) => return Err(with_id(crate::edge::append_error(error))),
         }
     }
     Err(with_id(lost_too_often()))
@@ -463,14 +464,14 @@ pub async fn delete(
             Guard::unique(
                 "DELETE FROM record_identities WHERE record_id = $1",
                 vec![Box::new(record_id.clone())],
-                AppendError::Conflict { code: "record_deletion_pending", message: String::new() },
+                AppendError::Conflict { code: Code::RecordDeletionPending, message: String::new() },
             ),
             // A replay of the record's create or upsert is a read of its personal data: it
             // leaves with the request, in the same transaction.
             Guard::unique(
                 shared::records::BLANK_IDEMPOTENT_RESPONSES,
                 vec![Box::new(record_id.clone())],
-                AppendError::Conflict { code: "record_deletion_pending", message: String::new() },
+                AppendError::Conflict { code: Code::RecordDeletionPending, message: String::new() },
             ),
             Guard::exactly_one(
                 "INSERT INTO record_deletions (operation_id, record_id, space_id, schema_id, state)
@@ -482,7 +483,7 @@ pub async fn delete(
                     Box::new(schema.schema_id.clone()),
                 ],
                 AppendError::Conflict {
-                    code: "record_deletion_pending",
+                    code: Code::RecordDeletionPending,
                     message: format!("record {record_id:?} is already being deleted"),
                 },
             ),
@@ -490,7 +491,7 @@ pub async fn delete(
         let appended = state
             .event_log
             .append(AppendRequest {
-                metadata: super::metadata(&req, &caller, None),
+                metadata: crate::edge::metadata(&req, &caller, None),
                 streams: vec![StreamAppend {
                     stream_id: stream_id(&record_id),
                     expected: ExpectedVersion::Exactly(version),
@@ -511,7 +512,7 @@ pub async fn delete(
                 return Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended)));
             }
             Err(AppendError::WrongVersion { .. }) => continue,
-            Err(error) => return Err(with_id(super::append_error(error))),
+            Err(error) => return Err(with_id(crate::edge::append_error(error))),
         }
     }
     Err(with_id(lost_too_often()))

@@ -1,0 +1,3 @@
+//! Anonymous identity binding (`POST /event-identities`).
+
+pub mod http;
