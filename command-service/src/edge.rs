@@ -18,6 +18,73 @@ pub fn metadata(req: &HttpRequest, caller: &Caller, idempotency_key: Option<Stri
     }
 }
 
+/// A refused record write as the contract answers it.
+impl From<crate::records::decide::RecordRefusal> for ApiError {
+    fn from(refusal: crate::records::decide::RecordRefusal) -> Self {
+        use crate::records::decide::RecordRefusal;
+        let message = refusal.to_string();
+        match refusal {
+            RecordRefusal::Invalid { code, message, issues } => {
+                ApiError::bad_request(code, message).with_issues(issues)
+            }
+            RecordRefusal::InsufficientCredits => ApiError::insufficient_credits(),
+            RecordRefusal::NotFound(_) => ApiError::not_found(Code::RecordNotFound, message),
+            RecordRefusal::DeletionPending { .. } => ApiError::conflict(Code::RecordDeletionPending, message),
+        }
+    }
+}
+
+/// A refused suppression write as the contract answers it.
+impl From<crate::suppressions::decide::Refusal> for ApiError {
+    fn from(refusal: crate::suppressions::decide::Refusal) -> Self {
+        use crate::suppressions::decide::Refusal;
+        let message = refusal.to_string();
+        match refusal {
+            Refusal::Invalid { code, message, issues } => ApiError::bad_request(code, message).with_issues(issues),
+            Refusal::NotFound(_) => ApiError::not_found(Code::SuppressionNotFound, message),
+            Refusal::NotRemovable => ApiError::conflict(Code::SuppressionNotRemovable, message),
+        }
+    }
+}
+
+/// A refused fire as the contract answers it.
+impl From<crate::events::decide::EventRefusal> for ApiError {
+    fn from(refusal: crate::events::decide::EventRefusal) -> Self {
+        use crate::events::decide::EventRefusal;
+        let (code, message) = (refusal.code(), refusal.to_string());
+        match refusal {
+            EventRefusal::Invalid { code, message, issues } => ApiError::bad_request(code, message).with_issues(issues),
+            EventRefusal::TooLarge(_) => ApiError::bad_request(code, message),
+            EventRefusal::IdConflict(_) | EventRefusal::Erased(_) => ApiError::conflict(code, message),
+        }
+    }
+}
+
+/// An occurrence not admitted: 429 with `Retry-After` in whole seconds (at least 1).
+impl From<crate::events::decide::AdmissionRefusal> for ApiError {
+    fn from(refusal: crate::events::decide::AdmissionRefusal) -> Self {
+        let seconds = refusal.retry_after_ms().div_ceil(1000).max(1);
+        ApiError::new(actix_web::http::StatusCode::TOO_MANY_REQUESTS, Some(refusal.code()), refusal.message())
+            .with_header("Retry-After", seconds.to_string())
+    }
+}
+
+/// A refused identity change as the contract answers it.
+impl From<crate::identities::decide::Refusal> for ApiError {
+    fn from(refusal: crate::identities::decide::Refusal) -> Self {
+        use crate::identities::decide::Refusal;
+        let (code, message) = (refusal.code(), refusal.to_string());
+        match refusal {
+            Refusal::Invalid { message, issues } => ApiError::bad_request(code, message).with_issues(issues),
+            Refusal::ContactNotFound { .. } => ApiError::not_found(code, message),
+            Refusal::OperationIdConflict
+            | Refusal::AliasErased
+            | Refusal::RevisionConflict { .. }
+            | Refusal::ContactDeletionPending(_) => ApiError::conflict(code, message),
+        }
+    }
+}
+
 /// Turns a failed append into the contract's answer.
 pub fn append_error(error: AppendError) -> ApiError {
     match error {

@@ -328,15 +328,15 @@ async fn fill_record(
     let now = shared::time::now_millis();
     let metadata = Metadata { space_id: Some(state.space_id.clone()), ..Metadata::default() };
     let (stream, guards) = if prepared.state == "ready" {
-        let mut personal = state.personal.clone().unwrap_or_default();
         let mut values = state.values();
         values.extend(prepared.values.clone());
-        personal.values_json = Value::Object(values).to_string();
+        let personal = state.personal_with_values(values);
         let mut sealed = shared::events::seal(&state.record_id, &personal);
         if let Some(key) = &key {
             shared::events::encrypt(&mut sealed, key)?;
         }
-        let updated = shared::records::RecordState { updated_at_ms: now.max(state.updated_at_ms), ..state.clone() };
+        // The same update rule as an API write.
+        let updated = state.after_update(personal, now);
         let update = updated.updated_event(sealed, prepared.values.keys().cloned().collect(), prepared.credits_spent);
         let stream = StreamAppend {
             stream_id: stored.stream_id.clone(),

@@ -92,6 +92,21 @@ impl RecordState {
         }
     }
 
+    /// The record after an update that leaves it with `personal` (identities and values):
+    /// the one rule every record update follows, API writes and AI auto-fill alike. Its
+    /// `updatedAt` never goes backwards.
+    pub fn after_update(&self, personal: proto::RecordPersonal, now_ms: i64) -> Self {
+        Self { updated_at_ms: now_ms.max(self.updated_at_ms), personal: Some(personal), ..self.clone() }
+    }
+
+    /// This record's personal data with its custom values replaced by `values`.
+    pub fn personal_with_values(&self, values: Map<String, Value>) -> proto::RecordPersonal {
+        proto::RecordPersonal {
+            values_json: Value::Object(values).to_string(),
+            ..self.personal.clone().unwrap_or_default()
+        }
+    }
+
     /// The `RecordUpdated` that carries this (new) state, with its personal data `sealed`.
     pub fn updated_event(
         &self,

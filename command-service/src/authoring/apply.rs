@@ -1,7 +1,6 @@
 //! Applying a workspace file: compute the events that bring the authored state to what the
 //! file says, and append them in one transaction. Re-applying the same file appends nothing.
 
-use shared::error::Code;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -332,13 +331,7 @@ fn plan_suppression(plan: &mut Plan<'_>, space_id: &str, spec: &SuppressionSpec)
         crate::suppressions::decide::NewSuppression { identifier: identifier.clone(), reason: spec.reason.clone() };
     let added = crate::suppressions::decide::decide_add(space_id, &new, &suppression_id, plan.now_ms, source);
     plan.ensure(stream_id, LogEvent::SuppressionAdded(added));
-    plan.guards.push(Guard {
-        expect_rows: None,
-        sql: "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)
-              ON CONFLICT DO NOTHING",
-        params: vec![Box::new(scope), Box::new(identifier), Box::new(spec.reason.clone()), Box::new(suppression_id)],
-        conflict: shared::log::AppendError::Conflict { code: Code::SuppressionAlreadyExists, message: String::new() },
-    });
+    plan.guards.push(crate::suppressions::store::authored_key_guard(&scope, &new, &suppression_id));
 }
 
 fn plan_resources(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {

@@ -7,7 +7,7 @@ use shared::admission::ScopeLimits;
 use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
 use shared::catalog::AttributeEntry;
 use shared::error::Code;
-use shared::error::{ApiError, Issue};
+use shared::error::Issue;
 
 /// The normalised input of one event may not exceed this (the contract: 256 KiB).
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
@@ -90,7 +90,11 @@ fn parse_occurred_at(value: Value, now_ms: i64) -> Result<Option<i64>, Issue> {
         Value::Null => return Ok(None),
         Value::String(text) => text,
         _ => {
-            return Err(Issue::coded("occurredAt", Code::InvalidOccurredAt, "occurredAt must be an RFC 3339 date-time"));
+            return Err(Issue::coded(
+                "occurredAt",
+                Code::InvalidOccurredAt,
+                "occurredAt must be an RFC 3339 date-time",
+            ));
         }
     };
     let at = chrono::DateTime::parse_from_rfc3339(&text).map_err(|_| {
@@ -114,6 +118,35 @@ fn parse_occurred_at(value: Value, now_ms: i64) -> Result<Option<i64>, Issue> {
     Ok(Some(ms))
 }
 
+/// Why a fire is refused (admission aside: see [`AdmissionRefusal`]). The HTTP edge maps each to the
+/// contract's answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventRefusal {
+    /// The input does not fit the event schema; `issues` names every problem (400).
+    #[error("{message}")]
+    Invalid { code: Code, message: String, issues: Vec<Issue> },
+    /// The normalised input is over 256 KiB (400).
+    #[error("the normalised event input is {0} bytes; the limit is {MAX_INPUT_BYTES} (256 KiB)")]
+    TooLarge(usize),
+    /// Changed input under a used eventId (409).
+    #[error("eventId {0:?} was already used for an occurrence with different input or occurredAt")]
+    IdConflict(String),
+    /// The occurrence's subject was erased (409).
+    #[error("the occurrence {0:?} was erased; it cannot be accepted again")]
+    Erased(String),
+}
+
+impl EventRefusal {
+    pub fn code(&self) -> Code {
+        match self {
+            Self::Invalid { code, .. } => *code,
+            Self::TooLarge(_) => Code::EventInputTooLarge,
+            Self::IdConflict(_) => Code::EventIdConflict,
+            Self::Erased(_) => Code::EventErased,
+        }
+    }
+}
+
 /// Validates and normalises a flat fire input. `generate_id` supplies the `eventId` when it
 /// is omitted or null. A body `id` is ignored.
 pub fn parse_fire(
@@ -121,7 +154,7 @@ pub fn parse_fire(
     input: Map<String, Value>,
     now_ms: i64,
     generate_id: impl FnOnce() -> String,
-) -> Result<FireInput, ApiError> {
+) -> Result<FireInput, EventRefusal> {
     let mut issues = Vec::new();
     let mut event_id = None;
     let mut occurred_at_ms = None;
@@ -199,7 +232,7 @@ pub fn parse_fire(
     }
     if let Some(first) = issues.first() {
         let (code, message) = (first.code.unwrap_or(Code::InvalidEventInput), first.message.clone());
-        return Err(ApiError::bad_request(code, message).with_issues(issues));
+        return Err(EventRefusal::Invalid { code, message, issues });
     }
     let (generated_event_id, event_id) = match event_id {
         Some(id) => (false, id),
@@ -209,10 +242,7 @@ pub fn parse_fire(
         FireInput { event_id, generated_event_id, occurred_at_ms, contact_id, object_id, values, pending_keys };
     let size = shared::canonical::canonical_json(&parsed.normalized()).len();
     if size > MAX_INPUT_BYTES {
-        return Err(ApiError::bad_request(
-            Code::EventInputTooLarge,
-            format!("the normalised event input is {size} bytes; the limit is {MAX_INPUT_BYTES} (256 KiB)"),
-        ));
+        return Err(EventRefusal::TooLarge(size));
     }
     Ok(parsed)
 }
@@ -238,20 +268,6 @@ pub fn compare_with_receipt(input_digest: Option<&str>, subject_erased: bool, di
     }
 }
 
-pub fn event_id_conflict(event_id: &str) -> ApiError {
-    ApiError::conflict(
-        Code::EventIdConflict,
-        format!("eventId {event_id:?} was already used for an occurrence with different input or occurredAt"),
-    )
-}
-
-pub fn event_erased(event_id: &str) -> ApiError {
-    ApiError::conflict(
-        Code::EventErased,
-        format!("the occurrence {event_id:?} was erased; it cannot be accepted again"),
-    )
-}
-
 /// A scope's admission state as the database holds it, refilled to now.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScopeState {
@@ -264,7 +280,7 @@ pub struct ScopeState {
 
 /// Why an occurrence is not admitted, and when to retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum AdmissionRefusal {
     /// 429 `event_rate_limited`, after the computed delay.
     RateLimited { retry_after_ms: u64 },
     /// 429 `event_backlog_full`: retry in 30 s.
@@ -273,7 +289,7 @@ pub enum Refusal {
     ReceiptLimit,
 }
 
-impl Refusal {
+impl AdmissionRefusal {
     pub const BACKLOG_RETRY_MS: u64 = 30_000;
     pub const RECEIPT_RETRY_MS: u64 = 3_600_000;
 
@@ -304,26 +320,19 @@ impl Refusal {
             }
         }
     }
-
-    /// The error of a single fire, with `Retry-After` in whole seconds (at least 1).
-    pub fn error(self) -> ApiError {
-        let seconds = self.retry_after_ms().div_ceil(1000).max(1);
-        ApiError::new(actix_web::http::StatusCode::TOO_MANY_REQUESTS, Some(self.code()), self.message())
-            .with_header("Retry-After", seconds.to_string())
-    }
 }
 
 /// Walks new occurrences in order (`true` for one that needs preparation) against the scopes'
 /// state and returns the first that would be refused, with the reason. The receipt cap is
 /// checked first, then the backlog, then the rate, in every scope.
-pub fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Option<(usize, Refusal)> {
+pub fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Option<(usize, AdmissionRefusal)> {
     let mut scopes = scopes.to_vec();
     for (index, needs_preparation) in occurrences.iter().enumerate() {
         if scopes.iter().any(|scope| scope.receipts + 1 > scope.limits.receipts) {
-            return Some((index, Refusal::ReceiptLimit));
+            return Some((index, AdmissionRefusal::ReceiptLimit));
         }
         if *needs_preparation && scopes.iter().any(|scope| scope.pending + 1 > scope.limits.pending) {
-            return Some((index, Refusal::BacklogFull));
+            return Some((index, AdmissionRefusal::BacklogFull));
         }
         let wait = scopes
             .iter()
@@ -332,7 +341,7 @@ pub fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Option<(usi
             .fold(0.0_f64, f64::max);
         if wait > 0.0 {
             let retry_after_ms = if wait.is_finite() { (wait * 1000.0).ceil() as u64 } else { u64::MAX / 2 };
-            return Some((index, Refusal::RateLimited { retry_after_ms: retry_after_ms.max(1) }));
+            return Some((index, AdmissionRefusal::RateLimited { retry_after_ms: retry_after_ms.max(1) }));
         }
         for scope in &mut scopes {
             scope.tokens -= 1.0;
@@ -362,7 +371,7 @@ mod tests {
         ]
     }
 
-    fn parse(input: Value) -> Result<FireInput, ApiError> {
+    fn parse(input: Value) -> Result<FireInput, EventRefusal> {
         let attributes = attributes();
         let Value::Object(input) = input else { panic!("object") };
         parse_fire(EventSchema { attributes: &attributes }, input, 1_000_000_000_000, || "generated".into())
@@ -386,7 +395,7 @@ mod tests {
 
     #[test]
     fn invalid_inputs_are_refused_with_their_codes() {
-        let code = |input: Value| parse(input).err().and_then(|error| error.code());
+        let code = |input: Value| parse(input).err().map(|refusal| refusal.code());
         assert_eq!(code(json!({})), Some(Code::RequiredAttributeMissing));
         assert_eq!(code(json!({"amount": 1, "readinessState": "ready"})), Some(Code::ReservedField));
         assert_eq!(code(json!({"amount": 1, "nope": 1})), Some(Code::UnknownAttribute));
@@ -405,7 +414,7 @@ mod tests {
     fn occurred_at_must_lie_within_366_days_back_and_5_minutes_ahead() {
         let now = 1_000_000_000_000_i64;
         let at = |ms: i64| shared::time::format_millis(ms);
-        let code = |input: Value| parse(input).err().and_then(|error| error.code());
+        let code = |input: Value| parse(input).err().map(|refusal| refusal.code());
         assert_eq!(code(json!({"amount": 1, "occurredAt": at(now - MAX_AGE_MS - 1)})), Some(Code::InvalidOccurredAt));
         assert_eq!(code(json!({"amount": 1, "occurredAt": at(now + MAX_AHEAD_MS + 1)})), Some(Code::InvalidOccurredAt));
         assert_eq!(code(json!({"amount": 1, "occurredAt": "yesterday"})), Some(Code::InvalidOccurredAt));
@@ -448,24 +457,23 @@ mod tests {
         assert_eq!(first_refusal(&[scope(3.0, 0, 0)], &[false, false, false]), None);
         assert_eq!(
             first_refusal(&[scope(2.5, 0, 0)], &[false, false, false]),
-            Some((2, Refusal::RateLimited { retry_after_ms: 100 }))
+            Some((2, AdmissionRefusal::RateLimited { retry_after_ms: 100 }))
         );
-        assert_eq!(first_refusal(&[scope(9.0, 1, 0)], &[false, true, true]), Some((2, Refusal::BacklogFull)));
-        assert_eq!(first_refusal(&[scope(9.0, 0, 9)], &[false, false]), Some((1, Refusal::ReceiptLimit)));
+        assert_eq!(first_refusal(&[scope(9.0, 1, 0)], &[false, true, true]), Some((2, AdmissionRefusal::BacklogFull)));
+        assert_eq!(first_refusal(&[scope(9.0, 0, 9)], &[false, false]), Some((1, AdmissionRefusal::ReceiptLimit)));
         // The strictest scope decides the delay.
         let slow = ScopeState { limits: ScopeLimits { rate: 1.0, ..scope(0.0, 0, 0).limits }, ..scope(0.5, 0, 0) };
         assert_eq!(
             first_refusal(&[scope(0.0, 0, 0), slow], &[false]),
-            Some((0, Refusal::RateLimited { retry_after_ms: 500 }))
+            Some((0, AdmissionRefusal::RateLimited { retry_after_ms: 500 }))
         );
     }
 
     #[test]
-    fn refusal_errors_carry_retry_after_in_seconds() {
-        let error = Refusal::RateLimited { retry_after_ms: 1200 }.error();
-        assert_eq!(error.status().as_u16(), 429);
-        assert_eq!(error.code(), Some(Code::EventRateLimited));
-        assert_eq!(Refusal::BacklogFull.retry_after_ms(), 30_000);
-        assert_eq!(Refusal::ReceiptLimit.retry_after_ms(), 3_600_000);
+    fn refusals_say_when_to_retry() {
+        let refusal = AdmissionRefusal::RateLimited { retry_after_ms: 1200 };
+        assert_eq!((refusal.code(), refusal.retry_after_ms()), (Code::EventRateLimited, 1200));
+        assert_eq!(AdmissionRefusal::BacklogFull.retry_after_ms(), 30_000);
+        assert_eq!(AdmissionRefusal::ReceiptLimit.retry_after_ms(), 3_600_000);
     }
 }

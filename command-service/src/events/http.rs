@@ -27,8 +27,7 @@ use shared::records::Loaded;
 
 use crate::State;
 use crate::events::decide::{
-    Earlier, EventSchema, FireInput, Refusal, compare_with_receipt, event_erased, event_id_conflict, first_refusal,
-    parse_fire,
+    AdmissionRefusal, Earlier, EventRefusal, EventSchema, FireInput, compare_with_receipt, first_refusal, parse_fire,
 };
 use crate::events::store::{
     ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, admission_guard, admission_state,
@@ -67,7 +66,7 @@ async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<C
 
 fn parse_item(context: &Context, input: Map<String, Value>, now_ms: i64) -> Result<FireInput, ApiError> {
     let schema = EventSchema { attributes: &context.attributes };
-    parse_fire(schema, input, now_ms, || uuid::Uuid::new_v4().to_string())
+    Ok(parse_fire(schema, input, now_ms, || uuid::Uuid::new_v4().to_string())?)
 }
 
 /// A valid item, ready to be decided.
@@ -110,8 +109,8 @@ impl Outcome {
         Self::Failed { error, retry_after_ms: None }
     }
 
-    fn refused(refusal: Refusal) -> Self {
-        Self::Failed { error: refusal.error(), retry_after_ms: Some(refusal.retry_after_ms()) }
+    fn refused(refusal: AdmissionRefusal) -> Self {
+        Self::Failed { error: ApiError::from(refusal), retry_after_ms: Some(refusal.retry_after_ms()) }
     }
 }
 
@@ -125,8 +124,8 @@ fn duplicate(receipt: &Receipt) -> Value {
 fn against_receipt(candidate: &Candidate, receipt: &Receipt) -> Outcome {
     match compare_with_receipt(receipt.input_digest.as_deref(), receipt.subject_erased, &candidate.digest) {
         Earlier::Duplicate => Outcome::Accepted { receipt: duplicate(receipt), position: 0 },
-        Earlier::Conflict => Outcome::failed(event_id_conflict(&candidate.input.event_id)),
-        Earlier::Erased => Outcome::failed(event_erased(&candidate.input.event_id)),
+        Earlier::Conflict => Outcome::failed(EventRefusal::IdConflict(candidate.input.event_id.clone()).into()),
+        Earlier::Erased => Outcome::failed(EventRefusal::Erased(candidate.input.event_id.clone()).into()),
     }
 }
 
@@ -578,7 +577,8 @@ async fn batch_abort(
                     planned.push(Planned::RepeatOf(first));
                     continue;
                 }
-                failure = Some((candidate.index, Outcome::failed(event_id_conflict(event_id))));
+                failure =
+                    Some((candidate.index, Outcome::failed(EventRefusal::IdConflict(event_id.to_owned()).into())));
                 break;
             }
             match new_occurrence(context, candidate, &subjects, now_ms) {

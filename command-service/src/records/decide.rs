@@ -7,13 +7,46 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 use shared::catalog::AttributeEntry;
-use shared::error::{ApiError, Issue};
+use shared::crypto::DataKey;
+use shared::error::Issue;
 use shared::events::seal;
 use shared::pagination::Warning;
 use shared::proto;
-use shared::records::RecordState;
+use shared::records::{Loaded, RecordState};
 
 use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
+
+/// Why a record write is refused. The HTTP edge maps each to the contract's answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordRefusal {
+    /// The input does not fit the schema; `issues` names every problem (400).
+    #[error("{message}")]
+    Invalid { code: Code, message: String, issues: Vec<Issue> },
+    /// A writable AI auto-fill attribute needs credits the space does not have (402).
+    #[error("the space has no AI credits left; add credits before writing to a schema with AI auto-fill")]
+    InsufficientCredits,
+    /// No record with this id in the schema, or it is deleted (404).
+    #[error("no record {0:?} in this schema")]
+    NotFound(String),
+    /// The record's deletion has started: it accepts no more work (409).
+    #[error("record {record_id:?} is being deleted (operation {operation_id}); it accepts no more work")]
+    DeletionPending { record_id: String, operation_id: String },
+}
+
+impl RecordRefusal {
+    pub fn code(&self) -> Code {
+        match self {
+            Self::Invalid { code, .. } => *code,
+            Self::InsufficientCredits => Code::InsufficientCredits,
+            Self::NotFound(_) => Code::RecordNotFound,
+            Self::DeletionPending { .. } => Code::RecordDeletionPending,
+        }
+    }
+
+    fn invalid(code: Code, message: String, issues: Vec<Issue>) -> Self {
+        Self::Invalid { code, message, issues }
+    }
+}
 
 /// What the decision needs to know of the schema.
 #[derive(Debug, Clone)]
@@ -92,14 +125,31 @@ pub fn identity_keys(schema_type: &str) -> &'static [&'static str] {
     }
 }
 
-/// 402 when the schema has a writable AI auto-fill attribute and the space has no credits.
-pub fn check_credits(schema: &WriteSchema<'_>, credits: i64) -> Result<(), ApiError> {
+/// Refused when the schema has a writable AI auto-fill attribute and the space has no
+/// credits (rule 2: checked first on create and upsert).
+pub fn check_credits(schema: &WriteSchema<'_>, credits: i64) -> Result<(), RecordRefusal> {
     let auto_filled = schema.attributes.iter().any(|a| is_writable(&a.definition) && has_auto_fill(&a.definition));
-    if auto_filled && credits <= 0 { Err(ApiError::insufficient_credits()) } else { Ok(()) }
+    if auto_filled && credits <= 0 { Err(RecordRefusal::InsufficientCredits) } else { Ok(()) }
+}
+
+/// The record a write addresses, if it is a live record of `schema`: its stream version,
+/// state and data key. `loaded` is what the store found for `record_id`.
+pub fn live_target(
+    schema: &WriteSchema<'_>,
+    record_id: &str,
+    loaded: Option<(i64, Loaded)>,
+) -> Result<(i64, RecordState, Option<DataKey>), RecordRefusal> {
+    match loaded.filter(|(_, loaded)| loaded.scope() == (schema.space_id, schema.schema_id)) {
+        Some((version, Loaded::Live { state, key })) => Ok((version, state, key)),
+        Some((_, Loaded::Deleting { operation_id, .. })) => {
+            Err(RecordRefusal::DeletionPending { record_id: record_id.to_owned(), operation_id })
+        }
+        Some((_, Loaded::Deleted { .. })) | None => Err(RecordRefusal::NotFound(record_id.to_owned())),
+    }
 }
 
 /// Validates a flat record input against the schema. `source` is ignored, `id` kept aside.
-pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Result<Input, ApiError> {
+pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Result<Input, RecordRefusal> {
     let mut issues = Vec::new();
     let mut parsed = Input::default();
     for (key, value) in input {
@@ -133,7 +183,7 @@ pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Resul
         None => Ok(parsed),
         Some(first) => {
             let (code, message) = (first.code.unwrap_or(Code::InvalidAttributeValue), first.message.clone());
-            Err(ApiError::bad_request(code, message).with_issues(issues))
+            Err(RecordRefusal::invalid(code, message, issues))
         }
     }
 }
@@ -154,7 +204,7 @@ pub fn decide_create(
     owners: &Owners,
     record_id: &str,
     now_ms: i64,
-) -> Result<CreateDecision, ApiError> {
+) -> Result<CreateDecision, RecordRefusal> {
     let mut personal = proto::RecordPersonal::default();
     let mut identities = Vec::new();
     let mut warnings = Vec::new();
@@ -188,7 +238,7 @@ pub fn decide_create(
     if !missing.is_empty() {
         let keys: Vec<&str> = missing.iter().filter_map(|issue| issue.key.as_deref()).collect();
         let message = format!("required attributes are missing: {}", keys.join(", "));
-        return Err(ApiError::bad_request(Code::RequiredAttributeMissing, message).with_issues(missing));
+        return Err(RecordRefusal::invalid(Code::RequiredAttributeMissing, message, missing));
     }
     personal.values_json = Value::Object(values).to_string();
     let event = proto::RecordCreated {
@@ -242,7 +292,7 @@ pub fn decide_update(
     input: Input,
     owners: &Owners,
     now_ms: i64,
-) -> Result<UpdateDecision, ApiError> {
+) -> Result<UpdateDecision, RecordRefusal> {
     let mut personal = current.personal.clone().unwrap_or_default();
     let mut values = current.values();
     let mut changed = Vec::new();
@@ -289,18 +339,13 @@ pub fn decide_update(
     }
     if let Some(first) = issues.first() {
         let message = first.message.clone();
-        return Err(ApiError::bad_request(Code::RequiredAttributeMissing, message).with_issues(issues));
+        return Err(RecordRefusal::invalid(Code::RequiredAttributeMissing, message, issues));
     }
     if changed.is_empty() {
         return Ok(UpdateDecision::Unchanged);
     }
     personal.values_json = Value::Object(values).to_string();
-    let state = RecordState {
-        source: "api".to_owned(),
-        updated_at_ms: now_ms.max(current.updated_at_ms),
-        personal: Some(personal.clone()),
-        ..current.clone()
-    };
+    let state = current.after_update(personal.clone(), now_ms);
     let event = state.updated_event(seal(&state.record_id, &personal), changed, 0);
     Ok(UpdateDecision::Changed(Box::new(Change { event, state, claims, releases, warnings })))
 }
@@ -361,7 +406,7 @@ mod tests {
         value.as_object().cloned().expect("test input is an object")
     }
 
-    fn create(schema: &WriteSchema<'_>, input: Value) -> Result<CreateDecision, ApiError> {
+    fn create(schema: &WriteSchema<'_>, input: Value) -> Result<CreateDecision, RecordRefusal> {
         decide_create(schema, parse_input(schema, object(input))?, &Owners::new(), "con_1", 1000)
     }
 
@@ -421,8 +466,9 @@ mod tests {
     fn given_a_required_attribute_without_value_or_default_then_400_names_the_key() {
         let attributes = [attribute("plan", json!({"type": "string", "required": true}))];
         let error = create(&contact_schema(&attributes), json!({"plan": null})).expect_err("missing");
-        assert_eq!(error.code(), Some(Code::RequiredAttributeMissing));
-        assert_eq!(error.body()["error"]["issues"][0]["key"], "plan");
+        let RecordRefusal::Invalid { code, issues, .. } = error else { panic!("invalid input") };
+        assert_eq!(code, Code::RequiredAttributeMissing);
+        assert_eq!(issues[0].key.as_deref(), Some("plan"));
     }
 
     #[test]
@@ -432,22 +478,15 @@ mod tests {
             attribute("total", json!({"type": "number", "valueSource": {"type": "aggregate"}})),
         ];
         let schema = contact_schema(&attributes);
-        assert_eq!(
-            create(&schema, json!({"score": 1})).expect_err("evaluated").code(),
-            Some(Code::AttributeNotWritable)
-        );
-        assert_eq!(
-            create(&schema, json!({"total": 1})).expect_err("aggregate").code(),
-            Some(Code::AttributeNotWritable)
-        );
+        assert_eq!(create(&schema, json!({"score": 1})).expect_err("evaluated").code(), Code::AttributeNotWritable);
+        assert_eq!(create(&schema, json!({"total": 1})).expect_err("aggregate").code(), Code::AttributeNotWritable);
     }
 
     #[test]
     fn given_auto_fill_without_credits_then_402() {
         let attributes = [attribute("summary", json!({"type": "string", "autoFill": {"enabled": true}}))];
         let error = check_credits(&contact_schema(&attributes), 0).expect_err("no credits");
-        assert_eq!(error.code(), Some(Code::InsufficientCredits));
-        assert_eq!(error.status().as_u16(), 402);
+        assert_eq!(error, RecordRefusal::InsufficientCredits);
         assert!(check_credits(&contact_schema(&attributes), 5).is_ok());
         assert!(check_credits(&contact_schema(&[]), 0).is_ok());
     }
@@ -456,10 +495,10 @@ mod tests {
     fn given_unknown_keys_or_bad_values_then_issues_name_them() {
         let attributes = [attribute("age", json!({"type": "integer"}))];
         let error = create(&contact_schema(&attributes), json!({"age": "x", "nope": 1})).expect_err("invalid");
-        assert_eq!(error.status().as_u16(), 400);
-        assert_eq!(error.body()["error"]["issues"].as_array().map(Vec::len), Some(2));
+        let RecordRefusal::Invalid { issues, .. } = error else { panic!("invalid input") };
+        assert_eq!(issues.len(), 2);
         let error = create(&contact_schema(&attributes), json!({"createdAt": "x"})).expect_err("read only");
-        assert_eq!(error.code(), Some(Code::AttributeNotWritable));
+        assert_eq!(error.code(), Code::AttributeNotWritable);
     }
 
     #[test]
@@ -486,7 +525,7 @@ mod tests {
         assert_eq!(decision.identities, vec![Identity { key: "externalId", value: "A-1".into() }]);
         assert_eq!(
             parse_input(&schema, object(json!({"email": "a@b.co"}))).expect_err("x").code(),
-            Some(Code::UnknownAttribute)
+            Code::UnknownAttribute
         );
     }
 
@@ -554,7 +593,7 @@ mod tests {
 
         let required = parse_input(&schema, object(json!({"plan": null}))).expect("valid");
         let error = decide_update(&schema, &current, required, &Owners::new(), 5).expect_err("required");
-        assert_eq!(error.code(), Some(Code::RequiredAttributeMissing));
+        assert_eq!(error.code(), Code::RequiredAttributeMissing);
 
         let same = parse_input(&schema, object(json!({"email": "A@x.io", "plan": "free"}))).expect("valid");
         assert_eq!(

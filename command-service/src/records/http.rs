@@ -18,10 +18,10 @@ use shared::records::{RecordState, record_document};
 use crate::State;
 use crate::idempotency::{self, Claim};
 use crate::records::decide::{
-    Change, CreateDecision, Identity, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, decide_create,
-    decide_update, match_upsert, parse_input,
+    Change, CreateDecision, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, decide_create,
+    decide_update, live_target, match_upsert, parse_input,
 };
-use crate::records::store::{Loaded, identity_owners, load_records, stream_id};
+use crate::records::store::{Loaded, claim, deletion_guards, identity_owners, load_records, release, stream_id};
 
 /// How often a write that lost a race (stream version, identity claim) is decided again.
 const ATTEMPTS: usize = 3;
@@ -71,40 +71,6 @@ async fn write_context(
         .await?
         .filter(|(schema, _, _)| schema.schema_type != "event")
         .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no contact or object schema {schema_ref:?}")))
-}
-
-fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
-    Guard {
-        expect_rows: None,
-        sql: "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id) VALUES ($1, $2, $3, $4, $5)",
-        params: vec![
-            Box::new(space_id.to_owned()),
-            Box::new(schema_id.to_owned()),
-            Box::new(identity.key.to_owned()),
-            Box::new(identity.value.clone()),
-            Box::new(record_id.to_owned()),
-        ],
-        conflict: AppendError::Conflict {
-            code: Code::IdentifierConflict,
-            message: format!("a record with this {} already exists in the schema", identity.key),
-        },
-    }
-}
-
-fn release(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
-    Guard {
-        expect_rows: None,
-        sql: "DELETE FROM record_identities WHERE space_id = $1 AND schema_id = $2 AND kind = $3 AND value = $4
-              AND record_id = $5",
-        params: vec![
-            Box::new(space_id.to_owned()),
-            Box::new(schema_id.to_owned()),
-            Box::new(identity.key.to_owned()),
-            Box::new(identity.value.clone()),
-            Box::new(record_id.to_owned()),
-        ],
-        conflict: AppendError::Conflict { code: Code::IdentifierConflict, message: String::new() },
-    }
 }
 
 fn respond(status: StatusCode, body: &Value, operation_id: &str, appended: Option<Appended>) -> HttpResponse {
@@ -358,12 +324,8 @@ async fn upsert_attempts(
     Err(lost_too_often())
 }
 
-fn record_not_found(record_id: &str) -> ApiError {
-    ApiError::not_found(Code::RecordNotFound, format!("no record {record_id:?} in this schema"))
-}
-
-/// The record's stream version, state and data key, if it is a record of `schema`; else
-/// 404, or 409 while its deletion is under way.
+/// The record's stream version, state and data key, if it is a live record of `schema`;
+/// else 404, or 409 while its deletion is under way.
 async fn load_in_schema(
     client: &deadpool_postgres::Client,
     schema: &WriteSchema<'_>,
@@ -372,19 +334,9 @@ async fn load_in_schema(
     let loaded = load_records(client, &[record_id.to_owned()])
         .await?
         .into_iter()
-        .find(|(_, _, loaded)| loaded.scope() == (schema.space_id, schema.schema_id));
-    match loaded {
-        Some((_, version, Loaded::Live { state, key })) => Ok((version, state, key)),
-        Some((_, _, Loaded::Deleting { operation_id, .. })) => Err(deletion_pending(record_id, &operation_id)),
-        Some((_, _, Loaded::Deleted { .. })) | None => Err(record_not_found(record_id)),
-    }
-}
-
-fn deletion_pending(record_id: &str, operation_id: &str) -> ApiError {
-    ApiError::conflict(
-        Code::RecordDeletionPending,
-        format!("record {record_id:?} is being deleted (operation {operation_id}); it accepts no more work"),
-    )
+        .find(|(id, _, _)| id == record_id)
+        .map(|(_, version, loaded)| (version, loaded));
+    Ok(live_target(schema, record_id, loaded)?)
 }
 
 #[tracing::instrument(skip_all, fields(schema = %path.0, record = %path.1))]
@@ -459,35 +411,7 @@ pub async fn delete(
             requested_at_ms: shared::time::now_millis(),
         };
         let occurred_at = shared::time::from_millis(requested.requested_at_ms);
-        let guards = vec![
-            // The identities are free again at once; their values leave the write side.
-            Guard::unique(
-                "DELETE FROM record_identities WHERE record_id = $1",
-                vec![Box::new(record_id.clone())],
-                AppendError::Conflict { code: Code::RecordDeletionPending, message: String::new() },
-            ),
-            // A replay of the record's create or upsert is a read of its personal data: it
-            // leaves with the request, in the same transaction.
-            Guard::unique(
-                shared::records::BLANK_IDEMPOTENT_RESPONSES,
-                vec![Box::new(record_id.clone())],
-                AppendError::Conflict { code: Code::RecordDeletionPending, message: String::new() },
-            ),
-            Guard::exactly_one(
-                "INSERT INTO record_deletions (operation_id, record_id, space_id, schema_id, state)
-                 VALUES ($1, $2, $3, $4, 'pending') ON CONFLICT (record_id) DO NOTHING",
-                vec![
-                    Box::new(operation_id.clone()),
-                    Box::new(record_id.clone()),
-                    Box::new(caller.space_id().to_owned()),
-                    Box::new(schema.schema_id.clone()),
-                ],
-                AppendError::Conflict {
-                    code: Code::RecordDeletionPending,
-                    message: format!("record {record_id:?} is already being deleted"),
-                },
-            ),
-        ];
+        let guards = deletion_guards(&operation_id, &record_id, caller.space_id(), &schema.schema_id);
         let appended = state
             .event_log
             .append(AppendRequest {

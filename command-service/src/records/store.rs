@@ -3,7 +3,10 @@
 use deadpool_postgres::GenericClient;
 pub use shared::records::{Loaded, load_records, stream_id};
 
-use crate::records::decide::Owners;
+use shared::error::Code;
+use shared::log::{AppendError, Guard};
+
+use crate::records::decide::{Identity, Owners};
 
 /// Who holds each of `identities` (`(key, value)`) in the schema.
 pub async fn identity_owners(
@@ -26,4 +29,71 @@ pub async fn identity_owners(
         .await?;
     let rows = client.query(&statement, &[&space_id, &schema_id, &kinds, &values]).await?;
     Ok(rows.into_iter().map(|row| ((row.get(0), row.get(1)), row.get(2))).collect())
+}
+
+/// The guard claiming `identity` for the record: its uniqueness within the schema.
+pub fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
+    Guard {
+        expect_rows: None,
+        sql: "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id) VALUES ($1, $2, $3, $4, $5)",
+        params: vec![
+            Box::new(space_id.to_owned()),
+            Box::new(schema_id.to_owned()),
+            Box::new(identity.key.to_owned()),
+            Box::new(identity.value.clone()),
+            Box::new(record_id.to_owned()),
+        ],
+        conflict: AppendError::Conflict {
+            code: Code::IdentifierConflict,
+            message: format!("a record with this {} already exists in the schema", identity.key),
+        },
+    }
+}
+
+/// The guard releasing `identity` held by the record.
+pub fn release(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
+    Guard {
+        expect_rows: None,
+        sql: "DELETE FROM record_identities WHERE space_id = $1 AND schema_id = $2 AND kind = $3 AND value = $4
+              AND record_id = $5",
+        params: vec![
+            Box::new(space_id.to_owned()),
+            Box::new(schema_id.to_owned()),
+            Box::new(identity.key.to_owned()),
+            Box::new(identity.value.clone()),
+            Box::new(record_id.to_owned()),
+        ],
+        conflict: AppendError::Conflict { code: Code::IdentifierConflict, message: String::new() },
+    }
+}
+
+/// The guards of a deletion request: the record's identities are free at once, its recorded
+/// idempotent responses leave with the request, and exactly one operation starts.
+pub fn deletion_guards(operation_id: &str, record_id: &str, space_id: &str, schema_id: &str) -> Vec<Guard> {
+    let (operation_id, record_id, space_id, schema_id) =
+        (operation_id.to_owned(), record_id.to_owned(), space_id.to_owned(), schema_id.to_owned());
+    vec![
+        // The identities are free again at once; their values leave the write side.
+        Guard::unique(
+            "DELETE FROM record_identities WHERE record_id = $1",
+            vec![Box::new(record_id.clone())],
+            AppendError::Conflict { code: Code::RecordDeletionPending, message: String::new() },
+        ),
+        // A replay of the record's create or upsert is a read of its personal data: it
+        // leaves with the request, in the same transaction.
+        Guard::unique(
+            shared::records::BLANK_IDEMPOTENT_RESPONSES,
+            vec![Box::new(record_id.clone())],
+            AppendError::Conflict { code: Code::RecordDeletionPending, message: String::new() },
+        ),
+        Guard::exactly_one(
+            "INSERT INTO record_deletions (operation_id, record_id, space_id, schema_id, state)
+             VALUES ($1, $2, $3, $4, 'pending') ON CONFLICT (record_id) DO NOTHING",
+            vec![Box::new(operation_id), Box::new(record_id.clone()), Box::new(space_id), Box::new(schema_id)],
+            AppendError::Conflict {
+                code: Code::RecordDeletionPending,
+                message: format!("record {record_id:?} is already being deleted"),
+            },
+        ),
+    ]
 }

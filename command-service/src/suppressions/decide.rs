@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 use shared::error::Code;
-use shared::error::{ApiError, Issue};
+use shared::error::Issue;
 use shared::events::seal;
 use shared::proto;
 use shared::suppressions::{API_REASONS, removable};
@@ -15,10 +15,38 @@ pub struct NewSuppression {
     pub reason: String,
 }
 
+/// Why a suppression write is refused. The HTTP edge maps each to the contract's answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The input is not a suppression; `issues` names every problem (400).
+    #[error("{message}")]
+    Invalid { code: Code, message: String, issues: Vec<Issue> },
+    /// No such suppression in the caller's space, or already removed (404).
+    #[error("no suppression {0:?} in this space")]
+    NotFound(String),
+    /// A global or provider (bounce, complaint) suppression (409).
+    #[error(
+        "only manual and legal suppressions of your space can be removed; global and provider (bounce, complaint) \
+         suppressions cannot"
+    )]
+    NotRemovable,
+}
+
+impl Refusal {
+    pub fn code(&self) -> Code {
+        match self {
+            Self::Invalid { code, .. } => *code,
+            Self::NotFound(_) => Code::SuppressionNotFound,
+            Self::NotRemovable => Code::SuppressionNotRemovable,
+        }
+    }
+}
+
 /// Parses `{identifier, reason}`: an email address and `manual` or `legal`.
-pub fn parse_new(value: &Value) -> Result<NewSuppression, ApiError> {
+pub fn parse_new(value: &Value) -> Result<NewSuppression, Refusal> {
     let Some(object) = value.as_object() else {
-        return Err(ApiError::bad_request(Code::InvalidBody, "a suppression is a JSON object {identifier, reason}"));
+        let message = "a suppression is a JSON object {identifier, reason}".to_owned();
+        return Err(Refusal::Invalid { code: Code::InvalidBody, message, issues: Vec::new() });
     };
     let mut issues = Vec::new();
     for key in object.keys().filter(|key| !matches!(key.as_str(), "identifier" | "reason")) {
@@ -54,7 +82,7 @@ pub fn parse_new(value: &Value) -> Result<NewSuppression, ApiError> {
             let (code, message) = first.map_or((Code::InvalidBody, String::new()), |i| {
                 (i.code.unwrap_or(Code::InvalidBody), i.message.clone())
             });
-            Err(ApiError::bad_request(code, message).with_issues(issues))
+            Err(Refusal::Invalid { code, message, issues })
         }
     }
 }
@@ -76,25 +104,18 @@ pub fn decide_add(
     }
 }
 
-/// Why a removal is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// No such suppression in the caller's space (or already removed).
-    NotFound,
-    /// A global or provider (bounce, complaint) suppression.
-    NotRemovable,
-}
-
 /// Decides removing `added` (`None` when it does not exist or was removed) for a caller in
 /// `space_id`. Global suppressions are visible to every space but removable by none.
 pub fn decide_remove(
     space_id: &str,
+    suppression_id: &str,
     added: Option<&proto::SuppressionAdded>,
     now_ms: i64,
 ) -> Result<proto::SuppressionRemoved, Refusal> {
-    let added = added.ok_or(Refusal::NotFound)?;
+    let not_found = || Refusal::NotFound(suppression_id.to_owned());
+    let added = added.ok_or_else(not_found)?;
     if !added.space_id.is_empty() && added.space_id != space_id {
-        return Err(Refusal::NotFound);
+        return Err(not_found());
     }
     if !removable(added) {
         return Err(Refusal::NotRemovable);
@@ -122,7 +143,7 @@ mod tests {
             json!({"identifier": "a@b.io", "reason": "manual", "extra": 1}),
             json!([1]),
         ] {
-            assert_eq!(parse_new(&bad).expect_err("invalid").status().as_u16(), 400, "{bad}");
+            assert!(matches!(parse_new(&bad), Err(Refusal::Invalid { .. })), "{bad}");
         }
     }
 
@@ -130,12 +151,13 @@ mod tests {
     fn only_manual_and_legal_of_the_callers_space_can_be_removed() {
         let new = |reason: &str| NewSuppression { identifier: "a@b.io".into(), reason: reason.into() };
         let manual = decide_add("spc_1", &new("manual"), "sup_1", 0, "api");
-        assert!(decide_remove("spc_1", Some(&manual), 1).is_ok());
-        assert_eq!(decide_remove("spc_2", Some(&manual), 1), Err(Refusal::NotFound));
-        assert_eq!(decide_remove("spc_1", None, 1), Err(Refusal::NotFound));
+        assert!(decide_remove("spc_1", "sup_1", Some(&manual), 1).is_ok());
+        let not_found = Err(Refusal::NotFound("sup_1".into()));
+        assert_eq!(decide_remove("spc_2", "sup_1", Some(&manual), 1), not_found);
+        assert_eq!(decide_remove("spc_1", "sup_1", None, 1), not_found);
         let bounce = decide_add("spc_1", &new("bounce"), "sup_2", 0, "provider");
-        assert_eq!(decide_remove("spc_1", Some(&bounce), 1), Err(Refusal::NotRemovable));
+        assert_eq!(decide_remove("spc_1", "sup_2", Some(&bounce), 1), Err(Refusal::NotRemovable));
         let global = decide_add("", &new("manual"), "sup_3", 0, "authoring");
-        assert_eq!(decide_remove("spc_1", Some(&global), 1), Err(Refusal::NotRemovable));
+        assert_eq!(decide_remove("spc_1", "sup_3", Some(&global), 1), Err(Refusal::NotRemovable));
     }
 }

@@ -14,7 +14,7 @@ use shared::suppressions::{scope, suppression_document};
 use crate::State;
 use crate::idempotency::{self, Claim};
 use crate::suppressions::decide::{NewSuppression, Refusal, decide_add, decide_remove, parse_new};
-use crate::suppressions::store::{load, load_many, stream_id};
+use crate::suppressions::store::{existing_keys, key_guard, load, load_many, removal_guard, stream_id};
 
 /// Items a batch takes.
 const BATCH_MAX: usize = 100;
@@ -48,19 +48,7 @@ fn addition(caller: &Caller, new: &NewSuppression) -> Result<Addition, AppendErr
                 occurred_at,
             }],
         },
-        guard: Guard::unique(
-            "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)",
-            vec![
-                Box::new(scope(caller.space_id()).to_owned()),
-                Box::new(new.identifier.clone()),
-                Box::new(new.reason.clone()),
-                Box::new(suppression_id),
-            ],
-            AppendError::Conflict {
-                code: Code::SuppressionAlreadyExists,
-                message: format!("{} is already suppressed with reason {}", new.identifier, new.reason),
-            },
-        ),
+        guard: key_guard(scope(caller.space_id()), new, &suppression_id),
         document,
     })
 }
@@ -77,8 +65,8 @@ fn removal(
     current: Option<&(i64, shared::proto::SuppressionAdded)>,
 ) -> Result<Removal, ApiError> {
     let version = current.map_or(0, |(version, _)| *version);
-    let removed = decide_remove(caller.space_id(), current.map(|(_, added)| added), shared::time::now_millis())
-        .map_err(|refusal| refusal_error(refusal, suppression_id))?;
+    let removed =
+        decide_remove(caller.space_id(), suppression_id, current.map(|(_, added)| added), shared::time::now_millis())?;
     let occurred_at = shared::time::from_millis(removed.removed_at_ms);
     let subject_id = match current {
         Some((_, added)) => shared::suppressions::subject_of(added).map_err(|error| ApiError::internal(&error))?,
@@ -90,25 +78,8 @@ fn removal(
             expected: ExpectedVersion::Exactly(version),
             events: vec![NewEvent { event: LogEvent::SuppressionRemoved(removed), subject_id, occurred_at }],
         },
-        guard: Guard::unique(
-            "DELETE FROM suppression_keys WHERE suppression_id = $1",
-            vec![Box::new(suppression_id.to_owned())],
-            AppendError::Conflict { code: Code::SuppressionNotFound, message: String::new() },
-        ),
+        guard: removal_guard(suppression_id),
     })
-}
-
-fn refusal_error(refusal: Refusal, suppression_id: &str) -> ApiError {
-    match refusal {
-        Refusal::NotFound => {
-            ApiError::not_found(Code::SuppressionNotFound, format!("no suppression {suppression_id:?} in this space"))
-        }
-        Refusal::NotRemovable => ApiError::conflict(
-            Code::SuppressionNotRemovable,
-            "only manual and legal suppressions of your space can be removed; global and provider (bounce, \
-             complaint) suppressions cannot",
-        ),
-    }
 }
 
 /// An answer with `Consistency-Token` when something was written, and `Operation-Id` when
@@ -292,7 +263,8 @@ pub async fn batch_create(
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
     let body = shared::http::read_json(&req, payload).await?;
     let items = batch_items(&body, "suppressions")?;
-    let parsed: Vec<Result<NewSuppression, ApiError>> = items.iter().map(parse_new).collect();
+    let parsed: Vec<Result<NewSuppression, ApiError>> =
+        items.iter().map(|item| parse_new(item).map_err(ApiError::from)).collect();
     let (state, caller, parsed) = (&**state, &caller, &parsed);
     run_batch(&req, state, caller, &body, || async move {
         let wanted: Vec<&NewSuppression> = parsed.iter().filter_map(|item| item.as_ref().ok()).collect();
@@ -325,25 +297,6 @@ pub async fn batch_create(
 }
 
 /// Which of `wanted` (identifier, reason) already exist in `scope`.
-async fn existing_keys(
-    client: &deadpool_postgres::Client,
-    scope: &str,
-    wanted: &[&NewSuppression],
-) -> Result<std::collections::HashSet<(String, String)>, tokio_postgres::Error> {
-    let identifiers: Vec<&str> = wanted.iter().map(|new| new.identifier.as_str()).collect();
-    let reasons: Vec<&str> = wanted.iter().map(|new| new.reason.as_str()).collect();
-    let rows = client
-        .query(
-            "SELECT k.identifier, k.reason FROM suppression_keys k
-             JOIN unnest($2::text[], $3::text[]) AS w(identifier, reason)
-               ON w.identifier = k.identifier AND w.reason = k.reason
-             WHERE k.scope = $1",
-            &[&scope, &identifiers, &reasons],
-        )
-        .await?;
-    Ok(rows.into_iter().map(|row| (row.get(0), row.get(1))).collect())
-}
-
 /// `POST /contacts/suppressions/batch-remove`: per-id results, always 200; the removals are
 /// appended in one transaction (with the idempotency outcome, when keyed). An id repeated in
 /// the batch is `not_found` after its first removal.
@@ -421,7 +374,7 @@ pub async fn delete(
                 .await
                 .map_err(|error| match error {
                     // Removed by someone else in the meantime.
-                    AppendError::WrongVersion { .. } => refusal_error(Refusal::NotFound, suppression_id),
+                    AppendError::WrongVersion { .. } => Refusal::NotFound(suppression_id.to_owned()).into(),
                     AppendError::OutcomeUnknown(message) => {
                         unconfirmed = true;
                         crate::edge::append_error(AppendError::OutcomeUnknown(message))

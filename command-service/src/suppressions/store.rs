@@ -1,8 +1,12 @@
 //! A suppression's current state for decisions: its addition, and whether it was removed.
 
 use deadpool_postgres::GenericClient;
+use shared::error::Code;
 use shared::events::LogEvent;
+use shared::log::{AppendError, Guard};
 use shared::proto;
+
+use super::decide::NewSuppression;
 
 pub fn stream_id(suppression_id: &str) -> String {
     format!("suppression/{suppression_id}")
@@ -64,4 +68,66 @@ pub async fn load_many(
         }
     }
     Ok(current)
+}
+
+/// The uniqueness claim of a new suppression: one per (space or global, identifier, reason).
+pub fn key_guard(scope: &str, new: &NewSuppression, suppression_id: &str) -> Guard {
+    Guard::unique(
+        "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)",
+        vec![
+            Box::new(scope.to_owned()),
+            Box::new(new.identifier.clone()),
+            Box::new(new.reason.clone()),
+            Box::new(suppression_id.to_owned()),
+        ],
+        AppendError::Conflict {
+            code: Code::SuppressionAlreadyExists,
+            message: format!("{} is already suppressed with reason {}", new.identifier, new.reason),
+        },
+    )
+}
+
+/// The claim of a suppression authored in the workspace file: applying the file again finds
+/// it taken and changes nothing.
+pub fn authored_key_guard(scope: &str, new: &NewSuppression, suppression_id: &str) -> Guard {
+    Guard::unique(
+        "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)
+         ON CONFLICT DO NOTHING",
+        vec![
+            Box::new(scope.to_owned()),
+            Box::new(new.identifier.clone()),
+            Box::new(new.reason.clone()),
+            Box::new(suppression_id.to_owned()),
+        ],
+        AppendError::Conflict { code: Code::SuppressionAlreadyExists, message: String::new() },
+    )
+}
+
+/// Releases a removed suppression's claim; refused when it was removed meanwhile.
+pub fn removal_guard(suppression_id: &str) -> Guard {
+    Guard::unique(
+        "DELETE FROM suppression_keys WHERE suppression_id = $1",
+        vec![Box::new(suppression_id.to_owned())],
+        AppendError::Conflict { code: Code::SuppressionNotFound, message: String::new() },
+    )
+}
+
+/// Which of `wanted` (identifier, reason) already exist in `scope`.
+pub async fn existing_keys(
+    client: &impl GenericClient,
+    scope: &str,
+    wanted: &[&NewSuppression],
+) -> Result<std::collections::HashSet<(String, String)>, tokio_postgres::Error> {
+    let identifiers: Vec<&str> = wanted.iter().map(|new| new.identifier.as_str()).collect();
+    let reasons: Vec<&str> = wanted.iter().map(|new| new.reason.as_str()).collect();
+    let rows = client
+        .query(
+            "SELECT k.identifier, k.reason FROM suppression_keys k
+             JOIN unnest($2::text[], $3::text[]) AS w(identifier, reason)
+               ON w.identifier = k.identifier AND w.reason = k.reason
+             WHERE k.scope = $1",
+            &[&scope, &identifiers, &reasons],
+        )
+        .await?;
+    Ok(rows.into_iter().map(|row| (row.get(0), row.get(1))).collect())
 }
