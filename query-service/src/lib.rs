@@ -1,7 +1,17 @@
-//! The query service: every GET of the public API, answered from read models only.
-//! **Architecture Invariant:** nothing here reads the `events` table or writes anything.
+//! The query service: every GET of the public API, answered from read models, except the
+//! audit trail, which is read from the log. One folder per capability (`http` handlers,
+//! `store` reads); `consistency` is what every read shares (read-your-writes).
+//! **Architecture Invariant:** nothing here writes to the database.
 
-pub mod http;
+pub mod audit;
+pub mod consistency;
+pub mod deletions;
+pub mod events;
+pub mod me;
+pub mod records;
+pub mod routes;
+pub mod schemas;
+pub mod suppressions;
 
 use actix_web::web;
 use deadpool_postgres::Pool;
@@ -27,7 +37,7 @@ impl State {
 
 /// Registers this service's routes (inside the `/v1` scope).
 pub fn configure(config: &mut web::ServiceConfig) {
-    http::routes::configure(config);
+    routes::configure(config);
 }
 
 /// The service as a server: `build`, then `port()` and `run_until_stopped()`.

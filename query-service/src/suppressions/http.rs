@@ -6,10 +6,10 @@ use shared::error::ApiError;
 use shared::error::Code;
 use shared::http::{page_body, query_pairs};
 use shared::pagination::PageRequest;
-use tokio_postgres::types::ToSql;
 
-use super::{consistent_read, page_of_docs, respond};
+use super::store;
 use crate::State;
+use crate::consistency::{consistent_read, respond};
 
 const SUPPRESSIONS: &str = "suppressions";
 
@@ -29,35 +29,12 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
         })
         .transpose()?;
     let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
-    let token = super::consistency_token(&req)?;
+    let token = crate::consistency::consistency_token(&req)?;
     let scopes = vec![caller.space_id().to_owned(), "global".to_owned()];
     let (limit, offset) = (page.limit(), page.offset());
     let ((total, items), consistent) = consistent_read(&state, &caller, token, &[SUPPRESSIONS], |client, models| {
         let (s, scopes, identifier) = (models.schema(SUPPRESSIONS), scopes.clone(), identifier.clone());
-        Box::pin(async move {
-            let (count_sql, rows_sql) = match identifier {
-                // One identifier has a handful of rows: counting them is cheap.
-                Some(_) => (
-                    format!("SELECT count(*) FROM {s}.suppressions WHERE scope = ANY($1) AND identifier = $2"),
-                    format!(
-                        "SELECT doc FROM {s}.suppressions WHERE scope = ANY($1) AND identifier = $2
-                         ORDER BY created_at DESC, suppression_id DESC LIMIT $3 OFFSET $4"
-                    ),
-                ),
-                None => (
-                    format!(
-                        "SELECT COALESCE(sum(total), 0)::bigint FROM {s}.suppression_counts
-                         WHERE scope = ANY($1) AND $2::text IS NULL"
-                    ),
-                    format!(
-                        "SELECT doc FROM {s}.suppressions WHERE scope = ANY($1) AND $2::text IS NULL
-                         ORDER BY created_at DESC, suppression_id DESC LIMIT $3 OFFSET $4"
-                    ),
-                ),
-            };
-            let params: [&(dyn ToSql + Sync); 2] = [&scopes, &identifier];
-            page_of_docs(client, &count_sql, &rows_sql, &params, (limit, offset)).await
-        })
+        Box::pin(async move { store::page(client, &s, &scopes, identifier.as_deref(), (limit, offset)).await })
     })
     .await?;
     let pagination = page.pagination(items.len(), total);

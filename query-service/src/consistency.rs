@@ -1,13 +1,5 @@
-//! The HTTP surface of the query service.
-
-pub mod audit;
-pub mod deletions;
-pub mod events;
-pub mod me;
-pub mod records;
-pub mod routes;
-pub mod schemas;
-pub mod suppressions;
+//! What every read shares: authorising it, reading consistently with the caller's last write
+//! (read-your-writes), an offset page of documents, and the answer with its position and warnings.
 
 use shared::error::Code;
 use std::future::Future;

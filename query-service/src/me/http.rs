@@ -11,7 +11,7 @@ pub async fn get(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespon
     let identity = state.authenticator.identify(&req).await?;
     // `/me` reads no read model, but a malformed `Consistency-Token` is refused here as on
     // every other GET: one rule everywhere.
-    super::consistency_token(&req)?;
+    crate::consistency::consistency_token(&req)?;
     let space = identity.bound_space.as_ref().map(|(id, slug, name)| json!({"id": id, "slug": slug, "name": name}));
     let role = identity.bound_space_id.as_ref().and_then(|space_id| {
         identity.memberships.iter().find(|membership| &membership.space_id == space_id).map(|membership| {

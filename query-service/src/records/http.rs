@@ -1,17 +1,16 @@
 //! `GET /schemas/{schema}/records` and `GET /schemas/{schema}/records/{id}`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde_json::Value;
-use shared::catalog::{self, CATALOG, SchemaEntry};
+use shared::catalog::{CATALOG, SchemaEntry};
 use shared::error::ApiError;
 use shared::error::Code;
 use shared::http::{data_body, page_body, query_pairs};
 use shared::pagination::PageRequest;
-use tokio_postgres::types::ToSql;
 
-use super::schemas::schema_not_found;
-use super::{authorize_read, consistent_read, page_of_docs, respond};
+use super::store;
 use crate::State;
+use crate::consistency::{authorize_read, consistent_read, respond};
+use crate::schemas::http::schema_not_found;
 
 const RECORDS: &str = "records";
 
@@ -27,14 +26,6 @@ fn record_schema(schema: Option<SchemaEntry>, id_or_slug: &str) -> Result<Schema
     }
 }
 
-/// The schema id of `$2` (id or slug) in space `$1`, as a SQL subquery over catalog `c`.
-fn schema_id_subquery(c: &str, space: &str, reference: &str) -> String {
-    format!(
-        "(SELECT schema_id FROM {c}.schemas WHERE space_id = {space} AND (schema_id = {reference} OR slug = {reference})
-          ORDER BY (schema_id = {reference}) DESC LIMIT 1)"
-    )
-}
-
 pub async fn list(
     req: HttpRequest,
     path: web::Path<String>,
@@ -48,22 +39,7 @@ pub async fn list(
         consistent_read(&state, &caller, token, &[CATALOG, RECORDS], |client, models| {
             let (c, r) = (models.schema(CATALOG), models.schema(RECORDS));
             let (space_id, schema_ref) = (space_id.clone(), schema_ref.clone());
-            Box::pin(async move {
-                let schema_id = schema_id_subquery(&c, "$1", "$2");
-                let count =
-                    format!("SELECT total FROM {r}.record_counts WHERE space_id = $1 AND schema_id = {schema_id}");
-                let rows = format!(
-                    "SELECT doc FROM {r}.records WHERE space_id = $1 AND schema_id = {schema_id}
-                     ORDER BY created_at, record_id LIMIT $3 OFFSET $4"
-                );
-                let params: [&(dyn ToSql + Sync); 2] = [&space_id, &schema_ref];
-                let (schema, page) = tokio::join!(
-                    catalog::find_schema(client, &c, &space_id, &schema_ref),
-                    page_of_docs(client, &count, &rows, &params, (limit, offset)),
-                );
-                let (total, items) = page?;
-                Ok((schema?, total, items))
-            })
+            Box::pin(async move { store::page(client, (&c, &r), &space_id, &schema_ref, (limit, offset)).await })
         })
         .await?;
     record_schema(schema, &schema_ref)?;
@@ -83,20 +59,7 @@ pub async fn get(
         consistent_read(&state, &caller, token, &[CATALOG, RECORDS], |client, models| {
             let (c, r) = (models.schema(CATALOG), models.schema(RECORDS));
             let (space_id, schema_ref, record_id) = (space_id.clone(), schema_ref.clone(), record_id.clone());
-            Box::pin(async move {
-                let schema_id = schema_id_subquery(&c, "$2", "$3");
-                let fetch = client
-                    .prepare_cached(&format!(
-                        "SELECT doc FROM {r}.records WHERE record_id = $1 AND space_id = $2 AND schema_id = {schema_id}"
-                    ))
-                    .await?;
-                let fetch_params: [&(dyn ToSql + Sync); 3] = [&record_id, &space_id, &schema_ref];
-                let (schema, record) = tokio::join!(
-                    catalog::find_schema(client, &c, &space_id, &schema_ref),
-                    client.query_opt(&fetch, &fetch_params),
-                );
-                Ok((schema?, record?.map(|row| row.get::<_, Value>(0))))
-            })
+            Box::pin(async move { store::get(client, (&c, &r), &space_id, &schema_ref, &record_id).await })
         })
         .await?;
     record_schema(schema, &schema_ref)?;

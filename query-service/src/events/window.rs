@@ -1,102 +1,22 @@
-//! `GET /events` (the cursor list of ready events) and `GET /events/{schema}/{id}/status`.
-//!
-//! The list walks the events read model's cursor index (ready events by `occurredAt`
-//! descending, then id descending) with a keyset: a page is one index range scan from the
-//! cursor, so its cost does not grow with the number of events. A cursor carries the
-//! resolved schema, window and limit it was issued for; a request that follows it with other
-//! values gets 400 `invalid_cursor`, and omitted values are taken from the cursor (so a
-//! defaulted `to` does not move while paging).
+//! The window of an events list request: `from`, `to`, `limit` and the cursor. A cursor
+//! carries the resolved schema, window and limit it was issued for; a request that follows it
+//! with other values gets 400 `invalid_cursor`, and omitted values are taken from the cursor
+//! (so a defaulted `to` does not move while paging). Pure: the time comes in as an argument.
 
-use actix_web::{HttpRequest, HttpResponse, web};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-use shared::catalog::{self, CATALOG, SchemaEntry};
-use shared::error::ApiError;
-use shared::error::Code;
-use shared::http::{data_body, query_pairs, query_value};
+use shared::error::{ApiError, Code};
+use shared::http::query_value;
 use shared::pagination::{Warning, parse_limit};
-use shared::time::format_timestamp;
-use tokio_postgres::Row;
 
-use super::schemas::schema_not_found;
-use super::{authorize_read, consistent_read, respond};
-use crate::State;
-
-const EVENTS: &str = "events";
 /// The events list's page size cap.
 pub const MAX_LIMIT: i64 = 200;
 /// The window when `from` is omitted: the 7 days before `to`.
 pub const DEFAULT_WINDOW_DAYS: i64 = 7;
 /// Longer windows are clamped to this, with a warning.
 pub const MAX_WINDOW_DAYS: i64 = 90;
-
-/// Event schemas only: a contact or object schema has no events.
-fn event_schema(schema: Option<SchemaEntry>, id_or_slug: &str) -> Result<SchemaEntry, ApiError> {
-    match schema {
-        Some(schema) if schema.schema_type == "event" => Ok(schema),
-        Some(_) => Err(ApiError::not_found(Code::SchemaNotFound, format!("{id_or_slug:?} is not an event schema"))),
-        None => Err(schema_not_found(id_or_slug)),
-    }
-}
-
-fn timestamp_ms(row: &Row, index: usize) -> Option<String> {
-    row.get::<_, Option<DateTime<Utc>>>(index).map(format_timestamp)
-}
-
-/// Columns both endpoints read, in the order [`event_document`] takes them.
-const COLUMNS: &str = "id, schema_id, event_id, received_at, occurred_at, ready_at, state, definition_revision, \
-                       contact_id, object_id, data, reason";
-
-fn event_document(row: &Row) -> Value {
-    json!({
-        "id": row.get::<_, String>(0),
-        "eventId": row.get::<_, String>(2),
-        "receivedAt": timestamp_ms(row, 3),
-        "occurredAt": timestamp_ms(row, 4),
-        "readyAt": timestamp_ms(row, 5),
-        "readinessState": row.get::<_, String>(6),
-        "definitionRevision": row.get::<_, i64>(7).to_string(),
-        "contactId": row.get::<_, Option<String>>(8),
-        "objectId": row.get::<_, Option<String>>(9),
-        "data": row.get::<_, Option<Value>>(10),
-        "readinessReason": row.get::<_, Option<String>>(11),
-    })
-}
-
-pub async fn status(
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-    state: web::Data<State>,
-) -> Result<HttpResponse, ApiError> {
-    let (schema_ref, event_id) = path.into_inner();
-    let (caller, token) = authorize_read(&state, &req).await?;
-    let space_id = caller.space_id().to_owned();
-    let ((schema, row), consistent) = consistent_read(&state, &caller, token, &[CATALOG, EVENTS], |client, models| {
-        let (c, e) = (models.schema(CATALOG), models.schema(EVENTS));
-        let (space_id, schema_ref, event_id) = (space_id.clone(), schema_ref.clone(), event_id.clone());
-        Box::pin(async move {
-            let fetch = client
-                .prepare_cached(&format!("SELECT {COLUMNS} FROM {e}.events WHERE id = $1 AND space_id = $2"))
-                .await?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&event_id, &space_id];
-            let (schema, row) = tokio::join!(
-                catalog::find_schema(client, &c, &space_id, &schema_ref),
-                client.query_opt(&fetch, &params),
-            );
-            Ok((schema?, row?))
-        })
-    })
-    .await?;
-    let schema = event_schema(schema, &schema_ref)?;
-    let document = row
-        .filter(|row| row.get::<_, &str>(1) == schema.schema_id)
-        .map(|row| event_document(&row))
-        .ok_or_else(|| ApiError::not_found(Code::EventNotFound, format!("no event {event_id:?} in this schema")))?;
-    Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
-}
 
 /// The years 1 to 9999 in microseconds: what RFC 3339 can write (and PostgreSQL can hold).
 const MIN_MICROS: i64 = -62_135_596_800_000_000;
@@ -154,7 +74,7 @@ fn parse_time(name: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
     })
 }
 
-fn micros(at: DateTime<Utc>) -> i64 {
+pub fn micros(at: DateTime<Utc>) -> i64 {
     at.timestamp_micros()
 }
 
@@ -215,84 +135,6 @@ pub fn resolve_window(query: &[(String, String)], schema_id: &str, now: DateTime
         });
     }
     Ok(Window { from, to, limit, after: None, warnings })
-}
-
-pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
-    let query = query_pairs(&req);
-    let (caller, token) = authorize_read(&state, &req).await?;
-    let schema_ref = query_value(&query, "schema")
-        .filter(|value| !value.trim().is_empty())
-        .ok_or_else(|| {
-            ApiError::bad_request(Code::InvalidQueryParameter, "schema is required: the id or slug of an event schema")
-        })?
-        .to_owned();
-    let space_id = caller.space_id().to_owned();
-    let now = Utc::now();
-    let ((schema, page), consistent) = consistent_read(&state, &caller, token, &[CATALOG, EVENTS], |client, models| {
-        let (c, e) = (models.schema(CATALOG), models.schema(EVENTS));
-        let (space_id, schema_ref, query) = (space_id.clone(), schema_ref.clone(), query.clone());
-        Box::pin(async move {
-            let Some(schema) = catalog::find_schema(client, &c, &space_id, &schema_ref).await? else {
-                return Ok((None, None));
-            };
-            if schema.schema_type != "event" {
-                return Ok((Some(schema), None));
-            }
-            let window = resolve_window(&query, &schema.schema_id, now)?;
-            let (after_at, after_id) = match &window.after {
-                Some((at, id)) => (Some(*at), Some(id.clone())),
-                None => (None, None),
-            };
-            let statement = client
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM {e}.events
-                         WHERE space_id = $1 AND schema_id = $2 AND state = 'ready'
-                           AND occurred_at >= $3 AND occurred_at < $4
-                           AND ($5::timestamptz IS NULL OR (occurred_at, id) < ($5, $6::text))
-                         ORDER BY occurred_at DESC, id DESC LIMIT $7"
-                ))
-                .await?;
-            let fetch = window.limit + 1;
-            let rows = client
-                .query(
-                    &statement,
-                    &[&space_id, &schema.schema_id, &window.from, &window.to, &after_at, &after_id, &fetch],
-                )
-                .await?;
-            Ok((Some(schema), Some((window, rows))))
-        })
-    })
-    .await?;
-    let schema = event_schema(schema, &schema_ref)?;
-    let Some((window, mut rows)) = page else { return Err(schema_not_found(&schema_ref)) };
-    let has_more = rows.len() as i64 > window.limit;
-    rows.truncate(usize::try_from(window.limit).unwrap_or(0));
-    let next_cursor = match rows.last() {
-        Some(last) if has_more => Some(
-            Cursor {
-                after_at: micros(last.get(4)),
-                after_id: last.get(0),
-                schema_id: schema.schema_id.clone(),
-                from: micros(window.from),
-                to: micros(window.to),
-                limit: window.limit,
-            }
-            .encode(),
-        ),
-        _ => None,
-    };
-    let items: Vec<Value> = rows
-        .iter()
-        .map(|row| {
-            let mut item = event_document(row);
-            item["schemaId"] = json!(schema.schema_id);
-            item["schemaSlug"] = json!(schema.slug);
-            item["createdAt"] = item["receivedAt"].clone();
-            item
-        })
-        .collect();
-    let pagination = json!({ "limit": window.limit, "nextCursor": next_cursor, "hasMore": has_more });
-    Ok(respond(&consistent, window.warnings, |warnings| shared::http::page_body(items, pagination, warnings)))
 }
 
 #[cfg(test)]

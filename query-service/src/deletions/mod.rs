@@ -1,0 +1,4 @@
+//! The status of a record deletion operation.
+
+pub mod http;
+pub mod store;

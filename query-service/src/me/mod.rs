@@ -1,0 +1,3 @@
+//! The calling key's identity.
+
+pub mod http;
