@@ -1,20 +1,42 @@
-//! Every route of the command service, in one place.
+//! Every route of the command service, in one place: the handler of each command operation
+//! of the API's table (`shared::routes::OPERATIONS`). The router is built from that table.
 
-use actix_web::web;
+use actix_web::{Route, web};
+use shared::routes::Tier;
 
 use crate::{events, identities, records, suppressions};
 
+/// The handler of a command operation, by its operation id.
+pub fn handler(operation_id: &str) -> Option<Route> {
+    Some(match operation_id {
+        "createRecord" => web::post().to(records::http::create),
+        "upsertRecord" => web::post().to(records::http::upsert),
+        "updateRecord" => web::patch().to(records::http::update),
+        "deleteRecord" => web::delete().to(records::http::delete),
+        "createSuppression" => web::post().to(suppressions::http::create),
+        "batchCreateSuppressions" => web::post().to(suppressions::http::batch_create),
+        "batchRemoveSuppressions" => web::post().to(suppressions::http::batch_remove),
+        "deleteSuppression" => web::delete().to(suppressions::http::delete),
+        "fireEvent" => web::post().to(events::http::fire),
+        "fireEventBatch" => web::post().to(events::http::batch),
+        "changeEventIdentity" => web::post().to(identities::http::change),
+        _ => return None,
+    })
+}
+
+/// Registers the command operations of the table (inside the `/v1` scope).
 pub fn configure(config: &mut web::ServiceConfig) {
-    config
-        .route("/schemas/{schema}/records", web::post().to(records::http::create))
-        .route("/schemas/{schema}/records/upsert", web::post().to(records::http::upsert))
-        .route("/schemas/{schema}/records/{id}", web::patch().to(records::http::update))
-        .route("/schemas/{schema}/records/{id}", web::delete().to(records::http::delete))
-        .route("/contacts/suppressions", web::post().to(suppressions::http::create))
-        .route("/contacts/suppressions/batch", web::post().to(suppressions::http::batch_create))
-        .route("/contacts/suppressions/batch-remove", web::post().to(suppressions::http::batch_remove))
-        .route("/contacts/suppressions/{id}", web::delete().to(suppressions::http::delete))
-        .route("/events/{schema}", web::post().to(events::http::fire))
-        .route("/events/{schema}/batch", web::post().to(events::http::batch))
-        .route("/event-identities", web::post().to(identities::http::change));
+    shared::http::register(config, Tier::Command, handler);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_command_operation_has_a_handler() {
+        for operation in shared::routes::of_tier(Tier::Command) {
+            assert!(handler(operation.id).is_some(), "{} has no handler", operation.id);
+        }
+    }
 }

@@ -1,23 +1,33 @@
-//! Every route of the query service, in one place.
+//! Every route of the query service, in one place: the handler of each query operation of
+//! the API's table (`shared::routes::OPERATIONS`). The router is built from that table.
 
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpResponse, Route, web};
+use shared::routes::Tier;
 
 use crate::{audit, deletions, events, me, records, schemas, suppressions};
 
+/// The handler of a query operation, by its operation id.
+pub fn handler(operation_id: &str) -> Option<Route> {
+    Some(match operation_id {
+        "getOpenApi" => web::get().to(openapi),
+        "getMe" => web::get().to(me::http::get),
+        "listSchemas" => web::get().to(schemas::http::list),
+        "getSchema" => web::get().to(schemas::http::get),
+        "listAttributes" => web::get().to(schemas::http::attributes),
+        "listRecords" => web::get().to(records::http::list),
+        "getRecord" => web::get().to(records::http::get),
+        "getRecordAuditTrail" => web::get().to(audit::http::get),
+        "getRecordDeletion" => web::get().to(deletions::http::get),
+        "listSuppressions" => web::get().to(suppressions::http::list),
+        "listEvents" => web::get().to(events::http::list),
+        "getEventStatus" => web::get().to(events::http::status),
+        _ => return None,
+    })
+}
+
+/// Registers the query operations of the table (inside the `/v1` scope).
 pub fn configure(config: &mut web::ServiceConfig) {
-    config
-        .route("/openapi.json", web::get().to(openapi))
-        .route("/me", web::get().to(me::http::get))
-        .route("/schemas", web::get().to(schemas::http::list))
-        .route("/schemas/{schema}", web::get().to(schemas::http::get))
-        .route("/schemas/{schema}/attributes", web::get().to(schemas::http::attributes))
-        .route("/schemas/{schema}/records", web::get().to(records::http::list))
-        .route("/schemas/{schema}/records/{id}", web::get().to(records::http::get))
-        .route("/schemas/{schema}/records/{id}/audit-trail", web::get().to(audit::http::get))
-        .route("/record-deletions/{operationId}", web::get().to(deletions::http::get))
-        .route("/contacts/suppressions", web::get().to(suppressions::http::list))
-        .route("/events", web::get().to(events::http::list))
-        .route("/events/{schema}/{id}/status", web::get().to(events::http::status));
+    shared::http::register(config, Tier::Query, handler);
 }
 
 /// The OpenAPI 3.1 document, kept in the repo at `docs/openapi.json`.
@@ -25,4 +35,36 @@ pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
 
 async fn openapi() -> HttpResponse {
     HttpResponse::Ok().content_type("application/json").body(OPENAPI)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_query_operation_has_a_handler() {
+        for operation in shared::routes::of_tier(Tier::Query) {
+            assert!(handler(operation.id).is_some(), "{} has no handler", operation.id);
+        }
+    }
+
+    #[test]
+    fn the_document_describes_exactly_the_operations_of_the_table() {
+        let document: serde_json::Value = serde_json::from_str(OPENAPI).expect("the document is JSON");
+        let mut documented: Vec<(String, String, String)> = Vec::new();
+        for (path, item) in document["paths"].as_object().expect("paths") {
+            for (method, operation) in item.as_object().expect("a path item") {
+                if let Some(id) = operation.get("operationId").and_then(serde_json::Value::as_str) {
+                    documented.push((id.to_owned(), method.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        documented.sort();
+        let mut table: Vec<(String, String, String)> = shared::routes::OPERATIONS
+            .iter()
+            .map(|operation| (operation.id.to_owned(), operation.method.to_owned(), operation.path.to_owned()))
+            .collect();
+        table.sort();
+        assert_eq!(documented, table);
+    }
 }

@@ -211,6 +211,19 @@ pub fn bearer_token(req: &HttpRequest) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())
 }
 
+/// Registers every operation of `tier` (from the route table) with its handler; an operation
+/// without one is logged (each service's route test fails on it) and left to the fallback.
+pub fn register(config: &mut web::ServiceConfig, tier: routes::Tier, handler: fn(&str) -> Option<actix_web::Route>) {
+    for operation in routes::of_tier(tier) {
+        match handler(operation.id) {
+            Some(route) => {
+                config.route(operation.path, route);
+            }
+            None => tracing::error!(operation = operation.id, "an operation of the route table has no handler"),
+        }
+    }
+}
+
 /// An HTTP server with the API's middleware, `/v1` scope and 404/405 fallback. Each service
 /// (and single-node mode) passes what to register in the scope, its state included.
 pub struct ApiServer {

@@ -1,125 +1,131 @@
-//! The API's route table: every path of the contract (decision D1) with the methods it has.
-//! Both services answer 405 for a known path with another method and 404 for unknown paths,
-//! whichever service a request lands on, so the split deployment behaves like a single node.
+//! The API's operations: each method and path of the contract that is built, with the tier
+//! that serves it. This table is the one list of the HTTP surface: both services build their
+//! routers from it, every service answers 405 (with `Allow`) for a known path with another
+//! method and 404 for an unknown path (so the split deployment behaves like a single node),
+//! request metrics are labelled by its operation ids, and a test holds `docs/openapi.json` to
+//! exactly these operations.
 
 use actix_web::dev::ResourceDef;
 
-/// `(path under /v1, methods)`. A path with no methods exists only to answer 405.
-pub const API_ROUTES: &[(&str, &[&str])] = &[
-    ("/me", &["GET"]),
-    ("/openapi.json", &["GET"]),
-    ("/schemas", &["GET"]),
-    ("/schemas/{schema}", &["GET"]),
-    ("/schemas/{schema}/attributes", &["GET"]),
-    ("/schemas/{schema}/records", &["GET", "POST"]),
-    ("/schemas/{schema}/records/upsert", &["POST"]),
-    ("/schemas/{schema}/records/{id}", &["GET", "PATCH", "DELETE"]),
-    ("/schemas/{schema}/records/{id}/audit-trail", &["GET"]),
-    ("/record-deletions/{operationId}", &["GET"]),
-    ("/contacts/suppressions", &["GET", "POST"]),
-    ("/contacts/suppressions/batch", &["POST"]),
-    ("/contacts/suppressions/batch-remove", &["POST"]),
-    ("/contacts/suppressions/{id}", &["DELETE"]),
-    ("/events", &["GET"]),
-    // PATCH and DELETE here are the contract's guards (`/events/{id}`): they exist only to
-    // answer 405, every time (see [`GUARDS`]).
-    ("/events/{schema}", &["POST", "PATCH", "DELETE"]),
-    ("/events/{schema}/batch", &["POST"]),
-    ("/events/{schema}/{id}/status", &["GET"]),
-    ("/event-identities", &["POST"]),
-    ("/webhooks", &["GET", "POST"]),
-    ("/webhooks/{id}", &["GET", "PATCH", "DELETE"]),
-    ("/webhooks/{id}/rotate-secret", &["POST"]),
-    ("/templates", &["GET"]),
-    ("/templates/{id}", &["GET"]),
-    ("/templates/{templateId}/send", &["POST"]),
-    ("/segments", &["GET", "POST"]),
-    ("/segments/{id}", &["GET", "DELETE"]),
-    ("/segments/{id}/contacts", &["GET"]),
-    ("/broadcasts", &["GET"]),
-    ("/broadcasts/{id}", &["GET", "PATCH"]),
-    ("/broadcasts/{id}/send", &["POST"]),
-    ("/broadcasts/{id}/runs", &["GET"]),
-    ("/broadcasts/{id}/runs/{runId}", &["GET"]),
-    ("/workflows", &["GET"]),
-    ("/workflows/{id}", &["GET", "POST"]),
-    ("/workflows/{id}/pause", &["POST"]),
-    ("/workflows/{id}/unpause", &["POST"]),
-    ("/workflows/{id}/runs", &["GET"]),
-    ("/workflows/{id}/runs/{runId}", &["GET"]),
-    ("/domains", &["GET"]),
-    ("/domains/{id}", &["GET"]),
-    ("/senders", &["GET"]),
-    ("/senders/{id}", &["GET"]),
-    ("/topics", &["GET"]),
-    ("/topics/{id}", &["GET"]),
-    ("/forms/{formId}/submit", &["POST"]),
-    ("/forms/{formId}/confirm/{token}", &["GET"]),
-    ("/emails/{emailId}/unsubscribe", &["POST"]),
-];
-
-/// Operations that exist only to answer 405 (`PATCH` and `DELETE /events/{id}`: events are
-/// immutable). No handler serves them; the fallback answers, with `Allow`.
-pub const GUARDS: &[(&str, &str)] = &[("PATCH", "/events/{schema}"), ("DELETE", "/events/{schema}")];
-
-/// Whether a request would be served by a handler: its path is known, the path offers its
-/// method, and the operation is not a guard.
-pub fn is_served(method: &str, path: &str) -> bool {
-    let Some(rest) = path.strip_prefix(API_PREFIX) else { return false };
-    let rest = rest.strip_suffix('/').filter(|r| !r.is_empty()).unwrap_or(rest);
-    API_ROUTES.iter().find(|(pattern, _)| ResourceDef::new(*pattern).is_match(rest)).is_some_and(
-        |(pattern, methods)| {
-            methods.contains(&method)
-                && !GUARDS.iter().any(|(guard_method, guard)| *guard_method == method && guard == pattern)
-        },
-    )
+/// Which process serves an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Writes: the command service.
+    Command,
+    /// Reads: the query service.
+    Query,
+    /// A guard of the contract that exists only to answer 405, on every service.
+    Guard,
 }
+
+/// One operation of the API: `path` is under the `/v1` prefix; `id` is its OpenAPI
+/// `operationId`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operation {
+    pub id: &'static str,
+    pub method: &'static str,
+    pub path: &'static str,
+    pub tier: Tier,
+}
+
+const fn operation(id: &'static str, method: &'static str, path: &'static str, tier: Tier) -> Operation {
+    Operation { id, method, path, tier }
+}
+
+use Tier::{Command, Guard, Query};
+
+/// Every operation built, in the order of the contract.
+pub const OPERATIONS: &[Operation] = &[
+    operation("getMe", "GET", "/me", Query),
+    operation("getOpenApi", "GET", "/openapi.json", Query),
+    operation("listSchemas", "GET", "/schemas", Query),
+    operation("getSchema", "GET", "/schemas/{schema}", Query),
+    operation("listAttributes", "GET", "/schemas/{schema}/attributes", Query),
+    operation("listRecords", "GET", "/schemas/{schema}/records", Query),
+    operation("createRecord", "POST", "/schemas/{schema}/records", Command),
+    operation("upsertRecord", "POST", "/schemas/{schema}/records/upsert", Command),
+    operation("getRecord", "GET", "/schemas/{schema}/records/{id}", Query),
+    operation("updateRecord", "PATCH", "/schemas/{schema}/records/{id}", Command),
+    operation("deleteRecord", "DELETE", "/schemas/{schema}/records/{id}", Command),
+    operation("getRecordAuditTrail", "GET", "/schemas/{schema}/records/{id}/audit-trail", Query),
+    operation("getRecordDeletion", "GET", "/record-deletions/{operationId}", Query),
+    operation("listSuppressions", "GET", "/contacts/suppressions", Query),
+    operation("createSuppression", "POST", "/contacts/suppressions", Command),
+    operation("batchCreateSuppressions", "POST", "/contacts/suppressions/batch", Command),
+    operation("batchRemoveSuppressions", "POST", "/contacts/suppressions/batch-remove", Command),
+    operation("deleteSuppression", "DELETE", "/contacts/suppressions/{id}", Command),
+    operation("listEvents", "GET", "/events", Query),
+    operation("fireEvent", "POST", "/events/{schema}", Command),
+    // The contract's `PATCH` and `DELETE /events/{id}`: events are immutable.
+    operation("patchEventNotAllowed", "PATCH", "/events/{schema}", Guard),
+    operation("deleteEventNotAllowed", "DELETE", "/events/{schema}", Guard),
+    operation("fireEventBatch", "POST", "/events/{schema}/batch", Command),
+    operation("getEventStatus", "GET", "/events/{schema}/{id}/status", Query),
+    operation("changeEventIdentity", "POST", "/event-identities", Command),
+];
 
 /// The API prefix every path lives under.
 pub const API_PREFIX: &str = "/v1";
 
-/// Whether a request path (with the `/v1` prefix) names a path of the API.
-pub fn is_known_path(path: &str) -> bool {
-    let Some(rest) = path.strip_prefix(API_PREFIX) else {
-        return false;
-    };
-    let rest = rest.strip_suffix('/').filter(|r| !r.is_empty()).unwrap_or(rest);
-    API_ROUTES.iter().any(|(pattern, _)| ResourceDef::new(*pattern).is_match(rest))
+/// The operations a tier serves.
+pub fn of_tier(tier: Tier) -> impl Iterator<Item = &'static Operation> {
+    OPERATIONS.iter().filter(move |operation| operation.tier == tier)
 }
 
-/// The methods a known request path (with the `/v1` prefix) allows, for `Allow` on a 405.
-pub fn allowed_methods(path: &str) -> Option<&'static [&'static str]> {
+/// The path of a request under the prefix, without a trailing slash; `None` outside it.
+fn api_path(path: &str) -> Option<&str> {
     let rest = path.strip_prefix(API_PREFIX)?;
-    let rest = rest.strip_suffix('/').filter(|r| !r.is_empty()).unwrap_or(rest);
-    API_ROUTES.iter().find(|(pattern, _)| ResourceDef::new(*pattern).is_match(rest)).map(|(_, methods)| *methods)
+    Some(rest.strip_suffix('/').filter(|rest| !rest.is_empty()).unwrap_or(rest))
+}
+
+/// The path template a request path (with the `/v1` prefix) matches, if any.
+pub fn template(path: &str) -> Option<&'static str> {
+    let rest = api_path(path)?;
+    // Literal segments win over parameters (`/records/upsert` over `/records/{id}`): the
+    // templates are tried longest-literal first.
+    let mut matching: Vec<&'static str> = OPERATIONS
+        .iter()
+        .map(|operation| operation.path)
+        .filter(|template| ResourceDef::new(*template).is_match(rest))
+        .collect();
+    matching
+        .sort_by_key(|template| std::cmp::Reverse(template.split('/').filter(|part| !part.starts_with('{')).count()));
+    matching.first().copied()
+}
+
+/// The operation a request (method, path with the `/v1` prefix) addresses, if any.
+pub fn find(method: &str, path: &str) -> Option<&'static Operation> {
+    let template = template(path)?;
+    OPERATIONS.iter().find(|operation| operation.path == template && operation.method == method)
+}
+
+/// Whether a request path names a path of the API.
+pub fn is_known_path(path: &str) -> bool {
+    template(path).is_some()
+}
+
+/// The methods a known request path offers, for `Allow` on a 405.
+pub fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
+    let template = template(path)?;
+    Some(OPERATIONS.iter().filter(|operation| operation.path == template).map(|operation| operation.method).collect())
+}
+
+/// Whether a handler serves the request: its operation exists and is not a guard.
+pub fn is_served(method: &str, path: &str) -> bool {
+    find(method, path).is_some_and(|operation| operation.tier != Tier::Guard)
 }
 
 /// The named parameters of a request path (with the `/v1` prefix) as sent, still
 /// percent-encoded: `[("schema", "contacts"), ("id", "con_1")]`. Empty for unknown paths.
 pub fn path_parameters(path: &str) -> Vec<(&'static str, &str)> {
-    let Some(rest) = path.strip_prefix(API_PREFIX) else { return Vec::new() };
-    let rest = rest.strip_suffix('/').filter(|r| !r.is_empty()).unwrap_or(rest);
-    let segments: Vec<&str> = rest.split('/').collect();
-    for (pattern, _) in API_ROUTES {
-        let parts: Vec<&'static str> = pattern.split('/').collect();
-        if parts.len() != segments.len() {
-            continue;
-        }
-        let mut parameters = Vec::new();
-        let matched = parts.iter().zip(&segments).all(|(part, segment)| {
-            match part.strip_prefix('{').and_then(|name| name.strip_suffix('}')) {
-                Some(name) => {
-                    parameters.push((name, *segment));
-                    true
-                }
-                None => part == segment,
-            }
-        });
-        if matched {
-            return parameters;
-        }
-    }
-    Vec::new()
+    let (Some(rest), Some(template)) = (api_path(path), template(path)) else { return Vec::new() };
+    template
+        .split('/')
+        .zip(rest.split('/'))
+        .filter_map(|(part, segment)| {
+            part.strip_prefix('{').and_then(|name| name.strip_suffix('}')).map(|name| (name, segment))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -127,7 +133,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn path_parameters_are_named_by_the_route() {
+    fn known_paths_match_templates_and_literals_win() {
+        assert!(is_known_path("/v1/me"));
+        assert!(is_known_path("/v1/events/ev_123"));
+        assert!(!is_known_path("/v1/nothing"));
+        assert!(!is_known_path("/me"));
+        assert_eq!(template("/v1/schemas/contacts/records/upsert"), Some("/schemas/{schema}/records/upsert"));
+        assert_eq!(template("/v1/schemas/contacts/records/con_1"), Some("/schemas/{schema}/records/{id}"));
+        assert_eq!(find("POST", "/v1/schemas/contacts/records/upsert").map(|o| o.id), Some("upsertRecord"));
+        assert_eq!(find("PUT", "/v1/me"), None);
+    }
+
+    #[test]
+    fn path_parameters_are_named_by_the_template() {
         assert_eq!(
             path_parameters("/v1/schemas/contacts/records/con_%00"),
             [("schema", "contacts"), ("id", "con_%00")]
@@ -135,7 +153,12 @@ mod tests {
         assert_eq!(path_parameters("/v1/record-deletions/op_1/"), [("operationId", "op_1")]);
         assert!(path_parameters("/v1/me").is_empty());
         assert!(path_parameters("/v1/nothing/here").is_empty());
-        assert_eq!(allowed_methods("/v1/schemas/contacts/records"), Some(&["GET", "POST"][..]));
+    }
+
+    #[test]
+    fn methods_guards_and_served_operations() {
+        assert_eq!(allowed_methods("/v1/schemas/contacts/records"), Some(vec!["GET", "POST"]));
+        assert_eq!(allowed_methods("/v1/events/ev_1"), Some(vec!["POST", "PATCH", "DELETE"]));
         assert_eq!(allowed_methods("/v1/nothing"), None);
         assert!(is_served("POST", "/v1/events/order-placed"));
         assert!(!is_served("PATCH", "/v1/events/ev_1"), "a guard");
@@ -143,11 +166,12 @@ mod tests {
     }
 
     #[test]
-    fn known_paths_match_patterns() {
-        assert!(is_known_path("/v1/me"));
-        assert!(is_known_path("/v1/events/ev_123"));
-        assert!(is_known_path("/v1/schemas/contacts/records/con_1"));
-        assert!(!is_known_path("/v1/nothing"));
-        assert!(!is_known_path("/me"));
+    fn operation_ids_and_method_path_pairs_are_unique() {
+        for (index, operation) in OPERATIONS.iter().enumerate() {
+            for other in &OPERATIONS[index + 1..] {
+                assert_ne!(operation.id, other.id);
+                assert!((operation.method, operation.path) != (other.method, other.path), "{operation:?}");
+            }
+        }
     }
 }

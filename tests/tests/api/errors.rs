@@ -89,52 +89,26 @@ async fn unsupported_content_type_charset_or_encoding_is_415() {
 }
 
 #[tokio::test]
-async fn the_openapi_document_is_served_and_lists_every_route_built() {
+async fn every_operation_of_the_route_table_is_served_and_the_guards_answer_405() {
     let app = TestApp::spawn().await;
-    let response = app.send(app.request(reqwest::Method::GET, "/openapi.json", None)).await;
-    assert_eq!(response.status, 200);
-    assert_eq!(response.body["openapi"], "3.1.0");
-    let paths = response.body["paths"].as_object().expect("paths");
-    let built = [
-        ("/openapi.json", "get"),
-        ("/me", "get"),
-        ("/schemas", "get"),
-        ("/schemas/{schema}", "get"),
-        ("/schemas/{schema}/attributes", "get"),
-        ("/schemas/{schema}/records", "get"),
-        ("/schemas/{schema}/records", "post"),
-        ("/schemas/{schema}/records/upsert", "post"),
-        ("/schemas/{schema}/records/{id}", "get"),
-        ("/schemas/{schema}/records/{id}", "patch"),
-        ("/schemas/{schema}/records/{id}", "delete"),
-        ("/schemas/{schema}/records/{id}/audit-trail", "get"),
-        ("/record-deletions/{operationId}", "get"),
-        ("/contacts/suppressions", "get"),
-        ("/contacts/suppressions", "post"),
-        ("/contacts/suppressions/batch", "post"),
-        ("/contacts/suppressions/batch-remove", "post"),
-        ("/contacts/suppressions/{id}", "delete"),
-        ("/events", "get"),
-        ("/events/{schema}", "post"),
-        ("/events/{schema}", "patch"),
-        ("/events/{schema}", "delete"),
-        ("/events/{schema}/batch", "post"),
-        ("/events/{schema}/{id}/status", "get"),
-        ("/event-identities", "post"),
-    ];
-    let mut documented: Vec<(String, String)> = paths
-        .iter()
-        .flat_map(|(path, item)| {
-            item.as_object()
-                .into_iter()
-                .flat_map(|item| item.keys())
-                .filter(|method| ["get", "post", "patch", "delete", "put"].contains(&method.as_str()))
-                .map(move |method| (path.clone(), method.clone()))
-        })
-        .collect();
-    documented.sort();
-    let mut expected: Vec<(String, String)> =
-        built.iter().map(|(path, method)| ((*path).to_owned(), (*method).to_owned())).collect();
-    expected.sort();
-    assert_eq!(documented, expected, "the document describes exactly the operations built");
+    let document = app.send(app.request(reqwest::Method::GET, "/openapi.json", None)).await;
+    assert_eq!((document.status, document.body["openapi"].as_str()), (200, Some("3.1.0")));
+    for operation in shared::routes::OPERATIONS {
+        let path =
+            operation.path.replace("{schema}", "contacts").replace("{id}", "x_1").replace("{operationId}", "op_1");
+        let method = reqwest::Method::from_bytes(operation.method.as_bytes()).expect("a method");
+        let response = app.send(app.request(method, &path, Some(ALPHA_ADMIN)).json(&json!({}))).await;
+        let code = response.code().as_str().unwrap_or_default().to_owned();
+        if operation.tier == shared::routes::Tier::Guard {
+            assert_eq!((response.status, code.as_str()), (405, "method_not_allowed"), "{operation:?}");
+        } else {
+            assert!(
+                code != "route_not_found" && code != "method_not_allowed",
+                "{} {} fell through to the fallback: {:?}",
+                operation.method,
+                path,
+                response.body
+            );
+        }
+    }
 }
