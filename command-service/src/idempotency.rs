@@ -9,9 +9,9 @@
 //!
 //! A claim left `processing` by an instance that died is reconciled when it is older than
 //! `CLAIM_TIMEOUT`: the next request with the key marks it `unresolved` (409
-//! `idempotency_outcome_unknown`), and reconciliation (`reconcile_unresolved`, run by the
-//! projector) releases unresolved claims whose operation appended nothing, so the key can
-//! run again. The takeover changes nothing the stalled claimant could still commit: its
+//! `idempotency_outcome_unknown`), and the projector's maintenance worker
+//! (`projector::workers::maintenance::purge_and_reconcile`) releases unresolved claims whose
+//! operation appended nothing, so the key can run again. The takeover changes nothing the stalled claimant could still commit: its
 //! completion guard no longer matches a `processing` row with its token, so its append fails.
 
 use shared::error::Code;
@@ -317,27 +317,4 @@ pub async fn finish(
         }
         (Err(error), None) => Err(error.with_header("Operation-Id", operation_id.to_owned())),
     }
-}
-
-/// Deletes completed records older than 24 hours and releases unresolved claims whose
-/// operation appended nothing (run periodically by the projector).
-pub async fn purge_and_reconcile(pool: &deadpool_postgres::Pool) -> anyhow::Result<(u64, u64)> {
-    let client = pool.get().await?;
-    let purged = client
-        .execute(
-            "DELETE FROM idempotency_records WHERE state = 'completed' AND completed_at < now() - interval '24 hours'",
-            &[],
-        )
-        .await?;
-    // An outcome is recorded atomically with its append, so an unresolved claim with no
-    // event appended under its key since the claim wrote nothing: the key may run again.
-    let released = client
-        .execute(
-            "DELETE FROM idempotency_records r WHERE r.state = 'unresolved'
-             AND NOT EXISTS (SELECT 1 FROM events e WHERE e.actor_key_id = r.key_id
-                             AND e.idempotency_key = r.idempotency_key AND e.recorded_at >= r.claimed_at)",
-            &[],
-        )
-        .await?;
-    Ok((purged, released))
 }

@@ -31,10 +31,9 @@ pub struct State {
 
 impl State {
     pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> web::Data<Self> {
-        let event_log = EventLog::start(pool.clone(), settings.append_batch_max);
+        let event_log = EventLog::start(pool.clone(), settings.append.batch_max);
         let authenticator =
-            Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl, settings.rate_limits);
-        tokio::spawn(maintain(pool.clone(), settings.event_receipt_retention));
+            Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
         web::Data::new(Self {
             pool,
             event_log,
@@ -57,35 +56,6 @@ impl State {
     }
 }
 
-/// Every minute: purge idempotency records past their 24 hours, reconcile unresolved claims
-/// and retire event receipts past their retention. Any number of instances may run it.
-async fn maintain(pool: Pool, receipt_retention: std::time::Duration) {
-    let mut ticker = tokio::time::interval(std::time::Duration::from_secs(60));
-    loop {
-        ticker.tick().await;
-        if let Err(error) = idempotency::purge_and_reconcile(&pool).await {
-            tracing::warn!(error = format!("{error:#}"), "idempotency maintenance failed");
-        }
-        if let Err(error) = retire_receipts(&pool, receipt_retention).await {
-            tracing::warn!(error = format!("{error:#}"), "retiring event receipts failed");
-        }
-    }
-}
-
-/// Retires every event receipt past `retention`, in bounded steps.
-pub async fn retire_receipts(pool: &Pool, retention: std::time::Duration) -> anyhow::Result<u64> {
-    const STEP: i64 = 10_000;
-    let client = pool.get().await?;
-    let mut total = 0;
-    loop {
-        let retired = events::store::retire_receipts(&client, retention, STEP).await?;
-        total += retired;
-        if retired < STEP as u64 {
-            return Ok(total);
-        }
-    }
-}
-
 /// Registers this service's routes (inside the `/v1` scope).
 pub fn configure(config: &mut web::ServiceConfig) {
     routes::configure(config);
@@ -98,10 +68,12 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let pool = shared::db::pool(settings.database_url.expose(), settings.database_pool_size)?;
-        let read_models = ReadModels::start(pool.clone(), settings.database_url.expose().to_owned());
-        let state = State::new(settings.clone(), pool, read_models);
-        let server = ApiServer::bind(&settings.host, settings.port, move |config| {
+        let pool = shared::db::pool(settings.database_url()?, settings.database.pool_size)?;
+        let read_models = ReadModels::start(pool.clone(), settings.database_url()?.to_owned());
+        let state = State::new(settings.clone(), pool.clone(), read_models);
+        let ops = shared::ops::Ops::new(pool, None);
+        let address = (settings.http.host.as_str(), settings.http.port);
+        let server = ApiServer::bind(address, settings.shutdown_timeout(), ops, move |config| {
             config.app_data(state.clone());
             configure(config);
         })?;
@@ -110,6 +82,10 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.server.port()
+    }
+
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
     }
 
     pub async fn run_until_stopped(self) -> std::io::Result<()> {

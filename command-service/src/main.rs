@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use command_service::{Application, authoring};
-use shared::settings::Settings;
 
 #[derive(Parser)]
 #[command(about = "Serves the API's writes and applies workspace files")]
@@ -28,9 +27,8 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    shared::telemetry::init("info");
     let cli = Cli::parse();
-    let settings = Settings::from_env()?;
+    let settings = shared::process::start("info")?;
     match cli.command {
         Command::Serve => {
             let application = Application::build(settings).await?;
@@ -40,7 +38,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Apply { file, wait } => {
             let text = std::fs::read_to_string(&file)?;
             let workspace = authoring::parse(&text)?;
-            let pool = shared::db::pool(settings.database_url.expose(), 2)?;
+            let pool = shared::db::pool(settings.database_url()?, 2)?;
             let event_log = shared::log::EventLog::start(pool.clone(), 1);
             let report = authoring::apply(&pool, &event_log, &workspace).await?;
             println!("applied {} events (log position {})", report.events, report.position);

@@ -1,22 +1,162 @@
-//! The projector: follows the event log and builds the read models the query service serves.
-//!
-//! Each read model is a named projection with versions; each version lives in its own
-//! Postgres schema (`rm_<name>_v<version>`) with a checkpoint row in `projections`. The row
-//! is locked `FOR UPDATE SKIP LOCKED` for a batch, so it is also the lease: any number of
-//! projector processes may run, and each batch is applied by exactly one of them.
+//! The projector: the process that follows the event log. It builds the read models the
+//! query service serves and runs the background workers (AI preparation, the eraser,
+//! maintenance, and timers), all on one worker runtime (`runtime`). Which workers a process
+//! runs is configuration (`APP__PROJECTOR__WORKERS`), so a deployment can split them across
+//! processes; any number of processes may run the same workers, each lease letting one at a
+//! time do a worker's work.
 
-pub mod daemon;
-pub mod eraser;
-pub mod preparation;
-pub mod projections;
-pub mod quarantine;
-pub mod rebuild;
-pub mod runner;
+pub mod read_models;
+pub mod runtime;
+pub mod timers;
+pub mod workers;
 
-pub use projections::Projection;
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use futures_util::future::BoxFuture;
+use serde_json::json;
+use shared::settings::Settings;
+use tokio_util::sync::CancellationToken;
+
+use crate::read_models::runner::Faults;
+use crate::read_models::worker::ReadModelWorker;
+use crate::runtime::{Health, Runtime, Worker};
 
 /// Applies the log's migrations and creates version 1 of every read model that has none.
-pub async fn migrate(pool: &deadpool_postgres::Pool) -> anyhow::Result<()> {
+pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     shared::db::migrate(pool).await?;
-    runner::ensure_initialized(pool).await
+    read_models::runner::ensure_initialized(pool).await
+}
+
+/// Connections a projector process needs: a step may hold its lease's connection while it
+/// reads, writes and appends through others, and every worker steps at once.
+pub const POOL_SIZE: usize = 32;
+
+/// The kinds of worker a process can run.
+pub const WORKER_KINDS: [&str; 4] = ["read_models", "preparation", "eraser", "maintenance"];
+
+/// The workers a process runs: `selection` is `all` or a comma-separated list of
+/// [`WORKER_KINDS`]. `process` names this process in the batch history.
+pub fn workers(
+    settings: &Settings,
+    pool: &Pool,
+    provider: shared::ai::AiProvider,
+    process: &str,
+) -> anyhow::Result<Vec<Arc<dyn Worker>>> {
+    let selection = settings.projector.workers.trim();
+    let wanted: Vec<&str> = if selection == "all" {
+        WORKER_KINDS.to_vec()
+    } else {
+        selection.split(',').map(str::trim).filter(|kind| !kind.is_empty()).collect()
+    };
+    if let Some(unknown) = wanted.iter().find(|kind| !WORKER_KINDS.contains(kind)) {
+        anyhow::bail!("APP__PROJECTOR__WORKERS names {unknown:?}; the workers are all, {}", WORKER_KINDS.join(", "));
+    }
+    let log = shared::log::EventLog::start(pool.clone(), 16);
+    let mut workers: Vec<Arc<dyn Worker>> = Vec::new();
+    if wanted.contains(&"read_models") {
+        let faults = Faults::from_settings(&settings.projector);
+        for model in read_models::ALL {
+            workers.push(Arc::new(ReadModelWorker::new(pool.clone(), model, process.to_owned(), faults.clone())));
+        }
+    }
+    if wanted.contains(&"preparation") {
+        workers.push(Arc::new(workers::preparation::Preparation::new(pool.clone(), log.clone(), provider)));
+    }
+    if wanted.contains(&"eraser") {
+        workers.push(Arc::new(workers::eraser::Eraser::new(pool.clone(), log, settings.erasure_blocked_after())));
+    }
+    if wanted.contains(&"maintenance") {
+        workers
+            .push(Arc::new(workers::maintenance::Maintenance::new(pool.clone(), settings.event_receipt_retention())));
+    }
+    Ok(workers)
+}
+
+/// A process's readiness as its workers see it: not ready while one has been failing for
+/// more than [`FAILING_GRACE`]; the report lists each worker's health and the open dead
+/// letters.
+pub struct WorkersReadiness {
+    pub health: Health,
+    pub pool: Pool,
+}
+
+/// How long a worker may fail before the process reports itself not ready.
+pub const FAILING_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl shared::ops::Readiness for WorkersReadiness {
+    fn check(&self) -> BoxFuture<'_, (bool, serde_json::Value)> {
+        Box::pin(async {
+            let failing = self.health.failing_longer_than(FAILING_GRACE);
+            let dead_letters = match self.pool.get().await {
+                Ok(client) => read_models::quarantine::list_open(&client).await.map(|open| open.len()).ok(),
+                Err(_) => None,
+            };
+            let report = json!({
+                "workers": self.health.snapshot(),
+                "failing": failing,
+                "deadLetters": dead_letters,
+            });
+            (failing.is_empty(), report)
+        })
+    }
+}
+
+/// The projector process: its workers on the runtime, and its operations endpoints
+/// (`/health/live`, `/health/ready`, `/metrics`) on `APP__PROJECTOR__PORT`.
+pub struct Application {
+    runtime: Runtime,
+    server: actix_web::dev::Server,
+    port: u16,
+    shutdown: CancellationToken,
+}
+
+impl Application {
+    pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
+        let database_url = settings.database_url()?.to_owned();
+        let pool = shared::db::pool(&database_url, POOL_SIZE)?;
+        let provider = shared::ai::AiProvider::new(&settings.ai)?;
+        let process = format!("projector-{}", std::process::id());
+        let runtime = Runtime::new(database_url, workers(settings, &pool, provider, &process)?);
+        let readiness = WorkersReadiness { health: runtime.health(), pool: pool.clone() };
+        let ops = shared::ops::Ops::new(pool, Some(Arc::new(readiness)));
+        let listener = std::net::TcpListener::bind((settings.http.host.as_str(), settings.projector.port))?;
+        let port = listener.local_addr()?.port();
+        let server = actix_web::HttpServer::new(move || {
+            let ops = ops.clone();
+            actix_web::App::new().configure(|config| ops.configure(config))
+        })
+        .workers(1)
+        .shutdown_timeout(settings.shutdown_timeout().as_secs().max(1))
+        .listen(listener)?
+        .run();
+        Ok(Self { runtime, server, port, shutdown: CancellationToken::new() })
+    }
+
+    /// The port of the operations endpoints.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Cancelling it stops the workers (a step in flight gets a bounded time to finish).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Runs until SIGTERM or SIGINT (which stop the operations server) or until the shutdown
+    /// token is cancelled; then stops the workers, whose leases end with their transactions.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let Self { runtime, server, shutdown, .. } = self;
+        let handle = server.handle();
+        let workers = tokio::spawn(runtime.run(shutdown.clone()));
+        tokio::select! {
+            served = server => {
+                served?;
+                shutdown.cancel();
+            }
+            () = shutdown.cancelled() => handle.stop(true).await,
+        }
+        workers.await?;
+        Ok(())
+    }
 }

@@ -1,11 +1,11 @@
-//! The projector process: `migrate`, `run` (follow the log) or `rebuild <name>`.
+//! The projector process: `migrate`, `run` (the workers), `rebuild <name>` or
+//! `dead-letters list|retry`.
 
 use clap::{Parser, Subcommand};
-use projector::Projection;
-use shared::settings::Settings;
+use projector::read_models;
 
 #[derive(Parser)]
-#[command(about = "Follows the event log and builds the read models")]
+#[command(about = "Follows the event log: builds the read models and runs the background workers")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -13,9 +13,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply the log migrations and create the first version of every read model.
+    /// Apply the migrations and create the first version of every read model.
     Migrate,
-    /// Follow the log until stopped.
+    /// Run the workers (`APP__PROJECTOR__WORKERS`) until SIGTERM or SIGINT.
     Run,
     /// Rebuild a read model from position 0 beside the live one, then switch readers to it.
     Rebuild { name: String },
@@ -28,7 +28,7 @@ enum Command {
 
 #[derive(Subcommand)]
 enum DeadLetterAction {
-    /// List the open dead letters of every live and building read-model version.
+    /// List the open dead letters of every live and building read-model version and worker.
     List,
     /// Apply the held events of a read model's quarantined spaces again, in order.
     Retry {
@@ -41,31 +41,22 @@ enum DeadLetterAction {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    shared::telemetry::init("info");
     let cli = Cli::parse();
-    let settings = Settings::from_env()?;
-    let pool = shared::db::pool(settings.database_url.expose(), 4)?;
+    let settings = shared::process::start("info")?;
     match cli.command {
-        Command::Migrate => projector::migrate(&pool).await,
+        Command::Migrate => {
+            let pool = shared::db::pool(settings.database_url()?, 2)?;
+            projector::migrate(&pool).await
+        }
         Command::Run => {
-            let worker = format!("projector-{}", std::process::id());
-            let provider = shared::ai::AiProvider::new(&settings.ai)?;
-            projector::daemon::run(
-                pool,
-                settings.database_url.expose().to_owned(),
-                worker,
-                settings.erasure_blocked_after,
-                provider,
-                async {
-                    let _ = tokio::signal::ctrl_c().await;
-                },
-            )
-            .await;
-            Ok(())
+            let application = projector::Application::build(&settings).await?;
+            tracing::info!(port = application.port(), "projector running; operations endpoints listening");
+            application.run_until_stopped().await
         }
         Command::DeadLetters { action: DeadLetterAction::List } => {
+            let pool = shared::db::pool(settings.database_url()?, 2)?;
             let client = pool.get().await?;
-            let open = projector::quarantine::list_open(&client).await?;
+            let open = read_models::quarantine::list_open(&client).await?;
             for letter in &open {
                 println!(
                     "{} v{} position {} space {:?} {} failed at {} (retried {} times): {}",
@@ -83,7 +74,8 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::DeadLetters { action: DeadLetterAction::Retry { name, space } } => {
-            let report = projector::quarantine::retry(&pool, parse_projection(&name)?, space.as_deref()).await?;
+            let pool = shared::db::pool(settings.database_url()?, 2)?;
+            let report = read_models::quarantine::retry(&pool, read_model(&name)?, space.as_deref()).await?;
             println!(
                 "retried {} quarantined spaces ({} held events); {} dead letters still open",
                 report.spaces, report.events, report.still_dead
@@ -91,16 +83,15 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Rebuild { name } => {
-            let projection = parse_projection(&name)?;
-            let report = projector::rebuild::rebuild(&pool, projection, |line| println!("{line}")).await?;
+            let pool = shared::db::pool(settings.database_url()?, 4)?;
+            let report = read_models::rebuild::rebuild(&pool, read_model(&name)?, |line| println!("{line}")).await?;
             println!("rebuilt {} events in {:.2}s", report.events, report.elapsed.as_secs_f64());
             Ok(())
         }
     }
 }
 
-fn parse_projection(name: &str) -> anyhow::Result<Projection> {
-    Projection::parse(name).ok_or_else(|| {
-        anyhow::anyhow!("unknown read model {name:?}; known: catalog, records, suppressions, deletions, events")
-    })
+fn read_model(name: &str) -> anyhow::Result<&'static dyn read_models::ReadModel> {
+    read_models::by_name(name)
+        .ok_or_else(|| anyhow::anyhow!("unknown read model {name:?}; known: {}", read_models::names()))
 }

@@ -63,7 +63,7 @@ where
     let client = state.pool.get().await?;
     let check = client.prepare_cached(CHECK_SQL).await?;
     let names: Vec<&str> = models.to_vec();
-    let deadline = Instant::now() + state.settings.consistency_wait;
+    let deadline = Instant::now() + state.settings.consistency_wait();
     let mut guess = state.read_models.current(models).await?;
     loop {
         let (key_id, space_id) = (caller.key_id(), caller.space_id());

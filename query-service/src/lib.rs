@@ -30,7 +30,7 @@ pub struct State {
 impl State {
     pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> web::Data<Self> {
         let authenticator =
-            Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl, settings.rate_limits);
+            Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
         web::Data::new(Self { pool, authenticator, read_models, settings })
     }
 }
@@ -47,10 +47,12 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let pool = shared::db::pool(settings.database_url.expose(), settings.database_pool_size)?;
-        let read_models = ReadModels::start(pool.clone(), settings.database_url.expose().to_owned());
-        let state = State::new(settings.clone(), pool, read_models);
-        let server = ApiServer::bind(&settings.host, settings.port, move |config| {
+        let pool = shared::db::pool(settings.database_url()?, settings.database.pool_size)?;
+        let read_models = ReadModels::start(pool.clone(), settings.database_url()?.to_owned());
+        let state = State::new(settings.clone(), pool.clone(), read_models);
+        let ops = shared::ops::Ops::new(pool, None);
+        let address = (settings.http.host.as_str(), settings.http.port);
+        let server = ApiServer::bind(address, settings.shutdown_timeout(), ops, move |config| {
             config.app_data(state.clone());
             configure(config);
         })?;
@@ -59,6 +61,10 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.server.port()
+    }
+
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
     }
 
     pub async fn run_until_stopped(self) -> std::io::Result<()> {

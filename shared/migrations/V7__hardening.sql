@@ -21,3 +21,18 @@ CREATE TABLE projection_dead_letters (
 );
 CREATE INDEX projection_dead_letters_open ON projection_dead_letters (name, version, space_key, position)
     WHERE resolved_at IS NULL;
+
+-- The due-time scheduler (projector/src/timers.rs): work that must happen at or after a time
+-- (webhook and email retries, broadcast schedules, workflow waits). A timer is claimed FOR
+-- UPDATE SKIP LOCKED by the transaction that runs it and deleted or rescheduled there.
+CREATE TABLE timers (
+    id bigserial PRIMARY KEY,
+    kind text NOT NULL,
+    key text NOT NULL,
+    due_at timestamptz NOT NULL,
+    payload jsonb NOT NULL DEFAULT '{}',
+    attempts integer NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (kind, key)
+);
+CREATE INDEX timers_due ON timers (kind, due_at);

@@ -6,7 +6,7 @@ use crate::error::Code;
 use crate::log::{AppendError, Guard};
 
 /// The limits of one scope.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ScopeLimits {
     /// Sustained admissions per second (the token bucket's refill rate).
     pub rate: f64,
@@ -18,7 +18,8 @@ pub struct ScopeLimits {
     pub receipts: i64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct AdmissionLimits {
     pub fleet: ScopeLimits,
     pub space: ScopeLimits,
@@ -44,25 +45,6 @@ impl AdmissionLimits {
         let mut scopes = vec![(fleet, self.fleet), (space, self.space), (schema, self.schema)];
         scopes.sort_by(|a, b| a.0.cmp(&b.0));
         scopes
-    }
-
-    /// Reads `APP__EVENT_{FLEET,SPACE,SCHEMA}_{RATE,BURST,PENDING,RECEIPTS}`, defaulting to
-    /// the contract's values.
-    pub fn from_env() -> anyhow::Result<Self> {
-        let defaults = Self::default();
-        let scope = |name: &str, default: ScopeLimits| -> anyhow::Result<ScopeLimits> {
-            Ok(ScopeLimits {
-                rate: crate::settings::env_or(&format!("APP__EVENT_{name}_RATE"), default.rate)?,
-                burst: crate::settings::env_or(&format!("APP__EVENT_{name}_BURST"), default.burst)?,
-                pending: crate::settings::env_or(&format!("APP__EVENT_{name}_PENDING"), default.pending)?,
-                receipts: crate::settings::env_or(&format!("APP__EVENT_{name}_RECEIPTS"), default.receipts)?,
-            })
-        };
-        Ok(Self {
-            fleet: scope("FLEET", defaults.fleet)?,
-            space: scope("SPACE", defaults.space)?,
-            schema: scope("SCHEMA", defaults.schema)?,
-        })
     }
 }
 

@@ -37,27 +37,43 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::attributes::{attribute_type, normalize_value, options};
-use crate::settings::Secret;
+use secrecy::{ExposeSecret, SecretString};
 
-/// Which AI provider to use, from `APP__AI_*` environment variables.
-#[derive(Debug, Clone)]
+/// Which AI provider to use (`APP__AI__*`, see `shared::settings`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct AiSettings {
-    /// `APP__AI_PROVIDER`: `deterministic` (default) or `openai`.
+    /// `APP__AI__PROVIDER`: `deterministic` (default) or `openai`.
     pub provider: ProviderKind,
-    /// `APP__AI_ENDPOINT`: the base URL, e.g. `https://api.openai.com/v1`; the client POSTs
+    /// `APP__AI__ENDPOINT`: the base URL, e.g. `https://api.openai.com/v1`; the client POSTs
     /// `{endpoint}/chat/completions`. Required for `openai`.
     pub endpoint: String,
-    /// `APP__AI_MODEL`: the model name. Required for `openai`.
+    /// `APP__AI__MODEL`: the model name. Required for `openai`.
     pub model: String,
-    /// `APP__AI_API_KEY`: sent as `Authorization: Bearer ...` when set.
-    pub api_key: Option<Secret>,
-    /// `APP__AI_TIMEOUT_MILLIS` (default 20000): the longest one provider call may take.
-    pub timeout: Duration,
+    /// `APP__AI__API_KEY`: sent as `Authorization: Bearer ...` when set.
+    #[serde(skip_serializing)]
+    pub api_key: Option<SecretString>,
+    /// `APP__AI__TIMEOUT_MILLIS`: the longest one provider call may take.
+    pub timeout_millis: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+impl Default for AiSettings {
+    fn default() -> Self {
+        Self {
+            provider: ProviderKind::Deterministic,
+            endpoint: String::new(),
+            model: String::new(),
+            api_key: None,
+            timeout_millis: 20_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     Deterministic,
+    #[serde(rename = "openai")]
     OpenAi,
 }
 
@@ -105,45 +121,12 @@ pub struct OpenAiClient {
     http: reqwest::Client,
     completions_url: String,
     model: String,
-    api_key: Option<Secret>,
+    api_key: Option<SecretString>,
 }
 
-const DEFAULT_TIMEOUT: Duration = Duration::from_millis(20_000);
-
 impl AiSettings {
-    pub fn from_env() -> anyhow::Result<Self> {
-        let provider = match std::env::var("APP__AI_PROVIDER") {
-            Err(_) => ProviderKind::Deterministic,
-            Ok(raw) => match raw.trim() {
-                "" | "deterministic" => ProviderKind::Deterministic,
-                "openai" => ProviderKind::OpenAi,
-                other => anyhow::bail!("APP__AI_PROVIDER={other:?} is invalid: use deterministic or openai"),
-            },
-        };
-        let endpoint = std::env::var("APP__AI_ENDPOINT").unwrap_or_default();
-        let model = std::env::var("APP__AI_MODEL").unwrap_or_default();
-        let api_key = std::env::var("APP__AI_API_KEY").ok().filter(|key| !key.is_empty()).map(Secret::new);
-        let timeout = match std::env::var("APP__AI_TIMEOUT_MILLIS") {
-            Err(_) => DEFAULT_TIMEOUT,
-            Ok(raw) => Duration::from_millis(
-                raw.parse().map_err(|error| anyhow::anyhow!("APP__AI_TIMEOUT_MILLIS={raw:?} is invalid: {error}"))?,
-            ),
-        };
-        if provider == ProviderKind::OpenAi {
-            anyhow::ensure!(!endpoint.trim().is_empty(), "APP__AI_ENDPOINT must be set when APP__AI_PROVIDER=openai");
-            anyhow::ensure!(!model.trim().is_empty(), "APP__AI_MODEL must be set when APP__AI_PROVIDER=openai");
-        }
-        Ok(Self { provider, endpoint, model, api_key, timeout })
-    }
-
     pub fn deterministic() -> Self {
-        Self {
-            provider: ProviderKind::Deterministic,
-            endpoint: String::new(),
-            model: String::new(),
-            api_key: None,
-            timeout: DEFAULT_TIMEOUT,
-        }
+        Self::default()
     }
 
     pub fn openai(endpoint: &str, model: &str, api_key: Option<&str>, timeout: Duration) -> Self {
@@ -151,8 +134,8 @@ impl AiSettings {
             provider: ProviderKind::OpenAi,
             endpoint: endpoint.to_owned(),
             model: model.to_owned(),
-            api_key: api_key.map(|key| Secret::new(key.to_owned())),
-            timeout,
+            api_key: api_key.map(SecretString::from),
+            timeout_millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         }
     }
 }
@@ -206,7 +189,7 @@ impl OpenAiClient {
             "the AI endpoint {endpoint:?} must be an http or https URL"
         );
         let http = reqwest::Client::builder()
-            .timeout(settings.timeout)
+            .timeout(Duration::from_millis(settings.timeout_millis))
             .build()
             .context("building the AI provider's HTTP client")?;
         Ok(Self {
@@ -229,7 +212,7 @@ impl OpenAiClient {
         });
         let mut request = self.http.post(&self.completions_url).json(&body);
         if let Some(api_key) = &self.api_key {
-            request = request.bearer_auth(api_key.expose());
+            request = request.bearer_auth(api_key.expose_secret());
         }
         let response = request.send().await.map_err(classify_send_error)?;
         let status = response.status();

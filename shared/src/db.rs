@@ -9,16 +9,9 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
-/// `(version, name, sql)` of each migration, applied in order.
-const MIGRATIONS: &[(i32, &str, &str)] = &[
-    (1, "event_log", include_str!("../migrations/V1__event_log.sql")),
-    (2, "suppressions", include_str!("../migrations/V2__suppressions.sql")),
-    (3, "rate_windows", include_str!("../migrations/V3__rate_windows.sql")),
-    (4, "idempotency", include_str!("../migrations/V4__idempotency.sql")),
-    (5, "erasure", include_str!("../migrations/V5__erasure.sql")),
-    (6, "business_events", include_str!("../migrations/V6__business_events.sql")),
-    (7, "hardening", include_str!("../migrations/V7__hardening.sql")),
-];
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
 
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
     let mut config = tokio_postgres::Config::from_str(database_url).context("parsing the database URL")?;
@@ -33,28 +26,81 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
         .context("building the database pool")
 }
 
-/// Applies the log migrations that are not applied yet, one process at a time.
+/// Applies the migrations (`shared/migrations/V<n>__<name>.sql`, with refinery) that are not
+/// applied yet, one process at a time. A migration that was applied and has changed since
+/// (its checksum differs) fails loudly: applied migrations are never edited.
 pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     let mut client = pool.get().await.context("connecting to migrate")?;
-    let transaction = client.transaction().await?;
-    transaction.execute("SELECT pg_advisory_xact_lock(727001)", &[]).await?;
-    transaction
-        .batch_execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now())",
+    client.execute("SELECT pg_advisory_lock(727001)", &[]).await?;
+    let outcome = async {
+        adopt_earlier_history(&mut client).await?;
+        let report = embedded::migrations::runner()
+            .set_abort_divergent(true)
+            .set_abort_missing(true)
+            .run_async(&mut **client)
+            .await
+            .context("applying the migrations")?;
+        for migration in report.applied_migrations() {
+            tracing::info!(version = migration.version(), name = migration.name(), "applied migration");
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    client.execute("SELECT pg_advisory_unlock(727001)", &[]).await?;
+    outcome
+}
+
+/// The latest migration version the code knows, and whether the database has it.
+pub async fn is_migrated(client: &impl deadpool_postgres::GenericClient) -> anyhow::Result<bool> {
+    let latest = embedded::migrations::runner().get_migrations().iter().map(|m| m.version()).max().unwrap_or(0);
+    let applied = client
+        .query_one(
+            "SELECT CASE WHEN to_regclass('refinery_schema_history') IS NULL THEN 0
+                    ELSE (SELECT COALESCE(max(version), 0) FROM refinery_schema_history) END",
+            &[],
+        )
+        .await?
+        .get::<_, i32>(0);
+    Ok(i64::from(applied) >= i64::from(latest))
+}
+
+/// Databases migrated before refinery kept their history in `schema_migrations`: record those
+/// migrations in refinery's table (with the checksums of the same files) so they are not
+/// applied again.
+async fn adopt_earlier_history(client: &mut deadpool_postgres::Client) -> anyhow::Result<()> {
+    let row = client
+        .query_one(
+            "SELECT to_regclass('schema_migrations') IS NOT NULL, to_regclass('refinery_schema_history') IS NOT NULL",
+            &[],
         )
         .await?;
-    for (version, name, sql) in MIGRATIONS {
-        let applied = transaction.query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[version]).await?;
-        if applied.is_none() {
-            tracing::info!(version, name, "applying migration");
-            transaction.batch_execute(sql).await.with_context(|| format!("applying migration {version} {name}"))?;
+    let (earlier, refinery): (bool, bool) = (row.get(0), row.get(1));
+    if !earlier || refinery {
+        return Ok(());
+    }
+    let transaction = client.transaction().await?;
+    let applied: Vec<i32> =
+        transaction.query("SELECT version FROM schema_migrations", &[]).await?.iter().map(|row| row.get(0)).collect();
+    transaction
+        .batch_execute(
+            "CREATE TABLE refinery_schema_history (version int4 PRIMARY KEY, name varchar(255),
+             applied_on varchar(255), checksum varchar(255))",
+        )
+        .await?;
+    let applied_on = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    for migration in embedded::migrations::runner().get_migrations() {
+        if applied.contains(&migration.version()) {
             transaction
-                .execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", &[version, name])
+                .execute(
+                    "INSERT INTO refinery_schema_history (version, name, applied_on, checksum) VALUES ($1, $2, $3, $4)",
+                    &[&migration.version(), &migration.name(), &applied_on, &migration.checksum().to_string()],
+                )
                 .await?;
         }
     }
+    transaction.batch_execute("DROP TABLE schema_migrations").await?;
     transaction.commit().await?;
+    tracing::info!(migrations = applied.len(), "adopted the earlier migration history");
     Ok(())
 }
 

@@ -40,8 +40,9 @@ pub async fn request_id_middleware(
     let id = incoming.unwrap_or_else(|| crate::ids::new_id("req"));
     req.extensions_mut().insert(RequestId(id.clone()));
     let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.path());
-    let _entered = span.enter();
-    let mut response = next.call(req).await?;
+    // The span covers the whole request, across its awaits, without being entered on a thread
+    // that may run other tasks meanwhile.
+    let mut response = tracing::Instrument::instrument(next.call(req), span).await?;
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(HeaderName::from_static("x-request-id"), value);
     }
@@ -224,15 +225,22 @@ pub fn register(config: &mut web::ServiceConfig, tier: routes::Tier, handler: fn
     }
 }
 
-/// An HTTP server with the API's middleware, `/v1` scope and 404/405 fallback. Each service
-/// (and single-node mode) passes what to register in the scope, its state included.
+/// An HTTP server with the API's middleware, `/v1` scope and 404/405 fallback, plus the
+/// operations endpoints outside `/v1`. Each service (and single-node mode) passes what to
+/// register in the scope, its state included. On SIGTERM (or SIGINT) it stops accepting and
+/// gives requests in flight up to `shutdown_timeout` to finish.
 pub struct ApiServer {
     port: u16,
     server: actix_web::dev::Server,
 }
 
 impl ApiServer {
-    pub fn bind<F>(host: &str, port: u16, configure: F) -> anyhow::Result<Self>
+    pub fn bind<F>(
+        (host, port): (&str, u16),
+        shutdown_timeout: std::time::Duration,
+        ops: crate::ops::Ops,
+        configure: F,
+    ) -> anyhow::Result<Self>
     where
         F: Fn(&mut web::ServiceConfig) + Send + Clone + 'static,
     {
@@ -240,12 +248,16 @@ impl ApiServer {
         let listener = std::net::TcpListener::bind((host, port)).context("binding the listener")?;
         let port = listener.local_addr()?.port();
         let server = actix_web::HttpServer::new(move || {
+            let ops = ops.clone();
             actix_web::App::new()
                 .wrap(actix_web::middleware::from_fn(storable_input_middleware))
+                .wrap(actix_web::middleware::from_fn(crate::ops::request_metrics_middleware))
                 .wrap(actix_web::middleware::from_fn(request_id_middleware))
+                .configure(|config| ops.configure(config))
                 .service(web::scope(routes::API_PREFIX).configure(configure.clone()))
                 .default_service(web::to(fallback))
         })
+        .shutdown_timeout(shutdown_timeout.as_secs().max(1))
         .listen(listener)?
         .run();
         Ok(Self { port, server })
@@ -253,6 +265,11 @@ impl ApiServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// A handle to stop the server gracefully from elsewhere (tests, single-node mode).
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
     }
 
     pub async fn run_until_stopped(self) -> std::io::Result<()> {

@@ -43,28 +43,25 @@ impl Bucket {
     }
 }
 
-/// Requests allowed per window, per bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Requests allowed per window, per bucket (`APP__RATE_LIMITS__*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Limits {
-    pub read: (u32, Duration),
-    pub write: (u32, Duration),
-    pub ai: (u32, Duration),
-    /// Off only for measuring the limiter's own cost.
+    /// `READ_PER_SECOND`, `WRITE_PER_SECOND`, `AI_PER_MINUTE`: the contract's buckets.
+    pub read_per_second: u32,
+    pub write_per_second: u32,
+    pub ai_per_minute: u32,
+    /// `ENABLED`: off only for measuring the limiter's own cost.
     pub enabled: bool,
-    /// The most tokens one reservation takes (see [`Limits::chunk`]); 1 reserves per request.
+    /// `RESERVE_MAX`: the most tokens one reservation takes (see [`Limits::chunk`]); 1
+    /// reserves per request.
     pub reserve_max: u32,
 }
 
 impl Default for Limits {
     /// The contract's values: read 100/s, write 25/s, ai 10 per 60 s.
     fn default() -> Self {
-        Self {
-            read: (100, Duration::from_secs(1)),
-            write: (25, Duration::from_secs(1)),
-            ai: (10, Duration::from_secs(60)),
-            enabled: true,
-            reserve_max: 1000,
-        }
+        Self { read_per_second: 100, write_per_second: 25, ai_per_minute: 10, enabled: true, reserve_max: 1000 }
     }
 }
 
@@ -80,11 +77,12 @@ impl Limits {
         if allowed <= EXACT_UP_TO { 1 } else { (allowed / 50).clamp(1, self.reserve_max.max(1)) }
     }
 
-    fn of(&self, bucket: Bucket) -> (u32, Duration) {
+    /// The budget and window of a bucket.
+    pub fn of(&self, bucket: Bucket) -> (u32, Duration) {
         match bucket {
-            Bucket::Read => self.read,
-            Bucket::Write => self.write,
-            Bucket::Ai => self.ai,
+            Bucket::Read => (self.read_per_second, Duration::from_secs(1)),
+            Bucket::Write => (self.write_per_second, Duration::from_secs(1)),
+            Bucket::Ai => (self.ai_per_minute, Duration::from_secs(60)),
         }
     }
 }
@@ -224,9 +222,8 @@ fn exceeded(bucket: Bucket, allowed: u32, window_ms: i64, window_index: i64) -> 
     .with_header("Retry-After", reset.format("%a, %d %b %Y %H:%M:%S GMT").to_string())
 }
 
-/// Deletes windows that have ended (run periodically by the projector).
-pub async fn purge_expired(pool: &Pool) -> anyhow::Result<u64> {
-    let client = pool.get().await?;
+/// Deletes windows that have ended (run by the projector's maintenance worker).
+pub async fn purge_expired(client: &impl deadpool_postgres::GenericClient) -> anyhow::Result<u64> {
     Ok(client.execute("DELETE FROM rate_windows WHERE expires_at < now() - interval '1 minute'", &[]).await?)
 }
 

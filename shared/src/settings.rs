@@ -1,69 +1,151 @@
-//! Typed settings from environment variables with the `APP__` prefix.
+//! Typed settings of every component, loaded once with figment: the defaults below (the only
+//! place a default is written), then an optional TOML file named by `APP_CONFIG`, then
+//! environment variables with the `APP__` prefix and `__` between levels
+//! (`APP__DATABASE__URL`, `APP__RATE_LIMITS__READ_PER_SECOND`,
+//! `APP__EVENTS__ADMISSION__FLEET__RATE`). `RUST_LOG` sets the log filter. No other module
+//! reads the environment: what a component needs is passed to it from here.
 
 use std::time::Duration;
 
 use anyhow::Context;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
 
-/// A secret that never prints.
-#[derive(Clone)]
-pub struct Secret(String);
+use crate::admission::AdmissionLimits;
+use crate::ai::AiSettings;
+use crate::ratelimit::Limits;
 
-impl Secret {
-    pub fn new(value: String) -> Self {
-        Self(value)
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Settings {
-    /// `APP__DATABASE_URL`: a libpq-style URL or key=value string.
-    pub database_url: Secret,
-    /// `APP__HOST` (default 127.0.0.1) and `APP__PORT` (default 8080; 0 picks a free port).
+    pub database: DatabaseSettings,
+    /// `APP__MASTER_KEY`: 64 hex characters (`openssl rand -hex 32`). It wraps every data
+    /// subject's key, so losing it loses all personal data in the log. Required.
+    #[serde(skip_serializing)]
+    pub master_key: Option<SecretString>,
+    pub http: HttpSettings,
+    pub auth: AuthSettings,
+    pub reads: ReadSettings,
+    pub append: AppendSettings,
+    pub rate_limits: Limits,
+    pub erasure: ErasureSettings,
+    pub events: EventSettings,
+    pub ai: AiSettings,
+    pub identity: IdentityCapacity,
+    pub projector: ProjectorSettings,
+    pub telemetry: TelemetrySettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DatabaseSettings {
+    /// `APP__DATABASE__URL`: a libpq-style URL or key=value string. Required.
+    #[serde(skip_serializing)]
+    pub url: Option<SecretString>,
+    /// `APP__DATABASE__POOL_SIZE`: connections per process.
+    pub pool_size: usize,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self { url: None, pool_size: 16 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HttpSettings {
+    /// `APP__HTTP__HOST` and `APP__HTTP__PORT` (0 picks a free port).
     pub host: String,
     pub port: u16,
-    /// `APP__DATABASE_POOL_SIZE` (default 16).
-    pub database_pool_size: usize,
-    /// `APP__AUTH_CACHE_MILLIS` (default 500): how long a key lookup is cached. Revocation
-    /// takes effect within this plus the catalog projection's lag.
-    pub auth_cache_ttl: Duration,
-    /// `APP__CONSISTENCY_WAIT_MILLIS` (default 3000): the longest a read waits for its
-    /// projection to reach the caller's last write.
-    pub consistency_wait: Duration,
-    /// `APP__APPEND_BATCH_MAX` (default 256): most commands grouped into one log transaction.
-    pub append_batch_max: usize,
-    /// `APP__RATE_READ_PER_SECOND` (100), `APP__RATE_WRITE_PER_SECOND` (25),
-    /// `APP__RATE_AI_PER_MINUTE` (10); `APP__RATE_LIMITS=off` disables them (for measuring);
-    /// `APP__RATE_RESERVE_MAX` (1000): the most tokens one reservation from the shared window
-    /// takes (1 reserves per request).
-    pub rate_limits: crate::ratelimit::Limits,
-    /// `APP__ERASURE_BLOCKED_AFTER_MILLIS` (default 60000): how long a record deletion may
-    /// wait for a projection to pass its position before it is reported `blocked`.
-    pub erasure_blocked_after: Duration,
-    /// Event admission: `APP__EVENT_{FLEET,SPACE,SCHEMA}_{RATE,BURST,PENDING,RECEIPTS}`
-    /// (defaults: the contract's values).
-    pub event_admission: crate::admission::AdmissionLimits,
-    /// `APP__EVENT_RECEIPT_RETENTION_HOURS` (default 24): how long a receipt is retained
-    /// after acceptance (and after its preparation is over) before it is retired.
-    pub event_receipt_retention: Duration,
-    /// The AI provider (`APP__AI_PROVIDER`, `APP__AI_ENDPOINT`, `APP__AI_MODEL`,
-    /// `APP__AI_API_KEY`, `APP__AI_TIMEOUT_MILLIS`; see [`crate::ai::AiSettings`]).
-    pub ai: crate::ai::AiSettings,
-    /// Identity binding capacity per space: `APP__IDENTITY_ALIASES_PER_SPACE` (100000) and
-    /// `APP__IDENTITY_CHANGES_PER_SPACE` (1000000).
-    pub identity_capacity: IdentityCapacity,
+    /// `APP__HTTP__SHUTDOWN_TIMEOUT_MILLIS`: on SIGTERM, how long requests in flight may take
+    /// to finish after the listener stops accepting.
+    pub shutdown_timeout_millis: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self { host: "127.0.0.1".to_owned(), port: 8080, shutdown_timeout_millis: 10_000 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AuthSettings {
+    /// `APP__AUTH__CACHE_MILLIS`: how long a key lookup is cached. Revocation takes effect
+    /// within this plus the catalog projection's lag.
+    pub cache_millis: u64,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self { cache_millis: 500 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReadSettings {
+    /// `APP__READS__CONSISTENCY_WAIT_MILLIS`: the longest a read waits for its read models to
+    /// reach the caller's last write.
+    pub consistency_wait_millis: u64,
+}
+
+impl Default for ReadSettings {
+    fn default() -> Self {
+        Self { consistency_wait_millis: 3000 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AppendSettings {
+    /// `APP__APPEND__BATCH_MAX`: most commands grouped into one log transaction.
+    pub batch_max: usize,
+}
+
+impl Default for AppendSettings {
+    fn default() -> Self {
+        Self { batch_max: 256 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ErasureSettings {
+    /// `APP__ERASURE__BLOCKED_AFTER_MILLIS`: how long a record deletion may wait for a read
+    /// model to pass its position before it is reported `blocked`.
+    pub blocked_after_millis: u64,
+}
+
+impl Default for ErasureSettings {
+    fn default() -> Self {
+        Self { blocked_after_millis: 60_000 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventSettings {
+    /// `APP__EVENTS__ADMISSION__{FLEET,SPACE,SCHEMA}__{RATE,BURST,PENDING,RECEIPTS}`.
+    pub admission: AdmissionLimits,
+    /// `APP__EVENTS__RECEIPT_RETENTION_HOURS`: how long a receipt is retained after
+    /// acceptance (and after its preparation is over) before it is retired.
+    pub receipt_retention_hours: u64,
+}
+
+impl Default for EventSettings {
+    fn default() -> Self {
+        Self { admission: AdmissionLimits::default(), receipt_retention_hours: 24 }
+    }
+}
+
+/// Identity binding capacity per space: `APP__IDENTITY__ALIASES` and
+/// `APP__IDENTITY__CHANGES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct IdentityCapacity {
     pub aliases: i64,
     pub changes: i64,
@@ -76,70 +158,147 @@ impl Default for IdentityCapacity {
     }
 }
 
-impl Settings {
-    pub fn from_env() -> anyhow::Result<Self> {
-        let database_url = std::env::var("APP__DATABASE_URL").context("APP__DATABASE_URL is not set")?;
-        // `APP__MASTER_KEY`: 64 hex characters (`openssl rand -hex 32`); it wraps every data
-        // subject's key, so losing it loses all personal data in the log.
-        let master_key = std::env::var("APP__MASTER_KEY")
-            .context("APP__MASTER_KEY is not set (64 hex characters, for example from `openssl rand -hex 32`)")?;
-        crate::crypto::install(crate::crypto::Keyring::from_hex(&master_key).context("APP__MASTER_KEY")?);
-        Ok(Self {
-            database_url: Secret::new(database_url),
-            host: env_or("APP__HOST", "127.0.0.1".to_owned())?,
-            port: env_or("APP__PORT", 8080)?,
-            database_pool_size: env_or("APP__DATABASE_POOL_SIZE", 16)?,
-            auth_cache_ttl: Duration::from_millis(env_or("APP__AUTH_CACHE_MILLIS", 500)?),
-            consistency_wait: Duration::from_millis(env_or("APP__CONSISTENCY_WAIT_MILLIS", 3000)?),
-            append_batch_max: env_or("APP__APPEND_BATCH_MAX", 256)?,
-            rate_limits: crate::ratelimit::Limits {
-                read: (env_or("APP__RATE_READ_PER_SECOND", 100)?, Duration::from_secs(1)),
-                write: (env_or("APP__RATE_WRITE_PER_SECOND", 25)?, Duration::from_secs(1)),
-                ai: (env_or("APP__RATE_AI_PER_MINUTE", 10)?, Duration::from_secs(60)),
-                enabled: std::env::var("APP__RATE_LIMITS").map_or(true, |value| value != "off"),
-                reserve_max: env_or("APP__RATE_RESERVE_MAX", 1000)?,
-            },
-            erasure_blocked_after: Duration::from_millis(env_or("APP__ERASURE_BLOCKED_AFTER_MILLIS", 60_000)?),
-            event_admission: crate::admission::AdmissionLimits::from_env()?,
-            event_receipt_retention: Duration::from_secs(3600 * env_or("APP__EVENT_RECEIPT_RETENTION_HOURS", 24)?),
-            ai: crate::ai::AiSettings::from_env()?,
-            identity_capacity: IdentityCapacity {
-                aliases: env_or("APP__IDENTITY_ALIASES_PER_SPACE", 100_000)?,
-                changes: env_or("APP__IDENTITY_CHANGES_PER_SPACE", 1_000_000)?,
-            },
-        })
-    }
+/// What a projector process runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProjectorSettings {
+    /// `APP__PROJECTOR__WORKERS`: a comma-separated list of the workers this process runs
+    /// (`read_models`, `preparation`, `eraser`, `maintenance`), so a deployment can run, say,
+    /// two read-model processes and one process for side effects. Default: all.
+    pub workers: String,
+    /// `APP__PROJECTOR__PORT`: the port of the projector's operations endpoints (health,
+    /// metrics); 0 picks a free one.
+    pub port: u16,
+    /// `APP__PROJECTOR__CRASH_AFTER_EVENTS` (and `..._CRASH_PROJECTION`): abort the whole
+    /// process after applying this many events of a batch, before COMMIT. Only the
+    /// crash-recovery test sets it.
+    pub crash_after_events: Option<usize>,
+    pub crash_projection: Option<String>,
+}
 
-    /// Settings for a database URL with every other value at its default.
-    /// Installs the test master key ([`crate::crypto::TEST_MASTER_KEY`]).
-    pub fn for_database(database_url: &str) -> Self {
-        if let Ok(keyring) = crate::crypto::Keyring::from_hex(crate::crypto::TEST_MASTER_KEY) {
-            crate::crypto::install(keyring);
-        }
-        Self {
-            database_url: Secret::new(database_url.to_owned()),
-            host: "127.0.0.1".to_owned(),
-            port: 0,
-            database_pool_size: 16,
-            auth_cache_ttl: Duration::from_millis(500),
-            consistency_wait: Duration::from_millis(3000),
-            append_batch_max: 256,
-            rate_limits: crate::ratelimit::Limits::default(),
-            erasure_blocked_after: Duration::from_secs(60),
-            event_admission: crate::admission::AdmissionLimits::default(),
-            event_receipt_retention: Duration::from_secs(24 * 3600),
-            ai: crate::ai::AiSettings::deterministic(),
-            identity_capacity: IdentityCapacity::default(),
-        }
+impl Default for ProjectorSettings {
+    fn default() -> Self {
+        Self { workers: "all".to_owned(), port: 8081, crash_after_events: None, crash_projection: None }
     }
 }
 
-pub(crate) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    match std::env::var(name) {
-        Ok(raw) => raw.parse().map_err(|error| anyhow::anyhow!("{name}={raw:?} is invalid: {error}")),
-        Err(_) => Ok(default),
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TelemetrySettings {
+    /// `APP__TELEMETRY__FORMAT`: `text` (readable lines) or `json`.
+    pub format: String,
+    /// `RUST_LOG` (or `APP__TELEMETRY__FILTER`): which logs to keep; each binary has its own
+    /// default.
+    pub filter: Option<String>,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self { format: "text".to_owned(), filter: None }
+    }
+}
+
+impl Settings {
+    /// Loads the settings: defaults, then the file named by `APP_CONFIG` (if any), then the
+    /// environment. The database URL and the master key are required.
+    pub fn load() -> anyhow::Result<Self> {
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        if let Ok(path) = std::env::var("APP_CONFIG") {
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let figment = figment
+            .merge(Env::prefixed("APP__").split("__"))
+            .merge(Env::raw().only(&["RUST_LOG"]).map(|_| "telemetry.filter".into()));
+        let settings: Settings = figment.extract().context("the settings are invalid")?;
+        settings.database_url().context("APP__DATABASE__URL is not set")?;
+        settings
+            .master_key()
+            .context("APP__MASTER_KEY is not set (64 hex characters, for example from `openssl rand -hex 32`)")?;
+        Ok(settings)
+    }
+
+    /// Settings for a database URL with every other value at its default and the test master
+    /// key ([`crate::crypto::TEST_MASTER_KEY`]), for tests.
+    pub fn for_database(database_url: &str) -> Self {
+        Self {
+            database: DatabaseSettings { url: Some(database_url.into()), ..DatabaseSettings::default() },
+            master_key: Some(crate::crypto::TEST_MASTER_KEY.into()),
+            http: HttpSettings { port: 0, ..HttpSettings::default() },
+            ..Settings::default()
+        }
+    }
+
+    pub fn database_url(&self) -> anyhow::Result<&str> {
+        self.database.url.as_ref().map(ExposeSecret::expose_secret).context("no database URL is configured")
+    }
+
+    pub fn master_key(&self) -> anyhow::Result<&str> {
+        self.master_key.as_ref().map(ExposeSecret::expose_secret).context("no master key is configured")
+    }
+
+    /// The keyring of the configured master key.
+    pub fn keyring(&self) -> anyhow::Result<crate::crypto::Keyring> {
+        crate::crypto::Keyring::from_hex(self.master_key()?).context("APP__MASTER_KEY")
+    }
+
+    pub fn auth_cache_ttl(&self) -> Duration {
+        Duration::from_millis(self.auth.cache_millis)
+    }
+
+    pub fn consistency_wait(&self) -> Duration {
+        Duration::from_millis(self.reads.consistency_wait_millis)
+    }
+
+    pub fn erasure_blocked_after(&self) -> Duration {
+        Duration::from_millis(self.erasure.blocked_after_millis)
+    }
+
+    pub fn event_receipt_retention(&self) -> Duration {
+        Duration::from_secs(3600 * self.events.receipt_retention_hours)
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.http.shutdown_timeout_millis)
+    }
+}
+
+#[cfg(test)]
+// figment's `Jail` closures return its large error type; that is its API, not ours.
+#[expect(clippy::result_large_err, reason = "figment::Jail::expect_with's closure type")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_contract_values_and_nested_environment_names_override_them() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("APP__DATABASE__URL", "host=db");
+            jail.set_env("APP__MASTER_KEY", crate::crypto::TEST_MASTER_KEY);
+            jail.set_env("APP__RATE_LIMITS__READ_PER_SECOND", "7");
+            jail.set_env("APP__EVENTS__ADMISSION__SPACE__BURST", "3");
+            jail.set_env("RUST_LOG", "debug");
+            let settings = Settings::load().map_err(|error| format!("{error:#}"))?;
+            assert_eq!(settings.database_url().map_err(|error| error.to_string())?, "host=db");
+            assert_eq!(settings.rate_limits.read_per_second, 7);
+            assert_eq!(settings.rate_limits.write_per_second, 25, "untouched defaults stay");
+            assert_eq!(settings.events.admission.space.burst, 3.0);
+            assert_eq!(settings.events.admission.space.rate, 10.0, "a sibling keeps its scope's default");
+            assert_eq!(settings.events.admission.fleet.burst, 200.0);
+            assert_eq!(settings.telemetry.filter.as_deref(), Some("debug"));
+            assert_eq!(settings.identity, IdentityCapacity::default());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_database_url_and_master_key_are_required_and_secrets_do_not_print() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("APP__MASTER_KEY", crate::crypto::TEST_MASTER_KEY);
+            assert!(Settings::load().is_err(), "no database URL");
+            jail.set_env("APP__DATABASE__URL", "host=db password=hunter2");
+            let settings = Settings::load().map_err(|error| format!("{error:#}"))?;
+            let printed = format!("{settings:?}");
+            assert!(!printed.contains("hunter2") && !printed.contains(crate::crypto::TEST_MASTER_KEY), "{printed}");
+            Ok(())
+        });
     }
 }

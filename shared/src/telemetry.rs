@@ -1,10 +1,16 @@
-//! Logging: readable lines in development, JSON with `APP__LOG_FORMAT=json`; `RUST_LOG` filters.
+//! Logging: readable lines by default, JSON with `APP__TELEMETRY__FORMAT=json`; the filter
+//! comes from the settings (`RUST_LOG`), else the binary's default.
 
 use tracing_subscriber::EnvFilter;
 
-pub fn init(default_filter: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let json = std::env::var("APP__LOG_FORMAT").is_ok_and(|format| format == "json");
+use crate::settings::TelemetrySettings;
+
+pub fn init(settings: &TelemetrySettings, default_filter: &str) {
+    let filter = settings
+        .filter
+        .as_deref()
+        .and_then(|filter| EnvFilter::try_new(filter).ok())
+        .unwrap_or_else(|| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+    let _ = if settings.format == "json" { builder.json().try_init() } else { builder.try_init() };
 }

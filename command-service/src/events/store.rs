@@ -209,34 +209,3 @@ pub async fn admission_state(
         })
         .collect())
 }
-
-/// Retires receipts accepted more than `retention` ago whose preparation is over, at most
-/// `limit` per call, giving their capacity back to the scopes they counted in. Returns how
-/// many were retired. Any number of instances may run it.
-pub async fn retire_receipts(
-    client: &impl GenericClient,
-    retention: std::time::Duration,
-    limit: i64,
-) -> Result<u64, tokio_postgres::Error> {
-    let seconds = retention.as_secs_f64();
-    let statement = client
-        .prepare_cached(
-            "WITH gone AS (
-                 DELETE FROM event_receipts WHERE id IN (
-                     SELECT id FROM event_receipts
-                     WHERE NOT pending AND accepted_at < now() - make_interval(secs => $1)
-                     ORDER BY accepted_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-                 RETURNING space_id, schema_id),
-             counted AS (
-                 SELECT 'space:' || space_id AS scope, count(*) AS n FROM gone GROUP BY space_id
-                 UNION ALL SELECT 'schema:' || schema_id, count(*) FROM gone GROUP BY schema_id
-                 UNION ALL SELECT 'fleet', count(*) FROM gone),
-             released AS (
-                 UPDATE event_admission a SET receipts = GREATEST(a.receipts - counted.n, 0)
-                 FROM counted WHERE a.scope = counted.scope AND counted.n > 0)
-             SELECT count(*) FROM gone",
-        )
-        .await?;
-    let row = client.query_one(&statement, &[&seconds, &limit]).await?;
-    Ok(row.get::<_, i64>(0).max(0) as u64)
-}

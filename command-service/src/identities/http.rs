@@ -44,7 +44,7 @@ pub async fn change(
     let change = parse_change(shared::http::read_json_object(&req, payload).await?)?;
     let space_id = caller.space_id().to_owned();
     // 403 unless an enabled contact track of the space has the source and uses the schema.
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait).await?;
+    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
     let client = state.pool.get().await?;
     let schemas = store::track_schemas(&client, &models.schema(CATALOG), &space_id, &change.source_id).await?;
     drop(client);
@@ -85,7 +85,7 @@ pub async fn change(
             Decision::Replay(result) => return Ok(HttpResponse::Ok().json(json!({ "data": result }))),
             Decision::Change { event, result, expected_revision } => (event, result, expected_revision),
         };
-        let capacity = state.settings.identity_capacity;
+        let capacity = state.settings.identity;
         let guards = store::guards(capacity, &space_id, &change, &alias, &body_digest, &result, revision);
         let appended = state
             .event_log

@@ -65,7 +65,7 @@ async fn write_context(
     caller: &Caller,
     schema_ref: &str,
 ) -> Result<(SchemaEntry, Vec<AttributeEntry>, i64), ApiError> {
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait).await?;
+    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
     let client = state.pool.get().await?;
     catalog::write_context(&client, &models.schema(CATALOG), caller.space_id(), schema_ref)
         .await?

@@ -1,45 +1,47 @@
 //! Single-node mode: the command service's and the query service's routes behind one base
-//! URL, with the projector running in the same process. For development and the demo; the
-//! split deployment (separate processes behind nginx, routing by method) is in `deploy/`.
+//! URL, with the projector's workers running in the same process. For development and the
+//! demo; the split deployment (separate processes behind nginx, routing by method) is in
+//! `deploy/`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use shared::http::ApiServer;
 use shared::readmodel::ReadModels;
 use shared::settings::Settings;
+use tokio_util::sync::CancellationToken;
 
 pub struct SingleNode {
     server: ApiServer,
+    runtime: projector::runtime::Runtime,
+    shutdown: CancellationToken,
     /// Keys with a secret in the applied workspace file: `(name, secret)`.
     pub workspace_keys: Vec<(String, String)>,
 }
 
 impl SingleNode {
-    /// Migrates, starts the projector, applies `workspace` (if any) and binds the server.
+    /// Migrates, applies `workspace` (if any, once the read models have caught up with it)
+    /// and binds the server; the workers start with [`SingleNode::run_until_stopped`].
     pub async fn build(settings: Settings, workspace: Option<&str>) -> anyhow::Result<Self> {
-        let database_url = settings.database_url.expose().to_owned();
-        let pool = shared::db::pool(&database_url, settings.database_pool_size)?;
+        let database_url = settings.database_url()?.to_owned();
+        let pool = shared::db::pool(&database_url, settings.database.pool_size)?;
         projector::migrate(&pool).await.context("migrating")?;
-        let projector_pool = shared::db::pool(&database_url, 4)?;
-        let worker = format!("single-node-{}", std::process::id());
+        let projector_pool = shared::db::pool(&database_url, projector::POOL_SIZE)?;
         let provider = shared::ai::AiProvider::new(&settings.ai)?;
-        tokio::spawn(projector::daemon::run(
-            projector_pool,
-            database_url.clone(),
-            worker,
-            settings.erasure_blocked_after,
-            provider,
-            std::future::pending(),
-        ));
+        let process = format!("single-node-{}", std::process::id());
+        let workers = projector::workers(&settings, &projector_pool, provider, &process)?;
+        let runtime = projector::runtime::Runtime::new(database_url.clone(), workers);
+        let shutdown = CancellationToken::new();
         let read_models = ReadModels::start(pool.clone(), database_url);
         let command_state = command_service::State::new(settings.clone(), pool.clone(), read_models.clone());
         let query_state = query_service::State::new(settings.clone(), pool.clone(), read_models);
         let mut workspace_keys = Vec::new();
+        let mut applied = None;
         if let Some(text) = workspace {
             let parsed = command_service::authoring::parse(text)?;
             let report = command_service::authoring::apply(&pool, &command_state.event_log, &parsed).await?;
-            command_service::authoring::wait_for_catalog(&pool, report.position, Duration::from_secs(30)).await?;
+            applied = Some(report.position);
             for user in &parsed.users {
                 for key in user.api_keys.iter().filter(|key| !key.revoked) {
                     if let Some(secret) = &key.secret {
@@ -51,19 +53,53 @@ impl SingleNode {
                 workspace_keys.push((format!("{name} ({email})"), secret));
             }
         }
-        let server = ApiServer::bind(&settings.host, settings.port, move |config| {
+        let readiness = projector::WorkersReadiness { health: runtime.health(), pool: projector_pool };
+        let ops = shared::ops::Ops::new(pool.clone(), Some(Arc::new(readiness)));
+        let address = (settings.http.host.as_str(), settings.http.port);
+        let server = ApiServer::bind(address, settings.shutdown_timeout(), ops, move |config| {
             config.app_data(command_state.clone()).app_data(query_state.clone());
             command_service::configure(config);
             query_service::configure(config);
         })?;
-        Ok(Self { server, workspace_keys })
+        let node = Self { server, runtime, shutdown, workspace_keys };
+        if let Some(position) = applied {
+            node.wait_for_catalog(&pool, position).await?;
+        }
+        Ok(node)
+    }
+
+    /// Runs the workers until the catalog has `position`, so the keys just applied work.
+    async fn wait_for_catalog(&self, pool: &deadpool_postgres::Pool, position: i64) -> anyhow::Result<()> {
+        let catalog = projector::read_models::by_name(shared::catalog::CATALOG).context("the catalog read model")?;
+        let faults = projector::read_models::runner::Faults::default();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            use projector::read_models::runner::{Outcome, project_batch};
+            match project_batch(pool, catalog, 1, "single-node-start", &faults).await? {
+                Outcome::CaughtUp { position: reached } if reached >= position => return Ok(()),
+                Outcome::Projected { .. } => continue,
+                // Another process holds the lease, or the log is not there yet.
+                Outcome::CaughtUp { .. } | Outcome::Busy => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+            anyhow::ensure!(std::time::Instant::now() < deadline, "the catalog did not catch up with the workspace");
+        }
     }
 
     pub fn port(&self) -> u16 {
         self.server.port()
     }
 
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until SIGTERM or SIGINT, then stops the workers.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.run_until_stopped().await
+        let Self { server, runtime, shutdown, .. } = self;
+        let workers = tokio::spawn(runtime.run(shutdown.clone()));
+        let served = server.run_until_stopped().await;
+        shutdown.cancel();
+        let _ = workers.await;
+        served
     }
 }

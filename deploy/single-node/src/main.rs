@@ -1,7 +1,6 @@
 //! Runs the whole system in one process and prints the base URL and the workspace's keys.
 
 use clap::Parser;
-use shared::settings::Settings;
 use single_node::SingleNode;
 
 #[derive(Parser)]
@@ -14,16 +13,15 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    shared::telemetry::init("warn");
     let cli = Cli::parse();
-    let settings = Settings::from_env()?;
+    let settings = shared::process::start("warn")?;
     let workspace = cli.workspace.map(std::fs::read_to_string).transpose()?;
     let node = SingleNode::build(settings.clone(), workspace.as_deref()).await?;
-    println!("Base URL: http://{}:{}/v1", settings.host, node.port());
+    println!("Base URL: http://{}:{}/v1", settings.http.host, node.port());
     for (name, secret) in &node.workspace_keys {
         println!("API key {name}: {secret}");
     }
-    println!("Try: curl -H 'Authorization: Bearer <key>' http://{}:{}/v1/me", settings.host, node.port());
+    println!("Try: curl -H 'Authorization: Bearer <key>' http://{}:{}/v1/me", settings.http.host, node.port());
     node.run_until_stopped().await?;
     Ok(())
 }

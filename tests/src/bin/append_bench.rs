@@ -1,7 +1,7 @@
 //! Measures the event log alone: concurrent one-event appends through the batcher, with no
 //! HTTP in front. Compared with pgbench's single-row INSERT ceiling in the benchmark.
 //!
-//! Usage: append_bench <concurrent appenders> <seconds>   (APP__DATABASE_URL must be set)
+//! Usage: append_bench <concurrent appenders> <seconds>   (APP__DATABASE__URL must be set)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,7 @@ async fn main() -> anyhow::Result<()> {
         anyhow::bail!("usage: append_bench <concurrent appenders> <seconds>");
     };
     let (concurrency, seconds): (usize, u64) = (concurrency.parse()?, seconds.parse()?);
-    let url = std::env::var("APP__DATABASE_URL")?;
+    let url = std::env::var("APP__DATABASE__URL")?;
     let pool = shared::db::pool(&url, 8)?;
     let event_log = EventLog::start(pool, 256);
     let appended = Arc::new(AtomicU64::new(0));

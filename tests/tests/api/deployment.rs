@@ -59,12 +59,12 @@ async fn the_split_deployment_routes_by_method_behind_nginx() {
     let query_port = free_port();
     let _projector = spawn_binary("projector", &["run"], &database_url, &[]);
     let _command =
-        spawn_binary("command-service", &["serve"], &database_url, &[("APP__PORT", command_port.to_string())]);
-    let _query = spawn_binary("query-service", &[], &database_url, &[("APP__PORT", query_port.to_string())]);
+        spawn_binary("command-service", &["serve"], &database_url, &[("APP__HTTP__PORT", command_port.to_string())]);
+    let _query = spawn_binary("query-service", &[], &database_url, &[("APP__HTTP__PORT", query_port.to_string())]);
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/workspace.json");
     let applied = Command::new(binaries_dir().join("command-service"))
         .args(["apply", fixture, "--wait"])
-        .env("APP__DATABASE_URL", &database_url)
+        .env("APP__DATABASE__URL", &database_url)
         .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
         .env("RUST_LOG", "warn")
         .output()
@@ -105,7 +105,7 @@ async fn single_node_serves_both_route_sets_on_one_base_url() {
     let port = free_port();
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/workspace.json");
     let _node =
-        spawn_binary("single-node", &["--workspace", fixture], &database_url, &[("APP__PORT", port.to_string())]);
+        spawn_binary("single-node", &["--workspace", fixture], &database_url, &[("APP__HTTP__PORT", port.to_string())]);
     let base = format!("http://127.0.0.1:{port}/v1");
     let http = reqwest::Client::new();
     wait_until_listening(&http, &base).await;

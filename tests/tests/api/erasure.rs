@@ -248,8 +248,8 @@ async fn replaying_the_log_after_erasure_rebuilds_the_same_read_models() {
     );
     assert!(before.0.iter().any(|row| row.contains(kept["id"].as_str().expect("id"))));
     assert!(!before.0.iter().any(|row| row.contains(&erased_id)));
-    for projection in [projector::Projection::Records, projector::Projection::Deletions] {
-        projector::rebuild::rebuild(&app.pool, projection, |_| {}).await.expect("rebuild");
+    for model in [read_model("records"), read_model("deletions")] {
+        projector::read_models::rebuild::rebuild(&app.pool, model, |_| {}).await.expect("rebuild");
     }
     let after = (
         snapshot(&app, "records", records).await,

@@ -341,7 +341,8 @@ async fn the_backlog_and_receipt_caps_refuse_until_capacity_frees() {
     assert_eq!((capped.status, capped.code().as_str()), (429, Some("event_receipt_limit")));
     assert_eq!(capped.header("retry-after"), Some("3600"));
     // Receipts past their retention (and out of the backlog) retire and free capacity.
-    let retired = command_service::retire_receipts(&app.pool, Duration::ZERO).await.expect("retire");
+    let client = app.pool.get().await.expect("client");
+    let retired = projector::workers::maintenance::retire_receipts(&client, Duration::ZERO, 100).await.expect("retire");
     assert_eq!(retired, 2, "the pending receipt is kept");
     let freed = app.post("/events/purchase", ALPHA_ADMIN, &json!({"amount": 4, "category": "games"})).await;
     assert_eq!(freed.status, 202, "{:?}", freed.body);
@@ -356,7 +357,7 @@ async fn two_command_service_instances_share_the_fleet_and_space_budgets() {
     let app = TestApp::spawn_with(Options { admission: Some(limits), ..Options::default() }).await;
     let mut settings = shared::settings::Settings::for_database(&app.database_url);
     settings.rate_limits = unlimited();
-    settings.event_admission = limits;
+    settings.events.admission = limits;
     let second = command_service::Application::build(settings).await.expect("second instance");
     let second_url = format!("http://127.0.0.1:{}/v1", second.port());
     tokio::spawn(second.run_until_stopped());
@@ -450,10 +451,11 @@ async fn a_pending_event_is_absent_from_the_list_until_ready() {
     assert_eq!(list.body["data"], json!([]));
     // Prepare it now, as the worker would, and project.
     let log = shared::log::EventLog::start(app.pool.clone(), 4);
-    app.query_i64("INSERT INTO worker_checkpoints (name) VALUES ('preparation') RETURNING 0::bigint").await;
-    projector::preparation::prepare_next(&app.pool, &log, &shared::ai::AiProvider::Deterministic)
-        .await
-        .expect("prepares");
+    let preparation =
+        projector::workers::preparation::Preparation::new(app.pool.clone(), log, shared::ai::AiProvider::Deterministic);
+    while projector::runtime::Worker::step(&preparation).await.expect("prepares")
+        == projector::runtime::Outcome::Progressed
+    {}
     app.catch_up_once().await;
     let list = app.get("/events?schema=purchase", ALPHA_ADMIN).await;
     assert_eq!(list.body["data"][0]["id"], id.as_str());

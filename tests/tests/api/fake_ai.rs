@@ -36,7 +36,7 @@ impl Default for Mode {
 
 /// A running fake; it stops when dropped.
 pub struct FakeAi {
-    /// The base endpoint to configure as `APP__AI_ENDPOINT`, e.g. `http://127.0.0.1:PORT/v1`.
+    /// The base endpoint to configure as `APP__AI__ENDPOINT`, e.g. `http://127.0.0.1:PORT/v1`.
     pub url: String,
     pub port: u16,
     state: Arc<State>,

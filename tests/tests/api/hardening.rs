@@ -277,7 +277,7 @@ async fn start_of_a_database_window(app: &TestApp) {
 async fn a_hundred_concurrent_reads_all_pass_across_processes_and_the_next_one_does_not() {
     let app = TestApp::spawn().await;
     let (_processes, urls) =
-        spawn_servers(&app, "query-service", &[], 2, &[("APP__RATE_READ_PER_SECOND", "100".into())]).await;
+        spawn_servers(&app, "query-service", &[], 2, &[("APP__RATE_LIMITS__READ_PER_SECOND", "100".into())]).await;
     // A burst must fall within one window; a slow machine may straddle a boundary, so try a
     // few windows and require one clean burst.
     let mut clean = false;

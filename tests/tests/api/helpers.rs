@@ -61,11 +61,12 @@ pub fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str,
     let mut command = Command::new(binaries_dir().join(name));
     command
         .args(args)
-        .env("APP__DATABASE_URL", database_url)
+        .env("APP__DATABASE__URL", database_url)
         .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
         .env("RUST_LOG", "warn")
-        .env("APP__RATE_READ_PER_SECOND", "1000000")
-        .env("APP__RATE_WRITE_PER_SECOND", "1000000");
+        .env("APP__PROJECTOR__PORT", "0")
+        .env("APP__RATE_LIMITS__READ_PER_SECOND", "1000000")
+        .env("APP__RATE_LIMITS__WRITE_PER_SECOND", "1000000");
     for (key, value) in env {
         command.env(key, value);
     }
@@ -89,7 +90,7 @@ pub async fn spawn_servers(
     for _ in 0..count {
         let port = free_port();
         let mut env = env.to_vec();
-        env.push(("APP__PORT", port.to_string()));
+        env.push(("APP__HTTP__PORT", port.to_string()));
         processes.push(spawn_binary(name, args, &app.database_url, &env));
         urls.push(format!("http://127.0.0.1:{port}/v1"));
     }
@@ -132,6 +133,22 @@ pub struct TestApp {
     pub command_url: String,
     pub query_url: String,
     pub http: reqwest::Client,
+    /// Stops the in-process workers when the test ends.
+    _projector: ShutdownOnDrop,
+}
+
+/// Cancels a shutdown token when dropped.
+pub struct ShutdownOnDrop(pub tokio_util::sync::CancellationToken);
+
+impl Drop for ShutdownOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// The read model named `name`.
+pub fn read_model(name: &str) -> &'static dyn projector::read_models::ReadModel {
+    projector::read_models::by_name(name).unwrap_or_else(|| panic!("no read model {name}"))
 }
 
 #[derive(Clone)]
@@ -178,11 +195,12 @@ pub fn unlimited_admission() -> shared::admission::AdmissionLimits {
 
 /// Limits far above what any test sends, for tests that are not about rate limits.
 pub fn unlimited() -> shared::ratelimit::Limits {
-    let mut limits = shared::ratelimit::Limits::default();
-    limits.read.0 = 1_000_000;
-    limits.write.0 = 1_000_000;
-    limits.ai.0 = 1_000_000;
-    limits
+    shared::ratelimit::Limits {
+        read_per_second: 1_000_000,
+        write_per_second: 1_000_000,
+        ai_per_minute: 1_000_000,
+        ..Default::default()
+    }
 }
 
 impl TestApp {
@@ -192,29 +210,31 @@ impl TestApp {
 
     pub async fn spawn_with(options: Options) -> Self {
         if std::env::var("TEST_LOG").is_ok() {
-            shared::telemetry::init("info");
+            shared::telemetry::init(&Default::default(), "info");
         }
         let database_url = create_database().await;
         let mut settings = Settings::for_database(&database_url);
+        shared::crypto::install(settings.keyring().expect("the test master key"));
         settings.rate_limits = options.limits.unwrap_or_else(unlimited);
-        settings.event_admission = options.admission.unwrap_or_else(unlimited_admission);
+        settings.events.admission = options.admission.unwrap_or_else(unlimited_admission);
         if let Some(ai) = options.ai.clone() {
             settings.ai = ai;
         }
         if let Some(wait) = options.consistency_wait {
-            settings.consistency_wait = wait;
+            settings.reads.consistency_wait_millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         }
         let pool = shared::db::pool(&database_url, 8).expect("pool");
+        if let Some(blocked_after) = options.erasure_blocked_after {
+            settings.erasure.blocked_after_millis = u64::try_from(blocked_after.as_millis()).unwrap_or(u64::MAX);
+        }
+        let shutdown = tokio_util::sync::CancellationToken::new();
         if options.projector {
-            let projector_pool = shared::db::pool(&database_url, 4).expect("pool");
-            tokio::spawn(projector::daemon::run(
-                projector_pool,
-                database_url.clone(),
-                "test-projector".into(),
-                options.erasure_blocked_after.unwrap_or(Duration::from_secs(60)),
-                shared::ai::AiProvider::new(&settings.ai).expect("AI provider"),
-                std::future::pending(),
-            ));
+            let projector_pool = shared::db::pool(&database_url, projector::POOL_SIZE).expect("pool");
+            let provider = shared::ai::AiProvider::new(&settings.ai).expect("AI provider");
+            let workers =
+                projector::workers(&settings, &projector_pool, provider, "test-projector").expect("the workers");
+            let runtime = projector::runtime::Runtime::new(database_url.clone(), workers);
+            tokio::spawn(runtime.run(shutdown.clone()));
         }
         let command = command_service::Application::build(settings.clone()).await.expect("command service");
         let query = query_service::Application::build(settings).await.expect("query service");
@@ -222,7 +242,14 @@ impl TestApp {
         let query_url = format!("http://127.0.0.1:{}/v1", query.port());
         tokio::spawn(command.run_until_stopped());
         tokio::spawn(query.run_until_stopped());
-        let app = Self { database_url, pool, command_url, query_url, http: reqwest::Client::new() };
+        let app = Self {
+            database_url,
+            pool,
+            command_url,
+            query_url,
+            http: reqwest::Client::new(),
+            _projector: ShutdownOnDrop(shutdown),
+        };
         app.apply_workspace(WORKSPACE, options.projector).await;
         if !options.projector {
             app.catch_up_once().await;
@@ -232,16 +259,15 @@ impl TestApp {
 
     /// Projects every live read model to the head of the log once, in this process.
     pub async fn catch_up_once(&self) {
-        let faults = projector::runner::Faults::default();
-        for projection in projector::Projection::ALL {
+        use projector::read_models::runner::{Faults, Outcome, project_batch};
+        let faults = Faults::default();
+        for model in projector::read_models::ALL {
             loop {
-                let outcome = projector::runner::project_batch(&self.pool, projection, 1, "test-catch-up", &faults)
-                    .await
-                    .expect("projects");
+                let outcome = project_batch(&self.pool, model, 1, "test-catch-up", &faults).await.expect("projects");
                 match outcome {
-                    projector::runner::Outcome::Projected { .. } => continue,
-                    projector::runner::Outcome::CaughtUp { .. } => break,
-                    projector::runner::Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,
+                    Outcome::Projected { .. } => continue,
+                    Outcome::CaughtUp { .. } => break,
+                    Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,
                 }
             }
         }

@@ -129,7 +129,7 @@ async fn replays_survive_a_restart_and_come_from_any_instance() {
         // A fresh command-service process each time: another instance, then a restart.
         let port = free_port();
         let instance =
-            spawn_binary("command-service", &["serve"], &app.database_url, &[("APP__PORT", port.to_string())]);
+            spawn_binary("command-service", &["serve"], &app.database_url, &[("APP__HTTP__PORT", port.to_string())]);
         let url = format!("http://127.0.0.1:{port}/v1");
         wait_until_listening(&app.http, &url).await;
         let replay = app
@@ -170,7 +170,9 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
     assert_eq!((unresolved.status, unresolved.code().as_str()), (409, Some("idempotency_outcome_unknown")));
     assert_eq!(app.create_with_key("key-s", &body).await.code(), "idempotency_outcome_unknown", "kept");
     // Here the claim did append (we faked its state), so reconciliation keeps it.
-    command_service::idempotency::purge_and_reconcile(&app.pool).await.expect("reconcile");
+    projector::workers::maintenance::purge_and_reconcile(&app.pool.get().await.expect("client"))
+        .await
+        .expect("reconcile");
     assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 1);
     // A claim whose operation appended nothing is released, and the key runs again.
     let never_ran = json!({"email": "never@example.com"});
@@ -183,7 +185,9 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
         )
         .await
         .expect("simulate an unresolved claim that wrote nothing");
-    command_service::idempotency::purge_and_reconcile(&app.pool).await.expect("reconcile");
+    projector::workers::maintenance::purge_and_reconcile(&app.pool.get().await.expect("client"))
+        .await
+        .expect("reconcile");
     assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'key-n'").await, 0);
     // Completed records expire after 24 hours; then the key executes again.
     let expiring = json!({"email": "expiring@example.com"});
@@ -195,7 +199,7 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
         )
         .await
         .expect("age");
-    command_service::idempotency::purge_and_reconcile(&app.pool).await.expect("purge");
+    projector::workers::maintenance::purge_and_reconcile(&app.pool.get().await.expect("client")).await.expect("purge");
     let again = app.create_with_key("key-e", &expiring).await;
     assert_eq!(again.status, 409, "executed again (and the email is now taken)");
     assert!(again.header("idempotent-replay").is_none());

@@ -127,7 +127,7 @@ async fn identity_capacity_is_limited_per_space() {
     // Capacity is configuration; a second instance with a tiny capacity shares the counts.
     let mut settings = shared::settings::Settings::for_database(&app.database_url);
     settings.rate_limits = unlimited();
-    settings.identity_capacity = shared::settings::IdentityCapacity { aliases: 2, changes: 3 };
+    settings.identity = shared::settings::IdentityCapacity { aliases: 2, changes: 3 };
     let small = command_service::Application::build(settings).await.expect("instance");
     let url = format!("http://127.0.0.1:{}/v1/event-identities", small.port());
     tokio::spawn(small.run_until_stopped());

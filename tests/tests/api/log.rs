@@ -42,7 +42,7 @@ async fn several_writer_processes_append_every_event_once_in_order() {
             "command-service",
             &["serve"],
             &app.database_url,
-            &[("APP__PORT", port.to_string())],
+            &[("APP__HTTP__PORT", port.to_string())],
         ));
         urls.push(format!("http://127.0.0.1:{port}/v1"));
     }

@@ -25,7 +25,7 @@ async fn a_projector_killed_mid_batch_resumes_without_loss_or_double_effect() {
         "projector",
         &["run"],
         &app.database_url,
-        &[("APP__PROJECTOR_CRASH_AFTER_EVENTS", "5".into()), ("APP__PROJECTOR_CRASH_PROJECTION", "records".into())],
+        &[("APP__PROJECTOR__CRASH_AFTER_EVENTS", "5".into()), ("APP__PROJECTOR__CRASH_PROJECTION", "records".into())],
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -52,7 +52,8 @@ async fn two_projector_processes_never_apply_the_same_batch() {
     let _first = spawn_binary("projector", &["run"], &app.database_url, &[]);
     let _second = spawn_binary("projector", &["run"], &app.database_url, &[]);
     let port = free_port();
-    let _writer = spawn_binary("command-service", &["serve"], &app.database_url, &[("APP__PORT", port.to_string())]);
+    let _writer =
+        spawn_binary("command-service", &["serve"], &app.database_url, &[("APP__HTTP__PORT", port.to_string())]);
     let url = format!("http://127.0.0.1:{port}/v1");
     wait_until_listening(&app.http, &url).await;
     let mut tasks = Vec::new();
@@ -120,7 +121,7 @@ async fn a_rebuilt_read_model_equals_the_incrementally_built_one() {
 
     let mut lines = Vec::new();
     let report =
-        projector::rebuild::rebuild(&app.pool, projector::Projection::Records, |line| lines.push(line.to_owned()))
+        projector::read_models::rebuild::rebuild(&app.pool, read_model("records"), |line| lines.push(line.to_owned()))
             .await
             .expect("rebuild records");
     assert_eq!(report.version, 2);
@@ -128,7 +129,7 @@ async fn a_rebuilt_read_model_equals_the_incrementally_built_one() {
     let after_records = snapshot(&app, &records_queries(2).iter().map(String::as_str).collect::<Vec<_>>()).await;
     assert_eq!(before_records, after_records);
 
-    projector::rebuild::rebuild(&app.pool, projector::Projection::Catalog, |_| {}).await.expect("rebuild catalog");
+    projector::read_models::rebuild::rebuild(&app.pool, read_model("catalog"), |_| {}).await.expect("rebuild catalog");
     let after_catalog = snapshot(&app, &catalog_queries(2).iter().map(String::as_str).collect::<Vec<_>>()).await;
     assert_eq!(before_catalog, after_catalog);
 
@@ -161,7 +162,9 @@ async fn batch_history_older_than_a_day_is_pruned() {
     .await;
     let recent = app.query_i64("SELECT count(*) FROM projection_batches WHERE worker <> 'old'").await;
     assert!(recent > 0, "applying the workspace left recent batches");
-    let pruned = projector::daemon::purge_batch_history(&app.pool).await.expect("prune");
-    assert_eq!(pruned, 1);
+    // The maintenance worker's pass prunes it.
+    let maintenance = projector::workers::maintenance::Maintenance::new(app.pool.clone(), Duration::from_secs(3600));
+    projector::runtime::Worker::step(&maintenance).await.expect("a maintenance pass");
+    assert_eq!(app.query_i64("SELECT count(*) FROM projection_batches WHERE worker = 'old'").await, 0);
     assert_eq!(app.query_i64("SELECT count(*) FROM projection_batches WHERE worker <> 'old'").await, recent);
 }

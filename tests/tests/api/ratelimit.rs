@@ -7,10 +7,7 @@ use serde_json::json;
 use crate::helpers::*;
 
 fn limits(read: u32, write: u32) -> shared::ratelimit::Limits {
-    let mut limits = shared::ratelimit::Limits::default();
-    limits.read.0 = read;
-    limits.write.0 = write;
-    limits
+    shared::ratelimit::Limits { read_per_second: read, write_per_second: write, ..Default::default() }
 }
 
 /// Sleeps until just after a second boundary, so a quick burst falls in one window.
@@ -79,7 +76,8 @@ async fn reads_and_writes_are_independent_buckets() {
 async fn two_command_service_processes_share_one_write_budget() {
     let app = TestApp::spawn().await;
     let (_processes, urls) =
-        spawn_servers(&app, "command-service", &["serve"], 2, &[("APP__RATE_WRITE_PER_SECOND", "4".into())]).await;
+        spawn_servers(&app, "command-service", &["serve"], 2, &[("APP__RATE_LIMITS__WRITE_PER_SECOND", "4".into())])
+            .await;
     start_of_a_window().await;
     let statuses: Vec<u16> = futures_util::future::join_all((0..8).map(|index| {
         let url = format!("{}/schemas/contacts/records", urls[index % 2]);
@@ -94,10 +92,10 @@ async fn two_command_service_processes_share_one_write_budget() {
 #[tokio::test]
 async fn reserved_chunks_never_exceed_the_shared_budget() {
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    // Two limiters stand for two processes; a 10 s window keeps the test clear of boundaries.
-    // Only budgets above the exact range are reserved in chunks.
+    // Two limiters stand for two processes; the AI bucket's 60 s window keeps the test clear of
+    // boundaries. Only budgets above the exact range are reserved in chunks.
     let budget = 5000;
-    let limits = shared::ratelimit::Limits { read: (budget, Duration::from_secs(10)), ..Default::default() };
+    let limits = shared::ratelimit::Limits { ai_per_minute: budget, ..Default::default() };
     let chunk = limits.chunk(budget);
     assert!(chunk > 1, "this budget is reserved in chunks");
     let limiters = [
@@ -106,7 +104,7 @@ async fn reserved_chunks_never_exceed_the_shared_budget() {
     ];
     let mut admitted = 0;
     for index in 0..budget * 3 / 2 {
-        if limiters[index as usize % 2].check(shared::ratelimit::Bucket::Read, "chunked").await.is_ok() {
+        if limiters[index as usize % 2].check(shared::ratelimit::Bucket::Ai, "chunked").await.is_ok() {
             admitted += 1;
         }
     }
@@ -114,6 +112,6 @@ async fn reserved_chunks_never_exceed_the_shared_budget() {
     assert!(admitted >= budget - 2 * (chunk - 1), "at most a chunk per process is stranded: {admitted}");
     // Each reservation adds a whole chunk: a statement per request would have counted
     // 7500 chunks.
-    let counted = app.query_i64("SELECT sum(count)::bigint FROM rate_windows WHERE bucket_key = 'read:chunked'").await;
+    let counted = app.query_i64("SELECT sum(count)::bigint FROM rate_windows WHERE bucket_key = 'ai:chunked'").await;
     assert!(counted <= i64::from(budget) + 2 * i64::from(chunk), "{counted}");
 }

@@ -9,6 +9,8 @@
 //! operation always means the key is gone. Several projector processes may run the eraser:
 //! the guard on `record_deletions` lets exactly one completion (or block) through.
 //!
+//! It runs on the worker runtime under the lease `eraser`, woken by every append.
+//!
 //! An operation that waits longer than the configured time, because a projection is stuck
 //! (failing on an event, or a rebuild that was abandoned), becomes `blocked` with the reason;
 //! it completes by itself once that projection passes the position or the abandoned version
@@ -221,5 +223,58 @@ async fn append(
         Ok(_) => Ok(true),
         Err(AppendError::Conflict { code: Code::DeletionMovedOn, .. }) => Ok(false),
         Err(error) => Err(error.into()),
+    }
+}
+
+/// The eraser on the worker runtime.
+pub struct Eraser {
+    pool: Pool,
+    log: EventLog,
+    blocked_after: Duration,
+}
+
+impl Eraser {
+    pub fn new(pool: Pool, log: EventLog, blocked_after: Duration) -> Self {
+        Self { pool, log, blocked_after }
+    }
+
+    async fn pass(&self) -> anyhow::Result<crate::runtime::Outcome> {
+        let mut client = self.pool.get().await?;
+        let Some(lease) = crate::runtime::Lease::acquire(&mut client, "eraser").await? else {
+            return Ok(crate::runtime::Outcome::Idle);
+        };
+        let completed = run_pass(&self.pool, &self.log, self.blocked_after).await?;
+        let checkpoint = lease.checkpoint + i64::try_from(completed).unwrap_or(0);
+        lease.commit(checkpoint).await?;
+        metrics::counter!("erasures_completed_total").increment(completed as u64);
+        Ok(if completed > 0 { crate::runtime::Outcome::Progressed } else { crate::runtime::Outcome::Idle })
+    }
+}
+
+impl crate::runtime::Worker for Eraser {
+    fn name(&self) -> String {
+        "eraser".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[shared::log::LOG_CHANNEL, shared::readmodel::PROGRESS_CHANNEL]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    fn step(&self) -> futures_util::future::BoxFuture<'_, anyhow::Result<crate::runtime::Outcome>> {
+        Box::pin(self.pass())
+    }
+
+    fn lag(&self) -> futures_util::future::BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async {
+            let client = self.pool.get().await?;
+            let open: i64 =
+                client.query_one("SELECT count(*) FROM record_deletions WHERE state <> 'completed'", &[]).await?.get(0);
+            metrics::gauge!("erasures_open").set(open as f64);
+            Ok(None)
+        })
     }
 }

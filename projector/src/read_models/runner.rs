@@ -6,7 +6,7 @@ use deadpool_postgres::{Pool, Transaction};
 use shared::log::{StoredEvent, read_after};
 use shared::readmodel::{PROGRESS_CHANNEL, schema_name};
 
-use crate::Projection;
+use super::ReadModel;
 
 /// Events read and applied per batch.
 pub const BATCH_SIZE: i64 = 2000;
@@ -21,38 +21,34 @@ pub enum Outcome {
     Busy,
 }
 
-/// Options that tests use to inject failures.
+/// Options that tests use to inject failures (`APP__PROJECTOR__CRASH_*`).
 #[derive(Debug, Clone, Default)]
 pub struct Faults {
     /// Abort the whole process after applying this many events of a batch, before COMMIT.
     pub crash_after_events: Option<usize>,
-    /// Only for this projection (all when `None`).
+    /// Only for this read model (all when `None`).
     pub crash_projection: Option<String>,
 }
 
 impl Faults {
-    /// `APP__PROJECTOR_CRASH_AFTER_EVENTS`, used only by the crash-recovery test.
-    pub fn from_env() -> Self {
-        Self {
-            crash_after_events: std::env::var("APP__PROJECTOR_CRASH_AFTER_EVENTS").ok().and_then(|v| v.parse().ok()),
-            crash_projection: std::env::var("APP__PROJECTOR_CRASH_PROJECTION").ok(),
-        }
+    pub fn from_settings(settings: &shared::settings::ProjectorSettings) -> Self {
+        Self { crash_after_events: settings.crash_after_events, crash_projection: settings.crash_projection.clone() }
     }
 }
 
 /// Creates version 1 of every projection that has no version yet.
 pub async fn ensure_initialized(pool: &Pool) -> anyhow::Result<()> {
     let mut client = pool.get().await?;
-    for projection in Projection::ALL {
+    for model in super::ALL {
         let transaction = client.transaction().await?;
         transaction.execute("SELECT pg_advisory_xact_lock(727002)", &[]).await?;
-        let exists = transaction.query_opt("SELECT 1 FROM projections WHERE name = $1", &[&projection.name()]).await?;
+        let exists = transaction.query_opt("SELECT 1 FROM projections WHERE name = $1", &[&model.name()]).await?;
         if exists.is_none() {
-            transaction.batch_execute(&projection.ddl(&schema_name(projection.name(), 1))).await?;
+            transaction.batch_execute(&super::create_version_sql(model, &schema_name(model.name(), 1))).await?;
             transaction
                 .execute(
                     "INSERT INTO projections (name, version, position, status) VALUES ($1, 1, 0, 'live')",
-                    &[&projection.name()],
+                    &[&model.name()],
                 )
                 .await?;
         }
@@ -64,7 +60,7 @@ pub async fn ensure_initialized(pool: &Pool) -> anyhow::Result<()> {
 /// Projects the next batch of one projection version, if this process can take its lease.
 pub async fn project_batch(
     pool: &Pool,
-    projection: Projection,
+    model: &dyn ReadModel,
     version: i32,
     worker: &str,
     faults: &Faults,
@@ -77,17 +73,17 @@ pub async fn project_batch(
              FOR UPDATE SKIP LOCKED",
         )
         .await?;
-    let Some(row) = transaction.query_opt(&lease, &[&projection.name(), &version]).await? else {
+    let Some(row) = transaction.query_opt(&lease, &[&model.name(), &version]).await? else {
         return Ok(Outcome::Busy);
     };
     let checkpoint: i64 = row.get(0);
-    let applied = project_in(&transaction, projection, version, checkpoint, BATCH_SIZE, worker, faults).await?;
+    let applied = project_in(&transaction, model, version, checkpoint, BATCH_SIZE, worker, faults).await?;
     let Some((events, position)) = applied else {
         transaction.rollback().await?;
         return Ok(Outcome::CaughtUp { position: checkpoint });
     };
     transaction.commit().await.context("committing a projection batch")?;
-    announce(pool, projection, version, position).await;
+    announce(pool, model, version, position).await;
     Ok(Outcome::Projected { events, position })
 }
 
@@ -97,7 +93,7 @@ pub async fn project_batch(
 /// [`crate::quarantine`]); a transient or systemic failure fails the batch.
 pub async fn project_in(
     transaction: &Transaction<'_>,
-    projection: Projection,
+    model: &dyn ReadModel,
     version: i32,
     checkpoint: i64,
     limit: i64,
@@ -107,18 +103,18 @@ pub async fn project_in(
     let events = read_after(transaction, checkpoint, limit).await?;
     let Some(last) = events.last() else { return Ok(None) };
     let last_position = last.position;
-    check_contiguity(projection, checkpoint, &events)?;
-    let schema = schema_name(projection.name(), version);
-    let targeted = faults.crash_projection.as_deref().is_none_or(|name| name == projection.name());
+    check_contiguity(model, checkpoint, &events)?;
+    let schema = schema_name(model.name(), version);
+    let targeted = faults.crash_projection.as_deref().is_none_or(|name| name == model.name());
     if let (true, Some(after)) = (targeted, faults.crash_after_events) {
         // Apply part of the batch, then die before COMMIT, as a crash mid-batch would.
-        projection.apply(transaction, &schema, &events[..after.min(events.len())]).await?;
+        model.apply(transaction, &schema, &events[..after.min(events.len())]).await?;
         tracing::error!("injected fault: aborting the projector mid-batch");
         std::process::abort();
     }
     let count = events.len();
-    let mut quarantine = crate::quarantine::Quarantine::load(transaction, projection.name(), version).await?;
-    crate::quarantine::apply(transaction, projection, version, &schema, events, &mut quarantine).await?;
+    let mut quarantine = super::quarantine::Quarantine::load(transaction, model.name(), version).await?;
+    super::quarantine::apply(transaction, model, version, &schema, events, &mut quarantine).await?;
     let statement = transaction
         .prepare_cached(
             "WITH advanced AS (
@@ -127,20 +123,18 @@ pub async fn project_in(
              VALUES ($1, $2, $3, $4, $5, clock_timestamp())",
         )
         .await?;
-    transaction
-        .execute(&statement, &[&projection.name(), &version, &(checkpoint + 1), &last_position, &worker])
-        .await?;
+    transaction.execute(&statement, &[&model.name(), &version, &(checkpoint + 1), &last_position, &worker]).await?;
     Ok(Some((count, last_position)))
 }
 
 /// A batch must start right after the checkpoint and have no holes; otherwise the projection
 /// halts loudly rather than skipping an event.
-fn check_contiguity(projection: Projection, checkpoint: i64, events: &[StoredEvent]) -> anyhow::Result<()> {
+fn check_contiguity(model: &dyn ReadModel, checkpoint: i64, events: &[StoredEvent]) -> anyhow::Result<()> {
     for (expected, event) in (checkpoint + 1..).zip(events) {
         if event.position != expected {
             anyhow::bail!(
                 "hole in the log for projection {}: expected position {expected}, found {}; refusing to skip",
-                projection.name(),
+                model.name(),
                 event.position
             );
         }
@@ -149,9 +143,9 @@ fn check_contiguity(projection: Projection, checkpoint: i64, events: &[StoredEve
 }
 
 /// Tells readers (after the commit) that a projection version advanced.
-pub async fn announce(pool: &Pool, projection: Projection, version: i32, position: i64) {
+pub async fn announce(pool: &Pool, model: &dyn ReadModel, version: i32, position: i64) {
     let Ok(client) = pool.get().await else { return };
-    let payload = format!("{}:{version}:{position}", projection.name());
+    let payload = format!("{}:{version}:{position}", model.name());
     if let Err(error) = client.execute("SELECT pg_notify($1, $2)", &[&PROGRESS_CHANNEL, &payload]).await {
         tracing::warn!(%error, "could not announce projection progress");
     }
@@ -181,14 +175,14 @@ mod tests {
     #[test]
     fn contiguous_batches_pass() {
         let events = vec![event_at(11), event_at(12), event_at(13)];
-        assert!(check_contiguity(Projection::Records, 10, &events).is_ok());
+        assert!(check_contiguity(crate::read_models::ALL[1], 10, &events).is_ok());
     }
 
     #[test]
     fn a_hole_halts() {
         let events = vec![event_at(11), event_at(13)];
-        let error = check_contiguity(Projection::Records, 10, &events).expect_err("hole");
+        let error = check_contiguity(crate::read_models::ALL[1], 10, &events).expect_err("hole");
         assert!(error.to_string().contains("expected position 12"));
-        assert!(check_contiguity(Projection::Records, 9, &[event_at(11)]).is_err());
+        assert!(check_contiguity(crate::read_models::ALL[1], 9, &[event_at(11)]).is_err());
     }
 }

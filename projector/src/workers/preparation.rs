@@ -1,12 +1,14 @@
 //! The preparation worker: fills the AI auto-fill attributes an event was accepted without,
 //! then appends its readiness change.
 //!
-//! It follows the log with its own checkpoint (`worker_checkpoints`), at least once: an
-//! event whose receipt is no longer pending was prepared already and is skipped, and the
-//! readiness change is appended at version 2 of the event's stream with a guard that takes
-//! the receipt out of the backlog exactly once, so a second run (after a crash between the
-//! append and the checkpoint, or a second worker) changes nothing. One worker is active at a
-//! time (a session advisory lock); others wait as standbys.
+//! It runs on the worker runtime and follows the log with its own checkpoint (the lease
+//! `preparation` in `worker_checkpoints`: one process at a time), at least once: an event
+//! whose receipt is no longer pending was prepared already and is skipped, and the readiness
+//! change is appended at version 2 of the event's stream with a guard that takes the receipt
+//! out of the backlog exactly once, so a second run (after a crash between the append and the
+//! checkpoint, or another process) changes nothing. A step commits its checkpoint right after
+//! an event that needed the provider, so the lease is never held across many slow calls. An
+//! event it cannot decode is recorded as a dead letter and passed over.
 //!
 //! Per missing attribute it calls the AI provider, each call that reaches the provider
 //! spending one credit of the space:
@@ -26,7 +28,9 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use backon::BackoffBuilder;
 use deadpool_postgres::{GenericClient, Pool};
+use futures_util::future::BoxFuture;
 use serde_json::{Map, Value};
 use shared::ai::{AiError, AiProvider, FillTask};
 use shared::events::LogEvent;
@@ -36,87 +40,108 @@ use shared::log::{
 };
 use shared::proto;
 
-/// The checkpoint row of this worker.
+use crate::runtime::{Outcome, Worker};
+
+/// The lease and checkpoint of this worker.
 pub const WORKER: &str = "preparation";
 /// Calls per attribute whose answers do not fit before the event is `failed`.
 pub const UNFIT_ATTEMPTS: usize = 3;
 /// Calls per attribute that did not reach the provider before the event is `failed`.
 pub const TRANSIENT_ATTEMPTS: usize = 4;
-const ADVISORY_LOCK: i64 = 727_003;
+/// Events read per step.
 const BATCH: i64 = 500;
 const POLL: Duration = Duration::from_millis(250);
 
-/// Runs until the process stops: waits to be the active worker, then prepares.
-pub async fn run(pool: Pool, database_url: String, log: EventLog, provider: AiProvider) {
-    let mut notifications = shared::db::listen(database_url, LOG_CHANNEL);
-    loop {
-        if let Err(error) = run_active(&pool, &log, &provider, &mut notifications).await {
-            tracing::warn!(error = format!("{error:#}"), "preparation worker stopped; restarting");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+/// The preparation worker.
+pub struct Preparation {
+    pool: Pool,
+    log: EventLog,
+    provider: AiProvider,
 }
 
-async fn run_active(
-    pool: &Pool,
-    log: &EventLog,
-    provider: &AiProvider,
-    notifications: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
-) -> anyhow::Result<()> {
-    // The lock lives as long as this connection is held.
-    let lock = pool.get().await?;
-    let locked: bool = lock.query_one("SELECT pg_try_advisory_lock($1)", &[&ADVISORY_LOCK]).await?.get(0);
-    if !locked {
-        return Ok(());
+impl Preparation {
+    pub fn new(pool: Pool, log: EventLog, provider: AiProvider) -> Self {
+        Self { pool, log, provider }
     }
-    lock.execute("INSERT INTO worker_checkpoints (name) VALUES ($1) ON CONFLICT DO NOTHING", &[&WORKER]).await?;
-    loop {
-        let prepared = prepare_next(pool, log, provider).await?;
-        if prepared == 0 {
-            tokio::select! {
-                _ = notifications.recv() => {}
-                () = tokio::time::sleep(POLL) => {}
-            }
-            while notifications.try_recv().is_ok() {}
-            // Still holding the lock (the connection is alive)?
-            lock.query_one("SELECT 1", &[]).await.context("the preparation lock connection is gone")?;
-        }
-    }
-}
 
-/// Reads the next events after the checkpoint, prepares the pending ones, and advances the
-/// checkpoint. Returns how many events were read.
-pub async fn prepare_next(pool: &Pool, log: &EventLog, provider: &AiProvider) -> anyhow::Result<usize> {
-    let client = pool.get().await?;
-    let checkpoint: i64 =
-        client.query_one("SELECT position FROM worker_checkpoints WHERE name = $1", &[&WORKER]).await?.get(0);
-    let events = read_after(&client, checkpoint, BATCH).await?;
-    drop(client);
-    let Some(last) = events.last().map(|event| event.position) else { return Ok(0) };
-    let mut catalog = Catalog::default();
-    for stored in &events {
-        match stored.event_type.as_str() {
-            "EventAccepted.v1" => {
-                if let LogEvent::EventAccepted(accepted) = stored.decode()?
-                    && accepted.readiness == "pending"
-                {
-                    prepare(pool, log, provider, stored, accepted, &mut catalog).await?;
+    /// Reads the next events after the checkpoint under the lease and prepares the pending
+    /// ones; stops after one that called the provider, and commits the checkpoint.
+    async fn prepare_next(&self) -> anyhow::Result<Outcome> {
+        let mut client = self.pool.get().await?;
+        let Some(lease) = crate::runtime::Lease::acquire(&mut client, WORKER).await? else {
+            return Ok(Outcome::Idle);
+        };
+        let events = read_after(lease.transaction(), lease.checkpoint, BATCH).await?;
+        let Some(mut reached) = events.first().map(|event| event.position - 1) else { return Ok(Outcome::Idle) };
+        let mut catalog = Catalog::default();
+        for stored in &events {
+            match self.handle(stored, &mut catalog).await {
+                Ok(called) => {
+                    reached = stored.position;
+                    if called {
+                        break;
+                    }
+                }
+                Err(error) if crate::read_models::quarantine::is_transient(&error) => return Err(error),
+                Err(error) => {
+                    // A poison event: recorded for an operator, then passed over.
+                    crate::read_models::quarantine::record_worker_dead_letter(
+                        lease.transaction(),
+                        WORKER,
+                        stored,
+                        &error,
+                    )
+                    .await?;
+                    reached = stored.position;
                 }
             }
+        }
+        lease.commit(reached).await?;
+        Ok(Outcome::Progressed)
+    }
+
+    /// Prepares one event (or fills one record) if it needs it; `true` when the provider was
+    /// called.
+    async fn handle(&self, stored: &StoredEvent, catalog: &mut Catalog) -> anyhow::Result<bool> {
+        match stored.event_type.as_str() {
+            "EventAccepted.v1" => match stored.decode()? {
+                LogEvent::EventAccepted(accepted) if accepted.readiness == "pending" => {
+                    prepare(&self.pool, &self.log, &self.provider, stored, accepted, catalog).await
+                }
+                _ => Ok(false),
+            },
             "RecordCreated.v1" | "RecordUpdated.v1" => {
-                fill_record(pool, log, provider, stored, &mut catalog).await?;
+                fill_record(&self.pool, &self.log, &self.provider, stored, catalog).await
             }
-            _ => {}
+            _ => Ok(false),
         }
     }
-    let client = pool.get().await?;
-    client
-        .execute(
-            "UPDATE worker_checkpoints SET position = GREATEST(position, $2), updated_at = now() WHERE name = $1",
-            &[&WORKER, &last],
-        )
-        .await?;
-    Ok(events.len())
+}
+
+impl Worker for Preparation {
+    fn name(&self) -> String {
+        WORKER.to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[LOG_CHANNEL]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        POLL
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(self.prepare_next())
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(crate::runtime::lag_behind(
+            &self.pool,
+            "SELECT position FROM worker_checkpoints WHERE name = $1",
+            WORKER,
+        ))
+    }
 }
 
 /// The outcome of preparing one event.
@@ -135,14 +160,14 @@ async fn prepare(
     stored: &StoredEvent,
     accepted: proto::EventAccepted,
     catalog: &mut Catalog,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     let client = pool.get().await?;
     let pending = client
         .query_opt("SELECT pending FROM event_receipts WHERE id = $1", &[&accepted.id])
         .await?
         .is_some_and(|row| row.get::<_, bool>(0));
     if !pending {
-        return Ok(());
+        return Ok(false);
     }
     let subjects: Vec<String> = stored.subject_id.iter().cloned().collect();
     let keys = shared::crypto::load_keys(&client, &subjects).await?;
@@ -210,7 +235,7 @@ async fn prepare(
         })
         .await;
     match outcome {
-        Ok(_) | Err(AppendError::WrongVersion { .. } | AppendError::Conflict { .. }) => Ok(()),
+        Ok(_) | Err(AppendError::WrongVersion { .. } | AppendError::Conflict { .. }) => Ok(true),
         Err(error) => Err(error.into()),
     }
 }
@@ -299,19 +324,19 @@ async fn fill_record(
     provider: &AiProvider,
     stored: &StoredEvent,
     catalog: &mut Catalog,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     let (record_id, schema_id) = match stored.decode()? {
         LogEvent::RecordCreated(created) => (created.record_id, created.schema_id),
         LogEvent::RecordUpdated(updated) => (updated.record_id, updated.schema_id),
-        _ => return Ok(()),
+        _ => return Ok(false),
     };
     let client = pool.get().await?;
     // Most schemas have no auto-fill attribute: nothing more to read for their records.
     if catalog.auto_filled(&client, &schema_id).await?.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let latest = shared::records::load_records(&client, std::slice::from_ref(&record_id)).await?.pop();
-    let Some((_, version, shared::records::Loaded::Live { state, key })) = latest else { return Ok(()) };
+    let Some((_, version, shared::records::Loaded::Live { state, key })) = latest else { return Ok(false) };
     let definitions: Vec<(String, Value)> = catalog
         .auto_filled(&client, &state.schema_id)
         .await?
@@ -320,7 +345,7 @@ async fn fill_record(
         .cloned()
         .collect();
     if definitions.is_empty() || state.personal.is_none() {
-        return Ok(());
+        return Ok(false);
     }
     let credits = catalog.remaining_credits(&client, &state.space_id).await?;
     drop(client);
@@ -367,10 +392,10 @@ async fn fill_record(
         };
         (stream, vec![shared::admission::spend_guard(&state.space_id, prepared.credits_spent)])
     } else {
-        return Ok(());
+        return Ok(true);
     };
     match log.append(AppendRequest { metadata, streams: vec![stream], guards }).await {
-        Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(()),
+        Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(true),
         Err(error) => Err(error.into()),
     }
 }
@@ -393,7 +418,15 @@ pub async fn fill(
         prepared
     };
     for (key, definition) in definitions {
-        let (mut unfit, mut transient) = (0, 0);
+        let mut unfit = 0;
+        let mut transient = 0;
+        // The waits between calls that did not reach the provider.
+        let mut backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(5))
+            .with_jitter()
+            .without_max_times()
+            .build();
         loop {
             if prepared.credits_spent >= credits {
                 return fail(prepared, "failed", "insufficient_credits: the space has no AI credits left".to_owned());
@@ -422,7 +455,7 @@ pub async fn fill(
                 }
                 Err(AiError::Transient(_)) if transient + 1 < TRANSIENT_ATTEMPTS => {
                     transient += 1;
-                    tokio::time::sleep(Duration::from_millis(200 << transient)).await;
+                    tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(5))).await;
                 }
                 Err(AiError::Transient(_)) => {
                     let reason = format!("ai_unavailable: the AI provider could not be reached to fill {key}");

@@ -7,8 +7,8 @@ use anyhow::Context;
 use deadpool_postgres::Pool;
 use shared::readmodel::schema_name;
 
-use crate::Projection;
-use crate::runner::{BATCH_SIZE, Faults, Outcome, announce, project_batch, project_in};
+use super::ReadModel;
+use super::runner::{BATCH_SIZE, Faults, Outcome, announce, project_batch, project_in};
 
 /// How long the retired version is kept after the switch, so reads already under way on it
 /// (and readers whose cached live version is still the old one) finish.
@@ -24,12 +24,12 @@ pub struct RebuildReport {
 /// Rebuilds `projection`, calling `progress` with a line of text as it goes.
 pub async fn rebuild(
     pool: &Pool,
-    projection: Projection,
+    model: &dyn ReadModel,
     mut progress: impl FnMut(&str),
 ) -> anyhow::Result<RebuildReport> {
     let started = Instant::now();
-    let (live_version, version) = create_version(pool, projection).await?;
-    progress(&format!("rebuilding {} as version {version} beside live version {live_version}", projection.name()));
+    let (live_version, version) = create_version(pool, model).await?;
+    progress(&format!("rebuilding {} as version {version} beside live version {live_version}", model.name()));
     let worker = format!("rebuild-{}", std::process::id());
     let faults = Faults::default();
     let head = {
@@ -38,7 +38,7 @@ pub async fn rebuild(
     };
     let mut last_report = Instant::now();
     loop {
-        match project_batch(pool, projection, version, &worker, &faults).await? {
+        match project_batch(pool, model, version, &worker, &faults).await? {
             Outcome::Projected { position, .. } => {
                 if last_report.elapsed() >= Duration::from_millis(500) {
                     let rate = position as f64 / started.elapsed().as_secs_f64().max(0.001);
@@ -55,49 +55,47 @@ pub async fn rebuild(
     {
         let client = pool.get().await?;
         client
-            .batch_execute(&format!("ANALYZE {}", tables_of(&client, &schema_name(projection.name(), version)).await?))
+            .batch_execute(&format!("ANALYZE {}", tables_of(&client, &schema_name(model.name(), version)).await?))
             .await?;
     }
-    let position = switch(pool, projection, live_version, version, &worker).await?;
+    let position = switch(pool, model, live_version, version, &worker).await?;
     let elapsed = started.elapsed();
     progress(&format!(
         "switched readers to {} version {version} at position {position} after {:.2}s",
-        projection.name(),
+        model.name(),
         elapsed.as_secs_f64()
     ));
     tokio::time::sleep(RETIRE_GRACE).await;
     let client = pool.get().await?;
-    client
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", schema_name(projection.name(), live_version)))
-        .await?;
+    client.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", schema_name(model.name(), live_version))).await?;
     progress(&format!("dropped retired version {live_version}"));
     Ok(RebuildReport { version, events: position, elapsed })
 }
 
-async fn create_version(pool: &Pool, projection: Projection) -> anyhow::Result<(i32, i32)> {
+async fn create_version(pool: &Pool, model: &dyn ReadModel) -> anyhow::Result<(i32, i32)> {
     let mut client = pool.get().await?;
     let transaction = client.transaction().await?;
     transaction.execute("SELECT pg_advisory_xact_lock(727002)", &[]).await?;
     let building = transaction
-        .query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'building'", &[&projection.name()])
+        .query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'building'", &[&model.name()])
         .await?;
     if let Some(row) = building {
-        anyhow::bail!("version {} of {} is already being built", row.get::<_, i32>(0), projection.name());
+        anyhow::bail!("version {} of {} is already being built", row.get::<_, i32>(0), model.name());
     }
     let live: i32 = transaction
-        .query_one("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&projection.name()])
+        .query_one("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&model.name()])
         .await
         .context("the projection has no live version; run migrate first")?
         .get(0);
     let next: i32 = transaction
-        .query_one("SELECT max(version) + 1 FROM projections WHERE name = $1", &[&projection.name()])
+        .query_one("SELECT max(version) + 1 FROM projections WHERE name = $1", &[&model.name()])
         .await?
         .get(0);
-    transaction.batch_execute(&projection.ddl(&schema_name(projection.name(), next))).await?;
+    transaction.batch_execute(&super::create_version_sql(model, &schema_name(model.name(), next))).await?;
     transaction
         .execute(
             "INSERT INTO projections (name, version, position, status) VALUES ($1, $2, 0, 'building')",
-            &[&projection.name(), &next],
+            &[&model.name(), &next],
         )
         .await?;
     transaction.commit().await?;
@@ -107,13 +105,13 @@ async fn create_version(pool: &Pool, projection: Projection) -> anyhow::Result<(
 /// Locks both versions (waiting out batches in flight), brings the new one to the head of
 /// the log, and makes it live. The new version is then at least as far as the old one was, so
 /// no reader sees a read model go backwards.
-async fn switch(pool: &Pool, projection: Projection, live: i32, next: i32, worker: &str) -> anyhow::Result<i64> {
+async fn switch(pool: &Pool, model: &dyn ReadModel, live: i32, next: i32, worker: &str) -> anyhow::Result<i64> {
     let mut client = pool.get().await?;
     let transaction = client.transaction().await?;
     let rows = transaction
         .query(
             "SELECT version, position FROM projections WHERE name = $1 AND version = ANY($2) ORDER BY version FOR UPDATE",
-            &[&projection.name(), &vec![live, next]],
+            &[&model.name(), &vec![live, next]],
         )
         .await?;
     let mut position = rows
@@ -122,24 +120,24 @@ async fn switch(pool: &Pool, projection: Projection, live: i32, next: i32, worke
         .map(|row| row.get::<_, i64>(1))
         .context("the version being built disappeared")?;
     while let Some((_, last)) =
-        project_in(&transaction, projection, next, position, BATCH_SIZE, worker, &Faults::default()).await?
+        project_in(&transaction, model, next, position, BATCH_SIZE, worker, &Faults::default()).await?
     {
         position = last;
     }
     transaction
         .execute(
             "UPDATE projections SET status = 'retired', updated_at = now() WHERE name = $1 AND version = $2",
-            &[&projection.name(), &live],
+            &[&model.name(), &live],
         )
         .await?;
     transaction
         .execute(
             "UPDATE projections SET status = 'live', updated_at = now() WHERE name = $1 AND version = $2",
-            &[&projection.name(), &next],
+            &[&model.name(), &next],
         )
         .await?;
     transaction.commit().await?;
-    announce(pool, projection, next, position).await;
+    announce(pool, model, next, position).await;
     Ok(position)
 }
 

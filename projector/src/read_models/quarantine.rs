@@ -32,7 +32,7 @@ use anyhow::Context;
 use deadpool_postgres::Transaction;
 use shared::log::StoredEvent;
 
-use crate::Projection;
+use super::ReadModel;
 
 /// Event types that only remove data or report on its removal; they are applied even in a
 /// quarantined space, so erasure never waits for an operator.
@@ -114,7 +114,7 @@ pub fn is_transient(error: &anyhow::Error) -> bool {
 /// the batch transaction that also advances the checkpoint.
 pub async fn apply(
     transaction: &Transaction<'_>,
-    projection: Projection,
+    model: &dyn ReadModel,
     version: i32,
     schema: &str,
     events: Vec<StoredEvent>,
@@ -125,7 +125,7 @@ pub async fn apply(
         return Ok(Vec::new());
     }
     transaction.batch_execute("SAVEPOINT batch").await?;
-    let whole = match projection.apply(transaction, schema, &admitted).await {
+    let whole = match model.apply(transaction, schema, &admitted).await {
         Ok(()) => {
             transaction.batch_execute("RELEASE SAVEPOINT batch").await?;
             return Ok(Vec::new());
@@ -135,7 +135,7 @@ pub async fn apply(
     };
     transaction.batch_execute("ROLLBACK TO SAVEPOINT batch").await?;
     tracing::warn!(
-        projection = projection.name(),
+        projection = model.name(),
         version,
         error = format!("{whole:#}"),
         "a batch failed; applying its events one at a time to find the poison"
@@ -147,7 +147,7 @@ pub async fn apply(
             continue;
         }
         transaction.batch_execute("SAVEPOINT event").await?;
-        match projection.apply(transaction, schema, std::slice::from_ref(&event)).await {
+        match model.apply(transaction, schema, std::slice::from_ref(&event)).await {
             Ok(()) => {
                 transaction.batch_execute("RELEASE SAVEPOINT event").await?;
                 applied += 1;
@@ -173,20 +173,20 @@ pub async fn apply(
             spaces.len()
         );
     }
-    record(transaction, projection, version, &dead).await?;
+    record(transaction, model, version, &dead).await?;
     Ok(dead)
 }
 
 /// Records dead letters (a retried one that fails again is reopened with its new error).
 async fn record(
     transaction: &Transaction<'_>,
-    projection: Projection,
+    model: &dyn ReadModel,
     version: i32,
     dead: &[DeadLetter],
 ) -> anyhow::Result<()> {
     for letter in dead {
         tracing::error!(
-            projection = projection.name(),
+            projection = model.name(),
             version,
             position = letter.position,
             space = %letter.space_key,
@@ -201,11 +201,35 @@ async fn record(
                  VALUES ($1, $2, $3, $4, $5, $6)
                  ON CONFLICT (name, version, position) DO UPDATE
                  SET error = EXCLUDED.error, failed_at = now(), resolved_at = NULL",
-                &[&projection.name(), &version, &letter.position, &letter.space_key, &letter.event_type, &letter.error],
+                &[&model.name(), &version, &letter.position, &letter.space_key, &letter.event_type, &letter.error],
             )
             .await
             .context("recording a dead letter")?;
     }
+    Ok(())
+}
+
+/// Records an event a side-effect worker (not a read model: version 0) cannot handle; the
+/// worker passes over it. A retry of the same position reopens the row.
+pub async fn record_worker_dead_letter(
+    transaction: &Transaction<'_>,
+    worker: &str,
+    event: &StoredEvent,
+    error: &anyhow::Error,
+) -> anyhow::Result<()> {
+    let error = shared::storable::escaped(&format!("{error:#}"));
+    tracing::error!(worker, position = event.position, event_type = %event.event_type, %error,
+        "dead letter: the worker cannot handle this event and passes over it");
+    transaction
+        .execute(
+            "INSERT INTO projection_dead_letters (name, version, position, space_key, event_type, error)
+             VALUES ($1, 0, $2, $3, $4, $5)
+             ON CONFLICT (name, version, position) DO UPDATE SET error = EXCLUDED.error, failed_at = now(),
+                 resolved_at = NULL",
+            &[&worker, &event.position, &space_key(event), &event.event_type, &error],
+        )
+        .await
+        .context("recording a dead letter")?;
     Ok(())
 }
 
@@ -222,14 +246,16 @@ pub struct OpenDeadLetter {
     pub retries: i32,
 }
 
-/// Every open dead letter of live and building versions.
+/// Every open dead letter of live and building read-model versions and of side-effect
+/// workers (version 0).
 pub async fn list_open(client: &impl deadpool_postgres::GenericClient) -> anyhow::Result<Vec<OpenDeadLetter>> {
     let rows = client
         .query(
             "SELECT d.name, d.version, d.position, d.space_key, d.event_type, d.error, d.failed_at, d.retries
              FROM projection_dead_letters d
-             JOIN projections p ON p.name = d.name AND p.version = d.version AND p.status IN ('live', 'building')
-             WHERE d.resolved_at IS NULL ORDER BY d.name, d.version, d.position",
+             LEFT JOIN projections p ON p.name = d.name AND p.version = d.version
+             WHERE d.resolved_at IS NULL AND (d.version = 0 OR p.status IN ('live', 'building'))
+             ORDER BY d.name, d.version, d.position",
             &[],
         )
         .await?;
@@ -264,7 +290,7 @@ pub struct RetryReport {
 /// up to the checkpoint are applied again in order; what fails again stays dead.
 pub async fn retry(
     pool: &deadpool_postgres::Pool,
-    projection: Projection,
+    model: &dyn ReadModel,
     space: Option<&str>,
 ) -> anyhow::Result<RetryReport> {
     let mut client = pool.get().await?;
@@ -274,14 +300,14 @@ pub async fn retry(
         .query(
             "SELECT version, position FROM projections WHERE name = $1 AND status IN ('live', 'building')
              ORDER BY version FOR UPDATE",
-            &[&projection.name()],
+            &[&model.name()],
         )
         .await?;
     let mut report = RetryReport::default();
     for row in versions {
         let (version, checkpoint): (i32, i64) = (row.get(0), row.get(1));
-        let schema = shared::readmodel::schema_name(projection.name(), version);
-        let mut quarantine = Quarantine::load(&transaction, projection.name(), version).await?;
+        let schema = shared::readmodel::schema_name(model.name(), version);
+        let mut quarantine = Quarantine::load(&transaction, model.name(), version).await?;
         let spaces: Vec<(String, i64)> = quarantine
             .held_after
             .iter()
@@ -294,7 +320,7 @@ pub async fn retry(
                 .execute(
                     "UPDATE projection_dead_letters SET resolved_at = now(), retries = retries + 1
                      WHERE name = $1 AND version = $2 AND space_key = $3 AND resolved_at IS NULL",
-                    &[&projection.name(), &version, &space_key],
+                    &[&model.name(), &version, &space_key],
                 )
                 .await?;
             quarantine.release(&space_key);
@@ -306,7 +332,7 @@ pub async fn retry(
                 // Deletion events of the space were applied already; applying them again
                 // changes nothing.
                 report.events += events.len();
-                apply(&transaction, projection, version, &schema, events, &mut quarantine).await?;
+                apply(&transaction, model, version, &schema, events, &mut quarantine).await?;
                 if quarantine.held_after.contains_key(&space_key) {
                     // It failed again: the rest of the space stays held.
                     break;
@@ -316,7 +342,7 @@ pub async fn retry(
         report.still_dead += transaction
             .query_one(
                 "SELECT count(*) FROM projection_dead_letters WHERE name = $1 AND version = $2 AND resolved_at IS NULL",
-                &[&projection.name(), &version],
+                &[&model.name(), &version],
             )
             .await?
             .get::<_, i64>(0) as usize;

@@ -1,0 +1,91 @@
+//! The read models. Each knows its tables (created in a schema of its own per version,
+//! `rm_<name>_v<version>`) and how the log's events change them; `runner` projects a batch,
+//! `quarantine` keeps a poison event from stopping one, `rebuild` builds a new version beside
+//! the live one, and `worker` runs each read model on the worker runtime.
+
+mod catalog;
+pub mod deletions;
+mod events;
+pub mod quarantine;
+pub mod rebuild;
+mod records;
+pub mod runner;
+mod suppressions;
+pub mod worker;
+
+use anyhow::Context;
+use deadpool_postgres::Transaction;
+use futures_util::future::BoxFuture;
+use shared::log::StoredEvent;
+
+/// A read model: its tables and how a batch of log events changes them.
+pub trait ReadModel: Send + Sync + 'static {
+    /// The stable name (`records`): the key of its versions in `projections`.
+    fn name(&self) -> &'static str;
+
+    /// The tables of one version, with `{s}` standing for the version's schema.
+    fn ddl(&self) -> &'static str;
+
+    /// Applies `events` (contiguous, in log order) to the version in `schema`, inside the
+    /// batch transaction that also advances its checkpoint. Applying the same events again
+    /// changes nothing.
+    fn apply<'a>(
+        &'a self,
+        transaction: &'a Transaction<'a>,
+        schema: &'a str,
+        events: &'a [StoredEvent],
+    ) -> BoxFuture<'a, anyhow::Result<()>>;
+}
+
+/// Every read model.
+pub const ALL: [&dyn ReadModel; 5] =
+    [&catalog::Catalog, &records::Records, &suppressions::Suppressions, &deletions::Deletions, &events::Events];
+
+/// The read model named `name`.
+pub fn by_name(name: &str) -> Option<&'static dyn ReadModel> {
+    ALL.into_iter().find(|model| model.name() == name)
+}
+
+/// The names of every read model, for messages.
+pub fn names() -> String {
+    ALL.iter().map(|model| model.name()).collect::<Vec<_>>().join(", ")
+}
+
+/// The statements that create one version of `model` in `schema`.
+pub fn create_version_sql(model: &dyn ReadModel, schema: &str) -> String {
+    format!("CREATE SCHEMA {schema};\n{}", model.ddl().replace("{s}", schema))
+}
+
+/// Applies a set-based read model's batch, naming the batch in the error.
+async fn apply_batch(
+    name: &'static str,
+    applied: impl std::future::Future<Output = anyhow::Result<()>>,
+    events: &[StoredEvent],
+) -> anyhow::Result<()> {
+    applied.await.with_context(|| {
+        let first = events.first().map_or(0, |event| event.position);
+        format!("read model {name} failed on the batch starting at position {first}")
+    })
+}
+
+/// Applies an event-by-event read model: each event of `types`, in order (others are skipped
+/// without decoding), naming the failing event in the error.
+async fn apply_each<'a, F, Fut>(
+    name: &'static str,
+    transaction: &'a Transaction<'a>,
+    schema: &'a str,
+    events: &'a [StoredEvent],
+    types: &'static [&'static str],
+    apply: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(&'a Transaction<'a>, &'a str, &'a StoredEvent) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    for event in events.iter().filter(|event| types.contains(&event.event_type.as_str())) {
+        apply(transaction, schema, event).await.with_context(|| {
+            format!("read model {name} failed on {} at position {}", event.event_type, event.position)
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! A read model on the worker runtime: each step projects the next batch of every version of
+//! it that is live or being built (each version's checkpoint row is its lease).
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use futures_util::future::BoxFuture;
+use shared::log::LOG_CHANNEL;
+
+use super::ReadModel;
+use super::runner::{Faults, Outcome as Batch, project_batch};
+use crate::runtime::{Outcome, Worker};
+
+/// How long an idle read model waits for a notification before looking at the log again.
+const POLL: Duration = Duration::from_millis(250);
+
+pub struct ReadModelWorker {
+    pool: Pool,
+    model: &'static dyn ReadModel,
+    /// This process, as recorded in the batch history.
+    process: String,
+    faults: Faults,
+}
+
+impl ReadModelWorker {
+    pub fn new(pool: Pool, model: &'static dyn ReadModel, process: String, faults: Faults) -> Self {
+        Self { pool, model, process, faults }
+    }
+
+    async fn project(&self) -> anyhow::Result<Outcome> {
+        let versions: Vec<i32> = {
+            let client = self.pool.get().await?;
+            let statement = client
+                .prepare_cached(
+                    "SELECT version FROM projections WHERE name = $1 AND status IN ('live', 'building') ORDER BY version",
+                )
+                .await?;
+            client.query(&statement, &[&self.model.name()]).await?.iter().map(|row| row.get(0)).collect()
+        };
+        let mut progressed = false;
+        for version in versions {
+            if let Batch::Projected { .. } =
+                project_batch(&self.pool, self.model, version, &self.process, &self.faults).await?
+            {
+                progressed = true;
+            }
+        }
+        Ok(if progressed { Outcome::Progressed } else { Outcome::Idle })
+    }
+}
+
+impl Worker for ReadModelWorker {
+    fn name(&self) -> String {
+        format!("read_model:{}", self.model.name())
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[LOG_CHANNEL]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        POLL
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(self.project())
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(crate::runtime::lag_behind(
+            &self.pool,
+            "SELECT position FROM projections WHERE name = $1 AND status = 'live'",
+            self.model.name(),
+        ))
+    }
+}

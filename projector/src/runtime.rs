@@ -1,0 +1,285 @@
+//! The one way a background worker runs, read models and side-effect workers alike.
+//!
+//! A [`Worker`] does one bounded unit of work per [`Worker::step`] and says whether it did
+//! anything. The runtime drives each worker in a task of its own: while it progresses it steps
+//! again at once; when it is idle it sleeps until a NOTIFY on one of its channels wakes it, or
+//! its poll interval passes (the fallback when a notification is lost); when a step fails it
+//! waits a jittered exponential backoff (`backon`) before the next, and is healthy again after
+//! a success. On shutdown no new step starts and a step in flight gets a bounded time to
+//! finish; a step's database work is one transaction, so one that is cut short rolls back and
+//! its lease is released.
+//!
+//! Exclusivity is the worker's: [`Lease`] holds the worker's checkpoint row in
+//! `worker_checkpoints` `FOR UPDATE SKIP LOCKED` for the length of a step's transaction, so
+//! one process at a time does a worker's work, the checkpoint commits with the work's
+//! database effects, and a process that dies releases the lease with its connection. (A read
+//! model's lease is its checkpoint row in `projections`, the same way.)
+//!
+//! Every worker reports its health: last success, lag to the head of the log, last error and
+//! since when it has been failing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backon::BackoffBuilder;
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Client, Pool, Transaction};
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// What a step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It did some work; there may be more, so step again at once.
+    Progressed,
+    /// Nothing to do (or another process holds the lease): wait for a wake-up.
+    Idle,
+}
+
+/// A background worker.
+pub trait Worker: Send + Sync + 'static {
+    /// A stable name: its lease, its checkpoint and its label in health and metrics.
+    fn name(&self) -> String;
+
+    /// The NOTIFY channels that mean there may be work.
+    fn channels(&self) -> &'static [&'static str];
+
+    /// How long to sleep when idle and no notification arrives.
+    fn poll_interval(&self) -> Duration;
+
+    /// One bounded unit of work.
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>>;
+
+    /// How many log positions the worker is behind the head of the log, when it follows the
+    /// log.
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>>;
+}
+
+/// One worker's health as the runtime saw it.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerHealth {
+    pub last_success_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    /// When the current run of failures began; `None` while healthy.
+    pub failing_since: Option<DateTime<Utc>>,
+    /// Positions behind the head of the log, for workers that follow it.
+    pub lag: Option<i64>,
+    pub steps: u64,
+    pub failures: u64,
+}
+
+/// The health of every worker of a process, shared with its operations endpoints.
+#[derive(Debug, Clone, Default)]
+pub struct Health(Arc<Mutex<BTreeMap<String, WorkerHealth>>>);
+
+impl Health {
+    pub fn snapshot(&self) -> BTreeMap<String, WorkerHealth> {
+        self.0.lock().map(|health| health.clone()).unwrap_or_default()
+    }
+
+    fn update(&self, name: &str, change: impl FnOnce(&mut WorkerHealth)) {
+        if let Ok(mut health) = self.0.lock() {
+            change(health.entry(name.to_owned()).or_default());
+        }
+    }
+
+    /// Workers that have been failing for longer than `grace`.
+    pub fn failing_longer_than(&self, grace: Duration) -> Vec<String> {
+        let limit = Utc::now() - chrono::Duration::from_std(grace).unwrap_or_default();
+        self.snapshot()
+            .into_iter()
+            .filter(|(_, health)| health.failing_since.is_some_and(|since| since < limit))
+            .map(|(name, _)| name)
+            .collect()
+    }
+}
+
+/// How long a step in flight may take to finish once shutdown began.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How often a worker's lag is measured.
+const LAG_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The backoff between failed steps: exponential from 100 ms to 30 s, with jitter.
+pub fn failure_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(30))
+        .with_jitter()
+        .without_max_times()
+}
+
+/// Runs a set of workers until shutdown.
+pub struct Runtime {
+    workers: Vec<Arc<dyn Worker>>,
+    health: Health,
+    database_url: String,
+}
+
+impl Runtime {
+    pub fn new(database_url: String, workers: Vec<Arc<dyn Worker>>) -> Self {
+        Self { workers, health: Health::default(), database_url }
+    }
+
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
+    /// Drives every worker until `shutdown` is cancelled, then waits for them to stop.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut wakers: HashMap<&'static str, Vec<Arc<Notify>>> = HashMap::new();
+        let mut tasks = Vec::new();
+        let mut drivers = Vec::new();
+        for worker in self.workers {
+            let wake = Arc::new(Notify::new());
+            for channel in worker.channels() {
+                wakers.entry(channel).or_default().push(wake.clone());
+            }
+            drivers.push((worker, wake));
+        }
+        // One listening connection per channel for the whole process.
+        for (channel, wakes) in wakers {
+            let mut notifications = shared::db::listen(self.database_url.clone(), channel);
+            let stop = shutdown.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        received = notifications.recv() => match received {
+                            Some(_) => wakes.iter().for_each(|wake| wake.notify_one()),
+                            None => return,
+                        },
+                    }
+                }
+            }));
+        }
+        for (worker, wake) in drivers {
+            tasks.push(tokio::spawn(drive(worker, wake, self.health.clone(), shutdown.clone())));
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn drive(worker: Arc<dyn Worker>, wake: Arc<Notify>, health: Health, shutdown: CancellationToken) {
+    let name = worker.name();
+    let mut backoff: Option<backon::ExponentialBackoff> = None;
+    let mut lag_measured = Instant::now() - LAG_INTERVAL;
+    metrics::gauge!("worker_running", "worker" => name.clone()).set(1.0);
+    while !shutdown.is_cancelled() {
+        if lag_measured.elapsed() >= LAG_INTERVAL {
+            lag_measured = Instant::now();
+            if let Ok(lag) = worker.lag().await {
+                if let Some(lag) = lag {
+                    metrics::gauge!("worker_lag_positions", "worker" => name.clone()).set(lag as f64);
+                }
+                health.update(&name, |health| health.lag = lag);
+            }
+        }
+        let step = worker.step();
+        tokio::pin!(step);
+        let outcome = tokio::select! {
+            outcome = &mut step => outcome,
+            () = shutdown.cancelled() => match tokio::time::timeout(SHUTDOWN_GRACE, &mut step).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    tracing::warn!(worker = %name, "a step did not finish within the shutdown grace; abandoned");
+                    break;
+                }
+            },
+        };
+        match outcome {
+            Ok(outcome) => {
+                backoff = None;
+                metrics::counter!("worker_steps_total", "worker" => name.clone()).increment(1);
+                health.update(&name, |health| {
+                    health.last_success_at = Some(Utc::now());
+                    health.failing_since = None;
+                    health.steps += 1;
+                });
+                if outcome == Outcome::Progressed {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = wake.notified() => {}
+                    () = tokio::time::sleep(worker.poll_interval()) => {}
+                }
+            }
+            Err(error) => {
+                let message = format!("{error:#}");
+                tracing::error!(worker = %name, error = %message, "a worker step failed; retrying after a backoff");
+                metrics::counter!("worker_failures_total", "worker" => name.clone()).increment(1);
+                health.update(&name, |health| {
+                    health.failing_since.get_or_insert_with(Utc::now);
+                    health.last_error = Some(message);
+                    health.failures += 1;
+                });
+                let delay =
+                    backoff.get_or_insert_with(|| failure_backoff().build()).next().unwrap_or(Duration::from_secs(30));
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+    metrics::gauge!("worker_running", "worker" => name.clone()).set(0.0);
+    tracing::info!(worker = %name, "worker stopped");
+}
+
+/// A transaction holding a worker's checkpoint row in `worker_checkpoints` (`FOR UPDATE SKIP
+/// LOCKED`): while it lives, no other process can take the same lease. Committing stores the
+/// new checkpoint with whatever else the transaction did; dropping it rolls everything back.
+pub struct Lease<'c> {
+    transaction: Transaction<'c>,
+    name: String,
+    /// The log position (or other progress mark) the worker had reached.
+    pub checkpoint: i64,
+}
+
+impl<'c> Lease<'c> {
+    /// Takes the lease of worker `name`, or `None` when another process holds it.
+    pub async fn acquire(client: &'c mut Client, name: &str) -> anyhow::Result<Option<Lease<'c>>> {
+        let ensure =
+            client.prepare_cached("INSERT INTO worker_checkpoints (name) VALUES ($1) ON CONFLICT DO NOTHING").await?;
+        client.execute(&ensure, &[&name]).await?;
+        let transaction = client.transaction().await?;
+        // A step may wait on an outside party (an AI provider, later a webhook receiver) while
+        // holding its lease; the pool's idle-in-transaction limit guards append transactions,
+        // which never hold a lease.
+        transaction.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await?;
+        let lock = transaction
+            .prepare_cached("SELECT position FROM worker_checkpoints WHERE name = $1 FOR UPDATE SKIP LOCKED")
+            .await?;
+        let Some(row) = transaction.query_opt(&lock, &[&name]).await? else { return Ok(None) };
+        Ok(Some(Lease { checkpoint: row.get(0), transaction, name: name.to_owned() }))
+    }
+
+    pub fn transaction(&self) -> &Transaction<'c> {
+        &self.transaction
+    }
+
+    /// Stores `checkpoint` and commits the step.
+    pub async fn commit(self, checkpoint: i64) -> anyhow::Result<()> {
+        let save = self
+            .transaction
+            .prepare_cached("UPDATE worker_checkpoints SET position = $2, updated_at = now() WHERE name = $1")
+            .await?;
+        self.transaction.execute(&save, &[&self.name, &checkpoint]).await?;
+        self.transaction.commit().await?;
+        Ok(())
+    }
+}
+
+/// The head of the log less `position`.
+pub async fn lag_behind(pool: &Pool, position_sql: &str, name: &str) -> anyhow::Result<Option<i64>> {
+    let client = pool.get().await?;
+    let row = client.query_opt(&format!("SELECT (SELECT position FROM log_head) - ({position_sql})"), &[&name]).await?;
+    Ok(row.and_then(|row| row.get::<_, Option<i64>>(0)))
+}

@@ -1,0 +1,139 @@
+//! Periodic upkeep, once a minute under the lease `maintenance` (one process at a time):
+//! expired rate-limit windows, old projection batch history, completed idempotency records
+//! past their 24 hours, unresolved idempotency claims that provably wrote nothing, event
+//! receipts past their retention, and a loud report of open dead letters.
+
+use std::time::Duration;
+
+use deadpool_postgres::{GenericClient, Pool};
+use futures_util::future::BoxFuture;
+
+use crate::runtime::{Lease, Outcome, Worker};
+
+const INTERVAL: Duration = Duration::from_secs(60);
+/// Receipts retired per statement.
+const RETIRE_STEP: i64 = 10_000;
+
+pub struct Maintenance {
+    pool: Pool,
+    receipt_retention: Duration,
+}
+
+impl Maintenance {
+    pub fn new(pool: Pool, receipt_retention: Duration) -> Self {
+        Self { pool, receipt_retention }
+    }
+
+    async fn pass(&self) -> anyhow::Result<Outcome> {
+        let mut client = self.pool.get().await?;
+        let Some(lease) = Lease::acquire(&mut client, "maintenance").await? else { return Ok(Outcome::Idle) };
+        let client = self.pool.get().await?;
+        shared::ratelimit::purge_expired(&client).await?;
+        client.execute("DELETE FROM projection_batches WHERE committed_at < now() - interval '1 day'", &[]).await?;
+        let (purged, released) = purge_and_reconcile(&client).await?;
+        let mut retired = 0;
+        loop {
+            let step = retire_receipts(&client, self.receipt_retention, RETIRE_STEP).await?;
+            retired += step;
+            if step < RETIRE_STEP as u64 {
+                break;
+            }
+        }
+        if purged + released + retired > 0 {
+            tracing::info!(purged, released, retired, "maintenance pass");
+        }
+        report_dead_letters(&client).await?;
+        lease.commit(chrono::Utc::now().timestamp()).await?;
+        Ok(Outcome::Idle)
+    }
+}
+
+impl Worker for Maintenance {
+    fn name(&self) -> String {
+        "maintenance".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        INTERVAL
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(self.pass())
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// Deletes completed idempotency records older than 24 hours (the key then executes again)
+/// and releases unresolved claims whose operation appended nothing: an outcome is recorded
+/// atomically with its append, so an unresolved claim with no event appended under its key
+/// since the claim wrote nothing, and the key may run again. Returns `(purged, released)`.
+pub async fn purge_and_reconcile(client: &impl GenericClient) -> anyhow::Result<(u64, u64)> {
+    let purged = client
+        .execute(
+            "DELETE FROM idempotency_records WHERE state = 'completed' AND completed_at < now() - interval '24 hours'",
+            &[],
+        )
+        .await?;
+    let released = client
+        .execute(
+            "DELETE FROM idempotency_records r WHERE r.state = 'unresolved'
+             AND NOT EXISTS (SELECT 1 FROM events e WHERE e.actor_key_id = r.key_id
+                             AND e.idempotency_key = r.idempotency_key AND e.recorded_at >= r.claimed_at)",
+            &[],
+        )
+        .await?;
+    Ok((purged, released))
+}
+
+/// Retires receipts accepted more than `retention` ago whose preparation is over, at most
+/// `limit` per call, giving their capacity back to the scopes they counted in. Returns how
+/// many were retired.
+pub async fn retire_receipts(client: &impl GenericClient, retention: Duration, limit: i64) -> anyhow::Result<u64> {
+    let seconds = retention.as_secs_f64();
+    let statement = client
+        .prepare_cached(
+            "WITH gone AS (
+                 DELETE FROM event_receipts WHERE id IN (
+                     SELECT id FROM event_receipts
+                     WHERE NOT pending AND accepted_at < now() - make_interval(secs => $1)
+                     ORDER BY accepted_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+                 RETURNING space_id, schema_id),
+             counted AS (
+                 SELECT 'space:' || space_id AS scope, count(*) AS n FROM gone GROUP BY space_id
+                 UNION ALL SELECT 'schema:' || schema_id, count(*) FROM gone GROUP BY schema_id
+                 UNION ALL SELECT 'fleet', count(*) FROM gone),
+             released AS (
+                 UPDATE event_admission a SET receipts = GREATEST(a.receipts - counted.n, 0)
+                 FROM counted WHERE a.scope = counted.scope AND counted.n > 0)
+             SELECT count(*) FROM gone",
+        )
+        .await?;
+    let row = client.query_one(&statement, &[&seconds, &limit]).await?;
+    Ok(row.get::<_, i64>(0).max(0) as u64)
+}
+
+/// Repeats, every pass, that read models hold back quarantined spaces: an open dead letter
+/// needs an operator.
+async fn report_dead_letters(client: &impl GenericClient) -> anyhow::Result<()> {
+    let open = crate::read_models::quarantine::list_open(client).await?;
+    metrics::gauge!("dead_letters_open").set(open.len() as f64);
+    for letter in &open {
+        tracing::error!(
+            projection = %letter.name,
+            version = letter.version,
+            position = letter.position,
+            space = %letter.space_key,
+            error = %letter.error,
+            "open dead letter: fix the cause, then run `projector dead-letters retry {}`",
+            letter.name
+        );
+    }
+    Ok(())
+}
