@@ -53,15 +53,13 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 /// The latest migration version the code knows, and whether the database has it.
 pub async fn is_migrated(client: &impl deadpool_postgres::GenericClient) -> anyhow::Result<bool> {
     let latest = embedded::migrations::runner().get_migrations().iter().map(|m| m.version()).max().unwrap_or(0);
-    let applied = client
-        .query_one(
-            "SELECT CASE WHEN to_regclass('refinery_schema_history') IS NULL THEN 0
-                    ELSE (SELECT COALESCE(max(version), 0) FROM refinery_schema_history) END",
-            &[],
-        )
-        .await?
-        .get::<_, i32>(0);
-    Ok(i64::from(applied) >= i64::from(latest))
+    let exists: bool = client.query_one("SELECT to_regclass('refinery_schema_history') IS NOT NULL", &[]).await?.get(0);
+    if !exists {
+        return Ok(false);
+    }
+    let applied: i32 =
+        client.query_one("SELECT COALESCE(max(version), 0) FROM refinery_schema_history", &[]).await?.get(0);
+    Ok(applied >= latest)
 }
 
 /// Databases migrated before refinery kept their history in `schema_migrations`: record those

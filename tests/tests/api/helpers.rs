@@ -339,6 +339,26 @@ impl TestApp {
         response.body["data"].clone()
     }
 
+    /// Waits until the preparation worker, then every live projection, has reached the head of
+    /// the log (what preparation appends is then projected too).
+    pub async fn wait_for_workers(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let prepared = self
+                .query_i64(
+                    "SELECT COALESCE((SELECT position FROM worker_checkpoints WHERE name = 'preparation'), 0)
+                          - (SELECT position FROM log_head)",
+                )
+                .await;
+            if prepared >= 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the preparation worker is stuck {prepared} behind the head");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.wait_for_projections().await;
+    }
+
     /// Waits until every live projection has reached the head of the log.
     pub async fn wait_for_projections(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -114,7 +114,8 @@ async fn a_rebuilt_read_model_equals_the_incrementally_built_one() {
     let app = TestApp::spawn().await;
     create_contacts(&app, 25, "rebuild").await;
     app.post("/schemas/companies/records", ALPHA_ADMIN, &json!({"externalId": "C-1", "name": "Co"})).await;
-    app.wait_for_projections().await;
+    // The company's AI auto-fill attribute is filled by an update of the preparation worker.
+    app.wait_for_workers().await;
     let before_records = snapshot(&app, &records_queries(1).iter().map(String::as_str).collect::<Vec<_>>()).await;
     let before_catalog = snapshot(&app, &catalog_queries(1).iter().map(String::as_str).collect::<Vec<_>>()).await;
     assert_eq!(before_records[0].len(), 26);

@@ -1,0 +1,260 @@
+//! The worker runtime: leases, wake-ups, backoff and health, shutdown, the due-time
+//! scheduler, and choosing which workers a process runs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use projector::runtime::{Lease, Outcome, Runtime, Worker};
+use projector::timers::{Handled, Timer, TimerHandler, TimerWorker};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::*;
+
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_lease_has_one_holder_and_passes_on_when_its_holder_goes() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let mut first = app.pool.get().await.expect("client");
+    let mut second = app.pool.get().await.expect("client");
+    let held = Lease::acquire(&mut first, "test-lease").await.expect("acquires").expect("free");
+    assert!(Lease::acquire(&mut second, "test-lease").await.expect("asks").is_none(), "one holder at a time");
+    held.commit(42).await.expect("commits");
+    let taken = Lease::acquire(&mut second, "test-lease").await.expect("asks").expect("free again");
+    assert_eq!(taken.checkpoint, 42, "the checkpoint committed with the step");
+    // A holder that goes away (its transaction dropped, as when its process dies) releases
+    // the lease, and nothing it did is kept.
+    drop(taken);
+    drop(second);
+    let mut third = app.pool.get().await.expect("client");
+    let taken = Lease::acquire(&mut third, "test-lease").await.expect("asks").expect("released");
+    assert_eq!(taken.checkpoint, 42);
+}
+
+/// A worker that fails its first `failures` steps, then counts successful ones.
+struct Flaky {
+    failures: usize,
+    steps: AtomicUsize,
+    channel: &'static [&'static str],
+}
+
+impl Worker for Flaky {
+    fn name(&self) -> String {
+        "flaky".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        self.channel
+    }
+
+    fn poll_interval(&self) -> Duration {
+        // Long: a wake-up must come from a notification.
+        Duration::from_secs(600)
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(async {
+            let step = self.steps.fetch_add(1, Ordering::SeqCst);
+            if step < self.failures { anyhow::bail!("failure {step}") } else { Ok(Outcome::Idle) }
+        })
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+#[tokio::test]
+async fn a_failing_worker_backs_off_reports_it_recovers_and_wakes_on_notify() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let flaky = Arc::new(Flaky { failures: 3, steps: AtomicUsize::new(0), channel: &["test_wake"] });
+    let runtime = Runtime::new(app.database_url.clone(), vec![flaky.clone()]);
+    let health = runtime.health();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(runtime.run(shutdown.clone()));
+    // Three failures, each followed by a backoff, then a success that clears the failure.
+    eventually("the worker recovers", async || {
+        health.snapshot().get("flaky").is_some_and(|h| h.failures == 3 && h.failing_since.is_none())
+    })
+    .await;
+    let recovered = health.snapshot()["flaky"].clone();
+    assert_eq!(recovered.last_error.as_deref(), Some("failure 2"));
+    assert!(recovered.last_success_at.is_some());
+    // Idle now (the listener's connection announcement may have woken it once more).
+    let mut steps = flaky.steps.load(Ordering::SeqCst);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = flaky.steps.load(Ordering::SeqCst);
+        if now == steps {
+            break;
+        }
+        steps = now;
+    }
+    assert!((4..=5).contains(&steps), "{steps} steps");
+    // Idle with a ten-minute poll: only a notification wakes it.
+    let client = app.pool.get().await.expect("client");
+    client.execute("SELECT pg_notify('test_wake', '')", &[]).await.expect("notify");
+    eventually("a notification wakes the worker", async || flaky.steps.load(Ordering::SeqCst) > steps).await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(15), running).await.expect("stops on shutdown").expect("joins");
+}
+
+/// A handler that fails each key's first attempt, and counts how often each key ran.
+struct Deliveries {
+    runs: std::sync::Mutex<Vec<String>>,
+}
+
+impl TimerHandler for Deliveries {
+    fn kind(&self) -> &'static str {
+        "test_delivery"
+    }
+
+    fn handle<'a>(
+        &'a self,
+        transaction: &'a deadpool_postgres::Transaction<'a>,
+        timer: &'a Timer,
+    ) -> BoxFuture<'a, anyhow::Result<Handled>> {
+        Box::pin(async move {
+            self.runs.lock().expect("lock").push(timer.key.clone());
+            if timer.attempts == 0 {
+                return Ok(Handled::RetryAt(chrono::Utc::now()));
+            }
+            // The effect commits with the timer's completion.
+            transaction
+                .execute("INSERT INTO worker_checkpoints (name) VALUES ($1)", &[&format!("delivered:{}", timer.key)])
+                .await?;
+            Ok(Handled::Done)
+        })
+    }
+}
+
+#[tokio::test]
+async fn due_timers_run_once_each_across_processes_and_retry_after_a_failure() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let client = app.pool.get().await.expect("client");
+    let now = chrono::Utc::now();
+    for index in 0..40 {
+        projector::timers::schedule(&client, "test_delivery", &format!("k{index}"), now, &json!({"n": index}))
+            .await
+            .expect("schedules");
+    }
+    // Scheduling the same key again keeps one timer.
+    projector::timers::schedule(&client, "test_delivery", "k0", now, &json!({"n": 0})).await.expect("schedules");
+    let later = now + chrono::Duration::hours(1);
+    projector::timers::schedule(&client, "test_delivery", "later", later, &json!({})).await.expect("schedules");
+    // Two runtimes stand for two processes.
+    let handlers: Vec<Arc<Deliveries>> =
+        (0..2).map(|_| Arc::new(Deliveries { runs: std::sync::Mutex::new(Vec::new()) })).collect();
+    let shutdown = CancellationToken::new();
+    let mut running = Vec::new();
+    for handler in &handlers {
+        let worker = Arc::new(TimerWorker::new(app.pool.clone(), handler.clone()));
+        let runtime = Runtime::new(app.database_url.clone(), vec![worker]);
+        running.push(tokio::spawn(runtime.run(shutdown.clone())));
+    }
+    eventually("every due timer is delivered", async || {
+        app.query_i64("SELECT count(*) FROM worker_checkpoints WHERE name LIKE 'delivered:%'").await == 40
+    })
+    .await;
+    let mut runs: Vec<String> = handlers.iter().flat_map(|h| h.runs.lock().expect("lock").clone()).collect();
+    runs.sort();
+    let mut expected: Vec<String> = (0..40).flat_map(|i| [format!("k{i}"), format!("k{i}")]).collect();
+    expected.sort();
+    assert_eq!(runs, expected, "each timer ran exactly twice: the failed attempt and the retry");
+    assert_eq!(
+        app.query_i64("SELECT count(*) FROM timers WHERE kind = 'test_delivery'").await,
+        1,
+        "only `later` is left"
+    );
+    shutdown.cancel();
+    for task in running {
+        task.await.expect("stops");
+    }
+}
+
+#[tokio::test]
+async fn a_claim_dies_with_its_transaction_and_another_process_runs_the_timer() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let client = app.pool.get().await.expect("client");
+    projector::timers::schedule(&client, "test_delivery", "once", chrono::Utc::now(), &json!({}))
+        .await
+        .expect("schedules");
+    let mut holder = app.pool.get().await.expect("client");
+    let claim = holder.transaction().await.expect("begins");
+    let claimed = projector::timers::claim_due(&claim, "test_delivery", 10).await.expect("claims");
+    assert_eq!(claimed.len(), 1);
+    let mut other = app.pool.get().await.expect("client");
+    let second = other.transaction().await.expect("begins");
+    assert!(projector::timers::claim_due(&second, "test_delivery", 10).await.expect("asks").is_empty(), "skipped");
+    drop(second);
+    // The claimant dies mid-claim: nothing it did stays, and the timer is free again (once
+    // its rollback, sent on drop, has reached the server).
+    drop(claim);
+    drop(holder);
+    let mut claimed_again = 0;
+    for _ in 0..100 {
+        let third = other.transaction().await.expect("begins");
+        claimed_again = projector::timers::claim_due(&third, "test_delivery", 10).await.expect("claims").len();
+        if claimed_again == 1 {
+            break;
+        }
+        drop(third);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(claimed_again, 1);
+}
+
+#[tokio::test]
+async fn a_process_runs_only_the_workers_it_is_configured_for() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let models_only = spawn_binary(
+        "projector",
+        &["run"],
+        &app.database_url,
+        &[("APP__PROJECTOR__WORKERS", "read_models".to_owned())],
+    );
+    // Read models follow the log ...
+    let created = app.create_contact(&json!({"email": "split@example.com"})).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    eventually("the read models project the write", async || {
+        app.get(&format!("/schemas/contacts/records/{id}"), ALPHA_ADMIN).await.status == 200
+    })
+    .await;
+    // ... but no eraser runs in that process: a deletion stays pending ...
+    let deleted = app
+        .send(app.request(reqwest::Method::DELETE, &format!("/schemas/contacts/records/{id}"), Some(ALPHA_ADMIN)))
+        .await;
+    let operation = deleted.body["data"]["operationId"].as_str().expect("operationId").to_owned();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let erased =
+        format!("SELECT count(*) FROM record_deletions WHERE operation_id = '{operation}' AND state = 'completed'");
+    assert_eq!(app.query_i64(&erased).await, 0);
+    // ... until a process that runs it starts.
+    let _side_effects = spawn_binary(
+        "projector",
+        &["run"],
+        &app.database_url,
+        &[("APP__PROJECTOR__WORKERS", "eraser,preparation,maintenance".to_owned())],
+    );
+    eventually("the eraser completes the deletion", async || app.query_i64(&erased).await == 1).await;
+    drop(models_only);
+    let unknown = std::process::Command::new(binaries_dir().join("projector"))
+        .arg("run")
+        .env("APP__DATABASE__URL", &app.database_url)
+        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("APP__PROJECTOR__PORT", "0")
+        .env("APP__PROJECTOR__WORKERS", "read_models,nonsense")
+        .output()
+        .expect("runs");
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("nonsense"));
+}
