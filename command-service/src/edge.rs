@@ -63,6 +63,7 @@ impl From<crate::events::decide::EventRefusal> for ApiError {
 /// An occurrence not admitted: 429 with `Retry-After` in whole seconds (at least 1).
 impl From<crate::events::decide::AdmissionRefusal> for ApiError {
     fn from(refusal: crate::events::decide::AdmissionRefusal) -> Self {
+        metrics::counter!("event_admission_refusals_total", "code" => refusal.code().as_str()).increment(1);
         let seconds = refusal.retry_after_ms().div_ceil(1000).max(1);
         ApiError::new(actix_web::http::StatusCode::TOO_MANY_REQUESTS, Some(refusal.code()), refusal.message())
             .with_header("Retry-After", seconds.to_string())

@@ -347,7 +347,7 @@ fn deterministic_fill(task: &FillTask<'_>) -> Result<Value, AiError> {
     }
 
     let digest = deterministic_digest(task.attribute_key, prompt, task.input);
-    let hex8: String = digest.iter().take(4).map(|byte| format!("{byte:02x}")).collect();
+    let hex8 = hex::encode(&digest[..4]);
     let mut first_bytes = [0_u8; 8];
     first_bytes.copy_from_slice(&digest[..8]);
     let number = u64::from_be_bytes(first_bytes);

@@ -42,7 +42,7 @@ fn write(value: &Value, out: &mut String) {
 
 /// SHA-256 of the canonical form, as hex.
 pub fn body_hash(value: &Value) -> String {
-    Sha256::digest(canonical_json(value).as_bytes()).iter().map(|byte| format!("{byte:02x}")).collect()
+    hex::encode(Sha256::digest(canonical_json(value).as_bytes()))
 }
 
 #[cfg(test)]

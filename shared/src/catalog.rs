@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
-use crate::auth::Role;
+use crate::roles::Role;
 
 pub const CATALOG: &str = "catalog";
 

@@ -7,7 +7,6 @@
 //! The keyring is process-wide: it is installed from the settings when they are loaded, so
 //! the log readers (projections, decisions, the audit trail) need not carry it around.
 
-use crate::error::Code;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -17,8 +16,6 @@ use anyhow::Context;
 use deadpool_postgres::GenericClient;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-
-use crate::log::{AppendError, Guard};
 
 const NONCE_LEN: usize = 12;
 const KEY_LEN: usize = 32;
@@ -46,7 +43,7 @@ pub struct DataKey {
 impl Keyring {
     /// Parses a master key of 64 hexadecimal characters.
     pub fn from_hex(hex: &str) -> anyhow::Result<Self> {
-        let bytes = decode_hex(hex.trim()).context("the master key must be 64 hexadecimal characters")?;
+        let bytes = hex::decode(hex.trim()).context("the master key must be 64 hexadecimal characters")?;
         anyhow::ensure!(bytes.len() == KEY_LEN, "the master key must be 64 hexadecimal characters (32 bytes)");
         let digest_key = Sha256::new().chain_update(b"email-subject-digest\0").chain_update(&bytes).finalize().into();
         Ok(Self { master: Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&bytes)), digest_key })
@@ -57,8 +54,7 @@ impl Keyring {
     /// dump of the database does not reveal it.
     pub fn email_subject(&self, email: &str) -> String {
         let digest = Sha256::new().chain_update(self.digest_key).chain_update(email.trim().to_lowercase()).finalize();
-        let hex: String = digest.iter().take(16).map(|byte| format!("{byte:02x}")).collect();
-        format!("email:{hex}")
+        format!("email:{}", hex::encode(&digest[..16]))
     }
 
     /// A keyed digest of `text` for `purpose` (hex): lets the write side compare or name a
@@ -70,7 +66,7 @@ impl Keyring {
             .chain_update([0u8])
             .chain_update(text.as_bytes())
             .finalize();
-        digest.iter().map(|byte| format!("{byte:02x}")).collect()
+        hex::encode(digest)
     }
 
     /// A fresh data key for `subject_id` and its wrapped form, to be stored.
@@ -144,11 +140,6 @@ fn decrypt(cipher: &Aes256Gcm, aad: &[u8], bytes: &[u8]) -> anyhow::Result<Vec<u
         .map_err(|_| anyhow::anyhow!("ciphertext failed authentication"))
 }
 
-fn decode_hex(hex: &str) -> anyhow::Result<Vec<u8>> {
-    anyhow::ensure!(hex.len().is_multiple_of(2) && hex.is_ascii(), "odd length or not ASCII");
-    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(anyhow::Error::from)).collect()
-}
-
 /// The data keys of some subjects, as loaded for one decision or one projection batch. A
 /// subject without a key here is erased (or was never encrypted).
 #[derive(Clone, Default)]
@@ -179,18 +170,6 @@ pub async fn load_keys(client: &impl GenericClient, subject_ids: &[String]) -> a
         keys.insert(subject_id, key);
     }
     Ok(keys)
-}
-
-/// The guard that stores a new subject's wrapped key in the transaction of its first event,
-/// so the key and the data it protects commit together. If the subject already has a key (a
-/// concurrent first write won), the command fails as a lost race and is decided again.
-pub fn store_key(subject_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
-    Guard::exactly_one(
-        "INSERT INTO subject_keys (subject_id, space_id, wrapped_key) VALUES ($1, $2, $3)
-         ON CONFLICT (subject_id) DO NOTHING",
-        vec![Box::new(subject_id.to_owned()), Box::new(space_id.to_owned()), Box::new(wrapped)],
-        AppendError::Conflict { code: Code::IdentifierConflict, message: "the record id is already taken".to_owned() },
-    )
 }
 
 #[cfg(test)]

@@ -173,15 +173,7 @@ async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<web::
     Ok(body)
 }
 
-/// Query pairs in order, repeated keys kept.
-/// The last value of query parameter `name` (a repeated parameter's last one wins).
-pub fn query_value<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    query.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
-}
-
-pub fn query_pairs(req: &HttpRequest) -> Vec<(String, String)> {
-    form_urlencoded::parse(req.query_string().as_bytes()).into_owned().collect()
-}
+pub use crate::query::{query_pairs, query_value};
 
 /// `{data}` plus `warnings` when there are any.
 pub fn data_body(data: Value, warnings: &[Warning]) -> Value {

@@ -16,17 +16,12 @@ pub fn derived_id(prefix: &str, parts: &[&str]) -> String {
         hasher.update([0x1f]);
     }
     let digest = hasher.finalize();
-    let mut body = String::with_capacity(32);
-    for byte in &digest[..16] {
-        body.push_str(&format!("{byte:02x}"));
-    }
-    format!("{prefix}_{body}")
+    format!("{prefix}_{}", hex::encode(&digest[..16]))
 }
 
 /// SHA-256 of a string as lowercase hex.
 pub fn sha256_hex(input: &str) -> String {
-    let digest = Sha256::digest(input.as_bytes());
-    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    hex::encode(Sha256::digest(input.as_bytes()))
 }
 
 #[cfg(test)]

@@ -247,6 +247,8 @@ struct PendingRow {
 }
 
 async fn append_batch(pool: &Pool, jobs: Vec<Job>) {
+    let started = std::time::Instant::now();
+    metrics::histogram!("append_batch_commands").record(jobs.len() as f64);
     let mut requests = Vec::with_capacity(jobs.len());
     let mut replies = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -262,7 +264,16 @@ async fn append_batch(pool: &Pool, jobs: Vec<Job>) {
         }
         Err(error) => requests.iter().map(|_| Err(error.clone())).collect(),
     };
+    metrics::histogram!("append_batch_seconds").record(started.elapsed().as_secs_f64());
     for (reply, outcome) in replies.into_iter().zip(outcomes) {
+        if let Err(error) = &outcome {
+            let kind = match error {
+                AppendError::WrongVersion { .. } | AppendError::Conflict { .. } => "refused",
+                AppendError::Refused(_) | AppendError::Failed(_) => "failed",
+                AppendError::Unavailable(_) | AppendError::OutcomeUnknown(_) => "unavailable",
+            };
+            metrics::counter!("append_failures_total", "kind" => kind).increment(1);
+        }
         let _ = reply.send(outcome);
     }
 }

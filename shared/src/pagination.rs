@@ -42,7 +42,7 @@ impl PageRequest {
 
     pub fn parse_with_cap(query: &[(String, String)], max_limit: i64) -> Result<Self, ApiError> {
         let (limit, mut warnings) = parse_limit(query, max_limit)?;
-        let offset = match crate::http::query_value(query, "offset") {
+        let offset = match crate::query::query_value(query, "offset") {
             None => 0,
             Some(raw) => {
                 let requested = parse_integer("offset", raw)?;
@@ -78,7 +78,7 @@ impl PageRequest {
 /// warning, 400 `invalid_query_parameter` when it is not an integer.
 pub fn parse_limit(query: &[(String, String)], max_limit: i64) -> Result<(i64, Vec<Warning>), ApiError> {
     let mut warnings = Vec::new();
-    let limit = match crate::http::query_value(query, "limit") {
+    let limit = match crate::query::query_value(query, "limit") {
         None => DEFAULT_LIMIT,
         Some(raw) => {
             let requested = parse_integer("limit", raw)?;

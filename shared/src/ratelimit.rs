@@ -210,6 +210,7 @@ impl RateLimiter {
 }
 
 fn exceeded(bucket: Bucket, allowed: u32, window_ms: i64, window_index: i64) -> ApiError {
+    metrics::counter!("rate_limit_refusals_total", "bucket" => bucket.name()).increment(1);
     let reset = Utc.timestamp_millis_opt((window_index + 1) * window_ms).single().unwrap_or_else(Utc::now);
     ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
@@ -219,7 +220,7 @@ fn exceeded(bucket: Bucket, allowed: u32, window_ms: i64, window_index: i64) -> 
             bucket.name()
         ),
     )
-    .with_header("Retry-After", reset.format("%a, %d %b %Y %H:%M:%S GMT").to_string())
+    .with_header("Retry-After", httpdate::fmt_http_date(reset.into()))
 }
 
 /// Deletes windows that have ended (run by the projector's maintenance worker).

@@ -189,7 +189,7 @@ fn encrypt_personal(
         Some(key) => (key, None),
         None => {
             let (key, wrapped) = crypto::keyring().and_then(|keyring| keyring.generate(record_id)).map_err(failed)?;
-            (key, Some(crypto::store_key(record_id, space_id, wrapped)))
+            (key, Some(crate::records::store::store_key(record_id, space_id, wrapped)))
         }
     };
     if let Some(personal) = personal.as_mut() {

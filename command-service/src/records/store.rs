@@ -97,3 +97,15 @@ pub fn deletion_guards(operation_id: &str, record_id: &str, space_id: &str, sche
         ),
     ]
 }
+
+/// The guard that stores a new subject's wrapped key in the transaction of its first event,
+/// so the key and the data it protects commit together. If the subject already has a key (a
+/// concurrent first write won), the command fails as a lost race and is decided again.
+pub fn store_key(subject_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
+    Guard::exactly_one(
+        "INSERT INTO subject_keys (subject_id, space_id, wrapped_key) VALUES ($1, $2, $3)
+         ON CONFLICT (subject_id) DO NOTHING",
+        vec![Box::new(subject_id.to_owned()), Box::new(space_id.to_owned()), Box::new(wrapped)],
+        AppendError::Conflict { code: Code::IdentifierConflict, message: "the record id is already taken".to_owned() },
+    )
+}

@@ -43,6 +43,12 @@ async fn both_services_report_live_ready_and_metrics_outside_v1() {
         "requests are counted by operation and status:\n{metrics}"
     );
     assert!(metrics.contains("http_request_duration_seconds_bucket"), "with a latency histogram");
+    // Writes report their append batches.
+    app.create_contact(&json!({"email": "metrics@x.io"})).await;
+    let (_, metrics) = get_text(&app.http, &format!("{}/metrics", origin(&app.command_url))).await;
+    for name in ["append_batch_commands_count", "append_batch_seconds_bucket"] {
+        assert!(metrics.contains(name), "{name} in:\n{metrics}");
+    }
 }
 
 #[tokio::test]

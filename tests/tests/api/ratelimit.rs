@@ -34,6 +34,9 @@ async fn the_read_bucket_limits_each_key_per_second_with_an_http_date_to_retry()
     }
     assert_eq!(statuses, vec![200; 5], "five requests fit the window");
     let limited = limited.expect("the sixth request is limited");
+    let origin = app.query_url.trim_end_matches("/v1").to_owned();
+    let metrics = app.http.get(format!("{origin}/metrics")).send().await.expect("sent").text().await.expect("text");
+    assert!(metrics.contains("rate_limit_refusals_total{bucket=\"read\"}"), "refusals are counted:\n{metrics}");
     assert_eq!(limited.code(), "rate_limit_exceeded");
     let retry_after = limited.header("retry-after").expect("Retry-After");
     let reset = chrono::DateTime::parse_from_rfc2822(retry_after).expect("an HTTP date");
