@@ -92,3 +92,23 @@ impl Application {
         self.server.run_until_stopped().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The layering the architecture states: decisions are pure, stores and decisions know no
+    /// HTTP.
+    #[test]
+    fn decisions_do_no_io_and_decisions_and_stores_know_no_http() {
+        for capability in ["records", "suppressions", "events", "identities"] {
+            let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(capability);
+            for (file, forbidden) in
+                [("decide.rs", &["actix", "deadpool", "tokio_postgres", ".await"][..]), ("store.rs", &["actix"][..])]
+            {
+                let Ok(source) = std::fs::read_to_string(folder.join(file)) else { continue };
+                for word in forbidden {
+                    assert!(!source.contains(word), "{capability}/{file} mentions {word}");
+                }
+            }
+        }
+    }
+}
