@@ -15,6 +15,9 @@ use futures_util::future::BoxFuture;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
 /// The process's metrics recorder (installed once, on first use) and its renderer.
 pub fn metrics_handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -22,12 +25,25 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
         let builder = PrometheusBuilder::new()
             .set_buckets(&[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
             .unwrap_or_else(|_| PrometheusBuilder::new());
-        match builder.install_recorder() {
+        let handle = match builder.install_recorder() {
             Ok(handle) => handle,
             // Another recorder is installed (only in tests that build their own): render an
             // empty one rather than fail.
             Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+        };
+        // Histogram samples wait in buckets until upkeep folds them in: without it they pile
+        // up for as long as nobody scrapes `/metrics`.
+        let upkeep = handle.clone();
+        let spawned = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_EVERY);
+                upkeep.run_upkeep();
+            }
+        });
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "could not start the metrics upkeep thread; histograms fold in at each scrape only");
         }
+        handle
     })
 }
 

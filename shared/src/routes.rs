@@ -5,7 +5,7 @@
 //! request metrics are labelled by its operation ids, and a test holds `docs/openapi.json` to
 //! exactly these operations.
 
-use actix_web::dev::ResourceDef;
+use std::sync::LazyLock;
 
 /// Which process serves an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,19 +78,42 @@ fn api_path(path: &str) -> Option<&str> {
     Some(rest.strip_suffix('/').filter(|rest| !rest.is_empty()).unwrap_or(rest))
 }
 
+/// The distinct path templates, literal segments first: `/records/upsert` is tried before
+/// `/records/{id}`. Built once; matching is a segment comparison, no pattern compiling.
+static TEMPLATES: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    let mut templates: Vec<&'static str> = Vec::new();
+    for operation in OPERATIONS {
+        if !templates.contains(&operation.path) {
+            templates.push(operation.path);
+        }
+    }
+    templates.sort_by_key(|template| std::cmp::Reverse(template.split('/').filter(|part| !is_parameter(part)).count()));
+    templates
+});
+
+fn is_parameter(part: &str) -> bool {
+    part.starts_with('{') && part.ends_with('}')
+}
+
+/// Whether a path (under the prefix) fits a template: as many segments, each literal equal
+/// and each parameter non-empty.
+fn fits(template: &str, rest: &str) -> bool {
+    let mut parts = template.split('/');
+    let mut segments = rest.split('/');
+    loop {
+        match (parts.next(), segments.next()) {
+            (None, None) => return true,
+            (Some(part), Some(segment)) if is_parameter(part) && !segment.is_empty() => {}
+            (Some(part), Some(segment)) if part == segment => {}
+            _ => return false,
+        }
+    }
+}
+
 /// The path template a request path (with the `/v1` prefix) matches, if any.
 pub fn template(path: &str) -> Option<&'static str> {
     let rest = api_path(path)?;
-    // Literal segments win over parameters (`/records/upsert` over `/records/{id}`): the
-    // templates are tried longest-literal first.
-    let mut matching: Vec<&'static str> = OPERATIONS
-        .iter()
-        .map(|operation| operation.path)
-        .filter(|template| ResourceDef::new(*template).is_match(rest))
-        .collect();
-    matching
-        .sort_by_key(|template| std::cmp::Reverse(template.split('/').filter(|part| !part.starts_with('{')).count()));
-    matching.first().copied()
+    TEMPLATES.iter().copied().find(|template| fits(template, rest))
 }
 
 /// The operation a request (method, path with the `/v1` prefix) addresses, if any.
@@ -142,6 +165,41 @@ mod tests {
         assert_eq!(template("/v1/schemas/contacts/records/con_1"), Some("/schemas/{schema}/records/{id}"));
         assert_eq!(find("POST", "/v1/schemas/contacts/records/upsert").map(|o| o.id), Some("upsertRecord"));
         assert_eq!(find("PUT", "/v1/me"), None);
+    }
+
+    #[test]
+    fn segment_matching_agrees_with_the_router() {
+        // Each template filled with parameter values, plus near misses: an empty segment, a
+        // segment too many or too few, an encoded slash.
+        let mut probes: Vec<String> = Vec::new();
+        for template in TEMPLATES.iter() {
+            let filled = template.split('/').map(|part| if is_parameter(part) { "x_1" } else { part });
+            let filled: Vec<&str> = filled.collect();
+            probes.push(filled.join("/"));
+            probes.push(format!("{}/extra", filled.join("/")));
+            probes.push(filled[..filled.len() - 1].join("/"));
+            probes.push(template.replace("{", "").replace("}", ""));
+            probes.push(
+                template
+                    .split('/')
+                    .map(|part| if is_parameter(part) { "" } else { part })
+                    .collect::<Vec<_>>()
+                    .join("/"),
+            );
+            probes.push(
+                template
+                    .split('/')
+                    .map(|part| if is_parameter(part) { "a%2Fb" } else { part })
+                    .collect::<Vec<_>>()
+                    .join("/"),
+            );
+        }
+        for template in TEMPLATES.iter() {
+            let router = actix_web::dev::ResourceDef::new(*template);
+            for probe in &probes {
+                assert_eq!(fits(template, probe), router.is_match(probe), "{template} against {probe}");
+            }
+        }
     }
 
     #[test]
