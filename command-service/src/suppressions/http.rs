@@ -296,7 +296,6 @@ pub async fn batch_create(
     .await
 }
 
-/// Which of `wanted` (identifier, reason) already exist in `scope`.
 /// `POST /contacts/suppressions/batch-remove`: per-id results, always 200; the removals are
 /// appended in one transaction (with the idempotency outcome, when keyed). An id repeated in
 /// the batch is `not_found` after its first removal.

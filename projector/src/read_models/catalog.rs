@@ -286,24 +286,7 @@ async fn insert_attribute(
     Ok(())
 }
 
-/// Spaces, users, memberships, keys, schemas, attributes, credits, authored resources.
-pub struct Catalog;
-
-impl super::ReadModel for Catalog {
-    fn name(&self) -> &'static str {
-        shared::catalog::CATALOG
-    }
-
-    fn ddl(&self) -> &'static str {
-        DDL
-    }
-
-    fn apply<'a>(
-        &'a self,
-        transaction: &'a Transaction<'a>,
-        schema: &'a str,
-        events: &'a [StoredEvent],
-    ) -> futures_util::future::BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(super::apply_each(self.name(), transaction, schema, events, EVENT_TYPES, apply))
-    }
+read_model! {
+    /// Spaces, users, memberships, keys, schemas, attributes, credits, authored resources.
+    Catalog = shared::catalog::CATALOG, each
 }

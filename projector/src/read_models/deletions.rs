@@ -78,24 +78,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, event: &S
     Ok(())
 }
 
-/// Record deletion operations and their status.
-pub struct Deletions;
-
-impl super::ReadModel for Deletions {
-    fn name(&self) -> &'static str {
-        "deletions"
-    }
-
-    fn ddl(&self) -> &'static str {
-        DDL
-    }
-
-    fn apply<'a>(
-        &'a self,
-        transaction: &'a Transaction<'a>,
-        schema: &'a str,
-        events: &'a [StoredEvent],
-    ) -> futures_util::future::BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(super::apply_each(self.name(), transaction, schema, events, EVENT_TYPES, apply))
-    }
+read_model! {
+    /// Record deletion operations and their status.
+    Deletions = "deletions", each
 }

@@ -182,24 +182,7 @@ async fn insert(transaction: &Transaction<'_>, schema: &str, accepted: &Accepted
     Ok(())
 }
 
-/// Business events with their readiness, and the cursor index of ready events.
-pub struct Events;
-
-impl super::ReadModel for Events {
-    fn name(&self) -> &'static str {
-        "events"
-    }
-
-    fn ddl(&self) -> &'static str {
-        DDL
-    }
-
-    fn apply<'a>(
-        &'a self,
-        transaction: &'a Transaction<'a>,
-        schema: &'a str,
-        events: &'a [StoredEvent],
-    ) -> futures_util::future::BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(super::apply_batch(self.name(), apply(transaction, schema, events), events))
-    }
+read_model! {
+    /// Business events with their readiness, and the cursor index of ready events.
+    Events = "events", batch
 }

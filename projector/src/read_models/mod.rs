@@ -3,6 +3,41 @@
 //! `quarantine` keeps a poison event from stopping one, `rebuild` builds a new version beside
 //! the live one, and `worker` runs each read model on the worker runtime.
 
+/// Declares a read model: the unit type `$model` named `$name`, with the module's `DDL` and
+/// `apply`: set-based over the whole batch (`batch`) or event by event over the module's
+/// `EVENT_TYPES` (`each`).
+macro_rules! read_model {
+    ($(#[$meta:meta])* $model:ident = $name:expr, $mode:ident) => {
+        $(#[$meta])*
+        pub struct $model;
+
+        impl super::ReadModel for $model {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn ddl(&self) -> &'static str {
+                DDL
+            }
+
+            fn apply<'a>(
+                &'a self,
+                transaction: &'a deadpool_postgres::Transaction<'a>,
+                schema: &'a str,
+                events: &'a [shared::log::StoredEvent],
+            ) -> futures_util::future::BoxFuture<'a, anyhow::Result<()>> {
+                read_model!(@apply $mode, $name, transaction, schema, events)
+            }
+        }
+    };
+    (@apply batch, $name:expr, $transaction:ident, $schema:ident, $events:ident) => {
+        Box::pin(super::apply_batch($name, apply($transaction, $schema, $events), $events))
+    };
+    (@apply each, $name:expr, $transaction:ident, $schema:ident, $events:ident) => {
+        Box::pin(super::apply_each($name, $transaction, $schema, $events, EVENT_TYPES, apply))
+    };
+}
+
 mod catalog;
 pub mod deletions;
 mod events;

@@ -120,24 +120,7 @@ async fn insert_records(
     Ok(())
 }
 
-/// Contact and object records, with per-schema counters for list totals.
-pub struct Records;
-
-impl super::ReadModel for Records {
-    fn name(&self) -> &'static str {
-        "records"
-    }
-
-    fn ddl(&self) -> &'static str {
-        DDL
-    }
-
-    fn apply<'a>(
-        &'a self,
-        transaction: &'a Transaction<'a>,
-        schema: &'a str,
-        events: &'a [StoredEvent],
-    ) -> futures_util::future::BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(super::apply_batch(self.name(), apply(transaction, schema, events), events))
-    }
+read_model! {
+    /// Contact and object records, with per-schema counters for list totals.
+    Records = "records", batch
 }

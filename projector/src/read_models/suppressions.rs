@@ -65,24 +65,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &Stored
     Ok(())
 }
 
-/// The email suppression list, space-scoped and global.
-pub struct Suppressions;
-
-impl super::ReadModel for Suppressions {
-    fn name(&self) -> &'static str {
-        "suppressions"
-    }
-
-    fn ddl(&self) -> &'static str {
-        DDL
-    }
-
-    fn apply<'a>(
-        &'a self,
-        transaction: &'a Transaction<'a>,
-        schema: &'a str,
-        events: &'a [StoredEvent],
-    ) -> futures_util::future::BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(super::apply_each(self.name(), transaction, schema, events, EVENT_TYPES, apply))
-    }
+read_model! {
+    /// The email suppression list, space-scoped and global.
+    Suppressions = "suppressions", each
 }
