@@ -15,6 +15,12 @@
 //! database effects, and a process that dies releases the lease with its connection. (A read
 //! model's lease is its checkpoint row in `projections`, the same way.)
 //!
+//! Workers may share a lane ([`Worker::lane`]): one step of the lane's workers runs at a
+//! time in a process. The read models share one. Under load this lets each batch gather the
+//! events that arrived while the others projected (few large transactions instead of one
+//! small one per model per append, as when every model stepped on every notification);
+//! when the system is quiet a wake-up still projects at once.
+//!
 //! Every worker reports its health: last success, lag to the head of the log, last error and
 //! since when it has been failing.
 
@@ -27,7 +33,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::{Client, Pool, Transaction};
 use futures_util::future::BoxFuture;
 use serde::Serialize;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// What a step did.
@@ -56,6 +62,12 @@ pub trait Worker: Send + Sync + 'static {
     /// How many log positions the worker is behind the head of the log, when it follows the
     /// log.
     fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>>;
+
+    /// Workers that name the same lane take turns: one step of theirs at a time in a process.
+    /// `None` (the default): the worker steps whenever it has work.
+    fn lane(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// One worker's health as the runtime saw it.
@@ -131,6 +143,7 @@ impl Runtime {
     /// Drives every worker until `shutdown` is cancelled, then waits for them to stop.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut wakers: HashMap<&'static str, Vec<Arc<Notify>>> = HashMap::new();
+        let mut lanes: HashMap<&'static str, Arc<Semaphore>> = HashMap::new();
         let mut tasks = Vec::new();
         let mut drivers = Vec::new();
         for worker in self.workers {
@@ -138,7 +151,9 @@ impl Runtime {
             for channel in worker.channels() {
                 wakers.entry(channel).or_default().push(wake.clone());
             }
-            drivers.push((worker, wake));
+            let lane =
+                worker.lane().map(|lane| lanes.entry(lane).or_insert_with(|| Arc::new(Semaphore::new(1))).clone());
+            drivers.push((worker, wake, lane));
         }
         // One listening connection per channel for the whole process.
         for (channel, wakes) in wakers {
@@ -156,8 +171,8 @@ impl Runtime {
                 }
             }));
         }
-        for (worker, wake) in drivers {
-            tasks.push(tokio::spawn(drive(worker, wake, self.health.clone(), shutdown.clone())));
+        for (worker, wake, lane) in drivers {
+            tasks.push(tokio::spawn(drive(worker, wake, lane, self.health.clone(), shutdown.clone())));
         }
         for task in tasks {
             let _ = task.await;
@@ -165,7 +180,13 @@ impl Runtime {
     }
 }
 
-async fn drive(worker: Arc<dyn Worker>, wake: Arc<Notify>, health: Health, shutdown: CancellationToken) {
+async fn drive(
+    worker: Arc<dyn Worker>,
+    wake: Arc<Notify>,
+    lane: Option<Arc<Semaphore>>,
+    health: Health,
+    shutdown: CancellationToken,
+) {
     let name = worker.name();
     let mut backoff: Option<backon::ExponentialBackoff> = None;
     let mut lag_measured = Instant::now() - LAG_INTERVAL;
@@ -180,6 +201,14 @@ async fn drive(worker: Arc<dyn Worker>, wake: Arc<Notify>, health: Health, shutd
                 health.update(&name, |health| health.lag = lag);
             }
         }
+        // The semaphores are never closed, so a permit always comes.
+        let turn = match &lane {
+            Some(lane) => tokio::select! {
+                permit = lane.clone().acquire_owned() => permit.ok(),
+                () = shutdown.cancelled() => break,
+            },
+            None => None,
+        };
         let step = worker.step();
         tokio::pin!(step);
         let outcome = tokio::select! {
@@ -192,6 +221,7 @@ async fn drive(worker: Arc<dyn Worker>, wake: Arc<Notify>, health: Health, shutd
                 }
             },
         };
+        drop(turn);
         match outcome {
             Ok(outcome) => {
                 backoff = None;
@@ -250,14 +280,18 @@ impl<'c> Lease<'c> {
             client.prepare_cached("INSERT INTO worker_checkpoints (name) VALUES ($1) ON CONFLICT DO NOTHING").await?;
         client.execute(&ensure, &[&name]).await?;
         let transaction = client.transaction().await?;
-        // A step may wait on an outside party (an AI provider, later a webhook receiver) while
-        // holding its lease; the pool's idle-in-transaction limit guards append transactions,
-        // which never hold a lease.
-        transaction.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await?;
         let lock = transaction
             .prepare_cached("SELECT position FROM worker_checkpoints WHERE name = $1 FOR UPDATE SKIP LOCKED")
             .await?;
-        let Some(row) = transaction.query_opt(&lock, &[&name]).await? else { return Ok(None) };
+        // A step may wait on an outside party (an AI provider, later a webhook receiver) while
+        // holding its lease; the pool's idle-in-transaction limit guards append transactions,
+        // which never hold a lease. Pipelined with the lock.
+        let named: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&name];
+        let (_, row) = tokio::try_join!(
+            transaction.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0"),
+            transaction.query_opt(&lock, &named)
+        )?;
+        let Some(row) = row else { return Ok(None) };
         Ok(Some(Lease { checkpoint: row.get(0), transaction, name: name.to_owned() }))
     }
 

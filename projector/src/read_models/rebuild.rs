@@ -136,8 +136,8 @@ async fn switch(pool: &Pool, model: &dyn ReadModel, live: i32, next: i32, worker
             &[&model.name(), &next],
         )
         .await?;
+    announce(&transaction, model, next, position).await?;
     transaction.commit().await?;
-    announce(pool, model, next, position).await;
     Ok(position)
 }
 

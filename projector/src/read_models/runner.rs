@@ -83,8 +83,43 @@ pub async fn project_batch(
         return Ok(Outcome::CaughtUp { position: checkpoint });
     };
     transaction.commit().await.context("committing a projection batch")?;
-    announce(pool, model, version, position).await;
     Ok(Outcome::Projected { events, position })
+}
+
+/// Projects the next batch of every live and building version of `model` whose lease this
+/// process can take, all in one transaction (one lease statement for every version). Returns
+/// whether some version read a full batch, so that more events may be waiting.
+pub async fn project_versions(
+    pool: &Pool,
+    model: &dyn ReadModel,
+    worker: &str,
+    faults: &Faults,
+) -> anyhow::Result<bool> {
+    let mut client = pool.get().await.context("connecting to project")?;
+    let transaction = client.transaction().await?;
+    let lease = transaction
+        .prepare_cached(
+            "SELECT version, position FROM projections WHERE name = $1 AND status IN ('live', 'building')
+             ORDER BY version FOR UPDATE SKIP LOCKED",
+        )
+        .await?;
+    let mut applied_any = false;
+    let mut full = false;
+    for row in transaction.query(&lease, &[&model.name()]).await? {
+        let (version, checkpoint): (i32, i64) = (row.get(0), row.get(1));
+        if let Some((events, _)) =
+            project_in(&transaction, model, version, checkpoint, BATCH_SIZE, worker, faults).await?
+        {
+            applied_any = true;
+            full |= i64::try_from(events).unwrap_or(i64::MAX) >= BATCH_SIZE;
+        }
+    }
+    if applied_any {
+        transaction.commit().await.context("committing a projection batch")?;
+    } else {
+        transaction.rollback().await?;
+    }
+    Ok(full)
 }
 
 /// Applies up to `limit` events after `checkpoint` inside `transaction` (which must hold the
@@ -123,7 +158,15 @@ pub async fn project_in(
              VALUES ($1, $2, $3, $4, $5, clock_timestamp())",
         )
         .await?;
-    transaction.execute(&statement, &[&model.name(), &version, &(checkpoint + 1), &last_position, &worker]).await?;
+    let (name, first) = (model.name(), checkpoint + 1);
+    let parameters: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&name, &version, &first, &last_position, &worker];
+    // The announcement is pipelined with the checkpoint; PostgreSQL delivers it only if the
+    // batch commits.
+    tokio::try_join!(
+        transaction.execute(&statement, &parameters),
+        announce(transaction, model, version, last_position)
+    )?;
     Ok(Some((count, last_position)))
 }
 
@@ -142,13 +185,17 @@ fn check_contiguity(model: &dyn ReadModel, checkpoint: i64, events: &[StoredEven
     Ok(())
 }
 
-/// Tells readers (after the commit) that a projection version advanced.
-pub async fn announce(pool: &Pool, model: &dyn ReadModel, version: i32, position: i64) {
-    let Ok(client) = pool.get().await else { return };
+/// Tells readers that a projection version advanced: a NOTIFY inside `transaction`, which
+/// PostgreSQL delivers when (and only if) the transaction commits.
+pub async fn announce(
+    transaction: &Transaction<'_>,
+    model: &dyn ReadModel,
+    version: i32,
+    position: i64,
+) -> Result<u64, tokio_postgres::Error> {
     let payload = format!("{}:{version}:{position}", model.name());
-    if let Err(error) = client.execute("SELECT pg_notify($1, $2)", &[&PROGRESS_CHANNEL, &payload]).await {
-        tracing::warn!(%error, "could not announce projection progress");
-    }
+    let statement = transaction.prepare_cached("SELECT pg_notify($1, $2)").await?;
+    transaction.execute(&statement, &[&PROGRESS_CHANNEL, &payload]).await
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use futures_util::future::BoxFuture;
 use shared::log::LOG_CHANNEL;
 
 use super::ReadModel;
-use super::runner::{Faults, Outcome as Batch, project_batch};
+use super::runner::{Faults, project_versions};
 use crate::runtime::{Outcome, Worker};
 
 /// How long an idle read model waits for a notification before looking at the log again.
@@ -27,25 +27,11 @@ impl ReadModelWorker {
         Self { pool, model, process, faults }
     }
 
+    /// One batch of every version this process can lease. `Idle` unless a batch was full:
+    /// a notification that arrives meanwhile wakes the worker again at once.
     async fn project(&self) -> anyhow::Result<Outcome> {
-        let versions: Vec<i32> = {
-            let client = self.pool.get().await?;
-            let statement = client
-                .prepare_cached(
-                    "SELECT version FROM projections WHERE name = $1 AND status IN ('live', 'building') ORDER BY version",
-                )
-                .await?;
-            client.query(&statement, &[&self.model.name()]).await?.iter().map(|row| row.get(0)).collect()
-        };
-        let mut progressed = false;
-        for version in versions {
-            if let Batch::Projected { .. } =
-                project_batch(&self.pool, self.model, version, &self.process, &self.faults).await?
-            {
-                progressed = true;
-            }
-        }
-        Ok(if progressed { Outcome::Progressed } else { Outcome::Idle })
+        let more = project_versions(&self.pool, self.model, &self.process, &self.faults).await?;
+        Ok(if more { Outcome::Progressed } else { Outcome::Idle })
     }
 }
 
@@ -60,6 +46,10 @@ impl Worker for ReadModelWorker {
 
     fn poll_interval(&self) -> Duration {
         POLL
+    }
+
+    fn lane(&self) -> Option<&'static str> {
+        Some("read_models")
     }
 
     fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {

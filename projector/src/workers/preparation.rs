@@ -74,11 +74,15 @@ impl Preparation {
         let events = read_after(lease.transaction(), lease.checkpoint, BATCH).await?;
         let Some(mut reached) = events.first().map(|event| event.position - 1) else { return Ok(Outcome::Idle) };
         let mut catalog = Catalog::default();
+        // More may be waiting after a full read or a stop after a provider call; otherwise the
+        // next notification (or the poll) wakes the worker.
+        let mut more = i64::try_from(events.len()).unwrap_or(i64::MAX) >= BATCH;
         for stored in &events {
             match self.handle(stored, &mut catalog).await {
                 Ok(called) => {
                     reached = stored.position;
                     if called {
+                        more = true;
                         break;
                     }
                 }
@@ -97,7 +101,7 @@ impl Preparation {
             }
         }
         lease.commit(reached).await?;
-        Ok(Outcome::Progressed)
+        Ok(if more { Outcome::Progressed } else { Outcome::Idle })
     }
 
     /// Prepares one event (or fills one record) if it needs it; `true` when the provider was

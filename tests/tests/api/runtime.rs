@@ -108,6 +108,79 @@ async fn a_failing_worker_backs_off_reports_it_recovers_and_wakes_on_notify() {
     tokio::time::timeout(Duration::from_secs(15), running).await.expect("stops on shutdown").expect("joins");
 }
 
+/// A worker that records how many steps of its lane run at the same moment.
+struct Busy {
+    name: &'static str,
+    lane: Option<&'static str>,
+    running: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    steps: AtomicUsize,
+}
+
+impl Worker for Busy {
+    fn name(&self) -> String {
+        self.name.to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(async {
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            self.steps.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Progressed)
+        })
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn lane(&self) -> Option<&'static str> {
+        self.lane
+    }
+}
+
+/// Runs three always-busy workers for a moment; returns the most steps that overlapped and
+/// each worker's step count.
+async fn overlap(app: &TestApp, lane: Option<&'static str>) -> (usize, Vec<usize>) {
+    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let workers: Vec<Arc<Busy>> = ["a", "b", "c"]
+        .into_iter()
+        .map(|name| {
+            Arc::new(Busy { name, lane, running: running.clone(), most: most.clone(), steps: AtomicUsize::new(0) })
+        })
+        .collect();
+    let runtime =
+        Runtime::new(app.database_url.clone(), workers.iter().map(|w| w.clone() as Arc<dyn Worker>).collect());
+    let shutdown = CancellationToken::new();
+    let running_task = tokio::spawn(runtime.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    shutdown.cancel();
+    running_task.await.expect("stops");
+    (most.load(Ordering::SeqCst), workers.iter().map(|w| w.steps.load(Ordering::SeqCst)).collect())
+}
+
+#[tokio::test]
+async fn workers_of_one_lane_take_turns_and_none_starves() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let (most, steps) = overlap(&app, Some("test_lane")).await;
+    assert_eq!(most, 1, "one step of a lane at a time");
+    assert!(steps.iter().all(|&n| n >= 5), "each worker of the lane gets turns: {steps:?}");
+    // Without a lane the same workers overlap (so the check above can fail).
+    let (most, _) = overlap(&app, None).await;
+    assert!(most > 1, "workers without a lane step concurrently");
+}
+
 /// A handler that fails each key's first attempt, and counts how often each key ran.
 struct Deliveries {
     runs: std::sync::Mutex<Vec<String>>,
