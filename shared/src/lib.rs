@@ -29,6 +29,7 @@ pub mod storable;
 pub mod suppressions;
 pub mod telemetry;
 pub mod time;
+pub mod webhooks;
 
 /// Types generated from `schemas/platform/events/v1/*.proto`.
 pub mod proto {
