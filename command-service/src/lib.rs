@@ -9,6 +9,7 @@ pub mod identities;
 pub mod records;
 pub mod routes;
 pub mod suppressions;
+pub mod webhooks;
 
 use actix_web::web;
 use deadpool_postgres::Pool;
