@@ -25,6 +25,7 @@
 //! since when it has been failing.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -263,6 +264,20 @@ async fn drive(
     tracing::info!(worker = %name, "worker stopped");
 }
 
+/// The name of a worker's lease (its row in `worker_checkpoints`). It remembers that the row
+/// exists, so that only a worker's first step creates it: keep one per worker and database.
+#[derive(Debug)]
+pub struct LeaseName {
+    name: String,
+    created: AtomicBool,
+}
+
+impl LeaseName {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into(), created: AtomicBool::new(false) }
+    }
+}
+
 /// A transaction holding a worker's checkpoint row in `worker_checkpoints` (`FOR UPDATE SKIP
 /// LOCKED`): while it lives, no other process can take the same lease. Committing stores the
 /// new checkpoint with whatever else the transaction did; dropping it rolls everything back.
@@ -274,11 +289,17 @@ pub struct Lease<'c> {
 }
 
 impl<'c> Lease<'c> {
-    /// Takes the lease of worker `name`, or `None` when another process holds it.
-    pub async fn acquire(client: &'c mut Client, name: &str) -> anyhow::Result<Option<Lease<'c>>> {
-        let ensure =
-            client.prepare_cached("INSERT INTO worker_checkpoints (name) VALUES ($1) ON CONFLICT DO NOTHING").await?;
-        client.execute(&ensure, &[&name]).await?;
+    /// Takes the lease `lease`, or `None` when another process holds it.
+    pub async fn acquire(client: &'c mut Client, lease: &LeaseName) -> anyhow::Result<Option<Lease<'c>>> {
+        let name = lease.name.as_str();
+        if !lease.created.load(Ordering::Relaxed) {
+            // Outside the lease's transaction, so it never waits on another holder's insert.
+            let ensure = client
+                .prepare_cached("INSERT INTO worker_checkpoints (name) VALUES ($1) ON CONFLICT DO NOTHING")
+                .await?;
+            client.execute(&ensure, &[&name]).await?;
+            lease.created.store(true, Ordering::Relaxed);
+        }
         let transaction = client.transaction().await?;
         let lock = transaction
             .prepare_cached("SELECT position FROM worker_checkpoints WHERE name = $1 FOR UPDATE SKIP LOCKED")

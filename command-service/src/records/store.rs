@@ -2,6 +2,7 @@
 
 use deadpool_postgres::GenericClient;
 pub use shared::records::{Loaded, load_records, stream_id};
+use tokio_postgres::types::ToSql;
 
 use shared::error::Code;
 use shared::log::{AppendError, Guard};
@@ -33,38 +34,40 @@ pub async fn identity_owners(
 
 /// The guard claiming `identity` for the record: its uniqueness within the schema.
 pub fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
-    Guard {
-        expect_rows: None,
-        sql: "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id) VALUES ($1, $2, $3, $4, $5)",
-        params: vec![
-            Box::new(space_id.to_owned()),
-            Box::new(schema_id.to_owned()),
-            Box::new(identity.key.to_owned()),
-            Box::new(identity.value.clone()),
-            Box::new(record_id.to_owned()),
-        ],
-        conflict: AppendError::Conflict {
+    Guard::unique(
+        "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id) VALUES ($1, $2, $3, $4, $5)",
+        identity_params(space_id, schema_id, record_id, identity),
+        AppendError::Conflict {
             code: Code::IdentifierConflict,
             message: format!("a record with this {} already exists in the schema", identity.key),
         },
-    }
+    )
+}
+
+/// The parameters of the identity guards: `(space, schema, kind, value, record)`.
+fn identity_params(
+    space_id: &str,
+    schema_id: &str,
+    record_id: &str,
+    identity: &Identity,
+) -> Vec<Box<dyn ToSql + Sync + Send>> {
+    vec![
+        Box::new(space_id.to_owned()),
+        Box::new(schema_id.to_owned()),
+        Box::new(identity.key.to_owned()),
+        Box::new(identity.value.clone()),
+        Box::new(record_id.to_owned()),
+    ]
 }
 
 /// The guard releasing `identity` held by the record.
 pub fn release(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
-    Guard {
-        expect_rows: None,
-        sql: "DELETE FROM record_identities WHERE space_id = $1 AND schema_id = $2 AND kind = $3 AND value = $4
-              AND record_id = $5",
-        params: vec![
-            Box::new(space_id.to_owned()),
-            Box::new(schema_id.to_owned()),
-            Box::new(identity.key.to_owned()),
-            Box::new(identity.value.clone()),
-            Box::new(record_id.to_owned()),
-        ],
-        conflict: AppendError::Conflict { code: Code::IdentifierConflict, message: String::new() },
-    }
+    Guard::unique(
+        "DELETE FROM record_identities WHERE space_id = $1 AND schema_id = $2 AND kind = $3 AND value = $4
+         AND record_id = $5",
+        identity_params(space_id, schema_id, record_id, identity),
+        AppendError::Conflict { code: Code::IdentifierConflict, message: String::new() },
+    )
 }
 
 /// The guards of a deletion request: the record's identities are free at once, its recorded

@@ -65,61 +65,60 @@ pub async fn project_batch(
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<Outcome> {
-    let mut client = pool.get().await.context("connecting to project")?;
-    let transaction = client.transaction().await?;
-    let lease = transaction
-        .prepare_cached(
-            "SELECT position FROM projections WHERE name = $1 AND version = $2 AND status IN ('live', 'building')
-             FOR UPDATE SKIP LOCKED",
-        )
-        .await?;
-    let Some(row) = transaction.query_opt(&lease, &[&model.name(), &version]).await? else {
-        return Ok(Outcome::Busy);
-    };
-    let checkpoint: i64 = row.get(0);
-    let applied = project_in(&transaction, model, version, checkpoint, BATCH_SIZE, worker, faults).await?;
-    let Some((events, position)) = applied else {
-        transaction.rollback().await?;
-        return Ok(Outcome::CaughtUp { position: checkpoint });
-    };
-    transaction.commit().await.context("committing a projection batch")?;
-    Ok(Outcome::Projected { events, position })
+    let outcomes = project(pool, model, Some(version), worker, faults).await?;
+    Ok(outcomes.into_iter().next().unwrap_or(Outcome::Busy))
 }
 
 /// Projects the next batch of every live and building version of `model` whose lease this
-/// process can take, all in one transaction (one lease statement for every version). Returns
-/// whether some version read a full batch, so that more events may be waiting.
+/// process can take. Returns whether some version read a full batch, so that more events may
+/// be waiting.
 pub async fn project_versions(
     pool: &Pool,
     model: &dyn ReadModel,
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<bool> {
+    let outcomes = project(pool, model, None, worker, faults).await?;
+    Ok(outcomes.iter().any(|outcome| {
+        matches!(outcome, Outcome::Projected { events, .. } if i64::try_from(*events).unwrap_or(i64::MAX) >= BATCH_SIZE)
+    }))
+}
+
+/// One transaction: lock the checkpoint rows of the live and building versions of `model`
+/// (only `version`, when given) `FOR UPDATE SKIP LOCKED` in one statement (the leases; rows
+/// another process holds are skipped), then project the next batch of each. Returns each
+/// leased version's outcome, in version order.
+async fn project(
+    pool: &Pool,
+    model: &dyn ReadModel,
+    version: Option<i32>,
+    worker: &str,
+    faults: &Faults,
+) -> anyhow::Result<Vec<Outcome>> {
     let mut client = pool.get().await.context("connecting to project")?;
     let transaction = client.transaction().await?;
     let lease = transaction
         .prepare_cached(
-            "SELECT version, position FROM projections WHERE name = $1 AND status IN ('live', 'building')
+            "SELECT version, position FROM projections
+             WHERE name = $1 AND ($2::int IS NULL OR version = $2) AND status IN ('live', 'building')
              ORDER BY version FOR UPDATE SKIP LOCKED",
         )
         .await?;
-    let mut applied_any = false;
-    let mut full = false;
-    for row in transaction.query(&lease, &[&model.name()]).await? {
+    let mut outcomes = Vec::new();
+    for row in transaction.query(&lease, &[&model.name(), &version]).await? {
         let (version, checkpoint): (i32, i64) = (row.get(0), row.get(1));
-        if let Some((events, _)) =
-            project_in(&transaction, model, version, checkpoint, BATCH_SIZE, worker, faults).await?
-        {
-            applied_any = true;
-            full |= i64::try_from(events).unwrap_or(i64::MAX) >= BATCH_SIZE;
-        }
+        let outcome = match project_in(&transaction, model, version, checkpoint, BATCH_SIZE, worker, faults).await? {
+            Some((events, position)) => Outcome::Projected { events, position },
+            None => Outcome::CaughtUp { position: checkpoint },
+        };
+        outcomes.push(outcome);
     }
-    if applied_any {
+    if outcomes.iter().any(|outcome| matches!(outcome, Outcome::Projected { .. })) {
         transaction.commit().await.context("committing a projection batch")?;
     } else {
         transaction.rollback().await?;
     }
-    Ok(full)
+    Ok(outcomes)
 }
 
 /// Applies up to `limit` events after `checkpoint` inside `transaction` (which must hold the

@@ -231,11 +231,12 @@ pub struct Eraser {
     pool: Pool,
     log: EventLog,
     blocked_after: Duration,
+    lease: crate::runtime::LeaseName,
 }
 
 impl Eraser {
     pub fn new(pool: Pool, log: EventLog, blocked_after: Duration) -> Self {
-        Self { pool, log, blocked_after }
+        Self { pool, log, blocked_after, lease: crate::runtime::LeaseName::new("eraser") }
     }
 
     async fn pass(&self) -> anyhow::Result<crate::runtime::Outcome> {
@@ -247,7 +248,7 @@ impl Eraser {
         if !client.query_one(&open, &[]).await?.get::<_, bool>(0) {
             return Ok(crate::runtime::Outcome::Idle);
         }
-        let Some(lease) = crate::runtime::Lease::acquire(&mut client, "eraser").await? else {
+        let Some(lease) = crate::runtime::Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(crate::runtime::Outcome::Idle);
         };
         let completed = run_pass(&self.pool, &self.log, self.blocked_after).await?;

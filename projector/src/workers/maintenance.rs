@@ -8,7 +8,7 @@ use std::time::Duration;
 use deadpool_postgres::{GenericClient, Pool};
 use futures_util::future::BoxFuture;
 
-use crate::runtime::{Lease, Outcome, Worker};
+use crate::runtime::{Lease, LeaseName, Outcome, Worker};
 
 const INTERVAL: Duration = Duration::from_secs(60);
 /// Receipts retired per statement.
@@ -17,16 +17,17 @@ const RETIRE_STEP: i64 = 10_000;
 pub struct Maintenance {
     pool: Pool,
     receipt_retention: Duration,
+    lease: LeaseName,
 }
 
 impl Maintenance {
     pub fn new(pool: Pool, receipt_retention: Duration) -> Self {
-        Self { pool, receipt_retention }
+        Self { pool, receipt_retention, lease: LeaseName::new("maintenance") }
     }
 
     async fn pass(&self) -> anyhow::Result<Outcome> {
         let mut client = self.pool.get().await?;
-        let Some(lease) = Lease::acquire(&mut client, "maintenance").await? else { return Ok(Outcome::Idle) };
+        let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else { return Ok(Outcome::Idle) };
         let client = self.pool.get().await?;
         shared::ratelimit::purge_expired(&client).await?;
         client.execute("DELETE FROM projection_batches WHERE committed_at < now() - interval '1 day'", &[]).await?;

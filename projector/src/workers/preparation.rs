@@ -57,18 +57,19 @@ pub struct Preparation {
     pool: Pool,
     log: EventLog,
     provider: AiProvider,
+    lease: crate::runtime::LeaseName,
 }
 
 impl Preparation {
     pub fn new(pool: Pool, log: EventLog, provider: AiProvider) -> Self {
-        Self { pool, log, provider }
+        Self { pool, log, provider, lease: crate::runtime::LeaseName::new(WORKER) }
     }
 
     /// Reads the next events after the checkpoint under the lease and prepares the pending
     /// ones; stops after one that called the provider, and commits the checkpoint.
     async fn prepare_next(&self) -> anyhow::Result<Outcome> {
         let mut client = self.pool.get().await?;
-        let Some(lease) = crate::runtime::Lease::acquire(&mut client, WORKER).await? else {
+        let Some(lease) = crate::runtime::Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(Outcome::Idle);
         };
         let events = read_after(lease.transaction(), lease.checkpoint, BATCH).await?;

@@ -7,6 +7,8 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{KeyInit, Mac};
 use rand::RngCore;
 
+type Hmac = hmac::Hmac<sha2::Sha256>;
+
 const PREFIX: &str = "whsec_";
 /// Bytes of a generated secret.
 const GENERATED_LEN: usize = 32;
@@ -38,11 +40,13 @@ impl Secret {
 
     /// `v1,<base64 signature>` of one delivery attempt.
     pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
-        // HMAC accepts a key of any length, so this cannot fail.
-        let mut mac = match hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.0) {
-            Ok(mac) => mac,
-            Err(_) => unreachable!("HMAC takes keys of any length"),
-        };
+        // A key no longer than the block (64 bytes; secrets are at most that) is zero-padded to
+        // it (RFC 2104), which makes the keying infallible.
+        let mut key = hmac::digest::Key::<Hmac>::default();
+        for (slot, byte) in key.iter_mut().zip(&self.0) {
+            *slot = *byte;
+        }
+        let mut mac = Hmac::new(&key);
         mac.update(id.as_bytes());
         mac.update(b".");
         mac.update(timestamp.to_string().as_bytes());
@@ -80,6 +84,16 @@ mod tests {
         let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("a secret");
         let signature = secret.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, br#"{"test": 2432232314}"#);
         assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn zero_padded_keys_sign_as_hmac_keys_of_their_own_length() {
+        for length in [24, 32, 63, 64] {
+            let secret = Secret((0..length).map(|byte| byte as u8 + 1).collect());
+            let mut mac = <Hmac as KeyInit>::new_from_slice(&secret.0).expect("any key length");
+            mac.update(b"msg_1.5.{}");
+            assert_eq!(secret.sign("msg_1", 5, b"{}"), format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes())));
+        }
     }
 
     #[test]

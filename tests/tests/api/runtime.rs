@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
-use projector::runtime::{Lease, Outcome, Runtime, Worker};
+use projector::runtime::{Lease, LeaseName, Outcome, Runtime, Worker};
 use projector::timers::{Handled, Timer, TimerHandler, TimerWorker};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -26,17 +26,18 @@ async fn a_lease_has_one_holder_and_passes_on_when_its_holder_goes() {
     let app = TestApp::spawn_with(Options::without_projector()).await;
     let mut first = app.pool.get().await.expect("client");
     let mut second = app.pool.get().await.expect("client");
-    let held = Lease::acquire(&mut first, "test-lease").await.expect("acquires").expect("free");
-    assert!(Lease::acquire(&mut second, "test-lease").await.expect("asks").is_none(), "one holder at a time");
+    let lease = LeaseName::new("test-lease");
+    let held = Lease::acquire(&mut first, &lease).await.expect("acquires").expect("free");
+    assert!(Lease::acquire(&mut second, &lease).await.expect("asks").is_none(), "one holder at a time");
     held.commit(42).await.expect("commits");
-    let taken = Lease::acquire(&mut second, "test-lease").await.expect("asks").expect("free again");
+    let taken = Lease::acquire(&mut second, &lease).await.expect("asks").expect("free again");
     assert_eq!(taken.checkpoint, 42, "the checkpoint committed with the step");
     // A holder that goes away (its transaction dropped, as when its process dies) releases
     // the lease, and nothing it did is kept.
     drop(taken);
     drop(second);
     let mut third = app.pool.get().await.expect("client");
-    let taken = Lease::acquire(&mut third, "test-lease").await.expect("asks").expect("released");
+    let taken = Lease::acquire(&mut third, &lease).await.expect("asks").expect("released");
     assert_eq!(taken.checkpoint, 42);
 }
 
