@@ -1,25 +1,26 @@
 """Schemathesis hooks for the platform's fuzz run (scripts/fuzz)."""
 
-import hashlib
-import json
+import uuid
 
 import schemathesis
 
 
 @schemathesis.hook
 def before_call(context, case, kwargs):
-    """Send a well-behaved client's Idempotency-Key.
+    """Send a well-behaved client's Idempotency-Key: a fresh one per operation.
 
-    The generator would reuse one key with different bodies, which the contract answers with
-    422 `idempotency_key_reused`. A client makes one key per distinct operation: derive it from
-    the method, the path and the body, so a repeated request is a replay and a different one is
-    a new operation. A generated key that is itself invalid is sent as it is (400 expected).
+    The generator reuses its example keys, with different bodies (which the contract answers
+    with 422 `idempotency_key_reused`) and across sequences: a key derived only from the
+    request replayed a create made earlier in the run after the stateful phase had deleted
+    its record, so the replay answered `{id, erased: true}` and the next step's 404 looked
+    like a created resource that went missing. A client makes one key per operation and
+    reuses it only for its retries (replays are tested in the API suite), so every request
+    sent gets a fresh key. A generated key that is itself invalid is sent as it is (400
+    expected).
     """
     headers = case.headers or {}
     key = headers.get("Idempotency-Key")
     if not isinstance(key, str) or not (1 <= len(key) <= 256) or not key.isascii() or not key.isprintable():
         return
-    body = json.dumps(case.body, sort_keys=True, default=str) if case.body is not None else ""
-    digest = hashlib.sha256(f"{case.method} {case.formatted_path} {body}".encode()).hexdigest()
-    headers["Idempotency-Key"] = f"fuzz-{digest}"
+    headers["Idempotency-Key"] = f"fuzz-{uuid.uuid4()}"
     case.headers = headers
