@@ -1,12 +1,17 @@
-//! The one interface AI-backed features (attribute auto-fill) go through, so callers neither
-//! know nor care whether an OpenAI-compatible service or the built-in deterministic provider
-//! answers, and every answer reaches them already checked against the attribute's type.
+//! The one interface AI-backed features (attribute auto-fill, filters generated from free-text
+//! requirements) go through, so callers neither know nor care whether an OpenAI-compatible
+//! service or the built-in deterministic provider answers, and every answer reaches them
+//! already checked: a value against the attribute's type, a filter against the rules of
+//! [`crate::filter::from_json`].
 //!
 //! Two providers:
 //! - `openai`: an OpenAI-compatible chat-completions client. It POSTs
-//!   `{endpoint}/chat/completions` asking for a JSON object `{"value": ...}` and reads
+//!   `{endpoint}/chat/completions` asking for a JSON object (`{"value": ...}` to fill an
+//!   attribute, `{"filter": <expression>}` for a filter) and reads
 //!   `choices[0].message.content`.
-//! - `deterministic` (the default): no network. The value is derived from the SHA-256 of the
+//! - `deterministic` (the default): no network. A filter is the requirements read as the
+//!   plain-words language of [`crate::filter`]; text outside that language is `Unfit`. An
+//!   attribute's value is derived from the SHA-256 of the
 //!   attribute key, the prompt (`autoFill.prompt`, or the key when there is none) and the
 //!   canonical JSON of the input values, so the same task always gives the same value. By the
 //!   attribute's type, with `hex8` the first 8 hex digits of the hash and `n` its first 8 bytes
@@ -23,11 +28,12 @@
 //!   - multiselect: a one-element array of that option
 //!   - json and any other type: `{"prompt": prompt}`
 //!
-//!   Test hooks: a prompt containing `[refuse]` gives `Refused`, `[unfit]` gives `Unfit`,
-//!   `[unknown]` gives `OutcomeUnknown` and `[transient]` gives `Transient` (checked in
-//!   that order).
+//!   Test hooks: a prompt or requirements containing `[refuse]` give `Refused`, `[unfit]`
+//!   gives `Unfit`, `[unknown]` gives `OutcomeUnknown` and `[transient]` gives `Transient`
+//!   (checked in that order, before anything else).
 //!
-//! Whatever the provider, the value passes through [`normalize_value`] before it is returned.
+//! Whatever the provider, a value passes through [`normalize_value`] and a filter through
+//! [`crate::filter::from_json`]'s checks before it is returned.
 
 use std::time::Duration;
 
@@ -37,6 +43,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::attributes::{attribute_type, normalize_value, options};
+use crate::filter::{self, Filter, MAX_CONDITIONS, MAX_DEPTH};
 use secrecy::{ExposeSecret, SecretString};
 
 /// Which AI provider to use (`APP__AI__*`, see `shared::settings`).
@@ -94,9 +101,9 @@ pub enum AiError {
     /// finish_reason `content_filter`).
     #[error("the AI provider refused: {0}")]
     Refused(String),
-    /// The provider answered, but its output is missing, null, unparseable or not a value of
-    /// the attribute's type.
-    #[error("the AI provider's output does not fit the attribute: {0}")]
+    /// The provider answered, but its output is missing, null, unparseable, not a value of the
+    /// attribute's type or not a valid filter.
+    #[error("the AI provider's output does not fit what was asked: {0}")]
     Unfit(String),
     /// Known not to have produced an output, so safe to retry: the connection failed before
     /// the request was sent, or HTTP 408, 429 or 5xx.
@@ -175,6 +182,20 @@ impl AiProvider {
         }
         outcome
     }
+
+    /// Exactly one provider call that turns free-text `requirements` into a filter, already
+    /// checked like [`crate::filter::from_json`] checks a stored expression.
+    #[tracing::instrument(skip_all, fields(provider = self.name()))]
+    pub async fn filter(&self, requirements: &str) -> Result<Filter, AiError> {
+        let outcome = match self {
+            AiProvider::Deterministic => deterministic_filter(requirements),
+            AiProvider::OpenAiCompatible(client) => client.filter(requirements).await,
+        };
+        if let Err(error) = &outcome {
+            tracing::debug!(%error, "filter call gave no filter");
+        }
+        outcome
+    }
 }
 
 impl OpenAiClient {
@@ -201,13 +222,26 @@ impl OpenAiClient {
     }
 
     async fn fill(&self, task: &FillTask<'_>) -> Result<Value, AiError> {
+        let answer = self.complete(&system_instructions(task.definition), &user_message(task)).await?;
+        let value = answer_value(&answer)?;
+        normalize_value(task.definition, value).map_err(AiError::Unfit)
+    }
+
+    async fn filter(&self, requirements: &str) -> Result<Filter, AiError> {
+        let answer = self.complete(&filter_instructions(), &format!("Requirements: {requirements}")).await?;
+        answer_filter(&answer)
+    }
+
+    /// One chat completion with a system and a user message; the JSON object its first choice
+    /// answers with.
+    async fn complete(&self, system: &str, user: &str) -> Result<Value, AiError> {
         let body = json!({
             "model": self.model,
             "temperature": 0,
             "response_format": {"type": "json_object"},
             "messages": [
-                {"role": "system", "content": system_instructions(task.definition)},
-                {"role": "user", "content": user_message(task)},
+                {"role": "system", "content": system},
+                {"role": "user", "content": user},
             ],
         });
         let mut request = self.http.post(&self.completions_url).json(&body);
@@ -229,8 +263,7 @@ impl OpenAiClient {
             .text()
             .await
             .map_err(|error| AiError::OutcomeUnknown(format!("reading the response failed: {error}")))?;
-        let value = parse_completion(&text)?;
-        normalize_value(task.definition, value).map_err(AiError::Unfit)
+        parse_completion(&text)
     }
 }
 
@@ -251,7 +284,7 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     message
 }
 
-/// The `value` of the first choice's JSON content, not yet checked against the type.
+/// The JSON content of the first choice.
 fn parse_completion(text: &str) -> Result<Value, AiError> {
     let body: Value = serde_json::from_str(text)
         .map_err(|error| AiError::Unfit(format!("the response is not JSON ({error}): {}", excerpt(text))))?;
@@ -271,11 +304,27 @@ fn parse_completion(text: &str) -> Result<Value, AiError> {
         .and_then(|message| message.get("content"))
         .and_then(Value::as_str)
         .ok_or_else(|| AiError::Unfit("the answer has no content".to_owned()))?;
-    let answer: Value = serde_json::from_str(content.trim())
-        .map_err(|error| AiError::Unfit(format!("the answer is not JSON ({error}): {}", excerpt(content))))?;
+    serde_json::from_str(content.trim())
+        .map_err(|error| AiError::Unfit(format!("the answer is not JSON ({error}): {}", excerpt(content))))
+}
+
+/// The `value` of an auto-fill answer, not yet checked against the type.
+fn answer_value(answer: &Value) -> Result<Value, AiError> {
     match answer.get("value") {
-        None | Some(Value::Null) => Err(AiError::Unfit(format!("the answer has no value: {}", excerpt(content)))),
+        None | Some(Value::Null) => {
+            Err(AiError::Unfit(format!("the answer has no value: {}", excerpt(&answer.to_string()))))
+        }
         Some(value) => Ok(value.clone()),
+    }
+}
+
+/// The checked `filter` of a filter answer.
+fn answer_filter(answer: &Value) -> Result<Filter, AiError> {
+    match answer.get("filter") {
+        None | Some(Value::Null) => {
+            Err(AiError::Unfit(format!("the answer has no filter: {}", excerpt(&answer.to_string()))))
+        }
+        Some(expression) => filter::from_json(expression).map_err(|error| AiError::Unfit(error.to_string())),
     }
 }
 
@@ -294,6 +343,26 @@ fn system_instructions(definition: &Value) -> String {
          Answer with a JSON object {{\"value\": <value>}} and nothing else. \
          The value must be {}.",
         type_description(definition)
+    )
+}
+
+fn filter_instructions() -> String {
+    format!(
+        "You turn a description of which CRM records or events to select into a filter expression. \
+         Answer with a JSON object {{\"filter\": <expression>}} and nothing else. \
+         An expression is one of: \
+         {{\"all\": [<expression>, ...]}} (every expression holds); \
+         {{\"any\": [<expression>, ...]}} (at least one holds); \
+         {{\"not\": <expression>}} (the expression does not hold); \
+         or a condition {{\"field\": <path>, \"op\": <op>, \"value\": <value>}}. \
+         A path is a string naming a field of the record's data; dots reach into nested objects, \
+         e.g. \"plan\" or \"address.country\". \
+         The ops are: \"eq\" and \"ne\" (equal, not equal), \"contains\" (a substring of a string, \
+         or an element of an array), \"starts_with\" and \"ends_with\" (value a string), \
+         \"gt\", \"gte\", \"lt\" and \"lte\" (value a number, or a date such as \"2024-05-01\"), \
+         \"in\" (value a non-empty array of values), \"exists\" and \"not_exists\" (no value). \
+         A value is a string, number or boolean, never null. Strings compare ignoring case. \
+         Use at most {MAX_DEPTH} levels of nesting and at most {MAX_CONDITIONS} conditions."
     )
 }
 
@@ -331,8 +400,8 @@ fn prompt<'a>(task: &FillTask<'a>) -> &'a str {
         .unwrap_or(task.attribute_key)
 }
 
-fn deterministic_fill(task: &FillTask<'_>) -> Result<Value, AiError> {
-    let prompt = prompt(task);
+/// The deterministic provider's test hooks, the same for every kind of call.
+fn test_hooks(prompt: &str) -> Result<(), AiError> {
     if prompt.contains("[refuse]") {
         return Err(AiError::Refused("the prompt asks for a refusal".to_owned()));
     }
@@ -345,6 +414,17 @@ fn deterministic_fill(task: &FillTask<'_>) -> Result<Value, AiError> {
     if prompt.contains("[transient]") {
         return Err(AiError::Transient("the prompt asks for a transient failure".to_owned()));
     }
+    Ok(())
+}
+
+fn deterministic_filter(requirements: &str) -> Result<Filter, AiError> {
+    test_hooks(requirements)?;
+    filter::parse_plain(requirements).map_err(|error| AiError::Unfit(error.to_string()))
+}
+
+fn deterministic_fill(task: &FillTask<'_>) -> Result<Value, AiError> {
+    let prompt = prompt(task);
+    test_hooks(prompt)?;
 
     let digest = deterministic_digest(task.attribute_key, prompt, task.input);
     let hex8 = hex::encode(&digest[..4]);
@@ -519,9 +599,11 @@ mod tests {
             json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]})
                 .to_string()
         };
-        assert_eq!(parse_completion(&answer(json!("{\"value\": 42}"))), Ok(json!(42)));
-        assert!(matches!(parse_completion(&answer(json!("{\"value\": null}"))), Err(AiError::Unfit(_))));
-        assert!(matches!(parse_completion(&answer(json!("{}"))), Err(AiError::Unfit(_))));
+        let value = |text: &str| parse_completion(text).and_then(|answer| answer_value(&answer));
+        assert_eq!(value(&answer(json!("{\"value\": 42}"))), Ok(json!(42)));
+        assert!(matches!(value(&answer(json!("{\"value\": null}"))), Err(AiError::Unfit(_))));
+        assert!(matches!(value(&answer(json!("{}"))), Err(AiError::Unfit(_))));
+        assert!(matches!(value(&answer(json!("not json"))), Err(AiError::Unfit(_))));
         assert!(matches!(parse_completion(&answer(Value::Null)), Err(AiError::Unfit(_))));
         assert!(matches!(parse_completion("{\"choices\": []}"), Err(AiError::Unfit(_))));
         let filtered = json!({"choices": [{"finish_reason": "content_filter", "message": {"content": null}}]});
@@ -533,5 +615,83 @@ mod tests {
         let instructions = system_instructions(&json!({"type": "select", "options": ["red", {"value": "blue"}]}));
         assert!(instructions.contains("{\"value\": <value>}"), "{instructions}");
         assert!(instructions.contains("\"red\", \"blue\""), "{instructions}");
+    }
+
+    #[tokio::test]
+    async fn given_plain_requirements_when_the_deterministic_provider_filters_then_it_reads_the_language() {
+        let filter = AiProvider::Deterministic.filter("plan is pro and email ends with @acme.com").await;
+
+        assert_eq!(filter, Ok(filter::parse_plain("plan is pro and email ends with @acme.com").expect("valid")));
+        let filter = filter.expect("a filter");
+        assert!(filter::matches(&filter, &json!({"plan": "PRO", "email": "ada@acme.com"})));
+    }
+
+    #[tokio::test]
+    async fn given_requirements_outside_the_language_when_the_deterministic_provider_filters_then_they_are_unfit() {
+        let outcome = AiProvider::Deterministic.filter("everyone who bought twice last month").await;
+
+        let Err(AiError::Unfit(message)) = outcome else { panic!("unfit expected: {outcome:?}") };
+        assert!(message.contains("expected"), "the parse error says what was expected: {message}");
+    }
+
+    #[tokio::test]
+    async fn given_a_test_hook_when_the_deterministic_provider_filters_then_the_hook_wins() {
+        let filter = |requirements: &'static str| AiProvider::Deterministic.filter(requirements);
+        assert!(matches!(filter("plan is pro [refuse]").await, Err(AiError::Refused(_))));
+        assert!(matches!(filter("[unfit] plan is pro").await, Err(AiError::Unfit(_))));
+        assert!(matches!(filter("plan is pro [unknown]").await, Err(AiError::OutcomeUnknown(_))));
+        assert!(matches!(filter("[transient]").await, Err(AiError::Transient(_))));
+        assert!(matches!(filter("[refuse] [transient]").await, Err(AiError::Refused(_))), "checked in order");
+    }
+
+    #[test]
+    fn given_a_completion_when_its_filter_is_read_then_it_is_checked() {
+        let answer = |content: Value| {
+            json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]})
+                .to_string()
+        };
+        let read = |content: Value| parse_completion(&answer(content)).and_then(|answer| answer_filter(&answer));
+
+        let expression = json!({"all": [
+            {"field": "plan", "op": "eq", "value": "pro"},
+            {"field": "email", "op": "ends_with", "value": "@acme.com"},
+        ]});
+        let content = json!({"filter": expression}).to_string();
+        assert_eq!(
+            read(json!(content)),
+            Ok(filter::parse_plain("plan is pro and email ends with @acme.com").expect("valid"))
+        );
+
+        for unfit in [
+            json!({}),
+            json!({"filter": null}),
+            json!({"filter": "plan is pro"}),
+            json!({"filter": {"field": "plan", "op": "equals", "value": "pro"}}),
+            json!({"filter": {"all": []}}),
+        ] {
+            let outcome = read(json!(unfit.to_string()));
+            assert!(matches!(outcome, Err(AiError::Unfit(_))), "{unfit}: {outcome:?}");
+        }
+        let Err(AiError::Unfit(message)) =
+            read(json!(json!({"filter": {"field": "plan", "op": "equals"}}).to_string()))
+        else {
+            panic!("unfit expected")
+        };
+        assert!(message.contains("unknown op `equals`"), "the message says what is wrong: {message}");
+        let refused = json!({"choices": [{"message": {"refusal": "no"}}]}).to_string();
+        assert!(matches!(
+            parse_completion(&refused).and_then(|answer| answer_filter(&answer)),
+            Err(AiError::Refused(_))
+        ));
+    }
+
+    #[test]
+    fn the_filter_instructions_describe_the_expression_grammar() {
+        let instructions = filter_instructions();
+        assert!(instructions.contains("{\"filter\": <expression>}"), "{instructions}");
+        for word in ["\"all\"", "\"any\"", "\"not\"", "\"starts_with\"", "\"not_exists\"", "\"in\"", "at most 8 levels"]
+        {
+            assert!(instructions.contains(word), "{word} in {instructions}");
+        }
     }
 }

@@ -12,6 +12,7 @@ pub mod crypto;
 pub mod db;
 pub mod error;
 pub mod events;
+pub mod filter;
 pub mod http;
 pub mod ids;
 pub mod log;

@@ -1,0 +1,1792 @@
+//! The filter language of segments and custom-filter webhook conditions (decision D5): one
+//! expression type, [`Filter`], with a JSON form that is stored, a plain-words form that the
+//! deterministic AI provider reads and that users are shown as a filter's description, and the
+//! evaluation of a filter against a JSON document. Pure: no IO.
+//!
+//! # Plain words
+//!
+//! A filter is one or more conditions joined by `and` and `or`. `and` binds tighter than `or`,
+//! so `a or b and c` means `a or (b and c)`. Parentheses group and `not` negates what follows
+//! it: `not (plan is pro or plan is team)`. Keywords are case-insensitive.
+//!
+//! A condition is a field, a comparison and, for most comparisons, a value:
+//!
+//! | Comparison | Op | Example |
+//! |---|---|---|
+//! | `is`, `equals`, `is equal to`, `=`, `==` | `eq` | `plan is pro` |
+//! | `is not`, `is not equal to`, `!=` | `ne` | `plan is not free` |
+//! | `contains` | `contains` | `tags contains vip` |
+//! | `does not contain` | `not` + `contains` | `name does not contain test` |
+//! | `starts with` | `starts_with` | `phone starts with +44` |
+//! | `ends with` | `ends_with` | `email ends with @acme.com` |
+//! | `is greater than`, `is more than`, `is above`, `is over`, `>` | `gt` | `age is above 30` |
+//! | `is at least`, `is greater than or equal to`, `>=` | `gte` | `orders >= 3` |
+//! | `is less than`, `is below`, `is under`, `<` | `lt` | `score is below 0.5` |
+//! | `is at most`, `is less than or equal to`, `<=` | `lte` | `signed_up_at <= 2024-05-01` |
+//! | `is set`, `exists`, `is not missing` | `exists` | `company is set` |
+//! | `is not set`, `is missing`, `does not exist` | `not_exists` | `phone is missing` |
+//! | `is one of a, b, c` | `in` | `country is one of fr, de, "united kingdom"` |
+//! | `is not one of a, b, c` | `not` + `in` | `plan is not one of free, trial` |
+//!
+//! The `is` before `greater than`, `more than`, `above`, `over`, `less than`, `below`, `under`,
+//! `at least` and `at most` may be left out (`age over 30`).
+//!
+//! A field is a dot-separated path into the document (`address.country`). Write it bare, or
+//! quoted when it has spaces or reads as a keyword (`"first name" is Ada`).
+//!
+//! A value is one of:
+//! - a string in double or single quotes, where `\` takes the next character literally
+//!   (`name is "Ada Lovelace"`, `name is 'O\'Brien'`);
+//! - a number in JSON syntax (`30`, `-2.5`, `1e3`);
+//! - `true` or `false`;
+//! - a bare token: a run of characters other than spaces and `( ) , = ! < >`, not starting
+//!   with a quote, such as `pro`, `@acme.com`, `O'Brien` or `2024-05-01`. It is a string
+//!   unless it reads as a number or a boolean; quote it to keep it a string (`code is "42"`).
+//!
+//! A value with spaces must be quoted. `starts with` and `ends with` take their value as text
+//! even when it reads as a number. `null`, `and`, `or` and `not` are not values unless quoted.
+//! `gt`, `gte`, `lt` and `lte` need a number, a string holding a number, or a date
+//! (`YYYY-MM-DD`, optionally followed by a time).
+//!
+//! [`describe`] writes the canonical plain words of a filter: the first form of each row above
+//! (`is`, `is not`, `contains`, `starts with`, `ends with`, `is greater than`, `is at least`,
+//! `is less than`, `is at most`, `is set`, `is not set`, `is one of`), parentheses around every
+//! nested group, `not (...)` for a negation, and quotes only where a bare token would read
+//! differently. [`parse_plain`] reads it back to an equal filter.
+//!
+//! # JSON form
+//!
+//! - `{"all": [<filter>, ...]}`: every filter holds;
+//! - `{"any": [<filter>, ...]}`: at least one holds;
+//! - `{"not": <filter>}`: the filter does not hold;
+//! - `{"field": "address.country", "op": "<op>", "value": <value>}`: a condition. `eq`, `ne`
+//!   and `contains` take a string, number or boolean; `starts_with` and `ends_with` a string;
+//!   `gt`, `gte`, `lt` and `lte` a number, numeric string or date string; `in` a non-empty
+//!   array of strings, numbers and booleans; `exists` and `not_exists` no value (or `null`).
+//!
+//! Unknown keys, empty `all`/`any` lists and other `null` values are rejected. [`from_json`]
+//! normalises: an `all` inside an `all` (or `any` inside `any`) is merged into it, and an
+//! `all`/`any` of a single filter is that filter.
+//!
+//! # Limits
+//!
+//! At most [`MAX_DEPTH`] levels of nesting (a lone condition is one level, each `all`, `any`
+//! and `not` adds one), [`MAX_CONDITIONS`] conditions, [`MAX_LIST_VALUES`] values in an `in`,
+//! [`MAX_FIELD_PATH_CHARS`] characters in a field path and [`MAX_VALUE_CHARS`] in a string
+//! value. A field path has no empty segment, no segment starting or ending with a space and no
+//! control character.
+//!
+//! # Evaluation
+//!
+//! [`matches`] tests a filter against a JSON document (a record's or event's data):
+//! - A field path walks nested objects. A field is missing when a step is absent or not an
+//!   object, or when its value is `null`.
+//! - A missing field satisfies `not_exists` and `ne` (so `plan is not pro` includes contacts
+//!   without a plan) and nothing else. `not` negates the whole condition, so
+//!   `not (age > 30)` also matches a missing age.
+//! - Against an array, a comparison holds when it holds for some element (`tags is vip`), and
+//!   `ne` when no element equals the value; `contains` holds when some element equals the
+//!   value. Nested arrays and objects never match a value.
+//! - Strings compare case-insensitively (by their Unicode lowercase form) in `eq`, `ne`,
+//!   `contains`, `starts_with`, `ends_with` and `in`. `contains`, `starts_with` and
+//!   `ends_with` apply to strings only; `contains` looks for the text of a number or boolean
+//!   value.
+//! - Numbers compare numerically, and a string holding a JSON number (spaces around it
+//!   ignored) compares with a number as that number: `"30"` equals `30`. Two strings are
+//!   equal only as text.
+//! - `true` and `false` equal the booleans and the strings `"true"` and `"false"` in any case.
+//! - `gt`, `gte`, `lt` and `lte` compare numbers (or numeric strings) numerically. Two strings
+//!   that both start with a date `YYYY-MM-DD` compare as text, which orders ISO 8601 dates and
+//!   date-times correctly when they share one format and time zone (store UTC, `Z`); a date
+//!   alone comes before every time of that day. Anything else never satisfies an ordering.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Number, Value, json};
+
+/// The deepest a filter may nest; a lone condition is one level.
+pub const MAX_DEPTH: usize = 8;
+/// The most conditions one filter may hold.
+pub const MAX_CONDITIONS: usize = 50;
+/// The most values one `in` may list.
+pub const MAX_LIST_VALUES: usize = 100;
+/// The longest field path, in characters.
+pub const MAX_FIELD_PATH_CHARS: usize = 200;
+/// The longest string value, in characters.
+pub const MAX_VALUE_CHARS: usize = 1_000;
+
+/// A filter over JSON documents. Those that [`parse_plain`] and [`from_json`] return are
+/// within the limits and normalised (no `All` directly inside an `All`, no `Any` directly
+/// inside an `Any`, no group of fewer than two filters).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Filter {
+    All(Vec<Filter>),
+    Any(Vec<Filter>),
+    Not(Box<Filter>),
+    Condition(Condition),
+}
+
+/// One comparison of the value at `field` in the document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
+    pub field: FieldPath,
+    pub op: Op,
+}
+
+/// A comparison and its value; the variants are the JSON form's `op`s.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Eq(Scalar),
+    Ne(Scalar),
+    Contains(Scalar),
+    StartsWith(String),
+    EndsWith(String),
+    Gt(Scalar),
+    Gte(Scalar),
+    Lt(Scalar),
+    Lte(Scalar),
+    Exists,
+    NotExists,
+    In(Vec<Scalar>),
+}
+
+/// A value a condition compares with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scalar {
+    String(String),
+    Number(Number),
+    Bool(bool),
+}
+
+/// A dot-separated path into a document (`address.country`), checked by [`FieldPath::parse`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FieldPath(String);
+
+/// Why a text or a JSON expression is not a filter; the message says what was expected and
+/// where (a character position in plain words, a path such as `filter.all[1].op` in JSON).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct FilterError {
+    message: String,
+}
+
+/// Reads the plain-words language (see the module documentation).
+pub fn parse_plain(text: &str) -> Result<Filter, FilterError> {
+    let tokens = tokenize(text)?;
+    if tokens.is_empty() {
+        return Err(FilterError::new("the requirements are empty; expected a condition such as `plan is pro`"));
+    }
+    let mut parser = Parser { tokens, next: 0, nesting: 0, end_position: text.chars().count() + 1 };
+    let filter = parser.or_expression()?;
+    if let Some(token) = parser.peek() {
+        return Err(match &token.kind {
+            TokenKind::Close => {
+                FilterError::new(format!("found `)` at character {} without a matching `(`", token.position))
+            }
+            TokenKind::Word(_) => FilterError::new(format!(
+                "{}; quote a value that has spaces",
+                parser.expected("`and`, `or` or the end of the text")
+            )),
+            _ => parser.expected("`and`, `or` or the end of the text"),
+        });
+    }
+    check_limits(&filter)?;
+    Ok(filter)
+}
+
+/// Reads and checks the JSON form (see the module documentation).
+pub fn from_json(value: &Value) -> Result<Filter, FilterError> {
+    let mut conditions = 0;
+    read_expression(value, "filter", 1, &mut conditions)
+}
+
+/// The canonical plain words of `filter`, which [`parse_plain`] reads back to an equal filter.
+pub fn describe(filter: &Filter) -> String {
+    match filter {
+        Filter::All(parts) => parts.iter().map(describe_part).collect::<Vec<_>>().join(" and "),
+        Filter::Any(parts) => parts.iter().map(describe_part).collect::<Vec<_>>().join(" or "),
+        Filter::Not(inner) => format!("not ({})", describe(inner)),
+        Filter::Condition(condition) => describe_condition(condition),
+    }
+}
+
+/// Whether `document` satisfies `filter` (see the module documentation for the rules).
+pub fn matches(filter: &Filter, document: &Value) -> bool {
+    match filter {
+        Filter::All(parts) => parts.iter().all(|part| matches(part, document)),
+        Filter::Any(parts) => parts.iter().any(|part| matches(part, document)),
+        Filter::Not(inner) => !matches(inner, document),
+        Filter::Condition(condition) => condition_matches(condition, document),
+    }
+}
+
+impl Filter {
+    /// The JSON form, as [`from_json`] reads it.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Filter::All(parts) => json!({"all": parts.iter().map(Filter::to_json).collect::<Vec<_>>()}),
+            Filter::Any(parts) => json!({"any": parts.iter().map(Filter::to_json).collect::<Vec<_>>()}),
+            Filter::Not(inner) => json!({"not": inner.to_json()}),
+            Filter::Condition(condition) => {
+                let mut object = Map::new();
+                object.insert("field".to_owned(), Value::String(condition.field.as_str().to_owned()));
+                object.insert("op".to_owned(), Value::String(condition.op.name().to_owned()));
+                if let Some(value) = condition.op.value_json() {
+                    object.insert("value".to_owned(), value);
+                }
+                Value::Object(object)
+            }
+        }
+    }
+
+    fn depth(&self) -> usize {
+        match self {
+            Filter::All(parts) | Filter::Any(parts) => 1 + parts.iter().map(Filter::depth).max().unwrap_or(0),
+            Filter::Not(inner) => 1 + inner.depth(),
+            Filter::Condition(_) => 1,
+        }
+    }
+
+    fn conditions(&self) -> usize {
+        match self {
+            Filter::All(parts) | Filter::Any(parts) => parts.iter().map(Filter::conditions).sum(),
+            Filter::Not(inner) => inner.conditions(),
+            Filter::Condition(_) => 1,
+        }
+    }
+}
+
+impl Serialize for Filter {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(serializer)
+    }
+}
+
+/// Deserialising checks like [`from_json`], so a stored filter is always a valid one.
+impl<'de> Deserialize<'de> for Filter {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        from_json(&value).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Op {
+    /// The name in the JSON form: `eq`, `ne`, `contains`, ...
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Eq(_) => "eq",
+            Op::Ne(_) => "ne",
+            Op::Contains(_) => "contains",
+            Op::StartsWith(_) => "starts_with",
+            Op::EndsWith(_) => "ends_with",
+            Op::Gt(_) => "gt",
+            Op::Gte(_) => "gte",
+            Op::Lt(_) => "lt",
+            Op::Lte(_) => "lte",
+            Op::Exists => "exists",
+            Op::NotExists => "not_exists",
+            Op::In(_) => "in",
+        }
+    }
+
+    fn value_json(&self) -> Option<Value> {
+        match self {
+            Op::Eq(value)
+            | Op::Ne(value)
+            | Op::Contains(value)
+            | Op::Gt(value)
+            | Op::Gte(value)
+            | Op::Lt(value)
+            | Op::Lte(value) => Some(value.to_json()),
+            Op::StartsWith(text) | Op::EndsWith(text) => Some(Value::String(text.clone())),
+            Op::Exists | Op::NotExists => None,
+            Op::In(values) => Some(Value::Array(values.iter().map(Scalar::to_json).collect())),
+        }
+    }
+}
+
+impl Scalar {
+    pub fn to_json(&self) -> Value {
+        match self {
+            Scalar::String(text) => Value::String(text.clone()),
+            Scalar::Number(number) => Value::Number(number.clone()),
+            Scalar::Bool(flag) => Value::Bool(*flag),
+        }
+    }
+
+    /// The text `contains` looks for.
+    fn text(&self) -> String {
+        match self {
+            Scalar::String(text) => text.clone(),
+            Scalar::Number(number) => number.to_string(),
+            Scalar::Bool(flag) => flag.to_string(),
+        }
+    }
+}
+
+impl FieldPath {
+    pub fn parse(path: &str) -> Result<Self, FilterError> {
+        if path.is_empty() {
+            return Err(FilterError::new("a field path must not be empty"));
+        }
+        if path.chars().count() > MAX_FIELD_PATH_CHARS {
+            return Err(FilterError::new(format!("the field path is longer than {MAX_FIELD_PATH_CHARS} characters")));
+        }
+        if path.chars().any(char::is_control) {
+            return Err(FilterError::new(format!("the field path {path:?} has a control character")));
+        }
+        for segment in path.split('.') {
+            if segment.is_empty() {
+                return Err(FilterError::new(format!(
+                    "the field path `{path}` has an empty segment; separate names with single dots"
+                )));
+            }
+            if segment.trim() != segment {
+                return Err(FilterError::new(format!(
+                    "the field path `{path}` has a segment that starts or ends with a space"
+                )));
+            }
+        }
+        Ok(Self(path.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn segments(&self) -> impl Iterator<Item = &str> {
+        self.0.split('.')
+    }
+}
+
+impl FilterError {
+    fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into() }
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// The words that [`describe`] quotes when a field or string value is one of them, since the
+/// parser could read them as part of a comparison.
+const RESERVED_WORDS: &[&str] = &[
+    "above", "and", "at", "below", "contain", "contains", "does", "ends", "equal", "equals", "exist", "exists",
+    "false", "greater", "is", "least", "less", "missing", "more", "most", "not", "null", "of", "one", "or", "over",
+    "set", "starts", "than", "to", "true", "under", "with",
+];
+
+fn all_of(parts: Vec<Filter>) -> Filter {
+    let mut flat = Vec::with_capacity(parts.len());
+    for part in parts {
+        match part {
+            Filter::All(inner) => flat.extend(inner),
+            other => flat.push(other),
+        }
+    }
+    match <[Filter; 1]>::try_from(flat) {
+        Ok([only]) => only,
+        Err(flat) => Filter::All(flat),
+    }
+}
+
+fn any_of(parts: Vec<Filter>) -> Filter {
+    let mut flat = Vec::with_capacity(parts.len());
+    for part in parts {
+        match part {
+            Filter::Any(inner) => flat.extend(inner),
+            other => flat.push(other),
+        }
+    }
+    match <[Filter; 1]>::try_from(flat) {
+        Ok([only]) => only,
+        Err(flat) => Filter::Any(flat),
+    }
+}
+
+fn check_limits(filter: &Filter) -> Result<(), FilterError> {
+    let depth = filter.depth();
+    if depth > MAX_DEPTH {
+        return Err(FilterError::new(format!("the filter nests {depth} levels deep, deeper than {MAX_DEPTH} levels")));
+    }
+    let conditions = filter.conditions();
+    if conditions > MAX_CONDITIONS {
+        return Err(FilterError::new(format!(
+            "the filter has {conditions} conditions; at most {MAX_CONDITIONS} are allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks what the types leave open: string lengths, the values an ordering can compare and
+/// the size of an `in` list.
+fn checked_op(op: Op) -> Result<Op, String> {
+    match &op {
+        Op::Eq(value) | Op::Ne(value) | Op::Contains(value) => check_scalar(value)?,
+        Op::StartsWith(text) | Op::EndsWith(text) => check_text(text)?,
+        Op::Gt(value) | Op::Gte(value) | Op::Lt(value) | Op::Lte(value) => {
+            check_scalar(value)?;
+            let orderable = match value {
+                Scalar::Number(_) => true,
+                Scalar::String(text) => number_in_text(text.trim()).is_some() || looks_like_date(text),
+                Scalar::Bool(_) => false,
+            };
+            if !orderable {
+                return Err(format!(
+                    "a greater-than or less-than comparison needs a number or a date such as 2024-05-01, found `{}`",
+                    describe_scalar(value)
+                ));
+            }
+        }
+        Op::Exists | Op::NotExists => {}
+        Op::In(values) => {
+            if values.is_empty() {
+                return Err("`in` needs at least one value".to_owned());
+            }
+            if values.len() > MAX_LIST_VALUES {
+                return Err(format!("`in` lists {} values; at most {MAX_LIST_VALUES} are allowed", values.len()));
+            }
+            for value in values {
+                check_scalar(value)?;
+            }
+        }
+    }
+    Ok(op)
+}
+
+fn check_scalar(value: &Scalar) -> Result<(), String> {
+    match value {
+        Scalar::String(text) => check_text(text),
+        Scalar::Number(_) | Scalar::Bool(_) => Ok(()),
+    }
+}
+
+fn check_text(text: &str) -> Result<(), String> {
+    if text.chars().count() > MAX_VALUE_CHARS {
+        return Err(format!("a value is longer than {MAX_VALUE_CHARS} characters"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The JSON form.
+
+fn read_expression(value: &Value, at: &str, depth: usize, conditions: &mut usize) -> Result<Filter, FilterError> {
+    if depth > MAX_DEPTH {
+        return Err(FilterError::new(format!("`{at}`: the filter nests deeper than {MAX_DEPTH} levels")));
+    }
+    let Value::Object(object) = value else {
+        return Err(FilterError::new(format!(
+            "`{at}`: expected an object such as {{\"field\": \"plan\", \"op\": \"eq\", \"value\": \"pro\"}}, \
+             {{\"all\": [...]}}, {{\"any\": [...]}} or {{\"not\": ...}}, found {}",
+            json_kind(value)
+        )));
+    };
+    if object.contains_key("field") || object.contains_key("op") {
+        return read_condition(object, at, conditions).map(Filter::Condition);
+    }
+    let mut entries = object.iter();
+    let (Some((key, inner)), None) = (entries.next(), entries.next()) else {
+        return Err(FilterError::new(format!(
+            "`{at}`: expected exactly one of the keys all, any and not, or a condition with field and op"
+        )));
+    };
+    match key.as_str() {
+        "all" | "any" => {
+            let Value::Array(items) = inner else {
+                return Err(FilterError::new(format!(
+                    "`{at}.{key}`: expected an array of filters, found {}",
+                    json_kind(inner)
+                )));
+            };
+            if items.is_empty() {
+                return Err(FilterError::new(format!("`{at}.{key}`: needs at least one filter")));
+            }
+            let parts = items
+                .iter()
+                .enumerate()
+                .map(|(index, item)| read_expression(item, &format!("{at}.{key}[{index}]"), depth + 1, conditions))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(if key == "all" { all_of(parts) } else { any_of(parts) })
+        }
+        "not" => Ok(Filter::Not(Box::new(read_expression(inner, &format!("{at}.not"), depth + 1, conditions)?))),
+        other => Err(FilterError::new(format!(
+            "`{at}`: unknown key `{other}`; expected all, any, not, or a condition with field and op"
+        ))),
+    }
+}
+
+fn read_condition(object: &Map<String, Value>, at: &str, conditions: &mut usize) -> Result<Condition, FilterError> {
+    *conditions += 1;
+    if *conditions > MAX_CONDITIONS {
+        return Err(FilterError::new(format!("`{at}`: the filter has more than {MAX_CONDITIONS} conditions")));
+    }
+    if let Some(unknown) = object.keys().find(|key| !matches!(key.as_str(), "field" | "op" | "value")) {
+        return Err(FilterError::new(format!("`{at}`: unknown key `{unknown}`; a condition has field, op and value")));
+    }
+    let field = match object.get("field") {
+        Some(Value::String(path)) => {
+            FieldPath::parse(path).map_err(|error| FilterError::new(format!("`{at}.field`: {error}")))?
+        }
+        Some(other) => {
+            return Err(FilterError::new(format!(
+                "`{at}.field`: expected a string path such as \"address.country\", found {}",
+                json_kind(other)
+            )));
+        }
+        None => return Err(FilterError::new(format!("`{at}`: a condition needs a field"))),
+    };
+    let Some(Value::String(op_name)) = object.get("op") else {
+        return Err(FilterError::new(format!("`{at}.op`: expected one of {}", OP_NAMES.join(", "))));
+    };
+    let value = object.get("value");
+    let value_at = format!("{at}.value");
+    let op = match op_name.as_str() {
+        "exists" | "not_exists" => {
+            if let Some(value) = value.filter(|value| !value.is_null()) {
+                return Err(FilterError::new(format!(
+                    "`{value_at}`: `{op_name}` takes no value, found {}",
+                    json_kind(value)
+                )));
+            }
+            if op_name == "exists" { Op::Exists } else { Op::NotExists }
+        }
+        "in" => match value {
+            Some(Value::Array(items)) => Op::In(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(index, item)| scalar_from_json(item, &format!("{value_at}[{index}]")))
+                    .collect::<Result<_, _>>()?,
+            ),
+            other => {
+                return Err(FilterError::new(format!(
+                    "`{value_at}`: `in` needs an array of values, found {}",
+                    other.map_or("nothing", json_kind)
+                )));
+            }
+        },
+        "starts_with" | "ends_with" => {
+            let Some(Value::String(text)) = value else {
+                return Err(FilterError::new(format!(
+                    "`{value_at}`: `{op_name}` needs a string, found {}",
+                    value.map_or("nothing", json_kind)
+                )));
+            };
+            if op_name == "starts_with" { Op::StartsWith(text.clone()) } else { Op::EndsWith(text.clone()) }
+        }
+        "eq" | "ne" | "contains" | "gt" | "gte" | "lt" | "lte" => {
+            let Some(value) = value else {
+                return Err(FilterError::new(format!("`{at}`: `{op_name}` needs a value")));
+            };
+            let scalar = scalar_from_json(value, &value_at)?;
+            match op_name.as_str() {
+                "eq" => Op::Eq(scalar),
+                "ne" => Op::Ne(scalar),
+                "contains" => Op::Contains(scalar),
+                "gt" => Op::Gt(scalar),
+                "gte" => Op::Gte(scalar),
+                "lt" => Op::Lt(scalar),
+                _ => Op::Lte(scalar),
+            }
+        }
+        other => {
+            return Err(FilterError::new(format!(
+                "`{at}.op`: unknown op `{other}`; expected one of {}",
+                OP_NAMES.join(", ")
+            )));
+        }
+    };
+    let op = checked_op(op).map_err(|message| FilterError::new(format!("`{at}`: {message}")))?;
+    Ok(Condition { field, op })
+}
+
+const OP_NAMES: &[&str] =
+    &["eq", "ne", "contains", "starts_with", "ends_with", "gt", "gte", "lt", "lte", "exists", "not_exists", "in"];
+
+fn scalar_from_json(value: &Value, at: &str) -> Result<Scalar, FilterError> {
+    match value {
+        Value::String(text) => Ok(Scalar::String(text.clone())),
+        Value::Number(number) => Ok(Scalar::Number(number.clone())),
+        Value::Bool(flag) => Ok(Scalar::Bool(*flag)),
+        other => {
+            Err(FilterError::new(format!("`{at}`: expected a string, number or boolean, found {}", json_kind(other))))
+        }
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain words: tokens.
+
+#[derive(Debug, Clone, PartialEq)]
+struct Token {
+    kind: TokenKind,
+    /// The 1-based character position of its first character.
+    position: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum TokenKind {
+    Word(String),
+    Quoted(String),
+    Symbol(Symbol),
+    Open,
+    Close,
+    Comma,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Symbol {
+    Eq,
+    Ne,
+    Gt,
+    Gte,
+    Lt,
+    Lte,
+}
+
+impl fmt::Display for TokenKind {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenKind::Word(word) => write!(formatter, "`{word}`"),
+            TokenKind::Quoted(text) => write!(formatter, "{}", Value::String(text.clone())),
+            TokenKind::Symbol(symbol) => write!(formatter, "`{symbol}`"),
+            TokenKind::Open => formatter.write_str("`(`"),
+            TokenKind::Close => formatter.write_str("`)`"),
+            TokenKind::Comma => formatter.write_str("`,`"),
+        }
+    }
+}
+
+impl fmt::Display for Symbol {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(match self {
+            Symbol::Eq => "=",
+            Symbol::Ne => "!=",
+            Symbol::Gt => ">",
+            Symbol::Gte => ">=",
+            Symbol::Lt => "<",
+            Symbol::Lte => "<=",
+        })
+    }
+}
+
+fn is_word_char(character: char) -> bool {
+    !character.is_whitespace() && !matches!(character, '(' | ')' | ',' | '=' | '!' | '<' | '>')
+}
+
+fn tokenize(text: &str) -> Result<Vec<Token>, FilterError> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut tokens = Vec::new();
+    let mut index = 0;
+    while let Some(&character) = chars.get(index) {
+        let position = index + 1;
+        let next_is_equals = chars.get(index + 1) == Some(&'=');
+        let kind = match character {
+            _ if character.is_whitespace() => {
+                index += 1;
+                continue;
+            }
+            '(' | ')' | ',' => {
+                index += 1;
+                match character {
+                    '(' => TokenKind::Open,
+                    ')' => TokenKind::Close,
+                    _ => TokenKind::Comma,
+                }
+            }
+            '"' | '\'' => {
+                let (content, after) = read_quoted(&chars, index)?;
+                index = after;
+                TokenKind::Quoted(content)
+            }
+            '=' => {
+                index += if next_is_equals { 2 } else { 1 };
+                TokenKind::Symbol(Symbol::Eq)
+            }
+            '!' if next_is_equals => {
+                index += 2;
+                TokenKind::Symbol(Symbol::Ne)
+            }
+            '!' => {
+                return Err(FilterError::new(format!(
+                    "expected `!=` at character {position}, found a lone `!`; quote a value that contains it"
+                )));
+            }
+            '>' | '<' => {
+                index += if next_is_equals { 2 } else { 1 };
+                TokenKind::Symbol(match (character, next_is_equals) {
+                    ('>', false) => Symbol::Gt,
+                    ('>', true) => Symbol::Gte,
+                    (_, false) => Symbol::Lt,
+                    (_, true) => Symbol::Lte,
+                })
+            }
+            _ => {
+                let start = index;
+                while chars.get(index).is_some_and(|&character| is_word_char(character)) {
+                    index += 1;
+                }
+                TokenKind::Word(chars[start..index].iter().collect())
+            }
+        };
+        tokens.push(Token { kind, position });
+    }
+    Ok(tokens)
+}
+
+/// The content of the quoted string opening at `open` and the index just past it.
+fn read_quoted(chars: &[char], open: usize) -> Result<(String, usize), FilterError> {
+    let quote = chars.get(open).copied();
+    let unclosed = || FilterError::new(format!("the quote opened at character {} is never closed", open + 1));
+    let mut content = String::new();
+    let mut index = open + 1;
+    loop {
+        match chars.get(index).copied() {
+            None => return Err(unclosed()),
+            Some('\\') => {
+                content.push(*chars.get(index + 1).ok_or_else(unclosed)?);
+                index += 2;
+            }
+            Some(character) if Some(character) == quote => return Ok((content, index + 1)),
+            Some(character) => {
+                content.push(character);
+                index += 1;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain words: grammar.
+//
+//     or_expression  := and_expression ("or" and_expression)*
+//     and_expression := unary ("and" unary)*
+//     unary          := "not" unary | "(" or_expression ")" | condition
+//     condition      := field comparison
+
+struct Parser {
+    tokens: Vec<Token>,
+    next: usize,
+    /// How many `(` and `not` enclose the current position, bounded so that recursion is.
+    nesting: usize,
+    end_position: usize,
+}
+
+impl Parser {
+    fn or_expression(&mut self) -> Result<Filter, FilterError> {
+        let mut parts = vec![self.and_expression()?];
+        while self.eat_keyword("or") {
+            parts.push(self.and_expression()?);
+        }
+        Ok(any_of(parts))
+    }
+
+    fn and_expression(&mut self) -> Result<Filter, FilterError> {
+        let mut parts = vec![self.unary()?];
+        while self.eat_keyword("and") {
+            parts.push(self.unary()?);
+        }
+        Ok(all_of(parts))
+    }
+
+    fn unary(&mut self) -> Result<Filter, FilterError> {
+        if self.eat_keyword("not") {
+            self.enter()?;
+            let inner = self.unary()?;
+            self.nesting -= 1;
+            return Ok(Filter::Not(Box::new(inner)));
+        }
+        if let Some(Token { kind: TokenKind::Open, position }) = self.peek().cloned() {
+            self.next += 1;
+            self.enter()?;
+            let inner = self.or_expression()?;
+            if self.peek().is_some_and(|token| token.kind == TokenKind::Close) {
+                self.next += 1;
+            } else {
+                return Err(self.expected(&format!("`)` to close the `(` at character {position}")));
+            }
+            self.nesting -= 1;
+            return Ok(inner);
+        }
+        self.condition()
+    }
+
+    fn enter(&mut self) -> Result<(), FilterError> {
+        self.nesting += 1;
+        if self.nesting > MAX_DEPTH {
+            let position = self.peek().map_or(self.end_position, |token| token.position);
+            return Err(FilterError::new(format!(
+                "the filter nests deeper than {MAX_DEPTH} levels at character {position}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn condition(&mut self) -> Result<Filter, FilterError> {
+        let field_token = match self.peek() {
+            Some(Token { kind: TokenKind::Word(word), position }) if !is_connective(word) => (word.clone(), *position),
+            Some(Token { kind: TokenKind::Quoted(text), position }) => (text.clone(), *position),
+            _ => return Err(self.expected("a condition such as `plan is pro`")),
+        };
+        let (name, position) = field_token;
+        self.next += 1;
+        let field =
+            FieldPath::parse(&name).map_err(|error| FilterError::new(format!("{error} (at character {position})")))?;
+        let (op, negated) = self.comparison(&name)?;
+        let op = checked_op(op).map_err(|message| {
+            FilterError::new(format!("{message} (in the condition on `{name}` at character {position})"))
+        })?;
+        let condition = Filter::Condition(Condition { field, op });
+        Ok(if negated { Filter::Not(Box::new(condition)) } else { condition })
+    }
+
+    /// The comparison after a field, and whether the condition is negated (`does not
+    /// contain`, `is not one of`, `is not greater than`).
+    fn comparison(&mut self, field: &str) -> Result<(Op, bool), FilterError> {
+        if let Some(Token { kind: TokenKind::Symbol(symbol), .. }) = self.peek().cloned() {
+            self.next += 1;
+            let value = self.scalar(&format!("`{symbol}`"))?;
+            let op = match symbol {
+                Symbol::Eq => Op::Eq(value),
+                Symbol::Ne => Op::Ne(value),
+                Symbol::Gt => Op::Gt(value),
+                Symbol::Gte => Op::Gte(value),
+                Symbol::Lt => Op::Lt(value),
+                Symbol::Lte => Op::Lte(value),
+            };
+            return Ok((op, false));
+        }
+        if self.eat_keyword("is") {
+            if self.eat_keyword("not") {
+                if self.eat_keyword("set") {
+                    return Ok((Op::NotExists, false));
+                }
+                if self.eat_keyword("missing") {
+                    return Ok((Op::Exists, false));
+                }
+                if self.eat_keyword("one") {
+                    self.expect_keyword("of", "one")?;
+                    return Ok((Op::In(self.list()?), true));
+                }
+                return Ok(match self.ordering_or_equality()? {
+                    Some(Op::Eq(value)) => (Op::Ne(value), false),
+                    Some(op) => (op, true),
+                    None => (Op::Ne(self.scalar("`is not`")?), false),
+                });
+            }
+            if self.eat_keyword("set") {
+                return Ok((Op::Exists, false));
+            }
+            if self.eat_keyword("missing") {
+                return Ok((Op::NotExists, false));
+            }
+            if self.eat_keyword("one") {
+                self.expect_keyword("of", "one")?;
+                return Ok((Op::In(self.list()?), false));
+            }
+            return Ok(match self.ordering_or_equality()? {
+                Some(op) => (op, false),
+                None => (Op::Eq(self.scalar("`is`")?), false),
+            });
+        }
+        if let Some(op) = self.ordering_or_equality()? {
+            return Ok((op, false));
+        }
+        if self.eat_keyword("equals") {
+            return Ok((Op::Eq(self.scalar("`equals`")?), false));
+        }
+        if self.eat_keyword("contains") {
+            return Ok((Op::Contains(self.scalar("`contains`")?), false));
+        }
+        if self.eat_keyword("starts") {
+            self.expect_keyword("with", "starts")?;
+            return Ok((Op::StartsWith(self.text("`starts with`")?), false));
+        }
+        if self.eat_keyword("ends") {
+            self.expect_keyword("with", "ends")?;
+            return Ok((Op::EndsWith(self.text("`ends with`")?), false));
+        }
+        if self.eat_keyword("exists") {
+            return Ok((Op::Exists, false));
+        }
+        if self.eat_keyword("does") {
+            self.expect_keyword("not", "does")?;
+            if self.eat_keyword("contain") {
+                return Ok((Op::Contains(self.scalar("`does not contain`")?), true));
+            }
+            if self.eat_keyword("exist") {
+                return Ok((Op::NotExists, false));
+            }
+            return Err(self.expected("`contain` or `exist` after `does not`"));
+        }
+        Err(self.expected(&format!(
+            "`is`, `equals`, `contains`, `starts with`, `ends with`, `exists` or a comparison such as `>` \
+             after the field `{field}`"
+        )))
+    }
+
+    /// `greater than`, `more than`, `above`, `over`, `less than`, `below`, `under`, `at least`,
+    /// `at most` and `equal to`, each with its value; `None` when none of them comes next.
+    fn ordering_or_equality(&mut self) -> Result<Option<Op>, FilterError> {
+        for word in ["greater", "more", "less"] {
+            if self.eat_keyword(word) {
+                self.expect_keyword("than", word)?;
+                let or_equal = self.keyword_at(0, "or") && self.keyword_at(1, "equal");
+                if or_equal {
+                    self.next += 2;
+                    self.expect_keyword("to", "or equal")?;
+                }
+                let value = self.scalar(&format!("`{word} than`"))?;
+                return Ok(Some(match (word, or_equal) {
+                    ("less", false) => Op::Lt(value),
+                    ("less", true) => Op::Lte(value),
+                    (_, false) => Op::Gt(value),
+                    (_, true) => Op::Gte(value),
+                }));
+            }
+        }
+        for word in ["above", "over"] {
+            if self.eat_keyword(word) {
+                return Ok(Some(Op::Gt(self.scalar(&format!("`{word}`"))?)));
+            }
+        }
+        for word in ["below", "under"] {
+            if self.eat_keyword(word) {
+                return Ok(Some(Op::Lt(self.scalar(&format!("`{word}`"))?)));
+            }
+        }
+        if self.eat_keyword("at") {
+            if self.eat_keyword("least") {
+                return Ok(Some(Op::Gte(self.scalar("`at least`")?)));
+            }
+            if self.eat_keyword("most") {
+                return Ok(Some(Op::Lte(self.scalar("`at most`")?)));
+            }
+            return Err(self.expected("`least` or `most` after `at`"));
+        }
+        if self.eat_keyword("equal") {
+            self.expect_keyword("to", "equal")?;
+            return Ok(Some(Op::Eq(self.scalar("`equal to`")?)));
+        }
+        Ok(None)
+    }
+
+    fn list(&mut self) -> Result<Vec<Scalar>, FilterError> {
+        let mut values = vec![self.scalar("`one of`")?];
+        while self.peek().is_some_and(|token| token.kind == TokenKind::Comma) {
+            self.next += 1;
+            values.push(self.scalar("`,`")?);
+        }
+        Ok(values)
+    }
+
+    /// A value: quoted text is a string, a bare token a boolean, number or string.
+    fn scalar(&mut self, after: &str) -> Result<Scalar, FilterError> {
+        let (word, quoted) = self.value_token(after)?;
+        Ok(if quoted { Scalar::String(word) } else { bare_scalar(&word) })
+    }
+
+    /// A value taken as text, however it reads.
+    fn text(&mut self, after: &str) -> Result<String, FilterError> {
+        self.value_token(after).map(|(text, _)| text)
+    }
+
+    /// The next value's text and whether it was quoted.
+    fn value_token(&mut self, after: &str) -> Result<(String, bool), FilterError> {
+        let value = match self.peek() {
+            Some(Token { kind: TokenKind::Quoted(text), .. }) => (text.clone(), true),
+            Some(Token { kind: TokenKind::Word(word), position }) if word.eq_ignore_ascii_case("null") => {
+                return Err(FilterError::new(format!(
+                    "`null` at character {position} is not a value; use `is set` or `is not set`, or quote it"
+                )));
+            }
+            Some(Token { kind: TokenKind::Word(word), .. })
+                if !is_connective(word) && !word.eq_ignore_ascii_case("not") =>
+            {
+                (word.clone(), false)
+            }
+            _ => return Err(self.expected(&format!("a value after {after}"))),
+        };
+        self.next += 1;
+        Ok(value)
+    }
+
+    fn peek(&self) -> Option<&Token> {
+        self.tokens.get(self.next)
+    }
+
+    fn keyword_at(&self, offset: usize, keyword: &str) -> bool {
+        matches!(
+            self.tokens.get(self.next + offset),
+            Some(Token { kind: TokenKind::Word(word), .. }) if word.eq_ignore_ascii_case(keyword)
+        )
+    }
+
+    fn eat_keyword(&mut self, keyword: &str) -> bool {
+        let found = self.keyword_at(0, keyword);
+        if found {
+            self.next += 1;
+        }
+        found
+    }
+
+    fn expect_keyword(&mut self, keyword: &str, after: &str) -> Result<(), FilterError> {
+        if self.eat_keyword(keyword) { Ok(()) } else { Err(self.expected(&format!("`{keyword}` after `{after}`"))) }
+    }
+
+    fn expected(&self, what: &str) -> FilterError {
+        match self.peek() {
+            Some(token) => {
+                FilterError::new(format!("expected {what}, found {} at character {}", token.kind, token.position))
+            }
+            None => FilterError::new(format!("expected {what}, found the end of the text")),
+        }
+    }
+}
+
+fn is_connective(word: &str) -> bool {
+    word.eq_ignore_ascii_case("and") || word.eq_ignore_ascii_case("or")
+}
+
+fn bare_scalar(word: &str) -> Scalar {
+    if word.eq_ignore_ascii_case("true") {
+        Scalar::Bool(true)
+    } else if word.eq_ignore_ascii_case("false") {
+        Scalar::Bool(false)
+    } else if let Some(number) = number_in_text(word) {
+        Scalar::Number(number)
+    } else {
+        Scalar::String(word.to_owned())
+    }
+}
+
+/// The number `text` holds in JSON syntax, if it holds exactly one.
+fn number_in_text(text: &str) -> Option<Number> {
+    let looks_numeric = text.starts_with(|character: char| character == '-' || character.is_ascii_digit());
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Number(number)) if looks_numeric => Some(number),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Describing.
+
+fn describe_part(part: &Filter) -> String {
+    match part {
+        Filter::All(_) | Filter::Any(_) => format!("({})", describe(part)),
+        _ => describe(part),
+    }
+}
+
+fn describe_condition(condition: &Condition) -> String {
+    let field = plain_text(condition.field.as_str());
+    let comparison = match &condition.op {
+        Op::Eq(value) => format!("is {}", describe_scalar(value)),
+        Op::Ne(value) => format!("is not {}", describe_scalar(value)),
+        Op::Contains(value) => format!("contains {}", describe_scalar(value)),
+        Op::StartsWith(text) => format!("starts with {}", plain_text(text)),
+        Op::EndsWith(text) => format!("ends with {}", plain_text(text)),
+        Op::Gt(value) => format!("is greater than {}", describe_scalar(value)),
+        Op::Gte(value) => format!("is at least {}", describe_scalar(value)),
+        Op::Lt(value) => format!("is less than {}", describe_scalar(value)),
+        Op::Lte(value) => format!("is at most {}", describe_scalar(value)),
+        Op::Exists => "is set".to_owned(),
+        Op::NotExists => "is not set".to_owned(),
+        Op::In(values) => {
+            format!("is one of {}", values.iter().map(describe_scalar).collect::<Vec<_>>().join(", "))
+        }
+    };
+    format!("{field} {comparison}")
+}
+
+fn describe_scalar(value: &Scalar) -> String {
+    match value {
+        Scalar::String(text) => plain_text(text),
+        Scalar::Number(number) => number.to_string(),
+        Scalar::Bool(flag) => flag.to_string(),
+    }
+}
+
+/// `text` bare when the parser reads it back as the same string, quoted otherwise.
+fn plain_text(text: &str) -> String {
+    let needs_quotes = text.is_empty()
+        || text.starts_with(['"', '\''])
+        || text.chars().any(|character| !is_word_char(character) || character.is_control())
+        || RESERVED_WORDS.iter().any(|word| word.eq_ignore_ascii_case(text))
+        || number_in_text(text).is_some();
+    if needs_quotes { format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\"")) } else { text.to_owned() }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Evaluation.
+
+fn condition_matches(condition: &Condition, document: &Value) -> bool {
+    let found = lookup(document, &condition.field);
+    match (&condition.op, found) {
+        (Op::Exists, found) => found.is_some(),
+        (Op::NotExists, found) => found.is_none(),
+        (Op::Ne(_), None) => true,
+        (_, None) => false,
+        (Op::Eq(expected), Some(actual)) => some_element(actual, |element| scalar_equals(element, expected)),
+        (Op::Ne(expected), Some(actual)) => !some_element(actual, |element| scalar_equals(element, expected)),
+        (Op::Contains(expected), Some(Value::Array(elements))) => {
+            elements.iter().any(|element| scalar_equals(element, expected))
+        }
+        (Op::Contains(expected), Some(Value::String(text))) => {
+            text.to_lowercase().contains(&expected.text().to_lowercase())
+        }
+        (Op::Contains(_), Some(_)) => false,
+        (Op::StartsWith(prefix), Some(actual)) => some_element(actual, |element| {
+            element.as_str().is_some_and(|text| text.to_lowercase().starts_with(&prefix.to_lowercase()))
+        }),
+        (Op::EndsWith(suffix), Some(actual)) => some_element(actual, |element| {
+            element.as_str().is_some_and(|text| text.to_lowercase().ends_with(&suffix.to_lowercase()))
+        }),
+        (Op::Gt(expected), Some(actual)) => {
+            some_element(actual, |element| compare(element, expected) == Some(Ordering::Greater))
+        }
+        (Op::Gte(expected), Some(actual)) => some_element(actual, |element| {
+            matches!(compare(element, expected), Some(Ordering::Greater | Ordering::Equal))
+        }),
+        (Op::Lt(expected), Some(actual)) => {
+            some_element(actual, |element| compare(element, expected) == Some(Ordering::Less))
+        }
+        (Op::Lte(expected), Some(actual)) => {
+            some_element(actual, |element| matches!(compare(element, expected), Some(Ordering::Less | Ordering::Equal)))
+        }
+        (Op::In(options), Some(actual)) => {
+            some_element(actual, |element| options.iter().any(|option| scalar_equals(element, option)))
+        }
+    }
+}
+
+/// The value at `path`, or `None` when it is missing or null.
+fn lookup<'a>(document: &'a Value, path: &FieldPath) -> Option<&'a Value> {
+    let mut current = document;
+    for segment in path.segments() {
+        current = current.as_object()?.get(segment)?;
+    }
+    (!current.is_null()).then_some(current)
+}
+
+/// Whether `test` holds for `value`, or for some element when `value` is an array.
+fn some_element(value: &Value, test: impl Fn(&Value) -> bool) -> bool {
+    match value {
+        Value::Array(elements) => elements.iter().any(test),
+        other => test(other),
+    }
+}
+
+fn scalar_equals(actual: &Value, expected: &Scalar) -> bool {
+    match (actual, expected) {
+        (Value::String(actual), Scalar::String(expected)) => actual.to_lowercase() == expected.to_lowercase(),
+        (Value::Number(actual), Scalar::Number(expected)) => compare_numbers(actual, expected) == Some(Ordering::Equal),
+        (Value::Number(actual), Scalar::String(expected)) => number_in_text(expected.trim())
+            .is_some_and(|expected| compare_numbers(actual, &expected) == Some(Ordering::Equal)),
+        (Value::String(actual), Scalar::Number(expected)) => number_in_text(actual.trim())
+            .is_some_and(|actual| compare_numbers(&actual, expected) == Some(Ordering::Equal)),
+        (Value::Bool(actual), Scalar::Bool(expected)) => actual == expected,
+        (Value::Bool(actual), Scalar::String(text)) | (Value::String(text), Scalar::Bool(actual)) => {
+            text.trim().eq_ignore_ascii_case(if *actual { "true" } else { "false" })
+        }
+        _ => false,
+    }
+}
+
+fn compare(actual: &Value, expected: &Scalar) -> Option<Ordering> {
+    let expected_number = match expected {
+        Scalar::Number(number) => Some(number.clone()),
+        Scalar::String(text) => number_in_text(text.trim()),
+        Scalar::Bool(_) => None,
+    };
+    match actual {
+        Value::Number(actual) => compare_numbers(actual, &expected_number?),
+        Value::String(actual) => {
+            if let (Some(actual), Some(expected)) = (number_in_text(actual.trim()), &expected_number) {
+                return compare_numbers(&actual, expected);
+            }
+            match expected {
+                Scalar::String(expected) if looks_like_date(actual) && looks_like_date(expected) => {
+                    Some(actual.as_str().cmp(expected.as_str()))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Integers compare exactly; anything else as `f64`.
+fn compare_numbers(left: &Number, right: &Number) -> Option<Ordering> {
+    if let (Some(left), Some(right)) = (left.as_i64(), right.as_i64()) {
+        return Some(left.cmp(&right));
+    }
+    if let (Some(left), Some(right)) = (left.as_u64(), right.as_u64()) {
+        return Some(left.cmp(&right));
+    }
+    left.as_f64()?.partial_cmp(&right.as_f64()?)
+}
+
+/// Whether `text` starts with a `YYYY-MM-DD` date (and, if more follows, a `T` or a space).
+fn looks_like_date(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let digits =
+        |range: std::ops::Range<usize>| bytes.get(range).is_some_and(|part| part.iter().all(u8::is_ascii_digit));
+    digits(0..4)
+        && bytes.get(4) == Some(&b'-')
+        && digits(5..7)
+        && bytes.get(7) == Some(&b'-')
+        && digits(8..10)
+        && matches!(bytes.get(10), None | Some(b'T' | b't' | b' '))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(field: &str, op: Op) -> Filter {
+        Filter::Condition(Condition { field: FieldPath::parse(field).expect("a valid field path"), op })
+    }
+
+    fn text(value: &str) -> Scalar {
+        Scalar::String(value.to_owned())
+    }
+
+    fn number(value: i64) -> Scalar {
+        Scalar::Number(value.into())
+    }
+
+    fn parsed(text: &str) -> Filter {
+        parse_plain(text).unwrap_or_else(|error| panic!("{text:?} should parse: {error}"))
+    }
+
+    fn parse_error(text: &str) -> String {
+        match parse_plain(text) {
+            Ok(filter) => panic!("{text:?} should not parse, got {filter:?}"),
+            Err(error) => error.message().to_owned(),
+        }
+    }
+
+    fn json_error(value: Value) -> String {
+        match from_json(&value) {
+            Ok(filter) => panic!("{value} should be rejected, got {filter:?}"),
+            Err(error) => error.message().to_owned(),
+        }
+    }
+
+    // Parsing plain words.
+
+    #[test]
+    fn given_the_decision_example_when_parsed_then_both_conditions_are_joined_by_all() {
+        let filter = parsed("plan is pro and email ends with @acme.com");
+
+        assert_eq!(
+            filter,
+            Filter::All(vec![
+                condition("plan", Op::Eq(text("pro"))),
+                condition("email", Op::EndsWith("@acme.com".to_owned())),
+            ])
+        );
+    }
+
+    #[test]
+    fn given_every_comparison_form_when_parsed_then_each_gives_its_op() {
+        let cases = [
+            ("plan is pro", condition("plan", Op::Eq(text("pro")))),
+            ("plan equals pro", condition("plan", Op::Eq(text("pro")))),
+            ("plan is equal to pro", condition("plan", Op::Eq(text("pro")))),
+            ("plan = pro", condition("plan", Op::Eq(text("pro")))),
+            ("plan == pro", condition("plan", Op::Eq(text("pro")))),
+            ("plan is not pro", condition("plan", Op::Ne(text("pro")))),
+            ("plan is not equal to pro", condition("plan", Op::Ne(text("pro")))),
+            ("plan != pro", condition("plan", Op::Ne(text("pro")))),
+            ("tags contains vip", condition("tags", Op::Contains(text("vip")))),
+            ("name does not contain test", Filter::Not(Box::new(condition("name", Op::Contains(text("test")))))),
+            ("phone starts with +44", condition("phone", Op::StartsWith("+44".to_owned()))),
+            ("zip starts with 75", condition("zip", Op::StartsWith("75".to_owned()))),
+            ("email ends with @acme.com", condition("email", Op::EndsWith("@acme.com".to_owned()))),
+            ("age is greater than 30", condition("age", Op::Gt(number(30)))),
+            ("age is more than 30", condition("age", Op::Gt(number(30)))),
+            ("age is above 30", condition("age", Op::Gt(number(30)))),
+            ("age over 30", condition("age", Op::Gt(number(30)))),
+            ("age > 30", condition("age", Op::Gt(number(30)))),
+            ("age is at least 30", condition("age", Op::Gte(number(30)))),
+            ("age is greater than or equal to 30", condition("age", Op::Gte(number(30)))),
+            ("age >= 30", condition("age", Op::Gte(number(30)))),
+            ("age is less than 30", condition("age", Op::Lt(number(30)))),
+            ("age is below 30", condition("age", Op::Lt(number(30)))),
+            ("age under 30", condition("age", Op::Lt(number(30)))),
+            ("age < 30", condition("age", Op::Lt(number(30)))),
+            ("age is at most 30", condition("age", Op::Lte(number(30)))),
+            ("age is less than or equal to 30", condition("age", Op::Lte(number(30)))),
+            ("age <= 30", condition("age", Op::Lte(number(30)))),
+            ("age is not greater than 30", Filter::Not(Box::new(condition("age", Op::Gt(number(30)))))),
+            ("company is set", condition("company", Op::Exists)),
+            ("company exists", condition("company", Op::Exists)),
+            ("company is not missing", condition("company", Op::Exists)),
+            ("company is not set", condition("company", Op::NotExists)),
+            ("company is missing", condition("company", Op::NotExists)),
+            ("company does not exist", condition("company", Op::NotExists)),
+            ("plan is one of pro, team", condition("plan", Op::In(vec![text("pro"), text("team")]))),
+            ("plan is not one of free", Filter::Not(Box::new(condition("plan", Op::In(vec![text("free")]))))),
+        ];
+
+        for (input, expected) in cases {
+            assert_eq!(parsed(input), expected, "{input}");
+        }
+    }
+
+    #[test]
+    fn given_values_of_each_kind_when_parsed_then_they_keep_their_type() {
+        assert_eq!(parsed("x is 'single quoted'"), condition("x", Op::Eq(text("single quoted"))));
+        assert_eq!(parsed(r#"x is "say \"hi\"""#), condition("x", Op::Eq(text("say \"hi\""))));
+        assert_eq!(
+            parsed("x is -2.5"),
+            condition("x", Op::Eq(Scalar::Number(Number::from_f64(-2.5).expect("finite"))))
+        );
+        assert_eq!(parsed("x is TRUE"), condition("x", Op::Eq(Scalar::Bool(true))));
+        assert_eq!(parsed("x is \"true\""), condition("x", Op::Eq(text("true"))));
+        assert_eq!(parsed("x is \"42\""), condition("x", Op::Eq(text("42"))));
+        assert_eq!(parsed("zip is 01234"), condition("zip", Op::Eq(text("01234"))), "not a JSON number");
+        assert_eq!(parsed("name is O'Brien"), condition("name", Op::Eq(text("O'Brien"))));
+        assert_eq!(parsed("signed_up_at > 2024-05-01"), condition("signed_up_at", Op::Gt(text("2024-05-01"))));
+        assert_eq!(parsed("\"first name\" is Ada"), condition("first name", Op::Eq(text("Ada"))));
+        assert_eq!(parsed("data.address.country is fr"), condition("data.address.country", Op::Eq(text("fr"))));
+    }
+
+    #[test]
+    fn given_mixed_case_keywords_when_parsed_then_they_are_recognised_and_values_keep_their_case() {
+        assert_eq!(
+            parsed("Plan IS Pro AND Email Ends With @Acme.com"),
+            Filter::All(vec![
+                condition("Plan", Op::Eq(text("Pro"))),
+                condition("Email", Op::EndsWith("@Acme.com".to_owned())),
+            ])
+        );
+    }
+
+    #[test]
+    fn given_and_and_or_when_parsed_then_and_binds_tighter() {
+        let a = condition("a", Op::Eq(number(1)));
+        let b = condition("b", Op::Eq(number(2)));
+        let c = condition("c", Op::Eq(number(3)));
+
+        assert_eq!(
+            parsed("a is 1 or b is 2 and c is 3"),
+            Filter::Any(vec![a.clone(), Filter::All(vec![b.clone(), c.clone()])])
+        );
+        assert_eq!(
+            parsed("a is 1 and b is 2 or c is 3"),
+            Filter::Any(vec![Filter::All(vec![a.clone(), b.clone()]), c.clone()])
+        );
+        assert_eq!(
+            parsed("(a is 1 or b is 2) and c is 3"),
+            Filter::All(vec![Filter::Any(vec![a.clone(), b.clone()]), c.clone()])
+        );
+        assert_eq!(
+            parsed("not a is 1 and b is 2"),
+            Filter::All(vec![Filter::Not(Box::new(a.clone())), b.clone()]),
+            "not binds tighter than and"
+        );
+        assert_eq!(parsed("not (a is 1 or b is 2)"), Filter::Not(Box::new(Filter::Any(vec![a.clone(), b.clone()]))));
+    }
+
+    #[test]
+    fn given_redundant_groups_when_parsed_then_they_are_flattened() {
+        let a = condition("a", Op::Eq(number(1)));
+        let b = condition("b", Op::Eq(number(2)));
+        let c = condition("c", Op::Eq(number(3)));
+
+        assert_eq!(parsed("((a is 1))"), a.clone());
+        assert_eq!(parsed("a is 1 and (b is 2 and c is 3)"), Filter::All(vec![a, b, c]));
+    }
+
+    #[test]
+    fn given_malformed_text_when_parsed_then_the_error_says_what_was_expected_and_where() {
+        let cases = [
+            ("", "the requirements are empty; expected a condition such as `plan is pro`"),
+            ("   ", "the requirements are empty; expected a condition such as `plan is pro`"),
+            ("plan is", "expected a value after `is`, found the end of the text"),
+            (
+                "plan",
+                "expected `is`, `equals`, `contains`, `starts with`, `ends with`, `exists` or a comparison such as `>` after the field `plan`, found the end of the text",
+            ),
+            ("plan is pro and", "expected a condition such as `plan is pro`, found the end of the text"),
+            ("plan is pro or or x is 1", "expected a condition such as `plan is pro`, found `or` at character 16"),
+            (
+                "name is Ada Lovelace",
+                "expected `and`, `or` or the end of the text, found `Lovelace` at character 13; quote a value that has spaces",
+            ),
+            ("(plan is pro", "expected `)` to close the `(` at character 1, found the end of the text"),
+            ("plan is pro)", "found `)` at character 12 without a matching `(`"),
+            ("name is \"Ada", "the quote opened at character 9 is never closed"),
+            ("plan ! pro", "expected `!=` at character 6, found a lone `!`; quote a value that contains it"),
+            ("age is at 30", "expected `least` or `most` after `at`, found `30` at character 11"),
+            ("email starts pro", "expected `with` after `starts`, found `pro` at character 14"),
+            ("plan is null", "`null` at character 9 is not a value; use `is set` or `is not set`, or quote it"),
+            ("plan is one of pro,", "expected a value after `,`, found the end of the text"),
+            (
+                "age > old",
+                "a greater-than or less-than comparison needs a number or a date such as 2024-05-01, found `old` (in the condition on `age` at character 1)",
+            ),
+            (
+                "a..b is 1",
+                "the field path `a..b` has an empty segment; separate names with single dots (at character 1)",
+            ),
+        ];
+
+        for (input, expected) in cases {
+            assert_eq!(parse_error(input), expected, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn given_too_deep_or_too_many_conditions_when_parsed_then_the_limits_apply() {
+        let deep_enough = format!("{}a is 1", "not ".repeat(MAX_DEPTH - 1));
+        assert_eq!(parsed(&deep_enough).depth(), MAX_DEPTH);
+        let too_deep = format!("{}a is 1", "not ".repeat(MAX_DEPTH));
+        assert!(parse_error(&too_deep).contains("deeper than 8 levels"), "{}", parse_error(&too_deep));
+        let parens = format!("{}a is 1{}", "(".repeat(1000), ")".repeat(1000));
+        assert!(parse_error(&parens).contains("deeper than 8 levels"));
+
+        let clauses = |count: usize| (0..count).map(|index| format!("f{index} is {index}")).collect::<Vec<_>>();
+        assert_eq!(parsed(&clauses(MAX_CONDITIONS).join(" and ")).conditions(), MAX_CONDITIONS);
+        assert_eq!(
+            parse_error(&clauses(MAX_CONDITIONS + 1).join(" or ")),
+            "the filter has 51 conditions; at most 50 are allowed"
+        );
+    }
+
+    // The JSON form.
+
+    #[test]
+    fn given_a_json_expression_when_read_then_it_gives_the_same_filter_as_plain_words() {
+        let value = json!({"all": [
+            {"field": "plan", "op": "eq", "value": "pro"},
+            {"any": [
+                {"field": "email", "op": "ends_with", "value": "@acme.com"},
+                {"not": {"field": "data.age", "op": "lt", "value": 18}},
+            ]},
+            {"field": "country", "op": "in", "value": ["fr", "de"]},
+            {"field": "company", "op": "exists"},
+        ]});
+
+        let filter = from_json(&value).expect("valid");
+
+        assert_eq!(
+            filter,
+            parsed(
+                "plan is pro and (email ends with @acme.com or not (data.age < 18)) \
+                 and country is one of fr, de and company is set"
+            )
+        );
+        assert_eq!(filter.to_json(), value);
+        let through_serde: Filter = serde_json::from_value(value.clone()).expect("deserialises");
+        assert_eq!(serde_json::to_value(&through_serde).expect("serialises"), value);
+    }
+
+    #[test]
+    fn given_redundant_json_groups_when_read_then_they_are_normalised() {
+        let value = json!({"all": [
+            {"all": [{"field": "a", "op": "eq", "value": 1}, {"field": "b", "op": "eq", "value": 2}]},
+            {"any": [{"field": "c", "op": "eq", "value": 3}]},
+        ]});
+
+        assert_eq!(from_json(&value).expect("valid"), parsed("a is 1 and b is 2 and c is 3"));
+        let null_value = json!({"field": "a", "op": "exists", "value": null});
+        assert_eq!(from_json(&null_value), Ok(condition("a", Op::Exists)), "exists tolerates a null value");
+    }
+
+    #[test]
+    fn given_invalid_json_when_read_then_the_error_names_the_place() {
+        let cases = [
+            (
+                json!("plan is pro"),
+                "`filter`: expected an object such as {\"field\": \"plan\", \"op\": \"eq\", \"value\": \"pro\"}, {\"all\": [...]}, {\"any\": [...]} or {\"not\": ...}, found a string",
+            ),
+            (
+                json!({}),
+                "`filter`: expected exactly one of the keys all, any and not, or a condition with field and op",
+            ),
+            (
+                json!({"all": [], "any": []}),
+                "`filter`: expected exactly one of the keys all, any and not, or a condition with field and op",
+            ),
+            (
+                json!({"every": []}),
+                "`filter`: unknown key `every`; expected all, any, not, or a condition with field and op",
+            ),
+            (json!({"all": []}), "`filter.all`: needs at least one filter"),
+            (json!({"any": {"field": "a"}}), "`filter.any`: expected an array of filters, found an object"),
+            (
+                json!({"all": [{"field": "a", "op": "equals", "value": 1}]}),
+                "`filter.all[0].op`: unknown op `equals`; expected one of eq, ne, contains, starts_with, ends_with, gt, gte, lt, lte, exists, not_exists, in",
+            ),
+            (json!({"field": "", "op": "exists"}), "`filter.field`: a field path must not be empty"),
+            (
+                json!({"field": "a.", "op": "exists"}),
+                "`filter.field`: the field path `a.` has an empty segment; separate names with single dots",
+            ),
+            (
+                json!({"field": 3, "op": "exists"}),
+                "`filter.field`: expected a string path such as \"address.country\", found a number",
+            ),
+            (json!({"op": "exists"}), "`filter`: a condition needs a field"),
+            (
+                json!({"field": "a", "op": "exists", "value": true}),
+                "`filter.value`: `exists` takes no value, found a boolean",
+            ),
+            (
+                json!({"field": "a"}),
+                "`filter.op`: expected one of eq, ne, contains, starts_with, ends_with, gt, gte, lt, lte, exists, not_exists, in",
+            ),
+            (json!({"field": "a", "op": "eq"}), "`filter`: `eq` needs a value"),
+            (
+                json!({"field": "a", "op": "eq", "value": null}),
+                "`filter.value`: expected a string, number or boolean, found null",
+            ),
+            (
+                json!({"field": "a", "op": "eq", "value": [1]}),
+                "`filter.value`: expected a string, number or boolean, found an array",
+            ),
+            (
+                json!({"field": "a", "op": "in", "value": "x"}),
+                "`filter.value`: `in` needs an array of values, found a string",
+            ),
+            (json!({"field": "a", "op": "in", "value": []}), "`filter`: `in` needs at least one value"),
+            (
+                json!({"field": "a", "op": "in", "value": [1, {}]}),
+                "`filter.value[1]`: expected a string, number or boolean, found an object",
+            ),
+            (
+                json!({"field": "a", "op": "starts_with", "value": 4}),
+                "`filter.value`: `starts_with` needs a string, found a number",
+            ),
+            (
+                json!({"field": "a", "op": "gt", "value": true}),
+                "`filter`: a greater-than or less-than comparison needs a number or a date such as 2024-05-01, found `true`",
+            ),
+            (
+                json!({"field": "a", "op": "eq", "value": 1, "note": "x"}),
+                "`filter`: unknown key `note`; a condition has field, op and value",
+            ),
+        ];
+
+        for (value, expected) in cases {
+            assert_eq!(json_error(value.clone()), expected, "{value}");
+        }
+        let result: Result<Filter, _> = serde_json::from_value(json!({"all": []}));
+        assert!(result.is_err(), "deserialising checks too");
+    }
+
+    #[test]
+    fn given_json_beyond_the_limits_when_read_then_it_is_rejected() {
+        let leaf = json!({"field": "a", "op": "exists"});
+        let nested = |levels: usize| (1..levels).fold(leaf.clone(), |inner, _| json!({"not": inner}));
+        assert!(from_json(&nested(MAX_DEPTH)).is_ok());
+        assert_eq!(
+            json_error(nested(MAX_DEPTH + 1)),
+            "`filter.not.not.not.not.not.not.not.not`: the filter nests deeper than 8 levels"
+        );
+
+        let many = |count: usize| json!({"any": vec![leaf.clone(); count]});
+        assert!(from_json(&many(MAX_CONDITIONS)).is_ok());
+        assert_eq!(json_error(many(MAX_CONDITIONS + 1)), "`filter.any[50]`: the filter has more than 50 conditions");
+
+        let long_list = json!({"field": "a", "op": "in", "value": vec![1; MAX_LIST_VALUES + 1]});
+        assert_eq!(json_error(long_list), "`filter`: `in` lists 101 values; at most 100 are allowed");
+        let long_field = json!({"field": "a".repeat(MAX_FIELD_PATH_CHARS + 1), "op": "exists"});
+        assert_eq!(json_error(long_field), "`filter.field`: the field path is longer than 200 characters");
+        let long_value = json!({"field": "a", "op": "eq", "value": "x".repeat(MAX_VALUE_CHARS + 1)});
+        assert_eq!(json_error(long_value), "`filter`: a value is longer than 1000 characters");
+    }
+
+    // Describing.
+
+    #[test]
+    fn given_a_filter_when_described_then_the_words_are_canonical() {
+        assert_eq!(
+            describe(&parsed("plan = pro AND email ends with '@acme.com' or age >= 30")),
+            "(plan is pro and email ends with @acme.com) or age is at least 30"
+        );
+        assert_eq!(
+            describe(&parsed("name does not contain \"test\" and tags is one of vip,'key account', 3")),
+            "not (name contains test) and tags is one of vip, \"key account\", 3"
+        );
+        assert_eq!(describe(&parsed("code is '42' and flag is true")), "code is \"42\" and flag is true");
+    }
+
+    #[test]
+    fn given_any_filter_when_described_and_parsed_again_then_it_is_the_same_filter() {
+        let awkward_strings = [
+            "",
+            "and",
+            "OR",
+            "not",
+            "null",
+            "set",
+            "true",
+            "42",
+            "-1.5",
+            "Ada Lovelace",
+            "say \"hi\"",
+            "back\\slash",
+            "(x)",
+            "a,b",
+            ">=",
+            "!",
+            "'quoted",
+            "\"quoted",
+            "O'Brien",
+            "Zoë",
+            "@acme.com",
+            "2024-05-01T10:00:00Z",
+            "tab\there",
+        ];
+        let mut filters = Vec::new();
+        for awkward in awkward_strings {
+            filters.push(condition("name", Op::Eq(text(awkward))));
+            filters.push(condition("name", Op::StartsWith(awkward.to_owned())));
+            filters.push(condition("name", Op::In(vec![text(awkward), text("plain")])));
+            if !awkward.is_empty() && !awkward.contains(['\t']) {
+                filters.push(condition(awkward, Op::Exists));
+            }
+        }
+        for op in [
+            Op::Eq(Scalar::Bool(false)),
+            Op::Ne(number(-3)),
+            Op::Contains(Scalar::Number(Number::from_f64(30.0).expect("finite"))),
+            Op::EndsWith("x".to_owned()),
+            Op::Gt(Scalar::Number(Number::from_f64(1e300).expect("finite"))),
+            Op::Gte(text("2024-05-01")),
+            Op::Lt(text("12")),
+            Op::Lte(number(7)),
+            Op::NotExists,
+            Op::In(vec![number(1), Scalar::Bool(true), text("x y")]),
+        ] {
+            filters.push(condition("data.value", op));
+        }
+        let a = condition("a", Op::Eq(number(1)));
+        let b = condition("b", Op::Ne(text("two")));
+        let c = condition("c", Op::Exists);
+        filters.push(Filter::All(vec![a.clone(), Filter::Any(vec![b.clone(), c.clone()])]));
+        filters.push(Filter::Any(vec![Filter::All(vec![a.clone(), b.clone()]), c.clone()]));
+        filters.push(Filter::Not(Box::new(Filter::Not(Box::new(a.clone())))));
+        filters.push(Filter::Not(Box::new(Filter::All(vec![a.clone(), Filter::Not(Box::new(b.clone()))]))));
+        filters.push(Filter::Any(vec![Filter::Not(Box::new(Filter::Any(vec![a, b]))), c]));
+
+        for filter in filters {
+            let description = describe(&filter);
+            let again = parse_plain(&description).unwrap_or_else(|error| panic!("{description:?} parses: {error}"));
+            assert_eq!(again, filter, "{description}");
+            assert_eq!(from_json(&filter.to_json()).expect("its JSON is valid"), filter, "{description}");
+        }
+    }
+
+    // Evaluation.
+
+    fn contact() -> Value {
+        json!({
+            "email": "Ada@Acme.com",
+            "plan": "Pro",
+            "age": 36,
+            "score": "0.75",
+            "vip": true,
+            "newsletter": "FALSE",
+            "nickname": null,
+            "tags": ["VIP", "beta", 3],
+            "signed_up_at": "2024-05-01T10:00:00Z",
+            "address": {"country": "fr", "city": "Paris"},
+        })
+    }
+
+    fn holds(text: &str) -> bool {
+        matches(&parsed(text), &contact())
+    }
+
+    #[test]
+    fn given_the_decision_example_when_matched_then_case_is_ignored() {
+        assert!(holds("plan is pro and email ends with @acme.com"));
+        assert!(!holds("plan is pro and email ends with @example.com"));
+        assert!(holds("email starts with ADA@ and email contains acme"));
+        assert!(holds("plan is one of free, PRO"));
+    }
+
+    #[test]
+    fn given_missing_or_null_fields_when_matched_then_only_absence_and_ne_hold() {
+        for field in ["company", "nickname", "address.zip", "plan.name", "address.country.code"] {
+            assert!(holds(&format!("{field} is not set")), "{field}");
+            assert!(!holds(&format!("{field} is set")), "{field}");
+            assert!(holds(&format!("{field} is not x")), "{field}: ne holds for a missing field");
+            for comparison in ["is x", "contains x", "starts with x", "ends with x", "> 1", "< 1", "is one of x, y"] {
+                assert!(!holds(&format!("{field} {comparison}")), "{field} {comparison}");
+            }
+        }
+        assert!(holds("not (company > 1)"), "not negates the whole condition");
+        assert!(holds("address.country is FR and address.city is set"), "a path walks nested objects");
+    }
+
+    #[test]
+    fn given_numbers_when_matched_then_they_compare_numerically() {
+        assert!(holds("age is 36 and age = 36.0 and age is \"36\""));
+        assert!(holds("age > 30 and age >= 36 and age < 36.5 and age <= 36"));
+        assert!(!holds("age > 36 or age < 36"));
+        assert!(holds("score is greater than 0.5 and score < 1 and score = 0.75"), "a numeric string is a number");
+        assert!(!holds("score is \"0.750\""), "two strings are equal only as text");
+        assert!(holds("age > \"9\""), "a numeric string value compares as a number, not as text");
+    }
+
+    #[test]
+    fn given_booleans_when_matched_then_they_equal_booleans_and_their_words() {
+        assert!(holds("vip is true and vip is not false and vip is \"TRUE\""));
+        assert!(holds("newsletter is false"));
+    }
+
+    #[test]
+    fn given_arrays_when_matched_then_some_element_decides() {
+        assert!(holds("tags contains vip and tags contains 3 and tags is beta"));
+        assert!(!holds("tags contains vi"), "contains on an array compares whole elements");
+        assert!(holds("tags starts with BE and tags > 2 and tags is one of x, 3"));
+        assert!(!holds("tags is not beta"));
+        assert!(holds("tags is not gamma"));
+    }
+
+    #[test]
+    fn given_dates_when_matched_then_iso_strings_compare_as_text() {
+        assert!(holds("signed_up_at > 2024-04-30 and signed_up_at < 2024-05-02"));
+        assert!(holds("signed_up_at >= 2024-05-01"), "a date alone comes before every time of that day");
+        assert!(!holds("signed_up_at <= 2024-05-01"));
+        assert!(holds("signed_up_at < 2024-05-01T10:00:01Z"));
+        assert!(!holds("email > 2024-01-01"), "a string that is not a date never satisfies an ordering");
+    }
+
+    #[test]
+    fn given_a_document_that_is_not_an_object_when_matched_then_every_field_is_missing() {
+        let filter = parsed("plan is not set and plan is not pro");
+        assert!(matches(&filter, &json!("text")));
+        assert!(matches(&filter, &Value::Null));
+    }
+
+    #[test]
+    fn given_contains_on_a_string_when_matched_then_it_is_a_case_insensitive_substring() {
+        assert!(holds("address.city contains AR"));
+        assert!(!holds("age contains 3"), "contains applies to strings and arrays only");
+        assert!(matches(&parsed("title contains 101"), &json!({"title": "Room 101"})));
+    }
+}
