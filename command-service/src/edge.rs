@@ -47,6 +47,17 @@ impl From<crate::suppressions::decide::Refusal> for ApiError {
     }
 }
 
+/// A refused webhook write as the contract answers it.
+impl From<crate::webhooks::decide::Refusal> for ApiError {
+    fn from(refusal: crate::webhooks::decide::Refusal) -> Self {
+        match refusal {
+            crate::webhooks::decide::Refusal::Invalid { message, issues } => {
+                ApiError::bad_request(Code::InvalidWebhook, message).with_issues(issues)
+            }
+        }
+    }
+}
+
 /// A refused fire as the contract answers it.
 impl From<crate::events::decide::EventRefusal> for ApiError {
     fn from(refusal: crate::events::decide::EventRefusal) -> Self {

@@ -26,23 +26,27 @@ pub struct State {
     pub authenticator: Authenticator,
     pub read_models: ReadModels,
     pub settings: Settings,
+    /// The AI provider (custom-filter webhook conditions).
+    pub ai: shared::ai::AiProvider,
     /// Event admission scopes whose rows this process knows exist.
     admission_scopes: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl State {
-    pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> web::Data<Self> {
+    pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> anyhow::Result<web::Data<Self>> {
+        let ai = shared::ai::AiProvider::new(&settings.ai)?;
         let event_log = EventLog::start(pool.clone(), settings.append.batch_max);
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
-        web::Data::new(Self {
+        Ok(web::Data::new(Self {
             pool,
             event_log,
             authenticator,
             read_models,
             settings,
+            ai,
             admission_scopes: Default::default(),
-        })
+        }))
     }
 
     /// Whether some of `scopes` may lack their admission row (not yet seen by this process);
@@ -71,7 +75,7 @@ impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let pool = shared::db::pool(settings.database_url()?, settings.database.pool_size)?;
         let read_models = ReadModels::start(pool.clone(), settings.database_url()?.to_owned());
-        let state = State::new(settings.clone(), pool.clone(), read_models);
+        let state = State::new(settings.clone(), pool.clone(), read_models)?;
         let ops = shared::ops::Ops::new(pool, None);
         let address = (settings.http.host.as_str(), settings.http.port);
         let server = ApiServer::bind(address, settings.shutdown_timeout(), ops, move |config| {
@@ -100,7 +104,7 @@ mod tests {
     /// HTTP.
     #[test]
     fn decisions_do_no_io_and_decisions_and_stores_know_no_http() {
-        for capability in ["records", "suppressions", "events", "identities"] {
+        for capability in ["records", "suppressions", "events", "identities", "webhooks"] {
             let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(capability);
             for (file, forbidden) in
                 [("decide.rs", &["actix", "deadpool", "tokio_postgres", ".await"][..]), ("store.rs", &["actix"][..])]

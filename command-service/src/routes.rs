@@ -4,7 +4,7 @@
 use actix_web::{Route, web};
 use shared::routes::Tier;
 
-use crate::{events, identities, records, suppressions};
+use crate::{events, identities, records, suppressions, webhooks};
 
 /// The handler of a command operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
@@ -20,6 +20,10 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "fireEvent" => web::post().to(events::http::fire),
         "fireEventBatch" => web::post().to(events::http::batch),
         "changeEventIdentity" => web::post().to(identities::http::change),
+        "createWebhook" => web::post().to(webhooks::http::create),
+        "updateWebhook" => web::patch().to(webhooks::http::update),
+        "deleteWebhook" => web::delete().to(webhooks::http::delete),
+        "rotateWebhookSecret" => web::post().to(webhooks::http::rotate_secret),
         _ => return None,
     })
 }

@@ -33,7 +33,8 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 pub const POOL_SIZE: usize = 32;
 
 /// The kinds of worker a process can run.
-pub const WORKER_KINDS: [&str; 4] = ["read_models", "preparation", "eraser", "maintenance"];
+pub const WORKER_KINDS: [&str; 6] =
+    ["read_models", "preparation", "eraser", "maintenance", "webhook_enqueue", "webhook_delivery"];
 
 /// The workers a process runs: `selection` is `all` or a comma-separated list of
 /// [`WORKER_KINDS`]. `process` names this process in the batch history.
@@ -64,7 +65,17 @@ pub fn workers(
         workers.push(Arc::new(workers::preparation::Preparation::new(pool.clone(), log.clone(), provider)));
     }
     if wanted.contains(&"eraser") {
-        workers.push(Arc::new(workers::eraser::Eraser::new(pool.clone(), log, settings.erasure_blocked_after())));
+        workers.push(Arc::new(workers::eraser::Eraser::new(
+            pool.clone(),
+            log.clone(),
+            settings.erasure_blocked_after(),
+        )));
+    }
+    if wanted.contains(&"webhook_enqueue") {
+        workers.push(Arc::new(workers::webhooks::enqueue::Enqueue::new(pool.clone())));
+    }
+    if wanted.contains(&"webhook_delivery") {
+        workers.push(Arc::new(workers::webhooks::deliver::Deliver::new(pool.clone(), log, &settings.webhooks)?));
     }
     if wanted.contains(&"maintenance") {
         workers

@@ -12,6 +12,7 @@ pub mod records;
 pub mod routes;
 pub mod schemas;
 pub mod suppressions;
+pub mod webhooks;
 
 use actix_web::web;
 use deadpool_postgres::Pool;

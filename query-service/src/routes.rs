@@ -4,7 +4,7 @@
 use actix_web::{HttpResponse, Route, web};
 use shared::routes::Tier;
 
-use crate::{audit, deletions, events, me, records, schemas, suppressions};
+use crate::{audit, deletions, events, me, records, schemas, suppressions, webhooks};
 
 /// The handler of a query operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
@@ -21,6 +21,8 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "listSuppressions" => web::get().to(suppressions::http::list),
         "listEvents" => web::get().to(events::http::list),
         "getEventStatus" => web::get().to(events::http::status),
+        "listWebhooks" => web::get().to(webhooks::http::list),
+        "getWebhook" => web::get().to(webhooks::http::get),
         _ => return None,
     })
 }

@@ -102,13 +102,19 @@ impl Authenticator {
     /// The key's identity, with no space resolved (for `GET /me`). Counts the request in its
     /// bucket first (by hashed credential, or client IP without one).
     pub async fn identify(&self, req: &HttpRequest) -> Result<Arc<KeyIdentity>, ApiError> {
+        self.identify_in(req, Bucket::for_request(req)).await
+    }
+
+    /// [`Self::identify`], counting the request in `bucket` (the operations that choose the
+    /// AI bucket by their body).
+    async fn identify_in(&self, req: &HttpRequest, bucket: Bucket) -> Result<Arc<KeyIdentity>, ApiError> {
         let token = bearer_token(req);
         let key_hash = token.map(sha256_hex);
         let subject = match &key_hash {
             Some(hash) => hash.clone(),
             None => format!("ip:{}", req.peer_addr().map(|addr| addr.ip().to_string()).unwrap_or_default()),
         };
-        self.rate_limiter.check(Bucket::for_request(req), &subject).await?;
+        self.rate_limiter.check(bucket, &subject).await?;
         let (Some(token), Some(key_hash)) = (token, key_hash) else {
             return Err(ApiError::invalid_api_key("no key provided"));
         };
@@ -127,7 +133,17 @@ impl Authenticator {
 
     /// Authenticates, resolves the space and checks the permission.
     pub async fn authorize(&self, req: &HttpRequest, permission: Permission) -> Result<Caller, ApiError> {
-        let identity = self.identify(req).await?;
+        self.authorize_in(req, permission, Bucket::for_request(req)).await
+    }
+
+    /// [`Self::authorize`], counting the request in `bucket`.
+    pub async fn authorize_in(
+        &self,
+        req: &HttpRequest,
+        permission: Permission,
+        bucket: Bucket,
+    ) -> Result<Caller, ApiError> {
+        let identity = self.identify_in(req, bucket).await?;
         let space = resolve_space(&identity)?;
         require(space.role, permission)?;
         Ok(Caller { identity, space })

@@ -133,6 +133,17 @@ pub async fn find_schema(
     Ok(row.as_ref().map(SchemaEntry::from_row))
 }
 
+/// The space's remaining AI credits: the authored grant less what has been spent.
+pub async fn credits(client: &impl GenericClient, schema: &str, space_id: &str) -> Result<i64, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT COALESCE((SELECT balance FROM {schema}.ai_credits WHERE space_id = $1), 0)
+                      - COALESCE((SELECT spent FROM public.ai_credit_spend WHERE space_id = $1), 0)"
+        ))
+        .await?;
+    Ok(client.query_one(&statement, &[&space_id]).await?.get(0))
+}
+
 /// Whether callers may write an attribute: its definition type is not `evaluated` and it
 /// has no `valueSource` (the contract's rule).
 pub fn is_writable(definition: &Value) -> bool {

@@ -103,6 +103,10 @@ codes! {
     IdentityCapacityExhausted = "identity_capacity_exhausted",
     MissingField = "missing_field",
     InvalidField = "invalid_field",
+    InvalidWebhook = "invalid_webhook",
+    WebhookNotFound = "webhook_not_found",
+    WebhookIntegrationOwned = "webhook_integration_owned",
+    AiGenerationFailed = "ai_generation_failed",
     }
     internal {
     OperationTaken = "operation_taken",

@@ -29,6 +29,11 @@ pub enum LogEvent {
     EventReadinessChanged(proto::EventReadinessChanged),
     EventIdentityChanged(proto::EventIdentityChanged),
     AiCreditsSpent(proto::AiCreditsSpent),
+    WebhookCreated(proto::WebhookCreated),
+    WebhookUpdated(proto::WebhookUpdated),
+    WebhookPaused(proto::WebhookPaused),
+    WebhookSecretRotated(proto::WebhookSecretRotated),
+    WebhookDeleted(proto::WebhookDeleted),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -81,6 +86,11 @@ event_types! {
     EventReadinessChanged => "EventReadinessChanged.v1",
     EventIdentityChanged => "EventIdentityChanged.v1",
     AiCreditsSpent => "AiCreditsSpent.v1",
+    WebhookCreated => "WebhookCreated.v1",
+    WebhookUpdated => "WebhookUpdated.v1",
+    WebhookPaused => "WebhookPaused.v1",
+    WebhookSecretRotated => "WebhookSecretRotated.v1",
+    WebhookDeleted => "WebhookDeleted.v1",
 }
 
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the

@@ -62,6 +62,12 @@ pub const OPERATIONS: &[Operation] = &[
     operation("fireEventBatch", "POST", "/events/{schema}/batch", Command),
     operation("getEventStatus", "GET", "/events/{schema}/{id}/status", Query),
     operation("changeEventIdentity", "POST", "/event-identities", Command),
+    operation("listWebhooks", "GET", "/webhooks", Query),
+    operation("createWebhook", "POST", "/webhooks", Command),
+    operation("getWebhook", "GET", "/webhooks/{id}", Query),
+    operation("updateWebhook", "PATCH", "/webhooks/{id}", Command),
+    operation("deleteWebhook", "DELETE", "/webhooks/{id}", Command),
+    operation("rotateWebhookSecret", "POST", "/webhooks/{id}/rotate-secret", Command),
 ];
 
 /// The API prefix every path lives under.

@@ -36,6 +36,7 @@ pub struct Settings {
     pub identity: IdentityCapacity,
     pub projector: ProjectorSettings,
     pub telemetry: TelemetrySettings,
+    pub webhooks: WebhookSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -163,7 +164,8 @@ impl Default for IdentityCapacity {
 #[serde(default)]
 pub struct ProjectorSettings {
     /// `APP__PROJECTOR__WORKERS`: a comma-separated list of the workers this process runs
-    /// (`read_models`, `preparation`, `eraser`, `maintenance`), so a deployment can run, say,
+    /// (`read_models`, `preparation`, `eraser`, `maintenance`, `webhook_enqueue`,
+    /// `webhook_delivery`), so a deployment can run, say,
     /// two read-model processes and one process for side effects. Default: all.
     pub workers: String,
     /// `APP__PROJECTOR__PORT`: the port of the projector's operations endpoints (health,
@@ -179,6 +181,47 @@ pub struct ProjectorSettings {
 impl Default for ProjectorSettings {
     fn default() -> Self {
         Self { workers: "all".to_owned(), port: 8081, crash_after_events: None, crash_projection: None }
+    }
+}
+
+/// Outgoing webhook delivery (`APP__WEBHOOKS__*`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WebhookSettings {
+    /// `ALLOW_LOOPBACK`: accept delivery targets on loopback (local development and the
+    /// tests). Private, link-local and metadata addresses stay refused.
+    pub allow_loopback: bool,
+    /// `ATTEMPT_TIMEOUT_MS`: the most one HTTP attempt may take, connecting included.
+    pub attempt_timeout_ms: u64,
+    /// `RETRY_SCHEDULE_MS` (for example `[0,5000,300000]`): the delay before each attempt
+    /// after a retryable failure; its length is the number of retries. Jittered by up to 20%.
+    pub retry_schedule_ms: Vec<u64>,
+    /// `CONCURRENCY`: attempts in flight per process.
+    pub concurrency: usize,
+    /// `PER_WEBHOOK_CONCURRENCY`: attempts in flight per webhook across every process.
+    pub per_webhook_concurrency: i64,
+    /// `BREAKER_FAILURES` and `BREAKER_WINDOW_SECONDS`: a webhook is paused (reason
+    /// `failing`) after this many consecutive failed attempts spanning at least the window.
+    pub breaker_failures: i64,
+    pub breaker_window_seconds: u64,
+    /// `ROTATION_GRACE_SECONDS`: after a rotation, deliveries are signed with the previous
+    /// secret too for this long.
+    pub rotation_grace_seconds: u64,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        Self {
+            allow_loopback: false,
+            attempt_timeout_ms: 15_000,
+            // Svix's schedule after the first attempt: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
+            retry_schedule_ms: vec![5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000],
+            concurrency: 64,
+            per_webhook_concurrency: 4,
+            breaker_failures: 20,
+            breaker_window_seconds: 86_400,
+            rotation_grace_seconds: 86_400,
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use shared::ids::{derived_id, sha256_hex};
 use shared::log::{AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
 use shared::proto;
 
-use super::format::{ResourceSpec, SpaceSpec, SuppressionSpec, Workspace};
+use super::format::{ResourceSpec, SpaceSpec, SuppressionSpec, WebhookSpec, Workspace};
 
 #[derive(Debug, Clone, Default)]
 pub struct ApplyReport {
@@ -29,13 +29,13 @@ pub struct ApplyReport {
 /// The latest event and version of every authoring stream.
 type Current = BTreeMap<String, (i64, LogEvent)>;
 
-async fn load_current(pool: &Pool) -> anyhow::Result<Current> {
+async fn load_current(pool: &Pool, webhook_streams: &[String]) -> anyhow::Result<Current> {
     let client = pool.get().await?;
     let rows = client
         .query(
             "SELECT DISTINCT ON (stream_id) stream_id, stream_version, event_type, payload FROM events
-             WHERE stream_id LIKE 'authoring/%' ORDER BY stream_id, stream_version DESC",
-            &[],
+             WHERE stream_id LIKE 'authoring/%' OR stream_id = ANY($1) ORDER BY stream_id, stream_version DESC",
+            &[&webhook_streams],
         )
         .await?;
     let mut current = Current::new();
@@ -81,7 +81,12 @@ impl Plan<'_> {
 
 /// Applies `workspace`, returning what was appended.
 pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> anyhow::Result<ApplyReport> {
-    let current = load_current(pool).await?;
+    let webhook_streams: Vec<String> = workspace
+        .spaces
+        .iter()
+        .flat_map(|space| space.webhooks.iter().map(|webhook| shared::webhooks::state::stream_id(&webhook.id)))
+        .collect();
+    let current = load_current(pool, &webhook_streams).await?;
     let mut plan =
         Plan { current: &current, streams: Vec::new(), guards: Vec::new(), now_ms: shared::time::now_millis() };
     let mut report = ApplyReport::default();
@@ -121,6 +126,9 @@ pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> 
         plan_resources(&mut plan, space, space_id);
         for suppression in &space.suppressions {
             plan_suppression(&mut plan, space_id, suppression);
+        }
+        for webhook in &space.webhooks {
+            plan_webhook(&mut plan, space, space_id, webhook)?;
         }
     }
     for suppression in &workspace.global_suppressions {
@@ -332,6 +340,64 @@ fn plan_suppression(plan: &mut Plan<'_>, space_id: &str, spec: &SuppressionSpec)
     let added = crate::suppressions::decide::decide_add(space_id, &new, &suppression_id, plan.now_ms, source);
     plan.ensure(stream_id, LogEvent::SuppressionAdded(added));
     plan.guards.push(crate::suppressions::store::authored_key_guard(&scope, &new, &suppression_id));
+}
+
+/// An integration-owned webhook: created once with a fresh secret (sealed under its own key,
+/// like one created through the API); later applies only follow a changed URL.
+fn plan_webhook(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str, spec: &WebhookSpec) -> anyhow::Result<()> {
+    let stream_id = shared::webhooks::state::stream_id(&spec.id);
+    let now = plan.now_ms;
+    match plan.current.get(&stream_id) {
+        Some((version, _)) => {
+            let url = match plan.latest(&stream_id) {
+                Some(LogEvent::WebhookCreated(created)) => Some(created.url.clone()),
+                Some(LogEvent::WebhookUpdated(updated)) => updated.url.clone(),
+                _ => None,
+            };
+            if url.is_some_and(|url| url != spec.url) {
+                let update = proto::WebhookUpdated {
+                    webhook_id: spec.id.clone(),
+                    space_id: space_id.to_owned(),
+                    url: Some(spec.url.clone()),
+                    updated_at_ms: now,
+                    ..Default::default()
+                };
+                plan.streams.push(StreamAppend {
+                    stream_id,
+                    expected: ExpectedVersion::Exactly(*version),
+                    events: vec![NewEvent {
+                        event: LogEvent::WebhookUpdated(update),
+                        subject_id: None,
+                        occurred_at: shared::time::from_millis(now),
+                    }],
+                });
+            }
+        }
+        None => {
+            let subject = shared::webhooks::state::secret_subject(&spec.id);
+            let (key, wrapped) = shared::crypto::keyring()?.generate(&subject)?;
+            let secret = shared::webhooks::signing::Secret::generate();
+            let mut sealed = seal(&subject, &proto::WebhookSecret { secret: secret.reveal() });
+            shared::events::encrypt(&mut sealed, &key)?;
+            let schema_id =
+                spec.schema.as_ref().map(|slug| derived_id("sch", &["schema", &space.slug, slug])).unwrap_or_default();
+            let created = proto::WebhookCreated {
+                webhook_id: spec.id.clone(),
+                space_id: space_id.to_owned(),
+                url: spec.url.clone(),
+                trigger: spec.trigger.clone(),
+                email_event_types: spec.email_event_types.clone(),
+                schema_id,
+                condition: Some(shared::webhooks::state::no_condition()),
+                secret: Some(sealed),
+                integration_vendor_name: spec.integration_vendor_name.clone(),
+                created_at_ms: now,
+            };
+            plan.guards.push(crate::webhooks::store::store_secret_key(&spec.id, space_id, wrapped));
+            plan.ensure(stream_id, LogEvent::WebhookCreated(created));
+        }
+    }
+    Ok(())
 }
 
 fn plan_resources(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {

@@ -60,6 +60,27 @@ pub struct SpaceSpec {
     pub contact_tracks: Vec<ResourceSpec>,
     #[serde(default)]
     pub suppressions: Vec<SuppressionSpec>,
+    /// Webhooks an integration owns: listed and readable through the API, never changed
+    /// there.
+    #[serde(default)]
+    pub webhooks: Vec<WebhookSpec>,
+}
+
+/// An integration-owned webhook. Created once with a fresh secret; a later apply changes its
+/// URL when the file does.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WebhookSpec {
+    /// A fixed `wh_...` id.
+    pub id: String,
+    pub url: String,
+    pub trigger: String,
+    /// The slug of a schema of this space (not for `email event`).
+    #[serde(default)]
+    pub schema: Option<String>,
+    #[serde(default)]
+    pub email_event_types: Vec<String>,
+    pub integration_vendor_name: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -198,6 +219,30 @@ fn validate(workspace: &Workspace) -> anyhow::Result<()> {
                         );
                     }
                 }
+            }
+        }
+    }
+    for space in &workspace.spaces {
+        for webhook in &space.webhooks {
+            let mut body = Map::new();
+            body.insert("url".into(), Value::String(webhook.url.clone()));
+            body.insert("trigger".into(), Value::String(webhook.trigger.clone()));
+            body.insert("schemaId".into(), webhook.schema.clone().map_or(Value::Null, Value::String));
+            if !webhook.email_event_types.is_empty() {
+                body.insert("emailEventTypes".into(), webhook.email_event_types.clone().into());
+            }
+            let new = crate::webhooks::decide::parse_create(&body, true)
+                .map_err(|refusal| anyhow::anyhow!("webhook {:?}: {refusal}", webhook.id))?;
+            if let Some(slug) = &new.schema {
+                let schema = space.schemas.iter().find(|schema| &schema.slug == slug);
+                let Some(schema) = schema else {
+                    bail!("webhook {:?} names schema {slug:?}, not in its space", webhook.id)
+                };
+                crate::webhooks::decide::check_schema(new.trigger, &schema.schema_type)
+                    .map_err(|refusal| anyhow::anyhow!("webhook {:?}: {refusal}", webhook.id))?;
+            }
+            if !webhook.id.starts_with("wh_") || webhook.integration_vendor_name.trim().is_empty() {
+                bail!("webhook {:?}: the id starts with wh_ and integrationVendorName is required", webhook.id);
             }
         }
     }

@@ -208,7 +208,12 @@ pub fn check_schema(trigger: Trigger, schema_type: &str) -> Result<(), Refusal> 
         Some(expected) => Err(invalid(vec![Issue::coded(
             "schemaId",
             Code::InvalidField,
-            format!("trigger `{}` needs a {expected} schema; this is a {schema_type} schema", trigger.as_str()),
+            format!(
+                "trigger `{}` needs {} schema; this is {} schema",
+                trigger.as_str(),
+                article(expected),
+                article(schema_type)
+            ),
         )])),
         None => Err(invalid(vec![Issue::coded(
             "schemaId",
@@ -216,6 +221,12 @@ pub fn check_schema(trigger: Trigger, schema_type: &str) -> Result<(), Refusal> 
             "schemaId must be null for trigger `email event`",
         )])),
     }
+}
+
+/// `a contact`, `an object`, `an event`.
+fn article(schema_type: &str) -> String {
+    let an = schema_type.starts_with(['a', 'e', 'i', 'o', 'u']);
+    format!("{} {schema_type}", if an { "an" } else { "a" })
 }
 
 fn unknown_fields(body: &Map<String, Value>, allowed: &[&str]) -> Vec<Issue> {

@@ -1,4 +1,6 @@
-//! Outgoing webhooks: create, update, delete, rotate (see docs/design/webhooks.md). So far the
-//! pure decision; the handlers and the store come with the operations.
+//! Outgoing webhooks: create, update, delete, rotate-secret. `decide` validates (pure),
+//! `store` loads a webhook from its stream and makes the guards, `http` runs the operations.
 
 pub mod decide;
+pub mod http;
+pub mod store;

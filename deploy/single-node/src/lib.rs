@@ -34,7 +34,7 @@ impl SingleNode {
         let runtime = projector::runtime::Runtime::new(database_url.clone(), workers);
         let shutdown = CancellationToken::new();
         let read_models = ReadModels::start(pool.clone(), database_url);
-        let command_state = command_service::State::new(settings.clone(), pool.clone(), read_models.clone());
+        let command_state = command_service::State::new(settings.clone(), pool.clone(), read_models.clone())?;
         let query_state = query_service::State::new(settings.clone(), pool.clone(), read_models);
         let mut workspace_keys = Vec::new();
         let mut applied = None;

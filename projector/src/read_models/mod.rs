@@ -46,6 +46,7 @@ pub mod rebuild;
 mod records;
 pub mod runner;
 mod suppressions;
+mod webhooks;
 pub mod worker;
 
 use anyhow::Context;
@@ -73,8 +74,14 @@ pub trait ReadModel: Send + Sync + 'static {
 }
 
 /// Every read model.
-pub const ALL: [&dyn ReadModel; 5] =
-    [&catalog::Catalog, &records::Records, &suppressions::Suppressions, &deletions::Deletions, &events::Events];
+pub const ALL: [&dyn ReadModel; 6] = [
+    &catalog::Catalog,
+    &records::Records,
+    &suppressions::Suppressions,
+    &deletions::Deletions,
+    &events::Events,
+    &webhooks::Webhooks,
+];
 
 /// The read model named `name`.
 pub fn by_name(name: &str) -> Option<&'static dyn ReadModel> {

@@ -1,5 +1,7 @@
-//! Side-effect workers on the runtime: AI preparation, the eraser, periodic maintenance.
+//! Side-effect workers on the runtime: AI preparation, the eraser, periodic maintenance, and
+//! webhook delivery.
 
 pub mod eraser;
 pub mod maintenance;
 pub mod preparation;
+pub mod webhooks;

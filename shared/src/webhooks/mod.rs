@@ -4,6 +4,7 @@
 //! targets ([`target`]).
 
 pub mod signing;
+pub mod state;
 pub mod target;
 
 /// What makes a webhook fire (the contract's six triggers).

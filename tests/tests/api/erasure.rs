@@ -66,6 +66,16 @@ async fn deletion_erases_every_copy_of_the_contact() {
     let email = format!("erase-me-{tag}@example.org");
     let name = format!("Zebulon{}", &tag[24..]);
     let phone = "+4915112345678";
+    // A webhook whose deliveries about the contact are queued (its target refuses
+    // connections, so they stay in the outbox, retried).
+    let webhook = app
+        .post(
+            "/webhooks",
+            ALPHA_ADMIN,
+            &json!({"url": "http://127.0.0.1:9/hook", "trigger": "contact upserted", "schemaId": "contacts"}),
+        )
+        .await;
+    assert_eq!(webhook.status, 201, "{:?}", webhook.body);
     let contact = app.create_contact(&json!({"email": email, "firstName": name, "plan": "pro"})).await;
     let id = contact["id"].as_str().expect("id").to_owned();
     // More writes about the subject: updates, and an upsert matched by email whose response
@@ -81,6 +91,12 @@ async fn deletion_erases_every_copy_of_the_contact() {
         .await;
     assert_eq!(upsert.status, 200, "{:?}", upsert.body);
     app.wait_for_projections().await;
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while app.query_i64(&format!("SELECT count(*) FROM webhook_deliveries WHERE subject_id = '{id}'")).await < 4 {
+        assert!(std::time::Instant::now() < deadline, "the webhook deliveries about the contact were not enqueued");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 
     // Before deletion the read model holds the data in clear, and the log does not.
     let before = dump(&app).await;

@@ -165,6 +165,8 @@ pub struct Options {
     pub ai: Option<shared::ai::AiSettings>,
     /// How long a read waits for read-your-writes (3 s by default).
     pub consistency_wait: Option<Duration>,
+    /// Webhook delivery; `None`: [`test_webhooks`].
+    pub webhooks: Option<shared::settings::WebhookSettings>,
 }
 
 impl Default for Options {
@@ -176,6 +178,7 @@ impl Default for Options {
             admission: None,
             ai: None,
             consistency_wait: None,
+            webhooks: None,
         }
     }
 }
@@ -191,6 +194,16 @@ pub fn unlimited_admission() -> shared::admission::AdmissionLimits {
     let open =
         shared::admission::ScopeLimits { rate: 1e6, burst: 1e6, pending: 1_000_000_000, receipts: 1_000_000_000 };
     shared::admission::AdmissionLimits { fleet: open, space: open, schema: open }
+}
+
+/// Webhook delivery for tests: loopback receivers allowed, retries after 100, 200, 400 ms.
+pub fn test_webhooks() -> shared::settings::WebhookSettings {
+    shared::settings::WebhookSettings {
+        allow_loopback: true,
+        attempt_timeout_ms: 5_000,
+        retry_schedule_ms: vec![100, 200, 400],
+        ..Default::default()
+    }
 }
 
 /// Limits far above what any test sends, for tests that are not about rate limits.
@@ -220,6 +233,7 @@ impl TestApp {
         if let Some(ai) = options.ai.clone() {
             settings.ai = ai;
         }
+        settings.webhooks = options.webhooks.clone().unwrap_or_else(test_webhooks);
         if let Some(wait) = options.consistency_wait {
             settings.reads.consistency_wait_millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         }

@@ -1,0 +1,404 @@
+//! Webhook writes (write permission): `POST /webhooks`, `PATCH /webhooks/{id}`, `DELETE
+//! /webhooks/{id}` and `POST /webhooks/{id}/rotate-secret`, each under `Idempotency-Key`.
+//! A body that sets a `custom filter` condition counts in the `ai` bucket instead of the
+//! write bucket and spends one AI credit when the filter is made.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde_json::{Map, Value, json};
+use shared::ai::AiError;
+use shared::auth::{Caller, Permission};
+use shared::catalog::CATALOG;
+use shared::error::{ApiError, Code, Issue};
+use shared::events::LogEvent;
+use shared::ids::new_id;
+use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::proto;
+use shared::ratelimit::Bucket;
+use shared::webhooks::signing::Secret;
+use shared::webhooks::state::{Counters, no_condition};
+
+use super::decide::{self, Condition, NewWebhook};
+use super::store::{self, WebhookState};
+use crate::State;
+use crate::idempotency::{self, Claim};
+
+/// How often a write that lost a race on the webhook's stream is decided again.
+const ATTEMPTS: usize = 3;
+
+/// Authenticates (in the bucket the body asks for) and reads the body.
+async fn prelude(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &State,
+) -> Result<(Caller, Map<String, Value>), ApiError> {
+    let body = shared::http::read_json_object(req, payload).await;
+    let custom_filter = body.as_ref().is_ok_and(|body| {
+        body.get("condition").and_then(|condition| condition.get("type")).and_then(Value::as_str)
+            == Some("custom filter")
+    });
+    let bucket = if custom_filter { Bucket::Ai } else { Bucket::Write };
+    let caller = state.authenticator.authorize_in(req, Permission::Write, bucket).await?;
+    Ok((caller, body?))
+}
+
+fn respond(status: StatusCode, body: &Value, operation_id: &str, appended: Appended) -> HttpResponse {
+    let mut response = HttpResponse::build(status);
+    response.insert_header(("Operation-Id", operation_id.to_owned()));
+    if appended.last_position > 0 {
+        response.insert_header(("Consistency-Token", appended.last_position.to_string()));
+    }
+    response.json(body)
+}
+
+fn internal(error: &anyhow::Error) -> ApiError {
+    ApiError::internal(error)
+}
+
+/// Appends one webhook stream change with its guards (and the claim's completion).
+async fn append(
+    req: &HttpRequest,
+    state: &State,
+    caller: &Caller,
+    claim: Option<&Claim>,
+    stream: StreamAppend,
+    guards: Vec<Guard>,
+) -> Result<Appended, AppendError> {
+    state
+        .event_log
+        .append(AppendRequest {
+            metadata: crate::edge::metadata(req, caller, claim.map(|claim| claim.key.clone())),
+            streams: vec![stream],
+            guards,
+        })
+        .await
+}
+
+fn change(webhook_id: &str, expected: ExpectedVersion, event: LogEvent, at_ms: i64) -> StreamAppend {
+    StreamAppend {
+        stream_id: store::stream_id(webhook_id),
+        expected,
+        events: vec![NewEvent { event, subject_id: None, occurred_at: shared::time::from_millis(at_ms) }],
+    }
+}
+
+/// The id of the schema `reference` names, which must fit the trigger.
+async fn resolve_schema(state: &State, caller: &Caller, new: &NewWebhook, reference: &str) -> Result<String, ApiError> {
+    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
+    let client = state.pool.get().await?;
+    let schema = store::schema(&client, &models.schema(CATALOG), caller.space_id(), reference)
+        .await?
+        .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no schema {reference:?} in this space")))?;
+    decide::check_schema(new.trigger, &schema.schema_type)?;
+    Ok(schema.schema_id)
+}
+
+/// The condition to store for what the caller wrote, and the credits making it spent. A
+/// custom filter is made once, here, by the AI provider; it needs a credit.
+async fn resolve_condition(
+    state: &State,
+    caller: &Caller,
+    condition: &Condition,
+) -> Result<(proto::WebhookCondition, i64), ApiError> {
+    let Condition::CustomFilter { requirements } = condition else {
+        return Ok((no_condition(), 0));
+    };
+    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
+    let client = state.pool.get().await?;
+    let credits = shared::catalog::credits(&client, &models.schema(CATALOG), caller.space_id()).await?;
+    drop(client);
+    if credits <= 0 {
+        return Err(ApiError::new(
+            StatusCode::PAYMENT_REQUIRED,
+            Some(Code::InsufficientCredits),
+            "the space has no AI credits left; a custom filter condition needs one",
+        ));
+    }
+    match state.ai.filter(requirements).await {
+        Ok(filter) => Ok((
+            proto::WebhookCondition {
+                r#type: "custom filter".to_owned(),
+                description: shared::filter::describe(&filter),
+                expression: serde_json::to_string(&filter).map_err(|error| internal(&error.into()))?,
+                segment_id: String::new(),
+            },
+            1,
+        )),
+        // Well-formed but not turned into a filter: the contract's 422 for a failed AI
+        // generation. Nothing is spent or written.
+        Err(AiError::Refused(reason) | AiError::Unfit(reason)) => {
+            let message = format!("the requirements could not be turned into a filter: {reason}");
+            Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Some(Code::AiGenerationFailed), message.clone())
+                .with_issues(vec![Issue::coded("condition.requirements", Code::AiGenerationFailed, message)]))
+        }
+        Err(error) => Err(ApiError::unavailable(format!("{error}; retry with the same Idempotency-Key"))),
+    }
+}
+
+/// A live webhook of the caller's space that its owner may change: 404 when it does not
+/// exist (or was deleted, or belongs to another space), 409 when an integration owns it.
+async fn load_owned(state: &State, caller: &Caller, webhook_id: &str) -> Result<(i64, WebhookState), ApiError> {
+    let client = state.pool.get().await?;
+    let (version, current) = store::load(&client, webhook_id).await.map_err(|error| internal(&error))?;
+    match current {
+        Some(webhook) if !webhook.deleted && webhook.space_id == caller.space_id() => {
+            if let Some(vendor) = &webhook.integration_vendor_name {
+                return Err(ApiError::conflict(
+                    Code::WebhookIntegrationOwned,
+                    format!("webhook {webhook_id} is owned by the {vendor} integration; change it there"),
+                ));
+            }
+            Ok((version, webhook))
+        }
+        _ => Err(ApiError::not_found(Code::WebhookNotFound, format!("no webhook {webhook_id:?} in this space"))),
+    }
+}
+
+/// Maps an append failure, noting when the outcome is unconfirmed.
+fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
+    if matches!(error, AppendError::OutcomeUnknown(_)) {
+        *unconfirmed = true;
+    }
+    crate::edge::append_error(error)
+}
+
+fn lost_too_often() -> ApiError {
+    ApiError::conflict(Code::ConcurrentModification, "the webhook kept changing while this write was applied; retry")
+}
+
+/// A new secret sealed under the webhook's key (the key created when `key` is `None`, with
+/// the guard that stores it).
+fn seal_secret(
+    webhook_id: &str,
+    space_id: &str,
+    key: Option<shared::crypto::DataKey>,
+) -> Result<(Secret, proto::Sealed, Option<Guard>), ApiError> {
+    let subject = store::secret_subject(webhook_id);
+    let (key, guard) = match key {
+        Some(key) => (key, None),
+        None => {
+            let (key, wrapped) = shared::crypto::keyring()
+                .and_then(|keyring| keyring.generate(&subject))
+                .map_err(|error| internal(&error))?;
+            (key, Some(store::store_secret_key(webhook_id, space_id, wrapped)))
+        }
+    };
+    let secret = Secret::generate();
+    let mut sealed = shared::events::seal(&subject, &proto::WebhookSecret { secret: secret.reveal() });
+    shared::events::encrypt(&mut sealed, &key).map_err(|error| internal(&error))?;
+    Ok((secret, sealed, guard))
+}
+
+#[tracing::instrument(skip_all)]
+pub async fn create(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let (caller, body) = prelude(&req, payload, &state).await?;
+    let new = decide::parse_create(&body, state.settings.webhooks.allow_loopback)?;
+    let (req, state, caller, new) = (&req, &**state, &caller, &new);
+    idempotency::protect(state, req, caller, &Value::Object(body), |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        let outcome = async {
+            let schema_id = match &new.schema {
+                Some(reference) => resolve_schema(state, caller, new, reference).await?,
+                None => String::new(),
+            };
+            let (condition, credits) = resolve_condition(state, caller, &new.condition).await?;
+            let webhook_id = new_id("wh");
+            let space_id = caller.space_id();
+            let (secret, sealed, key_guard) = seal_secret(&webhook_id, space_id, None)?;
+            let now = shared::time::now_millis();
+            let event = LogEvent::WebhookCreated(proto::WebhookCreated {
+                webhook_id: webhook_id.clone(),
+                space_id: space_id.to_owned(),
+                url: new.url.clone(),
+                trigger: new.trigger.as_str().to_owned(),
+                email_event_types: new.email_event_types.clone(),
+                schema_id,
+                condition: Some(condition),
+                secret: Some(sealed),
+                integration_vendor_name: String::new(),
+                created_at_ms: now,
+            });
+            let webhook = WebhookState::apply(None, &event)
+                .ok_or_else(|| internal(&anyhow::anyhow!("a created webhook has a state")))?;
+            let mut document = webhook.document();
+            Counters::default().merge_into(&mut document);
+            document["signatureVerificationSecret"] = json!(secret.reveal());
+            let body = shared::http::data_body(document, &[]);
+            let guards = key_guard
+                .into_iter()
+                .chain((credits > 0).then(|| shared::admission::spend_guard(space_id, credits)))
+                .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::CREATED, &body)))
+                .collect();
+            let stream = change(&webhook_id, ExpectedVersion::NoStream, event, now);
+            let appended = append(req, state, caller, claim.as_ref(), stream, guards)
+                .await
+                .map_err(|error| append_failure(error, &mut unconfirmed))?;
+            Ok(respond(StatusCode::CREATED, &body, &operation_id, appended))
+        }
+        .await;
+        (outcome, unconfirmed)
+    })
+    .await
+}
+
+#[tracing::instrument(skip_all, fields(webhook = %path.as_str()))]
+pub async fn update(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let (caller, body) = prelude(&req, payload, &state).await?;
+    let (req, state, caller, webhook_id, input) = (&req, &**state, &caller, path.as_str(), &body);
+    idempotency::protect(state, req, caller, &Value::Object(body.clone()), |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        let outcome = async {
+            let (mut version, mut current) = load_owned(state, caller, webhook_id).await?;
+            let update = decide::parse_update(input, current.trigger, state.settings.webhooks.allow_loopback)?;
+            let (condition, credits) = match &update.condition {
+                Some(condition) => {
+                    let (condition, credits) = resolve_condition(state, caller, condition).await?;
+                    (Some(condition), credits)
+                }
+                None => (None, 0),
+            };
+            for attempt in 0..ATTEMPTS {
+                if attempt > 0 {
+                    (version, current) = load_owned(state, caller, webhook_id).await?;
+                }
+                let now = shared::time::now_millis();
+                let event = LogEvent::WebhookUpdated(proto::WebhookUpdated {
+                    webhook_id: webhook_id.to_owned(),
+                    space_id: caller.space_id().to_owned(),
+                    url: update.url.clone(),
+                    email_event_types_set: update.email_event_types.is_some(),
+                    email_event_types: update.email_event_types.clone().unwrap_or_default(),
+                    condition: condition.clone(),
+                    status: update.live.map(|live| if live { "live" } else { "paused" }.to_owned()),
+                    updated_at_ms: now,
+                });
+                let next = WebhookState::apply(Some(current.clone()), &event)
+                    .ok_or_else(|| internal(&anyhow::anyhow!("an updated webhook has a state")))?;
+                let mut counters = store::counters(&state.pool.get().await?, webhook_id).await?;
+                let set_live = update.live == Some(true);
+                if set_live {
+                    counters.failed_calls_in_a_row = 0;
+                }
+                let mut document = next.document();
+                counters.merge_into(&mut document);
+                let body = shared::http::data_body(document, &[]);
+                let guards = set_live
+                    .then(|| store::clear_failures(webhook_id))
+                    .into_iter()
+                    .chain((credits > 0).then(|| shared::admission::spend_guard(caller.space_id(), credits)))
+                    .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)))
+                    .collect();
+                let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
+                match append(req, state, caller, claim.as_ref(), stream, guards).await {
+                    Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, appended)),
+                    Err(AppendError::WrongVersion { .. }) => continue,
+                    Err(error) => return Err(append_failure(error, &mut unconfirmed)),
+                }
+            }
+            Err(lost_too_often())
+        }
+        .await;
+        (outcome, unconfirmed)
+    })
+    .await
+}
+
+#[tracing::instrument(skip_all, fields(webhook = %path.as_str()))]
+pub async fn delete(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
+    let (req, state, caller, webhook_id) = (&req, &**state, &caller, path.as_str());
+    idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        let outcome = async {
+            for _ in 0..ATTEMPTS {
+                let (version, _) = load_owned(state, caller, webhook_id).await?;
+                let now = shared::time::now_millis();
+                let event = LogEvent::WebhookDeleted(proto::WebhookDeleted {
+                    webhook_id: webhook_id.to_owned(),
+                    space_id: caller.space_id().to_owned(),
+                    deleted_at_ms: now,
+                });
+                let body = shared::http::data_body(json!({"id": webhook_id, "deleted": true}), &[]);
+                let guards = [store::shred_secret_key(webhook_id), store::blank_recorded_secrets(webhook_id)]
+                    .into_iter()
+                    .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)))
+                    .collect();
+                let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
+                match append(req, state, caller, claim.as_ref(), stream, guards).await {
+                    Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, appended)),
+                    Err(AppendError::WrongVersion { .. }) => continue,
+                    Err(error) => return Err(append_failure(error, &mut unconfirmed)),
+                }
+            }
+            Err(lost_too_often())
+        }
+        .await;
+        (outcome, unconfirmed)
+    })
+    .await
+}
+
+#[tracing::instrument(skip_all, fields(webhook = %path.as_str()))]
+pub async fn rotate_secret(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
+    let (req, state, caller, webhook_id) = (&req, &**state, &caller, path.as_str());
+    idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
+        let mut unconfirmed = false;
+        let outcome = async {
+            for _ in 0..ATTEMPTS {
+                let (version, _) = load_owned(state, caller, webhook_id).await?;
+                let key = store::secret_key(&state.pool.get().await?, webhook_id).await.map_err(|e| internal(&e))?;
+                let (secret, sealed, key_guard) = seal_secret(webhook_id, caller.space_id(), key)?;
+                let now = shared::time::now_millis();
+                let grace_ms = i64::try_from(state.settings.webhooks.rotation_grace_seconds.saturating_mul(1000))
+                    .unwrap_or(i64::MAX);
+                let event = LogEvent::WebhookSecretRotated(proto::WebhookSecretRotated {
+                    webhook_id: webhook_id.to_owned(),
+                    space_id: caller.space_id().to_owned(),
+                    secret: Some(sealed),
+                    previous_valid_until_ms: now.saturating_add(grace_ms),
+                    rotated_at_ms: now,
+                });
+                let body = shared::http::data_body(
+                    json!({
+                        "id": webhook_id,
+                        "signatureVerificationSecret": secret.reveal(),
+                        "updatedAt": shared::time::format_millis(now),
+                    }),
+                    &[],
+                );
+                let guards = key_guard
+                    .into_iter()
+                    .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)))
+                    .collect();
+                let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
+                match append(req, state, caller, claim.as_ref(), stream, guards).await {
+                    Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, appended)),
+                    Err(AppendError::WrongVersion { .. }) => continue,
+                    Err(error) => return Err(append_failure(error, &mut unconfirmed)),
+                }
+            }
+            Err(lost_too_often())
+        }
+        .await;
+        (outcome, unconfirmed)
+    })
+    .await
+}

@@ -1,0 +1,661 @@
+//! Deliver: attempts the due deliveries of the outbox. Any number of processes run it.
+//!
+//! A step claims due deliveries in one short transaction (serialised between processes by
+//! an advisory lock, so the per-webhook bound holds fleet-wide): it leases each for the
+//! attempt timeout plus a margin and counts the attempt. Each attempt then runs in a task of
+//! its own, at most `concurrency` per process and `per_webhook_concurrency` per webhook, so
+//! a slow or dead receiver holds back only its own webhook. The attempt's outcome, the
+//! delivery's next state and the webhook's counters are recorded by one statement that
+//! matches the lease token; a process that dies mid-attempt loses its leases when they
+//! expire, and another process attempts again. That is the only way a receiver can see a
+//! delivery twice after answering 2xx.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use prost::Message;
+use rand::Rng;
+use shared::crypto::Keys;
+use shared::events::LogEvent;
+use shared::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Metadata, NewEvent, StreamAppend};
+use shared::proto;
+use shared::settings::WebhookSettings;
+use shared::webhooks::signing::{Secret, signature_header};
+use shared::webhooks::state::{secret_subject, stream_id};
+use shared::webhooks::target;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use uuid::Uuid;
+
+use super::enqueue::DELIVERIES_CHANNEL;
+use crate::runtime::{Outcome, Worker};
+
+/// Deliveries claimed per step at most.
+const CLAIM_MAX: usize = 256;
+/// How much longer than the attempt timeout a lease lasts, at most (and at least as long as
+/// the timeout itself).
+const LEASE_MARGIN: Duration = Duration::from_secs(30);
+/// The longest `Retry-After` honoured.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
+/// The longest error message kept.
+const ERROR_MAX_CHARS: usize = 500;
+/// The advisory lock that serialises claims between processes.
+const CLAIM_LOCK: i64 = 7_305_001;
+
+/// A webhook's secret of one version, and until when it still signs as the previous secret
+/// of a rotation (set on the version that replaced it).
+type VersionedSecret = (i32, Secret, Option<DateTime<Utc>>);
+
+/// A claimed delivery, ready to attempt or to drop.
+struct Claimed {
+    delivery_id: String,
+    webhook_id: String,
+    space_id: String,
+    url: String,
+    lease_token: Uuid,
+    /// Attempts counted so far, this one included.
+    attempts: i32,
+    created_at: DateTime<Utc>,
+    plan: Plan,
+}
+
+enum Plan {
+    /// Send `body`, signed with `secrets`.
+    Send { body: Vec<u8>, secrets: Vec<Secret> },
+    /// Not sent, for this reason.
+    Drop(&'static str),
+}
+
+/// What one attempt came to.
+#[derive(Debug, Clone, PartialEq)]
+enum AttemptResult {
+    Delivered {
+        status: u16,
+    },
+    /// A failure worth retrying (network, timeout, 408, 429, 5xx), after at least
+    /// `retry_after` when the receiver asked.
+    Retryable {
+        status: Option<u16>,
+        error: String,
+        retry_after: Option<Duration>,
+    },
+    /// 410 Gone: the webhook is paused.
+    Gone,
+    /// Any other answer: failed without retry.
+    Rejected {
+        status: Option<u16>,
+        error: String,
+    },
+}
+
+struct Inner {
+    pool: Pool,
+    log: EventLog,
+    http: reqwest::Client,
+    settings: WebhookSettings,
+    slots: Arc<Semaphore>,
+    /// Signalled when an attempt of this process ends, which may let a webhook at its
+    /// concurrency bound have its next delivery claimed.
+    finished: tokio::sync::Notify,
+}
+
+pub struct Deliver(Arc<Inner>);
+
+impl Deliver {
+    pub fn new(pool: Pool, log: EventLog, settings: &WebhookSettings) -> anyhow::Result<Self> {
+        let timeout = Duration::from_millis(settings.attempt_timeout_ms.max(1));
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(GuardedResolver { allow_loopback: settings.allow_loopback }))
+            .user_agent(concat!("platform-webhooks/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        let slots = Arc::new(Semaphore::new(settings.concurrency.max(1)));
+        let finished = tokio::sync::Notify::new();
+        Ok(Self(Arc::new(Inner { pool, log, http, settings: settings.clone(), slots, finished })))
+    }
+
+    async fn run(&self) -> anyhow::Result<Outcome> {
+        // At least one free slot; while every slot is busy, wait a little for one.
+        let Ok(Ok(first)) = tokio::time::timeout(Duration::from_secs(1), self.0.slots.clone().acquire_owned()).await
+        else {
+            return Ok(Outcome::Idle);
+        };
+        let mut permits = vec![first];
+        while permits.len() < CLAIM_MAX {
+            match self.0.slots.clone().try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_) => break,
+            }
+        }
+        let claimed = self.0.claim(permits.len()).await?;
+        if claimed.is_empty() {
+            drop(permits);
+            let in_flight = self.0.slots.available_permits() < self.0.settings.concurrency.max(1);
+            if in_flight {
+                // Due deliveries may be waiting for an attempt of this process to end (the
+                // per-webhook bound): claim again as soon as one does.
+                let _ = tokio::time::timeout(self.poll_interval(), self.0.finished.notified()).await;
+                return Ok(Outcome::Progressed);
+            }
+            return Ok(Outcome::Idle);
+        }
+        for (delivery, permit) in claimed.into_iter().zip(permits) {
+            let inner = self.0.clone();
+            tokio::spawn(async move { inner.attempt(delivery, permit).await });
+        }
+        Ok(Outcome::Progressed)
+    }
+}
+
+impl Inner {
+    /// Claims up to `limit` due deliveries and prepares each: its body opened and its secrets
+    /// chosen, or the reason it is dropped.
+    async fn claim(&self, limit: usize) -> anyhow::Result<Vec<Claimed>> {
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        let token = Uuid::now_v7();
+        let limit = i64::try_from(limit).unwrap_or(1);
+        let timeout = Duration::from_millis(self.settings.attempt_timeout_ms);
+        let lease = (timeout + timeout.min(LEASE_MARGIN)).as_secs_f64();
+        let claim = transaction
+            .prepare_cached(
+                "WITH busy AS (
+                     SELECT webhook_id, count(*) AS n FROM webhook_deliveries
+                     WHERE state = 'pending' AND leased_until > clock_timestamp() GROUP BY webhook_id),
+                 due AS (
+                     SELECT d.delivery_id, d.next_attempt_at,
+                            row_number() OVER (PARTITION BY d.webhook_id ORDER BY d.next_attempt_at, d.delivery_id)
+                              + COALESCE(b.n, 0) AS slot
+                     FROM (SELECT delivery_id, webhook_id, next_attempt_at FROM webhook_deliveries
+                           WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()
+                             AND (leased_until IS NULL OR leased_until <= clock_timestamp())
+                           ORDER BY next_attempt_at LIMIT 2000) d
+                     LEFT JOIN busy b USING (webhook_id)),
+                 picked AS (SELECT delivery_id FROM due WHERE slot <= $3 ORDER BY next_attempt_at LIMIT $2)
+                 UPDATE webhook_deliveries d
+                 SET leased_until = clock_timestamp() + make_interval(secs => $4), lease_token = $1,
+                     attempts = d.attempts + 1
+                 FROM picked WHERE d.delivery_id = picked.delivery_id
+                 RETURNING d.delivery_id, d.webhook_id, d.space_id, d.url, d.secret_version, d.subject_id, d.body,
+                           d.attempts, d.created_at,
+                           (SELECT e.status FROM webhook_endpoints e WHERE e.webhook_id = d.webhook_id)",
+            )
+            .await?;
+        let lock = transaction.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
+        transaction.execute(&lock, &[&CLAIM_LOCK]).await?;
+        let per_webhook = self.settings.per_webhook_concurrency.max(1);
+        let rows = transaction.query(&claim, &[&token, &limit, &per_webhook, &lease]).await?;
+        transaction.commit().await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let webhooks: Vec<String> = rows.iter().map(|row| row.get(1)).collect();
+        let mut subjects: Vec<String> = webhooks.iter().map(|webhook| secret_subject(webhook)).collect();
+        subjects.extend(rows.iter().filter_map(|row| row.get::<_, Option<String>>(5)));
+        subjects.sort();
+        subjects.dedup();
+        let keys = shared::crypto::load_keys(&client, &subjects).await?;
+        let secrets = self.secrets(&client, &webhooks, &keys).await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let webhook_id: String = row.get(1);
+                let subject: Option<String> = row.get(5);
+                let status: Option<String> = row.get(9);
+                let plan = match status.as_deref() {
+                    Some("live") => {
+                        plan_send(&keys, subject.as_deref(), row.get(6), secrets.get(&webhook_id), row.get(4))
+                    }
+                    Some("paused") => Plan::Drop("the webhook was paused"),
+                    _ => Plan::Drop("the webhook was deleted"),
+                };
+                Claimed {
+                    delivery_id: row.get(0),
+                    webhook_id,
+                    space_id: row.get(2),
+                    url: row.get(3),
+                    lease_token: token,
+                    attempts: row.get(7),
+                    created_at: row.get(8),
+                    plan,
+                }
+            })
+            .collect())
+    }
+
+    /// The secrets of `webhooks` by version, opened, with when each ceases to be the
+    /// "previous" one that still signs.
+    async fn secrets(
+        &self,
+        client: &deadpool_postgres::Client,
+        webhooks: &[String],
+        keys: &Keys,
+    ) -> anyhow::Result<HashMap<String, Vec<VersionedSecret>>> {
+        let statement = client
+            .prepare_cached(
+                "SELECT webhook_id, version, sealed, previous_valid_until FROM webhook_secrets
+                 WHERE webhook_id = ANY($1) ORDER BY webhook_id, version",
+            )
+            .await?;
+        let mut secrets: HashMap<String, Vec<VersionedSecret>> = HashMap::new();
+        for row in client.query(&statement, &[&webhooks]).await? {
+            let sealed = proto::Sealed::decode(row.get::<_, &[u8]>(2))?;
+            let opened = shared::events::open::<proto::WebhookSecret>(Some(&sealed), keys)?;
+            if let Some(secret) = opened.and_then(|opened| Secret::parse(&opened.secret)) {
+                secrets.entry(row.get(0)).or_default().push((row.get(1), secret, row.get(3)));
+            }
+        }
+        Ok(secrets)
+    }
+
+    /// Attempts one delivery and records the outcome; the permit frees its slot at the end.
+    async fn attempt(self: Arc<Self>, delivery: Claimed, permit: OwnedSemaphorePermit) {
+        let slot = permit;
+        let result = match &delivery.plan {
+            Plan::Drop(reason) => self.drop_delivery(&delivery, reason).await,
+            Plan::Send { body, secrets } => {
+                let started = Instant::now();
+                let result = self.send(&delivery, body, secrets).await;
+                self.record(&delivery, &result, started.elapsed()).await
+            }
+        };
+        if let Err(error) = result {
+            // The lease expires and another attempt follows.
+            tracing::warn!(delivery = %delivery.delivery_id, error = format!("{error:#}"),
+                "could not record a webhook attempt");
+        }
+        drop(slot);
+        self.finished.notify_one();
+    }
+
+    async fn send(&self, delivery: &Claimed, body: &[u8], secrets: &[Secret]) -> AttemptResult {
+        if let Some(refusal) = target::url_refusal(&delivery.url, self.settings.allow_loopback) {
+            return AttemptResult::Rejected {
+                status: None,
+                error: format!("the target is refused: {}", refusal.message()),
+            };
+        }
+        let timestamp = Utc::now().timestamp();
+        let signature = signature_header(secrets, &delivery.delivery_id, timestamp, body);
+        let sent = self
+            .http
+            .post(&delivery.url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &delivery.delivery_id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .header("x-webhook-id", &delivery.delivery_id)
+            .body(body.to_vec())
+            .send()
+            .await;
+        match sent {
+            Ok(response) => classify(response.status().as_u16(), retry_after(response.headers())),
+            Err(error) => AttemptResult::Retryable { status: None, error: describe(&error), retry_after: None },
+        }
+    }
+
+    /// Records an attempt: the delivery's next state, the attempt in the delivery log and the
+    /// webhook's counters, in one statement that matches the lease; then pauses the webhook
+    /// when the receiver is gone or the circuit breaker opens.
+    async fn record(&self, delivery: &Claimed, result: &AttemptResult, latency: Duration) -> anyhow::Result<()> {
+        if *result == AttemptResult::Gone {
+            // Paused before the outcome is recorded: a crash in between re-attempts a delivery
+            // of a paused webhook, which drops it.
+            self.pause(delivery, "gone", "the receiver answered 410 Gone").await?;
+        }
+        let (state, next_delay, status, error) = self.next_state(delivery, result);
+        let failed = !matches!(result, AttemptResult::Delivered { .. });
+        let latency_ms = i32::try_from(latency.as_millis()).unwrap_or(i32::MAX);
+        let delay_seconds = next_delay.map(|delay| delay.as_secs_f64());
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "WITH done AS (
+                     UPDATE webhook_deliveries
+                     SET state = $3, leased_until = NULL, lease_token = NULL, last_status = $4, last_error = $5,
+                         next_attempt_at = CASE WHEN $6::float8 IS NULL THEN next_attempt_at
+                                                ELSE clock_timestamp() + make_interval(secs => $6::float8) END,
+                         finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE clock_timestamp() END
+                     WHERE delivery_id = $1 AND lease_token = $2
+                     RETURNING delivery_id, webhook_id, attempts),
+                 logged AS (
+                     INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, status, latency_ms, error)
+                     SELECT delivery_id, attempts, clock_timestamp(), $4, $7, $5 FROM done
+                     ON CONFLICT DO NOTHING)
+                 UPDATE webhook_counters c
+                 SET total_calls = c.total_calls + 1,
+                     failed_calls = c.failed_calls + CASE WHEN $8 THEN 1 ELSE 0 END,
+                     failed_calls_in_a_row = CASE WHEN $8 THEN c.failed_calls_in_a_row + 1 ELSE 0 END,
+                     failing_since = CASE WHEN $8 THEN COALESCE(c.failing_since, clock_timestamp()) END,
+                     last_called_at = clock_timestamp(),
+                     last_call_error_message = $5
+                 FROM done WHERE c.webhook_id = done.webhook_id
+                 RETURNING c.failed_calls_in_a_row,
+                           c.failing_since <= clock_timestamp() - make_interval(secs => $9::float8)",
+            )
+            .await?;
+        let window = self.settings.breaker_window_seconds as f64;
+        let row = client
+            .query_opt(
+                &statement,
+                &[
+                    &delivery.delivery_id,
+                    &delivery.lease_token,
+                    &state,
+                    &status.map(i32::from),
+                    &error,
+                    &delay_seconds,
+                    &latency_ms,
+                    &failed,
+                    &window,
+                ],
+            )
+            .await?;
+        let outcome = match result {
+            AttemptResult::Delivered { .. } => "delivered",
+            AttemptResult::Retryable { .. } => "retryable",
+            AttemptResult::Gone => "gone",
+            AttemptResult::Rejected { .. } => "rejected",
+        };
+        metrics::counter!("webhook_attempts_total", "outcome" => outcome).increment(1);
+        if matches!(result, AttemptResult::Delivered { .. }) {
+            let age = (Utc::now() - delivery.created_at).to_std().unwrap_or_default();
+            metrics::histogram!("webhook_delivery_seconds").record(age.as_secs_f64());
+        }
+        if let Some(row) = row {
+            let (in_a_row, window_passed): (i64, Option<bool>) = (row.get(0), row.get(1));
+            if failed && in_a_row >= self.settings.breaker_failures && window_passed == Some(true) {
+                let detail = format!(
+                    "{in_a_row} consecutive failed attempts over at least {} s; the last: {}",
+                    self.settings.breaker_window_seconds,
+                    error.as_deref().unwrap_or("failed")
+                );
+                self.pause(delivery, "failing", &detail).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The delivery's state after an attempt, the delay before the next one (if any), and the
+    /// status and error to record.
+    fn next_state(
+        &self,
+        delivery: &Claimed,
+        result: &AttemptResult,
+    ) -> (&'static str, Option<Duration>, Option<u16>, Option<String>) {
+        match result {
+            AttemptResult::Delivered { status } => ("delivered", None, Some(*status), None),
+            AttemptResult::Gone => ("failed", None, Some(410), Some("HTTP 410 Gone: the webhook is paused".to_owned())),
+            AttemptResult::Rejected { status, error } => ("failed", None, *status, Some(error.clone())),
+            AttemptResult::Retryable { status, error, retry_after } => {
+                let retry = usize::try_from(delivery.attempts - 1).unwrap_or(0);
+                match self.settings.retry_schedule_ms.get(retry) {
+                    Some(delay) => {
+                        let jitter = rand::rng().random_range(0.8..1.2);
+                        let delay = Duration::from_millis(*delay).mul_f64(jitter);
+                        let delay = retry_after.map_or(delay, |asked| asked.max(delay));
+                        ("pending", Some(delay), *status, Some(error.clone()))
+                    }
+                    None => ("failed", None, *status, Some(format!("{error} (retries exhausted)"))),
+                }
+            }
+        }
+    }
+
+    async fn drop_delivery(&self, delivery: &Claimed, reason: &str) -> anyhow::Result<()> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "UPDATE webhook_deliveries SET state = 'dropped', leased_until = NULL, lease_token = NULL,
+                     last_error = $3, finished_at = clock_timestamp(), attempts = attempts - 1
+                 WHERE delivery_id = $1 AND lease_token = $2",
+                &[&delivery.delivery_id, &delivery.lease_token, &reason],
+            )
+            .await?;
+        metrics::counter!("webhook_deliveries_dropped_total").increment(1);
+        Ok(())
+    }
+
+    /// Pauses the webhook with a reason the owner sees on GET, unless it is no longer live.
+    async fn pause(&self, delivery: &Claimed, reason: &str, detail: &str) -> anyhow::Result<()> {
+        let client = self.pool.get().await?;
+        let (version, current) = shared::webhooks::state::load(&client, &delivery.webhook_id).await?;
+        drop(client);
+        if !current.is_some_and(|webhook| webhook.live && !webhook.deleted) {
+            return Ok(());
+        }
+        let now = shared::time::now_millis();
+        let paused = proto::WebhookPaused {
+            webhook_id: delivery.webhook_id.clone(),
+            space_id: delivery.space_id.clone(),
+            reason: reason.to_owned(),
+            detail: detail.to_owned(),
+            paused_at_ms: now,
+        };
+        let request = AppendRequest {
+            metadata: Metadata { space_id: Some(delivery.space_id.clone()), ..Metadata::default() },
+            streams: vec![StreamAppend {
+                stream_id: stream_id(&delivery.webhook_id),
+                expected: ExpectedVersion::Exactly(version),
+                events: vec![NewEvent {
+                    event: LogEvent::WebhookPaused(paused),
+                    subject_id: None,
+                    occurred_at: shared::time::from_millis(now),
+                }],
+            }],
+            guards: Vec::new(),
+        };
+        match self.log.append(request).await {
+            // Changed meanwhile (its owner, or another worker pausing it): nothing to do.
+            Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
+/// How to send a claimed delivery of a live webhook, or why not: its body opens with its
+/// subject's key (gone once the subject is erased), and it is signed with the secret captured
+/// at enqueue plus, during a rotation's grace period, the one on the other side of it.
+fn plan_send(
+    keys: &Keys,
+    subject: Option<&str>,
+    body: Vec<u8>,
+    secrets: Option<&Vec<VersionedSecret>>,
+    version: i32,
+) -> Plan {
+    let body = match subject {
+        None => body,
+        Some(subject) => match keys.get(subject).map(|key| key.decrypt(subject, &body)) {
+            Some(Ok(body)) => body,
+            Some(Err(_)) => return Plan::Drop("the payload could not be opened"),
+            None => return Plan::Drop("the data subject was erased"),
+        },
+    };
+    let Some(secrets) = secrets else { return Plan::Drop("the webhook's secrets are gone") };
+    let now = Utc::now();
+    let in_grace = |until: &Option<DateTime<Utc>>| until.is_some_and(|until| until > now);
+    let mut chosen = Vec::new();
+    for (secret_version, secret, previous_valid_until) in secrets {
+        let captured = *secret_version == version;
+        // The secret that replaced the captured one, while the captured one is still valid.
+        let newer = *secret_version == version + 1 && in_grace(previous_valid_until);
+        // The captured secret replaced an older one that is still valid.
+        let older =
+            *secret_version == version - 1 && secrets.iter().any(|(v, _, until)| *v == version && in_grace(until));
+        if captured {
+            chosen.insert(0, secret.clone());
+        } else if newer || older {
+            chosen.push(secret.clone());
+        }
+    }
+    if chosen.is_empty() {
+        return Plan::Drop("the webhook's secrets are gone");
+    }
+    Plan::Send { body, secrets: chosen }
+}
+
+/// The outcome of an answer.
+fn classify(status: u16, retry_after: Option<Duration>) -> AttemptResult {
+    match status {
+        200..=299 => AttemptResult::Delivered { status },
+        410 => AttemptResult::Gone,
+        408 | 429 | 500..=599 => {
+            AttemptResult::Retryable { status: Some(status), error: status_text(status), retry_after }
+        }
+        _ => AttemptResult::Rejected { status: Some(status), error: status_text(status) },
+    }
+}
+
+fn status_text(status: u16) -> String {
+    let reason = reqwest::StatusCode::from_u16(status).ok().and_then(|code| code.canonical_reason());
+    match reason {
+        Some(reason) => format!("HTTP {status} {reason}"),
+        None => format!("HTTP {status}"),
+    }
+}
+
+/// `Retry-After` in seconds or as an HTTP date, bounded.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let delay = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            let at = DateTime::parse_from_rfc2822(value).ok()?.with_timezone(&Utc);
+            (at - Utc::now()).to_std().unwrap_or_default()
+        }
+    };
+    Some(delay.min(RETRY_AFTER_MAX))
+}
+
+/// A transport error with its causes, bounded.
+fn describe(error: &reqwest::Error) -> String {
+    let mut text = if error.is_timeout() { "timed out".to_owned() } else { error.to_string() };
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text.chars().take(ERROR_MAX_CHARS).collect()
+}
+
+/// Resolves delivery hosts and refuses any whose addresses include a refused one
+/// (loopback unless allowed, private, link-local, metadata...): the check at connect time,
+/// against DNS rebinding.
+struct GuardedResolver {
+    allow_loopback: bool,
+}
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow_loopback = self.allow_loopback;
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if let Some(refusal) =
+                addresses.iter().find_map(|address| target::address_refusal(address.ip(), allow_loopback))
+            {
+                return Err(format!("{host} resolves to a refused address: {}", refusal.message()).into());
+            }
+            let addresses: reqwest::dns::Addrs = Box::new(addresses.into_iter());
+            Ok(addresses)
+        })
+    }
+}
+
+impl Worker for Deliver {
+    fn name(&self) -> String {
+        "webhook_delivery".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[DELIVERIES_CHANNEL]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(250)
+    }
+
+    fn step(&self) -> futures_util::future::BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(self.run())
+    }
+
+    fn lag(&self) -> futures_util::future::BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async {
+            let client = self.0.pool.get().await?;
+            let due: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= now()",
+                    &[],
+                )
+                .await?
+                .get(0);
+            metrics::gauge!("webhook_deliveries_due").set(due as f64);
+            Ok(None)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_classified_as_the_contract_says() {
+        assert_eq!(classify(204, None), AttemptResult::Delivered { status: 204 });
+        assert_eq!(classify(410, None), AttemptResult::Gone);
+        for retried in [408, 429, 500, 503] {
+            assert!(matches!(classify(retried, None), AttemptResult::Retryable { .. }), "{retried}");
+        }
+        for rejected in [301, 400, 401, 404, 422] {
+            assert!(matches!(classify(rejected, None), AttemptResult::Rejected { .. }), "{rejected}");
+        }
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates_and_is_bounded() {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::RETRY_AFTER, "7".parse().expect("header"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
+        headers.insert(reqwest::header::RETRY_AFTER, "99999999".parse().expect("header"));
+        assert_eq!(retry_after(&headers), Some(RETRY_AFTER_MAX));
+        headers.insert(reqwest::header::RETRY_AFTER, "soon".parse().expect("header"));
+        assert_eq!(retry_after(&headers), None);
+    }
+
+    #[test]
+    fn during_a_rotation_both_secrets_sign_and_the_captured_one_comes_first() {
+        let (old, new) = (Secret::generate(), Secret::generate());
+        let later = Some(Utc::now() + chrono::Duration::hours(1));
+        let earlier = Some(Utc::now() - chrono::Duration::hours(1));
+        let in_grace = vec![(1, old.clone(), None), (2, new.clone(), later)];
+        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&in_grace), 1) else {
+            panic!("sent")
+        };
+        assert_eq!(secrets, vec![old.clone(), new.clone()]);
+        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&in_grace), 2) else {
+            panic!("sent")
+        };
+        assert_eq!(secrets, vec![new.clone(), old.clone()]);
+        let after_grace = vec![(1, old.clone(), None), (2, new.clone(), earlier)];
+        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&after_grace), 2)
+        else {
+            panic!("sent")
+        };
+        assert_eq!(secrets, vec![new], "after the grace period only the captured secret signs");
+    }
+
+    #[test]
+    fn an_erased_subject_drops_the_delivery() {
+        let secrets = vec![(1, Secret::generate(), None)];
+        assert!(matches!(
+            plan_send(&Keys::default(), Some("con_1"), b"sealed".to_vec(), Some(&secrets), 1),
+            Plan::Drop("the data subject was erased")
+        ));
+    }
+}

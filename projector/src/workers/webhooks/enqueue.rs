@@ -1,0 +1,570 @@
+//! Enqueue: follows the log under the lease `webhook_enqueue` and turns each (log event,
+//! matching webhook) pair into one row of the `webhook_deliveries` outbox.
+//!
+//! In one transaction per batch it folds the webhook events themselves into
+//! `webhook_endpoints` and `webhook_secrets` (so an event is matched against exactly the
+//! webhooks live at its position, with the URL, filter and secret version of that moment),
+//! inserts the deliveries, and advances its checkpoint. The delivery id is derived from the
+//! log position and the webhook id, so a batch that runs twice inserts nothing new. A custom
+//! filter is evaluated here: a delivery it rejects is never enqueued, sent or counted.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use deadpool_postgres::{Pool, Transaction};
+use prost::Message;
+use serde_json::{Value, json};
+use shared::crypto::Keys;
+use shared::events::{LogEvent, open};
+use shared::filter::Filter;
+use shared::log::StoredEvent;
+use shared::proto;
+use shared::records::RecordState;
+use shared::time::{format_millis, format_timestamp};
+use shared::webhooks::Trigger;
+
+use crate::runtime::{Lease, LeaseName, Outcome, Worker};
+
+/// The channel notified when deliveries are enqueued.
+pub const DELIVERIES_CHANNEL: &str = "webhook_deliveries";
+/// Log events read per step.
+const BATCH: i64 = 500;
+
+/// A webhook as the enqueue worker matches it.
+#[derive(Debug, Clone)]
+struct Endpoint {
+    webhook_id: String,
+    trigger: String,
+    schema_id: Option<String>,
+    email_event_types: Vec<String>,
+    url: String,
+    filter: Option<Filter>,
+    live: bool,
+    secret_version: i32,
+}
+
+/// A delivery to insert.
+struct Delivery {
+    delivery_id: String,
+    webhook_id: String,
+    space_id: String,
+    position: i64,
+    kind: String,
+    url: String,
+    secret_version: i32,
+    subject_id: Option<String>,
+    body: Vec<u8>,
+}
+
+/// What an event asks of webhooks: its trigger, schema, subject (whose key seals the body)
+/// and the `data` of the body.
+struct Occurrence {
+    trigger: Trigger,
+    /// `None` for email events, which name no schema.
+    schema_id: Option<String>,
+    /// The email event type (`bounced`) of an `email event`.
+    email_type: Option<String>,
+    subject_id: Option<String>,
+    data: Value,
+    /// What a custom filter reads when it is not `data` itself: an event's values beside
+    /// its fields, so `amount is over 100` works on an event as on a record.
+    filter_view: Option<Value>,
+}
+
+pub struct Enqueue {
+    pool: Pool,
+    lease: LeaseName,
+}
+
+impl Enqueue {
+    pub fn new(pool: Pool) -> Self {
+        Self { pool, lease: LeaseName::new("webhook_enqueue") }
+    }
+
+    async fn run(&self) -> anyhow::Result<Outcome> {
+        let mut client = self.pool.get().await?;
+        let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else {
+            return Ok(Outcome::Idle);
+        };
+        let events = shared::log::read_after(lease.transaction(), lease.checkpoint, BATCH).await?;
+        let Some(last) = events.last().map(|event| event.position) else {
+            return Ok(Outcome::Idle);
+        };
+        let enqueued = enqueue_batch(lease.transaction(), &events).await?;
+        if enqueued > 0 {
+            lease.transaction().execute("SELECT pg_notify($1, '')", &[&DELIVERIES_CHANNEL]).await?;
+        }
+        lease.commit(last).await?;
+        metrics::counter!("webhook_deliveries_enqueued_total").increment(enqueued);
+        Ok(if i64::try_from(events.len()).unwrap_or(0) < BATCH { Outcome::Idle } else { Outcome::Progressed })
+    }
+}
+
+/// The types this worker reads; everything else is skipped without decoding.
+const EVENT_TYPES: &[&str] = &[
+    "WebhookCreated.v1",
+    "WebhookUpdated.v1",
+    "WebhookPaused.v1",
+    "WebhookSecretRotated.v1",
+    "WebhookDeleted.v1",
+    "RecordCreated.v1",
+    "RecordUpdated.v1",
+    "RecordDeletionRequested.v1",
+    "EventAccepted.v1",
+    "EventReadinessChanged.v1",
+];
+
+async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) -> anyhow::Result<u64> {
+    let relevant: Vec<&StoredEvent> =
+        events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())).collect();
+    if relevant.is_empty() {
+        return Ok(0);
+    }
+    let spaces: Vec<String> = {
+        let mut spaces: Vec<String> = relevant.iter().filter_map(|event| event.space_id.clone()).collect();
+        spaces.sort();
+        spaces.dedup();
+        spaces
+    };
+    let mut endpoints = load_endpoints(transaction, &spaces).await?;
+    let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
+    let keys = shared::crypto::load_keys(transaction, &subjects).await?;
+    let mut deliveries = Vec::new();
+    for event in relevant {
+        let space_id = event.space_id.clone().unwrap_or_default();
+        let decoded = event.decode()?;
+        if fold_webhook(transaction, &mut endpoints, &space_id, &decoded).await? {
+            continue;
+        }
+        let Some(occurrence) = occurrence(transaction, event, &decoded, &keys).await? else { continue };
+        let Some(webhooks) = endpoints.get(&space_id) else { continue };
+        for endpoint in webhooks.values().filter(|endpoint| fits(endpoint, &occurrence)) {
+            let body = json!({
+                "type": occurrence.trigger.delivery_type(),
+                "timestamp": format_timestamp(event.recorded_at),
+                "data": occurrence.data,
+            });
+            let mut bytes = serde_json::to_vec(&body)?;
+            let subject_id = match &occurrence.subject_id {
+                Some(subject) => match keys.get(subject) {
+                    Some(key) => {
+                        bytes = key.encrypt(subject, &bytes)?;
+                        Some(subject.clone())
+                    }
+                    // Erased before it could be enqueued: nothing may be sent about it.
+                    None => continue,
+                },
+                None => None,
+            };
+            let position = event.position.to_string();
+            deliveries.push(Delivery {
+                delivery_id: shared::ids::derived_id("msg", &[&position, &endpoint.webhook_id]),
+                webhook_id: endpoint.webhook_id.clone(),
+                space_id: space_id.clone(),
+                position: event.position,
+                kind: occurrence.trigger.delivery_type().to_owned(),
+                url: endpoint.url.clone(),
+                secret_version: endpoint.secret_version,
+                subject_id,
+                body: bytes,
+            });
+        }
+    }
+    insert(transaction, &deliveries).await
+}
+
+/// Whether a live webhook wants an occurrence: its trigger and schema, and its filter over
+/// the body's `data`.
+fn fits(endpoint: &Endpoint, occurrence: &Occurrence) -> bool {
+    endpoint.live
+        && endpoint.trigger == occurrence.trigger.as_str()
+        && endpoint.schema_id == occurrence.schema_id
+        && occurrence.email_type.as_ref().is_none_or(|kind| endpoint.email_event_types.contains(kind))
+        && endpoint.filter.as_ref().is_none_or(|filter| {
+            shared::filter::matches(filter, occurrence.filter_view.as_ref().unwrap_or(&occurrence.data))
+        })
+}
+
+/// The endpoints of `spaces` as the last batch left them, by space and webhook id.
+async fn load_endpoints(
+    transaction: &Transaction<'_>,
+    spaces: &[String],
+) -> anyhow::Result<HashMap<String, HashMap<String, Endpoint>>> {
+    let statement = transaction
+        .prepare_cached(
+            "SELECT space_id, webhook_id, trigger, schema_id, email_event_types, url, filter, status, secret_version
+             FROM webhook_endpoints WHERE space_id = ANY($1) AND status <> 'deleted'",
+        )
+        .await?;
+    let mut endpoints: HashMap<String, HashMap<String, Endpoint>> = HashMap::new();
+    for row in transaction.query(&statement, &[&spaces]).await? {
+        let filter: Option<Value> = row.get(6);
+        let endpoint = Endpoint {
+            webhook_id: row.get(1),
+            trigger: row.get(2),
+            schema_id: row.get(3),
+            email_event_types: row.get(4),
+            url: row.get(5),
+            filter: filter.and_then(|filter| shared::filter::from_json(&filter).ok()),
+            live: row.get::<_, String>(7) == "live",
+            secret_version: row.get(8),
+        };
+        endpoints.entry(row.get(0)).or_default().insert(endpoint.webhook_id.clone(), endpoint);
+    }
+    Ok(endpoints)
+}
+
+/// The filter a condition stores, if it is a custom filter.
+fn filter_of(condition: Option<&proto::WebhookCondition>) -> Option<Filter> {
+    let condition = condition.filter(|condition| condition.r#type == "custom filter")?;
+    let expression: Value = serde_json::from_str(&condition.expression).ok()?;
+    shared::filter::from_json(&expression).ok()
+}
+
+/// Folds a webhook event into the endpoint tables and the batch's view of them; `false` for
+/// events of other kinds.
+async fn fold_webhook(
+    transaction: &Transaction<'_>,
+    endpoints: &mut HashMap<String, HashMap<String, Endpoint>>,
+    space_id: &str,
+    event: &LogEvent,
+) -> anyhow::Result<bool> {
+    let space = endpoints.entry(space_id.to_owned()).or_default();
+    match event {
+        LogEvent::WebhookCreated(created) => {
+            let endpoint = Endpoint {
+                webhook_id: created.webhook_id.clone(),
+                trigger: created.trigger.clone(),
+                schema_id: Some(created.schema_id.clone()).filter(|id| !id.is_empty()),
+                email_event_types: created.email_event_types.clone(),
+                url: created.url.clone(),
+                filter: filter_of(created.condition.as_ref()),
+                live: true,
+                secret_version: 1,
+            };
+            save_secret(transaction, &created.webhook_id, 1, created.secret.as_ref(), None).await?;
+            transaction
+                .execute(
+                    "INSERT INTO webhook_counters (webhook_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                    &[&created.webhook_id],
+                )
+                .await?;
+            save(transaction, space_id, &endpoint, "live").await?;
+            space.insert(endpoint.webhook_id.clone(), endpoint);
+        }
+        LogEvent::WebhookUpdated(updated) => {
+            let Some(endpoint) = space.get_mut(&updated.webhook_id) else { return Ok(true) };
+            if let Some(url) = &updated.url {
+                endpoint.url.clone_from(url);
+            }
+            if updated.email_event_types_set {
+                endpoint.email_event_types.clone_from(&updated.email_event_types);
+            }
+            if let Some(condition) = &updated.condition {
+                endpoint.filter = filter_of(Some(condition));
+            }
+            match updated.status.as_deref() {
+                Some("live") => endpoint.live = true,
+                Some("paused") => endpoint.live = false,
+                _ => {}
+            }
+            let status = if endpoint.live { "live" } else { "paused" };
+            save(transaction, space_id, endpoint, status).await?;
+        }
+        LogEvent::WebhookPaused(paused) => {
+            let Some(endpoint) = space.get_mut(&paused.webhook_id) else { return Ok(true) };
+            endpoint.live = false;
+            save(transaction, space_id, endpoint, "paused").await?;
+        }
+        LogEvent::WebhookSecretRotated(rotated) => {
+            let Some(endpoint) = space.get_mut(&rotated.webhook_id) else { return Ok(true) };
+            endpoint.secret_version += 1;
+            let until = shared::time::from_millis(rotated.previous_valid_until_ms);
+            save_secret(
+                transaction,
+                &rotated.webhook_id,
+                endpoint.secret_version,
+                rotated.secret.as_ref(),
+                Some(until),
+            )
+            .await?;
+            let status = if endpoint.live { "live" } else { "paused" };
+            save(transaction, space_id, endpoint, status).await?;
+        }
+        LogEvent::WebhookDeleted(deleted) => {
+            if let Some(endpoint) = space.remove(&deleted.webhook_id) {
+                save(transaction, space_id, &endpoint, "deleted").await?;
+            }
+            transaction.execute("DELETE FROM webhook_secrets WHERE webhook_id = $1", &[&deleted.webhook_id]).await?;
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+async fn save(transaction: &Transaction<'_>, space_id: &str, endpoint: &Endpoint, status: &str) -> anyhow::Result<()> {
+    let filter = endpoint.filter.as_ref().map(serde_json::to_value).transpose()?;
+    let statement = transaction
+        .prepare_cached(
+            "INSERT INTO webhook_endpoints
+                 (webhook_id, space_id, trigger, schema_id, email_event_types, url, filter, status, secret_version)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             ON CONFLICT (webhook_id) DO UPDATE SET email_event_types = EXCLUDED.email_event_types,
+                 url = EXCLUDED.url, filter = EXCLUDED.filter, status = EXCLUDED.status,
+                 secret_version = EXCLUDED.secret_version",
+        )
+        .await?;
+    transaction
+        .execute(
+            &statement,
+            &[
+                &endpoint.webhook_id,
+                &space_id,
+                &endpoint.trigger,
+                &endpoint.schema_id,
+                &endpoint.email_event_types,
+                &endpoint.url,
+                &filter,
+                &status,
+                &endpoint.secret_version,
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+async fn save_secret(
+    transaction: &Transaction<'_>,
+    webhook_id: &str,
+    version: i32,
+    sealed: Option<&proto::Sealed>,
+    previous_valid_until: Option<chrono::DateTime<chrono::Utc>>,
+) -> anyhow::Result<()> {
+    let Some(sealed) = sealed else { return Ok(()) };
+    transaction
+        .execute(
+            "INSERT INTO webhook_secrets (webhook_id, version, sealed, previous_valid_until) VALUES ($1, $2, $3, $4)
+             ON CONFLICT DO NOTHING",
+            &[&webhook_id, &version, &sealed.encode_to_vec(), &previous_valid_until],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The occurrence a log event is for webhooks, if any (decision D8).
+async fn occurrence(
+    transaction: &Transaction<'_>,
+    stored: &StoredEvent,
+    event: &LogEvent,
+    keys: &Keys,
+) -> anyhow::Result<Option<Occurrence>> {
+    let upserted =
+        |schema_type: &str| if schema_type == "contact" { Trigger::ContactUpserted } else { Trigger::ObjectUpserted };
+    Ok(match event {
+        LogEvent::RecordCreated(created) => {
+            let state = RecordState::from_created(created, keys)?;
+            state.personal.is_some().then(|| Occurrence {
+                trigger: upserted(&created.schema_type),
+                schema_id: Some(created.schema_id.clone()),
+                email_type: None,
+                subject_id: Some(created.record_id.clone()),
+                data: state.document(),
+                filter_view: None,
+            })
+        }
+        LogEvent::RecordUpdated(updated) => {
+            let state = RecordState::from_updated(updated, keys)?;
+            state.personal.is_some().then(|| Occurrence {
+                trigger: upserted(&updated.schema_type),
+                schema_id: Some(updated.schema_id.clone()),
+                email_type: None,
+                subject_id: Some(updated.record_id.clone()),
+                data: state.document(),
+                filter_view: None,
+            })
+        }
+        LogEvent::RecordDeletionRequested(requested) => Some(Occurrence {
+            trigger: if requested.schema_type == "contact" { Trigger::ContactDeleted } else { Trigger::ObjectDeleted },
+            schema_id: Some(requested.schema_id.clone()),
+            email_type: None,
+            subject_id: None,
+            data: json!({"id": requested.record_id, "schemaId": requested.schema_id}),
+            filter_view: None,
+        }),
+        LogEvent::EventAccepted(accepted) if accepted.readiness == "ready" => {
+            fired(accepted, None, stored.subject_id.clone(), keys, accepted.received_at_ms)?
+        }
+        LogEvent::EventReadinessChanged(changed) if changed.state == "ready" => {
+            let Some(accepted) = accepted_event(transaction, &changed.id).await? else { return Ok(None) };
+            fired(&accepted, Some(changed), stored.subject_id.clone(), keys, changed.changed_at_ms)?
+        }
+        _ => None,
+    })
+}
+
+/// The acceptance of event `id`, from its stream.
+async fn accepted_event(transaction: &Transaction<'_>, id: &str) -> anyhow::Result<Option<proto::EventAccepted>> {
+    let statement = transaction
+        .prepare_cached(
+            "SELECT event_type, payload FROM events WHERE stream_id = $1 AND event_type = 'EventAccepted.v1'",
+        )
+        .await?;
+    let Some(row) = transaction.query_opt(&statement, &[&format!("event/{id}")]).await? else { return Ok(None) };
+    Ok(match LogEvent::decode(row.get(0), row.get(1))? {
+        LogEvent::EventAccepted(accepted) => Some(accepted),
+        _ => None,
+    })
+}
+
+/// An `event fired` occurrence: the event as the list shows it, with its values (the
+/// accepted ones and any prepared ones). `None` when its subject's data is erased.
+fn fired(
+    accepted: &proto::EventAccepted,
+    changed: Option<&proto::EventReadinessChanged>,
+    subject_id: Option<String>,
+    keys: &Keys,
+    ready_at_ms: i64,
+) -> anyhow::Result<Option<Occurrence>> {
+    let Some(data) = open::<proto::EventData>(accepted.data.as_ref(), keys)? else { return Ok(None) };
+    let mut values: serde_json::Map<String, Value> = serde_json::from_str(&data.values_json).unwrap_or_default();
+    if let Some(prepared) =
+        changed.map(|changed| open::<proto::EventData>(changed.prepared.as_ref(), keys)).transpose()?
+    {
+        let Some(prepared) = prepared else { return Ok(None) };
+        let prepared: serde_json::Map<String, Value> = serde_json::from_str(&prepared.values_json).unwrap_or_default();
+        values.extend(prepared);
+    }
+    let non_empty = |text: &str| Some(text.to_owned()).filter(|text| !text.is_empty());
+    let mut view = json!({
+        "id": accepted.id,
+        "schemaId": accepted.schema_id,
+        "eventId": accepted.event_id,
+        "contactId": non_empty(&accepted.contact_id),
+        "objectId": non_empty(&accepted.object_id),
+    });
+    if let Some(view) = view.as_object_mut() {
+        for (key, value) in &values {
+            view.entry(key.clone()).or_insert_with(|| value.clone());
+        }
+    }
+    Ok(Some(Occurrence {
+        trigger: Trigger::EventFired,
+        schema_id: Some(accepted.schema_id.clone()),
+        email_type: None,
+        subject_id,
+        data: json!({
+            "id": accepted.id,
+            "schemaId": accepted.schema_id,
+            "eventId": accepted.event_id,
+            "occurredAt": format_millis(accepted.occurred_at_ms),
+            "receivedAt": format_millis(accepted.received_at_ms),
+            "readyAt": format_millis(ready_at_ms),
+            "readinessState": "ready",
+            "definitionRevision": accepted.definition_revision.to_string(),
+            "contactId": non_empty(&accepted.contact_id),
+            "objectId": non_empty(&accepted.object_id),
+            "data": values,
+        }),
+        filter_view: Some(view),
+    }))
+}
+
+async fn insert(transaction: &Transaction<'_>, deliveries: &[Delivery]) -> anyhow::Result<u64> {
+    if deliveries.is_empty() {
+        return Ok(0);
+    }
+    let column = |get: fn(&Delivery) -> String| deliveries.iter().map(get).collect::<Vec<String>>();
+    let ids = column(|d| d.delivery_id.clone());
+    let webhooks = column(|d| d.webhook_id.clone());
+    let spaces = column(|d| d.space_id.clone());
+    let kinds = column(|d| d.kind.clone());
+    let urls = column(|d| d.url.clone());
+    let positions: Vec<i64> = deliveries.iter().map(|d| d.position).collect();
+    let versions: Vec<i32> = deliveries.iter().map(|d| d.secret_version).collect();
+    let subjects: Vec<Option<String>> = deliveries.iter().map(|d| d.subject_id.clone()).collect();
+    let bodies: Vec<&[u8]> = deliveries.iter().map(|d| d.body.as_slice()).collect();
+    let statement = transaction
+        .prepare_cached(
+            "INSERT INTO webhook_deliveries
+                 (delivery_id, webhook_id, space_id, position, type, url, secret_version, subject_id, body)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],
+                                  $7::int[], $8::text[], $9::bytea[])
+             ON CONFLICT (delivery_id) DO NOTHING",
+        )
+        .await?;
+    Ok(transaction
+        .execute(&statement, &[&ids, &webhooks, &spaces, &positions, &kinds, &urls, &versions, &subjects, &bodies])
+        .await?)
+}
+
+impl Worker for Enqueue {
+    fn name(&self) -> String {
+        "webhook_enqueue".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[shared::log::LOG_CHANNEL]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    fn step(&self) -> futures_util::future::BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(self.run())
+    }
+
+    fn lag(&self) -> futures_util::future::BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(crate::runtime::lag_behind(
+            &self.pool,
+            "SELECT position FROM worker_checkpoints WHERE name = $1",
+            "webhook_enqueue",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(filter: Option<Filter>) -> Endpoint {
+        Endpoint {
+            webhook_id: "wh_1".into(),
+            trigger: "contact upserted".into(),
+            schema_id: Some("sch_1".into()),
+            email_event_types: Vec::new(),
+            url: "https://example.com".into(),
+            filter,
+            live: true,
+            secret_version: 1,
+        }
+    }
+
+    fn contact(plan: &str) -> Occurrence {
+        Occurrence {
+            trigger: Trigger::ContactUpserted,
+            schema_id: Some("sch_1".into()),
+            email_type: None,
+            subject_id: None,
+            data: json!({"id": "con_1", "plan": plan}),
+            filter_view: None,
+        }
+    }
+
+    #[test]
+    fn given_a_webhook_then_only_its_trigger_schema_and_filter_match() {
+        assert!(fits(&endpoint(None), &contact("pro")));
+        let mut paused = endpoint(None);
+        paused.live = false;
+        assert!(!fits(&paused, &contact("pro")), "a paused webhook enqueues nothing");
+        let mut other_schema = contact("pro");
+        other_schema.schema_id = Some("sch_2".into());
+        assert!(!fits(&endpoint(None), &other_schema));
+        let mut deleted = contact("pro");
+        deleted.trigger = Trigger::ContactDeleted;
+        assert!(!fits(&endpoint(None), &deleted));
+        let filter = shared::filter::parse_plain("plan is pro").expect("parses");
+        assert!(fits(&endpoint(Some(filter.clone())), &contact("pro")));
+        assert!(!fits(&endpoint(Some(filter)), &contact("free")), "the filter rejects: not enqueued");
+    }
+}

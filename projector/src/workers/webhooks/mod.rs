@@ -1,0 +1,5 @@
+//! The webhook delivery engine: `enqueue` follows the log and fills the outbox, `deliver`
+//! attempts due deliveries, signs them, retries them and keeps each webhook's counters.
+
+pub mod deliver;
+pub mod enqueue;
