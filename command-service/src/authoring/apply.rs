@@ -237,7 +237,7 @@ pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> 
             ..Metadata::default()
         },
         streams: plan.streams,
-        guards: Vec::new(),
+        guards: plan.guards,
     };
     let appended = event_log.append(request).await.map_err(|error| {
         anyhow::anyhow!("appending the workspace failed (another apply at the same time?): {error}")

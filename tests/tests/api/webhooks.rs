@@ -265,7 +265,9 @@ async fn create_and_rotate_replay_their_secret_under_the_same_key_and_a_new_key_
 #[tokio::test]
 async fn integration_owned_webhooks_are_listed_but_cannot_be_changed() {
     let app = TestApp::spawn().await;
-    let receiver_url = "https://crm.example.com/hook";
+    let receiver = Receiver::start().await;
+    receiver.endpoint("vendor", &[], json!({})).await;
+    let receiver_url = receiver.url("vendor");
     let workspace = WORKSPACE.replacen(
         "\"aiCredits\": 100,",
         &format!("\"aiCredits\": 100, \"webhooks\": [{{\"id\": \"wh_vendor\", \"url\": \"{receiver_url}\", \"trigger\": \"contact upserted\", \"schema\": \"contacts\", \"integrationVendorName\": \"Salesforce\"}}],"),
@@ -291,6 +293,11 @@ async fn integration_owned_webhooks_are_listed_but_cannot_be_changed() {
     // Applying the file again changes nothing.
     app.apply_workspace(&workspace, true).await;
     assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE stream_id = 'webhook-wh_vendor'").await, 1);
+    // It delivers like any other, signed with the secret made when the file was applied.
+    app.create_contact(&json!({"email": "vendor@example.com"})).await;
+    let got = receiver.wait_for("vendor", 1, WAIT).await;
+    assert_eq!(got[0]["body"]["data"]["email"], "vendor@example.com");
+    assert_eq!(got[0]["signatures"].as_array().map(Vec::len), Some(1));
 }
 
 #[tokio::test]

@@ -120,8 +120,11 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
     if relevant.is_empty() {
         return Ok(0);
     }
+    let decoded: Vec<LogEvent> = relevant.iter().map(|event| event.decode()).collect::<anyhow::Result<_>>()?;
+    // The space is the payload's: events authored in the workspace file carry none in
+    // their metadata.
     let spaces: Vec<String> = {
-        let mut spaces: Vec<String> = relevant.iter().filter_map(|event| event.space_id.clone()).collect();
+        let mut spaces: Vec<String> = decoded.iter().filter_map(space_of).map(str::to_owned).collect();
         spaces.sort();
         spaces.dedup();
         spaces
@@ -130,13 +133,12 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
     let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
     let keys = shared::crypto::load_keys(transaction, &subjects).await?;
     let mut deliveries = Vec::new();
-    for event in relevant {
-        let space_id = event.space_id.clone().unwrap_or_default();
-        let decoded = event.decode()?;
-        if fold_webhook(transaction, &mut endpoints, &space_id, &decoded).await? {
+    for (event, decoded) in relevant.into_iter().zip(&decoded) {
+        let Some(space_id) = space_of(decoded).map(str::to_owned) else { continue };
+        if fold_webhook(transaction, &mut endpoints, &space_id, decoded).await? {
             continue;
         }
-        let Some(occurrence) = occurrence(transaction, event, &decoded, &keys).await? else { continue };
+        let Some(occurrence) = occurrence(transaction, event, decoded, &keys).await? else { continue };
         let Some(webhooks) = endpoints.get(&space_id) else { continue };
         for endpoint in webhooks.values().filter(|endpoint| fits(endpoint, &occurrence)) {
             let body = json!({
@@ -171,6 +173,24 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
         }
     }
     insert(transaction, &deliveries).await
+}
+
+/// The space an event of interest belongs to, from its payload.
+fn space_of(event: &LogEvent) -> Option<&str> {
+    let space: &String = match event {
+        LogEvent::WebhookCreated(e) => &e.space_id,
+        LogEvent::WebhookUpdated(e) => &e.space_id,
+        LogEvent::WebhookPaused(e) => &e.space_id,
+        LogEvent::WebhookSecretRotated(e) => &e.space_id,
+        LogEvent::WebhookDeleted(e) => &e.space_id,
+        LogEvent::RecordCreated(e) => &e.space_id,
+        LogEvent::RecordUpdated(e) => &e.space_id,
+        LogEvent::RecordDeletionRequested(e) => &e.space_id,
+        LogEvent::EventAccepted(e) => &e.space_id,
+        LogEvent::EventReadinessChanged(e) => &e.space_id,
+        _ => return None,
+    };
+    Some(space.as_str()).filter(|space| !space.is_empty())
 }
 
 /// Whether a live webhook wants an occurrence: its trigger and schema, and its filter over
