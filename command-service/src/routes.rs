@@ -24,6 +24,8 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "updateWebhook" => web::patch().to(webhooks::http::update),
         "deleteWebhook" => web::delete().to(webhooks::http::delete),
         "rotateWebhookSecret" => web::post().to(webhooks::http::rotate_secret),
+        "replayWebhookDelivery" => web::post().to(webhooks::http::replay_delivery),
+        "testWebhook" => web::post().to(webhooks::http::test),
         _ => return None,
     })
 }

@@ -23,6 +23,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "getEventStatus" => web::get().to(events::http::status),
         "listWebhooks" => web::get().to(webhooks::http::list),
         "getWebhook" => web::get().to(webhooks::http::get),
+        "listWebhookDeliveries" => web::get().to(webhooks::http::deliveries),
         _ => return None,
     })
 }

@@ -64,6 +64,8 @@ CREATE TABLE webhook_deliveries (
     -- (its webhook was paused or deleted, or its subject erased).
     state text NOT NULL DEFAULT 'pending',
     attempts integer NOT NULL DEFAULT 0,
+    -- The attempts made before the owner's latest replay: the retry schedule restarts there.
+    attempt_base integer NOT NULL DEFAULT 0,
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
     leased_until timestamptz,
     lease_token uuid,

@@ -107,6 +107,8 @@ codes! {
     WebhookNotFound = "webhook_not_found",
     WebhookIntegrationOwned = "webhook_integration_owned",
     AiGenerationFailed = "ai_generation_failed",
+    WebhookDeliveryNotFound = "webhook_delivery_not_found",
+    WebhookDeliveryPending = "webhook_delivery_pending",
     }
     internal {
     OperationTaken = "operation_taken",

@@ -34,6 +34,8 @@ pub enum LogEvent {
     WebhookPaused(proto::WebhookPaused),
     WebhookSecretRotated(proto::WebhookSecretRotated),
     WebhookDeleted(proto::WebhookDeleted),
+    WebhookDeliveryReplayRequested(proto::WebhookDeliveryReplayRequested),
+    WebhookTestRequested(proto::WebhookTestRequested),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -91,6 +93,8 @@ event_types! {
     WebhookPaused => "WebhookPaused.v1",
     WebhookSecretRotated => "WebhookSecretRotated.v1",
     WebhookDeleted => "WebhookDeleted.v1",
+    WebhookDeliveryReplayRequested => "WebhookDeliveryReplayRequested.v1",
+    WebhookTestRequested => "WebhookTestRequested.v1",
 }
 
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the

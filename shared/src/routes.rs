@@ -68,6 +68,9 @@ pub const OPERATIONS: &[Operation] = &[
     operation("updateWebhook", "PATCH", "/webhooks/{id}", Command),
     operation("deleteWebhook", "DELETE", "/webhooks/{id}", Command),
     operation("rotateWebhookSecret", "POST", "/webhooks/{id}/rotate-secret", Command),
+    operation("listWebhookDeliveries", "GET", "/webhooks/{id}/deliveries", Query),
+    operation("replayWebhookDelivery", "POST", "/webhooks/{id}/deliveries/{deliveryId}/replay", Command),
+    operation("testWebhook", "POST", "/webhooks/{id}/test", Command),
 ];
 
 /// The API prefix every path lives under.

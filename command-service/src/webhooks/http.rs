@@ -135,23 +135,94 @@ async fn resolve_condition(
     }
 }
 
-/// A live webhook of the caller's space that its owner may change: 404 when it does not
-/// exist (or was deleted, or belongs to another space), 409 when an integration owns it.
-async fn load_owned(state: &State, caller: &Caller, webhook_id: &str) -> Result<(i64, WebhookState), ApiError> {
+/// A webhook of the caller's space that is not deleted; 404 otherwise (also for another
+/// space's).
+async fn load_live(state: &State, caller: &Caller, webhook_id: &str) -> Result<(i64, WebhookState), ApiError> {
     let client = state.pool.get().await?;
     let (version, current) = store::load(&client, webhook_id).await.map_err(|error| internal(&error))?;
     match current {
-        Some(webhook) if !webhook.deleted && webhook.space_id == caller.space_id() => {
-            if let Some(vendor) = &webhook.integration_vendor_name {
-                return Err(ApiError::conflict(
-                    Code::WebhookIntegrationOwned,
-                    format!("webhook {webhook_id} is owned by the {vendor} integration; change it there"),
-                ));
-            }
-            Ok((version, webhook))
-        }
+        Some(webhook) if !webhook.deleted && webhook.space_id == caller.space_id() => Ok((version, webhook)),
         _ => Err(ApiError::not_found(Code::WebhookNotFound, format!("no webhook {webhook_id:?} in this space"))),
     }
+}
+
+/// [`load_live`], and one its owner may change: 409 when an integration owns it.
+async fn load_owned(state: &State, caller: &Caller, webhook_id: &str) -> Result<(i64, WebhookState), ApiError> {
+    let (version, webhook) = load_live(state, caller, webhook_id).await?;
+    if let Some(vendor) = &webhook.integration_vendor_name {
+        return Err(ApiError::conflict(
+            Code::WebhookIntegrationOwned,
+            format!("webhook {webhook_id} is owned by the {vendor} integration; change it there"),
+        ));
+    }
+    Ok((version, webhook))
+}
+
+/// Appends one request about a webhook that changes nothing of it (a replay, a test).
+async fn append_request(
+    req: &HttpRequest,
+    state: &State,
+    caller: &Caller,
+    webhook_id: &str,
+    event: LogEvent,
+) -> Result<Appended, ApiError> {
+    let now = shared::time::now_millis();
+    let stream = change(webhook_id, ExpectedVersion::Any, event, now);
+    append(req, state, caller, None, stream, Vec::new()).await.map_err(crate::edge::append_error)
+}
+
+/// `POST /webhooks/{id}/deliveries/{deliveryId}/replay`: attempts a delivery that is over
+/// (delivered, failed or dropped) again, with the same id, URL and body, as soon as the
+/// enqueue worker has put it back in the outbox.
+#[tracing::instrument(skip_all)]
+pub async fn replay_delivery(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
+    let (webhook_id, delivery_id) = path.into_inner();
+    load_live(&state, &caller, &webhook_id).await?;
+    let delivery_state =
+        store::delivery_state(&state.pool.get().await?, &webhook_id, &delivery_id).await?.ok_or_else(|| {
+            ApiError::not_found(Code::WebhookDeliveryNotFound, format!("no delivery {delivery_id:?} of this webhook"))
+        })?;
+    if delivery_state == "pending" {
+        return Err(ApiError::conflict(
+            Code::WebhookDeliveryPending,
+            format!("delivery {delivery_id} is still queued; it is attempted without a replay"),
+        ));
+    }
+    let event = LogEvent::WebhookDeliveryReplayRequested(proto::WebhookDeliveryReplayRequested {
+        webhook_id: webhook_id.clone(),
+        space_id: caller.space_id().to_owned(),
+        delivery_id: delivery_id.clone(),
+        requested_at_ms: shared::time::now_millis(),
+    });
+    let appended = append_request(&req, &state, &caller, &webhook_id, event).await?;
+    let body = shared::http::data_body(json!({"id": delivery_id, "webhookId": webhook_id, "status": "pending"}), &[]);
+    Ok(respond(StatusCode::ACCEPTED, &body, &new_id("op"), appended))
+}
+
+/// `POST /webhooks/{id}/test`: enqueues one `webhook.test` delivery.
+#[tracing::instrument(skip_all)]
+pub async fn test(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
+    let webhook_id = path.into_inner();
+    load_live(&state, &caller, &webhook_id).await?;
+    let event = LogEvent::WebhookTestRequested(proto::WebhookTestRequested {
+        webhook_id: webhook_id.clone(),
+        space_id: caller.space_id().to_owned(),
+        requested_at_ms: shared::time::now_millis(),
+    });
+    let appended = append_request(&req, &state, &caller, &webhook_id, event).await?;
+    let delivery_id = shared::webhooks::delivery_id(appended.last_position, &webhook_id);
+    let body = shared::http::data_body(json!({"id": delivery_id, "webhookId": webhook_id, "status": "pending"}), &[]);
+    Ok(respond(StatusCode::ACCEPTED, &body, &new_id("op"), appended))
 }
 
 /// Maps an append failure, noting when the outcome is unconfirmed.

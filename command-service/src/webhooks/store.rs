@@ -78,3 +78,15 @@ pub async fn counters(client: &impl GenericClient, webhook_id: &str) -> Result<C
         .await?;
     Ok(client.query_opt(&statement, &[&webhook_id]).await?.map(|row| Counters::from_row(&row, 0)).unwrap_or_default())
 }
+
+/// The state of one delivery of the webhook (`pending`, `delivered`, `failed`, `dropped`).
+pub async fn delivery_state(
+    client: &impl GenericClient,
+    webhook_id: &str,
+    delivery_id: &str,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached("SELECT state FROM webhook_deliveries WHERE delivery_id = $1 AND webhook_id = $2")
+        .await?;
+    Ok(client.query_opt(&statement, &[&delivery_id, &webhook_id]).await?.map(|row| row.get(0)))
+}

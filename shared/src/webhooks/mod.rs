@@ -69,6 +69,12 @@ impl Trigger {
     }
 }
 
+/// The id of the delivery of the log event at `position` to webhook `webhook_id`: stable, so
+/// enqueuing again finds the same delivery, and receivers deduplicate on it (`webhook-id`).
+pub fn delivery_id(position: i64, webhook_id: &str) -> String {
+    crate::ids::derived_id("msg", &[&position.to_string(), webhook_id])
+}
+
 /// The email event types an `email event` webhook may ask for: what the email pipeline
 /// records about a message.
 pub const EMAIL_EVENT_TYPES: [&str; 6] = ["scheduled", "sent", "failed", "bounced", "complained", "unsubscribed"];

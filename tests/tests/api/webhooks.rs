@@ -632,6 +632,8 @@ async fn events_fire_webhooks_when_they_become_ready() {
         let fired = app.post("/events/purchase", ALPHA_ADMIN, &json!({"eventId": event_id, "amount": amount})).await;
         assert_eq!(fired.status, 202);
     }
+    // Readiness may wait for preparation (AI auto-fill); then the deliveries settle.
+    app.wait_for_workers().await;
     wait_until_settled(&app).await;
     let got = receiver.received("big").await;
     assert_eq!(got.len(), 1, "{got:?}");
@@ -753,4 +755,69 @@ async fn a_custom_filter_can_come_from_an_openai_compatible_provider() {
     let down = app.post("/webhooks", ALPHA_ADMIN, &body("plan is pro")).await;
     assert_eq!(down.status, 503, "{:?}", down.body);
     assert_eq!(app.get("/webhooks", ALPHA_ADMIN).await.body["pagination"]["totalCount"], 1);
+}
+
+#[tokio::test]
+async fn the_delivery_log_shows_each_attempt_and_a_replay_or_a_test_sends_again() {
+    let app = TestApp::spawn().await;
+    let receiver = Receiver::start().await;
+    let webhook = hook(&app, &receiver, "log", "contact upserted", json!({"status": 400})).await;
+    let id = webhook["id"].as_str().expect("id").to_owned();
+    let secret = webhook["signatureVerificationSecret"].as_str().expect("secret").to_owned();
+    for index in 0..3 {
+        app.create_contact(&json!({"email": format!("log{index}@example.com")})).await;
+    }
+    receiver.wait_for("log", 3, WAIT).await;
+    wait_until_settled(&app).await;
+
+    let page = app.get(&format!("/webhooks/{id}/deliveries?limit=2"), ALPHA_ADMIN).await;
+    assert_eq!(page.status, 200, "{:?}", page.body);
+    let items = page.body["data"].as_array().expect("items").clone();
+    assert_eq!(items.len(), 2);
+    assert_eq!(page.body["pagination"]["hasMore"], true);
+    let latest = &items[0];
+    assert_eq!((latest["status"].clone(), latest["type"].clone()), (json!("failed"), json!("contact.upserted")));
+    assert_eq!(latest["attemptCount"], 1);
+    assert_eq!(latest["attempts"][0]["statusCode"], 400);
+    assert_eq!(latest["attempts"][0]["error"], "HTTP 400 Bad Request");
+    assert!(latest["attempts"][0]["latencyMs"].is_u64() && latest["attempts"][0]["attemptedAt"].is_string());
+    assert!(
+        !page.body.to_string().contains("whsec_") && !page.body.to_string().contains("log2@"),
+        "no secrets, no bodies"
+    );
+    let cursor = page.body["pagination"]["nextCursor"].as_str().expect("cursor");
+    let rest = app.get(&format!("/webhooks/{id}/deliveries?limit=2&cursor={cursor}"), ALPHA_ADMIN).await;
+    assert_eq!(rest.body["data"].as_array().map(Vec::len), Some(1));
+    assert_eq!(rest.body["pagination"]["hasMore"], false);
+    let bad = app.get(&format!("/webhooks/{id}/deliveries?cursor=nonsense"), ALPHA_ADMIN).await;
+    assert_eq!(bad.code(), "invalid_cursor");
+    assert_eq!(app.get(&format!("/webhooks/{id}/deliveries"), MULTI_BETA).await.code(), "webhook_not_found");
+
+    // The receiver is fixed; the owner replays the failed delivery: same id, same body.
+    receiver.endpoint("log", &[&secret], json!({"status": 204})).await;
+    let delivery_id = latest["id"].as_str().expect("delivery id");
+    let replay = app.post(&format!("/webhooks/{id}/deliveries/{delivery_id}/replay"), ALPHA_ADMIN, &json!({})).await;
+    assert_eq!(replay.status, 202, "{:?}", replay.body);
+    assert_eq!(replay.body["data"]["status"], "pending");
+    let got = receiver.wait_for("log", 4, WAIT).await;
+    assert_eq!(got[3]["webhookId"], delivery_id);
+    assert_eq!(got[3]["body"], got.iter().find(|d| d["webhookId"] == delivery_id).expect("first")["body"]);
+    assert_eq!(got[3]["verifiedWith"], json!([0]));
+    wait_until_settled(&app).await;
+    let log = app.get(&format!("/webhooks/{id}/deliveries?limit=1"), ALPHA_ADMIN).await;
+    assert_eq!(log.body["data"][0]["status"], "delivered");
+    assert_eq!(log.body["data"][0]["attemptCount"], 2);
+    assert_eq!(log.body["data"][0]["attempts"][1]["statusCode"], 204);
+    let unknown = app.post(&format!("/webhooks/{id}/deliveries/msg_unknown/replay"), ALPHA_ADMIN, &json!({})).await;
+    assert_eq!((unknown.status, unknown.code().as_str()), (404, Some("webhook_delivery_not_found")));
+
+    // A test delivery.
+    let test = app.post(&format!("/webhooks/{id}/test"), ALPHA_ADMIN, &json!({})).await;
+    assert_eq!(test.status, 202, "{:?}", test.body);
+    let got = receiver.wait_for("log", 5, WAIT).await;
+    assert_eq!(got[4]["body"]["type"], "webhook.test");
+    assert_eq!(got[4]["webhookId"], test.body["data"]["id"]);
+    assert_eq!(got[4]["verifiedWith"], json!([0]));
+    let foreign = app.post(&format!("/webhooks/{id}/test"), MULTI_BETA, &json!({})).await;
+    assert_eq!(foreign.code(), "webhook_not_found");
 }

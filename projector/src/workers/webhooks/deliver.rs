@@ -58,6 +58,8 @@ struct Claimed {
     lease_token: Uuid,
     /// Attempts counted so far, this one included.
     attempts: i32,
+    /// Attempts made before the owner's latest replay.
+    attempt_base: i32,
     created_at: DateTime<Utc>,
     plan: Plan,
 }
@@ -183,7 +185,8 @@ impl Inner {
                  FROM picked WHERE d.delivery_id = picked.delivery_id
                  RETURNING d.delivery_id, d.webhook_id, d.space_id, d.url, d.secret_version, d.subject_id, d.body,
                            d.attempts, d.created_at,
-                           (SELECT e.status FROM webhook_endpoints e WHERE e.webhook_id = d.webhook_id)",
+                           (SELECT e.status FROM webhook_endpoints e WHERE e.webhook_id = d.webhook_id),
+                           d.attempt_base",
             )
             .await?;
         let lock = transaction.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
@@ -221,6 +224,7 @@ impl Inner {
                     url: row.get(3),
                     lease_token: token,
                     attempts: row.get(7),
+                    attempt_base: row.get(10),
                     created_at: row.get(8),
                     plan,
                 }
@@ -393,7 +397,7 @@ impl Inner {
             AttemptResult::Gone => ("failed", None, Some(410), Some("HTTP 410 Gone: the webhook is paused".to_owned())),
             AttemptResult::Rejected { status, error } => ("failed", None, *status, Some(error.clone())),
             AttemptResult::Retryable { status, error, retry_after } => {
-                let retry = usize::try_from(delivery.attempts - 1).unwrap_or(0);
+                let retry = usize::try_from(delivery.attempts - delivery.attempt_base - 1).unwrap_or(0);
                 match self.settings.retry_schedule_ms.get(retry) {
                     Some(delay) => {
                         let jitter = rand::rng().random_range(0.8..1.2);

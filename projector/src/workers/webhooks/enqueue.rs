@@ -107,6 +107,8 @@ const EVENT_TYPES: &[&str] = &[
     "WebhookPaused.v1",
     "WebhookSecretRotated.v1",
     "WebhookDeleted.v1",
+    "WebhookDeliveryReplayRequested.v1",
+    "WebhookTestRequested.v1",
     "RecordCreated.v1",
     "RecordUpdated.v1",
     "RecordDeletionRequested.v1",
@@ -133,8 +135,35 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
     let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
     let keys = shared::crypto::load_keys(transaction, &subjects).await?;
     let mut deliveries = Vec::new();
+    let mut replayed = 0;
     for (event, decoded) in relevant.into_iter().zip(&decoded) {
         let Some(space_id) = space_of(decoded).map(str::to_owned) else { continue };
+        match decoded {
+            LogEvent::WebhookDeliveryReplayRequested(replay) => {
+                replayed += requeue(transaction, replay).await?;
+                continue;
+            }
+            LogEvent::WebhookTestRequested(test) => {
+                let endpoint = endpoints.get(&space_id).and_then(|space| space.get(&test.webhook_id));
+                if let Some(endpoint) = endpoint {
+                    let body = json!({
+                        "type": "webhook.test",
+                        "timestamp": format_timestamp(event.recorded_at),
+                        "data": {"webhookId": test.webhook_id, "message": "a test delivery, sent on request"},
+                    });
+                    deliveries.push(delivery(
+                        event.position,
+                        &space_id,
+                        endpoint,
+                        "webhook.test",
+                        None,
+                        serde_json::to_vec(&body)?,
+                    ));
+                }
+                continue;
+            }
+            _ => {}
+        }
         if fold_webhook(transaction, &mut endpoints, &space_id, decoded).await? {
             continue;
         }
@@ -158,21 +187,50 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
                 },
                 None => None,
             };
-            let position = event.position.to_string();
-            deliveries.push(Delivery {
-                delivery_id: shared::ids::derived_id("msg", &[&position, &endpoint.webhook_id]),
-                webhook_id: endpoint.webhook_id.clone(),
-                space_id: space_id.clone(),
-                position: event.position,
-                kind: occurrence.trigger.delivery_type().to_owned(),
-                url: endpoint.url.clone(),
-                secret_version: endpoint.secret_version,
-                subject_id,
-                body: bytes,
-            });
+            let kind = occurrence.trigger.delivery_type();
+            deliveries.push(delivery(event.position, &space_id, endpoint, kind, subject_id, bytes));
         }
     }
-    insert(transaction, &deliveries).await
+    Ok(insert(transaction, &deliveries).await? + replayed)
+}
+
+/// The outbox row of the event at `position` for `endpoint`, with its URL and secret version
+/// of now.
+fn delivery(
+    position: i64,
+    space_id: &str,
+    endpoint: &Endpoint,
+    kind: &str,
+    subject_id: Option<String>,
+    body: Vec<u8>,
+) -> Delivery {
+    Delivery {
+        delivery_id: shared::webhooks::delivery_id(position, &endpoint.webhook_id),
+        webhook_id: endpoint.webhook_id.clone(),
+        space_id: space_id.to_owned(),
+        position,
+        kind: kind.to_owned(),
+        url: endpoint.url.clone(),
+        secret_version: endpoint.secret_version,
+        subject_id,
+        body,
+    }
+}
+
+/// Puts a delivery that is over back in the outbox, due now, its retry schedule restarted. A
+/// replay is a new enqueue of the same delivery (id and body): it captures the webhook's URL
+/// and secret version of now.
+async fn requeue(transaction: &Transaction<'_>, replay: &proto::WebhookDeliveryReplayRequested) -> anyhow::Result<u64> {
+    let statement = transaction
+        .prepare_cached(
+            "UPDATE webhook_deliveries d
+             SET state = 'pending', next_attempt_at = now(), attempt_base = d.attempts, finished_at = NULL,
+                 leased_until = NULL, lease_token = NULL, url = e.url, secret_version = e.secret_version
+             FROM webhook_endpoints e
+             WHERE d.delivery_id = $1 AND d.webhook_id = $2 AND d.state <> 'pending' AND e.webhook_id = d.webhook_id",
+        )
+        .await?;
+    Ok(transaction.execute(&statement, &[&replay.delivery_id, &replay.webhook_id]).await?)
 }
 
 /// The space an event of interest belongs to, from its payload.
@@ -183,6 +241,8 @@ fn space_of(event: &LogEvent) -> Option<&str> {
         LogEvent::WebhookPaused(e) => &e.space_id,
         LogEvent::WebhookSecretRotated(e) => &e.space_id,
         LogEvent::WebhookDeleted(e) => &e.space_id,
+        LogEvent::WebhookDeliveryReplayRequested(e) => &e.space_id,
+        LogEvent::WebhookTestRequested(e) => &e.space_id,
         LogEvent::RecordCreated(e) => &e.space_id,
         LogEvent::RecordUpdated(e) => &e.space_id,
         LogEvent::RecordDeletionRequested(e) => &e.space_id,
