@@ -217,7 +217,7 @@ impl Default for WebhookSettings {
             // Svix's schedule after the first attempt: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
             retry_schedule_ms: vec![5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000],
             concurrency: 64,
-            per_webhook_concurrency: 4,
+            per_webhook_concurrency: 8,
             breaker_failures: 20,
             breaker_window_seconds: 86_400,
             rotation_grace_seconds: 86_400,

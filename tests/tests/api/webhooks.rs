@@ -821,3 +821,182 @@ async fn the_delivery_log_shows_each_attempt_and_a_replay_or_a_test_sends_again(
     let foreign = app.post(&format!("/webhooks/{id}/test"), MULTI_BETA, &json!({})).await;
     assert_eq!(foreign.code(), "webhook_not_found");
 }
+
+/// A PostgreSQL cluster of one test's own, with default durability (fsync and synchronous
+/// commit on, unlike the suite's shared cluster), which the test may kill.
+struct PrivateCluster {
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+const PG_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
+
+impl PrivateCluster {
+    fn start() -> Self {
+        let scratch = std::env::var("TEST_SCRATCH").unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+        let dir = std::path::PathBuf::from(scratch).join(format!("pg-crash-{}", uuid::Uuid::now_v7().simple()));
+        let cluster = Self { dir, port: free_port() };
+        cluster.pg_start();
+        cluster
+    }
+
+    fn pg_start(&self) {
+        let status = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("source {PG_SCRIPT} && pg_start {} {} >/dev/null", self.dir.display(), self.port))
+            .status()
+            .expect("bash runs");
+        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        assert!(status.success(), "the private cluster started: {tail:?}");
+    }
+
+    /// kill -9 of the postmaster and every backend: a crash of the database server.
+    fn kill9(&self) {
+        let pid_file = std::fs::read_to_string(self.dir.join("postmaster.pid")).expect("postmaster.pid");
+        let pid = pid_file.lines().next().expect("pid").trim().to_owned();
+        let killed = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("kill -9 {pid} $(pgrep -P {pid})"))
+            .status()
+            .expect("kill runs");
+        assert!(killed.success(), "the postmaster was killed");
+        // Dead, or a zombie nobody reaps (a container's init may not): either way its lock
+        // file is stale, as after a crash of the machine, so it goes.
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |stat| stat.split_whitespace().nth(2) == Some("Z"))
+        };
+        for _ in 0..250 {
+            if gone() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+                let _ = std::fs::remove_file(self.dir.join("postmaster.pid"));
+                let _ = std::fs::remove_file(self.dir.join(format!(".s.PGSQL.{}.lock", self.port)));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the killed cluster is still running");
+    }
+
+    fn url(&self, database: &str) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname={database}", self.port)
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("source {PG_SCRIPT} && ensure_postgres && pg_stop {}", self.dir.display()))
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn acknowledged_writes_are_delivered_across_a_kill_9_of_postgresql() {
+    let cluster = PrivateCluster::start();
+    let (admin, connection) =
+        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
+    tokio::spawn(connection);
+    admin.batch_execute("CREATE DATABASE platform").await.expect("database");
+    let url = cluster.url("platform");
+    let migrated = std::process::Command::new(binaries_dir().join("projector"))
+        .arg("migrate")
+        .env("APP__DATABASE__URL", &url)
+        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("RUST_LOG", "warn")
+        .status()
+        .expect("migrate runs");
+    assert!(migrated.success());
+    let everything = "read_models,webhook_enqueue,webhook_delivery,preparation,eraser,maintenance";
+    let _projector = spawn_binary("projector", &["run"], &url, &delivery_env(everything));
+    let port = free_port();
+    let command_env = [("APP__HTTP__PORT", port.to_string()), ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned())];
+    let _command = spawn_binary("command-service", &["serve"], &url, &command_env);
+    let applied = std::process::Command::new(binaries_dir().join("command-service"))
+        .args(["apply", concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/workspace.json"), "--wait"])
+        .env("APP__DATABASE__URL", &url)
+        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("apply runs");
+    assert!(applied.status.success(), "apply: {}", String::from_utf8_lossy(&applied.stderr));
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("client");
+    crate::log::wait_until_listening(&http, &base).await;
+    let receiver = Receiver::start().await;
+    receiver.endpoint("crash", &[], json!({})).await;
+    let created = http
+        .post(format!("{base}/webhooks"))
+        .bearer_auth(ALPHA_ADMIN)
+        .json(&json!({"url": receiver.url("crash"), "trigger": "contact upserted", "schemaId": "contacts"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(created.status().as_u16(), 201);
+
+    // Writers run before, during and after the crash; only 201s count as acknowledged.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|writer| {
+            let (http, base, stop) = (http.clone(), base.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut acknowledged, mut refused) = (Vec::new(), 0);
+                let mut index = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    index += 1;
+                    let email = format!("crash-{writer}-{index}@example.com");
+                    let sent = http
+                        .post(format!("{base}/schemas/contacts/records"))
+                        .bearer_auth(ALPHA_ADMIN)
+                        .json(&json!({"email": email}))
+                        .send()
+                        .await;
+                    match sent {
+                        Ok(response) if response.status().as_u16() == 201 => acknowledged.push(email),
+                        _ => {
+                            refused += 1;
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+                (acknowledged, refused)
+            })
+        })
+        .collect();
+    receiver.wait_for("crash", 10, WAIT).await;
+    cluster.kill9();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.pg_start();
+    // Let the writers succeed again for a while after the restart.
+    let restarted_at = receiver.received("crash").await.len();
+    receiver.wait_for("crash", restarted_at + 20, Duration::from_secs(60)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut acknowledged, mut refused) = (Vec::new(), 0);
+    for writer in writers {
+        let (written, failed) = writer.await.expect("writer");
+        acknowledged.extend(written);
+        refused += failed;
+    }
+    assert!(refused > 0, "the writers met the outage");
+    eprintln!("{} writes acknowledged, {refused} refused during the outage", acknowledged.len());
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let received: std::collections::HashSet<String> = receiver
+            .received("crash")
+            .await
+            .iter()
+            .filter_map(|delivery| delivery["body"]["data"]["email"].as_str().map(str::to_owned))
+            .collect();
+        let missing: Vec<&String> = acknowledged.iter().filter(|email| !received.contains(*email)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} acknowledged writes were never delivered: {missing:?}", missing.len());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ids = receiver.ids("crash").await;
+    assert!(ids.len() >= acknowledged.len(), "one delivery id per acknowledged write at least");
+}

@@ -93,6 +93,132 @@ enum AttemptResult {
     },
 }
 
+/// An attempt's outcome, on its way to the recorder.
+struct AttemptOutcome {
+    delivery_id: String,
+    lease_token: Uuid,
+    state: &'static str,
+    status: Option<i32>,
+    error: Option<String>,
+    delay_seconds: Option<f64>,
+    latency_ms: i32,
+    failed: bool,
+}
+
+/// What the recorder answers an attempt: whether its webhook's circuit breaker opened (with
+/// the consecutive failures), once its outcome is committed.
+type Recorded = anyhow::Result<Option<i64>>;
+
+type ToRecord = (AttemptOutcome, tokio::sync::oneshot::Sender<Recorded>);
+
+/// The most outcomes one statement records.
+const RECORD_BATCH: usize = 256;
+
+/// Records outcomes as they come, every outcome that arrived while the previous statement ran
+/// in one statement (and one commit): the outcome, the attempt in the delivery log and the
+/// webhook's counters, each row only if its lease token still matches. Ends when the worker
+/// is dropped.
+async fn recorder(pool: Pool, settings: WebhookSettings, mut outcomes: tokio::sync::mpsc::UnboundedReceiver<ToRecord>) {
+    while let Some(first) = outcomes.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < RECORD_BATCH {
+            match outcomes.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let (items, replies): (Vec<AttemptOutcome>, Vec<_>) = batch.into_iter().unzip();
+        match record_batch(&pool, &settings, &items).await {
+            Ok(opened) => {
+                for (item, reply) in items.iter().zip(replies) {
+                    let _ = reply.send(Ok(opened.get(&item.delivery_id).copied()));
+                }
+            }
+            Err(error) => {
+                let message = format!("{error:#}");
+                for reply in replies {
+                    let _ = reply.send(Err(anyhow::anyhow!("recording the outcomes failed: {message}")));
+                }
+            }
+        }
+    }
+}
+
+/// One statement for a batch of outcomes. Counters follow the outcomes in their order: a
+/// webhook's consecutive failures are those after its last success in the batch (added to
+/// the stored run when the batch has no success). Returns, by delivery, the consecutive
+/// failures of each webhook whose circuit breaker opened (keyed by its last failed delivery).
+async fn record_batch(
+    pool: &Pool,
+    settings: &WebhookSettings,
+    items: &[AttemptOutcome],
+) -> anyhow::Result<HashMap<String, i64>> {
+    let client = pool.get().await?;
+    let statement = client
+        .prepare_cached(
+            "WITH input AS (
+                 SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::int[], $5::text[], $6::float8[],
+                                      $7::int[], $8::bool[])
+                     WITH ORDINALITY AS i(delivery_id, token, state, status, error, delay, latency, failed, n)),
+             done AS (
+                 UPDATE webhook_deliveries d
+                 SET state = i.state, leased_until = NULL, lease_token = NULL, last_status = i.status,
+                     last_error = i.error,
+                     next_attempt_at = CASE WHEN i.delay IS NULL THEN d.next_attempt_at
+                                            ELSE clock_timestamp() + make_interval(secs => i.delay) END,
+                     finished_at = CASE WHEN i.state = 'pending' THEN NULL ELSE clock_timestamp() END
+                 FROM input i WHERE d.delivery_id = i.delivery_id AND d.lease_token = i.token
+                 RETURNING d.delivery_id, d.webhook_id, d.attempts, i.status, i.latency, i.error, i.failed, i.n),
+             logged AS (
+                 INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, status, latency_ms, error)
+                 SELECT delivery_id, attempts, clock_timestamp(), status, latency, error FROM done
+                 ON CONFLICT DO NOTHING),
+             marks AS (SELECT webhook_id, max(n) FILTER (WHERE NOT failed) AS last_ok, max(n) AS last
+                       FROM done GROUP BY webhook_id),
+             per_webhook AS (
+                 SELECT d.webhook_id, count(*) AS calls, count(*) FILTER (WHERE d.failed) AS failures,
+                        count(*) FILTER (WHERE d.failed AND d.n > COALESCE(m.last_ok, 0)) AS trailing,
+                        m.last_ok IS NOT NULL AS any_ok,
+                        (array_agg(d.error ORDER BY d.n DESC))[1] AS last_error,
+                        (array_agg(d.delivery_id ORDER BY d.n DESC))[1] AS last_delivery
+                 FROM done d JOIN marks m USING (webhook_id) GROUP BY d.webhook_id, m.last_ok)
+             UPDATE webhook_counters c
+             SET total_calls = c.total_calls + p.calls,
+                 failed_calls = c.failed_calls + p.failures,
+                 failed_calls_in_a_row = CASE WHEN p.any_ok THEN p.trailing ELSE c.failed_calls_in_a_row + p.trailing END,
+                 failing_since = CASE WHEN p.trailing = 0 THEN NULL
+                                      WHEN p.any_ok THEN clock_timestamp()
+                                      ELSE COALESCE(c.failing_since, clock_timestamp()) END,
+                 last_called_at = clock_timestamp(),
+                 last_call_error_message = p.last_error
+             FROM per_webhook p WHERE c.webhook_id = p.webhook_id
+             RETURNING p.last_delivery, c.failed_calls_in_a_row, p.trailing > 0,
+                       c.failing_since <= clock_timestamp() - make_interval(secs => $9::float8)",
+        )
+        .await?;
+    let ids: Vec<&str> = items.iter().map(|item| item.delivery_id.as_str()).collect();
+    let tokens: Vec<Uuid> = items.iter().map(|item| item.lease_token).collect();
+    let states: Vec<&str> = items.iter().map(|item| item.state).collect();
+    let statuses: Vec<Option<i32>> = items.iter().map(|item| item.status).collect();
+    let errors: Vec<Option<&str>> = items.iter().map(|item| item.error.as_deref()).collect();
+    let delays: Vec<Option<f64>> = items.iter().map(|item| item.delay_seconds).collect();
+    let latencies: Vec<i32> = items.iter().map(|item| item.latency_ms).collect();
+    let failed: Vec<bool> = items.iter().map(|item| item.failed).collect();
+    let window = settings.breaker_window_seconds as f64;
+    let rows = client
+        .query(&statement, &[&ids, &tokens, &states, &statuses, &errors, &delays, &latencies, &failed, &window])
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| {
+            let (last_delivery, in_a_row, failing, window_passed): (String, i64, bool, Option<bool>) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            let open = failing && in_a_row >= settings.breaker_failures && window_passed == Some(true);
+            open.then_some((last_delivery, in_a_row))
+        })
+        .collect())
+}
+
 struct Inner {
     pool: Pool,
     log: EventLog,
@@ -102,6 +228,9 @@ struct Inner {
     /// Signalled when an attempt of this process ends, which may let a webhook at its
     /// concurrency bound have its next delivery claimed.
     finished: tokio::sync::Notify,
+    /// The recorder's queue (see [`recorder`]), started with the first step.
+    recorder: tokio::sync::mpsc::UnboundedSender<ToRecord>,
+    recorder_queue: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<ToRecord>>>,
 }
 
 pub struct Deliver(Arc<Inner>);
@@ -118,10 +247,17 @@ impl Deliver {
             .build()?;
         let slots = Arc::new(Semaphore::new(settings.concurrency.max(1)));
         let finished = tokio::sync::Notify::new();
-        Ok(Self(Arc::new(Inner { pool, log, http, settings: settings.clone(), slots, finished })))
+        let (recorder, queue) = tokio::sync::mpsc::unbounded_channel();
+        let recorder_queue = std::sync::Mutex::new(Some(queue));
+        let settings = settings.clone();
+        Ok(Self(Arc::new(Inner { pool, log, http, settings, slots, finished, recorder, recorder_queue })))
     }
 
     async fn run(&self) -> anyhow::Result<Outcome> {
+        // The recorder runs as long as the worker (its queue closes when the worker goes).
+        if let Some(queue) = self.0.recorder_queue.lock().ok().and_then(|mut queue| queue.take()) {
+            tokio::spawn(recorder(self.0.pool.clone(), self.0.settings.clone(), queue));
+        }
         // At least one free slot; while every slot is busy, wait a little for one.
         let Ok(Ok(first)) = tokio::time::timeout(Duration::from_secs(1), self.0.slots.clone().acquire_owned()).await
         else {
@@ -189,8 +325,15 @@ impl Inner {
                            d.attempt_base",
             )
             .await?;
+        // A claim is no acknowledgement: losing one in a database crash only lets its
+        // deliveries be claimed again. So its commit does not wait for the disk, which keeps
+        // the claims (serialised between processes) cheap.
         let lock = transaction.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
-        transaction.execute(&lock, &[&CLAIM_LOCK]).await?;
+        let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&CLAIM_LOCK];
+        tokio::try_join!(
+            transaction.batch_execute("SET LOCAL synchronous_commit = off"),
+            transaction.execute(&lock, &lock_params)
+        )?;
         let per_webhook = self.settings.per_webhook_concurrency.max(1);
         let rows = transaction.query(&claim, &[&token, &limit, &per_webhook, &lease]).await?;
         transaction.commit().await?;
@@ -303,9 +446,9 @@ impl Inner {
         }
     }
 
-    /// Records an attempt: the delivery's next state, the attempt in the delivery log and the
-    /// webhook's counters, in one statement that matches the lease; then pauses the webhook
-    /// when the receiver is gone or the circuit breaker opens.
+    /// Records an attempt through the recorder (which batches the outcomes of every attempt
+    /// that ends meanwhile into one statement), then pauses the webhook when the receiver is
+    /// gone or the circuit breaker opens.
     async fn record(&self, delivery: &Claimed, result: &AttemptResult, latency: Duration) -> anyhow::Result<()> {
         if *result == AttemptResult::Gone {
             // Paused before the outcome is recorded: a crash in between re-attempts a delivery
@@ -313,74 +456,37 @@ impl Inner {
             self.pause(delivery, "gone", "the receiver answered 410 Gone").await?;
         }
         let (state, next_delay, status, error) = self.next_state(delivery, result);
-        let failed = !matches!(result, AttemptResult::Delivered { .. });
-        let latency_ms = i32::try_from(latency.as_millis()).unwrap_or(i32::MAX);
-        let delay_seconds = next_delay.map(|delay| delay.as_secs_f64());
-        let client = self.pool.get().await?;
-        let statement = client
-            .prepare_cached(
-                "WITH done AS (
-                     UPDATE webhook_deliveries
-                     SET state = $3, leased_until = NULL, lease_token = NULL, last_status = $4, last_error = $5,
-                         next_attempt_at = CASE WHEN $6::float8 IS NULL THEN next_attempt_at
-                                                ELSE clock_timestamp() + make_interval(secs => $6::float8) END,
-                         finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE clock_timestamp() END
-                     WHERE delivery_id = $1 AND lease_token = $2
-                     RETURNING delivery_id, webhook_id, attempts),
-                 logged AS (
-                     INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, status, latency_ms, error)
-                     SELECT delivery_id, attempts, clock_timestamp(), $4, $7, $5 FROM done
-                     ON CONFLICT DO NOTHING)
-                 UPDATE webhook_counters c
-                 SET total_calls = c.total_calls + 1,
-                     failed_calls = c.failed_calls + CASE WHEN $8 THEN 1 ELSE 0 END,
-                     failed_calls_in_a_row = CASE WHEN $8 THEN c.failed_calls_in_a_row + 1 ELSE 0 END,
-                     failing_since = CASE WHEN $8 THEN COALESCE(c.failing_since, clock_timestamp()) END,
-                     last_called_at = clock_timestamp(),
-                     last_call_error_message = $5
-                 FROM done WHERE c.webhook_id = done.webhook_id
-                 RETURNING c.failed_calls_in_a_row,
-                           c.failing_since <= clock_timestamp() - make_interval(secs => $9::float8)",
-            )
-            .await?;
-        let window = self.settings.breaker_window_seconds as f64;
-        let row = client
-            .query_opt(
-                &statement,
-                &[
-                    &delivery.delivery_id,
-                    &delivery.lease_token,
-                    &state,
-                    &status.map(i32::from),
-                    &error,
-                    &delay_seconds,
-                    &latency_ms,
-                    &failed,
-                    &window,
-                ],
-            )
-            .await?;
-        let outcome = match result {
+        let outcome = AttemptOutcome {
+            delivery_id: delivery.delivery_id.clone(),
+            lease_token: delivery.lease_token,
+            state,
+            status: status.map(i32::from),
+            error: error.clone(),
+            delay_seconds: next_delay.map(|delay| delay.as_secs_f64()),
+            latency_ms: i32::try_from(latency.as_millis()).unwrap_or(i32::MAX),
+            failed: !matches!(result, AttemptResult::Delivered { .. }),
+        };
+        let (reply, recorded) = tokio::sync::oneshot::channel();
+        self.recorder.send((outcome, reply)).map_err(|_| anyhow::anyhow!("the webhook outcome recorder stopped"))?;
+        let breaker = recorded.await.map_err(|_| anyhow::anyhow!("the webhook outcome recorder stopped"))??;
+        let label = match result {
             AttemptResult::Delivered { .. } => "delivered",
             AttemptResult::Retryable { .. } => "retryable",
             AttemptResult::Gone => "gone",
             AttemptResult::Rejected { .. } => "rejected",
         };
-        metrics::counter!("webhook_attempts_total", "outcome" => outcome).increment(1);
+        metrics::counter!("webhook_attempts_total", "outcome" => label).increment(1);
         if matches!(result, AttemptResult::Delivered { .. }) {
             let age = (Utc::now() - delivery.created_at).to_std().unwrap_or_default();
             metrics::histogram!("webhook_delivery_seconds").record(age.as_secs_f64());
         }
-        if let Some(row) = row {
-            let (in_a_row, window_passed): (i64, Option<bool>) = (row.get(0), row.get(1));
-            if failed && in_a_row >= self.settings.breaker_failures && window_passed == Some(true) {
-                let detail = format!(
-                    "{in_a_row} consecutive failed attempts over at least {} s; the last: {}",
-                    self.settings.breaker_window_seconds,
-                    error.as_deref().unwrap_or("failed")
-                );
-                self.pause(delivery, "failing", &detail).await?;
-            }
+        if let Some(in_a_row) = breaker {
+            let detail = format!(
+                "{in_a_row} consecutive failed attempts over at least {} s; the last: {}",
+                self.settings.breaker_window_seconds,
+                error.as_deref().unwrap_or("failed")
+            );
+            self.pause(delivery, "failing", &detail).await?;
         }
         Ok(())
     }
