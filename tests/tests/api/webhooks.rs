@@ -724,6 +724,79 @@ async fn nothing_is_lost_when_worker_processes_are_killed_and_repeats_stay_in_th
     assert!(receiver.received("load").await.iter().all(|delivery| delivery["verifiedWith"] == json!([0])));
     let delivered = app.query_i64("SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'").await;
     assert_eq!(delivered, i64::try_from(CONTACTS).expect("small"));
+    // The counters, kept by several processes at once, match the attempts recorded.
+    let counted = get_webhook(&app, webhook["id"].as_str().expect("id")).await;
+    let attempts = app.query_i64("SELECT count(*) FROM webhook_attempts").await;
+    assert_eq!(counted["totalCalls"], attempts);
+    assert_eq!(counted["failedCalls"], 0);
+}
+
+#[tokio::test]
+async fn an_attempt_that_outlasts_its_timeout_is_retried() {
+    let webhooks = shared::settings::WebhookSettings { attempt_timeout_ms: 300, ..test_webhooks() };
+    let app = TestApp::spawn_with(Options { webhooks: Some(webhooks), ..Options::default() }).await;
+    let receiver = Receiver::start().await;
+    let webhook = hook(&app, &receiver, "slow", "contact upserted", json!({"delaySeconds": 1.0})).await;
+    app.create_contact(&json!({"email": "slow@example.com"})).await;
+    receiver.wait_for("slow", 2, WAIT).await;
+    let failed =
+        wait_for_webhook(&app, webhook["id"].as_str().expect("id"), |w| w["failedCalls"].as_i64() >= Some(1)).await;
+    assert_eq!(failed["lastCallErrorMessage"].as_str().map(|m| m.starts_with("timed out")), Some(true), "{failed}");
+}
+
+#[tokio::test]
+async fn acknowledged_writes_are_delivered_when_the_command_service_is_killed() {
+    let app = TestApp::spawn().await;
+    let receiver = Receiver::start().await;
+    hook(&app, &receiver, "writes", "contact upserted", json!({})).await;
+    let start = || {
+        let port = free_port();
+        let env = [("APP__HTTP__PORT", port.to_string())];
+        (spawn_binary("command-service", &["serve"], &app.database_url, &env), format!("http://127.0.0.1:{port}/v1"))
+    };
+    let (mut first, first_url) = start();
+    crate::log::wait_until_listening(&app.http, &first_url).await;
+    let write = |url: String, email: String| {
+        let http = app.http.clone();
+        async move {
+            let response = http
+                .post(format!("{url}/schemas/contacts/records"))
+                .bearer_auth(ALPHA_ADMIN)
+                .json(&json!({"email": email}))
+                .send()
+                .await;
+            response.is_ok_and(|response| response.status().as_u16() == 201).then_some(email)
+        }
+    };
+    // Writes in flight when the process dies: some are acknowledged, some not.
+    let in_flight: Vec<_> =
+        (0..40).map(|index| tokio::spawn(write(first_url.clone(), format!("killed-{index}@example.com")))).collect();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    first.0.kill().expect("kill -9");
+    let mut acknowledged: Vec<String> = Vec::new();
+    for task in in_flight {
+        acknowledged.extend(task.await.expect("writer"));
+    }
+    let (_second, second_url) = start();
+    crate::log::wait_until_listening(&app.http, &second_url).await;
+    for index in 0..10 {
+        acknowledged.extend(write(second_url.clone(), format!("after-{index}@example.com")).await);
+    }
+    assert!(acknowledged.len() >= 10);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let received: std::collections::HashSet<String> = receiver
+            .received("writes")
+            .await
+            .iter()
+            .filter_map(|delivery| delivery["body"]["data"]["email"].as_str().map(str::to_owned))
+            .collect();
+        if acknowledged.iter().all(|email| received.contains(email)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "some acknowledged writes were not delivered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]

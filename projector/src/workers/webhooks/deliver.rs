@@ -760,6 +760,18 @@ mod tests {
         assert_eq!(secrets, vec![new], "after the grace period only the captured secret signs");
     }
 
+    #[tokio::test]
+    async fn at_connect_time_a_host_resolving_to_a_refused_address_is_refused() {
+        use reqwest::dns::Resolve;
+        let name = |host: &str| host.parse::<reqwest::dns::Name>().expect("a host name");
+        let strict = GuardedResolver { allow_loopback: false };
+        let refused = strict.resolve(name("localhost")).await;
+        assert!(refused.is_err(), "localhost resolves to loopback, refused by default");
+        let local = GuardedResolver { allow_loopback: true };
+        let allowed = local.resolve(name("localhost")).await.expect("allowed for development");
+        assert!(allowed.into_iter().all(|address| address.ip().is_loopback()));
+    }
+
     #[test]
     fn an_erased_subject_drops_the_delivery() {
         let secrets = vec![(1, Secret::generate(), None)];
