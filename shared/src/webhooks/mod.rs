@@ -55,8 +55,8 @@ impl Trigger {
         }
     }
 
-    /// The `type` of a delivery's body (D4: dot-separated). An `email event` delivery is
-    /// `email.<email event type>`, for example `email.bounced`.
+    /// The `type` of a delivery's body (D4: dot-separated). For `email event` this is only
+    /// the prefix: a delivery is `email.<email event type>`, for example `email.bounced`.
     pub fn delivery_type(self) -> &'static str {
         match self {
             Trigger::ContactUpserted => "contact.upserted",

@@ -71,6 +71,17 @@ struct Occurrence {
     filter_view: Option<Value>,
 }
 
+impl Occurrence {
+    /// The delivery's `type`: the trigger's (`contact.upserted`), or `email.<type>` for an
+    /// email event (`email.bounced`).
+    fn kind(&self) -> String {
+        match &self.email_type {
+            Some(email_type) => format!("email.{email_type}"),
+            None => self.trigger.delivery_type().to_owned(),
+        }
+    }
+}
+
 pub struct Enqueue {
     pool: Pool,
     lease: LeaseName,
@@ -171,7 +182,7 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
         let Some(webhooks) = endpoints.get(&space_id) else { continue };
         for endpoint in webhooks.values().filter(|endpoint| fits(endpoint, &occurrence)) {
             let body = json!({
-                "type": occurrence.trigger.delivery_type(),
+                "type": occurrence.kind(),
                 "timestamp": format_timestamp(event.recorded_at),
                 "data": occurrence.data,
             });
@@ -187,8 +198,7 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
                 },
                 None => None,
             };
-            let kind = occurrence.trigger.delivery_type();
-            deliveries.push(delivery(event.position, &space_id, endpoint, kind, subject_id, bytes));
+            deliveries.push(delivery(event.position, &space_id, endpoint, &occurrence.kind(), subject_id, bytes));
         }
     }
     Ok(insert(transaction, &deliveries).await? + replayed)
@@ -629,6 +639,20 @@ mod tests {
             data: json!({"id": "con_1", "plan": plan}),
             filter_view: None,
         }
+    }
+
+    #[test]
+    fn an_email_event_delivery_is_typed_by_its_email_event_type() {
+        let mut bounced = contact("pro");
+        (bounced.trigger, bounced.schema_id, bounced.email_type) = (Trigger::EmailEvent, None, Some("bounced".into()));
+        assert_eq!(bounced.kind(), "email.bounced");
+        assert_eq!(contact("pro").kind(), "contact.upserted");
+        let mut email_hook = endpoint(None);
+        (email_hook.trigger, email_hook.schema_id) = ("email event".into(), None);
+        email_hook.email_event_types = vec!["sent".into()];
+        assert!(!fits(&email_hook, &bounced), "only the email event types the webhook asked for");
+        email_hook.email_event_types.push("bounced".into());
+        assert!(fits(&email_hook, &bounced));
     }
 
     #[test]
