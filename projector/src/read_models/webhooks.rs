@@ -3,10 +3,8 @@
 //! number of webhooks per space for list totals.
 
 use deadpool_postgres::Transaction;
-use shared::events::LogEvent;
 use shared::log::StoredEvent;
 use shared::time::from_millis;
-use shared::webhooks::state::WebhookState;
 
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.webhooks (
@@ -22,23 +20,13 @@ CREATE TABLE {s}.webhook_counts (space_id text PRIMARY KEY, total bigint NOT NUL
 pub(super) const EVENT_TYPES: &[&str] =
     &["WebhookCreated.v1", "WebhookUpdated.v1", "WebhookPaused.v1", "WebhookSecretRotated.v1", "WebhookDeleted.v1"];
 
-/// The webhook's state as of `event`: its stream folded up to that position, so a replay
-/// builds the same rows.
-async fn state_at(transaction: &Transaction<'_>, event: &StoredEvent) -> anyhow::Result<Option<WebhookState>> {
-    let statement = transaction
-        .prepare_cached(
-            "SELECT event_type, payload FROM events WHERE stream_id = $1 AND position <= $2 ORDER BY stream_version",
-        )
-        .await?;
-    let mut state = None;
-    for row in transaction.query(&statement, &[&event.stream_id, &event.position]).await? {
-        state = WebhookState::apply(state, &LogEvent::decode(row.get(0), row.get(1))?);
-    }
-    Ok(state)
-}
-
 pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &StoredEvent) -> anyhow::Result<()> {
-    let Some(webhook) = state_at(transaction, event).await? else { return Ok(()) };
+    // The webhook as of this event: its stream folded up to its position, so a replay builds
+    // the same rows.
+    let decoded = event.decode()?;
+    let Some(webhook_id) = shared::webhooks::state::webhook_of(&decoded) else { return Ok(()) };
+    let (_, state) = shared::webhooks::state::load_at(transaction, webhook_id, event.position).await?;
+    let Some(webhook) = state else { return Ok(()) };
     if webhook.deleted {
         let statement = transaction
             .prepare_cached(&format!(

@@ -156,16 +156,41 @@ pub async fn load(
     client: &impl deadpool_postgres::GenericClient,
     webhook_id: &str,
 ) -> anyhow::Result<(i64, Option<WebhookState>)> {
+    load_at(client, webhook_id, i64::MAX).await
+}
+
+/// [`load`] as of log position `position`: the state a follower of the log sees there, the
+/// same on every replay.
+pub async fn load_at(
+    client: &impl deadpool_postgres::GenericClient,
+    webhook_id: &str,
+    position: i64,
+) -> anyhow::Result<(i64, Option<WebhookState>)> {
     let statement = client
         .prepare_cached(
-            "SELECT stream_version, event_type, payload FROM events WHERE stream_id = $1 ORDER BY stream_version",
+            "SELECT stream_version, event_type, payload FROM events WHERE stream_id = $1 AND position <= $2
+             ORDER BY stream_version",
         )
         .await?;
     let mut current = (0, None);
-    for row in client.query(&statement, &[&stream_id(webhook_id)]).await? {
+    for row in client.query(&statement, &[&stream_id(webhook_id), &position]).await? {
         current = (row.get(0), WebhookState::apply(current.1, &LogEvent::decode(row.get(1), row.get(2))?));
     }
     Ok(current)
+}
+
+/// The webhook a webhook event is about, if `event` is one.
+pub fn webhook_of(event: &LogEvent) -> Option<&str> {
+    Some(match event {
+        LogEvent::WebhookCreated(e) => &e.webhook_id,
+        LogEvent::WebhookUpdated(e) => &e.webhook_id,
+        LogEvent::WebhookPaused(e) => &e.webhook_id,
+        LogEvent::WebhookSecretRotated(e) => &e.webhook_id,
+        LogEvent::WebhookDeleted(e) => &e.webhook_id,
+        LogEvent::WebhookDeliveryReplayRequested(e) => &e.webhook_id,
+        LogEvent::WebhookTestRequested(e) => &e.webhook_id,
+        _ => return None,
+    })
 }
 
 /// The condition of a webhook without one.

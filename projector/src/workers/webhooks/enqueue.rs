@@ -175,7 +175,7 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
             }
             _ => {}
         }
-        if fold_webhook(transaction, &mut endpoints, &space_id, decoded).await? {
+        if fold_webhook(transaction, &mut endpoints, &space_id, event, decoded).await? {
             continue;
         }
         let Some(occurrence) = occurrence(transaction, event, decoded, &keys).await? else { continue };
@@ -312,82 +312,62 @@ fn filter_of(condition: Option<&proto::WebhookCondition>) -> Option<Filter> {
 }
 
 /// Folds a webhook event into the endpoint tables and the batch's view of them; `false` for
-/// events of other kinds.
+/// events of other kinds. The endpoint is the webhook's one fold
+/// (`shared::webhooks::state`) as of the event's position; the event itself brings only the
+/// secrets it carries.
 async fn fold_webhook(
     transaction: &Transaction<'_>,
     endpoints: &mut HashMap<String, HashMap<String, Endpoint>>,
     space_id: &str,
+    stored: &StoredEvent,
     event: &LogEvent,
 ) -> anyhow::Result<bool> {
-    let space = endpoints.entry(space_id.to_owned()).or_default();
+    if !matches!(
+        event,
+        LogEvent::WebhookCreated(_)
+            | LogEvent::WebhookUpdated(_)
+            | LogEvent::WebhookPaused(_)
+            | LogEvent::WebhookSecretRotated(_)
+            | LogEvent::WebhookDeleted(_)
+    ) {
+        return Ok(false);
+    }
+    let Some(webhook_id) = shared::webhooks::state::webhook_of(event) else { return Ok(false) };
+    let (_, state) = shared::webhooks::state::load_at(transaction, webhook_id, stored.position).await?;
+    let Some(state) = state else { return Ok(true) };
     match event {
         LogEvent::WebhookCreated(created) => {
-            let endpoint = Endpoint {
-                webhook_id: created.webhook_id.clone(),
-                trigger: created.trigger.clone(),
-                schema_id: Some(created.schema_id.clone()).filter(|id| !id.is_empty()),
-                email_event_types: created.email_event_types.clone(),
-                url: created.url.clone(),
-                filter: filter_of(created.condition.as_ref()),
-                live: true,
-                secret_version: 1,
-            };
-            save_secret(transaction, &created.webhook_id, 1, created.secret.as_ref(), None).await?;
+            save_secret(transaction, webhook_id, 1, created.secret.as_ref(), None).await?;
             transaction
-                .execute(
-                    "INSERT INTO webhook_counters (webhook_id) VALUES ($1) ON CONFLICT DO NOTHING",
-                    &[&created.webhook_id],
-                )
+                .execute("INSERT INTO webhook_counters (webhook_id) VALUES ($1) ON CONFLICT DO NOTHING", &[&webhook_id])
                 .await?;
-            save(transaction, space_id, &endpoint, "live").await?;
-            space.insert(endpoint.webhook_id.clone(), endpoint);
-        }
-        LogEvent::WebhookUpdated(updated) => {
-            let Some(endpoint) = space.get_mut(&updated.webhook_id) else { return Ok(true) };
-            if let Some(url) = &updated.url {
-                endpoint.url.clone_from(url);
-            }
-            if updated.email_event_types_set {
-                endpoint.email_event_types.clone_from(&updated.email_event_types);
-            }
-            if let Some(condition) = &updated.condition {
-                endpoint.filter = filter_of(Some(condition));
-            }
-            match updated.status.as_deref() {
-                Some("live") => endpoint.live = true,
-                Some("paused") => endpoint.live = false,
-                _ => {}
-            }
-            let status = if endpoint.live { "live" } else { "paused" };
-            save(transaction, space_id, endpoint, status).await?;
-        }
-        LogEvent::WebhookPaused(paused) => {
-            let Some(endpoint) = space.get_mut(&paused.webhook_id) else { return Ok(true) };
-            endpoint.live = false;
-            save(transaction, space_id, endpoint, "paused").await?;
         }
         LogEvent::WebhookSecretRotated(rotated) => {
-            let Some(endpoint) = space.get_mut(&rotated.webhook_id) else { return Ok(true) };
-            endpoint.secret_version += 1;
             let until = shared::time::from_millis(rotated.previous_valid_until_ms);
-            save_secret(
-                transaction,
-                &rotated.webhook_id,
-                endpoint.secret_version,
-                rotated.secret.as_ref(),
-                Some(until),
-            )
-            .await?;
-            let status = if endpoint.live { "live" } else { "paused" };
-            save(transaction, space_id, endpoint, status).await?;
+            save_secret(transaction, webhook_id, state.secret_version, rotated.secret.as_ref(), Some(until)).await?;
         }
-        LogEvent::WebhookDeleted(deleted) => {
-            if let Some(endpoint) = space.remove(&deleted.webhook_id) {
-                save(transaction, space_id, &endpoint, "deleted").await?;
-            }
-            transaction.execute("DELETE FROM webhook_secrets WHERE webhook_id = $1", &[&deleted.webhook_id]).await?;
+        LogEvent::WebhookDeleted(_) => {
+            transaction.execute("DELETE FROM webhook_secrets WHERE webhook_id = $1", &[&webhook_id]).await?;
         }
-        _ => return Ok(false),
+        _ => {}
+    }
+    let endpoint = Endpoint {
+        webhook_id: state.webhook_id.clone(),
+        trigger: state.trigger.as_str().to_owned(),
+        schema_id: state.schema_id.clone(),
+        email_event_types: state.email_event_types.clone(),
+        url: state.url.clone(),
+        filter: filter_of(Some(&state.condition)),
+        live: state.live && !state.deleted,
+        secret_version: state.secret_version,
+    };
+    let status = if state.deleted { "deleted" } else { state.status() };
+    save(transaction, space_id, &endpoint, status).await?;
+    let space = endpoints.entry(space_id.to_owned()).or_default();
+    if state.deleted {
+        space.remove(webhook_id);
+    } else {
+        space.insert(endpoint.webhook_id.clone(), endpoint);
     }
     Ok(true)
 }
