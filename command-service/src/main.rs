@@ -45,6 +45,9 @@ async fn main() -> anyhow::Result<()> {
             for (email, name, secret) in &report.generated_keys {
                 println!("generated key {name:?} for {email}: {secret}  (shown once; only its hash is stored)");
             }
+            for (webhook_id, vendor, secret) in &report.generated_webhook_secrets {
+                println!("webhook {webhook_id} of {vendor} signs with {secret}  (shown once; give it to {vendor})");
+            }
             if wait && report.position > 0 {
                 authoring::wait_for_catalog(&pool, report.position, Duration::from_secs(30)).await?;
             }
