@@ -72,6 +72,9 @@ where
         let check = decode_check(&checked?);
         state.read_models.observe(&check.models);
         let required = check.key_position.max(token);
+        // What waiting can reach: a token beyond the head of the log (no write returned it)
+        // never will, but the caller's own writes still must be read.
+        let attainable = required.min(check.head);
         let same_versions = models.iter().all(|name| {
             let used = guess.models.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
             let current = check.models.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
@@ -87,16 +90,17 @@ where
             };
             consistent.reached = consistent.has_reached(required);
             // A model that holds back the caller's space will not catch up by waiting, nor will
-            // any model reach a token beyond the head of the log (no write returned it): answer
-            // now, saying so.
+            // any model reach a token beyond the head of the log: once what can be reached is,
+            // answer, saying so.
             let stuck = !consistent.reached
-                && (required > check.head || consistent.quarantined.iter().any(|(_, dead_at)| *dead_at <= required));
+                && ((required > check.head && consistent.has_reached(attainable))
+                    || consistent.quarantined.iter().any(|(_, dead_at)| *dead_at <= required));
             if consistent.reached || stuck || Instant::now() >= deadline {
                 return Ok((result?, consistent));
             }
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
-        guess = state.read_models.wait_for(models, required, remaining).await?;
+        guess = state.read_models.wait_for(models, attainable, remaining).await?;
     }
 }
 

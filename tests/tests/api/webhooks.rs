@@ -114,6 +114,14 @@ async fn a_webhook_is_created_read_and_listed_and_its_secret_is_shown_only_at_cr
     assert_eq!(deleted.body["data"], json!({"id": id, "deleted": true}));
     let again = app.send(app.request(reqwest::Method::DELETE, &format!("/webhooks/{id}"), Some(ALPHA_ADMIN))).await;
     assert_eq!((again.status, again.code().as_str()), (404, Some("webhook_not_found")));
+    // Read-your-writes holds even under a token no write returned (beyond the log's end).
+    let bogus = app
+        .send(
+            app.request(reqwest::Method::GET, &format!("/webhooks/{id}/deliveries"), Some(ALPHA_ADMIN))
+                .header("Consistency-Token", "536870911"),
+        )
+        .await;
+    assert_eq!(bogus.code(), "webhook_not_found", "{:?}", bogus.body);
     let token = deleted.header("Consistency-Token").expect("token").to_owned();
     let gone = app
         .send(
