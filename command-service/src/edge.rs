@@ -125,3 +125,26 @@ pub fn append_error(error: AppendError) -> ApiError {
         }
     }
 }
+
+/// A write's answer: `Operation-Id`, and `Consistency-Token` when something was appended.
+pub fn respond(
+    status: actix_web::http::StatusCode,
+    body: &serde_json::Value,
+    operation_id: &str,
+    appended: Option<shared::log::Appended>,
+) -> actix_web::HttpResponse {
+    let mut response = actix_web::HttpResponse::build(status);
+    response.insert_header(("Operation-Id", operation_id.to_owned()));
+    if let Some(appended) = appended.filter(|a| a.last_position > 0) {
+        response.insert_header(("Consistency-Token", appended.last_position.to_string()));
+    }
+    response.json(body)
+}
+
+/// Maps an append failure, noting when the outcome is unconfirmed.
+pub fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
+    if matches!(error, AppendError::OutcomeUnknown(_)) {
+        *unconfirmed = true;
+    }
+    append_error(error)
+}

@@ -16,6 +16,7 @@ use shared::proto::Sealed;
 use shared::records::{RecordState, record_document};
 
 use crate::State;
+use crate::edge::{append_failure, respond};
 use crate::idempotency::{self, Claim};
 use crate::records::decide::{
     Change, CreateDecision, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, decide_create,
@@ -71,23 +72,6 @@ async fn write_context(
         .await?
         .filter(|(schema, _, _)| schema.schema_type != "event")
         .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no contact or object schema {schema_ref:?}")))
-}
-
-fn respond(status: StatusCode, body: &Value, operation_id: &str, appended: Option<Appended>) -> HttpResponse {
-    let mut response = HttpResponse::build(status);
-    response.insert_header(("Operation-Id", operation_id.to_owned()));
-    if let Some(appended) = appended.filter(|a| a.last_position > 0) {
-        response.insert_header(("Consistency-Token", appended.last_position.to_string()));
-    }
-    response.json(body)
-}
-
-/// Maps an append failure, noting when the outcome is unconfirmed.
-fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
-    if matches!(error, AppendError::OutcomeUnknown(_)) {
-        *unconfirmed = true;
-    }
-    crate::edge::append_error(error)
 }
 
 /// Identity values of the input, to look up their holders.

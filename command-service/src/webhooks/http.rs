@@ -21,6 +21,7 @@ use shared::webhooks::state::{Counters, no_condition};
 use super::decide::{self, Condition, NewWebhook};
 use super::store::{self, WebhookState};
 use crate::State;
+use crate::edge::{append_failure, respond};
 use crate::idempotency::{self, Claim};
 
 /// How often a write that lost a race on the webhook's stream is decided again.
@@ -40,15 +41,6 @@ async fn prelude(
     let bucket = if custom_filter { Bucket::Ai } else { Bucket::Write };
     let caller = state.authenticator.authorize_in(req, Permission::Write, bucket).await?;
     Ok((caller, body?))
-}
-
-fn respond(status: StatusCode, body: &Value, operation_id: &str, appended: Appended) -> HttpResponse {
-    let mut response = HttpResponse::build(status);
-    response.insert_header(("Operation-Id", operation_id.to_owned()));
-    if appended.last_position > 0 {
-        response.insert_header(("Consistency-Token", appended.last_position.to_string()));
-    }
-    response.json(body)
 }
 
 fn internal(error: &anyhow::Error) -> ApiError {
@@ -201,7 +193,7 @@ pub async fn replay_delivery(
     });
     let appended = append_request(&req, &state, &caller, &webhook_id, event).await?;
     let body = shared::http::data_body(json!({"id": delivery_id, "webhookId": webhook_id, "status": "pending"}), &[]);
-    Ok(respond(StatusCode::ACCEPTED, &body, &new_id("op"), appended))
+    Ok(respond(StatusCode::ACCEPTED, &body, &new_id("op"), Some(appended)))
 }
 
 /// `POST /webhooks/{id}/test`: enqueues one `webhook.test` delivery.
@@ -222,15 +214,7 @@ pub async fn test(
     let appended = append_request(&req, &state, &caller, &webhook_id, event).await?;
     let delivery_id = shared::webhooks::delivery_id(appended.last_position, &webhook_id);
     let body = shared::http::data_body(json!({"id": delivery_id, "webhookId": webhook_id, "status": "pending"}), &[]);
-    Ok(respond(StatusCode::ACCEPTED, &body, &new_id("op"), appended))
-}
-
-/// Maps an append failure, noting when the outcome is unconfirmed.
-fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
-    if matches!(error, AppendError::OutcomeUnknown(_)) {
-        *unconfirmed = true;
-    }
-    crate::edge::append_error(error)
+    Ok(respond(StatusCode::ACCEPTED, &body, &new_id("op"), Some(appended)))
 }
 
 fn lost_too_often() -> ApiError {
@@ -308,12 +292,48 @@ pub async fn create(
             let appended = append(req, state, caller, claim.as_ref(), stream, guards)
                 .await
                 .map_err(|error| append_failure(error, &mut unconfirmed))?;
-            Ok(respond(StatusCode::CREATED, &body, &operation_id, appended))
+            Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
         }
         .await;
         (outcome, unconfirmed)
     })
     .await
+}
+
+/// A change of an owned webhook, planned against its current state.
+struct Planned {
+    event: LogEvent,
+    status: StatusCode,
+    body: Value,
+    guards: Vec<Guard>,
+}
+
+/// Plans a change against the webhook's current state (and the time of the change), then
+/// appends it at the stream's version with the claim's completion; decides again when a
+/// concurrent change won the race. `current` is the state already loaded, if any.
+async fn change_owned(
+    (req, state, caller): (&HttpRequest, &State, &Caller),
+    webhook_id: &str,
+    (claim, operation_id, unconfirmed): (Option<&Claim>, &str, &mut bool),
+    mut current: Option<(i64, WebhookState)>,
+    mut plan: impl FnMut(&WebhookState, i64) -> Result<Planned, ApiError>,
+) -> Result<HttpResponse, ApiError> {
+    for _ in 0..ATTEMPTS {
+        let (version, webhook) = match current.take() {
+            Some(loaded) => loaded,
+            None => load_owned(state, caller, webhook_id).await?,
+        };
+        let now = shared::time::now_millis();
+        let Planned { event, status, body, guards } = plan(&webhook, now)?;
+        let guards = guards.into_iter().chain(claim.map(|claim| claim.completion(status, &body))).collect();
+        let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
+        match append(req, state, caller, claim, stream, guards).await {
+            Ok(appended) => return Ok(respond(status, &body, operation_id, Some(appended))),
+            Err(AppendError::WrongVersion { .. }) => continue,
+            Err(error) => return Err(append_failure(error, unconfirmed)),
+        }
+    }
+    Err(lost_too_often())
 }
 
 #[tracing::instrument(skip_all, fields(webhook = %path.as_str()))]
@@ -328,7 +348,7 @@ pub async fn update(
     idempotency::protect(state, req, caller, &Value::Object(body.clone()), |claim, operation_id| async move {
         let mut unconfirmed = false;
         let outcome = async {
-            let (mut version, mut current) = load_owned(state, caller, webhook_id).await?;
+            let (version, current) = load_owned(state, caller, webhook_id).await?;
             let update = decide::parse_update(input, current.trigger, state.settings.webhooks.allow_loopback)?;
             let (condition, credits) = match &update.condition {
                 Some(condition) => {
@@ -337,11 +357,14 @@ pub async fn update(
                 }
                 None => (None, 0),
             };
-            for attempt in 0..ATTEMPTS {
-                if attempt > 0 {
-                    (version, current) = load_owned(state, caller, webhook_id).await?;
-                }
-                let now = shared::time::now_millis();
+            let set_live = update.live == Some(true);
+            let mut counters = store::counters(&state.pool.get().await?, webhook_id).await?;
+            if set_live {
+                counters.failed_calls_in_a_row = 0;
+            }
+            let context = (req, state, caller);
+            let answer = (claim.as_ref(), operation_id.as_str(), &mut unconfirmed);
+            change_owned(context, webhook_id, answer, Some((version, current)), |current, now| {
                 let event = LogEvent::WebhookUpdated(proto::WebhookUpdated {
                     webhook_id: webhook_id.to_owned(),
                     space_id: caller.space_id().to_owned(),
@@ -354,28 +377,16 @@ pub async fn update(
                 });
                 let next = WebhookState::apply(Some(current.clone()), &event)
                     .ok_or_else(|| internal(&anyhow::anyhow!("an updated webhook has a state")))?;
-                let mut counters = store::counters(&state.pool.get().await?, webhook_id).await?;
-                let set_live = update.live == Some(true);
-                if set_live {
-                    counters.failed_calls_in_a_row = 0;
-                }
                 let mut document = next.document();
                 counters.merge_into(&mut document);
-                let body = shared::http::data_body(document, &[]);
                 let guards = set_live
                     .then(|| store::clear_failures(webhook_id))
                     .into_iter()
                     .chain((credits > 0).then(|| shared::admission::spend_guard(caller.space_id(), credits)))
-                    .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)))
                     .collect();
-                let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
-                match append(req, state, caller, claim.as_ref(), stream, guards).await {
-                    Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, appended)),
-                    Err(AppendError::WrongVersion { .. }) => continue,
-                    Err(error) => return Err(append_failure(error, &mut unconfirmed)),
-                }
-            }
-            Err(lost_too_often())
+                Ok(Planned { event, status: StatusCode::OK, body: shared::http::data_body(document, &[]), guards })
+            })
+            .await
         }
         .await;
         (outcome, unconfirmed)
@@ -393,29 +404,19 @@ pub async fn delete(
     let (req, state, caller, webhook_id) = (&req, &**state, &caller, path.as_str());
     idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
         let mut unconfirmed = false;
-        let outcome = async {
-            for _ in 0..ATTEMPTS {
-                let (version, _) = load_owned(state, caller, webhook_id).await?;
-                let now = shared::time::now_millis();
-                let event = LogEvent::WebhookDeleted(proto::WebhookDeleted {
+        let answer = (claim.as_ref(), operation_id.as_str(), &mut unconfirmed);
+        let outcome = change_owned((req, state, caller), webhook_id, answer, None, |_, now| {
+            Ok(Planned {
+                event: LogEvent::WebhookDeleted(proto::WebhookDeleted {
                     webhook_id: webhook_id.to_owned(),
                     space_id: caller.space_id().to_owned(),
                     deleted_at_ms: now,
-                });
-                let body = shared::http::data_body(json!({"id": webhook_id, "deleted": true}), &[]);
-                let guards = [store::shred_secret_key(webhook_id), store::blank_recorded_secrets(webhook_id)]
-                    .into_iter()
-                    .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)))
-                    .collect();
-                let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
-                match append(req, state, caller, claim.as_ref(), stream, guards).await {
-                    Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, appended)),
-                    Err(AppendError::WrongVersion { .. }) => continue,
-                    Err(error) => return Err(append_failure(error, &mut unconfirmed)),
-                }
-            }
-            Err(lost_too_often())
-        }
+                }),
+                status: StatusCode::OK,
+                body: shared::http::data_body(json!({"id": webhook_id, "deleted": true}), &[]),
+                guards: vec![store::shred_secret_key(webhook_id), store::blank_recorded_secrets(webhook_id)],
+            })
+        })
         .await;
         (outcome, unconfirmed)
     })
@@ -433,40 +434,32 @@ pub async fn rotate_secret(
     idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
         let mut unconfirmed = false;
         let outcome = async {
-            for _ in 0..ATTEMPTS {
-                let (version, _) = load_owned(state, caller, webhook_id).await?;
-                let key = store::secret_key(&state.pool.get().await?, webhook_id).await.map_err(|e| internal(&e))?;
-                let (secret, sealed, key_guard) = seal_secret(webhook_id, caller.space_id(), key)?;
-                let now = shared::time::now_millis();
-                let grace_ms = i64::try_from(state.settings.webhooks.rotation_grace_seconds.saturating_mul(1000))
-                    .unwrap_or(i64::MAX);
-                let event = LogEvent::WebhookSecretRotated(proto::WebhookSecretRotated {
-                    webhook_id: webhook_id.to_owned(),
-                    space_id: caller.space_id().to_owned(),
-                    secret: Some(sealed),
-                    previous_valid_until_ms: now.saturating_add(grace_ms),
-                    rotated_at_ms: now,
+            let current = load_owned(state, caller, webhook_id).await?;
+            let key = store::secret_key(&state.pool.get().await?, webhook_id).await.map_err(|e| internal(&e))?;
+            let grace_ms =
+                i64::try_from(state.settings.webhooks.rotation_grace_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
+            let answer = (claim.as_ref(), operation_id.as_str(), &mut unconfirmed);
+            change_owned((req, state, caller), webhook_id, answer, Some(current), |_, now| {
+                let (secret, sealed, key_guard) = seal_secret(webhook_id, caller.space_id(), key.clone())?;
+                let body = json!({
+                    "id": webhook_id,
+                    "signatureVerificationSecret": secret.reveal(),
+                    "updatedAt": shared::time::format_millis(now),
                 });
-                let body = shared::http::data_body(
-                    json!({
-                        "id": webhook_id,
-                        "signatureVerificationSecret": secret.reveal(),
-                        "updatedAt": shared::time::format_millis(now),
+                Ok(Planned {
+                    event: LogEvent::WebhookSecretRotated(proto::WebhookSecretRotated {
+                        webhook_id: webhook_id.to_owned(),
+                        space_id: caller.space_id().to_owned(),
+                        secret: Some(sealed),
+                        previous_valid_until_ms: now.saturating_add(grace_ms),
+                        rotated_at_ms: now,
                     }),
-                    &[],
-                );
-                let guards = key_guard
-                    .into_iter()
-                    .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)))
-                    .collect();
-                let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
-                match append(req, state, caller, claim.as_ref(), stream, guards).await {
-                    Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, appended)),
-                    Err(AppendError::WrongVersion { .. }) => continue,
-                    Err(error) => return Err(append_failure(error, &mut unconfirmed)),
-                }
-            }
-            Err(lost_too_often())
+                    status: StatusCode::OK,
+                    body: shared::http::data_body(body, &[]),
+                    guards: key_guard.into_iter().collect(),
+                })
+            })
+            .await
         }
         .await;
         (outcome, unconfirmed)
