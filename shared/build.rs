@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "platform/events/v1/suppressions.proto",
         "platform/events/v1/events.proto",
         "platform/events/v1/webhooks.proto",
+        "platform/events/v1/email.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={root}/{file}");

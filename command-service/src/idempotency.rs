@@ -195,6 +195,11 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
 }
 
 impl Claim {
+    /// The claim's row and token, for a completion recorded later (a send's outcome).
+    pub fn parts(&self) -> (String, Uuid) {
+        (self.scope_key.clone(), self.claim_token)
+    }
+
     /// The guard that records the outcome in the operation's append transaction.
     pub fn completion(&self, status: StatusCode, body: &Value) -> Guard {
         Guard::exactly_one(

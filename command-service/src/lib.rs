@@ -3,12 +3,15 @@
 
 pub mod authoring;
 pub mod edge;
+pub mod emails;
 pub mod events;
+pub mod forms;
 pub mod idempotency;
 pub mod identities;
 pub mod records;
 pub mod routes;
 pub mod suppressions;
+pub mod templates;
 pub mod webhooks;
 
 use actix_web::web;
@@ -28,6 +31,8 @@ pub struct State {
     pub settings: Settings,
     /// The AI provider (custom-filter webhook conditions).
     pub ai: shared::ai::AiProvider,
+    /// Where sends are handed off: the SMTP relay, or `.eml` files.
+    pub mailer: shared::email::mailer::Mailer,
     /// Event admission scopes whose rows this process knows exist.
     admission_scopes: std::sync::Mutex<std::collections::HashSet<String>>,
 }
@@ -35,6 +40,7 @@ pub struct State {
 impl State {
     pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> anyhow::Result<web::Data<Self>> {
         let ai = shared::ai::AiProvider::new(&settings.ai)?;
+        let mailer = shared::email::mailer::Mailer::from_settings(&settings.email)?;
         let event_log = EventLog::start(pool.clone(), settings.append.batch_max);
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
@@ -45,6 +51,7 @@ impl State {
             read_models,
             settings,
             ai,
+            mailer,
             admission_scopes: Default::default(),
         }))
     }

@@ -4,7 +4,7 @@
 use actix_web::{Route, web};
 use shared::routes::Tier;
 
-use crate::{events, identities, records, suppressions, webhooks};
+use crate::{emails, events, forms, identities, records, suppressions, templates, webhooks};
 
 /// The handler of a command operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
@@ -26,6 +26,10 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "rotateWebhookSecret" => web::post().to(webhooks::http::rotate_secret),
         "replayWebhookDelivery" => web::post().to(webhooks::http::replay_delivery),
         "testWebhook" => web::post().to(webhooks::http::test),
+        "sendTemplate" => web::post().to(templates::http::send),
+        "unsubscribeEmail" => web::post().to(emails::unsubscribe::post),
+        "submitForm" => web::post().to(forms::http::submit),
+        "confirmFormSubmission" => web::get().to(forms::http::confirm),
         _ => return None,
     })
 }

@@ -33,8 +33,8 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 pub const POOL_SIZE: usize = 32;
 
 /// The kinds of worker a process can run.
-pub const WORKER_KINDS: [&str; 6] =
-    ["read_models", "preparation", "eraser", "maintenance", "webhook_enqueue", "webhook_delivery"];
+pub const WORKER_KINDS: [&str; 7] =
+    ["read_models", "preparation", "eraser", "maintenance", "webhook_enqueue", "webhook_delivery", "email_outbox"];
 
 /// The workers a process runs: `selection` is `all` or a comma-separated list of
 /// [`WORKER_KINDS`]. `process` names this process in the batch history.
@@ -75,7 +75,14 @@ pub fn workers(
         workers.push(Arc::new(workers::webhooks::enqueue::Enqueue::new(pool.clone())));
     }
     if wanted.contains(&"webhook_delivery") {
-        workers.push(Arc::new(workers::webhooks::deliver::Deliver::new(pool.clone(), log, &settings.webhooks)?));
+        workers.push(Arc::new(workers::webhooks::deliver::Deliver::new(
+            pool.clone(),
+            log.clone(),
+            &settings.webhooks,
+        )?));
+    }
+    if wanted.contains(&"email_outbox") {
+        workers.push(Arc::new(workers::email::outbox::Outbox::new(pool.clone(), log, settings)?));
     }
     if wanted.contains(&"maintenance") {
         workers

@@ -6,6 +6,8 @@
 pub mod audit;
 pub mod consistency;
 pub mod deletions;
+pub mod email;
+pub mod emails;
 pub mod events;
 pub mod me;
 pub mod records;

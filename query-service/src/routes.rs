@@ -4,7 +4,7 @@
 use actix_web::{HttpResponse, Route, web};
 use shared::routes::Tier;
 
-use crate::{audit, deletions, events, me, records, schemas, suppressions, webhooks};
+use crate::{audit, deletions, email, emails, events, me, records, schemas, suppressions, webhooks};
 
 /// The handler of a query operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
@@ -24,6 +24,15 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "listWebhooks" => web::get().to(webhooks::http::list),
         "getWebhook" => web::get().to(webhooks::http::get),
         "listWebhookDeliveries" => web::get().to(webhooks::http::deliveries),
+        "listTemplates" => web::get().to(email::http::list_templates),
+        "getTemplate" => web::get().to(email::http::get_template),
+        "listDomains" => web::get().to(email::http::list_domains),
+        "getDomain" => web::get().to(email::http::get_domain),
+        "listSenders" => web::get().to(email::http::list_senders),
+        "getSender" => web::get().to(email::http::get_sender),
+        "listTopics" => web::get().to(email::http::list_topics),
+        "getTopic" => web::get().to(email::http::get_topic),
+        "getUnsubscribePage" => web::get().to(emails::unsubscribe_page::get),
         _ => return None,
     })
 }

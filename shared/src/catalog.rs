@@ -199,3 +199,37 @@ pub async fn write_context(
     };
     Ok(Some((entry, attributes, row.get(7))))
 }
+
+/// An authored resource of the space: its revision and definition.
+pub async fn resource(
+    client: &impl GenericClient,
+    schema: &str,
+    space_id: &str,
+    kind: &str,
+    resource_id: &str,
+) -> Result<Option<(i64, Value)>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT revision, definition FROM {schema}.resources WHERE space_id = $1 AND kind = $2 AND resource_id = $3"
+        ))
+        .await?;
+    let row = client.query_opt(&statement, &[&space_id, &kind, &resource_id]).await?;
+    Ok(row.map(|row| (row.get(0), row.get(1))))
+}
+
+/// A resource found by id alone, whatever its space (public endpoints, whose tenant comes
+/// from the resource): its space, revision and definition.
+pub async fn resource_by_id(
+    client: &impl GenericClient,
+    schema: &str,
+    kind: &str,
+    resource_id: &str,
+) -> Result<Option<(String, i64, Value)>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT space_id, revision, definition FROM {schema}.resources WHERE kind = $1 AND resource_id = $2"
+        ))
+        .await?;
+    let row = client.query_opt(&statement, &[&kind, &resource_id]).await?;
+    Ok(row.map(|row| (row.get(0), row.get(1), row.get(2))))
+}

@@ -36,6 +36,15 @@ pub enum LogEvent {
     WebhookDeleted(proto::WebhookDeleted),
     WebhookDeliveryReplayRequested(proto::WebhookDeliveryReplayRequested),
     WebhookTestRequested(proto::WebhookTestRequested),
+    EmailScheduled(proto::EmailScheduled),
+    EmailSent(proto::EmailSent),
+    EmailFailed(proto::EmailFailed),
+    EmailOutcomeUnknown(proto::EmailOutcomeUnknown),
+    EmailBounced(proto::EmailBounced),
+    EmailUnsubscribed(proto::EmailUnsubscribed),
+    SubscriptionChanged(proto::SubscriptionChanged),
+    FormSubmitted(proto::FormSubmitted),
+    SubmissionConfirmed(proto::SubmissionConfirmed),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -95,6 +104,15 @@ event_types! {
     WebhookDeleted => "WebhookDeleted.v1",
     WebhookDeliveryReplayRequested => "WebhookDeliveryReplayRequested.v1",
     WebhookTestRequested => "WebhookTestRequested.v1",
+    EmailScheduled => "EmailScheduled.v1",
+    EmailSent => "EmailSent.v1",
+    EmailFailed => "EmailFailed.v1",
+    EmailOutcomeUnknown => "EmailOutcomeUnknown.v1",
+    EmailBounced => "EmailBounced.v1",
+    EmailUnsubscribed => "EmailUnsubscribed.v1",
+    SubscriptionChanged => "SubscriptionChanged.v1",
+    FormSubmitted => "FormSubmitted.v1",
+    SubmissionConfirmed => "SubmissionConfirmed.v1",
 }
 
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the

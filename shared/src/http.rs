@@ -98,6 +98,31 @@ pub async fn read_json_object(req: &HttpRequest, payload: web::Payload) -> Resul
     }
 }
 
+/// Reads a public form's body: `application/x-www-form-urlencoded` (what an HTML form posts;
+/// every value a string, a repeated name keeping its last value) or a JSON object. The flag
+/// says which it was.
+pub async fn read_form_or_json(
+    req: &HttpRequest,
+    payload: web::Payload,
+) -> Result<(Map<String, Value>, bool), ApiError> {
+    let media_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .map(|value| value.trim().to_ascii_lowercase());
+    if media_type.as_deref() != Some("application/x-www-form-urlencoded") {
+        return Ok((read_json_object(req, payload).await?, false));
+    }
+    let bytes = read_body(req, payload).await?;
+    let mut fields = Map::new();
+    for (name, value) in form_urlencoded::parse(&bytes) {
+        fields.insert(name.into_owned(), Value::String(value.into_owned()));
+    }
+    crate::storable::reject(crate::storable::json_issues(&Value::Object(fields.clone())))?;
+    Ok((fields, true))
+}
+
 /// Reads the body as JSON, enforcing size, content type, charset and encoding.
 pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value, ApiError> {
     check_content_headers(req)?;

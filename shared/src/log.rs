@@ -85,7 +85,7 @@ pub struct AppendRequest {
     pub guards: Vec<Guard>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Appended {
     /// Position of the command's last event (0 when it appended none).
     pub last_position: i64,

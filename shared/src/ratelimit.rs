@@ -228,6 +228,34 @@ pub async fn purge_expired(client: &impl deadpool_postgres::GenericClient) -> an
     Ok(client.execute("DELETE FROM rate_windows WHERE expires_at < now() - interval '1 minute'", &[]).await?)
 }
 
+/// Counts one request against a fixed window of `allowed` per `window` under `key`, exactly
+/// (no leases: for low-volume limiters such as the public forms'). `Err` with the window's
+/// end when it is used up.
+pub async fn take_one(
+    client: &impl deadpool_postgres::GenericClient,
+    key: &str,
+    allowed: u32,
+    window: Duration,
+) -> Result<Result<(), chrono::DateTime<Utc>>, tokio_postgres::Error> {
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX).max(1);
+    let statement = client
+        .prepare_cached(
+            "WITH w AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms)
+             INSERT INTO rate_windows AS r (bucket_key, window_index, count, expires_at)
+             SELECT $1::text, w.now_ms / $2::bigint, 1, to_timestamp((w.now_ms / $2::bigint + 1) * $2::bigint / 1000.0)
+             FROM w
+             ON CONFLICT (bucket_key, window_index) DO UPDATE SET count = r.count + 1
+             RETURNING r.count, (r.window_index + 1) * $2::bigint",
+        )
+        .await?;
+    let row = client.query_one(&statement, &[&key, &window_ms]).await?;
+    let (count, ends_ms): (i32, i64) = (row.get(0), row.get(1));
+    if u32::try_from(count).unwrap_or(u32::MAX) <= allowed {
+        return Ok(Ok(()));
+    }
+    Ok(Err(Utc.timestamp_millis_opt(ends_ms).single().unwrap_or_else(Utc::now)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,6 +71,21 @@ pub const OPERATIONS: &[Operation] = &[
     operation("listWebhookDeliveries", "GET", "/webhooks/{id}/deliveries", Query),
     operation("replayWebhookDelivery", "POST", "/webhooks/{id}/deliveries/{deliveryId}/replay", Command),
     operation("testWebhook", "POST", "/webhooks/{id}/test", Command),
+    operation("listTemplates", "GET", "/templates", Query),
+    operation("getTemplate", "GET", "/templates/{id}", Query),
+    operation("sendTemplate", "POST", "/templates/{id}/send", Command),
+    operation("listDomains", "GET", "/domains", Query),
+    operation("getDomain", "GET", "/domains/{id}", Query),
+    operation("listSenders", "GET", "/senders", Query),
+    operation("getSender", "GET", "/senders/{id}", Query),
+    operation("listTopics", "GET", "/topics", Query),
+    operation("getTopic", "GET", "/topics/{id}", Query),
+    operation("unsubscribeEmail", "POST", "/emails/{id}/unsubscribe", Command),
+    operation("getUnsubscribePage", "GET", "/emails/{id}/unsubscribe", Query),
+    operation("submitForm", "POST", "/forms/{id}/submit", Command),
+    // A GET that writes (D7): the split deployment's nginx sends `/v1/forms/` to the command
+    // service.
+    operation("confirmFormSubmission", "GET", "/forms/{id}/confirm/{token}", Command),
 ];
 
 /// The API prefix every path lives under.

@@ -37,6 +37,8 @@ pub struct Settings {
     pub projector: ProjectorSettings,
     pub telemetry: TelemetrySettings,
     pub webhooks: WebhookSettings,
+    pub email: EmailSettings,
+    pub forms: FormSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -64,11 +66,16 @@ pub struct HttpSettings {
     /// `APP__HTTP__SHUTDOWN_TIMEOUT_MILLIS`: on SIGTERM, how long requests in flight may take
     /// to finish after the listener stops accepting.
     pub shutdown_timeout_millis: u64,
+    /// `APP__HTTP__TRUSTED_PROXIES` (for example `["127.0.0.1"]`): the addresses of proxies
+    /// (the split deployment's nginx) whose `X-Forwarded-For` names the client. From any
+    /// other peer the header is ignored, so a client cannot choose its own address for the
+    /// form limiters.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { host: "127.0.0.1".to_owned(), port: 8080, shutdown_timeout_millis: 10_000 }
+        Self { host: "127.0.0.1".to_owned(), port: 8080, shutdown_timeout_millis: 10_000, trusted_proxies: Vec::new() }
     }
 }
 
@@ -225,6 +232,91 @@ impl Default for WebhookSettings {
     }
 }
 
+/// Public forms (`APP__FORMS__*`): the contract's limiters (Limits, form limits) and the
+/// double opt-in link's life.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FormSettings {
+    /// `PER_IP` submissions per client address per `WINDOW_SECONDS` (contract: 10 per 60 s).
+    pub per_ip: u32,
+    /// `PER_FORM` submissions per form per `WINDOW_SECONDS` (contract: 120 per 60 s).
+    pub per_form: u32,
+    pub window_seconds: u64,
+    /// `CONFIRMATIONS_PER_RECIPIENT` and `CONFIRMATIONS_PER_FORM` confirmation emails per
+    /// `CONFIRMATION_WINDOW_SECONDS` (contract: 2 per recipient per form, 200 per form, per hour).
+    pub confirmations_per_recipient: u32,
+    pub confirmations_per_form: u32,
+    pub confirmation_window_seconds: u64,
+    /// `TOKEN_TTL_HOURS`: how long a confirmation link stays valid.
+    pub token_ttl_hours: u64,
+}
+
+impl Default for FormSettings {
+    fn default() -> Self {
+        Self {
+            per_ip: 10,
+            per_form: 120,
+            window_seconds: 60,
+            confirmations_per_recipient: 2,
+            confirmations_per_form: 200,
+            confirmation_window_seconds: 3_600,
+            token_ttl_hours: 168,
+        }
+    }
+}
+
+/// Email sending (`APP__EMAIL__*`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EmailSettings {
+    /// `RELAY_URL`: the SMTP relay, as lettre's connection URL: `smtp://host:port` (plain, or
+    /// `?tls=required` for STARTTLS), `smtps://host:port` (implicit TLS), with
+    /// `user:password@` for AUTH. Unset (the local default): messages are written as `.eml`
+    /// files under `EML_DIR` instead, so the system works offline.
+    #[serde(skip_serializing)]
+    pub relay_url: Option<SecretString>,
+    /// `EML_DIR`: where messages go when no relay is configured.
+    pub eml_dir: String,
+    /// `PUBLIC_BASE_URL`: the API's public base URL (with `/v1`), for the one-click
+    /// unsubscribe and double opt-in links inside messages.
+    pub public_base_url: String,
+    /// `HELLO_NAME`: the name given in EHLO, and the right side of Message-IDs.
+    pub hello_name: String,
+    /// `TIMEOUT_MS`: the most one SMTP command may take.
+    pub timeout_ms: u64,
+    /// `POOL_SIZE`: pooled relay connections per process.
+    pub pool_size: u32,
+    /// `RETRY_SCHEDULE_MS`: the outbox worker's delays between hand-offs of an email the relay
+    /// refused for now (4xx) or could not be reached for; after the last, the email fails.
+    pub retry_schedule_ms: Vec<u64>,
+    /// `HANDOFF_DELAY_MS`: a pause between the append of a send and its hand-off. Zero in
+    /// production; the crash tests use it to kill a process inside that window.
+    pub handoff_delay_ms: u64,
+    /// `HANDOFF_GRACE_MS`: how long the outbox worker leaves a new email to the inline
+    /// hand-off of the process that appended it before taking it over.
+    pub handoff_grace_ms: u64,
+    /// `OUTBOX_POLL_MS`: how often the outbox worker looks for emails to finish.
+    pub outbox_poll_ms: u64,
+}
+
+impl Default for EmailSettings {
+    fn default() -> Self {
+        Self {
+            relay_url: None,
+            eml_dir: "data/outbox".to_owned(),
+            public_base_url: "http://127.0.0.1:8080/v1".to_owned(),
+            hello_name: "localhost".to_owned(),
+            timeout_ms: 10_000,
+            pool_size: 8,
+            // 30 s, 2 min, 10 min, 1 h, 4 h, then 12 h twice: about a day in all.
+            retry_schedule_ms: vec![30_000, 120_000, 600_000, 3_600_000, 14_400_000, 43_200_000, 43_200_000],
+            handoff_delay_ms: 0,
+            handoff_grace_ms: 10_000,
+            outbox_poll_ms: 1_000,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TelemetrySettings {
@@ -284,6 +376,11 @@ impl Settings {
         crate::crypto::Keyring::from_hex(self.master_key()?).context("APP__MASTER_KEY")
     }
 
+    /// How long a hand-off holds an email: longer than any SMTP exchange can last.
+    pub fn email_lease(&self) -> Duration {
+        Duration::from_millis(self.email.timeout_ms.saturating_mul(6).saturating_add(30_000))
+    }
+
     pub fn auth_cache_ttl(&self) -> Duration {
         Duration::from_millis(self.auth.cache_millis)
     }
@@ -325,6 +422,15 @@ mod tests {
             assert_eq!(settings.rate_limits.write_per_second, 25, "untouched defaults stay");
             assert_eq!(settings.events.admission.space.burst, 3.0);
             assert_eq!(settings.events.admission.space.rate, 10.0, "a sibling keeps its scope's default");
+            let forms = &settings.forms;
+            assert_eq!(
+                (forms.per_ip, forms.per_form, forms.window_seconds),
+                (10, 120, 60),
+                "the contract's form limits"
+            );
+            let confirmations =
+                (forms.confirmations_per_recipient, forms.confirmations_per_form, forms.confirmation_window_seconds);
+            assert_eq!(confirmations, (2, 200, 3_600));
             assert_eq!(settings.events.admission.fleet.burst, 200.0);
             assert_eq!(settings.telemetry.filter.as_deref(), Some("debug"));
             assert_eq!(settings.identity, IdentityCapacity::default());

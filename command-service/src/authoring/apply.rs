@@ -115,18 +115,21 @@ pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> 
                 LogEvent::AiCreditsSet(proto::AiCreditsSet { space_id: space_id.clone(), balance }),
             );
         }
-        if let Some(allowance) = &space.email_allowance {
+        plan_schemas(&mut plan, space, space_id);
+        plan_resources(&mut plan, space, space_id);
+        let definitions = super::email::definitions(space, space_id, |kind, id| {
+            super::email::definition_of(plan.latest(&format!("authoring/{kind}/{id}")))
+        })?;
+        for (kind, resource_id, definition) in definitions {
             let resource = proto::ResourceDefined {
-                kind: "email_allowance".into(),
-                resource_id: space_id.clone(),
+                kind: kind.to_owned(),
+                resource_id,
                 space_id: space_id.clone(),
-                definition_json: allowance.to_string(),
+                definition_json: definition.to_string(),
                 revision: 0,
             };
             ensure_resource(&mut plan, resource);
         }
-        plan_schemas(&mut plan, space, space_id);
-        plan_resources(&mut plan, space, space_id);
         for suppression in &space.suppressions {
             plan_suppression(&mut plan, space_id, suppression);
         }
@@ -414,20 +417,15 @@ fn plan_webhook(
 }
 
 fn plan_resources(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {
-    let kinds: [(&str, &str, &Vec<ResourceSpec>); 8] = [
-        ("template", "tpl", &space.templates),
+    // The email resources are typed and resolved by `super::email`.
+    let kinds: [(&str, &str, &Vec<ResourceSpec>); 3] = [
         ("broadcast", "bc", &space.broadcasts),
         ("workflow", "wf", &space.workflows),
-        ("form", "frm", &space.forms),
-        ("topic", "top", &space.topics),
-        ("sender", "snd", &space.senders),
-        ("domain", "dom", &space.domains),
         ("contact_track", "trk", &space.contact_tracks),
     ];
     for (kind, prefix, resources) in kinds {
         for resource in resources {
-            let resource_id =
-                resource.id.clone().unwrap_or_else(|| derived_id(prefix, &[kind, &space.slug, &resource.slug]));
+            let resource_id = super::email::resource_id(kind, prefix, &space.slug, resource);
             let mut definition = resource.fields.clone();
             definition.insert("slug".into(), Value::String(resource.slug.clone()));
             ensure_resource(

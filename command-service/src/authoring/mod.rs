@@ -2,6 +2,7 @@
 //! The format is documented in `docs/workspace-file.md`.
 
 mod apply;
+mod email;
 mod format;
 
 pub use apply::{ApplyReport, apply, wait_for_catalog};

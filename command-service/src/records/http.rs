@@ -84,79 +84,148 @@ fn completion(claim: Option<&Claim>, status: StatusCode, body: &Value) -> Option
     claim.map(|claim| claim.completion(status, body))
 }
 
-async fn append_create(
-    req: &HttpRequest,
-    state: &State,
-    prelude: &Prelude,
-    decision: CreateDecision,
-    idempotency: (Option<&Claim>, Option<Guard>),
-) -> Result<Appended, AppendError> {
+/// A record write ready to append: its stream and guards.
+pub(crate) struct Write {
+    pub stream: StreamAppend,
+    pub guards: Vec<Guard>,
+    /// The data key the record's personal data is encrypted under.
+    pub key: DataKey,
+}
+
+/// The write of a new record (its personal data encrypted under a fresh key).
+fn create_write(space_id: &str, schema_id: &str, decision: CreateDecision) -> Result<Write, AppendError> {
     let mut decision = decision;
     let record_id = decision.event.record_id.clone();
-    let key_guard = encrypt_personal(&mut decision.event.personal, None, &record_id, prelude.caller.space_id())?;
+    let (key, key_guard) = encrypt_personal(&mut decision.event.personal, None, &record_id, space_id)?;
     let guards = decision
         .identities
         .iter()
-        .map(|identity| claim(prelude.caller.space_id(), &prelude.schema.schema_id, &record_id, identity))
+        .map(|identity| claim(space_id, schema_id, &record_id, identity))
         .chain(key_guard)
-        .chain(idempotency.1)
         .collect();
     let occurred_at = shared::time::from_millis(decision.event.created_at_ms);
-    state
-        .event_log
-        .append(AppendRequest {
-            metadata: crate::edge::metadata(req, &prelude.caller, idempotency.0.map(|claim| claim.key.clone())),
-            streams: vec![StreamAppend {
-                stream_id: stream_id(&record_id),
-                expected: ExpectedVersion::NoStream,
-                events: vec![NewEvent {
-                    event: LogEvent::RecordCreated(decision.event),
-                    subject_id: Some(record_id.clone()),
-                    occurred_at,
-                }],
-            }],
-            guards,
-        })
-        .await
+    let stream = StreamAppend {
+        stream_id: stream_id(&record_id),
+        expected: ExpectedVersion::NoStream,
+        events: vec![NewEvent {
+            event: LogEvent::RecordCreated(decision.event),
+            subject_id: Some(record_id),
+            occurred_at,
+        }],
+    };
+    Ok(Write { stream, guards, key })
 }
 
-/// Appends an update at `version`; `Ok(None)` when nothing changed.
-async fn append_update(
-    req: &HttpRequest,
-    state: &State,
-    prelude: &Prelude,
+/// The write of an update at `version`.
+fn update_write(
+    space_id: &str,
+    schema_id: &str,
     (version, key): (i64, Option<DataKey>),
     change: Change,
-    idempotency: (Option<&Claim>, Option<Guard>),
-) -> Result<Appended, AppendError> {
+) -> Result<Write, AppendError> {
     let Change { mut event, state: new_state, claims, releases, .. } = change;
     let record_id = new_state.record_id.clone();
-    let (space_id, schema_id) = (prelude.caller.space_id(), prelude.schema.schema_id.as_str());
-    let key_guard = encrypt_personal(&mut event.personal, key, &record_id, space_id)?;
+    let (key, key_guard) = encrypt_personal(&mut event.personal, key, &record_id, space_id)?;
     let guards = releases
         .iter()
         .map(|identity| release(space_id, schema_id, &record_id, identity))
         .chain(claims.iter().map(|identity| claim(space_id, schema_id, &record_id, identity)))
         .chain(key_guard)
-        .chain(idempotency.1)
         .collect();
     let occurred_at = shared::time::from_millis(event.updated_at_ms);
+    let stream = StreamAppend {
+        stream_id: stream_id(&record_id),
+        expected: ExpectedVersion::Exactly(version),
+        events: vec![NewEvent { event: LogEvent::RecordUpdated(event), subject_id: Some(record_id), occurred_at }],
+    };
+    Ok(Write { stream, guards, key })
+}
+
+/// Appends one record write with the operation's completion guard.
+async fn append_write(
+    req: &HttpRequest,
+    state: &State,
+    caller: &Caller,
+    write: Result<Write, AppendError>,
+    idempotency: (Option<&Claim>, Option<Guard>),
+) -> Result<Appended, AppendError> {
+    let Write { stream, mut guards, .. } = write?;
+    guards.extend(idempotency.1);
     state
         .event_log
         .append(AppendRequest {
-            metadata: crate::edge::metadata(req, &prelude.caller, idempotency.0.map(|claim| claim.key.clone())),
-            streams: vec![StreamAppend {
-                stream_id: stream_id(&record_id),
-                expected: ExpectedVersion::Exactly(version),
-                events: vec![NewEvent {
-                    event: LogEvent::RecordUpdated(event),
-                    subject_id: Some(record_id),
-                    occurred_at,
-                }],
-            }],
+            metadata: crate::edge::metadata(req, caller, idempotency.0.map(|claim| claim.key.clone())),
+            streams: vec![stream],
             guards,
         })
         .await
+}
+
+/// An upsert decided: the status and record it answers with, and the write (none when
+/// nothing changes).
+pub(crate) struct PlannedUpsert {
+    pub status: StatusCode,
+    pub record: RecordState,
+    pub warnings: Vec<shared::pagination::Warning>,
+    pub write: Option<Result<Write, AppendError>>,
+    /// The data key of an unchanged record (a write carries its own).
+    pub key: Option<DataKey>,
+}
+
+/// Decides an upsert of `input` in `schema` (rule 3 of the contract's record rules) without
+/// appending it, so that other writes can join its append (a template send's context).
+pub(crate) async fn plan_upsert(
+    state: &State,
+    schema: &WriteSchema<'_>,
+    input: Map<String, Value>,
+    now: i64,
+) -> Result<PlannedUpsert, ApiError> {
+    let input = parse_input(schema, input)?;
+    let client = state.pool.get().await?;
+    let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
+    let target = match &input.id {
+        Some(record_id) => Match::Existing(record_id.clone()),
+        None => {
+            let holders: Vec<String> = owners.values().cloned().collect();
+            let states: Vec<RecordState> = load_records(&client, &holders)
+                .await?
+                .into_iter()
+                .filter_map(|(_, _, loaded)| match loaded {
+                    Loaded::Live { state, .. } => Some(state),
+                    _ => None,
+                })
+                .collect();
+            match_upsert(schema.schema_type, &input, &owners, &states)
+        }
+    };
+    match target {
+        Match::Existing(record_id) => {
+            let (version, current, key) = load_in_schema(&client, schema, &record_id).await?;
+            drop(client);
+            let UpdateDecision::Changed(change) = decide_update(schema, &current, input, &owners, now)? else {
+                return Ok(PlannedUpsert {
+                    status: StatusCode::OK,
+                    record: current,
+                    warnings: Vec::new(),
+                    write: None,
+                    key,
+                });
+            };
+            let (record, warnings) = (change.state.clone(), change.warnings.clone());
+            let write = update_write(schema.space_id, schema.schema_id, (version, key), *change);
+            Ok(PlannedUpsert { status: StatusCode::OK, record, warnings, write: Some(write), key: None })
+        }
+        Match::New => {
+            drop(client);
+            let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
+            let decision = decide_create(schema, input, &owners, &record_id, now)?;
+            let record = RecordState::from_created(&decision.event, &Default::default())
+                .map_err(|error| ApiError::internal(&error))?;
+            let warnings = decision.warnings.clone();
+            let write = create_write(schema.space_id, schema.schema_id, decision);
+            Ok(PlannedUpsert { status: StatusCode::CREATED, record, warnings, write: Some(write), key: None })
+        }
+    }
 }
 
 /// Encrypts a record event's personal data under the record's data key. A record without a
@@ -167,7 +236,7 @@ fn encrypt_personal(
     key: Option<DataKey>,
     record_id: &str,
     space_id: &str,
-) -> Result<Option<Guard>, AppendError> {
+) -> Result<(DataKey, Option<Guard>), AppendError> {
     let failed = AppendError::from;
     let (key, guard) = match key {
         Some(key) => (key, None),
@@ -179,7 +248,7 @@ fn encrypt_personal(
     if let Some(personal) = personal.as_mut() {
         shared::events::encrypt(personal, &key).map_err(failed)?;
     }
-    Ok(guard)
+    Ok((key, guard))
 }
 
 fn is_lost_race(error: &AppendError) -> bool {
@@ -213,7 +282,8 @@ pub async fn create(
                 record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
             let body = shared::http::data_body(document, &[]);
             let guard = completion(claim.as_ref(), StatusCode::CREATED, &body);
-            let appended = append_create(req, state, prelude, decision, (claim.as_ref(), guard))
+            let write = create_write(schema.space_id, schema.schema_id, decision);
+            let appended = append_write(req, state, &prelude.caller, write, (claim.as_ref(), guard))
                 .await
                 .map_err(|error| append_failure(error, &mut unconfirmed))?;
             Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
@@ -252,60 +322,44 @@ async fn upsert_attempts(
     let schema = prelude.write_schema();
     check_credits(&schema, prelude.credits)?;
     for _ in 0..ATTEMPTS {
-        let input = parse_input(&schema, prelude.input.clone())?;
-        let client = state.pool.get().await?;
-        let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
-        let target = match &input.id {
-            Some(record_id) => Match::Existing(record_id.clone()),
-            None => {
-                let holders: Vec<String> = owners.values().cloned().collect();
-                let states: Vec<RecordState> = load_records(&client, &holders)
-                    .await?
-                    .into_iter()
-                    .filter_map(|(_, _, loaded)| match loaded {
-                        Loaded::Live { state, .. } => Some(state),
-                        _ => None,
-                    })
-                    .collect();
-                match_upsert(schema.schema_type, &input, &owners, &states)
+        let planned = plan_upsert(state, &schema, prelude.input.clone(), shared::time::now_millis()).await?;
+        let body = shared::http::data_body(planned.record.document(), &planned.warnings);
+        let Some(write) = planned.write else {
+            if let Some(claim) = claim {
+                claim.record(state, StatusCode::OK, &body).await?;
             }
+            return Ok(respond(StatusCode::OK, &body, operation_id, None));
         };
-        let now = shared::time::now_millis();
-        let (status, body, appended) = match target {
-            Match::Existing(record_id) => {
-                let (version, current, key) = load_in_schema(&client, &schema, &record_id).await?;
-                drop(client);
-                let UpdateDecision::Changed(change) = decide_update(&schema, &current, input, &owners, now)? else {
-                    let body = shared::http::data_body(current.document(), &[]);
-                    if let Some(claim) = claim {
-                        claim.record(state, StatusCode::OK, &body).await?;
-                    }
-                    return Ok(respond(StatusCode::OK, &body, operation_id, None));
-                };
-                let body = shared::http::data_body(change.state.document(), &change.warnings);
-                let guard = completion(claim, StatusCode::OK, &body);
-                let appended = append_update(req, state, prelude, (version, key), *change, (claim, guard)).await;
-                (StatusCode::OK, body, appended)
-            }
-            Match::New => {
-                drop(client);
-                let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
-                let decision = decide_create(&schema, input, &owners, &record_id, now)?;
-                let document = record_document(&decision.event, &Default::default())
-                    .map_err(|error| ApiError::internal(&error))?;
-                let body = shared::http::data_body(document, &decision.warnings);
-                let guard = completion(claim, StatusCode::CREATED, &body);
-                let appended = append_create(req, state, prelude, decision, (claim, guard)).await;
-                (StatusCode::CREATED, body, appended)
-            }
-        };
-        match appended {
-            Ok(appended) => return Ok(respond(status, &body, operation_id, Some(appended))),
+        let guard = completion(claim, planned.status, &body);
+        match append_write(req, state, &prelude.caller, write, (claim, guard)).await {
+            Ok(appended) => return Ok(respond(planned.status, &body, operation_id, Some(appended))),
             Err(error) if is_lost_race(&error) => continue,
             Err(error) => return Err(append_failure(error, unconfirmed)),
         }
     }
     Err(lost_too_often())
+}
+
+/// Decides an update of the live record `record_id` of `schema` with `input` (rule 6)
+/// without appending it; `None` when nothing changes.
+pub(crate) async fn plan_update(
+    state: &State,
+    schema: &WriteSchema<'_>,
+    record_id: &str,
+    input: Map<String, Value>,
+    now: i64,
+) -> Result<Option<Write>, ApiError> {
+    let input = parse_input(schema, input)?;
+    let client = state.pool.get().await?;
+    let (version, current, key) = load_in_schema(&client, schema, record_id).await?;
+    let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
+    drop(client);
+    match decide_update(schema, &current, input, &owners, now)? {
+        UpdateDecision::Unchanged => Ok(None),
+        UpdateDecision::Changed(change) => update_write(schema.space_id, schema.schema_id, (version, key), *change)
+            .map(Some)
+            .map_err(crate::edge::append_error),
+    }
 }
 
 /// The record's stream version, state and data key, if it is a live record of `schema`;
@@ -352,7 +406,8 @@ pub async fn update(
             return Ok(respond(StatusCode::OK, &body, &operation_id, None));
         };
         let body = shared::http::data_body(change.state.document(), &change.warnings);
-        match append_update(&req, &state, &prelude, (version, key), *change, (None, None)).await {
+        let write = update_write(schema.space_id, schema.schema_id, (version, key), *change);
+        match append_write(&req, &state, &prelude.caller, write, (None, None)).await {
             Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended))),
             Err(error) if is_lost_race(&error) => continue,
             Err(error) => return Err(with_id(crate::edge::append_error(error))),

@@ -1,6 +1,7 @@
 //! Side-effect workers on the runtime: AI preparation, the eraser, periodic maintenance, and
-//! webhook delivery.
+//! webhook delivery, the email outbox.
 
+pub mod email;
 pub mod eraser;
 pub mod maintenance;
 pub mod preparation;

@@ -13,7 +13,7 @@ use shared::pagination::PageRequest;
 use shared::records::CHANNELS;
 
 use super::store;
-use super::trail::{record_history, suppression_entries};
+use super::trail::{email_entries, record_history, suppression_entries};
 use crate::State;
 use crate::consistency::{authorize_read, consistent_read, respond};
 use crate::schemas::http::schema_not_found;
@@ -71,6 +71,7 @@ pub async fn get(
     let suppression_events = store::suppression_events(&client, &subjects).await?;
     drop(client);
     let mut entries = history.entries;
+    entries.extend(email_entries(&record_events, &space_id)?);
     entries.extend(suppression_entries(&suppression_events, &space_id)?);
     // Newest first: log order, reversed.
     entries.sort_by_key(|entry| std::cmp::Reverse(entry.0));

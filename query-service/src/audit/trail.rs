@@ -5,7 +5,10 @@
 //!   address the contact has held, in its space or global. Those log rows are found by the
 //!   address's keyed digest, their subject id.
 //!
-//! Sends and unsubscribes join as the email pipeline arrives.
+//! - email entries (channel `email`), from the contact's own events: `email_scheduled`,
+//!   `email_sent`, `email_failed`, `email_outcome_unknown`, `email_bounced`,
+//!   `email_unsubscribed`, `subscription_changed` (a topic subscription's new status and what
+//!   changed it), `form_submitted` and `subscription_confirmed`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -116,4 +119,63 @@ pub fn suppression_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Re
         ));
     }
     Ok(entries)
+}
+
+/// The email entries among a contact's events (its subject's events, in log order).
+pub fn email_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
+    let mut entries = Vec::new();
+    for event in events {
+        let (kind, space, details) = match event.decode()? {
+            LogEvent::EmailScheduled(e) => (
+                "email_scheduled",
+                e.space_id,
+                json!({"emailId": e.email_id, "templateId": e.template_id, "kind": e.kind,
+                       "topicId": non_empty(e.topic_id), "origin": e.origin}),
+            ),
+            LogEvent::EmailSent(e) => {
+                ("email_sent", e.space_id, json!({"emailId": e.email_id, "messageId": e.message_id}))
+            }
+            LogEvent::EmailFailed(e) => (
+                "email_failed",
+                e.space_id,
+                json!({"emailId": e.email_id, "error": {"code": e.code, "message": e.message}}),
+            ),
+            LogEvent::EmailOutcomeUnknown(e) => ("email_outcome_unknown", e.space_id, json!({"emailId": e.email_id})),
+            LogEvent::EmailBounced(e) => {
+                ("email_bounced", e.space_id, json!({"emailId": e.email_id, "bounceKind": e.kind}))
+            }
+            LogEvent::EmailUnsubscribed(e) => {
+                ("email_unsubscribed", e.space_id, json!({"emailId": e.email_id, "topicId": non_empty(e.topic_id)}))
+            }
+            LogEvent::SubscriptionChanged(e) => (
+                "subscription_changed",
+                e.space_id,
+                json!({"topicId": e.topic_id, "status": e.status, "source": e.source, "sourceId": e.source_id}),
+            ),
+            LogEvent::FormSubmitted(e) => {
+                ("form_submitted", e.space_id, json!({"formId": e.form_id, "pendingConfirmation": e.pending}))
+            }
+            LogEvent::SubmissionConfirmed(e) => ("subscription_confirmed", e.space_id, json!({"formId": e.form_id})),
+            _ => continue,
+        };
+        if space != space_id {
+            continue;
+        }
+        let mut entry = json!({
+            "id": event.event_id.to_string(),
+            "type": kind,
+            "channel": "email",
+            "occurredAt": format_timestamp(event.occurred_at),
+            "actorKeyId": event.actor_key_id,
+        });
+        if let (Some(entry), Value::Object(details)) = (entry.as_object_mut(), details) {
+            entry.extend(details);
+        }
+        entries.push((event.position, entry));
+    }
+    Ok(entries)
+}
+
+fn non_empty(text: String) -> Option<String> {
+    Some(text).filter(|text| !text.is_empty())
 }

@@ -167,6 +167,10 @@ pub struct Options {
     pub consistency_wait: Option<Duration>,
     /// Webhook delivery; `None`: [`test_webhooks`].
     pub webhooks: Option<shared::settings::WebhookSettings>,
+    /// Email sending; `None`: `.eml` files in a folder of the test's own.
+    pub email: Option<shared::settings::EmailSettings>,
+    /// Any other change to the settings, applied last.
+    pub tweak: Option<fn(&mut Settings)>,
 }
 
 impl Default for Options {
@@ -179,6 +183,8 @@ impl Default for Options {
             ai: None,
             consistency_wait: None,
             webhooks: None,
+            email: None,
+            tweak: None,
         }
     }
 }
@@ -234,8 +240,15 @@ impl TestApp {
             settings.ai = ai;
         }
         settings.webhooks = options.webhooks.clone().unwrap_or_else(test_webhooks);
+        settings.email = options.email.clone().unwrap_or_else(|| shared::settings::EmailSettings {
+            eml_dir: std::env::temp_dir().join(format!("eml-{}", uuid::Uuid::now_v7().simple())).display().to_string(),
+            ..Default::default()
+        });
         if let Some(wait) = options.consistency_wait {
             settings.reads.consistency_wait_millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        }
+        if let Some(tweak) = options.tweak {
+            tweak(&mut settings);
         }
         let pool = shared::db::pool(&database_url, 8).expect("pool");
         if let Some(blocked_after) = options.erasure_blocked_after {
@@ -306,7 +319,10 @@ impl TestApp {
     }
 
     fn url_for(&self, method: &reqwest::Method, path: &str) -> String {
-        let base = if method == reqwest::Method::GET { &self.query_url } else { &self.command_url };
+        // As the split deployment's nginx routes: GETs to the query service, except the public
+        // forms' confirmation links, which write.
+        let read = method == reqwest::Method::GET && !path.starts_with("/forms/");
+        let base = if read { &self.query_url } else { &self.command_url };
         format!("{base}{path}")
     }
 

@@ -125,6 +125,11 @@ const EVENT_TYPES: &[&str] = &[
     "RecordDeletionRequested.v1",
     "EventAccepted.v1",
     "EventReadinessChanged.v1",
+    "EmailScheduled.v1",
+    "EmailSent.v1",
+    "EmailFailed.v1",
+    "EmailBounced.v1",
+    "EmailUnsubscribed.v1",
 ];
 
 async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) -> anyhow::Result<u64> {
@@ -258,6 +263,11 @@ fn space_of(event: &LogEvent) -> Option<&str> {
         LogEvent::RecordDeletionRequested(e) => &e.space_id,
         LogEvent::EventAccepted(e) => &e.space_id,
         LogEvent::EventReadinessChanged(e) => &e.space_id,
+        LogEvent::EmailScheduled(e) => &e.space_id,
+        LogEvent::EmailSent(e) => &e.space_id,
+        LogEvent::EmailFailed(e) => &e.space_id,
+        LogEvent::EmailBounced(e) => &e.space_id,
+        LogEvent::EmailUnsubscribed(e) => &e.space_id,
         _ => return None,
     };
     Some(space.as_str()).filter(|space| !space.is_empty())
@@ -468,7 +478,83 @@ async fn occurrence(
             let Some(accepted) = accepted_event(transaction, &changed.id).await? else { return Ok(None) };
             fired(&accepted, Some(changed), stored.subject_id.clone(), keys, changed.changed_at_ms)?
         }
+        LogEvent::EmailScheduled(scheduled) => Some(email_occurrence(
+            "scheduled",
+            (&scheduled.email_id, &scheduled.contact_id, &scheduled.template_id),
+            scheduled.scheduled_at_ms,
+            json!({"kind": scheduled.kind, "topicId": Some(&scheduled.topic_id).filter(|t| !t.is_empty())}),
+        )),
+        LogEvent::EmailSent(sent) => Some(email_occurrence(
+            "sent",
+            (&sent.email_id, &sent.contact_id, &template_of(transaction, &sent.email_id).await?),
+            sent.sent_at_ms,
+            json!({"messageId": sent.message_id}),
+        )),
+        LogEvent::EmailFailed(failed) => Some(email_occurrence(
+            "failed",
+            (&failed.email_id, &failed.contact_id, &template_of(transaction, &failed.email_id).await?),
+            failed.failed_at_ms,
+            json!({"error": {"code": failed.code, "message": failed.message}}),
+        )),
+        LogEvent::EmailBounced(bounced) => Some(email_occurrence(
+            "bounced",
+            (&bounced.email_id, &bounced.contact_id, &template_of(transaction, &bounced.email_id).await?),
+            bounced.at_ms,
+            json!({"bounceKind": bounced.kind, "diagnostic": bounced.diagnostic}),
+        )),
+        LogEvent::EmailUnsubscribed(unsubscribed) => Some(email_occurrence(
+            "unsubscribed",
+            (
+                &unsubscribed.email_id,
+                &unsubscribed.contact_id,
+                &template_of(transaction, &unsubscribed.email_id).await?,
+            ),
+            unsubscribed.at_ms,
+            json!({"topicId": Some(&unsubscribed.topic_id).filter(|t| !t.is_empty())}),
+        )),
         _ => None,
+    })
+}
+
+/// An `email event` occurrence: `{emailId, type, templateId, contactId, occurredAt}` and the
+/// type's own details. Sealed under the contact's key, like everything about its mail.
+fn email_occurrence(
+    kind: &str,
+    (email_id, contact_id, template_id): (&str, &str, &str),
+    at_ms: i64,
+    details: Value,
+) -> Occurrence {
+    let mut data = json!({
+        "emailId": email_id,
+        "type": kind,
+        "templateId": Some(template_id).filter(|t| !t.is_empty()),
+        "contactId": contact_id,
+        "occurredAt": format_millis(at_ms),
+    });
+    if let (Some(data), Value::Object(details)) = (data.as_object_mut(), details) {
+        data.extend(details);
+    }
+    Occurrence {
+        trigger: Trigger::EmailEvent,
+        schema_id: None,
+        email_type: Some(kind.to_owned()),
+        subject_id: Some(contact_id.to_owned()),
+        data,
+        filter_view: None,
+    }
+}
+
+/// The template an email was rendered from, from its stream.
+async fn template_of(transaction: &Transaction<'_>, email_id: &str) -> anyhow::Result<String> {
+    let statement = transaction
+        .prepare_cached("SELECT payload FROM events WHERE stream_id = $1 AND event_type = 'EmailScheduled.v1'")
+        .await?;
+    let Some(row) = transaction.query_opt(&statement, &[&shared::email::stream_id(email_id)]).await? else {
+        return Ok(String::new());
+    };
+    Ok(match LogEvent::decode("EmailScheduled.v1", row.get(0))? {
+        LogEvent::EmailScheduled(scheduled) => scheduled.template_id,
+        _ => String::new(),
     })
 }
 

@@ -1,0 +1,353 @@
+//! The email resources of a space (domains, senders, topics, templates, forms and the
+//! allowance), checked and with their slugs resolved to ids, become the definitions the
+//! catalog holds (`shared::email::resources`). A domain's DKIM key is generated once (or
+//! taken from the file) and kept only encrypted; a later apply keeps it while the selector
+//! and the given key stay the same.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use shared::email::dkim;
+use shared::email::render;
+use shared::email::resources::{
+    ALLOWANCE, AllowanceDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef, SENDER, SenderDef, TEMPLATE, TOPIC,
+    TemplateDef, TopicDef,
+};
+use shared::events::LogEvent;
+use shared::ids::derived_id;
+
+use super::format::{ResourceSpec, SpaceSpec};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DomainSpec {
+    name: String,
+    #[serde(default = "default_selector")]
+    dkim_selector: String,
+    /// A PEM RSA key (PKCS#1 or PKCS#8); absent: one is generated.
+    #[serde(default)]
+    dkim_private_key_pem: Option<String>,
+    #[serde(default)]
+    return_path: Option<String>,
+}
+
+fn default_selector() -> String {
+    "s1".to_owned()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SenderSpec {
+    from_name: String,
+    from_address: String,
+    domain: String,
+    #[serde(default)]
+    reply_to: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TopicSpec {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DataSpec {
+    schema: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TemplateSpec {
+    name: String,
+    kind: String,
+    sender: String,
+    #[serde(default)]
+    topic: Option<String>,
+    subject: String,
+    html: String,
+    text: String,
+    #[serde(default = "default_recipient")]
+    recipient: String,
+    data: BTreeMap<String, DataSpec>,
+}
+
+fn default_recipient() -> String {
+    "contact".to_owned()
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FieldsSpec {
+    /// Field names that are attribute keys or identity fields as they are.
+    Same(Vec<String>),
+    /// Form field name → attribute key or identity field.
+    Mapped(BTreeMap<String, String>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FormSpec {
+    name: String,
+    schema: String,
+    fields: FieldsSpec,
+    #[serde(default)]
+    topics: Vec<String>,
+    #[serde(default = "yes")]
+    double_opt_in: bool,
+    #[serde(default)]
+    confirmation_template: Option<String>,
+    #[serde(default = "yes")]
+    enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What the email resources of a space refer to elsewhere in the file.
+pub struct Schemas<'a> {
+    /// Schema slug → (id, type, attribute keys).
+    pub by_slug: BTreeMap<&'a str, (String, &'a str, Vec<&'a str>)>,
+}
+
+impl<'a> Schemas<'a> {
+    pub fn of(space: &'a SpaceSpec) -> Self {
+        let by_slug = space
+            .schemas
+            .iter()
+            .map(|schema| {
+                let id = derived_id("sch", &["schema", &space.slug, &schema.slug]);
+                let keys = schema.attributes.iter().map(|attribute| attribute.key.as_str()).collect();
+                (schema.slug.as_str(), (id, schema.schema_type.as_str(), keys))
+            })
+            .collect();
+        Self { by_slug }
+    }
+}
+
+/// The id of a resource of `kind` (its fixed id, or one derived from the space and slug).
+pub fn resource_id(kind: &str, prefix: &str, space_slug: &str, resource: &ResourceSpec) -> String {
+    resource.id.clone().unwrap_or_else(|| derived_id(prefix, &[kind, space_slug, &resource.slug]))
+}
+
+fn spec<T: serde::de::DeserializeOwned>(kind: &str, resource: &ResourceSpec) -> anyhow::Result<T> {
+    serde_json::from_value(Value::Object(resource.fields.clone()))
+        .with_context(|| format!("{kind} {:?} is not valid", resource.slug))
+}
+
+fn lookup<'b>(ids: &'b BTreeMap<&str, String>, kind: &str, slug: &str, owner: &str) -> anyhow::Result<&'b String> {
+    ids.get(slug).with_context(|| format!("{owner} names {kind} {slug:?}, which the space does not define"))
+}
+
+fn check_address(address: &str, what: &str) -> anyhow::Result<()> {
+    if shared::email::is_address(address) { Ok(()) } else { bail!("{what} {address:?} is not an email address") }
+}
+
+/// The definitions (kind, id, JSON) of a space's email resources. `previous` answers the
+/// current definition of a resource, to keep a domain's key.
+pub fn definitions(
+    space: &SpaceSpec,
+    space_id: &str,
+    previous: impl Fn(&str, &str) -> Option<Value>,
+) -> anyhow::Result<Vec<(&'static str, String, Value)>> {
+    let schemas = Schemas::of(space);
+    fn ids<'s>(kind: &str, prefix: &str, space: &str, list: &'s [ResourceSpec]) -> BTreeMap<&'s str, String> {
+        list.iter().map(|resource| (resource.slug.as_str(), resource_id(kind, prefix, space, resource))).collect()
+    }
+    let (domain_ids, sender_ids, topic_ids, template_ids) = (
+        ids(DOMAIN, "dom", &space.slug, &space.domains),
+        ids(SENDER, "snd", &space.slug, &space.senders),
+        ids(TOPIC, "top", &space.slug, &space.topics),
+        ids(TEMPLATE, "tpl", &space.slug, &space.templates),
+    );
+    let mut out = Vec::new();
+    let mut domain_names = BTreeMap::new();
+    for resource in &space.domains {
+        let input: DomainSpec = spec(DOMAIN, resource)?;
+        let id = domain_ids[resource.slug.as_str()].clone();
+        let name = input.name.trim().to_ascii_lowercase();
+        if !name.contains('.') || name.chars().any(|c| !(c.is_ascii_alphanumeric() || c == '.' || c == '-')) {
+            bail!("domain {:?} has name {:?}, which is not a domain name", resource.slug, input.name);
+        }
+        let kept: Option<DomainDef> =
+            previous(DOMAIN, &id).and_then(|definition| serde_json::from_value(definition).ok());
+        let given_public = input
+            .dkim_private_key_pem
+            .as_deref()
+            .map(dkim::parse)
+            .transpose()
+            .with_context(|| format!("domain {:?}: dkimPrivateKeyPem is not an RSA private key", resource.slug))?
+            .map(|(_, public)| public);
+        let key = match kept {
+            Some(kept)
+                if kept.dkim.selector == input.dkim_selector
+                    && given_public.as_ref().is_none_or(|public| *public == kept.dkim.public_key) =>
+            {
+                kept.dkim
+            }
+            _ => {
+                let pem = match &input.dkim_private_key_pem {
+                    Some(pem) => pem.clone(),
+                    None => dkim::generate()?,
+                };
+                dkim::seal(shared::crypto::keyring()?, &id, &input.dkim_selector, &pem)?
+            }
+        };
+        let return_path = input.return_path.unwrap_or_else(|| format!("bounces.{name}"));
+        domain_names.insert(id.clone(), name.clone());
+        let definition = DomainDef { slug: resource.slug.clone(), name, dkim: key, return_path };
+        out.push((DOMAIN, id, serde_json::to_value(definition)?));
+    }
+    for resource in &space.senders {
+        let input: SenderSpec = spec(SENDER, resource)?;
+        let owner = format!("sender {:?}", resource.slug);
+        let domain_id = lookup(&domain_ids, "domain", &input.domain, &owner)?.clone();
+        check_address(&input.from_address, "the fromAddress")?;
+        if let Some(reply_to) = &input.reply_to {
+            check_address(reply_to, "the replyTo")?;
+        }
+        let address_domain = input.from_address.rsplit('@').next().unwrap_or_default().to_ascii_lowercase();
+        if domain_names.get(&domain_id) != Some(&address_domain) {
+            bail!("{owner}: fromAddress {:?} is not on its domain {:?}", input.from_address, input.domain);
+        }
+        let definition = SenderDef {
+            slug: resource.slug.clone(),
+            from_name: input.from_name,
+            from_address: input.from_address,
+            domain_id,
+            reply_to: input.reply_to,
+        };
+        out.push((SENDER, sender_ids[resource.slug.as_str()].clone(), serde_json::to_value(definition)?));
+    }
+    for resource in &space.topics {
+        let input: TopicSpec = spec(TOPIC, resource)?;
+        let definition = TopicDef { slug: resource.slug.clone(), name: input.name, description: input.description };
+        out.push((TOPIC, topic_ids[resource.slug.as_str()].clone(), serde_json::to_value(definition)?));
+    }
+    let mut template_kinds = BTreeMap::new();
+    for resource in &space.templates {
+        let input: TemplateSpec = spec(TEMPLATE, resource)?;
+        let owner = format!("template {:?}", resource.slug);
+        if !matches!(input.kind.as_str(), "transactional" | "marketing") {
+            bail!("{owner} has kind {:?}; use transactional or marketing", input.kind);
+        }
+        let sender_id = lookup(&sender_ids, "sender", &input.sender, &owner)?.clone();
+        let topic_id =
+            input.topic.as_deref().map(|slug| lookup(&topic_ids, "topic", slug, &owner)).transpose()?.cloned();
+        if topic_id.is_some() && input.kind != "marketing" {
+            bail!("{owner}: only marketing templates have a topic");
+        }
+        for (part, source) in [("subject", &input.subject), ("html", &input.html), ("text", &input.text)] {
+            render::check(source)
+                .map_err(|error| anyhow::anyhow!("{owner}: its {part} is not valid Liquid: {error}"))?;
+        }
+        let mut data = BTreeMap::new();
+        for (key, expected) in &input.data {
+            let (schema_id, schema_type, _) = schemas.by_slug.get(expected.schema.as_str()).with_context(|| {
+                format!("{owner}: data key {key:?} names schema {:?}, which the space does not define", expected.schema)
+            })?;
+            if *schema_type == "event" {
+                bail!("{owner}: data key {key:?} names an event schema; context records are contacts or objects");
+            }
+            let context = ContextKey {
+                schema_id: schema_id.clone(),
+                schema_slug: expected.schema.clone(),
+                schema_type: (*schema_type).to_owned(),
+            };
+            data.insert(key.clone(), context);
+        }
+        match data.get(&input.recipient) {
+            Some(context) if context.schema_type == "contact" => {}
+            _ => bail!("{owner}: its recipient key {:?} must be a data key of a contact schema", input.recipient),
+        }
+        let id = template_ids[resource.slug.as_str()].clone();
+        template_kinds.insert(id.clone(), input.kind.clone());
+        let definition = TemplateDef {
+            slug: resource.slug.clone(),
+            name: input.name,
+            kind: input.kind,
+            sender_id,
+            topic_id,
+            subject: input.subject,
+            html: input.html,
+            text: input.text,
+            recipient: input.recipient,
+            data,
+        };
+        out.push((TEMPLATE, id, serde_json::to_value(definition)?));
+    }
+    for resource in &space.forms {
+        let input: FormSpec = spec(FORM, resource)?;
+        let owner = format!("form {:?}", resource.slug);
+        let Some((schema_id, "contact", keys)) = schemas.by_slug.get(input.schema.as_str()) else {
+            bail!("{owner}: schema {:?} is not a contact schema of the space", input.schema);
+        };
+        let fields: BTreeMap<String, String> = match input.fields {
+            FieldsSpec::Same(names) => names.into_iter().map(|name| (name.clone(), name)).collect(),
+            FieldsSpec::Mapped(map) => map,
+        };
+        for target in fields.values() {
+            if !keys.contains(&target.as_str()) && !["email", "phone", "userId"].contains(&target.as_str()) {
+                bail!(
+                    "{owner}: field target {target:?} is neither an attribute of {:?} nor an identity field",
+                    input.schema
+                );
+            }
+        }
+        if !fields.values().any(|target| target == "email") {
+            bail!("{owner}: one field must map to email");
+        }
+        let topics = input
+            .topics
+            .iter()
+            .map(|slug| lookup(&topic_ids, "topic", slug, &owner).cloned())
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let confirmation_template_id = input
+            .confirmation_template
+            .as_deref()
+            .map(|slug| lookup(&template_ids, "template", slug, &owner).cloned())
+            .transpose()?;
+        if input.double_opt_in {
+            match &confirmation_template_id {
+                Some(id) if template_kinds.get(id).map(String::as_str) == Some("transactional") => {}
+                _ => bail!("{owner}: double opt-in needs a transactional confirmationTemplate"),
+            }
+        }
+        let definition = FormDef {
+            slug: resource.slug.clone(),
+            name: input.name,
+            schema_id: schema_id.clone(),
+            fields,
+            topic_ids: topics,
+            double_opt_in: input.double_opt_in,
+            confirmation_template_id,
+            enabled: input.enabled,
+        };
+        out.push((FORM, resource_id(FORM, "frm", &space.slug, resource), serde_json::to_value(definition)?));
+    }
+    if let Some(allowance) = &space.email_allowance {
+        let allowance: AllowanceDef =
+            serde_json::from_value(allowance.clone()).context("emailAllowance must be {\"monthly\": <count>}")?;
+        if allowance.monthly < 0 {
+            bail!("emailAllowance.monthly must not be negative");
+        }
+        out.push((ALLOWANCE, space_id.to_owned(), serde_json::to_value(allowance)?));
+    }
+    Ok(out)
+}
+
+/// The current definition of a resource, from an authoring stream's latest event.
+pub fn definition_of(event: Option<&LogEvent>) -> Option<Value> {
+    match event {
+        Some(LogEvent::ResourceDefined(resource)) => {
+            serde_json::from_str::<Map<String, Value>>(&resource.definition_json).ok().map(Value::Object)
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,3 @@
+//! Public recipient actions on an email: `POST /emails/{emailId}/unsubscribe`.
+
+pub mod unsubscribe;

@@ -1,0 +1,189 @@
+//! The pure parts of a send: what the body may hold, the context it must give, and who may
+//! receive marketing mail.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+use shared::email::resources::TemplateDef;
+use shared::error::{ApiError, Code, Issue};
+
+/// Fields a caller might try in order to replace stored content; refused with 400.
+const CONTENT_FIELDS: &[&str] = &["subject", "html", "text", "body", "content", "from", "sender", "to", "replyTo"];
+
+/// The context of a send body `{data: {<key>: {...}}}`: each key's record input.
+pub fn context(body: &Map<String, Value>) -> Result<BTreeMap<String, Map<String, Value>>, ApiError> {
+    if let Some(field) = body.keys().find(|key| CONTENT_FIELDS.contains(&key.as_str())) {
+        return Err(ApiError::bad_request(
+            Code::TemplateContentNotAccepted,
+            format!("{field:?} cannot be given: the stored template's content is sent as authored"),
+        ));
+    }
+    if let Some(field) = body.keys().find(|key| *key != "data") {
+        return Err(ApiError::bad_request(
+            Code::UnknownField,
+            format!("unknown field {field:?}; the body is {{data: {{...}}}}"),
+        ));
+    }
+    let Some(Value::Object(data)) = body.get("data") else {
+        return Err(invalid("data", "data must be an object of context records, one per key the template expects"));
+    };
+    data.iter()
+        .map(|(key, value)| match value {
+            Value::Object(record) => Ok((key.clone(), record.clone())),
+            _ => Err(invalid(&format!("data.{key}"), "each context value is an object of the record's fields")),
+        })
+        .collect()
+}
+
+fn invalid(field: &str, message: &str) -> ApiError {
+    ApiError::bad_request(Code::InvalidTemplateData, message.to_owned())
+        .with_issues(vec![Issue::for_key(field, message)])
+}
+
+/// Every key the template expects is given, and nothing else.
+pub fn check_keys(template: &TemplateDef, context: &BTreeMap<String, Map<String, Value>>) -> Result<(), ApiError> {
+    let mut issues = Vec::new();
+    for key in context.keys().filter(|key| !template.data.contains_key(*key)) {
+        let expected: Vec<&str> = template.data.keys().map(String::as_str).collect();
+        issues.push(Issue::for_key(
+            format!("data.{key}"),
+            format!("the template does not expect {key:?}; it expects {}", expected.join(", ")),
+        ));
+    }
+    for (key, expected) in template.data.iter().filter(|(key, _)| !context.contains_key(*key)) {
+        issues.push(Issue::for_key(
+            format!("data.{key}"),
+            format!("the template expects a {} record under {key:?}", expected.schema_slug),
+        ));
+    }
+    if issues.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(Code::InvalidTemplateData, "the context does not match what the template expects")
+        .with_issues(issues))
+}
+
+/// What is known about the recipient when a send is checked.
+#[derive(Debug, Clone, Default)]
+pub struct Recipient {
+    pub suppressed: bool,
+    /// The contact's email consent (its consent attribute for channel `email`), if any.
+    pub consent: Option<bool>,
+    /// The contact's subscription status to the template's topic, if any.
+    pub subscription: Option<String>,
+}
+
+/// D9: suppressions block every send; marketing mail also needs the contact's email consent
+/// and, when the template has a topic, a subscription to it.
+pub fn gate(template: &TemplateDef, recipient: &Recipient) -> Result<(), ApiError> {
+    let refuse = |code: Code, message: &str| {
+        ApiError::new(actix_web::http::StatusCode::UNPROCESSABLE_ENTITY, Some(code), message.to_owned())
+    };
+    if recipient.suppressed {
+        return Err(refuse(Code::RecipientSuppressed, "the recipient's address is suppressed; nothing was sent"));
+    }
+    if template.kind == "marketing" {
+        if recipient.consent != Some(true) {
+            return Err(refuse(
+                Code::RecipientNotSubscribed,
+                "the contact has not consented to marketing email; nothing was sent",
+            ));
+        }
+        if template.topic_id.is_some() && recipient.subscription.as_deref() != Some("subscribed") {
+            return Err(refuse(
+                Code::RecipientNotSubscribed,
+                "the contact is not subscribed to the template's topic; nothing was sent",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The keys of a contact schema's email consent attributes (`definition.consent.channel` is
+/// `email`).
+pub fn consent_keys(attributes: &[shared::catalog::AttributeEntry]) -> Vec<String> {
+    attributes
+        .iter()
+        .filter(|attribute| attribute.definition.pointer("/consent/channel").and_then(Value::as_str) == Some("email"))
+        .map(|attribute| attribute.key.clone())
+        .collect()
+}
+
+/// The Liquid context: each key's record document, with every attribute of its schema
+/// present (null when unset) so a template may name any of them.
+pub fn render_context(documents: &BTreeMap<String, (Value, Vec<String>)>) -> Value {
+    let mut context = Map::new();
+    for (key, (document, attribute_keys)) in documents {
+        let mut document = document.as_object().cloned().unwrap_or_default();
+        for attribute in attribute_keys {
+            document.entry(attribute.clone()).or_insert(Value::Null);
+        }
+        context.insert(key.clone(), Value::Object(document));
+    }
+    Value::Object(context)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use shared::email::resources::ContextKey;
+
+    fn template(kind: &str, topic: Option<&str>) -> TemplateDef {
+        TemplateDef {
+            slug: "t".into(),
+            name: "T".into(),
+            kind: kind.into(),
+            sender_id: "snd_1".into(),
+            topic_id: topic.map(str::to_owned),
+            subject: String::new(),
+            html: String::new(),
+            text: String::new(),
+            recipient: "contact".into(),
+            data: BTreeMap::from([(
+                "contact".to_owned(),
+                ContextKey { schema_id: "sch_1".into(), schema_slug: "contacts".into(), schema_type: "contact".into() },
+            )]),
+        }
+    }
+
+    fn code(result: Result<(), ApiError>) -> Option<Code> {
+        result.err().and_then(|error| error.code())
+    }
+
+    #[test]
+    fn suppression_blocks_every_send_and_marketing_needs_consent_and_the_topic() {
+        let subscribed = Recipient { suppressed: false, consent: Some(true), subscription: Some("subscribed".into()) };
+        let suppressed = Recipient { suppressed: true, ..subscribed.clone() };
+        assert_eq!(code(gate(&template("transactional", None), &suppressed)), Some(Code::RecipientSuppressed));
+        assert_eq!(code(gate(&template("marketing", Some("top_1")), &suppressed)), Some(Code::RecipientSuppressed));
+        assert_eq!(code(gate(&template("transactional", None), &Recipient::default())), None);
+        assert_eq!(code(gate(&template("marketing", None), &Recipient::default())), Some(Code::RecipientNotSubscribed));
+        let consented = Recipient { consent: Some(true), ..Recipient::default() };
+        assert_eq!(code(gate(&template("marketing", None), &consented)), None);
+        assert_eq!(code(gate(&template("marketing", Some("top_1")), &consented)), Some(Code::RecipientNotSubscribed));
+        let pending = Recipient { subscription: Some("pending".into()), ..consented };
+        assert_eq!(code(gate(&template("marketing", Some("top_1")), &pending)), Some(Code::RecipientNotSubscribed));
+        assert_eq!(code(gate(&template("marketing", Some("top_1")), &subscribed)), None);
+    }
+
+    #[test]
+    fn the_body_is_data_only_and_its_keys_are_the_templates() {
+        let body = |value: Value| value.as_object().cloned().unwrap_or_default();
+        let refused = context(&body(json!({"data": {}, "subject": "x"}))).err().and_then(|e| e.code());
+        assert_eq!(refused, Some(Code::TemplateContentNotAccepted));
+        assert_eq!(
+            context(&body(json!({"data": {}, "other": 1}))).err().and_then(|e| e.code()),
+            Some(Code::UnknownField)
+        );
+        assert_eq!(
+            context(&body(json!({"data": {"contact": 1}}))).err().and_then(|e| e.code()),
+            Some(Code::InvalidTemplateData)
+        );
+        let given = context(&body(json!({"data": {"contact": {"email": "a@example.com"}}}))).expect("valid");
+        assert!(check_keys(&template("transactional", None), &given).is_ok());
+        let extra = context(&body(json!({"data": {"contact": {}, "order": {}}}))).expect("valid");
+        assert!(check_keys(&template("transactional", None), &extra).is_err());
+        assert!(check_keys(&template("transactional", None), &BTreeMap::new()).is_err());
+    }
+}

@@ -1,0 +1,179 @@
+//! The email outbox worker. A send is handed to the relay inline by the command service; this
+//! worker finishes what that left, in any number of processes:
+//! - an email still `pending` after the grace period (the process that appended it died
+//!   before its hand-off, or the relay refused it for now): claimed under a lease, rebuilt
+//!   from the log (its content opened with the contact's key) and handed off, with retries on
+//!   the configured schedule while the relay refuses for now or cannot be reached;
+//! - an email `attempting` whose lease ran out (a hand-off died midway): the relay may have
+//!   accepted it, so it is never sent again; `EmailOutcomeUnknown` is recorded.
+//!
+//! An email whose contact was erased before it left fails with `recipient_erased`.
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use futures_util::future::join_all;
+use shared::email::mailer::Mailer;
+use shared::email::outbox::{self, Handed, Lease, Parties};
+use shared::log::EventLog;
+use shared::settings::Settings;
+use uuid::Uuid;
+
+use crate::runtime::{Outcome, Worker};
+
+/// Emails handed off at once by one step.
+const BATCH: i64 = 16;
+
+pub struct Outbox {
+    pool: Pool,
+    log: EventLog,
+    mailer: Mailer,
+    settings: shared::settings::EmailSettings,
+    lease: Duration,
+}
+
+impl Outbox {
+    pub fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
+        Ok(Self {
+            pool,
+            log,
+            mailer: Mailer::from_settings(&settings.email)?,
+            settings: settings.email.clone(),
+            lease: settings.email_lease(),
+        })
+    }
+
+    async fn run(&self) -> anyhow::Result<Outcome> {
+        let abandoned = self.settle_abandoned().await?;
+        let due = self.claim_due().await?;
+        let progressed = abandoned > 0 || !due.is_empty();
+        join_all(due.iter().map(|lease| self.hand_off(lease))).await.into_iter().collect::<anyhow::Result<()>>()?;
+        Ok(if progressed { Outcome::Progressed } else { Outcome::Idle })
+    }
+
+    /// Takes over hand-offs whose lease ran out and records their outcome as unknown.
+    async fn settle_abandoned(&self) -> anyhow::Result<usize> {
+        let client = self.pool.get().await?;
+        let token = Uuid::now_v7();
+        let rows = client
+            .query(
+                "UPDATE email_outbox o SET lease_token = $1, leased_until = now() + make_interval(secs => $2)
+                 FROM (SELECT email_id FROM email_outbox WHERE state = 'attempting' AND leased_until < now()
+                       ORDER BY leased_until LIMIT $3 FOR UPDATE SKIP LOCKED) due
+                 WHERE o.email_id = due.email_id
+                 RETURNING o.email_id, o.claim_scope_key, o.claim_token, o.attempts",
+                &[&token, &self.lease.as_secs_f64(), &BATCH],
+            )
+            .await?;
+        drop(client);
+        for row in &rows {
+            let lease = Lease {
+                email_id: row.get(0),
+                token,
+                claim: row.get::<_, Option<String>>(1).zip(row.get::<_, Option<Uuid>>(2)),
+                attempts: row.get(3),
+            };
+            let parties = self.parties(&lease.email_id).await?;
+            let event = outbox::unknown(
+                &parties,
+                "the hand-off stopped before its outcome was recorded; the relay may have accepted the message",
+                shared::time::now_millis(),
+            );
+            if let Err(error) = outbox::record(&self.log, &parties, &lease, event).await {
+                tracing::warn!(error = %error, email = %lease.email_id, "could not record an abandoned hand-off");
+            }
+        }
+        Ok(rows.len())
+    }
+
+    async fn parties(&self, email_id: &str) -> anyhow::Result<Parties> {
+        let client = self.pool.get().await?;
+        Ok(match outbox::prepare_from_log(&client, email_id, &self.settings.public_base_url).await? {
+            Ok(prepared) => prepared.parties,
+            Err(parties) => parties,
+        })
+    }
+
+    /// Claims due `pending` emails: first hand-offs past the grace period the inline path
+    /// has, and retries whose time has come.
+    async fn claim_due(&self) -> anyhow::Result<Vec<Lease>> {
+        let client = self.pool.get().await?;
+        let grace = Duration::from_millis(self.settings.handoff_grace_ms).as_secs_f64();
+        let rows = client
+            .query(
+                "SELECT email_id FROM email_outbox
+                 WHERE state = 'pending' AND next_attempt_at <= now()
+                   AND (attempts > 0 OR created_at < now() - make_interval(secs => $1))
+                 ORDER BY next_attempt_at LIMIT $2",
+                &[&grace, &BATCH],
+            )
+            .await?;
+        drop(client);
+        let mut leases = Vec::new();
+        for row in rows {
+            let email_id: String = row.get(0);
+            if let Some(lease) = outbox::claim(&self.pool, &email_id, self.lease).await? {
+                leases.push(lease);
+            }
+        }
+        Ok(leases)
+    }
+
+    async fn hand_off(&self, lease: &Lease) -> anyhow::Result<()> {
+        let client = self.pool.get().await?;
+        let prepared = outbox::prepare_from_log(&client, &lease.email_id, &self.settings.public_base_url).await?;
+        drop(client);
+        match prepared {
+            Ok(prepared) => {
+                let schedule = Some(self.settings.retry_schedule_ms.as_slice());
+                let handed = outbox::hand_off(&self.pool, &self.log, &self.mailer, lease, &prepared, schedule).await;
+                if handed == Handed::Lost {
+                    tracing::warn!(email = %lease.email_id, "an outbox hand-off lost its lease");
+                }
+            }
+            Err(parties) => {
+                let event = shared::events::LogEvent::EmailFailed(shared::proto::EmailFailed {
+                    email_id: parties.email_id.clone(),
+                    space_id: parties.space_id.clone(),
+                    contact_id: parties.contact_id.clone(),
+                    code: "recipient_erased".to_owned(),
+                    message: "the contact was deleted before the email left".to_owned(),
+                    permanent: true,
+                    failed_at_ms: shared::time::now_millis(),
+                });
+                outbox::record(&self.log, &parties, lease, event).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Worker for Outbox {
+    fn name(&self) -> String {
+        "email_outbox".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.settings.outbox_poll_ms.max(10))
+    }
+
+    fn step(&self) -> futures_util::future::BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(self.run())
+    }
+
+    fn lag(&self) -> futures_util::future::BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async {
+            let client = self.pool.get().await?;
+            let due: i64 = client
+                .query_one("SELECT count(*) FROM email_outbox WHERE state IN ('pending', 'attempting')", &[])
+                .await?
+                .get(0);
+            metrics::gauge!("email_outbox_open").set(due as f64);
+            Ok(None)
+        })
+    }
+}

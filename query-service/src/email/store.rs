@@ -1,0 +1,56 @@
+//! The email resources of a space in the catalog read model (`resources`, by kind).
+
+use deadpool_postgres::Client;
+use serde_json::Value;
+use shared::error::ApiError;
+use tokio_postgres::types::ToSql;
+
+/// A resource row: its id, revision and definition.
+pub struct Row {
+    pub id: String,
+    pub revision: i64,
+    pub definition: Value,
+}
+
+fn row(row: tokio_postgres::Row) -> Row {
+    Row { id: row.get(0), revision: row.get(1), definition: row.get(2) }
+}
+
+/// A page of a space's resources of `kind`, by slug, with the total.
+pub async fn page(
+    client: &Client,
+    catalog: &str,
+    space_id: &str,
+    kind: &str,
+    (limit, offset): (i64, i64),
+) -> Result<(i64, Vec<Row>), ApiError> {
+    let count = client
+        .prepare_cached(&format!("SELECT count(*) FROM {catalog}.resources WHERE space_id = $1 AND kind = $2"))
+        .await?;
+    let rows = client
+        .prepare_cached(&format!(
+            "SELECT resource_id, revision, definition FROM {catalog}.resources WHERE space_id = $1 AND kind = $2
+             ORDER BY definition->>'slug', resource_id LIMIT $3 OFFSET $4"
+        ))
+        .await?;
+    let params: [&(dyn ToSql + Sync); 4] = [&space_id, &kind, &limit, &offset];
+    let (total, rows) = tokio::join!(client.query_one(&count, &params[..2]), client.query(&rows, &params));
+    Ok((total?.get(0), rows?.into_iter().map(row).collect()))
+}
+
+/// One resource of the space.
+pub async fn get(
+    client: &Client,
+    catalog: &str,
+    space_id: &str,
+    kind: &str,
+    id: &str,
+) -> Result<Option<Row>, ApiError> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT resource_id, revision, definition FROM {catalog}.resources
+             WHERE space_id = $1 AND kind = $2 AND resource_id = $3"
+        ))
+        .await?;
+    Ok(client.query_opt(&statement, &[&space_id, &kind, &id]).await?.map(row))
+}

@@ -1,0 +1,193 @@
+//! The authored email resources as the catalog holds them (the workspace file's entries,
+//! checked and with their references resolved to ids at apply), and their public documents.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::dkim::{self, StoredKey};
+
+pub const DOMAIN: &str = "domain";
+pub const SENDER: &str = "sender";
+pub const TOPIC: &str = "topic";
+pub const TEMPLATE: &str = "template";
+pub const FORM: &str = "form";
+pub const ALLOWANCE: &str = "email_allowance";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainDef {
+    pub slug: String,
+    /// The domain name, lowercase (`example.com`).
+    pub name: String,
+    pub dkim: StoredKey,
+    /// The envelope sender's domain (`bounces.example.com`); bounces come back there.
+    pub return_path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SenderDef {
+    pub slug: String,
+    pub from_name: String,
+    pub from_address: String,
+    pub domain_id: String,
+    #[serde(default)]
+    pub reply_to: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicDef {
+    pub slug: String,
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// What a template expects under one context key: a record of this schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextKey {
+    pub schema_id: String,
+    pub schema_slug: String,
+    /// `contact` or `object`.
+    pub schema_type: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateDef {
+    pub slug: String,
+    pub name: String,
+    /// `transactional` or `marketing`.
+    pub kind: String,
+    pub sender_id: String,
+    #[serde(default)]
+    pub topic_id: Option<String>,
+    pub subject: String,
+    pub html: String,
+    pub text: String,
+    /// The context key whose record (a contact) receives the mail.
+    pub recipient: String,
+    pub data: BTreeMap<String, ContextKey>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FormDef {
+    pub slug: String,
+    pub name: String,
+    /// The contact schema submissions write to.
+    pub schema_id: String,
+    /// Form field name → contact attribute key or identity field (`email`, `phone`, `userId`).
+    pub fields: BTreeMap<String, String>,
+    pub topic_ids: Vec<String>,
+    pub double_opt_in: bool,
+    /// The transactional template of the confirmation email (double opt-in only); it is
+    /// rendered with `contact` and `confirmUrl`.
+    #[serde(default)]
+    pub confirmation_template_id: Option<String>,
+    pub enabled: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowanceDef {
+    /// Emails a space may send per calendar month (UTC).
+    pub monthly: i64,
+}
+
+/// The DNS records a domain must publish: `(purpose, type, name, value)`.
+pub fn dns_records(domain: &DomainDef, platform_host: &str) -> Vec<(&'static str, &'static str, String, String)> {
+    vec![
+        ("spf", "TXT", domain.name.clone(), format!("v=spf1 include:_spf.{platform_host} ~all")),
+        (
+            "dkim",
+            "TXT",
+            format!("{}._domainkey.{}", domain.dkim.selector, domain.name),
+            dkim::record_value(&domain.dkim.public_key),
+        ),
+        ("dmarc", "TXT", format!("_dmarc.{}", domain.name), "v=DMARC1; p=none".to_owned()),
+        ("returnPath", "CNAME", domain.return_path.clone(), format!("bounces.{platform_host}")),
+    ]
+}
+
+/// A domain's public document; `checks` holds what verification last found per purpose
+/// (`found` values and when), absent before the first check.
+pub fn domain_document(id: &str, domain: &DomainDef, platform_host: &str, checks: &BTreeMap<String, Value>) -> Value {
+    let records: Vec<Value> = dns_records(domain, platform_host)
+        .into_iter()
+        .map(|(purpose, kind, name, value)| {
+            let check = checks.get(purpose);
+            let found = check.and_then(|check| check.get("found")).cloned().unwrap_or(Value::Array(Vec::new()));
+            let verified =
+                found.as_array().is_some_and(|found| found.iter().any(|v| v.as_str() == Some(value.as_str())));
+            json!({
+                "purpose": purpose,
+                "type": kind,
+                "name": name,
+                "value": value,
+                "status": match check { None => "pending", Some(_) if verified => "verified", Some(_) => "failed" },
+                "found": found,
+                "checkedAt": check.and_then(|check| check.get("checkedAt")).cloned().unwrap_or(Value::Null),
+            })
+        })
+        .collect();
+    let all_verified = records.iter().all(|record| record["status"] == "verified");
+    let any_checked = records.iter().any(|record| record["status"] != "pending");
+    json!({
+        "id": id,
+        "name": domain.name,
+        "status": if all_verified { "verified" } else if any_checked { "failed" } else { "pending" },
+        "dkimSelector": domain.dkim.selector,
+        "returnPath": domain.return_path,
+        "records": records,
+    })
+}
+
+pub fn sender_document(id: &str, sender: &SenderDef) -> Value {
+    json!({
+        "id": id,
+        "slug": sender.slug,
+        "fromName": sender.from_name,
+        "fromAddress": sender.from_address,
+        "replyTo": sender.reply_to,
+        "domainId": sender.domain_id,
+    })
+}
+
+pub fn topic_document(id: &str, topic: &TopicDef) -> Value {
+    json!({ "id": id, "slug": topic.slug, "name": topic.name, "description": topic.description })
+}
+
+pub fn template_document(id: &str, revision: i64, template: &TemplateDef) -> Value {
+    let expected: serde_json::Map<String, Value> = template
+        .data
+        .iter()
+        .map(|(key, expected)| {
+            (
+                key.clone(),
+                json!({
+                    "schemaId": expected.schema_id,
+                    "schemaSlug": expected.schema_slug,
+                    "schemaType": expected.schema_type,
+                    "recipient": *key == template.recipient,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "id": id,
+        "slug": template.slug,
+        "name": template.name,
+        "kind": template.kind,
+        "senderId": template.sender_id,
+        "topicId": template.topic_id,
+        "subject": template.subject,
+        "revision": revision,
+        "recipientKey": template.recipient,
+        "expectedDataRepresentation": expected,
+    })
+}

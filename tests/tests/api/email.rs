@@ -1,0 +1,917 @@
+//! Email: the authored domains, senders, topics and templates read through the API, and
+//! template sends over real SMTP to a loopback sink (`tests/email/smtp_sink.py`) that checks
+//! each DKIM signature with dkimpy against the domain's published key.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+use crate::smtp_sink::SmtpSink;
+
+const MAIL_KEY: &str = "sk_test_mail_admin_0000000000000001";
+const MAIL_READER: &str = "sk_test_mail_reader_000000000000002";
+const WAIT: Duration = Duration::from_secs(20);
+const SIGNUP_FORM: &str = "frm_signup000000000000000000000001";
+const QUICK_FORM: &str = "frm_quick0000000000000000000000002";
+const CLOSED_FORM: &str = "frm_closed000000000000000000000003";
+
+/// The fixture workspace plus a space `mail` with a consent attribute, a domain, a sender, a
+/// topic, a transactional and a marketing template, and an allowance of `allowance` a month.
+fn mail_workspace(allowance: i64) -> String {
+    let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("the fixture is JSON");
+    let space = json!({
+        "slug": "mail",
+        "name": "Mail",
+        "emailAllowance": {"monthly": allowance},
+        "schemas": [
+            {"slug": "people", "name": "People", "type": "contact", "attributes": [
+                {"key": "firstName", "definition": {"type": "string"}},
+                {"key": "newsConsent", "definition": {"type": "boolean", "consent": {"channel": "email"}}}
+            ]},
+            {"slug": "orders", "name": "Orders", "type": "object", "attributes": [
+                {"key": "total", "definition": {"type": "number"}}
+            ]}
+        ],
+        "domains": [{"slug": "main", "name": "mail.example.test", "dkimSelector": "k1"}],
+        "senders": [{"slug": "hello", "fromName": "Example Team", "fromAddress": "hello@mail.example.test",
+                     "domain": "main", "replyTo": "support@mail.example.test"}],
+        "topics": [{"slug": "news", "name": "News", "description": "Product news"}],
+        "templates": [
+            {"slug": "receipt", "name": "Receipt", "kind": "transactional", "sender": "hello",
+             "subject": "Order {{ order.externalId }} for {{ contact.firstName }}",
+             "html": "<p>Hi {{ contact.firstName }}, you paid {{ order.total }}.</p>",
+             "text": "Hi {{ contact.firstName }}, you paid {{ order.total }}.",
+             "data": {"contact": {"schema": "people"}, "order": {"schema": "orders"}}},
+            {"slug": "newsletter", "name": "Newsletter", "kind": "marketing", "sender": "hello", "topic": "news",
+             "subject": "News for {{ contact.firstName }}", "html": "<p>News</p>", "text": "News",
+             "data": {"contact": {"schema": "people"}}},
+            {"slug": "promo", "name": "Promo", "kind": "marketing", "sender": "hello",
+             "subject": "Promo", "html": "<p>Promo</p>", "text": "Promo",
+             "data": {"contact": {"schema": "people"}}},
+            {"slug": "broken", "name": "Broken", "kind": "transactional", "sender": "hello",
+             "subject": "{{ contact.nickname }}", "html": "", "text": "",
+             "data": {"contact": {"schema": "people"}}},
+            {"slug": "confirm", "name": "Confirm", "kind": "transactional", "sender": "hello",
+             "subject": "Confirm your subscription to {{ form.name }}",
+             "html": "<p>Hi {{ contact.firstName }}, <a href=\"{{ confirmUrl }}\">confirm</a></p>",
+             "text": "Hi {{ contact.firstName }}, confirm: {{ confirmUrl }}",
+             "data": {"contact": {"schema": "people"}}}
+        ],
+        "forms": [
+            {"slug": "signup", "id": SIGNUP_FORM, "name": "Newsletter signup", "schema": "people",
+             "fields": {"email_address": "email", "first_name": "firstName"}, "topics": ["news"],
+             "doubleOptIn": true, "confirmationTemplate": "confirm"},
+            {"slug": "quick", "id": QUICK_FORM, "name": "Quick signup", "schema": "people",
+             "fields": ["email", "firstName"], "topics": ["news"], "doubleOptIn": false},
+            {"slug": "closed", "id": CLOSED_FORM, "name": "Closed", "schema": "people", "fields": ["email"],
+             "doubleOptIn": false, "enabled": false}
+        ]
+    });
+    workspace["spaces"].as_array_mut().expect("spaces").push(space);
+    workspace["users"].as_array_mut().expect("users").push(json!({
+        "email": "admin@mail.test",
+        "name": "Mail Admin",
+        "memberships": [{"space": "mail", "role": "admin"}],
+        "apiKeys": [{"name": "mail admin", "space": "mail", "secret": MAIL_KEY}]
+    }));
+    workspace["users"].as_array_mut().expect("users").push(json!({
+        "email": "reader@mail.test",
+        "name": "Mail Reader",
+        "memberships": [{"space": "mail", "role": "non_paid_admin"}],
+        "apiKeys": [{"name": "mail reader", "space": "mail", "secret": MAIL_READER}]
+    }));
+    workspace.to_string()
+}
+
+/// An app sending to `sink`, with the mail space applied and its DKIM key published to the
+/// sink's resolver.
+async fn mail_app(sink: &SmtpSink, allowance: i64) -> TestApp {
+    mail_app_with(sink, allowance, test_email(sink)).await
+}
+
+/// Email settings for the tests: the sink as the relay, a short grace before the outbox
+/// worker takes over an email, and quick polls.
+fn test_email(sink: &SmtpSink) -> shared::settings::EmailSettings {
+    shared::settings::EmailSettings {
+        relay_url: Some(sink.relay_url().into()),
+        public_base_url: "https://api.example.test/v1".to_owned(),
+        timeout_ms: 3_000,
+        handoff_grace_ms: 1_000,
+        outbox_poll_ms: 100,
+        retry_schedule_ms: vec![200, 400],
+        ..Default::default()
+    }
+}
+
+async fn mail_app_with(sink: &SmtpSink, allowance: i64, email: shared::settings::EmailSettings) -> TestApp {
+    let app = TestApp::spawn_with(Options { email: Some(email), ..Options::default() }).await;
+    app.apply_workspace(&mail_workspace(allowance), true).await;
+    let domains = app.get("/domains", MAIL_KEY).await;
+    assert_eq!(domains.status, 200, "{:?}", domains.body);
+    for record in domains.body["data"][0]["records"].as_array().expect("records") {
+        if record["purpose"] == "dkim" {
+            sink.add_dkim_record(record["name"].as_str().expect("name"), record["value"].as_str().expect("value"))
+                .await;
+        }
+    }
+    app
+}
+
+async fn template_id(app: &TestApp, slug: &str) -> String {
+    let list = app.get("/templates", MAIL_KEY).await;
+    assert_eq!(list.status, 200, "{:?}", list.body);
+    list.body["data"]
+        .as_array()
+        .expect("templates")
+        .iter()
+        .find(|template| template["slug"] == slug)
+        .and_then(|template| template["id"].as_str())
+        .unwrap_or_else(|| panic!("no template {slug}"))
+        .to_owned()
+}
+
+async fn send(app: &TestApp, template: &str, body: &Value, idempotency_key: Option<&str>) -> TestResponse {
+    let mut request =
+        app.request(reqwest::Method::POST, &format!("/templates/{template}/send"), Some(MAIL_KEY)).json(body);
+    if let Some(key) = idempotency_key {
+        request = request.header("Idempotency-Key", key);
+    }
+    app.send(request).await
+}
+
+fn receipt_body(email: &str, first_name: &str) -> Value {
+    json!({"data": {
+        "contact": {"email": email, "firstName": first_name},
+        "order": {"externalId": "ord-1", "total": 42.5}
+    }})
+}
+
+#[tokio::test]
+async fn domains_senders_topics_and_templates_are_listed_and_read() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let domains = app.get("/domains", MAIL_READER).await;
+    assert_eq!(domains.status, 200, "{:?}", domains.body);
+    assert_eq!(domains.body["pagination"]["totalCount"], 1, "{:?}", domains.body);
+    let domain = &domains.body["data"][0];
+    assert_eq!(domain["name"], "mail.example.test");
+    assert_eq!(domain["status"], "pending");
+    let purposes: Vec<&str> =
+        domain["records"].as_array().expect("records").iter().filter_map(|r| r["purpose"].as_str()).collect();
+    assert_eq!(purposes, ["spf", "dkim", "dmarc", "returnPath"]);
+    assert_eq!(domain["records"][1]["name"], "k1._domainkey.mail.example.test");
+    assert!(domain["records"][1]["value"].as_str().is_some_and(|v| v.starts_with("v=DKIM1; k=rsa; p=MII")));
+    let text = domains.body.to_string();
+    assert!(!text.contains("wrappedKey") && !text.contains("privateKey"), "the key never leaves: {text}");
+    let id = domain["id"].as_str().expect("id");
+    assert_eq!(app.get(&format!("/domains/{id}"), MAIL_KEY).await.body["data"], *domain);
+
+    let senders = app.get("/senders", MAIL_KEY).await;
+    assert_eq!(senders.body["data"][0]["fromAddress"], "hello@mail.example.test");
+    assert_eq!(senders.body["data"][0]["domainId"], *id);
+    let topics = app.get("/topics", MAIL_KEY).await;
+    assert_eq!(topics.body["data"][0]["name"], "News");
+    let templates = app.get("/templates?limit=2", MAIL_KEY).await;
+    assert_eq!(templates.body["pagination"]["totalCount"], 5);
+    assert_eq!(templates.body["data"].as_array().map(Vec::len), Some(2));
+    let receipt = template_id(&app, "receipt").await;
+    let one = app.get(&format!("/templates/{receipt}"), MAIL_KEY).await;
+    assert_eq!(one.status, 200);
+    assert_eq!(one.body["data"]["kind"], "transactional");
+    assert_eq!(one.body["data"]["expectedDataRepresentation"]["order"]["schemaSlug"], "orders");
+    assert_eq!(one.body["data"]["expectedDataRepresentation"]["contact"]["recipient"], true);
+
+    for (path, code) in [
+        ("/domains/dom_missing", "domain_not_found"),
+        ("/senders/snd_missing", "sender_not_found"),
+        ("/topics/top_missing", "topic_not_found"),
+        ("/templates/tpl_missing", "template_not_found"),
+    ] {
+        let missing = app.get(path, MAIL_KEY).await;
+        assert_eq!((missing.status, missing.code().clone()), (404, json!(code)), "{path}");
+    }
+    // Another space's template is not found from alpha.
+    let other = app.get(&format!("/templates/{receipt}"), ALPHA_ADMIN).await;
+    assert_eq!(other.status, 404);
+    assert_eq!(app.get("/templates", ALPHA_ADMIN).await.body["pagination"]["totalCount"], 0);
+    // A re-apply keeps the domain's key.
+    let before = app.get(&format!("/domains/{id}"), MAIL_KEY).await.body["data"]["records"][1]["value"].clone();
+    let again = app.apply_workspace(&mail_workspace(100), true).await;
+    assert_eq!(again.events, 0);
+    assert_eq!(app.get(&format!("/domains/{id}"), MAIL_KEY).await.body["data"]["records"][1]["value"], before);
+}
+
+#[tokio::test]
+async fn a_transactional_send_arrives_dkim_signed_with_both_parts_and_escaped_html() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let receipt = template_id(&app, "receipt").await;
+    let sent = send(&app, &receipt, &receipt_body("Ada@Example.com", "<b>Ada</b>"), None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    assert_eq!(sent.body["data"]["status"], "sent");
+    assert_eq!(sent.body["data"]["error"], Value::Null);
+    let email_id = sent.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    assert!(email_id.starts_with("em_"));
+    let messages = sink.wait_for(1, WAIT).await;
+    let message = &messages[0];
+    assert_eq!(message["rcptTo"], json!(["ada@example.com"]));
+    assert_eq!(message["mailFrom"], format!("bounce+{email_id}@bounces.mail.example.test"));
+    assert_eq!(message["messageId"], format!("<{email_id}@mail.example.test>"));
+    assert_eq!(message["headers"]["subject"][0], "Order ord-1 for <b>Ada</b>");
+    assert!(message["headers"]["from"][0].as_str().is_some_and(|from| from.contains("hello@mail.example.test")));
+    assert_eq!(message["text"].as_str().map(str::trim), Some("Hi <b>Ada</b>, you paid 42.5."));
+    assert_eq!(message["html"].as_str().map(str::trim), Some("<p>Hi &lt;b&gt;Ada&lt;/b&gt;, you paid 42.5.</p>"));
+    assert_eq!(message["dkim"]["valid"], true, "{:?}", message["dkim"]);
+    assert_eq!(message["dkim"]["domain"], "mail.example.test");
+    assert_eq!(message["dkim"]["selector"], "k1");
+    let signed: Vec<&str> =
+        message["dkim"]["signedHeaders"].as_array().expect("h=").iter().filter_map(Value::as_str).collect();
+    for header in ["from", "to", "subject", "date", "message-id"] {
+        assert!(signed.contains(&header), "{header} is signed: {signed:?}");
+    }
+    assert!(message["headers"].get("list-unsubscribe").is_none(), "transactional mail has no unsubscribe header");
+    // The context records were written first: the contact and the order exist.
+    let contacts = app.get("/schemas/people/records", MAIL_KEY).await;
+    assert_eq!(contacts.body["data"][0]["email"], "ada@example.com");
+    assert_eq!(app.get("/schemas/orders/records", MAIL_KEY).await.body["pagination"]["totalCount"], 1);
+    // The log holds no rendered content in the clear.
+    let clear = app
+        .query_i64("SELECT count(*) FROM events WHERE position(convert_to('paid 42.5', 'UTF8') in payload) > 0")
+        .await;
+    assert_eq!(clear, 0, "rendered bodies are sealed");
+}
+
+#[tokio::test]
+async fn marketing_mail_needs_consent_and_the_topic_and_carries_one_click_headers() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let (newsletter, promo) = (template_id(&app, "newsletter").await, template_id(&app, "promo").await);
+    let body = |consent: bool| json!({"data": {"contact": {"email": "bo@example.com", "newsConsent": consent}}});
+    let refused = send(&app, &promo, &body(false), None).await;
+    assert_eq!(
+        (refused.status, refused.code().clone()),
+        (422, json!("recipient_not_subscribed")),
+        "{:?}",
+        refused.body
+    );
+    assert!(refused.body["error"].get("emailId").is_none());
+    // Consent alone is enough without a topic; a topic also needs a subscription.
+    let promo_sent = send(&app, &promo, &body(true), None).await;
+    assert_eq!(promo_sent.status, 200, "{:?}", promo_sent.body);
+    let email_id = promo_sent.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    let refused = send(&app, &newsletter, &body(true), None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_not_subscribed")));
+    let messages = sink.wait_for(1, WAIT).await;
+    let message = &messages[0];
+    assert_eq!(
+        message["headers"]["list-unsubscribe"][0],
+        format!("<https://api.example.test/v1/emails/{email_id}/unsubscribe>")
+    );
+    assert_eq!(message["headers"]["list-unsubscribe-post"][0], "List-Unsubscribe=One-Click");
+    let signed: Vec<&str> =
+        message["dkim"]["signedHeaders"].as_array().expect("h=").iter().filter_map(Value::as_str).collect();
+    assert!(signed.contains(&"list-unsubscribe") && signed.contains(&"list-unsubscribe-post"), "{signed:?}");
+    assert_eq!(message["dkim"]["valid"], true, "{:?}", message["dkim"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.messages().await.len(), 1, "refused sends send nothing");
+}
+
+#[tokio::test]
+async fn suppressions_block_every_send_and_the_allowance_runs_out() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 2).await;
+    let receipt = template_id(&app, "receipt").await;
+    let suppressed = app
+        .post("/contacts/suppressions", MAIL_KEY, &json!({"identifier": "cy@example.com", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    let refused = send(&app, &receipt, &receipt_body("cy@example.com", "Cy"), None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_suppressed")), "{:?}", refused.body);
+    for n in 0..2 {
+        let sent = send(&app, &receipt, &receipt_body(&format!("d{n}@example.com"), "D"), None).await;
+        assert_eq!(sent.status, 200, "{:?}", sent.body);
+    }
+    let over = send(&app, &receipt, &receipt_body("e@example.com", "E"), None).await;
+    assert_eq!((over.status, over.code().clone()), (402, json!("email_limit_reached")), "{:?}", over.body);
+    sink.wait_for(2, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.messages().await.len(), 2);
+}
+
+#[tokio::test]
+async fn bad_bodies_are_refused_and_a_replayed_key_sends_nothing_new() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let receipt = template_id(&app, "receipt").await;
+    let content = send(&app, &receipt, &json!({"data": {}, "subject": "mine"}), None).await;
+    assert_eq!((content.status, content.code().clone()), (400, json!("template_content_not_accepted")));
+    let missing = send(&app, &receipt, &json!({"data": {"contact": {"email": "f@example.com"}}}), None).await;
+    assert_eq!((missing.status, missing.code().clone()), (400, json!("invalid_template_data")), "{:?}", missing.body);
+    let broken = template_id(&app, "broken").await;
+    let unrenderable = send(&app, &broken, &json!({"data": {"contact": {"email": "f@example.com"}}}), None).await;
+    assert_eq!((unrenderable.status, unrenderable.code().clone()), (422, json!("template_render_failed")));
+    let unknown = send(&app, "tpl_missing", &receipt_body("f@example.com", "F"), None).await;
+    assert_eq!((unknown.status, unknown.code().clone()), (404, json!("template_not_found")));
+    let forbidden = app
+        .send(
+            app.request(reqwest::Method::POST, &format!("/templates/{receipt}/send"), Some(MAIL_READER))
+                .json(&receipt_body("f@example.com", "F")),
+        )
+        .await;
+    assert_eq!(forbidden.status, 403);
+
+    let first = send(&app, &receipt, &receipt_body("g@example.com", "G"), Some("send-1")).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let replay = send(&app, &receipt, &receipt_body("g@example.com", "G"), Some("send-1")).await;
+    assert_eq!(replay.status, 200);
+    assert_eq!(replay.header("idempotent-replay"), Some("true"));
+    assert_eq!(replay.body, first.body);
+    sink.wait_for(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.messages().await.len(), 1, "a replay sends nothing");
+}
+
+#[tokio::test]
+async fn a_relay_rejection_is_a_failed_send_and_a_refused_mailbox_suppresses_the_address() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let receipt = template_id(&app, "receipt").await;
+    // A policy refusal (554) fails the send and suppresses nothing.
+    sink.set_mode(json!({"mode": "reject", "code": 554, "message": "policy says no"})).await;
+    let failed = send(&app, &receipt, &receipt_body("h@example.com", "H"), None).await;
+    assert_eq!(failed.status, 200, "{:?}", failed.body);
+    assert_eq!(failed.body["data"]["status"], "failed");
+    assert_eq!(failed.body["data"]["error"]["code"], "relay_rejected");
+    assert!(failed.body["data"]["error"]["message"].as_str().is_some_and(|m| m.contains("554")), "{:?}", failed.body);
+    assert!(failed.body["data"]["emailId"].as_str().is_some_and(|id| id.starts_with("em_")));
+    // A refused mailbox (550) is a hard bounce: a provider `bounce` suppression follows.
+    sink.set_mode(json!({"mode": "rejectRcpt", "code": 550})).await;
+    let bounced = send(&app, &receipt, &receipt_body("h@example.com", "H"), None).await;
+    assert_eq!(bounced.body["data"]["status"], "failed", "{:?}", bounced.body);
+    let token = bounced.header("consistency-token").expect("a token").to_owned();
+    let suppressions = app
+        .send(
+            app.request(reqwest::Method::GET, "/contacts/suppressions?identifier=h@example.com", Some(MAIL_KEY))
+                .header("Consistency-Token", token),
+        )
+        .await;
+    assert_eq!(suppressions.body["data"].as_array().map(Vec::len), Some(1), "{:?}", suppressions.body);
+    assert_eq!(suppressions.body["data"][0]["reason"], "bounce");
+    let id = suppressions.body["data"][0]["id"].as_str().expect("id");
+    let remove =
+        app.send(app.request(reqwest::Method::DELETE, &format!("/contacts/suppressions/{id}"), Some(MAIL_KEY))).await;
+    assert_eq!(remove.status, 409, "provider suppressions are not removable: {:?}", remove.body);
+    sink.set_mode(json!({"mode": "accept"})).await;
+    let refused = send(&app, &receipt, &receipt_body("h@example.com", "H"), None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_suppressed")));
+    let bounces = app.query_i64("SELECT count(*) FROM events WHERE event_type = 'EmailBounced.v1'").await;
+    assert_eq!(bounces, 1);
+}
+
+#[tokio::test]
+async fn an_accepted_send_is_handed_off_exactly_once_when_the_command_service_dies_before_its_hand_off() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let receipt = template_id(&app, "receipt").await;
+    // A command service that pauses between the append and the hand-off, killed in that pause.
+    let port = free_port();
+    let env = [
+        ("APP__HTTP__PORT", port.to_string()),
+        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
+        ("APP__EMAIL__HANDOFF_DELAY_MS", "60000".to_owned()),
+    ];
+    let mut doomed = spawn_binary("command-service", &["serve"], &app.database_url, &env);
+    let url = format!("http://127.0.0.1:{port}/v1");
+    crate::log::wait_until_listening(&app.http, &url).await;
+    const SENDS: usize = 5;
+    let in_flight: Vec<_> = (0..SENDS)
+        .map(|index| {
+            let request = app
+                .http
+                .post(format!("{url}/templates/{receipt}/send"))
+                .bearer_auth(MAIL_KEY)
+                .header("Idempotency-Key", format!("crash-{index}"))
+                .json(&receipt_body(&format!("crash{index}@example.com"), "Crash"));
+            tokio::spawn(request.send())
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + WAIT;
+    while app.query_i64("SELECT count(*) FROM email_outbox").await < SENDS as i64 {
+        assert!(std::time::Instant::now() < deadline, "the sends were not appended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(sink.messages().await.is_empty(), "nothing left before the kill");
+    // The relay refuses for now at first: the outbox worker retries on its schedule.
+    sink.set_mode(json!({"mode": "tempfail", "code": 451})).await;
+    doomed.0.kill().expect("kill -9");
+    for task in in_flight {
+        assert!(task.await.expect("the request task").is_err(), "the killed service answered nothing");
+    }
+    while sink.rejected().await.len() < SENDS {
+        assert!(std::time::Instant::now() < deadline + WAIT, "the worker did not try the orphaned sends");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sink.set_mode(json!({"mode": "accept"})).await;
+    let messages = sink.wait_for(SENDS, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut ids = sink.message_ids().await;
+    assert_eq!(ids.len(), SENDS, "each send left exactly once: {ids:?}");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), SENDS);
+    assert!(messages.iter().all(|message| message["dkim"]["valid"] == true));
+    // The outbox worker recorded each outcome as the answer of its idempotency key.
+    for index in 0..SENDS {
+        let replay = app
+            .send(
+                app.request(reqwest::Method::POST, &format!("/templates/{receipt}/send"), Some(MAIL_KEY))
+                    .header("Idempotency-Key", format!("crash-{index}"))
+                    .json(&receipt_body(&format!("crash{index}@example.com"), "Crash")),
+            )
+            .await;
+        assert_eq!(replay.status, 200, "{:?}", replay.body);
+        assert_eq!(replay.header("idempotent-replay"), Some("true"));
+        assert_eq!(replay.body["data"]["status"], "sent");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.messages().await.len(), SENDS, "replays send nothing");
+}
+
+#[tokio::test]
+async fn a_relay_that_is_down_fails_the_inline_send_for_good() {
+    let sink = SmtpSink::start().await;
+    let mut email = test_email(&sink);
+    // Nothing listens on this port.
+    email.relay_url = Some(format!("smtp://127.0.0.1:{}", free_port()).into());
+    let app = mail_app_with(&sink, 100, email).await;
+    let receipt = template_id(&app, "receipt").await;
+    let failed = send(&app, &receipt, &receipt_body("down@example.com", "Down"), None).await;
+    assert_eq!(failed.status, 200, "{:?}", failed.body);
+    assert_eq!(failed.body["data"]["status"], "failed");
+    assert_eq!(failed.body["data"]["error"]["code"], "relay_unavailable");
+    let state = app.query_i64("SELECT count(*) FROM email_outbox WHERE state = 'failed'").await;
+    assert_eq!(state, 1, "an inline failure is final: a new send is safe");
+}
+
+/// A public request (no API key) to the command or query service.
+async fn public(app: &TestApp, method: reqwest::Method, path: &str, form: Option<&str>) -> reqwest::Response {
+    let base = if method == reqwest::Method::GET { &app.query_url } else { &app.command_url };
+    let mut request = app.http.request(method, format!("{base}{path}"));
+    if let Some(form) = form {
+        request = request.header("Content-Type", "application/x-www-form-urlencoded").body(form.to_owned());
+    }
+    request.send().await.expect("the request")
+}
+
+#[tokio::test]
+async fn one_click_unsubscribe_withdraws_consent_idempotently_and_a_get_changes_nothing() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let promo = template_id(&app, "promo").await;
+    let body = json!({"data": {"contact": {"email": "una@example.com", "newsConsent": true}}});
+    let sent = send(&app, &promo, &body, None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let email_id = sent.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    let path = format!("/emails/{email_id}/unsubscribe");
+
+    // A link scanner's GET shows a page and changes nothing.
+    let page = public(&app, reqwest::Method::GET, &path, None).await;
+    assert_eq!(page.status(), 200);
+    assert!(page.headers()["content-type"].to_str().is_ok_and(|t| t.starts_with("text/html")));
+    let html = page.text().await.expect("the page");
+    assert!(html.contains(r#"<form method="post">"#) && html.contains("List-Unsubscribe"), "{html}");
+    let again = send(&app, &promo, &json!({"data": {"contact": {"email": "una@example.com"}}}), None).await;
+    assert_eq!(again.status, 200, "still subscribed after the GET: {:?}", again.body);
+
+    // RFC 8058: a POST with the one-click body, as a mail client sends it.
+    let first = public(&app, reqwest::Method::POST, &path, Some("List-Unsubscribe=One-Click")).await;
+    assert_eq!(first.status(), 200);
+    let token = first.headers()["consistency-token"].to_str().expect("a token").to_owned();
+    let first: Value = first.json().await.expect("JSON");
+    assert_eq!(first["data"]["unsubscribed"], true);
+    assert_eq!(first["data"]["scope"], "marketing");
+    let records = app.request(reqwest::Method::GET, "/schemas/people/records", Some(MAIL_KEY));
+    let contact = app.send(records.header("Consistency-Token", token)).await.body["data"][0].clone();
+    assert_eq!(contact["newsConsent"], false, "{contact}");
+    let refused = send(&app, &promo, &json!({"data": {"contact": {"email": "una@example.com"}}}), None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_not_subscribed")));
+    // Idempotent, with an empty body too.
+    let second = public(&app, reqwest::Method::POST, &path, None).await;
+    assert_eq!(second.status(), 200);
+    let events = app.query_i64(&format!("SELECT count(*) FROM events WHERE stream_id = 'email-{email_id}'")).await;
+    assert_eq!(events, 3, "scheduled, sent, unsubscribed once");
+    // The consent change is in the contact's audit trail.
+    let id = contact["id"].as_str().expect("id");
+    let trail = app.get(&format!("/schemas/people/records/{id}/audit-trail"), MAIL_KEY).await;
+    assert!(
+        trail.body["data"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .any(|entry| entry["type"] == "consent_changed" && entry["value"] == false),
+        "{:?}",
+        trail.body
+    );
+
+    for method in [reqwest::Method::GET, reqwest::Method::POST] {
+        let unknown = public(&app, method, "/emails/em_unknown/unsubscribe", None).await;
+        assert_eq!(unknown.status(), 404);
+        let body: Value = unknown.json().await.expect("JSON");
+        assert_eq!(body["error"]["code"], "email_not_found");
+    }
+}
+
+#[tokio::test]
+async fn email_events_reach_email_event_webhooks_filtered_by_type() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let receiver = crate::receiver::Receiver::start().await;
+    receiver.endpoint("mail", &[], json!({})).await;
+    let created = app
+        .post(
+            "/webhooks",
+            MAIL_KEY,
+            &json!({"url": receiver.url("mail"), "trigger": "email event",
+                    "emailEventTypes": ["scheduled", "sent", "unsubscribed"]}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let secret = created.body["data"]["signatureVerificationSecret"].as_str().expect("secret").to_owned();
+    receiver.endpoint("mail", &[&secret], json!({})).await;
+    let promo = template_id(&app, "promo").await;
+    let sent =
+        send(&app, &promo, &json!({"data": {"contact": {"email": "hook@example.com", "newsConsent": true}}}), None)
+            .await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let email_id = sent.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    // A failed send is not asked for: it must not arrive.
+    sink.set_mode(json!({"mode": "reject", "code": 550})).await;
+    let failed = send(&app, &promo, &json!({"data": {"contact": {"email": "hook@example.com"}}}), None).await;
+    assert_eq!(failed.body["data"]["status"], "failed", "{:?}", failed.body);
+    let unsubscribed = public(&app, reqwest::Method::POST, &format!("/emails/{email_id}/unsubscribe"), None).await;
+    assert_eq!(unsubscribed.status(), 200);
+    // scheduled + sent + unsubscribed of the first email, scheduled of the second.
+    receiver.wait_for("mail", 4, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let received = receiver.received("mail").await;
+    let mut types: Vec<String> =
+        received.iter().filter_map(|delivery| delivery["body"]["type"].as_str().map(str::to_owned)).collect();
+    types.sort();
+    assert_eq!(types, ["email.scheduled", "email.scheduled", "email.sent", "email.unsubscribed"]);
+    assert!(received.iter().all(|delivery| delivery["verifiedWith"] == json!([0])), "signed: {received:?}");
+    let sent_delivery = received.iter().find(|d| d["body"]["type"] == "email.sent").expect("email.sent");
+    assert_eq!(sent_delivery["body"]["data"]["emailId"], email_id);
+    assert_eq!(sent_delivery["body"]["data"]["templateId"], promo);
+    assert_eq!(sent_delivery["body"]["data"]["messageId"], format!("<{email_id}@mail.example.test>"));
+}
+
+/// A form post as a browser sends it (urlencoded), from `client` through a trusted proxy.
+async fn post_form(app: &TestApp, form_id: &str, body: &str, client: Option<&str>) -> TestResponse {
+    let mut request = app
+        .request(reqwest::Method::POST, &format!("/forms/{form_id}/submit"), None)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(body.to_owned());
+    if let Some(client) = client {
+        request = request.header("X-Forwarded-For", client);
+    }
+    let response = request.send().await.expect("the request");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.expect("the body");
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    TestResponse { status, headers, body }
+}
+
+async fn post_form_json(app: &TestApp, form_id: &str, body: &Value, client: Option<&str>) -> TestResponse {
+    let mut request = app.request(reqwest::Method::POST, &format!("/forms/{form_id}/submit"), None).json(body);
+    if let Some(client) = client {
+        request = request.header("X-Forwarded-For", client);
+    }
+    app.send(request).await
+}
+
+fn trusting_loopback(settings: &mut shared::settings::Settings) {
+    settings.http.trusted_proxies = vec!["127.0.0.1".parse().expect("an address")];
+}
+
+/// The path (under `/v1`) of the confirmation link in a message's text part.
+fn confirmation_path(message: &Value) -> String {
+    let text = message["text"].as_str().expect("a text part");
+    let url = text.split_whitespace().find(|word| word.contains("/confirm/")).expect("a confirmation link");
+    url.split("/v1").nth(1).expect("under the public base URL").to_owned()
+}
+
+#[tokio::test]
+async fn double_opt_in_end_to_end_with_a_browser_post_and_the_link_followed_twice() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let newsletter = template_id(&app, "newsletter").await;
+    let submitted =
+        post_form(&app, SIGNUP_FORM, "email_address=Dee%40Example.com&first_name=Dee&submit=Go", None).await;
+    assert_eq!(submitted.status, 200, "{:?}", submitted.body);
+    assert!(submitted.header("content-type").is_some_and(|t| t.starts_with("text/html")));
+    assert!(submitted.body.as_str().is_some_and(|html| html.contains("check your inbox")));
+    let messages = sink.wait_for(1, WAIT).await;
+    let confirmation = &messages[0];
+    assert_eq!(confirmation["rcptTo"], json!(["dee@example.com"]));
+    assert_eq!(confirmation["headers"]["subject"][0], "Confirm your subscription to Newsletter signup");
+    assert_eq!(confirmation["dkim"]["valid"], true);
+    let link = confirmation_path(confirmation);
+    assert!(link.starts_with(&format!("/forms/{SIGNUP_FORM}/confirm/")), "{link}");
+    let token = link.rsplit('/').next().expect("the token");
+    assert_eq!(token.len(), 43, "32 random bytes");
+    let stored = app.query_i64(&format!("SELECT count(*) FROM form_tokens WHERE token_digest = '{token}'")).await;
+    assert_eq!(stored, 0, "only a digest of the token is stored");
+    let in_log = app
+        .query_i64(&format!("SELECT count(*) FROM events WHERE position(convert_to('{token}', 'UTF8') in payload) > 0"))
+        .await;
+    assert_eq!(in_log, 0, "the token is not in the log in the clear");
+
+    // Pending: marketing on the topic is refused until the link is followed.
+    let body = json!({"data": {"contact": {"email": "dee@example.com"}}});
+    let refused = send(&app, &newsletter, &body, None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_not_subscribed")));
+
+    for _ in 0..2 {
+        let page = app.send(app.request(reqwest::Method::GET, &link, None)).await;
+        assert_eq!(page.status, 200, "a second confirmation is a success too (D7)");
+    }
+    let json_confirm =
+        app.send(app.request(reqwest::Method::GET, &link, None).header("Accept", "application/json")).await;
+    assert_eq!(json_confirm.body["data"]["status"], "confirmed");
+    let sent = send(&app, &newsletter, &body, None).await;
+    assert_eq!(sent.status, 200, "subscribed and consented after confirming: {:?}", sent.body);
+    assert_eq!(sent.body["data"]["status"], "sent");
+    let email_id = sent.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+
+    // One-click unsubscribe from a topic email leaves the topic.
+    let left = public(
+        &app,
+        reqwest::Method::POST,
+        &format!("/emails/{email_id}/unsubscribe"),
+        Some("List-Unsubscribe=One-Click"),
+    )
+    .await;
+    let token = left.headers()["consistency-token"].to_str().expect("a token").to_owned();
+    let left: Value = left.json().await.expect("JSON");
+    assert_eq!(left["data"]["scope"], "topic");
+    // The contact's audit trail tells the story on channel email.
+    let records = app.request(reqwest::Method::GET, "/schemas/people/records", Some(MAIL_KEY));
+    let contact_id = app.send(records.header("Consistency-Token", &token)).await.body["data"][0]["id"].clone();
+    let trail = app
+        .get(
+            &format!("/schemas/people/records/{}/audit-trail?channel=email", contact_id.as_str().expect("id")),
+            MAIL_KEY,
+        )
+        .await;
+    let mut kinds: Vec<String> = trail.body["data"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .rev()
+        .map(|entry| {
+            format!(
+                "{}{}",
+                entry["type"].as_str().unwrap_or(""),
+                entry["status"].as_str().map(|s| format!(":{s}")).unwrap_or_default()
+            )
+        })
+        .collect();
+    kinds.dedup();
+    assert_eq!(
+        kinds,
+        [
+            "subscription_changed:pending",
+            "email_scheduled",
+            "form_submitted",
+            "email_sent",
+            "consent_changed",
+            "subscription_changed:subscribed",
+            "subscription_confirmed",
+            "email_scheduled",
+            "email_sent",
+            "subscription_changed:unsubscribed",
+            "email_unsubscribed",
+        ],
+        "{:?}",
+        trail.body
+    );
+    let refused = send(&app, &newsletter, &body, None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_not_subscribed")));
+
+    // The link of another form, or a made-up token, is not found.
+    let other =
+        app.send(app.request(reqwest::Method::GET, &format!("/forms/{QUICK_FORM}/confirm/{token}"), None)).await;
+    assert_eq!((other.status, other.code().clone()), (404, json!("confirmation_not_found")));
+    let made_up =
+        app.send(app.request(reqwest::Method::GET, &format!("/forms/{SIGNUP_FORM}/confirm/nope"), None)).await;
+    assert_eq!((made_up.status, made_up.code().clone()), (404, json!("confirmation_not_found")));
+}
+
+#[tokio::test]
+async fn a_json_submission_without_double_opt_in_subscribes_at_once_and_bad_submissions_are_refused() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let newsletter = template_id(&app, "newsletter").await;
+    let submitted =
+        post_form_json(&app, QUICK_FORM, &json!({"email": "eve@example.com", "firstName": "Eve"}), None).await;
+    assert_eq!(submitted.status, 200, "{:?}", submitted.body);
+    assert_eq!(submitted.body["data"]["status"], "subscribed");
+    assert!(submitted.body["data"]["submissionId"].as_str().is_some_and(|id| id.starts_with("sub_")));
+    let sent = send(&app, &newsletter, &json!({"data": {"contact": {"email": "eve@example.com"}}}), None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    sink.wait_for(1, WAIT).await;
+    assert_eq!(sink.messages().await.len(), 1, "no confirmation email without double opt-in");
+
+    let unknown = post_form_json(&app, "frm_unknown", &json!({"email": "x@example.com"}), None).await;
+    assert_eq!((unknown.status, unknown.code().clone()), (404, json!("form_not_found")));
+    let closed = post_form_json(&app, CLOSED_FORM, &json!({"email": "x@example.com"}), None).await;
+    assert_eq!((closed.status, closed.code().clone()), (403, json!("form_disabled")));
+    let no_email = post_form(&app, SIGNUP_FORM, "first_name=Nobody", None).await;
+    assert_eq!(
+        (no_email.status, no_email.code().clone()),
+        (400, json!("invalid_form_submission")),
+        "{:?}",
+        no_email.body
+    );
+    let bad_email = post_form_json(&app, QUICK_FORM, &json!({"email": "not an address"}), None).await;
+    assert_eq!(bad_email.status, 400, "{:?}", bad_email.body);
+}
+
+#[tokio::test]
+async fn each_form_limiter_answers_429_with_retry_after() {
+    let sink = SmtpSink::start().await;
+    let options = Options {
+        email: Some(test_email(&sink)),
+        // Long windows, so that no window ends during the test; the contract's lengths are
+        // the defaults (a unit test of the settings holds them).
+        tweak: Some(|settings| {
+            trusting_loopback(settings);
+            settings.forms.confirmations_per_form = 4;
+            settings.forms.window_seconds = 86_400;
+            settings.forms.confirmation_window_seconds = 86_400;
+        }),
+        ..Options::default()
+    };
+    let app = TestApp::spawn_with(options).await;
+    app.apply_workspace(&mail_workspace(1000), true).await;
+    // Per client address (through the trusted proxy): 10 per window.
+    for index in 0..10 {
+        let ok =
+            post_form_json(&app, QUICK_FORM, &json!({"email": format!("ip{index}@example.com")}), Some("203.0.113.7"))
+                .await;
+        assert_eq!(ok.status, 200, "{:?}", ok.body);
+    }
+    let limited = post_form_json(&app, QUICK_FORM, &json!({"email": "ip10@example.com"}), Some("203.0.113.7")).await;
+    assert_eq!((limited.status, limited.code().clone()), (429, json!("rate_limit_exceeded")));
+    assert!(limited.header("retry-after").is_some_and(|date| httpdate::parse_http_date(date).is_ok()));
+    // Another address is not limited by that one.
+    let other = post_form_json(&app, QUICK_FORM, &json!({"email": "ip11@example.com"}), Some("203.0.113.8")).await;
+    assert_eq!(other.status, 200);
+    // Confirmation emails: 2 per recipient per form.
+    for attempt in 0..2 {
+        let ok = post_form_json(
+            &app,
+            SIGNUP_FORM,
+            &json!({"email_address": "twice@example.com"}),
+            Some(&format!("198.51.100.{attempt}")),
+        )
+        .await;
+        assert_eq!(ok.status, 200, "{:?}", ok.body);
+    }
+    let third =
+        post_form_json(&app, SIGNUP_FORM, &json!({"email_address": "twice@example.com"}), Some("198.51.100.9")).await;
+    assert_eq!((third.status, third.code().clone()), (429, json!("rate_limit_exceeded")), "{:?}", third.body);
+    // Confirmation emails per form (4 here): two more recipients fill it.
+    for index in 0..2 {
+        let ok = post_form_json(
+            &app,
+            SIGNUP_FORM,
+            &json!({"email_address": format!("c{index}@example.com")}),
+            Some(&format!("192.0.2.{index}")),
+        )
+        .await;
+        assert_eq!(ok.status, 200, "{:?}", ok.body);
+    }
+    let full = post_form_json(&app, SIGNUP_FORM, &json!({"email_address": "c9@example.com"}), Some("192.0.2.9")).await;
+    assert_eq!((full.status, full.code().clone()), (429, json!("rate_limit_exceeded")));
+    sink.wait_for(4, WAIT).await;
+    // Per form: 120 per window, whatever the addresses.
+    let mut statuses = Vec::new();
+    for index in 0..130 {
+        let response = post_form_json(
+            &app,
+            QUICK_FORM,
+            &json!({"email": format!("f{index}@example.com")}),
+            Some(&format!("10.1.{}.{}", index / 200, index % 200)),
+        )
+        .await;
+        statuses.push(response.status);
+    }
+    // 11 submissions to this form were counted above (the one refused for its address was
+    // refused before the form's count); 109 more fit.
+    assert_eq!(statuses.iter().filter(|status| **status == 200).count(), 109, "{statuses:?}");
+    assert!(statuses.iter().all(|status| *status == 200 || *status == 429));
+}
+
+#[tokio::test]
+async fn forwarded_for_from_an_untrusted_peer_does_not_escape_the_address_limiter() {
+    let sink = SmtpSink::start().await;
+    let options = Options {
+        email: Some(test_email(&sink)),
+        tweak: Some(|settings| settings.forms.window_seconds = 86_400),
+        ..Options::default()
+    };
+    let app = TestApp::spawn_with(options).await;
+    app.apply_workspace(&mail_workspace(100), true).await;
+    let mut statuses = Vec::new();
+    for index in 0..11 {
+        let spoofed = format!("203.0.113.{index}");
+        let response =
+            post_form_json(&app, QUICK_FORM, &json!({"email": format!("s{index}@example.com")}), Some(&spoofed)).await;
+        statuses.push(response.status);
+    }
+    assert_eq!(statuses[..10], [200; 10]);
+    assert_eq!(statuses[10], 429);
+}
+
+#[tokio::test]
+async fn an_expired_confirmation_link_is_gone() {
+    let sink = SmtpSink::start().await;
+    let options = Options {
+        email: Some(test_email(&sink)),
+        tweak: Some(|settings| settings.forms.token_ttl_hours = 0),
+        ..Options::default()
+    };
+    let app = TestApp::spawn_with(options).await;
+    app.apply_workspace(&mail_workspace(100), true).await;
+    let domains = app.get("/domains", MAIL_KEY).await;
+    let dkim = &domains.body["data"][0]["records"][1];
+    sink.add_dkim_record(dkim["name"].as_str().expect("name"), dkim["value"].as_str().expect("value")).await;
+    let submitted = post_form_json(&app, SIGNUP_FORM, &json!({"email_address": "late@example.com"}), None).await;
+    assert_eq!(submitted.status, 200, "{:?}", submitted.body);
+    let messages = sink.wait_for(1, WAIT).await;
+    let link = confirmation_path(&messages[0]);
+    let gone = app.send(app.request(reqwest::Method::GET, &link, None)).await;
+    assert_eq!((gone.status, gone.code().clone()), (410, json!("confirmation_expired")));
+}
+
+#[tokio::test]
+async fn deleting_a_contact_that_was_sent_mail_leaves_nothing_of_it_in_the_database() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let tag = uuid::Uuid::now_v7().simple().to_string();
+    let (address, name) = (format!("gone-{tag}@example.org"), format!("Quintessa{}", &tag[24..]));
+    // Email event webhooks whose payloads about the contact are queued (the target refuses
+    // connections).
+    let hook = app
+        .post(
+            "/webhooks",
+            MAIL_KEY,
+            &json!({"url": "http://127.0.0.1:9/hook", "trigger": "email event", "emailEventTypes": ["scheduled", "sent", "failed"]}),
+        )
+        .await;
+    assert_eq!(hook.status, 201, "{:?}", hook.body);
+    let receipt = template_id(&app, "receipt").await;
+    let sent = send(&app, &receipt, &receipt_body(&address, &name), Some(&format!("gone-{tag}"))).await;
+    assert_eq!(sent.body["data"]["status"], "sent", "{:?}", sent.body);
+    // A relay whose refusal quotes the address. (Not a refused mailbox: a hard bounce's
+    // suppression keeps the address by design, to keep blocking it after the contact goes.)
+    sink.set_mode(json!({"mode": "reject", "code": 554, "message": format!("refused for {address}")})).await;
+    let failed = send(&app, &receipt, &receipt_body(&address, &name), None).await;
+    assert_eq!(failed.body["data"]["status"], "failed", "{:?}", failed.body);
+    assert!(!failed.body.to_string().contains(&address), "the answer does not quote the address: {:?}", failed.body);
+    sink.wait_for(1, WAIT).await;
+    let contact_id =
+        app.get("/schemas/people/records", MAIL_KEY).await.body["data"][0]["id"].as_str().expect("id").to_owned();
+    let deadline = std::time::Instant::now() + WAIT;
+    while app.query_i64(&format!("SELECT count(*) FROM webhook_deliveries WHERE subject_id = '{contact_id}'")).await < 4
+    {
+        assert!(std::time::Instant::now() < deadline, "the email event deliveries were not enqueued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = crate::erasure::dump(&app).await;
+    assert!(!crate::erasure::occurrences(&before, &address).is_empty(), "the read model holds the address before");
+    assert!(crate::erasure::occurrences(&before, "paid 42.5").is_empty(), "rendered bodies are never in the clear");
+
+    let deleted = app
+        .send(app.request(reqwest::Method::DELETE, &format!("/schemas/people/records/{contact_id}"), Some(MAIL_KEY)))
+        .await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    let operation_id = deleted.body["data"]["operationId"].as_str().expect("operationId").to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let polled = app.get(&format!("/record-deletions/{operation_id}"), MAIL_KEY).await;
+        if polled.body["data"]["status"] == "completed" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the deletion did not complete: {:?}", polled.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = crate::erasure::dump(&app).await;
+    for needle in [address.as_str(), name.as_str()] {
+        let found = crate::erasure::occurrences(&after, needle);
+        assert!(found.is_empty(), "{needle:?} is still in the database: {found:?}");
+    }
+}
