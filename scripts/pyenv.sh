@@ -4,13 +4,15 @@
 # reference implementation that the webhook receiver of the tests, tests/webhooks/receiver.py,
 # verifies signatures with, so that they are not checked by our own Rust code), and aiosmtpd
 # and dkimpy (the SMTP server and the DKIM verifier of the SMTP sink of the tests,
-# tests/email/smtp_sink.py, so that what we send and sign is checked by independent code too).
+# tests/email/smtp_sink.py, so that what we send and sign is checked by independent code too),
+# and dnslib (the loopback DNS server of the domain verification test, tests/email/dns_server.py).
 # Installs Debian's python3-venv when the venv module is missing.
 
 SCHEMATHESIS_VERSION="4.32.5"
 STANDARDWEBHOOKS_VERSION="1.1.0"
 AIOSMTPD_VERSION="1.4.6"
 DKIMPY_VERSION="1.1.8"
+DNSLIB_VERSION="0.9.26"
 
 ensure_python_venv_module() {
     if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c "import ensurepip" >/dev/null 2>&1; then
@@ -25,16 +27,18 @@ ensure_python_venv_module() {
 test_venv_ready() {
     [ -x "$1/bin/python" ] && [ -x "$1/bin/schemathesis" ] && "$1/bin/python" - \
         "$SCHEMATHESIS_VERSION" "$STANDARDWEBHOOKS_VERSION" "$AIOSMTPD_VERSION" "$DKIMPY_VERSION" \
-        >/dev/null 2>&1 <<'EOF'
+        "$DNSLIB_VERSION" >/dev/null 2>&1 <<'EOF'
 import sys
 from importlib.metadata import version
 assert version("schemathesis") == sys.argv[1]
 assert version("standardwebhooks") == sys.argv[2]
 assert version("aiosmtpd") == sys.argv[3]
 assert version("dkimpy") == sys.argv[4]
+assert version("dnslib") == sys.argv[5]
 import standardwebhooks.webhooks  # noqa: F401
 import aiosmtpd.smtp  # noqa: F401
 import dkim  # noqa: F401
+import dnslib.server  # noqa: F401
 EOF
 }
 
@@ -46,12 +50,12 @@ ensure_test_venv() {
     venv="$(realpath -m "${TEST_VENV:-target/test-venv}")"
     if ! test_venv_ready "$venv"; then
         echo "installing schemathesis $SCHEMATHESIS_VERSION, standardwebhooks $STANDARDWEBHOOKS_VERSION," \
-            "aiosmtpd $AIOSMTPD_VERSION and dkimpy $DKIMPY_VERSION into $venv" >&2
+            "aiosmtpd $AIOSMTPD_VERSION, dkimpy $DKIMPY_VERSION and dnslib $DNSLIB_VERSION into $venv" >&2
         ensure_python_venv_module
         python3 -m venv "$venv"
         "$venv/bin/pip" install --quiet --disable-pip-version-check \
             "schemathesis==$SCHEMATHESIS_VERSION" "standardwebhooks==$STANDARDWEBHOOKS_VERSION" \
-            "aiosmtpd==$AIOSMTPD_VERSION" "dkimpy==$DKIMPY_VERSION"
+            "aiosmtpd==$AIOSMTPD_VERSION" "dkimpy==$DKIMPY_VERSION" "dnslib==$DNSLIB_VERSION"
         if ! test_venv_ready "$venv"; then
             echo "the venv at $venv still lacks the pinned packages" >&2
             return 1

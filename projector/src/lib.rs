@@ -33,8 +33,16 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 pub const POOL_SIZE: usize = 32;
 
 /// The kinds of worker a process can run.
-pub const WORKER_KINDS: [&str; 7] =
-    ["read_models", "preparation", "eraser", "maintenance", "webhook_enqueue", "webhook_delivery", "email_outbox"];
+pub const WORKER_KINDS: [&str; 8] = [
+    "read_models",
+    "preparation",
+    "eraser",
+    "maintenance",
+    "webhook_enqueue",
+    "webhook_delivery",
+    "email_outbox",
+    "domain_checks",
+];
 
 /// The workers a process runs: `selection` is `all` or a comma-separated list of
 /// [`WORKER_KINDS`]. `process` names this process in the batch history.
@@ -83,6 +91,12 @@ pub fn workers(
     }
     if wanted.contains(&"email_outbox") {
         workers.push(Arc::new(workers::email::outbox::Outbox::new(pool.clone(), log, settings)?));
+    }
+    // Only with a nameserver to ask (APP__EMAIL__DNS_NAMESERVER).
+    if wanted.contains(&"domain_checks")
+        && let Some(checks) = workers::email::domains::DomainChecks::new(pool.clone(), &settings.email)?
+    {
+        workers.push(Arc::new(checks));
     }
     if wanted.contains(&"maintenance") {
         workers

@@ -297,6 +297,11 @@ pub struct EmailSettings {
     pub handoff_grace_ms: u64,
     /// `OUTBOX_POLL_MS`: how often the outbox worker looks for emails to finish.
     pub outbox_poll_ms: u64,
+    /// `DNS_NAMESERVER` (`host:port`): the nameserver domain verification asks, and only it.
+    /// Unset: no verification; every DNS record of a domain stays `pending`.
+    pub dns_nameserver: Option<String>,
+    /// `DNS_CHECK_INTERVAL_SECONDS`: how often each domain's records are looked up again.
+    pub dns_check_interval_seconds: u64,
 }
 
 impl Default for EmailSettings {
@@ -313,6 +318,8 @@ impl Default for EmailSettings {
             handoff_delay_ms: 0,
             handoff_grace_ms: 10_000,
             outbox_poll_ms: 1_000,
+            dns_nameserver: None,
+            dns_check_interval_seconds: 300,
         }
     }
 }

@@ -30,13 +30,19 @@ const TEMPLATES: Kind = Kind { kind: TEMPLATE, noun: "template", not_found: Code
 
 /// The public document of a resource row (a definition the catalog could not read is an
 /// internal error: authoring checked it).
-fn document(state: &State, kind: Kind, row: Row) -> Result<Value, ApiError> {
+fn document(
+    state: &State,
+    kind: Kind,
+    row: Row,
+    checks: &BTreeMap<String, BTreeMap<String, Value>>,
+) -> Result<Value, ApiError> {
     let malformed =
         |error: serde_json::Error| ApiError::internal(&anyhow::anyhow!("{} {}: {error}", kind.noun, row.id));
     Ok(match kind.kind {
         DOMAIN => {
             let domain = serde_json::from_value(row.definition.clone()).map_err(malformed)?;
-            email::domain_document(&row.id, &domain, &state.settings.email.hello_name, &BTreeMap::new())
+            let found = checks.get(&row.id).cloned().unwrap_or_default();
+            email::domain_document(&row.id, &domain, &state.settings.email.hello_name, &found)
         }
         SENDER => email::sender_document(&row.id, &serde_json::from_value(row.definition.clone()).map_err(malformed)?),
         TOPIC => email::topic_document(&row.id, &serde_json::from_value(row.definition.clone()).map_err(malformed)?),
@@ -48,17 +54,35 @@ fn document(state: &State, kind: Kind, row: Row) -> Result<Value, ApiError> {
     })
 }
 
+/// The verification results of the domains among `rows` (none for other kinds).
+async fn checks_of(
+    client: &deadpool_postgres::Client,
+    kind: Kind,
+    rows: &[Row],
+) -> Result<BTreeMap<String, BTreeMap<String, Value>>, ApiError> {
+    if kind.kind != DOMAIN {
+        return Ok(BTreeMap::new());
+    }
+    let ids: Vec<String> = rows.iter().map(|row| row.id.clone()).collect();
+    store::domain_checks(client, &ids).await
+}
+
 async fn list(req: HttpRequest, state: web::Data<State>, kind: Kind) -> Result<HttpResponse, ApiError> {
     let page = PageRequest::parse(&query_pairs(&req))?;
     let (caller, token) = authorize_read(&state, &req).await?;
     let space_id = caller.space_id().to_owned();
     let (limit, offset) = (page.limit(), page.offset());
-    let ((total, rows), consistent) = consistent_read(&state, &caller, token, &[CATALOG], |client, models| {
-        let (catalog, space_id) = (models.schema(CATALOG), space_id.clone());
-        Box::pin(async move { store::page(client, &catalog, &space_id, kind.kind, (limit, offset)).await })
-    })
-    .await?;
-    let items = rows.into_iter().map(|row| document(&state, kind, row)).collect::<Result<Vec<_>, _>>()?;
+    let (((total, rows), checks), consistent) =
+        consistent_read(&state, &caller, token, &[CATALOG], |client, models| {
+            let (catalog, space_id) = (models.schema(CATALOG), space_id.clone());
+            Box::pin(async move {
+                let (total, rows) = store::page(client, &catalog, &space_id, kind.kind, (limit, offset)).await?;
+                let checks = checks_of(client, kind, &rows).await?;
+                Ok(((total, rows), checks))
+            })
+        })
+        .await?;
+    let items = rows.into_iter().map(|row| document(&state, kind, row, &checks)).collect::<Result<Vec<_>, _>>()?;
     let pagination = page.pagination(items.len(), total);
     Ok(respond(&consistent, page.warnings.clone(), |warnings| page_body(items, pagination, warnings)))
 }
@@ -72,14 +96,18 @@ async fn get(
     let id = path.into_inner();
     let (caller, token) = authorize_read(&state, &req).await?;
     let space_id = caller.space_id().to_owned();
-    let (row, consistent) = consistent_read(&state, &caller, token, &[CATALOG], |client, models| {
+    let ((row, checks), consistent) = consistent_read(&state, &caller, token, &[CATALOG], |client, models| {
         let (catalog, space_id, id) = (models.schema(CATALOG), space_id.clone(), id.clone());
-        Box::pin(async move { store::get(client, &catalog, &space_id, kind.kind, &id).await })
+        Box::pin(async move {
+            let row = store::get(client, &catalog, &space_id, kind.kind, &id).await?;
+            let checks = checks_of(client, kind, row.as_slice()).await?;
+            Ok((row, checks))
+        })
     })
     .await?;
     let row =
         row.ok_or_else(|| ApiError::not_found(kind.not_found, format!("no {} {id:?} in this space", kind.noun)))?;
-    let document = document(&state, kind, row)?;
+    let document = document(&state, kind, row, &checks)?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 

@@ -1,5 +1,7 @@
 //! The email resources of a space in the catalog read model (`resources`, by kind).
 
+use std::collections::BTreeMap;
+
 use deadpool_postgres::Client;
 use serde_json::Value;
 use shared::error::ApiError;
@@ -53,4 +55,27 @@ pub async fn get(
         ))
         .await?;
     Ok(client.query_opt(&statement, &[&space_id, &kind, &id]).await?.map(row))
+}
+
+/// What domain verification last found for `domain_ids`: domain → purpose →
+/// `{found, checkedAt}` (the verification worker's table, `domain_checks`).
+pub async fn domain_checks(
+    client: &Client,
+    domain_ids: &[String],
+) -> Result<BTreeMap<String, BTreeMap<String, Value>>, ApiError> {
+    let mut checks: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+    if domain_ids.is_empty() {
+        return Ok(checks);
+    }
+    let statement = client
+        .prepare_cached(
+            "SELECT domain_id, purpose, jsonb_build_object('found', found, 'checkedAt',
+                    to_char(checked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'))
+             FROM domain_checks WHERE domain_id = ANY($1)",
+        )
+        .await?;
+    for row in client.query(&statement, &[&domain_ids]).await? {
+        checks.entry(row.get(0)).or_default().insert(row.get(1), row.get(2));
+    }
+    Ok(checks)
 }

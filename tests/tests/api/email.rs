@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 use crate::smtp_sink::SmtpSink;
 
-const MAIL_KEY: &str = "sk_test_mail_admin_0000000000000001";
+pub(crate) const MAIL_KEY: &str = "sk_test_mail_admin_0000000000000001";
 const MAIL_READER: &str = "sk_test_mail_reader_000000000000002";
 const WAIT: Duration = Duration::from_secs(20);
 const SIGNUP_FORM: &str = "frm_signup000000000000000000000001";
@@ -92,7 +92,7 @@ async fn mail_app(sink: &SmtpSink, allowance: i64) -> TestApp {
 
 /// Email settings for the tests: the sink as the relay, a short grace before the outbox
 /// worker takes over an email, and quick polls.
-fn test_email(sink: &SmtpSink) -> shared::settings::EmailSettings {
+pub(crate) fn test_email(sink: &SmtpSink) -> shared::settings::EmailSettings {
     shared::settings::EmailSettings {
         relay_url: Some(sink.relay_url().into()),
         public_base_url: "https://api.example.test/v1".to_owned(),
@@ -104,7 +104,7 @@ fn test_email(sink: &SmtpSink) -> shared::settings::EmailSettings {
     }
 }
 
-async fn mail_app_with(sink: &SmtpSink, allowance: i64, email: shared::settings::EmailSettings) -> TestApp {
+pub(crate) async fn mail_app_with(sink: &SmtpSink, allowance: i64, email: shared::settings::EmailSettings) -> TestApp {
     let app = TestApp::spawn_with(Options { email: Some(email), ..Options::default() }).await;
     app.apply_workspace(&mail_workspace(allowance), true).await;
     let domains = app.get("/domains", MAIL_KEY).await;

@@ -7,6 +7,7 @@ mod authoring;
 mod consistency;
 mod deployment;
 mod email;
+mod email_dns;
 mod erasure;
 mod errors;
 mod events;
