@@ -135,10 +135,15 @@ pub fn respond(
 ) -> actix_web::HttpResponse {
     let mut response = actix_web::HttpResponse::build(status);
     response.insert_header(("Operation-Id", operation_id.to_owned()));
+    consistency_token(&mut response, appended);
+    response.json(body)
+}
+
+/// Adds `Consistency-Token` (the last position written) when something was appended.
+pub fn consistency_token(response: &mut actix_web::HttpResponseBuilder, appended: Option<shared::log::Appended>) {
     if let Some(appended) = appended.filter(|a| a.last_position > 0) {
         response.insert_header(("Consistency-Token", appended.last_position.to_string()));
     }
-    response.json(body)
 }
 
 /// Maps an append failure, noting when the outcome is unconfirmed.

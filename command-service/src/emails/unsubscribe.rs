@@ -10,16 +10,14 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde_json::{Map, Value, json};
-use shared::catalog::{self, CATALOG};
+use serde_json::json;
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
 use shared::log::{AppendError, AppendRequest, ExpectedVersion, Metadata, NewEvent, StreamAppend};
 use shared::proto;
 
+use super::consent::{Source, set_email_consent, subscription_changes};
 use crate::State;
-use crate::records::decide::WriteSchema;
-use crate::records::http::plan_update;
 
 const ATTEMPTS: usize = 3;
 
@@ -59,9 +57,7 @@ async fn load(state: &State, email_id: &str) -> Result<Option<Email>, ApiError> 
 fn answer(email_id: &str, topic_id: &str, appended: Option<shared::log::Appended>) -> HttpResponse {
     let topic = (!topic_id.is_empty()).then_some(topic_id);
     let mut response = HttpResponse::build(StatusCode::OK);
-    if let Some(appended) = appended.filter(|appended| appended.last_position > 0) {
-        response.insert_header(("Consistency-Token", appended.last_position.to_string()));
-    }
+    crate::edge::consistency_token(&mut response, appended);
     response.json(json!({ "data": {
         "emailId": email_id,
         "unsubscribed": true,
@@ -90,29 +86,17 @@ pub async fn post(
         let mut streams = Vec::new();
         let mut guards = Vec::new();
         if scheduled.topic_id.is_empty() {
-            if let Some(write) = withdraw_consent(&state, scheduled, now).await? {
+            if let Some(write) =
+                set_email_consent(&state, &scheduled.space_id, &scheduled.contact_id, false, now).await?
+            {
                 streams.push(write.stream);
                 guards.extend(write.guards);
             }
         } else {
-            let changed = proto::SubscriptionChanged {
-                space_id: scheduled.space_id.clone(),
-                contact_id: scheduled.contact_id.clone(),
-                topic_id: scheduled.topic_id.clone(),
-                status: "unsubscribed".to_owned(),
-                source: "unsubscribe".to_owned(),
-                source_id: email_id.clone(),
-                at_ms: now,
-            };
-            streams.push(StreamAppend {
-                stream_id: shared::email::subscriptions_stream(&scheduled.contact_id),
-                expected: ExpectedVersion::Any,
-                events: vec![NewEvent {
-                    event: LogEvent::SubscriptionChanged(changed),
-                    subject_id: Some(scheduled.contact_id.clone()),
-                    occurred_at: shared::time::from_millis(now),
-                }],
-            });
+            let topics = [&scheduled.topic_id];
+            let source = Source { kind: "unsubscribe", id: &email_id };
+            let parties = (scheduled.space_id.as_str(), scheduled.contact_id.as_str());
+            streams.extend(subscription_changes(parties, &topics, "unsubscribed", source, now));
         }
         let unsubscribed = proto::EmailUnsubscribed {
             email_id: email_id.clone(),
@@ -149,39 +133,4 @@ pub async fn post(
 
 fn not_found(email_id: &str) -> ApiError {
     ApiError::not_found(Code::EmailNotFound, format!("no email {email_id:?}"))
-}
-
-/// Sets the contact's email consent attributes to false; `None` when the contact is gone or
-/// has already withdrawn.
-async fn withdraw_consent(
-    state: &State,
-    scheduled: &proto::EmailScheduled,
-    now: i64,
-) -> Result<Option<crate::records::http::Write>, ApiError> {
-    let client = state.pool.get().await?;
-    let loaded = shared::records::load_records(&client, std::slice::from_ref(&scheduled.contact_id))
-        .await
-        .map_err(|error| ApiError::internal(&error))?
-        .into_iter()
-        .next();
-    let Some((_, _, shared::records::Loaded::Live { state: record, .. })) = loaded else { return Ok(None) };
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let Some((schema, attributes, _)) =
-        catalog::write_context(&client, &models.schema(CATALOG), &scheduled.space_id, &record.schema_id).await?
-    else {
-        return Ok(None);
-    };
-    drop(client);
-    let input: Map<String, Value> =
-        crate::templates::decide::consent_keys(&attributes).into_iter().map(|key| (key, Value::Bool(false))).collect();
-    if input.is_empty() {
-        return Ok(None);
-    }
-    let write_schema = WriteSchema {
-        schema_id: &schema.schema_id,
-        space_id: &scheduled.space_id,
-        schema_type: &schema.schema_type,
-        attributes: &attributes,
-    };
-    plan_update(state, &write_schema, &record.record_id, input, now).await
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use shared::catalog::{self, CATALOG};
 use shared::email::outbox;
 use shared::email::render;
@@ -32,8 +32,9 @@ use shared::proto;
 
 use super::decide;
 use crate::State;
+use crate::emails::consent::{Source, set_email_consent, subscription_changes};
 use crate::records::decide::WriteSchema;
-use crate::records::http::{plan_update, plan_upsert};
+use crate::records::http::{plan_upsert, write_context};
 use crate::templates::decide::{consent_keys, render_context};
 use crate::templates::http::{EmailTo, hand_off, load_authored, schedule};
 
@@ -73,8 +74,11 @@ async fn limit(state: &State, key: &str, allowed: u32, window_seconds: u64, what
     }
 }
 
-fn page(status: StatusCode, title: &str, text: &str) -> HttpResponse {
-    HttpResponse::build(status).content_type("text/html; charset=utf-8").insert_header(("Cache-Control", "no-store")).body(
+/// A small HTML page (what a browser that posted a form, or followed a link, is shown).
+fn page(title: &str, text: &str, appended: Option<Appended>) -> HttpResponse {
+    let mut response = HttpResponse::build(StatusCode::OK);
+    crate::edge::consistency_token(&mut response, appended);
+    response.content_type("text/html; charset=utf-8").insert_header(("Cache-Control", "no-store")).body(
         format!(
             "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"robots\" content=\"noindex\">\
              <title>{title}</title></head>\n<body style=\"font-family: sans-serif; max-width: 32rem; margin: 4rem auto\">\
@@ -83,15 +87,6 @@ fn page(status: StatusCode, title: &str, text: &str) -> HttpResponse {
             text = render::escape_html(text)
         ),
     )
-}
-
-fn with_token(mut response: HttpResponse, appended: Option<Appended>) -> HttpResponse {
-    if let Some(appended) = appended.filter(|appended| appended.last_position > 0)
-        && let Ok(value) = actix_web::http::header::HeaderValue::from_str(&appended.last_position.to_string())
-    {
-        response.headers_mut().insert(actix_web::http::header::HeaderName::from_static("consistency-token"), value);
-    }
-    response
 }
 
 #[tracing::instrument(skip_all, fields(form = %path.as_str()))]
@@ -121,12 +116,7 @@ pub async fn submit(
         .await?;
     let (fields, urlencoded) = shared::http::read_form_or_json(&req, payload).await?;
 
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let db = state.pool.get().await?;
-    let (schema, attributes, _) = catalog::write_context(&db, &models.schema(CATALOG), &space_id, &form.schema_id)
-        .await?
-        .ok_or_else(|| ApiError::internal(&anyhow::anyhow!("form {form_id}: its schema is gone")))?;
-    drop(db);
+    let (schema, attributes, _) = write_context(&state, &space_id, &form.schema_id).await?;
     let write_schema = WriteSchema {
         schema_id: &schema.schema_id,
         space_id: &space_id,
@@ -170,29 +160,9 @@ pub async fn submit(
             streams.push(write.stream);
             guards.extend(write.guards);
         }
-        let subscription_events: Vec<NewEvent> = new_topics
-            .iter()
-            .map(|topic_id| NewEvent {
-                event: LogEvent::SubscriptionChanged(proto::SubscriptionChanged {
-                    space_id: space_id.clone(),
-                    contact_id: contact_id.clone(),
-                    topic_id: (*topic_id).clone(),
-                    status: if pending { "pending" } else { "subscribed" }.to_owned(),
-                    source: "form".to_owned(),
-                    source_id: form_id.clone(),
-                    at_ms: now,
-                }),
-                subject_id: Some(contact_id.clone()),
-                occurred_at: shared::time::from_millis(now),
-            })
-            .collect();
-        if !subscription_events.is_empty() {
-            streams.push(StreamAppend {
-                stream_id: shared::email::subscriptions_stream(&contact_id),
-                expected: ExpectedVersion::Any,
-                events: subscription_events,
-            });
-        }
+        let status = if pending { "pending" } else { "subscribed" };
+        let source = Source { kind: "form", id: &form_id };
+        streams.extend(subscription_changes((&space_id, &contact_id), &new_topics, status, source, now));
         let mut token_digest = String::new();
         let mut confirmation_email = None;
         let expires_at_ms = now + i64::try_from(limits.token_ttl_hours).unwrap_or(168) * 3_600_000;
@@ -305,11 +275,13 @@ pub async fn submit(
             } else {
                 "Thank you. You are subscribed."
             };
-            page(StatusCode::OK, &form.name, text)
+            page(&form.name, text, Some(appended))
         } else {
-            HttpResponse::Ok().json(json!({"data": {"submissionId": submission_id, "status": status}}))
+            let mut response = HttpResponse::Ok();
+            crate::edge::consistency_token(&mut response, Some(appended));
+            response.json(json!({"data": {"submissionId": submission_id, "status": status}}))
         };
-        return Ok(with_token(response, Some(appended)));
+        return Ok(response);
     }
     Err(ApiError::conflict(
         Code::ConcurrentModification,
@@ -325,12 +297,13 @@ fn wants_json(req: &HttpRequest) -> bool {
 }
 
 fn confirmed(req: &HttpRequest, form: &FormDef, form_id: &str, appended: Option<Appended>) -> HttpResponse {
-    let response = if wants_json(req) {
-        HttpResponse::Ok().json(json!({"data": {"formId": form_id, "status": "confirmed"}}))
+    if wants_json(req) {
+        let mut response = HttpResponse::Ok();
+        crate::edge::consistency_token(&mut response, appended);
+        response.json(json!({"data": {"formId": form_id, "status": "confirmed"}}))
     } else {
-        page(StatusCode::OK, &form.name, "Your subscription is confirmed. Thank you.")
-    };
-    with_token(response, appended)
+        page(&form.name, "Your subscription is confirmed. Thank you.", appended)
+    }
 }
 
 #[tracing::instrument(skip_all, fields(form = %path.0))]
@@ -378,35 +351,17 @@ pub async fn confirm(
             vec![Box::new(digest.clone())],
             AppendError::Conflict { code: Code::ConcurrentModification, message: "confirmed meanwhile".to_owned() },
         )];
-        if let Some(write) = grant_consent(&state, &space_id, &form, &contact_id, now).await? {
+        if let Some(write) = set_email_consent(&state, &space_id, &contact_id, true, now).await? {
             streams.push(write.stream);
             guards.extend(write.guards);
         }
-        let events: Vec<NewEvent> = form
+        let topics: Vec<&String> = form
             .topic_ids
             .iter()
             .filter(|topic| subscribed.get(*topic).map(String::as_str) != Some("subscribed"))
-            .map(|topic_id| NewEvent {
-                event: LogEvent::SubscriptionChanged(proto::SubscriptionChanged {
-                    space_id: space_id.clone(),
-                    contact_id: contact_id.clone(),
-                    topic_id: topic_id.clone(),
-                    status: "subscribed".to_owned(),
-                    source: "confirmation".to_owned(),
-                    source_id: form_id.clone(),
-                    at_ms: now,
-                }),
-                subject_id: Some(contact_id.clone()),
-                occurred_at: shared::time::from_millis(now),
-            })
             .collect();
-        if !events.is_empty() {
-            streams.push(StreamAppend {
-                stream_id: shared::email::subscriptions_stream(&contact_id),
-                expected: ExpectedVersion::Any,
-                events,
-            });
-        }
+        let source = Source { kind: "confirmation", id: &form_id };
+        streams.extend(subscription_changes((&space_id, &contact_id), &topics, "subscribed", source, now));
         let confirmed_event = proto::SubmissionConfirmed {
             submission_id: submission_id.clone(),
             form_id: form_id.clone(),
@@ -442,39 +397,4 @@ pub async fn confirm(
         }
     }
     Err(ApiError::conflict(Code::ConcurrentModification, "the contact kept changing; follow the link again"))
-}
-
-/// Sets the contact's email consent attributes to true; `None` when the contact is gone or
-/// has consented already.
-async fn grant_consent(
-    state: &State,
-    space_id: &str,
-    form: &FormDef,
-    contact_id: &str,
-    now: i64,
-) -> Result<Option<crate::records::http::Write>, ApiError> {
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let db = state.pool.get().await?;
-    let Some((schema, attributes, _)) =
-        catalog::write_context(&db, &models.schema(CATALOG), space_id, &form.schema_id).await?
-    else {
-        return Ok(None);
-    };
-    let live = shared::records::load_records(&db, &[contact_id.to_owned()])
-        .await
-        .map_err(|error| ApiError::internal(&error))?
-        .into_iter()
-        .any(|(_, _, loaded)| matches!(loaded, shared::records::Loaded::Live { .. }));
-    drop(db);
-    let input: Map<String, Value> = consent_keys(&attributes).into_iter().map(|key| (key, Value::Bool(true))).collect();
-    if !live || input.is_empty() {
-        return Ok(None);
-    }
-    let write_schema = WriteSchema {
-        schema_id: &schema.schema_id,
-        space_id,
-        schema_type: &schema.schema_type,
-        attributes: &attributes,
-    };
-    plan_update(state, &write_schema, contact_id, input, now).await
 }

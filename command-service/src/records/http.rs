@@ -55,20 +55,20 @@ async fn prelude(
 ) -> Result<Prelude, ApiError> {
     let caller = state.authenticator.authorize(req, Permission::Write).await?;
     let input = shared::http::read_json_object(req, payload).await?;
-    let (schema, attributes, credits) = write_context(state, &caller, schema_ref).await?;
+    let (schema, attributes, credits) = write_context(state, caller.space_id(), schema_ref).await?;
     Ok(Prelude { caller, input, schema, attributes, credits })
 }
 
-/// The contact or object schema `schema_ref` of the caller's space, its attributes and the
-/// space's AI credits; 404 `schema_not_found` otherwise.
-async fn write_context(
+/// The contact or object schema `schema_ref` (id or slug) of the space, its attributes and
+/// the space's AI credits; 404 `schema_not_found` otherwise.
+pub(crate) async fn write_context(
     state: &State,
-    caller: &Caller,
+    space_id: &str,
     schema_ref: &str,
 ) -> Result<(SchemaEntry, Vec<AttributeEntry>, i64), ApiError> {
     let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
     let client = state.pool.get().await?;
-    catalog::write_context(&client, &models.schema(CATALOG), caller.space_id(), schema_ref)
+    catalog::write_context(&client, &models.schema(CATALOG), space_id, schema_ref)
         .await?
         .filter(|(schema, _, _)| schema.schema_type != "event")
         .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no contact or object schema {schema_ref:?}")))
@@ -430,7 +430,7 @@ pub async fn delete(
     let with_id = |error: ApiError| error.with_header("Operation-Id", operation_id.clone());
     let (schema_ref, record_id) = path.into_inner();
     let caller = state.authenticator.authorize(&req, Permission::Write).await?;
-    let (schema, attributes, _) = write_context(&state, &caller, &schema_ref).await.map_err(with_id)?;
+    let (schema, attributes, _) = write_context(&state, caller.space_id(), &schema_ref).await.map_err(with_id)?;
     let write_schema = WriteSchema {
         schema_id: &schema.schema_id,
         space_id: caller.space_id(),

@@ -32,7 +32,7 @@ use crate::State;
 use crate::edge::{append_failure, respond};
 use crate::idempotency::{self, Claim};
 use crate::records::decide::WriteSchema;
-use crate::records::http::{PlannedUpsert, plan_upsert};
+use crate::records::http::{PlannedUpsert, plan_upsert, write_context};
 
 /// How often a send whose context records lost a race is decided again.
 const ATTEMPTS: usize = 3;
@@ -122,15 +122,7 @@ async fn send_attempts(
         let now = shared::time::now_millis();
         let mut planned: BTreeMap<String, (PlannedUpsert, Vec<String>, Vec<catalog::AttributeEntry>)> = BTreeMap::new();
         for (key, expected) in &authored.template.data {
-            let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-            let client = state.pool.get().await?;
-            let (schema, attributes, _) =
-                catalog::write_context(&client, &models.schema(CATALOG), space_id, &expected.schema_id)
-                    .await?
-                    .ok_or_else(|| {
-                        ApiError::not_found(Code::SchemaNotFound, format!("the schema of context key {key:?} is gone"))
-                    })?;
-            drop(client);
+            let (schema, attributes, _) = write_context(state, space_id, &expected.schema_id).await?;
             let write_schema = WriteSchema {
                 schema_id: &schema.schema_id,
                 space_id,

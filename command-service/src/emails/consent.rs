@@ -1,0 +1,87 @@
+//! A contact's email consent and topic subscriptions as email actions change them: the
+//! unsubscribe link withdraws consent, a form (or its confirmation link) grants it.
+
+use serde_json::{Map, Value};
+use shared::error::ApiError;
+use shared::events::LogEvent;
+use shared::log::{ExpectedVersion, NewEvent, StreamAppend};
+use shared::proto;
+
+use crate::State;
+use crate::records::decide::WriteSchema;
+use crate::records::http::{Write, plan_update, write_context};
+use crate::templates::decide::consent_keys;
+
+/// Sets the email consent attributes of the contact's schema to `consented`; `None` when the
+/// contact is gone, its schema has none, or they hold that value already.
+pub(crate) async fn set_email_consent(
+    state: &State,
+    space_id: &str,
+    contact_id: &str,
+    consented: bool,
+    now: i64,
+) -> Result<Option<Write>, ApiError> {
+    let client = state.pool.get().await?;
+    let loaded = shared::records::load_records(&client, &[contact_id.to_owned()])
+        .await
+        .map_err(|error| ApiError::internal(&error))?
+        .into_iter()
+        .next();
+    drop(client);
+    let Some((_, _, shared::records::Loaded::Live { state: record, .. })) = loaded else { return Ok(None) };
+    let (schema, attributes, _) = write_context(state, space_id, &record.schema_id).await?;
+    let input: Map<String, Value> =
+        consent_keys(&attributes).into_iter().map(|key| (key, Value::Bool(consented))).collect();
+    if input.is_empty() {
+        return Ok(None);
+    }
+    let write_schema = WriteSchema {
+        schema_id: &schema.schema_id,
+        space_id,
+        schema_type: &schema.schema_type,
+        attributes: &attributes,
+    };
+    plan_update(state, &write_schema, contact_id, input, now).await
+}
+
+/// What changed a subscription: `form`, `confirmation` or `unsubscribe`, and the form or
+/// email that did.
+pub(crate) struct Source<'a> {
+    pub kind: &'a str,
+    pub id: &'a str,
+}
+
+/// The contact's subscriptions stream with `status` for each of `topic_ids`; `None` when
+/// there are none.
+pub(crate) fn subscription_changes(
+    (space_id, contact_id): (&str, &str),
+    topic_ids: &[&String],
+    status: &str,
+    source: Source<'_>,
+    now: i64,
+) -> Option<StreamAppend> {
+    if topic_ids.is_empty() {
+        return None;
+    }
+    let events = topic_ids
+        .iter()
+        .map(|topic_id| NewEvent {
+            event: LogEvent::SubscriptionChanged(proto::SubscriptionChanged {
+                space_id: space_id.to_owned(),
+                contact_id: contact_id.to_owned(),
+                topic_id: (*topic_id).clone(),
+                status: status.to_owned(),
+                source: source.kind.to_owned(),
+                source_id: source.id.to_owned(),
+                at_ms: now,
+            }),
+            subject_id: Some(contact_id.to_owned()),
+            occurred_at: shared::time::from_millis(now),
+        })
+        .collect();
+    Some(StreamAppend {
+        stream_id: shared::email::subscriptions_stream(contact_id),
+        expected: ExpectedVersion::Any,
+        events,
+    })
+}
