@@ -122,13 +122,15 @@ async fn send_attempts(
         let now = shared::time::now_millis();
         let mut planned: BTreeMap<String, (PlannedUpsert, Vec<String>, Vec<catalog::AttributeEntry>)> = BTreeMap::new();
         for (key, expected) in &authored.template.data {
-            let (schema, attributes, _) = write_context(state, space_id, &expected.schema_id).await?;
+            let (schema, attributes, credits) = write_context(state, space_id, &expected.schema_id).await?;
             let write_schema = WriteSchema {
                 schema_id: &schema.schema_id,
                 space_id,
                 schema_type: &schema.schema_type,
                 attributes: &attributes,
             };
+            // A context record is a record write: AI auto-fill needs credits, as on an upsert.
+            crate::records::decide::check_credits(&write_schema, credits)?;
             let input = context.get(key).cloned().unwrap_or_default();
             let upsert = plan_upsert(state, &write_schema, input, now).await?;
             let keys = attributes.iter().map(|attribute| attribute.key.clone()).collect();
@@ -238,8 +240,15 @@ async fn send_attempts(
             // The token covers the outcome too (a bounce's suppression, for one).
             Some((body, recorded)) => Ok(respond(StatusCode::OK, &body, operation_id, Some(recorded.max(appended)))),
             None => {
+                // Stored, but the relay may or may not have the message: never "retry".
                 *unconfirmed = true;
-                Err(ApiError::unavailable("the hand-off's outcome is unknown"))
+                Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some(Code::OutcomeUnknown),
+                    "the email was stored but its hand-off's outcome is unknown; it is never sent again blindly: \
+                     reconcile before a new send",
+                )
+                .with_header("Operation-Id", operation_id.to_owned()))
             }
         };
     }

@@ -915,3 +915,36 @@ async fn deleting_a_contact_that_was_sent_mail_leaves_nothing_of_it_in_the_datab
         assert!(found.is_empty(), "{needle:?} is still in the database: {found:?}");
     }
 }
+
+#[tokio::test]
+async fn without_a_relay_messages_are_written_as_eml_files() {
+    let sink = SmtpSink::start().await;
+    let dir = std::env::temp_dir().join(format!("eml-test-{}", uuid::Uuid::now_v7().simple()));
+    let email =
+        shared::settings::EmailSettings { relay_url: None, eml_dir: dir.display().to_string(), ..test_email(&sink) };
+    let app = mail_app_with(&sink, 100, email).await;
+    let receipt = template_id(&app, "receipt").await;
+    let sent = send(&app, &receipt, &receipt_body("file@example.com", "File"), None).await;
+    assert_eq!(sent.body["data"]["status"], "sent", "{:?}", sent.body);
+    let email_id = sent.body["data"]["emailId"].as_str().expect("emailId");
+    let written = std::fs::read_to_string(dir.join(format!("{email_id}.eml"))).expect("the .eml file");
+    assert!(written.contains("DKIM-Signature: "), "{written}");
+    assert!(written.contains(&format!("Message-ID: <{email_id}@mail.example.test>")), "{written}");
+    assert!(sink.messages().await.is_empty(), "nothing went to a relay");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_relay_url_carries_auth_credentials() {
+    let sink = SmtpSink::start().await;
+    let email = shared::settings::EmailSettings {
+        relay_url: Some(format!("smtp://mailer:s3cret@127.0.0.1:{}", sink.smtp_port()).into()),
+        ..test_email(&sink)
+    };
+    let app = mail_app_with(&sink, 100, email).await;
+    let receipt = template_id(&app, "receipt").await;
+    let sent = send(&app, &receipt, &receipt_body("auth@example.com", "Auth"), None).await;
+    assert_eq!(sent.body["data"]["status"], "sent", "{:?}", sent.body);
+    let messages = sink.wait_for(1, WAIT).await;
+    assert_eq!(messages[0]["authLogin"], "mailer", "{:?}", messages[0]);
+}
