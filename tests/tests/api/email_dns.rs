@@ -1,120 +1,124 @@
-//! Domain verification against real DNS packets: a loopback DNS server
-//! (`tests/email/dns_server.py`, dnslib) serves the records, and the projector's domain-check
-//! worker asks it (and only it) through hickory-resolver.
+//! Domain verification against real DNS packets: a loopback nameserver
+//! (`tests/email/dns_server.py`, dnslib) serves the records, and the projector's
+//! `domain_checks` worker asks it, and only it, through hickory-resolver. Without a nameserver
+//! configured the records stay `pending` (see `email::domains_senders_topics_and_templates_are_
+//! listed_and_read`).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::dns_server::DnsServer;
 use crate::email::{MAIL_KEY, mail_app_with, test_email};
 use crate::helpers::*;
 use crate::smtp_sink::SmtpSink;
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/email/dns_server.py");
+const WAIT: Duration = Duration::from_secs(20);
 
-/// A running DNS server; killed when dropped.
-struct DnsServer {
-    port: u16,
-    control: String,
-    _child: ChildGuard,
-}
-
-impl DnsServer {
-    fn start() -> DnsServer {
-        let python = std::env::var("TEST_PYTHON").expect("TEST_PYTHON: the venv of scripts/pyenv.sh, with dnslib");
-        let mut child = ChildGuard(
-            Command::new(&python)
-                .args([SCRIPT, "--exit-with-stdin"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("starting the DNS server"),
-        );
-        let mut line = String::new();
-        BufReader::new(child.0.stdout.take().expect("piped")).read_line(&mut line).expect("its LISTENING line");
-        let port = |key: &str| -> u16 {
-            line.split_whitespace()
-                .find_map(|part| part.strip_prefix(key))
-                .and_then(|port| port.parse().ok())
-                .unwrap_or_else(|| panic!("the DNS server printed {line:?}"))
-        };
-        DnsServer { port: port("dns="), control: format!("http://127.0.0.1:{}", port("http=")), _child: child }
-    }
-
-    async fn set_records(&self, records: Value) {
-        let response = reqwest::Client::new()
-            .put(format!("{}/_control/records", self.control))
-            .json(&json!({"records": records}))
-            .send()
-            .await
-            .expect("the control API");
-        assert!(response.status().is_success());
-    }
-}
-
-async fn domain_until(app: &TestApp, id: &str, check: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
+/// Reads `GET /domains/{id}` until `done` holds; panics with the last document after [`WAIT`].
+async fn domain_until(app: &TestApp, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + WAIT;
     loop {
-        let domain = app.get(&format!("/domains/{id}"), MAIL_KEY).await.body["data"].clone();
-        if check(&domain) {
+        let response = app.get(&format!("/domains/{id}"), MAIL_KEY).await;
+        assert_eq!(response.status, 200, "{:?}", response.body);
+        let domain = response.body["data"].clone();
+        if done(&domain) {
             return domain;
         }
-        assert!(Instant::now() < deadline, "the domain never got there: {domain:#}");
+        assert!(Instant::now() < deadline, "{what} within {WAIT:?}: {domain:#}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-fn status_of<'a>(domain: &'a Value, purpose: &str) -> &'a Value {
-    &domain["records"].as_array().expect("records").iter().find(|r| r["purpose"] == purpose).expect("a record")["status"]
+/// The DNS record of `domain` for `purpose` (`spf`, `dkim`, `dmarc`, `returnPath`).
+fn record<'a>(domain: &'a Value, purpose: &str) -> &'a Value {
+    domain["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .find(|record| record["purpose"] == purpose)
+        .unwrap_or_else(|| panic!("no {purpose} record in {domain:#}"))
+}
+
+/// The record of `domain` for `purpose` as the DNS server publishes it, with `value`.
+fn published(domain: &Value, purpose: &str, value: &str) -> Value {
+    let record = record(domain, purpose);
+    json!({"name": record["name"], "type": record["type"], "value": value})
+}
+
+/// `checkedAt` is RFC 3339 UTC with milliseconds, like every timestamp of the API.
+fn assert_checked_at(record: &Value) {
+    let checked_at = record["checkedAt"].as_str().unwrap_or_else(|| panic!("no checkedAt in {record:#}"));
+    let parsed = chrono::DateTime::parse_from_rfc3339(checked_at).expect("checkedAt is RFC 3339");
+    assert_eq!(parsed.to_utc().format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(), checked_at);
 }
 
 #[tokio::test]
 async fn domain_records_are_verified_against_the_configured_nameserver() {
     let sink = SmtpSink::start().await;
-    let dns = DnsServer::start();
+    let dns = DnsServer::start().await;
     let email = shared::settings::EmailSettings {
-        dns_nameserver: Some(format!("127.0.0.1:{}", dns.port)),
+        dns_nameserver: Some(format!("127.0.0.1:{}", dns.port())),
         dns_check_interval_seconds: 1,
         ..test_email(&sink)
     };
     let app = mail_app_with(&sink, 100, email).await;
     let domain = app.get("/domains", MAIL_KEY).await.body["data"][0].clone();
     let id = domain["id"].as_str().expect("id").to_owned();
-    let records = domain["records"].as_array().expect("records").clone();
-    // Everything published as asked, except the return path, which points elsewhere.
-    let published: Vec<Value> = records
-        .iter()
-        .map(|record| {
-            let value = if record["purpose"] == "returnPath" {
-                json!("elsewhere.example.net")
-            } else {
-                record["value"].clone()
-            };
-            json!({"name": record["name"], "type": record["type"], "value": value})
-        })
-        .collect();
-    dns.set_records(Value::Array(published.clone())).await;
-    let checked = domain_until(&app, &id, |d| status_of(d, "returnPath") != "pending").await;
-    for purpose in ["spf", "dkim", "dmarc"] {
-        assert_eq!(status_of(&checked, purpose), "verified", "{purpose}: {checked:#}");
-    }
-    let return_path =
-        checked["records"].as_array().expect("records").iter().find(|r| r["purpose"] == "returnPath").cloned();
-    let return_path = return_path.expect("the return path record");
-    assert_eq!(return_path["status"], "failed");
-    assert_eq!(return_path["found"], json!(["elsewhere.example.net"]));
-    assert!(return_path["checkedAt"].is_string());
-    assert_eq!(checked["status"], "failed");
-    // The DKIM key is longer than one TXT string: the strings are joined.
-    assert!(records[1]["value"].as_str().is_some_and(|v| v.len() > 255));
+    let purposes = ["spf", "dkim", "dmarc", "returnPath"];
 
-    let fixed: Vec<Value> = records
-        .iter()
-        .map(|record| json!({"name": record["name"], "type": record["type"], "value": record["value"]}))
-        .collect();
-    dns.set_records(Value::Array(fixed)).await;
-    let verified = domain_until(&app, &id, |d| d["status"] == "verified").await;
-    assert!(verified["records"].as_array().expect("records").iter().all(|r| r["status"] == "verified"));
+    // Nothing published: every name is NXDOMAIN, which is an answer (nothing there), not an error.
+    let unpublished = domain_until(&app, &id, "every record checked and failed", |domain| {
+        purposes.iter().all(|purpose| record(domain, purpose)["status"] == "failed")
+    })
+    .await;
+    assert_eq!(unpublished["status"], "failed");
+    for purpose in purposes {
+        assert_eq!(record(&unpublished, purpose)["found"], json!([]), "{purpose}: {unpublished:#}");
+        assert_checked_at(record(&unpublished, purpose));
+    }
+
+    // SPF, DKIM and DMARC as asked; the return path points elsewhere. The DKIM key is longer
+    // than one TXT character-string (its strings are joined), and its UDP answer comes back
+    // truncated, so it is read over TCP.
+    let value = |purpose: &str| record(&domain, purpose)["value"].as_str().expect("value").to_owned();
+    assert!(value("dkim").len() > 255, "a 2048-bit key: {}", value("dkim"));
+    let mut dkim = published(&domain, "dkim", &value("dkim"));
+    dkim["truncate"] = json!(true);
+    let correct = [published(&domain, "spf", &value("spf")), dkim, published(&domain, "dmarc", &value("dmarc"))];
+    let mut records = correct.to_vec();
+    records.push(published(&domain, "returnPath", "elsewhere.example.net"));
+    dns.set_records(&records).await;
+    let checked = domain_until(&app, &id, "spf, dkim and dmarc verified and the wrong return path found", |domain| {
+        ["spf", "dkim", "dmarc"].iter().all(|purpose| record(domain, purpose)["status"] == "verified")
+            && record(domain, "returnPath")["found"] != json!([])
+    })
+    .await;
+    for purpose in ["spf", "dkim", "dmarc"] {
+        assert_eq!(record(&checked, purpose)["found"], json!([value(purpose)]), "{purpose}: {checked:#}");
+        assert_checked_at(record(&checked, purpose));
+    }
+    let return_path = record(&checked, "returnPath");
+    assert_eq!(return_path["status"], "failed", "{checked:#}");
+    assert_eq!(return_path["found"], json!(["elsewhere.example.net"]));
+    assert_eq!(checked["status"], "failed");
+    let queries = dns.queries().await;
+    let dkim_name = record(&domain, "dkim")["name"].as_str().expect("name").to_ascii_lowercase();
+    let asked = |name: &str, kind: &str, protocol: &str| {
+        queries.iter().any(|query| query["name"] == name && query["type"] == kind && query["protocol"] == protocol)
+    };
+    assert!(asked(&dkim_name, "TXT", "udp") && asked(&dkim_name, "TXT", "tcp"), "{queries:#?}");
+    let return_path_name = record(&domain, "returnPath")["name"].as_str().expect("name").to_ascii_lowercase();
+    assert!(asked(&return_path_name, "CNAME", "udp"), "{queries:#?}");
+
+    // The CNAME fixed, in another case and with the root dot: DNS names compare without either.
+    let mut records = correct.to_vec();
+    records.push(published(&domain, "returnPath", &format!("{}.", value("returnPath").to_ascii_uppercase())));
+    dns.set_records(&records).await;
+    let verified = domain_until(&app, &id, "the domain verified", |domain| domain["status"] == "verified").await;
+    for purpose in purposes {
+        let record = record(&verified, purpose);
+        assert_eq!(record["status"], "verified", "{purpose}: {verified:#}");
+        assert_eq!(record["found"], json!([value(purpose)]), "{purpose}: {verified:#}");
+    }
 }

@@ -6,6 +6,7 @@ mod auth;
 mod authoring;
 mod consistency;
 mod deployment;
+mod dns_server;
 mod email;
 mod email_dns;
 mod erasure;

@@ -1,0 +1,118 @@
+//! A handle on the DNS server of the tests (`tests/email/dns_server.py`): a loopback nameserver
+//! (dnslib) that answers TXT and CNAME questions from the records set here, and NXDOMAIN for
+//! any other name, so that domain verification is checked against real DNS packets, over UDP
+//! and TCP, with no outside DNS.
+//!
+//! It runs under `$TEST_PYTHON`, the interpreter of the venv that `scripts/test` creates
+//! (`scripts/pyenv.sh`).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::ChildGuard;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/email/dns_server.py");
+
+/// A running DNS server; the process is killed when this is dropped (and exits by itself when
+/// the test process goes away, as its standard input closes).
+pub struct DnsServer {
+    port: u16,
+    /// `http://127.0.0.1:PORT` of the control API.
+    control_base: String,
+    http: reqwest::Client,
+    _child: ChildGuard,
+}
+
+impl DnsServer {
+    /// Starts the server on a port of 127.0.0.1 free for UDP and TCP, with no records, and
+    /// waits until it listens.
+    pub async fn start() -> DnsServer {
+        let python = std::env::var("TEST_PYTHON").unwrap_or_else(|_| {
+            panic!(
+                "TEST_PYTHON is not set: run the tests with scripts/test, which creates the Python venv of the \
+                 tests, or set TEST_PYTHON to a Python with the dnslib package (see scripts/pyenv.sh)"
+            )
+        });
+        let mut command = Command::new(&python);
+        command
+            .arg(SCRIPT)
+            .args(["--port", "0", "--exit-with-stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if std::env::var("TEST_LOG").is_ok() {
+            command.arg("--verbose");
+        }
+        let mut child =
+            ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {python} {SCRIPT}: {error}")));
+        let stdout = child.0.stdout.take().expect("the DNS server's stdout is piped");
+        let line = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::task::spawn_blocking(move || {
+                let mut line = String::new();
+                BufReader::new(stdout).read_line(&mut line).map(|_| line)
+            }),
+        )
+        .await
+        .expect("the DNS server printed no LISTENING line within 30 s")
+        .expect("reading the DNS server's stdout")
+        .expect("reading the DNS server's stdout");
+        let (port, control_port) = parse_listening(&line)
+            .unwrap_or_else(|| panic!("the DNS server did not start: it printed {line:?} (its stderr is above)"));
+        DnsServer {
+            port,
+            control_base: format!("http://127.0.0.1:{control_port}"),
+            http: reqwest::Client::new(),
+            _child: child,
+        }
+    }
+
+    /// The DNS port on 127.0.0.1 (UDP and TCP).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Replaces every record: each `{"name", "type": "TXT" | "CNAME", "value"}`, plus
+    /// `"truncate": true` to answer questions for it over UDP truncated, so that the client
+    /// must ask again over TCP.
+    pub async fn set_records(&self, records: &[Value]) {
+        let body = json!({ "records": records });
+        let response = self
+            .http
+            .put(format!("{}/_control/records", self.control_base))
+            .json(&body)
+            .send()
+            .await
+            .expect("PUT to the DNS server");
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        assert!(status.is_success(), "PUT /_control/records {body} on the DNS server: {status} {text}");
+    }
+
+    /// Every question asked so far, in arrival order: `{"name", "type", "protocol": "udp" |
+    /// "tcp"}`, the name lowercased and without its trailing dot.
+    pub async fn queries(&self) -> Vec<Value> {
+        let response = self
+            .http
+            .get(format!("{}/_control/queries", self.control_base))
+            .send()
+            .await
+            .expect("GET from the DNS server");
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        assert!(status.is_success(), "GET /_control/queries on the DNS server: {status} {text}");
+        let mut body: Value = serde_json::from_str(&text).expect("the DNS server answers JSON");
+        serde_json::from_value(body["queries"].take()).expect("a list of queries")
+    }
+}
+
+/// The ports of `LISTENING dns=<port> http=<port>`.
+fn parse_listening(line: &str) -> Option<(u16, u16)> {
+    let mut fields = line.trim().strip_prefix("LISTENING ")?.split_whitespace();
+    let dns = fields.next()?.strip_prefix("dns=")?.parse().ok()?;
+    let http = fields.next()?.strip_prefix("http=")?.parse().ok()?;
+    Some((dns, http))
+}
