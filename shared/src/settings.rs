@@ -422,6 +422,7 @@ mod tests {
             jail.set_env("APP__MASTER_KEY", crate::crypto::TEST_MASTER_KEY);
             jail.set_env("APP__RATE_LIMITS__READ_PER_SECOND", "7");
             jail.set_env("APP__EVENTS__ADMISSION__SPACE__BURST", "3");
+            jail.set_env("APP__EMAIL__DNS_NAMESERVER", "127.0.0.1:5353");
             jail.set_env("RUST_LOG", "debug");
             let settings = Settings::load().map_err(|error| format!("{error:#}"))?;
             assert_eq!(settings.database_url().map_err(|error| error.to_string())?, "host=db");
@@ -441,6 +442,8 @@ mod tests {
             assert_eq!(settings.events.admission.fleet.burst, 200.0);
             assert_eq!(settings.telemetry.filter.as_deref(), Some("debug"));
             assert_eq!(settings.identity, IdentityCapacity::default());
+            assert_eq!(settings.email.dns_nameserver.as_deref(), Some("127.0.0.1:5353"));
+            assert_eq!(settings.email.dns_check_interval_seconds, 300);
             Ok(())
         });
     }

@@ -12,13 +12,14 @@ so that it cannot outlive its parent).
 Answers: a question for a name with records gets those of the asked type (none: an empty
 NOERROR answer); any other name gets NXDOMAIN. A TXT value longer than 255 bytes is split into
 character-strings of 255 bytes, as DKIM keys are published. A UDP answer holding a record marked
-`truncate` is sent truncated (TC set, no records), so the client must ask again over TCP.
+`truncate` is sent truncated (TC set, no records), so the client must ask again over TCP. A name
+with a record marked `fail` answers SERVFAIL (a lookup that fails rather than finds nothing).
 
 Control API (JSON, on the http port):
   PUT /_control/records  {"records": [{"name": "...", "type": "TXT" | "CNAME", "value": "...",
-                                       "truncate": false}]}
+                                       "truncate": false, "fail": false}]}
                          replaces every record (names are case-insensitive, a trailing dot is
-                         ignored; `truncate` is optional) -> 200 {"records": [...]}
+                         ignored; `truncate` and `fail` are optional) -> 200 {"records": [...]}
   GET /_control/queries  -> {"queries": [{"name", "type", "protocol": "udp" | "tcp"}, ...]},
                          every question asked, in arrival order (names lowercased, no
                          trailing dot)
@@ -60,6 +61,9 @@ class Resolver(BaseResolver):
             at_name = [record for record in RECORDS if normalise(record["name"]) == name]
         if not at_name:
             reply.header.rcode = RCODE.NXDOMAIN
+            return reply
+        if any(record.get("fail") for record in at_name):
+            reply.header.rcode = RCODE.SERVFAIL
             return reply
         truncate = False
         for record in at_name:

@@ -77,7 +77,7 @@ impl DnsServer {
 
     /// Replaces every record: each `{"name", "type": "TXT" | "CNAME", "value"}`, plus
     /// `"truncate": true` to answer questions for it over UDP truncated, so that the client
-    /// must ask again over TCP.
+    /// must ask again over TCP, or `"fail": true` to answer questions for its name SERVFAIL.
     pub async fn set_records(&self, records: &[Value]) {
         let body = json!({ "records": records });
         let response = self

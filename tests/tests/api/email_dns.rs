@@ -112,13 +112,37 @@ async fn domain_records_are_verified_against_the_configured_nameserver() {
     assert!(asked(&return_path_name, "CNAME", "udp"), "{queries:#?}");
 
     // The CNAME fixed, in another case and with the root dot: DNS names compare without either.
-    let mut records = correct.to_vec();
-    records.push(published(&domain, "returnPath", &format!("{}.", value("returnPath").to_ascii_uppercase())));
-    dns.set_records(&records).await;
+    let mut fixed = correct.to_vec();
+    fixed.push(published(&domain, "returnPath", &format!("{}.", value("returnPath").to_ascii_uppercase())));
+    dns.set_records(&fixed).await;
     let verified = domain_until(&app, &id, "the domain verified", |domain| domain["status"] == "verified").await;
     for purpose in purposes {
         let record = record(&verified, purpose);
         assert_eq!(record["status"], "verified", "{purpose}: {verified:#}");
         assert_eq!(record["found"], json!([value(purpose)]), "{purpose}: {verified:#}");
     }
+
+    // The nameserver fails for the DKIM name (SERVFAIL): a failed lookup is not an empty
+    // answer, so the last result stays while the other records are checked again.
+    let mut failing = fixed.clone();
+    failing[1]["fail"] = json!(true);
+    dns.set_records(&failing).await;
+    let asked_before = dns.queries().await.len();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        // Two checks asked since (one at a time): the first one's results are committed.
+        let queries = dns.queries().await;
+        let failed = queries[asked_before..].iter().filter(|query| query["name"] == dkim_name).count();
+        if failed >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "two DKIM lookups within {WAIT:?}: {queries:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let response = app.get(&format!("/domains/{id}"), MAIL_KEY).await;
+    let kept = &response.body["data"];
+    assert_eq!(kept["status"], "verified", "{kept:#}");
+    assert_eq!(record(kept, "dkim")["found"], json!([value("dkim")]), "{kept:#}");
+    let spf_checked_at = |domain: &Value| record(domain, "spf")["checkedAt"].as_str().expect("checkedAt").to_owned();
+    assert!(spf_checked_at(kept) > spf_checked_at(&verified), "the other records were checked again: {kept:#}");
 }

@@ -17,7 +17,9 @@ use deadpool_postgres::Pool;
 use futures_util::future::join_all;
 use hickory_resolver::config::{NameServerConfigGroup, ResolveHosts, ResolverConfig, ResolverOpts};
 use hickory_resolver::name_server::TokioConnectionProvider;
+use hickory_resolver::proto::op::ResponseCode;
 use hickory_resolver::proto::rr::{RData, RecordType};
+use hickory_resolver::proto::{ProtoError, ProtoErrorKind};
 use hickory_resolver::{ResolveError, TokioResolver};
 use serde_json::Value;
 use shared::email::resources::{DOMAIN, DomainDef, dns_records};
@@ -148,12 +150,13 @@ impl DomainChecks {
 
     /// What DNS holds at `name` for `kind` (`TXT` or `CNAME`): each TXT record's
     /// character-strings joined, or each CNAME's target (lowercase, without the root dot).
-    /// NXDOMAIN, or no record of that type, is an empty list.
+    /// NXDOMAIN, or no record of that type, is an empty list; any other failure (SERVFAIL,
+    /// REFUSED, no answer in time) is an error.
     async fn lookup(&self, name: &str, kind: &str) -> Result<Vec<String>, ResolveError> {
         let record_type = if kind == "CNAME" { RecordType::CNAME } else { RecordType::TXT };
         let lookup = match self.resolver.lookup(format!("{name}."), record_type).await {
             Ok(lookup) => lookup,
-            Err(error) if error.is_no_records_found() || error.is_nx_domain() => return Ok(Vec::new()),
+            Err(error) if nothing_there(&error) => return Ok(Vec::new()),
             Err(error) => return Err(error),
         };
         // Only records of the asked type: a TXT answer may come through a CNAME chain.
@@ -170,6 +173,16 @@ impl DomainChecks {
             })
             .collect())
     }
+}
+
+/// Whether `error` is the nameserver's answer that the name has no such record: NXDOMAIN, or
+/// NOERROR without records. hickory reports SERVFAIL and REFUSED as "no records found" too,
+/// with their response code, so the code decides.
+fn nothing_there(error: &ResolveError) -> bool {
+    matches!(
+        error.proto().map(ProtoError::kind),
+        Some(ProtoErrorKind::NoRecordsFound { response_code: ResponseCode::NXDomain | ResponseCode::NoError, .. })
+    )
 }
 
 impl Worker for DomainChecks {
