@@ -153,3 +153,14 @@ pub fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
     }
     append_error(error)
 }
+
+/// Appends a public request's writes (no API key: the actor is the resource's space alone).
+pub async fn append_public(
+    state: &crate::State,
+    space_id: &str,
+    streams: Vec<shared::log::StreamAppend>,
+    guards: Vec<shared::log::Guard>,
+) -> Result<shared::log::Appended, AppendError> {
+    let metadata = shared::log::Metadata { space_id: Some(space_id.to_owned()), ..shared::log::Metadata::default() };
+    state.event_log.append(shared::log::AppendRequest { metadata, streams, guards }).await
+}

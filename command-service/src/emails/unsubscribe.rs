@@ -13,7 +13,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::json;
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, ExpectedVersion, Metadata, NewEvent, StreamAppend};
+use shared::log::{AppendError, ExpectedVersion, NewEvent, StreamAppend};
 use shared::proto;
 
 use super::consent::{Source, set_email_consent, subscription_changes};
@@ -114,14 +114,7 @@ pub async fn post(
                 occurred_at: shared::time::from_millis(now),
             }],
         });
-        let appended = state
-            .event_log
-            .append(AppendRequest {
-                metadata: Metadata { space_id: Some(scheduled.space_id.clone()), ..Metadata::default() },
-                streams,
-                guards,
-            })
-            .await;
+        let appended = crate::edge::append_public(&state, &scheduled.space_id, streams, guards).await;
         match appended {
             Ok(appended) => return Ok(answer(&email_id, &scheduled.topic_id, Some(appended))),
             Err(AppendError::WrongVersion { .. }) => continue,

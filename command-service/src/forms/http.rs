@@ -27,7 +27,7 @@ use shared::email::render;
 use shared::email::resources::{FORM, FormDef};
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use shared::log::{AppendError, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::proto;
 
 use super::decide;
@@ -250,14 +250,7 @@ pub async fn submit(
                 occurred_at: shared::time::from_millis(now),
             }],
         });
-        let appended = state
-            .event_log
-            .append(AppendRequest {
-                metadata: Metadata { space_id: Some(space_id.clone()), ..Metadata::default() },
-                streams,
-                guards,
-            })
-            .await;
+        let appended = crate::edge::append_public(&state, &space_id, streams, guards).await;
         let appended = match appended {
             Ok(appended) => appended,
             Err(AppendError::WrongVersion { .. }) => continue,
@@ -378,14 +371,7 @@ pub async fn confirm(
                 occurred_at: shared::time::from_millis(now),
             }],
         });
-        let appended = state
-            .event_log
-            .append(AppendRequest {
-                metadata: Metadata { space_id: Some(space_id.clone()), ..Metadata::default() },
-                streams,
-                guards,
-            })
-            .await;
+        let appended = crate::edge::append_public(&state, &space_id, streams, guards).await;
         match appended {
             Ok(appended) => return Ok(confirmed(&req, &form, &form_id, Some(appended))),
             // Confirmed by a concurrent request: a success, as a second confirmation is.

@@ -6,13 +6,9 @@
 //! It runs under `$TEST_PYTHON`, the interpreter of the venv that `scripts/test` creates
 //! (`scripts/pyenv.sh`).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
 use serde_json::{Value, json};
 
-use crate::helpers::ChildGuard;
+use crate::helpers::{ChildGuard, start_python_helper};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/email/dns_server.py");
 
@@ -30,36 +26,7 @@ impl DnsServer {
     /// Starts the server on a port of 127.0.0.1 free for UDP and TCP, with no records, and
     /// waits until it listens.
     pub async fn start() -> DnsServer {
-        let python = std::env::var("TEST_PYTHON").unwrap_or_else(|_| {
-            panic!(
-                "TEST_PYTHON is not set: run the tests with scripts/test, which creates the Python venv of the \
-                 tests, or set TEST_PYTHON to a Python with the dnslib package (see scripts/pyenv.sh)"
-            )
-        });
-        let mut command = Command::new(&python);
-        command
-            .arg(SCRIPT)
-            .args(["--port", "0", "--exit-with-stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if std::env::var("TEST_LOG").is_ok() {
-            command.arg("--verbose");
-        }
-        let mut child =
-            ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {python} {SCRIPT}: {error}")));
-        let stdout = child.0.stdout.take().expect("the DNS server's stdout is piped");
-        let line = tokio::time::timeout(
-            Duration::from_secs(30),
-            tokio::task::spawn_blocking(move || {
-                let mut line = String::new();
-                BufReader::new(stdout).read_line(&mut line).map(|_| line)
-            }),
-        )
-        .await
-        .expect("the DNS server printed no LISTENING line within 30 s")
-        .expect("reading the DNS server's stdout")
-        .expect("reading the DNS server's stdout");
+        let (child, line) = start_python_helper(SCRIPT, &["--port", "0"], "DNS server", "the dnslib package").await;
         let (port, control_port) = parse_listening(&line)
             .unwrap_or_else(|| panic!("the DNS server did not start: it printed {line:?} (its stderr is above)"));
         DnsServer {

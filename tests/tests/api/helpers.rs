@@ -410,3 +410,36 @@ impl TestApp {
         }
     }
 }
+
+/// Starts one of the Python helpers of the tests (the webhook receiver, the SMTP sink, the DNS
+/// server) under `$TEST_PYTHON` (the venv of `scripts/pyenv.sh`, which holds `packages`), with
+/// `args` and `--exit-with-stdin` (so it cannot outlive the test process), `--verbose` under
+/// `TEST_LOG`. Returns the process and its first line (`LISTENING ...`), read within 30 s.
+pub async fn start_python_helper(script: &str, args: &[&str], what: &str, packages: &str) -> (ChildGuard, String) {
+    let python = std::env::var("TEST_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "TEST_PYTHON is not set: run the tests with scripts/test, which creates the Python venv of the tests, \
+             or set TEST_PYTHON to a Python with {packages} (see scripts/pyenv.sh)"
+        )
+    });
+    let mut command = Command::new(&python);
+    command.arg(script).args(args).arg("--exit-with-stdin").stdin(Stdio::piped()).stdout(Stdio::piped());
+    command.stderr(Stdio::inherit());
+    if std::env::var("TEST_LOG").is_ok() {
+        command.arg("--verbose");
+    }
+    let mut child = ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {python} {script}: {error}")));
+    let stdout = child.0.stdout.take().unwrap_or_else(|| panic!("the {what}'s stdout is piped"));
+    let line = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the {what} printed no LISTENING line within 30 s"))
+    .unwrap_or_else(|error| panic!("reading the {what}'s stdout: {error}"))
+    .unwrap_or_else(|error| panic!("reading the {what}'s stdout: {error}"));
+    (child, line)
+}

@@ -10,8 +10,6 @@
 #![allow(dead_code, reason = "each test module uses only some of the receiver's accessors")]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -19,7 +17,7 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{KeyInit, Mac};
 use serde_json::{Value, json};
 
-use crate::helpers::ChildGuard;
+use crate::helpers::{ChildGuard, start_python_helper};
 
 type Hmac = hmac::Hmac<sha2::Sha256>;
 
@@ -37,36 +35,8 @@ pub struct Receiver {
 impl Receiver {
     /// Starts the receiver on a free port of 127.0.0.1 and waits until it listens.
     pub async fn start() -> Receiver {
-        let python = std::env::var("TEST_PYTHON").unwrap_or_else(|_| {
-            panic!(
-                "TEST_PYTHON is not set: run the tests with scripts/test, which creates the Python venv of the \
-                 tests, or set TEST_PYTHON to a Python with the standardwebhooks package (see scripts/pyenv.sh)"
-            )
-        });
-        let mut command = Command::new(&python);
-        command
-            .arg(SCRIPT)
-            .args(["--port", "0", "--exit-with-stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if std::env::var("TEST_LOG").is_ok() {
-            command.arg("--verbose");
-        }
-        let mut child =
-            ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {python} {SCRIPT}: {error}")));
-        let stdout = child.0.stdout.take().expect("the receiver's stdout is piped");
-        let line = tokio::time::timeout(
-            Duration::from_secs(30),
-            tokio::task::spawn_blocking(move || {
-                let mut line = String::new();
-                BufReader::new(stdout).read_line(&mut line).map(|_| line)
-            }),
-        )
-        .await
-        .expect("the receiver printed no LISTENING line within 30 s")
-        .expect("reading the receiver's stdout")
-        .expect("reading the receiver's stdout");
+        let (child, line) =
+            start_python_helper(SCRIPT, &["--port", "0"], "receiver", "the standardwebhooks package").await;
         let port: u16 = line
             .trim()
             .strip_prefix("LISTENING ")

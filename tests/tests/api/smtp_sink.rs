@@ -9,15 +9,13 @@
 
 #![allow(dead_code, reason = "each test module uses only some of the sink's accessors")]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
-use crate::helpers::ChildGuard;
+use crate::helpers::{ChildGuard, start_python_helper};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/email/smtp_sink.py");
 
@@ -35,36 +33,8 @@ impl SmtpSink {
     /// Starts the sink on free ports of 127.0.0.1, accepting every message, and waits until it
     /// listens.
     pub async fn start() -> SmtpSink {
-        let python = std::env::var("TEST_PYTHON").unwrap_or_else(|_| {
-            panic!(
-                "TEST_PYTHON is not set: run the tests with scripts/test, which creates the Python venv of the \
-                 tests, or set TEST_PYTHON to a Python with the aiosmtpd and dkimpy packages (see scripts/pyenv.sh)"
-            )
-        });
-        let mut command = Command::new(&python);
-        command
-            .arg(SCRIPT)
-            .args(["--smtp-port", "0", "--exit-with-stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if std::env::var("TEST_LOG").is_ok() {
-            command.arg("--verbose");
-        }
-        let mut child =
-            ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {python} {SCRIPT}: {error}")));
-        let stdout = child.0.stdout.take().expect("the sink's stdout is piped");
-        let line = tokio::time::timeout(
-            Duration::from_secs(30),
-            tokio::task::spawn_blocking(move || {
-                let mut line = String::new();
-                BufReader::new(stdout).read_line(&mut line).map(|_| line)
-            }),
-        )
-        .await
-        .expect("the SMTP sink printed no LISTENING line within 30 s")
-        .expect("reading the SMTP sink's stdout")
-        .expect("reading the SMTP sink's stdout");
+        let (child, line) =
+            start_python_helper(SCRIPT, &["--smtp-port", "0"], "SMTP sink", "the aiosmtpd and dkimpy packages").await;
         let (smtp_port, control_port) = parse_listening(&line)
             .unwrap_or_else(|| panic!("the SMTP sink did not start: it printed {line:?} (its stderr is above)"));
         SmtpSink {
