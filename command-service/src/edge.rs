@@ -154,6 +154,20 @@ pub fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
     append_error(error)
 }
 
+/// Appends a caller's writes, with the request's metadata and the caller's `Idempotency-Key`
+/// (when the operation holds a claim) in the log.
+pub async fn append(
+    state: &crate::State,
+    req: &HttpRequest,
+    caller: &Caller,
+    claim: Option<&crate::idempotency::Claim>,
+    streams: Vec<shared::log::StreamAppend>,
+    guards: Vec<shared::log::Guard>,
+) -> Result<shared::log::Appended, AppendError> {
+    let metadata = metadata(req, caller, claim.map(|claim| claim.key.clone()));
+    state.event_log.append(shared::log::AppendRequest { metadata, streams, guards }).await
+}
+
 /// Appends a public request's writes (no API key: the actor is the resource's space alone).
 pub async fn append_public(
     state: &crate::State,

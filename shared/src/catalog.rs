@@ -200,23 +200,6 @@ pub async fn write_context(
     Ok(Some((entry, attributes, row.get(7))))
 }
 
-/// An authored resource of the space: its revision and definition.
-pub async fn resource(
-    client: &impl GenericClient,
-    schema: &str,
-    space_id: &str,
-    kind: &str,
-    resource_id: &str,
-) -> Result<Option<(i64, Value)>, tokio_postgres::Error> {
-    let statement = client
-        .prepare_cached(&format!(
-            "SELECT revision, definition FROM {schema}.resources WHERE space_id = $1 AND kind = $2 AND resource_id = $3"
-        ))
-        .await?;
-    let row = client.query_opt(&statement, &[&space_id, &kind, &resource_id]).await?;
-    Ok(row.map(|row| (row.get(0), row.get(1))))
-}
-
 /// A resource found by id alone, whatever its space (public endpoints, whose tenant comes
 /// from the resource): its space, revision and definition.
 pub async fn resource_by_id(
@@ -232,4 +215,30 @@ pub async fn resource_by_id(
         .await?;
     let row = client.query_opt(&statement, &[&kind, &resource_id]).await?;
     Ok(row.map(|row| (row.get(0), row.get(1), row.get(2))))
+}
+
+/// A template of the space with, in the same statement, its sender, the sender's domain and
+/// the space's email allowance (definitions; each `None` when missing): everything a send
+/// reads from the catalog in one round trip.
+pub async fn email_template(
+    client: &impl GenericClient,
+    schema: &str,
+    space_id: &str,
+    template_id: &str,
+) -> Result<Option<(i64, Value, Option<Value>, Option<Value>, Option<Value>)>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT t.revision, t.definition, s.definition, d.definition, a.definition
+             FROM {schema}.resources t
+             LEFT JOIN {schema}.resources s
+               ON s.kind = 'sender' AND s.space_id = t.space_id AND s.resource_id = t.definition->>'senderId'
+             LEFT JOIN {schema}.resources d
+               ON d.kind = 'domain' AND d.space_id = t.space_id AND d.resource_id = s.definition->>'domainId'
+             LEFT JOIN {schema}.resources a
+               ON a.kind = 'email_allowance' AND a.resource_id = t.space_id
+             WHERE t.kind = 'template' AND t.space_id = $1 AND t.resource_id = $2"
+        ))
+        .await?;
+    let row = client.query_opt(&statement, &[&space_id, &template_id]).await?;
+    Ok(row.map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))))
 }

@@ -151,14 +151,7 @@ async fn append_write(
 ) -> Result<Appended, AppendError> {
     let Write { stream, mut guards, .. } = write?;
     guards.extend(idempotency.1);
-    state
-        .event_log
-        .append(AppendRequest {
-            metadata: crate::edge::metadata(req, caller, idempotency.0.map(|claim| claim.key.clone())),
-            streams: vec![stream],
-            guards,
-        })
-        .await
+    crate::edge::append(state, req, caller, idempotency.0, vec![stream], guards).await
 }
 
 /// An upsert decided: the status and record it answers with, and the write (none when

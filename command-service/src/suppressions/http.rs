@@ -135,14 +135,7 @@ async fn commit_batch(
         return Ok(answer(StatusCode::OK, 0, &body, Some(operation_id)));
     }
     let guards = guards.into_iter().chain(claim.map(|claim| claim.completion(StatusCode::OK, &body))).collect();
-    let appended = state
-        .event_log
-        .append(AppendRequest {
-            metadata: crate::edge::metadata(req, caller, claim.map(|claim| claim.key.clone())),
-            streams,
-            guards,
-        })
-        .await?;
+    let appended = crate::edge::append(state, req, caller, claim, streams, guards).await?;
     Ok(answer(StatusCode::OK, appended.last_position, &body, Some(operation_id)))
 }
 
@@ -363,13 +356,7 @@ pub async fn delete(
             let body = json!({ "data": { "id": suppression_id, "deleted": true } });
             let guards =
                 std::iter::once(guard).chain(claim.as_ref().map(|c| c.completion(StatusCode::OK, &body))).collect();
-            let appended = state
-                .event_log
-                .append(AppendRequest {
-                    metadata: crate::edge::metadata(req, caller, claim.as_ref().map(|claim| claim.key.clone())),
-                    streams: vec![stream],
-                    guards,
-                })
+            let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
                 .await
                 .map_err(|error| match error {
                     // Removed by someone else in the meantime.

@@ -20,11 +20,11 @@ use serde_json::Value;
 use shared::auth::{Caller, Permission};
 use shared::catalog::{self, CATALOG};
 use shared::email::outbox::{self, Handed, Parties, Prepared};
-use shared::email::resources::{ALLOWANCE, AllowanceDef, DOMAIN, DomainDef, SENDER, SenderDef, TEMPLATE, TemplateDef};
+use shared::email::resources::{AllowanceDef, DomainDef, SenderDef, TemplateDef};
 use shared::email::{message, render};
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::proto;
 
 use super::decide::{self, Recipient};
@@ -48,38 +48,29 @@ pub struct Authored {
     pub allowance: Option<AllowanceDef>,
 }
 
-fn definition<T: serde::de::DeserializeOwned>(found: Option<(i64, Value)>, what: &str) -> Result<(i64, T), ApiError> {
-    let (revision, definition) = found.ok_or_else(|| ApiError::internal(&anyhow::anyhow!("{what} is missing")))?;
-    let parsed =
-        serde_json::from_value(definition).map_err(|error| ApiError::internal(&anyhow::anyhow!("{what}: {error}")))?;
-    Ok((revision, parsed))
+fn definition<T: serde::de::DeserializeOwned>(found: Option<Value>, what: &str) -> Result<T, ApiError> {
+    let definition = found.ok_or_else(|| ApiError::internal(&anyhow::anyhow!("{what} is missing")))?;
+    serde_json::from_value(definition).map_err(|error| ApiError::internal(&anyhow::anyhow!("{what}: {error}")))
 }
 
-/// The template of the caller's space with its sender, domain and the space's allowance.
+/// The template of the caller's space with its sender, domain and the space's allowance, in
+/// one read of the catalog.
 pub async fn load_authored(state: &State, space_id: &str, template_id: &str) -> Result<Authored, ApiError> {
     let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let catalog = models.schema(CATALOG);
     let client = state.pool.get().await?;
-    let found = catalog::resource(&client, &catalog, space_id, TEMPLATE, template_id).await?;
-    let Some(found) = found else {
+    let found = catalog::email_template(&client, &models.schema(CATALOG), space_id, template_id).await?;
+    let Some((revision, template, sender, domain, allowance)) = found else {
         return Err(ApiError::not_found(Code::TemplateNotFound, format!("no template {template_id:?} in this space")));
     };
-    let (revision, template): (i64, TemplateDef) = definition(Some(found), "the template")?;
-    let sender_found = catalog::resource(&client, &catalog, space_id, SENDER, &template.sender_id).await?;
-    let (_, sender): (_, SenderDef) = definition(sender_found, "the template's sender")?;
-    let domain_found = catalog::resource(&client, &catalog, space_id, DOMAIN, &sender.domain_id).await?;
-    let (_, domain): (_, DomainDef) = definition(domain_found, "the sender's domain")?;
-    let allowance = catalog::resource(&client, &catalog, space_id, ALLOWANCE, space_id)
-        .await?
-        .and_then(|(_, definition)| serde_json::from_value(definition).ok());
+    let template: TemplateDef = definition(Some(template), "the template")?;
     Ok(Authored {
         template_id: template_id.to_owned(),
         revision,
         sender_id: template.sender_id.clone(),
         template,
-        sender,
-        domain,
-        allowance,
+        sender: definition(sender, "the template's sender")?,
+        domain: definition(domain, "the sender's domain")?,
+        allowance: allowance.and_then(|allowance| serde_json::from_value(allowance).ok()),
     })
 }
 
@@ -118,23 +109,23 @@ async fn send_attempts(
     let space_id = caller.space_id();
     let authored = load_authored(state, space_id, template_id).await?;
     decide::check_keys(&authored.template, context)?;
+    // The schema of each context key, read once: it does not change between attempts.
+    let mut schemas = BTreeMap::new();
+    for (key, expected) in &authored.template.data {
+        schemas.insert(key, write_context(state, space_id, &expected.schema_id).await?);
+    }
     for _ in 0..ATTEMPTS {
         let now = shared::time::now_millis();
-        let mut planned: BTreeMap<String, (PlannedUpsert, Vec<String>, Vec<catalog::AttributeEntry>)> = BTreeMap::new();
-        for (key, expected) in &authored.template.data {
-            let (schema, attributes, credits) = write_context(state, space_id, &expected.schema_id).await?;
-            let write_schema = WriteSchema {
-                schema_id: &schema.schema_id,
-                space_id,
-                schema_type: &schema.schema_type,
-                attributes: &attributes,
-            };
+        let mut planned: BTreeMap<String, (PlannedUpsert, Vec<String>, &[catalog::AttributeEntry])> = BTreeMap::new();
+        for (key, (schema, attributes, credits)) in &schemas {
+            let write_schema =
+                WriteSchema { schema_id: &schema.schema_id, space_id, schema_type: &schema.schema_type, attributes };
             // A context record is a record write: AI auto-fill needs credits, as on an upsert.
-            crate::records::decide::check_credits(&write_schema, credits)?;
-            let input = context.get(key).cloned().unwrap_or_default();
+            crate::records::decide::check_credits(&write_schema, *credits)?;
+            let input = context.get(*key).cloned().unwrap_or_default();
             let upsert = plan_upsert(state, &write_schema, input, now).await?;
             let keys = attributes.iter().map(|attribute| attribute.key.clone()).collect();
-            planned.insert(key.clone(), (upsert, keys, attributes));
+            planned.insert((*key).clone(), (upsert, keys, attributes.as_slice()));
         }
         let Some((recipient_upsert, _, recipient_attributes)) = planned.get(&authored.template.recipient) else {
             return Err(ApiError::internal(&anyhow::anyhow!("the recipient key was not planned")));
@@ -215,14 +206,7 @@ async fn send_attempts(
         if let Some(allowance) = &authored.allowance {
             guards.push(allowance_guard(space_id, now, allowance.monthly));
         }
-        let appended = state
-            .event_log
-            .append(AppendRequest {
-                metadata: crate::edge::metadata(req, caller, claim.map(|claim| claim.key.clone())),
-                streams,
-                guards,
-            })
-            .await;
+        let appended = crate::edge::append(state, req, caller, claim, streams, guards).await;
         let appended = match appended {
             Ok(appended) => appended,
             Err(AppendError::WrongVersion { .. }) => continue,

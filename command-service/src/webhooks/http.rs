@@ -12,7 +12,7 @@ use shared::catalog::CATALOG;
 use shared::error::{ApiError, Code, Issue};
 use shared::events::LogEvent;
 use shared::ids::new_id;
-use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::log::{AppendError, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::proto;
 use shared::ratelimit::Bucket;
 use shared::webhooks::signing::Secret;
@@ -56,14 +56,7 @@ async fn append(
     stream: StreamAppend,
     guards: Vec<Guard>,
 ) -> Result<Appended, AppendError> {
-    state
-        .event_log
-        .append(AppendRequest {
-            metadata: crate::edge::metadata(req, caller, claim.map(|claim| claim.key.clone())),
-            streams: vec![stream],
-            guards,
-        })
-        .await
+    crate::edge::append(state, req, caller, claim, vec![stream], guards).await
 }
 
 fn change(webhook_id: &str, expected: ExpectedVersion, event: LogEvent, at_ms: i64) -> StreamAppend {

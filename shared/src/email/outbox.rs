@@ -411,13 +411,19 @@ async fn authored<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// An email rebuilt from the log for the outbox worker: `Err` with its parties when its
-/// content is erased (the contact was deleted before it left).
-pub async fn prepare_from_log(
+/// An email's scheduling as the log holds it, with its sender, its domain and who it
+/// concerns (no personal data opened).
+struct Scheduled {
+    event: proto::EmailScheduled,
+    sender: SenderDef,
+    domain: DomainDef,
+    parties: Parties,
+}
+
+async fn scheduled_from_log(
     client: &impl deadpool_postgres::GenericClient,
     email_id: &str,
-    public_base_url: &str,
-) -> anyhow::Result<Result<Prepared, Parties>> {
+) -> anyhow::Result<Scheduled> {
     let row = client
         .query_opt(
             "SELECT payload FROM events WHERE stream_id = $1 AND event_type = 'EmailScheduled.v1'",
@@ -425,23 +431,42 @@ pub async fn prepare_from_log(
         )
         .await?
         .ok_or_else(|| anyhow::anyhow!("email {email_id} has no EmailScheduled event"))?;
-    let LogEvent::EmailScheduled(scheduled) = LogEvent::decode("EmailScheduled.v1", row.get(0))? else {
+    let LogEvent::EmailScheduled(event) = LogEvent::decode("EmailScheduled.v1", row.get(0))? else {
         anyhow::bail!("email {email_id}: not an EmailScheduled event");
     };
-    let sender: SenderDef = authored(client, super::resources::SENDER, &scheduled.sender_id).await?;
+    let sender: SenderDef = authored(client, super::resources::SENDER, &event.sender_id).await?;
     let domain: DomainDef = authored(client, super::resources::DOMAIN, &sender.domain_id).await?;
     let parties = Parties {
         email_id: email_id.to_owned(),
-        space_id: scheduled.space_id.clone(),
-        contact_id: scheduled.contact_id.clone(),
+        space_id: event.space_id.clone(),
+        contact_id: event.contact_id.clone(),
         message_id: message::message_id(email_id, &domain.name),
     };
-    let keys = crate::crypto::load_keys(client, std::slice::from_ref(&scheduled.contact_id)).await?;
-    let content: Option<proto::EmailContent> = crate::events::open(scheduled.content.as_ref(), &keys)?;
+    Ok(Scheduled { event, sender, domain, parties })
+}
+
+/// Who an email concerns, from the log (to record its outcome without sending it).
+pub async fn parties_from_log(
+    client: &impl deadpool_postgres::GenericClient,
+    email_id: &str,
+) -> anyhow::Result<Parties> {
+    Ok(scheduled_from_log(client, email_id).await?.parties)
+}
+
+/// An email rebuilt from the log for the outbox worker: `Err` with its parties when its
+/// content is erased (the contact was deleted before it left).
+pub async fn prepare_from_log(
+    client: &impl deadpool_postgres::GenericClient,
+    email_id: &str,
+    public_base_url: &str,
+) -> anyhow::Result<Result<Prepared, Parties>> {
+    let Scheduled { event, sender, domain, parties } = scheduled_from_log(client, email_id).await?;
+    let keys = crate::crypto::load_keys(client, std::slice::from_ref(&event.contact_id)).await?;
+    let content: Option<proto::EmailContent> = crate::events::open(event.content.as_ref(), &keys)?;
     let Some(content) = content else { return Ok(Err(parties)) };
-    let marketing = scheduled.kind == "marketing";
+    let marketing = event.kind == "marketing";
     let outgoing =
-        Outgoing::new(email_id, &sender, &domain, &content, (scheduled.scheduled_at_ms, marketing), public_base_url);
+        Outgoing::new(email_id, &sender, &domain, &content, (event.scheduled_at_ms, marketing), public_base_url);
     Ok(Ok(Prepared { parties, outgoing, domain_id: sender.domain_id.clone(), domain }))
 }
 

@@ -3,7 +3,8 @@
 //! a contact's `<script>` name arrives as text; the subject and the text body get the values
 //! as they are.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use serde_json::Value;
 
@@ -14,6 +15,27 @@ fn parser() -> Result<&'static liquid::Parser, String> {
         .get_or_init(|| liquid::ParserBuilder::with_stdlib().build().map_err(|error| error.to_string()))
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// Parsed sources kept for the next send of the same template; emptied when it grows past
+/// this many (authored templates are few, so it rarely does).
+const CACHED_SOURCES: usize = 512;
+
+/// `source` parsed: from the process's cache, or parsed now and kept. Keyed by the source
+/// itself, so a changed template is a new entry and nothing needs invalidating.
+fn parsed(source: &str) -> Result<Arc<liquid::Template>, String> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<liquid::Template>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(template) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(source) {
+        return Ok(Arc::clone(template));
+    }
+    let template = Arc::new(parser()?.parse(source).map_err(|error| error.to_string())?);
+    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if cache.len() >= CACHED_SOURCES {
+        cache.clear();
+    }
+    cache.insert(source.to_owned(), Arc::clone(&template));
+    Ok(template)
 }
 
 /// Parses one Liquid source; the error names the problem (for authoring).
@@ -33,10 +55,8 @@ pub struct Rendered {
 pub fn render(subject: &str, html: &str, text: &str, context: &Value) -> Result<Rendered, String> {
     let plain = liquid::to_object(context).map_err(|error| error.to_string())?;
     let escaped = liquid::to_object(&escape_strings(context)).map_err(|error| error.to_string())?;
-    let parser = parser()?;
-    let part = |source: &str, globals: &liquid::Object| {
-        parser.parse(source).and_then(|template| template.render(globals)).map_err(|error| error.to_string())
-    };
+    let part =
+        |source: &str, globals: &liquid::Object| parsed(source)?.render(globals).map_err(|error| error.to_string());
     Ok(Rendered {
         subject: part(subject, &plain)?.replace(['\r', '\n'], " "),
         html: part(html, &escaped)?,

@@ -88,10 +88,7 @@ impl Outbox {
 
     async fn parties(&self, email_id: &str) -> anyhow::Result<Parties> {
         let client = self.pool.get().await?;
-        Ok(match outbox::prepare_from_log(&client, email_id, &self.settings.public_base_url).await? {
-            Ok(prepared) => prepared.parties,
-            Err(parties) => parties,
-        })
+        outbox::parties_from_log(&client, email_id).await
     }
 
     /// Claims due `pending` emails: first hand-offs past the grace period the inline path
