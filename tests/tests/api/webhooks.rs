@@ -53,8 +53,17 @@ async fn wait_for_webhook(app: &TestApp, id: &str, check: impl Fn(&Value) -> boo
 /// Waits until no delivery is pending any more.
 async fn wait_until_settled(app: &TestApp) {
     let deadline = Instant::now() + WAIT;
-    while app.query_i64("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'").await > 0
-        || app.query_i64("SELECT (SELECT position FROM log_head) - COALESCE((SELECT position FROM worker_checkpoints WHERE name = 'webhook_enqueue'), 0)").await > 0
+    // One statement, so one snapshot: the enqueue worker inserts deliveries and advances its
+    // checkpoint in one transaction, and two separate reads could straddle it (no delivery
+    // yet, then the checkpoint already past the event).
+    while app
+        .query_i64(
+            "SELECT (SELECT count(*) FROM webhook_deliveries WHERE state = 'pending')
+                  + GREATEST((SELECT position FROM log_head)
+                      - COALESCE((SELECT position FROM worker_checkpoints WHERE name = 'webhook_enqueue'), 0), 0)",
+        )
+        .await
+        > 0
     {
         assert!(Instant::now() < deadline, "deliveries are still pending");
         tokio::time::sleep(Duration::from_millis(50)).await;
