@@ -8,10 +8,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "platform/events/v1/events.proto",
         "platform/events/v1/webhooks.proto",
         "platform/events/v1/email.proto",
+        "platform/events/v1/segments.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={root}/{file}");
     }
+    // The migrations are embedded (refinery): a new file must rebuild the crate.
+    println!("cargo:rerun-if-changed=migrations");
     let descriptors = protox::compile(files, [root])?;
     prost_build::Config::new().compile_fds(descriptors)?;
     Ok(())

@@ -4,7 +4,7 @@
 use actix_web::HttpRequest;
 use shared::auth::Caller;
 use shared::error::ApiError;
-use shared::error::Code;
+use shared::error::{Code, Issue};
 use shared::log::{AppendError, Metadata};
 
 /// The log metadata of a write by `caller`.
@@ -78,6 +78,21 @@ impl From<crate::events::decide::AdmissionRefusal> for ApiError {
         let seconds = refusal.retry_after_ms().div_ceil(1000).max(1);
         ApiError::new(actix_web::http::StatusCode::TOO_MANY_REQUESTS, Some(refusal.code()), refusal.message())
             .with_header("Retry-After", seconds.to_string())
+    }
+}
+
+/// A refused segment as the contract answers it.
+impl From<crate::segments::decide::Refusal> for ApiError {
+    fn from(refusal: crate::segments::decide::Refusal) -> Self {
+        use crate::segments::decide::Refusal;
+        let message = refusal.to_string();
+        match refusal {
+            Refusal::Invalid { message, issues } => {
+                ApiError::bad_request(Code::InvalidSegment, message).with_issues(issues)
+            }
+            Refusal::Unusable(_) => ApiError::unprocessable(Code::AiGenerationFailed, message.clone())
+                .with_issues(vec![Issue::coded("definition", Code::AiGenerationFailed, message)]),
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use actix_web::{Route, web};
 use shared::routes::Tier;
 
-use crate::{emails, events, forms, identities, records, suppressions, templates, webhooks};
+use crate::{emails, events, forms, identities, records, segments, suppressions, templates, webhooks};
 
 /// The handler of a command operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
@@ -30,6 +30,8 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "unsubscribeEmail" => web::post().to(emails::unsubscribe::post),
         "submitForm" => web::post().to(forms::http::submit),
         "confirmFormSubmission" => web::get().to(forms::http::confirm),
+        "createSegment" => web::post().to(segments::http::create),
+        "deleteSegment" => web::delete().to(segments::http::delete),
         _ => return None,
     })
 }

@@ -33,7 +33,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 pub const POOL_SIZE: usize = 32;
 
 /// The kinds of worker a process can run.
-pub const WORKER_KINDS: [&str; 8] = [
+pub const WORKER_KINDS: [&str; 9] = [
     "read_models",
     "preparation",
     "eraser",
@@ -42,6 +42,7 @@ pub const WORKER_KINDS: [&str; 8] = [
     "webhook_delivery",
     "email_outbox",
     "domain_checks",
+    "segment_windows",
 ];
 
 /// The workers a process runs: `selection` is `all` or a comma-separated list of
@@ -88,6 +89,10 @@ pub fn workers(
             log.clone(),
             &settings.webhooks,
         )?));
+    }
+    if wanted.contains(&"segment_windows") {
+        let windows = Arc::new(workers::segments::Windows::new(log.clone()));
+        workers.push(Arc::new(timers::TimerWorker::new(pool.clone(), windows)));
     }
     if wanted.contains(&"email_outbox") {
         workers.push(Arc::new(workers::email::outbox::Outbox::new(pool.clone(), log, settings)?));

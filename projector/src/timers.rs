@@ -55,6 +55,27 @@ pub async fn schedule(
     Ok(())
 }
 
+/// Schedules timers `keys[i]` of `kind` with `payloads[i]`, all due at `due_at`, keeping the
+/// due time of one already scheduled earlier, in the caller's transaction.
+pub async fn schedule_earliest(
+    client: &impl GenericClient,
+    kind: &str,
+    keys: &[&String],
+    due_at: DateTime<Utc>,
+    payloads: &[Value],
+) -> Result<(), tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(
+            "INSERT INTO timers (kind, key, due_at, payload)
+             SELECT $1, key, $3, payload FROM unnest($2::text[], $4::jsonb[]) AS t(key, payload)
+             ON CONFLICT (kind, key) DO UPDATE SET due_at = LEAST(timers.due_at, EXCLUDED.due_at),
+                 payload = EXCLUDED.payload",
+        )
+        .await?;
+    client.execute(&statement, &[&kind, &keys, &due_at, &payloads]).await?;
+    Ok(())
+}
+
 /// Claims up to `limit` due timers of `kind`, oldest first, skipping those other processes
 /// hold. The claim lasts as long as `transaction`.
 pub async fn claim_due(transaction: &Transaction<'_>, kind: &str, limit: i64) -> anyhow::Result<Vec<Timer>> {

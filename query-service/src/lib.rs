@@ -13,6 +13,7 @@ pub mod me;
 pub mod records;
 pub mod routes;
 pub mod schemas;
+pub mod segments;
 pub mod suppressions;
 pub mod webhooks;
 

@@ -4,7 +4,7 @@
 use actix_web::{HttpResponse, Route, web};
 use shared::routes::Tier;
 
-use crate::{audit, deletions, email, emails, events, me, records, schemas, suppressions, webhooks};
+use crate::{audit, deletions, email, emails, events, me, records, schemas, segments, suppressions, webhooks};
 
 /// The handler of a query operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
@@ -33,6 +33,9 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "listTopics" => web::get().to(email::http::list_topics),
         "getTopic" => web::get().to(email::http::get_topic),
         "getUnsubscribePage" => web::get().to(emails::unsubscribe_page::get),
+        "listSegments" => web::get().to(segments::http::list),
+        "getSegment" => web::get().to(segments::http::get),
+        "listSegmentContacts" => web::get().to(segments::http::contacts),
         _ => return None,
     })
 }

@@ -126,6 +126,8 @@ codes! {
     InvalidFormSubmission = "invalid_form_submission",
     ConfirmationNotFound = "confirmation_not_found",
     ConfirmationExpired = "confirmation_expired",
+    SegmentNotFound = "segment_not_found",
+    InvalidSegment = "invalid_segment",
     }
     internal {
     OperationTaken = "operation_taken",
@@ -191,6 +193,10 @@ impl ApiError {
 
     pub fn not_found(code: Code, message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, Some(code), message)
+    }
+
+    pub fn unprocessable(code: Code, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, Some(code), message)
     }
 
     pub fn conflict(code: Code, message: impl Into<String>) -> Self {

@@ -45,6 +45,9 @@ pub enum LogEvent {
     SubscriptionChanged(proto::SubscriptionChanged),
     FormSubmitted(proto::FormSubmitted),
     SubmissionConfirmed(proto::SubmissionConfirmed),
+    SegmentCreated(proto::SegmentCreated),
+    SegmentDeleted(proto::SegmentDeleted),
+    SegmentWindowElapsed(proto::SegmentWindowElapsed),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -113,6 +116,9 @@ event_types! {
     SubscriptionChanged => "SubscriptionChanged.v1",
     FormSubmitted => "FormSubmitted.v1",
     SubmissionConfirmed => "SubmissionConfirmed.v1",
+    SegmentCreated => "SegmentCreated.v1",
+    SegmentDeleted => "SegmentDeleted.v1",
+    SegmentWindowElapsed => "SegmentWindowElapsed.v1",
 }
 
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the

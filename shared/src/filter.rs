@@ -54,11 +54,31 @@
 //! nested group, `not (...)` for a negation, and quotes only where a bare token would read
 //! differently. [`parse_plain`] reads it back to an equal filter.
 //!
+//! ## Contact facts (segments)
+//!
+//! Beside conditions on fields, a segment's filter may use phrases about the contact:
+//!
+//! | Phrase | Means |
+//! |---|---|
+//! | `performed <event>` (or `has performed`) | at least one occurrence of the event, ever |
+//! | `performed <event> at least N times` | N or more occurrences |
+//! | `performed <event> in the last N <unit>` (or `within [the last] N <unit>`) | inside the window ending now; units `seconds`, `minutes`, `hours`, `days`, `weeks` (singular too) |
+//! | `did not perform <event> ...`, `has not performed <event> ...` | `not (performed ...)` |
+//! | `subscribed to <topic>` | `subscriptions.<topic> is subscribed` |
+//! | `has email consent`, `has no email consent` | `consent.email is true`, and its negation |
+//!
+//! `<event>` is the event schema's slug (quote it when it has spaces); the service resolves it,
+//! and a topic's slug, to ids when the filter is made. Only segments evaluate these: a document
+//! alone has no events ([`matches`] never satisfies `performed`), and the service refuses them
+//! in a webhook's custom filter.
+//!
 //! # JSON form
 //!
 //! - `{"all": [<filter>, ...]}`: every filter holds;
 //! - `{"any": [<filter>, ...]}`: at least one holds;
 //! - `{"not": <filter>}`: the filter does not hold;
+//! - `{"performed": {"event": "<slug or id>", "atLeast": <1..>, "withinSeconds": <seconds>}}`:
+//!   `atLeast` defaults to 1 and `withinSeconds` to all time;
 //! - `{"field": "address.country", "op": "<op>", "value": <value>}`: a condition. `eq`, `ne`
 //!   and `contains` take a string, number or boolean; `starts_with` and `ends_with` a string;
 //!   `gt`, `gte`, `lt` and `lte` a number, numeric string or date string; `in` a non-empty
@@ -116,6 +136,10 @@ pub const MAX_LIST_VALUES: usize = 100;
 pub const MAX_FIELD_PATH_CHARS: usize = 200;
 /// The longest string value, in characters.
 pub const MAX_VALUE_CHARS: usize = 1_000;
+/// The most occurrences `performed ... at least N times` may ask for.
+pub const MAX_AT_LEAST: u32 = 1_000_000;
+/// The longest window of `performed ... in the last`, in seconds (ten years).
+pub const MAX_WINDOW_SECONDS: u64 = 10 * 365 * 86_400;
 
 /// A filter over JSON documents. Those that [`parse_plain`] and [`from_json`] return are
 /// within the limits and normalised (no `All` directly inside an `All`, no `Any` directly
@@ -126,6 +150,31 @@ pub enum Filter {
     Any(Vec<Filter>),
     Not(Box<Filter>),
     Condition(Condition),
+    /// Events a contact performed: segments only (a document alone has no events).
+    Performed(Performed),
+}
+
+/// `performed <event> [at least N times] [in the last N <unit>]`: the contact has at least
+/// `at_least` occurrences of the event, within the window ending at the evaluation time when
+/// there is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Performed {
+    /// The event schema: the slug as written, or its id once the caller resolved it.
+    pub event: String,
+    /// At least this many occurrences (1 or more).
+    pub at_least: u32,
+    /// The window ending at the evaluation time, in seconds; `None` for all time.
+    pub within_seconds: Option<u64>,
+}
+
+/// What a filter is evaluated against: a document, and for `performed` the times (Unix
+/// milliseconds) of the subject's events by the name `Performed::event` holds, and the time
+/// of the evaluation.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    pub document: &'a Value,
+    pub events: &'a std::collections::HashMap<String, Vec<i64>>,
+    pub now_ms: i64,
 }
 
 /// One comparison of the value at `field` in the document.
@@ -209,16 +258,84 @@ pub fn describe(filter: &Filter) -> String {
         Filter::Any(parts) => parts.iter().map(describe_part).collect::<Vec<_>>().join(" or "),
         Filter::Not(inner) => format!("not ({})", describe(inner)),
         Filter::Condition(condition) => describe_condition(condition),
+        Filter::Performed(performed) => describe_performed(performed),
     }
 }
 
 /// Whether `document` satisfies `filter` (see the module documentation for the rules).
+/// A document has no events, so `performed` never holds here; see [`matches_facts`].
 pub fn matches(filter: &Filter, document: &Value) -> bool {
+    let events = std::collections::HashMap::new();
+    matches_facts(filter, &Facts { document, events: &events, now_ms: 0 })
+}
+
+/// Whether `facts` satisfy `filter`: conditions against the document, `performed` against
+/// the events in its window ending at `facts.now_ms` (an occurrence at `t` is inside a window
+/// of `w` seconds while `now - w*1000 < t <= now`).
+pub fn matches_facts(filter: &Filter, facts: &Facts<'_>) -> bool {
     match filter {
-        Filter::All(parts) => parts.iter().all(|part| matches(part, document)),
-        Filter::Any(parts) => parts.iter().any(|part| matches(part, document)),
-        Filter::Not(inner) => !matches(inner, document),
-        Filter::Condition(condition) => condition_matches(condition, document),
+        Filter::All(parts) => parts.iter().all(|part| matches_facts(part, facts)),
+        Filter::Any(parts) => parts.iter().any(|part| matches_facts(part, facts)),
+        Filter::Not(inner) => !matches_facts(inner, facts),
+        Filter::Condition(condition) => condition_matches(condition, facts.document),
+        Filter::Performed(performed) => {
+            let times = facts.events.get(&performed.event).map_or(&[][..], Vec::as_slice);
+            let counted = times.iter().filter(|&&time| performed.counts(time, facts.now_ms)).count();
+            counted >= usize::try_from(performed.at_least).unwrap_or(usize::MAX)
+        }
+    }
+}
+
+/// The earliest time after `facts.now_ms` at which the answer of [`matches_facts`] can change
+/// with no new fact: when an occurrence enters a window (one dated in the future) or leaves
+/// it. `None` when only new facts can change it.
+pub fn next_change_ms(filter: &Filter, facts: &Facts<'_>) -> Option<i64> {
+    performed_parts(filter)
+        .into_iter()
+        .flat_map(|performed| {
+            let times = facts.events.get(&performed.event).map_or(&[][..], Vec::as_slice);
+            times.iter().flat_map(move |&time| {
+                let leaves = performed.window_ms().map(|window| time.saturating_add(window));
+                [Some(time), leaves].into_iter().flatten()
+            })
+        })
+        .filter(|&time| time > facts.now_ms)
+        .min()
+}
+
+/// Every `performed` of `filter`.
+pub fn performed_parts(filter: &Filter) -> Vec<&Performed> {
+    match filter {
+        Filter::All(parts) | Filter::Any(parts) => parts.iter().flat_map(performed_parts).collect(),
+        Filter::Not(inner) => performed_parts(inner),
+        Filter::Condition(_) => Vec::new(),
+        Filter::Performed(performed) => vec![performed],
+    }
+}
+
+/// `filter` with each condition and `performed` replaced by what `replace` makes of it (the
+/// groups kept, then normalised), or the first error `replace` gives.
+pub fn rewrite<E>(filter: Filter, replace: &mut impl FnMut(Filter) -> Result<Filter, E>) -> Result<Filter, E> {
+    Ok(match filter {
+        Filter::All(parts) => {
+            all_of(parts.into_iter().map(|part| rewrite(part, replace)).collect::<Result<Vec<_>, _>>()?)
+        }
+        Filter::Any(parts) => {
+            any_of(parts.into_iter().map(|part| rewrite(part, replace)).collect::<Result<Vec<_>, _>>()?)
+        }
+        Filter::Not(inner) => Filter::Not(Box::new(rewrite(*inner, replace)?)),
+        leaf => replace(leaf)?,
+    })
+}
+
+impl Performed {
+    fn window_ms(&self) -> Option<i64> {
+        self.within_seconds.map(|seconds| i64::try_from(seconds.saturating_mul(1000)).unwrap_or(i64::MAX))
+    }
+
+    /// Whether an occurrence at `time` counts at `now`.
+    fn counts(&self, time: i64, now: i64) -> bool {
+        time <= now && self.window_ms().is_none_or(|window| time > now.saturating_sub(window))
     }
 }
 
@@ -229,6 +346,15 @@ impl Filter {
             Filter::All(parts) => json!({"all": parts.iter().map(Filter::to_json).collect::<Vec<_>>()}),
             Filter::Any(parts) => json!({"any": parts.iter().map(Filter::to_json).collect::<Vec<_>>()}),
             Filter::Not(inner) => json!({"not": inner.to_json()}),
+            Filter::Performed(performed) => {
+                let mut inner = Map::new();
+                inner.insert("event".to_owned(), Value::String(performed.event.clone()));
+                inner.insert("atLeast".to_owned(), json!(performed.at_least));
+                if let Some(seconds) = performed.within_seconds {
+                    inner.insert("withinSeconds".to_owned(), json!(seconds));
+                }
+                json!({"performed": inner})
+            }
             Filter::Condition(condition) => {
                 let mut object = Map::new();
                 object.insert("field".to_owned(), Value::String(condition.field.as_str().to_owned()));
@@ -245,7 +371,7 @@ impl Filter {
         match self {
             Filter::All(parts) | Filter::Any(parts) => 1 + parts.iter().map(Filter::depth).max().unwrap_or(0),
             Filter::Not(inner) => 1 + inner.depth(),
-            Filter::Condition(_) => 1,
+            Filter::Condition(_) | Filter::Performed(_) => 1,
         }
     }
 
@@ -253,7 +379,7 @@ impl Filter {
         match self {
             Filter::All(parts) | Filter::Any(parts) => parts.iter().map(Filter::conditions).sum(),
             Filter::Not(inner) => inner.conditions(),
-            Filter::Condition(_) => 1,
+            Filter::Condition(_) | Filter::Performed(_) => 1,
         }
     }
 }
@@ -374,12 +500,51 @@ impl FilterError {
 /// The words that [`describe`] quotes when a field or string value is one of them, since the
 /// parser could read them as part of a comparison.
 const RESERVED_WORDS: &[&str] = &[
-    "above", "and", "at", "below", "contain", "contains", "does", "ends", "equal", "equals", "exist", "exists",
-    "false", "greater", "is", "least", "less", "missing", "more", "most", "not", "null", "of", "one", "or", "over",
-    "set", "starts", "than", "to", "true", "under", "with",
+    "above",
+    "and",
+    "at",
+    "below",
+    "contain",
+    "contains",
+    "did",
+    "does",
+    "ends",
+    "equal",
+    "equals",
+    "exist",
+    "exists",
+    "false",
+    "greater",
+    "has",
+    "in",
+    "is",
+    "least",
+    "less",
+    "missing",
+    "more",
+    "most",
+    "not",
+    "null",
+    "of",
+    "one",
+    "or",
+    "over",
+    "performed",
+    "set",
+    "starts",
+    "subscribed",
+    "than",
+    "time",
+    "times",
+    "to",
+    "true",
+    "under",
+    "with",
+    "within",
 ];
 
-fn all_of(parts: Vec<Filter>) -> Filter {
+/// `parts` joined by `and`, normalised (nested `all`s merged, a single part alone).
+pub fn all_of(parts: Vec<Filter>) -> Filter {
     let mut flat = Vec::with_capacity(parts.len());
     for part in parts {
         match part {
@@ -393,7 +558,8 @@ fn all_of(parts: Vec<Filter>) -> Filter {
     }
 }
 
-fn any_of(parts: Vec<Filter>) -> Filter {
+/// `parts` joined by `or`, normalised (nested `any`s merged, a single part alone).
+pub fn any_of(parts: Vec<Filter>) -> Filter {
     let mut flat = Vec::with_capacity(parts.len());
     for part in parts {
         match part {
@@ -513,10 +679,66 @@ fn read_expression(value: &Value, at: &str, depth: usize, conditions: &mut usize
             Ok(if key == "all" { all_of(parts) } else { any_of(parts) })
         }
         "not" => Ok(Filter::Not(Box::new(read_expression(inner, &format!("{at}.not"), depth + 1, conditions)?))),
+        "performed" => read_performed(inner, &format!("{at}.performed"), conditions).map(Filter::Performed),
         other => Err(FilterError::new(format!(
-            "`{at}`: unknown key `{other}`; expected all, any, not, or a condition with field and op"
+            "`{at}`: unknown key `{other}`; expected all, any, not, performed, or a condition with field and op"
         ))),
     }
+}
+
+fn read_performed(value: &Value, at: &str, conditions: &mut usize) -> Result<Performed, FilterError> {
+    *conditions += 1;
+    if *conditions > MAX_CONDITIONS {
+        return Err(FilterError::new(format!("`{at}`: the filter has more than {MAX_CONDITIONS} conditions")));
+    }
+    let Value::Object(object) = value else {
+        return Err(FilterError::new(format!(
+            "`{at}`: expected an object such as {{\"event\": \"purchase\", \"atLeast\": 1, \"withinSeconds\": 2592000}}, \
+             found {}",
+            json_kind(value)
+        )));
+    };
+    if let Some(unknown) = object.keys().find(|key| !matches!(key.as_str(), "event" | "atLeast" | "withinSeconds")) {
+        return Err(FilterError::new(format!(
+            "`{at}`: unknown key `{unknown}`; expected event, atLeast, withinSeconds"
+        )));
+    }
+    let event = match object.get("event") {
+        Some(Value::String(event)) => event.clone(),
+        _ => return Err(FilterError::new(format!("`{at}.event`: expected the event schema's slug or id"))),
+    };
+    let at_least = match object.get("atLeast") {
+        None | Some(Value::Null) => 1,
+        Some(value) => value.as_u64().and_then(|count| u32::try_from(count).ok()).ok_or_else(|| {
+            FilterError::new(format!("`{at}.atLeast`: expected a whole number from 1 to {MAX_AT_LEAST}"))
+        })?,
+    };
+    let within_seconds = match object.get("withinSeconds") {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(value.as_u64().ok_or_else(|| {
+            FilterError::new(format!("`{at}.withinSeconds`: expected a whole number from 1 to {MAX_WINDOW_SECONDS}"))
+        })?),
+    };
+    checked_performed(Performed { event, at_least, within_seconds })
+        .map_err(|message| FilterError::new(format!("`{at}`: {message}")))
+}
+
+/// Checks a `performed`: an event name that is a valid field-like name, a positive count and a
+/// window within bounds.
+fn checked_performed(performed: Performed) -> Result<Performed, String> {
+    if performed.event.trim().is_empty() || performed.event.chars().any(char::is_control) {
+        return Err("`performed` needs the name of an event".to_owned());
+    }
+    if performed.event.chars().count() > MAX_FIELD_PATH_CHARS {
+        return Err(format!("an event name is longer than {MAX_FIELD_PATH_CHARS} characters"));
+    }
+    if !(1..=MAX_AT_LEAST).contains(&performed.at_least) {
+        return Err(format!("`at least` needs a whole number from 1 to {MAX_AT_LEAST} times"));
+    }
+    if performed.within_seconds.is_some_and(|seconds| !(1..=MAX_WINDOW_SECONDS).contains(&seconds)) {
+        return Err(format!("a window is from 1 second to {MAX_WINDOW_SECONDS} seconds (ten years)"));
+    }
+    Ok(performed)
 }
 
 fn read_condition(object: &Map<String, Value>, at: &str, conditions: &mut usize) -> Result<Condition, FilterError> {
@@ -823,7 +1045,128 @@ impl Parser {
             self.nesting -= 1;
             return Ok(inner);
         }
+        if let Some(filter) = self.contact_fact()? {
+            return Ok(filter);
+        }
         self.condition()
+    }
+
+    /// The phrases about a contact beside its fields: `performed <event> ...`, `has performed`,
+    /// `has not performed`, `did not perform`, `subscribed to <topic>` and `has email consent`
+    /// (`has no email consent`). A field of one of those names followed by a comparison is
+    /// still a condition (`performed is true`).
+    fn contact_fact(&mut self) -> Result<Option<Filter>, FilterError> {
+        let value_follows = |parser: &Self, offset: usize| {
+            matches!(parser.tokens.get(parser.next + offset), Some(Token { kind: TokenKind::Quoted(_), .. }))
+                || matches!(parser.tokens.get(parser.next + offset),
+                    Some(Token { kind: TokenKind::Word(word), .. }) if !is_comparison_word(word))
+        };
+        if self.keyword_at(0, "performed") && value_follows(self, 1) {
+            self.next += 1;
+            return self.performed().map(Some);
+        }
+        if self.keyword_at(0, "has") && self.keyword_at(1, "performed") {
+            self.next += 2;
+            return self.performed().map(Some);
+        }
+        let negated_performed =
+            (self.keyword_at(0, "has") && self.keyword_at(1, "not") && self.keyword_at(2, "performed"))
+                || (self.keyword_at(0, "did") && self.keyword_at(1, "not") && self.keyword_at(2, "perform"));
+        if negated_performed {
+            self.next += 3;
+            return Ok(Some(Filter::Not(Box::new(self.performed()?))));
+        }
+        if self.keyword_at(0, "subscribed") && self.keyword_at(1, "to") {
+            self.next += 2;
+            let (topic, position) = match self.peek() {
+                Some(Token { kind: TokenKind::Word(word) | TokenKind::Quoted(word), position }) => {
+                    (word.clone(), *position)
+                }
+                None | Some(_) => return Err(self.expected("a topic after `subscribed to`")),
+            };
+            self.next += 1;
+            let field = FieldPath::parse(&format!("{SUBSCRIPTIONS}.{topic}"))
+                .map_err(|error| FilterError::new(format!("{error} (the topic at character {position})")))?;
+            return Ok(Some(Filter::Condition(Condition { field, op: Op::Eq(Scalar::String(SUBSCRIBED.to_owned())) })));
+        }
+        let consent = |negated: bool| {
+            let condition = Filter::Condition(Condition {
+                field: FieldPath(CONSENT_EMAIL.to_owned()),
+                op: Op::Eq(Scalar::Bool(true)),
+            });
+            if negated { Filter::Not(Box::new(condition)) } else { condition }
+        };
+        if self.keyword_at(0, "has") && self.keyword_at(1, "email") && self.keyword_at(2, "consent") {
+            self.next += 3;
+            return Ok(Some(consent(false)));
+        }
+        if self.keyword_at(0, "has")
+            && self.keyword_at(1, "no")
+            && self.keyword_at(2, "email")
+            && self.keyword_at(3, "consent")
+        {
+            self.next += 4;
+            return Ok(Some(consent(true)));
+        }
+        Ok(None)
+    }
+
+    /// After `performed`: `<event> [at least N time(s)] [in the last | within [the last] N <unit>]`.
+    fn performed(&mut self) -> Result<Filter, FilterError> {
+        let (event, position) = match self.peek() {
+            Some(Token { kind: TokenKind::Word(word), position }) if !is_connective(word) => (word.clone(), *position),
+            Some(Token { kind: TokenKind::Quoted(text), position }) => (text.clone(), *position),
+            _ => return Err(self.expected("the name of an event after `performed`")),
+        };
+        self.next += 1;
+        let mut at_least = 1;
+        if self.keyword_at(0, "at") && self.keyword_at(1, "least") {
+            self.next += 2;
+            at_least = self.whole_number("`at least`")?;
+            if !(self.eat_keyword("times") || self.eat_keyword("time")) {
+                return Err(self.expected("`times` after the count"));
+            }
+        }
+        let mut within_seconds = None;
+        let window_opens = if self.keyword_at(0, "in") && self.keyword_at(1, "the") && self.keyword_at(2, "last") {
+            self.next += 3;
+            true
+        } else if self.eat_keyword("within") {
+            if self.keyword_at(0, "the") && self.keyword_at(1, "last") {
+                self.next += 2;
+            }
+            true
+        } else {
+            false
+        };
+        if window_opens {
+            let count = u64::from(self.whole_number("`in the last`")?);
+            let unit = match self.peek() {
+                Some(Token { kind: TokenKind::Word(word), .. }) => unit_seconds(word),
+                _ => None,
+            };
+            let Some(unit) = unit else {
+                return Err(self.expected("a unit: seconds, minutes, hours, days or weeks"));
+            };
+            self.next += 1;
+            within_seconds = Some(count.saturating_mul(unit));
+        }
+        let performed = checked_performed(Performed { event, at_least, within_seconds })
+            .map_err(|message| FilterError::new(format!("{message} (in `performed` at character {position})")))?;
+        Ok(Filter::Performed(performed))
+    }
+
+    /// A whole number from 1 up.
+    fn whole_number(&mut self, after: &str) -> Result<u32, FilterError> {
+        let number = match self.peek() {
+            Some(Token { kind: TokenKind::Word(word), .. }) => word.parse::<u32>().ok().filter(|&number| number > 0),
+            _ => None,
+        };
+        let Some(number) = number else {
+            return Err(self.expected(&format!("a whole number from 1 after {after}")));
+        };
+        self.next += 1;
+        Ok(number)
     }
 
     fn enter(&mut self) -> Result<(), FilterError> {
@@ -1059,6 +1402,37 @@ impl Parser {
     }
 }
 
+/// The root of the fields holding a contact's topic subscriptions: `subscriptions.<topic>` is
+/// `subscribed`, `pending` or `unsubscribed` (`subscribed to <topic>` reads as the first).
+pub const SUBSCRIPTIONS: &str = "subscriptions";
+/// The subscription state `subscribed to` asks for.
+pub const SUBSCRIBED: &str = "subscribed";
+/// The field `has email consent` reads (`consent.email is true`).
+pub const CONSENT_EMAIL: &str = "consent.email";
+
+/// The words that begin a comparison after a field.
+fn is_comparison_word(word: &str) -> bool {
+    [
+        "is", "equals", "contains", "starts", "ends", "exists", "does", "greater", "more", "less", "above", "over",
+        "below", "under", "at", "equal",
+    ]
+    .iter()
+    .any(|keyword| keyword.eq_ignore_ascii_case(word))
+}
+
+/// Seconds in one `unit` (singular or plural).
+fn unit_seconds(unit: &str) -> Option<u64> {
+    let unit = unit.to_ascii_lowercase();
+    Some(match unit.strip_suffix('s').unwrap_or(&unit) {
+        "second" => 1,
+        "minute" => 60,
+        "hour" => 3_600,
+        "day" => 86_400,
+        "week" => 604_800,
+        _ => return None,
+    })
+}
+
 fn is_connective(word: &str) -> bool {
     word.eq_ignore_ascii_case("and") || word.eq_ignore_ascii_case("or")
 }
@@ -1094,7 +1468,33 @@ fn describe_part(part: &Filter) -> String {
     }
 }
 
+fn describe_performed(performed: &Performed) -> String {
+    let mut words = format!("performed {}", plain_text(&performed.event));
+    if performed.at_least > 1 {
+        words.push_str(&format!(" at least {} times", performed.at_least));
+    }
+    if let Some(seconds) = performed.within_seconds {
+        let (size, unit) = [(604_800, "weeks"), (86_400, "days"), (3_600, "hours"), (60, "minutes")]
+            .into_iter()
+            .find(|(size, _)| seconds % size == 0)
+            .unwrap_or((1, "seconds"));
+        words.push_str(&format!(" in the last {} {unit}", seconds / size));
+    }
+    words
+}
+
 fn describe_condition(condition: &Condition) -> String {
+    let path = condition.field.as_str();
+    if let (Some(topic), Op::Eq(Scalar::String(state))) =
+        (path.strip_prefix(SUBSCRIPTIONS).and_then(|rest| rest.strip_prefix('.')), &condition.op)
+        && state == SUBSCRIBED
+        && !topic.contains('.')
+    {
+        return format!("subscribed to {}", plain_text(topic));
+    }
+    if path == CONSENT_EMAIL && condition.op == Op::Eq(Scalar::Bool(true)) {
+        return "has email consent".to_owned();
+    }
     let field = plain_text(condition.field.as_str());
     let comparison = match &condition.op {
         Op::Eq(value) => format!("is {}", describe_scalar(value)),
@@ -1530,7 +1930,7 @@ mod tests {
             ),
             (
                 json!({"every": []}),
-                "`filter`: unknown key `every`; expected all, any, not, or a condition with field and op",
+                "`filter`: unknown key `every`; expected all, any, not, performed, or a condition with field and op",
             ),
             (json!({"all": []}), "`filter.all`: needs at least one filter"),
             (json!({"any": {"field": "a"}}), "`filter.any`: expected an array of filters, found an object"),
@@ -1788,5 +2188,119 @@ mod tests {
         assert!(holds("address.city contains AR"));
         assert!(!holds("age contains 3"), "contains applies to strings and arrays only");
         assert!(matches(&parsed("title contains 101"), &json!({"title": "Room 101"})));
+    }
+
+    // Contact facts: events performed, subscriptions, consent.
+
+    fn performed(event: &str, at_least: u32, within_seconds: Option<u64>) -> Filter {
+        Filter::Performed(Performed { event: event.to_owned(), at_least, within_seconds })
+    }
+
+    #[test]
+    fn given_performed_phrases_when_parsed_then_each_gives_its_count_and_window() {
+        let cases = [
+            ("performed purchase", performed("purchase", 1, None)),
+            ("has performed purchase", performed("purchase", 1, None)),
+            ("performed purchase in the last 30 days", performed("purchase", 1, Some(30 * 86_400))),
+            ("performed purchase within 2 hours", performed("purchase", 1, Some(7_200))),
+            ("performed purchase within the last 1 week", performed("purchase", 1, Some(604_800))),
+            ("performed purchase at least 3 times in the last 5 seconds", performed("purchase", 3, Some(5))),
+            ("performed 'page viewed' at least 1 time", performed("page viewed", 1, None)),
+            (
+                "did not perform purchase in the last 1 day",
+                Filter::Not(Box::new(performed("purchase", 1, Some(86_400)))),
+            ),
+            ("has not performed purchase", Filter::Not(Box::new(performed("purchase", 1, None)))),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parsed(text), expected, "{text}");
+        }
+        assert_eq!(parsed("performed is true"), condition("performed", Op::Eq(Scalar::Bool(true))), "still a field");
+        assert!(parse_error("performed purchase in the last 3 fortnights").contains("a unit"));
+        assert!(parse_error("performed purchase at least 0 times").contains("whole number"));
+        assert!(parse_error("performed purchase at least 2").contains("`times`"));
+    }
+
+    #[test]
+    fn given_subscription_and_consent_phrases_when_parsed_then_they_read_the_contact_fields() {
+        assert_eq!(
+            parsed("subscribed to newsletter"),
+            condition("subscriptions.newsletter", Op::Eq(text("subscribed")))
+        );
+        assert_eq!(
+            parsed("not subscribed to newsletter"),
+            Filter::Not(Box::new(condition("subscriptions.newsletter", Op::Eq(text("subscribed")))))
+        );
+        assert_eq!(parsed("has email consent"), condition("consent.email", Op::Eq(Scalar::Bool(true))));
+        assert_eq!(
+            parsed("has no email consent"),
+            Filter::Not(Box::new(condition("consent.email", Op::Eq(Scalar::Bool(true)))))
+        );
+        assert!(parse_error("subscribed to").contains("a topic"));
+    }
+
+    #[test]
+    fn given_contact_facts_when_described_then_they_read_back_the_same() {
+        for text in [
+            "performed purchase at least 2 times in the last 30 days and subscribed to newsletter",
+            "has email consent or not (performed \"page viewed\" in the last 90 minutes)",
+            "performed \"in\" in the last 7 seconds",
+        ] {
+            let filter = parsed(text);
+            let described = describe(&filter);
+            assert_eq!(parsed(&described), filter, "{text} -> {described}");
+            assert_eq!(from_json(&filter.to_json()).expect("the JSON form reads back"), filter);
+        }
+        assert_eq!(
+            describe(&parsed("performed purchase within 48 hours")),
+            "performed purchase in the last 2 days",
+            "the largest whole unit"
+        );
+    }
+
+    #[test]
+    fn given_the_json_form_of_performed_when_invalid_then_it_is_refused_with_the_path() {
+        assert!(json_error(json!({"performed": {"event": "p", "atLeast": 0}})).contains("filter.performed"));
+        assert!(json_error(json!({"performed": {"event": "p", "withinSeconds": -1}})).contains("withinSeconds"));
+        assert!(json_error(json!({"performed": {"event": ""}})).contains("name of an event"));
+        assert!(json_error(json!({"performed": {"event": "p", "extra": 1}})).contains("unknown key"));
+        assert_eq!(from_json(&json!({"performed": {"event": "p"}})).expect("defaults"), performed("p", 1, None));
+    }
+
+    #[test]
+    fn given_events_when_evaluated_at_a_time_then_only_the_window_counts_and_the_next_change_is_when_one_leaves() {
+        let filter = parsed("performed purchase at least 2 times in the last 10 seconds");
+        let events = std::collections::HashMap::from([("purchase".to_owned(), vec![1_000, 5_000, 20_000])]);
+        let document = json!({});
+        let at = |now_ms| Facts { document: &document, events: &events, now_ms };
+        assert!(matches_facts(&filter, &at(6_000)), "1 s and 5 s are inside (−4 s, 6 s]");
+        assert_eq!(next_change_ms(&filter, &at(6_000)), Some(11_000), "1 s leaves at 11 s");
+        assert!(!matches_facts(&filter, &at(11_000)), "at 11 s only 5 s is inside");
+        assert_eq!(next_change_ms(&filter, &at(11_000)), Some(15_000));
+        assert!(!matches_facts(&filter, &at(19_999)));
+        assert!(!matches_facts(&filter, &at(20_000)), "20 s is inside but 5 s left at 15 s");
+        assert!(!matches(&filter, &document), "a document alone has no events");
+        let ever = parsed("performed purchase");
+        assert!(matches_facts(&ever, &at(2_000)));
+        assert!(!matches_facts(&ever, &at(500)), "an occurrence dated later does not count yet");
+        assert_eq!(next_change_ms(&ever, &at(500)), Some(1_000), "it enters when its time comes");
+        assert_eq!(next_change_ms(&ever, &at(30_000)), None);
+    }
+
+    #[test]
+    fn given_a_filter_when_rewritten_then_each_leaf_is_replaced_and_errors_stop_it() {
+        let filter = parsed("performed purchase and (plan is pro or subscribed to news)");
+        let renamed = rewrite(filter.clone(), &mut |leaf| {
+            Ok::<_, ()>(match leaf {
+                Filter::Performed(mut performed) => {
+                    performed.event = "sch_1".into();
+                    Filter::Performed(performed)
+                }
+                other => other,
+            })
+        })
+        .expect("no error");
+        assert_eq!(performed_parts(&renamed)[0].event, "sch_1");
+        assert_eq!(rewrite(filter, &mut |_| Err::<Filter, _>("nope")), Err("nope"));
     }
 }

@@ -35,6 +35,21 @@ impl PageRequest {
         self.offset
     }
 
+    /// Caps the page at `rows` without a warning of its own (a list whose pages are smaller
+    /// than `limit` allows); a clamping warning already given says what is applied.
+    pub fn cap_silently(&mut self, rows: i64) {
+        if self.limit > rows {
+            self.limit = rows;
+            for warning in &mut self.warnings {
+                if warning.code == "limit_clamped" {
+                    warning.message = format!(
+                        "limit must be between 1 and {MAX_LIMIT}; used {rows}, the most rows a page of this list holds"
+                    );
+                }
+            }
+        }
+    }
+
     /// Parses `limit` and `offset` from query pairs.
     pub fn parse(query: &[(String, String)]) -> Result<Self, ApiError> {
         Self::parse_with_cap(query, MAX_LIMIT)

@@ -86,6 +86,11 @@ pub const OPERATIONS: &[Operation] = &[
     // A GET that writes (D7): the split deployment's nginx sends `/v1/forms/` to the command
     // service.
     operation("confirmFormSubmission", "GET", "/forms/{id}/confirm/{token}", Command),
+    operation("listSegments", "GET", "/segments", Query),
+    operation("createSegment", "POST", "/segments", Command),
+    operation("getSegment", "GET", "/segments/{id}", Query),
+    operation("deleteSegment", "DELETE", "/segments/{id}", Command),
+    operation("listSegmentContacts", "GET", "/segments/{id}/contacts", Query),
 ];
 
 /// The API prefix every path lives under.

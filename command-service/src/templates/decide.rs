@@ -76,9 +76,7 @@ pub struct Recipient {
 /// D9: suppressions block every send; marketing mail also needs the contact's email consent
 /// and, when the template has a topic, a subscription to it.
 pub fn gate(template: &TemplateDef, recipient: &Recipient) -> Result<(), ApiError> {
-    let refuse = |code: Code, message: &str| {
-        ApiError::new(actix_web::http::StatusCode::UNPROCESSABLE_ENTITY, Some(code), message.to_owned())
-    };
+    let refuse = |code: Code, message: &str| ApiError::unprocessable(code, message.to_owned());
     if recipient.suppressed {
         return Err(refuse(Code::RecipientSuppressed, "the recipient's address is suppressed; nothing was sent"));
     }

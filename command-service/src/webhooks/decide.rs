@@ -21,6 +21,27 @@ pub enum Condition {
     CustomFilter {
         requirements: String,
     },
+    /// Deliver only for contacts in the segment: triggers about a contact only.
+    Segment {
+        segment_id: String,
+    },
+}
+
+/// The triggers whose occurrences concern one contact, which a segment condition can test.
+pub const SEGMENT_TRIGGERS: [Trigger; 3] = [Trigger::ContactUpserted, Trigger::EventFired, Trigger::EmailEvent];
+
+fn check_segment_trigger(trigger: Trigger, condition: Option<&Condition>, issues: &mut Vec<Issue>) {
+    if matches!(condition, Some(Condition::Segment { .. })) && !SEGMENT_TRIGGERS.contains(&trigger) {
+        issues.push(Issue::coded(
+            "condition.type",
+            Code::InvalidField,
+            format!(
+                "a segment condition tests the contact an occurrence is about; trigger `{}` has none \
+                 (use contact upserted, event fired or email event)",
+                trigger.as_str()
+            ),
+        ));
+    }
 }
 
 /// A validated create.
@@ -106,6 +127,7 @@ pub fn parse_create(body: &Map<String, Value>, allow_loopback: bool) -> Result<N
         Some(value) => condition(value, &mut issues),
     };
     if let Some(trigger) = trigger {
+        check_segment_trigger(trigger, condition.as_ref(), &mut issues);
         let email = trigger == Trigger::EmailEvent;
         let has_types = email_event_types.as_ref().is_some_and(|types: &Vec<String>| !types.is_empty());
         if email && !has_types && !issues.iter().any(|issue| issue.key.as_deref() == Some("emailEventTypes")) {
@@ -183,6 +205,7 @@ pub fn parse_update(body: &Map<String, Value>, trigger: Trigger, allow_loopback:
     }
     if let Some(value) = body.get("condition") {
         update.condition = condition(value, &mut issues);
+        check_segment_trigger(trigger, update.condition.as_ref(), &mut issues);
     }
     if let Some(value) = body.get("status") {
         match value.as_str() {
@@ -293,7 +316,22 @@ fn condition(value: &Value, issues: &mut Vec<Issue>) -> Option<Condition> {
                 }
             }
         }
-        Some("none" | "custom filter") => {
+        Some("segment") if fields.iter().all(|field| ["type", "segmentId"].contains(field)) => {
+            match object.get("segmentId").and_then(Value::as_str) {
+                Some(id) if !id.trim().is_empty() && shared::storable::is_storable(id) && id.len() <= 100 => {
+                    Some(Condition::Segment { segment_id: id.to_owned() })
+                }
+                _ => {
+                    issues.push(Issue::coded(
+                        "condition.segmentId",
+                        Code::InvalidField,
+                        "condition.segmentId must be a segment id",
+                    ));
+                    None
+                }
+            }
+        }
+        Some("none" | "custom filter" | "segment") => {
             issues.push(Issue::coded("condition", Code::UnknownField, "condition has fields its type does not take"));
             None
         }
@@ -301,7 +339,7 @@ fn condition(value: &Value, issues: &mut Vec<Issue>) -> Option<Condition> {
             issues.push(Issue::coded(
                 "condition.type",
                 Code::InvalidField,
-                "condition.type must be `none` or `custom filter`",
+                "condition.type must be `none`, `custom filter` or `segment`",
             ));
             None
         }

@@ -85,8 +85,20 @@ async fn resolve_condition(
     caller: &Caller,
     condition: &Condition,
 ) -> Result<(proto::WebhookCondition, i64), ApiError> {
-    let Condition::CustomFilter { requirements } = condition else {
-        return Ok((no_condition(), 0));
+    let requirements = match condition {
+        Condition::None => return Ok((no_condition(), 0)),
+        Condition::Segment { segment_id } => {
+            let client = state.pool.get().await?;
+            crate::segments::http::load_live(&client, caller.space_id(), segment_id).await?;
+            let condition = proto::WebhookCondition {
+                r#type: "segment".to_owned(),
+                description: String::new(),
+                expression: String::new(),
+                segment_id: segment_id.clone(),
+            };
+            return Ok((condition, 0));
+        }
+        Condition::CustomFilter { requirements } => requirements,
     };
     let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
     let client = state.pool.get().await?;
@@ -100,6 +112,13 @@ async fn resolve_condition(
         ));
     }
     match state.ai.filter(requirements).await {
+        // A webhook's filter reads the delivered document alone: no events performed.
+        Ok(filter) if !shared::filter::performed_parts(&filter).is_empty() => {
+            let message = "`performed` is for segments: a webhook's custom filter reads the delivered data; \
+                           use a segment condition instead";
+            Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Some(Code::AiGenerationFailed), message)
+                .with_issues(vec![Issue::coded("condition.requirements", Code::AiGenerationFailed, message)]))
+        }
         Ok(filter) => Ok((
             proto::WebhookCondition {
                 r#type: "custom filter".to_owned(),

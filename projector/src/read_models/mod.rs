@@ -45,6 +45,7 @@ pub mod quarantine;
 pub mod rebuild;
 mod records;
 pub mod runner;
+pub mod segments;
 mod suppressions;
 mod webhooks;
 pub mod worker;
@@ -74,13 +75,14 @@ pub trait ReadModel: Send + Sync + 'static {
 }
 
 /// Every read model.
-pub const ALL: [&dyn ReadModel; 6] = [
+pub const ALL: [&dyn ReadModel; 7] = [
     &catalog::Catalog,
     &records::Records,
     &suppressions::Suppressions,
     &deletions::Deletions,
     &events::Events,
     &webhooks::Webhooks,
+    &segments::Segments,
 ];
 
 /// The read model named `name`.

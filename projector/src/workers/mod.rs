@@ -5,4 +5,5 @@ pub mod email;
 pub mod eraser;
 pub mod maintenance;
 pub mod preparation;
+pub mod segments;
 pub mod webhooks;

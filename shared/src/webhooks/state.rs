@@ -126,6 +126,7 @@ impl WebhookState {
     pub fn document(&self) -> Value {
         let condition = match self.condition.r#type.as_str() {
             "custom filter" => json!({"type": "custom filter", "description": self.condition.description}),
+            "segment" => json!({"type": "segment", "segmentId": self.condition.segment_id}),
             _ => json!({"type": "none"}),
         };
         let mut document = json!({

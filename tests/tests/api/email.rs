@@ -13,17 +13,18 @@ pub(crate) const MAIL_KEY: &str = "sk_test_mail_admin_0000000000000001";
 const MAIL_READER: &str = "sk_test_mail_reader_000000000000002";
 const WAIT: Duration = Duration::from_secs(20);
 const SIGNUP_FORM: &str = "frm_signup000000000000000000000001";
-const QUICK_FORM: &str = "frm_quick0000000000000000000000002";
+pub(crate) const QUICK_FORM: &str = "frm_quick0000000000000000000000002";
 const CLOSED_FORM: &str = "frm_closed000000000000000000000003";
 
 /// The fixture workspace plus a space `mail` with a consent attribute, a domain, a sender, a
 /// topic, a transactional and a marketing template, and an allowance of `allowance` a month.
-fn mail_workspace(allowance: i64) -> String {
+pub(crate) fn mail_workspace(allowance: i64) -> String {
     let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("the fixture is JSON");
     let space = json!({
         "slug": "mail",
         "name": "Mail",
         "emailAllowance": {"monthly": allowance},
+        "aiCredits": 100,
         "schemas": [
             {"slug": "people", "name": "People", "type": "contact", "attributes": [
                 {"key": "firstName", "definition": {"type": "string"}},
@@ -31,6 +32,9 @@ fn mail_workspace(allowance: i64) -> String {
             ]},
             {"slug": "orders", "name": "Orders", "type": "object", "attributes": [
                 {"key": "total", "definition": {"type": "number"}}
+            ]},
+            {"slug": "purchase", "name": "Purchase", "type": "event", "attributes": [
+                {"key": "amount", "definition": {"type": "number"}}
             ]}
         ],
         "domains": [{"slug": "main", "name": "mail.example.test", "dkimSelector": "k1"}],

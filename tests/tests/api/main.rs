@@ -27,6 +27,7 @@ mod receiver;
 mod records;
 mod runtime;
 mod schemas;
+mod segments;
 mod smtp_sink;
 mod suppressions;
 mod upsert;

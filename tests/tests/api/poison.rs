@@ -84,11 +84,15 @@ async fn a_poison_event_in_one_space_leaves_every_other_space_readable() {
     }
     // Every read model reaches the head of the log: nothing is stuck.
     app.wait_for_projections().await;
-    // The records read model dead-letters it (and holds alpha back); the preparation worker,
-    // which reads record events too, records it and passes over it.
+    // The records and segments read models dead-letter it (and hold alpha back); the
+    // preparation worker, which reads record events too, records it and passes over it.
     assert_eq!(
         open_dead_letters(&app).await,
-        vec![("preparation".to_owned(), 0, poison, alpha.clone()), ("records".to_owned(), 1, poison, alpha.clone())]
+        vec![
+            ("preparation".to_owned(), 0, poison, alpha.clone()),
+            ("records".to_owned(), 1, poison, alpha.clone()),
+            ("segments".to_owned(), 1, poison, alpha.clone())
+        ]
     );
 
     // Space alpha: a write after the poison is held, and reads say so at once instead of

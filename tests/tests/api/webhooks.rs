@@ -51,7 +51,7 @@ async fn wait_for_webhook(app: &TestApp, id: &str, check: impl Fn(&Value) -> boo
 }
 
 /// Waits until no delivery is pending any more.
-async fn wait_until_settled(app: &TestApp) {
+pub(crate) async fn wait_until_settled(app: &TestApp) {
     let deadline = Instant::now() + WAIT;
     // One statement, so one snapshot: the enqueue worker inserts deliveries and advances its
     // checkpoint in one transaction, and two separate reads could straddle it (no delivery
@@ -174,6 +174,10 @@ async fn invalid_webhooks_are_refused_with_issues_naming_the_field() {
         (json!({"url": "https://example.com", "trigger": "event fired", "schemaId": "contacts"}), "schemaId"),
         (
             json!({"url": "https://example.com", "trigger": "contact upserted", "schemaId": "contacts", "condition": {"type": "segment"}}),
+            "condition.segmentId",
+        ),
+        (
+            json!({"url": "https://example.com", "trigger": "contact upserted", "schemaId": "contacts", "condition": {"type": "everyone"}}),
             "condition.type",
         ),
         (

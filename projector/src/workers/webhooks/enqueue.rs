@@ -39,6 +39,8 @@ struct Endpoint {
     email_event_types: Vec<String>,
     url: String,
     filter: Option<Filter>,
+    /// A segment condition: deliver only for contacts in this segment.
+    segment_id: Option<String>,
     live: bool,
     secret_version: i32,
 }
@@ -72,6 +74,16 @@ struct Occurrence {
 }
 
 impl Occurrence {
+    /// The contact the occurrence is about, which a segment condition tests: the upserted
+    /// contact, an event's contact, an email's recipient.
+    fn contact_id(&self) -> Option<&str> {
+        match self.trigger {
+            Trigger::ContactUpserted | Trigger::EmailEvent => self.subject_id.as_deref(),
+            Trigger::EventFired => self.filter_view.as_ref()?.get("contactId")?.as_str(),
+            _ => None,
+        }
+    }
+
     /// The delivery's `type`: the trigger's (`contact.upserted`), or `email.<type>` for an
     /// email event (`email.bounced`).
     fn kind(&self) -> String {
@@ -101,9 +113,17 @@ impl Enqueue {
         let Some(last) = events.last().map(|event| event.position) else {
             return Ok(Outcome::Idle);
         };
-        let enqueued = enqueue_batch(lease.transaction(), &events).await?;
+        let (enqueued, waiting_at) = enqueue_batch(lease.transaction(), &events).await?;
         if enqueued > 0 {
             lease.transaction().execute("SELECT pg_notify($1, '')", &[&DELIVERIES_CHANNEL]).await?;
+        }
+        if let Some(position) = waiting_at {
+            // A segment condition needs membership as of `position`, which the segments read
+            // model has not reached: everything before it is done, the rest waits.
+            let done = position - 1;
+            lease.commit(done).await?;
+            metrics::counter!("webhook_deliveries_enqueued_total").increment(enqueued);
+            return Ok(Outcome::Idle);
         }
         lease.commit(last).await?;
         metrics::counter!("webhook_deliveries_enqueued_total").increment(enqueued);
@@ -132,11 +152,49 @@ const EVENT_TYPES: &[&str] = &[
     "EmailUnsubscribed.v1",
 ];
 
-async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) -> anyhow::Result<u64> {
+/// The `segments` read model as the enqueue worker reads it: its live version's schema and
+/// position, loaded when a segment condition first needs it.
+#[derive(Default)]
+struct Membership {
+    live: Option<Option<(String, i64)>>,
+}
+
+impl Membership {
+    /// Whether `contact_id` is in `segment_id` as of `position` or later; `None` when the read
+    /// model has not reached `position` yet.
+    async fn contains(
+        &mut self,
+        transaction: &Transaction<'_>,
+        segment_id: &str,
+        contact_id: &str,
+        position: i64,
+    ) -> anyhow::Result<Option<bool>> {
+        if self.live.is_none() {
+            let row = transaction
+                .query_opt("SELECT version, position FROM projections WHERE name = 'segments' AND status = 'live'", &[])
+                .await?;
+            self.live = Some(row.map(|row| (shared::readmodel::schema_name("segments", row.get(0)), row.get(1))));
+        }
+        let Some(Some((schema, reached))) = &self.live else { return Ok(None) };
+        if *reached < position {
+            return Ok(None);
+        }
+        let statement = transaction
+            .prepare_cached(&format!(
+                "SELECT EXISTS (SELECT 1 FROM {schema}.members WHERE segment_id = $1 AND contact_id = $2)"
+            ))
+            .await?;
+        Ok(Some(transaction.query_one(&statement, &[&segment_id, &contact_id]).await?.get(0)))
+    }
+}
+
+/// Enqueues the batch's deliveries; the count, and the position it stopped before when a
+/// segment condition had to wait for the segments read model.
+async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) -> anyhow::Result<(u64, Option<i64>)> {
     let relevant: Vec<&StoredEvent> =
         events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())).collect();
     if relevant.is_empty() {
-        return Ok(0);
+        return Ok((0, None));
     }
     let decoded: Vec<LogEvent> = relevant.iter().map(|event| event.decode()).collect::<anyhow::Result<_>>()?;
     // The space is the payload's: events authored in the workspace file carry none in
@@ -152,7 +210,9 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
     let keys = shared::crypto::load_keys(transaction, &subjects).await?;
     let mut deliveries = Vec::new();
     let mut replayed = 0;
-    for (event, decoded) in relevant.into_iter().zip(&decoded) {
+    let mut membership = Membership::default();
+    let mut waiting_at = None;
+    'events: for (event, decoded) in relevant.into_iter().zip(&decoded) {
         let Some(space_id) = space_of(decoded).map(str::to_owned) else { continue };
         match decoded {
             LogEvent::WebhookDeliveryReplayRequested(replay) => {
@@ -185,7 +245,23 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
         }
         let Some(occurrence) = occurrence(transaction, event, decoded, &keys).await? else { continue };
         let Some(webhooks) = endpoints.get(&space_id) else { continue };
+        let mut wanted = Vec::new();
         for endpoint in webhooks.values().filter(|endpoint| fits(endpoint, &occurrence)) {
+            let Some(segment_id) = &endpoint.segment_id else {
+                wanted.push(endpoint);
+                continue;
+            };
+            let Some(contact_id) = occurrence.contact_id() else { continue };
+            match membership.contains(transaction, segment_id, contact_id, event.position).await? {
+                Some(true) => wanted.push(endpoint),
+                Some(false) => {}
+                None => {
+                    waiting_at = Some(event.position);
+                    break 'events;
+                }
+            }
+        }
+        for endpoint in wanted {
             let body = json!({
                 "type": occurrence.kind(),
                 "timestamp": format_timestamp(event.recorded_at),
@@ -206,7 +282,7 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
             deliveries.push(delivery(event.position, &space_id, endpoint, &occurrence.kind(), subject_id, bytes));
         }
     }
-    Ok(insert(transaction, &deliveries).await? + replayed)
+    Ok((insert(transaction, &deliveries).await? + replayed, waiting_at))
 }
 
 /// The outbox row of the event at `position` for `endpoint`, with its URL and secret version
@@ -292,7 +368,8 @@ async fn load_endpoints(
 ) -> anyhow::Result<HashMap<String, HashMap<String, Endpoint>>> {
     let statement = transaction
         .prepare_cached(
-            "SELECT space_id, webhook_id, trigger, schema_id, email_event_types, url, filter, status, secret_version
+            "SELECT space_id, webhook_id, trigger, schema_id, email_event_types, url, filter, status, secret_version,
+                    segment_id
              FROM webhook_endpoints WHERE space_id = ANY($1) AND status <> 'deleted'",
         )
         .await?;
@@ -308,6 +385,7 @@ async fn load_endpoints(
             filter: filter.and_then(|filter| shared::filter::from_json(&filter).ok()),
             live: row.get::<_, String>(7) == "live",
             secret_version: row.get(8),
+            segment_id: row.get(9),
         };
         endpoints.entry(row.get(0)).or_default().insert(endpoint.webhook_id.clone(), endpoint);
     }
@@ -368,6 +446,8 @@ async fn fold_webhook(
         email_event_types: state.email_event_types.clone(),
         url: state.url.clone(),
         filter: filter_of(Some(&state.condition)),
+        segment_id: Some(state.condition.segment_id.clone())
+            .filter(|id| state.condition.r#type == "segment" && !id.is_empty()),
         live: state.live && !state.deleted,
         secret_version: state.secret_version,
     };
@@ -387,11 +467,12 @@ async fn save(transaction: &Transaction<'_>, space_id: &str, endpoint: &Endpoint
     let statement = transaction
         .prepare_cached(
             "INSERT INTO webhook_endpoints
-                 (webhook_id, space_id, trigger, schema_id, email_event_types, url, filter, status, secret_version)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                 (webhook_id, space_id, trigger, schema_id, email_event_types, url, filter, status, secret_version,
+                  segment_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (webhook_id) DO UPDATE SET email_event_types = EXCLUDED.email_event_types,
                  url = EXCLUDED.url, filter = EXCLUDED.filter, status = EXCLUDED.status,
-                 secret_version = EXCLUDED.secret_version",
+                 secret_version = EXCLUDED.secret_version, segment_id = EXCLUDED.segment_id",
         )
         .await?;
     transaction
@@ -407,6 +488,7 @@ async fn save(transaction: &Transaction<'_>, space_id: &str, endpoint: &Endpoint
                 &filter,
                 &status,
                 &endpoint.secret_version,
+                &endpoint.segment_id,
             ],
         )
         .await?;
@@ -559,7 +641,10 @@ async fn template_of(transaction: &Transaction<'_>, email_id: &str) -> anyhow::R
 }
 
 /// The acceptance of event `id`, from its stream.
-async fn accepted_event(transaction: &Transaction<'_>, id: &str) -> anyhow::Result<Option<proto::EventAccepted>> {
+pub(crate) async fn accepted_event(
+    transaction: &Transaction<'_>,
+    id: &str,
+) -> anyhow::Result<Option<proto::EventAccepted>> {
     let statement = transaction
         .prepare_cached(
             "SELECT event_type, payload FROM events WHERE stream_id = $1 AND event_type = 'EventAccepted.v1'",
@@ -691,6 +776,7 @@ mod tests {
             email_event_types: Vec::new(),
             url: "https://example.com".into(),
             filter,
+            segment_id: None,
             live: true,
             secret_version: 1,
         }

@@ -1,0 +1,228 @@
+//! The segment decision: validating a create body, and resolving the filter the AI provider
+//! made against the space's catalog (event and topic slugs to ids, `has email consent` to the
+//! contact schemas' consent attributes, and every other field to a contact field that exists).
+//! Pure: the catalog comes in as an argument.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Map, Value};
+use shared::error::{Code, Issue};
+use shared::filter::{CONSENT_EMAIL, Condition, FieldPath, Filter, Op, SUBSCRIPTIONS, Scalar};
+
+/// The fields a create accepts.
+pub const CREATE_FIELDS: [&str; 2] = ["name", "definition"];
+/// The most characters of a segment's name.
+pub const MAX_NAME_CHARS: usize = 200;
+/// The most characters of a segment's definition.
+pub const MAX_DEFINITION_CHARS: usize = 2000;
+/// The fields every contact has beside its schema's attributes.
+pub const CONTACT_FIELDS: [&str; 7] = ["id", "source", "userId", "email", "phone", "createdAt", "updatedAt"];
+
+/// A validated create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSegment {
+    pub name: String,
+    pub definition: String,
+}
+
+/// What a segment's filter may name in a space.
+#[derive(Debug, Clone, Default)]
+pub struct Vocabulary {
+    /// Attribute keys of each contact schema, and which of them are email consent attributes.
+    pub contact_schemas: Vec<ContactSchema>,
+    /// Event schemas by slug and by id (both resolve to the id).
+    pub events: BTreeMap<String, String>,
+    /// Topics by slug and by id (both resolve to the id).
+    pub topics: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ContactSchema {
+    pub attributes: BTreeSet<String>,
+    pub consent_keys: Vec<String>,
+}
+
+/// Why a segment is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The body is not a valid segment; `issues` names every problem (400 `invalid_segment`).
+    #[error("{message}")]
+    Invalid { message: String, issues: Vec<Issue> },
+    /// The definition did not give a filter this space can evaluate (422
+    /// `ai_generation_failed`); nothing is spent or written.
+    #[error("the definition could not be turned into a segment: {0}")]
+    Unusable(String),
+}
+
+fn invalid(issues: Vec<Issue>) -> Refusal {
+    let message = match issues.as_slice() {
+        [only] => only.message.clone(),
+        _ => format!("{} problems with this segment; see issues", issues.len()),
+    };
+    Refusal::Invalid { message, issues }
+}
+
+fn text_field(body: &Map<String, Value>, key: &str, max: usize, issues: &mut Vec<Issue>) -> Option<String> {
+    match body.get(key) {
+        None | Some(Value::Null) => {
+            issues.push(Issue::coded(key, Code::MissingField, format!("{key} is required")));
+            None
+        }
+        Some(Value::String(text)) if text.trim().is_empty() => {
+            issues.push(Issue::coded(key, Code::InvalidField, format!("{key} must not be blank")));
+            None
+        }
+        Some(Value::String(text)) if text.chars().count() > max || !shared::storable::is_storable(text) => {
+            issues.push(Issue::coded(
+                key,
+                Code::InvalidField,
+                format!("{key} must be at most {max} characters of text"),
+            ));
+            None
+        }
+        Some(Value::String(text)) => Some(text.trim().to_owned()),
+        Some(_) => {
+            issues.push(Issue::coded(key, Code::InvalidField, format!("{key} must be a string")));
+            None
+        }
+    }
+}
+
+/// Validates a create body: `name` and `definition`, both required text.
+pub fn parse_create(body: &Map<String, Value>) -> Result<NewSegment, Refusal> {
+    let mut issues: Vec<Issue> = body
+        .keys()
+        .filter(|key| !CREATE_FIELDS.contains(&key.as_str()))
+        .map(|key| Issue::coded(key, Code::UnknownField, format!("{key} is not a field of a segment")))
+        .collect();
+    let name = text_field(body, "name", MAX_NAME_CHARS, &mut issues);
+    let definition = text_field(body, "definition", MAX_DEFINITION_CHARS, &mut issues);
+    match (name, definition) {
+        (Some(name), Some(definition)) if issues.is_empty() => Ok(NewSegment { name, definition }),
+        _ => Err(invalid(issues)),
+    }
+}
+
+fn unusable(reason: &str) -> Refusal {
+    Refusal::Unusable(reason.to_owned())
+}
+
+/// Resolves `filter` against the space: the stored filter reads ids and attribute keys only.
+pub fn resolve(filter: Filter, vocabulary: &Vocabulary) -> Result<Filter, Refusal> {
+    shared::filter::rewrite(filter, &mut |leaf| match leaf {
+        Filter::Performed(mut performed) => {
+            performed.event =
+                vocabulary.events.get(&performed.event).cloned().ok_or_else(|| {
+                    unusable(&format!("there is no event schema {:?} in this space", performed.event))
+                })?;
+            Ok(Filter::Performed(performed))
+        }
+        Filter::Condition(condition) => resolve_condition(condition, vocabulary),
+        other => Ok(other),
+    })
+}
+
+fn resolve_condition(condition: Condition, vocabulary: &Vocabulary) -> Result<Filter, Refusal> {
+    let path = condition.field.as_str();
+    if path == CONSENT_EMAIL {
+        let holds = condition.op == Op::Eq(Scalar::Bool(true));
+        let per_schema: Vec<Filter> = vocabulary
+            .contact_schemas
+            .iter()
+            .filter(|schema| !schema.consent_keys.is_empty())
+            .map(|schema| {
+                let all =
+                    schema.consent_keys.iter().map(|key| consent_condition(key)).collect::<Result<Vec<_>, _>>()?;
+                Ok(shared::filter::all_of(all))
+            })
+            .collect::<Result<_, Refusal>>()?;
+        if !holds || per_schema.is_empty() {
+            return Err(unusable(if holds {
+                "no contact schema of this space has an email consent attribute"
+            } else {
+                "consent.email can only be asked to be true (`has email consent`)"
+            }));
+        }
+        return Ok(shared::filter::any_of(per_schema));
+    }
+    let parts: Vec<String> = condition.field.segments().map(str::to_owned).collect();
+    let root = parts.first().map_or("", String::as_str);
+    if root == SUBSCRIPTIONS {
+        let topic = parts.get(1).map_or("", String::as_str);
+        let topic_id = vocabulary
+            .topics
+            .get(topic)
+            .ok_or_else(|| unusable(&format!("there is no topic {topic:?} in this space")))?;
+        let field =
+            FieldPath::parse(&format!("{SUBSCRIPTIONS}.{topic_id}")).map_err(|error| unusable(error.message()))?;
+        return Ok(Filter::Condition(Condition { field, op: condition.op }));
+    }
+    let known = CONTACT_FIELDS.contains(&root)
+        || vocabulary.contact_schemas.iter().any(|schema| schema.attributes.contains(root));
+    if !known {
+        return Err(unusable(&format!("contacts have no field {root:?}")));
+    }
+    Ok(Filter::Condition(condition))
+}
+
+fn consent_condition(key: &str) -> Result<Filter, Refusal> {
+    let field = FieldPath::parse(key).map_err(|error| unusable(error.message()))?;
+    Ok(Filter::Condition(Condition { field, op: Op::Eq(Scalar::Bool(true)) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vocabulary() -> Vocabulary {
+        Vocabulary {
+            contact_schemas: vec![ContactSchema {
+                attributes: ["plan".to_owned(), "email_opt_in".to_owned()].into(),
+                consent_keys: vec!["email_opt_in".to_owned()],
+            }],
+            events: [("purchase".to_owned(), "sch_p".to_owned()), ("sch_p".to_owned(), "sch_p".to_owned())].into(),
+            topics: [("news".to_owned(), "top_n".to_owned())].into(),
+        }
+    }
+
+    fn resolved(text: &str) -> Result<Filter, Refusal> {
+        resolve(shared::filter::parse_plain(text).expect("parses"), &vocabulary())
+    }
+
+    #[test]
+    fn given_slugs_and_consent_when_resolved_then_the_filter_reads_ids_and_attributes() {
+        let filter = resolved("performed purchase in the last 30 days and subscribed to news and has email consent")
+            .expect("resolves");
+        assert_eq!(
+            filter.to_json(),
+            json!({"all": [
+                {"performed": {"event": "sch_p", "atLeast": 1, "withinSeconds": 2_592_000}},
+                {"field": "subscriptions.top_n", "op": "eq", "value": "subscribed"},
+                {"field": "email_opt_in", "op": "eq", "value": true},
+            ]})
+        );
+        assert!(resolved("plan is pro or email ends with @acme.com").is_ok(), "attributes and identity fields");
+    }
+
+    #[test]
+    fn given_unknown_names_when_resolved_then_the_generation_is_refused_with_422() {
+        for text in ["performed refund", "subscribed to sports", "plann is pro"] {
+            assert!(matches!(resolved(text), Err(Refusal::Unusable(_))), "{text}");
+        }
+    }
+
+    #[test]
+    fn given_a_create_body_when_parsed_then_name_and_definition_are_required_text() {
+        let body = |value: Value| value.as_object().cloned().expect("an object");
+        assert!(parse_create(&body(json!({"name": "Pro", "definition": "plan is pro"}))).is_ok());
+        for bad in [
+            json!({"name": "Pro"}),
+            json!({"name": " ", "definition": "x"}),
+            json!({"name": "P", "definition": 3}),
+            json!({"name": "P", "definition": "x", "filter": {}}),
+        ] {
+            assert!(matches!(parse_create(&body(bad.clone())), Err(Refusal::Invalid { .. })), "{bad}");
+        }
+    }
+}
