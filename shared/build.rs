@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "platform/events/v1/webhooks.proto",
         "platform/events/v1/email.proto",
         "platform/events/v1/segments.proto",
+        "platform/events/v1/broadcasts.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={root}/{file}");

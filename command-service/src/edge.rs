@@ -81,6 +81,14 @@ impl From<crate::events::decide::AdmissionRefusal> for ApiError {
     }
 }
 
+/// A refused broadcast update as the contract answers it.
+impl From<crate::broadcasts::decide::Refusal> for ApiError {
+    fn from(refusal: crate::broadcasts::decide::Refusal) -> Self {
+        let crate::broadcasts::decide::Refusal::Invalid { message, issues } = refusal;
+        ApiError::bad_request(Code::InvalidBroadcast, message).with_issues(issues)
+    }
+}
+
 /// A refused segment as the contract answers it.
 impl From<crate::segments::decide::Refusal> for ApiError {
     fn from(refusal: crate::segments::decide::Refusal) -> Self {

@@ -2,6 +2,7 @@
 //! check the permission, parse and validate, decide, append to the event log.
 
 pub mod authoring;
+pub mod broadcasts;
 pub mod edge;
 pub mod emails;
 pub mod events;

@@ -4,7 +4,7 @@
 use actix_web::{Route, web};
 use shared::routes::Tier;
 
-use crate::{emails, events, forms, identities, records, segments, suppressions, templates, webhooks};
+use crate::{broadcasts, emails, events, forms, identities, records, segments, suppressions, templates, webhooks};
 
 /// The handler of a command operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
@@ -32,6 +32,8 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "confirmFormSubmission" => web::get().to(forms::http::confirm),
         "createSegment" => web::post().to(segments::http::create),
         "deleteSegment" => web::delete().to(segments::http::delete),
+        "updateBroadcast" => web::patch().to(broadcasts::http::update),
+        "sendBroadcast" => web::post().to(broadcasts::http::send),
         _ => return None,
     })
 }

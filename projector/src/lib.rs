@@ -33,7 +33,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 pub const POOL_SIZE: usize = 32;
 
 /// The kinds of worker a process can run.
-pub const WORKER_KINDS: [&str; 9] = [
+pub const WORKER_KINDS: [&str; 10] = [
     "read_models",
     "preparation",
     "eraser",
@@ -43,6 +43,7 @@ pub const WORKER_KINDS: [&str; 9] = [
     "email_outbox",
     "domain_checks",
     "segment_windows",
+    "broadcasts",
 ];
 
 /// The workers a process runs: `selection` is `all` or a comma-separated list of
@@ -93,6 +94,9 @@ pub fn workers(
     if wanted.contains(&"segment_windows") {
         let windows = Arc::new(workers::segments::Windows::new(log.clone()));
         workers.push(Arc::new(timers::TimerWorker::new(pool.clone(), windows)));
+    }
+    if wanted.contains(&"broadcasts") {
+        workers.extend(workers::broadcasts::workers(pool, &log, settings)?);
     }
     if wanted.contains(&"email_outbox") {
         workers.push(Arc::new(workers::email::outbox::Outbox::new(pool.clone(), log, settings)?));

@@ -4,6 +4,7 @@
 //! **Architecture Invariant:** nothing here writes to the database.
 
 pub mod audit;
+pub mod broadcasts;
 pub mod consistency;
 pub mod deletions;
 pub mod email;

@@ -4,7 +4,9 @@
 use actix_web::{HttpResponse, Route, web};
 use shared::routes::Tier;
 
-use crate::{audit, deletions, email, emails, events, me, records, schemas, segments, suppressions, webhooks};
+use crate::{
+    audit, broadcasts, deletions, email, emails, events, me, records, schemas, segments, suppressions, webhooks,
+};
 
 /// The handler of a query operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
@@ -36,6 +38,10 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "listSegments" => web::get().to(segments::http::list),
         "getSegment" => web::get().to(segments::http::get),
         "listSegmentContacts" => web::get().to(segments::http::contacts),
+        "listBroadcasts" => web::get().to(broadcasts::http::list),
+        "getBroadcast" => web::get().to(broadcasts::http::get),
+        "listBroadcastRuns" => web::get().to(broadcasts::http::runs),
+        "getBroadcastRun" => web::get().to(broadcasts::http::run),
         _ => return None,
     })
 }

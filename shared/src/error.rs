@@ -128,6 +128,10 @@ codes! {
     ConfirmationExpired = "confirmation_expired",
     SegmentNotFound = "segment_not_found",
     InvalidSegment = "invalid_segment",
+    BroadcastNotFound = "broadcast_not_found",
+    BroadcastRunNotFound = "broadcast_run_not_found",
+    BroadcastRunActive = "broadcast_run_active",
+    InvalidBroadcast = "invalid_broadcast",
     }
     internal {
     OperationTaken = "operation_taken",

@@ -48,6 +48,8 @@ pub enum LogEvent {
     SegmentCreated(proto::SegmentCreated),
     SegmentDeleted(proto::SegmentDeleted),
     SegmentWindowElapsed(proto::SegmentWindowElapsed),
+    BroadcastUpdated(proto::BroadcastUpdated),
+    BroadcastRunRequested(proto::BroadcastRunRequested),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -119,6 +121,8 @@ event_types! {
     SegmentCreated => "SegmentCreated.v1",
     SegmentDeleted => "SegmentDeleted.v1",
     SegmentWindowElapsed => "SegmentWindowElapsed.v1",
+    BroadcastUpdated => "BroadcastUpdated.v1",
+    BroadcastRunRequested => "BroadcastRunRequested.v1",
 }
 
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the

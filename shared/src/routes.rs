@@ -91,6 +91,12 @@ pub const OPERATIONS: &[Operation] = &[
     operation("getSegment", "GET", "/segments/{id}", Query),
     operation("deleteSegment", "DELETE", "/segments/{id}", Command),
     operation("listSegmentContacts", "GET", "/segments/{id}/contacts", Query),
+    operation("listBroadcasts", "GET", "/broadcasts", Query),
+    operation("getBroadcast", "GET", "/broadcasts/{id}", Query),
+    operation("updateBroadcast", "PATCH", "/broadcasts/{id}", Command),
+    operation("sendBroadcast", "POST", "/broadcasts/{id}/send", Command),
+    operation("listBroadcastRuns", "GET", "/broadcasts/{id}/runs", Query),
+    operation("getBroadcastRun", "GET", "/broadcasts/{id}/runs/{runId}", Query),
 ];
 
 /// The API prefix every path lives under.

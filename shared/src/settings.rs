@@ -39,6 +39,7 @@ pub struct Settings {
     pub webhooks: WebhookSettings,
     pub email: EmailSettings,
     pub forms: FormSettings,
+    pub broadcasts: BroadcastSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -262,6 +263,24 @@ impl Default for FormSettings {
             confirmation_window_seconds: 3_600,
             token_ttl_hours: 168,
         }
+    }
+}
+
+/// Broadcast runs (`APP__BROADCASTS__*`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BroadcastSettings {
+    /// `RATE_PER_SECOND`: the most recipients a run schedules per second (0: no limit).
+    pub rate_per_second: u32,
+    /// `BATCH`: recipients decided and appended together.
+    pub batch: usize,
+    /// `HANDOFFS`: messages a run hands to the relay at once.
+    pub handoffs: usize,
+}
+
+impl Default for BroadcastSettings {
+    fn default() -> Self {
+        Self { rate_per_second: 200, batch: 200, handoffs: 16 }
     }
 }
 

@@ -19,6 +19,9 @@ Control API (JSON, on the http port):
                               -> 200 {"records": every known record}
   GET    /_control/messages   -> {"messages": [message, ...], "rejected": [rejection, ...]}, each
                               in arrival order
+  GET    /_control/summary    -> {"accepted": n, "rejected": n, "messageIds": [...], "rcptTo": [...],
+                              "dkimInvalid": n}: the accepted messages' Message-IDs and recipients
+                              in arrival order, for runs too large to fetch whole
   DELETE /_control/messages   forgets the messages and the rejections -> 204
 
 Modes (the reply is `<code> <message>`; every key but `mode` optional):
@@ -418,6 +421,16 @@ class ControlHandler(BaseHTTPRequestHandler):
                 messages = [dict(message) for message in STATE.messages]
                 rejected = list(STATE.rejected)
             return self.answer(200, {"messages": messages, "rejected": rejected})
+        if path == "/_control/summary":
+            with STATE.lock:
+                summary = {
+                    "accepted": len(STATE.messages),
+                    "rejected": len(STATE.rejected),
+                    "messageIds": [message.get("messageId") for message in STATE.messages],
+                    "rcptTo": [recipient for message in STATE.messages for recipient in message.get("rcptTo", [])],
+                    "dkimInvalid": sum(1 for message in STATE.messages if not message.get("dkim", {}).get("valid")),
+                }
+            return self.answer(200, summary)
         return self.answer(404, {"error": f"no GET route {self.path}"})
 
     def do_DELETE(self):  # noqa: N802 - the name http.server dispatches to

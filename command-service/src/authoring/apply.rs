@@ -417,12 +417,9 @@ fn plan_webhook(
 }
 
 fn plan_resources(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {
-    // The email resources are typed and resolved by `super::email`.
-    let kinds: [(&str, &str, &Vec<ResourceSpec>); 3] = [
-        ("broadcast", "bc", &space.broadcasts),
-        ("workflow", "wf", &space.workflows),
-        ("contact_track", "trk", &space.contact_tracks),
-    ];
+    // The email resources (broadcasts too) are typed and resolved by `super::email`.
+    let kinds: [(&str, &str, &Vec<ResourceSpec>); 2] =
+        [("workflow", "wf", &space.workflows), ("contact_track", "trk", &space.contact_tracks)];
     for (kind, prefix, resources) in kinds {
         for resource in resources {
             let resource_id = super::email::resource_id(kind, prefix, &space.slug, resource);

@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 use shared::email::dkim;
 use shared::email::render;
 use shared::email::resources::{
-    ALLOWANCE, AllowanceDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef, SENDER, SenderDef, TEMPLATE, TOPIC,
-    TemplateDef, TopicDef,
+    ALLOWANCE, AllowanceDef, Audience, BROADCAST, BroadcastDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef, SENDER,
+    SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef,
 };
 use shared::events::LogEvent;
 use shared::ids::derived_id;
@@ -104,6 +104,30 @@ struct FormSpec {
     confirmation_template: Option<String>,
     #[serde(default = "yes")]
     enabled: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct BroadcastSpec {
+    name: String,
+    template: String,
+    #[serde(default)]
+    sender: Option<String>,
+    audience: AudienceSpec,
+    /// RFC 3339.
+    #[serde(default)]
+    scheduled_at: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct AudienceSpec {
+    /// A segment's id (segments are made through the API).
+    #[serde(default)]
+    segment: Option<String>,
+    /// A topic's slug.
+    #[serde(default)]
+    topic: Option<String>,
 }
 
 fn yes() -> bool {
@@ -231,6 +255,7 @@ pub fn definitions(
         out.push((TOPIC, topic_ids[resource.slug.as_str()].clone(), serde_json::to_value(definition)?));
     }
     let mut template_kinds = BTreeMap::new();
+    let mut template_shapes: BTreeMap<String, (String, bool)> = BTreeMap::new();
     for resource in &space.templates {
         let input: TemplateSpec = spec(TEMPLATE, resource)?;
         let owner = format!("template {:?}", resource.slug);
@@ -268,6 +293,7 @@ pub fn definitions(
         }
         let id = template_ids[resource.slug.as_str()].clone();
         template_kinds.insert(id.clone(), input.kind.clone());
+        template_shapes.insert(id.clone(), (input.kind.clone(), data.len() == 1));
         let definition = TemplateDef {
             slug: resource.slug.clone(),
             name: input.name,
@@ -330,6 +356,40 @@ pub fn definitions(
             enabled: input.enabled,
         };
         out.push((FORM, resource_id(FORM, "frm", &space.slug, resource), serde_json::to_value(definition)?));
+    }
+    for resource in &space.broadcasts {
+        let input: BroadcastSpec = spec(BROADCAST, resource)?;
+        let owner = format!("broadcast {:?}", resource.slug);
+        let template_id = lookup(&template_ids, "template", &input.template, &owner)?.clone();
+        match template_shapes.get(&template_id) {
+            Some((kind, single_key)) if kind == "marketing" && *single_key => {}
+            _ => bail!("{owner}: its template must be a marketing template whose only data key is its recipient"),
+        }
+        let sender_id =
+            input.sender.as_deref().map(|slug| lookup(&sender_ids, "sender", slug, &owner)).transpose()?.cloned();
+        let audience = match (input.audience.segment, input.audience.topic) {
+            (Some(segment_id), None) if segment_id.starts_with("seg_") => Audience::Segment { segment_id },
+            (None, Some(topic)) => Audience::Topic { topic_id: lookup(&topic_ids, "topic", &topic, &owner)?.clone() },
+            _ => bail!("{owner}: audience is {{\"segment\": \"seg_...\"}} or {{\"topic\": \"<slug>\"}}"),
+        };
+        let scheduled_at_ms = input
+            .scheduled_at
+            .as_deref()
+            .map(|text| {
+                chrono::DateTime::parse_from_rfc3339(text)
+                    .map(|at| at.timestamp_millis())
+                    .with_context(|| format!("{owner}: scheduledAt {text:?} is not an RFC 3339 time"))
+            })
+            .transpose()?;
+        let definition = BroadcastDef {
+            slug: resource.slug.clone(),
+            name: input.name,
+            template_id,
+            sender_id,
+            audience,
+            scheduled_at_ms,
+        };
+        out.push((BROADCAST, resource_id(BROADCAST, "bc", &space.slug, resource), serde_json::to_value(definition)?));
     }
     if let Some(allowance) = &space.email_allowance {
         let allowance: AllowanceDef =

@@ -19,13 +19,12 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::Value;
 use shared::auth::{Caller, Permission};
 use shared::catalog::{self, CATALOG};
-use shared::email::outbox::{self, Handed, Parties, Prepared};
-use shared::email::resources::{AllowanceDef, DomainDef, SenderDef, TemplateDef};
-use shared::email::{message, render};
+use shared::email::outbox::{self, Handed, Prepared};
+pub use shared::email::send::{Authored, EmailTo, Scheduled};
+use shared::email::{render, send};
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
-use shared::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
-use shared::proto;
+use shared::log::{AppendError, Guard};
 
 use super::decide::{self, Recipient};
 use crate::State;
@@ -37,41 +36,17 @@ use crate::records::http::{PlannedUpsert, plan_upsert, write_context};
 /// How often a send whose context records lost a race is decided again.
 const ATTEMPTS: usize = 3;
 
-/// What a send loads from the catalog.
-pub struct Authored {
-    pub template_id: String,
-    pub revision: i64,
-    pub template: TemplateDef,
-    pub sender_id: String,
-    pub sender: SenderDef,
-    pub domain: DomainDef,
-    pub allowance: Option<AllowanceDef>,
-}
-
-fn definition<T: serde::de::DeserializeOwned>(found: Option<Value>, what: &str) -> Result<T, ApiError> {
-    let definition = found.ok_or_else(|| ApiError::internal(&anyhow::anyhow!("{what} is missing")))?;
-    serde_json::from_value(definition).map_err(|error| ApiError::internal(&anyhow::anyhow!("{what}: {error}")))
-}
-
 /// The template of the caller's space with its sender, domain and the space's allowance, in
 /// one read of the catalog.
 pub async fn load_authored(state: &State, space_id: &str, template_id: &str) -> Result<Authored, ApiError> {
     let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
     let client = state.pool.get().await?;
-    let found = catalog::email_template(&client, &models.schema(CATALOG), space_id, template_id).await?;
-    let Some((revision, template, sender, domain, allowance)) = found else {
-        return Err(ApiError::not_found(Code::TemplateNotFound, format!("no template {template_id:?} in this space")));
-    };
-    let template: TemplateDef = definition(Some(template), "the template")?;
-    Ok(Authored {
-        template_id: template_id.to_owned(),
-        revision,
-        sender_id: template.sender_id.clone(),
-        template,
-        sender: definition(sender, "the template's sender")?,
-        domain: definition(domain, "the sender's domain")?,
-        allowance: allowance.and_then(|allowance| serde_json::from_value(allowance).ok()),
-    })
+    Authored::load(&client, &models.schema(CATALOG), space_id, template_id)
+        .await
+        .map_err(|error| ApiError::internal(&error))?
+        .ok_or_else(|| {
+            ApiError::not_found(Code::TemplateNotFound, format!("no template {template_id:?} in this space"))
+        })
 }
 
 #[tracing::instrument(skip_all, fields(template = %path.as_str()))]
@@ -204,7 +179,7 @@ async fn send_attempts(
         streams.push(scheduled.stream);
         guards.push(outbox::insert_guard(&email_id, space_id, claim.map(Claim::parts)));
         if let Some(allowance) = &authored.allowance {
-            guards.push(allowance_guard(space_id, now, allowance.monthly));
+            guards.push(send::allowance_guard(space_id, now, allowance.monthly));
         }
         let appended = crate::edge::append(state, req, caller, claim, streams, guards).await;
         let appended = match appended {
@@ -242,93 +217,19 @@ async fn send_attempts(
     ))
 }
 
-/// Who an email goes to: the contact, its address and its data key.
-pub struct EmailTo<'a> {
-    pub space_id: &'a str,
-    pub contact_id: &'a str,
-    pub address: &'a str,
-    pub key: &'a shared::crypto::DataKey,
-}
-
-/// A rendered email ready to append: its `EmailScheduled` stream and what its hand-off needs.
-pub struct Scheduled {
-    pub stream: StreamAppend,
-    pub prepared: Prepared,
-}
-
-/// Schedules `rendered` from the authored template for `to`: a new email id, the content
-/// sealed under the contact's key, and the message its hand-off will send. `origin` is what
-/// sent it (`template`, `form_confirmation`) and the form, if any.
+/// Schedules `rendered` from the authored template for `to` under a new email id (see
+/// `shared::email::send::schedule`).
 pub fn schedule(
     state: &State,
     authored: &Authored,
     to: EmailTo<'_>,
     rendered: &render::Rendered,
-    (origin, form_id): (&str, &str),
+    origin: (&str, &str),
     now: i64,
 ) -> Result<Scheduled, ApiError> {
     let email_id = shared::ids::new_id("em");
-    let template = &authored.template;
-    let content = proto::EmailContent {
-        to_address: to.address.to_owned(),
-        subject: rendered.subject.clone(),
-        html: rendered.html.clone(),
-        text: rendered.text.clone(),
-    };
-    let mut sealed = shared::events::seal(to.contact_id, &content);
-    shared::events::encrypt(&mut sealed, to.key).map_err(|error| ApiError::internal(&error))?;
-    let scheduled = proto::EmailScheduled {
-        email_id: email_id.clone(),
-        space_id: to.space_id.to_owned(),
-        template_id: authored.template_id.clone(),
-        template_revision: authored.revision,
-        kind: template.kind.clone(),
-        contact_id: to.contact_id.to_owned(),
-        sender_id: authored.sender_id.clone(),
-        topic_id: template.topic_id.clone().unwrap_or_default(),
-        content: Some(sealed),
-        scheduled_at_ms: now,
-        origin: origin.to_owned(),
-        form_id: form_id.to_owned(),
-    };
-    let stream = StreamAppend {
-        stream_id: shared::email::stream_id(&email_id),
-        expected: ExpectedVersion::NoStream,
-        events: vec![NewEvent {
-            event: LogEvent::EmailScheduled(scheduled),
-            subject_id: Some(to.contact_id.to_owned()),
-            occurred_at: shared::time::from_millis(now),
-        }],
-    };
-    let prepared = Prepared {
-        parties: Parties {
-            email_id: email_id.clone(),
-            space_id: to.space_id.to_owned(),
-            contact_id: to.contact_id.to_owned(),
-            message_id: message::message_id(&email_id, &authored.domain.name),
-        },
-        outgoing: message::Outgoing::new(
-            &email_id,
-            &authored.sender,
-            &authored.domain,
-            &content,
-            (now, template.kind == "marketing"),
-            &state.settings.email.public_base_url,
-        ),
-        domain_id: authored.sender.domain_id.clone(),
-        domain: authored.domain.clone(),
-    };
-    Ok(Scheduled { stream, prepared })
-}
-
-/// Counts one email against the month's allowance, refused once it is used up.
-fn allowance_guard(space_id: &str, now_ms: i64, monthly: i64) -> Guard {
-    Guard::exactly_one(
-        "INSERT INTO email_allowance_usage AS u (space_id, month, used) SELECT $1, $2, 1 WHERE $3::bigint > 0
-         ON CONFLICT (space_id, month) DO UPDATE SET used = u.used + 1 WHERE u.used < $3",
-        vec![Box::new(space_id.to_owned()), Box::new(shared::email::allowance_month(now_ms)), Box::new(monthly)],
-        AppendError::Conflict { code: Code::EmailLimitReached, message: "the email allowance is used up".to_owned() },
-    )
+    send::schedule(&email_id, authored, to, rendered, origin, (now, &state.settings.email.public_base_url))
+        .map_err(|error| ApiError::internal(&error))
 }
 
 /// Hands an appended email to the relay inline and records the outcome; the answer to give,

@@ -38,6 +38,7 @@ macro_rules! read_model {
     };
 }
 
+mod broadcasts;
 mod catalog;
 pub mod deletions;
 mod events;
@@ -75,7 +76,7 @@ pub trait ReadModel: Send + Sync + 'static {
 }
 
 /// Every read model.
-pub const ALL: [&dyn ReadModel; 7] = [
+pub const ALL: [&dyn ReadModel; 8] = [
     &catalog::Catalog,
     &records::Records,
     &suppressions::Suppressions,
@@ -83,6 +84,7 @@ pub const ALL: [&dyn ReadModel; 7] = [
     &events::Events,
     &webhooks::Webhooks,
     &segments::Segments,
+    &broadcasts::Broadcasts,
 ];
 
 /// The read model named `name`.

@@ -2,12 +2,14 @@
 //! building and DKIM-signing messages, and handing them to the relay. Shared by the command
 //! service (the inline hand-off of a send) and the projector (the outbox worker).
 
+pub mod broadcasts;
 pub mod dkim;
 pub mod mailer;
 pub mod message;
 pub mod outbox;
 pub mod render;
 pub mod resources;
+pub mod send;
 
 /// An email's stream.
 pub fn stream_id(email_id: &str) -> String {

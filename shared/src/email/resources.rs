@@ -14,6 +14,7 @@ pub const TOPIC: &str = "topic";
 pub const TEMPLATE: &str = "template";
 pub const FORM: &str = "form";
 pub const ALLOWANCE: &str = "email_allowance";
+pub const BROADCAST: &str = "broadcast";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -90,6 +91,58 @@ pub struct FormDef {
     #[serde(default)]
     pub confirmation_template_id: Option<String>,
     pub enabled: bool,
+}
+
+/// Who a broadcast goes to: the contacts of a segment, or those subscribed to a topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum Audience {
+    Segment {
+        #[serde(rename = "segmentId")]
+        segment_id: String,
+    },
+    Topic {
+        #[serde(rename = "topicId")]
+        topic_id: String,
+    },
+}
+
+impl Audience {
+    pub fn to_proto(&self) -> crate::proto::BroadcastAudience {
+        match self {
+            Audience::Segment { segment_id } => {
+                crate::proto::BroadcastAudience { segment_id: segment_id.clone(), topic_id: String::new() }
+            }
+            Audience::Topic { topic_id } => {
+                crate::proto::BroadcastAudience { segment_id: String::new(), topic_id: topic_id.clone() }
+            }
+        }
+    }
+
+    pub fn from_proto(audience: &crate::proto::BroadcastAudience) -> Option<Self> {
+        match (audience.segment_id.as_str(), audience.topic_id.as_str()) {
+            ("", "") => None,
+            (segment_id, "") => Some(Audience::Segment { segment_id: segment_id.to_owned() }),
+            (_, topic_id) => Some(Audience::Topic { topic_id: topic_id.to_owned() }),
+        }
+    }
+}
+
+/// A broadcast as authored: a marketing template sent to an audience, from the template's
+/// sender or its own, now or at `scheduledAt`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BroadcastDef {
+    pub slug: String,
+    pub name: String,
+    pub template_id: String,
+    /// Replaces the template's sender when set.
+    #[serde(default)]
+    pub sender_id: Option<String>,
+    pub audience: Audience,
+    /// When a send starts its run (Unix milliseconds); `None`: at once.
+    #[serde(default)]
+    pub scheduled_at_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

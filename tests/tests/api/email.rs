@@ -13,6 +13,8 @@ pub(crate) const MAIL_KEY: &str = "sk_test_mail_admin_0000000000000001";
 const MAIL_READER: &str = "sk_test_mail_reader_000000000000002";
 const WAIT: Duration = Duration::from_secs(20);
 const SIGNUP_FORM: &str = "frm_signup000000000000000000000001";
+pub(crate) const WEEKLY_BROADCAST: &str = "bc_weekly000000000000000000000001";
+pub(crate) const BLAST_BROADCAST: &str = "bc_blast0000000000000000000000002";
 pub(crate) const QUICK_FORM: &str = "frm_quick0000000000000000000000002";
 const CLOSED_FORM: &str = "frm_closed000000000000000000000003";
 
@@ -62,6 +64,12 @@ pub(crate) fn mail_workspace(allowance: i64) -> String {
              "text": "Hi {{ contact.firstName }}, confirm: {{ confirmUrl }}",
              "data": {"contact": {"schema": "people"}}}
         ],
+        "broadcasts": [
+            {"slug": "weekly", "id": WEEKLY_BROADCAST, "name": "Weekly news", "template": "newsletter",
+             "audience": {"topic": "news"}},
+            {"slug": "blast", "id": BLAST_BROADCAST, "name": "Promo blast", "template": "promo",
+             "audience": {"segment": "seg_not_made_yet"}, "scheduledAt": "2030-01-01T00:00:00Z"}
+        ],
         "forms": [
             {"slug": "signup", "id": SIGNUP_FORM, "name": "Newsletter signup", "schema": "people",
              "fields": {"email_address": "email", "first_name": "firstName"}, "topics": ["news"],
@@ -90,7 +98,7 @@ pub(crate) fn mail_workspace(allowance: i64) -> String {
 
 /// An app sending to `sink`, with the mail space applied and its DKIM key published to the
 /// sink's resolver.
-async fn mail_app(sink: &SmtpSink, allowance: i64) -> TestApp {
+pub(crate) async fn mail_app(sink: &SmtpSink, allowance: i64) -> TestApp {
     mail_app_with(sink, allowance, test_email(sink)).await
 }
 

@@ -4,6 +4,7 @@ mod ai;
 mod audit;
 mod auth;
 mod authoring;
+mod broadcasts;
 mod consistency;
 mod deployment;
 mod dns_server;

@@ -97,6 +97,19 @@ impl SmtpSink {
         self.messages().await.iter().filter_map(|message| message["messageId"].as_str().map(str::to_owned)).collect()
     }
 
+    /// A summary of what the sink accepted, for runs too large to fetch whole: `accepted`,
+    /// `rejected`, `messageIds` and `rcptTo` (in arrival order) and `dkimInvalid`.
+    pub async fn summary(&self) -> Value {
+        let response = self
+            .http
+            .get(format!("{}/_control/summary", self.control_base))
+            .send()
+            .await
+            .expect("GET the SMTP sink's summary");
+        assert!(response.status().is_success(), "the SMTP sink's summary: {}", response.status());
+        response.json().await.expect("the summary is JSON")
+    }
+
     /// Forgets the messages accepted and the transactions refused (the mode and the DKIM records
     /// stay).
     pub async fn clear(&self) {

@@ -1,0 +1,489 @@
+//! The broadcast engine. A run is requested by `POST /broadcasts/{id}/send`, whose append
+//! inserts its `broadcast_runs` row and a `broadcast_runs` timer due at its start.
+//!
+//! - **Start** ([`Starter`], the timer's handler): in the timer's transaction, the run's
+//!   audience is snapshotted into `broadcast_recipients` (the segment's members, or the
+//!   contacts subscribed to the topic, as the `segments` read model holds them) and the run
+//!   becomes `sending`. Both commit together or not at all.
+//! - **Send** ([`Runs`], a worker): each step locks one sending run (`FOR UPDATE SKIP
+//!   LOCKED`, so any number of processes share runs and never one run), takes a batch of its
+//!   `pending` recipients, checks each exactly as a marketing template send does
+//!   (suppressions, email consent, the topic subscription), renders and appends its email
+//!   with the outbox row, the allowance count and the recipient's move to `scheduled` in one
+//!   transaction, or marks it `skipped` with the reason. The recipient's guard
+//!   (`state = 'pending'`) makes every recipient's email happen at most once, across kill -9;
+//!   a recipient left `pending` by a process that died is taken up by the next step, so none
+//!   is skipped. The batch's emails are then handed to the relay, a bounded number at once;
+//!   one whose hand-off a dead process left is finished by the email outbox worker, which
+//!   never sends an email twice. The pace is at most `APP__BROADCASTS__RATE_PER_SECOND`
+//!   recipients a second. A run with no `pending` recipient left is `completed`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::{GenericClient, Pool, Transaction};
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use shared::email::mailer::Mailer;
+use shared::email::outbox::{self, Prepared};
+use shared::email::resources::{Audience, DomainDef, SenderDef};
+use shared::email::send::{Authored, EmailTo, allowance_guard, schedule};
+use shared::error::Code;
+use shared::log::{AppendError, AppendRequest, EventLog, Guard, Metadata};
+use shared::settings::Settings;
+
+use crate::runtime::{Outcome, Worker};
+use crate::timers::{Handled, Timer, TimerHandler};
+
+/// The timer kind that starts a run; the command service schedules it.
+pub const RUN_TIMER: &str = "broadcast_runs";
+/// The channel notified when a run starts sending.
+pub const RUNS_CHANNEL: &str = "broadcast_runs";
+
+/// The live schema of read model `name`, if it has a live version.
+async fn live_schema(client: &impl GenericClient, name: &str) -> anyhow::Result<Option<String>> {
+    let row = client.query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&name]).await?;
+    Ok(row.map(|row| shared::readmodel::schema_name(name, row.get(0))))
+}
+
+/// Starts runs when their timer is due.
+pub struct Starter;
+
+impl Starter {
+    async fn start(transaction: &Transaction<'_>, timer: &Timer) -> anyhow::Result<Handled> {
+        let Some(run_id) = timer.payload.get("runId").and_then(Value::as_str) else { return Ok(Handled::Done) };
+        let row = transaction
+            .query_opt(
+                "SELECT space_id, audience FROM broadcast_runs WHERE run_id = $1 AND status = 'scheduled' FOR UPDATE",
+                &[&run_id],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(Handled::Done) };
+        let (space_id, audience): (String, Value) = (row.get(0), row.get(1));
+        let audience: Audience = serde_json::from_value(audience)?;
+        let Some(segments) = live_schema(transaction, "segments").await? else {
+            return Ok(Handled::Retry("the segments read model has no live version yet".to_owned()));
+        };
+        let (snapshot, found) = match &audience {
+            Audience::Segment { segment_id } => {
+                let exists = transaction
+                    .query_one(
+                        &format!(
+                            "SELECT EXISTS (SELECT 1 FROM {segments}.segments WHERE segment_id = $1 AND space_id = $2)"
+                        ),
+                        &[segment_id, &space_id],
+                    )
+                    .await?
+                    .get::<_, bool>(0);
+                let inserted = transaction
+                    .execute(
+                        &format!(
+                            "INSERT INTO broadcast_recipients (run_id, contact_id)
+                             SELECT $1, contact_id FROM {segments}.members WHERE segment_id = $2 ON CONFLICT DO NOTHING"
+                        ),
+                        &[&run_id, segment_id],
+                    )
+                    .await?;
+                (inserted, exists)
+            }
+            Audience::Topic { topic_id } => {
+                let inserted = transaction
+                    .execute(
+                        &format!(
+                            "INSERT INTO broadcast_recipients (run_id, contact_id)
+                             SELECT $1, contact_id FROM {segments}.contacts
+                             WHERE space_id = $2 AND doc IS NOT NULL AND subscriptions ->> $3 = 'subscribed'
+                             ON CONFLICT DO NOTHING"
+                        ),
+                        &[&run_id, &space_id, topic_id],
+                    )
+                    .await?;
+                (inserted, true)
+            }
+        };
+        if found {
+            transaction
+                .execute(
+                    "UPDATE broadcast_runs SET status = 'sending', started_at = clock_timestamp(), audience_count = $2
+                     WHERE run_id = $1",
+                    &[&run_id, &i32::try_from(snapshot).unwrap_or(i32::MAX)],
+                )
+                .await?;
+            transaction.execute("SELECT pg_notify($1, $2)", &[&RUNS_CHANNEL, &run_id]).await?;
+        } else {
+            transaction
+                .execute(
+                    "UPDATE broadcast_runs SET status = 'failed', started_at = clock_timestamp(),
+                         finished_at = clock_timestamp(), audience_count = 0,
+                         error = 'the audience segment was deleted before the run started'
+                     WHERE run_id = $1",
+                    &[&run_id],
+                )
+                .await?;
+        }
+        Ok(Handled::Done)
+    }
+}
+
+impl TimerHandler for Starter {
+    fn kind(&self) -> &'static str {
+        RUN_TIMER
+    }
+
+    fn handle<'a>(
+        &'a self,
+        transaction: &'a Transaction<'a>,
+        timer: &'a Timer,
+    ) -> BoxFuture<'a, anyhow::Result<Handled>> {
+        Box::pin(Self::start(transaction, timer))
+    }
+}
+
+/// A sending run as a step reads it.
+struct Run {
+    run_id: String,
+    space_id: String,
+    template_id: String,
+    sender_id: Option<String>,
+}
+
+/// A recipient's contact as the checks and the rendering need it.
+struct Contact {
+    schema_id: String,
+    document: Value,
+}
+
+/// Why a recipient is not sent to.
+fn skip_reason(
+    authored: &Authored,
+    contact: Option<&Contact>,
+    consent_keys: &HashMap<String, Vec<String>>,
+    subscriptions: &HashMap<String, BTreeMap<String, String>>,
+    suppressed: &std::collections::HashSet<String>,
+    contact_id: &str,
+) -> Option<&'static str> {
+    let Some(contact) = contact else { return Some("gone") };
+    let Some(address) = contact.document.get("email").and_then(Value::as_str) else { return Some("no_address") };
+    if suppressed.contains(address) {
+        return Some("suppressed");
+    }
+    let keys = consent_keys.get(&contact.schema_id).map(Vec::as_slice).unwrap_or_default();
+    let consents = keys.iter().all(|key| contact.document.get(key) == Some(&Value::Bool(true)));
+    let subscribed = authored.template.topic_id.as_ref().is_none_or(|topic_id| {
+        subscriptions.get(contact_id).and_then(|topics| topics.get(topic_id)).map(String::as_str) == Some("subscribed")
+    });
+    if keys.is_empty() || !consents || !subscribed {
+        return Some("not_subscribed");
+    }
+    None
+}
+
+pub struct Runs {
+    pool: Pool,
+    log: EventLog,
+    mailer: Mailer,
+    settings: Settings,
+}
+
+impl Runs {
+    pub fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
+        Ok(Self { pool, log, mailer: Mailer::from_settings(&settings.email)?, settings: settings.clone() })
+    }
+
+    async fn step(&self) -> anyhow::Result<Outcome> {
+        let started = Instant::now();
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        transaction.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await?;
+        let row = transaction
+            .query_opt(
+                "SELECT run_id, space_id, template_id, sender_id FROM broadcast_runs WHERE status = 'sending'
+                 ORDER BY started_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+                &[],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(Outcome::Idle) };
+        let run = Run { run_id: row.get(0), space_id: row.get(1), template_id: row.get(2), sender_id: row.get(3) };
+        let batch = i64::try_from(self.batch_size()).unwrap_or(200);
+        let pending: Vec<String> = transaction
+            .query(
+                "SELECT contact_id FROM broadcast_recipients WHERE run_id = $1 AND state = 'pending'
+                 ORDER BY contact_id LIMIT $2",
+                &[&run.run_id, &batch],
+            )
+            .await?
+            .into_iter()
+            .map(|row| row.get(0))
+            .collect();
+        if pending.is_empty() {
+            transaction
+                .execute(
+                    "UPDATE broadcast_runs SET status = 'completed', finished_at = clock_timestamp() WHERE run_id = $1",
+                    &[&run.run_id],
+                )
+                .await?;
+            transaction.commit().await?;
+            return Ok(Outcome::Progressed);
+        }
+        let prepared = self.send_batch(&run, &pending).await?;
+        transaction.commit().await?;
+        let handoffs = self.settings.broadcasts.handoffs.max(1);
+        futures_util::stream::iter(prepared)
+            .for_each_concurrent(handoffs, |prepared| async move { self.hand_off(&prepared).await })
+            .await;
+        self.keep_pace(started, pending.len()).await;
+        Ok(Outcome::Progressed)
+    }
+
+    fn batch_size(&self) -> usize {
+        let batch = self.settings.broadcasts.batch.max(1);
+        match self.settings.broadcasts.rate_per_second {
+            0 => batch,
+            rate => batch.min(usize::try_from(rate).unwrap_or(usize::MAX)),
+        }
+    }
+
+    /// Sleeps so that `handled` recipients took at least `handled / rate` seconds.
+    async fn keep_pace(&self, started: Instant, handled: usize) {
+        let rate = self.settings.broadcasts.rate_per_second;
+        if rate == 0 {
+            return;
+        }
+        let due = Duration::from_secs_f64(handled as f64 / f64::from(rate));
+        if let Some(rest) = due.checked_sub(started.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
+    }
+
+    /// Decides, renders and appends the batch's emails; what their hand-offs need.
+    async fn send_batch(&self, run: &Run, pending: &[String]) -> anyhow::Result<Vec<Prepared>> {
+        let client = self.pool.get().await?;
+        let (Some(catalog), Some(records), Some(segments)) = (
+            live_schema(&client, "catalog").await?,
+            live_schema(&client, "records").await?,
+            live_schema(&client, "segments").await?,
+        ) else {
+            anyhow::bail!("a read model a run needs has no live version yet");
+        };
+        let Some(mut authored) = Authored::load(&client, &catalog, &run.space_id, &run.template_id).await? else {
+            anyhow::bail!("template {} of run {} is gone", run.template_id, run.run_id);
+        };
+        if let Some(sender_id) = run.sender_id.as_ref().filter(|id| **id != authored.sender_id) {
+            let (sender, domain) = sender_of(&client, &catalog, &run.space_id, sender_id).await?;
+            (authored.sender_id, authored.sender, authored.domain) = (sender_id.clone(), sender, domain);
+        }
+        let contacts: HashMap<String, Contact> = client
+            .query(
+                &format!("SELECT record_id, schema_id, doc FROM {records}.records WHERE record_id = ANY($1)"),
+                &[&pending],
+            )
+            .await?
+            .into_iter()
+            .map(|row| (row.get(0), Contact { schema_id: row.get(1), document: row.get(2) }))
+            .collect();
+        let schema_ids: Vec<&String> = contacts.values().map(|contact| &contact.schema_id).collect();
+        let mut consent_keys: HashMap<String, Vec<String>> = HashMap::new();
+        for row in client
+            .query(
+                &format!(
+                    "SELECT schema_id, key FROM {catalog}.attributes
+                     WHERE schema_id = ANY($1) AND definition #>> '{{consent,channel}}' = 'email'"
+                ),
+                &[&schema_ids],
+            )
+            .await?
+        {
+            consent_keys.entry(row.get(0)).or_default().push(row.get(1));
+        }
+        let subscriptions: HashMap<String, BTreeMap<String, String>> = client
+            .query(
+                &format!("SELECT contact_id, subscriptions FROM {segments}.contacts WHERE contact_id = ANY($1)"),
+                &[&pending],
+            )
+            .await?
+            .into_iter()
+            .map(|row| (row.get(0), serde_json::from_value(row.get(1)).unwrap_or_default()))
+            .collect();
+        let addresses: Vec<&str> =
+            contacts.values().filter_map(|contact| contact.document.get("email").and_then(Value::as_str)).collect();
+        let suppressed: std::collections::HashSet<String> = client
+            .query(
+                "SELECT identifier FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = ANY($2)",
+                &[&run.space_id, &addresses],
+            )
+            .await?
+            .into_iter()
+            .map(|row| row.get(0))
+            .collect();
+        let keys = shared::crypto::load_keys(&client, pending).await?;
+        drop(client);
+
+        let now = shared::time::now_millis();
+        let mut skipped: Vec<(String, &'static str)> = Vec::new();
+        let mut appends = Vec::new();
+        for contact_id in pending {
+            let contact = contacts.get(contact_id);
+            let reason = skip_reason(&authored, contact, &consent_keys, &subscriptions, &suppressed, contact_id);
+            let (Some(contact), None, Some(key)) = (contact, reason, keys.get(contact_id)) else {
+                skipped.push((contact_id.clone(), reason.unwrap_or("gone")));
+                continue;
+            };
+            let address = contact.document.get("email").and_then(Value::as_str).unwrap_or_default();
+            let context = serde_json::json!({ authored.template.recipient.clone(): contact.document });
+            let template = &authored.template;
+            let rendered =
+                match shared::email::render::render(&template.subject, &template.html, &template.text, &context) {
+                    Ok(rendered) => rendered,
+                    Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
+                };
+            let email_id = shared::ids::new_id("em");
+            let to = EmailTo { space_id: &run.space_id, contact_id, address, key };
+            let scheduled = schedule(
+                &email_id,
+                &authored,
+                to,
+                &rendered,
+                ("broadcast", &run.run_id),
+                (now, &self.settings.email.public_base_url),
+            )?;
+            let mut guards = vec![
+                outbox::insert_guard(&email_id, &run.space_id, None),
+                recipient_scheduled(&run.run_id, contact_id, &email_id),
+            ];
+            if let Some(allowance) = &authored.allowance {
+                guards.push(allowance_guard(&run.space_id, now, allowance.monthly));
+            }
+            let request = AppendRequest {
+                metadata: Metadata { space_id: Some(run.space_id.clone()), ..Metadata::default() },
+                streams: vec![scheduled.stream],
+                guards,
+            };
+            appends.push((contact_id.clone(), request, scheduled.prepared));
+        }
+        let results =
+            futures_util::future::join_all(appends.into_iter().map(|(contact_id, request, prepared)| async move {
+                (contact_id, self.log.append(request).await, prepared)
+            }))
+            .await;
+        let mut prepared = Vec::new();
+        for (contact_id, result, email) in results {
+            match result {
+                Ok(_) => prepared.push(email),
+                Err(AppendError::Conflict { code: Code::EmailLimitReached, .. }) => {
+                    skipped.push((contact_id, "allowance"))
+                }
+                // Already decided by an earlier attempt: nothing to do.
+                Err(AppendError::Conflict { code: Code::OperationTaken, .. }) => {}
+                Err(error) => {
+                    tracing::warn!(run = %run.run_id, contact = %contact_id, %error, "a recipient stays pending for a later step");
+                }
+            }
+        }
+        if !skipped.is_empty() {
+            let (ids, reasons): (Vec<String>, Vec<&str>) = skipped.into_iter().unzip();
+            self.pool
+                .get()
+                .await?
+                .execute(
+                    "UPDATE broadcast_recipients r SET state = 'skipped', reason = s.reason
+                     FROM unnest($2::text[], $3::text[]) AS s(contact_id, reason)
+                     WHERE r.run_id = $1 AND r.contact_id = s.contact_id AND r.state = 'pending'",
+                    &[&run.run_id, &ids, &reasons],
+                )
+                .await?;
+        }
+        Ok(prepared)
+    }
+
+    async fn hand_off(&self, prepared: &Prepared) {
+        let email_id = &prepared.parties.email_id;
+        match outbox::claim(&self.pool, email_id, self.settings.email_lease()).await {
+            Ok(Some(lease)) => {
+                let schedule = &self.settings.email.retry_schedule_ms;
+                outbox::hand_off(&self.pool, &self.log, &self.mailer, &lease, prepared, Some(schedule)).await;
+            }
+            // The outbox worker has it.
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), email = %email_id, "could not claim a hand-off; the outbox worker will");
+            }
+        }
+    }
+}
+
+/// Moves the recipient from `pending` to `scheduled` with its email, in the email's append:
+/// a recipient decided before (by a process that died after its append) refuses it.
+fn recipient_scheduled(run_id: &str, contact_id: &str, email_id: &str) -> Guard {
+    Guard::exactly_one(
+        "UPDATE broadcast_recipients SET state = 'scheduled', email_id = $3
+         WHERE run_id = $1 AND contact_id = $2 AND state = 'pending'",
+        vec![Box::new(run_id.to_owned()), Box::new(contact_id.to_owned()), Box::new(email_id.to_owned())],
+        AppendError::Conflict { code: Code::OperationTaken, message: "the recipient was already decided".to_owned() },
+    )
+}
+
+/// A sender of the space and its domain, from catalog version schema `catalog`.
+async fn sender_of(
+    client: &impl GenericClient,
+    catalog: &str,
+    space_id: &str,
+    sender_id: &str,
+) -> anyhow::Result<(SenderDef, DomainDef)> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT s.definition, d.definition FROM {catalog}.resources s
+                 JOIN {catalog}.resources d ON d.kind = 'domain' AND d.space_id = s.space_id
+                     AND d.resource_id = s.definition ->> 'domainId'
+                 WHERE s.kind = 'sender' AND s.space_id = $1 AND s.resource_id = $2"
+            ),
+            &[&space_id, &sender_id],
+        )
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("sender {sender_id} or its domain is gone"))?;
+    Ok((serde_json::from_value(row.get(0))?, serde_json::from_value(row.get(1))?))
+}
+
+impl Worker for Runs {
+    fn name(&self) -> String {
+        "broadcast_runs".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[RUNS_CHANNEL]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(Runs::step(self))
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async {
+            let client = self.pool.get().await?;
+            let pending: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM broadcast_recipients r JOIN broadcast_runs b USING (run_id)
+                     WHERE b.status = 'sending' AND r.state = 'pending'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            metrics::gauge!("broadcast_recipients_pending").set(pending as f64);
+            Ok(None)
+        })
+    }
+}
+
+/// The engine's workers: the run starter (on the timers) and the run sender.
+pub fn workers(pool: &Pool, log: &EventLog, settings: &Settings) -> anyhow::Result<Vec<Arc<dyn Worker>>> {
+    Ok(vec![
+        Arc::new(crate::timers::TimerWorker::new(pool.clone(), Arc::new(Starter))),
+        Arc::new(Runs::new(pool.clone(), log.clone(), settings)?),
+    ])
+}

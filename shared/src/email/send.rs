@@ -1,0 +1,147 @@
+//! Scheduling one email from an authored template: what a template send, a form's
+//! confirmation and a broadcast run share. The email gets a new stream holding
+//! `EmailScheduled` (its content sealed under the contact's key); its append carries the
+//! outbox row (`outbox::insert_guard`) and, when the space has an allowance, the count
+//! against it ([`allowance_guard`]).
+
+use deadpool_postgres::GenericClient;
+
+use super::outbox::{Parties, Prepared};
+use super::resources::{AllowanceDef, DomainDef, SenderDef, TemplateDef};
+use super::{message, render};
+use crate::error::Code;
+use crate::events::LogEvent;
+use crate::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use crate::proto;
+
+/// A template with its sender, the sender's domain and the space's allowance, as a send reads
+/// them from the catalog.
+#[derive(Debug, Clone)]
+pub struct Authored {
+    pub template_id: String,
+    pub revision: i64,
+    pub template: TemplateDef,
+    pub sender_id: String,
+    pub sender: SenderDef,
+    pub domain: DomainDef,
+    pub allowance: Option<AllowanceDef>,
+}
+
+fn definition<T: serde::de::DeserializeOwned>(found: Option<serde_json::Value>, what: &str) -> anyhow::Result<T> {
+    let definition = found.ok_or_else(|| anyhow::anyhow!("{what} is missing"))?;
+    serde_json::from_value(definition).map_err(|error| anyhow::anyhow!("{what}: {error}"))
+}
+
+impl Authored {
+    /// The template `template_id` of the space, from catalog version schema `catalog`, in one
+    /// statement; `None` when the space has no such template. `sender_id` replaces the
+    /// template's sender (a broadcast's own sender).
+    pub async fn load(
+        client: &impl GenericClient,
+        catalog: &str,
+        space_id: &str,
+        template_id: &str,
+    ) -> anyhow::Result<Option<Self>> {
+        let found = crate::catalog::email_template(client, catalog, space_id, template_id).await?;
+        let Some((revision, template, sender, domain, allowance)) = found else { return Ok(None) };
+        let template: TemplateDef = definition(Some(template), "the template")?;
+        Ok(Some(Self {
+            template_id: template_id.to_owned(),
+            revision,
+            sender_id: template.sender_id.clone(),
+            template,
+            sender: definition(sender, "the template's sender")?,
+            domain: definition(domain, "the sender's domain")?,
+            allowance: allowance.and_then(|allowance| serde_json::from_value(allowance).ok()),
+        }))
+    }
+}
+
+/// Who an email goes to: the contact, its address and its data key.
+pub struct EmailTo<'a> {
+    pub space_id: &'a str,
+    pub contact_id: &'a str,
+    pub address: &'a str,
+    pub key: &'a crate::crypto::DataKey,
+}
+
+/// A rendered email ready to append: its `EmailScheduled` stream and what its hand-off needs.
+pub struct Scheduled {
+    pub stream: StreamAppend,
+    pub prepared: Prepared,
+}
+
+/// Schedules `rendered` from the authored template for `to` as email `email_id`: the content
+/// sealed under the contact's key, and the message its hand-off will send. `origin` is what
+/// sent it (`template`, `form_confirmation`, `broadcast`) and the form or run, if any.
+pub fn schedule(
+    email_id: &str,
+    authored: &Authored,
+    to: EmailTo<'_>,
+    rendered: &render::Rendered,
+    (origin, source_id): (&str, &str),
+    (now, public_base_url): (i64, &str),
+) -> anyhow::Result<Scheduled> {
+    let template = &authored.template;
+    let content = proto::EmailContent {
+        to_address: to.address.to_owned(),
+        subject: rendered.subject.clone(),
+        html: rendered.html.clone(),
+        text: rendered.text.clone(),
+    };
+    let mut sealed = crate::events::seal(to.contact_id, &content);
+    crate::events::encrypt(&mut sealed, to.key)?;
+    let scheduled = proto::EmailScheduled {
+        email_id: email_id.to_owned(),
+        space_id: to.space_id.to_owned(),
+        template_id: authored.template_id.clone(),
+        template_revision: authored.revision,
+        kind: template.kind.clone(),
+        contact_id: to.contact_id.to_owned(),
+        sender_id: authored.sender_id.clone(),
+        topic_id: template.topic_id.clone().unwrap_or_default(),
+        content: Some(sealed),
+        scheduled_at_ms: now,
+        origin: origin.to_owned(),
+        form_id: source_id.to_owned(),
+    };
+    let stream = StreamAppend {
+        stream_id: super::stream_id(email_id),
+        expected: ExpectedVersion::NoStream,
+        events: vec![NewEvent {
+            event: LogEvent::EmailScheduled(scheduled),
+            subject_id: Some(to.contact_id.to_owned()),
+            occurred_at: crate::time::from_millis(now),
+        }],
+    };
+    let prepared = Prepared {
+        parties: Parties {
+            email_id: email_id.to_owned(),
+            space_id: to.space_id.to_owned(),
+            contact_id: to.contact_id.to_owned(),
+            message_id: message::message_id(email_id, &authored.domain.name),
+        },
+        outgoing: message::Outgoing::new(
+            email_id,
+            &authored.sender,
+            &authored.domain,
+            &content,
+            (now, template.kind == "marketing"),
+            public_base_url,
+        ),
+        domain_id: authored.sender.domain_id.clone(),
+        domain: authored.domain.clone(),
+    };
+    Ok(Scheduled { stream, prepared })
+}
+
+/// Counts one email against the month's allowance, refused (`email_limit_reached`) once it
+/// is used up.
+pub fn allowance_guard(space_id: &str, now_ms: i64, monthly: i64) -> Guard {
+    Guard::exactly_one(
+        "INSERT INTO email_allowance_usage AS u (space_id, month, used) SELECT $1, $2, 1 WHERE $3::bigint > 0
+         ON CONFLICT (space_id, month) DO UPDATE SET used = u.used + 1 WHERE u.used < $3",
+        vec![Box::new(space_id.to_owned()), Box::new(super::allowance_month(now_ms)), Box::new(monthly)],
+        AppendError::Conflict { code: Code::EmailLimitReached, message: "the email allowance is used up".to_owned() },
+    )
+}

@@ -1,0 +1,162 @@
+//! Broadcasts: authored in the workspace file, changed and sent through the API, run by the
+//! projector's broadcast engine into a loopback SMTP sink: every consenting recipient once,
+//! suppressed and unsubscribed ones skipped with their reason, across kill -9.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::email::{BLAST_BROADCAST, MAIL_KEY, QUICK_FORM, WEEKLY_BROADCAST, mail_app};
+use crate::helpers::*;
+use crate::smtp_sink::SmtpSink;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn with_key(app: &TestApp, method: reqwest::Method, path: &str, key: &str, body: Option<&Value>) -> TestResponse {
+    let mut request = app.request(method, path, Some(MAIL_KEY)).header("Idempotency-Key", key);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    app.send(request).await
+}
+
+async fn send(app: &TestApp, broadcast_id: &str, key: &str) -> TestResponse {
+    with_key(app, reqwest::Method::POST, &format!("/broadcasts/{broadcast_id}/send"), key, None).await
+}
+
+async fn patch(app: &TestApp, broadcast_id: &str, key: &str, body: &Value) -> TestResponse {
+    with_key(app, reqwest::Method::PATCH, &format!("/broadcasts/{broadcast_id}"), key, Some(body)).await
+}
+
+/// Polls a run until it has `completed` (or failed) and returns it.
+pub(crate) async fn finished_run(app: &TestApp, broadcast_id: &str, run_id: &str, timeout: Duration) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let run = app.get(&format!("/broadcasts/{broadcast_id}/runs/{run_id}"), MAIL_KEY).await;
+        assert_eq!(run.status, 200, "{:?}", run.body);
+        let data = &run.body["data"];
+        let settled = data["counts"]["queued"] == 0 && data["counts"]["pending"] == 0;
+        if (data["status"] == "completed" && settled) || data["status"] == "failed" {
+            return data.clone();
+        }
+        assert!(Instant::now() < deadline, "the run did not finish: {data}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn subscribe(app: &TestApp, email: &str) {
+    let response = app
+        .send(
+            app.request(reqwest::Method::POST, &format!("/forms/{QUICK_FORM}/submit"), None)
+                .json(&json!({"email": email, "firstName": "Reader"})),
+        )
+        .await;
+    assert!(response.status < 300, "{:?}", response.body);
+}
+
+#[tokio::test]
+async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_subscriber() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 1000).await;
+    let list = app.get("/broadcasts", MAIL_KEY).await;
+    assert_eq!(list.status, 200, "{:?}", list.body);
+    assert_eq!(list.body["pagination"]["totalCount"], 2);
+    let weekly = app.get(&format!("/broadcasts/{WEEKLY_BROADCAST}"), MAIL_KEY).await;
+    assert_eq!(weekly.body["data"]["name"], "Weekly news");
+    assert_eq!(weekly.body["data"]["audience"]["type"], "topic");
+    assert_eq!(weekly.body["data"]["scheduledAt"], Value::Null);
+    for (path, code) in [
+        ("/broadcasts/bc_missing".to_owned(), "broadcast_not_found"),
+        (format!("/broadcasts/{WEEKLY_BROADCAST}/runs/run_missing"), "broadcast_run_not_found"),
+    ] {
+        let missing = app.get(&path, MAIL_KEY).await;
+        assert_eq!((missing.status, missing.code().as_str()), (404, Some(code)), "{path}");
+    }
+    let other = app.get(&format!("/broadcasts/{WEEKLY_BROADCAST}"), ALPHA_ADMIN).await;
+    assert_eq!(other.code(), "broadcast_not_found", "another space sees none of it");
+
+    // Three subscribers through the form (subscribed and consenting), one of them suppressed;
+    // a consenting contact who never subscribed is not in the topic's audience.
+    for email in ["one@example.com", "two@example.com", "held@example.com"] {
+        subscribe(&app, email).await;
+    }
+    let suppressed = app
+        .post("/contacts/suppressions", MAIL_KEY, &json!({"identifier": "held@example.com", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    let outsider = app
+        .post("/schemas/people/records", MAIL_KEY, &json!({"email": "outsider@example.com", "newsConsent": true}))
+        .await;
+    assert_eq!(outsider.status, 201);
+    app.wait_for_workers().await;
+
+    let sent = send(&app, WEEKLY_BROADCAST, "weekly-1").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    assert!(run_id.starts_with("run_"));
+    assert_eq!(sent.body["data"]["status"], "scheduled");
+    let replay = send(&app, WEEKLY_BROADCAST, "weekly-1").await;
+    assert_eq!((replay.header("idempotent-replay"), &replay.body["data"]["id"]), (Some("true"), &json!(run_id)));
+
+    let run = finished_run(&app, WEEKLY_BROADCAST, &run_id, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["counts"]["audience"], 3, "{run}");
+    assert_eq!(run["counts"]["sent"], 2, "{run}");
+    assert_eq!(run["counts"]["skipped"]["suppressed"], 1, "{run}");
+    let messages = sink.wait_for(2, WAIT).await;
+    let mut recipients: Vec<&str> = messages.iter().filter_map(|message| message["rcptTo"][0].as_str()).collect();
+    recipients.sort_unstable();
+    assert_eq!(recipients, ["one@example.com", "two@example.com"]);
+    for message in &messages {
+        assert_eq!(message["dkim"]["valid"], true, "{message}");
+        assert_eq!(message["headers"]["list-unsubscribe-post"][0], "List-Unsubscribe=One-Click");
+        assert_eq!(message["headers"]["subject"][0], "News for Reader");
+    }
+    let runs = app.get(&format!("/broadcasts/{WEEKLY_BROADCAST}/runs"), MAIL_KEY).await;
+    assert_eq!(runs.body["pagination"]["totalCount"], 1);
+    assert_eq!(runs.body["data"][0]["id"], run_id.as_str());
+
+    // The blast: its authored segment does not exist, so it cannot be sent until it names one.
+    let missing_segment = send(&app, BLAST_BROADCAST, "blast-1").await;
+    assert_eq!(missing_segment.code(), "segment_not_found", "{:?}", missing_segment.body);
+    let segment =
+        app.post("/segments", MAIL_KEY, &json!({"name": "Consenting", "definition": "has email consent"})).await;
+    assert_eq!(segment.status, 201, "{:?}", segment.body);
+    let segment_id = segment.body["data"]["id"].as_str().expect("id").to_owned();
+    for (body, field) in [
+        (json!({}), None),
+        (json!({"templateId": "tpl_x"}), Some("templateId")),
+        (json!({"audience": {"segmentId": "a", "topicId": "b"}}), Some("audience")),
+        (json!({"scheduledAt": "soon"}), Some("scheduledAt")),
+    ] {
+        let refused = patch(&app, BLAST_BROADCAST, &format!("bad-{body}"), &body).await;
+        assert_eq!((refused.status, refused.code().as_str()), (400, Some("invalid_broadcast")), "{body}");
+        if let Some(field) = field {
+            assert_eq!(refused.body["error"]["issues"][0]["key"], field);
+        }
+    }
+    let unknown = patch(&app, BLAST_BROADCAST, "p-unknown", &json!({"audience": {"segmentId": "seg_nope"}})).await;
+    assert_eq!(unknown.code(), "segment_not_found");
+    let changed =
+        patch(&app, BLAST_BROADCAST, "p-1", &json!({"name": "Big blast", "audience": {"segmentId": segment_id}})).await;
+    assert_eq!(changed.status, 200, "{:?}", changed.body);
+    assert_eq!(changed.body["data"]["name"], "Big blast");
+    assert_eq!(changed.body["data"]["audience"], json!({"type": "segment", "segmentId": segment_id}));
+    assert_eq!(changed.body["data"]["scheduledAt"], "2030-01-01T00:00:00.000Z");
+    app.wait_for_workers().await;
+    assert_eq!(app.get(&format!("/broadcasts/{BLAST_BROADCAST}"), MAIL_KEY).await.body["data"]["name"], "Big blast");
+
+    // Scheduled for 2030: the run waits, and while it does the broadcast cannot change or be
+    // sent again.
+    let scheduled = send(&app, BLAST_BROADCAST, "blast-2").await;
+    assert_eq!(scheduled.status, 202, "{:?}", scheduled.body);
+    assert_eq!(scheduled.body["data"]["startAt"], "2030-01-01T00:00:00.000Z");
+    let again = send(&app, BLAST_BROADCAST, "blast-3").await;
+    assert_eq!((again.status, again.code().as_str()), (409, Some("broadcast_run_active")), "{:?}", again.body);
+    let frozen = patch(&app, BLAST_BROADCAST, "p-2", &json!({"name": "Renamed"})).await;
+    assert_eq!((frozen.status, frozen.code().as_str()), (409, Some("broadcast_run_active")));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let waiting = app.get(&format!("/broadcasts/{BLAST_BROADCAST}/runs"), MAIL_KEY).await;
+    assert_eq!(waiting.body["data"][0]["status"], "scheduled", "{:?}", waiting.body);
+    assert_eq!(sink.messages().await.len(), 2, "nothing more was sent");
+}
