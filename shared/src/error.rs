@@ -166,6 +166,15 @@ pub struct Issue {
 }
 
 impl Issue {
+    /// The message of an error holding `issues` about `what` (`this webhook`): the one issue's
+    /// message, or how many there are.
+    pub fn summary(issues: &[Issue], what: &str) -> String {
+        match issues {
+            [only] => only.message.clone(),
+            _ => format!("{} problems with {what}; see issues", issues.len()),
+        }
+    }
+
     pub fn for_key(key: impl Into<String>, message: impl Into<String>) -> Self {
         Self { key: Some(key.into()), code: None, message: message.into() }
     }

@@ -55,6 +55,17 @@ pub struct StreamAppend {
     pub events: Vec<NewEvent>,
 }
 
+impl StreamAppend {
+    /// One event, about no data subject, on `stream_id` at `expected`, occurring at `at_ms`.
+    pub fn one(stream_id: String, expected: ExpectedVersion, event: LogEvent, at_ms: i64) -> Self {
+        Self {
+            stream_id,
+            expected,
+            events: vec![NewEvent { event, subject_id: None, occurred_at: crate::time::from_millis(at_ms) }],
+        }
+    }
+}
+
 /// A write-side claim run inside the command's savepoint (for example a unique identity).
 /// A unique violation, or a row count other than the one required, fails the command with
 /// `conflict`.

@@ -27,11 +27,7 @@ pub enum Refusal {
 }
 
 fn invalid(issues: Vec<Issue>) -> Refusal {
-    let message = match issues.as_slice() {
-        [only] => only.message.clone(),
-        _ => format!("{} problems with this broadcast update; see issues", issues.len()),
-    };
-    Refusal::Invalid { message, issues }
+    Refusal::Invalid { message: Issue::summary(&issues, "this broadcast update"), issues }
 }
 
 fn audience(value: &Value, issues: &mut Vec<Issue>) -> Option<Audience> {

@@ -15,7 +15,7 @@ use shared::email::broadcasts::{apply_update, document, stream_id};
 use shared::email::resources::{Audience, BroadcastDef};
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
-use shared::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::log::{AppendError, ExpectedVersion, Guard, StreamAppend};
 use shared::proto;
 
 use super::decide;
@@ -93,11 +93,7 @@ fn no_active_run(broadcast_id: &str) -> Guard {
 }
 
 fn one_event(broadcast_id: &str, event: LogEvent, now: i64) -> StreamAppend {
-    StreamAppend {
-        stream_id: stream_id(broadcast_id),
-        expected: ExpectedVersion::Any,
-        events: vec![NewEvent { event, subject_id: None, occurred_at: shared::time::from_millis(now) }],
-    }
+    StreamAppend::one(stream_id(broadcast_id), ExpectedVersion::Any, event, now)
 }
 
 fn conflict_or(error: AppendError, unconfirmed: &mut bool) -> ApiError {

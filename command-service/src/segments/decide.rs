@@ -55,11 +55,7 @@ pub enum Refusal {
 }
 
 fn invalid(issues: Vec<Issue>) -> Refusal {
-    let message = match issues.as_slice() {
-        [only] => only.message.clone(),
-        _ => format!("{} problems with this segment; see issues", issues.len()),
-    };
-    Refusal::Invalid { message, issues }
+    Refusal::Invalid { message: Issue::summary(&issues, "this segment"), issues }
 }
 
 fn text_field(body: &Map<String, Value>, key: &str, max: usize, issues: &mut Vec<Issue>) -> Option<String> {

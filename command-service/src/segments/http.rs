@@ -17,7 +17,7 @@ use shared::catalog::CATALOG;
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
 use shared::ids::new_id;
-use shared::log::{AppendError, ExpectedVersion, NewEvent, StreamAppend};
+use shared::log::{AppendError, ExpectedVersion, StreamAppend};
 use shared::proto;
 use shared::ratelimit::Bucket;
 
@@ -141,11 +141,7 @@ pub async fn create(
             let guards = std::iter::once(shared::admission::spend_guard(space_id, 1))
                 .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::CREATED, &body)))
                 .collect();
-            let stream = StreamAppend {
-                stream_id: stream_id(&segment_id),
-                expected: ExpectedVersion::NoStream,
-                events: vec![NewEvent { event, subject_id: None, occurred_at: shared::time::from_millis(now) }],
-            };
+            let stream = StreamAppend::one(stream_id(&segment_id), ExpectedVersion::NoStream, event, now);
             let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
                 .await
                 .map_err(|error| append_failure(error, &mut unconfirmed))?;
@@ -203,11 +199,7 @@ pub async fn delete(
                 space_id: caller.space_id().to_owned(),
                 deleted_at_ms: now,
             });
-            let stream = StreamAppend {
-                stream_id: stream_id(segment_id),
-                expected: ExpectedVersion::Exactly(version),
-                events: vec![NewEvent { event, subject_id: None, occurred_at: shared::time::from_millis(now) }],
-            };
+            let stream = StreamAppend::one(stream_id(segment_id), ExpectedVersion::Exactly(version), event, now);
             let guards = claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)).into_iter().collect();
             match crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards).await {
                 Ok(appended) => Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended))),

@@ -74,11 +74,7 @@ pub enum Refusal {
 }
 
 fn invalid(issues: Vec<Issue>) -> Refusal {
-    let message = match issues.as_slice() {
-        [only] => only.message.clone(),
-        _ => format!("{} problems with this webhook; see issues", issues.len()),
-    };
-    Refusal::Invalid { message, issues }
+    Refusal::Invalid { message: Issue::summary(&issues, "this webhook"), issues }
 }
 
 /// Validates a create body. `allow_loopback` is the deployment's setting for local targets.

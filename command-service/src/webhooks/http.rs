@@ -12,7 +12,7 @@ use shared::catalog::CATALOG;
 use shared::error::{ApiError, Code, Issue};
 use shared::events::LogEvent;
 use shared::ids::new_id;
-use shared::log::{AppendError, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::log::{AppendError, Appended, ExpectedVersion, Guard, StreamAppend};
 use shared::proto;
 use shared::ratelimit::Bucket;
 use shared::webhooks::signing::Secret;
@@ -60,11 +60,7 @@ async fn append(
 }
 
 fn change(webhook_id: &str, expected: ExpectedVersion, event: LogEvent, at_ms: i64) -> StreamAppend {
-    StreamAppend {
-        stream_id: store::stream_id(webhook_id),
-        expected,
-        events: vec![NewEvent { event, subject_id: None, occurred_at: shared::time::from_millis(at_ms) }],
-    }
+    StreamAppend::one(store::stream_id(webhook_id), expected, event, at_ms)
 }
 
 /// The id of the schema `reference` names, which must fit the trigger.

@@ -12,6 +12,7 @@
 //! earliest such moment of each contact (see ARCHITECTURE.md, "Segments").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use anyhow::Context;
 use deadpool_postgres::Transaction;
@@ -41,6 +42,7 @@ CREATE TABLE {s}.segment_counts (space_id text PRIMARY KEY, total bigint NOT NUL
 CREATE TABLE {s}.contacts (
     contact_id text PRIMARY KEY,
     space_id text NOT NULL,
+    schema_id text,
     doc jsonb,
     subscriptions jsonb NOT NULL DEFAULT '{}'
 );
@@ -117,13 +119,15 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &Stored
         LogEvent::RecordCreated(created) if created.schema_type == "contact" => {
             let keys = shared::crypto::load_keys(transaction, std::slice::from_ref(&created.record_id)).await?;
             let document = shared::records::record_document(&created, &keys)?;
-            store_document(transaction, s, &created.space_id, &created.record_id, &document).await?;
+            let contact = (created.space_id.as_str(), created.schema_id.as_str(), created.record_id.as_str());
+            store_document(transaction, s, contact, &document).await?;
             evaluate_contact(transaction, s, &created.space_id, &created.record_id, now_ms).await
         }
         LogEvent::RecordUpdated(updated) if updated.schema_type == "contact" => {
             let keys = shared::crypto::load_keys(transaction, std::slice::from_ref(&updated.record_id)).await?;
             let document = shared::records::RecordState::from_updated(&updated, &keys)?.document();
-            store_document(transaction, s, &updated.space_id, &updated.record_id, &document).await?;
+            let contact = (updated.space_id.as_str(), updated.schema_id.as_str(), updated.record_id.as_str());
+            store_document(transaction, s, contact, &document).await?;
             evaluate_contact(transaction, s, &updated.space_id, &updated.record_id, now_ms).await
         }
         LogEvent::RecordDeletionRequested(requested) if requested.schema_type == "contact" => {
@@ -185,20 +189,21 @@ async fn performed(
     evaluate_contact(transaction, s, &accepted.space_id, &accepted.contact_id, now_ms).await
 }
 
+/// Keeps a contact's record document (and its schema, which the broadcast engine's consent
+/// check reads); `(space, schema, contact)`.
 async fn store_document(
     transaction: &Transaction<'_>,
     s: &str,
-    space_id: &str,
-    contact_id: &str,
+    (space_id, schema_id, contact_id): (&str, &str, &str),
     document: &Value,
 ) -> anyhow::Result<()> {
     let statement = transaction
         .prepare_cached(&format!(
-            "INSERT INTO {s}.contacts (contact_id, space_id, doc) VALUES ($1, $2, $3)
-             ON CONFLICT (contact_id) DO UPDATE SET doc = EXCLUDED.doc"
+            "INSERT INTO {s}.contacts (contact_id, space_id, schema_id, doc) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (contact_id) DO UPDATE SET schema_id = EXCLUDED.schema_id, doc = EXCLUDED.doc"
         ))
         .await?;
-    transaction.execute(&statement, &[&contact_id, &space_id, document]).await?;
+    transaction.execute(&statement, &[&contact_id, &space_id, &schema_id, document]).await?;
     Ok(())
 }
 
@@ -223,26 +228,36 @@ impl Contact {
     }
 }
 
+/// Parsed filters by segment id: a segment's filter never changes, so each is parsed once per
+/// process (a deleted segment's entry is only never asked for again).
+static FILTERS: std::sync::LazyLock<std::sync::Mutex<HashMap<String, Arc<Filter>>>> =
+    std::sync::LazyLock::new(Default::default);
+
 /// The segments of a space (or the one named), with their filters.
 async fn segments(
     transaction: &Transaction<'_>,
     s: &str,
     space_id: &str,
     only: Option<&str>,
-) -> anyhow::Result<Vec<(String, Filter)>> {
+) -> anyhow::Result<Vec<(String, Arc<Filter>)>> {
     let statement = transaction
         .prepare_cached(&format!(
             "SELECT segment_id, filter FROM {s}.segments WHERE space_id = $1 AND ($2::text IS NULL OR segment_id = $2)"
         ))
         .await?;
-    transaction
-        .query(&statement, &[&space_id, &only])
-        .await?
-        .into_iter()
+    let rows = transaction.query(&statement, &[&space_id, &only]).await?;
+    let mut cache = FILTERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    rows.into_iter()
         .map(|row| {
             let id: String = row.get(0);
-            let filter = shared::filter::from_json(&row.get::<_, Value>(1))
-                .with_context(|| format!("the stored filter of segment {id}"))?;
+            if let Some(filter) = cache.get(&id) {
+                return Ok((id, Arc::clone(filter)));
+            }
+            let filter = Arc::new(
+                shared::filter::from_json(&row.get::<_, Value>(1))
+                    .with_context(|| format!("the stored filter of segment {id}"))?,
+            );
+            cache.insert(id.clone(), Arc::clone(&filter));
             Ok((id, filter))
         })
         .collect()

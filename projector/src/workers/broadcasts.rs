@@ -7,7 +7,8 @@
 //!   becomes `sending`. Both commit together or not at all.
 //! - **Send** ([`Runs`], a worker): each step locks one sending run (`FOR UPDATE SKIP
 //!   LOCKED`, so any number of processes share runs and never one run), takes a batch of its
-//!   `pending` recipients, checks each exactly as a marketing template send does
+//!   `pending` recipients, reads them from the `segments` read model (where the snapshot came
+//!   from), checks each exactly as a marketing template send does
 //!   (suppressions, email consent, the topic subscription), renders and appends its email
 //!   with the outbox row, the allowance count and the recipient's move to `scheduled` in one
 //!   transaction, or marks it `skipped` with the reason. The recipient's guard
@@ -260,11 +261,9 @@ impl Runs {
     /// Decides, renders and appends the batch's emails; what their hand-offs need.
     async fn send_batch(&self, run: &Run, pending: &[String]) -> anyhow::Result<Vec<Prepared>> {
         let client = self.pool.get().await?;
-        let (Some(catalog), Some(records), Some(segments)) = (
-            live_schema(&client, "catalog").await?,
-            live_schema(&client, "records").await?,
-            live_schema(&client, "segments").await?,
-        ) else {
+        let (Some(catalog), Some(segments)) =
+            (live_schema(&client, "catalog").await?, live_schema(&client, "segments").await?)
+        else {
             anyhow::bail!("a read model a run needs has no live version yet");
         };
         let Some(mut authored) = Authored::load(&client, &catalog, &run.space_id, &run.template_id).await? else {
@@ -274,15 +273,27 @@ impl Runs {
             let (sender, domain) = sender_of(&client, &catalog, &run.space_id, sender_id).await?;
             (authored.sender_id, authored.sender, authored.domain) = (sender_id.clone(), sender, domain);
         }
-        let contacts: HashMap<String, Contact> = client
+        // The contacts as the segments read model holds them: where the audience was taken
+        // from, so a recipient of the snapshot is there unless it was deleted since.
+        let mut contacts: HashMap<String, Contact> = HashMap::new();
+        let mut subscriptions: HashMap<String, BTreeMap<String, String>> = HashMap::new();
+        for row in client
             .query(
-                &format!("SELECT record_id, schema_id, doc FROM {records}.records WHERE record_id = ANY($1)"),
+                &format!(
+                    "SELECT contact_id, schema_id, doc, subscriptions FROM {segments}.contacts
+                     WHERE contact_id = ANY($1) AND doc IS NOT NULL"
+                ),
                 &[&pending],
             )
             .await?
-            .into_iter()
-            .map(|row| (row.get(0), Contact { schema_id: row.get(1), document: row.get(2) }))
-            .collect();
+        {
+            let contact_id: String = row.get(0);
+            subscriptions.insert(contact_id.clone(), serde_json::from_value(row.get(3)).unwrap_or_default());
+            contacts.insert(
+                contact_id,
+                Contact { schema_id: row.get::<_, Option<String>>(1).unwrap_or_default(), document: row.get(2) },
+            );
+        }
         let schema_ids: Vec<&String> = contacts.values().map(|contact| &contact.schema_id).collect();
         let mut consent_keys: HashMap<String, Vec<String>> = HashMap::new();
         for row in client
@@ -297,15 +308,6 @@ impl Runs {
         {
             consent_keys.entry(row.get(0)).or_default().push(row.get(1));
         }
-        let subscriptions: HashMap<String, BTreeMap<String, String>> = client
-            .query(
-                &format!("SELECT contact_id, subscriptions FROM {segments}.contacts WHERE contact_id = ANY($1)"),
-                &[&pending],
-            )
-            .await?
-            .into_iter()
-            .map(|row| (row.get(0), serde_json::from_value(row.get(1)).unwrap_or_default()))
-            .collect();
         let addresses: Vec<&str> =
             contacts.values().filter_map(|contact| contact.document.get("email").and_then(Value::as_str)).collect();
         let suppressed: std::collections::HashSet<String> = client

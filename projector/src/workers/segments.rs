@@ -8,7 +8,7 @@
 use deadpool_postgres::Transaction;
 use futures_util::future::BoxFuture;
 use shared::events::LogEvent;
-use shared::log::{AppendRequest, EventLog, ExpectedVersion, Metadata, NewEvent, StreamAppend};
+use shared::log::{AppendRequest, EventLog, ExpectedVersion, Metadata, StreamAppend};
 use shared::proto;
 
 use crate::read_models::segments::WINDOW_TIMER;
@@ -35,11 +35,7 @@ impl Windows {
             contact_id: contact_id.clone(),
             at_ms: now,
         });
-        let stream = StreamAppend {
-            stream_id: format!("segment-clock-{contact_id}"),
-            expected: ExpectedVersion::Any,
-            events: vec![NewEvent { event, subject_id: None, occurred_at: shared::time::from_millis(now) }],
-        };
+        let stream = StreamAppend::one(format!("segment-clock-{contact_id}"), ExpectedVersion::Any, event, now);
         let metadata = Metadata { space_id: Some(space_id), ..Metadata::default() };
         self.log.append(AppendRequest { metadata, streams: vec![stream], guards: Vec::new() }).await?;
         Ok(Handled::Done)
