@@ -55,19 +55,19 @@ pub async fn schedule(
     Ok(())
 }
 
-/// Schedules timers `keys[i]` of `kind` with `payloads[i]`, all due at `due_at`, keeping the
+/// Schedules timers `keys[i]` of `kind`, due at `due_at[i]` with `payloads[i]`, keeping the
 /// due time of one already scheduled earlier, in the caller's transaction.
 pub async fn schedule_earliest(
     client: &impl GenericClient,
     kind: &str,
     keys: &[&String],
-    due_at: DateTime<Utc>,
+    due_at: &[DateTime<Utc>],
     payloads: &[Value],
 ) -> Result<(), tokio_postgres::Error> {
     let statement = client
         .prepare_cached(
             "INSERT INTO timers (kind, key, due_at, payload)
-             SELECT $1, key, $3, payload FROM unnest($2::text[], $4::jsonb[]) AS t(key, payload)
+             SELECT $1, key, due_at, payload FROM unnest($2::text[], $3::timestamptz[], $4::jsonb[]) AS t(key, due_at, payload)
              ON CONFLICT (kind, key) DO UPDATE SET due_at = LEAST(timers.due_at, EXCLUDED.due_at),
                  payload = EXCLUDED.payload",
         )

@@ -75,136 +75,303 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "EventReadinessChanged.v1",
 ];
 
-pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &StoredEvent) -> anyhow::Result<()> {
-    let now_ms = event.recorded_at.timestamp_millis();
-    match event.decode()? {
-        LogEvent::SegmentCreated(created) => {
-            let filter: Value = serde_json::from_str(&created.filter_json).context("a segment's filter")?;
-            let doc = json!({
-                "id": created.segment_id,
-                "name": created.name,
-                "definition": created.definition,
-                "description": created.description,
-                "createdAt": shared::time::format_millis(created.created_at_ms),
-            });
-            let statement = transaction
-                .prepare_cached(&format!(
-                    "WITH written AS (
-                         INSERT INTO {s}.segments (segment_id, space_id, created_at, filter, doc)
-                         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (segment_id) DO NOTHING RETURNING space_id)
-                     INSERT INTO {s}.segment_counts (space_id, total) SELECT space_id, 1 FROM written
-                     ON CONFLICT (space_id) DO UPDATE SET total = segment_counts.total + 1"
-                ))
-                .await?;
-            let created_at = from_millis(created.created_at_ms);
-            transaction
-                .execute(&statement, &[&created.segment_id, &created.space_id, &created_at, &filter, &doc])
-                .await?;
-            evaluate_space(transaction, s, &created.space_id, &created.segment_id, now_ms).await
-        }
-        LogEvent::SegmentDeleted(deleted) => {
-            let statement = transaction
-                .prepare_cached(&format!(
-                    "WITH gone AS (DELETE FROM {s}.segments WHERE segment_id = $1 RETURNING space_id),
-                     members AS (DELETE FROM {s}.members WHERE segment_id = $1)
-                     UPDATE {s}.segment_counts c SET total = c.total - 1 FROM gone WHERE c.space_id = gone.space_id"
-                ))
-                .await?;
-            transaction.execute(&statement, &[&deleted.segment_id]).await?;
-            Ok(())
-        }
-        LogEvent::SegmentWindowElapsed(elapsed) => {
-            evaluate_contact(transaction, s, &elapsed.space_id, &elapsed.contact_id, elapsed.at_ms.max(now_ms)).await
-        }
-        LogEvent::RecordCreated(created) if created.schema_type == "contact" => {
-            let keys = shared::crypto::load_keys(transaction, std::slice::from_ref(&created.record_id)).await?;
-            let document = shared::records::record_document(&created, &keys)?;
-            let contact = (created.space_id.as_str(), created.schema_id.as_str(), created.record_id.as_str());
-            store_document(transaction, s, contact, &document).await?;
-            evaluate_contact(transaction, s, &created.space_id, &created.record_id, now_ms).await
-        }
-        LogEvent::RecordUpdated(updated) if updated.schema_type == "contact" => {
-            let keys = shared::crypto::load_keys(transaction, std::slice::from_ref(&updated.record_id)).await?;
-            let document = shared::records::RecordState::from_updated(&updated, &keys)?.document();
-            let contact = (updated.space_id.as_str(), updated.schema_id.as_str(), updated.record_id.as_str());
-            store_document(transaction, s, contact, &document).await?;
-            evaluate_contact(transaction, s, &updated.space_id, &updated.record_id, now_ms).await
-        }
-        LogEvent::RecordDeletionRequested(requested) if requested.schema_type == "contact" => {
-            let statement = transaction
-                .prepare_cached(&format!(
-                    "WITH gone AS (DELETE FROM {s}.members WHERE contact_id = $1 RETURNING segment_id),
-                     counted AS (SELECT segment_id, count(*) AS n FROM gone GROUP BY segment_id),
-                     contact AS (DELETE FROM {s}.contacts WHERE contact_id = $1),
-                     events AS (DELETE FROM {s}.contact_events WHERE contact_id = $1)
-                     UPDATE {s}.segments g SET member_count = g.member_count - counted.n FROM counted
-                     WHERE g.segment_id = counted.segment_id"
-                ))
-                .await?;
-            transaction.execute(&statement, &[&requested.record_id]).await?;
-            Ok(())
-        }
-        LogEvent::SubscriptionChanged(changed) => {
-            let statement = transaction
-                .prepare_cached(&format!(
-                    "INSERT INTO {s}.contacts (contact_id, space_id, subscriptions) VALUES ($1, $2, jsonb_build_object($3::text, $4::text))
-                     ON CONFLICT (contact_id) DO UPDATE
-                     SET subscriptions = contacts.subscriptions || jsonb_build_object($3::text, $4::text)"
-                ))
-                .await?;
-            transaction
-                .execute(&statement, &[&changed.contact_id, &changed.space_id, &changed.topic_id, &changed.status])
-                .await?;
-            evaluate_contact(transaction, s, &changed.space_id, &changed.contact_id, now_ms).await
-        }
-        LogEvent::EventAccepted(accepted) if accepted.readiness == "ready" && !accepted.contact_id.is_empty() => {
-            performed(transaction, s, &accepted, now_ms).await
-        }
-        LogEvent::EventReadinessChanged(changed) if changed.state == "ready" => {
-            // The acceptance is earlier in the log, on the event's own stream.
-            let accepted = crate::workers::webhooks::enqueue::accepted_event(transaction, &changed.id).await?;
-            let Some(accepted) = accepted.filter(|accepted| !accepted.contact_id.is_empty()) else { return Ok(()) };
-            performed(transaction, s, &accepted, now_ms).await
-        }
-        _ => Ok(()),
+/// What a batch changes, gathered in log order before anything is written.
+#[derive(Default)]
+struct Batch {
+    /// New segments: (event, its time).
+    created: Vec<(shared::proto::SegmentCreated, i64)>,
+    deleted_segments: Vec<String>,
+    /// The last document of each contact written in the batch: (space, schema, document).
+    documents: BTreeMap<String, (String, String, Value)>,
+    /// Subscription changes per contact, merged in order: (space, topic → status).
+    subscriptions: BTreeMap<String, (String, Map<String, Value>)>,
+    /// Events performed: (contact, event id, event schema, occurred at).
+    performed: Vec<(String, String, String, i64)>,
+    deleted_contacts: BTreeSet<String>,
+    /// Contacts to evaluate again, with their space and the time of their last change.
+    touched: BTreeMap<String, (String, i64)>,
+}
+
+impl Batch {
+    fn touch(&mut self, contact_id: &str, space_id: &str, at_ms: i64) {
+        let entry = self.touched.entry(contact_id.to_owned()).or_insert_with(|| (space_id.to_owned(), at_ms));
+        entry.1 = entry.1.max(at_ms);
     }
 }
 
-/// Records that the event's contact performed it, and evaluates the contact again.
-async fn performed(
-    transaction: &Transaction<'_>,
-    s: &str,
-    accepted: &shared::proto::EventAccepted,
-    now_ms: i64,
-) -> anyhow::Result<()> {
-    let statement = transaction
-        .prepare_cached(&format!(
-            "INSERT INTO {s}.contact_events (contact_id, event_id, schema_id, occurred_at_ms) VALUES ($1, $2, $3, $4)
-             ON CONFLICT DO NOTHING"
-        ))
-        .await?;
-    transaction
-        .execute(&statement, &[&accepted.contact_id, &accepted.id, &accepted.schema_id, &accepted.occurred_at_ms])
-        .await?;
-    evaluate_contact(transaction, s, &accepted.space_id, &accepted.contact_id, now_ms).await
+/// Applies a batch set-wise: the batch's changes are written first, then each contact it
+/// touched is evaluated once against its space's segments, and each new segment once against
+/// its space's other contacts. A pair of contact and segment is evaluated as of the later of
+/// the contact's last change in the batch and the segment's creation, with the contact's
+/// facts at the end of the batch: what evaluating event by event would have left, whatever
+/// the batch boundaries, so a rebuild gives the same membership.
+pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[StoredEvent]) -> anyhow::Result<()> {
+    let relevant: Vec<&StoredEvent> =
+        events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())).collect();
+    if relevant.is_empty() {
+        return Ok(());
+    }
+    let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
+    let keys = shared::crypto::load_keys(transaction, &subjects).await?;
+    let mut batch = Batch::default();
+    for event in relevant {
+        let now_ms = event.recorded_at.timestamp_millis();
+        match event.decode()? {
+            LogEvent::SegmentCreated(created) => batch.created.push((created, now_ms)),
+            LogEvent::SegmentDeleted(deleted) => batch.deleted_segments.push(deleted.segment_id),
+            LogEvent::SegmentWindowElapsed(elapsed) => {
+                batch.touch(&elapsed.contact_id, &elapsed.space_id, elapsed.at_ms.max(now_ms));
+            }
+            LogEvent::RecordCreated(created) if created.schema_type == "contact" => {
+                let document = shared::records::record_document(&created, &keys)?;
+                batch.touch(&created.record_id, &created.space_id, now_ms);
+                batch.documents.insert(created.record_id, (created.space_id, created.schema_id, document));
+            }
+            LogEvent::RecordUpdated(updated) if updated.schema_type == "contact" => {
+                let document = shared::records::RecordState::from_updated(&updated, &keys)?.document();
+                batch.touch(&updated.record_id, &updated.space_id, now_ms);
+                batch.documents.insert(updated.record_id, (updated.space_id, updated.schema_id, document));
+            }
+            LogEvent::RecordDeletionRequested(requested) if requested.schema_type == "contact" => {
+                batch.documents.remove(&requested.record_id);
+                batch.subscriptions.remove(&requested.record_id);
+                batch.touched.remove(&requested.record_id);
+                batch.performed.retain(|(contact_id, ..)| *contact_id != requested.record_id);
+                batch.deleted_contacts.insert(requested.record_id);
+            }
+            LogEvent::SubscriptionChanged(changed) => {
+                batch.touch(&changed.contact_id, &changed.space_id, now_ms);
+                let entry = batch
+                    .subscriptions
+                    .entry(changed.contact_id)
+                    .or_insert_with(|| (changed.space_id.clone(), Map::new()));
+                entry.1.insert(changed.topic_id, Value::String(changed.status));
+            }
+            LogEvent::EventAccepted(accepted) if accepted.readiness == "ready" && !accepted.contact_id.is_empty() => {
+                batch.touch(&accepted.contact_id, &accepted.space_id, now_ms);
+                batch.performed.push((accepted.contact_id, accepted.id, accepted.schema_id, accepted.occurred_at_ms));
+            }
+            LogEvent::EventReadinessChanged(changed) if changed.state == "ready" => {
+                // The acceptance is earlier in the log, on the event's own stream.
+                let accepted = crate::workers::webhooks::enqueue::accepted_event(transaction, &changed.id).await?;
+                if let Some(accepted) = accepted.filter(|accepted| !accepted.contact_id.is_empty()) {
+                    batch.touch(&accepted.contact_id, &accepted.space_id, now_ms);
+                    batch.performed.push((accepted.contact_id, accepted.id, accepted.schema_id, accepted.occurred_at_ms));
+                }
+            }
+            _ => {}
+        }
+    }
+    write(transaction, s, &batch).await?;
+    evaluate(transaction, s, &batch).await
 }
 
-/// Keeps a contact's record document (and its schema, which the broadcast engine's consent
-/// check reads); `(space, schema, contact)`.
-async fn store_document(
-    transaction: &Transaction<'_>,
-    s: &str,
-    (space_id, schema_id, contact_id): (&str, &str, &str),
-    document: &Value,
-) -> anyhow::Result<()> {
+/// Writes the batch's changes: segments, documents, subscriptions, events, deletions.
+async fn write(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow::Result<()> {
+    for (created, _) in &batch.created {
+        let filter: Value = serde_json::from_str(&created.filter_json).context("a segment's filter")?;
+        let doc = json!({
+            "id": created.segment_id,
+            "name": created.name,
+            "definition": created.definition,
+            "description": created.description,
+            "createdAt": shared::time::format_millis(created.created_at_ms),
+        });
+        let statement = transaction
+            .prepare_cached(&format!(
+                "WITH written AS (
+                     INSERT INTO {s}.segments (segment_id, space_id, created_at, filter, doc)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (segment_id) DO NOTHING RETURNING space_id)
+                 INSERT INTO {s}.segment_counts (space_id, total) SELECT space_id, 1 FROM written
+                 ON CONFLICT (space_id) DO UPDATE SET total = segment_counts.total + 1"
+            ))
+            .await?;
+        let created_at = from_millis(created.created_at_ms);
+        transaction.execute(&statement, &[&created.segment_id, &created.space_id, &created_at, &filter, &doc]).await?;
+    }
+    if !batch.deleted_segments.is_empty() {
+        let statement = transaction
+            .prepare_cached(&format!(
+                "WITH gone AS (DELETE FROM {s}.segments WHERE segment_id = ANY($1) RETURNING space_id),
+                 members AS (DELETE FROM {s}.members WHERE segment_id = ANY($1)),
+                 counted AS (SELECT space_id, count(*) AS n FROM gone GROUP BY space_id)
+                 UPDATE {s}.segment_counts c SET total = c.total - counted.n FROM counted WHERE c.space_id = counted.space_id"
+            ))
+            .await?;
+        transaction.execute(&statement, &[&batch.deleted_segments]).await?;
+    }
+    if !batch.documents.is_empty() {
+        let mut ids = Vec::new();
+        let mut spaces = Vec::new();
+        let mut schemas = Vec::new();
+        let mut documents = Vec::new();
+        for (contact_id, (space_id, schema_id, document)) in &batch.documents {
+            ids.push(contact_id);
+            spaces.push(space_id);
+            schemas.push(schema_id);
+            documents.push(document);
+        }
+        let statement = transaction
+            .prepare_cached(&format!(
+                "INSERT INTO {s}.contacts (contact_id, space_id, schema_id, doc)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[])
+                 ON CONFLICT (contact_id) DO UPDATE SET schema_id = EXCLUDED.schema_id, doc = EXCLUDED.doc"
+            ))
+            .await?;
+        transaction.execute(&statement, &[&ids, &spaces, &schemas, &documents]).await?;
+    }
+    if !batch.subscriptions.is_empty() {
+        let mut ids = Vec::new();
+        let mut spaces = Vec::new();
+        let mut changes = Vec::new();
+        for (contact_id, (space_id, topics)) in &batch.subscriptions {
+            ids.push(contact_id);
+            spaces.push(space_id);
+            changes.push(Value::Object(topics.clone()));
+        }
+        let statement = transaction
+            .prepare_cached(&format!(
+                "INSERT INTO {s}.contacts (contact_id, space_id, subscriptions)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
+                 ON CONFLICT (contact_id) DO UPDATE SET subscriptions = contacts.subscriptions || EXCLUDED.subscriptions"
+            ))
+            .await?;
+        transaction.execute(&statement, &[&ids, &spaces, &changes]).await?;
+    }
+    if !batch.performed.is_empty() {
+        let mut contacts = Vec::new();
+        let mut event_ids = Vec::new();
+        let mut schemas = Vec::new();
+        let mut occurred = Vec::new();
+        for (contact_id, event_id, schema_id, at_ms) in &batch.performed {
+            contacts.push(contact_id);
+            event_ids.push(event_id);
+            schemas.push(schema_id);
+            occurred.push(*at_ms);
+        }
+        let statement = transaction
+            .prepare_cached(&format!(
+                "INSERT INTO {s}.contact_events (contact_id, event_id, schema_id, occurred_at_ms)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) ON CONFLICT DO NOTHING"
+            ))
+            .await?;
+        transaction.execute(&statement, &[&contacts, &event_ids, &schemas, &occurred]).await?;
+    }
+    if !batch.deleted_contacts.is_empty() {
+        let deleted: Vec<&String> = batch.deleted_contacts.iter().collect();
+        let statement = transaction
+            .prepare_cached(&format!(
+                "WITH gone AS (DELETE FROM {s}.members WHERE contact_id = ANY($1) RETURNING segment_id),
+                 counted AS (SELECT segment_id, count(*) AS n FROM gone GROUP BY segment_id),
+                 contact AS (DELETE FROM {s}.contacts WHERE contact_id = ANY($1)),
+                 events AS (DELETE FROM {s}.contact_events WHERE contact_id = ANY($1))
+                 UPDATE {s}.segments g SET member_count = g.member_count - counted.n FROM counted
+                 WHERE g.segment_id = counted.segment_id"
+            ))
+            .await?;
+        transaction.execute(&statement, &[&deleted]).await?;
+    }
+    Ok(())
+}
+
+/// Memberships to add and remove, and window timers to schedule, gathered across a batch.
+#[derive(Default)]
+struct Outcome {
+    joins: (Vec<String>, Vec<String>, Vec<chrono::DateTime<chrono::Utc>>),
+    leaves: (Vec<String>, Vec<String>),
+    /// Contact → (space, the earliest moment a window changes for it).
+    windows: BTreeMap<String, (String, i64)>,
+}
+
+impl Outcome {
+    fn record(&mut self, segment_id: &str, contact_id: &str, member: bool, at_ms: i64) {
+        if member {
+            self.joins.0.push(segment_id.to_owned());
+            self.joins.1.push(contact_id.to_owned());
+            self.joins.2.push(from_millis(at_ms));
+        } else {
+            self.leaves.0.push(segment_id.to_owned());
+            self.leaves.1.push(contact_id.to_owned());
+        }
+    }
+
+    fn window(&mut self, contact_id: &str, space_id: &str, at_ms: Option<i64>) {
+        if let Some(at_ms) = at_ms {
+            let entry = self.windows.entry(contact_id.to_owned()).or_insert_with(|| (space_id.to_owned(), at_ms));
+            entry.1 = entry.1.min(at_ms);
+        }
+    }
+
+    async fn save(self, transaction: &Transaction<'_>, s: &str) -> anyhow::Result<()> {
+        if !self.joins.0.is_empty() {
+            join(transaction, s, &self.joins).await?;
+        }
+        if !self.leaves.0.is_empty() {
+            leave(transaction, s, &self.leaves.0, &self.leaves.1).await?;
+        }
+        schedule_windows(transaction, &self.windows).await
+    }
+}
+
+/// Evaluates what the batch touched: its contacts against their spaces' segments, and its new
+/// segments against the rest of their spaces.
+async fn evaluate(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow::Result<()> {
+    let created_at: HashMap<&str, i64> =
+        batch.created.iter().map(|(created, at_ms)| (created.segment_id.as_str(), *at_ms)).collect();
+    let mut spaces: BTreeSet<&str> = batch.touched.values().map(|(space_id, _)| space_id.as_str()).collect();
+    spaces.extend(batch.created.iter().map(|(created, _)| created.space_id.as_str()));
+    let by_space = segments_of(transaction, s, &spaces).await?;
+    if by_space.is_empty() {
+        return Ok(());
+    }
+    let mut outcome = Outcome::default();
+    let touched: Vec<String> =
+        batch.touched.iter().filter(|(_, (space_id, _))| by_space.contains_key(space_id)).map(|(id, _)| id.clone()).collect();
+    for (contact_id, contact) in facts(transaction, s, &touched).await? {
+        let Some((space_id, touched_at)) = batch.touched.get(&contact_id) else { continue };
+        let mut next_change = None;
+        for (segment_id, filter) in by_space.get(space_id).into_iter().flatten() {
+            let at_ms = created_at.get(segment_id.as_str()).map_or(*touched_at, |created| (*created).max(*touched_at));
+            let facts = contact.facts(at_ms);
+            outcome.record(segment_id, &contact_id, shared::filter::matches_facts(filter, &facts), at_ms);
+            next_change = earliest(next_change, shared::filter::next_change_ms(filter, &facts));
+        }
+        outcome.window(&contact_id, space_id, next_change);
+    }
+    outcome.save(transaction, s).await?;
+    for (created, at_ms) in &batch.created {
+        let Some((_, filter)) = by_space
+            .get(&created.space_id)
+            .and_then(|segments| segments.iter().find(|(segment_id, _)| *segment_id == created.segment_id))
+        else {
+            continue;
+        };
+        evaluate_space(transaction, s, (&created.space_id, &created.segment_id, filter), &batch.touched, *at_ms).await?;
+    }
+    Ok(())
+}
+
+/// The contacts' facts as the batch left them (those with a document).
+async fn facts(transaction: &Transaction<'_>, s: &str, contact_ids: &[String]) -> anyhow::Result<Vec<(String, Contact)>> {
+    if contact_ids.is_empty() {
+        return Ok(Vec::new());
+    }
     let statement = transaction
         .prepare_cached(&format!(
-            "INSERT INTO {s}.contacts (contact_id, space_id, schema_id, doc) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (contact_id) DO UPDATE SET schema_id = EXCLUDED.schema_id, doc = EXCLUDED.doc"
+            "SELECT contact_id, doc, subscriptions FROM {s}.contacts WHERE contact_id = ANY($1) AND doc IS NOT NULL"
         ))
         .await?;
-    transaction.execute(&statement, &[&contact_id, &space_id, &schema_id, document]).await?;
-    Ok(())
+    let rows = transaction.query(&statement, &[&contact_ids]).await?;
+    let mut times = event_times(transaction, s, contact_ids).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let contact_id: String = row.get(0);
+            let events = times.remove(&contact_id).unwrap_or_default();
+            let contact = Contact::new(row.get(1), row.get(2), events);
+            (contact_id, contact)
+        })
+        .collect())
 }
 
 /// A contact as filters read it.
@@ -233,34 +400,38 @@ impl Contact {
 static FILTERS: std::sync::LazyLock<std::sync::Mutex<HashMap<String, Arc<Filter>>>> =
     std::sync::LazyLock::new(Default::default);
 
-/// The segments of a space (or the one named), with their filters.
-async fn segments(
+/// The segments of `spaces`, with their filters, by space.
+async fn segments_of(
     transaction: &Transaction<'_>,
     s: &str,
-    space_id: &str,
-    only: Option<&str>,
-) -> anyhow::Result<Vec<(String, Arc<Filter>)>> {
+    spaces: &BTreeSet<&str>,
+) -> anyhow::Result<HashMap<String, Vec<(String, Arc<Filter>)>>> {
+    if spaces.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let spaces: Vec<&str> = spaces.iter().copied().collect();
     let statement = transaction
-        .prepare_cached(&format!(
-            "SELECT segment_id, filter FROM {s}.segments WHERE space_id = $1 AND ($2::text IS NULL OR segment_id = $2)"
-        ))
+        .prepare_cached(&format!("SELECT space_id, segment_id, filter FROM {s}.segments WHERE space_id = ANY($1)"))
         .await?;
-    let rows = transaction.query(&statement, &[&space_id, &only]).await?;
+    let rows = transaction.query(&statement, &[&spaces]).await?;
     let mut cache = FILTERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    rows.into_iter()
-        .map(|row| {
-            let id: String = row.get(0);
-            if let Some(filter) = cache.get(&id) {
-                return Ok((id, Arc::clone(filter)));
+    let mut by_space: HashMap<String, Vec<(String, Arc<Filter>)>> = HashMap::new();
+    for row in rows {
+        let id: String = row.get(1);
+        let filter = match cache.get(&id) {
+            Some(filter) => Arc::clone(filter),
+            None => {
+                let filter = Arc::new(
+                    shared::filter::from_json(&row.get::<_, Value>(2))
+                        .with_context(|| format!("the stored filter of segment {id}"))?,
+                );
+                cache.insert(id.clone(), Arc::clone(&filter));
+                filter
             }
-            let filter = Arc::new(
-                shared::filter::from_json(&row.get::<_, Value>(1))
-                    .with_context(|| format!("the stored filter of segment {id}"))?,
-            );
-            cache.insert(id.clone(), Arc::clone(&filter));
-            Ok((id, filter))
-        })
-        .collect()
+        };
+        by_space.entry(row.get(0)).or_default().push((id, filter));
+    }
+    Ok(by_space)
 }
 
 /// The event times of `contact_ids`, by contact and event schema.
@@ -282,97 +453,43 @@ async fn event_times(
     Ok(times)
 }
 
-/// Evaluates one contact against every segment of its space as of `now_ms`.
-async fn evaluate_contact(
-    transaction: &Transaction<'_>,
-    s: &str,
-    space_id: &str,
-    contact_id: &str,
-    now_ms: i64,
-) -> anyhow::Result<()> {
-    let segments = segments(transaction, s, space_id, None).await?;
-    if segments.is_empty() {
-        return Ok(());
-    }
-    let statement = transaction
-        .prepare_cached(&format!("SELECT doc, subscriptions FROM {s}.contacts WHERE contact_id = $1"))
-        .await?;
-    let row = transaction.query_opt(&statement, &[&contact_id]).await?;
-    let Some((Some(document), subscriptions)) = row.map(|row| (row.get::<_, Option<Value>>(0), row.get(1))) else {
-        // Subscriptions or events of a contact whose record is not (or no longer) here.
-        return Ok(());
-    };
-    let mut events = event_times(transaction, s, &[contact_id.to_owned()]).await?;
-    let contact = Contact::new(document, subscriptions, events.remove(contact_id).unwrap_or_default());
-    let facts = contact.facts(now_ms);
-    let mut joined = Vec::new();
-    let mut left = Vec::new();
-    let mut next_change: Option<i64> = None;
-    for (segment_id, filter) in &segments {
-        if shared::filter::matches_facts(filter, &facts) {
-            joined.push(segment_id.clone());
-        } else {
-            left.push(segment_id.clone());
-        }
-        next_change = earliest(next_change, shared::filter::next_change_ms(filter, &facts));
-    }
-    let contacts = vec![contact_id.to_owned()];
-    if !joined.is_empty() {
-        let segment_ids = joined;
-        let contact_ids = vec![contact_id.to_owned(); segment_ids.len()];
-        join(transaction, s, &segment_ids, &contact_ids, now_ms).await?;
-    }
-    if !left.is_empty() {
-        let contact_ids = vec![contact_id.to_owned(); left.len()];
-        leave(transaction, s, &left, &contact_ids).await?;
-    }
-    schedule_windows(transaction, space_id, &contacts, next_change).await
-}
-
-/// Evaluates a new segment against every contact of its space, a page at a time.
+/// Evaluates a new segment against every contact of its space that the batch did not touch
+/// (those were evaluated with it already), a page at a time, as of its creation.
 async fn evaluate_space(
     transaction: &Transaction<'_>,
     s: &str,
-    space_id: &str,
-    segment_id: &str,
-    now_ms: i64,
+    (space_id, segment_id, filter): (&str, &str, &Filter),
+    touched: &BTreeMap<String, (String, i64)>,
+    at_ms: i64,
 ) -> anyhow::Result<()> {
-    let Some((_, filter)) = segments(transaction, s, space_id, Some(segment_id)).await?.pop() else { return Ok(()) };
     let statement = transaction
         .prepare_cached(&format!(
             "SELECT contact_id, doc, subscriptions FROM {s}.contacts
              WHERE space_id = $1 AND contact_id > $2 AND doc IS NOT NULL ORDER BY contact_id LIMIT $3"
         ))
         .await?;
+    let needs_events = !shared::filter::performed_parts(filter).is_empty();
     let mut after = String::new();
     loop {
         let rows = transaction.query(&statement, &[&space_id, &after, &PAGE]).await?;
         let Some(last) = rows.last().map(|row| row.get::<_, String>(0)) else { break };
         let ids: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
-        let needs_events = !shared::filter::performed_parts(&filter).is_empty();
         let mut times = if needs_events { event_times(transaction, s, &ids).await? } else { HashMap::new() };
-        let mut members = Vec::new();
-        // Contacts by the earliest moment a window of this segment changes for them.
-        let mut windows: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+        let mut outcome = Outcome::default();
         for row in rows {
             let contact_id: String = row.get(0);
+            if touched.contains_key(&contact_id) {
+                continue;
+            }
             let events = times.remove(&contact_id).unwrap_or_default();
             let contact = Contact::new(row.get(1), row.get(2), events);
-            let facts = contact.facts(now_ms);
-            if shared::filter::matches_facts(&filter, &facts) {
-                members.push(contact_id.clone());
+            let facts = contact.facts(at_ms);
+            if shared::filter::matches_facts(filter, &facts) {
+                outcome.record(segment_id, &contact_id, true, at_ms);
             }
-            if let Some(at) = shared::filter::next_change_ms(&filter, &facts) {
-                windows.entry(at).or_default().push(contact_id);
-            }
+            outcome.window(&contact_id, space_id, shared::filter::next_change_ms(filter, &facts));
         }
-        if !members.is_empty() {
-            let segment_ids = vec![segment_id.to_owned(); members.len()];
-            join(transaction, s, &segment_ids, &members, now_ms).await?;
-        }
-        for (at, contacts) in windows {
-            schedule_windows(transaction, space_id, &contacts, Some(at)).await?;
-        }
+        outcome.save(transaction, s).await?;
         after = last;
     }
     Ok(())
@@ -385,27 +502,25 @@ fn earliest(left: Option<i64>, right: Option<i64>) -> Option<i64> {
     }
 }
 
-/// Adds memberships (pairs of `segment_ids[i]`, `contact_ids[i]`) that are not there yet, and
-/// counts them.
+/// Adds memberships (`segment_ids[i]`, `contact_ids[i]`, joined at `joined_at[i]`) that are
+/// not there yet, and counts them.
 async fn join(
     transaction: &Transaction<'_>,
     s: &str,
-    segment_ids: &[String],
-    contact_ids: &[String],
-    now_ms: i64,
+    (segment_ids, contact_ids, joined_at): &(Vec<String>, Vec<String>, Vec<chrono::DateTime<chrono::Utc>>),
 ) -> anyhow::Result<()> {
     let statement = transaction
         .prepare_cached(&format!(
             "WITH added AS (
                  INSERT INTO {s}.members (segment_id, contact_id, joined_at)
-                 SELECT segment_id, contact_id, $3 FROM unnest($1::text[], $2::text[]) AS m(segment_id, contact_id)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[])
                  ON CONFLICT DO NOTHING RETURNING segment_id),
              counted AS (SELECT segment_id, count(*) AS n FROM added GROUP BY segment_id)
              UPDATE {s}.segments g SET member_count = g.member_count + counted.n FROM counted
              WHERE g.segment_id = counted.segment_id"
         ))
         .await?;
-    transaction.execute(&statement, &[&segment_ids, &contact_ids, &from_millis(now_ms)]).await?;
+    transaction.execute(&statement, &[segment_ids, contact_ids, joined_at]).await?;
     Ok(())
 }
 
@@ -430,32 +545,26 @@ async fn leave(
     Ok(())
 }
 
-/// Schedules the window timer of each contact for `at` (keeping an earlier one). A timer
-/// that comes early, or is scheduled by a version being rebuilt, only evaluates the contact
-/// again: harmless.
-async fn schedule_windows(
-    transaction: &Transaction<'_>,
-    space_id: &str,
-    contact_ids: &[String],
-    at: Option<i64>,
-) -> anyhow::Result<()> {
-    let Some(at) = at else { return Ok(()) };
-    let unique: BTreeSet<&String> = contact_ids.iter().collect();
-    let payloads: Vec<Value> = unique
-        .iter()
-        .map(|contact_id| {
-            Value::Object(Map::from_iter([
-                ("spaceId".to_owned(), json!(space_id)),
-                ("contactId".to_owned(), json!(contact_id)),
-            ]))
-        })
-        .collect();
-    let keys: Vec<&String> = unique.into_iter().collect();
-    crate::timers::schedule_earliest(transaction, WINDOW_TIMER, &keys, from_millis(at), &payloads).await?;
+/// Schedules each contact's window timer for its moment (keeping an earlier one), in one
+/// statement. A timer that comes early, or is scheduled by a version being rebuilt, only
+/// evaluates the contact again: harmless.
+async fn schedule_windows(transaction: &Transaction<'_>, windows: &BTreeMap<String, (String, i64)>) -> anyhow::Result<()> {
+    if windows.is_empty() {
+        return Ok(());
+    }
+    let mut keys = Vec::new();
+    let mut due = Vec::new();
+    let mut payloads = Vec::new();
+    for (contact_id, (space_id, at_ms)) in windows {
+        keys.push(contact_id);
+        due.push(from_millis(*at_ms));
+        payloads.push(json!({"spaceId": space_id, "contactId": contact_id}));
+    }
+    crate::timers::schedule_earliest(transaction, WINDOW_TIMER, &keys, &due, &payloads).await?;
     Ok(())
 }
 
 read_model! {
     /// Segments and their membership.
-    Segments = "segments", each
+    Segments = "segments", batch
 }
