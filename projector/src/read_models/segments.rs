@@ -156,7 +156,12 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
                 let accepted = crate::workers::webhooks::enqueue::accepted_event(transaction, &changed.id).await?;
                 if let Some(accepted) = accepted.filter(|accepted| !accepted.contact_id.is_empty()) {
                     batch.touch(&accepted.contact_id, &accepted.space_id, now_ms);
-                    batch.performed.push((accepted.contact_id, accepted.id, accepted.schema_id, accepted.occurred_at_ms));
+                    batch.performed.push((
+                        accepted.contact_id,
+                        accepted.id,
+                        accepted.schema_id,
+                        accepted.occurred_at_ms,
+                    ));
                 }
             }
             _ => {}
@@ -325,8 +330,12 @@ async fn evaluate(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyh
         return Ok(());
     }
     let mut outcome = Outcome::default();
-    let touched: Vec<String> =
-        batch.touched.iter().filter(|(_, (space_id, _))| by_space.contains_key(space_id)).map(|(id, _)| id.clone()).collect();
+    let touched: Vec<String> = batch
+        .touched
+        .iter()
+        .filter(|(_, (space_id, _))| by_space.contains_key(space_id))
+        .map(|(id, _)| id.clone())
+        .collect();
     for (contact_id, contact) in facts(transaction, s, &touched).await? {
         let Some((space_id, touched_at)) = batch.touched.get(&contact_id) else { continue };
         let mut next_change = None;
@@ -346,13 +355,18 @@ async fn evaluate(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyh
         else {
             continue;
         };
-        evaluate_space(transaction, s, (&created.space_id, &created.segment_id, filter), &batch.touched, *at_ms).await?;
+        evaluate_space(transaction, s, (&created.space_id, &created.segment_id, filter), &batch.touched, *at_ms)
+            .await?;
     }
     Ok(())
 }
 
 /// The contacts' facts as the batch left them (those with a document).
-async fn facts(transaction: &Transaction<'_>, s: &str, contact_ids: &[String]) -> anyhow::Result<Vec<(String, Contact)>> {
+async fn facts(
+    transaction: &Transaction<'_>,
+    s: &str,
+    contact_ids: &[String],
+) -> anyhow::Result<Vec<(String, Contact)>> {
     if contact_ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -548,7 +562,10 @@ async fn leave(
 /// Schedules each contact's window timer for its moment (keeping an earlier one), in one
 /// statement. A timer that comes early, or is scheduled by a version being rebuilt, only
 /// evaluates the contact again: harmless.
-async fn schedule_windows(transaction: &Transaction<'_>, windows: &BTreeMap<String, (String, i64)>) -> anyhow::Result<()> {
+async fn schedule_windows(
+    transaction: &Transaction<'_>,
+    windows: &BTreeMap<String, (String, i64)>,
+) -> anyhow::Result<()> {
     if windows.is_empty() {
         return Ok(());
     }

@@ -230,10 +230,7 @@ impl Runs {
         }
         let prepared = self.send_batch(&run, &pending).await?;
         transaction.commit().await?;
-        let handoffs = self.settings.broadcasts.handoffs.max(1);
-        futures_util::stream::iter(prepared)
-            .for_each_concurrent(handoffs, |prepared| async move { self.hand_off(&prepared).await })
-            .await;
+        self.hand_off(prepared).await;
         self.keep_pace(started, pending.len()).await;
         Ok(Outcome::Progressed)
     }
@@ -399,19 +396,25 @@ impl Runs {
         Ok(prepared)
     }
 
-    async fn hand_off(&self, prepared: &Prepared) {
-        let email_id = &prepared.parties.email_id;
-        match outbox::claim(&self.pool, email_id, self.settings.email_lease()).await {
-            Ok(Some(lease)) => {
-                let schedule = &self.settings.email.retry_schedule_ms;
-                outbox::hand_off(&self.pool, &self.log, &self.mailer, &lease, prepared, Some(schedule)).await;
-            }
-            // The outbox worker has it.
-            Ok(None) => {}
-            Err(error) => {
-                tracing::warn!(error = %format!("{error:#}"), email = %email_id, "could not claim a hand-off; the outbox worker will");
-            }
-        }
+    /// Hands the batch's emails to the relay, a bounded number at once. Each is claimed only
+    /// when its turn comes: a claimed email whose process dies is settled as unknown and never
+    /// sent, so nothing is claimed ahead of its hand-off.
+    async fn hand_off(&self, prepared: Vec<Prepared>) {
+        let schedule = &self.settings.email.retry_schedule_ms;
+        futures_util::stream::iter(prepared)
+            .for_each_concurrent(self.settings.broadcasts.handoffs.max(1), |email| async move {
+                let email_id = &email.parties.email_id;
+                match outbox::claim(&self.pool, email_id, self.settings.email_lease()).await {
+                    Ok(Some(lease)) => {
+                        outbox::hand_off(&self.pool, &self.log, &self.mailer, &lease, &email, Some(schedule)).await;
+                    }
+                    // The outbox worker has it.
+                    Ok(None) => {}
+                    Err(error) => tracing::warn!(error = %format!("{error:#}"), email = %email_id,
+                        "could not claim a hand-off; the outbox worker will"),
+                }
+            })
+            .await;
     }
 }
 

@@ -132,15 +132,39 @@ pub fn build(outgoing: &Outgoing, signing: &Signing<'_>) -> anyhow::Result<Messa
     }
     let mut message =
         builder.multipart(MultiPart::alternative_plain_html(outgoing.text.to_owned(), outgoing.html.to_owned()))?;
-    let key = DkimSigningKey::new(signing.pem, DkimSigningAlgorithm::Rsa)
-        .map_err(|error| anyhow::anyhow!("the domain's DKIM key: {error:?}"))?;
-    let config = DkimConfig::new(
-        signing.selector.to_owned(),
-        outgoing.domain.clone(),
-        key,
-        headers.into_iter().map(HeaderName::new_from_ascii_str).collect(),
-        DkimCanonicalization { header: DkimCanonicalizationType::Relaxed, body: DkimCanonicalizationType::Relaxed },
-    );
+    let config = dkim_config(signing, &outgoing.domain, &headers)?;
     message.sign(&config);
     Ok(message)
+}
+
+/// Signing configurations by selector, domain, key (its digest) and signed headers. Parsing
+/// an RSA key and precomputing its CRT values costs more than the signature, so a process
+/// parses each key once.
+type ConfigKey = (String, String, [u8; 32], Vec<&'static str>);
+static CONFIGS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<ConfigKey, std::sync::Arc<DkimConfig>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+fn dkim_config(
+    signing: &Signing<'_>,
+    domain: &str,
+    headers: &[&'static str],
+) -> anyhow::Result<std::sync::Arc<DkimConfig>> {
+    use sha2::Digest;
+    let digest: [u8; 32] = sha2::Sha256::digest(signing.pem.as_bytes()).into();
+    let key = (signing.selector.to_owned(), domain.to_owned(), digest, headers.to_vec());
+    if let Some(config) = CONFIGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+        return Ok(std::sync::Arc::clone(config));
+    }
+    let signing_key = DkimSigningKey::new(signing.pem, DkimSigningAlgorithm::Rsa)
+        .map_err(|error| anyhow::anyhow!("the domain's DKIM key: {error:?}"))?;
+    let config = std::sync::Arc::new(DkimConfig::new(
+        signing.selector.to_owned(),
+        domain.to_owned(),
+        signing_key,
+        headers.iter().map(|name| HeaderName::new_from_ascii_str(name)).collect(),
+        DkimCanonicalization { header: DkimCanonicalizationType::Relaxed, body: DkimCanonicalizationType::Relaxed },
+    ));
+    CONFIGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, std::sync::Arc::clone(&config));
+    Ok(config)
 }
