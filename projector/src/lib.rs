@@ -63,7 +63,7 @@ pub fn workers(
     if let Some(unknown) = wanted.iter().find(|kind| !WORKER_KINDS.contains(kind)) {
         anyhow::bail!("APP__PROJECTOR__WORKERS names {unknown:?}; the workers are all, {}", WORKER_KINDS.join(", "));
     }
-    let log = shared::log::EventLog::start(pool.clone(), 16);
+    let log = shared::log::EventLog::start(pool.clone(), settings.append.batch_max);
     let mut workers: Vec<Arc<dyn Worker>> = Vec::new();
     if wanted.contains(&"read_models") {
         let faults = Faults::from_settings(&settings.projector);

@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
-use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 use shared::email::mailer::Mailer;
@@ -181,16 +180,36 @@ fn skip_reason(
     None
 }
 
-pub struct Runs {
+/// What a hand-off needs, shared by the hand-off tasks of every step.
+struct Sender {
     pool: Pool,
     log: EventLog,
     mailer: Mailer,
+    lease: Duration,
+    retry_schedule: Vec<u64>,
+}
+
+pub struct Runs {
+    pool: Pool,
+    log: EventLog,
+    sender: Arc<Sender>,
+    /// Hand-offs under way: a step waits for a free one before it starts another, so the
+    /// next batch is decided while the last one is still being sent.
+    handoffs: Arc<tokio::sync::Semaphore>,
     settings: Settings,
 }
 
 impl Runs {
     pub fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
-        Ok(Self { pool, log, mailer: Mailer::from_settings(&settings.email)?, settings: settings.clone() })
+        let sender = Sender {
+            pool: pool.clone(),
+            log: log.clone(),
+            mailer: Mailer::from_settings(&settings.email)?,
+            lease: settings.email_lease(),
+            retry_schedule: settings.email.retry_schedule_ms.clone(),
+        };
+        let handoffs = Arc::new(tokio::sync::Semaphore::new(settings.broadcasts.handoffs.max(1)));
+        Ok(Self { pool, log, sender: Arc::new(sender), handoffs, settings: settings.clone() })
     }
 
     async fn step(&self) -> anyhow::Result<Outcome> {
@@ -396,25 +415,34 @@ impl Runs {
         Ok(prepared)
     }
 
-    /// Hands the batch's emails to the relay, a bounded number at once. Each is claimed only
-    /// when its turn comes: a claimed email whose process dies is settled as unknown and never
-    /// sent, so nothing is claimed ahead of its hand-off.
+    /// Starts the batch's hand-offs, a bounded number at once across steps; returns once the
+    /// last has started. Each email is claimed only when its turn comes: a claimed email
+    /// whose process dies is settled as unknown and never sent, so nothing is claimed ahead of
+    /// its hand-off. One the process did not reach is finished by the email outbox worker.
     async fn hand_off(&self, prepared: Vec<Prepared>) {
-        let schedule = &self.settings.email.retry_schedule_ms;
-        futures_util::stream::iter(prepared)
-            .for_each_concurrent(self.settings.broadcasts.handoffs.max(1), |email| async move {
-                let email_id = &email.parties.email_id;
-                match outbox::claim(&self.pool, email_id, self.settings.email_lease()).await {
-                    Ok(Some(lease)) => {
-                        outbox::hand_off(&self.pool, &self.log, &self.mailer, &lease, &email, Some(schedule)).await;
-                    }
-                    // The outbox worker has it.
-                    Ok(None) => {}
-                    Err(error) => tracing::warn!(error = %format!("{error:#}"), email = %email_id,
-                        "could not claim a hand-off; the outbox worker will"),
-                }
-            })
-            .await;
+        for email in prepared {
+            let Ok(permit) = Arc::clone(&self.handoffs).acquire_owned().await else { return };
+            let sender = Arc::clone(&self.sender);
+            tokio::spawn(async move {
+                sender.hand_off(&email).await;
+                drop(permit);
+            });
+        }
+    }
+}
+
+impl Sender {
+    async fn hand_off(&self, email: &Prepared) {
+        let email_id = &email.parties.email_id;
+        match outbox::claim(&self.pool, email_id, self.lease).await {
+            Ok(Some(lease)) => {
+                outbox::hand_off(&self.pool, &self.log, &self.mailer, &lease, email, Some(&self.retry_schedule)).await;
+            }
+            // The outbox worker has it.
+            Ok(None) => {}
+            Err(error) => tracing::warn!(error = %format!("{error:#}"), email = %email_id,
+                "could not claim a hand-off; the outbox worker will"),
+        }
     }
 }
 
