@@ -145,6 +145,7 @@ pub fn append_error(error: AppendError) -> ApiError {
                 Some(Code::OutcomeUnknown),
                 "the write may or may not have been stored; inspect the resource before retrying",
             )
+            .unconfirmed()
         }
     }
 }
@@ -167,14 +168,6 @@ pub fn consistency_token(response: &mut actix_web::HttpResponseBuilder, appended
     if let Some(appended) = appended.filter(|a| a.last_position > 0) {
         response.insert_header(("Consistency-Token", appended.last_position.to_string()));
     }
-}
-
-/// Maps an append failure, noting when the outcome is unconfirmed.
-pub fn append_failure(error: AppendError, unconfirmed: &mut bool) -> ApiError {
-    if matches!(error, AppendError::OutcomeUnknown(_)) {
-        *unconfirmed = true;
-    }
-    append_error(error)
 }
 
 /// Appends a caller's writes, with the request's metadata and the caller's `Idempotency-Key`

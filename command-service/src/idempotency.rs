@@ -259,7 +259,8 @@ impl Claim {
 
 /// Runs one of the protected operations under the caller's `Idempotency-Key` (if any):
 /// admits it (or answers with a replay), runs `run` with the claim and the operation id, and
-/// finishes the answer. `run` returns its outcome and whether persistence was unconfirmed.
+/// finishes the answer. An error `run` marks unconfirmed (`ApiError::unconfirmed`) leaves the
+/// claim unresolved.
 pub async fn protect<F, Fut>(
     state: &State,
     req: &HttpRequest,
@@ -269,14 +270,15 @@ pub async fn protect<F, Fut>(
 ) -> Result<HttpResponse, ApiError>
 where
     F: FnOnce(Option<Claim>, String) -> Fut,
-    Fut: std::future::Future<Output = (Result<HttpResponse, ApiError>, bool)>,
+    Fut: std::future::Future<Output = Result<HttpResponse, ApiError>>,
 {
     let (claim, operation_id) = match admit(state, req, caller, body).await? {
         Admission::Replay(response) => return Ok(response),
         Admission::Claimed(claim) => (Some(claim.clone()), claim.operation_id),
         Admission::Unprotected { operation_id } => (None, operation_id),
     };
-    let (outcome, unconfirmed) = run(claim.clone(), operation_id.clone()).await;
+    let outcome = run(claim.clone(), operation_id.clone()).await;
+    let unconfirmed = outcome.as_ref().err().is_some_and(ApiError::is_unconfirmed);
     finish(state, claim.as_ref(), &operation_id, outcome, unconfirmed).await
 }
 

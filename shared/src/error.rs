@@ -193,11 +193,32 @@ pub struct ApiError {
     headers: Vec<(&'static str, String)>,
     /// The contract lets an unconfirmed idempotent outcome (503) omit `type`.
     omit_type: bool,
+    /// A write whose persistence could not be confirmed (its commit broke off): under an
+    /// `Idempotency-Key` the claim must stay unresolved rather than record this error.
+    unconfirmed: bool,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: Option<Code>, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), issues: Vec::new(), headers: Vec::new(), omit_type: false }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            issues: Vec::new(),
+            headers: Vec::new(),
+            omit_type: false,
+            unconfirmed: false,
+        }
+    }
+
+    /// Marks the error as the answer to a write whose persistence is unconfirmed.
+    pub fn unconfirmed(mut self) -> Self {
+        self.unconfirmed = true;
+        self
+    }
+
+    pub fn is_unconfirmed(&self) -> bool {
+        self.unconfirmed
     }
 
     pub fn bad_request(code: Code, message: impl Into<String>) -> Self {

@@ -20,7 +20,7 @@ use shared::proto;
 
 use super::decide;
 use crate::State;
-use crate::edge::{append_failure, respond};
+use crate::edge::{append_error, respond};
 use crate::idempotency;
 
 const BROADCASTS: &str = "broadcasts";
@@ -96,10 +96,10 @@ fn one_event(broadcast_id: &str, event: LogEvent, now: i64) -> StreamAppend {
     StreamAppend::one(stream_id(broadcast_id), ExpectedVersion::Any, event, now)
 }
 
-fn conflict_or(error: AppendError, unconfirmed: &mut bool) -> ApiError {
+fn conflict_or(error: AppendError) -> ApiError {
     match error {
         AppendError::Conflict { code: Code::BroadcastRunActive, .. } => active(),
-        error => append_failure(error, unconfirmed),
+        error => append_error(error),
     }
 }
 
@@ -116,38 +116,32 @@ pub async fn update(
     let update = decide::parse_update(&body)?;
     let (req, state, caller, broadcast_id, update) = (&req, &**state, &caller, path.as_str(), &update);
     idempotency::protect(state, req, caller, &Value::Object(body), |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = async {
-            let current = load(state, caller, broadcast_id).await?;
-            if has_active_run(&state.pool.get().await?, broadcast_id).await? {
-                return Err(active());
-            }
-            if let Some(audience) = &update.audience {
-                check_audience(state, caller, audience).await?;
-            }
-            let now = shared::time::now_millis();
-            let event = proto::BroadcastUpdated {
-                broadcast_id: broadcast_id.to_owned(),
-                space_id: caller.space_id().to_owned(),
-                name: update.name.clone(),
-                audience: update.audience.as_ref().map(Audience::to_proto),
-                scheduled_at_set: update.scheduled_at_ms.is_some(),
-                scheduled_at_ms: update.scheduled_at_ms.flatten().unwrap_or(0),
-                updated_at_ms: now,
-            };
-            let next = apply_update(current, &event);
-            let body = shared::http::data_body(document(broadcast_id, &next, now), &[]);
-            let guards = std::iter::once(no_active_run(broadcast_id))
-                .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)))
-                .collect();
-            let stream = one_event(broadcast_id, LogEvent::BroadcastUpdated(event), now);
-            let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
-                .await
-                .map_err(|error| conflict_or(error, &mut unconfirmed))?;
-            Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended)))
+        let current = load(state, caller, broadcast_id).await?;
+        if has_active_run(&state.pool.get().await?, broadcast_id).await? {
+            return Err(active());
         }
-        .await;
-        (outcome, unconfirmed)
+        if let Some(audience) = &update.audience {
+            check_audience(state, caller, audience).await?;
+        }
+        let now = shared::time::now_millis();
+        let event = proto::BroadcastUpdated {
+            broadcast_id: broadcast_id.to_owned(),
+            space_id: caller.space_id().to_owned(),
+            name: update.name.clone(),
+            audience: update.audience.as_ref().map(Audience::to_proto),
+            scheduled_at_set: update.scheduled_at_ms.is_some(),
+            scheduled_at_ms: update.scheduled_at_ms.flatten().unwrap_or(0),
+            updated_at_ms: now,
+        };
+        let next = apply_update(current, &event);
+        let body = shared::http::data_body(document(broadcast_id, &next, now), &[]);
+        let guards = std::iter::once(no_active_run(broadcast_id))
+            .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)))
+            .collect();
+        let stream = one_event(broadcast_id, LogEvent::BroadcastUpdated(event), now);
+        let appended =
+            crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards).await.map_err(conflict_or)?;
+        Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended)))
     })
     .await
 }
@@ -180,65 +174,60 @@ pub async fn send(
     let caller = state.authenticator.authorize(&req, Permission::Write).await?;
     let (req, state, caller, broadcast_id) = (&req, &**state, &caller, path.as_str());
     idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = async {
-            let broadcast = load(state, caller, broadcast_id).await?;
-            if has_active_run(&state.pool.get().await?, broadcast_id).await? {
-                return Err(active());
-            }
-            check_audience(state, caller, &broadcast.audience).await?;
-            let now = shared::time::now_millis();
-            let run = proto::BroadcastRunRequested {
-                run_id: shared::ids::new_id("run"),
-                broadcast_id: broadcast_id.to_owned(),
-                space_id: caller.space_id().to_owned(),
-                template_id: broadcast.template_id.clone(),
-                sender_id: broadcast.sender_id.clone().unwrap_or_default(),
-                audience: Some(broadcast.audience.to_proto()),
-                start_at_ms: decide::start_at(broadcast.scheduled_at_ms, now),
-                requested_at_ms: now,
-            };
-            let body = shared::http::data_body(requested_run(&run, &broadcast.audience), &[]);
-            let audience = serde_json::to_value(&broadcast.audience).map_err(|error| ApiError::internal(&error.into()))?;
-            let start_at = shared::time::from_millis(run.start_at_ms);
-            let guards = vec![
-                Guard::unique(
-                    "INSERT INTO broadcast_runs
-                         (run_id, broadcast_id, space_id, template_id, sender_id, audience, start_at, requested_at)
-                     VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8)",
-                    vec![
-                        Box::new(run.run_id.clone()),
-                        Box::new(run.broadcast_id.clone()),
-                        Box::new(run.space_id.clone()),
-                        Box::new(run.template_id.clone()),
-                        Box::new(run.sender_id.clone()),
-                        Box::new(audience),
-                        Box::new(start_at),
-                        Box::new(shared::time::from_millis(now)),
-                    ],
-                    AppendError::Conflict {
-                        code: Code::BroadcastRunActive,
-                        message: "a run is scheduled or sending".to_owned(),
-                    },
-                ),
-                Guard::exactly_one(
-                    "INSERT INTO timers (kind, key, due_at, payload) VALUES ($1, $2, $3, jsonb_build_object('runId', $2::text))",
-                    vec![Box::new(RUN_TIMER), Box::new(run.run_id.clone()), Box::new(start_at)],
-                    AppendError::Failed("could not schedule the run".to_owned()),
-                ),
-            ];
-            let guards = guards
-                .into_iter()
-                .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::ACCEPTED, &body)))
-                .collect();
-            let stream = one_event(broadcast_id, LogEvent::BroadcastRunRequested(run), now);
-            let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
-                .await
-                .map_err(|error| conflict_or(error, &mut unconfirmed))?;
-            Ok(respond(StatusCode::ACCEPTED, &body, &operation_id, Some(appended)))
+        let broadcast = load(state, caller, broadcast_id).await?;
+        if has_active_run(&state.pool.get().await?, broadcast_id).await? {
+            return Err(active());
         }
-        .await;
-        (outcome, unconfirmed)
+        check_audience(state, caller, &broadcast.audience).await?;
+        let now = shared::time::now_millis();
+        let run = proto::BroadcastRunRequested {
+            run_id: shared::ids::new_id("run"),
+            broadcast_id: broadcast_id.to_owned(),
+            space_id: caller.space_id().to_owned(),
+            template_id: broadcast.template_id.clone(),
+            sender_id: broadcast.sender_id.clone().unwrap_or_default(),
+            audience: Some(broadcast.audience.to_proto()),
+            start_at_ms: decide::start_at(broadcast.scheduled_at_ms, now),
+            requested_at_ms: now,
+        };
+        let body = shared::http::data_body(requested_run(&run, &broadcast.audience), &[]);
+        let audience = serde_json::to_value(&broadcast.audience).map_err(|error| ApiError::internal(&error.into()))?;
+        let start_at = shared::time::from_millis(run.start_at_ms);
+        let guards = vec![
+            Guard::unique(
+                "INSERT INTO broadcast_runs
+                     (run_id, broadcast_id, space_id, template_id, sender_id, audience, start_at, requested_at)
+                 VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8)",
+                vec![
+                    Box::new(run.run_id.clone()),
+                    Box::new(run.broadcast_id.clone()),
+                    Box::new(run.space_id.clone()),
+                    Box::new(run.template_id.clone()),
+                    Box::new(run.sender_id.clone()),
+                    Box::new(audience),
+                    Box::new(start_at),
+                    Box::new(shared::time::from_millis(now)),
+                ],
+                AppendError::Conflict {
+                    code: Code::BroadcastRunActive,
+                    message: "a run is scheduled or sending".to_owned(),
+                },
+            ),
+            Guard::exactly_one(
+                "INSERT INTO timers (kind, key, due_at, payload) VALUES ($1, $2, $3, jsonb_build_object('runId', $2::text))",
+                vec![Box::new(RUN_TIMER), Box::new(run.run_id.clone()), Box::new(start_at)],
+                AppendError::Failed("could not schedule the run".to_owned()),
+            ),
+        ];
+        let guards = guards
+            .into_iter()
+            .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::ACCEPTED, &body)))
+            .collect();
+        let stream = one_event(broadcast_id, LogEvent::BroadcastRunRequested(run), now);
+        let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
+            .await
+            .map_err(conflict_or)?;
+        Ok(respond(StatusCode::ACCEPTED, &body, &operation_id, Some(appended)))
     })
     .await
 }

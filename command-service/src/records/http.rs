@@ -16,7 +16,7 @@ use shared::proto::Sealed;
 use shared::records::{RecordState, record_document};
 
 use crate::State;
-use crate::edge::{append_failure, respond};
+use crate::edge::{append_error, respond};
 use crate::idempotency::{self, Claim};
 use crate::records::decide::{
     Change, CreateDecision, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, decide_create,
@@ -262,27 +262,21 @@ pub async fn create(
     let prelude = prelude(&req, payload, &state, &path).await?;
     let (req, state, prelude, body) = (&req, &**state, &prelude, Value::Object(prelude.input.clone()));
     idempotency::protect(state, req, &prelude.caller, &body, |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = async {
-            let schema = prelude.write_schema();
-            check_credits(&schema, prelude.credits)?;
-            let input = parse_input(&schema, prelude.input.clone())?;
-            // A strict create needs no lookup of identity holders: the identity guards in its
-            // append are the uniqueness check, and a collision is 409 identifier_conflict.
-            let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
-            let decision = decide_create(&schema, input, &Owners::new(), &record_id, shared::time::now_millis())?;
-            let document =
-                record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
-            let body = shared::http::data_body(document, &[]);
-            let guard = completion(claim.as_ref(), StatusCode::CREATED, &body);
-            let write = create_write(schema.space_id, schema.schema_id, decision);
-            let appended = append_write(req, state, &prelude.caller, write, (claim.as_ref(), guard))
-                .await
-                .map_err(|error| append_failure(error, &mut unconfirmed))?;
-            Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
-        }
-        .await;
-        (outcome, unconfirmed)
+        let schema = prelude.write_schema();
+        check_credits(&schema, prelude.credits)?;
+        let input = parse_input(&schema, prelude.input.clone())?;
+        // A strict create needs no lookup of identity holders: the identity guards in its
+        // append are the uniqueness check, and a collision is 409 identifier_conflict.
+        let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
+        let decision = decide_create(&schema, input, &Owners::new(), &record_id, shared::time::now_millis())?;
+        let document =
+            record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
+        let body = shared::http::data_body(document, &[]);
+        let guard = completion(claim.as_ref(), StatusCode::CREATED, &body);
+        let write = create_write(schema.space_id, schema.schema_id, decision);
+        let appended =
+            append_write(req, state, &prelude.caller, write, (claim.as_ref(), guard)).await.map_err(append_error)?;
+        Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
     })
     .await
 }
@@ -297,9 +291,7 @@ pub async fn upsert(
     let prelude = prelude(&req, payload, &state, &path).await?;
     let (req, state, prelude, body) = (&req, &**state, &prelude, Value::Object(prelude.input.clone()));
     idempotency::protect(state, req, &prelude.caller, &body, |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = upsert_attempts(req, state, prelude, claim.as_ref(), &operation_id, &mut unconfirmed).await;
-        (outcome, unconfirmed)
+        upsert_attempts(req, state, prelude, claim.as_ref(), &operation_id).await
     })
     .await
 }
@@ -310,7 +302,6 @@ async fn upsert_attempts(
     prelude: &Prelude,
     claim: Option<&Claim>,
     operation_id: &str,
-    unconfirmed: &mut bool,
 ) -> Result<HttpResponse, ApiError> {
     let schema = prelude.write_schema();
     check_credits(&schema, prelude.credits)?;
@@ -327,7 +318,7 @@ async fn upsert_attempts(
         match append_write(req, state, &prelude.caller, write, (claim, guard)).await {
             Ok(appended) => return Ok(respond(planned.status, &body, operation_id, Some(appended))),
             Err(error) if is_lost_race(&error) => continue,
-            Err(error) => return Err(append_failure(error, unconfirmed)),
+            Err(error) => return Err(append_error(error)),
         }
     }
     Err(lost_too_often())

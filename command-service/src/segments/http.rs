@@ -23,7 +23,7 @@ use shared::ratelimit::Bucket;
 
 use super::decide::{self, ContactSchema, Vocabulary};
 use crate::State;
-use crate::edge::{append_failure, respond};
+use crate::edge::{append_error, respond};
 use crate::idempotency;
 
 /// The log stream of a segment.
@@ -91,64 +91,59 @@ pub async fn create(
     let new = decide::parse_create(&body)?;
     let (req, state, caller, new) = (&req, &**state, &caller, &new);
     idempotency::protect(state, req, caller, &Value::Object(body), |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = async {
-            let space_id = caller.space_id();
-            let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-            let (vocabulary, credits) = vocabulary(&state.pool.get().await?, &models.schema(CATALOG), space_id)
-                .await
-                .map_err(|error| ApiError::internal(&error))?;
-            if credits <= 0 {
-                return Err(ApiError::new(
-                    StatusCode::PAYMENT_REQUIRED,
-                    Some(Code::InsufficientCredits),
-                    "the space has no AI credits left; defining a segment needs one",
-                ));
-            }
-            let filter = match state.ai.filter(&new.definition).await {
-                Ok(filter) => filter,
-                Err(AiError::Refused(reason) | AiError::Unfit(reason)) => {
-                    return Err(decide::Refusal::Unusable(reason).into());
-                }
-                Err(error) => {
-                    return Err(ApiError::unavailable(format!("{error}; retry with the same Idempotency-Key")));
-                }
-            };
-            let description = shared::filter::describe(&filter);
-            let resolved = decide::resolve(filter, &vocabulary)?;
-            let segment_id = new_id("seg");
-            let now = shared::time::now_millis();
-            let event = LogEvent::SegmentCreated(proto::SegmentCreated {
-                segment_id: segment_id.clone(),
-                space_id: space_id.to_owned(),
-                name: new.name.clone(),
-                definition: new.definition.clone(),
-                description: description.clone(),
-                filter_json: resolved.to_json().to_string(),
-                created_at_ms: now,
-            });
-            // Membership is computed by the projector; a read with the Consistency-Token of
-            // this answer shows it.
-            let document = json!({
-                "id": segment_id,
-                "name": new.name,
-                "definition": new.definition,
-                "description": description,
-                "createdAt": shared::time::format_millis(now),
-                "memberCount": null,
-            });
-            let body = shared::http::data_body(document, &[]);
-            let guards = std::iter::once(shared::admission::spend_guard(space_id, 1))
-                .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::CREATED, &body)))
-                .collect();
-            let stream = StreamAppend::one(stream_id(&segment_id), ExpectedVersion::NoStream, event, now);
-            let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
-                .await
-                .map_err(|error| append_failure(error, &mut unconfirmed))?;
-            Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
+        let space_id = caller.space_id();
+        let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
+        let (vocabulary, credits) = vocabulary(&state.pool.get().await?, &models.schema(CATALOG), space_id)
+            .await
+            .map_err(|error| ApiError::internal(&error))?;
+        if credits <= 0 {
+            return Err(ApiError::new(
+                StatusCode::PAYMENT_REQUIRED,
+                Some(Code::InsufficientCredits),
+                "the space has no AI credits left; defining a segment needs one",
+            ));
         }
-        .await;
-        (outcome, unconfirmed)
+        let filter = match state.ai.filter(&new.definition).await {
+            Ok(filter) => filter,
+            Err(AiError::Refused(reason) | AiError::Unfit(reason)) => {
+                return Err(decide::Refusal::Unusable(reason).into());
+            }
+            Err(error) => {
+                return Err(ApiError::unavailable(format!("{error}; retry with the same Idempotency-Key")));
+            }
+        };
+        let description = shared::filter::describe(&filter);
+        let resolved = decide::resolve(filter, &vocabulary)?;
+        let segment_id = new_id("seg");
+        let now = shared::time::now_millis();
+        let event = LogEvent::SegmentCreated(proto::SegmentCreated {
+            segment_id: segment_id.clone(),
+            space_id: space_id.to_owned(),
+            name: new.name.clone(),
+            definition: new.definition.clone(),
+            description: description.clone(),
+            filter_json: resolved.to_json().to_string(),
+            created_at_ms: now,
+        });
+        // Membership is computed by the projector; a read with the Consistency-Token of
+        // this answer shows it.
+        let document = json!({
+            "id": segment_id,
+            "name": new.name,
+            "definition": new.definition,
+            "description": description,
+            "createdAt": shared::time::format_millis(now),
+            "memberCount": null,
+        });
+        let body = shared::http::data_body(document, &[]);
+        let guards = std::iter::once(shared::admission::spend_guard(space_id, 1))
+            .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::CREATED, &body)))
+            .collect();
+        let stream = StreamAppend::one(stream_id(&segment_id), ExpectedVersion::NoStream, event, now);
+        let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
+            .await
+            .map_err(append_error)?;
+        Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
     })
     .await
 }
@@ -189,29 +184,24 @@ pub async fn delete(
     let caller = state.authenticator.authorize(&req, Permission::Write).await?;
     let (req, state, caller, segment_id) = (&req, &**state, &caller, path.as_str());
     idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = async {
-            let version = load_live(&state.pool.get().await?, caller.space_id(), segment_id).await?;
-            let now = shared::time::now_millis();
-            let body = shared::http::data_body(json!({"id": segment_id, "deleted": true}), &[]);
-            let event = LogEvent::SegmentDeleted(proto::SegmentDeleted {
-                segment_id: segment_id.to_owned(),
-                space_id: caller.space_id().to_owned(),
-                deleted_at_ms: now,
-            });
-            let stream = StreamAppend::one(stream_id(segment_id), ExpectedVersion::Exactly(version), event, now);
-            let guards = claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)).into_iter().collect();
-            match crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards).await {
-                Ok(appended) => Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended))),
-                // A concurrent delete won: this one finds it gone.
-                Err(AppendError::WrongVersion { .. }) => {
-                    Err(ApiError::not_found(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space")))
-                }
-                Err(error) => Err(append_failure(error, &mut unconfirmed)),
+        let version = load_live(&state.pool.get().await?, caller.space_id(), segment_id).await?;
+        let now = shared::time::now_millis();
+        let body = shared::http::data_body(json!({"id": segment_id, "deleted": true}), &[]);
+        let event = LogEvent::SegmentDeleted(proto::SegmentDeleted {
+            segment_id: segment_id.to_owned(),
+            space_id: caller.space_id().to_owned(),
+            deleted_at_ms: now,
+        });
+        let stream = StreamAppend::one(stream_id(segment_id), ExpectedVersion::Exactly(version), event, now);
+        let guards = claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)).into_iter().collect();
+        match crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards).await {
+            Ok(appended) => Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended))),
+            // A concurrent delete won: this one finds it gone.
+            Err(AppendError::WrongVersion { .. }) => {
+                Err(ApiError::not_found(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space")))
             }
+            Err(error) => Err(append_error(error)),
         }
-        .await;
-        (outcome, unconfirmed)
     })
     .await
 }

@@ -153,36 +153,29 @@ where
     Fut: std::future::Future<Output = Result<BatchPlan, AppendError>>,
 {
     idempotency::protect(state, req, caller, body, |claim, operation_id| async move {
-        let mut unconfirmed = false;
         for _ in 0..ATTEMPTS {
             let outcome = match decide().await {
                 Ok(plan) => commit_batch(req, state, caller, (claim.as_ref(), &operation_id), plan).await,
                 Err(error) => Err(error),
             };
-            if let Some(outcome) = batch_outcome(outcome, &mut unconfirmed) {
-                return (outcome, unconfirmed);
+            if let Some(outcome) = batch_outcome(outcome) {
+                return outcome;
             }
         }
-        (Err(lost_too_often()), unconfirmed)
+        Err(lost_too_often())
     })
     .await
 }
 
 /// The outcome of a batch attempt: retry when the decision lost a race.
-fn batch_outcome(
-    outcome: Result<HttpResponse, AppendError>,
-    unconfirmed: &mut bool,
-) -> Option<Result<HttpResponse, ApiError>> {
+fn batch_outcome(outcome: Result<HttpResponse, AppendError>) -> Option<Result<HttpResponse, ApiError>> {
     match outcome {
         Ok(response) => Some(Ok(response)),
         Err(AppendError::WrongVersion { .. } | AppendError::Conflict { code: Code::SuppressionAlreadyExists, .. }) => {
             None
         }
         Err(AppendError::Conflict { code: Code::SuppressionNotFound, .. }) => None,
-        Err(error) => {
-            *unconfirmed = matches!(error, AppendError::OutcomeUnknown(_));
-            Some(Err(crate::edge::append_error(error)))
-        }
+        Err(error) => Some(Err(crate::edge::append_error(error))),
     }
 }
 
@@ -347,30 +340,22 @@ pub async fn delete(
     let (req, state, caller, suppression_id) = (&req, &**state, &caller, suppression_id.as_str());
     // The path is the whole input: the body identity of a DELETE is empty.
     idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = async {
-            let client = state.pool.get().await?;
-            let current = load(&client, suppression_id).await.map_err(|error| ApiError::internal(&error))?;
-            drop(client);
-            let Removal { stream, guard } = removal(caller, suppression_id, current.as_ref())?;
-            let body = json!({ "data": { "id": suppression_id, "deleted": true } });
-            let guards =
-                std::iter::once(guard).chain(claim.as_ref().map(|c| c.completion(StatusCode::OK, &body))).collect();
-            let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
-                .await
-                .map_err(|error| match error {
+        let client = state.pool.get().await?;
+        let current = load(&client, suppression_id).await.map_err(|error| ApiError::internal(&error))?;
+        drop(client);
+        let Removal { stream, guard } = removal(caller, suppression_id, current.as_ref())?;
+        let body = json!({ "data": { "id": suppression_id, "deleted": true } });
+        let guards =
+            std::iter::once(guard).chain(claim.as_ref().map(|c| c.completion(StatusCode::OK, &body))).collect();
+        let appended =
+            crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards).await.map_err(|error| {
+                match error {
                     // Removed by someone else in the meantime.
                     AppendError::WrongVersion { .. } => Refusal::NotFound(suppression_id.to_owned()).into(),
-                    AppendError::OutcomeUnknown(message) => {
-                        unconfirmed = true;
-                        crate::edge::append_error(AppendError::OutcomeUnknown(message))
-                    }
                     other => crate::edge::append_error(other),
-                })?;
-            Ok(answer(StatusCode::OK, appended.last_position, &body, Some(&operation_id)))
-        }
-        .await;
-        (outcome, unconfirmed)
+                }
+            })?;
+        Ok(answer(StatusCode::OK, appended.last_position, &body, Some(&operation_id)))
     })
     .await
 }

@@ -28,7 +28,7 @@ use shared::log::{AppendError, Guard};
 
 use super::decide::{self, Recipient};
 use crate::State;
-use crate::edge::{append_failure, respond};
+use crate::edge::{append_error, respond};
 use crate::idempotency::{self, Claim};
 use crate::records::decide::WriteSchema;
 use crate::records::http::{PlannedUpsert, plan_upsert, write_context};
@@ -61,11 +61,7 @@ pub async fn send(
     let context = decide::context(&body)?;
     let (req, state, caller, template_id) = (&req, &**state, &caller, path.into_inner());
     idempotency::protect(state, req, caller, &Value::Object(body), |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome =
-            send_attempts(req, state, caller, &template_id, &context, claim.as_ref(), &operation_id, &mut unconfirmed)
-                .await;
-        (outcome, unconfirmed)
+        send_attempts(req, state, caller, &template_id, &context, claim.as_ref(), &operation_id).await
     })
     .await
 }
@@ -79,7 +75,6 @@ async fn send_attempts(
     context: &BTreeMap<String, serde_json::Map<String, Value>>,
     claim: Option<&Claim>,
     operation_id: &str,
-    unconfirmed: &mut bool,
 ) -> Result<HttpResponse, ApiError> {
     let space_id = caller.space_id();
     let authored = load_authored(state, space_id, template_id).await?;
@@ -153,7 +148,7 @@ async fn send_attempts(
             let is_recipient = key == authored.template.recipient;
             match upsert.write {
                 Some(write) => {
-                    let write = write.map_err(|error| append_failure(error, unconfirmed))?;
+                    let write = write.map_err(append_error)?;
                     if is_recipient {
                         contact_key = Some(write.key.clone());
                     }
@@ -193,20 +188,20 @@ async fn send_attempts(
                     "the space's email allowance for this month is used up; nothing was sent",
                 ));
             }
-            Err(error) => return Err(append_failure(error, unconfirmed)),
+            Err(error) => return Err(append_error(error)),
         };
         return match hand_off(state, &prepared).await {
             // The token covers the outcome too (a bounce's suppression, for one).
             Some((body, recorded)) => Ok(respond(StatusCode::OK, &body, operation_id, Some(recorded.max(appended)))),
             None => {
                 // Stored, but the relay may or may not have the message: never "retry".
-                *unconfirmed = true;
                 Err(ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     Some(Code::OutcomeUnknown),
                     "the email was stored but its hand-off's outcome is unknown; it is never sent again blindly: \
                      reconcile before a new send",
                 )
+                .unconfirmed()
                 .with_header("Operation-Id", operation_id.to_owned()))
             }
         };

@@ -21,7 +21,7 @@ use shared::webhooks::state::{Counters, no_condition};
 use super::decide::{self, Condition, NewWebhook};
 use super::store::{self, WebhookState};
 use crate::State;
-use crate::edge::{append_failure, respond};
+use crate::edge::{append_error, respond};
 use crate::idempotency::{self, Claim};
 
 /// How often a write that lost a race on the webhook's stream is decided again.
@@ -262,48 +262,41 @@ pub async fn create(
     let new = decide::parse_create(&body, state.settings.webhooks.allow_loopback)?;
     let (req, state, caller, new) = (&req, &**state, &caller, &new);
     idempotency::protect(state, req, caller, &Value::Object(body), |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = async {
-            let schema_id = match &new.schema {
-                Some(reference) => resolve_schema(state, caller, new, reference).await?,
-                None => String::new(),
-            };
-            let (condition, credits) = resolve_condition(state, caller, &new.condition).await?;
-            let webhook_id = new_id("wh");
-            let space_id = caller.space_id();
-            let (secret, sealed, key_guard) = seal_secret(&webhook_id, space_id, None)?;
-            let now = shared::time::now_millis();
-            let event = LogEvent::WebhookCreated(proto::WebhookCreated {
-                webhook_id: webhook_id.clone(),
-                space_id: space_id.to_owned(),
-                url: new.url.clone(),
-                trigger: new.trigger.as_str().to_owned(),
-                email_event_types: new.email_event_types.clone(),
-                schema_id,
-                condition: Some(condition),
-                secret: Some(sealed),
-                integration_vendor_name: String::new(),
-                created_at_ms: now,
-            });
-            let webhook = WebhookState::apply(None, &event)
-                .ok_or_else(|| internal(&anyhow::anyhow!("a created webhook has a state")))?;
-            let mut document = webhook.document();
-            Counters::default().merge_into(&mut document);
-            document["signatureVerificationSecret"] = json!(secret.reveal());
-            let body = shared::http::data_body(document, &[]);
-            let guards = key_guard
-                .into_iter()
-                .chain((credits > 0).then(|| shared::admission::spend_guard(space_id, credits)))
-                .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::CREATED, &body)))
-                .collect();
-            let stream = change(&webhook_id, ExpectedVersion::NoStream, event, now);
-            let appended = append(req, state, caller, claim.as_ref(), stream, guards)
-                .await
-                .map_err(|error| append_failure(error, &mut unconfirmed))?;
-            Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
-        }
-        .await;
-        (outcome, unconfirmed)
+        let schema_id = match &new.schema {
+            Some(reference) => resolve_schema(state, caller, new, reference).await?,
+            None => String::new(),
+        };
+        let (condition, credits) = resolve_condition(state, caller, &new.condition).await?;
+        let webhook_id = new_id("wh");
+        let space_id = caller.space_id();
+        let (secret, sealed, key_guard) = seal_secret(&webhook_id, space_id, None)?;
+        let now = shared::time::now_millis();
+        let event = LogEvent::WebhookCreated(proto::WebhookCreated {
+            webhook_id: webhook_id.clone(),
+            space_id: space_id.to_owned(),
+            url: new.url.clone(),
+            trigger: new.trigger.as_str().to_owned(),
+            email_event_types: new.email_event_types.clone(),
+            schema_id,
+            condition: Some(condition),
+            secret: Some(sealed),
+            integration_vendor_name: String::new(),
+            created_at_ms: now,
+        });
+        let webhook = WebhookState::apply(None, &event)
+            .ok_or_else(|| internal(&anyhow::anyhow!("a created webhook has a state")))?;
+        let mut document = webhook.document();
+        Counters::default().merge_into(&mut document);
+        document["signatureVerificationSecret"] = json!(secret.reveal());
+        let body = shared::http::data_body(document, &[]);
+        let guards = key_guard
+            .into_iter()
+            .chain((credits > 0).then(|| shared::admission::spend_guard(space_id, credits)))
+            .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::CREATED, &body)))
+            .collect();
+        let stream = change(&webhook_id, ExpectedVersion::NoStream, event, now);
+        let appended = append(req, state, caller, claim.as_ref(), stream, guards).await.map_err(append_error)?;
+        Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
     })
     .await
 }
@@ -322,7 +315,7 @@ struct Planned {
 async fn change_owned(
     (req, state, caller): (&HttpRequest, &State, &Caller),
     webhook_id: &str,
-    (claim, operation_id, unconfirmed): (Option<&Claim>, &str, &mut bool),
+    (claim, operation_id): (Option<&Claim>, &str),
     mut current: Option<(i64, WebhookState)>,
     mut plan: impl FnMut(&WebhookState, i64) -> Result<Planned, ApiError>,
 ) -> Result<HttpResponse, ApiError> {
@@ -338,7 +331,7 @@ async fn change_owned(
         match append(req, state, caller, claim, stream, guards).await {
             Ok(appended) => return Ok(respond(status, &body, operation_id, Some(appended))),
             Err(AppendError::WrongVersion { .. }) => continue,
-            Err(error) => return Err(append_failure(error, unconfirmed)),
+            Err(error) => return Err(append_error(error)),
         }
     }
     Err(lost_too_often())
@@ -354,50 +347,45 @@ pub async fn update(
     let (caller, body) = prelude(&req, payload, &state).await?;
     let (req, state, caller, webhook_id, input) = (&req, &**state, &caller, path.as_str(), &body);
     idempotency::protect(state, req, caller, &Value::Object(body.clone()), |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = async {
-            let (version, current) = load_owned(state, caller, webhook_id).await?;
-            let update = decide::parse_update(input, current.trigger, state.settings.webhooks.allow_loopback)?;
-            let (condition, credits) = match &update.condition {
-                Some(condition) => {
-                    let (condition, credits) = resolve_condition(state, caller, condition).await?;
-                    (Some(condition), credits)
-                }
-                None => (None, 0),
-            };
-            let set_live = update.live == Some(true);
-            let mut counters = store::counters(&state.pool.get().await?, webhook_id).await?;
-            if set_live {
-                counters.failed_calls_in_a_row = 0;
+        let (version, current) = load_owned(state, caller, webhook_id).await?;
+        let update = decide::parse_update(input, current.trigger, state.settings.webhooks.allow_loopback)?;
+        let (condition, credits) = match &update.condition {
+            Some(condition) => {
+                let (condition, credits) = resolve_condition(state, caller, condition).await?;
+                (Some(condition), credits)
             }
-            let context = (req, state, caller);
-            let answer = (claim.as_ref(), operation_id.as_str(), &mut unconfirmed);
-            change_owned(context, webhook_id, answer, Some((version, current)), |current, now| {
-                let event = LogEvent::WebhookUpdated(proto::WebhookUpdated {
-                    webhook_id: webhook_id.to_owned(),
-                    space_id: caller.space_id().to_owned(),
-                    url: update.url.clone(),
-                    email_event_types_set: update.email_event_types.is_some(),
-                    email_event_types: update.email_event_types.clone().unwrap_or_default(),
-                    condition: condition.clone(),
-                    status: update.live.map(|live| if live { "live" } else { "paused" }.to_owned()),
-                    updated_at_ms: now,
-                });
-                let next = WebhookState::apply(Some(current.clone()), &event)
-                    .ok_or_else(|| internal(&anyhow::anyhow!("an updated webhook has a state")))?;
-                let mut document = next.document();
-                counters.merge_into(&mut document);
-                let guards = set_live
-                    .then(|| store::clear_failures(webhook_id))
-                    .into_iter()
-                    .chain((credits > 0).then(|| shared::admission::spend_guard(caller.space_id(), credits)))
-                    .collect();
-                Ok(Planned { event, status: StatusCode::OK, body: shared::http::data_body(document, &[]), guards })
-            })
-            .await
+            None => (None, 0),
+        };
+        let set_live = update.live == Some(true);
+        let mut counters = store::counters(&state.pool.get().await?, webhook_id).await?;
+        if set_live {
+            counters.failed_calls_in_a_row = 0;
         }
-        .await;
-        (outcome, unconfirmed)
+        let context = (req, state, caller);
+        let answer = (claim.as_ref(), operation_id.as_str());
+        change_owned(context, webhook_id, answer, Some((version, current)), |current, now| {
+            let event = LogEvent::WebhookUpdated(proto::WebhookUpdated {
+                webhook_id: webhook_id.to_owned(),
+                space_id: caller.space_id().to_owned(),
+                url: update.url.clone(),
+                email_event_types_set: update.email_event_types.is_some(),
+                email_event_types: update.email_event_types.clone().unwrap_or_default(),
+                condition: condition.clone(),
+                status: update.live.map(|live| if live { "live" } else { "paused" }.to_owned()),
+                updated_at_ms: now,
+            });
+            let next = WebhookState::apply(Some(current.clone()), &event)
+                .ok_or_else(|| internal(&anyhow::anyhow!("an updated webhook has a state")))?;
+            let mut document = next.document();
+            counters.merge_into(&mut document);
+            let guards = set_live
+                .then(|| store::clear_failures(webhook_id))
+                .into_iter()
+                .chain((credits > 0).then(|| shared::admission::spend_guard(caller.space_id(), credits)))
+                .collect();
+            Ok(Planned { event, status: StatusCode::OK, body: shared::http::data_body(document, &[]), guards })
+        })
+        .await
     })
     .await
 }
@@ -411,9 +399,8 @@ pub async fn delete(
     let caller = state.authenticator.authorize(&req, Permission::Write).await?;
     let (req, state, caller, webhook_id) = (&req, &**state, &caller, path.as_str());
     idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let answer = (claim.as_ref(), operation_id.as_str(), &mut unconfirmed);
-        let outcome = change_owned((req, state, caller), webhook_id, answer, None, |_, now| {
+        let answer = (claim.as_ref(), operation_id.as_str());
+        change_owned((req, state, caller), webhook_id, answer, None, |_, now| {
             Ok(Planned {
                 event: LogEvent::WebhookDeleted(proto::WebhookDeleted {
                     webhook_id: webhook_id.to_owned(),
@@ -425,8 +412,7 @@ pub async fn delete(
                 guards: vec![store::shred_secret_key(webhook_id), store::blank_recorded_secrets(webhook_id)],
             })
         })
-        .await;
-        (outcome, unconfirmed)
+        .await
     })
     .await
 }
@@ -440,37 +426,32 @@ pub async fn rotate_secret(
     let caller = state.authenticator.authorize(&req, Permission::Write).await?;
     let (req, state, caller, webhook_id) = (&req, &**state, &caller, path.as_str());
     idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
-        let mut unconfirmed = false;
-        let outcome = async {
-            let current = load_owned(state, caller, webhook_id).await?;
-            let key = store::secret_key(&state.pool.get().await?, webhook_id).await.map_err(|e| internal(&e))?;
-            let grace_ms =
-                i64::try_from(state.settings.webhooks.rotation_grace_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
-            let answer = (claim.as_ref(), operation_id.as_str(), &mut unconfirmed);
-            change_owned((req, state, caller), webhook_id, answer, Some(current), |_, now| {
-                let (secret, sealed, key_guard) = seal_secret(webhook_id, caller.space_id(), key.clone())?;
-                let body = json!({
-                    "id": webhook_id,
-                    "signatureVerificationSecret": secret.reveal(),
-                    "updatedAt": shared::time::format_millis(now),
-                });
-                Ok(Planned {
-                    event: LogEvent::WebhookSecretRotated(proto::WebhookSecretRotated {
-                        webhook_id: webhook_id.to_owned(),
-                        space_id: caller.space_id().to_owned(),
-                        secret: Some(sealed),
-                        previous_valid_until_ms: now.saturating_add(grace_ms),
-                        rotated_at_ms: now,
-                    }),
-                    status: StatusCode::OK,
-                    body: shared::http::data_body(body, &[]),
-                    guards: key_guard.into_iter().collect(),
-                })
+        let current = load_owned(state, caller, webhook_id).await?;
+        let key = store::secret_key(&state.pool.get().await?, webhook_id).await.map_err(|e| internal(&e))?;
+        let grace_ms =
+            i64::try_from(state.settings.webhooks.rotation_grace_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let answer = (claim.as_ref(), operation_id.as_str());
+        change_owned((req, state, caller), webhook_id, answer, Some(current), |_, now| {
+            let (secret, sealed, key_guard) = seal_secret(webhook_id, caller.space_id(), key.clone())?;
+            let body = json!({
+                "id": webhook_id,
+                "signatureVerificationSecret": secret.reveal(),
+                "updatedAt": shared::time::format_millis(now),
+            });
+            Ok(Planned {
+                event: LogEvent::WebhookSecretRotated(proto::WebhookSecretRotated {
+                    webhook_id: webhook_id.to_owned(),
+                    space_id: caller.space_id().to_owned(),
+                    secret: Some(sealed),
+                    previous_valid_until_ms: now.saturating_add(grace_ms),
+                    rotated_at_ms: now,
+                }),
+                status: StatusCode::OK,
+                body: shared::http::data_body(body, &[]),
+                guards: key_guard.into_iter().collect(),
             })
-            .await
-        }
-        .await;
-        (outcome, unconfirmed)
+        })
+        .await
     })
     .await
 }

@@ -254,7 +254,9 @@ async fn a_broadcast_to_5000_contacts_killed_mid_run_reaches_every_consenting_re
     assert_eq!(run["counts"]["skipped"]["suppressed"], SUPPRESSED, "{run}");
     let unknown = run["counts"]["outcomeUnknown"].as_u64().expect("a count");
     assert_eq!(run["counts"]["sent"].as_u64().expect("a count") + unknown, consenting as u64, "{run}");
-    assert!(unknown <= 16, "at most the hand-offs in flight at the kill are unknown: {run}");
+    // In flight at the kill: at most the run's hand-offs (16) and the outbox worker's batch of
+    // sends it took over after their grace (16).
+    assert!(unknown <= 32, "at most the hand-offs in flight at the kill are unknown: {run}");
 
     let summary = sink.summary().await;
     assert_eq!(summary["dkimInvalid"], 0);
