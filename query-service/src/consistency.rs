@@ -13,7 +13,9 @@ use serde_json::Value;
 use shared::auth::{Caller, Permission};
 use shared::error::ApiError;
 use shared::pagination::Warning;
-use shared::readmodel::{CHECK_SQL, Consistent, decode_check};
+use shared::readmodel::{CHECK_SQL, Consistent, check_with, decode_check};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use crate::State;
 
@@ -67,41 +69,94 @@ where
     let mut guess = state.read_models.current(models).await?;
     loop {
         let (key_id, space_id) = (caller.key_id(), caller.space_id());
-        let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&key_id, &names, &space_id];
+        let check_params: [&(dyn ToSql + Sync); 3] = [&key_id, &names, &space_id];
         let (checked, result) = tokio::join!(client.query_one(&check, &check_params), read(&client, &guess));
-        let check = decode_check(&checked?);
-        state.read_models.observe(&check.models);
-        let required = check.key_position.max(token);
-        // What waiting can reach: a token beyond the head of the log (no write returned it)
-        // never will, but the caller's own writes still must be read.
-        let attainable = required.min(check.head);
-        let same_versions = models.iter().all(|name| {
-            let used = guess.models.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
-            let current = check.models.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
-            used.is_some() && used == current
-        });
-        if same_versions {
-            let mut consistent = Consistent {
-                models: check.models,
-                reached: false,
-                required,
-                quarantined: check.quarantined,
-                head: check.head,
-            };
-            consistent.reached = consistent.has_reached(required);
-            // A model that holds back the caller's space will not catch up by waiting, nor will
-            // any model reach a token beyond the head of the log: once what can be reached is,
-            // answer, saying so.
-            let stuck = !consistent.reached
-                && ((required > check.head && consistent.has_reached(attainable))
-                    || consistent.quarantined.iter().any(|(_, dead_at)| *dead_at <= required));
-            if consistent.reached || stuck || Instant::now() >= deadline {
-                return Ok((result?, consistent));
+        match settle(state, models, token, &guess, &checked?, deadline) {
+            Settled::Answer(consistent) => return Ok((result?, consistent)),
+            Settled::Wait(attainable) => {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                guess = state.read_models.wait_for(models, attainable, remaining).await?;
             }
         }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        guess = state.read_models.wait_for(models, attainable, remaining).await?;
     }
+}
+
+/// Reads consistently with the caller's last write in one statement: the check and the read
+/// folded together ([`check_with`]), so one snapshot answers both. `columns` gives the read's
+/// scalar expressions for the read model versions guessed; they may use `$3` (the caller's
+/// space) and `params` as `$4`, `$5`, …. The read's values start at column [`CHECK_WIDTH`].
+pub async fn consistent_row<F>(
+    state: &State,
+    caller: &Caller,
+    token: i64,
+    models: &[&str],
+    columns: F,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<(Row, Consistent), ApiError>
+where
+    F: Fn(&Consistent) -> String,
+{
+    let client = state.pool.get().await?;
+    let names: Vec<&str> = models.to_vec();
+    let deadline = Instant::now() + state.settings.consistency_wait();
+    let mut guess = state.read_models.current(models).await?;
+    loop {
+        let statement = client.prepare_cached(&check_with(&columns(&guess))).await?;
+        let (key_id, space_id) = (caller.key_id(), caller.space_id());
+        let mut all_params: Vec<&(dyn ToSql + Sync)> = vec![&key_id, &names, &space_id];
+        all_params.extend_from_slice(params);
+        let row = client.query_one(&statement, &all_params).await?;
+        match settle(state, models, token, &guess, &row, deadline) {
+            Settled::Answer(consistent) => return Ok((row, consistent)),
+            Settled::Wait(attainable) => {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                guess = state.read_models.wait_for(models, attainable, remaining).await?;
+            }
+        }
+    }
+}
+
+enum Settled {
+    /// The read stands: it used the live versions and reached what it can.
+    Answer(Consistent),
+    /// Wait until the read models reach this position, then read again.
+    Wait(i64),
+}
+
+/// Whether a read made with the versions `guess` and checked by `checked` (a row starting
+/// with the check's columns) answers the caller.
+fn settle(state: &State, models: &[&str], token: i64, guess: &Consistent, checked: &Row, deadline: Instant) -> Settled {
+    let check = decode_check(checked);
+    state.read_models.observe(&check.models);
+    let required = check.key_position.max(token);
+    // What waiting can reach: a token beyond the head of the log (no write returned it)
+    // never will, but the caller's own writes still must be read.
+    let attainable = required.min(check.head);
+    let same_versions = models.iter().all(|name| {
+        let used = guess.models.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
+        let current = check.models.iter().find(|(model, _)| model == name).map(|(_, l)| l.version);
+        used.is_some() && used == current
+    });
+    if same_versions {
+        let mut consistent = Consistent {
+            models: check.models,
+            reached: false,
+            required,
+            quarantined: check.quarantined,
+            head: check.head,
+        };
+        consistent.reached = consistent.has_reached(required);
+        // A model that holds back the caller's space will not catch up by waiting, nor will
+        // any model reach a token beyond the head of the log: once what can be reached is,
+        // answer, saying so.
+        let stuck = !consistent.reached
+            && ((required > check.head && consistent.has_reached(attainable))
+                || consistent.quarantined.iter().any(|(_, dead_at)| *dead_at <= required));
+        if consistent.reached || stuck || Instant::now() >= deadline {
+            return Settled::Answer(consistent);
+        }
+    }
+    Settled::Wait(attainable)
 }
 
 /// One page of an offset list in one pipelined round trip: the total (0 when the count
@@ -111,7 +166,7 @@ pub async fn page_of_docs(
     client: &Client,
     count_sql: &str,
     rows_sql: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    params: &[&(dyn ToSql + Sync)],
     (limit, offset): (i64, i64),
 ) -> Result<(i64, Vec<Value>), ApiError> {
     let count = client.prepare_cached(count_sql).await?;

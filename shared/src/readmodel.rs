@@ -194,18 +194,41 @@ impl ReadModels {
     }
 }
 
-/// The check that runs first in a consistent read: the calling key's last write, where the
-/// live versions of the read models are, and, per model, the position of the first open dead
-/// letter that holds back the caller's space (`$3`) or events without a space (null when
-/// none), and the head of the log. One row, always.
-pub const CHECK_SQL: &str = "SELECT COALESCE((SELECT position FROM key_positions WHERE key_id = $1), 0),
+/// The columns of the check that runs first in a consistent read: the calling key's last
+/// write, where the live versions of the read models are, and, per model, the position of the
+/// first open dead letter that holds back the caller's space (`$3`) or events without a space
+/// (null when none), and the head of the log.
+macro_rules! check_columns {
+    () => {
+        "COALESCE((SELECT position FROM key_positions WHERE key_id = $1), 0),
         COALESCE(array_agg(p.name), '{}'::text[]), COALESCE(array_agg(p.version), '{}'::integer[]),
         COALESCE(array_agg(p.position), '{}'::bigint[]),
         COALESCE(array_agg((SELECT min(d.position) FROM projection_dead_letters d
                             WHERE d.name = p.name AND d.version = p.version AND d.resolved_at IS NULL
                               AND d.space_key IN ($3, ''))), '{}'::bigint[]),
-        (SELECT position FROM log_head)
-    FROM projections p WHERE p.status = 'live' AND p.name = ANY($2)";
+        (SELECT position FROM log_head)"
+    };
+}
+
+/// The rows the check aggregates: the live versions of the read models named in `$2`.
+macro_rules! check_from {
+    () => {
+        " FROM projections p WHERE p.status = 'live' AND p.name = ANY($2)"
+    };
+}
+
+/// The check on its own (parameters: key id, read model names, space id). One row, always.
+pub const CHECK_SQL: &str = concat!("SELECT ", check_columns!(), check_from!());
+
+/// The number of columns of the check; a read folded into it ([`check_with`]) starts here.
+pub const CHECK_WIDTH: usize = 6;
+
+/// The check and a read in one statement (one snapshot, one round trip): `read_columns` are
+/// scalar expressions (subqueries) evaluated once, after the check's columns. They may use
+/// `$3` (the space id) and parameters from `$4` on. One row, always.
+pub fn check_with(read_columns: &str) -> String {
+    [concat!("SELECT ", check_columns!(), ", "), read_columns, check_from!()].concat()
+}
 
 /// What the row of `CHECK_SQL` says.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -40,9 +40,15 @@ pub async fn find_receipts(
     }
     let statement = client
         .prepare_cached(
+            // One primary-key probe per eventId: a lateral join keeps the probe on all three
+            // key columns whatever the table's statistics say (with `event_id = ANY($3)` and
+            // statistics from when the table was small, the planner scans every receipt of
+            // the schema and filters).
             "SELECT r.event_id, r.id, r.input_digest, r.receipt, d.record_id IS NOT NULL
-             FROM event_receipts r LEFT JOIN record_deletions d ON d.record_id = r.subject_id
-             WHERE r.space_id = $1 AND r.schema_id = $2 AND r.event_id = ANY($3)",
+             FROM unnest($3::text[]) AS q(event_id)
+             CROSS JOIN LATERAL (SELECT * FROM event_receipts r
+                                 WHERE r.space_id = $1 AND r.schema_id = $2 AND r.event_id = q.event_id) r
+             LEFT JOIN record_deletions d ON d.record_id = r.subject_id",
         )
         .await?;
     let rows = client.query(&statement, &[&space_id, &schema_id, &event_ids]).await?;

@@ -23,9 +23,11 @@ pub async fn identity_owners(
     let values: Vec<&str> = identities.iter().map(|(_, value)| value.as_str()).collect();
     let statement = client
         .prepare_cached(
-            "SELECT i.kind, i.value, i.record_id FROM record_identities i
-             JOIN unnest($3::text[], $4::text[]) AS q(kind, value) ON q.kind = i.kind AND q.value = i.value
-             WHERE i.space_id = $1 AND i.schema_id = $2",
+            // One primary-key probe per identity, whatever the statistics say (a plain join
+            // may scan the schema's identities when they were few at the last analyse).
+            "SELECT i.kind, i.value, i.record_id FROM unnest($3::text[], $4::text[]) AS q(kind, value)
+             CROSS JOIN LATERAL (SELECT * FROM record_identities i
+                                 WHERE i.space_id = $1 AND i.schema_id = $2 AND i.kind = q.kind AND i.value = q.value) i",
         )
         .await?;
     let rows = client.query(&statement, &[&space_id, &schema_id, &kinds, &values]).await?;

@@ -1,7 +1,8 @@
 //! `GET /schemas/{schema}/records` and `GET /schemas/{schema}/records/{id}`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use shared::catalog::{CATALOG, SchemaEntry};
+use serde_json::Value;
+use shared::catalog::CATALOG;
 use shared::error::ApiError;
 use shared::error::Code;
 use shared::http::{data_body, page_body, query_pairs};
@@ -9,23 +10,26 @@ use shared::pagination::PageRequest;
 
 use super::store;
 use crate::State;
-use crate::consistency::{authorize_read, consistent_read, respond};
+use crate::consistency::{authorize_read, consistent_row, respond};
 use crate::schemas::http::schema_not_found;
+use shared::readmodel::{CHECK_WIDTH, Consistent};
 
 const RECORDS: &str = "records";
 
-/// Records live in contact and object schemas; an event schema has none.
-fn record_schema(schema: Option<SchemaEntry>, id_or_slug: &str) -> Result<SchemaEntry, ApiError> {
-    match schema {
-        Some(schema) if schema.schema_type != "event" => Ok(schema),
-        Some(_) => Err(ApiError::not_found(
+/// Records live in contact and object schemas; an event schema has none. `schema_type` is
+/// the type of the schema named, `None` when there is none.
+fn record_schema(schema_type: Option<&str>, id_or_slug: &str) -> Result<(), ApiError> {
+    match schema_type {
+        Some("event") => Err(ApiError::not_found(
             Code::SchemaNotFound,
             format!("{id_or_slug:?} is an event schema; records live in contact and object schemas"),
         )),
+        Some(_) => Ok(()),
         None => Err(schema_not_found(id_or_slug)),
     }
 }
 
+/// One statement: the consistency check, the schema, the total and the page.
 pub async fn list(
     req: HttpRequest,
     path: web::Path<String>,
@@ -33,20 +37,22 @@ pub async fn list(
 ) -> Result<HttpResponse, ApiError> {
     let page = PageRequest::parse(&query_pairs(&req))?;
     let (caller, token) = authorize_read(&state, &req).await?;
-    let (space_id, schema_ref) = (caller.space_id().to_owned(), path.into_inner());
+    let schema_ref = path.into_inner();
     let (limit, offset) = (page.limit(), page.offset());
-    let ((schema, total, items), consistent) =
-        consistent_read(&state, &caller, token, &[CATALOG, RECORDS], |client, models| {
-            let (c, r) = (models.schema(CATALOG), models.schema(RECORDS));
-            let (space_id, schema_ref) = (space_id.clone(), schema_ref.clone());
-            Box::pin(async move { store::page(client, (&c, &r), &space_id, &schema_ref, (limit, offset)).await })
-        })
-        .await?;
-    record_schema(schema, &schema_ref)?;
+    let columns = |models: &Consistent| store::page_columns(&models.schema(CATALOG), &models.schema(RECORDS));
+    let (row, consistent) =
+        consistent_row(&state, &caller, token, &[CATALOG, RECORDS], columns, &[&schema_ref, &limit, &offset]).await?;
+    record_schema(row.get(CHECK_WIDTH), &schema_ref)?;
+    let total = row.get::<_, Option<i64>>(CHECK_WIDTH + 1).unwrap_or(0);
+    let items = match row.get::<_, Value>(CHECK_WIDTH + 2) {
+        Value::Array(items) => items,
+        _ => Vec::new(),
+    };
     let pagination = page.pagination(items.len(), total);
     Ok(respond(&consistent, page.warnings.clone(), |warnings| page_body(items, pagination, warnings)))
 }
 
+/// One statement: the consistency check, the schema and the record.
 pub async fn get(
     req: HttpRequest,
     path: web::Path<(String, String)>,
@@ -54,16 +60,12 @@ pub async fn get(
 ) -> Result<HttpResponse, ApiError> {
     let (schema_ref, record_id) = path.into_inner();
     let (caller, token) = authorize_read(&state, &req).await?;
-    let space_id = caller.space_id().to_owned();
-    let ((schema, document), consistent) =
-        consistent_read(&state, &caller, token, &[CATALOG, RECORDS], |client, models| {
-            let (c, r) = (models.schema(CATALOG), models.schema(RECORDS));
-            let (space_id, schema_ref, record_id) = (space_id.clone(), schema_ref.clone(), record_id.clone());
-            Box::pin(async move { store::get(client, (&c, &r), &space_id, &schema_ref, &record_id).await })
-        })
-        .await?;
-    record_schema(schema, &schema_ref)?;
-    let document = document
+    let columns = |models: &Consistent| store::record_columns(&models.schema(CATALOG), &models.schema(RECORDS));
+    let (row, consistent) =
+        consistent_row(&state, &caller, token, &[CATALOG, RECORDS], columns, &[&schema_ref, &record_id]).await?;
+    record_schema(row.get(CHECK_WIDTH), &schema_ref)?;
+    let document = row
+        .get::<_, Option<Value>>(CHECK_WIDTH + 1)
         .ok_or_else(|| ApiError::not_found(Code::RecordNotFound, format!("no record {record_id:?} in this schema")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
