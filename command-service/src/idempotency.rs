@@ -22,7 +22,7 @@ use actix_web::{HttpRequest, HttpResponse};
 use serde_json::Value;
 use shared::auth::Caller;
 use shared::error::ApiError;
-use shared::log::{AppendError, Guard};
+use shared::log::{AppendError, Guard, SetValue};
 use uuid::Uuid;
 
 use crate::State;
@@ -215,6 +215,18 @@ impl Claim {
                 code: Code::IdempotencyOutcomeUnknown,
                 message: "the claim on this idempotency key was taken over; inspect the affected resource".to_owned(),
             },
+        )
+        .with_set(
+            "UPDATE idempotency_records r
+             SET state = 'completed', status = v.status, response = v.response, completed_at = now()
+             FROM unnest($1::text[], $2::uuid[], $3::int4[], $4::jsonb[]) AS v(scope_key, claim_token, status, response)
+             WHERE r.scope_key = v.scope_key AND r.claim_token = v.claim_token AND r.state = 'processing'",
+            vec![
+                SetValue::Text(Some(self.scope_key.clone())),
+                SetValue::Uuid(self.claim_token),
+                SetValue::Int(i32::from(status.as_u16())),
+                SetValue::Json(body.clone()),
+            ],
         )
     }
 

@@ -1,17 +1,16 @@
 //! Record state and identity owners for decisions.
 
-use deadpool_postgres::GenericClient;
 pub use shared::records::{Loaded, load_records, stream_id};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
 use shared::error::Code;
-use shared::log::{AppendError, Guard};
+use shared::log::{AppendError, Guard, SetValue};
 
 use crate::records::decide::{Identity, Owners};
 
 /// Who holds each of `identities` (`(key, value)`) in the schema.
 pub async fn identity_owners(
-    client: &impl GenericClient,
+    client: &tokio_postgres::Client,
     space_id: &str,
     schema_id: &str,
     identities: &[(&str, String)],
@@ -21,16 +20,16 @@ pub async fn identity_owners(
     }
     let kinds: Vec<&str> = identities.iter().map(|(kind, _)| *kind).collect();
     let values: Vec<&str> = identities.iter().map(|(_, value)| value.as_str()).collect();
-    let statement = client
-        .prepare_cached(
-            // One primary-key probe per identity, whatever the statistics say (a plain join
-            // may scan the schema's identities when they were few at the last analyse).
+    // Planned at every call, one primary-key probe per identity: a plan cached while the
+    // table was small scans the schema's identities until the next analyse.
+    let rows = client
+        .query_typed(
             "SELECT i.kind, i.value, i.record_id FROM unnest($3::text[], $4::text[]) AS q(kind, value)
              CROSS JOIN LATERAL (SELECT * FROM record_identities i
                                  WHERE i.space_id = $1 AND i.schema_id = $2 AND i.kind = q.kind AND i.value = q.value) i",
+            &[(&space_id, Type::TEXT), (&schema_id, Type::TEXT), (&kinds, Type::TEXT_ARRAY), (&values, Type::TEXT_ARRAY)],
         )
         .await?;
-    let rows = client.query(&statement, &[&space_id, &schema_id, &kinds, &values]).await?;
     Ok(rows.into_iter().map(|row| ((row.get(0), row.get(1)), row.get(2))).collect())
 }
 
@@ -43,6 +42,14 @@ pub fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identi
             code: Code::IdentifierConflict,
             message: format!("a record with this {} already exists in the schema", identity.key),
         },
+    )
+    .with_set(
+        "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])",
+        [space_id, schema_id, identity.key, &identity.value, record_id]
+            .into_iter()
+            .map(|value| SetValue::Text(Some(value.to_owned())))
+            .collect(),
     )
 }
 
@@ -110,7 +117,16 @@ pub fn store_key(subject_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
     Guard::exactly_one(
         "INSERT INTO subject_keys (subject_id, space_id, wrapped_key) VALUES ($1, $2, $3)
          ON CONFLICT (subject_id) DO NOTHING",
-        vec![Box::new(subject_id.to_owned()), Box::new(space_id.to_owned()), Box::new(wrapped)],
+        vec![Box::new(subject_id.to_owned()), Box::new(space_id.to_owned()), Box::new(wrapped.clone())],
         AppendError::Conflict { code: Code::IdentifierConflict, message: "the record id is already taken".to_owned() },
+    )
+    .with_set(
+        "INSERT INTO subject_keys (subject_id, space_id, wrapped_key)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) ON CONFLICT (subject_id) DO NOTHING",
+        vec![
+            SetValue::Text(Some(subject_id.to_owned())),
+            SetValue::Text(Some(space_id.to_owned())),
+            SetValue::Bytes(wrapped),
+        ],
     )
 }

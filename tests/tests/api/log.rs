@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Metadata, NewEvent, StreamAppend};
+use shared::log::{
+    AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend,
+};
 use shared::proto;
 
 use crate::helpers::*;
@@ -148,6 +150,92 @@ async fn a_lost_race_on_a_stream_fails_only_that_command() {
     assert!(next.is_ok());
     let versions = app.query_i64("SELECT max(stream_version) FROM events WHERE stream_id = 'test/contended'").await;
     assert_eq!(versions, 2);
+}
+
+/// A claim of `value` with its set form, as the record identity guards are.
+fn claim(value: &str, record_id: &str) -> Guard {
+    let row = ["spc_x", "sch_x", "email", value, record_id];
+    Guard::unique(
+        "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id) VALUES ($1, $2, $3, $4, $5)",
+        row.iter().map(|value| Box::new((*value).to_owned()) as Box<_>).collect(),
+        AppendError::Conflict { code: shared::error::Code::IdentifierConflict, message: value.to_owned() },
+    )
+    .with_set(
+        "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])",
+        row.iter().map(|value| SetValue::Text(Some((*value).to_owned()))).collect(),
+    )
+}
+
+#[tokio::test]
+async fn a_batch_written_set_wise_fails_exactly_the_commands_that_fail_alone() {
+    let app = TestApp::spawn().await;
+    let event_log = EventLog::start(app.pool.clone(), 64);
+    event_log.append(space_event("test/advanced", ExpectedVersion::NoStream)).await.expect("advanced");
+    event_log.append(space_event("test/extended", ExpectedVersion::NoStream)).await.expect("extended");
+    let from = app.query_i64("SELECT position FROM log_head").await;
+    // Forty commands at once: distinct new streams, each claiming a value; every fifth claims
+    // the same value, so exactly one of those eight wins. One advances a stream from the
+    // right version, one from a stale one, one appends to a stream at any version.
+    let mut tasks = Vec::new();
+    for index in 0..40 {
+        let event_log = event_log.clone();
+        tasks.push(tokio::spawn(async move {
+            let (stream, expected) = match index {
+                1 => ("test/advanced".to_owned(), ExpectedVersion::Exactly(1)),
+                2 => ("test/advanced-stale".to_owned(), ExpectedVersion::Exactly(7)),
+                3 => ("test/extended".to_owned(), ExpectedVersion::Any),
+                _ => (format!("test/new-{index}"), ExpectedVersion::NoStream),
+            };
+            let mut request = space_event(&stream, expected);
+            let value = if index % 5 == 0 { "taken-by-one".to_owned() } else { format!("value-{index}") };
+            request.guards.push(claim(&value, &format!("rec_{index}")));
+            (index, event_log.append(request).await)
+        }));
+    }
+    let mut succeeded = Vec::new();
+    let mut shared_claims = 0;
+    for task in tasks {
+        let (index, outcome) = task.await.expect("task");
+        match (index, outcome) {
+            (2, outcome) => assert!(matches!(outcome, Err(AppendError::WrongVersion { .. })), "{outcome:?}"),
+            (index, Ok(appended)) => {
+                if index % 5 == 0 {
+                    shared_claims += 1;
+                }
+                succeeded.push((index, appended.last_position));
+            }
+            (index, Err(AppendError::Conflict { message, .. })) if index % 5 == 0 => {
+                assert_eq!(message, "taken-by-one")
+            }
+            (index, Err(error)) => panic!("command {index} failed: {error:?}"),
+        }
+    }
+    assert_eq!(shared_claims, 1, "exactly one claim of the shared value wins");
+    assert_eq!(succeeded.len(), 40 - 1 - 7);
+    // Every successful command's event and claim are there, at distinct positions that fill
+    // the range without a gap; nothing of a failed command is.
+    let mut positions: Vec<i64> = succeeded.iter().map(|(_, position)| *position).collect();
+    positions.sort_unstable();
+    let expected: Vec<i64> = (from + 1..=from + succeeded.len() as i64).collect();
+    assert_eq!(positions, expected);
+    assert_eq!(app.query_i64(&format!("SELECT count(*) FROM events WHERE position > {from}")).await, 32);
+    assert_eq!(app.query_i64("SELECT count(*) FROM record_identities WHERE space_id = 'spc_x'").await, 32);
+    let client = app.pool.get().await.expect("client");
+    let winner: String = client
+        .query_one("SELECT record_id FROM record_identities WHERE value = 'taken-by-one'", &[])
+        .await
+        .expect("the shared value is claimed")
+        .get(0);
+    assert!(succeeded.iter().any(|(index, _)| winner == format!("rec_{index}")));
+    assert_eq!(app.query_i64("SELECT version FROM streams WHERE stream_id = 'test/advanced'").await, 2);
+    assert_eq!(app.query_i64("SELECT version FROM streams WHERE stream_id = 'test/extended'").await, 2);
+    assert_eq!(
+        app.query_i64("SELECT max(stream_version) FROM events WHERE stream_id = 'test/extended'").await,
+        2,
+        "an append at any version continues the stream"
+    );
+    assert_eq!(app.query_i64("SELECT count(*) FROM streams WHERE stream_id = 'test/advanced-stale'").await, 0);
 }
 
 #[tokio::test]
