@@ -96,18 +96,39 @@ pub async fn consistent_row<F>(
 where
     F: Fn(&Consistent) -> String,
 {
+    let sql = |models: &Consistent| check_with(&columns(models));
+    let (mut rows, consistent) = consistent_rows(state, caller, token, models, sql, params).await?;
+    let row = rows.pop().ok_or_else(|| ApiError::unavailable("the consistency check returned no row"))?;
+    Ok((row, consistent))
+}
+
+/// As [`consistent_row`] for a statement of several rows, each starting with the check's
+/// columns (for example [`check_with`] joined laterally with a page of rows). `sql` builds the
+/// whole statement; it must return at least one row.
+pub async fn consistent_rows<F>(
+    state: &State,
+    caller: &Caller,
+    token: i64,
+    models: &[&str],
+    sql: F,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<(Vec<Row>, Consistent), ApiError>
+where
+    F: Fn(&Consistent) -> String,
+{
     let client = state.pool.get().await?;
     let names: Vec<&str> = models.to_vec();
     let deadline = Instant::now() + state.settings.consistency_wait();
     let mut guess = state.read_models.current(models).await?;
     loop {
-        let statement = client.prepare_cached(&check_with(&columns(&guess))).await?;
+        let statement = client.prepare_cached(&sql(&guess)).await?;
         let (key_id, space_id) = (caller.key_id(), caller.space_id());
         let mut all_params: Vec<&(dyn ToSql + Sync)> = vec![&key_id, &names, &space_id];
         all_params.extend_from_slice(params);
-        let row = client.query_one(&statement, &all_params).await?;
-        match settle(state, models, token, &guess, &row, deadline) {
-            Settled::Answer(consistent) => return Ok((row, consistent)),
+        let rows = client.query(&statement, &all_params).await?;
+        let first = rows.first().ok_or_else(|| ApiError::unavailable("the consistency check returned no row"))?;
+        match settle(state, models, token, &guess, first, deadline) {
+            Settled::Answer(consistent) => return Ok((rows, consistent)),
             Settled::Wait(attainable) => {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 guess = state.read_models.wait_for(models, attainable, remaining).await?;

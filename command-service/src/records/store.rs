@@ -1,7 +1,8 @@
 //! Record state and identity owners for decisions.
 
+use deadpool_postgres::GenericClient;
 pub use shared::records::{Loaded, load_records, stream_id};
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::ToSql;
 
 use shared::error::Code;
 use shared::log::{AppendError, Guard, SetValue};
@@ -10,7 +11,7 @@ use crate::records::decide::{Identity, Owners};
 
 /// Who holds each of `identities` (`(key, value)`) in the schema.
 pub async fn identity_owners(
-    client: &tokio_postgres::Client,
+    client: &impl GenericClient,
     space_id: &str,
     schema_id: &str,
     identities: &[(&str, String)],
@@ -20,16 +21,17 @@ pub async fn identity_owners(
     }
     let kinds: Vec<&str> = identities.iter().map(|(kind, _)| *kind).collect();
     let values: Vec<&str> = identities.iter().map(|(_, value)| value.as_str()).collect();
-    // Planned at every call, one primary-key probe per identity: a plan cached while the
-    // table was small scans the schema's identities until the next analyse.
-    let rows = client
-        .query_typed(
+    // One primary-key probe per identity: the fence (OFFSET 0) keeps the planner from
+    // probing on (space, schema) alone and filtering, as it does while the table has no
+    // statistics.
+    let statement = client
+        .prepare_cached(
             "SELECT i.kind, i.value, i.record_id FROM unnest($3::text[], $4::text[]) AS q(kind, value)
-             CROSS JOIN LATERAL (SELECT * FROM record_identities i
-                                 WHERE i.space_id = $1 AND i.schema_id = $2 AND i.kind = q.kind AND i.value = q.value) i",
-            &[(&space_id, Type::TEXT), (&schema_id, Type::TEXT), (&kinds, Type::TEXT_ARRAY), (&values, Type::TEXT_ARRAY)],
+             CROSS JOIN LATERAL (SELECT * FROM record_identities i WHERE i.space_id = $1 AND i.schema_id = $2
+                                 AND i.kind = q.kind AND i.value = q.value OFFSET 0) i",
         )
         .await?;
+    let rows = client.query(&statement, &[&space_id, &schema_id, &kinds, &values]).await?;
     Ok(rows.into_iter().map(|row| ((row.get(0), row.get(1)), row.get(2))).collect())
 }
 

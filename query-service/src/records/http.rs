@@ -10,7 +10,7 @@ use shared::pagination::PageRequest;
 
 use super::store;
 use crate::State;
-use crate::consistency::{authorize_read, consistent_row, respond};
+use crate::consistency::{authorize_read, consistent_row, consistent_rows, respond};
 use crate::schemas::http::schema_not_found;
 use shared::readmodel::{CHECK_WIDTH, Consistent};
 
@@ -39,15 +39,13 @@ pub async fn list(
     let (caller, token) = authorize_read(&state, &req).await?;
     let schema_ref = path.into_inner();
     let (limit, offset) = (page.limit(), page.offset());
-    let columns = |models: &Consistent| store::page_columns(&models.schema(CATALOG), &models.schema(RECORDS));
-    let (row, consistent) =
-        consistent_row(&state, &caller, token, &[CATALOG, RECORDS], columns, &[&schema_ref, &limit, &offset]).await?;
-    record_schema(row.get(CHECK_WIDTH), &schema_ref)?;
-    let total = row.get::<_, Option<i64>>(CHECK_WIDTH + 1).unwrap_or(0);
-    let items = match row.get::<_, Value>(CHECK_WIDTH + 2) {
-        Value::Array(items) => items,
-        _ => Vec::new(),
-    };
+    let sql = |models: &Consistent| store::page_sql(&models.schema(CATALOG), &models.schema(RECORDS));
+    let (rows, consistent) =
+        consistent_rows(&state, &caller, token, &[CATALOG, RECORDS], sql, &[&schema_ref, &limit, &offset]).await?;
+    let first = rows.first().ok_or_else(|| ApiError::unavailable("the page query returned no row"))?;
+    record_schema(first.get(CHECK_WIDTH), &schema_ref)?;
+    let total = first.get::<_, Option<i64>>(CHECK_WIDTH + 1).unwrap_or(0);
+    let items: Vec<Value> = rows.iter().filter_map(|row| row.get::<_, Option<Value>>(CHECK_WIDTH + 2)).collect();
     let pagination = page.pagination(items.len(), total);
     Ok(respond(&consistent, page.warnings.clone(), |warnings| page_body(items, pagination, warnings)))
 }

@@ -1,5 +1,7 @@
 //! Reads of records from the records read model (`records`) and the catalog (`catalog`).
 
+use shared::readmodel::check_with;
+
 /// The schema id of `reference` (id or slug) in space `space`, as a SQL subquery over catalog
 /// `catalog` (`space` and `reference` are placeholders).
 fn schema_id_subquery(catalog: &str, space: &str, reference: &str) -> String {
@@ -9,17 +11,22 @@ fn schema_id_subquery(catalog: &str, space: &str, reference: &str) -> String {
     )
 }
 
-/// The read columns of a page of the records of schema `$4` (id or slug) in space `$3`,
-/// oldest first, `$5` rows from offset `$6`: the schema's type (null when it does not exist),
-/// the total and the page as a JSON array of documents.
-pub fn page_columns(catalog: &str, records: &str) -> String {
+/// A page of the records of schema `$4` (id or slug) in space `$3`, oldest first, `$5` rows
+/// from offset `$6`, with the consistency check: one row per record, or one row with a null
+/// document when the page is empty. After the check's columns: the schema's type (null when
+/// it does not exist), the total and the document.
+pub fn page_sql(catalog: &str, records: &str) -> String {
     let schema_id = schema_id_subquery(catalog, "$3", "$4");
-    format!(
-        "{}, (SELECT total FROM {records}.record_counts WHERE space_id = $3 AND schema_id = {schema_id}),
-         (SELECT COALESCE(jsonb_agg(p.doc ORDER BY p.created_at, p.record_id), '[]'::jsonb) FROM (
-             SELECT doc, created_at, record_id FROM {records}.records WHERE space_id = $3 AND schema_id = {schema_id}
-             ORDER BY created_at, record_id LIMIT $5 OFFSET $6) p)",
+    let check = check_with(&format!(
+        "{}, (SELECT total FROM {records}.record_counts WHERE space_id = $3 AND schema_id = {schema_id})",
         schema_type_column(catalog)
+    ));
+    format!(
+        "WITH c AS ({check})
+         SELECT c.*, p.doc FROM c LEFT JOIN LATERAL (
+             SELECT doc, created_at, record_id FROM {records}.records WHERE space_id = $3 AND schema_id = {schema_id}
+             ORDER BY created_at, record_id LIMIT $5 OFFSET $6) p ON true
+         ORDER BY p.created_at, p.record_id"
     )
 }
 
