@@ -62,15 +62,18 @@ pub async fn consistent_read<T, F>(
 where
     F: for<'a> Fn(&'a Client, &'a Consistent) -> ReadFuture<'a, T>,
 {
-    let client = state.pool.get().await?;
-    let check = client.prepare_cached(CHECK_SQL).await?;
     let names: Vec<&str> = models.to_vec();
     let deadline = Instant::now() + state.settings.consistency_wait();
     let mut guess = state.read_models.current(models).await?;
     loop {
+        // A connection per attempt: a read that waits for the read models must not hold one
+        // while it waits (waiting readers would starve the pool, their own refreshes included).
+        let client = state.pool.get().await?;
+        let check = client.prepare_cached(CHECK_SQL).await?;
         let (key_id, space_id) = (caller.key_id(), caller.space_id());
         let check_params: [&(dyn ToSql + Sync); 3] = [&key_id, &names, &space_id];
         let (checked, result) = tokio::join!(client.query_one(&check, &check_params), read(&client, &guess));
+        drop(client);
         match settle(state, models, token, &guess, &checked?, deadline) {
             Settled::Answer(consistent) => return Ok((result?, consistent)),
             Settled::Wait(attainable) => {
@@ -116,16 +119,18 @@ pub async fn consistent_rows<F>(
 where
     F: Fn(&Consistent) -> String,
 {
-    let client = state.pool.get().await?;
     let names: Vec<&str> = models.to_vec();
     let deadline = Instant::now() + state.settings.consistency_wait();
     let mut guess = state.read_models.current(models).await?;
     loop {
+        // A connection per attempt, not held while waiting (see consistent_read).
+        let client = state.pool.get().await?;
         let statement = client.prepare_cached(&sql(&guess)).await?;
         let (key_id, space_id) = (caller.key_id(), caller.space_id());
         let mut all_params: Vec<&(dyn ToSql + Sync)> = vec![&key_id, &names, &space_id];
         all_params.extend_from_slice(params);
         let rows = client.query(&statement, &all_params).await?;
+        drop(client);
         let first = rows.first().ok_or_else(|| ApiError::unavailable("the consistency check returned no row"))?;
         match settle(state, models, token, &guess, first, deadline) {
             Settled::Answer(consistent) => return Ok((rows, consistent)),

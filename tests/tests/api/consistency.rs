@@ -72,3 +72,35 @@ async fn a_read_that_cannot_catch_up_says_so() {
     assert_eq!(response.status, 200);
     assert_eq!(response.body["warnings"][0]["code"], "stale_read");
 }
+
+#[tokio::test]
+async fn reads_waiting_for_the_read_models_do_not_starve_the_pool() {
+    // A query service with two connections and six reads that must wait for the caller's last
+    // write: a waiting read holds no connection, so all of them answer once the read models
+    // catch up (holding one each, they took the pool and their own refreshes timed out).
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let wait =
+        [("APP__DATABASE__POOL_SIZE", "2".to_owned()), ("APP__READS__CONSISTENCY_WAIT_MILLIS", "20000".to_owned())];
+    let (_query, urls) = spawn_servers(&app, "query-service", &[], 1, &wait).await;
+    let created = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({"email": "wait@example.com"})).await;
+    assert_eq!(created.status, 201);
+    let id = created.body["data"]["id"].as_str().expect("id").to_owned();
+    let reads: Vec<_> = (0..6)
+        .map(|_| {
+            let request = app
+                .http
+                .get(format!("{}/schemas/contacts/records/{id}", urls[0]))
+                .header("Authorization", format!("Bearer {ALPHA_ADMIN}"));
+            tokio::spawn(async move { request.send().await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let _projector = spawn_binary("projector", &["run"], &app.database_url, &[]);
+    for read in reads {
+        let response = read.await.expect("task").expect("response");
+        assert_eq!(response.status(), 200);
+        let body: serde_json::Value = response.json().await.expect("json");
+        assert_eq!(body["data"]["email"], "wait@example.com");
+        assert!(body.get("warnings").is_none_or(|w| w.as_array().is_none_or(Vec::is_empty)), "{body}");
+    }
+}
