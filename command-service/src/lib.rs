@@ -37,6 +37,8 @@ pub struct State {
     pub mailer: shared::email::mailer::Mailer,
     /// Event admission scopes whose rows this process knows exist.
     admission_scopes: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// What record creates read from the catalog, kept until the catalog changes.
+    pub write_contexts: shared::catalog::WriteContexts,
 }
 
 impl State {
@@ -55,6 +57,7 @@ impl State {
             ai,
             mailer,
             admission_scopes: Default::default(),
+            write_contexts: Default::default(),
         }))
     }
 

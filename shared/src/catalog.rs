@@ -6,6 +6,8 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
+use crate::error::Code;
+use crate::log::{AppendError, Guard, SetValue};
 use crate::roles::Role;
 
 pub const CATALOG: &str = "catalog";
@@ -158,23 +160,46 @@ pub struct AttributeEntry {
     pub definition: Value,
 }
 
+/// What a record write or an event acceptance reads from the catalog.
+#[derive(Debug, Clone)]
+pub struct WriteContext {
+    pub schema: SchemaEntry,
+    /// The schema's custom attributes, in order.
+    pub attributes: Vec<AttributeEntry>,
+    /// The space's remaining AI credits (the authored grant less what the write side has
+    /// recorded as spent), as read with the schema.
+    pub credits: i64,
+    /// The live catalog's revision when read (see [`revision_guard`]).
+    pub revision: i64,
+}
+
+impl WriteContext {
+    /// Whether a write to the schema may spend AI credits (a writable attribute with AI
+    /// auto-fill): only then do its credits matter.
+    pub fn spends_credits(&self) -> bool {
+        self.attributes.iter().any(|attribute| {
+            is_writable(&attribute.definition) && crate::attributes::has_auto_fill(&attribute.definition)
+        })
+    }
+}
+
 /// Everything a record write or an event acceptance needs from the catalog, in one
-/// statement: the schema, its custom attributes and the space's remaining AI credits (the
-/// authored grant less what the write side has recorded as spent). `None` when the schema
-/// does not exist.
+/// statement: the schema, its custom attributes, the space's remaining AI credits and the
+/// catalog's revision. `None` when the schema does not exist.
 pub async fn write_context(
     client: &impl GenericClient,
     schema: &str,
     space_id: &str,
     id_or_slug: &str,
-) -> Result<Option<(SchemaEntry, Vec<AttributeEntry>, i64)>, tokio_postgres::Error> {
+) -> Result<Option<WriteContext>, tokio_postgres::Error> {
     let statement = client
         .prepare_cached(&format!(
             "SELECT s.schema_id, s.slug, s.schema_type, s.doc, s.attribute_count, s.revision,
                     COALESCE((SELECT jsonb_agg(jsonb_build_array(a.key, a.definition) ORDER BY a.ordinal)
                               FROM {schema}.attributes a WHERE a.schema_id = s.schema_id AND NOT a.is_base), '[]'),
                     COALESCE((SELECT balance FROM {schema}.ai_credits WHERE space_id = $1), 0)
-                      - COALESCE((SELECT spent FROM public.ai_credit_spend WHERE space_id = $1), 0)
+                      - COALESCE((SELECT spent FROM public.ai_credit_spend WHERE space_id = $1), 0),
+                    COALESCE((SELECT revision FROM public.projections WHERE name = 'catalog' AND status = 'live'), 0)
              FROM {schema}.schemas s WHERE s.space_id = $1 AND (s.schema_id = $2 OR s.slug = $2)
              ORDER BY (s.schema_id = $2) DESC LIMIT 1"
         ))
@@ -197,7 +222,64 @@ pub async fn write_context(
             .collect(),
         _ => Vec::new(),
     };
-    Ok(Some((entry, attributes, row.get(7))))
+    Ok(Some(WriteContext { schema: entry, attributes, credits: row.get(7), revision: row.get(8) }))
+}
+
+/// The guard that a write decided with catalog revision `revision` appends with: the live
+/// catalog must still be at it. Fails the command with 409 `concurrent_modification` when the
+/// catalog changed since (the writer decides again with a fresh read).
+pub fn revision_guard(revision: i64) -> Guard {
+    Guard::exactly_one(
+        "SELECT 1 FROM projections WHERE name = 'catalog' AND status = 'live' AND revision = $1",
+        vec![Box::new(revision)],
+        AppendError::Conflict { code: Code::ConcurrentModification, message: CATALOG_CHANGED.to_owned() },
+    )
+    .with_set(
+        "SELECT 1 FROM unnest($1::bigint[]) AS w(revision)
+         JOIN projections p ON p.name = 'catalog' AND p.status = 'live' AND p.revision = w.revision",
+        vec![SetValue::BigInt(revision)],
+    )
+}
+
+/// The message of a write refused because the catalog changed after it was decided.
+pub const CATALOG_CHANGED: &str = "the schema changed while this write was decided; retry";
+
+/// Write contexts of schemas without AI auto-fill, kept in process by (space, schema id or
+/// slug) until a write finds the catalog changed ([`revision_guard`]); then the entries of
+/// older revisions are dropped. A schema with AI auto-fill is always read afresh, for its
+/// credits.
+#[derive(Default)]
+pub struct WriteContexts {
+    entries: std::sync::RwLock<std::collections::HashMap<(String, String), WriteContext>>,
+}
+
+/// Entries kept at most (the cache is cleared when full: schemas are few per space).
+const WRITE_CONTEXTS_MAX: usize = 10_000;
+
+impl WriteContexts {
+    pub fn get(&self, space_id: &str, id_or_slug: &str) -> Option<WriteContext> {
+        let entries = self.entries.read().ok()?;
+        entries.get(&(space_id.to_owned(), id_or_slug.to_owned())).cloned()
+    }
+
+    pub fn put(&self, space_id: &str, id_or_slug: &str, context: &WriteContext) {
+        if context.spends_credits() {
+            return;
+        }
+        if let Ok(mut entries) = self.entries.write() {
+            if entries.len() >= WRITE_CONTEXTS_MAX {
+                entries.clear();
+            }
+            entries.insert((space_id.to_owned(), id_or_slug.to_owned()), context.clone());
+        }
+    }
+
+    /// Drops the entries read at another catalog revision than `revision`.
+    pub fn keep_revision(&self, revision: i64) {
+        if let Ok(mut entries) = self.entries.write() {
+            entries.retain(|_, context| context.revision == revision);
+        }
+    }
 }
 
 /// A resource found by id alone, whatever its space (public endpoints, whose tenant comes

@@ -52,10 +52,10 @@ async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<C
     let caller = state.authenticator.authorize(req, Permission::Write).await?;
     let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
     let client = state.pool.get().await?;
-    let (schema, attributes, credits) =
+    let catalog::WriteContext { schema, attributes, credits, .. } =
         catalog::write_context(&client, &models.schema(CATALOG), caller.space_id(), schema_ref)
             .await?
-            .filter(|(schema, _, _)| schema.schema_type == "event")
+            .filter(|context| context.schema.schema_type == "event")
             .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no event schema {schema_ref:?}")))?;
     let scopes = state.settings.events.admission.scopes(caller.space_id(), &schema.schema_id);
     if state.new_admission_scopes(&scopes) {

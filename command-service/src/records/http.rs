@@ -5,7 +5,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value};
 use shared::auth::{Caller, Permission};
-use shared::catalog::{self, AttributeEntry, CATALOG, SchemaEntry};
+use shared::catalog::{self, AttributeEntry, CATALOG, SchemaEntry, WriteContext};
 use shared::crypto::{self, DataKey};
 use shared::error::ApiError;
 use shared::error::Code;
@@ -66,12 +66,34 @@ pub(crate) async fn write_context(
     space_id: &str,
     schema_ref: &str,
 ) -> Result<(SchemaEntry, Vec<AttributeEntry>, i64), ApiError> {
+    let context = fresh_context(state, space_id, schema_ref).await?;
+    Ok((context.schema, context.attributes, context.credits))
+}
+
+/// The catalog context of a write to the contact or object schema `schema_ref`, read now;
+/// 404 `schema_not_found` otherwise. Kept for later writes (see [`cached_context`]).
+async fn fresh_context(state: &State, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
     let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
     let client = state.pool.get().await?;
-    catalog::write_context(&client, &models.schema(CATALOG), space_id, schema_ref)
+    let context = catalog::write_context(&client, &models.schema(CATALOG), space_id, schema_ref)
         .await?
-        .filter(|(schema, _, _)| schema.schema_type != "event")
-        .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no contact or object schema {schema_ref:?}")))
+        .filter(|context| context.schema.schema_type != "event")
+        .ok_or_else(|| {
+            ApiError::not_found(Code::SchemaNotFound, format!("no contact or object schema {schema_ref:?}"))
+        })?;
+    state.write_contexts.put(space_id, schema_ref, &context);
+    Ok(context)
+}
+
+/// The catalog context of a write, from this process's cache when it holds the schema, and
+/// whether it came from there. A write decided on a cached context appends with the catalog
+/// revision guard; if the catalog changed, or the decision refused the input, the writer
+/// decides again on a fresh read before answering.
+async fn cached_context(state: &State, space_id: &str, schema_ref: &str) -> Result<(WriteContext, bool), ApiError> {
+    match state.write_contexts.get(space_id, schema_ref) {
+        Some(context) => Ok((context, true)),
+        None => Ok((fresh_context(state, space_id, schema_ref).await?, false)),
+    }
 }
 
 /// Identity values of the input, to look up their holders.
@@ -259,26 +281,61 @@ pub async fn create(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let prelude = prelude(&req, payload, &state, &path).await?;
-    let (req, state, prelude, body) = (&req, &**state, &prelude, Value::Object(prelude.input.clone()));
-    idempotency::protect(state, req, &prelude.caller, &body, |claim, operation_id| async move {
-        let schema = prelude.write_schema();
-        check_credits(&schema, prelude.credits)?;
-        let input = parse_input(&schema, prelude.input.clone())?;
-        // A strict create needs no lookup of identity holders: the identity guards in its
-        // append are the uniqueness check, and a collision is 409 identifier_conflict.
-        let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
-        let decision = decide_create(&schema, input, &Owners::new(), &record_id, shared::time::now_millis())?;
-        let document =
-            record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
-        let body = shared::http::data_body(document, &[]);
-        let guard = completion(claim.as_ref(), StatusCode::CREATED, &body);
-        let write = create_write(schema.space_id, schema.schema_id, decision);
-        let appended =
-            append_write(req, state, &prelude.caller, write, (claim.as_ref(), guard)).await.map_err(append_error)?;
-        Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
+    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
+    let input = shared::http::read_json_object(&req, payload).await?;
+    let (req, state, schema_ref, body) = (&req, &**state, path.as_str(), Value::Object(input.clone()));
+    let (caller, input) = (&caller, &input);
+    idempotency::protect(state, req, caller, &body, |claim, operation_id| async move {
+        let (mut context, mut cached) = cached_context(state, caller.space_id(), schema_ref).await?;
+        loop {
+            match create_once(req, state, caller, &context, input.clone(), (claim.as_ref(), &operation_id)).await {
+                // Decided on a cached context: a refusal may be the cache's, not the input's.
+                // If the catalog has moved on, decide again on what it says now.
+                Err(error) if cached && error.status().is_client_error() => {
+                    let fresh = fresh_context(state, caller.space_id(), schema_ref).await?;
+                    if fresh.revision == context.revision {
+                        return Err(error);
+                    }
+                    state.write_contexts.keep_revision(fresh.revision);
+                    (context, cached) = (fresh, false);
+                }
+                outcome => return outcome,
+            }
+        }
     })
     .await
+}
+
+/// A strict create decided on `context` and appended with the catalog revision guard.
+async fn create_once(
+    req: &HttpRequest,
+    state: &State,
+    caller: &Caller,
+    context: &WriteContext,
+    input: Map<String, Value>,
+    (claim, operation_id): (Option<&Claim>, &str),
+) -> Result<HttpResponse, ApiError> {
+    let schema = WriteSchema {
+        schema_id: &context.schema.schema_id,
+        space_id: caller.space_id(),
+        schema_type: &context.schema.schema_type,
+        attributes: &context.attributes,
+    };
+    check_credits(&schema, context.credits)?;
+    let input = parse_input(&schema, input)?;
+    // A strict create needs no lookup of identity holders: the identity guards in its
+    // append are the uniqueness check, and a collision is 409 identifier_conflict.
+    let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
+    let decision = decide_create(&schema, input, &Owners::new(), &record_id, shared::time::now_millis())?;
+    let document = record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
+    let body = shared::http::data_body(document, &[]);
+    let guard = completion(claim, StatusCode::CREATED, &body);
+    let write = create_write(schema.space_id, schema.schema_id, decision).map(|mut write| {
+        write.guards.push(catalog::revision_guard(context.revision));
+        write
+    });
+    let appended = append_write(req, state, caller, write, (claim, guard)).await.map_err(append_error)?;
+    Ok(respond(StatusCode::CREATED, &body, operation_id, Some(appended)))
 }
 
 #[tracing::instrument(skip_all, fields(schema = %path.as_str()))]

@@ -75,6 +75,18 @@ pub(super) const EVENT_TYPES: &[&str] = &[
 ];
 
 pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &StoredEvent) -> anyhow::Result<()> {
+    apply_event(transaction, s, event).await?;
+    // Every event this model reads changes it: the version's revision moves to the event.
+    let revision = transaction
+        .prepare_cached(
+            "UPDATE projections SET revision = $1 WHERE name = 'catalog' AND 'rm_catalog_v' || version = $2",
+        )
+        .await?;
+    transaction.execute(&revision, &[&event.position, &s]).await?;
+    Ok(())
+}
+
+async fn apply_event(transaction: &Transaction<'_>, s: &str, event: &StoredEvent) -> anyhow::Result<()> {
     match event.decode()? {
         LogEvent::SpaceDefined(space) => {
             transaction

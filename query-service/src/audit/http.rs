@@ -44,7 +44,8 @@ pub async fn get(
         Box::pin(async move { Ok(catalog::write_context(client, &c, &space_id, &schema_ref).await?) })
     })
     .await?;
-    let (schema, attributes, _) = context.ok_or_else(|| schema_not_found(&schema_ref))?;
+    let shared::catalog::WriteContext { schema, attributes, .. } =
+        context.ok_or_else(|| schema_not_found(&schema_ref))?;
     if schema.schema_type != "contact" {
         return Err(ApiError::not_found(
             Code::SchemaNotFound,

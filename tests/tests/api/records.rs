@@ -219,3 +219,35 @@ async fn ai_auto_fill_attributes_of_a_record_are_filled_by_the_preparation_worke
     assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE event_type = 'RecordUpdated.v1'").await, 1);
     assert_eq!(app.query_i64("SELECT spent FROM ai_credit_spend").await, 1);
 }
+
+#[tokio::test]
+async fn a_schema_change_reaches_record_creates_at_once_despite_the_cached_catalog() {
+    let app = TestApp::spawn().await;
+    let first = app.post("/schemas/leads/records", ALPHA_ADMIN, &json!({"company": "Acme"})).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    // A new attribute is accepted by the next create (the cached context refused it; the
+    // writer read the catalog again).
+    let with_budget = WORKSPACE.replace(
+        r#"{ "key": "company", "definition": { "type": "string", "required": true } }"#,
+        r#"{ "key": "company", "definition": { "type": "string", "required": true } },
+            { "key": "budget", "definition": { "type": "number" } }"#,
+    );
+    app.apply_workspace(&with_budget, true).await;
+    let second = app.post("/schemas/leads/records", ALPHA_ADMIN, &json!({"company": "Beta", "budget": 5})).await;
+    assert_eq!(second.status, 201, "{:?}", second.body);
+    assert_eq!(second.body["data"]["budget"], 5);
+    // A new required attribute refuses the next create without it (the cached context would
+    // accept it; the catalog revision guard refuses the append and the writer decides again).
+    let with_region = with_budget.replace(
+        r#"{ "key": "budget", "definition": { "type": "number" } }"#,
+        r#"{ "key": "budget", "definition": { "type": "number" } },
+            { "key": "region", "definition": { "type": "string", "required": true } }"#,
+    );
+    app.apply_workspace(&with_region, true).await;
+    let third = app.post("/schemas/leads/records", ALPHA_ADMIN, &json!({"company": "Gamma"})).await;
+    assert_eq!(third.status, 400, "{:?}", third.body);
+    assert!(third.body.to_string().contains("region"), "{:?}", third.body);
+    let fourth = app.post("/schemas/leads/records", ALPHA_ADMIN, &json!({"company": "Delta", "region": "EU"})).await;
+    assert_eq!(fourth.status, 201, "{:?}", fourth.body);
+    assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE event_type = 'RecordCreated.v1'").await, 3);
+}
