@@ -39,6 +39,8 @@ pub struct State {
     admission_scopes: std::sync::Mutex<std::collections::HashSet<String>>,
     /// What record creates read from the catalog, kept until the catalog changes.
     pub write_contexts: shared::catalog::WriteContexts,
+    /// What single event fires read from the catalog, kept until the catalog changes.
+    pub event_contexts: shared::catalog::WriteContexts,
 }
 
 impl State {
@@ -58,6 +60,7 @@ impl State {
             mailer,
             admission_scopes: Default::default(),
             write_contexts: Default::default(),
+            event_contexts: Default::default(),
         }))
     }
 

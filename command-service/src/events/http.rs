@@ -46,22 +46,45 @@ struct Context {
     attributes: Vec<AttributeEntry>,
     credits: i64,
     scopes: Vec<(String, ScopeLimits)>,
+    /// The catalog revision a context from the process cache was read at: the fire appends
+    /// only if the catalog is still there (`catalog::revision_guard`).
+    revision: Option<i64>,
 }
 
 async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<Context, ApiError> {
     let caller = state.authenticator.authorize(req, Permission::Write).await?;
+    let context = fresh_context(state, caller.space_id(), schema_ref).await?;
+    admitted(state, caller, context, None).await
+}
+
+/// The event schema `schema_ref` of the space, read from the catalog now; 404 otherwise.
+/// Kept for later single fires (see `fire`).
+async fn fresh_context(state: &State, space_id: &str, schema_ref: &str) -> Result<catalog::WriteContext, ApiError> {
     let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
     let client = state.pool.get().await?;
-    let catalog::WriteContext { schema, attributes, credits, .. } =
-        catalog::write_context(&client, &models.schema(CATALOG), caller.space_id(), schema_ref)
-            .await?
-            .filter(|context| context.schema.schema_type == "event")
-            .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no event schema {schema_ref:?}")))?;
+    let context = catalog::write_context(&client, &models.schema(CATALOG), space_id, schema_ref)
+        .await?
+        .filter(|context| context.schema.schema_type == "event")
+        .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no event schema {schema_ref:?}")))?;
+    state.event_contexts.put(space_id, schema_ref, &context);
+    Ok(context)
+}
+
+/// A fire's context from a catalog context: its admission scopes, created when new.
+/// `revision` is the catalog revision the fire must append at (a cached context), if any.
+async fn admitted(
+    state: &State,
+    caller: Caller,
+    context: catalog::WriteContext,
+    revision: Option<i64>,
+) -> Result<Context, ApiError> {
+    let catalog::WriteContext { schema, attributes, credits, .. } = context;
     let scopes = state.settings.events.admission.scopes(caller.space_id(), &schema.schema_id);
     if state.new_admission_scopes(&scopes) {
+        let client = state.pool.get().await?;
         ensure_scopes(&client, &scopes).await?;
     }
-    Ok(Context { caller, schema, attributes, credits, scopes })
+    Ok(Context { caller, schema, attributes, credits, scopes, revision })
 }
 
 fn parse_item(context: &Context, input: Map<String, Value>, now_ms: i64) -> Result<FireInput, ApiError> {
@@ -234,6 +257,7 @@ fn acceptance(req: &HttpRequest, context: &Context, new: Vec<(StreamAppend, NewR
         guards.push(subjects_guard(subjects));
     }
     guards.push(admission_guard(&context.scopes, count, pending));
+    guards.extend(context.revision.map(catalog::revision_guard));
     AppendRequest { metadata: crate::edge::metadata(req, &context.caller, None), streams, guards }
 }
 
@@ -382,10 +406,48 @@ pub async fn fire(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let context = context(&req, &state, &path).await?;
+    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
     let input = shared::http::read_json_object(&req, payload).await?;
-    let parsed = parse_item(&context, input, shared::time::now_millis())?;
-    let mut outcomes = accept_each(&req, &state, &context, vec![candidate(0, parsed)?]).await?;
+    let schema_ref = path.as_str();
+    // From the process cache when it holds the schema (see the record creates' `create`): a
+    // refusal decided on a cached context is decided again on a fresh read if the catalog
+    // has moved on since.
+    let (mut cached, mut revision) = match state.event_contexts.get(caller.space_id(), schema_ref) {
+        Some(context) => (Some(context.clone()), context.revision),
+        None => (None, 0),
+    };
+    loop {
+        let from_cache = cached.is_some();
+        let context = match cached.take() {
+            Some(context) => admitted(&state, caller.clone(), context, Some(revision)).await?,
+            None => {
+                let fresh = fresh_context(&state, caller.space_id(), schema_ref).await?;
+                admitted(&state, caller.clone(), fresh, None).await?
+            }
+        };
+        match fire_once(&req, &state, &context, input.clone()).await {
+            Err(error) if from_cache && error.status().is_client_error() => {
+                let fresh = fresh_context(&state, caller.space_id(), schema_ref).await?;
+                if fresh.revision == revision {
+                    return Err(error);
+                }
+                state.event_contexts.keep_revision(fresh.revision);
+                revision = fresh.revision;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// A single fire decided on `context`.
+async fn fire_once(
+    req: &HttpRequest,
+    state: &State,
+    context: &Context,
+    input: Map<String, Value>,
+) -> Result<HttpResponse, ApiError> {
+    let parsed = parse_item(context, input, shared::time::now_millis())?;
+    let mut outcomes = accept_each(req, state, context, vec![candidate(0, parsed)?]).await?;
     match outcomes.remove(&0) {
         Some(Outcome::Accepted { receipt, position }) => {
             let mut response = HttpResponse::build(StatusCode::ACCEPTED);

@@ -74,15 +74,19 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "ResourceDefined.v1",
 ];
 
-pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &StoredEvent) -> anyhow::Result<()> {
-    apply_event(transaction, s, event).await?;
-    // Every event this model reads changes it: the version's revision moves to the event.
+/// Applies a batch event by event; if it held an event this model reads (each changes it),
+/// the version's revision moves to the last of them.
+pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[StoredEvent]) -> anyhow::Result<()> {
+    super::apply_each(shared::catalog::CATALOG, transaction, s, events, EVENT_TYPES, apply_event).await?;
+    let Some(last) = events.iter().rev().find(|event| EVENT_TYPES.contains(&event.event_type.as_str())) else {
+        return Ok(());
+    };
     let revision = transaction
         .prepare_cached(
             "UPDATE projections SET revision = $1 WHERE name = 'catalog' AND 'rm_catalog_v' || version = $2",
         )
         .await?;
-    transaction.execute(&revision, &[&event.position, &s]).await?;
+    transaction.execute(&revision, &[&last.position, &s]).await?;
     Ok(())
 }
 
@@ -300,5 +304,5 @@ async fn insert_attribute(
 
 read_model! {
     /// Spaces, users, memberships, keys, schemas, attributes, credits, authored resources.
-    Catalog = shared::catalog::CATALOG, each
+    Catalog = shared::catalog::CATALOG, batch
 }

@@ -615,3 +615,31 @@ async fn preparation_through_an_openai_compatible_provider_ends_in_each_state() 
     assert_eq!(listed, ["o-ready"]);
     assert_eq!(app.query_i64("SELECT pending FROM event_admission WHERE scope = 'fleet'").await, 0);
 }
+
+#[tokio::test]
+async fn a_schema_change_reaches_single_fires_at_once_despite_the_cached_catalog() {
+    let app = TestApp::spawn().await;
+    let first = app.post("/events/signup", ALPHA_ADMIN, &json!({"eventId": "cache-1", "plan": "pro"})).await;
+    assert_eq!(first.status, 202, "{:?}", first.body);
+    let signup = r#"[{ "key": "plan", "definition": { "type": "string" } }]"#;
+    // A new attribute is accepted by the next fire (the cached context refused it).
+    let with_seats = WORKSPACE.replace(
+        signup,
+        r#"[{ "key": "plan", "definition": { "type": "string" } }, { "key": "seats", "definition": { "type": "number" } }]"#,
+    );
+    app.apply_workspace(&with_seats, true).await;
+    let second = app.post("/events/signup", ALPHA_ADMIN, &json!({"eventId": "cache-2", "seats": 3})).await;
+    assert_eq!(second.status, 202, "{:?}", second.body);
+    // A new required attribute refuses the next fire without it (the cached context would
+    // accept it; the catalog revision guard refuses the append).
+    let with_region = WORKSPACE.replace(
+        signup,
+        r#"[{ "key": "plan", "definition": { "type": "string" } }, { "key": "seats", "definition": { "type": "number" } },
+            { "key": "region", "definition": { "type": "string", "required": true } }]"#,
+    );
+    app.apply_workspace(&with_region, true).await;
+    let third = app.post("/events/signup", ALPHA_ADMIN, &json!({"eventId": "cache-3", "plan": "pro"})).await;
+    assert_eq!(third.status, 400, "{:?}", third.body);
+    assert!(third.body.to_string().contains("region"), "{:?}", third.body);
+    assert_eq!(app.query_i64("SELECT count(*) FROM event_receipts WHERE event_id LIKE 'cache-%'").await, 2);
+}
