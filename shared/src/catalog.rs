@@ -244,10 +244,9 @@ pub fn revision_guard(revision: i64) -> Guard {
 /// The message of a write refused because the catalog changed after it was decided.
 pub const CATALOG_CHANGED: &str = "the schema changed while this write was decided; retry";
 
-/// Write contexts of schemas without AI auto-fill, kept in process by (space, schema id or
-/// slug) until a write finds the catalog changed ([`revision_guard`]); then the entries of
-/// older revisions are dropped. A schema with AI auto-fill is always read afresh, for its
-/// credits.
+/// Write contexts kept in process by (space, schema id or slug) until a write finds the
+/// catalog changed ([`revision_guard`]); then the entries of older revisions are dropped.
+/// The credits of a kept context are stale: a writer that needs them reads them afresh.
 #[derive(Default)]
 pub struct WriteContexts {
     entries: std::sync::RwLock<std::collections::HashMap<(String, String), WriteContext>>,
@@ -262,10 +261,9 @@ impl WriteContexts {
         entries.get(&(space_id.to_owned(), id_or_slug.to_owned())).cloned()
     }
 
+    /// Keeps `context`. Its credits are as read now: a writer that needs them reads them
+    /// afresh (record writes to a schema with AI auto-fill are never put).
     pub fn put(&self, space_id: &str, id_or_slug: &str, context: &WriteContext) {
-        if context.spends_credits() {
-            return;
-        }
         if let Ok(mut entries) = self.entries.write() {
             if entries.len() >= WRITE_CONTEXTS_MAX {
                 entries.clear();

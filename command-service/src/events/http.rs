@@ -40,6 +40,7 @@ const ATTEMPTS: usize = 3;
 pub const MAX_BATCH: usize = 500;
 
 /// What every fire needs, loaded once per request.
+#[derive(Clone)]
 struct Context {
     caller: Caller,
     schema: SchemaEntry,
@@ -447,6 +448,15 @@ async fn fire_once(
     input: Map<String, Value>,
 ) -> Result<HttpResponse, ApiError> {
     let parsed = parse_item(context, input, shared::time::now_millis())?;
+    // A cached context's credits are stale: an event that needs preparation reads them now.
+    let context = if context.revision.is_some() && !parsed.pending_keys.is_empty() {
+        let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
+        let client = state.pool.get().await?;
+        let credits = catalog::credits(&client, &models.schema(CATALOG), context.caller.space_id()).await?;
+        &Context { credits, ..context.clone() }
+    } else {
+        context
+    };
     let mut outcomes = accept_each(req, state, context, vec![candidate(0, parsed)?]).await?;
     match outcomes.remove(&0) {
         Some(Outcome::Accepted { receipt, position }) => {

@@ -81,7 +81,10 @@ async fn fresh_context(state: &State, space_id: &str, schema_ref: &str) -> Resul
         .ok_or_else(|| {
             ApiError::not_found(Code::SchemaNotFound, format!("no contact or object schema {schema_ref:?}"))
         })?;
-    state.write_contexts.put(space_id, schema_ref, &context);
+    // A write to a schema with AI auto-fill needs the space's credits now: never cached.
+    if !context.spends_credits() {
+        state.write_contexts.put(space_id, schema_ref, &context);
+    }
     Ok(context)
 }
 
