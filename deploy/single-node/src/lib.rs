@@ -28,6 +28,7 @@ impl SingleNode {
         let pool = shared::db::pool(&database_url, settings.database.pool_size)?;
         projector::migrate(&pool).await.context("migrating")?;
         let projector_pool = shared::db::pool(&database_url, projector::POOL_SIZE)?;
+        let read_pool = shared::db::read_pool(&database_url, settings.database.pool_size)?;
         let provider = shared::ai::AiProvider::new(&settings.ai)?;
         let process = format!("single-node-{}", std::process::id());
         let workers = projector::workers(&settings, &projector_pool, provider, &process)?;
@@ -35,7 +36,7 @@ impl SingleNode {
         let shutdown = CancellationToken::new();
         let read_models = ReadModels::start(pool.clone(), database_url);
         let command_state = command_service::State::new(settings.clone(), pool.clone(), read_models.clone())?;
-        let query_state = query_service::State::new(settings.clone(), pool.clone(), read_models);
+        let query_state = query_service::State::new(settings.clone(), read_pool, read_models);
         let mut workspace_keys = Vec::new();
         let mut applied = None;
         if let Some(text) = workspace {
