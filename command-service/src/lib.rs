@@ -15,6 +15,7 @@ pub mod segments;
 pub mod suppressions;
 pub mod templates;
 pub mod webhooks;
+pub mod write_contexts;
 
 use actix_web::web;
 use deadpool_postgres::Pool;

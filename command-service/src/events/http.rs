@@ -33,6 +33,7 @@ use crate::events::store::{
     ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, admission_guard, admission_state,
     ensure_scopes, find_receipts, load_subjects, receipts_guard, stream_id, subjects_guard,
 };
+use crate::write_contexts::{self, Kind};
 
 /// How often an acceptance that lost an eventId race is decided again.
 const ATTEMPTS: usize = 3;
@@ -54,21 +55,8 @@ struct Context {
 
 async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<Context, ApiError> {
     let caller = state.authenticator.authorize(req, Permission::Write).await?;
-    let context = fresh_context(state, caller.space_id(), schema_ref).await?;
+    let context = write_contexts::fresh(state, Kind::Event, caller.space_id(), schema_ref).await?;
     admitted(state, caller, context, None).await
-}
-
-/// The event schema `schema_ref` of the space, read from the catalog now; 404 otherwise.
-/// Kept for later single fires (see `fire`).
-async fn fresh_context(state: &State, space_id: &str, schema_ref: &str) -> Result<catalog::WriteContext, ApiError> {
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let client = state.pool.get().await?;
-    let context = catalog::write_context(&client, &models.schema(CATALOG), space_id, schema_ref)
-        .await?
-        .filter(|context| context.schema.schema_type == "event")
-        .ok_or_else(|| ApiError::not_found(Code::SchemaNotFound, format!("no event schema {schema_ref:?}")))?;
-    state.event_contexts.put(space_id, schema_ref, &context);
-    Ok(context)
 }
 
 /// A fire's context from a catalog context: its admission scopes, created when new.
@@ -408,36 +396,23 @@ pub async fn fire(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = state.authenticator.authorize(&req, Permission::Write).await?;
-    let input = shared::http::read_json_object(&req, payload).await?;
     let schema_ref = path.as_str();
-    // From the process cache when it holds the schema (see the record creates' `create`): a
-    // refusal decided on a cached context is decided again on a fresh read if the catalog
-    // has moved on since.
-    let (mut cached, mut revision) = match state.event_contexts.get(caller.space_id(), schema_ref) {
-        Some(context) => (Some(context.clone()), context.revision),
-        None => (None, 0),
-    };
-    loop {
-        let from_cache = cached.is_some();
-        let context = match cached.take() {
-            Some(context) => admitted(&state, caller.clone(), context, Some(revision)).await?,
-            None => {
-                let fresh = fresh_context(&state, caller.space_id(), schema_ref).await?;
-                admitted(&state, caller.clone(), fresh, None).await?
-            }
-        };
-        match fire_once(&req, &state, &context, input.clone()).await {
-            Err(error) if from_cache && error.status().is_client_error() => {
-                let fresh = fresh_context(&state, caller.space_id(), schema_ref).await?;
-                if fresh.revision == revision {
-                    return Err(error);
-                }
-                state.event_contexts.keep_revision(fresh.revision);
-                revision = fresh.revision;
-            }
-            outcome => return outcome,
-        }
-    }
+    // The schema from this process's cache when it holds it (see `write_contexts`), checked
+    // before the body as the contract's order says.
+    let context = write_contexts::current(&state, Kind::Event, caller.space_id(), schema_ref).await?;
+    let input = shared::http::read_json_object(&req, payload).await?;
+    let (req, state, caller, input) = (&req, &**state, &caller, &input);
+    write_contexts::decide(
+        state,
+        Kind::Event,
+        (caller.space_id(), schema_ref),
+        context,
+        |context, revision| async move {
+            let context = admitted(state, caller.clone(), context, revision).await?;
+            fire_once(req, state, &context, input.clone()).await
+        },
+    )
+    .await
 }
 
 /// A single fire decided on `context`.

@@ -5,7 +5,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value};
 use shared::auth::{Caller, Permission};
-use shared::catalog::{self, AttributeEntry, CATALOG, SchemaEntry, WriteContext};
+use shared::catalog::{self, AttributeEntry, SchemaEntry, WriteContext};
 use shared::crypto::{self, DataKey};
 use shared::error::ApiError;
 use shared::error::Code;
@@ -23,6 +23,7 @@ use crate::records::decide::{
     decide_update, live_target, match_upsert, parse_input,
 };
 use crate::records::store::{Loaded, claim, deletion_guards, identity_owners, load_records, release, stream_id};
+use crate::write_contexts::{self, Kind};
 
 /// How often a write that lost a race (stream version, identity claim) is decided again.
 const ATTEMPTS: usize = 3;
@@ -66,37 +67,8 @@ pub(crate) async fn write_context(
     space_id: &str,
     schema_ref: &str,
 ) -> Result<(SchemaEntry, Vec<AttributeEntry>, i64), ApiError> {
-    let context = fresh_context(state, space_id, schema_ref).await?;
+    let context = write_contexts::fresh(state, Kind::Record, space_id, schema_ref).await?;
     Ok((context.schema, context.attributes, context.credits))
-}
-
-/// The catalog context of a write to the contact or object schema `schema_ref`, read now;
-/// 404 `schema_not_found` otherwise. Kept for later writes (see [`cached_context`]).
-async fn fresh_context(state: &State, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let client = state.pool.get().await?;
-    let context = catalog::write_context(&client, &models.schema(CATALOG), space_id, schema_ref)
-        .await?
-        .filter(|context| context.schema.schema_type != "event")
-        .ok_or_else(|| {
-            ApiError::not_found(Code::SchemaNotFound, format!("no contact or object schema {schema_ref:?}"))
-        })?;
-    // A write to a schema with AI auto-fill needs the space's credits now: never cached.
-    if !context.spends_credits() {
-        state.write_contexts.put(space_id, schema_ref, &context);
-    }
-    Ok(context)
-}
-
-/// The catalog context of a write, from this process's cache when it holds the schema, and
-/// whether it came from there. A write decided on a cached context appends with the catalog
-/// revision guard; if the catalog changed, or the decision refused the input, the writer
-/// decides again on a fresh read before answering.
-async fn cached_context(state: &State, space_id: &str, schema_ref: &str) -> Result<(WriteContext, bool), ApiError> {
-    match state.write_contexts.get(space_id, schema_ref) {
-        Some(context) => Ok((context, true)),
-        None => Ok((fresh_context(state, space_id, schema_ref).await?, false)),
-    }
 }
 
 /// Identity values of the input, to look up their holders.
@@ -287,34 +259,26 @@ pub async fn create(
     let caller = state.authenticator.authorize(&req, Permission::Write).await?;
     let input = shared::http::read_json_object(&req, payload).await?;
     let (req, state, schema_ref, body) = (&req, &**state, path.as_str(), Value::Object(input.clone()));
+    // The schema is resolved before the idempotency claim, as for every record write.
+    let context = write_contexts::current(state, Kind::Record, caller.space_id(), schema_ref).await?;
     let (caller, input) = (&caller, &input);
     idempotency::protect(state, req, caller, &body, |claim, operation_id| async move {
-        let (mut context, mut cached) = cached_context(state, caller.space_id(), schema_ref).await?;
-        loop {
-            match create_once(req, state, caller, &context, input.clone(), (claim.as_ref(), &operation_id)).await {
-                // Decided on a cached context: a refusal may be the cache's, not the input's.
-                // If the catalog has moved on, decide again on what it says now.
-                Err(error) if cached && error.status().is_client_error() => {
-                    let fresh = fresh_context(state, caller.space_id(), schema_ref).await?;
-                    if fresh.revision == context.revision {
-                        return Err(error);
-                    }
-                    state.write_contexts.keep_revision(fresh.revision);
-                    (context, cached) = (fresh, false);
-                }
-                outcome => return outcome,
-            }
-        }
+        let (claim, operation_id) = (claim.as_ref(), operation_id.as_str());
+        write_contexts::decide(state, Kind::Record, (caller.space_id(), schema_ref), context, |context, revision| {
+            create_once(req, state, caller, (context, revision), input.clone(), (claim, operation_id))
+        })
+        .await
     })
     .await
 }
 
-/// A strict create decided on `context` and appended with the catalog revision guard.
+/// A strict create decided on `context`, appended with the catalog revision guard when the
+/// context was kept (`revision`).
 async fn create_once(
     req: &HttpRequest,
     state: &State,
     caller: &Caller,
-    context: &WriteContext,
+    (context, revision): (WriteContext, Option<i64>),
     input: Map<String, Value>,
     (claim, operation_id): (Option<&Claim>, &str),
 ) -> Result<HttpResponse, ApiError> {
@@ -334,7 +298,7 @@ async fn create_once(
     let body = shared::http::data_body(document, &[]);
     let guard = completion(claim, StatusCode::CREATED, &body);
     let write = create_write(schema.space_id, schema.schema_id, decision).map(|mut write| {
-        write.guards.push(catalog::revision_guard(context.revision));
+        write.guards.extend(revision.map(catalog::revision_guard));
         write
     });
     let appended = append_write(req, state, caller, write, (claim, guard)).await.map_err(append_error)?;

@@ -251,3 +251,38 @@ async fn a_schema_change_reaches_record_creates_at_once_despite_the_cached_catal
     assert_eq!(fourth.status, 201, "{:?}", fourth.body);
     assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE event_type = 'RecordCreated.v1'").await, 3);
 }
+
+#[tokio::test]
+async fn writes_resolve_the_schema_in_the_documented_order() {
+    // Record create: body, then schema, then Idempotency-Key (an unknown schema is 404 even
+    // with an unusable key, and nothing is claimed under it).
+    let app = TestApp::spawn().await;
+    for _ in 0..2 {
+        let request = app
+            .request(reqwest::Method::POST, "/schemas/no-such-schema/records", Some(ALPHA_ADMIN))
+            .header("Idempotency-Key", "k".repeat(300))
+            .json(&json!({"email": "order@example.com"}));
+        let response = app.send(request).await;
+        assert_eq!((response.status, response.code().as_str()), (404, Some("schema_not_found")), "{:?}", response.body);
+    }
+    // Event fire: schema before body.
+    let request = app
+        .request(reqwest::Method::POST, "/events/no-such-schema", Some(ALPHA_ADMIN))
+        .header("Content-Type", "application/json")
+        .body("{not json");
+    let response = app.send(request).await;
+    assert_eq!((response.status, response.code().as_str()), (404, Some("schema_not_found")), "{:?}", response.body);
+    // Both again once the schemas are in this process's cache.
+    assert_eq!(app.post("/schemas/leads/records", ALPHA_ADMIN, &json!({"company": "Acme"})).await.status, 201);
+    assert_eq!(app.post("/events/signup", ALPHA_ADMIN, &json!({"eventId": "order-1"})).await.status, 202);
+    let request = app
+        .request(reqwest::Method::POST, "/events/signup", Some(ALPHA_ADMIN))
+        .header("Content-Type", "application/json")
+        .body("{not json");
+    assert_eq!(app.send(request).await.code(), "malformed_json");
+    let request = app
+        .request(reqwest::Method::POST, "/schemas/leads/records", Some(ALPHA_ADMIN))
+        .header("Idempotency-Key", "k".repeat(300))
+        .json(&json!({"company": "Acme"}));
+    assert_eq!(app.send(request).await.code(), "invalid_idempotency_key");
+}
