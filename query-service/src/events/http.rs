@@ -1,29 +1,34 @@
 //! `GET /events` (the cursor list of ready events) and `GET /events/{schema}/{id}/status`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use shared::catalog::{self, CATALOG, SchemaEntry};
+use shared::catalog::CATALOG;
 use shared::error::{ApiError, Code};
 use shared::http::{data_body, query_pairs, query_value};
+use shared::readmodel::Consistent;
+use tokio_postgres::Row;
 
-use super::store::{self, event_document};
+use super::store::{self, EventRow, SCHEMA_AT, event_document};
 use super::window::{Cursor, micros, resolve_window};
 use crate::State;
-use crate::consistency::{authorize_read, consistent_read, respond};
+use crate::consistency::{authorize_read, consistent_rows, respond};
 use crate::schemas::http::schema_not_found;
 
 const EVENTS: &str = "events";
 
-/// Event schemas only: a contact or object schema has no events.
-fn event_schema(schema: Option<SchemaEntry>, id_or_slug: &str) -> Result<SchemaEntry, ApiError> {
-    match schema {
-        Some(schema) if schema.schema_type == "event" => Ok(schema),
+/// The id and slug of the event schema named, from the schema's columns of a row: 404 when
+/// the space has no such schema, or when it is a contact or object schema (they have no events).
+fn event_schema(row: &Row, id_or_slug: &str) -> Result<(String, String), ApiError> {
+    let at = |offset: usize| SCHEMA_AT + offset;
+    match row.get::<_, Option<&str>>(at(2)) {
+        Some("event") => Ok((row.get(at(0)), row.get(at(1)))),
         Some(_) => Err(ApiError::not_found(Code::SchemaNotFound, format!("{id_or_slug:?} is not an event schema"))),
         None => Err(schema_not_found(id_or_slug)),
     }
 }
 
+/// One statement: the consistency check, the schema and the event.
 pub async fn status(
     req: HttpRequest,
     path: web::Path<(String, String)>,
@@ -31,27 +36,21 @@ pub async fn status(
 ) -> Result<HttpResponse, ApiError> {
     let (schema_ref, event_id) = path.into_inner();
     let (caller, token) = authorize_read(&state, &req).await?;
-    let space_id = caller.space_id().to_owned();
-    let ((schema, row), consistent) = consistent_read(&state, &caller, token, &[CATALOG, EVENTS], |client, models| {
-        let (c, e) = (models.schema(CATALOG), models.schema(EVENTS));
-        let (space_id, schema_ref, event_id) = (space_id.clone(), schema_ref.clone(), event_id.clone());
-        Box::pin(async move {
-            let (schema, row) = tokio::join!(
-                catalog::find_schema(client, &c, &space_id, &schema_ref),
-                store::status_row(client, &e, &event_id, &space_id),
-            );
-            Ok((schema?, row?))
-        })
-    })
-    .await?;
-    let schema = event_schema(schema, &schema_ref)?;
-    let document = row
-        .filter(|row| row.get::<_, &str>(1) == schema.schema_id)
-        .map(|row| event_document(&row))
+    let sql = |models: &Consistent| store::status_sql(&models.schema(CATALOG), &models.schema(EVENTS));
+    let (rows, consistent) =
+        consistent_rows(&state, &caller, token, &[CATALOG, EVENTS], sql, &[&schema_ref, &event_id]).await?;
+    let row = rows.first().ok_or_else(|| ApiError::unavailable("the status query returned no row"))?;
+    let (schema_id, _) = event_schema(row, &schema_ref)?;
+    let document = event_document(row)
+        .filter(|event| event.schema_id == schema_id)
+        .map(|event| event.document)
         .ok_or_else(|| ApiError::not_found(Code::EventNotFound, format!("no event {event_id:?} in this schema")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 
+/// One statement: the consistency check, the schema and the page. The window is resolved
+/// before the read; its errors answer after the schema's, as they did when the schema was
+/// read first (a bad window reads an empty range).
 pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let (caller, token) = authorize_read(&state, &req).await?;
@@ -61,34 +60,30 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
             ApiError::bad_request(Code::InvalidQueryParameter, "schema is required: the id or slug of an event schema")
         })?
         .to_owned();
-    let space_id = caller.space_id().to_owned();
     let now = Utc::now();
-    let ((schema, page), consistent) = consistent_read(&state, &caller, token, &[CATALOG, EVENTS], |client, models| {
-        let (c, e) = (models.schema(CATALOG), models.schema(EVENTS));
-        let (space_id, schema_ref, query) = (space_id.clone(), schema_ref.clone(), query.clone());
-        Box::pin(async move {
-            let Some(schema) = catalog::find_schema(client, &c, &space_id, &schema_ref).await? else {
-                return Ok((None, None));
-            };
-            if schema.schema_type != "event" {
-                return Ok((Some(schema), None));
-            }
-            let window = resolve_window(&query, &schema.schema_id, now)?;
-            let rows = store::ready_page(client, &e, &space_id, &schema.schema_id, &window).await?;
-            Ok((Some(schema), Some((window, rows))))
-        })
-    })
-    .await?;
-    let schema = event_schema(schema, &schema_ref)?;
-    let Some((window, mut rows)) = page else { return Err(schema_not_found(&schema_ref)) };
-    let has_more = rows.len() as i64 > window.limit;
-    rows.truncate(usize::try_from(window.limit).unwrap_or(0));
-    let next_cursor = match rows.last() {
+    let window = resolve_window(&query, now);
+    let (from, to, after, fetch) = match &window {
+        Ok(window) => (window.from, window.to, window.after.clone(), window.limit + 1),
+        Err(_) => (now, now, None, 1),
+    };
+    let (after_at, after_id): (Option<DateTime<Utc>>, Option<String>) = after.unzip();
+    let sql = |models: &Consistent| store::page_sql(&models.schema(CATALOG), &models.schema(EVENTS));
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+        [&schema_ref, &from, &to, &after_at, &after_id, &fetch];
+    let (rows, consistent) = consistent_rows(&state, &caller, token, &[CATALOG, EVENTS], sql, &params).await?;
+    let first = rows.first().ok_or_else(|| ApiError::unavailable("the page query returned no row"))?;
+    let (schema_id, slug) = event_schema(first, &schema_ref)?;
+    let window = window?;
+    window.follows(&schema_id)?;
+    let mut events: Vec<EventRow> = rows.iter().filter_map(event_document).collect();
+    let has_more = events.len() as i64 > window.limit;
+    events.truncate(usize::try_from(window.limit).unwrap_or(0));
+    let next_cursor = match events.last() {
         Some(last) if has_more => Some(
             Cursor {
-                after_at: micros(last.get(4)),
-                after_id: last.get(0),
-                schema_id: schema.schema_id.clone(),
+                after_at: micros(last.occurred_at),
+                after_id: last.id.clone(),
+                schema_id: schema_id.clone(),
                 from: micros(window.from),
                 to: micros(window.to),
                 limit: window.limit,
@@ -97,12 +92,11 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
         ),
         _ => None,
     };
-    let items: Vec<Value> = rows
-        .iter()
-        .map(|row| {
-            let mut item = event_document(row);
-            item["schemaId"] = json!(schema.schema_id);
-            item["schemaSlug"] = json!(schema.slug);
+    let items: Vec<Value> = events
+        .into_iter()
+        .map(|EventRow { document: mut item, .. }| {
+            item["schemaId"] = json!(schema_id);
+            item["schemaSlug"] = json!(slug);
             item["createdAt"] = item["receivedAt"].clone();
             item
         })

@@ -2,6 +2,8 @@
 //! carries the resolved schema, window and limit it was issued for; a request that follows it
 //! with other values gets 400 `invalid_cursor`, and omitted values are taken from the cursor
 //! (so a defaulted `to` does not move while paging). Pure: the time comes in as an argument.
+//! The window resolves before the schema is known (the page is read in the same statement
+//! that resolves it); [`Window::follows`] then holds a cursor to its schema.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -65,7 +67,26 @@ pub struct Window {
     pub to: DateTime<Utc>,
     pub limit: i64,
     pub after: Option<(DateTime<Utc>, String)>,
+    /// The schema a followed cursor was issued for.
+    pub cursor_schema: Option<String>,
     pub warnings: Vec<Warning>,
+}
+
+impl Window {
+    /// Whether this window may list `schema_id`: a cursor only pages the schema it was issued for.
+    pub fn follows(&self, schema_id: &str) -> Result<(), ApiError> {
+        match &self.cursor_schema {
+            Some(issued_for) if issued_for != schema_id => Err(other_request("schema")),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn other_request(what: &str) -> ApiError {
+    ApiError::bad_request(
+        Code::InvalidCursor,
+        format!("this cursor was issued for another {what}; keep schema, from, to and limit fixed while paging"),
+    )
 }
 
 fn parse_time(name: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
@@ -83,25 +104,15 @@ fn from_micros(value: i64) -> Result<DateTime<Utc>, ApiError> {
         .ok_or_else(|| ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given"))
 }
 
-/// Resolves `from`, `to`, `limit` and `cursor` of a list request for `schema_id` at `now`.
-pub fn resolve_window(query: &[(String, String)], schema_id: &str, now: DateTime<Utc>) -> Result<Window, ApiError> {
+/// Resolves `from`, `to`, `limit` and `cursor` of a list request at `now`.
+pub fn resolve_window(query: &[(String, String)], now: DateTime<Utc>) -> Result<Window, ApiError> {
     let (limit, mut warnings) = parse_limit(query, MAX_LIMIT)?;
     let explicit_limit = query_value(query, "limit").is_some();
     let from = query_value(query, "from").map(|raw| parse_time("from", raw)).transpose()?;
     let to = query_value(query, "to").map(|raw| parse_time("to", raw)).transpose()?;
     let cursor = query_value(query, "cursor").filter(|raw| !raw.is_empty()).map(Cursor::decode).transpose()?;
     if let Some(cursor) = cursor {
-        let other = |what: &str| {
-            ApiError::bad_request(
-                Code::InvalidCursor,
-                format!(
-                    "this cursor was issued for another {what}; keep schema, from, to and limit fixed while paging"
-                ),
-            )
-        };
-        if cursor.schema_id != schema_id {
-            return Err(other("schema"));
-        }
+        let other = other_request;
         if from.is_some_and(|from| micros(from) != cursor.from) {
             return Err(other("from"));
         }
@@ -116,6 +127,7 @@ pub fn resolve_window(query: &[(String, String)], schema_id: &str, now: DateTime
             to: from_micros(cursor.to)?,
             limit: cursor.limit.clamp(1, MAX_LIMIT),
             after: Some((from_micros(cursor.after_at)?, cursor.after_id)),
+            cursor_schema: Some(cursor.schema_id),
             warnings,
         });
     }
@@ -134,7 +146,7 @@ pub fn resolve_window(query: &[(String, String)], schema_id: &str, now: DateTime
             ),
         });
     }
-    Ok(Window { from, to, limit, after: None, warnings })
+    Ok(Window { from, to, limit, after: None, cursor_schema: None, warnings })
 }
 
 #[cfg(test)]
@@ -151,19 +163,19 @@ mod tests {
 
     #[test]
     fn the_default_window_is_the_seven_days_before_to() {
-        let window = resolve_window(&query(&[]), "sch_1", now()).expect("resolves");
+        let window = resolve_window(&query(&[]), now()).expect("resolves");
         assert_eq!(window.to, now());
         assert_eq!(window.from, now() - Duration::days(7));
         assert_eq!(window.limit, 50);
         assert!(window.warnings.is_empty());
         let to = "2026-10-01T00:00:00Z";
-        let window = resolve_window(&query(&[("to", to)]), "sch_1", now()).expect("resolves");
+        let window = resolve_window(&query(&[("to", to)]), now()).expect("resolves");
         assert_eq!(window.from, parse_time("to", to).expect("t") - Duration::days(7));
     }
 
     #[test]
     fn windows_over_ninety_days_are_clamped_with_a_warning() {
-        let window = resolve_window(&query(&[("from", "2025-01-01T00:00:00Z")]), "sch_1", now()).expect("resolves");
+        let window = resolve_window(&query(&[("from", "2025-01-01T00:00:00Z")]), now()).expect("resolves");
         assert_eq!(window.from, now() - Duration::days(90));
         assert_eq!(window.warnings[0].code, "time_range_clamped");
     }
@@ -176,14 +188,14 @@ mod tests {
             vec![("from", "2026-11-21T12:00:00Z"), ("to", "2026-11-21T12:00:00Z")],
             vec![("from", "2026-11-22T00:00:00Z"), ("to", "2026-11-21T00:00:00Z")],
         ] {
-            let error = resolve_window(&query(&pairs), "sch_1", now()).expect_err("invalid");
+            let error = resolve_window(&query(&pairs), now()).expect_err("invalid");
             assert_eq!(error.code(), Some(Code::InvalidTimeRange), "{pairs:?}");
         }
     }
 
     #[test]
     fn limits_are_capped_at_two_hundred() {
-        let window = resolve_window(&query(&[("limit", "1000")]), "sch_1", now()).expect("resolves");
+        let window = resolve_window(&query(&[("limit", "1000")]), now()).expect("resolves");
         assert_eq!(window.limit, 200);
         assert_eq!(window.warnings[0].code, "limit_clamped");
     }
@@ -207,27 +219,29 @@ mod tests {
         assert_eq!(Cursor::decode(&text).expect("decodes"), cursor);
         // Omitted values come from the cursor, even when `now` has moved on.
         let later = now() + Duration::minutes(5);
-        let window = resolve_window(&query(&[("cursor", &text)]), "sch_1", later).expect("follows");
+        let window = resolve_window(&query(&[("cursor", &text)]), later).expect("follows");
         assert_eq!((window.to, window.limit), (now(), 10));
         assert_eq!(window.after, Some((now(), "ev_9".to_owned())));
         // Repeating the same values is fine; other values are not.
-        assert!(resolve_window(&query(&[("cursor", &text), ("limit", "10")]), "sch_1", later).is_ok());
+        assert!(resolve_window(&query(&[("cursor", &text), ("limit", "10")]), later).is_ok());
         for pairs in
             [vec![("limit", "20")], vec![("to", "2026-11-20T00:00:00Z")], vec![("from", "2026-11-01T00:00:00Z")]]
         {
             let mut all = pairs.clone();
             all.push(("cursor", &text));
-            let error = resolve_window(&query(&all), "sch_1", later).expect_err("other values");
+            let error = resolve_window(&query(&all), later).expect_err("other values");
             assert_eq!(error.code(), Some(Code::InvalidCursor));
         }
-        let error = resolve_window(&query(&[("cursor", &text)]), "sch_2", later).expect_err("other schema");
+        let window = resolve_window(&query(&[("cursor", &text)]), later).expect("follows");
+        assert!(window.follows("sch_1").is_ok());
+        let error = window.follows("sch_2").expect_err("other schema");
         assert_eq!(error.code(), Some(Code::InvalidCursor));
     }
 
     #[test]
     fn malformed_cursors_are_invalid_cursor() {
         for text in ["%%%", "bm90IGpzb24", "e30"] {
-            let error = resolve_window(&query(&[("cursor", text)]), "sch_1", now()).expect_err("malformed");
+            let error = resolve_window(&query(&[("cursor", text)]), now()).expect_err("malformed");
             assert_eq!(error.code(), Some(Code::InvalidCursor), "{text}");
         }
         // Well-formed JSON holding what the store cannot hold, or times out of range.
@@ -237,7 +251,7 @@ mod tests {
             Cursor { after_at: i64::MIN, ..sound.clone() },
             Cursor { to: MAX_MICROS + 1, ..sound.clone() },
         ] {
-            let error = resolve_window(&query(&[("cursor", &crafted.encode())]), "sch_1", now()).expect_err("crafted");
+            let error = resolve_window(&query(&[("cursor", &crafted.encode())]), now()).expect_err("crafted");
             assert_eq!(error.code(), Some(Code::InvalidCursor), "{crafted:?}");
         }
     }

@@ -524,6 +524,10 @@ async fn the_list_pages_by_cursor_in_occurred_at_order() {
     assert_eq!(capped.body["pagination"]["limit"], 200);
     let unknown = app.get("/events?schema=nope", ALPHA_ADMIN).await;
     assert_eq!(unknown.status, 404);
+    let unknown = app.get("/events?schema=nope&from=yesterday", ALPHA_ADMIN).await;
+    assert_eq!(unknown.status, 404, "the schema is checked before the window");
+    let contacts = app.get("/events?schema=contacts", ALPHA_ADMIN).await;
+    assert_eq!((contacts.status, contacts.code().as_str()), (404, Some("schema_not_found")), "contacts have no events");
     let beta = app.get("/events?schema=signup", MULTI_BETA).await;
     assert_eq!(beta.status, 404, "alpha's schema does not exist in beta");
 }
