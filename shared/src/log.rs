@@ -96,8 +96,19 @@ impl Guard {
     /// statement does for its parameters, affecting one row per guard when the guard expects
     /// one.
     pub fn with_set(mut self, sql: &'static str, row: Vec<SetValue>) -> Self {
-        self.set = Some(SetForm { sql, row });
+        self.set = Some(SetForm { sql, row, expect_rows: self.expect_rows });
         self
+    }
+
+    /// As [`Guard::with_set`], for a guard whose row stands for a claim on several rows (so
+    /// the set statement does not affect the rows the guard's own statement does): the set
+    /// statement affects `rows` rows per guard when every claim holds.
+    pub fn with_set_counting(self, sql: &'static str, row: Vec<SetValue>, rows: u64) -> Self {
+        let mut guard = self.with_set(sql, row);
+        if let Some(set) = guard.set.as_mut() {
+            set.expect_rows = Some(rows);
+        }
+        guard
     }
 }
 
@@ -109,12 +120,16 @@ impl Guard {
 pub struct SetForm {
     pub sql: &'static str,
     pub row: Vec<SetValue>,
+    /// The rows the set statement affects for this guard when it holds (`None`: any number,
+    /// for a guard that only claims uniqueness).
+    pub expect_rows: Option<u64>,
 }
 
 /// One column value of a [`SetForm`] row.
 #[derive(Debug, Clone)]
 pub enum SetValue {
     Text(Option<String>),
+    Bool(bool),
     BigInt(i64),
     Int(i32),
     Bytes(Vec<u8>),
@@ -125,6 +140,7 @@ pub enum SetValue {
 /// The values of one column of a set form, as the array parameter the statement takes.
 enum SetColumn {
     Text(Vec<Option<String>>),
+    Bool(Vec<bool>),
     BigInt(Vec<i64>),
     Int(Vec<i32>),
     Bytes(Vec<Vec<u8>>),
@@ -136,6 +152,7 @@ impl SetColumn {
     fn of(first: &SetValue) -> Self {
         match first {
             SetValue::Text(_) => Self::Text(Vec::new()),
+            SetValue::Bool(_) => Self::Bool(Vec::new()),
             SetValue::BigInt(_) => Self::BigInt(Vec::new()),
             SetValue::Int(_) => Self::Int(Vec::new()),
             SetValue::Bytes(_) => Self::Bytes(Vec::new()),
@@ -148,6 +165,7 @@ impl SetColumn {
     fn push(&mut self, value: &SetValue) -> bool {
         match (self, value) {
             (Self::Text(values), SetValue::Text(value)) => values.push(value.clone()),
+            (Self::Bool(values), SetValue::Bool(value)) => values.push(*value),
             (Self::BigInt(values), SetValue::BigInt(value)) => values.push(*value),
             (Self::Int(values), SetValue::Int(value)) => values.push(*value),
             (Self::Bytes(values), SetValue::Bytes(value)) => values.push(value.clone()),
@@ -161,6 +179,7 @@ impl SetColumn {
     fn param(&self) -> &(dyn ToSql + Sync) {
         match self {
             Self::Text(values) => values,
+            Self::Bool(values) => values,
             Self::BigInt(values) => values,
             Self::Int(values) => values,
             Self::Bytes(values) => values,
@@ -506,7 +525,7 @@ impl SetBatch {
                         return None;
                     }
                 }
-                *expected = match (*expected, guard.expect_rows) {
+                *expected = match (*expected, set.expect_rows) {
                     (Some(total), Some(rows)) => Some(total + rows),
                     _ => None,
                 };

@@ -5,9 +5,9 @@ use shared::error::Code;
 use std::collections::HashMap;
 
 use deadpool_postgres::GenericClient;
-use serde_json::Value;
+use serde_json::{Value, json};
 use shared::admission::ScopeLimits;
-use shared::log::{AppendError, Guard};
+use shared::log::{AppendError, Guard, SetValue};
 use shared::records::Loaded;
 
 use crate::events::decide::ScopeState;
@@ -90,8 +90,21 @@ pub const ADMISSION_REFUSED: Code = Code::EventAdmissionRefused;
 pub const SUBJECT_DELETING: Code = Code::RecordDeletionPending;
 
 /// Inserts the receipts; a taken eventId fails the command (it is then decided again and
-/// finds the receipt that won).
+/// finds the receipt that won). Set-wise, a command's receipts travel as one JSON array.
 pub fn receipts_guard(space_id: &str, schema_id: &str, receipts: &[NewReceipt]) -> Guard {
+    let set_row = vec![
+        SetValue::Text(Some(space_id.to_owned())),
+        SetValue::Text(Some(schema_id.to_owned())),
+        SetValue::Json(Value::Array(
+            receipts
+                .iter()
+                .map(|r| {
+                    json!({"event_id": r.event_id, "id": r.id, "input_digest": r.input_digest,
+                           "subject_id": r.subject_id, "receipt": r.receipt, "pending": r.pending})
+                })
+                .collect(),
+        )),
+    ];
     let event_ids: Vec<String> = receipts.iter().map(|r| r.event_id.clone()).collect();
     let ids: Vec<String> = receipts.iter().map(|r| r.id.clone()).collect();
     let digests: Vec<String> = receipts.iter().map(|r| r.input_digest.clone()).collect();
@@ -115,22 +128,51 @@ pub fn receipts_guard(space_id: &str, schema_id: &str, receipts: &[NewReceipt]) 
         ],
         AppendError::Conflict { code: EVENT_ID_TAKEN, message: String::new() },
     )
+    .with_set(
+        "INSERT INTO event_receipts (space_id, schema_id, event_id, id, input_digest, subject_id, receipt, pending)
+         SELECT g.space_id, g.schema_id, r.event_id, r.id, r.input_digest, r.subject_id, r.receipt, r.pending
+         FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS g(space_id, schema_id, receipts),
+              jsonb_to_recordset(g.receipts)
+                  AS r(event_id text, id text, input_digest text, subject_id text, receipt jsonb, pending bool)",
+        set_row,
+    )
 }
 
 /// Refuses the command if the deletion of any of `subjects` has started (closing the race
 /// between reading a subject and appending an event about it).
 pub fn subjects_guard(subjects: Vec<String>) -> Guard {
+    let set_row = vec![SetValue::Json(json!(subjects))];
     Guard::exactly_one(
         "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM record_deletions WHERE record_id = ANY($1))",
         vec![Box::new(subjects)],
         AppendError::Conflict { code: SUBJECT_DELETING, message: String::new() },
+    )
+    .with_set(
+        "SELECT 1 FROM unnest($1::jsonb[]) AS g(subjects)
+         WHERE NOT EXISTS (SELECT 1 FROM record_deletions
+                           WHERE record_id IN (SELECT jsonb_array_elements_text(g.subjects)))",
+        set_row,
     )
 }
 
 /// Takes `count` admissions (`pending` of them needing preparation) in every scope at once:
 /// refills each token bucket to now (the database's clock), and succeeds only if every scope
 /// has the tokens and stays within its caps. Rows are locked in scope order.
+///
+/// Set-wise, the batch's admissions are summed per scope and taken at once, under the
+/// tightest limits any command gives the scope; the statement yields a row per command whose
+/// every scope was taken. Taking the sum at once never admits what taking each command in
+/// turn would refuse (the bucket refills less, not more); when it refuses, the batch is
+/// written a command at a time and the buckets decide exactly who is admitted.
 pub fn admission_guard(scopes: &[(String, ScopeLimits)], count: i64, pending: i64) -> Guard {
+    let set_scopes: Vec<Value> = scopes
+        .iter()
+        .map(|(scope, limits)| {
+            json!({"scope": scope, "rate": limits.rate, "burst": limits.burst,
+                   "pending_cap": limits.pending, "receipt_cap": limits.receipts})
+        })
+        .collect();
+    let set_row = vec![SetValue::Json(Value::Array(set_scopes)), SetValue::BigInt(count), SetValue::BigInt(pending)];
     let names: Vec<String> = scopes.iter().map(|(name, _)| name.clone()).collect();
     let rates: Vec<f64> = scopes.iter().map(|(_, limits)| limits.rate).collect();
     let bursts: Vec<f64> = scopes.iter().map(|(_, limits)| limits.burst).collect();
@@ -167,6 +209,34 @@ pub fn admission_guard(scopes: &[(String, ScopeLimits)], count: i64, pending: i6
         expect_rows: Some(expected),
         set: None,
     }
+    .with_set_counting(
+        "WITH g AS (SELECT * FROM unnest($1::jsonb[], $2::bigint[], $3::bigint[]) WITH ORDINALITY
+                        AS g(scopes, taking, pending, ord)),
+              l AS (SELECT g.ord, s.*, g.taking, g.pending FROM g, jsonb_to_recordset(g.scopes)
+                        AS s(scope text, rate float8, burst float8, pending_cap bigint, receipt_cap bigint)),
+              need AS (SELECT scope, min(rate) AS rate, min(burst) AS burst, min(pending_cap) AS pending_cap,
+                              min(receipt_cap) AS receipt_cap, sum(taking)::bigint AS taking,
+                              sum(pending)::bigint AS pending
+                       FROM l GROUP BY scope),
+              locked AS (
+                  SELECT a.scope, LEAST(need.burst, a.tokens
+                             + GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - a.refilled_at)) * need.rate) AS tokens,
+                         a.pending, a.receipts, need.pending_cap, need.receipt_cap, need.taking,
+                         need.pending AS pending_taking
+                  FROM event_admission a JOIN need ON need.scope = a.scope ORDER BY a.scope FOR UPDATE OF a),
+              taken AS (
+                  UPDATE event_admission a
+                  SET tokens = locked.tokens - locked.taking, refilled_at = GREATEST(a.refilled_at, clock_timestamp()),
+                      receipts = a.receipts + locked.taking, pending = a.pending + locked.pending_taking
+                  FROM locked
+                  WHERE a.scope = locked.scope AND locked.tokens >= locked.taking
+                    AND locked.receipts + locked.taking <= locked.receipt_cap
+                    AND (locked.pending_taking = 0 OR locked.pending + locked.pending_taking <= locked.pending_cap)
+                  RETURNING a.scope)
+         SELECT 1 FROM g WHERE NOT EXISTS (SELECT 1 FROM l WHERE l.ord = g.ord AND l.scope NOT IN (SELECT scope FROM taken))",
+        set_row,
+        1,
+    )
 }
 
 /// Creates the admission rows of `scopes` that do not exist yet, with full buckets.

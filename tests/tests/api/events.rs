@@ -300,6 +300,43 @@ async fn admission_limits_the_rate_per_schema_and_duplicates_cost_nothing() {
     assert_eq!(refilled.status, 202, "{:?}", refilled.body);
 }
 
+/// Concurrent fires are written in shared batches; whatever the batching, the buckets admit
+/// exactly their burst, and the fires of a schema with room are all admitted beside them.
+#[tokio::test]
+async fn concurrent_fires_are_admitted_exactly_up_to_the_burst() {
+    let app = TestApp::spawn_with(Options { admission: Some(tight(0.001, 8.0, 100, 100)), ..Options::default() }).await;
+    let contact = app.create_contact(&json!({"email": "many@example.com"})).await;
+    let contact_id = contact["id"].as_str().expect("id").to_owned();
+    let (app, contact_id) = (&app, &contact_id);
+    let signups = (0..30).map(|n| {
+        let body = if n % 2 == 0 {
+            json!({"eventId": format!("s-{n}"), "contactId": contact_id})
+        } else {
+            json!({"eventId": format!("s-{n}")})
+        };
+        async move { ("signup", app.post("/events/signup", ALPHA_ADMIN, &body).await) }
+    });
+    let purchases = (0..8).map(|n| {
+        let body = json!({"eventId": format!("p-{n}"), "amount": n, "category": "books", "contactId": contact_id});
+        async move { ("purchase", app.post("/events/purchase", ALPHA_ADMIN, &body).await) }
+    });
+    let (signups, purchases) =
+        tokio::join!(futures_util::future::join_all(signups), futures_util::future::join_all(purchases));
+    let outcomes = |responses: &[(&str, TestResponse)]| {
+        let accepted = responses.iter().filter(|(_, r)| r.status == 202).count();
+        let limited = responses.iter().filter(|(_, r)| r.code() == "event_rate_limited").count();
+        (accepted, limited)
+    };
+    assert_eq!(outcomes(&signups), (8, 22), "the burst of 8, and not one more");
+    assert_eq!(outcomes(&purchases), (8, 0), "another schema's bucket is its own");
+    assert_eq!(app.query_i64("SELECT count(*) FROM event_receipts").await, 16);
+    assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE event_type = 'EventAccepted.v1'").await, 16);
+    assert_eq!(app.query_i64("SELECT receipts FROM event_admission WHERE scope = 'fleet'").await, 16);
+    let left =
+        app.query_i64("SELECT floor(max(tokens))::bigint FROM event_admission WHERE scope LIKE 'schema:%'").await;
+    assert_eq!(left, 0, "both buckets are spent, each admission taken once");
+}
+
 #[tokio::test]
 async fn an_aborted_batch_over_the_burst_fails_at_the_first_item_over_it() {
     let app = TestApp::spawn_with(Options { admission: Some(tight(0.001, 2.0, 100, 100)), ..Options::default() }).await;
