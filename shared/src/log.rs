@@ -393,7 +393,11 @@ async fn append_batch(pool: &Pool, jobs: Vec<Job>) {
 async fn notify_appended(pool: &Pool, head: i64) {
     let Ok(client) = pool.get().await else { return };
     let payload = head.to_string();
-    if let Err(error) = client.execute("SELECT pg_notify($1, $2)", &[&LOG_CHANNEL, &payload]).await {
+    let notified = async {
+        let statement = client.prepare_cached("SELECT pg_notify($1, $2)").await?;
+        client.execute(&statement, &[&LOG_CHANNEL, &payload]).await
+    };
+    if let Err(error) = notified.await {
         tracing::warn!(%error, "could not notify followers; they fall back to polling");
     }
 }

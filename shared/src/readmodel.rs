@@ -125,7 +125,9 @@ impl ReadModels {
     /// Reloads live versions and positions from the database.
     pub async fn refresh(&self) -> Result<(), ApiError> {
         let client = self.pool.get().await?;
-        let rows = client.query("SELECT name, version, position FROM projections WHERE status = 'live'", &[]).await?;
+        let statement =
+            client.prepare_cached("SELECT name, version, position FROM projections WHERE status = 'live'").await?;
+        let rows = client.query(&statement, &[]).await?;
         let fresh: HashMap<String, Live> = rows
             .into_iter()
             .map(|row| (row.get::<_, String>(0), Live { version: row.get(1), position: row.get(2) }))

@@ -160,8 +160,9 @@ pub async fn project_in(
         .prepare_cached(
             "WITH advanced AS (
                  UPDATE projections SET position = $4, updated_at = now() WHERE name = $1 AND version = $2)
-             INSERT INTO projection_batches (name, version, first_position, last_position, worker, committed_at)
-             VALUES ($1, $2, $3, $4, $5, clock_timestamp())",
+             INSERT INTO projection_batches
+                 (name, version, first_position, last_position, worker, started_at, committed_at)
+             VALUES ($1, $2, $3, $4, $5, now(), clock_timestamp())",
         )
         .await?;
     let (name, first) = (model.name(), checkpoint + 1);
