@@ -52,7 +52,7 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let pool = shared::db::read_pool(settings.database_url()?, settings.database.pool_size)?;
+        let pool = shared::db::generic_plan_pool(settings.database_url()?, settings.database.pool_size)?;
         let read_models = ReadModels::start(pool.clone(), settings.database_url()?.to_owned());
         let state = State::new(settings.clone(), pool.clone(), read_models);
         let ops = shared::ops::Ops::new(pool, None);

@@ -25,10 +25,11 @@ impl SingleNode {
     /// and binds the server; the workers start with [`SingleNode::run_until_stopped`].
     pub async fn build(settings: Settings, workspace: Option<&str>) -> anyhow::Result<Self> {
         let database_url = settings.database_url()?.to_owned();
-        let pool = shared::db::pool(&database_url, settings.database.pool_size)?;
+        // The command and query pools run generic plans, as the separate services do.
+        let pool = shared::db::generic_plan_pool(&database_url, settings.database.pool_size)?;
         projector::migrate(&pool).await.context("migrating")?;
         let projector_pool = shared::db::pool(&database_url, projector::POOL_SIZE)?;
-        let read_pool = shared::db::read_pool(&database_url, settings.database.pool_size)?;
+        let read_pool = shared::db::generic_plan_pool(&database_url, settings.database.pool_size)?;
         let provider = shared::ai::AiProvider::new(&settings.ai)?;
         let process = format!("single-node-{}", std::process::id());
         let workers = projector::workers(&settings, &projector_pool, provider, &process)?;
