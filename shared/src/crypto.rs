@@ -162,8 +162,17 @@ pub async fn load_keys(client: &impl GenericClient, subject_ids: &[String]) -> a
         return Ok(keys);
     }
     let keyring = keyring()?;
-    let statement =
-        client.prepare_cached("SELECT subject_id, wrapped_key FROM subject_keys WHERE subject_id = ANY($1)").await?;
+    // One primary-key probe per subject. With `subject_id = ANY($1)` PostgreSQL scanned the
+    // whole table for a batch's few dozen subjects whenever it misjudged the array's share of
+    // the rows (a sixth of the projector's lookups under a steady create load, and the
+    // costliest statement of the whole load); the fence (OFFSET 0) keeps it probing.
+    let statement = client
+        .prepare_cached(
+            "SELECT k.subject_id, k.wrapped_key FROM unnest($1::text[]) AS q(subject_id)
+             CROSS JOIN LATERAL (SELECT subject_id, wrapped_key FROM subject_keys
+                                 WHERE subject_id = q.subject_id OFFSET 0) k",
+        )
+        .await?;
     for row in client.query(&statement, &[&subject_ids]).await? {
         let subject_id: String = row.get(0);
         let key = keyring.unwrap_key(&subject_id, row.get(1))?;

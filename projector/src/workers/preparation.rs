@@ -258,11 +258,10 @@ impl Catalog {
         if let Some(schema) = &self.schema {
             return Ok(schema.clone());
         }
+        let statement =
+            client.prepare_cached("SELECT version FROM projections WHERE name = $1 AND status = 'live'").await?;
         let version: i32 = client
-            .query_opt(
-                "SELECT version FROM projections WHERE name = $1 AND status = 'live'",
-                &[&shared::catalog::CATALOG],
-            )
+            .query_opt(&statement, &[&shared::catalog::CATALOG])
             .await?
             .map(|row| row.get(0))
             .context("the catalog has no live version")?;
@@ -279,15 +278,13 @@ impl Catalog {
     ) -> anyhow::Result<&[(String, Value)]> {
         if !self.auto_filled.contains_key(schema_id) {
             let catalog = self.schema(client).await?;
-            let rows = client
-                .query(
-                    &format!(
-                        "SELECT key, definition FROM {catalog}.attributes WHERE schema_id = $1 AND NOT is_base
-                         ORDER BY ordinal"
-                    ),
-                    &[&schema_id],
-                )
+            let statement = client
+                .prepare_cached(&format!(
+                    "SELECT key, definition FROM {catalog}.attributes WHERE schema_id = $1 AND NOT is_base
+                     ORDER BY ordinal"
+                ))
                 .await?;
+            let rows = client.query(&statement, &[&schema_id]).await?;
             let attributes = rows
                 .into_iter()
                 .map(|row| (row.get::<_, String>(0), row.get::<_, Value>(1)))
