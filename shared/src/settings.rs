@@ -48,14 +48,26 @@ pub struct DatabaseSettings {
     /// `APP__DATABASE__URL`: a libpq-style URL or key=value string. Required.
     #[serde(skip_serializing)]
     pub url: Option<SecretString>,
-    /// `APP__DATABASE__POOL_SIZE`: connections per process.
+    /// `APP__DATABASE__POOL_SIZE`: connections per process. Default: twice this machine's
+    /// cores, at least 4 (see [`default_pool_size`]).
     pub pool_size: usize,
 }
 
 impl Default for DatabaseSettings {
     fn default() -> Self {
-        Self { url: None, pool_size: 16 }
+        Self { url: None, pool_size: default_pool_size() }
     }
+}
+
+/// Twice the cores this process can use, at least 4: more connections working at once than
+/// PostgreSQL has cores to run them only moves the queue from the pool (first come, first
+/// served) into the kernel's scheduler, where a request waits behind every other backend's
+/// time slice. On two cores with sixteen clients, sixteen connections served reads by id at
+/// p99 360 ms (15,000 a second) and four at p99 5.6 ms (13,400 a second), and four took
+/// record creates from about 2,400 to 2,800 a second. When PostgreSQL runs on a larger
+/// machine of its own, size the pool to its cores instead.
+pub fn default_pool_size() -> usize {
+    std::thread::available_parallelism().map_or(4, |cores| 2 * cores.get()).max(4)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
