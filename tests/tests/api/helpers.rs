@@ -305,7 +305,7 @@ impl TestApp {
         client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)
     }
 
-    /// Applies a workspace file and, when a projector runs, waits for the catalog.
+    /// Applies a workspace file and, when asked (a projector runs), waits for every read model.
     pub async fn apply_workspace(&self, text: &str, wait: bool) -> command_service::authoring::ApplyReport {
         let workspace = command_service::authoring::parse(text).expect("workspace parses");
         let event_log = shared::log::EventLog::start(self.pool.clone(), 16);
@@ -314,6 +314,9 @@ impl TestApp {
             command_service::authoring::wait_for_catalog(&self.pool, report.position, Duration::from_secs(20))
                 .await
                 .expect("catalog catches up");
+            // Every read model, not only the catalog: a test then reads others (broadcasts,
+            // templates) with keys that wrote nothing, so no consistency token would wait.
+            self.wait_for_projections().await;
         }
         report
     }
