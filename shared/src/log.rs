@@ -129,7 +129,6 @@ pub struct SetForm {
 #[derive(Debug, Clone)]
 pub enum SetValue {
     Text(Option<String>),
-    Bool(bool),
     BigInt(i64),
     Int(i32),
     Bytes(Vec<u8>),
@@ -140,7 +139,6 @@ pub enum SetValue {
 /// The values of one column of a set form, as the array parameter the statement takes.
 enum SetColumn {
     Text(Vec<Option<String>>),
-    Bool(Vec<bool>),
     BigInt(Vec<i64>),
     Int(Vec<i32>),
     Bytes(Vec<Vec<u8>>),
@@ -152,7 +150,6 @@ impl SetColumn {
     fn of(first: &SetValue) -> Self {
         match first {
             SetValue::Text(_) => Self::Text(Vec::new()),
-            SetValue::Bool(_) => Self::Bool(Vec::new()),
             SetValue::BigInt(_) => Self::BigInt(Vec::new()),
             SetValue::Int(_) => Self::Int(Vec::new()),
             SetValue::Bytes(_) => Self::Bytes(Vec::new()),
@@ -165,7 +162,6 @@ impl SetColumn {
     fn push(&mut self, value: &SetValue) -> bool {
         match (self, value) {
             (Self::Text(values), SetValue::Text(value)) => values.push(value.clone()),
-            (Self::Bool(values), SetValue::Bool(value)) => values.push(*value),
             (Self::BigInt(values), SetValue::BigInt(value)) => values.push(*value),
             (Self::Int(values), SetValue::Int(value)) => values.push(*value),
             (Self::Bytes(values), SetValue::Bytes(value)) => values.push(value.clone()),
@@ -179,7 +175,6 @@ impl SetColumn {
     fn param(&self) -> &(dyn ToSql + Sync) {
         match self {
             Self::Text(values) => values,
-            Self::Bool(values) => values,
             Self::BigInt(values) => values,
             Self::Int(values) => values,
             Self::Bytes(values) => values,

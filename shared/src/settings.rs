@@ -66,7 +66,7 @@ impl Default for DatabaseSettings {
 /// p99 360 ms (15,000 a second) and four at p99 5.6 ms (13,400 a second), and four took
 /// record creates from about 2,400 to 2,800 a second. When PostgreSQL runs on a larger
 /// machine of its own, size the pool to its cores instead.
-pub fn default_pool_size() -> usize {
+fn default_pool_size() -> usize {
     std::thread::available_parallelism().map_or(4, |cores| 2 * cores.get()).max(4)
 }
 

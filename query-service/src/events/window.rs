@@ -112,15 +112,14 @@ pub fn resolve_window(query: &[(String, String)], now: DateTime<Utc>) -> Result<
     let to = query_value(query, "to").map(|raw| parse_time("to", raw)).transpose()?;
     let cursor = query_value(query, "cursor").filter(|raw| !raw.is_empty()).map(Cursor::decode).transpose()?;
     if let Some(cursor) = cursor {
-        let other = other_request;
         if from.is_some_and(|from| micros(from) != cursor.from) {
-            return Err(other("from"));
+            return Err(other_request("from"));
         }
         if to.is_some_and(|to| micros(to) != cursor.to) {
-            return Err(other("to"));
+            return Err(other_request("to"));
         }
         if explicit_limit && limit != cursor.limit {
-            return Err(other("limit"));
+            return Err(other_request("limit"));
         }
         return Ok(Window {
             from: from_micros(cursor.from)?,
