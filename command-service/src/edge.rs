@@ -84,8 +84,18 @@ impl From<crate::events::decide::AdmissionRefusal> for ApiError {
 /// A refused broadcast update as the contract answers it.
 impl From<crate::broadcasts::decide::Refusal> for ApiError {
     fn from(refusal: crate::broadcasts::decide::Refusal) -> Self {
-        let crate::broadcasts::decide::Refusal::Invalid { message, issues } = refusal;
-        ApiError::bad_request(Code::InvalidBroadcast, message).with_issues(issues)
+        use crate::broadcasts::decide::Refusal;
+        use shared::email::resources::Audience;
+        let message = refusal.to_string();
+        match refusal {
+            Refusal::Invalid { message, issues } => {
+                ApiError::bad_request(Code::InvalidBroadcast, message).with_issues(issues)
+            }
+            Refusal::NotFound(_) => ApiError::not_found(Code::BroadcastNotFound, message),
+            Refusal::RunActive => ApiError::conflict(Code::BroadcastRunActive, message),
+            Refusal::AudienceNotFound(Audience::Segment { .. }) => ApiError::not_found(Code::SegmentNotFound, message),
+            Refusal::AudienceNotFound(Audience::Topic { .. }) => ApiError::not_found(Code::TopicNotFound, message),
+        }
     }
 }
 
@@ -123,6 +133,10 @@ impl From<crate::identities::decide::Refusal> for ApiError {
 /// Turns a failed append into the contract's answer.
 pub fn append_error(error: AppendError) -> ApiError {
     match error {
+        // Decided on authored state that changed meanwhile; the caller may simply retry.
+        AppendError::Conflict { code: Code::CatalogMoved | Code::StreamMoved, message } => {
+            ApiError::conflict(Code::ConcurrentModification, message)
+        }
         // A guard's internal label must have been translated by its handler.
         AppendError::Conflict { code, message } if code.is_internal() => {
             ApiError::internal(&anyhow::anyhow!("an untranslated guard refusal {code}: {message}"))
@@ -150,47 +164,9 @@ pub fn append_error(error: AppendError) -> ApiError {
     }
 }
 
-/// A write's answer: `Operation-Id`, and `Consistency-Token` when something was appended.
-pub fn respond(
-    status: actix_web::http::StatusCode,
-    body: &serde_json::Value,
-    operation_id: &str,
-    appended: Option<shared::log::Appended>,
-) -> actix_web::HttpResponse {
-    let mut response = actix_web::HttpResponse::build(status);
-    response.insert_header(("Operation-Id", operation_id.to_owned()));
-    consistency_token(&mut response, appended);
-    response.json(body)
-}
-
 /// Adds `Consistency-Token` (the last position written) when something was appended.
 pub fn consistency_token(response: &mut actix_web::HttpResponseBuilder, appended: Option<shared::log::Appended>) {
     if let Some(appended) = appended.filter(|a| a.last_position > 0) {
         response.insert_header(("Consistency-Token", appended.last_position.to_string()));
     }
-}
-
-/// Appends a caller's writes, with the request's metadata and the caller's `Idempotency-Key`
-/// (when the operation holds a claim) in the log.
-pub async fn append(
-    state: &crate::State,
-    req: &HttpRequest,
-    caller: &Caller,
-    claim: Option<&crate::idempotency::Claim>,
-    streams: Vec<shared::log::StreamAppend>,
-    guards: Vec<shared::log::Guard>,
-) -> Result<shared::log::Appended, AppendError> {
-    let metadata = metadata(req, caller, claim.map(|claim| claim.key.clone()));
-    state.event_log.append(shared::log::AppendRequest { metadata, streams, guards }).await
-}
-
-/// Appends a public request's writes (no API key: the actor is the resource's space alone).
-pub async fn append_public(
-    state: &crate::State,
-    space_id: &str,
-    streams: Vec<shared::log::StreamAppend>,
-    guards: Vec<shared::log::Guard>,
-) -> Result<shared::log::Appended, AppendError> {
-    let metadata = shared::log::Metadata { space_id: Some(space_id.to_owned()), ..shared::log::Metadata::default() };
-    state.event_log.append(shared::log::AppendRequest { metadata, streams, guards }).await
 }

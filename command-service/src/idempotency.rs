@@ -269,31 +269,6 @@ impl Claim {
     }
 }
 
-/// Runs one of the protected operations under the caller's `Idempotency-Key` (if any):
-/// admits it (or answers with a replay), runs `run` with the claim and the operation id, and
-/// finishes the answer. An error `run` marks unconfirmed (`ApiError::unconfirmed`) leaves the
-/// claim unresolved.
-pub async fn protect<F, Fut>(
-    state: &State,
-    req: &HttpRequest,
-    caller: &Caller,
-    body: &Value,
-    run: F,
-) -> Result<HttpResponse, ApiError>
-where
-    F: FnOnce(Option<Claim>, String) -> Fut,
-    Fut: std::future::Future<Output = Result<HttpResponse, ApiError>>,
-{
-    let (claim, operation_id) = match admit(state, req, caller, body).await? {
-        Admission::Replay(response) => return Ok(response),
-        Admission::Claimed(claim) => (Some(claim.clone()), claim.operation_id),
-        Admission::Unprotected { operation_id } => (None, operation_id),
-    };
-    let outcome = run(claim.clone(), operation_id.clone()).await;
-    let unconfirmed = outcome.as_ref().err().is_some_and(ApiError::is_unconfirmed);
-    finish(state, claim.as_ref(), &operation_id, outcome, unconfirmed).await
-}
-
 /// Finishes a claimed operation's answer: records errors raised after the claim so they are
 /// replayed, except a transient 503 `service_unavailable` (nothing written), which releases
 /// the claim; turns an unconfirmed outcome into 503 `idempotency_outcome_unknown`; adds

@@ -2,14 +2,14 @@
 //! per process so that record creates and single event fires need no catalog statement, and
 //! never used once the catalog has changed: a decision made on a kept context appends with
 //! the catalog revision guard, and a refusal made on one is decided again on a fresh read
-//! when the catalog has moved on.
+//! when the catalog has moved on (both by the command pipeline, told through
+//! [`Ctx::kept_catalog`]).
 
-use std::future::Future;
-
-use shared::catalog::{self, CATALOG, WriteContext};
+use shared::catalog::{self, WriteContext};
 use shared::error::{ApiError, Code};
 
 use crate::State;
+use crate::pipeline::Ctx;
 
 /// The kind of schema a write names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,13 +41,45 @@ impl Kind {
     }
 }
 
-/// The context of a write to `schema_ref` read from the catalog now; 404 `schema_not_found`
-/// when the space has no such schema of `kind`. Kept for later writes, except a record
-/// schema with AI auto-fill: a record write to it needs the space's credits as they are now.
-pub async fn fresh(state: &State, kind: Kind, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let client = state.pool.get().await?;
-    let context = catalog::write_context(&client, &models.schema(CATALOG), space_id, schema_ref)
+/// The context of a write to `schema_ref` read from the catalog now, in one statement with
+/// the catalog's revision (which guards the command's append); 404 `schema_not_found` when the
+/// space has no such schema of `kind`. Kept for later writes, except a record schema with AI
+/// auto-fill: a record write to it needs the space's credits as they are now.
+pub async fn fresh(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+    let catalog = ctx.catalog_as_last_seen().await?;
+    let context = catalog::write_context(&ctx.db().await?, &catalog, space_id, schema_ref).await?;
+    if let Some(context) = &context {
+        ctx.saw_catalog(context.revision);
+    }
+    let context = context
+        .filter(|context| kind.accepts(&context.schema.schema_type))
+        .ok_or_else(|| kind.not_found(schema_ref))?;
+    if kind == Kind::Event || !context.spends_credits() {
+        kind.cache(ctx.state).put(space_id, schema_ref, &context);
+    }
+    Ok(context)
+}
+
+/// The kept context of `schema_ref` when this process holds one, else a fresh one.
+pub async fn current(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+    match kind.cache(ctx.state).get(space_id, schema_ref) {
+        Some(context) => {
+            ctx.kept_catalog(context.revision);
+            Ok(context)
+        }
+        None => fresh(ctx, kind, space_id, schema_ref).await,
+    }
+}
+
+/// The context this process keeps for `schema_ref`, or the catalog's (read at the edge,
+/// before an idempotency claim: an unknown schema records nothing). A write that decides on it
+/// outside a command's [`Ctx`] appends with the revision guard of its `revision`.
+pub async fn at_edge(state: &State, kind: Kind, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+    if let Some(context) = kind.cache(state).get(space_id, schema_ref) {
+        return Ok(context);
+    }
+    let catalog = crate::pipeline::edge_catalog(state).await?;
+    let context = catalog::write_context(&state.pool.get().await?, &catalog, space_id, schema_ref)
         .await?
         .filter(|context| kind.accepts(&context.schema.schema_type))
         .ok_or_else(|| kind.not_found(schema_ref))?;
@@ -55,49 +87,4 @@ pub async fn fresh(state: &State, kind: Kind, space_id: &str, schema_ref: &str) 
         kind.cache(state).put(space_id, schema_ref, &context);
     }
     Ok(context)
-}
-
-/// The kept context of `schema_ref` when this process holds one (`true`), else a fresh one.
-pub async fn current(
-    state: &State,
-    kind: Kind,
-    space_id: &str,
-    schema_ref: &str,
-) -> Result<(WriteContext, bool), ApiError> {
-    match kind.cache(state).get(space_id, schema_ref) {
-        Some(context) => Ok((context, true)),
-        None => Ok((fresh(state, kind, space_id, schema_ref).await?, false)),
-    }
-}
-
-/// Runs `attempt` on `context` (`kept`: from the cache). `attempt` gets the catalog revision
-/// its append must be guarded by (`catalog::revision_guard`) when the context was kept, and
-/// `None` for a fresh read, which needs no guard. A client error answered on a kept context
-/// may be the cache's: if the catalog has moved on, the entries of older revisions are
-/// dropped and the write is decided once more on the fresh context.
-pub async fn decide<T, F, Fut>(
-    state: &State,
-    kind: Kind,
-    (space_id, schema_ref): (&str, &str),
-    (mut context, mut kept): (WriteContext, bool),
-    attempt: F,
-) -> Result<T, ApiError>
-where
-    F: Fn(WriteContext, Option<i64>) -> Fut,
-    Fut: Future<Output = Result<T, ApiError>>,
-{
-    loop {
-        let revision = kept.then_some(context.revision);
-        match attempt(context.clone(), revision).await {
-            Err(error) if kept && error.status().is_client_error() => {
-                let fresh = fresh(state, kind, space_id, schema_ref).await?;
-                if fresh.revision == context.revision {
-                    return Err(error);
-                }
-                kind.cache(state).keep_revision(fresh.revision);
-                (context, kept) = (fresh, false);
-            }
-            outcome => return outcome,
-        }
-    }
 }

@@ -226,13 +226,14 @@ pub async fn write_context(
 }
 
 /// The guard that a write decided with catalog revision `revision` appends with: the live
-/// catalog must still be at it. Fails the command with 409 `concurrent_modification` when the
-/// catalog changed since (the writer decides again with a fresh read).
+/// catalog must still be at it. Fails the command with the internal `catalog_moved` when the
+/// catalog changed since (the writer decides again with a fresh read; left unhandled, it is
+/// answered 409 `concurrent_modification`).
 pub fn revision_guard(revision: i64) -> Guard {
     Guard::exactly_one(
         "SELECT 1 FROM projections WHERE name = 'catalog' AND status = 'live' AND revision = $1",
         vec![Box::new(revision)],
-        AppendError::Conflict { code: Code::ConcurrentModification, message: CATALOG_CHANGED.to_owned() },
+        AppendError::Conflict { code: Code::CatalogMoved, message: CATALOG_CHANGED.to_owned() },
     )
     .with_set(
         "SELECT 1 FROM unnest($1::bigint[]) AS w(revision)

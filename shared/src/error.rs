@@ -140,6 +140,8 @@ codes! {
     DeletionMovedOn = "deletion_moved_on",
     EventAlreadyPrepared = "event_already_prepared",
     CreditSpend = "credit_spend",
+    CatalogMoved = "catalog_moved",
+    StreamMoved = "stream_moved",
     }
 }
 

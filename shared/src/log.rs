@@ -91,6 +91,19 @@ impl Guard {
         Self { sql, params, conflict, expect_rows: Some(1), set: None }
     }
 
+    /// A stream that a decision read but does not append to is still at `version` (0: it does
+    /// not exist); otherwise the command fails with the internal `stream_moved` (decide again).
+    pub fn stream_at(stream_id: &str, version: i64) -> Self {
+        Self::exactly_one(
+            "SELECT 1 WHERE COALESCE((SELECT version FROM streams WHERE stream_id = $1), 0) = $2",
+            vec![Box::new(stream_id.to_owned()), Box::new(version)],
+            AppendError::Conflict {
+                code: crate::error::Code::StreamMoved,
+                message: format!("{stream_id} changed while this write was decided; retry"),
+            },
+        )
+    }
+
     /// The guard with its set form: `sql` takes one array per column of `row` (`$1` the first
     /// column's values, in the batch's order) and does for every row what the guard's own
     /// statement does for its parameters, affecting one row per guard when the guard expects
@@ -903,6 +916,19 @@ pub async fn read_after(
         .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE position > $1 ORDER BY position LIMIT $2"))
         .await?;
     let rows = client.query(&statement, &[&position, &limit]).await?;
+    Ok(rows.iter().map(StoredEvent::from_row).collect())
+}
+
+/// Every event of the streams `stream_ids`, in log order: what a decision reads of the
+/// resources it is about (as new as every acknowledged write).
+pub async fn read_streams(
+    client: &impl deadpool_postgres::GenericClient,
+    stream_ids: &[String],
+) -> Result<Vec<StoredEvent>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE stream_id = ANY($1) ORDER BY position"))
+        .await?;
+    let rows = client.query(&statement, &[&stream_ids]).await?;
     Ok(rows.iter().map(StoredEvent::from_row).collect())
 }
 

@@ -118,7 +118,7 @@ pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> 
         plan_schemas(&mut plan, space, space_id);
         plan_resources(&mut plan, space, space_id);
         let definitions = super::email::definitions(space, space_id, |kind, id| {
-            super::email::definition_of(plan.latest(&format!("authoring/{kind}/{id}")))
+            super::email::definition_of(plan.latest(&resource_stream(kind, id)))
         })?;
         for (kind, resource_id, definition) in definitions {
             let resource = proto::ResourceDefined {
@@ -439,9 +439,14 @@ fn plan_resources(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {
     }
 }
 
+/// The stream an authored resource's definitions are appended to.
+pub fn resource_stream(kind: &str, resource_id: &str) -> String {
+    format!("authoring/{kind}/{resource_id}")
+}
+
 /// Resources carry a revision: unchanged content keeps the stored one, changes bump it.
 fn ensure_resource(plan: &mut Plan<'_>, mut resource: proto::ResourceDefined) {
-    let stream_id = format!("authoring/{}/{}", resource.kind, resource.resource_id);
+    let stream_id = resource_stream(&resource.kind, &resource.resource_id);
     match plan.latest(&stream_id) {
         Some(LogEvent::ResourceDefined(previous)) if previous.definition_json == resource.definition_json => return,
         Some(LogEvent::ResourceDefined(previous)) => resource.revision = previous.revision + 1,

@@ -5,5 +5,5 @@ mod apply;
 mod email;
 mod format;
 
-pub use apply::{ApplyReport, apply, wait_for_catalog};
+pub use apply::{ApplyReport, apply, resource_stream, wait_for_catalog};
 pub use format::{Workspace, parse};

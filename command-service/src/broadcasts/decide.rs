@@ -1,8 +1,11 @@
-//! The broadcast decisions: validating an update body, and when a run starts. Pure.
+//! The broadcast decisions: validating an update body, updating a broadcast and requesting
+//! its run, on the broadcast as the log holds it. Pure.
 
 use serde_json::{Map, Value};
-use shared::email::resources::Audience;
+use shared::email::broadcasts::apply_update;
+use shared::email::resources::{Audience, BroadcastDef};
 use shared::error::{Code, Issue};
+use shared::proto;
 
 /// The fields an update accepts.
 pub const UPDATE_FIELDS: [&str; 3] = ["name", "audience", "scheduledAt"];
@@ -24,6 +27,107 @@ pub enum Refusal {
     /// The body is not a valid update; `issues` names every problem (400 `invalid_broadcast`).
     #[error("{message}")]
     Invalid { message: String, issues: Vec<Issue> },
+    /// No such broadcast in the caller's space (404 `broadcast_not_found`).
+    #[error("no broadcast {0:?} in this space")]
+    NotFound(String),
+    /// A run is scheduled or sending (409 `broadcast_run_active`).
+    #[error("a run of this broadcast is scheduled or sending; wait until it has completed")]
+    RunActive,
+    /// The audience names no live segment or topic of the space (404 `segment_not_found` or
+    /// `topic_not_found`).
+    #[error("no {} {:?} in this space", kind(.0), id(.0))]
+    AudienceNotFound(Audience),
+}
+
+fn kind(audience: &Audience) -> &'static str {
+    match audience {
+        Audience::Segment { .. } => "segment",
+        Audience::Topic { .. } => "topic",
+    }
+}
+
+fn id(audience: &Audience) -> &str {
+    match audience {
+        Audience::Segment { segment_id } => segment_id,
+        Audience::Topic { topic_id } => topic_id,
+    }
+}
+
+/// A broadcast as the log holds it when a command is decided.
+#[derive(Debug, Clone)]
+pub struct Current {
+    /// The authored definition with every update the log holds folded over it, in log order.
+    pub definition: BroadcastDef,
+    /// Whether a run is scheduled or sending.
+    pub run_active: bool,
+}
+
+/// What a command knows of an audience it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AudienceFound {
+    Yes,
+    No,
+}
+
+/// An update of `current` (`None`: no such broadcast) at `now`: its event and the broadcast
+/// after it. Refused while a run is scheduled or sending, and when the new audience does not
+/// exist.
+pub fn decide_update(
+    broadcast_id: &str,
+    space_id: &str,
+    current: Option<&Current>,
+    update: &Update,
+    audience: AudienceFound,
+    now: i64,
+) -> Result<(proto::BroadcastUpdated, BroadcastDef), Refusal> {
+    let current = current.ok_or_else(|| Refusal::NotFound(broadcast_id.to_owned()))?;
+    if current.run_active {
+        return Err(Refusal::RunActive);
+    }
+    if let (Some(named), AudienceFound::No) = (&update.audience, audience) {
+        return Err(Refusal::AudienceNotFound(named.clone()));
+    }
+    let event = proto::BroadcastUpdated {
+        broadcast_id: broadcast_id.to_owned(),
+        space_id: space_id.to_owned(),
+        name: update.name.clone(),
+        audience: update.audience.as_ref().map(Audience::to_proto),
+        scheduled_at_set: update.scheduled_at_ms.is_some(),
+        scheduled_at_ms: update.scheduled_at_ms.flatten().unwrap_or(0),
+        updated_at_ms: now,
+    };
+    let next = apply_update(current.definition.clone(), &event);
+    Ok((event, next))
+}
+
+/// A run of `current` requested at `now` under `run_id`: the audience, template and sender
+/// are the broadcast's as the log holds them at this decision. Refused while another run is
+/// scheduled or sending, and when the audience no longer exists.
+pub fn decide_send(
+    broadcast_id: &str,
+    space_id: &str,
+    current: Option<&Current>,
+    audience: AudienceFound,
+    (run_id, now): (&str, i64),
+) -> Result<proto::BroadcastRunRequested, Refusal> {
+    let current = current.ok_or_else(|| Refusal::NotFound(broadcast_id.to_owned()))?;
+    if current.run_active {
+        return Err(Refusal::RunActive);
+    }
+    let definition = &current.definition;
+    if audience == AudienceFound::No {
+        return Err(Refusal::AudienceNotFound(definition.audience.clone()));
+    }
+    Ok(proto::BroadcastRunRequested {
+        run_id: run_id.to_owned(),
+        broadcast_id: broadcast_id.to_owned(),
+        space_id: space_id.to_owned(),
+        template_id: definition.template_id.clone(),
+        sender_id: definition.sender_id.clone().unwrap_or_default(),
+        audience: Some(definition.audience.to_proto()),
+        start_at_ms: start_at(definition.scheduled_at_ms, now),
+        requested_at_ms: now,
+    })
 }
 
 fn invalid(issues: Vec<Issue>) -> Refusal {
@@ -144,6 +248,52 @@ mod tests {
         ] {
             assert!(matches!(parse_update(&body(bad.clone())), Err(Refusal::Invalid { .. })), "{bad}");
         }
+    }
+
+    fn current(run_active: bool) -> Current {
+        Current {
+            definition: BroadcastDef {
+                slug: "launch".into(),
+                name: "Launch".into(),
+                template_id: "tpl_1".into(),
+                sender_id: None,
+                audience: Audience::Topic { topic_id: "top_1".into() },
+                scheduled_at_ms: None,
+            },
+            run_active,
+        }
+    }
+
+    #[test]
+    fn given_a_broadcast_when_updated_then_the_answer_folds_the_update_over_the_logged_state() {
+        let update = parse_update(&body(json!({"audience": {"segmentId": "seg_2"}}))).expect("valid");
+        let (event, next) =
+            decide_update("bc_1", "spc_1", Some(&current(false)), &update, AudienceFound::Yes, 7).expect("decided");
+        assert_eq!(next.audience, Audience::Segment { segment_id: "seg_2".into() });
+        assert_eq!((next.name.as_str(), event.updated_at_ms, event.name), ("Launch", 7, None));
+    }
+
+    #[test]
+    fn given_a_run_or_a_missing_audience_when_updated_or_sent_then_refused() {
+        let update = parse_update(&body(json!({"name": "New"}))).expect("valid");
+        let refused = decide_update("bc_1", "spc_1", Some(&current(true)), &update, AudienceFound::Yes, 7);
+        assert_eq!(refused.map(|_| ()), Err(Refusal::RunActive));
+        let missing = decide_update("bc_1", "spc_1", None, &update, AudienceFound::Yes, 7);
+        assert_eq!(missing.map(|_| ()), Err(Refusal::NotFound("bc_1".into())));
+        let to_segment = parse_update(&body(json!({"audience": {"segmentId": "seg_9"}}))).expect("valid");
+        let unknown = decide_update("bc_1", "spc_1", Some(&current(false)), &to_segment, AudienceFound::No, 7);
+        assert!(matches!(unknown, Err(Refusal::AudienceNotFound(Audience::Segment { .. }))));
+        let active = decide_send("bc_1", "spc_1", Some(&current(true)), AudienceFound::Yes, ("run_1", 7));
+        assert_eq!(active.map(|_| ()), Err(Refusal::RunActive));
+        let gone = decide_send("bc_1", "spc_1", Some(&current(false)), AudienceFound::No, ("run_1", 7));
+        assert!(matches!(gone, Err(Refusal::AudienceNotFound(Audience::Topic { .. }))));
+    }
+
+    #[test]
+    fn given_a_broadcast_when_sent_then_the_run_takes_its_audience_template_and_sender_as_decided() {
+        let run = decide_send("bc_1", "spc_1", Some(&current(false)), AudienceFound::Yes, ("run_1", 7)).expect("sent");
+        assert_eq!((run.run_id.as_str(), run.template_id.as_str(), run.start_at_ms), ("run_1", "tpl_1", 7));
+        assert_eq!(run.audience.map(|audience| audience.topic_id), Some("top_1".to_owned()));
     }
 
     #[test]

@@ -1,105 +1,143 @@
-//! `PATCH /broadcasts/{id}` and `POST /broadcasts/{id}/send`.
+//! `PATCH /broadcasts/{id}` and `POST /broadcasts/{id}/send`, on the command pipeline.
 //!
-//! Both decide against the broadcast as the `broadcasts` read model holds it (waiting for the
-//! caller's last write). While a run is scheduled or sending, an update is refused, and so is
-//! another send (409 `broadcast_run_active`): each append carries a guard that holds this even
-//! against a concurrent request.
+//! Both decide on the broadcast as the log holds it (`store::load`): its authored definition
+//! and every update, with the versions of both streams. The append goes at the broadcast
+//! stream's version and requires the authoring stream unchanged, so an update and a send that
+//! race are ordered: the send's run takes the audience, template and sender either wholly
+//! before or wholly after the update, and two updates of different fields both survive. While
+//! a run is scheduled or sending, an update is refused, and so is another send (409
+//! `broadcast_run_active`), by a guard that holds even against a concurrent request.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use deadpool_postgres::GenericClient;
 use serde_json::{Value, json};
 use shared::auth::{Caller, Permission};
-use shared::catalog::CATALOG;
-use shared::email::broadcasts::{apply_update, document, stream_id};
-use shared::email::resources::{Audience, BroadcastDef};
+use shared::email::broadcasts::{document, stream_id};
+use shared::email::resources::Audience;
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
 use shared::log::{AppendError, ExpectedVersion, Guard, StreamAppend};
 use shared::proto;
 
-use super::decide;
+use super::decide::{self, AudienceFound, Update};
+use super::store::{self, Loaded};
 use crate::State;
-use crate::edge::{append_error, respond};
-use crate::idempotency;
+use crate::pipeline::{self, Actor, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 
-const BROADCASTS: &str = "broadcasts";
 /// The timer kind that starts a run (the projector's broadcast engine).
 pub const RUN_TIMER: &str = "broadcast_runs";
 
-fn active() -> ApiError {
-    ApiError::conflict(
-        Code::BroadcastRunActive,
-        "a run of this broadcast is scheduled or sending; wait until it has completed",
-    )
-}
-
-/// The broadcast of the caller's space, as the read model holds it; 404 otherwise.
-async fn load(state: &State, caller: &Caller, broadcast_id: &str) -> Result<BroadcastDef, ApiError> {
-    let models = state.read_models.wait_for(&[BROADCASTS, CATALOG], 0, state.settings.consistency_wait()).await?;
-    let client = state.pool.get().await?;
-    let statement = client
-        .prepare_cached(&format!(
-            "SELECT definition FROM {}.broadcasts WHERE space_id = $1 AND broadcast_id = $2",
-            models.schema(BROADCASTS)
-        ))
-        .await?;
-    let row = client.query_opt(&statement, &[&caller.space_id(), &broadcast_id]).await?;
-    let Some(row) = row else {
-        return Err(ApiError::not_found(
-            Code::BroadcastNotFound,
-            format!("no broadcast {broadcast_id:?} in this space"),
-        ));
-    };
-    serde_json::from_value(row.get(0)).map_err(|error| ApiError::internal(&error.into()))
-}
-
-/// Whether a run of the broadcast is scheduled or sending.
-async fn has_active_run(client: &impl GenericClient, broadcast_id: &str) -> Result<bool, ApiError> {
-    let statement = client
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM broadcast_runs WHERE broadcast_id = $1 AND status IN ('scheduled', 'sending'))",
-        )
-        .await?;
-    Ok(client.query_one(&statement, &[&broadcast_id]).await?.get(0))
-}
-
-/// 404 unless the audience names a segment or topic of the caller's space.
-async fn check_audience(state: &State, caller: &Caller, audience: &Audience) -> Result<(), ApiError> {
-    let client = state.pool.get().await?;
+/// Whether `audience` names a live segment or a topic of the space, and the guard that keeps a
+/// segment's stream where it was read (its deletion meanwhile makes the command decide again).
+async fn audience_found(
+    ctx: &Ctx<'_>,
+    space_id: &str,
+    audience: &Audience,
+) -> Result<(AudienceFound, Option<Guard>), ApiError> {
+    let found = |yes: bool| if yes { AudienceFound::Yes } else { AudienceFound::No };
     match audience {
         Audience::Segment { segment_id } => {
-            crate::segments::http::load_live(&client, caller.space_id(), segment_id).await?;
-        }
-        Audience::Topic { topic_id } => {
-            let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-            let found = shared::catalog::resource_by_id(&client, &models.schema(CATALOG), "topic", topic_id).await?;
-            if found.is_none_or(|(space_id, _, _)| space_id != caller.space_id()) {
-                return Err(ApiError::not_found(Code::TopicNotFound, format!("no topic {topic_id:?} in this space")));
+            let client = ctx.db().await?;
+            let loaded = crate::segments::http::load(&client, segment_id).await.map_err(|e| ApiError::internal(&e))?;
+            match loaded {
+                Some((version, owner)) if owner == space_id => Ok((
+                    AudienceFound::Yes,
+                    Some(Guard::stream_at(&crate::segments::http::stream_id(segment_id), version)),
+                )),
+                _ => Ok((AudienceFound::No, None)),
             }
         }
+        Audience::Topic { topic_id } => {
+            let catalog = ctx.catalog().await?;
+            let client = ctx.db().await?;
+            let topic = shared::catalog::resource_by_id(&client, &catalog, "topic", topic_id).await?;
+            Ok((found(topic.is_some_and(|(owner, _, _)| owner == space_id)), None))
+        }
     }
-    Ok(())
 }
 
-/// Refuses the append while a run is scheduled or sending (a concurrent send included).
-fn no_active_run(broadcast_id: &str) -> Guard {
-    Guard::exactly_one(
-        "SELECT 1 WHERE NOT EXISTS (
-             SELECT 1 FROM broadcast_runs WHERE broadcast_id = $1 AND status IN ('scheduled', 'sending'))",
-        vec![Box::new(broadcast_id.to_owned())],
-        AppendError::Conflict { code: Code::BroadcastRunActive, message: "a run is scheduled or sending".to_owned() },
-    )
+/// Which audience a command checks.
+enum Checked<'a> {
+    /// The one an update names, if it names one.
+    Named(Option<&'a Audience>),
+    /// The broadcast's own.
+    Own,
 }
 
-fn one_event(broadcast_id: &str, event: LogEvent, now: i64) -> StreamAppend {
-    StreamAppend::one(stream_id(broadcast_id), ExpectedVersion::Any, event, now)
+/// The broadcast from the log (`None`: not one of the space's), and what is known of the
+/// audience the command checks.
+async fn load_with_audience(
+    ctx: &Ctx<'_>,
+    space_id: &str,
+    broadcast_id: &str,
+    checked: Checked<'_>,
+) -> Result<Option<(Loaded, AudienceFound, Option<Guard>)>, ApiError> {
+    let client = ctx.db().await?;
+    let loaded = store::load(&client, space_id, broadcast_id).await.map_err(|error| ApiError::internal(&error))?;
+    drop(client);
+    let Some(loaded) = loaded else { return Ok(None) };
+    let audience = match checked {
+        Checked::Named(audience) => audience,
+        Checked::Own => Some(&loaded.current.definition.audience),
+    };
+    let (found, guard) = match audience {
+        Some(audience) => audience_found(ctx, space_id, audience).await?,
+        None => (AudienceFound::Yes, None),
+    };
+    Ok(Some((loaded, found, guard)))
 }
 
-fn conflict_or(error: AppendError) -> ApiError {
+/// The broadcast's own stream at the version it was loaded at, and its authoring stream
+/// unchanged.
+fn at_loaded(broadcast_id: &str, loaded: &Loaded, event: LogEvent, now: i64) -> (StreamAppend, Guard) {
+    let expected = match loaded.version {
+        0 => ExpectedVersion::NoStream,
+        version => ExpectedVersion::Exactly(version),
+    };
+    let stream = StreamAppend::one(stream_id(broadcast_id), expected, event, now);
+    (stream, Guard::stream_at(&store::authored_stream(broadcast_id), loaded.authored_version))
+}
+
+/// A guard that names the run-active conflict answers 409 `broadcast_run_active`.
+fn refused(error: AppendError) -> Refusal {
     match error {
-        AppendError::Conflict { code: Code::BroadcastRunActive, .. } => active(),
-        error => append_error(error),
+        AppendError::Conflict { code: Code::BroadcastRunActive, .. } => {
+            Refusal::Fail(decide::Refusal::RunActive.into())
+        }
+        error => Refusal::default_for(error),
+    }
+}
+
+struct UpdateBroadcast<'a> {
+    caller: &'a Caller,
+    broadcast_id: String,
+    update: Update,
+}
+
+impl Command for UpdateBroadcast<'_> {
+    type Loaded = Option<(Loaded, AudienceFound, Option<Guard>)>;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        let audience = Checked::Named(self.update.audience.as_ref());
+        load_with_audience(ctx, self.caller.space_id(), &self.broadcast_id, audience).await
+    }
+
+    fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let (space_id, broadcast_id) = (self.caller.space_id(), self.broadcast_id.as_str());
+        let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
+        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
+        let (event, next) = decide::decide_update(broadcast_id, space_id, current, &self.update, found, given.now_ms)?;
+        let Some((loaded, _, audience_guard)) = loaded else {
+            return Err(ApiError::internal(&anyhow::anyhow!("an update decided without its broadcast")));
+        };
+        let body = shared::http::data_body(document(broadcast_id, &next, given.now_ms), &[]);
+        let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastUpdated(event), given.now_ms);
+        let guards = [store::no_active_run(broadcast_id), authored].into_iter().chain(audience_guard).collect();
+        Ok(Decided::Append(Decision::one(stream, guards, StatusCode::OK, body)))
+    }
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        refused(error)
     }
 }
 
@@ -110,40 +148,12 @@ pub async fn update(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = shared::http::read_json_object(&req, payload).await;
-    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
-    let body = body?;
+    let (caller, body) =
+        pipeline::authorize_with_body(&req, payload, &state, Permission::Write, pipeline::request_bucket(&req)).await?;
     let update = decide::parse_update(&body)?;
-    let (req, state, caller, broadcast_id, update) = (&req, &**state, &caller, path.as_str(), &update);
-    idempotency::protect(state, req, caller, &Value::Object(body), |claim, operation_id| async move {
-        let current = load(state, caller, broadcast_id).await?;
-        if has_active_run(&state.pool.get().await?, broadcast_id).await? {
-            return Err(active());
-        }
-        if let Some(audience) = &update.audience {
-            check_audience(state, caller, audience).await?;
-        }
-        let now = shared::time::now_millis();
-        let event = proto::BroadcastUpdated {
-            broadcast_id: broadcast_id.to_owned(),
-            space_id: caller.space_id().to_owned(),
-            name: update.name.clone(),
-            audience: update.audience.as_ref().map(Audience::to_proto),
-            scheduled_at_set: update.scheduled_at_ms.is_some(),
-            scheduled_at_ms: update.scheduled_at_ms.flatten().unwrap_or(0),
-            updated_at_ms: now,
-        };
-        let next = apply_update(current, &event);
-        let body = shared::http::data_body(document(broadcast_id, &next, now), &[]);
-        let guards = std::iter::once(no_active_run(broadcast_id))
-            .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)))
-            .collect();
-        let stream = one_event(broadcast_id, LogEvent::BroadcastUpdated(event), now);
-        let appended =
-            crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards).await.map_err(conflict_or)?;
-        Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended)))
-    })
-    .await
+    let command = UpdateBroadcast { caller: &caller, broadcast_id: path.into_inner(), update };
+    let body = Value::Object(body);
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
 /// A run as the API shows it when it was just requested.
@@ -165,69 +175,49 @@ fn requested_run(run: &proto::BroadcastRunRequested, audience: &Audience) -> Val
     })
 }
 
+struct SendBroadcast<'a> {
+    caller: &'a Caller,
+    broadcast_id: String,
+}
+
+impl Command for SendBroadcast<'_> {
+    type Loaded = Option<(Loaded, AudienceFound, Option<Guard>)>;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        load_with_audience(ctx, self.caller.space_id(), &self.broadcast_id, Checked::Own).await
+    }
+
+    fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let (space_id, broadcast_id) = (self.caller.space_id(), self.broadcast_id.as_str());
+        let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
+        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
+        let run_id = shared::ids::new_id("run");
+        let run = decide::decide_send(broadcast_id, space_id, current, found, (&run_id, given.now_ms))?;
+        let Some((loaded, _, audience_guard)) = loaded else {
+            return Err(ApiError::internal(&anyhow::anyhow!("a send decided without its broadcast")));
+        };
+        let audience = &loaded.current.definition.audience;
+        let body = shared::http::data_body(requested_run(&run, audience), &[]);
+        let audience = serde_json::to_value(audience).map_err(|error| ApiError::internal(&error.into()))?;
+        let mut guards = store::run_guards(&run, audience);
+        let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastRunRequested(run), given.now_ms);
+        guards.push(authored);
+        guards.extend(audience_guard);
+        Ok(Decided::Append(Decision::one(stream, guards, StatusCode::ACCEPTED, body)))
+    }
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        refused(error)
+    }
+}
+
 #[tracing::instrument(skip_all, fields(broadcast = %path.as_str()))]
 pub async fn send(
     req: HttpRequest,
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
-    let (req, state, caller, broadcast_id) = (&req, &**state, &caller, path.as_str());
-    idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
-        let broadcast = load(state, caller, broadcast_id).await?;
-        if has_active_run(&state.pool.get().await?, broadcast_id).await? {
-            return Err(active());
-        }
-        check_audience(state, caller, &broadcast.audience).await?;
-        let now = shared::time::now_millis();
-        let run = proto::BroadcastRunRequested {
-            run_id: shared::ids::new_id("run"),
-            broadcast_id: broadcast_id.to_owned(),
-            space_id: caller.space_id().to_owned(),
-            template_id: broadcast.template_id.clone(),
-            sender_id: broadcast.sender_id.clone().unwrap_or_default(),
-            audience: Some(broadcast.audience.to_proto()),
-            start_at_ms: decide::start_at(broadcast.scheduled_at_ms, now),
-            requested_at_ms: now,
-        };
-        let body = shared::http::data_body(requested_run(&run, &broadcast.audience), &[]);
-        let audience = serde_json::to_value(&broadcast.audience).map_err(|error| ApiError::internal(&error.into()))?;
-        let start_at = shared::time::from_millis(run.start_at_ms);
-        let guards = vec![
-            Guard::unique(
-                "INSERT INTO broadcast_runs
-                     (run_id, broadcast_id, space_id, template_id, sender_id, audience, start_at, requested_at)
-                 VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8)",
-                vec![
-                    Box::new(run.run_id.clone()),
-                    Box::new(run.broadcast_id.clone()),
-                    Box::new(run.space_id.clone()),
-                    Box::new(run.template_id.clone()),
-                    Box::new(run.sender_id.clone()),
-                    Box::new(audience),
-                    Box::new(start_at),
-                    Box::new(shared::time::from_millis(now)),
-                ],
-                AppendError::Conflict {
-                    code: Code::BroadcastRunActive,
-                    message: "a run is scheduled or sending".to_owned(),
-                },
-            ),
-            Guard::exactly_one(
-                "INSERT INTO timers (kind, key, due_at, payload) VALUES ($1, $2, $3, jsonb_build_object('runId', $2::text))",
-                vec![Box::new(RUN_TIMER), Box::new(run.run_id.clone()), Box::new(start_at)],
-                AppendError::Failed("could not schedule the run".to_owned()),
-            ),
-        ];
-        let guards = guards
-            .into_iter()
-            .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::ACCEPTED, &body)))
-            .collect();
-        let stream = one_event(broadcast_id, LogEvent::BroadcastRunRequested(run), now);
-        let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
-            .await
-            .map_err(conflict_or)?;
-        Ok(respond(StatusCode::ACCEPTED, &body, &operation_id, Some(appended)))
-    })
-    .await
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
+    let command = SendBroadcast { caller: &caller, broadcast_id: path.into_inner() };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }

@@ -7,7 +7,7 @@ use shared::events::LogEvent;
 use shared::log::{ExpectedVersion, NewEvent, StreamAppend};
 use shared::proto;
 
-use crate::State;
+use crate::pipeline::Ctx;
 use crate::records::decide::WriteSchema;
 use crate::records::http::{Write, plan_update, write_context};
 use crate::templates::decide::consent_keys;
@@ -15,13 +15,13 @@ use crate::templates::decide::consent_keys;
 /// Sets the email consent attributes of the contact's schema to `consented`; `None` when the
 /// contact is gone, its schema has none, or they hold that value already.
 pub(crate) async fn set_email_consent(
-    state: &State,
+    ctx: &Ctx<'_>,
     space_id: &str,
     contact_id: &str,
     consented: bool,
     now: i64,
 ) -> Result<Option<Write>, ApiError> {
-    let client = state.pool.get().await?;
+    let client = ctx.db().await?;
     let loaded = shared::records::load_records(&client, &[contact_id.to_owned()])
         .await
         .map_err(|error| ApiError::internal(&error))?
@@ -29,19 +29,19 @@ pub(crate) async fn set_email_consent(
         .next();
     drop(client);
     let Some((_, _, shared::records::Loaded::Live { state: record, .. })) = loaded else { return Ok(None) };
-    let (schema, attributes, _) = write_context(state, space_id, &record.schema_id).await?;
+    let context = write_context(ctx, space_id, &record.schema_id).await?;
     let input: Map<String, Value> =
-        consent_keys(&attributes).into_iter().map(|key| (key, Value::Bool(consented))).collect();
+        consent_keys(&context.attributes).into_iter().map(|key| (key, Value::Bool(consented))).collect();
     if input.is_empty() {
         return Ok(None);
     }
     let write_schema = WriteSchema {
-        schema_id: &schema.schema_id,
+        schema_id: &context.schema.schema_id,
         space_id,
-        schema_type: &schema.schema_type,
-        attributes: &attributes,
+        schema_type: &context.schema.schema_type,
+        attributes: &context.attributes,
     };
-    plan_update(state, &write_schema, contact_id, input, now).await
+    plan_update(ctx, &write_schema, contact_id, input, now).await
 }
 
 /// What changed a subscription: `form`, `confirmation` or `unsubscribe`, and the form or

@@ -13,13 +13,13 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::json;
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
-use shared::log::{AppendError, ExpectedVersion, NewEvent, StreamAppend};
+use shared::log::{ExpectedVersion, NewEvent, StreamAppend};
 use shared::proto;
 
 use super::consent::{Source, set_email_consent, subscription_changes};
 use crate::State;
-
-const ATTEMPTS: usize = 3;
+use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection};
+use crate::records::http::Write;
 
 /// What the email's stream says.
 struct Email {
@@ -28,73 +28,75 @@ struct Email {
     unsubscribed: bool,
 }
 
-async fn load(state: &State, email_id: &str) -> Result<Option<Email>, ApiError> {
-    let client = state.pool.get().await?;
-    let statement = client
-        .prepare_cached(
-            "SELECT stream_version, event_type, payload FROM events WHERE stream_id = $1 ORDER BY stream_version",
-        )
-        .await?;
-    let rows = client.query(&statement, &[&shared::email::stream_id(email_id)]).await?;
+async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>, ApiError> {
+    let client = ctx.db().await?;
+    let events = shared::log::read_streams(&client, &[shared::email::stream_id(email_id)]).await?;
     let mut found: Option<Email> = None;
-    for row in rows {
-        let event = LogEvent::decode(row.get(1), row.get(2)).map_err(|error| ApiError::internal(&error.into()))?;
+    for stored in events {
+        let event = stored.decode().map_err(|error| ApiError::internal(&error))?;
         match (event, found.as_mut()) {
             (LogEvent::EmailScheduled(scheduled), _) => {
-                found = Some(Email { version: row.get(0), scheduled, unsubscribed: false });
+                found = Some(Email { version: stored.stream_version, scheduled, unsubscribed: false });
             }
             (LogEvent::EmailUnsubscribed(_), Some(email)) => {
                 email.unsubscribed = true;
-                email.version = row.get(0);
+                email.version = stored.stream_version;
             }
-            (_, Some(email)) => email.version = row.get(0),
+            (_, Some(email)) => email.version = stored.stream_version,
             _ => {}
         }
     }
     Ok(found)
 }
 
-fn answer(email_id: &str, topic_id: &str, appended: Option<shared::log::Appended>) -> HttpResponse {
+fn answer(email_id: &str, topic_id: &str) -> Answer {
     let topic = (!topic_id.is_empty()).then_some(topic_id);
-    let mut response = HttpResponse::build(StatusCode::OK);
-    crate::edge::consistency_token(&mut response, appended);
-    response.json(json!({ "data": {
-        "emailId": email_id,
-        "unsubscribed": true,
-        "scope": if topic.is_some() { "topic" } else { "marketing" },
-        "topicId": topic,
-    }}))
+    Answer::json(
+        StatusCode::OK,
+        json!({ "data": {
+            "emailId": email_id,
+            "unsubscribed": true,
+            "scope": if topic.is_some() { "topic" } else { "marketing" },
+            "topicId": topic,
+        }}),
+    )
 }
 
-#[tracing::instrument(skip_all, fields(email = %path.as_str()))]
-pub async fn post(
-    path: web::Path<String>,
-    state: web::Data<State>,
-    _req: HttpRequest,
-) -> Result<HttpResponse, ApiError> {
-    let email_id = path.into_inner();
-    if !shared::storable::is_storable(&email_id) || !email_id.starts_with("em_") {
-        return Err(not_found(&email_id));
-    }
-    for _ in 0..ATTEMPTS {
-        let Some(email) = load(&state, &email_id).await? else { return Err(not_found(&email_id)) };
+struct Unsubscribe {
+    email_id: String,
+}
+
+impl Command for Unsubscribe {
+    /// The email, and (for an email without a topic) the contact's consent withdrawn.
+    type Loaded = (Email, Option<Write>);
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        let Some(email) = load(ctx, &self.email_id).await? else { return Err(not_found(&self.email_id)) };
         let scheduled = &email.scheduled;
+        let consent = match (email.unsubscribed, scheduled.topic_id.is_empty()) {
+            (false, true) => {
+                let now = shared::time::now_millis();
+                set_email_consent(ctx, &scheduled.space_id, &scheduled.contact_id, false, now).await?
+            }
+            _ => None,
+        };
+        Ok((email, consent))
+    }
+
+    fn decide(&self, (email, consent): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let (email_id, scheduled, now) = (&self.email_id, &email.scheduled, given.now_ms);
         if email.unsubscribed {
-            return Ok(answer(&email_id, &scheduled.topic_id, None));
+            return Ok(Decided::Answer(answer(email_id, &scheduled.topic_id)));
         }
-        let now = shared::time::now_millis();
         let mut streams = Vec::new();
         let mut guards = Vec::new();
-        if scheduled.topic_id.is_empty() {
-            if let Some(write) =
-                set_email_consent(&state, &scheduled.space_id, &scheduled.contact_id, false, now).await?
-            {
-                streams.push(write.stream);
-                guards.extend(write.guards);
-            }
-        } else {
+        if let Some(write) = consent {
+            streams.push(write.stream);
+            guards.extend(write.guards);
+        }
+        if !scheduled.topic_id.is_empty() {
             let topics = [&scheduled.topic_id];
-            let source = Source { kind: "unsubscribe", id: &email_id };
+            let source = Source { kind: "unsubscribe", id: email_id };
             let parties = (scheduled.space_id.as_str(), scheduled.contact_id.as_str());
             streams.extend(subscription_changes(parties, &topics, "unsubscribed", source, now));
         }
@@ -106,7 +108,7 @@ pub async fn post(
             at_ms: now,
         };
         streams.push(StreamAppend {
-            stream_id: shared::email::stream_id(&email_id),
+            stream_id: shared::email::stream_id(email_id),
             expected: ExpectedVersion::Exactly(email.version),
             events: vec![NewEvent {
                 event: LogEvent::EmailUnsubscribed(unsubscribed),
@@ -114,14 +116,26 @@ pub async fn post(
                 occurred_at: shared::time::from_millis(now),
             }],
         });
-        let appended = crate::edge::append_public(&state, &scheduled.space_id, streams, guards).await;
-        match appended {
-            Ok(appended) => return Ok(answer(&email_id, &scheduled.topic_id, Some(appended))),
-            Err(AppendError::WrongVersion { .. }) => continue,
-            Err(error) => return Err(crate::edge::append_error(error)),
-        }
+        let answer = answer(email_id, &scheduled.topic_id);
+        Ok(Decided::Append(Decision::new(streams, guards, answer).in_space(&scheduled.space_id)))
     }
-    Err(ApiError::conflict(Code::ConcurrentModification, "the email's recipient kept changing; retry"))
+
+    fn lost_too_often(&self) -> ApiError {
+        ApiError::conflict(Code::ConcurrentModification, "the email's recipient kept changing; retry")
+    }
+}
+
+#[tracing::instrument(skip_all, fields(email = %path.as_str()))]
+pub async fn post(
+    path: web::Path<String>,
+    state: web::Data<State>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let email_id = path.into_inner();
+    if !shared::storable::is_storable(&email_id) || !email_id.starts_with("em_") {
+        return Err(not_found(&email_id));
+    }
+    pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, Unsubscribe { email_id }).await
 }
 
 fn not_found(email_id: &str) -> ApiError {

@@ -9,6 +9,7 @@
 //! part here.
 
 use shared::error::Code;
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use actix_web::http::StatusCode;
@@ -16,7 +17,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
 use shared::admission::ScopeLimits;
 use shared::auth::{Caller, Permission};
-use shared::catalog::{self, AttributeEntry, CATALOG, SchemaEntry};
+use shared::catalog::{self, AttributeEntry, SchemaEntry};
 use shared::crypto::DataKey;
 use shared::error::ApiError;
 use shared::events::LogEvent;
@@ -33,10 +34,9 @@ use crate::events::store::{
     ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, admission_guard, admission_state,
     ensure_scopes, find_receipts, load_subjects, receipts_guard, stream_id, subjects_guard,
 };
+use crate::pipeline::{self, ATTEMPTS, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 use crate::write_contexts::{self, Kind};
 
-/// How often an acceptance that lost an eventId race is decided again.
-const ATTEMPTS: usize = 3;
 /// The most events in one batch.
 pub const MAX_BATCH: usize = 500;
 
@@ -53,10 +53,12 @@ struct Context {
     revision: Option<i64>,
 }
 
+/// A batch's context, read at the edge; its appends carry the catalog revision guard.
 async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<Context, ApiError> {
-    let caller = state.authenticator.authorize(req, Permission::Write).await?;
-    let context = write_contexts::fresh(state, Kind::Event, caller.space_id(), schema_ref).await?;
-    admitted(state, caller, context, None).await
+    let caller = pipeline::authorize(req, state, Permission::Write).await?;
+    let context = write_contexts::at_edge(state, Kind::Event, caller.space_id(), schema_ref).await?;
+    let revision = context.revision;
+    admitted(state, caller, context, Some(revision)).await
 }
 
 /// A fire's context from a catalog context: its admission scopes, created when new.
@@ -237,6 +239,12 @@ fn accepted(
 
 /// The append of some new occurrences, all or nothing.
 fn acceptance(req: &HttpRequest, context: &Context, new: Vec<(StreamAppend, NewReceipt)>) -> AppendRequest {
+    let (streams, guards) = acceptance_parts(context, new);
+    AppendRequest { metadata: crate::edge::metadata(req, &context.caller, None), streams, guards }
+}
+
+/// The streams and guards of some new occurrences.
+fn acceptance_parts(context: &Context, new: Vec<(StreamAppend, NewReceipt)>) -> (Vec<StreamAppend>, Vec<Guard>) {
     let (streams, receipts): (Vec<StreamAppend>, Vec<NewReceipt>) = new.into_iter().unzip();
     let count = receipts.len() as i64;
     let pending = receipts.iter().filter(|receipt| receipt.pending).count() as i64;
@@ -247,7 +255,7 @@ fn acceptance(req: &HttpRequest, context: &Context, new: Vec<(StreamAppend, NewR
     }
     guards.push(admission_guard(&context.scopes, count, pending));
     guards.extend(context.revision.map(catalog::revision_guard));
-    AppendRequest { metadata: crate::edge::metadata(req, &context.caller, None), streams, guards }
+    (streams, guards)
 }
 
 /// Receipts and subjects of `candidates`, in two statements.
@@ -410,6 +418,109 @@ async fn accept_round<'a>(
     Ok(again)
 }
 
+/// A single fire. The first attempt at an occurrence about no record appends before anything
+/// is looked up: its receipt's unique key and its admission guard refuse exactly what the
+/// lookup would have found (a taken eventId) or admission would refuse, and whatever is
+/// refused is decided again from the lookup. One round trip and one transaction less per fire.
+struct FireEvent<'a> {
+    caller: &'a Caller,
+    schema_ref: String,
+    input: Map<String, Value>,
+    /// An append was refused admission: the next attempt looks the receipt up (a duplicate
+    /// costs nothing, even with an empty bucket) and reads the admission state.
+    admission_refused: Cell<bool>,
+}
+
+/// What a fire decides on.
+struct Fire {
+    context: Context,
+    candidate: Candidate,
+    /// `None`: not looked up (the optimistic first attempt).
+    lookups: Option<(HashMap<String, Receipt>, HashMap<String, Loaded>)>,
+    admission: Option<Vec<crate::events::decide::ScopeState>>,
+}
+
+impl Command for FireEvent<'_> {
+    type Loaded = Fire;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Fire, ApiError> {
+        let space_id = self.caller.space_id();
+        let context = write_contexts::current(ctx, Kind::Event, space_id, &self.schema_ref).await?;
+        let mut context = admitted(ctx.state, self.caller.clone(), context, None).await?;
+        let parsed = parse_item(&context, self.input.clone(), shared::time::now_millis())?;
+        // A kept context's credits are stale: an event that needs preparation reads them now.
+        if ctx.kept() && !parsed.pending_keys.is_empty() {
+            let catalog = ctx.catalog().await?;
+            context.credits = catalog::credits(&ctx.db().await?, &catalog, space_id).await?;
+        }
+        let candidate = candidate(0, parsed)?;
+        let optimistic = ctx.attempt() == 0 && candidate.input.subject().is_none() && !self.admission_refused.get();
+        let lookups = match optimistic {
+            true => None,
+            false => Some(lookups(ctx.state, &context, &[&candidate]).await?),
+        };
+        let admission = match self.admission_refused.get() {
+            true => Some(admission_state(&ctx.db().await?, &context.scopes).await?),
+            false => None,
+        };
+        Ok(Fire { context, candidate, lookups, admission })
+    }
+
+    fn decide(&self, fire: Fire, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let Fire { context, candidate, lookups, admission } = fire;
+        let (receipts, subjects) =
+            lookups.as_ref().map_or((None, None), |(receipts, subjects)| (Some(receipts), Some(subjects)));
+        if let Some(receipt) = receipts.and_then(|receipts| receipts.get(&candidate.input.event_id)) {
+            return match against_receipt(&candidate, receipt) {
+                Outcome::Accepted { receipt, .. } => {
+                    Ok(Decided::Answer(Answer::json(StatusCode::ACCEPTED, json!({ "data": receipt }))))
+                }
+                Outcome::Failed { error, .. } => Err(error),
+            };
+        }
+        if let Some(scopes) = &admission
+            && let Some((_, refusal)) = first_refusal(scopes, &[!candidate.input.pending_keys.is_empty()])
+        {
+            return Err(refusal.into());
+        }
+        let no_subjects = HashMap::new();
+        match new_occurrence(&context, &candidate, subjects.unwrap_or(&no_subjects), given.now_ms) {
+            Ok((stream, receipt)) => {
+                let body = json!({ "data": receipt.receipt });
+                let (streams, guards) = acceptance_parts(&context, vec![(stream, receipt)]);
+                Ok(Decided::Append(Decision::new(streams, guards, Answer::json(StatusCode::ACCEPTED, body))))
+            }
+            // Without its receipt looked up, a refusal may be a duplicate's: decide again.
+            Err(_) if lookups.is_none() => Ok(Decided::Again),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        match error {
+            AppendError::Conflict { code: EVENT_ID_TAKEN, .. } => Refusal::Again,
+            AppendError::Conflict { code: ADMISSION_REFUSED, .. } => {
+                self.admission_refused.set(true);
+                Refusal::Again
+            }
+            AppendError::Conflict { code: SUBJECT_DELETING, .. } => Refusal::Fail(ApiError::conflict(
+                Code::RecordDeletionPending,
+                "the event's subject is being deleted; it accepts no more events",
+            )),
+            error => Refusal::default_for(error),
+        }
+    }
+
+    fn attempts(&self) -> usize {
+        // The optimistic first attempt, then the contract's.
+        ATTEMPTS + 1
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        ApiError::conflict(Code::ConcurrentModification, "this eventId was being fired concurrently; retry")
+    }
+}
+
 #[tracing::instrument(skip_all, fields(schema = %path.as_str()))]
 pub async fn fire(
     req: HttpRequest,
@@ -417,55 +528,13 @@ pub async fn fire(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
-    let schema_ref = path.as_str();
-    // The schema from this process's cache when it holds it (see `write_contexts`), checked
-    // before the body as the contract's order says.
-    let context = write_contexts::current(&state, Kind::Event, caller.space_id(), schema_ref).await?;
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
+    let schema_ref = path.into_inner();
+    // The schema is checked before the body, as the contract's order says.
+    write_contexts::at_edge(&state, Kind::Event, caller.space_id(), &schema_ref).await?;
     let input = shared::http::read_json_object(&req, payload).await?;
-    let (req, state, caller, input) = (&req, &**state, &caller, &input);
-    write_contexts::decide(
-        state,
-        Kind::Event,
-        (caller.space_id(), schema_ref),
-        context,
-        |context, revision| async move {
-            let context = admitted(state, caller.clone(), context, revision).await?;
-            fire_once(req, state, &context, input.clone()).await
-        },
-    )
-    .await
-}
-
-/// A single fire decided on `context`.
-async fn fire_once(
-    req: &HttpRequest,
-    state: &State,
-    context: &Context,
-    input: Map<String, Value>,
-) -> Result<HttpResponse, ApiError> {
-    let parsed = parse_item(context, input, shared::time::now_millis())?;
-    // A cached context's credits are stale: an event that needs preparation reads them now.
-    let context = if context.revision.is_some() && !parsed.pending_keys.is_empty() {
-        let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-        let client = state.pool.get().await?;
-        let credits = catalog::credits(&client, &models.schema(CATALOG), context.caller.space_id()).await?;
-        &Context { credits, ..context.clone() }
-    } else {
-        context
-    };
-    let mut outcomes = accept_each(req, state, context, vec![candidate(0, parsed)?]).await?;
-    match outcomes.remove(&0) {
-        Some(Outcome::Accepted { receipt, position }) => {
-            let mut response = HttpResponse::build(StatusCode::ACCEPTED);
-            if position > 0 {
-                response.insert_header(("Consistency-Token", position.to_string()));
-            }
-            Ok(response.json(json!({ "data": receipt })))
-        }
-        Some(Outcome::Failed { error, .. }) => Err(error),
-        None => Err(ApiError::internal(&anyhow::anyhow!("a fire produced no outcome"))),
-    }
+    let command = FireEvent { caller: &caller, schema_ref, input, admission_refused: Cell::new(false) };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 
 /// `onError` of a batch.

@@ -16,47 +16,74 @@
 //! or, to a urlencoded post, a small HTML page. The link answers an HTML page, or JSON when
 //! the request accepts only `application/json`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde_json::{Value, json};
-use shared::catalog::{self, CATALOG};
-use shared::email::outbox;
+use serde_json::{Map, Value, json};
+use shared::catalog::{self, WriteContext};
 use shared::email::render;
 use shared::email::resources::{FORM, FormDef};
+use shared::email::{outbox, send};
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
-use shared::log::{AppendError, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::proto;
+use shared::records::RecordState;
 
 use super::decide;
 use crate::State;
 use crate::emails::consent::{Source, set_email_consent, subscription_changes};
+use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal, Then};
 use crate::records::decide::WriteSchema;
-use crate::records::http::{plan_upsert, write_context};
+use crate::records::http::{PlannedUpsert, Write, plan_upsert, write_context};
 use crate::templates::decide::{consent_keys, render_context};
-use crate::templates::http::{EmailTo, hand_off, load_authored, schedule};
-
-const ATTEMPTS: usize = 3;
+use crate::templates::http::{Authored, EmailTo, load_authored};
 
 fn submission_stream(submission_id: &str) -> String {
     format!("form-submission-{submission_id}")
 }
 
-/// The form and its space; 404 `form_not_found` when unknown, 403 `form_disabled` when off.
-async fn load_form(state: &State, form_id: &str) -> Result<(String, FormDef), ApiError> {
-    let not_found = || ApiError::not_found(Code::FormNotFound, format!("no form {form_id:?}"));
+fn not_found(form_id: &str) -> ApiError {
+    ApiError::not_found(Code::FormNotFound, format!("no form {form_id:?}"))
+}
+
+/// The form and its space from catalog version `catalog`; 404 `form_not_found` when unknown.
+async fn find_form(
+    client: &impl deadpool_postgres::GenericClient,
+    catalog: &str,
+    form_id: &str,
+) -> Result<(String, FormDef), ApiError> {
     if !form_id.starts_with("frm_") || !shared::storable::is_storable(form_id) {
-        return Err(not_found());
+        return Err(not_found(form_id));
     }
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let client = state.pool.get().await?;
     let (space_id, _, definition) =
-        catalog::resource_by_id(&client, &models.schema(CATALOG), FORM, form_id).await?.ok_or_else(not_found)?;
+        catalog::resource_by_id(client, catalog, FORM, form_id).await?.ok_or_else(|| not_found(form_id))?;
     let form: FormDef = serde_json::from_value(definition)
         .map_err(|error| ApiError::internal(&anyhow::anyhow!("form {form_id}: {error}")))?;
     Ok((space_id, form))
+}
+
+/// The form at the edge (before the limiters count a submission); 404 when unknown, 403
+/// `form_disabled` when off.
+async fn edge_form(state: &State, form_id: &str) -> Result<(String, FormDef), ApiError> {
+    let catalog = pipeline::edge_catalog(state).await?;
+    let found = find_form(&state.pool.get().await?, &catalog, form_id).await?;
+    if !found.1.enabled {
+        return Err(disabled());
+    }
+    Ok(found)
+}
+
+fn disabled() -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, Some(Code::FormDisabled), "this form is not accepting submissions")
+}
+
+/// The form as a command decides on it (its catalog revision guards the append).
+async fn load_form(ctx: &Ctx<'_>, form_id: &str) -> Result<(String, FormDef), ApiError> {
+    let catalog = ctx.catalog().await?;
+    find_form(&ctx.db().await?, &catalog, form_id).await
 }
 
 /// Counts one against a limiter; 429 `rate_limit_exceeded` with `Retry-After` when used up.
@@ -75,10 +102,9 @@ async fn limit(state: &State, key: &str, allowed: u32, window_seconds: u64, what
 }
 
 /// A small HTML page (what a browser that posted a form, or followed a link, is shown).
-fn page(title: &str, text: &str, appended: Option<Appended>) -> HttpResponse {
-    let mut response = HttpResponse::build(StatusCode::OK);
-    crate::edge::consistency_token(&mut response, appended);
-    response.content_type("text/html; charset=utf-8").insert_header(("Cache-Control", "no-store")).body(
+fn page(title: &str, text: &str) -> Answer {
+    Answer::html(
+        StatusCode::OK,
         format!(
             "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"robots\" content=\"noindex\">\
              <title>{title}</title></head>\n<body style=\"font-family: sans-serif; max-width: 32rem; margin: 4rem auto\">\
@@ -89,83 +115,104 @@ fn page(title: &str, text: &str, appended: Option<Appended>) -> HttpResponse {
     )
 }
 
-#[tracing::instrument(skip_all, fields(form = %path.as_str()))]
-pub async fn submit(
-    req: HttpRequest,
-    path: web::Path<String>,
-    payload: web::Payload,
-    state: web::Data<State>,
-) -> Result<HttpResponse, ApiError> {
-    let form_id = path.into_inner();
-    let (space_id, form) = load_form(&state, &form_id).await?;
-    if !form.enabled {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            Some(Code::FormDisabled),
-            "this form is not accepting submissions",
-        ));
-    }
-    let forwarded = req.headers().get("x-forwarded-for").and_then(|value| value.to_str().ok());
-    let client =
-        decide::client_ip(req.peer_addr().map(|addr| addr.ip()), forwarded, &state.settings.http.trusted_proxies);
-    let limits = &state.settings.forms;
-    let client = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
-    limit(&state, &format!("form-ip:{client}"), limits.per_ip, limits.window_seconds, "submissions from this address")
-        .await?;
-    limit(&state, &format!("form:{form_id}"), limits.per_form, limits.window_seconds, "submissions to this form")
-        .await?;
-    let (fields, urlencoded) = shared::http::read_form_or_json(&req, payload).await?;
+/// What a submission decides on.
+struct Submission {
+    space_id: String,
+    form: FormDef,
+    context: WriteContext,
+    planned: PlannedUpsert,
+    subscribed: BTreeMap<String, String>,
+    /// The template of the confirmation email, when one is sent (double opt-in, an address
+    /// that is not suppressed, and the confirmation limiters passed).
+    confirmation: Option<Authored>,
+}
 
-    let (schema, attributes, _) = write_context(&state, &space_id, &form.schema_id).await?;
-    let write_schema = WriteSchema {
-        schema_id: &schema.schema_id,
-        space_id: &space_id,
-        schema_type: &schema.schema_type,
-        attributes: &attributes,
-    };
-    let mut input = decide::contact_input(&form, &fields, &attributes, urlencoded)?;
-    if !form.double_opt_in {
-        for key in consent_keys(&attributes) {
-            input.insert(key, Value::Bool(true));
+struct SubmitForm {
+    form_id: String,
+    fields: Map<String, Value>,
+    urlencoded: bool,
+    token_ttl_hours: u64,
+    /// Where the confirmation link points.
+    base_url: String,
+}
+
+impl Command for SubmitForm {
+    type Loaded = Submission;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Submission, ApiError> {
+        let form_id = &self.form_id;
+        let (space_id, form) = load_form(ctx, form_id).await?;
+        if !form.enabled {
+            return Err(disabled());
         }
+        let context = write_context(ctx, &space_id, &form.schema_id).await?;
+        let schema = WriteSchema {
+            schema_id: &context.schema.schema_id,
+            space_id: &space_id,
+            schema_type: &context.schema.schema_type,
+            attributes: &context.attributes,
+        };
+        let mut input = decide::contact_input(&form, &self.fields, &context.attributes, self.urlencoded)?;
+        if !form.double_opt_in {
+            for key in consent_keys(&context.attributes) {
+                input.insert(key, Value::Bool(true));
+            }
+        }
+        let planned = plan_upsert(ctx, &schema, input, shared::time::now_millis()).await?;
+        let contact = &planned.record;
+        let address = contact.personal.as_ref().and_then(|personal| personal.email.clone()).unwrap_or_default();
+        let client = ctx.db().await?;
+        let subscribed = shared::email::subscriptions(&client, &contact.record_id)
+            .await
+            .map_err(|error| ApiError::internal(&error))?;
+        let suppressed = shared::email::is_suppressed(&client, &space_id, &address).await?;
+        drop(client);
+        let pending = pending(&form, &subscribed);
+        let confirmation = match (&form.confirmation_template_id, pending && !suppressed) {
+            (Some(template_id), true) => {
+                let authored = load_authored(ctx, &space_id, template_id).await?;
+                let limits = &ctx.state.settings.forms;
+                let recipient = shared::crypto::keyed_digest("form-recipient", &address)
+                    .map_err(|error| ApiError::internal(&error))?;
+                let window = limits.confirmation_window_seconds;
+                let (per_recipient, per_form) =
+                    (format!("form-confirm:{form_id}:{recipient}"), format!("form-confirm:{form_id}"));
+                let what = "confirmation emails to this address";
+                limit(ctx.state, &per_recipient, limits.confirmations_per_recipient, window, what).await?;
+                let what = "confirmation emails of this form";
+                limit(ctx.state, &per_form, limits.confirmations_per_form, window, what).await?;
+                Some(authored)
+            }
+            _ => None,
+        };
+        Ok(Submission { space_id, form, context, planned, subscribed, confirmation })
     }
-    let confirmation = match (&form.double_opt_in, &form.confirmation_template_id) {
-        (true, Some(template_id)) => Some(load_authored(&state, &space_id, template_id).await?),
-        _ => None,
-    };
-    for _ in 0..ATTEMPTS {
-        let now = shared::time::now_millis();
-        let planned = plan_upsert(&state, &write_schema, input.clone(), now).await?;
-        let contact = planned.record.clone();
+
+    fn decide(&self, loaded: Submission, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let Submission { space_id, form, context, planned, subscribed, confirmation } = loaded;
+        let (form_id, now) = (&self.form_id, given.now_ms);
+        let contact: RecordState = planned.record.clone();
         let contact_id = contact.record_id.clone();
         let address = contact.personal.as_ref().and_then(|personal| personal.email.clone()).unwrap_or_default();
-        let db = state.pool.get().await?;
-        let subscribed =
-            shared::email::subscriptions(&db, &contact_id).await.map_err(|error| ApiError::internal(&error))?;
-        let suppressed = shared::email::is_suppressed(&db, &space_id, &address).await?;
-        drop(db);
-        let new_topics: Vec<&String> = form
-            .topic_ids
-            .iter()
-            .filter(|topic| subscribed.get(*topic).map(String::as_str) != Some("subscribed"))
-            .collect();
-        let pending = form.double_opt_in && (!new_topics.is_empty() || form.topic_ids.is_empty());
+        let new_topics = new_topics(&form, &subscribed);
+        let pending = pending(&form, &subscribed);
         let submission_id = shared::ids::new_id("sub");
         let mut streams = Vec::new();
         let mut guards: Vec<Guard> = Vec::new();
         let mut contact_key = planned.key.clone();
         if let Some(write) = planned.write {
-            let write = write.map_err(crate::edge::append_error)?;
-            contact_key = Some(write.key.clone());
-            streams.push(write.stream);
-            guards.extend(write.guards);
+            let Write { stream, guards: write_guards, key } = write.map_err(crate::edge::append_error)?;
+            contact_key = Some(key);
+            streams.push(stream);
+            guards.extend(write_guards);
         }
         let status = if pending { "pending" } else { "subscribed" };
-        let source = Source { kind: "form", id: &form_id };
+        let source = Source { kind: "form", id: form_id };
         streams.extend(subscription_changes((&space_id, &contact_id), &new_topics, status, source, now));
         let mut token_digest = String::new();
         let mut confirmation_email = None;
-        let expires_at_ms = now + i64::try_from(limits.token_ttl_hours).unwrap_or(168) * 3_600_000;
+        let token_ttl_hours = i64::try_from(self.token_ttl_hours).unwrap_or(168);
+        let expires_at_ms = now + token_ttl_hours * 3_600_000;
         if pending {
             let token = decide::new_token();
             token_digest =
@@ -183,49 +230,29 @@ pub async fn submit(
                 ],
                 AppendError::Conflict { code: Code::IdempotencyConflict, message: "the token is taken".to_owned() },
             ));
-            if let (Some(authored), false, Some(key)) = (&confirmation, suppressed, contact_key.as_ref()) {
-                let recipient = shared::crypto::keyed_digest("form-recipient", &address)
-                    .map_err(|error| ApiError::internal(&error))?;
-                let window = limits.confirmation_window_seconds;
-                let per_recipient = format!("form-confirm:{form_id}:{recipient}");
-                limit(
-                    &state,
-                    &per_recipient,
-                    limits.confirmations_per_recipient,
-                    window,
-                    "confirmation emails to this address",
-                )
-                .await?;
-                limit(
-                    &state,
-                    &format!("form-confirm:{form_id}"),
-                    limits.confirmations_per_form,
-                    window,
-                    "confirmation emails of this form",
-                )
-                .await?;
-                let confirm_url = format!(
-                    "{}/forms/{form_id}/confirm/{token}",
-                    state.settings.email.public_base_url.trim_end_matches('/')
-                );
-                let keys: Vec<String> = attributes.iter().map(|attribute| attribute.key.clone()).collect();
+            if let (Some(authored), Some(key)) = (&confirmation, contact_key.as_ref()) {
+                let confirm_url = format!("{}/forms/{form_id}/confirm/{token}", self.base_url.trim_end_matches('/'));
+                let keys: Vec<String> = context.attributes.iter().map(|attribute| attribute.key.clone()).collect();
                 let documents =
                     [(authored.template.recipient.clone(), (contact.document(), keys))].into_iter().collect();
-                let mut context = render_context(&documents);
-                if let Some(context) = context.as_object_mut() {
-                    context.insert("confirmUrl".to_owned(), Value::String(confirm_url));
-                    context.insert("form".to_owned(), json!({"id": form_id, "name": form.name}));
+                let mut render_with = render_context(&documents);
+                if let Some(values) = render_with.as_object_mut() {
+                    values.insert("confirmUrl".to_owned(), Value::String(confirm_url));
+                    values.insert("form".to_owned(), json!({"id": form_id, "name": form.name}));
                 }
                 let template = &authored.template;
-                let rendered =
-                    render::render(&template.subject, &template.html, &template.text, &context).map_err(|error| {
+                let rendered = render::render(&template.subject, &template.html, &template.text, &render_with)
+                    .map_err(|error| {
                         ApiError::internal(&anyhow::anyhow!(
                             "form {form_id}: the confirmation template does not render: {error}"
                         ))
                     })?;
                 let to = EmailTo { space_id: &space_id, contact_id: &contact_id, address: &address, key };
-                let scheduled = schedule(&state, authored, to, &rendered, ("form_confirmation", &form_id), now)?;
-                guards.push(outbox::insert_guard(&scheduled.prepared.parties.email_id, &space_id, None));
+                let email_id = shared::ids::new_id("em");
+                let origin = ("form_confirmation", form_id.as_str());
+                let scheduled = send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.base_url))
+                    .map_err(|error| ApiError::internal(&error))?;
+                guards.push(outbox::insert_guard(&email_id, &space_id, None));
                 streams.push(scheduled.stream);
                 confirmation_email = Some(scheduled.prepared);
             }
@@ -250,36 +277,76 @@ pub async fn submit(
                 occurred_at: shared::time::from_millis(now),
             }],
         });
-        let appended = crate::edge::append_public(&state, &space_id, streams, guards).await;
-        let appended = match appended {
-            Ok(appended) => appended,
-            Err(AppendError::WrongVersion { .. }) => continue,
-            Err(AppendError::Conflict { code: Code::IdentifierConflict, .. }) => continue,
-            Err(error) => return Err(crate::edge::append_error(error)),
-        };
-        if let Some(prepared) = confirmation_email {
-            let state = state.clone();
-            tokio::spawn(async move { hand_off(&state, &prepared).await });
-        }
-        let status = if pending { "pending_confirmation" } else { "subscribed" };
-        let response = if urlencoded {
+        let answer = if self.urlencoded {
             let text = if pending {
                 "Thank you. Please check your inbox and follow the link to confirm."
             } else {
                 "Thank you. You are subscribed."
             };
-            page(&form.name, text, Some(appended))
+            page(&form.name, text)
         } else {
-            let mut response = HttpResponse::Ok();
-            crate::edge::consistency_token(&mut response, Some(appended));
-            response.json(json!({"data": {"submissionId": submission_id, "status": status}}))
+            let status = if pending { "pending_confirmation" } else { "subscribed" };
+            Answer::json(StatusCode::OK, json!({"data": {"submissionId": submission_id, "status": status}}))
         };
-        return Ok(response);
+        let decision = Decision::new(streams, guards, answer).in_space(&space_id);
+        Ok(Decided::Append(match confirmation_email {
+            Some(prepared) => decision.then(Then::SendEmailLater(Box::new(prepared))),
+            None => decision,
+        }))
     }
-    Err(ApiError::conflict(
-        Code::ConcurrentModification,
-        "the contact kept changing while the submission was applied; retry",
-    ))
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        match error {
+            AppendError::Conflict { code: Code::IdentifierConflict, .. } => Refusal::Again,
+            error => Refusal::default_for(error),
+        }
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        ApiError::conflict(
+            Code::ConcurrentModification,
+            "the contact kept changing while the submission was applied; retry",
+        )
+    }
+}
+
+/// The form's topics the contact is not subscribed to yet.
+fn new_topics<'a>(form: &'a FormDef, subscribed: &BTreeMap<String, String>) -> Vec<&'a String> {
+    form.topic_ids.iter().filter(|topic| subscribed.get(*topic).map(String::as_str) != Some("subscribed")).collect()
+}
+
+/// Whether a submission waits for confirmation: double opt-in, and something to confirm.
+fn pending(form: &FormDef, subscribed: &BTreeMap<String, String>) -> bool {
+    form.double_opt_in && (!new_topics(form, subscribed).is_empty() || form.topic_ids.is_empty())
+}
+
+#[tracing::instrument(skip_all, fields(form = %path.as_str()))]
+pub async fn submit(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let form_id = path.into_inner();
+    edge_form(&state, &form_id).await?;
+    let forwarded = req.headers().get("x-forwarded-for").and_then(|value| value.to_str().ok());
+    let client =
+        decide::client_ip(req.peer_addr().map(|addr| addr.ip()), forwarded, &state.settings.http.trusted_proxies);
+    let limits = &state.settings.forms;
+    let client = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
+    limit(&state, &format!("form-ip:{client}"), limits.per_ip, limits.window_seconds, "submissions from this address")
+        .await?;
+    limit(&state, &format!("form:{form_id}"), limits.per_form, limits.window_seconds, "submissions to this form")
+        .await?;
+    let (fields, urlencoded) = shared::http::read_form_or_json(&req, payload).await?;
+    let command = SubmitForm {
+        form_id,
+        fields,
+        urlencoded,
+        token_ttl_hours: limits.token_ttl_hours,
+        base_url: state.settings.email.public_base_url.clone(),
+    };
+    pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, command).await
 }
 
 fn wants_json(req: &HttpRequest) -> bool {
@@ -289,43 +356,57 @@ fn wants_json(req: &HttpRequest) -> bool {
         .is_some_and(|accept| accept.contains("application/json") && !accept.contains("text/html"))
 }
 
-fn confirmed(req: &HttpRequest, form: &FormDef, form_id: &str, appended: Option<Appended>) -> HttpResponse {
-    if wants_json(req) {
-        let mut response = HttpResponse::Ok();
-        crate::edge::consistency_token(&mut response, appended);
-        response.json(json!({"data": {"formId": form_id, "status": "confirmed"}}))
-    } else {
-        page(&form.name, "Your subscription is confirmed. Thank you.", appended)
+/// What a confirmation decides on.
+enum Confirmation {
+    /// Confirmed before: a success again (D7).
+    Done(FormDef),
+    Open {
+        space_id: String,
+        form: FormDef,
+        submission_id: String,
+        contact_id: String,
+        /// The contact's email consent granted (none when it holds already).
+        consent: Option<Write>,
+        subscribed: BTreeMap<String, String>,
+    },
+}
+
+struct ConfirmSubmission {
+    form_id: String,
+    digest: String,
+    json: bool,
+    /// The form as the last decision saw it, to answer a concurrent confirmation's success.
+    decided_form: std::cell::RefCell<Option<FormDef>>,
+}
+
+impl ConfirmSubmission {
+    fn confirmed(&self, form: &FormDef) -> Answer {
+        if self.json {
+            Answer::json(StatusCode::OK, json!({"data": {"formId": self.form_id, "status": "confirmed"}}))
+        } else {
+            page(&form.name, "Your subscription is confirmed. Thank you.")
+        }
     }
 }
 
-#[tracing::instrument(skip_all, fields(form = %path.0))]
-pub async fn confirm(
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-    state: web::Data<State>,
-) -> Result<HttpResponse, ApiError> {
-    let (form_id, token) = path.into_inner();
-    let (space_id, form) = load_form(&state, &form_id).await?;
-    let not_found = || ApiError::not_found(Code::ConfirmationNotFound, "this confirmation link is not valid");
-    if token.len() > 256 || !shared::storable::is_storable(&token) {
-        return Err(not_found());
-    }
-    let digest = shared::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
-    for _ in 0..ATTEMPTS {
-        let db = state.pool.get().await?;
+impl Command for ConfirmSubmission {
+    type Loaded = Confirmation;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Confirmation, ApiError> {
+        let (space_id, form) = load_form(ctx, &self.form_id).await?;
+        let db = ctx.db().await?;
         let row = db
             .query_opt(
                 "SELECT submission_id, contact_id, confirmed_at IS NOT NULL, expires_at < now() FROM form_tokens
                  WHERE token_digest = $1 AND form_id = $2",
-                &[&digest, &form_id],
+                &[&self.digest, &self.form_id],
             )
             .await?
-            .ok_or_else(not_found)?;
+            .ok_or_else(link_not_found)?;
         let (submission_id, contact_id, done, expired): (String, String, bool, bool) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
         if done {
-            return Ok(confirmed(&req, &form, &form_id, None));
+            return Ok(Confirmation::Done(form));
         }
         if expired {
             return Err(ApiError::new(
@@ -337,27 +418,39 @@ pub async fn confirm(
         let subscribed =
             shared::email::subscriptions(&db, &contact_id).await.map_err(|error| ApiError::internal(&error))?;
         drop(db);
-        let now = shared::time::now_millis();
+        let consent = set_email_consent(ctx, &space_id, &contact_id, true, shared::time::now_millis()).await?;
+        Ok(Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed })
+    }
+
+    fn decide(&self, loaded: Confirmation, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let (space_id, form, submission_id, contact_id, consent, subscribed) = match loaded {
+            Confirmation::Done(form) => return Ok(Decided::Answer(self.confirmed(&form))),
+            Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed } => {
+                (space_id, form, submission_id, contact_id, consent, subscribed)
+            }
+        };
+        let now = given.now_ms;
         let mut streams = Vec::new();
         let mut guards = vec![Guard::exactly_one(
             "UPDATE form_tokens SET confirmed_at = now() WHERE token_digest = $1 AND confirmed_at IS NULL",
-            vec![Box::new(digest.clone())],
+            vec![Box::new(self.digest.clone())],
             AppendError::Conflict { code: Code::ConcurrentModification, message: "confirmed meanwhile".to_owned() },
         )];
-        if let Some(write) = set_email_consent(&state, &space_id, &contact_id, true, now).await? {
+        if let Some(write) = consent {
             streams.push(write.stream);
             guards.extend(write.guards);
         }
-        let topics: Vec<&String> = form
-            .topic_ids
-            .iter()
-            .filter(|topic| subscribed.get(*topic).map(String::as_str) != Some("subscribed"))
-            .collect();
-        let source = Source { kind: "confirmation", id: &form_id };
-        streams.extend(subscription_changes((&space_id, &contact_id), &topics, "subscribed", source, now));
+        let source = Source { kind: "confirmation", id: &self.form_id };
+        streams.extend(subscription_changes(
+            (&space_id, &contact_id),
+            &new_topics(&form, &subscribed),
+            "subscribed",
+            source,
+            now,
+        ));
         let confirmed_event = proto::SubmissionConfirmed {
             submission_id: submission_id.clone(),
-            form_id: form_id.clone(),
+            form_id: self.form_id.clone(),
             space_id: space_id.clone(),
             contact_id: contact_id.clone(),
             at_ms: now,
@@ -371,16 +464,45 @@ pub async fn confirm(
                 occurred_at: shared::time::from_millis(now),
             }],
         });
-        let appended = crate::edge::append_public(&state, &space_id, streams, guards).await;
-        match appended {
-            Ok(appended) => return Ok(confirmed(&req, &form, &form_id, Some(appended))),
+        *self.decided_form.borrow_mut() = Some(form.clone());
+        Ok(Decided::Append(Decision::new(streams, guards, self.confirmed(&form)).in_space(&space_id)))
+    }
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        match error {
             // Confirmed by a concurrent request: a success, as a second confirmation is.
-            Err(AppendError::Conflict { code: Code::ConcurrentModification, .. }) => {
-                return Ok(confirmed(&req, &form, &form_id, None));
+            AppendError::Conflict { code: Code::ConcurrentModification, .. } => {
+                match self.decided_form.borrow().as_ref() {
+                    Some(form) => Refusal::Answer(self.confirmed(form)),
+                    None => Refusal::Again,
+                }
             }
-            Err(AppendError::WrongVersion { .. }) => continue,
-            Err(error) => return Err(crate::edge::append_error(error)),
+            error => Refusal::default_for(error),
         }
     }
-    Err(ApiError::conflict(Code::ConcurrentModification, "the contact kept changing; follow the link again"))
+
+    fn lost_too_often(&self) -> ApiError {
+        ApiError::conflict(Code::ConcurrentModification, "the contact kept changing; follow the link again")
+    }
+}
+
+fn link_not_found() -> ApiError {
+    ApiError::not_found(Code::ConfirmationNotFound, "this confirmation link is not valid")
+}
+
+#[tracing::instrument(skip_all, fields(form = %path.0))]
+pub async fn confirm(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let (form_id, token) = path.into_inner();
+    let catalog = pipeline::edge_catalog(&state).await?;
+    find_form(&state.pool.get().await?, &catalog, &form_id).await?;
+    if token.len() > 256 || !shared::storable::is_storable(&token) {
+        return Err(link_not_found());
+    }
+    let digest = shared::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
+    let command = ConfirmSubmission { form_id, digest, json: wants_json(&req), decided_form: Default::default() };
+    pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, command).await
 }

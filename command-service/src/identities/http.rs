@@ -9,19 +9,16 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::json;
-use shared::auth::Permission;
-use shared::catalog::CATALOG;
+use shared::auth::{Caller, Permission};
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, ExpectedVersion, NewEvent, StreamAppend};
+use shared::log::{AppendError, ExpectedVersion, NewEvent, StreamAppend};
 
-use super::decide::{Decision, Given, decide, parse_change};
+use super::decide::{Alias, Change, Contact, Decision as Outcome, Given as Facts, Recorded, decide, parse_change};
 use super::store::{self, CAPACITY, OPERATION_TAKEN, REVISION_MOVED};
 use crate::State;
 use crate::events::store::SUBJECT_DELETING;
-
-/// How often a change that lost a race is decided again.
-const ATTEMPTS: usize = 3;
+use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 
 fn source_unavailable(source_id: &str) -> ApiError {
     ApiError::new(
@@ -34,23 +31,101 @@ fn source_unavailable(source_id: &str) -> ApiError {
     )
 }
 
+struct ChangeIdentity<'a> {
+    caller: &'a Caller,
+    change: Change,
+    /// The keyed digest of the change's body (a replay of the operationId has the same).
+    body_digest: String,
+    /// The keyed digest naming the alias.
+    alias: String,
+    capacity: shared::settings::IdentityCapacity,
+}
+
+impl Command for ChangeIdentity<'_> {
+    type Loaded = (Option<Recorded>, Alias, Option<Contact>);
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        let (space_id, change) = (self.caller.space_id(), &self.change);
+        // 403 unless an enabled contact track of the space has the source and uses the schema.
+        let catalog = ctx.catalog().await?;
+        let client = ctx.db().await?;
+        let schemas = store::track_schemas(&client, &catalog, space_id, &change.source_id).await?;
+        if !schemas.contains(&change.subject_schema_id) {
+            return Err(source_unavailable(&change.source_id));
+        }
+        let recorded = store::load_operation(&client, space_id, &change.operation_id).await?;
+        let alias = store::load_alias(&client, space_id, &self.alias).await?;
+        let contact = match &change.contact_id {
+            Some(contact_id) if recorded.is_none() => Some(store::load_contact(&client, contact_id).await?),
+            _ => None,
+        };
+        Ok((recorded, alias, contact))
+    }
+
+    fn decide(&self, (recorded, alias, contact): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let (space_id, change) = (self.caller.space_id(), &self.change);
+        let previous = alias.contact_id.clone();
+        let facts = Facts {
+            space_id,
+            alias_digest: &self.alias,
+            body_digest: &self.body_digest,
+            recorded,
+            alias,
+            contact,
+            now_ms: given.now_ms,
+        };
+        let (event, result, revision) = match decide(change, facts)? {
+            Outcome::Replay(result) => {
+                return Ok(Decided::Answer(Answer::json(actix_web::http::StatusCode::OK, json!({ "data": result }))));
+            }
+            Outcome::Change { event, result, expected_revision } => (event, result, expected_revision),
+        };
+        let guards = store::guards(self.capacity, space_id, change, &self.alias, &self.body_digest, &result, revision);
+        let stream = StreamAppend {
+            stream_id: format!("alias/{space_id}/{}", self.alias),
+            expected: if revision == 0 { ExpectedVersion::NoStream } else { ExpectedVersion::Exactly(revision) },
+            events: vec![NewEvent {
+                subject_id: change.contact_id.clone().or(previous),
+                occurred_at: shared::time::from_millis(event.changed_at_ms),
+                event: LogEvent::EventIdentityChanged(event),
+            }],
+        };
+        let answer = Answer::json(actix_web::http::StatusCode::OK, json!({ "data": result }));
+        Ok(Decided::Append(Decision::new(vec![stream], guards, answer)))
+    }
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        match error {
+            // Another request under this operationId won, or the alias moved on: decide again.
+            AppendError::Conflict { code: OPERATION_TAKEN | REVISION_MOVED, .. } => Refusal::Again,
+            AppendError::Conflict { code: CAPACITY, .. } => Refusal::Fail(ApiError::new(
+                actix_web::http::StatusCode::TOO_MANY_REQUESTS,
+                Some(CAPACITY),
+                format!(
+                    "the space's identity capacity is exhausted ({} aliases, {} identity changes)",
+                    self.capacity.aliases, self.capacity.changes
+                ),
+            )),
+            AppendError::Conflict { code: SUBJECT_DELETING, .. } => {
+                Refusal::Fail(ApiError::conflict(Code::RecordDeletionPending, "the contact is being deleted"))
+            }
+            error => Refusal::default_for(error),
+        }
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        ApiError::conflict(Code::ConcurrentModification, "the alias kept changing while this change was applied; retry")
+    }
+}
+
 #[tracing::instrument(skip_all)]
 pub async fn change(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let change = parse_change(shared::http::read_json_object(&req, payload).await?)?;
-    let space_id = caller.space_id().to_owned();
-    // 403 unless an enabled contact track of the space has the source and uses the schema.
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let client = state.pool.get().await?;
-    let schemas = store::track_schemas(&client, &models.schema(CATALOG), &space_id, &change.source_id).await?;
-    drop(client);
-    if !schemas.contains(&change.subject_schema_id) {
-        return Err(source_unavailable(&change.source_id));
-    }
     let body_digest = shared::crypto::keyed_digest(
         "identity-change",
         &shared::canonical::canonical_json(&json!([
@@ -62,81 +137,6 @@ pub async fn change(
         ])),
     )?;
     let alias = shared::crypto::keyed_digest("alias", &format!("{}\0{}", change.source_id, change.anonymous_id))?;
-    for _ in 0..ATTEMPTS {
-        let client = state.pool.get().await?;
-        let recorded = store::load_operation(&client, &space_id, &change.operation_id).await?;
-        let alias_state = store::load_alias(&client, &space_id, &alias).await?;
-        let contact = match &change.contact_id {
-            Some(contact_id) if recorded.is_none() => Some(store::load_contact(&client, contact_id).await?),
-            _ => None,
-        };
-        drop(client);
-        let previous = alias_state.contact_id.clone();
-        let given = Given {
-            space_id: &space_id,
-            alias_digest: &alias,
-            body_digest: &body_digest,
-            recorded,
-            alias: alias_state,
-            contact,
-            now_ms: shared::time::now_millis(),
-        };
-        let (event, result, revision) = match decide(&change, given)? {
-            Decision::Replay(result) => return Ok(HttpResponse::Ok().json(json!({ "data": result }))),
-            Decision::Change { event, result, expected_revision } => (event, result, expected_revision),
-        };
-        let capacity = state.settings.identity;
-        let guards = store::guards(capacity, &space_id, &change, &alias, &body_digest, &result, revision);
-        let appended = state
-            .event_log
-            .append(AppendRequest {
-                metadata: crate::edge::metadata(&req, &caller, None),
-                streams: vec![StreamAppend {
-                    stream_id: format!("alias/{space_id}/{alias}"),
-                    expected: if revision == 0 {
-                        ExpectedVersion::NoStream
-                    } else {
-                        ExpectedVersion::Exactly(revision)
-                    },
-                    events: vec![NewEvent {
-                        subject_id: change.contact_id.clone().or(previous),
-                        occurred_at: shared::time::from_millis(event.changed_at_ms),
-                        event: LogEvent::EventIdentityChanged(event),
-                    }],
-                }],
-                guards,
-            })
-            .await;
-        match appended {
-            Ok(appended) => {
-                let mut response = HttpResponse::Ok();
-                response.insert_header(("Consistency-Token", appended.last_position.to_string()));
-                return Ok(response.json(json!({ "data": result })));
-            }
-            // Another request under this operationId won, or the alias moved on: decide again.
-            Err(
-                AppendError::Conflict { code: OPERATION_TAKEN | REVISION_MOVED, .. } | AppendError::WrongVersion { .. },
-            ) => {
-                continue;
-            }
-            Err(AppendError::Conflict { code: CAPACITY, .. }) => {
-                return Err(ApiError::new(
-                    actix_web::http::StatusCode::TOO_MANY_REQUESTS,
-                    Some(CAPACITY),
-                    format!(
-                        "the space's identity capacity is exhausted ({} aliases, {} identity changes)",
-                        capacity.aliases, capacity.changes
-                    ),
-                ));
-            }
-            Err(AppendError::Conflict { code: SUBJECT_DELETING, .. }) => {
-                return Err(ApiError::conflict(Code::RecordDeletionPending, "the contact is being deleted"));
-            }
-            Err(error) => return Err(crate::edge::append_error(error)),
-        }
-    }
-    Err(ApiError::conflict(
-        Code::ConcurrentModification,
-        "the alias kept changing while this change was applied; retry",
-    ))
+    let command = ChangeIdentity { caller: &caller, change, body_digest, alias, capacity: state.settings.identity };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }

@@ -1,23 +1,24 @@
-//! Record writes: `POST /schemas/{schema}/records` (strict create), `POST
-//! /schemas/{schema}/records/upsert` and `PATCH /schemas/{schema}/records/{id}`.
+//! Record writes, on the command pipeline: `POST /schemas/{schema}/records` (strict create),
+//! `POST /schemas/{schema}/records/upsert`, `PATCH /schemas/{schema}/records/{id}` and `DELETE
+//! /schemas/{schema}/records/{id}`. Each decides on the record's stream (and the identity
+//! guards), and appends at its version.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value};
 use shared::auth::{Caller, Permission};
-use shared::catalog::{self, AttributeEntry, SchemaEntry, WriteContext};
+use shared::catalog::WriteContext;
 use shared::crypto::{self, DataKey};
 use shared::error::ApiError;
 use shared::error::Code;
 use shared::events::LogEvent;
 use shared::ids::new_id;
-use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::proto::Sealed;
 use shared::records::{RecordState, record_document};
 
 use crate::State;
-use crate::edge::{append_error, respond};
-use crate::idempotency::{self, Claim};
+use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 use crate::records::decide::{
     Change, CreateDecision, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, decide_create,
     decide_update, live_target, match_upsert, parse_input,
@@ -25,60 +26,19 @@ use crate::records::decide::{
 use crate::records::store::{Loaded, claim, deletion_guards, identity_owners, load_records, release, stream_id};
 use crate::write_contexts::{self, Kind};
 
-/// How often a write that lost a race (stream version, identity claim) is decided again.
-const ATTEMPTS: usize = 3;
-
-/// What every record write loads before deciding.
-struct Prelude {
-    caller: Caller,
-    input: Map<String, Value>,
-    schema: SchemaEntry,
-    attributes: Vec<AttributeEntry>,
-    credits: i64,
-}
-
-impl Prelude {
-    fn write_schema(&self) -> WriteSchema<'_> {
-        WriteSchema {
-            schema_id: &self.schema.schema_id,
-            space_id: &self.caller.space.space_id,
-            schema_type: &self.schema.schema_type,
-            attributes: &self.attributes,
-        }
+/// The record schema of a write and the space it is in, as a decision takes it.
+fn write_schema<'a>(context: &'a WriteContext, space_id: &'a str) -> WriteSchema<'a> {
+    WriteSchema {
+        schema_id: &context.schema.schema_id,
+        space_id,
+        schema_type: &context.schema.schema_type,
+        attributes: &context.attributes,
     }
-}
-
-async fn prelude(
-    req: &HttpRequest,
-    payload: web::Payload,
-    state: &State,
-    schema_ref: &str,
-) -> Result<Prelude, ApiError> {
-    let caller = state.authenticator.authorize(req, Permission::Write).await?;
-    let input = shared::http::read_json_object(req, payload).await?;
-    let (schema, attributes, credits) = write_context(state, caller.space_id(), schema_ref).await?;
-    Ok(Prelude { caller, input, schema, attributes, credits })
-}
-
-/// The contact or object schema `schema_ref` (id or slug) of the space, its attributes and
-/// the space's AI credits; 404 `schema_not_found` otherwise.
-pub(crate) async fn write_context(
-    state: &State,
-    space_id: &str,
-    schema_ref: &str,
-) -> Result<(SchemaEntry, Vec<AttributeEntry>, i64), ApiError> {
-    let context = write_contexts::fresh(state, Kind::Record, space_id, schema_ref).await?;
-    Ok((context.schema, context.attributes, context.credits))
 }
 
 /// Identity values of the input, to look up their holders.
 fn identity_values(input: &Input) -> Vec<(&'static str, String)> {
     input.identities.iter().filter_map(|(key, value)| value.clone().map(|value| (*key, value))).collect()
-}
-
-/// The completion guard of a claimed operation whose answer will be `status` and `body`.
-fn completion(claim: Option<&Claim>, status: StatusCode, body: &Value) -> Option<Guard> {
-    claim.map(|claim| claim.completion(status, body))
 }
 
 /// A record write ready to append: its stream and guards.
@@ -138,19 +98,6 @@ fn update_write(
     Ok(Write { stream, guards, key })
 }
 
-/// Appends one record write with the operation's completion guard.
-async fn append_write(
-    req: &HttpRequest,
-    state: &State,
-    caller: &Caller,
-    write: Result<Write, AppendError>,
-    idempotency: (Option<&Claim>, Option<Guard>),
-) -> Result<Appended, AppendError> {
-    let Write { stream, mut guards, .. } = write?;
-    guards.extend(idempotency.1);
-    crate::edge::append(state, req, caller, idempotency.0, vec![stream], guards).await
-}
-
 /// An upsert decided: the status and record it answers with, and the write (none when
 /// nothing changes).
 pub(crate) struct PlannedUpsert {
@@ -162,16 +109,23 @@ pub(crate) struct PlannedUpsert {
     pub key: Option<DataKey>,
 }
 
-/// Decides an upsert of `input` in `schema` (rule 3 of the contract's record rules) without
-/// appending it, so that other writes can join its append (a template send's context).
-pub(crate) async fn plan_upsert(
-    state: &State,
+/// What an upsert reads: its input, the identity holders, and the record it updates (its
+/// stream version, state and data key), or `None` for a new record.
+pub(crate) struct UpsertLoaded {
+    input: Input,
+    owners: Owners,
+    target: Option<(i64, RecordState, Option<DataKey>)>,
+}
+
+/// Reads what an upsert of `input` in `schema` (rule 3 of the contract's record rules) decides
+/// on: the holders of its identities, and the record they (or its `id`) select.
+pub(crate) async fn load_upsert(
+    ctx: &Ctx<'_>,
     schema: &WriteSchema<'_>,
     input: Map<String, Value>,
-    now: i64,
-) -> Result<PlannedUpsert, ApiError> {
+) -> Result<UpsertLoaded, ApiError> {
     let input = parse_input(schema, input)?;
-    let client = state.pool.get().await?;
+    let client = ctx.db().await?;
     let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
     let target = match &input.id {
         Some(record_id) => Match::Existing(record_id.clone()),
@@ -188,10 +142,23 @@ pub(crate) async fn plan_upsert(
             match_upsert(schema.schema_type, &input, &owners, &states)
         }
     };
+    let target = match target {
+        Match::Existing(record_id) => Some(load_in_schema(&client, schema, &record_id).await?),
+        Match::New => None,
+    };
+    Ok(UpsertLoaded { input, owners, target })
+}
+
+/// Decides an upsert on what [`load_upsert`] read, without appending it, so that other writes
+/// can join its append (a template send's context).
+pub(crate) fn decide_upsert(
+    schema: &WriteSchema<'_>,
+    loaded: UpsertLoaded,
+    now: i64,
+) -> Result<PlannedUpsert, ApiError> {
+    let UpsertLoaded { input, owners, target } = loaded;
     match target {
-        Match::Existing(record_id) => {
-            let (version, current, key) = load_in_schema(&client, schema, &record_id).await?;
-            drop(client);
+        Some((version, current, key)) => {
             let UpdateDecision::Changed(change) = decide_update(schema, &current, input, &owners, now)? else {
                 return Ok(PlannedUpsert {
                     status: StatusCode::OK,
@@ -205,8 +172,7 @@ pub(crate) async fn plan_upsert(
             let write = update_write(schema.space_id, schema.schema_id, (version, key), *change);
             Ok(PlannedUpsert { status: StatusCode::OK, record, warnings, write: Some(write), key: None })
         }
-        Match::New => {
-            drop(client);
+        None => {
             let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
             let decision = decide_create(schema, input, &owners, &record_id, now)?;
             let record = RecordState::from_created(&decision.event, &Default::default())
@@ -241,12 +207,69 @@ fn encrypt_personal(
     Ok((key, guard))
 }
 
-fn is_lost_race(error: &AppendError) -> bool {
-    matches!(error, AppendError::WrongVersion { .. } | AppendError::Conflict { code: Code::IdentifierConflict, .. })
+/// A lost race on the record's stream or on an identity claim: decide again.
+fn refused(error: AppendError) -> Refusal {
+    match error {
+        AppendError::Conflict { code: Code::IdentifierConflict, .. } => Refusal::Again,
+        error => Refusal::default_for(error),
+    }
 }
 
 fn lost_too_often() -> ApiError {
     ApiError::conflict(Code::ConcurrentModification, "the record kept changing while this write was applied; retry")
+}
+
+/// The catalog context of a record write to `schema_ref`: kept by this process, or read now.
+async fn context(ctx: &Ctx<'_>, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+    write_contexts::current(ctx, Kind::Record, space_id, schema_ref).await
+}
+
+/// The contact or object schema `schema_ref` (id or slug) of the space, its attributes and
+/// the space's AI credits, read from the catalog now; 404 `schema_not_found` otherwise.
+pub(crate) async fn write_context(ctx: &Ctx<'_>, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+    write_contexts::fresh(ctx, Kind::Record, space_id, schema_ref).await
+}
+
+/// Decides an upsert on what it reads now (see [`load_upsert`] and [`decide_upsert`]).
+pub(crate) async fn plan_upsert(
+    ctx: &Ctx<'_>,
+    schema: &WriteSchema<'_>,
+    input: Map<String, Value>,
+    now: i64,
+) -> Result<PlannedUpsert, ApiError> {
+    let loaded = load_upsert(ctx, schema, input).await?;
+    decide_upsert(schema, loaded, now)
+}
+
+/// `POST /schemas/{schema}/records`: strict create.
+struct CreateRecord<'a> {
+    caller: &'a Caller,
+    schema_ref: String,
+    input: Map<String, Value>,
+}
+
+impl Command for CreateRecord<'_> {
+    type Loaded = WriteContext;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<WriteContext, ApiError> {
+        context(ctx, self.caller.space_id(), &self.schema_ref).await
+    }
+
+    fn decide(&self, context: WriteContext, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let schema = write_schema(&context, self.caller.space_id());
+        check_credits(&schema, context.credits)?;
+        let input = parse_input(&schema, self.input.clone())?;
+        // A strict create needs no lookup of identity holders: the identity guards in its
+        // append are the uniqueness check, and a collision is 409 identifier_conflict.
+        let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
+        let decision = decide_create(&schema, input, &Owners::new(), &record_id, given.now_ms)?;
+        let document =
+            record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
+        let body = shared::http::data_body(document, &[]);
+        let Write { stream, guards, .. } =
+            create_write(schema.space_id, schema.schema_id, decision).map_err(crate::edge::append_error)?;
+        Ok(Decided::Append(Decision::one(stream, guards, StatusCode::CREATED, body)))
+    }
 }
 
 #[tracing::instrument(skip_all, fields(schema = %path.as_str()))]
@@ -256,53 +279,50 @@ pub async fn create(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let input = shared::http::read_json_object(&req, payload).await?;
-    let (req, state, schema_ref, body) = (&req, &**state, path.as_str(), Value::Object(input.clone()));
+    let schema_ref = path.into_inner();
     // The schema is resolved before the idempotency claim, as for every record write.
-    let context = write_contexts::current(state, Kind::Record, caller.space_id(), schema_ref).await?;
-    let (caller, input) = (&caller, &input);
-    idempotency::protect(state, req, caller, &body, |claim, operation_id| async move {
-        let (claim, operation_id) = (claim.as_ref(), operation_id.as_str());
-        write_contexts::decide(state, Kind::Record, (caller.space_id(), schema_ref), context, |context, revision| {
-            create_once(req, state, caller, (context, revision), input.clone(), (claim, operation_id))
-        })
-        .await
-    })
-    .await
+    write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
+    let body = Value::Object(input.clone());
+    let command = CreateRecord { caller: &caller, schema_ref, input };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
-/// A strict create decided on `context`, appended with the catalog revision guard when the
-/// context was kept (`revision`).
-async fn create_once(
-    req: &HttpRequest,
-    state: &State,
-    caller: &Caller,
-    (context, revision): (WriteContext, Option<i64>),
+/// `POST /schemas/{schema}/records/upsert`.
+struct UpsertRecord<'a> {
+    caller: &'a Caller,
+    schema_ref: String,
     input: Map<String, Value>,
-    (claim, operation_id): (Option<&Claim>, &str),
-) -> Result<HttpResponse, ApiError> {
-    let schema = WriteSchema {
-        schema_id: &context.schema.schema_id,
-        space_id: caller.space_id(),
-        schema_type: &context.schema.schema_type,
-        attributes: &context.attributes,
-    };
-    check_credits(&schema, context.credits)?;
-    let input = parse_input(&schema, input)?;
-    // A strict create needs no lookup of identity holders: the identity guards in its
-    // append are the uniqueness check, and a collision is 409 identifier_conflict.
-    let record_id = new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
-    let decision = decide_create(&schema, input, &Owners::new(), &record_id, shared::time::now_millis())?;
-    let document = record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
-    let body = shared::http::data_body(document, &[]);
-    let guard = completion(claim, StatusCode::CREATED, &body);
-    let write = create_write(schema.space_id, schema.schema_id, decision).map(|mut write| {
-        write.guards.extend(revision.map(catalog::revision_guard));
-        write
-    });
-    let appended = append_write(req, state, caller, write, (claim, guard)).await.map_err(append_error)?;
-    Ok(respond(StatusCode::CREATED, &body, operation_id, Some(appended)))
+}
+
+impl Command for UpsertRecord<'_> {
+    type Loaded = (WriteContext, UpsertLoaded);
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        let context = context(ctx, self.caller.space_id(), &self.schema_ref).await?;
+        let schema = write_schema(&context, self.caller.space_id());
+        check_credits(&schema, context.credits)?;
+        let loaded = load_upsert(ctx, &schema, self.input.clone()).await?;
+        Ok((context, loaded))
+    }
+
+    fn decide(&self, (context, loaded): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let schema = write_schema(&context, self.caller.space_id());
+        let planned = decide_upsert(&schema, loaded, given.now_ms)?;
+        let body = shared::http::data_body(planned.record.document(), &planned.warnings);
+        let Some(write) = planned.write else { return Ok(Decided::Answer(Answer::json(StatusCode::OK, body))) };
+        let Write { stream, guards, .. } = write.map_err(crate::edge::append_error)?;
+        Ok(Decided::Append(Decision::one(stream, guards, planned.status, body)))
+    }
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        refused(error)
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        lost_too_often()
+    }
 }
 
 #[tracing::instrument(skip_all, fields(schema = %path.as_str()))]
@@ -312,61 +332,59 @@ pub async fn upsert(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let prelude = prelude(&req, payload, &state, &path).await?;
-    let (req, state, prelude, body) = (&req, &**state, &prelude, Value::Object(prelude.input.clone()));
-    idempotency::protect(state, req, &prelude.caller, &body, |claim, operation_id| async move {
-        upsert_attempts(req, state, prelude, claim.as_ref(), &operation_id).await
-    })
-    .await
-}
-
-async fn upsert_attempts(
-    req: &HttpRequest,
-    state: &State,
-    prelude: &Prelude,
-    claim: Option<&Claim>,
-    operation_id: &str,
-) -> Result<HttpResponse, ApiError> {
-    let schema = prelude.write_schema();
-    check_credits(&schema, prelude.credits)?;
-    for _ in 0..ATTEMPTS {
-        let planned = plan_upsert(state, &schema, prelude.input.clone(), shared::time::now_millis()).await?;
-        let body = shared::http::data_body(planned.record.document(), &planned.warnings);
-        let Some(write) = planned.write else {
-            if let Some(claim) = claim {
-                claim.record(state, StatusCode::OK, &body).await?;
-            }
-            return Ok(respond(StatusCode::OK, &body, operation_id, None));
-        };
-        let guard = completion(claim, planned.status, &body);
-        match append_write(req, state, &prelude.caller, write, (claim, guard)).await {
-            Ok(appended) => return Ok(respond(planned.status, &body, operation_id, Some(appended))),
-            Err(error) if is_lost_race(&error) => continue,
-            Err(error) => return Err(append_error(error)),
-        }
-    }
-    Err(lost_too_often())
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
+    let input = shared::http::read_json_object(&req, payload).await?;
+    let schema_ref = path.into_inner();
+    write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
+    let body = Value::Object(input.clone());
+    let command = UpsertRecord { caller: &caller, schema_ref, input };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
 /// Decides an update of the live record `record_id` of `schema` with `input` (rule 6)
-/// without appending it; `None` when nothing changes.
+/// without appending it, on what it reads now; `None` when nothing changes.
 pub(crate) async fn plan_update(
-    state: &State,
+    ctx: &Ctx<'_>,
     schema: &WriteSchema<'_>,
     record_id: &str,
     input: Map<String, Value>,
     now: i64,
 ) -> Result<Option<Write>, ApiError> {
+    let (input, target, owners) = load_update(ctx, schema, record_id, input).await?;
+    decide_record_update(schema, input, target, &owners, now).map(|decided| decided.map(|(write, _)| write))
+}
+
+/// What an update reads: the input, the record (stream version, state, data key) and the
+/// holders of the identities the input sets.
+async fn load_update(
+    ctx: &Ctx<'_>,
+    schema: &WriteSchema<'_>,
+    record_id: &str,
+    input: Map<String, Value>,
+) -> Result<(Input, (i64, RecordState, Option<DataKey>), Owners), ApiError> {
     let input = parse_input(schema, input)?;
-    let client = state.pool.get().await?;
-    let (version, current, key) = load_in_schema(&client, schema, record_id).await?;
+    let client = ctx.db().await?;
+    let target = load_in_schema(&client, schema, record_id).await?;
     let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
-    drop(client);
-    match decide_update(schema, &current, input, &owners, now)? {
+    Ok((input, target, owners))
+}
+
+/// An update decided: the write and the record after it, or `None` when nothing changes.
+fn decide_record_update(
+    schema: &WriteSchema<'_>,
+    input: Input,
+    (version, current, key): (i64, RecordState, Option<DataKey>),
+    owners: &Owners,
+    now: i64,
+) -> Result<Option<(Write, Value)>, ApiError> {
+    match decide_update(schema, &current, input, owners, now)? {
         UpdateDecision::Unchanged => Ok(None),
-        UpdateDecision::Changed(change) => update_write(schema.space_id, schema.schema_id, (version, key), *change)
-            .map(Some)
-            .map_err(crate::edge::append_error),
+        UpdateDecision::Changed(change) => {
+            let body = shared::http::data_body(change.state.document(), &change.warnings);
+            let write = update_write(schema.space_id, schema.schema_id, (version, key), *change)
+                .map_err(crate::edge::append_error)?;
+            Ok(Some((write, body)))
+        }
     }
 }
 
@@ -385,6 +403,45 @@ async fn load_in_schema(
     Ok(live_target(schema, record_id, loaded)?)
 }
 
+/// `PATCH /schemas/{schema}/records/{id}` (does not honour `Idempotency-Key`).
+struct UpdateRecord<'a> {
+    caller: &'a Caller,
+    schema_ref: String,
+    record_id: String,
+    input: Map<String, Value>,
+}
+
+impl Command for UpdateRecord<'_> {
+    type Loaded = (WriteContext, Input, (i64, RecordState, Option<DataKey>), Owners);
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        let context = context(ctx, self.caller.space_id(), &self.schema_ref).await?;
+        let schema = write_schema(&context, self.caller.space_id());
+        check_credits(&schema, context.credits)?;
+        let (input, target, owners) = load_update(ctx, &schema, &self.record_id, self.input.clone()).await?;
+        Ok((context, input, target, owners))
+    }
+
+    fn decide(&self, (context, input, target, owners): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let schema = write_schema(&context, self.caller.space_id());
+        let unchanged = shared::http::data_body(target.1.document(), &[]);
+        match decide_record_update(&schema, input, target, &owners, given.now_ms)? {
+            None => Ok(Decided::Answer(Answer::json(StatusCode::OK, unchanged))),
+            Some((Write { stream, guards, .. }, body)) => {
+                Ok(Decided::Append(Decision::one(stream, guards, StatusCode::OK, body)))
+            }
+        }
+    }
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        refused(error)
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        lost_too_often()
+    }
+}
+
 #[tracing::instrument(skip_all, fields(schema = %path.0, record = %path.1))]
 pub async fn update(
     req: HttpRequest,
@@ -392,99 +449,75 @@ pub async fn update(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    // PATCH does not honour Idempotency-Key.
-    let operation_id = new_id("op");
     let (schema_ref, record_id) = path.into_inner();
-    let mut prelude = prelude(&req, payload, &state, &schema_ref).await?;
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
+    let mut input = shared::http::read_json_object(&req, payload).await?;
     // The path id overrides a body id.
-    prelude.input.remove("id");
-    let schema = prelude.write_schema();
-    check_credits(&schema, prelude.credits)?;
-    let with_id = |error: ApiError| error.with_header("Operation-Id", operation_id.clone());
-    for _ in 0..ATTEMPTS {
-        let input = parse_input(&schema, prelude.input.clone())?;
-        let client = state.pool.get().await?;
-        let (version, current, key) = load_in_schema(&client, &schema, &record_id).await.map_err(with_id)?;
-        let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
-        drop(client);
-        let UpdateDecision::Changed(change) =
-            decide_update(&schema, &current, input, &owners, shared::time::now_millis())?
-        else {
-            let body = shared::http::data_body(current.document(), &[]);
-            return Ok(respond(StatusCode::OK, &body, &operation_id, None));
-        };
-        let body = shared::http::data_body(change.state.document(), &change.warnings);
-        let write = update_write(schema.space_id, schema.schema_id, (version, key), *change);
-        match append_write(&req, &state, &prelude.caller, write, (None, None)).await {
-            Ok(appended) => return Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended))),
-            Err(error) if is_lost_race(&error) => continue,
-            Err(error) => return Err(with_id(crate::edge::append_error(error))),
-        }
-    }
-    Err(with_id(lost_too_often()))
+    input.remove("id");
+    let command = UpdateRecord { caller: &caller, schema_ref, record_id, input };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 
 /// `DELETE /schemas/{schema}/records/{id}`: starts the deletion operation and answers 200 with
 /// it while `pending`. The record leaves every read at once; its erasure is proven when the
 /// operation reaches `completed` (see ARCHITECTURE.md, Erasure). Does not honour
 /// `Idempotency-Key`: a repeated DELETE gets 409 while pending and 404 afterwards.
+struct DeleteRecord<'a> {
+    caller: &'a Caller,
+    schema_ref: String,
+    record_id: String,
+}
+
+impl Command for DeleteRecord<'_> {
+    type Loaded = (WriteContext, i64);
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        let context = context(ctx, self.caller.space_id(), &self.schema_ref).await?;
+        let schema = write_schema(&context, self.caller.space_id());
+        let (version, _, _) = load_in_schema(&ctx.db().await?, &schema, &self.record_id).await?;
+        Ok((context, version))
+    }
+
+    fn decide(&self, (context, version): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let (record_id, space_id) = (&self.record_id, self.caller.space_id());
+        let operation_id = given.operation_id;
+        let requested = shared::proto::RecordDeletionRequested {
+            operation_id: operation_id.to_owned(),
+            record_id: record_id.clone(),
+            space_id: space_id.to_owned(),
+            schema_id: context.schema.schema_id.clone(),
+            schema_type: context.schema.schema_type.clone(),
+            requested_at_ms: given.now_ms,
+        };
+        let stream = StreamAppend {
+            stream_id: stream_id(record_id),
+            expected: ExpectedVersion::Exactly(version),
+            events: vec![NewEvent {
+                event: LogEvent::RecordDeletionRequested(requested),
+                subject_id: Some(record_id.clone()),
+                occurred_at: shared::time::from_millis(given.now_ms),
+            }],
+        };
+        let guards = deletion_guards(operation_id, record_id, space_id, &context.schema.schema_id);
+        let body = serde_json::json!({
+            "data": { "operationId": operation_id, "status": "pending", "message": shared::records::DELETION_PENDING_MESSAGE }
+        });
+        Ok(Decided::Append(Decision::one(stream, guards, StatusCode::OK, body)))
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        lost_too_often()
+    }
+}
+
 #[tracing::instrument(skip_all, fields(schema = %path.0, record = %path.1))]
 pub async fn delete(
     req: HttpRequest,
     path: web::Path<(String, String)>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let operation_id = new_id("op");
-    let with_id = |error: ApiError| error.with_header("Operation-Id", operation_id.clone());
     let (schema_ref, record_id) = path.into_inner();
-    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
-    let (schema, attributes, _) = write_context(&state, caller.space_id(), &schema_ref).await.map_err(with_id)?;
-    let write_schema = WriteSchema {
-        schema_id: &schema.schema_id,
-        space_id: caller.space_id(),
-        schema_type: &schema.schema_type,
-        attributes: &attributes,
-    };
-    for _ in 0..ATTEMPTS {
-        let client = state.pool.get().await?;
-        let (version, _, _) = load_in_schema(&client, &write_schema, &record_id).await.map_err(with_id)?;
-        drop(client);
-        let requested = shared::proto::RecordDeletionRequested {
-            operation_id: operation_id.clone(),
-            record_id: record_id.clone(),
-            space_id: caller.space_id().to_owned(),
-            schema_id: schema.schema_id.clone(),
-            schema_type: schema.schema_type.clone(),
-            requested_at_ms: shared::time::now_millis(),
-        };
-        let occurred_at = shared::time::from_millis(requested.requested_at_ms);
-        let guards = deletion_guards(&operation_id, &record_id, caller.space_id(), &schema.schema_id);
-        let appended = state
-            .event_log
-            .append(AppendRequest {
-                metadata: crate::edge::metadata(&req, &caller, None),
-                streams: vec![StreamAppend {
-                    stream_id: stream_id(&record_id),
-                    expected: ExpectedVersion::Exactly(version),
-                    events: vec![NewEvent {
-                        event: LogEvent::RecordDeletionRequested(requested),
-                        subject_id: Some(record_id.clone()),
-                        occurred_at,
-                    }],
-                }],
-                guards,
-            })
-            .await;
-        match appended {
-            Ok(appended) => {
-                let body = serde_json::json!({
-                    "data": { "operationId": operation_id, "status": "pending", "message": shared::records::DELETION_PENDING_MESSAGE }
-                });
-                return Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended)));
-            }
-            Err(AppendError::WrongVersion { .. }) => continue,
-            Err(error) => return Err(with_id(crate::edge::append_error(error))),
-        }
-    }
-    Err(with_id(lost_too_often()))
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
+    let command = DeleteRecord { caller: &caller, schema_ref, record_id };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }

@@ -5,6 +5,7 @@
 //! filter once, resolves the filter's names to ids, and appends `SegmentCreated` with the
 //! credit it spent. The filter is stored in the log and never returned; its description is.
 
+use std::cell::OnceCell;
 use std::collections::BTreeSet;
 
 use actix_web::http::StatusCode;
@@ -12,19 +13,18 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use deadpool_postgres::GenericClient;
 use serde_json::{Value, json};
 use shared::ai::AiError;
-use shared::auth::Permission;
-use shared::catalog::CATALOG;
+use shared::auth::{Caller, Permission};
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
+use shared::filter::Filter;
 use shared::ids::new_id;
-use shared::log::{AppendError, ExpectedVersion, StreamAppend};
+use shared::log::{ExpectedVersion, StreamAppend};
 use shared::proto;
 use shared::ratelimit::Bucket;
 
-use super::decide::{self, ContactSchema, Vocabulary};
+use super::decide::{self, ContactSchema, NewSegment, Vocabulary};
 use crate::State;
-use crate::edge::{append_error, respond};
-use crate::idempotency;
+use crate::pipeline::{self, Actor, Command, Ctx, Decided, Decision, Given, Protection};
 
 /// The log stream of a segment.
 pub fn stream_id(segment_id: &str) -> String {
@@ -79,21 +79,19 @@ async fn vocabulary(client: &impl GenericClient, catalog: &str, space_id: &str) 
     Ok((vocabulary, row.get(3)))
 }
 
-#[tracing::instrument(skip_all)]
-pub async fn create(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<State>,
-) -> Result<HttpResponse, ApiError> {
-    let body = shared::http::read_json_object(&req, payload).await;
-    let caller = state.authenticator.authorize_in(&req, Permission::Write, Bucket::Ai).await?;
-    let body = body?;
-    let new = decide::parse_create(&body)?;
-    let (req, state, caller, new) = (&req, &**state, &caller, &new);
-    idempotency::protect(state, req, caller, &Value::Object(body), |claim, operation_id| async move {
-        let space_id = caller.space_id();
-        let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-        let (vocabulary, credits) = vocabulary(&state.pool.get().await?, &models.schema(CATALOG), space_id)
+/// `POST /segments`: the filter is made once per request (kept across attempts).
+struct CreateSegment<'a> {
+    caller: &'a Caller,
+    new: NewSegment,
+    filter: OnceCell<Filter>,
+}
+
+impl Command for CreateSegment<'_> {
+    type Loaded = (Vocabulary, Filter);
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        let catalog = ctx.catalog().await?;
+        let (vocabulary, credits) = vocabulary(&ctx.db().await?, &catalog, self.caller.space_id())
             .await
             .map_err(|error| ApiError::internal(&error))?;
         if credits <= 0 {
@@ -103,7 +101,10 @@ pub async fn create(
                 "the space has no AI credits left; defining a segment needs one",
             ));
         }
-        let filter = match state.ai.filter(&new.definition).await {
+        if let Some(filter) = self.filter.get() {
+            return Ok((vocabulary, filter.clone()));
+        }
+        let filter = match ctx.state.ai.filter(&self.new.definition).await {
             Ok(filter) => filter,
             Err(AiError::Refused(reason) | AiError::Unfit(reason)) => {
                 return Err(decide::Refusal::Unusable(reason).into());
@@ -112,40 +113,52 @@ pub async fn create(
                 return Err(ApiError::unavailable(format!("{error}; retry with the same Idempotency-Key")));
             }
         };
+        Ok((vocabulary, self.filter.get_or_init(|| filter).clone()))
+    }
+
+    fn decide(&self, (vocabulary, filter): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let space_id = self.caller.space_id();
         let description = shared::filter::describe(&filter);
         let resolved = decide::resolve(filter, &vocabulary)?;
         let segment_id = new_id("seg");
-        let now = shared::time::now_millis();
         let event = LogEvent::SegmentCreated(proto::SegmentCreated {
             segment_id: segment_id.clone(),
             space_id: space_id.to_owned(),
-            name: new.name.clone(),
-            definition: new.definition.clone(),
+            name: self.new.name.clone(),
+            definition: self.new.definition.clone(),
             description: description.clone(),
             filter_json: resolved.to_json().to_string(),
-            created_at_ms: now,
+            created_at_ms: given.now_ms,
         });
         // Membership is computed by the projector; a read with the Consistency-Token of
         // this answer shows it.
         let document = json!({
             "id": segment_id,
-            "name": new.name,
-            "definition": new.definition,
+            "name": self.new.name,
+            "definition": self.new.definition,
             "description": description,
-            "createdAt": shared::time::format_millis(now),
+            "createdAt": shared::time::format_millis(given.now_ms),
             "memberCount": null,
         });
         let body = shared::http::data_body(document, &[]);
-        let guards = std::iter::once(shared::admission::spend_guard(space_id, 1))
-            .chain(claim.as_ref().map(|claim| claim.completion(StatusCode::CREATED, &body)))
-            .collect();
-        let stream = StreamAppend::one(stream_id(&segment_id), ExpectedVersion::NoStream, event, now);
-        let appended = crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards)
-            .await
-            .map_err(append_error)?;
-        Ok(respond(StatusCode::CREATED, &body, &operation_id, Some(appended)))
-    })
-    .await
+        let stream = StreamAppend::one(stream_id(&segment_id), ExpectedVersion::NoStream, event, given.now_ms);
+        let guards = vec![shared::admission::spend_guard(space_id, 1)];
+        Ok(Decided::Append(Decision::one(stream, guards, StatusCode::CREATED, body)))
+    }
+}
+
+#[tracing::instrument(skip_all)]
+pub async fn create(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let (caller, body) =
+        pipeline::authorize_with_body(&req, payload, &state, Permission::Write, |_| Bucket::Ai).await?;
+    let new = decide::parse_create(&body)?;
+    let command = CreateSegment { caller: &caller, new, filter: OnceCell::new() };
+    let body = Value::Object(body);
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
 /// The segment's stream version and space, when it exists and is not deleted.
@@ -171,8 +184,43 @@ pub async fn load(client: &impl GenericClient, segment_id: &str) -> anyhow::Resu
 pub async fn load_live(client: &impl GenericClient, space_id: &str, segment_id: &str) -> Result<i64, ApiError> {
     match load(client, segment_id).await.map_err(|error| ApiError::internal(&error))? {
         Some((version, owner)) if owner == space_id => Ok(version),
-        _ => Err(ApiError::not_found(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space"))),
+        _ => Err(not_found(segment_id)),
     }
+}
+
+/// `DELETE /segments/{id}`.
+struct DeleteSegment<'a> {
+    caller: &'a Caller,
+    segment_id: String,
+}
+
+impl Command for DeleteSegment<'_> {
+    type Loaded = Option<(i64, String)>;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        load(&ctx.db().await?, &self.segment_id).await.map_err(|error| ApiError::internal(&error))
+    }
+
+    fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let (space_id, segment_id) = (self.caller.space_id(), self.segment_id.as_str());
+        // A concurrent delete that won leaves this one to find the segment gone: 404.
+        let version = match loaded {
+            Some((version, owner)) if owner == space_id => version,
+            _ => return Err(not_found(segment_id)),
+        };
+        let body = shared::http::data_body(json!({"id": segment_id, "deleted": true}), &[]);
+        let event = LogEvent::SegmentDeleted(proto::SegmentDeleted {
+            segment_id: segment_id.to_owned(),
+            space_id: space_id.to_owned(),
+            deleted_at_ms: given.now_ms,
+        });
+        let stream = StreamAppend::one(stream_id(segment_id), ExpectedVersion::Exactly(version), event, given.now_ms);
+        Ok(Decided::Append(Decision::one(stream, Vec::new(), StatusCode::OK, body)))
+    }
+}
+
+fn not_found(segment_id: &str) -> ApiError {
+    ApiError::not_found(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space"))
 }
 
 #[tracing::instrument(skip_all, fields(segment = %path.as_str()))]
@@ -181,27 +229,7 @@ pub async fn delete(
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
-    let (req, state, caller, segment_id) = (&req, &**state, &caller, path.as_str());
-    idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
-        let version = load_live(&state.pool.get().await?, caller.space_id(), segment_id).await?;
-        let now = shared::time::now_millis();
-        let body = shared::http::data_body(json!({"id": segment_id, "deleted": true}), &[]);
-        let event = LogEvent::SegmentDeleted(proto::SegmentDeleted {
-            segment_id: segment_id.to_owned(),
-            space_id: caller.space_id().to_owned(),
-            deleted_at_ms: now,
-        });
-        let stream = StreamAppend::one(stream_id(segment_id), ExpectedVersion::Exactly(version), event, now);
-        let guards = claim.as_ref().map(|claim| claim.completion(StatusCode::OK, &body)).into_iter().collect();
-        match crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards).await {
-            Ok(appended) => Ok(respond(StatusCode::OK, &body, &operation_id, Some(appended))),
-            // A concurrent delete won: this one finds it gone.
-            Err(AppendError::WrongVersion { .. }) => {
-                Err(ApiError::not_found(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space")))
-            }
-            Err(error) => Err(append_error(error)),
-        }
-    })
-    .await
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
+    let command = DeleteSegment { caller: &caller, segment_id: path.into_inner() };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }

@@ -1,4 +1,7 @@
-//! Suppression writes (admin permission): create, batch create, batch remove, delete.
+//! Suppression writes (admin permission), on the command pipeline: create, batch create,
+//! batch remove, delete.
+
+use std::collections::{HashMap, HashSet};
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -8,19 +11,17 @@ use shared::error::ApiError;
 use shared::error::Code;
 use shared::events::LogEvent;
 use shared::ids::new_id;
-use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use shared::proto::SuppressionAdded;
 use shared::suppressions::{scope, suppression_document};
 
 use crate::State;
-use crate::idempotency::{self, Claim};
-use crate::suppressions::decide::{NewSuppression, Refusal, decide_add, decide_remove, parse_new};
+use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal as Lost};
+use crate::suppressions::decide::{NewSuppression, decide_add, decide_remove, parse_new};
 use crate::suppressions::store::{existing_keys, key_guard, load, load_many, removal_guard, stream_id};
 
 /// Items a batch takes.
 const BATCH_MAX: usize = 100;
-
-/// How often a batch whose decision lost a race (a concurrent add or removal) is decided again.
-const ATTEMPTS: usize = 3;
 
 /// The append of one new suppression, its uniqueness guard included.
 struct Addition {
@@ -62,11 +63,11 @@ struct Removal {
 fn removal(
     caller: &Caller,
     suppression_id: &str,
-    current: Option<&(i64, shared::proto::SuppressionAdded)>,
+    current: Option<&(i64, SuppressionAdded)>,
+    now_ms: i64,
 ) -> Result<Removal, ApiError> {
     let version = current.map_or(0, |(version, _)| *version);
-    let removed =
-        decide_remove(caller.space_id(), suppression_id, current.map(|(_, added)| added), shared::time::now_millis())?;
+    let removed = decide_remove(caller.space_id(), suppression_id, current.map(|(_, added)| added), now_ms)?;
     let occurred_at = shared::time::from_millis(removed.removed_at_ms);
     let subject_id = match current {
         Some((_, added)) => shared::suppressions::subject_of(added).map_err(|error| ApiError::internal(&error))?,
@@ -82,19 +83,6 @@ fn removal(
     })
 }
 
-/// An answer with `Consistency-Token` when something was written, and `Operation-Id` when
-/// the operation has one.
-fn answer(status: StatusCode, last_position: i64, body: &Value, operation_id: Option<&str>) -> HttpResponse {
-    let mut response = HttpResponse::build(status);
-    if last_position > 0 {
-        response.insert_header(("Consistency-Token", last_position.to_string()));
-    }
-    if let Some(operation_id) = operation_id {
-        response.insert_header(("Operation-Id", operation_id.to_owned()));
-    }
-    response.json(body)
-}
-
 /// A batch's body: per-item results and the summary counting items by the given statuses,
 /// every other status counted as failed.
 fn batch_body(results: Vec<Value>, counted: &[&str]) -> Value {
@@ -108,74 +96,17 @@ fn batch_body(results: Vec<Value>, counted: &[&str]) -> Value {
     json!({ "data": { "results": results, "summary": summary } })
 }
 
-/// A batch decided against the current state: its appends and the answer they make.
-struct BatchPlan {
-    streams: Vec<StreamAppend>,
-    guards: Vec<Guard>,
-    body: Value,
+/// A batch decided: its appends in one transaction, or, when it writes nothing, its answer.
+fn batch_decision(streams: Vec<StreamAppend>, guards: Vec<Guard>, body: Value) -> Decided {
+    let answer = Answer::json(StatusCode::OK, body);
+    if streams.is_empty() { Decided::Answer(answer) } else { Decided::Append(Decision::new(streams, guards, answer)) }
 }
 
-/// Appends a batch's writes with the claim's completion in one transaction, or, when it
-/// writes nothing, records the answer; then answers 200.
-async fn commit_batch(
-    req: &HttpRequest,
-    state: &State,
-    caller: &Caller,
-    (claim, operation_id): (Option<&Claim>, &str),
-    BatchPlan { streams, guards, body }: BatchPlan,
-) -> Result<HttpResponse, AppendError> {
-    if streams.is_empty() {
-        if let Some(claim) = claim {
-            claim.record(state, StatusCode::OK, &body).await.map_err(|error| match error.code() {
-                Some(Code::ServiceUnavailable) => AppendError::Unavailable(error.message().to_owned()),
-                Some(Code::ValueNotStorable) => AppendError::Refused(error.message().to_owned()),
-                _ => AppendError::Failed(error.message().to_owned()),
-            })?;
-        }
-        return Ok(answer(StatusCode::OK, 0, &body, Some(operation_id)));
-    }
-    let guards = guards.into_iter().chain(claim.map(|claim| claim.completion(StatusCode::OK, &body))).collect();
-    let appended = crate::edge::append(state, req, caller, claim, streams, guards).await?;
-    Ok(answer(StatusCode::OK, appended.last_position, &body, Some(operation_id)))
-}
-
-/// Runs a batch under the caller's `Idempotency-Key`: decides it, commits it, and decides
-/// again (up to `ATTEMPTS` times) when a concurrent write made the decision stale.
-async fn run_batch<F, Fut>(
-    req: &HttpRequest,
-    state: &State,
-    caller: &Caller,
-    body: &Value,
-    decide: F,
-) -> Result<HttpResponse, ApiError>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<BatchPlan, AppendError>>,
-{
-    idempotency::protect(state, req, caller, body, |claim, operation_id| async move {
-        for _ in 0..ATTEMPTS {
-            let outcome = match decide().await {
-                Ok(plan) => commit_batch(req, state, caller, (claim.as_ref(), &operation_id), plan).await,
-                Err(error) => Err(error),
-            };
-            if let Some(outcome) = batch_outcome(outcome) {
-                return outcome;
-            }
-        }
-        Err(lost_too_often())
-    })
-    .await
-}
-
-/// The outcome of a batch attempt: retry when the decision lost a race.
-fn batch_outcome(outcome: Result<HttpResponse, AppendError>) -> Option<Result<HttpResponse, ApiError>> {
-    match outcome {
-        Ok(response) => Some(Ok(response)),
-        Err(AppendError::WrongVersion { .. } | AppendError::Conflict { code: Code::SuppressionAlreadyExists, .. }) => {
-            None
-        }
-        Err(AppendError::Conflict { code: Code::SuppressionNotFound, .. }) => None,
-        Err(error) => Some(Err(crate::edge::append_error(error))),
+/// A batch whose decision lost a race (a concurrent add or removal) is decided again.
+fn batch_refused(error: AppendError) -> Lost {
+    match error {
+        AppendError::Conflict { code: Code::SuppressionAlreadyExists | Code::SuppressionNotFound, .. } => Lost::Again,
+        error => Lost::default_for(error),
     }
 }
 
@@ -186,26 +117,36 @@ fn lost_too_often() -> ApiError {
     )
 }
 
-/// `POST /contacts/suppressions`: one suppression; no idempotency.
+/// `POST /contacts/suppressions`: one suppression; no idempotency. The identifier and reason
+/// are unique in the space by the append's guard (409 `suppression_already_exists`).
+struct CreateSuppression<'a> {
+    caller: &'a Caller,
+    new: NewSuppression,
+}
+
+impl Command for CreateSuppression<'_> {
+    type Loaded = ();
+
+    async fn load(&self, _: &Ctx<'_>) -> Result<(), ApiError> {
+        Ok(())
+    }
+
+    fn decide(&self, (): (), _: &Given<'_>) -> Result<Decided, ApiError> {
+        let Addition { stream, guard, document } =
+            addition(self.caller, &self.new).map_err(crate::edge::append_error)?;
+        Ok(Decided::Append(Decision::one(stream, vec![guard], StatusCode::CREATED, json!({ "data": document }))))
+    }
+}
+
 pub async fn create(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
+    let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
     let body = shared::http::read_json(&req, payload).await?;
-    let new = parse_new(&body)?;
-    let Addition { stream, guard, document } = addition(&caller, &new).map_err(crate::edge::append_error)?;
-    let appended = state
-        .event_log
-        .append(AppendRequest {
-            metadata: crate::edge::metadata(&req, &caller, None),
-            streams: vec![stream],
-            guards: vec![guard],
-        })
-        .await
-        .map_err(crate::edge::append_error)?;
-    Ok(answer(StatusCode::CREATED, appended.last_position, &json!({ "data": document }), None))
+    let command = CreateSuppression { caller: &caller, new: parse_new(&body)? };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 
 /// Reads `{<field>: [1..100 items]}`; any other field is 400 `unknown_field`.
@@ -241,25 +182,23 @@ fn batch_items(body: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
 /// `POST /contacts/suppressions/batch`: per-item results, always 200. The new suppressions
 /// are appended in one transaction (with the idempotency outcome, when keyed); an item whose
 /// identifier and reason exist already (or repeat an earlier item) is `exists`.
-pub async fn batch_create(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<State>,
-) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
-    let body = shared::http::read_json(&req, payload).await?;
-    let items = batch_items(&body, "suppressions")?;
-    let parsed: Vec<Result<NewSuppression, ApiError>> =
-        items.iter().map(|item| parse_new(item).map_err(ApiError::from)).collect();
-    let (state, caller, parsed) = (&**state, &caller, &parsed);
-    run_batch(&req, state, caller, &body, || async move {
-        let wanted: Vec<&NewSuppression> = parsed.iter().filter_map(|item| item.as_ref().ok()).collect();
-        let client = state.pool.get().await?;
-        let existing = existing_keys(&client, scope(caller.space_id()), &wanted).await?;
-        drop(client);
-        let mut seen = std::collections::HashSet::new();
+struct BatchCreate<'a> {
+    caller: &'a Caller,
+    parsed: Vec<Result<NewSuppression, ApiError>>,
+}
+
+impl Command for BatchCreate<'_> {
+    type Loaded = HashSet<(String, String)>;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        let wanted: Vec<&NewSuppression> = self.parsed.iter().filter_map(|item| item.as_ref().ok()).collect();
+        Ok(existing_keys(&ctx.db().await?, scope(self.caller.space_id()), &wanted).await?)
+    }
+
+    fn decide(&self, existing: Self::Loaded, _: &Given<'_>) -> Result<Decided, ApiError> {
+        let mut seen = HashSet::new();
         let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
-        for (index, item) in parsed.iter().enumerate() {
+        for (index, item) in self.parsed.iter().enumerate() {
             let new = match item {
                 Ok(new) => new,
                 Err(error) => {
@@ -272,43 +211,63 @@ pub async fn batch_create(
                 results.push(json!({"index": index, "status": "exists"}));
                 continue;
             }
-            let Addition { stream, guard, document } = addition(caller, new)?;
+            let Addition { stream, guard, document } = addition(self.caller, new).map_err(crate::edge::append_error)?;
             results.push(json!({"index": index, "status": "created", "suppression": document}));
             streams.push(stream);
             guards.push(guard);
         }
-        Ok(BatchPlan { streams, guards, body: batch_body(results, &["created", "exists"]) })
-    })
-    .await
+        Ok(batch_decision(streams, guards, batch_body(results, &["created", "exists"])))
+    }
+
+    fn refused(&self, error: AppendError) -> Lost {
+        batch_refused(error)
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        lost_too_often()
+    }
+}
+
+pub async fn batch_create(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
+    let body = shared::http::read_json(&req, payload).await?;
+    let items = batch_items(&body, "suppressions")?;
+    let parsed = items.iter().map(|item| parse_new(item).map_err(ApiError::from)).collect();
+    let command = BatchCreate { caller: &caller, parsed };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
 /// `POST /contacts/suppressions/batch-remove`: per-id results, always 200; the removals are
 /// appended in one transaction (with the idempotency outcome, when keyed). An id repeated in
 /// the batch is `not_found` after its first removal.
-pub async fn batch_remove(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<State>,
-) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
-    let body = shared::http::read_json(&req, payload).await?;
-    let items = batch_items(&body, "ids")?;
-    let ids: Vec<String> = items.iter().filter_map(|item| item.as_str().map(str::to_owned)).collect();
-    let (state, caller, items, ids) = (&**state, &caller, &items, &ids);
-    run_batch(&req, state, caller, &body, || async move {
-        let client = state.pool.get().await?;
-        let current = load_many(&client, ids).await?;
-        drop(client);
-        let mut seen = std::collections::HashSet::new();
+struct BatchRemove<'a> {
+    caller: &'a Caller,
+    items: Vec<Value>,
+}
+
+impl Command for BatchRemove<'_> {
+    type Loaded = HashMap<String, (i64, SuppressionAdded)>;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        let ids: Vec<String> = self.items.iter().filter_map(|item| item.as_str().map(str::to_owned)).collect();
+        load_many(&ctx.db().await?, &ids).await.map_err(|error| ApiError::internal(&error))
+    }
+
+    fn decide(&self, current: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let mut seen = HashSet::new();
         let (mut results, mut streams, mut guards) = (Vec::new(), Vec::new(), Vec::new());
-        for (index, item) in items.iter().enumerate() {
+        for (index, item) in self.items.iter().enumerate() {
             let Some(id) = item.as_str() else {
                 let error = ApiError::bad_request(Code::InvalidId, "each id must be a string");
                 results.push(json!({"index": index, "status": "invalid", "error": error.body()["error"]}));
                 continue;
             };
             let found = if seen.insert(id) { current.get(id) } else { None };
-            match removal(caller, id, found) {
+            match removal(self.caller, id, found, given.now_ms) {
                 Ok(Removal { stream, guard }) => {
                     results.push(json!({"index": index, "id": id, "status": "removed"}));
                     streams.push(stream);
@@ -324,38 +283,58 @@ pub async fn batch_remove(
                 }
             }
         }
-        Ok(BatchPlan { streams, guards, body: batch_body(results, &["removed"]) })
-    })
-    .await
+        Ok(batch_decision(streams, guards, batch_body(results, &["removed"])))
+    }
+
+    fn refused(&self, error: AppendError) -> Lost {
+        batch_refused(error)
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        lost_too_often()
+    }
 }
 
-/// `DELETE /contacts/suppressions/{id}` (honours `Idempotency-Key`).
+pub async fn batch_remove(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
+    let body = shared::http::read_json(&req, payload).await?;
+    let items = batch_items(&body, "ids")?;
+    let command = BatchRemove { caller: &caller, items };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
+}
+
+/// `DELETE /contacts/suppressions/{id}` (honours `Idempotency-Key`). One removed by someone else
+/// meanwhile is found gone when decided again: 404.
+struct DeleteSuppression<'a> {
+    caller: &'a Caller,
+    suppression_id: String,
+}
+
+impl Command for DeleteSuppression<'_> {
+    type Loaded = Option<(i64, SuppressionAdded)>;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+        load(&ctx.db().await?, &self.suppression_id).await.map_err(|error| ApiError::internal(&error))
+    }
+
+    fn decide(&self, current: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let Removal { stream, guard } = removal(self.caller, &self.suppression_id, current.as_ref(), given.now_ms)?;
+        let body = json!({ "data": { "id": self.suppression_id, "deleted": true } });
+        Ok(Decided::Append(Decision::one(stream, vec![guard], StatusCode::OK, body)))
+    }
+}
+
 pub async fn delete(
     req: HttpRequest,
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Admin).await?;
-    let suppression_id = path.into_inner();
-    let (req, state, caller, suppression_id) = (&req, &**state, &caller, suppression_id.as_str());
+    let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
     // The path is the whole input: the body identity of a DELETE is empty.
-    idempotency::protect(state, req, caller, &Value::Null, |claim, operation_id| async move {
-        let client = state.pool.get().await?;
-        let current = load(&client, suppression_id).await.map_err(|error| ApiError::internal(&error))?;
-        drop(client);
-        let Removal { stream, guard } = removal(caller, suppression_id, current.as_ref())?;
-        let body = json!({ "data": { "id": suppression_id, "deleted": true } });
-        let guards =
-            std::iter::once(guard).chain(claim.as_ref().map(|c| c.completion(StatusCode::OK, &body))).collect();
-        let appended =
-            crate::edge::append(state, req, caller, claim.as_ref(), vec![stream], guards).await.map_err(|error| {
-                match error {
-                    // Removed by someone else in the meantime.
-                    AppendError::WrongVersion { .. } => Refusal::NotFound(suppression_id.to_owned()).into(),
-                    other => crate::edge::append_error(other),
-                }
-            })?;
-        Ok(answer(StatusCode::OK, appended.last_position, &body, Some(&operation_id)))
-    })
-    .await
+    let command = DeleteSuppression { caller: &caller, suppression_id: path.into_inner() };
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use shared::auth::{Caller, Permission};
-use shared::catalog::{self, CATALOG};
+use shared::catalog::AttributeEntry;
 use shared::email::outbox::{self, Handed, Prepared};
 pub use shared::email::send::{Authored, EmailTo, Scheduled};
 use shared::email::{render, send};
@@ -28,20 +28,16 @@ use shared::log::{AppendError, Guard};
 
 use super::decide::{self, Recipient};
 use crate::State;
-use crate::edge::{append_error, respond};
-use crate::idempotency::{self, Claim};
+use crate::edge::append_error;
+use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal, Then};
 use crate::records::decide::WriteSchema;
 use crate::records::http::{PlannedUpsert, plan_upsert, write_context};
 
-/// How often a send whose context records lost a race is decided again.
-const ATTEMPTS: usize = 3;
-
 /// The template of the caller's space with its sender, domain and the space's allowance, in
 /// one read of the catalog.
-pub async fn load_authored(state: &State, space_id: &str, template_id: &str) -> Result<Authored, ApiError> {
-    let models = state.read_models.wait_for(&[CATALOG], 0, state.settings.consistency_wait()).await?;
-    let client = state.pool.get().await?;
-    Authored::load(&client, &models.schema(CATALOG), space_id, template_id)
+pub async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &str) -> Result<Authored, ApiError> {
+    let catalog = ctx.catalog().await?;
+    Authored::load(&ctx.db().await?, &catalog, space_id, template_id)
         .await
         .map_err(|error| ApiError::internal(&error))?
         .ok_or_else(|| {
@@ -49,66 +45,63 @@ pub async fn load_authored(state: &State, space_id: &str, template_id: &str) -> 
         })
 }
 
-#[tracing::instrument(skip_all, fields(template = %path.as_str()))]
-pub async fn send(
-    req: HttpRequest,
-    path: web::Path<String>,
-    payload: web::Payload,
-    state: web::Data<State>,
-) -> Result<HttpResponse, ApiError> {
-    let caller = state.authenticator.authorize(&req, Permission::Write).await?;
-    let body = shared::http::read_json_object(&req, payload).await?;
-    let context = decide::context(&body)?;
-    let (req, state, caller, template_id) = (&req, &**state, &caller, path.into_inner());
-    idempotency::protect(state, req, caller, &Value::Object(body), |claim, operation_id| async move {
-        send_attempts(req, state, caller, &template_id, &context, claim.as_ref(), &operation_id).await
-    })
-    .await
+/// A context record planned: its upsert, the schema's attribute keys and attributes.
+struct Planned {
+    upsert: PlannedUpsert,
+    attributes: Vec<AttributeEntry>,
 }
 
-#[allow(clippy::too_many_arguments, reason = "one request's parts, passed down once")]
-async fn send_attempts(
-    req: &HttpRequest,
-    state: &State,
-    caller: &Caller,
-    template_id: &str,
-    context: &BTreeMap<String, serde_json::Map<String, Value>>,
-    claim: Option<&Claim>,
-    operation_id: &str,
-) -> Result<HttpResponse, ApiError> {
-    let space_id = caller.space_id();
-    let authored = load_authored(state, space_id, template_id).await?;
-    decide::check_keys(&authored.template, context)?;
-    // The schema of each context key, read once: it does not change between attempts.
-    let mut schemas = BTreeMap::new();
-    for (key, expected) in &authored.template.data {
-        schemas.insert(key, write_context(state, space_id, &expected.schema_id).await?);
-    }
-    for _ in 0..ATTEMPTS {
+/// What a send decides on.
+struct Loaded {
+    authored: Authored,
+    planned: BTreeMap<String, Planned>,
+    recipient: Recipient,
+    address: String,
+}
+
+struct SendTemplate<'a> {
+    caller: &'a Caller,
+    template_id: String,
+    context: BTreeMap<String, Map<String, Value>>,
+    /// Where the unsubscribe link points.
+    base_url: String,
+}
+
+impl Command for SendTemplate<'_> {
+    type Loaded = Loaded;
+
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Loaded, ApiError> {
+        let space_id = self.caller.space_id();
+        let authored = load_authored(ctx, space_id, &self.template_id).await?;
+        decide::check_keys(&authored.template, &self.context)?;
         let now = shared::time::now_millis();
-        let mut planned: BTreeMap<String, (PlannedUpsert, Vec<String>, &[catalog::AttributeEntry])> = BTreeMap::new();
-        for (key, (schema, attributes, credits)) in &schemas {
-            let write_schema =
-                WriteSchema { schema_id: &schema.schema_id, space_id, schema_type: &schema.schema_type, attributes };
+        let mut planned = BTreeMap::new();
+        for (key, expected) in &authored.template.data {
+            let context = write_context(ctx, space_id, &expected.schema_id).await?;
+            let schema = WriteSchema {
+                schema_id: &context.schema.schema_id,
+                space_id,
+                schema_type: &context.schema.schema_type,
+                attributes: &context.attributes,
+            };
             // A context record is a record write: AI auto-fill needs credits, as on an upsert.
-            crate::records::decide::check_credits(&write_schema, *credits)?;
-            let input = context.get(*key).cloned().unwrap_or_default();
-            let upsert = plan_upsert(state, &write_schema, input, now).await?;
-            let keys = attributes.iter().map(|attribute| attribute.key.clone()).collect();
-            planned.insert((*key).clone(), (upsert, keys, attributes.as_slice()));
+            crate::records::decide::check_credits(&schema, context.credits)?;
+            let input = self.context.get(key).cloned().unwrap_or_default();
+            let upsert = plan_upsert(ctx, &schema, input, now).await?;
+            planned.insert(key.clone(), Planned { upsert, attributes: context.attributes.clone() });
         }
-        let Some((recipient_upsert, _, recipient_attributes)) = planned.get(&authored.template.recipient) else {
+        let Some(recipient) = planned.get(&authored.template.recipient) else {
             return Err(ApiError::internal(&anyhow::anyhow!("the recipient key was not planned")));
         };
-        let contact = &recipient_upsert.record;
+        let contact = &recipient.upsert.record;
         let Some(address) = contact.personal.as_ref().and_then(|personal| personal.email.clone()) else {
             return Err(ApiError::bad_request(
                 Code::RecipientMissing,
                 format!("the {:?} record has no email address to send to", authored.template.recipient),
             ));
         };
-        let client = state.pool.get().await?;
-        let consent_keys = decide::consent_keys(recipient_attributes);
+        let client = ctx.db().await?;
+        let consent_keys = decide::consent_keys(&recipient.attributes);
         let values = contact.values();
         let recipient = Recipient {
             suppressed: shared::email::is_suppressed(&client, space_id, &address).await?,
@@ -122,13 +115,21 @@ async fn send_attempts(
                 None => None,
             },
         };
-        drop(client);
-        decide::gate(&authored.template, &recipient)?;
+        Ok(Loaded { authored, planned, recipient, address })
+    }
+
+    fn decide(&self, loaded: Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let Loaded { authored, planned, recipient, address } = loaded;
+        let (space_id, now) = (self.caller.space_id(), given.now_ms);
+        let template = &authored.template;
+        decide::gate(template, &recipient)?;
         let documents: BTreeMap<String, (Value, Vec<String>)> = planned
             .iter()
-            .map(|(key, (upsert, keys, _))| (key.clone(), (upsert.record.document(), keys.clone())))
+            .map(|(key, planned)| {
+                let keys = planned.attributes.iter().map(|attribute| attribute.key.clone()).collect();
+                (key.clone(), (planned.upsert.record.document(), keys))
+            })
             .collect();
-        let template = &authored.template;
         let rendered =
             render::render(&template.subject, &template.html, &template.text, &decide::render_context(&documents))
                 .map_err(|error| {
@@ -138,93 +139,78 @@ async fn send_attempts(
                         format!("the template does not render: {error}"),
                     )
                 })?;
-        let contact_id = contact.record_id.clone();
         // The content is sealed under the contact's data key: the key its write carries, or
         // the one it already has.
         let mut streams = Vec::new();
         let mut guards: Vec<Guard> = Vec::new();
-        let mut contact_key = None;
-        for (key, (upsert, _, _)) in planned {
-            let is_recipient = key == authored.template.recipient;
-            match upsert.write {
+        let mut contact = None;
+        for (key, planned) in planned {
+            let is_recipient = key == template.recipient;
+            let record_id = planned.upsert.record.record_id.clone();
+            match planned.upsert.write {
                 Some(write) => {
                     let write = write.map_err(append_error)?;
                     if is_recipient {
-                        contact_key = Some(write.key.clone());
+                        contact = Some((record_id, write.key.clone()));
                     }
                     streams.push(write.stream);
                     guards.extend(write.guards);
                 }
-                None if is_recipient => contact_key = upsert.key,
+                None if is_recipient => contact = planned.upsert.key.map(|key| (record_id, key)),
                 None => {}
             }
         }
-        let Some(contact_key) = contact_key else {
-            return Err(ApiError::internal(&anyhow::anyhow!("the recipient {contact_id} has no data key")));
+        let Some((contact_id, contact_key)) = contact else {
+            return Err(ApiError::internal(&anyhow::anyhow!("the recipient has no data key")));
         };
-        let scheduled = schedule(
-            state,
-            &authored,
-            EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key },
-            &rendered,
-            ("template", ""),
-            now,
-        )?;
-        let (email_id, prepared) = (scheduled.prepared.parties.email_id.clone(), scheduled.prepared);
+        let to = EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key };
+        let email_id = shared::ids::new_id("em");
+        let scheduled = send::schedule(&email_id, &authored, to, &rendered, ("template", ""), (now, &self.base_url))
+            .map_err(|error| ApiError::internal(&error))?;
         streams.push(scheduled.stream);
-        guards.push(outbox::insert_guard(&email_id, space_id, claim.map(Claim::parts)));
+        // The outbox row holds the send's claim: the hand-off records the answer.
+        guards.push(outbox::insert_guard(&email_id, space_id, given.claim.map(|claim| claim.parts())));
         if let Some(allowance) = &authored.allowance {
             guards.push(send::allowance_guard(space_id, now, allowance.monthly));
         }
-        let appended = crate::edge::append(state, req, caller, claim, streams, guards).await;
-        let appended = match appended {
-            Ok(appended) => appended,
-            Err(AppendError::WrongVersion { .. }) => continue,
-            Err(AppendError::Conflict { code: Code::IdentifierConflict, .. }) => continue,
-            Err(AppendError::Conflict { code: Code::EmailLimitReached, .. }) => {
-                return Err(ApiError::new(
-                    StatusCode::PAYMENT_REQUIRED,
-                    Some(Code::EmailLimitReached),
-                    "the space's email allowance for this month is used up; nothing was sent",
-                ));
-            }
-            Err(error) => return Err(append_error(error)),
-        };
-        return match hand_off(state, &prepared).await {
-            // The token covers the outcome too (a bounce's suppression, for one).
-            Some((body, recorded)) => Ok(respond(StatusCode::OK, &body, operation_id, Some(recorded.max(appended)))),
-            None => {
-                // Stored, but the relay may or may not have the message: never "retry".
-                Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Some(Code::OutcomeUnknown),
-                    "the email was stored but its hand-off's outcome is unknown; it is never sent again blindly: \
-                     reconcile before a new send",
-                )
-                .unconfirmed()
-                .with_header("Operation-Id", operation_id.to_owned()))
-            }
-        };
+        let decision = Decision::new(streams, guards, Answer::json(StatusCode::OK, Value::Null));
+        Ok(Decided::Append(decision.then(Then::SendEmail(Box::new(scheduled.prepared)))))
     }
-    Err(ApiError::conflict(
-        Code::ConcurrentModification,
-        "the context records kept changing while the send was applied; retry",
-    ))
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        match error {
+            AppendError::Conflict { code: Code::IdentifierConflict, .. } => Refusal::Again,
+            AppendError::Conflict { code: Code::EmailLimitReached, .. } => Refusal::Fail(ApiError::new(
+                StatusCode::PAYMENT_REQUIRED,
+                Some(Code::EmailLimitReached),
+                "the space's email allowance for this month is used up; nothing was sent",
+            )),
+            error => Refusal::default_for(error),
+        }
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        ApiError::conflict(
+            Code::ConcurrentModification,
+            "the context records kept changing while the send was applied; retry",
+        )
+    }
 }
 
-/// Schedules `rendered` from the authored template for `to` under a new email id (see
-/// `shared::email::send::schedule`).
-pub fn schedule(
-    state: &State,
-    authored: &Authored,
-    to: EmailTo<'_>,
-    rendered: &render::Rendered,
-    origin: (&str, &str),
-    now: i64,
-) -> Result<Scheduled, ApiError> {
-    let email_id = shared::ids::new_id("em");
-    send::schedule(&email_id, authored, to, rendered, origin, (now, &state.settings.email.public_base_url))
-        .map_err(|error| ApiError::internal(&error))
+#[tracing::instrument(skip_all, fields(template = %path.as_str()))]
+pub async fn send(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
+    let body = shared::http::read_json_object(&req, payload).await?;
+    let context = decide::context(&body)?;
+    let base_url = state.settings.email.public_base_url.clone();
+    let command = SendTemplate { caller: &caller, template_id: path.into_inner(), context, base_url };
+    let body = Value::Object(body);
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
 /// Hands an appended email to the relay inline and records the outcome; the answer to give,

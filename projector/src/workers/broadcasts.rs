@@ -1,10 +1,11 @@
 //! The broadcast engine. A run is requested by `POST /broadcasts/{id}/send`, whose append
 //! inserts its `broadcast_runs` row and a `broadcast_runs` timer due at its start.
 //!
-//! - **Start** ([`Starter`], the timer's handler): in the timer's transaction, the run's
-//!   audience is snapshotted into `broadcast_recipients` (the segment's members, or the
-//!   contacts subscribed to the topic, as the `segments` read model holds them) and the run
-//!   becomes `sending`. Both commit together or not at all.
+//! - **Start** ([`Starter`], the timer's handler): in the timer's transaction, once the
+//!   `segments` read model has applied the run's request, the run's audience is snapshotted
+//!   into `broadcast_recipients` (the segment's members, or the contacts subscribed to the
+//!   topic, as that read model holds them) and the run becomes `sending`. Both commit together
+//!   or not at all.
 //! - **Send** ([`Runs`], a worker): each step locks one sending run (`FOR UPDATE SKIP
 //!   LOCKED`, so any number of processes share runs and never one run), takes a batch of its
 //!   `pending` recipients, reads them from the `segments` read model (where the snapshot came
@@ -56,16 +57,32 @@ impl Starter {
         let Some(run_id) = timer.payload.get("runId").and_then(Value::as_str) else { return Ok(Handled::Done) };
         let row = transaction
             .query_opt(
-                "SELECT space_id, audience FROM broadcast_runs WHERE run_id = $1 AND status = 'scheduled' FOR UPDATE",
+                "SELECT space_id, audience, broadcast_id FROM broadcast_runs WHERE run_id = $1 AND status = 'scheduled'
+                 FOR UPDATE",
                 &[&run_id],
             )
             .await?;
         let Some(row) = row else { return Ok(Handled::Done) };
-        let (space_id, audience): (String, Value) = (row.get(0), row.get(1));
+        let (space_id, audience, broadcast_id): (String, Value, String) = (row.get(0), row.get(1), row.get(2));
         let audience: Audience = serde_json::from_value(audience)?;
         let Some(segments) = live_schema(transaction, "segments").await? else {
             return Ok(Handled::Retry("the segments read model has no live version yet".to_owned()));
         };
+        // The audience is as the log holds it at the send: membership and subscriptions must
+        // include every write before the run's request (a contact added, a segment created a
+        // moment earlier). While no run of the broadcast is scheduled or sending, nothing else
+        // is appended to its stream, so the request is the stream's last event.
+        let (requested_at, reached): (i64, i64) = transaction
+            .query_one(
+                "SELECT COALESCE((SELECT max(position) FROM events WHERE stream_id = $1), 0),
+                        COALESCE((SELECT position FROM projections WHERE name = 'segments' AND status = 'live'), 0)",
+                &[&shared::email::broadcasts::stream_id(&broadcast_id)],
+            )
+            .await
+            .map(|row| (row.get(0), row.get(1)))?;
+        if reached < requested_at {
+            return Ok(Handled::RetryAt(chrono::Utc::now() + chrono::Duration::milliseconds(100)));
+        }
         let (snapshot, found) = match &audience {
             Audience::Segment { segment_id } => {
                 let exists = transaction

@@ -281,3 +281,138 @@ async fn a_broadcast_to_5000_contacts_killed_mid_run_reaches_every_consenting_re
         (UNSUBSCRIBED + SUPPRESSED..PEOPLE).map(|index| format!("fan{index:04}@example.com")).collect();
     assert!(recipients.iter().all(|recipient| expected.binary_search(recipient).is_ok()), "only consenting recipients");
 }
+
+/// A segment of the mail space defined by `definition`.
+async fn segment(app: &TestApp, name: &str, definition: &str) -> String {
+    let created = app.post("/segments", MAIL_KEY, &json!({"name": name, "definition": definition})).await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    created.body["data"]["id"].as_str().expect("id").to_owned()
+}
+
+/// A run's status and audience as the run engine holds them (read directly: the test may hold
+/// a read model back).
+async fn run_row(app: &TestApp, run_id: &str) -> (String, Value, Option<i32>) {
+    let client = app.pool.get().await.expect("client");
+    let row = client
+        .query_one("SELECT status, audience, audience_count FROM broadcast_runs WHERE run_id = $1", &[&run_id])
+        .await
+        .expect("the run's row");
+    (row.get(0), row.get(1), row.get(2))
+}
+
+/// Waits until the run has left `scheduled` and `sending`, and returns its row.
+async fn settled_run(app: &TestApp, run_id: &str) -> (String, Value, Option<i32>) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let row = run_row(app, run_id).await;
+        if row.0 != "scheduled" && row.0 != "sending" {
+            return row;
+        }
+        assert!(Instant::now() < deadline, "run {run_id} did not settle: {row:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_send_right_after_an_audience_change_goes_to_the_new_audience_even_while_read_models_lag() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 1000).await;
+    let segments = [
+        segment(&app, "Nobody at a", "email ends with @a.invalid").await,
+        segment(&app, "Nobody at b", "email ends with @b.invalid").await,
+    ];
+    let unscheduled = patch(&app, BLAST_BROADCAST, "unschedule", &json!({"scheduledAt": null})).await;
+    assert_eq!(unscheduled.status, 200, "{:?}", unscheduled.body);
+    for round in 0..50 {
+        // The second half with the broadcasts read model held back: a decision that read it
+        // would see the previous audience every time.
+        let paused = if round >= 25 { Some(app.pause_read_model("broadcasts").await) } else { None };
+        let target = &segments[round % 2];
+        let aimed =
+            patch(&app, BLAST_BROADCAST, &format!("aim-{round}"), &json!({"audience": {"segmentId": target}})).await;
+        assert_eq!(aimed.status, 200, "round {round}: {:?}", aimed.body);
+        assert_eq!(aimed.body["data"]["audience"]["segmentId"], target.as_str(), "round {round}");
+        let sent = send(&app, BLAST_BROADCAST, &format!("send-{round}")).await;
+        assert_eq!(sent.status, 202, "round {round}: {:?}", sent.body);
+        assert_eq!(sent.body["data"]["audience"]["segmentId"], target.as_str(), "round {round}: {:?}", sent.body);
+        let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+        let (status, audience, _) = settled_run(&app, &run_id).await;
+        assert_eq!(status, "completed", "round {round}");
+        assert_eq!(audience["segmentId"], target.as_str(), "round {round}: the run names the audience the PATCH set");
+        if let Some(paused) = paused {
+            paused.resume().await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_segment_created_a_moment_ago_can_be_named_and_sent_to_at_once() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 1000).await;
+    let fresh = app
+        .post(
+            "/schemas/people/records",
+            MAIL_KEY,
+            &json!({"email": "fresh@example.com",
+        "firstName": "Fresh", "newsConsent": true}),
+        )
+        .await;
+    assert_eq!(fresh.status, 201, "{:?}", fresh.body);
+    app.wait_for_projections().await;
+    // The segments read model is held back: the segment exists only in the log.
+    let paused = app.pause_read_model("segments").await;
+    let segment_id = segment(&app, "Fresh ones", "firstName is Fresh").await;
+    let aimed =
+        patch(&app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment_id}, "scheduledAt": null})).await;
+    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
+    let webhook = app
+        .post(
+            "/webhooks",
+            MAIL_KEY,
+            &json!({"url": "http://127.0.0.1:9/hook", "trigger": "contact upserted", "schemaId": "people",
+                    "condition": {"type": "segment", "segmentId": segment_id}}),
+        )
+        .await;
+    assert_eq!(webhook.status, 201, "{:?}", webhook.body);
+    let sent = send(&app, BLAST_BROADCAST, "send").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    // The run waits for membership as of its request rather than taking the lagging model's.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(run_row(&app, &run_id).await.0, "scheduled", "the run waits for the segments read model");
+    paused.resume().await;
+    let (status, _, audience_count) = settled_run(&app, &run_id).await;
+    assert_eq!((status.as_str(), audience_count), ("completed", Some(1)));
+    let messages = sink.wait_for(1, WAIT).await;
+    assert_eq!(messages[0]["rcptTo"][0], "fresh@example.com");
+}
+
+#[tokio::test]
+async fn two_concurrent_changes_of_different_fields_both_survive() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 1000).await;
+    // Held back, so that a decision on the read model could not see the other change.
+    let paused = app.pause_read_model("broadcasts").await;
+    let mut last = (String::new(), String::new());
+    for round in 0..10 {
+        let name = format!("Blast {round}");
+        let at = format!("2031-01-{:02}T00:00:00.000Z", round + 1);
+        let (name_key, at_key) = (format!("name-{round}"), format!("at-{round}"));
+        let (name_body, at_body) = (json!({"name": name}), json!({"scheduledAt": at}));
+        let (renamed, moved) = tokio::join!(
+            patch(&app, BLAST_BROADCAST, &name_key, &name_body),
+            patch(&app, BLAST_BROADCAST, &at_key, &at_body),
+        );
+        assert_eq!((renamed.status, moved.status), (200, 200), "{:?} {:?}", renamed.body, moved.body);
+        // They are ordered: whichever came second answers with both changes.
+        let both = |response: &TestResponse| {
+            response.body["data"]["name"] == name.as_str() && response.body["data"]["scheduledAt"] == at.as_str()
+        };
+        assert!(both(&renamed) || both(&moved), "round {round}: {:?} {:?}", renamed.body, moved.body);
+        last = (name, at);
+    }
+    paused.resume().await;
+    app.wait_for_projections().await;
+    let read = app.get(&format!("/broadcasts/{BLAST_BROADCAST}"), MAIL_KEY).await;
+    assert_eq!((&read.body["data"]["name"], &read.body["data"]["scheduledAt"]), (&json!(last.0), &json!(last.1)));
+}

@@ -137,6 +137,32 @@ pub struct TestApp {
     _projector: ShutdownOnDrop,
 }
 
+/// A read model held back by [`TestApp::pause_read_model`]; dropping it resumes the model too.
+pub struct PausedReadModel {
+    release: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl PausedReadModel {
+    /// Lets the projector apply the read model again (once the lock is gone).
+    pub async fn resume(mut self) {
+        if let Some(release) = self.release.take() {
+            let _ = release.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("the pausing task");
+        }
+    }
+}
+
+impl Drop for PausedReadModel {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            let _ = release.send(());
+        }
+    }
+}
+
 /// Cancels a shutdown token when dropped.
 pub struct ShutdownOnDrop(pub tokio_util::sync::CancellationToken);
 
@@ -298,6 +324,29 @@ impl TestApp {
                 }
             }
         }
+    }
+
+    /// Holds the checkpoint rows of read model `name` locked, so no projector applies anything
+    /// to it (its lease is taken) until the returned guard is resumed or dropped: a read model
+    /// as far behind the log as a test wants.
+    pub async fn pause_read_model(&self, name: &str) -> PausedReadModel {
+        let (pool, name) = (self.pool.clone(), name.to_owned());
+        let (locked, is_locked) = tokio::sync::oneshot::channel();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut client = pool.get().await.expect("client");
+            let transaction = client.transaction().await.expect("transaction");
+            transaction.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await.expect("no timeout");
+            transaction
+                .query("SELECT 1 FROM projections WHERE name = $1 FOR UPDATE", &[&name])
+                .await
+                .expect("the checkpoint rows locked");
+            let _ = locked.send(());
+            let _ = released.await;
+            transaction.rollback().await.expect("released");
+        });
+        is_locked.await.expect("the read model paused");
+        PausedReadModel { release: Some(release), task: Some(task) }
     }
 
     pub async fn query_i64(&self, sql: &str) -> i64 {

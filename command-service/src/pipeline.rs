@@ -1,0 +1,503 @@
+//! The write path: every command goes through [`execute`].
+//!
+//! 1. **At the edge** (the handler): authenticate and authorize ([`authorize`],
+//!    [`authorize_with_body`]), read and parse the body into the command. Nothing is recorded
+//!    yet.
+//! 2. **Admit**: under `Idempotency-Key` (the contract's 17 operations) the operation is
+//!    claimed, or answered from an earlier one ([`crate::idempotency`]).
+//! 3. **Load** ([`Command::load`]) the state the decision needs through [`Ctx`], which gives
+//!    only fresh reads: the log's streams (with their versions), the write side's guard
+//!    tables (written in the append transactions themselves), and the catalog, whose
+//!    revision is remembered and guards the append.
+//! 4. **Decide** ([`Command::decide`]): a pure function of the loaded state, the command and
+//!    the time; the streams to append (each at the version it was loaded at), the guards,
+//!    and the answer.
+//! 5. **Append** once: the decision's streams and guards, the catalog revision guard, and the
+//!    idempotent completion (the answer recorded in the same transaction).
+//! 6. **Again** when the append lost a race ([`Command::refused`]: a stream moved on, the
+//!    catalog changed, a uniqueness claim was taken), from step 3, a bounded number of times.
+//! 7. **Answer**: the status and body, `Operation-Id`, and `Consistency-Token`.
+//!
+//! So freshness, idempotency and the contract's answers to a failed append are decided here,
+//! once. Read models other than the catalog are never read on the write path: a command
+//! decides on the log (see ARCHITECTURE.md, "Deciding on fresh state").
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde_json::{Map, Value};
+use shared::auth::{Caller, Permission};
+use shared::catalog::CATALOG;
+use shared::error::{ApiError, Code};
+use shared::log::{AppendError, AppendRequest, Appended, Guard, Metadata, StreamAppend};
+use shared::ratelimit::Bucket;
+
+use crate::State;
+use crate::edge::append_error;
+use crate::idempotency::{self, Admission, Claim};
+
+/// How often a command whose append lost a race is decided again, by default.
+pub const ATTEMPTS: usize = 3;
+
+/// Who runs a command.
+pub enum Actor<'a> {
+    /// An API key acting in its resolved space.
+    Key(&'a Caller),
+    /// A public endpoint (no key): the tenant is the addressed resource's, which the decision
+    /// names ([`Decision::in_space`]).
+    Public,
+}
+
+/// Whether `Idempotency-Key` protects a command, and the body identity it is claimed with.
+pub enum Protection<'a> {
+    /// One of the contract's 17 operations: claimed under the caller's key (when sent) with
+    /// the canonical hash of this value.
+    Keyed(&'a Value),
+    /// No idempotency record: the command answers with a fresh `Operation-Id` each time.
+    Unkeyed,
+}
+
+/// A command of the API: what it reads and how it decides.
+pub trait Command {
+    /// The state the decision needs.
+    type Loaded;
+
+    /// Reads what the decision needs through `ctx` (fresh reads only).
+    fn load(&self, ctx: &Ctx<'_>) -> impl Future<Output = Result<Self::Loaded, ApiError>>;
+
+    /// The decision: no IO. Refusals are errors in the contract's envelope.
+    fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError>;
+
+    /// What a refused append means for this command. By default a lost race (a stream not at
+    /// its loaded version, a moved catalog or authored resource) is decided again, and any
+    /// other failure is the contract's answer to it.
+    fn refused(&self, error: AppendError) -> Refusal {
+        Refusal::default_for(error)
+    }
+
+    /// How often the command is decided when its appends keep losing races.
+    fn attempts(&self) -> usize {
+        ATTEMPTS
+    }
+
+    /// The answer when every attempt lost a race.
+    fn lost_too_often(&self) -> ApiError {
+        ApiError::conflict(
+            Code::ConcurrentModification,
+            "the resource kept changing while this write was applied; retry",
+        )
+    }
+}
+
+/// What the decision is given beside the loaded state.
+pub struct Given<'a> {
+    /// The time of the decision, in milliseconds since the epoch.
+    pub now_ms: i64,
+    /// The operation's id (`Operation-Id`).
+    pub operation_id: &'a str,
+    /// The idempotency claim, for a decision whose completion another party records (an
+    /// email's hand-off).
+    pub claim: Option<&'a Claim>,
+}
+
+/// What a command decided.
+pub enum Decided {
+    /// Append this, then answer.
+    Append(Decision),
+    /// Nothing to write: answer (and record the answer for an idempotent replay).
+    Answer(Answer),
+    /// The decision needs more than this attempt loaded (an optimistic first attempt that
+    /// skipped a lookup): load and decide again.
+    Again,
+}
+
+/// The streams and guards to append in one transaction, and the answer once appended.
+pub struct Decision {
+    pub streams: Vec<StreamAppend>,
+    pub guards: Vec<Guard>,
+    pub answer: Answer,
+    /// The space a public command writes in (an API key's is its own).
+    space_id: Option<String>,
+    /// Work after the append that the answer waits for or leaves running.
+    then: Option<Then>,
+}
+
+/// Work a command does once its append is acknowledged.
+pub enum Then {
+    /// Hand the appended email to the relay inline; the answer is the hand-off's outcome, and
+    /// the hand-off records the idempotent completion (its outbox row holds the claim), so
+    /// the append carries none.
+    SendEmail(Box<shared::email::outbox::Prepared>),
+    /// Hand the appended email to the relay after answering (the outbox worker is the
+    /// backstop).
+    SendEmailLater(Box<shared::email::outbox::Prepared>),
+    /// The answer follows from where the append landed (an id derived from its position); for
+    /// a command no idempotency record holds (its answer is recorded before the append).
+    Answer(Box<dyn FnOnce(Appended) -> Answer>),
+}
+
+impl Decision {
+    pub fn new(streams: Vec<StreamAppend>, guards: Vec<Guard>, answer: Answer) -> Self {
+        Self { streams, guards, answer, space_id: None, then: None }
+    }
+
+    /// One stream change answered with `status` and `body`.
+    pub fn one(stream: StreamAppend, guards: Vec<Guard>, status: StatusCode, body: Value) -> Self {
+        Self::new(vec![stream], guards, Answer::json(status, body))
+    }
+
+    /// The space a public command writes in.
+    pub fn in_space(mut self, space_id: &str) -> Self {
+        self.space_id = Some(space_id.to_owned());
+        self
+    }
+
+    pub fn then(mut self, then: Then) -> Self {
+        self.then = Some(then);
+        self
+    }
+}
+
+/// A command's answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Body,
+}
+
+#[derive(Debug, Clone)]
+pub enum Body {
+    Json(Value),
+    /// A page for a browser (public forms and links): `text/html`, never recorded.
+    Html(String),
+}
+
+impl Answer {
+    pub fn json(status: StatusCode, body: Value) -> Self {
+        Self { status, body: Body::Json(body) }
+    }
+
+    pub fn html(status: StatusCode, page: String) -> Self {
+        Self { status, body: Body::Html(page) }
+    }
+}
+
+/// What a refused append means.
+pub enum Refusal {
+    /// The decision was made on state that changed: decide again.
+    Again,
+    /// The answer.
+    Fail(ApiError),
+    /// Answer this instead (a refusal that is a success, such as a link followed twice).
+    Answer(Answer),
+}
+
+impl Refusal {
+    /// A stream not at its loaded version, a moved catalog or a moved authored resource is a
+    /// lost race; anything else is the contract's answer to the failed append.
+    pub fn default_for(error: AppendError) -> Self {
+        match error {
+            AppendError::WrongVersion { .. } => Self::Again,
+            AppendError::Conflict { code: Code::CatalogMoved | Code::StreamMoved, .. } => Self::Again,
+            error => Self::Fail(append_error(error)),
+        }
+    }
+}
+
+/// What a command reads through: fresh state only.
+pub struct Ctx<'a> {
+    pub state: &'a State,
+    pub req: &'a HttpRequest,
+    actor: &'a Actor<'a>,
+    /// The catalog revision the first catalog read of this attempt saw.
+    catalog_revision: Cell<Option<i64>>,
+    /// Whether a catalog context came from the process cache (see [`Ctx::kept_catalog`]).
+    kept: Cell<bool>,
+    /// Two catalog reads of one attempt saw different revisions: decide again.
+    torn: Cell<bool>,
+    /// The live catalog schema, once read.
+    catalog_schema: RefCell<Option<String>>,
+    attempt: usize,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(state: &'a State, req: &'a HttpRequest, actor: &'a Actor<'a>, attempt: usize) -> Self {
+        Self {
+            state,
+            req,
+            actor,
+            catalog_revision: Cell::new(None),
+            kept: Cell::new(false),
+            torn: Cell::new(false),
+            catalog_schema: RefCell::new(None),
+            attempt,
+        }
+    }
+
+    /// The attempt this is (0 for the first).
+    pub fn attempt(&self) -> usize {
+        self.attempt
+    }
+
+    /// The calling key, for a command run by one.
+    pub fn caller(&self) -> Result<&'a Caller, ApiError> {
+        match self.actor {
+            Actor::Key(caller) => Ok(caller),
+            Actor::Public => Err(ApiError::internal(&anyhow::anyhow!("a public command asked for its caller"))),
+        }
+    }
+
+    /// A connection for reading the log and the write side's guard tables, which the append
+    /// transactions write themselves (so what they hold is as new as every acknowledged write).
+    pub async fn db(&self) -> Result<deadpool_postgres::Client, ApiError> {
+        Ok(self.state.pool.get().await?)
+    }
+
+    /// The schema of the live catalog read model, for reading authored data. The catalog's
+    /// revision is read first and guards the append (`catalog::revision_guard`): if any
+    /// catalog event is applied before the append, the command is decided again. The
+    /// operator's apply returns only once the catalog holds what it wrote, so an acknowledged
+    /// authoring change is never missed.
+    pub async fn catalog(&self) -> Result<String, ApiError> {
+        if let Some(schema) = self.catalog_schema.borrow().clone() {
+            return Ok(schema);
+        }
+        let client = self.db().await?;
+        let statement = client
+            .prepare_cached("SELECT version, revision FROM projections WHERE name = 'catalog' AND status = 'live'")
+            .await?;
+        let row = client
+            .query_opt(&statement, &[])
+            .await?
+            .ok_or_else(|| ApiError::unavailable("the catalog is not built yet; retry shortly"))?;
+        let schema = shared::readmodel::schema_name(CATALOG, row.get(0));
+        self.saw_catalog(row.get(1));
+        *self.catalog_schema.borrow_mut() = Some(schema.clone());
+        Ok(schema)
+    }
+
+    /// The schema of the live catalog as this process last saw it, with no statement: for a
+    /// read that returns the catalog's revision itself and hands it to [`Ctx::saw_catalog`].
+    pub async fn catalog_as_last_seen(&self) -> Result<String, ApiError> {
+        if let Some(schema) = self.catalog_schema.borrow().clone() {
+            return Ok(schema);
+        }
+        Ok(self.state.read_models.current(&[CATALOG]).await?.schema(CATALOG))
+    }
+
+    /// Records a catalog revision that a read saw (in the same statement as its data).
+    pub fn saw_catalog(&self, revision: i64) {
+        match self.catalog_revision.get() {
+            None => self.catalog_revision.set(Some(revision)),
+            Some(seen) if seen == revision => {}
+            Some(_) => self.torn.set(true),
+        }
+    }
+
+    /// Whether a catalog context of this attempt came from this process's cache.
+    pub fn kept(&self) -> bool {
+        self.kept.get()
+    }
+
+    /// Records that a catalog context came from this process's cache at `revision`: its
+    /// append is guarded by that revision, and a refusal decided on it is decided again on a
+    /// fresh read if the catalog has moved on (the cache may be what refused).
+    pub fn kept_catalog(&self, revision: i64) {
+        self.saw_catalog(revision);
+        self.kept.set(true);
+    }
+}
+
+/// The schema of the live catalog for a check at the edge, before any claim (an unknown
+/// resource records nothing); a command's own reads go through [`Ctx`].
+pub async fn edge_catalog(state: &State) -> Result<String, ApiError> {
+    Ok(state.read_models.current(&[CATALOG]).await?.schema(CATALOG))
+}
+
+/// Authenticates and authorizes a command (`permission`, in the request's bucket).
+pub async fn authorize(req: &HttpRequest, state: &State, permission: Permission) -> Result<Caller, ApiError> {
+    state.authenticator.authorize(req, permission).await
+}
+
+/// Reads the JSON object body and authorizes in `bucket` (chosen by the handler, perhaps from
+/// the body): a missing or bad key is answered before a bad body.
+pub async fn authorize_with_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &State,
+    permission: Permission,
+    bucket: impl FnOnce(Result<&Map<String, Value>, &ApiError>) -> Bucket,
+) -> Result<(Caller, Map<String, Value>), ApiError> {
+    let body = shared::http::read_json_object(req, payload).await;
+    let bucket = bucket(body.as_ref());
+    let caller = state.authenticator.authorize_in(req, permission, bucket).await?;
+    Ok((caller, body?))
+}
+
+/// The request's bucket, whatever the body (most commands).
+pub fn request_bucket(req: &HttpRequest) -> impl FnOnce(Result<&Map<String, Value>, &ApiError>) -> Bucket + '_ {
+    move |_| Bucket::for_request(req)
+}
+
+/// Runs `command`: admits it (or answers a replay), then loads, decides and appends it, again
+/// when its append lost a race, and answers.
+pub async fn execute<C: Command>(
+    state: &web::Data<State>,
+    req: &HttpRequest,
+    actor: Actor<'_>,
+    protection: Protection<'_>,
+    command: C,
+) -> Result<HttpResponse, ApiError> {
+    let (claim, operation_id) = match (&protection, &actor) {
+        (Protection::Keyed(body), Actor::Key(caller)) => match idempotency::admit(state, req, caller, body).await? {
+            Admission::Replay(response) => return Ok(response),
+            Admission::Claimed(claim) => {
+                let operation_id = claim.operation_id.clone();
+                (Some(claim), operation_id)
+            }
+            Admission::Unprotected { operation_id } => (None, operation_id),
+        },
+        _ => (None, shared::ids::new_id("op")),
+    };
+    let outcome = attempts(state, req, &actor, claim.as_ref(), &operation_id, &command).await;
+    match actor {
+        Actor::Key(_) => {
+            let unconfirmed = outcome.as_ref().err().is_some_and(ApiError::is_unconfirmed);
+            idempotency::finish(state, claim.as_ref(), &operation_id, outcome, unconfirmed).await
+        }
+        // A public answer carries no Operation-Id: nobody can reconcile with it.
+        Actor::Public => outcome,
+    }
+}
+
+async fn attempts<C: Command>(
+    state: &web::Data<State>,
+    req: &HttpRequest,
+    actor: &Actor<'_>,
+    claim: Option<&Claim>,
+    operation_id: &str,
+    command: &C,
+) -> Result<HttpResponse, ApiError> {
+    let public = matches!(actor, Actor::Public);
+    for attempt in 0..command.attempts().max(1) {
+        let ctx = Ctx::new(state, req, actor, attempt);
+        let given = Given { now_ms: shared::time::now_millis(), operation_id, claim };
+        let decided = match command.load(&ctx).await {
+            Ok(loaded) => command.decide(loaded, &given),
+            Err(error) => Err(error),
+        };
+        if ctx.torn.get() {
+            continue;
+        }
+        let decision = match decided {
+            Ok(Decided::Append(decision)) => decision,
+            Ok(Decided::Again) => continue,
+            Ok(Decided::Answer(answer)) => {
+                if let (Some(claim), Body::Json(body)) = (claim, &answer.body) {
+                    claim.record(state, answer.status, body).await?;
+                }
+                return Ok(respond(&answer, (!public).then_some(operation_id), None));
+            }
+            Err(error) if ctx.kept.get() && error.status().is_client_error() => {
+                if catalog_moved(&ctx).await? {
+                    continue;
+                }
+                return Err(error);
+            }
+            Err(error) => return Err(error),
+        };
+        let Decision { streams, mut guards, answer, space_id, then } = decision;
+        guards.extend(ctx.catalog_revision.get().map(shared::catalog::revision_guard));
+        if claim.is_some() && matches!(then, Some(Then::Answer(_))) {
+            return Err(ApiError::internal(&anyhow::anyhow!("an idempotent command's answer follows its append")));
+        }
+        let hand_off_completes = matches!(then, Some(Then::SendEmail(_)));
+        if let (Some(claim), false) = (claim, hand_off_completes) {
+            match &answer.body {
+                Body::Json(body) => guards.push(claim.completion(answer.status, body)),
+                Body::Html(_) => {
+                    return Err(ApiError::internal(&anyhow::anyhow!("an idempotent command answered a page")));
+                }
+            }
+        }
+        let metadata = match actor {
+            Actor::Key(caller) => crate::edge::metadata(req, caller, claim.map(|claim| claim.key.clone())),
+            Actor::Public => Metadata { space_id, ..Metadata::default() },
+        };
+        let appended = state.event_log.append(AppendRequest { metadata, streams, guards }).await;
+        let appended = match appended {
+            Ok(appended) => appended,
+            Err(error) => match command.refused(error) {
+                Refusal::Again => {
+                    if ctx.kept.get() {
+                        catalog_moved(&ctx).await?;
+                    }
+                    continue;
+                }
+                Refusal::Fail(error) => return Err(error),
+                Refusal::Answer(answer) => return Ok(respond(&answer, (!public).then_some(operation_id), None)),
+            },
+        };
+        return match then {
+            None => Ok(respond(&answer, (!public).then_some(operation_id), Some(appended))),
+            Some(Then::Answer(answer)) => {
+                Ok(respond(&answer(appended), (!public).then_some(operation_id), Some(appended)))
+            }
+            Some(Then::SendEmailLater(prepared)) => {
+                let state = state.clone();
+                tokio::spawn(async move { crate::templates::http::hand_off(&state, &prepared).await });
+                Ok(respond(&answer, (!public).then_some(operation_id), Some(appended)))
+            }
+            Some(Then::SendEmail(prepared)) => match crate::templates::http::hand_off(state, &prepared).await {
+                // The token covers the outcome too (a bounce's suppression, for one).
+                Some((body, recorded)) => {
+                    Ok(respond(&Answer::json(StatusCode::OK, body), Some(operation_id), Some(recorded.max(appended))))
+                }
+                // Stored, but the relay may or may not have the message: never "retry".
+                None => Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some(Code::OutcomeUnknown),
+                    "the email was stored but its hand-off's outcome is unknown; it is never sent again blindly: \
+                     reconcile before a new send",
+                )
+                .unconfirmed()),
+            },
+        };
+    }
+    Err(command.lost_too_often())
+}
+
+/// Whether the catalog moved on since a kept context was read; if it did, this process's
+/// kept contexts of older revisions are dropped, so the next attempt reads afresh.
+async fn catalog_moved(ctx: &Ctx<'_>) -> Result<bool, ApiError> {
+    let Some(seen) = ctx.catalog_revision.get() else { return Ok(false) };
+    let client = ctx.db().await?;
+    let statement =
+        client.prepare_cached("SELECT revision FROM projections WHERE name = 'catalog' AND status = 'live'").await?;
+    let current: i64 = client.query_opt(&statement, &[]).await?.map_or(0, |row| row.get(0));
+    if current == seen {
+        return Ok(false);
+    }
+    ctx.state.write_contexts.keep_revision(current);
+    ctx.state.event_contexts.keep_revision(current);
+    Ok(true)
+}
+
+/// An answer with `Operation-Id` (for a key's command) and `Consistency-Token` when something
+/// was appended.
+pub fn respond(answer: &Answer, operation_id: Option<&str>, appended: Option<Appended>) -> HttpResponse {
+    let mut response = HttpResponse::build(answer.status);
+    if let Some(operation_id) = operation_id {
+        response.insert_header(("Operation-Id", operation_id.to_owned()));
+    }
+    crate::edge::consistency_token(&mut response, appended);
+    match &answer.body {
+        Body::Json(body) => response.json(body),
+        Body::Html(page) => response
+            .content_type("text/html; charset=utf-8")
+            .insert_header(("Cache-Control", "no-store"))
+            .body(page.clone()),
+    }
+}
