@@ -99,6 +99,19 @@ impl From<crate::broadcasts::decide::Refusal> for ApiError {
     }
 }
 
+/// A refused workflow request as the contract answers it.
+impl From<crate::workflows::decide::Refusal> for ApiError {
+    fn from(refusal: crate::workflows::decide::Refusal) -> Self {
+        use crate::workflows::decide::Refusal;
+        let message = refusal.to_string();
+        match refusal {
+            Refusal::NotFound(_) => ApiError::not_found(Code::WorkflowNotFound, message),
+            Refusal::NotPublished(_) => ApiError::conflict(Code::WorkflowNotPublished, message),
+            Refusal::InvalidInput(_) => ApiError::bad_request(Code::InvalidWorkflowInput, message),
+        }
+    }
+}
+
 /// A refused segment as the contract answers it.
 impl From<crate::segments::decide::Refusal> for ApiError {
     fn from(refusal: crate::segments::decide::Refusal) -> Self {

@@ -16,6 +16,7 @@ pub mod segments;
 pub mod suppressions;
 pub mod templates;
 pub mod webhooks;
+pub mod workflows;
 pub mod write_contexts;
 
 use actix_web::web;

@@ -48,6 +48,9 @@ async fn main() -> anyhow::Result<()> {
             for (webhook_id, vendor, secret) in &report.generated_webhook_secrets {
                 println!("webhook {webhook_id} of {vendor} signs with {secret}  (shown once; give it to {vendor})");
             }
+            for (workflow_id, secret) in &report.generated_workflow_secrets {
+                println!("workflow {workflow_id} signs its webhook calls with {secret}  (shown once)");
+            }
             if wait && report.position > 0 {
                 authoring::wait_for_catalog(&pool, report.position, Duration::from_secs(30)).await?;
             }

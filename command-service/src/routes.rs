@@ -4,7 +4,9 @@
 use actix_web::{Route, web};
 use shared::routes::Tier;
 
-use crate::{broadcasts, emails, events, forms, identities, records, segments, suppressions, templates, webhooks};
+use crate::{
+    broadcasts, emails, events, forms, identities, records, segments, suppressions, templates, webhooks, workflows,
+};
 
 /// The handler of a command operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
@@ -34,6 +36,9 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "deleteSegment" => web::delete().to(segments::http::delete),
         "updateBroadcast" => web::patch().to(broadcasts::http::update),
         "sendBroadcast" => web::post().to(broadcasts::http::send),
+        "triggerWorkflow" => web::post().to(workflows::http::trigger),
+        "pauseWorkflow" => web::post().to(workflows::http::pause),
+        "unpauseWorkflow" => web::post().to(workflows::http::unpause),
         _ => return None,
     })
 }

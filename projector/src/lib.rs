@@ -33,7 +33,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 pub const POOL_SIZE: usize = 32;
 
 /// The kinds of worker a process can run.
-pub const WORKER_KINDS: [&str; 10] = [
+pub const WORKER_KINDS: [&str; 11] = [
     "read_models",
     "preparation",
     "eraser",
@@ -44,6 +44,7 @@ pub const WORKER_KINDS: [&str; 10] = [
     "domain_checks",
     "segment_windows",
     "broadcasts",
+    "workflows",
 ];
 
 /// The workers a process runs: `selection` is `all` or a comma-separated list of
@@ -97,6 +98,9 @@ pub fn workers(
     }
     if wanted.contains(&"broadcasts") {
         workers.extend(workers::broadcasts::workers(pool, &log, settings)?);
+    }
+    if wanted.contains(&"workflows") {
+        workers.extend(workers::workflows::workers(pool, &log, settings)?);
     }
     if wanted.contains(&"email_outbox") {
         workers.push(Arc::new(workers::email::outbox::Outbox::new(pool.clone(), log, settings)?));

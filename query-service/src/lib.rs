@@ -17,6 +17,7 @@ pub mod schemas;
 pub mod segments;
 pub mod suppressions;
 pub mod webhooks;
+pub mod workflows;
 
 use actix_web::web;
 use deadpool_postgres::Pool;

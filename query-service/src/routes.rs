@@ -6,6 +6,7 @@ use shared::routes::Tier;
 
 use crate::{
     audit, broadcasts, deletions, email, emails, events, me, records, schemas, segments, suppressions, webhooks,
+    workflows,
 };
 
 /// The handler of a query operation, by its operation id.
@@ -42,6 +43,10 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "getBroadcast" => web::get().to(broadcasts::http::get),
         "listBroadcastRuns" => web::get().to(broadcasts::http::runs),
         "getBroadcastRun" => web::get().to(broadcasts::http::run),
+        "listWorkflows" => web::get().to(workflows::http::list),
+        "getWorkflow" => web::get().to(workflows::http::get),
+        "listWorkflowRuns" => web::get().to(workflows::http::runs),
+        "getWorkflowRun" => web::get().to(workflows::http::run),
         _ => return None,
     })
 }

@@ -132,6 +132,10 @@ codes! {
     BroadcastRunNotFound = "broadcast_run_not_found",
     BroadcastRunActive = "broadcast_run_active",
     InvalidBroadcast = "invalid_broadcast",
+    WorkflowNotFound = "workflow_not_found",
+    WorkflowNotPublished = "workflow_not_published",
+    WorkflowRunNotFound = "workflow_run_not_found",
+    InvalidWorkflowInput = "invalid_workflow_input",
     }
     internal {
     OperationTaken = "operation_taken",

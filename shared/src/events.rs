@@ -50,6 +50,16 @@ pub enum LogEvent {
     SegmentWindowElapsed(proto::SegmentWindowElapsed),
     BroadcastUpdated(proto::BroadcastUpdated),
     BroadcastRunRequested(proto::BroadcastRunRequested),
+    WorkflowPaused(proto::WorkflowPaused),
+    WorkflowUnpaused(proto::WorkflowUnpaused),
+    WorkflowRunRequested(proto::WorkflowRunRequested),
+    WorkflowRunStarted(proto::WorkflowRunStarted),
+    WorkflowStepStarted(proto::WorkflowStepStarted),
+    WorkflowRunSleeping(proto::WorkflowRunSleeping),
+    WorkflowStepFinished(proto::WorkflowStepFinished),
+    WorkflowRunPaused(proto::WorkflowRunPaused),
+    WorkflowRunResumed(proto::WorkflowRunResumed),
+    WorkflowRunFinished(proto::WorkflowRunFinished),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -123,6 +133,16 @@ event_types! {
     SegmentWindowElapsed => "SegmentWindowElapsed.v1",
     BroadcastUpdated => "BroadcastUpdated.v1",
     BroadcastRunRequested => "BroadcastRunRequested.v1",
+    WorkflowPaused => "WorkflowPaused.v1",
+    WorkflowUnpaused => "WorkflowUnpaused.v1",
+    WorkflowRunRequested => "WorkflowRunRequested.v1",
+    WorkflowRunStarted => "WorkflowRunStarted.v1",
+    WorkflowStepStarted => "WorkflowStepStarted.v1",
+    WorkflowRunSleeping => "WorkflowRunSleeping.v1",
+    WorkflowStepFinished => "WorkflowStepFinished.v1",
+    WorkflowRunPaused => "WorkflowRunPaused.v1",
+    WorkflowRunResumed => "WorkflowRunResumed.v1",
+    WorkflowRunFinished => "WorkflowRunFinished.v1",
 }
 
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the

@@ -32,6 +32,7 @@ pub mod suppressions;
 pub mod telemetry;
 pub mod time;
 pub mod webhooks;
+pub mod workflows;
 
 /// Types generated from `schemas/platform/events/v1/*.proto`.
 pub mod proto {

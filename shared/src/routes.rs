@@ -97,6 +97,14 @@ pub const OPERATIONS: &[Operation] = &[
     operation("sendBroadcast", "POST", "/broadcasts/{id}/send", Command),
     operation("listBroadcastRuns", "GET", "/broadcasts/{id}/runs", Query),
     operation("getBroadcastRun", "GET", "/broadcasts/{id}/runs/{runId}", Query),
+    operation("listWorkflows", "GET", "/workflows", Query),
+    operation("getWorkflow", "GET", "/workflows/{id}", Query),
+    // `{id}` is the reference id of the workflow's incoming-webhook step (D10).
+    operation("triggerWorkflow", "POST", "/workflows/{id}", Command),
+    operation("pauseWorkflow", "POST", "/workflows/{id}/pause", Command),
+    operation("unpauseWorkflow", "POST", "/workflows/{id}/unpause", Command),
+    operation("listWorkflowRuns", "GET", "/workflows/{id}/runs", Query),
+    operation("getWorkflowRun", "GET", "/workflows/{id}/runs/{runId}", Query),
 ];
 
 /// The API prefix every path lives under.

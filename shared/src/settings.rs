@@ -40,6 +40,7 @@ pub struct Settings {
     pub email: EmailSettings,
     pub forms: FormSettings,
     pub broadcasts: BroadcastSettings,
+    pub workflows: WorkflowSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -293,6 +294,23 @@ pub struct BroadcastSettings {
 impl Default for BroadcastSettings {
     fn default() -> Self {
         Self { rate_per_second: 200, batch: 200, handoffs: 16 }
+    }
+}
+
+/// The workflow engine (`APP__WORKFLOWS__*`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkflowSettings {
+    /// `LEASE_MS`: how long a claimed run is leased; a process that dies mid-step leaves its
+    /// runs to another after this long. Longer than a webhook call's timeout and margin.
+    pub lease_ms: u64,
+    /// `CONCURRENCY`: runs one process advances at once.
+    pub concurrency: usize,
+}
+
+impl Default for WorkflowSettings {
+    fn default() -> Self {
+        Self { lease_ms: 60_000, concurrency: 64 }
     }
 }
 

@@ -29,6 +29,7 @@ Behaviour (every key optional):
   delaySeconds    how long to wait before answering (or dropping the connection)
   failFirst       answer 500 to the first N attempts of each webhook-id, then `status`
   closeConnection drop the connection without answering
+  body            a JSON value to answer with (as application/json; not with status 204)
 """
 
 import argparse
@@ -41,7 +42,7 @@ from urllib.parse import unquote, urlsplit
 
 from standardwebhooks.webhooks import Webhook
 
-BEHAVIOUR_KEYS = {"status", "retryAfter", "delaySeconds", "failFirst", "closeConnection"}
+BEHAVIOUR_KEYS = {"status", "retryAfter", "delaySeconds", "failFirst", "closeConnection", "body"}
 
 
 class Endpoint:
@@ -262,7 +263,8 @@ class Handler(BaseHTTPRequestHandler):
         extra = []
         if "retryAfter" in behaviour:
             extra.append(("Retry-After", str(behaviour["retryAfter"])))
-        return self.answer(status, None, extra)
+        payload = behaviour.get("body") if status not in (204, 304) else None
+        return self.answer(status, payload, extra)
 
 
 class Server(ThreadingHTTPServer):

@@ -9,10 +9,12 @@ use chrono::Utc;
 use deadpool_postgres::Pool;
 use rand::Rng;
 use serde_json::Value;
+use shared::email::resources::{TEMPLATE, TOPIC};
 use shared::events::{LogEvent, seal};
 use shared::ids::{derived_id, sha256_hex};
 use shared::log::{AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
 use shared::proto;
+use shared::workflows::WORKFLOW;
 
 use super::format::{ResourceSpec, SpaceSpec, SuppressionSpec, WebhookSpec, Workspace};
 
@@ -27,6 +29,9 @@ pub struct ApplyReport {
     /// Signing secrets of the integration-owned webhooks this apply created: `(webhook id,
     /// integration, secret)`, shown once for the integration to verify its deliveries.
     pub generated_webhook_secrets: Vec<(String, String, String)>,
+    /// Signing secrets generated for workflows that call webhooks: `(workflow id, secret)`,
+    /// shown once for the receivers to verify the calls.
+    pub generated_workflow_secrets: Vec<(String, String)>,
 }
 
 /// The latest event and version of every authoring stream.
@@ -37,7 +42,8 @@ async fn load_current(pool: &Pool, webhook_streams: &[String]) -> anyhow::Result
     let rows = client
         .query(
             "SELECT DISTINCT ON (stream_id) stream_id, stream_version, event_type, payload FROM events
-             WHERE stream_id LIKE 'authoring/%' OR stream_id = ANY($1) ORDER BY stream_id, stream_version DESC",
+             WHERE stream_id LIKE 'authoring/%' OR stream_id LIKE 'segment-%' OR stream_id = ANY($1)
+             ORDER BY stream_id, stream_version DESC",
             &[&webhook_streams],
         )
         .await?;
@@ -120,7 +126,13 @@ pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> 
         let definitions = super::email::definitions(space, space_id, |kind, id| {
             super::email::definition_of(plan.latest(&resource_stream(kind, id)))
         })?;
-        for (kind, resource_id, definition) in definitions {
+        let names = workflow_names(&plan, space, space_id);
+        let (workflows, secrets) = super::workflows::definitions(space, &names, |id| {
+            super::email::definition_of(plan.latest(&resource_stream(WORKFLOW, id)))
+        })?;
+        report.generated_workflow_secrets.extend(secrets);
+        let workflows = workflows.into_iter().map(|(id, definition)| (WORKFLOW, id, definition));
+        for (kind, resource_id, definition) in definitions.into_iter().chain(workflows) {
             let resource = proto::ResourceDefined {
                 kind: kind.to_owned(),
                 resource_id,
@@ -416,10 +428,36 @@ fn plan_webhook(
     Ok(None)
 }
 
+/// What the workflows of a space may name: its schemas, templates and topics (by slug), and
+/// its live segments (made through the API, so read from the log).
+fn workflow_names<'a>(plan: &Plan<'_>, space: &'a SpaceSpec, space_id: &str) -> super::workflows::Names<'a> {
+    let ids = |kind: &str, prefix: &str, list: &'a [ResourceSpec]| {
+        list.iter()
+            .map(|resource| (resource.slug.as_str(), super::email::resource_id(kind, prefix, &space.slug, resource)))
+            .collect()
+    };
+    let segments = plan
+        .current
+        .iter()
+        .filter_map(|(stream_id, (_, event))| match event {
+            LogEvent::SegmentCreated(created) if created.space_id == space_id && stream_id.starts_with("segment-") => {
+                Some(created.segment_id.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    super::workflows::Names {
+        schemas: super::email::Schemas::of(space),
+        templates: ids(TEMPLATE, "tpl", &space.templates),
+        topics: ids(TOPIC, "top", &space.topics),
+        segments,
+    }
+}
+
 fn plan_resources(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {
-    // The email resources (broadcasts too) are typed and resolved by `super::email`.
-    let kinds: [(&str, &str, &Vec<ResourceSpec>); 2] =
-        [("workflow", "wf", &space.workflows), ("contact_track", "trk", &space.contact_tracks)];
+    // The email resources (broadcasts too) and workflows are typed and resolved by `super::email`
+    // and `super::workflows`.
+    let kinds: [(&str, &str, &Vec<ResourceSpec>); 1] = [("contact_track", "trk", &space.contact_tracks)];
     for (kind, prefix, resources) in kinds {
         for resource in resources {
             let resource_id = super::email::resource_id(kind, prefix, &space.slug, resource);

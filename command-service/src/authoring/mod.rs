@@ -4,6 +4,7 @@
 mod apply;
 mod email;
 mod format;
+mod workflows;
 
 pub use apply::{ApplyReport, apply, resource_stream, wait_for_catalog};
 pub use format::{Workspace, parse};

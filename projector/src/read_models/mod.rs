@@ -50,6 +50,7 @@ pub mod segments;
 mod suppressions;
 mod webhooks;
 pub mod worker;
+mod workflows;
 
 use anyhow::Context;
 use deadpool_postgres::Transaction;
@@ -76,7 +77,7 @@ pub trait ReadModel: Send + Sync + 'static {
 }
 
 /// Every read model.
-pub const ALL: [&dyn ReadModel; 8] = [
+pub const ALL: [&dyn ReadModel; 9] = [
     &catalog::Catalog,
     &records::Records,
     &suppressions::Suppressions,
@@ -85,6 +86,7 @@ pub const ALL: [&dyn ReadModel; 8] = [
     &webhooks::Webhooks,
     &segments::Segments,
     &broadcasts::Broadcasts,
+    &workflows::Workflows,
 ];
 
 /// The read model named `name`.

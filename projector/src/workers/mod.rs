@@ -1,5 +1,5 @@
 //! Side-effect workers on the runtime: AI preparation, the eraser, periodic maintenance, and
-//! webhook delivery, the email outbox.
+//! webhook delivery, the email outbox, broadcast runs and the workflow engine.
 
 pub mod broadcasts;
 pub mod email;
@@ -8,3 +8,4 @@ pub mod maintenance;
 pub mod preparation;
 pub mod segments;
 pub mod webhooks;
+pub mod workflows;

@@ -13,7 +13,7 @@ use shared::pagination::PageRequest;
 use shared::records::CHANNELS;
 
 use super::store;
-use super::trail::{email_entries, record_history, suppression_entries};
+use super::trail::{email_entries, record_history, suppression_entries, workflow_entries};
 use crate::State;
 use crate::consistency::{authorize_read, consistent_read, respond};
 use crate::schemas::http::schema_not_found;
@@ -25,12 +25,14 @@ pub async fn get(
 ) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let page = PageRequest::parse(&query)?;
+    // The communication channels, and `workflow` for the journeys a contact went through.
+    let channels: Vec<&str> = CHANNELS.iter().copied().chain(["workflow"]).collect();
     let channel = match shared::http::query_value(&query, "channel") {
-        Some(channel) if CHANNELS.contains(&channel) => Some(channel.to_owned()),
+        Some(channel) if channels.contains(&channel) => Some(channel.to_owned()),
         Some(other) => {
             return Err(ApiError::bad_request(
                 Code::InvalidQueryParameter,
-                format!("channel must be one of {}; got {other:?}", CHANNELS.join(", ")),
+                format!("channel must be one of {}; got {other:?}", channels.join(", ")),
             ));
         }
         None => None,
@@ -73,6 +75,7 @@ pub async fn get(
     drop(client);
     let mut entries = history.entries;
     entries.extend(email_entries(&record_events, &space_id)?);
+    entries.extend(workflow_entries(&record_events, &space_id)?);
     entries.extend(suppression_entries(&suppression_events, &space_id)?);
     // Newest first: log order, reversed.
     entries.sort_by_key(|entry| std::cmp::Reverse(entry.0));

@@ -9,6 +9,9 @@
 //!   `email_sent`, `email_failed`, `email_outcome_unknown`, `email_bounced`,
 //!   `email_unsubscribed`, `subscription_changed` (a topic subscription's new status and what
 //!   changed it), `form_submitted` and `subscription_confirmed`.
+//! - workflow entries (channel `workflow`), from the runs bound to the contact:
+//!   `workflow_run_requested`, `workflow_step_finished` (each step a journey executed for the
+//!   contact, with its status) and `workflow_run_finished`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -158,22 +161,58 @@ pub fn email_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<V
             LogEvent::SubmissionConfirmed(e) => ("subscription_confirmed", e.space_id, json!({"formId": e.form_id})),
             _ => continue,
         };
-        if space != space_id {
-            continue;
+        if space == space_id {
+            entries.push((event.position, entry(event, kind, "email", details)));
         }
-        let mut entry = json!({
-            "id": event.event_id.to_string(),
-            "type": kind,
-            "channel": "email",
-            "occurredAt": format_timestamp(event.occurred_at),
-            "actorKeyId": event.actor_key_id,
-        });
-        if let (Some(entry), Value::Object(details)) = (entry.as_object_mut(), details) {
-            entry.extend(details);
-        }
-        entries.push((event.position, entry));
     }
     Ok(entries)
+}
+
+/// The workflow entries among a contact's events: the runs bound to it and their steps.
+pub fn workflow_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
+    let mut entries = Vec::new();
+    for event in events {
+        let (kind, space, details) = match event.decode()? {
+            LogEvent::WorkflowRunRequested(e) => (
+                "workflow_run_requested",
+                e.space_id,
+                json!({"workflowId": e.workflow_id, "runId": e.run_id, "trigger": {"type": e.trigger, "id": e.trigger_id}}),
+            ),
+            LogEvent::WorkflowStepFinished(e) => (
+                "workflow_step_finished",
+                e.space_id,
+                json!({"runId": e.run_id, "index": e.index, "stepId": e.step_id, "stepType": e.step_type,
+                       "status": e.status, "emailId": non_empty(e.email_id),
+                       "error": (!e.error_code.is_empty()).then(|| json!({"code": e.error_code, "message": e.error_message}))}),
+            ),
+            LogEvent::WorkflowRunFinished(e) => (
+                "workflow_run_finished",
+                e.space_id,
+                json!({"runId": e.run_id, "status": e.status,
+                       "error": (!e.error_code.is_empty()).then(|| json!({"code": e.error_code, "message": e.error_message}))}),
+            ),
+            _ => continue,
+        };
+        if space == space_id {
+            entries.push((event.position, entry(event, kind, "workflow", details)));
+        }
+    }
+    Ok(entries)
+}
+
+/// An entry of `kind` on `channel` about `event`, with `details` beside the common fields.
+fn entry(event: &StoredEvent, kind: &str, channel: &str, details: Value) -> Value {
+    let mut entry = json!({
+        "id": event.event_id.to_string(),
+        "type": kind,
+        "channel": channel,
+        "occurredAt": format_timestamp(event.occurred_at),
+        "actorKeyId": event.actor_key_id,
+    });
+    if let (Some(entry), Value::Object(details)) = (entry.as_object_mut(), details) {
+        entry.extend(details);
+    }
+    entry
 }
 
 fn non_empty(text: String) -> Option<String> {

@@ -119,6 +119,12 @@ pub(crate) fn test_email(sink: &SmtpSink) -> shared::settings::EmailSettings {
 pub(crate) async fn mail_app_with(sink: &SmtpSink, allowance: i64, email: shared::settings::EmailSettings) -> TestApp {
     let app = TestApp::spawn_with(Options { email: Some(email), ..Options::default() }).await;
     app.apply_workspace(&mail_workspace(allowance), true).await;
+    publish_dkim(&app, sink).await;
+    app
+}
+
+/// Publishes the mail domain's DKIM record to the sink's resolver.
+pub(crate) async fn publish_dkim(app: &TestApp, sink: &SmtpSink) {
     let domains = app.get("/domains", MAIL_KEY).await;
     assert_eq!(domains.status, 200, "{:?}", domains.body);
     for record in domains.body["data"][0]["records"].as_array().expect("records") {
@@ -127,7 +133,6 @@ pub(crate) async fn mail_app_with(sink: &SmtpSink, allowance: i64, email: shared
                 .await;
         }
     }
-    app
 }
 
 async fn template_id(app: &TestApp, slug: &str) -> String {

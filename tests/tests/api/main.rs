@@ -33,3 +33,4 @@ mod smtp_sink;
 mod suppressions;
 mod upsert;
 mod webhooks;
+mod workflows;

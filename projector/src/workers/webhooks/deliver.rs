@@ -73,7 +73,7 @@ enum Plan {
 
 /// What one attempt came to.
 #[derive(Debug, Clone, PartialEq)]
-enum AttemptResult {
+pub(crate) enum AttemptResult {
     Delivered {
         status: u16,
     },
@@ -610,7 +610,7 @@ fn plan_send(
 }
 
 /// The outcome of an answer.
-fn classify(status: u16, retry_after: Option<Duration>) -> AttemptResult {
+pub(crate) fn classify(status: u16, retry_after: Option<Duration>) -> AttemptResult {
     match status {
         200..=299 => AttemptResult::Delivered { status },
         410 => AttemptResult::Gone,
@@ -630,7 +630,7 @@ fn status_text(status: u16) -> String {
 }
 
 /// `Retry-After` in seconds or as an HTTP date, bounded.
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
     let delay = match value.parse::<u64>() {
         Ok(seconds) => Duration::from_secs(seconds),
@@ -643,7 +643,7 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 }
 
 /// A transport error with its causes, bounded.
-fn describe(error: &reqwest::Error) -> String {
+pub(crate) fn describe(error: &reqwest::Error) -> String {
     let mut text = if error.is_timeout() { "timed out".to_owned() } else { error.to_string() };
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
@@ -657,8 +657,8 @@ fn describe(error: &reqwest::Error) -> String {
 /// Resolves delivery hosts and refuses any whose addresses include a refused one
 /// (loopback unless allowed, private, link-local, metadata...): the check at connect time,
 /// against DNS rebinding.
-struct GuardedResolver {
-    allow_loopback: bool,
+pub(crate) struct GuardedResolver {
+    pub(crate) allow_loopback: bool,
 }
 
 impl reqwest::dns::Resolve for GuardedResolver {

@@ -1,0 +1,119 @@
+//! What workflow commands read (the definition from the catalog, the pause state from the
+//! workflow's stream) and the guards their appends carry (the engine's run row, the pause
+//! control, waking parked runs).
+
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+use shared::events::LogEvent;
+use shared::log::{AppendError, Guard};
+use shared::workflows::{WORKFLOW, WorkflowDef};
+
+/// A workflow of the space as the catalog holds it.
+pub struct Found {
+    pub workflow_id: String,
+    pub revision: i64,
+    pub definition: WorkflowDef,
+}
+
+fn found(row: Option<tokio_postgres::Row>) -> anyhow::Result<Option<Found>> {
+    let Some(row) = row else { return Ok(None) };
+    let definition: WorkflowDef = serde_json::from_value(row.get::<_, Value>(2))?;
+    Ok(Some(Found { workflow_id: row.get(0), revision: row.get(1), definition }))
+}
+
+/// The workflow of the space whose entry has `reference_id`, from catalog version `catalog`.
+pub async fn by_reference(
+    client: &impl GenericClient,
+    catalog: &str,
+    space_id: &str,
+    reference_id: &str,
+) -> anyhow::Result<Option<Found>> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT resource_id, revision, definition FROM {catalog}.resources
+             WHERE kind = $1 AND space_id = $2 AND definition ->> 'referenceId' = $3"
+        ))
+        .await?;
+    found(client.query_opt(&statement, &[&WORKFLOW, &space_id, &reference_id]).await?)
+}
+
+/// The workflow `workflow_id` of the space, from catalog version `catalog`.
+pub async fn by_id(
+    client: &impl GenericClient,
+    catalog: &str,
+    space_id: &str,
+    workflow_id: &str,
+) -> anyhow::Result<Option<Found>> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT resource_id, revision, definition FROM {catalog}.resources
+             WHERE kind = $1 AND space_id = $2 AND resource_id = $3"
+        ))
+        .await?;
+    found(client.query_opt(&statement, &[&WORKFLOW, &space_id, &workflow_id]).await?)
+}
+
+/// The workflow stream's version and whether it is paused, from the log.
+pub async fn pause_state(client: &impl GenericClient, workflow_id: &str) -> anyhow::Result<(i64, bool)> {
+    let events = shared::log::read_streams(client, &[shared::workflows::stream_id(workflow_id)]).await?;
+    let mut state = (0, false);
+    for stored in events {
+        state.0 = stored.stream_version;
+        match stored.decode()? {
+            LogEvent::WorkflowPaused(_) => state.1 = true,
+            LogEvent::WorkflowUnpaused(_) => state.1 = false,
+            _ => {}
+        }
+    }
+    Ok(state)
+}
+
+/// The engine's pause control of the workflow, set in the append that pauses or unpauses it.
+pub fn control(workflow_id: &str, space_id: &str, paused: bool) -> Guard {
+    Guard::exactly_one(
+        "INSERT INTO workflow_controls (workflow_id, space_id, paused) VALUES ($1, $2, $3)
+         ON CONFLICT (workflow_id) DO UPDATE SET paused = EXCLUDED.paused",
+        vec![Box::new(workflow_id.to_owned()), Box::new(space_id.to_owned()), Box::new(paused)],
+        AppendError::Failed("could not set the workflow's pause control".to_owned()),
+    )
+}
+
+/// Wakes the runs a pause parked: due at once, so a wait that elapsed meanwhile completes.
+pub fn wake_parked(workflow_id: &str) -> Guard {
+    Guard::unique(
+        "UPDATE workflow_runs SET due_at = clock_timestamp() WHERE workflow_id = $1 AND paused",
+        vec![Box::new(workflow_id.to_owned())],
+        AppendError::Failed("could not wake the parked runs".to_owned()),
+    )
+}
+
+/// What a new run's row starts as.
+pub struct NewRun<'a> {
+    pub run_id: &'a str,
+    pub workflow_id: &'a str,
+    pub space_id: &'a str,
+    pub revision: i64,
+    pub contact_id: Option<&'a str>,
+    /// The input's seal, encoded.
+    pub input: Vec<u8>,
+    pub requested_at_ms: i64,
+}
+
+/// The engine's row of a new run, `waiting` and due at once, at version 1 of its stream.
+pub fn insert_run(run: NewRun<'_>) -> Guard {
+    Guard::exactly_one(
+        "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
+             input, requested_at)
+         VALUES ($1, $2, $3, $4, $5, 'waiting', 1, clock_timestamp(), $6, to_timestamp($7::bigint / 1000.0))",
+        vec![
+            Box::new(run.run_id.to_owned()),
+            Box::new(run.workflow_id.to_owned()),
+            Box::new(run.space_id.to_owned()),
+            Box::new(run.revision),
+            Box::new(run.contact_id.map(str::to_owned)),
+            Box::new(run.input),
+            Box::new(run.requested_at_ms),
+        ],
+        AppendError::Failed("could not record the run".to_owned()),
+    )
+}

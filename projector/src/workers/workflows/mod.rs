@@ -1,0 +1,165 @@
+//! The workflow engine: runs are process managers over the log.
+//!
+//! - **Runs** ([`Engine`], worker `workflow_runs`, any number of processes): each step claims
+//!   due runs from `workflow_runs` (a lease per run: a token and a time, like the webhook
+//!   outbox, because a step may wait on a webhook receiver) and advances each in a task of its
+//!   own (`run.rs`), so a slow receiver holds back only its own run. Every transition is
+//!   appended to the run's stream at its version together with the update of its row, so a
+//!   transition happens once whichever process makes it, and a crash anywhere resumes from
+//!   what the log (and the row written with it) holds.
+//! - **Events** ([`Follower`], worker `workflow_events`, one process at a time by its lease):
+//!   follows the log; an event that becomes ready for a contact ends the `wait_for_event`
+//!   steps waiting for it and starts the runs of workflows it triggers; a contact's deletion
+//!   makes its runs due, so the engine ends them.
+//!
+//! Waits are due times of the run queue itself (`workflow_runs.due_at`), not rows of the
+//! runtime's `timers`: a step may call a webhook, and a timer's claim transaction must not be
+//! held across an outside call (the reason the webhook outbox is a queue of its own too).
+
+mod follow;
+mod run;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use futures_util::future::BoxFuture;
+use shared::email::mailer::Mailer;
+use shared::log::EventLog;
+use shared::settings::Settings;
+use shared::workflows::WorkflowDef;
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+pub use follow::Follower;
+
+use crate::runtime::{Outcome, Worker};
+
+/// The workflow workers: the engine and its log follower.
+pub fn workers(pool: &Pool, log: &EventLog, settings: &Settings) -> anyhow::Result<Vec<Arc<dyn Worker>>> {
+    Ok(vec![
+        Arc::new(Engine::new(pool.clone(), log.clone(), settings)?),
+        Arc::new(Follower::new(pool.clone(), log.clone())),
+    ])
+}
+
+/// What every run's task shares.
+pub(crate) struct Inner {
+    pool: Pool,
+    log: EventLog,
+    http: reqwest::Client,
+    mailer: Mailer,
+    settings: Settings,
+    /// Definitions by (workflow, revision): immutable once appended.
+    definitions: Mutex<HashMap<(String, i64), Arc<WorkflowDef>>>,
+    slots: Arc<Semaphore>,
+}
+
+impl Inner {
+    /// How long a claimed run is leased (at least the webhook call timeout and a margin).
+    pub(crate) fn lease(&self) -> Duration {
+        let call = Duration::from_millis(self.settings.webhooks.attempt_timeout_ms) + Duration::from_secs(5);
+        Duration::from_millis(self.settings.workflows.lease_ms).max(call)
+    }
+}
+
+pub struct Engine(Arc<Inner>);
+
+impl Engine {
+    pub fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
+        let timeout = Duration::from_millis(settings.webhooks.attempt_timeout_ms.max(1));
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(crate::workers::webhooks::deliver::GuardedResolver {
+                allow_loopback: settings.webhooks.allow_loopback,
+            }))
+            .user_agent(concat!("platform-workflows/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        let mailer = Mailer::from_settings(&settings.email)?;
+        Ok(Self(Arc::new(Inner {
+            pool,
+            log,
+            http,
+            mailer,
+            settings: settings.clone(),
+            definitions: Mutex::default(),
+            slots: Arc::new(Semaphore::new(settings.workflows.concurrency.max(1))),
+        })))
+    }
+
+    async fn step(&self) -> anyhow::Result<Outcome> {
+        let first = self.0.slots.clone().acquire_owned().await?;
+        let free = self.0.slots.available_permits() + 1;
+        let token = Uuid::now_v7();
+        let client = self.0.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE workflow_runs SET lease_token = $1, lease_until = clock_timestamp() + make_interval(secs => $3)
+                 WHERE run_id IN (
+                     SELECT run_id FROM workflow_runs
+                     WHERE due_at <= clock_timestamp() AND (lease_until IS NULL OR lease_until < clock_timestamp())
+                     ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+                 RETURNING run_id",
+            )
+            .await?;
+        let limit = i64::try_from(free).unwrap_or(1);
+        let claimed: Vec<String> = client
+            .query(&statement, &[&token, &limit, &self.0.lease().as_secs_f64()])
+            .await?
+            .into_iter()
+            .map(|row| row.get(0))
+            .collect();
+        drop(client);
+        let mut first = Some(first);
+        for run_id in &claimed {
+            let permit = match first.take() {
+                Some(permit) => permit,
+                None => self.0.slots.clone().acquire_owned().await?,
+            };
+            let inner = self.0.clone();
+            let run_id = run_id.clone();
+            tokio::spawn(async move {
+                if let Err(error) = run::advance(&inner, &run_id, token).await {
+                    tracing::warn!(run = %run_id, error = format!("{error:#}"), "a workflow run will be tried again");
+                    run::back_off(&inner.pool, &run_id, token).await;
+                }
+                drop(permit);
+            });
+        }
+        Ok(if claimed.len() >= free { Outcome::Progressed } else { Outcome::Idle })
+    }
+}
+
+impl Worker for Engine {
+    fn name(&self) -> String {
+        "workflow_runs".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[shared::log::LOG_CHANNEL]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(Engine::step(self))
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async {
+            // Not a log follower: its backlog is the due runs, counted in metrics instead.
+            let client = self.0.pool.get().await?;
+            let due: i64 = client
+                .query_one("SELECT count(*) FROM workflow_runs WHERE due_at <= clock_timestamp()", &[])
+                .await?
+                .get(0);
+            metrics::gauge!("workflow_runs_due").set(due as f64);
+            Ok(None)
+        })
+    }
+}

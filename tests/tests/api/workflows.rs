@@ -1,0 +1,679 @@
+//! Workflows: authored in the workspace file, triggered, paused and unpaused through the API,
+//! and run by the projector's engine through every step kind, with real parts: mail into the
+//! loopback SMTP sink (DKIM checked), webhook calls into the loopback receiver (signatures
+//! checked by the `standardwebhooks` package), events fired through the API.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::email::{MAIL_KEY, mail_workspace, publish_dkim, test_email};
+use crate::helpers::*;
+use crate::receiver::Receiver;
+use crate::smtp_sink::SmtpSink;
+
+const WAIT: Duration = Duration::from_secs(30);
+/// The signing secret of the test workflows (`whsec_` and base64 of 32 bytes of 7).
+const SECRET: &str = "whsec_BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
+
+/// The mail space's workspace with a `hello` template and `workflows` added.
+fn workspace(workflows: Value) -> String {
+    let mut workspace: Value = serde_json::from_str(&mail_workspace(1_000)).expect("the workspace is JSON");
+    let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+    let mail = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
+    mail["templates"].as_array_mut().expect("templates").push(json!({
+        "slug": "hello", "name": "Hello", "kind": "transactional", "sender": "hello",
+        "subject": "Hello {{ contact.firstName }}", "html": "<p>Hello {{ contact.firstName }}</p>",
+        "text": "Hello {{ contact.firstName }}", "data": {"contact": {"schema": "people"}}
+    }));
+    mail["workflows"] = workflows;
+    workspace.to_string()
+}
+
+/// An app whose engine sends into `sink` and may call loopback receivers, with `workflows`.
+async fn app_with(sink: &SmtpSink, workflows: Value) -> TestApp {
+    let options = Options {
+        email: Some(test_email(sink)),
+        webhooks: Some(shared::settings::WebhookSettings { retry_schedule_ms: vec![100, 100], ..test_webhooks() }),
+        ..Options::default()
+    };
+    let app = TestApp::spawn_with(options).await;
+    app.apply_workspace(&workspace(workflows), true).await;
+    publish_dkim(&app, sink).await;
+    app
+}
+
+async fn post(app: &TestApp, path: &str, key: Option<&str>, body: Option<&Value>) -> TestResponse {
+    let mut request = app.request(reqwest::Method::POST, path, Some(MAIL_KEY));
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    app.send(request).await
+}
+
+async fn workflow_id(app: &TestApp, slug: &str) -> String {
+    let list = app.get("/workflows", MAIL_KEY).await;
+    assert_eq!(list.status, 200, "{:?}", list.body);
+    list.body["data"]
+        .as_array()
+        .expect("workflows")
+        .iter()
+        .find(|workflow| workflow["slug"] == slug)
+        .and_then(|workflow| workflow["id"].as_str())
+        .unwrap_or_else(|| panic!("no workflow {slug}: {:?}", list.body))
+        .to_owned()
+}
+
+/// Polls a run until `done` holds for it.
+async fn wait_for_run(app: &TestApp, workflow_id: &str, run_id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let run = app.get(&format!("/workflows/{workflow_id}/runs/{run_id}"), MAIL_KEY).await;
+        assert_eq!(run.status, 200, "{:?}", run.body);
+        if done(&run.body["data"]) {
+            return run.body["data"].clone();
+        }
+        assert!(Instant::now() < deadline, "the run did not get there: {}", run.body["data"]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn finished(run: &Value) -> bool {
+    ["completed", "exited", "failed"].contains(&run["status"].as_str().unwrap_or_default())
+}
+
+/// `(stepId, type, status)` of each record of a history window.
+fn steps(run: &Value) -> Vec<(String, String, String)> {
+    run["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .map(|record| {
+            let text = |key: &str| record[key].as_str().unwrap_or_default().to_owned();
+            (text("stepId"), text("type"), text("status"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_journey_runs_every_step_kind_through_real_mail_and_a_real_webhook_receiver() {
+    let sink = SmtpSink::start().await;
+    let receiver = Receiver::start().await;
+    receiver.endpoint("crm", &[SECRET], json!({"status": 200, "body": {"vip": true}})).await;
+    let journey = json!([{
+        "slug": "journey", "name": "Journey", "signingSecret": SECRET,
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "journey-hook", "next": "tag"},
+            {"id": "tag", "type": "update_contact", "set": {"firstName": {"input": "name"}}, "next": "join"},
+            {"id": "join", "type": "subscribe", "topic": "news", "next": "hello"},
+            {"id": "hello", "type": "send_email", "template": "hello", "next": "nap"},
+            {"id": "nap", "type": "wait", "duration": "1s", "next": "route"},
+            {"id": "route", "type": "branch",
+             "arms": [{"condition": "input.plan is pro and subscribed to news", "next": "crm"}], "default": "bye"},
+            {"id": "crm", "type": "call_webhook", "url": receiver.url("crm"), "next": "check"},
+            {"id": "check", "type": "branch", "arms": [{"condition": "steps.crm.body.vip is true", "next": "await"}],
+             "default": "bye"},
+            {"id": "await", "type": "wait_for_event", "event": "purchase", "timeout": "1m",
+             "onEvent": "leave", "onTimeout": "bye"},
+            {"id": "leave", "type": "unsubscribe", "topic": "news", "next": null},
+            {"id": "bye", "type": "exit"}
+        ]
+    }]);
+    let app = app_with(&sink, journey).await;
+    let workflow = workflow_id(&app, "journey").await;
+    let shown = app.get(&format!("/workflows/{workflow}"), MAIL_KEY).await;
+    assert_eq!(shown.body["data"]["status"], "published", "{:?}", shown.body);
+    assert_eq!(shown.body["data"]["referenceId"], "journey-hook");
+    assert!(shown.body["data"].get("signing").is_none(), "the secret is never shown");
+
+    let input = json!({"plan": "pro", "name": "Ada", "contact": {"email": "ada@example.com", "newsConsent": true}});
+    let started = post(&app, "/workflows/journey-hook", Some("go-1"), Some(&input)).await;
+    assert_eq!(started.status, 202, "{:?}", started.body);
+    assert_eq!(started.body["data"]["status"], "waiting");
+    assert!(started.header("operation-id").is_some());
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    assert!(run_id.starts_with("run_"));
+    let contact_id = started.body["data"]["contactId"].as_str().expect("a bound contact").to_owned();
+    let replay = post(&app, "/workflows/journey-hook", Some("go-1"), Some(&input)).await;
+    assert_eq!((replay.header("idempotent-replay"), &replay.body["data"]["id"]), (Some("true"), &json!(run_id)));
+
+    // The call reaches the receiver, signed, with the run's data.
+    let calls = receiver.wait_for("crm", 1, WAIT).await;
+    assert_eq!(calls[0]["verifiedWith"], json!([0]), "{}", calls[0]);
+    assert_eq!(calls[0]["body"]["type"], "workflow.call");
+    assert_eq!(calls[0]["body"]["data"]["runId"], run_id.as_str());
+    assert_eq!(calls[0]["body"]["data"]["input"]["plan"], "pro");
+    assert_eq!(calls[0]["body"]["data"]["contact"]["firstName"], "Ada");
+    // The engine's transitions are not the caller's writes: the read shows them once projected.
+    wait_for_run(&app, &workflow, &run_id, |run| run["status"] == "sleeping" && run["currentStepId"] == "await").await;
+
+    // The event it waits for, fired for its contact.
+    let fired = app.post("/events/purchase", MAIL_KEY, &json!({"contactId": contact_id, "amount": 12})).await;
+    assert_eq!(fired.status, 202, "{:?}", fired.body);
+    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["stepCount"], 10, "{run}");
+    let expected = [
+        ("start", "incoming_webhook"),
+        ("tag", "update_contact"),
+        ("join", "subscribe"),
+        ("hello", "send_email"),
+        ("nap", "wait"),
+        ("route", "branch"),
+        ("crm", "call_webhook"),
+        ("check", "branch"),
+        ("await", "wait_for_event"),
+        ("leave", "unsubscribe"),
+    ];
+    let got = steps(&run);
+    assert_eq!(got.len(), expected.len(), "{run}");
+    for (index, ((step, kind), (got_step, got_kind, status))) in expected.iter().zip(&got).enumerate() {
+        assert_eq!((got_step.as_str(), got_kind.as_str(), status.as_str()), (*step, *kind, "completed"), "{run}");
+        assert_eq!(run["history"][index]["index"], index + 1);
+    }
+    assert_eq!(run["nextHistoryBeforeIndex"], Value::Null);
+
+    // The email went out once, signed; the contact was updated, subscribed and unsubscribed.
+    let messages = sink.wait_for(1, WAIT).await;
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0]["rcptTo"][0], "ada@example.com");
+    assert_eq!(messages[0]["dkim"]["valid"], true, "{}", messages[0]);
+    assert_eq!(messages[0]["headers"]["subject"][0], "Hello Ada");
+    let contact = app.get(&format!("/schemas/people/records/{contact_id}"), MAIL_KEY).await;
+    assert_eq!(contact.body["data"]["firstName"], "Ada", "{:?}", contact.body);
+    let client = app.pool.get().await.expect("client");
+    let subscriptions = shared::email::subscriptions(&client, &contact_id).await.expect("subscriptions");
+    assert_eq!(subscriptions.values().collect::<Vec<_>>(), ["unsubscribed"]);
+    assert_eq!(receiver.received("crm").await.len(), 1, "the call was made once");
+
+    // The journey is in the contact's audit trail.
+    let trail = app.get(&format!("/schemas/people/records/{contact_id}/audit-trail?channel=workflow"), MAIL_KEY).await;
+    assert_eq!(trail.status, 200, "{:?}", trail.body);
+    assert!(!trail.body["data"].as_array().expect("entries").is_empty(), "{:?}", trail.body);
+    let runs = app.get(&format!("/workflows/{workflow}/runs?status=completed"), MAIL_KEY).await;
+    assert_eq!(runs.body["pagination"]["totalCount"], 1, "{:?}", runs.body);
+}
+
+/// A workflow that loops `passes` times through a branch and a `goto` (no effects), then
+/// exits; its input's `stop` ends it at once.
+fn looper(passes: u32) -> Value {
+    json!([{
+        "slug": "looper", "name": "Looper",
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "loop-hook", "next": "spin"},
+            {"id": "spin", "type": "branch", "arms": [{"condition": "input.stop is true", "next": "done"}],
+             "default": "again"},
+            {"id": "again", "type": "goto", "target": "spin", "maxPasses": passes, "next": "done"},
+            {"id": "done", "type": "exit"}
+        ]
+    }])
+}
+
+#[tokio::test]
+async fn a_long_loop_is_read_back_window_by_window_down_to_the_first_record() {
+    let sink = SmtpSink::start().await;
+    let looper = looper(80);
+    let app = app_with(&sink, looper).await;
+    let workflow = workflow_id(&app, "looper").await;
+    let started = post(&app, "/workflows/loop-hook", None, Some(&json!({"stop": false}))).await;
+    assert_eq!(started.status, 202, "{:?}", started.body);
+    assert_eq!(started.body["data"]["contactId"], Value::Null);
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    // The entry, 81 passes of (spin, again) and the exit.
+    assert_eq!((run["status"].as_str(), run["stepCount"].as_i64()), (Some("exited"), Some(164)), "{run}");
+    let mut seen = Vec::new();
+    let mut before: Option<i64> = None;
+    loop {
+        let query = before.map(|index| format!("?history_before={index}")).unwrap_or_default();
+        let window = app.get(&format!("/workflows/{workflow}/runs/{run_id}{query}"), MAIL_KEY).await;
+        assert_eq!(window.status, 200, "{:?}", window.body);
+        let records = window.body["data"]["history"].as_array().expect("history").clone();
+        assert!(records.len() <= 100);
+        let indexes: Vec<i64> = records.iter().map(|record| record["index"].as_i64().expect("index")).collect();
+        assert!(indexes.windows(2).all(|pair| pair[1] == pair[0] + 1), "ascending: {indexes:?}");
+        assert_eq!(window.body["data"]["stepCount"], 164, "stepCount is the ordinal, whatever the window");
+        seen.splice(0..0, indexes);
+        match window.body["data"]["nextHistoryBeforeIndex"].as_i64() {
+            Some(next) => before = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=164).collect::<Vec<i64>>());
+    let first = app.get(&format!("/workflows/{workflow}/runs/{run_id}?history_before=2"), MAIL_KEY).await;
+    assert_eq!(
+        steps(&first.body["data"]),
+        [("start".to_owned(), "incoming_webhook".to_owned(), "completed".to_owned())]
+    );
+    for bad in ["0", "x", "-3"] {
+        let refused = app.get(&format!("/workflows/{workflow}/runs/{run_id}?history_before={bad}"), MAIL_KEY).await;
+        assert_eq!(refused.code(), "invalid_query_parameter", "{bad}: {:?}", refused.body);
+    }
+}
+
+#[tokio::test]
+async fn a_paused_workflow_holds_its_runs_and_triggers_and_lets_them_go_on_at_unpause() {
+    let sink = SmtpSink::start().await;
+    let sleeper = json!([{
+        "slug": "sleeper", "name": "Sleeper",
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "sleep-hook", "next": "nap"},
+            {"id": "nap", "type": "wait", "duration": "4s", "next": "done"},
+            {"id": "done", "type": "exit"}
+        ]
+    }]);
+    let app = app_with(&sink, sleeper).await;
+    let workflow = workflow_id(&app, "sleeper").await;
+    let first = post(&app, "/workflows/sleep-hook", None, Some(&json!({}))).await;
+    let first_id = first.body["data"]["id"].as_str().expect("run id").to_owned();
+    wait_for_run(&app, &workflow, &first_id, |run| run["status"] == "sleeping").await;
+
+    let paused = post(&app, &format!("/workflows/{workflow}/pause"), Some("pause-1"), None).await;
+    assert_eq!((paused.status, &paused.body["data"]["status"]), (200, &json!("paused")), "{:?}", paused.body);
+    let replayed = post(&app, &format!("/workflows/{workflow}/pause"), Some("pause-1"), None).await;
+    assert_eq!(replayed.header("idempotent-replay"), Some("true"));
+    let again = post(&app, &format!("/workflows/{workflow}/pause"), Some("pause-2"), None).await;
+    assert_eq!((again.status, &again.body["data"]["status"]), (200, &json!("paused")), "pausing twice changes nothing");
+    // A trigger during the pause is accepted and waits.
+    let second = post(&app, "/workflows/sleep-hook", Some("during"), Some(&json!({}))).await;
+    assert_eq!(second.status, 202, "{:?}", second.body);
+    let second_id = second.body["data"]["id"].as_str().expect("run id").to_owned();
+    // The first run's wait elapses during the pause: it stops before its next step.
+    tokio::time::sleep(Duration::from_millis(5_000)).await;
+    for run_id in [&first_id, &second_id] {
+        let run = wait_for_run(&app, &workflow, run_id, |run| run["status"] == "waiting").await;
+        assert!(!finished(&run));
+    }
+    let held = app.get(&format!("/workflows/{workflow}/runs/{second_id}"), MAIL_KEY).await;
+    assert_eq!(held.body["data"]["stepCount"], 0, "a run triggered during the pause has not started");
+
+    let unpaused = post(&app, &format!("/workflows/{workflow}/unpause"), Some("unpause-1"), None).await;
+    assert_eq!((unpaused.status, &unpaused.body["data"]["status"]), (200, &json!("published")));
+    let resumed_at = Instant::now();
+    let first_run = wait_for_run(&app, &workflow, &first_id, finished).await;
+    // Sooner than the wait's own length: the elapsed wait is not started over.
+    assert!(resumed_at.elapsed() < Duration::from_millis(3_500), "the elapsed wait completes at once");
+    assert_eq!(steps(&first_run).iter().map(|step| step.0.as_str()).collect::<Vec<_>>(), ["start", "nap", "done"]);
+    let second_run = wait_for_run(&app, &workflow, &second_id, finished).await;
+    assert_eq!(second_run["status"], "exited", "{second_run}");
+    let replayed = post(&app, &format!("/workflows/{workflow}/unpause"), Some("unpause-1"), None).await;
+    assert_eq!(replayed.header("idempotent-replay"), Some("true"));
+    let live = post(&app, &format!("/workflows/{workflow}/unpause"), Some("unpause-2"), None).await;
+    assert_eq!(live.body["data"]["status"], "published", "unpausing a live workflow changes nothing");
+}
+
+#[tokio::test]
+async fn triggers_are_refused_with_the_contracts_answers() {
+    let sink = SmtpSink::start().await;
+    let workflows = json!([
+        {"slug": "live", "name": "Live", "steps": [
+            {"type": "incoming_webhook", "referenceId": "live-hook"}, {"type": "exit"}]},
+        {"slug": "draft", "name": "Draft", "status": "draft", "steps": [
+            {"type": "incoming_webhook", "referenceId": "draft-hook"}, {"type": "exit"}]}
+    ]);
+    let app = app_with(&sink, workflows).await;
+    let live = workflow_id(&app, "live").await;
+    let draft = workflow_id(&app, "draft").await;
+    for (path, code) in [
+        ("/workflows/nope".to_owned(), "workflow_not_found"),
+        (format!("/workflows/{live}"), "workflow_not_found"),
+        ("/workflows/draft-hook".to_owned(), "workflow_not_published"),
+        (format!("/workflows/{draft}/pause"), "workflow_not_published"),
+        ("/workflows/wf_nope/pause".to_owned(), "workflow_not_found"),
+    ] {
+        let refused = post(&app, &path, None, Some(&json!({}))).await;
+        assert_eq!(refused.code(), code, "{path}: {:?}", refused.body);
+    }
+    let other_space =
+        app.send(app.request(reqwest::Method::POST, "/workflows/live-hook", Some(ALPHA_ADMIN)).json(&json!({}))).await;
+    assert_eq!(other_space.code(), "workflow_not_found", "another space's reference is unknown");
+    for body in [
+        json!({"contact": "ada@example.com"}),
+        json!({"contact": {"plan": "x"}}),
+        json!({"blob": "x".repeat(300 * 1024)}),
+    ] {
+        let refused = post(&app, "/workflows/live-hook", None, Some(&body)).await;
+        assert_eq!(refused.code(), "invalid_workflow_input", "{:?}", refused.body);
+    }
+    let refused = app.get(&format!("/workflows/{live}/runs?status=sleepy"), MAIL_KEY).await;
+    assert_eq!(refused.code(), "invalid_query_parameter");
+    let missing = app.get(&format!("/workflows/{live}/runs/run_nope"), MAIL_KEY).await;
+    assert_eq!(missing.code(), "workflow_run_not_found");
+    let elsewhere = app.get(&format!("/workflows/{live}"), ALPHA_ADMIN).await;
+    assert_eq!(elsewhere.code(), "workflow_not_found");
+}
+
+#[tokio::test]
+async fn an_apply_refuses_a_bad_graph_naming_the_step() {
+    let app = TestApp::spawn().await;
+    let steps = |steps: Value| json!([{"slug": "bad", "name": "Bad", "steps": steps}]);
+    for (workflows, named) in [
+        (steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "x"}])), "\"x\""),
+        (
+            steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": null},
+                      {"id": "lost", "type": "exit"}])),
+            "\"lost\" is unreachable",
+        ),
+        (
+            steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "a"},
+                      {"id": "a", "type": "subscribe", "topic": "news", "next": "b"},
+                      {"id": "b", "type": "unsubscribe", "topic": "news", "next": "a"}])),
+            "loop without a bound",
+        ),
+        (
+            steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "m"},
+                      {"id": "m", "type": "send_email", "template": "nope"}])),
+            "template \"nope\"",
+        ),
+        (
+            steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "b"},
+                      {"id": "b", "type": "branch", "arms": [{"condition": "segments.seg_nope is true"}]}])),
+            "segment \"seg_nope\"",
+        ),
+        (steps(json!([{"id": "a", "type": "exit"}])), "no entry"),
+        (
+            steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "two"},
+                      {"id": "two", "type": "incoming_webhook", "referenceId": "s"}])),
+            "exactly one entry",
+        ),
+    ] {
+        let text = workspace(workflows);
+        let parsed = command_service::authoring::parse(&text).expect("the file parses");
+        let log = shared::log::EventLog::start(app.pool.clone(), 4);
+        let refused = command_service::authoring::apply(&app.pool, &log, &parsed).await.expect_err("refused");
+        let message = format!("{refused:#}");
+        assert!(message.contains(named), "{named}: {message}");
+        assert!(message.contains("workflow \"bad\""), "{message}");
+    }
+}
+
+/// The killed run's steps: the entry, a wait, an email, a webhook call and the exit.
+const KILL_STEPS: [(&str, &str); 5] = [
+    ("start", "incoming_webhook"),
+    ("nap", "wait"),
+    ("mail", "send_email"),
+    ("call", "call_webhook"),
+    ("done", "exit"),
+];
+
+#[tokio::test]
+async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service() {
+    const RUNS: usize = 1_000;
+    let sink = SmtpSink::start().await;
+    let receiver = Receiver::start().await;
+    receiver.endpoint("crm", &[SECRET], json!({"status": 200})).await;
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let env = [
+        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
+        ("APP__EMAIL__PUBLIC_BASE_URL", "https://api.example.test/v1".to_owned()),
+        ("APP__EMAIL__TIMEOUT_MS", "1000".to_owned()),
+        ("APP__EMAIL__HANDOFF_GRACE_MS", "1000".to_owned()),
+        ("APP__EMAIL__OUTBOX_POLL_MS", "100".to_owned()),
+        ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned()),
+        ("APP__WEBHOOKS__ATTEMPT_TIMEOUT_MS", "2000".to_owned()),
+        ("APP__WORKFLOWS__LEASE_MS", "3000".to_owned()),
+    ];
+    let projector = spawn_binary("projector", &["run"], &app.database_url, &env);
+    let steps: Vec<Value> = vec![
+        json!({"id": "start", "type": "incoming_webhook", "referenceId": "kill-hook"}),
+        json!({"id": "nap", "type": "wait", "duration": "1s"}),
+        json!({"id": "mail", "type": "send_email", "template": "hello"}),
+        json!({"id": "call", "type": "call_webhook", "url": receiver.url("crm")}),
+        json!({"id": "done", "type": "exit"}),
+    ];
+    let text = workspace(json!([{"slug": "killed", "name": "Killed", "signingSecret": SECRET, "steps": steps}]));
+    app.apply_workspace(&text, true).await;
+    publish_dkim(&app, &sink).await;
+    let env_commands = [("APP__RATE_LIMITS__ENABLED", "false".to_owned())];
+    let (mut commands, urls) = spawn_servers(&app, "command-service", &["serve"], 1, &env_commands).await;
+    let mut url = urls[0].clone();
+
+    // The projector is killed three times at random moments while the runs go on.
+    let killer = {
+        let (database_url, pool) = (app.database_url.clone(), app.pool.clone());
+        let env = env.to_vec();
+        tokio::spawn(async move {
+            let mut projector = projector;
+            let mut unfinished_at_kills = Vec::new();
+            for _ in 0..3 {
+                let pause = 500 + u64::try_from(uuid::Uuid::new_v4().as_u128() % 2_000).unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let client = pool.get().await.expect("client");
+                let unfinished: i64 = client
+                    .query_one("SELECT count(*) FROM workflow_runs WHERE finished_at IS NULL", &[])
+                    .await
+                    .expect("count")
+                    .get(0);
+                unfinished_at_kills.push(unfinished);
+                projector.0.kill().expect("kill -9 the projector");
+                let _ = projector.0.wait();
+                projector = spawn_binary("projector", &["run"], &database_url, &env);
+            }
+            (projector, unfinished_at_kills)
+        })
+    };
+    let mut acknowledged = Vec::new();
+    let mut cut = 0;
+    for batch in 0..RUNS / 50 {
+        if batch == 8 {
+            // Once the command service, mid-way through the triggers.
+            commands[0].0.kill().expect("kill -9 the command service");
+            let _ = commands[0].0.wait();
+            let (respawned, urls) = spawn_servers(&app, "command-service", &["serve"], 1, &env_commands).await;
+            (commands, url) = (respawned, urls[0].clone());
+        }
+        let requests = (batch * 50..(batch + 1) * 50).map(|index| {
+            let (http, url) = (app.http.clone(), url.clone());
+            async move {
+                let body =
+                    json!({"n": index, "contact": {"email": format!("k{index:04}@example.com"), "firstName": "K"}});
+                let sent = http
+                    .post(format!("{url}/workflows/kill-hook"))
+                    .bearer_auth(MAIL_KEY)
+                    .header("Idempotency-Key", format!("kill-{index}"))
+                    .json(&body)
+                    .send()
+                    .await;
+                match sent {
+                    Ok(response) if response.status().as_u16() == 202 => {
+                        let body: Value = response.json().await.expect("JSON");
+                        Some(body["data"]["id"].as_str().expect("run id").to_owned())
+                    }
+                    _ => None,
+                }
+            }
+        });
+        for outcome in futures_util::future::join_all(requests).await {
+            match outcome {
+                Some(run_id) => acknowledged.push(run_id),
+                None => cut += 1,
+            }
+        }
+    }
+    assert!(cut < 100, "only requests in flight at the kill fail ({cut})");
+    let (_projector, unfinished_at_kills) = killer.await.expect("the killer");
+    assert!(unfinished_at_kills.iter().all(|runs| *runs > 0), "each kill came mid-run: {unfinished_at_kills:?}");
+
+    // Every run finishes; every acknowledged one is among them.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let open = app.query_i64("SELECT count(*) FROM workflow_runs WHERE finished_at IS NULL").await;
+        if open == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{open} runs are still unfinished");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let client = app.pool.get().await.expect("client");
+    let runs: Vec<(String, String)> = client
+        .query("SELECT run_id, status FROM workflow_runs", &[])
+        .await
+        .expect("runs")
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let known: std::collections::HashSet<&str> = runs.iter().map(|(id, _)| id.as_str()).collect();
+    assert!(acknowledged.iter().all(|id| known.contains(id.as_str())), "no acknowledged run is lost");
+    assert!(runs.iter().all(|(_, status)| status == "exited"), "every run reached its exit");
+
+    // Each email and each call arrived at most once; sent and unknown account for every email
+    // once the outbox has settled the hand-offs the kills cut off.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let open = app.query_i64("SELECT count(*) FROM email_outbox WHERE state IN ('pending', 'attempting')").await;
+        if open == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{open} emails are still being handed off");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let outbox: Vec<(String, i64)> = client
+        .query("SELECT state, count(*) FROM email_outbox GROUP BY state", &[])
+        .await
+        .expect("outbox")
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let count = |state: &str| outbox.iter().find(|(s, _)| s == state).map_or(0, |(_, n)| *n);
+    assert_eq!(count("sent") + count("unknown"), runs.len() as i64, "{outbox:?}");
+    let summary = sink.summary().await;
+    let mut ids: Vec<&str> = summary["messageIds"].as_array().expect("ids").iter().filter_map(Value::as_str).collect();
+    let delivered = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), delivered, "no email was delivered twice");
+    assert!(delivered as i64 >= count("sent"), "{delivered} delivered, {} sent", count("sent"));
+    assert_eq!(summary["dkimInvalid"], 0);
+    let calls = receiver.ids("crm").await;
+    assert!(calls.values().all(|received| *received == 1), "no call arrived twice: {calls:?}");
+
+    // Each run's history is the one a run without kills has, but for unknown outcomes.
+    let version: i32 = client
+        .query_one("SELECT version FROM projections WHERE name = 'workflows' AND status = 'live'", &[])
+        .await
+        .expect("the workflows read model")
+        .get(0);
+    app.wait_for_projections().await;
+    let history = client
+        .query(
+            &format!(
+                "SELECT run_id, array_agg(step_id ORDER BY index), array_agg(type ORDER BY index),
+                        array_agg(status ORDER BY index)
+                 FROM rm_workflows_v{version}.history GROUP BY run_id"
+            ),
+            &[],
+        )
+        .await
+        .expect("histories");
+    assert_eq!(history.len(), runs.len());
+    let mut unknown_calls = 0;
+    for row in history {
+        let (step_ids, types, statuses): (Vec<String>, Vec<String>, Vec<String>) = (row.get(1), row.get(2), row.get(3));
+        let expected: Vec<(String, String)> =
+            KILL_STEPS.iter().map(|(id, kind)| ((*id).to_owned(), (*kind).to_owned())).collect();
+        let got: Vec<(String, String)> = step_ids.into_iter().zip(types).collect();
+        assert_eq!(got, expected);
+        for (index, status) in statuses.iter().enumerate() {
+            match (KILL_STEPS[index].1, status.as_str()) {
+                (_, "completed") => {}
+                ("call_webhook", "outcome_unknown") => unknown_calls += 1,
+                other => panic!("run {} has step {index} {other:?}", row.get::<_, String>(0)),
+            }
+        }
+    }
+    assert!(calls.len() + unknown_calls >= runs.len(), "every call arrived or is unknown");
+}
+
+/// Every row of the `workflows` read model, as text, in a stable order.
+async fn workflows_snapshot(app: &TestApp) -> Vec<String> {
+    let client = app.pool.get().await.expect("client");
+    let version: i32 = client
+        .query_one("SELECT version FROM projections WHERE name = 'workflows' AND status = 'live'", &[])
+        .await
+        .expect("live version")
+        .get(0);
+    let s = format!("rm_workflows_v{version}");
+    let mut rows = Vec::new();
+    for sql in [
+        format!("SELECT workflow_id || ' ' || doc::text FROM {s}.workflows ORDER BY 1"),
+        format!("SELECT space_id || ' ' || total FROM {s}.workflow_counts ORDER BY 1"),
+        format!("SELECT to_jsonb(r)::text FROM {s}.runs r ORDER BY run_id"),
+        format!("SELECT to_jsonb(c)::text FROM {s}.run_counts c WHERE total <> 0 ORDER BY workflow_id, status"),
+        format!("SELECT to_jsonb(h)::text FROM {s}.history h ORDER BY run_id, index"),
+    ] {
+        rows.extend(client.query(&sql, &[]).await.expect("snapshot").iter().map(|row| row.get::<_, String>(0)));
+    }
+    rows
+}
+
+#[tokio::test]
+async fn a_rebuild_of_the_workflows_read_model_gives_the_same_runs_and_histories() {
+    let sink = SmtpSink::start().await;
+    let looper = looper(5);
+    let app = app_with(&sink, looper).await;
+    let workflow = workflow_id(&app, "looper").await;
+    let mut runs = Vec::new();
+    for stop in [true, false, false] {
+        let started = post(&app, "/workflows/loop-hook", None, Some(&json!({"stop": stop}))).await;
+        runs.push(started.body["data"]["id"].as_str().expect("run id").to_owned());
+    }
+    let paused = post(&app, &format!("/workflows/{workflow}/pause"), None, None).await;
+    assert_eq!(paused.status, 200, "{:?}", paused.body);
+    for run_id in &runs {
+        wait_for_run(&app, &workflow, run_id, |run| finished(run) || run["status"] == "waiting").await;
+    }
+    app.wait_for_projections().await;
+    let before = workflows_snapshot(&app).await;
+    assert!(before.iter().filter(|row| row.contains("\"step_id\"")).count() >= 3, "histories were projected");
+    projector::read_models::rebuild::rebuild(&app.pool, read_model("workflows"), |_| {}).await.expect("rebuild");
+    assert_eq!(workflows_snapshot(&app).await, before, "a rebuild gives the same workflows, runs and histories");
+}
+
+#[tokio::test]
+async fn erasing_a_contact_ends_its_runs_and_shreds_their_input() {
+    let sink = SmtpSink::start().await;
+    let napper = json!([{
+        "slug": "napper", "name": "Napper",
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "nap-hook", "next": "nap"},
+            {"id": "nap", "type": "wait", "duration": "1h", "next": "hello"},
+            {"id": "hello", "type": "send_email", "template": "hello"}
+        ]
+    }]);
+    let app = app_with(&sink, napper).await;
+    let workflow = workflow_id(&app, "napper").await;
+    let input = json!({"secret": "s3cr3t", "contact": {"email": "gone@example.com", "firstName": "Gone"}});
+    let started = post(&app, "/workflows/nap-hook", None, Some(&input)).await;
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    let contact_id = started.body["data"]["contactId"].as_str().expect("contact").to_owned();
+    wait_for_run(&app, &workflow, &run_id, |run| run["status"] == "sleeping").await;
+    let deleted = app
+        .send(app.request(reqwest::Method::DELETE, &format!("/schemas/people/records/{contact_id}"), Some(MAIL_KEY)))
+        .await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    assert_eq!(run["status"], "exited", "{run}");
+    assert_eq!(run["error"]["code"], "contact_erased", "{run}");
+    assert!(sink.messages().await.is_empty(), "nothing is sent to an erased contact");
+    // Once the erasure completes, the run's input reads as erased: its key is gone.
+    let operation_id = deleted.body["data"]["operationId"].as_str().expect("operation").to_owned();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = app.get(&format!("/record-deletions/{operation_id}"), MAIL_KEY).await;
+        if status.body["data"]["status"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the erasure did not complete: {:?}", status.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let client = app.pool.get().await.expect("client");
+    let keys = shared::crypto::load_keys(&client, std::slice::from_ref(&contact_id)).await.expect("keys");
+    let sealed: Vec<u8> =
+        client.query_one("SELECT input FROM workflow_runs WHERE run_id = $1", &[&run_id]).await.expect("row").get(0);
+    let sealed = <shared::proto::Sealed as prost::Message>::decode(sealed.as_slice()).expect("a seal");
+    let opened: Option<shared::proto::WorkflowInput> = shared::events::open(Some(&sealed), &keys).expect("opens");
+    assert_eq!(opened, None, "the run's input is shredded with the contact's key");
+}
