@@ -71,10 +71,23 @@ pub enum Status {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Trigger {
-    /// An event of this schema became ready for a contact; the run's input is
-    /// `{"event": {"id", "schemaId", "occurredAt", "data"}}`.
-    pub event_schema_id: String,
+    #[serde(flatten)]
+    pub on: TriggerOn,
     pub reentry: Reentry,
+}
+
+/// What starts a run beside the API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TriggerOn {
+    /// An event of this schema became ready for a contact; the run's input is
+    /// `{"event": {"id", "schemaId", "data"}}`.
+    #[serde(rename_all = "camelCase")]
+    Event { event_schema_id: String },
+    /// A contact entered this segment after the workflow was published; the run's input is
+    /// `{"segment": {"id"}}`.
+    #[serde(rename_all = "camelCase")]
+    Segment { segment_id: String },
 }
 
 /// Whether a contact may be in more than one run started by a trigger.
@@ -226,7 +239,14 @@ impl WorkflowDef {
         let triggers: Vec<Value> = self
             .triggers
             .iter()
-            .map(|trigger| json!({"type": "event", "eventSchemaId": trigger.event_schema_id, "reentry": trigger.reentry}))
+            .map(|trigger| match &trigger.on {
+                TriggerOn::Event { event_schema_id } => {
+                    json!({"type": "event", "eventSchemaId": event_schema_id, "reentry": trigger.reentry})
+                }
+                TriggerOn::Segment { segment_id } => {
+                    json!({"type": "segment", "segmentId": segment_id, "reentry": trigger.reentry})
+                }
+            })
             .collect();
         json!({
             "id": workflow_id,

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use shared::filter::{CONSENT_EMAIL, FieldPath, Filter};
 use shared::workflows::{
-    Arm, Reentry, Source, Status, Step, StepKind, StoredSecret, Trigger, WORKFLOW, Wait, WorkflowDef, check,
+    Arm, Reentry, Source, Status, Step, StepKind, StoredSecret, Trigger, TriggerOn, WORKFLOW, Wait, WorkflowDef, check,
     parse_duration,
 };
 
@@ -42,7 +42,11 @@ fn published() -> String {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct TriggerSpec {
     /// An event schema's slug.
-    event: String,
+    #[serde(default)]
+    event: Option<String>,
+    /// A segment's id.
+    #[serde(default)]
+    segment: Option<String>,
     #[serde(default = "always")]
     reentry: String,
 }
@@ -152,14 +156,23 @@ fn definition(
         .triggers
         .iter()
         .map(|trigger| {
-            let event_schema_id = resolver.event_schema(&trigger.event)?;
+            let on = match (&trigger.event, &trigger.segment) {
+                (Some(event), None) => TriggerOn::Event { event_schema_id: resolver.event_schema(event)? },
+                (None, Some(segment)) => {
+                    if !resolver.names.segments.contains(segment) {
+                        bail!("trigger: segment {segment:?} is not a segment of the space");
+                    }
+                    TriggerOn::Segment { segment_id: segment.clone() }
+                }
+                _ => bail!("a trigger names either an event (an event schema's slug) or a segment (its id)"),
+            };
             let reentry = match trigger.reentry.as_str() {
                 "always" => Reentry::Always,
                 "once" => Reentry::Once,
                 "once_at_a_time" => Reentry::OnceAtATime,
                 other => bail!("trigger reentry {other:?} is not always, once or once_at_a_time"),
             };
-            Ok(Trigger { event_schema_id, reentry })
+            Ok(Trigger { on, reentry })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let calls = steps.iter().any(|step| matches!(step.kind, StepKind::CallWebhook { .. }));

@@ -61,6 +61,13 @@ CREATE TABLE {s}.members (
     PRIMARY KEY (segment_id, contact_id)
 );
 CREATE INDEX ON {s}.members (contact_id);
+CREATE TABLE {s}.entries (
+    segment_id text NOT NULL,
+    position bigint NOT NULL,
+    contact_id text NOT NULL,
+    PRIMARY KEY (segment_id, position, contact_id)
+);
+CREATE INDEX ON {s}.entries (contact_id);
 ";
 
 pub(super) const EVENT_TYPES: &[&str] = &[
@@ -78,8 +85,8 @@ pub(super) const EVENT_TYPES: &[&str] = &[
 /// What a batch changes, gathered in log order before anything is written.
 #[derive(Default)]
 struct Batch {
-    /// New segments: (event, its time).
-    created: Vec<(shared::proto::SegmentCreated, i64)>,
+    /// New segments: (event, its time, its position).
+    created: Vec<(shared::proto::SegmentCreated, i64, i64)>,
     deleted_segments: Vec<String>,
     /// The last document of each contact written in the batch: (space, schema, document).
     documents: BTreeMap<String, (String, String, Value)>,
@@ -88,14 +95,26 @@ struct Batch {
     /// Events performed: (contact, event id, event schema, occurred at).
     performed: Vec<(String, String, String, i64)>,
     deleted_contacts: BTreeSet<String>,
-    /// Contacts to evaluate again, with their space and the time of their last change.
-    touched: BTreeMap<String, (String, i64)>,
+    /// Contacts to evaluate again, with their space and the time and position of their last
+    /// change.
+    touched: BTreeMap<String, Touched>,
+}
+
+struct Touched {
+    space_id: String,
+    at_ms: i64,
+    position: i64,
 }
 
 impl Batch {
-    fn touch(&mut self, contact_id: &str, space_id: &str, at_ms: i64) {
-        let entry = self.touched.entry(contact_id.to_owned()).or_insert_with(|| (space_id.to_owned(), at_ms));
-        entry.1 = entry.1.max(at_ms);
+    fn touch(&mut self, contact_id: &str, space_id: &str, at_ms: i64, position: i64) {
+        let entry = self.touched.entry(contact_id.to_owned()).or_insert_with(|| Touched {
+            space_id: space_id.to_owned(),
+            at_ms,
+            position,
+        });
+        entry.at_ms = entry.at_ms.max(at_ms);
+        entry.position = entry.position.max(position);
     }
 }
 
@@ -117,19 +136,19 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
     for event in relevant {
         let now_ms = event.recorded_at.timestamp_millis();
         match event.decode()? {
-            LogEvent::SegmentCreated(created) => batch.created.push((created, now_ms)),
+            LogEvent::SegmentCreated(created) => batch.created.push((created, now_ms, event.position)),
             LogEvent::SegmentDeleted(deleted) => batch.deleted_segments.push(deleted.segment_id),
             LogEvent::SegmentWindowElapsed(elapsed) => {
-                batch.touch(&elapsed.contact_id, &elapsed.space_id, elapsed.at_ms.max(now_ms));
+                batch.touch(&elapsed.contact_id, &elapsed.space_id, elapsed.at_ms.max(now_ms), event.position);
             }
             LogEvent::RecordCreated(created) if created.schema_type == "contact" => {
                 let document = shared::records::record_document(&created, &keys)?;
-                batch.touch(&created.record_id, &created.space_id, now_ms);
+                batch.touch(&created.record_id, &created.space_id, now_ms, event.position);
                 batch.documents.insert(created.record_id, (created.space_id, created.schema_id, document));
             }
             LogEvent::RecordUpdated(updated) if updated.schema_type == "contact" => {
                 let document = shared::records::RecordState::from_updated(&updated, &keys)?.document();
-                batch.touch(&updated.record_id, &updated.space_id, now_ms);
+                batch.touch(&updated.record_id, &updated.space_id, now_ms, event.position);
                 batch.documents.insert(updated.record_id, (updated.space_id, updated.schema_id, document));
             }
             LogEvent::RecordDeletionRequested(requested) if requested.schema_type == "contact" => {
@@ -140,7 +159,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
                 batch.deleted_contacts.insert(requested.record_id);
             }
             LogEvent::SubscriptionChanged(changed) => {
-                batch.touch(&changed.contact_id, &changed.space_id, now_ms);
+                batch.touch(&changed.contact_id, &changed.space_id, now_ms, event.position);
                 let entry = batch
                     .subscriptions
                     .entry(changed.contact_id)
@@ -148,14 +167,14 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
                 entry.1.insert(changed.topic_id, Value::String(changed.status));
             }
             LogEvent::EventAccepted(accepted) if accepted.readiness == "ready" && !accepted.contact_id.is_empty() => {
-                batch.touch(&accepted.contact_id, &accepted.space_id, now_ms);
+                batch.touch(&accepted.contact_id, &accepted.space_id, now_ms, event.position);
                 batch.performed.push((accepted.contact_id, accepted.id, accepted.schema_id, accepted.occurred_at_ms));
             }
             LogEvent::EventReadinessChanged(changed) if changed.state == "ready" => {
                 // The acceptance is earlier in the log, on the event's own stream.
                 let accepted = crate::workers::webhooks::enqueue::accepted_event(transaction, &changed.id).await?;
                 if let Some(accepted) = accepted.filter(|accepted| !accepted.contact_id.is_empty()) {
-                    batch.touch(&accepted.contact_id, &accepted.space_id, now_ms);
+                    batch.touch(&accepted.contact_id, &accepted.space_id, now_ms, event.position);
                     batch.performed.push((
                         accepted.contact_id,
                         accepted.id,
@@ -173,7 +192,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
 
 /// Writes the batch's changes: segments, documents, subscriptions, events, deletions.
 async fn write(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow::Result<()> {
-    for (created, _) in &batch.created {
+    for (created, ..) in &batch.created {
         let filter: Value = serde_json::from_str(&created.filter_json).context("a segment's filter")?;
         let doc = json!({
             "id": created.segment_id,
@@ -199,6 +218,7 @@ async fn write(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow:
             .prepare_cached(&format!(
                 "WITH gone AS (DELETE FROM {s}.segments WHERE segment_id = ANY($1) RETURNING space_id),
                  members AS (DELETE FROM {s}.members WHERE segment_id = ANY($1)),
+                 entries AS (DELETE FROM {s}.entries WHERE segment_id = ANY($1)),
                  counted AS (SELECT space_id, count(*) AS n FROM gone GROUP BY space_id)
                  UPDATE {s}.segment_counts c SET total = c.total - counted.n FROM counted WHERE c.space_id = counted.space_id"
             ))
@@ -269,7 +289,8 @@ async fn write(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow:
                 "WITH gone AS (DELETE FROM {s}.members WHERE contact_id = ANY($1) RETURNING segment_id),
                  counted AS (SELECT segment_id, count(*) AS n FROM gone GROUP BY segment_id),
                  contact AS (DELETE FROM {s}.contacts WHERE contact_id = ANY($1)),
-                 events AS (DELETE FROM {s}.contact_events WHERE contact_id = ANY($1))
+                 events AS (DELETE FROM {s}.contact_events WHERE contact_id = ANY($1)),
+                 entries AS (DELETE FROM {s}.entries WHERE contact_id = ANY($1))
                  UPDATE {s}.segments g SET member_count = g.member_count - counted.n FROM counted
                  WHERE g.segment_id = counted.segment_id"
             ))
@@ -279,21 +300,31 @@ async fn write(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow:
     Ok(())
 }
 
+/// Memberships to add: segment, contact, the time and the log position of the join.
+#[derive(Default)]
+struct Joins {
+    segment_ids: Vec<String>,
+    contact_ids: Vec<String>,
+    at: Vec<chrono::DateTime<chrono::Utc>>,
+    positions: Vec<i64>,
+}
+
 /// Memberships to add and remove, and window timers to schedule, gathered across a batch.
 #[derive(Default)]
 struct Outcome {
-    joins: (Vec<String>, Vec<String>, Vec<chrono::DateTime<chrono::Utc>>),
+    joins: Joins,
     leaves: (Vec<String>, Vec<String>),
     /// Contact → (space, the earliest moment a window changes for it).
     windows: BTreeMap<String, (String, i64)>,
 }
 
 impl Outcome {
-    fn record(&mut self, segment_id: &str, contact_id: &str, member: bool, at_ms: i64) {
+    fn record(&mut self, segment_id: &str, contact_id: &str, member: bool, (at_ms, position): (i64, i64)) {
         if member {
-            self.joins.0.push(segment_id.to_owned());
-            self.joins.1.push(contact_id.to_owned());
-            self.joins.2.push(from_millis(at_ms));
+            self.joins.segment_ids.push(segment_id.to_owned());
+            self.joins.contact_ids.push(contact_id.to_owned());
+            self.joins.at.push(from_millis(at_ms));
+            self.joins.positions.push(position);
         } else {
             self.leaves.0.push(segment_id.to_owned());
             self.leaves.1.push(contact_id.to_owned());
@@ -308,7 +339,7 @@ impl Outcome {
     }
 
     async fn save(self, transaction: &Transaction<'_>, s: &str) -> anyhow::Result<()> {
-        if !self.joins.0.is_empty() {
+        if !self.joins.segment_ids.is_empty() {
             join(transaction, s, &self.joins).await?;
         }
         if !self.leaves.0.is_empty() {
@@ -321,10 +352,13 @@ impl Outcome {
 /// Evaluates what the batch touched: its contacts against their spaces' segments, and its new
 /// segments against the rest of their spaces.
 async fn evaluate(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow::Result<()> {
-    let created_at: HashMap<&str, i64> =
-        batch.created.iter().map(|(created, at_ms)| (created.segment_id.as_str(), *at_ms)).collect();
-    let mut spaces: BTreeSet<&str> = batch.touched.values().map(|(space_id, _)| space_id.as_str()).collect();
-    spaces.extend(batch.created.iter().map(|(created, _)| created.space_id.as_str()));
+    let created_at: HashMap<&str, (i64, i64)> = batch
+        .created
+        .iter()
+        .map(|(created, at_ms, position)| (created.segment_id.as_str(), (*at_ms, *position)))
+        .collect();
+    let mut spaces: BTreeSet<&str> = batch.touched.values().map(|touched| touched.space_id.as_str()).collect();
+    spaces.extend(batch.created.iter().map(|(created, ..)| created.space_id.as_str()));
     let by_space = segments_of(transaction, s, &spaces).await?;
     if by_space.is_empty() {
         return Ok(());
@@ -333,30 +367,37 @@ async fn evaluate(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyh
     let touched: Vec<String> = batch
         .touched
         .iter()
-        .filter(|(_, (space_id, _))| by_space.contains_key(space_id))
+        .filter(|(_, touched)| by_space.contains_key(&touched.space_id))
         .map(|(id, _)| id.clone())
         .collect();
     for (contact_id, contact) in facts(transaction, s, &touched).await? {
-        let Some((space_id, touched_at)) = batch.touched.get(&contact_id) else { continue };
+        let Some(touched) = batch.touched.get(&contact_id) else { continue };
+        let space_id = &touched.space_id;
         let mut next_change = None;
         for (segment_id, filter) in by_space.get(space_id).into_iter().flatten() {
-            let at_ms = created_at.get(segment_id.as_str()).map_or(*touched_at, |created| (*created).max(*touched_at));
+            let (at_ms, position) = created_at.get(segment_id.as_str()).map_or(
+                (touched.at_ms, touched.position),
+                |(created_ms, created_position)| {
+                    ((*created_ms).max(touched.at_ms), (*created_position).max(touched.position))
+                },
+            );
             let facts = contact.facts(at_ms);
-            outcome.record(segment_id, &contact_id, shared::filter::matches_facts(filter, &facts), at_ms);
+            let member = shared::filter::matches_facts(filter, &facts);
+            outcome.record(segment_id, &contact_id, member, (at_ms, position));
             next_change = earliest(next_change, shared::filter::next_change_ms(filter, &facts));
         }
         outcome.window(&contact_id, space_id, next_change);
     }
     outcome.save(transaction, s).await?;
-    for (created, at_ms) in &batch.created {
+    for (created, at_ms, position) in &batch.created {
         let Some((_, filter)) = by_space
             .get(&created.space_id)
             .and_then(|segments| segments.iter().find(|(segment_id, _)| *segment_id == created.segment_id))
         else {
             continue;
         };
-        evaluate_space(transaction, s, (&created.space_id, &created.segment_id, filter), &batch.touched, *at_ms)
-            .await?;
+        let segment = (created.space_id.as_str(), created.segment_id.as_str(), filter.as_ref());
+        evaluate_space(transaction, s, segment, &batch.touched, (*at_ms, *position)).await?;
     }
     Ok(())
 }
@@ -473,8 +514,8 @@ async fn evaluate_space(
     transaction: &Transaction<'_>,
     s: &str,
     (space_id, segment_id, filter): (&str, &str, &Filter),
-    touched: &BTreeMap<String, (String, i64)>,
-    at_ms: i64,
+    touched: &BTreeMap<String, Touched>,
+    (at_ms, position): (i64, i64),
 ) -> anyhow::Result<()> {
     let statement = transaction
         .prepare_cached(&format!(
@@ -499,7 +540,7 @@ async fn evaluate_space(
             let contact = Contact::new(row.get(1), row.get(2), events);
             let facts = contact.facts(at_ms);
             if shared::filter::matches_facts(filter, &facts) {
-                outcome.record(segment_id, &contact_id, true, at_ms);
+                outcome.record(segment_id, &contact_id, true, (at_ms, position));
             }
             outcome.window(&contact_id, space_id, shared::filter::next_change_ms(filter, &facts));
         }
@@ -516,25 +557,29 @@ fn earliest(left: Option<i64>, right: Option<i64>) -> Option<i64> {
     }
 }
 
-/// Adds memberships (`segment_ids[i]`, `contact_ids[i]`, joined at `joined_at[i]`) that are
-/// not there yet, and counts them.
-async fn join(
-    transaction: &Transaction<'_>,
-    s: &str,
-    (segment_ids, contact_ids, joined_at): &(Vec<String>, Vec<String>, Vec<chrono::DateTime<chrono::Utc>>),
-) -> anyhow::Result<()> {
+/// Adds the memberships of `joins` that are not there yet, counts them, and records each as
+/// an entry at its position (what segment triggers of workflows follow).
+async fn join(transaction: &Transaction<'_>, s: &str, joins: &Joins) -> anyhow::Result<()> {
     let statement = transaction
         .prepare_cached(&format!(
-            "WITH added AS (
+            "WITH joins AS (
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[])
+                     AS j(segment_id, contact_id, joined_at, position)),
+             added AS (
                  INSERT INTO {s}.members (segment_id, contact_id, joined_at)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[])
-                 ON CONFLICT DO NOTHING RETURNING segment_id),
+                 SELECT segment_id, contact_id, joined_at FROM joins
+                 ON CONFLICT DO NOTHING RETURNING segment_id, contact_id),
+             entered AS (
+                 INSERT INTO {s}.entries (segment_id, position, contact_id)
+                 SELECT j.segment_id, j.position, j.contact_id FROM joins j JOIN added a USING (segment_id, contact_id)
+                 ON CONFLICT DO NOTHING),
              counted AS (SELECT segment_id, count(*) AS n FROM added GROUP BY segment_id)
              UPDATE {s}.segments g SET member_count = g.member_count + counted.n FROM counted
              WHERE g.segment_id = counted.segment_id"
         ))
         .await?;
-    transaction.execute(&statement, &[segment_ids, contact_ids, joined_at]).await?;
+    let Joins { segment_ids, contact_ids, at, positions } = joins;
+    transaction.execute(&statement, &[segment_ids, contact_ids, at, positions]).await?;
     Ok(())
 }
 

@@ -373,6 +373,16 @@ async fn an_apply_refuses_a_bad_graph_naming_the_step() {
                       {"id": "b", "type": "branch", "arms": [{"condition": "segments.seg_nope is true"}]}])),
             "segment \"seg_nope\"",
         ),
+        (
+            json!([{"slug": "bad", "name": "Bad", "triggers": [{"segment": "seg_nope"}],
+                    "steps": [{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": null}]}]),
+            "segment \"seg_nope\"",
+        ),
+        (
+            json!([{"slug": "bad", "name": "Bad", "triggers": [{"event": "purchase", "segment": "seg_nope"}],
+                    "steps": [{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": null}]}]),
+            "either an event",
+        ),
         (steps(json!([{"id": "a", "type": "exit"}])), "no entry"),
         (
             steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "two"},
@@ -388,6 +398,118 @@ async fn an_apply_refuses_a_bad_graph_naming_the_step() {
         assert!(message.contains(named), "{named}: {message}");
         assert!(message.contains("workflow \"bad\""), "{message}");
     }
+}
+
+/// A contact of the mail space, made through the API.
+async fn person(app: &TestApp, email: &str, first_name: &str) -> String {
+    let made = app.post("/schemas/people/records", MAIL_KEY, &json!({"email": email, "firstName": first_name})).await;
+    assert_eq!(made.status, 201, "{:?}", made.body);
+    made.body["data"]["id"].as_str().expect("id").to_owned()
+}
+
+/// Changes a contact, then waits until every read model has it (so each change is evaluated
+/// for segments on its own, not folded into the next).
+async fn change(app: &TestApp, contact_id: &str, fields: &Value) {
+    let request = app.request(reqwest::Method::PATCH, &format!("/schemas/people/records/{contact_id}"), Some(MAIL_KEY));
+    let changed = app.send(request.json(fields)).await;
+    assert_eq!(changed.status, 200, "{:?}", changed.body);
+    app.wait_for_workers().await;
+}
+
+/// The runs of a workflow once there are `count`: (contact, trigger type, trigger id).
+async fn runs_of(app: &TestApp, workflow_id: &str, count: u64) -> Vec<(String, String, String)> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let runs = app.get(&format!("/workflows/{workflow_id}/runs?limit=100"), MAIL_KEY).await;
+        assert_eq!(runs.status, 200, "{:?}", runs.body);
+        if runs.body["pagination"]["totalCount"].as_u64() >= Some(count) {
+            let mut found: Vec<(String, String, String)> = runs.body["data"]
+                .as_array()
+                .expect("runs")
+                .iter()
+                .map(|run| {
+                    let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+                    (text(&run["contactId"]), text(&run["trigger"]["type"]), text(&run["trigger"]["id"]))
+                })
+                .collect();
+            found.sort();
+            return found;
+        }
+        assert!(Instant::now() < deadline, "fewer than {count} runs: {:?}", runs.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn event_and_segment_triggers_start_runs_under_their_reentry_rules() {
+    let sink = SmtpSink::start().await;
+    let receiver = Receiver::start().await;
+    receiver.endpoint("buyer", &[SECRET], json!({})).await;
+    let app = app_with(&sink, json!([])).await;
+    let defined = app.post("/segments", MAIL_KEY, &json!({"name": "Adas", "definition": "firstName is Ada"})).await;
+    assert_eq!(defined.status, 201, "{:?}", defined.body);
+    let segment = defined.body["data"]["id"].as_str().expect("segment id").to_owned();
+    // A member from before the trigger is published: it starts nothing.
+    let before = person(&app, "before@example.com", "Ada").await;
+    app.wait_for_workers().await;
+    let workflows = json!([
+        {"slug": "greeter", "name": "Greeter", "triggers": [{"segment": segment}],
+         "steps": [{"id": "start", "type": "incoming_webhook", "referenceId": "greet", "next": null}]},
+        {"slug": "buyer", "name": "Buyer", "signingSecret": SECRET,
+         "triggers": [{"event": "purchase", "reentry": "once_at_a_time"}],
+         "steps": [{"id": "start", "type": "incoming_webhook", "referenceId": "buy"},
+                   {"id": "tell", "type": "call_webhook", "url": receiver.url("buyer")},
+                   {"id": "nap", "type": "wait", "duration": "1h"}]}
+    ]);
+    app.apply_workspace(&workspace(workflows), true).await;
+    let greeter = workflow_id(&app, "greeter").await;
+    let buyer = workflow_id(&app, "buyer").await;
+    let shown = app.get(&format!("/workflows/{greeter}"), MAIL_KEY).await;
+    assert_eq!(shown.body["data"]["triggers"], json!([{"type": "segment", "segmentId": segment, "reentry": "always"}]));
+
+    // Entering starts a run; leaving and entering again (re-entry `always`) starts another;
+    // a change that keeps the contact a member starts nothing, nor does one of the member
+    // from before.
+    let ada = person(&app, "ada@example.com", "Ada").await;
+    app.wait_for_workers().await;
+    change(&app, &ada, &json!({"firstName": "Bob"})).await;
+    change(&app, &ada, &json!({"firstName": "Ada"})).await;
+    change(&app, &ada, &json!({"newsConsent": true})).await;
+    change(&app, &before, &json!({"newsConsent": true})).await;
+    // Entries are followed in log order: once the last one has its run, the others had theirs.
+    let last = person(&app, "last@example.com", "Ada").await;
+    let entered = ("segment".to_owned(), segment.clone());
+    let mut expected = vec![
+        (ada.clone(), entered.0.clone(), entered.1.clone()),
+        (ada.clone(), entered.0.clone(), entered.1.clone()),
+        (last.clone(), entered.0.clone(), entered.1.clone()),
+    ];
+    expected.sort();
+    assert_eq!(runs_of(&app, &greeter, 3).await, expected);
+
+    // An event trigger: the ready event starts a run with the event as its input; a second
+    // one while that run is unfinished (`once_at_a_time`) starts nothing.
+    let fired = app.post("/events/purchase", MAIL_KEY, &json!({"contactId": ada, "amount": 12})).await;
+    assert_eq!(fired.status, 202, "{:?}", fired.body);
+    let event_id = fired.body["data"]["id"].as_str().expect("event id").to_owned();
+    let calls = receiver.wait_for("buyer", 1, WAIT).await;
+    assert_eq!(calls[0]["verifiedWith"], json!([0]), "{}", calls[0]);
+    let event = &calls[0]["body"]["data"]["input"]["event"];
+    assert_eq!((&event["id"], &event["schemaId"].is_string()), (&json!(event_id), &true), "{event}");
+    assert_eq!(event["data"]["amount"], 12, "{event}");
+    assert!(event["occurredAt"].as_str().is_some_and(|at| at.ends_with('Z')), "{event}");
+    // The run never finishes (it sleeps an hour), so `once_at_a_time` holds the next back.
+    let first = runs_of(&app, &buyer, 1).await;
+    let again = app.post("/events/purchase", MAIL_KEY, &json!({"contactId": ada, "amount": 13})).await;
+    assert_eq!(again.status, 202, "{:?}", again.body);
+    let other = app.post("/events/purchase", MAIL_KEY, &json!({"contactId": last, "amount": 14})).await;
+    assert_eq!(other.status, 202, "{:?}", other.body);
+    let got = runs_of(&app, &buyer, 2).await;
+    let contacts: Vec<&str> = got.iter().map(|(contact, ..)| contact.as_str()).collect();
+    let mut want = vec![ada.as_str(), last.as_str()];
+    want.sort_unstable();
+    assert_eq!(contacts, want, "{first:?} then {got:?}");
+    assert!(got.iter().all(|(_, kind, _)| kind == "event"), "{got:?}");
 }
 
 /// The killed run's steps: the entry, a wait, an email, a webhook call and the exit.

@@ -7,6 +7,12 @@
 //!   the trigger's re-entry rule. The run's id is derived from (workflow, event), so a batch
 //!   followed twice starts nothing twice.
 //! - A contact's deletion makes its unfinished runs due at once: the engine ends them.
+//! - A contact that enters a segment (an entry the segments read model records at the log
+//!   position of the change that made it a member) starts a run of each published workflow
+//!   with a trigger on that segment, under the trigger's re-entry rule. Each trigger is
+//!   followed from the position of the definition that published it
+//!   (`workflow_segment_triggers`), so members from before then start nothing; the run's id is
+//!   derived from (workflow, segment, contact, position).
 //!
 //! The matches are written in the transaction that advances the follower's checkpoint; the
 //! runs it starts are appended before that commit, so a crash in between only appends them
@@ -19,9 +25,11 @@ use futures_util::future::BoxFuture;
 use prost::Message;
 use serde_json::{Value, json};
 use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use shared::log::{
+    AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StoredEvent, StreamAppend,
+};
 use shared::proto;
-use shared::workflows::{Reentry, WORKFLOW, WorkflowDef, run_stream_id};
+use shared::workflows::{Reentry, TriggerOn, WORKFLOW, WorkflowDef, run_stream_id};
 
 use crate::runtime::{Lease, LeaseName, Outcome, Worker};
 
@@ -33,6 +41,9 @@ pub struct Follower {
     log: EventLog,
     lease: LeaseName,
 }
+
+/// Segment entries read per trigger and step at most.
+const ENTRIES: usize = 1_000;
 
 /// An event ready for a contact.
 struct Ready {
@@ -52,10 +63,20 @@ impl Follower {
         let mut client = self.pool.get().await?;
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else { return Ok(Outcome::Idle) };
         let events = shared::log::read_after(lease.transaction(), lease.checkpoint, BATCH).await?;
-        let Some(last) = events.last().map(|event| event.position) else { return Ok(Outcome::Idle) };
         let full = events.len() as i64 >= BATCH;
+        let last = events.last().map_or(lease.checkpoint, |event| event.position);
+        if !events.is_empty() {
+            self.follow_log(lease.transaction(), &events).await?;
+        }
+        let more_entries = self.follow_segments(lease.transaction()).await?;
+        lease.commit(last).await?;
+        Ok(if full || more_entries { Outcome::Progressed } else { Outcome::Idle })
+    }
+
+    /// What the log's events mean for runs: ready events and deleted contacts.
+    async fn follow_log(&self, transaction: &impl GenericClient, events: &[StoredEvent]) -> anyhow::Result<()> {
         let (mut ready, mut deleted) = (Vec::new(), Vec::new());
-        for stored in &events {
+        for stored in events {
             match stored.decode()? {
                 LogEvent::EventAccepted(accepted)
                     if accepted.readiness == "ready" && !accepted.contact_id.is_empty() =>
@@ -69,7 +90,7 @@ impl Follower {
                     });
                 }
                 LogEvent::EventReadinessChanged(changed) if changed.state == "ready" => {
-                    if let Some(contact_id) = contact_of_event(lease.transaction(), &changed.id).await? {
+                    if let Some(contact_id) = contact_of_event(transaction, &changed.id).await? {
                         ready.push(Ready {
                             position: stored.position,
                             event_id: changed.id,
@@ -88,11 +109,10 @@ impl Follower {
         // The runs the events start are appended first, while this transaction holds no row
         // of `workflow_runs` (an append of this process's batcher may wait on such a row).
         for ready in &ready {
-            self.start_triggered(lease.transaction(), ready).await?;
+            self.start_triggered(transaction, ready).await?;
         }
         for ready in &ready {
-            lease
-                .transaction()
+            transaction
                 .execute(
                     "UPDATE workflow_runs SET matched_event = $3,
                          due_at = CASE WHEN paused THEN due_at ELSE clock_timestamp() END
@@ -103,8 +123,7 @@ impl Follower {
                 .await?;
         }
         if !deleted.is_empty() {
-            lease
-                .transaction()
+            transaction
                 .execute(
                     "UPDATE workflow_runs SET due_at = clock_timestamp()
                      WHERE contact_id = ANY($1) AND finished_at IS NULL AND NOT paused",
@@ -112,8 +131,7 @@ impl Follower {
                 )
                 .await?;
         }
-        lease.commit(last).await?;
-        Ok(if full { Outcome::Progressed } else { Outcome::Idle })
+        Ok(())
     }
 
     /// Starts the runs of the published workflows `ready` triggers.
@@ -128,30 +146,119 @@ impl Follower {
         for row in rows {
             let workflow_id: String = row.get(0);
             let definition: WorkflowDef = serde_json::from_value(row.get::<_, Value>(2))?;
-            let Some(trigger) = definition.triggers.iter().find(|trigger| trigger.event_schema_id == ready.schema_id)
-            else {
+            let Some(trigger) = definition.triggers.iter().find(|trigger| {
+                matches!(&trigger.on, TriggerOn::Event { event_schema_id } if *event_schema_id == ready.schema_id)
+            }) else {
                 continue;
             };
-            self.start(transaction, ready, (&workflow_id, row.get(1)), trigger.reentry).await?;
+            let start = Start {
+                space_id: &ready.space_id,
+                contact_id: &ready.contact_id,
+                workflow: (&workflow_id, row.get(1)),
+                reentry: trigger.reentry,
+                cause: Cause::Event { event_id: &ready.event_id, schema_id: &ready.schema_id },
+            };
+            self.start(transaction, &start).await?;
         }
         Ok(())
     }
 
-    /// Starts the run of `workflow` the ready event triggers, unless its re-entry rule holds it
-    /// back or it was started before.
-    async fn start(
-        &self,
-        client: &impl GenericClient,
-        ready: &Ready,
-        (workflow_id, revision): (&str, i64),
-        reentry: Reentry,
-    ) -> anyhow::Result<()> {
-        let held_back = match reentry {
+    /// Starts the runs of the segment triggers of published workflows for the contacts that
+    /// entered their segments, as far as the segments read model has reached; whether a
+    /// trigger has more entries waiting than one step takes.
+    async fn follow_segments(&self, transaction: &impl GenericClient) -> anyhow::Result<bool> {
+        let Some(row) = transaction
+            .query_opt("SELECT version, position FROM projections WHERE name = 'segments' AND status = 'live'", &[])
+            .await?
+        else {
+            return Ok(false);
+        };
+        let (segments, reached): (String, i64) = (shared::readmodel::schema_name("segments", row.get(0)), row.get(1));
+        let catalog = live_catalog(transaction).await?;
+        let statement = format!(
+            "SELECT resource_id, space_id, revision, definition FROM {catalog}.resources
+             WHERE kind = $1 AND definition ->> 'status' = 'published'
+               AND jsonb_path_exists(definition, '$.triggers[*].segmentId')"
+        );
+        let mut triggers = Vec::new();
+        for row in transaction.query(&statement, &[&WORKFLOW]).await? {
+            let definition: WorkflowDef = serde_json::from_value(row.get::<_, Value>(3))?;
+            for trigger in definition.triggers {
+                if let TriggerOn::Segment { segment_id } = trigger.on {
+                    let (workflow_id, space_id, revision): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+                    triggers.push((workflow_id, segment_id, space_id, revision, trigger.reentry));
+                }
+            }
+        }
+        let workflow_ids: Vec<&str> = triggers.iter().map(|trigger| trigger.0.as_str()).collect();
+        let segment_ids: Vec<&str> = triggers.iter().map(|trigger| trigger.1.as_str()).collect();
+        // Triggers no longer published are forgotten; new ones start after the definition
+        // that published them.
+        transaction
+            .execute(
+                "DELETE FROM workflow_segment_triggers
+                 WHERE (workflow_id, segment_id) NOT IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+                &[&workflow_ids, &segment_ids],
+            )
+            .await?;
+        let rows = transaction
+            .query(
+                "WITH wanted AS (SELECT * FROM unnest($1::text[], $2::text[]) AS w(workflow_id, segment_id)),
+                 added AS (
+                     INSERT INTO workflow_segment_triggers (workflow_id, segment_id, through)
+                     SELECT workflow_id, segment_id,
+                            (SELECT coalesce(max(position), 0) FROM events WHERE stream_id = 'authoring/workflow/' || workflow_id)
+                     FROM wanted ON CONFLICT DO NOTHING RETURNING workflow_id, segment_id, through)
+                 SELECT workflow_id, segment_id, through FROM added
+                 UNION ALL
+                 SELECT t.workflow_id, t.segment_id, t.through FROM workflow_segment_triggers t JOIN wanted USING (workflow_id, segment_id)",
+                &[&workflow_ids, &segment_ids],
+            )
+            .await?;
+        let mut more = false;
+        for row in rows {
+            let (workflow_id, segment_id, through): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+            if through >= reached {
+                continue;
+            }
+            let Some((_, _, space_id, revision, reentry)) =
+                triggers.iter().find(|trigger| trigger.0 == workflow_id && trigger.1 == segment_id)
+            else {
+                continue;
+            };
+            let (entries, done) = entries(transaction, &segments, &segment_id, (through, reached)).await?;
+            for (position, contact_id) in &entries {
+                let start = Start {
+                    space_id,
+                    contact_id,
+                    workflow: (&workflow_id, *revision),
+                    reentry: *reentry,
+                    cause: Cause::Segment { segment_id: &segment_id, position: *position },
+                };
+                self.start(transaction, &start).await?;
+            }
+            transaction
+                .execute(
+                    "UPDATE workflow_segment_triggers SET through = $3 WHERE workflow_id = $1 AND segment_id = $2",
+                    &[&workflow_id, &segment_id, &done],
+                )
+                .await?;
+            more |= done < reached;
+        }
+        Ok(more)
+    }
+
+    /// Starts the run of `start.workflow` for `start.contact_id`, unless its re-entry rule
+    /// holds it back or it was started before.
+    async fn start(&self, client: &impl GenericClient, start: &Start<'_>) -> anyhow::Result<()> {
+        let (workflow_id, revision) = start.workflow;
+        let contact_id = start.contact_id.to_owned();
+        let held_back = match start.reentry {
             Reentry::Always => false,
             Reentry::Once => client
                 .query_one(
                     "SELECT EXISTS (SELECT 1 FROM workflow_entries WHERE workflow_id = $1 AND contact_id = $2)",
-                    &[&workflow_id, &ready.contact_id],
+                    &[&workflow_id, &contact_id],
                 )
                 .await?
                 .get(0),
@@ -159,7 +266,7 @@ impl Follower {
                 .query_one(
                     "SELECT EXISTS (SELECT 1 FROM workflow_entries e JOIN workflow_runs r ON r.run_id = e.run_id
                                     WHERE e.workflow_id = $1 AND e.contact_id = $2 AND r.finished_at IS NULL)",
-                    &[&workflow_id, &ready.contact_id],
+                    &[&workflow_id, &contact_id],
                 )
                 .await?
                 .get(0),
@@ -167,25 +274,34 @@ impl Follower {
         if held_back {
             return Ok(());
         }
-        let keys = shared::crypto::load_keys(client, std::slice::from_ref(&ready.contact_id)).await?;
-        let Some(key) = keys.get(&ready.contact_id) else { return Ok(()) };
-        let data = event_data(client, &ready.event_id, &keys).await?;
-        let input = json!({"event": {"id": ready.event_id, "schemaId": ready.schema_id, "data": data}});
-        let run_id = format!(
-            "run_{}",
-            &shared::ids::sha256_hex(&format!("workflow-trigger\u{1f}{workflow_id}\u{1f}{}", ready.event_id))[..32]
-        );
+        let keys = shared::crypto::load_keys(client, std::slice::from_ref(&contact_id)).await?;
+        let Some(key) = keys.get(&contact_id) else { return Ok(()) };
+        let (input, trigger, trigger_id, cause) = match start.cause {
+            Cause::Event { event_id, schema_id } => {
+                let (data, occurred_at) = event_data(client, event_id, &keys).await?;
+                let input =
+                    json!({"event": {"id": event_id, "schemaId": schema_id, "occurredAt": occurred_at, "data": data}});
+                (input, "event", event_id, format!("workflow-trigger\u{1f}{workflow_id}\u{1f}{event_id}"))
+            }
+            Cause::Segment { segment_id, position } => (
+                json!({"segment": {"id": segment_id}}),
+                "segment",
+                segment_id,
+                format!("workflow-segment\u{1f}{workflow_id}\u{1f}{segment_id}\u{1f}{contact_id}\u{1f}{position}"),
+            ),
+        };
+        let run_id = format!("run_{}", &shared::ids::sha256_hex(&cause)[..32]);
         let now = shared::time::now_millis();
-        let mut sealed = shared::events::seal(&ready.contact_id, &proto::WorkflowInput { json: input.to_string() });
+        let mut sealed = shared::events::seal(&contact_id, &proto::WorkflowInput { json: input.to_string() });
         shared::events::encrypt(&mut sealed, key)?;
         let requested = proto::WorkflowRunRequested {
             run_id: run_id.clone(),
             workflow_id: workflow_id.to_owned(),
-            space_id: ready.space_id.clone(),
+            space_id: start.space_id.to_owned(),
             workflow_revision: revision,
-            trigger: "event".to_owned(),
-            trigger_id: ready.event_id.clone(),
-            contact_id: ready.contact_id.clone(),
+            trigger: trigger.to_owned(),
+            trigger_id: trigger_id.to_owned(),
+            contact_id: contact_id.clone(),
             input: Some(sealed.clone()),
             requested_at_ms: now,
         };
@@ -197,16 +313,16 @@ impl Follower {
                 vec![
                     Box::new(run_id.clone()),
                     Box::new(workflow_id.to_owned()),
-                    Box::new(ready.space_id.clone()),
+                    Box::new(start.space_id.to_owned()),
                     Box::new(revision),
-                    Box::new(ready.contact_id.clone()),
+                    Box::new(contact_id.clone()),
                     Box::new(sealed.encode_to_vec()),
                 ],
                 AppendError::Failed("could not record the run".to_owned()),
             ),
             Guard::exactly_one(
                 "INSERT INTO workflow_entries (workflow_id, contact_id, run_id) VALUES ($1, $2, $3)",
-                vec![Box::new(workflow_id.to_owned()), Box::new(ready.contact_id.clone()), Box::new(run_id.clone())],
+                vec![Box::new(workflow_id.to_owned()), Box::new(contact_id.clone()), Box::new(run_id.clone())],
                 AppendError::Failed("could not record the run's entry".to_owned()),
             ),
         ];
@@ -215,17 +331,67 @@ impl Follower {
             expected: ExpectedVersion::NoStream,
             events: vec![NewEvent {
                 event: LogEvent::WorkflowRunRequested(requested),
-                subject_id: Some(ready.contact_id.clone()),
+                subject_id: Some(contact_id),
                 occurred_at: shared::time::from_millis(now),
             }],
         };
-        let metadata = Metadata { space_id: Some(ready.space_id.clone()), ..Metadata::default() };
+        let metadata = Metadata { space_id: Some(start.space_id.to_owned()), ..Metadata::default() };
         match self.log.append(AppendRequest { metadata, streams: vec![stream], guards }).await {
-            // Started by an earlier pass over the same event.
+            // Started by an earlier pass over the same cause.
             Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(()),
             Err(error) => Err(error.into()),
         }
     }
+}
+
+/// A run to start: for whom, of which workflow (id, revision), under which re-entry rule, and
+/// why.
+struct Start<'a> {
+    space_id: &'a str,
+    contact_id: &'a str,
+    workflow: (&'a str, i64),
+    reentry: Reentry,
+    cause: Cause<'a>,
+}
+
+enum Cause<'a> {
+    Event { event_id: &'a str, schema_id: &'a str },
+    Segment { segment_id: &'a str, position: i64 },
+}
+
+/// The entries of `segment_id` after `through` up to `reached` (position, contact), in order,
+/// at most about [`ENTRIES`], and the position through which they are all the entries: the
+/// last position is taken whole, so no position is ever split across steps.
+async fn entries(
+    client: &impl GenericClient,
+    segments: &str,
+    segment_id: &str,
+    (through, reached): (i64, i64),
+) -> anyhow::Result<(Vec<(i64, String)>, i64)> {
+    let limit = i64::try_from(ENTRIES).unwrap_or(i64::MAX);
+    let rows = client
+        .query(
+            &format!(
+                "SELECT position, contact_id FROM {segments}.entries
+                 WHERE segment_id = $1 AND position > $2 AND position <= $3 ORDER BY position, contact_id LIMIT $4"
+            ),
+            &[&segment_id, &through, &reached, &limit],
+        )
+        .await?;
+    let mut entries: Vec<(i64, String)> = rows.into_iter().map(|row| (row.get(0), row.get(1))).collect();
+    if entries.len() < ENTRIES {
+        return Ok((entries, reached));
+    }
+    let last = entries.last().map_or(reached, |entry| entry.0);
+    entries.retain(|entry| entry.0 < last);
+    let rest = client
+        .query(
+            &format!("SELECT position, contact_id FROM {segments}.entries WHERE segment_id = $1 AND position = $2"),
+            &[&segment_id, &last],
+        )
+        .await?;
+    entries.extend(rest.into_iter().map(|row| (row.get(0), row.get(1))));
+    Ok((entries, last))
 }
 
 /// The contact an event is about, from its acceptance.
@@ -239,12 +405,21 @@ async fn contact_of_event(client: &impl GenericClient, event_id: &str) -> anyhow
     Ok(None)
 }
 
-/// An event's values (accepted and prepared), opened with its subject's key.
-async fn event_data(client: &impl GenericClient, event_id: &str, keys: &shared::crypto::Keys) -> anyhow::Result<Value> {
+/// An event's values (accepted and prepared), opened with its subject's key, and when it
+/// occurred.
+async fn event_data(
+    client: &impl GenericClient,
+    event_id: &str,
+    keys: &shared::crypto::Keys,
+) -> anyhow::Result<(Value, Option<String>)> {
     let mut values = serde_json::Map::new();
+    let mut occurred_at = None;
     for stored in shared::log::read_streams(client, &[format!("event/{event_id}")]).await? {
         let sealed = match stored.decode()? {
-            LogEvent::EventAccepted(accepted) => accepted.data,
+            LogEvent::EventAccepted(accepted) => {
+                occurred_at = Some(shared::time::format_millis(accepted.occurred_at_ms));
+                accepted.data
+            }
             LogEvent::EventReadinessChanged(changed) => changed.prepared,
             _ => None,
         };
@@ -253,7 +428,7 @@ async fn event_data(client: &impl GenericClient, event_id: &str, keys: &shared::
             values.extend(more);
         }
     }
-    Ok(Value::Object(values))
+    Ok((Value::Object(values), occurred_at))
 }
 
 async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
