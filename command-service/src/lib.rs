@@ -44,6 +44,8 @@ pub struct State {
     pub write_contexts: shared::catalog::WriteContexts,
     /// What single event fires read from the catalog, kept until the catalog changes.
     pub event_contexts: shared::catalog::WriteContexts,
+    /// What workflow triggers read from the catalog, kept until the catalog changes.
+    pub workflows: workflows::store::Kept,
 }
 
 impl State {
@@ -64,6 +66,7 @@ impl State {
             admission_scopes: Default::default(),
             write_contexts: Default::default(),
             event_contexts: Default::default(),
+            workflows: Default::default(),
         }))
     }
 

@@ -482,6 +482,7 @@ async fn catalog_moved(ctx: &Ctx<'_>) -> Result<bool, ApiError> {
     }
     ctx.state.write_contexts.keep_revision(current);
     ctx.state.event_contexts.keep_revision(current);
+    ctx.state.workflows.keep_revision(current);
     Ok(true)
 }
 

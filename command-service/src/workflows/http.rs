@@ -7,6 +7,8 @@
 //! key of the run's own), so erasing the contact shreds it. Pause and unpause decide on the
 //! workflow's stream and append at its version.
 
+use std::sync::Arc;
+
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use prost::Message;
@@ -38,7 +40,7 @@ struct TriggerWorkflow<'a> {
 
 /// What a trigger decides on.
 struct Trigger {
-    found: Found,
+    found: Arc<Found>,
     /// The contact's schema and what its upsert read, when the input names a contact.
     contact: Option<(shared::catalog::WriteContext, UpsertLoaded)>,
 }
@@ -48,11 +50,22 @@ impl Command for TriggerWorkflow<'_> {
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Trigger, ApiError> {
         let space_id = self.caller.space_id();
-        let catalog = ctx.catalog().await?;
-        let found = store::by_reference(&ctx.db().await?, &catalog, space_id, &self.reference_id)
-            .await
-            .map_err(|error| internal(&error))?
-            .ok_or_else(|| Refusal::NotFound(self.reference_id.clone()))?;
+        let found = match ctx.state.workflows.get(space_id, &self.reference_id) {
+            Some((revision, found)) => {
+                ctx.kept_catalog(revision);
+                found
+            }
+            None => {
+                let catalog = ctx.catalog().await?;
+                let (revision, found) = store::by_reference(&ctx.db().await?, &catalog, space_id, &self.reference_id)
+                    .await
+                    .map_err(|error| internal(&error))?;
+                ctx.saw_catalog(revision);
+                let found = Arc::new(found.ok_or_else(|| Refusal::NotFound(self.reference_id.clone()))?);
+                ctx.state.workflows.put(space_id, &self.reference_id, revision, &found);
+                found
+            }
+        };
         decide::check_trigger(&found.workflow_id, &found.definition)?;
         let contact = match &self.input.contact {
             Some(contact) => {

@@ -2,6 +2,9 @@
 //! workflow's stream) and the guards their appends carry (the engine's run row, the pause
 //! control, waking parked runs).
 
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use shared::events::LogEvent;
@@ -21,20 +24,66 @@ fn found(row: Option<tokio_postgres::Row>) -> anyhow::Result<Option<Found>> {
     Ok(Some(Found { workflow_id: row.get(0), revision: row.get(1), definition }))
 }
 
-/// The workflow of the space whose entry has `reference_id`, from catalog version `catalog`.
+/// The workflow of the space whose entry has `reference_id`, from catalog version `catalog`,
+/// with the catalog's revision read in the same statement.
 pub async fn by_reference(
     client: &impl GenericClient,
     catalog: &str,
     space_id: &str,
     reference_id: &str,
-) -> anyhow::Result<Option<Found>> {
+) -> anyhow::Result<(i64, Option<Found>)> {
     let statement = client
         .prepare_cached(&format!(
-            "SELECT resource_id, revision, definition FROM {catalog}.resources
-             WHERE kind = $1 AND space_id = $2 AND definition ->> 'referenceId' = $3"
+            "SELECT r.resource_id, r.revision, r.definition,
+                    COALESCE((SELECT revision FROM public.projections WHERE name = 'catalog' AND status = 'live'), 0)
+             FROM (VALUES (1)) AS one
+             LEFT JOIN {catalog}.resources r
+               ON r.kind = $1 AND r.space_id = $2 AND r.definition ->> 'referenceId' = $3"
         ))
         .await?;
-    found(client.query_opt(&statement, &[&WORKFLOW, &space_id, &reference_id]).await?)
+    let row = client.query_one(&statement, &[&WORKFLOW, &space_id, &reference_id]).await?;
+    let revision: i64 = row.get(3);
+    let Some(workflow_id) = row.get::<_, Option<String>>(0) else { return Ok((revision, None)) };
+    let definition: WorkflowDef = serde_json::from_value(row.get::<_, Value>(2))?;
+    Ok((revision, Some(Found { workflow_id, revision: row.get(1), definition })))
+}
+
+/// Workflows kept in process by (space, reference id), each with the catalog revision it was
+/// read at, so a trigger reads no catalog statement; a trigger decided on a kept one appends
+/// with that revision's guard, and the entries of older revisions are dropped once a write
+/// finds the catalog moved on (as record writes keep schemas).
+#[derive(Default)]
+pub struct Kept {
+    entries: RwLock<HashMap<(String, String), KeptWorkflow>>,
+}
+
+/// A kept workflow: the catalog revision it was read at, and what was read.
+type KeptWorkflow = (i64, Arc<Found>);
+
+/// Entries kept at most (cleared when full).
+const KEPT_MAX: usize = 10_000;
+
+impl Kept {
+    pub fn get(&self, space_id: &str, reference_id: &str) -> Option<KeptWorkflow> {
+        let entries = self.entries.read().ok()?;
+        entries.get(&(space_id.to_owned(), reference_id.to_owned())).cloned()
+    }
+
+    pub fn put(&self, space_id: &str, reference_id: &str, revision: i64, found: &Arc<Found>) {
+        if let Ok(mut entries) = self.entries.write() {
+            if entries.len() >= KEPT_MAX {
+                entries.clear();
+            }
+            entries.insert((space_id.to_owned(), reference_id.to_owned()), (revision, Arc::clone(found)));
+        }
+    }
+
+    /// Drops the entries read at another catalog revision than `revision`.
+    pub fn keep_revision(&self, revision: i64) {
+        if let Ok(mut entries) = self.entries.write() {
+            entries.retain(|_, (kept, _)| *kept == revision);
+        }
+    }
 }
 
 /// The workflow `workflow_id` of the space, from catalog version `catalog`.

@@ -344,6 +344,21 @@ async fn triggers_are_refused_with_the_contracts_answers() {
     assert_eq!(missing.code(), "workflow_run_not_found");
     let elsewhere = app.get(&format!("/workflows/{live}"), ALPHA_ADMIN).await;
     assert_eq!(elsewhere.code(), "workflow_not_found");
+
+    // What a trigger read is kept by the process only until the catalog moves on: once an
+    // apply makes the live workflow a draft and the draft live, triggers follow at once.
+    assert_eq!(post(&app, "/workflows/live-hook", None, Some(&json!({}))).await.status, 202);
+    let swapped = json!([
+        {"slug": "live", "name": "Live", "status": "draft", "steps": [
+            {"type": "incoming_webhook", "referenceId": "live-hook"}, {"type": "exit"}]},
+        {"slug": "draft", "name": "Draft", "steps": [
+            {"type": "incoming_webhook", "referenceId": "draft-hook"}, {"type": "exit"}]}
+    ]);
+    app.apply_workspace(&workspace(swapped), true).await;
+    let now_draft = post(&app, "/workflows/live-hook", None, Some(&json!({}))).await;
+    assert_eq!(now_draft.code(), "workflow_not_published", "{:?}", now_draft.body);
+    let now_live = post(&app, "/workflows/draft-hook", None, Some(&json!({}))).await;
+    assert_eq!(now_live.status, 202, "{:?}", now_live.body);
 }
 
 #[tokio::test]

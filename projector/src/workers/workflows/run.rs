@@ -57,7 +57,7 @@ struct InFlight {
 }
 
 /// A run's row as a tick reads it and writes it back.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct Row {
     run_id: String,
     workflow_id: String,
@@ -75,23 +75,38 @@ struct Row {
     passes: BTreeMap<String, u32>,
     input: Vec<u8>,
     outputs: Option<Vec<u8>>,
+    /// The workflow's pause control, read with the row.
+    control_paused: bool,
+    /// The data key that seals the run's input and outputs (none: erased), read with the row.
+    keys: shared::crypto::Keys,
 }
 
+/// The run's row under the lease `token`, with its workflow's pause control and its data key,
+/// in one statement.
 async fn load_row(client: &impl GenericClient, run_id: &str, token: Uuid) -> anyhow::Result<Option<Row>> {
     let statement = client
         .prepare_cached(
             "SELECT run_id, workflow_id, space_id, revision, contact_id, status, step_id, step_count, version, paused,
-                    in_flight, waiting_schema, matched_event, passes, input, outputs
-             FROM workflow_runs WHERE run_id = $1 AND lease_token = $2",
+                    in_flight, waiting_schema, matched_event, passes, input, outputs,
+                    COALESCE((SELECT c.paused FROM workflow_controls c WHERE c.workflow_id = r.workflow_id), false),
+                    (SELECT k.wrapped_key FROM subject_keys k WHERE k.subject_id = COALESCE(r.contact_id, r.run_id))
+             FROM workflow_runs r WHERE run_id = $1 AND lease_token = $2",
         )
         .await?;
     let Some(row) = client.query_opt(&statement, &[&run_id, &token]).await? else { return Ok(None) };
+    let contact_id: Option<String> = row.get(4);
+    let subject = contact_id.clone().unwrap_or_else(|| run_id.to_owned());
+    let mut keys = shared::crypto::Keys::default();
+    if let Some(wrapped) = row.get::<_, Option<Vec<u8>>>(17) {
+        let key = shared::crypto::keyring()?.unwrap_key(&subject, &wrapped)?;
+        keys.insert(subject, key);
+    }
     Ok(Some(Row {
         run_id: row.get(0),
         workflow_id: row.get(1),
         space_id: row.get(2),
         revision: row.get(3),
-        contact_id: row.get(4),
+        contact_id,
         status: row.get(5),
         step_id: row.get(6),
         step_count: row.get(7),
@@ -103,6 +118,8 @@ async fn load_row(client: &impl GenericClient, run_id: &str, token: Uuid) -> any
         passes: serde_json::from_value(row.get(13))?,
         input: row.get(14),
         outputs: row.get(15),
+        control_paused: row.get(16),
+        keys,
     }))
 }
 
@@ -434,16 +451,10 @@ async fn decide(
     allowance_refused: bool,
 ) -> anyhow::Result<Tick> {
     let now = shared::time::now_millis();
-    let client = inner.pool.get().await?;
-    let paused: bool = client
-        .query_opt("SELECT paused FROM workflow_controls WHERE workflow_id = $1", &[&row.workflow_id])
-        .await?
-        .is_some_and(|row| row.get(0));
-    let keys = shared::crypto::load_keys(&client, &[subject(&row)]).await?;
-    drop(client);
-    let input = open_json(&row.input, &keys, true)?;
+    let (paused, keys) = (row.control_paused, &row.keys);
+    let input = open_json(&row.input, keys, true)?;
     let outputs: BTreeMap<String, Value> = match &row.outputs {
-        Some(sealed) => open_json(sealed, &keys, false)?.and_then(|value| serde_json::from_value(value).ok()),
+        Some(sealed) => open_json(sealed, keys, false)?.and_then(|value| serde_json::from_value(value).ok()),
         None => Some(BTreeMap::new()),
     }
     .unwrap_or_default();
@@ -1036,11 +1047,7 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
     let row = &tick.row;
     let count = i64::try_from(tick.events.len()).unwrap_or(0);
     let outputs = if tick.outputs_changed {
-        let keys = {
-            let client = inner.pool.get().await?;
-            shared::crypto::load_keys(&client, &[subject(row)]).await?
-        };
-        let Some(key) = keys.get(&subject(row)) else {
+        let Some(key) = row.keys.get(&subject(row)) else {
             return Err(AppendError::Failed(format!("run {} has no data key", row.run_id)));
         };
         let json = serde_json::to_string(&tick.outputs).map_err(|error| AppendError::Failed(error.to_string()))?;
