@@ -95,41 +95,44 @@ impl Engine {
         let free = self.0.slots.available_permits() + 1;
         let token = Uuid::now_v7();
         let client = self.0.pool.get().await?;
+        // The claim returns what each run's first tick reads.
         let statement = client
-            .prepare_cached(
-                "UPDATE workflow_runs SET lease_token = $1, lease_until = clock_timestamp() + make_interval(secs => $3)
-                 WHERE run_id IN (
+            .prepare_cached(&format!(
+                "UPDATE workflow_runs r SET lease_token = $1, lease_until = clock_timestamp() + make_interval(secs => $3)
+                 WHERE r.run_id IN (
                      SELECT run_id FROM workflow_runs
                      WHERE due_at <= clock_timestamp() AND (lease_until IS NULL OR lease_until < clock_timestamp())
                      ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-                 RETURNING run_id",
-            )
+                 RETURNING {}",
+                run::ROW
+            ))
             .await?;
         let limit = i64::try_from(free).unwrap_or(1);
-        let claimed: Vec<String> = client
-            .query(&statement, &[&token, &limit, &self.0.lease().as_secs_f64()])
-            .await?
-            .into_iter()
-            .map(|row| row.get(0))
-            .collect();
+        let rows = client.query(&statement, &[&token, &limit, &self.0.lease().as_secs_f64()]).await?;
         drop(client);
+        let claimed = rows.len();
         let mut first = Some(first);
-        for run_id in &claimed {
+        for row in &rows {
             let permit = match first.take() {
                 Some(permit) => permit,
                 None => self.0.slots.clone().acquire_owned().await?,
             };
             let inner = self.0.clone();
-            let run_id = run_id.clone();
+            let run_id: String = row.get(0);
+            let read = run::Row::read(row);
             tokio::spawn(async move {
-                if let Err(error) = run::advance(&inner, &run_id, token).await {
+                let advanced = match read {
+                    Ok(row) => run::advance(&inner, row, token).await,
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = advanced {
                     tracing::warn!(run = %run_id, error = format!("{error:#}"), "a workflow run will be tried again");
                     run::back_off(&inner.pool, &run_id, token).await;
                 }
                 drop(permit);
             });
         }
-        Ok(if claimed.len() >= free { Outcome::Progressed } else { Outcome::Idle })
+        Ok(if claimed >= free { Outcome::Progressed } else { Outcome::Idle })
     }
 }
 

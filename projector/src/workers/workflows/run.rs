@@ -58,7 +58,7 @@ struct InFlight {
 
 /// A run's row as a tick reads it and writes it back.
 #[derive(Clone)]
-struct Row {
+pub(super) struct Row {
     run_id: String,
     workflow_id: String,
     space_id: String,
@@ -81,46 +81,53 @@ struct Row {
     keys: shared::crypto::Keys,
 }
 
-/// The run's row under the lease `token`, with its workflow's pause control and its data key,
-/// in one statement.
+/// What a tick reads of a run (`r`, a `workflow_runs` row), with its workflow's pause control
+/// and its data key: the claim returns it, and a later tick of the same claim reads it again.
+pub(super) const ROW: &str = "r.run_id, r.workflow_id, r.space_id, r.revision, r.contact_id, r.status, r.step_id,
+    r.step_count, r.version, r.paused, r.in_flight, r.waiting_schema, r.matched_event, r.passes, r.input, r.outputs,
+    COALESCE((SELECT c.paused FROM workflow_controls c WHERE c.workflow_id = r.workflow_id), false),
+    (SELECT k.wrapped_key FROM subject_keys k WHERE k.subject_id = COALESCE(r.contact_id, r.run_id))";
+
+/// The run's row under the lease `token` (see [`ROW`]).
 async fn load_row(client: &impl GenericClient, run_id: &str, token: Uuid) -> anyhow::Result<Option<Row>> {
     let statement = client
-        .prepare_cached(
-            "SELECT run_id, workflow_id, space_id, revision, contact_id, status, step_id, step_count, version, paused,
-                    in_flight, waiting_schema, matched_event, passes, input, outputs,
-                    COALESCE((SELECT c.paused FROM workflow_controls c WHERE c.workflow_id = r.workflow_id), false),
-                    (SELECT k.wrapped_key FROM subject_keys k WHERE k.subject_id = COALESCE(r.contact_id, r.run_id))
-             FROM workflow_runs r WHERE run_id = $1 AND lease_token = $2",
-        )
+        .prepare_cached(&format!("SELECT {ROW} FROM workflow_runs r WHERE r.run_id = $1 AND r.lease_token = $2"))
         .await?;
-    let Some(row) = client.query_opt(&statement, &[&run_id, &token]).await? else { return Ok(None) };
-    let contact_id: Option<String> = row.get(4);
-    let subject = contact_id.clone().unwrap_or_else(|| run_id.to_owned());
-    let mut keys = shared::crypto::Keys::default();
-    if let Some(wrapped) = row.get::<_, Option<Vec<u8>>>(17) {
-        let key = shared::crypto::keyring()?.unwrap_key(&subject, &wrapped)?;
-        keys.insert(subject, key);
+    client.query_opt(&statement, &[&run_id, &token]).await?.as_ref().map(Row::read).transpose()
+}
+
+impl Row {
+    /// A row selected as [`ROW`], its data key unwrapped.
+    pub(super) fn read(row: &tokio_postgres::Row) -> anyhow::Result<Self> {
+        let run_id: String = row.get(0);
+        let contact_id: Option<String> = row.get(4);
+        let subject = contact_id.clone().unwrap_or_else(|| run_id.clone());
+        let mut keys = shared::crypto::Keys::default();
+        if let Some(wrapped) = row.get::<_, Option<Vec<u8>>>(17) {
+            let key = shared::crypto::keyring()?.unwrap_key(&subject, &wrapped)?;
+            keys.insert(subject, key);
+        }
+        Ok(Row {
+            run_id,
+            workflow_id: row.get(1),
+            space_id: row.get(2),
+            revision: row.get(3),
+            contact_id,
+            status: row.get(5),
+            step_id: row.get(6),
+            step_count: row.get(7),
+            version: row.get(8),
+            paused: row.get(9),
+            in_flight: row.get::<_, Option<Value>>(10).map(serde_json::from_value).transpose()?,
+            waiting_schema: row.get(11),
+            matched_event: row.get(12),
+            passes: serde_json::from_value(row.get(13))?,
+            input: row.get(14),
+            outputs: row.get(15),
+            control_paused: row.get(16),
+            keys,
+        })
     }
-    Ok(Some(Row {
-        run_id: row.get(0),
-        workflow_id: row.get(1),
-        space_id: row.get(2),
-        revision: row.get(3),
-        contact_id,
-        status: row.get(5),
-        step_id: row.get(6),
-        step_count: row.get(7),
-        version: row.get(8),
-        paused: row.get(9),
-        in_flight: row.get::<_, Option<Value>>(10).map(serde_json::from_value).transpose()?,
-        waiting_schema: row.get(11),
-        matched_event: row.get(12),
-        passes: serde_json::from_value(row.get(13))?,
-        input: row.get(14),
-        outputs: row.get(15),
-        control_paused: row.get(16),
-        keys,
-    }))
 }
 
 /// After a failed tick: the run is due again in a few seconds, its lease given back.
@@ -182,14 +189,23 @@ struct Tick {
     email: Option<Prepared>,
 }
 
-/// Advances a claimed run by one transition (two around a webhook call).
-pub(super) async fn advance(inner: &Arc<Inner>, run_id: &str, token: Uuid) -> anyhow::Result<()> {
+/// Advances a claimed run by one transition (two around a webhook call), from the row its
+/// claim returned.
+pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> anyhow::Result<()> {
+    let run_id = claimed.run_id.clone();
+    let run_id = run_id.as_str();
+    let mut claimed = Some(claimed);
     let mut outcome = None;
     let mut allowance_refused = false;
     loop {
-        let client = inner.pool.get().await?;
-        let Some(row) = load_row(&client, run_id, token).await? else { return Ok(()) };
-        drop(client);
+        let row = match claimed.take() {
+            Some(row) => row,
+            None => {
+                let client = inner.pool.get().await?;
+                let Some(row) = load_row(&client, run_id, token).await? else { return Ok(()) };
+                row
+            }
+        };
         let definition = definition(inner, &row.workflow_id, row.revision).await?;
         let mut tick = decide(inner, row, &definition, outcome.take(), allowance_refused).await?;
         let email = tick.email.take();
