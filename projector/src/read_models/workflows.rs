@@ -4,6 +4,9 @@
 //! check covers a workflow and its runs. Totals are maintained counters. Every fold takes its
 //! times from the events' own fields, so a rebuild gives the same rows.
 
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
 use deadpool_postgres::Transaction;
 use serde_json::{Value, json};
 use shared::events::LogEvent;
@@ -80,135 +83,537 @@ fn error_of(code: &str, message: &str) -> Option<Value> {
     (!code.is_empty()).then(|| json!({"code": code, "message": message}))
 }
 
-pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &StoredEvent) -> anyhow::Result<()> {
-    match event.decode()? {
-        LogEvent::ResourceDefined(resource) if resource.kind == WORKFLOW => {
-            let definition: WorkflowDef = serde_json::from_str(&resource.definition_json)?;
-            let paused: bool = transaction
-                .query_opt(
-                    &format!("SELECT paused FROM {s}.workflows WHERE workflow_id = $1"),
-                    &[&resource.resource_id],
-                )
-                .await?
-                .is_some_and(|row| row.get(0));
-            let doc = definition.document(&resource.resource_id, resource.revision, paused);
-            let statement = transaction
-                .prepare_cached(&format!(
-                    "WITH written AS (
-                         INSERT INTO {s}.workflows (workflow_id, space_id, slug, revision, definition, paused, doc)
-                         VALUES ($1, $2, $3, $4, $5, false, $6)
-                         ON CONFLICT (workflow_id) DO UPDATE SET slug = EXCLUDED.slug, revision = EXCLUDED.revision,
-                             definition = EXCLUDED.definition, doc = EXCLUDED.doc
-                         RETURNING space_id, (xmax = 0) AS inserted)
-                     INSERT INTO {s}.workflow_counts (space_id, total) SELECT space_id, 1 FROM written WHERE inserted
-                     ON CONFLICT (space_id) DO UPDATE SET total = workflow_counts.total + 1"
-                ))
-                .await?;
-            let stored = serde_json::to_value(&definition)?;
-            transaction
-                .execute(
-                    &statement,
-                    &[&resource.resource_id, &resource.space_id, &definition.slug, &resource.revision, &stored, &doc],
-                )
-                .await?;
+/// Applies a batch: authoring changes (definitions, pauses) one by one, and the runs' events
+/// folded per run and per history record in memory, then written set-wise: a statement for
+/// the new runs, one for the changed ones, one for the counters and two for the history,
+/// whatever the batch holds. The fold is what applying the events one by one would leave.
+pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[StoredEvent]) -> anyhow::Result<()> {
+    let mut runs = Vec::new();
+    for event in events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())) {
+        let decoded = event.decode()?;
+        match decoded {
+            LogEvent::ResourceDefined(resource) if resource.kind == WORKFLOW => {
+                define(transaction, s, &resource).await?
+            }
+            LogEvent::WorkflowPaused(paused) => set_paused(transaction, s, &paused.workflow_id, true).await?,
+            LogEvent::WorkflowUnpaused(unpaused) => set_paused(transaction, s, &unpaused.workflow_id, false).await?,
+            LogEvent::ResourceDefined(_) => {}
+            other => runs.push(other),
         }
-        LogEvent::WorkflowPaused(paused) => set_paused(transaction, s, &paused.workflow_id, true).await?,
-        LogEvent::WorkflowUnpaused(unpaused) => set_paused(transaction, s, &unpaused.workflow_id, false).await?,
-        LogEvent::WorkflowRunRequested(requested) => {
-            let contact_id = Some(requested.contact_id.clone()).filter(|id| !id.is_empty());
-            let inserted = transaction
-                .execute(
-                    &format!(
-                        "INSERT INTO {s}.runs (run_id, workflow_id, space_id, status, contact_id, trigger_type, trigger_id,
-                             requested_at)
-                         VALUES ($1, $2, $3, 'waiting', $4, $5, $6, $7) ON CONFLICT (run_id) DO NOTHING"
-                    ),
-                    &[
-                        &requested.run_id,
-                        &requested.workflow_id,
-                        &requested.space_id,
-                        &contact_id,
-                        &requested.trigger,
-                        &requested.trigger_id,
-                        &at(requested.requested_at_ms),
-                    ],
-                )
-                .await?;
-            if inserted == 1 {
-                count(transaction, s, &requested.workflow_id, "waiting", 1).await?;
+    }
+    if runs.is_empty() {
+        return Ok(());
+    }
+    let mut fold = Fold::load(transaction, s, &runs).await?;
+    for event in runs {
+        fold.apply(event);
+    }
+    fold.write(transaction, s).await
+}
+
+async fn define(
+    transaction: &Transaction<'_>,
+    s: &str,
+    resource: &shared::proto::ResourceDefined,
+) -> anyhow::Result<()> {
+    let definition: WorkflowDef = serde_json::from_str(&resource.definition_json)?;
+    let paused: bool = transaction
+        .query_opt(&format!("SELECT paused FROM {s}.workflows WHERE workflow_id = $1"), &[&resource.resource_id])
+        .await?
+        .is_some_and(|row| row.get(0));
+    let doc = definition.document(&resource.resource_id, resource.revision, paused);
+    let statement = transaction
+        .prepare_cached(&format!(
+            "WITH written AS (
+                 INSERT INTO {s}.workflows (workflow_id, space_id, slug, revision, definition, paused, doc)
+                 VALUES ($1, $2, $3, $4, $5, false, $6)
+                 ON CONFLICT (workflow_id) DO UPDATE SET slug = EXCLUDED.slug, revision = EXCLUDED.revision,
+                     definition = EXCLUDED.definition, doc = EXCLUDED.doc
+                 RETURNING space_id, (xmax = 0) AS inserted)
+             INSERT INTO {s}.workflow_counts (space_id, total) SELECT space_id, 1 FROM written WHERE inserted
+             ON CONFLICT (space_id) DO UPDATE SET total = workflow_counts.total + 1"
+        ))
+        .await?;
+    let stored = serde_json::to_value(&definition)?;
+    transaction
+        .execute(
+            &statement,
+            &[&resource.resource_id, &resource.space_id, &definition.slug, &resource.revision, &stored, &doc],
+        )
+        .await?;
+    Ok(())
+}
+
+/// A run as the batch leaves it.
+struct Run {
+    workflow_id: String,
+    /// Its status before the batch; `None` for a run the batch requested.
+    initial: Option<String>,
+    /// What a run the batch requested is inserted with.
+    requested: Option<shared::proto::WorkflowRunRequested>,
+    status: String,
+    started_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    error: Option<Value>,
+    step_count: i32,
+    current_step_id: Option<String>,
+    changed: bool,
+}
+
+/// A history record as the batch leaves it.
+struct Record {
+    step_id: String,
+    step_type: String,
+    started_at: DateTime<Utc>,
+    /// Its status, end and error, once finished in the batch.
+    finished: Option<(String, DateTime<Utc>, Option<Value>)>,
+}
+
+/// The batch's runs and history records.
+#[derive(Default)]
+struct Fold {
+    runs: HashMap<String, Run>,
+    records: BTreeMap<(String, i32), Record>,
+}
+
+fn run_of(event: &LogEvent) -> Option<&str> {
+    Some(match event {
+        LogEvent::WorkflowRunRequested(event) => &event.run_id,
+        LogEvent::WorkflowRunStarted(event) => &event.run_id,
+        LogEvent::WorkflowStepStarted(event) => &event.run_id,
+        LogEvent::WorkflowRunSleeping(event) => &event.run_id,
+        LogEvent::WorkflowStepFinished(event) => &event.run_id,
+        LogEvent::WorkflowRunPaused(event) => &event.run_id,
+        LogEvent::WorkflowRunResumed(event) => &event.run_id,
+        LogEvent::WorkflowRunFinished(event) => &event.run_id,
+        _ => return None,
+    })
+}
+
+fn is_finished(status: &str) -> bool {
+    ["completed", "exited", "failed"].contains(&status)
+}
+
+impl Fold {
+    /// The runs the events touch, as stored before the batch.
+    async fn load(transaction: &Transaction<'_>, s: &str, events: &[LogEvent]) -> anyhow::Result<Self> {
+        let mut ids: Vec<&str> = events.iter().filter_map(run_of).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let statement = transaction
+            .prepare_cached(&format!(
+                "SELECT r.run_id, r.workflow_id, r.status, r.started_at, r.finished_at, r.error, r.step_count,
+                        r.current_step_id
+                 FROM unnest($1::text[]) AS q(run_id)
+                 CROSS JOIN LATERAL (SELECT * FROM {s}.runs WHERE run_id = q.run_id OFFSET 0) r"
+            ))
+            .await?;
+        let mut fold = Fold::default();
+        for row in transaction.query(&statement, &[&ids]).await? {
+            let status: String = row.get(2);
+            fold.runs.insert(
+                row.get(0),
+                Run {
+                    workflow_id: row.get(1),
+                    initial: Some(status.clone()),
+                    requested: None,
+                    status,
+                    started_at: row.get(3),
+                    finished_at: row.get(4),
+                    error: row.get(5),
+                    step_count: row.get(6),
+                    current_step_id: row.get(7),
+                    changed: false,
+                },
+            );
+        }
+        Ok(fold)
+    }
+
+    fn apply(&mut self, event: LogEvent) {
+        match event {
+            // A run stored before is requested again only by a replay: nothing changes.
+            LogEvent::WorkflowRunRequested(requested) if !self.runs.contains_key(&requested.run_id) => {
+                let run = Run {
+                    workflow_id: requested.workflow_id.clone(),
+                    initial: None,
+                    requested: None,
+                    status: "waiting".to_owned(),
+                    started_at: None,
+                    finished_at: None,
+                    error: None,
+                    step_count: 0,
+                    current_step_id: None,
+                    changed: true,
+                };
+                self.runs.insert(requested.run_id.clone(), Run { requested: Some(requested), ..run });
+            }
+            LogEvent::WorkflowRunStarted(started) => {
+                self.set_status(&started.run_id, "running", Some(started.at_ms), None);
+            }
+            LogEvent::WorkflowStepStarted(started) => {
+                self.records.entry((started.run_id.clone(), started.index)).or_insert_with(|| Record {
+                    step_id: started.step_id.clone(),
+                    step_type: started.step_type.clone(),
+                    started_at: at(started.at_ms),
+                    finished: None,
+                });
+                if let Some(run) = self.runs.get_mut(&started.run_id) {
+                    run.step_count = run.step_count.max(started.index);
+                    run.current_step_id = Some(started.step_id);
+                    run.changed = true;
+                }
+            }
+            LogEvent::WorkflowRunSleeping(sleeping) => self.set_status(&sleeping.run_id, "sleeping", None, None),
+            LogEvent::WorkflowStepFinished(finished) => {
+                let error = error_of(&finished.error_code, &finished.error_message);
+                let record = self.records.entry((finished.run_id.clone(), finished.index)).or_insert_with(|| Record {
+                    step_id: finished.step_id.clone(),
+                    step_type: finished.step_type.clone(),
+                    started_at: at(finished.started_at_ms),
+                    finished: None,
+                });
+                record.finished = Some((finished.status.clone(), at(finished.at_ms), error));
+                if let Some(run) = self.runs.get_mut(&finished.run_id) {
+                    run.step_count = run.step_count.max(finished.index);
+                    run.current_step_id = Some(finished.next_step_id.clone()).filter(|id| !id.is_empty());
+                    run.changed = true;
+                }
+                self.set_status(&finished.run_id, "running", None, None);
+            }
+            LogEvent::WorkflowRunPaused(paused) => self.set_status(&paused.run_id, "waiting", None, None),
+            LogEvent::WorkflowRunResumed(resumed) => self.set_status(&resumed.run_id, "running", None, None),
+            LogEvent::WorkflowRunFinished(finished) => {
+                let error = error_of(&finished.error_code, &finished.error_message);
+                self.set_status(&finished.run_id, &finished.status, None, Some((finished.at_ms, error)));
+            }
+            _ => {}
+        }
+    }
+
+    /// Moves a run to `status`, with its start or its end; a finished run stays finished.
+    fn set_status(
+        &mut self,
+        run_id: &str,
+        status: &str,
+        started_at_ms: Option<i64>,
+        end: Option<(i64, Option<Value>)>,
+    ) {
+        let Some(run) = self.runs.get_mut(run_id) else { return };
+        if is_finished(&run.status) {
+            return;
+        }
+        run.status = status.to_owned();
+        run.started_at = run.started_at.or(started_at_ms.map(at));
+        if let Some((at_ms, error)) = end {
+            run.finished_at = Some(at(at_ms));
+            run.error = error.or(run.error.take());
+            run.current_step_id = None;
+        }
+        run.changed = true;
+    }
+
+    async fn write(self, transaction: &Transaction<'_>, s: &str) -> anyhow::Result<()> {
+        let mut new = NewRuns::default();
+        let mut changed = ChangedRuns::default();
+        let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
+        for (run_id, run) in self.runs {
+            if !run.changed {
+                continue;
+            }
+            if let Some(initial) = &run.initial {
+                if *initial != run.status {
+                    *counts.entry((run.workflow_id.clone(), initial.clone())).or_default() -= 1;
+                    *counts.entry((run.workflow_id.clone(), run.status.clone())).or_default() += 1;
+                }
+            } else {
+                *counts.entry((run.workflow_id.clone(), run.status.clone())).or_default() += 1;
+            }
+            match run.requested {
+                Some(requested) => new.push(
+                    run_id,
+                    requested,
+                    run.status,
+                    (run.started_at, run.finished_at),
+                    run.error,
+                    (run.step_count, run.current_step_id),
+                ),
+                None => changed.push(
+                    run_id,
+                    run.status,
+                    (run.started_at, run.finished_at),
+                    run.error,
+                    (run.step_count, run.current_step_id),
+                ),
             }
         }
-        LogEvent::WorkflowRunStarted(started) => {
-            set_status(transaction, s, &started.run_id, "running", Some(started.at_ms), None).await?;
+        new.write(transaction, s).await?;
+        changed.write(transaction, s).await?;
+        write_counts(transaction, s, counts).await?;
+        write_history(transaction, s, self.records).await
+    }
+}
+
+/// Runs the batch requested, column by column.
+#[derive(Default)]
+struct NewRuns {
+    run_ids: Vec<String>,
+    workflow_ids: Vec<String>,
+    space_ids: Vec<String>,
+    statuses: Vec<String>,
+    contact_ids: Vec<Option<String>>,
+    trigger_types: Vec<String>,
+    trigger_ids: Vec<String>,
+    requested_at: Vec<DateTime<Utc>>,
+    started_at: Vec<Option<DateTime<Utc>>>,
+    finished_at: Vec<Option<DateTime<Utc>>>,
+    errors: Vec<Option<Value>>,
+    step_counts: Vec<i32>,
+    current_step_ids: Vec<Option<String>>,
+}
+
+type Times = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
+impl NewRuns {
+    fn push(
+        &mut self,
+        run_id: String,
+        requested: shared::proto::WorkflowRunRequested,
+        status: String,
+        (started_at, finished_at): Times,
+        error: Option<Value>,
+        (step_count, current_step_id): (i32, Option<String>),
+    ) {
+        self.run_ids.push(run_id);
+        self.workflow_ids.push(requested.workflow_id);
+        self.space_ids.push(requested.space_id);
+        self.statuses.push(status);
+        self.contact_ids.push(Some(requested.contact_id).filter(|id| !id.is_empty()));
+        self.trigger_types.push(requested.trigger);
+        self.trigger_ids.push(requested.trigger_id);
+        self.requested_at.push(at(requested.requested_at_ms));
+        self.started_at.push(started_at);
+        self.finished_at.push(finished_at);
+        self.errors.push(error);
+        self.step_counts.push(step_count);
+        self.current_step_ids.push(current_step_id);
+    }
+
+    async fn write(&self, transaction: &Transaction<'_>, s: &str) -> anyhow::Result<()> {
+        if self.run_ids.is_empty() {
+            return Ok(());
         }
-        LogEvent::WorkflowStepStarted(started) => {
-            transaction
-                .execute(
-                    &format!(
-                        "INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at)
-                         VALUES ($1, $2, $3, $4, 'running', $5) ON CONFLICT (run_id, index) DO NOTHING"
-                    ),
-                    &[&started.run_id, &started.index, &started.step_id, &started.step_type, &at(started.at_ms)],
-                )
-                .await?;
-            transaction
-                .execute(
-                    &format!(
-                        "UPDATE {s}.runs SET step_count = GREATEST(step_count, $2), current_step_id = $3 WHERE run_id = $1"
-                    ),
-                    &[&started.run_id, &started.index, &started.step_id],
-                )
-                .await?;
+        let statement = transaction
+            .prepare_cached(&format!(
+                "INSERT INTO {s}.runs (run_id, workflow_id, space_id, status, contact_id, trigger_type, trigger_id,
+                     requested_at, started_at, finished_at, error, step_count, current_step_id)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                     $8::timestamptz[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[], $12::int4[], $13::text[])
+                 ON CONFLICT (run_id) DO NOTHING"
+            ))
+            .await?;
+        transaction
+            .execute(
+                &statement,
+                &[
+                    &self.run_ids,
+                    &self.workflow_ids,
+                    &self.space_ids,
+                    &self.statuses,
+                    &self.contact_ids,
+                    &self.trigger_types,
+                    &self.trigger_ids,
+                    &self.requested_at,
+                    &self.started_at,
+                    &self.finished_at,
+                    &self.errors,
+                    &self.step_counts,
+                    &self.current_step_ids,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// Stored runs the batch changed, column by column.
+#[derive(Default)]
+struct ChangedRuns {
+    run_ids: Vec<String>,
+    statuses: Vec<String>,
+    started_at: Vec<Option<DateTime<Utc>>>,
+    finished_at: Vec<Option<DateTime<Utc>>>,
+    errors: Vec<Option<Value>>,
+    step_counts: Vec<i32>,
+    current_step_ids: Vec<Option<String>>,
+}
+
+impl ChangedRuns {
+    fn push(
+        &mut self,
+        run_id: String,
+        status: String,
+        (started_at, finished_at): Times,
+        error: Option<Value>,
+        (step_count, current_step_id): (i32, Option<String>),
+    ) {
+        self.run_ids.push(run_id);
+        self.statuses.push(status);
+        self.started_at.push(started_at);
+        self.finished_at.push(finished_at);
+        self.errors.push(error);
+        self.step_counts.push(step_count);
+        self.current_step_ids.push(current_step_id);
+    }
+
+    async fn write(&self, transaction: &Transaction<'_>, s: &str) -> anyhow::Result<()> {
+        if self.run_ids.is_empty() {
+            return Ok(());
         }
-        LogEvent::WorkflowRunSleeping(sleeping) => {
-            set_status(transaction, s, &sleeping.run_id, "sleeping", None, None).await?;
+        let statement = transaction
+            .prepare_cached(&format!(
+                "UPDATE {s}.runs r SET status = u.status, started_at = u.started_at, finished_at = u.finished_at,
+                     error = u.error, step_count = u.step_count, current_step_id = u.current_step_id
+                 FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::jsonb[], $6::int4[],
+                     $7::text[]) AS u(run_id, status, started_at, finished_at, error, step_count, current_step_id)
+                 WHERE r.run_id = u.run_id"
+            ))
+            .await?;
+        transaction
+            .execute(
+                &statement,
+                &[
+                    &self.run_ids,
+                    &self.statuses,
+                    &self.started_at,
+                    &self.finished_at,
+                    &self.errors,
+                    &self.step_counts,
+                    &self.current_step_ids,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// Adds the batch's net moves between statuses to the counters, in one statement.
+async fn write_counts(
+    transaction: &Transaction<'_>,
+    s: &str,
+    counts: BTreeMap<(String, String), i64>,
+) -> anyhow::Result<()> {
+    let (mut workflow_ids, mut statuses, mut deltas) = (Vec::new(), Vec::new(), Vec::new());
+    for ((workflow_id, status), delta) in counts {
+        if delta != 0 {
+            workflow_ids.push(workflow_id);
+            statuses.push(status);
+            deltas.push(delta);
         }
-        LogEvent::WorkflowStepFinished(finished) => {
-            let error = error_of(&finished.error_code, &finished.error_message);
-            transaction
-                .execute(
-                    &format!(
-                        "INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                         ON CONFLICT (run_id, index) DO UPDATE SET status = EXCLUDED.status,
-                             finished_at = EXCLUDED.finished_at, error = EXCLUDED.error"
-                    ),
-                    &[
-                        &finished.run_id,
-                        &finished.index,
-                        &finished.step_id,
-                        &finished.step_type,
-                        &finished.status,
-                        &at(finished.started_at_ms),
-                        &at(finished.at_ms),
-                        &error,
-                    ],
-                )
-                .await?;
-            let next = Some(finished.next_step_id.clone()).filter(|id| !id.is_empty());
-            transaction
-                .execute(
-                    &format!(
-                        "UPDATE {s}.runs SET step_count = GREATEST(step_count, $2), current_step_id = $3 WHERE run_id = $1"
-                    ),
-                    &[&finished.run_id, &finished.index, &next],
-                )
-                .await?;
-            set_status(transaction, s, &finished.run_id, "running", None, None).await?;
-        }
-        LogEvent::WorkflowRunPaused(paused) => {
-            set_status(transaction, s, &paused.run_id, "waiting", None, None).await?
-        }
-        LogEvent::WorkflowRunResumed(resumed) => {
-            set_status(transaction, s, &resumed.run_id, "running", None, None).await?;
-        }
-        LogEvent::WorkflowRunFinished(finished) => {
-            let error = error_of(&finished.error_code, &finished.error_message);
-            set_status(transaction, s, &finished.run_id, &finished.status, None, Some((finished.at_ms, error))).await?;
-        }
-        _ => {}
+    }
+    if workflow_ids.is_empty() {
+        return Ok(());
+    }
+    let statement = transaction
+        .prepare_cached(&format!(
+            "INSERT INTO {s}.run_counts (workflow_id, status, total)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+             ON CONFLICT (workflow_id, status) DO UPDATE SET total = run_counts.total + EXCLUDED.total"
+        ))
+        .await?;
+    transaction.execute(&statement, &[&workflow_ids, &statuses, &deltas]).await?;
+    Ok(())
+}
+
+/// Writes the batch's history records: started ones where absent, finished ones over what is
+/// there (keeping its start).
+async fn write_history(
+    transaction: &Transaction<'_>,
+    s: &str,
+    records: BTreeMap<(String, i32), Record>,
+) -> anyhow::Result<()> {
+    let (mut started, mut finished) = (HistoryColumns::default(), HistoryColumns::default());
+    for ((run_id, index), record) in records {
+        let columns = if record.finished.is_some() { &mut finished } else { &mut started };
+        columns.push(run_id, index, record);
+    }
+    if !started.run_ids.is_empty() {
+        let statement = transaction
+            .prepare_cached(&format!(
+                "INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error)
+                 SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
+                     $7::timestamptz[], $8::jsonb[])
+                 ON CONFLICT (run_id, index) DO NOTHING"
+            ))
+            .await?;
+        started.execute(transaction, &statement).await?;
+    }
+    if !finished.run_ids.is_empty() {
+        let statement = transaction
+            .prepare_cached(&format!(
+                "INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error)
+                 SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
+                     $7::timestamptz[], $8::jsonb[])
+                 ON CONFLICT (run_id, index) DO UPDATE SET status = EXCLUDED.status,
+                     finished_at = EXCLUDED.finished_at, error = EXCLUDED.error"
+            ))
+            .await?;
+        finished.execute(transaction, &statement).await?;
     }
     Ok(())
+}
+
+/// History records, column by column.
+#[derive(Default)]
+struct HistoryColumns {
+    run_ids: Vec<String>,
+    indexes: Vec<i32>,
+    step_ids: Vec<String>,
+    types: Vec<String>,
+    statuses: Vec<String>,
+    started_at: Vec<DateTime<Utc>>,
+    finished_at: Vec<Option<DateTime<Utc>>>,
+    errors: Vec<Option<Value>>,
+}
+
+impl HistoryColumns {
+    fn push(&mut self, run_id: String, index: i32, record: Record) {
+        let (status, finished_at, error) = match record.finished {
+            Some((status, finished_at, error)) => (status, Some(finished_at), error),
+            None => ("running".to_owned(), None, None),
+        };
+        self.run_ids.push(run_id);
+        self.indexes.push(index);
+        self.step_ids.push(record.step_id);
+        self.types.push(record.step_type);
+        self.statuses.push(status);
+        self.started_at.push(record.started_at);
+        self.finished_at.push(finished_at);
+        self.errors.push(error);
+    }
+
+    async fn execute(
+        &self,
+        transaction: &Transaction<'_>,
+        statement: &tokio_postgres::Statement,
+    ) -> anyhow::Result<()> {
+        transaction
+            .execute(
+                statement,
+                &[
+                    &self.run_ids,
+                    &self.indexes,
+                    &self.step_ids,
+                    &self.types,
+                    &self.statuses,
+                    &self.started_at,
+                    &self.finished_at,
+                    &self.errors,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
 }
 
 async fn set_paused(transaction: &Transaction<'_>, s: &str, workflow_id: &str, paused: bool) -> anyhow::Result<()> {
@@ -227,60 +632,7 @@ async fn set_paused(transaction: &Transaction<'_>, s: &str, workflow_id: &str, p
     Ok(())
 }
 
-/// Moves a run to `status` (keeping the counters), with its start or its end.
-async fn set_status(
-    transaction: &Transaction<'_>,
-    s: &str,
-    run_id: &str,
-    status: &str,
-    started_at_ms: Option<i64>,
-    finished: Option<(i64, Option<Value>)>,
-) -> anyhow::Result<()> {
-    let row = transaction
-        .query_opt(&format!("SELECT workflow_id, status FROM {s}.runs WHERE run_id = $1 FOR UPDATE"), &[&run_id])
-        .await?;
-    let Some(row) = row else { return Ok(()) };
-    let (workflow_id, previous): (String, String) = (row.get(0), row.get(1));
-    // A finished run stays finished (a replayed batch changes nothing).
-    if ["completed", "exited", "failed"].contains(&previous.as_str()) {
-        return Ok(());
-    }
-    let (finished_at, error) = match &finished {
-        Some((at_ms, error)) => (Some(at(*at_ms)), error.clone()),
-        None => (None, None),
-    };
-    transaction
-        .execute(
-            &format!(
-                "UPDATE {s}.runs SET status = $2, started_at = COALESCE(started_at, $3),
-                     finished_at = COALESCE($4, finished_at), error = COALESCE($5, error),
-                     current_step_id = CASE WHEN $4::timestamptz IS NULL THEN current_step_id END
-                 WHERE run_id = $1"
-            ),
-            &[&run_id, &status, &started_at_ms.map(at), &finished_at, &error],
-        )
-        .await?;
-    if previous != status {
-        count(transaction, s, &workflow_id, &previous, -1).await?;
-        count(transaction, s, &workflow_id, status, 1).await?;
-    }
-    Ok(())
-}
-
-async fn count(transaction: &Transaction<'_>, s: &str, workflow_id: &str, status: &str, by: i64) -> anyhow::Result<()> {
-    transaction
-        .execute(
-            &format!(
-                "INSERT INTO {s}.run_counts (workflow_id, status, total) VALUES ($1, $2, $3)
-                 ON CONFLICT (workflow_id, status) DO UPDATE SET total = run_counts.total + EXCLUDED.total"
-            ),
-            &[&workflow_id, &status, &by],
-        )
-        .await?;
-    Ok(())
-}
-
 read_model! {
     /// Workflows, their runs and their step histories.
-    Workflows = "workflows", each
+    Workflows = "workflows", batch
 }
