@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use shared::events::LogEvent;
-use shared::log::{AppendError, Guard};
+use shared::log::{AppendError, Guard, SetValue};
 use shared::workflows::{WORKFLOW, WorkflowDef};
 
 /// A workflow of the space as the catalog holds it.
@@ -148,8 +148,18 @@ pub struct NewRun<'a> {
     pub requested_at_ms: i64,
 }
 
-/// The engine's row of a new run, `waiting` and due at once, at version 1 of its stream.
+/// The engine's row of a new run, `waiting` and due at once, at version 1 of its stream (with
+/// a set form, so a batch of triggers inserts its rows in one statement).
 pub fn insert_run(run: NewRun<'_>) -> Guard {
+    let row = vec![
+        SetValue::Text(Some(run.run_id.to_owned())),
+        SetValue::Text(Some(run.workflow_id.to_owned())),
+        SetValue::Text(Some(run.space_id.to_owned())),
+        SetValue::BigInt(run.revision),
+        SetValue::Text(run.contact_id.map(str::to_owned)),
+        SetValue::Bytes(run.input.clone()),
+        SetValue::BigInt(run.requested_at_ms),
+    ];
     Guard::exactly_one(
         "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
              input, requested_at)
@@ -164,5 +174,14 @@ pub fn insert_run(run: NewRun<'_>) -> Guard {
             Box::new(run.requested_at_ms),
         ],
         AppendError::Failed("could not record the run".to_owned()),
+    )
+    .with_set(
+        "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
+             input, requested_at)
+         SELECT u.run_id, u.workflow_id, u.space_id, u.revision, u.contact_id, 'waiting', 1, clock_timestamp(),
+                u.input, to_timestamp(u.requested_at_ms::bigint / 1000.0)
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bigint[])
+             AS u(run_id, workflow_id, space_id, revision, contact_id, input, requested_at_ms)",
+        row,
     )
 }

@@ -23,7 +23,7 @@ use shared::email::outbox::{self, Prepared};
 use shared::email::send::{Authored, EmailTo, allowance_guard, schedule};
 use shared::error::Code;
 use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend};
 use shared::proto;
 use shared::records::{Loaded, RecordState};
 use shared::workflows::{Source, Step, StepKind, Wait, WorkflowDef, at_path, condition_document, run_stream_id};
@@ -1076,9 +1076,29 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
     let in_flight =
         row.in_flight.as_ref().map(serde_json::to_value).transpose().map_err(|e| AppendError::Failed(e.to_string()))?;
     let passes = serde_json::to_value(&row.passes).map_err(|error| AppendError::Failed(error.to_string()))?;
+    // The set form's row: the same values, with sentinels for what an array cannot hold as
+    // SQL NULL (no due time: -1; no call in flight: JSON null; no outputs: empty bytes).
+    let set_row = vec![
+        SetValue::Text(Some(row.run_id.clone())),
+        SetValue::Uuid(token),
+        SetValue::Text(Some(row.status.clone())),
+        SetValue::Text(row.step_id.clone()),
+        SetValue::Int(row.step_count),
+        SetValue::BigInt(tick.base_version + count),
+        SetValue::BigInt(tick.due_ms.unwrap_or(-1)),
+        SetValue::Int(i32::from(row.paused)),
+        SetValue::Json(in_flight.clone().unwrap_or(Value::Null)),
+        SetValue::Text(row.waiting_schema.clone()),
+        SetValue::Int(i32::from(tick.new_wait)),
+        SetValue::Json(passes.clone()),
+        SetValue::Bytes(outputs.clone().unwrap_or_default()),
+        SetValue::Int(i32::from(tick.finished)),
+        SetValue::Int(i32::from(tick.call.is_some())),
+    ];
     let mut guards: Vec<Guard> = Vec::new();
-    guards.push(Guard::exactly_one(
-        "UPDATE workflow_runs SET status = $3, step_id = $4, step_count = $5, version = $6,
+    guards.push(
+        Guard::exactly_one(
+            "UPDATE workflow_runs SET status = $3, step_id = $4, step_count = $5, version = $6,
              due_at = CASE WHEN $7::bigint IS NULL THEN NULL ELSE to_timestamp($7::bigint / 1000.0) END,
              paused = $8, in_flight = $9, waiting_schema = $10,
              waiting_after = CASE WHEN $11 THEN (SELECT position FROM log_head)
@@ -1088,26 +1108,50 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
              lease_token = CASE WHEN $15 THEN lease_token END,
              lease_until = CASE WHEN $15 THEN lease_until END
          WHERE run_id = $1 AND lease_token = $2",
-        vec![
-            Box::new(row.run_id.clone()),
-            Box::new(token),
-            Box::new(row.status.clone()),
-            Box::new(row.step_id.clone()),
-            Box::new(row.step_count),
-            Box::new(tick.base_version + count),
-            Box::new(tick.due_ms),
-            Box::new(row.paused),
-            Box::new(in_flight),
-            Box::new(row.waiting_schema.clone()),
-            Box::new(tick.new_wait),
-            Box::new(passes),
-            Box::new(outputs),
-            Box::new(tick.finished),
-            // A call keeps its lease while it goes out; every other transition gives it back.
-            Box::new(tick.call.is_some()),
-        ],
-        AppendError::Conflict { code: Code::ConcurrentModification, message: "the run's lease was lost".to_owned() },
-    ));
+            vec![
+                Box::new(row.run_id.clone()),
+                Box::new(token),
+                Box::new(row.status.clone()),
+                Box::new(row.step_id.clone()),
+                Box::new(row.step_count),
+                Box::new(tick.base_version + count),
+                Box::new(tick.due_ms),
+                Box::new(row.paused),
+                Box::new(in_flight),
+                Box::new(row.waiting_schema.clone()),
+                Box::new(tick.new_wait),
+                Box::new(passes),
+                Box::new(outputs),
+                Box::new(tick.finished),
+                // A call keeps its lease while it goes out; every other transition gives it back.
+                Box::new(tick.call.is_some()),
+            ],
+            AppendError::Conflict {
+                code: Code::ConcurrentModification,
+                message: "the run's lease was lost".to_owned(),
+            },
+        )
+        .with_set(
+            "UPDATE workflow_runs r SET status = u.status, step_id = u.step_id, step_count = u.step_count,
+             version = u.version,
+             due_at = CASE WHEN u.due_ms < 0 THEN NULL ELSE to_timestamp(u.due_ms::bigint / 1000.0) END,
+             paused = u.paused = 1, in_flight = NULLIF(u.in_flight, 'null'::jsonb), waiting_schema = u.waiting_schema,
+             waiting_after = CASE WHEN u.new_wait = 1 THEN (SELECT position FROM log_head)
+                                  WHEN u.waiting_schema IS NULL THEN NULL ELSE r.waiting_after END,
+             matched_event = CASE WHEN u.waiting_schema IS NULL OR u.new_wait = 1 THEN NULL ELSE r.matched_event END,
+             passes = u.passes, outputs = NULLIF(u.outputs, ''::bytea),
+             finished_at = CASE WHEN u.finished = 1 THEN clock_timestamp() END,
+             lease_token = CASE WHEN u.keep_lease = 1 THEN r.lease_token END,
+             lease_until = CASE WHEN u.keep_lease = 1 THEN r.lease_until END
+         FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::int4[], $6::bigint[], $7::bigint[],
+                     $8::int4[], $9::jsonb[], $10::text[], $11::int4[], $12::jsonb[], $13::bytea[], $14::int4[],
+                     $15::int4[])
+             AS u(run_id, token, status, step_id, step_count, version, due_ms, paused, in_flight, waiting_schema,
+                  new_wait, passes, outputs, finished, keep_lease)
+         WHERE r.run_id = u.run_id AND r.lease_token = u.token",
+            set_row,
+        ),
+    );
     guards.extend(std::mem::take(&mut tick.guards));
     let mut streams = std::mem::take(&mut tick.streams);
     if !tick.events.is_empty() {
