@@ -83,7 +83,8 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
     };
 
     // 2. Every projection version that holds data must have passed the deletion, and applied
-    // it: a deletion event that was dead-lettered removed nothing. (Deletion events are applied
+    // it: a deletion event that was dead-lettered removed nothing. A dead letter is named
+    // before a version that is only behind: it is the blocker that needs an operator. (Deletion events are applied
     // even in a quarantined space, so a quarantine elsewhere does not hold erasure back.)
     let laggard = client
         .query_opt(
@@ -93,7 +94,7 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
              WHERE (p.position < $1 OR d.position IS NOT NULL)
                AND (p.status IN ('live', 'building', 'halted')
                     OR (p.status = 'retired' AND to_regnamespace('rm_' || p.name || '_v' || p.version) IS NOT NULL))
-             ORDER BY p.position LIMIT 1",
+             ORDER BY d.position IS NULL, p.position LIMIT 1",
             &[&deletion_position],
         )
         .await?;
