@@ -317,7 +317,7 @@ impl Fold {
         let mut new = NewRuns::default();
         let mut changed = ChangedRuns::default();
         let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
-        for (run_id, run) in self.runs {
+        for (run_id, mut run) in self.runs {
             if !run.changed {
                 continue;
             }
@@ -329,22 +329,9 @@ impl Fold {
             } else {
                 *counts.entry((run.workflow_id.clone(), run.status.clone())).or_default() += 1;
             }
-            match run.requested {
-                Some(requested) => new.push(
-                    run_id,
-                    requested,
-                    run.status,
-                    (run.started_at, run.finished_at),
-                    run.error,
-                    (run.step_count, run.current_step_id),
-                ),
-                None => changed.push(
-                    run_id,
-                    run.status,
-                    (run.started_at, run.finished_at),
-                    run.error,
-                    (run.step_count, run.current_step_id),
-                ),
+            match run.requested.take() {
+                Some(requested) => new.push(run_id, requested, run),
+                None => changed.push(run_id, run),
             }
         }
         new.write(transaction, s).await?;
@@ -354,89 +341,7 @@ impl Fold {
     }
 }
 
-/// Runs the batch requested, column by column.
-#[derive(Default)]
-struct NewRuns {
-    run_ids: Vec<String>,
-    workflow_ids: Vec<String>,
-    space_ids: Vec<String>,
-    statuses: Vec<String>,
-    contact_ids: Vec<Option<String>>,
-    trigger_types: Vec<String>,
-    trigger_ids: Vec<String>,
-    requested_at: Vec<DateTime<Utc>>,
-    started_at: Vec<Option<DateTime<Utc>>>,
-    finished_at: Vec<Option<DateTime<Utc>>>,
-    errors: Vec<Option<Value>>,
-    step_counts: Vec<i32>,
-    current_step_ids: Vec<Option<String>>,
-}
-
-type Times = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
-
-impl NewRuns {
-    fn push(
-        &mut self,
-        run_id: String,
-        requested: shared::proto::WorkflowRunRequested,
-        status: String,
-        (started_at, finished_at): Times,
-        error: Option<Value>,
-        (step_count, current_step_id): (i32, Option<String>),
-    ) {
-        self.run_ids.push(run_id);
-        self.workflow_ids.push(requested.workflow_id);
-        self.space_ids.push(requested.space_id);
-        self.statuses.push(status);
-        self.contact_ids.push(Some(requested.contact_id).filter(|id| !id.is_empty()));
-        self.trigger_types.push(requested.trigger);
-        self.trigger_ids.push(requested.trigger_id);
-        self.requested_at.push(at(requested.requested_at_ms));
-        self.started_at.push(started_at);
-        self.finished_at.push(finished_at);
-        self.errors.push(error);
-        self.step_counts.push(step_count);
-        self.current_step_ids.push(current_step_id);
-    }
-
-    async fn write(&self, transaction: &Transaction<'_>, s: &str) -> anyhow::Result<()> {
-        if self.run_ids.is_empty() {
-            return Ok(());
-        }
-        let statement = transaction
-            .prepare_cached(&format!(
-                "INSERT INTO {s}.runs (run_id, workflow_id, space_id, status, contact_id, trigger_type, trigger_id,
-                     requested_at, started_at, finished_at, error, step_count, current_step_id)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-                     $8::timestamptz[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[], $12::int4[], $13::text[])
-                 ON CONFLICT (run_id) DO NOTHING"
-            ))
-            .await?;
-        transaction
-            .execute(
-                &statement,
-                &[
-                    &self.run_ids,
-                    &self.workflow_ids,
-                    &self.space_ids,
-                    &self.statuses,
-                    &self.contact_ids,
-                    &self.trigger_types,
-                    &self.trigger_ids,
-                    &self.requested_at,
-                    &self.started_at,
-                    &self.finished_at,
-                    &self.errors,
-                    &self.step_counts,
-                    &self.current_step_ids,
-                ],
-            )
-            .await?;
-        Ok(())
-    }
-}
-
-/// Stored runs the batch changed, column by column.
+/// What a batch leaves of runs, column by column: what the changed ones are updated with.
 #[derive(Default)]
 struct ChangedRuns {
     run_ids: Vec<String>,
@@ -449,21 +354,14 @@ struct ChangedRuns {
 }
 
 impl ChangedRuns {
-    fn push(
-        &mut self,
-        run_id: String,
-        status: String,
-        (started_at, finished_at): Times,
-        error: Option<Value>,
-        (step_count, current_step_id): (i32, Option<String>),
-    ) {
+    fn push(&mut self, run_id: String, run: Run) {
         self.run_ids.push(run_id);
-        self.statuses.push(status);
-        self.started_at.push(started_at);
-        self.finished_at.push(finished_at);
-        self.errors.push(error);
-        self.step_counts.push(step_count);
-        self.current_step_ids.push(current_step_id);
+        self.statuses.push(run.status);
+        self.started_at.push(run.started_at);
+        self.finished_at.push(run.finished_at);
+        self.errors.push(run.error);
+        self.step_counts.push(run.step_count);
+        self.current_step_ids.push(run.current_step_id);
     }
 
     async fn write(&self, transaction: &Transaction<'_>, s: &str) -> anyhow::Result<()> {
@@ -479,20 +377,70 @@ impl ChangedRuns {
                  WHERE r.run_id = u.run_id"
             ))
             .await?;
-        transaction
-            .execute(
-                &statement,
-                &[
-                    &self.run_ids,
-                    &self.statuses,
-                    &self.started_at,
-                    &self.finished_at,
-                    &self.errors,
-                    &self.step_counts,
-                    &self.current_step_ids,
-                ],
-            )
+        transaction.execute(&statement, &self.params()).await?;
+        Ok(())
+    }
+
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 7] {
+        [
+            &self.run_ids,
+            &self.statuses,
+            &self.started_at,
+            &self.finished_at,
+            &self.errors,
+            &self.step_counts,
+            &self.current_step_ids,
+        ]
+    }
+}
+
+/// Runs the batch requested: the columns of [`ChangedRuns`] and what a request sets.
+#[derive(Default)]
+struct NewRuns {
+    runs: ChangedRuns,
+    workflow_ids: Vec<String>,
+    space_ids: Vec<String>,
+    contact_ids: Vec<Option<String>>,
+    trigger_types: Vec<String>,
+    trigger_ids: Vec<String>,
+    requested_at: Vec<DateTime<Utc>>,
+}
+
+impl NewRuns {
+    fn push(&mut self, run_id: String, requested: shared::proto::WorkflowRunRequested, run: Run) {
+        self.runs.push(run_id, run);
+        self.workflow_ids.push(requested.workflow_id);
+        self.space_ids.push(requested.space_id);
+        self.contact_ids.push(Some(requested.contact_id).filter(|id| !id.is_empty()));
+        self.trigger_types.push(requested.trigger);
+        self.trigger_ids.push(requested.trigger_id);
+        self.requested_at.push(at(requested.requested_at_ms));
+    }
+
+    async fn write(&self, transaction: &Transaction<'_>, s: &str) -> anyhow::Result<()> {
+        if self.runs.run_ids.is_empty() {
+            return Ok(());
+        }
+        let statement = transaction
+            .prepare_cached(&format!(
+                "INSERT INTO {s}.runs (run_id, status, started_at, finished_at, error, step_count, current_step_id,
+                     workflow_id, space_id, contact_id, trigger_type, trigger_id, requested_at)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::jsonb[],
+                     $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],
+                     $13::timestamptz[])
+                 ON CONFLICT (run_id) DO NOTHING"
+            ))
             .await?;
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = self.runs.params().to_vec();
+        params.extend([
+            &self.workflow_ids as &(dyn tokio_postgres::types::ToSql + Sync),
+            &self.space_ids,
+            &self.contact_ids,
+            &self.trigger_types,
+            &self.trigger_ids,
+            &self.requested_at,
+        ]);
+        transaction.execute(&statement, &params).await?;
         Ok(())
     }
 }
