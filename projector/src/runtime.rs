@@ -320,6 +320,12 @@ impl<'c> Lease<'c> {
         &self.transaction
     }
 
+    /// Ends a step that changed nothing, without writing the checkpoint.
+    pub async fn rollback(self) -> anyhow::Result<()> {
+        self.transaction.rollback().await?;
+        Ok(())
+    }
+
     /// Stores `checkpoint` and commits the step.
     pub async fn commit(self, checkpoint: i64) -> anyhow::Result<()> {
         let save = self

@@ -18,6 +18,7 @@
 //! runs it starts are appended before that commit, so a crash in between only appends them
 //! again, which their stream's version refuses.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Pool};
@@ -40,6 +41,26 @@ pub struct Follower {
     pool: Pool,
     log: EventLog,
     lease: LeaseName,
+    /// The inputs of the last segment pass that left nothing waiting and was committed: a pass
+    /// on the same inputs finds nothing to do, so it is skipped.
+    settled: Mutex<Option<PassInputs>>,
+}
+
+/// What a segment pass depends on besides `workflow_segment_triggers`, which only the pass
+/// writes: the segments read model's version and position, and the catalog's version and
+/// revision.
+#[derive(Clone, PartialEq, Eq)]
+struct PassInputs {
+    segments: (i32, i64),
+    catalog: (i32, i64),
+}
+
+/// What a step's segment pass did.
+enum Pass {
+    /// Nothing: its inputs were those of the last settled pass (or a read model is not live).
+    Skipped,
+    /// It ran; with its inputs when it left no entries waiting.
+    Done { settled: Option<PassInputs> },
 }
 
 /// Segment entries read per trigger and step at most.
@@ -56,7 +77,7 @@ struct Ready {
 
 impl Follower {
     pub fn new(pool: Pool, log: EventLog) -> Self {
-        Self { pool, log, lease: LeaseName::new("workflow_events") }
+        Self { pool, log, lease: LeaseName::new("workflow_events"), settled: Mutex::new(None) }
     }
 
     async fn step(&self) -> anyhow::Result<Outcome> {
@@ -68,8 +89,20 @@ impl Follower {
         if !events.is_empty() {
             self.follow_log(lease.transaction(), &events).await?;
         }
-        let more_entries = self.follow_segments(lease.transaction()).await?;
+        let pass = self.follow_segments(lease.transaction()).await?;
+        if events.is_empty() && matches!(pass, Pass::Skipped) {
+            lease.rollback().await?;
+            return Ok(Outcome::Idle);
+        }
         lease.commit(last).await?;
+        let more_entries = match pass {
+            Pass::Skipped => false,
+            Pass::Done { settled: Some(inputs) } => {
+                *self.settled.lock().unwrap_or_else(PoisonError::into_inner) = Some(inputs);
+                false
+            }
+            Pass::Done { settled: None } => true,
+        };
         Ok(if full || more_entries { Outcome::Progressed } else { Outcome::Idle })
     }
 
@@ -164,17 +197,26 @@ impl Follower {
     }
 
     /// Starts the runs of the segment triggers of published workflows for the contacts that
-    /// entered their segments, as far as the segments read model has reached; whether a
-    /// trigger has more entries waiting than one step takes.
-    async fn follow_segments(&self, transaction: &impl GenericClient) -> anyhow::Result<bool> {
+    /// entered their segments, as far as the segments read model has reached. Skipped when
+    /// its inputs are those of the last pass that left nothing waiting.
+    async fn follow_segments(&self, transaction: &impl GenericClient) -> anyhow::Result<Pass> {
         let Some(row) = transaction
-            .query_opt("SELECT version, position FROM projections WHERE name = 'segments' AND status = 'live'", &[])
+            .query_opt(
+                "SELECT s.version, s.position, c.version, c.revision FROM projections s, projections c
+                 WHERE s.name = 'segments' AND s.status = 'live' AND c.name = 'catalog' AND c.status = 'live'",
+                &[],
+            )
             .await?
         else {
-            return Ok(false);
+            return Ok(Pass::Skipped);
         };
-        let (segments, reached): (String, i64) = (shared::readmodel::schema_name("segments", row.get(0)), row.get(1));
-        let catalog = live_catalog(transaction).await?;
+        let inputs = PassInputs { segments: (row.get(0), row.get(1)), catalog: (row.get(2), row.get(3)) };
+        if self.settled.lock().unwrap_or_else(PoisonError::into_inner).as_ref() == Some(&inputs) {
+            return Ok(Pass::Skipped);
+        }
+        let segments = shared::readmodel::schema_name("segments", inputs.segments.0);
+        let reached = inputs.segments.1;
+        let catalog = shared::readmodel::schema_name("catalog", inputs.catalog.0);
         let statement = format!(
             "SELECT resource_id, space_id, revision, definition FROM {catalog}.resources
              WHERE kind = $1 AND definition ->> 'status' = 'published'
@@ -245,7 +287,7 @@ impl Follower {
                 .await?;
             more |= done < reached;
         }
-        Ok(more)
+        Ok(Pass::Done { settled: (!more).then_some(inputs) })
     }
 
     /// Starts the run of `start.workflow` for `start.contact_id`, unless its re-entry rule
