@@ -5,6 +5,7 @@
 //! processes; any number of processes may run the same workers, each lease letting one at a
 //! time do a worker's work.
 
+pub mod inbound;
 pub mod read_models;
 pub mod runtime;
 pub mod timers;
@@ -112,8 +113,11 @@ pub fn workers(
         workers.push(Arc::new(checks));
     }
     if wanted.contains(&"maintenance") {
-        workers
-            .push(Arc::new(workers::maintenance::Maintenance::new(pool.clone(), settings.event_receipt_retention())));
+        workers.push(Arc::new(workers::maintenance::Maintenance::new(
+            pool.clone(),
+            settings.event_receipt_retention(),
+            std::time::Duration::from_secs(settings.inbound.soft_bounce_window_seconds),
+        )));
     }
     Ok(workers)
 }

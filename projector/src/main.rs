@@ -1,4 +1,5 @@
-//! The projector process: `migrate`, `run` (the workers), `rebuild <name>` or
+//! The projector process: `migrate`, `run` (the workers), `inbound` (the return-path SMTP
+//! listener), `rebuild <name>` or
 //! `dead-letters list|retry`.
 
 use clap::{Parser, Subcommand};
@@ -17,6 +18,9 @@ enum Command {
     Migrate,
     /// Run the workers (`APP__PROJECTOR__WORKERS`) until SIGTERM or SIGINT.
     Run,
+    /// Receive the bounces and complaints that come back to the return paths over SMTP
+    /// (`APP__INBOUND__*`) until SIGTERM or SIGINT.
+    Inbound,
     /// Rebuild a read model from position 0 beside the live one, then switch readers to it.
     Rebuild { name: String },
     /// Events a read model could not apply: list them, or retry them after a fix.
@@ -52,6 +56,11 @@ async fn main() -> anyhow::Result<()> {
             let application = projector::Application::build(&settings).await?;
             tracing::info!(port = application.port(), "projector running; operations endpoints listening");
             application.run_until_stopped().await
+        }
+        Command::Inbound => {
+            let inbound = projector::inbound::Inbound::build(&settings).await?;
+            tracing::info!(port = inbound.port()?, ops_port = inbound.ops_port(), "inbound listener running");
+            inbound.run_until_stopped().await
         }
         Command::DeadLetters { action: DeadLetterAction::List } => {
             let pool = shared::db::pool(settings.database_url()?, 2)?;

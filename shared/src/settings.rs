@@ -38,6 +38,7 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
     pub webhooks: WebhookSettings,
     pub email: EmailSettings,
+    pub inbound: InboundSettings,
     pub forms: FormSettings,
     pub broadcasts: BroadcastSettings,
     pub workflows: WorkflowSettings,
@@ -369,6 +370,50 @@ impl Default for EmailSettings {
             outbox_poll_ms: 1_000,
             dns_nameserver: None,
             dns_check_interval_seconds: 300,
+        }
+    }
+}
+
+/// The listener for mail coming back to return paths: bounces and complaints
+/// (`APP__INBOUND__*`; `projector inbound`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InboundSettings {
+    /// `HOST` and `PORT`: where the SMTP listener binds (0: a free port). Mail exchangers of
+    /// the return-path domains point here (port 25 behind a forward in production). With
+    /// `PORT` unset, `projector inbound` binds 2525 and single-node mode runs no listener.
+    pub host: String,
+    pub port: Option<u16>,
+    /// `HOSTNAME`: the name in the greeting and in replies.
+    pub hostname: String,
+    /// `MAX_MESSAGE_BYTES`: the largest message accepted (advertised as SIZE); larger ones
+    /// are refused with 552 and not read into memory.
+    pub max_message_bytes: usize,
+    /// `MAX_CONNECTIONS`: sessions served at once; more wait for the accept.
+    pub max_connections: usize,
+    /// `IDLE_TIMEOUT_SECONDS`: a session silent this long is closed (421).
+    pub idle_timeout_seconds: u64,
+    /// `SOFT_BOUNCE_LIMIT` and `SOFT_BOUNCE_WINDOW_SECONDS`: soft bounces of this many
+    /// different emails to one address within the window suppress it (reason `bounce`).
+    pub soft_bounce_limit: i64,
+    pub soft_bounce_window_seconds: u64,
+    /// `PAUSE_BEFORE_REPLY_MS`: a pause between recording a report and acknowledging it.
+    /// Zero in production; the crash test kills the listener inside it.
+    pub pause_before_reply_ms: u64,
+}
+
+impl Default for InboundSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".to_owned(),
+            port: None,
+            hostname: "localhost".to_owned(),
+            max_message_bytes: 10 * 1024 * 1024,
+            max_connections: 256,
+            idle_timeout_seconds: 120,
+            soft_bounce_limit: 3,
+            soft_bounce_window_seconds: 7 * 24 * 3600,
+            pause_before_reply_ms: 0,
         }
     }
 }

@@ -15,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 pub struct SingleNode {
     server: ApiServer,
     runtime: projector::runtime::Runtime,
+    /// The return-path listener, when `APP__INBOUND__PORT` is set.
+    inbound: Option<projector::inbound::Listener>,
     shutdown: CancellationToken,
     /// Keys with a secret in the applied workspace file: `(name, secret)`.
     pub workspace_keys: Vec<(String, String)>,
@@ -55,6 +57,7 @@ impl SingleNode {
                 workspace_keys.push((format!("{name} ({email})"), secret));
             }
         }
+        let event_log = command_state.event_log.clone();
         let readiness = projector::WorkersReadiness { health: runtime.health(), pool: projector_pool };
         let ops = shared::ops::Ops::new(pool.clone(), Some(Arc::new(readiness)));
         let address = (settings.http.host.as_str(), settings.http.port);
@@ -63,7 +66,13 @@ impl SingleNode {
             command_service::configure(config);
             query_service::configure(config);
         })?;
-        let node = Self { server, runtime, shutdown, workspace_keys };
+        let inbound = match settings.inbound.port {
+            Some(port) => {
+                Some(projector::inbound::Listener::bind(pool.clone(), event_log, &settings.inbound, port).await?)
+            }
+            None => None,
+        };
+        let node = Self { server, runtime, inbound, shutdown, workspace_keys };
         if let Some(position) = applied {
             node.wait_for_catalog(&pool, position).await?;
         }
@@ -91,14 +100,27 @@ impl SingleNode {
         self.server.port()
     }
 
+    /// The port of the return-path listener, when it runs.
+    pub fn inbound_port(&self) -> Option<u16> {
+        self.inbound.as_ref().and_then(|listener| listener.port().ok())
+    }
+
     pub fn handle(&self) -> actix_web::dev::ServerHandle {
         self.server.handle()
     }
 
     /// Serves until SIGTERM or SIGINT, then stops the workers.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let Self { server, runtime, shutdown, .. } = self;
+        let Self { server, runtime, inbound, shutdown, .. } = self;
         let workers = tokio::spawn(runtime.run(shutdown.clone()));
+        if let Some(listener) = inbound {
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                if let Err(error) = listener.serve(stop).await {
+                    tracing::error!(error = %format!("{error:#}"), "the inbound listener stopped");
+                }
+            });
+        }
         let served = server.run_until_stopped().await;
         shutdown.cancel();
         let _ = workers.await;

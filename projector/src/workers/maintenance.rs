@@ -1,7 +1,9 @@
 //! Periodic upkeep, once a minute under the lease `maintenance` (one process at a time):
 //! expired rate-limit windows, old projection batch history, completed idempotency records
 //! past their 24 hours, unresolved idempotency claims that provably wrote nothing, event
-//! receipts past their retention, and a loud report of open dead letters.
+//! receipts past their retention, inbound report digests past the time a sender retries
+//! (30 days), soft bounces past the soft-bounce window, and a loud report of open dead
+//! letters.
 
 use std::time::Duration;
 
@@ -17,12 +19,13 @@ const RETIRE_STEP: i64 = 10_000;
 pub struct Maintenance {
     pool: Pool,
     receipt_retention: Duration,
+    soft_bounce_window: Duration,
     lease: LeaseName,
 }
 
 impl Maintenance {
-    pub fn new(pool: Pool, receipt_retention: Duration) -> Self {
-        Self { pool, receipt_retention, lease: LeaseName::new("maintenance") }
+    pub fn new(pool: Pool, receipt_retention: Duration, soft_bounce_window: Duration) -> Self {
+        Self { pool, receipt_retention, soft_bounce_window, lease: LeaseName::new("maintenance") }
     }
 
     async fn pass(&self) -> anyhow::Result<Outcome> {
@@ -32,6 +35,13 @@ impl Maintenance {
         shared::ratelimit::purge_expired(&client).await?;
         client.execute("DELETE FROM projection_batches WHERE committed_at < now() - interval '1 day'", &[]).await?;
         let (purged, released) = purge_and_reconcile(&client).await?;
+        client.execute("DELETE FROM inbound_reports WHERE received_at < now() - interval '30 days'", &[]).await?;
+        client
+            .execute(
+                "DELETE FROM soft_bounces WHERE bounced_at < now() - make_interval(secs => $1)",
+                &[&self.soft_bounce_window.as_secs_f64()],
+            )
+            .await?;
         let mut retired = 0;
         loop {
             let step = retire_receipts(&client, self.receipt_retention, RETIRE_STEP).await?;

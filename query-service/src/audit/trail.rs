@@ -7,7 +7,7 @@
 //!
 //! - email entries (channel `email`), from the contact's own events: `email_scheduled`,
 //!   `email_sent`, `email_failed`, `email_outcome_unknown`, `email_bounced`,
-//!   `email_unsubscribed`, `subscription_changed` (a topic subscription's new status and what
+//!   `email_complained`, `email_unsubscribed`, `subscription_changed` (a topic subscription's new status and what
 //!   changed it), `form_submitted` and `subscription_confirmed`.
 //! - workflow entries (channel `workflow`), from the runs bound to the contact:
 //!   `workflow_run_requested`, `workflow_step_finished` (each step a journey executed for the
@@ -144,8 +144,15 @@ pub fn email_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<V
                 json!({"emailId": e.email_id, "error": {"code": e.code, "message": e.message}}),
             ),
             LogEvent::EmailOutcomeUnknown(e) => ("email_outcome_unknown", e.space_id, json!({"emailId": e.email_id})),
-            LogEvent::EmailBounced(e) => {
-                ("email_bounced", e.space_id, json!({"emailId": e.email_id, "bounceKind": e.kind}))
+            LogEvent::EmailBounced(e) => (
+                "email_bounced",
+                e.space_id,
+                json!({"emailId": e.email_id, "bounceKind": e.kind,
+                       "status": non_empty(e.status),
+                       "source": if e.source.is_empty() { "relay".to_owned() } else { e.source }}),
+            ),
+            LogEvent::EmailComplained(e) => {
+                ("email_complained", e.space_id, json!({"emailId": e.email_id, "feedbackType": e.feedback_type}))
             }
             LogEvent::EmailUnsubscribed(e) => {
                 ("email_unsubscribed", e.space_id, json!({"emailId": e.email_id, "topicId": non_empty(e.topic_id)}))

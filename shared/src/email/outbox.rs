@@ -140,9 +140,11 @@ pub fn hard_bounce(outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Rejected { permanent: true, code: Some(550 | 551 | 553), .. })
 }
 
-/// The address of a hard bounce, to suppress.
+/// A hard bounce at the relay: the address to suppress and the enhanced status of the
+/// refusal (empty when it carried none).
 pub struct Bounce {
     pub address: String,
+    pub status: String,
 }
 
 /// Records a final outcome under the lease: the event on the email's stream, the row's state
@@ -218,12 +220,14 @@ async fn append_outcome(
                 kind: "hard".to_owned(),
                 diagnostic: "the relay refused the mailbox".to_owned(),
                 at_ms,
+                status: bounce.status.clone(),
+                source: "relay".to_owned(),
             }),
             subject_id: Some(parties.contact_id.clone()),
             occurred_at: now,
         });
         if suppress {
-            let (stream, guard) = bounce_suppression(&parties.space_id, &bounce.address, now)?;
+            let (stream, guard) = provider_suppression(&parties.space_id, &bounce.address, "bounce", now)?;
             streams.push(stream);
             guards.push(guard);
         }
@@ -241,11 +245,13 @@ async fn append_outcome(
         .await
 }
 
-/// A provider `bounce` suppression of `address` in the space, and the claim of its key
-/// (refused when the address has one).
-fn bounce_suppression(
+/// A provider suppression (`reason` `bounce` or `complaint`) of `address` in the space, and
+/// the claim of its key (refused with `suppression_already_exists` when the address has a
+/// suppression of that reason).
+pub fn provider_suppression(
     space_id: &str,
     address: &str,
+    reason: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(StreamAppend, Guard), AppendError> {
     let suppression_id = crate::ids::new_id("sup");
@@ -253,7 +259,7 @@ fn bounce_suppression(
     let added = proto::SuppressionAdded {
         suppression_id: suppression_id.clone(),
         space_id: space_id.to_owned(),
-        reason: "bounce".to_owned(),
+        reason: reason.to_owned(),
         created_at_ms: now.timestamp_millis(),
         personal: Some(crate::events::seal(
             &suppression_id,
@@ -263,8 +269,13 @@ fn bounce_suppression(
     };
     let subject = crate::suppressions::subject_of(&added).map_err(AppendError::from)?;
     let guard = Guard::unique(
-        "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, 'bounce', $3)",
-        vec![Box::new(space_id.to_owned()), Box::new(identifier), Box::new(suppression_id.clone())],
+        "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)",
+        vec![
+            Box::new(space_id.to_owned()),
+            Box::new(identifier),
+            Box::new(reason.to_owned()),
+            Box::new(suppression_id.clone()),
+        ],
         AppendError::Conflict { code: Code::SuppressionAlreadyExists, message: "already suppressed".to_owned() },
     );
     let stream = StreamAppend {
@@ -337,7 +348,13 @@ pub async fn hand_off(
         },
     };
     let outcome = redact(outcome, &prepared.outgoing.to);
-    let bounce = hard_bounce(&outcome).then(|| Bounce { address: prepared.outgoing.to.clone() });
+    let bounce = hard_bounce(&outcome).then(|| Bounce {
+        address: prepared.outgoing.to.clone(),
+        status: match &outcome {
+            Outcome::Rejected { reply, .. } => super::feedback::enhanced_status(reply).unwrap_or_default(),
+            _ => String::new(),
+        },
+    });
     let delay = retry_schedule.and_then(|schedule| usize::try_from(lease.attempts).ok().and_then(|n| schedule.get(n)));
     let Some(event) = outcome_event(&prepared.parties, &outcome, delay.is_some(), crate::time::now_millis()) else {
         let error = match &outcome {

@@ -135,7 +135,7 @@ pub(crate) async fn publish_dkim(app: &TestApp, sink: &SmtpSink) {
     }
 }
 
-async fn template_id(app: &TestApp, slug: &str) -> String {
+pub(crate) async fn template_id(app: &TestApp, slug: &str) -> String {
     let list = app.get("/templates", MAIL_KEY).await;
     assert_eq!(list.status, 200, "{:?}", list.body);
     list.body["data"]
@@ -148,7 +148,7 @@ async fn template_id(app: &TestApp, slug: &str) -> String {
         .to_owned()
 }
 
-async fn send(app: &TestApp, template: &str, body: &Value, idempotency_key: Option<&str>) -> TestResponse {
+pub(crate) async fn send(app: &TestApp, template: &str, body: &Value, idempotency_key: Option<&str>) -> TestResponse {
     let mut request =
         app.request(reqwest::Method::POST, &format!("/templates/{template}/send"), Some(MAIL_KEY)).json(body);
     if let Some(key) = idempotency_key {
@@ -157,7 +157,7 @@ async fn send(app: &TestApp, template: &str, body: &Value, idempotency_key: Opti
     app.send(request).await
 }
 
-fn receipt_body(email: &str, first_name: &str) -> Value {
+pub(crate) fn receipt_body(email: &str, first_name: &str) -> Value {
     json!({"data": {
         "contact": {"email": email, "firstName": first_name},
         "order": {"externalId": "ord-1", "total": 42.5}

@@ -18,6 +18,7 @@ mod hardening;
 mod helpers;
 mod idempotency;
 mod identities;
+mod inbound;
 mod log;
 mod operations;
 mod poison;

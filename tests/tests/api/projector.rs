@@ -164,7 +164,11 @@ async fn batch_history_older_than_a_day_is_pruned() {
     let recent = app.query_i64("SELECT count(*) FROM projection_batches WHERE worker <> 'old'").await;
     assert!(recent > 0, "applying the workspace left recent batches");
     // The maintenance worker's pass prunes it.
-    let maintenance = projector::workers::maintenance::Maintenance::new(app.pool.clone(), Duration::from_secs(3600));
+    let maintenance = projector::workers::maintenance::Maintenance::new(
+        app.pool.clone(),
+        Duration::from_secs(3600),
+        Duration::from_secs(7 * 24 * 3600),
+    );
     projector::runtime::Worker::step(&maintenance).await.expect("a maintenance pass");
     assert_eq!(app.query_i64("SELECT count(*) FROM projection_batches WHERE worker = 'old'").await, 0);
     assert_eq!(app.query_i64("SELECT count(*) FROM projection_batches WHERE worker <> 'old'").await, recent);

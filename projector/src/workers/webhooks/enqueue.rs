@@ -149,6 +149,7 @@ const EVENT_TYPES: &[&str] = &[
     "EmailSent.v1",
     "EmailFailed.v1",
     "EmailBounced.v1",
+    "EmailComplained.v1",
     "EmailUnsubscribed.v1",
 ];
 
@@ -343,6 +344,7 @@ fn space_of(event: &LogEvent) -> Option<&str> {
         LogEvent::EmailSent(e) => &e.space_id,
         LogEvent::EmailFailed(e) => &e.space_id,
         LogEvent::EmailBounced(e) => &e.space_id,
+        LogEvent::EmailComplained(e) => &e.space_id,
         LogEvent::EmailUnsubscribed(e) => &e.space_id,
         _ => return None,
     };
@@ -582,7 +584,21 @@ async fn occurrence(
             "bounced",
             (&bounced.email_id, &bounced.contact_id, &template_of(transaction, &bounced.email_id).await?),
             bounced.at_ms,
-            json!({"bounceKind": bounced.kind, "diagnostic": bounced.diagnostic}),
+            json!({
+                "bounceKind": bounced.kind,
+                "diagnostic": bounced.diagnostic,
+                "status": Some(&bounced.status).filter(|status| !status.is_empty()),
+                "source": if bounced.source.is_empty() { "relay" } else { bounced.source.as_str() },
+            }),
+        )),
+        LogEvent::EmailComplained(complained) => Some(email_occurrence(
+            "complained",
+            (&complained.email_id, &complained.contact_id, &template_of(transaction, &complained.email_id).await?),
+            complained.at_ms,
+            json!({
+                "feedbackType": complained.feedback_type,
+                "reporter": Some(&complained.reporter).filter(|reporter| !reporter.is_empty()),
+            }),
         )),
         LogEvent::EmailUnsubscribed(unsubscribed) => Some(email_occurrence(
             "unsubscribed",
