@@ -320,11 +320,17 @@ impl Default for WorkflowSettings {
 #[serde(default)]
 pub struct EmailSettings {
     /// `RELAY_URL`: the SMTP relay, as lettre's connection URL: `smtp://host:port` (plain, or
-    /// `?tls=required` for STARTTLS), `smtps://host:port` (implicit TLS), with
+    /// `?tls=required` for STARTTLS; `tls=opportunistic` is refused, as it would send in clear
+    /// text to a relay that does not offer STARTTLS), `smtps://host:port` (implicit TLS), with
     /// `user:password@` for AUTH. Unset (the local default): messages are written as `.eml`
     /// files under `EML_DIR` instead, so the system works offline.
     #[serde(skip_serializing)]
     pub relay_url: Option<SecretString>,
+    /// `RELAY_CA_FILE`: a PEM file of certificates to trust for the relay's TLS besides the
+    /// public roots (a private relay's CA, or its self-signed certificate). The relay's
+    /// certificate is always verified: one that does not verify fails the hand-off
+    /// (`relay_unavailable`), and no URL may let TLS fall back to clear text.
+    pub relay_ca_file: Option<String>,
     /// `EML_DIR`: where messages go when no relay is configured.
     pub eml_dir: String,
     /// `PUBLIC_BASE_URL`: the API's public base URL (with `/v1`), for the one-click
@@ -358,6 +364,7 @@ impl Default for EmailSettings {
     fn default() -> Self {
         Self {
             relay_url: None,
+            relay_ca_file: None,
             eml_dir: "data/outbox".to_owned(),
             public_base_url: "http://127.0.0.1:8080/v1".to_owned(),
             hello_name: "localhost".to_owned(),

@@ -4,10 +4,13 @@ independent code, not by our own Rust code. DNS is never asked: the public keys 
 control API.
 
 Usage: python smtp_sink.py [--smtp-port 0] [--http-port 0] [--verbose] [--exit-with-stdin]
+                           [--tls starttls|implicit --tls-cert PEM --tls-key PEM]
 
 Binds both ports on 127.0.0.1 (0: any free one), prints `LISTENING smtp=<port> http=<port>` on
 stdout and serves until killed (or, with --exit-with-stdin, until its standard input is closed,
-so that it cannot outlive its parent). SMTP: EHLO with 8BITMIME and SMTPUTF8, no TLS; AUTH PLAIN
+so that it cannot outlive its parent). SMTP: EHLO with 8BITMIME and SMTPUTF8; no TLS, or with
+--tls starttls STARTTLS offered and required before MAIL, or with --tls implicit TLS from the
+first byte (SMTPS), with the given certificate; AUTH PLAIN
 and LOGIN are offered and accept any credentials (the login is recorded), and are not required.
 
 Control API (JSON, on the http port):
@@ -39,7 +42,8 @@ Modes (the reply is `<code> <message>`; every key but `mode` optional):
                                                     (it stays null when the client gives up)
 
 A message:
-  {"mailFrom", "mailOptions", "rcptTo", "rcptOptions", "helo", "authLogin", "raw" (base64 of
+  {"mailFrom", "mailOptions", "rcptTo", "rcptOptions", "helo", "tls" (whether the session was
+   encrypted), "authLogin", "raw" (base64 of
    the bytes after DATA, dot-unstuffed, CRLF line ends), "headers" ({lowercased name: [values
    in order]}, decoded), "messageId" (the Message-ID header as sent, null when absent), "text"
    and "html" (the text/plain and text/html bodies, decoded, with "\n" line ends; null when
@@ -62,6 +66,7 @@ import asyncio
 import base64
 import json
 import logging
+import ssl
 import sys
 import threading
 import time
@@ -98,6 +103,9 @@ class State:
         # Lowercased names without the trailing dot -> TXT record.
         self.dkim_records = {}
         self.messages = []
+        # Implicit TLS: every session is encrypted from its first byte (aiosmtpd sets
+        # `session.ssl` only after STARTTLS).
+        self.implicit_tls = False
         self.rejected = []
 
 
@@ -298,6 +306,7 @@ class Handler:
             "rcptTo": [address_text(address) for address in envelope.rcpt_tos],
             "rcptOptions": list(envelope.rcpt_options),
             "helo": session.host_name,
+            "tls": session.ssl is not None or STATE.implicit_tls,
             "authLogin": address_text(getattr(session.auth_data, "login", None)),
             "raw": base64.b64encode(raw).decode("ascii"),
             "headers": headers,
@@ -457,9 +466,18 @@ async def serve(arguments):
     loop = asyncio.get_running_loop()
     handler = Handler()
 
+    tls_context = None
+    if arguments.tls:
+        tls_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls_context.load_cert_chain(arguments.tls_cert, arguments.tls_key)
+    starttls = tls_context if arguments.tls == "starttls" else None
+    STATE.implicit_tls = arguments.tls == "implicit"
+
     def smtp_session():
         return SMTP(
             handler,
+            tls_context=starttls,
+            require_starttls=starttls is not None,
             hostname="smtp-sink.test",
             ident="test-smtp-sink",
             enable_SMTPUTF8=True,
@@ -469,7 +487,13 @@ async def serve(arguments):
             loop=loop,
         )
 
-    smtp_server = await loop.create_server(smtp_session, host="127.0.0.1", port=arguments.smtp_port, backlog=1024)
+    smtp_server = await loop.create_server(
+        smtp_session,
+        host="127.0.0.1",
+        port=arguments.smtp_port,
+        backlog=1024,
+        ssl=tls_context if arguments.tls == "implicit" else None,
+    )
     control_server = ControlServer(("127.0.0.1", arguments.http_port), ControlHandler)
     threading.Thread(target=control_server.serve_forever, daemon=True).start()
     smtp_port = smtp_server.sockets[0].getsockname()[1]
@@ -493,6 +517,13 @@ def main():
     parser.add_argument("--smtp-port", type=int, default=0, help="the SMTP port on 127.0.0.1 (0: any free one)")
     parser.add_argument("--http-port", type=int, default=0, help="the control port on 127.0.0.1 (0: any free one)")
     parser.add_argument("--verbose", action="store_true", help="log every SMTP session and control request on stderr")
+    parser.add_argument(
+        "--tls",
+        choices=["starttls", "implicit"],
+        help="offer STARTTLS (and require it before MAIL) or speak TLS from the first byte (implicit)",
+    )
+    parser.add_argument("--tls-cert", help="the certificate chain (PEM) for --tls")
+    parser.add_argument("--tls-key", help="its private key (PEM)")
     parser.add_argument("--exit-with-stdin", action="store_true", help="exit when standard input is closed")
     arguments = parser.parse_args()
     logging.basicConfig(

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lettre::transport::smtp::PoolConfig;
+use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::transport::smtp::extension::ClientId;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use secrecy::ExposeSecret;
@@ -41,8 +42,12 @@ impl Mailer {
     pub fn from_settings(settings: &EmailSettings) -> anyhow::Result<Self> {
         let inner = match &settings.relay_url {
             Some(url) => {
-                let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(url.expose_secret())
-                    .context("APP__EMAIL__RELAY_URL")?
+                let mut builder = AsyncSmtpTransport::<Tokio1Executor>::from_url(url.expose_secret())
+                    .context("APP__EMAIL__RELAY_URL")?;
+                if let Some(tls) = relay_tls(url.expose_secret(), settings.relay_ca_file.as_deref())? {
+                    builder = builder.tls(tls);
+                }
+                let transport = builder
                     .hello_name(ClientId::Domain(settings.hello_name.clone()))
                     .timeout(Some(Duration::from_millis(settings.timeout_ms)))
                     .pool_config(PoolConfig::new().max_size(settings.pool_size))
@@ -76,6 +81,35 @@ impl Mailer {
             },
         }
     }
+}
+
+/// The relay's TLS when it differs from what lettre makes of the URL: the public roots and
+/// the certificates of `ca_file`. Refuses a URL whose TLS could fall back to clear text, and
+/// a CA file without TLS.
+fn relay_tls(url: &str, ca_file: Option<&str>) -> anyhow::Result<Option<Tls>> {
+    let parsed = url::Url::parse(url).context("APP__EMAIL__RELAY_URL")?;
+    let tls = parsed.query_pairs().find(|(key, _)| key == "tls").map(|(_, value)| value.into_owned());
+    let wrapped = match (parsed.scheme(), tls.as_deref()) {
+        ("smtps", _) => Some(true),
+        ("smtp", Some("required")) => Some(false),
+        ("smtp", Some("opportunistic")) => anyhow::bail!(
+            "APP__EMAIL__RELAY_URL: tls=opportunistic would send in clear text to a relay without STARTTLS; \
+             use tls=required or smtps://"
+        ),
+        _ => None,
+    };
+    let Some(ca_file) = ca_file else { return Ok(None) };
+    let Some(wrapped) = wrapped else {
+        anyhow::bail!("APP__EMAIL__RELAY_CA_FILE is set but the relay URL has no TLS (smtps:// or ?tls=required)")
+    };
+    let host = parsed.host_str().context("APP__EMAIL__RELAY_URL: no host")?.to_owned();
+    let pem = std::fs::read(ca_file).with_context(|| format!("APP__EMAIL__RELAY_CA_FILE: reading {ca_file}"))?;
+    let certificate = Certificate::from_pem(&pem).context("APP__EMAIL__RELAY_CA_FILE: not a PEM certificate")?;
+    let parameters = TlsParameters::builder(host)
+        .add_root_certificate(certificate)
+        .build_rustls()
+        .context("APP__EMAIL__RELAY_CA_FILE: the TLS parameters")?;
+    Ok(Some(if wrapped { Tls::Wrapper(parameters) } else { Tls::Required(parameters) }))
 }
 
 fn reply_text<'a>(code: String, lines: impl Iterator<Item = &'a str>) -> String {

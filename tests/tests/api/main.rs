@@ -10,6 +10,7 @@ mod deployment;
 mod dns_server;
 mod email;
 mod email_dns;
+mod email_tls;
 mod erasure;
 mod errors;
 mod events;

@@ -33,8 +33,20 @@ impl SmtpSink {
     /// Starts the sink on free ports of 127.0.0.1, accepting every message, and waits until it
     /// listens.
     pub async fn start() -> SmtpSink {
-        let (child, line) =
-            start_python_helper(SCRIPT, &["--smtp-port", "0"], "SMTP sink", "the aiosmtpd and dkimpy packages").await;
+        Self::start_with(&[]).await
+    }
+
+    /// Starts the sink speaking TLS with the certificate `cert` and key `key` (PEM files):
+    /// `starttls` (offered, and required before MAIL) or `implicit` (SMTPS).
+    pub async fn start_tls(mode: &str, cert: &std::path::Path, key: &std::path::Path) -> SmtpSink {
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        Self::start_with(&["--tls", mode, "--tls-cert", &cert, "--tls-key", &key]).await
+    }
+
+    async fn start_with(extra: &[&str]) -> SmtpSink {
+        let mut args = vec!["--smtp-port", "0"];
+        args.extend_from_slice(extra);
+        let (child, line) = start_python_helper(SCRIPT, &args, "SMTP sink", "the aiosmtpd and dkimpy packages").await;
         let (smtp_port, control_port) = parse_listening(&line)
             .unwrap_or_else(|| panic!("the SMTP sink did not start: it printed {line:?} (its stderr is above)"));
         SmtpSink {
