@@ -10,9 +10,10 @@ use anyhow::Context;
 use lettre::transport::smtp::PoolConfig;
 use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::transport::smtp::extension::ClientId;
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use secrecy::ExposeSecret;
 
+use super::message::Signed;
 use crate::settings::EmailSettings;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,15 +68,15 @@ impl Mailer {
         }
     }
 
-    pub async fn send(&self, email_id: &str, message: &Message) -> Outcome {
+    pub async fn send(&self, email_id: &str, message: &Signed) -> Outcome {
         match &self.inner {
-            Inner::Smtp(transport) => match transport.send(message.clone()).await {
+            Inner::Smtp(transport) => match transport.send_raw(&message.envelope, &message.bytes).await {
                 Ok(response) => {
                     Outcome::Accepted { reply: reply_text(response.code().to_string(), response.message()) }
                 }
                 Err(error) => classify(&error),
             },
-            Inner::Files(dir) => match write_eml(dir, email_id, &message.formatted()).await {
+            Inner::Files(dir) => match write_eml(dir, email_id, &message.bytes).await {
                 Ok(path) => Outcome::Accepted { reply: format!("written to {}", path.display()) },
                 Err(error) => Outcome::Unreachable { message: format!("{error:#}") },
             },

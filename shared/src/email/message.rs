@@ -1,14 +1,11 @@
 //! Builds the MIME message of an email (multipart text + HTML), DKIM-signed with its domain's
-//! key. The bytes depend only on what the log holds (the Message-ID comes from the email id
-//! and the Date from its scheduling), so the outbox worker rebuilds the same message the
-//! inline hand-off would have sent.
+//! key. Its headers depend only on what the log holds (the Message-ID comes from the email
+//! id, the Date and the signature's time from its scheduling), so the outbox worker rebuilds
+//! the message the inline hand-off would have sent (only the MIME boundary differs).
 
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use lettre::message::dkim::{
-    DkimCanonicalization, DkimCanonicalizationType, DkimConfig, DkimSigningAlgorithm, DkimSigningKey,
-};
 use lettre::message::header::{Header, HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart};
 use lettre::{Address, Message};
@@ -107,21 +104,30 @@ impl Header for ListUnsubscribePost {
     }
 }
 
-/// The signed message, ready for the relay (its envelope inside).
-pub fn build(outgoing: &Outgoing, signing: &Signing<'_>) -> anyhow::Result<Message> {
+/// A signed message as it goes to the relay: its envelope and its bytes.
+#[derive(Debug, Clone)]
+pub struct Signed {
+    pub envelope: lettre::address::Envelope,
+    pub bytes: Vec<u8>,
+}
+
+/// The signed message, ready for the relay: built by lettre, DKIM-signed here
+/// ([`super::dkim_sign`]).
+pub fn build(outgoing: &Outgoing, signing: &Signing<'_>) -> anyhow::Result<Signed> {
     let from_address: Address = outgoing.from_address.parse().context("the sender's address")?;
     let to: Address = outgoing.to.parse().context("the recipient's address")?;
     let bounce: Address =
         format!("bounce+{}@{}", outgoing.email_id, outgoing.return_path).parse().context("the return path")?;
     let envelope = lettre::address::Envelope::new(Some(bounce), vec![to.clone()])?;
-    let date = SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(outgoing.scheduled_at_ms).unwrap_or(0));
+    let scheduled_ms = u64::try_from(outgoing.scheduled_at_ms).unwrap_or(0);
+    let date = SystemTime::UNIX_EPOCH + Duration::from_millis(scheduled_ms);
     let mut builder = Message::builder()
         .from(Mailbox::new(Some(outgoing.from_name.clone()), from_address))
         .to(Mailbox::new(None, to))
         .subject(outgoing.subject.clone())
         .date(date)
         .message_id(Some(message_id(&outgoing.email_id, &outgoing.domain)))
-        .envelope(envelope);
+        .envelope(envelope.clone());
     if let Some(reply_to) = &outgoing.reply_to {
         builder = builder.reply_to(Mailbox::new(None, reply_to.parse().context("the reply-to address")?));
     }
@@ -130,41 +136,14 @@ pub fn build(outgoing: &Outgoing, signing: &Signing<'_>) -> anyhow::Result<Messa
         builder = builder.header(ListUnsubscribe(format!("<{url}>"))).header(ListUnsubscribePost);
         headers.extend(["List-Unsubscribe", "List-Unsubscribe-Post"]);
     }
-    let mut message =
+    let message =
         builder.multipart(MultiPart::alternative_plain_html(outgoing.text.to_owned(), outgoing.html.to_owned()))?;
-    let config = dkim_config(signing, &outgoing.domain, &headers)?;
-    message.sign(&config);
-    Ok(message)
-}
-
-/// Signing configurations by selector, domain, key (its digest) and signed headers. Parsing
-/// an RSA key and precomputing its CRT values costs more than the signature, so a process
-/// parses each key once.
-type ConfigKey = (String, String, [u8; 32], Vec<&'static str>);
-static CONFIGS: std::sync::LazyLock<
-    std::sync::Mutex<std::collections::HashMap<ConfigKey, std::sync::Arc<DkimConfig>>>,
-> = std::sync::LazyLock::new(Default::default);
-
-fn dkim_config(
-    signing: &Signing<'_>,
-    domain: &str,
-    headers: &[&'static str],
-) -> anyhow::Result<std::sync::Arc<DkimConfig>> {
-    use sha2::Digest;
-    let digest: [u8; 32] = sha2::Sha256::digest(signing.pem.as_bytes()).into();
-    let key = (signing.selector.to_owned(), domain.to_owned(), digest, headers.to_vec());
-    if let Some(config) = CONFIGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
-        return Ok(std::sync::Arc::clone(config));
-    }
-    let signing_key = DkimSigningKey::new(signing.pem, DkimSigningAlgorithm::Rsa)
-        .map_err(|error| anyhow::anyhow!("the domain's DKIM key: {error:?}"))?;
-    let config = std::sync::Arc::new(DkimConfig::new(
-        signing.selector.to_owned(),
-        domain.to_owned(),
-        signing_key,
-        headers.iter().map(|name| HeaderName::new_from_ascii_str(name)).collect(),
-        DkimCanonicalization { header: DkimCanonicalizationType::Relaxed, body: DkimCanonicalizationType::Relaxed },
-    ));
-    CONFIGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, std::sync::Arc::clone(&config));
-    Ok(config)
+    let unsigned = message.formatted();
+    let signer = super::dkim_sign::Signer::cached(signing.pem, signing.selector, &outgoing.domain)?;
+    // The signature's time is the scheduling's, so a rebuilt message is the same message.
+    let header = signer.sign(&unsigned, &headers, scheduled_ms / 1000)?;
+    let mut bytes = Vec::with_capacity(header.len() + unsigned.len());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&unsigned);
+    Ok(Signed { envelope, bytes })
 }

@@ -4,6 +4,7 @@
 
 pub mod broadcasts;
 pub mod dkim;
+pub mod dkim_sign;
 pub mod feedback;
 pub mod mailer;
 pub mod message;
