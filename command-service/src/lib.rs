@@ -38,6 +38,8 @@ pub struct State {
     pub ai: shared::ai::AiProvider,
     /// Where sends are handed off: the SMTP relay, or `.eml` files.
     pub mailer: shared::email::mailer::Mailer,
+    /// Hand-off claims, made together with those of concurrent sends.
+    pub claims: shared::email::outbox::Claims,
     /// Event admission scopes whose rows this process knows exist.
     admission_scopes: std::sync::Mutex<std::collections::HashSet<String>>,
     /// What record creates read from the catalog, kept until the catalog changes.
@@ -55,6 +57,7 @@ impl State {
         let event_log = EventLog::start(pool.clone(), settings.append.batch_max);
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
+        let claims = shared::email::outbox::Claims::start(pool.clone());
         Ok(web::Data::new(Self {
             pool,
             event_log,
@@ -63,6 +66,7 @@ impl State {
             settings,
             ai,
             mailer,
+            claims,
             admission_scopes: Default::default(),
             write_contexts: Default::default(),
             event_contexts: Default::default(),

@@ -288,13 +288,14 @@ pub struct BroadcastSettings {
     pub rate_per_second: u32,
     /// `BATCH`: recipients decided and appended together.
     pub batch: usize,
-    /// `HANDOFFS`: messages a run hands to the relay at once.
+    /// `HANDOFFS`: messages a run hands to the relay at once (64: a hand-off mostly waits,
+    /// on its claim, the relay and its outcome's commit, so more at once is more per second).
     pub handoffs: usize,
 }
 
 impl Default for BroadcastSettings {
     fn default() -> Self {
-        Self { rate_per_second: 200, batch: 200, handoffs: 16 }
+        Self { rate_per_second: 200, batch: 200, handoffs: 64 }
     }
 }
 
@@ -340,7 +341,8 @@ pub struct EmailSettings {
     pub hello_name: String,
     /// `TIMEOUT_MS`: the most one SMTP command may take.
     pub timeout_ms: u64,
-    /// `POOL_SIZE`: pooled relay connections per process.
+    /// `POOL_SIZE`: pooled relay connections per process (32; lower it for a relay that
+    /// limits connections per client).
     pub pool_size: u32,
     /// `RETRY_SCHEDULE_MS`: the outbox worker's delays between hand-offs of an email the relay
     /// refused for now (4xx) or could not be reached for; after the last, the email fails.
@@ -369,7 +371,7 @@ impl Default for EmailSettings {
             public_base_url: "http://127.0.0.1:8080/v1".to_owned(),
             hello_name: "localhost".to_owned(),
             timeout_ms: 10_000,
-            pool_size: 8,
+            pool_size: 32,
             // 30 s, 2 min, 10 min, 1 h, 4 h, then 12 h twice: about a day in all.
             retry_schedule_ms: vec![30_000, 120_000, 600_000, 3_600_000, 14_400_000, 43_200_000, 43_200_000],
             handoff_delay_ms: 0,

@@ -221,7 +221,7 @@ pub async fn hand_off(state: &State, prepared: &Prepared) -> Option<(Value, shar
         tokio::time::sleep(Duration::from_millis(state.settings.email.handoff_delay_ms)).await;
     }
     let email_id = &prepared.parties.email_id;
-    let lease = match outbox::claim(&state.pool, email_id, state.settings.email_lease()).await {
+    let lease = match state.claims.claim(email_id, state.settings.email_lease()).await {
         Ok(Some(lease)) => lease,
         Ok(None) => return None,
         Err(error) => {

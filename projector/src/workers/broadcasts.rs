@@ -200,6 +200,7 @@ fn skip_reason(
 /// What a hand-off needs, shared by the hand-off tasks of every step.
 struct Sender {
     pool: Pool,
+    claims: outbox::Claims,
     log: EventLog,
     mailer: Mailer,
     lease: Duration,
@@ -220,6 +221,7 @@ impl Runs {
     pub fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
         let sender = Sender {
             pool: pool.clone(),
+            claims: outbox::Claims::start(pool.clone()),
             log: log.clone(),
             mailer: Mailer::from_settings(&settings.email)?,
             lease: settings.email_lease(),
@@ -451,7 +453,7 @@ impl Runs {
 impl Sender {
     async fn hand_off(&self, email: &Prepared) {
         let email_id = &email.parties.email_id;
-        match outbox::claim(&self.pool, email_id, self.lease).await {
+        match self.claims.claim(email_id, self.lease).await {
             Ok(Some(lease)) => {
                 outbox::hand_off(&self.pool, &self.log, &self.mailer, &lease, email, Some(&self.retry_schedule)).await;
             }

@@ -46,6 +46,7 @@ pub struct Lease {
 
 /// Claims a `pending` email for `lease`; `None` when another hand-off has it or it is done.
 pub async fn claim(pool: &Pool, email_id: &str, lease: Duration) -> anyhow::Result<Option<Lease>> {
+    let started = std::time::Instant::now();
     let client = pool.get().await?;
     let statement = client
         .prepare_cached(
@@ -57,12 +58,107 @@ pub async fn claim(pool: &Pool, email_id: &str, lease: Duration) -> anyhow::Resu
         .await?;
     let token = Uuid::now_v7();
     let row = client.query_opt(&statement, &[&email_id, &token, &lease.as_secs_f64()]).await?;
+    metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
     Ok(row.map(|row| Lease {
         email_id: email_id.to_owned(),
         token,
         claim: row.get::<_, Option<String>>(0).zip(row.get::<_, Option<Uuid>>(1)),
         attempts: row.get(2),
     }))
+}
+
+/// Hand-off claims made together: the claims that concurrent hand-offs of a process ask for
+/// while one statement runs are made by the next, in one transaction. Each email is still
+/// claimed only when its own hand-off is about to start, so what a claim means does not
+/// change ([`claim`]); only the commits are shared.
+#[derive(Clone)]
+pub struct Claims {
+    jobs: tokio::sync::mpsc::Sender<ClaimJob>,
+}
+
+struct ClaimJob {
+    email_id: String,
+    lease: Duration,
+    reply: tokio::sync::oneshot::Sender<Result<Option<Lease>, String>>,
+}
+
+/// Claims made in one statement at most.
+const CLAIMS_PER_STATEMENT: usize = 256;
+
+impl Claims {
+    pub fn start(pool: Pool) -> Self {
+        let (jobs, receiver) = tokio::sync::mpsc::channel(CLAIMS_PER_STATEMENT * 4);
+        tokio::spawn(run_claims(pool, receiver));
+        Self { jobs }
+    }
+
+    /// [`claim`], made with the claims other hand-offs ask for meanwhile.
+    pub async fn claim(&self, email_id: &str, lease: Duration) -> anyhow::Result<Option<Lease>> {
+        let started = std::time::Instant::now();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = ClaimJob { email_id: email_id.to_owned(), lease, reply };
+        self.jobs.send(job).await.map_err(|_| anyhow::anyhow!("the claim batcher has stopped"))?;
+        let claimed = answer.await.map_err(|_| anyhow::anyhow!("the claim batcher stopped mid-claim"))?;
+        metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
+        claimed.map_err(|error| anyhow::anyhow!(error))
+    }
+}
+
+async fn run_claims(pool: Pool, mut receiver: tokio::sync::mpsc::Receiver<ClaimJob>) {
+    while let Some(first) = receiver.recv().await {
+        let mut jobs = vec![first];
+        while jobs.len() < CLAIMS_PER_STATEMENT {
+            match receiver.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        match claim_set(&pool, &jobs).await {
+            Ok(leases) => {
+                for (job, lease) in jobs.into_iter().zip(leases) {
+                    let _ = job.reply.send(Ok(lease));
+                }
+            }
+            Err(error) => {
+                let error = format!("{error:#}");
+                for job in jobs {
+                    let _ = job.reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Claims every job's email that is `pending`, each with a token of its own; each job's lease,
+/// in the jobs' order (`None`: not pending, or another job of the statement claimed it).
+async fn claim_set(pool: &Pool, jobs: &[ClaimJob]) -> anyhow::Result<Vec<Option<Lease>>> {
+    let client = pool.get().await?;
+    let statement = client
+        .prepare_cached(
+            "UPDATE email_outbox o SET state = 'attempting', lease_token = w.token,
+                 leased_until = now() + make_interval(secs => w.secs), attempts = o.attempts + 1
+             FROM unnest($1::text[], $2::uuid[], $3::float8[]) AS w(email_id, token, secs)
+             WHERE o.email_id = w.email_id AND o.state = 'pending'
+             RETURNING o.email_id, o.lease_token, o.claim_scope_key, o.claim_token, o.attempts - 1",
+        )
+        .await?;
+    let tokens: Vec<Uuid> = jobs.iter().map(|_| Uuid::now_v7()).collect();
+    let ids: Vec<&str> = jobs.iter().map(|job| job.email_id.as_str()).collect();
+    let seconds: Vec<f64> = jobs.iter().map(|job| job.lease.as_secs_f64()).collect();
+    let rows = client.query(&statement, &[&ids, &tokens, &seconds]).await?;
+    let mut leases: Vec<Option<Lease>> = jobs.iter().map(|_| None).collect();
+    for row in rows {
+        let token: Uuid = row.get(1);
+        // Two claims of one email in one statement: the row took one token; its job wins.
+        let Some(index) = tokens.iter().position(|candidate| *candidate == token) else { continue };
+        leases[index] = Some(Lease {
+            email_id: row.get(0),
+            token,
+            claim: row.get::<_, Option<String>>(2).zip(row.get::<_, Option<Uuid>>(3)),
+            attempts: row.get(4),
+        });
+    }
+    Ok(leases)
 }
 
 /// The answer of a send once its outcome is known: `{data: {emailId, status, error}}`.
@@ -331,6 +427,7 @@ pub async fn hand_off(
     prepared: &Prepared,
     retry_schedule: Option<&[u64]>,
 ) -> Handed {
+    let started = std::time::Instant::now();
     let built = crate::crypto::keyring()
         .and_then(|keyring| super::dkim::open(keyring, &prepared.domain_id, &prepared.domain.dkim))
         .and_then(|pem| {
@@ -339,6 +436,8 @@ pub async fn hand_off(
                 &message::Signing { selector: &prepared.domain.dkim.selector, pem: &pem },
             )
         });
+    metrics::histogram!("email_handoff_phase_seconds", "phase" => "build").record(started.elapsed().as_secs_f64());
+    let relayed = std::time::Instant::now();
     let outcome = match built {
         Ok(message) => mailer.send(&prepared.parties.email_id, &message).await,
         Err(error) => Outcome::Rejected {
@@ -371,7 +470,11 @@ pub async fn hand_off(
             }
         };
     };
-    match record_with(event_log, &prepared.parties, lease, event.clone(), bounce.as_ref()).await {
+    metrics::histogram!("email_handoff_phase_seconds", "phase" => "relay").record(relayed.elapsed().as_secs_f64());
+    let recording = std::time::Instant::now();
+    let recorded = record_with(event_log, &prepared.parties, lease, event.clone(), bounce.as_ref()).await;
+    metrics::histogram!("email_handoff_phase_seconds", "phase" => "record").record(recording.elapsed().as_secs_f64());
+    match recorded {
         Ok(appended) => Handed::Recorded(Box::new(event), appended),
         Err(error) => {
             tracing::error!(error = %error, email = %lease.email_id, "could not record a hand-off's outcome");

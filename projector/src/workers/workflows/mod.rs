@@ -50,6 +50,8 @@ pub(crate) struct Inner {
     log: EventLog,
     http: reqwest::Client,
     mailer: Mailer,
+    /// Hand-off claims of the engine's emails, made together.
+    claims: shared::email::outbox::Claims,
     settings: Settings,
     /// Definitions by (workflow, revision): immutable once appended.
     definitions: Mutex<HashMap<(String, i64), Arc<WorkflowDef>>>,
@@ -79,11 +81,13 @@ impl Engine {
             .user_agent(concat!("platform-workflows/", env!("CARGO_PKG_VERSION")))
             .build()?;
         let mailer = Mailer::from_settings(&settings.email)?;
+        let claims = shared::email::outbox::Claims::start(pool.clone());
         Ok(Self(Arc::new(Inner {
             pool,
             log,
             http,
             mailer,
+            claims,
             settings: settings.clone(),
             definitions: Mutex::default(),
             slots: Arc::new(Semaphore::new(settings.workflows.concurrency.max(1))),

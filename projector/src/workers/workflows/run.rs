@@ -1196,7 +1196,7 @@ async fn apply_guards_alone(inner: &Inner, guards: Vec<Guard>) -> Result<(), App
 /// Hands an email a run scheduled to the relay; the outbox worker finishes what this leaves.
 async fn hand_off(inner: &Inner, prepared: &Prepared) {
     let email_id = &prepared.parties.email_id;
-    let lease = match outbox::claim(&inner.pool, email_id, inner.settings.email_lease()).await {
+    let lease = match inner.claims.claim(email_id, inner.settings.email_lease()).await {
         Ok(Some(lease)) => lease,
         Ok(None) => return,
         Err(error) => {
