@@ -32,7 +32,7 @@ use shared::email::outbox::{self, Prepared};
 use shared::email::resources::{Audience, DomainDef, SenderDef};
 use shared::email::send::{Authored, EmailTo, allowance_guard, schedule};
 use shared::error::Code;
-use shared::log::{AppendError, AppendRequest, EventLog, Guard, Metadata};
+use shared::log::{AppendError, AppendRequest, EventLog, Guard, Metadata, SetValue};
 use shared::settings::Settings;
 
 use crate::runtime::{Outcome, Worker};
@@ -468,11 +468,18 @@ impl Sender {
 /// Moves the recipient from `pending` to `scheduled` with its email, in the email's append:
 /// a recipient decided before (by a process that died after its append) refuses it.
 fn recipient_scheduled(run_id: &str, contact_id: &str, email_id: &str) -> Guard {
+    let row = [run_id, contact_id, email_id].map(|value| SetValue::Text(Some(value.to_owned()))).to_vec();
     Guard::exactly_one(
         "UPDATE broadcast_recipients SET state = 'scheduled', email_id = $3
          WHERE run_id = $1 AND contact_id = $2 AND state = 'pending'",
         vec![Box::new(run_id.to_owned()), Box::new(contact_id.to_owned()), Box::new(email_id.to_owned())],
         AppendError::Conflict { code: Code::OperationTaken, message: "the recipient was already decided".to_owned() },
+    )
+    .with_set(
+        "UPDATE broadcast_recipients r SET state = 'scheduled', email_id = w.email_id
+         FROM unnest($1::text[], $2::text[], $3::text[]) AS w(run_id, contact_id, email_id)
+         WHERE r.run_id = w.run_id AND r.contact_id = w.contact_id AND r.state = 'pending'",
+        row,
     )
 }
 

@@ -18,18 +18,31 @@ use super::resources::{DomainDef, SenderDef};
 use crate::error::Code;
 use crate::events::LogEvent;
 use crate::log::{
-    AppendError, AppendRequest, Appended, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend,
+    AppendError, AppendRequest, Appended, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend,
 };
 use crate::proto;
 
 /// The row that the send's append inserts (and how it will complete the idempotency claim).
 pub fn insert_guard(email_id: &str, space_id: &str, claim: Option<(String, Uuid)>) -> Guard {
     let (scope_key, claim_token) = claim.unzip();
+    let row = vec![
+        SetValue::Text(Some(email_id.to_owned())),
+        SetValue::Text(Some(space_id.to_owned())),
+        SetValue::Text(scope_key.clone()),
+        SetValue::Text(claim_token.map(|token| token.to_string())),
+    ];
     Guard::exactly_one(
         "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token) VALUES ($1, $2, $3, $4)
          ON CONFLICT (email_id) DO NOTHING",
         vec![Box::new(email_id.to_owned()), Box::new(space_id.to_owned()), Box::new(scope_key), Box::new(claim_token)],
         AppendError::Conflict { code: Code::IdempotencyConflict, message: "the email id is already taken".to_owned() },
+    )
+    .with_set(
+        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token)
+         SELECT w.email_id, w.space_id, w.scope_key, w.token::uuid
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS w(email_id, space_id, scope_key, token)
+         ON CONFLICT (email_id) DO NOTHING",
+        row,
     )
 }
 
@@ -287,12 +300,29 @@ async fn append_outcome(
         LogEvent::EmailOutcomeUnknown(unknown) => Some(unknown.reason.clone()),
         _ => None,
     };
-    let mut guards = vec![Guard::exactly_one(
-        "UPDATE email_outbox SET state = $3, leased_until = NULL, last_error = $4
+    let row = vec![
+        SetValue::Text(Some(lease.email_id.clone())),
+        SetValue::Uuid(lease.token),
+        SetValue::Text(Some(state.to_owned())),
+        SetValue::Text(error.clone()),
+    ];
+    let mut guards = vec![
+        Guard::exactly_one(
+            "UPDATE email_outbox SET state = $3, leased_until = NULL, last_error = $4
          WHERE email_id = $1 AND lease_token = $2 AND state = 'attempting'",
-        vec![Box::new(lease.email_id.clone()), Box::new(lease.token), Box::new(state), Box::new(error)],
-        AppendError::Conflict { code: Code::IdempotencyConflict, message: "the hand-off's lease was lost".to_owned() },
-    )];
+            vec![Box::new(lease.email_id.clone()), Box::new(lease.token), Box::new(state), Box::new(error)],
+            AppendError::Conflict {
+                code: Code::IdempotencyConflict,
+                message: "the hand-off's lease was lost".to_owned(),
+            },
+        )
+        .with_set(
+            "UPDATE email_outbox o SET state = w.state, leased_until = NULL, last_error = w.last_error
+         FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[]) AS w(email_id, token, state, last_error)
+         WHERE o.email_id = w.email_id AND o.lease_token = w.token AND o.state = 'attempting'",
+            row,
+        ),
+    ];
     if let (Some((scope_key, claim_token)), Some(answer)) = (&lease.claim, answer) {
         let params: Vec<Box<dyn ToSql + Send + Sync>> =
             vec![Box::new(scope_key.clone()), Box::new(*claim_token), Box::new(answer)];

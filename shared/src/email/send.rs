@@ -11,7 +11,7 @@ use super::resources::{AllowanceDef, DomainDef, SenderDef, TemplateDef};
 use super::{message, render};
 use crate::error::Code;
 use crate::events::LogEvent;
-use crate::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use crate::log::{AppendError, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
 use crate::proto;
 
 /// A template with its sender, the sender's domain and the space's allowance, as a send reads
@@ -137,11 +137,31 @@ pub fn schedule(
 
 /// Counts one email against the month's allowance, refused (`email_limit_reached`) once it
 /// is used up.
+///
+/// In a batch, the emails of one space and month are counted with one update of its row
+/// (the row every email of the space touches); if they do not all fit, the batch is written
+/// again one append at a time, so exactly the emails past the allowance are refused.
 pub fn allowance_guard(space_id: &str, now_ms: i64, monthly: i64) -> Guard {
+    let month = super::allowance_month(now_ms);
+    let row =
+        vec![SetValue::Text(Some(space_id.to_owned())), SetValue::Text(Some(month.clone())), SetValue::BigInt(monthly)];
     Guard::exactly_one(
         "INSERT INTO email_allowance_usage AS u (space_id, month, used) SELECT $1, $2, 1 WHERE $3::bigint > 0
          ON CONFLICT (space_id, month) DO UPDATE SET used = u.used + 1 WHERE u.used < $3",
-        vec![Box::new(space_id.to_owned()), Box::new(super::allowance_month(now_ms)), Box::new(monthly)],
+        vec![Box::new(space_id.to_owned()), Box::new(month), Box::new(monthly)],
         AppendError::Conflict { code: Code::EmailLimitReached, message: "the email allowance is used up".to_owned() },
+    )
+    .with_set(
+        "WITH w AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS w(space_id, month, monthly)),
+         g AS (SELECT space_id, month, min(monthly) AS monthly, count(*) AS n FROM w GROUP BY space_id, month),
+         counted AS (
+             INSERT INTO email_allowance_usage AS u (space_id, month, used)
+             SELECT space_id, month, n FROM g WHERE n <= monthly
+             ON CONFLICT (space_id, month) DO UPDATE SET used = u.used + excluded.used
+             WHERE u.used + excluded.used
+                 <= (SELECT g.monthly FROM g WHERE g.space_id = u.space_id AND g.month = u.month)
+             RETURNING space_id, month)
+         SELECT 1 FROM w JOIN counted USING (space_id, month)",
+        row,
     )
 }

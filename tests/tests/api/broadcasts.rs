@@ -202,6 +202,7 @@ async fn a_broadcast_to_5000_contacts_killed_mid_run_reaches_every_consenting_re
         ("APP__EMAIL__OUTBOX_POLL_MS", "100".to_owned()),
         ("APP__BROADCASTS__RATE_PER_SECOND", "400".to_owned()),
         ("APP__BROADCASTS__BATCH", "100".to_owned()),
+        ("APP__BROADCASTS__HANDOFFS", "16".to_owned()),
     ];
     let mut first = spawn_binary("projector", &["run"], &app.database_url, &env);
     app.apply_workspace(&crate::email::mail_workspace(1_000_000), true).await;
