@@ -417,3 +417,29 @@ async fn two_concurrent_changes_of_different_fields_both_survive() {
     let read = app.get(&format!("/broadcasts/{BLAST_BROADCAST}"), MAIL_KEY).await;
     assert_eq!((&read.body["data"]["name"], &read.body["data"]["scheduledAt"]), (&json!(last.0), &json!(last.1)));
 }
+
+#[tokio::test]
+async fn a_run_larger_than_the_allowance_sends_exactly_what_is_left_of_it() {
+    const PEOPLE: usize = 40;
+    const ALLOWANCE: i64 = 25;
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, ALLOWANCE).await;
+    create_people(&app, (0..PEOPLE).map(|index| (format!("few{index:02}@example.com"), true)).collect()).await;
+    let segment_id = segment(&app, "Few", "firstName is Fan").await;
+    let aimed =
+        patch(&app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment_id}, "scheduledAt": null})).await;
+    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
+    app.wait_for_projections().await;
+    // One batch holds every recipient: counted together they do not fit, so each is counted
+    // on its own and exactly the allowance is used.
+    let sent = send(&app, BLAST_BROADCAST, "over").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = finished_run(&app, BLAST_BROADCAST, &run_id, WAIT).await;
+    assert_eq!(run["counts"]["audience"], PEOPLE, "{run}");
+    assert_eq!(run["counts"]["sent"], ALLOWANCE, "{run}");
+    assert_eq!(run["counts"]["skipped"]["allowance"], PEOPLE as i64 - ALLOWANCE, "{run}");
+    let used = app.query_i64("SELECT coalesce(sum(used), 0)::bigint FROM email_allowance_usage").await;
+    assert_eq!(used, ALLOWANCE);
+    assert_eq!(sink.wait_for(ALLOWANCE as usize, WAIT).await.len(), ALLOWANCE as usize);
+}
