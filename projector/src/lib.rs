@@ -151,6 +151,22 @@ impl shared::ops::Readiness for WorkersReadiness {
     }
 }
 
+/// The operations endpoints (`/health/live`, `/health/ready`, `/metrics`) of a projector
+/// process, bound on `APP__PROJECTOR__PORT`; the server and its port.
+pub fn ops_server(settings: &Settings, ops: shared::ops::Ops) -> anyhow::Result<(actix_web::dev::Server, u16)> {
+    let listener = std::net::TcpListener::bind((settings.http.host.as_str(), settings.projector.port))?;
+    let port = listener.local_addr()?.port();
+    let server = actix_web::HttpServer::new(move || {
+        let ops = ops.clone();
+        actix_web::App::new().configure(|config| ops.configure(config))
+    })
+    .workers(1)
+    .shutdown_timeout(settings.shutdown_timeout().as_secs().max(1))
+    .listen(listener)?
+    .run();
+    Ok((server, port))
+}
+
 /// The projector process: its workers on the runtime, and its operations endpoints
 /// (`/health/live`, `/health/ready`, `/metrics`) on `APP__PROJECTOR__PORT`.
 pub struct Application {
@@ -169,16 +185,7 @@ impl Application {
         let runtime = Runtime::new(database_url, workers(settings, &pool, provider, &process)?);
         let readiness = WorkersReadiness { health: runtime.health(), pool: pool.clone() };
         let ops = shared::ops::Ops::new(pool, Some(Arc::new(readiness)));
-        let listener = std::net::TcpListener::bind((settings.http.host.as_str(), settings.projector.port))?;
-        let port = listener.local_addr()?.port();
-        let server = actix_web::HttpServer::new(move || {
-            let ops = ops.clone();
-            actix_web::App::new().configure(|config| ops.configure(config))
-        })
-        .workers(1)
-        .shutdown_timeout(settings.shutdown_timeout().as_secs().max(1))
-        .listen(listener)?
-        .run();
+        let (server, port) = ops_server(settings, ops)?;
         Ok(Self { runtime, server, port, shutdown: CancellationToken::new() })
     }
 

@@ -25,6 +25,12 @@ pub fn schema_name(name: &str, version: i32) -> String {
     format!("rm_{name}_v{version}")
 }
 
+/// The schema of read model `name`'s live version, read now; `None` before it has one.
+pub async fn live_schema(client: &impl deadpool_postgres::GenericClient, name: &str) -> anyhow::Result<Option<String>> {
+    let row = client.query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&name]).await?;
+    Ok(row.map(|row| schema_name(name, row.get(0))))
+}
+
 impl Live {
     pub fn schema(&self, name: &str) -> String {
         schema_name(name, self.version)

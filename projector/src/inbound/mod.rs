@@ -115,16 +115,7 @@ impl Inbound {
         let log = EventLog::start(pool.clone(), settings.append.batch_max);
         let port = settings.inbound.port.unwrap_or(DEFAULT_PORT);
         let listener = Listener::bind(pool.clone(), log, &settings.inbound, port).await?;
-        let ops = shared::ops::Ops::new(pool, None);
-        let ops_listener = std::net::TcpListener::bind((settings.http.host.as_str(), settings.projector.port))?;
-        let ops_port = ops_listener.local_addr()?.port();
-        let server = actix_web::HttpServer::new(move || {
-            let ops = ops.clone();
-            actix_web::App::new().configure(|config| ops.configure(config))
-        })
-        .workers(1)
-        .listen(ops_listener)?
-        .run();
+        let (server, ops_port) = crate::ops_server(settings, shared::ops::Ops::new(pool, None))?;
         Ok(Self { listener, server, ops_port })
     }
 
@@ -318,12 +309,9 @@ impl<'a> Session<'a> {
             return Ok(false);
         }
         let client = self.shared.pool.get().await?;
-        let Some(row) =
-            client.query_opt("SELECT version FROM projections WHERE name = 'catalog' AND status = 'live'", &[]).await?
-        else {
+        let Some(catalog) = shared::readmodel::live_schema(&client, "catalog").await? else {
             anyhow::bail!("the catalog is not built yet");
         };
-        let catalog = shared::readmodel::schema_name("catalog", row.get(0));
         let statement = format!(
             "SELECT EXISTS (SELECT 1 FROM {catalog}.resources WHERE kind = $1 AND lower(definition ->> 'returnPath') = $2)"
         );

@@ -117,13 +117,7 @@ impl Recorder {
 
     async fn email(&self, email_id: &str) -> anyhow::Result<Option<Email>> {
         let client = self.pool.get().await?;
-        let statement = client
-            .prepare_cached("SELECT payload FROM events WHERE stream_id = $1 AND event_type = 'EmailScheduled.v1'")
-            .await?;
-        let Some(row) = client.query_opt(&statement, &[&shared::email::stream_id(email_id)]).await? else {
-            return Ok(None);
-        };
-        let LogEvent::EmailScheduled(scheduled) = LogEvent::decode("EmailScheduled.v1", row.get(0))? else {
+        let Some(scheduled) = shared::email::outbox::scheduled_event(&client, email_id).await? else {
             return Ok(None);
         };
         let keys = shared::crypto::load_keys(&client, std::slice::from_ref(&scheduled.contact_id)).await?;

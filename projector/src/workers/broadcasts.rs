@@ -33,6 +33,7 @@ use shared::email::resources::{Audience, DomainDef, SenderDef};
 use shared::email::send::{Authored, EmailTo, allowance_guard, schedule};
 use shared::error::Code;
 use shared::log::{AppendError, AppendRequest, EventLog, Guard, Metadata, SetValue};
+use shared::readmodel::live_schema;
 use shared::settings::Settings;
 
 use crate::runtime::{Outcome, Worker};
@@ -42,12 +43,6 @@ use crate::timers::{Handled, Timer, TimerHandler};
 pub const RUN_TIMER: &str = "broadcast_runs";
 /// The channel notified when a run starts sending.
 pub const RUNS_CHANNEL: &str = "broadcast_runs";
-
-/// The live schema of read model `name`, if it has a live version.
-async fn live_schema(client: &impl GenericClient, name: &str) -> anyhow::Result<Option<String>> {
-    let row = client.query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&name]).await?;
-    Ok(row.map(|row| shared::readmodel::schema_name(name, row.get(0))))
-}
 
 /// Starts runs when their timer is due.
 pub struct Starter;

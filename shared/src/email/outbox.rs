@@ -570,20 +570,28 @@ struct Scheduled {
     parties: Parties,
 }
 
+/// The `EmailScheduled` of email `email_id`; `None` when the log holds no such email.
+pub async fn scheduled_event(
+    client: &impl deadpool_postgres::GenericClient,
+    email_id: &str,
+) -> anyhow::Result<Option<proto::EmailScheduled>> {
+    let statement = client
+        .prepare_cached("SELECT payload FROM events WHERE stream_id = $1 AND event_type = 'EmailScheduled.v1'")
+        .await?;
+    let Some(row) = client.query_opt(&statement, &[&super::stream_id(email_id)]).await? else { return Ok(None) };
+    match LogEvent::decode("EmailScheduled.v1", row.get(0))? {
+        LogEvent::EmailScheduled(event) => Ok(Some(event)),
+        _ => anyhow::bail!("email {email_id}: not an EmailScheduled event"),
+    }
+}
+
 async fn scheduled_from_log(
     client: &impl deadpool_postgres::GenericClient,
     email_id: &str,
 ) -> anyhow::Result<Scheduled> {
-    let row = client
-        .query_opt(
-            "SELECT payload FROM events WHERE stream_id = $1 AND event_type = 'EmailScheduled.v1'",
-            &[&super::stream_id(email_id)],
-        )
+    let event = scheduled_event(client, email_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("email {email_id} has no EmailScheduled event"))?;
-    let LogEvent::EmailScheduled(event) = LogEvent::decode("EmailScheduled.v1", row.get(0))? else {
-        anyhow::bail!("email {email_id}: not an EmailScheduled event");
-    };
     let sender: SenderDef = authored(client, super::resources::SENDER, &event.sender_id).await?;
     let domain: DomainDef = authored(client, super::resources::DOMAIN, &sender.domain_id).await?;
     let parties = Parties {

@@ -543,19 +543,7 @@ async fn one_click_unsubscribe_withdraws_consent_idempotently_and_a_get_changes_
 async fn email_events_reach_email_event_webhooks_filtered_by_type() {
     let sink = SmtpSink::start().await;
     let app = mail_app(&sink, 100).await;
-    let receiver = crate::receiver::Receiver::start().await;
-    receiver.endpoint("mail", &[], json!({})).await;
-    let created = app
-        .post(
-            "/webhooks",
-            MAIL_KEY,
-            &json!({"url": receiver.url("mail"), "trigger": "email event",
-                    "emailEventTypes": ["scheduled", "sent", "unsubscribed"]}),
-        )
-        .await;
-    assert_eq!(created.status, 201, "{:?}", created.body);
-    let secret = created.body["data"]["signatureVerificationSecret"].as_str().expect("secret").to_owned();
-    receiver.endpoint("mail", &[&secret], json!({})).await;
+    let receiver = email_webhook(&app, &["scheduled", "sent", "unsubscribed"]).await;
     let promo = template_id(&app, "promo").await;
     let sent =
         send(&app, &promo, &json!({"data": {"contact": {"email": "hook@example.com", "newsConsent": true}}}), None)
@@ -581,6 +569,24 @@ async fn email_events_reach_email_event_webhooks_filtered_by_type() {
     assert_eq!(sent_delivery["body"]["data"]["emailId"], email_id);
     assert_eq!(sent_delivery["body"]["data"]["templateId"], promo);
     assert_eq!(sent_delivery["body"]["data"]["messageId"], format!("<{email_id}@mail.example.test>"));
+}
+
+/// A receiver with an endpoint `mail` that an `email event` webhook of the mail space delivers
+/// `types` to, with the webhook's secret registered (so each delivery's signature is checked).
+pub(crate) async fn email_webhook(app: &TestApp, types: &[&str]) -> crate::receiver::Receiver {
+    let receiver = crate::receiver::Receiver::start().await;
+    receiver.endpoint("mail", &[], json!({})).await;
+    let created = app
+        .post(
+            "/webhooks",
+            MAIL_KEY,
+            &json!({"url": receiver.url("mail"), "trigger": "email event", "emailEventTypes": types}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let secret = created.body["data"]["signatureVerificationSecret"].as_str().expect("secret").to_owned();
+    receiver.endpoint("mail", &[&secret], json!({})).await;
+    receiver
 }
 
 /// A form post as a browser sends it (urlencoded), from `client` through a trusted proxy.

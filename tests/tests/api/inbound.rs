@@ -212,18 +212,7 @@ async fn create_contact(app: &TestApp, address: &str) -> String {
 async fn a_bounce_and_a_complaint_suppress_the_address_and_reach_webhooks_and_the_audit_trail() {
     let sink = SmtpSink::start().await;
     let app = mail_app(&sink, 100).await;
-    let receiver = crate::receiver::Receiver::start().await;
-    receiver.endpoint("mail", &[], json!({})).await;
-    let created = app
-        .post(
-            "/webhooks",
-            MAIL_KEY,
-            &json!({"url": receiver.url("mail"), "trigger": "email event", "emailEventTypes": ["bounced", "complained"]}),
-        )
-        .await;
-    assert_eq!(created.status, 201, "{:?}", created.body);
-    let secret = created.body["data"]["signatureVerificationSecret"].as_str().expect("secret").to_owned();
-    receiver.endpoint("mail", &[&secret], json!({})).await;
+    let receiver = crate::email::email_webhook(&app, &["bounced", "complained"]).await;
     let listener = start_listener(&app, &[]).await;
 
     // A hard bounce, delivered to the return path the email left with.

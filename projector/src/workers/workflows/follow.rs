@@ -474,11 +474,9 @@ async fn event_data(
 }
 
 async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
-    let row = client
-        .query_opt("SELECT version FROM projections WHERE name = 'catalog' AND status = 'live'", &[])
+    shared::readmodel::live_schema(client, "catalog")
         .await?
-        .ok_or_else(|| anyhow::anyhow!("the catalog has no live version yet"))?;
-    Ok(shared::readmodel::schema_name("catalog", row.get(0)))
+        .ok_or_else(|| anyhow::anyhow!("the catalog has no live version yet"))
 }
 
 impl Worker for Follower {

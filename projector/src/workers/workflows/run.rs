@@ -318,11 +318,9 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
 }
 
 async fn live_schema(client: &impl GenericClient, name: &str) -> anyhow::Result<String> {
-    let row = client
-        .query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&name])
+    shared::readmodel::live_schema(client, name)
         .await?
-        .ok_or_else(|| anyhow::anyhow!("read model {name} has no live version yet"))?;
-    Ok(shared::readmodel::schema_name(name, row.get(0)))
+        .ok_or_else(|| anyhow::anyhow!("read model {name} has no live version yet"))
 }
 
 /// What a webhook call came to.
