@@ -242,6 +242,14 @@ pub fn register(config: &mut web::ServiceConfig, tier: routes::Tier, handler: fn
     }
 }
 
+/// How long an API server waits for requests in flight at shutdown, and keeps an idle
+/// connection open.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerTimeouts {
+    pub shutdown: std::time::Duration,
+    pub keep_alive: std::time::Duration,
+}
+
 /// An HTTP server with the API's middleware, `/v1` scope and 404/405 fallback, plus the
 /// operations endpoints outside `/v1`. Each service (and single-node mode) passes what to
 /// register in the scope, its state included. On SIGTERM (or SIGINT) it stops accepting and
@@ -254,7 +262,7 @@ pub struct ApiServer {
 impl ApiServer {
     pub fn bind<F>(
         (host, port): (&str, u16),
-        shutdown_timeout: std::time::Duration,
+        timeouts: ServerTimeouts,
         ops: crate::ops::Ops,
         configure: F,
     ) -> anyhow::Result<Self>
@@ -274,7 +282,8 @@ impl ApiServer {
                 .service(web::scope(routes::API_PREFIX).configure(configure.clone()))
                 .default_service(web::to(fallback))
         })
-        .shutdown_timeout(shutdown_timeout.as_secs().max(1))
+        .shutdown_timeout(timeouts.shutdown.as_secs().max(1))
+        .keep_alive(timeouts.keep_alive)
         .listen(listener)?
         .run();
         Ok(Self { port, server })

@@ -86,11 +86,22 @@ pub struct HttpSettings {
     /// other peer the header is ignored, so a client cannot choose its own address for the
     /// form limiters.
     pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// `APP__HTTP__KEEP_ALIVE_SECONDS`: how long an idle client connection is kept open.
+    /// Longer than common client pools and proxies keep theirs (nginx keeps upstream
+    /// connections 60 s and client connections 75 s), so the server is not the side that
+    /// closes a connection a client is about to reuse.
+    pub keep_alive_seconds: u64,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { host: "127.0.0.1".to_owned(), port: 8080, shutdown_timeout_millis: 10_000, trusted_proxies: Vec::new() }
+        Self {
+            host: "127.0.0.1".to_owned(),
+            port: 8080,
+            shutdown_timeout_millis: 10_000,
+            trusted_proxies: Vec::new(),
+            keep_alive_seconds: 75,
+        }
     }
 }
 
@@ -509,6 +520,14 @@ impl Settings {
 
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_millis(self.http.shutdown_timeout_millis)
+    }
+
+    /// What an API server needs to know of its connections' lifetimes.
+    pub fn server_timeouts(&self) -> crate::http::ServerTimeouts {
+        crate::http::ServerTimeouts {
+            shutdown: self.shutdown_timeout(),
+            keep_alive: Duration::from_secs(self.http.keep_alive_seconds),
+        }
     }
 }
 

@@ -61,7 +61,7 @@ impl SingleNode {
         let readiness = projector::WorkersReadiness { health: runtime.health(), pool: projector_pool };
         let ops = shared::ops::Ops::new(pool.clone(), Some(Arc::new(readiness)));
         let address = (settings.http.host.as_str(), settings.http.port);
-        let server = ApiServer::bind(address, settings.shutdown_timeout(), ops, move |config| {
+        let server = ApiServer::bind(address, settings.server_timeouts(), ops, move |config| {
             config.app_data(command_state.clone()).app_data(query_state.clone());
             command_service::configure(config);
             query_service::configure(config);

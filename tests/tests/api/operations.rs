@@ -210,3 +210,48 @@ async fn an_edited_applied_migration_fails_loudly() {
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("V1__event_log is different"), "{said}");
 }
+
+/// Writes one POST on `stream` and reads its response: the status, and whether the server
+/// said it would close the connection.
+async fn post_on(stream: &mut tokio::net::TcpStream, host: &str, path: &str, body: &str) -> (u16, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ALPHA_ADMIN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("request written");
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let read = stream.read(&mut chunk).await.expect("response read");
+        assert!(read > 0, "the server closed the connection without a response");
+        received.extend_from_slice(&chunk[..read]);
+        let text = String::from_utf8_lossy(&received);
+        let Some(end) = text.find("\r\n\r\n") else { continue };
+        let head = text[..end].to_ascii_lowercase();
+        let length = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .and_then(|value| value.trim().parse::<usize>().ok())
+            .expect("a content length");
+        if received.len() >= end + 4 + length {
+            let status = head.split(' ').nth(1).and_then(|code| code.parse().ok()).expect("a status");
+            return (status, head.contains("connection: close"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_idle_connection_still_carries_a_post_after_the_old_five_second_limit() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let address = app.command_url.trim_start_matches("http://").trim_end_matches("/v1").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.expect("connected");
+    let path = "/v1/schemas/contacts/records";
+    let (status, closing) = post_on(&mut stream, &address, path, r#"{"email":"first@keepalive.io"}"#).await;
+    assert_eq!((status, closing), (201, false));
+    // actix closes idle connections after 5 s by default; the services keep them 75 s.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let (status, _) = post_on(&mut stream, &address, path, r#"{"email":"second@keepalive.io"}"#).await;
+    assert_eq!(status, 201, "the reused connection carried the second POST");
+}
