@@ -283,16 +283,16 @@ mod tests {
         let to_segment = parse_update(&body(json!({"audience": {"segmentId": "seg_9"}}))).expect("valid");
         let unknown = decide_update("bc_1", "spc_1", Some(&current(false)), &to_segment, AudienceFound::No, 7);
         assert!(matches!(unknown, Err(Refusal::AudienceNotFound(Audience::Segment { .. }))));
-        let active = decide_send("bc_1", "spc_1", Some(&current(true)), AudienceFound::Yes, ("run_1", 7));
+        let active = decide_send("bc_1", "spc_1", Some(&current(true)), AudienceFound::Yes, ("bcr_1", 7));
         assert_eq!(active.map(|_| ()), Err(Refusal::RunActive));
-        let gone = decide_send("bc_1", "spc_1", Some(&current(false)), AudienceFound::No, ("run_1", 7));
+        let gone = decide_send("bc_1", "spc_1", Some(&current(false)), AudienceFound::No, ("bcr_1", 7));
         assert!(matches!(gone, Err(Refusal::AudienceNotFound(Audience::Topic { .. }))));
     }
 
     #[test]
     fn given_a_broadcast_when_sent_then_the_run_takes_its_audience_template_and_sender_as_decided() {
-        let run = decide_send("bc_1", "spc_1", Some(&current(false)), AudienceFound::Yes, ("run_1", 7)).expect("sent");
-        assert_eq!((run.run_id.as_str(), run.template_id.as_str(), run.start_at_ms), ("run_1", "tpl_1", 7));
+        let run = decide_send("bc_1", "spc_1", Some(&current(false)), AudienceFound::Yes, ("bcr_1", 7)).expect("sent");
+        assert_eq!((run.run_id.as_str(), run.template_id.as_str(), run.start_at_ms), ("bcr_1", "tpl_1", 7));
         assert_eq!(run.audience.map(|audience| audience.topic_id), Some("top_1".to_owned()));
     }
 

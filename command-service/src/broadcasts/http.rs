@@ -191,7 +191,7 @@ impl Command for SendBroadcast<'_> {
         let (space_id, broadcast_id) = (self.caller.space_id(), self.broadcast_id.as_str());
         let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
         let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
-        let run_id = shared::ids::new_id("run");
+        let run_id = shared::ids::new_id("bcr");
         let run = decide::decide_send(broadcast_id, space_id, current, found, (&run_id, given.now_ms))?;
         let Some((loaded, _, audience_guard)) = loaded else {
             return Err(ApiError::internal(&anyhow::anyhow!("a send decided without its broadcast")));
