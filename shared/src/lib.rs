@@ -10,6 +10,7 @@ pub mod canonical;
 pub mod catalog;
 pub mod crypto;
 pub mod db;
+pub mod echo;
 pub mod email;
 pub mod error;
 pub mod events;

@@ -9,6 +9,10 @@ use shared::proto;
 
 /// The fields an update accepts.
 pub const UPDATE_FIELDS: [&str; 3] = ["name", "audience", "scheduledAt"];
+/// Fields of the broadcast as returned that an update takes when they are unchanged.
+pub const FIXED_FIELDS: [&str; 4] = ["id", "slug", "templateId", "senderId"];
+/// Fields of the broadcast as returned that the server keeps: an update ignores them.
+pub const KEPT_FIELDS: [&str; 1] = ["updatedAt"];
 /// The most characters of a broadcast's name.
 pub const MAX_NAME_CHARS: usize = 200;
 
@@ -19,6 +23,9 @@ pub struct Update {
     pub audience: Option<Audience>,
     /// `Some(None)` clears the schedule.
     pub scheduled_at_ms: Option<Option<i64>>,
+    /// The fixed fields the body echoed from the broadcast as returned, checked unchanged
+    /// against the broadcast by [`check_echoed`].
+    pub echoed: Map<String, Value>,
 }
 
 /// Why a broadcast request is refused.
@@ -134,45 +141,61 @@ fn invalid(issues: Vec<Issue>) -> Refusal {
     Refusal::Invalid { message: Issue::summary(&issues, "this broadcast update"), issues }
 }
 
+/// `{"segmentId": …}` or `{"topicId": …}`, with or without the `type` a `GET` shows
+/// (`{"type": "segment", "segmentId": …}`), which must then match the id given.
 fn audience(value: &Value, issues: &mut Vec<Issue>) -> Option<Audience> {
     let id = |key: &str| {
         value.get(key).and_then(Value::as_str).filter(|id| !id.trim().is_empty() && id.len() <= 100).map(str::to_owned)
     };
-    let fields: Vec<&str> =
-        value.as_object().map(|object| object.keys().map(String::as_str).collect()).unwrap_or_default();
-    match (id("segmentId"), id("topicId"), fields.len()) {
-        (Some(segment_id), None, 1) if shared::storable::is_storable(&segment_id) => {
+    let typed = value.get("type").map(Value::as_str);
+    let fields = value.as_object().map_or(0, |object| object.len() - usize::from(typed.is_some()));
+    match (id("segmentId"), id("topicId"), fields, typed) {
+        (Some(segment_id), None, 1, None | Some(Some("segment"))) if shared::storable::is_storable(&segment_id) => {
             Some(Audience::Segment { segment_id })
         }
-        (None, Some(topic_id), 1) if shared::storable::is_storable(&topic_id) => Some(Audience::Topic { topic_id }),
+        (None, Some(topic_id), 1, None | Some(Some("topic"))) if shared::storable::is_storable(&topic_id) => {
+            Some(Audience::Topic { topic_id })
+        }
         _ => {
             issues.push(Issue::coded(
                 "audience",
                 Code::InvalidField,
-                "audience must be {\"segmentId\": \"seg_...\"} or {\"topicId\": \"top_...\"}",
+                "audience must be {\"segmentId\": \"seg_...\"} or {\"topicId\": \"top_...\"}, \
+                 optionally with the matching \"type\" (segment or topic)",
             ));
             None
         }
     }
 }
 
-/// Validates an update body: at least one of `name`, `audience` and `scheduledAt` (an RFC 3339
-/// time, or null to send at once).
-pub fn parse_update(body: &Map<String, Value>) -> Result<Update, Refusal> {
-    let mut issues: Vec<Issue> = body
-        .keys()
-        .filter(|key| !UPDATE_FIELDS.contains(&key.as_str()))
-        .map(|key| {
-            let message = match key.as_str() {
-                "templateId" | "senderId" | "slug" => {
-                    format!("{key} is authored in the application; it cannot change here")
-                }
-                _ => format!("{key} is not a field of a broadcast update"),
+/// Refuses an update whose echoed fixed fields differ from the broadcast as shown (`shown`,
+/// the document a `GET` returns): the template, sender and slug are authored in the
+/// application, the id is the broadcast's own.
+pub fn check_echoed(update: &Update, shown: &Value) -> Result<(), Refusal> {
+    let issues: Vec<Issue> = shared::echo::changed(&update.echoed, shown)
+        .into_iter()
+        .map(|(key, current)| {
+            let message = match key {
+                "id" => format!("id is the broadcast's own ({current}); it cannot change"),
+                _ => format!("{key} is authored in the application ({current}); it cannot change here"),
             };
             Issue::coded(key, Code::UnknownField, message)
         })
         .collect();
-    let mut update = Update::default();
+    if issues.is_empty() { Ok(()) } else { Err(invalid(issues)) }
+}
+
+/// Validates an update body: at least one of `name`, `audience` and `scheduledAt` (an RFC 3339
+/// time, or null to send at once).
+pub fn parse_update(body: &Map<String, Value>) -> Result<Update, Refusal> {
+    let mut body = body.clone();
+    let echoed = shared::echo::take_echoed(&mut body, &FIXED_FIELDS, &KEPT_FIELDS);
+    let mut issues: Vec<Issue> = body
+        .keys()
+        .filter(|key| !UPDATE_FIELDS.contains(&key.as_str()))
+        .map(|key| Issue::coded(key, Code::UnknownField, format!("{key} is not a field of a broadcast update")))
+        .collect();
+    let mut update = Update { echoed, ..Update::default() };
     match body.get("name") {
         None => {}
         Some(Value::String(name))
@@ -204,7 +227,7 @@ pub fn parse_update(body: &Map<String, Value>) -> Result<Update, Refusal> {
         },
         Some(_) => issues.push(Issue::coded("scheduledAt", Code::InvalidField, "scheduledAt must be a string or null")),
     }
-    if issues.is_empty() && update == Update::default() {
+    if issues.is_empty() && update.name.is_none() && update.audience.is_none() && update.scheduled_at_ms.is_none() {
         issues.push(Issue {
             key: None,
             code: Some(Code::MissingField),
@@ -241,9 +264,13 @@ mod tests {
         for bad in [
             json!({}),
             json!({"templateId": "tpl_1"}),
+            json!({"status": "draft", "name": "x"}),
             json!({"name": ""}),
             json!({"audience": {"segmentId": "seg_1", "topicId": "top_1"}}),
             json!({"audience": "everyone"}),
+            json!({"audience": {"type": "topic", "segmentId": "seg_1"}}),
+            json!({"audience": {"type": "segment"}}),
+            json!({"id": "bc_1", "updatedAt": "2026-01-01T00:00:00.000Z"}),
             json!({"scheduledAt": "tomorrow"}),
         ] {
             assert!(matches!(parse_update(&body(bad.clone())), Err(Refusal::Invalid { .. })), "{bad}");
@@ -271,6 +298,24 @@ mod tests {
             decide_update("bc_1", "spc_1", Some(&current(false)), &update, AudienceFound::Yes, 7).expect("decided");
         assert_eq!(next.audience, Audience::Segment { segment_id: "seg_2".into() });
         assert_eq!((next.name.as_str(), event.updated_at_ms, event.name), ("Launch", 7, None));
+    }
+
+    #[test]
+    fn given_the_broadcast_as_shown_then_only_its_edits_change_and_fixed_fields_must_match() {
+        let shown = shared::email::broadcasts::document("bc_1", &current(false).definition, 5);
+        let mut edited = shown.clone();
+        edited["name"] = json!("Relaunch");
+        edited["updatedAt"] = json!("2031-01-01T00:00:00.000Z");
+        let update = parse_update(edited.as_object().expect("object")).expect("the returned shape is accepted");
+        assert_eq!(update.name.as_deref(), Some("Relaunch"));
+        assert_eq!(update.audience, Some(Audience::Topic { topic_id: "top_1".into() }), "with its type");
+        assert_eq!(check_echoed(&update, &shown), Ok(()));
+        edited["templateId"] = json!("tpl_2");
+        edited["slug"] = json!("other");
+        let update = parse_update(edited.as_object().expect("object")).expect("parsed");
+        let Err(Refusal::Invalid { issues, .. }) = check_echoed(&update, &shown) else { panic!("refused") };
+        let keys: Vec<_> = issues.iter().filter_map(|issue| issue.key.as_deref()).collect();
+        assert_eq!(keys, ["slug", "templateId"]);
     }
 
     #[test]

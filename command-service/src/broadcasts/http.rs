@@ -125,6 +125,9 @@ impl Command for UpdateBroadcast<'_> {
     fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
         let (space_id, broadcast_id) = (self.caller.space_id(), self.broadcast_id.as_str());
         let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
+        if let Some(current) = current {
+            decide::check_echoed(&self.update, &document(broadcast_id, &current.definition, given.now_ms))?;
+        }
         let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
         let (event, next) = decide::decide_update(broadcast_id, space_id, current, &self.update, found, given.now_ms)?;
         let Some((loaded, _, audience_guard)) = loaded else {

@@ -188,6 +188,26 @@ pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Resul
     }
 }
 
+/// Refuses an update whose echoed `createdAt` differs from the record's: a record's creation
+/// time is set by the platform.
+pub fn check_echoed(echoed: &Map<String, Value>, current: &RecordState) -> Result<(), RecordRefusal> {
+    let shown = serde_json::json!({"createdAt": shared::time::format_millis(current.created_at_ms)});
+    let issues: Vec<Issue> = shared::echo::changed(echoed, &shown)
+        .into_iter()
+        .map(|(key, value)| {
+            Issue::coded(
+                key,
+                Code::AttributeNotWritable,
+                format!("{key} is set by the platform ({value}); it cannot change"),
+            )
+        })
+        .collect();
+    match issues.first() {
+        None => Ok(()),
+        Some(first) => Err(RecordRefusal::invalid(Code::AttributeNotWritable, first.message.clone(), issues)),
+    }
+}
+
 fn collision_warning(identity_key: &str) -> Warning {
     Warning {
         code: "identifier_skipped",

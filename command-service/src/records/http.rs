@@ -20,8 +20,8 @@ use shared::records::{RecordState, record_document};
 use crate::State;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 use crate::records::decide::{
-    Change, CreateDecision, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, decide_create,
-    decide_update, live_target, match_upsert, parse_input,
+    Change, CreateDecision, Input, Match, Owners, UpdateDecision, WriteSchema, check_credits, check_echoed,
+    decide_create, decide_update, live_target, match_upsert, parse_input,
 };
 use crate::records::store::{Loaded, claim, deletion_guards, identity_owners, load_records, release, stream_id};
 use crate::write_contexts::{self, Kind};
@@ -360,11 +360,15 @@ async fn load_update(
     ctx: &Ctx<'_>,
     schema: &WriteSchema<'_>,
     record_id: &str,
-    input: Map<String, Value>,
+    mut input: Map<String, Value>,
 ) -> Result<(Input, (i64, RecordState, Option<DataKey>), Owners), ApiError> {
+    // The body may be the record as read: its `createdAt` is taken when unchanged, its
+    // `updatedAt` ignored.
+    let echoed = shared::echo::take_echoed(&mut input, &["createdAt"], &["updatedAt"]);
     let input = parse_input(schema, input)?;
     let client = ctx.db().await?;
     let target = load_in_schema(&client, schema, record_id).await?;
+    check_echoed(&echoed, &target.1)?;
     let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
     Ok((input, target, owners))
 }

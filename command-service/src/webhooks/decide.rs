@@ -10,6 +10,18 @@ use shared::webhooks::{EMAIL_EVENT_TYPES, Trigger, target};
 pub const CREATE_FIELDS: [&str; 5] = ["url", "trigger", "emailEventTypes", "schemaId", "condition"];
 /// The fields an update accepts (trigger and schema cannot change).
 pub const UPDATE_FIELDS: [&str; 4] = ["url", "emailEventTypes", "condition", "status"];
+/// Fields of the webhook as returned that an update takes when they are unchanged.
+pub const FIXED_FIELDS: [&str; 5] = ["id", "createdAt", "trigger", "schemaId", "integrationVendorName"];
+/// Fields of the webhook as returned that the server keeps: an update ignores them.
+pub const KEPT_FIELDS: [&str; 7] = [
+    "updatedAt",
+    "pauseReason",
+    "totalCalls",
+    "failedCalls",
+    "failedCallsInARow",
+    "lastCalledAt",
+    "lastCallErrorMessage",
+];
 /// The most characters of a custom filter's requirements.
 pub const MAX_REQUIREMENTS_CHARS: usize = 2000;
 
@@ -167,15 +179,33 @@ pub fn parse_create(body: &Map<String, Value>, allow_loopback: bool) -> Result<N
     }
 }
 
-/// Validates an update body against the webhook's trigger.
-pub fn parse_update(body: &Map<String, Value>, trigger: Trigger, allow_loopback: bool) -> Result<Update, Refusal> {
+/// Validates an update body against the webhook as a `GET` shows it (`shown`, whose trigger is
+/// `trigger`). The body may be that document, edited: its fixed fields are accepted unchanged,
+/// its kept fields ignored, and a condition or an `emailEventTypes` equal to the shown one is
+/// no change (a custom filter shows its description, not its requirements). A body that only
+/// echoes the webhook gives an empty update: nothing to change.
+pub fn parse_update(
+    body: &Map<String, Value>,
+    shown: &Value,
+    trigger: Trigger,
+    allow_loopback: bool,
+) -> Result<Update, Refusal> {
+    let mut body = body.clone();
+    let sent = !body.is_empty();
+    let echoed = shared::echo::take_echoed(&mut body, &FIXED_FIELDS, &KEPT_FIELDS);
     let mut issues = Vec::new();
-    for key in body.keys().filter(|key| !UPDATE_FIELDS.contains(&key.as_str())) {
-        let message = match key.as_str() {
+    for (key, _) in shared::echo::changed(&echoed, shown) {
+        let message = match key {
             "trigger" | "schemaId" => format!("{key} cannot change; create a new webhook instead"),
-            _ => format!("{key} is not a field of a webhook update"),
+            _ => format!("{key} is set by the platform; it cannot change"),
         };
         issues.push(Issue::coded(key, Code::UnknownField, message));
+    }
+    body.retain(|key, value| {
+        !(matches!(key.as_str(), "condition" | "emailEventTypes") && shown.get(key) == Some(value))
+    });
+    for key in body.keys().filter(|key| !UPDATE_FIELDS.contains(&key.as_str())) {
+        issues.push(Issue::coded(key, Code::UnknownField, format!("{key} is not a field of a webhook update")));
     }
     let mut update = Update::default();
     if let Some(value) = body.get("url") {
@@ -210,7 +240,7 @@ pub fn parse_update(body: &Map<String, Value>, trigger: Trigger, allow_loopback:
             _ => issues.push(Issue::coded("status", Code::InvalidField, "status must be `live` or `paused`")),
         }
     }
-    if issues.is_empty() && update == Update::default() {
+    if issues.is_empty() && !sent {
         issues.push(Issue {
             key: None,
             code: Some(Code::MissingField),
@@ -463,25 +493,72 @@ mod tests {
         assert!(base(json!("none")).is_err());
     }
 
+    /// A webhook as a `GET` shows it, with `trigger`.
+    fn shown(trigger: Trigger) -> Value {
+        let email = trigger == Trigger::EmailEvent;
+        json!({
+            "id": "wh_1", "createdAt": "2026-11-01T00:00:00.000Z", "updatedAt": "2026-11-02T00:00:00.000Z",
+            "url": "https://example.com/hook", "trigger": trigger.as_str(),
+            "emailEventTypes": if email { json!(["bounced"]) } else { json!([]) },
+            "schemaId": if email { Value::Null } else { json!("sch_1") },
+            "condition": {"type": "custom filter", "description": "plan is pro"},
+            "status": "live", "pauseReason": null, "totalCalls": 3, "failedCalls": 1, "failedCallsInARow": 0,
+            "lastCalledAt": null, "lastCallErrorMessage": null,
+        })
+    }
+
+    fn update(value: Value, trigger: Trigger) -> Result<Update, Refusal> {
+        parse_update(&body(value), &shown(trigger), trigger, false)
+    }
+
     #[test]
     fn given_an_update_then_trigger_and_schema_cannot_change_and_something_must() {
-        let refused = parse_update(&body(json!({"trigger": "contact deleted"})), Trigger::ContactUpserted, false);
+        let refused = update(json!({"trigger": "contact deleted"}), Trigger::ContactUpserted);
         assert_eq!(keys(refused.expect_err("refused")), ["trigger"]);
-        let refused = parse_update(&body(json!({"schemaId": "companies"})), Trigger::ContactUpserted, false);
+        let refused = update(json!({"schemaId": "companies"}), Trigger::ContactUpserted);
         assert_eq!(keys(refused.expect_err("refused")), ["schemaId"]);
-        assert!(parse_update(&Map::new(), Trigger::ContactUpserted, false).is_err(), "an empty update");
-        let paused = parse_update(&body(json!({"status": "paused"})), Trigger::ContactUpserted, false).expect("valid");
+        assert!(update(json!({}), Trigger::ContactUpserted).is_err(), "an empty update");
+        let paused = update(json!({"status": "paused"}), Trigger::ContactUpserted).expect("valid");
         assert_eq!(paused, Update { live: Some(false), ..Update::default() });
-        assert!(parse_update(&body(json!({"status": "stopped"})), Trigger::ContactUpserted, false).is_err());
+        assert!(update(json!({"status": "stopped"}), Trigger::ContactUpserted).is_err());
+        assert_eq!(
+            keys(update(json!({"nickname": "x"}), Trigger::ContactUpserted).expect_err("refused")),
+            ["nickname"]
+        );
+    }
+
+    #[test]
+    fn given_the_webhook_as_shown_then_it_is_accepted_and_only_its_edits_change() {
+        for trigger in [Trigger::ContactUpserted, Trigger::EmailEvent] {
+            let mut edited = shown(trigger);
+            edited["url"] = json!("https://example.com/other");
+            // Counters and times the server keeps may have moved since the read.
+            edited["totalCalls"] = json!(99);
+            edited["updatedAt"] = json!("2030-01-01T00:00:00.000Z");
+            let parsed = update(edited, trigger).expect("the returned shape is accepted");
+            let expected =
+                Update { url: Some("https://example.com/other".into()), live: Some(true), ..Update::default() };
+            assert_eq!(parsed, expected, "the shown condition and email types are no change");
+        }
+        let echo = update(
+            json!({"condition": {"type": "custom filter", "description": "plan is pro"}}),
+            Trigger::ContactUpserted,
+        );
+        assert_eq!(echo.expect("an echo"), Update::default(), "only an echo: nothing to change");
+        let mut moved = shown(Trigger::ContactUpserted);
+        moved["trigger"] = json!("contact deleted");
+        moved["createdAt"] = json!("2020-01-01T00:00:00.000Z");
+        assert_eq!(keys(update(moved, Trigger::ContactUpserted).expect_err("refused")), ["createdAt", "trigger"]);
+        let described = json!({"condition": {"type": "custom filter", "description": "plan is free"}});
+        assert!(update(described, Trigger::ContactUpserted).is_err(), "a filter changes by its requirements");
     }
 
     #[test]
     fn given_an_update_then_email_types_follow_the_trigger() {
-        let types =
-            parse_update(&body(json!({"emailEventTypes": ["complained"]})), Trigger::EmailEvent, false).expect("valid");
+        let types = update(json!({"emailEventTypes": ["complained"]}), Trigger::EmailEvent).expect("valid");
         assert_eq!(types.email_event_types, Some(vec!["complained".to_owned()]));
-        assert!(parse_update(&body(json!({"emailEventTypes": []})), Trigger::EmailEvent, false).is_err());
-        assert!(parse_update(&body(json!({"emailEventTypes": ["sent"]})), Trigger::ContactUpserted, false).is_err());
+        assert!(update(json!({"emailEventTypes": []}), Trigger::EmailEvent).is_err());
+        assert!(update(json!({"emailEventTypes": ["sent"]}), Trigger::ContactUpserted).is_err());
     }
 
     #[test]

@@ -368,7 +368,7 @@ impl Command for UpdateWebhook<'_> {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
         let (version, current) = load_owned(ctx, self.caller, &self.webhook_id).await?;
         let allow_loopback = ctx.state.settings.webhooks.allow_loopback;
-        let update = decide::parse_update(&self.input, current.trigger, allow_loopback)?;
+        let update = decide::parse_update(&self.input, &current.document(), current.trigger, allow_loopback)?;
         let resolved = match &update.condition {
             Some(condition) => Some(resolve_condition(ctx, self.caller, condition, &self.condition).await?),
             None => None,
@@ -380,6 +380,12 @@ impl Command for UpdateWebhook<'_> {
     fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
         let (version, current, update, resolved, mut counters) = loaded;
         let (webhook_id, now) = (self.webhook_id.as_str(), given.now_ms);
+        if update == Update::default() {
+            // The body only echoed the webhook as shown: nothing changes.
+            let mut document = current.document();
+            counters.merge_into(&mut document);
+            return Ok(Decided::Answer(Answer::json(StatusCode::OK, shared::http::data_body(document, &[]))));
+        }
         let set_live = update.live == Some(true);
         if set_live {
             counters.failed_calls_in_a_row = 0;

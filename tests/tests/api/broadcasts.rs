@@ -125,7 +125,8 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
     let segment_id = segment.body["data"]["id"].as_str().expect("id").to_owned();
     for (body, field) in [
         (json!({}), None),
-        (json!({"templateId": "tpl_x"}), Some("templateId")),
+        (json!({"templateId": "tpl_x", "name": "x"}), Some("templateId")),
+        (json!({"audience": {"type": "topic", "segmentId": "a"}}), Some("audience")),
         (json!({"audience": {"segmentId": "a", "topicId": "b"}}), Some("audience")),
         (json!({"scheduledAt": "soon"}), Some("scheduledAt")),
     ] {
@@ -144,7 +145,20 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
     assert_eq!(changed.body["data"]["audience"], json!({"type": "segment", "segmentId": segment_id}));
     assert_eq!(changed.body["data"]["scheduledAt"], "2030-01-01T00:00:00.000Z");
     app.wait_for_workers().await;
-    assert_eq!(app.get(&format!("/broadcasts/{BLAST_BROADCAST}"), MAIL_KEY).await.body["data"]["name"], "Big blast");
+    let mut shown = app.get(&format!("/broadcasts/{BLAST_BROADCAST}"), MAIL_KEY).await.body["data"].clone();
+    assert_eq!(shown["name"], "Big blast");
+
+    // What a GET returns is taken back: fixed fields unchanged, updatedAt ignored.
+    shown["name"] = json!("Bigger blast");
+    shown["updatedAt"] = json!("2001-01-01T00:00:00.000Z");
+    let round_trip = patch(&app, BLAST_BROADCAST, "p-round-trip", &shown).await;
+    assert_eq!(round_trip.status, 200, "{:?}", round_trip.body);
+    assert_eq!(round_trip.body["data"]["name"], "Bigger blast");
+    assert_eq!(round_trip.body["data"]["audience"], json!({"type": "segment", "segmentId": segment_id}));
+    shown["slug"] = json!("another-slug");
+    let moved = patch(&app, BLAST_BROADCAST, "p-moved", &shown).await;
+    assert_eq!((moved.status, moved.code().as_str()), (400, Some("invalid_broadcast")), "{:?}", moved.body);
+    assert_eq!(moved.body["error"]["issues"][0]["key"], "slug");
 
     // Scheduled for 2030: the run waits, and while it does the broadcast cannot change or be
     // sent again.

@@ -130,6 +130,36 @@ async fn invalid_input_is_rejected_with_issues_and_nothing_is_written() {
 }
 
 #[tokio::test]
+async fn a_record_as_read_goes_back_as_a_patch_with_only_its_edits_applied() {
+    let app = TestApp::spawn().await;
+    let created = app.create_contact(&json!({"email": "round@trip.io", "plan": "free"})).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    let path = format!("/schemas/contacts/records/{id}");
+    let patch = |body: Value| app.send(app.request(reqwest::Method::PATCH, &path, Some(ALPHA_ADMIN)).json(&body));
+    app.wait_for_projections().await;
+    let mut shown = app.get(&path, ALPHA_ADMIN).await.body["data"].clone();
+    assert_eq!(shown["createdAt"], created["createdAt"], "{shown}");
+    shown["plan"] = json!("pro");
+    shown["updatedAt"] = json!("2001-01-01T00:00:00.000Z");
+    let round_trip = patch(shown.clone()).await;
+    assert_eq!(round_trip.status, 200, "{:?}", round_trip.body);
+    assert_eq!(
+        (&round_trip.body["data"]["plan"], &round_trip.body["data"]["email"]),
+        (&json!("pro"), &json!("round@trip.io"))
+    );
+    assert_eq!(round_trip.body["data"]["createdAt"], created["createdAt"]);
+    assert_ne!(round_trip.body["data"]["updatedAt"], "2001-01-01T00:00:00.000Z", "updatedAt is the platform's");
+    // Only changing createdAt is refused, and leaves the record as it was.
+    shown["createdAt"] = json!("2020-01-01T00:00:00.000Z");
+    shown["plan"] = json!("free");
+    let moved = patch(shown).await;
+    assert_eq!((moved.status, moved.code().as_str()), (400, Some("attribute_not_writable")), "{:?}", moved.body);
+    assert_eq!(moved.body["error"]["issues"][0]["key"], "createdAt");
+    app.wait_for_projections().await;
+    assert_eq!(app.get(&path, ALPHA_ADMIN).await.body["data"]["plan"], "pro");
+}
+
+#[tokio::test]
 async fn ai_auto_fill_schemas_need_credits() {
     let app = TestApp::spawn().await;
     let broke = app.post("/schemas/accounts/records", MULTI_BETA, &json!({"externalId": "A"})).await;

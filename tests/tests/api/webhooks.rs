@@ -581,6 +581,23 @@ async fn a_custom_filter_delivers_only_matching_events_and_spends_a_credit() {
     let counted = get_webhook(&app, webhook["id"].as_str().expect("id")).await;
     assert_eq!(counted["totalCalls"], 1, "rejected deliveries are not counted");
 
+    // The webhook as read goes back as a PATCH: its shown condition is no change (the filter
+    // stays, no credit is spent), the counters are ignored, and only the edit applies.
+    let mut shown = counted.clone();
+    shown["status"] = json!("paused");
+    shown["totalCalls"] = json!(1000);
+    let round_trip = patch(&app, &format!("/webhooks/{}", webhook["id"].as_str().expect("id")), &shown).await;
+    assert_eq!(round_trip.status, 200, "{:?}", round_trip.body);
+    assert_eq!(round_trip.body["data"]["status"], "paused");
+    assert_eq!(
+        (&round_trip.body["data"]["condition"], &round_trip.body["data"]["totalCalls"]),
+        (&counted["condition"], &json!(1))
+    );
+    assert_eq!(spent().await, before + 1, "an echoed condition spends no credit");
+    shown["condition"]["description"] = json!("plan is free");
+    let described = patch(&app, &format!("/webhooks/{}", webhook["id"].as_str().expect("id")), &shown).await;
+    assert_eq!((described.status, described.code().as_str()), (400, Some("invalid_webhook")), "{:?}", described.body);
+
     // Requirements the provider cannot turn into a filter are refused, and a space without
     // credits gets 402.
     let unclear = app
