@@ -22,7 +22,11 @@ fn workspace_with_consent() -> String {
 }
 
 async fn trail(app: &TestApp, id: &str, query: &str) -> TestResponse {
-    app.get(&format!("/schemas/subscribers/records/{id}/audit-trail{query}"), ALPHA_ADMIN).await
+    let page = app.get(&format!("/schemas/subscribers/records/{id}/audit-trail{query}"), ALPHA_ADMIN).await;
+    if let Some(entries) = page.body["data"].as_array() {
+        assert_conforms("AuditTrailEntry", entries);
+    }
+    page
 }
 
 async fn patch(app: &TestApp, id: &str, body: Value) {
@@ -123,6 +127,7 @@ async fn authored_provider_suppressions_of_the_address_appear() {
     let page = app.get(&format!("/schemas/contacts/records/{id}/audit-trail"), ALPHA_ADMIN).await;
     assert_eq!(page.status, 200, "{:?}", page.body);
     let entries = page.body["data"].as_array().expect("entries");
+    assert_conforms("AuditTrailEntry", entries);
     assert!(
         entries.iter().any(|entry| entry["type"] == "suppression_added" && entry["reason"] == "bounce"),
         "{entries:?}"

@@ -521,6 +521,7 @@ async fn one_click_unsubscribe_withdraws_consent_idempotently_and_a_get_changes_
     // The consent change is in the contact's audit trail.
     let id = contact["id"].as_str().expect("id");
     let trail = app.get(&format!("/schemas/people/records/{id}/audit-trail"), MAIL_KEY).await;
+    assert_conforms("AuditTrailEntry", trail.body["data"].as_array().expect("entries"));
     assert!(
         trail.body["data"]
             .as_array()
@@ -688,6 +689,7 @@ async fn double_opt_in_end_to_end_with_a_browser_post_and_the_link_followed_twic
             MAIL_KEY,
         )
         .await;
+    assert_conforms("AuditTrailEntry", trail.body["data"].as_array().expect("entries"));
     let mut kinds: Vec<String> = trail.body["data"]
         .as_array()
         .expect("entries")

@@ -495,3 +495,27 @@ pub async fn start_python_helper(script: &str, args: &[&str], what: &str, packag
     .unwrap_or_else(|error| panic!("reading the {what}'s stdout: {error}"));
     (child, line)
 }
+
+/// Asserts that every one of `instances` conforms to the schema `name` of the OpenAPI
+/// document, as checked by an independent validator (`tests/openapi/conforms.py`).
+pub fn assert_conforms(name: &str, instances: &[Value]) {
+    let python = std::env::var("TEST_PYTHON").expect("TEST_PYTHON names the tests' Python (see scripts/pyenv.sh)");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut child = Command::new(python)
+        .arg(format!("{root}/tests/openapi/conforms.py"))
+        .arg(format!("{root}/docs/openapi.json"))
+        .arg(name)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the validator starts");
+    let input = serde_json::to_vec(instances).expect("instances serialize");
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin is piped"), &input).expect("instances written");
+    let output = child.wait_with_output().expect("the validator ends");
+    assert!(
+        output.status.success(),
+        "{} of {name} do not conform to the document:\n{}",
+        instances.len(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

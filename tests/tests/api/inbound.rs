@@ -266,6 +266,7 @@ async fn a_bounce_and_a_complaint_suppress_the_address_and_reach_webhooks_and_th
     let trail = app.get(&format!("/schemas/people/records/{bob}/audit-trail"), MAIL_KEY).await;
     assert_eq!(trail.status, 200, "{:?}", trail.body);
     let entries = trail.body["data"].as_array().expect("entries");
+    assert_conforms("AuditTrailEntry", entries);
     let entry = entries.iter().find(|entry| entry["type"] == "email_bounced").expect("an email_bounced entry");
     assert_eq!(
         (&entry["emailId"], &entry["bounceKind"], &entry["source"]),

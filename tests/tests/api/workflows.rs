@@ -193,6 +193,7 @@ async fn a_journey_runs_every_step_kind_through_real_mail_and_a_real_webhook_rec
     let trail = app.get(&format!("/schemas/people/records/{contact_id}/audit-trail?channel=workflow"), MAIL_KEY).await;
     assert_eq!(trail.status, 200, "{:?}", trail.body);
     assert!(!trail.body["data"].as_array().expect("entries").is_empty(), "{:?}", trail.body);
+    assert_conforms("AuditTrailEntry", trail.body["data"].as_array().expect("entries"));
     let runs = app.get(&format!("/workflows/{workflow}/runs?status=completed"), MAIL_KEY).await;
     assert_eq!(runs.body["pagination"]["totalCount"], 1, "{:?}", runs.body);
 }
