@@ -103,10 +103,16 @@ impl Application {
         let state = State::new(settings.clone(), pool.clone(), read_models)?;
         let ops = shared::ops::Ops::new(pool, None);
         let address = (settings.http.host.as_str(), settings.http.port);
-        let server = ApiServer::bind(address, settings.server_timeouts(), ops, move |config| {
-            config.app_data(state.clone());
-            configure(config);
-        })?;
+        let server = ApiServer::bind(
+            address,
+            settings.server_timeouts(),
+            ops,
+            |_| {},
+            move |config| {
+                config.app_data(state.clone());
+                configure(config);
+            },
+        )?;
         Ok(Self { server })
     }
 

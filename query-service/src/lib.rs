@@ -12,6 +12,7 @@ pub mod emails;
 pub mod events;
 pub mod me;
 pub mod records;
+pub mod reference;
 pub mod routes;
 pub mod schemas;
 pub mod segments;
@@ -58,7 +59,7 @@ impl Application {
         let state = State::new(settings.clone(), pool.clone(), read_models);
         let ops = shared::ops::Ops::new(pool, None);
         let address = (settings.http.host.as_str(), settings.http.port);
-        let server = ApiServer::bind(address, settings.server_timeouts(), ops, move |config| {
+        let server = ApiServer::bind(address, settings.server_timeouts(), ops, reference::configure, move |config| {
             config.app_data(state.clone());
             configure(config);
         })?;

@@ -252,7 +252,8 @@ pub struct ServerTimeouts {
 
 /// An HTTP server with the API's middleware, `/v1` scope and 404/405 fallback, plus the
 /// operations endpoints outside `/v1`. Each service (and single-node mode) passes what to
-/// register in the scope, its state included. On SIGTERM (or SIGINT) it stops accepting and
+/// register in the scope, its state included, and what else it serves outside it (`site`:
+/// the query service's reference page). On SIGTERM (or SIGINT) it stops accepting and
 /// gives requests in flight up to `shutdown_timeout` to finish.
 pub struct ApiServer {
     port: u16,
@@ -264,6 +265,7 @@ impl ApiServer {
         (host, port): (&str, u16),
         timeouts: ServerTimeouts,
         ops: crate::ops::Ops,
+        site: fn(&mut web::ServiceConfig),
         configure: F,
     ) -> anyhow::Result<Self>
     where
@@ -279,6 +281,7 @@ impl ApiServer {
                 .wrap(actix_web::middleware::from_fn(crate::ops::request_metrics_middleware))
                 .wrap(actix_web::middleware::from_fn(request_id_middleware))
                 .configure(|config| ops.configure(config))
+                .configure(site)
                 .service(web::scope(routes::API_PREFIX).configure(configure.clone()))
                 .default_service(web::to(fallback))
         })

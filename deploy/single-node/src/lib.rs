@@ -61,11 +61,17 @@ impl SingleNode {
         let readiness = projector::WorkersReadiness { health: runtime.health(), pool: projector_pool };
         let ops = shared::ops::Ops::new(pool.clone(), Some(Arc::new(readiness)));
         let address = (settings.http.host.as_str(), settings.http.port);
-        let server = ApiServer::bind(address, settings.server_timeouts(), ops, move |config| {
-            config.app_data(command_state.clone()).app_data(query_state.clone());
-            command_service::configure(config);
-            query_service::configure(config);
-        })?;
+        let server = ApiServer::bind(
+            address,
+            settings.server_timeouts(),
+            ops,
+            query_service::reference::configure,
+            move |config| {
+                config.app_data(command_state.clone()).app_data(query_state.clone());
+                command_service::configure(config);
+                query_service::configure(config);
+            },
+        )?;
         let inbound = match settings.inbound.port {
             Some(port) => {
                 Some(projector::inbound::Listener::bind(pool.clone(), event_log, &settings.inbound, port).await?)

@@ -18,6 +18,7 @@ async fn main() -> anyhow::Result<()> {
     let workspace = cli.workspace.map(std::fs::read_to_string).transpose()?;
     let node = SingleNode::build(settings.clone(), workspace.as_deref()).await?;
     println!("Base URL: http://{}:{}/v1", settings.http.host, node.port());
+    println!("API reference: http://{}:{}/docs", settings.http.host, node.port());
     if let Some(port) = node.inbound_port() {
         println!("Bounces and complaints (SMTP): {}:{port}", settings.inbound.host);
     }

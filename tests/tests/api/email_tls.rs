@@ -7,13 +7,12 @@
 use std::path::PathBuf;
 
 use crate::email::{mail_app_with, receipt_body, send, template_id, test_email};
+use crate::helpers::scratch_dir;
 use crate::smtp_sink::SmtpSink;
 
 /// A self-signed certificate for 127.0.0.1 and its key, in a fresh folder: `(cert, key)`.
 fn self_signed(name: &str) -> (PathBuf, PathBuf) {
-    let scratch = std::env::var("TEST_SCRATCH").map(PathBuf::from).unwrap_or_else(|_| std::env::temp_dir());
-    let dir = scratch.join(format!("tls-{name}-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).expect("the certificate folder");
+    let dir = scratch_dir(&format!("tls-{name}"));
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let made = std::process::Command::new("openssl")
         .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])

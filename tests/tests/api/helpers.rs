@@ -519,3 +519,11 @@ pub fn assert_conforms(name: &str, instances: &[Value]) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// A fresh folder under `TEST_SCRATCH` (or the system's temporary folder), named after `name`.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let scratch = std::env::var("TEST_SCRATCH").map(PathBuf::from).unwrap_or_else(|_| std::env::temp_dir());
+    let dir = scratch.join(format!("{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    dir
+}

@@ -28,6 +28,7 @@ mod properties;
 mod ratelimit;
 mod receiver;
 mod records;
+mod reference;
 mod runtime;
 mod schemas;
 mod segments;
