@@ -8,6 +8,7 @@
 pub mod inbound;
 pub mod read_models;
 pub mod runtime;
+pub mod status;
 pub mod timers;
 pub mod workers;
 

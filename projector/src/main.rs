@@ -1,6 +1,6 @@
 //! The projector process: `migrate`, `run` (the workers), `inbound` (the return-path SMTP
-//! listener), `rebuild <name>` or
-//! `dead-letters list|retry`.
+//! listener), `rebuild <name>`, `dead-letters list|retry` or `status` (the operator's view of
+//! a running system).
 
 use clap::{Parser, Subcommand};
 use projector::read_models;
@@ -23,6 +23,18 @@ enum Command {
     Inbound,
     /// Rebuild a read model from position 0 beside the live one, then switch readers to it.
     Rebuild { name: String },
+    /// How the system is doing: every read model's and worker's lag and health, dead letters,
+    /// outbox and webhook backlogs, runs in progress, the database's size. Exits 1 when
+    /// something needs attention.
+    Status {
+        /// JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+        /// The operations origin of a projector process (`http://127.0.0.1:9100`) to ask for
+        /// its workers' health as well; repeat for each process.
+        #[arg(long = "process")]
+        processes: Vec<String>,
+    },
     /// Events a read model could not apply: list them, or retry them after a fix.
     DeadLetters {
         #[command(subcommand)]
@@ -91,9 +103,32 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Status { json, processes } => {
+            let status = projector::status::read_from(settings.database_url()?, &processes).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print!("{}", projector::status::render(&status));
+            }
+            if !status.problems.is_empty() {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Rebuild { name } => {
             let pool = shared::db::pool(settings.database_url()?, 4)?;
-            let report = read_models::rebuild::rebuild(&pool, read_model(&name)?, |line| println!("{line}")).await?;
+            let mut progress = shared::progress::Progress::new(&format!("rebuilding {name}"), 0, "events");
+            let mut done = 0;
+            let report = read_models::rebuild::rebuild(&pool, read_model(&name)?, |step| match step {
+                read_models::rebuild::Step::Note(line) => progress.note(line),
+                read_models::rebuild::Step::At { position, head } => {
+                    progress.set_total(head.max(position).max(0).unsigned_abs());
+                    done = position.max(0).unsigned_abs();
+                    progress.set(done);
+                }
+            })
+            .await?;
+            progress.finish(done);
             println!("rebuilt {} events in {:.2}s", report.events, report.elapsed.as_secs_f64());
             Ok(())
         }

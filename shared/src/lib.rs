@@ -21,6 +21,7 @@ pub mod log;
 pub mod ops;
 pub mod pagination;
 pub mod process;
+pub mod progress;
 pub mod query;
 pub mod ratelimit;
 pub mod readmodel;

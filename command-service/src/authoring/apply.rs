@@ -88,8 +88,112 @@ impl Plan<'_> {
     }
 }
 
+/// What applying a workspace would append, decided on the log as it was read: nothing is
+/// written until [`commit`].
+pub struct Planned {
+    current: Current,
+    streams: Vec<StreamAppend>,
+    guards: Vec<Guard>,
+    /// The report of the apply (`position` is set by the commit).
+    pub report: ApplyReport,
+}
+
+/// One stream an apply appends to: what its latest event was and what is appended.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub stream_id: String,
+    /// The type of the event appended.
+    pub event_type: String,
+    /// The stream's latest event before, as text (`None`: a new stream).
+    pub before: Option<String>,
+    /// The event appended, as text.
+    pub after: String,
+}
+
+impl Planned {
+    /// Events the apply appends.
+    pub fn events(&self) -> usize {
+        self.report.events
+    }
+
+    /// Every stream the apply appends to, with its latest event before and the new one.
+    pub fn changes(&self) -> Vec<Change> {
+        self.streams
+            .iter()
+            .flat_map(|stream| {
+                let before = self.current.get(&stream.stream_id).map(|(_, event)| describe(event));
+                stream.events.iter().map(move |new| Change {
+                    stream_id: stream.stream_id.clone(),
+                    event_type: new.event.event_type().to_owned(),
+                    before: before.clone(),
+                    after: describe(&new.event),
+                })
+            })
+            .collect()
+    }
+}
+
+/// An event as text for a person comparing two of them: its fields one per line, an authored
+/// definition as indented JSON, and sealed bytes (personal data, secrets) not shown.
+pub fn describe(event: &LogEvent) -> String {
+    if let LogEvent::ResourceDefined(resource) = event {
+        let definition = serde_json::from_str::<serde_json::Value>(&resource.definition_json)
+            .ok()
+            .and_then(|value| serde_json::to_string_pretty(&value).ok())
+            .unwrap_or_else(|| resource.definition_json.clone());
+        return format!("{} {} (revision {})\n{definition}\n", resource.kind, resource.resource_id, resource.revision);
+    }
+    let mut text = String::new();
+    let mut bytes = 0usize;
+    for line in format!("{event:#?}").lines() {
+        let trimmed = line.trim_end_matches(',').trim();
+        let in_bytes = bytes > 0 || trimmed.ends_with('[');
+        if in_bytes && trimmed.parse::<u8>().is_ok() {
+            bytes += 1;
+            continue;
+        }
+        if bytes > 0 {
+            text.push_str(&format!(
+                "{}<{bytes} byte values, not shown>\n",
+                " ".repeat(line.len() - line.trim_start().len() + 4)
+            ));
+            bytes = 0;
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
+    text
+}
+
 /// Applies `workspace`, returning what was appended.
 pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> anyhow::Result<ApplyReport> {
+    commit(event_log, plan(pool, workspace).await?).await
+}
+
+/// Appends what `planned` holds, in one transaction; its guards make it fail, appending
+/// nothing, when the log changed in between.
+pub async fn commit(event_log: &EventLog, planned: Planned) -> anyhow::Result<ApplyReport> {
+    let mut report = planned.report;
+    if planned.streams.is_empty() {
+        return Ok(report);
+    }
+    let request = AppendRequest {
+        metadata: Metadata {
+            request_id: Some(format!("apply-{}", Utc::now().timestamp_millis())),
+            ..Metadata::default()
+        },
+        streams: planned.streams,
+        guards: planned.guards,
+    };
+    let appended = event_log.append(request).await.map_err(|error| {
+        anyhow::anyhow!("appending the workspace failed (another apply at the same time?): {error}")
+    })?;
+    report.position = appended.last_position;
+    Ok(report)
+}
+
+/// Decides what applying `workspace` appends, on the log as it is now; writes nothing.
+pub async fn plan(pool: &Pool, workspace: &Workspace) -> anyhow::Result<Planned> {
     let webhook_streams: Vec<String> = workspace
         .spaces
         .iter()
@@ -249,22 +353,8 @@ pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> 
     }
 
     report.events = plan.streams.iter().map(|stream| stream.events.len()).sum();
-    if plan.streams.is_empty() {
-        return Ok(report);
-    }
-    let request = AppendRequest {
-        metadata: Metadata {
-            request_id: Some(format!("apply-{}", Utc::now().timestamp_millis())),
-            ..Metadata::default()
-        },
-        streams: plan.streams,
-        guards: plan.guards,
-    };
-    let appended = event_log.append(request).await.map_err(|error| {
-        anyhow::anyhow!("appending the workspace failed (another apply at the same time?): {error}")
-    })?;
-    report.position = appended.last_position;
-    Ok(report)
+    let (streams, guards) = (plan.streams, plan.guards);
+    Ok(Planned { current, streams, guards, report })
 }
 
 fn plan_schemas(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {

@@ -6,5 +6,5 @@ mod email;
 mod format;
 mod workflows;
 
-pub use apply::{ApplyReport, apply, resource_stream, wait_for_catalog};
+pub use apply::{ApplyReport, Change, Planned, apply, commit, describe, plan, resource_stream, wait_for_catalog};
 pub use format::{Workspace, parse};

@@ -21,31 +21,35 @@ pub struct RebuildReport {
     pub elapsed: Duration,
 }
 
-/// Rebuilds `projection`, calling `progress` with a line of text as it goes.
+/// What a rebuild reports as it goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Step<'a> {
+    /// A stage began or ended, in words.
+    Note(&'a str),
+    /// The new version has reached `position`, of a log whose head was `head` when the
+    /// rebuild began (after each batch).
+    At { position: i64, head: i64 },
+}
+
+/// Rebuilds `projection`, calling `progress` as it goes.
 pub async fn rebuild(
     pool: &Pool,
     model: &dyn ReadModel,
-    mut progress: impl FnMut(&str),
+    mut progress: impl FnMut(Step<'_>),
 ) -> anyhow::Result<RebuildReport> {
     let started = Instant::now();
     let (live_version, version) = create_version(pool, model).await?;
-    progress(&format!("rebuilding {} as version {version} beside live version {live_version}", model.name()));
+    let note = format!("rebuilding {} as version {version} beside live version {live_version}", model.name());
+    progress(Step::Note(&note));
     let worker = format!("rebuild-{}", std::process::id());
     let faults = Faults::default();
     let head = {
         let client = pool.get().await?;
         shared::log::head(&client).await?
     };
-    let mut last_report = Instant::now();
     loop {
         match project_batch(pool, model, version, &worker, &faults).await? {
-            Outcome::Projected { position, .. } => {
-                if last_report.elapsed() >= Duration::from_millis(500) {
-                    let rate = position as f64 / started.elapsed().as_secs_f64().max(0.001);
-                    progress(&format!("  position {position} of {head} ({rate:.0} events/s)"));
-                    last_report = Instant::now();
-                }
-            }
+            Outcome::Projected { position, .. } => progress(Step::At { position, head }),
             Outcome::CaughtUp { .. } => break,
             Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,
         }
@@ -60,15 +64,16 @@ pub async fn rebuild(
     }
     let position = switch(pool, model, live_version, version, &worker).await?;
     let elapsed = started.elapsed();
-    progress(&format!(
+    let note = format!(
         "switched readers to {} version {version} at position {position} after {:.2}s",
         model.name(),
         elapsed.as_secs_f64()
-    ));
+    );
+    progress(Step::Note(&note));
     tokio::time::sleep(RETIRE_GRACE).await;
     let client = pool.get().await?;
     client.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", schema_name(model.name(), live_version))).await?;
-    progress(&format!("dropped retired version {live_version}"));
+    progress(Step::Note(&format!("dropped retired version {live_version}")));
     Ok(RebuildReport { version, events: position, elapsed })
 }
 

@@ -22,6 +22,7 @@ mod identities;
 mod inbound;
 mod log;
 mod operations;
+mod operator;
 mod poison;
 mod projector;
 mod properties;

@@ -121,10 +121,13 @@ async fn a_rebuilt_read_model_equals_the_incrementally_built_one() {
     assert_eq!(before_records[0].len(), 26);
 
     let mut lines = Vec::new();
-    let report =
-        projector::read_models::rebuild::rebuild(&app.pool, read_model("records"), |line| lines.push(line.to_owned()))
-            .await
-            .expect("rebuild records");
+    let report = projector::read_models::rebuild::rebuild(&app.pool, read_model("records"), |step| {
+        if let projector::read_models::rebuild::Step::Note(line) = step {
+            lines.push(line.to_owned());
+        }
+    })
+    .await
+    .expect("rebuild records");
     assert_eq!(report.version, 2);
     assert!(lines.iter().any(|line| line.contains("switched readers")), "progress is printed: {lines:?}");
     let after_records = snapshot(&app, &records_queries(2).iter().map(String::as_str).collect::<Vec<_>>()).await;

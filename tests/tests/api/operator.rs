@@ -1,0 +1,142 @@
+//! The operator's commands against a running system, run as the built binaries:
+//! `projector status` (text and `--json`, exit status), `command-service apply --dry-run`
+//! (a diff per resource; nothing written, as the log shows) and the plain progress lines of
+//! `projector rebuild` and `command-service apply` when their output is not a terminal.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// Runs a built binary to its end against the app's database.
+fn run(app: &TestApp, binary: &str, args: &[&str]) -> Output {
+    Command::new(binaries_dir().join(binary))
+        .args(args)
+        .env("APP__DATABASE__URL", &app.database_url)
+        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap_or_else(|error| panic!("running {binary}: {error}"))
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+#[tokio::test]
+async fn status_reports_every_worker_backlogs_and_size_and_fails_when_something_needs_attention() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let port = free_port();
+    let projector =
+        spawn_binary("projector", &["run"], &app.database_url, &[("APP__PROJECTOR__PORT", port.to_string())]);
+    let origin = format!("http://127.0.0.1:{port}");
+    let created = app.create_contact(&json!({"email": "status@x.io"})).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.get(&format!("/schemas/contacts/records/{id}"), ALPHA_ADMIN).await.status != 200 {
+        assert!(Instant::now() < deadline, "the projector caught up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.wait_for_workers().await;
+    let head = app.query_i64("SELECT position FROM log_head").await;
+
+    let output = run(&app, "projector", &["status", "--json", "--process", &origin]);
+    assert!(output.status.success(), "all well exits 0: {}", text(&output));
+    let status: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(status["logHead"], head);
+    let models = status["readModels"].as_array().expect("read models");
+    assert_eq!(models.len(), projector::read_models::ALL.len(), "{models:?}");
+    assert!(models.iter().all(|model| model["lag"] == 0 && model["health"] == "ok"), "{models:?}");
+    assert!(status["workers"].as_array().expect("workers").iter().any(|worker| worker["name"] == "preparation"));
+    assert!(status["databaseBytes"].as_i64().is_some_and(|bytes| bytes > 1_000_000), "{}", status["databaseBytes"]);
+    assert_eq!(status["processes"][0]["ready"], true, "{}", status["processes"]);
+    assert!(status["processes"][0]["report"]["process"]["workers"]["email_outbox"].is_object());
+    assert_eq!(status["problems"], json!([]));
+    let output = run(&app, "projector", &["status"]);
+    let report = text(&output);
+    for section in [
+        "log head",
+        "read models",
+        "workers",
+        "dead letters: 0",
+        "email outbox",
+        "webhook deliveries",
+        "timers",
+        "broadcast runs",
+        "workflow runs",
+        "database:",
+        "all well",
+    ] {
+        assert!(report.contains(section), "{section} in:\n{report}");
+    }
+
+    // With the projector gone, writes pile up; a read model that has not moved for a while
+    // behind the head is stalled, and the status says so and exits 1.
+    drop(projector);
+    app.create_contact(&json!({"email": "behind@x.io"})).await;
+    app.pool
+        .get()
+        .await
+        .expect("client")
+        .execute("UPDATE projections SET updated_at = now() - interval '5 minutes' WHERE name = 'records'", &[])
+        .await
+        .expect("aged");
+    let output = run(&app, "projector", &["status", "--process", &origin]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    let report = text(&output);
+    assert!(report.contains("needs attention") && report.contains("records is stalled 1 events behind"), "{report}");
+    assert!(report.contains(&format!("projector process \"{origin}\" is not ready")), "{report}");
+}
+
+#[tokio::test]
+async fn apply_dry_run_prints_a_diff_per_resource_and_writes_nothing() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("fixture");
+    let space = &mut workspace["spaces"][0];
+    space["name"] = json!("Alpha, renamed");
+    let attributes = space["schemas"][0]["attributes"].as_array_mut().expect("attributes");
+    attributes.push(json!({"key": "dryRunProbe", "name": "Dry run probe", "definition": {"type": "string"}}));
+    let file = scratch_dir("dry-run").join("workspace.json");
+    std::fs::write(&file, workspace.to_string()).expect("written");
+    let file = file.to_str().expect("a UTF-8 path");
+    let head = app.query_i64("SELECT position FROM log_head").await;
+
+    let output = run(&app, "command-service", &["apply", "--dry-run", file]);
+    assert!(output.status.success(), "{}", text(&output));
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(printed.contains("~ authoring/space/"), "the space is shown as changed:\n{printed}");
+    assert!(printed.contains("+        name: \"Alpha, renamed\""), "with the new name:\n{printed}");
+    assert!(printed.contains("-        name: \""), "and the old one:\n{printed}");
+    assert!(printed.contains("+                key: \"dryRunProbe\""), "the new attribute:\n{printed}");
+    assert!(printed.contains("events would be appended") && printed.contains("nothing was written"), "{printed}");
+    assert_eq!(app.query_i64("SELECT position FROM log_head").await, head, "the dry run appended nothing");
+
+    // The same file applied for real appends exactly what the dry run showed.
+    let shown =
+        printed.lines().filter(|line| line.starts_with("~ authoring/") || line.starts_with("+ authoring/")).count();
+    let output = run(&app, "command-service", &["apply", file]);
+    assert!(output.status.success(), "{}", text(&output));
+    let applied = text(&output);
+    assert!(applied.contains(&format!("appending in one transaction: {shown} of {shown} events")), "{applied}");
+    assert_eq!(app.query_i64("SELECT position FROM log_head").await, head + shown as i64);
+    let again = run(&app, "command-service", &["apply", "--dry-run", file]);
+    assert!(text(&again).contains("dry run: 0 events would be appended"), "{}", text(&again));
+}
+
+#[tokio::test]
+async fn rebuild_prints_plain_progress_lines_when_not_on_a_terminal() {
+    let app = TestApp::spawn().await;
+    for index in 0..5 {
+        app.create_contact(&json!({"email": format!("rebuild{index}@x.io")})).await;
+    }
+    app.wait_for_workers().await;
+    let head = app.query_i64("SELECT position FROM log_head").await;
+    let output = run(&app, "projector", &["rebuild", "records"]);
+    assert!(output.status.success(), "{}", text(&output));
+    let printed = text(&output);
+    assert!(printed.contains(&format!("rebuilding records: {head} of {head} events")), "{printed}");
+    assert!(printed.contains("switched readers to records version 2"), "{printed}");
+    assert!(!printed.contains('\r') && !printed.contains("\u{1b}["), "no terminal drawing in a pipe: {printed:?}");
+}
