@@ -27,12 +27,9 @@ as_pg_owner() {
     fi
 }
 
-# pg_start DATA_DIR PORT [extra server options]: initialise (once) and start a cluster that
-# listens on 127.0.0.1:PORT and a socket in DATA_DIR.
-pg_start() {
-    local data_dir="$1" port="$2"
-    shift 2
-    ensure_postgres
+# pg_data_dir DATA_DIR: creates the folder for a cluster, owned by the cluster's owner.
+pg_data_dir() {
+    local data_dir="$1"
     mkdir -p "$data_dir"
     if [ "$(id -u)" = 0 ]; then
         chown postgres:postgres "$data_dir"
@@ -45,9 +42,40 @@ pg_start() {
             parent="$(dirname "$parent")"
         done
     fi
+}
+
+# pg_start DATA_DIR PORT [extra server options]: initialise (once) and start a cluster that
+# listens on 127.0.0.1:PORT and a socket in DATA_DIR.
+pg_start() {
+    local data_dir="$1" port="$2"
+    shift 2
+    ensure_postgres
+    pg_data_dir "$data_dir"
     if [ ! -f "$data_dir/PG_VERSION" ]; then
         as_pg_owner "$PG_BIN/initdb" -D "$data_dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
     fi
+    pg_run "$data_dir" "$port" "$@"
+}
+
+# pg_start_replica PRIMARY_PORT DATA_DIR PORT [extra server options]: a hot standby of the
+# cluster on PRIMARY_PORT (physical streaming replication: pg_basebackup -R writes the
+# connection to the primary and standby.signal), listening on 127.0.0.1:PORT.
+pg_start_replica() {
+    local primary="$1" data_dir="$2" port="$3"
+    shift 3
+    ensure_postgres
+    pg_data_dir "$data_dir"
+    if [ ! -f "$data_dir/PG_VERSION" ]; then
+        as_pg_owner "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$primary" -U postgres -D "$data_dir" \
+            -R -X stream -c fast >/dev/null
+    fi
+    pg_run "$data_dir" "$port" "$@"
+}
+
+# pg_run DATA_DIR PORT [extra server options]: starts the cluster in DATA_DIR unless it runs.
+pg_run() {
+    local data_dir="$1" port="$2"
+    shift 2
     if as_pg_owner "$PG_BIN/pg_ctl" -D "$data_dir" status >/dev/null 2>&1; then
         return 0
     fi

@@ -64,6 +64,7 @@ where
 {
     let names: Vec<&str> = models.to_vec();
     let deadline = Instant::now() + state.settings.consistency_wait();
+    let anchor = Anchor::read(state, caller).await?;
     let mut guess = state.read_models.current(models).await?;
     loop {
         // A connection per attempt: a read that waits for the read models must not hold one
@@ -74,7 +75,7 @@ where
         let check_params: [&(dyn ToSql + Sync); 3] = [&key_id, &names, &space_id];
         let (checked, result) = tokio::join!(client.query_one(&check, &check_params), read(&client, &guess));
         drop(client);
-        match settle(state, models, token, &guess, &checked?, deadline) {
+        match settle(state, models, token, anchor, &guess, &checked?, deadline) {
             Settled::Answer(consistent) => return Ok((result?, consistent)),
             Settled::Wait(attainable) => {
                 let remaining = deadline.saturating_duration_since(Instant::now());
@@ -121,6 +122,7 @@ where
 {
     let names: Vec<&str> = models.to_vec();
     let deadline = Instant::now() + state.settings.consistency_wait();
+    let anchor = Anchor::read(state, caller).await?;
     let mut guess = state.read_models.current(models).await?;
     loop {
         // A connection per attempt, not held while waiting (see consistent_read).
@@ -132,13 +134,39 @@ where
         let rows = client.query(&statement, &all_params).await?;
         drop(client);
         let first = rows.first().ok_or_else(|| ApiError::unavailable("the consistency check returned no row"))?;
-        match settle(state, models, token, &guess, first, deadline) {
+        match settle(state, models, token, anchor, &guess, first, deadline) {
             Settled::Answer(consistent) => return Ok((rows, consistent)),
             Settled::Wait(attainable) => {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 guess = state.read_models.wait_for(models, attainable, remaining).await?;
             }
         }
+    }
+}
+
+/// What a read on a standby must know as of the request, from the primary: the caller's last
+/// write and the head of the log. The standby's own copies of both may be behind, and a read
+/// deciding on them would miss the caller's write (or take a token it has not yet replayed for
+/// one beyond the log). Reads on the primary itself need none (zeros: the check's own values
+/// stand).
+#[derive(Debug, Clone, Copy, Default)]
+struct Anchor {
+    key_position: i64,
+    head: i64,
+}
+
+impl Anchor {
+    async fn read(state: &State, caller: &Caller) -> Result<Self, ApiError> {
+        let Some(primary) = &state.primary else { return Ok(Self::default()) };
+        let client = primary.get().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT COALESCE((SELECT position FROM key_positions WHERE key_id = $1), 0),
+                        (SELECT position FROM log_head)",
+            )
+            .await?;
+        let row = client.query_one(&statement, &[&caller.key_id()]).await?;
+        Ok(Self { key_position: row.get(0), head: row.get(1) })
     }
 }
 
@@ -151,8 +179,18 @@ enum Settled {
 
 /// Whether a read made with the versions `guess` and checked by `checked` (a row starting
 /// with the check's columns) answers the caller.
-fn settle(state: &State, models: &[&str], token: i64, guess: &Consistent, checked: &Row, deadline: Instant) -> Settled {
-    let check = decode_check(checked);
+fn settle(
+    state: &State,
+    models: &[&str],
+    token: i64,
+    anchor: Anchor,
+    guess: &Consistent,
+    checked: &Row,
+    deadline: Instant,
+) -> Settled {
+    let mut check = decode_check(checked);
+    check.key_position = check.key_position.max(anchor.key_position);
+    check.head = check.head.max(anchor.head);
     state.read_models.observe(&check.models);
     let required = check.key_position.max(token);
     // What waiting can reach: a token beyond the head of the log (no write returned it)

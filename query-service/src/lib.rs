@@ -28,7 +28,12 @@ use shared::readmodel::ReadModels;
 use shared::settings::Settings;
 
 pub struct State {
+    /// Where reads run: the database, or its hot standby (`APP__DATABASE__READ_URL`).
     pub pool: Pool,
+    /// The primary, when reads run on a standby: what a read must know as of now (the
+    /// caller's last write, the head of the log) is read there, and rate-limit reservations
+    /// are written there.
+    pub primary: Option<Pool>,
     pub authenticator: Authenticator,
     pub read_models: ReadModels,
     pub settings: Settings,
@@ -36,9 +41,25 @@ pub struct State {
 
 impl State {
     pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> web::Data<Self> {
-        let authenticator =
-            Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
-        web::Data::new(Self { pool, authenticator, read_models, settings })
+        Self::with_primary(settings, pool, None, read_models)
+    }
+
+    /// A state whose reads run on `pool`, a standby of `primary` when one is given.
+    pub fn with_primary(
+        settings: Settings,
+        pool: Pool,
+        primary: Option<Pool>,
+        read_models: ReadModels,
+    ) -> web::Data<Self> {
+        let limiter_pool = primary.clone().unwrap_or_else(|| pool.clone());
+        let authenticator = Authenticator::with_limiter_pool(
+            pool.clone(),
+            limiter_pool,
+            read_models.clone(),
+            settings.auth_cache_ttl(),
+            settings.rate_limits,
+        );
+        web::Data::new(Self { pool, primary, authenticator, read_models, settings })
     }
 }
 
@@ -54,9 +75,18 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let pool = shared::db::generic_plan_pool(settings.database_url()?, settings.database.pool_size)?;
-        let read_models = ReadModels::start(pool.clone(), settings.database_url()?.to_owned());
-        let state = State::new(settings.clone(), pool.clone(), read_models);
+        let primary = shared::db::generic_plan_pool(settings.database_url()?, settings.database.pool_size)?;
+        let (pool, primary, read_models) = match settings.read_url() {
+            None => {
+                let read_models = ReadModels::start(primary.clone(), settings.database_url()?.to_owned());
+                (primary, None, read_models)
+            }
+            Some(read_url) => {
+                let standby = shared::db::generic_plan_pool(read_url, settings.database.pool_size)?;
+                (standby.clone(), Some(primary), ReadModels::start_on_standby(standby))
+            }
+        };
+        let state = State::with_primary(settings.clone(), pool.clone(), primary, read_models);
         let ops = shared::ops::Ops::new(pool, None);
         let address = (settings.http.host.as_str(), settings.http.port);
         let server = ApiServer::bind(address, settings.server_timeouts(), ops, reference::configure, move |config| {

@@ -95,7 +95,19 @@ pub struct Authenticator {
 
 impl Authenticator {
     pub fn new(pool: Pool, read_models: ReadModels, ttl: Duration, limits: Limits) -> Self {
-        let rate_limiter = RateLimiter::new(pool.clone(), limits);
+        Self::with_limiter_pool(pool.clone(), pool, read_models, ttl, limits)
+    }
+
+    /// Keys are looked up through `pool` (a standby serves), rate-limit reservations written
+    /// through `limiter_pool` (the primary).
+    pub fn with_limiter_pool(
+        pool: Pool,
+        limiter_pool: Pool,
+        read_models: ReadModels,
+        ttl: Duration,
+        limits: Limits,
+    ) -> Self {
+        let rate_limiter = RateLimiter::new(limiter_pool, limits);
         Self { pool, read_models, ttl, cache: Arc::default(), rate_limiter }
     }
 

@@ -42,6 +42,9 @@ pub struct ReadModels {
     pool: Pool,
     live: Arc<RwLock<HashMap<String, Live>>>,
     progress: Arc<Notify>,
+    /// How often a waiting read looks at the positions again: notifications usually wake it
+    /// first; on a standby, which gets none, this is how it learns of progress.
+    poll: Duration,
 }
 
 /// The outcome of waiting for read models: where they are, and whether they reached the
@@ -90,10 +93,29 @@ impl Consistent {
 impl ReadModels {
     /// Starts following projection progress: notifications, plus a refresh every 500 ms.
     pub fn start(pool: Pool, database_url: String) -> Self {
-        let models = Self { pool, live: Arc::default(), progress: Arc::new(Notify::new()) };
+        Self::follow(pool, Some(database_url), Duration::from_millis(50))
+    }
+
+    /// Starts following projection progress on a hot standby, where `LISTEN` is refused and
+    /// notifications never arrive: a refresh every 500 ms, and waiting reads look again every
+    /// 5 ms.
+    pub fn start_on_standby(pool: Pool) -> Self {
+        Self::follow(pool, None, Duration::from_millis(5))
+    }
+
+    fn follow(pool: Pool, listen_url: Option<String>, poll: Duration) -> Self {
+        let models = Self { pool, live: Arc::default(), progress: Arc::new(Notify::new()), poll };
         let follower = models.clone();
         tokio::spawn(async move {
-            let mut notifications = crate::db::listen(database_url, PROGRESS_CHANNEL);
+            // Without notifications, a channel nobody sends on (its sender kept open, so it
+            // never ends): the select below then only ticks.
+            let (_silent, mut notifications) = match listen_url {
+                Some(url) => (None, crate::db::listen(url, PROGRESS_CHANNEL)),
+                None => {
+                    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+                    (Some(sender), receiver)
+                }
+            };
             let mut ticker = tokio::time::interval(Duration::from_millis(500));
             loop {
                 tokio::select! {
@@ -195,7 +217,7 @@ impl ReadModels {
                 return Err(ApiError::unavailable("the read models are not built yet; retry shortly"));
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
-            let _ = tokio::time::timeout(remaining.min(Duration::from_millis(50)), notified).await;
+            let _ = tokio::time::timeout(remaining.min(self.poll), notified).await;
             self.refresh().await?;
             refreshed = true;
         }

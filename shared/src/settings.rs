@@ -53,11 +53,17 @@ pub struct DatabaseSettings {
     /// `APP__DATABASE__POOL_SIZE`: connections per process. Default: twice this machine's
     /// cores, at least 4 (see [`default_pool_size`]).
     pub pool_size: usize,
+    /// `APP__DATABASE__READ_URL`: a hot standby (physical streaming replica) of the database
+    /// for the query service to read from. Unset: it reads from `APP__DATABASE__URL`. Set:
+    /// reads go to the standby, while what a read must write (rate-limit reservations) and what
+    /// it must know as of now (the caller's last write, the head of the log) go to the primary.
+    #[serde(skip_serializing)]
+    pub read_url: Option<SecretString>,
 }
 
 impl Default for DatabaseSettings {
     fn default() -> Self {
-        Self { url: None, pool_size: default_pool_size() }
+        Self { url: None, pool_size: default_pool_size(), read_url: None }
     }
 }
 
@@ -486,6 +492,11 @@ impl Settings {
 
     pub fn database_url(&self) -> anyhow::Result<&str> {
         self.database.url.as_ref().map(ExposeSecret::expose_secret).context("no database URL is configured")
+    }
+
+    /// The standby the query service reads from, when one is configured.
+    pub fn read_url(&self) -> Option<&str> {
+        self.database.read_url.as_ref().map(ExposeSecret::expose_secret)
     }
 
     pub fn master_key(&self) -> anyhow::Result<&str> {

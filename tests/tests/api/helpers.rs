@@ -30,6 +30,52 @@ fn admin_url(dbname: &str) -> String {
     format!("host={host} port={port} user=postgres dbname={dbname}")
 }
 
+/// The URL of `database_url`'s database on the hot standby that scripts/test starts beside
+/// the cluster (streaming from it; `TEST_REPLICA_PORT`).
+pub fn on_replica(database_url: &str) -> String {
+    let replica = std::env::var("TEST_REPLICA_PORT")
+        .expect("TEST_REPLICA_PORT is not set: run the tests with scripts/test, which starts a streaming replica");
+    let primary = std::env::var("TEST_DATABASE_PORT").expect("TEST_DATABASE_PORT");
+    database_url.replace(&format!("port={primary}"), &format!("port={replica}"))
+}
+
+/// Whether every test app's query service reads from the standby (`TEST_QUERY_ON_REPLICA`,
+/// set by scripts/test for its second pass over the read-your-writes, consistency and
+/// pagination tests).
+pub fn queries_on_replica() -> bool {
+    std::env::var("TEST_QUERY_ON_REPLICA").is_ok()
+}
+
+/// Waits until the standby at `replica_url` has replayed everything the primary (`pool`) has
+/// written so far: up to its WAL insert position (with `synchronous_commit=off`, as the test
+/// cluster runs, a commit can be acknowledged before its WAL is written, so the write
+/// position, `pg_current_wal_lsn`, can be short of it).
+pub async fn wait_for_replay(pool: &Pool, replica_url: &str) {
+    let target: String = pool
+        .get()
+        .await
+        .expect("client")
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .expect("the primary's WAL position")
+        .get(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok((client, connection)) = tokio_postgres::connect(replica_url, tokio_postgres::NoTls).await {
+            tokio::spawn(connection);
+            let replayed = client
+                .query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&target])
+                .await
+                .map(|row| row.get::<_, bool>(0));
+            if matches!(replayed, Ok(true)) {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the standby did not replay up to {target}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A fresh database cloned from the migrated template.
 pub async fn create_database() -> String {
     let name = format!("t_{}", uuid::Uuid::now_v7().simple());
@@ -91,6 +137,9 @@ pub async fn spawn_servers(
         let port = free_port();
         let mut env = env.to_vec();
         env.push(("APP__HTTP__PORT", port.to_string()));
+        if let (Some(replica), "query-service") = (&app.replica_url, name) {
+            env.push(("APP__DATABASE__READ_URL", replica.clone()));
+        }
         processes.push(spawn_binary(name, args, &app.database_url, &env));
         urls.push(format!("http://127.0.0.1:{port}/v1"));
     }
@@ -133,6 +182,8 @@ pub struct TestApp {
     pub command_url: String,
     pub query_url: String,
     pub http: reqwest::Client,
+    /// The standby the query service reads from, when it reads from one.
+    pub replica_url: Option<String>,
     /// Stops the in-process workers when the test ends.
     _projector: ShutdownOnDrop,
 }
@@ -197,6 +248,9 @@ pub struct Options {
     pub email: Option<shared::settings::EmailSettings>,
     /// Any other change to the settings, applied last.
     pub tweak: Option<fn(&mut Settings)>,
+    /// The query service reads from the streaming replica (`APP__DATABASE__READ_URL`); by
+    /// default when `TEST_QUERY_ON_REPLICA` is set.
+    pub query_on_replica: bool,
 }
 
 impl Default for Options {
@@ -211,6 +265,7 @@ impl Default for Options {
             webhooks: None,
             email: None,
             tweak: None,
+            query_on_replica: queries_on_replica(),
         }
     }
 }
@@ -290,6 +345,12 @@ impl TestApp {
             tokio::spawn(runtime.run(shutdown.clone()));
         }
         let command = command_service::Application::build(settings.clone()).await.expect("command service");
+        let replica_url = options.query_on_replica.then(|| on_replica(&database_url));
+        if let Some(replica) = &replica_url {
+            // The new database reaches the standby when it has replayed its creation.
+            wait_for_replay(&pool, replica).await;
+            settings.database.read_url = Some(replica.clone().into());
+        }
         let query = query_service::Application::build(settings).await.expect("query service");
         let command_url = format!("http://127.0.0.1:{}/v1", command.port());
         let query_url = format!("http://127.0.0.1:{}/v1", query.port());
@@ -301,12 +362,14 @@ impl TestApp {
             command_url,
             query_url,
             http: reqwest::Client::new(),
+            replica_url,
             _projector: ShutdownOnDrop(shutdown),
         };
         app.apply_workspace(WORKSPACE, options.projector).await;
         if !options.projector {
             app.catch_up_once().await;
         }
+        app.wait_for_standby().await;
         app
     }
 
@@ -441,7 +504,16 @@ impl TestApp {
         self.wait_for_projections().await;
     }
 
-    /// Waits until every live projection has reached the head of the log.
+    /// When the query service reads from the standby: waits until it has replayed everything
+    /// written so far.
+    pub async fn wait_for_standby(&self) {
+        if let Some(replica) = &self.replica_url {
+            wait_for_replay(&self.pool, replica).await;
+        }
+    }
+
+    /// Waits until every live projection has reached the head of the log (and, when the
+    /// query service reads from the standby, until the standby has it too).
     pub async fn wait_for_projections(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -455,6 +527,8 @@ impl TestApp {
                 .expect("positions");
             let (head, projected): (i64, i64) = (row.get(0), row.get(1));
             if projected >= head {
+                drop(client);
+                self.wait_for_standby().await;
                 return;
             }
             assert!(Instant::now() < deadline, "projections stuck at {projected} of {head}");

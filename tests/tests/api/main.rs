@@ -30,6 +30,7 @@ mod ratelimit;
 mod receiver;
 mod records;
 mod reference;
+mod replica;
 mod runtime;
 mod schemas;
 mod segments;

@@ -1,0 +1,88 @@
+//! The query service on a hot standby (`APP__DATABASE__READ_URL`; scripts/test starts one
+//! with `pg_basebackup -R`): its reads run on the standby, its rate-limit reservations on the
+//! primary, and read-your-writes and `Consistency-Token` hold as they do on the primary: a read
+//! waits until the standby's read models have reached the caller's position, and says so when
+//! they cannot within the wait.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::helpers::*;
+
+async fn standby(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("the standby");
+    tokio::spawn(connection);
+    client
+}
+
+#[tokio::test]
+async fn reads_on_the_standby_see_the_callers_writes_and_wait_for_replay() {
+    let options =
+        Options { query_on_replica: true, consistency_wait: Some(Duration::from_secs(2)), ..Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    let replica = app.replica_url.clone().expect("the query service reads from the standby");
+    let standby = standby(&replica).await;
+    assert!(standby.query_one("SELECT pg_is_in_recovery()", &[]).await.expect("asked").get::<_, bool>(0));
+    standby.execute("SELECT pg_wal_replay_resume()", &[]).await.expect("replaying");
+
+    // A read right after a write sees it, every time.
+    for index in 0..20 {
+        let created = app.create_contact(&json!({"email": format!("standby{index}@example.com")})).await;
+        let id = created["id"].as_str().expect("id");
+        let read = app.get(&format!("/schemas/contacts/records/{id}"), ALPHA_ADMIN).await;
+        assert_eq!(read.status, 200, "iteration {index}: {:?}", read.body);
+        assert!(read.body.get("warnings").is_none(), "iteration {index}: {:?}", read.body);
+        assert_eq!(read.body["data"]["email"], format!("standby{index}@example.com"));
+    }
+    // The query service's connections are on the standby, its reservations on the primary.
+    let sessions: i64 = standby
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("sessions")
+        .get(0);
+    assert!(sessions > 0, "the query service reads from the standby");
+    assert!(app.query_i64("SELECT count(*) FROM rate_windows").await > 0, "rate limits are kept on the primary");
+
+    // Replay paused: the standby cannot reach the caller's next write, so the read waits out
+    // its bound and answers what the standby has, with a stale_read warning.
+    standby.execute("SELECT pg_wal_replay_pause()", &[]).await.expect("paused");
+    let created = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({"email": "paused@example.com"})).await;
+    assert_eq!(created.status, 201);
+    let token = created.header("consistency-token").expect("token").to_owned();
+    let id = created.body["data"]["id"].as_str().expect("id").to_owned();
+    let started = Instant::now();
+    let stale = app.get("/schemas/contacts/records?limit=100", ALPHA_ADMIN).await;
+    assert!(started.elapsed() >= Duration::from_secs(2), "the read waited for the standby");
+    assert_eq!(stale.status, 200);
+    assert_eq!(stale.body["warnings"][0]["code"], "stale_read", "{:?}", stale.body);
+    assert_eq!(stale.body["pagination"]["totalCount"], 20, "the standby does not have the write yet");
+
+    // Another key with the write's token waits for it too; once replay resumes it is read.
+    let url = format!("{}/schemas/contacts/records/{id}", app.query_url);
+    let reader = tokio::spawn({
+        let (client, token) = (app.http.clone(), token.clone());
+        async move {
+            let response = client
+                .get(url)
+                .bearer_auth(ALPHA_MEMBER)
+                .header("Consistency-Token", token)
+                .send()
+                .await
+                .expect("sent");
+            (response.status().as_u16(), response.json::<serde_json::Value>().await.expect("JSON"))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    standby.execute("SELECT pg_wal_replay_resume()", &[]).await.expect("resumed");
+    let (status, body) = reader.await.expect("reader");
+    assert_eq!((status, &body["data"]["email"]), (200, &json!("paused@example.com")), "{body}");
+    assert!(body.get("warnings").is_none(), "{body}");
+    let fresh = app.get("/schemas/contacts/records?limit=100", ALPHA_ADMIN).await;
+    assert_eq!(fresh.body["pagination"]["totalCount"], 21, "{:?}", fresh.body);
+    let position: i64 = fresh.header("projection-position").expect("position").parse().expect("integer");
+    assert!(position >= token.parse::<i64>().expect("integer"));
+}
