@@ -4,6 +4,7 @@ mod ai;
 mod audit;
 mod auth;
 mod authoring;
+mod backup;
 mod broadcasts;
 mod consistency;
 mod deployment;
