@@ -30,10 +30,10 @@ use shared::settings::Settings;
 pub struct State {
     /// Where reads run: the database, or its hot standby (`APP__DATABASE__READ_URL`).
     pub pool: Pool,
-    /// The primary, when reads run on a standby: what a read must know as of now (the
-    /// caller's last write, the head of the log) is read there, and rate-limit reservations
-    /// are written there.
-    pub primary: Option<Pool>,
+    /// When reads run on a standby: what a read must know as of now (the caller's last
+    /// write, the head of the log), read on the primary (rate-limit reservations are written
+    /// there too, by the authenticator).
+    pub anchors: Option<consistency::Anchors>,
     pub authenticator: Authenticator,
     pub read_models: ReadModels,
     pub settings: Settings,
@@ -59,7 +59,8 @@ impl State {
             settings.auth_cache_ttl(),
             settings.rate_limits,
         );
-        web::Data::new(Self { pool, primary, authenticator, read_models, settings })
+        let anchors = primary.map(consistency::Anchors::start);
+        web::Data::new(Self { pool, anchors, authenticator, read_models, settings })
     }
 }
 
