@@ -7,7 +7,8 @@
 # Installs Debian's npm when npm is missing.
 
 REDOC_VERSION="2.5.4"
-REDOC_INTEGRITY="sha512-M6jWhG1qoBnH6TFmzJnstyCZ87HmOY/UzDm78mHiYihEdlV/YcS9ogOo1NlElnJMeLsyxHFe2yFc4sNjHTrABQ=="
+# The tarball's SHA-512 (the registry's integrity, sha512-M6jWhG1q...rABQ==, in hex).
+REDOC_SHA512="33a8d6846d6aa019c7e93166cc99ecb72099f3b1e6398fd4cc39bbf261e262284476557f61c4bda203a8d4d94496724c78bb32c4715edb215ce2c3631d3ac005"
 
 ensure_reference_bundle() {
     local dir="query-service/reference"
@@ -25,10 +26,10 @@ ensure_reference_bundle() {
     echo "fetching redoc $REDOC_VERSION from the npm registry for the reference page" >&2
     (cd "$work" && npm pack --silent "redoc@$REDOC_VERSION" >/dev/null)
     local tarball="$work/redoc-$REDOC_VERSION.tgz"
-    local integrity
-    integrity="sha512-$(openssl dgst -sha512 -binary "$tarball" | base64 -w0)"
-    if [ "$integrity" != "$REDOC_INTEGRITY" ]; then
-        echo "redoc $REDOC_VERSION from the registry has integrity $integrity, not the pinned $REDOC_INTEGRITY" >&2
+    local digest
+    digest="$(sha512sum "$tarball" | cut -d' ' -f1)"
+    if [ "$digest" != "$REDOC_SHA512" ]; then
+        echo "redoc $REDOC_VERSION from the registry has SHA-512 $digest, not the pinned $REDOC_SHA512" >&2
         rm -rf "$work"
         return 1
     fi
