@@ -4,14 +4,19 @@
 
 use std::path::PathBuf;
 
-fn main() {
-    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+fn main() -> std::io::Result<()> {
+    let folder = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .ok_or_else(|| std::io::Error::other(format!("cargo did not set {name}")))
+    };
+    let (manifest, out) = (folder("CARGO_MANIFEST_DIR")?, folder("OUT_DIR")?);
     let reference = manifest.join("reference");
     // The folder is in the repository; a bundle installed or replaced in it changes it.
     println!("cargo:rerun-if-changed={}", reference.display());
     for name in ["redoc.standalone.js", "redoc.standalone.js.LICENSE.txt", "redoc.version"] {
         let bytes = std::fs::read(reference.join(name)).unwrap_or_default();
-        std::fs::write(out.join(name), bytes).expect("writing into OUT_DIR");
+        std::fs::write(out.join(name), bytes)?;
     }
+    Ok(())
 }

@@ -164,18 +164,13 @@ impl Anchor {
     }
 }
 
-/// The anchors of concurrent reads, read from the primary together: the reads that ask while
-/// one statement runs are answered by the next, in one statement. Each read asks before the
+/// The anchors of concurrent reads, read from the primary together (`shared::batch`): the
+/// reads that ask while one statement runs are answered by the next. Each read asks before the
 /// statement that answers it starts, so its anchor is at least as new as the read; only the
 /// round trips are shared, which takes most of a standby read's cost off the primary.
 #[derive(Clone)]
 pub struct Anchors {
-    jobs: tokio::sync::mpsc::Sender<AnchorJob>,
-}
-
-struct AnchorJob {
-    key_id: String,
-    reply: tokio::sync::oneshot::Sender<Result<Anchor, String>>,
+    batcher: shared::batch::Batcher<String, Anchor>,
 }
 
 /// Anchors read in one statement at most.
@@ -183,51 +178,23 @@ const ANCHORS_PER_STATEMENT: usize = 512;
 
 impl Anchors {
     pub fn start(primary: deadpool_postgres::Pool) -> Self {
-        let (jobs, receiver) = tokio::sync::mpsc::channel(ANCHORS_PER_STATEMENT * 4);
-        tokio::spawn(run_anchors(primary, receiver));
-        Self { jobs }
+        let batcher = shared::batch::Batcher::start(ANCHORS_PER_STATEMENT, move |keys: Vec<String>| {
+            let primary = primary.clone();
+            async move { anchors_of(&primary, &keys).await }
+        });
+        Self { batcher }
     }
 
     async fn read(&self, key_id: &str) -> Result<Anchor, ApiError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let job = AnchorJob { key_id: key_id.to_owned(), reply };
-        let stopped = || ApiError::unavailable("the primary's anchor reader has stopped; retry shortly");
-        self.jobs.send(job).await.map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?.map_err(|error| {
+        self.batcher.call(key_id.to_owned()).await.map_err(|error| {
             tracing::warn!(%error, "reading anchors on the primary failed");
             ApiError::unavailable("the primary database is unavailable; retry shortly")
         })
     }
 }
 
-async fn run_anchors(primary: deadpool_postgres::Pool, mut receiver: tokio::sync::mpsc::Receiver<AnchorJob>) {
-    while let Some(first) = receiver.recv().await {
-        let mut jobs = vec![first];
-        while jobs.len() < ANCHORS_PER_STATEMENT {
-            match receiver.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        let keys: Vec<&str> = jobs.iter().map(|job| job.key_id.as_str()).collect();
-        match anchors_of(&primary, &keys).await {
-            Ok(anchors) => {
-                for (job, anchor) in jobs.into_iter().zip(anchors) {
-                    let _ = job.reply.send(Ok(anchor));
-                }
-            }
-            Err(error) => {
-                let error = format!("{error:#}");
-                for job in jobs {
-                    let _ = job.reply.send(Err(error.clone()));
-                }
-            }
-        }
-    }
-}
-
 /// Each key's last write and the head of the log, in `keys`' order, in one statement.
-async fn anchors_of(primary: &deadpool_postgres::Pool, keys: &[&str]) -> anyhow::Result<Vec<Anchor>> {
+async fn anchors_of(primary: &deadpool_postgres::Pool, keys: &[String]) -> anyhow::Result<Vec<Anchor>> {
     let client = primary.get().await?;
     let statement = client
         .prepare_cached(
@@ -238,7 +205,6 @@ async fn anchors_of(primary: &deadpool_postgres::Pool, keys: &[&str]) -> anyhow:
         )
         .await?;
     let rows = client.query(&statement, &[&keys]).await?;
-    anyhow::ensure!(rows.len() == keys.len(), "{} anchors for {} keys", rows.len(), keys.len());
     Ok(rows.iter().map(|row| Anchor { key_position: row.get(0), head: row.get(1) }).collect())
 }
 

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod ai;
 pub mod attributes;
 pub mod auth;
+pub mod batch;
 pub mod canonical;
 pub mod catalog;
 pub mod crypto;

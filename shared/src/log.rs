@@ -341,15 +341,9 @@ impl EventLog {
 }
 
 async fn run_batcher(pool: Pool, mut receiver: mpsc::Receiver<Job>, batch_max: usize) {
-    while let Some(first) = receiver.recv().await {
-        let mut jobs = vec![first];
-        while jobs.len() < batch_max {
-            match receiver.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        append_batch(&pool, jobs).await;
+    let mut jobs = Vec::with_capacity(batch_max);
+    while receiver.recv_many(&mut jobs, batch_max).await > 0 {
+        append_batch(&pool, std::mem::take(&mut jobs)).await;
     }
 }
 

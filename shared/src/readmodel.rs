@@ -45,6 +45,9 @@ pub struct ReadModels {
     /// How often a waiting read looks at the positions again: notifications usually wake it
     /// first; on a standby, which gets none, this is how it learns of progress.
     poll: Duration,
+    /// When the positions were last read: waiting reads share a refresh made less than `poll`
+    /// ago instead of each making its own.
+    refreshed_at: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 /// The outcome of waiting for read models: where they are, and whether they reached the
@@ -104,7 +107,8 @@ impl ReadModels {
     }
 
     fn follow(pool: Pool, listen_url: Option<String>, poll: Duration) -> Self {
-        let models = Self { pool, live: Arc::default(), progress: Arc::new(Notify::new()), poll };
+        let models =
+            Self { pool, live: Arc::default(), progress: Arc::new(Notify::new()), poll, refreshed_at: Arc::default() };
         let follower = models.clone();
         tokio::spawn(async move {
             // Without notifications, a channel nobody sends on (its sender kept open, so it
@@ -152,6 +156,9 @@ impl ReadModels {
 
     /// Reloads live versions and positions from the database.
     pub async fn refresh(&self) -> Result<(), ApiError> {
+        if let Ok(mut at) = self.refreshed_at.lock() {
+            *at = Some(Instant::now());
+        }
         let client = self.pool.get().await?;
         let statement =
             client.prepare_cached("SELECT name, version, position FROM projections WHERE status = 'live'").await?;
@@ -164,6 +171,14 @@ impl ReadModels {
             *live = fresh;
         }
         Ok(())
+    }
+
+    /// Reloads the positions unless a refresh began less than a poll interval ago (another
+    /// waiting read's, or the follower's): many reads waiting at once then cost one query per
+    /// interval, not one each.
+    async fn refresh_unless_recent(&self) -> Result<(), ApiError> {
+        let recent = self.refreshed_at.lock().map(|at| at.is_some_and(|at| at.elapsed() < self.poll)).unwrap_or(false);
+        if recent { Ok(()) } else { self.refresh().await }
     }
 
     /// The live versions of `names` as last seen (loading them if never seen), with no
@@ -218,7 +233,7 @@ impl ReadModels {
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             let _ = tokio::time::timeout(remaining.min(self.poll), notified).await;
-            self.refresh().await?;
+            self.refresh_unless_recent().await?;
             refreshed = true;
         }
     }

@@ -80,19 +80,13 @@ pub async fn claim(pool: &Pool, email_id: &str, lease: Duration) -> anyhow::Resu
     }))
 }
 
-/// Hand-off claims made together: the claims that concurrent hand-offs of a process ask for
-/// while one statement runs are made by the next, in one transaction. Each email is still
-/// claimed only when its own hand-off is about to start, so what a claim means does not
-/// change ([`claim`]); only the commits are shared.
+/// Hand-off claims made together (`crate::batch`): the claims that concurrent hand-offs of a
+/// process ask for while one statement runs are made by the next, in one transaction. Each
+/// email is still claimed only when its own hand-off is about to start, so what a claim means
+/// does not change ([`claim`]); only the commits are shared.
 #[derive(Clone)]
 pub struct Claims {
-    jobs: tokio::sync::mpsc::Sender<ClaimJob>,
-}
-
-struct ClaimJob {
-    email_id: String,
-    lease: Duration,
-    reply: tokio::sync::oneshot::Sender<Result<Option<Lease>, String>>,
+    batcher: crate::batch::Batcher<(String, Duration), Option<Lease>>,
 }
 
 /// Claims made in one statement at most.
@@ -100,51 +94,25 @@ const CLAIMS_PER_STATEMENT: usize = 256;
 
 impl Claims {
     pub fn start(pool: Pool) -> Self {
-        let (jobs, receiver) = tokio::sync::mpsc::channel(CLAIMS_PER_STATEMENT * 4);
-        tokio::spawn(run_claims(pool, receiver));
-        Self { jobs }
+        let batcher = crate::batch::Batcher::start(CLAIMS_PER_STATEMENT, move |jobs| {
+            let pool = pool.clone();
+            async move { claim_set(&pool, &jobs).await }
+        });
+        Self { batcher }
     }
 
     /// [`claim`], made with the claims other hand-offs ask for meanwhile.
     pub async fn claim(&self, email_id: &str, lease: Duration) -> anyhow::Result<Option<Lease>> {
         let started = std::time::Instant::now();
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let job = ClaimJob { email_id: email_id.to_owned(), lease, reply };
-        self.jobs.send(job).await.map_err(|_| anyhow::anyhow!("the claim batcher has stopped"))?;
-        let claimed = answer.await.map_err(|_| anyhow::anyhow!("the claim batcher stopped mid-claim"))?;
+        let claimed = self.batcher.call((email_id.to_owned(), lease)).await;
         metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
-        claimed.map_err(|error| anyhow::anyhow!(error))
-    }
-}
-
-async fn run_claims(pool: Pool, mut receiver: tokio::sync::mpsc::Receiver<ClaimJob>) {
-    while let Some(first) = receiver.recv().await {
-        let mut jobs = vec![first];
-        while jobs.len() < CLAIMS_PER_STATEMENT {
-            match receiver.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        match claim_set(&pool, &jobs).await {
-            Ok(leases) => {
-                for (job, lease) in jobs.into_iter().zip(leases) {
-                    let _ = job.reply.send(Ok(lease));
-                }
-            }
-            Err(error) => {
-                let error = format!("{error:#}");
-                for job in jobs {
-                    let _ = job.reply.send(Err(error.clone()));
-                }
-            }
-        }
+        Ok(claimed?)
     }
 }
 
 /// Claims every job's email that is `pending`, each with a token of its own; each job's lease,
 /// in the jobs' order (`None`: not pending, or another job of the statement claimed it).
-async fn claim_set(pool: &Pool, jobs: &[ClaimJob]) -> anyhow::Result<Vec<Option<Lease>>> {
+async fn claim_set(pool: &Pool, jobs: &[(String, Duration)]) -> anyhow::Result<Vec<Option<Lease>>> {
     let client = pool.get().await?;
     let statement = client
         .prepare_cached(
@@ -156,8 +124,8 @@ async fn claim_set(pool: &Pool, jobs: &[ClaimJob]) -> anyhow::Result<Vec<Option<
         )
         .await?;
     let tokens: Vec<Uuid> = jobs.iter().map(|_| Uuid::now_v7()).collect();
-    let ids: Vec<&str> = jobs.iter().map(|job| job.email_id.as_str()).collect();
-    let seconds: Vec<f64> = jobs.iter().map(|job| job.lease.as_secs_f64()).collect();
+    let ids: Vec<&str> = jobs.iter().map(|(email_id, _)| email_id.as_str()).collect();
+    let seconds: Vec<f64> = jobs.iter().map(|(_, lease)| lease.as_secs_f64()).collect();
     let rows = client.query(&statement, &[&ids, &tokens, &seconds]).await?;
     let mut leases: Vec<Option<Lease>> = jobs.iter().map(|_| None).collect();
     for row in rows {

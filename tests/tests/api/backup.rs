@@ -16,29 +16,6 @@ fn script(name: &str, args: &[&str]) {
     assert!(output.status.success(), "scripts/{name}: {}", String::from_utf8_lossy(&output.stderr));
 }
 
-/// A PostgreSQL cluster of the test's own, stopped when dropped.
-struct Cluster {
-    dir: std::path::PathBuf,
-    port: u16,
-}
-
-impl Cluster {
-    fn start() -> Self {
-        let (dir, port) = (scratch_dir("restored-cluster").join("pg"), free_port());
-        let command = format!("source '{ROOT}/scripts/pg.sh' && pg_start '{}' {port}", dir.display());
-        let output = Command::new("bash").arg("-c").arg(command).output().expect("bash");
-        assert!(output.status.success(), "a fresh cluster: {}", String::from_utf8_lossy(&output.stderr));
-        Self { dir, port }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let command = format!("source '{ROOT}/scripts/pg.sh' && ensure_postgres && pg_stop '{}'", self.dir.display());
-        let _ = Command::new("bash").arg("-c").arg(command).output();
-    }
-}
-
 /// What a client reads of the system: the same requests against either deployment.
 async fn reads(app: &TestApp, query_url: &str, kept: &str) -> Vec<(String, u16, Value)> {
     let mut seen = Vec::new();
@@ -98,12 +75,12 @@ async fn a_backup_restored_into_a_fresh_cluster_serves_the_same_data_and_keeps_e
     let file = scratch_dir("backup").join("platform.dump");
     let file = file.to_str().expect("UTF-8").to_owned();
     script("backup", &[&app.database_url, &file]);
-    let cluster = Cluster::start();
-    let admin = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", cluster.port);
+    let cluster = PrivateCluster::start();
+    let admin = cluster.url("postgres");
     let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("the fresh cluster");
     tokio::spawn(connection);
     client.batch_execute("CREATE DATABASE restored").await.expect("an empty database");
-    let restored_url = format!("host=127.0.0.1 port={} user=postgres dbname=restored", cluster.port);
+    let restored_url = cluster.url("restored");
     script("restore", &[&file, &restored_url]);
 
     // The restored system, under the same master key, reads as the original did.

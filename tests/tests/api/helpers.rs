@@ -122,6 +122,18 @@ pub fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str,
     ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {name}: {error}")))
 }
 
+/// Runs one of the built binaries to its end against `database_url` (a command such as
+/// `projector migrate` or `command-service apply`), with the test master key.
+pub fn run_binary(name: &str, args: &[&str], database_url: &str) -> std::process::Output {
+    Command::new(binaries_dir().join(name))
+        .args(args)
+        .env("APP__DATABASE__URL", database_url)
+        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap_or_else(|error| panic!("running {name}: {error}"))
+}
+
 /// Starts `count` instances of a server binary on free ports with `env` and waits until each
 /// answers; returns the processes (killed when dropped) and their base URLs.
 pub async fn spawn_servers(
@@ -600,4 +612,73 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     let dir = scratch.join(format!("{name}-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     dir
+}
+
+/// A PostgreSQL cluster of one test's own, with default durability (fsync and synchronous
+/// commit on, unlike the suite's shared cluster), which the test may kill or restore into.
+pub struct PrivateCluster {
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+const PG_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
+
+impl PrivateCluster {
+    pub fn start() -> Self {
+        let cluster = Self { dir: scratch_dir("private-pg").join("pg"), port: free_port() };
+        cluster.pg_start();
+        cluster
+    }
+
+    pub fn pg_start(&self) {
+        let status = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("source {PG_SCRIPT} && pg_start {} {} >/dev/null", self.dir.display(), self.port))
+            .status()
+            .expect("bash runs");
+        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        assert!(status.success(), "the private cluster started: {tail:?}");
+    }
+
+    /// kill -9 of the postmaster and every backend: a crash of the database server.
+    pub fn kill9(&self) {
+        let pid_file = std::fs::read_to_string(self.dir.join("postmaster.pid")).expect("postmaster.pid");
+        let pid = pid_file.lines().next().expect("pid").trim().to_owned();
+        let killed = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("kill -9 {pid} $(pgrep -P {pid})"))
+            .status()
+            .expect("kill runs");
+        assert!(killed.success(), "the postmaster was killed");
+        // Dead, or a zombie nobody reaps (a container's init may not): either way its lock
+        // file is stale, as after a crash of the machine, so it goes.
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |stat| stat.split_whitespace().nth(2) == Some("Z"))
+        };
+        for _ in 0..250 {
+            if gone() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+                let _ = std::fs::remove_file(self.dir.join("postmaster.pid"));
+                let _ = std::fs::remove_file(self.dir.join(format!(".s.PGSQL.{}.lock", self.port)));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the killed cluster is still running");
+    }
+
+    pub fn url(&self, database: &str) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname={database}", self.port)
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("source {PG_SCRIPT} && ensure_postgres && pg_stop {}", self.dir.display()))
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

@@ -193,14 +193,7 @@ async fn sigterm_stops_the_projector_and_releases_its_leases() {
 #[tokio::test]
 async fn an_edited_applied_migration_fails_loudly() {
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    let migrate = || {
-        Command::new(binaries_dir().join("projector"))
-            .arg("migrate")
-            .env("APP__DATABASE__URL", &app.database_url)
-            .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
-            .output()
-            .expect("runs")
-    };
+    let migrate = || run_binary("projector", &["migrate"], &app.database_url);
     assert!(migrate().status.success(), "applying again changes nothing");
     // The database applied a version 1 that is not the file in the repository.
     app.query_i64("WITH edited AS (UPDATE refinery_schema_history SET checksum = '1' WHERE version = 1 RETURNING 1) SELECT count(*) FROM edited")

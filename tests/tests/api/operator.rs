@@ -3,7 +3,7 @@
 //! (a diff per resource; nothing written, as the log shows) and the plain progress lines of
 //! `projector rebuild` and `command-service apply` when their output is not a terminal.
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -12,13 +12,7 @@ use crate::helpers::*;
 
 /// Runs a built binary to its end against the app's database.
 fn run(app: &TestApp, binary: &str, args: &[&str]) -> Output {
-    Command::new(binaries_dir().join(binary))
-        .args(args)
-        .env("APP__DATABASE__URL", &app.database_url)
-        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap_or_else(|error| panic!("running {binary}: {error}"))
+    run_binary(binary, args, &app.database_url)
 }
 
 fn text(output: &Output) -> String {

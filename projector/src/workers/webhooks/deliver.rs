@@ -119,15 +119,9 @@ const RECORD_BATCH: usize = 256;
 /// webhook's counters, each row only if its lease token still matches. Ends when the worker
 /// is dropped.
 async fn recorder(pool: Pool, settings: WebhookSettings, mut outcomes: tokio::sync::mpsc::UnboundedReceiver<ToRecord>) {
-    while let Some(first) = outcomes.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < RECORD_BATCH {
-            match outcomes.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
-        let (items, replies): (Vec<AttemptOutcome>, Vec<_>) = batch.into_iter().unzip();
+    let mut batch = Vec::with_capacity(RECORD_BATCH);
+    while outcomes.recv_many(&mut batch, RECORD_BATCH).await > 0 {
+        let (items, replies): (Vec<AttemptOutcome>, Vec<_>) = batch.drain(..).unzip();
         match record_batch(&pool, &settings, &items).await {
             Ok(opened) => {
                 for (item, reply) in items.iter().zip(replies) {
