@@ -16,6 +16,11 @@ use serde_json::Value;
 /// is reported `stalled`.
 const STALLED_AFTER: Duration = Duration::from_secs(30);
 
+/// Workers whose checkpoint is not a log position, so they have no lag: the eraser counts the
+/// deletions it completed there (its backlog is the open deletions, reported on their own),
+/// maintenance keeps the time of its last run.
+const NOT_LOG_POSITIONS: [&str; 2] = ["eraser", "maintenance"];
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
@@ -30,6 +35,8 @@ pub struct Status {
     pub timers: Timers,
     pub broadcast_runs: Vec<Value>,
     pub workflow_runs: Vec<Count>,
+    /// Record deletions not completed yet, by state (`pending`, `blocked`).
+    pub record_deletions: Vec<Count>,
     pub database_bytes: i64,
     pub largest_tables: Vec<Table>,
     /// What each named projector process reports on `/health/ready`.
@@ -48,7 +55,7 @@ pub struct Follower {
     pub status: Option<String>,
     pub position: i64,
     /// Events between its position and the head; null for a worker whose checkpoint is not a
-    /// log position (`maintenance` keeps the time of its last run there).
+    /// log position (the eraser and maintenance).
     pub lag: Option<i64>,
     pub seconds_since_progress: f64,
     /// `ok`, `catching_up`, `stalled` or `halted`.
@@ -111,10 +118,11 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
         .ok()
         .map(|row| row.get(0));
     let follower = |row: &tokio_postgres::Row, version: Option<i32>, status: Option<String>| {
-        let (position, idle): (i64, f64) = (row.get("position"), row.get("idle"));
-        let lag = (position <= head).then_some(head - position);
+        let (name, position, idle): (String, i64, f64) = (row.get("name"), row.get("position"), row.get("idle"));
+        let follows_the_log = !NOT_LOG_POSITIONS.contains(&name.as_str());
+        let lag = (follows_the_log && position <= head).then_some(head - position);
         Follower {
-            name: row.get("name"),
+            name,
             health: health(status.as_deref(), lag.unwrap_or(0), idle),
             version,
             status,
@@ -197,6 +205,14 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
             )
             .await?,
     );
+    let record_deletions = counts(
+        client
+            .query(
+                "SELECT state, count(*) FROM record_deletions WHERE state <> 'completed' GROUP BY state ORDER BY state",
+                &[],
+            )
+            .await?,
+    );
     let database_bytes: i64 = client.query_one("SELECT pg_database_size(current_database())", &[]).await?.get(0);
     let largest_tables = client
         .query(
@@ -221,6 +237,7 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
         timers,
         broadcast_runs,
         workflow_runs,
+        record_deletions,
         database_bytes,
         largest_tables,
         processes: Vec::new(),
@@ -255,6 +272,10 @@ fn problems(status: &Status) -> Vec<String> {
             let lag = follower.lag.unwrap_or(0);
             problems.push(format!("{} is {} {lag} events behind the head", follower.name, follower.health));
         }
+    }
+    for blocked in status.record_deletions.iter().filter(|count| count.key == "blocked") {
+        problems
+            .push(format!("{} record deletions are blocked (GET /record-deletions/{{operationId}})", blocked.count));
     }
     for letters in &status.dead_letters {
         problems
@@ -315,6 +336,13 @@ pub fn render(status: &Status) -> String {
         out,
         "workflow runs in progress: {}",
         if runs.is_empty() { "none".to_owned() } else { runs.join(", ") }
+    );
+    let deletions: Vec<String> =
+        status.record_deletions.iter().map(|count| format!("{} {}", count.key, count.count)).collect();
+    let _ = writeln!(
+        out,
+        "record deletions open: {}",
+        if deletions.is_empty() { "none".to_owned() } else { deletions.join(", ") }
     );
     let _ = writeln!(out, "\ndatabase: {}", megabytes(status.database_bytes));
     for table in &status.largest_tables {

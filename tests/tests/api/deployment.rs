@@ -7,7 +7,8 @@ use serde_json::json;
 use crate::helpers::*;
 use crate::log::wait_until_listening;
 
-struct Nginx {
+/// nginx in front of the services, stopped when dropped.
+pub(crate) struct Nginx {
     prefix: std::path::PathBuf,
 }
 
@@ -25,16 +26,21 @@ fn nginx_binary() -> &'static str {
     if std::path::Path::new("/usr/sbin/nginx").exists() { "/usr/sbin/nginx" } else { "nginx" }
 }
 
-fn start_nginx(listen: u16, command: u16, query: u16) -> Nginx {
+/// Starts nginx from `deploy/nginx.conf.template` on `listen`, balancing over the command
+/// services on `commands` and the query services on `queries` (loopback ports).
+pub(crate) fn start_nginx(listen: u16, commands: &[u16], queries: &[u16]) -> Nginx {
     let scratch = std::env::var("TEST_SCRATCH").unwrap_or_else(|_| std::env::temp_dir().display().to_string());
     let prefix = std::path::PathBuf::from(scratch).join(format!("nginx-{listen}"));
     std::fs::create_dir_all(&prefix).expect("nginx prefix");
     let template = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/nginx.conf.template"))
         .expect("template");
+    let servers = |ports: &[u16]| {
+        ports.iter().map(|port| format!("server 127.0.0.1:{port};")).collect::<Vec<_>>().join("\n        ")
+    };
     let config = template
         .replace("__PREFIX__", &prefix.display().to_string())
-        .replace("__COMMAND_ADDRESS__", &format!("127.0.0.1:{command}"))
-        .replace("__QUERY_ADDRESS__", &format!("127.0.0.1:{query}"))
+        .replace("server __COMMAND_ADDRESS__;", &servers(commands))
+        .replace("server __QUERY_ADDRESS__;", &servers(queries))
         .replace("__LISTEN_ADDRESS__", &format!("127.0.0.1:{listen}"));
     let config = if nix_is_root() { format!("user root;\n{config}") } else { config };
     std::fs::write(prefix.join("nginx.conf"), config).expect("write config");
@@ -72,7 +78,7 @@ async fn the_split_deployment_routes_by_method_behind_nginx() {
     assert!(applied.status.success(), "apply: {}", String::from_utf8_lossy(&applied.stderr));
     assert!(String::from_utf8_lossy(&applied.stdout).contains("applied"));
     let listen = free_port();
-    let _nginx = start_nginx(listen, command_port, query_port);
+    let _nginx = start_nginx(listen, &[command_port], &[query_port]);
     let base = format!("http://127.0.0.1:{listen}/v1");
     let http = reqwest::Client::new();
     wait_until_listening(&http, &format!("http://127.0.0.1:{query_port}/v1")).await;

@@ -33,6 +33,17 @@ async fn status_reports_every_worker_backlogs_and_size_and_fails_when_something_
         assert!(Instant::now() < deadline, "the projector caught up");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // An erasure: the eraser's checkpoint counts completed deletions, not log positions, so it
+    // has no lag (it once read as far behind the head, then stalled).
+    let erased = app.create_contact(&json!({"email": "erased-status@x.io"})).await;
+    let path = format!("/schemas/contacts/records/{}", erased["id"].as_str().expect("id"));
+    let deletion = app.send(app.request(reqwest::Method::DELETE, &path, Some(ALPHA_ADMIN))).await;
+    let operation = deletion.body["data"]["operationId"].as_str().expect("an operation").to_owned();
+    while app.get(&format!("/record-deletions/{operation}"), ALPHA_ADMIN).await.body["data"]["status"] != "completed" {
+        assert!(Instant::now() < deadline, "the erasure completed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.create_contact(&json!({"email": "after-erasure@x.io"})).await;
     app.wait_for_workers().await;
     let head = app.query_i64("SELECT position FROM log_head").await;
 
@@ -43,7 +54,11 @@ async fn status_reports_every_worker_backlogs_and_size_and_fails_when_something_
     let models = status["readModels"].as_array().expect("read models");
     assert_eq!(models.len(), projector::read_models::ALL.len(), "{models:?}");
     assert!(models.iter().all(|model| model["lag"] == 0 && model["health"] == "ok"), "{models:?}");
-    assert!(status["workers"].as_array().expect("workers").iter().any(|worker| worker["name"] == "preparation"));
+    let workers = status["workers"].as_array().expect("workers");
+    assert!(workers.iter().any(|worker| worker["name"] == "preparation"));
+    let eraser = workers.iter().find(|worker| worker["name"] == "eraser").expect("the eraser is listed");
+    assert_eq!((eraser["lag"].clone(), eraser["health"].clone()), (Value::Null, json!("ok")), "{eraser}");
+    assert_eq!(status["recordDeletions"], json!([]));
     assert!(status["databaseBytes"].as_i64().is_some_and(|bytes| bytes > 1_000_000), "{}", status["databaseBytes"]);
     assert_eq!(status["processes"][0]["ready"], true, "{}", status["processes"]);
     assert!(status["processes"][0]["report"]["process"]["workers"]["email_outbox"].is_object());
@@ -60,6 +75,7 @@ async fn status_reports_every_worker_backlogs_and_size_and_fails_when_something_
         "timers",
         "broadcast runs",
         "workflow runs",
+        "record deletions open: none",
         "database:",
         "all well",
     ] {

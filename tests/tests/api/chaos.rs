@@ -1,0 +1,1002 @@
+//! The fault harness: the split deployment (two command services, two query services and two
+//! projector processes behind nginx, PostgreSQL behind a TCP fault proxy) under mixed load,
+//! while one process of each kind is killed with SIGKILL at a random moment, the postmaster is
+//! killed once and restarted, and the proxy first delays, then cuts every database connection
+//! for a few seconds. Then a checker proves from the clients' own records what survived: every
+//! acknowledged write is present and readable, nothing is duplicated, every read model reaches
+//! the head of the log with no dead letter, every email and workflow call left at most once,
+//! every webhook delivery arrived under one id per write, and erasures requested before the
+//! faults completed.
+//!
+//! It loads the whole machine, so `scripts/test` runs it alone after the suite, in a short form
+//! (`CHAOS_SECONDS`, 40 by default); `scripts/chaos` runs the long form and prints the counts
+//! kept in `docs/benchmarks.md`. `CHAOS_SEED` replays a schedule of faults.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use crate::deployment::{Nginx, start_nginx};
+use crate::email::{BLAST_BROADCAST, MAIL_KEY, mail_workspace};
+use crate::fault_proxy::{Fault, FaultProxy};
+use crate::helpers::*;
+use crate::receiver::Receiver;
+use crate::smtp_sink::SmtpSink;
+
+const SECRET: &str = "whsec_BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
+/// How long a client keeps retrying one operation (same idempotency key) before it counts the
+/// operation as unknown.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(90);
+const FANS: usize = 200;
+const ERASED: usize = 20;
+const UPSERT_KEYS: usize = 10;
+
+/// One service process the harness may kill and start again on the same port.
+struct Slot {
+    binary: &'static str,
+    args: &'static [&'static str],
+    env: Vec<(&'static str, String)>,
+    child: ChildGuard,
+}
+
+impl Slot {
+    fn start(binary: &'static str, args: &'static [&'static str], env: Vec<(&'static str, String)>, url: &str) -> Slot {
+        let child = spawn_binary(binary, args, url, &env);
+        Slot { binary, args, env, child }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.0.kill();
+        let _ = self.child.0.wait();
+    }
+
+    fn restart(&mut self, url: &str) {
+        self.child = spawn_binary(self.binary, self.args, url, &self.env);
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum FaultKind {
+    KillCommand,
+    KillQuery,
+    KillProjector,
+    KillPostmaster,
+    DelayDatabase,
+    CutDatabase,
+}
+
+/// The deployment the faults act on.
+struct Deployment {
+    cluster: PrivateCluster,
+    proxy: FaultProxy,
+    /// The database through the proxy, as the services reach it.
+    proxied_url: String,
+    commands: Vec<Slot>,
+    queries: Vec<Slot>,
+    projectors: Vec<Slot>,
+}
+
+impl Deployment {
+    /// Applies one fault and returns a line describing it.
+    async fn apply(&mut self, fault: FaultKind, rng: &mut StdRng) -> String {
+        let which = rng.random_range(0..2usize);
+        let url = self.proxied_url.clone();
+        let restart_after = |slots: &mut Vec<Slot>, what: &str| {
+            slots[which].kill9();
+            format!("kill -9 {what} #{which}")
+        };
+        match fault {
+            FaultKind::KillCommand => {
+                let line = restart_after(&mut self.commands, "command-service");
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                self.commands[which].restart(&url);
+                line
+            }
+            FaultKind::KillQuery => {
+                let line = restart_after(&mut self.queries, "query-service");
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                self.queries[which].restart(&url);
+                line
+            }
+            FaultKind::KillProjector => {
+                let line = restart_after(&mut self.projectors, "projector");
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                self.projectors[which].restart(&url);
+                line
+            }
+            FaultKind::KillPostmaster => {
+                self.cluster.kill9();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let cluster = &self.cluster;
+                tokio::task::block_in_place(|| cluster.pg_start());
+                "kill -9 of the postmaster and its backends, restarted after 1 s".to_owned()
+            }
+            FaultKind::DelayDatabase => {
+                self.proxy.set(Fault::Delay(Duration::from_millis(150)));
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                self.proxy.set(Fault::Pass);
+                "every database chunk held 150 ms for 3 s".to_owned()
+            }
+            FaultKind::CutDatabase => {
+                let before = self.proxy.resets();
+                self.proxy.set(Fault::Cut);
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                self.proxy.set(Fault::Pass);
+                format!("database connections cut for 3 s ({} reset)", self.proxy.resets() - before)
+            }
+        }
+    }
+}
+
+/// What a client learned of one operation.
+#[derive(Debug, Clone)]
+enum Outcome {
+    /// A 2xx answer, with its body.
+    Acknowledged(Value),
+    /// No final answer within [`GIVE_UP_AFTER`], or `idempotency_outcome_unknown`.
+    Unknown,
+    /// A 4xx other than those worth retrying: a defect of the harness or of the service.
+    Refused(u16, Value),
+}
+
+#[derive(Debug, Clone)]
+struct Operation {
+    kind: &'static str,
+    /// What identifies the operation to the checker (an address, an `eventId`, a key).
+    subject: String,
+    attempts: u32,
+    /// What each attempt got.
+    history: Vec<String>,
+    /// From the first attempt to the final answer.
+    took: Duration,
+    outcome: Outcome,
+}
+
+/// Sends one operation under `Idempotency-Key: key` until it gets a final answer, retrying the
+/// same request after transport errors, 5xx, 429 and idempotency conflicts. (Event fires and
+/// single suppressions take no key: a fire's retry is deduplicated by its `eventId`.)
+async fn call(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    auth: &str,
+    key: &str,
+    body: &Value,
+) -> (Vec<String>, Outcome) {
+    let started = Instant::now();
+    // What each attempt got: a status and code, or the transport error.
+    let mut history = Vec::new();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let mut request = http.request(method.clone(), url).bearer_auth(auth).header("Idempotency-Key", key);
+        if !body.is_null() {
+            request = request.json(body);
+        }
+        match request.send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let answer: Value = response.json().await.unwrap_or(Value::Null);
+                let code = answer["error"]["code"].as_str().unwrap_or_default().to_owned();
+                history.push(format!("{status} {code}"));
+                match (status, code.as_str()) {
+                    (200..=299, _) => return (history, Outcome::Acknowledged(answer)),
+                    (409, "idempotency_outcome_unknown") => return (history, Outcome::Unknown),
+                    // A single suppression takes no idempotency key (the contract): a retry
+                    // that meets the address suppressed has met the earlier attempt's write.
+                    (409, "suppression_already_exists") if history.len() > 1 => {
+                        return (history, Outcome::Acknowledged(answer));
+                    }
+                    (409, "idempotency_conflict" | "idempotency_admission_busy") | (429, _) | (500.., _) => {}
+                    _ => return (history, Outcome::Refused(status, answer)),
+                }
+            }
+            Err(error) => history.push(if error.is_timeout() { "timed out".into() } else { "no answer".into() }),
+        }
+        if started.elapsed() > GIVE_UP_AFTER {
+            return (history, Outcome::Unknown);
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// One client: runs `next` (which names the operation `n`) until `stop`, one at a time.
+fn client<F>(http: reqwest::Client, stop: Arc<AtomicBool>, next: F) -> tokio::task::JoinHandle<Vec<Operation>>
+where
+    F: Fn(usize) -> (&'static str, String, reqwest::Method, String, &'static str, Value) + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut done = Vec::new();
+        for n in 0.. {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let (kind, subject, method, url, auth, body) = next(n);
+            let key = format!("{kind}-{subject}");
+            let started = Instant::now();
+            let (history, outcome) = call(&http, method, &url, auth, &key, &body).await;
+            let attempts = u32::try_from(history.len()).unwrap_or(u32::MAX);
+            done.push(Operation { kind, subject, attempts, history, took: started.elapsed(), outcome });
+        }
+        done
+    })
+}
+
+/// Every item of a list endpoint, following its cursor or offset pages.
+async fn list_all(http: &reqwest::Client, url: &str, auth: &str) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut next = format!("{url}{}limit=100", if url.contains('?') { '&' } else { '?' });
+    loop {
+        let page: Value = get_json(http, &next, auth).await;
+        let data = page["data"].as_array().unwrap_or_else(|| panic!("a page of {url}: {page}"));
+        items.extend(data.iter().cloned());
+        let pagination = &page["pagination"];
+        if pagination["hasMore"] != true {
+            return items;
+        }
+        let base = format!("{url}{}limit=100", if url.contains('?') { '&' } else { '?' });
+        next = match (pagination["nextCursor"].as_str(), pagination["offset"].as_u64()) {
+            (Some(cursor), _) => format!("{base}&cursor={cursor}"),
+            (None, Some(offset)) => format!("{base}&offset={}", offset + 100),
+            _ => panic!("a page with more but no way on: {pagination}"),
+        };
+    }
+}
+
+/// A GET that must answer 200 (retried while the deployment recovers).
+async fn get_json(http: &reqwest::Client, url: &str, auth: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(response) = http.get(url).bearer_auth(auth).send().await {
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            if status == 200 {
+                return body;
+            }
+            assert!(status >= 500 || status == 429, "GET {url}: {status} {body}");
+        }
+        assert!(Instant::now() < deadline, "GET {url} did not answer 200 within 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The status of a GET, retried while it is a 5xx.
+async fn get_status(http: &reqwest::Client, url: &str, auth: &str) -> u16 {
+    for _ in 0..100 {
+        if let Ok(response) = http.get(url).bearer_auth(auth).send().await {
+            let status = response.status().as_u16();
+            if status < 500 {
+                return status;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("GET {url} kept failing");
+}
+
+/// The fixture workspace with the mail space (a large allowance) and a workflow that waits a
+/// second and calls the receiver.
+fn chaos_workspace(call_url: &str) -> String {
+    let mut workspace: Value = serde_json::from_str(&mail_workspace(100_000_000)).expect("the workspace is JSON");
+    let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+    let mail = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
+    mail["workflows"] = json!([{"slug": "chaos", "name": "Chaos", "signingSecret": SECRET, "steps": [
+        {"id": "start", "type": "incoming_webhook", "referenceId": "chaos-hook"},
+        {"id": "nap", "type": "wait", "duration": "1s"},
+        {"id": "call", "type": "call_webhook", "url": call_url},
+        {"id": "done", "type": "exit"}
+    ]}]);
+    workspace.to_string()
+}
+
+/// The counts of one kind of operation.
+#[derive(Debug, Default, Clone)]
+struct Counts {
+    acknowledged: usize,
+    present: usize,
+    retried: usize,
+    unknown: usize,
+    duplicated: usize,
+    lost: usize,
+}
+
+fn tally(operations: &[&Operation]) -> Counts {
+    Counts {
+        acknowledged: operations.iter().filter(|op| matches!(op.outcome, Outcome::Acknowledged(_))).count(),
+        retried: operations.iter().filter(|op| op.attempts > 1).count(),
+        unknown: operations.iter().filter(|op| matches!(op.outcome, Outcome::Unknown)).count(),
+        ..Counts::default()
+    }
+}
+
+fn acknowledged<'a>(operations: &'a [&'a Operation]) -> impl Iterator<Item = (&'a Operation, &'a Value)> + 'a {
+    operations.iter().filter_map(|op| match &op.outcome {
+        Outcome::Acknowledged(body) => Some((*op, body)),
+        _ => None,
+    })
+}
+
+async fn query_i64(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "loads the whole machine: scripts/test runs it alone after the suite, scripts/chaos at length"]
+async fn no_fault_loses_an_acknowledged_write() {
+    let seconds: u64 = std::env::var("CHAOS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    let seed: u64 = std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("chaos: {seconds} s of load and faults, CHAOS_SEED={seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+
+    // PostgreSQL of its own (durable: fsync and synchronous commit on), behind the proxy.
+    let cluster = PrivateCluster::start();
+    let (admin, connection) =
+        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
+    tokio::spawn(connection);
+    admin.batch_execute("CREATE DATABASE platform").await.expect("database");
+    drop(admin);
+    let direct_url = cluster.url("platform");
+    let migrated = run_binary("projector", &["migrate"], &direct_url);
+    assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+    let cluster_port: u16 = direct_url
+        .split_whitespace()
+        .find_map(|part| part.strip_prefix("port="))
+        .and_then(|port| port.parse().ok())
+        .expect("the cluster's port");
+    let proxy = FaultProxy::start(cluster_port).await;
+    let proxied_url = direct_url.replace(&format!("port={cluster_port}"), &format!("port={}", proxy.port()));
+
+    let sink = SmtpSink::start().await;
+    let receiver = Receiver::start().await;
+    receiver.endpoint("crm", &[SECRET], json!({"status": 200})).await;
+    let mut common = vec![
+        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
+        ("APP__EMAIL__PUBLIC_BASE_URL", "https://api.example.test/v1".to_owned()),
+        ("APP__EMAIL__TIMEOUT_MS", "2000".to_owned()),
+        ("APP__EMAIL__HANDOFF_GRACE_MS", "1000".to_owned()),
+        ("APP__EMAIL__OUTBOX_POLL_MS", "100".to_owned()),
+        ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned()),
+        ("APP__WEBHOOKS__ATTEMPT_TIMEOUT_MS", "2000".to_owned()),
+        ("APP__WEBHOOKS__RETRY_SCHEDULE_MS", "[100,200,400,800,1600,3200,5000,5000,5000]".to_owned()),
+        ("APP__WORKFLOWS__LEASE_MS", "3000".to_owned()),
+        ("APP__BROADCASTS__RATE_PER_SECOND", "10".to_owned()),
+        ("APP__RATE_LIMITS__ENABLED", "false".to_owned()),
+    ];
+    // Event admission is not what this is about (the contract's 5 per second per schema would
+    // refuse most of the load).
+    for scope in ["FLEET", "SPACE", "SCHEMA"] {
+        for (limit, value) in [("RATE", "1000000"), ("BURST", "1000000")] {
+            let name: &'static str = Box::leak(format!("APP__EVENTS__ADMISSION__{scope}__{limit}").into_boxed_str());
+            common.push((name, value.to_owned()));
+        }
+    }
+    let served = |port: u16| {
+        let mut env = common.clone();
+        env.push(("APP__HTTP__PORT", port.to_string()));
+        env
+    };
+    let (command_ports, query_ports) = ([free_port(), free_port()], [free_port(), free_port()]);
+    let projectors: Vec<Slot> =
+        (0..2).map(|_| Slot::start("projector", &["run"], common.clone(), &proxied_url)).collect();
+    let commands: Vec<Slot> = command_ports
+        .iter()
+        .map(|port| Slot::start("command-service", &["serve"], served(*port), &proxied_url))
+        .collect();
+    let queries: Vec<Slot> =
+        query_ports.iter().map(|port| Slot::start("query-service", &[], served(*port), &proxied_url)).collect();
+    let listen = free_port();
+    let _nginx: Nginx = start_nginx(listen, &command_ports, &query_ports);
+    let base = format!("http://127.0.0.1:{listen}/v1");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(15)).build().expect("client");
+    for port in command_ports.iter().chain(&query_ports) {
+        crate::log::wait_until_listening(&http, &format!("http://127.0.0.1:{port}/v1")).await;
+    }
+    let workspace_file = scratch_dir("chaos").join("workspace.json");
+    std::fs::write(&workspace_file, chaos_workspace(&receiver.url("crm"))).expect("workspace written");
+    let applied =
+        run_binary("command-service", &["apply", &workspace_file.display().to_string(), "--wait"], &direct_url);
+    assert!(applied.status.success(), "apply: {}", String::from_utf8_lossy(&applied.stderr));
+
+    // Before the faults: the DKIM key published, a webhook, the broadcast's audience, erasures.
+    let domains = get_json(&http, &format!("{base}/domains"), MAIL_KEY).await;
+    for record in domains["data"][0]["records"].as_array().expect("records") {
+        if record["purpose"] == "dkim" {
+            sink.add_dkim_record(record["name"].as_str().expect("name"), record["value"].as_str().expect("value"))
+                .await;
+        }
+    }
+    let setup = |kind: &'static str, subject: String, path: &str, auth: &'static str, body: Value| {
+        let (http, url) = (http.clone(), format!("{base}{path}"));
+        async move {
+            match call(&http, reqwest::Method::POST, &url, auth, &format!("setup-{kind}-{subject}"), &body).await {
+                (_, Outcome::Acknowledged(body)) => body,
+                other => panic!("setting up {kind} {subject}: {other:?}"),
+            }
+        }
+    };
+    let webhook = setup(
+        "webhook",
+        "contacts".into(),
+        "/webhooks",
+        ALPHA_ADMIN,
+        json!({"url": receiver.url("hooks"), "trigger": "contact upserted", "schemaId": "contacts"}),
+    )
+    .await;
+    let webhook_secret = webhook["data"]["signatureVerificationSecret"].as_str().expect("secret").to_owned();
+    receiver.endpoint("hooks", &[&webhook_secret], json!({"status": 204})).await;
+    let fans = futures_util::future::join_all((0..FANS).map(|index| {
+        setup(
+            "fan",
+            index.to_string(),
+            "/schemas/people/records",
+            MAIL_KEY,
+            json!({"email": format!("fan-{index}@chaos.test"), "firstName": "Fan", "newsConsent": true}),
+        )
+    }))
+    .await;
+    assert_eq!(fans.len(), FANS);
+    let segment = setup(
+        "segment",
+        "fans".into(),
+        "/segments",
+        MAIL_KEY,
+        json!({"name": "Fans", "definition": "firstName is Fan"}),
+    )
+    .await;
+    let segment_id = segment["data"]["id"].as_str().expect("segment id").to_owned();
+    let aimed = http
+        .patch(format!("{base}/broadcasts/{BLAST_BROADCAST}"))
+        .bearer_auth(MAIL_KEY)
+        .json(&json!({"audience": {"segmentId": segment_id}, "scheduledAt": null}))
+        .send()
+        .await
+        .expect("PATCH the broadcast");
+    assert_eq!(aimed.status().as_u16(), 200);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get_json(&http, &format!("{base}/segments/{segment_id}"), MAIL_KEY).await["data"]["memberCount"] != FANS {
+        assert!(Instant::now() < deadline, "the segment did not fill");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut erasures = Vec::new();
+    for index in 0..ERASED {
+        let email = format!("erased-{index}@chaos.test");
+        let created =
+            setup("erased", index.to_string(), "/schemas/contacts/records", ALPHA_ADMIN, json!({"email": email})).await;
+        let id = created["data"]["id"].as_str().expect("id").to_owned();
+        let deleted = match call(
+            &http,
+            reqwest::Method::DELETE,
+            &format!("{base}/schemas/contacts/records/{id}"),
+            ALPHA_ADMIN,
+            &format!("erase-{index}"),
+            &Value::Null,
+        )
+        .await
+        {
+            (_, Outcome::Acknowledged(body)) => body,
+            other => panic!("erasing {id}: {other:?}"),
+        };
+        let operation = deleted["data"]["operationId"].as_str().expect("an operation id").to_owned();
+        erasures.push((id, operation));
+    }
+
+    // The load: one client per kind of write, all through nginx.
+    let stop = Arc::new(AtomicBool::new(false));
+    let receipt = {
+        let templates = get_json(&http, &format!("{base}/templates"), MAIL_KEY).await;
+        let receipt = templates["data"].as_array().expect("templates").iter().find(|t| t["slug"] == "receipt").cloned();
+        receipt.and_then(|t| t["id"].as_str().map(str::to_owned)).expect("the receipt template")
+    };
+    let post = reqwest::Method::POST;
+    let clients = vec![
+        client(http.clone(), stop.clone(), {
+            let (base, post) = (base.clone(), post.clone());
+            move |n| {
+                let email = format!("a-{n}@chaos.test");
+                let body = json!({"email": email, "plan": "pro"});
+                ("create", email, post.clone(), format!("{base}/schemas/contacts/records"), ALPHA_ADMIN, body)
+            }
+        }),
+        client(http.clone(), stop.clone(), {
+            let (base, post) = (base.clone(), post.clone());
+            move |n| {
+                let email = format!("b-{n}@chaos.test");
+                let body = json!({"email": email, "plan": "free"});
+                ("create", email, post.clone(), format!("{base}/schemas/contacts/records"), ALPHA_ADMIN, body)
+            }
+        }),
+        client(http.clone(), stop.clone(), {
+            let (base, post) = (base.clone(), post.clone());
+            move |n| {
+                let email = format!("u-{}@chaos.test", n % UPSERT_KEYS);
+                let body = json!({"email": email, "age": n});
+                (
+                    "upsert",
+                    format!("{email}#{n}"),
+                    post.clone(),
+                    format!("{base}/schemas/contacts/records/upsert"),
+                    ALPHA_ADMIN,
+                    body,
+                )
+            }
+        }),
+        client(http.clone(), stop.clone(), {
+            let (base, post) = (base.clone(), post.clone());
+            move |n| {
+                if n % 4 == 3 {
+                    let events: Vec<Value> =
+                        (0..5).map(|item| json!({"eventId": format!("batch-{n}-{item}"), "plan": "pro"})).collect();
+                    let body = json!({"events": events});
+                    (
+                        "batch",
+                        format!("batch-{n}"),
+                        post.clone(),
+                        format!("{base}/events/signup/batch"),
+                        ALPHA_ADMIN,
+                        body,
+                    )
+                } else {
+                    let body = json!({"eventId": format!("fire-{n}"), "plan": "free"});
+                    ("fire", format!("fire-{n}"), post.clone(), format!("{base}/events/signup"), ALPHA_ADMIN, body)
+                }
+            }
+        }),
+        client(http.clone(), stop.clone(), {
+            let (base, post) = (base.clone(), post.clone());
+            move |n| {
+                let identifier = format!("s-{n}@chaos.test");
+                let body = json!({"identifier": identifier, "reason": "manual"});
+                ("suppress", identifier, post.clone(), format!("{base}/contacts/suppressions"), ALPHA_ADMIN, body)
+            }
+        }),
+        client(http.clone(), stop.clone(), {
+            let (base, post) = (base.clone(), post.clone());
+            move |n| {
+                let email = format!("r-{n}@chaos.test");
+                let body = json!({"data": {
+                    "contact": {"email": email, "firstName": "Receipt"},
+                    "order": {"externalId": format!("ord-{n}"), "total": 42.5}
+                }});
+                ("send", email, post.clone(), format!("{base}/templates/{receipt}/send"), MAIL_KEY, body)
+            }
+        }),
+        client(http.clone(), stop.clone(), {
+            let (base, post) = (base.clone(), post.clone());
+            move |n| {
+                let body = json!({"n": n, "contact": {"email": format!("w-{n}@chaos.test"), "firstName": "W"}});
+                ("trigger", format!("w-{n}"), post.clone(), format!("{base}/workflows/chaos-hook"), MAIL_KEY, body)
+            }
+        }),
+    ];
+    let broadcast = {
+        let url = format!("{base}/broadcasts/{BLAST_BROADCAST}/send");
+        match call(&http, reqwest::Method::POST, &url, MAIL_KEY, "chaos-blast", &Value::Null).await {
+            (_, Outcome::Acknowledged(body)) => body["data"]["id"].as_str().expect("a run id").to_owned(),
+            other => panic!("sending the broadcast: {other:?}"),
+        }
+    };
+
+    // The faults, each at a random moment of the window, one after another.
+    let window = Duration::from_secs(seconds);
+    let mut schedule: Vec<(Duration, FaultKind)> = [
+        FaultKind::KillCommand,
+        FaultKind::KillQuery,
+        FaultKind::KillProjector,
+        FaultKind::KillPostmaster,
+        FaultKind::DelayDatabase,
+        FaultKind::CutDatabase,
+    ]
+    .into_iter()
+    .map(|fault| (window.mul_f64(rng.random_range(0.1..0.8)), fault))
+    .collect();
+    schedule.sort_by_key(|(at, _)| *at);
+    let mut deployment = Deployment { cluster, proxy, proxied_url: proxied_url.clone(), commands, queries, projectors };
+    let started = Instant::now();
+    let mut faults = Vec::new();
+    for (at, fault) in schedule {
+        if let Some(wait) = at.checked_sub(started.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+        let at = started.elapsed();
+        let line = deployment.apply(fault, &mut rng).await;
+        eprintln!("chaos: at {:.1} s: {line}", at.as_secs_f64());
+        faults.push(format!("{:.1} s: {line}", at.as_secs_f64()));
+    }
+    if let Some(rest) = window.checked_sub(started.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut operations = Vec::new();
+    for handle in clients {
+        operations.extend(handle.await.expect("a client"));
+    }
+    let load_took = started.elapsed();
+
+    // Settling: every worker drains what the load left.
+    let (checker, connection) = tokio_postgres::connect(&direct_url, tokio_postgres::NoTls).await.expect("checker");
+    tokio::spawn(connection);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let open: Vec<String> = checker
+            .query(
+                "SELECT 'outbox ' || state, count(*) FROM email_outbox WHERE state IN ('pending', 'attempting')
+                   GROUP BY state
+                 UNION ALL SELECT 'webhook deliveries pending', count(*) FROM webhook_deliveries
+                   WHERE state = 'pending' HAVING count(*) > 0
+                 UNION ALL SELECT 'workflow runs unfinished', count(*) FROM workflow_runs
+                   WHERE finished_at IS NULL HAVING count(*) > 0
+                 UNION ALL SELECT 'read model ' || name || ' behind', (SELECT position FROM log_head) - min(position)
+                   FROM projections WHERE status = 'live' GROUP BY name
+                   HAVING min(position) < (SELECT position FROM log_head)
+                 UNION ALL SELECT 'worker ' || name || ' behind', (SELECT position FROM log_head) - position
+                   FROM worker_checkpoints WHERE position < (SELECT position FROM log_head)
+                   AND name IN ('preparation', 'webhook_enqueue', 'workflow_events')",
+                &[],
+            )
+            .await
+            .map(|rows| {
+                rows.iter().map(|row| format!("{} {}", row.get::<_, String>(0), row.get::<_, i64>(1))).collect()
+            })
+            .unwrap_or_else(|error| vec![format!("not queried: {error}")]);
+        let run = get_json(&http, &format!("{base}/broadcasts/{BLAST_BROADCAST}/runs/{broadcast}"), MAIL_KEY).await;
+        let mut erasing = 0;
+        for (_, operation) in &erasures {
+            let deletion = get_json(&http, &format!("{base}/record-deletions/{operation}"), ALPHA_ADMIN).await;
+            erasing += usize::from(deletion["data"]["status"] != "completed");
+        }
+        if open.is_empty() && run["data"]["status"] == "completed" && erasing == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the deployment did not settle: {open:?}, broadcast {}, {erasing} erasures pending",
+            run["data"]["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let settle_took = started.elapsed() - load_took;
+
+    // The checker.
+    let refused: Vec<String> = operations
+        .iter()
+        .filter_map(|op| match &op.outcome {
+            Outcome::Refused(status, body) => {
+                Some(format!("{} {}: {status} {body} after {:?}", op.kind, op.subject, op.history))
+            }
+            _ => None,
+        })
+        .collect();
+    for op in operations.iter().filter(|op| matches!(op.outcome, Outcome::Refused(..))).take(3) {
+        let key = format!("{}-{}", op.kind, op.subject);
+        let claims = checker
+            .query(
+                "SELECT state || ' ' || COALESCE(status::text, '-') || ' claimed ' || claimed_at::text
+                        || ' completed ' || COALESCE(completed_at::text, '-')
+                 FROM idempotency_records WHERE idempotency_key = $1",
+                &[&key],
+            )
+            .await
+            .map(|rows| rows.iter().map(|row| row.get::<_, String>(0)).collect::<Vec<_>>());
+        let events = checker
+            .query(
+                "SELECT position || ' ' || event_type || ' ' || recorded_at::text || ' ' || COALESCE(request_id, '-')
+                 FROM events WHERE idempotency_key = $1 ORDER BY position",
+                &[&key],
+            )
+            .await
+            .map(|rows| rows.iter().map(|row| row.get::<_, String>(0)).collect::<Vec<_>>());
+        eprintln!("chaos: refused {key}: claims {claims:?}; events under the key {events:?}");
+    }
+    let first: Vec<&String> = refused.iter().take(5).collect();
+    assert!(refused.is_empty(), "{} operations refused with a 4xx, first: {first:#?}", refused.len());
+    let of_kind =
+        |kinds: &[&str]| -> Vec<&Operation> { operations.iter().filter(|op| kinds.contains(&op.kind)).collect() };
+    let mut report: BTreeMap<&str, Counts> = BTreeMap::new();
+
+    // Records: each acknowledged create is the one record with its address, and readable.
+    let contacts = list_all(&http, &format!("{base}/schemas/contacts/records"), ALPHA_ADMIN).await;
+    let mut by_email: HashMap<String, Vec<String>> = HashMap::new();
+    for contact in &contacts {
+        if let (Some(email), Some(id)) = (contact["email"].as_str(), contact["id"].as_str()) {
+            by_email.entry(email.to_owned()).or_default().push(id.to_owned());
+        }
+    }
+    let creates = of_kind(&["create"]);
+    let mut counts = tally(&creates);
+    for (op, body) in acknowledged(&creates) {
+        let id = body["data"]["id"].as_str().expect("an id");
+        let readable = get_status(&http, &format!("{base}/schemas/contacts/records/{id}"), ALPHA_ADMIN).await == 200;
+        if by_email.get(&op.subject).is_some_and(|ids| ids == &[id.to_owned()]) && readable {
+            counts.present += 1;
+        } else {
+            counts.lost += 1;
+            eprintln!(
+                "chaos: lost create {} ({id}): listed as {:?}, readable {readable}",
+                op.subject,
+                by_email.get(&op.subject)
+            );
+        }
+    }
+    counts.duplicated = by_email.values().filter(|ids| ids.len() > 1).count();
+    report.insert("records created", counts);
+
+    // Upserts: one record per key, holding the last acknowledged age (or a later unknown one).
+    let upserts = of_kind(&["upsert"]);
+    let mut counts = tally(&upserts);
+    for key in 0..UPSERT_KEYS {
+        let email = format!("u-{key}@chaos.test");
+        let ours: Vec<&&Operation> = upserts.iter().filter(|op| op.subject.starts_with(&format!("{email}#"))).collect();
+        let age_of = |op: &Operation| op.subject.rsplit('#').next().and_then(|n| n.parse::<i64>().ok());
+        let last_acknowledged = ours.iter().rposition(|op| matches!(op.outcome, Outcome::Acknowledged(_)));
+        let Some(last) = last_acknowledged else { continue };
+        let allowed: HashSet<i64> = ours[last..]
+            .iter()
+            .enumerate()
+            .filter(|(index, op)| *index == 0 || matches!(op.outcome, Outcome::Unknown))
+            .filter_map(|(_, op)| age_of(op))
+            .collect();
+        let ids = by_email.get(&email).cloned().unwrap_or_default();
+        counts.duplicated += ids.len().saturating_sub(1);
+        let acknowledged_here = ours.iter().filter(|op| matches!(op.outcome, Outcome::Acknowledged(_))).count();
+        let current = match ids.first() {
+            Some(id) => get_json(&http, &format!("{base}/schemas/contacts/records/{id}"), ALPHA_ADMIN).await,
+            None => Value::Null,
+        };
+        if current["data"]["age"].as_i64().is_some_and(|age| allowed.contains(&age)) {
+            counts.present += acknowledged_here;
+        } else {
+            counts.lost += acknowledged_here;
+            eprintln!("chaos: upserts of {email} ended at {} (allowed {allowed:?})", current["data"]["age"]);
+        }
+    }
+    report.insert("records upserted", counts);
+
+    // Events, counted per event: each accepted one listed once, its status readable; a batch
+    // item answered `failed` for a transient reason wrote nothing, so it is nowhere.
+    let listed = list_all(&http, &format!("{base}/events?schema=signup"), ALPHA_ADMIN).await;
+    let mut events: HashMap<String, usize> = HashMap::new();
+    for event in &listed {
+        *events.entry(event["eventId"].as_str().unwrap_or_default().to_owned()).or_default() += 1;
+    }
+    let fires = of_kind(&["fire", "batch"]);
+    let tallied = tally(&fires);
+    let mut counts = Counts { retried: tallied.retried, unknown: tallied.unknown, ..Counts::default() };
+    let mut items_failed = 0;
+    for (op, body) in acknowledged(&fires) {
+        let results: Vec<Value> = if op.kind == "batch" {
+            body["data"]["results"].as_array().cloned().unwrap_or_default()
+        } else {
+            vec![json!({"index": 0, "status": "accepted", "id": body["data"]["id"]})]
+        };
+        for result in results {
+            let event_id = if op.kind == "batch" {
+                format!("{}-{}", op.subject, result["index"].as_u64().unwrap_or(0))
+            } else {
+                op.subject.clone()
+            };
+            if result["status"] != "accepted" {
+                let code = result["error"]["code"].as_str().unwrap_or_default();
+                assert!(matches!(code, "service_unavailable" | "event_rate_limited"), "{event_id}: {result}");
+                assert!(!events.contains_key(&event_id), "{event_id} failed ({code}) yet was written");
+                items_failed += 1;
+                continue;
+            }
+            counts.acknowledged += 1;
+            let id = result["id"].as_str().unwrap_or_default();
+            let status = get_status(&http, &format!("{base}/events/signup/{id}/status"), ALPHA_ADMIN).await;
+            if status == 200 && events.get(&event_id) == Some(&1) {
+                counts.present += 1;
+            } else {
+                counts.lost += 1;
+                eprintln!("chaos: lost event {event_id} ({id}): status {status}, listed {:?}", events.get(&event_id));
+            }
+        }
+    }
+    counts.duplicated = events.values().filter(|count| **count > 1).count();
+    report.insert("events fired and batched", counts);
+
+    // Suppressions.
+    let suppressions = list_all(&http, &format!("{base}/contacts/suppressions"), ALPHA_ADMIN).await;
+    let mut suppressed: HashMap<String, usize> = HashMap::new();
+    for suppression in &suppressions {
+        *suppressed.entry(suppression["identifier"].as_str().unwrap_or_default().to_owned()).or_default() += 1;
+    }
+    let suppresses = of_kind(&["suppress"]);
+    let mut counts = tally(&suppresses);
+    for (op, _) in acknowledged(&suppresses) {
+        if suppressed.get(&op.subject) == Some(&1) {
+            counts.present += 1;
+        } else {
+            counts.lost += 1;
+            eprintln!("chaos: lost suppression {}", op.subject);
+        }
+    }
+    counts.duplicated = suppressed.values().filter(|count| **count > 1).count();
+    report.insert("suppressions", counts);
+
+    // Template sends: each left at most once; a sent one exactly once.
+    let summary = sink.summary().await;
+    let mut delivered: HashMap<String, usize> = HashMap::new();
+    for message_id in summary["messageIds"].as_array().expect("ids").iter().filter_map(Value::as_str) {
+        let id = message_id.trim_start_matches('<').split('@').next().unwrap_or_default().to_owned();
+        *delivered.entry(id).or_default() += 1;
+    }
+    assert_eq!(summary["dkimInvalid"], 0, "every message verified against the published key");
+    let outbox: HashMap<String, String> = checker
+        .query("SELECT email_id, state FROM email_outbox", &[])
+        .await
+        .expect("the outbox")
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let sends = of_kind(&["send"]);
+    let mut counts = tally(&sends);
+    let mut email_unknown = 0;
+    for (op, body) in acknowledged(&sends) {
+        let id = body["data"]["emailId"].as_str().expect("an email id");
+        let copies = delivered.get(id).copied().unwrap_or(0);
+        match (outbox.get(id).map(String::as_str), copies) {
+            // Failed: the client was told nothing left, and nothing did.
+            (Some("sent"), 1) | (Some("failed"), 0) => counts.present += 1,
+            (Some("unknown"), 0 | 1) => {
+                counts.present += 1;
+                email_unknown += 1;
+            }
+            (state, copies) => {
+                counts.lost += 1;
+                eprintln!("chaos: send {} ({id}) is {state:?} with {copies} copies delivered", op.subject);
+            }
+        }
+    }
+    counts.duplicated = delivered.values().filter(|copies| **copies > 1).count();
+    report.insert("template sends", counts);
+
+    // The broadcast: every fan once, sent or unknown.
+    let run = get_json(&http, &format!("{base}/broadcasts/{BLAST_BROADCAST}/runs/{broadcast}"), MAIL_KEY).await;
+    let run_counts = &run["data"]["counts"];
+    let (sent, unknown) =
+        (run_counts["sent"].as_u64().unwrap_or(0), run_counts["outcomeUnknown"].as_u64().unwrap_or(0));
+    let mut fan_copies: HashMap<&str, usize> = HashMap::new();
+    for recipient in summary["rcptTo"].as_array().expect("recipients").iter().filter_map(Value::as_str) {
+        if recipient.starts_with("fan-") {
+            *fan_copies.entry(recipient).or_default() += 1;
+        }
+    }
+    let broadcast_counts = Counts {
+        acknowledged: FANS,
+        present: usize::try_from(sent + unknown).unwrap_or(0),
+        unknown: usize::try_from(unknown).unwrap_or(0),
+        duplicated: fan_copies.values().filter(|copies| **copies > 1).count(),
+        lost: FANS.saturating_sub(usize::try_from(sent + unknown).unwrap_or(0)),
+        retried: 0,
+    };
+    assert!(fan_copies.len() >= usize::try_from(sent).unwrap_or(usize::MAX), "every sent fan got the broadcast: {run}");
+    report.insert("broadcast recipients", broadcast_counts);
+
+    // Webhooks: every acknowledged create delivered under exactly one id; every attempt verified.
+    let hooks = receiver.received("hooks").await;
+    assert!(
+        hooks.iter().all(|delivery| delivery["verifiedWith"] == json!([0])),
+        "every delivery verifies with the webhook's secret"
+    );
+    let mut hook_ids: HashMap<String, HashSet<String>> = HashMap::new();
+    for delivery in &hooks {
+        if let (Some(email), Some(id)) = (delivery["body"]["data"]["email"].as_str(), delivery["webhookId"].as_str()) {
+            hook_ids.entry(email.to_owned()).or_default().insert(id.to_owned());
+        }
+    }
+    let repeats = hooks.len() - hook_ids.values().map(HashSet::len).sum::<usize>();
+    let mut counts = Counts { retried: repeats, ..Counts::default() };
+    for (op, _) in acknowledged(&creates) {
+        counts.acknowledged += 1;
+        match hook_ids.get(&op.subject).map(HashSet::len) {
+            Some(1) => counts.present += 1,
+            Some(_) => counts.duplicated += 1,
+            None => {
+                counts.lost += 1;
+                eprintln!("chaos: no delivery for {}", op.subject);
+            }
+        }
+    }
+    report.insert("webhook deliveries (creates)", counts);
+
+    // Workflow runs: each acknowledged trigger ran to its exit; each call arrived at most once.
+    let runs: HashMap<String, String> = checker
+        .query("SELECT run_id, status FROM workflow_runs", &[])
+        .await
+        .expect("runs")
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let triggers = of_kind(&["trigger"]);
+    let mut counts = tally(&triggers);
+    for (op, body) in acknowledged(&triggers) {
+        let run_id = body["data"]["id"].as_str().expect("a run id");
+        if runs.get(run_id).map(String::as_str) == Some("exited") {
+            counts.present += 1;
+        } else {
+            counts.lost += 1;
+            eprintln!("chaos: run {run_id} of {} is {:?}", op.subject, runs.get(run_id));
+        }
+    }
+    let calls = receiver.ids("crm").await;
+    counts.duplicated = calls.values().filter(|received| **received > 1).count();
+    assert!(calls.len() <= runs.len(), "{} calls for {} runs", calls.len(), runs.len());
+    report.insert("workflow runs", counts);
+
+    // Erasures requested before the faults: complete, and the records gone.
+    let mut counts = Counts { acknowledged: ERASED, ..Counts::default() };
+    for (id, _) in &erasures {
+        match get_status(&http, &format!("{base}/schemas/contacts/records/{id}"), ALPHA_ADMIN).await {
+            404 => counts.present += 1,
+            other => {
+                counts.lost += 1;
+                eprintln!("chaos: erased record {id} answers {other}");
+            }
+        }
+    }
+    report.insert("erasures completed", counts);
+
+    // Every read model at the head, no dead letter, and the operator's status clean.
+    let behind = query_i64(
+        &checker,
+        "SELECT count(*) FROM projections WHERE status = 'live' AND position < (SELECT position FROM log_head)",
+    )
+    .await;
+    let dead_letters = query_i64(&checker, "SELECT count(*) FROM projection_dead_letters").await;
+    let status = run_binary("projector", &["status"], &direct_url);
+    let status_text = String::from_utf8_lossy(&status.stdout).into_owned();
+
+    let longest = operations.iter().max_by_key(|op| op.took).map_or(String::new(), |op| {
+        let outcome = match op.outcome {
+            Outcome::Acknowledged(_) => "acknowledged",
+            Outcome::Unknown => "unknown",
+            Outcome::Refused(..) => "refused",
+        };
+        format!(
+            "{} {} took {:.1} s over {} attempts ({outcome})",
+            op.kind,
+            op.subject,
+            op.took.as_secs_f64(),
+            op.attempts
+        )
+    });
+    let table: Vec<String> = report
+        .iter()
+        .map(|(kind, c)| {
+            format!(
+                "| {kind} | {} | {} | {} | {} | {} | {} |",
+                c.acknowledged, c.present, c.retried, c.unknown, c.duplicated, c.lost
+            )
+        })
+        .collect();
+    let printed = format!(
+        "seed {seed}; load {:.0} s, settled {:.0} s later; faults:\n{}\n\n| kind | acknowledged | present | retried | unknown | duplicated | lost |\n|---|---|---|---|---|---|---|\n{}\n\nbatch items answered failed, transient, written nowhere: {items_failed}; webhook repeats under the same id: {repeats}; emails settled as unknown: {email_unknown}; \
+         workflow calls {} for {} runs; read models behind the head: {behind}; dead letters: {dead_letters}\nlongest operation: {longest}",
+        load_took.as_secs_f64(),
+        settle_took.as_secs_f64(),
+        faults.iter().map(|line| format!("- {line}")).collect::<Vec<_>>().join("\n"),
+        table.join("\n"),
+        calls.len(),
+        runs.len(),
+    );
+    println!("{printed}");
+    if let Ok(path) = std::env::var("CHAOS_REPORT") {
+        std::fs::write(path, format!("{printed}\n")).expect("the report written");
+    }
+    assert_eq!(behind, 0, "every read model reached the head of the log");
+    assert_eq!(dead_letters, 0, "no event was dead-lettered");
+    assert!(status.status.success(), "projector status reports problems:\n{status_text}");
+    for (kind, counts) in &report {
+        assert_eq!(counts.lost, 0, "{kind}: acknowledged and lost");
+        assert_eq!(counts.duplicated, 0, "{kind}: duplicated");
+    }
+    assert!(report["records created"].acknowledged > 0 && report["template sends"].acknowledged > 0, "load ran");
+    assert!(report.values().map(|c| c.retried).sum::<usize>() > 0, "the faults reached the clients");
+    drop(deployment);
+}
