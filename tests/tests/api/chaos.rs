@@ -1,8 +1,8 @@
 //! The fault harness: the split deployment (two command services, two query services and two
 //! projector processes behind nginx, PostgreSQL behind a TCP fault proxy) under mixed load,
-//! while one process of each kind is killed with SIGKILL at a random moment, the postmaster is
-//! killed once and restarted, and the proxy first delays, then cuts every database connection
-//! for a few seconds. Then a checker proves from the clients' own records what survived: every
+//! while, in each started minute, one process of each kind is killed with SIGKILL at a random
+//! moment and started again, the postmaster is killed and restarted, and the proxy delays, and
+//! at another moment cuts, every database connection for a few seconds. Then a checker proves from the clients' own records what survived: every
 //! acknowledged write is present and readable, nothing is duplicated, every read model reaches
 //! the head of the log with no dead letter, every email and workflow call left at most once,
 //! every webhook delivery arrived under one id per write, and erasures requested before the
@@ -581,19 +581,25 @@ async fn no_fault_loses_an_acknowledged_write() {
         }
     };
 
-    // The faults, each at a random moment of the window, one after another.
+    // The faults: one round of each kind per started minute of the window, each at a random
+    // moment of its round (within its first 80%), applied one after another.
     let window = Duration::from_secs(seconds);
-    let mut schedule: Vec<(Duration, FaultKind)> = [
-        FaultKind::KillCommand,
-        FaultKind::KillQuery,
-        FaultKind::KillProjector,
-        FaultKind::KillPostmaster,
-        FaultKind::DelayDatabase,
-        FaultKind::CutDatabase,
-    ]
-    .into_iter()
-    .map(|fault| (window.mul_f64(rng.random_range(0.1..0.8)), fault))
-    .collect();
+    let rounds = seconds.div_ceil(60).max(1);
+    let round = window / u32::try_from(rounds).unwrap_or(1);
+    let mut schedule: Vec<(Duration, FaultKind)> = Vec::new();
+    for index in 0..rounds {
+        let start = round * u32::try_from(index).unwrap_or(0);
+        for fault in [
+            FaultKind::KillCommand,
+            FaultKind::KillQuery,
+            FaultKind::KillProjector,
+            FaultKind::KillPostmaster,
+            FaultKind::DelayDatabase,
+            FaultKind::CutDatabase,
+        ] {
+            schedule.push((start + round.mul_f64(rng.random_range(0.1..0.8)), fault));
+        }
+    }
     schedule.sort_by_key(|(at, _)| *at);
     let mut deployment = Deployment { cluster, proxy, proxied_url: proxied_url.clone(), commands, queries, projectors };
     let started = Instant::now();
