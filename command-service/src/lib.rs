@@ -48,6 +48,9 @@ pub struct State {
     pub event_contexts: shared::catalog::WriteContexts,
     /// What workflow triggers read from the catalog, kept until the catalog changes.
     pub workflows: workflows::store::Kept,
+    /// What template sends read from the catalog (the template, its sender and domain, the
+    /// space's allowance), kept until the catalog changes.
+    pub templates: shared::catalog::Kept<shared::email::send::Authored>,
 }
 
 impl State {
@@ -71,6 +74,7 @@ impl State {
             write_contexts: Default::default(),
             event_contexts: Default::default(),
             workflows: Default::default(),
+            templates: Default::default(),
         }))
     }
 

@@ -296,6 +296,11 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// The catalog revision this attempt's reads saw, if any.
+    pub fn catalog_revision_seen(&self) -> Option<i64> {
+        self.catalog_revision.get()
+    }
+
     /// Whether a catalog context of this attempt came from this process's cache.
     pub fn kept(&self) -> bool {
         self.kept.get()
@@ -483,6 +488,7 @@ async fn catalog_moved(ctx: &Ctx<'_>) -> Result<bool, ApiError> {
     ctx.state.write_contexts.keep_revision(current);
     ctx.state.event_contexts.keep_revision(current);
     ctx.state.workflows.keep_revision(current);
+    ctx.state.templates.keep_revision(current);
     Ok(true)
 }
 

@@ -281,6 +281,51 @@ impl WriteContexts {
     }
 }
 
+/// Authored resources kept in process by (space, key), each with the catalog revision it was
+/// read at, so a command reads no catalog statement for them (a workflow by reference id, a
+/// template with its sender and domain). A command decided on a kept entry appends with that
+/// revision's guard ([`revision_guard`]), and the entries of older revisions are dropped once
+/// a write finds the catalog moved on, as [`WriteContexts`] are.
+pub struct Kept<T> {
+    entries: std::sync::RwLock<KeptEntries<T>>,
+}
+
+/// Kept entries by (space, key): the catalog revision each was read at, and what was read.
+type KeptEntries<T> = std::collections::HashMap<(String, String), (i64, std::sync::Arc<T>)>;
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Self { entries: std::sync::RwLock::default() }
+    }
+}
+
+impl<T> Kept<T> {
+    /// The entry of `key` in the space and the catalog revision it was read at.
+    pub fn get(&self, space_id: &str, key: &str) -> Option<(i64, std::sync::Arc<T>)> {
+        let entries = self.entries.read().ok()?;
+        entries
+            .get(&(space_id.to_owned(), key.to_owned()))
+            .map(|(revision, kept)| (*revision, std::sync::Arc::clone(kept)))
+    }
+
+    /// Keeps `value`, read at catalog revision `revision`.
+    pub fn put(&self, space_id: &str, key: &str, revision: i64, value: &std::sync::Arc<T>) {
+        if let Ok(mut entries) = self.entries.write() {
+            if entries.len() >= WRITE_CONTEXTS_MAX {
+                entries.clear();
+            }
+            entries.insert((space_id.to_owned(), key.to_owned()), (revision, std::sync::Arc::clone(value)));
+        }
+    }
+
+    /// Drops the entries read at another catalog revision than `revision`.
+    pub fn keep_revision(&self, revision: i64) {
+        if let Ok(mut entries) = self.entries.write() {
+            entries.retain(|_, (kept, _)| *kept == revision);
+        }
+    }
+}
+
 /// A resource found by id alone, whatever its space (public endpoints, whose tenant comes
 /// from the resource): its space, revision and definition.
 pub async fn resource_by_id(

@@ -31,18 +31,27 @@ use crate::State;
 use crate::edge::append_error;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal, Then};
 use crate::records::decide::WriteSchema;
-use crate::records::http::{PlannedUpsert, plan_upsert, write_context};
+use crate::records::http::{PlannedUpsert, plan_upsert};
 
-/// The template of the caller's space with its sender, domain and the space's allowance, in
-/// one read of the catalog.
+/// The template of the caller's space with its sender, domain and the space's allowance: kept
+/// by this process since an earlier send at the catalog's revision, or read now in one
+/// statement (and kept). A send decided on a kept one appends with that revision's guard.
 pub async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &str) -> Result<Authored, ApiError> {
+    if let Some((revision, authored)) = ctx.state.templates.get(space_id, template_id) {
+        ctx.kept_catalog(revision);
+        return Ok(Authored::clone(&authored));
+    }
     let catalog = ctx.catalog().await?;
-    Authored::load(&ctx.db().await?, &catalog, space_id, template_id)
+    let authored = Authored::load(&ctx.db().await?, &catalog, space_id, template_id)
         .await
         .map_err(|error| ApiError::internal(&error))?
         .ok_or_else(|| {
             ApiError::not_found(Code::TemplateNotFound, format!("no template {template_id:?} in this space"))
-        })
+        })?;
+    if let Some(revision) = ctx.catalog_revision_seen() {
+        ctx.state.templates.put(space_id, template_id, revision, &std::sync::Arc::new(authored.clone()));
+    }
+    Ok(authored)
 }
 
 /// A context record planned: its upsert, the schema's attribute keys and attributes.
@@ -77,7 +86,9 @@ impl Command for SendTemplate<'_> {
         let now = shared::time::now_millis();
         let mut planned = BTreeMap::new();
         for (key, expected) in &authored.template.data {
-            let context = write_context(ctx, space_id, &expected.schema_id).await?;
+            let context =
+                crate::write_contexts::current(ctx, crate::write_contexts::Kind::Record, space_id, &expected.schema_id)
+                    .await?;
             let schema = WriteSchema {
                 schema_id: &context.schema.schema_id,
                 space_id,

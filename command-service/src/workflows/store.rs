@@ -2,9 +2,6 @@
 //! workflow's stream) and the guards their appends carry (the engine's run row, the pause
 //! control, waking parked runs).
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use shared::events::LogEvent;
@@ -48,43 +45,9 @@ pub async fn by_reference(
     Ok((revision, Some(Found { workflow_id, revision: row.get(1), definition })))
 }
 
-/// Workflows kept in process by (space, reference id), each with the catalog revision it was
-/// read at, so a trigger reads no catalog statement; a trigger decided on a kept one appends
-/// with that revision's guard, and the entries of older revisions are dropped once a write
-/// finds the catalog moved on (as record writes keep schemas).
-#[derive(Default)]
-pub struct Kept {
-    entries: RwLock<HashMap<(String, String), KeptWorkflow>>,
-}
-
-/// A kept workflow: the catalog revision it was read at, and what was read.
-type KeptWorkflow = (i64, Arc<Found>);
-
-/// Entries kept at most (cleared when full).
-const KEPT_MAX: usize = 10_000;
-
-impl Kept {
-    pub fn get(&self, space_id: &str, reference_id: &str) -> Option<KeptWorkflow> {
-        let entries = self.entries.read().ok()?;
-        entries.get(&(space_id.to_owned(), reference_id.to_owned())).cloned()
-    }
-
-    pub fn put(&self, space_id: &str, reference_id: &str, revision: i64, found: &Arc<Found>) {
-        if let Ok(mut entries) = self.entries.write() {
-            if entries.len() >= KEPT_MAX {
-                entries.clear();
-            }
-            entries.insert((space_id.to_owned(), reference_id.to_owned()), (revision, Arc::clone(found)));
-        }
-    }
-
-    /// Drops the entries read at another catalog revision than `revision`.
-    pub fn keep_revision(&self, revision: i64) {
-        if let Ok(mut entries) = self.entries.write() {
-            entries.retain(|_, (kept, _)| *kept == revision);
-        }
-    }
-}
+/// Workflows kept in process by (space, reference id), so a trigger reads no catalog
+/// statement (see [`shared::catalog::Kept`]).
+pub type Kept = shared::catalog::Kept<Found>;
 
 /// The workflow `workflow_id` of the space, from catalog version `catalog`.
 pub async fn by_id(

@@ -973,3 +973,30 @@ async fn the_relay_url_carries_auth_credentials() {
     let messages = sink.wait_for(1, WAIT).await;
     assert_eq!(messages[0]["authLogin"], "mailer", "{:?}", messages[0]);
 }
+
+#[tokio::test]
+async fn a_send_after_the_template_changed_renders_the_new_one_though_the_old_was_kept() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let receipt = template_id(&app, "receipt").await;
+    // The first send keeps the template, its sender and domain in the command service.
+    let first = send(&app, &receipt, &receipt_body("kept1@example.com", "Ada"), None).await;
+    assert_eq!(first.body["data"]["status"], "sent", "{:?}", first.body);
+    let changed = mail_workspace(100).replace("Order {{ order.externalId }} for", "Receipt {{ order.externalId }} for");
+    app.apply_workspace(&changed, true).await;
+    // Decided on the kept template, the append meets the catalog's new revision: the send is
+    // decided again on what the catalog holds now.
+    let second = send(&app, &receipt, &receipt_body("kept2@example.com", "Bea"), None).await;
+    assert_eq!(second.body["data"]["status"], "sent", "{:?}", second.body);
+    let messages = sink.wait_for(2, WAIT).await;
+    let subject = |to: &str| {
+        messages
+            .iter()
+            .find(|message| message["rcptTo"][0] == to)
+            .and_then(|message| message["headers"]["subject"][0].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(subject("kept1@example.com"), "Order ord-1 for Ada");
+    assert_eq!(subject("kept2@example.com"), "Receipt ord-1 for Bea");
+}
