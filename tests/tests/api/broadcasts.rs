@@ -208,16 +208,12 @@ async fn a_broadcast_to_5000_contacts_killed_mid_run_reaches_every_consenting_re
     const SUPPRESSED: usize = 50;
     let sink = SmtpSink::start().await;
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    let env = [
-        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
-        ("APP__EMAIL__PUBLIC_BASE_URL", "https://api.example.test/v1".to_owned()),
-        ("APP__EMAIL__TIMEOUT_MS", "1000".to_owned()),
-        ("APP__EMAIL__HANDOFF_GRACE_MS", "1000".to_owned()),
-        ("APP__EMAIL__OUTBOX_POLL_MS", "100".to_owned()),
+    let mut env = sink.process_env(1000);
+    env.extend([
         ("APP__BROADCASTS__RATE_PER_SECOND", "400".to_owned()),
         ("APP__BROADCASTS__BATCH", "100".to_owned()),
         ("APP__BROADCASTS__HANDOFFS", "16".to_owned()),
-    ];
+    ]);
     let mut first = spawn_binary("projector", &["run"], &app.database_url, &env);
     app.apply_workspace(&crate::email::mail_workspace(1_000_000), true).await;
     let domains = app.get("/domains", MAIL_KEY).await;

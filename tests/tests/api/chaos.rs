@@ -1,12 +1,12 @@
 //! The fault harness: the split deployment (two command services, two query services and two
 //! projector processes behind nginx, PostgreSQL behind a TCP fault proxy) under mixed load,
 //! while, in each started minute, one process of each kind is killed with SIGKILL at a random
-//! moment and started again, the postmaster is killed and restarted, and the proxy delays, and
-//! at another moment cuts, every database connection for a few seconds. Then a checker proves from the clients' own records what survived: every
-//! acknowledged write is present and readable, nothing is duplicated, every read model reaches
-//! the head of the log with no dead letter, every email and workflow call left at most once,
-//! every webhook delivery arrived under one id per write, and erasures requested before the
-//! faults completed.
+//! moment and started again, the postmaster is killed and restarted, and the proxy delays,
+//! and at another moment cuts, every database connection for a few seconds. Then a checker
+//! proves from the clients' own records what survived: every acknowledged write is present
+//! and readable, nothing is duplicated, every read model reaches the head of the log with no
+//! dead letter, every email and workflow call left at most once, every webhook delivery
+//! arrived under one id per write, and erasures requested before the faults completed.
 //!
 //! It loads the whole machine, so `scripts/test` runs it alone after the suite, in a short form
 //! (`CHAOS_SECONDS`, 40 by default); `scripts/chaos` runs the long form and prints the counts
@@ -85,30 +85,20 @@ impl Deployment {
     /// Applies one fault and returns a line describing it.
     async fn apply(&mut self, fault: FaultKind, rng: &mut StdRng) -> String {
         let which = rng.random_range(0..2usize);
-        let url = self.proxied_url.clone();
-        let restart_after = |slots: &mut Vec<Slot>, what: &str| {
-            slots[which].kill9();
-            format!("kill -9 {what} #{which}")
+        let process = match fault {
+            FaultKind::KillCommand => Some((&mut self.commands, "command-service")),
+            FaultKind::KillQuery => Some((&mut self.queries, "query-service")),
+            FaultKind::KillProjector => Some((&mut self.projectors, "projector")),
+            FaultKind::KillPostmaster | FaultKind::DelayDatabase | FaultKind::CutDatabase => None,
         };
+        if let Some((slots, what)) = process {
+            let slot = &mut slots[which];
+            slot.kill9();
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            slot.restart(&self.proxied_url);
+            return format!("kill -9 {what} #{which}");
+        }
         match fault {
-            FaultKind::KillCommand => {
-                let line = restart_after(&mut self.commands, "command-service");
-                tokio::time::sleep(Duration::from_millis(800)).await;
-                self.commands[which].restart(&url);
-                line
-            }
-            FaultKind::KillQuery => {
-                let line = restart_after(&mut self.queries, "query-service");
-                tokio::time::sleep(Duration::from_millis(800)).await;
-                self.queries[which].restart(&url);
-                line
-            }
-            FaultKind::KillProjector => {
-                let line = restart_after(&mut self.projectors, "projector");
-                tokio::time::sleep(Duration::from_millis(800)).await;
-                self.projectors[which].restart(&url);
-                line
-            }
             FaultKind::KillPostmaster => {
                 self.cluster.kill9();
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -128,6 +118,9 @@ impl Deployment {
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 self.proxy.set(Fault::Pass);
                 format!("database connections cut for 3 s ({} reset)", self.proxy.resets() - before)
+            }
+            FaultKind::KillCommand | FaultKind::KillQuery | FaultKind::KillProjector => {
+                "a process kill, applied above".to_owned()
             }
         }
     }
@@ -321,6 +314,12 @@ fn acknowledged<'a>(operations: &'a [&'a Operation]) -> impl Iterator<Item = (&'
     })
 }
 
+/// The rows of a two-column text query, as a map from the first column to the second.
+async fn pairs(client: &tokio_postgres::Client, sql: &str) -> HashMap<String, String> {
+    let rows = client.query(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}"));
+    rows.into_iter().map(|row| (row.get(0), row.get(1))).collect()
+}
+
 async fn query_i64(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)
 }
@@ -354,19 +353,15 @@ async fn no_fault_loses_an_acknowledged_write() {
     let sink = SmtpSink::start().await;
     let receiver = Receiver::start().await;
     receiver.endpoint("crm", &[SECRET], json!({"status": 200})).await;
-    let mut common = vec![
-        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
-        ("APP__EMAIL__PUBLIC_BASE_URL", "https://api.example.test/v1".to_owned()),
-        ("APP__EMAIL__TIMEOUT_MS", "2000".to_owned()),
-        ("APP__EMAIL__HANDOFF_GRACE_MS", "1000".to_owned()),
-        ("APP__EMAIL__OUTBOX_POLL_MS", "100".to_owned()),
+    let mut common = sink.process_env(2000);
+    common.extend([
         ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned()),
         ("APP__WEBHOOKS__ATTEMPT_TIMEOUT_MS", "2000".to_owned()),
         ("APP__WEBHOOKS__RETRY_SCHEDULE_MS", "[100,200,400,800,1600,3200,5000,5000,5000]".to_owned()),
         ("APP__WORKFLOWS__LEASE_MS", "3000".to_owned()),
         ("APP__BROADCASTS__RATE_PER_SECOND", "10".to_owned()),
         ("APP__RATE_LIMITS__ENABLED", "false".to_owned()),
-    ];
+    ]);
     // Event admission is not what this is about (the contract's 5 per second per schema would
     // refuse most of the load).
     for scope in ["FLEET", "SPACE", "SCHEMA"] {
@@ -493,23 +488,16 @@ async fn no_fault_loses_an_acknowledged_write() {
         receipt.and_then(|t| t["id"].as_str().map(str::to_owned)).expect("the receipt template")
     };
     let post = reqwest::Method::POST;
-    let clients = vec![
-        client(http.clone(), stop.clone(), {
-            let (base, post) = (base.clone(), post.clone());
-            move |n| {
-                let email = format!("a-{n}@chaos.test");
-                let body = json!({"email": email, "plan": "pro"});
-                ("create", email, post.clone(), format!("{base}/schemas/contacts/records"), ALPHA_ADMIN, body)
-            }
-        }),
-        client(http.clone(), stop.clone(), {
-            let (base, post) = (base.clone(), post.clone());
-            move |n| {
-                let email = format!("b-{n}@chaos.test");
-                let body = json!({"email": email, "plan": "free"});
-                ("create", email, post.clone(), format!("{base}/schemas/contacts/records"), ALPHA_ADMIN, body)
-            }
-        }),
+    // Two clients create contacts (the one path most writes take), one does each other kind.
+    let creators = [("a", "pro"), ("b", "free")].map(|(prefix, plan)| {
+        let (base, post) = (base.clone(), post.clone());
+        client(http.clone(), stop.clone(), move |n| {
+            let email = format!("{prefix}-{n}@chaos.test");
+            let body = json!({"email": email, "plan": plan});
+            ("create", email, post.clone(), format!("{base}/schemas/contacts/records"), ALPHA_ADMIN, body)
+        })
+    });
+    let others = vec![
         client(http.clone(), stop.clone(), {
             let (base, post) = (base.clone(), post.clone());
             move |n| {
@@ -618,7 +606,7 @@ async fn no_fault_loses_an_acknowledged_write() {
     }
     stop.store(true, Ordering::Relaxed);
     let mut operations = Vec::new();
-    for handle in clients {
+    for handle in creators.into_iter().chain(others) {
         operations.extend(handle.await.expect("a client"));
     }
     let load_took = started.elapsed();
@@ -833,13 +821,7 @@ async fn no_fault_loses_an_acknowledged_write() {
         *delivered.entry(id).or_default() += 1;
     }
     assert_eq!(summary["dkimInvalid"], 0, "every message verified against the published key");
-    let outbox: HashMap<String, String> = checker
-        .query("SELECT email_id, state FROM email_outbox", &[])
-        .await
-        .expect("the outbox")
-        .into_iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
+    let outbox = pairs(&checker, "SELECT email_id, state FROM email_outbox").await;
     let sends = of_kind(&["send"]);
     let mut counts = tally(&sends);
     let mut email_unknown = 0;
@@ -912,13 +894,7 @@ async fn no_fault_loses_an_acknowledged_write() {
     report.insert("webhook deliveries (creates)", counts);
 
     // Workflow runs: each acknowledged trigger ran to its exit; each call arrived at most once.
-    let runs: HashMap<String, String> = checker
-        .query("SELECT run_id, status FROM workflow_runs", &[])
-        .await
-        .expect("runs")
-        .into_iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
+    let runs = pairs(&checker, "SELECT run_id, status FROM workflow_runs").await;
     let triggers = of_kind(&["trigger"]);
     let mut counts = tally(&triggers);
     for (op, body) in acknowledged(&triggers) {

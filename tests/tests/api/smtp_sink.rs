@@ -68,6 +68,19 @@ impl SmtpSink {
         format!("smtp://127.0.0.1:{}", self.smtp_port)
     }
 
+    /// The email settings of a spawned process that sends to this sink: the relay, the public
+    /// base URL of unsubscribe links, the relay timeout, a 1 s grace before the outbox worker
+    /// takes over an email and 100 ms outbox polls.
+    pub fn process_env(&self, timeout_ms: u64) -> Vec<(&'static str, String)> {
+        vec![
+            ("APP__EMAIL__RELAY_URL", self.relay_url()),
+            ("APP__EMAIL__PUBLIC_BASE_URL", "https://api.example.test/v1".to_owned()),
+            ("APP__EMAIL__TIMEOUT_MS", timeout_ms.to_string()),
+            ("APP__EMAIL__HANDOFF_GRACE_MS", "1000".to_owned()),
+            ("APP__EMAIL__OUTBOX_POLL_MS", "100".to_owned()),
+        ]
+    }
+
     /// Sets how the sink answers transactions from their next MAIL FROM on: `{"mode": "accept"}`
     /// (the default), `{"mode": "reject", "code": 550, "message": "..."}` (refuses at the end of
     /// DATA), `{"mode": "tempfail", "code": 451, "message": "..."}` (refuses every RCPT TO),

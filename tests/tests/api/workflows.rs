@@ -544,16 +544,12 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
     let receiver = Receiver::start().await;
     receiver.endpoint("crm", &[SECRET], json!({"status": 200})).await;
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    let env = [
-        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
-        ("APP__EMAIL__PUBLIC_BASE_URL", "https://api.example.test/v1".to_owned()),
-        ("APP__EMAIL__TIMEOUT_MS", "1000".to_owned()),
-        ("APP__EMAIL__HANDOFF_GRACE_MS", "1000".to_owned()),
-        ("APP__EMAIL__OUTBOX_POLL_MS", "100".to_owned()),
+    let mut env = sink.process_env(1000);
+    env.extend([
         ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned()),
         ("APP__WEBHOOKS__ATTEMPT_TIMEOUT_MS", "2000".to_owned()),
         ("APP__WORKFLOWS__LEASE_MS", "3000".to_owned()),
-    ];
+    ]);
     let projector = spawn_binary("projector", &["run"], &app.database_url, &env);
     let steps: Vec<Value> = vec![
         json!({"id": "start", "type": "incoming_webhook", "referenceId": "kill-hook"}),
