@@ -5,6 +5,8 @@
 //! when the catalog has moved on (both by the command pipeline, told through
 //! [`Ctx::kept_catalog`]).
 
+use std::sync::Arc;
+
 use shared::catalog::{self, WriteContext};
 use shared::error::{ApiError, Code};
 
@@ -55,7 +57,7 @@ pub async fn fresh(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str) 
         .filter(|context| kind.accepts(&context.schema.schema_type))
         .ok_or_else(|| kind.not_found(schema_ref))?;
     if kind == Kind::Event || !context.spends_credits() {
-        kind.cache(ctx.state).put(space_id, schema_ref, &context);
+        kind.cache(ctx.state).put(space_id, schema_ref, context.revision, &Arc::new(context.clone()));
     }
     Ok(context)
 }
@@ -63,9 +65,9 @@ pub async fn fresh(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str) 
 /// The kept context of `schema_ref` when this process holds one, else a fresh one.
 pub async fn current(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
     match kind.cache(ctx.state).get(space_id, schema_ref) {
-        Some(context) => {
-            ctx.kept_catalog(context.revision);
-            Ok(context)
+        Some((revision, context)) => {
+            ctx.kept_catalog(revision);
+            Ok(WriteContext::clone(&context))
         }
         None => fresh(ctx, kind, space_id, schema_ref).await,
     }
@@ -75,8 +77,8 @@ pub async fn current(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str
 /// before an idempotency claim: an unknown schema records nothing). A write that decides on it
 /// outside a command's [`Ctx`] appends with the revision guard of its `revision`.
 pub async fn at_edge(state: &State, kind: Kind, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
-    if let Some(context) = kind.cache(state).get(space_id, schema_ref) {
-        return Ok(context);
+    if let Some((_, context)) = kind.cache(state).get(space_id, schema_ref) {
+        return Ok(WriteContext::clone(&context));
     }
     let catalog = crate::pipeline::edge_catalog(state).await?;
     let context = catalog::write_context(&state.pool.get().await?, &catalog, space_id, schema_ref)
@@ -84,7 +86,7 @@ pub async fn at_edge(state: &State, kind: Kind, space_id: &str, schema_ref: &str
         .filter(|context| kind.accepts(&context.schema.schema_type))
         .ok_or_else(|| kind.not_found(schema_ref))?;
     if kind == Kind::Event || !context.spends_credits() {
-        kind.cache(state).put(space_id, schema_ref, &context);
+        kind.cache(state).put(space_id, schema_ref, context.revision, &Arc::new(context.clone()));
     }
     Ok(context)
 }

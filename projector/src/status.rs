@@ -19,7 +19,7 @@ const STALLED_AFTER: Duration = Duration::from_secs(30);
 /// Workers whose checkpoint is not a log position, so they have no lag: the eraser counts the
 /// deletions it completed there (its backlog is the open deletions, reported on their own),
 /// maintenance keeps the time of its last run.
-const NOT_LOG_POSITIONS: [&str; 2] = ["eraser", "maintenance"];
+const NOT_LOG_POSITIONS: [&str; 2] = [crate::workers::eraser::LEASE, crate::workers::maintenance::LEASE];
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]

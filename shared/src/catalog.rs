@@ -247,39 +247,13 @@ pub const CATALOG_CHANGED: &str = "the schema changed while this write was decid
 
 /// Write contexts kept in process by (space, schema id or slug) until a write finds the
 /// catalog changed ([`revision_guard`]); then the entries of older revisions are dropped.
-/// The credits of a kept context are stale: a writer that needs them reads them afresh.
-#[derive(Default)]
-pub struct WriteContexts {
-    entries: std::sync::RwLock<std::collections::HashMap<(String, String), WriteContext>>,
-}
+/// The credits of a kept context are stale: a writer that needs them reads them afresh
+/// (record writes to a schema with AI auto-fill are never kept).
+pub type WriteContexts = Kept<WriteContext>;
 
-/// Entries kept at most (the cache is cleared when full: schemas are few per space).
-const WRITE_CONTEXTS_MAX: usize = 10_000;
-
-impl WriteContexts {
-    pub fn get(&self, space_id: &str, id_or_slug: &str) -> Option<WriteContext> {
-        let entries = self.entries.read().ok()?;
-        entries.get(&(space_id.to_owned(), id_or_slug.to_owned())).cloned()
-    }
-
-    /// Keeps `context`. Its credits are as read now: a writer that needs them reads them
-    /// afresh (record writes to a schema with AI auto-fill are never put).
-    pub fn put(&self, space_id: &str, id_or_slug: &str, context: &WriteContext) {
-        if let Ok(mut entries) = self.entries.write() {
-            if entries.len() >= WRITE_CONTEXTS_MAX {
-                entries.clear();
-            }
-            entries.insert((space_id.to_owned(), id_or_slug.to_owned()), context.clone());
-        }
-    }
-
-    /// Drops the entries read at another catalog revision than `revision`.
-    pub fn keep_revision(&self, revision: i64) {
-        if let Ok(mut entries) = self.entries.write() {
-            entries.retain(|_, context| context.revision == revision);
-        }
-    }
-}
+/// Entries kept at most by a [`Kept`] (cleared when full: authored resources are few per
+/// space).
+const KEPT_MAX: usize = 10_000;
 
 /// Authored resources kept in process by (space, key), each with the catalog revision it was
 /// read at, so a command reads no catalog statement for them (a workflow by reference id, a
@@ -311,7 +285,7 @@ impl<T> Kept<T> {
     /// Keeps `value`, read at catalog revision `revision`.
     pub fn put(&self, space_id: &str, key: &str, revision: i64, value: &std::sync::Arc<T>) {
         if let Ok(mut entries) = self.entries.write() {
-            if entries.len() >= WRITE_CONTEXTS_MAX {
+            if entries.len() >= KEPT_MAX {
                 entries.clear();
             }
             entries.insert((space_id.to_owned(), key.to_owned()), (revision, std::sync::Arc::clone(value)));

@@ -124,7 +124,7 @@ struct Submission {
     subscribed: BTreeMap<String, String>,
     /// The template of the confirmation email, when one is sent (double opt-in, an address
     /// that is not suppressed, and the confirmation limiters passed).
-    confirmation: Option<Authored>,
+    confirmation: Option<std::sync::Arc<Authored>>,
 }
 
 struct SubmitForm {

@@ -12,6 +12,7 @@
 //!    `idempotency_outcome_unknown` and is never retried blindly.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
@@ -36,10 +37,10 @@ use crate::records::http::{PlannedUpsert, plan_upsert};
 /// The template of the caller's space with its sender, domain and the space's allowance: kept
 /// by this process since an earlier send at the catalog's revision, or read now in one
 /// statement (and kept). A send decided on a kept one appends with that revision's guard.
-pub async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &str) -> Result<Authored, ApiError> {
+pub async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &str) -> Result<Arc<Authored>, ApiError> {
     if let Some((revision, authored)) = ctx.state.templates.get(space_id, template_id) {
         ctx.kept_catalog(revision);
-        return Ok(Authored::clone(&authored));
+        return Ok(authored);
     }
     let catalog = ctx.catalog().await?;
     let authored = Authored::load(&ctx.db().await?, &catalog, space_id, template_id)
@@ -48,8 +49,9 @@ pub async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &str) -> 
         .ok_or_else(|| {
             ApiError::not_found(Code::TemplateNotFound, format!("no template {template_id:?} in this space"))
         })?;
+    let authored = Arc::new(authored);
     if let Some(revision) = ctx.catalog_revision_seen() {
-        ctx.state.templates.put(space_id, template_id, revision, &std::sync::Arc::new(authored.clone()));
+        ctx.state.templates.put(space_id, template_id, revision, &authored);
     }
     Ok(authored)
 }
@@ -62,7 +64,7 @@ struct Planned {
 
 /// What a send decides on.
 struct Loaded {
-    authored: Authored,
+    authored: Arc<Authored>,
     planned: BTreeMap<String, Planned>,
     recipient: Recipient,
     address: String,

@@ -227,6 +227,10 @@ async fn append(
     }
 }
 
+/// The eraser's lease and checkpoint name; its checkpoint counts the deletions it completed,
+/// not a log position.
+pub const LEASE: &str = "eraser";
+
 /// The eraser on the worker runtime.
 pub struct Eraser {
     pool: Pool,
@@ -237,7 +241,7 @@ pub struct Eraser {
 
 impl Eraser {
     pub fn new(pool: Pool, log: EventLog, blocked_after: Duration) -> Self {
-        Self { pool, log, blocked_after, lease: crate::runtime::LeaseName::new("eraser") }
+        Self { pool, log, blocked_after, lease: crate::runtime::LeaseName::new(LEASE) }
     }
 
     async fn pass(&self) -> anyhow::Result<crate::runtime::Outcome> {

@@ -16,6 +16,10 @@ const INTERVAL: Duration = Duration::from_secs(60);
 /// Receipts retired per statement.
 const RETIRE_STEP: i64 = 10_000;
 
+/// Maintenance's lease and checkpoint name; its checkpoint holds the time of its last run,
+/// not a log position.
+pub const LEASE: &str = "maintenance";
+
 pub struct Maintenance {
     pool: Pool,
     receipt_retention: Duration,
@@ -25,7 +29,7 @@ pub struct Maintenance {
 
 impl Maintenance {
     pub fn new(pool: Pool, receipt_retention: Duration, soft_bounce_window: Duration) -> Self {
-        Self { pool, receipt_retention, soft_bounce_window, lease: LeaseName::new("maintenance") }
+        Self { pool, receipt_retention, soft_bounce_window, lease: LeaseName::new(LEASE) }
     }
 
     async fn pass(&self) -> anyhow::Result<Outcome> {

@@ -364,11 +364,15 @@ async fn no_fault_loses_an_acknowledged_write() {
     ]);
     // Event admission is not what this is about (the contract's 5 per second per schema would
     // refuse most of the load).
-    for scope in ["FLEET", "SPACE", "SCHEMA"] {
-        for (limit, value) in [("RATE", "1000000"), ("BURST", "1000000")] {
-            let name: &'static str = Box::leak(format!("APP__EVENTS__ADMISSION__{scope}__{limit}").into_boxed_str());
-            common.push((name, value.to_owned()));
-        }
+    for name in [
+        "APP__EVENTS__ADMISSION__FLEET__RATE",
+        "APP__EVENTS__ADMISSION__FLEET__BURST",
+        "APP__EVENTS__ADMISSION__SPACE__RATE",
+        "APP__EVENTS__ADMISSION__SPACE__BURST",
+        "APP__EVENTS__ADMISSION__SCHEMA__RATE",
+        "APP__EVENTS__ADMISSION__SCHEMA__BURST",
+    ] {
+        common.push((name, "1000000".to_owned()));
     }
     let served = |port: u16| {
         let mut env = common.clone();
