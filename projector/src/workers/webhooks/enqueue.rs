@@ -244,8 +244,11 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
         if fold_webhook(transaction, &mut endpoints, &space_id, event, decoded).await? {
             continue;
         }
-        let Some(occurrence) = occurrence(transaction, event, decoded, &keys).await? else { continue };
         let Some(webhooks) = endpoints.get(&space_id) else { continue };
+        if !may_be_wanted(webhooks, decoded) {
+            continue;
+        }
+        let Some(occurrence) = occurrence(transaction, event, decoded, &keys).await? else { continue };
         let mut wanted = Vec::new();
         for endpoint in webhooks.values().filter(|endpoint| fits(endpoint, &occurrence)) {
             let Some(segment_id) = &endpoint.segment_id else {
@@ -349,6 +352,38 @@ fn space_of(event: &LogEvent) -> Option<&str> {
         _ => return None,
     };
     Some(space.as_str()).filter(|space| !space.is_empty())
+}
+
+/// Whether a live webhook of the space could want `event`, judged on its trigger and an
+/// email event's type alone, so the occurrence (which may read the email's template or the
+/// event's acceptance, and opens sealed data) is built only when one could. Events that make
+/// no occurrence pass; `fits` has the last word.
+fn may_be_wanted(webhooks: &HashMap<String, Endpoint>, event: &LogEvent) -> bool {
+    let (trigger, email_type) = match event {
+        LogEvent::RecordCreated(created) => (upserted(&created.schema_type), None),
+        LogEvent::RecordUpdated(updated) => (upserted(&updated.schema_type), None),
+        LogEvent::RecordDeletionRequested(requested) => {
+            (if requested.schema_type == "contact" { Trigger::ContactDeleted } else { Trigger::ObjectDeleted }, None)
+        }
+        LogEvent::EventAccepted(_) | LogEvent::EventReadinessChanged(_) => (Trigger::EventFired, None),
+        LogEvent::EmailScheduled(_) => (Trigger::EmailEvent, Some("scheduled")),
+        LogEvent::EmailSent(_) => (Trigger::EmailEvent, Some("sent")),
+        LogEvent::EmailFailed(_) => (Trigger::EmailEvent, Some("failed")),
+        LogEvent::EmailBounced(_) => (Trigger::EmailEvent, Some("bounced")),
+        LogEvent::EmailComplained(_) => (Trigger::EmailEvent, Some("complained")),
+        LogEvent::EmailUnsubscribed(_) => (Trigger::EmailEvent, Some("unsubscribed")),
+        _ => return true,
+    };
+    webhooks.values().any(|endpoint| {
+        endpoint.live
+            && endpoint.trigger == trigger.as_str()
+            && email_type.is_none_or(|kind| endpoint.email_event_types.iter().any(|wanted| wanted == kind))
+    })
+}
+
+/// The trigger of a record write of `schema_type`.
+fn upserted(schema_type: &str) -> Trigger {
+    if schema_type == "contact" { Trigger::ContactUpserted } else { Trigger::ObjectUpserted }
 }
 
 /// Whether a live webhook wants an occurrence: its trigger and schema, and its filter over
@@ -522,8 +557,6 @@ async fn occurrence(
     event: &LogEvent,
     keys: &Keys,
 ) -> anyhow::Result<Option<Occurrence>> {
-    let upserted =
-        |schema_type: &str| if schema_type == "contact" { Trigger::ContactUpserted } else { Trigger::ObjectUpserted };
     Ok(match event {
         LogEvent::RecordCreated(created) => {
             let state = RecordState::from_created(created, keys)?;
@@ -821,6 +854,30 @@ mod tests {
         assert!(!fits(&email_hook, &bounced), "only the email event types the webhook asked for");
         email_hook.email_event_types.push("bounced".into());
         assert!(fits(&email_hook, &bounced));
+    }
+
+    #[test]
+    fn an_event_is_looked_at_only_when_a_live_webhook_listens_for_its_trigger() {
+        let sent = LogEvent::EmailSent(proto::EmailSent::default());
+        let contact_created =
+            LogEvent::RecordCreated(proto::RecordCreated { schema_type: "contact".into(), ..Default::default() });
+        let contacts = HashMap::from([("wh_1".to_owned(), endpoint(None))]);
+        assert!(may_be_wanted(&contacts, &contact_created));
+        assert!(!may_be_wanted(&contacts, &sent), "no email event webhook: the email's template is not read");
+        let mut email_hook = endpoint(None);
+        (email_hook.trigger, email_hook.schema_id) = ("email event".into(), None);
+        email_hook.email_event_types = vec!["bounced".into()];
+        let mut hooks = HashMap::from([("wh_2".to_owned(), email_hook)]);
+        assert!(!may_be_wanted(&hooks, &sent), "a webhook for other email event types");
+        if let Some(hook) = hooks.get_mut("wh_2") {
+            hook.email_event_types.push("sent".into());
+        }
+        assert!(may_be_wanted(&hooks, &sent));
+        if let Some(hook) = hooks.get_mut("wh_2") {
+            hook.live = false;
+        }
+        assert!(!may_be_wanted(&hooks, &sent), "a paused webhook");
+        assert!(!may_be_wanted(&hooks, &contact_created));
     }
 
     #[test]
