@@ -356,7 +356,8 @@ pub struct EmailSettings {
     pub public_base_url: String,
     /// `HELLO_NAME`: the name given in EHLO, and the right side of Message-IDs.
     pub hello_name: String,
-    /// `TIMEOUT_MS`: the most one SMTP command may take.
+    /// `TIMEOUT_MS`: the most one step of an SMTP exchange may take: the envelope (MAIL,
+    /// RCPT and DATA), the content; connecting with TLS and AUTH may take three times it.
     pub timeout_ms: u64,
     /// `POOL_SIZE`: pooled relay connections per process (32; lower it for a relay that
     /// limits connections per client).

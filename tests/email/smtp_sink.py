@@ -8,7 +8,7 @@ Usage: python smtp_sink.py [--smtp-port 0] [--http-port 0] [--verbose] [--exit-w
 
 Binds both ports on 127.0.0.1 (0: any free one), prints `LISTENING smtp=<port> http=<port>` on
 stdout and serves until killed (or, with --exit-with-stdin, until its standard input is closed,
-so that it cannot outlive its parent). SMTP: EHLO with 8BITMIME and SMTPUTF8; no TLS, or with
+so that it cannot outlive its parent). SMTP: EHLO with 8BITMIME, SMTPUTF8 and PIPELINING; no TLS, or with
 --tls starttls STARTTLS offered and required before MAIL, or with --tls implicit TLS from the
 first byte (SMTPS), with the given certificate; AUTH PLAIN
 and LOGIN are offered and accept any credentials (the login is recorded), and are not required.
@@ -43,7 +43,7 @@ Modes (the reply is `<code> <message>`; every key but `mode` optional):
 
 A message:
   {"mailFrom", "mailOptions", "rcptTo", "rcptOptions", "helo", "tls" (whether the session was
-   encrypted), "authLogin", "raw" (base64 of
+   encrypted), "pipelined" (RCPT TO arrived with MAIL FROM, before its reply), "authLogin", "raw" (base64 of
    the bytes after DATA, dot-unstuffed, CRLF line ends), "headers" ({lowercased name: [values
    in order]}, decoded), "messageId" (the Message-ID header as sent, null when absent), "text"
    and "html" (the text/plain and text/html bodies, decoded, with "\n" line ends; null when
@@ -269,7 +269,16 @@ def address_text(address):
 class Handler:
     """aiosmtpd's hooks. The mode is read at MAIL FROM, so it holds for the whole transaction."""
 
+    async def handle_EHLO(self, server, session, envelope, hostname, responses):  # noqa: N802
+        # aiosmtpd reads one command at a time from its stream, so commands a client sends
+        # ahead of their replies are served in order: it can offer PIPELINING (RFC 2920).
+        session.host_name = hostname
+        return [*responses[:-1], "250-PIPELINING", responses[-1]]
+
     async def handle_MAIL(self, server, session, envelope, address, mail_options):  # noqa: N802
+        # Whether the client sent RCPT TO before MAIL FROM's reply: unread in the stream now.
+        unread = getattr(getattr(server, "_reader", None), "_buffer", b"")
+        envelope.sink_pipelined = b"RCPT" in bytes(unread).upper()
         with STATE.lock:
             envelope.sink_mode = dict(STATE.mode)
         envelope.mail_from = address
@@ -307,6 +316,7 @@ class Handler:
             "rcptOptions": list(envelope.rcpt_options),
             "helo": session.host_name,
             "tls": session.ssl is not None or STATE.implicit_tls,
+            "pipelined": getattr(envelope, "sink_pipelined", False),
             "authLogin": address_text(getattr(session.auth_data, "login", None)),
             "raw": base64.b64encode(raw).decode("ascii"),
             "headers": headers,

@@ -9,6 +9,7 @@ pub mod feedback;
 pub mod mailer;
 pub mod message;
 pub mod outbox;
+pub mod relay;
 pub mod render;
 pub mod resources;
 pub mod send;

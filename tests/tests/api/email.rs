@@ -972,6 +972,7 @@ async fn the_relay_url_carries_auth_credentials() {
     assert_eq!(sent.body["data"]["status"], "sent", "{:?}", sent.body);
     let messages = sink.wait_for(1, WAIT).await;
     assert_eq!(messages[0]["authLogin"], "mailer", "{:?}", messages[0]);
+    assert_eq!(messages[0]["pipelined"], true, "the sink offers PIPELINING: one write for MAIL, RCPT and DATA");
 }
 
 #[tokio::test]

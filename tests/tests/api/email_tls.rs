@@ -49,6 +49,7 @@ async fn starttls_and_implicit_tls_reach_a_relay_whose_certificate_is_trusted() 
         assert_eq!(sent.body["data"]["status"], "sent", "{mode}: {:?}", sent.body);
         let messages = sink.wait_for(1, std::time::Duration::from_secs(20)).await;
         assert_eq!(messages[0]["tls"], true, "{mode}: the session was encrypted");
+        assert_eq!(messages[0]["pipelined"], true, "{mode}: the envelope pipelined inside TLS");
         assert_eq!(messages[0]["dkim"]["valid"], true, "{mode}: {:?}", messages[0]["dkim"]);
     }
 }
