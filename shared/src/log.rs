@@ -913,6 +913,28 @@ pub async fn read_after(
     Ok(rows.iter().map(StoredEvent::from_row).collect())
 }
 
+/// [`read_after`] for a follower that reads only the `wanted` event types: every row comes,
+/// so positions and holes are seen as before, but the payloads of other types come empty,
+/// and PostgreSQL neither detoasts nor sends what the follower would pass over (a sealed
+/// email is several kilobytes; each read model reads every batch).
+pub async fn read_after_wanting(
+    client: &impl deadpool_postgres::GenericClient,
+    position: i64,
+    limit: i64,
+    wanted: &[&str],
+) -> Result<Vec<StoredEvent>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(
+            "SELECT position, event_id, stream_id, stream_version, event_type,
+                    CASE WHEN event_type = ANY($3) THEN payload ELSE ''::bytea END, space_id, actor_key_id, subject_id,
+                    occurred_at, recorded_at
+             FROM events WHERE position > $1 ORDER BY position LIMIT $2",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&position, &limit, &wanted]).await?;
+    Ok(rows.iter().map(StoredEvent::from_row).collect())
+}
+
 /// Every event of the streams `stream_ids`, in log order: what a decision reads of the
 /// resources it is about (as new as every acknowledged write).
 pub async fn read_streams(

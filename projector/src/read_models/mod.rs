@@ -20,6 +20,10 @@ macro_rules! read_model {
                 DDL
             }
 
+            fn event_types(&self) -> &'static [&'static str] {
+                EVENT_TYPES
+            }
+
             fn apply<'a>(
                 &'a self,
                 transaction: &'a deadpool_postgres::Transaction<'a>,
@@ -64,6 +68,9 @@ pub trait ReadModel: Send + Sync + 'static {
 
     /// The tables of one version, with `{s}` standing for the version's schema.
     fn ddl(&self) -> &'static str;
+
+    /// The event types it reads; it is given the payloads of these alone.
+    fn event_types(&self) -> &'static [&'static str];
 
     /// Applies `events` (contiguous, in log order) to the version in `schema`, inside the
     /// batch transaction that also advances its checkpoint. Applying the same events again

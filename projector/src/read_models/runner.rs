@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use deadpool_postgres::{Pool, Transaction};
-use shared::log::{StoredEvent, read_after};
+use shared::log::{StoredEvent, read_after_wanting};
 use shared::readmodel::{PROGRESS_CHANNEL, schema_name};
 
 use super::ReadModel;
@@ -141,7 +141,7 @@ pub async fn project_in(
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<Option<(usize, i64)>> {
-    let events = read_after(transaction, checkpoint, limit).await?;
+    let events = read_after_wanting(transaction, checkpoint, limit, model.event_types()).await?;
     let Some(last) = events.last() else { return Ok(None) };
     let last_position = last.position;
     check_contiguity(model, checkpoint, &events)?;

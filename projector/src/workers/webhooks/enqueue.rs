@@ -109,7 +109,7 @@ impl Enqueue {
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(Outcome::Idle);
         };
-        let events = shared::log::read_after(lease.transaction(), lease.checkpoint, BATCH).await?;
+        let events = shared::log::read_after_wanting(lease.transaction(), lease.checkpoint, BATCH, EVENT_TYPES).await?;
         let Some(last) = events.last().map(|event| event.position) else {
             return Ok(Outcome::Idle);
         };
