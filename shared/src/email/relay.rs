@@ -422,20 +422,22 @@ mod tests {
         (envelope, b"Subject: hi\r\n\r\nHello.\r\n".to_vec())
     }
 
-    fn accepted(outcome: &Outcome) -> bool {
-        matches!(outcome, Outcome::Accepted { .. })
+    /// Sends `count` messages through one client to a fake relay of `kind`, each accepted,
+    /// and gives what the relay saw.
+    async fn send_accepted(kind: Fake, count: usize) -> Vec<Vec<String>> {
+        let (port, seen) = fake_relay(kind).await;
+        let relay = relay(port);
+        let (envelope, bytes) = message();
+        for _ in 0..count {
+            let outcome = relay.send(&envelope, &bytes).await;
+            assert!(matches!(outcome, Outcome::Accepted { .. }), "{outcome:?}");
+        }
+        seen.lock().expect("not poisoned").clone()
     }
 
     #[tokio::test]
     async fn a_relay_that_pipelines_gets_each_envelope_in_one_write_and_warm_sessions_get_no_noop() {
-        let (port, seen) = fake_relay(Fake::Pipelining).await;
-        let relay = relay(port);
-        let (envelope, bytes) = message();
-        for _ in 0..3 {
-            let outcome = relay.send(&envelope, &bytes).await;
-            assert!(accepted(&outcome), "{outcome:?}");
-        }
-        let sessions = seen.lock().expect("not poisoned").clone();
+        let sessions = send_accepted(Fake::Pipelining, 3).await;
         assert_eq!(sessions.len(), 1, "one session carries all three: {sessions:?}");
         let envelopes: Vec<&String> = sessions[0].iter().filter(|chunk| chunk.starts_with("MAIL")).collect();
         assert_eq!(envelopes.len(), 3, "{sessions:?}");
@@ -451,14 +453,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_relay_that_does_not_pipeline_gets_one_command_at_a_time() {
-        let (port, seen) = fake_relay(Fake::Lockstep).await;
-        let relay = relay(port);
-        let (envelope, bytes) = message();
-        for _ in 0..2 {
-            let outcome = relay.send(&envelope, &bytes).await;
-            assert!(accepted(&outcome), "{outcome:?}");
-        }
-        let sessions = seen.lock().expect("not poisoned").clone();
+        let sessions = send_accepted(Fake::Lockstep, 2).await;
         assert_eq!(sessions.len(), 1, "{sessions:?}");
         let commands: Vec<&String> = sessions[0].iter().filter(|chunk| *chunk != "<content>").collect();
         for chunk in &commands {
@@ -470,14 +465,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_the_relay_closed_while_pooled_is_replaced_and_the_message_sent_once() {
-        let (port, seen) = fake_relay(Fake::OneMessagePerSession).await;
-        let relay = relay(port);
-        let (envelope, bytes) = message();
-        for _ in 0..3 {
-            let outcome = relay.send(&envelope, &bytes).await;
-            assert!(accepted(&outcome), "{outcome:?}");
-        }
-        let sessions = seen.lock().expect("not poisoned").clone();
+        let sessions = send_accepted(Fake::OneMessagePerSession, 3).await;
         let contents = sessions.iter().flatten().filter(|chunk| *chunk == "<content>").count();
         assert_eq!(contents, 3, "each message once: {sessions:?}");
         assert_eq!(sessions.len(), 3, "a new session for each after the relay closed the last");
