@@ -923,13 +923,10 @@ pub async fn read_after_wanting(
     limit: i64,
     wanted: &[&str],
 ) -> Result<Vec<StoredEvent>, tokio_postgres::Error> {
+    let columns =
+        EVENT_COLUMNS.replacen("payload", "CASE WHEN event_type = ANY($3) THEN payload ELSE ''::bytea END", 1);
     let statement = client
-        .prepare_cached(
-            "SELECT position, event_id, stream_id, stream_version, event_type,
-                    CASE WHEN event_type = ANY($3) THEN payload ELSE ''::bytea END, space_id, actor_key_id, subject_id,
-                    occurred_at, recorded_at
-             FROM events WHERE position > $1 ORDER BY position LIMIT $2",
-        )
+        .prepare_cached(&format!("SELECT {columns} FROM events WHERE position > $1 ORDER BY position LIMIT $2"))
         .await?;
     let rows = client.query(&statement, &[&position, &limit, &wanted]).await?;
     Ok(rows.iter().map(StoredEvent::from_row).collect())

@@ -362,9 +362,7 @@ fn may_be_wanted(webhooks: &HashMap<String, Endpoint>, event: &LogEvent) -> bool
     let (trigger, email_type) = match event {
         LogEvent::RecordCreated(created) => (upserted(&created.schema_type), None),
         LogEvent::RecordUpdated(updated) => (upserted(&updated.schema_type), None),
-        LogEvent::RecordDeletionRequested(requested) => {
-            (if requested.schema_type == "contact" { Trigger::ContactDeleted } else { Trigger::ObjectDeleted }, None)
-        }
+        LogEvent::RecordDeletionRequested(requested) => (deleted(&requested.schema_type), None),
         LogEvent::EventAccepted(_) | LogEvent::EventReadinessChanged(_) => (Trigger::EventFired, None),
         LogEvent::EmailScheduled(_) => (Trigger::EmailEvent, Some("scheduled")),
         LogEvent::EmailSent(_) => (Trigger::EmailEvent, Some("sent")),
@@ -384,6 +382,11 @@ fn may_be_wanted(webhooks: &HashMap<String, Endpoint>, event: &LogEvent) -> bool
 /// The trigger of a record write of `schema_type`.
 fn upserted(schema_type: &str) -> Trigger {
     if schema_type == "contact" { Trigger::ContactUpserted } else { Trigger::ObjectUpserted }
+}
+
+/// The trigger of a record deletion of `schema_type`.
+fn deleted(schema_type: &str) -> Trigger {
+    if schema_type == "contact" { Trigger::ContactDeleted } else { Trigger::ObjectDeleted }
 }
 
 /// Whether a live webhook wants an occurrence: its trigger and schema, and its filter over
@@ -581,7 +584,7 @@ async fn occurrence(
             })
         }
         LogEvent::RecordDeletionRequested(requested) => Some(Occurrence {
-            trigger: if requested.schema_type == "contact" { Trigger::ContactDeleted } else { Trigger::ObjectDeleted },
+            trigger: deleted(&requested.schema_type),
             schema_id: Some(requested.schema_id.clone()),
             email_type: None,
             subject_id: None,
