@@ -320,6 +320,8 @@ mod tests {
         OneMessagePerSession,
         /// Pipelining, and never answers the end of the content.
         SilentAfterContent,
+        /// Refuses every session in its greeting.
+        RefusesSessions,
     }
 
     async fn fake_relay(kind: Fake) -> (u16, Seen) {
@@ -344,6 +346,10 @@ mod tests {
         let record = |text: &str| seen.lock().expect("not poisoned")[index].push(text.to_owned());
         let (reader, mut writer) = stream.into_split();
         let mut reader = BufReader::new(reader);
+        if matches!(kind, Fake::RefusesSessions) {
+            record("<refused>");
+            return writer.write_all(b"550 no mail from you\r\n").await;
+        }
         writer.write_all(b"220 fake ESMTP\r\n").await?;
         let pipelining = !matches!(kind, Fake::Lockstep);
         let mut messages = 0;
@@ -485,6 +491,16 @@ mod tests {
         drop(closed);
         let outcome = relay(port).send(&envelope, &bytes).await;
         assert!(matches!(outcome, Outcome::Unreachable { .. }), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_relay_that_refuses_the_session_is_unavailable_not_a_refusal_of_the_recipient() {
+        let (port, seen) = fake_relay(Fake::RefusesSessions).await;
+        let (envelope, bytes) = message();
+        let outcome = relay(port).send(&envelope, &bytes).await;
+        // A 550 here is the relay's, not the mailbox's: a `Rejected` would bounce the address.
+        assert!(matches!(outcome, Outcome::Unreachable { .. }), "{outcome:?}");
+        assert_eq!(seen.lock().expect("not poisoned").clone(), [["<refused>"]]);
     }
 
     #[test]
