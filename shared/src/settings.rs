@@ -357,7 +357,8 @@ pub struct EmailSettings {
     /// `HELLO_NAME`: the name given in EHLO, and the right side of Message-IDs.
     pub hello_name: String,
     /// `TIMEOUT_MS`: the most one step of an SMTP exchange may take: the envelope (MAIL,
-    /// RCPT and DATA), the content; connecting with TLS and AUTH may take three times it.
+    /// RCPT and DATA); connecting with TLS and AUTH, and the content with its reply, may
+    /// take three times it.
     pub timeout_ms: u64,
     /// `POOL_SIZE`: pooled relay connections per process (32; lower it for a relay that
     /// limits connections per client).
@@ -511,7 +512,7 @@ impl Settings {
 
     /// How long a hand-off holds an email: longer than any SMTP exchange can last.
     pub fn email_lease(&self) -> Duration {
-        Duration::from_millis(self.email.timeout_ms.saturating_mul(6).saturating_add(30_000))
+        Duration::from_millis(self.email.timeout_ms.saturating_mul(9).saturating_add(30_000))
     }
 
     pub fn auth_cache_ttl(&self) -> Duration {

@@ -7,7 +7,8 @@
 //! this module adds the session pool, the pipelining and the time limits. Every phase is
 //! bounded, so one hand-off stays well inside the lease that holds its email
 //! (`Settings::email_lease`): connecting with TLS and AUTH three `TIMEOUT_MS`, the envelope
-//! one, the content one.
+//! one, the content and its reply three (eight in all when a stale pooled session is
+//! replaced).
 //!
 //! What a failure means depends on where it happens. Before the content is sent the relay
 //! cannot have accepted the message: a broken or silent session is "unreachable" (nothing
@@ -113,7 +114,9 @@ impl Relay {
                 }
                 return Outcome::Unreachable { message };
             }
-            return match timeout(self.timeout, session.connection.message(bytes)).await {
+            // The relay does its work (queueing, content checks) before this reply, which
+            // RFC 5321 gives the longest wait of any (10 minutes): three times the others.
+            return match timeout(self.timeout * 3, session.connection.message(bytes)).await {
                 Ok(Ok(response)) => {
                     let lines: Vec<&str> = response.message().collect();
                     let reply = format!("{} {}", response.code(), lines.join(" ")).trim().to_owned();

@@ -208,7 +208,7 @@ async fn a_broadcast_to_5000_contacts_killed_mid_run_reaches_every_consenting_re
     const SUPPRESSED: usize = 50;
     let sink = SmtpSink::start().await;
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    let mut env = sink.process_env(1000);
+    let mut env = sink.process_env(2000);
     env.extend([
         ("APP__BROADCASTS__RATE_PER_SECOND", "400".to_owned()),
         ("APP__BROADCASTS__BATCH", "100".to_owned()),

@@ -544,7 +544,7 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
     let receiver = Receiver::start().await;
     receiver.endpoint("crm", &[SECRET], json!({"status": 200})).await;
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    let mut env = sink.process_env(1000);
+    let mut env = sink.process_env(2000);
     env.extend([
         ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned()),
         ("APP__WEBHOOKS__ATTEMPT_TIMEOUT_MS", "2000".to_owned()),
