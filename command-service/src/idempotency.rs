@@ -7,7 +7,9 @@
 //! matches the claim token, so an acknowledged write and its recorded response cannot
 //! diverge. Errors raised after the claim are recorded too and replayed.
 //!
-//! A claim left `processing` by an instance that died is reconciled when it is older than
+//! Each claim names the instance that made it (its `shared::liveness` heartbeat). A claim
+//! left `processing` by an instance that died is reconciled once that instance has stopped
+//! beating for `liveness::DEAD_AFTER` (seconds), or, whoever owns it, once it is older than
 //! `CLAIM_TIMEOUT`: the next request with the key marks it `unresolved` (409
 //! `idempotency_outcome_unknown`), and the projector's maintenance worker
 //! (`projector::workers::maintenance::purge_and_reconcile`) releases unresolved claims whose
@@ -29,7 +31,8 @@ use crate::State;
 
 /// The longest an idempotency key may be.
 pub const MAX_KEY_LENGTH: usize = 256;
-/// A `processing` claim older than this belongs to an instance presumed dead.
+/// A `processing` claim older than this is presumed abandoned even if its instance still
+/// beats (an operation stuck that long will not be answered).
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long admission may wait for the database before answering 429.
 const ADMISSION_WAIT: Duration = Duration::from_secs(2);
@@ -90,8 +93,8 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
         let insert = client
             .prepare_cached(
                 "INSERT INTO idempotency_records (scope_key, key_id, method, path, idempotency_key, body_hash,
-                     operation_id, claim_token, state)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processing') ON CONFLICT (scope_key) DO NOTHING",
+                     operation_id, claim_token, state, owner)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processing', $9) ON CONFLICT (scope_key) DO NOTHING",
             )
             .await?;
         let inserted = client
@@ -106,6 +109,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
                     &body_hash,
                     &claim.operation_id,
                     &claim.claim_token,
+                    &state.beat.id(),
                 ],
             )
             .await?;
@@ -113,14 +117,16 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
             return Ok(Admission::Claimed(claim.clone()));
         }
         let existing = client
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "SELECT body_hash, operation_id, state, status, response, claim_token,
                         claimed_at < now() - make_interval(secs => $2)
+                        OR (claimed_at < now() - make_interval(secs => $3) AND {})
                  FROM idempotency_records WHERE scope_key = $1",
-            )
+                shared::liveness::owner_is_dead("$3")
+            ))
             .await?;
-        let timeout = CLAIM_TIMEOUT.as_secs_f64();
-        let Some(row) = client.query_opt(&existing, &[&claim.scope_key, &timeout]).await? else {
+        let (timeout, dead_after) = (CLAIM_TIMEOUT.as_secs_f64(), shared::liveness::DEAD_AFTER.as_secs_f64());
+        let Some(row) = client.query_opt(&existing, &[&claim.scope_key, &timeout, &dead_after]).await? else {
             // Released between the insert and the read: the caller may simply retry.
             return Err(conflict(Code::IdempotencyConflict, "the operation with this key is changing state; retry"));
         };

@@ -51,6 +51,8 @@ pub struct State {
     /// What template sends read from the catalog (the template, its sender and domain, the
     /// space's allowance), kept until the catalog changes.
     pub templates: shared::catalog::Kept<shared::email::send::Authored>,
+    /// This instance's heartbeat; its idempotency claims name it.
+    pub beat: shared::liveness::Beat,
 }
 
 impl State {
@@ -61,6 +63,7 @@ impl State {
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
         let claims = shared::email::outbox::Claims::start(pool.clone());
+        let beat = shared::liveness::Beat::start(settings.database_url()?.to_owned(), "command-service");
         Ok(web::Data::new(Self {
             pool,
             event_log,
@@ -75,6 +78,7 @@ impl State {
             event_contexts: Default::default(),
             workflows: Default::default(),
             templates: Default::default(),
+            beat,
         }))
     }
 

@@ -18,6 +18,7 @@ pub mod events;
 pub mod filter;
 pub mod http;
 pub mod ids;
+pub mod liveness;
 pub mod log;
 pub mod ops;
 pub mod pagination;

@@ -88,7 +88,8 @@ impl Worker for Maintenance {
 /// Deletes completed idempotency records older than 24 hours (the key then executes again)
 /// and releases unresolved claims whose operation appended nothing: an outcome is recorded
 /// atomically with its append, so an unresolved claim with no event appended under its key
-/// since the claim wrote nothing, and the key may run again. Returns `(purged, released)`.
+/// since the claim wrote nothing, and the key may run again. Also forgets the heartbeat rows
+/// of processes that stopped a day ago. Returns `(purged, released)`.
 pub async fn purge_and_reconcile(client: &impl GenericClient) -> anyhow::Result<(u64, u64)> {
     let purged = client
         .execute(
@@ -104,6 +105,7 @@ pub async fn purge_and_reconcile(client: &impl GenericClient) -> anyhow::Result<
             &[],
         )
         .await?;
+    client.execute("DELETE FROM process_beats WHERE beat_at < now() - interval '1 day'", &[]).await?;
     Ok((purged, released))
 }
 

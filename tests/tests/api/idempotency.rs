@@ -1,5 +1,7 @@
 //! Idempotency keys: claim, replay, body identity, conflicts, reconciliation, expiry.
 
+use std::time::{Duration, Instant};
+
 use serde_json::{Value, json};
 
 use crate::helpers::*;
@@ -164,16 +166,36 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
         .expect("simulate an unfinished claim");
     let processing = app.create_with_key("key-s", &body).await;
     assert_eq!(processing.code(), "idempotency_conflict");
-    // Past the claim timeout its owner is presumed dead: the outcome is unresolved.
-    client.execute("UPDATE idempotency_records SET claimed_at = now() - interval '5 minutes'", &[]).await.expect("age");
+    // An operation of a live instance (this one, which beats) is not taken over while it runs
+    // long...
+    let aged = "UPDATE idempotency_records SET claimed_at = now() - interval '30 seconds' WHERE idempotency_key = $1";
+    client.execute(aged, &[&"key-s"]).await.expect("age");
+    assert_eq!(app.create_with_key("key-s", &body).await.code(), "idempotency_conflict", "its owner beats");
+    // ... but once its owner stops beating, the outcome is unresolved.
+    client
+        .execute("UPDATE idempotency_records SET owner = gen_random_uuid() WHERE idempotency_key = 'key-s'", &[])
+        .await
+        .expect("a dead owner");
     let unresolved = app.create_with_key("key-s", &body).await;
     assert_eq!((unresolved.status, unresolved.code().as_str()), (409, Some("idempotency_outcome_unknown")));
     assert_eq!(app.create_with_key("key-s", &body).await.code(), "idempotency_outcome_unknown", "kept");
-    // Here the claim did append (we faked its state), so reconciliation keeps it.
+    // Past the claim timeout an operation is presumed abandoned even if its owner beats.
+    let slow = json!({"email": "slow@example.com"});
+    assert_eq!(app.create_with_key("key-t", &slow).await.status, 201);
+    client
+        .execute(
+            "UPDATE idempotency_records SET state = 'processing', status = NULL, response = NULL,
+                 claimed_at = now() - interval '5 minutes' WHERE idempotency_key = 'key-t'",
+            &[],
+        )
+        .await
+        .expect("simulate an operation stuck for five minutes");
+    assert_eq!(app.create_with_key("key-t", &slow).await.code(), "idempotency_outcome_unknown");
+    // Here the claims did append (we faked their state), so reconciliation keeps them.
     projector::workers::maintenance::purge_and_reconcile(&app.pool.get().await.expect("client"))
         .await
         .expect("reconcile");
-    assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 1);
+    assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records").await, 2);
     // A claim whose operation appended nothing is released, and the key runs again.
     let never_ran = json!({"email": "never@example.com"});
     app.create_with_key("key-n", &never_ran).await;
@@ -203,6 +225,62 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
     let again = app.create_with_key("key-e", &expiring).await;
     assert_eq!(again.status, 409, "executed again (and the email is now taken)");
     assert!(again.header("idempotent-replay").is_none());
+}
+
+#[tokio::test]
+async fn a_claim_of_an_instance_killed_mid_operation_is_settled_in_seconds_and_the_key_runs_again() {
+    let app = TestApp::spawn().await;
+    let port = free_port();
+    let mut doomed =
+        spawn_binary("command-service", &["serve"], &app.database_url, &[("APP__HTTP__PORT", port.to_string())]);
+    let url = format!("http://127.0.0.1:{port}/v1");
+    wait_until_listening(&app.http, &url).await;
+    // Appends wait while this transaction holds the log's head: the operation is claimed and
+    // stays in flight.
+    let mut holder = app.pool.get().await.expect("client");
+    let hold = holder.transaction().await.expect("begins");
+    hold.batch_execute("LOCK TABLE log_head IN EXCLUSIVE MODE").await.expect("locks");
+    let body = json!({"email": "orphan@example.com"});
+    let request = app
+        .http
+        .post(format!("{url}/schemas/contacts/records"))
+        .bearer_auth(ALPHA_ADMIN)
+        .header("Idempotency-Key", "key-k")
+        .json(&body);
+    let in_flight = tokio::spawn(async move { request.send().await.map(|response| response.status().as_u16()) });
+    let claimed = "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'key-k' AND state = 'processing'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.query_i64(claimed).await == 0 {
+        assert!(Instant::now() < deadline, "the operation was claimed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    doomed.0.kill().expect("kill -9");
+    let killed_at = Instant::now();
+    assert!(in_flight.await.expect("joins").is_err(), "the caller never got an answer");
+    // Its server session, waiting on the lock, never receives a COMMIT: it rolls back.
+    hold.rollback().await.expect("releases");
+    // A retry through a live instance meets the claim: still processing, until the killed
+    // instance has missed its beats; then the outcome is unresolved, long before the minute
+    // after which any claim would be.
+    let first_retry = app.create_with_key("key-k", &body).await;
+    assert_eq!(first_retry.code(), "idempotency_conflict", "{} {:?}", first_retry.status, first_retry.body);
+    loop {
+        let retry = app.create_with_key("key-k", &body).await;
+        if retry.code() == "idempotency_outcome_unknown" {
+            break;
+        }
+        assert_eq!(retry.code(), "idempotency_conflict", "{:?}", retry.body);
+        assert!(killed_at.elapsed() < Duration::from_secs(25), "settled within the dead-after bound and a beat");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let settled_after = killed_at.elapsed();
+    assert!(settled_after >= Duration::from_secs(5), "not before the owner missed its beats: {settled_after:?}");
+    // The killed operation appended nothing, so reconciliation releases the key, and it runs.
+    projector::workers::maintenance::purge_and_reconcile(&app.pool.get().await.expect("client"))
+        .await
+        .expect("reconcile");
+    assert_eq!(app.create_with_key("key-k", &body).await.status, 201);
+    assert_eq!(record_count(&app).await, 1);
 }
 
 #[tokio::test]

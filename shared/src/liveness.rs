@@ -1,0 +1,90 @@
+//! Which server processes are alive, by heartbeat rows in `process_beats`.
+//!
+//! A process starts a [`Beat`]: a task that, on a connection of its own (so a busy pool never
+//! delays it), writes the process's row and refreshes it every [`BEAT_INTERVAL`]. Work the
+//! process claims in the database names its [`Beat::id`]; another process presumes the
+//! claimant dead once its row is missing or older than [`DEAD_AFTER`] (see
+//! [`owner_is_dead`]). Being presumed dead while alive (a stall longer than the bound) must
+//! be safe for whoever relies on this: the idempotency claims do, because a taken-over
+//! claim's completion guard no longer matches and its append fails.
+//!
+//! The row is left behind when the process stops; the maintenance worker deletes rows that
+//! have not beaten for a day.
+
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+/// How often a live process refreshes its row.
+pub const BEAT_INTERVAL: Duration = Duration::from_secs(2);
+/// A process whose row is older than this (or missing) is presumed dead. Five missed beats:
+/// long enough for a database restart or a short stall, short enough that a retry after a
+/// crash waits seconds, not a minute.
+pub const DEAD_AFTER: Duration = Duration::from_secs(10);
+
+/// A SQL condition, true when the process named by the column `owner` is presumed dead;
+/// `dead_after` is the statement's parameter holding [`DEAD_AFTER`] in seconds (`"$3"`). A
+/// NULL owner (a claim from before owners were recorded) is never presumed dead by this test.
+pub fn owner_is_dead(dead_after: &str) -> String {
+    format!(
+        "(owner IS NOT NULL AND NOT EXISTS (SELECT 1 FROM process_beats b
+            WHERE b.process_id = owner AND b.beat_at >= now() - make_interval(secs => {dead_after})))"
+    )
+}
+
+/// This process's heartbeat. Dropping it stops the beats (the row then ages into dead).
+#[derive(Debug)]
+pub struct Beat {
+    id: Uuid,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Beat {
+    /// Starts beating as a process of `role` (`command-service`, ...). Needs a Tokio runtime.
+    pub fn start(database_url: String, role: &'static str) -> Self {
+        let id = Uuid::now_v7();
+        let task = tokio::spawn(async move {
+            loop {
+                if let Err(error) = beat_on_one_connection(&database_url, id, role).await {
+                    tracing::warn!(error = format!("{error:#}"), "heartbeat connection lost; reconnecting");
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        Self { id, task }
+    }
+
+    /// The id that this process's claims name.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+}
+
+impl Drop for Beat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn beat_on_one_connection(database_url: &str, id: Uuid, role: &str) -> anyhow::Result<()> {
+    let (client, connection) = tokio_postgres::connect(database_url, NoTls).await?;
+    let driver = tokio::spawn(connection);
+    let statement = client
+        .prepare(
+            "INSERT INTO process_beats (process_id, role) VALUES ($1, $2)
+             ON CONFLICT (process_id) DO UPDATE SET beat_at = now()",
+        )
+        .await;
+    let result = async {
+        let statement = statement?;
+        loop {
+            // A beat that hangs is a lost connection: start again on a new one.
+            tokio::time::timeout(DEAD_AFTER, client.execute(&statement, &[&id, &role])).await??;
+            tokio::time::sleep(BEAT_INTERVAL).await;
+        }
+    }
+    .await;
+    driver.abort();
+    result
+}
