@@ -34,6 +34,17 @@ pub const MAX_KEY_LENGTH: usize = 256;
 /// A `processing` claim older than this is presumed abandoned even if its instance still
 /// beats (an operation stuck that long will not be answered).
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(60);
+/// The existing claim of a key, and whether it is presumed abandoned: older than
+/// `CLAIM_TIMEOUT` ($2), or older than `DEAD_AFTER` ($3) with an instance that stopped beating.
+static EXISTING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT body_hash, operation_id, state, status, response, claim_token,
+                claimed_at < now() - make_interval(secs => $2)
+                OR (claimed_at < now() - make_interval(secs => $3) AND {})
+         FROM idempotency_records WHERE scope_key = $1",
+        shared::liveness::owner_is_dead("$3")
+    )
+});
 /// How long admission may wait for the database before answering 429.
 const ADMISSION_WAIT: Duration = Duration::from_secs(2);
 
@@ -116,15 +127,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
         if inserted == 1 {
             return Ok(Admission::Claimed(claim.clone()));
         }
-        let existing = client
-            .prepare_cached(&format!(
-                "SELECT body_hash, operation_id, state, status, response, claim_token,
-                        claimed_at < now() - make_interval(secs => $2)
-                        OR (claimed_at < now() - make_interval(secs => $3) AND {})
-                 FROM idempotency_records WHERE scope_key = $1",
-                shared::liveness::owner_is_dead("$3")
-            ))
-            .await?;
+        let existing = client.prepare_cached(&EXISTING).await?;
         let (timeout, dead_after) = (CLAIM_TIMEOUT.as_secs_f64(), shared::liveness::DEAD_AFTER.as_secs_f64());
         let Some(row) = client.query_opt(&existing, &[&claim.scope_key, &timeout, &dead_after]).await? else {
             // Released between the insert and the read: the caller may simply retry.

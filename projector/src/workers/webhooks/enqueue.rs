@@ -354,22 +354,31 @@ fn space_of(event: &LogEvent) -> Option<&str> {
     Some(space.as_str()).filter(|space| !space.is_empty())
 }
 
+/// The `email event` type (one of `EMAIL_EVENT_TYPES`) that `event` is, if it is one.
+fn email_event_type(event: &LogEvent) -> Option<&'static str> {
+    Some(match event {
+        LogEvent::EmailScheduled(_) => "scheduled",
+        LogEvent::EmailSent(_) => "sent",
+        LogEvent::EmailFailed(_) => "failed",
+        LogEvent::EmailBounced(_) => "bounced",
+        LogEvent::EmailComplained(_) => "complained",
+        LogEvent::EmailUnsubscribed(_) => "unsubscribed",
+        _ => return None,
+    })
+}
+
 /// Whether a live webhook of the space could want `event`, judged on its trigger and an
 /// email event's type alone, so the occurrence (which may read the email's template or the
 /// event's acceptance, and opens sealed data) is built only when one could. Events that make
 /// no occurrence pass; `fits` has the last word.
 fn may_be_wanted(webhooks: &HashMap<String, Endpoint>, event: &LogEvent) -> bool {
-    let (trigger, email_type) = match event {
-        LogEvent::RecordCreated(created) => (upserted(&created.schema_type), None),
-        LogEvent::RecordUpdated(updated) => (upserted(&updated.schema_type), None),
-        LogEvent::RecordDeletionRequested(requested) => (deleted(&requested.schema_type), None),
-        LogEvent::EventAccepted(_) | LogEvent::EventReadinessChanged(_) => (Trigger::EventFired, None),
-        LogEvent::EmailScheduled(_) => (Trigger::EmailEvent, Some("scheduled")),
-        LogEvent::EmailSent(_) => (Trigger::EmailEvent, Some("sent")),
-        LogEvent::EmailFailed(_) => (Trigger::EmailEvent, Some("failed")),
-        LogEvent::EmailBounced(_) => (Trigger::EmailEvent, Some("bounced")),
-        LogEvent::EmailComplained(_) => (Trigger::EmailEvent, Some("complained")),
-        LogEvent::EmailUnsubscribed(_) => (Trigger::EmailEvent, Some("unsubscribed")),
+    let email_type = email_event_type(event);
+    let trigger = match event {
+        LogEvent::RecordCreated(created) => upserted(&created.schema_type),
+        LogEvent::RecordUpdated(updated) => upserted(&updated.schema_type),
+        LogEvent::RecordDeletionRequested(requested) => deleted(&requested.schema_type),
+        LogEvent::EventAccepted(_) | LogEvent::EventReadinessChanged(_) => Trigger::EventFired,
+        _ if email_type.is_some() => Trigger::EmailEvent,
         _ => return true,
     };
     webhooks.values().any(|endpoint| {
@@ -560,6 +569,7 @@ async fn occurrence(
     event: &LogEvent,
     keys: &Keys,
 ) -> anyhow::Result<Option<Occurrence>> {
+    let email_type = email_event_type(event).unwrap_or_default();
     Ok(match event {
         LogEvent::RecordCreated(created) => {
             let state = RecordState::from_created(created, keys)?;
@@ -599,25 +609,25 @@ async fn occurrence(
             fired(&accepted, Some(changed), stored.subject_id.clone(), keys, changed.changed_at_ms)?
         }
         LogEvent::EmailScheduled(scheduled) => Some(email_occurrence(
-            "scheduled",
+            email_type,
             (&scheduled.email_id, &scheduled.contact_id, &scheduled.template_id),
             scheduled.scheduled_at_ms,
             json!({"kind": scheduled.kind, "topicId": Some(&scheduled.topic_id).filter(|t| !t.is_empty())}),
         )),
         LogEvent::EmailSent(sent) => Some(email_occurrence(
-            "sent",
+            email_type,
             (&sent.email_id, &sent.contact_id, &template_of(transaction, &sent.email_id).await?),
             sent.sent_at_ms,
             json!({"messageId": sent.message_id}),
         )),
         LogEvent::EmailFailed(failed) => Some(email_occurrence(
-            "failed",
+            email_type,
             (&failed.email_id, &failed.contact_id, &template_of(transaction, &failed.email_id).await?),
             failed.failed_at_ms,
             json!({"error": {"code": failed.code, "message": failed.message}}),
         )),
         LogEvent::EmailBounced(bounced) => Some(email_occurrence(
-            "bounced",
+            email_type,
             (&bounced.email_id, &bounced.contact_id, &template_of(transaction, &bounced.email_id).await?),
             bounced.at_ms,
             json!({
@@ -628,7 +638,7 @@ async fn occurrence(
             }),
         )),
         LogEvent::EmailComplained(complained) => Some(email_occurrence(
-            "complained",
+            email_type,
             (&complained.email_id, &complained.contact_id, &template_of(transaction, &complained.email_id).await?),
             complained.at_ms,
             json!({
@@ -637,7 +647,7 @@ async fn occurrence(
             }),
         )),
         LogEvent::EmailUnsubscribed(unsubscribed) => Some(email_occurrence(
-            "unsubscribed",
+            email_type,
             (
                 &unsubscribed.email_id,
                 &unsubscribed.contact_id,
@@ -881,6 +891,20 @@ mod tests {
         }
         assert!(!may_be_wanted(&hooks, &sent), "a paused webhook");
         assert!(!may_be_wanted(&hooks, &contact_created));
+    }
+
+    #[test]
+    fn every_email_event_is_a_type_a_webhook_can_name() {
+        let events = [
+            LogEvent::EmailScheduled(Default::default()),
+            LogEvent::EmailSent(Default::default()),
+            LogEvent::EmailFailed(Default::default()),
+            LogEvent::EmailBounced(Default::default()),
+            LogEvent::EmailComplained(Default::default()),
+            LogEvent::EmailUnsubscribed(Default::default()),
+        ];
+        let types: Vec<_> = events.iter().filter_map(email_event_type).collect();
+        assert_eq!(types, shared::webhooks::EMAIL_EVENT_TYPES, "each once, in the contract's order");
     }
 
     #[test]
