@@ -255,26 +255,49 @@ impl Claim {
     /// Releases the claim of an operation that wrote nothing because the service was
     /// unavailable, so a retry with the same key executes instead of replaying the failure.
     pub async fn release(&self, state: &State) {
-        let Ok(client) = state.pool.get().await else { return };
-        let _ = client
-            .execute(
-                "DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
-                &[&self.scope_key, &self.claim_token],
-            )
-            .await;
+        self.settle(
+            state,
+            "DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+        )
+        .await;
     }
 
     /// After the connection failed during COMMIT: wait for that transaction's fate (the row
     /// lock) and, if it did not complete the claim, mark the outcome unresolved.
     pub async fn mark_unresolved(&self, state: &State) {
-        let Ok(client) = state.pool.get().await else { return };
-        let _ = client
-            .execute(
-                "UPDATE idempotency_records SET state = 'unresolved'
-                 WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
-                &[&self.scope_key, &self.claim_token],
-            )
-            .await;
+        self.settle(
+            state,
+            "UPDATE idempotency_records SET state = 'unresolved'
+             WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+        )
+        .await;
+    }
+
+    /// Runs `sql`, a statement that settles this claim only while it is still `processing`
+    /// under this token. When the database cannot take it now (the very failure that ends the
+    /// operation is often the database's), it is retried in the background every second until
+    /// the claim timeout; otherwise this live instance would leave a retry meeting
+    /// `idempotency_conflict` for the whole timeout.
+    async fn settle(&self, state: &State, sql: &'static str) {
+        if self.try_settle(&state.pool, sql).await {
+            return;
+        }
+        let (pool, claim) = (state.pool.clone(), self.clone());
+        tokio::spawn(async move {
+            let deadline = std::time::Instant::now() + CLAIM_TIMEOUT;
+            while std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if claim.try_settle(&pool, sql).await {
+                    return;
+                }
+            }
+            tracing::warn!(operation_id = %claim.operation_id, "could not settle an idempotency claim; it times out");
+        });
+    }
+
+    async fn try_settle(&self, pool: &deadpool_postgres::Pool, sql: &str) -> bool {
+        let Ok(client) = pool.get().await else { return false };
+        client.execute(sql, &[&self.scope_key, &self.claim_token]).await.is_ok()
     }
 }
 

@@ -284,6 +284,71 @@ async fn a_claim_of_an_instance_killed_mid_operation_is_settled_in_seconds_and_t
 }
 
 #[tokio::test]
+async fn a_claim_the_database_could_not_settle_is_settled_when_it_comes_back() {
+    use crate::fault_proxy::{Fault, FaultProxy};
+    let app = TestApp::spawn().await;
+    let cluster_port: u16 = app
+        .database_url
+        .split_whitespace()
+        .find_map(|part| part.strip_prefix("port="))
+        .and_then(|port| port.parse().ok())
+        .expect("the cluster's port");
+    let proxy = FaultProxy::start(cluster_port).await;
+    let proxied = app.database_url.replace(&format!("port={cluster_port}"), &format!("port={}", proxy.port()));
+    let port = free_port();
+    let _instance = spawn_binary("command-service", &["serve"], &proxied, &[("APP__HTTP__PORT", port.to_string())]);
+    let url = format!("http://127.0.0.1:{port}/v1");
+    wait_until_listening(&app.http, &url).await;
+    let mut holder = app.pool.get().await.expect("client");
+    let hold = holder.transaction().await.expect("begins");
+    hold.batch_execute("LOCK TABLE log_head IN EXCLUSIVE MODE").await.expect("locks");
+    let body = json!({"email": "cut@example.com"});
+    let request = app
+        .http
+        .post(format!("{url}/schemas/contacts/records"))
+        .bearer_auth(ALPHA_ADMIN)
+        .header("Idempotency-Key", "key-c")
+        .json(&body);
+    let in_flight = tokio::spawn(async move { request.send().await.map(|response| response.status().as_u16()) });
+    let claimed = "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'key-c' AND state = 'processing'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.query_i64(claimed).await == 0 {
+        assert!(Instant::now() < deadline, "the operation was claimed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The instance's database goes away mid-operation: the operation fails, and so does the
+    // statement that would settle its claim.
+    proxy.set(Fault::Cut);
+    let answered = in_flight.await.expect("joins").expect("an answer");
+    assert_eq!(answered, 503, "the operation failed for want of its database");
+    hold.rollback().await.expect("releases");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(app.query_i64(claimed).await, 1, "left processing while the database is away");
+    proxy.set(Fault::Pass);
+    let back = Instant::now();
+    // The instance, alive all along, settles the claim once its database is back: a retry
+    // does not meet idempotency_conflict until the claim timeout.
+    let settled = loop {
+        let retry = app.create_with_key("key-c", &body).await;
+        if retry.code() != "idempotency_conflict" {
+            break retry;
+        }
+        assert!(back.elapsed() < Duration::from_secs(10), "settled within seconds of the database's return");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    if settled.code() == "idempotency_outcome_unknown" {
+        // Marked unresolved (the failure was at COMMIT): reconciliation finds nothing written.
+        projector::workers::maintenance::purge_and_reconcile(&app.pool.get().await.expect("client"))
+            .await
+            .expect("reconcile");
+        assert_eq!(app.create_with_key("key-c", &body).await.status, 201);
+    } else {
+        assert_eq!(settled.status, 201, "released: the key executed; {:?}", settled.body);
+    }
+    assert_eq!(record_count(&app).await, 1);
+}
+
+#[tokio::test]
 async fn patch_ignores_the_idempotency_key() {
     let app = TestApp::spawn().await;
     let record = app.create_contact(&json!({"email": "patch-idem@example.com"})).await;
