@@ -944,12 +944,26 @@ async fn no_fault_loses_an_acknowledged_write() {
             Outcome::Unknown => "unknown",
             Outcome::Refused(..) => "refused",
         };
+        // Its attempts, runs of the same answer counted: `503 service_unavailable, 409
+        // idempotency_conflict ×58, 409 idempotency_outcome_unknown`.
+        let mut runs: Vec<(&str, usize)> = Vec::new();
+        for answer in &op.history {
+            match runs.last_mut() {
+                Some((last, count)) if last == answer => *count += 1,
+                _ => runs.push((answer, 1)),
+            }
+        }
+        let answers: Vec<String> = runs
+            .iter()
+            .map(|(answer, count)| if *count == 1 { (*answer).to_owned() } else { format!("{answer} ×{count}") })
+            .collect();
         format!(
-            "{} {} took {:.1} s over {} attempts ({outcome})",
+            "{} {} took {:.1} s over {} attempts ({outcome}): {}",
             op.kind,
             op.subject,
             op.took.as_secs_f64(),
-            op.attempts
+            op.attempts,
+            answers.join(", ")
         )
     });
     let table: Vec<String> = report
