@@ -754,6 +754,11 @@ async fn a_rebuild_of_the_workflows_read_model_gives_the_same_runs_and_histories
         let started = post(&app, "/workflows/loop-hook", None, Some(&json!({"stop": stop}))).await;
         runs.push(started.body["data"]["id"].as_str().expect("run id").to_owned());
     }
+    // Each run has stepped before the pause (a loaded machine could otherwise pause them all
+    // before the engine took a step, leaving no history to compare).
+    for run_id in &runs {
+        wait_for_run(&app, &workflow, run_id, |run| run["stepCount"].as_i64().unwrap_or(0) >= 2 || finished(run)).await;
+    }
     let paused = post(&app, &format!("/workflows/{workflow}/pause"), None, None).await;
     assert_eq!(paused.status, 200, "{:?}", paused.body);
     for run_id in &runs {
