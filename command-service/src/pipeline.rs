@@ -502,9 +502,6 @@ pub fn respond(answer: &Answer, operation_id: Option<&str>, appended: Option<App
     crate::edge::consistency_token(&mut response, appended);
     match &answer.body {
         Body::Json(body) => response.json(body),
-        Body::Html(page) => response
-            .content_type("text/html; charset=utf-8")
-            .insert_header(("Cache-Control", "no-store"))
-            .body(page.clone()),
+        Body::Html(page) => shared::pages::page_headers(&mut response).body(page.clone()),
     }
 }

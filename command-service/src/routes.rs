@@ -30,6 +30,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "testWebhook" => web::post().to(webhooks::http::test),
         "sendTemplate" => web::post().to(templates::http::send),
         "unsubscribeEmail" => web::post().to(emails::unsubscribe::post),
+        "updateEmailPreferences" => web::post().to(emails::preferences::post),
         "submitForm" => web::post().to(forms::http::submit),
         "confirmFormSubmission" => web::get().to(forms::http::confirm),
         "createSegment" => web::post().to(segments::http::create),

@@ -117,6 +117,7 @@ codes! {
     SenderNotFound = "sender_not_found",
     TopicNotFound = "topic_not_found",
     EmailNotFound = "email_not_found",
+    InvalidPreferences = "invalid_preferences",
     InvalidTemplateData = "invalid_template_data",
     TemplateContentNotAccepted = "template_content_not_accepted",
     TemplateRenderFailed = "template_render_failed",
@@ -318,6 +319,15 @@ impl ApiError {
 
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    pub fn issues(&self) -> &[Issue] {
+        &self.issues
+    }
+
+    /// The headers the answer carries beside the body (`Retry-After`, `Allow`).
+    pub fn headers(&self) -> &[(&'static str, String)] {
+        &self.headers
     }
 
     pub fn body(&self) -> serde_json::Value {

@@ -98,6 +98,18 @@ pub async fn read_json_object(req: &HttpRequest, payload: web::Payload) -> Resul
     }
 }
 
+/// How a refused content type of a JSON-only body ends.
+const SEND_JSON: &str = "; send application/json";
+
+/// Whether the request's body is `application/x-www-form-urlencoded` (what an HTML form posts).
+pub fn is_urlencoded(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|value| value.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+}
+
 /// Reads a public form's body: `application/x-www-form-urlencoded` (what an HTML form posts;
 /// every value a string, a repeated name keeping its last value) or a JSON object. The flag
 /// says which it was.
@@ -105,14 +117,15 @@ pub async fn read_form_or_json(
     req: &HttpRequest,
     payload: web::Payload,
 ) -> Result<(Map<String, Value>, bool), ApiError> {
-    let media_type = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .map(|value| value.trim().to_ascii_lowercase());
-    if media_type.as_deref() != Some("application/x-www-form-urlencoded") {
-        return Ok((read_json_object(req, payload).await?, false));
+    if !is_urlencoded(req) {
+        // Both are accepted, so a refused content type names both.
+        return match read_json_object(req, payload).await {
+            Err(error) if error.message().ends_with(SEND_JSON) => Err(unsupported(format!(
+                "{}; send application/x-www-form-urlencoded (an HTML form) or application/json",
+                error.message().trim_end_matches(SEND_JSON)
+            ))),
+            other => Ok((other?, false)),
+        };
     }
     let bytes = read_body(req, payload).await?;
     let mut fields = Map::new();

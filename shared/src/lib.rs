@@ -21,6 +21,7 @@ pub mod ids;
 pub mod liveness;
 pub mod log;
 pub mod ops;
+pub mod pages;
 pub mod pagination;
 pub mod process;
 pub mod progress;

@@ -82,6 +82,8 @@ pub const OPERATIONS: &[Operation] = &[
     operation("getTopic", "GET", "/topics/{id}", Query),
     operation("unsubscribeEmail", "POST", "/emails/{id}/unsubscribe", Command),
     operation("getUnsubscribePage", "GET", "/emails/{id}/unsubscribe", Query),
+    // The preference page's choices (the page behind the unsubscribe link).
+    operation("updateEmailPreferences", "POST", "/emails/{id}/preferences", Command),
     operation("submitForm", "POST", "/forms/{id}/submit", Command),
     // A GET that writes (D7): the split deployment's nginx sends `/v1/forms/` to the command
     // service.
@@ -170,10 +172,17 @@ pub fn is_known_path(path: &str) -> bool {
     template(path).is_some()
 }
 
-/// The methods a known request path offers, for `Allow` on a 405.
+/// The methods a known request path serves, for `Allow` on a 405: a guard's method is
+/// refused, so it is not named (RFC 9110 §10.2.1: `Allow` lists the supported methods).
 pub fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
     let template = template(path)?;
-    Some(OPERATIONS.iter().filter(|operation| operation.path == template).map(|operation| operation.method).collect())
+    Some(
+        OPERATIONS
+            .iter()
+            .filter(|operation| operation.path == template && operation.tier != Tier::Guard)
+            .map(|operation| operation.method)
+            .collect(),
+    )
 }
 
 /// Whether a handler serves the request: its operation exists and is not a guard.
@@ -259,7 +268,7 @@ mod tests {
     #[test]
     fn methods_guards_and_served_operations() {
         assert_eq!(allowed_methods("/v1/schemas/contacts/records"), Some(vec!["GET", "POST"]));
-        assert_eq!(allowed_methods("/v1/events/ev_1"), Some(vec!["POST", "PATCH", "DELETE"]));
+        assert_eq!(allowed_methods("/v1/events/ev_1"), Some(vec!["POST"]), "the guards' methods are refused");
         assert_eq!(allowed_methods("/v1/nothing"), None);
         assert!(is_served("POST", "/v1/events/order-placed"));
         assert!(!is_served("PATCH", "/v1/events/ev_1"), "a guard");

@@ -1,5 +1,7 @@
-//! Public recipient actions on an email (`POST /emails/{emailId}/unsubscribe`), and the
-//! consent and subscription changes email actions make.
+//! Public recipient actions on an email (`POST /emails/{emailId}/unsubscribe`, the one-click
+//! unsubscribe, and `POST /emails/{emailId}/preferences`, the preference page's choices), and
+//! the consent and subscription changes email actions make.
 
 pub mod consent;
+pub mod preferences;
 pub mod unsubscribe;

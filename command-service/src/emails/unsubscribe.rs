@@ -7,10 +7,15 @@
 //! false, an ordinary record update that the audit trail shows). Idempotent: a second POST
 //! answers the same and changes nothing. Afterwards marketing sends to the contact are
 //! refused with `recipient_not_subscribed`. An unknown email is 404 `email_not_found`.
+//!
+//! A browser (its `Accept` names `text/html`: the button of the preference page) is answered
+//! with a page saying what happened, with a link back to the preferences; a mail client's
+//! one-click POST gets the JSON it always got.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::json;
+use shared::email::resources::TOPIC;
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
 use shared::log::{ExpectedVersion, NewEvent, StreamAppend};
@@ -22,13 +27,14 @@ use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Give
 use crate::records::http::Write;
 
 /// What the email's stream says.
-struct Email {
-    version: i64,
-    scheduled: proto::EmailScheduled,
-    unsubscribed: bool,
+pub(crate) struct Email {
+    pub version: i64,
+    pub scheduled: proto::EmailScheduled,
+    pub unsubscribed: bool,
 }
 
-async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>, ApiError> {
+/// The email's stream, folded; `None` for an unknown email.
+pub(crate) async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>, ApiError> {
     let client = ctx.db().await?;
     let events = shared::log::read_streams(&client, &[shared::email::stream_id(email_id)]).await?;
     let mut found: Option<Email> = None;
@@ -49,8 +55,17 @@ async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>, ApiError> 
     Ok(found)
 }
 
-fn answer(email_id: &str, topic_id: &str) -> Answer {
+fn answer(email_id: &str, topic_id: &str, page: Option<&Option<String>>) -> Answer {
     let topic = (!topic_id.is_empty()).then_some(topic_id);
+    if let Some(topic_name) = page {
+        let text = match topic_name {
+            Some(name) => format!("You will no longer receive emails about {name}."),
+            None => "You will no longer receive marketing email from us.".to_owned(),
+        };
+        let message = shared::pages::Message::success("You are unsubscribed", &[text.as_str()])
+            .with_link("unsubscribe", "Change your other email preferences");
+        return Answer::html(StatusCode::OK, message.page());
+    }
     Answer::json(
         StatusCode::OK,
         json!({ "data": {
@@ -64,11 +79,21 @@ fn answer(email_id: &str, topic_id: &str) -> Answer {
 
 struct Unsubscribe {
     email_id: String,
+    /// Answer a page (a browser), not JSON.
+    browser: bool,
+}
+
+impl Unsubscribe {
+    /// The answer: for a browser a page naming the topic left (`topic_name`).
+    fn answer(&self, topic_id: &str, topic_name: &Option<String>) -> Answer {
+        answer(&self.email_id, topic_id, self.browser.then_some(topic_name))
+    }
 }
 
 impl Command for Unsubscribe {
-    /// The email, and (for an email without a topic) the contact's consent withdrawn.
-    type Loaded = (Email, Option<Write>);
+    /// The email, (for an email without a topic) the contact's consent withdrawn, and the
+    /// name of the email's topic for a page.
+    type Loaded = (Email, Option<Write>, Option<String>);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
         let Some(email) = load(ctx, &self.email_id).await? else { return Err(not_found(&self.email_id)) };
@@ -80,13 +105,17 @@ impl Command for Unsubscribe {
             }
             _ => None,
         };
-        Ok((email, consent))
+        let topic_name = match (self.browser, scheduled.topic_id.is_empty()) {
+            (true, false) => topic_name(ctx, &scheduled.topic_id).await?,
+            _ => None,
+        };
+        Ok((email, consent, topic_name))
     }
 
-    fn decide(&self, (email, consent): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+    fn decide(&self, (email, consent, topic_name): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
         let (email_id, scheduled, now) = (&self.email_id, &email.scheduled, given.now_ms);
         if email.unsubscribed {
-            return Ok(Decided::Answer(answer(email_id, &scheduled.topic_id)));
+            return Ok(Decided::Answer(self.answer(&scheduled.topic_id, &topic_name)));
         }
         let mut streams = Vec::new();
         let mut guards = Vec::new();
@@ -116,7 +145,7 @@ impl Command for Unsubscribe {
                 occurred_at: shared::time::from_millis(now),
             }],
         });
-        let answer = answer(email_id, &scheduled.topic_id);
+        let answer = self.answer(&scheduled.topic_id, &topic_name);
         Ok(Decided::Append(Decision::new(streams, guards, answer).in_space(&scheduled.space_id)))
     }
 
@@ -125,19 +154,25 @@ impl Command for Unsubscribe {
     }
 }
 
-#[tracing::instrument(skip_all, fields(email = %path.as_str()))]
-pub async fn post(
-    path: web::Path<String>,
-    state: web::Data<State>,
-    req: HttpRequest,
-) -> Result<HttpResponse, ApiError> {
-    let email_id = path.into_inner();
-    if !shared::storable::is_storable(&email_id) || !email_id.starts_with("em_") {
-        return Err(not_found(&email_id));
-    }
-    pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, Unsubscribe { email_id }).await
+/// The name of a topic, for a page (`None` when the catalog no longer has it).
+pub(crate) async fn topic_name(ctx: &Ctx<'_>, topic_id: &str) -> Result<Option<String>, ApiError> {
+    let catalog = ctx.catalog().await?;
+    let found = shared::catalog::resource_by_id(&ctx.db().await?, &catalog, TOPIC, topic_id).await?;
+    Ok(found.and_then(|(_, _, definition)| definition.get("name").and_then(|name| name.as_str()).map(str::to_owned)))
 }
 
-fn not_found(email_id: &str) -> ApiError {
+#[tracing::instrument(skip_all, fields(email = %path.as_str()))]
+pub async fn post(path: web::Path<String>, state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    let browser = shared::pages::wants_html(&req, false);
+    let email_id = path.into_inner();
+    let result = if !shared::storable::is_storable(&email_id) || !email_id.starts_with("em_") {
+        Err(not_found(&email_id))
+    } else {
+        pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, Unsubscribe { email_id, browser }).await
+    };
+    shared::pages::answer(browser, result)
+}
+
+pub(crate) fn not_found(email_id: &str) -> ApiError {
     ApiError::not_found(Code::EmailNotFound, format!("no email {email_id:?}"))
 }

@@ -202,17 +202,23 @@ pub fn parse_fire(
         ));
     }
     let mut values = Map::new();
+    // A given value that was refused is reported once, by its own issue: the attribute is
+    // not also missing.
+    let mut refused_keys = Vec::new();
     for (key, value) in given {
         match writable_value(schema.attributes, &key, value) {
             Ok(normalized) => {
                 values.insert(key, normalized);
             }
-            Err(issue) => issues.push(issue),
+            Err(issue) => {
+                issues.push(issue);
+                refused_keys.push(key);
+            }
         }
     }
     let mut pending_keys = Vec::new();
     for attribute in schema.attributes.iter().filter(|a| is_writable(&a.definition)) {
-        if values.get(&attribute.key).is_some_and(|value| !value.is_null()) {
+        if values.get(&attribute.key).is_some_and(|value| !value.is_null()) || refused_keys.contains(&attribute.key) {
             continue;
         }
         if has_auto_fill(&attribute.definition) {
@@ -401,6 +407,12 @@ mod tests {
         assert_eq!(code(json!({"amount": 1, "nope": 1})), Some(Code::UnknownAttribute));
         assert_eq!(code(json!({"amount": 1, "score": 1})), Some(Code::AttributeNotWritable));
         assert_eq!(code(json!({"amount": "x"})), Some(Code::InvalidAttributeValue));
+        // A required attribute given with the wrong type is invalid, not also missing.
+        let Err(EventRefusal::Invalid { issues, .. }) = parse(json!({"amount": "ten"})) else {
+            panic!("a wrong-typed required attribute is refused")
+        };
+        let codes: Vec<_> = issues.iter().map(|issue| issue.code).collect();
+        assert_eq!(codes, [Some(Code::InvalidAttributeValue)]);
         assert_eq!(
             code(json!({"amount": 1, "contactId": "con_1", "objectId": "obj_1"})),
             Some(Code::InvalidEventSubject)

@@ -101,18 +101,9 @@ async fn limit(state: &State, key: &str, allowed: u32, window_seconds: u64, what
     }
 }
 
-/// A small HTML page (what a browser that posted a form, or followed a link, is shown).
+/// A success page (what a browser that posted a form, or followed a link, is shown).
 fn page(title: &str, text: &str) -> Answer {
-    Answer::html(
-        StatusCode::OK,
-        format!(
-            "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"robots\" content=\"noindex\">\
-             <title>{title}</title></head>\n<body style=\"font-family: sans-serif; max-width: 32rem; margin: 4rem auto\">\
-             <h1>{title}</h1><p>{text}</p></body></html>\n",
-            title = render::escape_html(title),
-            text = render::escape_html(text)
-        ),
-    )
+    Answer::html(StatusCode::OK, shared::pages::Message::success(title, &[text]).page())
 }
 
 /// What a submission decides on.
@@ -320,25 +311,36 @@ fn pending(form: &FormDef, subscribed: &BTreeMap<String, String>) -> bool {
     form.double_opt_in && (!new_topics(form, subscribed).is_empty() || form.topic_ids.is_empty())
 }
 
+/// A submission: a browser (an HTML form posts urlencoded, and its `Accept` names HTML) is
+/// answered with a page, errors included; an API client with JSON.
 #[tracing::instrument(skip_all, fields(form = %path.as_str()))]
 pub async fn submit(
     req: HttpRequest,
     path: web::Path<String>,
     payload: web::Payload,
     state: web::Data<State>,
+) -> HttpResponse {
+    let browser = shared::pages::wants_html(&req, shared::http::is_urlencoded(&req));
+    shared::pages::answer(browser, submit_form(&req, path.into_inner(), payload, &state).await)
+}
+
+async fn submit_form(
+    req: &HttpRequest,
+    form_id: String,
+    payload: web::Payload,
+    state: &web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let form_id = path.into_inner();
-    edge_form(&state, &form_id).await?;
+    edge_form(state, &form_id).await?;
     let forwarded = req.headers().get("x-forwarded-for").and_then(|value| value.to_str().ok());
     let client =
         decide::client_ip(req.peer_addr().map(|addr| addr.ip()), forwarded, &state.settings.http.trusted_proxies);
     let limits = &state.settings.forms;
     let client = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
-    limit(&state, &format!("form-ip:{client}"), limits.per_ip, limits.window_seconds, "submissions from this address")
+    limit(state, &format!("form-ip:{client}"), limits.per_ip, limits.window_seconds, "submissions from this address")
         .await?;
-    limit(&state, &format!("form:{form_id}"), limits.per_form, limits.window_seconds, "submissions to this form")
+    limit(state, &format!("form:{form_id}"), limits.per_form, limits.window_seconds, "submissions to this form")
         .await?;
-    let (fields, urlencoded) = shared::http::read_form_or_json(&req, payload).await?;
+    let (fields, urlencoded) = shared::http::read_form_or_json(req, payload).await?;
     let command = SubmitForm {
         form_id,
         fields,
@@ -346,7 +348,7 @@ pub async fn submit(
         token_ttl_hours: limits.token_ttl_hours,
         base_url: state.settings.email.public_base_url.clone(),
     };
-    pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, command).await
+    pipeline::execute(state, req, Actor::Public, Protection::Unkeyed, command).await
 }
 
 fn wants_json(req: &HttpRequest) -> bool {
@@ -490,19 +492,25 @@ fn link_not_found() -> ApiError {
     ApiError::not_found(Code::ConfirmationNotFound, "this confirmation link is not valid")
 }
 
+/// A confirmation link: a page unless the request accepts only JSON, errors included (a
+/// wrong, cut-off or expired link opened in a browser is a page too).
 #[tracing::instrument(skip_all, fields(form = %path.0))]
-pub async fn confirm(
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-    state: web::Data<State>,
+pub async fn confirm(req: HttpRequest, path: web::Path<(String, String)>, state: web::Data<State>) -> HttpResponse {
+    let browser = !wants_json(&req);
+    shared::pages::answer(browser, confirm_link(&req, path.into_inner(), &state).await)
+}
+
+async fn confirm_link(
+    req: &HttpRequest,
+    (form_id, token): (String, String),
+    state: &web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let (form_id, token) = path.into_inner();
-    let catalog = pipeline::edge_catalog(&state).await?;
+    let catalog = pipeline::edge_catalog(state).await?;
     find_form(&state.pool.get().await?, &catalog, &form_id).await?;
     if token.len() > 256 || !shared::storable::is_storable(&token) {
         return Err(link_not_found());
     }
     let digest = shared::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
-    let command = ConfirmSubmission { form_id, digest, json: wants_json(&req), decided_form: Default::default() };
-    pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, command).await
+    let command = ConfirmSubmission { form_id, digest, json: wants_json(req), decided_form: Default::default() };
+    pipeline::execute(state, req, Actor::Public, Protection::Unkeyed, command).await
 }

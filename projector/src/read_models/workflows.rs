@@ -83,6 +83,15 @@ fn error_of(code: &str, message: &str) -> Option<Value> {
     (!code.is_empty()).then(|| json!({"code": code, "message": message}))
 }
 
+/// A step's error, with the gate that refused a skipped send when there is one.
+fn step_error_of(finished: &shared::proto::WorkflowStepFinished) -> Option<Value> {
+    let mut error = error_of(&finished.error_code, &finished.error_message)?;
+    if !finished.gate.is_empty() {
+        error["gate"] = Value::String(finished.gate.clone());
+    }
+    Some(error)
+}
+
 /// Applies a batch: authoring changes (definitions, pauses) one by one, and the runs' events
 /// folded per run and per history record in memory, then written set-wise: a statement for
 /// the new runs, one for the changed ones, one for the counters and two for the history,
@@ -266,7 +275,7 @@ impl Fold {
             }
             LogEvent::WorkflowRunSleeping(sleeping) => self.set_status(&sleeping.run_id, "sleeping", None, None),
             LogEvent::WorkflowStepFinished(finished) => {
-                let error = error_of(&finished.error_code, &finished.error_message);
+                let error = step_error_of(&finished);
                 let record = self.records.entry((finished.run_id.clone(), finished.index)).or_insert_with(|| Record {
                     step_id: finished.step_id.clone(),
                     step_type: finished.step_type.clone(),

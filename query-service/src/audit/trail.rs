@@ -68,7 +68,7 @@ pub fn record_history(
                 history.entries.push((
                     event.position,
                     json!({
-                        "id": event.event_id.to_string(),
+                        "id": entry_id(event),
                         "type": "consent_changed",
                         "channel": channel,
                         "occurredAt": format_timestamp(event.occurred_at),
@@ -109,7 +109,7 @@ pub fn suppression_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Re
         entries.push((
             event.position,
             json!({
-                "id": event.event_id.to_string(),
+                "id": entry_id(event),
                 "type": kind,
                 "channel": "email",
                 "occurredAt": format_timestamp(event.occurred_at),
@@ -189,8 +189,14 @@ pub fn workflow_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Resul
                 "workflow_step_finished",
                 e.space_id,
                 json!({"runId": e.run_id, "index": e.index, "stepId": e.step_id, "stepType": e.step_type,
-                       "status": e.status, "emailId": non_empty(e.email_id),
-                       "error": (!e.error_code.is_empty()).then(|| json!({"code": e.error_code, "message": e.error_message}))}),
+                "status": e.status, "emailId": non_empty(e.email_id),
+                "error": (!e.error_code.is_empty()).then(|| {
+                    let mut error = json!({"code": e.error_code, "message": e.error_message});
+                    if !e.gate.is_empty() {
+                        error["gate"] = Value::String(e.gate.clone());
+                    }
+                    error
+                })}),
             ),
             LogEvent::WorkflowRunFinished(e) => (
                 "workflow_run_finished",
@@ -210,7 +216,7 @@ pub fn workflow_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Resul
 /// An entry of `kind` on `channel` about `event`, with `details` beside the common fields.
 fn entry(event: &StoredEvent, kind: &str, channel: &str, details: Value) -> Value {
     let mut entry = json!({
-        "id": event.event_id.to_string(),
+        "id": entry_id(event),
         "type": kind,
         "channel": channel,
         "occurredAt": format_timestamp(event.occurred_at),
@@ -220,6 +226,12 @@ fn entry(event: &StoredEvent, kind: &str, channel: &str, details: Value) -> Valu
         entry.extend(details);
     }
     entry
+}
+
+/// An entry's id: `aud_` and the log event's UUID, so it carries a type prefix like every
+/// other identifier (decision D2) and names the one log event the entry was built from.
+fn entry_id(event: &StoredEvent) -> String {
+    format!("aud_{}", event.event_id.simple())
 }
 
 fn non_empty(text: String) -> Option<String> {

@@ -1,44 +1,72 @@
-//! `GET /emails/{emailId}/unsubscribe`: what a person sees when they open the unsubscribe link
-//! in a mail client. A minimal page with one button that POSTs the one-click body to the same
-//! URL; the GET itself changes nothing, so link scanners that fetch every link never
-//! unsubscribe anyone (the lesson behind D7). Public, like the POST; 404 `email_not_found`
-//! for an unknown email.
+//! `GET /emails/{emailId}/unsubscribe`: what a person sees when they open the unsubscribe
+//! link of an email (its footer link, or `List-Unsubscribe` in a mail client): the preference
+//! page. One press unsubscribes from the email's topic (a form that POSTs the one-click body
+//! to the same URL); below, each topic of the space with the recipient's current choice, to
+//! change, and a way to leave everything (both posted to `/emails/{emailId}/preferences`).
+//! The GET itself changes nothing, so link scanners that fetch every link never unsubscribe
+//! anyone (the lesson behind D7). Public, like the POSTs; an unknown email is 404
+//! `email_not_found`, as a page for a browser and as the JSON envelope for an API client.
 
-use actix_web::http::StatusCode;
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
+use shared::catalog::CATALOG;
+use shared::email::resources::{TOPIC, TopicDef};
 use shared::error::{ApiError, Code};
+use shared::events::LogEvent;
+use shared::pages::{Preferences, TopicChoice};
 
 use crate::State;
 
-const PAGE: &str = r#"<!doctype html>
-<html lang="en">
-<head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="robots" content="noindex"><title>Unsubscribe</title></head>
-<body style="font-family: sans-serif; max-width: 32rem; margin: 4rem auto; padding: 0 1rem">
-<h1>Unsubscribe</h1>
-<p>Stop receiving emails like this one?</p>
-<form method="post">
-<input type="hidden" name="List-Unsubscribe" value="One-Click">
-<button type="submit">Unsubscribe</button>
-</form>
-</body>
-</html>
-"#;
+pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<State>) -> HttpResponse {
+    let browser = shared::pages::wants_html(&req, false);
+    shared::pages::answer(browser, page(&path.into_inner(), &state).await)
+}
 
-pub async fn get(path: web::Path<String>, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
-    let email_id = path.into_inner();
+async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     let not_found = || ApiError::not_found(Code::EmailNotFound, format!("no email {email_id:?}"));
-    if !email_id.starts_with("em_") || !shared::storable::is_storable(&email_id) {
+    if !email_id.starts_with("em_") || !shared::storable::is_storable(email_id) {
         return Err(not_found());
     }
     let client = state.pool.get().await?;
-    let statement = client.prepare_cached("SELECT EXISTS (SELECT 1 FROM streams WHERE stream_id = $1)").await?;
-    let exists: bool = client.query_one(&statement, &[&shared::email::stream_id(&email_id)]).await?.get(0);
-    if !exists {
-        return Err(not_found());
+    let events = shared::log::read_streams(&client, &[shared::email::stream_id(email_id)]).await?;
+    let mut scheduled = None;
+    for stored in &events {
+        if let LogEvent::EmailScheduled(event) = stored.decode().map_err(|error| ApiError::internal(&error))? {
+            scheduled = Some(event);
+        }
     }
-    Ok(HttpResponse::build(StatusCode::OK)
-        .content_type("text/html; charset=utf-8")
-        .insert_header(("Cache-Control", "no-store"))
-        .body(PAGE))
+    let scheduled = scheduled.ok_or_else(not_found)?;
+    let catalog = state.read_models.current(&[CATALOG]).await?.schema(CATALOG);
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT resource_id, definition FROM {catalog}.resources WHERE space_id = $1 AND kind = $2
+             ORDER BY definition->>'name', resource_id"
+        ))
+        .await?;
+    let rows = client.query(&statement, &[&scheduled.space_id, &TOPIC]).await?;
+    let subscriptions = shared::email::subscriptions(&client, &scheduled.contact_id)
+        .await
+        .map_err(|error| ApiError::internal(&error))?;
+    drop(client);
+    let mut topics = Vec::new();
+    let mut this_topic = None;
+    for row in rows {
+        let (topic_id, definition): (String, serde_json::Value) = (row.get(0), row.get(1));
+        let topic: TopicDef = serde_json::from_value(definition)
+            .map_err(|error| ApiError::internal(&anyhow::anyhow!("topic {topic_id}: {error}")))?;
+        if topic_id == scheduled.topic_id {
+            this_topic = Some(topic.name.clone());
+        }
+        let subscribed = subscriptions.get(&topic_id).map(String::as_str) == Some("subscribed");
+        topics.push(TopicChoice { id: topic_id, name: topic.name, description: topic.description, subscribed });
+    }
+    // Relative to this page's own URL (`…/emails/{emailId}/unsubscribe`), so the forms post
+    // to the origin the person is on, whatever proxy is in front.
+    Ok(Preferences {
+        unsubscribe_action: "unsubscribe".to_owned(),
+        preferences_action: "preferences".to_owned(),
+        this_topic,
+        topics,
+        notice: None,
+    }
+    .response())
 }

@@ -24,7 +24,10 @@ impl Refusal {
     pub fn message(self) -> &'static str {
         match self {
             Refusal::NotAbsoluteHttp => "must be an absolute http or https URL with a host",
-            Refusal::Loopback => "must not point at a loopback address",
+            Refusal::Loopback => {
+                "must not point at a loopback address (for local development, an operator can allow \
+                 loopback targets with APP__WEBHOOKS__ALLOW_LOOPBACK=true)"
+            }
             Refusal::Private => "must not point at a private network address",
             Refusal::LinkLocal => "must not point at a link-local address",
             Refusal::SharedAddressSpace => "must not point at a shared (carrier-grade NAT) address",
@@ -191,6 +194,14 @@ mod tests {
         for (url, expected) in cases {
             assert_eq!(refusal(url), Some(expected), "{url}");
         }
+    }
+
+    #[test]
+    fn the_loopback_refusal_names_the_setting_that_allows_it() {
+        let message = Refusal::Loopback.message();
+        assert!(message.starts_with("must not point at a loopback address"), "{message}");
+        assert!(message.contains("APP__WEBHOOKS__ALLOW_LOOPBACK=true"), "{message}");
+        assert!(!Refusal::Private.message().contains("APP__"), "only loopback can be allowed");
     }
 
     #[test]

@@ -102,7 +102,14 @@ async fn the_trail_lists_consent_changes_and_suppressions_newest_first() {
     assert_eq!((&entries[3]["previousValue"], &entries[3]["value"]), (&json!(true), &json!(false)));
     assert_eq!((&entries[4]["previousValue"], &entries[4]["value"]), (&Value::Null, &json!(true)));
     assert_eq!(entries[4]["attribute"], "emailConsent");
-    assert!(entries.iter().all(|entry| entry["id"].is_string() && entry["occurredAt"].is_string()));
+    assert!(entries.iter().all(|entry| entry["occurredAt"].is_string()));
+    // Entry ids carry a type prefix like every other identifier, and are distinct.
+    let ids: std::collections::BTreeSet<&str> = entries.iter().filter_map(|entry| entry["id"].as_str()).collect();
+    assert_eq!(ids.len(), entries.len(), "{entries:?}");
+    for id in &ids {
+        let body = id.strip_prefix("aud_").expect("an audit entry id starts with aud_");
+        assert!(body.len() == 32 && body.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+    }
     assert_eq!(page.body["pagination"]["totalCount"], 5);
 
     let sms = trail(&app, &id, "?channel=sms").await;

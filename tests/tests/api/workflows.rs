@@ -816,3 +816,77 @@ async fn erasing_a_contact_ends_its_runs_and_shreds_their_input() {
     let opened: Option<shared::proto::WorkflowInput> = shared::events::open(Some(&sealed), &keys).expect("opens");
     assert_eq!(opened, None, "the run's input is shredded with the contact's key");
 }
+
+/// The error of a run's history record of `step_id`.
+fn error_of_step<'a>(run: &'a Value, step_id: &str) -> &'a Value {
+    let history = run["history"].as_array().expect("history");
+    let record = history.iter().find(|record| record["stepId"] == step_id).expect("the step ran");
+    &record["error"]
+}
+
+#[tokio::test]
+async fn reentry_counts_runs_of_every_trigger_and_a_skipped_send_names_its_gate() {
+    let sink = SmtpSink::start().await;
+    // A newsletter journey entered through the API and also by a purchase (`once`): a contact
+    // who came in through the API and then buys is not run again. Its send names the gate
+    // that refused it.
+    let journey = json!([{
+        "slug": "welcome", "name": "Welcome",
+        "triggers": [{"event": "purchase", "reentry": "once"}],
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "welcome-hook", "next": "mail"},
+            {"id": "mail", "type": "send_email", "template": "newsletter", "next": "join"},
+            {"id": "join", "type": "subscribe", "topic": "news", "next": "again"},
+            {"id": "again", "type": "send_email", "template": "newsletter", "next": null}
+        ]
+    }]);
+    let app = app_with(&sink, journey).await;
+    let workflow = workflow_id(&app, "welcome").await;
+
+    // No consent: both sends are skipped by the consent gate.
+    let input = json!({"contact": {"email": "nocon@example.com", "firstName": "No"}});
+    let started = post(&app, "/workflows/welcome-hook", None, Some(&input)).await;
+    assert_eq!(started.status, 202, "{:?}", started.body);
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    let error = error_of_step(&run, "mail");
+    assert_eq!((error["code"].as_str(), error["gate"].as_str()), (Some("recipient_not_subscribed"), Some("consent")));
+    assert!(error["message"].as_str().is_some_and(|message| message.contains("consent")), "{error}");
+
+    // Consent but no subscription yet: the topic gate refuses the first send; after the
+    // subscribe step the second goes out.
+    let input = json!({"contact": {"email": "ada@example.com", "firstName": "Ada", "newsConsent": true}});
+    let started = post(&app, "/workflows/welcome-hook", None, Some(&input)).await;
+    assert_eq!(started.status, 202, "{:?}", started.body);
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    let contact_id = started.body["data"]["contactId"].as_str().expect("contact").to_owned();
+    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let error = error_of_step(&run, "mail");
+    assert_eq!((error["code"].as_str(), error["gate"].as_str()), (Some("recipient_not_subscribed"), Some("topic")));
+    assert_eq!(error_of_step(&run, "again"), &Value::Null, "{run}");
+    let messages = sink.wait_for(1, WAIT).await;
+    assert_eq!(messages[0]["rcptTo"][0], "ada@example.com");
+    // The trail shows the gate too, and conforms to the document.
+    let trail = app.get(&format!("/schemas/people/records/{contact_id}/audit-trail?channel=workflow"), MAIL_KEY).await;
+    let entries = trail.body["data"].as_array().expect("entries");
+    assert!(entries.iter().any(|entry| entry["error"]["gate"] == "topic"), "{entries:?}");
+    assert_conforms("AuditTrailEntry", entries);
+
+    // The contact who entered through the API buys: `once` counts that run, so no second run
+    // starts; a buyer who never entered starts one.
+    let buyer = person(&app, "buyer@example.com", "Bea").await;
+    for contact in [&contact_id, &buyer] {
+        let fired = app.post("/events/purchase", MAIL_KEY, &json!({"contactId": contact, "amount": 12})).await;
+        assert_eq!(fired.status, 202, "{:?}", fired.body);
+    }
+    let runs = runs_of(&app, &workflow, 3).await;
+    app.wait_for_workers().await;
+    let runs_after = runs_of(&app, &workflow, 3).await;
+    assert_eq!(runs, runs_after);
+    let of_ada = runs.iter().filter(|(contact, ..)| contact == &contact_id).count();
+    let of_buyer: Vec<_> = runs.iter().filter(|(contact, ..)| contact == &buyer).collect();
+    assert_eq!(of_ada, 1, "the API's run counts for `once`: {runs:?}");
+    assert_eq!(of_buyer.len(), 1, "{runs:?}");
+    assert_eq!(of_buyer[0].1, "event");
+}

@@ -291,7 +291,9 @@ impl Follower {
     }
 
     /// Starts the run of `start.workflow` for `start.contact_id`, unless its re-entry rule
-    /// holds it back or it was started before.
+    /// holds it back or it was started before. The rule counts every run of the workflow for
+    /// the contact, whatever started it: a trigger of the workflow's incoming webhook (through
+    /// the API), an event or a segment.
     async fn start(&self, client: &impl GenericClient, start: &Start<'_>) -> anyhow::Result<()> {
         let (workflow_id, revision) = start.workflow;
         let contact_id = start.contact_id.to_owned();
@@ -299,15 +301,15 @@ impl Follower {
             Reentry::Always => false,
             Reentry::Once => client
                 .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM workflow_entries WHERE workflow_id = $1 AND contact_id = $2)",
+                    "SELECT EXISTS (SELECT 1 FROM workflow_runs WHERE workflow_id = $1 AND contact_id = $2)",
                     &[&workflow_id, &contact_id],
                 )
                 .await?
                 .get(0),
             Reentry::OnceAtATime => client
                 .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM workflow_entries e JOIN workflow_runs r ON r.run_id = e.run_id
-                                    WHERE e.workflow_id = $1 AND e.contact_id = $2 AND r.finished_at IS NULL)",
+                    "SELECT EXISTS (SELECT 1 FROM workflow_runs
+                                    WHERE workflow_id = $1 AND contact_id = $2 AND finished_at IS NULL)",
                     &[&workflow_id, &contact_id],
                 )
                 .await?
@@ -347,27 +349,20 @@ impl Follower {
             input: Some(sealed.clone()),
             requested_at_ms: now,
         };
-        let guards = vec![
-            Guard::exactly_one(
-                "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
+        let guards = vec![Guard::exactly_one(
+            "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
                      input, requested_at)
                  VALUES ($1, $2, $3, $4, $5, 'waiting', 1, clock_timestamp(), $6, clock_timestamp())",
-                vec![
-                    Box::new(run_id.clone()),
-                    Box::new(workflow_id.to_owned()),
-                    Box::new(start.space_id.to_owned()),
-                    Box::new(revision),
-                    Box::new(contact_id.clone()),
-                    Box::new(sealed.encode_to_vec()),
-                ],
-                AppendError::Failed("could not record the run".to_owned()),
-            ),
-            Guard::exactly_one(
-                "INSERT INTO workflow_entries (workflow_id, contact_id, run_id) VALUES ($1, $2, $3)",
-                vec![Box::new(workflow_id.to_owned()), Box::new(contact_id.clone()), Box::new(run_id.clone())],
-                AppendError::Failed("could not record the run's entry".to_owned()),
-            ),
-        ];
+            vec![
+                Box::new(run_id.clone()),
+                Box::new(workflow_id.to_owned()),
+                Box::new(start.space_id.to_owned()),
+                Box::new(revision),
+                Box::new(contact_id.clone()),
+                Box::new(sealed.encode_to_vec()),
+            ],
+            AppendError::Failed("could not record the run".to_owned()),
+        )];
         let stream = StreamAppend {
             stream_id: run_stream_id(&run_id),
             expected: ExpectedVersion::NoStream,

@@ -422,12 +422,22 @@ impl Tick {
             next_step_id: next.unwrap_or_default().to_owned(),
             started_at_ms: started.started_at_ms,
             at_ms: now,
+            gate: String::new(),
         }));
         self.row.in_flight = None;
         self.row.waiting_schema = None;
         self.row.matched_event = None;
         self.row.status = "running".to_owned();
         self.row.step_id = next.map(str::to_owned);
+    }
+
+    /// Finishes `started` as `skipped`: the send's `gate` refused it, with `code` and
+    /// `message`; the run goes on to `next`.
+    fn skip(&mut self, started: &InFlight, (gate, code, message): (Gate, Code, String), next: Option<&str>, now: i64) {
+        self.finish(started, "skipped", Some((code.as_str(), message)), next, now);
+        if let Some(LogEvent::WorkflowStepFinished(finished)) = self.events.last_mut() {
+            finished.gate = gate.as_str().to_owned();
+        }
     }
 
     /// Ends the run.
@@ -699,14 +709,8 @@ async fn execute(
             let ContactFacts::Live(facts) = contact_of(inner, &tick.row, contact).await? else { return Ok(false) };
             let started = tick.start(step, now);
             if allowance_refused {
-                let message = "the space's email allowance for this month is used up".to_owned();
-                tick.finish(
-                    &started,
-                    "skipped",
-                    Some((Code::EmailLimitReached.as_str(), message)),
-                    next.as_deref(),
-                    now,
-                );
+                let message = "gate allowance: the space's email allowance for this month is used up".to_owned();
+                tick.skip(&started, (Gate::Allowance, Code::EmailLimitReached, message), next.as_deref(), now);
                 return Ok(false);
             }
             return send_email(inner, tick, (&started, next.as_deref()), template_id, input, facts, now).await;
@@ -859,14 +863,17 @@ async fn send_email(
         .as_ref()
         .is_none_or(|topic_id| facts.subscriptions.get(topic_id).map(String::as_str) == Some("subscribed"));
     let refusal = if suppressed {
-        Some((Code::RecipientSuppressed, "the recipient is suppressed"))
-    } else if marketing && (facts.consent != Some(true) || !subscribed) {
-        Some((Code::RecipientNotSubscribed, "the recipient has no marketing consent or topic subscription"))
+        Some((Gate::Suppressed, Code::RecipientSuppressed, "the recipient's address is suppressed"))
+    } else if marketing && facts.consent != Some(true) {
+        Some((Gate::Consent, Code::RecipientNotSubscribed, "the contact has not consented to marketing email"))
+    } else if marketing && !subscribed {
+        Some((Gate::Topic, Code::RecipientNotSubscribed, "the contact is not subscribed to the template's topic"))
     } else {
         None
     };
-    if let Some((code, message)) = refusal {
-        tick.finish(started, "skipped", Some((code.as_str(), message.to_owned())), next, now);
+    if let Some((gate, code, message)) = refusal {
+        let message = format!("gate {}: {message}", gate.as_str());
+        tick.skip(started, (gate, code, message), next, now);
         return Ok(false);
     }
     let Some(key) = &facts.key else {
@@ -1205,4 +1212,27 @@ async fn hand_off(inner: &Inner, prepared: &Prepared) {
     let started = Instant::now();
     let _ = outbox::hand_off(&inner.pool, &inner.log, &inner.mailer, &lease, prepared, None).await;
     metrics::histogram!("workflow_email_handoff_seconds").record(started.elapsed().as_secs_f64());
+}
+/// The gate of a send that refused it (a `skipped` step's `gate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// The contact has not consented to marketing email.
+    Consent,
+    /// The contact is not subscribed to the marketing template's topic.
+    Topic,
+    /// The address is suppressed (every send).
+    Suppressed,
+    /// The space's monthly allowance is used up.
+    Allowance,
+}
+
+impl Gate {
+    fn as_str(self) -> &'static str {
+        match self {
+            Gate::Consent => "consent",
+            Gate::Topic => "topic",
+            Gate::Suppressed => "suppressed",
+            Gate::Allowance => "allowance",
+        }
+    }
 }
