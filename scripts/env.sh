@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # The environment of the quick start's system, in one place (sourced by scripts/start and
-# scripts/platform): where its data lives, how to reach its PostgreSQL cluster, its master key
-# and where its mail goes. DATA_DIR, PG_PORT, PORT, APP__MASTER_KEY and the mail settings can
-# be set beforehand to override them.
+# scripts/platform): where its data lives, how to reach its PostgreSQL cluster, where its mail
+# goes and (use_master_key) its master key. DATA_DIR, PG_PORT, PORT, APP__MASTER_KEY and the
+# mail settings can be set beforehand to override them.
 
 PLATFORM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DATA_DIR="${DATA_DIR:-$PLATFORM_ROOT/data}"
@@ -21,11 +21,13 @@ export APP__EMAIL__PUBLIC_BASE_URL="${APP__EMAIL__PUBLIC_BASE_URL:-http://127.0.
 export APP__INBOUND__PORT="${APP__INBOUND__PORT:-2525}"
 # The master key wraps every data subject's key: made once per data directory, kept with it
 # (readable by the owner only). Set APP__MASTER_KEY to use a key from elsewhere.
-if [ -z "${APP__MASTER_KEY:-}" ]; then
-    if [ ! -s "$DATA_DIR/master.key" ]; then
-        mkdir -p "$DATA_DIR"
-        (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DATA_DIR/master.key")
+use_master_key() {
+    if [ -z "${APP__MASTER_KEY:-}" ]; then
+        if [ ! -s "$DATA_DIR/master.key" ]; then
+            mkdir -p "$DATA_DIR"
+            (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DATA_DIR/master.key")
+        fi
+        APP__MASTER_KEY="$(cat "$DATA_DIR/master.key")"
+        export APP__MASTER_KEY
     fi
-    APP__MASTER_KEY="$(cat "$DATA_DIR/master.key")"
-    export APP__MASTER_KEY
-fi
+}
