@@ -3,6 +3,7 @@
 
 pub mod authoring;
 pub mod broadcasts;
+pub mod cli;
 pub mod edge;
 pub mod emails;
 pub mod events;

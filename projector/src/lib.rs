@@ -5,6 +5,7 @@
 //! processes; any number of processes may run the same workers, each lease letting one at a
 //! time do a worker's work.
 
+pub mod cli;
 pub mod inbound;
 pub mod read_models;
 pub mod runtime;

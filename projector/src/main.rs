@@ -1,9 +1,10 @@
-//! The projector process: `migrate`, `run` (the workers), `inbound` (the return-path SMTP
-//! listener), `rebuild <name>`, `dead-letters list|retry` or `status` (the operator's view of
-//! a running system).
+//! The projector process: `run` (the workers), `inbound` (the return-path SMTP listener), and
+//! the operator commands of `projector::cli` (`migrate`, `rebuild <name>`, `dead-letters
+//! list|retry`, `status`).
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use projector::read_models;
 
 #[derive(Parser)]
 #[command(about = "Follows the event log: builds the read models and runs the background workers")]
@@ -14,128 +15,31 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply the migrations and create the first version of every read model.
-    Migrate,
     /// Run the workers (`APP__PROJECTOR__WORKERS`) until SIGTERM or SIGINT.
     Run,
     /// Receive the bounces and complaints that come back to the return paths over SMTP
     /// (`APP__INBOUND__*`) until SIGTERM or SIGINT.
     Inbound,
-    /// Rebuild a read model from position 0 beside the live one, then switch readers to it.
-    Rebuild { name: String },
-    /// How the system is doing: every read model's and worker's lag and health, dead letters,
-    /// outbox and webhook backlogs, runs in progress, the database's size. Exits 1 when
-    /// something needs attention.
-    Status {
-        /// JSON for scripts instead of text.
-        #[arg(long)]
-        json: bool,
-        /// The operations origin of a projector process (`http://127.0.0.1:9100`) to ask for
-        /// its workers' health as well; repeat for each process.
-        #[arg(long = "process")]
-        processes: Vec<String>,
-    },
-    /// Events a read model could not apply: list them, or retry them after a fix.
-    DeadLetters {
-        #[command(subcommand)]
-        action: DeadLetterAction,
-    },
-}
-
-#[derive(Subcommand)]
-enum DeadLetterAction {
-    /// List the open dead letters of every live and building read-model version and worker.
-    List,
-    /// Apply the held events of a read model's quarantined spaces again, in order.
-    Retry {
-        name: String,
-        /// Only this space (its id; an empty string for events without a space).
-        #[arg(long)]
-        space: Option<String>,
-    },
+    #[command(flatten)]
+    Operator(projector::cli::Operator),
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let settings = shared::process::start("info")?;
     match cli.command {
-        Command::Migrate => {
-            let pool = shared::db::pool(settings.database_url()?, 2)?;
-            projector::migrate(&pool).await
-        }
         Command::Run => {
             let application = projector::Application::build(&settings).await?;
             tracing::info!(port = application.port(), "projector running; operations endpoints listening");
-            application.run_until_stopped().await
+            application.run_until_stopped().await?;
         }
         Command::Inbound => {
             let inbound = projector::inbound::Inbound::build(&settings).await?;
             tracing::info!(port = inbound.port()?, ops_port = inbound.ops_port(), "inbound listener running");
-            inbound.run_until_stopped().await
+            inbound.run_until_stopped().await?;
         }
-        Command::DeadLetters { action: DeadLetterAction::List } => {
-            let pool = shared::db::pool(settings.database_url()?, 2)?;
-            let client = pool.get().await?;
-            let open = read_models::quarantine::list_open(&client).await?;
-            for letter in &open {
-                println!(
-                    "{} v{} position {} space {:?} {} failed at {} (retried {} times): {}",
-                    letter.name,
-                    letter.version,
-                    letter.position,
-                    letter.space_key,
-                    letter.event_type,
-                    letter.failed_at,
-                    letter.retries,
-                    letter.error
-                );
-            }
-            println!("{} open dead letters", open.len());
-            Ok(())
-        }
-        Command::DeadLetters { action: DeadLetterAction::Retry { name, space } } => {
-            let pool = shared::db::pool(settings.database_url()?, 2)?;
-            let report = read_models::quarantine::retry(&pool, read_model(&name)?, space.as_deref()).await?;
-            println!(
-                "retried {} quarantined spaces ({} held events); {} dead letters still open",
-                report.spaces, report.events, report.still_dead
-            );
-            Ok(())
-        }
-        Command::Status { json, processes } => {
-            let status = projector::status::read_from(settings.database_url()?, &processes).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
-            } else {
-                print!("{}", projector::status::render(&status));
-            }
-            if !status.problems.is_empty() {
-                std::process::exit(1);
-            }
-            Ok(())
-        }
-        Command::Rebuild { name } => {
-            let pool = shared::db::pool(settings.database_url()?, 4)?;
-            let mut progress = shared::progress::Progress::new(&format!("rebuilding {name}"), 0, "events");
-            let mut done = 0;
-            let report = read_models::rebuild::rebuild(&pool, read_model(&name)?, |step| match step {
-                read_models::rebuild::Step::Note(line) => progress.note(line),
-                read_models::rebuild::Step::At { position, head } => {
-                    progress.set_total(head.max(position).max(0).unsigned_abs());
-                    done = position.max(0).unsigned_abs();
-                    progress.set(done);
-                }
-            })
-            .await?;
-            progress.finish(done);
-            println!("rebuilt {} events in {:.2}s", report.events, report.elapsed.as_secs_f64());
-            Ok(())
-        }
+        Command::Operator(command) => return projector::cli::run(command, &settings).await,
     }
-}
-
-fn read_model(name: &str) -> anyhow::Result<&'static dyn read_models::ReadModel> {
-    read_models::by_name(name)
-        .ok_or_else(|| anyhow::anyhow!("unknown read model {name:?}; known: {}", read_models::names()))
+    Ok(ExitCode::SUCCESS)
 }

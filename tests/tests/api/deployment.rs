@@ -116,7 +116,7 @@ async fn single_node_serves_both_route_sets_on_one_base_url() {
     let port = free_port();
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/workspace.json");
     let _node =
-        spawn_binary("single-node", &["--workspace", fixture], &database_url, &[("APP__HTTP__PORT", port.to_string())]);
+        spawn_binary("platform", &["--workspace", fixture], &database_url, &[("APP__HTTP__PORT", port.to_string())]);
     let base = format!("http://127.0.0.1:{port}/v1");
     let http = reqwest::Client::new();
     wait_until_listening(&http, &base).await;

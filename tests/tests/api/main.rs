@@ -7,6 +7,7 @@ mod authoring;
 mod backup;
 mod broadcasts;
 mod chaos;
+mod cli;
 mod consistency;
 mod deployment;
 mod dns_server;

@@ -1,0 +1,89 @@
+//! `apply <workspace.json> [--dry-run] [--wait]`, the operator command of the command service,
+//! as clap `Args` and one function, so the `command-service` binary and the `platform` binary
+//! (what `scripts/start` builds) carry it from one implementation.
+
+use std::time::Duration;
+
+use shared::settings::Settings;
+
+use crate::authoring;
+
+/// Apply a workspace file through the event log (idempotent). A running system follows it
+/// without a restart: every decision checks the catalog revision.
+#[derive(clap::Args)]
+pub struct Apply {
+    file: std::path::PathBuf,
+    /// Wait until the catalog read model has the changes (needs a running projector).
+    #[arg(long)]
+    wait: bool,
+    /// Print what the apply would change, stream by stream, and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// Plans the workspace file against the log, then prints the plan (`--dry-run`) or appends it.
+pub async fn apply(arguments: Apply, settings: &Settings) -> anyhow::Result<()> {
+    let Apply { file, wait, dry_run } = arguments;
+    let text = std::fs::read_to_string(&file)
+        .map_err(|error| anyhow::anyhow!("reading the workspace file {}: {error}", file.display()))?;
+    let workspace = authoring::parse(&text)?;
+    let pool = shared::db::pool(settings.database_url()?, 2)?;
+    eprintln!("reading the log's authoring streams and planning {} spaces", workspace.spaces.len());
+    let planned = authoring::plan(&pool, &workspace).await?;
+    if dry_run {
+        print_dry_run(&planned);
+        return Ok(());
+    }
+    let event_log = shared::log::EventLog::start(pool.clone(), 1);
+    let events = planned.events() as u64;
+    let progress = shared::progress::Progress::new("appending in one transaction", events, "events");
+    let report = authoring::commit(&event_log, planned).await?;
+    progress.finish(events);
+    println!("applied {} events (log position {})", report.events, report.position);
+    for (email, name, secret) in &report.generated_keys {
+        println!("generated key {name:?} for {email}: {secret}  (shown once; only its hash is stored)");
+    }
+    for (webhook_id, vendor, secret) in &report.generated_webhook_secrets {
+        println!("webhook {webhook_id} of {vendor} signs with {secret}  (shown once; give it to {vendor})");
+    }
+    for (workflow_id, secret) in &report.generated_workflow_secrets {
+        println!("workflow {workflow_id} signs its webhook calls with {secret}  (shown once)");
+    }
+    if wait && report.position > 0 {
+        authoring::wait_for_catalog(&pool, report.position, Duration::from_secs(30)).await?;
+    }
+    Ok(())
+}
+
+/// What an apply would append, stream by stream: a new stream with its first event, a changed
+/// one as a unified diff of its latest event and the new one.
+fn print_dry_run(planned: &authoring::Planned) {
+    let changes = planned.changes();
+    for change in &changes {
+        match &change.before {
+            None => {
+                println!("+ {} ({}, new)", change.stream_id, change.event_type);
+                for line in change.after.lines() {
+                    println!("    {line}");
+                }
+            }
+            Some(before) => {
+                println!("~ {} ({})", change.stream_id, change.event_type);
+                let diff = similar::TextDiff::from_lines(before.as_str(), change.after.as_str());
+                print!("{}", diff.unified_diff().context_radius(2).header("in the log", "after the apply"));
+            }
+        }
+    }
+    let report = &planned.report;
+    for (email, name, _) in &report.generated_keys {
+        println!("a key {name:?} would be generated for {email}");
+    }
+    for (webhook_id, vendor, _) in &report.generated_webhook_secrets {
+        println!("webhook {webhook_id} of {vendor} would get a signing secret");
+    }
+    for (workflow_id, _) in &report.generated_workflow_secrets {
+        println!("workflow {workflow_id} would get a signing secret");
+    }
+    let streams: std::collections::BTreeSet<&str> = changes.iter().map(|change| change.stream_id.as_str()).collect();
+    println!("dry run: {} events would be appended to {} streams; nothing was written", changes.len(), streams.len());
+}
