@@ -17,6 +17,9 @@ export APP__HTTP__PORT="$PORT"
 # APP__EMAIL__RELAY_URL, e.g. smtp://relay.example.com:587?tls=required, to really send).
 export APP__EMAIL__EML_DIR="${APP__EMAIL__EML_DIR:-$DATA_DIR/outbox}"
 export APP__EMAIL__PUBLIC_BASE_URL="${APP__EMAIL__PUBLIC_BASE_URL:-http://127.0.0.1:$PORT/v1}"
+# The name the sending domains' SPF and return-path records point at (docs/operations.md,
+# "Mail DNS"); the demo's is in the reserved .example zone, like its sending domain.
+export APP__EMAIL__PLATFORM_DOMAIN="${APP__EMAIL__PLATFORM_DOMAIN:-mail-platform.demo.example}"
 # Bounces and complaints come back over SMTP to the return-path listener here.
 export APP__INBOUND__PORT="${APP__INBOUND__PORT:-2525}"
 # The master key wraps every data subject's key: made once per data directory, kept with it

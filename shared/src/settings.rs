@@ -356,6 +356,12 @@ pub struct EmailSettings {
     pub public_base_url: String,
     /// `HELLO_NAME`: the name given in EHLO, and the right side of Message-IDs.
     pub hello_name: String,
+    /// `PLATFORM_DOMAIN`: the DNS name of this installation's mail service, which every
+    /// sending domain's records point at: its SPF record includes `_spf.<PLATFORM_DOMAIN>`
+    /// (where the operator lists the addresses mail leaves from) and its return path is a
+    /// CNAME to `bounces.<PLATFORM_DOMAIN>` (an MX to the host of `projector inbound`). Unset:
+    /// `HELLO_NAME`, so a real installation that names itself in EHLO needs nothing more.
+    pub platform_domain: Option<String>,
     /// `TIMEOUT_MS`: the most one step of an SMTP exchange may take: the envelope (MAIL,
     /// RCPT and DATA); connecting with TLS and AUTH, and the content with its reply, may
     /// take three times it.
@@ -381,6 +387,13 @@ pub struct EmailSettings {
     pub dns_check_interval_seconds: u64,
 }
 
+impl EmailSettings {
+    /// The DNS name every sending domain's SPF and return-path records point at.
+    pub fn platform_domain(&self) -> &str {
+        self.platform_domain.as_deref().filter(|domain| !domain.is_empty()).unwrap_or(&self.hello_name)
+    }
+}
+
 impl Default for EmailSettings {
     fn default() -> Self {
         Self {
@@ -389,6 +402,7 @@ impl Default for EmailSettings {
             eml_dir: "data/outbox".to_owned(),
             public_base_url: "http://127.0.0.1:8080/v1".to_owned(),
             hello_name: "localhost".to_owned(),
+            platform_domain: None,
             timeout_ms: 10_000,
             pool_size: 32,
             // 30 s, 2 min, 10 min, 1 h, 4 h, then 12 h twice: about a day in all.

@@ -42,7 +42,7 @@ fn document(
         DOMAIN => {
             let domain = serde_json::from_value(row.definition.clone()).map_err(malformed)?;
             let found = checks.get(&row.id).cloned().unwrap_or_default();
-            email::domain_document(&row.id, &domain, &state.settings.email.hello_name, &found)
+            email::domain_document(&row.id, &domain, state.settings.email.platform_domain(), &found)
         }
         SENDER => email::sender_document(&row.id, &serde_json::from_value(row.definition.clone()).map_err(malformed)?),
         TOPIC => email::topic_document(&row.id, &serde_json::from_value(row.definition.clone()).map_err(malformed)?),

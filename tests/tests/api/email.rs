@@ -12,7 +12,7 @@ use crate::smtp_sink::SmtpSink;
 pub(crate) const MAIL_KEY: &str = "sk_test_mail_admin_0000000000000001";
 const MAIL_READER: &str = "sk_test_mail_reader_000000000000002";
 const WAIT: Duration = Duration::from_secs(20);
-const SIGNUP_FORM: &str = "frm_signup000000000000000000000001";
+pub(crate) const SIGNUP_FORM: &str = "frm_signup000000000000000000000001";
 pub(crate) const WEEKLY_BROADCAST: &str = "bc_weekly000000000000000000000001";
 pub(crate) const BLAST_BROADCAST: &str = "bc_blast0000000000000000000000002";
 pub(crate) const QUICK_FORM: &str = "frm_quick0000000000000000000000002";
@@ -108,6 +108,7 @@ pub(crate) fn test_email(sink: &SmtpSink) -> shared::settings::EmailSettings {
     shared::settings::EmailSettings {
         relay_url: Some(sink.relay_url().into()),
         public_base_url: "https://api.example.test/v1".to_owned(),
+        platform_domain: Some("platform.example.test".to_owned()),
         timeout_ms: 3_000,
         handoff_grace_ms: 1_000,
         outbox_poll_ms: 100,
@@ -178,6 +179,12 @@ async fn domains_senders_topics_and_templates_are_listed_and_read() {
         domain["records"].as_array().expect("records").iter().filter_map(|r| r["purpose"].as_str()).collect();
     assert_eq!(purposes, ["spf", "dkim", "dmarc", "returnPath"]);
     assert_eq!(domain["records"][1]["name"], "k1._domainkey.mail.example.test");
+    // SPF and the return path point at the installation's mail domain, not at a placeholder.
+    assert_eq!(domain["records"][0]["value"], "v=spf1 include:_spf.platform.example.test ~all");
+    assert_eq!(
+        (&domain["records"][3]["name"], &domain["records"][3]["value"]),
+        (&json!("bounces.mail.example.test"), &json!("bounces.platform.example.test"))
+    );
     assert!(domain["records"][1]["value"].as_str().is_some_and(|v| v.starts_with("v=DKIM1; k=rsa; p=MII")));
     let text = domains.body.to_string();
     assert!(!text.contains("wrappedKey") && !text.contains("privateKey"), "the key never leaves: {text}");
@@ -497,7 +504,10 @@ async fn one_click_unsubscribe_withdraws_consent_idempotently_and_a_get_changes_
     assert_eq!(page.status(), 200);
     assert!(page.headers()["content-type"].to_str().is_ok_and(|t| t.starts_with("text/html")));
     let html = page.text().await.expect("the page");
-    assert!(html.contains(r#"<form method="post">"#) && html.contains("List-Unsubscribe"), "{html}");
+    assert!(
+        html.contains(r#"<form method="post" action="unsubscribe">"#) && html.contains("List-Unsubscribe"),
+        "{html}"
+    );
     let again = send(&app, &promo, &json!({"data": {"contact": {"email": "una@example.com"}}}), None).await;
     assert_eq!(again.status, 200, "still subscribed after the GET: {:?}", again.body);
 

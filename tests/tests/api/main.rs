@@ -27,6 +27,7 @@ mod inbound;
 mod log;
 mod operations;
 mod operator;
+mod pages;
 mod poison;
 mod projector;
 mod properties;

@@ -72,7 +72,7 @@ impl DomainChecks {
             pool,
             resolver,
             interval: Duration::from_secs(settings.dns_check_interval_seconds.max(1)),
-            platform_host: settings.hello_name.clone(),
+            platform_host: settings.platform_domain().to_owned(),
         }))
     }
 
