@@ -53,10 +53,10 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
         let (topic_id, definition): (String, serde_json::Value) = (row.get(0), row.get(1));
         let topic: TopicDef = serde_json::from_value(definition)
             .map_err(|error| ApiError::internal(&anyhow::anyhow!("topic {topic_id}: {error}")))?;
-        if topic_id == scheduled.topic_id {
-            this_topic = Some(topic.name.clone());
-        }
         let subscribed = subscriptions.get(&topic_id).map(String::as_str) == Some("subscribed");
+        if topic_id == scheduled.topic_id {
+            this_topic = Some((topic.name.clone(), subscribed));
+        }
         topics.push(TopicChoice { id: topic_id, name: topic.name, description: topic.description, subscribed });
     }
     // Relative to this page's own URL (`…/emails/{emailId}/unsubscribe`), so the forms post
@@ -64,9 +64,14 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     Ok(Preferences {
         unsubscribe_action: "unsubscribe".to_owned(),
         preferences_action: "preferences".to_owned(),
-        this_topic,
+        // Someone who already left the email's topic is told so; the button stays (pressing
+        // it again changes nothing).
+        notice: this_topic
+            .as_ref()
+            .filter(|(_, subscribed)| !subscribed)
+            .map(|(name, _)| format!("You are not subscribed to {name}.")),
+        this_topic: this_topic.map(|(name, _)| name),
         topics,
-        notice: None,
     }
     .response())
 }

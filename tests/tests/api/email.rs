@@ -551,6 +551,108 @@ async fn one_click_unsubscribe_withdraws_consent_idempotently_and_a_get_changes_
 }
 
 #[tokio::test]
+async fn preferences_change_topics_and_consent_for_api_clients_and_refuse_what_is_not_a_choice() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let submitted = app
+        .send(app.request(reqwest::Method::POST, &format!("/forms/{QUICK_FORM}/submit"), None).json(&json!({
+            "email": "pat@example.com", "firstName": "Pat"
+        })))
+        .await;
+    assert_eq!(submitted.status, 200, "{:?}", submitted.body);
+    let newsletter = template_id(&app, "newsletter").await;
+    let sent = send(&app, &newsletter, &json!({"data": {"contact": {"email": "pat@example.com"}}}), None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let email_id = sent.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    let topics = app.get("/topics", MAIL_KEY).await;
+    let topic = topics.body["data"][0]["id"].as_str().expect("the news topic").to_owned();
+    let path = format!("/emails/{email_id}/preferences");
+    let change = |body: Value| {
+        let request = app.request(reqwest::Method::POST, &path, None).json(&body);
+        app.send(request)
+    };
+
+    // Leaving the topic: JSON for an API client, every topic of the space with its status.
+    let left = change(json!({"topics": {&topic: "unsubscribed"}})).await;
+    assert_eq!(left.status, 200, "{:?}", left.body);
+    assert_eq!(
+        left.body["data"],
+        json!({"emailId": email_id, "unsubscribedFromAll": false, "topics": {&topic: "unsubscribed"}})
+    );
+    assert!(left.header("consistency-token").is_some(), "a change is a write");
+    let body = json!({"data": {"contact": {"email": "pat@example.com"}}});
+    let refused = send(&app, &newsletter, &body, None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_not_subscribed")));
+    // The same choice again changes nothing.
+    let events = || app.query_i64("SELECT count(*) FROM events WHERE event_type LIKE 'SubscriptionChanged%'");
+    let before = events().await;
+    let again = change(json!({"topics": {&topic: "unsubscribed"}})).await;
+    assert_eq!((again.status, again.header("consistency-token")), (200, None));
+    assert_eq!(events().await, before);
+    // Subscribing again sends again; leaving everything withdraws the consent too.
+    let back = change(json!({"topics": {&topic: "subscribed"}})).await;
+    assert_eq!(back.body["data"]["topics"][&topic], "subscribed", "{:?}", back.body);
+    assert_eq!(send(&app, &newsletter, &body, None).await.status, 200);
+    let all = change(json!({"unsubscribeAll": true})).await;
+    assert_eq!((all.status, &all.body["data"]["unsubscribedFromAll"]), (200, &json!(true)), "{:?}", all.body);
+    let token = all.header("consistency-token").expect("a token").to_owned();
+    let records = app.request(reqwest::Method::GET, "/schemas/people/records", Some(MAIL_KEY));
+    let contact = app.send(records.header("Consistency-Token", token)).await.body["data"][0].clone();
+    assert_eq!(contact["newsConsent"], false, "{contact}");
+    let trail = app
+        .get(
+            &format!("/schemas/people/records/{}/audit-trail?channel=email", contact["id"].as_str().expect("id")),
+            MAIL_KEY,
+        )
+        .await;
+    let sources: Vec<&Value> =
+        trail.body["data"].as_array().expect("entries").iter().map(|entry| &entry["source"]).collect();
+    assert_eq!(sources.iter().filter(|source| **source == "preferences").count(), 3, "{:?}", trail.body);
+
+    // What is not a choice is refused, naming the field; nothing is written.
+    let before = events().await;
+    for (body, field) in [
+        (json!({}), "topics"),
+        (json!({"topics": {&topic: "maybe"}}), "topics."),
+        (json!({"topics": {"top_unknown": "subscribed"}}), "topics.top_unknown"),
+        (json!({"topics": {&topic: "subscribed"}, "unsubscribeAll": true}), "topics"),
+        (json!({"colour": "red"}), "colour"),
+    ] {
+        let response = change(body.clone()).await;
+        assert_eq!(
+            (response.status, response.code().as_str()),
+            (400, Some("invalid_preferences")),
+            "{body}: {:?}",
+            response.body
+        );
+        let issues = response.body["error"]["issues"].as_array().expect("issues");
+        assert!(
+            issues.iter().any(|issue| issue["key"].as_str().is_some_and(|key| key.starts_with(field))),
+            "{body}: {issues:?}"
+        );
+    }
+    assert_eq!(events().await, before);
+    let unknown = app
+        .send(
+            app.request(reqwest::Method::POST, "/emails/em_unknown/preferences", None)
+                .json(&json!({"unsubscribeAll": true})),
+        )
+        .await;
+    assert_eq!((unknown.status, unknown.code().as_str()), (404, Some("email_not_found")));
+    // A form body of another type names both accepted ones.
+    let plain = app
+        .send(
+            app.request(reqwest::Method::POST, &format!("/forms/{QUICK_FORM}/submit"), None)
+                .header("Content-Type", "text/plain")
+                .body("email=x"),
+        )
+        .await;
+    assert_eq!(plain.status, 415, "{:?}", plain.body);
+    let message = plain.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("application/x-www-form-urlencoded") && message.contains("application/json"), "{message}");
+}
+
+#[tokio::test]
 async fn email_events_reach_email_event_webhooks_filtered_by_type() {
     let sink = SmtpSink::start().await;
     let app = mail_app(&sink, 100).await;
