@@ -104,7 +104,12 @@ async fn the_split_deployment_routes_by_method_behind_nginx() {
     let wrong = http.delete(format!("{base}/schemas")).bearer_auth(ALPHA_ADMIN).send().await.expect("delete");
     assert_eq!(wrong.status().as_u16(), 405);
     // A double opt-in link is a GET that writes: nginx sends /v1/forms/ to the command service.
-    let confirm = http.get(format!("{base}/forms/frm_unknown/confirm/token")).send().await.expect("confirm");
+    let confirm = http
+        .get(format!("{base}/forms/frm_unknown/confirm/token"))
+        .header("Accept", "application/json")
+        .send()
+        .await
+        .expect("confirm");
     assert_eq!(confirm.status().as_u16(), 404);
     let body: serde_json::Value = confirm.json().await.expect("json");
     assert_eq!(body["error"]["code"], "form_not_found", "answered by the command service");

@@ -837,13 +837,16 @@ async fn double_opt_in_end_to_end_with_a_browser_post_and_the_link_followed_twic
     let refused = send(&app, &newsletter, &body, None).await;
     assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_not_subscribed")));
 
-    // The link of another form, or a made-up token, is not found.
-    let other =
-        app.send(app.request(reqwest::Method::GET, &format!("/forms/{QUICK_FORM}/confirm/{token}"), None)).await;
+    // The link of another form, or a made-up token, is not found: JSON for a client that asks
+    // for it, a page otherwise (what a browser opens).
+    let json_only = |path: String| app.request(reqwest::Method::GET, &path, None).header("Accept", "application/json");
+    let other = app.send(json_only(format!("/forms/{QUICK_FORM}/confirm/{token}"))).await;
     assert_eq!((other.status, other.code().clone()), (404, json!("confirmation_not_found")));
-    let made_up =
-        app.send(app.request(reqwest::Method::GET, &format!("/forms/{SIGNUP_FORM}/confirm/nope"), None)).await;
+    let made_up = app.send(json_only(format!("/forms/{SIGNUP_FORM}/confirm/nope"))).await;
     assert_eq!((made_up.status, made_up.code().clone()), (404, json!("confirmation_not_found")));
+    let page = app.send(app.request(reqwest::Method::GET, &format!("/forms/{SIGNUP_FORM}/confirm/nope"), None)).await;
+    assert_eq!((page.status, page.header("content-type")), (404, Some("text/html; charset=utf-8")));
+    assert!(page.header("content-security-policy").is_some_and(|policy| policy.starts_with("default-src 'none'")));
 }
 
 #[tokio::test]
@@ -865,7 +868,13 @@ async fn a_json_submission_without_double_opt_in_subscribes_at_once_and_bad_subm
     assert_eq!((unknown.status, unknown.code().clone()), (404, json!("form_not_found")));
     let closed = post_form_json(&app, CLOSED_FORM, &json!({"email": "x@example.com"}), None).await;
     assert_eq!((closed.status, closed.code().clone()), (403, json!("form_disabled")));
+    // A browser's post without an email: a page with the status, naming the form's field.
     let no_email = post_form(&app, SIGNUP_FORM, "first_name=Nobody", None).await;
+    assert_eq!((no_email.status, no_email.header("content-type")), (400, Some("text/html; charset=utf-8")));
+    let page = no_email.body.as_str().unwrap_or_default();
+    assert!(page.contains("<strong>email_address</strong>: An email address is required."), "{page}");
+    // The same without an email, as JSON: the envelope.
+    let no_email = post_form_json(&app, SIGNUP_FORM, &json!({"first_name": "Nobody"}), None).await;
     assert_eq!(
         (no_email.status, no_email.code().clone()),
         (400, json!("invalid_form_submission")),
@@ -990,8 +999,11 @@ async fn an_expired_confirmation_link_is_gone() {
     assert_eq!(submitted.status, 200, "{:?}", submitted.body);
     let messages = sink.wait_for(1, WAIT).await;
     let link = confirmation_path(&messages[0]);
-    let gone = app.send(app.request(reqwest::Method::GET, &link, None)).await;
+    let gone = app.send(app.request(reqwest::Method::GET, &link, None).header("Accept", "application/json")).await;
     assert_eq!((gone.status, gone.code().clone()), (410, json!("confirmation_expired")));
+    // In a browser, a page that says so, with the same status.
+    let page = app.send(app.request(reqwest::Method::GET, &link, None).header("Accept", "text/html")).await;
+    assert_eq!((page.status, page.header("content-type")), (410, Some("text/html; charset=utf-8")));
 }
 
 #[tokio::test]
