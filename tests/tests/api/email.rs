@@ -1047,6 +1047,13 @@ async fn without_a_relay_messages_are_written_as_eml_files() {
     assert_eq!(sent.body["data"]["status"], "sent", "{:?}", sent.body);
     let email_id = sent.body["data"]["emailId"].as_str().expect("emailId");
     let written = std::fs::read_to_string(dir.join(format!("{email_id}.eml"))).expect("the .eml file");
+    // The envelope sender a relay would get (`mailFrom` in the transactional test), first, as
+    // final delivery writes it.
+    assert!(
+        written.starts_with(&format!("Return-Path: <bounce+{email_id}@bounces.mail.example.test>\r\nDKIM-Signature: ")),
+        "{written}"
+    );
+    assert_eq!(written.matches("Return-Path:").count(), 1, "{written}");
     assert!(written.contains("DKIM-Signature: "), "{written}");
     assert!(written.contains(&format!("Message-ID: <{email_id}@mail.example.test>")), "{written}");
     assert!(sink.messages().await.is_empty(), "nothing went to a relay");
