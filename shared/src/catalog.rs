@@ -317,28 +317,49 @@ pub async fn resource_by_id(
     Ok(row.map(|row| (row.get(0), row.get(1), row.get(2))))
 }
 
-/// A template of the space with, in the same statement, its sender, the sender's domain and
-/// the space's email allowance (definitions; each `None` when missing): everything a send
-/// reads from the catalog in one round trip.
+/// What [`email_template`] finds: the template's revision and definition, and the definitions
+/// of its sender, the sender's domain, its topic and the space's email allowance (each `None`
+/// when missing).
+pub struct EmailTemplateRow {
+    pub revision: i64,
+    pub template: Value,
+    pub sender: Option<Value>,
+    pub domain: Option<Value>,
+    pub topic: Option<Value>,
+    pub allowance: Option<Value>,
+}
+
+/// A template of the space with, in the same statement, its sender, the sender's domain, its
+/// topic (the footer of marketing mail names it) and the space's email allowance: everything
+/// a send reads from the catalog in one round trip.
 pub async fn email_template(
     client: &impl GenericClient,
     schema: &str,
     space_id: &str,
     template_id: &str,
-) -> Result<Option<(i64, Value, Option<Value>, Option<Value>, Option<Value>)>, tokio_postgres::Error> {
+) -> Result<Option<EmailTemplateRow>, tokio_postgres::Error> {
     let statement = client
         .prepare_cached(&format!(
-            "SELECT t.revision, t.definition, s.definition, d.definition, a.definition
+            "SELECT t.revision, t.definition, s.definition, d.definition, tp.definition, a.definition
              FROM {schema}.resources t
              LEFT JOIN {schema}.resources s
                ON s.kind = 'sender' AND s.space_id = t.space_id AND s.resource_id = t.definition->>'senderId'
              LEFT JOIN {schema}.resources d
                ON d.kind = 'domain' AND d.space_id = t.space_id AND d.resource_id = s.definition->>'domainId'
+             LEFT JOIN {schema}.resources tp
+               ON tp.kind = 'topic' AND tp.space_id = t.space_id AND tp.resource_id = t.definition->>'topicId'
              LEFT JOIN {schema}.resources a
                ON a.kind = 'email_allowance' AND a.resource_id = t.space_id
              WHERE t.kind = 'template' AND t.space_id = $1 AND t.resource_id = $2"
         ))
         .await?;
     let row = client.query_opt(&statement, &[&space_id, &template_id]).await?;
-    Ok(row.map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))))
+    Ok(row.map(|row| EmailTemplateRow {
+        revision: row.get(0),
+        template: row.get(1),
+        sender: row.get(2),
+        domain: row.get(3),
+        topic: row.get(4),
+        allowance: row.get(5),
+    }))
 }

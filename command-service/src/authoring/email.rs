@@ -10,11 +10,11 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use shared::email::dkim;
-use shared::email::render;
 use shared::email::resources::{
     ALLOWANCE, AllowanceDef, Audience, BROADCAST, BroadcastDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef, SENDER,
     SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef,
 };
+use shared::email::{footer, render};
 use shared::events::LogEvent;
 use shared::ids::derived_id;
 
@@ -274,6 +274,10 @@ pub fn definitions(
         }
         let mut data = BTreeMap::new();
         for (key, expected) in &input.data {
+            // A marketing template's context holds the unsubscribe link under this name.
+            if input.kind == "marketing" && key == footer::UNSUBSCRIBE_VARIABLE {
+                bail!("{owner}: data key {key:?} is the unsubscribe link's variable; name the key otherwise");
+            }
             let (schema_id, schema_type, _) = schemas.by_slug.get(expected.schema.as_str()).with_context(|| {
                 format!("{owner}: data key {key:?} names schema {:?}, which the space does not define", expected.schema)
             })?;

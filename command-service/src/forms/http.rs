@@ -231,15 +231,14 @@ impl Command for SubmitForm {
                     values.insert("confirmUrl".to_owned(), Value::String(confirm_url));
                     values.insert("form".to_owned(), json!({"id": form_id, "name": form.name}));
                 }
-                let template = &authored.template;
-                let rendered = render::render(&template.subject, &template.html, &template.text, &render_with)
-                    .map_err(|error| {
+                let email_id = shared::ids::new_id("em");
+                let rendered =
+                    send::render_email(authored, &email_id, &render_with, &self.base_url).map_err(|error| {
                         ApiError::internal(&anyhow::anyhow!(
                             "form {form_id}: the confirmation template does not render: {error}"
                         ))
                     })?;
                 let to = EmailTo { space_id: &space_id, contact_id: &contact_id, address: &address, key };
-                let email_id = shared::ids::new_id("em");
                 let origin = ("form_confirmation", form_id.as_str());
                 let scheduled = send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.base_url))
                     .map_err(|error| ApiError::internal(&error))?;

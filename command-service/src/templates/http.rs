@@ -21,8 +21,8 @@ use serde_json::{Map, Value};
 use shared::auth::{Caller, Permission};
 use shared::catalog::AttributeEntry;
 use shared::email::outbox::{self, Handed, Prepared};
+use shared::email::send;
 pub use shared::email::send::{Authored, EmailTo, Scheduled};
-use shared::email::{render, send};
 use shared::error::{ApiError, Code};
 use shared::events::LogEvent;
 use shared::log::{AppendError, Guard};
@@ -143,15 +143,15 @@ impl Command for SendTemplate<'_> {
                 (key.clone(), (planned.upsert.record.document(), keys))
             })
             .collect();
-        let rendered =
-            render::render(&template.subject, &template.html, &template.text, &decide::render_context(&documents))
-                .map_err(|error| {
-                    ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        Some(Code::TemplateRenderFailed),
-                        format!("the template does not render: {error}"),
-                    )
-                })?;
+        let email_id = shared::ids::new_id("em");
+        let rendered = send::render_email(&authored, &email_id, &decide::render_context(&documents), &self.base_url)
+            .map_err(|error| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    Some(Code::TemplateRenderFailed),
+                    format!("the template does not render: {error}"),
+                )
+            })?;
         // The content is sealed under the contact's data key: the key its write carries, or
         // the one it already has.
         let mut streams = Vec::new();
@@ -177,7 +177,6 @@ impl Command for SendTemplate<'_> {
             return Err(ApiError::internal(&anyhow::anyhow!("the recipient has no data key")));
         };
         let to = EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key };
-        let email_id = shared::ids::new_id("em");
         let scheduled = send::schedule(&email_id, &authored, to, &rendered, ("template", ""), (now, &self.base_url))
             .map_err(|error| ApiError::internal(&error))?;
         streams.push(scheduled.stream);

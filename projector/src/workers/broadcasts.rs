@@ -364,22 +364,15 @@ impl Runs {
             };
             let address = contact.document.get("email").and_then(Value::as_str).unwrap_or_default();
             let context = serde_json::json!({ authored.template.recipient.clone(): contact.document });
-            let template = &authored.template;
-            let rendered =
-                match shared::email::render::render(&template.subject, &template.html, &template.text, &context) {
-                    Ok(rendered) => rendered,
-                    Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
-                };
             let email_id = shared::ids::new_id("em");
+            let public_base_url = &self.settings.email.public_base_url;
+            let rendered = match shared::email::send::render_email(&authored, &email_id, &context, public_base_url) {
+                Ok(rendered) => rendered,
+                Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
+            };
             let to = EmailTo { space_id: &run.space_id, contact_id, address, key };
-            let scheduled = schedule(
-                &email_id,
-                &authored,
-                to,
-                &rendered,
-                ("broadcast", &run.run_id),
-                (now, &self.settings.email.public_base_url),
-            )?;
+            let scheduled =
+                schedule(&email_id, &authored, to, &rendered, ("broadcast", &run.run_id), (now, public_base_url))?;
             let mut guards = vec![
                 outbox::insert_guard(&email_id, &run.space_id, None),
                 recipient_scheduled(&run.run_id, contact_id, &email_id),

@@ -6,6 +6,7 @@ pub mod broadcasts;
 pub mod dkim;
 pub mod dkim_sign;
 pub mod feedback;
+pub mod footer;
 pub mod mailer;
 pub mod message;
 pub mod outbox;

@@ -52,7 +52,9 @@ pub struct Rendered {
 }
 
 /// Renders the three parts against `context` (an object: context key → record document).
-pub fn render(subject: &str, html: &str, text: &str, context: &Value) -> Result<Rendered, String> {
+/// Not public: sends render through `send::render_email`, which adds what marketing mail
+/// needs.
+pub(crate) fn render(subject: &str, html: &str, text: &str, context: &Value) -> Result<Rendered, String> {
     let plain = liquid::to_object(context).map_err(|error| error.to_string())?;
     let escaped = liquid::to_object(&escape_strings(context)).map_err(|error| error.to_string())?;
     let part =

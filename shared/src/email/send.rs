@@ -1,21 +1,25 @@
 //! Scheduling one email from an authored template: what a template send, a form's
-//! confirmation and a broadcast run share. The email gets a new stream holding
+//! confirmation, a broadcast run and a workflow's send step share. Each renders through
+//! [`render_email`] (the only public way to render a template), so no path sends marketing
+//! mail without its visible unsubscribe link. The email gets a new stream holding
 //! `EmailScheduled` (its content sealed under the contact's key); its append carries the
 //! outbox row (`outbox::insert_guard`) and, when the space has an allowance, the count
 //! against it ([`allowance_guard`]).
 
 use deadpool_postgres::GenericClient;
 
+use serde_json::Value;
+
 use super::outbox::{Parties, Prepared};
-use super::resources::{AllowanceDef, DomainDef, SenderDef, TemplateDef};
-use super::{message, render};
+use super::resources::{AllowanceDef, DomainDef, SenderDef, TemplateDef, TopicDef};
+use super::{footer, message, render};
 use crate::error::Code;
 use crate::events::LogEvent;
 use crate::log::{AppendError, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
 use crate::proto;
 
-/// A template with its sender, the sender's domain and the space's allowance, as a send reads
-/// them from the catalog.
+/// A template with its sender, the sender's domain, its topic and the space's allowance, as a
+/// send reads them from the catalog.
 #[derive(Debug, Clone)]
 pub struct Authored {
     pub template_id: String,
@@ -24,6 +28,9 @@ pub struct Authored {
     pub sender_id: String,
     pub sender: SenderDef,
     pub domain: DomainDef,
+    /// The template's topic (marketing templates only); its name is what the footer says the
+    /// recipient subscribed to.
+    pub topic: Option<TopicDef>,
     pub allowance: Option<AllowanceDef>,
 }
 
@@ -43,18 +50,55 @@ impl Authored {
         template_id: &str,
     ) -> anyhow::Result<Option<Self>> {
         let found = crate::catalog::email_template(client, catalog, space_id, template_id).await?;
-        let Some((revision, template, sender, domain, allowance)) = found else { return Ok(None) };
-        let template: TemplateDef = definition(Some(template), "the template")?;
+        let Some(found) = found else { return Ok(None) };
+        let template: TemplateDef = definition(Some(found.template), "the template")?;
+        // Only the footer's wording needs the topic: without it, the footer names the sender.
+        let topic = found.topic.and_then(|topic| serde_json::from_value(topic).ok());
         Ok(Some(Self {
             template_id: template_id.to_owned(),
-            revision,
+            revision: found.revision,
             sender_id: template.sender_id.clone(),
             template,
-            sender: definition(sender, "the template's sender")?,
-            domain: definition(domain, "the sender's domain")?,
-            allowance: allowance.and_then(|allowance| serde_json::from_value(allowance).ok()),
+            sender: definition(found.sender, "the template's sender")?,
+            domain: definition(found.domain, "the sender's domain")?,
+            topic,
+            allowance: found.allowance.and_then(|allowance| serde_json::from_value(allowance).ok()),
         }))
     }
+
+    fn is_marketing(&self) -> bool {
+        self.template.kind == "marketing"
+    }
+}
+
+/// Renders the template for email `email_id` against `context` (an object: context key →
+/// value). Marketing mail also gets `unsubscribeUrl` (the URL of its `List-Unsubscribe`), and
+/// a footer with that link in each part that does not show it ([`footer::add`]); it says
+/// the recipient subscribed to the topic, or to mail from the sender (the one that sends it,
+/// so a broadcast's own sender is named). Transactional mail renders as authored. The error
+/// names the problem.
+pub fn render_email(
+    authored: &Authored,
+    email_id: &str,
+    context: &Value,
+    public_base_url: &str,
+) -> Result<render::Rendered, String> {
+    let template = &authored.template;
+    if !authored.is_marketing() {
+        return render::render(&template.subject, &template.html, &template.text, context);
+    }
+    let url = message::unsubscribe_url(public_base_url, email_id);
+    let mut with_url = context.clone();
+    if let Some(values) = with_url.as_object_mut() {
+        values.insert(footer::UNSUBSCRIBE_VARIABLE.to_owned(), Value::String(url.clone()));
+    }
+    let mut rendered = render::render(&template.subject, &template.html, &template.text, &with_url)?;
+    let subscribed_to = match &authored.topic {
+        Some(topic) => topic.name.clone(),
+        None => format!("email from {}", authored.sender.from_name),
+    };
+    footer::add(&mut rendered, &url, &subscribed_to);
+    Ok(rendered)
 }
 
 /// Who an email goes to: the contact, its address and its data key.
@@ -126,7 +170,7 @@ pub fn schedule(
             &authored.sender,
             &authored.domain,
             &content,
-            (now, template.kind == "marketing"),
+            (now, authored.is_marketing()),
             public_base_url,
         ),
         domain_id: authored.sender.domain_id.clone(),

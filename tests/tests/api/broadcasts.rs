@@ -111,6 +111,8 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
         assert_eq!(message["dkim"]["valid"], true, "{message}");
         assert_eq!(message["headers"]["list-unsubscribe-post"][0], "List-Unsubscribe=One-Click");
         assert_eq!(message["headers"]["subject"][0], "News for Reader");
+        // The visible link of each recipient's own email, naming the broadcast's topic.
+        crate::email::assert_unsubscribe_footer(message, "News");
     }
     let runs = app.get(&format!("/broadcasts/{WEEKLY_BROADCAST}/runs"), MAIL_KEY).await;
     assert_eq!(runs.body["pagination"]["totalCount"], 1);

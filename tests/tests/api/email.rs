@@ -255,6 +255,9 @@ async fn a_transactional_send_arrives_dkim_signed_with_both_parts_and_escaped_ht
         assert!(signed.contains(&header), "{header} is signed: {signed:?}");
     }
     assert!(message["headers"].get("list-unsubscribe").is_none(), "transactional mail has no unsubscribe header");
+    for part in ["html", "text"] {
+        assert!(message[part].as_str().is_some_and(|body| !body.contains("nsubscribe")), "no footer: {message}");
+    }
     // The context records were written first: the contact and the order exist.
     let contacts = app.get("/schemas/people/records", MAIL_KEY).await;
     assert_eq!(contacts.body["data"][0]["email"], "ada@example.com");
@@ -299,6 +302,97 @@ async fn marketing_mail_needs_consent_and_the_topic_and_carries_one_click_header
     assert_eq!(message["dkim"]["valid"], true, "{:?}", message["dkim"]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(sink.messages().await.len(), 1, "refused sends send nothing");
+}
+
+/// The id of the email a sink message carries, from its Message-ID `<emailId@domain>`.
+pub(crate) fn email_id_of(message: &Value) -> String {
+    let message_id = message["messageId"].as_str().expect("a Message-ID");
+    message_id.trim_start_matches('<').split('@').next().expect("an email id").to_owned()
+}
+
+/// Asserts that a marketing message shows, in its HTML and its text part, the footer with its
+/// own unsubscribe link (the URL of its `List-Unsubscribe`), naming what the recipient
+/// subscribed to.
+pub(crate) fn assert_unsubscribe_footer(message: &Value, subscribed_to: &str) {
+    let url = format!("https://api.example.test/v1/emails/{}/unsubscribe", email_id_of(message));
+    assert_eq!(message["headers"]["list-unsubscribe"][0], format!("<{url}>"), "the same URL as the header");
+    let html = message["html"].as_str().expect("an HTML part");
+    let link = format!("<a href=\"{url}\" style=\"color:#555555;text-decoration:underline\">");
+    assert!(html.contains(&format!("You receive this because you subscribed to {subscribed_to}. {link}")), "{html}");
+    assert!(html.trim_end().ends_with("Unsubscribe or change your email preferences</a></p>"), "{html}");
+    let text = message["text"].as_str().expect("a text part");
+    let footer = format!(
+        "\n\n-- \nYou receive this because you subscribed to {subscribed_to}.\n\
+         Unsubscribe or change your email preferences: {url}"
+    );
+    assert!(text.trim_end().ends_with(&footer), "{text:?}");
+    assert_eq!(message["dkim"]["valid"], true, "the footer is signed: {:?}", message["dkim"]);
+}
+
+/// The mail workspace with its `promo` template (marketing, no topic) changed by `change`.
+fn mail_workspace_with_promo(change: impl FnOnce(&mut Value)) -> String {
+    let mut workspace: Value = serde_json::from_str(&mail_workspace(100)).expect("the workspace is JSON");
+    let promo = workspace["spaces"]
+        .as_array_mut()
+        .and_then(|spaces| spaces.iter_mut().find(|space| space["slug"] == "mail"))
+        .and_then(|space| space["templates"].as_array_mut())
+        .and_then(|templates| templates.iter_mut().find(|template| template["slug"] == "promo"))
+        .expect("the promo template");
+    change(promo);
+    workspace.to_string()
+}
+
+#[tokio::test]
+async fn marketing_mail_shows_its_unsubscribe_link_unless_the_template_places_it_itself() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let promo = template_id(&app, "promo").await;
+    let body = json!({"data": {"contact": {"email": "foot@example.com", "newsConsent": true}}});
+    let sent = send(&app, &promo, &body, None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let messages = sink.wait_for(1, WAIT).await;
+    assert_eq!(email_id_of(&messages[0]), sent.body["data"]["emailId"].as_str().expect("emailId"));
+    // No topic: the footer names the sender.
+    assert_unsubscribe_footer(&messages[0], "email from Example Team");
+    assert!(messages[0]["html"].as_str().is_some_and(|html| html.starts_with("<p>Promo</p>\n<p style=")));
+    assert!(messages[0]["text"].as_str().is_some_and(|text| text.starts_with("Promo\n\n-- \n")));
+
+    // A template that places the link itself gets no footer, in a whole HTML document.
+    let placed = mail_workspace_with_promo(|promo| {
+        promo["html"] = json!(r#"<html><body><p>Promo</p><a href="{{ unsubscribeUrl }}">Leave</a></body></html>"#);
+        promo["text"] = json!("Promo. Leave: {{ unsubscribeUrl }}");
+    });
+    app.apply_workspace(&placed, true).await;
+    let second = send(&app, &promo, &body, None).await;
+    assert_eq!(second.status, 200, "{:?}", second.body);
+    let email_id = second.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    let messages = sink.wait_for(2, WAIT).await;
+    let message = messages.iter().find(|message| email_id_of(message) == email_id).expect("the second message");
+    let url = format!("https://api.example.test/v1/emails/{email_id}/unsubscribe");
+    assert_eq!(
+        message["html"].as_str().map(str::trim),
+        Some(format!("<html><body><p>Promo</p><a href=\"{url}\">Leave</a></body></html>").as_str())
+    );
+    assert_eq!(message["text"].as_str().map(str::trim), Some(format!("Promo. Leave: {url}").as_str()));
+    assert_eq!(message["headers"]["list-unsubscribe"][0], format!("<{url}>"));
+    assert_eq!(message["dkim"]["valid"], true, "{:?}", message["dkim"]);
+    // The template's own link unsubscribes.
+    let path = url.trim_start_matches("https://api.example.test/v1");
+    let unsubscribed = public(&app, reqwest::Method::POST, path, Some("List-Unsubscribe=One-Click")).await;
+    assert_eq!(unsubscribed.status(), 200);
+    let unsubscribed: Value = unsubscribed.json().await.expect("JSON");
+    assert_eq!(unsubscribed["data"]["unsubscribed"], true, "{unsubscribed}");
+    let refused = send(&app, &promo, &json!({"data": {"contact": {"email": "foot@example.com"}}}), None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_not_subscribed")));
+
+    // The variable's name cannot be a data key of a marketing template.
+    let clash = mail_workspace_with_promo(|promo| {
+        promo["data"]["unsubscribeUrl"] = json!({"schema": "orders"});
+    });
+    let parsed = command_service::authoring::parse(&clash).expect("the workspace parses");
+    let log = shared::log::EventLog::start(app.pool.clone(), 16);
+    let refused = command_service::authoring::apply(&app.pool, &log, &parsed).await.expect_err("refused");
+    assert!(format!("{refused:#}").contains("unsubscribe link's variable"), "{refused:#}");
 }
 
 #[tokio::test]
@@ -1077,6 +1171,13 @@ async fn without_a_relay_messages_are_written_as_eml_files() {
     assert_eq!(sent.body["data"]["status"], "sent", "{:?}", sent.body);
     let email_id = sent.body["data"]["emailId"].as_str().expect("emailId");
     let written = std::fs::read_to_string(dir.join(format!("{email_id}.eml"))).expect("the .eml file");
+    // The envelope sender a relay would get (`mailFrom` in the transactional test), first, as
+    // final delivery writes it.
+    assert!(
+        written.starts_with(&format!("Return-Path: <bounce+{email_id}@bounces.mail.example.test>\r\nDKIM-Signature: ")),
+        "{written}"
+    );
+    assert_eq!(written.matches("Return-Path:").count(), 1, "{written}");
     assert!(written.contains("DKIM-Signature: "), "{written}");
     assert!(written.contains(&format!("Message-ID: <{email_id}@mail.example.test>")), "{written}");
     assert!(sink.messages().await.is_empty(), "nothing went to a relay");

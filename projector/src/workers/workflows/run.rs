@@ -892,21 +892,24 @@ async fn send_email(
         context.insert(key_name.clone(), value);
     }
     context.insert("input".to_owned(), input.clone());
-    let rendered =
-        match shared::email::render::render(&template.subject, &template.html, &template.text, &Value::Object(context))
-        {
-            Ok(rendered) => rendered,
-            Err(error) => {
-                tick.fail(
-                    started,
-                    Code::TemplateRenderFailed.as_str(),
-                    format!("the template does not render: {error}"),
-                    now,
-                );
-                return Ok(false);
-            }
-        };
     let email_id = shared::workflows::email_id(&tick.row.run_id, started.index);
+    let rendered = match shared::email::send::render_email(
+        &authored,
+        &email_id,
+        &Value::Object(context),
+        &inner.settings.email.public_base_url,
+    ) {
+        Ok(rendered) => rendered,
+        Err(error) => {
+            tick.fail(
+                started,
+                Code::TemplateRenderFailed.as_str(),
+                format!("the template does not render: {error}"),
+                now,
+            );
+            return Ok(false);
+        }
+    };
     let contact_id = facts.state.record_id.clone();
     let to = EmailTo { space_id: &tick.row.space_id, contact_id: &contact_id, address: &address, key };
     let scheduled = schedule(
