@@ -23,7 +23,6 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
 use shared::catalog::{self, WriteContext};
-use shared::email::render;
 use shared::email::resources::{FORM, FormDef};
 use shared::email::{outbox, send};
 use shared::error::{ApiError, Code};
