@@ -112,3 +112,33 @@ async fn every_operation_of_the_route_table_is_served_and_the_guards_answer_405(
         }
     }
 }
+
+#[tokio::test]
+async fn every_path_answers_an_unserved_method_with_allow_naming_exactly_the_methods_it_serves() {
+    let app = TestApp::spawn().await;
+    let mut paths: Vec<&str> = shared::routes::OPERATIONS.iter().map(|operation| operation.path).collect();
+    paths.dedup();
+    for template in paths {
+        let served: std::collections::BTreeSet<&str> = shared::routes::OPERATIONS
+            .iter()
+            .filter(|operation| operation.path == template && operation.tier != shared::routes::Tier::Guard)
+            .map(|operation| operation.method)
+            .collect();
+        let path = template
+            .replace("{schema}", "contacts")
+            .replace("{id}", "x_1")
+            .replace("{operationId}", "op_1")
+            .replace("{runId}", "run_1")
+            .replace("{deliveryId}", "del_1")
+            .replace("{token}", "t");
+        // OPTIONS is served by no path, on the command service (writes) and the query service.
+        for base in [&app.command_url, &app.query_url] {
+            let request = app.http.request(reqwest::Method::OPTIONS, format!("{base}{path}")).bearer_auth(ALPHA_ADMIN);
+            let response = app.send(request).await;
+            assert_eq!(response.status, 405, "OPTIONS {path}");
+            let allow: std::collections::BTreeSet<&str> =
+                response.header("allow").unwrap_or_default().split(", ").filter(|method| !method.is_empty()).collect();
+            assert_eq!(allow, served, "Allow of {path} names exactly the methods it serves (never a guard's)");
+        }
+    }
+}
