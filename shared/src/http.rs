@@ -92,14 +92,19 @@ pub async fn storable_input_middleware(
 
 /// Reads the body as a JSON object, enforcing size, content type, charset and encoding.
 pub async fn read_json_object(req: &HttpRequest, payload: web::Payload) -> Result<Map<String, Value>, ApiError> {
-    match read_json(req, payload).await? {
+    json_object(read_json_accepting(req, payload, JSON).await?)
+}
+
+fn json_object(value: Value) -> Result<Map<String, Value>, ApiError> {
+    match value {
         Value::Object(object) => Ok(object),
         _ => Err(ApiError::bad_request(Code::InvalidBody, "the request body must be a JSON object")),
     }
 }
 
-/// How a refused content type of a JSON-only body ends.
-const SEND_JSON: &str = "; send application/json";
+/// What a 415 tells the caller to send: JSON, or (a public form) either kind of body.
+const JSON: &str = "application/json";
+const FORM_OR_JSON: &str = "application/x-www-form-urlencoded (an HTML form) or application/json";
 
 /// Whether the request's body is `application/x-www-form-urlencoded` (what an HTML form posts).
 pub fn is_urlencoded(req: &HttpRequest) -> bool {
@@ -119,13 +124,7 @@ pub async fn read_form_or_json(
 ) -> Result<(Map<String, Value>, bool), ApiError> {
     if !is_urlencoded(req) {
         // Both are accepted, so a refused content type names both.
-        return match read_json_object(req, payload).await {
-            Err(error) if error.message().ends_with(SEND_JSON) => Err(unsupported(format!(
-                "{}; send application/x-www-form-urlencoded (an HTML form) or application/json",
-                error.message().trim_end_matches(SEND_JSON)
-            ))),
-            other => Ok((other?, false)),
-        };
+        return Ok((json_object(read_json_accepting(req, payload, FORM_OR_JSON).await?)?, false));
     }
     let bytes = read_body(req, payload).await?;
     let mut fields = Map::new();
@@ -138,7 +137,12 @@ pub async fn read_form_or_json(
 
 /// Reads the body as JSON, enforcing size, content type, charset and encoding.
 pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value, ApiError> {
-    check_content_headers(req)?;
+    read_json_accepting(req, payload, JSON).await
+}
+
+/// [`read_json`], whose 415 for a missing or other content type says to send `accepted`.
+async fn read_json_accepting(req: &HttpRequest, payload: web::Payload, accepted: &str) -> Result<Value, ApiError> {
+    check_content_headers(req, accepted)?;
     let bytes = read_body(req, payload).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request(Code::MalformedJson, "the request body is empty; send a JSON object"));
@@ -150,7 +154,7 @@ pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value
     Ok(value)
 }
 
-fn check_content_headers(req: &HttpRequest) -> Result<(), ApiError> {
+fn check_content_headers(req: &HttpRequest, accepted: &str) -> Result<(), ApiError> {
     if let Some(encoding) = req.headers().get(header::CONTENT_ENCODING) {
         let encoding = encoding.to_str().unwrap_or("").trim().to_ascii_lowercase();
         if !encoding.is_empty() && encoding != "identity" {
@@ -160,7 +164,7 @@ fn check_content_headers(req: &HttpRequest) -> Result<(), ApiError> {
         }
     }
     let Some(content_type) = req.headers().get(header::CONTENT_TYPE) else {
-        return Err(unsupported("the Content-Type header is missing; send application/json".to_owned()));
+        return Err(unsupported(format!("the Content-Type header is missing; send {accepted}")));
     };
     let content_type = content_type.to_str().unwrap_or("").to_ascii_lowercase();
     let mut parts = content_type.split(';').map(str::trim);
@@ -168,7 +172,7 @@ fn check_content_headers(req: &HttpRequest) -> Result<(), ApiError> {
     let is_json =
         media_type == "application/json" || (media_type.starts_with("application/") && media_type.ends_with("+json"));
     if !is_json {
-        return Err(unsupported(format!("content type {media_type:?} is not supported; send application/json")));
+        return Err(unsupported(format!("content type {media_type:?} is not supported; send {accepted}")));
     }
     for parameter in parts {
         if let Some(charset) = parameter.strip_prefix("charset=") {

@@ -159,10 +159,6 @@ impl Message {
 
     /// The page as HTML.
     pub fn page(&self) -> String {
-        self.render()
-    }
-
-    fn render(&self) -> String {
         let tone = if self.status.is_success() { "success" } else { "error" };
         render(
             "message.html",
@@ -177,7 +173,7 @@ impl Message {
     }
 
     pub fn response(&self) -> HttpResponse {
-        respond(HttpResponse::build(self.status), self.render())
+        respond(HttpResponse::build(self.status), self.page())
     }
 }
 
@@ -232,7 +228,7 @@ pub fn answer(browser: bool, result: Result<HttpResponse, ApiError>) -> HttpResp
             for (name, value) in error.headers() {
                 builder.insert_header((*name, value.as_str()));
             }
-            respond(builder, Message::for_error(&error).render())
+            respond(builder, Message::for_error(&error).page())
         }
         Err(error) => error.error_response(),
     }
@@ -288,7 +284,7 @@ mod tests {
     fn every_template_parses_and_escapes_what_it_is_given() {
         let page = Message::success("<b>Done</b>", &["a & <script>alert(1)</script>"])
             .with_link("/x?a=1&b=\"2\"", "back")
-            .render();
+            .page();
         assert!(page.contains("&lt;b&gt;Done&lt;&#x2f;b&gt;"), "{page}");
         assert!(page.contains("&lt;script&gt;"), "{page}");
         assert!(!page.contains("<script>"), "{page}");
@@ -311,7 +307,7 @@ mod tests {
 
     #[test]
     fn the_style_sheet_is_allowed_by_its_hash_and_nothing_else_loads() {
-        let page = Message::success("Done", &["ok"]).render();
+        let page = Message::success("Done", &["ok"]).page();
         let start = page.find("<style>").expect("a style element") + "<style>".len();
         let end = page.find("</style>").expect("its end");
         let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&page.as_bytes()[start..end]));
@@ -338,7 +334,7 @@ mod tests {
             .with_issues(vec![Issue::for_key("email", "email is required")]);
         let message = Message::for_error(&error);
         assert_eq!(message.status, StatusCode::BAD_REQUEST);
-        let page = message.render();
+        let page = message.page();
         assert!(page.contains("<strong>email</strong>: Email is required."), "{page}");
         let expired = Message::for_error(&ApiError::new(StatusCode::GONE, Some(Code::ConfirmationExpired), "x"));
         assert_eq!((expired.status, expired.title.as_str()), (StatusCode::GONE, "Link expired"));

@@ -232,7 +232,7 @@ impl Command for SubmitForm {
                 }
                 let email_id = shared::ids::new_id("em");
                 let rendered =
-                    send::render_email(authored, &email_id, &render_with, &self.base_url).map_err(|error| {
+                    send::render_email(authored, &email_id, render_with, &self.base_url).map_err(|error| {
                         ApiError::internal(&anyhow::anyhow!(
                             "form {form_id}: the confirmation template does not render: {error}"
                         ))

@@ -63,38 +63,13 @@ pub fn check_keys(template: &TemplateDef, context: &BTreeMap<String, Map<String,
         .with_issues(issues))
 }
 
-/// What is known about the recipient when a send is checked.
-#[derive(Debug, Clone, Default)]
-pub struct Recipient {
-    pub suppressed: bool,
-    /// The contact's email consent (its consent attribute for channel `email`), if any.
-    pub consent: Option<bool>,
-    /// The contact's subscription status to the template's topic, if any.
-    pub subscription: Option<String>,
-}
+pub use shared::email::send::Recipient;
 
-/// D9: suppressions block every send; marketing mail also needs the contact's email consent
-/// and, when the template has a topic, a subscription to it.
+/// D9 (`shared::email::send::gate`), answered as a template send refuses: 422 with the
+/// gate's code, and nothing sent.
 pub fn gate(template: &TemplateDef, recipient: &Recipient) -> Result<(), ApiError> {
-    let refuse = |code: Code, message: &str| ApiError::unprocessable(code, message.to_owned());
-    if recipient.suppressed {
-        return Err(refuse(Code::RecipientSuppressed, "the recipient's address is suppressed; nothing was sent"));
-    }
-    if template.kind == "marketing" {
-        if recipient.consent != Some(true) {
-            return Err(refuse(
-                Code::RecipientNotSubscribed,
-                "the contact has not consented to marketing email; nothing was sent",
-            ));
-        }
-        if template.topic_id.is_some() && recipient.subscription.as_deref() != Some("subscribed") {
-            return Err(refuse(
-                Code::RecipientNotSubscribed,
-                "the contact is not subscribed to the template's topic; nothing was sent",
-            ));
-        }
-    }
-    Ok(())
+    shared::email::send::gate(template, recipient)
+        .map_err(|gate| ApiError::unprocessable(gate.code(), format!("{}; nothing was sent", gate.reason())))
 }
 
 /// The keys of a contact schema's email consent attributes (`definition.consent.channel` is

@@ -144,7 +144,7 @@ impl Command for SendTemplate<'_> {
             })
             .collect();
         let email_id = shared::ids::new_id("em");
-        let rendered = send::render_email(&authored, &email_id, &decide::render_context(&documents), &self.base_url)
+        let rendered = send::render_email(&authored, &email_id, decide::render_context(&documents), &self.base_url)
             .map_err(|error| {
                 ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,

@@ -366,7 +366,7 @@ impl Runs {
             let context = serde_json::json!({ authored.template.recipient.clone(): contact.document });
             let email_id = shared::ids::new_id("em");
             let public_base_url = &self.settings.email.public_base_url;
-            let rendered = match shared::email::send::render_email(&authored, &email_id, &context, public_base_url) {
+            let rendered = match shared::email::send::render_email(&authored, &email_id, context, public_base_url) {
                 Ok(rendered) => rendered,
                 Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
             };

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use shared::crypto::DataKey;
 use shared::email::outbox::{self, Prepared};
-use shared::email::send::{Authored, EmailTo, allowance_guard, schedule};
+use shared::email::send::{Authored, EmailTo, Gate, Recipient, allowance_guard, schedule};
 use shared::error::Code;
 use shared::events::LogEvent;
 use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend};
@@ -431,10 +431,10 @@ impl Tick {
         self.row.step_id = next.map(str::to_owned);
     }
 
-    /// Finishes `started` as `skipped`: the send's `gate` refused it, with `code` and
-    /// `message`; the run goes on to `next`.
-    fn skip(&mut self, started: &InFlight, (gate, code, message): (Gate, Code, String), next: Option<&str>, now: i64) {
-        self.finish(started, "skipped", Some((code.as_str(), message)), next, now);
+    /// Finishes `started` as `skipped`: the send's `gate` refused it (its code and reason, and
+    /// the gate); the run goes on to `next`.
+    fn skip(&mut self, started: &InFlight, gate: Gate, next: Option<&str>, now: i64) {
+        self.finish(started, "skipped", Some((gate.code().as_str(), gate.reason().to_owned())), next, now);
         if let Some(LogEvent::WorkflowStepFinished(finished)) = self.events.last_mut() {
             finished.gate = gate.as_str().to_owned();
         }
@@ -709,8 +709,7 @@ async fn execute(
             let ContactFacts::Live(facts) = contact_of(inner, &tick.row, contact).await? else { return Ok(false) };
             let started = tick.start(step, now);
             if allowance_refused {
-                let message = "gate allowance: the space's email allowance for this month is used up".to_owned();
-                tick.skip(&started, (Gate::Allowance, Code::EmailLimitReached, message), next.as_deref(), now);
+                tick.skip(&started, Gate::Allowance, next.as_deref(), now);
                 return Ok(false);
             }
             return send_email(inner, tick, (&started, next.as_deref()), template_id, input, facts, now).await;
@@ -857,23 +856,13 @@ async fn send_email(
     };
     let suppressed = shared::email::is_suppressed(&client, &tick.row.space_id, &address).await?;
     drop(client);
-    let marketing = template.kind == "marketing";
-    let subscribed = template
-        .topic_id
-        .as_ref()
-        .is_none_or(|topic_id| facts.subscriptions.get(topic_id).map(String::as_str) == Some("subscribed"));
-    let refusal = if suppressed {
-        Some((Gate::Suppressed, Code::RecipientSuppressed, "the recipient's address is suppressed"))
-    } else if marketing && facts.consent != Some(true) {
-        Some((Gate::Consent, Code::RecipientNotSubscribed, "the contact has not consented to marketing email"))
-    } else if marketing && !subscribed {
-        Some((Gate::Topic, Code::RecipientNotSubscribed, "the contact is not subscribed to the template's topic"))
-    } else {
-        None
+    let recipient = Recipient {
+        suppressed,
+        consent: facts.consent,
+        subscription: template.topic_id.as_ref().and_then(|topic_id| facts.subscriptions.get(topic_id).cloned()),
     };
-    if let Some((gate, code, message)) = refusal {
-        let message = format!("gate {}: {message}", gate.as_str());
-        tick.skip(started, (gate, code, message), next, now);
+    if let Err(gate) = shared::email::send::gate(template, &recipient) {
+        tick.skip(started, gate, next, now);
         return Ok(false);
     }
     let Some(key) = &facts.key else {
@@ -896,7 +885,7 @@ async fn send_email(
     let rendered = match shared::email::send::render_email(
         &authored,
         &email_id,
-        &Value::Object(context),
+        Value::Object(context),
         &inner.settings.email.public_base_url,
     ) {
         Ok(rendered) => rendered,
@@ -1215,27 +1204,4 @@ async fn hand_off(inner: &Inner, prepared: &Prepared) {
     let started = Instant::now();
     let _ = outbox::hand_off(&inner.pool, &inner.log, &inner.mailer, &lease, prepared, None).await;
     metrics::histogram!("workflow_email_handoff_seconds").record(started.elapsed().as_secs_f64());
-}
-/// The gate of a send that refused it (a `skipped` step's `gate`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Gate {
-    /// The contact has not consented to marketing email.
-    Consent,
-    /// The contact is not subscribed to the marketing template's topic.
-    Topic,
-    /// The address is suppressed (every send).
-    Suppressed,
-    /// The space's monthly allowance is used up.
-    Allowance,
-}
-
-impl Gate {
-    fn as_str(self) -> &'static str {
-        match self {
-            Gate::Consent => "consent",
-            Gate::Topic => "topic",
-            Gate::Suppressed => "suppressed",
-            Gate::Allowance => "allowance",
-        }
-    }
 }
