@@ -394,6 +394,10 @@ async fn attempts<C: Command>(
             Err(error) => Err(error),
         };
         if ctx.torn.get() {
+            // The attempt's reads saw two catalog revisions: a context kept from an older
+            // revision met a fresh read. Drop what is kept from other revisions than the live
+            // one, or every attempt would meet the same stale entry.
+            keep_only(ctx.state, live_catalog_revision(&ctx).await?);
             continue;
         }
         let decision = match decided {
@@ -478,18 +482,28 @@ async fn attempts<C: Command>(
 /// kept contexts of older revisions are dropped, so the next attempt reads afresh.
 async fn catalog_moved(ctx: &Ctx<'_>) -> Result<bool, ApiError> {
     let Some(seen) = ctx.catalog_revision.get() else { return Ok(false) };
-    let client = ctx.db().await?;
-    let statement =
-        client.prepare_cached("SELECT revision FROM projections WHERE name = 'catalog' AND status = 'live'").await?;
-    let current: i64 = client.query_opt(&statement, &[]).await?.map_or(0, |row| row.get(0));
+    let current = live_catalog_revision(ctx).await?;
     if current == seen {
         return Ok(false);
     }
-    ctx.state.write_contexts.keep_revision(current);
-    ctx.state.event_contexts.keep_revision(current);
-    ctx.state.workflows.keep_revision(current);
-    ctx.state.templates.keep_revision(current);
+    keep_only(ctx.state, current);
     Ok(true)
+}
+
+/// The live catalog's revision, read now.
+async fn live_catalog_revision(ctx: &Ctx<'_>) -> Result<i64, ApiError> {
+    let client = ctx.db().await?;
+    let statement =
+        client.prepare_cached("SELECT revision FROM projections WHERE name = 'catalog' AND status = 'live'").await?;
+    Ok(client.query_opt(&statement, &[]).await?.map_or(0, |row| row.get(0)))
+}
+
+/// Drops this process's kept contexts read at another catalog revision than `current`.
+fn keep_only(state: &State, current: i64) {
+    state.write_contexts.keep_revision(current);
+    state.event_contexts.keep_revision(current);
+    state.workflows.keep_revision(current);
+    state.templates.keep_revision(current);
 }
 
 /// An answer with `Operation-Id` (for a key's command) and `Consistency-Token` when something

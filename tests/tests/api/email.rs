@@ -833,6 +833,30 @@ fn confirmation_path(message: &Value) -> String {
 }
 
 #[tokio::test]
+async fn a_live_apply_that_changes_a_kept_template_does_not_stop_form_submissions() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    // The first submission keeps the confirmation template in the process's cache.
+    let first = post_form_json(&app, SIGNUP_FORM, &json!({"email_address": "one@example.com"}), None).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    sink.wait_for(1, WAIT).await;
+    // The operator changes that template while the system runs.
+    let mut workspace: Value = serde_json::from_str(&mail_workspace(100)).expect("JSON");
+    let mail = workspace["spaces"].as_array_mut().expect("spaces").iter_mut().find(|space| space["slug"] == "mail");
+    let templates = mail.expect("the mail space")["templates"].as_array_mut().expect("templates");
+    let confirm = templates.iter_mut().find(|template| template["slug"] == "confirm").expect("confirm");
+    confirm["subject"] = json!("Please confirm: {{ form.name }}");
+    app.apply_workspace(&workspace.to_string(), true).await;
+    // The next submission reads the form at the new revision and meets the kept template of
+    // the old one: it drops it and uses the new one, not 409 after three attempts.
+    let second = post_form_json(&app, SIGNUP_FORM, &json!({"email_address": "two@example.com"}), None).await;
+    assert_eq!(second.status, 200, "{:?}", second.body);
+    let messages = sink.wait_for(2, WAIT).await;
+    let second = messages.iter().find(|message| message["rcptTo"] == json!(["two@example.com"])).expect("sent");
+    assert_eq!(second["headers"]["subject"][0], "Please confirm: Newsletter signup");
+}
+
+#[tokio::test]
 async fn double_opt_in_end_to_end_with_a_browser_post_and_the_link_followed_twice() {
     let sink = SmtpSink::start().await;
     let app = mail_app(&sink, 100).await;
