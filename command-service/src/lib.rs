@@ -85,7 +85,7 @@ impl State {
 
     /// Whether some of `scopes` may lack their admission row (not yet seen by this process);
     /// marks them seen.
-    pub fn new_admission_scopes(&self, scopes: &[(String, shared::admission::ScopeLimits)]) -> bool {
+    pub fn new_admission_scopes(&self, scopes: &[(String, shared::settings::ScopeLimits)]) -> bool {
         let Ok(mut seen) = self.admission_scopes.lock() else { return true };
         let mut new = false;
         for (scope, _) in scopes {

@@ -2,6 +2,7 @@
 //! of the API's table (`shared::routes::OPERATIONS`). The router is built from that table.
 
 use actix_web::{Route, web};
+use shared::http::answering;
 use shared::routes::Tier;
 
 use crate::{
@@ -11,35 +12,35 @@ use crate::{
 /// The handler of a command operation, by its operation id.
 pub fn handler(operation_id: &str) -> Option<Route> {
     Some(match operation_id {
-        "createRecord" => web::post().to(records::http::create),
-        "upsertRecord" => web::post().to(records::http::upsert),
-        "updateRecord" => web::patch().to(records::http::update),
-        "deleteRecord" => web::delete().to(records::http::delete),
-        "createSuppression" => web::post().to(suppressions::http::create),
-        "batchCreateSuppressions" => web::post().to(suppressions::http::batch_create),
-        "batchRemoveSuppressions" => web::post().to(suppressions::http::batch_remove),
-        "deleteSuppression" => web::delete().to(suppressions::http::delete),
-        "fireEvent" => web::post().to(events::http::fire),
-        "fireEventBatch" => web::post().to(events::http::batch),
-        "changeEventIdentity" => web::post().to(identities::http::change),
-        "createWebhook" => web::post().to(webhooks::http::create),
-        "updateWebhook" => web::patch().to(webhooks::http::update),
-        "deleteWebhook" => web::delete().to(webhooks::http::delete),
-        "rotateWebhookSecret" => web::post().to(webhooks::http::rotate_secret),
-        "replayWebhookDelivery" => web::post().to(webhooks::http::replay_delivery),
-        "testWebhook" => web::post().to(webhooks::http::test),
-        "sendTemplate" => web::post().to(templates::http::send),
+        "createRecord" => web::post().to(answering(records::http::create)),
+        "upsertRecord" => web::post().to(answering(records::http::upsert)),
+        "updateRecord" => web::patch().to(answering(records::http::update)),
+        "deleteRecord" => web::delete().to(answering(records::http::delete)),
+        "createSuppression" => web::post().to(answering(suppressions::http::create)),
+        "batchCreateSuppressions" => web::post().to(answering(suppressions::http::batch_create)),
+        "batchRemoveSuppressions" => web::post().to(answering(suppressions::http::batch_remove)),
+        "deleteSuppression" => web::delete().to(answering(suppressions::http::delete)),
+        "fireEvent" => web::post().to(answering(events::http::fire)),
+        "fireEventBatch" => web::post().to(answering(events::http::batch)),
+        "changeEventIdentity" => web::post().to(answering(identities::http::change)),
+        "createWebhook" => web::post().to(answering(webhooks::http::create)),
+        "updateWebhook" => web::patch().to(answering(webhooks::http::update)),
+        "deleteWebhook" => web::delete().to(answering(webhooks::http::delete)),
+        "rotateWebhookSecret" => web::post().to(answering(webhooks::http::rotate_secret)),
+        "replayWebhookDelivery" => web::post().to(answering(webhooks::http::replay_delivery)),
+        "testWebhook" => web::post().to(answering(webhooks::http::test)),
+        "sendTemplate" => web::post().to(answering(templates::http::send)),
         "unsubscribeEmail" => web::post().to(emails::unsubscribe::post),
         "updateEmailPreferences" => web::post().to(emails::preferences::post),
         "submitForm" => web::post().to(forms::http::submit),
         "confirmFormSubmission" => web::get().to(forms::http::confirm),
-        "createSegment" => web::post().to(segments::http::create),
-        "deleteSegment" => web::delete().to(segments::http::delete),
-        "updateBroadcast" => web::patch().to(broadcasts::http::update),
-        "sendBroadcast" => web::post().to(broadcasts::http::send),
-        "triggerWorkflow" => web::post().to(workflows::http::trigger),
-        "pauseWorkflow" => web::post().to(workflows::http::pause),
-        "unpauseWorkflow" => web::post().to(workflows::http::unpause),
+        "createSegment" => web::post().to(answering(segments::http::create)),
+        "deleteSegment" => web::delete().to(answering(segments::http::delete)),
+        "updateBroadcast" => web::patch().to(answering(broadcasts::http::update)),
+        "sendBroadcast" => web::post().to(answering(broadcasts::http::send)),
+        "triggerWorkflow" => web::post().to(answering(workflows::http::trigger)),
+        "pauseWorkflow" => web::post().to(answering(workflows::http::pause)),
+        "unpauseWorkflow" => web::post().to(answering(workflows::http::unpause)),
         _ => return None,
     })
 }

@@ -4,48 +4,15 @@
 
 use crate::error::Code;
 use crate::log::{AppendError, Guard};
+use crate::settings::{AdmissionLimits, ScopeLimits};
 
-/// The limits of one scope.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ScopeLimits {
-    /// Sustained admissions per second (the token bucket's refill rate).
-    pub rate: f64,
-    /// Admissions allowed at once (the bucket's size).
-    pub burst: f64,
-    /// Events pending preparation.
-    pub pending: i64,
-    /// Receipts retained.
-    pub receipts: i64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct AdmissionLimits {
-    pub fleet: ScopeLimits,
-    pub space: ScopeLimits,
-    pub schema: ScopeLimits,
-}
-
-impl Default for AdmissionLimits {
-    /// The contract's values.
-    fn default() -> Self {
-        Self {
-            fleet: ScopeLimits { rate: 100.0, burst: 200.0, pending: 10_000, receipts: 1_000_000 },
-            space: ScopeLimits { rate: 10.0, burst: 30.0, pending: 1_000, receipts: 50_000 },
-            schema: ScopeLimits { rate: 5.0, burst: 15.0, pending: 500, receipts: 20_000 },
-        }
-    }
-}
-
-impl AdmissionLimits {
-    /// The scopes an occurrence in `space_id` / `schema_id` counts against, with their
-    /// limits, sorted by scope name (the order their rows are locked in).
-    pub fn scopes(&self, space_id: &str, schema_id: &str) -> Vec<(String, ScopeLimits)> {
-        let [fleet, space, schema] = scope_names(space_id, schema_id);
-        let mut scopes = vec![(fleet, self.fleet), (space, self.space), (schema, self.schema)];
-        scopes.sort_by(|a, b| a.0.cmp(&b.0));
-        scopes
-    }
+/// The scopes an occurrence in `space_id` / `schema_id` counts against, with their limits,
+/// sorted by scope name (the order their rows are locked in).
+pub fn scopes(limits: &AdmissionLimits, space_id: &str, schema_id: &str) -> Vec<(String, ScopeLimits)> {
+    let [fleet, space, schema] = scope_names(space_id, schema_id);
+    let mut scopes = vec![(fleet, limits.fleet), (space, limits.space), (schema, limits.schema)];
+    scopes.sort_by(|a, b| a.0.cmp(&b.0));
+    scopes
 }
 
 /// The admission rows an occurrence counts in: fleet, space, schema.
@@ -90,7 +57,7 @@ mod tests {
 
     #[test]
     fn scopes_are_sorted_for_a_stable_lock_order() {
-        let scopes = AdmissionLimits::default().scopes("spc_1", "sch_1");
+        let scopes = scopes(&AdmissionLimits::default(), "spc_1", "sch_1");
         let names: Vec<&str> = scopes.iter().map(|(name, _)| name.as_str()).collect();
         assert_eq!(names, ["fleet", "schema:sch_1", "space:spc_1"]);
         assert_eq!(scopes[1].1.burst, 15.0);

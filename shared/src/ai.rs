@@ -44,45 +44,8 @@ use sha2::{Digest, Sha256};
 
 use crate::attributes::{attribute_type, normalize_value, options};
 use crate::filter::{self, Filter, MAX_CONDITIONS, MAX_DEPTH};
+use crate::settings::{AiSettings, ProviderKind};
 use secrecy::{ExposeSecret, SecretString};
-
-/// Which AI provider to use (`APP__AI__*`, see `shared::settings`).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct AiSettings {
-    /// `APP__AI__PROVIDER`: `deterministic` (default) or `openai`.
-    pub provider: ProviderKind,
-    /// `APP__AI__ENDPOINT`: the base URL, e.g. `https://api.openai.com/v1`; the client POSTs
-    /// `{endpoint}/chat/completions`. Required for `openai`.
-    pub endpoint: String,
-    /// `APP__AI__MODEL`: the model name. Required for `openai`.
-    pub model: String,
-    /// `APP__AI__API_KEY`: sent as `Authorization: Bearer ...` when set.
-    #[serde(skip_serializing)]
-    pub api_key: Option<SecretString>,
-    /// `APP__AI__TIMEOUT_MILLIS`: the longest one provider call may take.
-    pub timeout_millis: u64,
-}
-
-impl Default for AiSettings {
-    fn default() -> Self {
-        Self {
-            provider: ProviderKind::Deterministic,
-            endpoint: String::new(),
-            model: String::new(),
-            api_key: None,
-            timeout_millis: 20_000,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProviderKind {
-    Deterministic,
-    #[serde(rename = "openai")]
-    OpenAi,
-}
 
 /// One auto-fill request: fill attribute `attribute_key` (its definition carries
 /// `autoFill.prompt`) from the `input` values of the event or record.
@@ -129,22 +92,6 @@ pub struct OpenAiClient {
     completions_url: String,
     model: String,
     api_key: Option<SecretString>,
-}
-
-impl AiSettings {
-    pub fn deterministic() -> Self {
-        Self::default()
-    }
-
-    pub fn openai(endpoint: &str, model: &str, api_key: Option<&str>, timeout: Duration) -> Self {
-        Self {
-            provider: ProviderKind::OpenAi,
-            endpoint: endpoint.to_owned(),
-            model: model.to_owned(),
-            api_key: api_key.map(SecretString::from),
-            timeout_millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        }
-    }
 }
 
 impl AiError {

@@ -13,9 +13,10 @@ use crate::catalog::{self, CATALOG, KeyIdentity, Membership};
 use crate::error::ApiError;
 use crate::http::bearer_token;
 use crate::ids::sha256_hex;
-use crate::ratelimit::{Bucket, Limits, RateLimiter};
+use crate::ratelimit::{Bucket, RateLimiter};
 use crate::readmodel::ReadModels;
 pub use crate::roles::{Permission, Role};
+use crate::settings::RateLimits;
 
 /// The prefix of every API key: keys look like `sk_<secret>`.
 pub const KEY_PREFIX: &str = "sk";
@@ -94,7 +95,7 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(pool: Pool, read_models: ReadModels, ttl: Duration, limits: Limits) -> Self {
+    pub fn new(pool: Pool, read_models: ReadModels, ttl: Duration, limits: RateLimits) -> Self {
         Self::with_limiter_pool(pool.clone(), pool, read_models, ttl, limits)
     }
 
@@ -105,7 +106,7 @@ impl Authenticator {
         limiter_pool: Pool,
         read_models: ReadModels,
         ttl: Duration,
-        limits: Limits,
+        limits: RateLimits,
     ) -> Self {
         let rate_limiter = RateLimiter::new(limiter_pool, limits);
         Self { pool, read_models, ttl, cache: Arc::default(), rate_limiter }

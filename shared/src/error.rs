@@ -1,8 +1,7 @@
 //! The contract's error envelope `{error: {type, code, message, issues?}}`, used by every
 //! service for every failure.
 
-use actix_web::http::StatusCode;
-use actix_web::{HttpResponse, ResponseError};
+use http::StatusCode;
 use serde::Serialize;
 use serde_json::json;
 
@@ -348,20 +347,6 @@ impl ApiError {
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {:?}: {}", self.status.as_u16(), self.code, self.message)
-    }
-}
-
-impl ResponseError for ApiError {
-    fn status_code(&self) -> StatusCode {
-        self.status
-    }
-
-    fn error_response(&self) -> HttpResponse {
-        let mut response = HttpResponse::build(self.status);
-        for (name, value) in &self.headers {
-            response.insert_header((*name, value.as_str()));
-        }
-        response.json(self.body())
     }
 }
 

@@ -49,15 +49,72 @@ pub async fn request_id_middleware(
     Ok(response)
 }
 
+/// The answer to an error: its status, its headers (`Retry-After`, `Allow`) and the
+/// contract's envelope.
+pub fn error_response(error: &ApiError) -> HttpResponse {
+    let mut response = HttpResponse::build(error.status());
+    for (name, value) in error.headers() {
+        response.insert_header((*name, value.as_str()));
+    }
+    response.json(error.body())
+}
+
+/// An [`ApiError`] as actix answers it (what a handler's `Err` becomes, see [`answering`]).
+#[derive(Debug)]
+pub struct Failure(pub ApiError);
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl actix_web::ResponseError for Failure {
+    fn status_code(&self) -> StatusCode {
+        self.0.status()
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        error_response(&self.0)
+    }
+}
+
+impl From<ApiError> for Failure {
+    fn from(error: ApiError) -> Self {
+        Self(error)
+    }
+}
+
+/// A handler answering `Result<_, ApiError>`, as one actix registers: an `Err` is answered
+/// in the contract's envelope.
+pub fn answering<F>(handler: F) -> Answering<F> {
+    Answering(handler)
+}
+
+/// See [`answering`].
+#[derive(Clone)]
+pub struct Answering<F>(F);
+
+impl<F, Args, R> actix_web::Handler<Args> for Answering<F>
+where
+    F: actix_web::Handler<Args, Output = Result<R, ApiError>>,
+{
+    type Output = Result<R, Failure>;
+    type Future = futures_util::future::MapErr<F::Future, fn(ApiError) -> Failure>;
+
+    fn call(&self, args: Args) -> Self::Future {
+        futures_util::TryFutureExt::map_err(self.0.call(args), Failure)
+    }
+}
+
 /// Fallback for every request no route took: 405 with `Allow` for a known path, 404
 /// otherwise.
 pub async fn fallback(req: HttpRequest) -> HttpResponse {
-    use actix_web::ResponseError;
     let error = match routes::allowed_methods(req.path()) {
         Some(methods) => ApiError::method_not_allowed().with_header("Allow", methods.join(", ")),
         None => ApiError::route_not_found(),
     };
-    error.error_response()
+    error_response(&error)
 }
 
 /// Middleware: refuses, before any handler runs, a request whose path parameters or query
@@ -67,7 +124,6 @@ pub async fn storable_input_middleware(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<actix_web::body::EitherBody<impl MessageBody>>, actix_web::Error> {
-    use actix_web::ResponseError;
     // A request no route will take is answered 404 or 405 without touching storage.
     if !routes::is_served(req.method().as_str(), req.path()) {
         return Ok(next.call(req).await?.map_into_left_body());
@@ -84,7 +140,7 @@ pub async fn storable_input_middleware(
         query.iter().map(|(name, value)| (name.as_str(), value.as_str())),
     ));
     if let Err(error) = crate::storable::reject(issues) {
-        let response = error.error_response();
+        let response = error_response(&error);
         return Ok(req.into_response(response).map_into_right_body());
     }
     Ok(next.call(req).await?.map_into_left_body())
@@ -259,14 +315,6 @@ pub fn register(config: &mut web::ServiceConfig, tier: routes::Tier, handler: fn
     }
 }
 
-/// How long an API server waits for requests in flight at shutdown, and keeps an idle
-/// connection open.
-#[derive(Debug, Clone, Copy)]
-pub struct ServerTimeouts {
-    pub shutdown: std::time::Duration,
-    pub keep_alive: std::time::Duration,
-}
-
 /// An HTTP server with the API's middleware, `/v1` scope and 404/405 fallback, plus the
 /// operations endpoints outside `/v1`. Each service (and single-node mode) passes what to
 /// register in the scope, its state included, and what else it serves outside it (`site`:
@@ -280,7 +328,7 @@ pub struct ApiServer {
 impl ApiServer {
     pub fn bind<F>(
         (host, port): (&str, u16),
-        timeouts: ServerTimeouts,
+        timeouts: crate::settings::ServerTimeouts,
         ops: crate::ops::Ops,
         site: fn(&mut web::ServiceConfig),
         configure: F,

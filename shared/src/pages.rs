@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
-use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, ResponseError};
+use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder};
 use base64::Engine;
 use serde::Serialize;
 use sha2::Digest;
@@ -230,7 +230,7 @@ pub fn answer(browser: bool, result: Result<HttpResponse, ApiError>) -> HttpResp
             }
             respond(builder, Message::for_error(&error).page())
         }
-        Err(error) => error.error_response(),
+        Err(error) => crate::http::error_response(&error),
     }
 }
 

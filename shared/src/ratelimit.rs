@@ -1,4 +1,4 @@
-//! Per-key request buckets (the contract's Limits): independent fixed windows counted in
+//! Per-key request buckets (the contract's RateLimits): independent fixed windows counted in
 //! PostgreSQL, so every instance of a tier shares one budget. The window boundaries come
 //! from the database's clock, so instances with drifting clocks still count the same window.
 
@@ -13,6 +13,7 @@ use chrono::{TimeZone, Utc};
 use deadpool_postgres::Pool;
 
 use crate::error::ApiError;
+use crate::settings::RateLimits;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bucket {
@@ -43,47 +44,22 @@ impl Bucket {
     }
 }
 
-/// Requests allowed per window, per bucket (`APP__RATE_LIMITS__*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct Limits {
-    /// `READ_PER_SECOND`, `WRITE_PER_SECOND`, `AI_PER_MINUTE`: the contract's buckets.
-    pub read_per_second: u32,
-    pub write_per_second: u32,
-    pub ai_per_minute: u32,
-    /// `ENABLED`: off only for measuring the limiter's own cost.
-    pub enabled: bool,
-    /// `RESERVE_MAX`: the most tokens one reservation takes (see [`Limits::chunk`]); 1
-    /// reserves per request.
-    pub reserve_max: u32,
+/// How many tokens one reservation takes: 1 (exact, one statement per request) for budgets up
+/// to [`EXACT_UP_TO`] per window, which covers the contract's buckets, so N requests within the
+/// budget all pass and the next one does not, however many processes share the key. Larger
+/// budgets (configured for load tests and big tenants) reserve up to `reserve_max` at a time:
+/// tokens a process reserved but did not use when the window ends are lost, so at most
+/// `chunk - 1` per process per window are refused early; the budget is never exceeded.
+pub fn chunk(limits: &RateLimits, allowed: u32) -> u32 {
+    if allowed <= EXACT_UP_TO { 1 } else { (allowed / 50).clamp(1, limits.reserve_max.max(1)) }
 }
 
-impl Default for Limits {
-    /// The contract's values: read 100/s, write 25/s, ai 10 per 60 s.
-    fn default() -> Self {
-        Self { read_per_second: 100, write_per_second: 25, ai_per_minute: 10, enabled: true, reserve_max: 1000 }
-    }
-}
-
-impl Limits {
-    /// How many tokens one reservation takes: 1 (exact, one statement per request) for budgets
-    /// up to [`EXACT_UP_TO`] per window, which covers the contract's buckets, so N requests
-    /// within the budget all pass and the next one does not, however many processes share the
-    /// key. Larger budgets (configured for load tests and big tenants) reserve up to
-    /// `reserve_max` at a time: tokens a process reserved but did not use when the window ends
-    /// are lost, so at most `chunk - 1` per process per window are refused early; the budget
-    /// is never exceeded.
-    pub fn chunk(&self, allowed: u32) -> u32 {
-        if allowed <= EXACT_UP_TO { 1 } else { (allowed / 50).clamp(1, self.reserve_max.max(1)) }
-    }
-
-    /// The budget and window of a bucket.
-    pub fn of(&self, bucket: Bucket) -> (u32, Duration) {
-        match bucket {
-            Bucket::Read => (self.read_per_second, Duration::from_secs(1)),
-            Bucket::Write => (self.write_per_second, Duration::from_secs(1)),
-            Bucket::Ai => (self.ai_per_minute, Duration::from_secs(60)),
-        }
+/// The budget and window of a bucket.
+pub fn budget(limits: &RateLimits, bucket: Bucket) -> (u32, Duration) {
+    match bucket {
+        Bucket::Read => (limits.read_per_second, Duration::from_secs(1)),
+        Bucket::Write => (limits.write_per_second, Duration::from_secs(1)),
+        Bucket::Ai => (limits.ai_per_minute, Duration::from_secs(60)),
     }
 }
 
@@ -107,31 +83,31 @@ const LEASES_BEFORE_SWEEP: usize = 10_000;
 #[derive(Clone)]
 pub struct RateLimiter {
     pool: Pool,
-    limits: Limits,
+    limits: RateLimits,
     leases: Arc<Mutex<HashMap<String, Lease>>>,
 }
 
 impl RateLimiter {
-    pub fn new(pool: Pool, limits: Limits) -> Self {
+    pub fn new(pool: Pool, limits: RateLimits) -> Self {
         Self { pool, limits, leases: Arc::new(Mutex::new(HashMap::new())) }
     }
 
     /// Counts one request of `subject` (a hashed credential or `ip:<address>`) in `bucket`;
     /// 429 `rate_limit_exceeded` with `Retry-After` (the window's end as an HTTP date) when
     /// the window's budget is spent. Tokens are reserved from the shared window counter in
-    /// PostgreSQL, a chunk at a time for large budgets (see [`Limits::chunk`]); a window known to
+    /// PostgreSQL, a chunk at a time for large budgets (see [`RateLimits::chunk`]); a window known to
     /// be spent is refused without a round trip until it ends.
     pub async fn check(&self, bucket: Bucket, subject: &str) -> Result<(), ApiError> {
         if !self.limits.enabled {
             return Ok(());
         }
-        let (allowed, window) = self.limits.of(bucket);
+        let (allowed, window) = budget(&self.limits, bucket);
         let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX).max(1);
         let key = format!("{}:{subject}", bucket.name());
         if let Some(answer) = self.answer_from_lease(&key, bucket, allowed, window_ms) {
             return answer;
         }
-        let chunk = self.limits.chunk(allowed);
+        let chunk = chunk(&self.limits, allowed);
         let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
@@ -262,20 +238,20 @@ mod tests {
 
     #[test]
     fn chunks_are_exact_for_the_contract_budgets_and_grow_with_large_ones() {
-        let limits = Limits::default();
-        assert_eq!(limits.chunk(10), 1);
-        assert_eq!(limits.chunk(25), 1);
-        assert_eq!(limits.chunk(100), 1);
-        assert_eq!(limits.chunk(EXACT_UP_TO), 1);
-        assert_eq!(limits.chunk(100_000), 1000);
-        assert_eq!(limits.chunk(100_000_000), 1000);
-        assert_eq!(Limits { reserve_max: 1, ..limits }.chunk(100_000_000), 1);
+        let limits = RateLimits::default();
+        assert_eq!(chunk(&limits, 10), 1);
+        assert_eq!(chunk(&limits, 25), 1);
+        assert_eq!(chunk(&limits, 100), 1);
+        assert_eq!(chunk(&limits, EXACT_UP_TO), 1);
+        assert_eq!(chunk(&limits, 100_000), 1000);
+        assert_eq!(chunk(&limits, 100_000_000), 1000);
+        assert_eq!(chunk(&RateLimits { reserve_max: 1, ..limits }, 100_000_000), 1);
     }
 
     #[test]
     fn an_empty_reservation_still_passes_while_this_process_holds_unused_tokens() {
         let pool = crate::db::pool("host=127.0.0.1 port=1 user=nobody dbname=none", 1).expect("lazy pool");
-        let limiter = RateLimiter::new(pool, Limits::default());
+        let limiter = RateLimiter::new(pool, RateLimits::default());
         let ends = Instant::now() + Duration::from_secs(1);
         // A chunk of 3 arrived and was used by its own request: 2 left here.
         assert!(limiter.take_with("k".into(), Lease { window_index: 7, ends, remaining: 3, spent: false }));

@@ -13,10 +13,6 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
-use crate::admission::AdmissionLimits;
-use crate::ai::AiSettings;
-use crate::ratelimit::Limits;
-
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Settings {
@@ -29,7 +25,7 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub reads: ReadSettings,
     pub append: AppendSettings,
-    pub rate_limits: Limits,
+    pub rate_limits: RateLimits,
     pub erasure: ErasureSettings,
     pub events: EventSettings,
     pub ai: AiSettings,
@@ -550,10 +546,126 @@ impl Settings {
     }
 
     /// What an API server needs to know of its connections' lifetimes.
-    pub fn server_timeouts(&self) -> crate::http::ServerTimeouts {
-        crate::http::ServerTimeouts {
+    pub fn server_timeouts(&self) -> ServerTimeouts {
+        ServerTimeouts {
             shutdown: self.shutdown_timeout(),
             keep_alive: Duration::from_secs(self.http.keep_alive_seconds),
+        }
+    }
+}
+
+/// How long an API server waits for requests in flight at shutdown, and keeps an idle
+/// connection open.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerTimeouts {
+    pub shutdown: std::time::Duration,
+    pub keep_alive: std::time::Duration,
+}
+
+/// Requests allowed per window, per bucket (`APP__RATE_LIMITS__*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RateLimits {
+    /// `READ_PER_SECOND`, `WRITE_PER_SECOND`, `AI_PER_MINUTE`: the contract's buckets.
+    pub read_per_second: u32,
+    pub write_per_second: u32,
+    pub ai_per_minute: u32,
+    /// `ENABLED`: off only for measuring the limiter's own cost.
+    pub enabled: bool,
+    /// `RESERVE_MAX`: the most tokens one reservation takes (see `ratelimit::chunk`); 1
+    /// reserves per request.
+    pub reserve_max: u32,
+}
+
+impl Default for RateLimits {
+    /// The contract's values: read 100/s, write 25/s, ai 10 per 60 s.
+    fn default() -> Self {
+        Self { read_per_second: 100, write_per_second: 25, ai_per_minute: 10, enabled: true, reserve_max: 1000 }
+    }
+}
+
+/// The limits of one scope.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScopeLimits {
+    /// Sustained admissions per second (the token bucket's refill rate).
+    pub rate: f64,
+    /// Admissions allowed at once (the bucket's size).
+    pub burst: f64,
+    /// Events pending preparation.
+    pub pending: i64,
+    /// Receipts retained.
+    pub receipts: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct AdmissionLimits {
+    pub fleet: ScopeLimits,
+    pub space: ScopeLimits,
+    pub schema: ScopeLimits,
+}
+
+impl Default for AdmissionLimits {
+    /// The contract's values.
+    fn default() -> Self {
+        Self {
+            fleet: ScopeLimits { rate: 100.0, burst: 200.0, pending: 10_000, receipts: 1_000_000 },
+            space: ScopeLimits { rate: 10.0, burst: 30.0, pending: 1_000, receipts: 50_000 },
+            schema: ScopeLimits { rate: 5.0, burst: 15.0, pending: 500, receipts: 20_000 },
+        }
+    }
+}
+
+/// Which AI provider to use (`APP__AI__*`, see `shared::settings`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct AiSettings {
+    /// `APP__AI__PROVIDER`: `deterministic` (default) or `openai`.
+    pub provider: ProviderKind,
+    /// `APP__AI__ENDPOINT`: the base URL, e.g. `https://api.openai.com/v1`; the client POSTs
+    /// `{endpoint}/chat/completions`. Required for `openai`.
+    pub endpoint: String,
+    /// `APP__AI__MODEL`: the model name. Required for `openai`.
+    pub model: String,
+    /// `APP__AI__API_KEY`: sent as `Authorization: Bearer ...` when set.
+    #[serde(skip_serializing)]
+    pub api_key: Option<SecretString>,
+    /// `APP__AI__TIMEOUT_MILLIS`: the longest one provider call may take.
+    pub timeout_millis: u64,
+}
+
+impl Default for AiSettings {
+    fn default() -> Self {
+        Self {
+            provider: ProviderKind::Deterministic,
+            endpoint: String::new(),
+            model: String::new(),
+            api_key: None,
+            timeout_millis: 20_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    Deterministic,
+    #[serde(rename = "openai")]
+    OpenAi,
+}
+
+impl AiSettings {
+    pub fn deterministic() -> Self {
+        Self::default()
+    }
+
+    pub fn openai(endpoint: &str, model: &str, api_key: Option<&str>, timeout: Duration) -> Self {
+        Self {
+            provider: ProviderKind::OpenAi,
+            endpoint: endpoint.to_owned(),
+            model: model.to_owned(),
+            api_key: api_key.map(SecretString::from),
+            timeout_millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         }
     }
 }

@@ -3,11 +3,11 @@
 //! every fact comes in as an argument.
 
 use serde_json::{Map, Value, json};
-use shared::admission::ScopeLimits;
 use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
 use shared::catalog::AttributeEntry;
 use shared::error::Code;
 use shared::error::Issue;
+use shared::settings::ScopeLimits;
 
 /// The normalised input of one event may not exceed this (the contract: 256 KiB).
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;

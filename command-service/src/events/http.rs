@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
-use shared::admission::ScopeLimits;
 use shared::auth::{Caller, Permission};
 use shared::catalog::{self, AttributeEntry, SchemaEntry};
 use shared::crypto::DataKey;
@@ -25,6 +24,7 @@ use shared::ids::new_id;
 use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use shared::proto;
 use shared::records::Loaded;
+use shared::settings::ScopeLimits;
 
 use crate::State;
 use crate::events::decide::{
@@ -70,7 +70,7 @@ async fn admitted(
     revision: Option<i64>,
 ) -> Result<Context, ApiError> {
     let catalog::WriteContext { schema, attributes, credits, .. } = context;
-    let scopes = state.settings.events.admission.scopes(caller.space_id(), &schema.schema_id);
+    let scopes = shared::admission::scopes(&state.settings.events.admission, caller.space_id(), &schema.schema_id);
     if state.new_admission_scopes(&scopes) {
         let client = state.pool.get().await?;
         ensure_scopes(&client, &scopes).await?;

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use deadpool_postgres::GenericClient;
 use serde_json::{Value, json};
-use shared::admission::ScopeLimits;
 use shared::log::{AppendError, Guard, SetValue};
 use shared::records::Loaded;
+use shared::settings::ScopeLimits;
 
 use crate::events::decide::ScopeState;
 

@@ -2,26 +2,13 @@
 //! only encrypted (a data key of its own, wrapped by the master key, next to the ciphertext in
 //! the domain's definition), and the DNS records a domain must publish.
 
+use crate::crypto::Keyring;
+use crate::email::resources::StoredKey;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey};
 use rsa::pkcs8::{DecodePrivateKey, EncodePublicKey, LineEnding};
 use rsa::{RsaPrivateKey, RsaPublicKey};
-use serde::{Deserialize, Serialize};
-
-use crate::crypto::Keyring;
-
-/// A domain's signing key as stored in its definition.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StoredKey {
-    pub selector: String,
-    /// Base64 of the SubjectPublicKeyInfo: the `p=` of the DKIM record.
-    pub public_key: String,
-    /// The wrapped data key and the PKCS#1 PEM encrypted under it, both base64.
-    pub wrapped_key: String,
-    pub private_key: String,
-}
 
 fn subject(domain_id: &str) -> String {
     format!("domain-{domain_id}")
@@ -60,11 +47,6 @@ pub fn open(keyring: &Keyring, domain_id: &str, stored: &StoredKey) -> anyhow::R
     let key = keyring.unwrap_key(&subject, &STANDARD.decode(&stored.wrapped_key)?)?;
     let pem = key.decrypt(&subject, &STANDARD.decode(&stored.private_key)?)?;
     Ok(String::from_utf8(pem)?)
-}
-
-/// The DKIM TXT record's value for a public key.
-pub fn record_value(public_key: &str) -> String {
-    format!("v=DKIM1; k=rsa; p={public_key}")
 }
 
 #[cfg(test)]

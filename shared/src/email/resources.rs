@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::dkim::{self, StoredKey};
-
 pub const DOMAIN: &str = "domain";
 pub const SENDER: &str = "sender";
 pub const TOPIC: &str = "topic";
@@ -15,6 +13,23 @@ pub const TEMPLATE: &str = "template";
 pub const FORM: &str = "form";
 pub const ALLOWANCE: &str = "email_allowance";
 pub const BROADCAST: &str = "broadcast";
+
+/// A domain's signing key as stored in its definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredKey {
+    pub selector: String,
+    /// Base64 of the SubjectPublicKeyInfo: the `p=` of the DKIM record.
+    pub public_key: String,
+    /// The wrapped data key and the PKCS#1 PEM encrypted under it, both base64.
+    pub wrapped_key: String,
+    pub private_key: String,
+}
+
+/// The DKIM TXT record's value for a public key.
+pub fn dkim_record_value(public_key: &str) -> String {
+    format!("v=DKIM1; k=rsa; p={public_key}")
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -160,7 +175,7 @@ pub fn dns_records(domain: &DomainDef, platform_host: &str) -> Vec<(&'static str
             "dkim",
             "TXT",
             format!("{}._domainkey.{}", domain.dkim.selector, domain.name),
-            dkim::record_value(&domain.dkim.public_key),
+            dkim_record_value(&domain.dkim.public_key),
         ),
         ("dmarc", "TXT", format!("_dmarc.{}", domain.name), "v=DMARC1; p=none".to_owned()),
         ("returnPath", "CNAME", domain.return_path.clone(), format!("bounces.{platform_host}")),

@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
-use shared::ai::{AiError, AiProvider, AiSettings, FillTask};
+use shared::ai::{AiError, AiProvider, FillTask};
+use shared::settings::AiSettings;
 
 use crate::fake_ai::{FakeAi, Mode};
 

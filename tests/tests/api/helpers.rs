@@ -245,13 +245,13 @@ pub struct Options {
     /// Run the projector in-process.
     pub projector: bool,
     /// Request buckets; `None` raises them far above what any test sends.
-    pub limits: Option<shared::ratelimit::Limits>,
+    pub limits: Option<shared::settings::RateLimits>,
     /// How long a record deletion waits for projections before it is `blocked` (60 s).
     pub erasure_blocked_after: Option<Duration>,
     /// Event admission; `None` raises it far above what any test sends.
-    pub admission: Option<shared::admission::AdmissionLimits>,
+    pub admission: Option<shared::settings::AdmissionLimits>,
     /// The AI provider of the preparation worker (the deterministic one by default).
-    pub ai: Option<shared::ai::AiSettings>,
+    pub ai: Option<shared::settings::AiSettings>,
     /// How long a read waits for read-your-writes (3 s by default).
     pub consistency_wait: Option<Duration>,
     /// Webhook delivery; `None`: [`test_webhooks`].
@@ -289,10 +289,9 @@ impl Options {
 }
 
 /// Event admission far above what any test sends, for tests that are not about admission.
-pub fn unlimited_admission() -> shared::admission::AdmissionLimits {
-    let open =
-        shared::admission::ScopeLimits { rate: 1e6, burst: 1e6, pending: 1_000_000_000, receipts: 1_000_000_000 };
-    shared::admission::AdmissionLimits { fleet: open, space: open, schema: open }
+pub fn unlimited_admission() -> shared::settings::AdmissionLimits {
+    let open = shared::settings::ScopeLimits { rate: 1e6, burst: 1e6, pending: 1_000_000_000, receipts: 1_000_000_000 };
+    shared::settings::AdmissionLimits { fleet: open, space: open, schema: open }
 }
 
 /// Webhook delivery for tests: loopback receivers allowed, retries after 100, 200, 400 ms.
@@ -306,8 +305,8 @@ pub fn test_webhooks() -> shared::settings::WebhookSettings {
 }
 
 /// Limits far above what any test sends, for tests that are not about rate limits.
-pub fn unlimited() -> shared::ratelimit::Limits {
-    shared::ratelimit::Limits {
+pub fn unlimited() -> shared::settings::RateLimits {
+    shared::settings::RateLimits {
         read_per_second: 1_000_000,
         write_per_second: 1_000_000,
         ai_per_minute: 1_000_000,

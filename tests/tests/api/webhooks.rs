@@ -623,7 +623,7 @@ async fn a_custom_filter_delivers_only_matching_events_and_spends_a_credit() {
 
 #[tokio::test]
 async fn a_custom_filter_uses_the_ai_bucket() {
-    let limits = shared::ratelimit::Limits { ai_per_minute: 1, ..unlimited() };
+    let limits = shared::settings::RateLimits { ai_per_minute: 1, ..unlimited() };
     let app = TestApp::spawn_with(Options { limits: Some(limits), ..Options::default() }).await;
     let body = |requirements: &str| {
         json!({"url": "https://example.com", "trigger": "contact upserted", "schemaId": "contacts",
@@ -846,7 +846,7 @@ async fn acknowledged_writes_are_delivered_when_the_command_service_is_killed() 
 #[tokio::test]
 async fn a_custom_filter_can_come_from_an_openai_compatible_provider() {
     let fake = crate::fake_ai::FakeAi::start().await;
-    let ai = shared::ai::AiSettings::openai(&fake.url, "test-model", None, Duration::from_secs(5));
+    let ai = shared::settings::AiSettings::openai(&fake.url, "test-model", None, Duration::from_secs(5));
     let app = TestApp::spawn_with(Options { ai: Some(ai), ..Options::default() }).await;
     let expression = json!({"field": "plan", "op": "eq", "value": "pro"});
     let content = json!({"filter": expression}).to_string();
