@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use shared::settings::Settings;
+use platform::settings::Settings;
 
 use crate::authoring;
 
@@ -27,16 +27,16 @@ pub async fn apply(arguments: Apply, settings: &Settings) -> anyhow::Result<()> 
     let text = std::fs::read_to_string(&file)
         .map_err(|error| anyhow::anyhow!("reading the workspace file {}: {error}", file.display()))?;
     let workspace = authoring::parse(&text)?;
-    let pool = shared::db::pool(settings.database_url()?, 2)?;
+    let pool = platform::db::pool(settings.database_url()?, 2)?;
     eprintln!("reading the log's authoring streams and planning {} spaces", workspace.spaces.len());
     let planned = authoring::plan(&pool, &workspace).await?;
     if dry_run {
         print_dry_run(&planned);
         return Ok(());
     }
-    let event_log = shared::log::EventLog::start(pool.clone(), 1);
+    let event_log = platform::log::EventLog::start(pool.clone(), 1);
     let events = planned.events() as u64;
-    let progress = shared::progress::Progress::new("appending in one transaction", events, "events");
+    let progress = platform::progress::Progress::new("appending in one transaction", events, "events");
     let report = authoring::commit(&event_log, planned).await?;
     progress.finish(events);
     println!("applied {} events (log position {})", report.events, report.position);

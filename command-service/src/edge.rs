@@ -2,10 +2,10 @@
 //! contract's answer to a failed append.
 
 use actix_web::HttpRequest;
-use shared::auth::Caller;
-use shared::error::ApiError;
-use shared::error::{Code, Issue};
-use shared::log::{AppendError, Metadata};
+use api::auth::Caller;
+use platform::error::ApiError;
+use platform::error::{Code, Issue};
+use platform::log::{AppendError, Metadata};
 
 /// The log metadata of a write by `caller`.
 pub fn metadata(req: &HttpRequest, caller: &Caller, idempotency_key: Option<String>) -> Metadata {
@@ -13,7 +13,7 @@ pub fn metadata(req: &HttpRequest, caller: &Caller, idempotency_key: Option<Stri
         space_id: Some(caller.space_id().to_owned()),
         actor_key_id: Some(caller.key_id().to_owned()),
         actor_user_id: Some(caller.identity.user_id.clone()),
-        request_id: Some(shared::http::request_id(req)),
+        request_id: Some(api::http::request_id(req)),
         idempotency_key,
     }
 }
@@ -85,7 +85,7 @@ impl From<crate::events::decide::AdmissionRefusal> for ApiError {
 impl From<crate::broadcasts::decide::Refusal> for ApiError {
     fn from(refusal: crate::broadcasts::decide::Refusal) -> Self {
         use crate::broadcasts::decide::Refusal;
-        use shared::email::resources::Audience;
+        use domain::email::resources::Audience;
         let message = refusal.to_string();
         match refusal {
             Refusal::Invalid { message, issues } => {
@@ -178,7 +178,7 @@ pub fn append_error(error: AppendError) -> ApiError {
 }
 
 /// Adds `Consistency-Token` (the last position written) when something was appended.
-pub fn consistency_token(response: &mut actix_web::HttpResponseBuilder, appended: Option<shared::log::Appended>) {
+pub fn consistency_token(response: &mut actix_web::HttpResponseBuilder, appended: Option<platform::log::Appended>) {
     if let Some(appended) = appended.filter(|a| a.last_position > 0) {
         response.insert_header(("Consistency-Token", appended.last_position.to_string()));
     }

@@ -7,7 +7,7 @@
 //! matches the claim token, so an acknowledged write and its recorded response cannot
 //! diverge. Errors raised after the claim are recorded too and replayed.
 //!
-//! Each claim names the instance that made it (its `shared::liveness` heartbeat). A claim
+//! Each claim names the instance that made it (its `platform::liveness` heartbeat). A claim
 //! left `processing` by an instance that died is reconciled once that instance has stopped
 //! beating for `liveness::DEAD_AFTER` (seconds), or, whoever owns it, once it is older than
 //! `CLAIM_TIMEOUT`: the next request with the key marks it `unresolved` (409
@@ -16,15 +16,15 @@
 //! operation appended nothing, so the key can run again. The takeover changes nothing the stalled claimant could still commit: its
 //! completion guard no longer matches a `processing` row with its token, so its append fails.
 
-use shared::error::Code;
+use platform::error::Code;
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
+use api::auth::Caller;
+use platform::error::ApiError;
+use platform::log::{AppendError, Guard, SetValue};
 use serde_json::Value;
-use shared::auth::Caller;
-use shared::error::ApiError;
-use shared::log::{AppendError, Guard, SetValue};
 use uuid::Uuid;
 
 use crate::State;
@@ -42,7 +42,7 @@ static EXISTING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                 claimed_at < now() - make_interval(secs => $2)
                 OR (claimed_at < now() - make_interval(secs => $3) AND {})
          FROM idempotency_records WHERE scope_key = $1",
-        shared::liveness::owner_is_dead("$3")
+        platform::liveness::owner_is_dead("$3")
     )
 });
 /// How long admission may wait for the database before answering 429.
@@ -74,7 +74,7 @@ fn conflict(code: Code, message: &str) -> ApiError {
 /// Claims the operation, or answers from (or about) an earlier one with the same key.
 pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Value) -> Result<Admission, ApiError> {
     let Some(header) = req.headers().get("idempotency-key") else {
-        return Ok(Admission::Unprotected { operation_id: shared::ids::new_id("op") });
+        return Ok(Admission::Unprotected { operation_id: platform::ids::new_id("op") });
     };
     let key = header
         .to_str()
@@ -87,10 +87,14 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
     }
     let method = req.method().as_str();
     let path = req.path();
-    let scope_key = shared::ids::sha256_hex(&format!("{}\u{1f}{method}\u{1f}{path}\u{1f}{key}", caller.key_id()));
-    let body_hash = shared::canonical::body_hash(body);
-    let claim =
-        Claim { scope_key, claim_token: Uuid::now_v7(), operation_id: shared::ids::new_id("op"), key: key.to_owned() };
+    let scope_key = platform::ids::sha256_hex(&format!("{}\u{1f}{method}\u{1f}{path}\u{1f}{key}", caller.key_id()));
+    let body_hash = crate::canonical::body_hash(body);
+    let claim = Claim {
+        scope_key,
+        claim_token: Uuid::now_v7(),
+        operation_id: platform::ids::new_id("op"),
+        key: key.to_owned(),
+    };
     let busy = || {
         ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -128,7 +132,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
             return Ok(Admission::Claimed(claim.clone()));
         }
         let existing = client.prepare_cached(&EXISTING).await?;
-        let (timeout, dead_after) = (CLAIM_TIMEOUT.as_secs_f64(), shared::liveness::DEAD_AFTER.as_secs_f64());
+        let (timeout, dead_after) = (CLAIM_TIMEOUT.as_secs_f64(), platform::liveness::DEAD_AFTER.as_secs_f64());
         let Some(row) = client.query_opt(&existing, &[&claim.scope_key, &timeout, &dead_after]).await? else {
             // Released between the insert and the read: the caller may simply retry.
             return Err(conflict(Code::IdempotencyConflict, "the operation with this key is changing state; retry"));

@@ -3,7 +3,9 @@
 
 pub mod authoring;
 pub mod broadcasts;
+pub mod canonical;
 pub mod cli;
+pub mod echo;
 pub mod edge;
 pub mod emails;
 pub mod events;
@@ -21,12 +23,12 @@ pub mod workflows;
 pub mod write_contexts;
 
 use actix_web::web;
+use api::auth::Authenticator;
+use api::http::ApiServer;
 use deadpool_postgres::Pool;
-use shared::auth::Authenticator;
-use shared::http::ApiServer;
-use shared::log::EventLog;
-use shared::readmodel::ReadModels;
-use shared::settings::Settings;
+use platform::log::EventLog;
+use platform::readmodel::ReadModels;
+use platform::settings::Settings;
 
 /// What every handler of this service needs.
 pub struct State {
@@ -36,35 +38,35 @@ pub struct State {
     pub read_models: ReadModels,
     pub settings: Settings,
     /// The AI provider (custom-filter webhook conditions).
-    pub ai: shared::ai::AiProvider,
+    pub ai: domain::ai::AiProvider,
     /// Where sends are handed off: the SMTP relay, or `.eml` files.
-    pub mailer: shared::email::mailer::Mailer,
+    pub mailer: mail::mailer::Mailer,
     /// Hand-off claims, made together with those of concurrent sends.
-    pub claims: shared::email::outbox::Claims,
+    pub claims: mail::outbox::Claims,
     /// Event admission scopes whose rows this process knows exist.
     admission_scopes: std::sync::Mutex<std::collections::HashSet<String>>,
     /// What record creates read from the catalog, kept until the catalog changes.
-    pub write_contexts: shared::catalog::WriteContexts,
+    pub write_contexts: domain::catalog::WriteContexts,
     /// What single event fires read from the catalog, kept until the catalog changes.
-    pub event_contexts: shared::catalog::WriteContexts,
+    pub event_contexts: domain::catalog::WriteContexts,
     /// What workflow triggers read from the catalog, kept until the catalog changes.
     pub workflows: workflows::store::Kept,
     /// What template sends read from the catalog (the template, its sender and domain, the
     /// space's allowance), kept until the catalog changes.
-    pub templates: shared::catalog::Kept<shared::email::send::Authored>,
+    pub templates: domain::catalog::Kept<mail::send::Authored>,
     /// This instance's heartbeat; its idempotency claims name it.
-    pub beat: shared::liveness::Beat,
+    pub beat: platform::liveness::Beat,
 }
 
 impl State {
     pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> anyhow::Result<web::Data<Self>> {
-        let ai = shared::ai::AiProvider::new(&settings.ai)?;
-        let mailer = shared::email::mailer::Mailer::from_settings(&settings.email)?;
+        let ai = domain::ai::AiProvider::new(&settings.ai)?;
+        let mailer = mail::mailer::Mailer::from_settings(&settings.email)?;
         let event_log = EventLog::start(pool.clone(), settings.append.batch_max);
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
-        let claims = shared::email::outbox::Claims::start(pool.clone());
-        let beat = shared::liveness::Beat::start(settings.database_url()?.to_owned(), "command-service");
+        let claims = mail::outbox::Claims::start(pool.clone());
+        let beat = platform::liveness::Beat::start(settings.database_url()?.to_owned(), "command-service");
         Ok(web::Data::new(Self {
             pool,
             event_log,
@@ -85,7 +87,7 @@ impl State {
 
     /// Whether some of `scopes` may lack their admission row (not yet seen by this process);
     /// marks them seen.
-    pub fn new_admission_scopes(&self, scopes: &[(String, shared::settings::ScopeLimits)]) -> bool {
+    pub fn new_admission_scopes(&self, scopes: &[(String, platform::settings::ScopeLimits)]) -> bool {
         let Ok(mut seen) = self.admission_scopes.lock() else { return true };
         let mut new = false;
         for (scope, _) in scopes {
@@ -107,10 +109,10 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let pool = shared::db::generic_plan_pool(settings.database_url()?, settings.database.pool_size)?;
+        let pool = platform::db::generic_plan_pool(settings.database_url()?, settings.database.pool_size)?;
         let read_models = ReadModels::start(pool.clone(), settings.database_url()?.to_owned());
         let state = State::new(settings.clone(), pool.clone(), read_models)?;
-        let ops = shared::ops::Ops::new(pool, None);
+        let ops = api::ops::Ops::new(pool, None);
         let address = (settings.http.host.as_str(), settings.http.port);
         let server = ApiServer::bind(
             address,

@@ -20,7 +20,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let settings = shared::process::start("info")?;
+    let settings = platform::process::start("info")?;
     match cli.command {
         Command::Serve => {
             let application = Application::build(settings).await?;

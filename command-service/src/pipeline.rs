@@ -27,12 +27,12 @@ use std::future::Future;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use api::ratelimit::Bucket;
+use domain::catalog::CATALOG;
+use platform::error::{ApiError, Code};
+use platform::log::{AppendError, AppendRequest, Appended, Guard, Metadata, StreamAppend};
 use serde_json::{Map, Value};
-use shared::auth::{Caller, Permission};
-use shared::catalog::CATALOG;
-use shared::error::{ApiError, Code};
-use shared::log::{AppendError, AppendRequest, Appended, Guard, Metadata, StreamAppend};
-use shared::ratelimit::Bucket;
 
 use crate::State;
 use crate::edge::append_error;
@@ -129,10 +129,10 @@ pub enum Then {
     /// Hand the appended email to the relay inline; the answer is the hand-off's outcome, and
     /// the hand-off records the idempotent completion (its outbox row holds the claim), so
     /// the append carries none.
-    SendEmail(Box<shared::email::outbox::Prepared>),
+    SendEmail(Box<mail::outbox::Prepared>),
     /// Hand the appended email to the relay after answering (the outbox worker is the
     /// backstop).
-    SendEmailLater(Box<shared::email::outbox::Prepared>),
+    SendEmailLater(Box<mail::outbox::Prepared>),
     /// The answer follows from where the append landed (an id derived from its position); for
     /// a command no idempotency record holds (its answer is recorded before the append).
     Answer(Box<dyn FnOnce(Appended) -> Answer>),
@@ -272,7 +272,7 @@ impl<'a> Ctx<'a> {
             .query_opt(&statement, &[])
             .await?
             .ok_or_else(|| ApiError::unavailable("the catalog is not built yet; retry shortly"))?;
-        let schema = shared::readmodel::schema_name(CATALOG, row.get(0));
+        let schema = platform::readmodel::schema_name(CATALOG, row.get(0));
         self.saw_catalog(row.get(1));
         *self.catalog_schema.borrow_mut() = Some(schema.clone());
         Ok(schema)
@@ -335,7 +335,7 @@ pub async fn authorize_with_body(
     permission: Permission,
     bucket: impl FnOnce(Result<&Map<String, Value>, &ApiError>) -> Bucket,
 ) -> Result<(Caller, Map<String, Value>), ApiError> {
-    let body = shared::http::read_json_object(req, payload).await;
+    let body = api::http::read_json_object(req, payload).await;
     let bucket = bucket(body.as_ref());
     let caller = state.authenticator.authorize_in(req, permission, bucket).await?;
     Ok((caller, body?))
@@ -364,7 +364,7 @@ pub async fn execute<C: Command>(
             }
             Admission::Unprotected { operation_id } => (None, operation_id),
         },
-        _ => (None, shared::ids::new_id("op")),
+        _ => (None, platform::ids::new_id("op")),
     };
     let outcome = attempts(state, req, &actor, claim.as_ref(), &operation_id, &command).await;
     match actor {
@@ -388,7 +388,7 @@ async fn attempts<C: Command>(
     let public = matches!(actor, Actor::Public);
     for attempt in 0..command.attempts().max(1) {
         let ctx = Ctx::new(state, req, actor, attempt);
-        let given = Given { now_ms: shared::time::now_millis(), operation_id, claim };
+        let given = Given { now_ms: platform::time::now_millis(), operation_id, claim };
         let decided = match command.load(&ctx).await {
             Ok(loaded) => command.decide(loaded, &given),
             Err(error) => Err(error),
@@ -418,7 +418,7 @@ async fn attempts<C: Command>(
             Err(error) => return Err(error),
         };
         let Decision { streams, mut guards, answer, space_id, then } = decision;
-        guards.extend(ctx.catalog_revision.get().map(shared::catalog::revision_guard));
+        guards.extend(ctx.catalog_revision.get().map(domain::catalog::revision_guard));
         if claim.is_some() && matches!(then, Some(Then::Answer(_))) {
             return Err(ApiError::internal(&anyhow::anyhow!("an idempotent command's answer follows its append")));
         }
@@ -516,6 +516,6 @@ pub fn respond(answer: &Answer, operation_id: Option<&str>, appended: Option<App
     crate::edge::consistency_token(&mut response, appended);
     match &answer.body {
         Body::Json(body) => response.json(body),
-        Body::Html(page) => shared::pages::page_headers(&mut response).body(page.clone()),
+        Body::Html(page) => api::pages::page_headers(&mut response).body(page.clone()),
     }
 }

@@ -1,9 +1,9 @@
 //! Every route of the command service, in one place: the handler of each command operation
-//! of the API's table (`shared::routes::OPERATIONS`). The router is built from that table.
+//! of the API's table (`api::routes::OPERATIONS`). The router is built from that table.
 
 use actix_web::{Route, web};
-use shared::http::answering;
-use shared::routes::Tier;
+use api::http::answering;
+use api::routes::Tier;
 
 use crate::{
     broadcasts, emails, events, forms, identities, records, segments, suppressions, templates, webhooks, workflows,
@@ -47,7 +47,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
 
 /// Registers the command operations of the table (inside the `/v1` scope).
 pub fn configure(config: &mut web::ServiceConfig) {
-    shared::http::register(config, Tier::Command, handler);
+    api::http::register(config, Tier::Command, handler);
 }
 
 #[cfg(test)]
@@ -56,7 +56,7 @@ mod tests {
 
     #[test]
     fn every_command_operation_has_a_handler() {
-        for operation in shared::routes::of_tier(Tier::Command) {
+        for operation in api::routes::of_tier(Tier::Command) {
             assert!(handler(operation.id).is_some(), "{} has no handler", operation.id);
         }
     }

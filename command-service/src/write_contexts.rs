@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use shared::catalog::{self, WriteContext};
-use shared::error::{ApiError, Code};
+use domain::catalog::{self, WriteContext};
+use platform::error::{ApiError, Code};
 
 use crate::State;
 use crate::pipeline::Ctx;

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use shared::settings::Settings;
+use platform::settings::Settings;
 
 use crate::read_models;
 
@@ -52,11 +52,11 @@ pub enum DeadLetterAction {
 pub async fn run(command: Operator, settings: &Settings) -> anyhow::Result<ExitCode> {
     match command {
         Operator::Migrate => {
-            let pool = shared::db::pool(settings.database_url()?, 2)?;
+            let pool = platform::db::pool(settings.database_url()?, 2)?;
             crate::migrate(&pool).await?;
         }
         Operator::DeadLetters { action: DeadLetterAction::List } => {
-            let pool = shared::db::pool(settings.database_url()?, 2)?;
+            let pool = platform::db::pool(settings.database_url()?, 2)?;
             let client = pool.get().await?;
             let open = read_models::quarantine::list_open(&client).await?;
             for letter in &open {
@@ -75,7 +75,7 @@ pub async fn run(command: Operator, settings: &Settings) -> anyhow::Result<ExitC
             println!("{} open dead letters", open.len());
         }
         Operator::DeadLetters { action: DeadLetterAction::Retry { name, space } } => {
-            let pool = shared::db::pool(settings.database_url()?, 2)?;
+            let pool = platform::db::pool(settings.database_url()?, 2)?;
             let report = read_models::quarantine::retry(&pool, read_model(&name)?, space.as_deref()).await?;
             println!(
                 "retried {} quarantined spaces ({} held events); {} dead letters still open",
@@ -94,8 +94,8 @@ pub async fn run(command: Operator, settings: &Settings) -> anyhow::Result<ExitC
             }
         }
         Operator::Rebuild { name } => {
-            let pool = shared::db::pool(settings.database_url()?, 4)?;
-            let mut progress = shared::progress::Progress::new(&format!("rebuilding {name}"), 0, "events");
+            let pool = platform::db::pool(settings.database_url()?, 4)?;
+            let mut progress = platform::progress::Progress::new(&format!("rebuilding {name}"), 0, "events");
             let mut done = 0;
             let report = read_models::rebuild::rebuild(&pool, read_model(&name)?, |step| match step {
                 read_models::rebuild::Step::Note(line) => progress.note(line),

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
+use platform::settings::Settings;
 use serde_json::json;
-use shared::settings::Settings;
 use tokio_util::sync::CancellationToken;
 
 use crate::read_models::runner::Faults;
@@ -27,7 +27,7 @@ use crate::runtime::{Health, Runtime, Worker};
 
 /// Applies the log's migrations and creates version 1 of every read model that has none.
 pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
-    shared::db::migrate(pool).await?;
+    platform::db::migrate(pool).await?;
     read_models::runner::ensure_initialized(pool).await
 }
 
@@ -55,7 +55,7 @@ pub const WORKER_KINDS: [&str; 11] = [
 pub fn workers(
     settings: &Settings,
     pool: &Pool,
-    provider: shared::ai::AiProvider,
+    provider: domain::ai::AiProvider,
     process: &str,
 ) -> anyhow::Result<Vec<Arc<dyn Worker>>> {
     let selection = settings.projector.workers.trim();
@@ -67,7 +67,7 @@ pub fn workers(
     if let Some(unknown) = wanted.iter().find(|kind| !WORKER_KINDS.contains(kind)) {
         anyhow::bail!("APP__PROJECTOR__WORKERS names {unknown:?}; the workers are all, {}", WORKER_KINDS.join(", "));
     }
-    let log = shared::log::EventLog::start(pool.clone(), settings.append.batch_max);
+    let log = platform::log::EventLog::start(pool.clone(), settings.append.batch_max);
     let mut workers: Vec<Arc<dyn Worker>> = Vec::new();
     if wanted.contains(&"read_models") {
         let faults = Faults::from_settings(&settings.projector);
@@ -135,7 +135,7 @@ pub struct WorkersReadiness {
 /// How long a worker may fail before the process reports itself not ready.
 pub const FAILING_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
-impl shared::ops::Readiness for WorkersReadiness {
+impl api::ops::Readiness for WorkersReadiness {
     fn check(&self) -> BoxFuture<'_, (bool, serde_json::Value)> {
         Box::pin(async {
             let failing = self.health.failing_longer_than(FAILING_GRACE);
@@ -155,7 +155,7 @@ impl shared::ops::Readiness for WorkersReadiness {
 
 /// The operations endpoints (`/health/live`, `/health/ready`, `/metrics`) of a projector
 /// process, bound on `APP__PROJECTOR__PORT`; the server and its port.
-pub fn ops_server(settings: &Settings, ops: shared::ops::Ops) -> anyhow::Result<(actix_web::dev::Server, u16)> {
+pub fn ops_server(settings: &Settings, ops: api::ops::Ops) -> anyhow::Result<(actix_web::dev::Server, u16)> {
     let listener = std::net::TcpListener::bind((settings.http.host.as_str(), settings.projector.port))?;
     let port = listener.local_addr()?.port();
     let server = actix_web::HttpServer::new(move || {
@@ -181,12 +181,12 @@ pub struct Application {
 impl Application {
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
         let database_url = settings.database_url()?.to_owned();
-        let pool = shared::db::pool(&database_url, POOL_SIZE)?;
-        let provider = shared::ai::AiProvider::new(&settings.ai)?;
+        let pool = platform::db::pool(&database_url, POOL_SIZE)?;
+        let provider = domain::ai::AiProvider::new(&settings.ai)?;
         let process = format!("projector-{}", std::process::id());
         let runtime = Runtime::new(database_url, workers(settings, &pool, provider, &process)?);
         let readiness = WorkersReadiness { health: runtime.health(), pool: pool.clone() };
-        let ops = shared::ops::Ops::new(pool, Some(Arc::new(readiness)));
+        let ops = api::ops::Ops::new(pool, Some(Arc::new(readiness)));
         let (server, port) = ops_server(settings, ops)?;
         Ok(Self { runtime, server, port, shutdown: CancellationToken::new() })
     }

@@ -27,7 +27,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    let settings = shared::process::start("info")?;
+    let settings = platform::process::start("info")?;
     match cli.command {
         Command::Run => {
             let application = projector::Application::build(&settings).await?;

@@ -158,7 +158,7 @@ impl Runtime {
         }
         // One listening connection per channel for the whole process.
         for (channel, wakes) in wakers {
-            let mut notifications = shared::db::listen(self.database_url.clone(), channel);
+            let mut notifications = platform::db::listen(self.database_url.clone(), channel);
             let stop = shutdown.clone();
             tasks.push(tokio::spawn(async move {
                 loop {

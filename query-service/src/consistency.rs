@@ -1,19 +1,19 @@
 //! What every read shares: authorising it, reading consistently with the caller's last write
 //! (read-your-writes), an offset page of documents, and the answer with its position and warnings.
 
-use shared::error::Code;
+use platform::error::Code;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Instant;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
+use api::auth::{Caller, Permission};
+use api::pagination::Warning;
 use deadpool_postgres::Client;
+use platform::error::ApiError;
+use platform::readmodel::{CHECK_SQL, Consistent, check_with, decode_check};
 use serde_json::Value;
-use shared::auth::{Caller, Permission};
-use shared::error::ApiError;
-use shared::pagination::Warning;
-use shared::readmodel::{CHECK_SQL, Consistent, check_with, decode_check};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -164,13 +164,13 @@ impl Anchor {
     }
 }
 
-/// The anchors of concurrent reads, read from the primary together (`shared::batch`): the
+/// The anchors of concurrent reads, read from the primary together (`platform::batch`): the
 /// reads that ask while one statement runs are answered by the next. Each read asks before the
 /// statement that answers it starts, so its anchor is at least as new as the read; only the
 /// round trips are shared, which takes most of a standby read's cost off the primary.
 #[derive(Clone)]
 pub struct Anchors {
-    batcher: shared::batch::Batcher<String, Anchor>,
+    batcher: platform::batch::Batcher<String, Anchor>,
 }
 
 /// Anchors read in one statement at most.
@@ -178,7 +178,7 @@ const ANCHORS_PER_STATEMENT: usize = 512;
 
 impl Anchors {
     pub fn start(primary: deadpool_postgres::Pool) -> Self {
-        let batcher = shared::batch::Batcher::start(ANCHORS_PER_STATEMENT, move |keys: Vec<String>| {
+        let batcher = platform::batch::Batcher::start(ANCHORS_PER_STATEMENT, move |keys: Vec<String>| {
             let primary = primary.clone();
             async move { anchors_of(&primary, &keys).await }
         });

@@ -21,11 +21,11 @@ pub mod webhooks;
 pub mod workflows;
 
 use actix_web::web;
+use api::auth::Authenticator;
+use api::http::ApiServer;
 use deadpool_postgres::Pool;
-use shared::auth::Authenticator;
-use shared::http::ApiServer;
-use shared::readmodel::ReadModels;
-use shared::settings::Settings;
+use platform::readmodel::ReadModels;
+use platform::settings::Settings;
 
 pub struct State {
     /// Where reads run: the database, or its hot standby (`APP__DATABASE__READ_URL`).
@@ -76,19 +76,19 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let primary = shared::db::generic_plan_pool(settings.database_url()?, settings.database.pool_size)?;
+        let primary = platform::db::generic_plan_pool(settings.database_url()?, settings.database.pool_size)?;
         let (pool, primary, read_models) = match settings.read_url() {
             None => {
                 let read_models = ReadModels::start(primary.clone(), settings.database_url()?.to_owned());
                 (primary, None, read_models)
             }
             Some(read_url) => {
-                let standby = shared::db::generic_plan_pool(read_url, settings.database.pool_size)?;
+                let standby = platform::db::generic_plan_pool(read_url, settings.database.pool_size)?;
                 (standby.clone(), Some(primary), ReadModels::start_on_standby(standby))
             }
         };
         let state = State::with_primary(settings.clone(), pool.clone(), primary, read_models);
-        let ops = shared::ops::Ops::new(pool, None);
+        let ops = api::ops::Ops::new(pool, None);
         let address = (settings.http.host.as_str(), settings.http.port);
         let server = ApiServer::bind(address, settings.server_timeouts(), ops, reference::configure, move |config| {
             config.app_data(state.clone());

@@ -4,7 +4,7 @@ use query_service::Application;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let settings = shared::process::start("info")?;
+    let settings = platform::process::start("info")?;
     let application = Application::build(settings).await?;
     tracing::info!(port = application.port(), "query service listening");
     application.run_until_stopped().await?;

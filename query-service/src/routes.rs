@@ -1,9 +1,9 @@
 //! Every route of the query service, in one place: the handler of each query operation of
-//! the API's table (`shared::routes::OPERATIONS`). The router is built from that table.
+//! the API's table (`api::routes::OPERATIONS`). The router is built from that table.
 
 use actix_web::{HttpResponse, Route, web};
-use shared::http::answering;
-use shared::routes::Tier;
+use api::http::answering;
+use api::routes::Tier;
 
 use crate::{
     audit, broadcasts, deletions, email, emails, events, me, records, schemas, segments, suppressions, webhooks,
@@ -54,7 +54,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
 
 /// Registers the query operations of the table (inside the `/v1` scope).
 pub fn configure(config: &mut web::ServiceConfig) {
-    shared::http::register(config, Tier::Query, handler);
+    api::http::register(config, Tier::Query, handler);
 }
 
 /// The OpenAPI 3.1 document, kept in the repo at `docs/openapi.json`.
@@ -70,7 +70,7 @@ mod tests {
 
     #[test]
     fn every_query_operation_has_a_handler() {
-        for operation in shared::routes::of_tier(Tier::Query) {
+        for operation in api::routes::of_tier(Tier::Query) {
             assert!(handler(operation.id).is_some(), "{} has no handler", operation.id);
         }
     }
@@ -87,7 +87,7 @@ mod tests {
             }
         }
         documented.sort();
-        let mut table: Vec<(String, String, String)> = shared::routes::OPERATIONS
+        let mut table: Vec<(String, String, String)> = api::routes::OPERATIONS
             .iter()
             .map(|operation| (operation.id.to_owned(), operation.method.to_owned(), operation.path.to_owned()))
             .collect();

@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::Utc;
 use deadpool_postgres::Pool;
+use domain::email::resources::{TEMPLATE, TOPIC};
+use domain::workflows::WORKFLOW;
+use platform::events::{LogEvent, seal};
+use platform::ids::{derived_id, sha256_hex};
+use platform::log::{AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use platform::proto;
 use rand::Rng;
 use serde_json::Value;
-use shared::email::resources::{TEMPLATE, TOPIC};
-use shared::events::{LogEvent, seal};
-use shared::ids::{derived_id, sha256_hex};
-use shared::log::{AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
-use shared::proto;
-use shared::workflows::WORKFLOW;
 
 use super::format::{ResourceSpec, SpaceSpec, SuppressionSpec, WebhookSpec, Workspace};
 
@@ -70,10 +70,10 @@ impl Plan<'_> {
             Some((version, _)) => ExpectedVersion::Exactly(*version),
             None => ExpectedVersion::NoStream,
         };
-        let occurred_at = shared::time::from_millis(self.now_ms);
+        let occurred_at = platform::time::from_millis(self.now_ms);
         // Suppressions are about their email address (for audit trails).
         let subject_id = match &event {
-            LogEvent::SuppressionAdded(added) => shared::suppressions::subject_of(added).ok().flatten(),
+            LogEvent::SuppressionAdded(added) => domain::suppressions::subject_of(added).ok().flatten(),
             _ => None,
         };
         self.streams.push(StreamAppend {
@@ -197,11 +197,11 @@ pub async fn plan(pool: &Pool, workspace: &Workspace) -> anyhow::Result<Planned>
     let webhook_streams: Vec<String> = workspace
         .spaces
         .iter()
-        .flat_map(|space| space.webhooks.iter().map(|webhook| shared::webhooks::state::stream_id(&webhook.id)))
+        .flat_map(|space| space.webhooks.iter().map(|webhook| domain::webhooks::state::stream_id(&webhook.id)))
         .collect();
     let current = load_current(pool, &webhook_streams).await?;
     let mut plan =
-        Plan { current: &current, streams: Vec::new(), guards: Vec::new(), now_ms: shared::time::now_millis() };
+        Plan { current: &current, streams: Vec::new(), guards: Vec::new(), now_ms: platform::time::now_millis() };
     let mut report = ApplyReport::default();
     let space_ids: BTreeMap<&str, String> = workspace
         .spaces
@@ -303,12 +303,12 @@ pub async fn plan(pool: &Pool, workspace: &Workspace) -> anyhow::Result<Planned>
                 continue;
             }
             let (key_hash, key_display) = match (&key.secret, &existing) {
-                (Some(secret), _) => (sha256_hex(secret), shared::auth::key_display(secret)),
+                (Some(secret), _) => (sha256_hex(secret), api::auth::key_display(secret)),
                 (None, Some(issued)) => (issued.key_hash.clone(), issued.key_display.clone()),
                 (None, None) => {
                     let secret = generate_secret();
                     report.generated_keys.push((email.clone(), key.name.clone(), secret.clone()));
-                    (sha256_hex(&secret), shared::auth::key_display(&secret))
+                    (sha256_hex(&secret), api::auth::key_display(&secret))
                 }
             };
             let created_at_ms = existing.as_ref().map_or(plan.now_ms, |issued| issued.created_at_ms);
@@ -439,7 +439,7 @@ fn plan_schemas(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {
 /// authoring streams.
 fn plan_suppression(plan: &mut Plan<'_>, space_id: &str, spec: &SuppressionSpec) {
     let identifier = spec.identifier.trim().to_lowercase();
-    let scope = shared::suppressions::scope(space_id).to_owned();
+    let scope = domain::suppressions::scope(space_id).to_owned();
     let suppression_id = derived_id("sup", &["suppression", &scope, &identifier, &spec.reason]);
     let stream_id = crate::suppressions::store::authored_stream_id(&suppression_id);
     if matches!(plan.latest(&stream_id), Some(LogEvent::SuppressionAdded(_))) {
@@ -462,7 +462,7 @@ fn plan_webhook(
     space_id: &str,
     spec: &WebhookSpec,
 ) -> anyhow::Result<Option<String>> {
-    let stream_id = shared::webhooks::state::stream_id(&spec.id);
+    let stream_id = domain::webhooks::state::stream_id(&spec.id);
     let now = plan.now_ms;
     match plan.current.get(&stream_id) {
         Some((version, _)) => {
@@ -485,17 +485,17 @@ fn plan_webhook(
                     events: vec![NewEvent {
                         event: LogEvent::WebhookUpdated(update),
                         subject_id: None,
-                        occurred_at: shared::time::from_millis(now),
+                        occurred_at: platform::time::from_millis(now),
                     }],
                 });
             }
         }
         None => {
-            let subject = shared::webhooks::state::secret_subject(&spec.id);
-            let (key, wrapped) = shared::crypto::keyring()?.generate(&subject)?;
-            let secret = shared::webhooks::signing::Secret::generate();
+            let subject = domain::webhooks::state::secret_subject(&spec.id);
+            let (key, wrapped) = platform::crypto::keyring()?.generate(&subject)?;
+            let secret = domain::webhooks::signing::Secret::generate();
             let mut sealed = seal(&subject, &proto::WebhookSecret { secret: secret.reveal() });
-            shared::events::encrypt(&mut sealed, &key)?;
+            platform::events::encrypt(&mut sealed, &key)?;
             let schema_id =
                 spec.schema.as_ref().map(|slug| derived_id("sch", &["schema", &space.slug, slug])).unwrap_or_default();
             let created = proto::WebhookCreated {
@@ -505,7 +505,7 @@ fn plan_webhook(
                 trigger: spec.trigger.clone(),
                 email_event_types: spec.email_event_types.clone(),
                 schema_id,
-                condition: Some(shared::webhooks::state::no_condition()),
+                condition: Some(domain::webhooks::state::no_condition()),
                 secret: Some(sealed),
                 integration_vendor_name: spec.integration_vendor_name.clone(),
                 created_at_ms: now,
@@ -587,7 +587,7 @@ fn generate_secret() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();
     let body: String = (0..40).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
-    format!("{}_{body}", shared::auth::KEY_PREFIX)
+    format!("{}_{body}", api::auth::KEY_PREFIX)
 }
 
 /// Waits until the live catalog read model has projected `position` (a projector must run).

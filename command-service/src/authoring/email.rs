@@ -1,22 +1,22 @@
 //! The email resources of a space (domains, senders, topics, templates, forms and the
 //! allowance), checked and with their slugs resolved to ids, become the definitions the
-//! catalog holds (`shared::email::resources`). A domain's DKIM key is generated once (or
+//! catalog holds (`domain::email::resources`). A domain's DKIM key is generated once (or
 //! taken from the file) and kept only encrypted; a later apply keeps it while the selector
 //! and the given key stay the same.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
-use serde::Deserialize;
-use serde_json::{Map, Value};
-use shared::email::dkim;
-use shared::email::resources::{
+use domain::email::resources::{
     ALLOWANCE, AllowanceDef, Audience, BROADCAST, BroadcastDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef, SENDER,
     SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef,
 };
-use shared::email::{footer, render};
-use shared::events::LogEvent;
-use shared::ids::derived_id;
+use mail::dkim;
+use mail::{footer, render};
+use platform::events::LogEvent;
+use platform::ids::derived_id;
+use serde::Deserialize;
+use serde_json::{Map, Value};
 
 use super::format::{ResourceSpec, SpaceSpec};
 
@@ -170,7 +170,7 @@ fn lookup<'b>(ids: &'b BTreeMap<&str, String>, kind: &str, slug: &str, owner: &s
 }
 
 fn check_address(address: &str, what: &str) -> anyhow::Result<()> {
-    if shared::email::is_address(address) { Ok(()) } else { bail!("{what} {address:?} is not an email address") }
+    if mail::is_address(address) { Ok(()) } else { bail!("{what} {address:?} is not an email address") }
 }
 
 /// The definitions (kind, id, JSON) of a space's email resources. `previous` answers the
@@ -220,7 +220,7 @@ pub fn definitions(
                     Some(pem) => pem.clone(),
                     None => dkim::generate()?,
                 };
-                dkim::seal(shared::crypto::keyring()?, &id, &input.dkim_selector, &pem)?
+                dkim::seal(platform::crypto::keyring()?, &id, &input.dkim_selector, &pem)?
             }
         };
         let return_path = input.return_path.unwrap_or_else(|| format!("bounces.{name}"));

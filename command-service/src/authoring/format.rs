@@ -158,7 +158,7 @@ pub struct KeySpec {
 pub fn parse(text: &str) -> anyhow::Result<Workspace> {
     let value: Value = serde_json::from_str(text).context("the workspace file is not valid JSON")?;
     // What the store cannot hold would stop the catalog read model when projected.
-    if let Some(issue) = shared::storable::json_issues(&value).into_iter().next() {
+    if let Some(issue) = platform::storable::json_issues(&value).into_iter().next() {
         bail!("the workspace file is not valid: {}", issue.message);
     }
     let workspace: Workspace = serde_json::from_value(value).context("the workspace file is not valid")?;
@@ -183,7 +183,7 @@ fn validate(workspace: &Workspace) -> anyhow::Result<()> {
                 bail!("schema {:?} has type {:?}; use contact, object or event", schema.slug, schema.schema_type);
             }
             let base: Vec<&str> =
-                shared::records::base_attributes(&schema.schema_type).iter().map(|(key, _, _)| *key).collect();
+                domain::records::base_attributes(&schema.schema_type).iter().map(|(key, _, _)| *key).collect();
             let mut keys = HashSet::new();
             for attribute in &schema.attributes {
                 let valid_key = !attribute.key.is_empty()
@@ -208,14 +208,14 @@ fn validate(workspace: &Workspace) -> anyhow::Result<()> {
                 if let Some(consent) = attribute.definition.get("consent") {
                     let channel = consent.get("channel").and_then(Value::as_str);
                     if schema.schema_type != "contact"
-                        || !channel.is_some_and(|c| shared::records::CHANNELS.contains(&c))
+                        || !channel.is_some_and(|c| domain::records::CHANNELS.contains(&c))
                     {
                         bail!(
                             "attribute {:?} in schema {:?}: consent fields belong to contact schemas and need \
                              consent.channel, one of {}",
                             attribute.key,
                             schema.slug,
-                            shared::records::CHANNELS.join(", ")
+                            domain::records::CHANNELS.join(", ")
                         );
                     }
                 }
@@ -259,7 +259,7 @@ fn validate(workspace: &Workspace) -> anyhow::Result<()> {
         if !suppression.identifier.contains('@') {
             bail!("suppression identifier {:?} is not an email address", suppression.identifier);
         }
-        if !shared::suppressions::ALL_REASONS.contains(&suppression.reason.as_str()) {
+        if !domain::suppressions::ALL_REASONS.contains(&suppression.reason.as_str()) {
             bail!("suppression reason {:?}; use manual, legal, bounce or complaint", suppression.reason);
         }
     }
@@ -275,7 +275,7 @@ fn validate(workspace: &Workspace) -> anyhow::Result<()> {
             if !space_slugs.contains(membership.space.as_str()) {
                 bail!("user {:?} is a member of unknown space {:?}", user.email, membership.space);
             }
-            if shared::auth::Role::parse(&membership.role).is_none() {
+            if api::auth::Role::parse(&membership.role).is_none() {
                 bail!("role {:?} of {:?}; use admin, non_paid_admin or member", membership.role, user.email);
             }
         }
@@ -290,7 +290,7 @@ fn validate(workspace: &Workspace) -> anyhow::Result<()> {
                 bail!("key {:?} is bound to unknown space {:?}", key.name, space);
             }
             if let Some(secret) = &key.secret {
-                let prefix = format!("{}_", shared::auth::KEY_PREFIX);
+                let prefix = format!("{}_", api::auth::KEY_PREFIX);
                 if !secret.starts_with(&prefix) || secret.len() < 24 {
                     bail!("key {:?}: a secret must start with {prefix} and be at least 24 characters", key.name);
                 }

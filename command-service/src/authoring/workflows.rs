@@ -1,17 +1,17 @@
 //! The workflows of a space, checked and with their references resolved to ids, become the
-//! definitions the catalog holds (`shared::workflows::WorkflowDef`). The format is in
+//! definitions the catalog holds (`domain::workflows::WorkflowDef`). The format is in
 //! `docs/workspace-file.md` ("Workflows"). Every refusal names the workflow and the step.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, bail};
-use serde::Deserialize;
-use serde_json::{Map, Value};
-use shared::filter::{CONSENT_EMAIL, FieldPath, Filter};
-use shared::workflows::{
+use domain::workflows::{
     Arm, Reentry, Source, Status, Step, StepKind, StoredSecret, Trigger, TriggerOn, WORKFLOW, Wait, WorkflowDef, check,
     parse_duration,
 };
+use filter::{CONSENT_EMAIL, FieldPath, Filter};
+use serde::Deserialize;
+use serde_json::{Map, Value};
 
 use super::email::{Schemas, resource_id};
 use super::format::{ResourceSpec, SpaceSpec};
@@ -201,22 +201,22 @@ fn signing(
     kept: Option<&WorkflowDef>,
 ) -> anyhow::Result<(Option<StoredSecret>, Option<String>)> {
     let kept = kept.and_then(|kept| kept.signing.clone());
-    let keyring = shared::crypto::keyring()?;
+    let keyring = platform::crypto::keyring()?;
     match given {
         Some(secret) => {
-            shared::webhooks::signing::Secret::parse(secret)
+            domain::webhooks::signing::Secret::parse(secret)
                 .with_context(|| "signingSecret must be whsec_ and the base64 of 24 to 64 bytes")?;
             if let Some(kept) = &kept
-                && shared::workflows::open_secret(keyring, workflow_id, kept).ok().as_deref() == Some(secret)
+                && domain::workflows::open_secret(keyring, workflow_id, kept).ok().as_deref() == Some(secret)
             {
                 return Ok((Some(kept.clone()), None));
             }
-            Ok((Some(shared::workflows::seal_secret(keyring, workflow_id, secret)?), None))
+            Ok((Some(domain::workflows::seal_secret(keyring, workflow_id, secret)?), None))
         }
         None if kept.is_some() => Ok((kept, None)),
         None if calls => {
-            let secret = shared::webhooks::signing::Secret::generate().reveal();
-            Ok((Some(shared::workflows::seal_secret(keyring, workflow_id, &secret)?), Some(secret)))
+            let secret = domain::webhooks::signing::Secret::generate().reveal();
+            Ok((Some(domain::workflows::seal_secret(keyring, workflow_id, &secret)?), Some(secret)))
         }
         None => Ok((None, None)),
     }
@@ -471,7 +471,7 @@ impl Resolver<'_> {
             "call_webhook" => {
                 let spec: CallSpec = fields_of(fields)?;
                 // Loopback is checked when the call is made, under the deployment's setting.
-                if let Some(refusal) = shared::webhooks::target::url_refusal(&spec.url, true) {
+                if let Some(refusal) = domain::webhooks::target::url_refusal(&spec.url, true) {
                     bail!("url {:?} {}", spec.url, refusal.message());
                 }
                 StepKind::CallWebhook { url: spec.url, next: next()? }
@@ -505,8 +505,8 @@ impl Resolver<'_> {
     /// `contact.<field>` (or a bare contact field), `has email consent`, `subscribed to
     /// <topic>`, `segments.<segmentId>` and `steps.<stepId>.<path>`.
     fn condition(&self, text: &str) -> anyhow::Result<Filter> {
-        let filter = shared::filter::parse_plain(text).map_err(|error| anyhow::anyhow!("{error}"))?;
-        shared::filter::rewrite(filter, &mut |leaf| match leaf {
+        let filter = filter::parse_plain(text).map_err(|error| anyhow::anyhow!("{error}"))?;
+        filter::rewrite(filter, &mut |leaf| match leaf {
             Filter::Performed(_) => {
                 bail!("`performed` is for segments: define a segment and use segments.<segmentId> is true")
             }

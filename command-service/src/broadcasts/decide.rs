@@ -1,11 +1,11 @@
 //! The broadcast decisions: validating an update body, updating a broadcast and requesting
 //! its run, on the broadcast as the log holds it. Pure.
 
+use domain::email::broadcasts::apply_update;
+use domain::email::resources::{Audience, BroadcastDef};
+use platform::error::{Code, Issue};
+use platform::proto;
 use serde_json::{Map, Value};
-use shared::email::broadcasts::apply_update;
-use shared::email::resources::{Audience, BroadcastDef};
-use shared::error::{Code, Issue};
-use shared::proto;
 
 /// The fields an update accepts.
 pub const UPDATE_FIELDS: [&str; 3] = ["name", "audience", "scheduledAt"];
@@ -150,10 +150,10 @@ fn audience(value: &Value, issues: &mut Vec<Issue>) -> Option<Audience> {
     let typed = value.get("type").map(Value::as_str);
     let fields = value.as_object().map_or(0, |object| object.len() - usize::from(typed.is_some()));
     match (id("segmentId"), id("topicId"), fields, typed) {
-        (Some(segment_id), None, 1, None | Some(Some("segment"))) if shared::storable::is_storable(&segment_id) => {
+        (Some(segment_id), None, 1, None | Some(Some("segment"))) if platform::storable::is_storable(&segment_id) => {
             Some(Audience::Segment { segment_id })
         }
-        (None, Some(topic_id), 1, None | Some(Some("topic"))) if shared::storable::is_storable(&topic_id) => {
+        (None, Some(topic_id), 1, None | Some(Some("topic"))) if platform::storable::is_storable(&topic_id) => {
             Some(Audience::Topic { topic_id })
         }
         _ => {
@@ -172,7 +172,7 @@ fn audience(value: &Value, issues: &mut Vec<Issue>) -> Option<Audience> {
 /// the document a `GET` returns): the template, sender and slug are authored in the
 /// application, the id is the broadcast's own.
 pub fn check_echoed(update: &Update, shown: &Value) -> Result<(), Refusal> {
-    let issues: Vec<Issue> = shared::echo::changed(&update.echoed, shown)
+    let issues: Vec<Issue> = crate::echo::changed(&update.echoed, shown)
         .into_iter()
         .map(|(key, current)| {
             let message = match key {
@@ -189,7 +189,7 @@ pub fn check_echoed(update: &Update, shown: &Value) -> Result<(), Refusal> {
 /// time, or null to send at once).
 pub fn parse_update(body: &Map<String, Value>) -> Result<Update, Refusal> {
     let mut body = body.clone();
-    let echoed = shared::echo::take_echoed(&mut body, &FIXED_FIELDS, &KEPT_FIELDS);
+    let echoed = crate::echo::take_echoed(&mut body, &FIXED_FIELDS, &KEPT_FIELDS);
     let mut issues: Vec<Issue> = body
         .keys()
         .filter(|key| !UPDATE_FIELDS.contains(&key.as_str()))
@@ -201,7 +201,7 @@ pub fn parse_update(body: &Map<String, Value>) -> Result<Update, Refusal> {
         Some(Value::String(name))
             if !name.trim().is_empty()
                 && name.chars().count() <= MAX_NAME_CHARS
-                && shared::storable::is_storable(name) =>
+                && platform::storable::is_storable(name) =>
         {
             update.name = Some(name.trim().to_owned());
         }
@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn given_the_broadcast_as_shown_then_only_its_edits_change_and_fixed_fields_must_match() {
-        let shown = shared::email::broadcasts::document("bc_1", &current(false).definition, 5);
+        let shown = domain::email::broadcasts::document("bc_1", &current(false).definition, 5);
         let mut edited = shown.clone();
         edited["name"] = json!("Relaunch");
         edited["updatedAt"] = json!("2031-01-01T00:00:00.000Z");

@@ -10,14 +10,14 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use domain::email::broadcasts::{document, stream_id};
+use domain::email::resources::Audience;
+use platform::error::{ApiError, Code};
+use platform::events::LogEvent;
+use platform::log::{AppendError, ExpectedVersion, Guard, StreamAppend};
+use platform::proto;
 use serde_json::{Value, json};
-use shared::auth::{Caller, Permission};
-use shared::email::broadcasts::{document, stream_id};
-use shared::email::resources::Audience;
-use shared::error::{ApiError, Code};
-use shared::events::LogEvent;
-use shared::log::{AppendError, ExpectedVersion, Guard, StreamAppend};
-use shared::proto;
 
 use super::decide::{self, AudienceFound, Update};
 use super::store::{self, Loaded};
@@ -50,7 +50,7 @@ async fn audience_found(
         Audience::Topic { topic_id } => {
             let catalog = ctx.catalog().await?;
             let client = ctx.db().await?;
-            let topic = shared::catalog::resource_by_id(&client, &catalog, "topic", topic_id).await?;
+            let topic = domain::catalog::resource_by_id(&client, &catalog, "topic", topic_id).await?;
             Ok((found(topic.is_some_and(|(owner, _, _)| owner == space_id)), None))
         }
     }
@@ -133,7 +133,7 @@ impl Command for UpdateBroadcast<'_> {
         let Some((loaded, _, audience_guard)) = loaded else {
             return Err(ApiError::internal(&anyhow::anyhow!("an update decided without its broadcast")));
         };
-        let body = shared::http::data_body(document(broadcast_id, &next, given.now_ms), &[]);
+        let body = api::http::data_body(document(broadcast_id, &next, given.now_ms), &[]);
         let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastUpdated(event), given.now_ms);
         let guards = [store::no_active_run(broadcast_id), authored].into_iter().chain(audience_guard).collect();
         Ok(Decided::Append(Decision::one(stream, guards, StatusCode::OK, body)))
@@ -168,8 +168,8 @@ fn requested_run(run: &proto::BroadcastRunRequested, audience: &Audience) -> Val
         "templateId": run.template_id,
         "senderId": Some(&run.sender_id).filter(|id| !id.is_empty()),
         "audience": audience,
-        "startAt": shared::time::format_millis(run.start_at_ms),
-        "requestedAt": shared::time::format_millis(run.requested_at_ms),
+        "startAt": platform::time::format_millis(run.start_at_ms),
+        "requestedAt": platform::time::format_millis(run.requested_at_ms),
         "startedAt": null,
         "finishedAt": null,
         "error": null,
@@ -194,13 +194,13 @@ impl Command for SendBroadcast<'_> {
         let (space_id, broadcast_id) = (self.caller.space_id(), self.broadcast_id.as_str());
         let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
         let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
-        let run_id = shared::ids::new_id("bcr");
+        let run_id = platform::ids::new_id("bcr");
         let run = decide::decide_send(broadcast_id, space_id, current, found, (&run_id, given.now_ms))?;
         let Some((loaded, _, audience_guard)) = loaded else {
             return Err(ApiError::internal(&anyhow::anyhow!("a send decided without its broadcast")));
         };
         let audience = &loaded.current.definition.audience;
-        let body = shared::http::data_body(requested_run(&run, audience), &[]);
+        let body = api::http::data_body(requested_run(&run, audience), &[]);
         let audience = serde_json::to_value(audience).map_err(|error| ApiError::internal(&error.into()))?;
         let mut guards = store::run_guards(&run, audience);
         let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastRunRequested(run), given.now_ms);

@@ -3,11 +3,11 @@
 //! (the write side's `broadcast_runs`), and the guards their appends carry.
 
 use deadpool_postgres::GenericClient;
-use shared::email::broadcasts::{apply_update, stream_id};
-use shared::email::resources::{BROADCAST, BroadcastDef};
-use shared::error::Code;
-use shared::events::LogEvent;
-use shared::log::{AppendError, Guard};
+use domain::email::broadcasts::{apply_update, stream_id};
+use domain::email::resources::{BROADCAST, BroadcastDef};
+use platform::error::Code;
+use platform::events::LogEvent;
+use platform::log::{AppendError, Guard};
 
 use super::decide::Current;
 
@@ -30,7 +30,7 @@ pub struct Loaded {
 pub async fn load(client: &impl GenericClient, space_id: &str, broadcast_id: &str) -> anyhow::Result<Option<Loaded>> {
     let authored = authored_stream(broadcast_id);
     let own = stream_id(broadcast_id);
-    let events = shared::log::read_streams(client, &[authored.clone(), own.clone()]).await?;
+    let events = platform::log::read_streams(client, &[authored.clone(), own.clone()]).await?;
     let (mut definition, mut version, mut authored_version) = (None::<BroadcastDef>, 0, 0);
     for stored in &events {
         if stored.stream_id == authored {
@@ -81,8 +81,8 @@ fn run_active() -> AppendError {
 
 /// The run's row (one scheduled or sending run per broadcast, by a unique index) and its start
 /// timer, due at `start_at`.
-pub fn run_guards(run: &shared::proto::BroadcastRunRequested, audience: serde_json::Value) -> Vec<Guard> {
-    let start_at = shared::time::from_millis(run.start_at_ms);
+pub fn run_guards(run: &platform::proto::BroadcastRunRequested, audience: serde_json::Value) -> Vec<Guard> {
+    let start_at = platform::time::from_millis(run.start_at_ms);
     vec![
         Guard::unique(
             "INSERT INTO broadcast_runs
@@ -96,7 +96,7 @@ pub fn run_guards(run: &shared::proto::BroadcastRunRequested, audience: serde_js
                 Box::new(run.sender_id.clone()),
                 Box::new(audience),
                 Box::new(start_at),
-                Box::new(shared::time::from_millis(run.requested_at_ms)),
+                Box::new(platform::time::from_millis(run.requested_at_ms)),
             ],
             run_active(),
         ),

@@ -1,11 +1,11 @@
 //! A contact's email consent and topic subscriptions as email actions change them: the
 //! unsubscribe link withdraws consent, a form (or its confirmation link) grants it.
 
+use platform::error::ApiError;
+use platform::events::LogEvent;
+use platform::log::{ExpectedVersion, NewEvent, StreamAppend};
+use platform::proto;
 use serde_json::{Map, Value};
-use shared::error::ApiError;
-use shared::events::LogEvent;
-use shared::log::{ExpectedVersion, NewEvent, StreamAppend};
-use shared::proto;
 
 use crate::pipeline::Ctx;
 use crate::records::decide::WriteSchema;
@@ -22,13 +22,13 @@ pub(crate) async fn set_email_consent(
     now: i64,
 ) -> Result<Option<Write>, ApiError> {
     let client = ctx.db().await?;
-    let loaded = shared::records::load_records(&client, &[contact_id.to_owned()])
+    let loaded = domain::records::load_records(&client, &[contact_id.to_owned()])
         .await
         .map_err(|error| ApiError::internal(&error))?
         .into_iter()
         .next();
     drop(client);
-    let Some((_, _, shared::records::Loaded::Live { state: record, .. })) = loaded else { return Ok(None) };
+    let Some((_, _, domain::records::Loaded::Live { state: record, .. })) = loaded else { return Ok(None) };
     let context = write_context(ctx, space_id, &record.schema_id).await?;
     let input: Map<String, Value> =
         consent_keys(&context.attributes).into_iter().map(|key| (key, Value::Bool(consented))).collect();
@@ -76,11 +76,11 @@ pub(crate) fn subscription_changes(
                 at_ms: now,
             }),
             subject_id: Some(contact_id.to_owned()),
-            occurred_at: shared::time::from_millis(now),
+            occurred_at: platform::time::from_millis(now),
         })
         .collect();
     Some(StreamAppend {
-        stream_id: shared::email::subscriptions_stream(contact_id),
+        stream_id: domain::email::subscriptions_stream(contact_id),
         expected: ExpectedVersion::Any,
         events,
     })

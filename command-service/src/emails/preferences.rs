@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use domain::email::resources::TOPIC;
+use platform::error::{ApiError, Code, Issue};
 use serde_json::{Map, Value, json};
-use shared::email::resources::TOPIC;
-use shared::error::{ApiError, Code, Issue};
 
 use super::consent::{Source, set_email_consent, subscription_changes};
 use super::unsubscribe::{self, Email};
@@ -151,7 +151,7 @@ impl Command for ChangePreferences {
             .map(|row| (row.get(0), row.get(1)))
             .collect();
         let subscribed =
-            shared::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?;
+            domain::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?;
         drop(client);
         if let Choice::Topics(chosen) = &self.choice {
             let unknown: Vec<Issue> = chosen
@@ -173,7 +173,7 @@ impl Command for ChangePreferences {
         };
         let consent = match consent {
             Some(consented) => {
-                set_email_consent(ctx, space_id, contact_id, consented, shared::time::now_millis()).await?
+                set_email_consent(ctx, space_id, contact_id, consented, platform::time::now_millis()).await?
             }
             None => None,
         };
@@ -245,7 +245,7 @@ impl ChangePreferences {
                     ("Your preferences are saved", format!("You are subscribed to: {}.", kept.join(", ")))
                 }
             };
-            let message = shared::pages::Message::success(title, &[text.as_str()])
+            let message = api::pages::Message::success(title, &[text.as_str()])
                 .with_link("unsubscribe", "Back to your email preferences");
             return Answer::html(StatusCode::OK, message.page());
         }
@@ -269,20 +269,20 @@ pub async fn post(
     req: HttpRequest,
     payload: web::Payload,
 ) -> HttpResponse {
-    let urlencoded = shared::http::is_urlencoded(&req);
-    let browser = shared::pages::wants_html(&req, urlencoded);
+    let urlencoded = api::http::is_urlencoded(&req);
+    let browser = api::pages::wants_html(&req, urlencoded);
     let email_id = path.into_inner();
     let result = async {
-        if !shared::storable::is_storable(&email_id) || !email_id.starts_with("em_") {
+        if !platform::storable::is_storable(&email_id) || !email_id.starts_with("em_") {
             return Err(unsubscribe::not_found(&email_id));
         }
-        let (fields, urlencoded) = shared::http::read_form_or_json(&req, payload).await?;
+        let (fields, urlencoded) = api::http::read_form_or_json(&req, payload).await?;
         let choice = parse(&fields, urlencoded)?;
         let command = ChangePreferences { email_id, choice, browser };
         pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, command).await
     }
     .await;
-    shared::pages::answer(browser, result)
+    api::pages::answer(browser, result)
 }
 
 #[cfg(test)]

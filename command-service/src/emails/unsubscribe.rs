@@ -14,12 +14,12 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use domain::email::resources::TOPIC;
+use platform::error::{ApiError, Code};
+use platform::events::LogEvent;
+use platform::log::{ExpectedVersion, NewEvent, StreamAppend};
+use platform::proto;
 use serde_json::json;
-use shared::email::resources::TOPIC;
-use shared::error::{ApiError, Code};
-use shared::events::LogEvent;
-use shared::log::{ExpectedVersion, NewEvent, StreamAppend};
-use shared::proto;
 
 use super::consent::{Source, set_email_consent, subscription_changes};
 use crate::State;
@@ -36,7 +36,7 @@ pub(crate) struct Email {
 /// The email's stream, folded; `None` for an unknown email.
 pub(crate) async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>, ApiError> {
     let client = ctx.db().await?;
-    let events = shared::log::read_streams(&client, &[shared::email::stream_id(email_id)]).await?;
+    let events = platform::log::read_streams(&client, &[domain::email::stream_id(email_id)]).await?;
     let mut found: Option<Email> = None;
     for stored in events {
         let event = stored.decode().map_err(|error| ApiError::internal(&error))?;
@@ -62,7 +62,7 @@ fn answer(email_id: &str, topic_id: &str, page: Option<&Option<String>>) -> Answ
             Some(name) => format!("You will no longer receive emails about {name}."),
             None => "You will no longer receive marketing email from us.".to_owned(),
         };
-        let message = shared::pages::Message::success("You are unsubscribed", &[text.as_str()])
+        let message = api::pages::Message::success("You are unsubscribed", &[text.as_str()])
             .with_link("unsubscribe", "Change your other email preferences");
         return Answer::html(StatusCode::OK, message.page());
     }
@@ -100,7 +100,7 @@ impl Command for Unsubscribe {
         let scheduled = &email.scheduled;
         let consent = match (email.unsubscribed, scheduled.topic_id.is_empty()) {
             (false, true) => {
-                let now = shared::time::now_millis();
+                let now = platform::time::now_millis();
                 set_email_consent(ctx, &scheduled.space_id, &scheduled.contact_id, false, now).await?
             }
             _ => None,
@@ -137,12 +137,12 @@ impl Command for Unsubscribe {
             at_ms: now,
         };
         streams.push(StreamAppend {
-            stream_id: shared::email::stream_id(email_id),
+            stream_id: domain::email::stream_id(email_id),
             expected: ExpectedVersion::Exactly(email.version),
             events: vec![NewEvent {
                 event: LogEvent::EmailUnsubscribed(unsubscribed),
                 subject_id: Some(scheduled.contact_id.clone()),
-                occurred_at: shared::time::from_millis(now),
+                occurred_at: platform::time::from_millis(now),
             }],
         });
         let answer = self.answer(&scheduled.topic_id, &topic_name);
@@ -157,20 +157,20 @@ impl Command for Unsubscribe {
 /// The name of a topic, for a page (`None` when the catalog no longer has it).
 pub(crate) async fn topic_name(ctx: &Ctx<'_>, topic_id: &str) -> Result<Option<String>, ApiError> {
     let catalog = ctx.catalog().await?;
-    let found = shared::catalog::resource_by_id(&ctx.db().await?, &catalog, TOPIC, topic_id).await?;
+    let found = domain::catalog::resource_by_id(&ctx.db().await?, &catalog, TOPIC, topic_id).await?;
     Ok(found.and_then(|(_, _, definition)| definition.get("name").and_then(|name| name.as_str()).map(str::to_owned)))
 }
 
 #[tracing::instrument(skip_all, fields(email = %path.as_str()))]
 pub async fn post(path: web::Path<String>, state: web::Data<State>, req: HttpRequest) -> HttpResponse {
-    let browser = shared::pages::wants_html(&req, false);
+    let browser = api::pages::wants_html(&req, false);
     let email_id = path.into_inner();
-    let result = if !shared::storable::is_storable(&email_id) || !email_id.starts_with("em_") {
+    let result = if !platform::storable::is_storable(&email_id) || !email_id.starts_with("em_") {
         Err(not_found(&email_id))
     } else {
         pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, Unsubscribe { email_id, browser }).await
     };
-    shared::pages::answer(browser, result)
+    api::pages::answer(browser, result)
 }
 
 pub(crate) fn not_found(email_id: &str) -> ApiError {

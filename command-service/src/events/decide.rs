@@ -2,12 +2,12 @@
 //! two fires the same occurrence, and which admission limit refuses an occurrence. Pure:
 //! every fact comes in as an argument.
 
+use domain::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
+use domain::catalog::AttributeEntry;
+use platform::error::Code;
+use platform::error::Issue;
+use platform::settings::ScopeLimits;
 use serde_json::{Map, Value, json};
-use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
-use shared::catalog::AttributeEntry;
-use shared::error::Code;
-use shared::error::Issue;
-use shared::settings::ScopeLimits;
 
 /// The normalised input of one event may not exceed this (the contract: 256 KiB).
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
@@ -246,7 +246,7 @@ pub fn parse_fire(
     };
     let parsed =
         FireInput { event_id, generated_event_id, occurred_at_ms, contact_id, object_id, values, pending_keys };
-    let size = shared::canonical::canonical_json(&parsed.normalized()).len();
+    let size = crate::canonical::canonical_json(&parsed.normalized()).len();
     if size > MAX_INPUT_BYTES {
         return Err(EventRefusal::TooLarge(size));
     }
@@ -425,7 +425,7 @@ mod tests {
     #[test]
     fn occurred_at_must_lie_within_366_days_back_and_5_minutes_ahead() {
         let now = 1_000_000_000_000_i64;
-        let at = |ms: i64| shared::time::format_millis(ms);
+        let at = |ms: i64| platform::time::format_millis(ms);
         let code = |input: Value| parse(input).err().map(|refusal| refusal.code());
         assert_eq!(code(json!({"amount": 1, "occurredAt": at(now - MAX_AGE_MS - 1)})), Some(Code::InvalidOccurredAt));
         assert_eq!(code(json!({"amount": 1, "occurredAt": at(now + MAX_AHEAD_MS + 1)})), Some(Code::InvalidOccurredAt));
@@ -439,7 +439,7 @@ mod tests {
     fn the_normalised_payload_ignores_key_order_and_the_event_id() {
         let a = parse(json!({"eventId": "a", "amount": 1, "plan": "pro"})).expect("ok");
         let b = parse(json!({"plan": "pro", "amount": 1.0, "eventId": "b"})).expect("ok");
-        let canonical = |input: &FireInput| shared::canonical::canonical_json(&input.normalized());
+        let canonical = |input: &FireInput| crate::canonical::canonical_json(&input.normalized());
         assert_ne!(canonical(&a), canonical(&b), "1 and 1.0 are different JSON numbers");
         let c = parse(json!({"plan": "pro", "amount": 1, "eventId": "c"})).expect("ok");
         assert_eq!(canonical(&a), canonical(&c));

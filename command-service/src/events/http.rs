@@ -8,23 +8,23 @@
 //! refused admission or an aborted batch leaves nothing behind. `Idempotency-Key` plays no
 //! part here.
 
-use shared::error::Code;
+use platform::error::Code;
 use std::cell::Cell;
 use std::collections::HashMap;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use domain::catalog::{self, AttributeEntry, SchemaEntry};
+use domain::records::Loaded;
+use platform::crypto::DataKey;
+use platform::error::ApiError;
+use platform::events::LogEvent;
+use platform::ids::new_id;
+use platform::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use platform::proto;
+use platform::settings::ScopeLimits;
 use serde_json::{Map, Value, json};
-use shared::auth::{Caller, Permission};
-use shared::catalog::{self, AttributeEntry, SchemaEntry};
-use shared::crypto::DataKey;
-use shared::error::ApiError;
-use shared::events::LogEvent;
-use shared::ids::new_id;
-use shared::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
-use shared::proto;
-use shared::records::Loaded;
-use shared::settings::ScopeLimits;
 
 use crate::State;
 use crate::events::decide::{
@@ -70,7 +70,7 @@ async fn admitted(
     revision: Option<i64>,
 ) -> Result<Context, ApiError> {
     let catalog::WriteContext { schema, attributes, credits, .. } = context;
-    let scopes = shared::admission::scopes(&state.settings.events.admission, caller.space_id(), &schema.schema_id);
+    let scopes = domain::admission::scopes(&state.settings.events.admission, caller.space_id(), &schema.schema_id);
     if state.new_admission_scopes(&scopes) {
         let client = state.pool.get().await?;
         ensure_scopes(&client, &scopes).await?;
@@ -100,8 +100,9 @@ fn parse_candidate(context: &Context, index: usize, item: Value, now_ms: i64) ->
 }
 
 fn candidate(index: usize, input: FireInput) -> Result<Candidate, ApiError> {
-    let canonical = shared::canonical::canonical_json(&input.normalized());
-    let digest = shared::crypto::keyed_digest("event-input", &canonical).map_err(|error| ApiError::internal(&error))?;
+    let canonical = crate::canonical::canonical_json(&input.normalized());
+    let digest =
+        platform::crypto::keyed_digest("event-input", &canonical).map_err(|error| ApiError::internal(&error))?;
     Ok(Candidate { index, input, digest })
 }
 
@@ -191,9 +192,9 @@ fn accepted(
     let id = new_id("ev");
     let values = Value::Object(input.values.clone()).to_string();
     let subject = input.subject().map(str::to_owned);
-    let mut data = shared::events::seal(subject.as_deref().unwrap_or(&id), &proto::EventData { values_json: values });
+    let mut data = platform::events::seal(subject.as_deref().unwrap_or(&id), &proto::EventData { values_json: values });
     if let Some(key) = key {
-        shared::events::encrypt(&mut data, key).map_err(|error| ApiError::internal(&error))?;
+        platform::events::encrypt(&mut data, key).map_err(|error| ApiError::internal(&error))?;
     }
     let occurred_at_ms = input.occurred_at_ms.unwrap_or(now_ms);
     let event = proto::EventAccepted {
@@ -223,7 +224,7 @@ fn accepted(
         events: vec![NewEvent {
             event: LogEvent::EventAccepted(event),
             subject_id: subject.clone(),
-            occurred_at: shared::time::from_millis(occurred_at_ms),
+            occurred_at: platform::time::from_millis(occurred_at_ms),
         }],
     };
     let new_receipt = NewReceipt {
@@ -335,7 +336,7 @@ async fn accept_round<'a>(
 ) -> Result<Vec<&'a Candidate>, ApiError> {
     let (receipts, subjects) =
         if optimistic { (HashMap::new(), HashMap::new()) } else { lookups(state, context, &todo).await? };
-    let now_ms = shared::time::now_millis();
+    let now_ms = platform::time::now_millis();
     let mut appending = Vec::new();
     let mut again = Vec::new();
     for candidate in todo {
@@ -447,7 +448,7 @@ impl Command for FireEvent<'_> {
         let space_id = self.caller.space_id();
         let context = write_contexts::current(ctx, Kind::Event, space_id, &self.schema_ref).await?;
         let mut context = admitted(ctx.state, self.caller.clone(), context, None).await?;
-        let parsed = parse_item(&context, self.input.clone(), shared::time::now_millis())?;
+        let parsed = parse_item(&context, self.input.clone(), platform::time::now_millis())?;
         // A kept context's credits are stale: an event that needs preparation reads them now.
         if ctx.kept() && !parsed.pending_keys.is_empty() {
             let catalog = ctx.catalog().await?;
@@ -532,7 +533,7 @@ pub async fn fire(
     let schema_ref = path.into_inner();
     // The schema is checked before the body, as the contract's order says.
     write_contexts::at_edge(&state, Kind::Event, caller.space_id(), &schema_ref).await?;
-    let input = shared::http::read_json_object(&req, payload).await?;
+    let input = api::http::read_json_object(&req, payload).await?;
     let command = FireEvent { caller: &caller, schema_ref, input, admission_refused: Cell::new(false) };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
@@ -603,7 +604,7 @@ pub async fn batch(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let context = context(&req, &state, &path).await?;
-    let (events, on_error) = parse_batch(shared::http::read_json(&req, payload).await?)?;
+    let (events, on_error) = parse_batch(api::http::read_json(&req, payload).await?)?;
     match on_error {
         OnError::Continue => batch_continue(&req, &state, &context, events).await,
         OnError::Abort => batch_abort(&req, &state, &context, events).await,
@@ -617,7 +618,7 @@ async fn batch_continue(
     events: Vec<Value>,
 ) -> Result<HttpResponse, ApiError> {
     let count = events.len();
-    let now_ms = shared::time::now_millis();
+    let now_ms = platform::time::now_millis();
     let mut outcomes = HashMap::new();
     let mut candidates = Vec::new();
     for (index, event) in events.into_iter().enumerate() {
@@ -677,7 +678,7 @@ async fn batch_abort(
     context: &Context,
     events: Vec<Value>,
 ) -> Result<HttpResponse, ApiError> {
-    let now_ms = shared::time::now_millis();
+    let now_ms = platform::time::now_millis();
     // Validation stops at the first invalid item: later ones are not attempted.
     let mut candidates = Vec::new();
     let mut invalid = None;

@@ -1,14 +1,14 @@
 //! The write side of business events: receipts (the eventId index), the subjects events
 //! name, and admission state; plus the guards an acceptance appends with.
 
-use shared::error::Code;
+use platform::error::Code;
 use std::collections::HashMap;
 
 use deadpool_postgres::GenericClient;
+use domain::records::Loaded;
+use platform::log::{AppendError, Guard, SetValue};
+use platform::settings::ScopeLimits;
 use serde_json::{Value, json};
-use shared::log::{AppendError, Guard, SetValue};
-use shared::records::Loaded;
-use shared::settings::ScopeLimits;
 
 use crate::events::decide::ScopeState;
 
@@ -67,7 +67,7 @@ pub async fn load_subjects(
     client: &impl GenericClient,
     record_ids: &[String],
 ) -> anyhow::Result<HashMap<String, Loaded>> {
-    let loaded = shared::records::load_records(client, record_ids).await?;
+    let loaded = domain::records::load_records(client, record_ids).await?;
     Ok(loaded.into_iter().map(|(record_id, _, record)| (record_id, record)).collect())
 }
 

@@ -2,10 +2,10 @@
 
 use std::net::IpAddr;
 
+use domain::catalog::AttributeEntry;
+use domain::email::resources::FormDef;
+use platform::error::{ApiError, Code, Issue};
 use serde_json::{Map, Value};
-use shared::catalog::AttributeEntry;
-use shared::email::resources::FormDef;
-use shared::error::{ApiError, Code, Issue};
 
 /// The client's address: the peer's, or, when the peer is a trusted proxy, the address its
 /// `X-Forwarded-For` names (the rightmost one that is not itself a trusted proxy).

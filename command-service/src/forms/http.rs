@@ -21,15 +21,15 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use domain::catalog::{self, WriteContext};
+use domain::email::resources::{FORM, FormDef};
+use domain::records::RecordState;
+use mail::{outbox, send};
+use platform::error::{ApiError, Code};
+use platform::events::LogEvent;
+use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use platform::proto;
 use serde_json::{Map, Value, json};
-use shared::catalog::{self, WriteContext};
-use shared::email::resources::{FORM, FormDef};
-use shared::email::{outbox, send};
-use shared::error::{ApiError, Code};
-use shared::events::LogEvent;
-use shared::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
-use shared::proto;
-use shared::records::RecordState;
 
 use super::decide;
 use crate::State;
@@ -54,7 +54,7 @@ async fn find_form(
     catalog: &str,
     form_id: &str,
 ) -> Result<(String, FormDef), ApiError> {
-    if !form_id.starts_with("frm_") || !shared::storable::is_storable(form_id) {
+    if !form_id.starts_with("frm_") || !platform::storable::is_storable(form_id) {
         return Err(not_found(form_id));
     }
     let (space_id, _, definition) =
@@ -89,7 +89,7 @@ async fn load_form(ctx: &Ctx<'_>, form_id: &str) -> Result<(String, FormDef), Ap
 async fn limit(state: &State, key: &str, allowed: u32, window_seconds: u64, what: &str) -> Result<(), ApiError> {
     let client = state.pool.get().await?;
     let window = Duration::from_secs(window_seconds);
-    match shared::ratelimit::take_one(&client, key, allowed, window).await? {
+    match api::ratelimit::take_one(&client, key, allowed, window).await? {
         Ok(()) => Ok(()),
         Err(reset) => Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -102,7 +102,7 @@ async fn limit(state: &State, key: &str, allowed: u32, window_seconds: u64, what
 
 /// A success page (what a browser that posted a form, or followed a link, is shown).
 fn page(title: &str, text: &str) -> Answer {
-    Answer::html(StatusCode::OK, shared::pages::Message::success(title, &[text]).page())
+    Answer::html(StatusCode::OK, api::pages::Message::success(title, &[text]).page())
 }
 
 /// What a submission decides on.
@@ -148,21 +148,21 @@ impl Command for SubmitForm {
                 input.insert(key, Value::Bool(true));
             }
         }
-        let planned = plan_upsert(ctx, &schema, input, shared::time::now_millis()).await?;
+        let planned = plan_upsert(ctx, &schema, input, platform::time::now_millis()).await?;
         let contact = &planned.record;
         let address = contact.personal.as_ref().and_then(|personal| personal.email.clone()).unwrap_or_default();
         let client = ctx.db().await?;
-        let subscribed = shared::email::subscriptions(&client, &contact.record_id)
+        let subscribed = domain::email::subscriptions(&client, &contact.record_id)
             .await
             .map_err(|error| ApiError::internal(&error))?;
-        let suppressed = shared::email::is_suppressed(&client, &space_id, &address).await?;
+        let suppressed = domain::email::is_suppressed(&client, &space_id, &address).await?;
         drop(client);
         let pending = pending(&form, &subscribed);
         let confirmation = match (&form.confirmation_template_id, pending && !suppressed) {
             (Some(template_id), true) => {
                 let authored = load_authored(ctx, &space_id, template_id).await?;
                 let limits = &ctx.state.settings.forms;
-                let recipient = shared::crypto::keyed_digest("form-recipient", &address)
+                let recipient = platform::crypto::keyed_digest("form-recipient", &address)
                     .map_err(|error| ApiError::internal(&error))?;
                 let window = limits.confirmation_window_seconds;
                 let (per_recipient, per_form) =
@@ -186,7 +186,7 @@ impl Command for SubmitForm {
         let address = contact.personal.as_ref().and_then(|personal| personal.email.clone()).unwrap_or_default();
         let new_topics = new_topics(&form, &subscribed);
         let pending = pending(&form, &subscribed);
-        let submission_id = shared::ids::new_id("sub");
+        let submission_id = platform::ids::new_id("sub");
         let mut streams = Vec::new();
         let mut guards: Vec<Guard> = Vec::new();
         let mut contact_key = planned.key.clone();
@@ -206,7 +206,7 @@ impl Command for SubmitForm {
         if pending {
             let token = decide::new_token();
             token_digest =
-                shared::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
+                platform::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
             guards.push(Guard::exactly_one(
                 "INSERT INTO form_tokens (token_digest, form_id, submission_id, space_id, contact_id, expires_at)
                  VALUES ($1, $2, $3, $4, $5, to_timestamp($6::bigint / 1000.0))",
@@ -230,7 +230,7 @@ impl Command for SubmitForm {
                     values.insert("confirmUrl".to_owned(), Value::String(confirm_url));
                     values.insert("form".to_owned(), json!({"id": form_id, "name": form.name}));
                 }
-                let email_id = shared::ids::new_id("em");
+                let email_id = platform::ids::new_id("em");
                 let rendered =
                     send::render_email(authored, &email_id, render_with, &self.base_url).map_err(|error| {
                         ApiError::internal(&anyhow::anyhow!(
@@ -263,7 +263,7 @@ impl Command for SubmitForm {
             events: vec![NewEvent {
                 event: LogEvent::FormSubmitted(submitted),
                 subject_id: Some(contact_id.clone()),
-                occurred_at: shared::time::from_millis(now),
+                occurred_at: platform::time::from_millis(now),
             }],
         });
         let answer = if self.urlencoded {
@@ -318,8 +318,8 @@ pub async fn submit(
     payload: web::Payload,
     state: web::Data<State>,
 ) -> HttpResponse {
-    let browser = shared::pages::wants_html(&req, shared::http::is_urlencoded(&req));
-    shared::pages::answer(browser, submit_form(&req, path.into_inner(), payload, &state).await)
+    let browser = api::pages::wants_html(&req, api::http::is_urlencoded(&req));
+    api::pages::answer(browser, submit_form(&req, path.into_inner(), payload, &state).await)
 }
 
 async fn submit_form(
@@ -338,7 +338,7 @@ async fn submit_form(
         .await?;
     limit(state, &format!("form:{form_id}"), limits.per_form, limits.window_seconds, "submissions to this form")
         .await?;
-    let (fields, urlencoded) = shared::http::read_form_or_json(req, payload).await?;
+    let (fields, urlencoded) = api::http::read_form_or_json(req, payload).await?;
     let command = SubmitForm {
         form_id,
         fields,
@@ -416,9 +416,9 @@ impl Command for ConfirmSubmission {
             ));
         }
         let subscribed =
-            shared::email::subscriptions(&db, &contact_id).await.map_err(|error| ApiError::internal(&error))?;
+            domain::email::subscriptions(&db, &contact_id).await.map_err(|error| ApiError::internal(&error))?;
         drop(db);
-        let consent = set_email_consent(ctx, &space_id, &contact_id, true, shared::time::now_millis()).await?;
+        let consent = set_email_consent(ctx, &space_id, &contact_id, true, platform::time::now_millis()).await?;
         Ok(Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed })
     }
 
@@ -461,7 +461,7 @@ impl Command for ConfirmSubmission {
             events: vec![NewEvent {
                 event: LogEvent::SubmissionConfirmed(confirmed_event),
                 subject_id: Some(contact_id.clone()),
-                occurred_at: shared::time::from_millis(now),
+                occurred_at: platform::time::from_millis(now),
             }],
         });
         *self.decided_form.borrow_mut() = Some(form.clone());
@@ -495,7 +495,7 @@ fn link_not_found() -> ApiError {
 #[tracing::instrument(skip_all, fields(form = %path.0))]
 pub async fn confirm(req: HttpRequest, path: web::Path<(String, String)>, state: web::Data<State>) -> HttpResponse {
     let browser = !wants_json(&req);
-    shared::pages::answer(browser, confirm_link(&req, path.into_inner(), &state).await)
+    api::pages::answer(browser, confirm_link(&req, path.into_inner(), &state).await)
 }
 
 async fn confirm_link(
@@ -505,10 +505,10 @@ async fn confirm_link(
 ) -> Result<HttpResponse, ApiError> {
     let catalog = pipeline::edge_catalog(state).await?;
     find_form(&state.pool.get().await?, &catalog, &form_id).await?;
-    if token.len() > 256 || !shared::storable::is_storable(&token) {
+    if token.len() > 256 || !platform::storable::is_storable(&token) {
         return Err(link_not_found());
     }
-    let digest = shared::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
+    let digest = platform::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
     let command = ConfirmSubmission { form_id, digest, json: wants_json(req), decided_form: Default::default() };
     pipeline::execute(state, req, Actor::Public, Protection::Unkeyed, command).await
 }

@@ -2,9 +2,9 @@
 //! recorded (an earlier operation with the same id), the alias's state and the contact's.
 //! Pure: every fact comes in as an argument.
 
+use platform::error::{Code, Issue};
+use platform::proto;
 use serde_json::{Map, Value, json};
-use shared::error::{Code, Issue};
-use shared::proto;
 
 /// The six fields of an identity change, and no others.
 pub const FIELDS: [&str; 6] =

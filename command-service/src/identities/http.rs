@@ -8,11 +8,11 @@
 //! `operationId` with the same body replays the result and a changed body is refused.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use platform::error::{ApiError, Code};
+use platform::events::LogEvent;
+use platform::log::{AppendError, ExpectedVersion, NewEvent, StreamAppend};
 use serde_json::json;
-use shared::auth::{Caller, Permission};
-use shared::error::{ApiError, Code};
-use shared::events::LogEvent;
-use shared::log::{AppendError, ExpectedVersion, NewEvent, StreamAppend};
 
 use super::decide::{Alias, Change, Contact, Decision as Outcome, Given as Facts, Recorded, decide, parse_change};
 use super::store::{self, CAPACITY, OPERATION_TAKEN, REVISION_MOVED};
@@ -38,7 +38,7 @@ struct ChangeIdentity<'a> {
     body_digest: String,
     /// The keyed digest naming the alias.
     alias: String,
-    capacity: shared::settings::IdentityCapacity,
+    capacity: platform::settings::IdentityCapacity,
 }
 
 impl Command for ChangeIdentity<'_> {
@@ -86,7 +86,7 @@ impl Command for ChangeIdentity<'_> {
             expected: if revision == 0 { ExpectedVersion::NoStream } else { ExpectedVersion::Exactly(revision) },
             events: vec![NewEvent {
                 subject_id: change.contact_id.clone().or(previous),
-                occurred_at: shared::time::from_millis(event.changed_at_ms),
+                occurred_at: platform::time::from_millis(event.changed_at_ms),
                 event: LogEvent::EventIdentityChanged(event),
             }],
         };
@@ -125,10 +125,10 @@ pub async fn change(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let change = parse_change(shared::http::read_json_object(&req, payload).await?)?;
-    let body_digest = shared::crypto::keyed_digest(
+    let change = parse_change(api::http::read_json_object(&req, payload).await?)?;
+    let body_digest = platform::crypto::keyed_digest(
         "identity-change",
-        &shared::canonical::canonical_json(&json!([
+        &crate::canonical::canonical_json(&json!([
             change.source_id,
             change.subject_schema_id,
             change.anonymous_id,
@@ -136,7 +136,7 @@ pub async fn change(
             change.expected_revision
         ])),
     )?;
-    let alias = shared::crypto::keyed_digest("alias", &format!("{}\0{}", change.source_id, change.anonymous_id))?;
+    let alias = platform::crypto::keyed_digest("alias", &format!("{}\0{}", change.source_id, change.anonymous_id))?;
     let command = ChangeIdentity { caller: &caller, change, body_digest, alias, capacity: state.settings.identity };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }

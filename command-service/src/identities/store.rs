@@ -1,10 +1,10 @@
 //! What an identity change reads and the write-side claims it appends with.
 
 use deadpool_postgres::GenericClient;
+use domain::records::Loaded;
+use platform::error::Code;
+use platform::log::{AppendError, Guard};
 use serde_json::Value;
-use shared::error::Code;
-use shared::log::{AppendError, Guard};
-use shared::records::Loaded;
 
 use super::decide::{Alias, Change, Contact, Recorded};
 use crate::events::store::{load_subjects, subjects_guard};
@@ -84,7 +84,7 @@ pub async fn load_contact(client: &impl GenericClient, contact_id: &str) -> anyh
 /// `revision`, the capacity counts and (when binding) that the contact's deletion has not
 /// started.
 pub fn guards(
-    capacity: shared::settings::IdentityCapacity,
+    capacity: platform::settings::IdentityCapacity,
     space_id: &str,
     change: &Change,
     alias: &str,

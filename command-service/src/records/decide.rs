@@ -2,19 +2,19 @@
 //! validated against the schema, defaults apply on create, identity collisions follow the
 //! contract's rules 1 and 4. Pure: every fact comes in as an argument.
 
-use shared::error::Code;
+use platform::error::Code;
 use std::collections::BTreeMap;
 
+use api::pagination::Warning;
+use domain::catalog::AttributeEntry;
+use domain::records::{Loaded, RecordState};
+use platform::crypto::DataKey;
+use platform::error::Issue;
+use platform::events::seal;
+use platform::proto;
 use serde_json::{Map, Value};
-use shared::catalog::AttributeEntry;
-use shared::crypto::DataKey;
-use shared::error::Issue;
-use shared::events::seal;
-use shared::pagination::Warning;
-use shared::proto;
-use shared::records::{Loaded, RecordState};
 
-use shared::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
+use domain::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
 
 /// Why a record write is refused. The HTTP edge maps each to the contract's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -191,8 +191,8 @@ pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Resul
 /// Refuses an update whose echoed `createdAt` differs from the record's: a record's creation
 /// time is set by the platform.
 pub fn check_echoed(echoed: &Map<String, Value>, current: &RecordState) -> Result<(), RecordRefusal> {
-    let shown = serde_json::json!({"createdAt": shared::time::format_millis(current.created_at_ms)});
-    let issues: Vec<Issue> = shared::echo::changed(echoed, &shown)
+    let shown = serde_json::json!({"createdAt": platform::time::format_millis(current.created_at_ms)});
+    let issues: Vec<Issue> = crate::echo::changed(echoed, &shown)
         .into_iter()
         .map(|(key, value)| {
             Issue::coded(
@@ -375,8 +375,8 @@ fn normalize_identity(key: &str, value: Value) -> Result<Option<String>, String>
         Value::Null => Ok(None),
         Value::String(text) => {
             let normalized = match key {
-                "email" => shared::attributes::normalize_email(&text)?,
-                "phone" => shared::attributes::normalize_phone(&text)?,
+                "email" => domain::attributes::normalize_email(&text)?,
+                "phone" => domain::attributes::normalize_phone(&text)?,
                 _ => text.trim().to_owned(),
             };
             if normalized.is_empty() {
@@ -432,7 +432,7 @@ mod tests {
 
     fn values_of(decision: &CreateDecision) -> Value {
         let personal: proto::RecordPersonal =
-            shared::events::open(decision.event.personal.as_ref(), &Default::default())
+            platform::events::open(decision.event.personal.as_ref(), &Default::default())
                 .expect("opens")
                 .expect("present");
         serde_json::from_str(&personal.values_json).expect("json")

@@ -5,17 +5,17 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use domain::catalog::WriteContext;
+use domain::records::{RecordState, record_document};
+use platform::crypto::{self, DataKey};
+use platform::error::ApiError;
+use platform::error::Code;
+use platform::events::LogEvent;
+use platform::ids::new_id;
+use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use platform::proto::Sealed;
 use serde_json::{Map, Value};
-use shared::auth::{Caller, Permission};
-use shared::catalog::WriteContext;
-use shared::crypto::{self, DataKey};
-use shared::error::ApiError;
-use shared::error::Code;
-use shared::events::LogEvent;
-use shared::ids::new_id;
-use shared::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
-use shared::proto::Sealed;
-use shared::records::{RecordState, record_document};
 
 use crate::State;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
@@ -60,7 +60,7 @@ fn create_write(space_id: &str, schema_id: &str, decision: CreateDecision) -> Re
         .map(|identity| claim(space_id, schema_id, &record_id, identity))
         .chain(key_guard)
         .collect();
-    let occurred_at = shared::time::from_millis(decision.event.created_at_ms);
+    let occurred_at = platform::time::from_millis(decision.event.created_at_ms);
     let stream = StreamAppend {
         stream_id: stream_id(&record_id),
         expected: ExpectedVersion::NoStream,
@@ -89,7 +89,7 @@ fn update_write(
         .chain(claims.iter().map(|identity| claim(space_id, schema_id, &record_id, identity)))
         .chain(key_guard)
         .collect();
-    let occurred_at = shared::time::from_millis(event.updated_at_ms);
+    let occurred_at = platform::time::from_millis(event.updated_at_ms);
     let stream = StreamAppend {
         stream_id: stream_id(&record_id),
         expected: ExpectedVersion::Exactly(version),
@@ -103,7 +103,7 @@ fn update_write(
 pub(crate) struct PlannedUpsert {
     pub status: StatusCode,
     pub record: RecordState,
-    pub warnings: Vec<shared::pagination::Warning>,
+    pub warnings: Vec<api::pagination::Warning>,
     pub write: Option<Result<Write, AppendError>>,
     /// The data key of an unchanged record (a write carries its own).
     pub key: Option<DataKey>,
@@ -202,7 +202,7 @@ fn encrypt_personal(
         }
     };
     if let Some(personal) = personal.as_mut() {
-        shared::events::encrypt(personal, &key).map_err(failed)?;
+        platform::events::encrypt(personal, &key).map_err(failed)?;
     }
     Ok((key, guard))
 }
@@ -265,7 +265,7 @@ impl Command for CreateRecord<'_> {
         let decision = decide_create(&schema, input, &Owners::new(), &record_id, given.now_ms)?;
         let document =
             record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
-        let body = shared::http::data_body(document, &[]);
+        let body = api::http::data_body(document, &[]);
         let Write { stream, guards, .. } =
             create_write(schema.space_id, schema.schema_id, decision).map_err(crate::edge::append_error)?;
         Ok(Decided::Append(Decision::one(stream, guards, StatusCode::CREATED, body)))
@@ -280,7 +280,7 @@ pub async fn create(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let input = shared::http::read_json_object(&req, payload).await?;
+    let input = api::http::read_json_object(&req, payload).await?;
     let schema_ref = path.into_inner();
     // The schema is resolved before the idempotency claim, as for every record write.
     write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
@@ -310,7 +310,7 @@ impl Command for UpsertRecord<'_> {
     fn decide(&self, (context, loaded): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
         let schema = write_schema(&context, self.caller.space_id());
         let planned = decide_upsert(&schema, loaded, given.now_ms)?;
-        let body = shared::http::data_body(planned.record.document(), &planned.warnings);
+        let body = api::http::data_body(planned.record.document(), &planned.warnings);
         let Some(write) = planned.write else { return Ok(Decided::Answer(Answer::json(StatusCode::OK, body))) };
         let Write { stream, guards, .. } = write.map_err(crate::edge::append_error)?;
         Ok(Decided::Append(Decision::one(stream, guards, planned.status, body)))
@@ -333,7 +333,7 @@ pub async fn upsert(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let input = shared::http::read_json_object(&req, payload).await?;
+    let input = api::http::read_json_object(&req, payload).await?;
     let schema_ref = path.into_inner();
     write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
     let body = Value::Object(input.clone());
@@ -364,7 +364,7 @@ async fn load_update(
 ) -> Result<(Input, (i64, RecordState, Option<DataKey>), Owners), ApiError> {
     // The body may be the record as read: its `createdAt` is taken when unchanged, its
     // `updatedAt` ignored.
-    let echoed = shared::echo::take_echoed(&mut input, &["createdAt"], &["updatedAt"]);
+    let echoed = crate::echo::take_echoed(&mut input, &["createdAt"], &["updatedAt"]);
     let input = parse_input(schema, input)?;
     let client = ctx.db().await?;
     let target = load_in_schema(&client, schema, record_id).await?;
@@ -384,7 +384,7 @@ fn decide_record_update(
     match decide_update(schema, &current, input, owners, now)? {
         UpdateDecision::Unchanged => Ok(None),
         UpdateDecision::Changed(change) => {
-            let body = shared::http::data_body(change.state.document(), &change.warnings);
+            let body = api::http::data_body(change.state.document(), &change.warnings);
             let write = update_write(schema.space_id, schema.schema_id, (version, key), *change)
                 .map_err(crate::edge::append_error)?;
             Ok(Some((write, body)))
@@ -428,7 +428,7 @@ impl Command for UpdateRecord<'_> {
 
     fn decide(&self, (context, input, target, owners): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
         let schema = write_schema(&context, self.caller.space_id());
-        let unchanged = shared::http::data_body(target.1.document(), &[]);
+        let unchanged = api::http::data_body(target.1.document(), &[]);
         match decide_record_update(&schema, input, target, &owners, given.now_ms)? {
             None => Ok(Decided::Answer(Answer::json(StatusCode::OK, unchanged))),
             Some((Write { stream, guards, .. }, body)) => {
@@ -455,7 +455,7 @@ pub async fn update(
 ) -> Result<HttpResponse, ApiError> {
     let (schema_ref, record_id) = path.into_inner();
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let mut input = shared::http::read_json_object(&req, payload).await?;
+    let mut input = api::http::read_json_object(&req, payload).await?;
     // The path id overrides a body id.
     input.remove("id");
     let command = UpdateRecord { caller: &caller, schema_ref, record_id, input };
@@ -485,7 +485,7 @@ impl Command for DeleteRecord<'_> {
     fn decide(&self, (context, version): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
         let (record_id, space_id) = (&self.record_id, self.caller.space_id());
         let operation_id = given.operation_id;
-        let requested = shared::proto::RecordDeletionRequested {
+        let requested = platform::proto::RecordDeletionRequested {
             operation_id: operation_id.to_owned(),
             record_id: record_id.clone(),
             space_id: space_id.to_owned(),
@@ -499,12 +499,12 @@ impl Command for DeleteRecord<'_> {
             events: vec![NewEvent {
                 event: LogEvent::RecordDeletionRequested(requested),
                 subject_id: Some(record_id.clone()),
-                occurred_at: shared::time::from_millis(given.now_ms),
+                occurred_at: platform::time::from_millis(given.now_ms),
             }],
         };
         let guards = deletion_guards(operation_id, record_id, space_id, &context.schema.schema_id);
         let body = serde_json::json!({
-            "data": { "operationId": operation_id, "status": "pending", "message": shared::records::DELETION_PENDING_MESSAGE }
+            "data": { "operationId": operation_id, "status": "pending", "message": domain::records::DELETION_PENDING_MESSAGE }
         });
         Ok(Decided::Append(Decision::one(stream, guards, StatusCode::OK, body)))
     }

@@ -1,11 +1,11 @@
 //! Record state and identity owners for decisions.
 
 use deadpool_postgres::GenericClient;
-pub use shared::records::{Loaded, load_records, stream_id};
+pub use domain::records::{Loaded, load_records, stream_id};
 use tokio_postgres::types::ToSql;
 
-use shared::error::Code;
-use shared::log::{AppendError, Guard, SetValue};
+use platform::error::Code;
+use platform::log::{AppendError, Guard, SetValue};
 
 use crate::records::decide::{Identity, Owners};
 
@@ -96,7 +96,7 @@ pub fn deletion_guards(operation_id: &str, record_id: &str, space_id: &str, sche
         // A replay of the record's create or upsert is a read of its personal data: it
         // leaves with the request, in the same transaction.
         Guard::unique(
-            shared::records::BLANK_IDEMPOTENT_RESPONSES,
+            domain::records::BLANK_IDEMPOTENT_RESPONSES,
             vec![Box::new(record_id.clone())],
             AppendError::Conflict { code: Code::RecordDeletionPending, message: String::new() },
         ),

@@ -5,9 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use filter::{CONSENT_EMAIL, Condition, FieldPath, Filter, Op, SUBSCRIPTIONS, Scalar};
+use platform::error::{Code, Issue};
 use serde_json::{Map, Value};
-use shared::error::{Code, Issue};
-use shared::filter::{CONSENT_EMAIL, Condition, FieldPath, Filter, Op, SUBSCRIPTIONS, Scalar};
 
 /// The fields a create accepts.
 pub const CREATE_FIELDS: [&str; 2] = ["name", "definition"];
@@ -68,7 +68,7 @@ fn text_field(body: &Map<String, Value>, key: &str, max: usize, issues: &mut Vec
             issues.push(Issue::coded(key, Code::InvalidField, format!("{key} must not be blank")));
             None
         }
-        Some(Value::String(text)) if text.chars().count() > max || !shared::storable::is_storable(text) => {
+        Some(Value::String(text)) if text.chars().count() > max || !platform::storable::is_storable(text) => {
             issues.push(Issue::coded(
                 key,
                 Code::InvalidField,
@@ -105,7 +105,7 @@ fn unusable(reason: &str) -> Refusal {
 
 /// Resolves `filter` against the space: the stored filter reads ids and attribute keys only.
 pub fn resolve(filter: Filter, vocabulary: &Vocabulary) -> Result<Filter, Refusal> {
-    shared::filter::rewrite(filter, &mut |leaf| match leaf {
+    filter::rewrite(filter, &mut |leaf| match leaf {
         Filter::Performed(mut performed) => {
             performed.event =
                 vocabulary.events.get(&performed.event).cloned().ok_or_else(|| {
@@ -129,7 +129,7 @@ fn resolve_condition(condition: Condition, vocabulary: &Vocabulary) -> Result<Fi
             .map(|schema| {
                 let all =
                     schema.consent_keys.iter().map(|key| consent_condition(key)).collect::<Result<Vec<_>, _>>()?;
-                Ok(shared::filter::all_of(all))
+                Ok(filter::all_of(all))
             })
             .collect::<Result<_, Refusal>>()?;
         if !holds || per_schema.is_empty() {
@@ -139,7 +139,7 @@ fn resolve_condition(condition: Condition, vocabulary: &Vocabulary) -> Result<Fi
                 "consent.email can only be asked to be true (`has email consent`)"
             }));
         }
-        return Ok(shared::filter::any_of(per_schema));
+        return Ok(filter::any_of(per_schema));
     }
     let parts: Vec<String> = condition.field.segments().map(str::to_owned).collect();
     let root = parts.first().map_or("", String::as_str);
@@ -183,7 +183,7 @@ mod tests {
     }
 
     fn resolved(text: &str) -> Result<Filter, Refusal> {
-        resolve(shared::filter::parse_plain(text).expect("parses"), &vocabulary())
+        resolve(filter::parse_plain(text).expect("parses"), &vocabulary())
     }
 
     #[test]

@@ -10,17 +10,17 @@ use std::collections::BTreeSet;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use api::ratelimit::Bucket;
 use deadpool_postgres::GenericClient;
+use domain::ai::AiError;
+use filter::Filter;
+use platform::error::{ApiError, Code};
+use platform::events::LogEvent;
+use platform::ids::new_id;
+use platform::log::{ExpectedVersion, StreamAppend};
+use platform::proto;
 use serde_json::{Value, json};
-use shared::ai::AiError;
-use shared::auth::{Caller, Permission};
-use shared::error::{ApiError, Code};
-use shared::events::LogEvent;
-use shared::filter::Filter;
-use shared::ids::new_id;
-use shared::log::{ExpectedVersion, StreamAppend};
-use shared::proto;
-use shared::ratelimit::Bucket;
 
 use super::decide::{self, ContactSchema, NewSegment, Vocabulary};
 use crate::State;
@@ -118,7 +118,7 @@ impl Command for CreateSegment<'_> {
 
     fn decide(&self, (vocabulary, filter): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
         let space_id = self.caller.space_id();
-        let description = shared::filter::describe(&filter);
+        let description = filter::describe(&filter);
         let resolved = decide::resolve(filter, &vocabulary)?;
         let segment_id = new_id("seg");
         let event = LogEvent::SegmentCreated(proto::SegmentCreated {
@@ -137,12 +137,12 @@ impl Command for CreateSegment<'_> {
             "name": self.new.name,
             "definition": self.new.definition,
             "description": description,
-            "createdAt": shared::time::format_millis(given.now_ms),
+            "createdAt": platform::time::format_millis(given.now_ms),
             "memberCount": null,
         });
-        let body = shared::http::data_body(document, &[]);
+        let body = api::http::data_body(document, &[]);
         let stream = StreamAppend::one(stream_id(&segment_id), ExpectedVersion::NoStream, event, given.now_ms);
-        let guards = vec![shared::admission::spend_guard(space_id, 1)];
+        let guards = vec![domain::admission::spend_guard(space_id, 1)];
         Ok(Decided::Append(Decision::one(stream, guards, StatusCode::CREATED, body)))
     }
 }
@@ -208,7 +208,7 @@ impl Command for DeleteSegment<'_> {
             Some((version, owner)) if owner == space_id => version,
             _ => return Err(not_found(segment_id)),
         };
-        let body = shared::http::data_body(json!({"id": segment_id, "deleted": true}), &[]);
+        let body = api::http::data_body(json!({"id": segment_id, "deleted": true}), &[]);
         let event = LogEvent::SegmentDeleted(proto::SegmentDeleted {
             segment_id: segment_id.to_owned(),
             space_id: space_id.to_owned(),

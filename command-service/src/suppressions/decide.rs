@@ -1,13 +1,13 @@
 //! Suppression decisions: validating input, adding, and whether one may be removed.
 
+use domain::suppressions::{API_REASONS, removable};
+use platform::error::Code;
+use platform::error::Issue;
+use platform::events::seal;
+use platform::proto;
 use serde_json::Value;
-use shared::error::Code;
-use shared::error::Issue;
-use shared::events::seal;
-use shared::proto;
-use shared::suppressions::{API_REASONS, removable};
 
-use shared::attributes::normalize_email;
+use domain::attributes::normalize_email;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewSuppression {

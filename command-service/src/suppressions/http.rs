@@ -5,15 +5,15 @@ use std::collections::{HashMap, HashSet};
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use domain::suppressions::{scope, suppression_document};
+use platform::error::ApiError;
+use platform::error::Code;
+use platform::events::LogEvent;
+use platform::ids::new_id;
+use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use platform::proto::SuppressionAdded;
 use serde_json::{Value, json};
-use shared::auth::{Caller, Permission};
-use shared::error::ApiError;
-use shared::error::Code;
-use shared::events::LogEvent;
-use shared::ids::new_id;
-use shared::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
-use shared::proto::SuppressionAdded;
-use shared::suppressions::{scope, suppression_document};
 
 use crate::State;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal as Lost};
@@ -32,13 +32,13 @@ struct Addition {
 
 fn addition(caller: &Caller, new: &NewSuppression) -> Result<Addition, AppendError> {
     let suppression_id = new_id("sup");
-    let added = decide_add(caller.space_id(), new, &suppression_id, shared::time::now_millis(), "api");
+    let added = decide_add(caller.space_id(), new, &suppression_id, platform::time::now_millis(), "api");
     let document = suppression_document(&added)
         .ok()
         .flatten()
         .ok_or_else(|| AppendError::Failed("could not build the suppression document".to_owned()))?;
-    let occurred_at = shared::time::from_millis(added.created_at_ms);
-    let subject_id = shared::crypto::email_subject(&new.identifier).map_err(AppendError::from)?;
+    let occurred_at = platform::time::from_millis(added.created_at_ms);
+    let subject_id = platform::crypto::email_subject(&new.identifier).map_err(AppendError::from)?;
     Ok(Addition {
         stream: StreamAppend {
             stream_id: stream_id(&suppression_id),
@@ -68,9 +68,9 @@ fn removal(
 ) -> Result<Removal, ApiError> {
     let version = current.map_or(0, |(version, _)| *version);
     let removed = decide_remove(caller.space_id(), suppression_id, current.map(|(_, added)| added), now_ms)?;
-    let occurred_at = shared::time::from_millis(removed.removed_at_ms);
+    let occurred_at = platform::time::from_millis(removed.removed_at_ms);
     let subject_id = match current {
-        Some((_, added)) => shared::suppressions::subject_of(added).map_err(|error| ApiError::internal(&error))?,
+        Some((_, added)) => domain::suppressions::subject_of(added).map_err(|error| ApiError::internal(&error))?,
         None => None,
     };
     Ok(Removal {
@@ -144,7 +144,7 @@ pub async fn create(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
-    let body = shared::http::read_json(&req, payload).await?;
+    let body = api::http::read_json(&req, payload).await?;
     let command = CreateSuppression { caller: &caller, new: parse_new(&body)? };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
@@ -152,11 +152,11 @@ pub async fn create(
 /// Reads `{<field>: [1..100 items]}`; any other field is 400 `unknown_field`.
 fn batch_items(body: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
     if let Some(object) = body.as_object() {
-        let issues: Vec<shared::error::Issue> = object
+        let issues: Vec<platform::error::Issue> = object
             .keys()
             .filter(|key| key.as_str() != field)
             .map(|key| {
-                shared::error::Issue::coded(
+                platform::error::Issue::coded(
                     key,
                     Code::UnknownField,
                     format!("{key} is not a field; the body has {field}"),
@@ -234,7 +234,7 @@ pub async fn batch_create(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
-    let body = shared::http::read_json(&req, payload).await?;
+    let body = api::http::read_json(&req, payload).await?;
     let items = batch_items(&body, "suppressions")?;
     let parsed = items.iter().map(|item| parse_new(item).map_err(ApiError::from)).collect();
     let command = BatchCreate { caller: &caller, parsed };
@@ -301,7 +301,7 @@ pub async fn batch_remove(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
-    let body = shared::http::read_json(&req, payload).await?;
+    let body = api::http::read_json(&req, payload).await?;
     let items = batch_items(&body, "ids")?;
     let command = BatchRemove { caller: &caller, items };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await

@@ -1,10 +1,10 @@
 //! A suppression's current state for decisions: its addition, and whether it was removed.
 
 use deadpool_postgres::GenericClient;
-use shared::error::Code;
-use shared::events::LogEvent;
-use shared::log::{AppendError, Guard};
-use shared::proto;
+use platform::error::Code;
+use platform::events::LogEvent;
+use platform::log::{AppendError, Guard};
+use platform::proto;
 
 use super::decide::NewSuppression;
 

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use domain::email::resources::TemplateDef;
+use platform::error::{ApiError, Code, Issue};
 use serde_json::{Map, Value};
-use shared::email::resources::TemplateDef;
-use shared::error::{ApiError, Code, Issue};
 
 /// Fields a caller might try in order to replace stored content; refused with 400.
 const CONTENT_FIELDS: &[&str] = &["subject", "html", "text", "body", "content", "from", "sender", "to", "replyTo"];
@@ -63,18 +63,18 @@ pub fn check_keys(template: &TemplateDef, context: &BTreeMap<String, Map<String,
         .with_issues(issues))
 }
 
-pub use shared::email::send::Recipient;
+pub use mail::send::Recipient;
 
-/// D9 (`shared::email::send::gate`), answered as a template send refuses: 422 with the
+/// D9 (`mail::send::gate`), answered as a template send refuses: 422 with the
 /// gate's code, and nothing sent.
 pub fn gate(template: &TemplateDef, recipient: &Recipient) -> Result<(), ApiError> {
-    shared::email::send::gate(template, recipient)
+    mail::send::gate(template, recipient)
         .map_err(|gate| ApiError::unprocessable(gate.code(), format!("{}; nothing was sent", gate.reason())))
 }
 
 /// The keys of a contact schema's email consent attributes (`definition.consent.channel` is
 /// `email`).
-pub fn consent_keys(attributes: &[shared::catalog::AttributeEntry]) -> Vec<String> {
+pub fn consent_keys(attributes: &[domain::catalog::AttributeEntry]) -> Vec<String> {
     attributes
         .iter()
         .filter(|attribute| attribute.definition.pointer("/consent/channel").and_then(Value::as_str) == Some("email"))
@@ -99,8 +99,8 @@ pub fn render_context(documents: &BTreeMap<String, (Value, Vec<String>)>) -> Val
 #[cfg(test)]
 mod tests {
     use super::*;
+    use domain::email::resources::ContextKey;
     use serde_json::json;
-    use shared::email::resources::ContextKey;
 
     fn template(kind: &str, topic: Option<&str>) -> TemplateDef {
         TemplateDef {

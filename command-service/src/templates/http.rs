@@ -17,15 +17,15 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use domain::catalog::AttributeEntry;
+use mail::outbox::{self, Handed, Prepared};
+use mail::send;
+pub use mail::send::{Authored, EmailTo, Scheduled};
+use platform::error::{ApiError, Code};
+use platform::events::LogEvent;
+use platform::log::{AppendError, Guard};
 use serde_json::{Map, Value};
-use shared::auth::{Caller, Permission};
-use shared::catalog::AttributeEntry;
-use shared::email::outbox::{self, Handed, Prepared};
-use shared::email::send;
-pub use shared::email::send::{Authored, EmailTo, Scheduled};
-use shared::error::{ApiError, Code};
-use shared::events::LogEvent;
-use shared::log::{AppendError, Guard};
 
 use super::decide::{self, Recipient};
 use crate::State;
@@ -85,7 +85,7 @@ impl Command for SendTemplate<'_> {
         let space_id = self.caller.space_id();
         let authored = load_authored(ctx, space_id, &self.template_id).await?;
         decide::check_keys(&authored.template, &self.context)?;
-        let now = shared::time::now_millis();
+        let now = platform::time::now_millis();
         let mut planned = BTreeMap::new();
         for (key, expected) in &authored.template.data {
             let context =
@@ -117,11 +117,11 @@ impl Command for SendTemplate<'_> {
         let consent_keys = decide::consent_keys(&recipient.attributes);
         let values = contact.values();
         let recipient = Recipient {
-            suppressed: shared::email::is_suppressed(&client, space_id, &address).await?,
+            suppressed: domain::email::is_suppressed(&client, space_id, &address).await?,
             consent: (!consent_keys.is_empty())
                 .then(|| consent_keys.iter().all(|key| values.get(key) == Some(&Value::Bool(true)))),
             subscription: match &authored.template.topic_id {
-                Some(topic_id) => shared::email::subscriptions(&client, &contact.record_id)
+                Some(topic_id) => domain::email::subscriptions(&client, &contact.record_id)
                     .await
                     .map_err(|error| ApiError::internal(&error))?
                     .remove(topic_id),
@@ -143,7 +143,7 @@ impl Command for SendTemplate<'_> {
                 (key.clone(), (planned.upsert.record.document(), keys))
             })
             .collect();
-        let email_id = shared::ids::new_id("em");
+        let email_id = platform::ids::new_id("em");
         let rendered = send::render_email(&authored, &email_id, decide::render_context(&documents), &self.base_url)
             .map_err(|error| {
                 ApiError::new(
@@ -217,7 +217,7 @@ pub async fn send(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let body = shared::http::read_json_object(&req, payload).await?;
+    let body = api::http::read_json_object(&req, payload).await?;
     let context = decide::context(&body)?;
     let base_url = state.settings.email.public_base_url.clone();
     let command = SendTemplate { caller: &caller, template_id: path.into_inner(), context, base_url };
@@ -228,7 +228,7 @@ pub async fn send(
 /// Hands an appended email to the relay inline and records the outcome; the answer to give,
 /// or `None` when the outcome is unknown (another hand-off has it, or the exchange broke off
 /// after the message was sent). The outbox worker finishes what this leaves.
-pub async fn hand_off(state: &State, prepared: &Prepared) -> Option<(Value, shared::log::Appended)> {
+pub async fn hand_off(state: &State, prepared: &Prepared) -> Option<(Value, platform::log::Appended)> {
     if state.settings.email.handoff_delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(state.settings.email.handoff_delay_ms)).await;
     }

@@ -2,9 +2,9 @@
 //! trigger with the schema it names. Pure: the schema lookup happens in the store and comes
 //! in as an argument.
 
+use domain::webhooks::{EMAIL_EVENT_TYPES, Trigger, target};
+use platform::error::{Code, Issue};
 use serde_json::{Map, Value};
-use shared::error::{Code, Issue};
-use shared::webhooks::{EMAIL_EVENT_TYPES, Trigger, target};
 
 /// The fields a create accepts.
 pub const CREATE_FIELDS: [&str; 5] = ["url", "trigger", "emailEventTypes", "schemaId", "condition"];
@@ -192,9 +192,9 @@ pub fn parse_update(
 ) -> Result<Update, Refusal> {
     let mut body = body.clone();
     let sent = !body.is_empty();
-    let echoed = shared::echo::take_echoed(&mut body, &FIXED_FIELDS, &KEPT_FIELDS);
+    let echoed = crate::echo::take_echoed(&mut body, &FIXED_FIELDS, &KEPT_FIELDS);
     let mut issues = Vec::new();
-    for (key, _) in shared::echo::changed(&echoed, shown) {
+    for (key, _) in crate::echo::changed(&echoed, shown) {
         let message = match key {
             "trigger" | "schemaId" => format!("{key} cannot change; create a new webhook instead"),
             _ => format!("{key} is set by the platform; it cannot change"),
@@ -344,7 +344,7 @@ fn condition(value: &Value, issues: &mut Vec<Issue>) -> Option<Condition> {
         }
         Some("segment") if fields.iter().all(|field| ["type", "segmentId"].contains(field)) => {
             match object.get("segmentId").and_then(Value::as_str) {
-                Some(id) if !id.trim().is_empty() && shared::storable::is_storable(id) && id.len() <= 100 => {
+                Some(id) if !id.trim().is_empty() && platform::storable::is_storable(id) && id.len() <= 100 => {
                     Some(Condition::Segment { segment_id: id.to_owned() })
                 }
                 _ => {

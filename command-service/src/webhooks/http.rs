@@ -9,17 +9,17 @@ use std::cell::OnceCell;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use api::ratelimit::Bucket;
+use domain::ai::AiError;
+use domain::webhooks::signing::Secret;
+use domain::webhooks::state::{Counters, no_condition};
+use platform::error::{ApiError, Code, Issue};
+use platform::events::LogEvent;
+use platform::ids::new_id;
+use platform::log::{ExpectedVersion, Guard, StreamAppend};
+use platform::proto;
 use serde_json::{Map, Value, json};
-use shared::ai::AiError;
-use shared::auth::{Caller, Permission};
-use shared::error::{ApiError, Code, Issue};
-use shared::events::LogEvent;
-use shared::ids::new_id;
-use shared::log::{ExpectedVersion, Guard, StreamAppend};
-use shared::proto;
-use shared::ratelimit::Bucket;
-use shared::webhooks::signing::Secret;
-use shared::webhooks::state::{Counters, no_condition};
 
 use super::decide::{self, Condition, NewWebhook, Update};
 use super::store::{self, WebhookState};
@@ -104,7 +104,7 @@ async fn resolve_condition(
         return Ok(resolved.clone());
     }
     let catalog = ctx.catalog().await?;
-    let credits = shared::catalog::credits(&ctx.db().await?, &catalog, caller.space_id()).await?;
+    let credits = domain::catalog::credits(&ctx.db().await?, &catalog, caller.space_id()).await?;
     if credits <= 0 {
         return Err(ApiError::new(
             StatusCode::PAYMENT_REQUIRED,
@@ -114,7 +114,7 @@ async fn resolve_condition(
     }
     let made_now = match ctx.state.ai.filter(requirements).await {
         // A webhook's filter reads the delivered document alone: no events performed.
-        Ok(filter) if !shared::filter::performed_parts(&filter).is_empty() => {
+        Ok(filter) if !filter::performed_parts(&filter).is_empty() => {
             let message = "`performed` is for segments: a webhook's custom filter reads the delivered data; \
                            use a segment condition instead";
             Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Some(Code::AiGenerationFailed), message)
@@ -123,7 +123,7 @@ async fn resolve_condition(
         Ok(filter) => Ok(Resolved {
             condition: proto::WebhookCondition {
                 r#type: "custom filter".to_owned(),
-                description: shared::filter::describe(&filter),
+                description: filter::describe(&filter),
                 expression: serde_json::to_string(&filter).map_err(|error| internal(&error.into()))?,
                 segment_id: String::new(),
             },
@@ -167,7 +167,7 @@ async fn load_owned(ctx: &Ctx<'_>, caller: &Caller, webhook_id: &str) -> Result<
 
 /// A delivery as the owner's tools show it when it was just queued again.
 fn pending_delivery(delivery_id: &str, webhook_id: &str) -> Value {
-    shared::http::data_body(json!({"id": delivery_id, "webhookId": webhook_id, "status": "pending"}), &[])
+    api::http::data_body(json!({"id": delivery_id, "webhookId": webhook_id, "status": "pending"}), &[])
 }
 
 /// `POST /webhooks/{id}/deliveries/{deliveryId}/replay`: attempts a delivery that is over
@@ -247,8 +247,8 @@ impl Command for TestWebhook<'_> {
         });
         let stream = change(&self.webhook_id, ExpectedVersion::Any, event, given.now_ms);
         let webhook_id = self.webhook_id.clone();
-        let answer = move |appended: shared::log::Appended| {
-            let delivery_id = shared::webhooks::delivery_id(appended.last_position, &webhook_id);
+        let answer = move |appended: platform::log::Appended| {
+            let delivery_id = domain::webhooks::delivery_id(appended.last_position, &webhook_id);
             Answer::json(StatusCode::ACCEPTED, pending_delivery(&delivery_id, &webhook_id))
         };
         let decision = Decision::one(stream, Vec::new(), StatusCode::ACCEPTED, Value::Null);
@@ -272,21 +272,21 @@ pub async fn test(
 fn seal_secret(
     webhook_id: &str,
     space_id: &str,
-    key: Option<shared::crypto::DataKey>,
+    key: Option<platform::crypto::DataKey>,
 ) -> Result<(Secret, proto::Sealed, Option<Guard>), ApiError> {
     let subject = store::secret_subject(webhook_id);
     let (key, guard) = match key {
         Some(key) => (key, None),
         None => {
-            let (key, wrapped) = shared::crypto::keyring()
+            let (key, wrapped) = platform::crypto::keyring()
                 .and_then(|keyring| keyring.generate(&subject))
                 .map_err(|error| internal(&error))?;
             (key, Some(store::store_secret_key(webhook_id, space_id, wrapped)))
         }
     };
     let secret = Secret::generate();
-    let mut sealed = shared::events::seal(&subject, &proto::WebhookSecret { secret: secret.reveal() });
-    shared::events::encrypt(&mut sealed, &key).map_err(|error| internal(&error))?;
+    let mut sealed = platform::events::seal(&subject, &proto::WebhookSecret { secret: secret.reveal() });
+    platform::events::encrypt(&mut sealed, &key).map_err(|error| internal(&error))?;
     Ok((secret, sealed, guard))
 }
 
@@ -330,10 +330,10 @@ impl Command for CreateWebhook<'_> {
         let mut document = webhook.document();
         Counters::default().merge_into(&mut document);
         document["signatureVerificationSecret"] = json!(secret.reveal());
-        let body = shared::http::data_body(document, &[]);
+        let body = api::http::data_body(document, &[]);
         let guards = key_guard
             .into_iter()
-            .chain((resolved.credits > 0).then(|| shared::admission::spend_guard(space_id, resolved.credits)))
+            .chain((resolved.credits > 0).then(|| domain::admission::spend_guard(space_id, resolved.credits)))
             .chain(resolved.guard())
             .collect();
         let stream = change(&webhook_id, ExpectedVersion::NoStream, event, now);
@@ -384,7 +384,7 @@ impl Command for UpdateWebhook<'_> {
             // The body only echoed the webhook as shown: nothing changes.
             let mut document = current.document();
             counters.merge_into(&mut document);
-            return Ok(Decided::Answer(Answer::json(StatusCode::OK, shared::http::data_body(document, &[]))));
+            return Ok(Decided::Answer(Answer::json(StatusCode::OK, api::http::data_body(document, &[]))));
         }
         let set_live = update.live == Some(true);
         if set_live {
@@ -408,11 +408,11 @@ impl Command for UpdateWebhook<'_> {
         let guards = set_live
             .then(|| store::clear_failures(webhook_id))
             .into_iter()
-            .chain((credits > 0).then(|| shared::admission::spend_guard(self.caller.space_id(), credits)))
+            .chain((credits > 0).then(|| domain::admission::spend_guard(self.caller.space_id(), credits)))
             .chain(resolved.as_ref().and_then(Resolved::guard))
             .collect();
         let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
-        let body = shared::http::data_body(document, &[]);
+        let body = api::http::data_body(document, &[]);
         Ok(Decided::Append(Decision::one(stream, guards, StatusCode::OK, body)))
     }
 
@@ -462,7 +462,7 @@ impl Command for DeleteWebhook<'_> {
         });
         let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, given.now_ms);
         let guards = vec![store::shred_secret_key(webhook_id), store::blank_recorded_secrets(webhook_id)];
-        let body = shared::http::data_body(json!({"id": webhook_id, "deleted": true}), &[]);
+        let body = api::http::data_body(json!({"id": webhook_id, "deleted": true}), &[]);
         Ok(Decided::Append(Decision::one(stream, guards, StatusCode::OK, body)))
     }
 
@@ -491,7 +491,7 @@ struct RotateSecret<'a> {
 }
 
 impl Command for RotateSecret<'_> {
-    type Loaded = (i64, Option<shared::crypto::DataKey>);
+    type Loaded = (i64, Option<platform::crypto::DataKey>);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
         let (version, _) = load_owned(ctx, self.caller, &self.webhook_id).await?;
@@ -505,7 +505,7 @@ impl Command for RotateSecret<'_> {
         let body = json!({
             "id": webhook_id,
             "signatureVerificationSecret": secret.reveal(),
-            "updatedAt": shared::time::format_millis(now),
+            "updatedAt": platform::time::format_millis(now),
         });
         let event = LogEvent::WebhookSecretRotated(proto::WebhookSecretRotated {
             webhook_id: webhook_id.to_owned(),
@@ -515,7 +515,7 @@ impl Command for RotateSecret<'_> {
             rotated_at_ms: now,
         });
         let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
-        let body = shared::http::data_body(body, &[]);
+        let body = api::http::data_body(body, &[]);
         Ok(Decided::Append(Decision::one(stream, key_guard.into_iter().collect(), StatusCode::OK, body)))
     }
 

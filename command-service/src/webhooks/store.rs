@@ -1,10 +1,10 @@
 //! What webhook decisions load, and the guards their appends carry.
 
 use deadpool_postgres::GenericClient;
-use shared::catalog::{self, SchemaEntry};
-use shared::error::Code;
-use shared::log::{AppendError, Guard};
-pub use shared::webhooks::state::{Counters, WebhookState, load, secret_subject, stream_id};
+use domain::catalog::{self, SchemaEntry};
+pub use domain::webhooks::state::{Counters, WebhookState, load, secret_subject, stream_id};
+use platform::error::Code;
+use platform::log::{AppendError, Guard};
 
 /// The schema `reference` (id or slug) of the space, from catalog version schema `catalog`.
 pub async fn schema(
@@ -20,9 +20,9 @@ pub async fn schema(
 pub async fn secret_key(
     client: &impl GenericClient,
     webhook_id: &str,
-) -> anyhow::Result<Option<shared::crypto::DataKey>> {
+) -> anyhow::Result<Option<platform::crypto::DataKey>> {
     let subject = secret_subject(webhook_id);
-    let keys = shared::crypto::load_keys(client, std::slice::from_ref(&subject)).await?;
+    let keys = platform::crypto::load_keys(client, std::slice::from_ref(&subject)).await?;
     Ok(keys.get(&subject).cloned())
 }
 

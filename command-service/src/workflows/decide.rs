@@ -1,8 +1,8 @@
 //! The workflow decisions: reading a trigger's input, and whether a workflow takes a run or
 //! changes its pause. Pure.
 
+use domain::workflows::{MAX_INPUT_BYTES, Status, WorkflowDef};
 use serde_json::{Map, Value, json};
-use shared::workflows::{MAX_INPUT_BYTES, Status, WorkflowDef};
 
 /// Why a workflow request is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,7 +96,7 @@ pub fn requested_run(
         "status": "waiting",
         "contactId": contact_id,
         "trigger": {"type": "webhook", "id": reference_id},
-        "requestedAt": shared::time::format_millis(requested_at_ms),
+        "requestedAt": platform::time::format_millis(requested_at_ms),
         "startedAt": null,
         "finishedAt": null,
         "stepCount": 0,

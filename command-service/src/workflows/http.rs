@@ -11,14 +11,14 @@ use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::auth::{Caller, Permission};
+use domain::workflows::{run_stream_id, stream_id};
+use platform::error::ApiError;
+use platform::events::LogEvent;
+use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
+use platform::proto;
 use prost::Message;
 use serde_json::Value;
-use shared::auth::{Caller, Permission};
-use shared::error::ApiError;
-use shared::events::LogEvent;
-use shared::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
-use shared::proto;
-use shared::workflows::{run_stream_id, stream_id};
 
 use super::decide::{self, Input, PauseChange, Refusal, requested_run};
 use super::store::{self, Found, NewRun};
@@ -42,7 +42,7 @@ struct TriggerWorkflow<'a> {
 struct Trigger {
     found: Arc<Found>,
     /// The contact's schema and what its upsert read, when the input names a contact.
-    contact: Option<(shared::catalog::WriteContext, UpsertLoaded)>,
+    contact: Option<(domain::catalog::WriteContext, UpsertLoaded)>,
 }
 
 impl Command for TriggerWorkflow<'_> {
@@ -83,7 +83,7 @@ impl Command for TriggerWorkflow<'_> {
     fn decide(&self, trigger: Trigger, given: &Given<'_>) -> Result<Decided, ApiError> {
         let Trigger { found, contact } = trigger;
         let (space_id, now) = (self.caller.space_id(), given.now_ms);
-        let run_id = shared::ids::new_id("run");
+        let run_id = platform::ids::new_id("run");
         let mut streams = Vec::new();
         let mut guards: Vec<Guard> = Vec::new();
         // The key the input is sealed under: the contact's, or one of the run's own.
@@ -109,15 +109,15 @@ impl Command for TriggerWorkflow<'_> {
         let key = match key {
             Some(key) => key,
             None => {
-                let (key, wrapped) = shared::crypto::keyring()
+                let (key, wrapped) = platform::crypto::keyring()
                     .and_then(|keyring| keyring.generate(&subject))
                     .map_err(|error| internal(&error))?;
                 guards.push(crate::records::store::store_key(&subject, space_id, wrapped));
                 key
             }
         };
-        let mut input = shared::events::seal(&subject, &proto::WorkflowInput { json: self.input.input.to_string() });
-        shared::events::encrypt(&mut input, &key).map_err(|error| internal(&error))?;
+        let mut input = platform::events::seal(&subject, &proto::WorkflowInput { json: self.input.input.to_string() });
+        platform::events::encrypt(&mut input, &key).map_err(|error| internal(&error))?;
         guards.push(store::insert_run(NewRun {
             run_id: &run_id,
             workflow_id: &found.workflow_id,
@@ -144,17 +144,17 @@ impl Command for TriggerWorkflow<'_> {
             events: vec![NewEvent {
                 event: LogEvent::WorkflowRunRequested(requested),
                 subject_id: contact_id.clone(),
-                occurred_at: shared::time::from_millis(now),
+                occurred_at: platform::time::from_millis(now),
             }],
         });
         let run = requested_run(&run_id, &found.workflow_id, contact_id.as_deref(), &self.reference_id, now);
-        let answer = Answer::json(StatusCode::ACCEPTED, shared::http::data_body(run, &[]));
+        let answer = Answer::json(StatusCode::ACCEPTED, api::http::data_body(run, &[]));
         Ok(Decided::Append(Decision::new(streams, guards, answer)))
     }
 
-    fn refused(&self, error: shared::log::AppendError) -> pipeline::Refusal {
+    fn refused(&self, error: platform::log::AppendError) -> pipeline::Refusal {
         match error {
-            shared::log::AppendError::Conflict { code: shared::error::Code::IdentifierConflict, .. } => {
+            platform::log::AppendError::Conflict { code: platform::error::Code::IdentifierConflict, .. } => {
                 pipeline::Refusal::Again
             }
             error => pipeline::Refusal::default_for(error),
@@ -162,7 +162,7 @@ impl Command for TriggerWorkflow<'_> {
     }
 }
 
-fn write_schema<'a>(context: &'a shared::catalog::WriteContext, space_id: &'a str) -> WriteSchema<'a> {
+fn write_schema<'a>(context: &'a domain::catalog::WriteContext, space_id: &'a str) -> WriteSchema<'a> {
     WriteSchema {
         schema_id: &context.schema.schema_id,
         space_id,
@@ -213,7 +213,7 @@ impl Command for SetPaused<'_> {
         let (workflow_id, space_id, now) = (&self.workflow_id, self.caller.space_id(), given.now_ms);
         let change = decide::decide_pause(workflow_id, &found.definition, paused, self.pause)?;
         let document = found.definition.document(workflow_id, found.revision, self.pause);
-        let body = shared::http::data_body(document, &[]);
+        let body = api::http::data_body(document, &[]);
         if change == PauseChange::Same {
             return Ok(Decided::Answer(Answer::json(StatusCode::OK, body)));
         }

@@ -3,10 +3,10 @@
 //! control, waking parked runs).
 
 use deadpool_postgres::GenericClient;
+use domain::workflows::{WORKFLOW, WorkflowDef};
+use platform::events::LogEvent;
+use platform::log::{AppendError, Guard, SetValue};
 use serde_json::Value;
-use shared::events::LogEvent;
-use shared::log::{AppendError, Guard, SetValue};
-use shared::workflows::{WORKFLOW, WorkflowDef};
 
 /// A workflow of the space as the catalog holds it.
 pub struct Found {
@@ -46,8 +46,8 @@ pub async fn by_reference(
 }
 
 /// Workflows kept in process by (space, reference id), so a trigger reads no catalog
-/// statement (see [`shared::catalog::Kept`]).
-pub type Kept = shared::catalog::Kept<Found>;
+/// statement (see [`domain::catalog::Kept`]).
+pub type Kept = domain::catalog::Kept<Found>;
 
 /// The workflow `workflow_id` of the space, from catalog version `catalog`.
 pub async fn by_id(
@@ -67,7 +67,7 @@ pub async fn by_id(
 
 /// The workflow stream's version and whether it is paused, from the log.
 pub async fn pause_state(client: &impl GenericClient, workflow_id: &str) -> anyhow::Result<(i64, bool)> {
-    let events = shared::log::read_streams(client, &[shared::workflows::stream_id(workflow_id)]).await?;
+    let events = platform::log::read_streams(client, &[domain::workflows::stream_id(workflow_id)]).await?;
     let mut state = (0, false);
     for stored in events {
         state.0 = stored.stream_version;

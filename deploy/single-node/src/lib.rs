@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use shared::http::ApiServer;
-use shared::readmodel::ReadModels;
-use shared::settings::Settings;
+use api::http::ApiServer;
+use platform::readmodel::ReadModels;
+use platform::settings::Settings;
 use tokio_util::sync::CancellationToken;
 
 pub struct SingleNode {
@@ -28,11 +28,11 @@ impl SingleNode {
     pub async fn build(settings: Settings, workspace: Option<&str>) -> anyhow::Result<Self> {
         let database_url = settings.database_url()?.to_owned();
         // The command and query pools run generic plans, as the separate services do.
-        let pool = shared::db::generic_plan_pool(&database_url, settings.database.pool_size)?;
+        let pool = platform::db::generic_plan_pool(&database_url, settings.database.pool_size)?;
         projector::migrate(&pool).await.context("migrating")?;
-        let projector_pool = shared::db::pool(&database_url, projector::POOL_SIZE)?;
-        let read_pool = shared::db::generic_plan_pool(&database_url, settings.database.pool_size)?;
-        let provider = shared::ai::AiProvider::new(&settings.ai)?;
+        let projector_pool = platform::db::pool(&database_url, projector::POOL_SIZE)?;
+        let read_pool = platform::db::generic_plan_pool(&database_url, settings.database.pool_size)?;
+        let provider = domain::ai::AiProvider::new(&settings.ai)?;
         let process = format!("single-node-{}", std::process::id());
         let workers = projector::workers(&settings, &projector_pool, provider, &process)?;
         let runtime = projector::runtime::Runtime::new(database_url.clone(), workers);
@@ -59,7 +59,7 @@ impl SingleNode {
         }
         let event_log = command_state.event_log.clone();
         let readiness = projector::WorkersReadiness { health: runtime.health(), pool: projector_pool };
-        let ops = shared::ops::Ops::new(pool.clone(), Some(Arc::new(readiness)));
+        let ops = api::ops::Ops::new(pool.clone(), Some(Arc::new(readiness)));
         let address = (settings.http.host.as_str(), settings.http.port);
         let server = ApiServer::bind(
             address,
@@ -87,7 +87,7 @@ impl SingleNode {
 
     /// Runs the workers until the catalog has `position`, so the keys just applied work.
     async fn wait_for_catalog(&self, pool: &deadpool_postgres::Pool, position: i64) -> anyhow::Result<()> {
-        let catalog = projector::read_models::by_name(shared::catalog::CATALOG).context("the catalog read model")?;
+        let catalog = projector::read_models::by_name(domain::catalog::CATALOG).context("the catalog read model")?;
         let faults = projector::read_models::runner::Faults::default();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {

@@ -42,7 +42,7 @@ struct Serve {
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    let settings = shared::process::start("warn")?;
+    let settings = platform::process::start("warn")?;
     match cli.command.unwrap_or(Command::Serve(cli.serve)) {
         Command::Serve(serve) => serve_until_stopped(serve, settings).await?,
         Command::Apply(arguments) => command_service::cli::apply(arguments, &settings).await?,
@@ -51,7 +51,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn serve_until_stopped(serve: Serve, settings: shared::settings::Settings) -> anyhow::Result<()> {
+async fn serve_until_stopped(serve: Serve, settings: platform::settings::Settings) -> anyhow::Result<()> {
     let workspace = serve.workspace.map(std::fs::read_to_string).transpose()?;
     let node = SingleNode::build(settings.clone(), workspace.as_deref()).await?;
     let (host, port) = (&settings.http.host, node.port());

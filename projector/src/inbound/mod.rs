@@ -15,6 +15,7 @@
 //!
 //! Commands are parsed by `smtp-proto` (Stalwart's SMTP parser); the listener does the I/O.
 
+pub mod feedback;
 pub mod record;
 
 use std::sync::Arc;
@@ -22,8 +23,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use deadpool_postgres::Pool;
-use shared::log::EventLog;
-use shared::settings::{InboundSettings, Settings};
+use platform::log::EventLog;
+use platform::settings::{InboundSettings, Settings};
 use smtp_proto::request::receiver::{DataReceiver, DummyDataReceiver, RequestReceiver};
 use smtp_proto::{Error as ProtoError, Request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,7 +53,7 @@ impl Listener {
     /// Binds `APP__INBOUND__HOST`:`port`.
     pub async fn bind(pool: Pool, log: EventLog, settings: &InboundSettings, port: u16) -> anyhow::Result<Self> {
         // Counters are recorded from the start, before the first scrape.
-        shared::ops::metrics_handle();
+        api::ops::metrics_handle();
         let listener = TcpListener::bind((settings.host.as_str(), port))
             .await
             .with_context(|| format!("binding the inbound listener to {}:{port}", settings.host))?;
@@ -111,11 +112,11 @@ pub struct Inbound {
 
 impl Inbound {
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
-        let pool = shared::db::pool(settings.database_url()?, 8)?;
+        let pool = platform::db::pool(settings.database_url()?, 8)?;
         let log = EventLog::start(pool.clone(), settings.append.batch_max);
         let port = settings.inbound.port.unwrap_or(DEFAULT_PORT);
         let listener = Listener::bind(pool.clone(), log, &settings.inbound, port).await?;
-        let (server, ops_port) = crate::ops_server(settings, shared::ops::Ops::new(pool, None))?;
+        let (server, ops_port) = crate::ops_server(settings, api::ops::Ops::new(pool, None))?;
         Ok(Self { listener, server, ops_port })
     }
 
@@ -309,13 +310,13 @@ impl<'a> Session<'a> {
             return Ok(false);
         }
         let client = self.shared.pool.get().await?;
-        let Some(catalog) = shared::readmodel::live_schema(&client, "catalog").await? else {
+        let Some(catalog) = platform::readmodel::live_schema(&client, "catalog").await? else {
             anyhow::bail!("the catalog is not built yet");
         };
         let statement = format!(
             "SELECT EXISTS (SELECT 1 FROM {catalog}.resources WHERE kind = $1 AND lower(definition ->> 'returnPath') = $2)"
         );
-        let row = client.query_one(&statement, &[&shared::email::resources::DOMAIN, &domain.to_lowercase()]).await?;
+        let row = client.query_one(&statement, &[&domain::email::resources::DOMAIN, &domain.to_lowercase()]).await?;
         Ok(row.get(0))
     }
 
@@ -365,7 +366,7 @@ impl<'a> Session<'a> {
         let recipient = self
             .recipients
             .iter()
-            .find(|recipient| shared::email::feedback::email_of_recipient(recipient).is_some())
+            .find(|recipient| crate::inbound::feedback::email_of_recipient(recipient).is_some())
             .or_else(|| self.recipients.first())
             .cloned()
             .unwrap_or_default();

@@ -14,13 +14,13 @@
 
 use std::time::Duration;
 
+use crate::inbound::feedback::Report;
 use deadpool_postgres::Pool;
+use platform::error::Code;
+use platform::events::LogEvent;
+use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use platform::proto;
 use sha2::{Digest, Sha256};
-use shared::email::feedback::Report;
-use shared::error::Code;
-use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
-use shared::proto;
 
 /// What became of a received message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +63,7 @@ struct Email {
 }
 
 impl Recorder {
-    pub fn new(pool: Pool, log: EventLog, settings: &shared::settings::InboundSettings) -> Self {
+    pub fn new(pool: Pool, log: EventLog, settings: &platform::settings::InboundSettings) -> Self {
         Self {
             pool,
             log,
@@ -75,7 +75,7 @@ impl Recorder {
     /// Reads `raw`, received for `recipient`, and records what it reports. An error means
     /// nothing was recorded (the sender should try again later).
     pub async fn record(&self, raw: &[u8], recipient: &str) -> anyhow::Result<Recorded> {
-        let report = shared::email::feedback::parse(raw, recipient);
+        let report = crate::inbound::feedback::parse(raw, recipient);
         let email_id = match &report {
             Report::Bounce { email_id, .. } | Report::Complaint { email_id, .. } => email_id.clone(),
             Report::Ignored(reason) => return Ok(Recorded::Ignored(reason)),
@@ -88,7 +88,7 @@ impl Recorder {
             _ => ("complaint", Some("complaint")),
         };
         let address_digest = match &email.address {
-            Some(address) => Some(shared::crypto::keyed_digest("soft-bounce", &address.to_lowercase())?),
+            Some(address) => Some(platform::crypto::keyed_digest("soft-bounce", &address.to_lowercase())?),
             None => None,
         };
         let reason = match (reason, &address_digest) {
@@ -117,11 +117,11 @@ impl Recorder {
 
     async fn email(&self, email_id: &str) -> anyhow::Result<Option<Email>> {
         let client = self.pool.get().await?;
-        let Some(scheduled) = shared::email::outbox::scheduled_event(&client, email_id).await? else {
+        let Some(scheduled) = mail::outbox::scheduled_event(&client, email_id).await? else {
             return Ok(None);
         };
-        let keys = shared::crypto::load_keys(&client, std::slice::from_ref(&scheduled.contact_id)).await?;
-        let content: Option<proto::EmailContent> = shared::events::open(scheduled.content.as_ref(), &keys)?;
+        let keys = platform::crypto::load_keys(&client, std::slice::from_ref(&scheduled.contact_id)).await?;
+        let content: Option<proto::EmailContent> = platform::events::open(scheduled.content.as_ref(), &keys)?;
         Ok(Some(Email {
             space_id: scheduled.space_id,
             contact_id: scheduled.contact_id,
@@ -151,7 +151,7 @@ impl Recorder {
         (email_id, digest, kind): (&str, &str, &'static str),
         address_digest: Option<&str>,
         suppress: Option<(&str, &str)>,
-    ) -> Result<shared::log::Appended, AppendError> {
+    ) -> Result<platform::log::Appended, AppendError> {
         let now = chrono::Utc::now();
         let at_ms = now.timestamp_millis();
         let event = match report {
@@ -193,12 +193,12 @@ impl Recorder {
             ));
         }
         let mut streams = vec![StreamAppend {
-            stream_id: shared::email::stream_id(email_id),
+            stream_id: domain::email::stream_id(email_id),
             expected: ExpectedVersion::Any,
             events: vec![NewEvent { event, subject_id: Some(email.contact_id.clone()), occurred_at: now }],
         }];
         if let Some((address, reason)) = suppress {
-            let (stream, guard) = shared::email::outbox::provider_suppression(&email.space_id, address, reason, now)?;
+            let (stream, guard) = mail::outbox::provider_suppression(&email.space_id, address, reason, now)?;
             streams.push(stream);
             guards.push(guard);
         }

@@ -1,12 +1,12 @@
 //! The broadcasts read model: each broadcast as authored with the API's changes folded over it
-//! (`shared::email::broadcasts`), and the number per space for list totals. The definition is
+//! (`domain::email::broadcasts`), and the number per space for list totals. The definition is
 //! kept beside the document, for the changes that follow.
 
 use deadpool_postgres::Transaction;
-use shared::email::broadcasts::{apply_update, document};
-use shared::email::resources::{BROADCAST, BroadcastDef};
-use shared::events::LogEvent;
-use shared::log::StoredEvent;
+use domain::email::broadcasts::{apply_update, document};
+use domain::email::resources::{BROADCAST, BroadcastDef};
+use platform::events::LogEvent;
+use platform::log::StoredEvent;
 
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.broadcasts (

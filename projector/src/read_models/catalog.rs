@@ -2,13 +2,13 @@
 //! schemas with their attributes, AI credits, other authored resources).
 
 use deadpool_postgres::Transaction;
+use domain::catalog::is_writable;
+use domain::records::base_attributes;
+use platform::events::{LogEvent, open};
+use platform::log::StoredEvent;
+use platform::proto;
+use platform::time::{format_millis, from_millis};
 use serde_json::{Value, json};
-use shared::catalog::is_writable;
-use shared::events::{LogEvent, open};
-use shared::log::StoredEvent;
-use shared::proto;
-use shared::records::base_attributes;
-use shared::time::{format_millis, from_millis};
 
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.spaces (space_id text PRIMARY KEY, slug text NOT NULL UNIQUE, name text NOT NULL);
@@ -77,7 +77,7 @@ pub(super) const EVENT_TYPES: &[&str] = &[
 /// Applies a batch event by event; if it held an event this model reads (each changes it),
 /// the version's revision moves to the last of them.
 pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[StoredEvent]) -> anyhow::Result<()> {
-    super::apply_each(shared::catalog::CATALOG, transaction, s, events, EVENT_TYPES, apply_event).await?;
+    super::apply_each(domain::catalog::CATALOG, transaction, s, events, EVENT_TYPES, apply_event).await?;
     let Some(last) = events.iter().rev().find(|event| EVENT_TYPES.contains(&event.event_type.as_str())) else {
         return Ok(());
     };
@@ -104,7 +104,8 @@ async fn apply_event(transaction: &Transaction<'_>, s: &str, event: &StoredEvent
                 .await?;
         }
         LogEvent::UserDefined(user) => {
-            let personal: Option<proto::UserPersonal> = open(user.personal.as_ref(), &shared::crypto::Keys::default())?;
+            let personal: Option<proto::UserPersonal> =
+                open(user.personal.as_ref(), &platform::crypto::Keys::default())?;
             let (name, email) = personal.map(|p| (Some(p.name), Some(p.email))).unwrap_or((None, None));
             transaction
                 .execute(
@@ -304,5 +305,5 @@ async fn insert_attribute(
 
 read_model! {
     /// Spaces, users, memberships, keys, schemas, attributes, credits, authored resources.
-    Catalog = shared::catalog::CATALOG, batch
+    Catalog = domain::catalog::CATALOG, batch
 }

@@ -2,9 +2,9 @@
 //! No personal data: ids, states and messages only.
 
 use deadpool_postgres::Transaction;
-use shared::events::LogEvent;
-use shared::log::StoredEvent;
-use shared::time::from_millis;
+use platform::events::LogEvent;
+use platform::log::StoredEvent;
+use platform::time::from_millis;
 
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.deletions (
@@ -44,7 +44,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, event: &S
                         &requested.space_id,
                         &requested.schema_id,
                         &requested.record_id,
-                        &shared::records::DELETION_PENDING_MESSAGE,
+                        &domain::records::DELETION_PENDING_MESSAGE,
                         &from_millis(requested.requested_at_ms),
                     ],
                 )

@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Transaction;
+use platform::events::{LogEvent, open};
+use platform::log::StoredEvent;
+use platform::proto;
+use platform::time::from_millis;
 use serde_json::Value;
-use shared::events::{LogEvent, open};
-use shared::log::StoredEvent;
-use shared::proto;
-use shared::time::from_millis;
 
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.events (
@@ -73,7 +73,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, events: &
     let relevant: Vec<&StoredEvent> =
         events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())).collect();
     let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
-    let keys = shared::crypto::load_keys(transaction, &subjects).await?;
+    let keys = platform::crypto::load_keys(transaction, &subjects).await?;
     let mut accepted = Accepted::default();
     let mut changes: BTreeMap<String, Change> = BTreeMap::new();
     let mut deleted = Vec::new();

@@ -28,7 +28,7 @@ macro_rules! read_model {
                 &'a self,
                 transaction: &'a deadpool_postgres::Transaction<'a>,
                 schema: &'a str,
-                events: &'a [shared::log::StoredEvent],
+                events: &'a [platform::log::StoredEvent],
             ) -> futures_util::future::BoxFuture<'a, anyhow::Result<()>> {
                 read_model!(@apply $mode, $name, transaction, schema, events)
             }
@@ -59,7 +59,7 @@ mod workflows;
 use anyhow::Context;
 use deadpool_postgres::Transaction;
 use futures_util::future::BoxFuture;
-use shared::log::StoredEvent;
+use platform::log::StoredEvent;
 
 /// A read model: its tables and how a batch of log events changes them.
 pub trait ReadModel: Send + Sync + 'static {

@@ -13,7 +13,7 @@
 //!
 //! Readers see it: a read in a quarantined space carries `stale_read` and reports the
 //! position before the dead letter as its `Projection-Position` (see
-//! `shared::readmodel::CHECK_SQL`), and a write made after it is not reported as reached, so
+//! `platform::readmodel::CHECK_SQL`), and a write made after it is not reported as reached, so
 //! read-your-writes is never claimed for data that was not applied.
 //!
 //! After a fix, an operator retries (`projector dead-letters retry <name>`): under the
@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Context;
 use deadpool_postgres::Transaction;
-use shared::log::StoredEvent;
+use platform::log::StoredEvent;
 
 use super::ReadModel;
 
@@ -106,7 +106,7 @@ pub fn is_transient(error: &anyhow::Error) -> bool {
     error
         .chain()
         .find_map(|cause| cause.downcast_ref::<tokio_postgres::Error>())
-        .is_some_and(|database| shared::db::classify(database) == shared::db::Failure::Transient)
+        .is_some_and(|database| platform::db::classify(database) == platform::db::Failure::Transient)
 }
 
 /// Applies `events` (in order, contiguous) to version `version` of `projection`, holding back
@@ -161,7 +161,7 @@ pub async fn apply(
                     position: event.position,
                     space_key,
                     event_type: event.event_type.clone(),
-                    error: shared::storable::escaped(&format!("{error:#}")),
+                    error: platform::storable::escaped(&format!("{error:#}")),
                 });
             }
         }
@@ -217,7 +217,7 @@ pub async fn record_worker_dead_letter(
     event: &StoredEvent,
     error: &anyhow::Error,
 ) -> anyhow::Result<()> {
-    let error = shared::storable::escaped(&format!("{error:#}"));
+    let error = platform::storable::escaped(&format!("{error:#}"));
     tracing::error!(worker, position = event.position, event_type = %event.event_type, %error,
         "dead letter: the worker cannot handle this event and passes over it");
     transaction
@@ -306,7 +306,7 @@ pub async fn retry(
     let mut report = RetryReport::default();
     for row in versions {
         let (version, checkpoint): (i32, i64) = (row.get(0), row.get(1));
-        let schema = shared::readmodel::schema_name(model.name(), version);
+        let schema = platform::readmodel::schema_name(model.name(), version);
         let mut quarantine = Quarantine::load(&transaction, model.name(), version).await?;
         let spaces: Vec<(String, i64)> = quarantine
             .held_after
@@ -362,7 +362,7 @@ async fn held_events(
         .prepare_cached(&format!(
             "SELECT {} FROM events WHERE position > $1 AND position <= $2 AND COALESCE(space_id, '') = $3
              ORDER BY position LIMIT 2000",
-            shared::log::EVENT_COLUMNS
+            platform::log::EVENT_COLUMNS
         ))
         .await?;
     let rows = transaction.query(&statement, &[&after, &through, &space_key]).await?;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use deadpool_postgres::Pool;
-use shared::readmodel::schema_name;
+use platform::readmodel::schema_name;
 
 use super::ReadModel;
 use super::runner::{BATCH_SIZE, Faults, Outcome, announce, project_batch, project_in};
@@ -45,7 +45,7 @@ pub async fn rebuild(
     let faults = Faults::default();
     let head = {
         let client = pool.get().await?;
-        shared::log::head(&client).await?
+        platform::log::head(&client).await?
     };
     loop {
         match project_batch(pool, model, version, &worker, &faults).await? {

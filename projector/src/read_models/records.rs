@@ -2,10 +2,10 @@
 //! so list totals never need `COUNT(*)`.
 
 use deadpool_postgres::Transaction;
-use shared::events::LogEvent;
-use shared::log::StoredEvent;
-use shared::records::{RecordState, record_document};
-use shared::time::from_millis;
+use domain::records::{RecordState, record_document};
+use platform::events::LogEvent;
+use platform::log::StoredEvent;
+use platform::time::from_millis;
 
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.records (
@@ -37,7 +37,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, events: &
     let relevant: Vec<&StoredEvent> =
         events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())).collect();
     let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
-    let keys = shared::crypto::load_keys(transaction, &subjects).await?;
+    let keys = platform::crypto::load_keys(transaction, &subjects).await?;
     let mut deleted = Vec::new();
     let mut record_ids = Vec::new();
     let mut space_ids = Vec::new();

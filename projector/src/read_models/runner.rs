@@ -3,8 +3,8 @@
 
 use anyhow::Context;
 use deadpool_postgres::{Pool, Transaction};
-use shared::log::{StoredEvent, read_after_wanting};
-use shared::readmodel::{PROGRESS_CHANNEL, schema_name};
+use platform::log::{StoredEvent, read_after_wanting};
+use platform::readmodel::{PROGRESS_CHANNEL, schema_name};
 
 use super::ReadModel;
 
@@ -31,7 +31,7 @@ pub struct Faults {
 }
 
 impl Faults {
-    pub fn from_settings(settings: &shared::settings::ProjectorSettings) -> Self {
+    pub fn from_settings(settings: &platform::settings::ProjectorSettings) -> Self {
         Self { crash_after_events: settings.crash_after_events, crash_projection: settings.crash_projection.clone() }
     }
 }

@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use deadpool_postgres::Transaction;
+use filter::{Facts, Filter, SUBSCRIPTIONS};
+use platform::events::LogEvent;
+use platform::log::StoredEvent;
+use platform::time::from_millis;
 use serde_json::{Map, Value, json};
-use shared::events::LogEvent;
-use shared::filter::{Facts, Filter, SUBSCRIPTIONS};
-use shared::log::StoredEvent;
-use shared::time::from_millis;
 
 /// The timer kind that re-evaluates a contact when a window opens or closes.
 pub const WINDOW_TIMER: &str = "segment_windows";
@@ -86,7 +86,7 @@ pub(super) const EVENT_TYPES: &[&str] = &[
 #[derive(Default)]
 struct Batch {
     /// New segments: (event, its time, its position).
-    created: Vec<(shared::proto::SegmentCreated, i64, i64)>,
+    created: Vec<(platform::proto::SegmentCreated, i64, i64)>,
     deleted_segments: Vec<String>,
     /// The last document of each contact written in the batch: (space, schema, document).
     documents: BTreeMap<String, (String, String, Value)>,
@@ -131,7 +131,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         return Ok(());
     }
     let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
-    let keys = shared::crypto::load_keys(transaction, &subjects).await?;
+    let keys = platform::crypto::load_keys(transaction, &subjects).await?;
     let mut batch = Batch::default();
     for event in relevant {
         let now_ms = event.recorded_at.timestamp_millis();
@@ -142,12 +142,12 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
                 batch.touch(&elapsed.contact_id, &elapsed.space_id, elapsed.at_ms.max(now_ms), event.position);
             }
             LogEvent::RecordCreated(created) if created.schema_type == "contact" => {
-                let document = shared::records::record_document(&created, &keys)?;
+                let document = domain::records::record_document(&created, &keys)?;
                 batch.touch(&created.record_id, &created.space_id, now_ms, event.position);
                 batch.documents.insert(created.record_id, (created.space_id, created.schema_id, document));
             }
             LogEvent::RecordUpdated(updated) if updated.schema_type == "contact" => {
-                let document = shared::records::RecordState::from_updated(&updated, &keys)?.document();
+                let document = domain::records::RecordState::from_updated(&updated, &keys)?.document();
                 batch.touch(&updated.record_id, &updated.space_id, now_ms, event.position);
                 batch.documents.insert(updated.record_id, (updated.space_id, updated.schema_id, document));
             }
@@ -199,7 +199,7 @@ async fn write(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow:
             "name": created.name,
             "definition": created.definition,
             "description": created.description,
-            "createdAt": shared::time::format_millis(created.created_at_ms),
+            "createdAt": platform::time::format_millis(created.created_at_ms),
         });
         let statement = transaction
             .prepare_cached(&format!(
@@ -382,9 +382,9 @@ async fn evaluate(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyh
                 },
             );
             let facts = contact.facts(at_ms);
-            let member = shared::filter::matches_facts(filter, &facts);
+            let member = filter::matches_facts(filter, &facts);
             outcome.record(segment_id, &contact_id, member, (at_ms, position));
-            next_change = earliest(next_change, shared::filter::next_change_ms(filter, &facts));
+            next_change = earliest(next_change, filter::next_change_ms(filter, &facts));
         }
         outcome.window(&contact_id, space_id, next_change);
     }
@@ -477,7 +477,7 @@ async fn segments_of(
             Some(filter) => Arc::clone(filter),
             None => {
                 let filter = Arc::new(
-                    shared::filter::from_json(&row.get::<_, Value>(2))
+                    filter::from_json(&row.get::<_, Value>(2))
                         .with_context(|| format!("the stored filter of segment {id}"))?,
                 );
                 cache.insert(id.clone(), Arc::clone(&filter));
@@ -523,7 +523,7 @@ async fn evaluate_space(
              WHERE space_id = $1 AND contact_id > $2 AND doc IS NOT NULL ORDER BY contact_id LIMIT $3"
         ))
         .await?;
-    let needs_events = !shared::filter::performed_parts(filter).is_empty();
+    let needs_events = !filter::performed_parts(filter).is_empty();
     let mut after = String::new();
     loop {
         let rows = transaction.query(&statement, &[&space_id, &after, &PAGE]).await?;
@@ -539,10 +539,10 @@ async fn evaluate_space(
             let events = times.remove(&contact_id).unwrap_or_default();
             let contact = Contact::new(row.get(1), row.get(2), events);
             let facts = contact.facts(at_ms);
-            if shared::filter::matches_facts(filter, &facts) {
+            if filter::matches_facts(filter, &facts) {
                 outcome.record(segment_id, &contact_id, true, (at_ms, position));
             }
-            outcome.window(&contact_id, space_id, shared::filter::next_change_ms(filter, &facts));
+            outcome.window(&contact_id, space_id, filter::next_change_ms(filter, &facts));
         }
         outcome.save(transaction, s).await?;
         after = last;

@@ -2,10 +2,10 @@
 //! document, and counters per scope for list totals.
 
 use deadpool_postgres::Transaction;
-use shared::events::LogEvent;
-use shared::log::StoredEvent;
-use shared::suppressions::{scope, suppression_document};
-use shared::time::from_millis;
+use domain::suppressions::{scope, suppression_document};
+use platform::events::LogEvent;
+use platform::log::StoredEvent;
+use platform::time::from_millis;
 
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.suppressions (

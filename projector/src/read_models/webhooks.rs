@@ -3,8 +3,8 @@
 //! number of webhooks per space for list totals.
 
 use deadpool_postgres::Transaction;
-use shared::log::StoredEvent;
-use shared::time::from_millis;
+use platform::log::StoredEvent;
+use platform::time::from_millis;
 
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.webhooks (
@@ -24,8 +24,8 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &Stored
     // The webhook as of this event: its stream folded up to its position, so a replay builds
     // the same rows.
     let decoded = event.decode()?;
-    let Some(webhook_id) = shared::webhooks::state::webhook_of(&decoded) else { return Ok(()) };
-    let (_, state) = shared::webhooks::state::load_at(transaction, webhook_id, event.position).await?;
+    let Some(webhook_id) = domain::webhooks::state::webhook_of(&decoded) else { return Ok(()) };
+    let (_, state) = domain::webhooks::state::load_at(transaction, webhook_id, event.position).await?;
     let Some(webhook) = state else { return Ok(()) };
     if webhook.deleted {
         let statement = transaction

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
-use shared::log::LOG_CHANNEL;
+use platform::log::LOG_CHANNEL;
 
 use super::ReadModel;
 use super::runner::{Faults, project_versions};

@@ -8,10 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Transaction;
+use domain::workflows::{WORKFLOW, WorkflowDef};
+use platform::events::LogEvent;
+use platform::log::StoredEvent;
 use serde_json::{Value, json};
-use shared::events::LogEvent;
-use shared::log::StoredEvent;
-use shared::workflows::{WORKFLOW, WorkflowDef};
 
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.workflows (
@@ -76,7 +76,7 @@ pub(super) const EVENT_TYPES: &[&str] = &[
 ];
 
 fn at(ms: i64) -> chrono::DateTime<chrono::Utc> {
-    shared::time::from_millis(ms)
+    platform::time::from_millis(ms)
 }
 
 fn error_of(code: &str, message: &str) -> Option<Value> {
@@ -84,7 +84,7 @@ fn error_of(code: &str, message: &str) -> Option<Value> {
 }
 
 /// A step's error, with the gate that refused a skipped send when there is one.
-fn step_error_of(finished: &shared::proto::WorkflowStepFinished) -> Option<Value> {
+fn step_error_of(finished: &platform::proto::WorkflowStepFinished) -> Option<Value> {
     let mut error = error_of(&finished.error_code, &finished.error_message)?;
     if !finished.gate.is_empty() {
         error["gate"] = Value::String(finished.gate.clone());
@@ -123,7 +123,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
 async fn define(
     transaction: &Transaction<'_>,
     s: &str,
-    resource: &shared::proto::ResourceDefined,
+    resource: &platform::proto::ResourceDefined,
 ) -> anyhow::Result<()> {
     let definition: WorkflowDef = serde_json::from_str(&resource.definition_json)?;
     let paused: bool = transaction
@@ -159,7 +159,7 @@ struct Run {
     /// Its status before the batch; `None` for a run the batch requested.
     initial: Option<String>,
     /// What a run the batch requested is inserted with.
-    requested: Option<shared::proto::WorkflowRunRequested>,
+    requested: Option<platform::proto::WorkflowRunRequested>,
     status: String,
     started_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
@@ -416,7 +416,7 @@ struct NewRuns {
 }
 
 impl NewRuns {
-    fn push(&mut self, run_id: String, requested: shared::proto::WorkflowRunRequested, run: Run) {
+    fn push(&mut self, run_id: String, requested: platform::proto::WorkflowRunRequested, run: Run) {
         self.runs.push(run_id, run);
         self.workflow_ids.push(requested.workflow_id);
         self.space_ids.push(requested.space_id);

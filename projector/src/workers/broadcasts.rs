@@ -25,16 +25,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
+use domain::email::resources::{Audience, DomainDef, SenderDef};
 use futures_util::future::BoxFuture;
+use mail::mailer::Mailer;
+use mail::outbox::{self, Prepared};
+use mail::send::{Authored, EmailTo, allowance_guard, schedule};
+use platform::error::Code;
+use platform::log::{AppendError, AppendRequest, EventLog, Guard, Metadata, SetValue};
+use platform::readmodel::live_schema;
+use platform::settings::Settings;
 use serde_json::Value;
-use shared::email::mailer::Mailer;
-use shared::email::outbox::{self, Prepared};
-use shared::email::resources::{Audience, DomainDef, SenderDef};
-use shared::email::send::{Authored, EmailTo, allowance_guard, schedule};
-use shared::error::Code;
-use shared::log::{AppendError, AppendRequest, EventLog, Guard, Metadata, SetValue};
-use shared::readmodel::live_schema;
-use shared::settings::Settings;
 
 use crate::runtime::{Outcome, Worker};
 use crate::timers::{Handled, Timer, TimerHandler};
@@ -71,7 +71,7 @@ impl Starter {
             .query_one(
                 "SELECT COALESCE((SELECT max(position) FROM events WHERE stream_id = $1), 0),
                         COALESCE((SELECT position FROM projections WHERE name = 'segments' AND status = 'live'), 0)",
-                &[&shared::email::broadcasts::stream_id(&broadcast_id)],
+                &[&domain::email::broadcasts::stream_id(&broadcast_id)],
             )
             .await
             .map(|row| (row.get(0), row.get(1)))?;
@@ -349,10 +349,10 @@ impl Runs {
             .into_iter()
             .map(|row| row.get(0))
             .collect();
-        let keys = shared::crypto::load_keys(&client, pending).await?;
+        let keys = platform::crypto::load_keys(&client, pending).await?;
         drop(client);
 
-        let now = shared::time::now_millis();
+        let now = platform::time::now_millis();
         let mut skipped: Vec<(String, &'static str)> = Vec::new();
         let mut appends = Vec::new();
         for contact_id in pending {
@@ -364,9 +364,9 @@ impl Runs {
             };
             let address = contact.document.get("email").and_then(Value::as_str).unwrap_or_default();
             let context = serde_json::json!({ authored.template.recipient.clone(): contact.document });
-            let email_id = shared::ids::new_id("em");
+            let email_id = platform::ids::new_id("em");
             let public_base_url = &self.settings.email.public_base_url;
-            let rendered = match shared::email::send::render_email(&authored, &email_id, context, public_base_url) {
+            let rendered = match mail::send::render_email(&authored, &email_id, context, public_base_url) {
                 Ok(rendered) => rendered,
                 Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
             };

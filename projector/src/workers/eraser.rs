@@ -16,12 +16,12 @@
 //! it completes by itself once that projection passes the position or the abandoned version
 //! is dropped.
 
-use shared::error::Code;
+use platform::error::Code;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use platform::events::LogEvent;
+use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
 
 /// How many open operations one pass looks at.
 const PASS_LIMIT: i64 = 100;
@@ -100,7 +100,7 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
         .await?;
     drop(client);
     let metadata = Metadata { space_id: Some(open.space_id.clone()), ..Metadata::default() };
-    let now = shared::time::now_millis();
+    let now = platform::time::now_millis();
     if let Some(laggard) = laggard {
         if open.state == "pending" && open.waited >= blocked_after {
             let (name, version, position) =
@@ -117,7 +117,7 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
                      once that version is dropped)"
                 ),
             };
-            let event = LogEvent::RecordDeletionBlocked(shared::proto::RecordDeletionBlocked {
+            let event = LogEvent::RecordDeletionBlocked(platform::proto::RecordDeletionBlocked {
                 operation_id: open.operation_id.clone(),
                 record_id: open.record_id.clone(),
                 space_id: open.space_id.clone(),
@@ -135,7 +135,7 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
     }
 
     // 3. Proven: record it.
-    let event = LogEvent::RecordDeletionCompleted(shared::proto::RecordDeletionCompleted {
+    let event = LogEvent::RecordDeletionCompleted(platform::proto::RecordDeletionCompleted {
         operation_id: open.operation_id.clone(),
         record_id: open.record_id.clone(),
         space_id: open.space_id.clone(),
@@ -166,7 +166,7 @@ async fn erase(client: &mut deadpool_postgres::Client, open: &Open, stream_id: &
     let Some(requested) = requested else { anyhow::bail!("no RecordDeletionRequested event for {}", open.record_id) };
     let position: i64 = requested.get(0);
     transaction.execute("DELETE FROM subject_keys WHERE subject_id = $1", &[&open.record_id]).await?;
-    transaction.execute(shared::records::BLANK_IDEMPOTENT_RESPONSES, &[&open.record_id]).await?;
+    transaction.execute(domain::records::BLANK_IDEMPOTENT_RESPONSES, &[&open.record_id]).await?;
     // Events about the record: their receipts keep no digest of the erased input (a retry of
     // such an occurrence is 409 event_erased), and aliases bound to it are erased.
     transaction
@@ -270,7 +270,7 @@ impl crate::runtime::Worker for Eraser {
     }
 
     fn channels(&self) -> &'static [&'static str] {
-        &[shared::log::LOG_CHANNEL, shared::readmodel::PROGRESS_CHANNEL]
+        &[platform::log::LOG_CHANNEL, platform::readmodel::PROGRESS_CHANNEL]
     }
 
     fn poll_interval(&self) -> Duration {

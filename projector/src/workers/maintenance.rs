@@ -36,7 +36,7 @@ impl Maintenance {
         let mut client = self.pool.get().await?;
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else { return Ok(Outcome::Idle) };
         let client = self.pool.get().await?;
-        shared::ratelimit::purge_expired(&client).await?;
+        api::ratelimit::purge_expired(&client).await?;
         client.execute("DELETE FROM projection_batches WHERE committed_at < now() - interval '1 day'", &[]).await?;
         let (purged, released) = purge_and_reconcile(&client).await?;
         client.execute("DELETE FROM inbound_reports WHERE received_at < now() - interval '30 days'", &[]).await?;

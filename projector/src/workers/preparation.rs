@@ -30,15 +30,15 @@ use std::time::Duration;
 use anyhow::Context;
 use backon::BackoffBuilder;
 use deadpool_postgres::{GenericClient, Pool};
+use domain::ai::{AiError, AiProvider, FillTask};
 use futures_util::future::BoxFuture;
-use serde_json::{Map, Value};
-use shared::ai::{AiError, AiProvider, FillTask};
-use shared::events::LogEvent;
-use shared::log::{
+use platform::events::LogEvent;
+use platform::log::{
     AppendError, AppendRequest, EventLog, ExpectedVersion, LOG_CHANNEL, Metadata, NewEvent, StoredEvent, StreamAppend,
     read_after,
 };
-use shared::proto;
+use platform::proto;
+use serde_json::{Map, Value};
 
 use crate::runtime::{Outcome, Worker};
 
@@ -175,8 +175,8 @@ async fn prepare(
         return Ok(false);
     }
     let subjects: Vec<String> = stored.subject_id.iter().cloned().collect();
-    let keys = shared::crypto::load_keys(&client, &subjects).await?;
-    let data: Option<proto::EventData> = shared::events::open(accepted.data.as_ref(), &keys)?;
+    let keys = platform::crypto::load_keys(&client, &subjects).await?;
+    let data: Option<proto::EventData> = platform::events::open(accepted.data.as_ref(), &keys)?;
     let definitions: Vec<(String, Value)> = catalog
         .auto_filled(&client, &accepted.schema_id)
         .await?
@@ -201,14 +201,14 @@ async fn prepare(
             fill(provider, &input, &definitions, credits).await
         }
     };
-    let mut sealed = shared::events::seal(
+    let mut sealed = platform::events::seal(
         stored.subject_id.as_deref().unwrap_or(&accepted.id),
         &proto::EventData { values_json: Value::Object(prepared.values.clone()).to_string() },
     );
     if let Some(key) = stored.subject_id.as_deref().and_then(|subject| keys.get(subject)) {
-        shared::events::encrypt(&mut sealed, key)?;
+        platform::events::encrypt(&mut sealed, key)?;
     }
-    let now = shared::time::now_millis();
+    let now = platform::time::now_millis();
     let change = proto::EventReadinessChanged {
         id: accepted.id.clone(),
         space_id: accepted.space_id.clone(),
@@ -228,10 +228,10 @@ async fn prepare(
                 events: vec![NewEvent {
                     event: LogEvent::EventReadinessChanged(change),
                     subject_id: stored.subject_id.clone(),
-                    occurred_at: shared::time::from_millis(now),
+                    occurred_at: platform::time::from_millis(now),
                 }],
             }],
-            guards: shared::admission::preparation_guards(
+            guards: domain::admission::preparation_guards(
                 &accepted.id,
                 &accepted.space_id,
                 &accepted.schema_id,
@@ -261,11 +261,11 @@ impl Catalog {
         let statement =
             client.prepare_cached("SELECT version FROM projections WHERE name = $1 AND status = 'live'").await?;
         let version: i32 = client
-            .query_opt(&statement, &[&shared::catalog::CATALOG])
+            .query_opt(&statement, &[&domain::catalog::CATALOG])
             .await?
             .map(|row| row.get(0))
             .context("the catalog has no live version")?;
-        let schema = shared::readmodel::schema_name(shared::catalog::CATALOG, version);
+        let schema = platform::readmodel::schema_name(domain::catalog::CATALOG, version);
         self.schema = Some(schema.clone());
         Ok(schema)
     }
@@ -289,7 +289,7 @@ impl Catalog {
                 .into_iter()
                 .map(|row| (row.get::<_, String>(0), row.get::<_, Value>(1)))
                 .filter(|(_, definition)| {
-                    shared::attributes::is_writable(definition) && shared::attributes::has_auto_fill(definition)
+                    domain::attributes::is_writable(definition) && domain::attributes::has_auto_fill(definition)
                 })
                 .collect();
             self.auto_filled.insert(schema_id.to_owned(), attributes);
@@ -337,8 +337,8 @@ async fn fill_record(
     if catalog.auto_filled(&client, &schema_id).await?.is_empty() {
         return Ok(false);
     }
-    let latest = shared::records::load_records(&client, std::slice::from_ref(&record_id)).await?.pop();
-    let Some((_, version, shared::records::Loaded::Live { state, key })) = latest else { return Ok(false) };
+    let latest = domain::records::load_records(&client, std::slice::from_ref(&record_id)).await?.pop();
+    let Some((_, version, domain::records::Loaded::Live { state, key })) = latest else { return Ok(false) };
     let definitions: Vec<(String, Value)> = catalog
         .auto_filled(&client, &state.schema_id)
         .await?
@@ -352,15 +352,15 @@ async fn fill_record(
     let credits = catalog.remaining_credits(&client, &state.space_id).await?;
     drop(client);
     let prepared = fill(provider, &state.values(), &definitions, credits).await;
-    let now = shared::time::now_millis();
+    let now = platform::time::now_millis();
     let metadata = Metadata { space_id: Some(state.space_id.clone()), ..Metadata::default() };
     let (stream, guards) = if prepared.state == "ready" {
         let mut values = state.values();
         values.extend(prepared.values.clone());
         let personal = state.personal_with_values(values);
-        let mut sealed = shared::events::seal(&state.record_id, &personal);
+        let mut sealed = platform::events::seal(&state.record_id, &personal);
         if let Some(key) = &key {
-            shared::events::encrypt(&mut sealed, key)?;
+            platform::events::encrypt(&mut sealed, key)?;
         }
         // The same update rule as an API write.
         let updated = state.after_update(personal, now);
@@ -371,10 +371,10 @@ async fn fill_record(
             events: vec![NewEvent {
                 event: LogEvent::RecordUpdated(update),
                 subject_id: Some(state.record_id.clone()),
-                occurred_at: shared::time::from_millis(now),
+                occurred_at: platform::time::from_millis(now),
             }],
         };
-        (stream, vec![shared::admission::spend_guard(&state.space_id, prepared.credits_spent)])
+        (stream, vec![domain::admission::spend_guard(&state.space_id, prepared.credits_spent)])
     } else if prepared.credits_spent > 0 {
         let spent = proto::AiCreditsSpent {
             space_id: state.space_id.clone(),
@@ -389,10 +389,10 @@ async fn fill_record(
             events: vec![NewEvent {
                 event: LogEvent::AiCreditsSpent(spent),
                 subject_id: Some(state.record_id.clone()),
-                occurred_at: shared::time::from_millis(now),
+                occurred_at: platform::time::from_millis(now),
             }],
         };
-        (stream, vec![shared::admission::spend_guard(&state.space_id, prepared.credits_spent)])
+        (stream, vec![domain::admission::spend_guard(&state.space_id, prepared.credits_spent)])
     } else {
         return Ok(true);
     };

@@ -7,9 +7,9 @@
 
 use deadpool_postgres::Transaction;
 use futures_util::future::BoxFuture;
-use shared::events::LogEvent;
-use shared::log::{AppendRequest, EventLog, ExpectedVersion, Metadata, StreamAppend};
-use shared::proto;
+use platform::events::LogEvent;
+use platform::log::{AppendRequest, EventLog, ExpectedVersion, Metadata, StreamAppend};
+use platform::proto;
 
 use crate::read_models::segments::WINDOW_TIMER;
 use crate::timers::{Handled, Timer, TimerHandler};
@@ -29,7 +29,7 @@ impl Windows {
             tracing::warn!(key = %timer.key, "a segment window timer without its contact; dropped");
             return Ok(Handled::Done);
         };
-        let now = shared::time::now_millis();
+        let now = platform::time::now_millis();
         let event = LogEvent::SegmentWindowElapsed(proto::SegmentWindowElapsed {
             space_id: space_id.clone(),
             contact_id: contact_id.clone(),

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::http::{page_body, query_pairs};
+use api::pagination::PageRequest;
+use domain::catalog::{self, CATALOG};
+use domain::records::CHANNELS;
+use platform::error::{ApiError, Code};
 use serde_json::Value;
-use shared::catalog::{self, CATALOG};
-use shared::error::{ApiError, Code};
-use shared::http::{page_body, query_pairs};
-use shared::pagination::PageRequest;
-use shared::records::CHANNELS;
 
 use super::store;
 use super::trail::{email_entries, record_history, suppression_entries, workflow_entries};
@@ -27,7 +27,7 @@ pub async fn get(
     let page = PageRequest::parse(&query)?;
     // The communication channels, and `workflow` for the journeys a contact went through.
     let channels: Vec<&str> = CHANNELS.iter().copied().chain(["workflow"]).collect();
-    let channel = match shared::http::query_value(&query, "channel") {
+    let channel = match api::http::query_value(&query, "channel") {
         Some(channel) if channels.contains(&channel) => Some(channel.to_owned()),
         Some(other) => {
             return Err(ApiError::bad_request(
@@ -46,7 +46,7 @@ pub async fn get(
         Box::pin(async move { Ok(catalog::write_context(client, &c, &space_id, &schema_ref).await?) })
     })
     .await?;
-    let shared::catalog::WriteContext { schema, attributes, .. } =
+    let domain::catalog::WriteContext { schema, attributes, .. } =
         context.ok_or_else(|| schema_not_found(&schema_ref))?;
     if schema.schema_type != "contact" {
         return Err(ApiError::not_found(
@@ -69,7 +69,7 @@ pub async fn get(
     let subjects = history
         .emails
         .iter()
-        .map(|email| shared::crypto::email_subject(email))
+        .map(|email| platform::crypto::email_subject(email))
         .collect::<anyhow::Result<Vec<String>>>()?;
     let suppression_events = store::suppression_events(&client, &subjects).await?;
     drop(client);

@@ -2,9 +2,9 @@
 //! suppression events of the addresses it has held.
 
 use deadpool_postgres::Client;
-use shared::crypto::Keys;
-use shared::error::ApiError;
-use shared::log::{EVENT_COLUMNS, StoredEvent};
+use platform::crypto::Keys;
+use platform::error::ApiError;
+use platform::log::{EVENT_COLUMNS, StoredEvent};
 
 /// Every event about `record_id`, in log order, and its data key (if not erased).
 pub async fn record_events(client: &Client, record_id: &str) -> Result<(Vec<StoredEvent>, Keys), ApiError> {
@@ -12,7 +12,7 @@ pub async fn record_events(client: &Client, record_id: &str) -> Result<(Vec<Stor
         .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE subject_id = $1 ORDER BY position"))
         .await?;
     let rows = client.query(&statement, &[&record_id]).await?;
-    let keys = shared::crypto::load_keys(client, &[record_id.to_owned()]).await?;
+    let keys = platform::crypto::load_keys(client, &[record_id.to_owned()]).await?;
     Ok((rows.iter().map(StoredEvent::from_row).collect(), keys))
 }
 

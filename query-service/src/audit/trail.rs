@@ -15,11 +15,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use domain::records::RecordState;
+use platform::events::LogEvent;
+use platform::log::StoredEvent;
+use platform::time::format_timestamp;
 use serde_json::{Value, json};
-use shared::events::LogEvent;
-use shared::log::StoredEvent;
-use shared::records::RecordState;
-use shared::time::format_timestamp;
 
 pub struct History {
     /// `(position, entry)`.
@@ -32,7 +32,7 @@ pub struct History {
 /// not a live contact of `schema_id` in `space_id` (never written there, or deleted).
 pub fn record_history(
     events: &[StoredEvent],
-    keys: &shared::crypto::Keys,
+    keys: &platform::crypto::Keys,
     space_id: &str,
     schema_id: &str,
     consent: &BTreeMap<String, String>,
@@ -92,7 +92,7 @@ pub fn suppression_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Re
     for event in events {
         let (suppression_id, kind, scope_space) = match event.decode()? {
             LogEvent::SuppressionAdded(suppression) => {
-                let identifier = shared::suppressions::suppression_document(&suppression)?
+                let identifier = domain::suppressions::suppression_document(&suppression)?
                     .and_then(|document| document["identifier"].as_str().map(str::to_owned))
                     .unwrap_or_default();
                 let global = suppression.space_id.is_empty();

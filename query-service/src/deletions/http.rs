@@ -1,10 +1,10 @@
 //! `GET /record-deletions/{operationId}`: the status of a record deletion operation.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::http::data_body;
+use platform::error::ApiError;
+use platform::error::Code;
 use serde_json::Value;
-use shared::error::ApiError;
-use shared::error::Code;
-use shared::http::data_body;
 
 use super::store;
 use crate::State;

@@ -1,9 +1,9 @@
 //! Reads of record deletion operations from read model version schema `deletions`.
 
 use deadpool_postgres::Client;
+use platform::error::ApiError;
+use platform::time::format_timestamp;
 use serde_json::{Value, json};
-use shared::error::ApiError;
-use shared::time::format_timestamp;
 
 /// The status document of operation `operation_id` of the space, if any.
 pub async fn get(

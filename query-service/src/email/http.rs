@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::http::{data_body, page_body, query_pairs};
+use api::pagination::PageRequest;
+use domain::catalog::CATALOG;
+use domain::email::resources::{self as email, DOMAIN, SENDER, TEMPLATE, TOPIC};
+use platform::error::{ApiError, Code};
 use serde_json::Value;
-use shared::catalog::CATALOG;
-use shared::email::resources::{self as email, DOMAIN, SENDER, TEMPLATE, TOPIC};
-use shared::error::{ApiError, Code};
-use shared::http::{data_body, page_body, query_pairs};
-use shared::pagination::PageRequest;
 
 use super::store::{self, Row};
 use crate::State;

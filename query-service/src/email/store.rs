@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use deadpool_postgres::Client;
+use platform::error::ApiError;
 use serde_json::Value;
-use shared::error::ApiError;
 use tokio_postgres::types::ToSql;
 
 /// A resource row: its id, revision and definition.

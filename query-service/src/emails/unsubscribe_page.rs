@@ -8,26 +8,26 @@
 //! `email_not_found`, as a page for a browser and as the JSON envelope for an API client.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use shared::catalog::CATALOG;
-use shared::email::resources::{TOPIC, TopicDef};
-use shared::error::{ApiError, Code};
-use shared::events::LogEvent;
-use shared::pages::{Preferences, TopicChoice};
+use api::pages::{Preferences, TopicChoice};
+use domain::catalog::CATALOG;
+use domain::email::resources::{TOPIC, TopicDef};
+use platform::error::{ApiError, Code};
+use platform::events::LogEvent;
 
 use crate::State;
 
 pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<State>) -> HttpResponse {
-    let browser = shared::pages::wants_html(&req, false);
-    shared::pages::answer(browser, page(&path.into_inner(), &state).await)
+    let browser = api::pages::wants_html(&req, false);
+    api::pages::answer(browser, page(&path.into_inner(), &state).await)
 }
 
 async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     let not_found = || ApiError::not_found(Code::EmailNotFound, format!("no email {email_id:?}"));
-    if !email_id.starts_with("em_") || !shared::storable::is_storable(email_id) {
+    if !email_id.starts_with("em_") || !platform::storable::is_storable(email_id) {
         return Err(not_found());
     }
     let client = state.pool.get().await?;
-    let events = shared::log::read_streams(&client, &[shared::email::stream_id(email_id)]).await?;
+    let events = platform::log::read_streams(&client, &[domain::email::stream_id(email_id)]).await?;
     let mut scheduled = None;
     for stored in &events {
         if let LogEvent::EmailScheduled(event) = stored.decode().map_err(|error| ApiError::internal(&error))? {
@@ -43,7 +43,7 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
         ))
         .await?;
     let rows = client.query(&statement, &[&scheduled.space_id, &TOPIC]).await?;
-    let subscriptions = shared::email::subscriptions(&client, &scheduled.contact_id)
+    let subscriptions = domain::email::subscriptions(&client, &scheduled.contact_id)
         .await
         .map_err(|error| ApiError::internal(&error))?;
     drop(client);

@@ -1,12 +1,12 @@
 //! `GET /events` (the cursor list of ready events) and `GET /events/{schema}/{id}/status`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::http::{data_body, query_pairs, query_value};
 use chrono::{DateTime, Utc};
+use domain::catalog::CATALOG;
+use platform::error::{ApiError, Code};
+use platform::readmodel::Consistent;
 use serde_json::{Value, json};
-use shared::catalog::CATALOG;
-use shared::error::{ApiError, Code};
-use shared::http::{data_body, query_pairs, query_value};
-use shared::readmodel::Consistent;
 use tokio_postgres::Row;
 
 use super::store::{self, EventRow, SCHEMA_AT, event_document};
@@ -102,5 +102,5 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
         })
         .collect();
     let pagination = json!({ "limit": window.limit, "nextCursor": next_cursor, "hasMore": has_more });
-    Ok(respond(&consistent, window.warnings, |warnings| shared::http::page_body(items, pagination, warnings)))
+    Ok(respond(&consistent, window.warnings, |warnings| api::http::page_body(items, pagination, warnings)))
 }

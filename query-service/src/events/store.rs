@@ -4,9 +4,9 @@
 //! named (by id or slug) in the same statement.
 
 use chrono::{DateTime, Utc};
+use platform::readmodel::{CHECK_SQL, CHECK_WIDTH};
+use platform::time::format_timestamp;
 use serde_json::{Value, json};
-use shared::readmodel::{CHECK_SQL, CHECK_WIDTH};
-use shared::time::format_timestamp;
 use tokio_postgres::Row;
 
 /// Where the schema's columns start in a row of [`page_sql`] or [`status_sql`]: its id, slug

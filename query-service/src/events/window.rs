@@ -5,13 +5,13 @@
 //! The window resolves before the schema is known (the page is read in the same statement
 //! that resolves it); [`Window::follows`] then holds a cursor to its schema.
 
+use api::http::query_value;
+use api::pagination::{Warning, parse_limit};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use platform::error::{ApiError, Code};
 use serde::{Deserialize, Serialize};
-use shared::error::{ApiError, Code};
-use shared::http::query_value;
-use shared::pagination::{Warning, parse_limit};
 
 /// The events list's page size cap.
 pub const MAX_LIMIT: i64 = 200;
@@ -53,8 +53,8 @@ impl Cursor {
         let cursor: Self = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
         // A cursor is the caller's input too: what it holds must be storable and in range.
         let in_range = |micros: i64| (MIN_MICROS..=MAX_MICROS).contains(&micros);
-        let sound = shared::storable::is_storable(&cursor.after_id)
-            && shared::storable::is_storable(&cursor.schema_id)
+        let sound = platform::storable::is_storable(&cursor.after_id)
+            && platform::storable::is_storable(&cursor.schema_id)
             && [cursor.after_at, cursor.from, cursor.to].into_iter().all(in_range);
         if sound { Ok(cursor) } else { Err(malformed()) }
     }

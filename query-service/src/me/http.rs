@@ -1,9 +1,9 @@
 //! `GET /me`: the calling key's identity. Resolves no membership and needs no permission.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use platform::error::ApiError;
+use platform::time::format_timestamp;
 use serde_json::{Value, json};
-use shared::error::ApiError;
-use shared::time::format_timestamp;
 
 use crate::State;
 

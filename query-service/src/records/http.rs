@@ -1,18 +1,18 @@
 //! `GET /schemas/{schema}/records` and `GET /schemas/{schema}/records/{id}`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::http::{data_body, page_body, query_pairs};
+use api::pagination::PageRequest;
+use domain::catalog::CATALOG;
+use platform::error::ApiError;
+use platform::error::Code;
 use serde_json::Value;
-use shared::catalog::CATALOG;
-use shared::error::ApiError;
-use shared::error::Code;
-use shared::http::{data_body, page_body, query_pairs};
-use shared::pagination::PageRequest;
 
 use super::store;
 use crate::State;
 use crate::consistency::{authorize_read, consistent_row, consistent_rows, respond};
 use crate::schemas::http::schema_not_found;
-use shared::readmodel::{CHECK_WIDTH, Consistent};
+use platform::readmodel::{CHECK_WIDTH, Consistent};
 
 const RECORDS: &str = "records";
 

@@ -1,6 +1,6 @@
 //! Reads of records from the records read model (`records`) and the catalog (`catalog`).
 
-use shared::readmodel::check_with;
+use platform::readmodel::check_with;
 
 /// The schema id of `reference` (id or slug) in space `space`, as a SQL subquery over catalog
 /// `catalog` (`space` and `reference` are placeholders).

@@ -1,11 +1,11 @@
 //! `GET /schemas`, `GET /schemas/{schema}`, `GET /schemas/{schema}/attributes`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use shared::catalog::CATALOG;
-use shared::error::ApiError;
-use shared::error::Code;
-use shared::http::{data_body, page_body, query_pairs};
-use shared::pagination::PageRequest;
+use api::http::{data_body, page_body, query_pairs};
+use api::pagination::PageRequest;
+use domain::catalog::CATALOG;
+use platform::error::ApiError;
+use platform::error::Code;
 
 use super::store;
 use crate::State;

@@ -1,9 +1,9 @@
 //! Reads of schemas and attributes from catalog version schema `catalog`.
 
 use deadpool_postgres::Client;
+use domain::catalog::{self, SchemaEntry};
+use platform::error::ApiError;
 use serde_json::Value;
-use shared::catalog::{self, SchemaEntry};
-use shared::error::ApiError;
 use tokio_postgres::types::ToSql;
 
 use crate::consistency::page_of_docs;

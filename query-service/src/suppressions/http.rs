@@ -1,11 +1,11 @@
 //! `GET /contacts/suppressions` (admin): newest first, the caller's space and global ones.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use shared::auth::Permission;
-use shared::error::ApiError;
-use shared::error::Code;
-use shared::http::{page_body, query_pairs};
-use shared::pagination::PageRequest;
+use api::auth::Permission;
+use api::http::{page_body, query_pairs};
+use api::pagination::PageRequest;
+use platform::error::ApiError;
+use platform::error::Code;
 
 use super::store;
 use crate::State;
@@ -18,12 +18,12 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
     let page = PageRequest::parse(&query)?;
     // A filter that is given must be an email address: an empty or malformed one is refused
     // rather than ignored (which would list everything) or matched (which finds nothing).
-    let identifier = shared::http::query_value(&query, "identifier")
+    let identifier = api::http::query_value(&query, "identifier")
         .map(|value| {
-            shared::attributes::normalize_email(value).map_err(|_| {
+            domain::attributes::normalize_email(value).map_err(|_| {
                 ApiError::bad_request(
                     Code::InvalidQueryParameter,
-                    format!("identifier must be an email address; got {:?}", shared::storable::escaped(value)),
+                    format!("identifier must be an email address; got {:?}", platform::storable::escaped(value)),
                 )
             })
         })

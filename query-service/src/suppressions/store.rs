@@ -1,8 +1,8 @@
 //! Reads of the suppression list from read model version schema `suppressions`.
 
 use deadpool_postgres::Client;
+use platform::error::ApiError;
 use serde_json::Value;
-use shared::error::ApiError;
 use tokio_postgres::types::ToSql;
 
 use crate::consistency::page_of_docs;

@@ -1,9 +1,9 @@
 //! `GET /webhooks` and `GET /webhooks/{id}`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use shared::error::{ApiError, Code};
-use shared::http::{data_body, page_body, query_pairs};
-use shared::pagination::PageRequest;
+use api::http::{data_body, page_body, query_pairs};
+use api::pagination::PageRequest;
+use platform::error::{ApiError, Code};
 
 use super::store;
 use crate::State;
@@ -54,7 +54,7 @@ fn decode_cursor(text: &str) -> Result<(chrono::DateTime<chrono::Utc>, String), 
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| malformed())?;
     let cursor: DeliveryCursor = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
     let at = chrono::DateTime::from_timestamp_micros(cursor.t).ok_or_else(malformed)?;
-    if !shared::storable::is_storable(&cursor.i) {
+    if !platform::storable::is_storable(&cursor.i) {
         return Err(malformed());
     }
     Ok((at, cursor.i))
@@ -77,9 +77,9 @@ pub async fn deliveries(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
-    let (limit, warnings) = shared::pagination::parse_limit(&query, DELIVERIES_MAX_LIMIT)?;
+    let (limit, warnings) = api::pagination::parse_limit(&query, DELIVERIES_MAX_LIMIT)?;
     let after =
-        shared::query::query_value(&query, "cursor").filter(|raw| !raw.is_empty()).map(decode_cursor).transpose()?;
+        api::query::query_value(&query, "cursor").filter(|raw| !raw.is_empty()).map(decode_cursor).transpose()?;
     let webhook_id = path.into_inner();
     let (caller, token) = authorize_read(&state, &req).await?;
     let space_id = caller.space_id().to_owned();

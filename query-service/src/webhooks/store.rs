@@ -1,8 +1,8 @@
 //! Reads of the `webhooks` read model, joined with the delivery counters.
 
 use deadpool_postgres::Client;
+use platform::error::ApiError;
 use serde_json::Value;
-use shared::error::ApiError;
 use tokio_postgres::types::ToSql;
 
 use crate::consistency::page_of_docs;
@@ -80,7 +80,7 @@ pub async fn deliveries(
     let (after_at, after_id) = after.map_or((None, String::new()), |(at, id)| (Some(at), id));
     let rows = client.query(&statement, &[&webhook_id, &after_at, &after_id, &limit]).await?;
     let time = |row: &tokio_postgres::Row, index: usize| {
-        row.get::<_, Option<chrono::DateTime<chrono::Utc>>>(index).map(shared::time::format_timestamp)
+        row.get::<_, Option<chrono::DateTime<chrono::Utc>>>(index).map(platform::time::format_timestamp)
     };
     Ok(rows
         .iter()
@@ -91,7 +91,7 @@ pub async fn deliveries(
                 "id": row.get::<_, String>(0),
                 "type": row.get::<_, String>(2),
                 "status": state,
-                "createdAt": shared::time::format_timestamp(created_at),
+                "createdAt": platform::time::format_timestamp(created_at),
                 "nextAttemptAt": if state == "pending" { time(row, 5) } else { None },
                 "finishedAt": time(row, 6),
                 "lastStatusCode": row.get::<_, Option<i32>>(7),

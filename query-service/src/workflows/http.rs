@@ -2,11 +2,11 @@
 //! filtered by status) and one run with a window of its step history.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::http::{data_body, page_body, query_pairs};
+use api::pagination::PageRequest;
 use deadpool_postgres::Client;
+use platform::error::{ApiError, Code};
 use serde_json::Value;
-use shared::error::{ApiError, Code};
-use shared::http::{data_body, page_body, query_pairs};
-use shared::pagination::PageRequest;
 use tokio_postgres::types::ToSql;
 
 use super::window::{next_before, window};

@@ -1,7 +1,7 @@
 //! The step-history window of a run (decision D10): at most 100 records by `index` ascending,
 //! the last ones before a bound. Pure.
 
-use shared::workflows::HISTORY_WINDOW;
+use domain::workflows::HISTORY_WINDOW;
 
 /// The indexes a window shows, `[from, to]` (empty when `from > to`), for a run whose last
 /// record is `step_count`, before `history_before` (`None`: after the last record).

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use shared::events::LogEvent;
-use shared::log::{AppendRequest, EventLog, ExpectedVersion, Metadata, NewEvent, StreamAppend};
-use shared::proto;
+use platform::events::LogEvent;
+use platform::log::{AppendRequest, EventLog, ExpectedVersion, Metadata, NewEvent, StreamAppend};
+use platform::proto;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -19,7 +19,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let (concurrency, seconds): (usize, u64) = (concurrency.parse()?, seconds.parse()?);
     let url = std::env::var("APP__DATABASE__URL")?;
-    let pool = shared::db::pool(&url, 8)?;
+    let pool = platform::db::pool(&url, 8)?;
     let event_log = EventLog::start(pool, 256);
     let appended = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(seconds);

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use domain::ai::{AiError, AiProvider, FillTask};
+use platform::settings::AiSettings;
 use serde_json::{Map, Value, json};
-use shared::ai::{AiError, AiProvider, FillTask};
-use shared::settings::AiSettings;
 
 use crate::fake_ai::{FakeAi, Mode};
 

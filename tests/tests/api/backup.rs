@@ -84,9 +84,9 @@ async fn a_backup_restored_into_a_fresh_cluster_serves_the_same_data_and_keeps_e
     script("restore", &[&file, &restored_url]);
 
     // The restored system, under the same master key, reads as the original did.
-    let settings = shared::settings::Settings {
+    let settings = platform::settings::Settings {
         rate_limits: unlimited(),
-        ..shared::settings::Settings::for_database(&restored_url)
+        ..platform::settings::Settings::for_database(&restored_url)
     };
     let query = query_service::Application::build(settings.clone()).await.expect("query service");
     let query_url = format!("http://127.0.0.1:{}/v1", query.port());

@@ -71,7 +71,7 @@ async fn the_split_deployment_routes_by_method_behind_nginx() {
     let applied = Command::new(binaries_dir().join("command-service"))
         .args(["apply", fixture, "--wait"])
         .env("APP__DATABASE__URL", &database_url)
-        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
         .env("RUST_LOG", "warn")
         .output()
         .expect("apply runs");

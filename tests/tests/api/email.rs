@@ -104,8 +104,8 @@ pub(crate) async fn mail_app(sink: &SmtpSink, allowance: i64) -> TestApp {
 
 /// Email settings for the tests: the sink as the relay, a short grace before the outbox
 /// worker takes over an email, and quick polls.
-pub(crate) fn test_email(sink: &SmtpSink) -> shared::settings::EmailSettings {
-    shared::settings::EmailSettings {
+pub(crate) fn test_email(sink: &SmtpSink) -> platform::settings::EmailSettings {
+    platform::settings::EmailSettings {
         relay_url: Some(sink.relay_url().into()),
         public_base_url: "https://api.example.test/v1".to_owned(),
         platform_domain: Some("platform.example.test".to_owned()),
@@ -117,7 +117,11 @@ pub(crate) fn test_email(sink: &SmtpSink) -> shared::settings::EmailSettings {
     }
 }
 
-pub(crate) async fn mail_app_with(sink: &SmtpSink, allowance: i64, email: shared::settings::EmailSettings) -> TestApp {
+pub(crate) async fn mail_app_with(
+    sink: &SmtpSink,
+    allowance: i64,
+    email: platform::settings::EmailSettings,
+) -> TestApp {
     let app = TestApp::spawn_with(Options { email: Some(email), ..Options::default() }).await;
     app.apply_workspace(&mail_workspace(allowance), true).await;
     publish_dkim(&app, sink).await;
@@ -390,7 +394,7 @@ async fn marketing_mail_shows_its_unsubscribe_link_unless_the_template_places_it
         promo["data"]["unsubscribeUrl"] = json!({"schema": "orders"});
     });
     let parsed = command_service::authoring::parse(&clash).expect("the workspace parses");
-    let log = shared::log::EventLog::start(app.pool.clone(), 16);
+    let log = platform::log::EventLog::start(app.pool.clone(), 16);
     let refused = command_service::authoring::apply(&app.pool, &log, &parsed).await.expect_err("refused");
     assert!(format!("{refused:#}").contains("unsubscribe link's variable"), "{refused:#}");
 }
@@ -821,7 +825,7 @@ async fn post_form_json(app: &TestApp, form_id: &str, body: &Value, client: Opti
     app.send(request).await
 }
 
-fn trusting_loopback(settings: &mut shared::settings::Settings) {
+fn trusting_loopback(settings: &mut platform::settings::Settings) {
     settings.http.trusted_proxies = vec!["127.0.0.1".parse().expect("an address")];
 }
 
@@ -1188,7 +1192,7 @@ async fn without_a_relay_messages_are_written_as_eml_files() {
     let sink = SmtpSink::start().await;
     let dir = std::env::temp_dir().join(format!("eml-test-{}", uuid::Uuid::now_v7().simple()));
     let email =
-        shared::settings::EmailSettings { relay_url: None, eml_dir: dir.display().to_string(), ..test_email(&sink) };
+        platform::settings::EmailSettings { relay_url: None, eml_dir: dir.display().to_string(), ..test_email(&sink) };
     let app = mail_app_with(&sink, 100, email).await;
     let receipt = template_id(&app, "receipt").await;
     let sent = send(&app, &receipt, &receipt_body("file@example.com", "File"), None).await;
@@ -1211,7 +1215,7 @@ async fn without_a_relay_messages_are_written_as_eml_files() {
 #[tokio::test]
 async fn the_relay_url_carries_auth_credentials() {
     let sink = SmtpSink::start().await;
-    let email = shared::settings::EmailSettings {
+    let email = platform::settings::EmailSettings {
         relay_url: Some(format!("smtp://mailer:s3cret@127.0.0.1:{}", sink.smtp_port()).into()),
         ..test_email(&sink)
     };

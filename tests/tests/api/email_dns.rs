@@ -57,7 +57,7 @@ fn assert_checked_at(record: &Value) {
 async fn domain_records_are_verified_against_the_configured_nameserver() {
     let sink = SmtpSink::start().await;
     let dns = DnsServer::start().await;
-    let email = shared::settings::EmailSettings {
+    let email = platform::settings::EmailSettings {
         dns_nameserver: Some(format!("127.0.0.1:{}", dns.port())),
         dns_check_interval_seconds: 1,
         ..test_email(&sink)

@@ -29,7 +29,7 @@ fn self_signed(name: &str) -> (PathBuf, PathBuf) {
     (cert, key)
 }
 
-fn email_settings(sink: &SmtpSink, url: String, ca_file: Option<&PathBuf>) -> shared::settings::EmailSettings {
+fn email_settings(sink: &SmtpSink, url: String, ca_file: Option<&PathBuf>) -> platform::settings::EmailSettings {
     let mut email = test_email(sink);
     email.relay_url = Some(url.into());
     email.relay_ca_file = ca_file.map(|path| path.display().to_string());
@@ -82,12 +82,12 @@ async fn a_relay_that_cannot_prove_itself_fails_the_send_and_nothing_goes_in_cle
         (format!("smtp://127.0.0.1:{}?tls=opportunistic", plain.smtp_port()), None),
         (format!("smtp://127.0.0.1:{}", plain.smtp_port()), Some(cert.display().to_string())),
     ] {
-        let settings = shared::settings::EmailSettings {
+        let settings = platform::settings::EmailSettings {
             relay_url: Some(url.clone().into()),
             relay_ca_file: ca_file,
             ..Default::default()
         };
-        let refused = shared::email::mailer::Mailer::from_settings(&settings);
+        let refused = mail::mailer::Mailer::from_settings(&settings);
         assert!(refused.is_err(), "{url} is refused");
     }
 }

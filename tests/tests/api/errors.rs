@@ -93,13 +93,13 @@ async fn every_operation_of_the_route_table_is_served_and_the_guards_answer_405(
     let app = TestApp::spawn().await;
     let document = app.send(app.request(reqwest::Method::GET, "/openapi.json", None)).await;
     assert_eq!((document.status, document.body["openapi"].as_str()), (200, Some("3.1.0")));
-    for operation in shared::routes::OPERATIONS {
+    for operation in api::routes::OPERATIONS {
         let path =
             operation.path.replace("{schema}", "contacts").replace("{id}", "x_1").replace("{operationId}", "op_1");
         let method = reqwest::Method::from_bytes(operation.method.as_bytes()).expect("a method");
         let response = app.send(app.request(method, &path, Some(ALPHA_ADMIN)).json(&json!({}))).await;
         let code = response.code().as_str().unwrap_or_default().to_owned();
-        if operation.tier == shared::routes::Tier::Guard {
+        if operation.tier == api::routes::Tier::Guard {
             assert_eq!((response.status, code.as_str()), (405, "method_not_allowed"), "{operation:?}");
         } else {
             assert!(
@@ -116,12 +116,12 @@ async fn every_operation_of_the_route_table_is_served_and_the_guards_answer_405(
 #[tokio::test]
 async fn every_path_answers_an_unserved_method_with_allow_naming_exactly_the_methods_it_serves() {
     let app = TestApp::spawn().await;
-    let mut paths: Vec<&str> = shared::routes::OPERATIONS.iter().map(|operation| operation.path).collect();
+    let mut paths: Vec<&str> = api::routes::OPERATIONS.iter().map(|operation| operation.path).collect();
     paths.dedup();
     for template in paths {
-        let served: std::collections::BTreeSet<&str> = shared::routes::OPERATIONS
+        let served: std::collections::BTreeSet<&str> = api::routes::OPERATIONS
             .iter()
-            .filter(|operation| operation.path == template && operation.tier != shared::routes::Tier::Guard)
+            .filter(|operation| operation.path == template && operation.tier != api::routes::Tier::Guard)
             .map(|operation| operation.method)
             .collect();
         let path = template

@@ -263,10 +263,10 @@ async fn an_aborted_batch_leaves_no_trace() {
     assert_eq!(response.body["data"]["results"][2]["isDuplicate"], true);
 }
 
-fn tight(rate: f64, burst: f64, pending: i64, receipts: i64) -> shared::settings::AdmissionLimits {
+fn tight(rate: f64, burst: f64, pending: i64, receipts: i64) -> platform::settings::AdmissionLimits {
     let open = unlimited_admission().fleet;
-    let schema = shared::settings::ScopeLimits { rate, burst, pending, receipts };
-    shared::settings::AdmissionLimits { fleet: open, space: open, schema }
+    let schema = platform::settings::ScopeLimits { rate, burst, pending, receipts };
+    platform::settings::AdmissionLimits { fleet: open, space: open, schema }
 }
 
 #[tokio::test]
@@ -389,10 +389,10 @@ async fn the_backlog_and_receipt_caps_refuse_until_capacity_frees() {
 #[tokio::test]
 async fn two_command_service_instances_share_the_fleet_and_space_budgets() {
     let mut limits = unlimited_admission();
-    limits.fleet = shared::settings::ScopeLimits { rate: 0.001, burst: 6.0, pending: 100, receipts: 100 };
-    limits.space = shared::settings::ScopeLimits { rate: 0.001, burst: 4.0, pending: 100, receipts: 100 };
+    limits.fleet = platform::settings::ScopeLimits { rate: 0.001, burst: 6.0, pending: 100, receipts: 100 };
+    limits.space = platform::settings::ScopeLimits { rate: 0.001, burst: 4.0, pending: 100, receipts: 100 };
     let app = TestApp::spawn_with(Options { admission: Some(limits), ..Options::default() }).await;
-    let mut settings = shared::settings::Settings::for_database(&app.database_url);
+    let mut settings = platform::settings::Settings::for_database(&app.database_url);
     settings.rate_limits = unlimited();
     settings.events.admission = limits;
     let second = command_service::Application::build(settings).await.expect("second instance");
@@ -487,9 +487,9 @@ async fn a_pending_event_is_absent_from_the_list_until_ready() {
     let list = app.get("/events?schema=purchase", ALPHA_ADMIN).await;
     assert_eq!(list.body["data"], json!([]));
     // Prepare it now, as the worker would, and project.
-    let log = shared::log::EventLog::start(app.pool.clone(), 4);
+    let log = platform::log::EventLog::start(app.pool.clone(), 4);
     let preparation =
-        projector::workers::preparation::Preparation::new(app.pool.clone(), log, shared::ai::AiProvider::Deterministic);
+        projector::workers::preparation::Preparation::new(app.pool.clone(), log, domain::ai::AiProvider::Deterministic);
     while projector::runtime::Worker::step(&preparation).await.expect("prepares")
         == projector::runtime::Outcome::Progressed
     {}
@@ -613,7 +613,8 @@ async fn events_about_an_erased_contact_are_erased() {
 async fn preparation_through_an_openai_compatible_provider_ends_in_each_state() {
     use crate::fake_ai::{FakeAi, Mode};
     let fake = FakeAi::start().await;
-    let ai = shared::settings::AiSettings::openai(&fake.url, "test-model", Some("sk-fake"), Duration::from_millis(500));
+    let ai =
+        platform::settings::AiSettings::openai(&fake.url, "test-model", Some("sk-fake"), Duration::from_millis(500));
     let app = TestApp::spawn_with(Options { ai: Some(ai), ..Options::default() }).await;
     let fire = async |event_id: &str| {
         let body = json!({"eventId": event_id, "amount": 3, "item": "chess set"});

@@ -96,16 +96,16 @@ async fn a_nul_in_a_path_or_query_is_400_never_5xx() {
 
 #[tokio::test]
 async fn a_value_the_database_refuses_fails_only_its_own_command() {
-    use shared::log::{AppendError, AppendRequest, Guard, Metadata};
+    use platform::log::{AppendError, AppendRequest, Guard, Metadata};
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    let event_log = shared::log::EventLog::start(app.pool.clone(), 64);
+    let event_log = platform::log::EventLog::start(app.pool.clone(), 64);
     let request = |text: &str| AppendRequest {
         metadata: Metadata::default(),
         streams: Vec::new(),
         guards: vec![Guard::unique(
             "INSERT INTO worker_checkpoints (name) VALUES ($1)",
             vec![Box::new(text.to_owned())],
-            AppendError::Conflict { code: shared::error::Code::OperationTaken, message: String::new() },
+            AppendError::Conflict { code: platform::error::Code::OperationTaken, message: String::new() },
         )],
     };
     // Sent together, so the batcher groups them into one transaction.

@@ -6,9 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
+use platform::settings::Settings;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
-use shared::settings::Settings;
 
 pub const ALPHA_ADMIN: &str = "sk_test_alpha_admin_00000000000001";
 pub const ALPHA_ADMIN_SECOND: &str = "sk_test_alpha_admin_00000000000002";
@@ -108,7 +108,7 @@ pub fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str,
     command
         .args(args)
         .env("APP__DATABASE__URL", database_url)
-        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
         .env("RUST_LOG", "warn")
         .env("APP__PROJECTOR__PORT", "0")
         .env("APP__RATE_LIMITS__READ_PER_SECOND", "1000000")
@@ -128,7 +128,7 @@ pub fn run_binary(name: &str, args: &[&str], database_url: &str) -> std::process
     Command::new(binaries_dir().join(name))
         .args(args)
         .env("APP__DATABASE__URL", database_url)
-        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
         .env("RUST_LOG", "warn")
         .output()
         .unwrap_or_else(|error| panic!("running {name}: {error}"))
@@ -245,19 +245,19 @@ pub struct Options {
     /// Run the projector in-process.
     pub projector: bool,
     /// Request buckets; `None` raises them far above what any test sends.
-    pub limits: Option<shared::settings::RateLimits>,
+    pub limits: Option<platform::settings::RateLimits>,
     /// How long a record deletion waits for projections before it is `blocked` (60 s).
     pub erasure_blocked_after: Option<Duration>,
     /// Event admission; `None` raises it far above what any test sends.
-    pub admission: Option<shared::settings::AdmissionLimits>,
+    pub admission: Option<platform::settings::AdmissionLimits>,
     /// The AI provider of the preparation worker (the deterministic one by default).
-    pub ai: Option<shared::settings::AiSettings>,
+    pub ai: Option<platform::settings::AiSettings>,
     /// How long a read waits for read-your-writes (3 s by default).
     pub consistency_wait: Option<Duration>,
     /// Webhook delivery; `None`: [`test_webhooks`].
-    pub webhooks: Option<shared::settings::WebhookSettings>,
+    pub webhooks: Option<platform::settings::WebhookSettings>,
     /// Email sending; `None`: `.eml` files in a folder of the test's own.
-    pub email: Option<shared::settings::EmailSettings>,
+    pub email: Option<platform::settings::EmailSettings>,
     /// Any other change to the settings, applied last.
     pub tweak: Option<fn(&mut Settings)>,
     /// The query service reads from the streaming replica (`APP__DATABASE__READ_URL`); by
@@ -289,14 +289,15 @@ impl Options {
 }
 
 /// Event admission far above what any test sends, for tests that are not about admission.
-pub fn unlimited_admission() -> shared::settings::AdmissionLimits {
-    let open = shared::settings::ScopeLimits { rate: 1e6, burst: 1e6, pending: 1_000_000_000, receipts: 1_000_000_000 };
-    shared::settings::AdmissionLimits { fleet: open, space: open, schema: open }
+pub fn unlimited_admission() -> platform::settings::AdmissionLimits {
+    let open =
+        platform::settings::ScopeLimits { rate: 1e6, burst: 1e6, pending: 1_000_000_000, receipts: 1_000_000_000 };
+    platform::settings::AdmissionLimits { fleet: open, space: open, schema: open }
 }
 
 /// Webhook delivery for tests: loopback receivers allowed, retries after 100, 200, 400 ms.
-pub fn test_webhooks() -> shared::settings::WebhookSettings {
-    shared::settings::WebhookSettings {
+pub fn test_webhooks() -> platform::settings::WebhookSettings {
+    platform::settings::WebhookSettings {
         allow_loopback: true,
         attempt_timeout_ms: 5_000,
         retry_schedule_ms: vec![100, 200, 400],
@@ -305,8 +306,8 @@ pub fn test_webhooks() -> shared::settings::WebhookSettings {
 }
 
 /// Limits far above what any test sends, for tests that are not about rate limits.
-pub fn unlimited() -> shared::settings::RateLimits {
-    shared::settings::RateLimits {
+pub fn unlimited() -> platform::settings::RateLimits {
+    platform::settings::RateLimits {
         read_per_second: 1_000_000,
         write_per_second: 1_000_000,
         ai_per_minute: 1_000_000,
@@ -321,18 +322,18 @@ impl TestApp {
 
     pub async fn spawn_with(options: Options) -> Self {
         if std::env::var("TEST_LOG").is_ok() {
-            shared::telemetry::init(&Default::default(), "info");
+            platform::telemetry::init(&Default::default(), "info");
         }
         let database_url = create_database().await;
         let mut settings = Settings::for_database(&database_url);
-        shared::crypto::install(settings.keyring().expect("the test master key"));
+        platform::crypto::install(settings.keyring().expect("the test master key"));
         settings.rate_limits = options.limits.unwrap_or_else(unlimited);
         settings.events.admission = options.admission.unwrap_or_else(unlimited_admission);
         if let Some(ai) = options.ai.clone() {
             settings.ai = ai;
         }
         settings.webhooks = options.webhooks.clone().unwrap_or_else(test_webhooks);
-        settings.email = options.email.clone().unwrap_or_else(|| shared::settings::EmailSettings {
+        settings.email = options.email.clone().unwrap_or_else(|| platform::settings::EmailSettings {
             eml_dir: std::env::temp_dir().join(format!("eml-{}", uuid::Uuid::now_v7().simple())).display().to_string(),
             ..Default::default()
         });
@@ -342,14 +343,14 @@ impl TestApp {
         if let Some(tweak) = options.tweak {
             tweak(&mut settings);
         }
-        let pool = shared::db::pool(&database_url, 8).expect("pool");
+        let pool = platform::db::pool(&database_url, 8).expect("pool");
         if let Some(blocked_after) = options.erasure_blocked_after {
             settings.erasure.blocked_after_millis = u64::try_from(blocked_after.as_millis()).unwrap_or(u64::MAX);
         }
         let shutdown = tokio_util::sync::CancellationToken::new();
         if options.projector {
-            let projector_pool = shared::db::pool(&database_url, projector::POOL_SIZE).expect("pool");
-            let provider = shared::ai::AiProvider::new(&settings.ai).expect("AI provider");
+            let projector_pool = platform::db::pool(&database_url, projector::POOL_SIZE).expect("pool");
+            let provider = domain::ai::AiProvider::new(&settings.ai).expect("AI provider");
             let workers =
                 projector::workers(&settings, &projector_pool, provider, "test-projector").expect("the workers");
             let runtime = projector::runtime::Runtime::new(database_url.clone(), workers);
@@ -431,7 +432,7 @@ impl TestApp {
     /// Applies a workspace file and, when asked (a projector runs), waits for every read model.
     pub async fn apply_workspace(&self, text: &str, wait: bool) -> command_service::authoring::ApplyReport {
         let workspace = command_service::authoring::parse(text).expect("workspace parses");
-        let event_log = shared::log::EventLog::start(self.pool.clone(), 16);
+        let event_log = platform::log::EventLog::start(self.pool.clone(), 16);
         let report = command_service::authoring::apply(&self.pool, &event_log, &workspace).await.expect("apply");
         if wait {
             command_service::authoring::wait_for_catalog(&self.pool, report.position, Duration::from_secs(20))

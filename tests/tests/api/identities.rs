@@ -125,9 +125,9 @@ async fn identity_capacity_is_limited_per_space() {
     let schema_id = contacts_schema_id(&app).await;
     let ada = app.create_contact(&json!({"email": "ada@example.com"})).await["id"].as_str().expect("id").to_owned();
     // Capacity is configuration; a second instance with a tiny capacity shares the counts.
-    let mut settings = shared::settings::Settings::for_database(&app.database_url);
+    let mut settings = platform::settings::Settings::for_database(&app.database_url);
     settings.rate_limits = unlimited();
-    settings.identity = shared::settings::IdentityCapacity { aliases: 2, changes: 3 };
+    settings.identity = platform::settings::IdentityCapacity { aliases: 2, changes: 3 };
     let small = command_service::Application::build(settings).await.expect("instance");
     let url = format!("http://127.0.0.1:{}/v1/event-identities", small.port());
     tokio::spawn(small.run_until_stopped());

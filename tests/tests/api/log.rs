@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-use shared::events::LogEvent;
-use shared::log::{
+use platform::events::LogEvent;
+use platform::log::{
     AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend,
 };
-use shared::proto;
+use platform::proto;
+use serde_json::json;
 
 use crate::helpers::*;
 
@@ -158,7 +158,7 @@ fn claim(value: &str, record_id: &str) -> Guard {
     Guard::unique(
         "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id) VALUES ($1, $2, $3, $4, $5)",
         row.iter().map(|value| Box::new((*value).to_owned()) as Box<_>).collect(),
-        AppendError::Conflict { code: shared::error::Code::IdentifierConflict, message: value.to_owned() },
+        AppendError::Conflict { code: platform::error::Code::IdentifierConflict, message: value.to_owned() },
     )
     .with_set(
         "INSERT INTO record_identities (space_id, schema_id, kind, value, record_id)

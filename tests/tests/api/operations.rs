@@ -61,7 +61,7 @@ async fn readiness_fails_while_the_database_is_not_migrated() {
         .database_url
         .replace(&app.database_url[app.database_url.rfind("dbname=").expect("dbname")..], &format!("dbname={name}"));
     let query =
-        query_service::Application::build(shared::settings::Settings::for_database(&bare)).await.expect("builds");
+        query_service::Application::build(platform::settings::Settings::for_database(&bare)).await.expect("builds");
     let origin = format!("http://127.0.0.1:{}", query.port());
     tokio::spawn(query.run_until_stopped());
     let (status, body) = get_json(&app.http, &format!("{origin}/health/ready")).await;

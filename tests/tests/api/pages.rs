@@ -234,8 +234,8 @@ async fn subscription(node: &Node, contact_id: &str, topic_id: &str) -> String {
         assert!(std::time::Instant::now() < deadline, "no subscriptions");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let pool = shared::db::pool(&node.database_url, 1).expect("a pool");
+    let pool = platform::db::pool(&node.database_url, 1).expect("a pool");
     let client = pool.get().await.expect("a client");
-    let subscriptions = shared::email::subscriptions(&client, contact_id).await.expect("subscriptions");
+    let subscriptions = domain::email::subscriptions(&client, contact_id).await.expect("subscriptions");
     subscriptions.get(topic_id).cloned().unwrap_or_default()
 }

@@ -6,8 +6,8 @@ use serde_json::json;
 
 use crate::helpers::*;
 
-fn limits(read: u32, write: u32) -> shared::settings::RateLimits {
-    shared::settings::RateLimits { read_per_second: read, write_per_second: write, ..Default::default() }
+fn limits(read: u32, write: u32) -> platform::settings::RateLimits {
+    platform::settings::RateLimits { read_per_second: read, write_per_second: write, ..Default::default() }
 }
 
 /// Sleeps until just after a second boundary, so a quick burst falls in one window.
@@ -98,16 +98,16 @@ async fn reserved_chunks_never_exceed_the_shared_budget() {
     // Two limiters stand for two processes; the AI bucket's 60 s window keeps the test clear of
     // boundaries. Only budgets above the exact range are reserved in chunks.
     let budget = 5000;
-    let limits = shared::settings::RateLimits { ai_per_minute: budget, ..Default::default() };
-    let chunk = shared::ratelimit::chunk(&limits, budget);
+    let limits = platform::settings::RateLimits { ai_per_minute: budget, ..Default::default() };
+    let chunk = api::ratelimit::chunk(&limits, budget);
     assert!(chunk > 1, "this budget is reserved in chunks");
     let limiters = [
-        shared::ratelimit::RateLimiter::new(app.pool.clone(), limits),
-        shared::ratelimit::RateLimiter::new(app.pool.clone(), limits),
+        api::ratelimit::RateLimiter::new(app.pool.clone(), limits),
+        api::ratelimit::RateLimiter::new(app.pool.clone(), limits),
     ];
     let mut admitted = 0;
     for index in 0..budget * 3 / 2 {
-        if limiters[index as usize % 2].check(shared::ratelimit::Bucket::Ai, "chunked").await.is_ok() {
+        if limiters[index as usize % 2].check(api::ratelimit::Bucket::Ai, "chunked").await.is_ok() {
             admitted += 1;
         }
     }

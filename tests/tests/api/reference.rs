@@ -55,7 +55,7 @@ async fn the_reference_page_renders_every_operation_from_our_own_origin() {
             }
         }
     }
-    assert_eq!(operations.len(), shared::routes::OPERATIONS.len());
+    assert_eq!(operations.len(), api::routes::OPERATIONS.len());
     let missing: Vec<&String> =
         operations.iter().filter(|id| !dom.contains(&format!("id=\"operation/{id}\""))).collect();
     assert!(missing.is_empty(), "operations not rendered: {missing:?} (page of {} bytes)", dom.len());

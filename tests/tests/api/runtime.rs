@@ -324,7 +324,7 @@ async fn a_process_runs_only_the_workers_it_is_configured_for() {
     let unknown = std::process::Command::new(binaries_dir().join("projector"))
         .arg("run")
         .env("APP__DATABASE__URL", &app.database_url)
-        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
         .env("APP__PROJECTOR__PORT", "0")
         .env("APP__PROJECTOR__WORKERS", "read_models,nonsense")
         .output()

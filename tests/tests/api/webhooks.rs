@@ -451,7 +451,7 @@ async fn a_410_pauses_the_webhook_until_its_owner_sets_it_live() {
 
 #[tokio::test]
 async fn pausing_drops_queued_deliveries_instead_of_holding_them() {
-    let webhooks = shared::settings::WebhookSettings { retry_schedule_ms: vec![1_500, 1_500], ..test_webhooks() };
+    let webhooks = platform::settings::WebhookSettings { retry_schedule_ms: vec![1_500, 1_500], ..test_webhooks() };
     let app = TestApp::spawn_with(Options { webhooks: Some(webhooks), ..Options::default() }).await;
     let receiver = Receiver::start().await;
     let webhook = hook(&app, &receiver, "down", "contact upserted", json!({"status": 503})).await;
@@ -511,7 +511,7 @@ async fn a_delivery_queued_before_a_rotation_still_verifies_under_the_old_secret
 
 #[tokio::test]
 async fn the_circuit_breaker_pauses_a_webhook_that_keeps_failing() {
-    let webhooks = shared::settings::WebhookSettings {
+    let webhooks = platform::settings::WebhookSettings {
         retry_schedule_ms: vec![],
         breaker_failures: 3,
         breaker_window_seconds: 0,
@@ -623,7 +623,7 @@ async fn a_custom_filter_delivers_only_matching_events_and_spends_a_credit() {
 
 #[tokio::test]
 async fn a_custom_filter_uses_the_ai_bucket() {
-    let limits = shared::settings::RateLimits { ai_per_minute: 1, ..unlimited() };
+    let limits = platform::settings::RateLimits { ai_per_minute: 1, ..unlimited() };
     let app = TestApp::spawn_with(Options { limits: Some(limits), ..Options::default() }).await;
     let body = |requirements: &str| {
         json!({"url": "https://example.com", "trigger": "contact upserted", "schemaId": "contacts",
@@ -777,7 +777,7 @@ async fn nothing_is_lost_when_worker_processes_are_killed_and_repeats_stay_in_th
 
 #[tokio::test]
 async fn an_attempt_that_outlasts_its_timeout_is_retried() {
-    let webhooks = shared::settings::WebhookSettings { attempt_timeout_ms: 300, ..test_webhooks() };
+    let webhooks = platform::settings::WebhookSettings { attempt_timeout_ms: 300, ..test_webhooks() };
     let app = TestApp::spawn_with(Options { webhooks: Some(webhooks), ..Options::default() }).await;
     let receiver = Receiver::start().await;
     let webhook = hook(&app, &receiver, "slow", "contact upserted", json!({"delaySeconds": 1.0})).await;
@@ -846,7 +846,7 @@ async fn acknowledged_writes_are_delivered_when_the_command_service_is_killed() 
 #[tokio::test]
 async fn a_custom_filter_can_come_from_an_openai_compatible_provider() {
     let fake = crate::fake_ai::FakeAi::start().await;
-    let ai = shared::settings::AiSettings::openai(&fake.url, "test-model", None, Duration::from_secs(5));
+    let ai = platform::settings::AiSettings::openai(&fake.url, "test-model", None, Duration::from_secs(5));
     let app = TestApp::spawn_with(Options { ai: Some(ai), ..Options::default() }).await;
     let expression = json!({"field": "plan", "op": "eq", "value": "pro"});
     let content = json!({"filter": expression}).to_string();
@@ -950,7 +950,7 @@ async fn acknowledged_writes_are_delivered_across_a_kill_9_of_postgresql() {
     let migrated = std::process::Command::new(binaries_dir().join("projector"))
         .arg("migrate")
         .env("APP__DATABASE__URL", &url)
-        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
         .env("RUST_LOG", "warn")
         .status()
         .expect("migrate runs");
@@ -963,7 +963,7 @@ async fn acknowledged_writes_are_delivered_across_a_kill_9_of_postgresql() {
     let applied = std::process::Command::new(binaries_dir().join("command-service"))
         .args(["apply", concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/workspace.json"), "--wait"])
         .env("APP__DATABASE__URL", &url)
-        .env("APP__MASTER_KEY", shared::crypto::TEST_MASTER_KEY)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
         .env("RUST_LOG", "warn")
         .output()
         .expect("apply runs");

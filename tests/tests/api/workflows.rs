@@ -34,7 +34,7 @@ fn workspace(workflows: Value) -> String {
 async fn app_with(sink: &SmtpSink, workflows: Value) -> TestApp {
     let options = Options {
         email: Some(test_email(sink)),
-        webhooks: Some(shared::settings::WebhookSettings { retry_schedule_ms: vec![100, 100], ..test_webhooks() }),
+        webhooks: Some(platform::settings::WebhookSettings { retry_schedule_ms: vec![100, 100], ..test_webhooks() }),
         ..Options::default()
     };
     let app = TestApp::spawn_with(options).await;
@@ -185,7 +185,7 @@ async fn a_journey_runs_every_step_kind_through_real_mail_and_a_real_webhook_rec
     let contact = app.get(&format!("/schemas/people/records/{contact_id}"), MAIL_KEY).await;
     assert_eq!(contact.body["data"]["firstName"], "Ada", "{:?}", contact.body);
     let client = app.pool.get().await.expect("client");
-    let subscriptions = shared::email::subscriptions(&client, &contact_id).await.expect("subscriptions");
+    let subscriptions = domain::email::subscriptions(&client, &contact_id).await.expect("subscriptions");
     assert_eq!(subscriptions.values().collect::<Vec<_>>(), ["unsubscribed"]);
     assert_eq!(receiver.received("crm").await.len(), 1, "the call was made once");
 
@@ -408,7 +408,7 @@ async fn an_apply_refuses_a_bad_graph_naming_the_step() {
     ] {
         let text = workspace(workflows);
         let parsed = command_service::authoring::parse(&text).expect("the file parses");
-        let log = shared::log::EventLog::start(app.pool.clone(), 4);
+        let log = platform::log::EventLog::start(app.pool.clone(), 4);
         let refused = command_service::authoring::apply(&app.pool, &log, &parsed).await.expect_err("refused");
         let message = format!("{refused:#}");
         assert!(message.contains(named), "{named}: {message}");
@@ -809,11 +809,11 @@ async fn erasing_a_contact_ends_its_runs_and_shreds_their_input() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let client = app.pool.get().await.expect("client");
-    let keys = shared::crypto::load_keys(&client, std::slice::from_ref(&contact_id)).await.expect("keys");
+    let keys = platform::crypto::load_keys(&client, std::slice::from_ref(&contact_id)).await.expect("keys");
     let sealed: Vec<u8> =
         client.query_one("SELECT input FROM workflow_runs WHERE run_id = $1", &[&run_id]).await.expect("row").get(0);
-    let sealed = <shared::proto::Sealed as prost::Message>::decode(sealed.as_slice()).expect("a seal");
-    let opened: Option<shared::proto::WorkflowInput> = shared::events::open(Some(&sealed), &keys).expect("opens");
+    let sealed = <platform::proto::Sealed as prost::Message>::decode(sealed.as_slice()).expect("a seal");
+    let opened: Option<platform::proto::WorkflowInput> = platform::events::open(Some(&sealed), &keys).expect("opens");
     assert_eq!(opened, None, "the run's input is shredded with the contact's key");
 }
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use deadpool_postgres::Pool;
+use domain::email::resources::{DOMAIN, DomainDef, dns_records};
 use futures_util::future::join_all;
 use hickory_resolver::config::{NameServerConfigGroup, ResolveHosts, ResolverConfig, ResolverOpts};
 use hickory_resolver::name_server::TokioConnectionProvider;
@@ -21,10 +22,9 @@ use hickory_resolver::proto::op::ResponseCode;
 use hickory_resolver::proto::rr::{RData, RecordType};
 use hickory_resolver::proto::{ProtoError, ProtoErrorKind};
 use hickory_resolver::{ResolveError, TokioResolver};
+use platform::events::LogEvent;
+use platform::settings::EmailSettings;
 use serde_json::Value;
-use shared::email::resources::{DOMAIN, DomainDef, dns_records};
-use shared::events::LogEvent;
-use shared::settings::EmailSettings;
 
 use crate::runtime::{Outcome, Worker};
 

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use futures_util::future::join_all;
-use shared::email::mailer::Mailer;
-use shared::email::outbox::{self, Handed, Lease, Parties};
-use shared::log::EventLog;
-use shared::settings::Settings;
+use mail::mailer::Mailer;
+use mail::outbox::{self, Handed, Lease, Parties};
+use platform::log::EventLog;
+use platform::settings::Settings;
 use uuid::Uuid;
 
 use crate::runtime::{Outcome, Worker};
@@ -28,7 +28,7 @@ pub struct Outbox {
     pool: Pool,
     log: EventLog,
     mailer: Mailer,
-    settings: shared::settings::EmailSettings,
+    settings: platform::settings::EmailSettings,
     lease: Duration,
 }
 
@@ -77,7 +77,7 @@ impl Outbox {
             let event = outbox::unknown(
                 &parties,
                 "the hand-off stopped before its outcome was recorded; the relay may have accepted the message",
-                shared::time::now_millis(),
+                platform::time::now_millis(),
             );
             if let Err(error) = outbox::record(&self.log, &parties, &lease, event).await {
                 tracing::warn!(error = %error, email = %lease.email_id, "could not record an abandoned hand-off");
@@ -129,14 +129,14 @@ impl Outbox {
                 }
             }
             Err(parties) => {
-                let event = shared::events::LogEvent::EmailFailed(shared::proto::EmailFailed {
+                let event = platform::events::LogEvent::EmailFailed(platform::proto::EmailFailed {
                     email_id: parties.email_id.clone(),
                     space_id: parties.space_id.clone(),
                     contact_id: parties.contact_id.clone(),
                     code: "recipient_erased".to_owned(),
                     message: "the contact was deleted before the email left".to_owned(),
                     permanent: true,
-                    failed_at_ms: shared::time::now_millis(),
+                    failed_at_ms: platform::time::now_millis(),
                 });
                 outbox::record(&self.log, &parties, lease, event).await?;
             }

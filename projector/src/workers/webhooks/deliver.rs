@@ -17,16 +17,16 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
+use domain::webhooks::signing::{Secret, signature_header};
+use domain::webhooks::state::{secret_subject, stream_id};
+use domain::webhooks::target;
+use platform::crypto::Keys;
+use platform::events::LogEvent;
+use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Metadata, NewEvent, StreamAppend};
+use platform::proto;
+use platform::settings::WebhookSettings;
 use prost::Message;
 use rand::Rng;
-use shared::crypto::Keys;
-use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Metadata, NewEvent, StreamAppend};
-use shared::proto;
-use shared::settings::WebhookSettings;
-use shared::webhooks::signing::{Secret, signature_header};
-use shared::webhooks::state::{secret_subject, stream_id};
-use shared::webhooks::target;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
@@ -339,7 +339,7 @@ impl Inner {
         subjects.extend(rows.iter().filter_map(|row| row.get::<_, Option<String>>(5)));
         subjects.sort();
         subjects.dedup();
-        let keys = shared::crypto::load_keys(&client, &subjects).await?;
+        let keys = platform::crypto::load_keys(&client, &subjects).await?;
         let secrets = self.secrets(&client, &webhooks, &keys).await?;
         Ok(rows
             .into_iter()
@@ -386,7 +386,7 @@ impl Inner {
         let mut secrets: HashMap<String, Vec<VersionedSecret>> = HashMap::new();
         for row in client.query(&statement, &[&webhooks]).await? {
             let sealed = proto::Sealed::decode(row.get::<_, &[u8]>(2))?;
-            let opened = shared::events::open::<proto::WebhookSecret>(Some(&sealed), keys)?;
+            let opened = platform::events::open::<proto::WebhookSecret>(Some(&sealed), keys)?;
             if let Some(secret) = opened.and_then(|opened| Secret::parse(&opened.secret)) {
                 secrets.entry(row.get(0)).or_default().push((row.get(1), secret, row.get(3)));
             }
@@ -528,12 +528,12 @@ impl Inner {
     /// Pauses the webhook with a reason the owner sees on GET, unless it is no longer live.
     async fn pause(&self, delivery: &Claimed, reason: &str, detail: &str) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
-        let (version, current) = shared::webhooks::state::load(&client, &delivery.webhook_id).await?;
+        let (version, current) = domain::webhooks::state::load(&client, &delivery.webhook_id).await?;
         drop(client);
         if !current.is_some_and(|webhook| webhook.live && !webhook.deleted) {
             return Ok(());
         }
-        let now = shared::time::now_millis();
+        let now = platform::time::now_millis();
         let paused = proto::WebhookPaused {
             webhook_id: delivery.webhook_id.clone(),
             space_id: delivery.space_id.clone(),
@@ -549,7 +549,7 @@ impl Inner {
                 events: vec![NewEvent {
                     event: LogEvent::WebhookPaused(paused),
                     subject_id: None,
-                    occurred_at: shared::time::from_millis(now),
+                    occurred_at: platform::time::from_millis(now),
                 }],
             }],
             guards: Vec::new(),

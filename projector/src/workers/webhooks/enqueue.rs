@@ -12,16 +12,16 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use deadpool_postgres::{Pool, Transaction};
+use domain::records::RecordState;
+use domain::webhooks::Trigger;
+use filter::Filter;
+use platform::crypto::Keys;
+use platform::events::{LogEvent, open};
+use platform::log::StoredEvent;
+use platform::proto;
+use platform::time::{format_millis, format_timestamp};
 use prost::Message;
 use serde_json::{Value, json};
-use shared::crypto::Keys;
-use shared::events::{LogEvent, open};
-use shared::filter::Filter;
-use shared::log::StoredEvent;
-use shared::proto;
-use shared::records::RecordState;
-use shared::time::{format_millis, format_timestamp};
-use shared::webhooks::Trigger;
 
 use crate::runtime::{Lease, LeaseName, Outcome, Worker};
 
@@ -109,7 +109,8 @@ impl Enqueue {
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(Outcome::Idle);
         };
-        let events = shared::log::read_after_wanting(lease.transaction(), lease.checkpoint, BATCH, EVENT_TYPES).await?;
+        let events =
+            platform::log::read_after_wanting(lease.transaction(), lease.checkpoint, BATCH, EVENT_TYPES).await?;
         let Some(last) = events.last().map(|event| event.position) else {
             return Ok(Outcome::Idle);
         };
@@ -174,7 +175,7 @@ impl Membership {
             let row = transaction
                 .query_opt("SELECT version, position FROM projections WHERE name = 'segments' AND status = 'live'", &[])
                 .await?;
-            self.live = Some(row.map(|row| (shared::readmodel::schema_name("segments", row.get(0)), row.get(1))));
+            self.live = Some(row.map(|row| (platform::readmodel::schema_name("segments", row.get(0)), row.get(1))));
         }
         let Some(Some((schema, reached))) = &self.live else { return Ok(None) };
         if *reached < position {
@@ -208,7 +209,7 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
     };
     let mut endpoints = load_endpoints(transaction, &spaces).await?;
     let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
-    let keys = shared::crypto::load_keys(transaction, &subjects).await?;
+    let keys = platform::crypto::load_keys(transaction, &subjects).await?;
     let mut deliveries = Vec::new();
     let mut replayed = 0;
     let mut membership = Membership::default();
@@ -300,7 +301,7 @@ fn delivery(
     body: Vec<u8>,
 ) -> Delivery {
     Delivery {
-        delivery_id: shared::webhooks::delivery_id(position, &endpoint.webhook_id),
+        delivery_id: domain::webhooks::delivery_id(position, &endpoint.webhook_id),
         webhook_id: endpoint.webhook_id.clone(),
         space_id: space_id.to_owned(),
         position,
@@ -405,9 +406,10 @@ fn fits(endpoint: &Endpoint, occurrence: &Occurrence) -> bool {
         && endpoint.trigger == occurrence.trigger.as_str()
         && endpoint.schema_id == occurrence.schema_id
         && occurrence.email_type.as_ref().is_none_or(|kind| endpoint.email_event_types.contains(kind))
-        && endpoint.filter.as_ref().is_none_or(|filter| {
-            shared::filter::matches(filter, occurrence.filter_view.as_ref().unwrap_or(&occurrence.data))
-        })
+        && endpoint
+            .filter
+            .as_ref()
+            .is_none_or(|filter| filter::matches(filter, occurrence.filter_view.as_ref().unwrap_or(&occurrence.data)))
 }
 
 /// The endpoints of `spaces` as the last batch left them, by space and webhook id.
@@ -431,7 +433,7 @@ async fn load_endpoints(
             schema_id: row.get(3),
             email_event_types: row.get(4),
             url: row.get(5),
-            filter: filter.and_then(|filter| shared::filter::from_json(&filter).ok()),
+            filter: filter.and_then(|filter| filter::from_json(&filter).ok()),
             live: row.get::<_, String>(7) == "live",
             secret_version: row.get(8),
             segment_id: row.get(9),
@@ -445,12 +447,12 @@ async fn load_endpoints(
 fn filter_of(condition: Option<&proto::WebhookCondition>) -> Option<Filter> {
     let condition = condition.filter(|condition| condition.r#type == "custom filter")?;
     let expression: Value = serde_json::from_str(&condition.expression).ok()?;
-    shared::filter::from_json(&expression).ok()
+    filter::from_json(&expression).ok()
 }
 
 /// Folds a webhook event into the endpoint tables and the batch's view of them; `false` for
 /// events of other kinds. The endpoint is the webhook's one fold
-/// (`shared::webhooks::state`) as of the event's position; the event itself brings only the
+/// (`domain::webhooks::state`) as of the event's position; the event itself brings only the
 /// secrets it carries.
 async fn fold_webhook(
     transaction: &Transaction<'_>,
@@ -469,8 +471,8 @@ async fn fold_webhook(
     ) {
         return Ok(false);
     }
-    let Some(webhook_id) = shared::webhooks::state::webhook_of(event) else { return Ok(false) };
-    let (_, state) = shared::webhooks::state::load_at(transaction, webhook_id, stored.position).await?;
+    let Some(webhook_id) = domain::webhooks::state::webhook_of(event) else { return Ok(false) };
+    let (_, state) = domain::webhooks::state::load_at(transaction, webhook_id, stored.position).await?;
     let Some(state) = state else { return Ok(true) };
     match event {
         LogEvent::WebhookCreated(created) => {
@@ -480,7 +482,7 @@ async fn fold_webhook(
                 .await?;
         }
         LogEvent::WebhookSecretRotated(rotated) => {
-            let until = shared::time::from_millis(rotated.previous_valid_until_ms);
+            let until = platform::time::from_millis(rotated.previous_valid_until_ms);
             save_secret(transaction, webhook_id, state.secret_version, rotated.secret.as_ref(), Some(until)).await?;
         }
         LogEvent::WebhookDeleted(_) => {
@@ -693,7 +695,7 @@ async fn template_of(transaction: &Transaction<'_>, email_id: &str) -> anyhow::R
     let statement = transaction
         .prepare_cached("SELECT payload FROM events WHERE stream_id = $1 AND event_type = 'EmailScheduled.v1'")
         .await?;
-    let Some(row) = transaction.query_opt(&statement, &[&shared::email::stream_id(email_id)]).await? else {
+    let Some(row) = transaction.query_opt(&statement, &[&domain::email::stream_id(email_id)]).await? else {
         return Ok(String::new());
     };
     Ok(match LogEvent::decode("EmailScheduled.v1", row.get(0))? {
@@ -806,7 +808,7 @@ impl Worker for Enqueue {
     }
 
     fn channels(&self) -> &'static [&'static str] {
-        &[shared::log::LOG_CHANNEL]
+        &[platform::log::LOG_CHANNEL]
     }
 
     fn poll_interval(&self) -> Duration {
@@ -904,7 +906,7 @@ mod tests {
             LogEvent::EmailUnsubscribed(Default::default()),
         ];
         let types: Vec<_> = events.iter().filter_map(email_event_type).collect();
-        assert_eq!(types, shared::webhooks::EMAIL_EVENT_TYPES, "each once, in the contract's order");
+        assert_eq!(types, domain::webhooks::EMAIL_EVENT_TYPES, "each once, in the contract's order");
     }
 
     #[test]
@@ -919,7 +921,7 @@ mod tests {
         let mut deleted = contact("pro");
         deleted.trigger = Trigger::ContactDeleted;
         assert!(!fits(&endpoint(None), &deleted));
-        let filter = shared::filter::parse_plain("plan is pro").expect("parses");
+        let filter = filter::parse_plain("plan is pro").expect("parses");
         assert!(fits(&endpoint(Some(filter.clone())), &contact("pro")));
         assert!(!fits(&endpoint(Some(filter)), &contact("free")), "the filter rejects: not enqueued");
     }

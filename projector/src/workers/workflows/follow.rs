@@ -22,15 +22,15 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Pool};
+use domain::workflows::{Reentry, TriggerOn, WORKFLOW, WorkflowDef, run_stream_id};
 use futures_util::future::BoxFuture;
-use prost::Message;
-use serde_json::{Value, json};
-use shared::events::LogEvent;
-use shared::log::{
+use platform::events::LogEvent;
+use platform::log::{
     AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StoredEvent, StreamAppend,
 };
-use shared::proto;
-use shared::workflows::{Reentry, TriggerOn, WORKFLOW, WorkflowDef, run_stream_id};
+use platform::proto;
+use prost::Message;
+use serde_json::{Value, json};
 
 use crate::runtime::{Lease, LeaseName, Outcome, Worker};
 
@@ -83,7 +83,7 @@ impl Follower {
     async fn step(&self) -> anyhow::Result<Outcome> {
         let mut client = self.pool.get().await?;
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else { return Ok(Outcome::Idle) };
-        let events = shared::log::read_after(lease.transaction(), lease.checkpoint, BATCH).await?;
+        let events = platform::log::read_after(lease.transaction(), lease.checkpoint, BATCH).await?;
         let full = events.len() as i64 >= BATCH;
         let last = events.last().map_or(lease.checkpoint, |event| event.position);
         if !events.is_empty() {
@@ -214,9 +214,9 @@ impl Follower {
         if self.settled.lock().unwrap_or_else(PoisonError::into_inner).as_ref() == Some(&inputs) {
             return Ok(Pass::Skipped);
         }
-        let segments = shared::readmodel::schema_name("segments", inputs.segments.0);
+        let segments = platform::readmodel::schema_name("segments", inputs.segments.0);
         let reached = inputs.segments.1;
-        let catalog = shared::readmodel::schema_name("catalog", inputs.catalog.0);
+        let catalog = platform::readmodel::schema_name("catalog", inputs.catalog.0);
         let statement = format!(
             "SELECT resource_id, space_id, revision, definition FROM {catalog}.resources
              WHERE kind = $1 AND definition ->> 'status' = 'published'
@@ -318,7 +318,7 @@ impl Follower {
         if held_back {
             return Ok(());
         }
-        let keys = shared::crypto::load_keys(client, std::slice::from_ref(&contact_id)).await?;
+        let keys = platform::crypto::load_keys(client, std::slice::from_ref(&contact_id)).await?;
         let Some(key) = keys.get(&contact_id) else { return Ok(()) };
         let (input, trigger, trigger_id, cause) = match start.cause {
             Cause::Event { event_id, schema_id } => {
@@ -334,10 +334,10 @@ impl Follower {
                 format!("workflow-segment\u{1f}{workflow_id}\u{1f}{segment_id}\u{1f}{contact_id}\u{1f}{position}"),
             ),
         };
-        let run_id = format!("run_{}", &shared::ids::sha256_hex(&cause)[..32]);
-        let now = shared::time::now_millis();
-        let mut sealed = shared::events::seal(&contact_id, &proto::WorkflowInput { json: input.to_string() });
-        shared::events::encrypt(&mut sealed, key)?;
+        let run_id = format!("run_{}", &platform::ids::sha256_hex(&cause)[..32]);
+        let now = platform::time::now_millis();
+        let mut sealed = platform::events::seal(&contact_id, &proto::WorkflowInput { json: input.to_string() });
+        platform::events::encrypt(&mut sealed, key)?;
         let requested = proto::WorkflowRunRequested {
             run_id: run_id.clone(),
             workflow_id: workflow_id.to_owned(),
@@ -369,7 +369,7 @@ impl Follower {
             events: vec![NewEvent {
                 event: LogEvent::WorkflowRunRequested(requested),
                 subject_id: Some(contact_id),
-                occurred_at: shared::time::from_millis(now),
+                occurred_at: platform::time::from_millis(now),
             }],
         };
         let metadata = Metadata { space_id: Some(start.space_id.to_owned()), ..Metadata::default() };
@@ -433,7 +433,7 @@ async fn entries(
 
 /// The contact an event is about, from its acceptance.
 async fn contact_of_event(client: &impl GenericClient, event_id: &str) -> anyhow::Result<Option<String>> {
-    let events = shared::log::read_streams(client, &[format!("event/{event_id}")]).await?;
+    let events = platform::log::read_streams(client, &[format!("event/{event_id}")]).await?;
     for stored in events {
         if let LogEvent::EventAccepted(accepted) = stored.decode()? {
             return Ok(Some(accepted.contact_id).filter(|id| !id.is_empty()));
@@ -447,20 +447,20 @@ async fn contact_of_event(client: &impl GenericClient, event_id: &str) -> anyhow
 async fn event_data(
     client: &impl GenericClient,
     event_id: &str,
-    keys: &shared::crypto::Keys,
+    keys: &platform::crypto::Keys,
 ) -> anyhow::Result<(Value, Option<String>)> {
     let mut values = serde_json::Map::new();
     let mut occurred_at = None;
-    for stored in shared::log::read_streams(client, &[format!("event/{event_id}")]).await? {
+    for stored in platform::log::read_streams(client, &[format!("event/{event_id}")]).await? {
         let sealed = match stored.decode()? {
             LogEvent::EventAccepted(accepted) => {
-                occurred_at = Some(shared::time::format_millis(accepted.occurred_at_ms));
+                occurred_at = Some(platform::time::format_millis(accepted.occurred_at_ms));
                 accepted.data
             }
             LogEvent::EventReadinessChanged(changed) => changed.prepared,
             _ => None,
         };
-        let opened: Option<proto::EventData> = shared::events::open(sealed.as_ref(), keys)?;
+        let opened: Option<proto::EventData> = platform::events::open(sealed.as_ref(), keys)?;
         if let Some(Value::Object(more)) = opened.and_then(|data| serde_json::from_str(&data.values_json).ok()) {
             values.extend(more);
         }
@@ -469,7 +469,7 @@ async fn event_data(
 }
 
 async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
-    shared::readmodel::live_schema(client, "catalog")
+    platform::readmodel::live_schema(client, "catalog")
         .await?
         .ok_or_else(|| anyhow::anyhow!("the catalog has no live version yet"))
 }
@@ -480,7 +480,7 @@ impl Worker for Follower {
     }
 
     fn channels(&self) -> &'static [&'static str] {
-        &[shared::log::LOG_CHANNEL]
+        &[platform::log::LOG_CHANNEL]
     }
 
     fn poll_interval(&self) -> Duration {

@@ -24,11 +24,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use domain::workflows::WorkflowDef;
 use futures_util::future::BoxFuture;
-use shared::email::mailer::Mailer;
-use shared::log::EventLog;
-use shared::settings::Settings;
-use shared::workflows::WorkflowDef;
+use mail::mailer::Mailer;
+use platform::log::EventLog;
+use platform::settings::Settings;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
@@ -51,7 +51,7 @@ pub(crate) struct Inner {
     http: reqwest::Client,
     mailer: Mailer,
     /// Hand-off claims of the engine's emails, made together.
-    claims: shared::email::outbox::Claims,
+    claims: mail::outbox::Claims,
     settings: Settings,
     /// Definitions by (workflow, revision): immutable once appended.
     definitions: Mutex<HashMap<(String, i64), Arc<WorkflowDef>>>,
@@ -81,7 +81,7 @@ impl Engine {
             .user_agent(concat!("platform-workflows/", env!("CARGO_PKG_VERSION")))
             .build()?;
         let mailer = Mailer::from_settings(&settings.email)?;
-        let claims = shared::email::outbox::Claims::start(pool.clone());
+        let claims = mail::outbox::Claims::start(pool.clone());
         Ok(Self(Arc::new(Inner {
             pool,
             log,
@@ -146,7 +146,7 @@ impl Worker for Engine {
     }
 
     fn channels(&self) -> &'static [&'static str] {
-        &[shared::log::LOG_CHANNEL]
+        &[platform::log::LOG_CHANNEL]
     }
 
     fn poll_interval(&self) -> Duration {

@@ -15,18 +15,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{GenericClient, Pool};
+use domain::records::{Loaded, RecordState};
+use domain::workflows::{Source, Step, StepKind, Wait, WorkflowDef, at_path, condition_document, run_stream_id};
+use mail::outbox::{self, Prepared};
+use mail::send::{Authored, EmailTo, Gate, Recipient, allowance_guard, schedule};
+use platform::crypto::DataKey;
+use platform::error::Code;
+use platform::events::LogEvent;
+use platform::log::{AppendError, AppendRequest, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend};
+use platform::proto;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use shared::crypto::DataKey;
-use shared::email::outbox::{self, Prepared};
-use shared::email::send::{Authored, EmailTo, Gate, Recipient, allowance_guard, schedule};
-use shared::error::Code;
-use shared::events::LogEvent;
-use shared::log::{AppendError, AppendRequest, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend};
-use shared::proto;
-use shared::records::{Loaded, RecordState};
-use shared::workflows::{Source, Step, StepKind, Wait, WorkflowDef, at_path, condition_document, run_stream_id};
 use uuid::Uuid;
 
 use super::Inner;
@@ -78,7 +78,7 @@ pub(super) struct Row {
     /// The workflow's pause control, read with the row.
     control_paused: bool,
     /// The data key that seals the run's input and outputs (none: erased), read with the row.
-    keys: shared::crypto::Keys,
+    keys: platform::crypto::Keys,
 }
 
 /// What a tick reads of a run (`r`, a `workflow_runs` row), with its workflow's pause control
@@ -102,9 +102,9 @@ impl Row {
         let run_id: String = row.get(0);
         let contact_id: Option<String> = row.get(4);
         let subject = contact_id.clone().unwrap_or_else(|| run_id.clone());
-        let mut keys = shared::crypto::Keys::default();
+        let mut keys = platform::crypto::Keys::default();
         if let Some(wrapped) = row.get::<_, Option<Vec<u8>>>(17) {
-            let key = shared::crypto::keyring()?.unwrap_key(&subject, &wrapped)?;
+            let key = platform::crypto::keyring()?.unwrap_key(&subject, &wrapped)?;
             keys.insert(subject, key);
         }
         Ok(Row {
@@ -167,7 +167,7 @@ struct Call {
     url: String,
     body: Vec<u8>,
     call_id: String,
-    secret: Option<shared::webhooks::signing::Secret>,
+    secret: Option<domain::webhooks::signing::Secret>,
 }
 
 /// One transition being built.
@@ -241,8 +241,8 @@ async fn definition(inner: &Inner, workflow_id: &str, revision: i64) -> anyhow::
         return Ok(found);
     }
     let client = inner.pool.get().await?;
-    let stream = format!("authoring/{}/{workflow_id}", shared::workflows::WORKFLOW);
-    let events = shared::log::read_streams(&client, &[stream]).await?;
+    let stream = format!("authoring/{}/{workflow_id}", domain::workflows::WORKFLOW);
+    let events = platform::log::read_streams(&client, &[stream]).await?;
     let found = events
         .iter()
         .filter_map(|stored| match stored.decode() {
@@ -262,15 +262,15 @@ async fn definition(inner: &Inner, workflow_id: &str, revision: i64) -> anyhow::
 }
 
 /// Opens a sealed JSON value of the run (its input or outputs); `None` when its key is gone.
-fn open_json(sealed: &[u8], keys: &shared::crypto::Keys, input: bool) -> anyhow::Result<Option<Value>> {
+fn open_json(sealed: &[u8], keys: &platform::crypto::Keys, input: bool) -> anyhow::Result<Option<Value>> {
     if sealed.is_empty() {
         return Ok(Some(Value::Null));
     }
     let sealed = proto::Sealed::decode(sealed)?;
     let json = if input {
-        shared::events::open::<proto::WorkflowInput>(Some(&sealed), keys)?.map(|input| input.json)
+        platform::events::open::<proto::WorkflowInput>(Some(&sealed), keys)?.map(|input| input.json)
     } else {
-        shared::events::open::<proto::WorkflowStepOutput>(Some(&sealed), keys)?.map(|output| output.json)
+        platform::events::open::<proto::WorkflowStepOutput>(Some(&sealed), keys)?.map(|output| output.json)
     };
     Ok(match json {
         Some(json) => Some(serde_json::from_str(&json)?),
@@ -286,7 +286,7 @@ fn subject(row: &Row) -> String {
 async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts> {
     let Some(contact_id) = &row.contact_id else { return Ok(ContactFacts::None) };
     let client = inner.pool.get().await?;
-    let loaded = shared::records::load_records(&client, std::slice::from_ref(contact_id)).await?.pop();
+    let loaded = domain::records::load_records(&client, std::slice::from_ref(contact_id)).await?.pop();
     let Some((_, version, Loaded::Live { state, key })) = loaded else { return Ok(ContactFacts::Gone) };
     if state.personal.is_none() {
         return Ok(ContactFacts::Gone);
@@ -306,7 +306,7 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
     let values = state.values();
     let consent =
         (!consent_keys.is_empty()).then(|| consent_keys.iter().all(|key| values.get(key) == Some(&Value::Bool(true))));
-    let subscriptions = shared::email::subscriptions(&client, contact_id).await?;
+    let subscriptions = domain::email::subscriptions(&client, contact_id).await?;
     let segments_schema = live_schema(&client, "segments").await?;
     let segments = client
         .query(&format!("SELECT segment_id FROM {segments_schema}.members WHERE contact_id = $1"), &[contact_id])
@@ -318,7 +318,7 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
 }
 
 async fn live_schema(client: &impl GenericClient, name: &str) -> anyhow::Result<String> {
-    shared::readmodel::live_schema(client, name)
+    platform::readmodel::live_schema(client, name)
         .await?
         .ok_or_else(|| anyhow::anyhow!("read model {name} has no live version yet"))
 }
@@ -474,7 +474,7 @@ async fn decide(
     call_outcome: Option<CallOutcome>,
     allowance_refused: bool,
 ) -> anyhow::Result<Tick> {
-    let now = shared::time::now_millis();
+    let now = platform::time::now_millis();
     let (paused, keys) = (row.control_paused, &row.keys);
     let input = open_json(&row.input, keys, true)?;
     let outputs: BTreeMap<String, Value> = match &row.outputs {
@@ -584,7 +584,7 @@ async fn decide(
         let Some(step) = definition.step(&step_id) else {
             anyhow::bail!("run {} goes to step {step_id}, which its workflow has not", tick.row.run_id);
         };
-        if tick.row.step_count >= shared::workflows::MAX_STEP_COUNT {
+        if tick.row.step_count >= domain::workflows::MAX_STEP_COUNT {
             let started = tick.start(step, now);
             tick.fail(&started, "step_limit", "the run executed too many steps".to_owned(), now);
             continue;
@@ -685,7 +685,7 @@ async fn execute(
         StepKind::Branch { arms, default } => {
             let facts = contact_of(inner, &tick.row, contact).await?;
             let document = branch_document(input, facts, &tick.outputs);
-            let taken = arms.iter().position(|arm| shared::filter::matches(&arm.condition, &document));
+            let taken = arms.iter().position(|arm| filter::matches(&arm.condition, &document));
             let next = taken.map_or(default.as_deref(), |arm| arms[arm].next.as_deref());
             let started = tick.start(step, now);
             tick.finish(&started, "completed", None, next, now);
@@ -731,19 +731,19 @@ async fn execute(
             }
             if !changed.is_empty() {
                 let personal = facts.state.personal_with_values(values);
-                let mut sealed = shared::events::seal(&facts.state.record_id, &personal);
+                let mut sealed = platform::events::seal(&facts.state.record_id, &personal);
                 if let Some(key) = &facts.key {
-                    shared::events::encrypt(&mut sealed, key)?;
+                    platform::events::encrypt(&mut sealed, key)?;
                 }
                 let updated = facts.state.after_update(personal, now);
                 let event = updated.updated_event(sealed, changed, 0);
                 tick.streams.push(StreamAppend {
-                    stream_id: shared::records::stream_id(&facts.state.record_id),
+                    stream_id: domain::records::stream_id(&facts.state.record_id),
                     expected: ExpectedVersion::Exactly(facts.version),
                     events: vec![NewEvent {
                         event: LogEvent::RecordUpdated(event),
                         subject_id: Some(facts.state.record_id.clone()),
-                        occurred_at: shared::time::from_millis(now),
+                        occurred_at: platform::time::from_millis(now),
                     }],
                 });
             }
@@ -758,7 +758,7 @@ async fn execute(
             if facts.subscriptions.get(topic_id).map(String::as_str) != Some(status) {
                 let contact_id = facts.state.record_id.clone();
                 tick.streams.push(StreamAppend {
-                    stream_id: shared::email::subscriptions_stream(&contact_id),
+                    stream_id: domain::email::subscriptions_stream(&contact_id),
                     expected: ExpectedVersion::Any,
                     events: vec![NewEvent {
                         event: LogEvent::SubscriptionChanged(proto::SubscriptionChanged {
@@ -771,7 +771,7 @@ async fn execute(
                             at_ms: now,
                         }),
                         subject_id: Some(contact_id),
-                        occurred_at: shared::time::from_millis(now),
+                        occurred_at: platform::time::from_millis(now),
                     }],
                 });
             }
@@ -854,14 +854,14 @@ async fn send_email(
         tick.finish(started, "skipped", Some((Code::RecipientMissing.as_str(), message)), next, now);
         return Ok(false);
     };
-    let suppressed = shared::email::is_suppressed(&client, &tick.row.space_id, &address).await?;
+    let suppressed = domain::email::is_suppressed(&client, &tick.row.space_id, &address).await?;
     drop(client);
     let recipient = Recipient {
         suppressed,
         consent: facts.consent,
         subscription: template.topic_id.as_ref().and_then(|topic_id| facts.subscriptions.get(topic_id).cloned()),
     };
-    if let Err(gate) = shared::email::send::gate(template, &recipient) {
+    if let Err(gate) = mail::send::gate(template, &recipient) {
         tick.skip(started, gate, next, now);
         return Ok(false);
     }
@@ -881,8 +881,8 @@ async fn send_email(
         context.insert(key_name.clone(), value);
     }
     context.insert("input".to_owned(), input.clone());
-    let email_id = shared::workflows::email_id(&tick.row.run_id, started.index);
-    let rendered = match shared::email::send::render_email(
+    let email_id = domain::workflows::email_id(&tick.row.run_id, started.index);
+    let rendered = match mail::send::render_email(
         &authored,
         &email_id,
         Value::Object(context),
@@ -936,7 +936,7 @@ fn call_request(
     };
     let body = json!({
         "type": "workflow.call",
-        "timestamp": shared::time::format_millis(shared::time::now_millis()),
+        "timestamp": platform::time::format_millis(platform::time::now_millis()),
         "data": {
             "workflowId": row.workflow_id,
             "runId": row.run_id,
@@ -949,9 +949,9 @@ fn call_request(
     });
     let secret = match &definition.signing {
         Some(stored) => {
-            let keyring = shared::crypto::keyring()?;
-            let secret = shared::workflows::open_secret(keyring, &row.workflow_id, stored)?;
-            shared::webhooks::signing::Secret::parse(&secret)
+            let keyring = platform::crypto::keyring()?;
+            let secret = domain::workflows::open_secret(keyring, &row.workflow_id, stored)?;
+            domain::webhooks::signing::Secret::parse(&secret)
         }
         None => None,
     };
@@ -959,14 +959,14 @@ fn call_request(
     Ok(Call {
         url: url.to_owned(),
         body: serde_json::to_vec(&body)?,
-        call_id: shared::workflows::call_id(&row.run_id, index),
+        call_id: domain::workflows::call_id(&row.run_id, index),
         secret,
     })
 }
 
 /// One attempt of a call.
 async fn send(inner: &Inner, call: &Call) -> CallOutcome {
-    if let Some(refusal) = shared::webhooks::target::url_refusal(&call.url, inner.settings.webhooks.allow_loopback) {
+    if let Some(refusal) = domain::webhooks::target::url_refusal(&call.url, inner.settings.webhooks.allow_loopback) {
         let error = format!("the target is refused: {}", refusal.message());
         return CallOutcome { result: AttemptResult::Rejected { status: None, error }, body: None };
     }
@@ -979,7 +979,7 @@ async fn send(inner: &Inner, call: &Call) -> CallOutcome {
         .header("webhook-timestamp", timestamp.to_string())
         .header("x-webhook-id", &call.call_id);
     if let Some(secret) = &call.secret {
-        let signature = shared::webhooks::signing::signature_header(
+        let signature = domain::webhooks::signing::signature_header(
             std::slice::from_ref(secret),
             &call.call_id,
             timestamp,
@@ -1064,8 +1064,8 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
             return Err(AppendError::Failed(format!("run {} has no data key", row.run_id)));
         };
         let json = serde_json::to_string(&tick.outputs).map_err(|error| AppendError::Failed(error.to_string()))?;
-        let mut sealed = shared::events::seal(&subject(row), &proto::WorkflowStepOutput { json });
-        shared::events::encrypt(&mut sealed, key)?;
+        let mut sealed = platform::events::seal(&subject(row), &proto::WorkflowStepOutput { json });
+        platform::events::encrypt(&mut sealed, key)?;
         Some(sealed.encode_to_vec())
     } else {
         row.outputs.clone()
@@ -1161,7 +1161,7 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
                 .map(|event| NewEvent {
                     event: event.clone(),
                     subject_id: row.contact_id.clone(),
-                    occurred_at: shared::time::from_millis(shared::time::now_millis()),
+                    occurred_at: platform::time::from_millis(platform::time::now_millis()),
                 })
                 .collect(),
         });

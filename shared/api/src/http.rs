@@ -1,0 +1,373 @@
+//! The HTTP edge every service shares: reading and checking JSON bodies, query strings,
+//! success bodies, the 404/405 fallback and request ids.
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::middleware::Next;
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use futures_util::StreamExt;
+use platform::error::Code;
+use serde_json::{Map, Value, json};
+
+use crate::pagination::Warning;
+use crate::routes;
+use platform::error::ApiError;
+
+/// The largest request body accepted (the contract's 10 MB).
+pub const MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
+
+/// The request id, taken from `X-Request-Id` or generated, stored in request extensions.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+pub fn request_id(req: &HttpRequest) -> String {
+    req.extensions().get::<RequestId>().map(|id| id.0.clone()).unwrap_or_default()
+}
+
+/// Middleware: gives every request an id and echoes it in `X-Request-Id`.
+pub async fn request_id_middleware(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let incoming = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|value| value.to_str().ok())
+        .filter(|value| !value.is_empty() && value.len() <= 128)
+        .map(str::to_owned);
+    let id = incoming.unwrap_or_else(|| platform::ids::new_id("req"));
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.path());
+    // The span covers the whole request, across its awaits, without being entered on a thread
+    // that may run other tasks meanwhile.
+    let mut response = tracing::Instrument::instrument(next.call(req), span).await?;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(HeaderName::from_static("x-request-id"), value);
+    }
+    Ok(response)
+}
+
+/// The answer to an error: its status, its headers (`Retry-After`, `Allow`) and the
+/// contract's envelope.
+pub fn error_response(error: &ApiError) -> HttpResponse {
+    let mut response = HttpResponse::build(error.status());
+    for (name, value) in error.headers() {
+        response.insert_header((*name, value.as_str()));
+    }
+    response.json(error.body())
+}
+
+/// An [`ApiError`] as actix answers it (what a handler's `Err` becomes, see [`answering`]).
+#[derive(Debug)]
+pub struct Failure(pub ApiError);
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl actix_web::ResponseError for Failure {
+    fn status_code(&self) -> StatusCode {
+        self.0.status()
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        error_response(&self.0)
+    }
+}
+
+impl From<ApiError> for Failure {
+    fn from(error: ApiError) -> Self {
+        Self(error)
+    }
+}
+
+/// A handler answering `Result<_, ApiError>`, as one actix registers: an `Err` is answered
+/// in the contract's envelope.
+pub fn answering<F>(handler: F) -> Answering<F> {
+    Answering(handler)
+}
+
+/// See [`answering`].
+#[derive(Clone)]
+pub struct Answering<F>(F);
+
+impl<F, Args, R> actix_web::Handler<Args> for Answering<F>
+where
+    F: actix_web::Handler<Args, Output = Result<R, ApiError>>,
+{
+    type Output = Result<R, Failure>;
+    type Future = futures_util::future::MapErr<F::Future, fn(ApiError) -> Failure>;
+
+    fn call(&self, args: Args) -> Self::Future {
+        futures_util::TryFutureExt::map_err(self.0.call(args), Failure)
+    }
+}
+
+/// Fallback for every request no route took: 405 with `Allow` for a known path, 404
+/// otherwise.
+pub async fn fallback(req: HttpRequest) -> HttpResponse {
+    let error = match routes::allowed_methods(req.path()) {
+        Some(methods) => ApiError::method_not_allowed().with_header("Allow", methods.join(", ")),
+        None => ApiError::route_not_found(),
+    };
+    error_response(&error)
+}
+
+/// Middleware: refuses, before any handler runs, a request whose path parameters or query
+/// string hold what the store cannot hold (see [`platform::storable`]): 400 `invalid_character`
+/// naming each parameter. Bodies are checked where they are read ([`read_json`]).
+pub async fn storable_input_middleware(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<actix_web::body::EitherBody<impl MessageBody>>, actix_web::Error> {
+    // A request no route will take is answered 404 or 405 without touching storage.
+    if !routes::is_served(req.method().as_str(), req.path()) {
+        return Ok(next.call(req).await?.map_into_left_body());
+    }
+    let path_parameters = routes::path_parameters(req.path());
+    let decoded: Vec<(&str, std::borrow::Cow<'_, str>)> = path_parameters
+        .iter()
+        .map(|(name, raw)| (*name, percent_encoding::percent_decode_str(raw).decode_utf8_lossy()))
+        .collect();
+    let query: Vec<(String, String)> = form_urlencoded::parse(req.query_string().as_bytes()).into_owned().collect();
+    let mut issues =
+        platform::storable::parameter_issues("path", decoded.iter().map(|(name, value)| (*name, &**value)));
+    issues.extend(platform::storable::parameter_issues(
+        "query",
+        query.iter().map(|(name, value)| (name.as_str(), value.as_str())),
+    ));
+    if let Err(error) = platform::storable::reject(issues) {
+        let response = error_response(&error);
+        return Ok(req.into_response(response).map_into_right_body());
+    }
+    Ok(next.call(req).await?.map_into_left_body())
+}
+
+/// Reads the body as a JSON object, enforcing size, content type, charset and encoding.
+pub async fn read_json_object(req: &HttpRequest, payload: web::Payload) -> Result<Map<String, Value>, ApiError> {
+    json_object(read_json_accepting(req, payload, JSON).await?)
+}
+
+fn json_object(value: Value) -> Result<Map<String, Value>, ApiError> {
+    match value {
+        Value::Object(object) => Ok(object),
+        _ => Err(ApiError::bad_request(Code::InvalidBody, "the request body must be a JSON object")),
+    }
+}
+
+/// What a 415 tells the caller to send: JSON, or (a public form) either kind of body.
+const JSON: &str = "application/json";
+const FORM_OR_JSON: &str = "application/x-www-form-urlencoded (an HTML form) or application/json";
+
+/// Whether the request's body is `application/x-www-form-urlencoded` (what an HTML form posts).
+pub fn is_urlencoded(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|value| value.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+}
+
+/// Reads a public form's body: `application/x-www-form-urlencoded` (what an HTML form posts;
+/// every value a string, a repeated name keeping its last value) or a JSON object. The flag
+/// says which it was.
+pub async fn read_form_or_json(
+    req: &HttpRequest,
+    payload: web::Payload,
+) -> Result<(Map<String, Value>, bool), ApiError> {
+    if !is_urlencoded(req) {
+        // Both are accepted, so a refused content type names both.
+        return Ok((json_object(read_json_accepting(req, payload, FORM_OR_JSON).await?)?, false));
+    }
+    let bytes = read_body(req, payload).await?;
+    let mut fields = Map::new();
+    for (name, value) in form_urlencoded::parse(&bytes) {
+        fields.insert(name.into_owned(), Value::String(value.into_owned()));
+    }
+    platform::storable::reject(platform::storable::json_issues(&Value::Object(fields.clone())))?;
+    Ok((fields, true))
+}
+
+/// Reads the body as JSON, enforcing size, content type, charset and encoding.
+pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value, ApiError> {
+    read_json_accepting(req, payload, JSON).await
+}
+
+/// [`read_json`], whose 415 for a missing or other content type says to send `accepted`.
+async fn read_json_accepting(req: &HttpRequest, payload: web::Payload, accepted: &str) -> Result<Value, ApiError> {
+    check_content_headers(req, accepted)?;
+    let bytes = read_body(req, payload).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(Code::MalformedJson, "the request body is empty; send a JSON object"));
+    }
+    let value: Value = serde_json::from_slice(&bytes).map_err(|error| {
+        ApiError::bad_request(Code::MalformedJson, format!("the request body is not valid JSON: {error}"))
+    })?;
+    platform::storable::reject(platform::storable::json_issues(&value))?;
+    Ok(value)
+}
+
+fn check_content_headers(req: &HttpRequest, accepted: &str) -> Result<(), ApiError> {
+    if let Some(encoding) = req.headers().get(header::CONTENT_ENCODING) {
+        let encoding = encoding.to_str().unwrap_or("").trim().to_ascii_lowercase();
+        if !encoding.is_empty() && encoding != "identity" {
+            return Err(unsupported(format!(
+                "content encoding {encoding:?} is not supported; send the body uncompressed"
+            )));
+        }
+    }
+    let Some(content_type) = req.headers().get(header::CONTENT_TYPE) else {
+        return Err(unsupported(format!("the Content-Type header is missing; send {accepted}")));
+    };
+    let content_type = content_type.to_str().unwrap_or("").to_ascii_lowercase();
+    let mut parts = content_type.split(';').map(str::trim);
+    let media_type = parts.next().unwrap_or("");
+    let is_json =
+        media_type == "application/json" || (media_type.starts_with("application/") && media_type.ends_with("+json"));
+    if !is_json {
+        return Err(unsupported(format!("content type {media_type:?} is not supported; send {accepted}")));
+    }
+    for parameter in parts {
+        if let Some(charset) = parameter.strip_prefix("charset=") {
+            let charset = charset.trim_matches('"');
+            if charset != "utf-8" && charset != "utf8" {
+                return Err(unsupported(format!("charset {charset:?} is not supported; send UTF-8")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn unsupported(message: String) -> ApiError {
+    ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, Some(Code::UnsupportedMediaType), message)
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, Some(Code::BodyTooLarge), "the request body is larger than 10 MB")
+}
+
+async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY_BYTES) {
+        return Err(too_large());
+    }
+    let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(64 * 1024));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|error| {
+            ApiError::bad_request(Code::InvalidBody, format!("the request body could not be read: {error}"))
+        })?;
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+pub use crate::query::{query_pairs, query_value};
+
+/// `{data}` plus `warnings` when there are any.
+pub fn data_body(data: Value, warnings: &[Warning]) -> Value {
+    let mut body = json!({ "data": data });
+    if !warnings.is_empty() {
+        body["warnings"] = json!(warnings);
+    }
+    body
+}
+
+/// `{data: [...], pagination}` plus `warnings` when there are any.
+pub fn page_body(items: Vec<Value>, pagination: Value, warnings: &[Warning]) -> Value {
+    let mut body = json!({ "data": items, "pagination": pagination });
+    if !warnings.is_empty() {
+        body["warnings"] = json!(warnings);
+    }
+    body
+}
+
+pub fn json_response(status: StatusCode, body: &Value) -> HttpResponse {
+    HttpResponse::build(status).json(body)
+}
+
+/// The bearer credential of a request, if any.
+pub fn bearer_token(req: &HttpRequest) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())
+}
+
+/// Registers every operation of `tier` (from the route table) with its handler; an operation
+/// without one is logged (each service's route test fails on it) and left to the fallback.
+pub fn register(config: &mut web::ServiceConfig, tier: routes::Tier, handler: fn(&str) -> Option<actix_web::Route>) {
+    for operation in routes::of_tier(tier) {
+        match handler(operation.id) {
+            Some(route) => {
+                config.route(operation.path, route);
+            }
+            None => tracing::error!(operation = operation.id, "an operation of the route table has no handler"),
+        }
+    }
+}
+
+/// An HTTP server with the API's middleware, `/v1` scope and 404/405 fallback, plus the
+/// operations endpoints outside `/v1`. Each service (and single-node mode) passes what to
+/// register in the scope, its state included, and what else it serves outside it (`site`:
+/// the query service's reference page). On SIGTERM (or SIGINT) it stops accepting and
+/// gives requests in flight up to `shutdown_timeout` to finish.
+pub struct ApiServer {
+    port: u16,
+    server: actix_web::dev::Server,
+}
+
+impl ApiServer {
+    pub fn bind<F>(
+        (host, port): (&str, u16),
+        timeouts: platform::settings::ServerTimeouts,
+        ops: crate::ops::Ops,
+        site: fn(&mut web::ServiceConfig),
+        configure: F,
+    ) -> anyhow::Result<Self>
+    where
+        F: Fn(&mut web::ServiceConfig) + Send + Clone + 'static,
+    {
+        use anyhow::Context;
+        let listener = std::net::TcpListener::bind((host, port)).context("binding the listener")?;
+        let port = listener.local_addr()?.port();
+        let server = actix_web::HttpServer::new(move || {
+            let ops = ops.clone();
+            actix_web::App::new()
+                .wrap(actix_web::middleware::from_fn(storable_input_middleware))
+                .wrap(actix_web::middleware::from_fn(crate::ops::request_metrics_middleware))
+                .wrap(actix_web::middleware::from_fn(request_id_middleware))
+                .configure(|config| ops.configure(config))
+                .configure(site)
+                .service(web::scope(routes::API_PREFIX).configure(configure.clone()))
+                .default_service(web::to(fallback))
+        })
+        .shutdown_timeout(timeouts.shutdown.as_secs().max(1))
+        .keep_alive(timeouts.keep_alive)
+        .listen(listener)?
+        .run();
+        Ok(Self { port, server })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A handle to stop the server gracefully from elsewhere (tests, single-node mode).
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}

@@ -1,0 +1,188 @@
+//! Validating one attribute value against its definition.
+
+use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
+use platform::error::Code;
+use serde_json::Value;
+
+use crate::catalog::AttributeEntry;
+pub use crate::catalog::is_writable;
+use platform::error::Issue;
+
+/// Whether the attribute is filled by AI auto-fill.
+pub fn has_auto_fill(definition: &Value) -> bool {
+    match definition.get("autoFill") {
+        Some(Value::Object(settings)) => settings.get("enabled").and_then(Value::as_bool).unwrap_or(true),
+        Some(Value::Bool(enabled)) => *enabled,
+        _ => false,
+    }
+}
+
+pub fn is_required(definition: &Value) -> bool {
+    definition.get("required").and_then(Value::as_bool).unwrap_or(false)
+}
+
+pub fn default_value(definition: &Value) -> Option<&Value> {
+    definition.get("default").filter(|value| !value.is_null())
+}
+
+/// Checks one input key and value against a schema's custom attributes: the attribute must
+/// exist and be writable, and the value must fit its type. Returns the normalised value, or
+/// the issue (`unknown_attribute`, `attribute_not_writable`, `invalid_attribute_value`).
+pub fn writable_value(attributes: &[AttributeEntry], key: &str, value: Value) -> Result<Value, Issue> {
+    let Some(attribute) = attributes.iter().find(|a| a.key == key) else {
+        return Err(Issue::coded(key, Code::UnknownAttribute, format!("{key} is not an attribute of this schema")));
+    };
+    if !is_writable(&attribute.definition) {
+        return Err(Issue::coded(
+            key,
+            Code::AttributeNotWritable,
+            format!("{key} is evaluated or aggregated by the platform and cannot be written"),
+        ));
+    }
+    normalize_value(&attribute.definition, value)
+        .map_err(|message| Issue::coded(key, Code::InvalidAttributeValue, format!("{key} {message}")))
+}
+
+/// The definition's stored type (`json` when it names none).
+pub fn attribute_type(definition: &Value) -> &str {
+    definition.get("type").and_then(Value::as_str).unwrap_or("json")
+}
+
+/// Checks `value` against the definition's type and returns it normalised (datetimes in
+/// UTC with milliseconds, emails trimmed and lowercased). `Err` is a message for the caller.
+pub fn normalize_value(definition: &Value, value: Value) -> Result<Value, String> {
+    if value.is_null() {
+        return Ok(Value::Null);
+    }
+    match attribute_type(definition) {
+        "string" | "text" => match value {
+            Value::String(_) => Ok(value),
+            _ => Err("must be a string".to_owned()),
+        },
+        "email" => match value.as_str() {
+            Some(text) => normalize_email(text).map(Value::String),
+            None => Err("must be an email address string".to_owned()),
+        },
+        "phone" => match value.as_str() {
+            Some(text) => normalize_phone(text).map(Value::String),
+            None => Err("must be a phone number string".to_owned()),
+        },
+        "number" => match value {
+            Value::Number(_) => Ok(value),
+            _ => Err("must be a number".to_owned()),
+        },
+        "integer" => match value.as_i64() {
+            Some(_) => Ok(value),
+            None => Err("must be an integer".to_owned()),
+        },
+        "boolean" => match value {
+            Value::Bool(_) => Ok(value),
+            _ => Err("must be true or false".to_owned()),
+        },
+        "date" => match value.as_str().map(|text| NaiveDate::parse_from_str(text, "%Y-%m-%d")) {
+            Some(Ok(_)) => Ok(value),
+            _ => Err("must be a date like 2026-11-21".to_owned()),
+        },
+        "datetime" => match value.as_str().map(DateTime::parse_from_rfc3339) {
+            Some(Ok(at)) => Ok(Value::String(at.with_timezone(&Utc).to_rfc3339_opts(SecondsFormat::Millis, true))),
+            _ => Err("must be an RFC 3339 date-time like 2026-11-21T15:49:41.123Z".to_owned()),
+        },
+        "select" => match value.as_str() {
+            Some(choice) if option_allowed(definition, choice) => Ok(value),
+            _ => Err(format!("must be one of {}", options_text(definition))),
+        },
+        "multiselect" => match &value {
+            Value::Array(items)
+                if items.iter().all(|item| item.as_str().is_some_and(|c| option_allowed(definition, c))) =>
+            {
+                Ok(value)
+            }
+            _ => Err(format!("must be an array of values from {}", options_text(definition))),
+        },
+        _ => Ok(value),
+    }
+}
+
+pub fn normalize_email(text: &str) -> Result<String, String> {
+    let email = text.trim().to_lowercase();
+    let valid = email.split_once('@').is_some_and(|(local, domain)| {
+        !local.is_empty() && domain.contains('.') && !domain.starts_with('.') && !domain.ends_with('.')
+    }) && !email.contains(char::is_whitespace)
+        && email.len() <= 254;
+    if valid { Ok(email) } else { Err(format!("{text:?} is not a valid email address")) }
+}
+
+pub fn normalize_phone(text: &str) -> Result<String, String> {
+    let phone = text.trim();
+    let digits = phone.chars().filter(char::is_ascii_digit).count();
+    let allowed = phone
+        .chars()
+        .enumerate()
+        .all(|(index, c)| c.is_ascii_digit() || matches!(c, ' ' | '-' | '(' | ')' | '.') || (c == '+' && index == 0));
+    if allowed && (5..=20).contains(&digits) {
+        Ok(phone.to_owned())
+    } else {
+        Err(format!("{text:?} is not a valid phone number"))
+    }
+}
+
+/// The allowed values of a select or multiselect, given as strings or `{"value": ...}`.
+pub fn options(definition: &Value) -> Vec<&str> {
+    definition
+        .get("options")
+        .and_then(Value::as_array)
+        .map(|options| {
+            options
+                .iter()
+                .filter_map(|option| option.as_str().or_else(|| option.get("value").and_then(Value::as_str)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn option_allowed(definition: &Value, choice: &str) -> bool {
+    let options = options(definition);
+    options.is_empty() || options.contains(&choice)
+}
+
+fn options_text(definition: &Value) -> String {
+    options(definition).join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn writable_excludes_evaluated_and_value_sources() {
+        assert!(is_writable(&json!({"type": "string"})));
+        assert!(!is_writable(&json!({"type": "evaluated"})));
+        assert!(!is_writable(&json!({"type": "number", "valueSource": {"type": "aggregate"}})));
+    }
+
+    #[test]
+    fn values_are_checked_and_normalised() {
+        assert_eq!(
+            normalize_value(&json!({"type": "email"}), json!(" Ada@Example.COM ")),
+            Ok(json!("ada@example.com"))
+        );
+        assert!(normalize_value(&json!({"type": "email"}), json!("nope")).is_err());
+        assert!(normalize_value(&json!({"type": "number"}), json!("1")).is_err());
+        assert!(normalize_value(&json!({"type": "integer"}), json!(1.5)).is_err());
+        assert_eq!(
+            normalize_value(&json!({"type": "datetime"}), json!("2026-11-21T16:49:41+01:00")),
+            Ok(json!("2026-11-21T15:49:41.000Z"))
+        );
+        assert!(normalize_value(&json!({"type": "select", "options": ["a", "b"]}), json!("c")).is_err());
+        assert!(normalize_value(&json!({"type": "select", "options": [{"value": "a"}]}), json!("a")).is_ok());
+        assert_eq!(normalize_value(&json!({"type": "boolean"}), Value::Null), Ok(Value::Null));
+    }
+
+    #[test]
+    fn phones_need_digits_and_allowed_characters() {
+        assert!(normalize_phone("+1 (555) 010-2030").is_ok());
+        assert!(normalize_phone("call me").is_err());
+        assert!(normalize_phone("12").is_err());
+    }
+}

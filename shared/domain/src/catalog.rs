@@ -1,0 +1,365 @@
+//! Queries over the catalog read model (spaces, users, memberships, keys, schemas,
+//! attributes, credits), which both services use: the command service to authenticate and
+//! validate, the query service to authenticate and answer.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+
+use crate::roles::Role;
+use platform::error::Code;
+use platform::log::{AppendError, Guard, SetValue};
+
+pub const CATALOG: &str = "catalog";
+
+/// An API key with its owner and the owner's memberships.
+#[derive(Debug, Clone)]
+pub struct KeyIdentity {
+    pub key_id: String,
+    pub name: String,
+    pub key_display: String,
+    pub created_at: DateTime<Utc>,
+    pub user_id: String,
+    pub user_name: String,
+    pub user_email: String,
+    pub bound_space_id: Option<String>,
+    /// `(id, slug, name)` of the bound space, whether or not the owner is a member of it.
+    pub bound_space: Option<(String, String, String)>,
+    pub memberships: Vec<Membership>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Membership {
+    pub space_id: String,
+    pub slug: String,
+    pub name: String,
+    pub role: Role,
+}
+
+/// Looks up a live (not revoked) key by the SHA-256 of its full value.
+pub async fn find_key(
+    client: &impl GenericClient,
+    schema: &str,
+    key_hash: &str,
+) -> Result<Option<KeyIdentity>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT k.key_id, k.name, k.key_display, k.created_at, k.user_id, u.name, u.email, k.space_id,
+                    s.slug, s.name
+             FROM {schema}.api_keys k JOIN {schema}.users u ON u.user_id = k.user_id
+             LEFT JOIN {schema}.spaces s ON s.space_id = k.space_id
+             WHERE k.key_hash = $1 AND NOT k.revoked"
+        ))
+        .await?;
+    let Some(row) = client.query_opt(&statement, &[&key_hash]).await? else {
+        return Ok(None);
+    };
+    let user_id: String = row.get(4);
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT m.space_id, s.slug, s.name, m.role FROM {schema}.memberships m
+             JOIN {schema}.spaces s ON s.space_id = m.space_id WHERE m.user_id = $1 ORDER BY m.space_id"
+        ))
+        .await?;
+    let memberships = client
+        .query(&statement, &[&user_id])
+        .await?
+        .into_iter()
+        .filter_map(|row| {
+            let role = Role::parse(row.get::<_, &str>(3))?;
+            Some(Membership { space_id: row.get(0), slug: row.get(1), name: row.get(2), role })
+        })
+        .collect();
+    Ok(Some(KeyIdentity {
+        key_id: row.get(0),
+        name: row.get(1),
+        key_display: row.get(2),
+        created_at: row.get(3),
+        user_id,
+        user_name: row.get::<_, Option<String>>(5).unwrap_or_default(),
+        user_email: row.get::<_, Option<String>>(6).unwrap_or_default(),
+        bound_space_id: row.get(7),
+        bound_space: match (
+            row.get::<_, Option<String>>(7),
+            row.get::<_, Option<String>>(8),
+            row.get::<_, Option<String>>(9),
+        ) {
+            (Some(id), Some(slug), Some(name)) => Some((id, slug, name)),
+            _ => None,
+        },
+        memberships,
+    }))
+}
+
+/// A schema of a space as the catalog holds it.
+#[derive(Debug, Clone)]
+pub struct SchemaEntry {
+    pub schema_id: String,
+    pub slug: String,
+    pub schema_type: String,
+    pub doc: Value,
+    pub attribute_count: i64,
+    /// The definition revision (`definitionRevision` of events accepted under it).
+    pub revision: i64,
+}
+
+impl SchemaEntry {
+    /// A row starting with `schema_id, slug, schema_type, doc, attribute_count, revision`.
+    fn from_row(row: &tokio_postgres::Row) -> Self {
+        Self {
+            schema_id: row.get(0),
+            slug: row.get(1),
+            schema_type: row.get(2),
+            doc: row.get(3),
+            attribute_count: row.get::<_, i32>(4).into(),
+            revision: row.get(5),
+        }
+    }
+}
+
+/// Finds a schema of the space by id or slug.
+pub async fn find_schema(
+    client: &impl GenericClient,
+    schema: &str,
+    space_id: &str,
+    id_or_slug: &str,
+) -> Result<Option<SchemaEntry>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT schema_id, slug, schema_type, doc, attribute_count, revision FROM {schema}.schemas
+             WHERE space_id = $1 AND (schema_id = $2 OR slug = $2)
+             ORDER BY (schema_id = $2) DESC LIMIT 1"
+        ))
+        .await?;
+    let row = client.query_opt(&statement, &[&space_id, &id_or_slug]).await?;
+    Ok(row.as_ref().map(SchemaEntry::from_row))
+}
+
+/// The space's remaining AI credits: the authored grant less what has been spent.
+pub async fn credits(client: &impl GenericClient, schema: &str, space_id: &str) -> Result<i64, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT COALESCE((SELECT balance FROM {schema}.ai_credits WHERE space_id = $1), 0)
+                      - COALESCE((SELECT spent FROM public.ai_credit_spend WHERE space_id = $1), 0)"
+        ))
+        .await?;
+    Ok(client.query_one(&statement, &[&space_id]).await?.get(0))
+}
+
+/// Whether callers may write an attribute: its definition type is not `evaluated` and it
+/// has no `valueSource` (the contract's rule).
+pub fn is_writable(definition: &Value) -> bool {
+    definition.get("type").and_then(Value::as_str) != Some("evaluated")
+        && definition.get("valueSource").is_none_or(Value::is_null)
+}
+
+/// A custom attribute's key and its public definition, for validating input.
+#[derive(Debug, Clone)]
+pub struct AttributeEntry {
+    pub key: String,
+    pub definition: Value,
+}
+
+/// What a record write or an event acceptance reads from the catalog.
+#[derive(Debug, Clone)]
+pub struct WriteContext {
+    pub schema: SchemaEntry,
+    /// The schema's custom attributes, in order.
+    pub attributes: Vec<AttributeEntry>,
+    /// The space's remaining AI credits (the authored grant less what the write side has
+    /// recorded as spent), as read with the schema.
+    pub credits: i64,
+    /// The live catalog's revision when read (see [`revision_guard`]).
+    pub revision: i64,
+}
+
+impl WriteContext {
+    /// Whether a write to the schema may spend AI credits (a writable attribute with AI
+    /// auto-fill): only then do its credits matter.
+    pub fn spends_credits(&self) -> bool {
+        self.attributes.iter().any(|attribute| {
+            is_writable(&attribute.definition) && crate::attributes::has_auto_fill(&attribute.definition)
+        })
+    }
+}
+
+/// Everything a record write or an event acceptance needs from the catalog, in one
+/// statement: the schema, its custom attributes, the space's remaining AI credits and the
+/// catalog's revision. `None` when the schema does not exist.
+pub async fn write_context(
+    client: &impl GenericClient,
+    schema: &str,
+    space_id: &str,
+    id_or_slug: &str,
+) -> Result<Option<WriteContext>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT s.schema_id, s.slug, s.schema_type, s.doc, s.attribute_count, s.revision,
+                    COALESCE((SELECT jsonb_agg(jsonb_build_array(a.key, a.definition) ORDER BY a.ordinal)
+                              FROM {schema}.attributes a WHERE a.schema_id = s.schema_id AND NOT a.is_base), '[]'),
+                    COALESCE((SELECT balance FROM {schema}.ai_credits WHERE space_id = $1), 0)
+                      - COALESCE((SELECT spent FROM public.ai_credit_spend WHERE space_id = $1), 0),
+                    COALESCE((SELECT revision FROM public.projections WHERE name = 'catalog' AND status = 'live'), 0)
+             FROM {schema}.schemas s WHERE s.space_id = $1 AND (s.schema_id = $2 OR s.slug = $2)
+             ORDER BY (s.schema_id = $2) DESC LIMIT 1"
+        ))
+        .await?;
+    let Some(row) = client.query_opt(&statement, &[&space_id, &id_or_slug]).await? else {
+        return Ok(None);
+    };
+    let entry = SchemaEntry::from_row(&row);
+    let attributes = match row.get::<_, Value>(6) {
+        Value::Array(pairs) => pairs
+            .into_iter()
+            .filter_map(|pair| match pair {
+                Value::Array(mut parts) if parts.len() == 2 => {
+                    let definition = parts.pop()?;
+                    let key = parts.pop()?.as_str()?.to_owned();
+                    Some(AttributeEntry { key, definition })
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(Some(WriteContext { schema: entry, attributes, credits: row.get(7), revision: row.get(8) }))
+}
+
+/// The guard that a write decided with catalog revision `revision` appends with: the live
+/// catalog must still be at it. Fails the command with the internal `catalog_moved` when the
+/// catalog changed since (the writer decides again with a fresh read; left unhandled, it is
+/// answered 409 `concurrent_modification`).
+pub fn revision_guard(revision: i64) -> Guard {
+    Guard::exactly_one(
+        "SELECT 1 FROM projections WHERE name = 'catalog' AND status = 'live' AND revision = $1",
+        vec![Box::new(revision)],
+        AppendError::Conflict { code: Code::CatalogMoved, message: CATALOG_CHANGED.to_owned() },
+    )
+    .with_set(
+        "SELECT 1 FROM unnest($1::bigint[]) AS w(revision)
+         JOIN projections p ON p.name = 'catalog' AND p.status = 'live' AND p.revision = w.revision",
+        vec![SetValue::BigInt(revision)],
+    )
+}
+
+/// The message of a write refused because the catalog changed after it was decided.
+pub const CATALOG_CHANGED: &str = "the schema changed while this write was decided; retry";
+
+/// Write contexts kept in process by (space, schema id or slug) until a write finds the
+/// catalog changed ([`revision_guard`]); then the entries of older revisions are dropped.
+/// The credits of a kept context are stale: a writer that needs them reads them afresh
+/// (record writes to a schema with AI auto-fill are never kept).
+pub type WriteContexts = Kept<WriteContext>;
+
+/// Entries kept at most by a [`Kept`] (cleared when full: authored resources are few per
+/// space).
+const KEPT_MAX: usize = 10_000;
+
+/// Authored resources kept in process by (space, key), each with the catalog revision it was
+/// read at, so a command reads no catalog statement for them (a workflow by reference id, a
+/// template with its sender and domain). A command decided on a kept entry appends with that
+/// revision's guard ([`revision_guard`]), and the entries of older revisions are dropped once
+/// a write finds the catalog moved on, as [`WriteContexts`] are.
+pub struct Kept<T> {
+    entries: std::sync::RwLock<KeptEntries<T>>,
+}
+
+/// Kept entries by (space, key): the catalog revision each was read at, and what was read.
+type KeptEntries<T> = std::collections::HashMap<(String, String), (i64, std::sync::Arc<T>)>;
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Self { entries: std::sync::RwLock::default() }
+    }
+}
+
+impl<T> Kept<T> {
+    /// The entry of `key` in the space and the catalog revision it was read at.
+    pub fn get(&self, space_id: &str, key: &str) -> Option<(i64, std::sync::Arc<T>)> {
+        let entries = self.entries.read().ok()?;
+        entries
+            .get(&(space_id.to_owned(), key.to_owned()))
+            .map(|(revision, kept)| (*revision, std::sync::Arc::clone(kept)))
+    }
+
+    /// Keeps `value`, read at catalog revision `revision`.
+    pub fn put(&self, space_id: &str, key: &str, revision: i64, value: &std::sync::Arc<T>) {
+        if let Ok(mut entries) = self.entries.write() {
+            if entries.len() >= KEPT_MAX {
+                entries.clear();
+            }
+            entries.insert((space_id.to_owned(), key.to_owned()), (revision, std::sync::Arc::clone(value)));
+        }
+    }
+
+    /// Drops the entries read at another catalog revision than `revision`.
+    pub fn keep_revision(&self, revision: i64) {
+        if let Ok(mut entries) = self.entries.write() {
+            entries.retain(|_, (kept, _)| *kept == revision);
+        }
+    }
+}
+
+/// A resource found by id alone, whatever its space (public endpoints, whose tenant comes
+/// from the resource): its space, revision and definition.
+pub async fn resource_by_id(
+    client: &impl GenericClient,
+    schema: &str,
+    kind: &str,
+    resource_id: &str,
+) -> Result<Option<(String, i64, Value)>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT space_id, revision, definition FROM {schema}.resources WHERE kind = $1 AND resource_id = $2"
+        ))
+        .await?;
+    let row = client.query_opt(&statement, &[&kind, &resource_id]).await?;
+    Ok(row.map(|row| (row.get(0), row.get(1), row.get(2))))
+}
+
+/// What [`email_template`] finds: the template's revision and definition, and the definitions
+/// of its sender, the sender's domain, its topic and the space's email allowance (each `None`
+/// when missing).
+pub struct EmailTemplateRow {
+    pub revision: i64,
+    pub template: Value,
+    pub sender: Option<Value>,
+    pub domain: Option<Value>,
+    pub topic: Option<Value>,
+    pub allowance: Option<Value>,
+}
+
+/// A template of the space with, in the same statement, its sender, the sender's domain, its
+/// topic (the footer of marketing mail names it) and the space's email allowance: everything
+/// a send reads from the catalog in one round trip.
+pub async fn email_template(
+    client: &impl GenericClient,
+    schema: &str,
+    space_id: &str,
+    template_id: &str,
+) -> Result<Option<EmailTemplateRow>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT t.revision, t.definition, s.definition, d.definition, tp.definition, a.definition
+             FROM {schema}.resources t
+             LEFT JOIN {schema}.resources s
+               ON s.kind = 'sender' AND s.space_id = t.space_id AND s.resource_id = t.definition->>'senderId'
+             LEFT JOIN {schema}.resources d
+               ON d.kind = 'domain' AND d.space_id = t.space_id AND d.resource_id = s.definition->>'domainId'
+             LEFT JOIN {schema}.resources tp
+               ON tp.kind = 'topic' AND tp.space_id = t.space_id AND tp.resource_id = t.definition->>'topicId'
+             LEFT JOIN {schema}.resources a
+               ON a.kind = 'email_allowance' AND a.resource_id = t.space_id
+             WHERE t.kind = 'template' AND t.space_id = $1 AND t.resource_id = $2"
+        ))
+        .await?;
+    let row = client.query_opt(&statement, &[&space_id, &template_id]).await?;
+    Ok(row.map(|row| EmailTemplateRow {
+        revision: row.get(0),
+        template: row.get(1),
+        sender: row.get(2),
+        domain: row.get(3),
+        topic: row.get(4),
+        allowance: row.get(5),
+    }))
+}

@@ -1,0 +1,54 @@
+//! Email as the log and the catalog know it: the authored resources (domains, senders,
+//! topics, templates, forms, broadcasts), an email's and a contact's subscription streams,
+//! and whether an address is suppressed. Making and sending mail is the `mail` crate's.
+
+pub mod broadcasts;
+pub mod resources;
+
+/// An email's stream.
+pub fn stream_id(email_id: &str) -> String {
+    format!("email-{email_id}")
+}
+
+/// A contact's topic subscriptions' stream.
+pub fn subscriptions_stream(contact_id: &str) -> String {
+    format!("subscriptions-{contact_id}")
+}
+
+/// The month an allowance counts in, `YYYY-MM` (UTC).
+pub fn allowance_month(at_ms: i64) -> String {
+    platform::time::from_millis(at_ms).format("%Y-%m").to_string()
+}
+
+/// A contact's subscription status per topic, folded from its subscriptions stream.
+pub async fn subscriptions(
+    client: &impl deadpool_postgres::GenericClient,
+    contact_id: &str,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let statement = client
+        .prepare_cached("SELECT event_type, payload FROM events WHERE stream_id = $1 ORDER BY stream_version")
+        .await?;
+    let mut status = std::collections::BTreeMap::new();
+    for row in client.query(&statement, &[&subscriptions_stream(contact_id)]).await? {
+        if let platform::events::LogEvent::SubscriptionChanged(changed) =
+            platform::events::LogEvent::decode(row.get(0), row.get(1))?
+        {
+            status.insert(changed.topic_id, changed.status);
+        }
+    }
+    Ok(status)
+}
+
+/// Whether an address is suppressed in the space or globally (any reason).
+pub async fn is_suppressed(
+    client: &impl deadpool_postgres::GenericClient,
+    space_id: &str,
+    address: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = $2)",
+        )
+        .await?;
+    Ok(client.query_one(&statement, &[&space_id, &address]).await?.get(0))
+}

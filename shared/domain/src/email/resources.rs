@@ -1,0 +1,261 @@
+//! The authored email resources as the catalog holds them (the workspace file's entries,
+//! checked and with their references resolved to ids at apply), and their public documents.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+pub const DOMAIN: &str = "domain";
+pub const SENDER: &str = "sender";
+pub const TOPIC: &str = "topic";
+pub const TEMPLATE: &str = "template";
+pub const FORM: &str = "form";
+pub const ALLOWANCE: &str = "email_allowance";
+pub const BROADCAST: &str = "broadcast";
+
+/// A domain's signing key as stored in its definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredKey {
+    pub selector: String,
+    /// Base64 of the SubjectPublicKeyInfo: the `p=` of the DKIM record.
+    pub public_key: String,
+    /// The wrapped data key and the PKCS#1 PEM encrypted under it, both base64.
+    pub wrapped_key: String,
+    pub private_key: String,
+}
+
+/// The DKIM TXT record's value for a public key.
+pub fn dkim_record_value(public_key: &str) -> String {
+    format!("v=DKIM1; k=rsa; p={public_key}")
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainDef {
+    pub slug: String,
+    /// The domain name, lowercase (`example.com`).
+    pub name: String,
+    pub dkim: StoredKey,
+    /// The envelope sender's domain (`bounces.example.com`); bounces come back there.
+    pub return_path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SenderDef {
+    pub slug: String,
+    pub from_name: String,
+    pub from_address: String,
+    pub domain_id: String,
+    #[serde(default)]
+    pub reply_to: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicDef {
+    pub slug: String,
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// What a template expects under one context key: a record of this schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextKey {
+    pub schema_id: String,
+    pub schema_slug: String,
+    /// `contact` or `object`.
+    pub schema_type: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateDef {
+    pub slug: String,
+    pub name: String,
+    /// `transactional` or `marketing`.
+    pub kind: String,
+    pub sender_id: String,
+    #[serde(default)]
+    pub topic_id: Option<String>,
+    pub subject: String,
+    pub html: String,
+    pub text: String,
+    /// The context key whose record (a contact) receives the mail.
+    pub recipient: String,
+    pub data: BTreeMap<String, ContextKey>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FormDef {
+    pub slug: String,
+    pub name: String,
+    /// The contact schema submissions write to.
+    pub schema_id: String,
+    /// Form field name → contact attribute key or identity field (`email`, `phone`, `userId`).
+    pub fields: BTreeMap<String, String>,
+    pub topic_ids: Vec<String>,
+    pub double_opt_in: bool,
+    /// The transactional template of the confirmation email (double opt-in only); it is
+    /// rendered with `contact` and `confirmUrl`.
+    #[serde(default)]
+    pub confirmation_template_id: Option<String>,
+    pub enabled: bool,
+}
+
+/// Who a broadcast goes to: the contacts of a segment, or those subscribed to a topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum Audience {
+    Segment {
+        #[serde(rename = "segmentId")]
+        segment_id: String,
+    },
+    Topic {
+        #[serde(rename = "topicId")]
+        topic_id: String,
+    },
+}
+
+impl Audience {
+    pub fn to_proto(&self) -> platform::proto::BroadcastAudience {
+        match self {
+            Audience::Segment { segment_id } => {
+                platform::proto::BroadcastAudience { segment_id: segment_id.clone(), topic_id: String::new() }
+            }
+            Audience::Topic { topic_id } => {
+                platform::proto::BroadcastAudience { segment_id: String::new(), topic_id: topic_id.clone() }
+            }
+        }
+    }
+
+    pub fn from_proto(audience: &platform::proto::BroadcastAudience) -> Option<Self> {
+        match (audience.segment_id.as_str(), audience.topic_id.as_str()) {
+            ("", "") => None,
+            (segment_id, "") => Some(Audience::Segment { segment_id: segment_id.to_owned() }),
+            (_, topic_id) => Some(Audience::Topic { topic_id: topic_id.to_owned() }),
+        }
+    }
+}
+
+/// A broadcast as authored: a marketing template sent to an audience, from the template's
+/// sender or its own, now or at `scheduledAt`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BroadcastDef {
+    pub slug: String,
+    pub name: String,
+    pub template_id: String,
+    /// Replaces the template's sender when set.
+    #[serde(default)]
+    pub sender_id: Option<String>,
+    pub audience: Audience,
+    /// When a send starts its run (Unix milliseconds); `None`: at once.
+    #[serde(default)]
+    pub scheduled_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowanceDef {
+    /// Emails a space may send per calendar month (UTC).
+    pub monthly: i64,
+}
+
+/// The DNS records a domain must publish: `(purpose, type, name, value)`.
+pub fn dns_records(domain: &DomainDef, platform_host: &str) -> Vec<(&'static str, &'static str, String, String)> {
+    vec![
+        ("spf", "TXT", domain.name.clone(), format!("v=spf1 include:_spf.{platform_host} ~all")),
+        (
+            "dkim",
+            "TXT",
+            format!("{}._domainkey.{}", domain.dkim.selector, domain.name),
+            dkim_record_value(&domain.dkim.public_key),
+        ),
+        ("dmarc", "TXT", format!("_dmarc.{}", domain.name), "v=DMARC1; p=none".to_owned()),
+        ("returnPath", "CNAME", domain.return_path.clone(), format!("bounces.{platform_host}")),
+    ]
+}
+
+/// A domain's public document; `checks` holds what verification last found per purpose
+/// (`found` values and when), absent before the first check.
+pub fn domain_document(id: &str, domain: &DomainDef, platform_host: &str, checks: &BTreeMap<String, Value>) -> Value {
+    let records: Vec<Value> = dns_records(domain, platform_host)
+        .into_iter()
+        .map(|(purpose, kind, name, value)| {
+            let check = checks.get(purpose);
+            let found = check.and_then(|check| check.get("found")).cloned().unwrap_or(Value::Array(Vec::new()));
+            let verified =
+                found.as_array().is_some_and(|found| found.iter().any(|v| v.as_str() == Some(value.as_str())));
+            json!({
+                "purpose": purpose,
+                "type": kind,
+                "name": name,
+                "value": value,
+                "status": match check { None => "pending", Some(_) if verified => "verified", Some(_) => "failed" },
+                "found": found,
+                "checkedAt": check.and_then(|check| check.get("checkedAt")).cloned().unwrap_or(Value::Null),
+            })
+        })
+        .collect();
+    let all_verified = records.iter().all(|record| record["status"] == "verified");
+    let any_checked = records.iter().any(|record| record["status"] != "pending");
+    json!({
+        "id": id,
+        "name": domain.name,
+        "status": if all_verified { "verified" } else if any_checked { "failed" } else { "pending" },
+        "dkimSelector": domain.dkim.selector,
+        "returnPath": domain.return_path,
+        "records": records,
+    })
+}
+
+pub fn sender_document(id: &str, sender: &SenderDef) -> Value {
+    json!({
+        "id": id,
+        "slug": sender.slug,
+        "fromName": sender.from_name,
+        "fromAddress": sender.from_address,
+        "replyTo": sender.reply_to,
+        "domainId": sender.domain_id,
+    })
+}
+
+pub fn topic_document(id: &str, topic: &TopicDef) -> Value {
+    json!({ "id": id, "slug": topic.slug, "name": topic.name, "description": topic.description })
+}
+
+pub fn template_document(id: &str, revision: i64, template: &TemplateDef) -> Value {
+    let expected: serde_json::Map<String, Value> = template
+        .data
+        .iter()
+        .map(|(key, expected)| {
+            (
+                key.clone(),
+                json!({
+                    "schemaId": expected.schema_id,
+                    "schemaSlug": expected.schema_slug,
+                    "schemaType": expected.schema_type,
+                    "recipient": *key == template.recipient,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "id": id,
+        "slug": template.slug,
+        "name": template.name,
+        "kind": template.kind,
+        "senderId": template.sender_id,
+        "topicId": template.topic_id,
+        "subject": template.subject,
+        "revision": revision,
+        "recipientKey": template.recipient,
+        "expectedDataRepresentation": expected,
+    })
+}

@@ -1,0 +1,47 @@
+//! What a suppression looks like on the wire, shared by the write responses and the
+//! projection, and which suppressions the API may remove.
+
+use serde_json::{Value, json};
+
+use platform::events::open;
+use platform::proto;
+use platform::time::format_millis;
+
+/// Reasons a caller may add and remove through the API.
+pub const API_REASONS: &[&str] = &["manual", "legal"];
+/// Every reason a suppression can carry.
+pub const ALL_REASONS: &[&str] = &["manual", "legal", "bounce", "complaint"];
+
+/// The scope key of a suppression: its space id, or `global`.
+pub fn scope(space_id: &str) -> &str {
+    if space_id.is_empty() { "global" } else { space_id }
+}
+
+/// Only `manual` and `legal` suppressions of a space can be removed through the API.
+pub fn removable(added: &proto::SuppressionAdded) -> bool {
+    !added.space_id.is_empty() && API_REASONS.contains(&added.reason.as_str())
+}
+
+/// The subject a suppression's log events are about: its email address, as a keyed digest
+/// (see [`platform::crypto::Keyring::email_subject`]), so a contact's audit trail finds them.
+pub fn subject_of(added: &proto::SuppressionAdded) -> anyhow::Result<Option<String>> {
+    let personal: Option<proto::SuppressionPersonal> =
+        open(added.personal.as_ref(), &platform::crypto::Keys::default())?;
+    personal.map(|personal| platform::crypto::email_subject(&personal.identifier)).transpose()
+}
+
+/// The suppression document; `None` when its personal data is gone.
+pub fn suppression_document(added: &proto::SuppressionAdded) -> anyhow::Result<Option<Value>> {
+    let personal: Option<proto::SuppressionPersonal> =
+        open(added.personal.as_ref(), &platform::crypto::Keys::default())?;
+    Ok(personal.map(|personal| {
+        json!({
+            "id": added.suppression_id,
+            "identifier": personal.identifier,
+            "reason": added.reason,
+            "scope": if added.space_id.is_empty() { "global" } else { "space" },
+            "removable": removable(added),
+            "createdAt": format_millis(added.created_at_ms),
+        })
+    }))
+}

@@ -1,0 +1,45 @@
+//! Mail as it leaves: rendering templates, the unsubscribe footer, the send gate and the
+//! hand-off, building and DKIM-signing messages, the SMTP relay and the outbox. Used by the
+//! command service (the inline hand-off of a send, authoring) and the projector (the outbox
+//! worker); the query service does not link it.
+
+pub mod dkim;
+pub mod dkim_sign;
+pub mod footer;
+pub mod mailer;
+pub mod message;
+pub mod outbox;
+pub mod relay;
+pub mod render;
+pub mod send;
+
+/// Whether `address` is a mailbox address the relay can be given.
+pub fn is_address(address: &str) -> bool {
+    address.parse::<lettre::Address>().is_ok()
+}
+
+/// The enhanced status code (RFC 3463) in `text`: the first `class.subject.detail` token
+/// whose class is 2, 4 or 5.
+pub fn enhanced_status(text: &str) -> Option<String> {
+    text.split(|c: char| c.is_whitespace() || matches!(c, ';' | '(' | ')' | ','))
+        .find(|token| {
+            let parts: Vec<&str> = token.split('.').collect();
+            parts.len() == 3
+                && matches!(parts[0], "2" | "4" | "5")
+                && parts[1..]
+                    .iter()
+                    .all(|part| (1..=3).contains(&part.len()) && part.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_enhanced_status_is_a_class_subject_detail_token() {
+        assert_eq!(enhanced_status("550 5.1.1 user unknown").as_deref(), Some("5.1.1"));
+        assert_eq!(enhanced_status("550 user unknown"), None);
+    }
+}

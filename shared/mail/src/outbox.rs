@@ -1,0 +1,620 @@
+//! The email outbox: every accepted send has a row (`email_outbox`, inserted by a guard in
+//! the send's append). A hand-off claims the row (committed before the relay is contacted),
+//! hands the message over, and records the outcome: the log event, the row's new state and,
+//! when the send was made under an `Idempotency-Key`, the answer a replay gives, all in one
+//! append guarded by the lease token. The inline hand-off of `POST /templates/{id}/send` and
+//! the projector's outbox worker share this.
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use serde_json::{Value, json};
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use crate::mailer::{Mailer, Outcome};
+use crate::message::{self, Outgoing};
+use domain::email::resources::{DomainDef, SenderDef};
+use platform::error::Code;
+use platform::events::LogEvent;
+use platform::log::{
+    AppendError, AppendRequest, Appended, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend,
+};
+use platform::proto;
+
+/// The row that the send's append inserts (and how it will complete the idempotency claim).
+pub fn insert_guard(email_id: &str, space_id: &str, claim: Option<(String, Uuid)>) -> Guard {
+    let (scope_key, claim_token) = claim.unzip();
+    let row = vec![
+        SetValue::Text(Some(email_id.to_owned())),
+        SetValue::Text(Some(space_id.to_owned())),
+        SetValue::Text(scope_key.clone()),
+        SetValue::Text(claim_token.map(|token| token.to_string())),
+    ];
+    Guard::exactly_one(
+        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (email_id) DO NOTHING",
+        vec![Box::new(email_id.to_owned()), Box::new(space_id.to_owned()), Box::new(scope_key), Box::new(claim_token)],
+        AppendError::Conflict { code: Code::IdempotencyConflict, message: "the email id is already taken".to_owned() },
+    )
+    .with_set(
+        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token)
+         SELECT w.email_id, w.space_id, w.scope_key, w.token::uuid
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS w(email_id, space_id, scope_key, token)
+         ON CONFLICT (email_id) DO NOTHING",
+        row,
+    )
+}
+
+/// A claimed hand-off.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub email_id: String,
+    pub token: Uuid,
+    /// The send's idempotency claim, to complete with the outcome.
+    pub claim: Option<(String, Uuid)>,
+    /// Hand-offs made before this one (refused for now, or the relay unreachable).
+    pub attempts: i32,
+}
+
+/// Claims a `pending` email for `lease`; `None` when another hand-off has it or it is done.
+pub async fn claim(pool: &Pool, email_id: &str, lease: Duration) -> anyhow::Result<Option<Lease>> {
+    let started = std::time::Instant::now();
+    let client = pool.get().await?;
+    let statement = client
+        .prepare_cached(
+            "UPDATE email_outbox SET state = 'attempting', lease_token = $2,
+                 leased_until = now() + make_interval(secs => $3), attempts = attempts + 1
+             WHERE email_id = $1 AND state = 'pending'
+             RETURNING claim_scope_key, claim_token, attempts - 1",
+        )
+        .await?;
+    let token = Uuid::now_v7();
+    let row = client.query_opt(&statement, &[&email_id, &token, &lease.as_secs_f64()]).await?;
+    metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
+    Ok(row.map(|row| Lease {
+        email_id: email_id.to_owned(),
+        token,
+        claim: row.get::<_, Option<String>>(0).zip(row.get::<_, Option<Uuid>>(1)),
+        attempts: row.get(2),
+    }))
+}
+
+/// Hand-off claims made together (`platform::batch`): the claims that concurrent hand-offs of a
+/// process ask for while one statement runs are made by the next, in one transaction. Each
+/// email is still claimed only when its own hand-off is about to start, so what a claim means
+/// does not change ([`claim`]); only the commits are shared.
+#[derive(Clone)]
+pub struct Claims {
+    batcher: platform::batch::Batcher<(String, Duration), Option<Lease>>,
+}
+
+/// Claims made in one statement at most.
+const CLAIMS_PER_STATEMENT: usize = 256;
+
+impl Claims {
+    pub fn start(pool: Pool) -> Self {
+        let batcher = platform::batch::Batcher::start(CLAIMS_PER_STATEMENT, move |jobs| {
+            let pool = pool.clone();
+            async move { claim_set(&pool, &jobs).await }
+        });
+        Self { batcher }
+    }
+
+    /// [`claim`], made with the claims other hand-offs ask for meanwhile.
+    pub async fn claim(&self, email_id: &str, lease: Duration) -> anyhow::Result<Option<Lease>> {
+        let started = std::time::Instant::now();
+        let claimed = self.batcher.call((email_id.to_owned(), lease)).await;
+        metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
+        Ok(claimed?)
+    }
+}
+
+/// Claims every job's email that is `pending`, each with a token of its own; each job's lease,
+/// in the jobs' order (`None`: not pending, or another job of the statement claimed it).
+async fn claim_set(pool: &Pool, jobs: &[(String, Duration)]) -> anyhow::Result<Vec<Option<Lease>>> {
+    let client = pool.get().await?;
+    let statement = client
+        .prepare_cached(
+            "UPDATE email_outbox o SET state = 'attempting', lease_token = w.token,
+                 leased_until = now() + make_interval(secs => w.secs), attempts = o.attempts + 1
+             FROM unnest($1::text[], $2::uuid[], $3::float8[]) AS w(email_id, token, secs)
+             WHERE o.email_id = w.email_id AND o.state = 'pending'
+             RETURNING o.email_id, o.lease_token, o.claim_scope_key, o.claim_token, o.attempts - 1",
+        )
+        .await?;
+    let tokens: Vec<Uuid> = jobs.iter().map(|_| Uuid::now_v7()).collect();
+    let ids: Vec<&str> = jobs.iter().map(|(email_id, _)| email_id.as_str()).collect();
+    let seconds: Vec<f64> = jobs.iter().map(|(_, lease)| lease.as_secs_f64()).collect();
+    let rows = client.query(&statement, &[&ids, &tokens, &seconds]).await?;
+    let mut leases: Vec<Option<Lease>> = jobs.iter().map(|_| None).collect();
+    for row in rows {
+        let token: Uuid = row.get(1);
+        // Two claims of one email in one statement: the row took one token; its job wins.
+        let Some(index) = tokens.iter().position(|candidate| *candidate == token) else { continue };
+        leases[index] = Some(Lease {
+            email_id: row.get(0),
+            token,
+            claim: row.get::<_, Option<String>>(2).zip(row.get::<_, Option<Uuid>>(3)),
+            attempts: row.get(4),
+        });
+    }
+    Ok(leases)
+}
+
+/// The answer of a send once its outcome is known: `{data: {emailId, status, error}}`.
+pub fn answer(email_id: &str, failure: Option<(&str, &str)>) -> Value {
+    json!({ "data": {
+        "emailId": email_id,
+        "status": if failure.is_some() { "failed" } else { "sent" },
+        "error": failure.map(|(code, message)| json!({ "code": code, "message": message })),
+    }})
+}
+
+/// Who an email concerns, for its outcome events.
+#[derive(Debug, Clone)]
+pub struct Parties {
+    pub email_id: String,
+    pub space_id: String,
+    pub contact_id: String,
+    pub message_id: String,
+}
+
+/// What to record for an outcome: `None` for one the outbox worker retries later (refused for
+/// now, or the relay unreachable, while `retry` says so).
+pub fn outcome_event(parties: &Parties, outcome: &Outcome, retry: bool, now_ms: i64) -> Option<LogEvent> {
+    let failed = |code: &str, message: &str, permanent: bool| {
+        LogEvent::EmailFailed(proto::EmailFailed {
+            email_id: parties.email_id.clone(),
+            space_id: parties.space_id.clone(),
+            contact_id: parties.contact_id.clone(),
+            code: code.to_owned(),
+            message: message.to_owned(),
+            permanent,
+            failed_at_ms: now_ms,
+        })
+    };
+    match outcome {
+        Outcome::Accepted { reply } => Some(LogEvent::EmailSent(proto::EmailSent {
+            email_id: parties.email_id.clone(),
+            space_id: parties.space_id.clone(),
+            contact_id: parties.contact_id.clone(),
+            message_id: parties.message_id.clone(),
+            relay_reply: reply.clone(),
+            sent_at_ms: now_ms,
+        })),
+        Outcome::Rejected { permanent: true, reply, .. } => Some(failed("relay_rejected", reply, true)),
+        Outcome::Rejected { permanent: false, .. } | Outcome::Unreachable { .. } if retry => None,
+        Outcome::Rejected { permanent: false, reply, .. } => Some(failed("relay_rejected", reply, false)),
+        Outcome::Unreachable { message } => Some(failed("relay_unavailable", message, false)),
+        Outcome::Unknown { message } => Some(unknown(parties, message, now_ms)),
+    }
+}
+
+pub fn unknown(parties: &Parties, reason: &str, now_ms: i64) -> LogEvent {
+    LogEvent::EmailOutcomeUnknown(proto::EmailOutcomeUnknown {
+        email_id: parties.email_id.clone(),
+        space_id: parties.space_id.clone(),
+        contact_id: parties.contact_id.clone(),
+        reason: reason.to_owned(),
+        at_ms: now_ms,
+    })
+}
+
+/// The row's final state and the answer of a recorded outcome event.
+fn settled(event: &LogEvent) -> (&'static str, Option<Value>) {
+    match event {
+        LogEvent::EmailSent(sent) => ("sent", Some(answer(&sent.email_id, None))),
+        LogEvent::EmailFailed(failed) => {
+            ("failed", Some(answer(&failed.email_id, Some((failed.code.as_str(), failed.message.as_str())))))
+        }
+        _ => ("unknown", None),
+    }
+}
+
+/// A mailbox the relay says does not exist (a hard bounce at the relay): 550, 551 or 553.
+pub fn hard_bounce(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Rejected { permanent: true, code: Some(550 | 551 | 553), .. })
+}
+
+/// A hard bounce at the relay: the address to suppress and the enhanced status of the
+/// refusal (empty when it carried none).
+pub struct Bounce {
+    pub address: String,
+    pub status: String,
+}
+
+/// Records a final outcome under the lease: the event on the email's stream, the row's state
+/// and the idempotent answer. Fails with a conflict when the lease was lost.
+pub async fn record(
+    event_log: &EventLog,
+    parties: &Parties,
+    lease: &Lease,
+    event: LogEvent,
+) -> Result<Appended, AppendError> {
+    record_with(event_log, parties, lease, event, None).await
+}
+
+/// [`record`], and for a hard bounce `EmailBounced{hard}` and a provider `bounce`
+/// suppression of the address in the email's space (not removable through the API), unless
+/// the address has one already.
+async fn record_with(
+    event_log: &EventLog,
+    parties: &Parties,
+    lease: &Lease,
+    event: LogEvent,
+    bounce: Option<&Bounce>,
+) -> Result<Appended, AppendError> {
+    match append_outcome(event_log, parties, lease, event.clone(), bounce, true).await {
+        // The address was suppressed already: the bounce without a second suppression.
+        Err(AppendError::Conflict { code: Code::SuppressionAlreadyExists, .. }) => {
+            append_outcome(event_log, parties, lease, event, bounce, false).await
+        }
+        other => other,
+    }
+}
+
+async fn append_outcome(
+    event_log: &EventLog,
+    parties: &Parties,
+    lease: &Lease,
+    event: LogEvent,
+    bounce: Option<&Bounce>,
+    suppress: bool,
+) -> Result<Appended, AppendError> {
+    let (state, answer) = settled(&event);
+    let error = match &event {
+        LogEvent::EmailFailed(failed) => Some(failed.message.clone()),
+        LogEvent::EmailOutcomeUnknown(unknown) => Some(unknown.reason.clone()),
+        _ => None,
+    };
+    let row = vec![
+        SetValue::Text(Some(lease.email_id.clone())),
+        SetValue::Uuid(lease.token),
+        SetValue::Text(Some(state.to_owned())),
+        SetValue::Text(error.clone()),
+    ];
+    let mut guards = vec![
+        Guard::exactly_one(
+            "UPDATE email_outbox SET state = $3, leased_until = NULL, last_error = $4
+         WHERE email_id = $1 AND lease_token = $2 AND state = 'attempting'",
+            vec![Box::new(lease.email_id.clone()), Box::new(lease.token), Box::new(state), Box::new(error)],
+            AppendError::Conflict {
+                code: Code::IdempotencyConflict,
+                message: "the hand-off's lease was lost".to_owned(),
+            },
+        )
+        .with_set(
+            "UPDATE email_outbox o SET state = w.state, leased_until = NULL, last_error = w.last_error
+         FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[]) AS w(email_id, token, state, last_error)
+         WHERE o.email_id = w.email_id AND o.lease_token = w.token AND o.state = 'attempting'",
+            row,
+        ),
+    ];
+    if let (Some((scope_key, claim_token)), Some(answer)) = (&lease.claim, answer) {
+        let params: Vec<Box<dyn ToSql + Send + Sync>> =
+            vec![Box::new(scope_key.clone()), Box::new(*claim_token), Box::new(answer)];
+        guards.push(Guard::unique(
+            "UPDATE idempotency_records SET state = 'completed', status = 200, response = $3, completed_at = now()
+             WHERE scope_key = $1 AND claim_token = $2 AND state IN ('processing', 'unresolved')",
+            params,
+            AppendError::Failed("could not record the send's answer".to_owned()),
+        ));
+    }
+    let now = chrono::Utc::now();
+    let mut events = vec![NewEvent { event, subject_id: Some(parties.contact_id.clone()), occurred_at: now }];
+    let mut streams = Vec::new();
+    if let Some(bounce) = bounce {
+        let at_ms = now.timestamp_millis();
+        events.push(NewEvent {
+            event: LogEvent::EmailBounced(proto::EmailBounced {
+                email_id: parties.email_id.clone(),
+                space_id: parties.space_id.clone(),
+                contact_id: parties.contact_id.clone(),
+                kind: "hard".to_owned(),
+                diagnostic: "the relay refused the mailbox".to_owned(),
+                at_ms,
+                status: bounce.status.clone(),
+                source: "relay".to_owned(),
+            }),
+            subject_id: Some(parties.contact_id.clone()),
+            occurred_at: now,
+        });
+        if suppress {
+            let (stream, guard) = provider_suppression(&parties.space_id, &bounce.address, "bounce", now)?;
+            streams.push(stream);
+            guards.push(guard);
+        }
+    }
+    streams.insert(
+        0,
+        StreamAppend { stream_id: domain::email::stream_id(&parties.email_id), expected: ExpectedVersion::Any, events },
+    );
+    event_log
+        .append(AppendRequest {
+            metadata: Metadata { space_id: Some(parties.space_id.clone()), ..Metadata::default() },
+            streams,
+            guards,
+        })
+        .await
+}
+
+/// A provider suppression (`reason` `bounce` or `complaint`) of `address` in the space, and
+/// the claim of its key (refused with `suppression_already_exists` when the address has a
+/// suppression of that reason).
+pub fn provider_suppression(
+    space_id: &str,
+    address: &str,
+    reason: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(StreamAppend, Guard), AppendError> {
+    let suppression_id = platform::ids::new_id("sup");
+    let identifier = address.to_lowercase();
+    let added = proto::SuppressionAdded {
+        suppression_id: suppression_id.clone(),
+        space_id: space_id.to_owned(),
+        reason: reason.to_owned(),
+        created_at_ms: now.timestamp_millis(),
+        personal: Some(platform::events::seal(
+            &suppression_id,
+            &proto::SuppressionPersonal { identifier: identifier.clone() },
+        )),
+        source: "provider".to_owned(),
+    };
+    let subject = domain::suppressions::subject_of(&added).map_err(AppendError::from)?;
+    let guard = Guard::unique(
+        "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)",
+        vec![
+            Box::new(space_id.to_owned()),
+            Box::new(identifier),
+            Box::new(reason.to_owned()),
+            Box::new(suppression_id.clone()),
+        ],
+        AppendError::Conflict { code: Code::SuppressionAlreadyExists, message: "already suppressed".to_owned() },
+    );
+    let stream = StreamAppend {
+        stream_id: format!("suppression/{suppression_id}"),
+        expected: ExpectedVersion::NoStream,
+        events: vec![NewEvent { event: LogEvent::SuppressionAdded(added), subject_id: subject, occurred_at: now }],
+    };
+    Ok((stream, guard))
+}
+/// Puts a hand-off the relay refused for now (or could not be reached for) back in the queue
+/// after `delay`, under its lease.
+pub async fn retry_later(pool: &Pool, lease: &Lease, delay: Duration, error: &str) -> anyhow::Result<()> {
+    let client = pool.get().await?;
+    client
+        .execute(
+            "UPDATE email_outbox SET state = 'pending', leased_until = NULL, lease_token = NULL, last_error = $3,
+                 next_attempt_at = now() + make_interval(secs => $4)
+             WHERE email_id = $1 AND lease_token = $2 AND state = 'attempting'",
+            &[&lease.email_id, &lease.token, &error, &delay.as_secs_f64()],
+        )
+        .await?;
+    Ok(())
+}
+
+/// An email ready for a hand-off: who it concerns, its message and the signing domain.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub parties: Parties,
+    pub outgoing: Outgoing,
+    pub domain_id: String,
+    pub domain: DomainDef,
+}
+
+/// What a hand-off came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handed {
+    /// The outcome event recorded, and where.
+    Recorded(Box<LogEvent>, Appended),
+    /// Refused for now, or the relay unreachable: queued again for the outbox worker.
+    Retry,
+    /// Another hand-off took the email over, or recording failed: the outcome is unknown here.
+    Lost,
+}
+
+/// Builds, signs and hands over a claimed email, then records the outcome under the lease.
+/// `retry_schedule`: the outbox worker's delays; `None` (the inline hand-off) makes a refusal
+/// for now or an unreachable relay final.
+pub async fn hand_off(
+    pool: &Pool,
+    event_log: &EventLog,
+    mailer: &Mailer,
+    lease: &Lease,
+    prepared: &Prepared,
+    retry_schedule: Option<&[u64]>,
+) -> Handed {
+    let started = std::time::Instant::now();
+    let built = platform::crypto::keyring()
+        .and_then(|keyring| crate::dkim::open(keyring, &prepared.domain_id, &prepared.domain.dkim))
+        .and_then(|pem| {
+            message::build(
+                &prepared.outgoing,
+                &message::Signing { selector: &prepared.domain.dkim.selector, pem: &pem },
+            )
+        });
+    metrics::histogram!("email_handoff_phase_seconds", "phase" => "build").record(started.elapsed().as_secs_f64());
+    let relayed = std::time::Instant::now();
+    let outcome = match built {
+        Ok(message) => mailer.send(&prepared.parties.email_id, &message).await,
+        Err(error) => Outcome::Rejected {
+            permanent: true,
+            code: None,
+            reply: format!("the message could not be built: {error:#}"),
+        },
+    };
+    let outcome = redact(outcome, &prepared.outgoing.to);
+    let bounce = hard_bounce(&outcome).then(|| Bounce {
+        address: prepared.outgoing.to.clone(),
+        status: match &outcome {
+            Outcome::Rejected { reply, .. } => crate::enhanced_status(reply).unwrap_or_default(),
+            _ => String::new(),
+        },
+    });
+    let delay = retry_schedule.and_then(|schedule| usize::try_from(lease.attempts).ok().and_then(|n| schedule.get(n)));
+    let Some(event) = outcome_event(&prepared.parties, &outcome, delay.is_some(), platform::time::now_millis()) else {
+        let error = match &outcome {
+            Outcome::Rejected { reply, .. } => reply.clone(),
+            Outcome::Unreachable { message } => message.clone(),
+            _ => String::new(),
+        };
+        let delay = Duration::from_millis(delay.copied().unwrap_or(0));
+        return match retry_later(pool, lease, delay, &error).await {
+            Ok(()) => Handed::Retry,
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), email = %lease.email_id, "could not queue a hand-off again");
+                Handed::Lost
+            }
+        };
+    };
+    metrics::histogram!("email_handoff_phase_seconds", "phase" => "relay").record(relayed.elapsed().as_secs_f64());
+    let recording = std::time::Instant::now();
+    let recorded = record_with(event_log, &prepared.parties, lease, event.clone(), bounce.as_ref()).await;
+    metrics::histogram!("email_handoff_phase_seconds", "phase" => "record").record(recording.elapsed().as_secs_f64());
+    match recorded {
+        Ok(appended) => Handed::Recorded(Box::new(event), appended),
+        Err(error) => {
+            tracing::error!(error = %error, email = %lease.email_id, "could not record a hand-off's outcome");
+            Handed::Lost
+        }
+    }
+}
+
+/// A relay's reply often quotes the recipient's address; what is recorded in the clear (the
+/// log's outcome events, the outbox row, webhook payloads) must not hold it, so it is
+/// replaced by `<recipient>`.
+fn redact(outcome: Outcome, address: &str) -> Outcome {
+    let scrub = |text: String| {
+        if address.is_empty() {
+            return text;
+        }
+        let (lower, needle) = (text.to_lowercase(), address.to_lowercase());
+        let mut out = String::with_capacity(text.len());
+        let mut rest = 0;
+        for (start, _) in lower.match_indices(&needle) {
+            if let (Some(before), Some(_)) = (text.get(rest..start), text.get(start..start + needle.len())) {
+                out.push_str(before);
+                out.push_str("<recipient>");
+                rest = start + needle.len();
+            }
+        }
+        out.push_str(text.get(rest..).unwrap_or_default());
+        out
+    };
+    match outcome {
+        Outcome::Accepted { reply } => Outcome::Accepted { reply: scrub(reply) },
+        Outcome::Rejected { permanent, code, reply } => Outcome::Rejected { permanent, code, reply: scrub(reply) },
+        Outcome::Unreachable { message } => Outcome::Unreachable { message: scrub(message) },
+        Outcome::Unknown { message } => Outcome::Unknown { message: scrub(message) },
+    }
+}
+
+/// The latest definition of an authored resource, from its authoring stream.
+async fn authored<T: serde::de::DeserializeOwned>(
+    client: &impl deadpool_postgres::GenericClient,
+    kind: &str,
+    id: &str,
+) -> anyhow::Result<T> {
+    let row = client
+        .query_opt(
+            "SELECT event_type, payload FROM events WHERE stream_id = $1 ORDER BY stream_version DESC LIMIT 1",
+            &[&format!("authoring/{kind}/{id}")],
+        )
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("{kind} {id} is not defined"))?;
+    match LogEvent::decode(row.get(0), row.get(1))? {
+        LogEvent::ResourceDefined(resource) => Ok(serde_json::from_str(&resource.definition_json)?),
+        other => anyhow::bail!("{kind} {id}: unexpected {}", other.event_type()),
+    }
+}
+
+/// An email's scheduling as the log holds it, with its sender, its domain and who it
+/// concerns (no personal data opened).
+struct Scheduled {
+    event: proto::EmailScheduled,
+    sender: SenderDef,
+    domain: DomainDef,
+    parties: Parties,
+}
+
+/// The `EmailScheduled` of email `email_id`; `None` when the log holds no such email.
+pub async fn scheduled_event(
+    client: &impl deadpool_postgres::GenericClient,
+    email_id: &str,
+) -> anyhow::Result<Option<proto::EmailScheduled>> {
+    let statement = client
+        .prepare_cached("SELECT payload FROM events WHERE stream_id = $1 AND event_type = 'EmailScheduled.v1'")
+        .await?;
+    let Some(row) = client.query_opt(&statement, &[&domain::email::stream_id(email_id)]).await? else {
+        return Ok(None);
+    };
+    match LogEvent::decode("EmailScheduled.v1", row.get(0))? {
+        LogEvent::EmailScheduled(event) => Ok(Some(event)),
+        _ => anyhow::bail!("email {email_id}: not an EmailScheduled event"),
+    }
+}
+
+async fn scheduled_from_log(
+    client: &impl deadpool_postgres::GenericClient,
+    email_id: &str,
+) -> anyhow::Result<Scheduled> {
+    let event = scheduled_event(client, email_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("email {email_id} has no EmailScheduled event"))?;
+    let sender: SenderDef = authored(client, domain::email::resources::SENDER, &event.sender_id).await?;
+    let domain: DomainDef = authored(client, domain::email::resources::DOMAIN, &sender.domain_id).await?;
+    let parties = Parties {
+        email_id: email_id.to_owned(),
+        space_id: event.space_id.clone(),
+        contact_id: event.contact_id.clone(),
+        message_id: message::message_id(email_id, &domain.name),
+    };
+    Ok(Scheduled { event, sender, domain, parties })
+}
+
+/// Who an email concerns, from the log (to record its outcome without sending it).
+pub async fn parties_from_log(
+    client: &impl deadpool_postgres::GenericClient,
+    email_id: &str,
+) -> anyhow::Result<Parties> {
+    Ok(scheduled_from_log(client, email_id).await?.parties)
+}
+
+/// An email rebuilt from the log for the outbox worker: `Err` with its parties when its
+/// content is erased (the contact was deleted before it left).
+pub async fn prepare_from_log(
+    client: &impl deadpool_postgres::GenericClient,
+    email_id: &str,
+    public_base_url: &str,
+) -> anyhow::Result<Result<Prepared, Parties>> {
+    let Scheduled { event, sender, domain, parties } = scheduled_from_log(client, email_id).await?;
+    let keys = platform::crypto::load_keys(client, std::slice::from_ref(&event.contact_id)).await?;
+    let content: Option<proto::EmailContent> = platform::events::open(event.content.as_ref(), &keys)?;
+    let Some(content) = content else { return Ok(Err(parties)) };
+    let marketing = event.kind == "marketing";
+    let outgoing =
+        Outgoing::new(email_id, &sender, &domain, &content, (event.scheduled_at_ms, marketing), public_base_url);
+    Ok(Ok(Prepared { parties, outgoing, domain_id: sender.domain_id.clone(), domain }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_replies_lose_the_recipients_address() {
+        let reply = "550 5.1.1 <Ada@Example.com>: unknown; ada@example.com".to_owned();
+        let rejected = Outcome::Rejected { permanent: true, code: Some(550), reply };
+        assert_eq!(
+            redact(rejected, "ada@example.com"),
+            Outcome::Rejected {
+                permanent: true,
+                code: Some(550),
+                reply: "550 5.1.1 <<recipient>>: unknown; <recipient>".into()
+            }
+        );
+        let accepted = Outcome::Accepted { reply: "250 queued".into() };
+        assert_eq!(redact(accepted.clone(), "ada@example.com"), accepted);
+    }
+}

@@ -1,0 +1,321 @@
+//! Scheduling one email from an authored template: what a template send, a form's
+//! confirmation, a broadcast run and a workflow's send step share. Each renders through
+//! [`render_email`] (the only public way to render a template), so no path sends marketing
+//! mail without its visible unsubscribe link. The email gets a new stream holding
+//! `EmailScheduled` (its content sealed under the contact's key); its append carries the
+//! outbox row (`outbox::insert_guard`) and, when the space has an allowance, the count
+//! against it ([`allowance_guard`]).
+
+use deadpool_postgres::GenericClient;
+
+use serde_json::Value;
+
+use super::{footer, message, render};
+use crate::outbox::{Parties, Prepared};
+use domain::email::resources::{AllowanceDef, DomainDef, SenderDef, TemplateDef, TopicDef};
+use platform::error::Code;
+use platform::events::LogEvent;
+use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
+use platform::proto;
+
+/// A template with its sender, the sender's domain, its topic and the space's allowance, as a
+/// send reads them from the catalog.
+#[derive(Debug, Clone)]
+pub struct Authored {
+    pub template_id: String,
+    pub revision: i64,
+    pub template: TemplateDef,
+    pub sender_id: String,
+    pub sender: SenderDef,
+    pub domain: DomainDef,
+    /// The template's topic (marketing templates only); its name is what the footer says the
+    /// recipient subscribed to.
+    pub topic: Option<TopicDef>,
+    pub allowance: Option<AllowanceDef>,
+}
+
+fn definition<T: serde::de::DeserializeOwned>(found: Option<serde_json::Value>, what: &str) -> anyhow::Result<T> {
+    let definition = found.ok_or_else(|| anyhow::anyhow!("{what} is missing"))?;
+    serde_json::from_value(definition).map_err(|error| anyhow::anyhow!("{what}: {error}"))
+}
+
+impl Authored {
+    /// The template `template_id` of the space, from catalog version schema `catalog`, in one
+    /// statement; `None` when the space has no such template. `sender_id` replaces the
+    /// template's sender (a broadcast's own sender).
+    pub async fn load(
+        client: &impl GenericClient,
+        catalog: &str,
+        space_id: &str,
+        template_id: &str,
+    ) -> anyhow::Result<Option<Self>> {
+        let found = domain::catalog::email_template(client, catalog, space_id, template_id).await?;
+        let Some(found) = found else { return Ok(None) };
+        let template: TemplateDef = definition(Some(found.template), "the template")?;
+        // Only the footer's wording needs the topic: without it, the footer names the sender.
+        let topic = found.topic.and_then(|topic| serde_json::from_value(topic).ok());
+        Ok(Some(Self {
+            template_id: template_id.to_owned(),
+            revision: found.revision,
+            sender_id: template.sender_id.clone(),
+            template,
+            sender: definition(found.sender, "the template's sender")?,
+            domain: definition(found.domain, "the sender's domain")?,
+            topic,
+            allowance: found.allowance.and_then(|allowance| serde_json::from_value(allowance).ok()),
+        }))
+    }
+
+    fn is_marketing(&self) -> bool {
+        self.template.kind == "marketing"
+    }
+}
+
+/// Renders the template for email `email_id` against `context` (an object: context key →
+/// value). Marketing mail also gets `unsubscribeUrl` (the URL of its `List-Unsubscribe`), and
+/// a footer with that link in each part that does not show it ([`footer::add`]); it says
+/// the recipient subscribed to the topic, or to mail from the sender (the one that sends it,
+/// so a broadcast's own sender is named). Transactional mail renders as authored. The error
+/// names the problem.
+pub fn render_email(
+    authored: &Authored,
+    email_id: &str,
+    mut context: Value,
+    public_base_url: &str,
+) -> Result<render::Rendered, String> {
+    let template = &authored.template;
+    if !authored.is_marketing() {
+        return render::render(&template.subject, &template.html, &template.text, &context);
+    }
+    let url = message::unsubscribe_url(public_base_url, email_id);
+    if let Some(values) = context.as_object_mut() {
+        values.insert(footer::UNSUBSCRIBE_VARIABLE.to_owned(), Value::String(url.clone()));
+    }
+    let mut rendered = render::render(&template.subject, &template.html, &template.text, &context)?;
+    let subscribed_to = match &authored.topic {
+        Some(topic) => topic.name.clone(),
+        None => format!("email from {}", authored.sender.from_name),
+    };
+    footer::add(&mut rendered, &url, &subscribed_to);
+    Ok(rendered)
+}
+
+/// What is known about the recipient when a send is checked.
+#[derive(Debug, Clone, Default)]
+pub struct Recipient {
+    pub suppressed: bool,
+    /// The contact's email consent (its consent attribute for channel `email`), if any.
+    pub consent: Option<bool>,
+    /// The contact's subscription status to the template's topic, if any.
+    pub subscription: Option<String>,
+}
+
+/// The gate that refused a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// The address is suppressed (every send).
+    Suppressed,
+    /// The contact has not consented to marketing email.
+    Consent,
+    /// The contact is not subscribed to the marketing template's topic.
+    Topic,
+    /// The space's monthly allowance is used up.
+    Allowance,
+}
+
+impl Gate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gate::Suppressed => "suppressed",
+            Gate::Consent => "consent",
+            Gate::Topic => "topic",
+            Gate::Allowance => "allowance",
+        }
+    }
+
+    /// The refusal's code, as a template send answers it.
+    pub fn code(self) -> Code {
+        match self {
+            Gate::Suppressed => Code::RecipientSuppressed,
+            Gate::Consent | Gate::Topic => Code::RecipientNotSubscribed,
+            Gate::Allowance => Code::EmailLimitReached,
+        }
+    }
+
+    /// Why, in words.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Gate::Suppressed => "the recipient's address is suppressed",
+            Gate::Consent => "the contact has not consented to marketing email",
+            Gate::Topic => "the contact is not subscribed to the template's topic",
+            Gate::Allowance => "the space's email allowance for this month is used up",
+        }
+    }
+}
+
+/// D9, the one rule every send passes (the template send, a journey's send step):
+/// suppressions block every send; marketing mail also needs the contact's email consent and,
+/// when the template has a topic, a subscription to it. The allowance is counted by the
+/// append ([`allowance_guard`]), not here.
+pub fn gate(template: &TemplateDef, recipient: &Recipient) -> Result<(), Gate> {
+    if recipient.suppressed {
+        return Err(Gate::Suppressed);
+    }
+    if template.kind == "marketing" {
+        if recipient.consent != Some(true) {
+            return Err(Gate::Consent);
+        }
+        if template.topic_id.is_some() && recipient.subscription.as_deref() != Some("subscribed") {
+            return Err(Gate::Topic);
+        }
+    }
+    Ok(())
+}
+
+/// Who an email goes to: the contact, its address and its data key.
+pub struct EmailTo<'a> {
+    pub space_id: &'a str,
+    pub contact_id: &'a str,
+    pub address: &'a str,
+    pub key: &'a platform::crypto::DataKey,
+}
+
+/// A rendered email ready to append: its `EmailScheduled` stream and what its hand-off needs.
+pub struct Scheduled {
+    pub stream: StreamAppend,
+    pub prepared: Prepared,
+}
+
+/// Schedules `rendered` from the authored template for `to` as email `email_id`: the content
+/// sealed under the contact's key, and the message its hand-off will send. `origin` is what
+/// sent it (`template`, `form_confirmation`, `broadcast`) and the form or run, if any.
+pub fn schedule(
+    email_id: &str,
+    authored: &Authored,
+    to: EmailTo<'_>,
+    rendered: &render::Rendered,
+    (origin, source_id): (&str, &str),
+    (now, public_base_url): (i64, &str),
+) -> anyhow::Result<Scheduled> {
+    let template = &authored.template;
+    let content = proto::EmailContent {
+        to_address: to.address.to_owned(),
+        subject: rendered.subject.clone(),
+        html: rendered.html.clone(),
+        text: rendered.text.clone(),
+    };
+    let mut sealed = platform::events::seal(to.contact_id, &content);
+    platform::events::encrypt(&mut sealed, to.key)?;
+    let scheduled = proto::EmailScheduled {
+        email_id: email_id.to_owned(),
+        space_id: to.space_id.to_owned(),
+        template_id: authored.template_id.clone(),
+        template_revision: authored.revision,
+        kind: template.kind.clone(),
+        contact_id: to.contact_id.to_owned(),
+        sender_id: authored.sender_id.clone(),
+        topic_id: template.topic_id.clone().unwrap_or_default(),
+        content: Some(sealed),
+        scheduled_at_ms: now,
+        origin: origin.to_owned(),
+        form_id: source_id.to_owned(),
+    };
+    let stream = StreamAppend {
+        stream_id: domain::email::stream_id(email_id),
+        expected: ExpectedVersion::NoStream,
+        events: vec![NewEvent {
+            event: LogEvent::EmailScheduled(scheduled),
+            subject_id: Some(to.contact_id.to_owned()),
+            occurred_at: platform::time::from_millis(now),
+        }],
+    };
+    let prepared = Prepared {
+        parties: Parties {
+            email_id: email_id.to_owned(),
+            space_id: to.space_id.to_owned(),
+            contact_id: to.contact_id.to_owned(),
+            message_id: message::message_id(email_id, &authored.domain.name),
+        },
+        outgoing: message::Outgoing::new(
+            email_id,
+            &authored.sender,
+            &authored.domain,
+            &content,
+            (now, authored.is_marketing()),
+            public_base_url,
+        ),
+        domain_id: authored.sender.domain_id.clone(),
+        domain: authored.domain.clone(),
+    };
+    Ok(Scheduled { stream, prepared })
+}
+
+/// Counts one email against the month's allowance, refused (`email_limit_reached`) once it
+/// is used up.
+///
+/// In a batch, the emails of one space and month are counted with one update of its row
+/// (the row every email of the space touches); if they do not all fit, the batch is written
+/// again one append at a time, so exactly the emails past the allowance are refused.
+pub fn allowance_guard(space_id: &str, now_ms: i64, monthly: i64) -> Guard {
+    let month = domain::email::allowance_month(now_ms);
+    let row =
+        vec![SetValue::Text(Some(space_id.to_owned())), SetValue::Text(Some(month.clone())), SetValue::BigInt(monthly)];
+    Guard::exactly_one(
+        "INSERT INTO email_allowance_usage AS u (space_id, month, used) SELECT $1, $2, 1 WHERE $3::bigint > 0
+         ON CONFLICT (space_id, month) DO UPDATE SET used = u.used + 1 WHERE u.used < $3",
+        vec![Box::new(space_id.to_owned()), Box::new(month), Box::new(monthly)],
+        AppendError::Conflict { code: Code::EmailLimitReached, message: "the email allowance is used up".to_owned() },
+    )
+    .with_set(
+        "WITH w AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS w(space_id, month, monthly)),
+         g AS (SELECT space_id, month, min(monthly) AS monthly, count(*) AS n FROM w GROUP BY space_id, month),
+         counted AS (
+             INSERT INTO email_allowance_usage AS u (space_id, month, used)
+             SELECT space_id, month, n FROM g WHERE n <= monthly
+             ON CONFLICT (space_id, month) DO UPDATE SET used = u.used + excluded.used
+             WHERE u.used + excluded.used
+                 <= (SELECT g.monthly FROM g WHERE g.space_id = u.space_id AND g.month = u.month)
+             RETURNING space_id, month)
+         SELECT 1 FROM w JOIN counted USING (space_id, month)",
+        row,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn template(kind: &str, topic_id: Option<&str>) -> TemplateDef {
+        TemplateDef {
+            slug: "t".into(),
+            name: "T".into(),
+            kind: kind.into(),
+            topic_id: topic_id.map(str::to_owned),
+            sender_id: "snd_1".into(),
+            subject: "S".into(),
+            html: String::new(),
+            text: String::new(),
+            recipient: "contact".into(),
+            data: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_gate_names_which_rule_refused_a_send() {
+        let subscribed = Recipient { suppressed: false, consent: Some(true), subscription: Some("subscribed".into()) };
+        let suppressed = Recipient { suppressed: true, ..subscribed.clone() };
+        assert_eq!(gate(&template("transactional", None), &suppressed), Err(Gate::Suppressed));
+        assert_eq!(gate(&template("marketing", Some("top_1")), &suppressed), Err(Gate::Suppressed), "checked first");
+        assert_eq!(gate(&template("transactional", None), &Recipient::default()), Ok(()));
+        let unconsented = Recipient { consent: Some(false), ..subscribed.clone() };
+        assert_eq!(gate(&template("marketing", Some("top_1")), &unconsented), Err(Gate::Consent));
+        let pending = Recipient { subscription: Some("pending".into()), ..subscribed.clone() };
+        assert_eq!(gate(&template("marketing", Some("top_1")), &pending), Err(Gate::Topic));
+        assert_eq!(gate(&template("marketing", None), &pending), Ok(()), "no topic, no topic gate");
+        assert_eq!(gate(&template("marketing", Some("top_1")), &subscribed), Ok(()));
+        assert_eq!(Gate::Topic.code(), Code::RecipientNotSubscribed);
+        assert_eq!(Gate::Allowance.code(), Code::EmailLimitReached);
+    }
+}

@@ -1,0 +1,23 @@
+//! Compiles the log event schemas in pure Rust (protox), so no system `protoc` is needed.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = "../../schemas";
+    let files = [
+        "platform/events/v1/authoring.proto",
+        "platform/events/v1/records.proto",
+        "platform/events/v1/suppressions.proto",
+        "platform/events/v1/events.proto",
+        "platform/events/v1/webhooks.proto",
+        "platform/events/v1/email.proto",
+        "platform/events/v1/segments.proto",
+        "platform/events/v1/broadcasts.proto",
+        "platform/events/v1/workflows.proto",
+    ];
+    for file in files {
+        println!("cargo:rerun-if-changed={root}/{file}");
+    }
+    // The migrations are embedded (refinery): a new file must rebuild the crate.
+    println!("cargo:rerun-if-changed=migrations");
+    let descriptors = protox::compile(files, [root])?;
+    prost_build::Config::new().compile_fds(descriptors)?;
+    Ok(())
+}
