@@ -135,13 +135,13 @@ fn yes() -> bool {
 }
 
 /// What the email resources of a space refer to elsewhere in the file.
-pub struct Schemas<'a> {
+pub(super) struct Schemas<'a> {
     /// Schema slug → (id, type, attribute keys).
     pub by_slug: BTreeMap<&'a str, (String, &'a str, Vec<&'a str>)>,
 }
 
 impl<'a> Schemas<'a> {
-    pub fn of(space: &'a SpaceSpec) -> Self {
+    pub(super) fn of(space: &'a SpaceSpec) -> Self {
         let by_slug = space
             .schemas
             .iter()
@@ -156,7 +156,7 @@ impl<'a> Schemas<'a> {
 }
 
 /// The id of a resource of `kind` (its fixed id, or one derived from the space and slug).
-pub fn resource_id(kind: &str, prefix: &str, space_slug: &str, resource: &ResourceSpec) -> String {
+pub(super) fn resource_id(kind: &str, prefix: &str, space_slug: &str, resource: &ResourceSpec) -> String {
     resource.id.clone().unwrap_or_else(|| derived_id(prefix, &[kind, space_slug, &resource.slug]))
 }
 
@@ -175,7 +175,7 @@ fn check_address(address: &str, what: &str) -> anyhow::Result<()> {
 
 /// The definitions (kind, id, JSON) of a space's email resources. `previous` answers the
 /// current definition of a resource, to keep a domain's key.
-pub fn definitions(
+pub(super) fn definitions(
     space: &SpaceSpec,
     space_id: &str,
     previous: impl Fn(&str, &str) -> Option<Value>,
@@ -407,7 +407,7 @@ pub fn definitions(
 }
 
 /// The current definition of a resource, from an authoring stream's latest event.
-pub fn definition_of(event: Option<&LogEvent>) -> Option<Value> {
+pub(super) fn definition_of(event: Option<&LogEvent>) -> Option<Value> {
     match event {
         Some(LogEvent::ResourceDefined(resource)) => {
             serde_json::from_str::<Map<String, Value>>(&resource.definition_json).ok().map(Value::Object)

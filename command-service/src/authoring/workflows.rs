@@ -56,7 +56,7 @@ fn always() -> String {
 }
 
 /// What a workflow may name elsewhere in the space.
-pub struct Names<'a> {
+pub(super) struct Names<'a> {
     pub schemas: Schemas<'a>,
     pub templates: BTreeMap<&'a str, String>,
     pub topics: BTreeMap<&'a str, String>,
@@ -65,14 +65,14 @@ pub struct Names<'a> {
 }
 
 /// A generated signing secret to show once: `(workflow id, secret)`.
-pub type Generated = (String, String);
+pub(super) type Generated = (String, String);
 
 /// The workflows' definitions as `(id, JSON)`, and the secrets generated for them.
-pub type Definitions = (Vec<(String, Value)>, Vec<Generated>);
+pub(super) type Definitions = (Vec<(String, Value)>, Vec<Generated>);
 
 /// The definitions (id, JSON) of a space's workflows. `previous` answers a workflow's current
 /// definition, to keep its signing secret.
-pub fn definitions(
+pub(super) fn definitions(
     space: &SpaceSpec,
     names: &Names<'_>,
     previous: impl Fn(&str) -> Option<Value>,

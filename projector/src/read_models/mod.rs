@@ -9,7 +9,7 @@
 macro_rules! read_model {
     ($(#[$meta:meta])* $model:ident = $name:expr, $mode:ident) => {
         $(#[$meta])*
-        pub struct $model;
+        pub(crate) struct $model;
 
         impl super::ReadModel for $model {
             fn name(&self) -> &'static str {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
 /// A resource row: its id, revision and definition.
-pub struct Row {
+pub(super) struct Row {
     pub id: String,
     pub revision: i64,
     pub definition: Value,
@@ -19,7 +19,7 @@ fn row(row: tokio_postgres::Row) -> Row {
 }
 
 /// A page of a space's resources of `kind`, by slug, with the total.
-pub async fn page(
+pub(super) async fn page(
     client: &Client,
     catalog: &str,
     space_id: &str,
@@ -41,7 +41,7 @@ pub async fn page(
 }
 
 /// One resource of the space.
-pub async fn get(
+pub(super) async fn get(
     client: &Client,
     catalog: &str,
     space_id: &str,
@@ -59,7 +59,7 @@ pub async fn get(
 
 /// What domain verification last found for `domain_ids`: domain → purpose →
 /// `{found, checkedAt}` (the verification worker's table, `domain_checks`).
-pub async fn domain_checks(
+pub(super) async fn domain_checks(
     client: &Client,
     domain_ids: &[String],
 ) -> Result<BTreeMap<String, BTreeMap<String, Value>>, ApiError> {

@@ -14,7 +14,7 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/email/dns_server.py")
 
 /// A running DNS server; the process is killed when this is dropped (and exits by itself when
 /// the test process goes away, as its standard input closes).
-pub struct DnsServer {
+pub(crate) struct DnsServer {
     port: u16,
     /// `http://127.0.0.1:PORT` of the control API.
     control_base: String,
@@ -25,7 +25,7 @@ pub struct DnsServer {
 impl DnsServer {
     /// Starts the server on a port of 127.0.0.1 free for UDP and TCP, with no records, and
     /// waits until it listens.
-    pub async fn start() -> DnsServer {
+    pub(crate) async fn start() -> DnsServer {
         let (child, line) = start_python_helper(SCRIPT, &["--port", "0"], "DNS server", "the dnslib package").await;
         let (port, control_port) = parse_listening(&line)
             .unwrap_or_else(|| panic!("the DNS server did not start: it printed {line:?} (its stderr is above)"));
@@ -38,14 +38,14 @@ impl DnsServer {
     }
 
     /// The DNS port on 127.0.0.1 (UDP and TCP).
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// Replaces every record: each `{"name", "type": "TXT" | "CNAME", "value"}`, plus
     /// `"truncate": true` to answer questions for it over UDP truncated, so that the client
     /// must ask again over TCP, or `"fail": true` to answer questions for its name SERVFAIL.
-    pub async fn set_records(&self, records: &[Value]) {
+    pub(crate) async fn set_records(&self, records: &[Value]) {
         let body = json!({ "records": records });
         let response = self
             .http
@@ -61,7 +61,7 @@ impl DnsServer {
 
     /// Every question asked so far, in arrival order: `{"name", "type", "protocol": "udp" |
     /// "tcp"}`, the name lowercased and without its trailing dot.
-    pub async fn queries(&self) -> Vec<Value> {
+    pub(crate) async fn queries(&self) -> Vec<Value> {
         let response = self
             .http
             .get(format!("{}/_control/queries", self.control_base))

@@ -12,7 +12,7 @@ fn hex(text: &str) -> String {
 }
 
 /// Everything in the test's database, as `pg_dump` prints it (the log included).
-pub async fn dump(app: &TestApp) -> String {
+pub(crate) async fn dump(app: &TestApp) -> String {
     let pg_dump = std::env::var("PG_BIN").map_or_else(|_| "pg_dump".into(), |bin| format!("{bin}/pg_dump"));
     let database_url = app.database_url.clone();
     let output = tokio::task::spawn_blocking(move || {
@@ -26,7 +26,7 @@ pub async fn dump(app: &TestApp) -> String {
 }
 
 /// Where `needle` occurs in the dump in clear: as text, or as the hex of a bytea column.
-pub fn occurrences(dump: &str, needle: &str) -> Vec<String> {
+pub(crate) fn occurrences(dump: &str, needle: &str) -> Vec<String> {
     let (text, bytes) = (needle.to_lowercase(), hex(needle));
     dump.lines()
         .filter(|line| line.to_lowercase().contains(&text) || line.contains(&bytes))

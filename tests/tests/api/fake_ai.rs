@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 /// How the fake answers `POST /v1/chat/completions`; change it with [`FakeAi::set_mode`].
 #[derive(Debug, Clone)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// A completion whose content is `{"value": <value>}`.
     Answer(Value),
     /// A completion with `message.refusal` set and no content.
@@ -35,7 +35,7 @@ impl Default for Mode {
 }
 
 /// A running fake; it stops when dropped.
-pub struct FakeAi {
+pub(crate) struct FakeAi {
     /// The base endpoint to configure as `APP__AI__ENDPOINT`, e.g. `http://127.0.0.1:PORT/v1`.
     pub url: String,
     pub port: u16,
@@ -57,7 +57,7 @@ struct RecordedRequest {
 
 impl FakeAi {
     /// Starts the fake on 127.0.0.1 on a free port, answering with the default mode.
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let state = Arc::new(State::default());
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the fake AI listener");
         let port = listener.local_addr().expect("fake AI listener address").port();
@@ -79,21 +79,21 @@ impl FakeAi {
         Self { url: format!("http://127.0.0.1:{port}/v1"), port, state, server: handle }
     }
 
-    pub fn set_mode(&self, mode: Mode) {
+    pub(crate) fn set_mode(&self, mode: Mode) {
         *self.state.mode.lock().expect("fake AI mode lock") = mode;
     }
 
     /// The JSON bodies of the requests received so far, oldest first.
-    pub fn requests(&self) -> Vec<Value> {
+    pub(crate) fn requests(&self) -> Vec<Value> {
         self.recorded().into_iter().map(|request| request.body).collect()
     }
 
     /// The `Authorization` header of each request received so far, oldest first.
-    pub fn authorizations(&self) -> Vec<Option<String>> {
+    pub(crate) fn authorizations(&self) -> Vec<Option<String>> {
         self.recorded().into_iter().map(|request| request.authorization).collect()
     }
 
-    pub fn request_count(&self) -> usize {
+    pub(crate) fn request_count(&self) -> usize {
         self.state.requests.lock().expect("fake AI requests lock").len()
     }
 

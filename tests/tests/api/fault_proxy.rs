@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 /// What the proxy does to traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// Bytes pass as they come.
     Pass,
     /// Each chunk is held this long before it is passed on.
@@ -22,7 +22,7 @@ pub enum Fault {
 }
 
 /// A running proxy; it stops when dropped.
-pub struct FaultProxy {
+pub(crate) struct FaultProxy {
     port: u16,
     fault: watch::Sender<Fault>,
     /// Connections reset by cuts, open ones and refused ones together.
@@ -32,7 +32,7 @@ pub struct FaultProxy {
 
 impl FaultProxy {
     /// Listens on a free port of 127.0.0.1 and forwards to `upstream` (`127.0.0.1:port`).
-    pub async fn start(upstream: u16) -> FaultProxy {
+    pub(crate) async fn start(upstream: u16) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("the proxy binds");
         let port = listener.local_addr().expect("the proxy's address").port();
         let (fault, faults) = watch::channel(Fault::Pass);
@@ -64,16 +64,16 @@ impl FaultProxy {
         FaultProxy { port, fault, reset, accept }
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
-    pub fn set(&self, fault: Fault) {
+    pub(crate) fn set(&self, fault: Fault) {
         self.fault.send_replace(fault);
     }
 
     /// How many connections cuts have reset so far.
-    pub fn resets(&self) -> u64 {
+    pub(crate) fn resets(&self) -> u64 {
         self.reset.load(Ordering::Relaxed)
     }
 }

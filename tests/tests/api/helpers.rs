@@ -10,18 +10,18 @@ use platform::settings::Settings;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-pub const ALPHA_ADMIN: &str = "sk_test_alpha_admin_00000000000001";
-pub const ALPHA_ADMIN_SECOND: &str = "sk_test_alpha_admin_00000000000002";
-pub const ALPHA_REVOKED: &str = "sk_test_alpha_revoked_000000000003";
-pub const ALPHA_MEMBER: &str = "sk_test_alpha_member_0000000000004";
-pub const ALPHA_NON_PAID_ADMIN: &str = "sk_test_alpha_npa_000000000000005";
-pub const MULTI_UNBOUND: &str = "sk_test_multi_unbound_00000000006";
-pub const MULTI_BETA: &str = "sk_test_multi_beta_0000000000007";
-pub const SOLO_UNBOUND: &str = "sk_test_solo_unbound_000000000008";
-pub const NOBODY_UNBOUND: &str = "sk_test_nobody_unbound_0000000009";
-pub const NOBODY_BOUND: &str = "sk_test_nobody_bound_000000000010";
+pub(crate) const ALPHA_ADMIN: &str = "sk_test_alpha_admin_00000000000001";
+pub(crate) const ALPHA_ADMIN_SECOND: &str = "sk_test_alpha_admin_00000000000002";
+pub(crate) const ALPHA_REVOKED: &str = "sk_test_alpha_revoked_000000000003";
+pub(crate) const ALPHA_MEMBER: &str = "sk_test_alpha_member_0000000000004";
+pub(crate) const ALPHA_NON_PAID_ADMIN: &str = "sk_test_alpha_npa_000000000000005";
+pub(crate) const MULTI_UNBOUND: &str = "sk_test_multi_unbound_00000000006";
+pub(crate) const MULTI_BETA: &str = "sk_test_multi_beta_0000000000007";
+pub(crate) const SOLO_UNBOUND: &str = "sk_test_solo_unbound_000000000008";
+pub(crate) const NOBODY_UNBOUND: &str = "sk_test_nobody_unbound_0000000009";
+pub(crate) const NOBODY_BOUND: &str = "sk_test_nobody_bound_000000000010";
 
-pub const WORKSPACE: &str = include_str!("../../fixtures/workspace.json");
+pub(crate) const WORKSPACE: &str = include_str!("../../fixtures/workspace.json");
 
 fn admin_url(dbname: &str) -> String {
     let host = std::env::var("TEST_DATABASE_HOST").unwrap_or_else(|_| "127.0.0.1".into());
@@ -32,7 +32,7 @@ fn admin_url(dbname: &str) -> String {
 
 /// The URL of `database_url`'s database on the hot standby that scripts/test starts beside
 /// the cluster (streaming from it; `TEST_REPLICA_PORT`).
-pub fn on_replica(database_url: &str) -> String {
+pub(crate) fn on_replica(database_url: &str) -> String {
     let replica = std::env::var("TEST_REPLICA_PORT")
         .expect("TEST_REPLICA_PORT is not set: run the tests with scripts/test, which starts a streaming replica");
     let primary = std::env::var("TEST_DATABASE_PORT").expect("TEST_DATABASE_PORT");
@@ -42,7 +42,7 @@ pub fn on_replica(database_url: &str) -> String {
 /// Whether every test app's query service reads from the standby (`TEST_QUERY_ON_REPLICA`,
 /// set by scripts/test for its second pass over the read-your-writes, consistency and
 /// pagination tests).
-pub fn queries_on_replica() -> bool {
+pub(crate) fn queries_on_replica() -> bool {
     std::env::var("TEST_QUERY_ON_REPLICA").is_ok()
 }
 
@@ -50,7 +50,7 @@ pub fn queries_on_replica() -> bool {
 /// written so far: up to its WAL insert position (with `synchronous_commit=off`, as the test
 /// cluster runs, a commit can be acknowledged before its WAL is written, so the write
 /// position, `pg_current_wal_lsn`, can be short of it).
-pub async fn wait_for_replay(pool: &Pool, replica_url: &str) {
+pub(crate) async fn wait_for_replay(pool: &Pool, replica_url: &str) {
     let target: String = pool
         .get()
         .await
@@ -77,7 +77,7 @@ pub async fn wait_for_replay(pool: &Pool, replica_url: &str) {
 }
 
 /// A fresh database cloned from the migrated template.
-pub async fn create_database() -> String {
+pub(crate) async fn create_database() -> String {
     let name = format!("t_{}", uuid::Uuid::now_v7().simple());
     let (client, connection) =
         tokio_postgres::connect(&admin_url("postgres"), tokio_postgres::NoTls).await.expect("connect as admin");
@@ -87,13 +87,13 @@ pub async fn create_database() -> String {
 }
 
 /// The directory holding the built binaries (`target/debug`).
-pub fn binaries_dir() -> PathBuf {
+pub(crate) fn binaries_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     exe.parent().and_then(|deps| deps.parent()).expect("target directory").to_path_buf()
 }
 
 /// A child process killed when dropped.
-pub struct ChildGuard(pub Child);
+pub(crate) struct ChildGuard(pub Child);
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
@@ -103,7 +103,7 @@ impl Drop for ChildGuard {
 }
 
 /// Starts one of the built binaries with the database URL and extra environment.
-pub fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str, String)]) -> ChildGuard {
+pub(crate) fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str, String)]) -> ChildGuard {
     let mut command = Command::new(binaries_dir().join(name));
     command
         .args(args)
@@ -124,7 +124,7 @@ pub fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str,
 
 /// Runs one of the built binaries to its end against `database_url` (a command such as
 /// `projector migrate` or `command-service apply`), with the test master key.
-pub fn run_binary(name: &str, args: &[&str], database_url: &str) -> std::process::Output {
+pub(crate) fn run_binary(name: &str, args: &[&str], database_url: &str) -> std::process::Output {
     Command::new(binaries_dir().join(name))
         .args(args)
         .env("APP__DATABASE__URL", database_url)
@@ -136,7 +136,7 @@ pub fn run_binary(name: &str, args: &[&str], database_url: &str) -> std::process
 
 /// Starts `count` instances of a server binary on free ports with `env` and waits until each
 /// answers; returns the processes (killed when dropped) and their base URLs.
-pub async fn spawn_servers(
+pub(crate) async fn spawn_servers(
     app: &TestApp,
     name: &str,
     args: &[&str],
@@ -167,28 +167,28 @@ pub async fn spawn_servers(
     (processes, urls)
 }
 
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
 #[derive(Debug)]
-pub struct TestResponse {
+pub(crate) struct TestResponse {
     pub status: u16,
     pub headers: HeaderMap,
     pub body: Value,
 }
 
 impl TestResponse {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|value| value.to_str().ok())
     }
 
-    pub fn code(&self) -> &Value {
+    pub(crate) fn code(&self) -> &Value {
         &self.body["error"]["code"]
     }
 }
 
-pub struct TestApp {
+pub(crate) struct TestApp {
     pub database_url: String,
     pub pool: Pool,
     pub command_url: String,
@@ -201,14 +201,14 @@ pub struct TestApp {
 }
 
 /// A read model held back by [`TestApp::pause_read_model`]; dropping it resumes the model too.
-pub struct PausedReadModel {
+pub(crate) struct PausedReadModel {
     release: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl PausedReadModel {
     /// Lets the projector apply the read model again (once the lock is gone).
-    pub async fn resume(mut self) {
+    pub(crate) async fn resume(mut self) {
         if let Some(release) = self.release.take() {
             let _ = release.send(());
         }
@@ -227,7 +227,7 @@ impl Drop for PausedReadModel {
 }
 
 /// Cancels a shutdown token when dropped.
-pub struct ShutdownOnDrop(pub tokio_util::sync::CancellationToken);
+pub(crate) struct ShutdownOnDrop(pub tokio_util::sync::CancellationToken);
 
 impl Drop for ShutdownOnDrop {
     fn drop(&mut self) {
@@ -236,12 +236,12 @@ impl Drop for ShutdownOnDrop {
 }
 
 /// The read model named `name`.
-pub fn read_model(name: &str) -> &'static dyn projector::read_models::ReadModel {
+pub(crate) fn read_model(name: &str) -> &'static dyn projector::read_models::ReadModel {
     projector::read_models::by_name(name).unwrap_or_else(|| panic!("no read model {name}"))
 }
 
 #[derive(Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Run the projector in-process.
     pub projector: bool,
     /// Request buckets; `None` raises them far above what any test sends.
@@ -283,20 +283,20 @@ impl Default for Options {
 }
 
 impl Options {
-    pub fn without_projector() -> Self {
+    pub(crate) fn without_projector() -> Self {
         Self { projector: false, ..Self::default() }
     }
 }
 
 /// Event admission far above what any test sends, for tests that are not about admission.
-pub fn unlimited_admission() -> platform::settings::AdmissionLimits {
+pub(crate) fn unlimited_admission() -> platform::settings::AdmissionLimits {
     let open =
         platform::settings::ScopeLimits { rate: 1e6, burst: 1e6, pending: 1_000_000_000, receipts: 1_000_000_000 };
     platform::settings::AdmissionLimits { fleet: open, space: open, schema: open }
 }
 
 /// Webhook delivery for tests: loopback receivers allowed, retries after 100, 200, 400 ms.
-pub fn test_webhooks() -> platform::settings::WebhookSettings {
+pub(crate) fn test_webhooks() -> platform::settings::WebhookSettings {
     platform::settings::WebhookSettings {
         allow_loopback: true,
         attempt_timeout_ms: 5_000,
@@ -306,7 +306,7 @@ pub fn test_webhooks() -> platform::settings::WebhookSettings {
 }
 
 /// Limits far above what any test sends, for tests that are not about rate limits.
-pub fn unlimited() -> platform::settings::RateLimits {
+pub(crate) fn unlimited() -> platform::settings::RateLimits {
     platform::settings::RateLimits {
         read_per_second: 1_000_000,
         write_per_second: 1_000_000,
@@ -316,11 +316,11 @@ pub fn unlimited() -> platform::settings::RateLimits {
 }
 
 impl TestApp {
-    pub async fn spawn() -> Self {
+    pub(crate) async fn spawn() -> Self {
         Self::spawn_with(Options::default()).await
     }
 
-    pub async fn spawn_with(options: Options) -> Self {
+    pub(crate) async fn spawn_with(options: Options) -> Self {
         if std::env::var("TEST_LOG").is_ok() {
             platform::telemetry::init(&Default::default(), "info");
         }
@@ -386,7 +386,7 @@ impl TestApp {
     }
 
     /// Projects every live read model to the head of the log once, in this process.
-    pub async fn catch_up_once(&self) {
+    pub(crate) async fn catch_up_once(&self) {
         use projector::read_models::runner::{Faults, Outcome, project_batch};
         let faults = Faults::default();
         for model in projector::read_models::ALL {
@@ -404,7 +404,7 @@ impl TestApp {
     /// Holds the checkpoint rows of read model `name` locked, so no projector applies anything
     /// to it (its lease is taken) until the returned guard is resumed or dropped: a read model
     /// as far behind the log as a test wants.
-    pub async fn pause_read_model(&self, name: &str) -> PausedReadModel {
+    pub(crate) async fn pause_read_model(&self, name: &str) -> PausedReadModel {
         let (pool, name) = (self.pool.clone(), name.to_owned());
         let (locked, is_locked) = tokio::sync::oneshot::channel();
         let (release, released) = tokio::sync::oneshot::channel::<()>();
@@ -424,13 +424,13 @@ impl TestApp {
         PausedReadModel { release: Some(release), task: Some(task) }
     }
 
-    pub async fn query_i64(&self, sql: &str) -> i64 {
+    pub(crate) async fn query_i64(&self, sql: &str) -> i64 {
         let client = self.pool.get().await.expect("client");
         client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)
     }
 
     /// Applies a workspace file and, when asked (a projector runs), waits for every read model.
-    pub async fn apply_workspace(&self, text: &str, wait: bool) -> command_service::authoring::ApplyReport {
+    pub(crate) async fn apply_workspace(&self, text: &str, wait: bool) -> command_service::authoring::ApplyReport {
         let workspace = command_service::authoring::parse(text).expect("workspace parses");
         let event_log = platform::log::EventLog::start(self.pool.clone(), 16);
         let report = command_service::authoring::apply(&self.pool, &event_log, &workspace).await.expect("apply");
@@ -453,7 +453,7 @@ impl TestApp {
         format!("{base}{path}")
     }
 
-    pub async fn send(&self, request: reqwest::RequestBuilder) -> TestResponse {
+    pub(crate) async fn send(&self, request: reqwest::RequestBuilder) -> TestResponse {
         let response = request.send().await.expect("request is sent");
         let status = response.status().as_u16();
         let headers = response.headers().clone();
@@ -462,7 +462,7 @@ impl TestApp {
         TestResponse { status, headers, body }
     }
 
-    pub fn request(&self, method: reqwest::Method, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
         let url = self.url_for(&method, path);
         let mut builder = self.http.request(method, url);
         if let Some(key) = key {
@@ -471,12 +471,12 @@ impl TestApp {
         builder
     }
 
-    pub async fn get(&self, path: &str, key: &str) -> TestResponse {
+    pub(crate) async fn get(&self, path: &str, key: &str) -> TestResponse {
         self.send(self.request(reqwest::Method::GET, path, Some(key))).await
     }
 
     /// `POST /schemas/contacts/records` as alpha's admin under `Idempotency-Key: idempotency_key`.
-    pub async fn create_with_key(&self, idempotency_key: &str, body: &Value) -> TestResponse {
+    pub(crate) async fn create_with_key(&self, idempotency_key: &str, body: &Value) -> TestResponse {
         self.send(
             self.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
                 .header("Idempotency-Key", idempotency_key)
@@ -485,12 +485,12 @@ impl TestApp {
         .await
     }
 
-    pub async fn post(&self, path: &str, key: &str, body: &Value) -> TestResponse {
+    pub(crate) async fn post(&self, path: &str, key: &str, body: &Value) -> TestResponse {
         self.send(self.request(reqwest::Method::POST, path, Some(key)).json(body)).await
     }
 
     /// Creates a contact in alpha's `contacts` schema and returns its body.
-    pub async fn create_contact(&self, body: &Value) -> Value {
+    pub(crate) async fn create_contact(&self, body: &Value) -> Value {
         let response = self.post("/schemas/contacts/records", ALPHA_ADMIN, body).await;
         assert_eq!(response.status, 201, "create contact: {:?}", response.body);
         response.body["data"].clone()
@@ -498,7 +498,7 @@ impl TestApp {
 
     /// Waits until the preparation worker, then every live projection, has reached the head of
     /// the log (what preparation appends is then projected too).
-    pub async fn wait_for_workers(&self) {
+    pub(crate) async fn wait_for_workers(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let prepared = self
@@ -518,7 +518,7 @@ impl TestApp {
 
     /// When the query service reads from the standby: waits until it has replayed everything
     /// written so far.
-    pub async fn wait_for_standby(&self) {
+    pub(crate) async fn wait_for_standby(&self) {
         if let Some(replica) = &self.replica_url {
             wait_for_replay(&self.pool, replica).await;
         }
@@ -526,7 +526,7 @@ impl TestApp {
 
     /// Waits until every live projection has reached the head of the log (and, when the
     /// query service reads from the standby, until the standby has it too).
-    pub async fn wait_for_projections(&self) {
+    pub(crate) async fn wait_for_projections(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let client = self.pool.get().await.expect("client");
@@ -553,7 +553,12 @@ impl TestApp {
 /// server) under `$TEST_PYTHON` (the venv of `scripts/pyenv.sh`, which holds `packages`), with
 /// `args` and `--exit-with-stdin` (so it cannot outlive the test process), `--verbose` under
 /// `TEST_LOG`. Returns the process and its first line (`LISTENING ...`), read within 30 s.
-pub async fn start_python_helper(script: &str, args: &[&str], what: &str, packages: &str) -> (ChildGuard, String) {
+pub(crate) async fn start_python_helper(
+    script: &str,
+    args: &[&str],
+    what: &str,
+    packages: &str,
+) -> (ChildGuard, String) {
     let python = std::env::var("TEST_PYTHON").unwrap_or_else(|_| {
         panic!(
             "TEST_PYTHON is not set: run the tests with scripts/test, which creates the Python venv of the tests, \
@@ -584,7 +589,7 @@ pub async fn start_python_helper(script: &str, args: &[&str], what: &str, packag
 
 /// Asserts that every one of `instances` conforms to the schema `name` of the OpenAPI
 /// document, as checked by an independent validator (`tests/openapi/conforms.py`).
-pub fn assert_conforms(name: &str, instances: &[Value]) {
+pub(crate) fn assert_conforms(name: &str, instances: &[Value]) {
     let python = std::env::var("TEST_PYTHON").expect("TEST_PYTHON names the tests' Python (see scripts/pyenv.sh)");
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let mut child = Command::new(python)
@@ -607,7 +612,7 @@ pub fn assert_conforms(name: &str, instances: &[Value]) {
 }
 
 /// A fresh folder under `TEST_SCRATCH` (or the system's temporary folder), named after `name`.
-pub fn scratch_dir(name: &str) -> PathBuf {
+pub(crate) fn scratch_dir(name: &str) -> PathBuf {
     let scratch = std::env::var("TEST_SCRATCH").map(PathBuf::from).unwrap_or_else(|_| std::env::temp_dir());
     let dir = scratch.join(format!("{name}-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).expect("a scratch folder");
@@ -616,7 +621,7 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 
 /// A PostgreSQL cluster of one test's own, with default durability (fsync and synchronous
 /// commit on, unlike the suite's shared cluster), which the test may kill or restore into.
-pub struct PrivateCluster {
+pub(crate) struct PrivateCluster {
     dir: std::path::PathBuf,
     port: u16,
 }
@@ -624,13 +629,13 @@ pub struct PrivateCluster {
 const PG_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
 
 impl PrivateCluster {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let cluster = Self { dir: scratch_dir("private-pg").join("pg"), port: free_port() };
         cluster.pg_start();
         cluster
     }
 
-    pub fn pg_start(&self) {
+    pub(crate) fn pg_start(&self) {
         let status = std::process::Command::new("bash")
             .arg("-c")
             .arg(format!("source {PG_SCRIPT} && pg_start {} {} >/dev/null", self.dir.display(), self.port))
@@ -642,7 +647,7 @@ impl PrivateCluster {
     }
 
     /// kill -9 of the postmaster and every backend: a crash of the database server.
-    pub fn kill9(&self) {
+    pub(crate) fn kill9(&self) {
         let pid_file = std::fs::read_to_string(self.dir.join("postmaster.pid")).expect("postmaster.pid");
         let pid = pid_file.lines().next().expect("pid").trim().to_owned();
         let killed = std::process::Command::new("bash")
@@ -668,7 +673,7 @@ impl PrivateCluster {
         panic!("the killed cluster is still running");
     }
 
-    pub fn url(&self, database: &str) -> String {
+    pub(crate) fn url(&self, database: &str) -> String {
         format!("host=127.0.0.1 port={} user=postgres dbname={database}", self.port)
     }
 }

@@ -87,7 +87,7 @@ async fn several_writer_processes_append_every_event_once_in_order() {
     assert_batches_contiguous(&app, "records", max).await;
 }
 
-pub async fn wait_until_listening(http: &reqwest::Client, base_url: &str) {
+pub(crate) async fn wait_until_listening(http: &reqwest::Client, base_url: &str) {
     for _ in 0..200 {
         if http.get(format!("{base_url}/me")).send().await.is_ok() {
             return;
@@ -98,7 +98,7 @@ pub async fn wait_until_listening(http: &reqwest::Client, base_url: &str) {
 }
 
 /// The committed batches of a projection cover 1..=head exactly once, in order.
-pub async fn assert_batches_contiguous(app: &TestApp, name: &str, head: i64) {
+pub(crate) async fn assert_batches_contiguous(app: &TestApp, name: &str, head: i64) {
     let client = app.pool.get().await.expect("client");
     let rows = client
         .query(

@@ -25,7 +25,7 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/receiver.py"
 
 /// A running receiver; the process is killed when this is dropped (and exits by itself when
 /// the test process goes away, as its standard input closes).
-pub struct Receiver {
+pub(crate) struct Receiver {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
     http: reqwest::Client,
@@ -34,7 +34,7 @@ pub struct Receiver {
 
 impl Receiver {
     /// Starts the receiver on a free port of 127.0.0.1 and waits until it listens.
-    pub async fn start() -> Receiver {
+    pub(crate) async fn start() -> Receiver {
         let (child, line) =
             start_python_helper(SCRIPT, &["--port", "0"], "receiver", "the standardwebhooks package").await;
         let port: u16 = line
@@ -49,7 +49,7 @@ impl Receiver {
     /// the secrets and behaviour of an existing one (keeping what it received). Behaviour:
     /// `{}` answers 204; keys `status`, `retryAfter`, `delaySeconds`, `failFirst`,
     /// `closeConnection` (see the receiver's documentation).
-    pub async fn endpoint(&self, name: &str, secrets: &[&str], behaviour: Value) {
+    pub(crate) async fn endpoint(&self, name: &str, secrets: &[&str], behaviour: Value) {
         let response = self
             .http
             .put(format!("{}/_control/endpoints/{name}", self.base))
@@ -63,7 +63,7 @@ impl Receiver {
     }
 
     /// The URL that deliveries to endpoint `name` are POSTed to.
-    pub fn url(&self, name: &str) -> String {
+    pub(crate) fn url(&self, name: &str) -> String {
         format!("{}/hooks/{name}", self.base)
     }
 
@@ -80,20 +80,20 @@ impl Receiver {
     /// `timestamp`, `signatures`, `verifiedWith` (indices of the endpoint's secrets that verify
     /// it), `body` (parsed JSON or null), `rawBody`, `headers`, `receivedAt`, `answered`
     /// (the status sent, null when the connection was dropped).
-    pub async fn received(&self, name: &str) -> Vec<Value> {
+    pub(crate) async fn received(&self, name: &str) -> Vec<Value> {
         let mut body = self.control(&format!("endpoints/{name}/received")).await;
         serde_json::from_value(body["received"].take()).expect("a list of received requests")
     }
 
     /// How many requests endpoint `name` received per `webhook-id`.
-    pub async fn ids(&self, name: &str) -> HashMap<String, u64> {
+    pub(crate) async fn ids(&self, name: &str) -> HashMap<String, u64> {
         let mut body = self.control(&format!("endpoints/{name}/ids")).await;
         serde_json::from_value(body["ids"].take()).expect("a map of webhook-ids to counts")
     }
 
     /// Polls until endpoint `name` has received at least `count` requests and returns them all;
     /// panics with what it did receive after `timeout`.
-    pub async fn wait_for(&self, name: &str, count: usize, timeout: Duration) -> Vec<Value> {
+    pub(crate) async fn wait_for(&self, name: &str, count: usize, timeout: Duration) -> Vec<Value> {
         let deadline = Instant::now() + timeout;
         loop {
             let received = self.received(name).await;

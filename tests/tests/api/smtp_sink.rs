@@ -21,7 +21,7 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/email/smtp_sink.py");
 
 /// A running sink; the process is killed when this is dropped (and exits by itself when the
 /// test process goes away, as its standard input closes).
-pub struct SmtpSink {
+pub(crate) struct SmtpSink {
     smtp_port: u16,
     /// `http://127.0.0.1:PORT` of the control API.
     control_base: String,
@@ -32,13 +32,13 @@ pub struct SmtpSink {
 impl SmtpSink {
     /// Starts the sink on free ports of 127.0.0.1, accepting every message, and waits until it
     /// listens.
-    pub async fn start() -> SmtpSink {
+    pub(crate) async fn start() -> SmtpSink {
         Self::start_with(&[]).await
     }
 
     /// Starts the sink speaking TLS with the certificate `cert` and key `key` (PEM files):
     /// `starttls` (offered, and required before MAIL) or `implicit` (SMTPS).
-    pub async fn start_tls(mode: &str, cert: &std::path::Path, key: &std::path::Path) -> SmtpSink {
+    pub(crate) async fn start_tls(mode: &str, cert: &std::path::Path, key: &std::path::Path) -> SmtpSink {
         let (cert, key) = (cert.display().to_string(), key.display().to_string());
         Self::start_with(&["--tls", mode, "--tls-cert", &cert, "--tls-key", &key]).await
     }
@@ -58,20 +58,20 @@ impl SmtpSink {
     }
 
     /// The SMTP port on 127.0.0.1.
-    pub fn smtp_port(&self) -> u16 {
+    pub(crate) fn smtp_port(&self) -> u16 {
         self.smtp_port
     }
 
     /// The sink as a relay URL for `APP__EMAIL__RELAY_URL`: plain SMTP, no AUTH. (The sink also
     /// accepts any `user:password@`, and records the login as `authLogin`.)
-    pub fn relay_url(&self) -> String {
+    pub(crate) fn relay_url(&self) -> String {
         format!("smtp://127.0.0.1:{}", self.smtp_port)
     }
 
     /// The email settings of a spawned process that sends to this sink: the relay, the public
     /// base URL of unsubscribe links, the relay timeout, a 1 s grace before the outbox worker
     /// takes over an email and 100 ms outbox polls.
-    pub fn process_env(&self, timeout_ms: u64) -> Vec<(&'static str, String)> {
+    pub(crate) fn process_env(&self, timeout_ms: u64) -> Vec<(&'static str, String)> {
         vec![
             ("APP__EMAIL__RELAY_URL", self.relay_url()),
             ("APP__EMAIL__PUBLIC_BASE_URL", "https://api.example.test/v1".to_owned()),
@@ -87,13 +87,13 @@ impl SmtpSink {
     /// `{"mode": "rejectRcpt", "code": 550, "message": "...", "recipients": [...]}` (refuses RCPT
     /// TO of the listed addresses, or of all without `recipients`), `{"mode": "delayData",
     /// "seconds": N}` (answers DATA after N s, then accepts). Every key but `mode` is optional.
-    pub async fn set_mode(&self, mode: Value) {
+    pub(crate) async fn set_mode(&self, mode: Value) {
         self.put("mode", &mode).await;
     }
 
     /// Publishes a DKIM key record, e.g. `add_dkim_record("s1._domainkey.example.com",
     /// "v=DKIM1; k=rsa; p=...")`, where the sink's DKIM verification looks it up.
-    pub async fn add_dkim_record(&self, name: &str, txt: &str) {
+    pub(crate) async fn add_dkim_record(&self, name: &str, txt: &str) {
         self.put("dkim-keys", &json!({ "records": { name: txt } })).await;
     }
 
@@ -103,7 +103,7 @@ impl SmtpSink {
     /// (decoded bodies, `"\n"` line ends, null when absent), `dkim` (`present`, `valid`,
     /// `domain`, `selector`, `signedHeaders`, `error`), `receivedAt`, `answered` (250, or null
     /// while a `delayData` answer is pending or when the client gave up on it).
-    pub async fn messages(&self) -> Vec<Value> {
+    pub(crate) async fn messages(&self) -> Vec<Value> {
         let mut body = self.get_messages().await;
         serde_json::from_value(body["messages"].take()).expect("a list of messages")
     }
@@ -111,20 +111,20 @@ impl SmtpSink {
     /// Every transaction the sink refused as told, in arrival order: `stage` (`rcpt` or `data`),
     /// `code`, `reply`, `mailFrom`, `rcptTo` (at `rcpt`, the refused address alone),
     /// `messageId` (at `data`), `receivedAt`.
-    pub async fn rejected(&self) -> Vec<Value> {
+    pub(crate) async fn rejected(&self) -> Vec<Value> {
         let mut body = self.get_messages().await;
         serde_json::from_value(body["rejected"].take()).expect("a list of refused transactions")
     }
 
     /// The `Message-ID` headers of the messages accepted (of those that have one), in arrival
     /// order; a message sent twice shows twice.
-    pub async fn message_ids(&self) -> Vec<String> {
+    pub(crate) async fn message_ids(&self) -> Vec<String> {
         self.messages().await.iter().filter_map(|message| message["messageId"].as_str().map(str::to_owned)).collect()
     }
 
     /// A summary of what the sink accepted, for runs too large to fetch whole: `accepted`,
     /// `rejected`, `messageIds` and `rcptTo` (in arrival order) and `dkimInvalid`.
-    pub async fn summary(&self) -> Value {
+    pub(crate) async fn summary(&self) -> Value {
         let response = self
             .http
             .get(format!("{}/_control/summary", self.control_base))
@@ -137,7 +137,7 @@ impl SmtpSink {
 
     /// Forgets the messages accepted and the transactions refused (the mode and the DKIM records
     /// stay).
-    pub async fn clear(&self) {
+    pub(crate) async fn clear(&self) {
         let response = self
             .http
             .delete(format!("{}/_control/messages", self.control_base))
@@ -150,7 +150,7 @@ impl SmtpSink {
 
     /// Polls until the sink has accepted at least `count` messages and returns them all; panics
     /// with what it did accept and refuse after `timeout`.
-    pub async fn wait_for(&self, count: usize, timeout: Duration) -> Vec<Value> {
+    pub(crate) async fn wait_for(&self, count: usize, timeout: Duration) -> Vec<Value> {
         let deadline = Instant::now() + timeout;
         loop {
             let mut body = self.get_messages().await;
@@ -208,7 +208,7 @@ impl SmtpSink {
 }
 
 /// The bytes of a recorded message as received after DATA (CRLF line ends, dot-unstuffed).
-pub fn raw_bytes(message: &Value) -> Vec<u8> {
+pub(crate) fn raw_bytes(message: &Value) -> Vec<u8> {
     let raw = message["raw"].as_str().expect("a recorded message has raw");
     STANDARD.decode(raw).expect("raw is base64")
 }
