@@ -24,9 +24,6 @@ use super::store::{self, Loaded};
 use crate::State;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 
-/// The timer kind that starts a run (the projector's broadcast engine).
-pub const RUN_TIMER: &str = "broadcast_runs";
-
 /// Whether `audience` names a live segment or a topic of the space, and the guard that keeps a
 /// segment's stream where it was read (its deletion meanwhile makes the command decide again).
 async fn audience_found(

@@ -102,7 +102,7 @@ pub fn run_guards(run: &platform::proto::BroadcastRunRequested, audience: serde_
         ),
         Guard::exactly_one(
             "INSERT INTO timers (kind, key, due_at, payload) VALUES ($1, $2, $3, jsonb_build_object('runId', $2::text))",
-            vec![Box::new(super::http::RUN_TIMER), Box::new(run.run_id.clone()), Box::new(start_at)],
+            vec![Box::new(domain::email::broadcasts::RUN_TIMER), Box::new(run.run_id.clone()), Box::new(start_at)],
             AppendError::Failed("could not schedule the run".to_owned()),
         ),
     ]

@@ -39,8 +39,6 @@ use serde_json::Value;
 use crate::runtime::{Outcome, Worker};
 use crate::timers::{Handled, Timer, TimerHandler};
 
-/// The timer kind that starts a run; the command service schedules it.
-pub const RUN_TIMER: &str = "broadcast_runs";
 /// The channel notified when a run starts sending.
 pub const RUNS_CHANNEL: &str = "broadcast_runs";
 
@@ -141,7 +139,7 @@ impl Starter {
 
 impl TimerHandler for Starter {
     fn kind(&self) -> &'static str {
-        RUN_TIMER
+        domain::email::broadcasts::RUN_TIMER
     }
 
     fn handle<'a>(

@@ -6,6 +6,10 @@ use serde_json::{Value, json};
 use super::resources::{Audience, BroadcastDef};
 use platform::proto;
 
+/// The timer kind that starts a run: the command service schedules it, the projector's
+/// broadcast engine handles it.
+pub const RUN_TIMER: &str = "broadcast_runs";
+
 /// A broadcast's stream: its changes and its run requests.
 pub fn stream_id(broadcast_id: &str) -> String {
     format!("broadcast-{broadcast_id}")
