@@ -456,10 +456,10 @@ async fn attempts<C: Command>(
             }
             Some(Then::SendEmailLater(prepared)) => {
                 let state = state.clone();
-                tokio::spawn(async move { crate::templates::http::hand_off(&state, &prepared).await });
+                tokio::spawn(async move { crate::templates::hand_off::hand_off(&state, &prepared).await });
                 Ok(respond(&answer, (!public).then_some(operation_id), Some(appended)))
             }
-            Some(Then::SendEmail(prepared)) => match crate::templates::http::hand_off(state, &prepared).await {
+            Some(Then::SendEmail(prepared)) => match crate::templates::hand_off::hand_off(state, &prepared).await {
                 // The token covers the outcome too (a bounce's suppression, for one).
                 Some((body, recorded)) => {
                     Ok(respond(&Answer::json(StatusCode::OK, body), Some(operation_id), Some(recorded.max(appended))))

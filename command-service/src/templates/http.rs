@@ -13,17 +13,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::{Caller, Permission};
 use domain::catalog::AttributeEntry;
-use mail::outbox::{self, Handed, Prepared};
+use mail::outbox;
 use mail::send;
 pub use mail::send::{Authored, EmailTo, Scheduled};
 use platform::error::{ApiError, Code};
-use platform::events::LogEvent;
 use platform::log::{AppendError, Guard};
 use serde_json::{Map, Value};
 
@@ -223,34 +221,4 @@ pub async fn send(
     let command = SendTemplate { caller: &caller, template_id: path.into_inner(), context, base_url };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
-}
-
-/// Hands an appended email to the relay inline and records the outcome; the answer to give,
-/// or `None` when the outcome is unknown (another hand-off has it, or the exchange broke off
-/// after the message was sent). The outbox worker finishes what this leaves.
-pub async fn hand_off(state: &State, prepared: &Prepared) -> Option<(Value, platform::log::Appended)> {
-    if state.settings.email.handoff_delay_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(state.settings.email.handoff_delay_ms)).await;
-    }
-    let email_id = &prepared.parties.email_id;
-    let lease = match state.claims.claim(email_id, state.settings.email_lease()).await {
-        Ok(Some(lease)) => lease,
-        Ok(None) => return None,
-        Err(error) => {
-            tracing::warn!(error = %format!("{error:#}"), email = %email_id, "could not claim the hand-off; the outbox worker will");
-            return None;
-        }
-    };
-    match outbox::hand_off(&state.pool, &state.event_log, &state.mailer, &lease, prepared, None).await {
-        Handed::Recorded(event, appended) if matches!(*event, LogEvent::EmailSent(_)) => {
-            Some((outbox::answer(email_id, None), appended))
-        }
-        Handed::Recorded(event, appended) => match *event {
-            LogEvent::EmailFailed(failed) => {
-                Some((outbox::answer(email_id, Some((&failed.code, &failed.message))), appended))
-            }
-            _ => None,
-        },
-        _ => None,
-    }
 }

@@ -3,4 +3,5 @@
 //! the relay inline (see ARCHITECTURE.md, Email).
 
 pub mod decide;
+pub mod hand_off;
 pub mod http;

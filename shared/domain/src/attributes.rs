@@ -5,17 +5,8 @@ use platform::error::Code;
 use serde_json::Value;
 
 use crate::catalog::AttributeEntry;
-pub use crate::catalog::is_writable;
+pub use crate::catalog::{has_auto_fill, is_writable};
 use platform::error::Issue;
-
-/// Whether the attribute is filled by AI auto-fill.
-pub fn has_auto_fill(definition: &Value) -> bool {
-    match definition.get("autoFill") {
-        Some(Value::Object(settings)) => settings.get("enabled").and_then(Value::as_bool).unwrap_or(true),
-        Some(Value::Bool(enabled)) => *enabled,
-        _ => false,
-    }
-}
 
 pub fn is_required(definition: &Value) -> bool {
     definition.get("required").and_then(Value::as_bool).unwrap_or(false)

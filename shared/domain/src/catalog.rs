@@ -153,6 +153,15 @@ pub fn is_writable(definition: &Value) -> bool {
         && definition.get("valueSource").is_none_or(Value::is_null)
 }
 
+/// Whether the attribute is filled by AI auto-fill.
+pub fn has_auto_fill(definition: &Value) -> bool {
+    match definition.get("autoFill") {
+        Some(Value::Object(settings)) => settings.get("enabled").and_then(Value::as_bool).unwrap_or(true),
+        Some(Value::Bool(enabled)) => *enabled,
+        _ => false,
+    }
+}
+
 /// A custom attribute's key and its public definition, for validating input.
 #[derive(Debug, Clone)]
 pub struct AttributeEntry {
@@ -177,9 +186,9 @@ impl WriteContext {
     /// Whether a write to the schema may spend AI credits (a writable attribute with AI
     /// auto-fill): only then do its credits matter.
     pub fn spends_credits(&self) -> bool {
-        self.attributes.iter().any(|attribute| {
-            is_writable(&attribute.definition) && crate::attributes::has_auto_fill(&attribute.definition)
-        })
+        self.attributes
+            .iter()
+            .any(|attribute| is_writable(&attribute.definition) && has_auto_fill(&attribute.definition))
     }
 }
 

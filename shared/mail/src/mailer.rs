@@ -12,22 +12,9 @@ use anyhow::Context;
 use secrecy::ExposeSecret;
 
 use crate::message::Signed;
+pub use crate::relay::Outcome;
 use crate::relay::Relay;
 use platform::settings::EmailSettings;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// The relay answered 2xx to the message.
-    Accepted { reply: String },
-    /// The relay answered 4xx (`permanent: false`) or 5xx; the message was not accepted.
-    /// `code` is the reply code when there was one.
-    Rejected { permanent: bool, code: Option<u16>, reply: String },
-    /// No connection to the relay: nothing was sent.
-    Unreachable { message: String },
-    /// The exchange broke off (timeout, reset) after it started: the relay may have accepted
-    /// the message.
-    Unknown { message: String },
-}
 
 pub struct Mailer {
     inner: Inner,

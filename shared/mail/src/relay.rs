@@ -26,7 +26,20 @@ use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter,
 use tokio::sync::Semaphore;
 use tokio::time::timeout;
 
-use crate::mailer::Outcome;
+/// What the relay made of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The relay answered 2xx to the message.
+    Accepted { reply: String },
+    /// The relay answered 4xx (`permanent: false`) or 5xx; the message was not accepted.
+    /// `code` is the reply code when there was one.
+    Rejected { permanent: bool, code: Option<u16>, reply: String },
+    /// No connection to the relay: nothing was sent.
+    Unreachable { message: String },
+    /// The exchange broke off (timeout, reset) after it started: the relay may have accepted
+    /// the message.
+    Unknown { message: String },
+}
 
 /// How long a pooled session may sit unused before it is closed rather than reused: below
 /// the idle limits relays commonly set (Postfix's `smtpd_timeout` is 300 s).
