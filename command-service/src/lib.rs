@@ -85,6 +85,12 @@ impl State {
         }))
     }
 
+    /// Everything this process keeps per catalog revision: the pipeline prunes it all when a
+    /// command finds the catalog moved on.
+    pub fn kept(&self) -> [&dyn domain::catalog::KeptByRevision; 4] {
+        [&self.write_contexts, &self.event_contexts, &self.workflows, &self.templates]
+    }
+
     /// Whether some of `scopes` may lack their admission row (not yet seen by this process);
     /// marks them seen.
     pub fn new_admission_scopes(&self, scopes: &[(String, platform::settings::ScopeLimits)]) -> bool {

@@ -126,17 +126,19 @@ pub struct Decision {
 
 /// Work a command does once its append is acknowledged.
 pub enum Then {
-    /// Hand the appended email to the relay inline; the answer is the hand-off's outcome, and
-    /// the hand-off records the idempotent completion (its outbox row holds the claim), so
-    /// the append carries none.
-    SendEmail(Box<mail::outbox::Prepared>),
-    /// Hand the appended email to the relay after answering (the outbox worker is the
-    /// backstop).
-    SendEmailLater(Box<mail::outbox::Prepared>),
+    /// Work the answer waits for, whose outcome is the answer (with the position it recorded,
+    /// for the consistency token). It records the idempotent completion itself, so the append
+    /// carries none.
+    Finish(Effect<Result<(Answer, Appended), ApiError>>),
+    /// Work left running after the answer (a worker is its backstop).
+    Detach(Effect<()>),
     /// The answer follows from where the append landed (an id derived from its position); for
     /// a command no idempotency record holds (its answer is recorded before the append).
     Answer(Box<dyn FnOnce(Appended) -> Answer>),
 }
+
+/// Work after an acknowledged append, given the service's state.
+pub type Effect<T> = Box<dyn FnOnce(web::Data<State>) -> futures_util::future::BoxFuture<'static, T> + Send>;
 
 impl Decision {
     pub fn new(streams: Vec<StreamAppend>, guards: Vec<Guard>, answer: Answer) -> Self {
@@ -422,8 +424,8 @@ async fn attempts<C: Command>(
         if claim.is_some() && matches!(then, Some(Then::Answer(_))) {
             return Err(ApiError::internal(&anyhow::anyhow!("an idempotent command's answer follows its append")));
         }
-        let hand_off_completes = matches!(then, Some(Then::SendEmail(_)));
-        if let (Some(claim), false) = (claim, hand_off_completes) {
+        let effect_completes = matches!(then, Some(Then::Finish(_)));
+        if let (Some(claim), false) = (claim, effect_completes) {
             match &answer.body {
                 Body::Json(body) => guards.push(claim.completion(answer.status, body)),
                 Body::Html(_) => {
@@ -454,25 +456,15 @@ async fn attempts<C: Command>(
             Some(Then::Answer(answer)) => {
                 Ok(respond(&answer(appended), (!public).then_some(operation_id), Some(appended)))
             }
-            Some(Then::SendEmailLater(prepared)) => {
-                let state = state.clone();
-                tokio::spawn(async move { crate::templates::hand_off::hand_off(&state, &prepared).await });
+            Some(Then::Detach(effect)) => {
+                tokio::spawn(effect(state.clone()));
                 Ok(respond(&answer, (!public).then_some(operation_id), Some(appended)))
             }
-            Some(Then::SendEmail(prepared)) => match crate::templates::hand_off::hand_off(state, &prepared).await {
-                // The token covers the outcome too (a bounce's suppression, for one).
-                Some((body, recorded)) => {
-                    Ok(respond(&Answer::json(StatusCode::OK, body), Some(operation_id), Some(recorded.max(appended))))
-                }
-                // Stored, but the relay may or may not have the message: never "retry".
-                None => Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Some(Code::OutcomeUnknown),
-                    "the email was stored but its hand-off's outcome is unknown; it is never sent again blindly: \
-                     reconcile before a new send",
-                )
-                .unconfirmed()),
-            },
+            Some(Then::Finish(effect)) => {
+                let (answer, recorded) = effect(state.clone()).await?;
+                // The token covers the effect's outcome too (a bounce's suppression, for one).
+                Ok(respond(&answer, (!public).then_some(operation_id), Some(recorded.max(appended))))
+            }
         };
     }
     Err(command.lost_too_often())
@@ -500,10 +492,9 @@ async fn live_catalog_revision(ctx: &Ctx<'_>) -> Result<i64, ApiError> {
 
 /// Drops this process's kept contexts read at another catalog revision than `current`.
 fn keep_only(state: &State, current: i64) {
-    state.write_contexts.keep_revision(current);
-    state.event_contexts.keep_revision(current);
-    state.workflows.keep_revision(current);
-    state.templates.keep_revision(current);
+    for kept in state.kept() {
+        kept.keep_revision(current);
+    }
 }
 
 /// An answer with `Operation-Id` (for a key's command) and `Consistency-Token` when something

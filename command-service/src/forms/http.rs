@@ -34,7 +34,7 @@ use serde_json::{Map, Value, json};
 use super::decide;
 use crate::State;
 use crate::emails::consent::{Source, set_email_consent, subscription_changes};
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal, Then};
+use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 use crate::records::decide::WriteSchema;
 use crate::records::http::{PlannedUpsert, Write, plan_upsert, write_context};
 use crate::templates::decide::{consent_keys, render_context};
@@ -279,7 +279,7 @@ impl Command for SubmitForm {
         };
         let decision = Decision::new(streams, guards, answer).in_space(&space_id);
         Ok(Decided::Append(match confirmation_email {
-            Some(prepared) => decision.then(Then::SendEmailLater(Box::new(prepared))),
+            Some(prepared) => decision.then(crate::templates::hand_off::later(prepared)),
             None => decision,
         }))
     }

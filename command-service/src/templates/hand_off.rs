@@ -2,11 +2,44 @@
 
 use std::time::Duration;
 
+use actix_web::http::StatusCode;
 use mail::outbox::{self, Handed, Prepared};
+use platform::error::{ApiError, Code};
 use platform::events::LogEvent;
 use serde_json::Value;
 
 use crate::State;
+use crate::pipeline::{Answer, Then};
+
+/// The send's answer waits for the hand-off: 200 with its outcome, or 503
+/// `idempotency_outcome_unknown` (unconfirmed) when the outcome is unknown. The hand-off
+/// records the idempotent completion (the outbox row holds the claim).
+pub fn now(prepared: Prepared) -> Then {
+    Then::Finish(Box::new(move |state| {
+        Box::pin(async move {
+            match hand_off(&state, &prepared).await {
+                Some((body, recorded)) => Ok((Answer::json(StatusCode::OK, body), recorded)),
+                // Stored, but the relay may or may not have the message: never "retry".
+                None => Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some(Code::OutcomeUnknown),
+                    "the email was stored but its hand-off's outcome is unknown; it is never sent again blindly: \
+                     reconcile before a new send",
+                )
+                .unconfirmed()),
+            }
+        })
+    }))
+}
+
+/// The hand-off runs after the answer; the outbox worker is its backstop.
+pub fn later(prepared: Prepared) -> Then {
+    Then::Detach(Box::new(move |state| {
+        Box::pin(async move {
+            hand_off(&state, &prepared).await;
+        })
+    }))
+}
 
 /// Hands an appended email to the relay inline and records the outcome; the answer to give,
 /// or `None` when the outcome is unknown (another hand-off has it, or the exchange broke off

@@ -28,7 +28,7 @@ use serde_json::{Map, Value};
 use super::decide::{self, Recipient};
 use crate::State;
 use crate::edge::append_error;
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal, Then};
+use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 use crate::records::decide::WriteSchema;
 use crate::records::http::{PlannedUpsert, plan_upsert};
 
@@ -184,7 +184,7 @@ impl Command for SendTemplate<'_> {
             guards.push(send::allowance_guard(space_id, now, allowance.monthly));
         }
         let decision = Decision::new(streams, guards, Answer::json(StatusCode::OK, Value::Null));
-        Ok(Decided::Append(decision.then(Then::SendEmail(Box::new(scheduled.prepared)))))
+        Ok(Decided::Append(decision.then(super::hand_off::now(scheduled.prepared))))
     }
 
     fn refused(&self, error: AppendError) -> Refusal {

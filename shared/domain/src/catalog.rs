@@ -309,6 +309,19 @@ impl<T> Kept<T> {
     }
 }
 
+/// What a process keeps per catalog revision (every [`Kept`]), so that all of it can be
+/// pruned together when the catalog moves on.
+pub trait KeptByRevision {
+    /// Drops what was read at another catalog revision than `revision`.
+    fn keep_revision(&self, revision: i64);
+}
+
+impl<T> KeptByRevision for Kept<T> {
+    fn keep_revision(&self, revision: i64) {
+        Kept::keep_revision(self, revision);
+    }
+}
+
 /// A resource found by id alone, whatever its space (public endpoints, whose tenant comes
 /// from the resource): its space, revision and definition.
 pub async fn resource_by_id(
