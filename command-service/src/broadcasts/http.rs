@@ -35,11 +35,11 @@ async fn audience_found(
     match audience {
         Audience::Segment { segment_id } => {
             let client = ctx.db().await?;
-            let loaded = crate::segments::http::load(&client, segment_id).await.map_err(|e| ApiError::internal(&e))?;
+            let loaded = crate::segments::store::load(&client, segment_id).await.map_err(|e| ApiError::internal(&e))?;
             match loaded {
                 Some((version, owner)) if owner == space_id => Ok((
                     AudienceFound::Yes,
-                    Some(Guard::stream_at(&crate::segments::http::stream_id(segment_id), version)),
+                    Some(Guard::stream_at(&crate::segments::store::stream_id(segment_id), version)),
                 )),
                 _ => Ok((AudienceFound::No, None)),
             }

@@ -26,7 +26,7 @@ use super::consent::{Source, set_email_consent, subscription_changes};
 use super::unsubscribe::{self, Email};
 use crate::State;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection};
-use crate::records::http::Write;
+use crate::records::write::Write;
 
 /// What the recipient chose.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,7 +24,7 @@ use serde_json::json;
 use super::consent::{Source, set_email_consent, subscription_changes};
 use crate::State;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection};
-use crate::records::http::Write;
+use crate::records::write::Write;
 
 /// What the email's stream says.
 pub(crate) struct Email {

@@ -36,7 +36,7 @@ use crate::State;
 use crate::emails::consent::{Source, set_email_consent, subscription_changes};
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 use crate::records::decide::WriteSchema;
-use crate::records::http::{PlannedUpsert, Write, plan_upsert, write_context};
+use crate::records::write::{PlannedUpsert, Write, plan_upsert, write_context};
 use crate::templates::decide::{consent_keys, render_context};
 use crate::templates::http::{Authored, EmailTo, load_authored};
 

@@ -6,13 +6,11 @@
 //! credit it spent. The filter is stored in the log and never returned; its description is.
 
 use std::cell::OnceCell;
-use std::collections::BTreeSet;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::{Caller, Permission};
 use api::ratelimit::Bucket;
-use deadpool_postgres::GenericClient;
 use domain::ai::AiError;
 use filter::Filter;
 use platform::error::{ApiError, Code};
@@ -22,62 +20,10 @@ use platform::log::{ExpectedVersion, StreamAppend};
 use platform::proto;
 use serde_json::{Value, json};
 
-use super::decide::{self, ContactSchema, NewSegment, Vocabulary};
+use super::decide::{self, NewSegment, Vocabulary};
+use super::store::{load, not_found, stream_id, vocabulary};
 use crate::State;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Decision, Given, Protection};
-
-/// The log stream of a segment.
-pub fn stream_id(segment_id: &str) -> String {
-    format!("segment-{segment_id}")
-}
-
-/// The space's vocabulary and remaining credits, from catalog version `catalog`, in one
-/// statement.
-async fn vocabulary(client: &impl GenericClient, catalog: &str, space_id: &str) -> anyhow::Result<(Vocabulary, i64)> {
-    let statement = client
-        .prepare_cached(&format!(
-            "SELECT
-                 COALESCE((SELECT jsonb_agg(jsonb_build_object(
-                         'attributes', (SELECT COALESCE(jsonb_agg(a.key), '[]') FROM {catalog}.attributes a
-                                        WHERE a.schema_id = s.schema_id),
-                         'consent', (SELECT COALESCE(jsonb_agg(a.key), '[]') FROM {catalog}.attributes a
-                                     WHERE a.schema_id = s.schema_id AND a.definition #>> '{{consent,channel}}' = 'email')))
-                           FROM {catalog}.schemas s WHERE s.space_id = $1 AND s.schema_type = 'contact'), '[]'),
-                 COALESCE((SELECT jsonb_agg(jsonb_build_array(s.slug, s.schema_id))
-                           FROM {catalog}.schemas s WHERE s.space_id = $1 AND s.schema_type = 'event'), '[]'),
-                 COALESCE((SELECT jsonb_agg(jsonb_build_array(r.definition ->> 'slug', r.resource_id))
-                           FROM {catalog}.resources r WHERE r.space_id = $1 AND r.kind = 'topic'), '[]'),
-                 COALESCE((SELECT balance FROM {catalog}.ai_credits WHERE space_id = $1), 0)
-                   - COALESCE((SELECT spent FROM public.ai_credit_spend WHERE space_id = $1), 0)"
-        ))
-        .await?;
-    let row = client.query_one(&statement, &[&space_id]).await?;
-    let strings = |value: &Value| -> BTreeSet<String> {
-        value.as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect()
-    };
-    let contact_schemas = row
-        .get::<_, Value>(0)
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|schema| ContactSchema {
-            attributes: strings(&schema["attributes"]),
-            consent_keys: strings(&schema["consent"]).into_iter().collect(),
-        })
-        .collect();
-    // Slugs and ids both name a schema or topic.
-    let names = |value: Value| {
-        value
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|pair| Some((pair.get(0)?.as_str()?.to_owned(), pair.get(1)?.as_str()?.to_owned())))
-            .flat_map(|(slug, id)| [(slug, id.clone()), (id.clone(), id)])
-            .collect()
-    };
-    let vocabulary = Vocabulary { contact_schemas, events: names(row.get(1)), topics: names(row.get(2)) };
-    Ok((vocabulary, row.get(3)))
-}
 
 /// `POST /segments`: the filter is made once per request (kept across attempts).
 struct CreateSegment<'a> {
@@ -161,33 +107,6 @@ pub async fn create(
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
-/// The segment's stream version and space, when it exists and is not deleted.
-pub async fn load(client: &impl GenericClient, segment_id: &str) -> anyhow::Result<Option<(i64, String)>> {
-    let statement = client
-        .prepare_cached(
-            "SELECT stream_version, event_type, payload FROM events WHERE stream_id = $1 ORDER BY stream_version",
-        )
-        .await?;
-    let mut current = None;
-    for row in client.query(&statement, &[&stream_id(segment_id)]).await? {
-        current = match LogEvent::decode(row.get(1), row.get(2))? {
-            LogEvent::SegmentCreated(created) => Some((row.get(0), created.space_id)),
-            LogEvent::SegmentDeleted(_) => None,
-            _ => current,
-        };
-    }
-    Ok(current)
-}
-
-/// A live segment of the caller's space: its stream version; 404 otherwise (also for another
-/// space's).
-pub async fn load_live(client: &impl GenericClient, space_id: &str, segment_id: &str) -> Result<i64, ApiError> {
-    match load(client, segment_id).await.map_err(|error| ApiError::internal(&error))? {
-        Some((version, owner)) if owner == space_id => Ok(version),
-        _ => Err(not_found(segment_id)),
-    }
-}
-
 /// `DELETE /segments/{id}`.
 struct DeleteSegment<'a> {
     caller: &'a Caller,
@@ -217,10 +136,6 @@ impl Command for DeleteSegment<'_> {
         let stream = StreamAppend::one(stream_id(segment_id), ExpectedVersion::Exactly(version), event, given.now_ms);
         Ok(Decided::Append(Decision::one(stream, Vec::new(), StatusCode::OK, body)))
     }
-}
-
-fn not_found(segment_id: &str) -> ApiError {
-    ApiError::not_found(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space"))
 }
 
 #[tracing::instrument(skip_all, fields(segment = %path.as_str()))]

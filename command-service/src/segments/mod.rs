@@ -4,3 +4,4 @@
 
 pub mod decide;
 pub mod http;
+pub mod store;

@@ -30,7 +30,7 @@ use crate::State;
 use crate::edge::append_error;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 use crate::records::decide::WriteSchema;
-use crate::records::http::{PlannedUpsert, plan_upsert};
+use crate::records::write::{PlannedUpsert, plan_upsert};
 
 /// The template of the caller's space with its sender, domain and the space's allowance: kept
 /// by this process since an earlier send at the catalog's revision, or read now in one

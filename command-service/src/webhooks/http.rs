@@ -88,14 +88,14 @@ async fn resolve_condition(
         Condition::None => return Ok(Resolved { condition: no_condition(), credits: 0, segment_guard: None }),
         Condition::Segment { segment_id } => {
             let client = ctx.db().await?;
-            let version = crate::segments::http::load_live(&client, caller.space_id(), segment_id).await?;
+            let version = crate::segments::store::load_live(&client, caller.space_id(), segment_id).await?;
             let condition = proto::WebhookCondition {
                 r#type: "segment".to_owned(),
                 description: String::new(),
                 expression: String::new(),
                 segment_id: segment_id.clone(),
             };
-            let segment_guard = Some((crate::segments::http::stream_id(segment_id), version));
+            let segment_guard = Some((crate::segments::store::stream_id(segment_id), version));
             return Ok(Resolved { condition, credits: 0, segment_guard });
         }
         Condition::CustomFilter { requirements } => requirements,

@@ -25,7 +25,7 @@ use super::store::{self, Found, NewRun};
 use crate::State;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection};
 use crate::records::decide::WriteSchema;
-use crate::records::http::{UpsertLoaded, Write, decide_upsert, load_upsert, write_context};
+use crate::records::write::{UpsertLoaded, Write, decide_upsert, load_upsert, write_context};
 
 fn internal(error: &anyhow::Error) -> ApiError {
     ApiError::internal(error)
