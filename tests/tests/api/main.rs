@@ -24,6 +24,7 @@ mod helpers;
 mod idempotency;
 mod identities;
 mod inbound;
+mod layering;
 mod log;
 mod operations;
 mod operator;

@@ -1,0 +1,158 @@
+//! What Cargo cannot hold: no two source files of a crate import each other, directly or
+//! through others. (Which crate may use which is each crate's `Cargo.toml`; which file of a
+//! capability may know HTTP or do IO, each service's own test.)
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every library crate of the workspace, by its source folder.
+const CRATES: &[&str] = &[
+    "shared/platform/src",
+    "shared/filter/src",
+    "shared/domain/src",
+    "shared/mail/src",
+    "shared/api/src",
+    "command-service/src",
+    "query-service/src",
+    "projector/src",
+];
+
+type Module = Vec<String>;
+
+fn sources(folder: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(folder).expect("a source folder") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            sources(&path, found);
+        } else if path.extension().is_some_and(|extension| extension == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+/// The module a file is: `records/http.rs` is `records::http`, `records/mod.rs` is `records`.
+fn module_of(root: &Path, file: &Path) -> Module {
+    let relative = file.strip_prefix(root).expect("under the root").with_extension("");
+    let mut parts: Module = relative.iter().map(|part| part.to_string_lossy().into_owned()).collect();
+    if parts.last().is_some_and(|last| ["lib", "main", "mod"].contains(&last.as_str())) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The source without its unit tests and line comments.
+fn code(text: &str) -> String {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+    text.lines().map(|line| line.split("//").next().unwrap_or_default()).collect::<Vec<_>>().join("\n")
+}
+
+/// The paths a source names after `crate::`, `super::` or `self::`, as (anchor, segments).
+fn paths(code: &str) -> Vec<(&str, Vec<&str>)> {
+    let mut found = Vec::new();
+    for anchor in ["crate::", "super::", "self::"] {
+        for (at, _) in code.match_indices(anchor) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let rest = &code[at + anchor.len()..];
+            let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len());
+            let segments = rest[..end].split("::").filter(|segment| !segment.is_empty()).collect();
+            found.push((anchor.trim_end_matches(':'), segments));
+        }
+    }
+    found
+}
+
+/// The file-level import graph of one crate: which module files each module file names.
+fn graph(root: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
+    let mut files = Vec::new();
+    sources(root, &mut files);
+    let modules: BTreeMap<Module, PathBuf> = files.iter().map(|file| (module_of(root, file), file.clone())).collect();
+    let mut graph = BTreeMap::new();
+    for (module, file) in &modules {
+        let text = std::fs::read_to_string(file).expect("a source file");
+        let mut targets = BTreeSet::new();
+        for (anchor, segments) in paths(&code(&text)) {
+            let mut at: Module = match anchor {
+                "crate" => Vec::new(),
+                // `super` of `a/b.rs` is `a`; of `a/b/mod.rs` (module `a::b`) also `a`.
+                "super" => module[..module.len().saturating_sub(1)].to_vec(),
+                // `self` of `a/b.rs` and of `a/b/mod.rs` is `a::b`.
+                _ => module.clone(),
+            };
+            let mut target = None;
+            for segment in segments {
+                if segment == "super" {
+                    at.pop();
+                    continue;
+                }
+                let mut candidate = at.clone();
+                candidate.push(segment.to_owned());
+                if !modules.contains_key(&candidate) {
+                    break;
+                }
+                at = candidate;
+                target = Some(at.clone());
+            }
+            // A module naming its own folder's parents is structure, not an import cycle.
+            if let Some(target) = target.filter(|target| target != module && !module.starts_with(target)) {
+                targets.insert(target);
+            }
+        }
+        graph.insert(module.clone(), targets);
+    }
+    graph
+}
+
+/// The modules on a cycle, if any: a path back to a module from itself.
+fn cycle(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Option<Vec<Module>> {
+    for start in graph.keys() {
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        let mut seen = BTreeSet::new();
+        while let Some((module, path)) = stack.pop() {
+            for next in graph.get(&module).into_iter().flatten() {
+                if next == start {
+                    return Some(path.clone());
+                }
+                if seen.insert(next.clone()) {
+                    let mut longer = path.clone();
+                    longer.push(next.clone());
+                    stack.push((next.clone(), longer));
+                }
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn no_two_files_of_a_crate_import_each_other() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+    for folder in CRATES {
+        let graph = graph(&workspace.join(folder));
+        assert!(!graph.is_empty(), "{folder} was not read");
+        if let Some(cycle) = cycle(&graph) {
+            let named: Vec<String> = cycle.iter().map(|module| module.join("::")).collect();
+            panic!("{folder}: an import cycle between files: {}", named.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_cycle_finder_finds_a_cycle() {
+    let module = |name: &str| vec![name.to_owned()];
+    let mut graph = BTreeMap::new();
+    graph.insert(module("pipeline"), BTreeSet::from([module("templates")]));
+    graph.insert(module("templates"), BTreeSet::from([module("records")]));
+    graph.insert(module("records"), BTreeSet::from([module("pipeline")]));
+    graph.insert(module("edge"), BTreeSet::new());
+    assert!(cycle(&graph).is_some());
+    graph.insert(module("records"), BTreeSet::from([module("edge")]));
+    assert_eq!(cycle(&graph), None);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").join("command-service/src");
+    let paths = paths("use crate::records::write::{Write};\nlet x = super::store::load(a);");
+    assert_eq!(paths[0], ("crate", vec!["records", "write"]));
+    assert_eq!(paths[1], ("super", vec!["store", "load"]));
+    assert_eq!(module_of(&root, &root.join("records/mod.rs")), module("records"));
+}
