@@ -437,7 +437,7 @@ async fn attempts<C: Command>(
             Actor::Key(caller) => crate::edge::metadata(req, caller, claim.map(|claim| claim.key.clone())),
             Actor::Public => Metadata { space_id, ..Metadata::default() },
         };
-        let appended = state.event_log.append(AppendRequest { metadata, streams, guards }).await;
+        let appended = state.event_log.append(AppendRequest::new(metadata, streams, guards)).await;
         let appended = match appended {
             Ok(appended) => appended,
             Err(error) => match command.refused(error) {

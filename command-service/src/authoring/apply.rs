@@ -177,14 +177,11 @@ pub async fn commit(event_log: &EventLog, planned: Planned) -> anyhow::Result<Ap
     if planned.streams.is_empty() {
         return Ok(report);
     }
-    let request = AppendRequest {
-        metadata: Metadata {
-            request_id: Some(format!("apply-{}", Utc::now().timestamp_millis())),
-            ..Metadata::default()
-        },
-        streams: planned.streams,
-        guards: planned.guards,
-    };
+    let request = AppendRequest::new(
+        Metadata { request_id: Some(format!("apply-{}", Utc::now().timestamp_millis())), ..Metadata::default() },
+        planned.streams,
+        planned.guards,
+    );
     let appended = event_log.append(request).await.map_err(|error| {
         anyhow::anyhow!("appending the workspace failed (another apply at the same time?): {error}")
     })?;

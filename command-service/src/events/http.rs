@@ -241,7 +241,7 @@ fn accepted(
 /// The append of some new occurrences, all or nothing.
 fn acceptance(req: &HttpRequest, context: &Context, new: Vec<(StreamAppend, NewReceipt)>) -> AppendRequest {
     let (streams, guards) = acceptance_parts(context, new);
-    AppendRequest { metadata: crate::edge::metadata(req, &context.caller, None), streams, guards }
+    AppendRequest::new(crate::edge::metadata(req, &context.caller, None), streams, guards)
 }
 
 /// The streams and guards of some new occurrences.

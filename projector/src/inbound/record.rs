@@ -18,7 +18,7 @@ use crate::inbound::feedback::Report;
 use deadpool_postgres::Pool;
 use platform::error::Code;
 use platform::events::LogEvent;
-use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StreamAppend};
+use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use sha2::{Digest, Sha256};
 
@@ -202,12 +202,6 @@ impl Recorder {
             streams.push(stream);
             guards.push(guard);
         }
-        self.log
-            .append(AppendRequest {
-                metadata: Metadata { space_id: Some(email.space_id.clone()), ..Metadata::default() },
-                streams,
-                guards,
-            })
-            .await
+        self.log.append(AppendRequest::in_space(&email.space_id, streams, guards)).await
     }
 }

@@ -31,7 +31,7 @@ use mail::mailer::Mailer;
 use mail::outbox::{self, Prepared};
 use mail::send::{Authored, EmailTo, allowance_guard, schedule};
 use platform::error::Code;
-use platform::log::{AppendError, AppendRequest, EventLog, Guard, Metadata, SetValue};
+use platform::log::{AppendError, AppendRequest, EventLog, Guard, SetValue};
 use platform::readmodel::live_schema;
 use platform::settings::Settings;
 use serde_json::Value;
@@ -378,11 +378,7 @@ impl Runs {
             if let Some(allowance) = &authored.allowance {
                 guards.push(allowance_guard(&run.space_id, now, allowance.monthly));
             }
-            let request = AppendRequest {
-                metadata: Metadata { space_id: Some(run.space_id.clone()), ..Metadata::default() },
-                streams: vec![scheduled.stream],
-                guards,
-            };
+            let request = AppendRequest::in_space(&run.space_id, vec![scheduled.stream], guards);
             appends.push((contact_id.clone(), request, scheduled.prepared));
         }
         let results =

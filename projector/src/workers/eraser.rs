@@ -99,7 +99,7 @@ async fn advance(pool: &Pool, log: &EventLog, open: &Open, blocked_after: Durati
         )
         .await?;
     drop(client);
-    let metadata = Metadata { space_id: Some(open.space_id.clone()), ..Metadata::default() };
+    let metadata = Metadata::in_space(&open.space_id);
     let now = platform::time::now_millis();
     if let Some(laggard) = laggard {
         if open.state == "pending" && open.waited >= blocked_after {
@@ -206,9 +206,9 @@ async fn append(
     guard: Guard,
 ) -> anyhow::Result<bool> {
     let outcome = log
-        .append(AppendRequest {
+        .append(AppendRequest::new(
             metadata,
-            streams: vec![StreamAppend {
+            vec![StreamAppend {
                 stream_id: stream_id.to_owned(),
                 expected: ExpectedVersion::Any,
                 events: vec![NewEvent {
@@ -217,8 +217,8 @@ async fn append(
                     occurred_at: chrono::Utc::now(),
                 }],
             }],
-            guards: vec![guard],
-        })
+            vec![guard],
+        ))
         .await;
     match outcome {
         Ok(_) => Ok(true),

@@ -220,9 +220,9 @@ async fn prepare(
         credits_spent: prepared.credits_spent,
     };
     let outcome = log
-        .append(AppendRequest {
-            metadata: Metadata { space_id: Some(accepted.space_id.clone()), ..Metadata::default() },
-            streams: vec![StreamAppend {
+        .append(AppendRequest::in_space(
+            &accepted.space_id,
+            vec![StreamAppend {
                 stream_id: format!("event/{}", accepted.id),
                 expected: ExpectedVersion::Exactly(1),
                 events: vec![NewEvent {
@@ -231,13 +231,13 @@ async fn prepare(
                     occurred_at: platform::time::from_millis(now),
                 }],
             }],
-            guards: domain::admission::preparation_guards(
+            domain::admission::preparation_guards(
                 &accepted.id,
                 &accepted.space_id,
                 &accepted.schema_id,
                 prepared.credits_spent,
             ),
-        })
+        ))
         .await;
     match outcome {
         Ok(_) | Err(AppendError::WrongVersion { .. } | AppendError::Conflict { .. }) => Ok(true),
@@ -353,7 +353,7 @@ async fn fill_record(
     drop(client);
     let prepared = fill(provider, &state.values(), &definitions, credits).await;
     let now = platform::time::now_millis();
-    let metadata = Metadata { space_id: Some(state.space_id.clone()), ..Metadata::default() };
+    let metadata = Metadata::in_space(&state.space_id);
     let (stream, guards) = if prepared.state == "ready" {
         let mut values = state.values();
         values.extend(prepared.values.clone());
@@ -396,7 +396,7 @@ async fn fill_record(
     } else {
         return Ok(true);
     };
-    match log.append(AppendRequest { metadata, streams: vec![stream], guards }).await {
+    match log.append(AppendRequest::new(metadata, vec![stream], guards)).await {
         Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(true),
         Err(error) => Err(error.into()),
     }

@@ -36,8 +36,8 @@ impl Windows {
             at_ms: now,
         });
         let stream = StreamAppend::one(format!("segment-clock-{contact_id}"), ExpectedVersion::Any, event, now);
-        let metadata = Metadata { space_id: Some(space_id), ..Metadata::default() };
-        self.log.append(AppendRequest { metadata, streams: vec![stream], guards: Vec::new() }).await?;
+        let metadata = Metadata::in_space(&space_id);
+        self.log.append(AppendRequest::new(metadata, vec![stream], Vec::new())).await?;
         Ok(Handled::Done)
     }
 }

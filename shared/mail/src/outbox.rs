@@ -18,7 +18,7 @@ use domain::email::resources::{DomainDef, SenderDef};
 use platform::error::Code;
 use platform::events::LogEvent;
 use platform::log::{
-    AppendError, AppendRequest, Appended, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend,
+    AppendError, AppendRequest, Appended, EventLog, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend,
 };
 use platform::proto;
 
@@ -330,13 +330,7 @@ async fn append_outcome(
         0,
         StreamAppend { stream_id: domain::email::stream_id(&parties.email_id), expected: ExpectedVersion::Any, events },
     );
-    event_log
-        .append(AppendRequest {
-            metadata: Metadata { space_id: Some(parties.space_id.clone()), ..Metadata::default() },
-            streams,
-            guards,
-        })
-        .await
+    event_log.append(AppendRequest::in_space(&parties.space_id, streams, guards)).await
 }
 
 /// A provider suppression (`reason` `bounce` or `complaint`) of `address` in the space, and

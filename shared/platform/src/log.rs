@@ -204,6 +204,25 @@ pub struct AppendRequest {
     pub guards: Vec<Guard>,
 }
 
+impl AppendRequest {
+    pub fn new(metadata: Metadata, streams: Vec<StreamAppend>, guards: Vec<Guard>) -> Self {
+        Self { metadata, streams, guards }
+    }
+
+    /// A write the system makes on its own in a space (a worker's, not a caller's).
+    pub fn in_space(space_id: &str, streams: Vec<StreamAppend>, guards: Vec<Guard>) -> Self {
+        Self::new(Metadata::in_space(space_id), streams, guards)
+    }
+}
+
+impl Metadata {
+    /// The metadata of a write the system makes on its own in `space_id`: no key, user,
+    /// request or idempotency key.
+    pub fn in_space(space_id: &str) -> Self {
+        Self { space_id: Some(space_id.to_owned()), ..Self::default() }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Appended {
     /// Position of the command's last event (0 when it appended none).

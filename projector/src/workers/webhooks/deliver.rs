@@ -22,7 +22,7 @@ use domain::webhooks::state::{secret_subject, stream_id};
 use domain::webhooks::target;
 use platform::crypto::Keys;
 use platform::events::LogEvent;
-use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Metadata, NewEvent, StreamAppend};
+use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, NewEvent, StreamAppend};
 use platform::proto;
 use platform::settings::WebhookSettings;
 use prost::Message;
@@ -541,9 +541,9 @@ impl Inner {
             detail: detail.to_owned(),
             paused_at_ms: now,
         };
-        let request = AppendRequest {
-            metadata: Metadata { space_id: Some(delivery.space_id.clone()), ..Metadata::default() },
-            streams: vec![StreamAppend {
+        let request = AppendRequest::in_space(
+            &delivery.space_id,
+            vec![StreamAppend {
                 stream_id: stream_id(&delivery.webhook_id),
                 expected: ExpectedVersion::Exactly(version),
                 events: vec![NewEvent {
@@ -552,8 +552,8 @@ impl Inner {
                     occurred_at: platform::time::from_millis(now),
                 }],
             }],
-            guards: Vec::new(),
-        };
+            Vec::new(),
+        );
         match self.log.append(request).await {
             // Changed meanwhile (its owner, or another worker pausing it): nothing to do.
             Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(()),

@@ -372,8 +372,8 @@ impl Follower {
                 occurred_at: platform::time::from_millis(now),
             }],
         };
-        let metadata = Metadata { space_id: Some(start.space_id.to_owned()), ..Metadata::default() };
-        match self.log.append(AppendRequest { metadata, streams: vec![stream], guards }).await {
+        let metadata = Metadata::in_space(start.space_id);
+        match self.log.append(AppendRequest::new(metadata, vec![stream], guards)).await {
             // Started by an earlier pass over the same cause.
             Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(()),
             Err(error) => Err(error.into()),

@@ -1166,12 +1166,12 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
                 .collect(),
         });
     }
-    let metadata = Metadata { space_id: Some(row.space_id.clone()), ..Metadata::default() };
+    let metadata = Metadata::in_space(&row.space_id);
     if streams.is_empty() {
         // Only the row changes (a retry's due time, a run parked before it started).
         return apply_guards_alone(inner, guards).await;
     }
-    inner.log.append(AppendRequest { metadata, streams, guards }).await.map(|_| ())
+    inner.log.append(AppendRequest::new(metadata, streams, guards)).await.map(|_| ())
 }
 
 /// Runs guards in a transaction of their own (a transition with no event).
