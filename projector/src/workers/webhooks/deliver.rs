@@ -11,7 +11,6 @@
 //! delivery twice after answering 2xx.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,16 +31,13 @@ use uuid::Uuid;
 
 use super::enqueue::DELIVERIES_CHANNEL;
 use crate::runtime::{Outcome, Worker};
+use crate::workers::outbound::{AttemptResult, GuardedResolver, classify, describe, retry_after};
 
 /// Deliveries claimed per step at most.
 const CLAIM_MAX: usize = 256;
 /// How much longer than the attempt timeout a lease lasts, at most (and at least as long as
 /// the timeout itself).
 const LEASE_MARGIN: Duration = Duration::from_secs(30);
-/// The longest `Retry-After` honoured.
-const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
-/// The longest error message kept.
-const ERROR_MAX_CHARS: usize = 500;
 /// The advisory lock that serialises claims between processes.
 const CLAIM_LOCK: i64 = 7_305_001;
 
@@ -69,28 +65,6 @@ enum Plan {
     Send { body: Vec<u8>, secrets: Vec<Secret> },
     /// Not sent, for this reason.
     Drop(&'static str),
-}
-
-/// What one attempt came to.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum AttemptResult {
-    Delivered {
-        status: u16,
-    },
-    /// A failure worth retrying (network, timeout, 408, 429, 5xx), after at least
-    /// `retry_after` when the receiver asked.
-    Retryable {
-        status: Option<u16>,
-        error: String,
-        retry_after: Option<Duration>,
-    },
-    /// 410 Gone: the webhook is paused.
-    Gone,
-    /// Any other answer: failed without retry.
-    Rejected {
-        status: Option<u16>,
-        error: String,
-    },
 }
 
 /// An attempt's outcome, on its way to the recorder.
@@ -603,75 +577,6 @@ fn plan_send(
     Plan::Send { body, secrets: chosen }
 }
 
-/// The outcome of an answer.
-pub(crate) fn classify(status: u16, retry_after: Option<Duration>) -> AttemptResult {
-    match status {
-        200..=299 => AttemptResult::Delivered { status },
-        410 => AttemptResult::Gone,
-        408 | 429 | 500..=599 => {
-            AttemptResult::Retryable { status: Some(status), error: status_text(status), retry_after }
-        }
-        _ => AttemptResult::Rejected { status: Some(status), error: status_text(status) },
-    }
-}
-
-fn status_text(status: u16) -> String {
-    let reason = reqwest::StatusCode::from_u16(status).ok().and_then(|code| code.canonical_reason());
-    match reason {
-        Some(reason) => format!("HTTP {status} {reason}"),
-        None => format!("HTTP {status}"),
-    }
-}
-
-/// `Retry-After` in seconds or as an HTTP date, bounded.
-pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
-    let delay = match value.parse::<u64>() {
-        Ok(seconds) => Duration::from_secs(seconds),
-        Err(_) => {
-            let at = DateTime::parse_from_rfc2822(value).ok()?.with_timezone(&Utc);
-            (at - Utc::now()).to_std().unwrap_or_default()
-        }
-    };
-    Some(delay.min(RETRY_AFTER_MAX))
-}
-
-/// A transport error with its causes, bounded.
-pub(crate) fn describe(error: &reqwest::Error) -> String {
-    let mut text = if error.is_timeout() { "timed out".to_owned() } else { error.to_string() };
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text.chars().take(ERROR_MAX_CHARS).collect()
-}
-
-/// Resolves delivery hosts and refuses any whose addresses include a refused one
-/// (loopback unless allowed, private, link-local, metadata...): the check at connect time,
-/// against DNS rebinding.
-pub(crate) struct GuardedResolver {
-    pub(crate) allow_loopback: bool,
-}
-
-impl reqwest::dns::Resolve for GuardedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let allow_loopback = self.allow_loopback;
-        Box::pin(async move {
-            let host = name.as_str().to_owned();
-            let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if let Some(refusal) =
-                addresses.iter().find_map(|address| target::address_refusal(address.ip(), allow_loopback))
-            {
-                return Err(format!("{host} resolves to a refused address: {}", refusal.message()).into());
-            }
-            let addresses: reqwest::dns::Addrs = Box::new(addresses.into_iter());
-            Ok(addresses)
-        })
-    }
-}
-
 impl Worker for Deliver {
     fn name(&self) -> String {
         "webhook_delivery".to_owned()
@@ -710,29 +615,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn answers_are_classified_as_the_contract_says() {
-        assert_eq!(classify(204, None), AttemptResult::Delivered { status: 204 });
-        assert_eq!(classify(410, None), AttemptResult::Gone);
-        for retried in [408, 429, 500, 503] {
-            assert!(matches!(classify(retried, None), AttemptResult::Retryable { .. }), "{retried}");
-        }
-        for rejected in [301, 400, 401, 404, 422] {
-            assert!(matches!(classify(rejected, None), AttemptResult::Rejected { .. }), "{rejected}");
-        }
-    }
-
-    #[test]
-    fn retry_after_reads_seconds_and_dates_and_is_bounded() {
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(reqwest::header::RETRY_AFTER, "7".parse().expect("header"));
-        assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
-        headers.insert(reqwest::header::RETRY_AFTER, "99999999".parse().expect("header"));
-        assert_eq!(retry_after(&headers), Some(RETRY_AFTER_MAX));
-        headers.insert(reqwest::header::RETRY_AFTER, "soon".parse().expect("header"));
-        assert_eq!(retry_after(&headers), None);
-    }
-
-    #[test]
     fn during_a_rotation_both_secrets_sign_and_the_captured_one_comes_first() {
         let (old, new) = (Secret::generate(), Secret::generate());
         let later = Some(Utc::now() + chrono::Duration::hours(1));
@@ -752,18 +634,6 @@ mod tests {
             panic!("sent")
         };
         assert_eq!(secrets, vec![new], "after the grace period only the captured secret signs");
-    }
-
-    #[tokio::test]
-    async fn at_connect_time_a_host_resolving_to_a_refused_address_is_refused() {
-        use reqwest::dns::Resolve;
-        let name = |host: &str| host.parse::<reqwest::dns::Name>().expect("a host name");
-        let strict = GuardedResolver { allow_loopback: false };
-        let refused = strict.resolve(name("localhost")).await;
-        assert!(refused.is_err(), "localhost resolves to loopback, refused by default");
-        let local = GuardedResolver { allow_loopback: true };
-        let allowed = local.resolve(name("localhost")).await.expect("allowed for development");
-        assert!(allowed.into_iter().all(|address| address.ip().is_loopback()));
     }
 
     #[test]

@@ -75,7 +75,7 @@ impl Engine {
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(Arc::new(crate::workers::webhooks::deliver::GuardedResolver {
+            .dns_resolver(Arc::new(crate::workers::outbound::GuardedResolver {
                 allow_loopback: settings.webhooks.allow_loopback,
             }))
             .user_agent(concat!("platform-workflows/", env!("CARGO_PKG_VERSION")))

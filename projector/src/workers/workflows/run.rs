@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::Inner;
-use crate::workers::webhooks::deliver::{AttemptResult, classify, describe, retry_after};
+use crate::workers::outbound::{AttemptResult, classify, describe, retry_after};
 
 /// Steps one transition executes at most (a loop of steps without effects is bounded by its
 /// `goto`, and each transition by this).
