@@ -32,7 +32,7 @@ use crate::events::decide::{
 };
 use crate::events::store::{
     ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, admission_guard, admission_state,
-    ensure_scopes, find_receipts, load_subjects, receipts_guard, stream_id, subjects_guard,
+    ensure_scopes, find_receipts, load_subjects, receipts_guard, subjects_guard,
 };
 use crate::pipeline::{self, ATTEMPTS, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
 use crate::write_contexts::{self, Kind};
@@ -219,7 +219,7 @@ fn accepted(
         "readinessAtAcceptance": input.readiness(),
     });
     let stream = StreamAppend {
-        stream_id: stream_id(&id),
+        stream_id: domain::business_events::stream_id(&id),
         expected: ExpectedVersion::NoStream,
         events: vec![NewEvent {
             event: LogEvent::EventAccepted(event),

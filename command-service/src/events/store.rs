@@ -12,10 +12,6 @@ use serde_json::{Value, json};
 
 use crate::events::decide::ScopeState;
 
-pub fn stream_id(event_id: &str) -> String {
-    format!("event/{event_id}")
-}
-
 /// A receipt already held under an eventId.
 #[derive(Debug, Clone)]
 pub struct Receipt {

@@ -13,6 +13,18 @@ const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
 /// The longest error message kept.
 const ERROR_MAX_CHARS: usize = 500;
 
+/// The HTTP client of outbound calls: `timeout` per call (and at most 10 s to connect), no
+/// redirects followed, hosts resolved through [`GuardedResolver`], this user agent.
+pub(crate) fn client(timeout: Duration, allow_loopback: bool, user_agent: &str) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(10)))
+        .redirect(reqwest::redirect::Policy::none())
+        .dns_resolver(std::sync::Arc::new(GuardedResolver { allow_loopback }))
+        .user_agent(user_agent)
+        .build()
+}
+
 /// What one attempt came to.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum AttemptResult {

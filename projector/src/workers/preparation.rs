@@ -223,7 +223,7 @@ async fn prepare(
         .append(AppendRequest::in_space(
             &accepted.space_id,
             vec![StreamAppend {
-                stream_id: format!("event/{}", accepted.id),
+                stream_id: domain::business_events::stream_id(&accepted.id),
                 expected: ExpectedVersion::Exactly(1),
                 events: vec![NewEvent {
                     event: LogEvent::EventReadinessChanged(change),

@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod ai;
 pub mod attributes;
+pub mod business_events;
 pub mod catalog;
 pub mod email;
 pub mod records;

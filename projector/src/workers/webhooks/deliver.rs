@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use super::enqueue::DELIVERIES_CHANNEL;
 use crate::runtime::{Outcome, Worker};
-use crate::workers::outbound::{AttemptResult, GuardedResolver, classify, describe, retry_after};
+use crate::workers::outbound::{AttemptResult, classify, describe, retry_after};
 
 /// Deliveries claimed per step at most.
 const CLAIM_MAX: usize = 256;
@@ -206,13 +206,8 @@ pub struct Deliver(Arc<Inner>);
 impl Deliver {
     pub fn new(pool: Pool, log: EventLog, settings: &WebhookSettings) -> anyhow::Result<Self> {
         let timeout = Duration::from_millis(settings.attempt_timeout_ms.max(1));
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(Arc::new(GuardedResolver { allow_loopback: settings.allow_loopback }))
-            .user_agent(concat!("platform-webhooks/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let agent = concat!("platform-webhooks/", env!("CARGO_PKG_VERSION"));
+        let http = crate::workers::outbound::client(timeout, settings.allow_loopback, agent)?;
         let slots = Arc::new(Semaphore::new(settings.concurrency.max(1)));
         let finished = tokio::sync::Notify::new();
         let (recorder, queue) = tokio::sync::mpsc::unbounded_channel();

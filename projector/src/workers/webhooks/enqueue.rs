@@ -607,7 +607,9 @@ async fn occurrence(
             fired(accepted, None, stored.subject_id.clone(), keys, accepted.received_at_ms)?
         }
         LogEvent::EventReadinessChanged(changed) if changed.state == "ready" => {
-            let Some(accepted) = accepted_event(transaction, &changed.id).await? else { return Ok(None) };
+            let Some(accepted) = domain::business_events::accepted(transaction, &changed.id).await? else {
+                return Ok(None);
+            };
             fired(&accepted, Some(changed), stored.subject_id.clone(), keys, changed.changed_at_ms)?
         }
         LogEvent::EmailScheduled(scheduled) => Some(email_occurrence(
@@ -701,23 +703,6 @@ async fn template_of(transaction: &Transaction<'_>, email_id: &str) -> anyhow::R
     Ok(match LogEvent::decode("EmailScheduled.v1", row.get(0))? {
         LogEvent::EmailScheduled(scheduled) => scheduled.template_id,
         _ => String::new(),
-    })
-}
-
-/// The acceptance of event `id`, from its stream.
-pub(crate) async fn accepted_event(
-    transaction: &Transaction<'_>,
-    id: &str,
-) -> anyhow::Result<Option<proto::EventAccepted>> {
-    let statement = transaction
-        .prepare_cached(
-            "SELECT event_type, payload FROM events WHERE stream_id = $1 AND event_type = 'EventAccepted.v1'",
-        )
-        .await?;
-    let Some(row) = transaction.query_opt(&statement, &[&format!("event/{id}")]).await? else { return Ok(None) };
-    Ok(match LogEvent::decode(row.get(0), row.get(1))? {
-        LogEvent::EventAccepted(accepted) => Some(accepted),
-        _ => None,
     })
 }
 

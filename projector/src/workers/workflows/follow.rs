@@ -433,7 +433,7 @@ async fn entries(
 
 /// The contact an event is about, from its acceptance.
 async fn contact_of_event(client: &impl GenericClient, event_id: &str) -> anyhow::Result<Option<String>> {
-    let events = platform::log::read_streams(client, &[format!("event/{event_id}")]).await?;
+    let events = platform::log::read_streams(client, &[domain::business_events::stream_id(event_id)]).await?;
     for stored in events {
         if let LogEvent::EventAccepted(accepted) = stored.decode()? {
             return Ok(Some(accepted.contact_id).filter(|id| !id.is_empty()));
@@ -451,7 +451,7 @@ async fn event_data(
 ) -> anyhow::Result<(Value, Option<String>)> {
     let mut values = serde_json::Map::new();
     let mut occurred_at = None;
-    for stored in platform::log::read_streams(client, &[format!("event/{event_id}")]).await? {
+    for stored in platform::log::read_streams(client, &[domain::business_events::stream_id(event_id)]).await? {
         let sealed = match stored.decode()? {
             LogEvent::EventAccepted(accepted) => {
                 occurred_at = Some(platform::time::format_millis(accepted.occurred_at_ms));

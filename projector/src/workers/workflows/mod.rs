@@ -71,15 +71,8 @@ pub struct Engine(Arc<Inner>);
 impl Engine {
     pub fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
         let timeout = Duration::from_millis(settings.webhooks.attempt_timeout_ms.max(1));
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(Arc::new(crate::workers::outbound::GuardedResolver {
-                allow_loopback: settings.webhooks.allow_loopback,
-            }))
-            .user_agent(concat!("platform-workflows/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let agent = concat!("platform-workflows/", env!("CARGO_PKG_VERSION"));
+        let http = crate::workers::outbound::client(timeout, settings.webhooks.allow_loopback, agent)?;
         let mailer = Mailer::from_settings(&settings.email)?;
         let claims = mail::outbox::Claims::start(pool.clone());
         Ok(Self(Arc::new(Inner {
