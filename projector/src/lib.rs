@@ -218,3 +218,20 @@ impl Application {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// What the compiler cannot hold: the workers' decisions do no IO and read no clock or
+    /// randomness; what they need is loaded or given.
+    #[test]
+    fn decisions_do_no_io() {
+        let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        for file in ["workers/workflows/decide.rs"] {
+            let text = std::fs::read_to_string(source.join(file)).expect("a source file");
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+            for word in [".await", "async ", "deadpool", "tokio", "now_millis", "Utc::now", "rand::", "reqwest"] {
+                assert!(!code.contains(word), "{file} mentions {word}");
+            }
+        }
+    }
+}

@@ -16,6 +16,7 @@
 //! runtime's `timers`: a step may call a webhook, and a timer's claim transaction must not be
 //! held across an outside call (the reason the webhook outbox is a queue of its own too).
 
+mod decide;
 mod follow;
 mod run;
 
@@ -116,7 +117,7 @@ impl Engine {
             };
             let inner = self.0.clone();
             let run_id: String = row.get(0);
-            let read = run::Row::read(row);
+            let read = decide::Row::read(row);
             tokio::spawn(async move {
                 let advanced = match read {
                     Ok(row) => run::advance(&inner, row, token).await,
