@@ -102,6 +102,24 @@ pub enum Reentry {
     OnceAtATime,
 }
 
+/// The runs a contact has of a workflow, whatever started them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContactRuns {
+    pub any: bool,
+    pub unfinished: bool,
+}
+
+impl Reentry {
+    /// Whether the rule holds a new run of a trigger back, given the contact's runs.
+    pub fn holds_back(self, runs: ContactRuns) -> bool {
+        match self {
+            Reentry::Always => false,
+            Reentry::Once => runs.any,
+            Reentry::OnceAtATime => runs.unfinished,
+        }
+    }
+}
+
 /// A step: its id, unique in the workflow, and what it does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -483,6 +501,18 @@ pub fn condition_document(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn given_a_contacts_runs_when_a_trigger_fires_then_its_reentry_rule_decides_whether_a_run_starts() {
+        let none = ContactRuns::default();
+        let finished = ContactRuns { any: true, unfinished: false };
+        let running = ContactRuns { any: true, unfinished: true };
+        assert!([none, finished, running].iter().all(|runs| !Reentry::Always.holds_back(*runs)));
+        assert!(!Reentry::Once.holds_back(none));
+        assert!(Reentry::Once.holds_back(finished) && Reentry::Once.holds_back(running));
+        assert!(!Reentry::OnceAtATime.holds_back(none) && !Reentry::OnceAtATime.holds_back(finished));
+        assert!(Reentry::OnceAtATime.holds_back(running));
+    }
 
     fn step(id: &str, kind: StepKind) -> Step {
         Step { id: id.into(), kind }

@@ -22,7 +22,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Pool};
-use domain::workflows::{Reentry, TriggerOn, WORKFLOW, WorkflowDef, run_stream_id};
+use domain::workflows::{ContactRuns, Reentry, TriggerOn, WORKFLOW, WorkflowDef, run_stream_id};
 use futures_util::future::BoxFuture;
 use platform::events::LogEvent;
 use platform::log::{
@@ -297,24 +297,9 @@ impl Follower {
     async fn start(&self, client: &impl GenericClient, start: &Start<'_>) -> anyhow::Result<()> {
         let (workflow_id, revision) = start.workflow;
         let contact_id = start.contact_id.to_owned();
-        let held_back = match start.reentry {
-            Reentry::Always => false,
-            Reentry::Once => client
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM workflow_runs WHERE workflow_id = $1 AND contact_id = $2)",
-                    &[&workflow_id, &contact_id],
-                )
-                .await?
-                .get(0),
-            Reentry::OnceAtATime => client
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM workflow_runs
-                                    WHERE workflow_id = $1 AND contact_id = $2 AND finished_at IS NULL)",
-                    &[&workflow_id, &contact_id],
-                )
-                .await?
-                .get(0),
-        };
+        // `always` needs no read.
+        let held_back = start.reentry != Reentry::Always
+            && start.reentry.holds_back(contact_runs(client, workflow_id, &contact_id).await?);
         if held_back {
             return Ok(());
         }
@@ -429,6 +414,18 @@ async fn entries(
         .await?;
     entries.extend(rest.into_iter().map(|row| (row.get(0), row.get(1))));
     Ok((entries, last))
+}
+
+/// The runs `contact_id` has of `workflow_id`, whatever started them.
+async fn contact_runs(client: &impl GenericClient, workflow_id: &str, contact_id: &str) -> anyhow::Result<ContactRuns> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM workflow_runs WHERE workflow_id = $1 AND contact_id = $2),
+                    EXISTS (SELECT 1 FROM workflow_runs WHERE workflow_id = $1 AND contact_id = $2 AND finished_at IS NULL)",
+            &[&workflow_id, &contact_id],
+        )
+        .await?;
+    Ok(ContactRuns { any: row.get(0), unfinished: row.get(1) })
 }
 
 /// The contact an event is about, from its acceptance.
