@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use domain::email::resources::TOPIC;
 use platform::error::{ApiError, Code, Issue};
 use serde_json::{Map, Value, json};
 
@@ -139,16 +138,11 @@ impl Command for ChangePreferences {
         let (space_id, contact_id) = (&email.scheduled.space_id, &email.scheduled.contact_id);
         let catalog = ctx.catalog().await?;
         let client = ctx.db().await?;
-        let statement = client
-            .prepare_cached(&format!(
-                "SELECT resource_id, definition->>'name' FROM {catalog}.resources WHERE space_id = $1 AND kind = $2"
-            ))
-            .await?;
-        let topics: BTreeMap<String, String> = client
-            .query(&statement, &[space_id, &TOPIC])
-            .await?
+        let topics: BTreeMap<String, String> = domain::email::topics(&client, &catalog, space_id)
+            .await
+            .map_err(|error| ApiError::internal(&error))?
             .into_iter()
-            .map(|row| (row.get(0), row.get(1)))
+            .map(|(topic_id, topic)| (topic_id, topic.name))
             .collect();
         let subscribed =
             domain::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?;

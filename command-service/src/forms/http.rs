@@ -32,6 +32,7 @@ use platform::proto;
 use serde_json::{Map, Value, json};
 
 use super::decide;
+use super::store::{self, Token};
 use crate::State;
 use crate::emails::consent::{Source, set_email_consent, subscription_changes};
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
@@ -395,16 +396,8 @@ impl Command for ConfirmSubmission {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Confirmation, ApiError> {
         let (space_id, form) = load_form(ctx, &self.form_id).await?;
         let db = ctx.db().await?;
-        let row = db
-            .query_opt(
-                "SELECT submission_id, contact_id, confirmed_at IS NOT NULL, expires_at < now() FROM form_tokens
-                 WHERE token_digest = $1 AND form_id = $2",
-                &[&self.digest, &self.form_id],
-            )
-            .await?
-            .ok_or_else(link_not_found)?;
-        let (submission_id, contact_id, done, expired): (String, String, bool, bool) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let Token { submission_id, contact_id, done, expired } =
+            store::token(&db, &self.digest, &self.form_id).await?.ok_or_else(link_not_found)?;
         if done {
             return Ok(Confirmation::Done(form));
         }

@@ -3,3 +3,4 @@
 
 pub mod decide;
 pub mod http;
+pub mod store;

@@ -4,3 +4,4 @@
 //! outbox), which no replay of the log could rebuild.
 
 pub mod http;
+pub mod store;

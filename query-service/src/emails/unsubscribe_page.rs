@@ -10,7 +10,6 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::pages::{Preferences, TopicChoice};
 use domain::catalog::CATALOG;
-use domain::email::resources::{TOPIC, TopicDef};
 use platform::error::{ApiError, Code};
 use platform::events::LogEvent;
 
@@ -36,28 +35,21 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     }
     let scheduled = scheduled.ok_or_else(not_found)?;
     let catalog = state.read_models.current(&[CATALOG]).await?.schema(CATALOG);
-    let statement = client
-        .prepare_cached(&format!(
-            "SELECT resource_id, definition FROM {catalog}.resources WHERE space_id = $1 AND kind = $2
-             ORDER BY definition->>'name', resource_id"
-        ))
-        .await?;
-    let rows = client.query(&statement, &[&scheduled.space_id, &TOPIC]).await?;
+    let topics = domain::email::topics(&client, &catalog, &scheduled.space_id)
+        .await
+        .map_err(|error| ApiError::internal(&error))?;
     let subscriptions = domain::email::subscriptions(&client, &scheduled.contact_id)
         .await
         .map_err(|error| ApiError::internal(&error))?;
     drop(client);
-    let mut topics = Vec::new();
+    let mut choices = Vec::new();
     let mut this_topic = None;
-    for row in rows {
-        let (topic_id, definition): (String, serde_json::Value) = (row.get(0), row.get(1));
-        let topic: TopicDef = serde_json::from_value(definition)
-            .map_err(|error| ApiError::internal(&anyhow::anyhow!("topic {topic_id}: {error}")))?;
+    for (topic_id, topic) in topics {
         let subscribed = subscriptions.get(&topic_id).map(String::as_str) == Some("subscribed");
         if topic_id == scheduled.topic_id {
             this_topic = Some((topic.name.clone(), subscribed));
         }
-        topics.push(TopicChoice { id: topic_id, name: topic.name, description: topic.description, subscribed });
+        choices.push(TopicChoice { id: topic_id, name: topic.name, description: topic.description, subscribed });
     }
     // Relative to this page's own URL (`…/emails/{emailId}/unsubscribe`), so the forms post
     // to the origin the person is on, whatever proxy is in front.
@@ -71,7 +63,7 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
             .filter(|(_, subscribed)| !subscribed)
             .map(|(name, _)| format!("You are not subscribed to {name}.")),
         this_topic: this_topic.map(|(name, _)| name),
-        topics,
+        topics: choices,
     }
     .response())
 }

@@ -3,3 +3,4 @@
 //! description is.
 
 pub mod http;
+pub mod store;

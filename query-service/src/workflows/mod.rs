@@ -3,4 +3,5 @@
 //! model.
 
 pub mod http;
+pub mod store;
 pub mod window;

@@ -52,3 +52,24 @@ pub async fn is_suppressed(
         .await?;
     Ok(client.query_one(&statement, &[&space_id, &address]).await?.get(0))
 }
+
+/// The space's topics as catalog version `catalog` holds them, by name (then id).
+pub async fn topics(
+    client: &impl deadpool_postgres::GenericClient,
+    catalog: &str,
+    space_id: &str,
+) -> anyhow::Result<Vec<(String, resources::TopicDef)>> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT resource_id, definition FROM {catalog}.resources WHERE space_id = $1 AND kind = $2
+             ORDER BY definition->>'name', resource_id"
+        ))
+        .await?;
+    let mut topics = Vec::new();
+    for row in client.query(&statement, &[&space_id, &resources::TOPIC]).await? {
+        let (topic_id, definition): (String, serde_json::Value) = (row.get(0), row.get(1));
+        let topic = serde_json::from_value(definition).map_err(|error| anyhow::anyhow!("topic {topic_id}: {error}"))?;
+        topics.push((topic_id, topic));
+    }
+    Ok(topics)
+}

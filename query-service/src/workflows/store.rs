@@ -1,0 +1,106 @@
+//! Reads of the `workflows` read model: the space's workflows, one workflow, a workflow's
+//! runs and one run with a window of its step history.
+
+use deadpool_postgres::Client;
+use platform::error::ApiError;
+use serde_json::Value;
+use tokio_postgres::types::ToSql;
+
+use super::window::{next_before, window};
+use crate::consistency::page_of_docs;
+
+/// A run as the API shows it, from `r` (a `runs` row).
+const RUN: &str = "jsonb_build_object(
+    'id', r.run_id, 'workflowId', r.workflow_id, 'status', r.status, 'contactId', r.contact_id,
+    'trigger', jsonb_build_object('type', r.trigger_type, 'id', r.trigger_id),
+    'requestedAt', to_char(r.requested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    'startedAt', to_char(r.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    'finishedAt', to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    'stepCount', r.step_count, 'currentStepId', r.current_step_id, 'error', r.error)";
+
+/// A history record as the API shows it, from `h`.
+const RECORD: &str = "jsonb_build_object(
+    'index', h.index, 'stepId', h.step_id, 'type', h.type, 'status', h.status,
+    'startedAt', to_char(h.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    'finishedAt', to_char(h.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    'error', h.error)";
+
+/// A page of the space's workflows, by slug, with the total.
+pub async fn page(
+    client: &Client,
+    w: &str,
+    space_id: &str,
+    (limit, offset): (i64, i64),
+) -> Result<(i64, Vec<Value>), ApiError> {
+    let count_sql = format!("SELECT total FROM {w}.workflow_counts WHERE space_id = $1");
+    let rows_sql =
+        format!("SELECT doc FROM {w}.workflows WHERE space_id = $1 ORDER BY slug, workflow_id LIMIT $2 OFFSET $3");
+    let params: [&(dyn ToSql + Sync); 1] = [&space_id];
+    page_of_docs(client, &count_sql, &rows_sql, &params, (limit, offset)).await
+}
+
+/// One workflow of the space.
+pub async fn workflow(client: &Client, w: &str, space_id: &str, workflow_id: &str) -> Result<Option<Value>, ApiError> {
+    let statement = client
+        .prepare_cached(&format!("SELECT doc FROM {w}.workflows WHERE space_id = $1 AND workflow_id = $2"))
+        .await?;
+    Ok(client.query_opt(&statement, &[&space_id, &workflow_id]).await?.map(|row| row.get(0)))
+}
+
+/// A page of the workflow's runs of `statuses`, newest first (by request time, then id), with
+/// the total; `None` when the space has no such workflow.
+pub async fn runs(
+    client: &Client,
+    w: &str,
+    space_id: &str,
+    (workflow_id, statuses): (&str, &[String]),
+    (limit, offset): (i64, i64),
+) -> Result<Option<(i64, Vec<Value>)>, ApiError> {
+    if workflow(client, w, space_id, workflow_id).await?.is_none() {
+        return Ok(None);
+    }
+    let count_sql = format!(
+        "SELECT COALESCE(sum(total), 0)::bigint FROM {w}.run_counts WHERE workflow_id = $1 AND status = ANY($2)"
+    );
+    let rows_sql = format!(
+        "SELECT {RUN} FROM {w}.runs r WHERE r.workflow_id = $1 AND r.status = ANY($2)
+         ORDER BY r.requested_at DESC, r.run_id DESC LIMIT $3 OFFSET $4"
+    );
+    let params: [&(dyn ToSql + Sync); 2] = [&workflow_id, &statuses];
+    page_of_docs(client, &count_sql, &rows_sql, &params, (limit, offset)).await.map(Some)
+}
+
+/// A run of the workflow with the window of its step history before `before`; `None` when
+/// the space has no such workflow, `Some(None)` when the workflow has no such run.
+pub async fn run(
+    client: &Client,
+    w: &str,
+    space_id: &str,
+    (workflow_id, run_id): (&str, &str),
+    before: Option<i32>,
+) -> Result<Option<Option<Value>>, ApiError> {
+    if workflow(client, w, space_id, workflow_id).await?.is_none() {
+        return Ok(None);
+    }
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT {RUN}, r.step_count FROM {w}.runs r
+             WHERE r.workflow_id = $1 AND r.run_id = $2 AND r.space_id = $3"
+        ))
+        .await?;
+    let Some(row) = client.query_opt(&statement, &[&workflow_id, &run_id, &space_id]).await? else {
+        return Ok(Some(None));
+    };
+    let (mut document, step_count): (Value, i32) = (row.get(0), row.get(1));
+    let (from, to) = window(step_count, before);
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT COALESCE(jsonb_agg({RECORD} ORDER BY h.index), '[]'::jsonb) FROM {w}.history h
+             WHERE h.run_id = $1 AND h.index BETWEEN $2 AND $3"
+        ))
+        .await?;
+    let history: Value = client.query_one(&statement, &[&run_id, &from, &to]).await?.get(0);
+    document["history"] = history;
+    document["nextHistoryBeforeIndex"] = serde_json::json!(next_before((from, to)));
+    Ok(Some(Some(document)))
+}
