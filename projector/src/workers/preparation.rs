@@ -34,8 +34,7 @@ use domain::ai::{AiError, AiProvider, FillTask};
 use futures_util::future::BoxFuture;
 use platform::events::LogEvent;
 use platform::log::{
-    AppendError, AppendRequest, EventLog, ExpectedVersion, LOG_CHANNEL, Metadata, NewEvent, StoredEvent, StreamAppend,
-    read_after,
+    AppendError, AppendRequest, EventLog, ExpectedVersion, LOG_CHANNEL, NewEvent, StoredEvent, StreamAppend, read_after,
 };
 use platform::proto;
 use serde_json::{Map, Value};
@@ -353,7 +352,6 @@ async fn fill_record(
     drop(client);
     let prepared = fill(provider, &state.values(), &definitions, credits).await;
     let now = platform::time::now_millis();
-    let metadata = Metadata::in_space(&state.space_id);
     let (stream, guards) = if prepared.state == "ready" {
         let mut values = state.values();
         values.extend(prepared.values.clone());
@@ -396,7 +394,7 @@ async fn fill_record(
     } else {
         return Ok(true);
     };
-    match log.append(AppendRequest::new(metadata, vec![stream], guards)).await {
+    match log.append(AppendRequest::in_space(&state.space_id, vec![stream], guards)).await {
         Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(true),
         Err(error) => Err(error.into()),
     }

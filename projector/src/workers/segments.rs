@@ -8,7 +8,7 @@
 use deadpool_postgres::Transaction;
 use futures_util::future::BoxFuture;
 use platform::events::LogEvent;
-use platform::log::{AppendRequest, EventLog, ExpectedVersion, Metadata, StreamAppend};
+use platform::log::{AppendRequest, EventLog, ExpectedVersion, StreamAppend};
 use platform::proto;
 
 use crate::read_models::segments::WINDOW_TIMER;
@@ -36,8 +36,7 @@ impl Windows {
             at_ms: now,
         });
         let stream = StreamAppend::one(format!("segment-clock-{contact_id}"), ExpectedVersion::Any, event, now);
-        let metadata = Metadata::in_space(&space_id);
-        self.log.append(AppendRequest::new(metadata, vec![stream], Vec::new())).await?;
+        self.log.append(AppendRequest::in_space(&space_id, vec![stream], Vec::new())).await?;
         Ok(Handled::Done)
     }
 }

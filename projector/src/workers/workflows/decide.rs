@@ -207,6 +207,26 @@ fn open_json(sealed: &[u8], keys: &platform::crypto::Keys, input: bool) -> anyho
     })
 }
 
+/// The run's sealed data, opened once per tick (a decision made again after loading a fact
+/// reads it from here).
+pub(super) struct Opened {
+    /// The run's input; `None` when its key is gone (the contact was erased).
+    pub(super) input: Option<Value>,
+    /// The outputs of the steps so far, by step id.
+    pub(super) outputs: BTreeMap<String, Value>,
+}
+
+/// Opens the run's input and outputs with its data key.
+pub(super) fn open(row: &Row) -> anyhow::Result<Opened> {
+    let input = open_json(&row.input, &row.keys, true)?;
+    let outputs = match &row.outputs {
+        Some(sealed) => open_json(sealed, &row.keys, false)?.and_then(|value| serde_json::from_value(value).ok()),
+        None => Some(BTreeMap::new()),
+    }
+    .unwrap_or_default();
+    Ok(Opened { input, outputs })
+}
+
 /// The subject whose key seals the run's data.
 pub(super) fn subject(row: &Row) -> String {
     row.contact_id.clone().unwrap_or_else(|| row.run_id.clone())
@@ -356,24 +376,29 @@ impl Tick {
 }
 
 /// Decides the run's next transition, or names the fact it needs first.
-pub(super) fn decide(row: &Row, definition: &WorkflowDef, facts: &Facts, given: &Given<'_>) -> anyhow::Result<Decided> {
-    match transition(row.clone(), definition, facts, given) {
+pub(super) fn decide(
+    (row, opened): (&Row, &Opened),
+    definition: &WorkflowDef,
+    facts: &Facts,
+    given: &Given<'_>,
+) -> anyhow::Result<Decided> {
+    match transition((row.clone(), opened), definition, facts, given) {
         Ok(tick) => Ok(Decided::Tick(Box::new(tick))),
         Err(Stop::Needs(need)) => Ok(Decided::Needs(need)),
         Err(Stop::Failed(error)) => Err(error),
     }
 }
 
-fn transition(row: Row, definition: &WorkflowDef, facts: &Facts, given: &Given<'_>) -> Result<Tick, Stop> {
+fn transition(
+    (row, opened): (Row, &Opened),
+    definition: &WorkflowDef,
+    facts: &Facts,
+    given: &Given<'_>,
+) -> Result<Tick, Stop> {
     let (now, allowance_refused) = (given.now, given.allowance_refused);
-    let (paused, keys) = (row.control_paused, &row.keys);
-    let input = open_json(&row.input, keys, true)?;
-    let outputs: BTreeMap<String, Value> = match &row.outputs {
-        Some(sealed) => open_json(sealed, keys, false)?.and_then(|value| serde_json::from_value(value).ok()),
-        None => Some(BTreeMap::new()),
-    }
-    .unwrap_or_default();
-    let mut tick = Tick::new(row, outputs);
+    let paused = row.control_paused;
+    let input = opened.input.clone();
+    let mut tick = Tick::new(row, opened.outputs.clone());
     if tick.row.status == "completed" || tick.row.status == "exited" || tick.row.status == "failed" {
         tick.finished = true;
         return Ok(tick);
@@ -988,14 +1013,16 @@ mod tests {
     }
 
     fn decided(row: &Row, definition: &WorkflowDef, facts: &Facts, given: &Given<'_>) -> Tick {
-        match decide(row, definition, facts, given).expect("decides") {
+        let opened = open(row).expect("opens");
+        match decide((row, &opened), definition, facts, given).expect("decides") {
             Decided::Tick(tick) => *tick,
             Decided::Needs(need) => panic!("the decision needs {need:?}"),
         }
     }
 
     fn needs(row: &Row, definition: &WorkflowDef, facts: &Facts, given: &Given<'_>) -> Need {
-        match decide(row, definition, facts, given).expect("decides") {
+        let opened = open(row).expect("opens");
+        match decide((row, &opened), definition, facts, given).expect("decides") {
             Decided::Needs(need) => need,
             Decided::Tick(_) => panic!("the decision needed nothing"),
         }
@@ -1403,5 +1430,20 @@ mod tests {
         let tick = decided(&row("running", Some("start")), &definition, &facts, &given());
         let LogEvent::SubscriptionChanged(changed) = &tick.streams[0].events[0].event else { panic!("a subscription") };
         assert_eq!((changed.topic_id.as_str(), changed.status.as_str()), ("top_news", "unsubscribed"));
+    }
+
+    #[test]
+    fn given_a_run_whose_input_cannot_be_opened_when_decided_then_the_run_exits_as_erased() {
+        let definition = workflow(vec![entry("end"), step("end", StepKind::Exit)]);
+        let erased = Opened { input: None, outputs: BTreeMap::new() };
+        let Decided::Tick(tick) =
+            decide((&row("running", Some("start")), &erased), &definition, &Facts::default(), &given())
+                .expect("decides")
+        else {
+            panic!("the decision needed a fact")
+        };
+        assert_eq!(events(&tick), ["run exited"]);
+        let LogEvent::WorkflowRunFinished(finished) = &tick.events[0] else { panic!("the run finished") };
+        assert_eq!(finished.error_code, "contact_erased");
     }
 }

@@ -26,7 +26,7 @@ use domain::workflows::{ContactRuns, Reentry, TriggerOn, WORKFLOW, WorkflowDef, 
 use futures_util::future::BoxFuture;
 use platform::events::LogEvent;
 use platform::log::{
-    AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, Metadata, NewEvent, StoredEvent, StreamAppend,
+    AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, NewEvent, StoredEvent, StreamAppend,
 };
 use platform::proto;
 use prost::Message;
@@ -357,8 +357,7 @@ impl Follower {
                 occurred_at: platform::time::from_millis(now),
             }],
         };
-        let metadata = Metadata::in_space(start.space_id);
-        match self.log.append(AppendRequest::new(metadata, vec![stream], guards)).await {
+        match self.log.append(AppendRequest::in_space(start.space_id, vec![stream], guards)).await {
             // Started by an earlier pass over the same cause.
             Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(()),
             Err(error) => Err(error.into()),

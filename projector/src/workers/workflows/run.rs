@@ -18,7 +18,7 @@ use mail::outbox::{self, Prepared};
 use mail::send::Authored;
 use platform::error::Code;
 use platform::events::LogEvent;
-use platform::log::{AppendError, AppendRequest, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend};
+use platform::log::{AppendError, AppendRequest, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
 use platform::proto;
 use prost::Message;
 use serde_json::Value;
@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use super::Inner;
 use super::decide::{
-    Call, CallOutcome, Contact, ContactFacts, Decided, Facts, Given, Need, Row, Tick, decide, subject,
+    Call, CallOutcome, Contact, ContactFacts, Decided, Facts, Given, Need, Row, Tick, decide, open, subject,
 };
 use crate::workers::outbound::{AttemptResult, classify, describe, retry_after};
 
@@ -154,9 +154,10 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
 
 /// The run's next transition, decided with each fact the decision asks for loaded.
 async fn decided(inner: &Inner, row: &Row, definition: &WorkflowDef, given: &Given<'_>) -> anyhow::Result<Tick> {
+    let opened = open(row)?;
     let mut facts = Facts::default();
     for _ in 0..NEEDS_MAX {
-        match decide(row, definition, &facts, given)? {
+        match decide((row, &opened), definition, &facts, given)? {
             Decided::Tick(tick) => return Ok(*tick),
             Decided::Needs(need) => load(inner, row, definition, &mut facts, need).await?,
         }
@@ -413,12 +414,11 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
                 .collect(),
         });
     }
-    let metadata = Metadata::in_space(&row.space_id);
     if streams.is_empty() {
         // Only the row changes (a retry's due time, a run parked before it started).
         return apply_guards_alone(inner, guards).await;
     }
-    inner.log.append(AppendRequest::new(metadata, streams, guards)).await.map(|_| ())
+    inner.log.append(AppendRequest::in_space(&row.space_id, streams, guards)).await.map(|_| ())
 }
 
 /// Runs guards in a transaction of their own (a transition with no event).
