@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 
 /// The fixed fields a body echoes, taken out of `body`; kept fields are dropped from it.
-pub fn take_echoed(body: &mut Map<String, Value>, fixed: &[&str], kept: &[&str]) -> Map<String, Value> {
+pub(crate) fn take_echoed(body: &mut Map<String, Value>, fixed: &[&str], kept: &[&str]) -> Map<String, Value> {
     body.retain(|key, _| !kept.contains(&key.as_str()));
     let mut echoed = Map::new();
     for key in fixed {

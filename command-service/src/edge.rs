@@ -144,7 +144,7 @@ impl From<crate::identities::decide::Refusal> for ApiError {
 }
 
 /// Turns a failed append into the contract's answer.
-pub fn append_error(error: AppendError) -> ApiError {
+pub(crate) fn append_error(error: AppendError) -> ApiError {
     match error {
         // Decided on authored state that changed meanwhile; the caller may simply retry.
         AppendError::Conflict { code: Code::CatalogMoved | Code::StreamMoved, message } => {

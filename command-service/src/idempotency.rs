@@ -30,10 +30,10 @@ use uuid::Uuid;
 use crate::State;
 
 /// The longest an idempotency key may be.
-pub const MAX_KEY_LENGTH: usize = 256;
+pub(crate) const MAX_KEY_LENGTH: usize = 256;
 /// A `processing` claim older than this is presumed abandoned even if its instance still
 /// beats (an operation stuck that long will not be answered).
-pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const CLAIM_TIMEOUT: Duration = Duration::from_secs(60);
 /// The existing claim of a key, and whether it is presumed abandoned: older than
 /// `CLAIM_TIMEOUT` ($2), or older than `DEAD_AFTER` ($3) with an instance that stopped beating.
 static EXISTING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -268,7 +268,7 @@ impl Claim {
 
     /// After the connection failed during COMMIT: wait for that transaction's fate (the row
     /// lock) and, if it did not complete the claim, mark the outcome unresolved.
-    pub async fn mark_unresolved(&self, state: &State) {
+    pub(crate) async fn mark_unresolved(&self, state: &State) {
         self.settle(
             state,
             "UPDATE idempotency_records SET state = 'unresolved'

@@ -20,7 +20,7 @@ pub mod suppressions;
 pub mod templates;
 pub mod webhooks;
 pub mod workflows;
-pub mod write_contexts;
+pub(crate) mod write_contexts;
 
 use actix_web::web;
 use api::auth::Authenticator;
@@ -93,7 +93,7 @@ impl State {
 
     /// Whether some of `scopes` may lack their admission row (not yet seen by this process);
     /// marks them seen.
-    pub fn new_admission_scopes(&self, scopes: &[(String, platform::settings::ScopeLimits)]) -> bool {
+    pub(crate) fn new_admission_scopes(&self, scopes: &[(String, platform::settings::ScopeLimits)]) -> bool {
         let Ok(mut seen) = self.admission_scopes.lock() else { return true };
         let mut new = false;
         for (scope, _) in scopes {

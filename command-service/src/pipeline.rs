@@ -39,7 +39,7 @@ use crate::edge::append_error;
 use crate::idempotency::{self, Admission, Claim};
 
 /// How often a command whose append lost a race is decided again, by default.
-pub const ATTEMPTS: usize = 3;
+pub(crate) const ATTEMPTS: usize = 3;
 
 /// Who runs a command.
 pub enum Actor<'a> {
@@ -138,7 +138,7 @@ pub enum Then {
 }
 
 /// Work after an acknowledged append, given the service's state.
-pub type Effect<T> = Box<dyn FnOnce(web::Data<State>) -> futures_util::future::BoxFuture<'static, T> + Send>;
+pub(crate) type Effect<T> = Box<dyn FnOnce(web::Data<State>) -> futures_util::future::BoxFuture<'static, T> + Send>;
 
 impl Decision {
     pub fn new(streams: Vec<StreamAppend>, guards: Vec<Guard>, answer: Answer) -> Self {
@@ -199,7 +199,7 @@ pub enum Refusal {
 impl Refusal {
     /// A stream not at its loaded version, a moved catalog or a moved authored resource is a
     /// lost race; anything else is the contract's answer to the failed append.
-    pub fn default_for(error: AppendError) -> Self {
+    pub(crate) fn default_for(error: AppendError) -> Self {
         match error {
             AppendError::WrongVersion { .. } => Self::Again,
             AppendError::Conflict { code: Code::CatalogMoved | Code::StreamMoved, .. } => Self::Again,
@@ -282,7 +282,7 @@ impl<'a> Ctx<'a> {
 
     /// The schema of the live catalog as this process last saw it, with no statement: for a
     /// read that returns the catalog's revision itself and hands it to [`Ctx::saw_catalog`].
-    pub async fn catalog_as_last_seen(&self) -> Result<String, ApiError> {
+    pub(crate) async fn catalog_as_last_seen(&self) -> Result<String, ApiError> {
         if let Some(schema) = self.catalog_schema.borrow().clone() {
             return Ok(schema);
         }
@@ -290,7 +290,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// Records a catalog revision that a read saw (in the same statement as its data).
-    pub fn saw_catalog(&self, revision: i64) {
+    pub(crate) fn saw_catalog(&self, revision: i64) {
         match self.catalog_revision.get() {
             None => self.catalog_revision.set(Some(revision)),
             Some(seen) if seen == revision => {}
@@ -299,7 +299,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// The catalog revision this attempt's reads saw, if any.
-    pub fn catalog_revision_seen(&self) -> Option<i64> {
+    pub(crate) fn catalog_revision_seen(&self) -> Option<i64> {
         self.catalog_revision.get()
     }
 
@@ -311,7 +311,7 @@ impl<'a> Ctx<'a> {
     /// Records that a catalog context came from this process's cache at `revision`: its
     /// append is guarded by that revision, and a refusal decided on it is decided again on a
     /// fresh read if the catalog has moved on (the cache may be what refused).
-    pub fn kept_catalog(&self, revision: i64) {
+    pub(crate) fn kept_catalog(&self, revision: i64) {
         self.saw_catalog(revision);
         self.kept.set(true);
     }
@@ -319,7 +319,7 @@ impl<'a> Ctx<'a> {
 
 /// The schema of the live catalog for a check at the edge, before any claim (an unknown
 /// resource records nothing); a command's own reads go through [`Ctx`].
-pub async fn edge_catalog(state: &State) -> Result<String, ApiError> {
+pub(crate) async fn edge_catalog(state: &State) -> Result<String, ApiError> {
     Ok(state.read_models.current(&[CATALOG]).await?.schema(CATALOG))
 }
 
@@ -330,7 +330,7 @@ pub async fn authorize(req: &HttpRequest, state: &State, permission: Permission)
 
 /// Reads the JSON object body and authorizes in `bucket` (chosen by the handler, perhaps from
 /// the body): a missing or bad key is answered before a bad body.
-pub async fn authorize_with_body(
+pub(crate) async fn authorize_with_body(
     req: &HttpRequest,
     payload: web::Payload,
     state: &State,
@@ -344,7 +344,7 @@ pub async fn authorize_with_body(
 }
 
 /// The request's bucket, whatever the body (most commands).
-pub fn request_bucket(req: &HttpRequest) -> impl FnOnce(Result<&Map<String, Value>, &ApiError>) -> Bucket + '_ {
+pub(crate) fn request_bucket(req: &HttpRequest) -> impl FnOnce(Result<&Map<String, Value>, &ApiError>) -> Bucket + '_ {
     move |_| Bucket::for_request(req)
 }
 

@@ -15,7 +15,7 @@ use crate::pipeline::Ctx;
 
 /// The kind of schema a write names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A contact or object schema (record writes).
     Record,
     /// An event schema (fires).
@@ -47,7 +47,12 @@ impl Kind {
 /// the catalog's revision (which guards the command's append); 404 `schema_not_found` when the
 /// space has no such schema of `kind`. Kept for later writes, except a record schema with AI
 /// auto-fill: a record write to it needs the space's credits as they are now.
-pub async fn fresh(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+pub(crate) async fn fresh(
+    ctx: &Ctx<'_>,
+    kind: Kind,
+    space_id: &str,
+    schema_ref: &str,
+) -> Result<WriteContext, ApiError> {
     let catalog = ctx.catalog_as_last_seen().await?;
     let context = catalog::write_context(&ctx.db().await?, &catalog, space_id, schema_ref).await?;
     if let Some(context) = &context {
@@ -63,7 +68,12 @@ pub async fn fresh(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str) 
 }
 
 /// The kept context of `schema_ref` when this process holds one, else a fresh one.
-pub async fn current(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+pub(crate) async fn current(
+    ctx: &Ctx<'_>,
+    kind: Kind,
+    space_id: &str,
+    schema_ref: &str,
+) -> Result<WriteContext, ApiError> {
     match kind.cache(ctx.state).get(space_id, schema_ref) {
         Some((revision, context)) => {
             ctx.kept_catalog(revision);
@@ -76,7 +86,12 @@ pub async fn current(ctx: &Ctx<'_>, kind: Kind, space_id: &str, schema_ref: &str
 /// The context this process keeps for `schema_ref`, or the catalog's (read at the edge,
 /// before an idempotency claim: an unknown schema records nothing). A write that decides on it
 /// outside a command's [`Ctx`] appends with the revision guard of its `revision`.
-pub async fn at_edge(state: &State, kind: Kind, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+pub(crate) async fn at_edge(
+    state: &State,
+    kind: Kind,
+    space_id: &str,
+    schema_ref: &str,
+) -> Result<WriteContext, ApiError> {
     if let Some((_, context)) = kind.cache(state).get(space_id, schema_ref) {
         return Ok(WriteContext::clone(&context));
     }

@@ -36,7 +36,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 pub const POOL_SIZE: usize = 32;
 
 /// The kinds of worker a process can run.
-pub const WORKER_KINDS: [&str; 11] = [
+pub(crate) const WORKER_KINDS: [&str; 11] = [
     "read_models",
     "preparation",
     "eraser",
@@ -133,7 +133,7 @@ pub struct WorkersReadiness {
 }
 
 /// How long a worker may fail before the process reports itself not ready.
-pub const FAILING_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const FAILING_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl api::ops::Readiness for WorkersReadiness {
     fn check(&self) -> BoxFuture<'_, (bool, serde_json::Value)> {
@@ -155,7 +155,7 @@ impl api::ops::Readiness for WorkersReadiness {
 
 /// The operations endpoints (`/health/live`, `/health/ready`, `/metrics`) of a projector
 /// process, bound on `APP__PROJECTOR__PORT`; the server and its port.
-pub fn ops_server(settings: &Settings, ops: api::ops::Ops) -> anyhow::Result<(actix_web::dev::Server, u16)> {
+pub(crate) fn ops_server(settings: &Settings, ops: api::ops::Ops) -> anyhow::Result<(actix_web::dev::Server, u16)> {
     let listener = std::net::TcpListener::bind((settings.http.host.as_str(), settings.projector.port))?;
     let port = listener.local_addr()?.port();
     let server = actix_web::HttpServer::new(move || {
@@ -194,11 +194,6 @@ impl Application {
     /// The port of the operations endpoints.
     pub fn port(&self) -> u16 {
         self.port
-    }
-
-    /// Cancelling it stops the workers (a step in flight gets a bounded time to finish).
-    pub fn shutdown_token(&self) -> CancellationToken {
-        self.shutdown.clone()
     }
 
     /// Runs until SIGTERM or SIGINT (which stop the operations server) or until the shutdown

@@ -101,7 +101,7 @@ impl Health {
     }
 
     /// Workers that have been failing for longer than `grace`.
-    pub fn failing_longer_than(&self, grace: Duration) -> Vec<String> {
+    pub(crate) fn failing_longer_than(&self, grace: Duration) -> Vec<String> {
         let limit = Utc::now() - chrono::Duration::from_std(grace).unwrap_or_default();
         self.snapshot()
             .into_iter()
@@ -117,7 +117,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const LAG_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The backoff between failed steps: exponential from 100 ms to 30 s, with jitter.
-pub fn failure_backoff() -> backon::ExponentialBuilder {
+pub(crate) fn failure_backoff() -> backon::ExponentialBuilder {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(100))
         .with_max_delay(Duration::from_secs(30))
@@ -339,7 +339,7 @@ impl<'c> Lease<'c> {
 }
 
 /// The head of the log less `position`.
-pub async fn lag_behind(pool: &Pool, position_sql: &str, name: &str) -> anyhow::Result<Option<i64>> {
+pub(crate) async fn lag_behind(pool: &Pool, position_sql: &str, name: &str) -> anyhow::Result<Option<i64>> {
     let client = pool.get().await?;
     let row = client.query_opt(&format!("SELECT (SELECT position FROM log_head) - ({position_sql})"), &[&name]).await?;
     Ok(row.and_then(|row| row.get::<_, Option<i64>>(0)))

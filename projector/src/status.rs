@@ -386,7 +386,7 @@ fn megabytes(bytes: i64) -> String {
 }
 
 /// Connects with `database_url` and reads the status.
-pub async fn read_from(database_url: &str, processes: &[String]) -> anyhow::Result<Status> {
+pub(crate) async fn read_from(database_url: &str, processes: &[String]) -> anyhow::Result<Status> {
     let pool = platform::db::pool(database_url, 1)?;
     let client = pool.get().await.context("connecting to the database")?;
     read(&client, processes).await

@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::runtime::{Outcome, Worker};
 
 /// The channel notified when a timer is scheduled to be due at once.
-pub const TIMERS_CHANNEL: &str = "timers_due";
+pub(crate) const TIMERS_CHANNEL: &str = "timers_due";
 
 /// A claimed timer.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,7 +57,7 @@ pub async fn schedule(
 
 /// Schedules timers `keys[i]` of `kind`, due at `due_at[i]` with `payloads[i]`, keeping the
 /// due time of one already scheduled earlier, in the caller's transaction.
-pub async fn schedule_earliest(
+pub(crate) async fn schedule_earliest(
     client: &impl GenericClient,
     kind: &str,
     keys: &[&String],
@@ -101,7 +101,7 @@ pub async fn claim_due(transaction: &Transaction<'_>, kind: &str, limit: i64) ->
 
 /// The delay before attempt `attempts + 1` of a timer that failed: exponential from 1 s to an
 /// hour, with jitter.
-pub fn retry_delay(attempts: i32) -> Duration {
+pub(crate) fn retry_delay(attempts: i32) -> Duration {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_secs(1))
         .with_max_delay(Duration::from_secs(3600))

@@ -20,13 +20,13 @@ use tokio_postgres::types::ToSql;
 use crate::State;
 
 /// The header a writer may pass to read its write with another key.
-pub const CONSISTENCY_TOKEN: &str = "consistency-token";
+pub(crate) const CONSISTENCY_TOKEN: &str = "consistency-token";
 
 /// What a read does once it knows which versions of the read models to read.
-pub type ReadFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ApiError>> + 'a>>;
+pub(crate) type ReadFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ApiError>> + 'a>>;
 
 /// Authorises a read (permission `read`) and parses the optional `Consistency-Token`.
-pub async fn authorize_read(state: &State, req: &HttpRequest) -> Result<(Caller, i64), ApiError> {
+pub(crate) async fn authorize_read(state: &State, req: &HttpRequest) -> Result<(Caller, i64), ApiError> {
     let caller = state.authenticator.authorize(req, Permission::Read).await?;
     let token = consistency_token(req)?;
     Ok((caller, token))
@@ -52,7 +52,7 @@ pub fn consistency_token(req: &HttpRequest) -> Result<i64, ApiError> {
 /// least as new as the check's. If the read models are behind, waits (bounded, woken by
 /// progress notifications) and reads again; past the bound, answers with what it has and
 /// `reached: false`.
-pub async fn consistent_read<T, F>(
+pub(crate) async fn consistent_read<T, F>(
     state: &State,
     caller: &Caller,
     token: i64,
@@ -89,7 +89,7 @@ where
 /// folded together ([`check_with`]), so one snapshot answers both. `columns` gives the read's
 /// scalar expressions for the read model versions guessed; they may use `$3` (the caller's
 /// space) and `params` as `$4`, `$5`, …. The read's values start at column [`CHECK_WIDTH`].
-pub async fn consistent_row<F>(
+pub(crate) async fn consistent_row<F>(
     state: &State,
     caller: &Caller,
     token: i64,
@@ -109,7 +109,7 @@ where
 /// As [`consistent_row`] for a statement of several rows, each starting with the check's
 /// columns (for example [`check_with`] joined laterally with a page of rows). `sql` builds the
 /// whole statement; it must return at least one row.
-pub async fn consistent_rows<F>(
+pub(crate) async fn consistent_rows<F>(
     state: &State,
     caller: &Caller,
     token: i64,
@@ -264,7 +264,7 @@ fn settle(
 /// One page of an offset list in one pipelined round trip: the total (0 when the count
 /// query returns no row) and the `doc` column of each row. Both queries take `params`; the
 /// rows query takes `limit` and `offset` after them.
-pub async fn page_of_docs(
+pub(crate) async fn page_of_docs(
     client: &Client,
     count_sql: &str,
     rows_sql: &str,

@@ -45,7 +45,7 @@ impl State {
     }
 
     /// A state whose reads run on `pool`, a standby of `primary` when one is given.
-    pub fn with_primary(
+    pub(crate) fn with_primary(
         settings: Settings,
         pool: Pool,
         primary: Option<Pool>,

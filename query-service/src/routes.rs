@@ -58,7 +58,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
 }
 
 /// The OpenAPI 3.1 document, kept in the repo at `docs/openapi.json`.
-pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+pub(crate) const OPENAPI: &str = include_str!("../../docs/openapi.json");
 
 async fn openapi() -> HttpResponse {
     HttpResponse::Ok().content_type("application/json").body(OPENAPI)

@@ -565,7 +565,7 @@ fn plan_resources(plan: &mut Plan<'_>, space: &SpaceSpec, space_id: &str) {
 }
 
 /// The stream an authored resource's definitions are appended to.
-pub fn resource_stream(kind: &str, resource_id: &str) -> String {
+pub(crate) fn resource_stream(kind: &str, resource_id: &str) -> String {
     format!("authoring/{kind}/{resource_id}")
 }
 

@@ -6,5 +6,6 @@ mod email;
 mod format;
 mod workflows;
 
-pub use apply::{ApplyReport, Change, Planned, apply, commit, describe, plan, resource_stream, wait_for_catalog};
-pub use format::{Workspace, parse};
+pub use apply::{ApplyReport, Change, apply, commit, describe, plan, wait_for_catalog};
+pub(crate) use apply::{Planned, resource_stream};
+pub use format::parse;

@@ -8,17 +8,17 @@ use platform::proto;
 use serde_json::{Map, Value};
 
 /// The fields an update accepts.
-pub const UPDATE_FIELDS: [&str; 3] = ["name", "audience", "scheduledAt"];
+pub(crate) const UPDATE_FIELDS: [&str; 3] = ["name", "audience", "scheduledAt"];
 /// Fields of the broadcast as returned that an update takes when they are unchanged.
-pub const FIXED_FIELDS: [&str; 4] = ["id", "slug", "templateId", "senderId"];
+pub(crate) const FIXED_FIELDS: [&str; 4] = ["id", "slug", "templateId", "senderId"];
 /// Fields of the broadcast as returned that the server keeps: an update ignores them.
-pub const KEPT_FIELDS: [&str; 1] = ["updatedAt"];
+pub(crate) const KEPT_FIELDS: [&str; 1] = ["updatedAt"];
 /// The most characters of a broadcast's name.
-pub const MAX_NAME_CHARS: usize = 200;
+pub(crate) const MAX_NAME_CHARS: usize = 200;
 
 /// A validated update: each field present only when the caller sent it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Update {
+pub(crate) struct Update {
     pub name: Option<String>,
     pub audience: Option<Audience>,
     /// `Some(None)` clears the schedule.
@@ -71,7 +71,7 @@ pub struct Current {
 
 /// What a command knows of an audience it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AudienceFound {
+pub(crate) enum AudienceFound {
     Yes,
     No,
 }
@@ -79,7 +79,7 @@ pub enum AudienceFound {
 /// An update of `current` (`None`: no such broadcast) at `now`: its event and the broadcast
 /// after it. Refused while a run is scheduled or sending, and when the new audience does not
 /// exist.
-pub fn decide_update(
+pub(crate) fn decide_update(
     broadcast_id: &str,
     space_id: &str,
     current: Option<&Current>,
@@ -110,7 +110,7 @@ pub fn decide_update(
 /// A run of `current` requested at `now` under `run_id`: the audience, template and sender
 /// are the broadcast's as the log holds them at this decision. Refused while another run is
 /// scheduled or sending, and when the audience no longer exists.
-pub fn decide_send(
+pub(crate) fn decide_send(
     broadcast_id: &str,
     space_id: &str,
     current: Option<&Current>,
@@ -171,7 +171,7 @@ fn audience(value: &Value, issues: &mut Vec<Issue>) -> Option<Audience> {
 /// Refuses an update whose echoed fixed fields differ from the broadcast as shown (`shown`,
 /// the document a `GET` returns): the template, sender and slug are authored in the
 /// application, the id is the broadcast's own.
-pub fn check_echoed(update: &Update, shown: &Value) -> Result<(), Refusal> {
+pub(crate) fn check_echoed(update: &Update, shown: &Value) -> Result<(), Refusal> {
     let issues: Vec<Issue> = crate::echo::changed(&update.echoed, shown)
         .into_iter()
         .map(|(key, current)| {
@@ -187,7 +187,7 @@ pub fn check_echoed(update: &Update, shown: &Value) -> Result<(), Refusal> {
 
 /// Validates an update body: at least one of `name`, `audience` and `scheduledAt` (an RFC 3339
 /// time, or null to send at once).
-pub fn parse_update(body: &Map<String, Value>) -> Result<Update, Refusal> {
+pub(crate) fn parse_update(body: &Map<String, Value>) -> Result<Update, Refusal> {
     let mut body = body.clone();
     let echoed = crate::echo::take_echoed(&mut body, &FIXED_FIELDS, &KEPT_FIELDS);
     let mut issues: Vec<Issue> = body

@@ -12,7 +12,7 @@ use platform::log::{AppendError, Guard};
 use super::decide::Current;
 
 /// The stream the operator's apply writes a broadcast's definition to.
-pub fn authored_stream(broadcast_id: &str) -> String {
+pub(crate) fn authored_stream(broadcast_id: &str) -> String {
     crate::authoring::resource_stream(BROADCAST, broadcast_id)
 }
 
@@ -63,7 +63,7 @@ async fn has_active_run(client: &impl GenericClient, broadcast_id: &str) -> Resu
 }
 
 /// Refuses the append while a run is scheduled or sending (a concurrent send included).
-pub fn no_active_run(broadcast_id: &str) -> Guard {
+pub(crate) fn no_active_run(broadcast_id: &str) -> Guard {
     Guard::exactly_one(
         "SELECT 1 WHERE NOT EXISTS (
              SELECT 1 FROM broadcast_runs WHERE broadcast_id = $1 AND status IN ('scheduled', 'sending'))",
@@ -81,7 +81,7 @@ fn run_active() -> AppendError {
 
 /// The run's row (one scheduled or sending run per broadcast, by a unique index) and its start
 /// timer, due at `start_at`.
-pub fn run_guards(run: &platform::proto::BroadcastRunRequested, audience: serde_json::Value) -> Vec<Guard> {
+pub(crate) fn run_guards(run: &platform::proto::BroadcastRunRequested, audience: serde_json::Value) -> Vec<Guard> {
     let start_at = platform::time::from_millis(run.start_at_ms);
     vec![
         Guard::unique(

@@ -12,14 +12,14 @@ use serde_json::{Map, Value, json};
 /// The normalised input of one event may not exceed this (the contract: 256 KiB).
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
 /// The longest caller-owned `eventId`.
-pub const MAX_EVENT_ID_CHARS: usize = 256;
+pub(crate) const MAX_EVENT_ID_CHARS: usize = 256;
 /// An explicit `occurredAt` may be at most this old...
-pub const MAX_AGE_MS: i64 = 366 * 24 * 3600 * 1000;
+pub(crate) const MAX_AGE_MS: i64 = 366 * 24 * 3600 * 1000;
 /// ...and at most this far ahead of acceptance.
-pub const MAX_AHEAD_MS: i64 = 5 * 60 * 1000;
+pub(crate) const MAX_AHEAD_MS: i64 = 5 * 60 * 1000;
 
 /// Fields the platform sets on an event; an input that sets them is refused.
-pub const RESERVED_FIELDS: &[&str] = &[
+pub(crate) const RESERVED_FIELDS: &[&str] = &[
     "readinessState",
     "readinessAtAcceptance",
     "readyAt",
@@ -33,13 +33,13 @@ pub const RESERVED_FIELDS: &[&str] = &[
 
 /// What the decision needs of the event schema.
 #[derive(Debug, Clone, Copy)]
-pub struct EventSchema<'a> {
+pub(crate) struct EventSchema<'a> {
     pub attributes: &'a [AttributeEntry],
 }
 
 /// A validated fire input.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FireInput {
+pub(crate) struct FireInput {
     /// The caller's occurrence id, or a generated UUID.
     pub event_id: String,
     /// Whether `event_id` was generated (a fire without one is always a new occurrence).
@@ -57,13 +57,13 @@ pub struct FireInput {
 
 impl FireInput {
     /// The subject record the event names, if any.
-    pub fn subject(&self) -> Option<&str> {
+    pub(crate) fn subject(&self) -> Option<&str> {
         self.contact_id.as_deref().or(self.object_id.as_deref())
     }
 
     /// The normalised payload that decides whether a retry is the same occurrence: values,
     /// subject and `occurredAt` as given (an omitted one matches an omitted one).
-    pub fn normalized(&self) -> Value {
+    pub(crate) fn normalized(&self) -> Value {
         json!({
             "values": self.values,
             "contactId": self.contact_id,
@@ -72,7 +72,7 @@ impl FireInput {
         })
     }
 
-    pub fn readiness(&self) -> &'static str {
+    pub(crate) fn readiness(&self) -> &'static str {
         if self.pending_keys.is_empty() { "ready" } else { "pending" }
     }
 }
@@ -121,7 +121,7 @@ fn parse_occurred_at(value: Value, now_ms: i64) -> Result<Option<i64>, Issue> {
 /// Why a fire is refused (admission aside: see [`AdmissionRefusal`]). The HTTP edge maps each to the
 /// contract's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EventRefusal {
+pub(crate) enum EventRefusal {
     /// The input does not fit the event schema; `issues` names every problem (400).
     #[error("{message}")]
     Invalid { code: Code, message: String, issues: Vec<Issue> },
@@ -137,7 +137,7 @@ pub enum EventRefusal {
 }
 
 impl EventRefusal {
-    pub fn code(&self) -> Code {
+    pub(crate) fn code(&self) -> Code {
         match self {
             Self::Invalid { code, .. } => *code,
             Self::TooLarge(_) => Code::EventInputTooLarge,
@@ -149,7 +149,7 @@ impl EventRefusal {
 
 /// Validates and normalises a flat fire input. `generate_id` supplies the `eventId` when it
 /// is omitted or null. A body `id` is ignored.
-pub fn parse_fire(
+pub(crate) fn parse_fire(
     schema: EventSchema<'_>,
     input: Map<String, Value>,
     now_ms: i64,
@@ -255,7 +255,7 @@ pub fn parse_fire(
 
 /// What an earlier receipt under the same eventId means for a fire.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Earlier {
+pub(crate) enum Earlier {
     /// The same occurrence: answer the original receipt, admit nothing.
     Duplicate,
     /// Changed input under a used eventId: 409 `event_id_conflict`.
@@ -265,7 +265,7 @@ pub enum Earlier {
 }
 
 /// Compares a fire with the receipt already held under its eventId.
-pub fn compare_with_receipt(input_digest: Option<&str>, subject_erased: bool, digest: &str) -> Earlier {
+pub(crate) fn compare_with_receipt(input_digest: Option<&str>, subject_erased: bool, digest: &str) -> Earlier {
     match input_digest {
         _ if subject_erased => Earlier::Erased,
         None => Earlier::Erased,
@@ -276,7 +276,7 @@ pub fn compare_with_receipt(input_digest: Option<&str>, subject_erased: bool, di
 
 /// A scope's admission state as the database holds it, refilled to now.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScopeState {
+pub(crate) struct ScopeState {
     pub limits: ScopeLimits,
     /// Tokens available now (after refill, capped at the burst).
     pub tokens: f64,
@@ -286,7 +286,7 @@ pub struct ScopeState {
 
 /// Why an occurrence is not admitted, and when to retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdmissionRefusal {
+pub(crate) enum AdmissionRefusal {
     /// 429 `event_rate_limited`, after the computed delay.
     RateLimited { retry_after_ms: u64 },
     /// 429 `event_backlog_full`: retry in 30 s.
@@ -296,10 +296,10 @@ pub enum AdmissionRefusal {
 }
 
 impl AdmissionRefusal {
-    pub const BACKLOG_RETRY_MS: u64 = 30_000;
-    pub const RECEIPT_RETRY_MS: u64 = 3_600_000;
+    pub(crate) const BACKLOG_RETRY_MS: u64 = 30_000;
+    pub(crate) const RECEIPT_RETRY_MS: u64 = 3_600_000;
 
-    pub fn retry_after_ms(self) -> u64 {
+    pub(crate) fn retry_after_ms(self) -> u64 {
         match self {
             Self::RateLimited { retry_after_ms } => retry_after_ms,
             Self::BacklogFull => Self::BACKLOG_RETRY_MS,
@@ -307,7 +307,7 @@ impl AdmissionRefusal {
         }
     }
 
-    pub fn code(self) -> Code {
+    pub(crate) fn code(self) -> Code {
         match self {
             Self::RateLimited { .. } => Code::EventRateLimited,
             Self::BacklogFull => Code::EventBacklogFull,
@@ -315,7 +315,7 @@ impl AdmissionRefusal {
         }
     }
 
-    pub fn message(self) -> String {
+    pub(crate) fn message(self) -> String {
         match self {
             Self::RateLimited { retry_after_ms } => {
                 format!("event admission rate exceeded; retry in {retry_after_ms} ms")
@@ -331,7 +331,7 @@ impl AdmissionRefusal {
 /// Walks new occurrences in order (`true` for one that needs preparation) against the scopes'
 /// state and returns the first that would be refused, with the reason. The receipt cap is
 /// checked first, then the backlog, then the rate, in every scope.
-pub fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Option<(usize, AdmissionRefusal)> {
+pub(crate) fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Option<(usize, AdmissionRefusal)> {
     let mut scopes = scopes.to_vec();
     for (index, needs_preparation) in occurrences.iter().enumerate() {
         if scopes.iter().any(|scope| scope.receipts + 1 > scope.limits.receipts) {

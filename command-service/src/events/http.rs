@@ -38,7 +38,7 @@ use crate::pipeline::{self, ATTEMPTS, Actor, Answer, Command, Ctx, Decided, Deci
 use crate::write_contexts::{self, Kind};
 
 /// The most events in one batch.
-pub const MAX_BATCH: usize = 500;
+pub(crate) const MAX_BATCH: usize = 500;
 
 /// What every fire needs, loaded once per request.
 #[derive(Clone)]

@@ -25,7 +25,7 @@ pub struct Receipt {
 }
 
 /// The receipts held under `event_ids` in the event schema, by eventId.
-pub async fn find_receipts(
+pub(crate) async fn find_receipts(
     client: &impl GenericClient,
     space_id: &str,
     schema_id: &str,
@@ -59,7 +59,7 @@ pub async fn find_receipts(
 }
 
 /// The records `record_ids` that events (or aliases) name, as their streams leave them.
-pub async fn load_subjects(
+pub(crate) async fn load_subjects(
     client: &impl GenericClient,
     record_ids: &[String],
 ) -> anyhow::Result<HashMap<String, Loaded>> {
@@ -69,7 +69,7 @@ pub async fn load_subjects(
 
 /// One new occurrence's write-side row.
 #[derive(Debug, Clone)]
-pub struct NewReceipt {
+pub(crate) struct NewReceipt {
     pub event_id: String,
     pub id: String,
     pub input_digest: String,
@@ -79,15 +79,15 @@ pub struct NewReceipt {
 }
 
 /// The code of the guard conflict when another fire took one of the eventIds first.
-pub const EVENT_ID_TAKEN: Code = Code::EventIdTaken;
+pub(crate) const EVENT_ID_TAKEN: Code = Code::EventIdTaken;
 /// The code of the guard conflict when admission refuses.
-pub const ADMISSION_REFUSED: Code = Code::EventAdmissionRefused;
+pub(crate) const ADMISSION_REFUSED: Code = Code::EventAdmissionRefused;
 /// The code of the guard conflict when a subject's deletion started.
-pub const SUBJECT_DELETING: Code = Code::RecordDeletionPending;
+pub(crate) const SUBJECT_DELETING: Code = Code::RecordDeletionPending;
 
 /// Inserts the receipts; a taken eventId fails the command (it is then decided again and
 /// finds the receipt that won). Set-wise, a command's receipts travel as one JSON array.
-pub fn receipts_guard(space_id: &str, schema_id: &str, receipts: &[NewReceipt]) -> Guard {
+pub(crate) fn receipts_guard(space_id: &str, schema_id: &str, receipts: &[NewReceipt]) -> Guard {
     let set_row = vec![
         SetValue::Text(Some(space_id.to_owned())),
         SetValue::Text(Some(schema_id.to_owned())),
@@ -136,7 +136,7 @@ pub fn receipts_guard(space_id: &str, schema_id: &str, receipts: &[NewReceipt]) 
 
 /// Refuses the command if the deletion of any of `subjects` has started (closing the race
 /// between reading a subject and appending an event about it).
-pub fn subjects_guard(subjects: Vec<String>) -> Guard {
+pub(crate) fn subjects_guard(subjects: Vec<String>) -> Guard {
     let set_row = vec![SetValue::Json(json!(subjects))];
     Guard::exactly_one(
         "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM record_deletions WHERE record_id = ANY($1))",
@@ -160,7 +160,7 @@ pub fn subjects_guard(subjects: Vec<String>) -> Guard {
 /// every scope was taken. Taking the sum at once never admits what taking each command in
 /// turn would refuse (the bucket refills less, not more); when it refuses, the batch is
 /// written a command at a time and the buckets decide exactly who is admitted.
-pub fn admission_guard(scopes: &[(String, ScopeLimits)], count: i64, pending: i64) -> Guard {
+pub(crate) fn admission_guard(scopes: &[(String, ScopeLimits)], count: i64, pending: i64) -> Guard {
     let set_scopes: Vec<Value> = scopes
         .iter()
         .map(|(scope, limits)| {
@@ -236,7 +236,7 @@ pub fn admission_guard(scopes: &[(String, ScopeLimits)], count: i64, pending: i6
 }
 
 /// Creates the admission rows of `scopes` that do not exist yet, with full buckets.
-pub async fn ensure_scopes(
+pub(crate) async fn ensure_scopes(
     client: &impl GenericClient,
     scopes: &[(String, ScopeLimits)],
 ) -> Result<(), tokio_postgres::Error> {
@@ -254,7 +254,7 @@ pub async fn ensure_scopes(
 
 /// The scopes' admission state now, in the order of `scopes`, to say why and for how long
 /// an admission was refused.
-pub async fn admission_state(
+pub(crate) async fn admission_state(
     client: &impl GenericClient,
     scopes: &[(String, ScopeLimits)],
 ) -> Result<Vec<ScopeState>, tokio_postgres::Error> {

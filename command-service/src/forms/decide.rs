@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 /// The client's address: the peer's, or, when the peer is a trusted proxy, the address its
 /// `X-Forwarded-For` names (the rightmost one that is not itself a trusted proxy).
-pub fn client_ip(peer: Option<IpAddr>, forwarded_for: Option<&str>, trusted: &[IpAddr]) -> Option<IpAddr> {
+pub(crate) fn client_ip(peer: Option<IpAddr>, forwarded_for: Option<&str>, trusted: &[IpAddr]) -> Option<IpAddr> {
     let peer = peer?;
     if !trusted.contains(&peer) {
         return Some(peer);
@@ -22,7 +22,7 @@ pub fn client_ip(peer: Option<IpAddr>, forwarded_for: Option<&str>, trusted: &[I
 /// The contact input of a submission: each form field the form maps, to its attribute or
 /// identity field. A urlencoded body's strings are read as the attribute's type (`true`,
 /// `on` and `1` are true for a checkbox); empty values are left out. The email is required.
-pub fn contact_input(
+pub(crate) fn contact_input(
     form: &FormDef,
     fields: &Map<String, Value>,
     attributes: &[AttributeEntry],
@@ -74,7 +74,7 @@ fn typed(kind: &str, text: &str) -> Value {
 }
 
 /// A fresh double opt-in token: 32 random bytes, URL-safe base64.
-pub fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     use base64::Engine;
     use rand::RngCore;
     let mut bytes = [0u8; 32];

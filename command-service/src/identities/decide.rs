@@ -7,7 +7,7 @@ use platform::proto;
 use serde_json::{Map, Value, json};
 
 /// The six fields of an identity change, and no others.
-pub const FIELDS: [&str; 6] =
+pub(crate) const FIELDS: [&str; 6] =
     ["sourceId", "subjectSchemaId", "anonymousId", "contactId", "operationId", "expectedAliasRevision"];
 /// The most characters a text field may have.
 const MAX_CHARS: usize = 256;
@@ -60,7 +60,7 @@ impl Refusal {
 }
 
 /// Validates the body: exactly the six fields, with their types.
-pub fn parse_change(body: Map<String, Value>) -> Result<Change, Refusal> {
+pub(crate) fn parse_change(body: Map<String, Value>) -> Result<Change, Refusal> {
     let mut issues = Vec::new();
     for key in body.keys().filter(|key| !FIELDS.contains(&key.as_str())) {
         issues.push(Issue::coded(key, Code::UnknownField, format!("{key} is not a field of an identity change")));

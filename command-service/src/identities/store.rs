@@ -10,13 +10,13 @@ use super::decide::{Alias, Change, Contact, Recorded};
 use crate::events::store::{load_subjects, subjects_guard};
 
 /// Labels of the guards' refusals.
-pub const OPERATION_TAKEN: Code = Code::OperationTaken;
-pub const REVISION_MOVED: Code = Code::AliasRevisionConflict;
-pub const CAPACITY: Code = Code::IdentityCapacityExhausted;
+pub(crate) const OPERATION_TAKEN: Code = Code::OperationTaken;
+pub(crate) const REVISION_MOVED: Code = Code::AliasRevisionConflict;
+pub(crate) const CAPACITY: Code = Code::IdentityCapacityExhausted;
 
 /// The contact schemas (ids) of the space's enabled contact tracks with `source_id`, read
 /// from catalog version schema `catalog`.
-pub async fn track_schemas(
+pub(crate) async fn track_schemas(
     client: &impl GenericClient,
     catalog: &str,
     space_id: &str,
@@ -36,7 +36,7 @@ pub async fn track_schemas(
 }
 
 /// The alias as the write side holds it (revision 0 when it does not exist yet).
-pub async fn load_alias(
+pub(crate) async fn load_alias(
     client: &impl GenericClient,
     space_id: &str,
     digest: &str,
@@ -54,7 +54,7 @@ pub async fn load_alias(
 }
 
 /// The recorded result of an operation already applied, if any.
-pub async fn load_operation(
+pub(crate) async fn load_operation(
     client: &impl GenericClient,
     space_id: &str,
     operation_id: &str,
@@ -69,7 +69,7 @@ pub async fn load_operation(
 }
 
 /// What the write side knows of `contact_id`.
-pub async fn load_contact(client: &impl GenericClient, contact_id: &str) -> anyhow::Result<Contact> {
+pub(crate) async fn load_contact(client: &impl GenericClient, contact_id: &str) -> anyhow::Result<Contact> {
     let subjects = load_subjects(client, &[contact_id.to_owned()]).await?;
     Ok(match subjects.get(contact_id) {
         Some(Loaded::Live { state, .. }) => {

@@ -18,7 +18,7 @@ use domain::attributes::{default_value, has_auto_fill, is_required, is_writable,
 
 /// Why a record write is refused. The HTTP edge maps each to the contract's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RecordRefusal {
+pub(crate) enum RecordRefusal {
     /// The input does not fit the schema; `issues` names every problem (400).
     #[error("{message}")]
     Invalid { code: Code, message: String, issues: Vec<Issue> },
@@ -34,7 +34,9 @@ pub enum RecordRefusal {
 }
 
 impl RecordRefusal {
-    pub fn code(&self) -> Code {
+    /// The contract's code of the refusal, as the tests below name it.
+    #[cfg(test)]
+    fn code(&self) -> Code {
         match self {
             Self::Invalid { code, .. } => *code,
             Self::InsufficientCredits => Code::InsufficientCredits,
@@ -50,7 +52,7 @@ impl RecordRefusal {
 
 /// What the decision needs to know of the schema.
 #[derive(Debug, Clone)]
-pub struct WriteSchema<'a> {
+pub(crate) struct WriteSchema<'a> {
     pub schema_id: &'a str,
     pub space_id: &'a str,
     pub schema_type: &'a str,
@@ -66,7 +68,7 @@ pub struct Identity {
 }
 
 /// Who holds each identity value already: `(key, value) -> record id`.
-pub type Owners = BTreeMap<(String, String), String>;
+pub(crate) type Owners = BTreeMap<(String, String), String>;
 
 /// Validated input: identity fields (`None` for an explicit null) and custom values (an
 /// explicit null kept as `Value::Null`).
@@ -85,14 +87,14 @@ impl Input {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct CreateDecision {
+pub(crate) struct CreateDecision {
     pub event: proto::RecordCreated,
     pub identities: Vec<Identity>,
     pub warnings: Vec<Warning>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum UpdateDecision {
+pub(crate) enum UpdateDecision {
     /// Nothing changes: answer with the current record and append nothing.
     Unchanged,
     Changed(Box<Change>),
@@ -110,7 +112,7 @@ pub struct Change {
 
 /// The upsert's target, per rule 3.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Match {
+pub(crate) enum Match {
     Existing(String),
     New,
 }
@@ -118,7 +120,7 @@ pub enum Match {
 /// Platform fields that callers cannot set.
 const READ_ONLY_PLATFORM_FIELDS: &[&str] = &["createdAt", "updatedAt"];
 
-pub fn identity_keys(schema_type: &str) -> &'static [&'static str] {
+pub(crate) fn identity_keys(schema_type: &str) -> &'static [&'static str] {
     match schema_type {
         "contact" => &["userId", "email", "phone"],
         _ => &["externalId"],
@@ -127,14 +129,14 @@ pub fn identity_keys(schema_type: &str) -> &'static [&'static str] {
 
 /// Refused when the schema has a writable AI auto-fill attribute and the space has no
 /// credits (rule 2: checked first on create and upsert).
-pub fn check_credits(schema: &WriteSchema<'_>, credits: i64) -> Result<(), RecordRefusal> {
+pub(crate) fn check_credits(schema: &WriteSchema<'_>, credits: i64) -> Result<(), RecordRefusal> {
     let auto_filled = schema.attributes.iter().any(|a| is_writable(&a.definition) && has_auto_fill(&a.definition));
     if auto_filled && credits <= 0 { Err(RecordRefusal::InsufficientCredits) } else { Ok(()) }
 }
 
 /// The record a write addresses, if it is a live record of `schema`: its stream version,
 /// state and data key. `loaded` is what the store found for `record_id`.
-pub fn live_target(
+pub(crate) fn live_target(
     schema: &WriteSchema<'_>,
     record_id: &str,
     loaded: Option<(i64, Loaded)>,
@@ -149,7 +151,7 @@ pub fn live_target(
 }
 
 /// Validates a flat record input against the schema. `source` is ignored, `id` kept aside.
-pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Result<Input, RecordRefusal> {
+pub(crate) fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Result<Input, RecordRefusal> {
     let mut issues = Vec::new();
     let mut parsed = Input::default();
     for (key, value) in input {
@@ -190,7 +192,7 @@ pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Resul
 
 /// Refuses an update whose echoed `createdAt` differs from the record's: a record's creation
 /// time is set by the platform.
-pub fn check_echoed(echoed: &Map<String, Value>, current: &RecordState) -> Result<(), RecordRefusal> {
+pub(crate) fn check_echoed(echoed: &Map<String, Value>, current: &RecordState) -> Result<(), RecordRefusal> {
     let shown = serde_json::json!({"createdAt": platform::time::format_millis(current.created_at_ms)});
     let issues: Vec<Issue> = crate::echo::changed(echoed, &shown)
         .into_iter()
@@ -218,7 +220,7 @@ fn collision_warning(identity_key: &str) -> Warning {
 /// Decides a create. An identity that `owners` shows held by another record is skipped and
 /// reported in a warning (rule 4, for an upsert that creates). A strict create passes no
 /// owners: its identity guards in the append turn a collision into 409 `identifier_conflict`.
-pub fn decide_create(
+pub(crate) fn decide_create(
     schema: &WriteSchema<'_>,
     input: Input,
     owners: &Owners,
@@ -275,7 +277,7 @@ pub fn decide_create(
 
 /// Finds the record an upsert addresses (rule 3), given who holds each identity value and
 /// the states of those holders. The body's explicit `id` is handled by the caller.
-pub fn match_upsert(schema_type: &str, input: &Input, owners: &Owners, holders: &[RecordState]) -> Match {
+pub(crate) fn match_upsert(schema_type: &str, input: &Input, owners: &Owners, holders: &[RecordState]) -> Match {
     let holder = |key: &str| {
         let value = input.identity(key)?;
         let record_id = owners.get(&(key.to_owned(), value.to_owned()))?;
@@ -306,7 +308,7 @@ pub fn match_upsert(schema_type: &str, input: &Input, owners: &Owners, holders: 
 /// Decides an update of `current`: given fields replace, omitted fields are kept, an
 /// explicit null clears a nullable field, and an identity held by another record is skipped
 /// with a warning (rule 4).
-pub fn decide_update(
+pub(crate) fn decide_update(
     schema: &WriteSchema<'_>,
     current: &RecordState,
     input: Input,

@@ -10,7 +10,7 @@ use platform::log::{AppendError, Guard, SetValue};
 use crate::records::decide::{Identity, Owners};
 
 /// Who holds each of `identities` (`(key, value)`) in the schema.
-pub async fn identity_owners(
+pub(crate) async fn identity_owners(
     client: &impl GenericClient,
     space_id: &str,
     schema_id: &str,
@@ -83,7 +83,7 @@ pub fn release(space_id: &str, schema_id: &str, record_id: &str, identity: &Iden
 
 /// The guards of a deletion request: the record's identities are free at once, its recorded
 /// idempotent responses leave with the request, and exactly one operation starts.
-pub fn deletion_guards(operation_id: &str, record_id: &str, space_id: &str, schema_id: &str) -> Vec<Guard> {
+pub(crate) fn deletion_guards(operation_id: &str, record_id: &str, space_id: &str, schema_id: &str) -> Vec<Guard> {
     let (operation_id, record_id, space_id, schema_id) =
         (operation_id.to_owned(), record_id.to_owned(), space_id.to_owned(), schema_id.to_owned());
     vec![
@@ -115,7 +115,7 @@ pub fn deletion_guards(operation_id: &str, record_id: &str, space_id: &str, sche
 /// The guard that stores a new subject's wrapped key in the transaction of its first event,
 /// so the key and the data it protects commit together. If the subject already has a key (a
 /// concurrent first write won), the command fails as a lost race and is decided again.
-pub fn store_key(subject_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
+pub(crate) fn store_key(subject_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
     Guard::exactly_one(
         "INSERT INTO subject_keys (subject_id, space_id, wrapped_key) VALUES ($1, $2, $3)
          ON CONFLICT (subject_id) DO NOTHING",

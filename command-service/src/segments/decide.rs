@@ -10,17 +10,17 @@ use platform::error::{Code, Issue};
 use serde_json::{Map, Value};
 
 /// The fields a create accepts.
-pub const CREATE_FIELDS: [&str; 2] = ["name", "definition"];
+pub(crate) const CREATE_FIELDS: [&str; 2] = ["name", "definition"];
 /// The most characters of a segment's name.
-pub const MAX_NAME_CHARS: usize = 200;
+pub(crate) const MAX_NAME_CHARS: usize = 200;
 /// The most characters of a segment's definition.
-pub const MAX_DEFINITION_CHARS: usize = 2000;
+pub(crate) const MAX_DEFINITION_CHARS: usize = 2000;
 /// The fields every contact has beside its schema's attributes.
-pub const CONTACT_FIELDS: [&str; 7] = ["id", "source", "userId", "email", "phone", "createdAt", "updatedAt"];
+pub(crate) const CONTACT_FIELDS: [&str; 7] = ["id", "source", "userId", "email", "phone", "createdAt", "updatedAt"];
 
 /// A validated create.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewSegment {
+pub(crate) struct NewSegment {
     pub name: String,
     pub definition: String,
 }
@@ -85,7 +85,7 @@ fn text_field(body: &Map<String, Value>, key: &str, max: usize, issues: &mut Vec
 }
 
 /// Validates a create body: `name` and `definition`, both required text.
-pub fn parse_create(body: &Map<String, Value>) -> Result<NewSegment, Refusal> {
+pub(crate) fn parse_create(body: &Map<String, Value>) -> Result<NewSegment, Refusal> {
     let mut issues: Vec<Issue> = body
         .keys()
         .filter(|key| !CREATE_FIELDS.contains(&key.as_str()))

@@ -10,7 +10,7 @@ use serde_json::Value;
 use domain::attributes::normalize_email;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewSuppression {
+pub(crate) struct NewSuppression {
     pub identifier: String,
     pub reason: String,
 }
@@ -43,7 +43,7 @@ impl Refusal {
 }
 
 /// Parses `{identifier, reason}`: an email address and `manual` or `legal`.
-pub fn parse_new(value: &Value) -> Result<NewSuppression, Refusal> {
+pub(crate) fn parse_new(value: &Value) -> Result<NewSuppression, Refusal> {
     let Some(object) = value.as_object() else {
         let message = "a suppression is a JSON object {identifier, reason}".to_owned();
         return Err(Refusal::Invalid { code: Code::InvalidBody, message, issues: Vec::new() });
@@ -87,7 +87,7 @@ pub fn parse_new(value: &Value) -> Result<NewSuppression, Refusal> {
     }
 }
 
-pub fn decide_add(
+pub(crate) fn decide_add(
     space_id: &str,
     new: &NewSuppression,
     suppression_id: &str,
@@ -106,7 +106,7 @@ pub fn decide_add(
 
 /// Decides removing `added` (`None` when it does not exist or was removed) for a caller in
 /// `space_id`. Global suppressions are visible to every space but removable by none.
-pub fn decide_remove(
+pub(crate) fn decide_remove(
     space_id: &str,
     suppression_id: &str,
     added: Option<&proto::SuppressionAdded>,

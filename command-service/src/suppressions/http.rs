@@ -228,7 +228,7 @@ impl Command for BatchCreate<'_> {
     }
 }
 
-pub async fn batch_create(
+pub(crate) async fn batch_create(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<State>,
@@ -295,7 +295,7 @@ impl Command for BatchRemove<'_> {
     }
 }
 
-pub async fn batch_remove(
+pub(crate) async fn batch_remove(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<State>,

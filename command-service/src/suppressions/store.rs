@@ -13,7 +13,7 @@ pub fn stream_id(suppression_id: &str) -> String {
 }
 
 /// The stream of a suppression authored in the workspace file.
-pub fn authored_stream_id(suppression_id: &str) -> String {
+pub(crate) fn authored_stream_id(suppression_id: &str) -> String {
     format!("authoring/suppression/{suppression_id}")
 }
 
@@ -41,7 +41,7 @@ pub async fn load(
 }
 
 /// [`load`] for many suppressions in one statement: the live ones by id.
-pub async fn load_many(
+pub(crate) async fn load_many(
     client: &impl GenericClient,
     suppression_ids: &[String],
 ) -> anyhow::Result<std::collections::HashMap<String, (i64, proto::SuppressionAdded)>> {
@@ -71,7 +71,7 @@ pub async fn load_many(
 }
 
 /// The uniqueness claim of a new suppression: one per (space or global, identifier, reason).
-pub fn key_guard(scope: &str, new: &NewSuppression, suppression_id: &str) -> Guard {
+pub(crate) fn key_guard(scope: &str, new: &NewSuppression, suppression_id: &str) -> Guard {
     Guard::unique(
         "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)",
         vec![
@@ -89,7 +89,7 @@ pub fn key_guard(scope: &str, new: &NewSuppression, suppression_id: &str) -> Gua
 
 /// The claim of a suppression authored in the workspace file: applying the file again finds
 /// it taken and changes nothing.
-pub fn authored_key_guard(scope: &str, new: &NewSuppression, suppression_id: &str) -> Guard {
+pub(crate) fn authored_key_guard(scope: &str, new: &NewSuppression, suppression_id: &str) -> Guard {
     Guard::unique(
         "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)
          ON CONFLICT DO NOTHING",
@@ -104,7 +104,7 @@ pub fn authored_key_guard(scope: &str, new: &NewSuppression, suppression_id: &st
 }
 
 /// Releases a removed suppression's claim; refused when it was removed meanwhile.
-pub fn removal_guard(suppression_id: &str) -> Guard {
+pub(crate) fn removal_guard(suppression_id: &str) -> Guard {
     Guard::unique(
         "DELETE FROM suppression_keys WHERE suppression_id = $1",
         vec![Box::new(suppression_id.to_owned())],
@@ -113,7 +113,7 @@ pub fn removal_guard(suppression_id: &str) -> Guard {
 }
 
 /// Which of `wanted` (identifier, reason) already exist in `scope`.
-pub async fn existing_keys(
+pub(crate) async fn existing_keys(
     client: &impl GenericClient,
     scope: &str,
     wanted: &[&NewSuppression],

@@ -41,7 +41,10 @@ fn invalid(field: &str, message: &str) -> ApiError {
 }
 
 /// Every key the template expects is given, and nothing else.
-pub fn check_keys(template: &TemplateDef, context: &BTreeMap<String, Map<String, Value>>) -> Result<(), ApiError> {
+pub(crate) fn check_keys(
+    template: &TemplateDef,
+    context: &BTreeMap<String, Map<String, Value>>,
+) -> Result<(), ApiError> {
     let mut issues = Vec::new();
     for key in context.keys().filter(|key| !template.data.contains_key(*key)) {
         let expected: Vec<&str> = template.data.keys().map(String::as_str).collect();
@@ -84,7 +87,7 @@ pub fn consent_keys(attributes: &[domain::catalog::AttributeEntry]) -> Vec<Strin
 
 /// The Liquid context: each key's record document, with every attribute of its schema
 /// present (null when unset) so a template may name any of them.
-pub fn render_context(documents: &BTreeMap<String, (Value, Vec<String>)>) -> Value {
+pub(crate) fn render_context(documents: &BTreeMap<String, (Value, Vec<String>)>) -> Value {
     let mut context = Map::new();
     for (key, (document, attribute_keys)) in documents {
         let mut document = document.as_object().cloned().unwrap_or_default();

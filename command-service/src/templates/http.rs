@@ -35,7 +35,7 @@ use crate::records::write::{PlannedUpsert, plan_upsert};
 /// The template of the caller's space with its sender, domain and the space's allowance: kept
 /// by this process since an earlier send at the catalog's revision, or read now in one
 /// statement (and kept). A send decided on a kept one appends with that revision's guard.
-pub async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &str) -> Result<Arc<Authored>, ApiError> {
+pub(crate) async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &str) -> Result<Arc<Authored>, ApiError> {
     if let Some((revision, authored)) = ctx.state.templates.get(space_id, template_id) {
         ctx.kept_catalog(revision);
         return Ok(authored);

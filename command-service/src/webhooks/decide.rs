@@ -7,13 +7,13 @@ use platform::error::{Code, Issue};
 use serde_json::{Map, Value};
 
 /// The fields a create accepts.
-pub const CREATE_FIELDS: [&str; 5] = ["url", "trigger", "emailEventTypes", "schemaId", "condition"];
+pub(crate) const CREATE_FIELDS: [&str; 5] = ["url", "trigger", "emailEventTypes", "schemaId", "condition"];
 /// The fields an update accepts (trigger and schema cannot change).
-pub const UPDATE_FIELDS: [&str; 4] = ["url", "emailEventTypes", "condition", "status"];
+pub(crate) const UPDATE_FIELDS: [&str; 4] = ["url", "emailEventTypes", "condition", "status"];
 /// Fields of the webhook as returned that an update takes when they are unchanged.
-pub const FIXED_FIELDS: [&str; 5] = ["id", "createdAt", "trigger", "schemaId", "integrationVendorName"];
+pub(crate) const FIXED_FIELDS: [&str; 5] = ["id", "createdAt", "trigger", "schemaId", "integrationVendorName"];
 /// Fields of the webhook as returned that the server keeps: an update ignores them.
-pub const KEPT_FIELDS: [&str; 7] = [
+pub(crate) const KEPT_FIELDS: [&str; 7] = [
     "updatedAt",
     "pauseReason",
     "totalCalls",
@@ -23,7 +23,7 @@ pub const KEPT_FIELDS: [&str; 7] = [
     "lastCallErrorMessage",
 ];
 /// The most characters of a custom filter's requirements.
-pub const MAX_REQUIREMENTS_CHARS: usize = 2000;
+pub(crate) const MAX_REQUIREMENTS_CHARS: usize = 2000;
 
 /// A webhook's delivery condition as the caller wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub enum Condition {
 }
 
 /// The triggers whose occurrences concern one contact, which a segment condition can test.
-pub const SEGMENT_TRIGGERS: [Trigger; 3] = [Trigger::ContactUpserted, Trigger::EventFired, Trigger::EmailEvent];
+pub(crate) const SEGMENT_TRIGGERS: [Trigger; 3] = [Trigger::ContactUpserted, Trigger::EventFired, Trigger::EmailEvent];
 
 fn check_segment_trigger(trigger: Trigger, condition: Option<&Condition>, issues: &mut Vec<Issue>) {
     if matches!(condition, Some(Condition::Segment { .. })) && !SEGMENT_TRIGGERS.contains(&trigger) {
@@ -58,7 +58,7 @@ fn check_segment_trigger(trigger: Trigger, condition: Option<&Condition>, issues
 
 /// A validated create.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewWebhook {
+pub(crate) struct NewWebhook {
     pub url: String,
     pub trigger: Trigger,
     pub email_event_types: Vec<String>,
@@ -69,7 +69,7 @@ pub struct NewWebhook {
 
 /// A validated update: each field present only when the caller sent it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Update {
+pub(crate) struct Update {
     pub url: Option<String>,
     pub email_event_types: Option<Vec<String>>,
     pub condition: Option<Condition>,
@@ -90,7 +90,7 @@ fn invalid(issues: Vec<Issue>) -> Refusal {
 }
 
 /// Validates a create body. `allow_loopback` is the deployment's setting for local targets.
-pub fn parse_create(body: &Map<String, Value>, allow_loopback: bool) -> Result<NewWebhook, Refusal> {
+pub(crate) fn parse_create(body: &Map<String, Value>, allow_loopback: bool) -> Result<NewWebhook, Refusal> {
     let mut issues = unknown_fields(body, &CREATE_FIELDS);
     let url = match body.get("url") {
         None | Some(Value::Null) => {
@@ -184,7 +184,7 @@ pub fn parse_create(body: &Map<String, Value>, allow_loopback: bool) -> Result<N
 /// its kept fields ignored, and a condition or an `emailEventTypes` equal to the shown one is
 /// no change (a custom filter shows its description, not its requirements). A body that only
 /// echoes the webhook gives an empty update: nothing to change.
-pub fn parse_update(
+pub(crate) fn parse_update(
     body: &Map<String, Value>,
     shown: &Value,
     trigger: Trigger,
@@ -251,7 +251,7 @@ pub fn parse_update(
 }
 
 /// Whether the schema `schemaId` names (of `schema_type`) fits the trigger.
-pub fn check_schema(trigger: Trigger, schema_type: &str) -> Result<(), Refusal> {
+pub(crate) fn check_schema(trigger: Trigger, schema_type: &str) -> Result<(), Refusal> {
     match trigger.schema_type() {
         Some(expected) if expected == schema_type => Ok(()),
         Some(expected) => Err(invalid(vec![Issue::coded(

@@ -214,7 +214,7 @@ impl Command for ReplayDelivery<'_> {
 }
 
 #[tracing::instrument(skip_all)]
-pub async fn replay_delivery(
+pub(crate) async fn replay_delivery(
     req: HttpRequest,
     path: web::Path<(String, String)>,
     state: web::Data<State>,
@@ -525,7 +525,7 @@ impl Command for RotateSecret<'_> {
 }
 
 #[tracing::instrument(skip_all, fields(webhook = %path.as_str()))]
-pub async fn rotate_secret(
+pub(crate) async fn rotate_secret(
     req: HttpRequest,
     path: web::Path<String>,
     state: web::Data<State>,

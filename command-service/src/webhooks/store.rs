@@ -17,7 +17,7 @@ pub async fn schema(
 }
 
 /// The data key of a webhook's secrets, if it still has one.
-pub async fn secret_key(
+pub(crate) async fn secret_key(
     client: &impl GenericClient,
     webhook_id: &str,
 ) -> anyhow::Result<Option<platform::crypto::DataKey>> {
@@ -27,7 +27,7 @@ pub async fn secret_key(
 }
 
 /// Stores the data key of a new webhook's secrets with its creation.
-pub fn store_secret_key(webhook_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
+pub(crate) fn store_secret_key(webhook_id: &str, space_id: &str, wrapped: Vec<u8>) -> Guard {
     Guard::exactly_one(
         "INSERT INTO subject_keys (subject_id, space_id, wrapped_key) VALUES ($1, $2, $3)
          ON CONFLICT (subject_id) DO NOTHING",
@@ -41,7 +41,7 @@ pub fn store_secret_key(webhook_id: &str, space_id: &str, wrapped: Vec<u8>) -> G
 
 /// Shreds a deleted webhook's secrets (and the ones queued deliveries captured) with the
 /// deletion.
-pub fn shred_secret_key(webhook_id: &str) -> Guard {
+pub(crate) fn shred_secret_key(webhook_id: &str) -> Guard {
     Guard::unique(
         "DELETE FROM subject_keys WHERE subject_id = $1",
         vec![Box::new(secret_subject(webhook_id))],
@@ -51,7 +51,7 @@ pub fn shred_secret_key(webhook_id: &str) -> Guard {
 
 /// Removes the secret from the create and rotate answers recorded for idempotent replay,
 /// with the webhook's deletion: a replay after it answers without the secret.
-pub fn blank_recorded_secrets(webhook_id: &str) -> Guard {
+pub(crate) fn blank_recorded_secrets(webhook_id: &str) -> Guard {
     Guard::unique(
         "UPDATE idempotency_records SET response = jsonb_set(response, '{data}',
                 (response -> 'data') - 'signatureVerificationSecret')
@@ -63,7 +63,7 @@ pub fn blank_recorded_secrets(webhook_id: &str) -> Guard {
 
 /// Clears the consecutive-failure count (the circuit breaker's) when the owner sets the
 /// webhook live, in the transaction of that change.
-pub fn clear_failures(webhook_id: &str) -> Guard {
+pub(crate) fn clear_failures(webhook_id: &str) -> Guard {
     Guard::unique(
         "UPDATE webhook_counters SET failed_calls_in_a_row = 0, failing_since = NULL WHERE webhook_id = $1",
         vec![Box::new(webhook_id.to_owned())],
@@ -80,7 +80,7 @@ pub async fn counters(client: &impl GenericClient, webhook_id: &str) -> Result<C
 }
 
 /// The state of one delivery of the webhook (`pending`, `delivered`, `failed`, `dropped`).
-pub async fn delivery_state(
+pub(crate) async fn delivery_state(
     client: &impl GenericClient,
     webhook_id: &str,
     delivery_id: &str,

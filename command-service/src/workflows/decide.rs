@@ -27,7 +27,7 @@ pub struct Input {
 
 /// Reads a trigger's body: any JSON object of at most 256 KiB; `contact`, when present and not
 /// null, is an object naming the contact (`id`, `email` or `userId`) with attributes to write.
-pub fn parse_input(body: Map<String, Value>) -> Result<Input, Refusal> {
+pub(crate) fn parse_input(body: Map<String, Value>) -> Result<Input, Refusal> {
     let size = Value::Object(body.clone()).to_string().len();
     if size > MAX_INPUT_BYTES {
         return Err(Refusal::InvalidInput(format!(
@@ -53,7 +53,7 @@ pub fn parse_input(body: Map<String, Value>) -> Result<Input, Refusal> {
 
 /// Whether `definition` takes a run: only a published workflow does (a paused one takes it and
 /// lets it wait).
-pub fn check_trigger(workflow_id: &str, definition: &WorkflowDef) -> Result<(), Refusal> {
+pub(crate) fn check_trigger(workflow_id: &str, definition: &WorkflowDef) -> Result<(), Refusal> {
     match definition.status {
         Status::Published => Ok(()),
         Status::Draft => Err(Refusal::NotPublished(workflow_id.to_owned())),
@@ -62,7 +62,7 @@ pub fn check_trigger(workflow_id: &str, definition: &WorkflowDef) -> Result<(), 
 
 /// What a pause or an unpause does to a workflow that is `paused` now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PauseChange {
+pub(crate) enum PauseChange {
     /// Append the change.
     Change,
     /// It is so already: a success that changes nothing.
@@ -70,7 +70,7 @@ pub enum PauseChange {
 }
 
 /// A pause (`pause: true`) or unpause of a workflow: a draft cannot be paused.
-pub fn decide_pause(
+pub(crate) fn decide_pause(
     workflow_id: &str,
     definition: &WorkflowDef,
     paused: bool,
@@ -83,7 +83,7 @@ pub fn decide_pause(
 }
 
 /// A run as the API shows it when it was just requested.
-pub fn requested_run(
+pub(crate) fn requested_run(
     run_id: &str,
     workflow_id: &str,
     contact_id: Option<&str>,

@@ -23,7 +23,7 @@ fn found(row: Option<tokio_postgres::Row>) -> anyhow::Result<Option<Found>> {
 
 /// The workflow of the space whose entry has `reference_id`, from catalog version `catalog`,
 /// with the catalog's revision read in the same statement.
-pub async fn by_reference(
+pub(crate) async fn by_reference(
     client: &impl GenericClient,
     catalog: &str,
     space_id: &str,
@@ -66,7 +66,7 @@ pub async fn by_id(
 }
 
 /// The workflow stream's version and whether it is paused, from the log.
-pub async fn pause_state(client: &impl GenericClient, workflow_id: &str) -> anyhow::Result<(i64, bool)> {
+pub(crate) async fn pause_state(client: &impl GenericClient, workflow_id: &str) -> anyhow::Result<(i64, bool)> {
     let events = platform::log::read_streams(client, &[domain::workflows::stream_id(workflow_id)]).await?;
     let mut state = (0, false);
     for stored in events {
@@ -91,7 +91,7 @@ pub fn control(workflow_id: &str, space_id: &str, paused: bool) -> Guard {
 }
 
 /// Wakes the runs a pause parked: due at once, so a wait that elapsed meanwhile completes.
-pub fn wake_parked(workflow_id: &str) -> Guard {
+pub(crate) fn wake_parked(workflow_id: &str) -> Guard {
     Guard::unique(
         "UPDATE workflow_runs SET due_at = clock_timestamp() WHERE workflow_id = $1 AND paused",
         vec![Box::new(workflow_id.to_owned())],
@@ -100,7 +100,7 @@ pub fn wake_parked(workflow_id: &str) -> Guard {
 }
 
 /// What a new run's row starts as.
-pub struct NewRun<'a> {
+pub(crate) struct NewRun<'a> {
     pub run_id: &'a str,
     pub workflow_id: &'a str,
     pub space_id: &'a str,
@@ -113,7 +113,7 @@ pub struct NewRun<'a> {
 
 /// The engine's row of a new run, `waiting` and due at once, at version 1 of its stream (with
 /// a set form, so a batch of triggers inserts its rows in one statement).
-pub fn insert_run(run: NewRun<'_>) -> Guard {
+pub(crate) fn insert_run(run: NewRun<'_>) -> Guard {
     let row = vec![
         SetValue::Text(Some(run.run_id.to_owned())),
         SetValue::Text(Some(run.workflow_id.to_owned())),

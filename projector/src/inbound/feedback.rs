@@ -13,7 +13,7 @@ use mail::enhanced_status;
 use mail_parser::{Message, MessageParser, MimeHeaders, PartType};
 
 /// The local part prefix of the return path: `bounce+<emailId>@<return path>`.
-pub const BOUNCE_PREFIX: &str = "bounce+";
+pub(crate) const BOUNCE_PREFIX: &str = "bounce+";
 
 /// What a message received at a return path reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,14 +27,14 @@ pub enum Report {
 }
 
 /// The email id of a return-path recipient `bounce+<emailId>@...`, when it is one.
-pub fn email_of_recipient(recipient: &str) -> Option<&str> {
+pub(crate) fn email_of_recipient(recipient: &str) -> Option<&str> {
     let (local, _) = recipient.rsplit_once('@')?;
     let id = local.strip_prefix(BOUNCE_PREFIX)?;
     is_email_id(id).then_some(id)
 }
 
 /// Whether `id` has the shape of an email id (`em_` and a ULID-like body).
-pub fn is_email_id(id: &str) -> bool {
+pub(crate) fn is_email_id(id: &str) -> bool {
     id.strip_prefix("em_")
         .is_some_and(|body| (20..=40).contains(&body.len()) && body.bytes().all(|byte| byte.is_ascii_alphanumeric()))
 }

@@ -143,7 +143,7 @@ impl Inbound {
 }
 
 /// The port `projector inbound` binds when `APP__INBOUND__PORT` is unset.
-pub const DEFAULT_PORT: u16 = 2525;
+pub(crate) const DEFAULT_PORT: u16 = 2525;
 
 /// One SMTP session.
 struct Session<'a> {

@@ -47,7 +47,7 @@ impl Recorded {
     }
 }
 
-pub struct Recorder {
+pub(crate) struct Recorder {
     pool: Pool,
     log: EventLog,
     soft_limit: i64,
@@ -63,7 +63,7 @@ struct Email {
 }
 
 impl Recorder {
-    pub fn new(pool: Pool, log: EventLog, settings: &platform::settings::InboundSettings) -> Self {
+    pub(crate) fn new(pool: Pool, log: EventLog, settings: &platform::settings::InboundSettings) -> Self {
         Self {
             pool,
             log,
@@ -74,7 +74,7 @@ impl Recorder {
 
     /// Reads `raw`, received for `recipient`, and records what it reports. An error means
     /// nothing was recorded (the sender should try again later).
-    pub async fn record(&self, raw: &[u8], recipient: &str) -> anyhow::Result<Recorded> {
+    pub(crate) async fn record(&self, raw: &[u8], recipient: &str) -> anyhow::Result<Recorded> {
         let report = crate::inbound::feedback::parse(raw, recipient);
         let email_id = match &report {
             Report::Bounce { email_id, .. } | Report::Complaint { email_id, .. } => email_id.clone(),

@@ -23,7 +23,7 @@ pub(super) const EVENT_TYPES: &[&str] =
     &["RecordDeletionRequested.v1", "RecordDeletionBlocked.v1", "RecordDeletionCompleted.v1"];
 
 /// What a completed deletion says.
-pub const COMPLETED_MESSAGE: &str =
+pub(crate) const COMPLETED_MESSAGE: &str =
     "erasure complete: the record's data key is destroyed and no read model holds its data";
 
 pub(super) async fn apply(transaction: &Transaction<'_>, schema: &str, event: &StoredEvent) -> anyhow::Result<()> {

@@ -107,7 +107,7 @@ pub fn names() -> String {
 }
 
 /// The statements that create one version of `model` in `schema`.
-pub fn create_version_sql(model: &dyn ReadModel, schema: &str) -> String {
+pub(crate) fn create_version_sql(model: &dyn ReadModel, schema: &str) -> String {
     format!("CREATE SCHEMA {schema};\n{}", model.ddl().replace("{s}", schema))
 }
 

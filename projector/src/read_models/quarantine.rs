@@ -36,7 +36,7 @@ use super::ReadModel;
 
 /// Event types that only remove data or report on its removal; they are applied even in a
 /// quarantined space, so erasure never waits for an operator.
-pub const ALWAYS_APPLIED: &[&str] =
+pub(crate) const ALWAYS_APPLIED: &[&str] =
     &["RecordDeletionRequested.v1", "RecordDeletionBlocked.v1", "RecordDeletionCompleted.v1"];
 
 /// How many spaces must fail, with no event of the batch applied, for the failure to count as
@@ -211,7 +211,7 @@ async fn record(
 
 /// Records an event a side-effect worker (not a read model: version 0) cannot handle; the
 /// worker passes over it. A retry of the same position reopens the row.
-pub async fn record_worker_dead_letter(
+pub(crate) async fn record_worker_dead_letter(
     transaction: &Transaction<'_>,
     worker: &str,
     event: &StoredEvent,
@@ -235,7 +235,7 @@ pub async fn record_worker_dead_letter(
 
 /// An open dead letter, as an operator lists it.
 #[derive(Debug, Clone)]
-pub struct OpenDeadLetter {
+pub(crate) struct OpenDeadLetter {
     pub name: String,
     pub version: i32,
     pub position: i64,
@@ -248,7 +248,7 @@ pub struct OpenDeadLetter {
 
 /// Every open dead letter of live and building read-model versions and of side-effect
 /// workers (version 0).
-pub async fn list_open(client: &impl deadpool_postgres::GenericClient) -> anyhow::Result<Vec<OpenDeadLetter>> {
+pub(crate) async fn list_open(client: &impl deadpool_postgres::GenericClient) -> anyhow::Result<Vec<OpenDeadLetter>> {
     let rows = client
         .query(
             "SELECT d.name, d.version, d.position, d.space_key, d.event_type, d.error, d.failed_at, d.retries

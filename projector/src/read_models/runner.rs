@@ -9,7 +9,7 @@ use platform::readmodel::{PROGRESS_CHANNEL, schema_name};
 use super::ReadModel;
 
 /// Events read and applied per batch.
-pub const BATCH_SIZE: i64 = 2000;
+pub(crate) const BATCH_SIZE: i64 = 2000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -37,7 +37,7 @@ impl Faults {
 }
 
 /// Creates version 1 of every projection that has no version yet.
-pub async fn ensure_initialized(pool: &Pool) -> anyhow::Result<()> {
+pub(crate) async fn ensure_initialized(pool: &Pool) -> anyhow::Result<()> {
     let mut client = pool.get().await?;
     for model in super::ALL {
         let transaction = client.transaction().await?;
@@ -72,7 +72,7 @@ pub async fn project_batch(
 /// Projects the next batch of every live and building version of `model` whose lease this
 /// process can take. Returns whether some version read a full batch, so that more events may
 /// be waiting.
-pub async fn project_versions(
+pub(crate) async fn project_versions(
     pool: &Pool,
     model: &dyn ReadModel,
     worker: &str,
@@ -132,7 +132,7 @@ async fn project(
 /// lease) and advances the checkpoint. Returns the count and new position, or `None`. An event
 /// the read model cannot apply is dead-lettered and its space quarantined (see
 /// [`crate::quarantine`]); a transient or systemic failure fails the batch.
-pub async fn project_in(
+pub(crate) async fn project_in(
     transaction: &Transaction<'_>,
     model: &dyn ReadModel,
     version: i32,
@@ -194,7 +194,7 @@ fn check_contiguity(model: &dyn ReadModel, checkpoint: i64, events: &[StoredEven
 
 /// Tells readers that a projection version advanced: a NOTIFY inside `transaction`, which
 /// PostgreSQL delivers when (and only if) the transaction commits.
-pub async fn announce(
+pub(crate) async fn announce(
     transaction: &Transaction<'_>,
     model: &dyn ReadModel,
     version: i32,

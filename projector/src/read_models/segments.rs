@@ -23,7 +23,7 @@ use platform::time::from_millis;
 use serde_json::{Map, Value, json};
 
 /// The timer kind that re-evaluates a contact when a window opens or closes.
-pub const WINDOW_TIMER: &str = "segment_windows";
+pub(crate) const WINDOW_TIMER: &str = "segment_windows";
 
 /// Contacts read per page when a new segment is evaluated against its space.
 const PAGE: i64 = 1_000;

@@ -14,7 +14,7 @@ use crate::runtime::{Outcome, Worker};
 /// How long an idle read model waits for a notification before looking at the log again.
 const POLL: Duration = Duration::from_millis(250);
 
-pub struct ReadModelWorker {
+pub(crate) struct ReadModelWorker {
     pool: Pool,
     model: &'static dyn ReadModel,
     /// This process, as recorded in the batch history.
@@ -23,7 +23,7 @@ pub struct ReadModelWorker {
 }
 
 impl ReadModelWorker {
-    pub fn new(pool: Pool, model: &'static dyn ReadModel, process: String, faults: Faults) -> Self {
+    pub(crate) fn new(pool: Pool, model: &'static dyn ReadModel, process: String, faults: Faults) -> Self {
         Self { pool, model, process, faults }
     }
 

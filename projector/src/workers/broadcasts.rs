@@ -40,10 +40,10 @@ use crate::runtime::{Outcome, Worker};
 use crate::timers::{Handled, Timer, TimerHandler};
 
 /// The channel notified when a run starts sending.
-pub const RUNS_CHANNEL: &str = "broadcast_runs";
+pub(crate) const RUNS_CHANNEL: &str = "broadcast_runs";
 
 /// Starts runs when their timer is due.
-pub struct Starter;
+pub(crate) struct Starter;
 
 impl Starter {
     async fn start(transaction: &Transaction<'_>, timer: &Timer) -> anyhow::Result<Handled> {

@@ -38,7 +38,7 @@ struct Open {
 }
 
 /// One pass over the open deletion operations. Returns how many completed.
-pub async fn run_pass(pool: &Pool, log: &EventLog, blocked_after: Duration) -> anyhow::Result<usize> {
+pub(crate) async fn run_pass(pool: &Pool, log: &EventLog, blocked_after: Duration) -> anyhow::Result<usize> {
     let client = pool.get().await?;
     let rows = client
         .query(
@@ -229,10 +229,10 @@ async fn append(
 
 /// The eraser's lease and checkpoint name; its checkpoint counts the deletions it completed,
 /// not a log position.
-pub const LEASE: &str = "eraser";
+pub(crate) const LEASE: &str = "eraser";
 
 /// The eraser on the worker runtime.
-pub struct Eraser {
+pub(crate) struct Eraser {
     pool: Pool,
     log: EventLog,
     blocked_after: Duration,
@@ -240,7 +240,7 @@ pub struct Eraser {
 }
 
 impl Eraser {
-    pub fn new(pool: Pool, log: EventLog, blocked_after: Duration) -> Self {
+    pub(crate) fn new(pool: Pool, log: EventLog, blocked_after: Duration) -> Self {
         Self { pool, log, blocked_after, lease: crate::runtime::LeaseName::new(LEASE) }
     }
 

@@ -18,7 +18,7 @@ const RETIRE_STEP: i64 = 10_000;
 
 /// Maintenance's lease and checkpoint name; its checkpoint holds the time of its last run,
 /// not a log position.
-pub const LEASE: &str = "maintenance";
+pub(crate) const LEASE: &str = "maintenance";
 
 pub struct Maintenance {
     pool: Pool,

@@ -5,7 +5,7 @@ pub mod broadcasts;
 pub mod email;
 pub mod eraser;
 pub mod maintenance;
-pub mod outbound;
+pub(crate) mod outbound;
 pub mod preparation;
 pub mod segments;
 pub mod webhooks;

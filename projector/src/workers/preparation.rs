@@ -42,11 +42,11 @@ use serde_json::{Map, Value};
 use crate::runtime::{Outcome, Worker};
 
 /// The lease and checkpoint of this worker.
-pub const WORKER: &str = "preparation";
+pub(crate) const WORKER: &str = "preparation";
 /// Calls per attribute whose answers do not fit before the event is `failed`.
-pub const UNFIT_ATTEMPTS: usize = 3;
+pub(crate) const UNFIT_ATTEMPTS: usize = 3;
 /// Calls per attribute that did not reach the provider before the event is `failed`.
-pub const TRANSIENT_ATTEMPTS: usize = 4;
+pub(crate) const TRANSIENT_ATTEMPTS: usize = 4;
 /// Events read per step.
 const BATCH: i64 = 500;
 const POLL: Duration = Duration::from_millis(250);

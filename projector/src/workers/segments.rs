@@ -14,12 +14,12 @@ use platform::proto;
 use crate::read_models::segments::WINDOW_TIMER;
 use crate::timers::{Handled, Timer, TimerHandler};
 
-pub struct Windows {
+pub(crate) struct Windows {
     log: EventLog,
 }
 
 impl Windows {
-    pub fn new(log: EventLog) -> Self {
+    pub(crate) fn new(log: EventLog) -> Self {
         Self { log }
     }
 

@@ -7,7 +7,7 @@ use platform::error::ApiError;
 use platform::log::{EVENT_COLUMNS, StoredEvent};
 
 /// Every event about `record_id`, in log order, and its data key (if not erased).
-pub async fn record_events(client: &Client, record_id: &str) -> Result<(Vec<StoredEvent>, Keys), ApiError> {
+pub(crate) async fn record_events(client: &Client, record_id: &str) -> Result<(Vec<StoredEvent>, Keys), ApiError> {
     let statement = client
         .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE subject_id = $1 ORDER BY position"))
         .await?;

@@ -30,7 +30,7 @@ pub struct History {
 
 /// Consent changes of one record, from its events in log order; `None` when the record is
 /// not a live contact of `schema_id` in `space_id` (never written there, or deleted).
-pub fn record_history(
+pub(crate) fn record_history(
     events: &[StoredEvent],
     keys: &platform::crypto::Keys,
     space_id: &str,
@@ -86,7 +86,7 @@ pub fn record_history(
 }
 
 /// Suppression entries of the caller's space and global ones.
-pub fn suppression_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
+pub(crate) fn suppression_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
     let mut added: HashMap<String, (String, String, bool)> = HashMap::new();
     let mut entries = Vec::new();
     for event in events {
@@ -125,7 +125,7 @@ pub fn suppression_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Re
 }
 
 /// The email entries among a contact's events (its subject's events, in log order).
-pub fn email_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
+pub(crate) fn email_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
     let mut entries = Vec::new();
     for event in events {
         let (kind, space, details) = match event.decode()? {
@@ -176,7 +176,7 @@ pub fn email_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<V
 }
 
 /// The workflow entries among a contact's events: the runs bound to it and their steps.
-pub fn workflow_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
+pub(crate) fn workflow_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
     let mut entries = Vec::new();
     for event in events {
         let (kind, space, details) = match event.decode()? {

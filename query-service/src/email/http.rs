@@ -111,37 +111,37 @@ async fn get(
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 
-pub async fn list_domains(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+pub(crate) async fn list_domains(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     list(req, state, DOMAINS).await
 }
-pub async fn get_domain(
+pub(crate) async fn get_domain(
     req: HttpRequest,
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     get(req, path, state, DOMAINS).await
 }
-pub async fn list_senders(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+pub(crate) async fn list_senders(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     list(req, state, SENDERS).await
 }
-pub async fn get_sender(
+pub(crate) async fn get_sender(
     req: HttpRequest,
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     get(req, path, state, SENDERS).await
 }
-pub async fn list_topics(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+pub(crate) async fn list_topics(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     list(req, state, TOPICS).await
 }
-pub async fn get_topic(
+pub(crate) async fn get_topic(
     req: HttpRequest,
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     get(req, path, state, TOPICS).await
 }
-pub async fn list_templates(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+pub(crate) async fn list_templates(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     list(req, state, TEMPLATES).await
 }
 pub async fn get_template(

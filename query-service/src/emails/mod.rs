@@ -1,3 +1,3 @@
 //! Public recipient pages of an email: `GET /emails/{emailId}/unsubscribe`.
 
-pub mod unsubscribe_page;
+pub(crate) mod unsubscribe_page;

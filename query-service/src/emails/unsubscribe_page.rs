@@ -15,7 +15,7 @@ use platform::events::LogEvent;
 
 use crate::State;
 
-pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<State>) -> HttpResponse {
+pub(crate) async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<State>) -> HttpResponse {
     let browser = api::pages::wants_html(&req, false);
     api::pages::answer(browser, page(&path.into_inner(), &state).await)
 }

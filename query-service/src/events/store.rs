@@ -11,10 +11,10 @@ use tokio_postgres::Row;
 
 /// Where the schema's columns start in a row of [`page_sql`] or [`status_sql`]: its id, slug
 /// and type (all null when the space has no such schema).
-pub const SCHEMA_AT: usize = CHECK_WIDTH;
+pub(crate) const SCHEMA_AT: usize = CHECK_WIDTH;
 /// Where the event's columns start, in the order [`event_document`] takes them (all null when
 /// there is no event).
-pub const EVENT_AT: usize = CHECK_WIDTH + 3;
+pub(crate) const EVENT_AT: usize = CHECK_WIDTH + 3;
 
 /// The schema `$4` (id or slug) of space `$3`, as a one-row (or empty) common table expression.
 fn schema_cte(catalog: &str) -> String {
@@ -33,7 +33,7 @@ const COLUMNS: &str = "id, schema_id, event_id, received_at, occurred_at, ready_
                        contact_id, object_id, data, reason";
 
 /// An event read: what a page or the status needs besides the public document.
-pub struct EventRow {
+pub(crate) struct EventRow {
     pub id: String,
     pub schema_id: String,
     pub occurred_at: DateTime<Utc>,
@@ -41,7 +41,7 @@ pub struct EventRow {
 }
 
 /// The event whose columns start at [`EVENT_AT`], if the row has one.
-pub fn event_document(row: &Row) -> Option<EventRow> {
+pub(crate) fn event_document(row: &Row) -> Option<EventRow> {
     let at = |offset: usize| EVENT_AT + offset;
     let id = row.get::<_, Option<String>>(at(0))?;
     let document = json!({
@@ -64,7 +64,7 @@ pub fn event_document(row: &Row) -> Option<EventRow> {
 /// `$5`..`$6` after the cursor position `$7`, `$8` (both null on the first page), `$9` rows
 /// (one more than the page's limit, to tell whether more follow). One row per event, or one
 /// row without an event when there are none; events only when the schema is an event schema.
-pub fn page_sql(catalog: &str, events: &str) -> String {
+pub(crate) fn page_sql(catalog: &str, events: &str) -> String {
     format!(
         "WITH c AS ({CHECK_SQL}), {schema}
          SELECT c.*, s.schema_id, s.slug, s.schema_type, e.* FROM c LEFT JOIN s ON true LEFT JOIN LATERAL (
@@ -79,7 +79,7 @@ pub fn page_sql(catalog: &str, events: &str) -> String {
 }
 
 /// Event `$5` of space `$3`, whatever its schema, and schema `$4`. One row.
-pub fn status_sql(catalog: &str, events: &str) -> String {
+pub(crate) fn status_sql(catalog: &str, events: &str) -> String {
     format!(
         "WITH c AS ({CHECK_SQL}), {schema}
          SELECT c.*, s.schema_id, s.slug, s.schema_type, e.* FROM c LEFT JOIN s ON true LEFT JOIN LATERAL (

@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 /// The events list's page size cap.
 pub const MAX_LIMIT: i64 = 200;
 /// The window when `from` is omitted: the 7 days before `to`.
-pub const DEFAULT_WINDOW_DAYS: i64 = 7;
+pub(crate) const DEFAULT_WINDOW_DAYS: i64 = 7;
 /// Longer windows are clamped to this, with a warning.
-pub const MAX_WINDOW_DAYS: i64 = 90;
+pub(crate) const MAX_WINDOW_DAYS: i64 = 90;
 
 /// The years 1 to 9999 in microseconds: what RFC 3339 can write (and PostgreSQL can hold).
 const MIN_MICROS: i64 = -62_135_596_800_000_000;
@@ -26,7 +26,7 @@ const MAX_MICROS: i64 = 253_402_300_799_999_999;
 
 /// What a cursor remembers: where the next page starts, and the resolved request it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cursor {
+pub(crate) struct Cursor {
     /// `occurredAt` (microseconds) and id of the last event returned.
     #[serde(rename = "a")]
     pub after_at: i64,
@@ -43,11 +43,11 @@ pub struct Cursor {
 }
 
 impl Cursor {
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
     }
 
-    pub fn decode(text: &str) -> Result<Self, ApiError> {
+    pub(crate) fn decode(text: &str) -> Result<Self, ApiError> {
         let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
         let bytes = URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| malformed())?;
         let cursor: Self = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
@@ -62,7 +62,7 @@ impl Cursor {
 
 /// The resolved window and page size of a list request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Window {
+pub(crate) struct Window {
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
     pub limit: i64,
@@ -74,7 +74,7 @@ pub struct Window {
 
 impl Window {
     /// Whether this window may list `schema_id`: a cursor only pages the schema it was issued for.
-    pub fn follows(&self, schema_id: &str) -> Result<(), ApiError> {
+    pub(crate) fn follows(&self, schema_id: &str) -> Result<(), ApiError> {
         match &self.cursor_schema {
             Some(issued_for) if issued_for != schema_id => Err(other_request("schema")),
             _ => Ok(()),
@@ -95,7 +95,7 @@ fn parse_time(name: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
     })
 }
 
-pub fn micros(at: DateTime<Utc>) -> i64 {
+pub(crate) fn micros(at: DateTime<Utc>) -> i64 {
     at.timestamp_micros()
 }
 
@@ -105,7 +105,7 @@ fn from_micros(value: i64) -> Result<DateTime<Utc>, ApiError> {
 }
 
 /// Resolves `from`, `to`, `limit` and `cursor` of a list request at `now`.
-pub fn resolve_window(query: &[(String, String)], now: DateTime<Utc>) -> Result<Window, ApiError> {
+pub(crate) fn resolve_window(query: &[(String, String)], now: DateTime<Utc>) -> Result<Window, ApiError> {
     let (limit, mut warnings) = parse_limit(query, MAX_LIMIT)?;
     let explicit_limit = query_value(query, "limit").is_some();
     let from = query_value(query, "from").map(|raw| parse_time("from", raw)).transpose()?;

@@ -15,7 +15,7 @@ fn schema_id_subquery(catalog: &str, space: &str, reference: &str) -> String {
 /// from offset `$6`, with the consistency check: one row per record, or one row with a null
 /// document when the page is empty. After the check's columns: the schema's type (null when
 /// it does not exist), the total and the document.
-pub fn page_sql(catalog: &str, records: &str) -> String {
+pub(crate) fn page_sql(catalog: &str, records: &str) -> String {
     let schema_id = schema_id_subquery(catalog, "$3", "$4");
     let check = check_with(&format!(
         "{}, (SELECT total FROM {records}.record_counts WHERE space_id = $3 AND schema_id = {schema_id})",
@@ -32,7 +32,7 @@ pub fn page_sql(catalog: &str, records: &str) -> String {
 
 /// The read columns of record `$5` of schema `$4` (id or slug) in space `$3`: the schema's
 /// type (null when it does not exist) and the record's document (null when there is none).
-pub fn record_columns(catalog: &str, records: &str) -> String {
+pub(crate) fn record_columns(catalog: &str, records: &str) -> String {
     let schema_id = schema_id_subquery(catalog, "$3", "$4");
     format!(
         "{}, (SELECT doc FROM {records}.records WHERE record_id = $5 AND space_id = $3 AND schema_id = {schema_id})",

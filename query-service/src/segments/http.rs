@@ -11,7 +11,7 @@ use crate::consistency::{authorize_read, consistent_read, respond};
 
 const SEGMENTS: &str = "segments";
 /// The most contacts one page of a segment's contacts holds, whatever `limit` asks.
-pub const CONTACTS_PAGE_CAP: i64 = 100;
+pub(crate) const CONTACTS_PAGE_CAP: i64 = 100;
 
 fn not_found(segment_id: &str) -> ApiError {
     ApiError::not_found(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space"))

@@ -13,7 +13,7 @@ pub fn window(step_count: i32, history_before: Option<i32>) -> (i32, i32) {
 
 /// `nextHistoryBeforeIndex`: the window's first index when a record with a lower index
 /// exists.
-pub fn next_before((from, to): (i32, i32)) -> Option<i32> {
+pub(crate) fn next_before((from, to): (i32, i32)) -> Option<i32> {
     (from <= to && from > 1).then_some(from)
 }
 

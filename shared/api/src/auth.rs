@@ -30,7 +30,7 @@ pub fn key_display(full_key: &str) -> String {
 }
 
 /// Resolves the space a key acts in, per the contract's rule 4.
-pub fn resolve_space(identity: &KeyIdentity) -> Result<Membership, ApiError> {
+pub(crate) fn resolve_space(identity: &KeyIdentity) -> Result<Membership, ApiError> {
     match &identity.bound_space_id {
         Some(space_id) => identity
             .memberships

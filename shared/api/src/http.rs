@@ -16,18 +16,18 @@ use crate::routes;
 use platform::error::ApiError;
 
 /// The largest request body accepted (the contract's 10 MB).
-pub const MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
 
 /// The request id, taken from `X-Request-Id` or generated, stored in request extensions.
 #[derive(Debug, Clone)]
-pub struct RequestId(pub String);
+pub(crate) struct RequestId(pub String);
 
 pub fn request_id(req: &HttpRequest) -> String {
     req.extensions().get::<RequestId>().map(|id| id.0.clone()).unwrap_or_default()
 }
 
 /// Middleware: gives every request an id and echoes it in `X-Request-Id`.
-pub async fn request_id_middleware(
+pub(crate) async fn request_id_middleware(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
@@ -51,7 +51,7 @@ pub async fn request_id_middleware(
 
 /// The answer to an error: its status, its headers (`Retry-After`, `Allow`) and the
 /// contract's envelope.
-pub fn error_response(error: &ApiError) -> HttpResponse {
+pub(crate) fn error_response(error: &ApiError) -> HttpResponse {
     let mut response = HttpResponse::build(error.status());
     for (name, value) in error.headers() {
         response.insert_header((*name, value.as_str()));
@@ -120,7 +120,7 @@ pub async fn fallback(req: HttpRequest) -> HttpResponse {
 /// Middleware: refuses, before any handler runs, a request whose path parameters or query
 /// string hold what the store cannot hold (see [`platform::storable`]): 400 `invalid_character`
 /// naming each parameter. Bodies are checked where they are read ([`read_json`]).
-pub async fn storable_input_middleware(
+pub(crate) async fn storable_input_middleware(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<actix_web::body::EitherBody<impl MessageBody>>, actix_web::Error> {
@@ -292,12 +292,8 @@ pub fn page_body(items: Vec<Value>, pagination: Value, warnings: &[Warning]) -> 
     body
 }
 
-pub fn json_response(status: StatusCode, body: &Value) -> HttpResponse {
-    HttpResponse::build(status).json(body)
-}
-
 /// The bearer credential of a request, if any.
-pub fn bearer_token(req: &HttpRequest) -> Option<&str> {
+pub(crate) fn bearer_token(req: &HttpRequest) -> Option<&str> {
     let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?.trim();
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())

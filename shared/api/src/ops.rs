@@ -109,7 +109,7 @@ async fn render_metrics() -> HttpResponse {
 
 /// Middleware: counts every API request by operation (the route table's operation id, or
 /// `unknown`) and status, with its latency.
-pub async fn request_metrics_middleware(
+pub(crate) async fn request_metrics_middleware(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {

@@ -115,7 +115,7 @@ impl Message {
 
     /// What a person is told for an error: the same status as the API's answer, in words
     /// that suit a person rather than a program, naming each field that was wrong.
-    pub fn for_error(error: &ApiError) -> Self {
+    pub(crate) fn for_error(error: &ApiError) -> Self {
         let (title, text): (&str, String) = match (error.status(), error.code()) {
             (_, Some(Code::EmailNotFound)) => (
                 "Link not found",

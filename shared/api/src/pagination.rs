@@ -7,9 +7,9 @@ use serde_json::{Value, json};
 
 use platform::error::ApiError;
 
-pub const DEFAULT_LIMIT: i64 = 50;
+pub(crate) const DEFAULT_LIMIT: i64 = 50;
 pub const MAX_LIMIT: i64 = 200;
-pub const MAX_OFFSET: i64 = 10_000;
+pub(crate) const MAX_OFFSET: i64 = 10_000;
 
 /// A warning in a success body: `{code, message}`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -55,7 +55,7 @@ impl PageRequest {
         Self::parse_with_cap(query, MAX_LIMIT)
     }
 
-    pub fn parse_with_cap(query: &[(String, String)], max_limit: i64) -> Result<Self, ApiError> {
+    pub(crate) fn parse_with_cap(query: &[(String, String)], max_limit: i64) -> Result<Self, ApiError> {
         let (limit, mut warnings) = parse_limit(query, max_limit)?;
         let offset = match crate::query::query_value(query, "offset") {
             None => 0,

@@ -64,7 +64,7 @@ pub fn budget(limits: &RateLimits, bucket: Bucket) -> (u32, Duration) {
 }
 
 /// Budgets up to this many requests per window are counted exactly (one token per request).
-pub const EXACT_UP_TO: u32 = 1000;
+pub(crate) const EXACT_UP_TO: u32 = 1000;
 
 /// A process's share of one window's budget: tokens reserved from the shared counter and not
 /// yet used, or the knowledge that the window's budget is spent.

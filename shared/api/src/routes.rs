@@ -110,7 +110,7 @@ pub const OPERATIONS: &[Operation] = &[
 ];
 
 /// The API prefix every path lives under.
-pub const API_PREFIX: &str = "/v1";
+pub(crate) const API_PREFIX: &str = "/v1";
 
 /// The operations a tier serves.
 pub fn of_tier(tier: Tier) -> impl Iterator<Item = &'static Operation> {
@@ -167,14 +167,9 @@ pub fn find(method: &str, path: &str) -> Option<&'static Operation> {
     OPERATIONS.iter().find(|operation| operation.path == template && operation.method == method)
 }
 
-/// Whether a request path names a path of the API.
-pub fn is_known_path(path: &str) -> bool {
-    template(path).is_some()
-}
-
 /// The methods a known request path serves, for `Allow` on a 405: a guard's method is
 /// refused, so it is not named (RFC 9110 §10.2.1: `Allow` lists the supported methods).
-pub fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
+pub(crate) fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
     let template = template(path)?;
     Some(
         OPERATIONS
@@ -186,13 +181,13 @@ pub fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
 }
 
 /// Whether a handler serves the request: its operation exists and is not a guard.
-pub fn is_served(method: &str, path: &str) -> bool {
+pub(crate) fn is_served(method: &str, path: &str) -> bool {
     find(method, path).is_some_and(|operation| operation.tier != Tier::Guard)
 }
 
 /// The named parameters of a request path (with the `/v1` prefix) as sent, still
 /// percent-encoded: `[("schema", "contacts"), ("id", "con_1")]`. Empty for unknown paths.
-pub fn path_parameters(path: &str) -> Vec<(&'static str, &str)> {
+pub(crate) fn path_parameters(path: &str) -> Vec<(&'static str, &str)> {
     let (Some(rest), Some(template)) = (api_path(path), template(path)) else { return Vec::new() };
     template
         .split('/')
@@ -209,10 +204,10 @@ mod tests {
 
     #[test]
     fn known_paths_match_templates_and_literals_win() {
-        assert!(is_known_path("/v1/me"));
-        assert!(is_known_path("/v1/events/ev_123"));
-        assert!(!is_known_path("/v1/nothing"));
-        assert!(!is_known_path("/me"));
+        assert!(template("/v1/me").is_some());
+        assert!(template("/v1/events/ev_123").is_some());
+        assert!(template("/v1/nothing").is_none());
+        assert!(template("/me").is_none());
         assert_eq!(template("/v1/schemas/contacts/records/upsert"), Some("/schemas/{schema}/records/upsert"));
         assert_eq!(template("/v1/schemas/contacts/records/con_1"), Some("/schemas/{schema}/records/{id}"));
         assert_eq!(find("POST", "/v1/schemas/contacts/records/upsert").map(|o| o.id), Some("upsertRecord"));

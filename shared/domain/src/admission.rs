@@ -16,7 +16,7 @@ pub fn scopes(limits: &AdmissionLimits, space_id: &str, schema_id: &str) -> Vec<
 }
 
 /// The admission rows an occurrence counts in: fleet, space, schema.
-pub fn scope_names(space_id: &str, schema_id: &str) -> [String; 3] {
+pub(crate) fn scope_names(space_id: &str, schema_id: &str) -> [String; 3] {
     ["fleet".to_owned(), format!("space:{space_id}"), format!("schema:{schema_id}")]
 }
 

@@ -252,7 +252,7 @@ pub fn revision_guard(revision: i64) -> Guard {
 }
 
 /// The message of a write refused because the catalog changed after it was decided.
-pub const CATALOG_CHANGED: &str = "the schema changed while this write was decided; retry";
+pub(crate) const CATALOG_CHANGED: &str = "the schema changed while this write was decided; retry";
 
 /// Write contexts kept in process by (space, schema id or slug) until a write finds the
 /// catalog changed ([`revision_guard`]); then the entries of older revisions are dropped.

@@ -19,9 +19,9 @@ use filter::Filter;
 /// The resource kind of workflows in the catalog.
 pub const WORKFLOW: &str = "workflow";
 /// The most steps a workflow may have.
-pub const MAX_STEPS: usize = 200;
+pub(crate) const MAX_STEPS: usize = 200;
 /// The most passes a `goto` may allow.
-pub const MAX_PASSES: u32 = 10_000;
+pub(crate) const MAX_PASSES: u32 = 10_000;
 /// The largest trigger input, in bytes of its JSON.
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
 /// The most step executions of one run (a guard against a definition the checks let through).
@@ -197,7 +197,7 @@ impl StepKind {
     }
 
     /// Every step this one may go to.
-    pub fn successors(&self) -> Vec<&str> {
+    pub(crate) fn successors(&self) -> Vec<&str> {
         let mut out: Vec<&Option<String>> = Vec::new();
         match self {
             StepKind::IncomingWebhook { next, .. }
@@ -281,7 +281,7 @@ impl WorkflowDef {
 }
 
 /// A step as the API shows it.
-pub fn step_document(step: &Step) -> Value {
+pub(crate) fn step_document(step: &Step) -> Value {
     let mut document = match serde_json::to_value(step) {
         Ok(Value::Object(map)) => map,
         _ => Map::new(),

@@ -131,15 +131,15 @@ pub const MAX_DEPTH: usize = 8;
 /// The most conditions one filter may hold.
 pub const MAX_CONDITIONS: usize = 50;
 /// The most values one `in` may list.
-pub const MAX_LIST_VALUES: usize = 100;
+pub(crate) const MAX_LIST_VALUES: usize = 100;
 /// The longest field path, in characters.
-pub const MAX_FIELD_PATH_CHARS: usize = 200;
+pub(crate) const MAX_FIELD_PATH_CHARS: usize = 200;
 /// The longest string value, in characters.
-pub const MAX_VALUE_CHARS: usize = 1_000;
+pub(crate) const MAX_VALUE_CHARS: usize = 1_000;
 /// The most occurrences `performed ... at least N times` may ask for.
-pub const MAX_AT_LEAST: u32 = 1_000_000;
+pub(crate) const MAX_AT_LEAST: u32 = 1_000_000;
 /// The longest window of `performed ... in the last`, in seconds (ten years).
-pub const MAX_WINDOW_SECONDS: u64 = 10 * 365 * 86_400;
+pub(crate) const MAX_WINDOW_SECONDS: u64 = 10 * 365 * 86_400;
 
 /// A filter over JSON documents. Those that [`parse_plain`] and [`from_json`] return are
 /// within the limits and normalised (no `All` directly inside an `All`, no `Any` directly
@@ -1406,7 +1406,7 @@ impl Parser {
 /// `subscribed`, `pending` or `unsubscribed` (`subscribed to <topic>` reads as the first).
 pub const SUBSCRIPTIONS: &str = "subscriptions";
 /// The subscription state `subscribed to` asks for.
-pub const SUBSCRIBED: &str = "subscribed";
+pub(crate) const SUBSCRIBED: &str = "subscribed";
 /// The field `has email consent` reads (`consent.email is true`).
 pub const CONSENT_EMAIL: &str = "consent.email";
 

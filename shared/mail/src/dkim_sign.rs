@@ -18,7 +18,7 @@ use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey};
 use sha2::{Digest, Sha256};
 
 /// A domain's signing key, parsed once per process.
-pub struct Signer {
+pub(crate) struct Signer {
     key: RsaKeyPair,
     selector: String,
     domain: String,
@@ -31,7 +31,7 @@ static SIGNERS: LazyLock<Mutex<HashMap<SignerKey, Arc<Signer>>>> = LazyLock::new
 
 impl Signer {
     /// The signer of `pem` (PKCS#1) for `selector._domainkey.domain`.
-    pub fn new(pem: &str, selector: &str, domain: &str) -> anyhow::Result<Self> {
+    pub(crate) fn new(pem: &str, selector: &str, domain: &str) -> anyhow::Result<Self> {
         let der = rsa::RsaPrivateKey::from_pkcs1_pem(pem)
             .context("the domain's DKIM key")?
             .to_pkcs1_der()
@@ -42,7 +42,7 @@ impl Signer {
     }
 
     /// [`Signer::new`], kept per process.
-    pub fn cached(pem: &str, selector: &str, domain: &str) -> anyhow::Result<Arc<Self>> {
+    pub(crate) fn cached(pem: &str, selector: &str, domain: &str) -> anyhow::Result<Arc<Self>> {
         let digest: [u8; 32] = Sha256::digest(pem.as_bytes()).into();
         let key = (selector.to_owned(), domain.to_owned(), digest);
         if let Some(signer) = SIGNERS.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
@@ -56,7 +56,7 @@ impl Signer {
     /// The `DKIM-Signature` header field (with its CRLF) for `message` (headers, a blank
     /// line, the body; CRLF line ends), signing the fields named in `headers` and time
     /// `timestamp` (Unix seconds).
-    pub fn sign(&self, message: &[u8], headers: &[&str], timestamp: u64) -> anyhow::Result<String> {
+    pub(crate) fn sign(&self, message: &[u8], headers: &[&str], timestamp: u64) -> anyhow::Result<String> {
         let (head, body) = split(message);
         let body_hash = STANDARD.encode(Sha256::digest(relaxed_body(body)));
         let fields = fields(head);

@@ -29,7 +29,7 @@ pub fn add(rendered: &mut Rendered, url: &str, subscribed_to: &str) {
 
 /// `html` with the footer paragraph before its closing `</body>` (or `</html>` when it has no
 /// body element), or appended to a fragment, so a whole document stays valid.
-pub fn html_with_footer(html: &str, url: &str, subscribed_to: &str) -> String {
+pub(crate) fn html_with_footer(html: &str, url: &str, subscribed_to: &str) -> String {
     let paragraph = format!(
         "<p style=\"margin:24px 0 0;font-size:12px;line-height:1.5;color:#555555\">You receive this because you \
          subscribed to {}. <a href=\"{}\" style=\"color:#555555;text-decoration:underline\">{LINK_TEXT}</a></p>",
@@ -46,7 +46,7 @@ pub fn html_with_footer(html: &str, url: &str, subscribed_to: &str) -> String {
 }
 
 /// `text` with the footer after a blank line and the `-- ` separator of a signature.
-pub fn text_with_footer(text: &str, url: &str, subscribed_to: &str) -> String {
+pub(crate) fn text_with_footer(text: &str, url: &str, subscribed_to: &str) -> String {
     // A line break in an authored name must not split the footer's lines.
     let subscribed_to = subscribed_to.replace(['\r', '\n'], " ");
     let footer = format!("-- \nYou receive this because you subscribed to {subscribed_to}.\n{LINK_TEXT}: {url}\n");

@@ -4,7 +4,7 @@
 //! worker); the query service does not link it.
 
 pub mod dkim;
-pub mod dkim_sign;
+pub(crate) mod dkim_sign;
 pub mod footer;
 pub mod mailer;
 pub mod message;

@@ -59,7 +59,7 @@ impl Outgoing {
 }
 
 /// The one-click unsubscribe URL of an email (RFC 8058, D6).
-pub fn unsubscribe_url(public_base_url: &str, email_id: &str) -> String {
+pub(crate) fn unsubscribe_url(public_base_url: &str, email_id: &str) -> String {
     format!("{}/emails/{email_id}/unsubscribe", public_base_url.trim_end_matches('/'))
 }
 

@@ -162,7 +162,7 @@ pub struct Parties {
 
 /// What to record for an outcome: `None` for one the outbox worker retries later (refused for
 /// now, or the relay unreachable, while `retry` says so).
-pub fn outcome_event(parties: &Parties, outcome: &Outcome, retry: bool, now_ms: i64) -> Option<LogEvent> {
+pub(crate) fn outcome_event(parties: &Parties, outcome: &Outcome, retry: bool, now_ms: i64) -> Option<LogEvent> {
     let failed = |code: &str, message: &str, permanent: bool| {
         LogEvent::EmailFailed(proto::EmailFailed {
             email_id: parties.email_id.clone(),
@@ -375,7 +375,7 @@ pub fn provider_suppression(
 }
 /// Puts a hand-off the relay refused for now (or could not be reached for) back in the queue
 /// after `delay`, under its lease.
-pub async fn retry_later(pool: &Pool, lease: &Lease, delay: Duration, error: &str) -> anyhow::Result<()> {
+pub(crate) async fn retry_later(pool: &Pool, lease: &Lease, delay: Duration, error: &str) -> anyhow::Result<()> {
     let client = pool.get().await?;
     client
         .execute(

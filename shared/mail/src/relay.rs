@@ -54,7 +54,7 @@ struct Target {
     credentials: Option<Credentials>,
 }
 
-pub struct Relay {
+pub(crate) struct Relay {
     target: Target,
     hello: ClientId,
     timeout: Duration,
@@ -82,7 +82,7 @@ impl Relay {
     /// `url`: `smtp://host[:port]` (plain), `smtp://…?tls=required` (STARTTLS, never clear
     /// text), `smtps://…` (TLS from the first byte), with `user:password@` for AUTH. `ca_file`:
     /// certificates to trust beside the public roots (a TLS URL only).
-    pub fn new(
+    pub(crate) fn new(
         url: &str,
         ca_file: Option<&str>,
         hello: &str,
@@ -98,7 +98,7 @@ impl Relay {
         })
     }
 
-    pub async fn send(&self, envelope: &Envelope, bytes: &[u8]) -> Outcome {
+    pub(crate) async fn send(&self, envelope: &Envelope, bytes: &[u8]) -> Outcome {
         let Ok(_permit) = self.permits.acquire().await else {
             return Outcome::Unreachable { message: "the relay's session pool is closed".to_owned() };
         };

@@ -75,7 +75,7 @@ fn escape_strings(value: &Value) -> Value {
     }
 }
 
-pub fn escape_html(text: &str) -> String {
+pub(crate) fn escape_html(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

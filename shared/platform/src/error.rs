@@ -18,7 +18,7 @@ macro_rules! codes {
 
         impl Code {
             /// The codes a client can meet.
-            pub const PUBLIC: &'static [Code] = &[$(Code::$public,)*];
+            pub(crate) const PUBLIC: &'static [Code] = &[$(Code::$public,)*];
 
             /// The text on the wire.
             pub fn as_str(self) -> &'static str {

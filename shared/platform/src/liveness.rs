@@ -17,7 +17,7 @@ use tokio_postgres::NoTls;
 use uuid::Uuid;
 
 /// How often a live process refreshes its row.
-pub const BEAT_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const BEAT_INTERVAL: Duration = Duration::from_secs(2);
 /// A process whose row is older than this (or missing) is presumed dead. Five missed beats:
 /// long enough for a database restart or a short stall, short enough that a retry after a
 /// crash waits seconds, not a minute.

@@ -7,8 +7,6 @@
 //! commit that the lock costs, one task per process groups concurrent commands into one
 //! transaction, each inside its own savepoint, so one command's lost race fails only itself.
 
-use std::time::Duration;
-
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Pool, Transaction};
@@ -968,6 +966,3 @@ pub async fn read_streams(
 pub async fn head(client: &impl deadpool_postgres::GenericClient) -> Result<i64, tokio_postgres::Error> {
     Ok(client.query_one("SELECT position FROM log_head", &[]).await?.get(0))
 }
-
-/// A short pause used by retry loops.
-pub const RETRY_PAUSE: Duration = Duration::from_millis(50);

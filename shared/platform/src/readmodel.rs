@@ -155,7 +155,7 @@ impl ReadModels {
     }
 
     /// Reloads live versions and positions from the database.
-    pub async fn refresh(&self) -> Result<(), ApiError> {
+    pub(crate) async fn refresh(&self) -> Result<(), ApiError> {
         if let Ok(mut at) = self.refreshed_at.lock() {
             *at = Some(Instant::now());
         }

@@ -511,7 +511,7 @@ impl Settings {
         self.database.read_url.as_ref().map(ExposeSecret::expose_secret)
     }
 
-    pub fn master_key(&self) -> anyhow::Result<&str> {
+    pub(crate) fn master_key(&self) -> anyhow::Result<&str> {
         self.master_key.as_ref().map(ExposeSecret::expose_secret).context("no master key is configured")
     }
 

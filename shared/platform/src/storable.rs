@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::error::{ApiError, Issue};
 
 /// The code of an input that holds a character the store cannot hold.
-pub const INVALID_CHARACTER: Code = Code::InvalidCharacter;
+pub(crate) const INVALID_CHARACTER: Code = Code::InvalidCharacter;
 
 /// Whether `text` can be stored in a PostgreSQL `text` or `jsonb` value.
 pub fn is_storable(text: &str) -> bool {

@@ -38,7 +38,7 @@ const BATCH: i64 = 16;
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 const LOOKUP_ATTEMPTS: usize = 2;
 
-pub struct DomainChecks {
+pub(crate) struct DomainChecks {
     pool: Pool,
     resolver: TokioResolver,
     interval: Duration,
@@ -48,7 +48,7 @@ pub struct DomainChecks {
 
 impl DomainChecks {
     /// The worker, or `None` when no nameserver is configured (records stay `pending`).
-    pub fn new(pool: Pool, settings: &EmailSettings) -> anyhow::Result<Option<Self>> {
+    pub(crate) fn new(pool: Pool, settings: &EmailSettings) -> anyhow::Result<Option<Self>> {
         let Some(nameserver) = &settings.dns_nameserver else { return Ok(None) };
         let address: SocketAddr = nameserver.parse().with_context(|| {
             format!("APP__EMAIL__DNS_NAMESERVER must be an address and port (127.0.0.1:53); got {nameserver:?}")

@@ -24,7 +24,7 @@ use crate::runtime::{Outcome, Worker};
 /// Emails handed off at once by one step.
 const BATCH: i64 = 16;
 
-pub struct Outbox {
+pub(crate) struct Outbox {
     pool: Pool,
     log: EventLog,
     mailer: Mailer,
@@ -33,7 +33,7 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    pub fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
+    pub(crate) fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
         Ok(Self {
             pool,
             log,

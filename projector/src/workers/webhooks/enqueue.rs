@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use crate::runtime::{Lease, LeaseName, Outcome, Worker};
 
 /// The channel notified when deliveries are enqueued.
-pub const DELIVERIES_CHANNEL: &str = "webhook_deliveries";
+pub(crate) const DELIVERIES_CHANNEL: &str = "webhook_deliveries";
 /// Log events read per step.
 const BATCH: i64 = 500;
 
@@ -94,13 +94,13 @@ impl Occurrence {
     }
 }
 
-pub struct Enqueue {
+pub(crate) struct Enqueue {
     pool: Pool,
     lease: LeaseName,
 }
 
 impl Enqueue {
-    pub fn new(pool: Pool) -> Self {
+    pub(crate) fn new(pool: Pool) -> Self {
         Self { pool, lease: LeaseName::new("webhook_enqueue") }
     }
 

@@ -37,7 +37,7 @@ use crate::runtime::{Lease, LeaseName, Outcome, Worker};
 /// Log events read per step at most.
 const BATCH: i64 = 1_000;
 
-pub struct Follower {
+pub(crate) struct Follower {
     pool: Pool,
     log: EventLog,
     lease: LeaseName,
@@ -76,7 +76,7 @@ struct Ready {
 }
 
 impl Follower {
-    pub fn new(pool: Pool, log: EventLog) -> Self {
+    pub(crate) fn new(pool: Pool, log: EventLog) -> Self {
         Self { pool, log, lease: LeaseName::new("workflow_events"), settled: Mutex::new(None) }
     }
 

@@ -33,7 +33,7 @@ use platform::settings::Settings;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
-pub use follow::Follower;
+use follow::Follower;
 
 use crate::runtime::{Outcome, Worker};
 

@@ -27,7 +27,7 @@ pub struct StoredKey {
 }
 
 /// The DKIM TXT record's value for a public key.
-pub fn dkim_record_value(public_key: &str) -> String {
+pub(crate) fn dkim_record_value(public_key: &str) -> String {
     format!("v=DKIM1; k=rsa; p={public_key}")
 }
 
@@ -134,7 +134,7 @@ impl Audience {
         }
     }
 
-    pub fn from_proto(audience: &platform::proto::BroadcastAudience) -> Option<Self> {
+    pub(crate) fn from_proto(audience: &platform::proto::BroadcastAudience) -> Option<Self> {
         match (audience.segment_id.as_str(), audience.topic_id.as_str()) {
             ("", "") => None,
             (segment_id, "") => Some(Audience::Segment { segment_id: segment_id.to_owned() }),

@@ -38,7 +38,7 @@ impl Refusal {
 }
 
 /// The longest delivery URL accepted.
-pub const MAX_URL_LEN: usize = 2048;
+pub(crate) const MAX_URL_LEN: usize = 2048;
 
 /// Checks a delivery URL as written (its host may be a name, checked again at connect time by
 /// [`address_refusal`]).
