@@ -20,7 +20,7 @@
 //!   never sends an email twice. The pace is at most `APP__BROADCASTS__RATE_PER_SECOND`
 //!   recipients a second. A run with no `pending` recipient left is `completed`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,7 @@ use futures_util::future::BoxFuture;
 use mail::mailer::Mailer;
 use mail::outbox::{self, Prepared};
 use mail::send::{Authored, EmailTo, allowance_guard, schedule};
+use platform::crypto::{DataKey, Keys};
 use platform::error::Code;
 use platform::log::{AppendError, AppendRequest, EventLog, Guard, SetValue};
 use platform::readmodel::live_schema;
@@ -165,29 +166,49 @@ struct Contact {
     document: Value,
 }
 
-/// Why a recipient is not sent to.
-fn skip_reason(
-    authored: &Authored,
-    contact: Option<&Contact>,
-    consent_keys: &HashMap<String, Vec<String>>,
-    subscriptions: &HashMap<String, BTreeMap<String, String>>,
-    suppressed: &std::collections::HashSet<String>,
-    contact_id: &str,
-) -> Option<&'static str> {
-    let Some(contact) = contact else { return Some("gone") };
-    let Some(address) = contact.document.get("email").and_then(Value::as_str) else { return Some("no_address") };
-    if suppressed.contains(address) {
-        return Some("suppressed");
+/// What a batch's checks read about its recipients, loaded once per batch.
+#[derive(Default)]
+struct Recipients {
+    /// The contacts as the segments read model holds them (none: deleted since the snapshot).
+    contacts: HashMap<String, Contact>,
+    /// Each contact's topic statuses.
+    subscriptions: HashMap<String, BTreeMap<String, String>>,
+    /// The email consent attributes of each schema.
+    consent_keys: HashMap<String, Vec<String>>,
+    /// The addresses among them suppressed in the space or globally.
+    suppressed: HashSet<String>,
+    /// The contacts' data keys (none: erased).
+    keys: Keys,
+}
+
+/// A recipient the checks let through, with what its email is built from.
+struct Allowed<'a> {
+    contact: &'a Contact,
+    address: &'a str,
+    key: &'a DataKey,
+}
+
+impl Recipients {
+    /// Whether `contact_id` is sent to, or why not (the reason it is skipped with): the
+    /// checks a marketing template send makes, for a template of topic `topic_id`.
+    fn verdict(&self, topic_id: Option<&str>, contact_id: &str) -> Result<Allowed<'_>, &'static str> {
+        let Some(contact) = self.contacts.get(contact_id) else { return Err("gone") };
+        let Some(address) = contact.document.get("email").and_then(Value::as_str) else { return Err("no_address") };
+        if self.suppressed.contains(address) {
+            return Err("suppressed");
+        }
+        let keys = self.consent_keys.get(&contact.schema_id).map(Vec::as_slice).unwrap_or_default();
+        let consents = keys.iter().all(|key| contact.document.get(key) == Some(&Value::Bool(true)));
+        let subscribed = topic_id.is_none_or(|topic_id| {
+            self.subscriptions.get(contact_id).and_then(|topics| topics.get(topic_id)).map(String::as_str)
+                == Some("subscribed")
+        });
+        if keys.is_empty() || !consents || !subscribed {
+            return Err("not_subscribed");
+        }
+        let Some(key) = self.keys.get(contact_id) else { return Err("gone") };
+        Ok(Allowed { contact, address, key })
     }
-    let keys = consent_keys.get(&contact.schema_id).map(Vec::as_slice).unwrap_or_default();
-    let consents = keys.iter().all(|key| contact.document.get(key) == Some(&Value::Bool(true)));
-    let subscribed = authored.template.topic_id.as_ref().is_none_or(|topic_id| {
-        subscriptions.get(contact_id).and_then(|topics| topics.get(topic_id)).map(String::as_str) == Some("subscribed")
-    });
-    if keys.is_empty() || !consents || !subscribed {
-        return Some("not_subscribed");
-    }
-    None
 }
 
 /// What a hand-off needs, shared by the hand-off tasks of every step.
@@ -286,84 +307,24 @@ impl Runs {
         }
     }
 
-    /// Decides, renders and appends the batch's emails; what their hand-offs need.
+    /// Loads, decides, renders and appends the batch's emails; what their hand-offs need.
     async fn send_batch(&self, run: &Run, pending: &[String]) -> anyhow::Result<Vec<Prepared>> {
-        let client = self.pool.get().await?;
-        let (Some(catalog), Some(segments)) =
-            (live_schema(&client, "catalog").await?, live_schema(&client, "segments").await?)
-        else {
-            anyhow::bail!("a read model a run needs has no live version yet");
-        };
-        let Some(mut authored) = Authored::load(&client, &catalog, &run.space_id, &run.template_id).await? else {
-            anyhow::bail!("template {} of run {} is gone", run.template_id, run.run_id);
-        };
-        if let Some(sender_id) = run.sender_id.as_ref().filter(|id| **id != authored.sender_id) {
-            let (sender, domain) = sender_of(&client, &catalog, &run.space_id, sender_id).await?;
-            (authored.sender_id, authored.sender, authored.domain) = (sender_id.clone(), sender, domain);
-        }
-        // The contacts as the segments read model holds them: where the audience was taken
-        // from, so a recipient of the snapshot is there unless it was deleted since.
-        let mut contacts: HashMap<String, Contact> = HashMap::new();
-        let mut subscriptions: HashMap<String, BTreeMap<String, String>> = HashMap::new();
-        for row in client
-            .query(
-                &format!(
-                    "SELECT contact_id, schema_id, doc, subscriptions FROM {segments}.contacts
-                     WHERE contact_id = ANY($1) AND doc IS NOT NULL"
-                ),
-                &[&pending],
-            )
-            .await?
-        {
-            let contact_id: String = row.get(0);
-            subscriptions.insert(contact_id.clone(), serde_json::from_value(row.get(3)).unwrap_or_default());
-            contacts.insert(
-                contact_id,
-                Contact { schema_id: row.get::<_, Option<String>>(1).unwrap_or_default(), document: row.get(2) },
-            );
-        }
-        let schema_ids: Vec<&String> = contacts.values().map(|contact| &contact.schema_id).collect();
-        let mut consent_keys: HashMap<String, Vec<String>> = HashMap::new();
-        for row in client
-            .query(
-                &format!(
-                    "SELECT schema_id, key FROM {catalog}.attributes
-                     WHERE schema_id = ANY($1) AND definition #>> '{{consent,channel}}' = 'email'"
-                ),
-                &[&schema_ids],
-            )
-            .await?
-        {
-            consent_keys.entry(row.get(0)).or_default().push(row.get(1));
-        }
-        let addresses: Vec<&str> =
-            contacts.values().filter_map(|contact| contact.document.get("email").and_then(Value::as_str)).collect();
-        let suppressed: std::collections::HashSet<String> = client
-            .query(
-                "SELECT identifier FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = ANY($2)",
-                &[&run.space_id, &addresses],
-            )
-            .await?
-            .into_iter()
-            .map(|row| row.get(0))
-            .collect();
-        let keys = platform::crypto::load_keys(&client, pending).await?;
-        drop(client);
-
+        let (authored, recipients) = self.load(run, pending).await?;
         let now = platform::time::now_millis();
+        let public_base_url = &self.settings.email.public_base_url;
         let mut skipped: Vec<(String, &'static str)> = Vec::new();
         let mut appends = Vec::new();
         for contact_id in pending {
-            let contact = contacts.get(contact_id);
-            let reason = skip_reason(&authored, contact, &consent_keys, &subscriptions, &suppressed, contact_id);
-            let (Some(contact), None, Some(key)) = (contact, reason, keys.get(contact_id)) else {
-                skipped.push((contact_id.clone(), reason.unwrap_or("gone")));
-                continue;
-            };
-            let address = contact.document.get("email").and_then(Value::as_str).unwrap_or_default();
+            let Allowed { contact, address, key } =
+                match recipients.verdict(authored.template.topic_id.as_deref(), contact_id) {
+                    Ok(allowed) => allowed,
+                    Err(reason) => {
+                        skipped.push((contact_id.clone(), reason));
+                        continue;
+                    }
+                };
             let context = serde_json::json!({ authored.template.recipient.clone(): contact.document });
             let email_id = platform::ids::new_id("em");
-            let public_base_url = &self.settings.email.public_base_url;
             let rendered = match mail::send::render_email(&authored, &email_id, context, public_base_url) {
                 Ok(rendered) => rendered,
                 Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
@@ -414,6 +375,73 @@ impl Runs {
                 .await?;
         }
         Ok(prepared)
+    }
+
+    /// The run's template (with the run's own sender) and what the checks read about the
+    /// `pending` recipients, from the read models' live versions.
+    async fn load(&self, run: &Run, pending: &[String]) -> anyhow::Result<(Authored, Recipients)> {
+        let client = self.pool.get().await?;
+        let (Some(catalog), Some(segments)) =
+            (live_schema(&client, "catalog").await?, live_schema(&client, "segments").await?)
+        else {
+            anyhow::bail!("a read model a run needs has no live version yet");
+        };
+        let Some(mut authored) = Authored::load(&client, &catalog, &run.space_id, &run.template_id).await? else {
+            anyhow::bail!("template {} of run {} is gone", run.template_id, run.run_id);
+        };
+        if let Some(sender_id) = run.sender_id.as_ref().filter(|id| **id != authored.sender_id) {
+            let (sender, domain) = sender_of(&client, &catalog, &run.space_id, sender_id).await?;
+            (authored.sender_id, authored.sender, authored.domain) = (sender_id.clone(), sender, domain);
+        }
+        // The contacts as the segments read model holds them: where the audience was taken
+        // from, so a recipient of the snapshot is there unless it was deleted since.
+        let mut recipients = Recipients::default();
+        for row in client
+            .query(
+                &format!(
+                    "SELECT contact_id, schema_id, doc, subscriptions FROM {segments}.contacts
+                     WHERE contact_id = ANY($1) AND doc IS NOT NULL"
+                ),
+                &[&pending],
+            )
+            .await?
+        {
+            let contact_id: String = row.get(0);
+            recipients.subscriptions.insert(contact_id.clone(), serde_json::from_value(row.get(3)).unwrap_or_default());
+            recipients.contacts.insert(
+                contact_id,
+                Contact { schema_id: row.get::<_, Option<String>>(1).unwrap_or_default(), document: row.get(2) },
+            );
+        }
+        let schema_ids: Vec<&String> = recipients.contacts.values().map(|contact| &contact.schema_id).collect();
+        for row in client
+            .query(
+                &format!(
+                    "SELECT schema_id, key FROM {catalog}.attributes
+                     WHERE schema_id = ANY($1) AND definition #>> '{{consent,channel}}' = 'email'"
+                ),
+                &[&schema_ids],
+            )
+            .await?
+        {
+            recipients.consent_keys.entry(row.get(0)).or_default().push(row.get(1));
+        }
+        let addresses: Vec<&str> = recipients
+            .contacts
+            .values()
+            .filter_map(|contact| contact.document.get("email").and_then(Value::as_str))
+            .collect();
+        recipients.suppressed = client
+            .query(
+                "SELECT identifier FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = ANY($2)",
+                &[&run.space_id, &addresses],
+            )
+            .await?
+            .into_iter()
+            .map(|row| row.get(0))
+            .collect();
+        recipients.keys = platform::crypto::load_keys(&client, pending).await?;
+        Ok((authored, recipients))
     }
 
     /// Starts the batch's hand-offs, a bounded number at once across steps; returns once the
@@ -527,4 +555,79 @@ pub fn workers(pool: &Pool, log: &EventLog, settings: &Settings) -> anyhow::Resu
         Arc::new(crate::timers::TimerWorker::new(pool.clone(), Arc::new(Starter))),
         Arc::new(Runs::new(pool.clone(), log.clone(), settings)?),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use platform::crypto::Keyring;
+    use serde_json::json;
+
+    const TOPIC: &str = "top_news";
+
+    /// Given one contact `con_1` of schema `contacts` with `document`, consent attribute
+    /// `emailOk`, topic status `status`, a data key, and no suppression.
+    fn given(document: Value, status: Option<&str>) -> Recipients {
+        let mut recipients = Recipients::default();
+        recipients.contacts.insert("con_1".to_owned(), Contact { schema_id: "contacts".to_owned(), document });
+        let topics = status.map(|status| (TOPIC.to_owned(), status.to_owned())).into_iter().collect();
+        recipients.subscriptions.insert("con_1".to_owned(), topics);
+        recipients.consent_keys.insert("contacts".to_owned(), vec!["emailOk".to_owned()]);
+        let keyring = Keyring::from_hex(&"ab".repeat(32)).expect("a key");
+        let (key, _) = keyring.generate("con_1").expect("a data key");
+        recipients.keys.insert("con_1".to_owned(), key);
+        recipients
+    }
+
+    fn verdict<'a>(recipients: &'a Recipients, topic: Option<&str>) -> Result<&'a str, &'static str> {
+        recipients.verdict(topic, "con_1").map(|allowed| allowed.address)
+    }
+
+    #[test]
+    fn given_a_consenting_subscribed_contact_when_checked_then_it_is_sent_to_its_address() {
+        let recipients = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
+        assert_eq!(verdict(&recipients, Some(TOPIC)), Ok("ada@example.test"));
+        assert_eq!(verdict(&recipients, None), Ok("ada@example.test"), "a template without a topic asks consent only");
+    }
+
+    #[test]
+    fn given_a_contact_deleted_or_erased_since_the_snapshot_when_checked_then_it_is_gone() {
+        let recipients = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
+        assert_eq!(recipients.verdict(None, "con_2").err(), Some("gone"), "not in the read model");
+        let mut erased = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
+        erased.keys = Keys::default();
+        assert_eq!(verdict(&erased, None), Err("gone"), "its data key is destroyed");
+    }
+
+    #[test]
+    fn given_no_address_or_a_suppressed_one_when_checked_then_the_reason_says_which() {
+        let no_address = given(json!({"emailOk": true}), Some("subscribed"));
+        assert_eq!(verdict(&no_address, None), Err("no_address"));
+        let mut suppressed = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
+        suppressed.suppressed.insert("ada@example.test".to_owned());
+        assert_eq!(verdict(&suppressed, None), Err("suppressed"));
+    }
+
+    #[test]
+    fn given_consent_missing_withdrawn_or_unknown_when_checked_then_the_contact_is_not_subscribed() {
+        let withdrawn = given(json!({"email": "ada@example.test", "emailOk": false}), Some("subscribed"));
+        assert_eq!(verdict(&withdrawn, None), Err("not_subscribed"));
+        let unset = given(json!({"email": "ada@example.test"}), Some("subscribed"));
+        assert_eq!(verdict(&unset, None), Err("not_subscribed"));
+        let mut no_consent_attribute = given(json!({"email": "ada@example.test", "emailOk": true}), None);
+        no_consent_attribute.consent_keys.clear();
+        assert_eq!(
+            verdict(&no_consent_attribute, None),
+            Err("not_subscribed"),
+            "a schema without consent is never mailed"
+        );
+    }
+
+    #[test]
+    fn given_a_topic_when_the_contact_is_not_subscribed_to_it_then_it_is_skipped() {
+        for status in [None, Some("unsubscribed"), Some("pending")] {
+            let recipients = given(json!({"email": "ada@example.test", "emailOk": true}), status);
+            assert_eq!(verdict(&recipients, Some(TOPIC)), Err("not_subscribed"), "{status:?}");
+        }
+    }
 }

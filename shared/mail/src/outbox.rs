@@ -611,4 +611,65 @@ mod tests {
         let accepted = Outcome::Accepted { reply: "250 queued".into() };
         assert_eq!(redact(accepted.clone(), "ada@example.com"), accepted);
     }
+
+    fn parties() -> Parties {
+        Parties {
+            email_id: "em_1".into(),
+            space_id: "spc_1".into(),
+            contact_id: "con_1".into(),
+            message_id: "<em_1@example.test>".into(),
+        }
+    }
+
+    fn rejected(permanent: bool, code: u16) -> Outcome {
+        Outcome::Rejected { permanent, code: Some(code), reply: format!("{code} no") }
+    }
+
+    #[test]
+    fn given_an_accepted_message_when_recorded_then_it_is_sent_with_the_relays_reply() {
+        let event = outcome_event(&parties(), &Outcome::Accepted { reply: "250 queued".into() }, true, 7);
+        let Some(LogEvent::EmailSent(sent)) = event else { panic!("sent: {event:?}") };
+        assert_eq!(
+            (sent.relay_reply.as_str(), sent.sent_at_ms, sent.message_id.as_str()),
+            ("250 queued", 7, "<em_1@example.test>")
+        );
+        assert_eq!(settled(&LogEvent::EmailSent(sent)).0, "sent");
+    }
+
+    #[test]
+    fn given_a_refusal_for_now_or_no_relay_when_retries_remain_then_nothing_is_recorded_yet() {
+        let unreachable = Outcome::Unreachable { message: "connection refused".into() };
+        assert!(outcome_event(&parties(), &rejected(false, 451), true, 7).is_none());
+        assert!(outcome_event(&parties(), &unreachable, true, 7).is_none());
+        let Some(LogEvent::EmailFailed(failed)) = outcome_event(&parties(), &rejected(false, 451), false, 7) else {
+            panic!("failed once retries are over")
+        };
+        assert_eq!((failed.code.as_str(), failed.permanent), ("relay_rejected", false));
+        let Some(LogEvent::EmailFailed(failed)) = outcome_event(&parties(), &unreachable, false, 7) else {
+            panic!("failed once retries are over")
+        };
+        assert_eq!((failed.code.as_str(), failed.message.as_str()), ("relay_unavailable", "connection refused"));
+        assert_eq!(settled(&LogEvent::EmailFailed(failed)).0, "failed");
+    }
+
+    #[test]
+    fn given_a_permanent_refusal_when_recorded_then_it_fails_at_once_and_only_a_mailbox_refusal_is_a_hard_bounce() {
+        let Some(LogEvent::EmailFailed(failed)) = outcome_event(&parties(), &rejected(true, 554), true, 7) else {
+            panic!("a permanent refusal is never retried")
+        };
+        assert!(failed.permanent);
+        for code in [550, 551, 553] {
+            assert!(hard_bounce(&rejected(true, code)), "{code}");
+        }
+        assert!(!hard_bounce(&rejected(true, 554)), "a policy refusal says nothing of the mailbox");
+        assert!(!hard_bounce(&rejected(false, 550)), "not while the relay may still take it");
+    }
+
+    #[test]
+    fn given_an_exchange_broken_after_the_content_when_recorded_then_the_outcome_is_unknown() {
+        let event = outcome_event(&parties(), &Outcome::Unknown { message: "reset".into() }, true, 7);
+        let Some(LogEvent::EmailOutcomeUnknown(unknown)) = event else { panic!("unknown: {event:?}") };
+        assert_eq!((unknown.reason.as_str(), unknown.at_ms), ("reset", 7));
+        assert_eq!(settled(&LogEvent::EmailOutcomeUnknown(unknown)), ("unknown", None));
+    }
 }

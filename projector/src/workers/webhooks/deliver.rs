@@ -310,6 +310,7 @@ impl Inner {
         subjects.dedup();
         let keys = platform::crypto::load_keys(&client, &subjects).await?;
         let secrets = self.secrets(&client, &webhooks, &keys).await?;
+        let now = Utc::now();
         Ok(rows
             .into_iter()
             .map(|row| {
@@ -318,7 +319,7 @@ impl Inner {
                 let status: Option<String> = row.get(9);
                 let plan = match status.as_deref() {
                     Some("live") => {
-                        plan_send(&keys, subject.as_deref(), row.get(6), secrets.get(&webhook_id), row.get(4))
+                        plan_send(&keys, subject.as_deref(), row.get(6), secrets.get(&webhook_id), row.get(4), now)
                     }
                     Some("paused") => Plan::Drop("the webhook was paused"),
                     _ => Plan::Drop("the webhook was deleted"),
@@ -533,13 +534,15 @@ impl Inner {
 
 /// How to send a claimed delivery of a live webhook, or why not: its body opens with its
 /// subject's key (gone once the subject is erased), and it is signed with the secret captured
-/// at enqueue plus, during a rotation's grace period, the one on the other side of it.
+/// at enqueue plus, during a rotation's grace period (at `now`), the one on the other side of
+/// it.
 fn plan_send(
     keys: &Keys,
     subject: Option<&str>,
     body: Vec<u8>,
     secrets: Option<&Vec<VersionedSecret>>,
     version: i32,
+    now: DateTime<Utc>,
 ) -> Plan {
     let body = match subject {
         None => body,
@@ -550,7 +553,6 @@ fn plan_send(
         },
     };
     let Some(secrets) = secrets else { return Plan::Drop("the webhook's secrets are gone") };
-    let now = Utc::now();
     let in_grace = |until: &Option<DateTime<Utc>>| until.is_some_and(|until| until > now);
     let mut chosen = Vec::new();
     for (secret_version, secret, previous_valid_until) in secrets {
@@ -612,19 +614,22 @@ mod tests {
     #[test]
     fn during_a_rotation_both_secrets_sign_and_the_captured_one_comes_first() {
         let (old, new) = (Secret::generate(), Secret::generate());
-        let later = Some(Utc::now() + chrono::Duration::hours(1));
-        let earlier = Some(Utc::now() - chrono::Duration::hours(1));
+        let now = Utc::now();
+        let later = Some(now + chrono::Duration::hours(1));
+        let earlier = Some(now - chrono::Duration::hours(1));
         let in_grace = vec![(1, old.clone(), None), (2, new.clone(), later)];
-        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&in_grace), 1) else {
+        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&in_grace), 1, now)
+        else {
             panic!("sent")
         };
         assert_eq!(secrets, vec![old.clone(), new.clone()]);
-        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&in_grace), 2) else {
+        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&in_grace), 2, now)
+        else {
             panic!("sent")
         };
         assert_eq!(secrets, vec![new.clone(), old.clone()]);
         let after_grace = vec![(1, old.clone(), None), (2, new.clone(), earlier)];
-        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&after_grace), 2)
+        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&after_grace), 2, now)
         else {
             panic!("sent")
         };
@@ -635,7 +640,7 @@ mod tests {
     fn an_erased_subject_drops_the_delivery() {
         let secrets = vec![(1, Secret::generate(), None)];
         assert!(matches!(
-            plan_send(&Keys::default(), Some("con_1"), b"sealed".to_vec(), Some(&secrets), 1),
+            plan_send(&Keys::default(), Some("con_1"), b"sealed".to_vec(), Some(&secrets), 1, Utc::now()),
             Plan::Drop("the data subject was erased")
         ));
     }
