@@ -12,6 +12,7 @@ pub mod outbox;
 pub mod relay;
 pub mod render;
 pub mod send;
+pub mod tracking;
 
 /// Whether `address` is a mailbox address the relay can be given.
 pub fn is_address(address: &str) -> bool {
