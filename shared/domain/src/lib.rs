@@ -10,6 +10,7 @@ pub mod attributes;
 pub mod business_events;
 pub mod catalog;
 pub mod email;
+pub mod engagement;
 pub mod records;
 pub mod roles;
 pub mod suppressions;
