@@ -56,18 +56,11 @@ pub enum Checked {
 }
 
 impl Links {
-    /// Keys derived from `derive` (a keyed digest of the master key, by purpose and text):
-    /// new links are signed with key `signing`, links of every number in `accepted` (and of
-    /// `signing`) are checked.
-    pub fn derive(derive: impl Fn(&str) -> String, signing: u32, accepted: &[u32]) -> Self {
-        let key = |number: u32| {
-            let hex = derive(&format!("tracking-link-key-{number}"));
-            let mut secret = [0u8; 32];
-            for (slot, pair) in secret.iter_mut().zip(hex.as_bytes().chunks(2)) {
-                *slot = std::str::from_utf8(pair).ok().and_then(|pair| u8::from_str_radix(pair, 16).ok()).unwrap_or(0);
-            }
-            LinkKey { number, secret }
-        };
+    /// Keys made by `derive` (a key derived from the master key for a purpose): new links
+    /// are signed with key `signing`, links of every number in `accepted` (and of `signing`)
+    /// are checked.
+    pub fn derive(derive: impl Fn(&str) -> [u8; 32], signing: u32, accepted: &[u32]) -> Self {
+        let key = |number: u32| LinkKey { number, secret: derive(&format!("tracking-link-key-{number}")) };
         let mut numbers: Vec<u32> = accepted.iter().copied().filter(|number| *number != signing).collect();
         numbers.sort_unstable();
         numbers.dedup();
@@ -162,10 +155,12 @@ pub fn rewrite(html: &str, email_id: &str, base_url: &str, links: &Links, track:
     }
     let own = base_url.trim_end_matches('/');
     let mut saw_body = false;
-    let pixel = format!(
-        "<img src=\"{}\" width=\"1\" height=\"1\" alt=\"\" style=\"display:block;width:1px;height:1px;border:0\">",
-        escape_html(&links.open(base_url, email_id))
-    );
+    let pixel = track.opens.then(|| {
+        format!(
+            "<img src=\"{}\" width=\"1\" height=\"1\" alt=\"\" style=\"display:block;width:1px;height:1px;border:0\">",
+            escape_html(&links.open(base_url, email_id))
+        )
+    });
     let settings = RewriteStrSettings::new()
         .append_element_content_handler(element!("a[href]", |element| {
             let skip = element.get_attribute(SKIP_ATTRIBUTE).is_some_and(|value| value.eq_ignore_ascii_case("false"));
@@ -182,16 +177,16 @@ pub fn rewrite(html: &str, email_id: &str, base_url: &str, links: &Links, track:
         }))
         .append_element_content_handler(element!("body", |element| {
             saw_body = true;
-            if track.opens {
-                element.append(&pixel, ContentType::Html);
+            if let Some(pixel) = &pixel {
+                element.append(pixel, ContentType::Html);
             }
             Ok(())
         }));
     let rewritten = rewrite_str(html, settings);
-    match rewritten {
-        Ok(rewritten) if saw_body || !track.opens => rewritten,
-        Ok(rewritten) => format!("{rewritten}\n{pixel}"),
-        Err(_) => html.to_owned(),
+    match (rewritten, &pixel) {
+        (Ok(rewritten), Some(pixel)) if !saw_body => format!("{rewritten}\n{pixel}"),
+        (Ok(rewritten), _) => rewritten,
+        (Err(_), _) => html.to_owned(),
     }
 }
 
@@ -206,15 +201,12 @@ fn is_tracked(target: &str, own: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::Digest;
 
     const BASE: &str = "https://mail.example.test/v1";
 
     fn links(signing: u32, accepted: &[u32]) -> Links {
-        Links::derive(
-            |text| format!("{:064x}", text.len() * 7919 + text.as_bytes().iter().map(|b| *b as usize).sum::<usize>()),
-            signing,
-            accepted,
-        )
+        Links::derive(|purpose| sha2::Sha256::digest(purpose.as_bytes()).into(), signing, accepted)
     }
 
     fn query(link: &str, name: &str) -> Option<String> {
