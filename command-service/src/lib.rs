@@ -8,6 +8,7 @@ pub mod cli;
 pub mod echo;
 pub mod edge;
 pub mod emails;
+pub mod engagement;
 pub mod events;
 pub mod forms;
 pub mod idempotency;
@@ -41,6 +42,8 @@ pub struct State {
     pub ai: domain::ai::AiProvider,
     /// Where sends are handed off: the SMTP relay, or `.eml` files.
     pub mailer: mail::mailer::Mailer,
+    /// Where sends' links point, and the keys that sign and check tracking links.
+    pub site: mail::send::Site,
     /// Hand-off claims, made together with those of concurrent sends.
     pub claims: mail::outbox::Claims,
     /// Event admission scopes whose rows this process knows exist.
@@ -62,6 +65,7 @@ impl State {
     pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> anyhow::Result<web::Data<Self>> {
         let ai = domain::ai::AiProvider::new(&settings.ai)?;
         let mailer = mail::mailer::Mailer::from_settings(&settings.email)?;
+        let site = mail::send::Site::from_settings(&settings.email)?;
         let event_log = EventLog::start(pool.clone(), settings.append.batch_max);
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
@@ -75,6 +79,7 @@ impl State {
             settings,
             ai,
             mailer,
+            site,
             claims,
             admission_scopes: Default::default(),
             write_contexts: Default::default(),

@@ -6,7 +6,8 @@ use api::http::answering;
 use api::routes::Tier;
 
 use crate::{
-    broadcasts, emails, events, forms, identities, records, segments, suppressions, templates, webhooks, workflows,
+    broadcasts, emails, engagement, events, forms, identities, records, segments, suppressions, templates, webhooks,
+    workflows,
 };
 
 /// The handler of a command operation, by its operation id.
@@ -32,6 +33,9 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "sendTemplate" => web::post().to(answering(templates::http::send)),
         "unsubscribeEmail" => web::post().to(emails::unsubscribe::post),
         "updateEmailPreferences" => web::post().to(emails::preferences::post),
+        // `HEAD` too: link scanners ask with it, and it counts as a machine's.
+        "followEmailLink" => web::route().guard(get_or_head()).to(engagement::http::click),
+        "fetchEmailOpenPixel" => web::route().guard(get_or_head()).to(engagement::http::open),
         "submitForm" => web::post().to(forms::http::submit),
         "confirmFormSubmission" => web::get().to(forms::http::confirm),
         "createSegment" => web::post().to(answering(segments::http::create)),
@@ -43,6 +47,10 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "unpauseWorkflow" => web::post().to(answering(workflows::http::unpause)),
         _ => return None,
     })
+}
+
+fn get_or_head() -> impl actix_web::guard::Guard {
+    actix_web::guard::Any(actix_web::guard::Get()).or(actix_web::guard::Head())
 }
 
 /// Registers the command operations of the table (inside the `/v1` scope).

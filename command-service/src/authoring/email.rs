@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, bail};
 use domain::email::resources::{
     ALLOWANCE, AllowanceDef, Audience, BROADCAST, BroadcastDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef, SENDER,
-    SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef,
+    SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef, TrackingDef,
 };
 use mail::dkim;
 use mail::{footer, render};
@@ -18,7 +18,7 @@ use platform::ids::derived_id;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::format::{ResourceSpec, SpaceSpec};
+use super::format::{ResourceSpec, SpaceSpec, TrackingSpec};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -75,6 +75,9 @@ struct TemplateSpec {
     #[serde(default = "default_recipient")]
     recipient: String,
     data: BTreeMap<String, DataSpec>,
+    /// Absent fields: the kind's default (marketing mail tracked, transactional not).
+    #[serde(default)]
+    tracking: Option<TrackingSpec>,
 }
 
 fn default_recipient() -> String {
@@ -254,6 +257,8 @@ pub(super) fn definitions(
         let definition = TopicDef { slug: resource.slug.clone(), name: input.name, description: input.description };
         out.push((TOPIC, topic_ids[resource.slug.as_str()].clone(), serde_json::to_value(definition)?));
     }
+    // The space's switch: what it turns off, no template tracks.
+    let space_tracking = space.email_tracking.unwrap_or_default().or(TrackingDef { clicks: true, opens: true });
     let mut template_kinds = BTreeMap::new();
     let mut template_shapes: BTreeMap<String, (String, bool)> = BTreeMap::new();
     for resource in &space.templates {
@@ -298,6 +303,7 @@ pub(super) fn definitions(
         let id = template_ids[resource.slug.as_str()].clone();
         template_kinds.insert(id.clone(), input.kind.clone());
         template_shapes.insert(id.clone(), (input.kind.clone(), data.len() == 1));
+        let tracking = input.tracking.unwrap_or_default().or(TrackingDef::default_for(&input.kind)).and(space_tracking);
         let definition = TemplateDef {
             slug: resource.slug.clone(),
             name: input.name,
@@ -309,6 +315,7 @@ pub(super) fn definitions(
             text: input.text,
             recipient: input.recipient,
             data,
+            tracking: Some(tracking),
         };
         out.push((TEMPLATE, id, serde_json::to_value(definition)?));
     }

@@ -29,6 +29,26 @@ pub struct SuppressionSpec {
     pub reason: String,
 }
 
+/// `{"clicks": <bool>, "opens": <bool>}`, each optional.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrackingSpec {
+    #[serde(default)]
+    pub clicks: Option<bool>,
+    #[serde(default)]
+    pub opens: Option<bool>,
+}
+
+impl TrackingSpec {
+    /// The fields given, the others from `otherwise`.
+    pub fn or(self, otherwise: domain::email::resources::TrackingDef) -> domain::email::resources::TrackingDef {
+        domain::email::resources::TrackingDef {
+            clicks: self.clicks.unwrap_or(otherwise.clicks),
+            opens: self.opens.unwrap_or(otherwise.opens),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SpaceSpec {
@@ -40,6 +60,10 @@ pub struct SpaceSpec {
     /// The space's email allowance, e.g. `{"monthly": 10000}`.
     #[serde(default)]
     pub email_allowance: Option<Value>,
+    /// Click and open tracking of the space's mail, e.g. `{"clicks": false}`: turns off what
+    /// templates would track (absent fields stay on).
+    #[serde(default)]
+    pub email_tracking: Option<TrackingSpec>,
     #[serde(default)]
     pub schemas: Vec<SchemaSpec>,
     #[serde(default)]

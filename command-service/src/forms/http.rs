@@ -118,16 +118,16 @@ struct Submission {
     confirmation: Option<std::sync::Arc<Authored>>,
 }
 
-struct SubmitForm {
+struct SubmitForm<'a> {
     form_id: String,
     fields: Map<String, Value>,
     urlencoded: bool,
     token_ttl_hours: u64,
     /// Where the confirmation link points.
-    base_url: String,
+    site: &'a mail::send::Site,
 }
 
-impl Command for SubmitForm {
+impl Command for SubmitForm<'_> {
     type Loaded = Submission;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Submission, ApiError> {
@@ -222,7 +222,8 @@ impl Command for SubmitForm {
                 AppendError::Conflict { code: Code::IdempotencyConflict, message: "the token is taken".to_owned() },
             ));
             if let (Some(authored), Some(key)) = (&confirmation, contact_key.as_ref()) {
-                let confirm_url = format!("{}/forms/{form_id}/confirm/{token}", self.base_url.trim_end_matches('/'));
+                let confirm_url =
+                    format!("{}/forms/{form_id}/confirm/{token}", self.site.base_url.trim_end_matches('/'));
                 let keys: Vec<String> = context.attributes.iter().map(|attribute| attribute.key.clone()).collect();
                 let documents =
                     [(authored.template.recipient.clone(), (contact.document(), keys))].into_iter().collect();
@@ -232,15 +233,14 @@ impl Command for SubmitForm {
                     values.insert("form".to_owned(), json!({"id": form_id, "name": form.name}));
                 }
                 let email_id = platform::ids::new_id("em");
-                let rendered =
-                    send::render_email(authored, &email_id, render_with, &self.base_url).map_err(|error| {
-                        ApiError::internal(&anyhow::anyhow!(
-                            "form {form_id}: the confirmation template does not render: {error}"
-                        ))
-                    })?;
+                let rendered = send::render_email(authored, &email_id, render_with, self.site).map_err(|error| {
+                    ApiError::internal(&anyhow::anyhow!(
+                        "form {form_id}: the confirmation template does not render: {error}"
+                    ))
+                })?;
                 let to = EmailTo { space_id: &space_id, contact_id: &contact_id, address: &address, key };
                 let origin = ("form_confirmation", form_id.as_str());
-                let scheduled = send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.base_url))
+                let scheduled = send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.site.base_url))
                     .map_err(|error| ApiError::internal(&error))?;
                 guards.push(outbox::insert_guard(&email_id, &space_id, None));
                 streams.push(scheduled.stream);
@@ -340,13 +340,8 @@ async fn submit_form(
     limit(state, &format!("form:{form_id}"), limits.per_form, limits.window_seconds, "submissions to this form")
         .await?;
     let (fields, urlencoded) = api::http::read_form_or_json(req, payload).await?;
-    let command = SubmitForm {
-        form_id,
-        fields,
-        urlencoded,
-        token_ttl_hours: limits.token_ttl_hours,
-        base_url: state.settings.email.public_base_url.clone(),
-    };
+    let command =
+        SubmitForm { form_id, fields, urlencoded, token_ttl_hours: limits.token_ttl_hours, site: &state.site };
     pipeline::execute(state, req, Actor::Public, Protection::Unkeyed, command).await
 }
 

@@ -120,6 +120,7 @@ mod tests {
                 "contact".to_owned(),
                 ContextKey { schema_id: "sch_1".into(), schema_slug: "contacts".into(), schema_type: "contact".into() },
             )]),
+            tracking: None,
         }
     }
 

@@ -72,8 +72,8 @@ struct SendTemplate<'a> {
     caller: &'a Caller,
     template_id: String,
     context: BTreeMap<String, Map<String, Value>>,
-    /// Where the unsubscribe link points.
-    base_url: String,
+    /// Where the unsubscribe and tracking links point.
+    site: &'a mail::send::Site,
 }
 
 impl Command for SendTemplate<'_> {
@@ -142,7 +142,7 @@ impl Command for SendTemplate<'_> {
             })
             .collect();
         let email_id = platform::ids::new_id("em");
-        let rendered = send::render_email(&authored, &email_id, decide::render_context(&documents), &self.base_url)
+        let rendered = send::render_email(&authored, &email_id, decide::render_context(&documents), self.site)
             .map_err(|error| {
                 ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -175,8 +175,9 @@ impl Command for SendTemplate<'_> {
             return Err(ApiError::internal(&anyhow::anyhow!("the recipient has no data key")));
         };
         let to = EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key };
-        let scheduled = send::schedule(&email_id, &authored, to, &rendered, ("template", ""), (now, &self.base_url))
-            .map_err(|error| ApiError::internal(&error))?;
+        let scheduled =
+            send::schedule(&email_id, &authored, to, &rendered, ("template", ""), (now, &self.site.base_url))
+                .map_err(|error| ApiError::internal(&error))?;
         streams.push(scheduled.stream);
         // The outbox row holds the send's claim: the hand-off records the answer.
         guards.push(outbox::insert_guard(&email_id, space_id, given.claim.map(|claim| claim.parts())));
@@ -217,8 +218,7 @@ pub async fn send(
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let body = api::http::read_json_object(&req, payload).await?;
     let context = decide::context(&body)?;
-    let base_url = state.settings.email.public_base_url.clone();
-    let command = SendTemplate { caller: &caller, template_id: path.into_inner(), context, base_url };
+    let command = SendTemplate { caller: &caller, template_id: path.into_inner(), context, site: &state.site };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }

@@ -426,7 +426,7 @@ mod tests {
         );
         assert_eq!(keys(with_schema.expect_err("refused")), ["schemaId"]);
         let unknown_type = parse_create(
-            &body(json!({"url": "https://h.example.com", "trigger": "email event", "emailEventTypes": ["opened"]})),
+            &body(json!({"url": "https://h.example.com", "trigger": "email event", "emailEventTypes": ["delivered"]})),
             false,
         );
         assert_eq!(keys(unknown_type.expect_err("refused")), ["emailEventTypes"]);

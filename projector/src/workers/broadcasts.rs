@@ -229,6 +229,8 @@ pub struct Runs {
     /// next batch is decided while the last one is still being sent.
     handoffs: Arc<tokio::sync::Semaphore>,
     settings: Settings,
+    /// Where the emails' links point, and the keys that sign tracking links.
+    site: mail::send::Site,
 }
 
 impl Runs {
@@ -242,7 +244,8 @@ impl Runs {
             retry_schedule: settings.email.retry_schedule_ms.clone(),
         };
         let handoffs = Arc::new(tokio::sync::Semaphore::new(settings.broadcasts.handoffs.max(1)));
-        Ok(Self { pool, log, sender: Arc::new(sender), handoffs, settings: settings.clone() })
+        let site = mail::send::Site::from_settings(&settings.email)?;
+        Ok(Self { pool, log, sender: Arc::new(sender), handoffs, settings: settings.clone(), site })
     }
 
     async fn step(&self) -> anyhow::Result<Outcome> {
@@ -311,7 +314,7 @@ impl Runs {
     async fn send_batch(&self, run: &Run, pending: &[String]) -> anyhow::Result<Vec<Prepared>> {
         let (authored, recipients) = self.load(run, pending).await?;
         let now = platform::time::now_millis();
-        let public_base_url = &self.settings.email.public_base_url;
+        let public_base_url = &self.site.base_url;
         let mut skipped: Vec<(String, &'static str)> = Vec::new();
         let mut appends = Vec::new();
         for contact_id in pending {
@@ -325,7 +328,7 @@ impl Runs {
                 };
             let context = serde_json::json!({ authored.template.recipient.clone(): contact.document });
             let email_id = platform::ids::new_id("em");
-            let rendered = match mail::send::render_email(&authored, &email_id, context, public_base_url) {
+            let rendered = match mail::send::render_email(&authored, &email_id, context, &self.site) {
                 Ok(rendered) => rendered,
                 Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
             };

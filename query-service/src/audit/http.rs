@@ -74,7 +74,7 @@ pub async fn get(
     let suppression_events = store::suppression_events(&client, &subjects).await?;
     drop(client);
     let mut entries = history.entries;
-    entries.extend(email_entries(&record_events, &space_id)?);
+    entries.extend(email_entries(&record_events, &keys, &space_id)?);
     entries.extend(workflow_entries(&record_events, &space_id)?);
     entries.extend(suppression_entries(&suppression_events, &space_id)?);
     // Newest first: log order, reversed.

@@ -7,8 +7,10 @@
 //!
 //! - email entries (channel `email`), from the contact's own events: `email_scheduled`,
 //!   `email_sent`, `email_failed`, `email_outcome_unknown`, `email_bounced`,
-//!   `email_complained`, `email_unsubscribed`, `subscription_changed` (a topic subscription's new status and what
-//!   changed it), `form_submitted` and `subscription_confirmed`.
+//!   `email_complained`, `email_unsubscribed`, `email_opened`, `email_clicked` (with its
+//!   link, `null` once the contact is erased), `subscription_changed` (a topic
+//!   subscription's new status and what changed it), `form_submitted` and
+//!   `subscription_confirmed`.
 //! - workflow entries (channel `workflow`), from the runs bound to the contact:
 //!   `workflow_run_requested`, `workflow_step_finished` (each step a journey executed for the
 //!   contact, with its status) and `workflow_run_finished`.
@@ -125,7 +127,12 @@ pub(crate) fn suppression_entries(events: &[StoredEvent], space_id: &str) -> any
 }
 
 /// The email entries among a contact's events (its subject's events, in log order).
-pub(crate) fn email_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
+/// A click's link is opened with the contact's key (`keys`): `null` once erased.
+pub(crate) fn email_entries(
+    events: &[StoredEvent],
+    keys: &platform::crypto::Keys,
+    space_id: &str,
+) -> anyhow::Result<Vec<(i64, Value)>> {
     let mut entries = Vec::new();
     for event in events {
         let (kind, space, details) = match event.decode()? {
@@ -156,6 +163,20 @@ pub(crate) fn email_entries(events: &[StoredEvent], space_id: &str) -> anyhow::R
             }
             LogEvent::EmailUnsubscribed(e) => {
                 ("email_unsubscribed", e.space_id, json!({"emailId": e.email_id, "topicId": non_empty(e.topic_id)}))
+            }
+            LogEvent::EmailOpened(e) => (
+                "email_opened",
+                e.space_id,
+                json!({"emailId": e.email_id, "first": e.first, "machine": non_empty(e.machine)}),
+            ),
+            LogEvent::EmailClicked(e) => {
+                let link = platform::events::open::<platform::proto::ClickedLink>(e.link.as_ref(), keys)?;
+                (
+                    "email_clicked",
+                    e.space_id,
+                    json!({"emailId": e.email_id, "url": link.map(|link| link.url), "linkId": e.link_id,
+                           "first": e.first, "machine": non_empty(e.machine)}),
+                )
             }
             LogEvent::SubscriptionChanged(e) => (
                 "subscription_changed",

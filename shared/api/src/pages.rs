@@ -117,7 +117,7 @@ impl Message {
     /// that suit a person rather than a program, naming each field that was wrong.
     pub(crate) fn for_error(error: &ApiError) -> Self {
         let (title, text): (&str, String) = match (error.status(), error.code()) {
-            (_, Some(Code::EmailNotFound)) => (
+            (_, Some(Code::EmailNotFound | Code::LinkNotFound)) => (
                 "Link not found",
                 "This link is not valid. It may have been cut off by your mail program: \
                  open it again from the email, or copy the whole address."

@@ -84,6 +84,10 @@ pub const OPERATIONS: &[Operation] = &[
     operation("getUnsubscribePage", "GET", "/emails/{id}/unsubscribe", Query),
     // The preference page's choices (the page behind the unsubscribe link).
     operation("updateEmailPreferences", "POST", "/emails/{id}/preferences", Command),
+    // Tracking links inside emails: GETs that write (each is a click or an open); the split
+    // deployment's nginx sends them to the command service.
+    operation("followEmailLink", "GET", "/emails/{id}/click", Command),
+    operation("fetchEmailOpenPixel", "GET", "/emails/{id}/open", Command),
     operation("submitForm", "POST", "/forms/{id}/submit", Command),
     // A GET that writes (D7): the split deployment's nginx sends `/v1/forms/` to the command
     // service.

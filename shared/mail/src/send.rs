@@ -10,6 +10,7 @@ use deadpool_postgres::GenericClient;
 
 use serde_json::Value;
 
+use super::tracking::{self, Links, Track};
 use super::{footer, message, render};
 use crate::outbox::{Parties, Prepared};
 use domain::email::resources::{AllowanceDef, DomainDef, SenderDef, TemplateDef, TopicDef};
@@ -71,13 +72,44 @@ impl Authored {
     }
 }
 
+/// Where a send's links point: the public base URL (with `/v1`) and the keys that sign
+/// tracking links.
+#[derive(Clone)]
+pub struct Site {
+    pub base_url: String,
+    pub links: Links,
+}
+
+impl Site {
+    /// From the email settings, with link keys derived from the process's master key.
+    pub fn from_settings(settings: &platform::settings::EmailSettings) -> anyhow::Result<Self> {
+        let keyring = platform::crypto::keyring()?;
+        Ok(Self { base_url: settings.public_base_url.clone(), links: Links::from_settings(keyring, settings) })
+    }
+}
+
 /// Renders the template for email `email_id` against `context` (an object: context key →
 /// value). Marketing mail also gets `unsubscribeUrl` (the URL of its `List-Unsubscribe`), and
 /// a footer with that link in each part that does not show it ([`footer::add`]); it says
 /// the recipient subscribed to the topic, or to mail from the sender (the one that sends it,
-/// so a broadcast's own sender is named). Transactional mail renders as authored. The error
+/// so a broadcast's own sender is named). Transactional mail renders as authored. Then, as
+/// the template's tracking says, the HTML part's links become tracking links and it gets the
+/// open pixel ([`tracking::rewrite`]; the platform's own links stay as they are). The error
 /// names the problem.
 pub fn render_email(
+    authored: &Authored,
+    email_id: &str,
+    context: Value,
+    site: &Site,
+) -> Result<render::Rendered, String> {
+    let mut rendered = render_untracked(authored, email_id, context, &site.base_url)?;
+    let tracking = authored.template.tracking();
+    let track = Track { clicks: tracking.clicks, opens: tracking.opens };
+    rendered.html = tracking::rewrite(&rendered.html, email_id, &site.base_url, &site.links, track);
+    Ok(rendered)
+}
+
+fn render_untracked(
     authored: &Authored,
     email_id: &str,
     mut context: Value,
@@ -299,6 +331,7 @@ mod tests {
             text: String::new(),
             recipient: "contact".into(),
             data: BTreeMap::new(),
+            tracking: None,
         }
     }
 

@@ -67,6 +67,12 @@ impl Links {
         Self { signing: key(signing), accepted: numbers.into_iter().map(key).collect() }
     }
 
+    /// The keys the settings name (`TRACKING_KEY`, `TRACKING_KEYS_ACCEPTED`), derived from
+    /// the master key.
+    pub fn from_settings(keyring: &platform::crypto::Keyring, settings: &platform::settings::EmailSettings) -> Self {
+        Self::derive(|purpose| keyring.derive_key(purpose), settings.tracking_key, &settings.tracking_keys_accepted)
+    }
+
     /// The tracking link of `target` in email `email_id`, under `base_url` (the public base
     /// URL, `…/v1`).
     pub fn click(&self, base_url: &str, email_id: &str, target: &str) -> String {

@@ -69,6 +69,19 @@ impl Keyring {
         hex::encode(digest)
     }
 
+    /// A secret key for `purpose`, derived from the master key (and for nothing else): the
+    /// keys that sign tracking links. HMAC-SHA256 under the digest key, so no two purposes
+    /// share a key and none reveals the master key.
+    pub fn derive_key(&self, purpose: &str) -> [u8; 32] {
+        use hmac::{KeyInit, Mac};
+        let Ok(mut mac) = <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(&self.digest_key) else {
+            unreachable!("HMAC takes a key of any length")
+        };
+        mac.update(b"derived-key\0");
+        mac.update(purpose.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
     /// A fresh data key for `subject_id` and its wrapped form, to be stored.
     pub fn generate(&self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)> {
         let mut bytes = [0u8; KEY_LEN];

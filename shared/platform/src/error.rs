@@ -116,6 +116,7 @@ codes! {
     SenderNotFound = "sender_not_found",
     TopicNotFound = "topic_not_found",
     EmailNotFound = "email_not_found",
+    LinkNotFound = "link_not_found",
     InvalidPreferences = "invalid_preferences",
     InvalidTemplateData = "invalid_template_data",
     TemplateContentNotAccepted = "template_content_not_accepted",

@@ -350,6 +350,13 @@ pub struct EmailSettings {
     /// `PUBLIC_BASE_URL`: the API's public base URL (with `/v1`), for the one-click
     /// unsubscribe and double opt-in links inside messages.
     pub public_base_url: String,
+    /// `TRACKING_KEY`: the number of the key that signs new click and open tracking links
+    /// (each number names a key derived from the master key). To rotate, raise it and keep
+    /// the old number in `TRACKING_KEYS_ACCEPTED` while mail with its links may still be
+    /// read; links of a number no longer accepted stop redirecting.
+    pub tracking_key: u32,
+    /// `TRACKING_KEYS_ACCEPTED`: older key numbers whose links are still followed.
+    pub tracking_keys_accepted: Vec<u32>,
     /// `HELLO_NAME`: the name given in EHLO, and the right side of Message-IDs.
     pub hello_name: String,
     /// `PLATFORM_DOMAIN`: the DNS name of this installation's mail service, which every
@@ -397,6 +404,8 @@ impl Default for EmailSettings {
             relay_ca_file: None,
             eml_dir: "data/outbox".to_owned(),
             public_base_url: "http://127.0.0.1:8080/v1".to_owned(),
+            tracking_key: 1,
+            tracking_keys_accepted: Vec::new(),
             hello_name: "localhost".to_owned(),
             platform_domain: None,
             timeout_ms: 10_000,

@@ -14,6 +14,7 @@ mod dns_server;
 mod email;
 mod email_dns;
 mod email_tls;
+mod engagement;
 mod erasure;
 mod errors;
 mod events;

@@ -159,7 +159,7 @@ async fn invalid_webhooks_are_refused_with_issues_naming_the_field() {
         (json!({"url": "https://example.com", "trigger": "contact upserted"}), "schemaId"),
         (json!({"url": "https://example.com", "trigger": "email event"}), "emailEventTypes"),
         (
-            json!({"url": "https://example.com", "trigger": "email event", "emailEventTypes": ["opened"]}),
+            json!({"url": "https://example.com", "trigger": "email event", "emailEventTypes": ["delivered"]}),
             "emailEventTypes",
         ),
         (

@@ -152,6 +152,8 @@ const EVENT_TYPES: &[&str] = &[
     "EmailBounced.v1",
     "EmailComplained.v1",
     "EmailUnsubscribed.v1",
+    "EmailOpened.v1",
+    "EmailClicked.v1",
 ];
 
 /// The `segments` read model as the enqueue worker reads it: its live version's schema and
@@ -350,6 +352,8 @@ fn space_of(event: &LogEvent) -> Option<&str> {
         LogEvent::EmailBounced(e) => &e.space_id,
         LogEvent::EmailComplained(e) => &e.space_id,
         LogEvent::EmailUnsubscribed(e) => &e.space_id,
+        LogEvent::EmailOpened(e) => &e.space_id,
+        LogEvent::EmailClicked(e) => &e.space_id,
         _ => return None,
     };
     Some(space.as_str()).filter(|space| !space.is_empty())
@@ -364,6 +368,8 @@ fn email_event_type(event: &LogEvent) -> Option<&'static str> {
         LogEvent::EmailBounced(_) => "bounced",
         LogEvent::EmailComplained(_) => "complained",
         LogEvent::EmailUnsubscribed(_) => "unsubscribed",
+        LogEvent::EmailOpened(_) => "opened",
+        LogEvent::EmailClicked(_) => "clicked",
         _ => return None,
     })
 }
@@ -660,6 +666,29 @@ async fn occurrence(
             unsubscribed.at_ms,
             json!({"topicId": Some(&unsubscribed.topic_id).filter(|t| !t.is_empty())}),
         )),
+        LogEvent::EmailOpened(opened) => Some(email_occurrence(
+            email_type,
+            (&opened.email_id, &opened.contact_id, &template_of(transaction, &opened.email_id).await?),
+            opened.at_ms,
+            json!({"first": opened.first, "machine": Some(&opened.machine).filter(|m| !m.is_empty())}),
+        )),
+        LogEvent::EmailClicked(clicked) => {
+            // The link is the contact's data: once erased, there is nothing to deliver.
+            let Some(link) = platform::events::open::<proto::ClickedLink>(clicked.link.as_ref(), keys)? else {
+                return Ok(None);
+            };
+            Some(email_occurrence(
+                email_type,
+                (&clicked.email_id, &clicked.contact_id, &template_of(transaction, &clicked.email_id).await?),
+                clicked.at_ms,
+                json!({
+                    "url": link.url,
+                    "linkId": clicked.link_id,
+                    "first": clicked.first,
+                    "machine": Some(&clicked.machine).filter(|m| !m.is_empty()),
+                }),
+            ))
+        }
         _ => None,
     })
 }
@@ -889,6 +918,8 @@ mod tests {
             LogEvent::EmailBounced(Default::default()),
             LogEvent::EmailComplained(Default::default()),
             LogEvent::EmailUnsubscribed(Default::default()),
+            LogEvent::EmailOpened(Default::default()),
+            LogEvent::EmailClicked(Default::default()),
         ];
         let types: Vec<_> = events.iter().filter_map(email_event_type).collect();
         assert_eq!(types, domain::webhooks::EMAIL_EVENT_TYPES, "each once, in the contract's order");

@@ -81,8 +81,9 @@ pub(super) struct Given<'a> {
     pub(super) call_outcome: Option<&'a CallOutcome>,
     /// The delays of a call's retries (`APP__WEBHOOKS__RETRY_SCHEDULE_MS`).
     pub(super) retry_schedule_ms: &'a [u64],
-    /// The base of the links in email (`APP__EMAIL__PUBLIC_BASE_URL`).
-    pub(super) public_base_url: &'a str,
+    /// The base of the links in email (`APP__EMAIL__PUBLIC_BASE_URL`) and the keys that sign
+    /// tracking links.
+    pub(super) site: &'a mail::send::Site,
 }
 
 /// A decision: the transition, or the fact to load first.
@@ -797,7 +798,7 @@ fn send_email(
     }
     context.insert("input".to_owned(), input.clone());
     let email_id = domain::workflows::email_id(&tick.row.run_id, started.index);
-    let rendered = match mail::send::render_email(authored, &email_id, Value::Object(context), given.public_base_url) {
+    let rendered = match mail::send::render_email(authored, &email_id, Value::Object(context), given.site) {
         Ok(rendered) => rendered,
         Err(error) => {
             tick.fail(
@@ -812,7 +813,7 @@ fn send_email(
     let contact_id = contact.state.record_id.clone();
     let to = EmailTo { space_id: &tick.row.space_id, contact_id: &contact_id, address: &address, key };
     let scheduled =
-        schedule(&email_id, authored, to, &rendered, ("workflow", &tick.row.run_id), (now, given.public_base_url))?;
+        schedule(&email_id, authored, to, &rendered, ("workflow", &tick.row.run_id), (now, &given.site.base_url))?;
     tick.streams.push(scheduled.stream);
     tick.guards.push(outbox::insert_guard(&email_id, &tick.row.space_id, None));
     if let Some(allowance) = &authored.allowance {
@@ -1001,6 +1002,11 @@ mod tests {
 
     const SCHEDULE: &[u64] = &[1000, 2000];
 
+    static SITE: std::sync::LazyLock<mail::send::Site> = std::sync::LazyLock::new(|| mail::send::Site {
+        base_url: "https://api.example.test".to_owned(),
+        links: mail::tracking::Links::derive(|_| [7; 32], 1, &[]),
+    });
+
     fn given() -> Given<'static> {
         Given {
             now: NOW,
@@ -1008,7 +1014,7 @@ mod tests {
             allowance_refused: false,
             call_outcome: None,
             retry_schedule_ms: SCHEDULE,
-            public_base_url: "https://api.example.test",
+            site: &SITE,
         }
     }
 

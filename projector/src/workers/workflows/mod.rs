@@ -54,6 +54,8 @@ pub(crate) struct Inner {
     /// Hand-off claims of the engine's emails, made together.
     claims: mail::outbox::Claims,
     settings: Settings,
+    /// Where the engine's emails' links point, and the keys that sign tracking links.
+    site: mail::send::Site,
     /// Definitions by (workflow, revision): immutable once appended.
     definitions: Mutex<HashMap<(String, i64), Arc<WorkflowDef>>>,
     slots: Arc<Semaphore>,
@@ -76,6 +78,7 @@ impl Engine {
         let http = crate::workers::outbound::client(timeout, settings.webhooks.allow_loopback, agent)?;
         let mailer = Mailer::from_settings(&settings.email)?;
         let claims = mail::outbox::Claims::start(pool.clone());
+        let site = mail::send::Site::from_settings(&settings.email)?;
         Ok(Self(Arc::new(Inner {
             pool,
             log,
@@ -83,6 +86,7 @@ impl Engine {
             mailer,
             claims,
             settings: settings.clone(),
+            site,
             definitions: Mutex::default(),
             slots: Arc::new(Semaphore::new(settings.workflows.concurrency.max(1))),
         })))

@@ -122,7 +122,7 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
             allowance_refused,
             call_outcome: outcome.as_ref(),
             retry_schedule_ms: &inner.settings.webhooks.retry_schedule_ms,
-            public_base_url: &inner.settings.email.public_base_url,
+            site: &inner.site,
         };
         let mut tick = decided(inner, &row, &definition, &given).await?;
         outcome = None;

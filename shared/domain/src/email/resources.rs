@@ -88,6 +88,40 @@ pub struct TemplateDef {
     /// The context key whose record (a contact) receives the mail.
     pub recipient: String,
     pub data: BTreeMap<String, ContextKey>,
+    /// What is tracked in its mail: the template's choice, already narrowed by the space's
+    /// (`emailTracking`). Absent in definitions applied before tracking existed: the kind's
+    /// default ([`TemplateDef::tracking`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<TrackingDef>,
+}
+
+impl TemplateDef {
+    /// What its mail tracks: as authored, or by default opens and clicks in marketing mail
+    /// and nothing in transactional mail.
+    pub fn tracking(&self) -> TrackingDef {
+        self.tracking.unwrap_or_else(|| TrackingDef::default_for(&self.kind))
+    }
+}
+
+/// Click and open tracking of a template's mail (or a space's switch over all of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrackingDef {
+    pub clicks: bool,
+    pub opens: bool,
+}
+
+impl TrackingDef {
+    /// Marketing mail is tracked; transactional mail only when its template says so.
+    pub fn default_for(kind: &str) -> Self {
+        let marketing = kind == "marketing";
+        Self { clicks: marketing, opens: marketing }
+    }
+
+    /// What both allow.
+    pub fn and(self, other: Self) -> Self {
+        Self { clicks: self.clicks && other.clicks, opens: self.opens && other.opens }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -77,7 +77,8 @@ pub fn delivery_id(position: i64, webhook_id: &str) -> String {
 
 /// The email event types an `email event` webhook may ask for: what the email pipeline
 /// records about a message.
-pub const EMAIL_EVENT_TYPES: [&str; 6] = ["scheduled", "sent", "failed", "bounced", "complained", "unsubscribed"];
+pub const EMAIL_EVENT_TYPES: [&str; 8] =
+    ["scheduled", "sent", "failed", "bounced", "complained", "unsubscribed", "opened", "clicked"];
 
 #[cfg(test)]
 mod tests {

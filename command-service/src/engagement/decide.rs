@@ -1,0 +1,195 @@
+//! What a click or an open records, from the email's stream and the request (pure).
+
+use domain::engagement::{self, Actor, Request, Timing};
+use platform::events::LogEvent;
+
+/// What an email's stream says, as far as a click or an open needs it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct History {
+    /// The stream's version: the append expects it.
+    pub version: i64,
+    pub space_id: String,
+    pub contact_id: String,
+    /// When the relay accepted the message; until it is recorded, when the email was
+    /// scheduled (a hand-off follows at once, and a scanner may be faster than its record).
+    pub sent_at_ms: Option<i64>,
+    /// Opens so far, by whose.
+    pub opened: Seen,
+    /// Clicks so far: the link, whose, and when.
+    pub clicks: Vec<Click>,
+}
+
+/// Whether a person's and a machine's activity were seen.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Seen {
+    pub human: bool,
+    pub machine: bool,
+}
+
+impl Seen {
+    fn of(&self, actor: Actor) -> bool {
+        match actor {
+            Actor::Human => self.human,
+            Actor::Machine(_) => self.machine,
+        }
+    }
+
+    fn mark(&mut self, machine: bool) {
+        if machine { self.machine = true } else { self.human = true }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Click {
+    pub link_id: String,
+    pub machine: bool,
+    pub at_ms: i64,
+}
+
+impl History {
+    /// Folds an email's stream (its events with their stream versions, in order); `None`
+    /// when it holds no `EmailScheduled`.
+    pub(crate) fn fold(events: impl IntoIterator<Item = (i64, LogEvent)>) -> Option<Self> {
+        let mut history: Option<Self> = None;
+        for (version, event) in events {
+            if let LogEvent::EmailScheduled(scheduled) = &event {
+                history = Some(Self {
+                    space_id: scheduled.space_id.clone(),
+                    contact_id: scheduled.contact_id.clone(),
+                    sent_at_ms: Some(scheduled.scheduled_at_ms),
+                    ..Self::default()
+                });
+            }
+            let Some(found) = history.as_mut() else { continue };
+            found.version = version;
+            match event {
+                LogEvent::EmailSent(sent) => found.sent_at_ms = Some(sent.sent_at_ms),
+                LogEvent::EmailOpened(opened) => found.opened.mark(!opened.machine.is_empty()),
+                LogEvent::EmailClicked(clicked) => found.clicks.push(Click {
+                    link_id: clicked.link_id,
+                    machine: !clicked.machine.is_empty(),
+                    at_ms: clicked.at_ms,
+                }),
+                _ => {}
+            }
+        }
+        history
+    }
+}
+
+/// What an open or a click records beside the email: whether it is the first of its kind
+/// (a person's, or a machine's) and, for a machine's, the signal that gave it away (empty
+/// for a person's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub first: bool,
+    pub machine: &'static str,
+}
+
+fn verdict(actor: Actor, seen: Seen) -> Verdict {
+    let machine = match actor {
+        Actor::Human => "",
+        Actor::Machine(signal) => signal.as_str(),
+    };
+    Verdict { first: !seen.of(actor), machine }
+}
+
+/// A fetch of the open pixel.
+pub(crate) fn open(history: &History, request: &Request<'_>) -> Verdict {
+    verdict(engagement::open(request), history.opened)
+}
+
+/// A click of link `link_id` at `now_ms`.
+pub(crate) fn click(history: &History, link_id: &str, request: &Request<'_>, now_ms: i64) -> Verdict {
+    let other_link_clicked_at_ms =
+        history.clicks.iter().filter(|click| click.link_id != link_id).map(|click| click.at_ms).max();
+    let timing = Timing { now_ms, sent_at_ms: history.sent_at_ms, other_link_clicked_at_ms };
+    let mut seen = Seen::default();
+    for click in history.clicks.iter().filter(|click| click.link_id == link_id) {
+        seen.mark(click.machine);
+    }
+    verdict(engagement::click(request, &timing), seen)
+}
+
+#[cfg(test)]
+mod tests {
+    use platform::proto;
+
+    use super::*;
+
+    const BROWSER: &str = "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko) \
+                           Version/17.0 Safari/605.1.15";
+
+    fn person() -> Request<'static> {
+        Request { head: false, user_agent: Some(BROWSER), client: None }
+    }
+
+    fn stream(rest: Vec<LogEvent>) -> History {
+        let scheduled = LogEvent::EmailScheduled(proto::EmailScheduled {
+            email_id: "em_1".into(),
+            space_id: "spc_1".into(),
+            contact_id: "con_1".into(),
+            ..Default::default()
+        });
+        let events = std::iter::once(scheduled).chain(rest).enumerate().map(|(at, event)| (at as i64 + 1, event));
+        History::fold(events).expect("a scheduled email")
+    }
+
+    fn sent(at_ms: i64) -> LogEvent {
+        LogEvent::EmailSent(proto::EmailSent { sent_at_ms: at_ms, ..Default::default() })
+    }
+
+    fn clicked(link_id: &str, machine: &str, at_ms: i64) -> LogEvent {
+        LogEvent::EmailClicked(proto::EmailClicked {
+            link_id: link_id.into(),
+            machine: machine.into(),
+            at_ms,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_stream_without_its_scheduling_is_no_email() {
+        assert!(History::fold([(1, sent(5))]).is_none());
+        let history = stream(vec![sent(1_000), clicked("l1", "", 90_000)]);
+        assert_eq!((history.version, history.space_id.as_str(), history.contact_id.as_str()), (3, "spc_1", "con_1"));
+        assert_eq!(history.sent_at_ms, Some(1_000));
+    }
+
+    #[test]
+    fn the_first_open_of_a_person_counts_even_after_a_proxy_prefetched_the_pixel() {
+        let proxy = Request { user_agent: Some("Mozilla/5.0"), ..person() };
+        let fresh = stream(vec![sent(0)]);
+        assert_eq!(open(&fresh, &proxy), Verdict { first: true, machine: "privacy_proxy" });
+        let prefetched = stream(vec![
+            sent(0),
+            LogEvent::EmailOpened(proto::EmailOpened { machine: "privacy_proxy".into(), ..Default::default() }),
+        ]);
+        assert_eq!(open(&prefetched, &proxy), Verdict { first: false, machine: "privacy_proxy" });
+        assert_eq!(open(&prefetched, &person()), Verdict { first: true, machine: "" });
+        let read = stream(vec![sent(0), LogEvent::EmailOpened(proto::EmailOpened::default())]);
+        assert_eq!(open(&read, &person()), Verdict { first: false, machine: "" });
+    }
+
+    #[test]
+    fn a_click_is_first_per_link_and_a_scanner_is_known_by_its_timing() {
+        let history = stream(vec![sent(0), clicked("l1", "", 60_000)]);
+        assert_eq!(click(&history, "l1", &person(), 120_000), Verdict { first: false, machine: "" });
+        assert_eq!(click(&history, "l2", &person(), 120_000), Verdict { first: true, machine: "" });
+        assert_eq!(
+            click(&history, "l2", &person(), 61_000),
+            Verdict { first: true, machine: "link_burst" },
+            "another link a second after the first"
+        );
+        let fresh = stream(vec![sent(0)]);
+        assert_eq!(click(&fresh, "l1", &person(), 3_000), Verdict { first: true, machine: "right_after_delivery" });
+        let head = Request { head: true, ..person() };
+        assert_eq!(click(&fresh, "l1", &head, 600_000), Verdict { first: true, machine: "head" });
+        let scanned = stream(vec![sent(0), clicked("l1", "right_after_delivery", 1_000)]);
+        assert_eq!(
+            click(&scanned, "l1", &person(), 600_000),
+            Verdict { first: true, machine: "" },
+            "a scanner's click does not take the person's first"
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! Engagement: the tracking links and the open pixel of real mail. A message goes over SMTP
+//! to the loopback sink; the test reads it, follows its rewritten links and fetches its pixel
+//! over HTTP like a mail client and a browser, and a receiver that checks signatures with
+//! `standardwebhooks` gets `email.clicked` and `email.opened`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::email::{MAIL_KEY, email_id_of, email_webhook, mail_app, mail_workspace_with_promo, send, template_id};
+use crate::helpers::*;
+use crate::smtp_sink::SmtpSink;
+
+const WAIT: Duration = Duration::from_secs(20);
+const PUBLIC_BASE: &str = "https://api.example.test/v1";
+const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0";
+
+/// The promo template (marketing, no topic) with three links: one to track (its target
+/// personal and entity-encoded), a `mailto:`, and one marked to be left alone.
+fn promo_with_links() -> String {
+    mail_workspace_with_promo(|promo| {
+        promo["html"] = json!(
+            "<html><body><p>Hi <a href=\"https://shop.example.com/a?who={{ contact.firstName }}&amp;x=1\">Shop</a> \
+             <a href=\"https://shop.example.com/b\">Sale</a> <a href=\"mailto:help@example.com\">Mail us</a> \
+             <a href=\"https://docs.example.com/\" data-track=\"false\">Docs</a></p></body></html>"
+        );
+    })
+}
+
+/// The value of every `attribute="…"` in `html` that starts with `prefix`, entities decoded.
+fn attributes(html: &str, attribute: &str, prefix: &str) -> Vec<String> {
+    let opening = format!("{attribute}=\"{prefix}");
+    html.match_indices(&opening)
+        .filter_map(|(at, _)| {
+            let value = &html[at + attribute.len() + 2..];
+            value.find('"').map(|end| value[..end].replace("&amp;", "&"))
+        })
+        .collect()
+}
+
+/// A client that does not follow redirects, as the test must see the 302 itself.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("a client")
+}
+
+/// `url` (under the public base URL) on the test's command service.
+fn local(app: &TestApp, url: &str) -> String {
+    url.replacen(PUBLIC_BASE, &app.command_url, 1)
+}
+
+async fn get(app: &TestApp, url: &str) -> reqwest::Response {
+    client().get(local(app, url)).header("User-Agent", BROWSER).send().await.expect("the request")
+}
+
+async fn refused(app: &TestApp, url: &str) {
+    let answer = get(app, url).await;
+    assert_eq!(answer.status(), 404, "{url}");
+    assert!(answer.headers().get("location").is_none(), "never redirected: {url}");
+    let body: Value = answer.json().await.expect("JSON");
+    assert_eq!(body["error"]["code"], "link_not_found", "{body}");
+}
+
+#[tokio::test]
+async fn tracked_links_redirect_once_recorded_forged_ones_never_and_the_pixel_counts_opens() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    app.apply_workspace(&promo_with_links(), true).await;
+    let receiver = email_webhook(&app, &["opened", "clicked"]).await;
+    let promo = template_id(&app, "promo").await;
+    let name = format!("Zelda{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+    let body = json!({"data": {"contact": {"email": "zelda@example.com", "firstName": name, "newsConsent": true}}});
+    let sent = send(&app, &promo, &body, None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let messages = sink.wait_for(1, WAIT).await;
+    let delivered = Instant::now();
+    let message = &messages[0];
+    let email_id = email_id_of(message);
+    assert_eq!(message["dkim"]["valid"], true, "the rewritten HTML is what is signed: {:?}", message["dkim"]);
+    let html = message["html"].as_str().expect("an HTML part");
+
+    // The two web links are tracked; the mailto, the one marked to skip and the unsubscribe
+    // link are left as they are; the pixel closes the body.
+    let clicks = attributes(html, "href", &format!("{PUBLIC_BASE}/emails/{email_id}/click?"));
+    assert_eq!(clicks.len(), 2, "{html}");
+    assert!(html.contains("href=\"mailto:help@example.com\""), "{html}");
+    assert!(html.contains("<a href=\"https://docs.example.com/\">Docs</a>"), "the skip mark is removed: {html}");
+    assert!(html.contains(&format!("href=\"{PUBLIC_BASE}/emails/{email_id}/unsubscribe\"")), "{html}");
+    assert!(!html.contains("shop.example.com/a?who") || html.contains("url=https%3A%2F%2Fshop"), "{html}");
+    let pixels = attributes(html, "src", &format!("{PUBLIC_BASE}/emails/{email_id}/open?sig="));
+    assert_eq!(pixels.len(), 1, "{html}");
+    assert!(html.find("/open?sig=") > html.find("Unsubscribe or change"), "the pixel comes last: {html}");
+    let text = message["text"].as_str().expect("a text part");
+    assert!(!text.contains("/click?"), "the text part is not rewritten: {text}");
+    let (shop, sale, pixel) = (&clicks[0], &clicks[1], &pixels[0]);
+
+    // A scanner follows every link as the message arrives, at once: redirected, recorded,
+    // and flagged as a machine's.
+    let (first, second) = tokio::join!(get(&app, shop), get(&app, sale));
+    assert_eq!((first.status().as_u16(), second.status().as_u16()), (302, 302));
+    let target = format!("https://shop.example.com/a?who={name}&x=1");
+    assert_eq!(first.headers()["location"], target.as_str(), "entities decoded");
+    assert_eq!(second.headers()["location"], "https://shop.example.com/b");
+    assert_eq!(first.headers()["referrer-policy"], "no-referrer");
+    assert_eq!(first.headers()["cache-control"], "no-store");
+
+    // Forged links: never a redirect, never a record.
+    let signature = shop.rsplit_once("&sig=").expect("a signature").1.to_owned();
+    let changed_target = shop.replace("x%3D1", "x%3D2");
+    assert_ne!(&changed_target, shop);
+    let mut changed_signature = shop.clone();
+    let last = changed_signature.pop().expect("a character");
+    changed_signature.push(if last == 'A' { 'B' } else { 'A' });
+    let open_signature = pixel.rsplit_once("sig=").expect("a signature").1;
+    let elsewhere =
+        format!("{PUBLIC_BASE}/emails/https%3A%2F%2Fevil.example/click?url=https%3A%2F%2Fevil.example&sig=1.x");
+    for forged in [
+        changed_target,
+        changed_signature,
+        shop[..shop.len() - 3].to_owned(),
+        shop.replace(&signature, open_signature),
+        shop.replace(&format!("&sig={signature}"), ""),
+        shop.replace(&format!("/emails/{email_id}/"), "/emails/em_0000000000000000000000000000000a/"),
+        shop.replace(&format!("&sig={signature}"), &format!("&sig=2.{}", &signature[2..])),
+        format!("{PUBLIC_BASE}/emails/{email_id}/click?url=https%3A%2F%2Fevil.example%2F&sig={signature}"),
+        elsewhere,
+    ] {
+        refused(&app, &forged).await;
+    }
+    refused(&app, &pixel.replace(open_signature, &signature)).await;
+    let page = client()
+        .get(local(&app, &shop.replace(&signature, "1.AAAA")))
+        .header("Accept", "text/html")
+        .send()
+        .await
+        .expect("the request");
+    assert_eq!(page.status(), 404);
+    assert!(page.headers()["content-type"].to_str().is_ok_and(|kind| kind.starts_with("text/html")));
+
+    // A person opens the message: the pixel is a GIF, and the open a person's.
+    let opened = get(&app, pixel).await;
+    assert_eq!(opened.status(), 200);
+    assert_eq!(opened.headers()["content-type"], "image/gif");
+    assert!(opened.bytes().await.expect("the image").starts_with(b"GIF89a"));
+    // A HEAD is a link checker's.
+    let head = client().head(local(&app, shop)).header("User-Agent", BROWSER).send().await.expect("HEAD");
+    assert_eq!(head.status(), 302);
+
+    // Later, the person clicks: the first click of the link by a person.
+    tokio::time::sleep(Duration::from_millis(10_500).saturating_sub(delivered.elapsed())).await;
+    let clicked = get(&app, shop).await;
+    assert_eq!((clicked.status().as_u16(), clicked.headers()["location"].to_str().ok()), (302, Some(target.as_str())));
+
+    let deliveries = receiver.wait_for("mail", 5, WAIT).await;
+    assert!(deliveries.iter().all(|delivery| delivery["verifiedWith"] == json!([0])), "signed: {deliveries:?}");
+    let mut seen: Vec<(String, Value, Value, Value)> = deliveries
+        .iter()
+        .map(|delivery| {
+            let data = &delivery["body"]["data"];
+            assert_eq!(data["emailId"], email_id.as_str());
+            assert_eq!(data["templateId"], promo.as_str());
+            let kind = delivery["body"]["type"].as_str().unwrap_or_default().to_owned();
+            (kind, data["url"].clone(), data["first"].clone(), data["machine"].clone())
+        })
+        .collect();
+    seen.sort_by_key(|(kind, url, _, machine)| (kind.clone(), url.to_string(), machine.to_string()));
+    let shop_url = json!(target);
+    assert_eq!(
+        seen,
+        vec![
+            ("email.clicked".to_owned(), shop_url.clone(), json!(false), json!("head")),
+            ("email.clicked".to_owned(), shop_url.clone(), json!(true), json!("right_after_delivery")),
+            ("email.clicked".to_owned(), shop_url.clone(), json!(true), Value::Null),
+            (
+                "email.clicked".to_owned(),
+                json!("https://shop.example.com/b"),
+                json!(true),
+                json!("right_after_delivery")
+            ),
+            ("email.opened".to_owned(), Value::Null, json!(true), Value::Null),
+        ]
+    );
+    let clicked_events = app
+        .query_i64(&format!(
+            "SELECT count(*) FROM events WHERE stream_id = 'email-{email_id}' AND event_type = 'EmailClicked.v1'"
+        ))
+        .await;
+    assert_eq!(clicked_events, 4, "each click once, no forged one");
+
+    // The contact's audit trail tells the same story, with the link.
+    let contact_id =
+        app.get("/schemas/people/records", MAIL_KEY).await.body["data"][0]["id"].as_str().expect("id").to_owned();
+    let trail = app.get(&format!("/schemas/people/records/{contact_id}/audit-trail"), MAIL_KEY).await;
+    assert_eq!(trail.status, 200, "{:?}", trail.body);
+    let entries = trail.body["data"].as_array().expect("entries");
+    let human_click = entries
+        .iter()
+        .find(|entry| entry["type"] == "email_clicked" && entry["machine"].is_null())
+        .expect("the person's click");
+    assert_eq!((&human_click["url"], &human_click["first"]), (&shop_url, &json!(true)));
+    assert!(entries.iter().any(|entry| entry["type"] == "email_opened" && entry["first"] == true));
+
+    // The target names the person: it is sealed under the contact's key, never in the clear.
+    let dump = crate::erasure::dump(&app).await;
+    let found = crate::erasure::occurrences(&dump, &format!("who={name}"));
+    assert!(found.is_empty(), "a clicked link in the clear: {found:?}");
+}
+
+/// Applies `workspace`, sends the promo template, and answers the HTML of the `count`th
+/// message.
+async fn promo_html(app: &TestApp, sink: &SmtpSink, workspace: &str, count: usize) -> String {
+    app.apply_workspace(workspace, true).await;
+    let promo = template_id(app, "promo").await;
+    let body = json!({"data": {"contact": {"email": "t@example.com", "newsConsent": true}}});
+    let sent = send(app, &promo, &body, None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let email_id = sent.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    let messages = sink.wait_for(count, WAIT).await;
+    let message = messages.iter().find(|message| email_id_of(message) == email_id).expect("the message");
+    message["html"].as_str().expect("html").to_owned()
+}
+
+#[tokio::test]
+async fn tracking_follows_the_template_and_the_space_turns_it_off() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let link = "<p><a href=\"https://shop.example.com/\">Shop</a></p>";
+    let tracked = |html: &str| (html.contains("/click?url="), html.contains("/open?sig="));
+
+    let html = promo_html(&app, &sink, &mail_workspace_with_promo(|promo| promo["html"] = json!(link)), 1).await;
+    assert_eq!(tracked(&html), (true, true), "marketing mail is tracked by default: {html}");
+    let opens_off = mail_workspace_with_promo(|promo| {
+        promo["html"] = json!(link);
+        promo["tracking"] = json!({"opens": false});
+    });
+    let html = promo_html(&app, &sink, &opens_off, 2).await;
+    assert_eq!(tracked(&html), (true, false), "the template turns opens off: {html}");
+    let clicks_off =
+        space_tracking(mail_workspace_with_promo(|promo| promo["html"] = json!(link)), json!({"clicks": false}));
+    let html = promo_html(&app, &sink, &clicks_off, 3).await;
+    assert_eq!(tracked(&html), (false, true), "the space turns clicks off: {html}");
+}
+
+/// `workspace` with the mail space's `emailTracking` set.
+fn space_tracking(workspace: String, tracking: Value) -> String {
+    let mut workspace: Value = serde_json::from_str(&workspace).expect("JSON");
+    if let Some(space) =
+        workspace["spaces"].as_array_mut().and_then(|spaces| spaces.iter_mut().find(|space| space["slug"] == "mail"))
+    {
+        space["emailTracking"] = tracking;
+    }
+    workspace.to_string()
+}
