@@ -239,7 +239,7 @@ impl Command for SubmitForm<'_> {
                     ))
                 })?;
                 let to = EmailTo { space_id: &space_id, contact_id: &contact_id, address: &address, key };
-                let origin = ("form_confirmation", form_id.as_str());
+                let origin = send::Origin::form(form_id);
                 let scheduled = send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.site.base_url))
                     .map_err(|error| ApiError::internal(&error))?;
                 guards.push(outbox::insert_guard(&email_id, &space_id, None));

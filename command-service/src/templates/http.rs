@@ -176,7 +176,7 @@ impl Command for SendTemplate<'_> {
         };
         let to = EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key };
         let scheduled =
-            send::schedule(&email_id, &authored, to, &rendered, ("template", ""), (now, &self.site.base_url))
+            send::schedule(&email_id, &authored, to, &rendered, send::Origin::template(), (now, &self.site.base_url))
                 .map_err(|error| ApiError::internal(&error))?;
         streams.push(scheduled.stream);
         // The outbox row holds the send's claim: the hand-off records the answer.

@@ -45,6 +45,7 @@ macro_rules! read_model {
 mod broadcasts;
 mod catalog;
 pub mod deletions;
+mod emails;
 mod events;
 pub mod quarantine;
 pub mod rebuild;
@@ -84,7 +85,7 @@ pub trait ReadModel: Send + Sync + 'static {
 }
 
 /// Every read model.
-pub const ALL: [&dyn ReadModel; 9] = [
+pub const ALL: [&dyn ReadModel; 10] = [
     &catalog::Catalog,
     &records::Records,
     &suppressions::Suppressions,
@@ -94,6 +95,7 @@ pub const ALL: [&dyn ReadModel; 9] = [
     &segments::Segments,
     &broadcasts::Broadcasts,
     &workflows::Workflows,
+    &emails::Emails,
 ];
 
 /// The read model named `name`.

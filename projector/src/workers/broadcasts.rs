@@ -155,6 +155,7 @@ impl TimerHandler for Starter {
 /// A sending run as a step reads it.
 struct Run {
     run_id: String,
+    broadcast_id: String,
     space_id: String,
     template_id: String,
     sender_id: Option<String>,
@@ -255,13 +256,19 @@ impl Runs {
         transaction.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await?;
         let row = transaction
             .query_opt(
-                "SELECT run_id, space_id, template_id, sender_id FROM broadcast_runs WHERE status = 'sending'
+                "SELECT run_id, space_id, template_id, sender_id, broadcast_id FROM broadcast_runs WHERE status = 'sending'
                  ORDER BY started_at LIMIT 1 FOR UPDATE SKIP LOCKED",
                 &[],
             )
             .await?;
         let Some(row) = row else { return Ok(Outcome::Idle) };
-        let run = Run { run_id: row.get(0), space_id: row.get(1), template_id: row.get(2), sender_id: row.get(3) };
+        let run = Run {
+            run_id: row.get(0),
+            space_id: row.get(1),
+            template_id: row.get(2),
+            sender_id: row.get(3),
+            broadcast_id: row.get(4),
+        };
         let batch = i64::try_from(self.batch_size()).unwrap_or(200);
         let pending: Vec<String> = transaction
             .query(
@@ -333,8 +340,14 @@ impl Runs {
                 Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
             };
             let to = EmailTo { space_id: &run.space_id, contact_id, address, key };
-            let scheduled =
-                schedule(&email_id, &authored, to, &rendered, ("broadcast", &run.run_id), (now, public_base_url))?;
+            let scheduled = schedule(
+                &email_id,
+                &authored,
+                to,
+                &rendered,
+                mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id),
+                (now, public_base_url),
+            )?;
             let mut guards = vec![
                 outbox::insert_guard(&email_id, &run.space_id, None),
                 recipient_scheduled(&run.run_id, contact_id, &email_id),

@@ -218,15 +218,46 @@ pub struct Scheduled {
     pub prepared: Prepared,
 }
 
+/// What sent an email: a template send, a form's confirmation, a broadcast run or a
+/// workflow's send step.
+#[derive(Debug, Clone, Copy)]
+pub struct Origin<'a> {
+    /// `template`, `form_confirmation`, `broadcast` or `workflow`.
+    pub kind: &'a str,
+    /// The form, or the run.
+    pub source_id: &'a str,
+    /// The run's broadcast or workflow.
+    pub parent_id: &'a str,
+    /// The workflow's send step.
+    pub step_id: &'a str,
+}
+
+impl<'a> Origin<'a> {
+    pub fn template() -> Self {
+        Self { kind: "template", source_id: "", parent_id: "", step_id: "" }
+    }
+
+    pub fn form(form_id: &'a str) -> Self {
+        Self { kind: "form_confirmation", source_id: form_id, parent_id: "", step_id: "" }
+    }
+
+    pub fn broadcast(broadcast_id: &'a str, run_id: &'a str) -> Self {
+        Self { kind: "broadcast", source_id: run_id, parent_id: broadcast_id, step_id: "" }
+    }
+
+    pub fn workflow(workflow_id: &'a str, run_id: &'a str, step_id: &'a str) -> Self {
+        Self { kind: "workflow", source_id: run_id, parent_id: workflow_id, step_id }
+    }
+}
+
 /// Schedules `rendered` from the authored template for `to` as email `email_id`: the content
-/// sealed under the contact's key, and the message its hand-off will send. `origin` is what
-/// sent it (`template`, `form_confirmation`, `broadcast`) and the form or run, if any.
+/// sealed under the contact's key, and the message its hand-off will send, sent by `origin`.
 pub fn schedule(
     email_id: &str,
     authored: &Authored,
     to: EmailTo<'_>,
     rendered: &render::Rendered,
-    (origin, source_id): (&str, &str),
+    origin: Origin<'_>,
     (now, public_base_url): (i64, &str),
 ) -> anyhow::Result<Scheduled> {
     let template = &authored.template;
@@ -249,8 +280,10 @@ pub fn schedule(
         topic_id: template.topic_id.clone().unwrap_or_default(),
         content: Some(sealed),
         scheduled_at_ms: now,
-        origin: origin.to_owned(),
-        form_id: source_id.to_owned(),
+        origin: origin.kind.to_owned(),
+        form_id: origin.source_id.to_owned(),
+        parent_id: origin.parent_id.to_owned(),
+        step_id: origin.step_id.to_owned(),
     };
     let stream = StreamAppend {
         stream_id: domain::email::stream_id(email_id),

@@ -199,6 +199,33 @@ async fn tracked_links_redirect_once_recorded_forged_ones_never_and_the_pixel_co
     assert_eq!((&human_click["url"], &human_click["first"]), (&shop_url, &json!(true)));
     assert!(entries.iter().any(|entry| entry["type"] == "email_opened" && entry["first"] == true));
 
+    // The email's story: sent, opened and clicked, with machines counted apart.
+    let story = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
+    assert_eq!(story.status, 200, "{:?}", story.body);
+    let story = &story.body["data"];
+    assert_eq!(
+        (&story["id"], &story["contactId"], &story["templateId"]),
+        (&json!(email_id), &json!(contact_id), &json!(promo))
+    );
+    assert_eq!((&story["status"], &story["origin"]), (&json!("sent"), &json!({"type": "template"})));
+    let engagement = &story["engagement"];
+    assert_eq!(
+        [&engagement["opens"], &engagement["humanOpens"], &engagement["clicks"], &engagement["humanClicks"]],
+        [&json!(1), &json!(1), &json!(4), &json!(1)],
+        "{story}"
+    );
+    let timeline: Vec<(&str, &Value)> = story["timeline"]
+        .as_array()
+        .expect("a timeline")
+        .iter()
+        .map(|entry| (entry["type"].as_str().unwrap_or_default(), &entry["machine"]))
+        .collect();
+    assert_eq!(timeline[..2], [("scheduled", &Value::Null), ("sent", &Value::Null)], "{story}");
+    assert_eq!(timeline.iter().filter(|(kind, _)| *kind == "clicked").count(), 3, "firsts only: {story}");
+    assert!(timeline.contains(&("opened", &Value::Null)), "{story}");
+    let unknown = app.get("/emails/em_0000000000000000000000000000000a", MAIL_KEY).await;
+    assert_eq!((unknown.status, unknown.code().clone()), (404, json!("email_not_found")));
+
     // The target names the person: it is sealed under the contact's key, never in the clear.
     let dump = crate::erasure::dump(&app).await;
     let found = crate::erasure::occurrences(&dump, &format!("who={name}"));

@@ -812,8 +812,14 @@ fn send_email(
     };
     let contact_id = contact.state.record_id.clone();
     let to = EmailTo { space_id: &tick.row.space_id, contact_id: &contact_id, address: &address, key };
-    let scheduled =
-        schedule(&email_id, authored, to, &rendered, ("workflow", &tick.row.run_id), (now, &given.site.base_url))?;
+    let scheduled = schedule(
+        &email_id,
+        authored,
+        to,
+        &rendered,
+        mail::send::Origin::workflow(&tick.row.workflow_id, &tick.row.run_id, &started.step_id),
+        (now, &given.site.base_url),
+    )?;
     tick.streams.push(scheduled.stream);
     tick.guards.push(outbox::insert_guard(&email_id, &tick.row.space_id, None));
     if let Some(allowance) = &authored.allowance {

@@ -4,6 +4,7 @@
 
 pub mod broadcasts;
 pub mod resources;
+pub mod story;
 
 /// An email's stream.
 pub fn stream_id(email_id: &str) -> String {

@@ -1,0 +1,133 @@
+//! The emails read model: each email's story (`domain::email::story`), for `GET
+//! /emails/{id}` and a contact's list of emails. One row per email, folded from its stream;
+//! each row keeps the log position it has applied, so an event is never folded twice. A
+//! contact's rows go when its deletion is requested, like its record.
+
+use std::collections::BTreeMap;
+
+use deadpool_postgres::Transaction;
+use domain::email::story::{self, Story};
+use platform::events::LogEvent;
+use platform::log::StoredEvent;
+
+pub(super) const DDL: &str = "
+CREATE TABLE {s}.emails (
+    email_id text PRIMARY KEY,
+    space_id text NOT NULL,
+    contact_id text NOT NULL,
+    scheduled_at timestamptz NOT NULL,
+    position bigint NOT NULL,
+    doc jsonb NOT NULL
+);
+CREATE INDEX ON {s}.emails (contact_id, scheduled_at DESC, email_id DESC);
+";
+
+pub(super) const EVENT_TYPES: &[&str] = &[
+    "EmailScheduled.v1",
+    "EmailSent.v1",
+    "EmailFailed.v1",
+    "EmailOutcomeUnknown.v1",
+    "EmailBounced.v1",
+    "EmailComplained.v1",
+    "EmailUnsubscribed.v1",
+    "EmailOpened.v1",
+    "EmailClicked.v1",
+    "RecordDeletionRequested.v1",
+];
+
+/// The email an event is about.
+fn email_of(event: &LogEvent) -> Option<&str> {
+    Some(match event {
+        LogEvent::EmailScheduled(e) => &e.email_id,
+        LogEvent::EmailSent(e) => &e.email_id,
+        LogEvent::EmailFailed(e) => &e.email_id,
+        LogEvent::EmailOutcomeUnknown(e) => &e.email_id,
+        LogEvent::EmailBounced(e) => &e.email_id,
+        LogEvent::EmailComplained(e) => &e.email_id,
+        LogEvent::EmailUnsubscribed(e) => &e.email_id,
+        LogEvent::EmailOpened(e) => &e.email_id,
+        LogEvent::EmailClicked(e) => &e.email_id,
+        _ => return None,
+    })
+}
+
+/// A row being folded: the story, its space and the position it has applied.
+struct Row {
+    story: Story,
+    space_id: String,
+    position: i64,
+    changed: bool,
+}
+
+pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[StoredEvent]) -> anyhow::Result<()> {
+    let mut decoded = Vec::with_capacity(events.len());
+    for stored in events {
+        decoded.push((stored, stored.decode()?));
+    }
+    let wanted: Vec<String> =
+        decoded.iter().filter_map(|(_, event)| email_of(event)).map(str::to_owned).collect::<Vec<_>>();
+    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    if !wanted.is_empty() {
+        let statement = transaction
+            .prepare_cached(&format!(
+                "SELECT email_id, space_id, position, doc FROM {s}.emails WHERE email_id = ANY($1)"
+            ))
+            .await?;
+        for row in transaction.query(&statement, &[&wanted]).await? {
+            let story: Story = serde_json::from_value(row.get(3))?;
+            rows.insert(row.get(0), Row { story, space_id: row.get(1), position: row.get(2), changed: false });
+        }
+    }
+    let mut erased: Vec<String> = Vec::new();
+    for (stored, event) in &decoded {
+        if let LogEvent::RecordDeletionRequested(requested) = event {
+            erased.push(requested.record_id.clone());
+            rows.retain(|_, row| row.story.contact_id != requested.record_id);
+            continue;
+        }
+        let Some(email_id) = email_of(event) else { continue };
+        let current = rows.remove(email_id);
+        if current.as_ref().is_some_and(|row| row.position >= stored.position) {
+            rows.extend(current.map(|row| (email_id.to_owned(), row)));
+            continue;
+        }
+        let space_id = match (&current, event) {
+            (_, LogEvent::EmailScheduled(scheduled)) => scheduled.space_id.clone(),
+            (Some(row), _) => row.space_id.clone(),
+            (None, _) => continue,
+        };
+        if let Some(story) = story::apply(current.map(|row| row.story), event) {
+            rows.insert(email_id.to_owned(), Row { story, space_id, position: stored.position, changed: true });
+        }
+    }
+    let changed: Vec<&Row> = rows.values().filter(|row| row.changed).collect();
+    if !changed.is_empty() {
+        let ids: Vec<&str> = changed.iter().map(|row| row.story.id.as_str()).collect();
+        let spaces: Vec<&str> = changed.iter().map(|row| row.space_id.as_str()).collect();
+        let contacts: Vec<&str> = changed.iter().map(|row| row.story.contact_id.as_str()).collect();
+        let at: Vec<&str> = changed.iter().map(|row| row.story.scheduled_at.as_str()).collect();
+        let positions: Vec<i64> = changed.iter().map(|row| row.position).collect();
+        let docs = changed.iter().map(|row| serde_json::to_value(&row.story)).collect::<Result<Vec<_>, _>>()?;
+        let statement = transaction
+            .prepare_cached(&format!(
+                "INSERT INTO {s}.emails (email_id, space_id, contact_id, scheduled_at, position, doc)
+                 SELECT e, sp, c, a::timestamptz, p, d
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::jsonb[])
+                     AS w(e, sp, c, a, p, d)
+                 ON CONFLICT (email_id) DO UPDATE SET position = EXCLUDED.position, doc = EXCLUDED.doc"
+            ))
+            .await?;
+        transaction.execute(&statement, &[&ids, &spaces, &contacts, &at, &positions, &docs]).await?;
+    }
+    if !erased.is_empty() {
+        let statement =
+            transaction.prepare_cached(&format!("DELETE FROM {s}.emails WHERE contact_id = ANY($1)")).await?;
+        transaction.execute(&statement, &[&erased]).await?;
+    }
+    Ok(())
+}
+
+read_model! {
+    /// Each email's story.
+    Emails = "emails", batch
+}
