@@ -49,7 +49,7 @@ pub async fn click(path: web::Path<String>, state: web::Data<State>, req: HttpRe
     }
     let result = record(&state, &req, &email_id, Fetched::Click { url }).await.map(|()| {
         HttpResponse::Found()
-            .insert_header((header::LOCATION, url))
+            .insert_header((header::LOCATION, mail::tracking::redirect_location(url)))
             .insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-store")))
             // The target does not learn the tracking link (the email's id and signature).
             .insert_header((header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")))

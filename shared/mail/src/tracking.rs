@@ -204,6 +204,17 @@ fn is_tracked(target: &str, own: &str) -> bool {
     absolute && !target.starts_with(own)
 }
 
+/// What escapes in a redirect's `Location`: controls, the space and, as always, every
+/// non-ASCII byte; the rest of the target is sent as the email had it.
+const LOCATION: &AsciiSet = &percent_encoding::CONTROLS.add(b' ').add(b'"').add(b'<').add(b'>');
+
+/// A verified target as a `Location` header value: a target written with non-ASCII
+/// characters or spaces (which browsers follow, encoding them) is percent-encoded, so the
+/// header is always valid.
+pub fn redirect_location(target: &str) -> String {
+    utf8_percent_encode(target, LOCATION).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,5 +339,12 @@ mod tests {
             Track { clicks: false, opens: false },
         );
         assert_eq!(untracked, "<p><a href=\"https://a.test/\">A</a></p>");
+    }
+
+    #[test]
+    fn a_redirect_location_is_always_a_valid_header() {
+        assert_eq!(redirect_location("https://a.example/x?y=1&z=%20"), "https://a.example/x?y=1&z=%20");
+        assert_eq!(redirect_location("https://a.example/ça va"), "https://a.example/%C3%A7a%20va");
+        assert_eq!(redirect_location("https://a.example/\r\nSet-Cookie: x"), "https://a.example/%0D%0ASet-Cookie:%20x");
     }
 }
