@@ -230,6 +230,36 @@ async fn tracked_links_redirect_once_recorded_forged_ones_never_and_the_pixel_co
     let dump = crate::erasure::dump(&app).await;
     let found = crate::erasure::occurrences(&dump, &format!("who={name}"));
     assert!(found.is_empty(), "a clicked link in the clear: {found:?}");
+
+    // Erasing the contact shreds its engagement: the story goes, the links cannot be opened,
+    // and a click on its old mail still redirects but records nothing.
+    let deleted = app
+        .send(app.request(reqwest::Method::DELETE, &format!("/schemas/people/records/{contact_id}"), Some(MAIL_KEY)))
+        .await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    let operation_id = deleted.body["data"]["operationId"].as_str().expect("operationId").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.get(&format!("/record-deletions/{operation_id}"), MAIL_KEY).await.body["data"]["status"] != "completed" {
+        assert!(Instant::now() < deadline, "the deletion did not complete");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let gone = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
+    assert_eq!((gone.status, gone.code().clone()), (404, json!("email_not_found")), "{:?}", gone.body);
+    let after = get(&app, shop).await;
+    assert_eq!(after.status(), 302, "the link is still this service's");
+    assert_eq!(
+        app.query_i64(&format!(
+            "SELECT count(*) FROM events WHERE stream_id = 'email-{email_id}' AND event_type = 'EmailClicked.v1'"
+        ))
+        .await,
+        4,
+        "nothing recorded for an erased contact"
+    );
+    let dump = crate::erasure::dump(&app).await;
+    for needle in [name.as_str(), "zelda@example.com"] {
+        let found = crate::erasure::occurrences(&dump, needle);
+        assert!(found.is_empty(), "{needle:?} is still in the database: {found:?}");
+    }
 }
 
 /// Applies `workspace`, sends the promo template, and answers the HTML of the `count`th
