@@ -447,8 +447,10 @@ impl TestApp {
 
     fn url_for(&self, method: &reqwest::Method, path: &str) -> String {
         // As the split deployment's nginx routes: GETs to the query service, except the public
-        // forms' confirmation links, which write.
-        let read = method == reqwest::Method::GET && !path.starts_with("/forms/");
+        // forms' confirmation links and the tracking links and pixels of emails, which write.
+        let tracking = path.starts_with("/emails/")
+            && path.split('?').next().is_some_and(|path| path.ends_with("/click") || path.ends_with("/open"));
+        let read = method == reqwest::Method::GET && !path.starts_with("/forms/") && !tracking;
         let base = if read { &self.query_url } else { &self.command_url };
         format!("{base}{path}")
     }
