@@ -196,9 +196,16 @@ pub fn rewrite(html: &str, email_id: &str, base_url: &str, links: &Links, track:
     }
 }
 
-/// Whether a link's target is one to track: an absolute `http(s)` URL that is not one of
-/// the platform's own (`own`: the public base URL).
+/// The longest target a tracking link carries (bytes); a longer link is left as written, so a
+/// tracking link stays within what servers and proxies take in a request line.
+pub const MAX_TARGET_BYTES: usize = 2_000;
+
+/// Whether a link's target is one to track: an absolute `http(s)` URL of at most
+/// [`MAX_TARGET_BYTES`] that is not one of the platform's own (`own`: the public base URL).
 fn is_tracked(target: &str, own: &str) -> bool {
+    if target.len() > MAX_TARGET_BYTES {
+        return false;
+    }
     let lowercase = target.to_ascii_lowercase();
     let absolute = lowercase.starts_with("https://") || lowercase.starts_with("http://");
     absolute && !target.starts_with(own)
@@ -346,5 +353,14 @@ mod tests {
         assert_eq!(redirect_location("https://a.example/x?y=1&z=%20"), "https://a.example/x?y=1&z=%20");
         assert_eq!(redirect_location("https://a.example/ça va"), "https://a.example/%C3%A7a%20va");
         assert_eq!(redirect_location("https://a.example/\r\nSet-Cookie: x"), "https://a.example/%0D%0ASet-Cookie:%20x");
+    }
+
+    #[test]
+    fn a_link_longer_than_a_tracking_link_may_carry_is_left_as_written() {
+        let links = Links::derive(|_| [3; 32], 1, &[]);
+        let long = format!("https://a.example/{}", "x".repeat(MAX_TARGET_BYTES));
+        let html = format!("<a href=\"{long}\">Long</a>");
+        let track = Track { clicks: true, opens: false };
+        assert_eq!(rewrite(&html, "em_1", "https://api.example.test/v1", &links, track), html);
     }
 }
