@@ -446,11 +446,14 @@ impl TestApp {
     }
 
     fn url_for(&self, method: &reqwest::Method, path: &str) -> String {
-        // As the split deployment's nginx routes: GETs to the query service, except the public
-        // forms' confirmation links and the tracking links and pixels of emails, which write.
-        let tracking = path.starts_with("/emails/")
-            && path.split('?').next().is_some_and(|path| path.ends_with("/click") || path.ends_with("/open"));
-        let read = method == reqwest::Method::GET && !path.starts_with("/forms/") && !tracking;
+        // As the split deployment routes: each operation to the tier the route table names
+        // (GETs that write, such as confirmation and tracking links, go to the command
+        // service); a path the table does not know by the method, GETs to the query service.
+        let api_path = format!("/v1{}", path.split('?').next().unwrap_or_default());
+        let read = match api::routes::find(method.as_str(), &api_path) {
+            Some(operation) => operation.tier == api::routes::Tier::Query,
+            None => method == reqwest::Method::GET,
+        };
         let base = if read { &self.query_url } else { &self.command_url };
         format!("{base}{path}")
     }
