@@ -507,8 +507,11 @@ impl Resolver<'_> {
     fn condition(&self, text: &str) -> anyhow::Result<Filter> {
         let filter = filter::parse_plain(text).map_err(|error| anyhow::anyhow!("{error}"))?;
         filter::rewrite(filter, &mut |leaf| match leaf {
-            Filter::Performed(_) => {
-                bail!("`performed` is for segments: define a segment and use segments.<segmentId> is true")
+            Filter::Performed(_) | Filter::Engaged(_) => {
+                bail!(
+                    "`performed`, `opened` and `clicked` are for segments: define a segment and use \
+                     segments.<segmentId> is true"
+                )
             }
             Filter::Condition(mut condition) => {
                 let path = self.field(condition.field.as_str())?;
@@ -570,7 +573,7 @@ impl Resolver<'_> {
                 }
                 Ok(())
             }
-            Filter::Performed(_) => Ok(()),
+            Filter::Performed(_) | Filter::Engaged(_) => Ok(()),
         }
     }
 }

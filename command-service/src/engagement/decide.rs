@@ -2,6 +2,7 @@
 
 use domain::engagement::{self, Actor, Request, Timing};
 use platform::events::LogEvent;
+use platform::proto;
 
 /// What an email's stream says, as far as a click or an open needs it.
 #[derive(Debug, Clone, Default)]
@@ -17,6 +18,8 @@ pub(crate) struct History {
     pub opened: Seen,
     /// Clicks so far: the link, whose, and when.
     pub clicks: Vec<Click>,
+    /// What sent the email: each open and click carries it.
+    pub source: proto::EmailSource,
 }
 
 /// Whether a person's and a machine's activity were seen.
@@ -57,6 +60,13 @@ impl History {
                     space_id: scheduled.space_id.clone(),
                     contact_id: scheduled.contact_id.clone(),
                     sent_at_ms: Some(scheduled.scheduled_at_ms),
+                    source: proto::EmailSource {
+                        template_id: scheduled.template_id.clone(),
+                        origin: scheduled.origin.clone(),
+                        source_id: scheduled.form_id.clone(),
+                        parent_id: scheduled.parent_id.clone(),
+                        step_id: scheduled.step_id.clone(),
+                    },
                     ..Self::default()
                 });
             }
@@ -113,8 +123,6 @@ pub(crate) fn click(history: &History, link_id: &str, request: &Request<'_>, now
 
 #[cfg(test)]
 mod tests {
-    use platform::proto;
-
     use super::*;
 
     const BROWSER: &str = "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko) \

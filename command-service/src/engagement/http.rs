@@ -109,6 +109,7 @@ async fn record(state: &State, req: &HttpRequest, email_id: &str, fetched: Fetch
                     first: verdict.first && !last,
                     machine: verdict.machine.to_owned(),
                     at_ms: now,
+                    source: Some(history.source.clone()),
                 });
                 (event, "open", verdict.machine)
             }
@@ -126,6 +127,7 @@ async fn record(state: &State, req: &HttpRequest, email_id: &str, fetched: Fetch
                     first: verdict.first && !last,
                     machine: verdict.machine.to_owned(),
                     at_ms: now,
+                    source: Some(history.source.clone()),
                 });
                 (event, "click", verdict.machine)
             }

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use filter::{CONSENT_EMAIL, Condition, FieldPath, Filter, Op, SUBSCRIPTIONS, Scalar};
+use filter::{CONSENT_EMAIL, Condition, Engaged, FieldPath, Filter, Op, SUBSCRIPTIONS, Scalar, Source};
 use platform::error::{Code, Issue};
 use serde_json::{Map, Value};
 
@@ -34,6 +34,12 @@ pub struct Vocabulary {
     pub events: BTreeMap<String, String>,
     /// Topics by slug and by id (both resolve to the id).
     pub topics: BTreeMap<String, String>,
+    /// Templates, broadcasts and workflows by slug and by id (both resolve to the id).
+    pub templates: BTreeMap<String, String>,
+    pub broadcasts: BTreeMap<String, String>,
+    pub workflows: BTreeMap<String, String>,
+    /// The step ids of each workflow, by workflow id.
+    pub workflow_steps: BTreeMap<String, BTreeSet<String>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -114,8 +120,31 @@ pub fn resolve(filter: Filter, vocabulary: &Vocabulary) -> Result<Filter, Refusa
             Ok(Filter::Performed(performed))
         }
         Filter::Condition(condition) => resolve_condition(condition, vocabulary),
+        Filter::Engaged(engaged) => resolve_engaged(engaged, vocabulary).map(Filter::Engaged),
         other => Ok(other),
     })
+}
+
+/// An engagement's source, named by slug or id, to ids.
+fn resolve_engaged(mut engaged: Engaged, vocabulary: &Vocabulary) -> Result<Engaged, Refusal> {
+    let find = |names: &BTreeMap<String, String>, kind: &str, name: &str| {
+        names.get(name).cloned().ok_or_else(|| unusable(&format!("there is no {kind} {name:?} in this space")))
+    };
+    engaged.source = match engaged.source {
+        Source::Any => Source::Any,
+        Source::Broadcast(name) => Source::Broadcast(find(&vocabulary.broadcasts, "broadcast", &name)?),
+        Source::Template(name) => Source::Template(find(&vocabulary.templates, "template", &name)?),
+        Source::Workflow { workflow, step } => {
+            let workflow = find(&vocabulary.workflows, "workflow", &workflow)?;
+            if let Some(step) = &step
+                && !vocabulary.workflow_steps.get(&workflow).is_some_and(|steps| steps.contains(step))
+            {
+                return Err(unusable(&format!("workflow {workflow:?} has no step {step:?}")));
+            }
+            Source::Workflow { workflow, step }
+        }
+    };
+    Ok(engaged)
 }
 
 fn resolve_condition(condition: Condition, vocabulary: &Vocabulary) -> Result<Filter, Refusal> {
@@ -179,6 +208,10 @@ mod tests {
             }],
             events: [("purchase".to_owned(), "sch_p".to_owned()), ("sch_p".to_owned(), "sch_p".to_owned())].into(),
             topics: [("news".to_owned(), "top_n".to_owned())].into(),
+            templates: [("welcome".to_owned(), "tpl_w".to_owned())].into(),
+            broadcasts: [("spring".to_owned(), "brd_s".to_owned()), ("brd_s".to_owned(), "brd_s".to_owned())].into(),
+            workflows: [("onboarding".to_owned(), "wfl_o".to_owned())].into(),
+            workflow_steps: [("wfl_o".to_owned(), ["send_welcome".to_owned()].into())].into(),
         }
     }
 
@@ -202,8 +235,34 @@ mod tests {
     }
 
     #[test]
+    fn given_engagement_sources_by_slug_when_resolved_then_they_read_ids() {
+        let filter = resolved(
+            "opened an email from broadcast spring in the last 7 days or clicked a link in an email from template \
+             welcome or opened an email from step send_welcome of workflow onboarding or opened",
+        )
+        .expect("resolves");
+        assert_eq!(
+            filter.to_json(),
+            json!({"any": [
+                {"opened": {"from": {"broadcast": "brd_s"}, "withinSeconds": 604_800}},
+                {"clicked": {"from": {"template": "tpl_w"}}},
+                {"opened": {"from": {"workflow": "wfl_o", "step": "send_welcome"}}},
+                {"opened": {}},
+            ]})
+        );
+    }
+
+    #[test]
     fn given_unknown_names_when_resolved_then_the_generation_is_refused_with_422() {
-        for text in ["performed refund", "subscribed to sports", "plann is pro"] {
+        for text in [
+            "performed refund",
+            "subscribed to sports",
+            "plann is pro",
+            "opened an email from broadcast autumn",
+            "opened an email from template goodbye",
+            "clicked a link in an email from workflow offboarding",
+            "clicked a link in an email from step send_reminder of workflow onboarding",
+        ] {
             assert!(matches!(resolved(text), Err(Refusal::Unusable(_))), "{text}");
         }
     }

@@ -35,6 +35,12 @@ pub(crate) async fn vocabulary(
                            FROM {catalog}.schemas s WHERE s.space_id = $1 AND s.schema_type = 'event'), '[]'),
                  COALESCE((SELECT jsonb_agg(jsonb_build_array(r.definition ->> 'slug', r.resource_id))
                            FROM {catalog}.resources r WHERE r.space_id = $1 AND r.kind = 'topic'), '[]'),
+                 COALESCE((SELECT jsonb_agg(jsonb_build_array(r.kind, r.definition ->> 'slug', r.resource_id,
+                                   COALESCE((SELECT jsonb_agg(step ->> 'id') FROM jsonb_array_elements(
+                                       CASE WHEN jsonb_typeof(r.definition -> 'steps') = 'array'
+                                            THEN r.definition -> 'steps' ELSE '[]' END) step), '[]')))
+                           FROM {catalog}.resources r WHERE r.space_id = $1
+                             AND r.kind IN ('template', 'broadcast', 'workflow')), '[]'),
                  COALESCE((SELECT balance FROM {catalog}.ai_credits WHERE space_id = $1), 0)
                    - COALESCE((SELECT spent FROM public.ai_credit_spend WHERE space_id = $1), 0)"
         ))
@@ -63,8 +69,25 @@ pub(crate) async fn vocabulary(
             .flat_map(|(slug, id)| [(slug, id.clone()), (id.clone(), id)])
             .collect()
     };
-    let vocabulary = Vocabulary { contact_schemas, events: names(row.get(1)), topics: names(row.get(2)) };
-    Ok((vocabulary, row.get(3)))
+    let mut vocabulary =
+        Vocabulary { contact_schemas, events: names(row.get(1)), topics: names(row.get(2)), ..Vocabulary::default() };
+    for resource in row.get::<_, Value>(3).as_array().into_iter().flatten() {
+        let (Some(kind), Some(slug), Some(id)) = (resource[0].as_str(), resource[1].as_str(), resource[2].as_str())
+        else {
+            continue;
+        };
+        let names = match kind {
+            "template" => &mut vocabulary.templates,
+            "broadcast" => &mut vocabulary.broadcasts,
+            _ => {
+                vocabulary.workflow_steps.insert(id.to_owned(), strings(&resource[3]));
+                &mut vocabulary.workflows
+            }
+        };
+        names.insert(slug.to_owned(), id.to_owned());
+        names.insert(id.to_owned(), id.to_owned());
+    }
+    Ok((vocabulary, row.get(4)))
 }
 
 /// The segment's stream version and space, when it exists and is not deleted.

@@ -113,10 +113,11 @@ async fn resolve_condition(
         ));
     }
     let made_now = match ctx.state.ai.filter(requirements).await {
-        // A webhook's filter reads the delivered document alone: no events performed.
-        Ok(filter) if !filter::performed_parts(&filter).is_empty() => {
-            let message = "`performed` is for segments: a webhook's custom filter reads the delivered data; \
-                           use a segment condition instead";
+        // A webhook's filter reads the delivered document alone: no events performed, no
+        // emails opened or clicked.
+        Ok(filter) if !filter::performed_parts(&filter).is_empty() || !filter::engaged_parts(&filter).is_empty() => {
+            let message = "`performed`, `opened` and `clicked` are for segments: a webhook's custom filter reads \
+                           the delivered data; use a segment condition instead";
             Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Some(Code::AiGenerationFailed), message)
                 .with_issues(vec![Issue::coded("condition.requirements", Code::AiGenerationFailed, message)]))
         }

@@ -1,11 +1,12 @@
 //! The segments read model: each segment of a space as the API shows it, and its membership,
 //! maintained incrementally. A contact is evaluated again only when something about it changes
-//! (its record, a topic subscription, an event it performed, a time window of a `performed`
-//! condition opening or closing), against the segments of its space; a new segment is
+//! (its record, a topic subscription, an event it performed, an email it opened or clicked, a
+//! time window of a `performed`, `opened` or `clicked` condition opening or closing), against the segments of its space; a new segment is
 //! evaluated once against the space's contacts. Nothing scans every contact per request.
 //!
 //! To evaluate, the model keeps its own copy of what filters read: each contact's document
-//! with its subscriptions, and the times of the events it performed. Membership at a log event
+//! with its subscriptions, the times of the events it performed, and its opens and clicks
+//! (with what sent the email, and a click's target opened from its seal). Membership at a log event
 //! is evaluated as of that event's recording time, so a rebuild from the log gives the same
 //! membership. A `performed ... in the last` window that opens or closes with no new event is
 //! brought into the log by the `segment_windows` timer, which this model schedules for the
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use deadpool_postgres::Transaction;
-use filter::{Facts, Filter, SUBSCRIPTIONS};
+use filter::{Engagement, Facts, Filter, SUBSCRIPTIONS};
 use platform::events::LogEvent;
 use platform::log::StoredEvent;
 use platform::time::from_millis;
@@ -54,6 +55,20 @@ CREATE TABLE {s}.contact_events (
     occurred_at_ms bigint NOT NULL,
     PRIMARY KEY (contact_id, event_id)
 );
+CREATE TABLE {s}.contact_engagement (
+    contact_id text NOT NULL,
+    position bigint NOT NULL,
+    opened boolean NOT NULL,
+    at_ms bigint NOT NULL,
+    machine boolean NOT NULL,
+    template_id text NOT NULL,
+    broadcast_id text NOT NULL,
+    workflow_id text NOT NULL,
+    step_id text NOT NULL,
+    -- A click's `ClickedLink` as the log seals it: the target is read only while evaluating.
+    link bytea NOT NULL,
+    PRIMARY KEY (contact_id, position)
+);
 CREATE TABLE {s}.members (
     segment_id text NOT NULL,
     contact_id text NOT NULL,
@@ -80,6 +95,8 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "SubscriptionChanged.v1",
     "EventAccepted.v1",
     "EventReadinessChanged.v1",
+    "EmailOpened.v1",
+    "EmailClicked.v1",
 ];
 
 /// What a batch changes, gathered in log order before anything is written.
@@ -94,6 +111,9 @@ struct Batch {
     subscriptions: BTreeMap<String, (String, Map<String, Value>)>,
     /// Events performed: (contact, event id, event schema, occurred at).
     performed: Vec<(String, String, String, i64)>,
+    /// Opens and clicks: (contact, log position, what filters read of it but a click's target,
+    /// and that target as sealed in the log).
+    engaged: Vec<(String, i64, Engagement, Vec<u8>)>,
     deleted_contacts: BTreeSet<String>,
     /// Contacts to evaluate again, with their space and the time and position of their last
     /// change.
@@ -156,6 +176,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
                 batch.subscriptions.remove(&requested.record_id);
                 batch.touched.remove(&requested.record_id);
                 batch.performed.retain(|(contact_id, ..)| *contact_id != requested.record_id);
+                batch.engaged.retain(|(contact_id, ..)| *contact_id != requested.record_id);
                 batch.deleted_contacts.insert(requested.record_id);
             }
             LogEvent::SubscriptionChanged(changed) => {
@@ -183,11 +204,40 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
                     ));
                 }
             }
+            LogEvent::EmailOpened(opened) => {
+                batch.touch(&opened.contact_id, &opened.space_id, now_ms, event.position);
+                let engagement = engagement(opened.source.as_ref(), opened.at_ms, &opened.machine);
+                let engagement = Engagement { opened: true, ..engagement };
+                batch.engaged.push((opened.contact_id, event.position, engagement, Vec::new()));
+            }
+            LogEvent::EmailClicked(clicked) => {
+                batch.touch(&clicked.contact_id, &clicked.space_id, now_ms, event.position);
+                let engagement = engagement(clicked.source.as_ref(), clicked.at_ms, &clicked.machine);
+                let link = clicked.link.as_ref().map(prost::Message::encode_to_vec).unwrap_or_default();
+                batch.engaged.push((clicked.contact_id, event.position, engagement, link));
+            }
             _ => {}
         }
     }
     write(transaction, s, &batch).await?;
     evaluate(transaction, s, &batch).await
+}
+
+/// What filters read of an open or a click (a click unless the caller says otherwise), but a
+/// click's target.
+fn engagement(source: Option<&platform::proto::EmailSource>, at_ms: i64, machine: &str) -> Engagement {
+    let source = source.cloned().unwrap_or_default();
+    let of = |origin: &str| if source.origin == origin { source.parent_id.clone() } else { String::new() };
+    Engagement {
+        opened: false,
+        at_ms,
+        machine: !machine.is_empty(),
+        broadcast_id: of("broadcast"),
+        workflow_id: of("workflow"),
+        step_id: source.step_id.clone(),
+        template_id: source.template_id,
+        url: String::new(),
+    }
 }
 
 /// Writes the batch's changes: segments, documents, subscriptions, events, deletions.
@@ -282,6 +332,9 @@ async fn write(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow:
             .await?;
         transaction.execute(&statement, &[&contacts, &event_ids, &schemas, &occurred]).await?;
     }
+    if !batch.engaged.is_empty() {
+        write_engagement(transaction, s, &batch.engaged).await?;
+    }
     if !batch.deleted_contacts.is_empty() {
         let deleted: Vec<&String> = batch.deleted_contacts.iter().collect();
         let statement = transaction
@@ -290,6 +343,7 @@ async fn write(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow:
                  counted AS (SELECT segment_id, count(*) AS n FROM gone GROUP BY segment_id),
                  contact AS (DELETE FROM {s}.contacts WHERE contact_id = ANY($1)),
                  events AS (DELETE FROM {s}.contact_events WHERE contact_id = ANY($1)),
+                 engagement AS (DELETE FROM {s}.contact_engagement WHERE contact_id = ANY($1)),
                  entries AS (DELETE FROM {s}.entries WHERE contact_id = ANY($1))
                  UPDATE {s}.segments g SET member_count = g.member_count - counted.n FROM counted
                  WHERE g.segment_id = counted.segment_id"
@@ -297,6 +351,44 @@ async fn write(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyhow:
             .await?;
         transaction.execute(&statement, &[&deleted]).await?;
     }
+    Ok(())
+}
+
+/// Stores opens and clicks of the contacts the model holds.
+async fn write_engagement(
+    transaction: &Transaction<'_>,
+    s: &str,
+    engaged: &[(String, i64, Engagement, Vec<u8>)],
+) -> anyhow::Result<()> {
+    let contacts: Vec<&str> = engaged.iter().map(|(contact_id, ..)| contact_id.as_str()).collect();
+    let positions: Vec<i64> = engaged.iter().map(|(_, position, ..)| *position).collect();
+    let column = |pick: fn(&Engagement) -> &str| -> Vec<&str> { engaged.iter().map(|(_, _, e, _)| pick(e)).collect() };
+    let opened: Vec<bool> = engaged.iter().map(|(_, _, e, _)| e.opened).collect();
+    let at_ms: Vec<i64> = engaged.iter().map(|(_, _, e, _)| e.at_ms).collect();
+    let machine: Vec<bool> = engaged.iter().map(|(_, _, e, _)| e.machine).collect();
+    let templates = column(|e| &e.template_id);
+    let broadcasts = column(|e| &e.broadcast_id);
+    let workflows = column(|e| &e.workflow_id);
+    let steps = column(|e| &e.step_id);
+    let links: Vec<&[u8]> = engaged.iter().map(|(.., link)| link.as_slice()).collect();
+    let statement = transaction
+        .prepare_cached(&format!(
+            "INSERT INTO {s}.contact_engagement
+                 (contact_id, position, opened, at_ms, machine, template_id, broadcast_id, workflow_id, step_id, link)
+             SELECT e.* FROM unnest($1::text[], $2::bigint[], $3::bool[], $4::bigint[], $5::bool[], $6::text[],
+                                    $7::text[], $8::text[], $9::text[], $10::bytea[])
+                 AS e(contact_id, position, opened, at_ms, machine, template_id, broadcast_id, workflow_id, step_id, link)
+             -- Only a contact the model holds: one whose deletion was requested keeps nothing.
+             WHERE EXISTS (SELECT 1 FROM {s}.contacts c WHERE c.contact_id = e.contact_id)
+             ON CONFLICT DO NOTHING"
+        ))
+        .await?;
+    transaction
+        .execute(
+            &statement,
+            &[&contacts, &positions, &opened, &at_ms, &machine, &templates, &broadcasts, &workflows, &steps, &links],
+        )
+        .await?;
     Ok(())
 }
 
@@ -370,7 +462,8 @@ async fn evaluate(transaction: &Transaction<'_>, s: &str, batch: &Batch) -> anyh
         .filter(|(_, touched)| by_space.contains_key(&touched.space_id))
         .map(|(id, _)| id.clone())
         .collect();
-    for (contact_id, contact) in facts(transaction, s, &touched).await? {
+    let links = reads_links(by_space.values().flatten().map(|(_, filter)| filter.as_ref()));
+    for (contact_id, contact) in facts(transaction, s, &touched, links).await? {
         let Some(touched) = batch.touched.get(&contact_id) else { continue };
         let space_id = &touched.space_id;
         let mut next_change = None;
@@ -407,6 +500,7 @@ async fn facts(
     transaction: &Transaction<'_>,
     s: &str,
     contact_ids: &[String],
+    links: bool,
 ) -> anyhow::Result<Vec<(String, Contact)>> {
     if contact_ids.is_empty() {
         return Ok(Vec::new());
@@ -418,12 +512,14 @@ async fn facts(
         .await?;
     let rows = transaction.query(&statement, &[&contact_ids]).await?;
     let mut times = event_times(transaction, s, contact_ids).await?;
+    let mut engagement = engagement_of(transaction, s, contact_ids, links).await?;
     Ok(rows
         .into_iter()
         .map(|row| {
             let contact_id: String = row.get(0);
             let events = times.remove(&contact_id).unwrap_or_default();
-            let contact = Contact::new(row.get(1), row.get(2), events);
+            let engagement = engagement.remove(&contact_id).unwrap_or_default();
+            let contact = Contact::new(row.get(1), row.get(2), events, engagement);
             (contact_id, contact)
         })
         .collect())
@@ -435,18 +531,25 @@ struct Contact {
     document: Value,
     /// Event times by event schema id.
     events: HashMap<String, Vec<i64>>,
+    /// Opens and clicks of its emails.
+    engagement: Vec<Engagement>,
 }
 
 impl Contact {
-    fn new(mut document: Value, subscriptions: Value, events: HashMap<String, Vec<i64>>) -> Self {
+    fn new(
+        mut document: Value,
+        subscriptions: Value,
+        events: HashMap<String, Vec<i64>>,
+        engagement: Vec<Engagement>,
+    ) -> Self {
         if let Value::Object(fields) = &mut document {
             fields.insert(SUBSCRIPTIONS.to_owned(), subscriptions);
         }
-        Self { document, events }
+        Self { document, events, engagement }
     }
 
     fn facts(&self, now_ms: i64) -> Facts<'_> {
-        Facts { document: &self.document, events: &self.events, now_ms }
+        Facts { document: &self.document, events: &self.events, engagement: &self.engagement, now_ms }
     }
 }
 
@@ -508,6 +611,54 @@ async fn event_times(
     Ok(times)
 }
 
+/// Whether some filter reads the targets of clicks (`clicked a link containing`).
+fn reads_links<'a>(filters: impl IntoIterator<Item = &'a Filter>) -> bool {
+    filters
+        .into_iter()
+        .any(|filter| filter::engaged_parts(filter).iter().any(|engaged| engaged.link_contains.is_some()))
+}
+
+/// The opens and clicks of `contact_ids`, by contact; with `links`, each click's target opened
+/// from its seal (none once the contact's key is shredded).
+async fn engagement_of(
+    transaction: &Transaction<'_>,
+    s: &str,
+    contact_ids: &[String],
+    links: bool,
+) -> anyhow::Result<HashMap<String, Vec<Engagement>>> {
+    let statement = transaction
+        .prepare_cached(&format!(
+            "SELECT contact_id, opened, at_ms, machine, template_id, broadcast_id, workflow_id, step_id,
+                    CASE WHEN $2 THEN link ELSE ''::bytea END
+             FROM {s}.contact_engagement WHERE contact_id = ANY($1) ORDER BY contact_id, position"
+        ))
+        .await?;
+    let rows = transaction.query(&statement, &[&contact_ids, &links]).await?;
+    let keys = if links { platform::crypto::load_keys(transaction, contact_ids).await? } else { Default::default() };
+    let mut by_contact: HashMap<String, Vec<Engagement>> = HashMap::new();
+    for row in rows {
+        let link: &[u8] = row.get(8);
+        let url = if link.is_empty() {
+            String::new()
+        } else {
+            let sealed = <platform::proto::Sealed as prost::Message>::decode(link)?;
+            let opened = platform::events::open::<platform::proto::ClickedLink>(Some(&sealed), &keys)?;
+            opened.map(|link| link.url).unwrap_or_default()
+        };
+        by_contact.entry(row.get(0)).or_default().push(Engagement {
+            opened: row.get(1),
+            at_ms: row.get(2),
+            machine: row.get(3),
+            template_id: row.get(4),
+            broadcast_id: row.get(5),
+            workflow_id: row.get(6),
+            step_id: row.get(7),
+            url,
+        });
+    }
+    Ok(by_contact)
+}
+
 /// Evaluates a new segment against every contact of its space that the batch did not touch
 /// (those were evaluated with it already), a page at a time, as of its creation.
 async fn evaluate_space(
@@ -524,12 +675,18 @@ async fn evaluate_space(
         ))
         .await?;
     let needs_events = !filter::performed_parts(filter).is_empty();
+    let needs_engagement = !filter::engaged_parts(filter).is_empty();
     let mut after = String::new();
     loop {
         let rows = transaction.query(&statement, &[&space_id, &after, &PAGE]).await?;
         let Some(last) = rows.last().map(|row| row.get::<_, String>(0)) else { break };
         let ids: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
         let mut times = if needs_events { event_times(transaction, s, &ids).await? } else { HashMap::new() };
+        let mut engagement = if needs_engagement {
+            engagement_of(transaction, s, &ids, reads_links([filter])).await?
+        } else {
+            HashMap::new()
+        };
         let mut outcome = Outcome::default();
         for row in rows {
             let contact_id: String = row.get(0);
@@ -537,7 +694,8 @@ async fn evaluate_space(
                 continue;
             }
             let events = times.remove(&contact_id).unwrap_or_default();
-            let contact = Contact::new(row.get(1), row.get(2), events);
+            let engagement = engagement.remove(&contact_id).unwrap_or_default();
+            let contact = Contact::new(row.get(1), row.get(2), events, engagement);
             let facts = contact.facts(at_ms);
             if filter::matches_facts(filter, &facts) {
                 outcome.record(segment_id, &contact_id, true, (at_ms, position));

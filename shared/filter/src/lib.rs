@@ -72,6 +72,26 @@
 //! alone has no events ([`matches`] never satisfies `performed`), and the service refuses them
 //! in a webhook's custom filter.
 //!
+//! ## Engagement (segments)
+//!
+//! | Phrase | Means |
+//! |---|---|
+//! | `opened [an email]` (or `has opened`) | a person opened an email sent to the contact |
+//! | `clicked [a link]` (or `has clicked`) | a person followed a tracked link of such an email |
+//! | `clicked a link containing <text>` | ... whose target contains the text (any case) |
+//! | `... [in] an email from broadcast <b>` | ... of an email the broadcast sent |
+//! | `... from template <t>` | ... of an email made from the template |
+//! | `... from workflow <w>`, `... from step <s> of workflow <w>` | ... that the workflow (its send step) sent |
+//! | `... in the last N <unit>` (or `within [the last] N <unit>`) | inside the window ending now |
+//! | `... including machines` | opens and clicks flagged as a machine's count too |
+//! | `did not open ...`, `has not opened ...`, `did not click ...`, `has not clicked ...` | `not (opened ...)`, `not (clicked ...)` |
+//!
+//! So `has not opened in the last 90 days` is the sunset rule, and `clicked a link containing
+//! pricing in an email from broadcast spring-sale` finds who looked at prices. By default only
+//! a person's opens and clicks count: a privacy proxy's prefetch and a link scanner's fetch
+//! are recorded but flagged as a machine's (see ARCHITECTURE.md, "Engagement"). Names are
+//! slugs or ids; the service resolves them to ids when the filter is made.
+//!
 //! # JSON form
 //!
 //! - `{"all": [<filter>, ...]}`: every filter holds;
@@ -79,6 +99,10 @@
 //! - `{"not": <filter>}`: the filter does not hold;
 //! - `{"performed": {"event": "<slug or id>", "atLeast": <1..>, "withinSeconds": <seconds>}}`:
 //!   `atLeast` defaults to 1 and `withinSeconds` to all time;
+//! - `{"opened": {"from": <source>, "withinSeconds": <seconds>, "includeMachines": <bool>}}` and
+//!   `{"clicked": {..., "linkContains": "<text>"}}`, where every key is optional and a source is
+//!   `{"broadcast": <id>}`, `{"template": <id>}`, `{"workflow": <id>}` or `{"workflow": <id>,
+//!   "step": <id>}` (absent: any email);
 //! - `{"field": "address.country", "op": "<op>", "value": <value>}`: a condition. `eq`, `ne`
 //!   and `contains` take a string, number or boolean; `starts_with` and `ends_with` a string;
 //!   `gt`, `gte`, `lt` and `lte` a number, numeric string or date string; `in` a non-empty
@@ -123,6 +147,9 @@
 use std::cmp::Ordering;
 use std::fmt;
 
+mod engaged;
+
+pub use engaged::{Action, Engaged, Engagement, Source};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Number, Value, json};
 
@@ -152,6 +179,8 @@ pub enum Filter {
     Condition(Condition),
     /// Events a contact performed: segments only (a document alone has no events).
     Performed(Performed),
+    /// Emails a contact opened or clicked: segments only.
+    Engaged(Engaged),
 }
 
 /// `performed <event> [at least N times] [in the last N <unit>]`: the contact has at least
@@ -174,6 +203,8 @@ pub struct Performed {
 pub struct Facts<'a> {
     pub document: &'a Value,
     pub events: &'a std::collections::HashMap<String, Vec<i64>>,
+    /// The subject's opens and clicks, for `opened` and `clicked`.
+    pub engagement: &'a [Engagement],
     pub now_ms: i64,
 }
 
@@ -259,6 +290,7 @@ pub fn describe(filter: &Filter) -> String {
         Filter::Not(inner) => format!("not ({})", describe(inner)),
         Filter::Condition(condition) => describe_condition(condition),
         Filter::Performed(performed) => describe_performed(performed),
+        Filter::Engaged(engaged) => engaged.describe(),
     }
 }
 
@@ -266,7 +298,7 @@ pub fn describe(filter: &Filter) -> String {
 /// A document has no events, so `performed` never holds here; see [`matches_facts`].
 pub fn matches(filter: &Filter, document: &Value) -> bool {
     let events = std::collections::HashMap::new();
-    matches_facts(filter, &Facts { document, events: &events, now_ms: 0 })
+    matches_facts(filter, &Facts { document, events: &events, engagement: &[], now_ms: 0 })
 }
 
 /// Whether `facts` satisfy `filter`: conditions against the document, `performed` against
@@ -283,6 +315,7 @@ pub fn matches_facts(filter: &Filter, facts: &Facts<'_>) -> bool {
             let counted = times.iter().filter(|&&time| performed.counts(time, facts.now_ms)).count();
             counted >= usize::try_from(performed.at_least).unwrap_or(usize::MAX)
         }
+        Filter::Engaged(engaged) => engaged.holds(facts.engagement, facts.now_ms),
     }
 }
 
@@ -290,6 +323,8 @@ pub fn matches_facts(filter: &Filter, facts: &Facts<'_>) -> bool {
 /// with no new fact: when an occurrence enters a window (one dated in the future) or leaves
 /// it. `None` when only new facts can change it.
 pub fn next_change_ms(filter: &Filter, facts: &Facts<'_>) -> Option<i64> {
+    let engaged =
+        engaged_parts(filter).into_iter().filter_map(|engaged| engaged.changes(facts.engagement, facts.now_ms));
     performed_parts(filter)
         .into_iter()
         .flat_map(|performed| {
@@ -300,6 +335,7 @@ pub fn next_change_ms(filter: &Filter, facts: &Facts<'_>) -> Option<i64> {
             })
         })
         .filter(|&time| time > facts.now_ms)
+        .chain(engaged)
         .min()
 }
 
@@ -308,8 +344,18 @@ pub fn performed_parts(filter: &Filter) -> Vec<&Performed> {
     match filter {
         Filter::All(parts) | Filter::Any(parts) => parts.iter().flat_map(performed_parts).collect(),
         Filter::Not(inner) => performed_parts(inner),
-        Filter::Condition(_) => Vec::new(),
+        Filter::Condition(_) | Filter::Engaged(_) => Vec::new(),
         Filter::Performed(performed) => vec![performed],
+    }
+}
+
+/// Every `opened` and `clicked` of `filter`.
+pub fn engaged_parts(filter: &Filter) -> Vec<&Engaged> {
+    match filter {
+        Filter::All(parts) | Filter::Any(parts) => parts.iter().flat_map(engaged_parts).collect(),
+        Filter::Not(inner) => engaged_parts(inner),
+        Filter::Condition(_) | Filter::Performed(_) => Vec::new(),
+        Filter::Engaged(engaged) => vec![engaged],
     }
 }
 
@@ -355,6 +401,7 @@ impl Filter {
                 }
                 json!({"performed": inner})
             }
+            Filter::Engaged(engaged) => engaged.to_json(),
             Filter::Condition(condition) => {
                 let mut object = Map::new();
                 object.insert("field".to_owned(), Value::String(condition.field.as_str().to_owned()));
@@ -371,7 +418,7 @@ impl Filter {
         match self {
             Filter::All(parts) | Filter::Any(parts) => 1 + parts.iter().map(Filter::depth).max().unwrap_or(0),
             Filter::Not(inner) => 1 + inner.depth(),
-            Filter::Condition(_) | Filter::Performed(_) => 1,
+            Filter::Condition(_) | Filter::Performed(_) | Filter::Engaged(_) => 1,
         }
     }
 
@@ -379,7 +426,7 @@ impl Filter {
         match self {
             Filter::All(parts) | Filter::Any(parts) => parts.iter().map(Filter::conditions).sum(),
             Filter::Not(inner) => inner.conditions(),
-            Filter::Condition(_) | Filter::Performed(_) => 1,
+            Filter::Condition(_) | Filter::Performed(_) | Filter::Engaged(_) => 1,
         }
     }
 }
@@ -680,8 +727,17 @@ fn read_expression(value: &Value, at: &str, depth: usize, conditions: &mut usize
         }
         "not" => Ok(Filter::Not(Box::new(read_expression(inner, &format!("{at}.not"), depth + 1, conditions)?))),
         "performed" => read_performed(inner, &format!("{at}.performed"), conditions).map(Filter::Performed),
+        "opened" | "clicked" => {
+            *conditions += 1;
+            if *conditions > MAX_CONDITIONS {
+                return Err(FilterError::new(format!("`{at}`: the filter has more than {MAX_CONDITIONS} conditions")));
+            }
+            let action = if key == "opened" { Action::Opened } else { Action::Clicked };
+            engaged::read(action, inner, &format!("{at}.{key}")).map(Filter::Engaged)
+        }
         other => Err(FilterError::new(format!(
-            "`{at}`: unknown key `{other}`; expected all, any, not, performed, or a condition with field and op"
+            "`{at}`: unknown key `{other}`; expected all, any, not, performed, opened, clicked, or a condition with \
+             field and op"
         ))),
     }
 }
@@ -1056,6 +1112,9 @@ impl Parser {
     /// (`has no email consent`). A field of one of those names followed by a comparison is
     /// still a condition (`performed is true`).
     fn contact_fact(&mut self) -> Result<Option<Filter>, FilterError> {
+        if let Some(fact) = self.engaged_fact()? {
+            return Ok(Some(fact));
+        }
         let value_follows = |parser: &Self, offset: usize| {
             matches!(parser.tokens.get(parser.next + offset), Some(Token { kind: TokenKind::Quoted(_), .. }))
                 || matches!(parser.tokens.get(parser.next + offset),
@@ -1127,7 +1186,14 @@ impl Parser {
                 return Err(self.expected("`times` after the count"));
             }
         }
-        let mut within_seconds = None;
+        let within_seconds = self.window()?;
+        let performed = checked_performed(Performed { event, at_least, within_seconds })
+            .map_err(|message| FilterError::new(format!("{message} (in `performed` at character {position})")))?;
+        Ok(Filter::Performed(performed))
+    }
+
+    /// `in the last N <unit>` or `within [the last] N <unit>`, when it comes next: its seconds.
+    fn window(&mut self) -> Result<Option<u64>, FilterError> {
         let window_opens = if self.keyword_at(0, "in") && self.keyword_at(1, "the") && self.keyword_at(2, "last") {
             self.next += 3;
             true
@@ -1149,11 +1215,9 @@ impl Parser {
                 return Err(self.expected("a unit: seconds, minutes, hours, days or weeks"));
             };
             self.next += 1;
-            within_seconds = Some(count.saturating_mul(unit));
+            return Ok(Some(count.saturating_mul(unit)));
         }
-        let performed = checked_performed(Performed { event, at_least, within_seconds })
-            .map_err(|message| FilterError::new(format!("{message} (in `performed` at character {position})")))?;
-        Ok(Filter::Performed(performed))
+        Ok(None)
     }
 
     /// A whole number from 1 up.
@@ -1474,13 +1538,20 @@ fn describe_performed(performed: &Performed) -> String {
         words.push_str(&format!(" at least {} times", performed.at_least));
     }
     if let Some(seconds) = performed.within_seconds {
-        let (size, unit) = [(604_800, "weeks"), (86_400, "days"), (3_600, "hours"), (60, "minutes")]
-            .into_iter()
-            .find(|(size, _)| seconds % size == 0)
-            .unwrap_or((1, "seconds"));
-        words.push_str(&format!(" in the last {} {unit}", seconds / size));
+        words.push_str(&window_words(seconds));
     }
     words
+}
+
+/// ` in the last N <unit>`, in the largest unit that divides `seconds`.
+fn window_words(seconds: u64) -> String {
+    let (size, unit) = [(604_800, "weeks"), (86_400, "days"), (3_600, "hours"), (60, "minutes")]
+        .into_iter()
+        .find(|(size, _)| seconds.is_multiple_of(*size))
+        .unwrap_or((1, "seconds"));
+    let count = seconds / size;
+    let unit = if count == 1 { unit.trim_end_matches('s') } else { unit };
+    format!(" in the last {count} {unit}")
 }
 
 fn describe_condition(condition: &Condition) -> String {
@@ -1930,7 +2001,8 @@ mod tests {
             ),
             (
                 json!({"every": []}),
-                "`filter`: unknown key `every`; expected all, any, not, performed, or a condition with field and op",
+                "`filter`: unknown key `every`; expected all, any, not, performed, opened, clicked, or a condition with field \
+                 and op",
             ),
             (json!({"all": []}), "`filter.all`: needs at least one filter"),
             (json!({"any": {"field": "a"}}), "`filter.any`: expected an array of filters, found an object"),
@@ -2272,7 +2344,7 @@ mod tests {
         let filter = parsed("performed purchase at least 2 times in the last 10 seconds");
         let events = std::collections::HashMap::from([("purchase".to_owned(), vec![1_000, 5_000, 20_000])]);
         let document = json!({});
-        let at = |now_ms| Facts { document: &document, events: &events, now_ms };
+        let at = |now_ms| Facts { document: &document, events: &events, engagement: &[], now_ms };
         assert!(matches_facts(&filter, &at(6_000)), "1 s and 5 s are inside (−4 s, 6 s]");
         assert_eq!(next_change_ms(&filter, &at(6_000)), Some(11_000), "1 s leaves at 11 s");
         assert!(!matches_facts(&filter, &at(11_000)), "at 11 s only 5 s is inside");

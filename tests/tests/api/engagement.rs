@@ -307,3 +307,50 @@ fn space_tracking(workspace: String, tracking: Value) -> String {
     }
     workspace.to_string()
 }
+
+#[tokio::test]
+async fn segments_gain_a_contact_on_its_open_or_click_and_lose_it_when_the_window_passes() {
+    use crate::segments::{defined, members, wait_for_members};
+
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    app.apply_workspace(&promo_with_links(), true).await;
+    let recent = defined(&app, MAIL_KEY, "Opened lately", "opened an email in the last 4 seconds").await;
+    let sale_any = defined(
+        &app,
+        MAIL_KEY,
+        "Looked at the sale",
+        "clicked a link containing /B in an email from template promo including machines",
+    )
+    .await;
+    let sale_people = defined(&app, MAIL_KEY, "People at the sale", "clicked a link containing /b").await;
+    let sunset = defined(&app, MAIL_KEY, "Sunset", "has not opened an email").await;
+    let promo = template_id(&app, "promo").await;
+    let body = json!({"data": {"contact": {"email": "yara@example.com", "firstName": "Yara", "newsConsent": true}}});
+    let sent = send(&app, &promo, &body, None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let messages = sink.wait_for(1, WAIT).await;
+    let html = messages[0]["html"].as_str().expect("an HTML part");
+    let email_id = email_id_of(&messages[0]);
+    let clicks = attributes(html, "href", &format!("{PUBLIC_BASE}/emails/{email_id}/click?"));
+    let pixel = &attributes(html, "src", &format!("{PUBLIC_BASE}/emails/{email_id}/open?sig="))[0];
+    wait_for_members(&app, MAIL_KEY, &sunset, &["yara@example.com"]).await;
+
+    // A link checker's HEAD of the pixel is a machine's open: no segment counts it.
+    let head = client().head(local(&app, pixel)).header("User-Agent", BROWSER).send().await.expect("HEAD");
+    assert_eq!(head.status(), 200);
+    // A scanner follows the sale link as the message arrives: a machine's click.
+    let scanned = get(&app, &clicks[1]).await;
+    assert_eq!(scanned.headers()["location"], "https://shop.example.com/b");
+    wait_for_members(&app, MAIL_KEY, &sale_any, &["yara@example.com"]).await;
+    assert!(members(&app, MAIL_KEY, &sale_people).await.is_empty(), "a machine's click is not a person's");
+    assert!(members(&app, MAIL_KEY, &recent).await.is_empty(), "a machine's open is not a person's");
+
+    // The person opens it: in "opened lately" at once, out again four seconds later, and
+    // out of the sunset segment for good.
+    assert_eq!(get(&app, pixel).await.status(), 200);
+    wait_for_members(&app, MAIL_KEY, &recent, &["yara@example.com"]).await;
+    assert!(members(&app, MAIL_KEY, &sunset).await.is_empty(), "an open ends the sunset");
+    wait_for_members(&app, MAIL_KEY, &recent, &[]).await;
+    assert!(members(&app, MAIL_KEY, &sunset).await.is_empty());
+}

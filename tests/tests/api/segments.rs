@@ -16,14 +16,14 @@ async fn define(app: &TestApp, key: &str, name: &str, definition: &str) -> TestR
     app.post("/segments", key, &json!({"name": name, "definition": definition})).await
 }
 
-async fn defined(app: &TestApp, key: &str, name: &str, definition: &str) -> String {
+pub(crate) async fn defined(app: &TestApp, key: &str, name: &str, definition: &str) -> String {
     let response = define(app, key, name, definition).await;
     assert_eq!(response.status, 201, "{:?}", response.body);
     response.body["data"]["id"].as_str().expect("id").to_owned()
 }
 
 /// The emails of a segment's contacts, in the list's order (at most one page of 100).
-async fn members(app: &TestApp, key: &str, segment_id: &str) -> Vec<String> {
+pub(crate) async fn members(app: &TestApp, key: &str, segment_id: &str) -> Vec<String> {
     app.wait_for_workers().await;
     let page = app.get(&format!("/segments/{segment_id}/contacts?limit=100"), key).await;
     assert_eq!(page.status, 200, "{:?}", page.body);
@@ -36,7 +36,7 @@ async fn members(app: &TestApp, key: &str, segment_id: &str) -> Vec<String> {
 }
 
 /// Polls until the segment's members are `expected` (sorted), for changes that come with time.
-async fn wait_for_members(app: &TestApp, key: &str, segment_id: &str, expected: &[&str]) {
+pub(crate) async fn wait_for_members(app: &TestApp, key: &str, segment_id: &str, expected: &[&str]) {
     let deadline = Instant::now() + WAIT;
     loop {
         let mut found = members(app, key, segment_id).await;
@@ -114,7 +114,13 @@ async fn a_segment_is_made_from_text_once_and_its_membership_follows_the_records
 
     // What cannot become a usable filter is refused, spending nothing.
     let spent_before = spent().await;
-    for definition in ["only the nice ones please", "plann is pro", "performed refund", "subscribed to sports"] {
+    for definition in [
+        "only the nice ones please",
+        "plann is pro",
+        "performed refund",
+        "subscribed to sports",
+        "opened an email from broadcast nope",
+    ] {
         let refused = define(&app, ALPHA_ADMIN, "x", definition).await;
         assert_eq!((refused.status, refused.code().as_str()), (422, Some("ai_generation_failed")), "{definition}");
         assert_eq!(refused.body["error"]["issues"][0]["key"], "definition");

@@ -610,6 +610,19 @@ async fn a_custom_filter_delivers_only_matching_events_and_spends_a_credit() {
         .await;
     assert_eq!((unclear.status, unclear.code().as_str()), (422, Some("ai_generation_failed")), "{:?}", unclear.body);
     assert_eq!(unclear.body["error"]["issues"][0]["key"], "condition.requirements");
+    // Facts about a contact beyond the delivered data are for segments.
+    for requirements in ["performed purchase", "opened an email in the last 7 days", "plan is pro and did not click"] {
+        let facts = app
+            .post(
+                "/webhooks",
+                ALPHA_ADMIN,
+                &json!({"url": receiver.url("pro"), "trigger": "contact upserted", "schemaId": "contacts",
+                "condition": {"type": "custom filter", "requirements": requirements}}),
+            )
+            .await;
+        assert_eq!((facts.status, facts.code().as_str()), (422, Some("ai_generation_failed")), "{requirements}");
+        assert!(facts.body["error"]["message"].as_str().is_some_and(|message| message.contains("for segments")));
+    }
     let broke = app
         .post(
             "/webhooks",

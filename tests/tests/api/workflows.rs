@@ -390,6 +390,11 @@ async fn an_apply_refuses_a_bad_graph_naming_the_step() {
             "segment \"seg_nope\"",
         ),
         (
+            steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "b"},
+                      {"id": "b", "type": "branch", "arms": [{"condition": "opened in the last 2 days"}]}])),
+            "are for segments",
+        ),
+        (
             json!([{"slug": "bad", "name": "Bad", "triggers": [{"segment": "seg_nope"}],
                     "steps": [{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": null}]}]),
             "segment \"seg_nope\"",
