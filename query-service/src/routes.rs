@@ -47,6 +47,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "getBroadcastRun" => web::get().to(answering(broadcasts::http::run)),
         "listWorkflows" => web::get().to(answering(workflows::http::list)),
         "getWorkflow" => web::get().to(answering(workflows::http::get)),
+        "getWorkflowStats" => web::get().to(answering(workflows::http::stats)),
         "listWorkflowRuns" => web::get().to(answering(workflows::http::runs)),
         "getWorkflowRun" => web::get().to(answering(workflows::http::run)),
         _ => return None,

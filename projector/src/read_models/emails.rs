@@ -2,11 +2,16 @@
 //! /emails/{id}` and a contact's list of emails. One row per email, folded from its stream;
 //! each row keeps the log position it has applied, so an event is never folded twice. A
 //! contact's rows go when its deletion is requested, like its record.
+//!
+//! Beside the stories, the counts of each broadcast run and each workflow send step
+//! (`email_counts`): every event adds the difference it makes to its email's tally
+//! (`story::Tally`), so an email counts once per fact. Counts hold no personal data and stay
+//! when a contact is erased.
 
 use std::collections::BTreeMap;
 
 use deadpool_postgres::Transaction;
-use domain::email::story::{self, Story};
+use domain::email::story::{self, Story, Tally};
 use platform::events::LogEvent;
 use platform::log::StoredEvent;
 
@@ -20,6 +25,21 @@ CREATE TABLE {s}.emails (
     doc jsonb NOT NULL
 );
 CREATE INDEX ON {s}.emails (contact_id, scheduled_at DESC, email_id DESC);
+CREATE TABLE {s}.email_counts (
+    bucket_kind text NOT NULL,
+    bucket_id text NOT NULL,
+    space_id text NOT NULL,
+    scheduled bigint NOT NULL DEFAULT 0,
+    sent bigint NOT NULL DEFAULT 0,
+    failed bigint NOT NULL DEFAULT 0,
+    outcome_unknown bigint NOT NULL DEFAULT 0,
+    bounced bigint NOT NULL DEFAULT 0,
+    complained bigint NOT NULL DEFAULT 0,
+    unsubscribed bigint NOT NULL DEFAULT 0,
+    opened bigint NOT NULL DEFAULT 0,
+    clicked bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (bucket_kind, bucket_id)
+);
 ";
 
 pub(super) const EVENT_TYPES: &[&str] = &[
@@ -79,6 +99,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         }
     }
     let mut erased: Vec<String> = Vec::new();
+    let mut counts: Counts = BTreeMap::new();
     for (stored, event) in &decoded {
         if let LogEvent::RecordDeletionRequested(requested) = event {
             erased.push(requested.record_id.clone());
@@ -96,10 +117,19 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
             (Some(row), _) => row.space_id.clone(),
             (None, _) => continue,
         };
+        let before = Tally::of(current.as_ref().map(|row| &row.story));
         if let Some(story) = story::apply(current.map(|row| row.story), event) {
+            if let Some(bucket) = story::bucket(&story) {
+                let delta = Tally::of(Some(&story)).minus(&before);
+                let sum = counts.entry(bucket).or_insert_with(|| (space_id.clone(), [0; 9]));
+                for (total, change) in sum.1.iter_mut().zip(delta) {
+                    *total += change;
+                }
+            }
             rows.insert(email_id.to_owned(), Row { story, space_id, position: stored.position, changed: true });
         }
     }
+    write_counts(transaction, s, &counts).await?;
     let changed: Vec<&Row> = rows.values().filter(|row| row.changed).collect();
     if !changed.is_empty() {
         let ids: Vec<&str> = changed.iter().map(|row| row.story.id.as_str()).collect();
@@ -124,6 +154,40 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
             transaction.prepare_cached(&format!("DELETE FROM {s}.emails WHERE contact_id = ANY($1)")).await?;
         transaction.execute(&statement, &[&erased]).await?;
     }
+    Ok(())
+}
+
+/// Changes to the counts of each bucket: (kind, id) → (space, a change per `Tally` field).
+type Counts = BTreeMap<(&'static str, String), (String, [i64; 9])>;
+
+/// Adds the batch's changes to the counts, one statement for all buckets.
+async fn write_counts(transaction: &Transaction<'_>, s: &str, counts: &Counts) -> anyhow::Result<()> {
+    let changed: Vec<_> = counts.iter().filter(|(_, (_, delta))| delta.iter().any(|change| *change != 0)).collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let kinds: Vec<&str> = changed.iter().map(|((kind, _), _)| *kind).collect();
+    let ids: Vec<&str> = changed.iter().map(|((_, id), _)| id.as_str()).collect();
+    let spaces: Vec<&str> = changed.iter().map(|(_, (space, _))| space.as_str()).collect();
+    let column = |field: usize| -> Vec<i64> { changed.iter().map(|(_, (_, delta))| delta[field]).collect() };
+    let columns: Vec<Vec<i64>> = (0..Tally::FIELDS.len()).map(column).collect();
+    let fields = Tally::FIELDS.join(", ");
+    let updates = Tally::FIELDS
+        .iter()
+        .map(|field| format!("{field} = email_counts.{field} + EXCLUDED.{field}"))
+        .collect::<Vec<_>>();
+    let statement = transaction
+        .prepare_cached(&format!(
+            "INSERT INTO {s}.email_counts (bucket_kind, bucket_id, space_id, {fields})
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
+                                  $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
+             ON CONFLICT (bucket_kind, bucket_id) DO UPDATE SET {}",
+            updates.join(", ")
+        ))
+        .await?;
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&kinds, &ids, &spaces];
+    params.extend(columns.iter().map(|column| column as &(dyn tokio_postgres::types::ToSql + Sync)));
+    transaction.execute(&statement, &params).await?;
     Ok(())
 }
 

@@ -48,6 +48,15 @@ CREATE TABLE {s}.run_counts (
     total bigint NOT NULL,
     PRIMARY KEY (workflow_id, status)
 );
+CREATE TABLE {s}.step_counts (
+    workflow_id text NOT NULL,
+    step_id text NOT NULL,
+    -- `entered`, a finished step's status, or `skipped:<reason>` (the gate that refused a send,
+    -- or the error code of another skip).
+    measure text NOT NULL,
+    total bigint NOT NULL,
+    PRIMARY KEY (workflow_id, step_id, measure)
+);
 CREATE TABLE {s}.history (
     run_id text NOT NULL,
     index integer NOT NULL,
@@ -482,8 +491,16 @@ async fn write_counts(
     Ok(())
 }
 
+/// Adds the steps the statement before counted (`counted`: workflow, step, measure, n) to the
+/// step counters.
+const ADD_STEP_COUNTS: &str = "INSERT INTO {s}.step_counts (workflow_id, step_id, measure, total)
+    SELECT workflow_id, step_id, measure, n FROM counted
+    ON CONFLICT (workflow_id, step_id, measure) DO UPDATE SET total = step_counts.total + EXCLUDED.total";
+
 /// Writes the batch's history records: started ones where absent, finished ones over what is
-/// there (keeping its start).
+/// there (keeping its start). Each record written for the first time counts as a step
+/// `entered`, each finished one under its status (a skipped one also under its reason), in
+/// the same statements: a record is written once, so it is counted once.
 async fn write_history(
     transaction: &Transaction<'_>,
     s: &str,
@@ -497,10 +514,16 @@ async fn write_history(
     if !started.run_ids.is_empty() {
         let statement = transaction
             .prepare_cached(&format!(
-                "INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error)
-                 SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
-                     $7::timestamptz[], $8::jsonb[])
-                 ON CONFLICT (run_id, index) DO NOTHING"
+                "WITH added AS (
+                     INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error)
+                     SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[],
+                         $6::timestamptz[], $7::timestamptz[], $8::jsonb[])
+                     ON CONFLICT (run_id, index) DO NOTHING RETURNING run_id, step_id),
+                 counted AS (
+                     SELECT r.workflow_id, a.step_id, 'entered' AS measure, count(*) AS n
+                     FROM added a JOIN {s}.runs r USING (run_id) GROUP BY r.workflow_id, a.step_id)
+                 {}",
+                ADD_STEP_COUNTS.replace("{s}", s)
             ))
             .await?;
         started.execute(transaction, &statement).await?;
@@ -508,11 +531,24 @@ async fn write_history(
     if !finished.run_ids.is_empty() {
         let statement = transaction
             .prepare_cached(&format!(
-                "INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error)
-                 SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
-                     $7::timestamptz[], $8::jsonb[])
-                 ON CONFLICT (run_id, index) DO UPDATE SET status = EXCLUDED.status,
-                     finished_at = EXCLUDED.finished_at, error = EXCLUDED.error"
+                "WITH written AS (
+                     INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error)
+                     SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[],
+                         $6::timestamptz[], $7::timestamptz[], $8::jsonb[])
+                     ON CONFLICT (run_id, index) DO UPDATE SET status = EXCLUDED.status,
+                         finished_at = EXCLUDED.finished_at, error = EXCLUDED.error
+                     RETURNING run_id, step_id, status, COALESCE(error ->> 'gate', error ->> 'code') AS reason,
+                         (xmax = 0) AS inserted),
+                 measures AS (
+                     SELECT run_id, step_id, 'entered' AS measure FROM written WHERE inserted
+                     UNION ALL SELECT run_id, step_id, status FROM written
+                     UNION ALL SELECT run_id, step_id, 'skipped:' || reason FROM written
+                         WHERE status = 'skipped' AND reason IS NOT NULL),
+                 counted AS (
+                     SELECT r.workflow_id, m.step_id, m.measure, count(*) AS n
+                     FROM measures m JOIN {s}.runs r USING (run_id) GROUP BY r.workflow_id, m.step_id, m.measure)
+                 {}",
+                ADD_STEP_COUNTS.replace("{s}", s)
             ))
             .await?;
         finished.execute(transaction, &statement).await?;

@@ -290,7 +290,8 @@ impl Runs {
             transaction.commit().await?;
             return Ok(Outcome::Progressed);
         }
-        let prepared = self.send_batch(&run, &pending).await?;
+        let (prepared, skipped) = self.send_batch(&run, &pending).await?;
+        mark_skipped(&transaction, &run.run_id, skipped).await?;
         transaction.commit().await?;
         self.hand_off(prepared).await;
         self.keep_pace(started, pending.len()).await;
@@ -318,11 +319,12 @@ impl Runs {
     }
 
     /// Loads, decides, renders and appends the batch's emails; what their hand-offs need.
-    async fn send_batch(&self, run: &Run, pending: &[String]) -> anyhow::Result<Vec<Prepared>> {
+    /// Decides and appends a batch of recipients: what to hand off, and who was skipped why.
+    async fn send_batch(&self, run: &Run, pending: &[String]) -> anyhow::Result<(Vec<Prepared>, Skipped)> {
         let (authored, recipients) = self.load(run, pending).await?;
         let now = platform::time::now_millis();
         let public_base_url = &self.site.base_url;
-        let mut skipped: Vec<(String, &'static str)> = Vec::new();
+        let mut skipped: Skipped = Vec::new();
         let mut appends = Vec::new();
         for contact_id in pending {
             let Allowed { contact, address, key } =
@@ -377,20 +379,7 @@ impl Runs {
                 }
             }
         }
-        if !skipped.is_empty() {
-            let (ids, reasons): (Vec<String>, Vec<&str>) = skipped.into_iter().unzip();
-            self.pool
-                .get()
-                .await?
-                .execute(
-                    "UPDATE broadcast_recipients r SET state = 'skipped', reason = s.reason
-                     FROM unnest($2::text[], $3::text[]) AS s(contact_id, reason)
-                     WHERE r.run_id = $1 AND r.contact_id = s.contact_id AND r.state = 'pending'",
-                    &[&run.run_id, &ids, &reasons],
-                )
-                .await?;
-        }
-        Ok(prepared)
+        Ok((prepared, skipped))
     }
 
     /// The run's template (with the run's own sender) and what the checks read about the
@@ -489,6 +478,37 @@ impl Sender {
                 "could not claim a hand-off; the outbox worker will"),
         }
     }
+}
+
+/// Recipients skipped, with their reason.
+type Skipped = Vec<(String, &'static str)>;
+
+/// Marks the skipped recipients and counts them in their run, in the step's transaction (which
+/// holds the run's row).
+async fn mark_skipped(transaction: &Transaction<'_>, run_id: &str, skipped: Skipped) -> anyhow::Result<()> {
+    if skipped.is_empty() {
+        return Ok(());
+    }
+    let (ids, reasons): (Vec<String>, Vec<&str>) = skipped.into_iter().unzip();
+    transaction
+        .execute(
+            "WITH moved AS (
+                 UPDATE broadcast_recipients r SET state = 'skipped', reason = s.reason
+                 FROM unnest($2::text[], $3::text[]) AS s(contact_id, reason)
+                 WHERE r.run_id = $1 AND r.contact_id = s.contact_id AND r.state = 'pending'
+                 RETURNING r.reason)
+             UPDATE broadcast_runs SET
+                 skipped_not_subscribed = skipped_not_subscribed
+                     + (SELECT count(*) FROM moved WHERE reason = 'not_subscribed'),
+                 skipped_suppressed = skipped_suppressed + (SELECT count(*) FROM moved WHERE reason = 'suppressed'),
+                 skipped_allowance = skipped_allowance + (SELECT count(*) FROM moved WHERE reason = 'allowance'),
+                 skipped_no_address = skipped_no_address + (SELECT count(*) FROM moved WHERE reason = 'no_address'),
+                 skipped_gone = skipped_gone + (SELECT count(*) FROM moved WHERE reason = 'gone')
+             WHERE run_id = $1",
+            &[&run_id, &ids, &reasons],
+        )
+        .await?;
+    Ok(())
 }
 
 /// Moves the recipient from `pending` to `scheduled` with its email, in the email's append:

@@ -11,6 +11,8 @@ use crate::State;
 use crate::consistency::{authorize_read, consistent_read, respond};
 
 const BROADCASTS: &str = "broadcasts";
+/// The read model that counts a run's emails.
+const EMAILS: &str = "emails";
 
 fn not_found(broadcast_id: &str) -> ApiError {
     ApiError::not_found(Code::BroadcastNotFound, format!("no broadcast {broadcast_id:?} in this space"))
@@ -54,9 +56,10 @@ pub async fn runs(
     let (caller, token) = authorize_read(&state, &req).await?;
     let space_id = caller.space_id().to_owned();
     let (limit, offset) = (page.limit(), page.offset());
-    let (found, consistent) = consistent_read(&state, &caller, token, &[BROADCASTS], |client, models| {
-        let (b, space_id, broadcast_id) = (models.schema(BROADCASTS), space_id.clone(), broadcast_id.clone());
-        Box::pin(async move { store::runs(client, &b, &space_id, &broadcast_id, (limit, offset)).await })
+    let (found, consistent) = consistent_read(&state, &caller, token, &[BROADCASTS, EMAILS], |client, models| {
+        let (b, m) = (models.schema(BROADCASTS), models.schema(EMAILS));
+        let (space_id, broadcast_id) = (space_id.clone(), broadcast_id.clone());
+        Box::pin(async move { store::runs(client, (&b, &m), &space_id, &broadcast_id, (limit, offset)).await })
     })
     .await?;
     let (total, items) = found.ok_or_else(|| not_found(&broadcast_id))?;
@@ -72,10 +75,10 @@ pub async fn run(
     let (broadcast_id, run_id) = path.into_inner();
     let (caller, token) = authorize_read(&state, &req).await?;
     let space_id = caller.space_id().to_owned();
-    let (found, consistent) = consistent_read(&state, &caller, token, &[BROADCASTS], |client, models| {
-        let (b, space_id, broadcast_id, run_id) =
-            (models.schema(BROADCASTS), space_id.clone(), broadcast_id.clone(), run_id.clone());
-        Box::pin(async move { store::run(client, &b, &space_id, (&broadcast_id, &run_id)).await })
+    let (found, consistent) = consistent_read(&state, &caller, token, &[BROADCASTS, EMAILS], |client, models| {
+        let (b, m) = (models.schema(BROADCASTS), models.schema(EMAILS));
+        let (space_id, broadcast_id, run_id) = (space_id.clone(), broadcast_id.clone(), run_id.clone());
+        Box::pin(async move { store::run(client, (&b, &m), &space_id, (&broadcast_id, &run_id)).await })
     })
     .await?;
     let document = found.ok_or_else(|| not_found(&broadcast_id))?.ok_or_else(|| {

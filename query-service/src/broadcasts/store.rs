@@ -7,7 +7,10 @@ use tokio_postgres::types::ToSql;
 
 use crate::consistency::page_of_docs;
 
-/// A run as the API shows it, with its counts, from `r` (a `broadcast_runs` row).
+/// A run as the API shows it, with its counts, from `r` (a `broadcast_runs` row) and `c` (its
+/// `email_counts` row of the `emails` read model, joined by [`run_from`]). Nothing is counted
+/// here: the run engine counts skips as it decides them, the read model counts emails as their
+/// events come.
 const RUN: &str = "jsonb_build_object(
     'id', r.run_id, 'broadcastId', r.broadcast_id, 'status', r.status, 'templateId', r.template_id,
     'senderId', r.sender_id, 'audience', r.audience,
@@ -16,22 +19,34 @@ const RUN: &str = "jsonb_build_object(
     'startedAt', to_char(r.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
     'finishedAt', to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
     'error', r.error,
-    'counts', (
-        SELECT jsonb_build_object(
-            'audience', r.audience_count,
-            'pending', count(*) FILTER (WHERE x.state = 'pending'),
-            'queued', count(*) FILTER (WHERE x.state = 'scheduled' AND o.state IN ('pending', 'attempting')),
-            'sent', count(*) FILTER (WHERE o.state = 'sent'),
-            'failed', count(*) FILTER (WHERE o.state = 'failed'),
-            'outcomeUnknown', count(*) FILTER (WHERE o.state = 'unknown'),
-            'skipped', jsonb_build_object(
-                'notSubscribed', count(*) FILTER (WHERE x.reason = 'not_subscribed'),
-                'suppressed', count(*) FILTER (WHERE x.reason = 'suppressed'),
-                'allowance', count(*) FILTER (WHERE x.reason = 'allowance'),
-                'noAddress', count(*) FILTER (WHERE x.reason = 'no_address'),
-                'gone', count(*) FILTER (WHERE x.reason = 'gone')))
-        FROM broadcast_recipients x LEFT JOIN email_outbox o ON o.email_id = x.email_id
-        WHERE x.run_id = r.run_id))";
+    'counts', jsonb_build_object(
+        'audience', r.audience_count,
+        'pending', GREATEST(COALESCE(r.audience_count, 0) - r.skipped_not_subscribed - r.skipped_suppressed
+            - r.skipped_allowance - r.skipped_no_address - r.skipped_gone - COALESCE(c.scheduled, 0), 0),
+        'queued', GREATEST(COALESCE(c.scheduled - c.sent - c.failed - c.outcome_unknown, 0), 0),
+        'sent', COALESCE(c.sent, 0),
+        'failed', COALESCE(c.failed, 0),
+        'outcomeUnknown', COALESCE(c.outcome_unknown, 0),
+        'bounced', COALESCE(c.bounced, 0),
+        'complained', COALESCE(c.complained, 0),
+        'unsubscribed', COALESCE(c.unsubscribed, 0),
+        'opened', COALESCE(c.opened, 0),
+        'clicked', COALESCE(c.clicked, 0),
+        'openRate', CASE WHEN c.sent > c.bounced THEN round(c.opened::numeric / (c.sent - c.bounced), 4) END,
+        'clickRate', CASE WHEN c.sent > c.bounced THEN round(c.clicked::numeric / (c.sent - c.bounced), 4) END,
+        'skipped', jsonb_build_object(
+            'notSubscribed', r.skipped_not_subscribed,
+            'suppressed', r.skipped_suppressed,
+            'allowance', r.skipped_allowance,
+            'noAddress', r.skipped_no_address,
+            'gone', r.skipped_gone)))";
+
+/// The rows [`RUN`] reads: `broadcast_runs r` and its counts in `{m}.email_counts c`.
+fn run_from(m: &str) -> String {
+    format!(
+        "broadcast_runs r LEFT JOIN {m}.email_counts c ON c.bucket_kind = 'broadcast_run' AND c.bucket_id = r.run_id"
+    )
+}
 
 /// A page of the space's broadcasts, by slug, with the total.
 pub async fn page(
@@ -64,7 +79,7 @@ pub async fn broadcast(
 /// `None` when the space has no such broadcast.
 pub async fn runs(
     client: &Client,
-    b: &str,
+    (b, m): (&str, &str),
     space_id: &str,
     broadcast_id: &str,
     (limit, offset): (i64, i64),
@@ -74,8 +89,9 @@ pub async fn runs(
     }
     let count_sql = "SELECT count(*) FROM broadcast_runs WHERE broadcast_id = $1";
     let rows_sql = format!(
-        "SELECT {RUN} FROM broadcast_runs r WHERE r.broadcast_id = $1
-         ORDER BY r.requested_at DESC, r.run_id DESC LIMIT $2 OFFSET $3"
+        "SELECT {RUN} FROM {} WHERE r.broadcast_id = $1
+         ORDER BY r.requested_at DESC, r.run_id DESC LIMIT $2 OFFSET $3",
+        run_from(m)
     );
     let params: [&(dyn ToSql + Sync); 1] = [&broadcast_id];
     page_of_docs(client, count_sql, &rows_sql, &params, (limit, offset)).await.map(Some)
@@ -85,7 +101,7 @@ pub async fn runs(
 /// broadcast has no such run.
 pub async fn run(
     client: &Client,
-    b: &str,
+    (b, m): (&str, &str),
     space_id: &str,
     (broadcast_id, run_id): (&str, &str),
 ) -> Result<Option<Option<Value>>, ApiError> {
@@ -93,7 +109,7 @@ pub async fn run(
         return Ok(None);
     }
     let statement = client
-        .prepare_cached(&format!("SELECT {RUN} FROM broadcast_runs r WHERE r.broadcast_id = $1 AND r.run_id = $2"))
+        .prepare_cached(&format!("SELECT {RUN} FROM {} WHERE r.broadcast_id = $1 AND r.run_id = $2", run_from(m)))
         .await?;
     Ok(Some(client.query_opt(&statement, &[&broadcast_id, &run_id]).await?.map(|row| row.get::<_, Value>(0))))
 }

@@ -1,4 +1,4 @@
-//! The workflow reads: the space's workflows, one workflow, a workflow's runs (newest first,
+//! The workflow reads: the space's workflows, one workflow, its counts, a workflow's runs (newest first,
 //! filtered by status) and one run with a window of its step history.
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -11,6 +11,8 @@ use crate::State;
 use crate::consistency::{authorize_read, consistent_read, respond};
 
 const WORKFLOWS: &str = "workflows";
+/// The read model that counts a send step's emails.
+const EMAILS: &str = "emails";
 const STATUSES: [&str; 6] = ["waiting", "running", "sleeping", "completed", "exited", "failed"];
 
 fn not_found(workflow_id: &str) -> ApiError {
@@ -72,6 +74,25 @@ pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<Sta
     let (document, consistent) = consistent_read(&state, &caller, token, &[WORKFLOWS], |client, models| {
         let (w, space_id, workflow_id) = (models.schema(WORKFLOWS), space_id.clone(), workflow_id.clone());
         Box::pin(async move { store::workflow(client, &w, &space_id, &workflow_id).await })
+    })
+    .await?;
+    let document = document.ok_or_else(|| not_found(&workflow_id))?;
+    Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
+}
+
+/// The workflow's counts: runs by status, and per step what runs did there.
+pub async fn stats(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let workflow_id = path.into_inner();
+    let (caller, token) = authorize_read(&state, &req).await?;
+    let space_id = caller.space_id().to_owned();
+    let (document, consistent) = consistent_read(&state, &caller, token, &[WORKFLOWS, EMAILS], |client, models| {
+        let (w, m) = (models.schema(WORKFLOWS), models.schema(EMAILS));
+        let (space_id, workflow_id) = (space_id.clone(), workflow_id.clone());
+        Box::pin(async move { store::stats(client, (&w, &m), &space_id, &workflow_id).await })
     })
     .await?;
     let document = document.ok_or_else(|| not_found(&workflow_id))?;

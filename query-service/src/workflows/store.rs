@@ -6,6 +6,7 @@ use platform::error::ApiError;
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
+use super::stats::{self, Counters};
 use super::window::{next_before, window};
 use crate::consistency::page_of_docs;
 
@@ -45,6 +46,52 @@ pub async fn workflow(client: &Client, w: &str, space_id: &str, workflow_id: &st
         .prepare_cached(&format!("SELECT doc FROM {w}.workflows WHERE space_id = $1 AND workflow_id = $2"))
         .await?;
     Ok(client.query_opt(&statement, &[&space_id, &workflow_id]).await?.map(|row| row.get(0)))
+}
+
+/// The workflow's counts (`stats::document`); `None` when the space has no such workflow.
+pub async fn stats(
+    client: &Client,
+    (w, m): (&str, &str),
+    space_id: &str,
+    workflow_id: &str,
+) -> Result<Option<Value>, ApiError> {
+    let Some(workflow) = workflow(client, w, space_id, workflow_id).await? else { return Ok(None) };
+    let mut counters = Counters::default();
+    let statement =
+        client.prepare_cached(&format!("SELECT status, total FROM {w}.run_counts WHERE workflow_id = $1")).await?;
+    for row in client.query(&statement, &[&workflow_id]).await? {
+        counters.runs.insert(row.get(0), row.get(1));
+    }
+    let statement = client
+        .prepare_cached(&format!("SELECT step_id, measure, total FROM {w}.step_counts WHERE workflow_id = $1"))
+        .await?;
+    for row in client.query(&statement, &[&workflow_id]).await? {
+        counters.steps.insert((row.get(0), row.get(1)), row.get(2));
+    }
+    let buckets: Vec<String> = workflow["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|step| step["type"] == "send_email")
+        .filter_map(|step| step["id"].as_str().map(|id| format!("{workflow_id}/{id}")))
+        .collect();
+    let columns = stats::EMAIL_FIELDS.map(|(column, _)| column).join(", ");
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT bucket_id, {columns} FROM {m}.email_counts WHERE bucket_kind = 'workflow_step' AND bucket_id = ANY($1)"
+        ))
+        .await?;
+    for row in client.query(&statement, &[&buckets]).await? {
+        let bucket: String = row.get(0);
+        let step_id = bucket.rsplit_once('/').map_or(bucket.as_str(), |(_, step)| step).to_owned();
+        let values = stats::EMAIL_FIELDS
+            .iter()
+            .enumerate()
+            .map(|(index, (column, _))| ((*column).to_owned(), row.get::<_, i64>(index + 1)))
+            .collect();
+        counters.emails.insert(step_id, values);
+    }
+    Ok(Some(stats::document(&workflow, &counters)))
 }
 
 /// A page of the workflow's runs of `statuses`, newest first (by request time, then id), with

@@ -106,6 +106,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation("getBroadcastRun", "GET", "/broadcasts/{id}/runs/{runId}", Query),
     operation("listWorkflows", "GET", "/workflows", Query),
     operation("getWorkflow", "GET", "/workflows/{id}", Query),
+    operation("getWorkflowStats", "GET", "/workflows/{id}/stats", Query),
     // `{id}` is the reference id of the workflow's incoming-webhook step (D10).
     operation("triggerWorkflow", "POST", "/workflows/{id}", Command),
     operation("pauseWorkflow", "POST", "/workflows/{id}/pause", Command),

@@ -114,6 +114,42 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
         // The visible link of each recipient's own email, naming the broadcast's topic.
         crate::email::assert_unsubscribe_footer(message, "News");
     }
+    // One reader opens the mail and follows its link; a link scanner follows the other's at
+    // once. The run counts what people did, once per email, and its rates.
+    let tracked = |message: &Value, attribute: &str, path: &str| {
+        let email_id = crate::email::email_id_of(message);
+        let html = message["html"].as_str().unwrap_or_default();
+        let prefix = format!("{}/emails/{email_id}/{path}", crate::engagement::PUBLIC_BASE);
+        crate::engagement::attributes(html, attribute, &prefix)
+    };
+    let (reader, scanned) = (&messages[0], &messages[1]);
+    let pixel = tracked(reader, "src", "open?sig=").pop().expect("a pixel");
+    let links = tracked(reader, "href", "click?");
+    assert!(!links.is_empty(), "the weekly news has a tracked link: {reader}");
+    tokio::time::sleep(Duration::from_millis(10_500)).await; // past the scanners' moment
+    for _ in 0..2 {
+        assert_eq!(crate::engagement::get(&app, &pixel).await.status(), 200);
+        assert_eq!(crate::engagement::get(&app, &links[0]).await.status(), 302);
+    }
+    let scanner = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("a client");
+    let scanned_link = tracked(scanned, "href", "click?").pop().expect("a link");
+    let head = scanner.head(crate::engagement::local(&app, &scanned_link)).send().await.expect("HEAD");
+    assert_eq!(head.status(), 302);
+    let deadline = Instant::now() + WAIT;
+    let run = loop {
+        let run =
+            app.get(&format!("/broadcasts/{WEEKLY_BROADCAST}/runs/{run_id}"), MAIL_KEY).await.body["data"].clone();
+        if run["counts"]["opened"] == 1 && run["counts"]["clicked"] == 1 {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "the opens and clicks were not counted: {run}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_conforms("BroadcastRun", std::slice::from_ref(&run));
+    let counts = &run["counts"];
+    assert_eq!(counts["sent"], json!(messages.len()), "what the sink got: {run}");
+    assert_eq!((&counts["openRate"], &counts["clickRate"]), (&json!(0.5), &json!(0.5)), "{run}");
+    assert_eq!((&counts["bounced"], &counts["complained"], &counts["unsubscribed"]), (&json!(0), &json!(0), &json!(0)));
     let runs = app.get(&format!("/broadcasts/{WEEKLY_BROADCAST}/runs"), MAIL_KEY).await;
     assert_eq!(runs.body["pagination"]["totalCount"], 1);
     assert_eq!(runs.body["data"][0]["id"], run_id.as_str());

@@ -50,7 +50,7 @@ pub(crate) fn mail_workspace(allowance: i64) -> String {
              "text": "Hi {{ contact.firstName }}, you paid {{ order.total }}.",
              "data": {"contact": {"schema": "people"}, "order": {"schema": "orders"}}},
             {"slug": "newsletter", "name": "Newsletter", "kind": "marketing", "sender": "hello", "topic": "news",
-             "subject": "News for {{ contact.firstName }}", "html": "<p>News</p>", "text": "News",
+             "subject": "News for {{ contact.firstName }}", "html": "<p>News: <a href=\"https://example.com/news\">read on</a></p>", "text": "News",
              "data": {"contact": {"schema": "people"}}},
             {"slug": "promo", "name": "Promo", "kind": "marketing", "sender": "hello",
              "subject": "Promo", "html": "<p>Promo</p>", "text": "Promo",

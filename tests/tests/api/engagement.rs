@@ -12,7 +12,7 @@ use crate::helpers::*;
 use crate::smtp_sink::SmtpSink;
 
 const WAIT: Duration = Duration::from_secs(20);
-const PUBLIC_BASE: &str = "https://api.example.test/v1";
+pub(crate) const PUBLIC_BASE: &str = "https://api.example.test/v1";
 const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0";
 
 /// The promo template (marketing, no topic) with three links: one to track (its target
@@ -28,7 +28,7 @@ fn promo_with_links() -> String {
 }
 
 /// The value of every `attribute="…"` in `html` that starts with `prefix`, entities decoded.
-fn attributes(html: &str, attribute: &str, prefix: &str) -> Vec<String> {
+pub(crate) fn attributes(html: &str, attribute: &str, prefix: &str) -> Vec<String> {
     let opening = format!("{attribute}=\"{prefix}");
     html.match_indices(&opening)
         .filter_map(|(at, _)| {
@@ -44,11 +44,11 @@ fn client() -> reqwest::Client {
 }
 
 /// `url` (under the public base URL) on the test's command service.
-fn local(app: &TestApp, url: &str) -> String {
+pub(crate) fn local(app: &TestApp, url: &str) -> String {
     url.replacen(PUBLIC_BASE, &app.command_url, 1)
 }
 
-async fn get(app: &TestApp, url: &str) -> reqwest::Response {
+pub(crate) async fn get(app: &TestApp, url: &str) -> reqwest::Response {
     client().get(local(app, url)).header("User-Agent", BROWSER).send().await.expect("the request")
 }
 

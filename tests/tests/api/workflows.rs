@@ -872,6 +872,44 @@ async fn reentry_counts_runs_of_every_trigger_and_a_skipped_send_names_its_gate(
     assert_eq!(error_of_step(&run, "again"), &Value::Null, "{run}");
     let messages = sink.wait_for(1, WAIT).await;
     assert_eq!(messages[0]["rcptTo"][0], "ada@example.com");
+
+    // The workflow's counts: what runs did at each step, skips by their gate, and what became
+    // of a send step's emails, opened by a person here.
+    let email_id = crate::email::email_id_of(&messages[0]);
+    let html = messages[0]["html"].as_str().unwrap_or_default();
+    let prefix = format!("{}/emails/{email_id}/open?sig=", crate::engagement::PUBLIC_BASE);
+    let pixel = crate::engagement::attributes(html, "src", &prefix).pop().expect("a pixel");
+    assert_eq!(crate::engagement::get(&app, &pixel).await.status(), 200);
+    let deadline = std::time::Instant::now() + WAIT;
+    let stats = loop {
+        let stats = app.get(&format!("/workflows/{workflow}/stats"), MAIL_KEY).await;
+        assert_eq!(stats.status, 200, "{:?}", stats.body);
+        if stats.body["data"]["steps"][3]["emails"]["opened"] == 1 {
+            break stats.body["data"].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "the open was not counted: {:?}", stats.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_conforms("WorkflowStats", std::slice::from_ref(&stats));
+    let step = |id: &str| stats["steps"].as_array().and_then(|steps| steps.iter().find(|step| step["stepId"] == id));
+    let (mail, again) = (step("mail").expect("mail"), step("again").expect("again"));
+    assert_eq!((&mail["entered"], &mail["completed"]), (&json!(2), &json!(0)), "{stats}");
+    assert_eq!(mail["skipped"], json!({"total": 2, "byReason": {"consent": 1, "topic": 1}}), "{stats}");
+    assert_eq!(mail["emails"]["scheduled"], 0, "{stats}");
+    assert_eq!((&again["entered"], &again["completed"], &again["inProgress"]), (&json!(2), &json!(1), &json!(0)));
+    assert_eq!(again["skipped"], json!({"total": 1, "byReason": {"consent": 1}}), "{stats}");
+    let emails = &again["emails"];
+    assert_eq!(
+        (&emails["scheduled"], &emails["sent"], &emails["opened"]),
+        (&json!(1), &json!(1), &json!(1)),
+        "{stats}"
+    );
+    assert_eq!((&emails["openRate"], &emails["clickRate"]), (&json!(1.0), &json!(0.0)), "{stats}");
+    assert_eq!(step("start").expect("start")["emails"], Value::Null);
+    let runs = &stats["runs"];
+    assert_eq!(runs["completed"].as_i64().unwrap_or(0) + runs["exited"].as_i64().unwrap_or(0), 2, "{stats}");
+    let missing = app.get("/workflows/wf_missing/stats", MAIL_KEY).await;
+    assert_eq!(missing.code(), "workflow_not_found");
     // The trail shows the gate too, and conforms to the document.
     let trail = app.get(&format!("/schemas/people/records/{contact_id}/audit-trail?channel=workflow"), MAIL_KEY).await;
     let entries = trail.body["data"].as_array().expect("entries");

@@ -155,6 +155,89 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
     Some(story)
 }
 
+/// What one email adds to the counts of what sent it: each field 0 or 1. The `emails` read
+/// model adds the difference a log event makes to an email's tally to the counts of its
+/// bucket, so each email counts once per field whatever comes later.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub scheduled: i64,
+    pub sent: i64,
+    pub failed: i64,
+    pub outcome_unknown: i64,
+    pub bounced: i64,
+    pub complained: i64,
+    pub unsubscribed: i64,
+    /// Opened by a person (a machine's open is not counted).
+    pub opened: i64,
+    /// A link followed by a person.
+    pub clicked: i64,
+}
+
+impl Tally {
+    /// The names of the fields, in the order of [`Tally::values`].
+    pub const FIELDS: [&'static str; 9] = [
+        "scheduled",
+        "sent",
+        "failed",
+        "outcome_unknown",
+        "bounced",
+        "complained",
+        "unsubscribed",
+        "opened",
+        "clicked",
+    ];
+
+    /// An email's tally: `None` (no story yet) counts nothing.
+    pub fn of(story: Option<&Story>) -> Self {
+        let Some(story) = story else { return Self::default() };
+        let had = |kind: &str| i64::from(story.timeline.iter().any(|entry| entry["type"] == kind));
+        Self {
+            scheduled: 1,
+            sent: i64::from(story.sent_at.is_some()),
+            failed: i64::from(story.status == "failed"),
+            outcome_unknown: i64::from(story.status == "outcome_unknown"),
+            bounced: had("bounced"),
+            complained: had("complained"),
+            unsubscribed: i64::from(story.unsubscribed),
+            opened: i64::from(story.engagement.human_opens > 0),
+            clicked: i64::from(story.engagement.human_clicks > 0),
+        }
+    }
+
+    pub fn values(&self) -> [i64; 9] {
+        [
+            self.scheduled,
+            self.sent,
+            self.failed,
+            self.outcome_unknown,
+            self.bounced,
+            self.complained,
+            self.unsubscribed,
+            self.opened,
+            self.clicked,
+        ]
+    }
+
+    /// `self - before`, field by field.
+    pub fn minus(&self, before: &Self) -> [i64; 9] {
+        let (after, before) = (self.values(), before.values());
+        std::array::from_fn(|index| after[index] - before[index])
+    }
+}
+
+/// Where an email's counts go: a broadcast run (`broadcast_run`, its id) or a workflow's send
+/// step (`workflow_step`, `<workflowId>/<stepId>`); `None` for an email sent otherwise.
+pub fn bucket(story: &Story) -> Option<(&'static str, String)> {
+    let text = |key: &str| story.origin[key].as_str().unwrap_or_default();
+    match text("type") {
+        "broadcast" if !text("broadcastRunId").is_empty() => Some(("broadcast_run", text("broadcastRunId").to_owned())),
+        "workflow" if !text("workflowId").is_empty() && !text("stepId").is_empty() => {
+            Some(("workflow_step", format!("{}/{}", text("workflowId"), text("stepId"))))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use platform::proto;
@@ -234,5 +317,39 @@ mod tests {
         assert_eq!(engagement.first_clicked_at.as_deref(), Some("1970-01-01T00:00:05.000Z"));
         assert_eq!(story.timeline.len(), 5, "scheduled and four firsts: {:?}", story.timeline);
         assert_eq!(story.status, "scheduled", "engagement is not a status");
+    }
+
+    #[test]
+    fn a_tally_counts_each_fact_of_an_email_once_and_a_bucket_names_what_sent_it() {
+        let sent = LogEvent::EmailSent(proto::EmailSent { sent_at_ms: 2_000, ..Default::default() });
+        let opened = |machine: &str| {
+            LogEvent::EmailOpened(proto::EmailOpened { machine: machine.into(), at_ms: 3_000, ..Default::default() })
+        };
+        let bounced = LogEvent::EmailBounced(proto::EmailBounced { at_ms: 4_000, ..Default::default() });
+        let complained = LogEvent::EmailComplained(proto::EmailComplained { at_ms: 5_000, ..Default::default() });
+        let mut story = None;
+        let mut total = [0; 9];
+        for event in
+            [scheduled("broadcast"), sent, opened("privacy_proxy"), opened(""), opened(""), bounced, complained]
+        {
+            let before = Tally::of(story.as_ref());
+            story = apply(story, &event);
+            for (sum, delta) in total.iter_mut().zip(Tally::of(story.as_ref()).minus(&before)) {
+                *sum += delta;
+            }
+        }
+        assert_eq!(total, [1, 1, 0, 0, 1, 1, 0, 1, 0], "{:?}", Tally::FIELDS);
+        let story = story.expect("a story");
+        assert_eq!(bucket(&story), Some(("broadcast_run", "bcr_1".to_owned())));
+        let workflow = fold(&[LogEvent::EmailScheduled(proto::EmailScheduled {
+            origin: "workflow".into(),
+            form_id: "run_1".into(),
+            parent_id: "wf_1".into(),
+            step_id: "send".into(),
+            ..Default::default()
+        })])
+        .expect("a story");
+        assert_eq!(bucket(&workflow), Some(("workflow_step", "wf_1/send".to_owned())));
+        assert_eq!(bucket(&fold(&[scheduled("template")]).expect("a story")), None);
     }
 }
