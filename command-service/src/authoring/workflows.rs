@@ -291,6 +291,18 @@ struct WaitForEventSpec {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct WaitForEngagementSpec {
+    step: String,
+    action: domain::workflows::EngagementAction,
+    timeout: String,
+    #[serde(default)]
+    on_engaged: Option<String>,
+    #[serde(default)]
+    on_timeout: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct BranchSpec {
     arms: Vec<ArmSpec>,
     #[serde(default)]
@@ -407,6 +419,16 @@ impl Resolver<'_> {
                     on_timeout: optional_step(spec.on_timeout),
                 }
             }
+            "wait_for_engagement" => {
+                let spec: WaitForEngagementSpec = fields_of(fields)?;
+                StepKind::WaitForEngagement {
+                    step: spec.step,
+                    action: spec.action,
+                    timeout_ms: parse_duration(&spec.timeout)?,
+                    on_engaged: optional_step(spec.on_engaged),
+                    on_timeout: optional_step(spec.on_timeout),
+                }
+            }
             "branch" => {
                 let spec: BranchSpec = fields_of(fields)?;
                 if spec.arms.is_empty() {
@@ -487,8 +509,8 @@ impl Resolver<'_> {
                 StepKind::Exit
             }
             other => bail!(
-                "type {other:?} is not a step type (incoming_webhook, wait, wait_for_event, branch, send_email, \
-                 update_contact, subscribe, unsubscribe, call_webhook, goto, exit)"
+                "type {other:?} is not a step type (incoming_webhook, wait, wait_for_event, wait_for_engagement, branch, \
+                 send_email, update_contact, subscribe, unsubscribe, call_webhook, goto, exit)"
             ),
         };
         Ok(Step { id: id.to_owned(), kind })

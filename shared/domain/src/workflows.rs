@@ -132,17 +132,82 @@ pub struct Step {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", rename_all_fields = "camelCase")]
 pub enum StepKind {
-    IncomingWebhook { reference_id: String, next: Option<String> },
-    Wait { wait: Wait, next: Option<String> },
-    WaitForEvent { event_schema_id: String, timeout_ms: i64, on_event: Option<String>, on_timeout: Option<String> },
-    Branch { arms: Vec<Arm>, default: Option<String> },
-    SendEmail { template_id: String, next: Option<String> },
-    UpdateContact { set: BTreeMap<String, Source>, next: Option<String> },
-    Subscribe { topic_id: String, next: Option<String> },
-    Unsubscribe { topic_id: String, next: Option<String> },
-    CallWebhook { url: String, next: Option<String> },
-    Goto { target: String, max_passes: u32, next: Option<String> },
+    IncomingWebhook {
+        reference_id: String,
+        next: Option<String>,
+    },
+    Wait {
+        wait: Wait,
+        next: Option<String>,
+    },
+    WaitForEvent {
+        event_schema_id: String,
+        timeout_ms: i64,
+        on_event: Option<String>,
+        on_timeout: Option<String>,
+    },
+    /// Waits until the contact opens (or clicks a link in) the email an earlier send step
+    /// sent, at most `timeout_ms`: a person's open or click, not a machine's.
+    WaitForEngagement {
+        step: String,
+        action: EngagementAction,
+        timeout_ms: i64,
+        on_engaged: Option<String>,
+        on_timeout: Option<String>,
+    },
+    Branch {
+        arms: Vec<Arm>,
+        default: Option<String>,
+    },
+    SendEmail {
+        template_id: String,
+        next: Option<String>,
+    },
+    UpdateContact {
+        set: BTreeMap<String, Source>,
+        next: Option<String>,
+    },
+    Subscribe {
+        topic_id: String,
+        next: Option<String>,
+    },
+    Unsubscribe {
+        topic_id: String,
+        next: Option<String>,
+    },
+    CallWebhook {
+        url: String,
+        next: Option<String>,
+    },
+    Goto {
+        target: String,
+        max_passes: u32,
+        next: Option<String>,
+    },
     Exit,
+}
+
+/// What a `wait_for_engagement` step waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngagementAction {
+    Opened,
+    Clicked,
+}
+
+impl EngagementAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngagementAction::Opened => "opened",
+            EngagementAction::Clicked => "clicked",
+        }
+    }
+
+    /// What a sleeping run waits for (`workflow_runs.waiting_schema`): `opened:<emailId>` or
+    /// `clicked:<emailId>`, beside the event schema ids `wait_for_event` waits for.
+    pub fn waiting_key(self, email_id: &str) -> String {
+        format!("{}:{email_id}", self.as_str())
+    }
 }
 
 /// How long a `wait` step waits.
@@ -185,6 +250,7 @@ impl StepKind {
             StepKind::IncomingWebhook { .. } => "incoming_webhook",
             StepKind::Wait { .. } => "wait",
             StepKind::WaitForEvent { .. } => "wait_for_event",
+            StepKind::WaitForEngagement { .. } => "wait_for_engagement",
             StepKind::Branch { .. } => "branch",
             StepKind::SendEmail { .. } => "send_email",
             StepKind::UpdateContact { .. } => "update_contact",
@@ -208,6 +274,7 @@ impl StepKind {
             | StepKind::Unsubscribe { next, .. }
             | StepKind::CallWebhook { next, .. } => out.push(next),
             StepKind::WaitForEvent { on_event, on_timeout, .. } => out.extend([on_event, on_timeout]),
+            StepKind::WaitForEngagement { on_engaged, on_timeout, .. } => out.extend([on_engaged, on_timeout]),
             StepKind::Branch { arms, default } => {
                 out.extend(arms.iter().map(|arm| &arm.next));
                 out.push(default);
@@ -346,6 +413,17 @@ pub fn check(definition: &WorkflowDef) -> Result<(), DefinitionError> {
             && !(1..=MAX_PASSES).contains(max_passes)
         {
             return refuse(format!("goto {:?} needs maxPasses from 1 to {MAX_PASSES}", step.id));
+        }
+        if let StepKind::WaitForEngagement { step: sent_by, .. } = &step.kind
+            && !definition
+                .steps
+                .iter()
+                .any(|other| other.id == *sent_by && matches!(other.kind, StepKind::SendEmail { .. }))
+        {
+            return refuse(format!(
+                "wait_for_engagement {:?} waits on {sent_by:?}, which is not a send_email step",
+                step.id
+            ));
         }
     }
     let by_id: BTreeMap<&str, &Step> = definition.steps.iter().map(|step| (step.id.as_str(), step)).collect();

@@ -395,6 +395,11 @@ async fn an_apply_refuses_a_bad_graph_naming_the_step() {
             "are for segments",
         ),
         (
+            steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "w"},
+                      {"id": "w", "type": "wait_for_engagement", "step": "in", "action": "opened", "timeout": "1d"}])),
+            "not a send_email step",
+        ),
+        (
             json!([{"slug": "bad", "name": "Bad", "triggers": [{"segment": "seg_nope"}],
                     "steps": [{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": null}]}]),
             "segment \"seg_nope\"",
@@ -932,4 +937,76 @@ async fn reentry_counts_runs_of_every_trigger_and_a_skipped_send_names_its_gate(
     assert_eq!(of_ada, 1, "the API's run counts for `once`: {runs:?}");
     assert_eq!(of_buyer.len(), 1, "{runs:?}");
     assert_eq!(of_buyer[0].1, "event");
+}
+
+#[tokio::test]
+async fn a_journey_waits_for_an_open_and_resends_when_the_mail_was_not_opened() {
+    let sink = SmtpSink::start().await;
+    // Send the promo, wait up to four seconds for a person to open it: an open goes on to a
+    // thank-you update at once; no open resends, through a branch on the send step's open.
+    let journey = json!([{
+        "slug": "nudge", "name": "Nudge",
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "nudge-hook", "next": "mail"},
+            {"id": "mail", "type": "send_email", "template": "promo", "next": "wait"},
+            {"id": "wait", "type": "wait_for_engagement", "step": "mail", "action": "opened", "timeout": "4s",
+             "onEngaged": "thanks", "onTimeout": "check"},
+            {"id": "thanks", "type": "update_contact", "set": {"firstName": {"value": "Reader"}}, "next": null},
+            {"id": "check", "type": "branch", "arms": [{"condition": "steps.mail.opened is false", "next": "again"}],
+             "default": null},
+            {"id": "again", "type": "send_email", "template": "promo", "next": null}
+        ]
+    }]);
+    let app = app_with(&sink, journey).await;
+    let workflow = workflow_id(&app, "nudge").await;
+    let mut runs = Vec::new();
+    for email in ["ada@example.com", "bea@example.com"] {
+        let input = json!({"contact": {"email": email, "newsConsent": true}});
+        let started = post(&app, "/workflows/nudge-hook", None, Some(&input)).await;
+        assert_eq!(started.status, 202, "{:?}", started.body);
+        runs.push(started.body["data"]["id"].as_str().expect("run id").to_owned());
+    }
+    let messages = sink.wait_for(2, WAIT).await;
+    let to_ada = messages.iter().find(|message| message["rcptTo"][0] == "ada@example.com").expect("Ada's mail");
+    // A link checker's HEAD of Bea's pixel is a machine's open: it ends no wait.
+    let pixel_of = |message: &Value| {
+        let email_id = crate::email::email_id_of(message);
+        let prefix = format!("{}/emails/{email_id}/open?sig=", crate::engagement::PUBLIC_BASE);
+        crate::engagement::attributes(message["html"].as_str().unwrap_or_default(), "src", &prefix)
+            .pop()
+            .expect("a pixel")
+    };
+    let to_bea = messages.iter().find(|message| message["rcptTo"][0] == "bea@example.com").expect("Bea's mail");
+    let checker = reqwest::Client::new();
+    let head = checker.head(crate::engagement::local(&app, &pixel_of(to_bea))).send().await.expect("HEAD");
+    assert_eq!(head.status(), 200);
+    wait_for_run(&app, &workflow, &runs[0], |run| run["status"] == "sleeping" && run["currentStepId"] == "wait").await;
+    assert_eq!(crate::engagement::get(&app, &pixel_of(to_ada)).await.status(), 200);
+
+    // Ada opened: the wait ends early and goes on to the thank-you.
+    let ada = wait_for_run(&app, &workflow, &runs[0], finished).await;
+    let path: Vec<(String, String)> = steps(&ada).into_iter().map(|(step, _, status)| (step, status)).collect();
+    let expected = [("start", "completed"), ("mail", "completed"), ("wait", "completed"), ("thanks", "completed")];
+    assert_eq!(path, expected.map(|(step, status)| (step.to_owned(), status.to_owned())), "{ada}");
+    let at = |key: &str| {
+        let text = ada["history"][2][key].as_str().unwrap_or_default();
+        chrono::DateTime::parse_from_rfc3339(text).unwrap_or_else(|error| panic!("{key} {text:?}: {error}"))
+    };
+    let waited = at("finishedAt") - at("startedAt");
+    assert!(waited < chrono::Duration::seconds(4), "the open ended the wait before its timeout: {waited}");
+    // Bea did not: the wait times out, the branch reads that the mail was not opened, and
+    // the promo goes again.
+    let bea = wait_for_run(&app, &workflow, &runs[1], finished).await;
+    let path: Vec<(String, String)> = steps(&bea).into_iter().map(|(step, _, status)| (step, status)).collect();
+    let expected = [
+        ("start", "completed"),
+        ("mail", "completed"),
+        ("wait", "timed_out"),
+        ("check", "completed"),
+        ("again", "completed"),
+    ];
+    assert_eq!(path, expected.map(|(step, status)| (step.to_owned(), status.to_owned())), "{bea}");
+    let messages = sink.wait_for(3, WAIT).await;
+    let to_bea = messages.iter().filter(|message| message["rcptTo"][0] == "bea@example.com").count();
+    assert_eq!((messages.len(), to_bea), (3, 2), "Bea's reminder, no second mail for Ada");
 }

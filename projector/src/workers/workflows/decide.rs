@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use domain::records::RecordState;
 use domain::webhooks::signing::Secret;
-use domain::workflows::{Source, Step, StepKind, Wait, WorkflowDef, at_path, condition_document};
+use domain::workflows::{EngagementAction, Source, Step, StepKind, Wait, WorkflowDef, at_path, condition_document};
 use mail::outbox::{self, Prepared};
 use mail::send::{Authored, EmailTo, Gate, Recipient, allowance_guard, schedule};
 use platform::crypto::DataKey;
@@ -49,12 +49,58 @@ pub(super) struct Facts {
     /// The secret the workflow's calls are signed with, opened (`Some(None)`: it signs
     /// nothing).
     pub(super) secret: Option<Option<Secret>>,
+    /// What a person did with the run's emails, by email id.
+    pub(super) engagement: BTreeMap<String, Engaged>,
+}
+
+/// Whether a person opened an email and followed one of its links (machines' opens and
+/// clicks are left out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Engaged {
+    pub(super) opened: bool,
+    pub(super) clicked: bool,
+}
+
+impl Engaged {
+    fn did(self, action: EngagementAction) -> bool {
+        match action {
+            EngagementAction::Opened => self.opened,
+            EngagementAction::Clicked => self.clicked,
+        }
+    }
 }
 
 impl Facts {
     fn contact(&self) -> Result<&ContactFacts, Stop> {
         self.contact.as_ref().ok_or(Stop::Needs(Need::Contact))
     }
+
+    /// What a person did with `email_ids`, once loaded.
+    fn engaged(&self, email_ids: &[String]) -> Result<Vec<Engaged>, Stop> {
+        let missing: Vec<String> = email_ids.iter().filter(|id| !self.engagement.contains_key(*id)).cloned().collect();
+        if !missing.is_empty() {
+            return Err(Stop::Needs(Need::Engagement(missing)));
+        }
+        Ok(email_ids.iter().map(|id| self.engagement.get(id).copied().unwrap_or_default()).collect())
+    }
+}
+
+/// The email a send step of the run last scheduled (its output), if any.
+fn email_of(outputs: &BTreeMap<String, Value>, step_id: &str) -> Option<String> {
+    outputs.get(step_id)?.get("emailId")?.as_str().map(str::to_owned)
+}
+
+/// Whether a person did `action` with the email the send step `sent_by` scheduled (`false`
+/// when it scheduled none).
+fn engaged_with(
+    outputs: &BTreeMap<String, Value>,
+    facts: &Facts,
+    sent_by: &str,
+    action: EngagementAction,
+) -> Result<(Option<String>, bool), Stop> {
+    let Some(email_id) = email_of(outputs, sent_by) else { return Ok((None, false)) };
+    let engaged = facts.engaged(std::slice::from_ref(&email_id))?.first().is_some_and(|engaged| engaged.did(action));
+    Ok((Some(email_id), engaged))
 }
 
 /// A fact a decision needs before it can be made.
@@ -68,6 +114,8 @@ pub(super) enum Need {
     Suppression(String),
     /// The workflow's signing secret, opened.
     Secret,
+    /// What a person did with these emails of the run.
+    Engagement(Vec<String>),
 }
 
 /// What a decision is given besides the run and the facts.
@@ -468,6 +516,21 @@ fn transition(
                     }
                     None => tick.finish(&in_flight, "timed_out", None, on_timeout.as_deref(), now),
                 },
+                (StepKind::WaitForEngagement { step: sent_by, action, on_engaged, on_timeout, .. }, _) => {
+                    // Matched by the follower; at the timeout, what the log says (an open
+                    // recorded while the wait began is not missed).
+                    let (email_id, engaged) = match tick.row.matched_event.clone() {
+                        Some(email_id) => (Some(email_id), true),
+                        None => engaged_with(&tick.outputs, facts, sent_by, *action)?,
+                    };
+                    if engaged {
+                        let output = json!({"emailId": email_id});
+                        let next = on_engaged.as_deref();
+                        tick.finish_with(&in_flight, "completed", None, (String::new(), Some(output)), next, now);
+                    } else {
+                        tick.finish(&in_flight, "timed_out", None, on_timeout.as_deref(), now);
+                    }
+                }
                 (StepKind::CallWebhook { url, next }, _) => {
                     match call_outcome.take() {
                         Some(outcome) => finish_call(given, &mut tick, &in_flight, outcome, next.as_deref()),
@@ -599,8 +662,28 @@ fn execute(
             let started = tick.start(step, now);
             sleep(tick, started, now.saturating_add(*timeout_ms), Some(event_schema_id.clone()), now);
         }
+        StepKind::WaitForEngagement { step: sent_by, action, timeout_ms, on_engaged, .. } => {
+            let (email_id, engaged) = engaged_with(&tick.outputs, facts, sent_by, *action)?;
+            let started = tick.start(step, now);
+            if engaged {
+                let output = json!({"emailId": email_id});
+                tick.finish_with(
+                    &started,
+                    "completed",
+                    None,
+                    (String::new(), Some(output)),
+                    on_engaged.as_deref(),
+                    now,
+                );
+            } else {
+                // Without an email (its send was skipped) only the timeout ends the wait.
+                let waiting = email_id.map(|email_id| action.waiting_key(&email_id));
+                sleep(tick, started, now.saturating_add(*timeout_ms), waiting, now);
+            }
+        }
         StepKind::Branch { arms, default } => {
-            let document = branch_document(input, facts.contact()?, &tick.outputs);
+            let outputs = with_engagement(&tick.outputs, arms, facts)?;
+            let document = branch_document(input, facts.contact()?, &outputs);
             let taken = arms.iter().position(|arm| filter::matches(&arm.condition, &document));
             let next = taken.map_or(default.as_deref(), |arm| arms[arm].next.as_deref());
             let started = tick.start(step, now);
@@ -704,6 +787,51 @@ fn execute(
         }
     }
     Ok(false)
+}
+
+/// The run's step outputs as a branch reads them: when an arm asks whether a send step's
+/// email was `opened` or `clicked` (`steps.<id>.opened`), each send step's output with what a
+/// person did with its email.
+fn with_engagement(
+    outputs: &BTreeMap<String, Value>,
+    arms: &[domain::workflows::Arm],
+    facts: &Facts,
+) -> Result<BTreeMap<String, Value>, Stop> {
+    let asks = arms.iter().any(|arm| {
+        condition_fields(&arm.condition).iter().any(|field| {
+            let mut segments = field.split('.');
+            segments.next() == Some("steps")
+                && segments.next().is_some()
+                && matches!(segments.next(), Some("opened" | "clicked"))
+        })
+    });
+    if !asks {
+        return Ok(outputs.clone());
+    }
+    let sent: Vec<(String, String)> = outputs
+        .keys()
+        .filter_map(|step_id| email_of(outputs, step_id).map(|email_id| (step_id.clone(), email_id)))
+        .collect();
+    let email_ids: Vec<String> = sent.iter().map(|(_, email_id)| email_id.clone()).collect();
+    let engaged = facts.engaged(&email_ids)?;
+    let mut outputs = outputs.clone();
+    for ((step_id, _), engaged) in sent.iter().zip(engaged) {
+        if let Some(Value::Object(output)) = outputs.get_mut(step_id) {
+            output.insert("opened".to_owned(), Value::Bool(engaged.opened));
+            output.insert("clicked".to_owned(), Value::Bool(engaged.clicked));
+        }
+    }
+    Ok(outputs)
+}
+
+/// The field paths a condition reads.
+fn condition_fields(filter: &filter::Filter) -> Vec<&str> {
+    match filter {
+        filter::Filter::All(parts) | filter::Filter::Any(parts) => parts.iter().flat_map(condition_fields).collect(),
+        filter::Filter::Not(inner) => condition_fields(inner),
+        filter::Filter::Condition(condition) => vec![condition.field.as_str()],
+        filter::Filter::Performed(_) | filter::Filter::Engaged(_) => Vec::new(),
+    }
 }
 
 fn sleep(tick: &mut Tick, started: InFlight, until: i64, event_schema_id: Option<String>, now: i64) {
@@ -826,7 +954,8 @@ fn send_email(
         tick.guards.push(allowance_guard(&tick.row.space_id, now, allowance.monthly));
     }
     tick.email = Some(scheduled.prepared);
-    tick.finish_with(started, "completed", None, (email_id, None), next, now);
+    let output = json!({"emailId": email_id});
+    tick.finish_with(started, "completed", None, (email_id, Some(output)), next, now);
     Ok(true)
 }
 
@@ -1457,5 +1586,104 @@ mod tests {
         assert_eq!(events(&tick), ["run exited"]);
         let LogEvent::WorkflowRunFinished(finished) = &tick.events[0] else { panic!("the run finished") };
         assert_eq!(finished.error_code, "contact_erased");
+    }
+
+    /// `row` with the step outputs `outputs` (sealed in the clear, as a test has no keys).
+    fn with_outputs(mut row: Row, outputs: Value) -> Row {
+        let sealed = platform::events::seal("con_1", &proto::WorkflowStepOutput { json: outputs.to_string() });
+        row.outputs = Some(prost::Message::encode_to_vec(&sealed));
+        row
+    }
+
+    /// A journey that sends `mail`, waits up to a minute for its open, and goes to `thanks`
+    /// or `again`.
+    fn waits_for_open() -> (WorkflowDef, Step) {
+        let wait = step(
+            "wait",
+            StepKind::WaitForEngagement {
+                step: "mail".into(),
+                action: EngagementAction::Opened,
+                timeout_ms: 60_000,
+                on_engaged: next("thanks"),
+                on_timeout: next("again"),
+            },
+        );
+        let definition = workflow(vec![
+            entry("mail"),
+            step("mail", StepKind::SendEmail { template_id: "tpl_1".into(), next: next("wait") }),
+            wait.clone(),
+            step("thanks", StepKind::Exit),
+            step("again", StepKind::Exit),
+        ]);
+        (definition, wait)
+    }
+
+    fn engaged(opened: bool, clicked: bool) -> Facts {
+        Facts { engagement: BTreeMap::from([("em_1".to_owned(), Engaged { opened, clicked })]), ..Facts::default() }
+    }
+
+    #[test]
+    fn given_a_wait_for_an_open_when_it_starts_then_an_earlier_open_ends_it_at_once_and_otherwise_it_sleeps_on_the_email()
+     {
+        let (definition, _) = waits_for_open();
+        let run = with_outputs(row("running", Some("wait")), json!({"mail": {"emailId": "em_1"}}));
+        assert_eq!(needs(&run, &definition, &Facts::default(), &given()), Need::Engagement(vec!["em_1".to_owned()]));
+        let tick = decided(&run, &definition, &engaged(false, true), &given());
+        assert_eq!(events(&tick), ["started wait", "sleeping"], "a click is not an open");
+        assert_eq!((tick.row.waiting_schema.as_deref(), tick.due_ms), (Some("opened:em_1"), Some(NOW + 60_000)));
+        assert!(tick.new_wait, "the follower matches opens after this point");
+        let tick = decided(&run, &definition, &engaged(true, false), &given());
+        assert_eq!(events(&tick)[..2], ["started wait", "completed wait"]);
+        assert_eq!(finished(&tick, "wait").next_step_id, "thanks");
+        // Its send was skipped: no email to open, only the timeout ends the wait.
+        let tick = decided(&row("running", Some("wait")), &definition, &Facts::default(), &given());
+        assert_eq!(
+            (events(&tick), tick.row.waiting_schema),
+            (vec!["started wait".to_owned(), "sleeping".to_owned()], None)
+        );
+    }
+
+    #[test]
+    fn given_a_sleeping_wait_for_an_open_when_it_wakes_then_a_match_goes_on_engaged_and_a_timeout_asks_the_log_again() {
+        let (definition, wait) = waits_for_open();
+        let outputs = json!({"mail": {"emailId": "em_1"}});
+        let mut matched = with_outputs(in_flight("sleeping", &wait, 0, false), outputs.clone());
+        matched.matched_event = Some("em_1".into());
+        let tick = decided(&matched, &definition, &Facts::default(), &given());
+        assert_eq!(
+            (finished(&tick, "wait").status.as_str(), finished(&tick, "wait").next_step_id.as_str()),
+            ("completed", "thanks")
+        );
+        assert_eq!(tick.outputs.get("wait"), Some(&json!({"emailId": "em_1"})));
+        let due = with_outputs(in_flight("sleeping", &wait, 0, false), outputs);
+        assert_eq!(needs(&due, &definition, &Facts::default(), &given()), Need::Engagement(vec!["em_1".to_owned()]));
+        let timed_out = decided(&due, &definition, &engaged(false, false), &given());
+        assert_eq!(
+            (finished(&timed_out, "wait").status.as_str(), finished(&timed_out, "wait").next_step_id.as_str()),
+            ("timed_out", "again")
+        );
+        let missed = decided(&due, &definition, &engaged(true, false), &given());
+        assert_eq!(finished(&missed, "wait").next_step_id, "thanks", "an open the follower missed still counts");
+    }
+
+    #[test]
+    fn given_a_branch_on_a_send_steps_open_when_decided_then_it_reads_what_a_person_did_with_the_email() {
+        let arm = domain::workflows::Arm {
+            condition: filter::parse_plain("steps.mail.opened is false").expect("parses"),
+            description: "steps.mail.opened is false".into(),
+            next: next("again"),
+        };
+        let definition = workflow(vec![
+            step("start", StepKind::Branch { arms: vec![arm], default: next("thanks") }),
+            step("thanks", StepKind::Exit),
+            step("again", StepKind::Exit),
+        ]);
+        let run = with_outputs(row("running", Some("start")), json!({"mail": {"emailId": "em_1"}}));
+        let facts =
+            |opened| Facts { engagement: engaged(opened, false).engagement, ..with_contact(contact(None, json!({}))) };
+        let contact_only = with_contact(contact(None, json!({})));
+        assert_eq!(needs(&run, &definition, &contact_only, &given()), Need::Engagement(vec!["em_1".to_owned()]));
+        assert_eq!(finished(&decided(&run, &definition, &facts(false), &given()), "start").next_step_id, "again");
+        assert_eq!(finished(&decided(&run, &definition, &facts(true), &given()), "start").next_step_id, "thanks");
     }
 }

@@ -6,6 +6,9 @@
 //!   the event (`waiting_after`), and starts a run of each published workflow it triggers, under
 //!   the trigger's re-entry rule. The run's id is derived from (workflow, event), so a batch
 //!   followed twice starts nothing twice.
+//! - A person's open of an email (or click of one of its links) ends the `wait_for_engagement`
+//!   steps waiting for it (`waiting_schema` `opened:<emailId>` or `clicked:<emailId>`), when
+//!   the wait began before it; a wait that times out asks the log once more.
 //! - A contact's deletion makes its unfinished runs due at once: the engine ends them.
 //! - A contact that enters a segment (an entry the segments read model records at the log
 //!   position of the change that made it a member) starts a run of each published workflow
@@ -22,7 +25,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Pool};
-use domain::workflows::{ContactRuns, Reentry, TriggerOn, WORKFLOW, WorkflowDef, run_stream_id};
+use domain::workflows::{ContactRuns, EngagementAction, Reentry, TriggerOn, WORKFLOW, WorkflowDef, run_stream_id};
 use futures_util::future::BoxFuture;
 use platform::events::LogEvent;
 use platform::log::{
@@ -108,7 +111,7 @@ impl Follower {
 
     /// What the log's events mean for runs: ready events and deleted contacts.
     async fn follow_log(&self, transaction: &impl GenericClient, events: &[StoredEvent]) -> anyhow::Result<()> {
-        let (mut ready, mut deleted) = (Vec::new(), Vec::new());
+        let (mut ready, mut deleted, mut engaged) = (Vec::new(), Vec::new(), Vec::new());
         for stored in events {
             match stored.decode()? {
                 LogEvent::EventAccepted(accepted)
@@ -136,6 +139,19 @@ impl Follower {
                 LogEvent::RecordDeletionRequested(requested) if requested.schema_type == "contact" => {
                     deleted.push(requested.record_id);
                 }
+                // A person's open or click: a machine's ends no wait.
+                LogEvent::EmailOpened(opened) if opened.machine.is_empty() => engaged.push((
+                    opened.contact_id,
+                    EngagementAction::Opened.waiting_key(&opened.email_id),
+                    opened.email_id,
+                    stored.position,
+                )),
+                LogEvent::EmailClicked(clicked) if clicked.machine.is_empty() => engaged.push((
+                    clicked.contact_id,
+                    EngagementAction::Clicked.waiting_key(&clicked.email_id),
+                    clicked.email_id,
+                    stored.position,
+                )),
                 _ => {}
             }
         }
@@ -152,6 +168,17 @@ impl Follower {
                      WHERE contact_id = $1 AND waiting_schema = $2 AND status = 'sleeping' AND matched_event IS NULL
                        AND waiting_after < $4",
                     &[&ready.contact_id, &ready.schema_id, &ready.event_id, &ready.position],
+                )
+                .await?;
+        }
+        for (contact_id, waiting, email_id, position) in &engaged {
+            transaction
+                .execute(
+                    "UPDATE workflow_runs SET matched_event = $3,
+                         due_at = CASE WHEN paused THEN due_at ELSE clock_timestamp() END
+                     WHERE contact_id = $1 AND waiting_schema = $2 AND status = 'sleeping' AND matched_event IS NULL
+                       AND waiting_after < $4",
+                    &[contact_id, waiting, email_id, position],
                 )
                 .await?;
         }

@@ -180,6 +180,22 @@ async fn load(inner: &Inner, row: &Row, definition: &WorkflowDef, facts: &mut Fa
             let suppressed = domain::email::is_suppressed(&client, &row.space_id, &address).await?;
             facts.suppressed.insert(address, suppressed);
         }
+        Need::Engagement(email_ids) => {
+            let client = inner.pool.get().await?;
+            let streams: Vec<String> = email_ids.iter().map(|id| domain::email::stream_id(id)).collect();
+            for email_id in &email_ids {
+                facts.engagement.entry(email_id.clone()).or_default();
+            }
+            for stored in platform::log::read_streams(&client, &streams).await? {
+                let (email_id, opened) = match stored.decode()? {
+                    LogEvent::EmailOpened(opened) if opened.machine.is_empty() => (opened.email_id, true),
+                    LogEvent::EmailClicked(clicked) if clicked.machine.is_empty() => (clicked.email_id, false),
+                    _ => continue,
+                };
+                let engaged = facts.engagement.entry(email_id).or_default();
+                if opened { engaged.opened = true } else { engaged.clicked = true }
+            }
+        }
         Need::Secret => {
             facts.secret = Some(match &definition.signing {
                 Some(stored) => {
