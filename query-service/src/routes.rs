@@ -36,6 +36,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "getSender" => web::get().to(answering(email::http::get_sender)),
         "listTopics" => web::get().to(answering(email::http::list_topics)),
         "getTopic" => web::get().to(answering(email::http::get_topic)),
+        "listEmails" => web::get().to(answering(emails::http::list)),
         "getEmail" => web::get().to(answering(emails::http::get)),
         "getUnsubscribePage" => web::get().to(emails::unsubscribe_page::get),
         "listSegments" => web::get().to(answering(segments::http::list)),

@@ -1,5 +1,6 @@
 //! The emails read model: each email's story (`domain::email::story`), for `GET
-//! /emails/{id}` and a contact's list of emails. One row per email, folded from its stream;
+//! /emails/{id}` and a contact's list of emails (`GET /emails?contactId=`, with the number of
+//! each contact's emails kept beside them). One row per email, folded from its stream;
 //! each row keeps the log position it has applied, so an event is never folded twice. A
 //! contact's rows go when its deletion is requested, like its record.
 //!
@@ -25,6 +26,11 @@ CREATE TABLE {s}.emails (
     doc jsonb NOT NULL
 );
 CREATE INDEX ON {s}.emails (contact_id, scheduled_at DESC, email_id DESC);
+CREATE TABLE {s}.contact_email_counts (
+    contact_id text PRIMARY KEY,
+    space_id text NOT NULL,
+    total bigint NOT NULL
+);
 CREATE TABLE {s}.email_counts (
     bucket_kind text NOT NULL,
     bucket_id text NOT NULL,
@@ -140,18 +146,27 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         let docs = changed.iter().map(|row| serde_json::to_value(&row.story)).collect::<Result<Vec<_>, _>>()?;
         let statement = transaction
             .prepare_cached(&format!(
-                "INSERT INTO {s}.emails (email_id, space_id, contact_id, scheduled_at, position, doc)
-                 SELECT e, sp, c, a::timestamptz, p, d
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::jsonb[])
-                     AS w(e, sp, c, a, p, d)
-                 ON CONFLICT (email_id) DO UPDATE SET position = EXCLUDED.position, doc = EXCLUDED.doc"
+                "WITH written AS (
+                     INSERT INTO {s}.emails (email_id, space_id, contact_id, scheduled_at, position, doc)
+                     SELECT e, sp, c, a::timestamptz, p, d
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::jsonb[])
+                         AS w(e, sp, c, a, p, d)
+                     ON CONFLICT (email_id) DO UPDATE SET position = EXCLUDED.position, doc = EXCLUDED.doc
+                     RETURNING contact_id, space_id, (xmax = 0) AS inserted)
+                 INSERT INTO {s}.contact_email_counts (contact_id, space_id, total)
+                 SELECT contact_id, space_id, count(*) FROM written WHERE inserted GROUP BY contact_id, space_id
+                 ON CONFLICT (contact_id) DO UPDATE SET total = contact_email_counts.total + EXCLUDED.total"
             ))
             .await?;
         transaction.execute(&statement, &[&ids, &spaces, &contacts, &at, &positions, &docs]).await?;
     }
     if !erased.is_empty() {
-        let statement =
-            transaction.prepare_cached(&format!("DELETE FROM {s}.emails WHERE contact_id = ANY($1)")).await?;
+        let statement = transaction
+            .prepare_cached(&format!(
+                "WITH emails AS (DELETE FROM {s}.emails WHERE contact_id = ANY($1))
+                 DELETE FROM {s}.contact_email_counts WHERE contact_id = ANY($1)"
+            ))
+            .await?;
         transaction.execute(&statement, &[&erased]).await?;
     }
     Ok(())

@@ -80,6 +80,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation("getSender", "GET", "/senders/{id}", Query),
     operation("listTopics", "GET", "/topics", Query),
     operation("getTopic", "GET", "/topics/{id}", Query),
+    operation("listEmails", "GET", "/emails", Query),
     operation("getEmail", "GET", "/emails/{id}", Query),
     operation("unsubscribeEmail", "POST", "/emails/{id}/unsubscribe", Command),
     operation("getUnsubscribePage", "GET", "/emails/{id}/unsubscribe", Query),

@@ -222,7 +222,27 @@ async fn tracked_links_redirect_once_recorded_forged_ones_never_and_the_pixel_co
         .collect();
     assert_eq!(timeline[..2], [("scheduled", &Value::Null), ("sent", &Value::Null)], "{story}");
     assert_eq!(timeline.iter().filter(|(kind, _)| *kind == "clicked").count(), 3, "firsts only: {story}");
+    let person_click = story["timeline"]
+        .as_array()
+        .and_then(|timeline| timeline.iter().find(|entry| entry["type"] == "clicked" && entry["machine"].is_null()))
+        .expect("the person's click");
+    assert_eq!(person_click["url"], shop_url, "the target, opened from the log: {story}");
     assert!(timeline.contains(&("opened", &Value::Null)), "{story}");
+    // The contact's emails: this one, without its timeline; none for another space.
+    let listed = app.get(&format!("/emails?contactId={contact_id}"), MAIL_KEY).await;
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    assert_eq!(listed.body["pagination"]["totalCount"], 1, "{:?}", listed.body);
+    let item = &listed.body["data"][0];
+    assert_eq!((&item["id"], &item["engagement"]["humanClicks"]), (&json!(email_id), &json!(1)));
+    assert!(item.get("timeline").is_none(), "{item}");
+    assert_conforms("EmailSummary", std::slice::from_ref(item));
+    let elsewhere = app.get(&format!("/emails?contactId={contact_id}"), ALPHA_ADMIN).await;
+    assert_eq!(
+        (elsewhere.body["pagination"]["totalCount"].clone(), elsewhere.body["data"].clone()),
+        (json!(0), json!([]))
+    );
+    let unnamed = app.get("/emails", MAIL_KEY).await;
+    assert_eq!((unnamed.status, unnamed.code().clone()), (400, json!("invalid_query_parameter")));
     let unknown = app.get("/emails/em_0000000000000000000000000000000a", MAIL_KEY).await;
     assert_eq!((unknown.status, unknown.code().clone()), (404, json!("email_not_found")));
 
@@ -245,6 +265,8 @@ async fn tracked_links_redirect_once_recorded_forged_ones_never_and_the_pixel_co
     }
     let gone = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
     assert_eq!((gone.status, gone.code().clone()), (404, json!("email_not_found")), "{:?}", gone.body);
+    let listed = app.get(&format!("/emails?contactId={contact_id}"), MAIL_KEY).await;
+    assert_eq!((listed.body["pagination"]["totalCount"].clone(), listed.body["data"].clone()), (json!(0), json!([])));
     let after = get(&app, shop).await;
     assert_eq!(after.status(), 302, "the link is still this service's");
     assert_eq!(
