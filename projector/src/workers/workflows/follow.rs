@@ -160,25 +160,21 @@ impl Follower {
         for ready in &ready {
             self.start_triggered(transaction, ready).await?;
         }
-        for ready in &ready {
+        // Each wait a fact ends: (contact, what it waits for, what matched, the fact's position).
+        let wakes =
+            ready.iter().map(|ready| (&ready.contact_id, &ready.schema_id, &ready.event_id, ready.position)).chain(
+                engaged
+                    .iter()
+                    .map(|(contact_id, waiting, email_id, position)| (contact_id, waiting, email_id, *position)),
+            );
+        for (contact_id, waiting, matched, position) in wakes {
             transaction
                 .execute(
                     "UPDATE workflow_runs SET matched_event = $3,
                          due_at = CASE WHEN paused THEN due_at ELSE clock_timestamp() END
                      WHERE contact_id = $1 AND waiting_schema = $2 AND status = 'sleeping' AND matched_event IS NULL
                        AND waiting_after < $4",
-                    &[&ready.contact_id, &ready.schema_id, &ready.event_id, &ready.position],
-                )
-                .await?;
-        }
-        for (contact_id, waiting, email_id, position) in &engaged {
-            transaction
-                .execute(
-                    "UPDATE workflow_runs SET matched_event = $3,
-                         due_at = CASE WHEN paused THEN due_at ELSE clock_timestamp() END
-                     WHERE contact_id = $1 AND waiting_schema = $2 AND status = 'sleeping' AND matched_event IS NULL
-                       AND waiting_after < $4",
-                    &[contact_id, waiting, email_id, position],
+                    &[contact_id, waiting, matched, &position],
                 )
                 .await?;
         }
