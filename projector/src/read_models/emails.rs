@@ -61,22 +61,6 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "RecordDeletionRequested.v1",
 ];
 
-/// The email an event is about.
-fn email_of(event: &LogEvent) -> Option<&str> {
-    Some(match event {
-        LogEvent::EmailScheduled(e) => &e.email_id,
-        LogEvent::EmailSent(e) => &e.email_id,
-        LogEvent::EmailFailed(e) => &e.email_id,
-        LogEvent::EmailOutcomeUnknown(e) => &e.email_id,
-        LogEvent::EmailBounced(e) => &e.email_id,
-        LogEvent::EmailComplained(e) => &e.email_id,
-        LogEvent::EmailUnsubscribed(e) => &e.email_id,
-        LogEvent::EmailOpened(e) => &e.email_id,
-        LogEvent::EmailClicked(e) => &e.email_id,
-        _ => return None,
-    })
-}
-
 /// A row being folded: the story, its space and the position it has applied.
 struct Row {
     story: Story,
@@ -91,7 +75,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         decoded.push((stored, stored.decode()?));
     }
     let wanted: Vec<String> =
-        decoded.iter().filter_map(|(_, event)| email_of(event)).map(str::to_owned).collect::<Vec<_>>();
+        decoded.iter().filter_map(|(_, event)| event.email_id()).map(str::to_owned).collect::<Vec<_>>();
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
     if !wanted.is_empty() {
         let statement = transaction
@@ -112,7 +96,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
             rows.retain(|_, row| row.story.contact_id != requested.record_id);
             continue;
         }
-        let Some(email_id) = email_of(event) else { continue };
+        let Some(email_id) = event.email_id() else { continue };
         let current = rows.remove(email_id);
         if current.as_ref().is_some_and(|row| row.position >= stored.position) {
             rows.extend(current.map(|row| (email_id.to_owned(), row)));

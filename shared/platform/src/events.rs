@@ -94,6 +94,24 @@ macro_rules! event_types {
     };
 }
 
+impl LogEvent {
+    /// The email an event of an email's stream is about; `None` for any other event.
+    pub fn email_id(&self) -> Option<&str> {
+        Some(match self {
+            Self::EmailScheduled(e) => &e.email_id,
+            Self::EmailSent(e) => &e.email_id,
+            Self::EmailFailed(e) => &e.email_id,
+            Self::EmailOutcomeUnknown(e) => &e.email_id,
+            Self::EmailBounced(e) => &e.email_id,
+            Self::EmailComplained(e) => &e.email_id,
+            Self::EmailUnsubscribed(e) => &e.email_id,
+            Self::EmailOpened(e) => &e.email_id,
+            Self::EmailClicked(e) => &e.email_id,
+            _ => return None,
+        })
+    }
+}
+
 event_types! {
     SpaceDefined => "SpaceDefined.v1",
     UserDefined => "UserDefined.v1",
