@@ -485,9 +485,10 @@ mod tests {
     fn given_engagement_filters_when_described_then_the_words_read_back_to_the_same_filter() {
         for text in [
             "opened an email",
-            "opened an email from broadcast \"in\" in the last 1 week including machines",
+            "opened an email from broadcast \"in\" in the last 7 days including machines",
             "clicked a link containing \"pricing page\" in an email from step s1 of workflow w1",
-            "clicked a link in an email from template welcome and not (opened an email in the last 90 days)",
+            "clicked a link in an email from template welcome and has not opened an email in the last 90 days",
+            "has not clicked a link containing pricing in the last 2 weeks",
             "opened an email from workflow w1 or plan is pro",
         ] {
             let filter = parsed(text);

@@ -287,7 +287,11 @@ pub fn describe(filter: &Filter) -> String {
     match filter {
         Filter::All(parts) => parts.iter().map(describe_part).collect::<Vec<_>>().join(" and "),
         Filter::Any(parts) => parts.iter().map(describe_part).collect::<Vec<_>>().join(" or "),
-        Filter::Not(inner) => format!("not ({})", describe(inner)),
+        Filter::Not(inner) => match inner.as_ref() {
+            // `has not opened ...` reads back as this negation.
+            Filter::Engaged(engaged) => format!("has not {}", engaged.describe()),
+            inner => format!("not ({})", describe(inner)),
+        },
         Filter::Condition(condition) => describe_condition(condition),
         Filter::Performed(performed) => describe_performed(performed),
         Filter::Engaged(engaged) => engaged.describe(),
@@ -1545,9 +1549,10 @@ fn describe_performed(performed: &Performed) -> String {
 
 /// ` in the last N <unit>`, in the largest unit that divides `seconds`.
 fn window_words(seconds: u64) -> String {
+    // Whole weeks from two on (`7 days` reads better than `1 week`), else the largest unit.
     let (size, unit) = [(604_800, "weeks"), (86_400, "days"), (3_600, "hours"), (60, "minutes")]
         .into_iter()
-        .find(|(size, _)| seconds.is_multiple_of(*size))
+        .find(|(size, unit)| seconds.is_multiple_of(*size) && (*unit != "weeks" || seconds / size >= 2))
         .unwrap_or((1, "seconds"));
     let count = seconds / size;
     let unit = if count == 1 { unit.trim_end_matches('s') } else { unit };
