@@ -38,6 +38,15 @@ pub(crate) fn attributes(html: &str, attribute: &str, prefix: &str) -> Vec<Strin
         .collect()
 }
 
+/// The tracked URLs of a received message: `path` is `click?` for its links, `open?sig=`
+/// for its pixel.
+pub(crate) fn tracked(message: &Value, path: &str) -> Vec<String> {
+    let email_id = email_id_of(message);
+    let attribute = if path.starts_with("open") { "src" } else { "href" };
+    let prefix = format!("{PUBLIC_BASE}/emails/{email_id}/{path}");
+    attributes(message["html"].as_str().unwrap_or_default(), attribute, &prefix)
+}
+
 /// A client that does not follow redirects, as the test must see the 302 itself.
 fn client() -> reqwest::Client {
     reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("a client")
@@ -352,10 +361,8 @@ async fn segments_gain_a_contact_on_its_open_or_click_and_lose_it_when_the_windo
     let sent = send(&app, &promo, &body, None).await;
     assert_eq!(sent.status, 200, "{:?}", sent.body);
     let messages = sink.wait_for(1, WAIT).await;
-    let html = messages[0]["html"].as_str().expect("an HTML part");
-    let email_id = email_id_of(&messages[0]);
-    let clicks = attributes(html, "href", &format!("{PUBLIC_BASE}/emails/{email_id}/click?"));
-    let pixel = &attributes(html, "src", &format!("{PUBLIC_BASE}/emails/{email_id}/open?sig="))[0];
+    let clicks = tracked(&messages[0], "click?");
+    let pixel = &tracked(&messages[0], "open?sig=")[0];
     wait_for_members(&app, MAIL_KEY, &sunset, &["yara@example.com"]).await;
 
     // A link checker's HEAD of the pixel is a machine's open: no segment counts it.

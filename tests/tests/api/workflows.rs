@@ -880,10 +880,7 @@ async fn reentry_counts_runs_of_every_trigger_and_a_skipped_send_names_its_gate(
 
     // The workflow's counts: what runs did at each step, skips by their gate, and what became
     // of a send step's emails, opened by a person here.
-    let email_id = crate::email::email_id_of(&messages[0]);
-    let html = messages[0]["html"].as_str().unwrap_or_default();
-    let prefix = format!("{}/emails/{email_id}/open?sig=", crate::engagement::PUBLIC_BASE);
-    let pixel = crate::engagement::attributes(html, "src", &prefix).pop().expect("a pixel");
+    let pixel = crate::engagement::tracked(&messages[0], "open?sig=").pop().expect("a pixel");
     assert_eq!(crate::engagement::get(&app, &pixel).await.status(), 200);
     let deadline = std::time::Instant::now() + WAIT;
     let stats = loop {
@@ -969,13 +966,7 @@ async fn a_journey_waits_for_an_open_and_resends_when_the_mail_was_not_opened() 
     let messages = sink.wait_for(2, WAIT).await;
     let to_ada = messages.iter().find(|message| message["rcptTo"][0] == "ada@example.com").expect("Ada's mail");
     // A link checker's HEAD of Bea's pixel is a machine's open: it ends no wait.
-    let pixel_of = |message: &Value| {
-        let email_id = crate::email::email_id_of(message);
-        let prefix = format!("{}/emails/{email_id}/open?sig=", crate::engagement::PUBLIC_BASE);
-        crate::engagement::attributes(message["html"].as_str().unwrap_or_default(), "src", &prefix)
-            .pop()
-            .expect("a pixel")
-    };
+    let pixel_of = |message: &Value| crate::engagement::tracked(message, "open?sig=").pop().expect("a pixel");
     let to_bea = messages.iter().find(|message| message["rcptTo"][0] == "bea@example.com").expect("Bea's mail");
     let checker = reqwest::Client::new();
     let head = checker.head(crate::engagement::local(&app, &pixel_of(to_bea))).send().await.expect("HEAD");

@@ -8,10 +8,12 @@
 //! is committed before the request goes out, and its outcome after; a start found without an
 //! outcome after a crash is `outcome_unknown`, never repeated.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use deadpool_postgres::{GenericClient, Pool};
+use domain::email::story::Story;
 use domain::records::Loaded;
 use domain::workflows::{WorkflowDef, run_stream_id};
 use mail::outbox::{self, Prepared};
@@ -26,7 +28,7 @@ use uuid::Uuid;
 
 use super::Inner;
 use super::decide::{
-    Call, CallOutcome, Contact, ContactFacts, Decided, Facts, Given, Need, Row, Tick, decide, open, subject,
+    Call, CallOutcome, Contact, ContactFacts, Decided, Engaged, Facts, Given, Need, Row, Tick, decide, open, subject,
 };
 use crate::workers::outbound::{AttemptResult, classify, describe, retry_after};
 
@@ -181,19 +183,24 @@ async fn load(inner: &Inner, row: &Row, definition: &WorkflowDef, facts: &mut Fa
             facts.suppressed.insert(address, suppressed);
         }
         Need::Engagement(email_ids) => {
+            // Each email's story, as `GET /emails/{id}` tells it: one rule of what a person did.
             let client = inner.pool.get().await?;
             let streams: Vec<String> = email_ids.iter().map(|id| domain::email::stream_id(id)).collect();
-            for email_id in &email_ids {
-                facts.engagement.entry(email_id.clone()).or_default();
-            }
+            let mut stories: BTreeMap<String, Story> = BTreeMap::new();
             for stored in platform::log::read_streams(&client, &streams).await? {
-                let (email_id, opened) = match stored.decode()? {
-                    LogEvent::EmailOpened(opened) if opened.machine.is_empty() => (opened.email_id, true),
-                    LogEvent::EmailClicked(clicked) if clicked.machine.is_empty() => (clicked.email_id, false),
-                    _ => continue,
+                let event = stored.decode()?;
+                let Some(email_id) = event.email_id().map(str::to_owned) else { continue };
+                if let Some(story) = domain::email::story::apply(stories.remove(&email_id), &event) {
+                    stories.insert(email_id, story);
+                }
+            }
+            for email_id in email_ids {
+                let engagement = stories.get(&email_id).map(|story| &story.engagement);
+                let engaged = Engaged {
+                    opened: engagement.is_some_and(|engagement| engagement.human_opens > 0),
+                    clicked: engagement.is_some_and(|engagement| engagement.human_clicks > 0),
                 };
-                let engaged = facts.engagement.entry(email_id).or_default();
-                if opened { engaged.opened = true } else { engaged.clicked = true }
+                facts.engagement.insert(email_id, engaged);
             }
         }
         Need::Secret => {
