@@ -58,6 +58,7 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "EmailUnsubscribed.v1",
     "EmailOpened.v1",
     "EmailClicked.v1",
+    "EmailSkipped.v1",
     "RecordDeletionRequested.v1",
 ];
 
@@ -104,6 +105,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         }
         let space_id = match (&current, event) {
             (_, LogEvent::EmailScheduled(scheduled)) => scheduled.space_id.clone(),
+            (_, LogEvent::EmailSkipped(skipped)) => skipped.space_id.clone(),
             (Some(row), _) => row.space_id.clone(),
             (None, _) => continue,
         };

@@ -92,11 +92,16 @@ fn error_of(code: &str, message: &str) -> Option<Value> {
     (!code.is_empty()).then(|| json!({"code": code, "message": message}))
 }
 
-/// A step's error, with the gate that refused a skipped send when there is one.
+/// A step's error, with the gate that refused a skipped send and its email when there is one.
 fn step_error_of(finished: &platform::proto::WorkflowStepFinished) -> Option<Value> {
     let mut error = error_of(&finished.error_code, &finished.error_message)?;
     if !finished.gate.is_empty() {
         error["gate"] = Value::String(finished.gate.clone());
+        // The skipped send's story (`GET /emails/{id}`) says what decided; absent in runs
+        // recorded before skipped sends had one.
+        if !finished.email_id.is_empty() {
+            error["emailId"] = Value::String(finished.email_id.clone());
+        }
     }
     Some(error)
 }

@@ -12,6 +12,7 @@ pub mod outbox;
 pub mod relay;
 pub mod render;
 pub mod send;
+pub mod skipped;
 pub mod tracking;
 
 /// Whether `address` is a mailbox address the relay can be given.

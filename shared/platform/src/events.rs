@@ -45,6 +45,7 @@ pub enum LogEvent {
     EmailUnsubscribed(proto::EmailUnsubscribed),
     EmailOpened(proto::EmailOpened),
     EmailClicked(proto::EmailClicked),
+    EmailSkipped(proto::EmailSkipped),
     SubscriptionChanged(proto::SubscriptionChanged),
     FormSubmitted(proto::FormSubmitted),
     SubmissionConfirmed(proto::SubmissionConfirmed),
@@ -107,6 +108,7 @@ impl LogEvent {
             Self::EmailUnsubscribed(e) => &e.email_id,
             Self::EmailOpened(e) => &e.email_id,
             Self::EmailClicked(e) => &e.email_id,
+            Self::EmailSkipped(e) => &e.email_id,
             _ => return None,
         })
     }
@@ -149,6 +151,7 @@ event_types! {
     EmailUnsubscribed => "EmailUnsubscribed.v1",
     EmailOpened => "EmailOpened.v1",
     EmailClicked => "EmailClicked.v1",
+    EmailSkipped => "EmailSkipped.v1",
     SubscriptionChanged => "SubscriptionChanged.v1",
     FormSubmitted => "FormSubmitted.v1",
     SubmissionConfirmed => "SubmissionConfirmed.v1",

@@ -1001,3 +1001,109 @@ async fn a_journey_waits_for_an_open_and_resends_when_the_mail_was_not_opened() 
     let to_bea = messages.iter().filter(|message| message["rcptTo"][0] == "bea@example.com").count();
     assert_eq!((messages.len(), to_bea), (3, 2), "Bea's reminder, no second mail for Ada");
 }
+
+/// The log position of version `version` of `stream_id`.
+async fn position_of(app: &TestApp, stream_id: &str, version: i64) -> i64 {
+    app.query_i64(&format!(
+        "SELECT position FROM events WHERE stream_id = '{stream_id}' AND stream_version = {version}"
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn a_skipped_send_has_a_story_naming_its_gate_and_the_fact_that_decided() {
+    let sink = SmtpSink::start().await;
+    let journey = json!([{
+        "slug": "promote", "name": "Promote",
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "promote-hook", "next": "mail"},
+            {"id": "mail", "type": "send_email", "template": "promo", "next": null}
+        ]
+    }]);
+    let app = app_with(&sink, journey).await;
+    let workflow = workflow_id(&app, "promote").await;
+    let skipped_story = |run: Value| {
+        let app = &app;
+        async move {
+            let error = error_of_step(&run, "mail").clone();
+            let email_id = error["emailId"].as_str().unwrap_or_else(|| panic!("the skip names its email: {run}"));
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let story = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
+                if story.status == 200 {
+                    assert_conforms("EmailStory", std::slice::from_ref(&story.body["data"]));
+                    break (error, story.body["data"].clone());
+                }
+                assert!(Instant::now() < deadline, "no story for {email_id}: {:?}", story.body);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+
+    // Consent given, then withdrawn, then the name changed: the withdrawal decided, not the
+    // latest write of the record.
+    let ada =
+        app.post("/schemas/people/records", MAIL_KEY, &json!({"email": "ada@example.com", "newsConsent": true})).await;
+    let ada = ada.body["data"]["id"].as_str().expect("id").to_owned();
+    change(&app, &ada, &json!({"newsConsent": false})).await;
+    change(&app, &ada, &json!({"firstName": "Ada"})).await;
+    let started = post(&app, "/workflows/promote-hook", None, Some(&json!({"contact": {"id": ada}}))).await;
+    assert_eq!(started.status, 202, "{:?}", started.body);
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    assert_eq!(run["status"], "completed", "a skip does not stop the run: {run}");
+    let (error, story) = skipped_story(run).await;
+    assert_eq!(error["gate"], "consent");
+    assert_eq!(
+        (&story["status"], &story["contactId"], &story["sentAt"]),
+        (&json!("skipped"), &json!(ada), &Value::Null)
+    );
+    assert_eq!(
+        story["origin"],
+        json!({"type": "workflow", "workflowId": workflow, "workflowRunId": run_id, "stepId": "mail"})
+    );
+    let entry = &story["timeline"][0];
+    assert_eq!((&entry["type"], &entry["gate"]), (&json!("skipped"), &json!("consent")), "{story}");
+    assert_eq!(entry["error"]["code"], "recipient_not_subscribed", "{story}");
+    let withdrawal = position_of(&app, &format!("record/{ada}"), 2).await;
+    assert_eq!(
+        (&entry["decidedBy"]["position"], &entry["decidedBy"]["type"]),
+        (&json!(withdrawal), &json!("RecordUpdated")),
+        "{story}"
+    );
+    assert_eq!(story["timeline"].as_array().map(Vec::len), Some(1), "{story}");
+
+    // A suppressed address: the suppression's addition decided.
+    let bea =
+        app.post("/schemas/people/records", MAIL_KEY, &json!({"email": "bea@example.com", "newsConsent": true})).await;
+    let bea = bea.body["data"]["id"].as_str().expect("id").to_owned();
+    let suppressed = app
+        .post("/contacts/suppressions", MAIL_KEY, &json!({"identifier": "bea@example.com", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    let suppression_id = suppressed.body["data"]["id"].as_str().expect("id").to_owned();
+    let started = post(&app, "/workflows/promote-hook", None, Some(&json!({"contact": {"id": bea}}))).await;
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    let (error, story) = skipped_story(wait_for_run(&app, &workflow, &run_id, finished).await).await;
+    assert_eq!((&error["gate"], &error["code"]), (&json!("suppressed"), &json!("recipient_suppressed")));
+    let entry = &story["timeline"][0];
+    let added = position_of(&app, &format!("suppression/{suppression_id}"), 1).await;
+    assert_eq!(
+        (&entry["decidedBy"]["position"], &entry["decidedBy"]["type"]),
+        (&json!(added), &json!("SuppressionAdded")),
+        "{story}"
+    );
+
+    // The contact's emails list the skipped one; nothing went out, and no step's email count
+    // holds a skip.
+    let listed = app.get(&format!("/emails?contactId={bea}"), MAIL_KEY).await;
+    assert_eq!(listed.body["pagination"]["totalCount"], 1, "{:?}", listed.body);
+    assert_eq!(listed.body["data"][0]["status"], "skipped", "{:?}", listed.body);
+    assert_conforms("EmailSummary", std::slice::from_ref(&listed.body["data"][0]));
+    let stats = app.get(&format!("/workflows/{workflow}/stats"), MAIL_KEY).await;
+    let mail = &stats.body["data"]["steps"][1];
+    assert_eq!(mail["skipped"], json!({"total": 2, "byReason": {"consent": 1, "suppressed": 1}}), "{:?}", stats.body);
+    assert_eq!(mail["emails"]["scheduled"], 0, "{:?}", stats.body);
+    app.wait_for_workers().await;
+    assert!(sink.messages().await.is_empty(), "nothing was sent");
+}

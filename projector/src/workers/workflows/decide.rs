@@ -18,6 +18,7 @@ use domain::webhooks::signing::Secret;
 use domain::workflows::{EngagementAction, Source, Step, StepKind, Wait, WorkflowDef, at_path, condition_document};
 use mail::outbox::{self, Prepared};
 use mail::send::{Authored, EmailTo, Gate, Recipient, allowance_guard, schedule};
+use mail::skipped::{DecidedBy, Skip};
 use platform::crypto::DataKey;
 use platform::error::Code;
 use platform::events::LogEvent;
@@ -51,6 +52,8 @@ pub(super) struct Facts {
     pub(super) secret: Option<Option<Secret>>,
     /// What a person did with the run's emails, by email id.
     pub(super) engagement: BTreeMap<String, Engaged>,
+    /// The fact that decided a gate's refusal, by gate (`None`: no event decided).
+    pub(super) decided_by: BTreeMap<&'static str, Option<DecidedBy>>,
 }
 
 /// Whether a person opened an email and followed one of its links (machines' opens and
@@ -116,6 +119,9 @@ pub(super) enum Need {
     Secret,
     /// What a person did with these emails of the run.
     Engagement(Vec<String>),
+    /// The fact that decided a gate's refusal of a send to `address` (of a template with
+    /// `topic_id`).
+    DecidedBy { gate: Gate, address: String, topic_id: Option<String> },
 }
 
 /// What a decision is given besides the run and the facts.
@@ -199,6 +205,8 @@ pub(super) struct Contact {
     pub(super) state: RecordState,
     pub(super) key: Option<DataKey>,
     pub(super) consent: Option<bool>,
+    /// The keys of the contact's email consent attributes (`consent` is whether all are true).
+    pub(super) consent_keys: Vec<String>,
     pub(super) subscriptions: BTreeMap<String, String>,
     pub(super) segments: BTreeSet<String>,
 }
@@ -389,12 +397,13 @@ impl Tick {
         self.row.step_id = next.map(str::to_owned);
     }
 
-    /// Finishes `started` as `skipped`: the send's `gate` refused it (its code and reason, and
-    /// the gate); the run goes on to `next`.
-    fn skip(&mut self, started: &InFlight, gate: Gate, next: Option<&str>, now: i64) {
+    /// Finishes `started` as `skipped`: the send's `gate` refused it (its code and reason, the
+    /// gate, and the email whose story says so); the run goes on to `next`.
+    fn skip(&mut self, started: &InFlight, (gate, email_id): (Gate, &str), next: Option<&str>, now: i64) {
         self.finish(started, "skipped", Some((gate.code().as_str(), gate.reason().to_owned())), next, now);
         if let Some(LogEvent::WorkflowStepFinished(finished)) = self.events.last_mut() {
             finished.gate = gate.as_str().to_owned();
+            finished.email_id = email_id.to_owned();
         }
     }
 
@@ -707,11 +716,8 @@ fn execute(
         StepKind::SendEmail { template_id, next } => {
             let ContactFacts::Live(contact) = facts.contact()? else { return Ok(false) };
             let started = tick.start(step, now);
-            if allowance_refused {
-                tick.skip(&started, Gate::Allowance, next.as_deref(), now);
-                return Ok(false);
-            }
-            return send_email(tick, (&started, next.as_deref()), template_id, input, (facts, given), contact);
+            let gates = (facts, given, allowance_refused);
+            return send_email(tick, (&started, next.as_deref()), template_id, input, gates, contact);
         }
         StepKind::UpdateContact { set, next } => {
             let ContactFacts::Live(live) = facts.contact()? else { return Ok(false) };
@@ -872,13 +878,15 @@ fn branch_document(input: &Value, facts: &ContactFacts, outputs: &BTreeMap<Strin
     }
 }
 
-/// Schedules the step's email through the template send's gates; a refused gate skips it.
+/// Schedules the step's email through the template send's gates; a refused gate (or the
+/// allowance, refused by the append this decision follows) skips it, with the email's
+/// `EmailSkipped`.
 fn send_email(
     tick: &mut Tick,
     (started, next): (&InFlight, Option<&str>),
     template_id: &str,
     input: &Value,
-    (facts, given): (&Facts, &Given<'_>),
+    (facts, given, allowance_refused): (&Facts, &Given<'_>, bool),
     contact: &Contact,
 ) -> Result<bool, Stop> {
     let now = given.now;
@@ -890,6 +898,11 @@ fn send_email(
         return Ok(false);
     };
     let template = &authored.template;
+    let email_id = domain::workflows::email_id(&tick.row.run_id, started.index);
+    if allowance_refused {
+        skip_send(tick, (started, next), (Gate::Allowance, None), (authored, &email_id, contact), now);
+        return Ok(true);
+    }
     let document = contact.state.document();
     let address = document.get("email").and_then(Value::as_str).map(str::to_owned);
     let Some(address) = address else {
@@ -906,8 +919,11 @@ fn send_email(
         subscription: template.topic_id.as_ref().and_then(|topic_id| contact.subscriptions.get(topic_id).cloned()),
     };
     if let Err(gate) = mail::send::gate(template, &recipient) {
-        tick.skip(started, gate, next, now);
-        return Ok(false);
+        let Some(decided_by) = facts.decided_by.get(gate.as_str()) else {
+            return Err(Stop::Needs(Need::DecidedBy { gate, address, topic_id: template.topic_id.clone() }));
+        };
+        skip_send(tick, (started, next), (gate, decided_by.as_ref()), (authored, &email_id, contact), now);
+        return Ok(true);
     }
     let Some(key) = &contact.key else {
         tick.fail(started, "no_data_key", "the contact has no data key".to_owned(), now);
@@ -925,7 +941,6 @@ fn send_email(
         context.insert(key_name.clone(), value);
     }
     context.insert("input".to_owned(), input.clone());
-    let email_id = domain::workflows::email_id(&tick.row.run_id, started.index);
     let rendered = match mail::send::render_email(authored, &email_id, Value::Object(context), given.site) {
         Ok(rendered) => rendered,
         Err(error) => {
@@ -957,6 +972,29 @@ fn send_email(
     let output = json!({"emailId": email_id});
     tick.finish_with(started, "completed", None, (email_id, Some(output)), next, now);
     Ok(true)
+}
+
+/// Skips the step's send: `EmailSkipped` begins the email's stream (the gate, the refusal and
+/// the fact that decided), and the step finishes `skipped` naming the email.
+fn skip_send(
+    tick: &mut Tick,
+    (started, next): (&InFlight, Option<&str>),
+    (gate, decided_by): (Gate, Option<&DecidedBy>),
+    (authored, email_id, contact): (&Authored, &str, &Contact),
+    now: i64,
+) {
+    let row = &tick.row;
+    tick.streams.push(mail::skipped::skipped(Skip {
+        email_id,
+        space_id: &row.space_id,
+        authored,
+        contact_id: &contact.state.record_id,
+        origin: mail::send::Origin::workflow(&row.workflow_id, &row.run_id, &started.step_id),
+        gate,
+        decided_by,
+        at_ms: now,
+    }));
+    tick.skip(started, (gate, email_id), next, now);
 }
 
 /// The request of a `call_webhook` step: the run's data, signed with the workflow's secret.
@@ -1126,6 +1164,7 @@ mod tests {
             },
             key: None,
             consent: Some(true),
+            consent_keys: vec!["marketingConsent".into()],
             subscriptions: BTreeMap::from([("top_news".to_owned(), "subscribed".to_owned())]),
             segments: BTreeSet::new(),
         }))
@@ -1350,12 +1389,35 @@ mod tests {
             step("start", StepKind::SendEmail { template_id: "tpl_1".into(), next: next("end") }),
             step("end", StepKind::Exit),
         ]);
-        let facts = with_contact(contact(Some("ada@example.test"), json!({})));
+        let mut facts = with_contact(contact(Some("ada@example.test"), json!({})));
+        facts.templates.insert("tpl_1".into(), Some(authored()));
         let given = Given { allowance_refused: true, ..given() };
         let tick = decided(&row("running", Some("start")), &definition, &facts, &given);
         let skipped = finished(&tick, "start");
         assert_eq!((skipped.status.as_str(), skipped.gate.as_str()), ("skipped", Gate::Allowance.as_str()));
         assert_eq!(skipped.next_step_id, "end");
+        let (email, decided_by) = skipped_email(&tick);
+        assert_eq!((email.gate.as_str(), email.code.as_str()), ("allowance", "email_limit_reached"));
+        assert_eq!(decided_by, None, "a count, no event, decided");
+        assert!(tick.guards.is_empty() && tick.email.is_none(), "nothing scheduled, nothing counted");
+    }
+
+    /// The `EmailSkipped` a tick appends, and the position of the fact that decided (if any).
+    fn skipped_email(tick: &Tick) -> (proto::EmailSkipped, Option<i64>) {
+        assert_eq!(tick.streams.len(), 1, "one stream: the skipped email's");
+        let stream = &tick.streams[0];
+        let LogEvent::EmailSkipped(skipped) = &stream.events[0].event else { panic!("an EmailSkipped") };
+        assert_eq!(stream.stream_id, domain::email::stream_id(&skipped.email_id));
+        assert_eq!(stream.expected, ExpectedVersion::NoStream, "it begins the email's stream");
+        assert_eq!(skipped.email_id, finished(tick, "start").email_id, "the step names the email");
+        assert_eq!(skipped.email_id, domain::workflows::email_id("run_1", 2));
+        let source = skipped.source.clone().unwrap_or_default();
+        assert_eq!(
+            (source.origin.as_str(), source.source_id.as_str(), source.step_id.as_str()),
+            ("workflow", "run_1", "start")
+        );
+        assert_eq!(tick.due_ms, Some(NOW), "one effect per transition: the run goes on in the next");
+        (skipped.clone(), Some(skipped.decided_by_position).filter(|position| *position > 0))
     }
 
     #[test]
@@ -1529,9 +1591,20 @@ mod tests {
         facts.contact = Some(contact(Some("ada@example.test"), json!({})));
         assert_eq!(needs(&run, &send_step(), &facts, &given()), Need::Suppression("ada@example.test".into()));
         facts.suppressed.insert("ada@example.test".into(), true);
+        let need = Need::DecidedBy {
+            gate: Gate::Suppressed,
+            address: "ada@example.test".into(),
+            topic_id: Some("top_news".into()),
+        };
+        assert_eq!(needs(&run, &send_step(), &facts, &given()), need, "the fact that decided is asked for");
+        let by = DecidedBy { position: 42, event_type: "SuppressionAdded.v1".into(), at_ms: NOW - 5_000 };
+        facts.decided_by.insert(Gate::Suppressed.as_str(), Some(by));
         let suppressed = decided(&run, &send_step(), &facts, &given());
         assert_eq!(finished(&suppressed, "start").gate, Gate::Suppressed.as_str());
-        assert!(suppressed.email.is_none() && suppressed.streams.is_empty());
+        let (email, decided_by) = skipped_email(&suppressed);
+        assert_eq!((email.gate.as_str(), decided_by), ("suppressed", Some(42)));
+        assert_eq!((email.decided_by_type.as_str(), email.decided_by_at_ms), ("SuppressionAdded.v1", NOW - 5_000));
+        assert!(suppressed.email.is_none() && suppressed.guards.is_empty(), "nothing scheduled");
     }
 
     #[test]
@@ -1559,8 +1632,10 @@ mod tests {
         if let Some(ContactFacts::Live(live)) = &mut facts.contact {
             live.subscriptions.clear();
         }
+        facts.decided_by.insert(Gate::Topic.as_str(), None);
         let unsubscribed = decided(&run, &send_step(), &facts, &given());
         assert_eq!(finished(&unsubscribed, "start").gate, Gate::Topic.as_str());
+        assert_eq!(skipped_email(&unsubscribed).1, None, "never subscribed: no event decided");
     }
 
     #[test]

@@ -17,7 +17,8 @@ use domain::email::story::Story;
 use domain::records::Loaded;
 use domain::workflows::{WorkflowDef, run_stream_id};
 use mail::outbox::{self, Prepared};
-use mail::send::Authored;
+use mail::send::{Authored, Gate};
+use mail::skipped::{DecidedBy, Refused};
 use platform::error::Code;
 use platform::events::LogEvent;
 use platform::log::{AppendError, AppendRequest, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
@@ -203,6 +204,10 @@ async fn load(inner: &Inner, row: &Row, definition: &WorkflowDef, facts: &mut Fa
                 facts.engagement.insert(email_id, engaged);
             }
         }
+        Need::DecidedBy { gate, address, topic_id } => {
+            let decided_by = decided_by(inner, row, facts, gate, &address, topic_id.as_deref()).await?;
+            facts.decided_by.insert(gate.as_str(), decided_by);
+        }
         Need::Secret => {
             facts.secret = Some(match &definition.signing {
                 Some(stored) => {
@@ -275,7 +280,32 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
         .into_iter()
         .map(|row| row.get(0))
         .collect();
-    Ok(ContactFacts::Live(Box::new(Contact { version, state, key, consent, subscriptions, segments })))
+    Ok(ContactFacts::Live(Box::new(Contact { version, state, key, consent, consent_keys, subscriptions, segments })))
+}
+
+/// The log event from which the state that made `gate` refuse a send to `address` held
+/// (`mail::skipped::decided_by`).
+async fn decided_by(
+    inner: &Inner,
+    row: &Row,
+    facts: &Facts,
+    gate: Gate,
+    address: &str,
+    topic_id: Option<&str>,
+) -> anyhow::Result<Option<DecidedBy>> {
+    let client = inner.pool.get().await?;
+    let mut keys = platform::crypto::Keys::default();
+    let (contact_id, consent_keys) = match &facts.contact {
+        Some(ContactFacts::Live(contact)) => {
+            if let Some(key) = &contact.key {
+                keys.insert(contact.state.record_id.clone(), key.clone());
+            }
+            (contact.state.record_id.as_str(), contact.consent_keys.as_slice())
+        }
+        _ => return Ok(None),
+    };
+    let refused = [Refused { contact_id, gate, address, topic_id, consent_keys }];
+    Ok(mail::skipped::decided_by(&client, &row.space_id, &refused, &keys).await?.pop().flatten())
 }
 
 async fn live_schema(client: &impl GenericClient, name: &str) -> anyhow::Result<String> {

@@ -34,7 +34,8 @@ pub struct Story {
     pub contact_id: String,
     /// What sent it: `{type}` with the form, broadcast and run, or workflow, run and step.
     pub origin: Value,
-    /// `scheduled`, `sent`, `failed`, `outcome_unknown`, `bounced` or `complained`.
+    /// `scheduled`, `sent`, `failed`, `outcome_unknown`, `bounced` or `complained`; `skipped`
+    /// for a send a gate refused (then `scheduled_at` is when it was refused).
     pub status: String,
     pub scheduled_at: String,
     pub sent_at: Option<String>,
@@ -50,8 +51,11 @@ fn some(text: &str) -> Option<&str> {
 }
 
 fn origin(scheduled: &platform::proto::EmailScheduled) -> Value {
-    let (kind, source, parent, step) =
-        (scheduled.origin.as_str(), some(&scheduled.form_id), some(&scheduled.parent_id), some(&scheduled.step_id));
+    origin_of(&scheduled.origin, &scheduled.form_id, &scheduled.parent_id, &scheduled.step_id)
+}
+
+fn origin_of(kind: &str, source: &str, parent: &str, step: &str) -> Value {
+    let (source, parent, step) = (some(source), some(parent), some(step));
     match kind {
         "form_confirmation" => json!({"type": kind, "formId": source}),
         "broadcast" => json!({"type": kind, "broadcastId": parent, "broadcastRunId": source}),
@@ -81,7 +85,14 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
             timeline: vec![json!({"type": "scheduled", "at": at})],
         });
     }
+    if let LogEvent::EmailSkipped(skipped) = event {
+        return Some(skipped_story(skipped));
+    }
     let mut story = story?;
+    if story.status == "skipped" {
+        // Nothing follows a refused send; a later event of its stream changes nothing.
+        return Some(story);
+    }
     let (status, entry) = match event {
         LogEvent::EmailSent(sent) => {
             story.sent_at = Some(format_millis(sent.sent_at_ms));
@@ -155,6 +166,41 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
     Some(story)
 }
 
+/// The story of a send a gate refused: `skipped`, with the gate, the refusal and the fact
+/// that decided (its log position, type and time; null when no event decided).
+fn skipped_story(skipped: &platform::proto::EmailSkipped) -> Story {
+    let at = format_millis(skipped.at_ms);
+    let source = skipped.source.clone().unwrap_or_default();
+    let decided_by = (skipped.decided_by_position > 0).then(|| {
+        json!({
+            "position": skipped.decided_by_position,
+            "type": skipped.decided_by_type.strip_suffix(".v1").unwrap_or(&skipped.decided_by_type),
+            "at": format_millis(skipped.decided_by_at_ms),
+        })
+    });
+    Story {
+        id: skipped.email_id.clone(),
+        template_id: skipped.template_id.clone(),
+        template_revision: skipped.template_revision,
+        kind: skipped.kind.clone(),
+        topic_id: some(&skipped.topic_id).map(str::to_owned),
+        contact_id: skipped.contact_id.clone(),
+        origin: origin_of(&source.origin, &source.source_id, &source.parent_id, &source.step_id),
+        status: "skipped".to_owned(),
+        scheduled_at: at.clone(),
+        sent_at: None,
+        unsubscribed: false,
+        engagement: Engagement::default(),
+        timeline: vec![json!({
+            "type": "skipped",
+            "at": at,
+            "gate": skipped.gate,
+            "error": {"code": skipped.code, "message": skipped.message},
+            "decidedBy": decided_by,
+        })],
+    }
+}
+
 /// What one email adds to the counts of what sent it: each field 0 or 1. The `emails` read
 /// model adds the difference a log event makes to an email's tally to the counts of its
 /// bucket, so each email counts once per field whatever comes later.
@@ -189,7 +235,8 @@ impl Tally {
 
     /// An email's tally: `None` (no story yet) counts nothing.
     pub fn of(story: Option<&Story>) -> Self {
-        let Some(story) = story else { return Self::default() };
+        // A skipped send is counted by its step's skips, not as an email.
+        let Some(story) = story.filter(|story| story.status != "skipped") else { return Self::default() };
         let had = |kind: &str| i64::from(story.timeline.iter().any(|entry| entry["type"] == kind));
         Self {
             scheduled: 1,
@@ -317,6 +364,46 @@ mod tests {
         assert_eq!(engagement.first_clicked_at.as_deref(), Some("1970-01-01T00:00:05.000Z"));
         assert_eq!(story.timeline.len(), 5, "scheduled and four firsts: {:?}", story.timeline);
         assert_eq!(story.status, "scheduled", "engagement is not a status");
+    }
+
+    #[test]
+    fn a_skipped_send_tells_its_gate_and_the_fact_that_decided_and_counts_nothing() {
+        let skipped = |position: i64| {
+            LogEvent::EmailSkipped(proto::EmailSkipped {
+                email_id: "em_2".into(),
+                template_id: "tpl_1".into(),
+                kind: "marketing".into(),
+                contact_id: "con_1".into(),
+                source: Some(proto::EmailSource {
+                    origin: "workflow".into(),
+                    source_id: "run_1".into(),
+                    parent_id: "wf_1".into(),
+                    step_id: "send".into(),
+                    ..Default::default()
+                }),
+                gate: "suppressed".into(),
+                code: "recipient_suppressed".into(),
+                message: "the recipient's address is suppressed".into(),
+                decided_by_position: position,
+                decided_by_type: "SuppressionAdded.v1".into(),
+                decided_by_at_ms: 500,
+                at_ms: 1_000,
+                ..Default::default()
+            })
+        };
+        let story = fold(&[skipped(42)]).expect("a story");
+        assert_eq!((story.status.as_str(), story.scheduled_at.as_str()), ("skipped", "1970-01-01T00:00:01.000Z"));
+        assert_eq!(story.origin["stepId"], "send");
+        assert_eq!(
+            story.timeline,
+            [json!({"type": "skipped", "at": "1970-01-01T00:00:01.000Z", "gate": "suppressed",
+                    "error": {"code": "recipient_suppressed", "message": "the recipient's address is suppressed"},
+                    "decidedBy": {"position": 42, "type": "SuppressionAdded", "at": "1970-01-01T00:00:00.500Z"}})]
+        );
+        assert_eq!(fold(&[skipped(0)]).expect("a story").timeline[0]["decidedBy"], Value::Null, "no deciding event");
+        assert_eq!(Tally::of(Some(&story)), Tally::default(), "a skip is no email of its step's counts");
+        let after = apply(Some(story.clone()), &LogEvent::EmailSent(proto::EmailSent::default()));
+        assert_eq!(after, Some(story), "nothing follows a refused send");
     }
 
     #[test]
