@@ -36,7 +36,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 pub const POOL_SIZE: usize = 32;
 
 /// The kinds of worker a process can run.
-pub(crate) const WORKER_KINDS: [&str; 11] = [
+pub(crate) const WORKER_KINDS: [&str; 12] = [
     "read_models",
     "preparation",
     "eraser",
@@ -48,6 +48,7 @@ pub(crate) const WORKER_KINDS: [&str; 11] = [
     "segment_windows",
     "broadcasts",
     "workflows",
+    "engagement",
 ];
 
 /// The workers a process runs: `selection` is `all` or a comma-separated list of
@@ -104,6 +105,9 @@ pub fn workers(
     }
     if wanted.contains(&"workflows") {
         workers.extend(workers::workflows::workers(pool, &log, settings)?);
+    }
+    if wanted.contains(&"engagement") {
+        workers.push(Arc::new(workers::engagement::Engagement::new(pool.clone(), log.clone())));
     }
     if wanted.contains(&"email_outbox") {
         workers.push(Arc::new(workers::email::outbox::Outbox::new(pool.clone(), log, settings)?));

@@ -31,6 +31,8 @@ pub struct Status {
     pub workers: Vec<Follower>,
     pub dead_letters: Vec<DeadLetters>,
     pub email_outbox: Vec<Count>,
+    /// Opens and clicks taken in and not yet in the log, and the oldest's age in seconds.
+    pub engagement_inbox: Inbox,
     pub webhook_backlog: Vec<WebhookBacklog>,
     pub timers: Timers,
     pub broadcast_runs: Vec<Value>,
@@ -73,6 +75,16 @@ pub struct Count {
     pub key: String,
     pub count: i64,
 }
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inbox {
+    pub pending: i64,
+    pub oldest_seconds: Option<f64>,
+}
+
+/// An inbox row older than this means the `engagement` worker is not keeping up.
+const INBOX_LATE_SECONDS: f64 = 60.0;
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -167,6 +179,14 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
     };
     let email_outbox =
         counts(client.query("SELECT state, count(*) FROM email_outbox GROUP BY state ORDER BY state", &[]).await?);
+    let engagement_inbox = client
+        .query_one(
+            "SELECT count(*), (extract(epoch FROM clock_timestamp()) * 1000 - min(at_ms))::float8 / 1000
+             FROM engagement_inbox",
+            &[],
+        )
+        .await
+        .map(|row| Inbox { pending: row.get(0), oldest_seconds: row.get(1) })?;
     let webhook_backlog = client
         .query(
             "SELECT webhook_id, count(*), extract(epoch FROM now() - min(created_at))::float8
@@ -233,6 +253,7 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
         workers,
         dead_letters,
         email_outbox,
+        engagement_inbox,
         webhook_backlog,
         timers,
         broadcast_runs,
@@ -277,6 +298,12 @@ fn problems(status: &Status) -> Vec<String> {
         problems
             .push(format!("{} record deletions are blocked (GET /record-deletions/{{operationId}})", blocked.count));
     }
+    if let Some(oldest) = status.engagement_inbox.oldest_seconds.filter(|oldest| *oldest > INBOX_LATE_SECONDS) {
+        problems.push(format!(
+            "{} opens and clicks wait in engagement_inbox, the oldest {oldest:.0} s (is an engagement worker running?)",
+            status.engagement_inbox.pending
+        ));
+    }
     for letters in &status.dead_letters {
         problems
             .push(format!("{} holds {} open dead letters (projector dead-letters list)", letters.name, letters.open));
@@ -320,6 +347,13 @@ pub fn render(status: &Status) -> String {
     let outbox: Vec<String> =
         status.email_outbox.iter().map(|count| format!("{} {}", count.key, count.count)).collect();
     let _ = writeln!(out, "\nemail outbox: {}", if outbox.is_empty() { "empty".to_owned() } else { outbox.join(", ") });
+    let inbox = &status.engagement_inbox;
+    let _ = writeln!(
+        out,
+        "engagement inbox: {} waiting{}",
+        inbox.pending,
+        inbox.oldest_seconds.map_or(String::new(), |oldest| format!(", the oldest {oldest:.1} s"))
+    );
     let pending: i64 = status.webhook_backlog.iter().map(|backlog| backlog.pending).sum();
     let _ = writeln!(out, "webhook deliveries pending: {pending}");
     for backlog in &status.webhook_backlog {

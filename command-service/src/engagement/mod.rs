@@ -1,8 +1,8 @@
 //! Engagement: following an email's tracking link (a click) and fetching its open pixel (an
 //! open). Both are public GETs, signed so that only links this system issued redirect or
-//! count; each is appended to the email's stream before it is answered, so no acknowledged
-//! click or open is lost.
+//! count; each is taken into `engagement_inbox` (one committed row) before it is answered, so
+//! no acknowledged click or open is lost, and the projector's `engagement` worker appends it
+//! to the email's stream.
 
-pub(crate) mod decide;
 pub mod http;
 pub(crate) mod store;

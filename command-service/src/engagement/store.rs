@@ -1,22 +1,28 @@
-//! What a click or an open reads: the email's stream and its recipient's data key.
+//! What a click or an open writes: its row of `engagement_inbox`.
 
 use deadpool_postgres::GenericClient;
-use platform::crypto::DataKey;
 
-use super::decide::History;
-
-/// The email's stream, folded; `None` for an unknown email.
-pub(crate) async fn history(client: &impl GenericClient, email_id: &str) -> anyhow::Result<Option<History>> {
-    let events = platform::log::read_streams(client, &[domain::email::stream_id(email_id)]).await?;
-    let mut decoded = Vec::with_capacity(events.len());
-    for stored in events {
-        decoded.push((stored.stream_version, stored.decode()?));
-    }
-    Ok(History::fold(decoded))
+/// A click or an open as the tracking endpoint takes it in.
+pub(crate) struct Hit<'a> {
+    pub email_id: &'a str,
+    /// `open` or `click`.
+    pub kind: &'static str,
+    /// A click's target, sealed (`domain::engagement::seal_inbox_link`).
+    pub link: Option<Vec<u8>>,
+    pub link_id: &'a str,
+    /// What the request alone gave away (`head`, `no_user_agent`, `privacy_proxy`,
+    /// `known_bot`), empty for what looked like a person.
+    pub signal: &'static str,
+    pub at_ms: i64,
 }
 
-/// The recipient's data key; `None` once the contact is erased.
-pub(crate) async fn contact_key(client: &impl GenericClient, contact_id: &str) -> anyhow::Result<Option<DataKey>> {
-    let keys = platform::crypto::load_keys(client, &[contact_id.to_owned()]).await?;
-    Ok(keys.get(contact_id).cloned())
+/// Takes `hit` in: one row, committed when this returns.
+pub(crate) async fn take_in(client: &impl GenericClient, hit: &Hit<'_>) -> Result<(), tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(
+            "INSERT INTO engagement_inbox (email_id, kind, link, link_id, signal, at_ms) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .await?;
+    client.execute(&statement, &[&hit.email_id, &hit.kind, &hit.link, &hit.link_id, &hit.signal, &hit.at_ms]).await?;
+    Ok(())
 }

@@ -1,8 +1,10 @@
 //! Side-effect workers on the runtime: AI preparation, the eraser, periodic maintenance, and
-//! webhook delivery, the email outbox, broadcast runs and the workflow engine.
+//! webhook delivery, the email outbox, broadcast runs, the workflow engine, and the opens and
+//! clicks taken in by the tracking endpoints.
 
 pub mod broadcasts;
 pub mod email;
+pub mod engagement;
 pub mod eraser;
 pub mod maintenance;
 pub(crate) mod outbound;

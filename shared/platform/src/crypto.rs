@@ -82,6 +82,14 @@ impl Keyring {
         mac.finalize().into_bytes().into()
     }
 
+    /// A key of the system's own for `purpose` ([`Keyring::derive_key`]), as a data key: for
+    /// data kept briefly before it is sealed under its subject's key (a click's target
+    /// between the tracking endpoint and the log).
+    pub fn system_key(&self, purpose: &str) -> DataKey {
+        let bytes = self.derive_key(purpose);
+        DataKey { cipher: Box::new(Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&bytes))) }
+    }
+
     /// A fresh data key for `subject_id` and its wrapped form, to be stored.
     pub fn generate(&self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)> {
         let mut bytes = [0u8; KEY_LEN];

@@ -278,6 +278,13 @@ fn chaos_workspace(call_url: &str) -> String {
     let mut workspace: Value = serde_json::from_str(&mail_workspace(100_000_000)).expect("the workspace is JSON");
     let spaces = workspace["spaces"].as_array_mut().expect("spaces");
     let mail = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
+    // The broadcast's mail has a link to follow (clicks are part of the load).
+    if let Some(promo) = mail["templates"]
+        .as_array_mut()
+        .and_then(|templates| templates.iter_mut().find(|template| template["slug"] == "promo"))
+    {
+        promo["html"] = json!("<p>Promo: <a href=\"https://shop.example.com/sale\">the sale</a></p>");
+    }
     mail["workflows"] = json!([{"slug": "chaos", "name": "Chaos", "signingSecret": SECRET, "steps": [
         {"id": "start", "type": "incoming_webhook", "referenceId": "chaos-hook"},
         {"id": "nap", "type": "wait", "duration": "1s"},
@@ -350,7 +357,7 @@ async fn no_fault_loses_an_acknowledged_write() {
     let proxy = FaultProxy::start(cluster_port).await;
     let proxied_url = direct_url.replace(&format!("port={cluster_port}"), &format!("port={}", proxy.port()));
 
-    let sink = SmtpSink::start().await;
+    let sink = Arc::new(SmtpSink::start().await);
     let receiver = Receiver::start().await;
     receiver.endpoint("crm", &[SECRET], json!({"status": 200})).await;
     let mut common = sink.process_env(2000);
@@ -572,6 +579,45 @@ async fn no_fault_loses_an_acknowledged_write() {
             other => panic!("sending the broadcast: {other:?}"),
         }
     };
+    // Recipients follow the broadcast's link as its messages arrive: each request is a click
+    // of its own (a person who gets no answer clicks again), answered 302 once taken in.
+    let clicker = {
+        let (stop, sink, base) = (stop.clone(), Arc::clone(&sink), base.clone());
+        tokio::spawn(async move {
+            let (mut attempted, mut answered) = (0usize, 0usize);
+            let mut links: Vec<String> = Vec::new();
+            let no_redirects = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("a client");
+            let mut refreshed = Instant::now() - Duration::from_secs(10);
+            while !stop.load(Ordering::Relaxed) {
+                if refreshed.elapsed() > Duration::from_secs(2) {
+                    links = sink
+                        .messages()
+                        .await
+                        .iter()
+                        .filter(|message| message["rcptTo"][0].as_str().is_some_and(|to| to.starts_with("fan-")))
+                        .flat_map(|message| crate::engagement::tracked(message, "click?"))
+                        .map(|link| link.replacen(crate::engagement::PUBLIC_BASE, &base, 1))
+                        .collect();
+                    refreshed = Instant::now();
+                }
+                let Some(link) = links.get(attempted.wrapping_mul(7919) % links.len().max(1)).cloned() else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                attempted += 1;
+                let browser = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0";
+                if let Ok(response) = no_redirects.get(&link).header("User-Agent", browser).send().await {
+                    answered += usize::from(response.status().as_u16() == 302);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (attempted, answered)
+        })
+    };
 
     // The faults: one round of each kind per started minute of the window, each at a random
     // moment of its round (within its first 80%), applied one after another.
@@ -613,6 +659,7 @@ async fn no_fault_loses_an_acknowledged_write() {
     for handle in creators.into_iter().chain(others) {
         operations.extend(handle.await.expect("a client"));
     }
+    let (clicks_attempted, clicks_answered) = clicker.await.expect("the clicker");
     let load_took = started.elapsed();
 
     // Settling: every worker drains what the load left.
@@ -626,6 +673,7 @@ async fn no_fault_loses_an_acknowledged_write() {
                    GROUP BY state
                  UNION ALL SELECT 'webhook deliveries pending', count(*) FROM webhook_deliveries
                    WHERE state = 'pending' HAVING count(*) > 0
+                 UNION ALL SELECT 'engagement inbox', count(*) FROM engagement_inbox HAVING count(*) > 0
                  UNION ALL SELECT 'workflow runs unfinished', count(*) FROM workflow_runs
                    WHERE finished_at IS NULL HAVING count(*) > 0
                  UNION ALL SELECT 'read model ' || name || ' behind', (SELECT position FROM log_head) - min(position)
@@ -915,6 +963,22 @@ async fn no_fault_loses_an_acknowledged_write() {
     assert!(calls.len() <= runs.len(), "{} calls for {} runs", calls.len(), runs.len());
     report.insert("workflow runs", counts);
 
+    // Clicks: each one answered 302 is in the log once; none is there that was not asked for.
+    let clicked =
+        usize::try_from(query_i64(&checker, "SELECT count(*) FROM events WHERE event_type = 'EmailClicked.v1'").await)
+            .unwrap_or(0);
+    report.insert(
+        "clicks (each request one)",
+        Counts {
+            acknowledged: clicks_answered,
+            present: clicked.min(clicks_answered),
+            retried: 0,
+            unknown: clicks_attempted - clicks_answered,
+            duplicated: clicked.saturating_sub(clicks_attempted),
+            lost: clicks_answered.saturating_sub(clicked),
+        },
+    );
+
     // Erasures requested before the faults: complete, and the records gone.
     let mut counts = Counts { acknowledged: ERASED, ..Counts::default() };
     for (id, _) in &erasures {
@@ -976,7 +1040,7 @@ async fn no_fault_loses_an_acknowledged_write() {
         })
         .collect();
     let printed = format!(
-        "seed {seed}; load {:.0} s, settled {:.0} s later; faults:\n{}\n\n| kind | acknowledged | present | retried | unknown | duplicated | lost |\n|---|---|---|---|---|---|---|\n{}\n\nbatch items answered failed, transient, written nowhere: {items_failed}; webhook repeats under the same id: {repeats}; emails settled as unknown: {email_unknown}; \
+        "seed {seed}; load {:.0} s, settled {:.0} s later; faults:\n{}\n\n| kind | acknowledged | present | retried | unknown | duplicated | lost |\n|---|---|---|---|---|---|---|\n{}\n\nbatch items answered failed, transient, written nowhere: {items_failed}; webhook repeats under the same id: {repeats}; emails settled as unknown: {email_unknown}; clicks in the log: {clicked} of {clicks_attempted} requests; \
          workflow calls {} for {} runs; read models behind the head: {behind}; dead letters: {dead_letters}\nlongest operation: {longest}",
         load_took.as_secs_f64(),
         settle_took.as_secs_f64(),

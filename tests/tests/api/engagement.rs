@@ -278,6 +278,7 @@ async fn tracked_links_redirect_once_recorded_forged_ones_never_and_the_pixel_co
     assert_eq!((listed.body["pagination"]["totalCount"].clone(), listed.body["data"].clone()), (json!(0), json!([])));
     let after = get(&app, shop).await;
     assert_eq!(after.status(), 302, "the link is still this service's");
+    app.wait_for_workers().await;
     assert_eq!(
         app.query_i64(&format!(
             "SELECT count(*) FROM events WHERE stream_id = 'email-{email_id}' AND event_type = 'EmailClicked.v1'"

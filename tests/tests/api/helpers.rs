@@ -501,10 +501,15 @@ impl TestApp {
         response.body["data"].clone()
     }
 
-    /// Waits until the preparation worker, then every live projection, has reached the head of
-    /// the log (what preparation appends is then projected too).
+    /// Waits until the opens and clicks taken in are in the log, the preparation worker, then
+    /// every live projection, has reached the head of the log (what preparation appends is
+    /// then projected too).
     pub(crate) async fn wait_for_workers(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
+        while self.query_i64("SELECT count(*) FROM engagement_inbox").await > 0 {
+            assert!(Instant::now() < deadline, "the engagement inbox is not drained");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         loop {
             let prepared = self
                 .query_i64(

@@ -71,6 +71,7 @@ async fn status_reports_every_worker_backlogs_and_size_and_fails_when_something_
         "workers",
         "dead letters: 0",
         "email outbox",
+        "engagement inbox: 0 waiting",
         "webhook deliveries",
         "timers",
         "broadcast runs",
@@ -93,11 +94,24 @@ async fn status_reports_every_worker_backlogs_and_size_and_fails_when_something_
         .execute("UPDATE projections SET updated_at = now() - interval '5 minutes' WHERE name = 'records'", &[])
         .await
         .expect("aged");
+    // A click taken in two minutes ago and still not in the log: no engagement worker runs.
+    app.pool
+        .get()
+        .await
+        .expect("client")
+        .execute(
+            "INSERT INTO engagement_inbox (email_id, kind, at_ms)
+             VALUES ('em_waiting', 'open', (extract(epoch FROM now()) * 1000)::bigint - 120000)",
+            &[],
+        )
+        .await
+        .expect("a waiting open");
     let output = run(&app, "projector", &["status", "--process", &origin]);
     assert_eq!(output.status.code(), Some(1), "{}", text(&output));
     let report = text(&output);
     assert!(report.contains("needs attention") && report.contains("records is stalled 1 events behind"), "{report}");
     assert!(report.contains(&format!("projector process \"{origin}\" is not ready")), "{report}");
+    assert!(report.contains("1 opens and clicks wait in engagement_inbox, the oldest 12"), "{report}");
 }
 
 #[tokio::test]

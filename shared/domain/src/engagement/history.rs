@@ -1,12 +1,14 @@
-//! What a click or an open records, from the email's stream and the request (pure).
+//! What a click or an open records, from the email's stream and what the request showed
+//! (pure): whether it is the first of its kind, and whose it was.
 
-use domain::engagement::{self, Actor, Request, Timing};
 use platform::events::LogEvent;
 use platform::proto;
 
+use super::{Actor, Timing};
+
 /// What an email's stream says, as far as a click or an open needs it.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct History {
+pub struct History {
     /// The stream's version: the append expects it.
     pub version: i64,
     pub space_id: String,
@@ -24,7 +26,7 @@ pub(crate) struct History {
 
 /// Whether a person's and a machine's activity were seen.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Seen {
+pub struct Seen {
     pub human: bool,
     pub machine: bool,
 }
@@ -43,7 +45,7 @@ impl Seen {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct Click {
+pub struct Click {
     pub link_id: String,
     pub machine: bool,
     pub at_ms: i64,
@@ -52,7 +54,7 @@ pub(crate) struct Click {
 impl History {
     /// Folds an email's stream (its events with their stream versions, in order); `None`
     /// when it holds no `EmailScheduled`.
-    pub(crate) fn fold(events: impl IntoIterator<Item = (i64, LogEvent)>) -> Option<Self> {
+    pub fn fold(events: impl IntoIterator<Item = (i64, LogEvent)>) -> Option<Self> {
         let mut history: Option<Self> = None;
         for (version, event) in events {
             if let LogEvent::EmailScheduled(scheduled) = &event {
@@ -91,7 +93,7 @@ impl History {
 /// (a person's, or a machine's) and, for a machine's, the signal that gave it away (empty
 /// for a person's).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Verdict {
+pub struct Verdict {
     pub first: bool,
     pub machine: &'static str,
 }
@@ -104,13 +106,14 @@ fn verdict(actor: Actor, seen: Seen) -> Verdict {
     Verdict { first: !seen.of(actor), machine }
 }
 
-/// A fetch of the open pixel.
-pub(crate) fn open(history: &History, request: &Request<'_>) -> Verdict {
-    verdict(engagement::open(request), history.opened)
+/// A fetch of the open pixel, by `actor` as the request showed it.
+pub fn open(history: &History, actor: Actor) -> Verdict {
+    verdict(actor, history.opened)
 }
 
-/// A click of link `link_id` at `now_ms`.
-pub(crate) fn click(history: &History, link_id: &str, request: &Request<'_>, now_ms: i64) -> Verdict {
+/// A click of link `link_id` at `now_ms`, by `actor` as the request showed it (a person's
+/// click may still be a scanner's, by its timing).
+pub fn click(history: &History, link_id: &str, actor: Actor, now_ms: i64) -> Verdict {
     let other_link_clicked_at_ms =
         history.clicks.iter().filter(|click| click.link_id != link_id).map(|click| click.at_ms).max();
     let timing = Timing { now_ms, sent_at_ms: history.sent_at_ms, other_link_clicked_at_ms };
@@ -118,18 +121,35 @@ pub(crate) fn click(history: &History, link_id: &str, request: &Request<'_>, now
     for click in history.clicks.iter().filter(|click| click.link_id == link_id) {
         seen.mark(click.machine);
     }
-    verdict(engagement::click(request, &timing), seen)
+    let actor = if actor == Actor::Human { super::click_timing(&timing) } else { actor };
+    verdict(actor, seen)
+}
+
+impl History {
+    /// The history once `event` (an open or a click this history decided) is appended after
+    /// it, so the next decision of the same email sees it.
+    pub fn record(&mut self, event: &LogEvent) {
+        self.version += 1;
+        match event {
+            LogEvent::EmailOpened(opened) => self.opened.mark(!opened.machine.is_empty()),
+            LogEvent::EmailClicked(clicked) => self.clicks.push(Click {
+                link_id: clicked.link_id.clone(),
+                machine: !clicked.machine.is_empty(),
+                at_ms: clicked.at_ms,
+            }),
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const BROWSER: &str = "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko) \
-                           Version/17.0 Safari/605.1.15";
+    use crate::engagement::Signal;
 
-    fn person() -> Request<'static> {
-        Request { head: false, user_agent: Some(BROWSER), client: None }
+    fn person() -> Actor {
+        Actor::Human
     }
 
     fn stream(rest: Vec<LogEvent>) -> History {
@@ -166,38 +186,56 @@ mod tests {
 
     #[test]
     fn the_first_open_of_a_person_counts_even_after_a_proxy_prefetched_the_pixel() {
-        let proxy = Request { user_agent: Some("Mozilla/5.0"), ..person() };
+        let proxy = Actor::Machine(Signal::PrivacyProxy);
         let fresh = stream(vec![sent(0)]);
-        assert_eq!(open(&fresh, &proxy), Verdict { first: true, machine: "privacy_proxy" });
+        assert_eq!(open(&fresh, proxy), Verdict { first: true, machine: "privacy_proxy" });
         let prefetched = stream(vec![
             sent(0),
             LogEvent::EmailOpened(proto::EmailOpened { machine: "privacy_proxy".into(), ..Default::default() }),
         ]);
-        assert_eq!(open(&prefetched, &proxy), Verdict { first: false, machine: "privacy_proxy" });
-        assert_eq!(open(&prefetched, &person()), Verdict { first: true, machine: "" });
+        assert_eq!(open(&prefetched, proxy), Verdict { first: false, machine: "privacy_proxy" });
+        assert_eq!(open(&prefetched, person()), Verdict { first: true, machine: "" });
         let read = stream(vec![sent(0), LogEvent::EmailOpened(proto::EmailOpened::default())]);
-        assert_eq!(open(&read, &person()), Verdict { first: false, machine: "" });
+        assert_eq!(open(&read, person()), Verdict { first: false, machine: "" });
     }
 
     #[test]
     fn a_click_is_first_per_link_and_a_scanner_is_known_by_its_timing() {
         let history = stream(vec![sent(0), clicked("l1", "", 60_000)]);
-        assert_eq!(click(&history, "l1", &person(), 120_000), Verdict { first: false, machine: "" });
-        assert_eq!(click(&history, "l2", &person(), 120_000), Verdict { first: true, machine: "" });
+        assert_eq!(click(&history, "l1", person(), 120_000), Verdict { first: false, machine: "" });
+        assert_eq!(click(&history, "l2", person(), 120_000), Verdict { first: true, machine: "" });
         assert_eq!(
-            click(&history, "l2", &person(), 61_000),
+            click(&history, "l2", person(), 61_000),
             Verdict { first: true, machine: "link_burst" },
             "another link a second after the first"
         );
         let fresh = stream(vec![sent(0)]);
-        assert_eq!(click(&fresh, "l1", &person(), 3_000), Verdict { first: true, machine: "right_after_delivery" });
-        let head = Request { head: true, ..person() };
-        assert_eq!(click(&fresh, "l1", &head, 600_000), Verdict { first: true, machine: "head" });
+        assert_eq!(click(&fresh, "l1", person(), 3_000), Verdict { first: true, machine: "right_after_delivery" });
+        let head = Actor::Machine(Signal::Head);
+        assert_eq!(click(&fresh, "l1", head, 600_000), Verdict { first: true, machine: "head" });
+        assert_eq!(
+            click(&fresh, "l1", head, 3_000),
+            Verdict { first: true, machine: "head" },
+            "the request's signal first"
+        );
         let scanned = stream(vec![sent(0), clicked("l1", "right_after_delivery", 1_000)]);
         assert_eq!(
-            click(&scanned, "l1", &person(), 600_000),
+            click(&scanned, "l1", person(), 600_000),
             Verdict { first: true, machine: "" },
             "a scanner's click does not take the person's first"
         );
+    }
+
+    #[test]
+    fn a_decided_click_is_seen_by_the_next_decision_of_the_same_email() {
+        let mut history = stream(vec![sent(0)]);
+        let first = click(&history, "l1", person(), 60_000);
+        assert_eq!(first, Verdict { first: true, machine: "" });
+        history.record(&clicked("l1", first.machine, 60_000));
+        assert_eq!(history.version, 3);
+        assert_eq!(click(&history, "l1", person(), 90_000), Verdict { first: false, machine: "" });
+        assert_eq!(click(&history, "l2", person(), 60_500), Verdict { first: true, machine: "link_burst" });
+        history.record(&LogEvent::EmailOpened(proto::EmailOpened::default()));
+        assert_eq!(open(&history, person()), Verdict { first: false, machine: "" });
     }
 }

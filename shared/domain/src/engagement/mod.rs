@@ -20,6 +20,8 @@
 use std::net::IpAddr;
 use std::sync::LazyLock;
 
+pub mod history;
+
 /// A click this soon after the relay accepted the message is a scanner's.
 pub const SCANNER_WINDOW_MS: i64 = 10_000;
 
@@ -97,6 +99,21 @@ fn fetches_when_read(user_agent: &str) -> bool {
     lowercase.contains("googleimageproxy") || lowercase.contains("yahoomailproxy")
 }
 
+/// The purpose of the system key that seals a click's target in `engagement_inbox`.
+const INBOX_KEY: &str = "engagement-inbox";
+
+/// Seals a click's target for `engagement_inbox`, under the system's inbox key with the
+/// email's id bound in (so a row cannot be moved to another email).
+pub fn seal_inbox_link(email_id: &str, url: &str) -> anyhow::Result<Vec<u8>> {
+    platform::crypto::keyring()?.system_key(INBOX_KEY).encrypt(email_id, url.as_bytes())
+}
+
+/// A click's target as [`seal_inbox_link`] sealed it.
+pub fn open_inbox_link(email_id: &str, sealed: &[u8]) -> anyhow::Result<String> {
+    let bytes = platform::crypto::keyring()?.system_key(INBOX_KEY).decrypt(email_id, sealed)?;
+    Ok(String::from_utf8(bytes)?)
+}
+
 /// Whose fetch of the open pixel this was.
 pub fn open(request: &Request<'_>) -> Actor {
     if request.head {
@@ -114,6 +131,15 @@ pub fn open(request: &Request<'_>) -> Actor {
 
 /// Whose click this was.
 pub fn click(request: &Request<'_>, timing: &Timing) -> Actor {
+    match click_request(request) {
+        Actor::Human => click_timing(timing),
+        machine => machine,
+    }
+}
+
+/// Whose click this was, as far as the request alone tells (a `HEAD`, no user agent, a
+/// known bot); the timing is judged apart ([`click_timing`]), once the email's stream is read.
+pub fn click_request(request: &Request<'_>) -> Actor {
     if request.head {
         return Actor::Machine(Signal::Head);
     }
@@ -121,6 +147,12 @@ pub fn click(request: &Request<'_>, timing: &Timing) -> Actor {
     if BOTS.is_bot(user_agent) {
         return Actor::Machine(Signal::KnownBot);
     }
+    Actor::Human
+}
+
+/// Whose click this was, as its timing tells: right after delivery, or in a burst over the
+/// email's links.
+pub fn click_timing(timing: &Timing) -> Actor {
     let within = |at: Option<i64>, window: i64| at.is_some_and(|at| (0..window).contains(&(timing.now_ms - at)));
     if within(timing.sent_at_ms, SCANNER_WINDOW_MS) {
         return Actor::Machine(Signal::RightAfterDelivery);
@@ -129,6 +161,37 @@ pub fn click(request: &Request<'_>, timing: &Timing) -> Actor {
         return Actor::Machine(Signal::LinkBurst);
     }
     Actor::Human
+}
+
+impl Signal {
+    /// The signal a name stands for (`None` for an unknown name or the empty one, a person's).
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            Signal::Head,
+            Signal::NoUserAgent,
+            Signal::PrivacyProxy,
+            Signal::KnownBot,
+            Signal::RightAfterDelivery,
+            Signal::LinkBurst,
+        ]
+        .into_iter()
+        .find(|signal| signal.as_str() == name)
+    }
+}
+
+impl Actor {
+    /// The actor a stored signal names: a machine's with it, a person's without.
+    pub fn from_signal(name: &str) -> Self {
+        Signal::parse(name).map_or(Actor::Human, Actor::Machine)
+    }
+
+    /// The signal's name, empty for a person.
+    pub fn signal(self) -> &'static str {
+        match self {
+            Actor::Human => "",
+            Actor::Machine(signal) => signal.as_str(),
+        }
+    }
 }
 
 #[cfg(test)]
