@@ -208,7 +208,9 @@ async fn tracked_links_redirect_once_recorded_forged_ones_never_and_the_pixel_co
     assert_eq!((&human_click["url"], &human_click["first"]), (&shop_url, &json!(true)));
     assert!(entries.iter().any(|entry| entry["type"] == "email_opened" && entry["first"] == true));
 
-    // The email's story: sent, opened and clicked, with machines counted apart.
+    // The email's story: sent, opened and clicked, with machines counted apart (once the
+    // read model has every click: the webhooks may arrive before it applies the last).
+    app.wait_for_workers().await;
     let story = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
     assert_eq!(story.status, 200, "{:?}", story.body);
     let story = &story.body["data"];
