@@ -27,7 +27,7 @@ use crate::runtime::{Outcome, Worker};
 /// Rows one step takes at most.
 const BATCH: i64 = 1_000;
 /// How long to sleep when the inbox is empty or still gathering.
-const POLL: Duration = Duration::from_millis(25);
+const POLL: Duration = Duration::from_millis(100);
 /// A step waits until this many rows wait, or the oldest has waited [`GATHER_MS`]: so a
 /// click reaches the log (and webhooks, segments, journeys) within about `GATHER_MS + POLL`.
 const GATHER_ROWS: i64 = 200;
