@@ -29,8 +29,7 @@ use domain::email::resources::{Audience, DomainDef, SenderDef};
 use futures_util::future::BoxFuture;
 use mail::mailer::Mailer;
 use mail::outbox::{self, Prepared};
-use mail::send::{Authored, EmailTo, Gate, allowance_guard, schedule};
-use mail::skipped::{Refused, Skip};
+use mail::send::{Authored, EmailTo, allowance_guard, schedule};
 use platform::crypto::{DataKey, Keys};
 use platform::error::Code;
 use platform::log::{AppendError, AppendRequest, EventLog, Guard, SetValue};
@@ -183,28 +182,6 @@ struct Recipients {
     keys: Keys,
 }
 
-/// Why a recipient is not sent to: its contact is gone (deleted or erased since the
-/// snapshot), it has no address, or a gate of the template send refused it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
-    Gone,
-    NoAddress,
-    Gate(Gate),
-}
-
-impl Refusal {
-    /// The reason a skipped recipient is marked and counted with.
-    fn reason(self) -> &'static str {
-        match self {
-            Refusal::Gone => "gone",
-            Refusal::NoAddress => "no_address",
-            Refusal::Gate(Gate::Suppressed) => "suppressed",
-            Refusal::Gate(Gate::Consent | Gate::Topic) => "not_subscribed",
-            Refusal::Gate(Gate::Allowance) => "allowance",
-        }
-    }
-}
-
 /// A recipient the checks let through, with what its email is built from.
 struct Allowed<'a> {
     contact: &'a Contact,
@@ -215,35 +192,23 @@ struct Allowed<'a> {
 impl Recipients {
     /// Whether `contact_id` is sent to, or why not (the reason it is skipped with): the
     /// checks a marketing template send makes, for a template of topic `topic_id`.
-    fn verdict(&self, topic_id: Option<&str>, contact_id: &str) -> Result<Allowed<'_>, Refusal> {
-        let Some(contact) = self.contacts.get(contact_id) else { return Err(Refusal::Gone) };
-        let Some(address) = self.address(contact_id) else { return Err(Refusal::NoAddress) };
+    fn verdict(&self, topic_id: Option<&str>, contact_id: &str) -> Result<Allowed<'_>, &'static str> {
+        let Some(contact) = self.contacts.get(contact_id) else { return Err("gone") };
+        let Some(address) = contact.document.get("email").and_then(Value::as_str) else { return Err("no_address") };
         if self.suppressed.contains(address) {
-            return Err(Refusal::Gate(Gate::Suppressed));
+            return Err("suppressed");
         }
-        let keys = self.consent_keys(contact_id);
-        if keys.is_empty() || !keys.iter().all(|key| contact.document.get(key) == Some(&Value::Bool(true))) {
-            return Err(Refusal::Gate(Gate::Consent));
-        }
+        let keys = self.consent_keys.get(&contact.schema_id).map(Vec::as_slice).unwrap_or_default();
+        let consents = keys.iter().all(|key| contact.document.get(key) == Some(&Value::Bool(true)));
         let subscribed = topic_id.is_none_or(|topic_id| {
             self.subscriptions.get(contact_id).and_then(|topics| topics.get(topic_id)).map(String::as_str)
                 == Some("subscribed")
         });
-        if !subscribed {
-            return Err(Refusal::Gate(Gate::Topic));
+        if keys.is_empty() || !consents || !subscribed {
+            return Err("not_subscribed");
         }
-        let Some(key) = self.keys.get(contact_id) else { return Err(Refusal::Gone) };
+        let Some(key) = self.keys.get(contact_id) else { return Err("gone") };
         Ok(Allowed { contact, address, key })
-    }
-
-    fn address(&self, contact_id: &str) -> Option<&str> {
-        self.contacts.get(contact_id)?.document.get("email").and_then(Value::as_str)
-    }
-
-    /// The keys of the email consent attributes of the contact's schema.
-    fn consent_keys(&self, contact_id: &str) -> &[String] {
-        let schema_id = self.contacts.get(contact_id).map(|contact| contact.schema_id.as_str()).unwrap_or_default();
-        self.consent_keys.get(schema_id).map(Vec::as_slice).unwrap_or_default()
     }
 }
 
@@ -360,18 +325,13 @@ impl Runs {
         let now = platform::time::now_millis();
         let public_base_url = &self.site.base_url;
         let mut skipped: Skipped = Vec::new();
-        let mut gated: Vec<(String, Gate)> = Vec::new();
         let mut appends = Vec::new();
         for contact_id in pending {
             let Allowed { contact, address, key } =
                 match recipients.verdict(authored.template.topic_id.as_deref(), contact_id) {
                     Ok(allowed) => allowed,
-                    Err(Refusal::Gate(gate)) => {
-                        gated.push((contact_id.clone(), gate));
-                        continue;
-                    }
-                    Err(refusal) => {
-                        skipped.push((contact_id.clone(), refusal.reason()));
+                    Err(reason) => {
+                        skipped.push((contact_id.clone(), reason));
                         continue;
                     }
                 };
@@ -410,7 +370,7 @@ impl Runs {
             match result {
                 Ok(_) => prepared.push(email),
                 Err(AppendError::Conflict { code: Code::EmailLimitReached, .. }) => {
-                    gated.push((contact_id, Gate::Allowance))
+                    skipped.push((contact_id, "allowance"))
                 }
                 // Already decided by an earlier attempt: nothing to do.
                 Err(AppendError::Conflict { code: Code::OperationTaken, .. }) => {}
@@ -419,68 +379,7 @@ impl Runs {
                 }
             }
         }
-        skipped.extend(self.record_skips(run, &authored, &recipients, gated, now).await?);
         Ok((prepared, skipped))
-    }
-
-    /// Records the story of each recipient a gate refused (`EmailSkipped`, with the fact that
-    /// decided, under an email id derived from the run and the contact, so a recipient decided
-    /// again after a crash records it once), and answers those to mark skipped: a recipient
-    /// whose story could not be appended stays pending for a later step.
-    async fn record_skips(
-        &self,
-        run: &Run,
-        authored: &Authored,
-        recipients: &Recipients,
-        gated: Vec<(String, Gate)>,
-        now: i64,
-    ) -> anyhow::Result<Skipped> {
-        if gated.is_empty() {
-            return Ok(Vec::new());
-        }
-        let topic_id = authored.template.topic_id.as_deref();
-        let refused: Vec<Refused<'_>> = gated
-            .iter()
-            .map(|(contact_id, gate)| Refused {
-                contact_id,
-                gate: *gate,
-                address: recipients.address(contact_id).unwrap_or_default(),
-                topic_id,
-                consent_keys: recipients.consent_keys(contact_id),
-            })
-            .collect();
-        let decided_by = {
-            let client = self.pool.get().await?;
-            mail::skipped::decided_by(&client, &run.space_id, &refused, &recipients.keys).await?
-        };
-        let appends = gated.iter().zip(&decided_by).map(|((contact_id, gate), decided_by)| {
-            let email_id = skipped_email_id(&run.run_id, contact_id);
-            let stream = mail::skipped::skipped(Skip {
-                email_id: &email_id,
-                space_id: &run.space_id,
-                authored,
-                contact_id,
-                origin: mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id),
-                gate: *gate,
-                decided_by: decided_by.as_ref(),
-                at_ms: now,
-            });
-            let request = AppendRequest::in_space(&run.space_id, vec![stream], Vec::new());
-            async move { (contact_id, *gate, self.log.append(request).await) }
-        });
-        let mut skipped = Vec::new();
-        for (contact_id, gate, result) in futures_util::future::join_all(appends).await {
-            match result {
-                // Recorded now, or by an earlier attempt at the same recipient.
-                Ok(_) | Err(AppendError::WrongVersion { .. }) => {
-                    skipped.push((contact_id.clone(), Refusal::Gate(gate).reason()))
-                }
-                Err(error) => {
-                    tracing::warn!(run = %run.run_id, contact = %contact_id, %error, "a recipient stays pending for a later step");
-                }
-            }
-        }
-        Ok(skipped)
     }
 
     /// The run's template (with the run's own sender) and what the checks read about the
@@ -579,12 +478,6 @@ impl Sender {
                 "could not claim a hand-off; the outbox worker will"),
         }
     }
-}
-
-/// The email id of the send a gate refused to `contact_id` in run `run_id`: the same for
-/// every attempt at that recipient.
-fn skipped_email_id(run_id: &str, contact_id: &str) -> String {
-    format!("em_{}", &platform::ids::sha256_hex(&format!("broadcast-skip\u{1f}{run_id}\u{1f}{contact_id}"))[..32])
 }
 
 /// Recipients skipped, with their reason.
@@ -723,18 +616,7 @@ mod tests {
     }
 
     fn verdict<'a>(recipients: &'a Recipients, topic: Option<&str>) -> Result<&'a str, &'static str> {
-        recipients.verdict(topic, "con_1").map(|allowed| allowed.address).map_err(Refusal::reason)
-    }
-
-    #[test]
-    fn given_a_refused_recipient_when_checked_then_the_gate_says_whether_consent_or_the_topic_refused() {
-        let gate = |recipients: &Recipients, topic| recipients.verdict(topic, "con_1").err();
-        let withdrawn = given(json!({"email": "ada@example.test", "emailOk": false}), Some("subscribed"));
-        assert_eq!(gate(&withdrawn, Some(TOPIC)), Some(Refusal::Gate(Gate::Consent)), "consent first");
-        let unsubscribed = given(json!({"email": "ada@example.test", "emailOk": true}), Some("unsubscribed"));
-        assert_eq!(gate(&unsubscribed, Some(TOPIC)), Some(Refusal::Gate(Gate::Topic)));
-        assert_eq!(skipped_email_id("bcr_1", "con_1"), skipped_email_id("bcr_1", "con_1"), "the same every attempt");
-        assert_ne!(skipped_email_id("bcr_1", "con_1"), skipped_email_id("bcr_2", "con_1"));
+        recipients.verdict(topic, "con_1").map(|allowed| allowed.address)
     }
 
     #[test]
@@ -747,7 +629,7 @@ mod tests {
     #[test]
     fn given_a_contact_deleted_or_erased_since_the_snapshot_when_checked_then_it_is_gone() {
         let recipients = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
-        assert_eq!(recipients.verdict(None, "con_2").err(), Some(Refusal::Gone), "not in the read model");
+        assert_eq!(recipients.verdict(None, "con_2").err(), Some("gone"), "not in the read model");
         let mut erased = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
         erased.keys = Keys::default();
         assert_eq!(verdict(&erased, None), Err("gone"), "its data key is destroyed");
