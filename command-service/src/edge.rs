@@ -18,22 +18,6 @@ pub fn metadata(req: &HttpRequest, caller: &Caller, idempotency_key: Option<Stri
     }
 }
 
-/// A refused record write as the contract answers it.
-impl From<crate::records::decide::RecordRefusal> for ApiError {
-    fn from(refusal: crate::records::decide::RecordRefusal) -> Self {
-        use crate::records::decide::RecordRefusal;
-        let message = refusal.to_string();
-        match refusal {
-            RecordRefusal::Invalid { code, message, issues } => {
-                ApiError::bad_request(code, message).with_issues(issues)
-            }
-            RecordRefusal::InsufficientCredits => ApiError::insufficient_credits(),
-            RecordRefusal::NotFound(_) => ApiError::not_found(Code::RecordNotFound, message),
-            RecordRefusal::DeletionPending { .. } => ApiError::conflict(Code::RecordDeletionPending, message),
-        }
-    }
-}
-
 /// A refused suppression write as the contract answers it.
 impl From<crate::suppressions::decide::Refusal> for ApiError {
     fn from(refusal: crate::suppressions::decide::Refusal) -> Self {

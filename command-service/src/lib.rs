@@ -13,6 +13,7 @@ pub mod events;
 pub mod forms;
 pub mod idempotency;
 pub mod identities;
+pub mod imports;
 pub mod pipeline;
 pub mod records;
 pub mod routes;

@@ -6,8 +6,8 @@ use api::http::answering;
 use api::routes::Tier;
 
 use crate::{
-    broadcasts, emails, engagement, events, forms, identities, records, segments, suppressions, templates, webhooks,
-    workflows,
+    broadcasts, emails, engagement, events, forms, identities, imports, records, segments, suppressions, templates,
+    webhooks, workflows,
 };
 
 /// The handler of a command operation, by its operation id.
@@ -17,6 +17,9 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "upsertRecord" => web::post().to(answering(records::http::upsert)),
         "updateRecord" => web::patch().to(answering(records::http::update)),
         "deleteRecord" => web::delete().to(answering(records::http::delete)),
+        "createImport" => web::put().to(answering(imports::http::create)),
+        "putImportPart" => web::put().to(answering(imports::http::put_part)),
+        "completeImport" => web::post().to(answering(imports::http::complete)),
         "createSuppression" => web::post().to(answering(suppressions::http::create)),
         "batchCreateSuppressions" => web::post().to(answering(suppressions::http::batch_create)),
         "batchRemoveSuppressions" => web::post().to(answering(suppressions::http::batch_remove)),

@@ -36,7 +36,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
 pub const POOL_SIZE: usize = 32;
 
 /// The kinds of worker a process can run.
-pub(crate) const WORKER_KINDS: [&str; 12] = [
+pub(crate) const WORKER_KINDS: [&str; 13] = [
     "read_models",
     "preparation",
     "eraser",
@@ -49,6 +49,7 @@ pub(crate) const WORKER_KINDS: [&str; 12] = [
     "broadcasts",
     "workflows",
     "engagement",
+    "imports",
 ];
 
 /// The workers a process runs: `selection` is `all` or a comma-separated list of
@@ -108,6 +109,9 @@ pub fn workers(
     }
     if wanted.contains(&"engagement") {
         workers.push(Arc::new(workers::engagement::Engagement::new(pool.clone(), log.clone())));
+    }
+    if wanted.contains(&"imports") {
+        workers.push(Arc::new(workers::imports::Imports::new(pool.clone(), log.clone())));
     }
     if wanted.contains(&"email_outbox") {
         workers.push(Arc::new(workers::email::outbox::Outbox::new(pool.clone(), log, settings)?));

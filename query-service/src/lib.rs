@@ -10,6 +10,7 @@ pub mod deletions;
 pub mod email;
 pub mod emails;
 pub mod events;
+pub mod imports;
 pub mod me;
 pub mod records;
 pub mod reference;

@@ -6,8 +6,8 @@ use api::http::answering;
 use api::routes::Tier;
 
 use crate::{
-    audit, broadcasts, deletions, email, emails, events, me, records, schemas, segments, suppressions, webhooks,
-    workflows,
+    audit, broadcasts, deletions, email, emails, events, imports, me, records, schemas, segments, suppressions,
+    webhooks, workflows,
 };
 
 /// The handler of a query operation, by its operation id.
@@ -22,6 +22,8 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "getRecord" => web::get().to(answering(records::http::get)),
         "getRecordAuditTrail" => web::get().to(answering(audit::http::get)),
         "getRecordDeletion" => web::get().to(answering(deletions::http::get)),
+        "getImport" => web::get().to(answering(imports::http::get)),
+        "listImportRows" => web::get().to(answering(imports::http::rows)),
         "listSuppressions" => web::get().to(answering(suppressions::http::list)),
         "listEvents" => web::get().to(answering(events::http::list)),
         "getEventStatus" => web::get().to(answering(events::http::status)),

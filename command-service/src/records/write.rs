@@ -6,20 +6,19 @@
 use actix_web::http::StatusCode;
 use domain::catalog::WriteContext;
 use domain::records::RecordState;
-use platform::crypto::{self, DataKey};
+pub(crate) use domain::records::write::{Write, create_write, identity_values, update_write};
+use platform::crypto::DataKey;
 use platform::error::ApiError;
-use platform::events::LogEvent;
 use platform::ids::new_id;
-use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
-use platform::proto::Sealed;
+use platform::log::AppendError;
 use serde_json::{Map, Value};
 
 use crate::pipeline::Ctx;
 use crate::records::decide::{
-    Change, CreateDecision, Input, Match, Owners, UpdateDecision, WriteSchema, check_echoed, decide_create,
-    decide_update, live_target, match_upsert, parse_input,
+    Input, Match, Owners, UpdateDecision, WriteSchema, check_echoed, decide_create, decide_update, live_target,
+    match_upsert, parse_input, shown_platform_fields,
 };
-use crate::records::store::{Loaded, claim, identity_owners, load_records, release, stream_id};
+use crate::records::store::{Loaded, identity_owners, load_records};
 use crate::write_contexts::{self, Kind};
 
 /// The record schema of a write and the space it is in, as a decision takes it.
@@ -30,68 +29,6 @@ pub(crate) fn write_schema<'a>(context: &'a WriteContext, space_id: &'a str) -> 
         schema_type: &context.schema.schema_type,
         attributes: &context.attributes,
     }
-}
-
-/// Identity values of the input, to look up their holders.
-pub(crate) fn identity_values(input: &Input) -> Vec<(&'static str, String)> {
-    input.identities.iter().filter_map(|(key, value)| value.clone().map(|value| (*key, value))).collect()
-}
-
-/// A record write ready to append: its stream and guards.
-pub(crate) struct Write {
-    pub stream: StreamAppend,
-    pub guards: Vec<Guard>,
-    /// The data key the record's personal data is encrypted under.
-    pub key: DataKey,
-}
-
-/// The write of a new record (its personal data encrypted under a fresh key).
-pub(crate) fn create_write(space_id: &str, schema_id: &str, decision: CreateDecision) -> Result<Write, AppendError> {
-    let mut decision = decision;
-    let record_id = decision.event.record_id.clone();
-    let (key, key_guard) = encrypt_personal(&mut decision.event.personal, None, &record_id, space_id)?;
-    let guards = decision
-        .identities
-        .iter()
-        .map(|identity| claim(space_id, schema_id, &record_id, identity))
-        .chain(key_guard)
-        .collect();
-    let occurred_at = platform::time::from_millis(decision.event.created_at_ms);
-    let stream = StreamAppend {
-        stream_id: stream_id(&record_id),
-        expected: ExpectedVersion::NoStream,
-        events: vec![NewEvent {
-            event: LogEvent::RecordCreated(decision.event),
-            subject_id: Some(record_id),
-            occurred_at,
-        }],
-    };
-    Ok(Write { stream, guards, key })
-}
-
-/// The write of an update at `version`.
-pub(crate) fn update_write(
-    space_id: &str,
-    schema_id: &str,
-    (version, key): (i64, Option<DataKey>),
-    change: Change,
-) -> Result<Write, AppendError> {
-    let Change { mut event, state: new_state, claims, releases, .. } = change;
-    let record_id = new_state.record_id.clone();
-    let (key, key_guard) = encrypt_personal(&mut event.personal, key, &record_id, space_id)?;
-    let guards = releases
-        .iter()
-        .map(|identity| release(space_id, schema_id, &record_id, identity))
-        .chain(claims.iter().map(|identity| claim(space_id, schema_id, &record_id, identity)))
-        .chain(key_guard)
-        .collect();
-    let occurred_at = platform::time::from_millis(event.updated_at_ms);
-    let stream = StreamAppend {
-        stream_id: stream_id(&record_id),
-        expected: ExpectedVersion::Exactly(version),
-        events: vec![NewEvent { event: LogEvent::RecordUpdated(event), subject_id: Some(record_id), occurred_at }],
-    };
-    Ok(Write { stream, guards, key })
 }
 
 /// An upsert decided: the status and record it answers with, and the write (none when
@@ -180,29 +117,6 @@ pub(crate) fn decide_upsert(
     }
 }
 
-/// Encrypts a record event's personal data under the record's data key. A record without a
-/// key (a new one, or one written before encryption) gets a fresh key, stored by the returned
-/// guard in the same transaction as the event.
-pub(crate) fn encrypt_personal(
-    personal: &mut Option<Sealed>,
-    key: Option<DataKey>,
-    record_id: &str,
-    space_id: &str,
-) -> Result<(DataKey, Option<Guard>), AppendError> {
-    let failed = AppendError::from;
-    let (key, guard) = match key {
-        Some(key) => (key, None),
-        None => {
-            let (key, wrapped) = crypto::keyring().and_then(|keyring| keyring.generate(record_id)).map_err(failed)?;
-            (key, Some(crate::records::store::store_key(record_id, space_id, wrapped)))
-        }
-    };
-    if let Some(personal) = personal.as_mut() {
-        platform::events::encrypt(personal, &key).map_err(failed)?;
-    }
-    Ok((key, guard))
-}
-
 /// The catalog context of a record write to `schema_ref`: kept by this process, or read now.
 pub(crate) async fn context(ctx: &Ctx<'_>, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
     write_contexts::current(ctx, Kind::Record, space_id, schema_ref).await
@@ -252,7 +166,7 @@ pub(crate) async fn load_update(
     let input = parse_input(schema, input)?;
     let client = ctx.db().await?;
     let target = load_in_schema(&client, schema, record_id).await?;
-    check_echoed(&echoed, &target.1)?;
+    check_echoed(&crate::echo::changed(&echoed, &shown_platform_fields(&target.1)))?;
     let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
     Ok((input, target, owners))
 }

@@ -6,6 +6,7 @@ pub mod broadcasts;
 pub mod email;
 pub mod engagement;
 pub mod eraser;
+pub mod imports;
 pub mod maintenance;
 pub(crate) mod outbound;
 pub mod preparation;

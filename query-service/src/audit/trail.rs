@@ -43,11 +43,11 @@ pub(crate) fn record_history(
     let mut previous: HashMap<&str, Value> = HashMap::new();
     let mut found = false;
     for event in events {
-        let (state, changed): (RecordState, Option<Vec<String>>) = match event.decode()? {
-            LogEvent::RecordCreated(created) => (RecordState::from_created(&created, keys)?, None),
+        let (state, changed, import) = match event.decode()? {
+            LogEvent::RecordCreated(created) => (RecordState::from_created(&created, keys)?, None, created.import),
             LogEvent::RecordUpdated(updated) => {
                 let changed = updated.changed_keys.clone();
-                (RecordState::from_updated(&updated, keys)?, Some(changed))
+                (RecordState::from_updated(&updated, keys)?, Some(changed), updated.import)
             }
             LogEvent::RecordDeletionRequested(_)
             | LogEvent::RecordDeletionBlocked(_)
@@ -78,6 +78,7 @@ pub(crate) fn record_history(
                         "previousValue": before,
                         "value": value,
                         "actorKeyId": event.actor_key_id,
+                        "importSource": import.as_ref().map(import_source),
                     }),
                 ));
             }
@@ -85,6 +86,16 @@ pub(crate) fn record_history(
         }
     }
     Ok(found.then_some(history))
+}
+
+/// The import a consent change came from, with the consent source it stated: `{importId,
+/// label, fileName}` (null for every other write).
+fn import_source(import: &platform::proto::ImportProvenance) -> Value {
+    json!({
+        "importId": import.import_id,
+        "label": (!import.consent_label.is_empty()).then_some(&import.consent_label),
+        "fileName": (!import.file_name.is_empty()).then_some(&import.file_name),
+    })
 }
 
 /// Suppression entries of the caller's space and global ones.

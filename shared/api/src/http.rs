@@ -192,6 +192,20 @@ pub async fn read_form_or_json(
     Ok((fields, true))
 }
 
+/// Reads the body as bytes (a file's part), enforcing its size and encoding; the caller
+/// checks its content type.
+pub async fn read_bytes(req: &HttpRequest, payload: web::Payload) -> Result<web::BytesMut, ApiError> {
+    if let Some(encoding) = req.headers().get(header::CONTENT_ENCODING) {
+        let encoding = encoding.to_str().unwrap_or("").trim().to_ascii_lowercase();
+        if !encoding.is_empty() && encoding != "identity" {
+            return Err(unsupported(format!(
+                "content encoding {encoding:?} is not supported; send the body uncompressed"
+            )));
+        }
+    }
+    read_body(req, payload).await
+}
+
 /// Reads the body as JSON, enforcing size, content type, charset and encoding.
 pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value, ApiError> {
     read_json_accepting(req, payload, JSON).await

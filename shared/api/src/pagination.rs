@@ -2,7 +2,6 @@
 //! warning, negative `offset` clamped to 0 with a warning, `offset` above 10000 rejected.
 
 use platform::error::Code;
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use platform::error::ApiError;
@@ -11,12 +10,7 @@ pub(crate) const DEFAULT_LIMIT: i64 = 50;
 pub const MAX_LIMIT: i64 = 200;
 pub(crate) const MAX_OFFSET: i64 = 10_000;
 
-/// A warning in a success body: `{code, message}`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Warning {
-    pub code: &'static str,
-    pub message: String,
-}
+pub use platform::error::Warning;
 
 /// Limit and offset as applied, with the warnings their clamping produced.
 #[derive(Debug, Clone, PartialEq, Eq)]

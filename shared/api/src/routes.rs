@@ -49,6 +49,12 @@ pub const OPERATIONS: &[Operation] = &[
     operation("deleteRecord", "DELETE", "/schemas/{schema}/records/{id}", Command),
     operation("getRecordAuditTrail", "GET", "/schemas/{schema}/records/{id}/audit-trail", Query),
     operation("getRecordDeletion", "GET", "/record-deletions/{operationId}", Query),
+    // Bulk imports (not in the contract; see docs/decisions.md).
+    operation("createImport", "PUT", "/imports/{importId}", Command),
+    operation("getImport", "GET", "/imports/{importId}", Query),
+    operation("putImportPart", "PUT", "/imports/{importId}/parts/{part}", Command),
+    operation("completeImport", "POST", "/imports/{importId}/complete", Command),
+    operation("listImportRows", "GET", "/imports/{importId}/rows", Query),
     operation("listSuppressions", "GET", "/contacts/suppressions", Query),
     operation("createSuppression", "POST", "/contacts/suppressions", Command),
     operation("batchCreateSuppressions", "POST", "/contacts/suppressions/batch", Command),

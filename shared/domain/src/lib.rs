@@ -11,6 +11,7 @@ pub mod business_events;
 pub mod catalog;
 pub mod email;
 pub mod engagement;
+pub mod imports;
 pub mod records;
 pub mod roles;
 pub mod suppressions;

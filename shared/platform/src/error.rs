@@ -137,6 +137,9 @@ codes! {
     WorkflowNotPublished = "workflow_not_published",
     WorkflowRunNotFound = "workflow_run_not_found",
     InvalidWorkflowInput = "invalid_workflow_input",
+    ImportNotFound = "import_not_found",
+    ImportConflict = "import_conflict",
+    ConsentSourceRequired = "consent_source_required",
     }
     internal {
     OperationTaken = "operation_taken",
@@ -160,6 +163,13 @@ impl serde::Serialize for Code {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.as_str())
     }
+}
+
+/// A warning in a success body: `{code, message}`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Warning {
+    pub code: &'static str,
+    pub message: String,
 }
 
 /// One problem with the input, naming the key it concerns when there is one.

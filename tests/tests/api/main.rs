@@ -24,6 +24,7 @@ mod hardening;
 mod helpers;
 mod idempotency;
 mod identities;
+mod imports;
 mod inbound;
 mod layering;
 mod log;

@@ -1,6 +1,9 @@
 //! What a record looks like on the wire, built from its log event by both the command
 //! service (the write response) and the projector (the read model), so the two agree.
 
+pub mod decide;
+pub mod write;
+
 use deadpool_postgres::GenericClient;
 use serde_json::{Map, Value, json};
 
@@ -125,6 +128,7 @@ impl RecordState {
             personal: Some(sealed),
             changed_keys,
             credits_spent,
+            import: None,
         }
     }
 
@@ -173,6 +177,7 @@ pub fn stream_id(record_id: &str) -> String {
 }
 
 /// A record as its stream's latest event leaves it.
+#[derive(Clone)]
 pub enum Loaded {
     /// The record exists; `key` is its data key (absent only for records written before
     /// encryption, which get one on their next write).

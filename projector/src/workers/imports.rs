@@ -1,0 +1,503 @@
+//! The `imports` worker: decides the rows of imports' parts and appends their record writes.
+//!
+//! A step takes one waiting part (one process at a time, by an advisory lock held for the
+//! step): the lowest part of an import whose earlier parts are all done, so a file's rows are
+//! decided in order. It reads the part's rows, skips those that already have a result, and
+//! decides the rest a wave at a time (`domain::imports::decide`): the wave's identity holders,
+//! records and suppressed addresses in one statement each, then one append per written row,
+//! all sent at once so the log's batcher writes them as sets. A row's result is inserted by a
+//! guard of its own append: a row has a result exactly when its write is in the log, so a step
+//! killed anywhere resumes at the first row without one, and no row is written twice. Rows that
+//! write nothing (unchanged, failed) get their results in one statement. Once every row has
+//! one, the part's body is dropped.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::time::Duration;
+
+use anyhow::Context;
+use deadpool_postgres::{GenericClient, Pool};
+use domain::catalog::WriteContext;
+use domain::imports::decide::{self, Checked, Facts, Key, Outcome, Provenance};
+use domain::imports::{Settings, parse};
+use domain::records::decide::WriteSchema;
+use domain::records::write::identity_values;
+use futures_util::future::BoxFuture;
+use platform::error::{Code, Warning};
+use platform::log::{AppendError, AppendRequest, EventLog, Guard, Metadata, SetValue};
+use serde_json::{Map, Value, json};
+
+use crate::runtime::{Outcome as StepOutcome, Worker};
+
+/// Rows decided together.
+const WAVE: usize = 1_000;
+/// How long to sleep when no part waits.
+const POLL: Duration = Duration::from_millis(500);
+/// Lost races (a concurrent write to the same record or identity) a row may have before it
+/// fails with `concurrent_modification`.
+const ATTEMPTS: u8 = 5;
+/// One process at a time decides parts.
+const LOCK: i64 = 0x696d_706f_7274; // "import"
+
+pub struct Imports {
+    pool: Pool,
+    log: EventLog,
+}
+
+impl Imports {
+    pub fn new(pool: Pool, log: EventLog) -> Self {
+        Self { pool, log }
+    }
+
+    async fn step(&self) -> anyhow::Result<StepOutcome> {
+        let mut client = self.pool.get().await?;
+        let waiting =
+            client.query_opt("SELECT 1 FROM import_parts WHERE body IS NOT NULL LIMIT 1", &[]).await?.is_some();
+        if !waiting {
+            return Ok(StepOutcome::Idle);
+        }
+        let transaction = client.transaction().await?;
+        transaction.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await?;
+        if !transaction.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&LOCK]).await?.get::<_, bool>(0) {
+            return Ok(StepOutcome::Idle);
+        }
+        // The lowest waiting part of an import whose parts before it all arrived and are done.
+        let Some(row) = transaction
+            .query_opt(
+                "SELECT p.space_id, p.import_id, p.part, p.body, i.schema_id, i.settings, i.actor_key_id
+                 FROM import_parts p JOIN imports i ON i.space_id = p.space_id AND i.import_id = p.import_id
+                 WHERE p.body IS NOT NULL
+                 AND (SELECT count(*) FROM import_parts q WHERE q.space_id = p.space_id AND q.import_id = p.import_id
+                      AND q.part < p.part AND q.body IS NULL) = p.part - 1
+                 ORDER BY p.received_at_ms LIMIT 1",
+                &[],
+            )
+            .await?
+        else {
+            return Ok(StepOutcome::Idle);
+        };
+        let part = Part {
+            space_id: row.get(0),
+            import_id: row.get(1),
+            part: row.get(2),
+            schema_id: row.get(4),
+            actor_key_id: row.get(6),
+        };
+        let settings = Settings::from_document(&row.get::<_, Value>(5)).context("an import's settings")?;
+        let body: Vec<u8> = row.get(3);
+        self.decide_part(&part, &settings, &body).await?;
+        transaction.commit().await?;
+        Ok(StepOutcome::Progressed)
+    }
+
+    async fn decide_part(&self, part: &Part, settings: &Settings, body: &[u8]) -> anyhow::Result<()> {
+        let client = self.pool.get().await?;
+        let catalog = live_catalog(&client).await?;
+        let context = domain::catalog::write_context(&client, &catalog, &part.space_id, &part.schema_id).await?;
+        let mut tally = Tally::default();
+        let done: HashSet<i32> = client
+            .query(
+                "SELECT row_number, status FROM import_rows WHERE space_id = $1 AND import_id = $2 AND part = $3",
+                &[&part.space_id, &part.import_id, &part.part],
+            )
+            .await?
+            .into_iter()
+            .map(|row| {
+                tally.count(row.get::<_, &str>(1));
+                row.get(0)
+            })
+            .collect();
+        let attributes = context.as_ref().map(|context| context.attributes.as_slice()).unwrap_or_default();
+        let rows = match parse::read_part(settings.format, body, &settings.columns, attributes) {
+            Ok(rows) => rows,
+            Err(message) => {
+                // The intake read it; only a changed parser could refuse it now.
+                tracing::error!(import = %part.import_id, part = part.part, %message, "a stored part cannot be read");
+                Vec::new()
+            }
+        };
+        let mut pending: VecDeque<(i32, Map<String, Value>, u8)> = VecDeque::new();
+        let mut results = Vec::new();
+        for row in rows.into_iter().filter(|row| !done.contains(&row.number)) {
+            match row.input {
+                Ok(input) => pending.push_back((row.number, input, 0)),
+                Err(error) => results.push(RowResult::failed(row.number, None, error.code, error.message)),
+            }
+        }
+        let Some(context) = context else {
+            for (number, _, _) in pending.drain(..) {
+                let message = "the import's schema no longer exists".to_owned();
+                results.push(RowResult::failed(number, None, Code::SchemaNotFound, message));
+            }
+            self.record(part, results, &mut tally).await?;
+            return self.finish(part, &tally).await;
+        };
+        let provenance = Provenance {
+            import_id: part.import_id.clone(),
+            consent_label: settings.consent_label.clone(),
+            file_name: settings.file_name.clone(),
+        };
+        self.record(part, std::mem::take(&mut results), &mut tally).await?;
+        while !pending.is_empty() {
+            let wave: Vec<_> = pending.drain(..pending.len().min(WAVE)).collect();
+            let retry = self.decide_wave(part, &context, &provenance, wave, &mut tally).await?;
+            for row in retry.into_iter().rev() {
+                pending.push_front(row);
+            }
+            self.save_tally(part, &tally, false).await?;
+        }
+        self.finish(part, &tally).await
+    }
+
+    /// Decides one wave and appends its writes; answers the rows to decide again (deferred,
+    /// or lost a race), in order.
+    async fn decide_wave(
+        &self,
+        part: &Part,
+        context: &WriteContext,
+        provenance: &Provenance,
+        wave: Vec<(i32, Map<String, Value>, u8)>,
+        tally: &mut Tally,
+    ) -> anyhow::Result<Vec<(i32, Map<String, Value>, u8)>> {
+        let schema = WriteSchema {
+            schema_id: &context.schema.schema_id,
+            space_id: &part.space_id,
+            schema_type: &context.schema.schema_type,
+            attributes: &context.attributes,
+        };
+        let mut results = Vec::new();
+        let mut checked = Vec::new();
+        let mut kept = Vec::new();
+        for (number, raw, attempts) in wave {
+            match decide::check(&schema, provenance, raw.clone()) {
+                Ok(row) => {
+                    checked.push(row);
+                    kept.push((number, raw, attempts));
+                }
+                Err((key, code, message)) => results.push(RowResult::failed(number, key, code, message)),
+            }
+        }
+        let client = self.pool.get().await?;
+        let facts = read_facts(&client, &schema, &checked).await?;
+        let facts = Facts { owners: &facts.0, records: &facts.1, suppressed: &facts.2 };
+        let outcomes = decide::decide_wave(&schema, provenance, checked, &facts, platform::time::now_millis());
+        let mut retry = Vec::new();
+        let mut appends = Vec::new();
+        for ((number, raw, attempts), outcome) in kept.into_iter().zip(outcomes) {
+            match outcome {
+                Outcome::Deferred => retry.push((number, raw, attempts)),
+                Outcome::Unchanged { record_id, key, warnings } => {
+                    results.push(RowResult::written(number, "unchanged", record_id, key, &warnings));
+                }
+                Outcome::Failed { key, code, message } => results.push(RowResult::failed(number, key, code, message)),
+                Outcome::Created { record_id, key, warnings, write } => {
+                    let result = RowResult::written(number, "created", record_id, key, &warnings);
+                    appends.push(((number, raw, attempts), result, *write));
+                }
+                Outcome::Updated { record_id, key, warnings, write } => {
+                    let result = RowResult::written(number, "updated", record_id, key, &warnings);
+                    appends.push(((number, raw, attempts), result, *write));
+                }
+            }
+        }
+        self.record(part, results, tally).await?;
+        let metadata = Metadata {
+            space_id: Some(part.space_id.clone()),
+            actor_key_id: part.actor_key_id.clone(),
+            ..Metadata::default()
+        };
+        let sent = futures_util::future::join_all(appends.into_iter().map(|(row, result, write)| {
+            let mut guards = write.guards;
+            guards.push(result.guard(part));
+            let request = AppendRequest::new(metadata.clone(), vec![write.stream], guards);
+            async move { (row, result, self.log.append(request).await) }
+        }))
+        .await;
+        let mut lost = Vec::new();
+        for ((number, raw, attempts), result, appended) in sent {
+            match appended {
+                Ok(_) => tally.count(result.status),
+                // Another write to the record or the identity came between: decide it again.
+                Err(AppendError::WrongVersion { .. })
+                | Err(AppendError::Conflict { code: Code::IdentifierConflict | Code::StreamMoved, .. }) => {
+                    if attempts + 1 >= ATTEMPTS {
+                        let message = "the record kept changing while the row was imported".to_owned();
+                        lost.push(RowResult::failed(number, result.key(), Code::ConcurrentModification, message));
+                    } else {
+                        retry.push((number, raw, attempts + 1));
+                    }
+                }
+                // The row's result exists: another step wrote it (it cannot, under the lock).
+                Err(AppendError::Conflict { code: Code::OperationTaken, .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        self.record(part, lost, tally).await?;
+        retry.sort_by_key(|(number, _, _)| *number);
+        Ok(retry)
+    }
+
+    /// Inserts the results of rows that write nothing.
+    async fn record(&self, part: &Part, results: Vec<RowResult>, tally: &mut Tally) -> anyhow::Result<()> {
+        if results.is_empty() {
+            return Ok(());
+        }
+        let client = self.pool.get().await?;
+        let numbers: Vec<i32> = results.iter().map(|result| result.number).collect();
+        let statuses: Vec<&str> = results.iter().map(|result| result.status).collect();
+        let records: Vec<Option<&str>> = results.iter().map(|result| result.record_id.as_deref()).collect();
+        let fields: Vec<Option<&str>> =
+            results.iter().map(|result| result.key.as_ref().map(|(field, _)| *field)).collect();
+        let values: Vec<Option<&str>> =
+            results.iter().map(|result| result.key.as_ref().map(|(_, value)| value.as_str())).collect();
+        let codes: Vec<Option<&str>> = results.iter().map(|result| result.code.map(|code| code.as_str())).collect();
+        let messages: Vec<Option<&str>> = results.iter().map(|result| result.message.as_deref()).collect();
+        let warnings: Vec<&Value> = results.iter().map(|result| &result.warnings).collect();
+        let inserted = client
+            .execute(
+                "INSERT INTO import_rows (space_id, import_id, part, row_number, status, record_id, key_field,
+                                          key_value, code, message, warnings)
+                 SELECT $1, $2, $3, * FROM unnest($4::int[], $5::text[], $6::text[], $7::text[], $8::text[],
+                                                  $9::text[], $10::text[], $11::jsonb[])
+                 ON CONFLICT DO NOTHING",
+                &[
+                    &part.space_id,
+                    &part.import_id,
+                    &part.part,
+                    &numbers,
+                    &statuses,
+                    &records,
+                    &fields,
+                    &values,
+                    &codes,
+                    &messages,
+                    &warnings,
+                ],
+            )
+            .await?;
+        if inserted as usize == results.len() {
+            for result in &results {
+                tally.count(result.status);
+            }
+        }
+        Ok(())
+    }
+
+    async fn save_tally(&self, part: &Part, tally: &Tally, done: bool) -> anyhow::Result<()> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "UPDATE import_parts SET created = $4, updated = $5, unchanged = $6, failed = $7,
+                        body = CASE WHEN $8 THEN NULL ELSE body END,
+                        done_at_ms = CASE WHEN $8 THEN $9 ELSE done_at_ms END
+                 WHERE space_id = $1 AND import_id = $2 AND part = $3",
+                &[
+                    &part.space_id,
+                    &part.import_id,
+                    &part.part,
+                    &tally.created,
+                    &tally.updated,
+                    &tally.unchanged,
+                    &tally.failed,
+                    &done,
+                    &platform::time::now_millis(),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Every row has its result: the counts are read back from them (the truth after any
+    /// crash), and the part's body leaves.
+    async fn finish(&self, part: &Part, _: &Tally) -> anyhow::Result<()> {
+        let client = self.pool.get().await?;
+        let mut tally = Tally::default();
+        for row in client
+            .query(
+                "SELECT status, count(*)::int FROM import_rows WHERE space_id = $1 AND import_id = $2 AND part = $3
+                 GROUP BY status",
+                &[&part.space_id, &part.import_id, &part.part],
+            )
+            .await?
+        {
+            tally.add(row.get(0), row.get(1));
+        }
+        self.save_tally(part, &tally, true).await?;
+        tracing::info!(import = %part.import_id, part = part.part, created = tally.created, updated = tally.updated,
+            unchanged = tally.unchanged, failed = tally.failed, "import part decided");
+        Ok(())
+    }
+}
+
+impl Worker for Imports {
+    fn name(&self) -> String {
+        "imports".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        POLL
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<StepOutcome>> {
+        Box::pin(Imports::step(self))
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// The part a step decides.
+struct Part {
+    space_id: String,
+    import_id: String,
+    part: i32,
+    schema_id: String,
+    actor_key_id: Option<String>,
+}
+
+/// A row's result, as `import_rows` holds it.
+struct RowResult {
+    number: i32,
+    status: &'static str,
+    record_id: Option<String>,
+    key: Key,
+    code: Option<Code>,
+    message: Option<String>,
+    warnings: Value,
+}
+
+impl RowResult {
+    fn failed(number: i32, key: Key, code: Code, message: String) -> Self {
+        Self {
+            number,
+            status: "failed",
+            record_id: None,
+            key,
+            code: Some(code),
+            message: Some(message),
+            warnings: json!([]),
+        }
+    }
+
+    fn written(number: i32, status: &'static str, record_id: String, key: Key, warnings: &[Warning]) -> Self {
+        Self { number, status, record_id: Some(record_id), key, code: None, message: None, warnings: json!(warnings) }
+    }
+
+    fn key(&self) -> Key {
+        self.key.clone()
+    }
+
+    /// The guard that inserts the result in the row's own append.
+    fn guard(&self, part: &Part) -> Guard {
+        let text = |value: Option<&str>| SetValue::Text(value.map(str::to_owned));
+        let (field, value) = match &self.key {
+            Some((field, value)) => (Some(*field), Some(value.as_str())),
+            None => (None, None),
+        };
+        Guard::unique(
+            "INSERT INTO import_rows (space_id, import_id, part, row_number, status, record_id, key_field, key_value,
+                                      code, message, warnings)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, NULL, $9)",
+            vec![
+                Box::new(part.space_id.clone()),
+                Box::new(part.import_id.clone()),
+                Box::new(part.part),
+                Box::new(self.number),
+                Box::new(self.status.to_owned()),
+                Box::new(self.record_id.clone()),
+                Box::new(field.map(str::to_owned)),
+                Box::new(value.map(str::to_owned)),
+                Box::new(self.warnings.clone()),
+            ],
+            AppendError::Conflict { code: Code::OperationTaken, message: "the row has its result".to_owned() },
+        )
+        .with_set(
+            "INSERT INTO import_rows (space_id, import_id, part, row_number, status, record_id, key_field, key_value,
+                                      warnings)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[], $6::text[], $7::text[],
+                                  $8::text[], $9::jsonb[])",
+            vec![
+                text(Some(&part.space_id)),
+                text(Some(&part.import_id)),
+                SetValue::Int(part.part),
+                SetValue::Int(self.number),
+                text(Some(self.status)),
+                text(self.record_id.as_deref()),
+                text(field),
+                text(value),
+                SetValue::Json(self.warnings.clone()),
+            ],
+        )
+    }
+}
+
+/// Rows of a part by result.
+#[derive(Debug, Default)]
+struct Tally {
+    created: i32,
+    updated: i32,
+    unchanged: i32,
+    failed: i32,
+}
+
+impl Tally {
+    fn count(&mut self, status: &str) {
+        self.add(status, 1);
+    }
+
+    fn add(&mut self, status: &str, rows: i32) {
+        match status {
+            "created" => self.created += rows,
+            "updated" => self.updated += rows,
+            "unchanged" => self.unchanged += rows,
+            _ => self.failed += rows,
+        }
+    }
+}
+
+/// The live catalog's read model schema.
+async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
+    let version: i32 = client
+        .query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&domain::catalog::CATALOG])
+        .await?
+        .map(|row| row.get(0))
+        .context("the catalog has no live version")?;
+    Ok(platform::readmodel::schema_name(domain::catalog::CATALOG, version))
+}
+
+type Read = (domain::records::decide::Owners, BTreeMap<String, (i64, domain::records::Loaded)>, HashSet<String>);
+
+/// What a wave decides on: the holders of its identity values, the records they and its ids
+/// name, and which of its addresses are suppressed.
+async fn read_facts(client: &impl GenericClient, schema: &WriteSchema<'_>, rows: &[Checked]) -> anyhow::Result<Read> {
+    let values: BTreeSet<(&'static str, String)> = rows.iter().flat_map(|row| identity_values(&row.input)).collect();
+    let values: Vec<(&str, String)> = values.into_iter().collect();
+    let owners = domain::records::write::identity_owners(client, schema.space_id, schema.schema_id, &values).await?;
+    let ids: BTreeSet<String> =
+        owners.values().cloned().chain(rows.iter().filter_map(|row| row.input.id.clone())).collect();
+    let ids: Vec<String> = ids.into_iter().collect();
+    let records = domain::records::load_records(client, &ids)
+        .await?
+        .into_iter()
+        .map(|(record_id, version, loaded)| (record_id, (version, loaded)))
+        .collect();
+    let emails: Vec<&str> = values.iter().filter(|(key, _)| *key == "email").map(|(_, value)| value.as_str()).collect();
+    let suppressed = if emails.is_empty() {
+        HashSet::new()
+    } else {
+        client
+            .query(
+                "SELECT DISTINCT identifier FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = ANY($2)",
+                &[&schema.space_id, &emails],
+            )
+            .await?
+            .into_iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    Ok((owners, records, suppressed))
+}

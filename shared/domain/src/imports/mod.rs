@@ -1,0 +1,239 @@
+//! Bulk imports: an import's settings, its parts read into rows (`parse`), and what decides a
+//! row beyond the record rules every upsert follows (`decide`). Pure: the command service
+//! takes imports and parts in, the projector's `imports` worker decides their rows.
+
+pub mod decide;
+pub mod parse;
+pub mod status;
+
+use std::collections::BTreeMap;
+
+use platform::error::{ApiError, Code, Issue};
+use serde_json::{Map, Value};
+
+/// How an import's parts are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// RFC 4180 CSV; every part starts with its header row.
+    Csv,
+    /// One JSON object per line, each the body an upsert takes.
+    Ndjson,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Csv => "csv",
+            Format::Ndjson => "ndjson",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "csv" => Some(Format::Csv),
+            "ndjson" => Some(Format::Ndjson),
+            _ => None,
+        }
+    }
+}
+
+/// What an import is told when it is created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The schema id or slug, as given.
+    pub schema: String,
+    pub format: Format,
+    /// The file the rows come from, for the audit trail.
+    pub file_name: Option<String>,
+    /// The consent source: without one the import grants no consent and no subscription.
+    pub consent_label: Option<String>,
+    /// CSV header -> the key it fills (`None`: the column is ignored). A header not named
+    /// here fills the key of its own name.
+    pub columns: BTreeMap<String, Option<String>>,
+}
+
+/// Rows a part may hold.
+pub const MAX_PART_ROWS: usize = 100_000;
+/// Parts an import may have.
+pub const MAX_PARTS: i32 = 100_000;
+const MAX_LABEL: usize = 200;
+
+/// Whether `id` may name an import: 1 to 128 of letters, digits and `._:-`.
+pub fn valid_import_id(id: &str) -> bool {
+    (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
+}
+
+/// Reads the body of an import's create: `{schema, format, fileName?, consent?: {label},
+/// columns?}`. Any other field is 400 `unknown_field`.
+pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
+    let mut issues = Vec::new();
+    let mut schema = None;
+    let mut format = None;
+    let mut file_name = None;
+    let mut consent_label = None;
+    let mut columns = BTreeMap::new();
+    for (key, value) in body {
+        match key.as_str() {
+            "schema" => match value {
+                Value::String(text) if !text.trim().is_empty() => schema = Some(text),
+                _ => issues.push(Issue::coded("schema", Code::InvalidField, "schema must be a schema id or slug")),
+            },
+            "format" => match value.as_str().and_then(Format::parse) {
+                Some(parsed) => format = Some(parsed),
+                None => issues.push(Issue::coded("format", Code::InvalidField, "format must be csv or ndjson")),
+            },
+            "fileName" => match value {
+                Value::Null => {}
+                Value::String(text) if text.len() <= MAX_LABEL => file_name = Some(text),
+                _ => issues.push(Issue::coded(
+                    "fileName",
+                    Code::InvalidField,
+                    format!("fileName must be a string of at most {MAX_LABEL} characters"),
+                )),
+            },
+            "consent" => match value {
+                Value::Null => {}
+                Value::Object(consent) => match (consent.get("label"), consent.len()) {
+                    (Some(Value::String(label)), 1) if !label.trim().is_empty() && label.len() <= MAX_LABEL => {
+                        consent_label = Some(label.trim().to_owned())
+                    }
+                    _ => issues.push(Issue::coded(
+                        "consent",
+                        Code::InvalidField,
+                        format!(
+                            "consent must be {{\"label\": \"...\"}}: how and when these people agreed (1 to {MAX_LABEL} characters)"
+                        ),
+                    )),
+                },
+                _ => issues.push(Issue::coded("consent", Code::InvalidField, "consent must be an object with a label")),
+            },
+            "columns" => match value {
+                Value::Null => {}
+                Value::Object(map) => {
+                    for (header, target) in map {
+                        match target {
+                            Value::Null => {
+                                columns.insert(header, None);
+                            }
+                            Value::String(target) if !target.is_empty() => {
+                                columns.insert(header, Some(target));
+                            }
+                            _ => issues.push(Issue::coded(
+                                "columns",
+                                Code::InvalidField,
+                                format!("columns.{header} must be the key the column fills, or null to ignore it"),
+                            )),
+                        }
+                    }
+                }
+                _ => issues.push(Issue::coded(
+                    "columns",
+                    Code::InvalidField,
+                    "columns must map CSV headers to the keys they fill",
+                )),
+            },
+            _ => issues.push(Issue::coded(&key, Code::UnknownField, format!("{key} is not a field of an import"))),
+        }
+    }
+    let (schema, format) = match (schema, format) {
+        (Some(schema), Some(format)) if issues.is_empty() => (schema, format),
+        (schema, format) => {
+            if schema.is_none() {
+                issues.push(Issue::coded("schema", Code::MissingField, "schema is required"));
+            }
+            if format.is_none() {
+                issues.push(Issue::coded("format", Code::MissingField, "format is required (csv or ndjson)"));
+            }
+            let first = &issues[0];
+            let code = first.code.unwrap_or(Code::InvalidField);
+            let message = first.message.clone();
+            return Err(ApiError::bad_request(code, message).with_issues(issues));
+        }
+    };
+    if format == Format::Ndjson && !columns.is_empty() {
+        return Err(ApiError::bad_request(Code::InvalidField, "columns applies to csv imports only"));
+    }
+    Ok(Settings { schema, format, file_name, consent_label, columns })
+}
+
+impl Settings {
+    /// The settings as stored and shown: `schema` as the id it resolved to.
+    pub fn document(&self, schema_id: &str) -> Value {
+        serde_json::json!({
+            "schema": schema_id,
+            "format": self.format.as_str(),
+            "fileName": self.file_name,
+            "consent": self.consent_label.as_ref().map(|label| serde_json::json!({"label": label})),
+            "columns": (!self.columns.is_empty()).then_some(&self.columns),
+        })
+    }
+
+    /// The settings back from their stored document.
+    pub fn from_document(document: &Value) -> Option<Self> {
+        Some(Settings {
+            schema: document.get("schema")?.as_str()?.to_owned(),
+            format: Format::parse(document.get("format")?.as_str()?)?,
+            file_name: document.get("fileName").and_then(Value::as_str).map(str::to_owned),
+            consent_label: document.pointer("/consent/label").and_then(Value::as_str).map(str::to_owned),
+            columns: document
+                .get("columns")
+                .and_then(Value::as_object)
+                .map(|columns| {
+                    columns.iter().map(|(header, key)| (header.clone(), key.as_str().map(str::to_owned))).collect()
+                })
+                .unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn settings(body: Value) -> Result<Settings, ApiError> {
+        parse_settings(body.as_object().cloned().unwrap_or_default())
+    }
+
+    #[test]
+    fn settings_need_a_schema_and_a_format_and_name_unknown_fields() {
+        let error = settings(json!({"format": "csv"})).expect_err("refused");
+        assert_eq!(error.code(), Some(Code::MissingField));
+        assert_eq!(
+            settings(json!({"schema": "contacts", "format": "xml"})).expect_err("refused").code(),
+            Some(Code::InvalidField)
+        );
+        let error = settings(json!({"schema": "contacts", "format": "csv", "consnt": {}})).expect_err("refused");
+        assert_eq!(error.code(), Some(Code::UnknownField));
+    }
+
+    #[test]
+    fn a_consent_source_is_a_label_and_nothing_else() {
+        let ok = settings(json!({"schema": "c", "format": "csv", "consent": {"label": " signup form 2025 "}}))
+            .expect("valid settings");
+        assert_eq!(ok.consent_label.as_deref(), Some("signup form 2025"));
+        for bad in [json!({}), json!({"label": ""}), json!({"label": "x", "at": 1}), json!("yes")] {
+            let error = settings(json!({"schema": "c", "format": "csv", "consent": bad})).expect_err("refused");
+            assert_eq!(error.code(), Some(Code::InvalidField));
+        }
+    }
+
+    #[test]
+    fn settings_round_trip_through_their_document() {
+        let parsed = settings(json!({
+            "schema": "contacts", "format": "csv", "fileName": "list.csv",
+            "consent": {"label": "listmonk export"}, "columns": {"E-mail": "email", "junk": null}
+        }))
+        .expect("valid settings");
+        let back = Settings::from_document(&parsed.document("sch_1")).expect("valid settings");
+        assert_eq!(back, Settings { schema: "sch_1".to_owned(), ..parsed });
+    }
+
+    #[test]
+    fn import_ids_are_short_and_plain() {
+        assert!(valid_import_id("sync-2026-11-27T10:00"));
+        assert!(!valid_import_id(""));
+        assert!(!valid_import_id("a/b"));
+        assert!(!valid_import_id(&"x".repeat(129)));
+    }
+}

@@ -1,0 +1,264 @@
+//! Bulk imports through the API: parts, per-row results, re-import, consent provenance.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// The fixture plus a contact schema with a required attribute and an email consent field.
+fn workspace_with_members() -> String {
+    let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("fixture parses");
+    let schemas = workspace["spaces"][0]["schemas"].as_array_mut().expect("alpha's schemas");
+    schemas.push(json!({
+        "slug": "members",
+        "name": "Members",
+        "type": "contact",
+        "attributes": [
+            { "key": "firstName", "definition": { "type": "string" } },
+            { "key": "age", "definition": { "type": "integer" } },
+            { "key": "plan", "definition": { "type": "string", "required": true } },
+            { "key": "emailConsent", "definition": { "type": "boolean", "consent": { "channel": "email" } } }
+        ]
+    }));
+    workspace.to_string()
+}
+
+async fn put(app: &TestApp, path: &str, content_type: &str, body: String) -> TestResponse {
+    app.send(app.request(reqwest::Method::PUT, path, Some(ALPHA_ADMIN)).header("content-type", content_type).body(body))
+        .await
+}
+
+async fn create_import(app: &TestApp, id: &str, settings: &Value) -> TestResponse {
+    put(app, &format!("/imports/{id}"), "application/json", settings.to_string()).await
+}
+
+/// Polls the import until it is completed.
+async fn completed(app: &TestApp, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let import = app.get(&format!("/imports/{id}"), ALPHA_ADMIN).await;
+        assert_eq!(import.status, 200, "{:?}", import.body);
+        if import.body["data"]["status"] == "completed" {
+            assert_conforms("Import", std::slice::from_ref(&import.body["data"]));
+            return import.body["data"].clone();
+        }
+        assert!(Instant::now() < deadline, "the import did not complete: {:?}", import.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every row result of the import with `status`, following the cursor.
+async fn rows(app: &TestApp, id: &str, status: &str) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let page = app.get(&format!("/imports/{id}/rows?status={status}&limit=1000{cursor}"), ALPHA_ADMIN).await;
+        assert_eq!(page.status, 200, "{:?}", page.body);
+        let items = page.body["data"].as_array().expect("rows").clone();
+        assert_conforms("ImportRow", &items);
+        all.extend(items);
+        match page.body["pagination"]["nextCursor"].as_str() {
+            Some(next) => cursor = format!("&cursor={next}"),
+            None => return all,
+        }
+    }
+}
+
+const HEADER: &str = "userId,email,phone,firstName,age,plan,emailConsent";
+
+/// The file: 10,000 rows of every kind, in two parts (each with its header).
+fn file() -> (String, String, usize) {
+    let mut rows: Vec<String> = vec![
+        "u-1,changed1@example.com,,,,pro,".to_owned(),   // update by userId
+        ",e-2@example.com,,Eve,,,".to_owned(),           // update by email
+        ",,+14155550100,Phil,,,".to_owned(),             // update by phone
+        ",bad-age@example.com,,,old,basic,".to_owned(),  // bad attribute value
+        ",noplan@example.com,,,,,".to_owned(),           // missing required
+        ",dup@example.com,,First,,basic,".to_owned(),    // created, then
+        ",sup@example.com,,,,basic,".to_owned(),         // suppressed: created and reported
+        ",consent@example.com,,,,basic,true".to_owned(), // consent under the import's source
+        ",,,Nobody,,basic,".to_owned(),                  // no key
+    ];
+    let specials = rows.len() + 1;
+    let fresh = 10_000 - specials;
+    rows.extend((0..fresh).map(|i| format!(",new{i}@example.com,,,{},basic,", i % 90)));
+    rows.push(",DUP@example.com,,,30,,".to_owned()); // the duplicate, later in the file: updates
+    let (first, second) = rows.split_at(5_000);
+    let part = |rows: &[String]| format!("{HEADER}\n{}\n", rows.join("\n"));
+    (part(first), part(second), fresh)
+}
+
+#[tokio::test]
+async fn a_csv_of_ten_thousand_rows_gives_each_row_its_result_and_a_second_import_changes_nothing() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    for body in [
+        json!({"userId": "u-1", "email": "old1@example.com", "plan": "basic"}),
+        json!({"email": "e-2@example.com", "plan": "basic"}),
+        json!({"phone": "+14155550100", "plan": "basic"}),
+    ] {
+        let created = app.post("/schemas/members/records", ALPHA_ADMIN, &body).await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+    }
+    let suppressed = app
+        .post("/contacts/suppressions", ALPHA_ADMIN, &json!({"identifier": "sup@example.com", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    let settings = json!({"schema": "members", "format": "csv", "fileName": "members.csv",
+                          "consent": {"label": "signup form, exported from listmonk"}});
+    let created = create_import(&app, "members-1", &settings).await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    assert_eq!(created.body["data"]["status"], "receiving");
+    // The same create again is the same import; other settings under its id are refused.
+    assert_eq!(create_import(&app, "members-1", &settings).await.status, 200);
+    let other = create_import(&app, "members-1", &json!({"schema": "members", "format": "ndjson"})).await;
+    assert_eq!((other.status, other.code().clone()), (409, json!("import_conflict")));
+
+    let (first, second, fresh) = file();
+    let part = put(&app, "/imports/members-1/parts/1", "text/csv", first.clone()).await;
+    assert_eq!((part.status, part.body["data"]["rows"].clone()), (202, json!(5_000)), "{:?}", part.body);
+    // A retried part is answered as the first; another body under its number is refused.
+    assert_eq!(put(&app, "/imports/members-1/parts/1", "text/csv", first.clone()).await.status, 200);
+    let changed = put(&app, "/imports/members-1/parts/1", "text/csv", format!("{HEADER}\n")).await;
+    assert_eq!((changed.status, changed.code().clone()), (409, json!("import_conflict")));
+    let wrong_type = put(&app, "/imports/members-1/parts/2", "application/json", second.clone()).await;
+    assert_eq!(wrong_type.status, 415);
+    // Completing before every part arrived is refused.
+    let early = app.post("/imports/members-1/complete", ALPHA_ADMIN, &json!({"parts": 2})).await;
+    assert_eq!((early.status, early.code().clone()), (409, json!("import_conflict")));
+    assert_eq!(put(&app, "/imports/members-1/parts/2", "text/csv", second.clone()).await.status, 202);
+    let closed = app.post("/imports/members-1/complete", ALPHA_ADMIN, &json!({"parts": 2})).await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    let late =
+        put(&app, "/imports/members-1/parts/3", "text/csv", format!("{HEADER}\n,x@example.com,,,,basic,\n")).await;
+    assert_eq!((late.status, late.code().clone()), (409, json!("import_conflict")));
+
+    let import = completed(&app, "members-1").await;
+    let created_rows = fresh + 3; // the new addresses, dup, sup, consent
+    assert_eq!(
+        import["rows"],
+        json!({"total": 10_000, "pending": 0, "created": created_rows, "updated": 4, "unchanged": 0, "failed": 3}),
+        "{import:?}"
+    );
+    let failed = rows(&app, "members-1", "failed").await;
+    let codes: Vec<(i64, String)> = failed
+        .iter()
+        .map(|row| (row["row"].as_i64().unwrap_or(0), row["error"]["code"].as_str().unwrap_or("").to_owned()))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            (4, "invalid_attribute_value".to_owned()),
+            (5, "required_attribute_missing".to_owned()),
+            (9, "missing_field".to_owned())
+        ]
+    );
+    assert_eq!(failed[0]["key"], json!({"field": "email", "value": "bad-age@example.com"}));
+    let updated = rows(&app, "members-1", "updated").await;
+    let updated_at: Vec<(i64, i64)> =
+        updated.iter().map(|row| (row["part"].as_i64().unwrap_or(0), row["row"].as_i64().unwrap_or(0))).collect();
+    assert_eq!(updated_at, [(1, 1), (1, 2), (1, 3), (2, 5_000)]);
+    let created = rows(&app, "members-1", "created").await;
+    assert_eq!(created.len(), created_rows);
+    let sup = created.iter().find(|row| row["key"]["value"] == "sup@example.com").expect("the suppressed row");
+    assert_eq!(sup["warnings"][0]["code"], "recipient_suppressed");
+
+    // The records are what the rows say: the later duplicate row added to the earlier, the userId row moved
+    // the address, and the suppression stays.
+    app.wait_for_workers().await;
+    let listed = app.get("/schemas/members/records?limit=1", ALPHA_ADMIN).await;
+    assert_eq!(listed.body["pagination"]["totalCount"], json!(created_rows + 3), "{:?}", listed.body);
+    let dup_id = created.iter().find(|row| row["key"]["value"] == "dup@example.com").expect("dup")["recordId"].clone();
+    let dup_record = app.get(&format!("/schemas/members/records/{}", dup_id.as_str().unwrap_or("")), ALPHA_ADMIN).await;
+    assert_eq!((&dup_record.body["data"]["firstName"], &dup_record.body["data"]["age"]), (&json!("First"), &json!(30)));
+    assert_eq!(dup_record.body["data"]["source"], "import");
+    assert_eq!(app.get("/contacts/suppressions", ALPHA_ADMIN).await.body["data"][0]["identifier"], "sup@example.com");
+
+    // The consent the import granted names it in the contact's audit trail.
+    let consent = created.iter().find(|row| row["key"]["value"] == "consent@example.com").expect("consent row");
+    let trail = app
+        .get(
+            &format!("/schemas/members/records/{}/audit-trail", consent["recordId"].as_str().unwrap_or("")),
+            ALPHA_ADMIN,
+        )
+        .await;
+    assert_eq!(trail.status, 200, "{:?}", trail.body);
+    let entry = &trail.body["data"][0];
+    assert_eq!(entry["type"], "consent_changed");
+    assert_eq!(
+        entry["importSource"],
+        json!({"importId": "members-1", "label": "signup form, exported from listmonk", "fileName": "members.csv"})
+    );
+    assert!(entry["actorKeyId"].is_string(), "{entry:?}");
+
+    // The same file again, as another import: nothing changes, nothing is appended.
+    let events_before = app.query_i64("SELECT count(*) FROM events").await;
+    assert_eq!(create_import(&app, "members-2", &settings).await.status, 201);
+    assert_eq!(put(&app, "/imports/members-2/parts/1", "text/csv", first).await.status, 202);
+    assert_eq!(put(&app, "/imports/members-2/parts/2", "text/csv", second).await.status, 202);
+    assert_eq!(app.post("/imports/members-2/complete", ALPHA_ADMIN, &json!({"parts": 2})).await.status, 200);
+    let again = completed(&app, "members-2").await;
+    assert_eq!(
+        again["rows"],
+        json!({"total": 10_000, "pending": 0, "created": 0, "updated": 0, "unchanged": 9_997, "failed": 3}),
+        "{again:?}"
+    );
+    assert_eq!(app.query_i64("SELECT count(*) FROM events").await, events_before);
+    // The parts' bodies are gone once decided.
+    assert_eq!(app.query_i64("SELECT count(*) FROM import_parts WHERE body IS NOT NULL").await, 0);
+
+    // An erased contact: its results no longer name its address, and a later import of the
+    // address is a new subject.
+    let erased = consent["recordId"].as_str().unwrap_or("").to_owned();
+    let deletion = app
+        .send(app.request(reqwest::Method::DELETE, &format!("/schemas/members/records/{erased}"), Some(ALPHA_ADMIN)))
+        .await;
+    assert_eq!(deletion.status, 200, "{:?}", deletion.body);
+    let operation = deletion.body["data"]["operationId"].as_str().unwrap_or("").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.get(&format!("/record-deletions/{operation}"), ALPHA_ADMIN).await.body["data"]["status"] != "completed" {
+        assert!(Instant::now() < deadline, "the deletion did not complete");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let named = app
+        .query_i64(&format!("SELECT count(*) FROM import_rows WHERE record_id = '{erased}' AND key_value IS NOT NULL"))
+        .await;
+    assert_eq!(named, 0);
+    assert_eq!(create_import(&app, "members-3", &settings).await.status, 201);
+    let part = format!("{HEADER}\n,consent@example.com,,,,basic,true\n");
+    assert_eq!(put(&app, "/imports/members-3/parts/1", "text/csv", part).await.status, 202);
+    assert_eq!(app.post("/imports/members-3/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    assert_eq!(completed(&app, "members-3").await["rows"]["created"], 1);
+    let again = rows(&app, "members-3", "created").await;
+    assert_ne!(again[0]["recordId"].as_str(), Some(erased.as_str()));
+}
+
+#[tokio::test]
+async fn an_import_without_a_consent_source_grants_no_consent_and_an_unknown_import_is_404() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let created = create_import(&app, "nd-1", &json!({"schema": "members", "format": "ndjson"})).await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let body = [
+        json!({"email": "yes@example.com", "plan": "basic", "emailConsent": true}),
+        json!({"email": "no@example.com", "plan": "basic", "emailConsent": false}),
+    ]
+    .iter()
+    .map(Value::to_string)
+    .collect::<Vec<_>>()
+    .join("\n")
+        + "\nnot json\n";
+    assert_eq!(put(&app, "/imports/nd-1/parts/1", "application/x-ndjson", body).await.status, 202);
+    assert_eq!(app.post("/imports/nd-1/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    let import = completed(&app, "nd-1").await;
+    assert_eq!(import["rows"]["created"], 1);
+    let failed = rows(&app, "nd-1", "failed").await;
+    let codes: Vec<&str> = failed.iter().map(|row| row["error"]["code"].as_str().unwrap_or("")).collect();
+    assert_eq!(codes, ["consent_source_required", "malformed_json"]);
+
+    let missing = app.get("/imports/nope", ALPHA_ADMIN).await;
+    assert_eq!((missing.status, missing.code().clone()), (404, json!("import_not_found")));
+    // Another space's key does not see it.
+    assert_eq!(app.get("/imports/nd-1", MULTI_BETA).await.status, 404);
+}
