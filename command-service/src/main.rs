@@ -15,6 +15,7 @@ enum Command {
     /// Serve the write endpoints.
     Serve,
     Apply(command_service::cli::Apply),
+    Import(command_service::imports::cli::Import),
 }
 
 #[tokio::main]
@@ -28,6 +29,7 @@ async fn main() -> anyhow::Result<()> {
             application.run_until_stopped().await?;
         }
         Command::Apply(arguments) => command_service::cli::apply(arguments, &settings).await?,
+        Command::Import(arguments) => command_service::imports::cli::import(arguments, &settings).await?,
     }
     Ok(())
 }

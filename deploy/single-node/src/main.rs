@@ -28,6 +28,9 @@ enum Command {
     /// Apply a workspace file to the system's log (idempotent); a running system follows it
     /// without a restart.
     Apply(command_service::cli::Apply),
+    /// Import a CSV or NDJSON file into a contact or object schema (needs the projector's
+    /// imports worker running: `scripts/start` runs it).
+    Import(command_service::imports::cli::Import),
     #[command(flatten)]
     Operator(projector::cli::Operator),
 }
@@ -46,6 +49,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     match cli.command.unwrap_or(Command::Serve(cli.serve)) {
         Command::Serve(serve) => serve_until_stopped(serve, settings).await?,
         Command::Apply(arguments) => command_service::cli::apply(arguments, &settings).await?,
+        Command::Import(arguments) => command_service::imports::cli::import(arguments, &settings).await?,
         Command::Operator(command) => return projector::cli::run(command, &settings).await,
     }
     Ok(ExitCode::SUCCESS)

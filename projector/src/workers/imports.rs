@@ -129,7 +129,7 @@ impl Imports {
                 results.push(RowResult::failed(number, None, Code::SchemaNotFound, message));
             }
             self.record(part, results, &mut tally).await?;
-            return self.finish(part, &tally).await;
+            return self.finish(part).await;
         };
         let provenance = Provenance {
             import_id: part.import_id.clone(),
@@ -145,7 +145,7 @@ impl Imports {
             }
             self.save_tally(part, &tally, false).await?;
         }
-        self.finish(part, &tally).await
+        self.finish(part).await
     }
 
     /// Decides one wave and appends its writes; answers the rows to decide again (deferred,
@@ -308,7 +308,7 @@ impl Imports {
 
     /// Every row has its result: the counts are read back from them (the truth after any
     /// crash), and the part's body leaves.
-    async fn finish(&self, part: &Part, _: &Tally) -> anyhow::Result<()> {
+    async fn finish(&self, part: &Part) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
         let mut tally = Tally::default();
         for row in client

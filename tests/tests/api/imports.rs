@@ -262,3 +262,223 @@ async fn an_import_without_a_consent_source_grants_no_consent_and_an_unknown_imp
     // Another space's key does not see it.
     assert_eq!(app.get("/imports/nd-1", MULTI_BETA).await.status, 404);
 }
+
+/// The members workspace as a file, for the `apply` of a process-level test.
+fn members_workspace_file() -> std::path::PathBuf {
+    let path = scratch_dir("imports-workspace").join("workspace.json");
+    std::fs::write(&path, workspace_with_members()).expect("workspace written");
+    path
+}
+
+#[tokio::test]
+async fn an_import_survives_kill_9_of_its_worker_and_of_postgresql_writing_each_row_once() {
+    const PARTS: usize = 2;
+    const ROWS: usize = 3_000;
+    let cluster = PrivateCluster::start();
+    let (admin, connection) =
+        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
+    tokio::spawn(connection);
+    admin.batch_execute("CREATE DATABASE platform").await.expect("database");
+    let url = cluster.url("platform");
+    let migrated = std::process::Command::new(binaries_dir().join("projector"))
+        .arg("migrate")
+        .env("APP__DATABASE__URL", &url)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
+        .env("RUST_LOG", "warn")
+        .status()
+        .expect("migrate runs");
+    assert!(migrated.success());
+    let env = [
+        ("APP__PROJECTOR__WORKERS", "read_models,webhook_enqueue,webhook_delivery,preparation,imports".to_owned()),
+        ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned()),
+        ("APP__WEBHOOKS__RETRY_SCHEDULE_MS", "[100,200,400,800,1600,3200]".to_owned()),
+    ];
+    let mut first = spawn_binary("projector", &["run"], &url, &env);
+    let port = free_port();
+    let command_env = [("APP__HTTP__PORT", port.to_string()), ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned())];
+    let _command = spawn_binary("command-service", &["serve"], &url, &command_env);
+    let workspace = members_workspace_file();
+    let applied = std::process::Command::new(binaries_dir().join("command-service"))
+        .args(["apply", &workspace.display().to_string(), "--wait"])
+        .env("APP__DATABASE__URL", &url)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("apply runs");
+    assert!(applied.status.success(), "apply: {}", String::from_utf8_lossy(&applied.stderr));
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
+    crate::log::wait_until_listening(&http, &base).await;
+    let receiver = crate::receiver::Receiver::start().await;
+    receiver.endpoint("imported", &[], json!({})).await;
+    let hook = http
+        .post(format!("{base}/webhooks"))
+        .bearer_auth(ALPHA_ADMIN)
+        .json(&json!({"url": receiver.url("imported"), "trigger": "contact upserted", "schemaId": "members"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(hook.status().as_u16(), 201);
+
+    let put = |path: String, content_type: &'static str, body: String| {
+        let http = http.clone();
+        async move {
+            let response = http
+                .put(path)
+                .bearer_auth(ALPHA_ADMIN)
+                .header("content-type", content_type)
+                .body(body)
+                .send()
+                .await
+                .expect("sent");
+            response.status().as_u16()
+        }
+    };
+    let settings = json!({"schema": "members", "format": "csv"}).to_string();
+    assert_eq!(put(format!("{base}/imports/crash"), "application/json", settings).await, 201);
+    for part in 0..PARTS {
+        let rows: Vec<String> =
+            (0..ROWS).map(|row| format!("crash{part}-{row}@example.com,basic,{}", row % 50)).collect();
+        let body = format!("email,plan,age\n{}\n", rows.join("\n"));
+        assert_eq!(put(format!("{base}/imports/crash/parts/{}", part + 1), "text/csv", body).await, 202);
+    }
+    let closed = http
+        .post(format!("{base}/imports/crash/complete"))
+        .bearer_auth(ALPHA_ADMIN)
+        .json(&json!({"parts": PARTS}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(closed.status().as_u16(), 200);
+
+    let count = |sql: &'static str| {
+        let url = url.clone();
+        async move {
+            // A fresh connection each time: the server is killed in between.
+            let Ok((client, connection)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await else {
+                return -1;
+            };
+            tokio::spawn(connection);
+            client.query_one(sql, &[]).await.map_or(-1, |row| row.get::<_, i64>(0))
+        }
+    };
+    let rows_done = || count("SELECT count(*) FROM import_rows");
+    let wait_for_rows = |at_least: i64| async move {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let done = rows_done().await;
+            if done >= at_least {
+                return done;
+            }
+            assert!(Instant::now() < deadline, "the import is stuck at {done} rows");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // The worker killed mid-part.
+    wait_for_rows(1_000).await;
+    first.0.kill().expect("kill -9");
+    let at_kill = rows_done().await;
+    assert!(at_kill < (PARTS * ROWS) as i64, "the kill came mid-import ({at_kill} rows)");
+    let _second = spawn_binary("projector", &["run"], &url, &env);
+    // PostgreSQL killed mid-import, and started again.
+    wait_for_rows(at_kill + 1_500).await;
+    cluster.kill9();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.pg_start();
+
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while count("SELECT count(*) FROM import_parts WHERE body IS NULL").await != PARTS as i64 {
+        assert!(Instant::now() < deadline, "the import did not complete: {} rows", rows_done().await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let total = (PARTS * ROWS) as i64;
+    assert_eq!(count("SELECT count(*) FROM import_rows WHERE status = 'created'").await, total);
+    assert_eq!(count("SELECT count(*) FROM events WHERE event_type = 'RecordCreated.v1'").await, total);
+    assert_eq!(count("SELECT count(*) FROM record_identities WHERE kind = 'email'").await, total);
+    assert_eq!(count("SELECT sum(created)::bigint FROM import_parts").await, total);
+    // One `contact upserted` delivery per record: retries repeat a delivery's id, never a record.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let ids = receiver.ids("imported").await;
+        let emails: std::collections::HashSet<String> = receiver
+            .received("imported")
+            .await
+            .iter()
+            .filter_map(|delivery| delivery["body"]["data"]["email"].as_str().map(str::to_owned))
+            .collect();
+        if emails.len() as i64 == total {
+            assert_eq!(ids.len() as i64, total, "one delivery id per imported record");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} of {total} records delivered", emails.len());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_import_command_streams_a_csv_in_parts_cut_at_record_boundaries_and_names_failed_rows_by_file_row() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let mut file = String::from("E-mail,Name,plan,junk\n");
+    for row in 1..=25 {
+        let line = match row {
+            // A quoted field with a comma and a line break: one record across two lines.
+            3 => "multi@example.com,\"Line one,\nLine two\",basic,x".to_owned(),
+            17 => "no-plan@example.com,Nobody,,x".to_owned(),
+            _ => format!("cli-{row}@example.com,Person {row},basic,x"),
+        };
+        file.push_str(&line);
+        file.push('\n');
+    }
+    let path = scratch_dir("import-cli").join("people.csv");
+    std::fs::write(&path, file).expect("file written");
+    let path = path.display().to_string();
+    let run = |database_url: String, path: String| {
+        tokio::task::spawn_blocking(move || {
+            let arguments = [
+                "import",
+                &path,
+                "--schema",
+                "members",
+                "--space",
+                "alpha",
+                "--column",
+                "E-mail=email",
+                "--column",
+                "Name=firstName",
+                "--column",
+                "junk=",
+                "--consent",
+                "a test list",
+                "--part-rows",
+                "4",
+            ];
+            run_binary("command-service", &arguments, &database_url)
+        })
+    };
+    let output = run(app.database_url.clone(), path.clone()).await.expect("the command ran");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("25 rows: 24 created, 0 updated, 0 unchanged, 1 failed"), "{stdout}");
+    assert!(stdout.contains("row 17 (email no-plan@example.com): required_attribute_missing"), "{stdout}");
+    assert_eq!(app.query_i64("SELECT count(*) FROM import_parts").await, 7);
+    let import_id: String = {
+        let (client, connection) =
+            tokio_postgres::connect(&app.database_url, tokio_postgres::NoTls).await.expect("connect");
+        tokio::spawn(connection);
+        client.query_one("SELECT import_id FROM imports", &[]).await.expect("the import").get(0)
+    };
+    let multi = rows(&app, &import_id, "created").await;
+    let multi = multi.iter().find(|row| row["key"]["value"] == "multi@example.com").expect("the multi-line row");
+    assert_eq!((&multi["part"], &multi["row"]), (&json!(1), &json!(3)));
+    let record =
+        app.get(&format!("/schemas/members/records/{}", multi["recordId"].as_str().unwrap_or("")), ALPHA_ADMIN).await;
+    assert_eq!(record.body["data"]["firstName"], "Line one,\nLine two");
+
+    // The same command again resumes the same import: nothing more is written.
+    let events = app.query_i64("SELECT count(*) FROM events").await;
+    let again = run(app.database_url.clone(), path).await.expect("the command ran");
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("24 created"));
+    assert_eq!(app.query_i64("SELECT count(*) FROM events").await, events);
+}

@@ -1,0 +1,394 @@
+//! `import <file> --schema <slug>`: the operator's bulk import. Streams the file (CSV with its
+//! header, or NDJSON) into the import tables in parts of at most [`PART_BYTES`] and
+//! [`PART_ROWS`], each cut at a row boundary and given the header again, so a file of any size
+//! never sits in memory; then completes the import and follows the `imports` worker with a
+//! progress bar until every row has its result, and prints a summary with the failed rows.
+//!
+//! The import id defaults to one derived from the file's path, size and modification time, so
+//! running the same command again after an interruption resumes the same import (parts already
+//! stored are skipped), and a changed file is a new import.
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use deadpool_postgres::GenericClient;
+use domain::imports::{Format, Settings};
+use platform::settings::Settings as AppSettings;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// A part's size bound: well under the API's body limit, and what the importer holds at once.
+const PART_BYTES: usize = 4 * 1024 * 1024;
+/// A part's row bound.
+const PART_ROWS: usize = 20_000;
+/// Failed rows the summary lists.
+const SHOWN_FAILURES: i64 = 20;
+
+/// Import a CSV or NDJSON file into a contact or object schema, through the `imports` worker
+/// of a running projector. Each row is an upsert (matched by userId, email or phone;
+/// externalId for objects).
+#[derive(clap::Args)]
+pub struct Import {
+    file: PathBuf,
+    /// The contact or object schema (slug or id).
+    #[arg(long)]
+    schema: String,
+    /// The space (slug or id); may be left out when there is only one.
+    #[arg(long)]
+    space: Option<String>,
+    /// `csv` or `ndjson`; by default from the file's extension (`.ndjson`, `.jsonl`: ndjson).
+    #[arg(long)]
+    format: Option<String>,
+    /// The consent source: how and when the people in the file agreed. Without it, rows that
+    /// grant consent fail (`consent_source_required`).
+    #[arg(long)]
+    consent: Option<String>,
+    /// A CSV column's key, as `Header=key` (repeatable); `Header=` ignores the column.
+    #[arg(long = "column")]
+    columns: Vec<String>,
+    /// The import's id (default: derived from the file, so a rerun resumes).
+    #[arg(long)]
+    id: Option<String>,
+    /// Stop once the file is stored, without following the worker.
+    #[arg(long)]
+    no_wait: bool,
+    /// Rows a part holds at most (smaller parts for tests).
+    #[arg(long, default_value_t = PART_ROWS, hide = true)]
+    part_rows: usize,
+}
+
+pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result<()> {
+    let file = std::fs::File::open(&arguments.file).with_context(|| format!("opening {}", arguments.file.display()))?;
+    let metadata = file.metadata()?;
+    let format = match arguments.format.as_deref() {
+        Some(format) => Format::parse(format).context("--format is csv or ndjson")?,
+        None => match arguments.file.extension().and_then(|extension| extension.to_str()) {
+            Some("ndjson" | "jsonl") => Format::Ndjson,
+            _ => Format::Csv,
+        },
+    };
+    let mut columns = std::collections::BTreeMap::new();
+    for column in &arguments.columns {
+        let (header, key) = column.split_once('=').context("--column is Header=key (Header= ignores it)")?;
+        columns.insert(header.to_owned(), (!key.is_empty()).then(|| key.to_owned()));
+    }
+    if format == Format::Ndjson && !columns.is_empty() {
+        bail!("--column applies to CSV files only");
+    }
+    let import_id = match &arguments.id {
+        Some(id) => id.clone(),
+        None => derived_id(&arguments.file, &metadata)?,
+    };
+    anyhow::ensure!(domain::imports::valid_import_id(&import_id), "--id is 1 to 128 letters, digits and . _ : -");
+    let pool = platform::db::pool(settings.database_url()?, 2)?;
+    let client = pool.get().await?;
+    let catalog = live_catalog(&client).await?;
+    let space_id = space(&client, &catalog, arguments.space.as_deref()).await?;
+    let context = domain::catalog::write_context(&client, &catalog, &space_id, &arguments.schema)
+        .await?
+        .filter(|context| context.schema.schema_type != "event")
+        .with_context(|| format!("no contact or object schema {:?} in the space", arguments.schema))?;
+    let import_settings = Settings {
+        schema: context.schema.schema_id.clone(),
+        format,
+        file_name: arguments.file.file_name().and_then(|name| name.to_str()).map(str::to_owned),
+        consent_label: arguments.consent.clone(),
+        columns,
+    };
+    let document = import_settings.document(&context.schema.schema_id);
+    let digest = Sha256::digest(document.to_string().as_bytes()).to_vec();
+    client
+        .execute(
+            "INSERT INTO imports (space_id, import_id, schema_id, schema_type, format, settings, settings_digest,
+                                  actor_key_id, created_at_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, $8) ON CONFLICT DO NOTHING",
+            &[
+                &space_id,
+                &import_id,
+                &context.schema.schema_id,
+                &context.schema.schema_type,
+                &format.as_str(),
+                &document,
+                &digest,
+                &platform::time::now_millis(),
+            ],
+        )
+        .await?;
+    let stored: Vec<u8> = client
+        .query_one(
+            "SELECT settings_digest FROM imports WHERE space_id = $1 AND import_id = $2",
+            &[&space_id, &import_id],
+        )
+        .await?
+        .get(0);
+    anyhow::ensure!(stored == digest, "import {import_id} exists with other settings; pass another --id");
+    eprintln!("import {import_id}: {} into {} ({})", arguments.file.display(), arguments.schema, format.as_str());
+
+    let mut progress = platform::progress::Progress::new("storing the file", metadata.len(), "bytes");
+    let mut parts = Parts {
+        client: &client,
+        space_id: &space_id,
+        import_id: &import_id,
+        stored: 0,
+        starts: Vec::new(),
+        most_rows: arguments.part_rows.max(1),
+    };
+    match format {
+        Format::Csv => split_csv(file, std::fs::File::open(&arguments.file)?, &mut parts, &mut progress).await?,
+        Format::Ndjson => split_lines(file, &mut parts, &mut progress).await?,
+    }
+    progress.finish(metadata.len());
+    let total_parts = i32::try_from(parts.starts.len())?;
+    anyhow::ensure!(total_parts > 0, "the file holds no rows");
+    let closed = client
+        .query_one(
+            "UPDATE imports SET parts_total = COALESCE(parts_total, $3), closed_at_ms = COALESCE(closed_at_ms, $4)
+             WHERE space_id = $1 AND import_id = $2 RETURNING parts_total",
+            &[&space_id, &import_id, &total_parts, &platform::time::now_millis()],
+        )
+        .await?
+        .get::<_, i32>(0);
+    anyhow::ensure!(closed == total_parts, "import {import_id} was completed with {closed} parts; pass another --id");
+    if arguments.no_wait {
+        println!("stored {total_parts} parts; follow it with GET /v1/imports/{import_id}");
+        return Ok(());
+    }
+    follow(&client, &space_id, &import_id, &parts.starts).await
+}
+
+/// Where the parts go, and the first data row of each (for the summary's row numbers).
+struct Parts<'a> {
+    client: &'a deadpool_postgres::Client,
+    space_id: &'a str,
+    import_id: &'a str,
+    stored: usize,
+    starts: Vec<i64>,
+    most_rows: usize,
+}
+
+impl Parts<'_> {
+    async fn store(&mut self, body: &[u8], rows: usize) -> anyhow::Result<()> {
+        std::str::from_utf8(body)
+            .with_context(|| format!("part {} of the file is not UTF-8", self.starts.len() + 1))?;
+        let part = i32::try_from(self.starts.len() + 1)?;
+        self.starts.push(i64::try_from(self.stored)?);
+        self.stored += rows;
+        let digest = Sha256::digest(body).to_vec();
+        let rows = i32::try_from(rows)?;
+        self.client
+            .execute(
+                "INSERT INTO import_parts (space_id, import_id, part, body, digest, rows, received_at_ms)
+                 SELECT $1, $2, $3, $4, $5, $6, $7
+                 WHERE NOT EXISTS (SELECT 1 FROM imports WHERE space_id = $1 AND import_id = $2
+                                   AND parts_total IS NOT NULL)
+                 ON CONFLICT DO NOTHING",
+                &[&self.space_id, &self.import_id, &part, &body, &digest, &rows, &platform::time::now_millis()],
+            )
+            .await?;
+        let stored = self
+            .client
+            .query_opt(
+                "SELECT digest FROM import_parts WHERE space_id = $1 AND import_id = $2 AND part = $3",
+                &[&self.space_id, &self.import_id, &part],
+            )
+            .await?
+            .map(|row| row.get::<_, Vec<u8>>(0));
+        match stored {
+            Some(stored) if stored == digest => Ok(()),
+            Some(_) => bail!(
+                "part {part} of import {} differs from the file; the file changed: pass another --id",
+                self.import_id
+            ),
+            None => {
+                bail!("import {} is complete with fewer parts than the file has; pass another --id", self.import_id)
+            }
+        }
+    }
+}
+
+/// Cuts a CSV file at record boundaries (a quoted field may hold line breaks), each part with
+/// the header in front. `bytes` is the file opened again (its own offset), to read each part's
+/// bytes from.
+async fn split_csv(
+    file: std::fs::File,
+    mut bytes: std::fs::File,
+    parts: &mut Parts<'_>,
+    progress: &mut platform::progress::Progress,
+) -> anyhow::Result<()> {
+    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(BufReader::new(file));
+    let mut record = csv::ByteRecord::new();
+    anyhow::ensure!(reader.read_byte_record(&mut record)?, "the file is empty; a CSV file starts with its header");
+    let header_end = reader.position().byte();
+    let mut header = vec![0; usize::try_from(header_end)?];
+    bytes.read_exact(&mut header)?;
+    if !header.ends_with(b"\n") {
+        header.push(b'\n');
+    }
+    let (mut start, mut rows) = (header_end, 0);
+    let mut part = Vec::with_capacity(PART_BYTES + header.len());
+    loop {
+        let more = reader.read_byte_record(&mut record)?;
+        let end = reader.position().byte();
+        if more {
+            rows += 1;
+        }
+        if rows > 0 && (!more || rows >= parts.most_rows || usize::try_from(end - start)? >= PART_BYTES) {
+            part.clear();
+            part.extend_from_slice(&header);
+            bytes.seek(SeekFrom::Start(start))?;
+            let length = usize::try_from(end - start)?;
+            part.resize(header.len() + length, 0);
+            bytes.read_exact(&mut part[header.len()..])?;
+            parts.store(&part, rows).await?;
+            progress.set(end);
+            (start, rows) = (end, 0);
+        }
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
+/// Cuts an NDJSON file at line ends.
+async fn split_lines(
+    file: std::fs::File,
+    parts: &mut Parts<'_>,
+    progress: &mut platform::progress::Progress,
+) -> anyhow::Result<()> {
+    let mut reader = BufReader::new(file);
+    let (mut part, mut rows, mut read) = (Vec::with_capacity(PART_BYTES), 0, 0_u64);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let length = reader.read_until(b'\n', &mut line)?;
+        read += length as u64;
+        if length > 0 {
+            part.extend_from_slice(&line);
+            rows += 1;
+        }
+        if rows > 0 && (length == 0 || rows >= parts.most_rows || part.len() >= PART_BYTES) {
+            parts.store(&part, rows).await?;
+            progress.set(read);
+            part.clear();
+            rows = 0;
+        }
+        if length == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Follows the worker until every row has its result, then prints the summary.
+async fn follow(client: &impl GenericClient, space_id: &str, import_id: &str, starts: &[i64]) -> anyhow::Result<()> {
+    let document = |client| domain::imports::status::document(client, space_id, import_id);
+    let first = document(client).await?.context("the import vanished")?;
+    let total = first["rows"]["total"].as_u64().unwrap_or(0);
+    let mut progress = platform::progress::Progress::new("importing", total, "rows");
+    let (mut last_done, mut last_change) = (u64::MAX, Instant::now());
+    loop {
+        let status = document(client).await?.context("the import vanished")?;
+        let done = total.saturating_sub(status["rows"]["pending"].as_u64().unwrap_or(0));
+        progress.set(done);
+        if status["status"] == "completed" {
+            progress.finish(done);
+            return summary(client, space_id, import_id, &status, starts).await;
+        }
+        if done != last_done {
+            (last_done, last_change) = (done, Instant::now());
+        } else if last_change.elapsed() > Duration::from_secs(15) {
+            progress.note("no row decided for 15 s: is a projector with the imports worker running?");
+            last_change = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn summary(
+    client: &impl GenericClient,
+    space_id: &str,
+    import_id: &str,
+    status: &Value,
+    starts: &[i64],
+) -> anyhow::Result<()> {
+    let rows = &status["rows"];
+    println!(
+        "import {import_id}: {} rows: {} created, {} updated, {} unchanged, {} failed",
+        rows["total"], rows["created"], rows["updated"], rows["unchanged"], rows["failed"]
+    );
+    let failed = client
+        .query(
+            "SELECT part, row_number, code, message, key_field, key_value FROM import_rows
+             WHERE space_id = $1 AND import_id = $2 AND status = 'failed' ORDER BY part, row_number LIMIT $3",
+            &[&space_id, &import_id, &SHOWN_FAILURES],
+        )
+        .await?;
+    for row in &failed {
+        let part: i32 = row.get(0);
+        let number: i32 = row.get(1);
+        let start = usize::try_from(part - 1).ok().and_then(|index| starts.get(index)).copied().unwrap_or(0);
+        let key = match (row.get::<_, Option<&str>>(4), row.get::<_, Option<&str>>(5)) {
+            (Some(field), Some(value)) => format!(" ({field} {value})"),
+            _ => String::new(),
+        };
+        println!(
+            "  row {}{key}: {}: {}",
+            start + i64::from(number),
+            row.get::<_, Option<&str>>(2).unwrap_or(""),
+            row.get::<_, Option<&str>>(3).unwrap_or("")
+        );
+    }
+    let failed_total = rows["failed"].as_i64().unwrap_or(0);
+    if failed_total > SHOWN_FAILURES {
+        println!("  ... and {} more: GET /v1/imports/{import_id}/rows?status=failed", failed_total - SHOWN_FAILURES);
+    }
+    Ok(())
+}
+
+/// An id for the file as it is now: its path, size and modification time.
+fn derived_id(path: &Path, metadata: &std::fs::Metadata) -> anyhow::Result<String> {
+    let canonical = std::fs::canonicalize(path)?;
+    let modified = metadata.modified()?.duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+    let digest = Sha256::digest(format!("{}\n{}\n{modified}", canonical.display(), metadata.len()));
+    let stem: String = path
+        .file_stem()
+        .and_then(|stem| stem.to_str())
+        .unwrap_or("file")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c))
+        .take(80)
+        .collect();
+    Ok(format!("file-{stem}-{}", &hex::encode(digest)[..12]))
+}
+
+async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
+    let version: i32 = client
+        .query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&domain::catalog::CATALOG])
+        .await?
+        .map(|row| row.get(0))
+        .context("the catalog has no live version: run migrate and apply a workspace first")?;
+    Ok(platform::readmodel::schema_name(domain::catalog::CATALOG, version))
+}
+
+/// The space named (slug or id), or the only one.
+async fn space(client: &impl GenericClient, catalog: &str, named: Option<&str>) -> anyhow::Result<String> {
+    let spaces: Vec<(String, String)> = client
+        .query(&format!("SELECT space_id, slug FROM {catalog}.spaces ORDER BY slug"), &[])
+        .await?
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    match named {
+        Some(named) => spaces
+            .iter()
+            .find(|(id, slug)| id == named || slug == named)
+            .map(|(id, _)| id.clone())
+            .with_context(|| format!("no space {named:?}")),
+        None if spaces.len() == 1 => Ok(spaces[0].0.clone()),
+        None => {
+            let slugs: Vec<&str> = spaces.iter().map(|(_, slug)| slug.as_str()).collect();
+            bail!("name the space with --space ({})", slugs.join(", "))
+        }
+    }
+}
