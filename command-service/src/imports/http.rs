@@ -230,7 +230,13 @@ pub async fn complete(
     }
     let parts = match body.get("parts") {
         Some(value) => {
-            value.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| (1..=imports::MAX_PARTS).contains(n))
+            // JSON Schema's integers include 2.0.
+            let whole = value.as_f64().filter(|n| n.fract() == 0.0 && n.abs() < 1e9).map(|n| n as i64);
+            value
+                .as_i64()
+                .or(whole)
+                .and_then(|n| i32::try_from(n).ok())
+                .filter(|n| (1..=imports::MAX_PARTS).contains(n))
         }
         None => {
             return Err(ApiError::bad_request(Code::MissingField, "parts (how many parts the import has) is required"));

@@ -68,7 +68,10 @@ async fn serve_until_stopped(serve: Serve, settings: platform::settings::Setting
         println!("API key {name}: {secret}");
     }
     println!("Try: curl -H 'Authorization: Bearer <key>' http://{host}:{port}/v1/me");
-    println!("Operator commands: scripts/platform status | apply FILE [--dry-run] | rebuild NAME | dead-letters list");
+    println!(
+        "Operator commands: scripts/platform status | apply FILE [--dry-run] | import FILE --schema SLUG | rebuild NAME \
+         | dead-letters list"
+    );
     println!(
         "Change the workspace live (no restart): edit a copy of deploy/demo-workspace.json, then scripts/platform apply FILE"
     );

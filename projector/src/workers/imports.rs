@@ -139,7 +139,7 @@ impl Imports {
         self.record(part, std::mem::take(&mut results), &mut tally).await?;
         while !pending.is_empty() {
             let wave: Vec<_> = pending.drain(..pending.len().min(WAVE)).collect();
-            let retry = self.decide_wave(part, &context, &provenance, wave, &mut tally).await?;
+            let retry = self.decide_wave(part, (&catalog, &context), &provenance, wave, &mut tally).await?;
             for row in retry.into_iter().rev() {
                 pending.push_front(row);
             }
@@ -153,7 +153,7 @@ impl Imports {
     async fn decide_wave(
         &self,
         part: &Part,
-        context: &WriteContext,
+        (catalog, context): (&str, &WriteContext),
         provenance: &Provenance,
         wave: Vec<(i32, Map<String, Value>, u8)>,
         tally: &mut Tally,
@@ -177,8 +177,14 @@ impl Imports {
             }
         }
         let client = self.pool.get().await?;
-        let facts = read_facts(&client, &schema, &checked).await?;
-        let facts = Facts { owners: &facts.0, records: &facts.1, suppressed: &facts.2 };
+        let read = read_facts(&client, catalog, &schema, &checked).await?;
+        let facts = Facts {
+            owners: &read.owners,
+            records: &read.records,
+            suppressed: &read.suppressed,
+            topics: &read.topics,
+            subscriptions: &read.subscriptions,
+        };
         let outcomes = decide::decide_wave(&schema, provenance, checked, &facts, platform::time::now_millis());
         let mut retry = Vec::new();
         let mut appends = Vec::new();
@@ -189,13 +195,13 @@ impl Imports {
                     results.push(RowResult::written(number, "unchanged", record_id, key, &warnings));
                 }
                 Outcome::Failed { key, code, message } => results.push(RowResult::failed(number, key, code, message)),
-                Outcome::Created { record_id, key, warnings, write } => {
+                Outcome::Created { record_id, key, warnings, writes } => {
                     let result = RowResult::written(number, "created", record_id, key, &warnings);
-                    appends.push(((number, raw, attempts), result, *write));
+                    appends.push(((number, raw, attempts), result, writes));
                 }
-                Outcome::Updated { record_id, key, warnings, write } => {
+                Outcome::Updated { record_id, key, warnings, writes } => {
                     let result = RowResult::written(number, "updated", record_id, key, &warnings);
-                    appends.push(((number, raw, attempts), result, *write));
+                    appends.push(((number, raw, attempts), result, writes));
                 }
             }
         }
@@ -205,10 +211,10 @@ impl Imports {
             actor_key_id: part.actor_key_id.clone(),
             ..Metadata::default()
         };
-        let sent = futures_util::future::join_all(appends.into_iter().map(|(row, result, write)| {
-            let mut guards = write.guards;
+        let sent = futures_util::future::join_all(appends.into_iter().map(|(row, result, writes)| {
+            let mut guards = writes.guards;
             guards.push(result.guard(part));
-            let request = AppendRequest::new(metadata.clone(), vec![write.stream], guards);
+            let request = AppendRequest::new(metadata.clone(), writes.streams, guards);
             async move { (row, result, self.log.append(request).await) }
         }))
         .await;
@@ -469,11 +475,24 @@ async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
     Ok(platform::readmodel::schema_name(domain::catalog::CATALOG, version))
 }
 
-type Read = (domain::records::decide::Owners, BTreeMap<String, (i64, domain::records::Loaded)>, HashSet<String>);
+/// What a wave decides on (see [`Facts`]).
+struct Read {
+    owners: domain::records::decide::Owners,
+    records: BTreeMap<String, (i64, domain::records::Loaded)>,
+    suppressed: HashSet<String>,
+    topics: BTreeMap<String, String>,
+    subscriptions: BTreeMap<String, BTreeMap<String, String>>,
+}
 
 /// What a wave decides on: the holders of its identity values, the records they and its ids
-/// name, and which of its addresses are suppressed.
-async fn read_facts(client: &impl GenericClient, schema: &WriteSchema<'_>, rows: &[Checked]) -> anyhow::Result<Read> {
+/// name, which of its addresses are suppressed, and (when a row lists topics) the space's
+/// topics and those records' subscriptions.
+async fn read_facts(
+    client: &impl GenericClient,
+    catalog: &str,
+    schema: &WriteSchema<'_>,
+    rows: &[Checked],
+) -> anyhow::Result<Read> {
     let values: BTreeSet<(&'static str, String)> = rows.iter().flat_map(|row| identity_values(&row.input)).collect();
     let values: Vec<(&str, String)> = values.into_iter().collect();
     let owners = domain::records::write::identity_owners(client, schema.space_id, schema.schema_id, &values).await?;
@@ -499,5 +518,22 @@ async fn read_facts(client: &impl GenericClient, schema: &WriteSchema<'_>, rows:
             .map(|row| row.get(0))
             .collect()
     };
-    Ok((owners, records, suppressed))
+    let (mut topics, mut subscriptions) = (BTreeMap::new(), BTreeMap::new());
+    if rows.iter().any(|row| !row.topics.is_empty()) {
+        for (topic_id, topic) in domain::email::topics(client, catalog, schema.space_id).await? {
+            topics.insert(topic.slug, topic_id.clone());
+            topics.insert(topic.name, topic_id.clone());
+            topics.insert(topic_id.clone(), topic_id);
+        }
+        let streams: Vec<String> = ids.iter().map(|id| domain::email::subscriptions_stream(id)).collect();
+        for stored in platform::log::read_streams(client, &streams).await? {
+            if let platform::events::LogEvent::SubscriptionChanged(changed) = stored.decode()? {
+                subscriptions
+                    .entry(changed.contact_id)
+                    .or_insert_with(BTreeMap::new)
+                    .insert(changed.topic_id, changed.status);
+            }
+        }
+    }
+    Ok(Read { owners, records, suppressed, topics, subscriptions })
 }

@@ -21,6 +21,7 @@ fn workspace_with_members() -> String {
             { "key": "emailConsent", "definition": { "type": "boolean", "consent": { "channel": "email" } } }
         ]
     }));
+    workspace["spaces"][0]["topics"] = json!([{ "slug": "news", "name": "News" }]);
     workspace.to_string()
 }
 
@@ -65,7 +66,7 @@ async fn rows(app: &TestApp, id: &str, status: &str) -> Vec<Value> {
     }
 }
 
-const HEADER: &str = "userId,email,phone,firstName,age,plan,emailConsent";
+const HEADER: &str = "userId,email,phone,firstName,age,plan,emailConsent,topics";
 
 /// The file: 10,000 rows of every kind, in two parts (each with its header).
 fn file() -> (String, String, usize) {
@@ -84,6 +85,11 @@ fn file() -> (String, String, usize) {
     let fresh = 10_000 - specials;
     rows.extend((0..fresh).map(|i| format!(",new{i}@example.com,,,{},basic,", i % 90)));
     rows.push(",DUP@example.com,,,30,,".to_owned()); // the duplicate, later in the file: updates
+    // The topics column: the consent row subscribes to the space's topic.
+    let rows: Vec<String> = rows
+        .into_iter()
+        .map(|row| if row.starts_with(",consent@") { format!("{row},news") } else { format!("{row},") })
+        .collect();
     let (first, second) = rows.split_at(5_000);
     let part = |rows: &[String]| format!("{HEADER}\n{}\n", rows.join("\n"));
     (part(first), part(second), fresh)
@@ -184,13 +190,16 @@ async fn a_csv_of_ten_thousand_rows_gives_each_row_its_result_and_a_second_impor
         )
         .await;
     assert_eq!(trail.status, 200, "{:?}", trail.body);
-    let entry = &trail.body["data"][0];
-    assert_eq!(entry["type"], "consent_changed");
+    let entries = trail.body["data"].as_array().expect("entries");
+    let entry = entries.iter().find(|entry| entry["type"] == "consent_changed").expect("a consent entry");
     assert_eq!(
         entry["importSource"],
         json!({"importId": "members-1", "label": "signup form, exported from listmonk", "fileName": "members.csv"})
     );
     assert!(entry["actorKeyId"].is_string(), "{entry:?}");
+    let subscribed = entries.iter().find(|entry| entry["type"] == "subscription_changed").expect("a subscription");
+    assert_eq!((&subscribed["status"], &subscribed["source"]), (&json!("subscribed"), &json!("import")));
+    assert_eq!(subscribed["sourceId"], "members-1");
 
     // The same file again, as another import: nothing changes, nothing is appended.
     let events_before = app.query_i64("SELECT count(*) FROM events").await;
@@ -226,8 +235,8 @@ async fn a_csv_of_ten_thousand_rows_gives_each_row_its_result_and_a_second_impor
         .await;
     assert_eq!(named, 0);
     assert_eq!(create_import(&app, "members-3", &settings).await.status, 201);
-    let part = format!("{HEADER}\n,consent@example.com,,,,basic,true\n");
-    assert_eq!(put(&app, "/imports/members-3/parts/1", "text/csv", part).await.status, 202);
+    let part = format!("{HEADER}\n,consent@example.com,,,,basic,true,\n");
+    assert_eq!(put(&app, "/imports/members-3/parts/1", "text/csv", part).await.status, 202, "a new subject");
     assert_eq!(app.post("/imports/members-3/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
     assert_eq!(completed(&app, "members-3").await["rows"]["created"], 1);
     let again = rows(&app, "members-3", "created").await;
@@ -243,6 +252,7 @@ async fn an_import_without_a_consent_source_grants_no_consent_and_an_unknown_imp
     let body = [
         json!({"email": "yes@example.com", "plan": "basic", "emailConsent": true}),
         json!({"email": "no@example.com", "plan": "basic", "emailConsent": false}),
+        json!({"email": "topic@example.com", "plan": "basic", "topics": ["news"]}),
     ]
     .iter()
     .map(Value::to_string)
@@ -255,7 +265,7 @@ async fn an_import_without_a_consent_source_grants_no_consent_and_an_unknown_imp
     assert_eq!(import["rows"]["created"], 1);
     let failed = rows(&app, "nd-1", "failed").await;
     let codes: Vec<&str> = failed.iter().map(|row| row["error"]["code"].as_str().unwrap_or("")).collect();
-    assert_eq!(codes, ["consent_source_required", "malformed_json"]);
+    assert_eq!(codes, ["consent_source_required", "consent_source_required", "malformed_json"]);
 
     let missing = app.get("/imports/nope", ALPHA_ADMIN).await;
     assert_eq!((missing.status, missing.code().clone()), (404, json!("import_not_found")));

@@ -2,8 +2,10 @@
 //! (rule 3's matching, validation, defaults, identity collisions), and beyond them:
 //! - a row needs a key to be matched by (`userId`, `email` or `phone`; `externalId`, or the
 //!   record's `id`), so that importing the same file again changes nothing;
-//! - a row may grant consent (a consent attribute set to true, or `topics`) only when the
-//!   import stated a consent source; the writes carry the import as their provenance;
+//! - a row may grant consent (a consent attribute set to true) or subscribe to topics
+//!   (`topics`, by slug, name or id) only when the import stated a consent source; the writes
+//!   carry the import as their provenance, a subscription `SubscriptionChanged` with source
+//!   `import` (only for topics the contact is not subscribed to, so a re-import writes none);
 //! - a row that shares an identity value or a record with an earlier row of the wave waits for
 //!   the next wave, which reads what the earlier one wrote (a file's later row wins);
 //! - a suppressed address is imported and reported: the suppression stays.
@@ -11,6 +13,8 @@
 use std::collections::{BTreeMap, HashSet};
 
 use platform::error::{Code, Warning};
+use platform::events::LogEvent;
+use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value};
 
@@ -43,19 +47,37 @@ impl Provenance {
 /// The identity a row was matched by, as its result names it.
 pub type Key = Option<(&'static str, String)>;
 
-/// What became of a row.
+/// What a written row appends: its streams and guards (the record's, and its subscriptions').
+pub struct Writes {
+    pub streams: Vec<StreamAppend>,
+    pub guards: Vec<Guard>,
+}
+
+impl Writes {
+    fn of(write: Option<Write>, subscriptions: Option<StreamAppend>) -> Option<Self> {
+        let (mut streams, guards) = match write {
+            Some(write) => (vec![write.stream], write.guards),
+            None => (Vec::new(), Vec::new()),
+        };
+        streams.extend(subscriptions);
+        (!streams.is_empty()).then_some(Self { streams, guards })
+    }
+}
+
+/// What became of a row. A row whose record is unchanged but which subscribes the contact to
+/// a topic is `Updated`.
 pub enum Outcome {
     Created {
         record_id: String,
         key: Key,
         warnings: Vec<Warning>,
-        write: Box<Write>,
+        writes: Writes,
     },
     Updated {
         record_id: String,
         key: Key,
         warnings: Vec<Warning>,
-        write: Box<Write>,
+        writes: Writes,
     },
     Unchanged {
         record_id: String,
@@ -72,12 +94,15 @@ pub enum Outcome {
 }
 
 /// What a wave reads before it decides: who holds the rows' identity values, the records
-/// they (or the rows' ids) name with their stream versions, and the suppressed addresses
-/// among the rows'.
+/// they (or the rows' ids) name with their stream versions, the suppressed addresses among
+/// the rows', the space's topics (slug, name and id, each to the id), and those records'
+/// subscriptions (contact -> topic -> status).
 pub struct Facts<'a> {
     pub owners: &'a Owners,
     pub records: &'a BTreeMap<String, (i64, Loaded)>,
     pub suppressed: &'a HashSet<String>,
+    pub topics: &'a BTreeMap<String, String>,
+    pub subscriptions: &'a BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// A row's input checked against the schema, with the topics it lists set aside.
@@ -116,21 +141,20 @@ pub fn check(
         let keys = identity_keys(schema.schema_type).join(", ");
         return Err((None, Code::MissingField, format!("a row needs one of {keys} (or id) to be matched by")));
     }
-    if !topics.is_empty() {
-        return Err((
-            key,
-            Code::InvalidField,
-            "topics cannot be imported yet; import the consent attribute".to_owned(),
-        ));
+    if !topics.is_empty() && schema.schema_type != "contact" {
+        return Err((key, Code::InvalidField, "topics apply to contacts only".to_owned()));
     }
-    let grants = schema.attributes.iter().any(|attribute| {
-        attribute.definition.get("consent").is_some() && input.values.get(&attribute.key) == Some(&Value::Bool(true))
-    });
+    let grants = !topics.is_empty()
+        || schema.attributes.iter().any(|attribute| {
+            attribute.definition.get("consent").is_some()
+                && input.values.get(&attribute.key) == Some(&Value::Bool(true))
+        });
     if grants && provenance.consent_label.is_none() {
         return Err((
             key,
             Code::ConsentSourceRequired,
-            "the row grants consent, and the import states no consent source (consent.label)".to_owned(),
+            "the row grants consent or subscribes to topics, and the import states no consent source (consent.label)"
+                .to_owned(),
         ));
     }
     Ok(Checked { input, topics })
@@ -169,7 +193,7 @@ pub fn decide_wave(
         })
         .collect();
     let mut outcomes = Vec::with_capacity(rows.len());
-    for Checked { input, .. } in rows {
+    for Checked { input, topics } in rows {
         let key = key_of(schema, &input);
         let target = match &input.id {
             Some(record_id) => Match::Existing(record_id.clone()),
@@ -189,15 +213,63 @@ pub fn decide_wave(
             outcomes.push(Outcome::Deferred);
             continue;
         }
-        outcomes.push(decide_row(schema, provenance, input, key, target, facts, now_ms));
+        let topic_ids = match topics.iter().map(|topic| facts.topics.get(topic).ok_or(topic)).collect() {
+            Ok(topic_ids) => topic_ids,
+            Err(unknown) => {
+                let message = format!("the space has no topic {unknown:?}");
+                outcomes.push(Outcome::Failed { key, code: Code::TopicNotFound, message });
+                continue;
+            }
+        };
+        outcomes.push(decide_row(schema, provenance, (input, topic_ids), key, target, facts, now_ms));
     }
     outcomes
+}
+
+/// The row's subscriptions the contact does not have yet, as its subscriptions stream's new
+/// events; `None` when there are none.
+fn subscribe(
+    facts: &Facts<'_>,
+    provenance: &Provenance,
+    (space_id, contact_id): (&str, &str),
+    topic_ids: &[&String],
+    now_ms: i64,
+) -> Option<StreamAppend> {
+    let current = facts.subscriptions.get(contact_id);
+    let mut wanted: Vec<&String> = topic_ids
+        .iter()
+        .copied()
+        .filter(|topic_id| current.and_then(|topics| topics.get(*topic_id)).is_none_or(|status| status != "subscribed"))
+        .collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let events: Vec<NewEvent> = wanted
+        .into_iter()
+        .map(|topic_id| NewEvent {
+            event: LogEvent::SubscriptionChanged(proto::SubscriptionChanged {
+                space_id: space_id.to_owned(),
+                contact_id: contact_id.to_owned(),
+                topic_id: topic_id.clone(),
+                status: "subscribed".to_owned(),
+                source: "import".to_owned(),
+                source_id: provenance.import_id.clone(),
+                at_ms: now_ms,
+            }),
+            subject_id: Some(contact_id.to_owned()),
+            occurred_at: platform::time::from_millis(now_ms),
+        })
+        .collect();
+    (!events.is_empty()).then(|| StreamAppend {
+        stream_id: crate::email::subscriptions_stream(contact_id),
+        expected: ExpectedVersion::Any,
+        events,
+    })
 }
 
 fn decide_row(
     schema: &WriteSchema<'_>,
     provenance: &Provenance,
-    input: Input,
+    (input, topic_ids): (Input, Vec<&String>),
     key: Key,
     target: Match,
     facts: &Facts<'_>,
@@ -217,17 +289,23 @@ fn decide_row(
                 Err(refusal) => return refused(key, refusal),
             };
             let mut warnings = suppressed(facts, current.personal.as_ref().and_then(|p| p.email.as_deref()));
-            let change = match decide_update(schema, &current, input, facts.owners, now_ms) {
+            let subscriptions = subscribe(facts, provenance, (schema.space_id, &record_id), &topic_ids, now_ms);
+            let write = match decide_update(schema, &current, input, facts.owners, now_ms) {
                 Err(refusal) => return refused(key, refusal),
-                Ok(UpdateDecision::Unchanged) => return Outcome::Unchanged { record_id, key, warnings },
-                Ok(UpdateDecision::Changed(change)) => change,
+                Ok(UpdateDecision::Unchanged) => None,
+                Ok(UpdateDecision::Changed(change)) => {
+                    let mut change = *change;
+                    warnings.extend(change.warnings.iter().cloned());
+                    change.event.import = Some(provenance.proto());
+                    match update_write(schema.space_id, schema.schema_id, (version, data_key), change) {
+                        Ok(write) => Some(write),
+                        Err(error) => return failed(key, Code::InternalError, error.to_string()),
+                    }
+                }
             };
-            let mut change = *change;
-            warnings.extend(change.warnings.iter().cloned());
-            change.event.import = Some(provenance.proto());
-            match update_write(schema.space_id, schema.schema_id, (version, data_key), change) {
-                Ok(write) => Outcome::Updated { record_id, key, warnings, write: Box::new(write) },
-                Err(error) => failed(key, Code::InternalError, error.to_string()),
+            match Writes::of(write, subscriptions) {
+                Some(writes) => Outcome::Updated { record_id, key, warnings, writes },
+                None => Outcome::Unchanged { record_id, key, warnings },
             }
         }
         Match::New => {
@@ -241,8 +319,12 @@ fn decide_row(
             decision.event.import = Some(provenance.proto());
             let mut warnings = suppressed(facts, email.as_deref());
             warnings.extend(decision.warnings.iter().cloned());
+            let subscriptions = subscribe(facts, provenance, (schema.space_id, &record_id), &topic_ids, now_ms);
             match create_write(schema.space_id, schema.schema_id, decision) {
-                Ok(write) => Outcome::Created { record_id, key, warnings, write: Box::new(write) },
+                Ok(write) => match Writes::of(Some(write), subscriptions) {
+                    Some(writes) => Outcome::Created { record_id, key, warnings, writes },
+                    None => failed(key, Code::InternalError, "a create writes its record".to_owned()),
+                },
                 Err(error) => failed(key, Code::InternalError, error.to_string()),
             }
         }
@@ -333,7 +415,14 @@ mod tests {
             rows.into_iter().map(|value| check(&schema, &provenance, row(value)).expect("the row checks")).collect();
         install_keyring();
         let (owners, records, suppressed) = (Owners::new(), BTreeMap::new(), HashSet::new());
-        let facts = Facts { owners: &owners, records: &records, suppressed: &suppressed };
+        let (topics, subscriptions) = (BTreeMap::new(), BTreeMap::new());
+        let facts = Facts {
+            owners: &owners,
+            records: &records,
+            suppressed: &suppressed,
+            topics: &topics,
+            subscriptions: &subscriptions,
+        };
         let outcomes = decide_wave(&schema, &provenance, checked, &facts, 1_000);
         let kinds: Vec<&str> = outcomes
             .iter()
@@ -355,17 +444,55 @@ mod tests {
         let checked = check(&schema, &provenance, row(json!({"email": "s@example.com", "newsletter": true})));
         let (owners, records) = (Owners::new(), BTreeMap::new());
         let suppressed = HashSet::from(["s@example.com".to_owned()]);
-        let facts = Facts { owners: &owners, records: &records, suppressed: &suppressed };
-        let Some(Outcome::Created { warnings, write, .. }) =
+        let (topics, subscriptions) = (BTreeMap::new(), BTreeMap::new());
+        let facts = Facts {
+            owners: &owners,
+            records: &records,
+            suppressed: &suppressed,
+            topics: &topics,
+            subscriptions: &subscriptions,
+        };
+        let Some(Outcome::Created { warnings, writes, .. }) =
             decide_wave(&schema, &provenance, vec![checked.expect("the row checks")], &facts, 1_000).pop()
         else {
             panic!("a new address is created");
         };
         assert_eq!(warnings.iter().map(|warning| warning.code).collect::<Vec<_>>(), ["recipient_suppressed"]);
-        let platform::events::LogEvent::RecordCreated(created) = &write.stream.events[0].event else {
+        let platform::events::LogEvent::RecordCreated(created) = &writes.streams[0].events[0].event else {
             panic!("a create appends RecordCreated");
         };
         assert_eq!(created.source, "import");
         assert_eq!(created.import.as_ref().map(|import| import.consent_label.as_str()), Some("listmonk export"));
+    }
+
+    #[test]
+    fn topics_resolve_by_slug_and_an_unknown_one_fails_its_row() {
+        install_keyring();
+        let attributes = attributes();
+        let schema = schema(&attributes);
+        let provenance = provenance(Some("signup form"));
+        let rows = [
+            json!({"email": "t@example.com", "topics": ["news", "News"]}),
+            json!({"email": "u@example.com", "topics": ["nope"]}),
+        ];
+        let checked =
+            rows.into_iter().map(|value| check(&schema, &provenance, row(value)).expect("the row checks")).collect();
+        let (owners, records, suppressed) = (Owners::new(), BTreeMap::new(), HashSet::new());
+        let topics = BTreeMap::from([("news".to_owned(), "top_1".to_owned()), ("News".to_owned(), "top_1".to_owned())]);
+        let subscriptions = BTreeMap::new();
+        let facts = Facts {
+            owners: &owners,
+            records: &records,
+            suppressed: &suppressed,
+            topics: &topics,
+            subscriptions: &subscriptions,
+        };
+        let mut outcomes = decide_wave(&schema, &provenance, checked, &facts, 1_000).into_iter();
+        let Some(Outcome::Created { writes, .. }) = outcomes.next() else { panic!("the first row is created") };
+        // One subscription for the topic named twice, on the contact's subscriptions stream.
+        assert_eq!(writes.streams.len(), 2);
+        assert_eq!(writes.streams[1].events.len(), 1);
+        let Some(Outcome::Failed { code, .. }) = outcomes.next() else { panic!("the second row fails") };
+        assert_eq!(code, Code::TopicNotFound);
     }
 }

