@@ -40,6 +40,8 @@ pub async fn rows(
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
+    // A missing or bad key is answered before a bad query.
+    let (caller, token) = authorize_read(&state, &req).await?;
     let query = query_pairs(&req);
     let (limit, warnings) = api::pagination::parse_limit(&query, 1_000)?;
     let status = match query_value(&query, "status") {
@@ -59,7 +61,6 @@ pub async fn rows(
         })?,
     };
     let import_id = path.into_inner();
-    let (caller, token) = authorize_read(&state, &req).await?;
     let space_id = caller.space_id().to_owned();
     let (page, consistent) = consistent_read(&state, &caller, token, &[], |client, _| {
         let (space_id, import_id, status) = (space_id.clone(), import_id.clone(), status.clone());
