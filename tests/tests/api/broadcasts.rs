@@ -236,6 +236,7 @@ async fn create_people(app: &TestApp, emails: Vec<(String, bool)>) {
 
 #[tokio::test]
 async fn a_broadcast_to_5000_contacts_killed_mid_run_reaches_every_consenting_recipient_once() {
+    let _heavy = HEAVY.lock().await;
     const PEOPLE: usize = 5_000;
     const UNSUBSCRIBED: usize = 50;
     const SUPPRESSED: usize = 50;

@@ -21,6 +21,11 @@ pub(crate) const SOLO_UNBOUND: &str = "sk_test_solo_unbound_000000000008";
 pub(crate) const NOBODY_UNBOUND: &str = "sk_test_nobody_unbound_0000000009";
 pub(crate) const NOBODY_BOUND: &str = "sk_test_nobody_bound_000000000010";
 
+/// Held by the tests that kill processes mid-way through thousands of writes and then wait for
+/// recovery within a deadline (a broadcast to 5,000, an import of thousands of rows): with
+/// four test threads on two cores, two of them at once starve each other's recovery.
+pub(crate) static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub(crate) const WORKSPACE: &str = include_str!("../../fixtures/workspace.json");
 
 fn admin_url(dbname: &str) -> String {
