@@ -19,6 +19,8 @@ use platform::settings::Settings as AppSettings;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::store;
+
 /// A part's size bound: well under the API's body limit, and what the importer holds at once.
 const PART_BYTES: usize = 4 * 1024 * 1024;
 /// A part's row bound.
@@ -83,8 +85,10 @@ pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result
     };
     anyhow::ensure!(domain::imports::valid_import_id(&import_id), "--id is 1 to 128 letters, digits and . _ : -");
     let pool = platform::db::pool(settings.database_url()?, 2)?;
-    let client = pool.get().await?;
-    let catalog = live_catalog(&client).await?;
+    let mut client = pool.get().await?;
+    let catalog = platform::readmodel::live_schema(&client, domain::catalog::CATALOG)
+        .await?
+        .context("the catalog has no live version: run migrate and apply a workspace first")?;
     let space_id = space(&client, &catalog, arguments.space.as_deref()).await?;
     let context = domain::catalog::write_context(&client, &catalog, &space_id, &arguments.schema)
         .await?
@@ -97,38 +101,13 @@ pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result
         consent_label: arguments.consent.clone(),
         columns,
     };
-    let document = import_settings.document(&context.schema.schema_id);
-    let digest = Sha256::digest(document.to_string().as_bytes()).to_vec();
-    client
-        .execute(
-            "INSERT INTO imports (space_id, import_id, schema_id, schema_type, format, settings, settings_digest,
-                                  actor_key_id, created_at_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, $8) ON CONFLICT DO NOTHING",
-            &[
-                &space_id,
-                &import_id,
-                &context.schema.schema_id,
-                &context.schema.schema_type,
-                &format.as_str(),
-                &document,
-                &digest,
-                &platform::time::now_millis(),
-            ],
-        )
-        .await?;
-    let stored: Vec<u8> = client
-        .query_one(
-            "SELECT settings_digest FROM imports WHERE space_id = $1 AND import_id = $2",
-            &[&space_id, &import_id],
-        )
-        .await?
-        .get(0);
-    anyhow::ensure!(stored == digest, "import {import_id} exists with other settings; pass another --id");
+    let refused = |failed: store::Failed| anyhow::anyhow!("{failed}; pass another --id");
+    store::create(&client, (&space_id, &import_id), &context.schema, &import_settings, None).await.map_err(refused)?;
     eprintln!("import {import_id}: {} into {} ({})", arguments.file.display(), arguments.schema, format.as_str());
 
     let mut progress = platform::progress::Progress::new("storing the file", metadata.len(), "bytes");
     let mut parts = Parts {
-        client: &client,
+        client: &mut client,
         space_id: &space_id,
         import_id: &import_id,
         stored: 0,
@@ -140,27 +119,20 @@ pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result
         Format::Ndjson => split_lines(file, &mut parts, &mut progress).await?,
     }
     progress.finish(metadata.len());
-    let total_parts = i32::try_from(parts.starts.len())?;
+    let starts = parts.starts;
+    let total_parts = i32::try_from(starts.len())?;
     anyhow::ensure!(total_parts > 0, "the file holds no rows");
-    let closed = client
-        .query_one(
-            "UPDATE imports SET parts_total = COALESCE(parts_total, $3), closed_at_ms = COALESCE(closed_at_ms, $4)
-             WHERE space_id = $1 AND import_id = $2 RETURNING parts_total",
-            &[&space_id, &import_id, &total_parts, &platform::time::now_millis()],
-        )
-        .await?
-        .get::<_, i32>(0);
-    anyhow::ensure!(closed == total_parts, "import {import_id} was completed with {closed} parts; pass another --id");
+    store::close(&mut client, (&space_id, &import_id), total_parts).await.map_err(refused)?;
     if arguments.no_wait {
         println!("stored {total_parts} parts; follow it with GET /v1/imports/{import_id}");
         return Ok(());
     }
-    follow(&client, &space_id, &import_id, &parts.starts).await
+    follow(&client, &space_id, &import_id, &starts).await
 }
 
 /// Where the parts go, and the first data row of each (for the summary's row numbers).
 struct Parts<'a> {
-    client: &'a deadpool_postgres::Client,
+    client: &'a mut deadpool_postgres::Client,
     space_id: &'a str,
     import_id: &'a str,
     stored: usize,
@@ -175,36 +147,11 @@ impl Parts<'_> {
         let part = i32::try_from(self.starts.len() + 1)?;
         self.starts.push(i64::try_from(self.stored)?);
         self.stored += rows;
-        let digest = Sha256::digest(body).to_vec();
         let rows = i32::try_from(rows)?;
-        self.client
-            .execute(
-                "INSERT INTO import_parts (space_id, import_id, part, body, digest, rows, received_at_ms)
-                 SELECT $1, $2, $3, $4, $5, $6, $7
-                 WHERE NOT EXISTS (SELECT 1 FROM imports WHERE space_id = $1 AND import_id = $2
-                                   AND parts_total IS NOT NULL)
-                 ON CONFLICT DO NOTHING",
-                &[&self.space_id, &self.import_id, &part, &body, &digest, &rows, &platform::time::now_millis()],
-            )
-            .await?;
-        let stored = self
-            .client
-            .query_opt(
-                "SELECT digest FROM import_parts WHERE space_id = $1 AND import_id = $2 AND part = $3",
-                &[&self.space_id, &self.import_id, &part],
-            )
-            .await?
-            .map(|row| row.get::<_, Vec<u8>>(0));
-        match stored {
-            Some(stored) if stored == digest => Ok(()),
-            Some(_) => bail!(
-                "part {part} of import {} differs from the file; the file changed: pass another --id",
-                self.import_id
-            ),
-            None => {
-                bail!("import {} is complete with fewer parts than the file has; pass another --id", self.import_id)
-            }
-        }
+        store::store_part(self.client, (self.space_id, self.import_id), part, body, rows)
+            .await
+            .map_err(|failed| anyhow::anyhow!("{failed}: the file changed since; pass another --id"))?;
+        Ok(())
     }
 }
 
@@ -360,15 +307,6 @@ fn derived_id(path: &Path, metadata: &std::fs::Metadata) -> anyhow::Result<Strin
         .take(80)
         .collect();
     Ok(format!("file-{stem}-{}", &hex::encode(digest)[..12]))
-}
-
-async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
-    let version: i32 = client
-        .query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&domain::catalog::CATALOG])
-        .await?
-        .map(|row| row.get(0))
-        .context("the catalog has no live version: run migrate and apply a workspace first")?;
-    Ok(platform::readmodel::schema_name(domain::catalog::CATALOG, version))
 }
 
 /// The space named (slug or id), or the only one.

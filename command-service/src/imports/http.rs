@@ -8,17 +8,17 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::Permission;
-use domain::imports::{self, Format, Settings};
+use domain::imports::{self, Format};
 use platform::error::{ApiError, Code};
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
+use serde_json::json;
 
+use super::store::{self, Refused};
 use crate::State;
 use crate::pipeline;
 use crate::write_contexts::{self, Kind};
 
 fn not_found(import_id: &str) -> ApiError {
-    ApiError::not_found(Code::ImportNotFound, format!("no import {import_id:?} in this space"))
+    Refused::NotFound(import_id.to_owned()).into()
 }
 
 fn check_id(import_id: &str) -> Result<(), ApiError> {
@@ -46,66 +46,15 @@ pub async fn create(
     check_id(&import_id)?;
     let settings = imports::parse_settings(body)?;
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &settings.schema).await?;
-    let schema_id = context.schema.schema_id.clone();
-    let document = settings.document(&schema_id);
-    let digest = Sha256::digest(document.to_string().as_bytes()).to_vec();
     let client = state.pool.get().await?;
-    let inserted = client
-        .execute(
-            "INSERT INTO imports (space_id, import_id, schema_id, schema_type, format, settings, settings_digest,
-                                  actor_key_id, created_at_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
-            &[
-                &caller.space_id(),
-                &import_id,
-                &schema_id,
-                &context.schema.schema_type,
-                &settings.format.as_str(),
-                &document,
-                &digest,
-                &caller.key_id(),
-                &platform::time::now_millis(),
-            ],
-        )
-        .await?;
-    let existing: Vec<u8> = client
-        .query_opt(
-            "SELECT settings_digest FROM imports WHERE space_id = $1 AND import_id = $2",
-            &[&caller.space_id(), &import_id],
-        )
-        .await?
-        .map(|row| row.get(0))
-        .ok_or_else(|| not_found(&import_id))?;
-    if existing != digest {
-        return Err(ApiError::conflict(
-            Code::ImportConflict,
-            format!("import {import_id:?} exists with other settings; choose another import id"),
-        ));
-    }
-    let status = if inserted == 1 { StatusCode::CREATED } else { StatusCode::OK };
+    let created =
+        store::create(&client, (caller.space_id(), &import_id), &context.schema, &settings, Some(caller.key_id()))
+            .await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let document = domain::imports::status::document(&client, caller.space_id(), &import_id)
         .await?
         .ok_or_else(|| not_found(&import_id))?;
     Ok(HttpResponse::build(status).json(json!({ "data": document })))
-}
-
-/// What a part's request names, as the database holds it.
-struct Import {
-    schema_id: String,
-    settings: Settings,
-}
-
-async fn load(client: &deadpool_postgres::Client, space_id: &str, import_id: &str) -> Result<Import, ApiError> {
-    let row = client
-        .query_opt(
-            "SELECT schema_id, settings FROM imports WHERE space_id = $1 AND import_id = $2",
-            &[&space_id, &import_id],
-        )
-        .await?
-        .ok_or_else(|| not_found(import_id))?;
-    let settings = Settings::from_document(&row.get::<_, Value>(1))
-        .ok_or_else(|| ApiError::internal(&anyhow::anyhow!("import {import_id} has unreadable settings")))?;
-    Ok(Import { schema_id: row.get(0), settings })
 }
 
 /// The media types a part of each format may be sent as.
@@ -140,77 +89,29 @@ pub async fn put_part(
         ApiError::bad_request(Code::InvalidId, format!("a part number is 1 to {}", imports::MAX_PARTS))
     })?;
     let space_id = caller.space_id();
-    let import = load(&state.pool.get().await?, space_id, &import_id).await?;
-    if !accepts(import.settings.format, &req) {
-        let wanted = match import.settings.format {
+    let (schema_id, settings) = store::load(&state.pool.get().await?, space_id, &import_id).await?;
+    if !accepts(settings.format, &req) {
+        let wanted = match settings.format {
             Format::Csv => "text/csv",
             Format::Ndjson => "application/x-ndjson",
         };
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Some(Code::UnsupportedMediaType),
-            format!(
-                "import {import_id:?} takes {} parts; send Content-Type: {wanted}",
-                import.settings.format.as_str()
-            ),
+            format!("import {import_id:?} takes {} parts; send Content-Type: {wanted}", settings.format.as_str()),
         ));
     }
     let body = api::http::read_bytes(&req, payload).await?;
-    let context = write_contexts::at_edge(&state, Kind::Record, space_id, &import.schema_id).await?;
-    let rows = imports::parse::read_part(import.settings.format, &body, &import.settings.columns, &context.attributes)
+    let context = write_contexts::at_edge(&state, Kind::Record, space_id, &schema_id).await?;
+    let rows = imports::parse::read_part(settings.format, &body, &settings.columns, &context.attributes)
         .map_err(|message| ApiError::bad_request(Code::InvalidBody, message))?;
-    let digest = Sha256::digest(&body).to_vec();
     let rows_count = i32::try_from(rows.len()).unwrap_or(i32::MAX);
     let mut client = state.pool.get().await?;
-    let transaction = client.transaction().await?;
-    // Held until the part is in: a completion waits for it, so no part lands after one.
-    let closed: bool = transaction
-        .query_one(
-            "SELECT parts_total IS NOT NULL FROM imports WHERE space_id = $1 AND import_id = $2 FOR SHARE",
-            &[&space_id, &import_id],
-        )
-        .await?
-        .get(0);
-    let existing = transaction
-        .query_opt(
-            "SELECT digest, rows FROM import_parts WHERE space_id = $1 AND import_id = $2 AND part = $3",
-            &[&space_id, &import_id, &part],
-        )
-        .await?;
-    let (status, rows_count) = match existing {
-        Some(row) if row.get::<_, Vec<u8>>(0) == digest => (StatusCode::OK, row.get::<_, i32>(1)),
-        Some(_) => {
-            return Err(ApiError::conflict(
-                Code::ImportConflict,
-                format!("part {part} of import {import_id:?} was received with another body"),
-            ));
-        }
-        None if closed => {
-            return Err(ApiError::conflict(
-                Code::ImportConflict,
-                format!("import {import_id:?} is complete; it takes no more parts"),
-            ));
-        }
-        None => {
-            // A concurrent upload of the same part loses here: it is told to retry, and its
-            // retry is answered as a repeat when its body is the same.
-            let inserted = transaction
-                .execute(
-                    "INSERT INTO import_parts (space_id, import_id, part, body, digest, rows, received_at_ms)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-                    &[&space_id, &import_id, &part, &&body[..], &digest, &rows_count, &platform::time::now_millis()],
-                )
-                .await?;
-            if inserted == 0 {
-                return Err(ApiError::conflict(
-                    Code::ImportConflict,
-                    format!("part {part} of import {import_id:?} was sent twice at once; retry"),
-                ));
-            }
-            (StatusCode::ACCEPTED, rows_count)
-        }
-    };
-    transaction.commit().await?;
+    let (status, rows_count) =
+        match store::store_part(&mut client, (space_id, &import_id), part, &body, rows_count).await? {
+            Some(stored_rows) => (StatusCode::OK, stored_rows),
+            None => (StatusCode::ACCEPTED, rows_count),
+        };
     Ok(HttpResponse::build(status).json(json!({"data": {"importId": import_id, "part": part, "rows": rows_count}})))
 }
 
@@ -245,49 +146,7 @@ pub async fn complete(
     .ok_or_else(|| ApiError::bad_request(Code::InvalidField, format!("parts must be 1 to {}", imports::MAX_PARTS)))?;
     let space_id = caller.space_id();
     let mut client = state.pool.get().await?;
-    let transaction = client.transaction().await?;
-    // Waits for parts being stored, and keeps new ones out until the import is closed.
-    let total: Option<i32> = transaction
-        .query_opt(
-            "SELECT parts_total FROM imports WHERE space_id = $1 AND import_id = $2 FOR UPDATE",
-            &[&space_id, &import_id],
-        )
-        .await?
-        .ok_or_else(|| not_found(&import_id))?
-        .get(0);
-    let row = transaction
-        .query_one(
-            "SELECT count(*), COALESCE(max(part), 0) FROM import_parts WHERE space_id = $1 AND import_id = $2",
-            &[&space_id, &import_id],
-        )
-        .await?;
-    let (received, highest): (i64, i32) = (row.get(0), row.get(1));
-    match total {
-        Some(total) if total == parts => {}
-        Some(total) => {
-            return Err(ApiError::conflict(
-                Code::ImportConflict,
-                format!("import {import_id:?} was completed with {total} parts"),
-            ));
-        }
-        None if received != i64::from(parts) || highest != parts => {
-            return Err(ApiError::conflict(
-                Code::ImportConflict,
-                format!(
-                    "import {import_id:?} has {received} parts (up to part {highest}); send parts 1 to {parts} before completing"
-                ),
-            ));
-        }
-        None => {
-            transaction
-                .execute(
-                    "UPDATE imports SET parts_total = $3, closed_at_ms = $4 WHERE space_id = $1 AND import_id = $2",
-                    &[&space_id, &import_id, &parts, &platform::time::now_millis()],
-                )
-                .await?;
-        }
-    }
-    transaction.commit().await?;
+    store::close(&mut client, (space_id, &import_id), parts).await?;
     let document =
         domain::imports::status::document(&client, space_id, &import_id).await?.ok_or_else(|| not_found(&import_id))?;
     Ok(HttpResponse::Ok().json(json!({ "data": document })))

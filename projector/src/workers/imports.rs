@@ -91,7 +91,9 @@ impl Imports {
 
     async fn decide_part(&self, part: &Part, settings: &Settings, body: &[u8]) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
-        let catalog = live_catalog(&client).await?;
+        let catalog = platform::readmodel::live_schema(&client, domain::catalog::CATALOG)
+            .await?
+            .context("the catalog has no live version")?;
         let context = domain::catalog::write_context(&client, &catalog, &part.space_id, &part.schema_id).await?;
         let mut tally = Tally::default();
         let done: HashSet<i32> = client
@@ -465,16 +467,6 @@ impl Tally {
     }
 }
 
-/// The live catalog's read model schema.
-async fn live_catalog(client: &impl GenericClient) -> anyhow::Result<String> {
-    let version: i32 = client
-        .query_opt("SELECT version FROM projections WHERE name = $1 AND status = 'live'", &[&domain::catalog::CATALOG])
-        .await?
-        .map(|row| row.get(0))
-        .context("the catalog has no live version")?;
-    Ok(platform::readmodel::schema_name(domain::catalog::CATALOG, version))
-}
-
 /// What a wave decides on (see [`Facts`]).
 struct Read {
     owners: domain::records::decide::Owners,
@@ -525,15 +517,7 @@ async fn read_facts(
             topics.insert(topic.name, topic_id.clone());
             topics.insert(topic_id.clone(), topic_id);
         }
-        let streams: Vec<String> = ids.iter().map(|id| domain::email::subscriptions_stream(id)).collect();
-        for stored in platform::log::read_streams(client, &streams).await? {
-            if let platform::events::LogEvent::SubscriptionChanged(changed) = stored.decode()? {
-                subscriptions
-                    .entry(changed.contact_id)
-                    .or_insert_with(BTreeMap::new)
-                    .insert(changed.topic_id, changed.status);
-            }
-        }
+        subscriptions = domain::email::subscriptions_of(client, &ids).await?;
     }
     Ok(Read { owners, records, suppressed, topics, subscriptions })
 }

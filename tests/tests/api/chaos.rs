@@ -341,14 +341,7 @@ async fn no_fault_loses_an_acknowledged_write() {
 
     // PostgreSQL of its own (durable: fsync and synchronous commit on), behind the proxy.
     let cluster = PrivateCluster::start();
-    let (admin, connection) =
-        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
-    tokio::spawn(connection);
-    admin.batch_execute("CREATE DATABASE platform").await.expect("database");
-    drop(admin);
-    let direct_url = cluster.url("platform");
-    let migrated = run_binary("projector", &["migrate"], &direct_url);
-    assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+    let direct_url = cluster.migrated_platform().await;
     let cluster_port: u16 = direct_url
         .split_whitespace()
         .find_map(|part| part.strip_prefix("port="))
@@ -404,9 +397,7 @@ async fn no_fault_loses_an_acknowledged_write() {
     }
     let workspace_file = scratch_dir("chaos").join("workspace.json");
     std::fs::write(&workspace_file, chaos_workspace(&receiver.url("crm"))).expect("workspace written");
-    let applied =
-        run_binary("command-service", &["apply", &workspace_file.display().to_string(), "--wait"], &direct_url);
-    assert!(applied.status.success(), "apply: {}", String::from_utf8_lossy(&applied.stderr));
+    apply_file(&workspace_file.display().to_string(), &direct_url);
 
     // Before the faults: the DKIM key published, a webhook, the broadcast's audience, erasures.
     let domains = get_json(&http, &format!("{base}/domains"), MAIL_KEY).await;

@@ -691,6 +691,23 @@ impl PrivateCluster {
     pub(crate) fn url(&self, database: &str) -> String {
         format!("host=127.0.0.1 port={} user=postgres dbname={database}", self.port)
     }
+    /// The cluster's `platform` database, created and migrated (`projector migrate`): its URL.
+    pub(crate) async fn migrated_platform(&self) -> String {
+        let (admin, connection) =
+            tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
+        tokio::spawn(connection);
+        admin.batch_execute("CREATE DATABASE platform").await.expect("database");
+        let url = self.url("platform");
+        let migrated = run_binary("projector", &["migrate"], &url);
+        assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+        url
+    }
+}
+
+/// `command-service apply <file> --wait` against `database_url` (a projector must be running).
+pub(crate) fn apply_file(file: &str, database_url: &str) {
+    let applied = run_binary("command-service", &["apply", file, "--wait"], database_url);
+    assert!(applied.status.success(), "apply: {}", String::from_utf8_lossy(&applied.stderr));
 }
 
 impl Drop for PrivateCluster {

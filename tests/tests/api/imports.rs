@@ -287,19 +287,7 @@ async fn an_import_survives_kill_9_of_its_worker_and_of_postgresql_writing_each_
     const PARTS: usize = 2;
     const ROWS: usize = 2_500;
     let cluster = PrivateCluster::start();
-    let (admin, connection) =
-        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
-    tokio::spawn(connection);
-    admin.batch_execute("CREATE DATABASE platform").await.expect("database");
-    let url = cluster.url("platform");
-    let migrated = std::process::Command::new(binaries_dir().join("projector"))
-        .arg("migrate")
-        .env("APP__DATABASE__URL", &url)
-        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
-        .env("RUST_LOG", "warn")
-        .status()
-        .expect("migrate runs");
-    assert!(migrated.success());
+    let url = cluster.migrated_platform().await;
     let env = [
         ("APP__PROJECTOR__WORKERS", "read_models,webhook_enqueue,webhook_delivery,preparation,imports".to_owned()),
         ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned()),
@@ -310,14 +298,7 @@ async fn an_import_survives_kill_9_of_its_worker_and_of_postgresql_writing_each_
     let command_env = [("APP__HTTP__PORT", port.to_string()), ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned())];
     let _command = spawn_binary("command-service", &["serve"], &url, &command_env);
     let workspace = members_workspace_file();
-    let applied = std::process::Command::new(binaries_dir().join("command-service"))
-        .args(["apply", &workspace.display().to_string(), "--wait"])
-        .env("APP__DATABASE__URL", &url)
-        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("apply runs");
-    assert!(applied.status.success(), "apply: {}", String::from_utf8_lossy(&applied.stderr));
+    apply_file(&workspace.display().to_string(), &url);
     let base = format!("http://127.0.0.1:{port}/v1");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
     crate::log::wait_until_listening(&http, &base).await;

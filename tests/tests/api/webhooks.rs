@@ -955,32 +955,13 @@ async fn the_delivery_log_shows_each_attempt_and_a_replay_or_a_test_sends_again(
 #[tokio::test]
 async fn acknowledged_writes_are_delivered_across_a_kill_9_of_postgresql() {
     let cluster = PrivateCluster::start();
-    let (admin, connection) =
-        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
-    tokio::spawn(connection);
-    admin.batch_execute("CREATE DATABASE platform").await.expect("database");
-    let url = cluster.url("platform");
-    let migrated = std::process::Command::new(binaries_dir().join("projector"))
-        .arg("migrate")
-        .env("APP__DATABASE__URL", &url)
-        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
-        .env("RUST_LOG", "warn")
-        .status()
-        .expect("migrate runs");
-    assert!(migrated.success());
+    let url = cluster.migrated_platform().await;
     let everything = "read_models,webhook_enqueue,webhook_delivery,preparation,eraser,maintenance";
     let _projector = spawn_binary("projector", &["run"], &url, &delivery_env(everything));
     let port = free_port();
     let command_env = [("APP__HTTP__PORT", port.to_string()), ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned())];
     let _command = spawn_binary("command-service", &["serve"], &url, &command_env);
-    let applied = std::process::Command::new(binaries_dir().join("command-service"))
-        .args(["apply", concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/workspace.json"), "--wait"])
-        .env("APP__DATABASE__URL", &url)
-        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("apply runs");
-    assert!(applied.status.success(), "apply: {}", String::from_utf8_lossy(&applied.stderr));
+    apply_file(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/workspace.json"), &url);
     let base = format!("http://127.0.0.1:{port}/v1");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("client");
     crate::log::wait_until_listening(&http, &base).await;

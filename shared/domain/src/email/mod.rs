@@ -26,15 +26,21 @@ pub async fn subscriptions(
     client: &impl deadpool_postgres::GenericClient,
     contact_id: &str,
 ) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
-    let statement = client
-        .prepare_cached("SELECT event_type, payload FROM events WHERE stream_id = $1 ORDER BY stream_version")
-        .await?;
-    let mut status = std::collections::BTreeMap::new();
-    for row in client.query(&statement, &[&subscriptions_stream(contact_id)]).await? {
-        if let platform::events::LogEvent::SubscriptionChanged(changed) =
-            platform::events::LogEvent::decode(row.get(0), row.get(1))?
-        {
-            status.insert(changed.topic_id, changed.status);
+    Ok(subscriptions_of(client, &[contact_id.to_owned()]).await?.remove(contact_id).unwrap_or_default())
+}
+
+/// [`subscriptions`] of many contacts, in one statement: contact -> topic -> status (a contact
+/// that never changed a subscription is absent).
+pub async fn subscriptions_of(
+    client: &impl deadpool_postgres::GenericClient,
+    contact_ids: &[String],
+) -> anyhow::Result<std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>> {
+    let streams: Vec<String> = contact_ids.iter().map(|contact_id| subscriptions_stream(contact_id)).collect();
+    let mut status: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>> =
+        std::collections::BTreeMap::new();
+    for stored in platform::log::read_streams(client, &streams).await? {
+        if let platform::events::LogEvent::SubscriptionChanged(changed) = stored.decode()? {
+            status.entry(changed.contact_id).or_default().insert(changed.topic_id, changed.status);
         }
     }
     Ok(status)

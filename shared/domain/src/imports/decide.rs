@@ -118,15 +118,6 @@ pub fn check(
     provenance: &Provenance,
     mut raw: Map<String, Value>,
 ) -> Result<Checked, (Key, Code, String)> {
-    // What the API refuses at its edge (a NUL, a lone surrogate) no row may store either.
-    let issues = raw.iter().flat_map(|(key, value)| {
-        platform::storable::json_issues(&Value::String(key.clone()))
-            .into_iter()
-            .chain(platform::storable::json_issues(value))
-    });
-    if let Some(issue) = issues.into_iter().next() {
-        return Err((None, Code::InvalidCharacter, issue.message));
-    }
     let topics = match raw.remove(TOPICS) {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
@@ -357,6 +348,28 @@ mod tests {
         ]
     }
 
+    /// What a wave read, owned: nothing held, suppressed or subscribed unless a test says so.
+    #[derive(Default)]
+    struct Known {
+        owners: Owners,
+        records: BTreeMap<String, (i64, Loaded)>,
+        suppressed: HashSet<String>,
+        topics: BTreeMap<String, String>,
+        subscriptions: BTreeMap<String, BTreeMap<String, String>>,
+    }
+
+    impl Known {
+        fn facts(&self) -> Facts<'_> {
+            Facts {
+                owners: &self.owners,
+                records: &self.records,
+                suppressed: &self.suppressed,
+                topics: &self.topics,
+                subscriptions: &self.subscriptions,
+            }
+        }
+    }
+
     /// Creates generate data keys under the process's master key.
     fn install_keyring() {
         let keyring = platform::crypto::Keyring::from_hex(&"ab".repeat(32));
@@ -414,15 +427,8 @@ mod tests {
         let checked =
             rows.into_iter().map(|value| check(&schema, &provenance, row(value)).expect("the row checks")).collect();
         install_keyring();
-        let (owners, records, suppressed) = (Owners::new(), BTreeMap::new(), HashSet::new());
-        let (topics, subscriptions) = (BTreeMap::new(), BTreeMap::new());
-        let facts = Facts {
-            owners: &owners,
-            records: &records,
-            suppressed: &suppressed,
-            topics: &topics,
-            subscriptions: &subscriptions,
-        };
+        let known = Known::default();
+        let facts = known.facts();
         let outcomes = decide_wave(&schema, &provenance, checked, &facts, 1_000);
         let kinds: Vec<&str> = outcomes
             .iter()
@@ -442,16 +448,8 @@ mod tests {
         let schema = schema(&attributes);
         let provenance = provenance(Some("listmonk export"));
         let checked = check(&schema, &provenance, row(json!({"email": "s@example.com", "newsletter": true})));
-        let (owners, records) = (Owners::new(), BTreeMap::new());
-        let suppressed = HashSet::from(["s@example.com".to_owned()]);
-        let (topics, subscriptions) = (BTreeMap::new(), BTreeMap::new());
-        let facts = Facts {
-            owners: &owners,
-            records: &records,
-            suppressed: &suppressed,
-            topics: &topics,
-            subscriptions: &subscriptions,
-        };
+        let known = Known { suppressed: HashSet::from(["s@example.com".to_owned()]), ..Known::default() };
+        let facts = known.facts();
         let Some(Outcome::Created { warnings, writes, .. }) =
             decide_wave(&schema, &provenance, vec![checked.expect("the row checks")], &facts, 1_000).pop()
         else {
@@ -477,16 +475,9 @@ mod tests {
         ];
         let checked =
             rows.into_iter().map(|value| check(&schema, &provenance, row(value)).expect("the row checks")).collect();
-        let (owners, records, suppressed) = (Owners::new(), BTreeMap::new(), HashSet::new());
         let topics = BTreeMap::from([("news".to_owned(), "top_1".to_owned()), ("News".to_owned(), "top_1".to_owned())]);
-        let subscriptions = BTreeMap::new();
-        let facts = Facts {
-            owners: &owners,
-            records: &records,
-            suppressed: &suppressed,
-            topics: &topics,
-            subscriptions: &subscriptions,
-        };
+        let known = Known { topics, ..Known::default() };
+        let facts = known.facts();
         let mut outcomes = decide_wave(&schema, &provenance, checked, &facts, 1_000).into_iter();
         let Some(Outcome::Created { writes, .. }) = outcomes.next() else { panic!("the first row is created") };
         // One subscription for the topic named twice, on the contact's subscriptions stream.

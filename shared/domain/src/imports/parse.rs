@@ -56,8 +56,7 @@ fn ndjson(text: &str) -> Vec<Row> {
         }
         let number = i32::try_from(index + 1).unwrap_or(i32::MAX);
         let input = match serde_json::from_str::<Value>(line) {
-            Ok(Value::Object(map)) => Ok(map),
-            Ok(_) => Err(RowError { code: Code::InvalidBody, message: "the line must be a JSON object".to_owned() }),
+            Ok(value) => storable_object(value),
             Err(error) => {
                 Err(RowError { code: Code::MalformedJson, message: format!("the line is not JSON: {error}") })
             }
@@ -65,6 +64,18 @@ fn ndjson(text: &str) -> Vec<Row> {
         rows.push(Row { number, input });
     }
     rows
+}
+
+/// A row's input: a JSON object that holds nothing the API refuses at its edge either (a NUL,
+/// a lone surrogate).
+fn storable_object(value: Value) -> Result<Map<String, Value>, RowError> {
+    if let Some(issue) = platform::storable::json_issues(&value).into_iter().next() {
+        return Err(RowError { code: Code::InvalidCharacter, message: issue.message });
+    }
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(RowError { code: Code::InvalidBody, message: "the line must be a JSON object".to_owned() }),
+    }
 }
 
 fn csv(
@@ -108,7 +119,7 @@ fn csv(
                     }
                     input.insert(key.clone(), typed_cell(key, cell, attributes));
                 }
-                Ok(input)
+                storable_object(Value::Object(input))
             }
         };
         rows.push(Row { number, input });
@@ -222,6 +233,14 @@ mod tests {
                 Ok(json!({"email": "b@example.com"}))
             ]
         );
+    }
+
+    #[test]
+    fn a_row_holding_a_nul_fails_alone() {
+        let body = "email,firstName\na@example.com,A\u{0}da\nb@example.com,Bob\n";
+        let rows = read_part(Format::Csv, body.as_bytes(), &BTreeMap::new(), &attributes()).expect("the part reads");
+        assert_eq!(inputs(&rows)[0], Err(Code::InvalidCharacter));
+        assert!(inputs(&rows)[1].is_ok());
     }
 
     #[test]

@@ -1,0 +1,213 @@
+//! The import tables as the intake writes them, for the API's handlers and the operator's
+//! `import` command alike: creating an import, storing a part, closing the import. A part is
+//! stored under a `FOR SHARE` lock of its import's row and a completion takes it `FOR UPDATE`,
+//! so no part lands after the import is closed.
+
+use deadpool_postgres::GenericClient;
+use domain::catalog::SchemaEntry;
+use domain::imports::Settings;
+use platform::error::{ApiError, Code};
+use sha2::{Digest, Sha256};
+
+/// Why the intake refuses a write to an import (409 `import_conflict`, or 404).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error("no import {0:?} in this space")]
+    NotFound(String),
+    #[error("import {0:?} exists with other settings; choose another import id")]
+    OtherSettings(String),
+    #[error("part {part} of import {import_id:?} was received with another body")]
+    OtherBody { import_id: String, part: i32 },
+    #[error("import {0:?} is complete; it takes no more parts")]
+    Closed(String),
+    #[error("part {part} of import {import_id:?} was sent twice at once; retry")]
+    SentTwice { import_id: String, part: i32 },
+    #[error("import {import_id:?} was completed with {total} parts")]
+    CompletedWith { import_id: String, total: i32 },
+    #[error(
+        "import {import_id:?} has {received} parts (up to part {highest}); send parts 1 to {parts} before completing"
+    )]
+    PartsMissing { import_id: String, received: i64, highest: i32, parts: i32 },
+}
+
+impl From<Refused> for ApiError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::NotFound(_) => ApiError::not_found(Code::ImportNotFound, refused.to_string()),
+            _ => ApiError::conflict(Code::ImportConflict, refused.to_string()),
+        }
+    }
+}
+
+/// A database failure, or a refusal.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Failed {
+    #[error(transparent)]
+    Database(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Refused(#[from] Refused),
+}
+
+impl From<Failed> for ApiError {
+    fn from(failed: Failed) -> Self {
+        match failed {
+            Failed::Database(error) => error.into(),
+            Failed::Refused(refused) => refused.into(),
+        }
+    }
+}
+
+/// Creates the import; `true` when it is new, `false` when it exists with these settings.
+pub(crate) async fn create(
+    client: &impl GenericClient,
+    (space_id, import_id): (&str, &str),
+    schema: &SchemaEntry,
+    settings: &Settings,
+    actor_key_id: Option<&str>,
+) -> Result<bool, Failed> {
+    let document = settings.document(&schema.schema_id);
+    let digest = Sha256::digest(document.to_string().as_bytes()).to_vec();
+    let inserted = client
+        .execute(
+            "INSERT INTO imports (space_id, import_id, schema_id, schema_type, format, settings, settings_digest,
+                                  actor_key_id, created_at_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+            &[
+                &space_id,
+                &import_id,
+                &schema.schema_id,
+                &schema.schema_type,
+                &settings.format.as_str(),
+                &document,
+                &digest,
+                &actor_key_id,
+                &platform::time::now_millis(),
+            ],
+        )
+        .await?;
+    if inserted == 1 {
+        return Ok(true);
+    }
+    let stored: Option<Vec<u8>> = client
+        .query_opt(
+            "SELECT settings_digest FROM imports WHERE space_id = $1 AND import_id = $2",
+            &[&space_id, &import_id],
+        )
+        .await?
+        .map(|row| row.get(0));
+    match stored {
+        Some(stored) if stored == digest => Ok(false),
+        Some(_) => Err(Refused::OtherSettings(import_id.to_owned()).into()),
+        None => Err(Refused::NotFound(import_id.to_owned()).into()),
+    }
+}
+
+/// The import's schema and settings.
+pub(crate) async fn load(
+    client: &impl GenericClient,
+    space_id: &str,
+    import_id: &str,
+) -> Result<(String, Settings), ApiError> {
+    let row = client
+        .query_opt(
+            "SELECT schema_id, settings FROM imports WHERE space_id = $1 AND import_id = $2",
+            &[&space_id, &import_id],
+        )
+        .await?
+        .ok_or_else(|| Refused::NotFound(import_id.to_owned()))?;
+    let settings = Settings::from_document(&row.get::<_, serde_json::Value>(1))
+        .ok_or_else(|| ApiError::internal(&anyhow::anyhow!("import {import_id} has unreadable settings")))?;
+    Ok((row.get(0), settings))
+}
+
+/// Stores part `part` holding `rows` rows; `Some(rows)` of the part stored before with the
+/// same body, `None` when stored now.
+pub(crate) async fn store_part(
+    client: &mut deadpool_postgres::Client,
+    (space_id, import_id): (&str, &str),
+    part: i32,
+    body: &[u8],
+    rows: i32,
+) -> Result<Option<i32>, Failed> {
+    let digest = Sha256::digest(body).to_vec();
+    let transaction = client.transaction().await?;
+    // Held until the part is in: a completion waits for it, so no part lands after one.
+    let closed: bool = transaction
+        .query_opt(
+            "SELECT parts_total IS NOT NULL FROM imports WHERE space_id = $1 AND import_id = $2 FOR SHARE",
+            &[&space_id, &import_id],
+        )
+        .await?
+        .ok_or_else(|| Refused::NotFound(import_id.to_owned()))?
+        .get(0);
+    let existing = transaction
+        .query_opt(
+            "SELECT digest, rows FROM import_parts WHERE space_id = $1 AND import_id = $2 AND part = $3",
+            &[&space_id, &import_id, &part],
+        )
+        .await?;
+    let import_id = import_id.to_owned();
+    match existing {
+        Some(row) if row.get::<_, Vec<u8>>(0) == digest => return Ok(Some(row.get(1))),
+        Some(_) => return Err(Refused::OtherBody { import_id, part }.into()),
+        None if closed => return Err(Refused::Closed(import_id).into()),
+        None => {}
+    }
+    // A concurrent upload of the same part loses here: it is told to retry, and its retry is
+    // answered as a repeat when its body is the same.
+    let inserted = transaction
+        .execute(
+            "INSERT INTO import_parts (space_id, import_id, part, body, digest, rows, received_at_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+            &[&space_id, &import_id, &part, &body, &digest, &rows, &platform::time::now_millis()],
+        )
+        .await?;
+    if inserted == 0 {
+        return Err(Refused::SentTwice { import_id, part }.into());
+    }
+    transaction.commit().await?;
+    Ok(None)
+}
+
+/// Closes the import with `parts` parts, which must all have arrived; a repeat with the same
+/// count changes nothing.
+pub(crate) async fn close(
+    client: &mut deadpool_postgres::Client,
+    (space_id, import_id): (&str, &str),
+    parts: i32,
+) -> Result<(), Failed> {
+    let transaction = client.transaction().await?;
+    // Waits for parts being stored, and keeps new ones out until the import is closed.
+    let total: Option<i32> = transaction
+        .query_opt(
+            "SELECT parts_total FROM imports WHERE space_id = $1 AND import_id = $2 FOR UPDATE",
+            &[&space_id, &import_id],
+        )
+        .await?
+        .ok_or_else(|| Refused::NotFound(import_id.to_owned()))?
+        .get(0);
+    let row = transaction
+        .query_one(
+            "SELECT count(*), COALESCE(max(part), 0) FROM import_parts WHERE space_id = $1 AND import_id = $2",
+            &[&space_id, &import_id],
+        )
+        .await?;
+    let (received, highest): (i64, i32) = (row.get(0), row.get(1));
+    let import_id = import_id.to_owned();
+    match total {
+        Some(total) if total == parts => return Ok(()),
+        Some(total) => return Err(Refused::CompletedWith { import_id, total }.into()),
+        None if received != i64::from(parts) || highest != parts => {
+            return Err(Refused::PartsMissing { import_id, received, highest, parts }.into());
+        }
+        None => {}
+    }
+    transaction
+        .execute(
+            "UPDATE imports SET parts_total = $3, closed_at_ms = $4 WHERE space_id = $1 AND import_id = $2",
+            &[&space_id, &import_id, &parts, &platform::time::now_millis()],
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok(())
+}
