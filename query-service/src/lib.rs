@@ -84,7 +84,8 @@ impl Application {
                 (primary, None, read_models)
             }
             Some(read_url) => {
-                let standby = platform::db::generic_plan_pool(read_url, settings.database.pool_size)?;
+                let standby =
+                    platform::db::standby_pool(read_url, settings.database_url()?, settings.database.pool_size)?;
                 (standby.clone(), Some(primary), ReadModels::start_on_standby(standby))
             }
         };

@@ -25,20 +25,136 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
 /// fire's receipt lookup (0.11 ms of planning against 0.011 ms of execution) and its
 /// admission statement (0.15 ms against 0.07 ms).
 pub fn generic_plan_pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
-    pool_with_options(database_url, max_size, " -c plan_cache_mode=force_generic_plan")
+    pool_with_options(database_url, max_size, GENERIC_PLANS)
+}
+
+const GENERIC_PLANS: &str = " -c plan_cache_mode=force_generic_plan";
+
+/// How long a connection may keep data unacknowledged by the server before the kernel drops
+/// it, and when idle connections are probed: a server that vanished from the network (a
+/// partitioned primary) sends no reset, so without these a connection would wait for it for
+/// hours.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+const KEEPALIVES_IDLE: Duration = Duration::from_secs(5);
+const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVES_RETRIES: u32 = 3;
+/// How long one host may take to accept a connection before the next host of the URL is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The settings of `database_url` (libpq's key=value or URL form: several hosts with
+/// `target_session_attrs=read-write` find the primary of a failover cluster), with the
+/// timeouts it leaves unset chosen so that a lost server is noticed within seconds. (Unlike
+/// libpq, tokio-postgres reads `tcp_user_timeout` in seconds.)
+pub fn connection_config(database_url: &str) -> anyhow::Result<tokio_postgres::Config> {
+    let mut config = tokio_postgres::Config::from_str(database_url).context("parsing the database URL")?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    if config.get_keepalives() {
+        // tokio-postgres's own default idle time is two hours.
+        if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+            config.keepalives_idle(KEEPALIVES_IDLE);
+        }
+        if config.get_keepalives_interval().is_none() {
+            config.keepalives_interval(KEEPALIVES_INTERVAL);
+        }
+        if config.get_keepalives_retries().is_none() {
+            config.keepalives_retries(KEEPALIVES_RETRIES);
+        }
+    }
+    Ok(config)
+}
+
+/// One connection of `database_url` (see [`connection_config`]), outside any pool.
+pub async fn connect(
+    database_url: &str,
+) -> anyhow::Result<(
+    tokio_postgres::Client,
+    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+)> {
+    Ok(connection_config(database_url)?.connect(NoTls).await?)
 }
 
 fn pool_with_options(database_url: &str, max_size: usize, options: &str) -> anyhow::Result<Pool> {
-    let mut config = tokio_postgres::Config::from_str(database_url).context("parsing the database URL")?;
+    let mut config = connection_config(database_url)?;
     // A stuck transaction would hold the log head lock; never let one idle for long.
     config.options(format!("-c idle_in_transaction_session_timeout=30000{options}"));
     let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-    Pool::builder(manager)
+    build(Pool::builder(manager), max_size)
+}
+
+fn build(builder: deadpool_postgres::PoolBuilder, max_size: usize) -> anyhow::Result<Pool> {
+    builder
         .max_size(max_size)
         .wait_timeout(Some(Duration::from_secs(10)))
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
         .context("building the database pool")
+}
+
+/// How long a connection of the standby pool lives: one opened on the primary while no standby
+/// answered goes back to a standby within this time.
+const STANDBY_CONNECTION_AGE: Duration = Duration::from_secs(60);
+
+/// The query service's pool of read connections: each new connection goes to a standby of
+/// `read_url` (list every node with `target_session_attrs=read-only` and the connection lands
+/// on whichever is a standby now, after a failover too), and to the primary of `primary_url`
+/// while no standby answers. Reads on the primary are as current as on any standby, so the
+/// consistency checks hold either way. Connections live at most a minute, so reads leave the
+/// primary soon after a standby returns.
+pub fn standby_pool(read_url: &str, primary_url: &str, max_size: usize) -> anyhow::Result<Pool> {
+    let options = format!("-c idle_in_transaction_session_timeout=30000{GENERIC_PLANS}");
+    let mut standby = connection_config(read_url)?;
+    standby.options(&options);
+    let mut primary = connection_config(primary_url)?;
+    primary.options(&options);
+    let manager = Manager::from_connect(
+        standby,
+        PreferStandby { primary },
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+    );
+    let too_old = deadpool_postgres::Hook::sync_fn(|_, metrics| {
+        if metrics.age() > STANDBY_CONNECTION_AGE {
+            Err(deadpool_postgres::HookError::Message("renewed, to prefer a standby".into()))
+        } else {
+            Ok(())
+        }
+    });
+    build(Pool::builder(manager).pre_recycle(too_old), max_size)
+}
+
+struct PreferStandby {
+    primary: tokio_postgres::Config,
+}
+
+impl deadpool_postgres::Connect for PreferStandby {
+    fn connect(
+        &self,
+        standby: &tokio_postgres::Config,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+    > {
+        let standby = standby.clone();
+        Box::pin(async move {
+            let (client, connection) = match standby.connect(NoTls).await {
+                Ok(connected) => connected,
+                Err(error) => {
+                    tracing::debug!(%error, "no standby answered; reading from the primary");
+                    self.primary.connect(NoTls).await?
+                }
+            };
+            let driver = tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "a read connection ended");
+                }
+            });
+            Ok((client, driver))
+        })
+    }
 }
 
 /// Applies the migrations (`shared/platform/migrations/V<n>__<name>.sql`, with refinery) that are not
@@ -136,7 +252,7 @@ pub fn listen(database_url: String, channel: &'static str) -> mpsc::UnboundedRec
 }
 
 async fn listen_once(database_url: &str, channel: &str, sender: &mpsc::UnboundedSender<String>) -> anyhow::Result<()> {
-    let (client, mut connection) = tokio_postgres::connect(database_url, NoTls).await?;
+    let (client, mut connection) = connect(database_url).await?;
     let (message_sender, mut messages) = mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         let mut stream = futures_util::stream::poll_fn(move |context| connection.poll_message(context));
@@ -199,8 +315,40 @@ pub fn classify(error: &tokio_postgres::Error) -> Failure {
         "08" | "40" | "53" | "57" | "58" => Failure::Transient,
         // lock not available; idle-in-transaction session timeout
         "55" if code == "55P03" => Failure::Transient,
-        "25" if code == "25P03" => Failure::Transient,
+        // 25P03: idle-in-transaction session timeout; 25006: the server is read-only, a primary
+        // that has just become a standby in a failover (the connection is dropped with it).
+        "25" if code == "25P03" || code == "25006" => Failure::Transient,
         "22" | "54" => Failure::Refused,
         _ => Failure::Defect,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::connection_config;
+
+    #[test]
+    fn a_lost_server_is_noticed_within_seconds_unless_the_url_says_otherwise() {
+        let config =
+            connection_config("host=a,b port=5432,5433 user=postgres target_session_attrs=read-write").expect("parsed");
+        assert_eq!(config.get_hosts().len(), 2, "every node of the URL is kept");
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(5)));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(10)));
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(5));
+        assert_eq!(config.get_keepalives_interval(), Some(Duration::from_secs(2)));
+        assert_eq!(config.get_keepalives_retries(), Some(3));
+
+        let chosen = connection_config(
+            "host=a user=postgres connect_timeout=1 tcp_user_timeout=30 keepalives_idle=60 \
+             keepalives_interval=7 keepalives_retries=9",
+        )
+        .expect("parsed");
+        assert_eq!(chosen.get_connect_timeout(), Some(&Duration::from_secs(1)));
+        assert_eq!(chosen.get_tcp_user_timeout(), Some(&Duration::from_secs(30)));
+        assert_eq!(chosen.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(chosen.get_keepalives_interval(), Some(Duration::from_secs(7)));
+        assert_eq!(chosen.get_keepalives_retries(), Some(9));
     }
 }

@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-use tokio_postgres::NoTls;
 use uuid::Uuid;
 
 /// How often a live process refreshes its row.
@@ -68,7 +67,7 @@ impl Drop for Beat {
 }
 
 async fn beat_on_one_connection(database_url: &str, id: Uuid, role: &str) -> anyhow::Result<()> {
-    let (client, connection) = tokio_postgres::connect(database_url, NoTls).await?;
+    let (client, connection) = crate::db::connect(database_url).await?;
     let driver = tokio::spawn(connection);
     let statement = client
         .prepare(

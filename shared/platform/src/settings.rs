@@ -43,7 +43,9 @@ pub struct Settings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct DatabaseSettings {
-    /// `APP__DATABASE__URL`: a libpq-style URL or key=value string. Required.
+    /// `APP__DATABASE__URL`: a libpq-style URL or key=value string. Required. For a failover
+    /// cluster, list every node (`host=a,b port=5432,5432`) with
+    /// `target_session_attrs=read-write`: each new connection finds the primary of the moment.
     #[serde(skip_serializing)]
     pub url: Option<SecretString>,
     /// `APP__DATABASE__POOL_SIZE`: connections per process. Default: twice this machine's
@@ -53,6 +55,9 @@ pub struct DatabaseSettings {
     /// for the query service to read from. Unset: it reads from `APP__DATABASE__URL`. Set:
     /// reads go to the standby, while what a read must write (rate-limit reservations) and what
     /// it must know as of now (the caller's last write, the head of the log) go to the primary.
+    /// With a failover cluster, list every node with `target_session_attrs=read-only`: reads go
+    /// to whichever node is a standby, and to the primary while none answers
+    /// ([`crate::db::standby_pool`]).
     #[serde(skip_serializing)]
     pub read_url: Option<SecretString>,
 }

@@ -20,6 +20,7 @@ mod errors;
 mod events;
 mod fake_ai;
 mod fault_proxy;
+mod ha;
 mod hardening;
 mod helpers;
 mod idempotency;

@@ -62,6 +62,11 @@ impl Receiver {
         assert!(status.is_success(), "registering endpoint {name} on the receiver: {status} {body}");
     }
 
+    /// The port the receiver listens on.
+    pub(crate) fn port(&self) -> u16 {
+        self.base.rsplit(':').next().and_then(|port| port.parse().ok()).expect("the receiver's port")
+    }
+
     /// The URL that deliveries to endpoint `name` are POSTed to.
     pub(crate) fn url(&self, name: &str) -> String {
         format!("{}/hooks/{name}", self.base)

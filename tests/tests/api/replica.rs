@@ -86,3 +86,34 @@ async fn reads_on_the_standby_see_the_callers_writes_and_wait_for_replay() {
     let position: i64 = fresh.header("projection-position").expect("position").parse().expect("integer");
     assert!(position >= token.parse::<i64>().expect("integer"));
 }
+
+/// The query service's read pool goes to a standby of its URL, and to the primary while no
+/// standby answers (after a failover, until a new standby joins): reads never stop for want
+/// of a standby. Its URL lists every node with `target_session_attrs=read-only`.
+#[tokio::test]
+async fn the_read_pool_prefers_a_standby_and_falls_back_to_the_primary() {
+    let options = Options { query_on_replica: true, ..Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    let replica = app.replica_url.clone().expect("a standby");
+    let in_recovery = |pool: deadpool_postgres::Pool| async move {
+        let client = pool.get().await.expect("a read connection");
+        client.query_one("SELECT pg_is_in_recovery()", &[]).await.expect("asked").get::<_, bool>(0)
+    };
+    let setting = |url: &str, key: &str| {
+        url.split_whitespace().find_map(|part| part.strip_prefix(key)).map(str::to_owned).expect("a setting")
+    };
+    let (primary_port, standby_port) = (setting(&app.database_url, "port="), setting(&replica, "port="));
+    let dbname = setting(&app.database_url, "dbname=");
+    // The primary first in the list: a read-only session passes it over for the standby.
+    let both = format!(
+        "host=127.0.0.1,127.0.0.1 port={primary_port},{standby_port} user=postgres dbname={dbname} \
+         target_session_attrs=read-only"
+    );
+    let pool = platform::db::standby_pool(&both, &app.database_url, 2).expect("a pool");
+    assert!(in_recovery(pool).await, "a standby answered, so reads go there");
+
+    let nowhere =
+        format!("host=127.0.0.1 port={} user=postgres dbname={dbname} target_session_attrs=read-only", free_port());
+    let pool = platform::db::standby_pool(&nowhere, &app.database_url, 2).expect("a pool");
+    assert!(!in_recovery(pool).await, "no standby answered, so reads go to the primary");
+}

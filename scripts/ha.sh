@@ -1,0 +1,308 @@
+# Shell functions for the HA deployment of PostgreSQL on one machine (sourced by
+# scripts/start-ha and the fault harness): pg_auto_failover's monitor (the third voter) and
+# data nodes, each data node in a network namespace of its own on a private bridge, so that a
+# node can be cut off from everyone (its link taken down: packets to and from it vanish, as on
+# a real network) or killed for good (every process of its namespace killed with SIGKILL).
+#
+# Settings (environment):
+#   HA_DIR     the folder of the monitor's and the nodes' data (required)
+#   HA_INDEX   0..250: picks the subnet 10.231.HA_INDEX.0/24 and the interface names, so that
+#              two deployments on one machine do not meet (default 0)
+#
+# Addresses: the monitor listens on 10.231.I.1:5430 (the bridge's address in the machine's own
+# namespace); data node N on 10.231.I.(10+N):(5430+N), in the namespace pha<I>n<N>. The ports
+# differ because the servers' sockets share a folder, HA_DIR/sockets (a new node copies its
+# settings from the primary), and each server has a second socket in its data folder, where
+# pg_autoctl looks while it creates a node.
+# Needs root (namespaces, links); PostgreSQL and pg_autoctl run as the postgres user.
+
+HA_INDEX="${HA_INDEX:-0}"
+ha_prefix() { echo "pha${HA_INDEX}"; }
+ha_bridge() { echo "$(ha_prefix)br"; }
+ha_netns() { echo "$(ha_prefix)n$1"; }
+ha_subnet() { echo "10.231.${HA_INDEX}"; }
+ha_monitor_host() { echo "$(ha_subnet).1"; }
+ha_node_host() { echo "$(ha_subnet).$((10 + $1))"; }
+# ha_port [N]: the monitor's port (no N) or node N's.
+ha_port() { echo "$((5430 + ${1:-0}))"; }
+ha_monitor_uri() { echo "postgres://autoctl_node@$(ha_monitor_host):$(ha_port)/pg_auto_failover?sslmode=disable"; }
+
+# How quickly the monitor and the keepers act. A primary cut off from the monitor and from its
+# standby demotes itself after HA_PARTITION_TIMEOUT seconds; the monitor starts a failover once
+# a node missed its health checks for HA_UNHEALTHY_MS, and promotes the standby of an
+# unreachable primary only HA_DEMOTE_MS later, so the old primary is down first.
+HA_HEALTH_PERIOD_MS="${HA_HEALTH_PERIOD_MS:-1000}"
+HA_HEALTH_TIMEOUT_MS="${HA_HEALTH_TIMEOUT_MS:-1000}"
+HA_UNHEALTHY_MS="${HA_UNHEALTHY_MS:-4000}"
+HA_DEMOTE_MS="${HA_DEMOTE_MS:-6000}"
+HA_PARTITION_TIMEOUT="${HA_PARTITION_TIMEOUT:-3}"
+
+# The server settings every data node runs with (pg_auto_failover adds its own): a walsender
+# and a walreceiver notice a silent peer within 5 s (the default, 60 s, would keep a cut-off
+# primary believing its standby is there).
+#
+# A new node starts from a base backup, which begins at a checkpoint that pg_autoctl does not
+# ask to be fast: it waits for a spread one, up to checkpoint_completion_target x
+# checkpoint_timeout (4.5 min with PostgreSQL's defaults). HA_CHECKPOINT_TIMEOUT (1min by
+# default) bounds how long a replacement server waits for its copy, at the cost of more
+# frequent checkpoints.
+HA_CHECKPOINT_TIMEOUT="${HA_CHECKPOINT_TIMEOUT:-1min}"
+HA_NODE_SETTINGS="
+wal_sender_timeout = '5s'
+wal_receiver_timeout = '5s'
+max_connections = 400
+wal_writer_delay = '10ms'
+checkpoint_timeout = '$HA_CHECKPOINT_TIMEOUT'
+checkpoint_completion_target = 0.5
+"
+
+# Runs a command as postgres inside node N's namespace (N empty: the machine's own), with
+# pg_autoctl's files (configuration, state, base backups) kept under HA_DIR.
+ha_as_pg() {
+    local node="$1"
+    shift
+    local env=(env XDG_CONFIG_HOME="$HA_DIR/pg_autoctl/config" XDG_DATA_HOME="$HA_DIR/pg_autoctl/data")
+    if [ -n "$node" ]; then
+        (cd / && ip netns exec "$(ha_netns "$node")" runuser -u postgres -- "${env[@]}" "$@")
+    else
+        (cd / && runuser -u postgres -- "${env[@]}" "$@")
+    fi
+}
+
+# HA_DIR, owned by postgres (pg_autoctl keeps a new node's base backup beside its data).
+ha_dir() {
+    pg_data_dir "$HA_DIR"
+    chmod 755 "$HA_DIR"
+    mkdir -p "$HA_DIR/sockets"
+    chown postgres:postgres "$HA_DIR/sockets"
+}
+
+ha_network_up() {
+    local bridge
+    bridge="$(ha_bridge)"
+    if ! ip link show "$bridge" >/dev/null 2>&1; then
+        ip link add "$bridge" type bridge
+        ip addr add "$(ha_monitor_host)/24" dev "$bridge"
+        ip link set "$bridge" up
+    fi
+}
+
+# ha_node_network N: node N's namespace and its link to the bridge (eth0 inside).
+ha_node_network() {
+    local node="$1" netns host_link
+    netns="$(ha_netns "$node")"
+    host_link="$(ha_prefix)h$node"
+    if ! ip netns list | grep -qw "$netns"; then
+        ip netns add "$netns"
+    fi
+    if ! ip link show "$host_link" >/dev/null 2>&1; then
+        ip link add "$host_link" type veth peer name "$(ha_prefix)v$node"
+        ip link set "$(ha_prefix)v$node" netns "$netns"
+        ip netns exec "$netns" ip link set "$(ha_prefix)v$node" name eth0
+        ip link set "$host_link" master "$(ha_bridge)"
+        ip link set "$host_link" up
+        ip netns exec "$netns" ip addr add "$(ha_node_host "$node")/24" dev eth0
+        ip netns exec "$netns" ip link set lo up
+    fi
+    ip netns exec "$netns" ip link set eth0 up
+}
+
+ha_monitor_start() {
+    local dir="$HA_DIR/monitor"
+    ensure_postgres
+    ha_dir
+    ha_network_up
+    pg_data_dir "$dir"
+    if [ ! -f "$dir/PG_VERSION" ]; then
+        ha_as_pg "" "$PG_BIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+        printf 'host all all %s.0/24 trust\nhost all all 127.0.0.1/32 trust\n' "$(ha_subnet)" >>"$dir/pg_hba.conf"
+        {
+            echo "unix_socket_directories = '$HA_DIR/sockets, .'"
+            echo "pgautofailover.health_check_period = $HA_HEALTH_PERIOD_MS"
+            echo "pgautofailover.health_check_timeout = $HA_HEALTH_TIMEOUT_MS"
+            echo "pgautofailover.health_check_max_retries = 1"
+            echo "pgautofailover.health_check_retry_delay = 500"
+            echo "pgautofailover.node_considered_unhealthy_timeout = $HA_UNHEALTHY_MS"
+            echo "pgautofailover.primary_demote_timeout = $HA_DEMOTE_MS"
+        } >>"$dir/postgresql.conf"
+        if ! ha_as_pg "" env PGHOST="$dir" pg_autoctl create monitor --pgdata "$dir" \
+            --pgport "$(ha_port)" --pgctl "$PG_BIN/pg_ctl" --hostname "$(ha_monitor_host)" --no-ssl \
+            --skip-pg-hba >"$HA_DIR/monitor.create.log" 2>&1; then
+            echo "the monitor was not created; its log ends with:" >&2
+            tail -n 20 "$HA_DIR/monitor.create.log" >&2
+            return 1
+        fi
+    fi
+    if ! ha_monitor_sql "SELECT 1" >/dev/null; then
+        ha_as_pg "" env PGHOST="$dir" nohup pg_autoctl run --pgdata "$dir" >>"$HA_DIR/monitor.log" 2>&1 &
+    fi
+    ha_wait_sql "$(ha_monitor_host)" "$(ha_port)" "SELECT 1" pg_auto_failover
+}
+
+# ha_wait_sql HOST PORT SQL [DBNAME]: waits (60 s at most) until SQL answers on HOST:PORT.
+ha_wait_sql() {
+    local host="$1" port="$2" sql="$3" dbname="${4:-postgres}"
+    for _ in $(seq 1 300); do
+        if "$PG_BIN/psql" -h "$host" -p "$port" -U postgres -d "$dbname" -Atqc "$sql" >/dev/null 2>&1; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    echo "$host:$port did not answer within 60 s" >&2
+    return 1
+}
+
+# ha_node_start N: creates data node N (the first one initialises the database; later ones
+# copy the primary with pg_basebackup) or starts it again on its data; returns at once.
+ha_node_start() {
+    local node="$1" dir="$HA_DIR/node$1" host
+    host="$(ha_node_host "$node")"
+    ha_dir
+    ha_node_network "$node"
+    if ha_node_running "$node"; then
+        return 0
+    fi
+    pg_data_dir "$dir"
+    local command=()
+    if [ ! -f "$dir/pg_autoctl.created" ]; then
+        if [ ! -f "$dir/PG_VERSION" ] && ! ha_has_primary; then
+            # The first node: our own initdb, so that the rules for connections and the settings
+            # are in place before anyone connects (a later node copies them with the primary).
+            ha_as_pg "$node" "$PG_BIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+            printf 'host all all %s.0/24 trust\nhost replication all %s.0/24 trust\n' \
+                "$(ha_subnet)" "$(ha_subnet)" >>"$dir/pg_hba.conf"
+            printf '%s' "$HA_NODE_SETTINGS" >>"$dir/postgresql.conf"
+            echo "unix_socket_directories = '$HA_DIR/sockets, .'" >>"$dir/postgresql.conf"
+        fi
+        command=(create postgres --pgdata "$dir" --pgport "$(ha_port "$node")" --pgctl "$PG_BIN/pg_ctl"
+            --listen "$host" --hostname "$host" --name "node$node" --monitor "$(ha_monitor_uri)" --no-ssl
+            --skip-pg-hba --run)
+        touch "$dir/pg_autoctl.created"
+    else
+        command=(run --pgdata "$dir")
+    fi
+    ha_as_pg "$node" env PGHOST="$dir" nohup pg_autoctl "${command[@]}" >>"$HA_DIR/node$node.log" 2>&1 &
+}
+
+ha_monitor_sql() {
+    "$PG_BIN/psql" -h "$(ha_monitor_host)" -p "$(ha_port)" -U postgres -d pg_auto_failover -Atqc "$1" 2>/dev/null
+}
+
+# Whether the monitor knows a primary.
+ha_has_primary() {
+    [ -n "$(ha_monitor_sql "SELECT nodename FROM pgautofailover.node
+        WHERE reportedstate IN ('single', 'primary', 'wait_primary') LIMIT 1")" ]
+}
+
+# The nodes as the monitor sees them: name, reported state, goal state.
+ha_state() {
+    ha_monitor_sql "SELECT nodename || ' ' || reportedstate || ' ' || goalstate FROM pgautofailover.node ORDER BY nodeid"
+}
+
+# ha_wait_healthy [N]: waits until N nodes (default 2) are one primary and its secondaries.
+ha_wait_healthy() {
+    local want="${1:-2}" state
+    for _ in $(seq 1 600); do
+        state="$(ha_monitor_sql "SELECT count(*) FILTER (WHERE reportedstate = 'primary' AND goalstate = 'primary')
+            || ' ' || count(*) FILTER (WHERE reportedstate = 'secondary' AND goalstate = 'secondary')
+            FROM pgautofailover.node")"
+        if [ "$state" = "1 $((want - 1))" ]; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    echo "the formation did not become healthy within 120 s:" >&2
+    ha_state >&2
+    return 1
+}
+
+# ha_database_url N...: the connection string of the formation's nodes N...: the services
+# try each in turn and keep the one that takes writes.
+ha_database_url() {
+    local hosts="" ports="" node
+    for node in "$@"; do
+        hosts="${hosts:+$hosts,}$(ha_node_host "$node")"
+        ports="${ports:+$ports,}$(ha_port "$node")"
+    done
+    echo "host=$hosts port=$ports user=postgres dbname=platform target_session_attrs=read-write connect_timeout=3"
+}
+
+# ha_node_kill N: the machine of node N dies: every process in its namespace, SIGKILL.
+ha_node_kill() {
+    local pids
+    pids="$(ip netns pids "$(ha_netns "$1")" 2>/dev/null || true)"
+    if [ -n "$pids" ]; then
+        # shellcheck disable=SC2086
+        kill -9 $pids 2>/dev/null || true
+    fi
+}
+
+# ha_node_cut N / ha_node_heal N: node N's link down (nothing in or out) and up again.
+ha_node_cut() { ip netns exec "$(ha_netns "$1")" ip link set eth0 down; }
+ha_node_heal() { ip netns exec "$(ha_netns "$1")" ip link set eth0 up; }
+
+# ha_node_drop N: removes node N from the monitor (a server lost for good) and its data.
+ha_node_drop() {
+    ha_as_pg "" pg_autoctl drop node --monitor "$(ha_monitor_uri)" --formation default --name "node$1" --force \
+        >>"$HA_DIR/drop.log" 2>&1 || true
+    local dir="$HA_DIR/node$1"
+    rm -rf "$dir" "$HA_DIR/pg_autoctl/config/pg_autoctl$dir" "$HA_DIR/pg_autoctl/data/pg_autoctl$dir"
+}
+
+# A planned switchover: the monitor makes the secondary primary and the primary its standby;
+# returns once the formation is healthy again. (pg_autoctl's own --wait fails on 2.0: it asks
+# the monitor for a group named '', so we wait on the monitor's state ourselves.)
+ha_switchover() {
+    ha_as_pg "" pg_autoctl perform switchover --monitor "$(ha_monitor_uri)" --formation default --group 0 --wait 0
+    ha_wait_healthy "$(ha_monitor_sql "SELECT count(*) FROM pgautofailover.node")"
+}
+
+# ha_down: kills every node and the monitor and removes the namespaces and the bridge.
+ha_down() {
+    local netns pids
+    for netns in $(ip netns list | awk '{print $1}' | grep "^$(ha_prefix)n" || true); do
+        pids="$(ip netns pids "$netns" 2>/dev/null || true)"
+        if [ -n "$pids" ]; then
+            # shellcheck disable=SC2086
+            kill -9 $pids 2>/dev/null || true
+        fi
+        ip netns del "$netns" 2>/dev/null || true
+    done
+    pkill -9 -f "pg_autoctl run --pgdata $HA_DIR/monitor" 2>/dev/null || true
+    if [ -f "$HA_DIR/monitor/postmaster.pid" ]; then
+        kill -9 "$(head -1 "$HA_DIR/monitor/postmaster.pid")" 2>/dev/null || true
+    fi
+    ip link del "$(ha_bridge)" 2>/dev/null || true
+}
+
+# ha_stop: stops the nodes, then the monitor, cleanly (scripts/stop-ha); their data stays and
+# scripts/start-ha starts them again.
+ha_stop() {
+    local dir
+    for dir in "$HA_DIR"/node*; do
+        [ -f "$dir/pg_autoctl.created" ] || continue
+        local node="${dir##*/node}"
+        ha_as_pg "$node" pg_autoctl stop --pgdata "$dir" >/dev/null 2>&1 || true
+    done
+    [ -d "$HA_DIR/monitor" ] && ha_as_pg "" pg_autoctl stop --pgdata "$HA_DIR/monitor" >/dev/null 2>&1 || true
+}
+
+# ha_node_running N: whether node N's pg_autoctl runs.
+ha_node_running() {
+    ip netns pids "$(ha_netns "$1")" 2>/dev/null | grep -q .
+}
+
+# ensure_auto_failover: Debian's pg_auto_failover (pg_autoctl and the monitor's extension) for
+# the installed PostgreSQL, installed when missing.
+ensure_auto_failover() {
+    ensure_postgres
+    local major
+    major="$(basename "$(dirname "$PG_BIN")")"
+    if ! command -v pg_autoctl >/dev/null 2>&1 \
+        || [ ! -f "/usr/share/postgresql/$major/extension/pgautofailover.control" ]; then
+        echo "pg_auto_failover is missing; installing Debian's pg-auto-failover-cli and postgresql-$major-auto-failover" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq pg-auto-failover-cli "postgresql-$major-auto-failover" >/dev/null
+    fi
+}

@@ -1,0 +1,145 @@
+//! The HA deployment of PostgreSQL for the tests: pg_auto_failover's monitor and data nodes,
+//! each node in a network namespace of its own (scripts/ha.sh, the same functions
+//! scripts/start-ha uses), so that a test can kill a node's machine for good, cut it off from
+//! the network, or ask the monitor for a switchover.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use crate::helpers::{run_binary, scratch_dir};
+
+const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts");
+
+/// A monitor and data nodes 1..=nodes, torn down (every process killed, namespaces and data
+/// removed) when dropped.
+pub(crate) struct HaCluster {
+    dir: PathBuf,
+    index: u8,
+    nodes: Vec<u32>,
+}
+
+impl HaCluster {
+    /// Starts the monitor and `nodes` data nodes and waits until they are one primary and its
+    /// standbys. The subnet is chosen at random, so that it does not meet a deployment of
+    /// scripts/start-ha (index 0) on the same machine.
+    pub(crate) fn start(nodes: u32) -> HaCluster {
+        let index = 1 + (rand::random::<u8>() % 240);
+        let cluster = HaCluster { dir: scratch_dir("ha"), index, nodes: (1..=nodes).collect() };
+        cluster.run("ha_down; ha_monitor_start");
+        for node in 1..=nodes {
+            cluster.run(&format!("ha_node_start {node}"));
+            if node == 1 {
+                cluster.run("for _ in $(seq 1 300); do ha_has_primary && exit 0; sleep 0.2; done; ha_state; exit 1");
+            }
+        }
+        cluster.wait_healthy();
+        cluster
+    }
+
+    /// Runs `script` in bash with scripts/pg.sh and scripts/ha.sh sourced; panics (with the
+    /// output and the formation's state) when it fails.
+    fn run(&self, script: &str) -> Output {
+        let output = self.bash(script);
+        if !output.status.success() {
+            let state = self.bash("ha_state; tail -n 30 \"$HA_DIR\"/*.log");
+            panic!(
+                "{script}: {}\n{}\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr),
+                String::from_utf8_lossy(&state.stdout)
+            );
+        }
+        output
+    }
+
+    fn bash(&self, script: &str) -> Output {
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("set -eu; source {SCRIPTS}/pg.sh; source {SCRIPTS}/ha.sh; ensure_postgres; {script}"))
+            .env("HA_DIR", &self.dir)
+            .env("HA_INDEX", self.index.to_string())
+            // A replacement server's base backup waits for a checkpoint: at most 15 s here.
+            .env("HA_CHECKPOINT_TIMEOUT", "30s")
+            .output()
+            .expect("bash runs")
+    }
+
+    /// The connection string of database `dbname` on whichever node takes writes.
+    pub(crate) fn url(&self, dbname: &str) -> String {
+        let nodes: Vec<String> = self.nodes.iter().map(u32::to_string).collect();
+        let output = self.run(&format!("ha_database_url {}", nodes.join(" ")));
+        String::from_utf8_lossy(&output.stdout).trim().replace("dbname=platform", &format!("dbname={dbname}"))
+    }
+
+    /// The connection string of the `platform` database on whichever node is a standby.
+    pub(crate) fn read_url(&self) -> String {
+        self.url("platform").replace("target_session_attrs=read-write", "target_session_attrs=read-only")
+    }
+
+    /// The node the monitor names primary (also while it waits for a standby), if any.
+    pub(crate) fn primary(&self) -> Option<u32> {
+        let output = self.bash(
+            "ha_monitor_sql \"SELECT nodename FROM pgautofailover.node
+               WHERE reportedstate IN ('primary', 'wait_primary', 'single')
+                 AND goalstate IN ('primary', 'wait_primary', 'single') LIMIT 1\"",
+        );
+        String::from_utf8_lossy(&output.stdout).trim().strip_prefix("node").and_then(|n| n.parse().ok())
+    }
+
+    /// The formation as the monitor sees it, one node per line.
+    pub(crate) fn state(&self) -> String {
+        String::from_utf8_lossy(&self.bash("ha_state").stdout).trim().replace('\n', "; ")
+    }
+
+    /// Waits until the nodes are one primary and its standbys.
+    pub(crate) fn wait_healthy(&self) {
+        self.run(&format!("ha_wait_healthy {}", self.nodes.len()));
+    }
+
+    /// The machine of `node` dies: every process of its namespace, SIGKILL.
+    pub(crate) fn kill(&self, node: u32) {
+        self.run(&format!("ha_node_kill {node}"));
+    }
+
+    /// `node`'s link down: packets to and from it are lost until [`HaCluster::heal`].
+    pub(crate) fn cut(&self, node: u32) {
+        self.run(&format!("ha_node_cut {node}"));
+    }
+
+    pub(crate) fn heal(&self, node: u32) {
+        self.run(&format!("ha_node_heal {node}"));
+    }
+
+    /// A lost server replaced, as docs/operations.md says: dropped from the monitor, and a new
+    /// server (here on the same address) created from a base backup of the primary.
+    pub(crate) fn replace(&self, node: u32) {
+        self.run(&format!("ha_node_kill {node}; ha_node_drop {node}; ha_node_start {node}"));
+    }
+
+    /// A planned switchover, as the operator runs it; returns once it is done.
+    pub(crate) fn switchover(&self) {
+        self.run("ha_switchover >/dev/null");
+    }
+
+    /// The `platform` database, created on the primary and migrated: its URL.
+    pub(crate) async fn migrated_platform(&self) -> String {
+        let (admin, connection) =
+            tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
+        tokio::spawn(connection);
+        admin.batch_execute("CREATE DATABASE platform").await.expect("database");
+        let url = self.url("platform");
+        let migrated = run_binary("projector", &["migrate"], &url);
+        assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+        url
+    }
+}
+
+impl Drop for HaCluster {
+    fn drop(&mut self) {
+        let _ = self.bash("ha_down");
+        // After a failure the logs stay, for the reader.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
