@@ -1,19 +1,21 @@
 # Shell functions for the HA deployment of PostgreSQL on one machine (sourced by
 # scripts/start-ha and the fault harness): pg_auto_failover's monitor (the third voter) and
-# data nodes, each data node in a network namespace of its own on a private bridge, so that a
+# data nodes, each server in a network namespace of its own on a private bridge, so that a
 # node can be cut off from everyone (its link taken down: packets to and from it vanish, as on
-# a real network) or killed for good (every process of its namespace killed with SIGKILL).
+# a real network) or killed for good (every process of its namespace killed with SIGKILL), and
+# so that two deployments on one machine never share a port.
 #
 # Settings (environment):
 #   HA_DIR     the folder of the monitor's and the nodes' data (required)
 #   HA_INDEX   0..250: picks the subnet 10.231.HA_INDEX.0/24 and the interface names, so that
 #              two deployments on one machine do not meet (default 0)
 #
-# Addresses: the monitor listens on 10.231.I.1:5430 (the bridge's address in the machine's own
-# namespace); data node N on 10.231.I.(10+N):(5430+N), in the namespace pha<I>n<N>. The ports
+# Addresses: the bridge is 10.231.I.1 in the machine's own namespace (where the services run);
+# the monitor listens on 10.231.I.2:5430 in the namespace pha<I>nm, data node N on
+# 10.231.I.(10+N):(5430+N) in the namespace pha<I>n<N>. The ports
 # differ because the servers' sockets share a folder, HA_DIR/sockets (a new node copies its
-# settings from the primary), and each server has a second socket in its data folder, where
-# pg_autoctl looks while it creates a node.
+# settings from the primary); the monitor has a second socket in its data folder, where
+# pg_autoctl looks while it creates the monitor.
 # Needs root (namespaces, links); PostgreSQL and pg_autoctl run as the postgres user.
 
 HA_INDEX="${HA_INDEX:-0}"
@@ -21,8 +23,12 @@ ha_prefix() { echo "pha${HA_INDEX}"; }
 ha_bridge() { echo "$(ha_prefix)br"; }
 ha_netns() { echo "$(ha_prefix)n$1"; }
 ha_subnet() { echo "10.231.${HA_INDEX}"; }
-ha_monitor_host() { echo "$(ha_subnet).1"; }
-ha_node_host() { echo "$(ha_subnet).$((10 + $1))"; }
+ha_bridge_host() { echo "$(ha_subnet).1"; }
+ha_monitor_host() { echo "$(ha_subnet).2"; }
+# ha_node_host N: node N's address (N = m: the monitor's).
+ha_node_host() {
+    if [ "$1" = m ]; then ha_monitor_host; else echo "$(ha_subnet).$((10 + $1))"; fi
+}
 # ha_port [N]: the monitor's port (no N) or node N's.
 ha_port() { echo "$((5430 + ${1:-0}))"; }
 ha_monitor_uri() { echo "postgres://autoctl_node@$(ha_monitor_host):$(ha_port)/pg_auto_failover?sslmode=disable"; }
@@ -56,17 +62,13 @@ checkpoint_timeout = '$HA_CHECKPOINT_TIMEOUT'
 checkpoint_completion_target = 0.5
 "
 
-# Runs a command as postgres inside node N's namespace (N empty: the machine's own), with
+# Runs a command as postgres inside node N's namespace (N = m: the monitor's), with
 # pg_autoctl's files (configuration, state, base backups) kept under HA_DIR.
 ha_as_pg() {
     local node="$1"
     shift
-    local env=(env XDG_CONFIG_HOME="$HA_DIR/pg_autoctl/config" XDG_DATA_HOME="$HA_DIR/pg_autoctl/data")
-    if [ -n "$node" ]; then
-        (cd / && ip netns exec "$(ha_netns "$node")" runuser -u postgres -- "${env[@]}" "$@")
-    else
-        (cd / && runuser -u postgres -- "${env[@]}" "$@")
-    fi
+    (cd / && ip netns exec "$(ha_netns "$node")" runuser -u postgres -- \
+        env XDG_CONFIG_HOME="$HA_DIR/pg_autoctl/config" XDG_DATA_HOME="$HA_DIR/pg_autoctl/data" "$@")
 }
 
 # HA_DIR, owned by postgres (pg_autoctl keeps a new node's base backup beside its data).
@@ -82,12 +84,13 @@ ha_network_up() {
     bridge="$(ha_bridge)"
     if ! ip link show "$bridge" >/dev/null 2>&1; then
         ip link add "$bridge" type bridge
-        ip addr add "$(ha_monitor_host)/24" dev "$bridge"
+        ip addr add "$(ha_bridge_host)/24" dev "$bridge"
         ip link set "$bridge" up
     fi
 }
 
-# ha_node_network N: node N's namespace and its link to the bridge (eth0 inside).
+# ha_node_network N: node N's namespace (N = m: the monitor's) and its link to the bridge
+# (eth0 inside).
 ha_node_network() {
     local node="$1" netns host_link
     netns="$(ha_netns "$node")"
@@ -95,7 +98,9 @@ ha_node_network() {
     if ! ip netns list | grep -qw "$netns"; then
         ip netns add "$netns"
     fi
-    if ! ip link show "$host_link" >/dev/null 2>&1; then
+    if ! ip netns exec "$netns" ip link show eth0 >/dev/null 2>&1; then
+        # A link left from a namespace that was removed while its processes were dying.
+        ip link del "$host_link" 2>/dev/null || true
         ip link add "$host_link" type veth peer name "$(ha_prefix)v$node"
         ip link set "$(ha_prefix)v$node" netns "$netns"
         ip netns exec "$netns" ip link set "$(ha_prefix)v$node" name eth0
@@ -112,9 +117,10 @@ ha_monitor_start() {
     ensure_postgres
     ha_dir
     ha_network_up
+    ha_node_network m
     pg_data_dir "$dir"
     if [ ! -f "$dir/PG_VERSION" ]; then
-        ha_as_pg "" "$PG_BIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+        ha_as_pg m "$PG_BIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
         printf 'host all all %s.0/24 trust\nhost all all 127.0.0.1/32 trust\n' "$(ha_subnet)" >>"$dir/pg_hba.conf"
         {
             echo "unix_socket_directories = '$HA_DIR/sockets, .'"
@@ -125,7 +131,7 @@ ha_monitor_start() {
             echo "pgautofailover.node_considered_unhealthy_timeout = $HA_UNHEALTHY_MS"
             echo "pgautofailover.primary_demote_timeout = $HA_DEMOTE_MS"
         } >>"$dir/postgresql.conf"
-        if ! ha_as_pg "" env PGHOST="$dir" pg_autoctl create monitor --pgdata "$dir" \
+        if ! ha_as_pg m env PGHOST="$dir" pg_autoctl create monitor --pgdata "$dir" \
             --pgport "$(ha_port)" --pgctl "$PG_BIN/pg_ctl" --hostname "$(ha_monitor_host)" --no-ssl \
             --skip-pg-hba >"$HA_DIR/monitor.create.log" 2>&1; then
             echo "the monitor was not created; its log ends with:" >&2
@@ -134,7 +140,7 @@ ha_monitor_start() {
         fi
     fi
     if ! ha_monitor_sql "SELECT 1" >/dev/null; then
-        ha_as_pg "" env PGHOST="$dir" nohup pg_autoctl run --pgdata "$dir" >>"$HA_DIR/monitor.log" 2>&1 &
+        ha_as_pg m env PGHOST="$dir" nohup pg_autoctl run --pgdata "$dir" >>"$HA_DIR/monitor.log" 2>&1 &
     fi
     ha_wait_sql "$(ha_monitor_host)" "$(ha_port)" "SELECT 1" pg_auto_failover
 }
@@ -153,7 +159,8 @@ ha_wait_sql() {
 }
 
 # ha_node_start N: creates data node N (the first one initialises the database; later ones
-# copy the primary with pg_basebackup) or starts it again on its data; returns at once.
+# copy the primary with pg_basebackup once they run) or starts it again on its data; returns
+# once its keeper runs.
 ha_node_start() {
     local node="$1" dir="$HA_DIR/node$1" host
     host="$(ha_node_host "$node")"
@@ -163,8 +170,7 @@ ha_node_start() {
         return 0
     fi
     pg_data_dir "$dir"
-    local command=()
-    if [ ! -f "$dir/pg_autoctl.created" ]; then
+    if [ ! -f "$HA_DIR/node$node.created" ]; then
         if [ ! -f "$dir/PG_VERSION" ] && ! ha_has_primary; then
             # The first node: our own initdb, so that the rules for connections and the settings
             # are in place before anyone connects (a later node copies them with the primary).
@@ -172,16 +178,25 @@ ha_node_start() {
             printf 'host all all %s.0/24 trust\nhost replication all %s.0/24 trust\n' \
                 "$(ha_subnet)" "$(ha_subnet)" >>"$dir/pg_hba.conf"
             printf '%s' "$HA_NODE_SETTINGS" >>"$dir/postgresql.conf"
-            echo "unix_socket_directories = '$HA_DIR/sockets, .'" >>"$dir/postgresql.conf"
+            # Not in the data folder: pg_rewind copies every file of the new primary's.
+            echo "unix_socket_directories = '$HA_DIR/sockets'" >>"$dir/postgresql.conf"
         fi
-        command=(create postgres --pgdata "$dir" --pgport "$(ha_port "$node")" --pgctl "$PG_BIN/pg_ctl"
-            --listen "$host" --hostname "$host" --name "node$node" --monitor "$(ha_monitor_uri)" --no-ssl
-            --skip-pg-hba --run)
-        touch "$dir/pg_autoctl.created"
-    else
-        command=(run --pgdata "$dir")
+        # Registers the node (the first as primary, a later one as a standby that copies the
+        # primary once it runs), then the keeper's own timeout of a network partition.
+        if ! ha_as_pg "$node" env PGHOST="$HA_DIR/sockets" pg_autoctl create postgres --pgdata "$dir" \
+            --pgport "$(ha_port "$node")" --pgctl "$PG_BIN/pg_ctl" --listen "$host" --hostname "$host" \
+            --name "node$node" --monitor "$(ha_monitor_uri)" --no-ssl --skip-pg-hba \
+            >>"$HA_DIR/node$node.log" 2>&1; then
+            echo "node $node was not created; its log ends with:" >&2
+            tail -n 20 "$HA_DIR/node$node.log" >&2
+            return 1
+        fi
+        ha_as_pg "$node" pg_autoctl config set --pgdata "$dir" timeout.network_partition_timeout \
+            "$HA_PARTITION_TIMEOUT" >/dev/null
+        # (Beside the data folder: pg_rewind copies every file of it and would trip on ours.)
+        touch "$HA_DIR/node$node.created"
     fi
-    ha_as_pg "$node" env PGHOST="$dir" nohup pg_autoctl "${command[@]}" >>"$HA_DIR/node$node.log" 2>&1 &
+    ha_as_pg "$node" env PGHOST="$HA_DIR/sockets" nohup pg_autoctl run --pgdata "$dir" >>"$HA_DIR/node$node.log" 2>&1 &
 }
 
 ha_monitor_sql() {
@@ -243,21 +258,23 @@ ha_node_heal() { ip netns exec "$(ha_netns "$1")" ip link set eth0 up; }
 
 # ha_node_drop N: removes node N from the monitor (a server lost for good) and its data.
 ha_node_drop() {
-    ha_as_pg "" pg_autoctl drop node --monitor "$(ha_monitor_uri)" --formation default --name "node$1" --force \
+    ha_as_pg m pg_autoctl drop node --monitor "$(ha_monitor_uri)" --formation default --name "node$1" --force \
         >>"$HA_DIR/drop.log" 2>&1 || true
     local dir="$HA_DIR/node$1"
-    rm -rf "$dir" "$HA_DIR/pg_autoctl/config/pg_autoctl$dir" "$HA_DIR/pg_autoctl/data/pg_autoctl$dir"
+    rm -rf "$dir" "$HA_DIR/node$1.created" "$HA_DIR/pg_autoctl/config/pg_autoctl$dir" \
+        "$HA_DIR/pg_autoctl/data/pg_autoctl$dir"
 }
 
 # A planned switchover: the monitor makes the secondary primary and the primary its standby;
 # returns once the formation is healthy again. (pg_autoctl's own --wait fails on 2.0: it asks
 # the monitor for a group named '', so we wait on the monitor's state ourselves.)
 ha_switchover() {
-    ha_as_pg "" pg_autoctl perform switchover --monitor "$(ha_monitor_uri)" --formation default --group 0 --wait 0
+    ha_as_pg m pg_autoctl perform switchover --monitor "$(ha_monitor_uri)" --formation default --group 0 --wait 0
     ha_wait_healthy "$(ha_monitor_sql "SELECT count(*) FROM pgautofailover.node")"
 }
 
-# ha_down: kills every node and the monitor and removes the namespaces and the bridge.
+# ha_down: kills every node and the monitor (every process of their namespaces) and removes
+# the namespaces and the bridge.
 ha_down() {
     local netns pids
     for netns in $(ip netns list | awk '{print $1}' | grep "^$(ha_prefix)n" || true); do
@@ -267,11 +284,8 @@ ha_down() {
             kill -9 $pids 2>/dev/null || true
         fi
         ip netns del "$netns" 2>/dev/null || true
+        ip link del "$(ha_prefix)h${netns#"$(ha_prefix)n"}" 2>/dev/null || true
     done
-    pkill -9 -f "pg_autoctl run --pgdata $HA_DIR/monitor" 2>/dev/null || true
-    if [ -f "$HA_DIR/monitor/postmaster.pid" ]; then
-        kill -9 "$(head -1 "$HA_DIR/monitor/postmaster.pid")" 2>/dev/null || true
-    fi
     ip link del "$(ha_bridge)" 2>/dev/null || true
 }
 
@@ -280,11 +294,11 @@ ha_down() {
 ha_stop() {
     local dir
     for dir in "$HA_DIR"/node*; do
-        [ -f "$dir/pg_autoctl.created" ] || continue
+        [ -f "$dir.created" ] || continue
         local node="${dir##*/node}"
         ha_as_pg "$node" pg_autoctl stop --pgdata "$dir" >/dev/null 2>&1 || true
     done
-    [ -d "$HA_DIR/monitor" ] && ha_as_pg "" pg_autoctl stop --pgdata "$HA_DIR/monitor" >/dev/null 2>&1 || true
+    [ -d "$HA_DIR/monitor" ] && ha_as_pg m pg_autoctl stop --pgdata "$HA_DIR/monitor" >/dev/null 2>&1 || true
 }
 
 # ha_node_running N: whether node N's pg_autoctl runs.

@@ -194,21 +194,22 @@ impl Deployment {
                         tokio::task::block_in_place(|| cluster.kill(primary));
                         // The server stays dead while the load goes on, then a new one
                         // replaces it, as docs/operations.md says.
-                        tokio::time::sleep(Duration::from_secs(15)).await;
+                        tokio::time::sleep(Duration::from_secs(12)).await;
                         tokio::task::block_in_place(|| {
                             cluster.replace(primary);
                             cluster.wait_healthy();
                         });
-                        format!("node{primary} (the primary) killed for good, replaced by a new server after 15 s")
+                        format!("node{primary} (the primary) killed for good, replaced by a new server after 12 s")
                     }
                     FaultKind::CutPrimary => {
+                        // Long enough for the standby to be promoted while the old primary runs.
                         tokio::task::block_in_place(|| cluster.cut(primary));
-                        tokio::time::sleep(Duration::from_secs(20)).await;
+                        tokio::time::sleep(Duration::from_secs(15)).await;
                         tokio::task::block_in_place(|| {
                             cluster.heal(primary);
                             cluster.wait_healthy();
                         });
-                        format!("node{primary} (the primary) cut off from everyone for 20 s, then rejoined")
+                        format!("node{primary} (the primary) cut off from everyone for 15 s, then rejoined")
                     }
                     _ => {
                         tokio::task::block_in_place(|| {
