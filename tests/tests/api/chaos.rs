@@ -724,6 +724,19 @@ async fn harness(ha: bool) {
     let workspace_file = scratch_dir("chaos").join("workspace.json");
     std::fs::write(&workspace_file, chaos_workspace(&proxied_hook("crm"))).expect("workspace written");
     apply_file(&workspace_file.display().to_string(), &direct_url);
+    // The query services of the HA deployment authenticate on the standby, which may not have
+    // replayed the workspace's keys the moment the apply returns: wait until both keys work.
+    for key in [MAIL_KEY, ALPHA_ADMIN] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let answered = http.get(format!("{base}/me")).bearer_auth(key).send().await;
+            if answered.is_ok_and(|response| response.status().is_success()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the workspace's key {key} did not authenticate within 30 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 
     // Before the faults: the DKIM key published, a webhook, the broadcast's audience, erasures.
     let domains = get_json(&http, &format!("{base}/domains"), MAIL_KEY).await;
