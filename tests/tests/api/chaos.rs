@@ -151,16 +151,10 @@ impl Deployment {
             return if matches!(fault, FaultKind::HoldMail | FaultKind::HoldWebhooks) {
                 // Longer than the services wait for an answer (2 s): sends and deliveries
                 // time out with their outcome unknown.
-                proxy.set(Fault::Delay(Duration::from_millis(2500)));
-                tokio::time::sleep(Duration::from_secs(4)).await;
-                proxy.set(Fault::Pass);
+                hold(proxy, Duration::from_millis(2500), Duration::from_secs(4)).await;
                 format!("every chunk to {what} held 2.5 s for 4 s")
             } else {
-                let before = proxy.resets();
-                proxy.set(Fault::Cut);
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                proxy.set(Fault::Pass);
-                format!("connections to {what} cut for 3 s ({} reset)", proxy.resets() - before)
+                format!("connections to {what} cut for 3 s ({} reset)", cut(proxy, Duration::from_secs(3)).await)
             };
         }
         match (&self.database, fault) {
@@ -171,17 +165,11 @@ impl Deployment {
                 "kill -9 of the postmaster and its backends, restarted after 1 s".to_owned()
             }
             (Database::Single { proxy, .. }, FaultKind::DelayDatabase) => {
-                proxy.set(Fault::Delay(Duration::from_millis(150)));
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                proxy.set(Fault::Pass);
+                hold(proxy, Duration::from_millis(150), Duration::from_secs(3)).await;
                 "every database chunk held 150 ms for 3 s".to_owned()
             }
             (Database::Single { proxy, .. }, FaultKind::CutDatabase) => {
-                let before = proxy.resets();
-                proxy.set(Fault::Cut);
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                proxy.set(Fault::Pass);
-                format!("database connections cut for 3 s ({} reset)", proxy.resets() - before)
+                format!("database connections cut for 3 s ({} reset)", cut(proxy, Duration::from_secs(3)).await)
             }
             (Database::Ha(cluster), FaultKind::KillPrimary | FaultKind::CutPrimary | FaultKind::Switchover) => {
                 let Some(primary) = tokio::task::block_in_place(|| cluster.primary()) else {
@@ -234,6 +222,22 @@ impl Deployment {
             (_, fault) => format!("{fault:?} does not apply to this deployment"),
         }
     }
+}
+
+/// Holds every chunk through `proxy` for `delay`, for `lasting`.
+async fn hold(proxy: &FaultProxy, delay: Duration, lasting: Duration) {
+    proxy.set(Fault::Delay(delay));
+    tokio::time::sleep(lasting).await;
+    proxy.set(Fault::Pass);
+}
+
+/// Resets every connection through `proxy`, new ones too, for `lasting`; how many it reset.
+async fn cut(proxy: &FaultProxy, lasting: Duration) -> u64 {
+    let before = proxy.resets();
+    proxy.set(Fault::Cut);
+    tokio::time::sleep(lasting).await;
+    proxy.set(Fault::Pass);
+    proxy.resets() - before
 }
 
 /// Writes one suppression at a time through the front while a failover goes on, each retried

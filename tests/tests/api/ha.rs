@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use crate::helpers::{run_binary, scratch_dir};
+use crate::helpers::{create_migrated_platform, scratch_dir};
 
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts");
 
@@ -123,14 +123,7 @@ impl HaCluster {
 
     /// The `platform` database, created on the primary and migrated: its URL.
     pub(crate) async fn migrated_platform(&self) -> String {
-        let (admin, connection) =
-            tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
-        tokio::spawn(connection);
-        admin.batch_execute("CREATE DATABASE platform").await.expect("database");
-        let url = self.url("platform");
-        let migrated = run_binary("projector", &["migrate"], &url);
-        assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
-        url
+        create_migrated_platform(&self.url("postgres"), &self.url("platform")).await
     }
 }
 

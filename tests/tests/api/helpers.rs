@@ -693,15 +693,19 @@ impl PrivateCluster {
     }
     /// The cluster's `platform` database, created and migrated (`projector migrate`): its URL.
     pub(crate) async fn migrated_platform(&self) -> String {
-        let (admin, connection) =
-            tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls).await.expect("admin");
-        tokio::spawn(connection);
-        admin.batch_execute("CREATE DATABASE platform").await.expect("database");
-        let url = self.url("platform");
-        let migrated = run_binary("projector", &["migrate"], &url);
-        assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
-        url
+        create_migrated_platform(&self.url("postgres"), &self.url("platform")).await
     }
+}
+
+/// Creates the `platform` database through `admin_url` and migrates it (`projector migrate`)
+/// at `url`, which it returns.
+pub(crate) async fn create_migrated_platform(admin_url: &str, url: &str) -> String {
+    let (admin, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls).await.expect("admin");
+    tokio::spawn(connection);
+    admin.batch_execute("CREATE DATABASE platform").await.expect("database");
+    let migrated = run_binary("projector", &["migrate"], url);
+    assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+    url.to_owned()
 }
 
 /// `command-service apply <file> --wait` against `database_url` (a projector must be running).
