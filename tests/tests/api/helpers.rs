@@ -643,6 +643,20 @@ pub(crate) struct PrivateCluster {
 
 const PG_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
 
+/// The processes whose parent is `pid`, from /proc.
+fn children_of(pid: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().into_string().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{name}/stat")).ok()?;
+            // The fields after the command, which is in parentheses and may hold spaces.
+            let after = &stat[stat.rfind(')')? + 1..];
+            (after.split_whitespace().nth(1) == Some(pid)).then_some(name)
+        })
+        .collect()
+}
+
 impl PrivateCluster {
     pub(crate) fn start() -> Self {
         let cluster = Self { dir: scratch_dir("private-pg").join("pg"), port: free_port() };
@@ -665,20 +679,32 @@ impl PrivateCluster {
     pub(crate) fn kill9(&self) {
         let pid_file = std::fs::read_to_string(self.dir.join("postmaster.pid")).expect("postmaster.pid");
         let pid = pid_file.lines().next().expect("pid").trim().to_owned();
-        let killed = std::process::Command::new("bash")
-            .arg("-c")
-            .arg(format!("kill -9 {pid} $(pgrep -P {pid})"))
-            .status()
-            .expect("kill runs");
-        assert!(killed.success(), "the postmaster was killed");
+        // Stopped first, the postmaster forks no backend between the listing of its
+        // children and their kill: one forked then would survive it and hold the shared
+        // memory, and the restart would refuse to start ("pre-existing shared memory block
+        // is still in use"). The children are read from /proc and signalled by bash's own
+        // kill: a fresh machine may have neither pgrep nor a kill program.
+        let signal = |signal: &str, pids: &[String]| {
+            let status = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(format!("kill {signal} {}", pids.join(" ")))
+                .status()
+                .expect("bash runs");
+            assert!(status.success(), "kill {signal} {pids:?}");
+        };
+        signal("-STOP", std::slice::from_ref(&pid));
+        let mut pids = vec![pid.clone()];
+        pids.extend(children_of(&pid));
+        signal("-KILL", &pids);
         // Dead, or a zombie nobody reaps (a container's init may not): either way its lock
         // file is stale, as after a crash of the machine, so it goes.
-        let gone = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map_or(true, |stat| stat.split_whitespace().nth(2) == Some("Z"))
+        let gone = |pid: &str| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                stat.rfind(')').is_some_and(|end| stat[end + 1..].split_whitespace().next() == Some("Z"))
+            })
         };
         for _ in 0..250 {
-            if gone() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if pids.iter().all(|pid| gone(pid)) && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
                 let _ = std::fs::remove_file(self.dir.join("postmaster.pid"));
                 let _ = std::fs::remove_file(self.dir.join(format!(".s.PGSQL.{}.lock", self.port)));
                 return;
