@@ -33,7 +33,8 @@ pub struct State {
     pub pool: Pool,
     /// When reads run on a standby: what a read must know as of now (the caller's last
     /// write, the head of the log), read on the primary (rate-limit reservations are written
-    /// there too, by the authenticator).
+    /// there too, by the authenticator, which also looks up there a key the standby does not
+    /// know yet).
     pub anchors: Option<consistency::Anchors>,
     pub authenticator: Authenticator,
     pub read_models: ReadModels,
@@ -52,14 +53,11 @@ impl State {
         primary: Option<Pool>,
         read_models: ReadModels,
     ) -> web::Data<Self> {
-        let limiter_pool = primary.clone().unwrap_or_else(|| pool.clone());
-        let authenticator = Authenticator::with_limiter_pool(
-            pool.clone(),
-            limiter_pool,
-            read_models.clone(),
-            settings.auth_cache_ttl(),
-            settings.rate_limits,
-        );
+        let (ttl, limits) = (settings.auth_cache_ttl(), settings.rate_limits);
+        let authenticator = match &primary {
+            Some(primary) => Authenticator::on_standby(pool.clone(), primary.clone(), read_models.clone(), ttl, limits),
+            None => Authenticator::new(pool.clone(), read_models.clone(), ttl, limits),
+        };
         let anchors = primary.map(consistency::Anchors::start);
         web::Data::new(Self { pool, anchors, authenticator, read_models, settings })
     }

@@ -88,6 +88,9 @@ type CacheEntry = (Instant, Option<Arc<KeyIdentity>>);
 #[derive(Clone)]
 pub struct Authenticator {
     pool: Pool,
+    /// When `pool` is a standby: the primary, asked about a key the standby does not know
+    /// (one created a moment ago, not replayed there yet).
+    primary: Option<Pool>,
     read_models: ReadModels,
     ttl: Duration,
     cache: Arc<Mutex<HashMap<String, CacheEntry>>>,
@@ -96,20 +99,21 @@ pub struct Authenticator {
 
 impl Authenticator {
     pub fn new(pool: Pool, read_models: ReadModels, ttl: Duration, limits: RateLimits) -> Self {
-        Self::with_limiter_pool(pool.clone(), pool, read_models, ttl, limits)
+        let rate_limiter = RateLimiter::new(pool.clone(), limits);
+        Self { pool, primary: None, read_models, ttl, cache: Arc::default(), rate_limiter }
     }
 
-    /// Keys are looked up through `pool` (a standby serves), rate-limit reservations written
-    /// through `limiter_pool` (the primary).
-    pub fn with_limiter_pool(
-        pool: Pool,
-        limiter_pool: Pool,
+    /// Keys are looked up on `standby` (its `read_models`), and on `primary` when the standby
+    /// does not know them; rate-limit reservations are written on `primary`.
+    pub fn on_standby(
+        standby: Pool,
+        primary: Pool,
         read_models: ReadModels,
         ttl: Duration,
         limits: RateLimits,
     ) -> Self {
-        let rate_limiter = RateLimiter::new(limiter_pool, limits);
-        Self { pool, read_models, ttl, cache: Arc::default(), rate_limiter }
+        let rate_limiter = RateLimiter::new(primary.clone(), limits);
+        Self { pool: standby, primary: Some(primary), read_models, ttl, cache: Arc::default(), rate_limiter }
     }
 
     /// The key's identity, with no space resolved (for `GET /me`). Counts the request in its
@@ -138,8 +142,16 @@ impl Authenticator {
             return cached.ok_or_else(|| ApiError::invalid_api_key("invalid key"));
         }
         let models = self.read_models.wait_for(&[CATALOG], 0, Duration::from_secs(2)).await?;
+        let schema = models.schema(CATALOG);
         let client = self.pool.get().await?;
-        let found = catalog::find_key(&client, &models.schema(CATALOG), &key_hash).await?.map(Arc::new);
+        let mut found = catalog::find_key(&client, &schema, &key_hash).await?;
+        drop(client);
+        if found.is_none()
+            && let Some(primary) = &self.primary
+        {
+            found = self.find_on_primary(primary, &schema, &key_hash).await;
+        }
+        let found = found.map(Arc::new);
         self.store(key_hash, found.clone());
         found.ok_or_else(|| ApiError::invalid_api_key("invalid key"))
     }
@@ -160,6 +172,20 @@ impl Authenticator {
         let space = resolve_space(&identity)?;
         require(space.role, permission)?;
         Ok(Caller { identity, space })
+    }
+
+    /// A key the standby does not know, looked up on the primary: a key is usable as soon as
+    /// the primary's catalog has it, as without a standby. Unknown there too, or the primary
+    /// unreachable or without the standby's catalog version, it stays unknown.
+    async fn find_on_primary(&self, primary: &Pool, schema: &str, key_hash: &str) -> Option<KeyIdentity> {
+        let looked_up = async {
+            let client = primary.get().await.map_err(anyhow::Error::from)?;
+            anyhow::Ok(catalog::find_key(&client, schema, key_hash).await?)
+        };
+        looked_up.await.unwrap_or_else(|error| {
+            tracing::warn!(error = %error, "a key unknown to the standby could not be looked up on the primary");
+            None
+        })
     }
 
     fn cached(&self, key_hash: &str) -> Option<Option<Arc<KeyIdentity>>> {

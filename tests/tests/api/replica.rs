@@ -50,6 +50,18 @@ async fn reads_on_the_standby_see_the_callers_writes_and_wait_for_replay() {
     // Replay paused: the standby cannot reach the caller's next write, so the read waits out
     // its bound and answers what the standby has, with a stale_read warning.
     standby.execute("SELECT pg_wal_replay_pause()", &[]).await.expect("paused");
+
+    // A key created while the standby lags works at once: the standby does not know it, the
+    // primary does.
+    let applied = app.apply_workspace(&crate::email::mail_workspace(10), false).await;
+    command_service::authoring::wait_for_catalog(&app.pool, applied.position, Duration::from_secs(20))
+        .await
+        .expect("the primary's catalog has the key");
+    let me = app.get("/me", crate::email::MAIL_KEY).await;
+    assert_eq!(me.status, 200, "a key the standby has not replayed yet: {:?}", me.body);
+    assert!(me.body.to_string().contains("mail admin"), "{:?}", me.body);
+    assert_eq!(app.get("/me", "sk_test_nobody_000000000000000000000").await.status, 401, "unknown on both");
+
     let created = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({"email": "paused@example.com"})).await;
     assert_eq!(created.status, 201);
     let token = created.header("consistency-token").expect("token").to_owned();
