@@ -265,8 +265,8 @@ struct ProbeSeen {
     /// What the attempts that failed got, counted.
     errors: BTreeMap<String, usize>,
     operations: Vec<Operation>,
-    /// The longest time without an acknowledged write: from the last acknowledgement before
-    /// it to the first after it, in seconds after the fault began.
+    /// The longest time without an acknowledged write (see [`longest_gap`]), in seconds after
+    /// the fault began.
     gap: Option<(f64, f64)>,
 }
 
@@ -404,14 +404,35 @@ impl Probe {
     async fn finish(self, started: Instant) -> ProbeSeen {
         self.stop.store(true, Ordering::Relaxed);
         let mut seen = self.task.await.expect("the prober");
-        let after = |instant: Instant| instant.saturating_duration_since(started).as_secs_f64();
-        seen.gap = seen
-            .acknowledged
-            .windows(2)
-            .max_by_key(|pair| pair[1].1.duration_since(pair[0].1))
-            .map(|pair| (after(pair[0].1), after(pair[1].1)));
+        seen.gap = longest_gap(started, seen.acknowledged.iter().map(|&(_, acknowledged)| acknowledged));
         seen
     }
+}
+
+/// The longest time without an acknowledgement from `started` (when the fault began) on, in
+/// seconds after it: from the fault's beginning or an acknowledgement to the next one. The
+/// wait for the first acknowledgement after the fault counts: the probe runs from just before
+/// the fault, and it often has no write acknowledged in between.
+fn longest_gap(started: Instant, acknowledged: impl Iterator<Item = Instant>) -> Option<(f64, f64)> {
+    let after = |instant: Instant| instant.saturating_duration_since(started).as_secs_f64();
+    let since_fault: Vec<f64> = acknowledged.filter(|&instant| instant > started).map(after).collect();
+    std::iter::once(0.0)
+        .chain(since_fault.iter().copied())
+        .zip(since_fault.iter().copied())
+        .max_by(|a, b| (a.1 - a.0).total_cmp(&(b.1 - b.0)))
+}
+
+#[test]
+fn the_longest_gap_counts_the_wait_for_the_first_acknowledgement_after_the_fault() {
+    let started = Instant::now();
+    let at = |seconds: f64| started + Duration::from_secs_f64(seconds);
+    // Acknowledged before the fault, then only 10 s after it began, then every 0.5 s.
+    let gap = longest_gap(started, [started - Duration::from_secs(1), at(10.0), at(10.5), at(11.0)].into_iter());
+    assert_eq!(gap.map(|(from, to)| (from.round(), to.round())), Some((0.0, 10.0)));
+    // A longer wait later is the longest.
+    let gap = longest_gap(started, [at(0.1), at(0.2), at(3.0)].into_iter());
+    assert_eq!(gap.map(|(from, to)| ((from * 10.0).round(), (to * 10.0).round())), Some((2.0, 30.0)));
+    assert_eq!(longest_gap(started, std::iter::empty()), None);
 }
 
 /// What a client learned of one operation.
@@ -728,8 +749,8 @@ async fn harness(ha: bool) {
     let workspace_file = scratch_dir("chaos").join("workspace.json");
     std::fs::write(&workspace_file, chaos_workspace(&proxied_hook("crm"))).expect("workspace written");
     apply_file(&workspace_file.display().to_string(), &direct_url);
-    // The query services of the HA deployment authenticate on the standby, which may not have
-    // replayed the workspace's keys the moment the apply returns: wait until both keys work.
+    // Both keys work before the load begins (on the HA deployment the query services read the
+    // catalog on the standby, and a key it has not replayed yet on the primary).
     for key in [MAIL_KEY, ALPHA_ADMIN] {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
