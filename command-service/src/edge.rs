@@ -144,7 +144,8 @@ pub(crate) fn append_error(error: AppendError) -> ApiError {
             format!("{stream_id} was changed by another request at the same time; retry"),
         ),
         AppendError::Unavailable(message) => {
-            tracing::error!(%message, "append failed");
+            // Nothing was written and the caller retries: the database is away for a moment.
+            tracing::warn!(%message, "append failed");
             ApiError::unavailable("the write could not be stored; nothing was written, retry")
         }
         AppendError::Refused(message) => ApiError::value_not_storable(&message),

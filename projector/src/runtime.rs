@@ -116,6 +116,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How often a worker's lag is measured.
 const LAG_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How long a worker's steps may fail on a database that is away (a restart, a failover)
+/// before each failure is logged as an error rather than a warning.
+const TRANSIENT_GRACE: Duration = Duration::from_secs(30);
+
 /// The backoff between failed steps: exponential from 100 ms to 30 s, with jitter.
 pub(crate) fn failure_backoff() -> backon::ExponentialBuilder {
     backon::ExponentialBuilder::default()
@@ -244,13 +248,22 @@ async fn drive(
             }
             Err(error) => {
                 let message = format!("{error:#}");
-                tracing::error!(worker = %name, error = %message, "a worker step failed; retrying after a backoff");
-                metrics::counter!("worker_failures_total", "worker" => name.clone()).increment(1);
+                let mut failing_since = Utc::now();
                 health.update(&name, |health| {
-                    health.failing_since.get_or_insert_with(Utc::now);
-                    health.last_error = Some(message);
+                    failing_since = *health.failing_since.get_or_insert_with(Utc::now);
+                    health.last_error = Some(message.clone());
                     health.failures += 1;
                 });
+                // A database that is briefly away (a restart, a failover) fails every worker's
+                // steps at once: a warning while it passes, an error once it lasts.
+                let lasting =
+                    Utc::now() - failing_since >= chrono::Duration::from_std(TRANSIENT_GRACE).unwrap_or_default();
+                if platform::db::is_transient(&error) && !lasting {
+                    tracing::warn!(worker = %name, error = %message, "a worker step failed on the database; retrying after a backoff");
+                } else {
+                    tracing::error!(worker = %name, error = %message, "a worker step failed; retrying after a backoff");
+                }
+                metrics::counter!("worker_failures_total", "worker" => name.clone()).increment(1);
                 let delay =
                     backoff.get_or_insert_with(|| failure_backoff().build()).next().unwrap_or(Duration::from_secs(30));
                 tokio::select! {

@@ -103,10 +103,7 @@ pub struct DeadLetter {
 /// Whether a failure may pass by itself (the database, not the event): then the batch is
 /// retried as a whole and nothing is dead-lettered.
 pub fn is_transient(error: &anyhow::Error) -> bool {
-    error
-        .chain()
-        .find_map(|cause| cause.downcast_ref::<tokio_postgres::Error>())
-        .is_some_and(|database| platform::db::classify(database) == platform::db::Failure::Transient)
+    platform::db::is_transient(error)
 }
 
 /// Applies `events` (in order, contiguous) to version `version` of `projection`, holding back

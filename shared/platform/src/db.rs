@@ -296,6 +296,21 @@ pub enum Failure {
     Defect,
 }
 
+/// Whether `error` (any of its causes) is a database failure that passes by itself: a
+/// [`Failure::Transient`] statement failure, or no connection to be had from a pool.
+pub fn is_transient(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        if let Some(database) = cause.downcast_ref::<tokio_postgres::Error>() {
+            return classify(database) == Failure::Transient;
+        }
+        match cause.downcast_ref::<deadpool_postgres::PoolError>() {
+            Some(deadpool_postgres::PoolError::Backend(database)) => classify(database) == Failure::Transient,
+            Some(deadpool_postgres::PoolError::Timeout(_) | deadpool_postgres::PoolError::Closed) => true,
+            _ => false,
+        }
+    })
+}
+
 /// Classifies a statement's failure by its SQLSTATE class.
 pub fn classify(error: &tokio_postgres::Error) -> Failure {
     let Some(database_error) = error.as_db_error() else {
@@ -350,5 +365,14 @@ mod tests {
         assert_eq!(chosen.get_keepalives_idle(), Duration::from_secs(60));
         assert_eq!(chosen.get_keepalives_interval(), Some(Duration::from_secs(7)));
         assert_eq!(chosen.get_keepalives_retries(), Some(9));
+    }
+
+    #[test]
+    fn no_connection_from_a_pool_is_transient_and_other_failures_are_not() {
+        use deadpool_postgres::{PoolError, TimeoutType};
+        let waited = anyhow::Error::new(PoolError::Timeout(TimeoutType::Wait)).context("a worker step");
+        assert!(super::is_transient(&waited));
+        assert!(super::is_transient(&anyhow::Error::new(PoolError::Closed)));
+        assert!(!super::is_transient(&anyhow::anyhow!("a stored part cannot be read")));
     }
 }

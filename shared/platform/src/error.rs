@@ -393,7 +393,7 @@ impl From<tokio_postgres::Error> for ApiError {
 
 impl From<deadpool_postgres::PoolError> for ApiError {
     fn from(cause: deadpool_postgres::PoolError) -> Self {
-        tracing::error!(error = %cause, "database pool unavailable");
+        tracing::warn!(error = %cause, "database pool unavailable");
         Self::unavailable("the database is unavailable; retry shortly")
     }
 }
