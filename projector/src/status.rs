@@ -12,8 +12,8 @@ use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use serde_json::Value;
 
-/// A read model or worker whose position has not moved for this long while behind the head
-/// is reported `stalled`.
+/// A read model or worker whose position has not moved for this long, behind an event
+/// recorded at least this long ago, is reported `stalled`.
 const STALLED_AFTER: Duration = Duration::from_secs(30);
 
 /// Workers whose checkpoint is not a log position, so they have no lag: the eraser counts the
@@ -107,11 +107,15 @@ pub struct Table {
     pub bytes: i64,
 }
 
-fn health(status: Option<&str>, lag: i64, idle: f64) -> &'static str {
+/// `idle`: seconds since the position last moved; `behind`: seconds since the first event
+/// beyond it was recorded. A follower that rested while nothing happened is not stalled the
+/// moment an event arrives: it is only once that event has waited too.
+fn health(status: Option<&str>, lag: i64, idle: f64, behind: Option<f64>) -> &'static str {
+    let waited = idle.min(behind.unwrap_or(idle));
     match status {
         Some("halted") => "halted",
         _ if lag <= 0 => "ok",
-        _ if idle >= STALLED_AFTER.as_secs_f64() => "stalled",
+        _ if waited >= STALLED_AFTER.as_secs_f64() => "stalled",
         _ => "catching_up",
     }
 }
@@ -131,11 +135,12 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
         .map(|row| row.get(0));
     let follower = |row: &tokio_postgres::Row, version: Option<i32>, status: Option<String>| {
         let (name, position, idle): (String, i64, f64) = (row.get("name"), row.get("position"), row.get("idle"));
+        let behind: Option<f64> = row.get("behind");
         let follows_the_log = !NOT_LOG_POSITIONS.contains(&name.as_str());
         let lag = (follows_the_log && position <= head).then_some(head - position);
         Follower {
             name,
-            health: health(status.as_deref(), lag.unwrap_or(0), idle),
+            health: health(status.as_deref(), lag.unwrap_or(0), idle, behind),
             version,
             status,
             position,
@@ -145,9 +150,11 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
     };
     let read_models = client
         .query(
-            "SELECT name, version, status, position,
-                    extract(epoch FROM now() - updated_at)::float8 AS idle
-             FROM projections WHERE status <> 'retired' ORDER BY name, version",
+            "SELECT name, version, status, p.position,
+                    extract(epoch FROM now() - updated_at)::float8 AS idle,
+                    (SELECT extract(epoch FROM clock_timestamp() - recorded_at)::float8 FROM events
+                     WHERE events.position = p.position + 1) AS behind
+             FROM projections p WHERE status <> 'retired' ORDER BY name, version",
             &[],
         )
         .await?
@@ -156,8 +163,10 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
         .collect::<Vec<_>>();
     let workers = client
         .query(
-            "SELECT name, position, extract(epoch FROM now() - updated_at)::float8 AS idle
-             FROM worker_checkpoints ORDER BY name",
+            "SELECT name, w.position, extract(epoch FROM now() - updated_at)::float8 AS idle,
+                    (SELECT extract(epoch FROM clock_timestamp() - recorded_at)::float8 FROM events
+                     WHERE events.position = w.position + 1) AS behind
+             FROM worker_checkpoints w ORDER BY name",
             &[],
         )
         .await?
@@ -424,4 +433,22 @@ pub(crate) async fn read_from(database_url: &str, processes: &[String]) -> anyho
     let pool = platform::db::pool(database_url, 1)?;
     let client = pool.get().await.context("connecting to the database")?;
     read(&client, processes).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::health;
+
+    #[test]
+    fn a_follower_is_stalled_only_once_the_event_it_lacks_has_waited() {
+        // At the head, or halted: whatever the times.
+        assert_eq!(health(Some("live"), 0, 3600.0, None), "ok");
+        assert_eq!(health(Some("halted"), 5, 0.0, Some(0.0)), "halted");
+        // Rested for an hour while nothing happened; an event has just arrived.
+        assert_eq!(health(Some("live"), 1, 3600.0, Some(0.2)), "catching_up");
+        // That event has waited a minute: stalled.
+        assert_eq!(health(Some("live"), 1, 3600.0, Some(60.0)), "stalled");
+        // Moving, though far behind: catching up.
+        assert_eq!(health(None, 5000, 1.0, Some(600.0)), "catching_up");
+    }
 }

@@ -54,8 +54,7 @@ async fn the_platform_cli_reports_plans_and_applies_a_workflow_a_running_node_se
     wait_until_listening(&http, &base).await;
 
     // status: the running node's read models and workers, and its own report of them; it
-    // exits 0 once the node has caught up with the workspace it applied at start (the read
-    // models of the cloned database last moved long ago, so until then they read as stalled).
+    // exits 0 once the node has caught up with the workspace it applied at start.
     let origin = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(30);
     let (status, status_text) = loop {
