@@ -100,12 +100,6 @@ pub struct DeadLetter {
     pub error: String,
 }
 
-/// Whether a failure may pass by itself (the database, not the event): then the batch is
-/// retried as a whole and nothing is dead-lettered.
-pub fn is_transient(error: &anyhow::Error) -> bool {
-    platform::db::is_transient(error)
-}
-
 /// Applies `events` (in order, contiguous) to version `version` of `projection`, holding back
 /// events of quarantined spaces and dead-lettering events that cannot be applied. Runs inside
 /// the batch transaction that also advances the checkpoint.
@@ -127,7 +121,8 @@ pub async fn apply(
             transaction.batch_execute("RELEASE SAVEPOINT batch").await?;
             return Ok(Vec::new());
         }
-        Err(error) if is_transient(&error) => return Err(error),
+        // The database, not the event: the batch is retried as a whole, nothing dead-lettered.
+        Err(error) if platform::db::is_transient(&error) => return Err(error),
         Err(error) => error,
     };
     transaction.batch_execute("ROLLBACK TO SAVEPOINT batch").await?;
@@ -149,7 +144,7 @@ pub async fn apply(
                 transaction.batch_execute("RELEASE SAVEPOINT event").await?;
                 applied += 1;
             }
-            Err(error) if is_transient(&error) => return Err(error),
+            Err(error) if platform::db::is_transient(&error) => return Err(error),
             Err(error) => {
                 transaction.batch_execute("ROLLBACK TO SAVEPOINT event").await?;
                 let space_key = space_key(&event).to_owned();

@@ -86,7 +86,7 @@ impl Preparation {
                         break;
                     }
                 }
-                Err(error) if crate::read_models::quarantine::is_transient(&error) => return Err(error),
+                Err(error) if platform::db::is_transient(&error) => return Err(error),
                 Err(error) => {
                     // A poison event: recorded for an operator, then passed over.
                     crate::read_models::quarantine::record_worker_dead_letter(
