@@ -1,15 +1,26 @@
+# shellcheck shell=bash
+# Debian packages the scripts need, installed only when missing. Sourced by scripts/test,
+# scripts/bench, scripts/chaos and the other scripts that install.
+
+# apt_install PACKAGE...: installs Debian's packages (one `apt-get update` per script run).
+apt_install() {
+    export DEBIAN_FRONTEND=noninteractive
+    if [ -z "${APT_UPDATED:-}" ]; then
+        apt-get update -qq >/dev/null
+        APT_UPDATED=1
+    fi
+    apt-get install -y -qq "$@" >/dev/null
+}
+
 # ensure_command NAME PACKAGE [FALLBACK_PACKAGE] [WHY]: installs Debian's PACKAGE (or the
 # fallback when PACKAGE is not available) when NAME is neither on the PATH nor in /usr/sbin.
-# Sourced by scripts/test, scripts/bench and scripts/chaos.
 ensure_command() {
     local name="$1" package="$2" fallback="${3:-}" why="${4:-}"
     if command -v "$name" >/dev/null 2>&1 || [ -x "/usr/sbin/$name" ]; then
         return 0
     fi
     echo "$name is missing${why:+ ($why)}; installing Debian's $package" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq "$package" >/dev/null || { [ -n "$fallback" ] && apt-get install -y -qq "$fallback" >/dev/null; }
+    apt_install "$package" || { [ -n "$fallback" ] && apt_install "$fallback"; }
 }
 
 # ensure_postfix_tools: Postfix's smtp-sink and smtp-source, extracted from Debian's package

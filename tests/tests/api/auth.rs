@@ -124,6 +124,11 @@ async fn a_revoked_key_stops_working_within_a_second() {
     assert_ne!(revoked, WORKSPACE, "the fixture names the key");
     let report = app.apply_workspace(&revoked, false).await;
     assert_eq!(report.events, 1);
+    // From the moment the catalog read model has the revocation: the keys' cache
+    // (APP__AUTH__CACHE_MILLIS, 500 ms) is the only delay after that, in every process.
+    command_service::authoring::wait_for_catalog(&app.pool, report.position, Duration::from_secs(20))
+        .await
+        .expect("the catalog has the revocation");
     let revoked_at = Instant::now();
     loop {
         let read = app.get("/me", ALPHA_ADMIN_SECOND).await.status;

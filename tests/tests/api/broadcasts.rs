@@ -235,9 +235,11 @@ async fn create_people(app: &TestApp, emails: Vec<(String, bool)>) {
 }
 
 #[tokio::test]
-async fn a_broadcast_to_5000_contacts_killed_mid_run_reaches_every_consenting_recipient_once() {
-    let _heavy = HEAVY.lock().await;
-    const PEOPLE: usize = 5_000;
+async fn a_broadcast_to_1000_contacts_killed_mid_run_reaches_every_consenting_recipient_once() {
+    // A thousand: ten batches, so the kill lands mid-run with batches decided, handed off and
+    // pending. (It was 5,000: some 120 s of a core, which a full run on two cores could not
+    // give it within the deadline, so the second projector was still sending after 180 s.)
+    const PEOPLE: usize = 1_000;
     const UNSUBSCRIBED: usize = 50;
     const SUPPRESSED: usize = 50;
     let sink = SmtpSink::start().await;
@@ -280,13 +282,13 @@ async fn a_broadcast_to_5000_contacts_killed_mid_run_reaches_every_consenting_re
     let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
     // Killed with about a fifth delivered.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while sink.summary().await["accepted"].as_u64().unwrap_or(0) < 1_000 {
+    while sink.summary().await["accepted"].as_u64().unwrap_or(0) < 200 {
         assert!(Instant::now() < deadline, "the run did not get going");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     first.0.kill().expect("kill -9");
     let at_kill = sink.summary().await["accepted"].as_u64().unwrap_or(0);
-    assert!(at_kill < 4_000, "the kill came mid-run ({at_kill} delivered)");
+    assert!(at_kill < 800, "the kill came mid-run ({at_kill} delivered)");
     let _second = spawn_binary("projector", &["run"], &app.database_url, &env);
 
     // A hand-off the kill interrupted is settled as unknown once its lease runs out (never

@@ -20,6 +20,9 @@ const CLOSED_FORM: &str = "frm_closed000000000000000000000003";
 
 /// The fixture workspace plus a space `mail` with a consent attribute, a domain, a sender, a
 /// topic, a transactional and a marketing template, and an allowance of `allowance` a month.
+/// The mail space's DKIM key (RSA 2048, PKCS#1).
+const DKIM_KEY: &str = include_str!("../../fixtures/dkim-k1.pem");
+
 pub(crate) fn mail_workspace(allowance: i64) -> String {
     let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("the fixture is JSON");
     let space = json!({
@@ -39,7 +42,10 @@ pub(crate) fn mail_workspace(allowance: i64) -> String {
                 {"key": "amount", "definition": {"type": "number"}}
             ]}
         ],
-        "domains": [{"slug": "main", "name": "mail.example.test", "dkimSelector": "k1"}],
+        // A given key: generating an RSA key costs about two seconds of a core in a test build,
+        // and most tests apply this workspace (generation has tests of its own).
+        "domains": [{"slug": "main", "name": "mail.example.test", "dkimSelector": "k1",
+                     "dkimPrivateKeyPem": DKIM_KEY}],
         "senders": [{"slug": "hello", "fromName": "Example Team", "fromAddress": "hello@mail.example.test",
                      "domain": "main", "replyTo": "support@mail.example.test"}],
         "topics": [{"slug": "news", "name": "News", "description": "Product news"}],

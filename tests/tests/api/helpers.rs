@@ -21,11 +21,6 @@ pub(crate) const SOLO_UNBOUND: &str = "sk_test_solo_unbound_000000000008";
 pub(crate) const NOBODY_UNBOUND: &str = "sk_test_nobody_unbound_0000000009";
 pub(crate) const NOBODY_BOUND: &str = "sk_test_nobody_bound_000000000010";
 
-/// Held by the tests that kill processes mid-way through thousands of writes and then wait for
-/// recovery within a deadline (a broadcast to 5,000, an import of thousands of rows): with
-/// four test threads on two cores, two of them at once starve each other's recovery.
-pub(crate) static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 pub(crate) const WORKSPACE: &str = include_str!("../../fixtures/workspace.json");
 
 fn admin_url(dbname: &str) -> String {
@@ -87,7 +82,12 @@ pub(crate) async fn create_database() -> String {
     let (client, connection) =
         tokio_postgres::connect(&admin_url("postgres"), tokio_postgres::NoTls).await.expect("connect as admin");
     tokio::spawn(connection);
-    client.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE app_template")).await.expect("clone template");
+    // FILE_COPY copies the template's files; the default (WAL_LOG) writes all of it to the WAL,
+    // which costs twice the time and makes the streaming replica replay every test's copy.
+    client
+        .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE app_template STRATEGY FILE_COPY"))
+        .await
+        .expect("clone template");
     admin_url(&name)
 }
 
@@ -107,6 +107,15 @@ impl Drop for ChildGuard {
     }
 }
 
+/// The log filter of the processes a test starts: `TEST_LOG` shows their output, and a value
+/// other than `1` is their filter (`TEST_LOG=info,projector=debug`); `warn` otherwise.
+fn child_log_filter() -> String {
+    match std::env::var("TEST_LOG") {
+        Ok(filter) if filter != "1" => filter,
+        _ => "warn".to_owned(),
+    }
+}
+
 /// Starts one of the built binaries with the database URL and extra environment.
 pub(crate) fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str, String)]) -> ChildGuard {
     let mut command = Command::new(binaries_dir().join(name));
@@ -114,7 +123,7 @@ pub(crate) fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &
         .args(args)
         .env("APP__DATABASE__URL", database_url)
         .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", child_log_filter())
         .env("APP__PROJECTOR__PORT", "0")
         .env("APP__RATE_LIMITS__READ_PER_SECOND", "1000000")
         .env("APP__RATE_LIMITS__WRITE_PER_SECOND", "1000000");

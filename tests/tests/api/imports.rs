@@ -97,7 +97,6 @@ fn file() -> (String, String, usize) {
 
 #[tokio::test]
 async fn a_csv_of_ten_thousand_rows_gives_each_row_its_result_and_a_second_import_changes_nothing() {
-    let _heavy = HEAVY.lock().await;
     let app = TestApp::spawn().await;
     app.apply_workspace(&workspace_with_members(), true).await;
     for body in [
@@ -283,7 +282,6 @@ fn members_workspace_file() -> std::path::PathBuf {
 
 #[tokio::test]
 async fn an_import_survives_kill_9_of_its_worker_and_of_postgresql_writing_each_row_once() {
-    let _heavy = HEAVY.lock().await;
     const PARTS: usize = 2;
     const ROWS: usize = 2_500;
     let cluster = PrivateCluster::start();

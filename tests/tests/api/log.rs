@@ -88,7 +88,8 @@ async fn several_writer_processes_append_every_event_once_in_order() {
 }
 
 pub(crate) async fn wait_until_listening(http: &reqwest::Client, base_url: &str) {
-    for _ in 0..200 {
+    // 30 s: a process started while the rest of the suite loads both cores can take seconds.
+    for _ in 0..600 {
         if http.get(format!("{base_url}/me")).send().await.is_ok() {
             return;
         }
