@@ -1,0 +1,18 @@
+# shellcheck shell=bash
+# The one compilation of the tests (sourced by scripts/test and scripts/chaos).
+#
+# use_lint_build: the workspace's crates are compiled by clippy-driver, which runs clippy's
+# lints with `-D warnings` (as `cargo clippy --all-targets -- -D warnings` does) while it emits
+# the real artifacts, so the lints cost no compilation of their own. Every cargo command run
+# with this environment (the build, nextest, the fault harness) then finds what the others
+# built; one without it recompiles the workspace's crates (not their dependencies).
+use_lint_build() {
+    local driver
+    driver="$(command -v clippy-driver || true)"
+    if [ -z "$driver" ]; then
+        echo "clippy-driver is missing: rustup component add clippy" >&2
+        return 1
+    fi
+    export RUSTC_WORKSPACE_WRAPPER="$driver"
+    export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+}
