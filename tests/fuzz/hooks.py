@@ -1,6 +1,5 @@
 """Schemathesis hooks for the platform's fuzz run (scripts/fuzz)."""
 
-import json
 import os
 import uuid
 
@@ -46,12 +45,27 @@ def before_call(context, case, kwargs):
     case.headers = headers
 
 
-# An import's NDJSON part is text (the document's schema is a string): sent as it was
-# generated, so the server meets arbitrary lines.
-@schemathesis.serializer("application/x-ndjson")
-def ndjson(ctx, value):
+# An import's part is text (the document's schema is a string): a string is sent as it was
+# generated, so the server meets arbitrary lines. A generated value that is not a string (a
+# negative case: "was string, became array") has no text form, since `[]` is text too and a
+# valid part: it is sent as bytes that are not UTF-8, the wire form of a body that is not text,
+# which the server must refuse.
+_NOT_TEXT = b"\xff\xfe not text"
+
+
+def _text_part(value):
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):
         return value.encode("utf-8", "surrogatepass")
-    return json.dumps(value).encode()
+    return _NOT_TEXT
+
+
+@schemathesis.serializer("application/x-ndjson")
+def ndjson(ctx, value):
+    return _text_part(value)
+
+
+@schemathesis.serializer("text/csv")
+def csv(ctx, value):
+    return _text_part(value)

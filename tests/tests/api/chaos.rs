@@ -665,10 +665,10 @@ async fn no_failover_loses_an_acknowledged_write() {
 /// server): without it, it is skipped, except in CI (`CI` set), where that is a failure.
 fn chaos_enabled(name: &str, needs_root: bool) -> bool {
     if std::env::var("CHAOS").as_deref() != Ok("1") {
-        eprintln!(
-            "SKIPPED chaos::{name}: the fault harness loads the whole machine for a minute; \
+        skipped(&format!(
+            "chaos::{name} SKIPPED: the fault harness loads the whole machine for a minute or more; \
              it runs with CHAOS=1 (scripts/test sets it; scripts/chaos runs it at length)"
-        );
+        ));
         return false;
     }
     if needs_root && !running_as_root() {
@@ -676,10 +676,17 @@ fn chaos_enabled(name: &str, needs_root: bool) -> bool {
             std::env::var_os("CI").is_none(),
             "chaos::{name} needs root (a network namespace per database server), and CI must run it"
         );
-        eprintln!("SKIPPED chaos::{name}: it needs root (a network namespace per database server)");
+        skipped(&format!("chaos::{name} SKIPPED: it needs root (a network namespace per database server)"));
         return false;
     }
     true
+}
+
+/// Says why a test did nothing, past the test harness's capture of its output (written to the
+/// process's stderr, not through `eprintln!`), so that a plain `cargo test` shows it.
+fn skipped(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 fn running_as_root() -> bool {
