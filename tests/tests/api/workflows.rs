@@ -582,15 +582,26 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
         tokio::spawn(async move {
             let mut projector = projector;
             let mut unfinished_at_kills = Vec::new();
-            for _ in 0..3 {
-                let pause = 500 + u64::try_from(uuid::Uuid::new_v4().as_u128() % 2_000).unwrap_or(0);
-                tokio::time::sleep(Duration::from_millis(pause)).await;
+            let unfinished = || async {
                 let client = pool.get().await.expect("client");
-                let unfinished: i64 = client
+                let count: i64 = client
                     .query_one("SELECT count(*) FROM workflow_runs WHERE finished_at IS NULL", &[])
                     .await
                     .expect("count")
                     .get(0);
+                count
+            };
+            for _ in 0..3 {
+                // Runs under way first (on a busy machine the first triggers can take seconds),
+                // then a random moment.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while unfinished().await == 0 {
+                    assert!(Instant::now() < deadline, "no run got under way");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let pause = 500 + u64::try_from(uuid::Uuid::new_v4().as_u128() % 2_000).unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let unfinished = unfinished().await;
                 unfinished_at_kills.push(unfinished);
                 projector.0.kill().expect("kill -9 the projector");
                 let _ = projector.0.wait();
