@@ -113,9 +113,17 @@ struct Submission {
     context: WriteContext,
     planned: PlannedUpsert,
     subscribed: BTreeMap<String, String>,
-    /// The template of the confirmation email, when one is sent (double opt-in, an address
-    /// that is not suppressed, and the confirmation limiters passed).
-    confirmation: Option<std::sync::Arc<Authored>>,
+    /// The confirmation email's template and what its send is decided on, when one is due
+    /// (double opt-in, and the confirmation limiters passed).
+    confirmation: Option<ConfirmationEmail>,
+}
+
+/// A confirmation email as its send decision reads it.
+struct ConfirmationEmail {
+    authored: std::sync::Arc<Authored>,
+    suppressed: bool,
+    /// The suppression's addition, when suppressed.
+    suppressed_by: Option<mail::skipped::DecidedBy>,
 }
 
 struct SubmitForm<'a> {
@@ -157,9 +165,25 @@ impl Command for SubmitForm<'_> {
             .await
             .map_err(|error| ApiError::internal(&error))?;
         let suppressed = domain::email::is_suppressed(&client, &space_id, &address).await?;
+        // What decided a suppression, for the story of a confirmation it refuses.
+        let suppressed_by = if suppressed {
+            let refused = [mail::skipped::Refused {
+                contact_id: &contact.record_id,
+                gate: send::Gate::Suppressed,
+                address: &address,
+                topic_id: None,
+                consent_keys: &[],
+            }];
+            let found = mail::skipped::decided_by(&client, &space_id, &refused, &platform::crypto::Keys::default())
+                .await
+                .map_err(|error| ApiError::internal(&error))?;
+            found.into_iter().next().flatten()
+        } else {
+            None
+        };
         drop(client);
         let pending = pending(&form, &subscribed);
-        let confirmation = match (&form.confirmation_template_id, pending && !suppressed) {
+        let confirmation = match (&form.confirmation_template_id, pending) {
             (Some(template_id), true) => {
                 let authored = load_authored(ctx, &space_id, template_id).await?;
                 let limits = &ctx.state.settings.forms;
@@ -172,7 +196,7 @@ impl Command for SubmitForm<'_> {
                 limit(ctx.state, &per_recipient, limits.confirmations_per_recipient, window, what).await?;
                 let what = "confirmation emails of this form";
                 limit(ctx.state, &per_form, limits.confirmations_per_form, window, what).await?;
-                Some(authored)
+                Some(ConfirmationEmail { authored, suppressed, suppressed_by })
             }
             _ => None,
         };
@@ -221,30 +245,64 @@ impl Command for SubmitForm<'_> {
                 ],
                 AppendError::Conflict { code: Code::IdempotencyConflict, message: "the token is taken".to_owned() },
             ));
-            if let (Some(authored), Some(key)) = (&confirmation, contact_key.as_ref()) {
-                let confirm_url =
-                    format!("{}/forms/{form_id}/confirm/{token}", self.site.base_url.trim_end_matches('/'));
-                let keys: Vec<String> = context.attributes.iter().map(|attribute| attribute.key.clone()).collect();
-                let documents =
-                    [(authored.template.recipient.clone(), (contact.document(), keys))].into_iter().collect();
-                let mut render_with = render_context(&documents);
-                if let Some(values) = render_with.as_object_mut() {
-                    values.insert("confirmUrl".to_owned(), Value::String(confirm_url));
-                    values.insert("form".to_owned(), json!({"id": form_id, "name": form.name}));
-                }
+            if let (Some(confirmation), Some(key)) = (&confirmation, contact_key.as_ref()) {
+                let authored = &confirmation.authored;
                 let email_id = platform::ids::new_id("em");
-                let rendered = send::render_email(authored, &email_id, render_with, self.site).map_err(|error| {
-                    ApiError::internal(&anyhow::anyhow!(
-                        "form {form_id}: the confirmation template does not render: {error}"
-                    ))
-                })?;
-                let to = EmailTo { space_id: &space_id, contact_id: &contact_id, address: &address, key };
-                let origin = send::Origin::form(form_id);
-                let scheduled = send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.site.base_url))
-                    .map_err(|error| ApiError::internal(&error))?;
-                guards.push(outbox::insert_guard(&email_id, &space_id, None));
-                streams.push(scheduled.stream);
-                confirmation_email = Some(scheduled.prepared);
+                // A confirmation is decided as transactional mail: it asks for the consent
+                // marketing mail needs.
+                let facts = send::Facts {
+                    kind: send::Kind::Transactional,
+                    topic_id: None,
+                    contact: Some(send::Contact {
+                        address: Some(address.as_str()),
+                        suppressed: confirmation.suppressed,
+                        ..send::Contact::default()
+                    }),
+                    policy: None,
+                    allowance_refused: false,
+                    now_ms: now,
+                };
+                match send::decide(&facts) {
+                    send::Verdict::Send => {
+                        let confirm_url =
+                            format!("{}/forms/{form_id}/confirm/{token}", self.site.base_url.trim_end_matches('/'));
+                        let keys: Vec<String> =
+                            context.attributes.iter().map(|attribute| attribute.key.clone()).collect();
+                        let documents =
+                            [(authored.template.recipient.clone(), (contact.document(), keys))].into_iter().collect();
+                        let mut render_with = render_context(&documents);
+                        if let Some(values) = render_with.as_object_mut() {
+                            values.insert("confirmUrl".to_owned(), Value::String(confirm_url));
+                            values.insert("form".to_owned(), json!({"id": form_id, "name": form.name}));
+                        }
+                        let rendered =
+                            send::render_email(authored, &email_id, render_with, self.site).map_err(|error| {
+                                ApiError::internal(&anyhow::anyhow!(
+                                    "form {form_id}: the confirmation template does not render: {error}"
+                                ))
+                            })?;
+                        let to = EmailTo { space_id: &space_id, contact_id: &contact_id, address: &address, key };
+                        let origin = send::Origin::form(form_id);
+                        let scheduled =
+                            send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.site.base_url))
+                                .map_err(|error| ApiError::internal(&error))?;
+                        guards.push(outbox::insert_guard(&email_id, &space_id, None));
+                        streams.push(scheduled.stream);
+                        confirmation_email = Some(scheduled.prepared);
+                    }
+                    send::Verdict::Skip { gate, .. } | send::Verdict::Hold { gate, .. } => {
+                        streams.push(mail::skipped::skipped(mail::skipped::Skip {
+                            email_id: &email_id,
+                            space_id: &space_id,
+                            authored,
+                            contact_id: &contact_id,
+                            origin: send::Origin::form(form_id),
+                            gate,
+                            decided_by: confirmation.suppressed_by.as_ref().filter(|_| gate == send::Gate::Suppressed),
+                            at_ms: now,
+                        }));
+                    }
+                }
             }
         }
         let submitted = proto::FormSubmitted {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use domain::email::resources::TemplateDef;
+use mail::send::Gate;
 use platform::error::{ApiError, Code, Issue};
 use serde_json::{Map, Value};
 
@@ -66,21 +67,22 @@ pub(crate) fn check_keys(
         .with_issues(issues))
 }
 
-pub use mail::send::Recipient;
-
-/// D9 (`mail::send::gate`), answered as a template send refuses: 422 with the
-/// gate's code, and nothing sent.
-pub fn gate(template: &TemplateDef, recipient: &Recipient) -> Result<(), ApiError> {
-    mail::send::gate(template, recipient)
-        .map_err(|gate| ApiError::unprocessable(gate.code(), format!("{}; nothing was sent", gate.reason())))
+/// A send the decision refused, answered as a template send refuses (D9, D11): a contact
+/// without an address is a 400 `recipient_missing`, every other gate 422 with its code; nothing
+/// was sent.
+pub fn refusal(gate: Gate) -> ApiError {
+    let message = format!("{}; nothing was sent", gate.reason());
+    match gate {
+        Gate::NoAddress => ApiError::bad_request(gate.code(), message),
+        gate => ApiError::unprocessable(gate.code(), message),
+    }
 }
 
-/// The keys of a contact schema's email consent attributes (`definition.consent.channel` is
-/// `email`).
+/// The keys of a contact schema's email consent attributes.
 pub fn consent_keys(attributes: &[domain::catalog::AttributeEntry]) -> Vec<String> {
     attributes
         .iter()
-        .filter(|attribute| attribute.definition.pointer("/consent/channel").and_then(Value::as_str) == Some("email"))
+        .filter(|attribute| mail::send::is_email_consent(&attribute.definition))
         .map(|attribute| attribute.key.clone())
         .collect()
 }
@@ -124,24 +126,14 @@ mod tests {
         }
     }
 
-    fn code(result: Result<(), ApiError>) -> Option<Code> {
-        result.err().and_then(|error| error.code())
-    }
-
     #[test]
-    fn suppression_blocks_every_send_and_marketing_needs_consent_and_the_topic() {
-        let subscribed = Recipient { suppressed: false, consent: Some(true), subscription: Some("subscribed".into()) };
-        let suppressed = Recipient { suppressed: true, ..subscribed.clone() };
-        assert_eq!(code(gate(&template("transactional", None), &suppressed)), Some(Code::RecipientSuppressed));
-        assert_eq!(code(gate(&template("marketing", Some("top_1")), &suppressed)), Some(Code::RecipientSuppressed));
-        assert_eq!(code(gate(&template("transactional", None), &Recipient::default())), None);
-        assert_eq!(code(gate(&template("marketing", None), &Recipient::default())), Some(Code::RecipientNotSubscribed));
-        let consented = Recipient { consent: Some(true), ..Recipient::default() };
-        assert_eq!(code(gate(&template("marketing", None), &consented)), None);
-        assert_eq!(code(gate(&template("marketing", Some("top_1")), &consented)), Some(Code::RecipientNotSubscribed));
-        let pending = Recipient { subscription: Some("pending".into()), ..consented };
-        assert_eq!(code(gate(&template("marketing", Some("top_1")), &pending)), Some(Code::RecipientNotSubscribed));
-        assert_eq!(code(gate(&template("marketing", Some("top_1")), &subscribed)), None);
+    fn a_refused_send_answers_with_its_gates_code_and_a_missing_address_is_a_bad_request() {
+        assert_eq!(refusal(Gate::NoAddress).status().as_u16(), 400);
+        assert_eq!(refusal(Gate::NoAddress).code(), Some(Code::RecipientMissing));
+        for gate in [Gate::Suppressed, Gate::Consent, Gate::Topic, Gate::FrequencyCap, Gate::QuietHours] {
+            assert_eq!(refusal(gate).status().as_u16(), 422, "{gate:?}");
+            assert_eq!(refusal(gate).code(), Some(gate.code()));
+        }
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! 1. The body is `{data: {<key>: {record fields}}}`; stored content cannot be replaced.
 //! 2. Each context record is upserted by identity precedence (or its `id`), decided together.
-//! 3. The recipient (the template's `recipient` key) is checked: suppressions for every
-//!    template, consent and the topic subscription for marketing (422, D9).
+//! 3. The send decision (`mail::send::decide`) is asked about the recipient (the template's
+//!    `recipient` key): suppressions for every template, consent and the topic subscription
+//!    for marketing; a refusal answers 422 with the gate's code (D9).
 //! 4. The template is rendered; `EmailScheduled` (content sealed under the contact's key) is
 //!    appended with the context records, the outbox row and the allowance count, in one
 //!    transaction (402 `email_limit_reached` when the month's allowance is used up).
@@ -25,7 +26,7 @@ use platform::error::{ApiError, Code};
 use platform::log::{AppendError, Guard};
 use serde_json::{Map, Value};
 
-use super::decide::{self, Recipient};
+use super::decide;
 use crate::State;
 use crate::edge::append_error;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
@@ -60,12 +61,19 @@ struct Planned {
     attributes: Vec<AttributeEntry>,
 }
 
+/// What is known about the recipient, as the send decision reads it.
+struct RecipientFacts {
+    address: Option<String>,
+    suppressed: bool,
+    consent: Option<bool>,
+    subscription: Option<String>,
+}
+
 /// What a send decides on.
 struct Loaded {
     authored: Arc<Authored>,
     planned: BTreeMap<String, Planned>,
-    recipient: Recipient,
-    address: String,
+    recipient: RecipientFacts,
 }
 
 struct SendTemplate<'a> {
@@ -105,19 +113,16 @@ impl Command for SendTemplate<'_> {
             return Err(ApiError::internal(&anyhow::anyhow!("the recipient key was not planned")));
         };
         let contact = &recipient.upsert.record;
-        let Some(address) = contact.personal.as_ref().and_then(|personal| personal.email.clone()) else {
-            return Err(ApiError::bad_request(
-                Code::RecipientMissing,
-                format!("the {:?} record has no email address to send to", authored.template.recipient),
-            ));
-        };
+        let address = contact.personal.as_ref().and_then(|personal| personal.email.clone());
         let client = ctx.db().await?;
         let consent_keys = decide::consent_keys(&recipient.attributes);
         let values = contact.values();
-        let recipient = Recipient {
-            suppressed: domain::email::is_suppressed(&client, space_id, &address).await?,
-            consent: (!consent_keys.is_empty())
-                .then(|| consent_keys.iter().all(|key| values.get(key) == Some(&Value::Bool(true)))),
+        let recipient = RecipientFacts {
+            suppressed: match &address {
+                Some(address) => domain::email::is_suppressed(&client, space_id, address).await?,
+                None => false,
+            },
+            consent: send::email_consent(&consent_keys, |key| values.get(key)),
             subscription: match &authored.template.topic_id {
                 Some(topic_id) => domain::email::subscriptions(&client, &contact.record_id)
                     .await
@@ -125,15 +130,35 @@ impl Command for SendTemplate<'_> {
                     .remove(topic_id),
                 None => None,
             },
+            address,
         };
-        Ok(Loaded { authored, planned, recipient, address })
+        Ok(Loaded { authored, planned, recipient })
     }
 
     fn decide(&self, loaded: Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
-        let Loaded { authored, planned, recipient, address } = loaded;
+        let Loaded { authored, planned, recipient } = loaded;
         let (space_id, now) = (self.caller.space_id(), given.now_ms);
         let template = &authored.template;
-        decide::gate(template, &recipient)?;
+        let facts = send::Facts {
+            kind: send::Kind::of(&template.kind),
+            topic_id: template.topic_id.as_deref(),
+            contact: Some(send::Contact {
+                address: recipient.address.as_deref(),
+                suppressed: recipient.suppressed,
+                consent: recipient.consent,
+                subscription: recipient.subscription.as_deref(),
+                zone: None,
+                sent: &[],
+            }),
+            policy: None,
+            allowance_refused: false,
+            now_ms: now,
+        };
+        match send::decide(&facts) {
+            send::Verdict::Send => {}
+            send::Verdict::Skip { gate, .. } | send::Verdict::Hold { gate, .. } => return Err(decide::refusal(gate)),
+        }
+        let address = recipient.address.unwrap_or_default();
         let documents: BTreeMap<String, (Value, Vec<String>)> = planned
             .iter()
             .map(|(key, planned)| {

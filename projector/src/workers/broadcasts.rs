@@ -9,10 +9,12 @@
 //! - **Send** ([`Runs`], a worker): each step locks one sending run (`FOR UPDATE SKIP
 //!   LOCKED`, so any number of processes share runs and never one run), takes a batch of its
 //!   `pending` recipients, reads them from the `segments` read model (where the snapshot came
-//!   from), checks each exactly as a marketing template send does
-//!   (suppressions, email consent, the topic subscription), renders and appends its email
-//!   with the outbox row, the allowance count and the recipient's move to `scheduled` in one
-//!   transaction, or marks it `skipped` with the reason. The recipient's guard
+//!   from), and asks the send decision (`mail::send::decide`) about each, as every send does.
+//!   A recipient it lets through is rendered and its email appended with the outbox row, the
+//!   allowance count and the recipient's move to `scheduled`, in one transaction; those it
+//!   refuses get their story (`EmailSkipped`, with the gate and the log event that decided)
+//!   appended for the whole batch at once with their move to `skipped`, and the step counts
+//!   them into the run. The recipient's guard
 //!   (`state = 'pending'`) makes every recipient's email happen at most once, across kill -9;
 //!   a recipient left `pending` by a process that died is taken up by the next step, so none
 //!   is skipped. The batch's emails are then handed to the relay, a bounded number at once;
@@ -29,7 +31,8 @@ use domain::email::resources::{Audience, DomainDef, SenderDef};
 use futures_util::future::BoxFuture;
 use mail::mailer::Mailer;
 use mail::outbox::{self, Prepared};
-use mail::send::{Authored, EmailTo, allowance_guard, schedule};
+use mail::send::{Authored, EmailTo, Facts, Gate, Kind, Verdict, allowance_guard, schedule};
+use mail::skipped::DecidedBy;
 use platform::crypto::{DataKey, Keys};
 use platform::error::Code;
 use platform::log::{AppendError, AppendRequest, EventLog, Guard, SetValue};
@@ -190,25 +193,33 @@ struct Allowed<'a> {
 }
 
 impl Recipients {
-    /// Whether `contact_id` is sent to, or why not (the reason it is skipped with): the
-    /// checks a marketing template send makes, for a template of topic `topic_id`.
-    fn verdict(&self, topic_id: Option<&str>, contact_id: &str) -> Result<Allowed<'_>, &'static str> {
-        let Some(contact) = self.contacts.get(contact_id) else { return Err("gone") };
-        let Some(address) = contact.document.get("email").and_then(Value::as_str) else { return Err("no_address") };
-        if self.suppressed.contains(address) {
-            return Err("suppressed");
-        }
-        let keys = self.consent_keys.get(&contact.schema_id).map(Vec::as_slice).unwrap_or_default();
-        let consents = keys.iter().all(|key| contact.document.get(key) == Some(&Value::Bool(true)));
-        let subscribed = topic_id.is_none_or(|topic_id| {
-            self.subscriptions.get(contact_id).and_then(|topics| topics.get(topic_id)).map(String::as_str)
-                == Some("subscribed")
+    /// What the send decision is asked about `contact_id`, as this batch loaded it: a contact
+    /// deleted since the snapshot, or erased (its data key destroyed), is gone.
+    fn facts<'a>(&'a self, authored: &'a Authored, contact_id: &str, now_ms: i64) -> Facts<'a> {
+        let template = &authored.template;
+        let topic_id = template.topic_id.as_deref();
+        let contact = self.contacts.get(contact_id).filter(|_| self.keys.get(contact_id).is_some()).map(|contact| {
+            let address = contact.document.get("email").and_then(Value::as_str);
+            let consent_keys = self.consent_keys.get(&contact.schema_id).map(Vec::as_slice).unwrap_or_default();
+            mail::send::Contact {
+                address,
+                suppressed: address.is_some_and(|address| self.suppressed.contains(address)),
+                consent: mail::send::email_consent(consent_keys, |key| contact.document.get(key)),
+                subscription: topic_id
+                    .and_then(|topic_id| self.subscriptions.get(contact_id)?.get(topic_id))
+                    .map(String::as_str),
+                zone: None,
+                sent: &[],
+            }
         });
-        if keys.is_empty() || !consents || !subscribed {
-            return Err("not_subscribed");
-        }
-        let Some(key) = self.keys.get(contact_id) else { return Err("gone") };
-        Ok(Allowed { contact, address, key })
+        Facts { kind: Kind::of(&template.kind), topic_id, contact, policy: None, allowance_refused: false, now_ms }
+    }
+
+    /// What the email of a recipient the decision let through is built from.
+    fn allowed(&self, contact_id: &str) -> Option<Allowed<'_>> {
+        let contact = self.contacts.get(contact_id)?;
+        let address = contact.document.get("email").and_then(Value::as_str)?;
+        Some(Allowed { contact, address, key: self.keys.get(contact_id)? })
     }
 }
 
@@ -290,8 +301,8 @@ impl Runs {
             transaction.commit().await?;
             return Ok(Outcome::Progressed);
         }
-        let (prepared, skipped) = self.send_batch(&run, &pending).await?;
-        mark_skipped(&transaction, &run.run_id, skipped).await?;
+        let (prepared, _) = self.send_batch(&run, &pending).await?;
+        count_skipped(&transaction, &run.run_id).await?;
         transaction.commit().await?;
         self.hand_off(prepared).await;
         self.keep_pace(started, pending.len()).await;
@@ -318,23 +329,31 @@ impl Runs {
         }
     }
 
-    /// Loads, decides, renders and appends the batch's emails; what their hand-offs need.
-    /// Decides and appends a batch of recipients: what to hand off, and who was skipped why.
-    async fn send_batch(&self, run: &Run, pending: &[String]) -> anyhow::Result<(Vec<Prepared>, Skipped)> {
+    /// Decides a batch of recipients (`mail::send::decide`) and appends the emails of those it
+    /// lets through and the stories of those it refuses: what to hand off, and how many were
+    /// refused.
+    async fn send_batch(&self, run: &Run, pending: &[String]) -> anyhow::Result<(Vec<Prepared>, usize)> {
         let (authored, recipients) = self.load(run, pending).await?;
         let now = platform::time::now_millis();
         let public_base_url = &self.site.base_url;
         let mut skipped: Skipped = Vec::new();
         let mut appends = Vec::new();
         for contact_id in pending {
-            let Allowed { contact, address, key } =
-                match recipients.verdict(authored.template.topic_id.as_deref(), contact_id) {
-                    Ok(allowed) => allowed,
-                    Err(reason) => {
-                        skipped.push((contact_id.clone(), reason));
-                        continue;
-                    }
-                };
+            match mail::send::decide(&recipients.facts(&authored, contact_id, now)) {
+                Verdict::Send => {}
+                Verdict::Skip { gate, decided_by } => {
+                    skipped.push((contact_id.clone(), gate, decided_by));
+                    continue;
+                }
+                Verdict::Hold { gate, .. } => {
+                    skipped.push((contact_id.clone(), gate, None));
+                    continue;
+                }
+            }
+            let Some(Allowed { contact, address, key }) = recipients.allowed(contact_id) else {
+                skipped.push((contact_id.clone(), Gate::Gone, None));
+                continue;
+            };
             let context = serde_json::json!({ authored.template.recipient.clone(): contact.document });
             let email_id = platform::ids::new_id("em");
             let rendered = match mail::send::render_email(&authored, &email_id, context, &self.site) {
@@ -370,7 +389,10 @@ impl Runs {
             match result {
                 Ok(_) => prepared.push(email),
                 Err(AppendError::Conflict { code: Code::EmailLimitReached, .. }) => {
-                    skipped.push((contact_id, "allowance"))
+                    let facts = Facts { allowance_refused: true, ..recipients.facts(&authored, &contact_id, now) };
+                    if let Verdict::Skip { gate, decided_by } = mail::send::decide(&facts) {
+                        skipped.push((contact_id, gate, decided_by));
+                    }
                 }
                 // Already decided by an earlier attempt: nothing to do.
                 Err(AppendError::Conflict { code: Code::OperationTaken, .. }) => {}
@@ -379,7 +401,89 @@ impl Runs {
                 }
             }
         }
-        Ok((prepared, skipped))
+        let stories = self.stories(run, &authored, &recipients, skipped, now).await?;
+        Ok((prepared, stories))
+    }
+
+    /// Records the batch's refused recipients: each one's `EmailSkipped` (with the log event
+    /// that decided, looked up for all of them at once) and its move to `skipped`, in one
+    /// append. A recipient another step decided meanwhile fails the append, and the batch's
+    /// refusals stay pending for the next step. Returns how many were recorded.
+    async fn stories(
+        &self,
+        run: &Run,
+        authored: &Authored,
+        recipients: &Recipients,
+        skipped: Skipped,
+        now: i64,
+    ) -> anyhow::Result<usize> {
+        if skipped.is_empty() {
+            return Ok(0);
+        }
+        let client = self.pool.get().await?;
+        let no_keys: Vec<String> = Vec::new();
+        let refused: Vec<mail::skipped::Refused<'_>> = skipped
+            .iter()
+            .map(|(contact_id, gate, _)| {
+                let contact = recipients.contacts.get(contact_id);
+                mail::skipped::Refused {
+                    contact_id,
+                    gate: *gate,
+                    address: contact
+                        .and_then(|contact| contact.document.get("email"))
+                        .and_then(Value::as_str)
+                        .unwrap_or(""),
+                    topic_id: authored.template.topic_id.as_deref(),
+                    consent_keys: contact
+                        .and_then(|contact| recipients.consent_keys.get(&contact.schema_id))
+                        .unwrap_or(&no_keys),
+                }
+            })
+            .collect();
+        let found = mail::skipped::decided_by(&client, &run.space_id, &refused, &recipients.keys).await?;
+        drop(client);
+        let origin = mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id);
+        let mut streams = Vec::with_capacity(skipped.len());
+        let (mut contact_ids, mut reasons, mut email_ids) = (Vec::new(), Vec::new(), Vec::new());
+        for ((contact_id, gate, position), by) in skipped.iter().zip(found) {
+            let email_id = platform::ids::new_id("em");
+            // The decision names the send that filled a cap; the lookup the others.
+            let by =
+                by.or_else(|| position.map(|position| DecidedBy { position, event_type: String::new(), at_ms: 0 }));
+            streams.push(mail::skipped::skipped(mail::skipped::Skip {
+                email_id: &email_id,
+                space_id: &run.space_id,
+                authored,
+                contact_id,
+                origin,
+                gate: *gate,
+                decided_by: by.as_ref(),
+                at_ms: now,
+            }));
+            contact_ids.push(contact_id.clone());
+            reasons.push(reason(*gate).to_owned());
+            email_ids.push(email_id);
+        }
+        let count = contact_ids.len();
+        let moved = Guard {
+            sql: "UPDATE broadcast_recipients r SET state = 'skipped', reason = s.reason, email_id = s.email_id, counted = false
+                  FROM unnest($2::text[], $3::text[], $4::text[]) AS s(contact_id, reason, email_id)
+                  WHERE r.run_id = $1 AND r.contact_id = s.contact_id AND r.state = 'pending'",
+            params: vec![Box::new(run.run_id.clone()), Box::new(contact_ids), Box::new(reasons), Box::new(email_ids)],
+            conflict: AppendError::Conflict {
+                code: Code::OperationTaken,
+                message: "a recipient was already decided".to_owned(),
+            },
+            expect_rows: Some(u64::try_from(count).unwrap_or(u64::MAX)),
+            set: None,
+        };
+        match self.log.append(AppendRequest::in_space(&run.space_id, streams, vec![moved])).await {
+            Ok(_) => Ok(count),
+            Err(error) => {
+                tracing::warn!(run = %run.run_id, %error, "the batch's refused recipients stay pending for a later step");
+                Ok(0)
+            }
+        }
     }
 
     /// The run's template (with the run's own sender) and what the checks read about the
@@ -421,15 +525,14 @@ impl Runs {
         let schema_ids: Vec<&String> = recipients.contacts.values().map(|contact| &contact.schema_id).collect();
         for row in client
             .query(
-                &format!(
-                    "SELECT schema_id, key FROM {catalog}.attributes
-                     WHERE schema_id = ANY($1) AND definition #>> '{{consent,channel}}' = 'email'"
-                ),
+                &format!("SELECT schema_id, key, definition FROM {catalog}.attributes WHERE schema_id = ANY($1)"),
                 &[&schema_ids],
             )
             .await?
         {
-            recipients.consent_keys.entry(row.get(0)).or_default().push(row.get(1));
+            if mail::send::is_email_consent(&row.get::<_, Value>(2)) {
+                recipients.consent_keys.entry(row.get(0)).or_default().push(row.get(1));
+            }
         }
         let addresses: Vec<&str> = recipients
             .contacts
@@ -480,23 +583,28 @@ impl Sender {
     }
 }
 
-/// Recipients skipped, with their reason.
-type Skipped = Vec<(String, &'static str)>;
+/// Recipients the decision refused: the gate, and the log position that decided when the
+/// decision knows it.
+type Skipped = Vec<(String, Gate, Option<i64>)>;
 
-/// Marks the skipped recipients and counts them in their run, in the step's transaction (which
-/// holds the run's row).
-async fn mark_skipped(transaction: &Transaction<'_>, run_id: &str, skipped: Skipped) -> anyhow::Result<()> {
-    if skipped.is_empty() {
-        return Ok(());
+/// The reason a refused recipient is counted under in its run.
+fn reason(gate: Gate) -> &'static str {
+    match gate {
+        Gate::Consent | Gate::Topic => "not_subscribed",
+        gate => gate.as_str(),
     }
-    let (ids, reasons): (Vec<String>, Vec<&str>) = skipped.into_iter().unzip();
+}
+
+/// Counts the run's skipped recipients not counted yet into the run, in the step's
+/// transaction (which holds the run's row): this step's, and any a process that died after
+/// their append left.
+async fn count_skipped(transaction: &Transaction<'_>, run_id: &str) -> anyhow::Result<()> {
     transaction
         .execute(
             "WITH moved AS (
-                 UPDATE broadcast_recipients r SET state = 'skipped', reason = s.reason
-                 FROM unnest($2::text[], $3::text[]) AS s(contact_id, reason)
-                 WHERE r.run_id = $1 AND r.contact_id = s.contact_id AND r.state = 'pending'
-                 RETURNING r.reason)
+                 UPDATE broadcast_recipients SET counted = true
+                 WHERE run_id = $1 AND state = 'skipped' AND NOT counted
+                 RETURNING reason)
              UPDATE broadcast_runs SET
                  skipped_not_subscribed = skipped_not_subscribed
                      + (SELECT count(*) FROM moved WHERE reason = 'not_subscribed'),
@@ -504,8 +612,8 @@ async fn mark_skipped(transaction: &Transaction<'_>, run_id: &str, skipped: Skip
                  skipped_allowance = skipped_allowance + (SELECT count(*) FROM moved WHERE reason = 'allowance'),
                  skipped_no_address = skipped_no_address + (SELECT count(*) FROM moved WHERE reason = 'no_address'),
                  skipped_gone = skipped_gone + (SELECT count(*) FROM moved WHERE reason = 'gone')
-             WHERE run_id = $1",
-            &[&run_id, &ids, &reasons],
+             WHERE run_id = $1 AND EXISTS (SELECT 1 FROM moved)",
+            &[&run_id],
         )
         .await?;
     Ok(())
@@ -615,8 +723,58 @@ mod tests {
         recipients
     }
 
-    fn verdict<'a>(recipients: &'a Recipients, topic: Option<&str>) -> Result<&'a str, &'static str> {
-        recipients.verdict(topic, "con_1").map(|allowed| allowed.address)
+    fn authored(topic: Option<&str>) -> Authored {
+        let template = domain::email::resources::TemplateDef {
+            slug: "t".into(),
+            name: "T".into(),
+            kind: "marketing".into(),
+            topic_id: topic.map(str::to_owned),
+            sender_id: "snd_1".into(),
+            subject: "S".into(),
+            html: String::new(),
+            text: String::new(),
+            recipient: "contact".into(),
+            data: BTreeMap::new(),
+            tracking: None,
+        };
+        let sender = SenderDef {
+            slug: "s".into(),
+            from_name: "S".into(),
+            from_address: "s@example.test".into(),
+            domain_id: "dom_1".into(),
+            reply_to: None,
+        };
+        let key = domain::email::resources::StoredKey {
+            selector: "s1".into(),
+            public_key: String::new(),
+            wrapped_key: String::new(),
+            private_key: String::new(),
+        };
+        let domain = DomainDef { slug: "d".into(), name: "example.test".into(), dkim: key, return_path: String::new() };
+        Authored {
+            template_id: "tpl_1".into(),
+            revision: 1,
+            template,
+            sender_id: "snd_1".into(),
+            sender,
+            domain,
+            topic: None,
+            allowance: None,
+        }
+    }
+
+    /// The decision on `con_1` for a marketing template of topic `topic`: the address it is
+    /// sent to, or the gate that refused it.
+    fn verdict<'a>(recipients: &'a Recipients, topic: Option<&str>) -> Result<&'a str, Gate> {
+        decided(recipients, topic, "con_1")
+    }
+
+    fn decided<'a>(recipients: &'a Recipients, topic: Option<&str>, contact_id: &str) -> Result<&'a str, Gate> {
+        let authored = authored(topic);
+        match mail::send::decide(&recipients.facts(&authored, contact_id, 0)) {
+            Verdict::Send => recipients.allowed(contact_id).map(|allowed| allowed.address).ok_or(Gate::Gone),
+            Verdict::Skip { gate, .. } | Verdict::Hold { gate, .. } => Err(gate),
+        }
     }
 
     #[test]
@@ -629,32 +787,32 @@ mod tests {
     #[test]
     fn given_a_contact_deleted_or_erased_since_the_snapshot_when_checked_then_it_is_gone() {
         let recipients = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
-        assert_eq!(recipients.verdict(None, "con_2").err(), Some("gone"), "not in the read model");
+        assert_eq!(decided(&recipients, None, "con_2"), Err(Gate::Gone), "not in the read model");
         let mut erased = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
         erased.keys = Keys::default();
-        assert_eq!(verdict(&erased, None), Err("gone"), "its data key is destroyed");
+        assert_eq!(verdict(&erased, None), Err(Gate::Gone), "its data key is destroyed");
     }
 
     #[test]
     fn given_no_address_or_a_suppressed_one_when_checked_then_the_reason_says_which() {
         let no_address = given(json!({"emailOk": true}), Some("subscribed"));
-        assert_eq!(verdict(&no_address, None), Err("no_address"));
+        assert_eq!(verdict(&no_address, None), Err(Gate::NoAddress));
         let mut suppressed = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
         suppressed.suppressed.insert("ada@example.test".to_owned());
-        assert_eq!(verdict(&suppressed, None), Err("suppressed"));
+        assert_eq!(verdict(&suppressed, None), Err(Gate::Suppressed));
     }
 
     #[test]
-    fn given_consent_missing_withdrawn_or_unknown_when_checked_then_the_contact_is_not_subscribed() {
+    fn given_consent_missing_withdrawn_or_unknown_when_checked_then_the_consent_gate_refuses_it() {
         let withdrawn = given(json!({"email": "ada@example.test", "emailOk": false}), Some("subscribed"));
-        assert_eq!(verdict(&withdrawn, None), Err("not_subscribed"));
+        assert_eq!(verdict(&withdrawn, None), Err(Gate::Consent));
         let unset = given(json!({"email": "ada@example.test"}), Some("subscribed"));
-        assert_eq!(verdict(&unset, None), Err("not_subscribed"));
+        assert_eq!(verdict(&unset, None), Err(Gate::Consent));
         let mut no_consent_attribute = given(json!({"email": "ada@example.test", "emailOk": true}), None);
         no_consent_attribute.consent_keys.clear();
         assert_eq!(
             verdict(&no_consent_attribute, None),
-            Err("not_subscribed"),
+            Err(Gate::Consent),
             "a schema without consent is never mailed"
         );
     }
@@ -663,7 +821,7 @@ mod tests {
     fn given_a_topic_when_the_contact_is_not_subscribed_to_it_then_it_is_skipped() {
         for status in [None, Some("unsubscribed"), Some("pending")] {
             let recipients = given(json!({"email": "ada@example.test", "emailOk": true}), status);
-            assert_eq!(verdict(&recipients, Some(TOPIC)), Err("not_subscribed"), "{status:?}");
+            assert_eq!(verdict(&recipients, Some(TOPIC)), Err(Gate::Topic), "{status:?}");
         }
     }
 }

@@ -132,77 +132,7 @@ fn render_untracked(
     Ok(rendered)
 }
 
-/// What is known about the recipient when a send is checked.
-#[derive(Debug, Clone, Default)]
-pub struct Recipient {
-    pub suppressed: bool,
-    /// The contact's email consent (its consent attribute for channel `email`), if any.
-    pub consent: Option<bool>,
-    /// The contact's subscription status to the template's topic, if any.
-    pub subscription: Option<String>,
-}
-
-/// The gate that refused a send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
-    /// The address is suppressed (every send).
-    Suppressed,
-    /// The contact has not consented to marketing email.
-    Consent,
-    /// The contact is not subscribed to the marketing template's topic.
-    Topic,
-    /// The space's monthly allowance is used up.
-    Allowance,
-}
-
-impl Gate {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Gate::Suppressed => "suppressed",
-            Gate::Consent => "consent",
-            Gate::Topic => "topic",
-            Gate::Allowance => "allowance",
-        }
-    }
-
-    /// The refusal's code, as a template send answers it.
-    pub fn code(self) -> Code {
-        match self {
-            Gate::Suppressed => Code::RecipientSuppressed,
-            Gate::Consent | Gate::Topic => Code::RecipientNotSubscribed,
-            Gate::Allowance => Code::EmailLimitReached,
-        }
-    }
-
-    /// Why, in words.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Gate::Suppressed => "the recipient's address is suppressed",
-            Gate::Consent => "the contact has not consented to marketing email",
-            Gate::Topic => "the contact is not subscribed to the template's topic",
-            Gate::Allowance => "the space's email allowance for this month is used up",
-        }
-    }
-}
-
-/// D9, the one rule every send passes (the template send, a journey's send step):
-/// suppressions block every send; marketing mail also needs the contact's email consent and,
-/// when the template has a topic, a subscription to it. The allowance is counted by the
-/// append ([`allowance_guard`]), not here.
-pub fn gate(template: &TemplateDef, recipient: &Recipient) -> Result<(), Gate> {
-    if recipient.suppressed {
-        return Err(Gate::Suppressed);
-    }
-    if template.kind == "marketing" {
-        if recipient.consent != Some(true) {
-            return Err(Gate::Consent);
-        }
-        if template.topic_id.is_some() && recipient.subscription.as_deref() != Some("subscribed") {
-            return Err(Gate::Topic);
-        }
-    }
-    Ok(())
-}
+pub use domain::email::send::{Contact, Facts, Gate, Kind, Verdict, decide, email_consent, is_email_consent};
 
 /// Who an email goes to: the contact, its address and its data key.
 pub struct EmailTo<'a> {
@@ -344,44 +274,4 @@ pub fn allowance_guard(space_id: &str, now_ms: i64, monthly: i64) -> Guard {
          SELECT 1 FROM w JOIN counted USING (space_id, month)",
         row,
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-
-    use super::*;
-
-    fn template(kind: &str, topic_id: Option<&str>) -> TemplateDef {
-        TemplateDef {
-            slug: "t".into(),
-            name: "T".into(),
-            kind: kind.into(),
-            topic_id: topic_id.map(str::to_owned),
-            sender_id: "snd_1".into(),
-            subject: "S".into(),
-            html: String::new(),
-            text: String::new(),
-            recipient: "contact".into(),
-            data: BTreeMap::new(),
-            tracking: None,
-        }
-    }
-
-    #[test]
-    fn the_gate_names_which_rule_refused_a_send() {
-        let subscribed = Recipient { suppressed: false, consent: Some(true), subscription: Some("subscribed".into()) };
-        let suppressed = Recipient { suppressed: true, ..subscribed.clone() };
-        assert_eq!(gate(&template("transactional", None), &suppressed), Err(Gate::Suppressed));
-        assert_eq!(gate(&template("marketing", Some("top_1")), &suppressed), Err(Gate::Suppressed), "checked first");
-        assert_eq!(gate(&template("transactional", None), &Recipient::default()), Ok(()));
-        let unconsented = Recipient { consent: Some(false), ..subscribed.clone() };
-        assert_eq!(gate(&template("marketing", Some("top_1")), &unconsented), Err(Gate::Consent));
-        let pending = Recipient { subscription: Some("pending".into()), ..subscribed.clone() };
-        assert_eq!(gate(&template("marketing", Some("top_1")), &pending), Err(Gate::Topic));
-        assert_eq!(gate(&template("marketing", None), &pending), Ok(()), "no topic, no topic gate");
-        assert_eq!(gate(&template("marketing", Some("top_1")), &subscribed), Ok(()));
-        assert_eq!(Gate::Topic.code(), Code::RecipientNotSubscribed);
-        assert_eq!(Gate::Allowance.code(), Code::EmailLimitReached);
-    }
 }

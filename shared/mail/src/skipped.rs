@@ -10,7 +10,6 @@ use platform::crypto::Keys;
 use platform::events::LogEvent;
 use platform::log::{ExpectedVersion, NewEvent, StoredEvent, StreamAppend};
 use platform::proto;
-use serde_json::Value;
 
 use crate::send::{Authored, Gate, Origin};
 
@@ -155,7 +154,9 @@ pub async fn decided_by(
                     subscriptions.get(&domain::email::subscriptions_stream(refusal.contact_id)).unwrap_or(&none);
                 last_topic_change(stream, refusal.topic_id)
             }
-            Gate::Allowance => Ok(None),
+            // A count, a clock or an absence: no event decided (a cap's filling send the
+            // decision itself names).
+            Gate::Allowance | Gate::Gone | Gate::NoAddress | Gate::FrequencyCap | Gate::QuietHours => Ok(None),
         })
         .collect()
 }
@@ -185,7 +186,7 @@ fn consent_withheld_since(
             _ => continue,
         };
         let values = state.values();
-        let consented = consent_keys.iter().all(|key| values.get(key) == Some(&Value::Bool(true)));
+        let consented = crate::send::email_consent(consent_keys, |key| values.get(key)) == Some(true);
         if since.is_none_or(|(was, _)| was != consented) {
             since = Some((consented, stored));
         }
@@ -209,6 +210,8 @@ fn last_topic_change(stream: &[StoredEvent], topic_id: Option<&str>) -> anyhow::
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     fn stored(position: i64, event: LogEvent) -> StoredEvent {

@@ -111,6 +111,8 @@ codes! {
     EmailLimitReached = "email_limit_reached",
     RecipientNotSubscribed = "recipient_not_subscribed",
     RecipientSuppressed = "recipient_suppressed",
+    FrequencyCapped = "frequency_capped",
+    QuietHours = "quiet_hours",
     TemplateNotFound = "template_not_found",
     DomainNotFound = "domain_not_found",
     SenderNotFound = "sender_not_found",

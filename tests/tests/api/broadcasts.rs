@@ -103,6 +103,24 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
     assert_eq!(run["counts"]["audience"], 3, "{run}");
     assert_eq!(run["counts"]["sent"], 2, "{run}");
     assert_eq!(run["counts"]["skipped"]["suppressed"], 1, "{run}");
+    // The suppressed recipient has a story: its email, skipped by the suppression gate, decided
+    // by the suppression's addition.
+    let story_id = app
+        .query_string(&format!(
+            "SELECT email_id FROM broadcast_recipients WHERE run_id = '{run_id}' AND state = 'skipped'"
+        ))
+        .await;
+    app.wait_for_projections().await;
+    let story = app.get(&format!("/emails/{story_id}"), MAIL_KEY).await;
+    assert_eq!(story.status, 200, "{:?}", story.body);
+    assert_eq!(story.body["data"]["status"], "skipped", "{:?}", story.body);
+    assert_eq!(story.body["data"]["origin"]["broadcastRunId"], json!(run_id), "{:?}", story.body);
+    let refusal = &story.body["data"]["timeline"][0];
+    assert_eq!(
+        (refusal["gate"].as_str(), refusal["error"]["code"].as_str()),
+        (Some("suppressed"), Some("recipient_suppressed"))
+    );
+    assert_eq!(refusal["decidedBy"]["type"], "SuppressionAdded", "{refusal}");
     let messages = sink.wait_for(2, WAIT).await;
     let mut recipients: Vec<&str> = messages.iter().filter_map(|message| message["rcptTo"][0].as_str()).collect();
     recipients.sort_unstable();
@@ -327,6 +345,25 @@ async fn a_broadcast_to_1000_contacts_killed_mid_run_reaches_every_consenting_re
     let expected: Vec<String> =
         (UNSUBSCRIBED + SUPPRESSED..PEOPLE).map(|index| format!("fan{index:04}@example.com")).collect();
     assert!(recipients.iter().all(|recipient| expected.binary_search(recipient).is_ok()), "only consenting recipients");
+    // Every refused recipient has one story, and no recipient has both a story and an email.
+    let stories = app.query_i64("SELECT count(*) FROM events WHERE event_type = 'EmailSkipped.v1'").await;
+    let storied =
+        app.query_i64("SELECT count(DISTINCT subject_id) FROM events WHERE event_type = 'EmailSkipped.v1'").await;
+    assert_eq!((stories, storied), ((UNSUBSCRIBED + SUPPRESSED) as i64, (UNSUBSCRIBED + SUPPRESSED) as i64));
+    let both = app
+        .query_i64(
+            "SELECT count(*) FROM events s JOIN events e ON e.subject_id = s.subject_id
+             WHERE s.event_type = 'EmailSkipped.v1' AND e.event_type = 'EmailScheduled.v1'",
+        )
+        .await;
+    assert_eq!(both, 0, "a recipient with a story was also mailed");
+    let unstoried = app
+        .query_i64(&format!(
+            "SELECT count(*) FROM broadcast_recipients r WHERE r.run_id = '{run_id}' AND r.state = 'skipped'
+             AND NOT EXISTS (SELECT 1 FROM events e WHERE e.stream_id = 'email-' || r.email_id)"
+        ))
+        .await;
+    assert_eq!(unstoried, 0, "every skipped recipient's story is in the log");
 }
 
 /// A segment of the mail space defined by `definition`.

@@ -1017,6 +1017,34 @@ async fn a_json_submission_without_double_opt_in_subscribes_at_once_and_bad_subm
 }
 
 #[tokio::test]
+async fn a_confirmation_to_a_suppressed_address_is_not_sent_and_its_story_says_why() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let suppressed = app
+        .post("/contacts/suppressions", MAIL_KEY, &json!({"identifier": "sue@example.com", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    let submitted = post_form_json(&app, SIGNUP_FORM, &json!({"email_address": "sue@example.com"}), None).await;
+    assert_eq!(submitted.status, 200, "{:?}", submitted.body);
+    assert_eq!(submitted.body["data"]["status"], "pending_confirmation", "the submission itself is kept");
+    // A second address through the same form is mailed, so the sink has seen the first by then.
+    let other = post_form_json(&app, SIGNUP_FORM, &json!({"email_address": "sam@example.com"}), None).await;
+    assert_eq!(other.status, 200, "{:?}", other.body);
+    let messages = sink.wait_for(1, WAIT).await;
+    assert_eq!(messages[0]["rcptTo"], json!(["sam@example.com"]), "no confirmation to the suppressed address");
+    let email_id =
+        app.query_string("SELECT substr(stream_id, 7) FROM events WHERE event_type = 'EmailSkipped.v1'").await;
+    app.wait_for_projections().await;
+    let story = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
+    assert_eq!(story.status, 200, "{:?}", story.body);
+    assert_eq!(story.body["data"]["status"], "skipped");
+    assert_eq!(story.body["data"]["origin"], json!({"type": "form_confirmation", "formId": SIGNUP_FORM}));
+    let refusal = &story.body["data"]["timeline"][0];
+    assert_eq!(refusal["gate"], "suppressed", "{refusal}");
+    assert_eq!(refusal["decidedBy"]["type"], "SuppressionAdded", "{refusal}");
+}
+
+#[tokio::test]
 async fn each_form_limiter_answers_429_with_retry_after() {
     let sink = SmtpSink::start().await;
     let options = Options {

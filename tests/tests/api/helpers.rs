@@ -443,6 +443,11 @@ impl TestApp {
         client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)
     }
 
+    pub(crate) async fn query_string(&self, sql: &str) -> String {
+        let client = self.pool.get().await.expect("client");
+        client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)
+    }
+
     /// Applies a workspace file and, when asked (a projector runs), waits for every read model.
     pub(crate) async fn apply_workspace(&self, text: &str, wait: bool) -> command_service::authoring::ApplyReport {
         let workspace = command_service::authoring::parse(text).expect("workspace parses");

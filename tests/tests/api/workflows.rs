@@ -575,44 +575,23 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
     let (mut commands, urls) = spawn_servers(&app, "command-service", &["serve"], 1, &env_commands).await;
     let mut url = urls[0].clone();
 
-    // The projector is killed three times at random moments while the runs go on.
-    let killer = {
-        let (database_url, pool) = (app.database_url.clone(), app.pool.clone());
-        let env = env.to_vec();
-        tokio::spawn(async move {
-            let mut projector = projector;
-            let mut unfinished_at_kills = Vec::new();
-            let unfinished = || async {
-                let client = pool.get().await.expect("client");
-                let count: i64 = client
-                    .query_one("SELECT count(*) FROM workflow_runs WHERE finished_at IS NULL", &[])
-                    .await
-                    .expect("count")
-                    .get(0);
-                count
-            };
-            for _ in 0..3 {
-                // Runs under way first (on a busy machine the first triggers can take seconds),
-                // then a random moment.
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while unfinished().await == 0 {
-                    assert!(Instant::now() < deadline, "no run got under way");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                let pause = 500 + u64::try_from(uuid::Uuid::new_v4().as_u128() % 2_000).unwrap_or(0);
-                tokio::time::sleep(Duration::from_millis(pause)).await;
-                let unfinished = unfinished().await;
-                unfinished_at_kills.push(unfinished);
-                projector.0.kill().expect("kill -9 the projector");
-                let _ = projector.0.wait();
-                projector = spawn_binary("projector", &["run"], &database_url, &env);
-            }
-            (projector, unfinished_at_kills)
-        })
-    };
+    // The projector is killed three times while the runs go on: each time right after a
+    // batch of triggers was acknowledged (so runs are under way, in their wait or past it),
+    // at a random moment within the next batch.
+    let mut projector = projector;
+    let mut unfinished_at_kills = Vec::new();
     let mut acknowledged = Vec::new();
     let mut cut = 0;
     for batch in 0..RUNS / 50 {
+        if [4, 11, 17].contains(&batch) {
+            let pause = 50 + u64::try_from(uuid::Uuid::new_v4().as_u128() % 500).unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            unfinished_at_kills
+                .push(app.query_i64("SELECT count(*) FROM workflow_runs WHERE finished_at IS NULL").await);
+            projector.0.kill().expect("kill -9 the projector");
+            let _ = projector.0.wait();
+            projector = spawn_binary("projector", &["run"], &app.database_url, &env);
+        }
         if batch == 8 {
             // Once the command service, mid-way through the triggers.
             commands[0].0.kill().expect("kill -9 the command service");
@@ -648,8 +627,9 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
             }
         }
     }
+    // The last projector runs on until the test ends.
+    let _projector = projector;
     assert!(cut < 100, "only requests in flight at the kill fail ({cut})");
-    let (_projector, unfinished_at_kills) = killer.await.expect("the killer");
     assert!(unfinished_at_kills.iter().all(|runs| *runs > 0), "each kill came mid-run: {unfinished_at_kills:?}");
 
     // Every run finishes; every acknowledged one is among them.

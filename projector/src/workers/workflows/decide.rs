@@ -17,7 +17,7 @@ use domain::records::RecordState;
 use domain::webhooks::signing::Secret;
 use domain::workflows::{EngagementAction, Source, Step, StepKind, Wait, WorkflowDef, at_path, condition_document};
 use mail::outbox::{self, Prepared};
-use mail::send::{Authored, EmailTo, Gate, Recipient, allowance_guard, schedule};
+use mail::send::{Authored, EmailTo, Gate, Verdict, allowance_guard, schedule};
 use mail::skipped::{DecidedBy, Skip};
 use platform::crypto::DataKey;
 use platform::error::Code;
@@ -899,32 +899,55 @@ fn send_email(
     };
     let template = &authored.template;
     let email_id = domain::workflows::email_id(&tick.row.run_id, started.index);
-    if allowance_refused {
-        skip_send(tick, (started, next), (Gate::Allowance, None), (authored, &email_id, contact), now);
-        return Ok(true);
-    }
     let document = contact.state.document();
     let address = document.get("email").and_then(Value::as_str).map(str::to_owned);
-    let Some(address) = address else {
-        let message = "the contact has no email address".to_owned();
-        tick.finish(started, "skipped", Some((Code::RecipientMissing.as_str(), message)), next, now);
-        return Ok(false);
+    let suppressed = match &address {
+        Some(address) => match facts.suppressed.get(address) {
+            Some(&suppressed) => suppressed,
+            None => return Err(Stop::Needs(Need::Suppression(address.clone()))),
+        },
+        None => false,
     };
-    let Some(&suppressed) = facts.suppressed.get(&address) else {
-        return Err(Stop::Needs(Need::Suppression(address)));
-    };
-    let recipient = Recipient {
-        suppressed,
-        consent: contact.consent,
-        subscription: template.topic_id.as_ref().and_then(|topic_id| contact.subscriptions.get(topic_id).cloned()),
-    };
-    if let Err(gate) = mail::send::gate(template, &recipient) {
-        let Some(decided_by) = facts.decided_by.get(gate.as_str()) else {
-            return Err(Stop::Needs(Need::DecidedBy { gate, address, topic_id: template.topic_id.clone() }));
-        };
-        skip_send(tick, (started, next), (gate, decided_by.as_ref()), (authored, &email_id, contact), now);
-        return Ok(true);
+    let verdict = mail::send::decide(&mail::send::Facts {
+        kind: mail::send::Kind::of(&template.kind),
+        topic_id: template.topic_id.as_deref(),
+        contact: Some(mail::send::Contact {
+            address: address.as_deref(),
+            suppressed,
+            consent: contact.consent,
+            subscription: template
+                .topic_id
+                .as_ref()
+                .and_then(|topic_id| contact.subscriptions.get(topic_id))
+                .map(String::as_str),
+            zone: None,
+            sent: &[],
+        }),
+        policy: None,
+        allowance_refused,
+        now_ms: now,
+    });
+    match verdict {
+        Verdict::Send => {}
+        Verdict::Skip { gate: Gate::NoAddress, .. } => {
+            let message = "the contact has no email address".to_owned();
+            tick.finish(started, "skipped", Some((Code::RecipientMissing.as_str(), message)), next, now);
+            return Ok(false);
+        }
+        Verdict::Skip { gate: Gate::Allowance, .. } => {
+            skip_send(tick, (started, next), (Gate::Allowance, None), (authored, &email_id, contact), now);
+            return Ok(true);
+        }
+        Verdict::Skip { gate, .. } | Verdict::Hold { gate, .. } => {
+            let address = address.unwrap_or_default();
+            let Some(decided_by) = facts.decided_by.get(gate.as_str()) else {
+                return Err(Stop::Needs(Need::DecidedBy { gate, address, topic_id: template.topic_id.clone() }));
+            };
+            skip_send(tick, (started, next), (gate, decided_by.as_ref()), (authored, &email_id, contact), now);
+            return Ok(true);
+        }
     }
+    let address = address.unwrap_or_default();
     let Some(key) = &contact.key else {
         tick.fail(started, "no_data_key", "the contact has no data key".to_owned(), now);
         return Ok(false);
@@ -1391,6 +1414,7 @@ mod tests {
         ]);
         let mut facts = with_contact(contact(Some("ada@example.test"), json!({})));
         facts.templates.insert("tpl_1".into(), Some(authored()));
+        facts.suppressed.insert("ada@example.test".into(), false);
         let given = Given { allowance_refused: true, ..given() };
         let tick = decided(&row("running", Some("start")), &definition, &facts, &given);
         let skipped = finished(&tick, "start");

@@ -259,19 +259,14 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
     }
     let catalog = live_schema(&client, "catalog").await?;
     let consent_keys: Vec<String> = client
-        .query(
-            &format!(
-                "SELECT key FROM {catalog}.attributes WHERE schema_id = $1 AND definition #>> '{{consent,channel}}' = 'email'"
-            ),
-            &[&state.schema_id],
-        )
+        .query(&format!("SELECT key, definition FROM {catalog}.attributes WHERE schema_id = $1"), &[&state.schema_id])
         .await?
         .into_iter()
+        .filter(|row| mail::send::is_email_consent(&row.get::<_, Value>(1)))
         .map(|row| row.get(0))
         .collect();
     let values = state.values();
-    let consent =
-        (!consent_keys.is_empty()).then(|| consent_keys.iter().all(|key| values.get(key) == Some(&Value::Bool(true))));
+    let consent = mail::send::email_consent(&consent_keys, |key| values.get(key));
     let subscriptions = domain::email::subscriptions(&client, contact_id).await?;
     let segments_schema = live_schema(&client, "segments").await?;
     let segments = client
@@ -491,6 +486,9 @@ async fn apply_guards_alone(inner: &Inner, guards: Vec<Guard>) -> Result<(), App
 }
 
 /// Hands an email a run scheduled to the relay; the outbox worker finishes what this leaves.
+/// A relay that refuses for now or cannot be reached queues it again on the email retry
+/// schedule, as a broadcast's hand-off does: only the inline hand-off of a template send,
+/// which answers its caller, makes those final.
 async fn hand_off(inner: &Inner, prepared: &Prepared) {
     let email_id = &prepared.parties.email_id;
     let lease = match inner.claims.claim(email_id, inner.settings.email_lease()).await {
@@ -502,6 +500,14 @@ async fn hand_off(inner: &Inner, prepared: &Prepared) {
         }
     };
     let started = Instant::now();
-    let _ = outbox::hand_off(&inner.pool, &inner.log, &inner.mailer, &lease, prepared, None).await;
+    let _ = outbox::hand_off(
+        &inner.pool,
+        &inner.log,
+        &inner.mailer,
+        &lease,
+        prepared,
+        Some(&inner.settings.email.retry_schedule_ms),
+    )
+    .await;
     metrics::histogram!("workflow_email_handoff_seconds").record(started.elapsed().as_secs_f64());
 }

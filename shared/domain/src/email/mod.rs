@@ -4,6 +4,7 @@
 
 pub mod broadcasts;
 pub mod resources;
+pub mod send;
 pub mod story;
 
 /// An email's stream.

@@ -1,0 +1,544 @@
+//! A space's send policy and the clock it reads: quiet hours in the recipient's local time,
+//! frequency caps over a window of hours or of the recipient's calendar days, and the next
+//! instant each allows. Pure: every function takes the time it decides at.
+
+use chrono::{DateTime, Duration, LocalResult, NaiveDate, NaiveDateTime, NaiveTime, Offset, TimeZone, Timelike, Utc};
+use chrono_tz::Tz;
+use serde::{Deserialize, Serialize};
+
+/// What a rule does to a marketing send it refuses now: hold it until the rule allows it,
+/// or skip it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Hold,
+    Skip,
+}
+
+/// The policy of a space, as the catalog holds it (topic slugs resolved to ids at apply).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendPolicy {
+    pub time_zone: ZoneRule,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_hours: Option<QuietHours>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frequency_caps: Vec<Cap>,
+}
+
+/// Where a recipient's time zone comes from: a contact attribute holding an IANA zone name,
+/// or else the space's default zone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ZoneRule {
+    /// The contact attribute's key; `None`: every recipient is in the default zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribute: Option<String>,
+    /// An IANA zone name (`Europe/Berlin`), checked at apply.
+    pub default: String,
+}
+
+/// A local window in which marketing mail is not sent, `from` inclusive, `to` exclusive;
+/// across midnight when `to` is earlier than `from`; empty when they are equal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QuietHours {
+    /// Minutes after local midnight, 0..1440.
+    pub from_minute: u32,
+    pub to_minute: u32,
+    pub outcome: Outcome,
+}
+
+/// At most `max` marketing emails per contact per `window` (of the topic, when set).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cap {
+    pub max: u32,
+    pub window: Window,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<String>,
+    pub outcome: Outcome,
+}
+
+/// A cap's window: the last `n` hours, or today and the `n - 1` calendar days before it in
+/// the recipient's zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Window {
+    Hours(u32),
+    Days(u32),
+}
+
+/// The most rules a policy holds.
+pub const MAX_CAPS: usize = 10;
+
+/// A marketing email the contact was sent (scheduled to send): when, its topic, and the log
+/// position of its `EmailScheduled`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    pub at_ms: i64,
+    pub topic_id: Option<String>,
+    pub position: i64,
+}
+
+/// The zone named `name` (an IANA name), if it is one.
+pub fn zone(name: &str) -> Option<Tz> {
+    name.parse().ok()
+}
+
+impl ZoneRule {
+    /// The recipient's zone: its attribute's value when that names a zone, else the default
+    /// (UTC if even that does not parse, which apply prevents).
+    pub fn resolve(&self, recipient_zone: Option<&str>) -> Tz {
+        recipient_zone.and_then(zone).or_else(|| zone(&self.default)).unwrap_or(Tz::UTC)
+    }
+}
+
+fn instant(at_ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(at_ms).unwrap_or_default()
+}
+
+/// The first instant after `after_ms` whose local time in `tz` is `local`; when `local` does
+/// not exist (a clock moved forward over it), the instant the clock moved.
+pub fn first_instant(tz: Tz, local: NaiveDateTime, after_ms: i64) -> i64 {
+    let mut probe = local;
+    // Gaps are at most a few hours long; a minute's steps find their end.
+    for _ in 0..=24 * 60 {
+        match tz.from_local_datetime(&probe) {
+            LocalResult::Single(at) => return at.timestamp_millis(),
+            // A clock moved back: the local time happens twice.
+            LocalResult::Ambiguous(earlier, later) => {
+                let earlier = earlier.timestamp_millis();
+                return if earlier > after_ms { earlier } else { later.timestamp_millis() };
+            }
+            LocalResult::None => probe = truncate_to_minute(probe) + Duration::minutes(1),
+        }
+    }
+    local.and_utc().timestamp_millis()
+}
+
+/// The first instant in `(from_ms, to_ms]` at which the zone's offset differs from its
+/// offset at `from_ms` (a clock change), if there is one.
+fn offset_change(tz: Tz, from_ms: i64, to_ms: i64) -> Option<i64> {
+    let offset = |at_ms: i64| instant(at_ms).with_timezone(&tz).offset().fix().local_minus_utc();
+    let before = offset(from_ms);
+    if offset(to_ms) == before {
+        return None;
+    }
+    let (mut low, mut high) = (from_ms, to_ms);
+    while high - low > 1 {
+        let middle = low + (high - low) / 2;
+        if offset(middle) == before { low = middle } else { high = middle }
+    }
+    Some(high)
+}
+
+fn truncate_to_minute(local: NaiveDateTime) -> NaiveDateTime {
+    local.with_second(0).and_then(|local| local.with_nanosecond(0)).unwrap_or(local)
+}
+
+fn local(tz: Tz, at_ms: i64) -> NaiveDateTime {
+    instant(at_ms).with_timezone(&tz).naive_local()
+}
+
+fn minute_of_day(local: NaiveDateTime) -> u32 {
+    local.hour() * 60 + local.minute()
+}
+
+fn at_minute(date: NaiveDate, minute: u32) -> NaiveDateTime {
+    date.and_time(NaiveTime::from_hms_opt(minute / 60, minute % 60, 0).unwrap_or_default())
+}
+
+impl QuietHours {
+    fn contains(&self, minute: u32) -> bool {
+        let (from, to) = (self.from_minute, self.to_minute);
+        match from.cmp(&to) {
+            std::cmp::Ordering::Equal => false,
+            std::cmp::Ordering::Less => from <= minute && minute < to,
+            std::cmp::Ordering::Greater => minute >= from || minute < to,
+        }
+    }
+
+    /// Whether `at_ms` falls in the window in `tz`.
+    pub fn is_quiet(&self, tz: Tz, at_ms: i64) -> bool {
+        self.contains(minute_of_day(local(tz, at_ms)))
+    }
+
+    /// When the window that holds `at_ms` ends (the first instant after it that is not
+    /// quiet); `None` when `at_ms` is not quiet.
+    ///
+    /// The clock leaves the window when it shows `to`, or when it jumps: a clock moved back
+    /// can leave it early (quiet 02:01 to 03:00 on the night 03:00 becomes 02:00 ends at the
+    /// jump), and a clock moved forward can skip all of the time between two windows (quiet
+    /// from 02:42 to 02:00 on the night 02:00 becomes 03:00: the end is the next day's).
+    pub fn ends_after(&self, tz: Tz, at_ms: i64) -> Option<i64> {
+        let mut from = at_ms;
+        for _ in 0..6 {
+            let end = self.window_end(tz, from)?;
+            if let Some(jump) = offset_change(tz, from, end) {
+                if !self.is_quiet(tz, jump) {
+                    return Some(jump);
+                }
+                from = jump;
+                continue;
+            }
+            if !self.is_quiet(tz, end) {
+                return Some(end);
+            }
+            from = end;
+        }
+        self.window_end(tz, from)
+    }
+
+    /// The end of the window's day that holds `at_ms`: when its local clock shows `to`.
+    fn window_end(&self, tz: Tz, at_ms: i64) -> Option<i64> {
+        let now = local(tz, at_ms);
+        let minute = minute_of_day(now);
+        if !self.contains(minute) {
+            return None;
+        }
+        // Across midnight and past its start: the window ends tomorrow.
+        let date = if self.from_minute > self.to_minute && minute >= self.from_minute {
+            now.date().succ_opt().unwrap_or(now.date())
+        } else {
+            now.date()
+        };
+        Some(first_instant(tz, at_minute(date, self.to_minute), at_ms).max(at_ms + 1))
+    }
+}
+
+impl Cap {
+    fn counts(&self, sent: &Sent) -> bool {
+        self.topic_id.as_ref().is_none_or(|topic| sent.topic_id.as_ref() == Some(topic))
+    }
+
+    /// The sends in the window at `at_ms`, newest first.
+    fn in_window<'a>(&self, tz: Tz, at_ms: i64, sent: &'a [Sent]) -> Vec<&'a Sent> {
+        let mut counted: Vec<&Sent> = sent
+            .iter()
+            .filter(|sent| self.counts(sent) && sent.at_ms <= at_ms)
+            .filter(|sent| match self.window {
+                Window::Hours(hours) => sent.at_ms > at_ms - i64::from(hours) * 3_600_000,
+                Window::Days(days) => {
+                    let today = local(tz, at_ms).date();
+                    let first = today - Duration::days(i64::from(days.max(1)) - 1);
+                    local(tz, sent.at_ms).date() >= first
+                }
+            })
+            .collect();
+        counted.sort_by(|a, b| b.at_ms.cmp(&a.at_ms).then(b.position.cmp(&a.position)));
+        counted
+    }
+
+    /// Whether the cap is reached at `at_ms`: the send that filled it (the newest counted)
+    /// and the instant it allows another (when the `max`-th newest leaves the window).
+    pub fn reached(&self, tz: Tz, at_ms: i64, sent: &[Sent]) -> Option<(i64, Sent)> {
+        let max = usize::try_from(self.max).unwrap_or(usize::MAX);
+        let counted = self.in_window(tz, at_ms, sent);
+        if counted.len() < max {
+            return None;
+        }
+        let newest = (*counted.first()?).clone();
+        let leaving = counted.get(max.saturating_sub(1)).copied().unwrap_or(&newest);
+        let allows = match self.window {
+            Window::Hours(hours) => leaving.at_ms + i64::from(hours) * 3_600_000,
+            Window::Days(days) => {
+                let date = local(tz, leaving.at_ms).date() + Duration::days(i64::from(days.max(1)));
+                first_instant(tz, date.and_time(NaiveTime::MIN), at_ms)
+            }
+        };
+        Some((allows.max(at_ms + 1), newest))
+    }
+}
+
+/// What the policy says about a marketing send at `now_ms` to a recipient in `tz` with
+/// marketing sends `sent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ruling {
+    Allow,
+    /// Refused until `until_ms` by `rule`.
+    Hold {
+        until_ms: i64,
+        rule: Rule,
+    },
+    /// Refused by `rule`; `filled_by` is the send that filled the cap.
+    Skip {
+        rule: Rule,
+        filled_by: Option<i64>,
+    },
+}
+
+/// The rule of a policy that refused a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    QuietHours,
+    FrequencyCap,
+}
+
+impl SendPolicy {
+    /// A cap whose outcome is skip and that is reached skips the send; quiet hours now with
+    /// outcome skip skip it. Otherwise a send refused by a cap or quiet hours is held until
+    /// the first instant every rule allows: past every reached cap's window, then past the
+    /// quiet hours it would land in (a cap allows for good once its window has passed, so
+    /// one pass finds the instant).
+    pub fn rule(&self, tz: Tz, now_ms: i64, sent: &[Sent]) -> Ruling {
+        let reached: Vec<(&Cap, (i64, Sent))> = self
+            .frequency_caps
+            .iter()
+            .filter_map(|cap| cap.reached(tz, now_ms, sent).map(|found| (cap, found)))
+            .collect();
+        if let Some((_, (_, filled))) = reached.iter().find(|(cap, _)| cap.outcome == Outcome::Skip) {
+            return Ruling::Skip { rule: Rule::FrequencyCap, filled_by: Some(filled.position) };
+        }
+        let quiet = self.quiet_hours.as_ref();
+        if quiet.is_some_and(|quiet| quiet.outcome == Outcome::Skip && quiet.is_quiet(tz, now_ms)) {
+            return Ruling::Skip { rule: Rule::QuietHours, filled_by: None };
+        }
+        let capped_until = reached.iter().map(|(_, (allows, _))| *allows).max();
+        let mut until = capped_until.unwrap_or(now_ms);
+        let mut rule = Rule::FrequencyCap;
+        if let Some(end) = quiet.and_then(|quiet| quiet.ends_after(tz, until)) {
+            until = end;
+            if capped_until.is_none() {
+                rule = Rule::QuietHours;
+            }
+        }
+        if until == now_ms { Ruling::Allow } else { Ruling::Hold { until_ms: until, rule } }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const MINUTE: i64 = 60_000;
+    const HOUR: i64 = 60 * MINUTE;
+
+    /// Zones from UTC-12 to UTC+14: with and without daylight saving time, both hemispheres,
+    /// half- and quarter-hour offsets, a 30-minute DST shift and a DST change at midnight.
+    const ZONES: &[&str] = &[
+        "Etc/GMT+12",
+        "Pacific/Pago_Pago",
+        "America/Los_Angeles",
+        "America/New_York",
+        "America/St_Johns",
+        "America/Santiago",
+        "America/Sao_Paulo",
+        "UTC",
+        "Europe/London",
+        "Europe/Berlin",
+        "Asia/Tehran",
+        "Asia/Kolkata",
+        "Asia/Kathmandu",
+        "Asia/Tokyo",
+        "Australia/Adelaide",
+        "Australia/Lord_Howe",
+        "Pacific/Auckland",
+        "Pacific/Chatham",
+        "Pacific/Tongatapu",
+        "Pacific/Kiritimati",
+    ];
+
+    /// Those of them that change their clocks in 2026 (both hemispheres, a 30-minute change,
+    /// one at midnight).
+    const DST_ZONES: &[&str] = &[
+        "America/Los_Angeles",
+        "America/New_York",
+        "America/St_Johns",
+        "America/Santiago",
+        "Europe/London",
+        "Europe/Berlin",
+        "Australia/Adelaide",
+        "Australia/Lord_Howe",
+        "Pacific/Auckland",
+        "Pacific/Chatham",
+    ];
+
+    /// 2020-01-01 to 2031-01-01.
+    const FROM_MS: i64 = 1_577_836_800_000;
+    const TO_MS: i64 = 1_924_992_000_000;
+
+    fn tz(index: usize) -> Tz {
+        zone(ZONES[index % ZONES.len()]).expect("a zone")
+    }
+
+    fn quiet(from_minute: u32, to_minute: u32) -> QuietHours {
+        QuietHours { from_minute, to_minute, outcome: Outcome::Hold }
+    }
+
+    /// Instants next to the DST transitions of `tz` in 2026 (every minute of the day around
+    /// each, where a window's start or end most often lands in a gap or a fold).
+    fn around_transitions(tz: Tz) -> Vec<i64> {
+        let start = 1_767_225_600_000; // 2026-01-01
+        let mut found = Vec::new();
+        let mut at = start;
+        let offset = |at: i64| instant(at).with_timezone(&tz).naive_local().and_utc().timestamp_millis() - at;
+        while at < start + 366 * 24 * HOUR {
+            if offset(at) != offset(at + 6 * HOUR) {
+                found.push(at);
+            }
+            at += 6 * HOUR;
+        }
+        found
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// The end of quiet hours is the first instant, at minute steps, that is not quiet:
+        /// every minute before it since `now` is quiet, it is not, and it is within a day
+        /// and a DST shift.
+        #[test]
+        fn quiet_hours_end_at_the_first_instant_that_is_not_quiet(
+            zone_index in 0..ZONES.len(),
+            now in FROM_MS..TO_MS,
+            from in 0u32..1440,
+            to in 0u32..1440,
+        ) {
+            let (tz, quiet) = (tz(zone_index), quiet(from, to));
+            match quiet.ends_after(tz, now) {
+                None => prop_assert!(!quiet.is_quiet(tz, now)),
+                Some(end) => {
+                    prop_assert!(quiet.is_quiet(tz, now));
+                    prop_assert!(from != to, "an empty window is never quiet");
+                    prop_assert!(end > now && end - now <= 26 * HOUR, "{} minutes", (end - now) / MINUTE);
+                    prop_assert!(!quiet.is_quiet(tz, end), "quiet at its own end");
+                    let mut at = now - now.rem_euclid(MINUTE) + MINUTE;
+                    while at < end {
+                        prop_assert!(quiet.is_quiet(tz, at), "not quiet at {at} before the end {end}");
+                        at += MINUTE;
+                    }
+                }
+            }
+        }
+
+        /// Around every DST transition of the year, the same holds.
+        #[test]
+        fn quiet_hours_end_right_across_daylight_saving_transitions(
+            zone_index in 0..DST_ZONES.len(),
+            pick in any::<prop::sample::Index>(),
+            offset_minutes in -720i64..720,
+            from in 0u32..1440,
+            to in 0u32..1440,
+        ) {
+            let tz = zone(DST_ZONES[zone_index]).expect("a zone");
+            let transitions = around_transitions(tz);
+            prop_assert!(transitions.len() >= 2, "{} changes its clocks twice a year", DST_ZONES[zone_index]);
+            let now = transitions[pick.index(transitions.len())] + offset_minutes * MINUTE;
+            let quiet = quiet(from, to);
+            if let Some(end) = quiet.ends_after(tz, now) {
+                prop_assert!(!quiet.is_quiet(tz, end));
+                let mut at = now - now.rem_euclid(MINUTE) + MINUTE;
+                while at < end {
+                    prop_assert!(quiet.is_quiet(tz, at));
+                    at += MINUTE;
+                }
+            }
+        }
+
+        /// A reached cap allows a send at the instant it names and not a minute before.
+        #[test]
+        fn a_cap_allows_again_exactly_when_its_window_has_passed(
+            zone_index in 0..ZONES.len(),
+            now in FROM_MS..TO_MS,
+            max in 1u32..4,
+            hours in prop::option::of(1u32..72),
+            days in 1u32..8,
+            ago in prop::collection::vec(0i64..(10 * 24 * 60), 0..8),
+        ) {
+            let tz = tz(zone_index);
+            let window = hours.map_or(Window::Days(days), Window::Hours);
+            let cap = Cap { max, window, topic_id: None, outcome: Outcome::Hold };
+            let sent: Vec<Sent> = ago
+                .iter()
+                .enumerate()
+                .map(|(position, ago)| Sent { at_ms: now - ago * MINUTE, topic_id: None, position: position as i64 })
+                .collect();
+            match cap.reached(tz, now, &sent) {
+                None => prop_assert!(cap.in_window(tz, now, &sent).len() < max as usize),
+                Some((allows, _)) => {
+                    prop_assert!(allows > now);
+                    prop_assert!(cap.reached(tz, allows, &sent).is_none(), "still reached when it allows");
+                    prop_assert!(cap.reached(tz, allows - 1, &sent).is_some() || allows == now + 1,
+                        "allowed before the instant it names");
+                }
+            }
+        }
+
+        /// A hold lands where every rule allows: not quiet, no cap reached.
+        #[test]
+        fn a_hold_lands_where_every_rule_allows(
+            zone_index in 0..ZONES.len(),
+            now in FROM_MS..TO_MS,
+            from in 0u32..1440,
+            to in 0u32..1440,
+            max in 1u32..3,
+            hours in 1u32..48,
+            ago in prop::collection::vec(0i64..(3 * 24 * 60), 0..5),
+        ) {
+            let tz = tz(zone_index);
+            let policy = SendPolicy {
+                time_zone: ZoneRule { attribute: None, default: "UTC".into() },
+                quiet_hours: Some(quiet(from, to)),
+                frequency_caps: vec![Cap { max, window: Window::Hours(hours), topic_id: None, outcome: Outcome::Hold }],
+            };
+            let sent: Vec<Sent> =
+                ago.iter().map(|ago| Sent { at_ms: now - ago * MINUTE, topic_id: None, position: 1 }).collect();
+            match policy.rule(tz, now, &sent) {
+                Ruling::Allow => {
+                    prop_assert!(!quiet(from, to).is_quiet(tz, now));
+                    prop_assert!(policy.frequency_caps[0].reached(tz, now, &sent).is_none());
+                }
+                Ruling::Hold { until_ms, .. } => {
+                    prop_assert!(until_ms > now);
+                    prop_assert_eq!(policy.rule(tz, until_ms, &sent), Ruling::Allow);
+                }
+                Ruling::Skip { .. } => prop_assert!(false, "nothing here skips"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_that_ends_in_a_spring_forward_gap_ends_when_the_clock_jumps() {
+        // Berlin, 2026-03-29: 02:00 CET becomes 03:00 CEST (01:00Z). Quiet 22:00-02:30.
+        let berlin = zone("Europe/Berlin").expect("a zone");
+        let quiet = quiet(22 * 60, 150);
+        let midnight = 1_774_738_800_000; // 2026-03-28T23:00:00Z = 00:00 CET
+        assert_eq!(quiet.ends_after(berlin, midnight), Some(1_774_746_000_000)); // 01:00Z = 03:00 CEST
+    }
+
+    #[test]
+    fn a_window_that_ends_in_a_fall_back_fold_ends_at_its_first_occurrence() {
+        // New York, 2026-11-01: 02:00 EDT becomes 01:00 EST (06:00Z). Quiet 21:00-01:30.
+        let new_york = zone("America/New_York").expect("a zone");
+        let quiet = quiet(21 * 60, 90);
+        let before = 1_793_505_600_000; // 2026-11-01T04:00:00Z = 00:00 EDT
+        assert_eq!(quiet.ends_after(new_york, before), Some(1_793_511_000_000)); // 05:30Z = 01:30 EDT
+        // The clock shows 01:10 again an hour later (EST): quiet by the clock, until 01:30 EST.
+        let repeated = 1_793_513_400_000; // 06:10Z = 01:10 EST
+        assert_eq!(quiet.ends_after(new_york, repeated), Some(1_793_514_600_000)); // 06:30Z
+    }
+
+    #[test]
+    fn zones_ahead_of_utc_end_the_window_on_their_own_date() {
+        // Kiritimati (+14): 2026-05-28T20:26Z is 10:26 on the 29th; quiet 09:00-12:00 ends
+        // at 12:00 local on the 29th = 22:00Z on the 28th.
+        let kiritimati = zone("Pacific/Kiritimati").expect("a zone");
+        let quiet = quiet(9 * 60, 12 * 60);
+        assert_eq!(quiet.ends_after(kiritimati, 1_780_000_000_000), Some(1_780_005_600_000));
+    }
+
+    #[test]
+    fn calendar_day_windows_count_the_recipients_days_not_utcs() {
+        // Tokyo (+9): one send a day. Sent at 2026-05-28T14:00Z (23:00 in Tokyo, the 28th);
+        // at 15:30Z it is 00:30 on the 29th in Tokyo: a new day, allowed; in UTC, still the 28th.
+        let cap = Cap { max: 1, window: Window::Days(1), topic_id: None, outcome: Outcome::Hold };
+        let sent = [Sent { at_ms: 1_779_976_800_000, topic_id: None, position: 1 }];
+        let tokyo = zone("Asia/Tokyo").expect("a zone");
+        assert!(cap.reached(tokyo, 1_779_982_200_000, &sent).is_none());
+        let (allows, _) = cap.reached(Tz::UTC, 1_779_982_200_000, &sent).expect("reached in UTC");
+        assert_eq!(allows, 1_780_012_800_000, "midnight UTC of the 29th");
+    }
+}
