@@ -12,13 +12,14 @@ use crate::records::decide::WriteSchema;
 use crate::records::write::{Write, plan_update, write_context};
 use crate::templates::decide::consent_keys;
 
-/// Sets the email consent attributes of the contact's schema to `consented`; `None` when the
-/// contact is gone, its schema has none, or they hold that value already.
+/// Sets the email consent attributes of the contact's schema to `consented`, carried by
+/// `source`; `None` when the contact is gone, its schema has none, or they hold that value
+/// already.
 pub(crate) async fn set_email_consent(
     ctx: &Ctx<'_>,
-    space_id: &str,
-    contact_id: &str,
+    (space_id, contact_id): (&str, &str),
     consented: bool,
+    source: Source<'_>,
     now: i64,
 ) -> Result<Option<Write>, ApiError> {
     let client = ctx.db().await?;
@@ -41,11 +42,13 @@ pub(crate) async fn set_email_consent(
         schema_type: &context.schema.schema_type,
         attributes: &context.attributes,
     };
-    plan_update(ctx, &write_schema, contact_id, input, now).await
+    let write = plan_update(ctx, &write_schema, contact_id, input, now).await?;
+    Ok(write.map(|write| write.carried_by(source.kind, source.id)))
 }
 
-/// What changed a subscription: `form`, `confirmation` or `unsubscribe`, and the form or
-/// email that did.
+/// What carried a consent or subscription change: `form`, `confirmation`, `preferences` or
+/// `unsubscribe`, and the form or email that did.
+#[derive(Clone, Copy)]
 pub(crate) struct Source<'a> {
     pub kind: &'a str,
     pub id: &'a str,

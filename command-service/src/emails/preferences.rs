@@ -4,8 +4,10 @@
 //!
 //! Two choices: each topic of the space subscribed or not, or everything left (every topic
 //! unsubscribed and the marketing consent withdrawn). Each change is a logged
-//! `SubscriptionChanged` with source `preferences` (and a consent change an ordinary record
-//! update), so the audit trail shows it. Subscribing to a topic from the page also grants
+//! `SubscriptionChanged` with source `preferences` (and a consent change a record update
+//! carried by the email), so the audit trail shows it. Leaving the email's topic, or
+//! everything, is an opt-out through the email as the one-click link's is (D11): the email's
+//! `EmailUnsubscribed`, once, which its run's or step's count and `email.unsubscribed` follow. Subscribing to a topic from the page also grants
 //! the email consent the contact had withdrawn: it is the recipient's own, explicit choice.
 //! A choice that changes nothing writes nothing and answers the same.
 //!
@@ -167,7 +169,8 @@ impl Command for ChangePreferences {
         };
         let consent = match consent {
             Some(consented) => {
-                set_email_consent(ctx, space_id, contact_id, consented, platform::time::now_millis()).await?
+                let source = Source { kind: "preferences", id: &self.email_id };
+                set_email_consent(ctx, (space_id, contact_id), consented, source, platform::time::now_millis()).await?
             }
             None => None,
         };
@@ -208,6 +211,16 @@ impl Command for ChangePreferences {
         streams.extend(subscription_changes((space_id, contact_id), &to_leave, "unsubscribed", source(), now));
         if streams.is_empty() {
             return Ok(Decided::Answer(answer));
+        }
+        // An opt-out made through this email counts as the one-click link's does: leaving its
+        // topic, or leaving everything (D11).
+        let topic = &email.scheduled.topic_id;
+        let opted_out = match &self.choice {
+            Choice::LeaveAll => true,
+            Choice::Topics(_) => !topic.is_empty() && to_leave.contains(&topic),
+        };
+        if opted_out && !email.unsubscribed {
+            streams.push(unsubscribe::unsubscribed(&self.email_id, &email, now));
         }
         Ok(Decided::Append(Decision::new(streams, guards, answer).in_space(space_id)))
     }

@@ -101,7 +101,8 @@ impl Command for Unsubscribe {
         let consent = match (email.unsubscribed, scheduled.topic_id.is_empty()) {
             (false, true) => {
                 let now = platform::time::now_millis();
-                set_email_consent(ctx, &scheduled.space_id, &scheduled.contact_id, false, now).await?
+                let source = Source { kind: "unsubscribe", id: &self.email_id };
+                set_email_consent(ctx, (&scheduled.space_id, &scheduled.contact_id), false, source, now).await?
             }
             _ => None,
         };
@@ -129,28 +130,35 @@ impl Command for Unsubscribe {
             let parties = (scheduled.space_id.as_str(), scheduled.contact_id.as_str());
             streams.extend(subscription_changes(parties, &topics, "unsubscribed", source, now));
         }
-        let unsubscribed = proto::EmailUnsubscribed {
-            email_id: email_id.clone(),
-            space_id: scheduled.space_id.clone(),
-            contact_id: scheduled.contact_id.clone(),
-            topic_id: scheduled.topic_id.clone(),
-            at_ms: now,
-        };
-        streams.push(StreamAppend {
-            stream_id: domain::email::stream_id(email_id),
-            expected: ExpectedVersion::Exactly(email.version),
-            events: vec![NewEvent {
-                event: LogEvent::EmailUnsubscribed(unsubscribed),
-                subject_id: Some(scheduled.contact_id.clone()),
-                occurred_at: platform::time::from_millis(now),
-            }],
-        });
+        streams.push(unsubscribed(email_id, &email, now));
         let answer = self.answer(&scheduled.topic_id, &topic_name);
         Ok(Decided::Append(Decision::new(streams, guards, answer).in_space(&scheduled.space_id)))
     }
 
     fn lost_too_often(&self) -> ApiError {
         ApiError::conflict(Code::ConcurrentModification, "the email's recipient kept changing; retry")
+    }
+}
+
+/// The email's `EmailUnsubscribed`: an opt-out made through it (the one-click link, or the
+/// preference page), appended at the email's version so it is recorded once.
+pub(crate) fn unsubscribed(email_id: &str, email: &Email, now: i64) -> StreamAppend {
+    let scheduled = &email.scheduled;
+    let unsubscribed = proto::EmailUnsubscribed {
+        email_id: email_id.to_owned(),
+        space_id: scheduled.space_id.clone(),
+        contact_id: scheduled.contact_id.clone(),
+        topic_id: scheduled.topic_id.clone(),
+        at_ms: now,
+    };
+    StreamAppend {
+        stream_id: domain::email::stream_id(email_id),
+        expected: ExpectedVersion::Exactly(email.version),
+        events: vec![NewEvent {
+            event: LogEvent::EmailUnsubscribed(unsubscribed),
+            subject_id: Some(scheduled.contact_id.clone()),
+            occurred_at: platform::time::from_millis(now),
+        }],
     }
 }
 

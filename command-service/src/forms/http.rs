@@ -216,7 +216,8 @@ impl Command for SubmitForm<'_> {
         let mut guards: Vec<Guard> = Vec::new();
         let mut contact_key = planned.key.clone();
         if let Some(write) = planned.write {
-            let Write { stream, guards: write_guards, key } = write.map_err(crate::edge::append_error)?;
+            let write = write.map_err(crate::edge::append_error)?.carried_by("form", form_id);
+            let Write { stream, guards: write_guards, key } = write;
             contact_key = Some(key);
             streams.push(stream);
             guards.extend(write_guards);
@@ -464,7 +465,9 @@ impl Command for ConfirmSubmission {
         let subscribed =
             domain::email::subscriptions(&db, &contact_id).await.map_err(|error| ApiError::internal(&error))?;
         drop(db);
-        let consent = set_email_consent(ctx, &space_id, &contact_id, true, platform::time::now_millis()).await?;
+        let source = Source { kind: "confirmation", id: &self.form_id };
+        let consent =
+            set_email_consent(ctx, (&space_id, &contact_id), true, source, platform::time::now_millis()).await?;
         Ok(Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed })
     }
 

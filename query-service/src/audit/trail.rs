@@ -43,11 +43,15 @@ pub(crate) fn record_history(
     let mut previous: HashMap<&str, Value> = HashMap::new();
     let mut found = false;
     for event in events {
-        let (state, changed, import) = match event.decode()? {
-            LogEvent::RecordCreated(created) => (RecordState::from_created(&created, keys)?, None, created.import),
+        let (state, changed, import, carrier) = match event.decode()? {
+            LogEvent::RecordCreated(created) => {
+                let carrier = carrier(&created.source, &created.source_id, created.import.as_ref());
+                (RecordState::from_created(&created, keys)?, None, created.import, carrier)
+            }
             LogEvent::RecordUpdated(updated) => {
                 let changed = updated.changed_keys.clone();
-                (RecordState::from_updated(&updated, keys)?, Some(changed), updated.import)
+                let carrier = carrier(&updated.change_source, &updated.change_source_id, updated.import.as_ref());
+                (RecordState::from_updated(&updated, keys)?, Some(changed), updated.import, carrier)
             }
             LogEvent::RecordDeletionRequested(_)
             | LogEvent::RecordDeletionBlocked(_)
@@ -79,6 +83,7 @@ pub(crate) fn record_history(
                         "value": value,
                         "actorKeyId": event.actor_key_id,
                         "importSource": import.as_ref().map(import_source),
+                        "source": carrier,
                     }),
                 ));
             }
@@ -86,6 +91,18 @@ pub(crate) fn record_history(
         }
     }
     Ok(found.then_some(history))
+}
+
+/// What carried a consent change: `{type, id}`, the type `api`, `import`, `form`,
+/// `confirmation`, `preferences`, `unsubscribe` or `workflow`, the id that of the import, the
+/// form, the email or the run (null for `api`). A write recorded before the carrier was
+/// (empty) was the API's, or its import's.
+fn carrier(source: &str, source_id: &str, import: Option<&platform::proto::ImportProvenance>) -> Value {
+    match (source, import) {
+        ("" | "api", None) => json!({"type": "api", "id": null}),
+        ("" | "import", Some(import)) => json!({"type": "import", "id": import.import_id}),
+        (source, _) => json!({"type": source, "id": (!source_id.is_empty()).then_some(source_id)}),
+    }
 }
 
 /// The import a consent change came from, with the consent source it stated: `{importId,

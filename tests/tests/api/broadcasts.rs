@@ -163,6 +163,32 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
     assert_eq!(counts["sent"], json!(messages.len()), "what the sink got: {run}");
     assert_eq!((&counts["openRate"], &counts["clickRate"]), (&json!(0.5), &json!(0.5)), "{run}");
     assert_eq!((&counts["bounced"], &counts["complained"], &counts["unsubscribed"]), (&json!(0), &json!(0), &json!(0)));
+    // The reader leaves the topic on the email's preference page (as the page posts it): an
+    // opt-out the run counts, as it counts the one-click link's.
+    let reader_email = reader["headers"]["message-id"][0]
+        .as_str()
+        .and_then(|id| id.trim_start_matches('<').split('@').next())
+        .expect("a message id")
+        .to_owned();
+    let topic_id = app.get("/topics", MAIL_KEY).await.body["data"][0]["id"].as_str().expect("a topic").to_owned();
+    let saved = app
+        .send(
+            app.request(reqwest::Method::POST, &format!("/emails/{reader_email}/preferences"), None)
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .body(format!("action=save&{topic_id}=unsubscribed")),
+        )
+        .await;
+    assert_eq!(saved.status, 200, "{:?}", saved.body);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let run =
+            app.get(&format!("/broadcasts/{WEEKLY_BROADCAST}/runs/{run_id}"), MAIL_KEY).await.body["data"].clone();
+        if run["counts"]["unsubscribed"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the page's opt-out was not counted: {run}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let runs = app.get(&format!("/broadcasts/{WEEKLY_BROADCAST}/runs"), MAIL_KEY).await;
     assert_eq!(runs.body["pagination"]["totalCount"], 1);
     assert_eq!(runs.body["data"][0]["id"], run_id.as_str());

@@ -686,7 +686,17 @@ async fn preferences_change_topics_and_consent_for_api_clients_and_refuse_what_i
         left.body["data"],
         json!({"emailId": email_id, "unsubscribedFromAll": false, "topics": {&topic: "unsubscribed"}})
     );
-    assert!(left.header("consistency-token").is_some(), "a change is a write");
+    let token = left.header("consistency-token").expect("a change is a write").to_owned();
+    // Leaving the email's topic on its page is an opt-out through the email, as the link's is.
+    let story = app
+        .send(
+            app.request(reqwest::Method::GET, &format!("/emails/{email_id}"), Some(MAIL_KEY))
+                .header("Consistency-Token", token),
+        )
+        .await;
+    assert_eq!(story.body["data"]["unsubscribed"], true, "{:?}", story.body);
+    let opt_outs = || app.query_i64("SELECT count(*) FROM events WHERE event_type = 'EmailUnsubscribed.v1'");
+    assert_eq!(opt_outs().await, 1);
     let body = json!({"data": {"contact": {"email": "pat@example.com"}}});
     let refused = send(&app, &newsletter, &body, None).await;
     assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_not_subscribed")));
@@ -715,6 +725,23 @@ async fn preferences_change_topics_and_consent_for_api_clients_and_refuse_what_i
     let sources: Vec<&Value> =
         trail.body["data"].as_array().expect("entries").iter().map(|entry| &entry["source"]).collect();
     assert_eq!(sources.iter().filter(|source| **source == "preferences").count(), 3, "{:?}", trail.body);
+    assert_eq!(opt_outs().await, 1, "leaving everything through an email that was left already counts once");
+    // Every consent change says what carried it (newest first): the page of the email, and
+    // before it the form that created the contact.
+    let carriers: Vec<&Value> = trail.body["data"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|entry| entry["type"] == "consent_changed")
+        .map(|entry| &entry["source"])
+        .collect();
+    assert_eq!(
+        carriers,
+        [&json!({"type": "preferences", "id": email_id}), &json!({"type": "form", "id": QUICK_FORM})],
+        "{:?}",
+        trail.body
+    );
+    assert_eq!(contact["source"], "form", "a contact a form created says so");
 
     // What is not a choice is refused, naming the field; nothing is written.
     let before = events().await;
@@ -776,14 +803,43 @@ async fn email_events_reach_email_event_webhooks_filtered_by_type() {
     assert_eq!(failed.body["data"]["status"], "failed", "{:?}", failed.body);
     let unsubscribed = public(&app, reqwest::Method::POST, &format!("/emails/{email_id}/unsubscribe"), None).await;
     assert_eq!(unsubscribed.status(), 200);
-    // scheduled + sent + unsubscribed of the first email, scheduled of the second.
-    receiver.wait_for("mail", 4, WAIT).await;
+    // Another recipient leaves everything on the email's preference page: the same event.
+    sink.set_mode(json!({"mode": "accept"})).await;
+    let third =
+        send(&app, &promo, &json!({"data": {"contact": {"email": "page@example.com", "newsConsent": true}}}), None)
+            .await;
+    assert_eq!(third.body["data"]["status"], "sent", "{:?}", third.body);
+    let third_id = third.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    let left = app
+        .send(
+            app.request(reqwest::Method::POST, &format!("/emails/{third_id}/preferences"), None)
+                .json(&json!({"unsubscribeAll": true})),
+        )
+        .await;
+    assert_eq!(left.status, 200, "{:?}", left.body);
+    // scheduled + sent + unsubscribed of the first and third emails, scheduled of the second.
+    receiver.wait_for("mail", 7, WAIT).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let received = receiver.received("mail").await;
     let mut types: Vec<String> =
         received.iter().filter_map(|delivery| delivery["body"]["type"].as_str().map(str::to_owned)).collect();
     types.sort();
-    assert_eq!(types, ["email.scheduled", "email.scheduled", "email.sent", "email.unsubscribed"]);
+    assert_eq!(
+        types,
+        [
+            "email.scheduled",
+            "email.scheduled",
+            "email.scheduled",
+            "email.sent",
+            "email.sent",
+            "email.unsubscribed",
+            "email.unsubscribed"
+        ]
+    );
+    let page_opt_out = received
+        .iter()
+        .find(|d| d["body"]["type"] == "email.unsubscribed" && d["body"]["data"]["emailId"] == json!(third_id));
+    assert!(page_opt_out.is_some(), "the page's opt-out is announced: {received:?}");
     assert!(received.iter().all(|delivery| delivery["verifiedWith"] == json!([0])), "signed: {received:?}");
     let sent_delivery = received.iter().find(|d| d["body"]["type"] == "email.sent").expect("email.sent");
     assert_eq!(sent_delivery["body"]["data"]["emailId"], email_id);

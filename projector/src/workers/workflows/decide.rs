@@ -741,7 +741,9 @@ fn execute(
                     platform::events::encrypt(&mut sealed, key)?;
                 }
                 let updated = live.state.after_update(personal, now);
-                let event = updated.updated_event(sealed, changed, 0);
+                let mut event = updated.updated_event(sealed, changed, 0);
+                event.change_source = "workflow".to_owned();
+                event.change_source_id.clone_from(&tick.row.run_id);
                 tick.streams.push(StreamAppend {
                     stream_id: domain::records::stream_id(&live.state.record_id),
                     expected: ExpectedVersion::Exactly(live.version),

@@ -288,6 +288,8 @@ fn decide_row(
                     let mut change = *change;
                     warnings.extend(change.warnings.iter().cloned());
                     change.event.import = Some(provenance.proto());
+                    change.event.change_source = "import".to_owned();
+                    change.event.change_source_id.clone_from(&provenance.import_id);
                     match update_write(schema.space_id, schema.schema_id, (version, data_key), change) {
                         Ok(write) => Some(write),
                         Err(error) => return failed(key, Code::InternalError, error.to_string()),
@@ -307,6 +309,7 @@ fn decide_row(
                 Err(refusal) => return refused(key, refusal),
             };
             decision.event.source = "import".to_owned();
+            decision.event.source_id.clone_from(&provenance.import_id);
             decision.event.import = Some(provenance.proto());
             let mut warnings = suppressed(facts, email.as_deref());
             warnings.extend(decision.warnings.iter().cloned());

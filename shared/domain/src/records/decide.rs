@@ -293,6 +293,7 @@ pub fn decide_create(
         personal: Some(seal(record_id, &personal)),
         schema_type: schema.schema_type.to_owned(),
         import: None,
+        source_id: String::new(),
     };
     Ok(CreateDecision { event, identities, warnings })
 }

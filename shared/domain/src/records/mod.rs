@@ -129,6 +129,8 @@ impl RecordState {
             changed_keys,
             credits_spent,
             import: None,
+            change_source: String::new(),
+            change_source_id: String::new(),
         }
     }
 

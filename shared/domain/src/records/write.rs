@@ -27,6 +27,28 @@ pub struct Write {
     pub key: DataKey,
 }
 
+impl Write {
+    /// The write as carried by `source` (`form`, `confirmation`, `preferences`,
+    /// `unsubscribe`, ...) and the id of what carried it (the form, the email): a creation's
+    /// source, an update's change source, so the audit trail says where a consent came from.
+    pub fn carried_by(mut self, source: &str, source_id: &str) -> Self {
+        for new in &mut self.stream.events {
+            match &mut new.event {
+                LogEvent::RecordCreated(created) => {
+                    source.clone_into(&mut created.source);
+                    source_id.clone_into(&mut created.source_id);
+                }
+                LogEvent::RecordUpdated(updated) => {
+                    source.clone_into(&mut updated.change_source);
+                    source_id.clone_into(&mut updated.change_source_id);
+                }
+                _ => {}
+            }
+        }
+        self
+    }
+}
+
 /// The write of a new record (its personal data encrypted under a fresh key).
 pub fn create_write(space_id: &str, schema_id: &str, decision: CreateDecision) -> Result<Write, AppendError> {
     let mut decision = decision;
