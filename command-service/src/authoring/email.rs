@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
 use domain::email::resources::{
-    ALLOWANCE, AllowanceDef, Audience, BROADCAST, BroadcastDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef, SENDER,
-    SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef, TrackingDef,
+    ALLOWANCE, AllowanceDef, Audience, BROADCAST, BroadcastDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef,
+    SEND_POLICY, SENDER, SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef, TrackingDef,
 };
+use domain::email::send::policy::{Cap, MAX_CAPS, Outcome, QuietHours, SendPolicy, Window, ZoneRule};
 use mail::dkim;
 use mail::{footer, render};
 use platform::events::LogEvent;
@@ -402,6 +403,9 @@ pub(super) fn definitions(
         };
         out.push((BROADCAST, resource_id(BROADCAST, "bc", &space.slug, resource), serde_json::to_value(definition)?));
     }
+    if let Some(policy) = send_policy(space, &schemas, &topic_ids, previous(SEND_POLICY, space_id).is_some())? {
+        out.push((SEND_POLICY, space_id.to_owned(), serde_json::to_value(policy)?));
+    }
     if let Some(allowance) = &space.email_allowance {
         let allowance: AllowanceDef =
             serde_json::from_value(allowance.clone()).context("emailAllowance must be {\"monthly\": <count>}")?;
@@ -411,6 +415,124 @@ pub(super) fn definitions(
         out.push((ALLOWANCE, space_id.to_owned(), serde_json::to_value(allowance)?));
     }
     Ok(out)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SendPolicySpec {
+    time_zone: ZoneSpec,
+    #[serde(default)]
+    quiet_hours: Option<QuietHoursSpec>,
+    #[serde(default)]
+    frequency_caps: Vec<CapSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ZoneSpec {
+    #[serde(default)]
+    attribute: Option<String>,
+    default: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuietHoursSpec {
+    from: String,
+    to: String,
+    outcome: Outcome,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapSpec {
+    max: u32,
+    per: WindowSpec,
+    #[serde(default)]
+    topic: Option<String>,
+    outcome: Outcome,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WindowSpec {
+    #[serde(default)]
+    hours: Option<u32>,
+    #[serde(default)]
+    days: Option<u32>,
+}
+
+/// `HH:MM` as minutes after midnight.
+fn minute_of_day(text: &str, what: &str) -> anyhow::Result<u32> {
+    let parsed = chrono::NaiveTime::parse_from_str(text, "%H:%M")
+        .with_context(|| format!("{what} {text:?} is not a time of day HH:MM"))?;
+    Ok(chrono::Timelike::hour(&parsed) * 60 + chrono::Timelike::minute(&parsed))
+}
+
+/// The space's send policy, checked: the default zone an IANA name, the zone attribute one of
+/// a contact schema of the space, the times `HH:MM`, at most ten caps, each of at least one
+/// email over 1 to 8,760 hours or 1 to 366 days, of a topic of the space. A space whose file
+/// no longer has one that had one gets the empty policy (no quiet hours, no caps).
+fn send_policy(
+    space: &SpaceSpec,
+    schemas: &Schemas<'_>,
+    topic_ids: &BTreeMap<&str, String>,
+    had_one: bool,
+) -> anyhow::Result<Option<SendPolicy>> {
+    let Some(spec) = &space.send_policy else {
+        let empty = SendPolicy {
+            time_zone: ZoneRule { attribute: None, default: "UTC".to_owned() },
+            quiet_hours: None,
+            frequency_caps: Vec::new(),
+        };
+        return Ok(had_one.then_some(empty));
+    };
+    let spec: SendPolicySpec = serde_json::from_value(spec.clone()).context("sendPolicy is not valid")?;
+    if domain::email::send::policy::zone(&spec.time_zone.default).is_none() {
+        bail!("sendPolicy.timeZone.default {:?} is not an IANA time zone name", spec.time_zone.default);
+    }
+    if let Some(attribute) = &spec.time_zone.attribute {
+        let found = schemas
+            .by_slug
+            .values()
+            .any(|(_, schema_type, keys)| *schema_type == "contact" && keys.contains(&attribute.as_str()));
+        if !found {
+            bail!("sendPolicy.timeZone.attribute {attribute:?} is not an attribute of a contact schema of the space");
+        }
+    }
+    let quiet_hours = spec
+        .quiet_hours
+        .map(|quiet| -> anyhow::Result<QuietHours> {
+            Ok(QuietHours {
+                from_minute: minute_of_day(&quiet.from, "sendPolicy.quietHours.from")?,
+                to_minute: minute_of_day(&quiet.to, "sendPolicy.quietHours.to")?,
+                outcome: quiet.outcome,
+            })
+        })
+        .transpose()?;
+    if spec.frequency_caps.len() > MAX_CAPS {
+        bail!("sendPolicy.frequencyCaps has {} rules; at most {MAX_CAPS}", spec.frequency_caps.len());
+    }
+    let mut frequency_caps = Vec::new();
+    for (index, cap) in spec.frequency_caps.into_iter().enumerate() {
+        let owner = format!("sendPolicy.frequencyCaps[{index}]");
+        if cap.max == 0 {
+            bail!("{owner}.max must be at least 1");
+        }
+        let window = match (cap.per.hours, cap.per.days) {
+            (Some(hours @ 1..=8_760), None) => Window::Hours(hours),
+            (None, Some(days @ 1..=366)) => Window::Days(days),
+            _ => bail!("{owner}.per is {{\"hours\": 1..8760}} or {{\"days\": 1..366}}"),
+        };
+        let topic_id = cap.topic.as_deref().map(|slug| lookup(topic_ids, "topic", slug, &owner)).transpose()?.cloned();
+        frequency_caps.push(Cap { max: cap.max, window, topic_id, outcome: cap.outcome });
+    }
+    let holds = quiet_hours.iter().map(|quiet| quiet.outcome).chain(frequency_caps.iter().map(|cap| cap.outcome));
+    if holds.into_iter().any(|outcome| outcome == Outcome::Hold) {
+        bail!("sendPolicy: the outcome \"hold\" is not supported yet (held sends are not built); use \"skip\"");
+    }
+    let time_zone = ZoneRule { attribute: spec.time_zone.attribute, default: spec.time_zone.default };
+    Ok(Some(SendPolicy { time_zone, quiet_hours, frequency_caps }))
 }
 
 /// The current definition of a resource, from an authoring stream's latest event.

@@ -60,6 +60,10 @@ pub struct SpaceSpec {
     /// The space's email allowance, e.g. `{"monthly": 10000}`.
     #[serde(default)]
     pub email_allowance: Option<Value>,
+    /// The space's send policy: quiet hours and frequency caps of marketing mail in the
+    /// recipient's time zone (docs/workspace-file.md).
+    #[serde(default)]
+    pub send_policy: Option<Value>,
     /// Click and open tracking of the space's mail, e.g. `{"clicks": false}`: turns off what
     /// templates would track (absent fields stay on).
     #[serde(default)]

@@ -173,6 +173,7 @@ impl Command for SubmitForm<'_> {
                 address: &address,
                 topic_id: None,
                 consent_keys: &[],
+                filled_by: None,
             }];
             let found = mail::skipped::decided_by(&client, &space_id, &refused, &platform::crypto::Keys::default())
                 .await
@@ -288,6 +289,7 @@ impl Command for SubmitForm<'_> {
                             send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.site.base_url))
                                 .map_err(|error| ApiError::internal(&error))?;
                         guards.push(outbox::insert_guard(&email_id, &space_id, None));
+                        guards.extend(scheduled.guards);
                         streams.push(scheduled.stream);
                         confirmation_email = Some(scheduled.prepared);
                     }

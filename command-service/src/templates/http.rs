@@ -67,6 +67,10 @@ struct RecipientFacts {
     suppressed: bool,
     consent: Option<bool>,
     subscription: Option<String>,
+    /// The value of the send policy's time-zone attribute.
+    zone: Option<String>,
+    /// Its marketing sends within the policy's caps' windows.
+    sent: Vec<send::Sent>,
 }
 
 /// What a send decides on.
@@ -130,6 +134,23 @@ impl Command for SendTemplate<'_> {
                     .remove(topic_id),
                 None => None,
             },
+            zone: authored
+                .policy
+                .as_ref()
+                .and_then(|policy| policy.time_zone.attribute.as_ref())
+                .and_then(|attribute| values.get(attribute))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            sent: match authored.policy.as_ref().and_then(send::SendPolicy::lookback_ms) {
+                Some(lookback) if authored.template.kind == "marketing" => {
+                    let since = platform::time::now_millis() - lookback;
+                    send::marketing_sends(&client, std::slice::from_ref(&contact.record_id), since)
+                        .await?
+                        .remove(&contact.record_id)
+                        .unwrap_or_default()
+                }
+                _ => Vec::new(),
+            },
             address,
         };
         Ok(Loaded { authored, planned, recipient })
@@ -147,10 +168,10 @@ impl Command for SendTemplate<'_> {
                 suppressed: recipient.suppressed,
                 consent: recipient.consent,
                 subscription: recipient.subscription.as_deref(),
-                zone: None,
-                sent: &[],
+                zone: recipient.zone.as_deref(),
+                sent: &recipient.sent,
             }),
-            policy: None,
+            policy: authored.policy.as_ref(),
             allowance_refused: false,
             now_ms: now,
         };
@@ -204,6 +225,7 @@ impl Command for SendTemplate<'_> {
             send::schedule(&email_id, &authored, to, &rendered, send::Origin::template(), (now, &self.site.base_url))
                 .map_err(|error| ApiError::internal(&error))?;
         streams.push(scheduled.stream);
+        guards.extend(scheduled.guards);
         // The outbox row holds the send's claim: the hand-off records the answer.
         guards.push(outbox::insert_guard(&email_id, space_id, given.claim.map(|claim| claim.parts())));
         if let Some(allowance) = &authored.allowance {

@@ -32,7 +32,6 @@ use futures_util::future::BoxFuture;
 use mail::mailer::Mailer;
 use mail::outbox::{self, Prepared};
 use mail::send::{Authored, EmailTo, Facts, Gate, Kind, Verdict, allowance_guard, schedule};
-use mail::skipped::DecidedBy;
 use platform::crypto::{DataKey, Keys};
 use platform::error::Code;
 use platform::log::{AppendError, AppendRequest, EventLog, Guard, SetValue};
@@ -183,6 +182,8 @@ struct Recipients {
     suppressed: HashSet<String>,
     /// The contacts' data keys (none: erased).
     keys: Keys,
+    /// Each contact's marketing sends within the send policy's caps' windows.
+    sent: HashMap<String, Vec<mail::send::Sent>>,
 }
 
 /// A recipient the checks let through, with what its email is built from.
@@ -198,6 +199,8 @@ impl Recipients {
     fn facts<'a>(&'a self, authored: &'a Authored, contact_id: &str, now_ms: i64) -> Facts<'a> {
         let template = &authored.template;
         let topic_id = template.topic_id.as_deref();
+        let policy = authored.policy.as_ref();
+        let zone_attribute = policy.and_then(|policy| policy.time_zone.attribute.as_deref());
         let contact = self.contacts.get(contact_id).filter(|_| self.keys.get(contact_id).is_some()).map(|contact| {
             let address = contact.document.get("email").and_then(Value::as_str);
             let consent_keys = self.consent_keys.get(&contact.schema_id).map(Vec::as_slice).unwrap_or_default();
@@ -208,11 +211,11 @@ impl Recipients {
                 subscription: topic_id
                     .and_then(|topic_id| self.subscriptions.get(contact_id)?.get(topic_id))
                     .map(String::as_str),
-                zone: None,
-                sent: &[],
+                zone: zone_attribute.and_then(|attribute| contact.document.get(attribute)).and_then(Value::as_str),
+                sent: self.sent.get(contact_id).map(Vec::as_slice).unwrap_or_default(),
             }
         });
-        Facts { kind: Kind::of(&template.kind), topic_id, contact, policy: None, allowance_refused: false, now_ms }
+        Facts { kind: Kind::of(&template.kind), topic_id, contact, policy, allowance_refused: false, now_ms }
     }
 
     /// What the email of a recipient the decision let through is built from.
@@ -373,6 +376,7 @@ impl Runs {
                 outbox::insert_guard(&email_id, &run.space_id, None),
                 recipient_scheduled(&run.run_id, contact_id, &email_id),
             ];
+            guards.extend(scheduled.guards);
             if let Some(allowance) = &authored.allowance {
                 guards.push(allowance_guard(&run.space_id, now, allowance.monthly));
             }
@@ -424,7 +428,7 @@ impl Runs {
         let no_keys: Vec<String> = Vec::new();
         let refused: Vec<mail::skipped::Refused<'_>> = skipped
             .iter()
-            .map(|(contact_id, gate, _)| {
+            .map(|(contact_id, gate, filled_by)| {
                 let contact = recipients.contacts.get(contact_id);
                 mail::skipped::Refused {
                     contact_id,
@@ -437,6 +441,7 @@ impl Runs {
                     consent_keys: contact
                         .and_then(|contact| recipients.consent_keys.get(&contact.schema_id))
                         .unwrap_or(&no_keys),
+                    filled_by: *filled_by,
                 }
             })
             .collect();
@@ -445,11 +450,8 @@ impl Runs {
         let origin = mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id);
         let mut streams = Vec::with_capacity(skipped.len());
         let (mut contact_ids, mut reasons, mut email_ids) = (Vec::new(), Vec::new(), Vec::new());
-        for ((contact_id, gate, position), by) in skipped.iter().zip(found) {
+        for ((contact_id, gate, _), by) in skipped.iter().zip(found) {
             let email_id = platform::ids::new_id("em");
-            // The decision names the send that filled a cap; the lookup the others.
-            let by =
-                by.or_else(|| position.map(|position| DecidedBy { position, event_type: String::new(), at_ms: 0 }));
             streams.push(mail::skipped::skipped(mail::skipped::Skip {
                 email_id: &email_id,
                 space_id: &run.space_id,
@@ -549,6 +551,10 @@ impl Runs {
             .map(|row| row.get(0))
             .collect();
         recipients.keys = platform::crypto::load_keys(&client, pending).await?;
+        if let Some(lookback) = authored.policy.as_ref().and_then(mail::send::SendPolicy::lookback_ms) {
+            let since = platform::time::now_millis() - lookback;
+            recipients.sent = mail::send::marketing_sends(&client, pending, since).await?;
+        }
         Ok((authored, recipients))
     }
 
@@ -611,7 +617,10 @@ async fn count_skipped(transaction: &Transaction<'_>, run_id: &str) -> anyhow::R
                  skipped_suppressed = skipped_suppressed + (SELECT count(*) FROM moved WHERE reason = 'suppressed'),
                  skipped_allowance = skipped_allowance + (SELECT count(*) FROM moved WHERE reason = 'allowance'),
                  skipped_no_address = skipped_no_address + (SELECT count(*) FROM moved WHERE reason = 'no_address'),
-                 skipped_gone = skipped_gone + (SELECT count(*) FROM moved WHERE reason = 'gone')
+                 skipped_gone = skipped_gone + (SELECT count(*) FROM moved WHERE reason = 'gone'),
+                 skipped_frequency_cap = skipped_frequency_cap
+                     + (SELECT count(*) FROM moved WHERE reason = 'frequency_cap'),
+                 skipped_quiet_hours = skipped_quiet_hours + (SELECT count(*) FROM moved WHERE reason = 'quiet_hours')
              WHERE run_id = $1 AND EXISTS (SELECT 1 FROM moved)",
             &[&run_id],
         )
@@ -760,6 +769,7 @@ mod tests {
             domain,
             topic: None,
             allowance: None,
+            policy: None,
         }
     }
 

@@ -22,7 +22,8 @@ const RUN: &str = "jsonb_build_object(
     'counts', jsonb_build_object(
         'audience', r.audience_count,
         'pending', GREATEST(COALESCE(r.audience_count, 0) - r.skipped_not_subscribed - r.skipped_suppressed
-            - r.skipped_allowance - r.skipped_no_address - r.skipped_gone - COALESCE(c.scheduled, 0), 0),
+            - r.skipped_allowance - r.skipped_no_address - r.skipped_gone - r.skipped_frequency_cap
+            - r.skipped_quiet_hours - COALESCE(c.scheduled, 0), 0),
         'queued', GREATEST(COALESCE(c.scheduled - c.sent - c.failed - c.outcome_unknown, 0), 0),
         'sent', COALESCE(c.sent, 0),
         'failed', COALESCE(c.failed, 0),
@@ -39,7 +40,9 @@ const RUN: &str = "jsonb_build_object(
             'suppressed', r.skipped_suppressed,
             'allowance', r.skipped_allowance,
             'noAddress', r.skipped_no_address,
-            'gone', r.skipped_gone)))";
+            'gone', r.skipped_gone,
+            'frequencyCap', r.skipped_frequency_cap,
+            'quietHours', r.skipped_quiet_hours)))";
 
 /// The rows [`RUN`] reads: `broadcast_runs r` and its counts in `{m}.email_counts c`.
 fn run_from(m: &str) -> String {

@@ -340,8 +340,8 @@ pub async fn resource_by_id(
 }
 
 /// What [`email_template`] finds: the template's revision and definition, and the definitions
-/// of its sender, the sender's domain, its topic and the space's email allowance (each `None`
-/// when missing).
+/// of its sender, the sender's domain, its topic, the space's email allowance and its send
+/// policy (each `None` when missing).
 pub struct EmailTemplateRow {
     pub revision: i64,
     pub template: Value,
@@ -349,6 +349,7 @@ pub struct EmailTemplateRow {
     pub domain: Option<Value>,
     pub topic: Option<Value>,
     pub allowance: Option<Value>,
+    pub policy: Option<Value>,
 }
 
 /// A template of the space with, in the same statement, its sender, the sender's domain, its
@@ -362,7 +363,7 @@ pub async fn email_template(
 ) -> Result<Option<EmailTemplateRow>, tokio_postgres::Error> {
     let statement = client
         .prepare_cached(&format!(
-            "SELECT t.revision, t.definition, s.definition, d.definition, tp.definition, a.definition
+            "SELECT t.revision, t.definition, s.definition, d.definition, tp.definition, a.definition, p.definition
              FROM {schema}.resources t
              LEFT JOIN {schema}.resources s
                ON s.kind = 'sender' AND s.space_id = t.space_id AND s.resource_id = t.definition->>'senderId'
@@ -372,6 +373,8 @@ pub async fn email_template(
                ON tp.kind = 'topic' AND tp.space_id = t.space_id AND tp.resource_id = t.definition->>'topicId'
              LEFT JOIN {schema}.resources a
                ON a.kind = 'email_allowance' AND a.resource_id = t.space_id
+             LEFT JOIN {schema}.resources p
+               ON p.kind = 'send_policy' AND p.resource_id = t.space_id
              WHERE t.kind = 'template' AND t.space_id = $1 AND t.resource_id = $2"
         ))
         .await?;
@@ -383,5 +386,6 @@ pub async fn email_template(
         domain: row.get(3),
         topic: row.get(4),
         allowance: row.get(5),
+        policy: row.get(6),
     }))
 }

@@ -33,6 +33,8 @@ pub struct Authored {
     /// recipient subscribed to.
     pub topic: Option<TopicDef>,
     pub allowance: Option<AllowanceDef>,
+    /// The space's send policy, if it has one (marketing mail only).
+    pub policy: Option<domain::email::send::SendPolicy>,
 }
 
 fn definition<T: serde::de::DeserializeOwned>(found: Option<serde_json::Value>, what: &str) -> anyhow::Result<T> {
@@ -64,6 +66,7 @@ impl Authored {
             domain: definition(found.domain, "the sender's domain")?,
             topic,
             allowance: found.allowance.and_then(|allowance| serde_json::from_value(allowance).ok()),
+            policy: found.policy.map(|policy| definition(Some(policy), "the space's send policy")).transpose()?,
         }))
     }
 
@@ -132,7 +135,9 @@ fn render_untracked(
     Ok(rendered)
 }
 
-pub use domain::email::send::{Contact, Facts, Gate, Kind, Verdict, decide, email_consent, is_email_consent};
+pub use domain::email::send::{
+    Contact, Facts, Gate, Kind, SendPolicy, Sent, Verdict, decide, email_consent, is_email_consent,
+};
 
 /// Who an email goes to: the contact, its address and its data key.
 pub struct EmailTo<'a> {
@@ -142,9 +147,12 @@ pub struct EmailTo<'a> {
     pub key: &'a platform::crypto::DataKey,
 }
 
-/// A rendered email ready to append: its `EmailScheduled` stream and what its hand-off needs.
+/// A rendered email ready to append: its `EmailScheduled` stream, the guards every such
+/// append carries (a marketing email's row in `marketing_sends`, which the frequency caps
+/// count), and what its hand-off needs.
 pub struct Scheduled {
     pub stream: StreamAppend,
+    pub guards: Vec<Guard>,
     pub prepared: Prepared,
 }
 
@@ -242,7 +250,62 @@ pub fn schedule(
         domain_id: authored.sender.domain_id.clone(),
         domain: authored.domain.clone(),
     };
-    Ok(Scheduled { stream, prepared })
+    let guards = if authored.is_marketing() {
+        vec![marketing_send_guard(to.contact_id, email_id, template.topic_id.as_deref(), now)]
+    } else {
+        Vec::new()
+    };
+    Ok(Scheduled { stream, guards, prepared })
+}
+
+/// Records a marketing email in `marketing_sends`, in its append, for the frequency caps.
+fn marketing_send_guard(contact_id: &str, email_id: &str, topic_id: Option<&str>, at_ms: i64) -> Guard {
+    let topic_id = topic_id.unwrap_or_default().to_owned();
+    let row = vec![
+        SetValue::Text(Some(contact_id.to_owned())),
+        SetValue::BigInt(at_ms),
+        SetValue::Text(Some(email_id.to_owned())),
+        SetValue::Text(Some(topic_id.clone())),
+    ];
+    Guard::unique(
+        "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id) VALUES ($1, $2, $3, $4)
+         ON CONFLICT DO NOTHING",
+        vec![Box::new(contact_id.to_owned()), Box::new(at_ms), Box::new(email_id.to_owned()), Box::new(topic_id)],
+        AppendError::Conflict { code: Code::OperationTaken, message: "the send is recorded".to_owned() },
+    )
+    .with_set(
+        "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id)
+         SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) ON CONFLICT DO NOTHING",
+        row,
+    )
+}
+
+/// A contact's marketing sends since `since_ms` as the frequency caps count them, each with
+/// the log position of its `EmailScheduled`: contact → sends, one statement for all of
+/// `contact_ids`.
+pub async fn marketing_sends(
+    client: &impl GenericClient,
+    contact_ids: &[String],
+    since_ms: i64,
+) -> Result<std::collections::HashMap<String, Vec<domain::email::send::Sent>>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(
+            "SELECT m.contact_id, m.at_ms, m.topic_id, COALESCE(e.position, 0)
+             FROM marketing_sends m
+             LEFT JOIN events e ON e.stream_id = 'email-' || m.email_id AND e.stream_version = 1
+             WHERE m.contact_id = ANY($1) AND m.at_ms > $2",
+        )
+        .await?;
+    let mut sends: std::collections::HashMap<String, Vec<domain::email::send::Sent>> = Default::default();
+    for row in client.query(&statement, &[&contact_ids, &since_ms]).await? {
+        let topic_id: String = row.get(2);
+        sends.entry(row.get(0)).or_default().push(domain::email::send::Sent {
+            at_ms: row.get(1),
+            topic_id: (!topic_id.is_empty()).then_some(topic_id),
+            position: row.get(3),
+        });
+    }
+    Ok(sends)
 }
 
 /// Counts one email against the month's allowance, refused (`email_limit_reached`) once it

@@ -91,14 +91,17 @@ pub struct Refused<'a> {
     pub address: &'a str,
     pub topic_id: Option<&'a str>,
     pub consent_keys: &'a [String],
+    /// A frequency cap's: the log position of the send that filled it, as the decision named it.
+    pub filled_by: Option<i64>,
 }
 
 /// For each refusal, the log event from which the refusing state held: the suppression's
 /// addition (the earliest in force for the address, in the space or global); the record event
 /// since which the contact's email consent has not been given; the last change of the
-/// contact's status in the topic. `None` where no event decided: a topic never subscribed
-/// to, a schema without consent attributes, the allowance (a count). Three statements at
-/// most, whatever the number of refusals; `keys` opens the contacts' records.
+/// contact's status in the topic; the `EmailScheduled` of the send that filled a frequency cap.
+/// `None` where no event decided: a topic never subscribed to, a schema without consent
+/// attributes, the allowance (a count), quiet hours (a clock). Four statements at most,
+/// whatever the number of refusals; `keys` opens the contacts' records.
 pub async fn decided_by(
     client: &impl GenericClient,
     space_id: &str,
@@ -140,6 +143,20 @@ pub async fn decided_by(
     for stored in read(client, &subscription_streams).await? {
         subscriptions.entry(stored.stream_id.clone()).or_default().push(stored);
     }
+    let positions: Vec<i64> = of_gate(Gate::FrequencyCap).filter_map(|refusal| refusal.filled_by).collect();
+    let mut filling: HashMap<i64, DecidedBy> = HashMap::new();
+    if !positions.is_empty() {
+        let statement = client
+            .prepare_cached("SELECT position, event_type, recorded_at FROM events WHERE position = ANY($1)")
+            .await?;
+        for row in client.query(&statement, &[&positions]).await? {
+            let at: chrono::DateTime<chrono::Utc> = row.get(2);
+            filling.insert(
+                row.get(0),
+                DecidedBy { position: row.get(0), event_type: row.get(1), at_ms: at.timestamp_millis() },
+            );
+        }
+    }
     let none = Vec::new();
     refused
         .iter()
@@ -154,9 +171,9 @@ pub async fn decided_by(
                     subscriptions.get(&domain::email::subscriptions_stream(refusal.contact_id)).unwrap_or(&none);
                 last_topic_change(stream, refusal.topic_id)
             }
-            // A count, a clock or an absence: no event decided (a cap's filling send the
-            // decision itself names).
-            Gate::Allowance | Gate::Gone | Gate::NoAddress | Gate::FrequencyCap | Gate::QuietHours => Ok(None),
+            Gate::FrequencyCap => Ok(refusal.filled_by.and_then(|position| filling.get(&position).cloned())),
+            // A count, a clock or an absence: no event decided.
+            Gate::Allowance | Gate::Gone | Gate::NoAddress | Gate::QuietHours => Ok(None),
         })
         .collect()
 }

@@ -111,6 +111,8 @@ codes! {
     EmailLimitReached = "email_limit_reached",
     RecipientNotSubscribed = "recipient_not_subscribed",
     RecipientSuppressed = "recipient_suppressed",
+    FrequencyCapped = "frequency_capped",
+    QuietHours = "quiet_hours",
     TemplateNotFound = "template_not_found",
     DomainNotFound = "domain_not_found",
     SenderNotFound = "sender_not_found",
@@ -142,9 +144,6 @@ codes! {
     ConsentSourceRequired = "consent_source_required",
     }
     internal {
-    // The send policy's refusals (D11): public once a send path applies the policy.
-    FrequencyCapped = "frequency_capped",
-    QuietHours = "quiet_hours",
     OperationTaken = "operation_taken",
     EventIdTaken = "event_id_taken",
     EventAdmissionRefused = "event_admission_refused",

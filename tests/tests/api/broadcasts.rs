@@ -552,3 +552,57 @@ async fn a_run_larger_than_the_allowance_sends_exactly_what_is_left_of_it() {
     assert_eq!(used, ALLOWANCE);
     assert_eq!(sink.wait_for(ALLOWANCE as usize, WAIT).await.len(), ALLOWANCE as usize);
 }
+
+#[tokio::test]
+async fn a_broadcast_under_a_send_policy_skips_capped_recipients_with_a_story_naming_the_send_that_filled_the_cap() {
+    let sink = SmtpSink::start().await;
+    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    let policy = json!({
+        "timeZone": {"attribute": "timeZone", "default": "UTC"},
+        "frequencyCaps": [{"max": 1, "per": {"days": 1}, "topic": "news", "outcome": "skip"}]
+    });
+    app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
+    crate::email::publish_dkim(&app, &sink).await;
+    for email in ["one@example.com", "two@example.com"] {
+        subscribe(&app, email).await;
+    }
+    // One of them had the news today already.
+    let newsletter = crate::email::template_id(&app, "newsletter").await;
+    let body = json!({"data": {"contact": {"email": "one@example.com"}}});
+    let today = crate::email::send(&app, &newsletter, &body, None).await;
+    assert_eq!(today.body["data"]["status"], "sent", "{:?}", today.body);
+    let first_id = today.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    app.wait_for_workers().await;
+
+    let sent = send(&app, WEEKLY_BROADCAST, "weekly-capped").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = finished_run(&app, WEEKLY_BROADCAST, &run_id, WAIT).await;
+    assert_eq!(run["counts"]["audience"], 2, "{run}");
+    assert_eq!(run["counts"]["skipped"]["frequencyCap"], 1, "{run}");
+    let messages = sink.wait_for(2, WAIT).await;
+    let to_two = messages.iter().filter(|message| message["rcptTo"][0] == "two@example.com").count();
+    assert_eq!(to_two, 1, "the other recipient is mailed");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sink.messages().await.len(), 2, "the capped one is not");
+
+    let story_id = app
+        .query_string(&format!(
+            "SELECT email_id FROM broadcast_recipients WHERE run_id = '{run_id}' AND state = 'skipped'"
+        ))
+        .await;
+    app.wait_for_projections().await;
+    let story = app.get(&format!("/emails/{story_id}"), MAIL_KEY).await;
+    assert_eq!(story.body["data"]["status"], "skipped", "{:?}", story.body);
+    let refusal = &story.body["data"]["timeline"][0];
+    assert_eq!(
+        (refusal["gate"].as_str(), refusal["error"]["code"].as_str()),
+        (Some("frequency_cap"), Some("frequency_capped"))
+    );
+    let filled_by = app
+        .query_i64(&format!("SELECT position FROM events WHERE stream_id = 'email-{first_id}' AND stream_version = 1"))
+        .await;
+    assert_eq!(refusal["decidedBy"]["position"], filled_by, "{refusal}");
+    assert_eq!(refusal["decidedBy"]["type"], "EmailScheduled", "{refusal}");
+}

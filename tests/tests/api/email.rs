@@ -1347,3 +1347,104 @@ async fn a_send_after_the_template_changed_renders_the_new_one_though_the_old_wa
     assert_eq!(subject("kept1@example.com"), "Order ord-1 for Ada");
     assert_eq!(subject("kept2@example.com"), "Receipt ord-1 for Bea");
 }
+
+/// The mail workspace with a `timeZone` attribute on people and `policy` as the space's send
+/// policy.
+pub(crate) fn policy_workspace(policy: &Value) -> String {
+    let mut workspace: Value = serde_json::from_str(&mail_workspace(1000)).expect("JSON");
+    let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+    let space = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
+    space["schemas"][0]["attributes"]
+        .as_array_mut()
+        .expect("attributes")
+        .push(json!({"key": "timeZone", "definition": {"type": "string"}}));
+    space["sendPolicy"] = policy.clone();
+    workspace.to_string()
+}
+
+#[tokio::test]
+async fn a_send_policy_caps_and_quiets_marketing_in_the_contacts_zone_and_lets_transactional_mail_through() {
+    let sink = SmtpSink::start().await;
+    let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
+    // Quiet for an hour either side of now in UTC; a zone twelve hours ahead is mid-day.
+    let hour = chrono::Timelike::hour(&chrono::Utc::now());
+    let policy = json!({
+        "timeZone": {"attribute": "timeZone", "default": "UTC"},
+        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
+                       "outcome": "skip"},
+        "frequencyCaps": [{"max": 1, "per": {"hours": 24}, "outcome": "skip"}]
+    });
+    app.apply_workspace(&policy_workspace(&policy), true).await;
+    publish_dkim(&app, &sink).await;
+    let promo = template_id(&app, "promo").await;
+    let contact =
+        |email: &str, zone: &str| json!({"data": {"contact": {"email": email, "newsConsent": true, "timeZone": zone}}});
+
+    // Quiet in UTC (the zone given, and the default for a contact without one or with a zone
+    // that is no zone); not in a zone twelve hours ahead.
+    for (email, zone) in [("utc@example.com", "UTC"), ("none@example.com", ""), ("mars@example.com", "Mars/Olympus")] {
+        let quiet = send(&app, &promo, &contact(email, zone), None).await;
+        assert_eq!((quiet.status, quiet.code().as_str()), (422, Some("quiet_hours")), "{zone}: {:?}", quiet.body);
+    }
+    let ahead = send(&app, &promo, &contact("ahead@example.com", "Etc/GMT-12"), None).await;
+    assert_eq!(ahead.status, 200, "{:?}", ahead.body);
+    assert_eq!(ahead.body["data"]["status"], "sent", "{:?}", ahead.body);
+    // One marketing email a day: the second is capped; transactional mail is exempt from both.
+    let capped = send(&app, &promo, &contact("ahead@example.com", "Etc/GMT-12"), None).await;
+    assert_eq!((capped.status, capped.code().as_str()), (422, Some("frequency_capped")), "{:?}", capped.body);
+    let receipt = template_id(&app, "receipt").await;
+    let mut body = receipt_body("ahead@example.com", "Ada");
+    body["data"]["contact"]["timeZone"] = json!("UTC");
+    let transactional = send(&app, &receipt, &body, None).await;
+    assert_eq!(transactional.status, 200, "{:?}", transactional.body);
+    assert_eq!(transactional.body["data"]["status"], "sent", "{:?}", transactional.body);
+    assert_eq!(sink.wait_for(2, WAIT).await.len(), 2);
+
+    // Applied live: without the policy, both go.
+    let workspace: Value = serde_json::from_str(&policy_workspace(&json!(null))).expect("JSON");
+    let mut workspace = workspace;
+    let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+    let space = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
+    space.as_object_mut().expect("an object").remove("sendPolicy");
+    app.apply_workspace(&workspace.to_string(), true).await;
+    let again = send(&app, &promo, &contact("ahead@example.com", "UTC"), None).await;
+    assert_eq!(again.status, 200, "the policy is gone: {:?}", again.body);
+}
+
+#[tokio::test]
+async fn a_send_policy_that_cannot_hold_is_refused_at_apply_naming_the_problem() {
+    let app = TestApp::spawn_with(Options::default()).await;
+    for (policy, problem) in [
+        (json!({"timeZone": {"default": "Mars/Olympus"}}), "not an IANA time zone name"),
+        (json!({"timeZone": {"default": "UTC", "attribute": "shoeSize"}}), "not an attribute of a contact schema"),
+        (
+            json!({"timeZone": {"default": "UTC"}, "quietHours": {"from": "25:00", "to": "08:00", "outcome": "skip"}}),
+            "HH:MM",
+        ),
+        (
+            json!({"timeZone": {"default": "UTC"}, "frequencyCaps": [{"max": 0, "per": {"hours": 1}, "outcome": "skip"}]}),
+            "at least 1",
+        ),
+        (
+            json!({"timeZone": {"default": "UTC"}, "frequencyCaps": [{"max": 1, "per": {"hours": 1, "days": 1}, "outcome": "skip"}]}),
+            "per is",
+        ),
+        (
+            json!({"timeZone": {"default": "UTC"}, "frequencyCaps": [{"max": 1, "per": {"days": 1}, "topic": "nope", "outcome": "skip"}]}),
+            "topic \"nope\"",
+        ),
+        (
+            json!({"timeZone": {"default": "UTC"}, "frequencyCaps": vec![json!({"max": 1, "per": {"days": 1}, "outcome": "skip"}); 11]}),
+            "at most 10",
+        ),
+        (
+            json!({"timeZone": {"default": "UTC"}, "quietHours": {"from": "21:00", "to": "08:00", "outcome": "hold"}}),
+            "not supported yet",
+        ),
+    ] {
+        let workspace = command_service::authoring::parse(&policy_workspace(&policy)).expect("parses");
+        let refused = command_service::authoring::plan(&app.pool, &workspace).await.err();
+        let message = refused.map(|error| format!("{error:#}")).unwrap_or_default();
+        assert!(message.contains(problem), "{policy}: {message}");
+    }
+}

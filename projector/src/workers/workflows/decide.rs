@@ -209,6 +209,8 @@ pub(super) struct Contact {
     pub(super) consent_keys: Vec<String>,
     pub(super) subscriptions: BTreeMap<String, String>,
     pub(super) segments: BTreeSet<String>,
+    /// Its marketing sends of the last year and a few days (the longest a cap counts).
+    pub(super) sent: Vec<mail::send::Sent>,
 }
 
 /// What a run's contact is now.
@@ -922,10 +924,15 @@ fn send_email(
                 .as_ref()
                 .and_then(|topic_id| contact.subscriptions.get(topic_id))
                 .map(String::as_str),
-            zone: None,
-            sent: &[],
+            zone: authored
+                .policy
+                .as_ref()
+                .and_then(|policy| policy.time_zone.attribute.as_ref())
+                .and_then(|attribute| document.get(attribute))
+                .and_then(Value::as_str),
+            sent: &contact.sent,
         }),
-        policy: None,
+        policy: authored.policy.as_ref(),
         allowance_refused,
         now_ms: now,
     });
@@ -990,6 +997,7 @@ fn send_email(
     )?;
     tick.streams.push(scheduled.stream);
     tick.guards.push(outbox::insert_guard(&email_id, &tick.row.space_id, None));
+    tick.guards.extend(scheduled.guards);
     if let Some(allowance) = &authored.allowance {
         tick.guards.push(allowance_guard(&tick.row.space_id, now, allowance.monthly));
     }
@@ -1192,6 +1200,7 @@ mod tests {
             consent_keys: vec!["marketingConsent".into()],
             subscriptions: BTreeMap::from([("top_news".to_owned(), "subscribed".to_owned())]),
             segments: BTreeSet::new(),
+            sent: Vec::new(),
         }))
     }
 
@@ -1594,6 +1603,7 @@ mod tests {
             domain: serde_json::from_value(domain).expect("a domain"),
             topic: None,
             allowance: None,
+            policy: None,
         }
     }
 
@@ -1651,7 +1661,7 @@ mod tests {
         assert_eq!(finished(&tick, "start").email_id, email_id);
         assert_eq!(tick.streams.len(), 1);
         assert!(matches!(tick.streams[0].events[0].event, LogEvent::EmailScheduled(_)));
-        assert_eq!(tick.guards.len(), 1, "the outbox row");
+        assert_eq!(tick.guards.len(), 2, "the outbox row and the marketing send a cap counts");
         assert_eq!(tick.email.as_ref().map(|prepared| prepared.parties.email_id.as_str()), Some(email_id.as_str()));
         assert_eq!((tick.row.step_id.as_deref(), tick.due_ms), (Some("end"), Some(NOW)));
         // Not subscribed to the topic: skipped by the topic gate.

@@ -275,7 +275,14 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
         .into_iter()
         .map(|row| row.get(0))
         .collect();
-    Ok(ContactFacts::Live(Box::new(Contact { version, state, key, consent, consent_keys, subscriptions, segments })))
+    // The longest window a cap may have (366 calendar days, and two for zones).
+    let since = platform::time::now_millis() - 368 * 86_400_000;
+    let sent = mail::send::marketing_sends(&client, std::slice::from_ref(contact_id), since)
+        .await?
+        .remove(contact_id)
+        .unwrap_or_default();
+    let contact = Contact { version, state, key, consent, consent_keys, subscriptions, segments, sent };
+    Ok(ContactFacts::Live(Box::new(contact)))
 }
 
 /// The log event from which the state that made `gate` refuse a send to `address` held
@@ -299,7 +306,7 @@ async fn decided_by(
         }
         _ => return Ok(None),
     };
-    let refused = [Refused { contact_id, gate, address, topic_id, consent_keys }];
+    let refused = [Refused { contact_id, gate, address, topic_id, consent_keys, filled_by: None }];
     Ok(mail::skipped::decided_by(&client, &row.space_id, &refused, &keys).await?.pop().flatten())
 }
 

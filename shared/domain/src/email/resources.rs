@@ -13,6 +13,9 @@ pub const TEMPLATE: &str = "template";
 pub const FORM: &str = "form";
 pub const ALLOWANCE: &str = "email_allowance";
 pub const BROADCAST: &str = "broadcast";
+/// The space's send policy (`domain::email::send::SendPolicy`), one per space, its id the
+/// space's.
+pub const SEND_POLICY: &str = "send_policy";
 
 /// A domain's signing key as stored in its definition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

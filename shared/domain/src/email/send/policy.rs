@@ -276,6 +276,18 @@ pub enum Rule {
 }
 
 impl SendPolicy {
+    /// How far back the caps count (sends before `now - lookback` never count); `None`
+    /// without caps. A calendar-day window reaches back its days and two more, for zones.
+    pub fn lookback_ms(&self) -> Option<i64> {
+        self.frequency_caps
+            .iter()
+            .map(|cap| match cap.window {
+                Window::Hours(hours) => i64::from(hours) * 3_600_000,
+                Window::Days(days) => (i64::from(days) + 2) * 86_400_000,
+            })
+            .max()
+    }
+
     /// A cap whose outcome is skip and that is reached skips the send; quiet hours now with
     /// outcome skip skip it. Otherwise a send refused by a cap or quiet hours is held until
     /// the first instant every rule allows: past every reached cap's window, then past the
