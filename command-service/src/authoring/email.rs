@@ -46,6 +46,9 @@ struct SenderSpec {
     domain: String,
     #[serde(default)]
     reply_to: Option<String>,
+    /// Printed in the footer of its marketing mail; absent: the space's.
+    #[serde(default)]
+    postal_address: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -173,6 +176,20 @@ fn lookup<'b>(ids: &'b BTreeMap<&str, String>, kind: &str, slug: &str, owner: &s
     ids.get(slug).with_context(|| format!("{owner} names {kind} {slug:?}, which the space does not define"))
 }
 
+/// A postal address as the footer prints it: one to five lines, 5 to 300 characters, no
+/// control characters but line breaks.
+fn check_postal_address(address: &str, owner: &str) -> anyhow::Result<()> {
+    let trimmed = address.trim();
+    let lines = trimmed.lines().count();
+    if !(5..=300).contains(&trimmed.chars().count())
+        || lines > 5
+        || trimmed.chars().any(|c| c.is_control() && c != '\n' && c != '\r')
+    {
+        bail!("{owner}: postalAddress must be 5 to 300 characters on at most five lines");
+    }
+    Ok(())
+}
+
 fn check_address(address: &str, what: &str) -> anyhow::Result<()> {
     if mail::is_address(address) { Ok(()) } else { bail!("{what} {address:?} is not an email address") }
 }
@@ -196,6 +213,8 @@ pub(super) fn definitions(
     );
     let mut out = Vec::new();
     let mut domain_names = BTreeMap::new();
+    // Sender id -> whether its marketing mail has a postal address to print.
+    let mut postal_senders: BTreeMap<String, bool> = BTreeMap::new();
     for resource in &space.domains {
         let input: DomainSpec = spec(DOMAIN, resource)?;
         let id = domain_ids[resource.slug.as_str()].clone();
@@ -244,12 +263,18 @@ pub(super) fn definitions(
         if domain_names.get(&domain_id) != Some(&address_domain) {
             bail!("{owner}: fromAddress {:?} is not on its domain {:?}", input.from_address, input.domain);
         }
+        let postal_address = input.postal_address.or_else(|| space.postal_address.clone());
+        if let Some(address) = &postal_address {
+            check_postal_address(address, &owner)?;
+        }
+        postal_senders.insert(sender_ids[resource.slug.as_str()].clone(), postal_address.is_some());
         let definition = SenderDef {
             slug: resource.slug.clone(),
             from_name: input.from_name,
             from_address: input.from_address,
             domain_id,
             reply_to: input.reply_to,
+            postal_address,
         };
         out.push((SENDER, sender_ids[resource.slug.as_str()].clone(), serde_json::to_value(definition)?));
     }
@@ -273,6 +298,13 @@ pub(super) fn definitions(
             input.topic.as_deref().map(|slug| lookup(&topic_ids, "topic", slug, &owner)).transpose()?.cloned();
         if topic_id.is_some() && input.kind != "marketing" {
             bail!("{owner}: only marketing templates have a topic");
+        }
+        if input.kind == "marketing" && postal_senders.get(&sender_id) != Some(&true) {
+            bail!(
+                "{owner}: marketing mail must carry the sender's postal address (CAN-SPAM); set postalAddress on \
+                 sender {:?} or on the space",
+                input.sender
+            );
         }
         for (part, source) in [("subject", &input.subject), ("html", &input.html), ("text", &input.text)] {
             render::check(source)
@@ -379,6 +411,9 @@ pub(super) fn definitions(
         }
         let sender_id =
             input.sender.as_deref().map(|slug| lookup(&sender_ids, "sender", slug, &owner)).transpose()?.cloned();
+        if sender_id.as_ref().is_some_and(|id| postal_senders.get(id) != Some(&true)) {
+            bail!("{owner}: its sender has no postal address for the footer of marketing mail (CAN-SPAM)");
+        }
         let audience = match (input.audience.segment, input.audience.topic) {
             (Some(segment_id), None) if segment_id.starts_with("seg_") => Audience::Segment { segment_id },
             (None, Some(topic)) => Audience::Topic { topic_id: lookup(&topic_ids, "topic", &topic, &owner)?.clone() },

@@ -57,6 +57,10 @@ pub struct SpaceSpec {
     /// The space's AI credit grant; the remaining balance is this less what was spent.
     #[serde(default)]
     pub ai_credits: Option<i64>,
+    /// The postal address printed in the footer of marketing mail from the space's senders
+    /// that do not give their own.
+    #[serde(default)]
+    pub postal_address: Option<String>,
     /// The space's email allowance, e.g. `{"monthly": 10000}`.
     #[serde(default)]
     pub email_allowance: Option<Value>,

@@ -55,14 +55,50 @@ pub(crate) async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>,
     Ok(found)
 }
 
-fn answer(email_id: &str, topic_id: &str, page: Option<&Option<String>>) -> Answer {
+/// What the page after an unsubscription names: the email's topic, its sender and the
+/// address it went to (masked).
+#[derive(Default)]
+pub(crate) struct PageFacts {
+    pub topic_name: Option<String>,
+    pub sender: Option<String>,
+    pub recipient: Option<String>,
+}
+
+impl PageFacts {
+    /// The facts of `scheduled` a page names (one catalog read and one key read).
+    pub(crate) async fn load(ctx: &Ctx<'_>, scheduled: &proto::EmailScheduled) -> Result<Self, ApiError> {
+        let topic_name = match scheduled.topic_id.is_empty() {
+            true => None,
+            false => topic_name(ctx, &scheduled.topic_id).await?,
+        };
+        let catalog = ctx.catalog().await?;
+        let (sender, address) = domain::email::parties(&ctx.db().await?, &catalog, scheduled)
+            .await
+            .map_err(|error| ApiError::internal(&error))?;
+        Ok(Self { topic_name, sender, recipient: address.as_deref().map(api::pages::mask_address) })
+    }
+
+    /// "Email from S to a***@example.com." when either is known.
+    pub(crate) fn parties_line(&self) -> Option<String> {
+        match (&self.sender, &self.recipient) {
+            (None, None) => None,
+            (Some(sender), Some(recipient)) => Some(format!("Email from {sender} to {recipient}.")),
+            (Some(sender), None) => Some(format!("Email from {sender}.")),
+            (None, Some(recipient)) => Some(format!("Email to {recipient}.")),
+        }
+    }
+}
+
+fn answer(email_id: &str, topic_id: &str, page: Option<&PageFacts>) -> Answer {
     let topic = (!topic_id.is_empty()).then_some(topic_id);
-    if let Some(topic_name) = page {
-        let text = match topic_name {
+    if let Some(facts) = page {
+        let text = match &facts.topic_name {
             Some(name) => format!("You will no longer receive emails about {name}."),
             None => "You will no longer receive marketing email from us.".to_owned(),
         };
-        let message = api::pages::Message::success("You are unsubscribed", &[text.as_str()])
+        let parties = facts.parties_line();
+        let lines: Vec<&str> = parties.iter().map(String::as_str).chain([text.as_str()]).collect();
+        let message = api::pages::Message::success("You are unsubscribed", &lines)
             .with_link("unsubscribe", "Change your other email preferences");
         return Answer::html(StatusCode::OK, message.page());
     }
@@ -84,16 +120,16 @@ struct Unsubscribe {
 }
 
 impl Unsubscribe {
-    /// The answer: for a browser a page naming the topic left (`topic_name`).
-    fn answer(&self, topic_id: &str, topic_name: &Option<String>) -> Answer {
-        answer(&self.email_id, topic_id, self.browser.then_some(topic_name))
+    /// The answer: for a browser a page naming the topic left, the sender and the address.
+    fn answer(&self, topic_id: &str, page: &PageFacts) -> Answer {
+        answer(&self.email_id, topic_id, self.browser.then_some(page))
     }
 }
 
 impl Command for Unsubscribe {
-    /// The email, (for an email without a topic) the contact's consent withdrawn, and the
-    /// name of the email's topic for a page.
-    type Loaded = (Email, Option<Write>, Option<String>);
+    /// The email, (for an email without a topic) the contact's consent withdrawn, and what a
+    /// page names.
+    type Loaded = (Email, Option<Write>, PageFacts);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
         let Some(email) = load(ctx, &self.email_id).await? else { return Err(not_found(&self.email_id)) };
@@ -106,17 +142,17 @@ impl Command for Unsubscribe {
             }
             _ => None,
         };
-        let topic_name = match (self.browser, scheduled.topic_id.is_empty()) {
-            (true, false) => topic_name(ctx, &scheduled.topic_id).await?,
-            _ => None,
+        let page = match self.browser {
+            true => PageFacts::load(ctx, scheduled).await?,
+            false => PageFacts::default(),
         };
-        Ok((email, consent, topic_name))
+        Ok((email, consent, page))
     }
 
-    fn decide(&self, (email, consent, topic_name): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+    fn decide(&self, (email, consent, page): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
         let (email_id, scheduled, now) = (&self.email_id, &email.scheduled, given.now_ms);
         if email.unsubscribed {
-            return Ok(Decided::Answer(self.answer(&scheduled.topic_id, &topic_name)));
+            return Ok(Decided::Answer(self.answer(&scheduled.topic_id, &page)));
         }
         let mut streams = Vec::new();
         let mut guards = Vec::new();
@@ -131,7 +167,7 @@ impl Command for Unsubscribe {
             streams.extend(subscription_changes(parties, &topics, "unsubscribed", source, now));
         }
         streams.push(unsubscribed(email_id, &email, now));
-        let answer = self.answer(&scheduled.topic_id, &topic_name);
+        let answer = self.answer(&scheduled.topic_id, &page);
         Ok(Decided::Append(Decision::new(streams, guards, answer).in_space(&scheduled.space_id)))
     }
 

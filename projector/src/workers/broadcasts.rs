@@ -752,6 +752,7 @@ mod tests {
             from_address: "s@example.test".into(),
             domain_id: "dom_1".into(),
             reply_to: None,
+            postal_address: None,
         };
         let key = domain::email::resources::StoredKey {
             selector: "s1".into(),

@@ -41,6 +41,10 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     let subscriptions = domain::email::subscriptions(&client, &scheduled.contact_id)
         .await
         .map_err(|error| ApiError::internal(&error))?;
+    // Who it is from and to whom it went: the sender's name, the address masked.
+    let (sender, address) =
+        domain::email::parties(&client, &catalog, &scheduled).await.map_err(|error| ApiError::internal(&error))?;
+    let recipient = address.as_deref().map(api::pages::mask_address);
     drop(client);
     let mut choices = Vec::new();
     let mut this_topic = None;
@@ -64,6 +68,8 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
             .map(|(name, _)| format!("You are not subscribed to {name}.")),
         this_topic: this_topic.map(|(name, _)| name),
         topics: choices,
+        sender,
+        recipient,
     }
     .response())
 }

@@ -199,6 +199,22 @@ pub struct Preferences {
     pub topics: Vec<TopicChoice>,
     /// A line at the top (for example after everything was left).
     pub notice: Option<String>,
+    /// Who sent the email (the sender's name), when the catalog still has it.
+    pub sender: Option<String>,
+    /// The address the email went to, masked ([`mask_address`]); `None` once erased.
+    pub recipient: Option<String>,
+}
+
+/// An address as a page shows it to whoever holds the link: its first character, `***`, and
+/// its domain (`a***@example.com`), so a forwarded link does not spell out the address.
+pub fn mask_address(address: &str) -> String {
+    match address.rsplit_once('@') {
+        Some((local, domain)) => {
+            let first: String = local.chars().take(1).collect();
+            format!("{first}***@{domain}")
+        }
+        None => "***".to_owned(),
+    }
 }
 
 impl Preferences {
@@ -212,6 +228,8 @@ impl Preferences {
                 this_topic => &self.this_topic,
                 topics => minijinja::Value::from(minijinja::value::Serde(&self.topics)),
                 notice => &self.notice,
+                sender => &self.sender,
+                recipient => &self.recipient,
             },
         );
         respond(HttpResponse::build(StatusCode::OK), page)
@@ -300,9 +318,19 @@ mod tests {
                 subscribed: true,
             }],
             notice: None,
+            sender: Some("Tom & Jerry".to_owned()),
+            recipient: Some(mask_address("ada@example.com")),
         }
         .response();
         assert_eq!(preferences.status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn an_address_is_masked_to_its_first_character_and_its_domain() {
+        assert_eq!(mask_address("ada@example.com"), "a***@example.com");
+        assert_eq!(mask_address("\u{e9}lo\u{ef}se@example.com"), "\u{e9}***@example.com");
+        assert_eq!(mask_address("@example.com"), "***@example.com");
+        assert_eq!(mask_address("nobody"), "***");
     }
 
     #[test]

@@ -131,7 +131,12 @@ fn render_untracked(
         Some(topic) => topic.name.clone(),
         None => format!("email from {}", authored.sender.from_name),
     };
-    footer::add(&mut rendered, &url, &subscribed_to);
+    let postal = authored
+        .sender
+        .postal_address
+        .as_deref()
+        .map(|address| footer::postal_line(&authored.sender.from_name, address));
+    footer::add(&mut rendered, &url, &subscribed_to, postal.as_deref());
     Ok(rendered)
 }
 

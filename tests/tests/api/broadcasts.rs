@@ -105,17 +105,8 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
     assert_eq!(run["counts"]["skipped"]["suppressed"], 1, "{run}");
     // The suppressed recipient has a story: its email, skipped by the suppression gate, decided
     // by the suppression's addition.
-    let story_id = app
-        .query_string(&format!(
-            "SELECT email_id FROM broadcast_recipients WHERE run_id = '{run_id}' AND state = 'skipped'"
-        ))
-        .await;
-    app.wait_for_projections().await;
-    let story = app.get(&format!("/emails/{story_id}"), MAIL_KEY).await;
-    assert_eq!(story.status, 200, "{:?}", story.body);
-    assert_eq!(story.body["data"]["status"], "skipped", "{:?}", story.body);
-    assert_eq!(story.body["data"]["origin"]["broadcastRunId"], json!(run_id), "{:?}", story.body);
-    let refusal = &story.body["data"]["timeline"][0];
+    let story = skipped_story(&app, &run_id).await;
+    let refusal = &story["timeline"][0];
     assert_eq!(
         (refusal["gate"].as_str(), refusal["error"]["code"].as_str()),
         (Some("suppressed"), Some("recipient_suppressed"))
@@ -392,6 +383,22 @@ async fn a_broadcast_to_1000_contacts_killed_mid_run_reaches_every_consenting_re
     assert_eq!(unstoried, 0, "every skipped recipient's story is in the log");
 }
 
+/// The story of the run's one skipped recipient, as `GET /emails/{id}` answers it: skipped,
+/// sent by the run.
+async fn skipped_story(app: &TestApp, run_id: &str) -> Value {
+    let story_id = app
+        .query_string(&format!(
+            "SELECT email_id FROM broadcast_recipients WHERE run_id = '{run_id}' AND state = 'skipped'"
+        ))
+        .await;
+    app.wait_for_projections().await;
+    let story = app.get(&format!("/emails/{story_id}"), MAIL_KEY).await;
+    assert_eq!(story.status, 200, "{:?}", story.body);
+    assert_eq!(story.body["data"]["status"], "skipped", "{:?}", story.body);
+    assert_eq!(story.body["data"]["origin"]["broadcastRunId"], json!(run_id), "{:?}", story.body);
+    story.body["data"].clone()
+}
+
 /// A segment of the mail space defined by `definition`.
 async fn segment(app: &TestApp, name: &str, definition: &str) -> String {
     let created = app.post("/segments", MAIL_KEY, &json!({"name": name, "definition": definition})).await;
@@ -587,15 +594,8 @@ async fn a_broadcast_under_a_send_policy_skips_capped_recipients_with_a_story_na
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(sink.messages().await.len(), 2, "the capped one is not");
 
-    let story_id = app
-        .query_string(&format!(
-            "SELECT email_id FROM broadcast_recipients WHERE run_id = '{run_id}' AND state = 'skipped'"
-        ))
-        .await;
-    app.wait_for_projections().await;
-    let story = app.get(&format!("/emails/{story_id}"), MAIL_KEY).await;
-    assert_eq!(story.body["data"]["status"], "skipped", "{:?}", story.body);
-    let refusal = &story.body["data"]["timeline"][0];
+    let story = skipped_story(&app, &run_id).await;
+    let refusal = &story["timeline"][0];
     assert_eq!(
         (refusal["gate"].as_str(), refusal["error"]["code"].as_str()),
         (Some("frequency_cap"), Some("frequency_capped"))

@@ -47,7 +47,8 @@ pub(crate) fn mail_workspace(allowance: i64) -> String {
         "domains": [{"slug": "main", "name": "mail.example.test", "dkimSelector": "k1",
                      "dkimPrivateKeyPem": DKIM_KEY}],
         "senders": [{"slug": "hello", "fromName": "Example Team", "fromAddress": "hello@mail.example.test",
-                     "domain": "main", "replyTo": "support@mail.example.test"}],
+                     "domain": "main", "replyTo": "support@mail.example.test",
+                     "postalAddress": "Example Inc.\n1 Main Street\nSpringfield, IL 62701"}],
         "topics": [{"slug": "news", "name": "News", "description": "Product news"}],
         "templates": [
             {"slug": "receipt", "name": "Receipt", "kind": "transactional", "sender": "hello",
@@ -323,6 +324,9 @@ pub(crate) fn email_id_of(message: &Value) -> String {
 /// Asserts that a marketing message shows, in its HTML and its text part, the footer with its
 /// own unsubscribe link (the URL of its `List-Unsubscribe`), naming what the recipient
 /// subscribed to.
+/// The mail space's sender and postal address as its marketing footers print them.
+pub(crate) const POSTAL: &str = "Example Team, Example Inc., 1 Main Street, Springfield, IL 62701";
+
 pub(crate) fn assert_unsubscribe_footer(message: &Value, subscribed_to: &str) {
     let url = format!("https://api.example.test/v1/emails/{}/unsubscribe", email_id_of(message));
     assert_eq!(message["headers"]["list-unsubscribe"][0], format!("<{url}>"), "the same URL as the header");
@@ -333,9 +337,11 @@ pub(crate) fn assert_unsubscribe_footer(message: &Value, subscribed_to: &str) {
     let link = format!("<a href=\"{url}\" style=\"color:#555555;text-decoration:underline\">");
     assert!(html.contains(&format!("You receive this because you subscribed to {subscribed_to}. {link}")), "{html}");
     assert!(html.trim_end().ends_with("Unsubscribe or change your email preferences</a></p>"), "{html}");
+    // Above it, the sender's name and postal address (CAN-SPAM).
+    assert!(html.contains(&format!(">{POSTAL}</p>\n<p style=")), "{html}");
     let text = message["text"].as_str().expect("a text part");
     let footer = format!(
-        "\n\n-- \nYou receive this because you subscribed to {subscribed_to}.\n\
+        "\n\n-- \n{POSTAL}\nYou receive this because you subscribed to {subscribed_to}.\n\
          Unsubscribe or change your email preferences: {url}"
     );
     assert!(text.trim_end().ends_with(&footer), "{text:?}");
@@ -370,7 +376,8 @@ async fn marketing_mail_shows_its_unsubscribe_link_unless_the_template_places_it
     assert!(messages[0]["html"].as_str().is_some_and(|html| html.starts_with("<p>Promo</p>\n<p style=")));
     assert!(messages[0]["text"].as_str().is_some_and(|text| text.starts_with("Promo\n\n-- \n")));
 
-    // A template that places the link itself gets no footer, in a whole HTML document.
+    // A template that places the link itself gets no unsubscribe footer, in a whole HTML
+    // document: only the sender's postal address, which every marketing email carries.
     let placed = mail_workspace_with_promo(|promo| {
         promo["html"] = json!(r#"<html><body><p>Promo</p><a href="{{ unsubscribeUrl }}">Leave</a></body></html>"#);
         promo["text"] = json!("Promo. Leave: {{ unsubscribeUrl }}");
@@ -383,10 +390,13 @@ async fn marketing_mail_shows_its_unsubscribe_link_unless_the_template_places_it
     let message = messages.iter().find(|message| email_id_of(message) == email_id).expect("the second message");
     let url = format!("https://api.example.test/v1/emails/{email_id}/unsubscribe");
     let html = message["html"].as_str().map(str::trim).expect("html");
-    let start =
-        format!("<html><body><p>Promo</p><a href=\"{url}\">Leave</a><img src=\"{}/open?sig=", &url[..url.len() - 12]);
+    let address = "<p style=\"margin:24px 0 0;font-size:12px;line-height:1.5;color:#555555\">";
+    let start = format!(
+        "<html><body><p>Promo</p><a href=\"{url}\">Leave</a>{address}{POSTAL}</p>\n<img src=\"{}/open?sig=",
+        &url[..url.len() - 12]
+    );
     assert!(html.starts_with(&start) && html.ends_with("</body></html>"), "the pixel ends the body: {html}");
-    assert_eq!(message["text"].as_str().map(str::trim), Some(format!("Promo. Leave: {url}").as_str()));
+    assert_eq!(message["text"].as_str().map(str::trim), Some(format!("Promo. Leave: {url}\n\n{POSTAL}").as_str()));
     assert_eq!(message["headers"]["list-unsubscribe"][0], format!("<{url}>"));
     assert_eq!(message["dkim"]["valid"], true, "{:?}", message["dkim"]);
     // The template's own link unsubscribes.
@@ -1447,4 +1457,25 @@ async fn a_send_policy_that_cannot_hold_is_refused_at_apply_naming_the_problem()
         let message = refused.map(|error| format!("{error:#}")).unwrap_or_default();
         assert!(message.contains(problem), "{policy}: {message}");
     }
+}
+
+#[tokio::test]
+async fn marketing_mail_without_a_postal_address_is_refused_at_apply_and_the_spaces_address_serves_its_senders() {
+    let app = TestApp::spawn_with(Options::default()).await;
+    let without = |space_address: Option<&str>| {
+        let mut workspace: Value = serde_json::from_str(&mail_workspace(100)).expect("JSON");
+        let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+        let space = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
+        space["senders"][0].as_object_mut().expect("a sender").remove("postalAddress");
+        if let Some(address) = space_address {
+            space["postalAddress"] = json!(address);
+        }
+        command_service::authoring::parse(&workspace.to_string()).expect("parses")
+    };
+    let refused = command_service::authoring::plan(&app.pool, &without(None)).await.err();
+    let message = refused.map(|error| format!("{error:#}")).unwrap_or_default();
+    assert!(message.contains("postal address") && message.contains("\"hello\""), "{message}");
+    assert!(command_service::authoring::plan(&app.pool, &without(Some("Mail Ltd, 2 High Street, York"))).await.is_ok());
+    let short = command_service::authoring::plan(&app.pool, &without(Some("x"))).await.err();
+    assert!(short.is_some_and(|error| format!("{error:#}").contains("5 to 300 characters")));
 }

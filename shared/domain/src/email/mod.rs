@@ -81,3 +81,19 @@ pub async fn topics(
     }
     Ok(topics)
 }
+
+/// Who an email is from and to, as its pages name them: the sender's name (from catalog
+/// version `catalog`; `None` once the sender is gone) and the address it went to (opened from
+/// the email with its contact's key; `None` once the contact is erased).
+pub async fn parties(
+    client: &impl deadpool_postgres::GenericClient,
+    catalog: &str,
+    scheduled: &platform::proto::EmailScheduled,
+) -> anyhow::Result<(Option<String>, Option<String>)> {
+    let sender = crate::catalog::resource_by_id(client, catalog, resources::SENDER, &scheduled.sender_id)
+        .await?
+        .and_then(|(_, _, definition)| definition.get("fromName").and_then(|name| name.as_str()).map(str::to_owned));
+    let keys = platform::crypto::load_keys(client, std::slice::from_ref(&scheduled.contact_id)).await?;
+    let content: Option<platform::proto::EmailContent> = platform::events::open(scheduled.content.as_ref(), &keys)?;
+    Ok((sender, content.map(|content| content.to_address)))
+}

@@ -54,6 +54,10 @@ pub struct SenderDef {
     pub domain_id: String,
     #[serde(default)]
     pub reply_to: Option<String>,
+    /// The sender's physical postal address, printed in the footer of its marketing mail
+    /// (CAN-SPAM): the sender's own, or the space's (`postalAddress` in the workspace file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postal_address: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -260,6 +264,7 @@ pub fn sender_document(id: &str, sender: &SenderDef) -> Value {
         "fromAddress": sender.from_address,
         "replyTo": sender.reply_to,
         "domainId": sender.domain_id,
+        "postalAddress": sender.postal_address,
     })
 }
 
