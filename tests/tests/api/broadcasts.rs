@@ -95,6 +95,7 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
     let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
     assert!(run_id.starts_with("bcr_"), "a broadcast run id is bcr_ (D2): {run_id}");
     assert_eq!(sent.body["data"]["status"], "scheduled");
+    assert_conforms("BroadcastRun", std::slice::from_ref(&sent.body["data"]));
     let replay = send(&app, WEEKLY_BROADCAST, "weekly-1").await;
     assert_eq!((replay.header("idempotent-replay"), &replay.body["data"]["id"]), (Some("true"), &json!(run_id)));
 
