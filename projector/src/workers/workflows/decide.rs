@@ -54,6 +54,9 @@ pub(super) struct Facts {
     pub(super) engagement: BTreeMap<String, Engaged>,
     /// The fact that decided a gate's refusal, by gate (`None`: no event decided).
     pub(super) decided_by: BTreeMap<&'static str, Option<DecidedBy>>,
+    /// The contact's marketing sends within the send policy's caps' windows, once a
+    /// marketing send under caps needed them.
+    pub(super) sent: Option<Vec<mail::send::Sent>>,
 }
 
 /// Whether a person opened an email and followed one of its links (machines' opens and
@@ -120,8 +123,10 @@ pub(super) enum Need {
     /// What a person did with these emails of the run.
     Engagement(Vec<String>),
     /// The fact that decided a gate's refusal of a send to `address` (of a template with
-    /// `topic_id`).
-    DecidedBy { gate: Gate, address: String, topic_id: Option<String> },
+    /// `topic_id`; for a cap, the position of the send that filled it, as the decision named it).
+    DecidedBy { gate: Gate, address: String, topic_id: Option<String>, filled_by: Option<i64> },
+    /// The contact's marketing sends since `since_ms` (the caps count them).
+    MarketingSends { since_ms: i64 },
 }
 
 /// What a decision is given besides the run and the facts.
@@ -209,8 +214,6 @@ pub(super) struct Contact {
     pub(super) consent_keys: Vec<String>,
     pub(super) subscriptions: BTreeMap<String, String>,
     pub(super) segments: BTreeSet<String>,
-    /// Its marketing sends of the last year and a few days (the longest a cap counts).
-    pub(super) sent: Vec<mail::send::Sent>,
 }
 
 /// What a run's contact is now.
@@ -912,6 +915,15 @@ fn send_email(
         },
         None => false,
     };
+    // Only a marketing send under frequency caps reads the contact's sends.
+    let lookback = authored.policy.as_ref().and_then(mail::send::SendPolicy::lookback_ms);
+    let sent: &[mail::send::Sent] = match (lookback, &facts.sent) {
+        (Some(_), Some(sent)) if template.kind == "marketing" => sent,
+        (Some(lookback), None) if template.kind == "marketing" => {
+            return Err(Stop::Needs(Need::MarketingSends { since_ms: now - lookback }));
+        }
+        _ => &[],
+    };
     let verdict = mail::send::decide(&mail::send::Facts {
         kind: mail::send::Kind::of(&template.kind),
         topic_id: template.topic_id.as_deref(),
@@ -930,7 +942,7 @@ fn send_email(
                 .and_then(|policy| policy.time_zone.attribute.as_ref())
                 .and_then(|attribute| document.get(attribute))
                 .and_then(Value::as_str),
-            sent: &contact.sent,
+            sent,
         }),
         policy: authored.policy.as_ref(),
         allowance_refused,
@@ -947,10 +959,21 @@ fn send_email(
             skip_send(tick, (started, next), (Gate::Allowance, None), (authored, &email_id, contact), now);
             return Ok(true);
         }
-        Verdict::Skip { gate, .. } | Verdict::Hold { gate, .. } => {
+        Verdict::Skip { gate, decided_by: filled_by } => {
             let address = address.unwrap_or_default();
             let Some(decided_by) = facts.decided_by.get(gate.as_str()) else {
-                return Err(Stop::Needs(Need::DecidedBy { gate, address, topic_id: template.topic_id.clone() }));
+                let topic_id = template.topic_id.clone();
+                return Err(Stop::Needs(Need::DecidedBy { gate, address, topic_id, filled_by }));
+            };
+            skip_send(tick, (started, next), (gate, decided_by.as_ref()), (authored, &email_id, contact), now);
+            return Ok(true);
+        }
+        Verdict::Hold { gate, .. } => {
+            // `apply` refuses the outcome hold until held sends are built: skipped meanwhile.
+            let address = address.unwrap_or_default();
+            let Some(decided_by) = facts.decided_by.get(gate.as_str()) else {
+                let topic_id = template.topic_id.clone();
+                return Err(Stop::Needs(Need::DecidedBy { gate, address, topic_id, filled_by: None }));
             };
             skip_send(tick, (started, next), (gate, decided_by.as_ref()), (authored, &email_id, contact), now);
             return Ok(true);
@@ -1200,7 +1223,6 @@ mod tests {
             consent_keys: vec!["marketingConsent".into()],
             subscriptions: BTreeMap::from([("top_news".to_owned(), "subscribed".to_owned())]),
             segments: BTreeSet::new(),
-            sent: Vec::new(),
         }))
     }
 
@@ -1631,6 +1653,7 @@ mod tests {
             gate: Gate::Suppressed,
             address: "ada@example.test".into(),
             topic_id: Some("top_news".into()),
+            filled_by: None,
         };
         assert_eq!(needs(&run, &send_step(), &facts, &given()), need, "the fact that decided is asked for");
         let by = DecidedBy { position: 42, event_type: "SuppressionAdded.v1".into(), at_ms: NOW - 5_000 };
@@ -1796,5 +1819,36 @@ mod tests {
         assert_eq!(needs(&run, &definition, &contact_only, &given()), Need::Engagement(vec!["em_1".to_owned()]));
         assert_eq!(finished(&decided(&run, &definition, &facts(false), &given()), "start").next_step_id, "again");
         assert_eq!(finished(&decided(&run, &definition, &facts(true), &given()), "start").next_step_id, "thanks");
+    }
+
+    #[test]
+    fn given_a_send_step_under_a_full_frequency_cap_then_it_asks_for_the_sends_and_names_the_one_that_filled_it() {
+        let run = row("running", Some("start"));
+        let keyring = platform::crypto::Keyring::from_hex(platform::crypto::TEST_MASTER_KEY).expect("a keyring");
+        let (key, _) = keyring.generate("con_1").expect("a data key");
+        let mut live = contact(Some("ada@example.test"), json!({"firstName": "Ada"}));
+        if let ContactFacts::Live(live) = &mut live {
+            live.key = Some(key);
+        }
+        let mut facts = with_contact(live);
+        let mut capped = authored();
+        let policy = json!({"timeZone": {"default": "UTC"},
+                            "frequencyCaps": [{"max": 1, "window": {"hours": 24}, "outcome": "skip"}]});
+        capped.policy = Some(serde_json::from_value(policy).expect("a policy"));
+        facts.templates.insert("tpl_1".into(), Some(capped));
+        facts.suppressed.insert("ada@example.test".into(), false);
+        let since_ms = given().now - 86_400_000;
+        assert_eq!(needs(&run, &send_step(), &facts, &given()), Need::MarketingSends { since_ms });
+        facts.sent = Some(vec![mail::send::Sent { at_ms: given().now - 3_600_000, topic_id: None, position: 9 }]);
+        let need = Need::DecidedBy {
+            gate: Gate::FrequencyCap,
+            address: "ada@example.test".into(),
+            topic_id: Some("top_news".into()),
+            filled_by: Some(9),
+        };
+        assert_eq!(needs(&run, &send_step(), &facts, &given()), need);
+        facts.sent = Some(Vec::new());
+        let sent = decided(&run, &send_step(), &facts, &given());
+        assert!(sent.email.is_some(), "under the cap: scheduled");
     }
 }

@@ -204,9 +204,16 @@ async fn load(inner: &Inner, row: &Row, definition: &WorkflowDef, facts: &mut Fa
                 facts.engagement.insert(email_id, engaged);
             }
         }
-        Need::DecidedBy { gate, address, topic_id } => {
-            let decided_by = decided_by(inner, row, facts, gate, &address, topic_id.as_deref()).await?;
+        Need::DecidedBy { gate, address, topic_id, filled_by } => {
+            let refusal = (gate, address.as_str(), topic_id.as_deref(), filled_by);
+            let decided_by = decided_by(inner, row, facts, refusal).await?;
             facts.decided_by.insert(gate.as_str(), decided_by);
+        }
+        Need::MarketingSends { since_ms } => {
+            let client = inner.pool.get().await?;
+            let contact_id = row.contact_id.clone().unwrap_or_default();
+            let mut sent = mail::send::marketing_sends(&client, std::slice::from_ref(&contact_id), since_ms).await?;
+            facts.sent = Some(sent.remove(&contact_id).unwrap_or_default());
         }
         Need::Secret => {
             facts.secret = Some(match &definition.signing {
@@ -275,14 +282,7 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
         .into_iter()
         .map(|row| row.get(0))
         .collect();
-    // The longest window a cap may have (366 calendar days, and two for zones).
-    let since = platform::time::now_millis() - 368 * 86_400_000;
-    let sent = mail::send::marketing_sends(&client, std::slice::from_ref(contact_id), since)
-        .await?
-        .remove(contact_id)
-        .unwrap_or_default();
-    let contact = Contact { version, state, key, consent, consent_keys, subscriptions, segments, sent };
-    Ok(ContactFacts::Live(Box::new(contact)))
+    Ok(ContactFacts::Live(Box::new(Contact { version, state, key, consent, consent_keys, subscriptions, segments })))
 }
 
 /// The log event from which the state that made `gate` refuse a send to `address` held
@@ -291,9 +291,7 @@ async fn decided_by(
     inner: &Inner,
     row: &Row,
     facts: &Facts,
-    gate: Gate,
-    address: &str,
-    topic_id: Option<&str>,
+    (gate, address, topic_id, filled_by): (Gate, &str, Option<&str>, Option<i64>),
 ) -> anyhow::Result<Option<DecidedBy>> {
     let client = inner.pool.get().await?;
     let mut keys = platform::crypto::Keys::default();
@@ -306,7 +304,7 @@ async fn decided_by(
         }
         _ => return Ok(None),
     };
-    let refused = [Refused { contact_id, gate, address, topic_id, consent_keys, filled_by: None }];
+    let refused = [Refused { contact_id, gate, address, topic_id, consent_keys, filled_by }];
     Ok(mail::skipped::decided_by(&client, &row.space_id, &refused, &keys).await?.pop().flatten())
 }
 
