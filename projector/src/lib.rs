@@ -114,6 +114,8 @@ pub fn workers(
         workers.push(Arc::new(workers::imports::Imports::new(pool.clone(), log.clone())));
     }
     if wanted.contains(&"email_outbox") {
+        // Held sends are decided again and handed off by the processes that run the outbox.
+        workers.push(Arc::new(workers::email::held::Held::new(pool.clone(), log.clone(), settings)?));
         workers.push(Arc::new(workers::email::outbox::Outbox::new(pool.clone(), log, settings)?));
     }
     // Only with a nameserver to ask (APP__EMAIL__DNS_NAMESERVER).

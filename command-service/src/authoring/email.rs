@@ -562,10 +562,6 @@ fn send_policy(
         let topic_id = cap.topic.as_deref().map(|slug| lookup(topic_ids, "topic", slug, &owner)).transpose()?.cloned();
         frequency_caps.push(Cap { max: cap.max, window, topic_id, outcome: cap.outcome });
     }
-    let holds = quiet_hours.iter().map(|quiet| quiet.outcome).chain(frequency_caps.iter().map(|cap| cap.outcome));
-    if holds.into_iter().any(|outcome| outcome == Outcome::Hold) {
-        bail!("sendPolicy: the outcome \"hold\" is not supported yet (held sends are not built); use \"skip\"");
-    }
     let time_zone = ZoneRule { attribute: spec.time_zone.attribute, default: spec.time_zone.default };
     Ok(Some(SendPolicy { time_zone, quiet_hours, frequency_caps }))
 }

@@ -170,7 +170,7 @@ fn requested_run(run: &proto::BroadcastRunRequested, audience: &Audience) -> Val
         "startedAt": null,
         "finishedAt": null,
         "error": null,
-        "counts": {"audience": null, "pending": 0, "queued": 0, "sent": 0, "failed": 0, "outcomeUnknown": 0,
+        "counts": {"audience": null, "pending": 0, "queued": 0, "held": 0, "sent": 0, "failed": 0, "outcomeUnknown": 0,
                    "bounced": 0, "complained": 0, "unsubscribed": 0, "opened": 0, "clicked": 0,
                    "openRate": null, "clickRate": null,
                    "skipped": {"notSubscribed": 0, "suppressed": 0, "allowance": 0, "noAddress": 0, "gone": 0,

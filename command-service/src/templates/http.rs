@@ -24,7 +24,7 @@ use mail::send;
 pub use mail::send::{Authored, EmailTo, Scheduled};
 use platform::error::{ApiError, Code};
 use platform::log::{AppendError, Guard};
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::decide;
 use crate::State;
@@ -175,10 +175,11 @@ impl Command for SendTemplate<'_> {
             allowance_refused: false,
             now_ms: now,
         };
-        match send::decide(&facts) {
-            send::Verdict::Send => {}
-            send::Verdict::Skip { gate, .. } | send::Verdict::Hold { gate, .. } => return Err(decide::refusal(gate)),
-        }
+        let held = match send::decide(&facts) {
+            send::Verdict::Send => None,
+            send::Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
+            send::Verdict::Skip { gate, .. } => return Err(decide::refusal(gate)),
+        };
         let address = recipient.address.unwrap_or_default();
         let documents: BTreeMap<String, (Value, Vec<String>)> = planned
             .iter()
@@ -224,6 +225,24 @@ impl Command for SendTemplate<'_> {
         let scheduled =
             send::schedule(&email_id, &authored, to, &rendered, send::Origin::template(), (now, &self.site.base_url))
                 .map_err(|error| ApiError::internal(&error))?;
+        if let Some((until_ms, gate)) = held {
+            // Held by the send policy: stored now, decided again at `until_ms`; the answer is
+            // final (the claim completes with it).
+            let held = scheduled.hold(until_ms, gate, now);
+            streams.push(held.stream);
+            guards.push(held.guard);
+            if let Some(allowance) = &authored.allowance {
+                guards.push(send::allowance_guard(space_id, now, allowance.monthly));
+            }
+            let body = json!({"data": {
+                "emailId": email_id,
+                "status": "held",
+                "notBefore": platform::time::format_millis(until_ms),
+                "gate": gate.as_str(),
+                "error": null,
+            }});
+            return Ok(Decided::Append(Decision::new(streams, guards, Answer::json(StatusCode::OK, body))));
+        }
         streams.push(scheduled.stream);
         guards.extend(scheduled.guards);
         // The outbox row holds the send's claim: the hand-off records the answer.

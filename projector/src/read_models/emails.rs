@@ -44,6 +44,7 @@ CREATE TABLE {s}.email_counts (
     unsubscribed bigint NOT NULL DEFAULT 0,
     opened bigint NOT NULL DEFAULT 0,
     clicked bigint NOT NULL DEFAULT 0,
+    held bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (bucket_kind, bucket_id)
 );
 ";
@@ -59,6 +60,8 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "EmailOpened.v1",
     "EmailClicked.v1",
     "EmailSkipped.v1",
+    "EmailHeld.v1",
+    "EmailReleased.v1",
     "RecordDeletionRequested.v1",
 ];
 
@@ -113,7 +116,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         if let Some(story) = story::apply(current.map(|row| row.story), event) {
             if let Some(bucket) = story::bucket(&story) {
                 let delta = Tally::of(Some(&story)).minus(&before);
-                let sum = counts.entry(bucket).or_insert_with(|| (space_id.clone(), [0; 9]));
+                let sum = counts.entry(bucket).or_insert_with(|| (space_id.clone(), [0; 10]));
                 for (total, change) in sum.1.iter_mut().zip(delta) {
                     *total += change;
                 }
@@ -159,7 +162,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
 }
 
 /// Changes to the counts of each bucket: (kind, id) → (space, a change per `Tally` field).
-type Counts = BTreeMap<(&'static str, String), (String, [i64; 9])>;
+type Counts = BTreeMap<(&'static str, String), (String, [i64; 10])>;
 
 /// Adds the batch's changes to the counts, one statement for all buckets.
 async fn write_counts(transaction: &Transaction<'_>, s: &str, counts: &Counts) -> anyhow::Result<()> {
@@ -180,9 +183,9 @@ async fn write_counts(transaction: &Transaction<'_>, s: &str, counts: &Counts) -
     let statement = transaction
         .prepare_cached(&format!(
             "INSERT INTO {s}.email_counts (bucket_kind, bucket_id, space_id, {fields})
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
-                                  $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], {})
              ON CONFLICT (bucket_kind, bucket_id) DO UPDATE SET {}",
+            (4..4 + Tally::FIELDS.len()).map(|n| format!("${n}::bigint[]")).collect::<Vec<_>>().join(", "),
             updates.join(", ")
         ))
         .await?;

@@ -22,7 +22,6 @@
 //!   never sends an email twice. The pace is at most `APP__BROADCASTS__RATE_PER_SECOND`
 //!   recipients a second. A run with no `pending` recipient left is `completed`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,8 +30,7 @@ use domain::email::resources::{Audience, DomainDef, SenderDef};
 use futures_util::future::BoxFuture;
 use mail::mailer::Mailer;
 use mail::outbox::{self, Prepared};
-use mail::send::{Authored, EmailTo, Facts, Gate, Kind, Verdict, allowance_guard, schedule};
-use platform::crypto::{DataKey, Keys};
+use mail::send::{Authored, EmailTo, Facts, Gate, Verdict, allowance_guard, schedule};
 use platform::error::Code;
 use platform::log::{AppendError, AppendRequest, EventLog, Guard, SetValue};
 use platform::readmodel::live_schema;
@@ -41,6 +39,7 @@ use serde_json::Value;
 
 use crate::runtime::{Outcome, Worker};
 use crate::timers::{Handled, Timer, TimerHandler};
+use crate::workers::email::recipients::{Allowed, Recipients};
 
 /// The channel notified when a run starts sending.
 pub(crate) const RUNS_CHANNEL: &str = "broadcast_runs";
@@ -163,69 +162,6 @@ struct Run {
     sender_id: Option<String>,
 }
 
-/// A recipient's contact as the checks and the rendering need it.
-struct Contact {
-    schema_id: String,
-    document: Value,
-}
-
-/// What a batch's checks read about its recipients, loaded once per batch.
-#[derive(Default)]
-struct Recipients {
-    /// The contacts as the segments read model holds them (none: deleted since the snapshot).
-    contacts: HashMap<String, Contact>,
-    /// Each contact's topic statuses.
-    subscriptions: HashMap<String, BTreeMap<String, String>>,
-    /// The email consent attributes of each schema.
-    consent_keys: HashMap<String, Vec<String>>,
-    /// The addresses among them suppressed in the space or globally.
-    suppressed: HashSet<String>,
-    /// The contacts' data keys (none: erased).
-    keys: Keys,
-    /// Each contact's marketing sends within the send policy's caps' windows.
-    sent: HashMap<String, Vec<mail::send::Sent>>,
-}
-
-/// A recipient the checks let through, with what its email is built from.
-struct Allowed<'a> {
-    contact: &'a Contact,
-    address: &'a str,
-    key: &'a DataKey,
-}
-
-impl Recipients {
-    /// What the send decision is asked about `contact_id`, as this batch loaded it: a contact
-    /// deleted since the snapshot, or erased (its data key destroyed), is gone.
-    fn facts<'a>(&'a self, authored: &'a Authored, contact_id: &str, now_ms: i64) -> Facts<'a> {
-        let template = &authored.template;
-        let topic_id = template.topic_id.as_deref();
-        let policy = authored.policy.as_ref();
-        let zone_attribute = policy.and_then(|policy| policy.time_zone.attribute.as_deref());
-        let contact = self.contacts.get(contact_id).filter(|_| self.keys.get(contact_id).is_some()).map(|contact| {
-            let address = contact.document.get("email").and_then(Value::as_str);
-            let consent_keys = self.consent_keys.get(&contact.schema_id).map(Vec::as_slice).unwrap_or_default();
-            mail::send::Contact {
-                address,
-                suppressed: address.is_some_and(|address| self.suppressed.contains(address)),
-                consent: mail::send::email_consent(consent_keys, |key| contact.document.get(key)),
-                subscription: topic_id
-                    .and_then(|topic_id| self.subscriptions.get(contact_id)?.get(topic_id))
-                    .map(String::as_str),
-                zone: zone_attribute.and_then(|attribute| contact.document.get(attribute)).and_then(Value::as_str),
-                sent: self.sent.get(contact_id).map(Vec::as_slice).unwrap_or_default(),
-            }
-        });
-        Facts { kind: Kind::of(&template.kind), topic_id, contact, policy, allowance_refused: false, now_ms }
-    }
-
-    /// What the email of a recipient the decision let through is built from.
-    fn allowed(&self, contact_id: &str) -> Option<Allowed<'_>> {
-        let contact = self.contacts.get(contact_id)?;
-        let address = contact.document.get("email").and_then(Value::as_str)?;
-        Some(Allowed { contact, address, key: self.keys.get(contact_id)? })
-    }
-}
-
 /// What a hand-off needs, shared by the hand-off tasks of every step.
 struct Sender {
     pool: Pool,
@@ -342,17 +278,14 @@ impl Runs {
         let mut skipped: Skipped = Vec::new();
         let mut appends = Vec::new();
         for contact_id in pending {
-            match mail::send::decide(&recipients.facts(&authored, contact_id, now)) {
-                Verdict::Send => {}
+            let held = match mail::send::decide(&recipients.facts(&authored, contact_id, now)) {
+                Verdict::Send => None,
                 Verdict::Skip { gate, decided_by } => {
                     skipped.push((contact_id.clone(), gate, decided_by));
                     continue;
                 }
-                Verdict::Hold { gate, .. } => {
-                    skipped.push((contact_id.clone(), gate, None));
-                    continue;
-                }
-            }
+                Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
+            };
             let Some(Allowed { contact, address, key }) = recipients.allowed(contact_id) else {
                 skipped.push((contact_id.clone(), Gate::Gone, None));
                 continue;
@@ -372,16 +305,27 @@ impl Runs {
                 mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id),
                 (now, public_base_url),
             )?;
-            let mut guards = vec![
-                outbox::insert_guard(&email_id, &run.space_id, None),
-                recipient_scheduled(&run.run_id, contact_id, &email_id),
-            ];
-            guards.extend(scheduled.guards);
+            // A held recipient's email is stored now and decided again at its time by the held
+            // sends worker; the others are handed off after the batch.
+            let (stream, mut guards, email) = match held {
+                None => {
+                    let mut guards = vec![
+                        outbox::insert_guard(&email_id, &run.space_id, None),
+                        recipient_moved(&run.run_id, contact_id, &email_id, "scheduled"),
+                    ];
+                    guards.extend(scheduled.guards);
+                    (scheduled.stream, guards, Some(scheduled.prepared))
+                }
+                Some((until_ms, gate)) => {
+                    let held = scheduled.hold(until_ms, gate, now);
+                    (held.stream, vec![held.guard, recipient_moved(&run.run_id, contact_id, &email_id, "held")], None)
+                }
+            };
             if let Some(allowance) = &authored.allowance {
                 guards.push(allowance_guard(&run.space_id, now, allowance.monthly));
             }
-            let request = AppendRequest::in_space(&run.space_id, vec![scheduled.stream], guards);
-            appends.push((contact_id.clone(), request, scheduled.prepared));
+            let request = AppendRequest::in_space(&run.space_id, vec![stream], guards);
+            appends.push((contact_id.clone(), request, email));
         }
         let results =
             futures_util::future::join_all(appends.into_iter().map(|(contact_id, request, prepared)| async move {
@@ -391,7 +335,7 @@ impl Runs {
         let mut prepared = Vec::new();
         for (contact_id, result, email) in results {
             match result {
-                Ok(_) => prepared.push(email),
+                Ok(_) => prepared.extend(email),
                 Err(AppendError::Conflict { code: Code::EmailLimitReached, .. }) => {
                     let facts = Facts { allowance_refused: true, ..recipients.facts(&authored, &contact_id, now) };
                     if let Verdict::Skip { gate, decided_by } = mail::send::decide(&facts) {
@@ -504,57 +448,8 @@ impl Runs {
             let (sender, domain) = sender_of(&client, &catalog, &run.space_id, sender_id).await?;
             (authored.sender_id, authored.sender, authored.domain) = (sender_id.clone(), sender, domain);
         }
-        // The contacts as the segments read model holds them: where the audience was taken
-        // from, so a recipient of the snapshot is there unless it was deleted since.
-        let mut recipients = Recipients::default();
-        for row in client
-            .query(
-                &format!(
-                    "SELECT contact_id, schema_id, doc, subscriptions FROM {segments}.contacts
-                     WHERE contact_id = ANY($1) AND doc IS NOT NULL"
-                ),
-                &[&pending],
-            )
-            .await?
-        {
-            let contact_id: String = row.get(0);
-            recipients.subscriptions.insert(contact_id.clone(), serde_json::from_value(row.get(3)).unwrap_or_default());
-            recipients.contacts.insert(
-                contact_id,
-                Contact { schema_id: row.get::<_, Option<String>>(1).unwrap_or_default(), document: row.get(2) },
-            );
-        }
-        let schema_ids: Vec<&String> = recipients.contacts.values().map(|contact| &contact.schema_id).collect();
-        for row in client
-            .query(
-                &format!("SELECT schema_id, key, definition FROM {catalog}.attributes WHERE schema_id = ANY($1)"),
-                &[&schema_ids],
-            )
-            .await?
-        {
-            if mail::send::is_email_consent(&row.get::<_, Value>(2)) {
-                recipients.consent_keys.entry(row.get(0)).or_default().push(row.get(1));
-            }
-        }
-        let addresses: Vec<&str> = recipients
-            .contacts
-            .values()
-            .filter_map(|contact| contact.document.get("email").and_then(Value::as_str))
-            .collect();
-        recipients.suppressed = client
-            .query(
-                "SELECT identifier FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = ANY($2)",
-                &[&run.space_id, &addresses],
-            )
-            .await?
-            .into_iter()
-            .map(|row| row.get(0))
-            .collect();
-        recipients.keys = platform::crypto::load_keys(&client, pending).await?;
-        if let Some(lookback) = authored.policy.as_ref().and_then(mail::send::SendPolicy::lookback_ms) {
-            let since = platform::time::now_millis() - lookback;
-            recipients.sent = mail::send::marketing_sends(&client, pending, since).await?;
-        }
+        let lookback = authored.policy.as_ref().and_then(mail::send::SendPolicy::lookback_ms);
+        let recipients = Recipients::load(&client, (&catalog, &segments), &run.space_id, pending, lookback).await?;
         Ok((authored, recipients))
     }
 
@@ -594,7 +489,7 @@ impl Sender {
 type Skipped = Vec<(String, Gate, Option<i64>)>;
 
 /// The reason a refused recipient is counted under in its run.
-fn reason(gate: Gate) -> &'static str {
+pub(crate) fn reason(gate: Gate) -> &'static str {
     match gate {
         Gate::Consent | Gate::Topic => "not_subscribed",
         gate => gate.as_str(),
@@ -604,7 +499,7 @@ fn reason(gate: Gate) -> &'static str {
 /// Counts the run's skipped recipients not counted yet into the run, in the step's
 /// transaction (which holds the run's row): this step's, and any a process that died after
 /// their append left.
-async fn count_skipped(transaction: &Transaction<'_>, run_id: &str) -> anyhow::Result<()> {
+pub(crate) async fn count_skipped(transaction: &Transaction<'_>, run_id: &str) -> anyhow::Result<()> {
     transaction
         .execute(
             "WITH moved AS (
@@ -628,19 +523,25 @@ async fn count_skipped(transaction: &Transaction<'_>, run_id: &str) -> anyhow::R
     Ok(())
 }
 
-/// Moves the recipient from `pending` to `scheduled` with its email, in the email's append:
-/// a recipient decided before (by a process that died after its append) refuses it.
-fn recipient_scheduled(run_id: &str, contact_id: &str, email_id: &str) -> Guard {
-    let row = [run_id, contact_id, email_id].map(|value| SetValue::Text(Some(value.to_owned()))).to_vec();
+/// Moves the recipient from `pending` to `state` (`scheduled` or `held`) with its email, in
+/// the email's append: a recipient decided before (by a process that died after its append)
+/// refuses it.
+fn recipient_moved(run_id: &str, contact_id: &str, email_id: &str, state: &str) -> Guard {
+    let row = [run_id, contact_id, email_id, state].map(|value| SetValue::Text(Some(value.to_owned()))).to_vec();
     Guard::exactly_one(
-        "UPDATE broadcast_recipients SET state = 'scheduled', email_id = $3
+        "UPDATE broadcast_recipients SET state = $4, email_id = $3
          WHERE run_id = $1 AND contact_id = $2 AND state = 'pending'",
-        vec![Box::new(run_id.to_owned()), Box::new(contact_id.to_owned()), Box::new(email_id.to_owned())],
+        vec![
+            Box::new(run_id.to_owned()),
+            Box::new(contact_id.to_owned()),
+            Box::new(email_id.to_owned()),
+            Box::new(state.to_owned()),
+        ],
         AppendError::Conflict { code: Code::OperationTaken, message: "the recipient was already decided".to_owned() },
     )
     .with_set(
-        "UPDATE broadcast_recipients r SET state = 'scheduled', email_id = w.email_id
-         FROM unnest($1::text[], $2::text[], $3::text[]) AS w(run_id, contact_id, email_id)
+        "UPDATE broadcast_recipients r SET state = w.state, email_id = w.email_id
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS w(run_id, contact_id, email_id, state)
          WHERE r.run_id = w.run_id AND r.contact_id = w.contact_id AND r.state = 'pending'",
         row,
     )
@@ -713,8 +614,11 @@ pub fn workers(pool: &Pool, log: &EventLog, settings: &Settings) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workers::email::recipients::Contact;
     use platform::crypto::Keyring;
+    use platform::crypto::Keys;
     use serde_json::json;
+    use std::collections::BTreeMap;
 
     const TOPIC: &str = "top_news";
 

@@ -24,7 +24,8 @@ const RUN: &str = "jsonb_build_object(
         'pending', GREATEST(COALESCE(r.audience_count, 0) - r.skipped_not_subscribed - r.skipped_suppressed
             - r.skipped_allowance - r.skipped_no_address - r.skipped_gone - r.skipped_frequency_cap
             - r.skipped_quiet_hours - COALESCE(c.scheduled, 0), 0),
-        'queued', GREATEST(COALESCE(c.scheduled - c.sent - c.failed - c.outcome_unknown, 0), 0),
+        'queued', GREATEST(COALESCE(c.scheduled - c.sent - c.failed - c.outcome_unknown - c.held, 0), 0),
+        'held', COALESCE(c.held, 0),
         'sent', COALESCE(c.sent, 0),
         'failed', COALESCE(c.failed, 0),
         'outcomeUnknown', COALESCE(c.outcome_unknown, 0),

@@ -17,7 +17,7 @@ const STEP_STATUSES: [(&str, &str); 4] = [
     ("timed_out", "timedOut"),
 ];
 /// The email counters, as `email_counts` names its columns and as the API shows them.
-pub(super) const EMAIL_FIELDS: [(&str, &str); 9] = [
+pub(super) const EMAIL_FIELDS: [(&str, &str); 10] = [
     ("scheduled", "scheduled"),
     ("sent", "sent"),
     ("failed", "failed"),
@@ -27,6 +27,7 @@ pub(super) const EMAIL_FIELDS: [(&str, &str); 9] = [
     ("unsubscribed", "unsubscribed"),
     ("opened", "opened"),
     ("clicked", "clicked"),
+    ("held", "held"),
 ];
 
 /// What the read models hold for one workflow.

@@ -46,6 +46,31 @@ pub fn insert_guard(email_id: &str, space_id: &str, claim: Option<(String, Uuid)
     )
 }
 
+/// The row of a held email (`send::Scheduled::hold`): `held` until `until_ms`, when the held
+/// sends worker decides it again. It holds no idempotency claim: a held send's answer is
+/// final when it is given.
+pub fn held_guard(email_id: &str, space_id: &str, until_ms: i64) -> Guard {
+    let row = vec![
+        SetValue::Text(Some(email_id.to_owned())),
+        SetValue::Text(Some(space_id.to_owned())),
+        SetValue::BigInt(until_ms),
+    ];
+    Guard::exactly_one(
+        "INSERT INTO email_outbox (email_id, space_id, state, next_attempt_at)
+         VALUES ($1, $2, 'held', to_timestamp($3::bigint / 1000.0))
+         ON CONFLICT (email_id) DO NOTHING",
+        vec![Box::new(email_id.to_owned()), Box::new(space_id.to_owned()), Box::new(until_ms)],
+        AppendError::Conflict { code: Code::IdempotencyConflict, message: "the email id is already taken".to_owned() },
+    )
+    .with_set(
+        "INSERT INTO email_outbox (email_id, space_id, state, next_attempt_at)
+         SELECT w.email_id, w.space_id, 'held', to_timestamp(w.until_ms / 1000.0)
+         FROM unnest($1::text[], $2::text[], $3::bigint[]) AS w(email_id, space_id, until_ms)
+         ON CONFLICT (email_id) DO NOTHING",
+        row,
+    )
+}
+
 /// A claimed hand-off.
 #[derive(Debug, Clone)]
 pub struct Lease {
@@ -576,19 +601,21 @@ pub async fn parties_from_log(
 }
 
 /// An email rebuilt from the log for the outbox worker: `Err` with its parties when its
-/// content is erased (the contact was deleted before it left).
+/// content is erased (the contact was deleted before it left). `released_at_ms`: when a held
+/// email was released, its message's date (else when it was scheduled).
 pub async fn prepare_from_log(
     client: &impl deadpool_postgres::GenericClient,
     email_id: &str,
     public_base_url: &str,
+    released_at_ms: Option<i64>,
 ) -> anyhow::Result<Result<Prepared, Parties>> {
     let Scheduled { event, sender, domain, parties } = scheduled_from_log(client, email_id).await?;
     let keys = platform::crypto::load_keys(client, std::slice::from_ref(&event.contact_id)).await?;
     let content: Option<proto::EmailContent> = platform::events::open(event.content.as_ref(), &keys)?;
     let Some(content) = content else { return Ok(Err(parties)) };
     let marketing = event.kind == "marketing";
-    let outgoing =
-        Outgoing::new(email_id, &sender, &domain, &content, (event.scheduled_at_ms, marketing), public_base_url);
+    let dated = released_at_ms.unwrap_or(event.scheduled_at_ms);
+    let outgoing = Outgoing::new(email_id, &sender, &domain, &content, (dated, marketing), public_base_url);
     Ok(Ok(Prepared { parties, outgoing, domain_id: sender.domain_id.clone(), domain }))
 }
 

@@ -161,6 +161,37 @@ pub struct Scheduled {
     pub prepared: Prepared,
 }
 
+impl Scheduled {
+    /// Holds the email until `until_ms` (the send decision's `Hold`): `EmailHeld` follows its
+    /// `EmailScheduled`, and it is not counted against the frequency caps until it is released.
+    /// Its outbox row must be inserted `held` ([`crate::outbox::held_guard`]) and it is not
+    /// handed off now.
+    pub fn hold(mut self, until_ms: i64, gate: Gate, now_ms: i64) -> HeldEmail {
+        let parties = &self.prepared.parties;
+        self.stream.events.push(NewEvent {
+            event: LogEvent::EmailHeld(proto::EmailHeld {
+                email_id: parties.email_id.clone(),
+                space_id: parties.space_id.clone(),
+                contact_id: parties.contact_id.clone(),
+                gate: gate.as_str().to_owned(),
+                not_before_ms: until_ms,
+                at_ms: now_ms,
+            }),
+            subject_id: Some(parties.contact_id.clone()),
+            occurred_at: platform::time::from_millis(now_ms),
+        });
+        let guard = crate::outbox::held_guard(&parties.email_id, &parties.space_id, until_ms);
+        HeldEmail { stream: self.stream, guard }
+    }
+}
+
+/// A held email ready to append: its stream (`EmailScheduled`, `EmailHeld`) and the guard that
+/// inserts its outbox row `held`.
+pub struct HeldEmail {
+    pub stream: StreamAppend,
+    pub guard: Guard,
+}
+
 /// What sent an email: a template send, a form's confirmation, a broadcast run or a
 /// workflow's send step.
 #[derive(Debug, Clone, Copy)]

@@ -46,6 +46,12 @@ pub struct Skip<'a> {
 /// The append that records `skip`: `EmailSkipped` at the start of its email's stream (a
 /// second attempt at the same email fails its expected version, so it is recorded once).
 pub fn skipped(skip: Skip<'_>) -> StreamAppend {
+    StreamAppend { expected: ExpectedVersion::NoStream, ..skipped_after(skip) }
+}
+
+/// The append that ends a held email's stream with `skip` (decided again at its time and
+/// refused); the held sends worker's lease on its outbox row makes it happen once.
+pub fn skipped_after(skip: Skip<'_>) -> StreamAppend {
     let (authored, origin) = (skip.authored, skip.origin);
     let (decided_by_position, decided_by_type, decided_by_at_ms) =
         skip.decided_by.map_or((0, String::new(), 0), |by| (by.position, by.event_type.clone(), by.at_ms));
@@ -74,7 +80,7 @@ pub fn skipped(skip: Skip<'_>) -> StreamAppend {
     };
     StreamAppend {
         stream_id: domain::email::stream_id(skip.email_id),
-        expected: ExpectedVersion::NoStream,
+        expected: ExpectedVersion::Any,
         events: vec![NewEvent {
             event: LogEvent::EmailSkipped(event),
             subject_id: Some(skip.contact_id.to_owned()),

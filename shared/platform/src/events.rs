@@ -46,6 +46,8 @@ pub enum LogEvent {
     EmailOpened(proto::EmailOpened),
     EmailClicked(proto::EmailClicked),
     EmailSkipped(proto::EmailSkipped),
+    EmailHeld(proto::EmailHeld),
+    EmailReleased(proto::EmailReleased),
     SubscriptionChanged(proto::SubscriptionChanged),
     FormSubmitted(proto::FormSubmitted),
     SubmissionConfirmed(proto::SubmissionConfirmed),
@@ -109,6 +111,8 @@ impl LogEvent {
             Self::EmailOpened(e) => &e.email_id,
             Self::EmailClicked(e) => &e.email_id,
             Self::EmailSkipped(e) => &e.email_id,
+            Self::EmailHeld(e) => &e.email_id,
+            Self::EmailReleased(e) => &e.email_id,
             _ => return None,
         })
     }
@@ -152,6 +156,8 @@ event_types! {
     EmailOpened => "EmailOpened.v1",
     EmailClicked => "EmailClicked.v1",
     EmailSkipped => "EmailSkipped.v1",
+    EmailHeld => "EmailHeld.v1",
+    EmailReleased => "EmailReleased.v1",
     SubscriptionChanged => "SubscriptionChanged.v1",
     FormSubmitted => "FormSubmitted.v1",
     SubmissionConfirmed => "SubmissionConfirmed.v1",

@@ -607,3 +607,134 @@ async fn a_broadcast_under_a_send_policy_skips_capped_recipients_with_a_story_na
     assert_eq!(refusal["decidedBy"]["position"], filled_by, "{refusal}");
     assert_eq!(refusal["decidedBy"]["type"], "EmailScheduled", "{refusal}");
 }
+
+/// The id of the mail space's contact with `email`.
+async fn contact_id(app: &TestApp, email: &str) -> String {
+    let list = app.get("/schemas/people/records?limit=100", MAIL_KEY).await;
+    assert_eq!(list.status, 200, "{:?}", list.body);
+    list.body["data"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .find(|record| record["email"] == email)
+        .and_then(|record| record["id"].as_str())
+        .unwrap_or_else(|| panic!("no contact {email}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_broadcast_to_three_zones_holds_the_recipients_in_their_quiet_hours_until_their_time_and_counts_them() {
+    let sink = SmtpSink::start().await;
+    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    // Quiet from an hour ago to an hour from now, local: UTC and an hour behind it are in it,
+    // twelve hours ahead is day.
+    let now = chrono::Utc::now();
+    let hour = chrono::Timelike::hour(&now);
+    let policy = json!({
+        "timeZone": {"attribute": "timeZone", "default": "UTC"},
+        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
+                       "outcome": "hold"}
+    });
+    app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
+    crate::email::publish_dkim(&app, &sink).await;
+    let zones = [("utc@example.com", "UTC"), ("behind@example.com", "Etc/GMT+1"), ("ahead@example.com", "Etc/GMT-12")];
+    for (email, zone) in zones {
+        subscribe(&app, email).await;
+        app.wait_for_projections().await;
+        let id = contact_id(&app, email).await;
+        let moved = app
+            .send(
+                app.request(reqwest::Method::PATCH, &format!("/schemas/people/records/{id}"), Some(MAIL_KEY))
+                    .json(&json!({"timeZone": zone})),
+            )
+            .await;
+        assert_eq!(moved.status, 200, "{:?}", moved.body);
+    }
+    app.wait_for_projections().await;
+
+    let sent = send(&app, WEEKLY_BROADCAST, "weekly-zones").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let messages = sink.wait_for(1, WAIT).await;
+    assert_eq!(messages[0]["rcptTo"][0], "ahead@example.com", "day where it is mailed at once");
+    let path = format!("/broadcasts/{WEEKLY_BROADCAST}/runs/{run_id}");
+    let counts = |run: &TestResponse| run.body["data"]["counts"].clone();
+    let deadline = Instant::now() + WAIT;
+    let run = loop {
+        app.wait_for_projections().await;
+        let run = app.get(&path, MAIL_KEY).await;
+        if counts(&run)["held"] == 2 && counts(&run)["sent"] == 1 && run.body["data"]["status"] == "completed" {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "{:?}", run.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (counts(&run)["pending"].as_i64(), counts(&run)["queued"].as_i64()),
+        (Some(0), Some(0)),
+        "{:?}",
+        run.body
+    );
+
+    // Each held recipient waits for the end of the quiet hours in its own zone.
+    let held = |email: &'static str| {
+        let app = &app;
+        let run_id = run_id.clone();
+        async move {
+            let id = contact_id(app, email).await;
+            app.query_string(&format!(
+                "SELECT email_id FROM broadcast_recipients WHERE run_id = '{run_id}' AND contact_id = '{id}' AND state = 'held'"
+            ))
+            .await
+        }
+    };
+    let (utc, behind) = (held("utc@example.com").await, held("behind@example.com").await);
+    let utc_story = crate::email::story_when(&app, &utc, "held").await;
+    let behind_story = crate::email::story_when(&app, &behind, "held").await;
+    let local_end = |offset_hours: i64| {
+        (now + chrono::Duration::hours(1 + offset_hours)).format("%Y-%m-%dT%H:00:00.000Z").to_string()
+    };
+    assert_eq!(utc_story["notBefore"].as_str(), Some(local_end(0).as_str()), "{utc_story}");
+    assert_eq!(behind_story["notBefore"].as_str(), Some(local_end(1).as_str()), "an hour later: {behind_story}");
+
+    // Their time comes: the one now in day (it moved) is mailed; the one suppressed meanwhile
+    // is skipped with its story, and counted so.
+    let utc_contact = contact_id(&app, "utc@example.com").await;
+    let moved = app
+        .send(
+            app.request(reqwest::Method::PATCH, &format!("/schemas/people/records/{utc_contact}"), Some(MAIL_KEY))
+                .json(&json!({"timeZone": "Etc/GMT-12"})),
+        )
+        .await;
+    assert_eq!(moved.status, 200, "{:?}", moved.body);
+    let suppressed = app
+        .post("/contacts/suppressions", MAIL_KEY, &json!({"identifier": "behind@example.com", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    app.wait_for_projections().await;
+    crate::email::make_due(&app, &utc).await;
+    crate::email::make_due(&app, &behind).await;
+    crate::email::story_when(&app, &utc, "sent").await;
+    crate::email::story_when(&app, &behind, "skipped").await;
+    let deadline = Instant::now() + WAIT;
+    let run = loop {
+        app.wait_for_projections().await;
+        let run = app.get(&path, MAIL_KEY).await;
+        if counts(&run)["held"] == 0 && counts(&run)["sent"] == 2 && counts(&run)["skipped"]["suppressed"] == 1 {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "{:?}", run.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (counts(&run)["pending"].as_i64(), counts(&run)["queued"].as_i64()),
+        (Some(0), Some(0)),
+        "{:?}",
+        run.body
+    );
+    let messages = sink.wait_for(2, WAIT).await;
+    assert_eq!(messages[1]["rcptTo"][0], "utc@example.com");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sink.messages().await.len(), 2, "once each, the suppressed one never");
+}

@@ -118,7 +118,7 @@ impl Outbox {
 
     async fn hand_off(&self, lease: &Lease) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
-        let prepared = outbox::prepare_from_log(&client, &lease.email_id, &self.settings.public_base_url).await?;
+        let prepared = outbox::prepare_from_log(&client, &lease.email_id, &self.settings.public_base_url, None).await?;
         drop(client);
         match prepared {
             Ok(prepared) => {

@@ -948,8 +948,9 @@ fn send_email(
         allowance_refused,
         now_ms: now,
     });
-    match verdict {
-        Verdict::Send => {}
+    let held = match verdict {
+        Verdict::Send => None,
+        Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
         Verdict::Skip { gate: Gate::NoAddress, .. } => {
             let message = "the contact has no email address".to_owned();
             tick.finish(started, "skipped", Some((Code::RecipientMissing.as_str(), message)), next, now);
@@ -968,17 +969,7 @@ fn send_email(
             skip_send(tick, (started, next), (gate, decided_by.as_ref()), (authored, &email_id, contact), now);
             return Ok(true);
         }
-        Verdict::Hold { gate, .. } => {
-            // `apply` refuses the outcome hold until held sends are built: skipped meanwhile.
-            let address = address.unwrap_or_default();
-            let Some(decided_by) = facts.decided_by.get(gate.as_str()) else {
-                let topic_id = template.topic_id.clone();
-                return Err(Stop::Needs(Need::DecidedBy { gate, address, topic_id, filled_by: None }));
-            };
-            skip_send(tick, (started, next), (gate, decided_by.as_ref()), (authored, &email_id, contact), now);
-            return Ok(true);
-        }
-    }
+    };
     let address = address.unwrap_or_default();
     let Some(key) = &contact.key else {
         tick.fail(started, "no_data_key", "the contact has no data key".to_owned(), now);
@@ -1018,14 +1009,26 @@ fn send_email(
         mail::send::Origin::workflow(&tick.row.workflow_id, &tick.row.run_id, &started.step_id),
         (now, &given.site.base_url),
     )?;
-    tick.streams.push(scheduled.stream);
-    tick.guards.push(outbox::insert_guard(&email_id, &tick.row.space_id, None));
-    tick.guards.extend(scheduled.guards);
     if let Some(allowance) = &authored.allowance {
         tick.guards.push(allowance_guard(&tick.row.space_id, now, allowance.monthly));
     }
-    tick.email = Some(scheduled.prepared);
-    let output = json!({"emailId": email_id});
+    // A held email is stored now and decided again at its time by the held sends worker; the
+    // run goes on (the step is done when its email is stored, as for one sent at once).
+    let output = match held {
+        None => {
+            tick.streams.push(scheduled.stream);
+            tick.guards.push(outbox::insert_guard(&email_id, &tick.row.space_id, None));
+            tick.guards.extend(scheduled.guards);
+            tick.email = Some(scheduled.prepared);
+            json!({"emailId": email_id})
+        }
+        Some((until_ms, gate)) => {
+            let held = scheduled.hold(until_ms, gate, now);
+            tick.streams.push(held.stream);
+            tick.guards.push(held.guard);
+            json!({"emailId": email_id, "status": "held", "notBefore": platform::time::format_millis(until_ms)})
+        }
+    };
     tick.finish_with(started, "completed", None, (email_id, Some(output)), next, now);
     Ok(true)
 }

@@ -35,9 +35,13 @@ pub struct Story {
     /// What sent it: `{type}` with the form, broadcast and run, or workflow, run and step.
     pub origin: Value,
     /// `scheduled`, `sent`, `failed`, `outcome_unknown`, `bounced` or `complained`; `skipped`
-    /// for a send a gate refused (then `scheduled_at` is when it was refused).
+    /// for a send a gate refused (then `scheduled_at` is when it was refused, unless it was
+    /// held first); `held` for a send the send policy holds until `not_before`.
     pub status: String,
     pub scheduled_at: String,
+    /// When a held send is decided again; `None` unless `held`.
+    #[serde(default)]
+    pub not_before: Option<String>,
     pub sent_at: Option<String>,
     pub unsubscribed: bool,
     pub engagement: Engagement,
@@ -79,19 +83,45 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
             origin: origin(scheduled),
             status: "scheduled".to_owned(),
             scheduled_at: at.clone(),
+            not_before: None,
             sent_at: None,
             unsubscribed: false,
             engagement: Engagement::default(),
             timeline: vec![json!({"type": "scheduled", "at": at})],
         });
     }
-    if let LogEvent::EmailSkipped(skipped) = event {
-        return Some(skipped_story(skipped));
-    }
-    let mut story = story?;
+    let mut story = match (story, event) {
+        // A send refused at once begins its stream; a held one refused at its time ends it.
+        (Some(mut held), LogEvent::EmailSkipped(skipped)) if held.status == "held" => {
+            held.status = "skipped".to_owned();
+            held.not_before = None;
+            held.timeline.push(skipped_entry(skipped));
+            return Some(held);
+        }
+        (Some(story), LogEvent::EmailSkipped(_)) => return Some(story),
+        (None, LogEvent::EmailSkipped(skipped)) => return Some(skipped_story(skipped)),
+        (story, _) => story?,
+    };
     if story.status == "skipped" {
         // Nothing follows a refused send; a later event of its stream changes nothing.
         return Some(story);
+    }
+    match event {
+        LogEvent::EmailHeld(held) if matches!(story.status.as_str(), "scheduled" | "held") => {
+            let not_before = format_millis(held.not_before_ms);
+            story.status = "held".to_owned();
+            story.not_before = Some(not_before.clone());
+            story.timeline.push(json!({"type": "held", "at": format_millis(held.at_ms), "gate": held.gate,
+                                       "notBefore": not_before}));
+            return Some(story);
+        }
+        LogEvent::EmailReleased(released) if story.status == "held" => {
+            story.status = "scheduled".to_owned();
+            story.not_before = None;
+            story.timeline.push(json!({"type": "released", "at": format_millis(released.at_ms)}));
+            return Some(story);
+        }
+        _ => {}
     }
     let (status, entry) = match event {
         LogEvent::EmailSent(sent) => {
@@ -171,13 +201,6 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
 fn skipped_story(skipped: &platform::proto::EmailSkipped) -> Story {
     let at = format_millis(skipped.at_ms);
     let source = skipped.source.clone().unwrap_or_default();
-    let decided_by = (skipped.decided_by_position > 0).then(|| {
-        json!({
-            "position": skipped.decided_by_position,
-            "type": skipped.decided_by_type.strip_suffix(".v1").unwrap_or(&skipped.decided_by_type),
-            "at": format_millis(skipped.decided_by_at_ms),
-        })
-    });
     Story {
         id: skipped.email_id.clone(),
         template_id: skipped.template_id.clone(),
@@ -187,18 +210,31 @@ fn skipped_story(skipped: &platform::proto::EmailSkipped) -> Story {
         contact_id: skipped.contact_id.clone(),
         origin: origin_of(&source.origin, &source.source_id, &source.parent_id, &source.step_id),
         status: "skipped".to_owned(),
-        scheduled_at: at.clone(),
+        scheduled_at: at,
+        not_before: None,
         sent_at: None,
         unsubscribed: false,
         engagement: Engagement::default(),
-        timeline: vec![json!({
-            "type": "skipped",
-            "at": at,
-            "gate": skipped.gate,
-            "error": {"code": skipped.code, "message": skipped.message},
-            "decidedBy": decided_by,
-        })],
+        timeline: vec![skipped_entry(skipped)],
     }
+}
+
+/// The timeline's entry of a refusal: the gate, the refusal and the fact that decided.
+fn skipped_entry(skipped: &platform::proto::EmailSkipped) -> Value {
+    let decided_by = (skipped.decided_by_position > 0).then(|| {
+        json!({
+            "position": skipped.decided_by_position,
+            "type": skipped.decided_by_type.strip_suffix(".v1").unwrap_or(&skipped.decided_by_type),
+            "at": format_millis(skipped.decided_by_at_ms),
+        })
+    });
+    json!({
+        "type": "skipped",
+        "at": format_millis(skipped.at_ms),
+        "gate": skipped.gate,
+        "error": {"code": skipped.code, "message": skipped.message},
+        "decidedBy": decided_by,
+    })
 }
 
 /// What one email adds to the counts of what sent it: each field 0 or 1. The `emails` read
@@ -217,11 +253,13 @@ pub struct Tally {
     pub opened: i64,
     /// A link followed by a person.
     pub clicked: i64,
+    /// Held by the send policy, not decided again yet.
+    pub held: i64,
 }
 
 impl Tally {
     /// The names of the fields, in the order of [`Tally::values`].
-    pub const FIELDS: [&'static str; 9] = [
+    pub const FIELDS: [&'static str; 10] = [
         "scheduled",
         "sent",
         "failed",
@@ -231,6 +269,7 @@ impl Tally {
         "unsubscribed",
         "opened",
         "clicked",
+        "held",
     ];
 
     /// An email's tally: `None` (no story yet) counts nothing.
@@ -248,10 +287,11 @@ impl Tally {
             unsubscribed: i64::from(story.unsubscribed),
             opened: i64::from(story.engagement.human_opens > 0),
             clicked: i64::from(story.engagement.human_clicks > 0),
+            held: i64::from(story.status == "held"),
         }
     }
 
-    pub fn values(&self) -> [i64; 9] {
+    pub fn values(&self) -> [i64; 10] {
         [
             self.scheduled,
             self.sent,
@@ -262,11 +302,12 @@ impl Tally {
             self.unsubscribed,
             self.opened,
             self.clicked,
+            self.held,
         ]
     }
 
     /// `self - before`, field by field.
-    pub fn minus(&self, before: &Self) -> [i64; 9] {
+    pub fn minus(&self, before: &Self) -> [i64; 10] {
         let (after, before) = (self.values(), before.values());
         std::array::from_fn(|index| after[index] - before[index])
     }
@@ -407,6 +448,51 @@ mod tests {
     }
 
     #[test]
+    fn a_held_send_shows_when_it_is_decided_again_and_ends_sent_or_skipped() {
+        let held = |not_before_ms: i64| {
+            LogEvent::EmailHeld(proto::EmailHeld {
+                email_id: "em_1".into(),
+                gate: "quiet_hours".into(),
+                not_before_ms,
+                at_ms: 1_000,
+                ..Default::default()
+            })
+        };
+        let story = fold(&[scheduled("broadcast"), held(9_000)]).expect("a story");
+        assert_eq!((story.status.as_str(), story.not_before.as_deref()), ("held", Some("1970-01-01T00:00:09.000Z")));
+        assert_eq!(Tally::of(Some(&story)).held, 1, "counted as held");
+        assert_eq!(Tally::of(Some(&story)).scheduled, 1, "and as one of its run's emails");
+        let again = apply(Some(story.clone()), &held(12_000)).expect("a story");
+        assert_eq!(again.not_before.as_deref(), Some("1970-01-01T00:00:12.000Z"), "held once more");
+        let released = LogEvent::EmailReleased(proto::EmailReleased { at_ms: 12_000, ..Default::default() });
+        let sent = LogEvent::EmailSent(proto::EmailSent { sent_at_ms: 12_500, ..Default::default() });
+        let story = fold(&[scheduled("broadcast"), held(9_000), released, sent]).expect("a story");
+        assert_eq!((story.status.as_str(), story.not_before.as_deref()), ("sent", None));
+        let types: Vec<&str> = story.timeline.iter().filter_map(|entry| entry["type"].as_str()).collect();
+        assert_eq!(types, ["scheduled", "held", "released", "sent"]);
+        assert_eq!(Tally::of(Some(&story)).held, 0);
+        let refused = LogEvent::EmailSkipped(proto::EmailSkipped {
+            email_id: "em_1".into(),
+            gate: "suppressed".into(),
+            code: "recipient_suppressed".into(),
+            at_ms: 9_000,
+            ..Default::default()
+        });
+        let story = fold(&[scheduled("broadcast"), held(9_000), refused.clone()]).expect("a story");
+        assert_eq!((story.status.as_str(), story.not_before.as_deref()), ("skipped", None));
+        assert_eq!(story.origin["broadcastRunId"], "bcr_1", "the story keeps what sent it");
+        assert_eq!(story.timeline.last().expect("an entry")["gate"], "suppressed");
+        assert_eq!(Tally::of(Some(&story)), Tally::default(), "counted by its run's skips instead");
+        let sent_story = fold(&[scheduled("template"), LogEvent::EmailSent(proto::EmailSent::default())]);
+        assert_eq!(
+            apply(sent_story.clone(), &refused).map(|story| story.status),
+            Some("sent".to_owned()),
+            "only a held send can be refused later"
+        );
+        assert_eq!(apply(sent_story.clone(), &held(5)).map(|story| story.status), Some("sent".to_owned()));
+    }
+
+    #[test]
     fn a_tally_counts_each_fact_of_an_email_once_and_a_bucket_names_what_sent_it() {
         let sent = LogEvent::EmailSent(proto::EmailSent { sent_at_ms: 2_000, ..Default::default() });
         let opened = |machine: &str| {
@@ -415,7 +501,7 @@ mod tests {
         let bounced = LogEvent::EmailBounced(proto::EmailBounced { at_ms: 4_000, ..Default::default() });
         let complained = LogEvent::EmailComplained(proto::EmailComplained { at_ms: 5_000, ..Default::default() });
         let mut story = None;
-        let mut total = [0; 9];
+        let mut total = [0; 10];
         for event in
             [scheduled("broadcast"), sent, opened("privacy_proxy"), opened(""), opened(""), bounced, complained]
         {
@@ -425,7 +511,7 @@ mod tests {
                 *sum += delta;
             }
         }
-        assert_eq!(total, [1, 1, 0, 0, 1, 1, 0, 1, 0], "{:?}", Tally::FIELDS);
+        assert_eq!(total, [1, 1, 0, 0, 1, 1, 0, 1, 0, 0], "{:?}", Tally::FIELDS);
         let story = story.expect("a story");
         assert_eq!(bucket(&story), Some(("broadcast_run", "bcr_1".to_owned())));
         let workflow = fold(&[LogEvent::EmailScheduled(proto::EmailScheduled {

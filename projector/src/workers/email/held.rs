@@ -1,0 +1,495 @@
+//! The held sends worker: a marketing send the space's send policy held (quiet hours, or a
+//! frequency cap whose outcome is `hold`) waits as an outbox row `held` until its time
+//! (`next_attempt_at`). Each step leases a batch of due rows (`FOR UPDATE SKIP LOCKED`, so any
+//! number of processes share them and never one row), reads what the send decision needs
+//! about their contacts once for the batch (`recipients::Recipients`), and asks the decision
+//! again with the facts of that moment:
+//! - **send**: `EmailReleased`, the row back to `pending`, the send counted against the
+//!   frequency caps from now; then handed to the relay like a broadcast's email (a hand-off
+//!   a dead process left is finished by the outbox worker);
+//! - **hold**: `EmailHeld` again, the row's time moved on;
+//! - **skip**: `EmailSkipped` ends the email's stream (the gate and the fact that decided),
+//!   the row `skipped`, a broadcast recipient `skipped` and counted into its run.
+//!
+//! The batch's outcomes are one append per space, guarded by the lease token: a lease that
+//! ran out (a process killed mid-step) makes the append fail, and the next lease decides the
+//! rows again, so each held email is released, held again or skipped exactly once per time.
+//! Within a batch, the emails of one contact are decided in order and a released one counts
+//! against the caps of the next.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{GenericClient, Pool};
+use futures_util::future::BoxFuture;
+use mail::mailer::Mailer;
+use mail::outbox;
+use mail::send::{Authored, Gate, Origin, Sent, Verdict};
+use platform::error::Code;
+use platform::events::LogEvent;
+use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, NewEvent, StreamAppend};
+use platform::proto;
+use platform::readmodel::live_schema;
+use platform::settings::Settings;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::recipients::Recipients;
+use crate::runtime::{Outcome, Worker};
+
+/// Held emails decided by one step at most.
+const BATCH: i64 = 500;
+
+pub(crate) struct Held {
+    pool: Pool,
+    log: EventLog,
+    lease: Duration,
+    poll: Duration,
+    public_base_url: String,
+    sender: Arc<HandOffs>,
+}
+
+/// What the released emails' hand-offs share.
+struct HandOffs {
+    pool: Pool,
+    log: EventLog,
+    claims: outbox::Claims,
+    mailer: Mailer,
+    lease: Duration,
+    retry_schedule: Vec<u64>,
+    /// Hand-offs under way, bounded.
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+/// A due held email, as its lease and its `EmailScheduled` tell it.
+struct Due {
+    email_id: String,
+    space_id: String,
+    contact_id: String,
+    template_id: String,
+    topic_id: Option<String>,
+    origin: (String, String, String, String),
+}
+
+/// What the decision came to for one email.
+enum Decided {
+    Release,
+    Hold { until_ms: i64, gate: Gate },
+    Skip { gate: Gate, filled_by: Option<i64> },
+}
+
+impl Held {
+    pub(crate) fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
+        let sender = HandOffs {
+            pool: pool.clone(),
+            log: log.clone(),
+            claims: outbox::Claims::start(pool.clone()),
+            mailer: Mailer::from_settings(&settings.email)?,
+            lease: settings.email_lease(),
+            retry_schedule: settings.email.retry_schedule_ms.clone(),
+            permits: Arc::new(tokio::sync::Semaphore::new(settings.broadcasts.handoffs.max(1))),
+        };
+        Ok(Self {
+            pool,
+            log,
+            lease: settings.email_lease(),
+            poll: Duration::from_millis(settings.email.outbox_poll_ms.clamp(10, 1_000)),
+            public_base_url: settings.email.public_base_url.clone(),
+            sender: Arc::new(sender),
+        })
+    }
+
+    async fn run(&self) -> anyhow::Result<Outcome> {
+        let counted = self.count_runs().await?;
+        let token = Uuid::now_v7();
+        let due = self.lease_due(token).await?;
+        if due.is_empty() {
+            return Ok(if counted { Outcome::Progressed } else { Outcome::Idle });
+        }
+        let mut by_space: BTreeMap<String, Vec<Due>> = BTreeMap::new();
+        for email in due {
+            by_space.entry(email.space_id.clone()).or_default().push(email);
+        }
+        for (space_id, emails) in by_space {
+            if let Err(error) = self.decide_space(&space_id, &emails, token).await {
+                // The lease runs out and a later step decides them again.
+                tracing::warn!(space = %space_id, error = %format!("{error:#}"), "held sends stay held for a later step");
+            }
+        }
+        self.count_runs().await?;
+        Ok(Outcome::Progressed)
+    }
+
+    /// Leases up to [`BATCH`] due held emails under `token` and reads their `EmailScheduled`.
+    async fn lease_due(&self, token: Uuid) -> anyhow::Result<Vec<Due>> {
+        let client = self.pool.get().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE email_outbox o SET lease_token = $1, leased_until = now() + make_interval(secs => $2)
+                 FROM (SELECT email_id FROM email_outbox
+                       WHERE state = 'held' AND next_attempt_at <= now()
+                         AND (leased_until IS NULL OR leased_until < now())
+                       ORDER BY next_attempt_at LIMIT $3 FOR UPDATE SKIP LOCKED) due
+                 WHERE o.email_id = due.email_id
+                 RETURNING o.email_id",
+            )
+            .await?;
+        let ids: Vec<String> = client
+            .query(&statement, &[&token, &self.lease.as_secs_f64(), &BATCH])
+            .await?
+            .into_iter()
+            .map(|row| row.get(0))
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let streams: Vec<String> = ids.iter().map(|id| domain::email::stream_id(id)).collect();
+        let statement = client
+            .prepare_cached(
+                "SELECT payload FROM events WHERE stream_id = ANY($1) AND event_type = 'EmailScheduled.v1'
+                 ORDER BY position",
+            )
+            .await?;
+        let mut due = Vec::with_capacity(ids.len());
+        for row in client.query(&statement, &[&streams]).await? {
+            let LogEvent::EmailScheduled(event) = LogEvent::decode("EmailScheduled.v1", row.get(0))? else {
+                continue;
+            };
+            due.push(Due {
+                email_id: event.email_id,
+                space_id: event.space_id,
+                contact_id: event.contact_id,
+                template_id: event.template_id,
+                topic_id: Some(event.topic_id).filter(|topic| !topic.is_empty()),
+                origin: (event.origin, event.form_id, event.parent_id, event.step_id),
+            });
+        }
+        Ok(due)
+    }
+
+    /// Decides the space's due emails again and records the outcomes in one append.
+    async fn decide_space(&self, space_id: &str, emails: &[Due], token: Uuid) -> anyhow::Result<()> {
+        let client = self.pool.get().await?;
+        let (Some(catalog), Some(segments)) =
+            (live_schema(&client, "catalog").await?, live_schema(&client, "segments").await?)
+        else {
+            anyhow::bail!("a read model the held sends need has no live version yet");
+        };
+        let mut templates: HashMap<&str, Option<Authored>> = HashMap::new();
+        for email in emails {
+            if !templates.contains_key(email.template_id.as_str()) {
+                let authored = Authored::load(&client, &catalog, space_id, &email.template_id).await?;
+                templates.insert(&email.template_id, authored);
+            }
+        }
+        let lookback = templates
+            .values()
+            .flatten()
+            .find_map(|authored| authored.policy.as_ref())
+            .and_then(mail::send::SendPolicy::lookback_ms);
+        let contact_ids: Vec<String> = emails.iter().map(|email| email.contact_id.clone()).collect();
+        let mut recipients = Recipients::load(&client, (&catalog, &segments), space_id, &contact_ids, lookback).await?;
+        let now = platform::time::now_millis();
+        let mut decided = Vec::with_capacity(emails.len());
+        for email in emails {
+            let Some(Some(authored)) = templates.get(email.template_id.as_str()) else {
+                // The template is gone: the email was rendered and stored, and its policy can
+                // no longer be read; it goes as it was held for.
+                decided.push((email, Decided::Release));
+                continue;
+            };
+            let verdict = mail::send::decide(&recipients.facts(authored, &email.contact_id, now));
+            let outcome = match verdict {
+                Verdict::Send => {
+                    // Counted against the caps of the contact's next email in this batch.
+                    let sent = Sent { at_ms: now, topic_id: email.topic_id.clone(), position: 0 };
+                    recipients.sent.entry(email.contact_id.clone()).or_default().push(sent);
+                    Decided::Release
+                }
+                Verdict::Hold { until_ms, gate } => Decided::Hold { until_ms, gate },
+                Verdict::Skip { gate, decided_by } => Decided::Skip { gate, filled_by: decided_by },
+            };
+            decided.push((email, outcome));
+        }
+        let stories = self.stories(&client, space_id, &templates, &recipients, &decided, now).await?;
+        drop(client);
+        let mut streams = stories;
+        let (mut released, mut held, mut untils, mut skipped, mut reasons) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut sent_contacts, mut sent_topics) = (Vec::new(), Vec::new());
+        for (email, outcome) in &decided {
+            let (event, id) = match outcome {
+                Decided::Release => {
+                    released.push(email.email_id.clone());
+                    sent_contacts.push(email.contact_id.clone());
+                    sent_topics.push(email.topic_id.clone().unwrap_or_default());
+                    let event = LogEvent::EmailReleased(proto::EmailReleased {
+                        email_id: email.email_id.clone(),
+                        space_id: space_id.to_owned(),
+                        contact_id: email.contact_id.clone(),
+                        at_ms: now,
+                    });
+                    (event, &email.email_id)
+                }
+                Decided::Hold { until_ms, gate } => {
+                    held.push(email.email_id.clone());
+                    untils.push(*until_ms);
+                    let event = LogEvent::EmailHeld(proto::EmailHeld {
+                        email_id: email.email_id.clone(),
+                        space_id: space_id.to_owned(),
+                        contact_id: email.contact_id.clone(),
+                        gate: gate.as_str().to_owned(),
+                        not_before_ms: *until_ms,
+                        at_ms: now,
+                    });
+                    (event, &email.email_id)
+                }
+                Decided::Skip { gate, .. } => {
+                    skipped.push(email.email_id.clone());
+                    reasons.push(crate::workers::broadcasts::reason(*gate).to_owned());
+                    continue;
+                }
+            };
+            streams.push(StreamAppend {
+                stream_id: domain::email::stream_id(id),
+                expected: ExpectedVersion::Any,
+                events: vec![NewEvent {
+                    event,
+                    subject_id: Some(email.contact_id.clone()),
+                    occurred_at: platform::time::from_millis(now),
+                }],
+            });
+        }
+        let guards = outcome_guards(
+            token,
+            now,
+            (&released, &sent_contacts, &sent_topics),
+            (&held, &untils),
+            (&skipped, &reasons),
+        );
+        self.log.append(AppendRequest::in_space(space_id, streams, guards)).await?;
+        for email_id in released {
+            self.sender.start(email_id, now, self.public_base_url.clone()).await;
+        }
+        Ok(())
+    }
+
+    /// The `EmailSkipped` of each refused email, with the log event that decided (looked up
+    /// for all of them at once).
+    async fn stories(
+        &self,
+        client: &impl GenericClient,
+        space_id: &str,
+        templates: &HashMap<&str, Option<Authored>>,
+        recipients: &Recipients,
+        decided: &[(&Due, Decided)],
+        now: i64,
+    ) -> anyhow::Result<Vec<StreamAppend>> {
+        let no_keys: Vec<String> = Vec::new();
+        let refused: Vec<(&Due, &Authored, mail::skipped::Refused<'_>)> = decided
+            .iter()
+            .filter_map(|(email, outcome)| {
+                let Decided::Skip { gate, filled_by } = outcome else { return None };
+                let authored = templates.get(email.template_id.as_str())?.as_ref()?;
+                let contact = recipients.contacts.get(&email.contact_id);
+                let refused = mail::skipped::Refused {
+                    contact_id: &email.contact_id,
+                    gate: *gate,
+                    address: contact
+                        .and_then(|contact| contact.document.get("email"))
+                        .and_then(Value::as_str)
+                        .unwrap_or(""),
+                    topic_id: email.topic_id.as_deref(),
+                    consent_keys: contact
+                        .and_then(|contact| recipients.consent_keys.get(&contact.schema_id))
+                        .unwrap_or(&no_keys),
+                    filled_by: *filled_by,
+                };
+                Some((*email, authored, refused))
+            })
+            .collect();
+        if refused.is_empty() {
+            return Ok(Vec::new());
+        }
+        let asked: Vec<mail::skipped::Refused<'_>> = refused
+            .iter()
+            .map(|(_, _, refused)| mail::skipped::Refused {
+                contact_id: refused.contact_id,
+                gate: refused.gate,
+                address: refused.address,
+                topic_id: refused.topic_id,
+                consent_keys: refused.consent_keys,
+                filled_by: refused.filled_by,
+            })
+            .collect();
+        let found = mail::skipped::decided_by(client, space_id, &asked, &recipients.keys).await?;
+        Ok(refused
+            .iter()
+            .zip(found)
+            .map(|((email, authored, refused), by)| {
+                let (kind, source, parent, step) = &email.origin;
+                mail::skipped::skipped_after(mail::skipped::Skip {
+                    email_id: &email.email_id,
+                    space_id,
+                    authored,
+                    contact_id: &email.contact_id,
+                    origin: Origin { kind, source_id: source, parent_id: parent, step_id: step },
+                    gate: refused.gate,
+                    decided_by: by.as_ref(),
+                    at_ms: now,
+                })
+            })
+            .collect())
+    }
+
+    /// Counts skipped broadcast recipients not counted yet into their runs, for runs no step
+    /// holds (a sending run's step counts its own).
+    async fn count_runs(&self) -> anyhow::Result<bool> {
+        let mut client = self.pool.get().await?;
+        let runs: Vec<String> = client
+            .query("SELECT DISTINCT run_id FROM broadcast_recipients WHERE state = 'skipped' AND NOT counted", &[])
+            .await?
+            .into_iter()
+            .map(|row| row.get(0))
+            .collect();
+        let mut counted = false;
+        for run_id in runs {
+            let transaction = client.transaction().await?;
+            let locked = transaction
+                .query_opt("SELECT 1 FROM broadcast_runs WHERE run_id = $1 FOR UPDATE SKIP LOCKED", &[&run_id])
+                .await?;
+            if locked.is_some() {
+                crate::workers::broadcasts::count_skipped(&transaction, &run_id).await?;
+                counted = true;
+            }
+            transaction.commit().await?;
+        }
+        Ok(counted)
+    }
+}
+
+/// The guards of a batch's outcomes, each under the batch's lease `token`: released rows back
+/// to `pending` and counted against the caps, held ones moved on, skipped ones `skipped`; a
+/// broadcast recipient follows its email.
+fn outcome_guards(
+    token: Uuid,
+    now: i64,
+    (released, contacts, topics): (&[String], &[String], &[String]),
+    (held, untils): (&[String], &[i64]),
+    (skipped, reasons): (&[String], &[String]),
+) -> Vec<Guard> {
+    let lost = || AppendError::Conflict {
+        code: Code::OperationTaken,
+        message: "the lease on a held email ran out".to_owned(),
+    };
+    let count = |ids: &[String]| Some(u64::try_from(ids.len()).unwrap_or(u64::MAX));
+    let mut guards = Vec::new();
+    if !released.is_empty() {
+        guards.push(Guard {
+            sql: "UPDATE email_outbox SET state = 'pending', next_attempt_at = now(), leased_until = NULL,
+                      lease_token = NULL
+                  WHERE email_id = ANY($1) AND lease_token = $2 AND state = 'held'",
+            params: vec![Box::new(released.to_vec()), Box::new(token)],
+            conflict: lost(),
+            expect_rows: count(released),
+            set: None,
+        });
+        guards.push(Guard::unique(
+            "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id)
+             SELECT c, $2, e, t FROM unnest($1::text[], $3::text[], $4::text[]) AS w(c, e, t)
+             ON CONFLICT DO NOTHING",
+            vec![Box::new(contacts.to_vec()), Box::new(now), Box::new(released.to_vec()), Box::new(topics.to_vec())],
+            lost(),
+        ));
+        guards.push(Guard::unique(
+            "UPDATE broadcast_recipients SET state = 'scheduled' WHERE email_id = ANY($1) AND state = 'held'",
+            vec![Box::new(released.to_vec())],
+            lost(),
+        ));
+    }
+    if !held.is_empty() {
+        guards.push(Guard {
+            sql: "UPDATE email_outbox o SET next_attempt_at = to_timestamp(w.until_ms / 1000.0), leased_until = NULL,
+                      lease_token = NULL
+                  FROM unnest($1::text[], $3::bigint[]) AS w(email_id, until_ms)
+                  WHERE o.email_id = w.email_id AND o.lease_token = $2 AND o.state = 'held'",
+            params: vec![Box::new(held.to_vec()), Box::new(token), Box::new(untils.to_vec())],
+            conflict: lost(),
+            expect_rows: count(held),
+            set: None,
+        });
+    }
+    if !skipped.is_empty() {
+        guards.push(Guard {
+            sql: "UPDATE email_outbox SET state = 'skipped', leased_until = NULL, lease_token = NULL
+                  WHERE email_id = ANY($1) AND lease_token = $2 AND state = 'held'",
+            params: vec![Box::new(skipped.to_vec()), Box::new(token)],
+            conflict: lost(),
+            expect_rows: count(skipped),
+            set: None,
+        });
+        guards.push(Guard::unique(
+            "UPDATE broadcast_recipients r SET state = 'skipped', reason = w.reason, counted = false
+             FROM unnest($1::text[], $2::text[]) AS w(email_id, reason)
+             WHERE r.email_id = w.email_id AND r.state = 'held'",
+            vec![Box::new(skipped.to_vec()), Box::new(reasons.to_vec())],
+            lost(),
+        ));
+    }
+    guards
+}
+
+impl HandOffs {
+    /// Starts the hand-off of a released email once a permit is free.
+    async fn start(self: &Arc<Self>, email_id: String, released_at_ms: i64, public_base_url: String) {
+        let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else { return };
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(error) = this.hand_off(&email_id, released_at_ms, &public_base_url).await {
+                tracing::warn!(email = %email_id, error = %format!("{error:#}"), "a released email is left to the outbox worker");
+            }
+            drop(permit);
+        });
+    }
+
+    async fn hand_off(&self, email_id: &str, released_at_ms: i64, public_base_url: &str) -> anyhow::Result<()> {
+        let client = self.pool.get().await?;
+        let prepared = outbox::prepare_from_log(&client, email_id, public_base_url, Some(released_at_ms)).await?;
+        drop(client);
+        // Erased since: the outbox worker records it.
+        let Ok(prepared) = prepared else { return Ok(()) };
+        if let Some(lease) = self.claims.claim(email_id, self.lease).await? {
+            outbox::hand_off(&self.pool, &self.log, &self.mailer, &lease, &prepared, Some(&self.retry_schedule)).await;
+        }
+        Ok(())
+    }
+}
+
+impl Worker for Held {
+    fn name(&self) -> String {
+        "email_held".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.poll
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(self.run())
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async {
+            let client = self.pool.get().await?;
+            let held: i64 =
+                client.query_one("SELECT count(*) FROM email_outbox WHERE state = 'held'", &[]).await?.get(0);
+            metrics::gauge!("email_held").set(held as f64);
+            Ok(None)
+        })
+    }
+}

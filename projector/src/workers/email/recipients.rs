@@ -1,0 +1,138 @@
+//! What the send decision reads about a batch of recipients, loaded once per batch: a
+//! broadcast run's step and the held sends worker both decide from it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use deadpool_postgres::GenericClient;
+use mail::send::{Authored, Facts, Kind};
+use platform::crypto::{DataKey, Keys};
+use serde_json::Value;
+
+/// A recipient's contact as the checks and the rendering need it.
+pub(crate) struct Contact {
+    pub(crate) schema_id: String,
+    pub(crate) document: Value,
+}
+
+/// What a batch's checks read about its recipients, loaded once per batch.
+#[derive(Default)]
+pub(crate) struct Recipients {
+    /// The contacts as the segments read model holds them (none: deleted since the snapshot).
+    pub(crate) contacts: HashMap<String, Contact>,
+    /// Each contact's topic statuses.
+    pub(crate) subscriptions: HashMap<String, BTreeMap<String, String>>,
+    /// The email consent attributes of each schema.
+    pub(crate) consent_keys: HashMap<String, Vec<String>>,
+    /// The addresses among them suppressed in the space or globally.
+    pub(crate) suppressed: HashSet<String>,
+    /// The contacts' data keys (none: erased).
+    pub(crate) keys: Keys,
+    /// Each contact's marketing sends within the send policy's caps' windows.
+    pub(crate) sent: HashMap<String, Vec<mail::send::Sent>>,
+}
+
+/// A recipient the checks let through, with what its email is built from.
+pub(crate) struct Allowed<'a> {
+    pub(crate) contact: &'a Contact,
+    pub(crate) address: &'a str,
+    pub(crate) key: &'a DataKey,
+}
+
+impl Recipients {
+    /// What the send decision reads about `contact_ids` of `space_id`, in a few statements
+    /// whatever their number: the contacts as the `segments` read model (version schema
+    /// `segments`) holds them, their topic statuses, the consent attributes of their schemas
+    /// (from `catalog`), which of their addresses are suppressed, their data keys and, when
+    /// the send policy has caps (`lookback_ms`), their marketing sends within its windows.
+    pub(crate) async fn load(
+        client: &impl GenericClient,
+        (catalog, segments): (&str, &str),
+        space_id: &str,
+        contact_ids: &[String],
+        lookback_ms: Option<i64>,
+    ) -> anyhow::Result<Self> {
+        // The contacts as the segments read model holds them: where the audience was taken
+        // from, so a recipient of the snapshot is there unless it was deleted since.
+        let mut recipients = Recipients::default();
+        for row in client
+            .query(
+                &format!(
+                    "SELECT contact_id, schema_id, doc, subscriptions FROM {segments}.contacts
+                 WHERE contact_id = ANY($1) AND doc IS NOT NULL"
+                ),
+                &[&contact_ids],
+            )
+            .await?
+        {
+            let contact_id: String = row.get(0);
+            recipients.subscriptions.insert(contact_id.clone(), serde_json::from_value(row.get(3)).unwrap_or_default());
+            recipients.contacts.insert(
+                contact_id,
+                Contact { schema_id: row.get::<_, Option<String>>(1).unwrap_or_default(), document: row.get(2) },
+            );
+        }
+        let schema_ids: Vec<&String> = recipients.contacts.values().map(|contact| &contact.schema_id).collect();
+        for row in client
+            .query(
+                &format!("SELECT schema_id, key, definition FROM {catalog}.attributes WHERE schema_id = ANY($1)"),
+                &[&schema_ids],
+            )
+            .await?
+        {
+            if mail::send::is_email_consent(&row.get::<_, Value>(2)) {
+                recipients.consent_keys.entry(row.get(0)).or_default().push(row.get(1));
+            }
+        }
+        let addresses: Vec<&str> = recipients
+            .contacts
+            .values()
+            .filter_map(|contact| contact.document.get("email").and_then(Value::as_str))
+            .collect();
+        recipients.suppressed = client
+            .query(
+                "SELECT identifier FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = ANY($2)",
+                &[&space_id, &addresses],
+            )
+            .await?
+            .into_iter()
+            .map(|row| row.get(0))
+            .collect();
+        recipients.keys = platform::crypto::load_keys(client, contact_ids).await?;
+        if let Some(lookback) = lookback_ms {
+            let since = platform::time::now_millis() - lookback;
+            recipients.sent = mail::send::marketing_sends(client, contact_ids, since).await?;
+        }
+        Ok(recipients)
+    }
+
+    /// What the send decision is asked about `contact_id`, as this batch loaded it: a contact
+    /// deleted since the snapshot, or erased (its data key destroyed), is gone.
+    pub(crate) fn facts<'a>(&'a self, authored: &'a Authored, contact_id: &str, now_ms: i64) -> Facts<'a> {
+        let template = &authored.template;
+        let topic_id = template.topic_id.as_deref();
+        let policy = authored.policy.as_ref();
+        let zone_attribute = policy.and_then(|policy| policy.time_zone.attribute.as_deref());
+        let contact = self.contacts.get(contact_id).filter(|_| self.keys.get(contact_id).is_some()).map(|contact| {
+            let address = contact.document.get("email").and_then(Value::as_str);
+            let consent_keys = self.consent_keys.get(&contact.schema_id).map(Vec::as_slice).unwrap_or_default();
+            mail::send::Contact {
+                address,
+                suppressed: address.is_some_and(|address| self.suppressed.contains(address)),
+                consent: mail::send::email_consent(consent_keys, |key| contact.document.get(key)),
+                subscription: topic_id
+                    .and_then(|topic_id| self.subscriptions.get(contact_id)?.get(topic_id))
+                    .map(String::as_str),
+                zone: zone_attribute.and_then(|attribute| contact.document.get(attribute)).and_then(Value::as_str),
+                sent: self.sent.get(contact_id).map(Vec::as_slice).unwrap_or_default(),
+            }
+        });
+        Facts { kind: Kind::of(&template.kind), topic_id, contact, policy, allowance_refused: false, now_ms }
+    }
+
+    /// What the email of a recipient the decision let through is built from.
+    pub(crate) fn allowed(&self, contact_id: &str) -> Option<Allowed<'_>> {
+        let contact = self.contacts.get(contact_id)?;
+        let address = contact.document.get("email").and_then(Value::as_str)?;
+        Some(Allowed { contact, address, key: self.keys.get(contact_id)? })
+    }
+}
