@@ -384,6 +384,173 @@ async fn a_broadcast_to_1000_contacts_killed_mid_run_reaches_every_consenting_re
     assert_eq!(unstoried, 0, "every skipped recipient's story is in the log");
 }
 
+/// The recipients of the sink's messages from the `from`th on.
+async fn recipients_since(sink: &SmtpSink, from: usize) -> Vec<String> {
+    let summary = sink.summary().await;
+    summary["rcptTo"]
+        .as_array()
+        .expect("recipients")
+        .iter()
+        .skip(from)
+        .filter_map(|r| r.as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_broadcast_partly_held_and_partly_capped_killed_twice_mails_each_recipient_once_or_tells_its_story() {
+    // A quarter had a marketing email today (capped: skipped with a story), a quarter is in
+    // its quiet hours (held, released when the policy changes, killed while they leave), the
+    // rest is mailed at once (killed mid-run).
+    const PEOPLE: usize = 400;
+    const CAPPED: usize = 100;
+    const QUIET: usize = 100;
+    let sink = SmtpSink::start().await;
+    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::without_projector() };
+    let app = TestApp::spawn_with(options).await;
+    // A short relay timeout keeps the leases of the hand-offs the kills cut off short.
+    let mut env = sink.process_env(500);
+    env.extend([
+        ("APP__BROADCASTS__RATE_PER_SECOND", "200".to_owned()),
+        ("APP__BROADCASTS__BATCH", "50".to_owned()),
+        ("APP__BROADCASTS__HANDOFFS", "8".to_owned()),
+        ("APP__EMAIL__OUTBOX_POLL_MS", "200".to_owned()),
+    ]);
+    let mut projector = spawn_binary("projector", &["run"], &app.database_url, &env);
+    let hour = chrono::Timelike::hour(&chrono::Utc::now());
+    let quiet = json!({"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
+                       "outcome": "hold"});
+    let policy = |quiet: Option<&Value>| {
+        let mut policy = json!({
+            "timeZone": {"attribute": "timeZone", "default": "UTC"},
+            "frequencyCaps": [{"max": 1, "per": {"days": 1}, "outcome": "skip"}]
+        });
+        if let Some(quiet) = quiet {
+            policy["quietHours"] = quiet.clone();
+        }
+        crate::email::policy_workspace_with(1_000_000, &policy)
+    };
+    app.apply_workspace(&policy(Some(&quiet)), true).await;
+    crate::email::publish_dkim(&app, &sink).await;
+    // Capped: fan0000..; quiet (UTC): the next hundred; the others where it is day.
+    let bodies: Vec<Value> = (0..PEOPLE)
+        .map(|index| {
+            let zone = if (CAPPED..CAPPED + QUIET).contains(&index) { "UTC" } else { "Etc/GMT-12" };
+            json!({"email": format!("fan{index:04}@example.com"), "firstName": "Fan", "newsConsent": true, "timeZone": zone})
+        })
+        .collect();
+    for chunk in bodies.chunks(50) {
+        let requests = chunk.iter().map(|body| app.post("/schemas/people/records", MAIL_KEY, body));
+        for created in futures_util::future::join_all(requests).await {
+            assert_eq!(created.status, 201, "{:?}", created.body);
+        }
+    }
+    let promo = crate::email::template_id(&app, "promo").await;
+    for index in 0..CAPPED {
+        let body = json!({"data": {"contact": {"email": format!("fan{index:04}@example.com")}}});
+        let today = crate::email::send(&app, &promo, &body, None).await;
+        assert_eq!(today.body["data"]["status"], "sent", "{:?}", today.body);
+    }
+    let before = sink.summary().await["rcptTo"].as_array().map_or(0, Vec::len);
+    assert_eq!(before, CAPPED);
+    let segment = app.post("/segments", MAIL_KEY, &json!({"name": "Fans", "definition": "firstName is Fan"})).await;
+    assert_eq!(segment.status, 201, "{:?}", segment.body);
+    let segment_id = segment.body["data"]["id"].as_str().expect("id").to_owned();
+    let aimed =
+        patch(&app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment_id}, "scheduledAt": null})).await;
+    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
+    app.wait_for_projections().await;
+
+    let sent = send(&app, BLAST_BROADCAST, "blast").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while recipients_since(&sink, before).await.len() < 40 {
+        assert!(Instant::now() < deadline, "the run did not get going");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    projector.0.kill().expect("kill -9");
+    projector = spawn_binary("projector", &["run"], &app.database_url, &env);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let path = format!("/broadcasts/{BLAST_BROADCAST}/runs/{run_id}");
+    let run = loop {
+        let run = app.get(&path, MAIL_KEY).await.body["data"].clone();
+        // Hand-offs the kill cut off settle when their lease runs out, at the end.
+        if run["status"] == "completed" && run["counts"]["held"] == QUIET {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "the run did not settle: {run}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(run["counts"]["skipped"]["frequencyCap"], CAPPED, "{run}");
+
+    // The quiet hours are lifted and the held sends are due: killed while they leave.
+    app.apply_workspace(&policy(None), true).await;
+    app.wait_for_projections().await;
+    let mailed_before = recipients_since(&sink, before).await.len();
+    let client = app.pool.get().await.expect("client");
+    let due =
+        client.execute("UPDATE email_outbox SET next_attempt_at = now() WHERE state = 'held'", &[]).await.expect("due");
+    assert_eq!(due, QUIET as u64);
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while recipients_since(&sink, before).await.len() < mailed_before + 10 {
+        assert!(Instant::now() < deadline, "the held sends did not leave");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    projector.0.kill().expect("kill -9");
+    let _third = spawn_binary("projector", &["run"], &app.database_url, &env);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let run = loop {
+        let run = app.get(&path, MAIL_KEY).await.body["data"].clone();
+        if run["counts"]["held"] == 0 && run["counts"]["queued"] == 0 {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "the held sends did not settle: {run}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // Every recipient: mailed once, or a story; never both, never twice.
+    let unknown = run["counts"]["outcomeUnknown"].as_u64().expect("a count");
+    let mailed = run["counts"]["sent"].as_u64().expect("a count");
+    assert_eq!(mailed + unknown, (PEOPLE - CAPPED) as u64, "{run}");
+    assert!(unknown <= 2 * (8 + 16), "at most the hand-offs in flight at the kills are unknown: {run}");
+    let mut recipients = recipients_since(&sink, before).await;
+    let delivered = recipients.len();
+    recipients.sort();
+    recipients.dedup();
+    assert_eq!(recipients.len(), delivered, "no recipient was mailed twice");
+    assert!(delivered as u64 >= mailed, "{delivered} delivered, {mailed} recorded sent");
+    let capped: Vec<String> = (0..CAPPED).map(|index| format!("fan{index:04}@example.com")).collect();
+    assert!(recipients.iter().all(|recipient| capped.binary_search(recipient).is_err()), "no capped one is mailed");
+    let stories = app
+        .query_i64(&format!(
+            "SELECT count(DISTINCT r.contact_id) FROM broadcast_recipients r
+             JOIN events e ON e.stream_id = 'email-' || r.email_id AND e.event_type = 'EmailSkipped.v1'
+             WHERE r.run_id = '{run_id}'"
+        ))
+        .await;
+    assert_eq!(stories, CAPPED as i64, "each capped recipient has one story");
+    let both = app
+        .query_i64(&format!(
+            "SELECT count(*) FROM broadcast_recipients r
+             JOIN events s ON s.stream_id = 'email-' || r.email_id AND s.event_type = 'EmailSkipped.v1'
+             JOIN events e ON e.stream_id = 'email-' || r.email_id AND e.event_type = 'EmailSent.v1'
+             WHERE r.run_id = '{run_id}'"
+        ))
+        .await;
+    assert_eq!(both, 0, "no recipient has both a story and a sent email");
+    let released =
+        app.query_i64("SELECT count(DISTINCT stream_id) FROM events WHERE event_type = 'EmailReleased.v1'").await;
+    let releases = app.query_i64("SELECT count(*) FROM events WHERE event_type = 'EmailReleased.v1'").await;
+    assert_eq!((released, releases), (QUIET as i64, QUIET as i64), "each held send released once");
+    let states = app
+        .query_string(&format!(
+            "SELECT string_agg(DISTINCT state, ',' ORDER BY state) FROM broadcast_recipients WHERE run_id = '{run_id}'"
+        ))
+        .await;
+    assert_eq!(states, "scheduled,skipped");
+}
+
 /// The story of the run's one skipped recipient, as `GET /emails/{id}` answers it: skipped,
 /// sent by the run.
 async fn skipped_story(app: &TestApp, run_id: &str) -> Value {

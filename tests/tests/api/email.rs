@@ -1361,7 +1361,12 @@ async fn a_send_after_the_template_changed_renders_the_new_one_though_the_old_wa
 /// The mail workspace with a `timeZone` attribute on people and `policy` as the space's send
 /// policy.
 pub(crate) fn policy_workspace(policy: &Value) -> String {
-    let mut workspace: Value = serde_json::from_str(&mail_workspace(1000)).expect("JSON");
+    policy_workspace_with(1000, policy)
+}
+
+/// [`policy_workspace`] with a monthly allowance of `allowance` emails.
+pub(crate) fn policy_workspace_with(allowance: i64, policy: &Value) -> String {
+    let mut workspace: Value = serde_json::from_str(&mail_workspace(allowance)).expect("JSON");
     let spaces = workspace["spaces"].as_array_mut().expect("spaces");
     let space = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
     space["schemas"][0]["attributes"]
