@@ -1854,4 +1854,40 @@ mod tests {
         let sent = decided(&run, &send_step(), &facts, &given());
         assert!(sent.email.is_some(), "under the cap: scheduled");
     }
+
+    #[test]
+    fn given_a_send_step_under_a_full_cap_whose_outcome_is_hold_then_its_email_is_stored_held_and_the_run_goes_on() {
+        let run = row("running", Some("start"));
+        let keyring = platform::crypto::Keyring::from_hex(platform::crypto::TEST_MASTER_KEY).expect("a keyring");
+        let (key, _) = keyring.generate("con_1").expect("a data key");
+        let mut live = contact(Some("ada@example.test"), json!({"firstName": "Ada"}));
+        if let ContactFacts::Live(live) = &mut live {
+            live.key = Some(key);
+        }
+        let mut facts = with_contact(live);
+        let mut capped = authored();
+        let policy = json!({"timeZone": {"default": "UTC"},
+                            "frequencyCaps": [{"max": 1, "window": {"hours": 24}, "outcome": "hold"}]});
+        capped.policy = Some(serde_json::from_value(policy).expect("a policy"));
+        facts.templates.insert("tpl_1".into(), Some(capped));
+        facts.suppressed.insert("ada@example.test".into(), false);
+        let filled_at = given().now - 3_600_000;
+        facts.sent = Some(vec![mail::send::Sent { at_ms: filled_at, topic_id: None, position: 9 }]);
+        let tick = decided(&run, &send_step(), &facts, &given());
+        assert!(tick.email.is_none(), "nothing is handed off now");
+        let step = finished(&tick, "start");
+        assert_eq!(step.status, "completed", "the step is done when its email is stored");
+        let stream = tick.streams.iter().find(|stream| stream.stream_id.starts_with("email-")).expect("the email");
+        let Some(LogEvent::EmailHeld(held)) = stream.events.get(1).map(|event| &event.event) else {
+            panic!("EmailHeld follows EmailScheduled: {:?}", stream.events)
+        };
+        assert_eq!((held.gate.as_str(), held.not_before_ms), ("frequency_cap", filled_at + 86_400_000));
+        let output = &tick.outputs["start"];
+        assert_eq!(
+            (output["status"].as_str(), output["emailId"].as_str()),
+            (Some("held"), Some(step.email_id.as_str()))
+        );
+        assert!(tick.guards.iter().any(|guard| guard.sql.contains("'held'")), "its outbox row is held");
+        assert!(!tick.guards.iter().any(|guard| guard.sql.contains("marketing_sends")), "not counted until released");
+    }
 }
