@@ -4,6 +4,12 @@
 //! each row keeps the log position it has applied, so an event is never folded twice. A
 //! contact's rows go when its deletion is requested, like its record.
 //!
+//! Each row also keeps what the delivery log filters and shows beside the story: its status,
+//! the broadcast run or the workflow and step that sent it, whether a person opened it,
+//! clicked in it or unsubscribed through it, and the address it was sent to (opened from the
+//! sealed content with the contact's key when it is scheduled; none for a send refused before
+//! it was rendered, or once the contact is erased).
+//!
 //! Beside the stories, the counts of each broadcast run and each workflow send step
 //! (`email_counts`): every event adds the difference it makes to its email's tally
 //! (`story::Tally`), so an email counts once per fact. Counts hold no personal data and stay
@@ -23,9 +29,19 @@ CREATE TABLE {s}.emails (
     contact_id text NOT NULL,
     scheduled_at timestamptz NOT NULL,
     position bigint NOT NULL,
-    doc jsonb NOT NULL
+    doc jsonb NOT NULL,
+    status text NOT NULL,
+    address text,
+    broadcast_run_id text,
+    workflow_id text,
+    step_id text,
+    opened boolean NOT NULL,
+    clicked boolean NOT NULL,
+    unsubscribed boolean NOT NULL
 );
 CREATE INDEX ON {s}.emails (contact_id, scheduled_at DESC, email_id DESC);
+CREATE INDEX ON {s}.emails (broadcast_run_id, scheduled_at DESC, email_id DESC) WHERE broadcast_run_id IS NOT NULL;
+CREATE INDEX ON {s}.emails (workflow_id, step_id, scheduled_at DESC, email_id DESC) WHERE workflow_id IS NOT NULL;
 CREATE TABLE {s}.contact_email_counts (
     contact_id text PRIMARY KEY,
     space_id text NOT NULL,
@@ -65,12 +81,14 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "RecordDeletionRequested.v1",
 ];
 
-/// A row being folded: the story, its space and the position it has applied.
+/// A row being folded: the story, its space and the position it has applied, and the address
+/// opened from its `EmailScheduled` in this batch.
 struct Row {
     story: Story,
     space_id: String,
     position: i64,
     changed: bool,
+    address: Option<String>,
 }
 
 pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[StoredEvent]) -> anyhow::Result<()> {
@@ -89,9 +107,23 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
             .await?;
         for row in transaction.query(&statement, &[&wanted]).await? {
             let story: Story = serde_json::from_value(row.get(3))?;
-            rows.insert(row.get(0), Row { story, space_id: row.get(1), position: row.get(2), changed: false });
+            let row = Row { story, space_id: row.get(1), position: row.get(2), changed: false, address: None };
+            rows.insert(row_id(&row), row);
         }
     }
+    // The addresses of the emails scheduled in this batch, opened with their contacts' keys.
+    let scheduled_contacts: Vec<String> = decoded
+        .iter()
+        .filter_map(|(_, event)| match event {
+            LogEvent::EmailScheduled(scheduled) => Some(scheduled.contact_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let keys = if scheduled_contacts.is_empty() {
+        platform::crypto::Keys::default()
+    } else {
+        platform::crypto::load_keys(transaction, &scheduled_contacts).await?
+    };
     let mut erased: Vec<String> = Vec::new();
     let mut counts: Counts = BTreeMap::new();
     for (stored, event) in &decoded {
@@ -113,6 +145,14 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
             (None, _) => continue,
         };
         let before = Tally::of(current.as_ref().map(|row| &row.story));
+        let address = match event {
+            LogEvent::EmailScheduled(scheduled) => {
+                let content: Option<platform::proto::EmailContent> =
+                    platform::events::open(scheduled.content.as_ref(), &keys)?;
+                content.map(|content| content.to_address)
+            }
+            _ => current.as_ref().and_then(|row| row.address.clone()),
+        };
         if let Some(story) = story::apply(current.map(|row| row.story), event) {
             if let Some(bucket) = story::bucket(&story) {
                 let delta = Tally::of(Some(&story)).minus(&before);
@@ -121,7 +161,10 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
                     *total += change;
                 }
             }
-            rows.insert(email_id.to_owned(), Row { story, space_id, position: stored.position, changed: true });
+            rows.insert(
+                email_id.to_owned(),
+                Row { story, space_id, position: stored.position, changed: true, address },
+            );
         }
     }
     write_counts(transaction, s, &counts).await?;
@@ -133,21 +176,59 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         let at: Vec<&str> = changed.iter().map(|row| row.story.scheduled_at.as_str()).collect();
         let positions: Vec<i64> = changed.iter().map(|row| row.position).collect();
         let docs = changed.iter().map(|row| serde_json::to_value(&row.story)).collect::<Result<Vec<_>, _>>()?;
+        let columns: Vec<Columns> = changed.iter().map(|row| Columns::of(&row.story)).collect();
+        let statuses: Vec<&str> = changed.iter().map(|row| row.story.status.as_str()).collect();
+        let addresses: Vec<Option<&str>> = changed.iter().map(|row| row.address.as_deref()).collect();
+        let runs: Vec<Option<&str>> = columns.iter().map(|c| c.broadcast_run_id).collect();
+        let workflows: Vec<Option<&str>> = columns.iter().map(|c| c.workflow_id).collect();
+        let steps: Vec<Option<&str>> = columns.iter().map(|c| c.step_id).collect();
+        let opened: Vec<bool> = changed.iter().map(|row| row.story.engagement.human_opens > 0).collect();
+        let clicked: Vec<bool> = changed.iter().map(|row| row.story.engagement.human_clicks > 0).collect();
+        let unsubscribed: Vec<bool> = changed.iter().map(|row| row.story.unsubscribed).collect();
         let statement = transaction
             .prepare_cached(&format!(
                 "WITH written AS (
-                     INSERT INTO {s}.emails (email_id, space_id, contact_id, scheduled_at, position, doc)
-                     SELECT e, sp, c, a::timestamptz, p, d
-                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::jsonb[])
-                         AS w(e, sp, c, a, p, d)
-                     ON CONFLICT (email_id) DO UPDATE SET position = EXCLUDED.position, doc = EXCLUDED.doc
+                     INSERT INTO {s}.emails (email_id, space_id, contact_id, scheduled_at, position, doc, status,
+                                             address, broadcast_run_id, workflow_id, step_id, opened, clicked,
+                                             unsubscribed)
+                     SELECT *
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[], $6::jsonb[],
+                                 $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bool[],
+                                 $13::bool[], $14::bool[])
+                     ON CONFLICT (email_id) DO UPDATE SET position = EXCLUDED.position, doc = EXCLUDED.doc,
+                         status = EXCLUDED.status, address = COALESCE(EXCLUDED.address, emails.address),
+                         opened = EXCLUDED.opened, clicked = EXCLUDED.clicked, unsubscribed = EXCLUDED.unsubscribed
                      RETURNING contact_id, space_id, (xmax = 0) AS inserted)
                  INSERT INTO {s}.contact_email_counts (contact_id, space_id, total)
                  SELECT contact_id, space_id, count(*) FROM written WHERE inserted GROUP BY contact_id, space_id
                  ON CONFLICT (contact_id) DO UPDATE SET total = contact_email_counts.total + EXCLUDED.total"
             ))
             .await?;
-        transaction.execute(&statement, &[&ids, &spaces, &contacts, &at, &positions, &docs]).await?;
+        let at = at
+            .iter()
+            .map(|at| chrono::DateTime::parse_from_rfc3339(at).map(|at| at.with_timezone(&chrono::Utc)))
+            .collect::<Result<Vec<_>, _>>()?;
+        transaction
+            .execute(
+                &statement,
+                &[
+                    &ids,
+                    &spaces,
+                    &contacts,
+                    &at,
+                    &positions,
+                    &docs,
+                    &statuses,
+                    &addresses,
+                    &runs,
+                    &workflows,
+                    &steps,
+                    &opened,
+                    &clicked,
+                    &unsubscribed,
+                ],
+            )
+            .await?;
     }
     if !erased.is_empty() {
         let statement = transaction
@@ -159,6 +240,30 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         transaction.execute(&statement, &[&erased]).await?;
     }
     Ok(())
+}
+
+/// What sent a story, as the delivery log filters it.
+struct Columns<'a> {
+    broadcast_run_id: Option<&'a str>,
+    workflow_id: Option<&'a str>,
+    step_id: Option<&'a str>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(story: &'a Story) -> Self {
+        let text = |key: &str| story.origin[key].as_str().filter(|text| !text.is_empty());
+        match text("type") {
+            Some("broadcast") => Self { broadcast_run_id: text("broadcastRunId"), workflow_id: None, step_id: None },
+            Some("workflow") => {
+                Self { broadcast_run_id: None, workflow_id: text("workflowId"), step_id: text("stepId") }
+            }
+            _ => Self { broadcast_run_id: None, workflow_id: None, step_id: None },
+        }
+    }
+}
+
+fn row_id(row: &Row) -> String {
+    row.story.id.clone()
 }
 
 /// Changes to the counts of each bucket: (kind, id) → (space, a change per `Tally` field).

@@ -2,5 +2,6 @@
 //! recipient page `GET /emails/{emailId}/unsubscribe`.
 
 pub(crate) mod http;
+pub(crate) mod log;
 pub(crate) mod store;
 pub(crate) mod unsubscribe_page;

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use deadpool_postgres::Client;
 use platform::error::ApiError;
 use platform::events::LogEvent;
@@ -9,22 +10,80 @@ use platform::proto;
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
-/// A page of a contact's emails of the space, newest first, each as its story without the
-/// timeline, with the total.
-pub(crate) async fn of_contact(
-    client: &Client,
+use super::log::{Request, Scope};
+
+/// A page of the delivery log: the space's emails of `request`'s scope and statuses, newest
+/// first (`scheduledAt`, then id, descending), after `after` when given, each as
+/// [`super::log::row`] with its time and id. One statement, on the scope's index.
+pub(crate) async fn log_page(
+    client: &impl deadpool_postgres::GenericClient,
+    m: &str,
+    space_id: &str,
+    request: &Request,
+    after: Option<&(DateTime<Utc>, String)>,
+    (limit, offset): (i64, i64),
+) -> Result<Vec<(Value, DateTime<Utc>, String)>, ApiError> {
+    let mut params: Vec<Box<dyn ToSql + Sync + Send>> = vec![Box::new(space_id.to_owned())];
+    let next = |value: Box<dyn ToSql + Sync + Send>, params: &mut Vec<Box<dyn ToSql + Sync + Send>>| {
+        params.push(value);
+        params.len()
+    };
+    let scope = match &request.scope {
+        Scope::Contact(id) => format!("contact_id = ${}", next(Box::new(id.clone()), &mut params)),
+        Scope::BroadcastRun(id) => format!("broadcast_run_id = ${}", next(Box::new(id.clone()), &mut params)),
+        Scope::Workflow(id, None) => format!("workflow_id = ${}", next(Box::new(id.clone()), &mut params)),
+        Scope::Workflow(id, Some(step)) => format!(
+            "workflow_id = ${} AND step_id = ${}",
+            next(Box::new(id.clone()), &mut params),
+            next(Box::new(step.clone()), &mut params)
+        ),
+    };
+    let mut sql =
+        format!("SELECT doc, address, scheduled_at, email_id FROM {m}.emails WHERE space_id = $1 AND {scope}");
+    if !request.statuses.is_empty() {
+        let statuses: Vec<String> = request.email_statuses().into_iter().map(str::to_owned).collect();
+        let (opened, clicked, unsubscribed) = request.engaged();
+        sql.push_str(&format!(
+            " AND (status = ANY(${}) OR (${} AND opened) OR (${} AND clicked) OR (${} AND unsubscribed))",
+            next(Box::new(statuses), &mut params),
+            next(Box::new(opened), &mut params),
+            next(Box::new(clicked), &mut params),
+            next(Box::new(unsubscribed), &mut params)
+        ));
+    }
+    if let Some((at, id)) = after {
+        sql.push_str(&format!(
+            " AND (scheduled_at, email_id) < (${}, ${})",
+            next(Box::new(*at), &mut params),
+            next(Box::new(id.clone()), &mut params)
+        ));
+    }
+    sql.push_str(&format!(
+        " ORDER BY scheduled_at DESC, email_id DESC LIMIT ${} OFFSET ${}",
+        next(Box::new(limit), &mut params),
+        next(Box::new(offset), &mut params)
+    ));
+    let statement = client.prepare_cached(&sql).await?;
+    let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|param| param.as_ref() as &(dyn ToSql + Sync)).collect();
+    Ok(client
+        .query(&statement, &refs)
+        .await?
+        .into_iter()
+        .map(|row| (super::log::row(row.get(0), row.get(1)), row.get(2), row.get(3)))
+        .collect())
+}
+
+/// The number of a contact's emails, as kept beside them.
+pub(crate) async fn contact_total(
+    client: &impl deadpool_postgres::GenericClient,
     m: &str,
     space_id: &str,
     contact_id: &str,
-    (limit, offset): (i64, i64),
-) -> Result<(i64, Vec<Value>), ApiError> {
-    let count_sql = format!("SELECT total FROM {m}.contact_email_counts WHERE space_id = $1 AND contact_id = $2");
-    let rows_sql = format!(
-        "SELECT doc - 'timeline' FROM {m}.emails WHERE space_id = $1 AND contact_id = $2
-         ORDER BY scheduled_at DESC, email_id DESC LIMIT $3 OFFSET $4"
-    );
-    let params: [&(dyn ToSql + Sync); 2] = [&space_id, &contact_id];
-    crate::consistency::page_of_docs(client, &count_sql, &rows_sql, &params, (limit, offset)).await
+) -> Result<i64, ApiError> {
+    let statement = client
+        .prepare_cached(&format!("SELECT total FROM {m}.contact_email_counts WHERE space_id = $1 AND contact_id = $2"))
+        .await?;
+    Ok(client.query_opt(&statement, &[&space_id, &contact_id]).await?.map_or(0, |row| row.get(0)))
 }
 
 /// The story of an email of the space, its clicks with their links' targets.

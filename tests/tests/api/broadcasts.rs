@@ -905,3 +905,141 @@ async fn a_broadcast_to_three_zones_holds_the_recipients_in_their_quiet_hours_un
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(sink.messages().await.len(), 2, "once each, the suppressed one never");
 }
+
+#[tokio::test]
+async fn a_runs_delivery_log_pages_by_cursor_filters_by_status_agrees_with_its_counts_and_exports_csv_and_ndjson() {
+    let sink = SmtpSink::start().await;
+    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    let hour = chrono::Timelike::hour(&chrono::Utc::now());
+    let policy = json!({
+        "timeZone": {"attribute": "timeZone", "default": "UTC"},
+        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
+                       "outcome": "hold"}
+    });
+    app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
+    crate::email::publish_dkim(&app, &sink).await;
+    // Eight mailed at once, two held in their quiet hours, one suppressed, one without consent.
+    for index in 0..12 {
+        let zone = if (8..10).contains(&index) { "UTC" } else { "Etc/GMT-12" };
+        let body = json!({"email": format!("log{index:02}@example.com"), "firstName": "Fan", "newsConsent": index != 11,
+                          "timeZone": zone});
+        let created = app.post("/schemas/people/records", MAIL_KEY, &body).await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+    }
+    let suppressed = app
+        .post("/contacts/suppressions", MAIL_KEY, &json!({"identifier": "log10@example.com", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    let segment = segment(&app, "Fans", "firstName is Fan").await;
+    let aimed =
+        patch(&app, BLAST_BROADCAST, "aim-log", &json!({"audience": {"segmentId": segment}, "scheduledAt": null}))
+            .await;
+    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
+    app.wait_for_projections().await;
+    let sent = send(&app, BLAST_BROADCAST, "blast-log").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let deadline = Instant::now() + WAIT;
+    let run = loop {
+        app.wait_for_projections().await;
+        let run = app.get(&format!("/broadcasts/{BLAST_BROADCAST}/runs/{run_id}"), MAIL_KEY).await.body["data"].clone();
+        if run["status"] == "completed" && run["counts"]["sent"] == 8 && run["counts"]["held"] == 2 {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "{run}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // Paged by a cursor, newest first, every recipient once.
+    let mut path = format!("/emails?broadcastRunId={run_id}&limit=5");
+    let mut rows: Vec<Value> = Vec::new();
+    for _ in 0..5 {
+        let page = app.get(&path, MAIL_KEY).await;
+        assert_eq!(page.status, 200, "{:?}", page.body);
+        crate::helpers::assert_conforms("EmailSummary", page.body["data"].as_array().expect("rows"));
+        rows.extend(page.body["data"].as_array().expect("rows").iter().cloned());
+        match page.body["pagination"]["nextCursor"].as_str() {
+            Some(cursor) => path = format!("/emails?broadcastRunId={run_id}&limit=5&cursor={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(rows.len(), 12, "{rows:?}");
+    let mut ids: Vec<&str> = rows.iter().filter_map(|row| row["id"].as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 12, "each once");
+    let times: Vec<&str> = rows.iter().filter_map(|row| row["scheduledAt"].as_str()).collect();
+    assert!(times.windows(2).all(|pair| pair[0] >= pair[1]), "newest first: {times:?}");
+
+    // Filtered by status, the rows agree with the run's counts.
+    let with = |status: &str| {
+        let (app, run_id) = (&app, run_id.clone());
+        let status = status.to_owned();
+        async move {
+            let page = app.get(&format!("/emails?broadcastRunId={run_id}&status={status}&limit=200"), MAIL_KEY).await;
+            assert_eq!(page.status, 200, "{:?}", page.body);
+            page.body["data"].as_array().expect("rows").clone()
+        }
+    };
+    let sent_rows = with("sent").await;
+    assert_eq!(sent_rows.len() as u64, run["counts"]["sent"].as_u64().expect("a count"));
+    assert!(sent_rows.iter().all(|row| row["address"].as_str().is_some_and(|a| a.ends_with("@example.com"))));
+    let held = with("held").await;
+    assert_eq!(held.len() as u64, run["counts"]["held"].as_u64().expect("a count"));
+    assert!(held.iter().all(|row| row["gate"] == "quiet_hours" && row["notBefore"].is_string()), "{held:?}");
+    let skipped = with("skipped").await;
+    let mut gates: Vec<&str> = skipped.iter().filter_map(|row| row["gate"].as_str()).collect();
+    gates.sort_unstable();
+    assert_eq!(gates, ["consent", "suppressed"]);
+    assert_eq!(
+        (run["counts"]["skipped"]["suppressed"].as_u64(), run["counts"]["skipped"]["notSubscribed"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert!(skipped.iter().all(|row| row["error"]["code"].is_string() && row["address"].is_null()));
+    assert_eq!(with("sent,held").await.len(), 10);
+    assert_eq!(with("sent&status=skipped").await.len(), 10, "status repeated");
+
+    // The whole log as CSV and as NDJSON, in one answer each.
+    let export = |accept: &'static str| {
+        let (app, run_id) = (&app, run_id.clone());
+        async move {
+            let response = app
+                .request(
+                    reqwest::Method::GET,
+                    &format!("/emails?broadcastRunId={run_id}&status=sent,skipped"),
+                    Some(MAIL_KEY),
+                )
+                .header("Accept", accept)
+                .send()
+                .await
+                .expect("answered");
+            assert_eq!(response.status().as_u16(), 200);
+            let content_type =
+                response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+            (content_type, response.text().await.expect("a body"))
+        }
+    };
+    let (content_type, csv) = export("text/csv").await;
+    assert!(content_type.starts_with("text/csv"), "{content_type}");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].starts_with("emailId,contactId,address,status,gate,errorCode"), "{}", lines[0]);
+    assert_eq!(lines.len(), 11, "a header and ten rows: {csv}");
+    assert_eq!(lines.iter().filter(|line| line.contains(",sent,")).count(), 8, "{csv}");
+    assert!(lines.iter().any(|line| line.contains("suppressed,recipient_suppressed")), "{csv}");
+    let (content_type, ndjson) = export("application/x-ndjson").await;
+    assert_eq!(content_type, "application/x-ndjson");
+    let parsed: Vec<Value> = ndjson.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect();
+    assert_eq!(parsed.len(), 10);
+    crate::helpers::assert_conforms("EmailSummary", &parsed);
+
+    // A cursor pages only its own request; the log needs a scope; another space sees nothing.
+    let first = app.get(&format!("/emails?broadcastRunId={run_id}&limit=1"), MAIL_KEY).await;
+    let cursor = first.body["pagination"]["nextCursor"].as_str().expect("a cursor").to_owned();
+    let other = app.get(&format!("/emails?broadcastRunId={run_id}&status=sent&cursor={cursor}"), MAIL_KEY).await;
+    assert_eq!((other.status, other.code().as_str()), (400, Some("invalid_cursor")), "{:?}", other.body);
+    let unscoped = app.get("/emails?status=sent", MAIL_KEY).await;
+    assert_eq!((unscoped.status, unscoped.code().as_str()), (400, Some("invalid_query_parameter")));
+    let elsewhere = app.get(&format!("/emails?broadcastRunId={run_id}"), crate::helpers::ALPHA_ADMIN).await;
+    assert_eq!(elsewhere.body["data"], json!([]), "{:?}", elsewhere.body);
+}

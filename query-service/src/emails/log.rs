@@ -1,0 +1,334 @@
+//! The delivery log's request and rows (pure): which emails `GET /emails` lists (a contact's,
+//! a broadcast run's, or a workflow's or one of its steps'), which statuses it keeps, where a
+//! page starts (a cursor: the last row's time and id, and the request it was issued for), and
+//! each row as JSON, as an NDJSON line or as a CSV record.
+
+use api::http::query_value;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+use platform::error::{ApiError, Code};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// What sent the emails listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Scope {
+    Contact(String),
+    BroadcastRun(String),
+    /// A workflow, or one of its steps.
+    Workflow(String, Option<String>),
+}
+
+/// The statuses the `status` filter takes: an email's status, or what its recipient did.
+pub(crate) const STATUSES: [&str; 11] = [
+    "scheduled",
+    "held",
+    "sent",
+    "failed",
+    "outcome_unknown",
+    "bounced",
+    "complained",
+    "skipped",
+    "opened",
+    "clicked",
+    "unsubscribed",
+];
+
+/// The statuses that are what a recipient did rather than an email's status.
+const ENGAGED: [&str; 3] = ["opened", "clicked", "unsubscribed"];
+
+/// A delivery log request: its scope and the statuses it keeps (none: all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub scope: Scope,
+    /// Sorted, without repeats.
+    pub statuses: Vec<String>,
+}
+
+impl Request {
+    /// Parses `contactId`, `broadcastRunId`, `workflowId` (with `stepId`) and `status`.
+    pub(crate) fn parse(query: &[(String, String)]) -> Result<Self, ApiError> {
+        let value = |name: &str| query_value(query, name).map(str::trim).filter(|value| !value.is_empty());
+        let invalid = |message: String| ApiError::bad_request(Code::InvalidQueryParameter, message);
+        let named: Vec<&str> =
+            ["contactId", "broadcastRunId", "workflowId"].into_iter().filter(|name| value(name).is_some()).collect();
+        let scope = match (named.as_slice(), value("stepId")) {
+            (["contactId"], None) => Scope::Contact(value("contactId").unwrap_or_default().to_owned()),
+            (["broadcastRunId"], None) => Scope::BroadcastRun(value("broadcastRunId").unwrap_or_default().to_owned()),
+            (["workflowId"], step) => {
+                Scope::Workflow(value("workflowId").unwrap_or_default().to_owned(), step.map(str::to_owned))
+            }
+            ([], _) => {
+                return Err(invalid(
+                    "one of contactId, broadcastRunId or workflowId is required: whose emails to list".to_owned(),
+                ));
+            }
+            (_, Some(_)) if !named.contains(&"workflowId") => {
+                return Err(invalid("stepId goes with workflowId: the workflow whose step it is".to_owned()));
+            }
+            (names, _) => {
+                return Err(invalid(format!(
+                    "give one of contactId, broadcastRunId or workflowId, not {}",
+                    names.join(" and ")
+                )));
+            }
+        };
+        let mut statuses = Vec::new();
+        for (name, raw) in query {
+            if name != "status" {
+                continue;
+            }
+            for status in raw.split(',').map(str::trim).filter(|status| !status.is_empty()) {
+                if !STATUSES.contains(&status) {
+                    return Err(invalid(format!(
+                        "status {:?} is not one of {}",
+                        platform::storable::escaped(status),
+                        STATUSES.join(", ")
+                    )));
+                }
+                statuses.push(status.to_owned());
+            }
+        }
+        statuses.sort();
+        statuses.dedup();
+        Ok(Self { scope, statuses })
+    }
+
+    /// The email statuses kept (empty: the filter names only what recipients did, or nothing).
+    pub(crate) fn email_statuses(&self) -> Vec<&str> {
+        self.statuses.iter().map(String::as_str).filter(|status| !ENGAGED.contains(status)).collect()
+    }
+
+    /// Whether the filter keeps what a recipient did: (opened, clicked, unsubscribed).
+    pub(crate) fn engaged(&self) -> (bool, bool, bool) {
+        let has = |status: &str| self.statuses.iter().any(|kept| kept == status);
+        (has("opened"), has("clicked"), has("unsubscribed"))
+    }
+
+    /// The request as its cursors name it.
+    fn fingerprint(&self) -> String {
+        let scope = match &self.scope {
+            Scope::Contact(id) => format!("contact:{id}"),
+            Scope::BroadcastRun(id) => format!("run:{id}"),
+            Scope::Workflow(id, step) => format!("workflow:{id}:{}", step.as_deref().unwrap_or("")),
+        };
+        format!("{scope}|{}", self.statuses.join(","))
+    }
+}
+
+/// Where the next page starts, and the request and page size it was issued for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Cursor {
+    /// `scheduledAt` (microseconds) and id of the last row returned.
+    #[serde(rename = "a")]
+    pub after_at: i64,
+    #[serde(rename = "i")]
+    pub after_id: String,
+    #[serde(rename = "q")]
+    request: String,
+    #[serde(rename = "l")]
+    pub limit: i64,
+}
+
+impl Cursor {
+    pub(crate) fn after(request: &Request, (at, id): (DateTime<Utc>, &str), limit: i64) -> Self {
+        Self { after_at: at.timestamp_micros(), after_id: id.to_owned(), request: request.fingerprint(), limit }
+    }
+
+    pub(crate) fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// The cursor `text`, which must have been issued for `request`.
+    pub(crate) fn decode(text: &str, request: &Request) -> Result<Self, ApiError> {
+        let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
+        let bytes = URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| malformed())?;
+        let cursor: Self = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
+        if !platform::storable::is_storable(&cursor.after_id) || cursor.position().is_none() {
+            return Err(malformed());
+        }
+        if cursor.request != request.fingerprint() {
+            return Err(ApiError::bad_request(
+                Code::InvalidCursor,
+                "this cursor was issued for another request; keep contactId, broadcastRunId, workflowId, stepId and \
+                 status fixed while paging",
+            ));
+        }
+        Ok(cursor)
+    }
+
+    /// The last row's time and id.
+    pub(crate) fn position(&self) -> Option<(DateTime<Utc>, String)> {
+        DateTime::from_timestamp_micros(self.after_at).map(|at| (at, self.after_id.clone()))
+    }
+}
+
+/// A row of the log: the email's story without its timeline, with the address it was sent to
+/// and, from the timeline, the gate that holds or refused it and the error that failed it.
+pub(crate) fn row(mut story: Value, address: Option<String>) -> Value {
+    let timeline = story.as_object_mut().and_then(|story| story.remove("timeline")).unwrap_or(Value::Null);
+    let status = story["status"].as_str().unwrap_or_default().to_owned();
+    let last = |kind: &str| {
+        timeline.as_array().and_then(|entries| entries.iter().rev().find(|entry| entry["type"] == kind)).cloned()
+    };
+    let (gate, error) = match status.as_str() {
+        "held" => (last("held").map(|entry| entry["gate"].clone()), None),
+        "skipped" => {
+            last("skipped").map(|entry| (Some(entry["gate"].clone()), Some(entry["error"].clone()))).unwrap_or_default()
+        }
+        "failed" => (None, last("failed").map(|entry| entry["error"].clone())),
+        _ => (None, None),
+    };
+    if let Some(object) = story.as_object_mut() {
+        object.insert("address".to_owned(), address.map_or(Value::Null, Value::String));
+        object.insert("gate".to_owned(), gate.unwrap_or(Value::Null));
+        object.insert("error".to_owned(), error.unwrap_or(Value::Null));
+    }
+    story
+}
+
+/// The CSV header, in the order of [`csv_record`].
+pub(crate) const CSV_HEADER: [&str; 23] = [
+    "emailId",
+    "contactId",
+    "address",
+    "status",
+    "gate",
+    "errorCode",
+    "errorMessage",
+    "notBefore",
+    "scheduledAt",
+    "sentAt",
+    "templateId",
+    "kind",
+    "origin",
+    "broadcastRunId",
+    "workflowId",
+    "stepId",
+    "unsubscribed",
+    "opens",
+    "humanOpens",
+    "clicks",
+    "humanClicks",
+    "firstOpenedAt",
+    "firstClickedAt",
+];
+
+/// A row as a CSV record. Free text that a spreadsheet would take for a formula (a relay's
+/// reply starting with `=`, `+`, `-` or `@`) is prefixed with `'`.
+pub(crate) fn csv_record(row: &Value) -> Vec<String> {
+    let text = |value: &Value| match value {
+        Value::Null => String::new(),
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let inert = |text: String| {
+        if text.starts_with(['=', '+', '-', '@', '\t', '\r']) { format!("'{text}") } else { text }
+    };
+    let engagement = &row["engagement"];
+    vec![
+        text(&row["id"]),
+        text(&row["contactId"]),
+        text(&row["address"]),
+        text(&row["status"]),
+        text(&row["gate"]),
+        text(&row["error"]["code"]),
+        inert(text(&row["error"]["message"])),
+        text(&row["notBefore"]),
+        text(&row["scheduledAt"]),
+        text(&row["sentAt"]),
+        text(&row["templateId"]),
+        text(&row["kind"]),
+        text(&row["origin"]["type"]),
+        text(&row["origin"]["broadcastRunId"]),
+        text(&row["origin"]["workflowId"]),
+        text(&row["origin"]["stepId"]),
+        text(&row["unsubscribed"]),
+        text(&engagement["opens"]),
+        text(&engagement["humanOpens"]),
+        text(&engagement["clicks"]),
+        text(&engagement["humanClicks"]),
+        text(&engagement["firstOpenedAt"]),
+        text(&engagement["firstClickedAt"]),
+    ]
+}
+
+/// The pagination of a page: `totalCount` only where it is kept (a contact's unfiltered list).
+pub(crate) fn pagination(limit: i64, offset: i64, total: Option<i64>, next: Option<String>) -> Value {
+    json!({"limit": limit, "offset": offset, "totalCount": total, "hasMore": next.is_some(), "nextCursor": next})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()
+    }
+
+    #[test]
+    fn given_one_scope_and_statuses_when_parsed_then_they_are_kept_sorted_once() {
+        let request =
+            Request::parse(&query(&[("broadcastRunId", "bcr_1"), ("status", "sent,skipped"), ("status", "sent")]))
+                .expect("parses");
+        assert_eq!(request.scope, Scope::BroadcastRun("bcr_1".into()));
+        assert_eq!(request.statuses, ["sent", "skipped"]);
+        let step = Request::parse(&query(&[("workflowId", "wf_1"), ("stepId", "welcome"), ("status", "opened")]))
+            .expect("parses");
+        assert_eq!(step.scope, Scope::Workflow("wf_1".into(), Some("welcome".into())));
+        assert_eq!((step.email_statuses(), step.engaged()), (Vec::<&str>::new(), (true, false, false)));
+    }
+
+    #[test]
+    fn given_no_scope_two_scopes_a_lone_step_or_an_unknown_status_when_parsed_then_it_is_400() {
+        for pairs in [
+            vec![],
+            vec![("contactId", "con_1"), ("broadcastRunId", "bcr_1")],
+            vec![("contactId", "con_1"), ("stepId", "welcome")],
+            vec![("contactId", "con_1"), ("status", "delivered")],
+        ] {
+            let refused = Request::parse(&query(&pairs)).expect_err("refused");
+            assert_eq!(refused.code(), Some(Code::InvalidQueryParameter), "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn a_cursor_pages_only_the_request_it_was_issued_for() {
+        let request = Request::parse(&query(&[("broadcastRunId", "bcr_1"), ("status", "sent")])).expect("parses");
+        let at = DateTime::from_timestamp_micros(1_700_000_000_000_123).expect("a time");
+        let cursor = Cursor::after(&request, (at, "em_9"), 50);
+        let decoded = Cursor::decode(&cursor.encode(), &request).expect("decodes");
+        assert_eq!(decoded.position(), Some((at, "em_9".to_owned())));
+        let other = Request::parse(&query(&[("broadcastRunId", "bcr_1")])).expect("parses");
+        assert_eq!(
+            Cursor::decode(&cursor.encode(), &other).expect_err("another request").code(),
+            Some(Code::InvalidCursor)
+        );
+        assert_eq!(Cursor::decode("not a cursor", &request).expect_err("malformed").code(), Some(Code::InvalidCursor));
+    }
+
+    #[test]
+    fn a_row_names_the_gate_and_the_error_and_a_csv_record_keeps_formulas_inert() {
+        let skipped = json!({"id": "em_1", "status": "skipped", "engagement": {}, "origin": {"type": "broadcast"},
+            "timeline": [{"type": "skipped", "gate": "suppressed",
+                          "error": {"code": "recipient_suppressed", "message": "=HYPERLINK(\"x\")"}}]});
+        let row = row(skipped, None);
+        assert!(row.get("timeline").is_none());
+        assert_eq!(
+            (&row["gate"], &row["error"]["code"], &row["address"]),
+            (&json!("suppressed"), &json!("recipient_suppressed"), &Value::Null)
+        );
+        let record = csv_record(&row);
+        assert_eq!(record.len(), CSV_HEADER.len());
+        assert_eq!(record[6], "'=HYPERLINK(\"x\")");
+        let held = json!({"id": "em_2", "status": "held", "notBefore": "2026-11-28T07:00:00.000Z",
+            "timeline": [{"type": "scheduled"}, {"type": "held", "gate": "quiet_hours"}]});
+        let row = super::row(held, Some("ada@example.com".into()));
+        assert_eq!(
+            (&row["gate"], &row["error"], &row["address"]),
+            (&json!("quiet_hours"), &Value::Null, &json!("ada@example.com"))
+        );
+        assert_eq!(csv_record(&row)[7], "2026-11-28T07:00:00.000Z");
+    }
+}
