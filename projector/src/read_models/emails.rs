@@ -40,6 +40,7 @@ CREATE TABLE {s}.emails (
     unsubscribed boolean NOT NULL
 );
 CREATE INDEX ON {s}.emails (contact_id, scheduled_at DESC, email_id DESC);
+CREATE INDEX ON {s}.emails (space_id, scheduled_at DESC, email_id DESC);
 CREATE INDEX ON {s}.emails (broadcast_run_id, scheduled_at DESC, email_id DESC) WHERE broadcast_run_id IS NOT NULL;
 CREATE INDEX ON {s}.emails (workflow_id, step_id, scheduled_at DESC, email_id DESC) WHERE workflow_id IS NOT NULL;
 CREATE TABLE {s}.contact_email_counts (

@@ -8,7 +8,7 @@ use api::pagination::PageRequest;
 use platform::error::{ApiError, Code};
 use serde_json::Value;
 
-use super::log::{self, Cursor, Request, Scope};
+use super::log::{self, Cursor, Request};
 use super::store;
 use crate::State;
 use crate::consistency::{authorize_read, consistent_read, respond};
@@ -33,9 +33,9 @@ pub(crate) async fn get(
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 
-/// The delivery log: the emails of a contact, a broadcast run, or a workflow (or one of its
-/// steps), newest first, filtered by status; a page of JSON, or every row streamed as CSV or
-/// NDJSON when `Accept` asks for it.
+/// The delivery log: the space's emails, narrowed to a contact, a broadcast run, a workflow or
+/// a step and filtered by status, newest first; a page of JSON, or every row streamed as CSV
+/// or NDJSON when `Accept` asks for it.
 pub(crate) async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let request = Request::parse(&query)?;
@@ -70,11 +70,9 @@ pub(crate) async fn list(req: HttpRequest, state: web::Data<State>) -> Result<Ht
         let (m, space_id, request, after) = (models.schema(EMAILS), space_id.clone(), request.clone(), after.clone());
         Box::pin(async move {
             let rows = store::log_page(client, &m, &space_id, &request, after.as_ref(), (limit + 1, offset)).await?;
-            let total = match &request.scope {
-                Scope::Contact(contact_id) if request.statuses.is_empty() => {
-                    Some(store::contact_total(client, &m, &space_id, contact_id).await?)
-                }
-                _ => None,
+            let total = match request.contact_only() {
+                Some(contact_id) => Some(store::contact_total(client, &m, &space_id, contact_id).await?),
+                None => None,
             };
             Ok((total, rows))
         })

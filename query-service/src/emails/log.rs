@@ -1,5 +1,5 @@
-//! The delivery log's request and rows (pure): which emails `GET /emails` lists (a contact's,
-//! a broadcast run's, or a workflow's or one of its steps'), which statuses it keeps, where a
+//! The delivery log's request and rows (pure): which emails `GET /emails` lists (the space's,
+//! narrowed to a contact, a broadcast run, a workflow or a step), which statuses it keeps, where a
 //! page starts (a cursor: the last row's time and id, and the request it was issued for), and
 //! each row as JSON, as an NDJSON line or as a CSV record.
 
@@ -11,13 +11,14 @@ use platform::error::{ApiError, Code};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-/// What sent the emails listed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Scope {
-    Contact(String),
-    BroadcastRun(String),
-    /// A workflow, or one of its steps.
-    Workflow(String, Option<String>),
+/// Which of the space's emails are listed: each given filter narrows the list (all of them
+/// hold for a row).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Scope {
+    pub contact_id: Option<String>,
+    pub broadcast_run_id: Option<String>,
+    pub workflow_id: Option<String>,
+    pub step_id: Option<String>,
 }
 
 /// The statuses the `status` filter takes: an email's status, or what its recipient did.
@@ -47,32 +48,16 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    /// Parses `contactId`, `broadcastRunId`, `workflowId` (with `stepId`) and `status`.
+    /// Parses `contactId`, `broadcastRunId`, `workflowId`, `stepId` and `status`.
     pub(crate) fn parse(query: &[(String, String)]) -> Result<Self, ApiError> {
-        let value = |name: &str| query_value(query, name).map(str::trim).filter(|value| !value.is_empty());
+        let value =
+            |name: &str| query_value(query, name).map(str::trim).filter(|value| !value.is_empty()).map(str::to_owned);
         let invalid = |message: String| ApiError::bad_request(Code::InvalidQueryParameter, message);
-        let named: Vec<&str> =
-            ["contactId", "broadcastRunId", "workflowId"].into_iter().filter(|name| value(name).is_some()).collect();
-        let scope = match (named.as_slice(), value("stepId")) {
-            (["contactId"], None) => Scope::Contact(value("contactId").unwrap_or_default().to_owned()),
-            (["broadcastRunId"], None) => Scope::BroadcastRun(value("broadcastRunId").unwrap_or_default().to_owned()),
-            (["workflowId"], step) => {
-                Scope::Workflow(value("workflowId").unwrap_or_default().to_owned(), step.map(str::to_owned))
-            }
-            ([], _) => {
-                return Err(invalid(
-                    "one of contactId, broadcastRunId or workflowId is required: whose emails to list".to_owned(),
-                ));
-            }
-            (_, Some(_)) if !named.contains(&"workflowId") => {
-                return Err(invalid("stepId goes with workflowId: the workflow whose step it is".to_owned()));
-            }
-            (names, _) => {
-                return Err(invalid(format!(
-                    "give one of contactId, broadcastRunId or workflowId, not {}",
-                    names.join(" and ")
-                )));
-            }
+        let scope = Scope {
+            contact_id: value("contactId"),
+            broadcast_run_id: value("broadcastRunId"),
+            workflow_id: value("workflowId"),
+            step_id: value("stepId"),
         };
         let mut statuses = Vec::new();
         for (name, raw) in query {
@@ -106,14 +91,25 @@ impl Request {
         (has("opened"), has("clicked"), has("unsubscribed"))
     }
 
+    /// Whether this is a contact's unfiltered list (whose total is kept).
+    pub(crate) fn contact_only(&self) -> Option<&str> {
+        let Scope { contact_id, broadcast_run_id, workflow_id, step_id } = &self.scope;
+        let alone = broadcast_run_id.is_none() && workflow_id.is_none() && step_id.is_none();
+        contact_id.as_deref().filter(|_| alone && self.statuses.is_empty())
+    }
+
     /// The request as its cursors name it.
     fn fingerprint(&self) -> String {
-        let scope = match &self.scope {
-            Scope::Contact(id) => format!("contact:{id}"),
-            Scope::BroadcastRun(id) => format!("run:{id}"),
-            Scope::Workflow(id, step) => format!("workflow:{id}:{}", step.as_deref().unwrap_or("")),
-        };
-        format!("{scope}|{}", self.statuses.join(","))
+        let Scope { contact_id, broadcast_run_id, workflow_id, step_id } = &self.scope;
+        let part = |value: &Option<String>| value.clone().unwrap_or_default();
+        serde_json::to_string(&[
+            part(contact_id),
+            part(broadcast_run_id),
+            part(workflow_id),
+            part(step_id),
+            self.statuses.join(","),
+        ])
+        .unwrap_or_default()
     }
 }
 
@@ -272,22 +268,22 @@ mod tests {
         let request =
             Request::parse(&query(&[("broadcastRunId", "bcr_1"), ("status", "sent,skipped"), ("status", "sent")]))
                 .expect("parses");
-        assert_eq!(request.scope, Scope::BroadcastRun("bcr_1".into()));
+        assert_eq!(request.scope, Scope { broadcast_run_id: Some("bcr_1".into()), ..Scope::default() });
         assert_eq!(request.statuses, ["sent", "skipped"]);
         let step = Request::parse(&query(&[("workflowId", "wf_1"), ("stepId", "welcome"), ("status", "opened")]))
             .expect("parses");
-        assert_eq!(step.scope, Scope::Workflow("wf_1".into(), Some("welcome".into())));
+        assert_eq!(step.scope.step_id.as_deref(), Some("welcome"));
+        assert_eq!(step.contact_only(), None);
+        let contact = Request::parse(&query(&[("contactId", "con_1")])).expect("parses");
+        assert_eq!(contact.contact_only(), Some("con_1"), "a contact's unfiltered list keeps its total");
+        let all = Request::parse(&query(&[])).expect("the space's whole log");
+        assert_eq!((all.scope, all.statuses.len()), (Scope::default(), 0));
         assert_eq!((step.email_statuses(), step.engaged()), (Vec::<&str>::new(), (true, false, false)));
     }
 
     #[test]
-    fn given_no_scope_two_scopes_a_lone_step_or_an_unknown_status_when_parsed_then_it_is_400() {
-        for pairs in [
-            vec![],
-            vec![("contactId", "con_1"), ("broadcastRunId", "bcr_1")],
-            vec![("contactId", "con_1"), ("stepId", "welcome")],
-            vec![("contactId", "con_1"), ("status", "delivered")],
-        ] {
+    fn given_an_unknown_status_when_parsed_then_it_is_400() {
+        for pairs in [vec![("status", "delivered")], vec![("contactId", "con_1"), ("status", "sent,nope")]] {
             let refused = Request::parse(&query(&pairs)).expect_err("refused");
             assert_eq!(refused.code(), Some(Code::InvalidQueryParameter), "{pairs:?}");
         }

@@ -10,11 +10,11 @@ use platform::proto;
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
-use super::log::{Request, Scope};
+use super::log::Request;
 
-/// A page of the delivery log: the space's emails of `request`'s scope and statuses, newest
+/// A page of the delivery log: the space's emails of `request`'s filters and statuses, newest
 /// first (`scheduledAt`, then id, descending), after `after` when given, each as
-/// [`super::log::row`] with its time and id. One statement, on the scope's index.
+/// [`super::log::row`] with its time and id. One statement, on a filter's index.
 pub(crate) async fn log_page(
     client: &impl deadpool_postgres::GenericClient,
     m: &str,
@@ -28,18 +28,18 @@ pub(crate) async fn log_page(
         params.push(value);
         params.len()
     };
-    let scope = match &request.scope {
-        Scope::Contact(id) => format!("contact_id = ${}", next(Box::new(id.clone()), &mut params)),
-        Scope::BroadcastRun(id) => format!("broadcast_run_id = ${}", next(Box::new(id.clone()), &mut params)),
-        Scope::Workflow(id, None) => format!("workflow_id = ${}", next(Box::new(id.clone()), &mut params)),
-        Scope::Workflow(id, Some(step)) => format!(
-            "workflow_id = ${} AND step_id = ${}",
-            next(Box::new(id.clone()), &mut params),
-            next(Box::new(step.clone()), &mut params)
-        ),
-    };
-    let mut sql =
-        format!("SELECT doc, address, scheduled_at, email_id FROM {m}.emails WHERE space_id = $1 AND {scope}");
+    let mut sql = format!("SELECT doc, address, scheduled_at, email_id FROM {m}.emails WHERE space_id = $1");
+    let filters = [
+        ("contact_id", &request.scope.contact_id),
+        ("broadcast_run_id", &request.scope.broadcast_run_id),
+        ("workflow_id", &request.scope.workflow_id),
+        ("step_id", &request.scope.step_id),
+    ];
+    for (column, value) in filters {
+        if let Some(value) = value {
+            sql.push_str(&format!(" AND {column} = ${}", next(Box::new(value.clone()), &mut params)));
+        }
+    }
     if !request.statuses.is_empty() {
         let statuses: Vec<String> = request.email_statuses().into_iter().map(str::to_owned).collect();
         let (opened, clicked, unsubscribed) = request.engaged();

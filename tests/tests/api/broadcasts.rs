@@ -1038,8 +1038,14 @@ async fn a_runs_delivery_log_pages_by_cursor_filters_by_status_agrees_with_its_c
     let cursor = first.body["pagination"]["nextCursor"].as_str().expect("a cursor").to_owned();
     let other = app.get(&format!("/emails?broadcastRunId={run_id}&status=sent&cursor={cursor}"), MAIL_KEY).await;
     assert_eq!((other.status, other.code().as_str()), (400, Some("invalid_cursor")), "{:?}", other.body);
-    let unscoped = app.get("/emails?status=sent", MAIL_KEY).await;
-    assert_eq!((unscoped.status, unscoped.code().as_str()), (400, Some("invalid_query_parameter")));
+    let unknown = app.get("/emails?status=delivered", MAIL_KEY).await;
+    assert_eq!((unknown.status, unknown.code().as_str()), (400, Some("invalid_query_parameter")));
+    // Filters narrow together: one contact's email in this run; the space's sent emails.
+    let contact = sent_rows[0]["contactId"].as_str().expect("a contact").to_owned();
+    let theirs = app.get(&format!("/emails?broadcastRunId={run_id}&contactId={contact}"), MAIL_KEY).await;
+    assert_eq!(theirs.body["data"].as_array().map(Vec::len), Some(1), "{:?}", theirs.body);
+    let space = app.get("/emails?status=sent&limit=200", MAIL_KEY).await;
+    assert_eq!(space.body["data"].as_array().map(Vec::len), Some(8), "{:?}", space.body);
     let elsewhere = app.get(&format!("/emails?broadcastRunId={run_id}"), crate::helpers::ALPHA_ADMIN).await;
     assert_eq!(elsewhere.body["data"], json!([]), "{:?}", elsewhere.body);
 }

@@ -23,21 +23,29 @@ struct Listener {
     process: ChildGuard,
 }
 
+/// Starts a listener on free ports. A port found free can be taken before the listener binds
+/// it (an outgoing connection of a test running beside this one gets an ephemeral port from
+/// the same range): the listener then exits, and it is started again on other ports.
 async fn start_listener(app: &TestApp, env: &[(&str, String)]) -> Listener {
-    let (port, ops_port) = (free_port(), free_port());
-    let mut env = env.to_vec();
-    env.push(("APP__INBOUND__PORT", port.to_string()));
-    env.push(("APP__INBOUND__HOSTNAME", "mx.mail.example.test".to_owned()));
-    env.push(("APP__PROJECTOR__PORT", ops_port.to_string()));
-    let process = spawn_binary("projector", &["inbound"], &app.database_url, &env);
-    for attempt in 0.. {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            break;
+    for _ in 0..5 {
+        let (port, ops_port) = (free_port(), free_port());
+        let mut env = env.to_vec();
+        env.push(("APP__INBOUND__PORT", port.to_string()));
+        env.push(("APP__INBOUND__HOSTNAME", "mx.mail.example.test".to_owned()));
+        env.push(("APP__PROJECTOR__PORT", ops_port.to_string()));
+        let mut process = spawn_binary("projector", &["inbound"], &app.database_url, &env);
+        for attempt in 0.. {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return Listener { port, ops_port, process };
+            }
+            if process.0.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            assert!(attempt < 400, "the inbound listener did not start within 20 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(attempt < 200, "the inbound listener did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Listener { port, ops_port, process }
+    panic!("the inbound listener exited at start five times");
 }
 
 /// Delivers `message` to the listener on `port` for `rcpts` with smtplib; what it answered.
