@@ -5,8 +5,10 @@
 //! about their contacts once for the batch (`recipients::Recipients`), and asks the decision
 //! again with the facts of that moment:
 //! - **send**: `EmailReleased`, the row back to `pending`, the send counted against the
-//!   frequency caps from now; then handed to the relay like a broadcast's email (a hand-off
-//!   a dead process left is finished by the outbox worker);
+//!   frequency caps from now; then queued for this process's hand-off tasks, which hand it to
+//!   the relay like a broadcast's email, a bounded number at once (the step does not wait for
+//!   them, so releases keep their time however slow the relay; one the queue cannot take, or
+//!   a dead process left, is `pending` and old, and the outbox worker finishes it);
 //! - **hold**: `EmailHeld` again, the row's time moved on;
 //! - **skip**: `EmailSkipped` ends the email's stream (the gate and the fact that decided),
 //!   the row `skipped`, a broadcast recipient `skipped` and counted into its run.
@@ -46,9 +48,12 @@ pub(crate) struct Held {
     log: EventLog,
     lease: Duration,
     poll: Duration,
-    public_base_url: String,
-    sender: Arc<HandOffs>,
+    /// Released emails (id, release time) for the hand-off tasks.
+    queue: tokio::sync::mpsc::Sender<(String, i64)>,
 }
+
+/// Released emails waiting for a hand-off task, at most.
+const QUEUED: usize = 100_000;
 
 /// What the released emails' hand-offs share.
 struct HandOffs {
@@ -58,8 +63,7 @@ struct HandOffs {
     mailer: Mailer,
     lease: Duration,
     retry_schedule: Vec<u64>,
-    /// Hand-offs under way, bounded.
-    permits: Arc<tokio::sync::Semaphore>,
+    public_base_url: String,
 }
 
 /// A due held email, as its lease and its `EmailScheduled` tell it.
@@ -81,22 +85,36 @@ enum Decided {
 
 impl Held {
     pub(crate) fn new(pool: Pool, log: EventLog, settings: &Settings) -> anyhow::Result<Self> {
-        let sender = HandOffs {
+        let handoffs = Arc::new(HandOffs {
             pool: pool.clone(),
             log: log.clone(),
             claims: outbox::Claims::start(pool.clone()),
             mailer: Mailer::from_settings(&settings.email)?,
             lease: settings.email_lease(),
             retry_schedule: settings.email.retry_schedule_ms.clone(),
-            permits: Arc::new(tokio::sync::Semaphore::new(settings.broadcasts.handoffs.max(1))),
-        };
+            public_base_url: settings.email.public_base_url.clone(),
+        });
+        let (queue, released) = tokio::sync::mpsc::channel::<(String, i64)>(QUEUED);
+        let released = Arc::new(tokio::sync::Mutex::new(released));
+        for _ in 0..settings.broadcasts.handoffs.max(1) {
+            let (handoffs, released) = (Arc::clone(&handoffs), Arc::clone(&released));
+            tokio::spawn(async move {
+                loop {
+                    let next = released.lock().await.recv().await;
+                    let Some((email_id, released_at_ms)) = next else { return };
+                    if let Err(error) = handoffs.hand_off(&email_id, released_at_ms).await {
+                        tracing::warn!(email = %email_id, error = %format!("{error:#}"),
+                            "a released email is left to the outbox worker");
+                    }
+                }
+            });
+        }
         Ok(Self {
             pool,
             log,
             lease: settings.email_lease(),
             poll: Duration::from_millis(settings.email.outbox_poll_ms.clamp(10, 1_000)),
-            public_base_url: settings.email.public_base_url.clone(),
-            sender: Arc::new(sender),
+            queue,
         })
     }
 
@@ -270,7 +288,10 @@ impl Held {
         );
         self.log.append(AppendRequest::in_space(space_id, streams, guards)).await?;
         for email_id in released {
-            self.sender.start(email_id, now, self.public_base_url.clone()).await;
+            // A full queue leaves the email to the outbox worker (it is `pending` and old).
+            if self.queue.try_send((email_id, now)).is_err() {
+                break;
+            }
         }
         Ok(())
     }
@@ -441,21 +462,9 @@ fn outcome_guards(
 }
 
 impl HandOffs {
-    /// Starts the hand-off of a released email once a permit is free.
-    async fn start(self: &Arc<Self>, email_id: String, released_at_ms: i64, public_base_url: String) {
-        let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else { return };
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            if let Err(error) = this.hand_off(&email_id, released_at_ms, &public_base_url).await {
-                tracing::warn!(email = %email_id, error = %format!("{error:#}"), "a released email is left to the outbox worker");
-            }
-            drop(permit);
-        });
-    }
-
-    async fn hand_off(&self, email_id: &str, released_at_ms: i64, public_base_url: &str) -> anyhow::Result<()> {
+    async fn hand_off(&self, email_id: &str, released_at_ms: i64) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
-        let prepared = outbox::prepare_from_log(&client, email_id, public_base_url, Some(released_at_ms)).await?;
+        let prepared = outbox::prepare_from_log(&client, email_id, &self.public_base_url, Some(released_at_ms)).await?;
         drop(client);
         // Erased since: the outbox worker records it.
         let Ok(prepared) = prepared else { return Ok(()) };
