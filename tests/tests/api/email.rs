@@ -1547,6 +1547,53 @@ async fn a_held_send_waits_for_its_time_is_decided_again_then_and_is_sent_once_o
 }
 
 #[tokio::test]
+async fn a_held_send_to_a_contact_deleted_meanwhile_is_dropped_with_its_contact_and_never_mailed() {
+    let sink = SmtpSink::start().await;
+    let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
+    let hour = chrono::Timelike::hour(&chrono::Utc::now());
+    let policy = json!({
+        "timeZone": {"attribute": "timeZone", "default": "UTC"},
+        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
+                       "outcome": "hold"}
+    });
+    app.apply_workspace(&policy_workspace(&policy), true).await;
+    publish_dkim(&app, &sink).await;
+    let promo = template_id(&app, "promo").await;
+    let body = json!({"data": {"contact": {"email": "gone@example.com", "newsConsent": true, "timeZone": "UTC"}}});
+    let held = send(&app, &promo, &body, None).await;
+    assert_eq!(held.body["data"]["status"], "held", "{:?}", held.body);
+    let email_id = held.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    let contact_id = story_when(&app, &email_id, "held").await["contactId"].as_str().expect("contactId").to_owned();
+    let deleted = app
+        .send(app.request(reqwest::Method::DELETE, &format!("/schemas/people/records/{contact_id}"), Some(MAIL_KEY)))
+        .await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    let operation_id = deleted.body["data"]["operationId"].as_str().expect("operationId").to_owned();
+    let deadline = std::time::Instant::now() + WAIT;
+    while app.get(&format!("/record-deletions/{operation_id}"), MAIL_KEY).await.body["data"]["status"] != "completed" {
+        assert!(std::time::Instant::now() < deadline, "the deletion did not complete");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    make_due(&app, &email_id).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while app.query_string(&format!("SELECT state FROM email_outbox WHERE email_id = '{email_id}'")).await != "skipped"
+    {
+        assert!(std::time::Instant::now() < deadline, "the held send was not decided again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.wait_for_projections().await;
+    let gone = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
+    assert_eq!(
+        (gone.status, gone.code().as_str()),
+        (404, Some("email_not_found")),
+        "no story comes back: {:?}",
+        gone.body
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(sink.messages().await.is_empty(), "never mailed");
+}
+
+#[tokio::test]
 async fn a_send_policy_that_cannot_hold_is_refused_at_apply_naming_the_problem() {
     let app = TestApp::spawn_with(Options::default()).await;
     for (policy, problem) in [

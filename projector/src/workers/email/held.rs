@@ -312,6 +312,11 @@ impl Held {
             .iter()
             .filter_map(|(email, outcome)| {
                 let Decided::Skip { gate, filled_by } = outcome else { return None };
+                // A contact deleted meanwhile: its emails' stories went with it, so none is
+                // written again (the row is `skipped` all the same).
+                if *gate == Gate::Gone {
+                    return None;
+                }
                 let authored = templates.get(email.template_id.as_str())?.as_ref()?;
                 let contact = recipients.contacts.get(&email.contact_id);
                 let refused = mail::skipped::Refused {
