@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Pool};
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, join_all};
 use mail::mailer::Mailer;
 use mail::outbox;
 use mail::send::{Authored, Gate, Origin, Sent, Verdict};
@@ -40,8 +40,11 @@ use uuid::Uuid;
 use super::recipients::Recipients;
 use crate::runtime::{Outcome, Worker};
 
-/// Held emails decided by one step at most.
-const BATCH: i64 = 500;
+/// Held emails leased by one step at most.
+const BATCH: i64 = 2_000;
+/// Held emails decided together (one load of their facts, one append); a step decides its
+/// chunks concurrently, each contact's emails in one chunk.
+const CHUNK: usize = 500;
 
 pub(crate) struct Held {
     pool: Pool,
@@ -125,12 +128,11 @@ impl Held {
         if due.is_empty() {
             return Ok(if counted { Outcome::Progressed } else { Outcome::Idle });
         }
-        let mut by_space: BTreeMap<String, Vec<Due>> = BTreeMap::new();
-        for email in due {
-            by_space.entry(email.space_id.clone()).or_default().push(email);
-        }
-        for (space_id, emails) in by_space {
-            if let Err(error) = self.decide_space(&space_id, &emails, token).await {
+        let chunks = chunks(due);
+        let decided =
+            join_all(chunks.iter().map(|(space_id, emails)| self.decide_space(space_id, emails, token))).await;
+        for ((space_id, _), result) in chunks.iter().zip(decided) {
+            if let Err(error) = result {
                 // The lease runs out and a later step decides them again.
                 tracing::warn!(space = %space_id, error = %format!("{error:#}"), "held sends stay held for a later step");
             }
@@ -395,6 +397,24 @@ impl Held {
     }
 }
 
+/// The step's emails in chunks of one space and at most [`CHUNK`] emails (more only for one
+/// contact's), each contact's emails in one chunk and in their order, so the releases of a
+/// contact are decided one after another.
+fn chunks(due: Vec<Due>) -> Vec<(String, Vec<Due>)> {
+    let mut by_contact: BTreeMap<(String, String), Vec<Due>> = BTreeMap::new();
+    for email in due {
+        by_contact.entry((email.space_id.clone(), email.contact_id.clone())).or_default().push(email);
+    }
+    let mut chunks: Vec<(String, Vec<Due>)> = Vec::new();
+    for ((space_id, _), emails) in by_contact {
+        match chunks.last_mut() {
+            Some((space, chunk)) if *space == space_id && chunk.len() < CHUNK => chunk.extend(emails),
+            _ => chunks.push((space_id, emails)),
+        }
+    }
+    chunks
+}
+
 /// The guards of a batch's outcomes, each under the batch's lease `token`: released rows back
 /// to `pending` and counted against the caps, held ones moved on, skipped ones `skipped`; a
 /// broadcast recipient follows its email.
@@ -505,5 +525,38 @@ impl Worker for Held {
             metrics::gauge!("email_held").set(held as f64);
             Ok(None)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due(space: &str, contact: &str, email: &str) -> Due {
+        Due {
+            email_id: email.to_owned(),
+            space_id: space.to_owned(),
+            contact_id: contact.to_owned(),
+            template_id: "tpl_1".to_owned(),
+            topic_id: None,
+            origin: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_steps_chunks_keep_one_space_each_contacts_emails_together_and_in_order_and_stay_bounded() {
+        let mut emails = vec![due("spc_b", "con_1", "em_b1")];
+        for index in 0..CHUNK {
+            emails.push(due("spc_a", &format!("con_{index:04}"), &format!("em_{index:04}")));
+        }
+        emails.push(due("spc_a", "con_0000", "em_again"));
+        let chunks = chunks(emails);
+        let sizes: Vec<(&str, usize)> = chunks.iter().map(|(space, emails)| (space.as_str(), emails.len())).collect();
+        assert_eq!(sizes, [("spc_a", CHUNK), ("spc_a", 1), ("spc_b", 1)], "bounded, and one space each");
+        let first: Vec<&str> = chunks[0].1.iter().take(2).map(|email| email.email_id.as_str()).collect();
+        assert_eq!(first, ["em_0000", "em_again"], "in their order");
+        let many: Vec<Due> = (0..CHUNK * 2 + 1).map(|i| due("spc_a", &format!("c{i:05}"), &format!("e{i}"))).collect();
+        let sizes: Vec<usize> = super::chunks(many).iter().map(|(_, emails)| emails.len()).collect();
+        assert_eq!(sizes, [CHUNK, CHUNK, 1]);
     }
 }
