@@ -116,7 +116,8 @@ impl Held {
             pool,
             log,
             lease: settings.email_lease(),
-            poll: Duration::from_millis(settings.email.outbox_poll_ms.clamp(10, 1_000)),
+            // Held sends keep their time: a due one is looked for (on its index) at least every 100 ms.
+            poll: Duration::from_millis(settings.email.outbox_poll_ms.clamp(10, 100)),
             queue,
         })
     }
