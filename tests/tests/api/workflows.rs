@@ -993,6 +993,67 @@ async fn a_journey_waits_for_an_open_and_resends_when_the_mail_was_not_opened() 
     assert_eq!((messages.len(), to_bea), (3, 2), "Bea's reminder, no second mail for Ada");
 }
 
+#[tokio::test]
+async fn a_journeys_send_held_by_quiet_hours_completes_its_step_and_its_email_leaves_at_its_time() {
+    let sink = SmtpSink::start().await;
+    let hour = chrono::Timelike::hour(&chrono::Utc::now());
+    let policy = json!({
+        "timeZone": {"attribute": "timeZone", "default": "UTC"},
+        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
+                       "outcome": "hold"}
+    });
+    let mut workspace: Value =
+        serde_json::from_str(&crate::email::policy_workspace(&policy)).expect("the workspace is JSON");
+    let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+    let mail = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
+    mail["workflows"] = json!([{
+        "slug": "promote", "name": "Promote",
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "promote-hook", "next": "mail"},
+            {"id": "mail", "type": "send_email", "template": "promo", "next": null}
+        ]
+    }]);
+    let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
+    app.apply_workspace(&workspace.to_string(), true).await;
+    publish_dkim(&app, &sink).await;
+    let workflow = workflow_id(&app, "promote").await;
+    let ada = app
+        .post(
+            "/schemas/people/records",
+            MAIL_KEY,
+            &json!({"email": "ada@example.com", "newsConsent": true, "timeZone": "UTC"}),
+        )
+        .await;
+    let ada = ada.body["data"]["id"].as_str().expect("id").to_owned();
+    let started = post(&app, "/workflows/promote-hook", None, Some(&json!({"contact": {"id": ada}}))).await;
+    assert_eq!(started.status, 202, "{:?}", started.body);
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    assert_eq!(run["status"], "completed", "the run goes on past a held send: {run}");
+
+    // The step's email, from the workflow's delivery log: held until the quiet hours end.
+    app.wait_for_projections().await;
+    let log = app.get(&format!("/emails?workflowId={workflow}&stepId=mail"), MAIL_KEY).await;
+    assert_eq!(log.status, 200, "{:?}", log.body);
+    let row = &log.body["data"][0];
+    assert_eq!((row["status"].as_str(), row["gate"].as_str()), (Some("held"), Some("quiet_hours")), "{row}");
+    let email_id = row["id"].as_str().expect("an email").to_owned();
+    let stats = app.get(&format!("/workflows/{workflow}/stats"), MAIL_KEY).await;
+    assert_eq!(stats.body["data"]["steps"][1]["emails"]["held"], 1, "{:?}", stats.body);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(sink.messages().await.is_empty(), "nothing leaves before its time");
+
+    // Day where the contact is now, and its time comes: it leaves, once.
+    change(&app, &ada, &json!({"timeZone": "Etc/GMT-12"})).await;
+    app.wait_for_projections().await;
+    crate::email::make_due(&app, &email_id).await;
+    crate::email::story_when(&app, &email_id, "sent").await;
+    assert_eq!(sink.wait_for(1, WAIT).await.len(), 1);
+    let stats = app.get(&format!("/workflows/{workflow}/stats"), MAIL_KEY).await;
+    let emails = &stats.body["data"]["steps"][1]["emails"];
+    assert_eq!((emails["held"].as_i64(), emails["sent"].as_i64()), (Some(0), Some(1)), "{:?}", stats.body);
+}
+
 /// The log position of version `version` of `stream_id`.
 async fn position_of(app: &TestApp, stream_id: &str, version: i64) -> i64 {
     app.query_i64(&format!(
