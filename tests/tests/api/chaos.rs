@@ -36,6 +36,10 @@ const SECRET: &str = "whsec_BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
 /// operation as unknown.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(90);
 const FANS: usize = 200;
+/// Fans mailed the promo before the faults: the broadcast's frequency cap skips them.
+const CAPPED_FANS: usize = 30;
+/// Fans in their quiet hours (UTC) when the broadcast runs: held for an hour or more.
+const HELD_FANS: usize = 30;
 const ERASED: usize = 20;
 const UPSERT_KEYS: usize = 10;
 
@@ -596,6 +600,20 @@ fn chaos_workspace(call_url: &str) -> String {
     {
         promo["html"] = json!("<p>Promo: <a href=\"https://shop.example.com/sale\">the sale</a></p>");
     }
+    // A send policy: one marketing email a day, and quiet hours (held) from an hour ago to two
+    // hours from now in UTC, where the held fans live; the others are in a zone twelve hours
+    // ahead, where it is day.
+    mail["schemas"][0]["attributes"]
+        .as_array_mut()
+        .expect("attributes")
+        .push(json!({"key": "timeZone", "definition": {"type": "string"}}));
+    let hour = chrono::Timelike::hour(&chrono::Utc::now());
+    mail["sendPolicy"] = json!({
+        "timeZone": {"attribute": "timeZone", "default": "Etc/GMT-12"},
+        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 2) % 24),
+                       "outcome": "hold"},
+        "frequencyCaps": [{"max": 1, "per": {"days": 1}, "outcome": "skip"}]
+    });
     mail["workflows"] = json!([{"slug": "chaos", "name": "Chaos", "signingSecret": SECRET, "steps": [
         {"id": "start", "type": "incoming_webhook", "referenceId": "chaos-hook"},
         {"id": "nap", "type": "wait", "duration": "1s"},
@@ -833,16 +851,25 @@ async fn harness(ha: bool) {
     let webhook_secret = webhook["data"]["signatureVerificationSecret"].as_str().expect("secret").to_owned();
     receiver.endpoint("hooks", &[&webhook_secret], json!({"status": 204})).await;
     let fans = futures_util::future::join_all((0..FANS).map(|index| {
-        setup(
-            "fan",
-            index.to_string(),
-            "/schemas/people/records",
-            MAIL_KEY,
-            json!({"email": format!("fan-{index}@chaos.test"), "firstName": "Fan", "newsConsent": true}),
-        )
+        let mut fan = json!({"email": format!("fan-{index}@chaos.test"), "firstName": "Fan", "newsConsent": true});
+        if (CAPPED_FANS..CAPPED_FANS + HELD_FANS).contains(&index) {
+            fan["timeZone"] = json!("UTC");
+        }
+        setup("fan", index.to_string(), "/schemas/people/records", MAIL_KEY, fan)
     }))
     .await;
     assert_eq!(fans.len(), FANS);
+    // The capped fans had their marketing email of the day already.
+    let promo = {
+        let templates = get_json(&http, &format!("{base}/templates"), MAIL_KEY).await;
+        let promo = templates["data"].as_array().expect("templates").iter().find(|t| t["slug"] == "promo").cloned();
+        promo.and_then(|t| t["id"].as_str().map(str::to_owned)).expect("the promo template")
+    };
+    for index in 0..CAPPED_FANS {
+        let body = json!({"data": {"contact": {"email": format!("fan-{index}@chaos.test")}}});
+        let sent = setup("today", index.to_string(), &format!("/templates/{promo}/send"), MAIL_KEY, body).await;
+        assert_eq!(sent["data"]["status"], "sent", "{sent}");
+    }
     let segment = setup(
         "segment",
         "fans".into(),
@@ -1304,7 +1331,8 @@ async fn harness(ha: bool) {
     counts.duplicated = delivered.values().filter(|copies| **copies > 1).count();
     report.insert("template sends", counts);
 
-    // The broadcast: every fan once, sent or unknown.
+    // The broadcast: every fan once, sent or unknown, except the capped ones (skipped with a
+    // story) and the held ones (held with a story); never two of these, never a message twice.
     let run = get_json(&http, &format!("{base}/broadcasts/{BLAST_BROADCAST}/runs/{broadcast}"), MAIL_KEY).await;
     let run_counts = &run["data"]["counts"];
     let (sent, unknown) =
@@ -1315,16 +1343,50 @@ async fn harness(ha: bool) {
             *fan_copies.entry(recipient).or_default() += 1;
         }
     }
+    let mailed = FANS - CAPPED_FANS - HELD_FANS;
     let broadcast_counts = Counts {
-        acknowledged: FANS,
+        acknowledged: mailed,
         present: usize::try_from(sent + unknown).unwrap_or(0),
         unknown: usize::try_from(unknown).unwrap_or(0),
+        // A capped fan's one message is the promo it had before the broadcast.
         duplicated: fan_copies.values().filter(|copies| **copies > 1).count(),
-        lost: FANS.saturating_sub(usize::try_from(sent + unknown).unwrap_or(0)),
+        lost: mailed.saturating_sub(usize::try_from(sent + unknown).unwrap_or(0)),
         retried: 0,
     };
     assert!(fan_copies.len() >= usize::try_from(sent).unwrap_or(usize::MAX), "every sent fan got the broadcast: {run}");
     report.insert("broadcast recipients", broadcast_counts);
+    // The run's delivery log: one row per fan, the capped ones skipped by the cap and the held
+    // ones held, each of them never mailed by the run.
+    let log = get_json(&http, &format!("{base}/emails?broadcastRunId={broadcast}&limit=200"), MAIL_KEY).await;
+    let rows = log["data"].as_array().cloned().unwrap_or_default();
+    let contacts: HashSet<&str> = rows.iter().filter_map(|row| row["contactId"].as_str()).collect();
+    assert_eq!((rows.len(), contacts.len()), (FANS, FANS), "one email per fan: {log}");
+    for (kind, status, gate, fans, expected) in [
+        ("broadcast recipients capped (stories)", "skipped", "frequency_cap", 0..CAPPED_FANS, CAPPED_FANS),
+        ("broadcast recipients held (stories)", "held", "quiet_hours", CAPPED_FANS..CAPPED_FANS + HELD_FANS, HELD_FANS),
+    ] {
+        let storied: Vec<&Value> = rows.iter().filter(|row| row["status"] == status && row["gate"] == gate).collect();
+        let mailed_by_run = fans
+            .clone()
+            .filter(|index| {
+                fan_copies.get(format!("fan-{index}@chaos.test").as_str()).copied().unwrap_or(0)
+                    > usize::from(status == "skipped")
+            })
+            .count();
+        report.insert(
+            kind,
+            Counts {
+                acknowledged: expected,
+                present: storied.len(),
+                unknown: 0,
+                duplicated: mailed_by_run,
+                lost: expected.saturating_sub(storied.len()),
+                retried: 0,
+            },
+        );
+    }
+    assert_eq!(run_counts["skipped"]["frequencyCap"], CAPPED_FANS, "{run}");
+    assert_eq!(run_counts["held"], HELD_FANS, "{run}");
 
     // Webhooks: every acknowledged create delivered under exactly one id; every attempt verified.
     let hooks = receiver.received("hooks").await;
