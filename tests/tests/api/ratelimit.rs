@@ -64,15 +64,18 @@ async fn reads_and_writes_are_independent_buckets() {
     assert_eq!(writes.iter().filter(|s| **s == 429).count(), 1, "{writes:?}");
     // The write bucket is spent; the read bucket is not.
     assert_eq!(app.get("/schemas", ALPHA_ADMIN).await.status, 200);
-    // Requests without a key are counted by client IP.
+    // Requests without a key are counted by client IP: four in one window, the fourth over the
+    // budget of three. (Sent together at the start of a window: one sent after the others had
+    // been answered could fall in the next window in a loaded run, and find the bucket open.)
+    start_of_a_window().await;
     let anonymous: Vec<u16> =
-        futures_util::future::join_all((0..3).map(|_| app.send(app.request(reqwest::Method::GET, "/me", None))))
+        futures_util::future::join_all((0..4).map(|_| app.send(app.request(reqwest::Method::GET, "/me", None))))
             .await
             .into_iter()
             .map(|r| r.status)
             .collect();
     assert_eq!(anonymous.iter().filter(|s| **s == 401).count(), 3, "{anonymous:?}");
-    assert_eq!(app.send(app.request(reqwest::Method::GET, "/me", None)).await.status, 429);
+    assert_eq!(anonymous.iter().filter(|s| **s == 429).count(), 1, "{anonymous:?}");
 }
 
 #[tokio::test]
