@@ -52,7 +52,14 @@ impl Mailer {
         match &self.inner {
             Inner::Smtp(relay) => relay.send(&message.envelope, &message.bytes).await,
             Inner::Files(dir) => match write_eml(dir, email_id, &eml(message)).await {
-                Ok(path) => Outcome::Accepted { reply: format!("written to {}", path.display()) },
+                // The reply is recorded and shown (`GET /emails/{id}`): the file's name, never
+                // the server's path to it.
+                Ok(path) => Outcome::Accepted {
+                    reply: format!(
+                        "written as {} in the .eml folder",
+                        path.file_name().map(|name| name.to_string_lossy()).unwrap_or_default()
+                    ),
+                },
                 Err(error) => Outcome::Unreachable { message: format!("{error:#}") },
             },
         }

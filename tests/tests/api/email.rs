@@ -1312,6 +1312,12 @@ async fn without_a_relay_messages_are_written_as_eml_files() {
     assert!(written.contains("DKIM-Signature: "), "{written}");
     assert!(written.contains(&format!("Message-ID: <{email_id}@mail.example.test>")), "{written}");
     assert!(sink.messages().await.is_empty(), "nothing went to a relay");
+    // The story says where it went without the server's path.
+    let story = story_when(&app, email_id, "sent").await;
+    let sent = story["timeline"].as_array().and_then(|t| t.iter().find(|e| e["type"] == "sent")).cloned();
+    let reply = sent.map(|entry| entry["relayReply"].clone()).unwrap_or_default();
+    assert_eq!(reply, json!(format!("written as {email_id}.eml in the .eml folder")), "{story}");
+    assert!(!story.to_string().contains(&dir.display().to_string()), "no server path: {story}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
