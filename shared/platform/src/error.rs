@@ -260,8 +260,17 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, None, message)
     }
 
+    /// 401 `invalid_api_key` with `WWW-Authenticate` (RFC 6750): a missing key's names the
+    /// scheme (`Bearer realm="api"`), an unknown, revoked or malformed key's adds
+    /// `error="invalid_token"`.
     pub fn invalid_api_key(message: &str) -> Self {
+        let challenge = if message == "no key provided" {
+            "Bearer realm=\"api\"".to_owned()
+        } else {
+            "Bearer realm=\"api\", error=\"invalid_token\"".to_owned()
+        };
         Self::new(StatusCode::UNAUTHORIZED, Some(Code::InvalidApiKey), message)
+            .with_header("WWW-Authenticate", challenge)
     }
 
     pub fn insufficient_credits() -> Self {

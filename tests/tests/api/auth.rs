@@ -14,12 +14,17 @@ async fn missing_and_unknown_keys_are_401_invalid_api_key() {
     assert_eq!(missing.code(), "invalid_api_key");
     assert_eq!(missing.body["error"]["message"], "no key provided");
     assert_eq!(missing.body["error"]["type"], "invalid_request_error");
+    let challenge = |response: &TestResponse| {
+        response.headers.get("www-authenticate").and_then(|value| value.to_str().ok()).map(str::to_owned)
+    };
+    assert_eq!(challenge(&missing).as_deref(), Some("Bearer realm=\"api\""), "a 401 names the scheme");
 
     for key in ["sk_test_unknown_key_00000000000000", "garbage", ALPHA_REVOKED] {
         let unknown = app.get("/me", key).await;
         assert_eq!(unknown.status, 401, "key {key}");
         assert_eq!(unknown.code(), "invalid_api_key");
         assert_eq!(unknown.body["error"]["message"], "invalid key");
+        assert_eq!(challenge(&unknown).as_deref(), Some("Bearer realm=\"api\", error=\"invalid_token\""), "key {key}");
     }
     let create = app.post("/schemas/contacts/records", "sk_test_unknown_key_00000000000000", &json!({})).await;
     assert_eq!(create.status, 401);
