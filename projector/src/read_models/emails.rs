@@ -109,7 +109,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         for row in transaction.query(&statement, &[&wanted]).await? {
             let story: Story = serde_json::from_value(row.get(3))?;
             let row = Row { story, space_id: row.get(1), position: row.get(2), changed: false, address: None };
-            rows.insert(row_id(&row), row);
+            rows.insert(row.story.id.clone(), row);
         }
     }
     // The addresses of the emails scheduled in this batch, opened with their contacts' keys.
@@ -261,10 +261,6 @@ impl<'a> Columns<'a> {
             _ => Self { broadcast_run_id: None, workflow_id: None, step_id: None },
         }
     }
-}
-
-fn row_id(row: &Row) -> String {
-    row.story.id.clone()
 }
 
 /// Changes to the counts of each bucket: (kind, id) → (space, a change per `Tally` field).

@@ -133,7 +133,7 @@ impl Authenticator {
         };
         self.rate_limiter.check(bucket, &subject).await?;
         let (Some(token), Some(key_hash)) = (token, key_hash) else {
-            return Err(ApiError::invalid_api_key("no key provided"));
+            return Err(ApiError::missing_api_key());
         };
         if !token.starts_with(KEY_PREFIX) || !token.contains('_') || token.len() > 512 {
             return Err(ApiError::invalid_api_key("invalid key"));

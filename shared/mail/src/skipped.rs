@@ -91,6 +91,7 @@ pub fn skipped_after(skip: Skip<'_>) -> StreamAppend {
 
 /// What to look up for one refusal: the contact, the gate that refused, the address, the
 /// template's topic and the keys of the contact's email consent attributes.
+#[derive(Debug, Clone, Copy)]
 pub struct Refused<'a> {
     pub contact_id: &'a str,
     pub gate: Gate,

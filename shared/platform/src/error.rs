@@ -260,17 +260,18 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, None, message)
     }
 
-    /// 401 `invalid_api_key` with `WWW-Authenticate` (RFC 6750): a missing key's names the
-    /// scheme (`Bearer realm="api"`), an unknown, revoked or malformed key's adds
-    /// `error="invalid_token"`.
+    /// 401 `invalid_api_key` for a key that is unknown, revoked or malformed, with the
+    /// challenge of RFC 6750 (`WWW-Authenticate: Bearer realm="api", error="invalid_token"`).
     pub fn invalid_api_key(message: &str) -> Self {
-        let challenge = if message == "no key provided" {
-            "Bearer realm=\"api\"".to_owned()
-        } else {
-            "Bearer realm=\"api\", error=\"invalid_token\"".to_owned()
-        };
         Self::new(StatusCode::UNAUTHORIZED, Some(Code::InvalidApiKey), message)
-            .with_header("WWW-Authenticate", challenge)
+            .with_header("WWW-Authenticate", "Bearer realm=\"api\", error=\"invalid_token\"".to_owned())
+    }
+
+    /// 401 `invalid_api_key` without a key (`no key provided`, the contract's message), with
+    /// the challenge naming the scheme (`WWW-Authenticate: Bearer realm="api"`).
+    pub fn missing_api_key() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, Some(Code::InvalidApiKey), "no key provided")
+            .with_header("WWW-Authenticate", "Bearer realm=\"api\"".to_owned())
     }
 
     pub fn insufficient_credits() -> Self {

@@ -341,17 +341,7 @@ impl Held {
         if refused.is_empty() {
             return Ok(Vec::new());
         }
-        let asked: Vec<mail::skipped::Refused<'_>> = refused
-            .iter()
-            .map(|(_, _, refused)| mail::skipped::Refused {
-                contact_id: refused.contact_id,
-                gate: refused.gate,
-                address: refused.address,
-                topic_id: refused.topic_id,
-                consent_keys: refused.consent_keys,
-                filled_by: refused.filled_by,
-            })
-            .collect();
+        let asked: Vec<mail::skipped::Refused<'_>> = refused.iter().map(|(_, _, refused)| *refused).collect();
         let found = mail::skipped::decided_by(client, space_id, &asked, &recipients.keys).await?;
         Ok(refused
             .iter()

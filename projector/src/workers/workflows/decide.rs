@@ -1824,9 +1824,9 @@ mod tests {
         assert_eq!(finished(&decided(&run, &definition, &facts(true), &given()), "start").next_step_id, "thanks");
     }
 
-    #[test]
-    fn given_a_send_step_under_a_full_frequency_cap_then_it_asks_for_the_sends_and_names_the_one_that_filled_it() {
-        let run = row("running", Some("start"));
+    /// Ada, with an address and a data key, and a template under a cap of one marketing email
+    /// a day whose outcome is `outcome`.
+    fn capped_facts(outcome: &str) -> Facts {
         let keyring = platform::crypto::Keyring::from_hex(platform::crypto::TEST_MASTER_KEY).expect("a keyring");
         let (key, _) = keyring.generate("con_1").expect("a data key");
         let mut live = contact(Some("ada@example.test"), json!({"firstName": "Ada"}));
@@ -1836,10 +1836,17 @@ mod tests {
         let mut facts = with_contact(live);
         let mut capped = authored();
         let policy = json!({"timeZone": {"default": "UTC"},
-                            "frequencyCaps": [{"max": 1, "window": {"hours": 24}, "outcome": "skip"}]});
+                            "frequencyCaps": [{"max": 1, "window": {"hours": 24}, "outcome": outcome}]});
         capped.policy = Some(serde_json::from_value(policy).expect("a policy"));
         facts.templates.insert("tpl_1".into(), Some(capped));
         facts.suppressed.insert("ada@example.test".into(), false);
+        facts
+    }
+
+    #[test]
+    fn given_a_send_step_under_a_full_frequency_cap_then_it_asks_for_the_sends_and_names_the_one_that_filled_it() {
+        let run = row("running", Some("start"));
+        let mut facts = capped_facts("skip");
         let since_ms = given().now - 86_400_000;
         assert_eq!(needs(&run, &send_step(), &facts, &given()), Need::MarketingSends { since_ms });
         facts.sent = Some(vec![mail::send::Sent { at_ms: given().now - 3_600_000, topic_id: None, position: 9 }]);
@@ -1858,19 +1865,7 @@ mod tests {
     #[test]
     fn given_a_send_step_under_a_full_cap_whose_outcome_is_hold_then_its_email_is_stored_held_and_the_run_goes_on() {
         let run = row("running", Some("start"));
-        let keyring = platform::crypto::Keyring::from_hex(platform::crypto::TEST_MASTER_KEY).expect("a keyring");
-        let (key, _) = keyring.generate("con_1").expect("a data key");
-        let mut live = contact(Some("ada@example.test"), json!({"firstName": "Ada"}));
-        if let ContactFacts::Live(live) = &mut live {
-            live.key = Some(key);
-        }
-        let mut facts = with_contact(live);
-        let mut capped = authored();
-        let policy = json!({"timeZone": {"default": "UTC"},
-                            "frequencyCaps": [{"max": 1, "window": {"hours": 24}, "outcome": "hold"}]});
-        capped.policy = Some(serde_json::from_value(policy).expect("a policy"));
-        facts.templates.insert("tpl_1".into(), Some(capped));
-        facts.suppressed.insert("ada@example.test".into(), false);
+        let mut facts = capped_facts("hold");
         let filled_at = given().now - 3_600_000;
         facts.sent = Some(vec![mail::send::Sent { at_ms: filled_at, topic_id: None, position: 9 }]);
         let tick = decided(&run, &send_step(), &facts, &given());
