@@ -29,16 +29,18 @@ pub async fn apply(arguments: Apply, settings: &Settings) -> anyhow::Result<()> 
     let workspace = authoring::parse(&text)?;
     let pool = platform::db::pool(settings.database_url()?, 2)?;
     eprintln!("reading the log's authoring streams and planning {} spaces", workspace.spaces.len());
-    let planned = authoring::plan(&pool, &workspace).await?;
+    let planned = authoring::plan(&pool, &workspace, authoring::Rules::of(settings)).await?;
     if dry_run {
         print_dry_run(&planned);
         return Ok(());
     }
+    let resources = planned.resources();
     let event_log = platform::log::EventLog::start(pool.clone(), 1);
     let events = planned.events() as u64;
     let progress = platform::progress::Progress::new("appending in one transaction", events, "events");
     let report = authoring::commit(&event_log, planned).await?;
     progress.finish(events);
+    print_resources(&resources, false);
     println!("applied {} events (log position {})", report.events, report.position);
     for (email, name, secret) in &report.generated_keys {
         println!("generated key {name:?} for {email}: {secret}  (shown once; only its hash is stored)");
@@ -74,6 +76,7 @@ fn print_dry_run(planned: &authoring::Planned) {
             }
         }
     }
+    print_resources(&planned.resources(), true);
     let report = &planned.report;
     for (email, name, _) in &report.generated_keys {
         println!("a key {name:?} would be generated for {email}");
@@ -86,4 +89,19 @@ fn print_dry_run(planned: &authoring::Planned) {
     }
     let streams: std::collections::BTreeSet<&str> = changes.iter().map(|change| change.stream_id.as_str()).collect();
     println!("dry run: {} events would be appended to {} streams; nothing was written", changes.len(), streams.len());
+}
+
+/// Each resource created, changed or removed, one per line: what happened, its kind, slug and
+/// id (the id is what the API's paths take, such as a form's public submit).
+fn print_resources(resources: &[authoring::Touched], dry_run: bool) {
+    for touched in resources {
+        let slug = if touched.slug.is_empty() { String::new() } else { format!(" {:?}", touched.slug) };
+        let action = match (dry_run, touched.action) {
+            (false, action) => action,
+            (true, "created") => "would create",
+            (true, "removed") => "would remove",
+            (true, _) => "would change",
+        };
+        println!("{action} {}{slug}: {}", touched.kind, touched.id);
+    }
 }

@@ -323,6 +323,19 @@ pub(crate) async fn edge_catalog(state: &State) -> Result<String, ApiError> {
     Ok(state.read_models.current(&[CATALOG]).await?.schema(CATALOG))
 }
 
+/// The id of the space's authored resource of `kind` (a broadcast, a workflow) that a path
+/// names by its id or its slug (an id wins); the path's text itself when none matches, so the
+/// command answers its own 404.
+pub(crate) async fn authored_id(
+    state: &State,
+    (kind, space_id): (&str, &str),
+    id_or_slug: String,
+) -> Result<String, ApiError> {
+    let catalog = edge_catalog(state).await?;
+    let client = state.pool.get().await?;
+    Ok(domain::catalog::resource_id_of(&client, &catalog, (kind, space_id), &id_or_slug).await?.unwrap_or(id_or_slug))
+}
+
 /// Authenticates and authorizes a command (`permission`, in the request's bucket).
 pub async fn authorize(req: &HttpRequest, state: &State, permission: Permission) -> Result<Caller, ApiError> {
     state.authenticator.authorize(req, permission).await

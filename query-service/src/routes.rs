@@ -32,6 +32,8 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "listWebhookDeliveries" => web::get().to(answering(webhooks::http::deliveries)),
         "listTemplates" => web::get().to(answering(email::http::list_templates)),
         "getTemplate" => web::get().to(answering(email::http::get_template)),
+        "listForms" => web::get().to(answering(email::http::list_forms)),
+        "getForm" => web::get().to(answering(email::http::get_form)),
         "listDomains" => web::get().to(answering(email::http::list_domains)),
         "getDomain" => web::get().to(answering(email::http::get_domain)),
         "listSenders" => web::get().to(answering(email::http::list_senders)),

@@ -121,53 +121,209 @@ impl Planned {
         self.streams
             .iter()
             .flat_map(|stream| {
-                let before = self.current.get(&stream.stream_id).map(|(_, event)| describe(event));
-                stream.events.iter().map(move |new| Change {
-                    stream_id: stream.stream_id.clone(),
-                    event_type: new.event.event_type().to_owned(),
-                    before: before.clone(),
-                    after: describe(&new.event),
+                let before = self.current.get(&stream.stream_id).map(|(_, event)| event);
+                stream.events.iter().map(move |new| {
+                    let (before, after) = describe_change(before, &new.event);
+                    Change {
+                        stream_id: stream.stream_id.clone(),
+                        event_type: new.event.event_type().to_owned(),
+                        before,
+                        after,
+                    }
                 })
+            })
+            .collect()
+    }
+
+    /// Every named resource the apply creates, changes or removes: its kind, slug and id.
+    pub fn resources(&self) -> Vec<Touched> {
+        self.streams
+            .iter()
+            .flat_map(|stream| {
+                let existed = self.current.contains_key(&stream.stream_id);
+                stream.events.iter().filter_map(move |new| touched(&new.event, existed))
             })
             .collect()
     }
 }
 
-/// An event as text for a person comparing two of them: its fields one per line, an authored
-/// definition as indented JSON, and sealed bytes (personal data, secrets) not shown.
-pub fn describe(event: &LogEvent) -> String {
-    if let LogEvent::ResourceDefined(resource) = event {
-        let definition = serde_json::from_str::<serde_json::Value>(&resource.definition_json)
-            .ok()
-            .and_then(|value| serde_json::to_string_pretty(&value).ok())
-            .unwrap_or_else(|| resource.definition_json.clone());
-        return format!("{} {} (revision {})\n{definition}\n", resource.kind, resource.resource_id, resource.revision);
+/// A resource an apply creates, changes or removes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Touched {
+    /// `created`, `changed` or `removed`.
+    pub action: &'static str,
+    pub kind: String,
+    /// The slug in the workspace file (a key's name; empty where the file names none).
+    pub slug: String,
+    pub id: String,
+}
+
+/// What `event` does to a named resource, if it names one.
+fn touched(event: &LogEvent, existed: bool) -> Option<Touched> {
+    let action = if existed { "changed" } else { "created" };
+    let of = |action: &'static str, kind: &str, slug: &str, id: &str| Touched {
+        action,
+        kind: kind.to_owned(),
+        slug: slug.to_owned(),
+        id: id.to_owned(),
+    };
+    Some(match event {
+        LogEvent::SpaceDefined(space) => of(action, "space", &space.slug, &space.space_id),
+        LogEvent::SchemaDefined(schema) => of(action, "schema", &schema.slug, &schema.schema_id),
+        LogEvent::ResourceDefined(resource) => {
+            let slug = serde_json::from_str::<Value>(&resource.definition_json)
+                .ok()
+                .and_then(|definition| definition.get("slug").and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_default();
+            of(action, &resource.kind.replace('_', " "), &slug, &resource.resource_id)
+        }
+        LogEvent::WebhookCreated(created) => of("created", "webhook", "", &created.webhook_id),
+        LogEvent::WebhookUpdated(updated) => of("changed", "webhook", "", &updated.webhook_id),
+        LogEvent::WebhookDeleted(deleted) => of("removed", "webhook", "", &deleted.webhook_id),
+        LogEvent::ApiKeyIssued(issued) => of(action, "api key", &issued.name, &issued.key_id),
+        LogEvent::ApiKeyRevoked(revoked) => of("removed", "api key", "", &revoked.key_id),
+        _ => return None,
+    })
+}
+
+/// How a value an event description does not show reads (secrets, key material, ciphertext,
+/// sealed personal data), and how it reads when the apply changes it.
+const NOT_SHOWN: &str = "(not shown)";
+const CHANGED: &str = "(changed)";
+
+/// Fields of an authored definition that hold secrets or key material.
+const SECRET_KEYS: &[&str] = &["signing", "wrappedKey", "privateKey", "ciphertext", "secret", "keyHash"];
+
+/// Fields of an event (as its debug text names them) that hold secrets or key material.
+const SECRET_FIELDS: &[&str] = &["key_hash", "wrapped_key", "secret", "ciphertext"];
+
+/// The stream's latest event and the event appended, as text for a person comparing them:
+/// fields one per line, an authored definition as indented JSON, and what must not be shown
+/// (secrets, key material, ciphertext, sealed personal data) replaced by `(not shown)`, or by
+/// `(changed)` in the new event when it differs from before.
+pub fn describe_change(before: Option<&LogEvent>, after: &LogEvent) -> (Option<String>, String) {
+    let before = before.map(hidden_and_text);
+    let (hidden_after, text_after) = hidden_and_text(after);
+    let mut after = text_after;
+    for (index, (name, value)) in hidden_after.iter().enumerate() {
+        let same = before.as_ref().is_some_and(|(hidden, _)| {
+            hidden.iter().filter(|(other, _)| other == name).nth(occurrence(&hidden_after, index)).map(|(_, v)| v)
+                == Some(value)
+        });
+        let shown = if same || before.is_none() { NOT_SHOWN } else { CHANGED };
+        after = after.replacen(&placeholder(index), shown, 1);
     }
+    let before = before.map(|(hidden, mut text)| {
+        for index in 0..hidden.len() {
+            text = text.replacen(&placeholder(index), NOT_SHOWN, 1);
+        }
+        text
+    });
+    (before, after)
+}
+
+/// How many fields named like the `index`th come before it.
+fn occurrence(hidden: &[(String, String)], index: usize) -> usize {
+    hidden[..index].iter().filter(|(name, _)| *name == hidden[index].0).count()
+}
+
+fn placeholder(index: usize) -> String {
+    format!("⟦hidden {index}⟧")
+}
+
+/// An event's text with each hidden value replaced by a numbered placeholder, and the hidden
+/// values (field name, value) in the order of the placeholders.
+fn hidden_and_text(event: &LogEvent) -> (Vec<(String, String)>, String) {
+    let mut hidden = Vec::new();
+    if let LogEvent::ResourceDefined(resource) = event {
+        let mut definition = serde_json::from_str::<Value>(&resource.definition_json).unwrap_or(Value::Null);
+        hide_json(&mut definition, &mut hidden);
+        let definition = serde_json::to_string_pretty(&definition).unwrap_or_default();
+        let text =
+            format!("{} {} (revision {})\n{definition}\n", resource.kind, resource.resource_id, resource.revision);
+        return (hidden, text);
+    }
+    let debug = format!("{event:#?}");
+    let lines: Vec<&str> = debug.lines().collect();
     let mut text = String::new();
-    let mut bytes = 0usize;
-    for line in format!("{event:#?}").lines() {
-        let trimmed = line.trim_end_matches(',').trim();
-        let in_bytes = bytes > 0 || trimmed.ends_with('[');
-        if in_bytes && trimmed.parse::<u8>().is_ok() {
-            bytes += 1;
+    let mut index = 0;
+    while index < lines.len() {
+        let line = lines[index];
+        let trimmed = line.trim();
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let name = trimmed.split_once(':').map(|(name, _)| name.trim()).unwrap_or_default();
+        // A sealed value (`field: Some(` then `Sealed {` ... `},` then `),`): one line.
+        if trimmed.ends_with(": Some(") && lines.get(index + 1).is_some_and(|next| next.trim() == "Sealed {") {
+            let end = (index + 2..lines.len()).find(|&at| lines[at].trim() == "),").unwrap_or(lines.len() - 1);
+            let value = lines[index..=end].join("\n");
+            text.push_str(&format!("{indent}{name}: {},\n", placeholder(hidden.len())));
+            hidden.push((name.to_owned(), value));
+            index = end + 1;
             continue;
         }
-        if bytes > 0 {
-            text.push_str(&format!(
-                "{}<{bytes} byte values, not shown>\n",
-                " ".repeat(line.len() - line.trim_start().len() + 4)
-            ));
-            bytes = 0;
+        // A list of byte values, or a secret field: one line, its value not shown.
+        let bytes = trimmed.ends_with(": [")
+            && lines.get(index + 1).is_some_and(|next| next.trim().trim_end_matches(',').parse::<u8>().is_ok());
+        if SECRET_FIELDS.contains(&name) || bytes {
+            let end = if trimmed.ends_with('[') {
+                (index + 1..lines.len()).find(|&at| lines[at].trim().starts_with(']')).unwrap_or(lines.len() - 1)
+            } else {
+                index
+            };
+            let value = lines[index..=end].join("\n");
+            text.push_str(&format!("{indent}{name}: {},\n", placeholder(hidden.len())));
+            hidden.push((name.to_owned(), value));
+            index = end + 1;
+            continue;
         }
         text.push_str(line);
         text.push('\n');
+        index += 1;
     }
-    text
+    (hidden, text)
+}
+
+/// Replaces the values of [`SECRET_KEYS`] in an authored definition by placeholders.
+fn hide_json(value: &mut Value, hidden: &mut Vec<(String, String)>) {
+    match value {
+        Value::Object(object) => {
+            for (key, field) in object.iter_mut() {
+                if SECRET_KEYS.contains(&key.as_str()) && !field.is_null() {
+                    let shown = std::mem::replace(field, Value::String(placeholder(hidden.len())));
+                    hidden.push((key.clone(), shown.to_string()));
+                } else {
+                    hide_json(field, hidden);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| hide_json(item, hidden)),
+        _ => {}
+    }
+}
+
+/// What an apply holds the file to beyond its own checks: the deployment's rules, as the API
+/// applies them to the same resources.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rules {
+    /// Webhook targets on loopback are allowed (`APP__WEBHOOKS__ALLOW_LOOPBACK`), as for
+    /// `POST /webhooks`; private, link-local and metadata addresses never are.
+    pub allow_loopback_webhooks: bool,
+}
+
+impl Rules {
+    pub fn of(settings: &platform::settings::Settings) -> Self {
+        Self { allow_loopback_webhooks: settings.webhooks.allow_loopback }
+    }
 }
 
 /// Applies `workspace`, returning what was appended.
-pub async fn apply(pool: &Pool, event_log: &EventLog, workspace: &Workspace) -> anyhow::Result<ApplyReport> {
-    commit(event_log, plan(pool, workspace).await?).await
+pub async fn apply(
+    pool: &Pool,
+    event_log: &EventLog,
+    workspace: &Workspace,
+    rules: Rules,
+) -> anyhow::Result<ApplyReport> {
+    commit(event_log, plan(pool, workspace, rules).await?).await
 }
 
 /// Appends what `planned` holds, in one transaction; its guards make it fail, appending
@@ -190,12 +346,14 @@ pub async fn commit(event_log: &EventLog, planned: Planned) -> anyhow::Result<Ap
 }
 
 /// Decides what applying `workspace` appends, on the log as it is now; writes nothing.
-pub async fn plan(pool: &Pool, workspace: &Workspace) -> anyhow::Result<Planned> {
-    let webhook_streams: Vec<String> = workspace
+pub async fn plan(pool: &Pool, workspace: &Workspace, rules: Rules) -> anyhow::Result<Planned> {
+    let declared: HashSet<String> = workspace
         .spaces
         .iter()
         .flat_map(|space| space.webhooks.iter().map(|webhook| domain::webhooks::state::stream_id(&webhook.id)))
         .collect();
+    let authored = authored_webhook_streams(pool).await?;
+    let webhook_streams: Vec<String> = declared.iter().chain(&authored).cloned().collect();
     let current = load_current(pool, &webhook_streams).await?;
     let mut plan =
         Plan { current: &current, streams: Vec::new(), guards: Vec::new(), now_ms: platform::time::now_millis() };
@@ -247,6 +405,9 @@ pub async fn plan(pool: &Pool, workspace: &Workspace) -> anyhow::Result<Planned>
             plan_suppression(&mut plan, space_id, suppression);
         }
         for webhook in &space.webhooks {
+            if let Some(refusal) = domain::webhooks::target::url_refusal(&webhook.url, rules.allow_loopback_webhooks) {
+                anyhow::bail!("webhook {:?}: url {}", webhook.id, refusal.message());
+            }
             if let Some(secret) = plan_webhook(&mut plan, space, space_id, webhook)? {
                 let vendor = webhook.integration_vendor_name.clone();
                 report.generated_webhook_secrets.push((webhook.id.clone(), vendor, secret));
@@ -323,7 +484,11 @@ pub async fn plan(pool: &Pool, workspace: &Workspace) -> anyhow::Result<Planned>
             );
         }
     }
-    // What the file no longer lists is withdrawn: memberships revoked, keys revoked.
+    // What the file no longer lists is withdrawn: webhooks it declared deleted, memberships
+    // revoked, keys revoked.
+    for stream_id in authored.iter().filter(|stream_id| !declared.contains(*stream_id)) {
+        plan_webhook_removal(&mut plan, stream_id);
+    }
     for (stream_id, (_, latest)) in &current {
         match latest {
             LogEvent::MembershipGranted(granted)
@@ -462,6 +627,13 @@ fn plan_webhook(
     let stream_id = domain::webhooks::state::stream_id(&spec.id);
     let now = plan.now_ms;
     match plan.current.get(&stream_id) {
+        Some((_, LogEvent::WebhookDeleted(_))) => {
+            anyhow::bail!(
+                "webhook {:?} was removed (by an apply without it, or deleted); a removed webhook's id is not used \
+                 again: give it a new id",
+                spec.id
+            );
+        }
         Some((version, _)) => {
             let url = match plan.latest(&stream_id) {
                 Some(LogEvent::WebhookCreated(created)) => Some(created.url.clone()),
@@ -513,6 +685,56 @@ fn plan_webhook(
         }
     }
     Ok(None)
+}
+
+/// The streams of the webhooks a workspace file declared (integration-owned: created by an
+/// apply, with their vendor's name), whether the file still lists them or not.
+async fn authored_webhook_streams(pool: &Pool) -> anyhow::Result<Vec<String>> {
+    let client = pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT stream_id, event_type, payload FROM events
+             WHERE stream_id LIKE 'webhook-%' AND stream_version = 1 AND event_type = 'WebhookCreated.v1'",
+            &[],
+        )
+        .await?;
+    let mut streams = Vec::new();
+    for row in rows {
+        if let LogEvent::WebhookCreated(created) =
+            LogEvent::decode(row.get(1), row.get(2)).context("decoding a webhook's creation")?
+            && !created.integration_vendor_name.is_empty()
+        {
+            streams.push(row.get(0));
+        }
+    }
+    Ok(streams)
+}
+
+/// A webhook the file declared and no longer lists is deleted, as `DELETE /webhooks/{id}`
+/// deletes one: its secret's key shredded, its recorded answers blanked.
+fn plan_webhook_removal(plan: &mut Plan<'_>, stream_id: &str) {
+    let Some((version, latest)) = plan.current.get(stream_id) else { return };
+    let (webhook_id, space_id) = match latest {
+        LogEvent::WebhookDeleted(_) => return,
+        LogEvent::WebhookCreated(created) => (created.webhook_id.clone(), created.space_id.clone()),
+        LogEvent::WebhookUpdated(updated) => (updated.webhook_id.clone(), updated.space_id.clone()),
+        _ => match stream_id.strip_prefix("webhook-") {
+            Some(webhook_id) => (webhook_id.to_owned(), String::new()),
+            None => return,
+        },
+    };
+    let deleted = proto::WebhookDeleted { webhook_id: webhook_id.clone(), space_id, deleted_at_ms: plan.now_ms };
+    plan.streams.push(StreamAppend {
+        stream_id: stream_id.to_owned(),
+        expected: ExpectedVersion::Exactly(*version),
+        events: vec![NewEvent {
+            event: LogEvent::WebhookDeleted(deleted),
+            subject_id: None,
+            occurred_at: platform::time::from_millis(plan.now_ms),
+        }],
+    });
+    plan.guards.push(crate::webhooks::store::shred_secret_key(&webhook_id));
+    plan.guards.push(crate::webhooks::store::blank_recorded_secrets(&webhook_id));
 }
 
 /// What the workflows of a space may name: its schemas, templates and topics (by slug), and

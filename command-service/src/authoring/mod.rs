@@ -6,6 +6,6 @@ mod email;
 mod format;
 mod workflows;
 
-pub use apply::{ApplyReport, Change, apply, commit, describe, plan, wait_for_catalog};
+pub use apply::{ApplyReport, Change, Rules, Touched, apply, commit, describe_change, plan, wait_for_catalog};
 pub(crate) use apply::{Planned, resource_stream};
 pub use format::parse;

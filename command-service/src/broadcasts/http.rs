@@ -12,7 +12,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::{Caller, Permission};
 use domain::email::broadcasts::{document, stream_id};
-use domain::email::resources::Audience;
+use domain::email::resources::{Audience, BROADCAST};
 use platform::error::{ApiError, Code};
 use platform::events::LogEvent;
 use platform::log::{AppendError, ExpectedVersion, Guard, StreamAppend};
@@ -151,7 +151,8 @@ pub async fn update(
     let (caller, body) =
         pipeline::authorize_with_body(&req, payload, &state, Permission::Write, pipeline::request_bucket(&req)).await?;
     let update = decide::parse_update(&body)?;
-    let command = UpdateBroadcast { caller: &caller, broadcast_id: path.into_inner(), update };
+    let broadcast_id = pipeline::authored_id(&state, (BROADCAST, caller.space_id()), path.into_inner()).await?;
+    let command = UpdateBroadcast { caller: &caller, broadcast_id, update };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
@@ -221,6 +222,7 @@ pub async fn send(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let command = SendBroadcast { caller: &caller, broadcast_id: path.into_inner() };
+    let broadcast_id = pipeline::authored_id(&state, (BROADCAST, caller.space_id()), path.into_inner()).await?;
+    let command = SendBroadcast { caller: &caller, broadcast_id };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }

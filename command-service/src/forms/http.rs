@@ -46,7 +46,10 @@ fn submission_stream(submission_id: &str) -> String {
 }
 
 fn not_found(form_id: &str) -> ApiError {
-    ApiError::not_found(Code::FormNotFound, format!("no form {form_id:?}"))
+    ApiError::not_found(
+        Code::FormNotFound,
+        format!("no form {form_id:?}; a form is named by its id (frm_...), not its slug: GET /forms lists them"),
+    )
 }
 
 /// The form and its space from catalog version `catalog`; 404 `form_not_found` when unknown.

@@ -246,7 +246,9 @@ async fn set_paused(
     pause: bool,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let command = SetPaused { caller: &caller, workflow_id: path.into_inner(), pause };
+    let workflow_id =
+        pipeline::authored_id(&state, (domain::workflows::WORKFLOW, caller.space_id()), path.into_inner()).await?;
+    let command = SetPaused { caller: &caller, workflow_id, pause };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }
 

@@ -44,7 +44,13 @@ impl SingleNode {
         let mut applied = None;
         if let Some(text) = workspace {
             let parsed = command_service::authoring::parse(text)?;
-            let report = command_service::authoring::apply(&pool, &command_state.event_log, &parsed).await?;
+            let report = command_service::authoring::apply(
+                &pool,
+                &command_state.event_log,
+                &parsed,
+                command_service::authoring::Rules::of(&settings),
+            )
+            .await?;
             applied = Some(report.position);
             for user in &parsed.users {
                 for key in user.api_keys.iter().filter(|key| !key.revoked) {

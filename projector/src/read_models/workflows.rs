@@ -66,6 +66,8 @@ CREATE TABLE {s}.history (
     started_at timestamptz NOT NULL,
     finished_at timestamptz,
     error jsonb,
+    -- The email a send step scheduled (sent, held or skipped); null for other steps.
+    email_id text,
     PRIMARY KEY (run_id, index)
 );
 ";
@@ -188,8 +190,16 @@ struct Record {
     step_id: String,
     step_type: String,
     started_at: DateTime<Utc>,
-    /// Its status, end and error, once finished in the batch.
-    finished: Option<(String, DateTime<Utc>, Option<Value>)>,
+    /// Its end, once finished in the batch.
+    finished: Option<Finished>,
+}
+
+/// How a history record ended: its status, when, its error and its email (a send step's).
+struct Finished {
+    status: String,
+    at: DateTime<Utc>,
+    error: Option<Value>,
+    email_id: Option<String>,
 }
 
 /// The batch's runs and history records.
@@ -296,7 +306,9 @@ impl Fold {
                     started_at: at(finished.started_at_ms),
                     finished: None,
                 });
-                record.finished = Some((finished.status.clone(), at(finished.at_ms), error));
+                let email_id = Some(finished.email_id.clone()).filter(|id| !id.is_empty());
+                record.finished =
+                    Some(Finished { status: finished.status.clone(), at: at(finished.at_ms), error, email_id });
                 if let Some(run) = self.runs.get_mut(&finished.run_id) {
                     run.step_count = run.step_count.max(finished.index);
                     run.current_step_id = Some(finished.next_step_id.clone()).filter(|id| !id.is_empty());
@@ -520,9 +532,9 @@ async fn write_history(
         let statement = transaction
             .prepare_cached(&format!(
                 "WITH added AS (
-                     INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error)
+                     INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error, email_id)
                      SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[],
-                         $6::timestamptz[], $7::timestamptz[], $8::jsonb[])
+                         $6::timestamptz[], $7::timestamptz[], $8::jsonb[], $9::text[])
                      ON CONFLICT (run_id, index) DO NOTHING RETURNING run_id, step_id),
                  counted AS (
                      SELECT r.workflow_id, a.step_id, 'entered' AS measure, count(*) AS n
@@ -537,11 +549,11 @@ async fn write_history(
         let statement = transaction
             .prepare_cached(&format!(
                 "WITH written AS (
-                     INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error)
+                     INSERT INTO {s}.history (run_id, index, step_id, type, status, started_at, finished_at, error, email_id)
                      SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[],
-                         $6::timestamptz[], $7::timestamptz[], $8::jsonb[])
+                         $6::timestamptz[], $7::timestamptz[], $8::jsonb[], $9::text[])
                      ON CONFLICT (run_id, index) DO UPDATE SET status = EXCLUDED.status,
-                         finished_at = EXCLUDED.finished_at, error = EXCLUDED.error
+                         finished_at = EXCLUDED.finished_at, error = EXCLUDED.error, email_id = EXCLUDED.email_id
                      RETURNING run_id, step_id, status, COALESCE(error ->> 'gate', error ->> 'code') AS reason,
                          (xmax = 0) AS inserted),
                  measures AS (
@@ -572,13 +584,14 @@ struct HistoryColumns {
     started_at: Vec<DateTime<Utc>>,
     finished_at: Vec<Option<DateTime<Utc>>>,
     errors: Vec<Option<Value>>,
+    email_ids: Vec<Option<String>>,
 }
 
 impl HistoryColumns {
     fn push(&mut self, run_id: String, index: i32, record: Record) {
-        let (status, finished_at, error) = match record.finished {
-            Some((status, finished_at, error)) => (status, Some(finished_at), error),
-            None => ("running".to_owned(), None, None),
+        let (status, finished_at, error, email_id) = match record.finished {
+            Some(Finished { status, at, error, email_id }) => (status, Some(at), error, email_id),
+            None => ("running".to_owned(), None, None, None),
         };
         self.run_ids.push(run_id);
         self.indexes.push(index);
@@ -588,6 +601,7 @@ impl HistoryColumns {
         self.started_at.push(record.started_at);
         self.finished_at.push(finished_at);
         self.errors.push(error);
+        self.email_ids.push(email_id);
     }
 
     async fn execute(
@@ -607,6 +621,7 @@ impl HistoryColumns {
                     &self.started_at,
                     &self.finished_at,
                     &self.errors,
+                    &self.email_ids,
                 ],
             )
             .await?;

@@ -41,7 +41,7 @@ pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<Sta
         Box::pin(async move { store::broadcast(client, &b, &space_id, &broadcast_id).await })
     })
     .await?;
-    let document = document.ok_or_else(|| not_found(&broadcast_id))?;
+    let (_, document) = document.ok_or_else(|| not_found(&broadcast_id))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 

@@ -66,17 +66,20 @@ pub async fn page(
     page_of_docs(client, &count_sql, &rows_sql, &params, (limit, offset)).await
 }
 
-/// One broadcast of the space.
+/// One broadcast of the space, named by its id or its slug (an id wins), with its id.
 pub async fn broadcast(
     client: &Client,
     b: &str,
     space_id: &str,
-    broadcast_id: &str,
-) -> Result<Option<Value>, ApiError> {
+    id_or_slug: &str,
+) -> Result<Option<(String, Value)>, ApiError> {
     let statement = client
-        .prepare_cached(&format!("SELECT doc FROM {b}.broadcasts WHERE space_id = $1 AND broadcast_id = $2"))
+        .prepare_cached(&format!(
+            "SELECT broadcast_id, doc FROM {b}.broadcasts WHERE space_id = $1 AND (broadcast_id = $2 OR slug = $2)
+             ORDER BY broadcast_id = $2 DESC LIMIT 1"
+        ))
         .await?;
-    Ok(client.query_opt(&statement, &[&space_id, &broadcast_id]).await?.map(|row| row.get(0)))
+    Ok(client.query_opt(&statement, &[&space_id, &id_or_slug]).await?.map(|row| (row.get(0), row.get(1))))
 }
 
 /// A page of the broadcast's runs, newest first (by request time, then id), with the total;
@@ -85,12 +88,10 @@ pub async fn runs(
     client: &Client,
     (b, m): (&str, &str),
     space_id: &str,
-    broadcast_id: &str,
+    id_or_slug: &str,
     (limit, offset): (i64, i64),
 ) -> Result<Option<(i64, Vec<Value>)>, ApiError> {
-    if broadcast(client, b, space_id, broadcast_id).await?.is_none() {
-        return Ok(None);
-    }
+    let Some((broadcast_id, _)) = broadcast(client, b, space_id, id_or_slug).await? else { return Ok(None) };
     let count_sql = "SELECT count(*) FROM broadcast_runs WHERE broadcast_id = $1";
     let rows_sql = format!(
         "SELECT {RUN} FROM {} WHERE r.broadcast_id = $1
@@ -107,11 +108,9 @@ pub async fn run(
     client: &Client,
     (b, m): (&str, &str),
     space_id: &str,
-    (broadcast_id, run_id): (&str, &str),
+    (id_or_slug, run_id): (&str, &str),
 ) -> Result<Option<Option<Value>>, ApiError> {
-    if broadcast(client, b, space_id, broadcast_id).await?.is_none() {
-        return Ok(None);
-    }
+    let Some((broadcast_id, _)) = broadcast(client, b, space_id, id_or_slug).await? else { return Ok(None) };
     let statement = client
         .prepare_cached(&format!("SELECT {RUN} FROM {} WHERE r.broadcast_id = $1 AND r.run_id = $2", run_from(m)))
         .await?;

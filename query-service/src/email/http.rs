@@ -1,4 +1,5 @@
-//! `GET /domains`, `/senders`, `/topics`, `/templates` (offset lists, by slug) and each by id.
+//! `GET /domains`, `/senders`, `/topics`, `/templates`, `/forms` (offset lists, by slug) and
+//! each by id.
 //! Read permission; another space's resource is a 404 like a missing one.
 
 use std::collections::BTreeMap;
@@ -7,7 +8,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use api::http::{data_body, page_body, query_pairs};
 use api::pagination::PageRequest;
 use domain::catalog::CATALOG;
-use domain::email::resources::{self as email, DOMAIN, SENDER, TEMPLATE, TOPIC};
+use domain::email::resources::{self as email, DOMAIN, FORM, SENDER, TEMPLATE, TOPIC};
 use platform::error::{ApiError, Code};
 use serde_json::Value;
 
@@ -27,6 +28,7 @@ const DOMAINS: Kind = Kind { kind: DOMAIN, noun: "domain", not_found: Code::Doma
 const SENDERS: Kind = Kind { kind: SENDER, noun: "sender", not_found: Code::SenderNotFound };
 const TOPICS: Kind = Kind { kind: TOPIC, noun: "topic", not_found: Code::TopicNotFound };
 const TEMPLATES: Kind = Kind { kind: TEMPLATE, noun: "template", not_found: Code::TemplateNotFound };
+const FORMS: Kind = Kind { kind: FORM, noun: "form", not_found: Code::FormNotFound };
 
 /// The public document of a resource row (a definition the catalog could not read is an
 /// internal error: authoring checked it).
@@ -46,6 +48,11 @@ fn document(
         }
         SENDER => email::sender_document(&row.id, &serde_json::from_value(row.definition.clone()).map_err(malformed)?),
         TOPIC => email::topic_document(&row.id, &serde_json::from_value(row.definition.clone()).map_err(malformed)?),
+        FORM => email::form_document(
+            &row.id,
+            &serde_json::from_value(row.definition.clone()).map_err(malformed)?,
+            &state.settings.email.public_base_url,
+        ),
         _ => email::template_document(
             &row.id,
             row.revision,
@@ -150,4 +157,14 @@ pub async fn get_template(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     get(req, path, state, TEMPLATES).await
+}
+pub(crate) async fn list_forms(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+    list(req, state, FORMS).await
+}
+pub(crate) async fn get_form(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    get(req, path, state, FORMS).await
 }

@@ -76,7 +76,7 @@ pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<Sta
         Box::pin(async move { store::workflow(client, &w, &space_id, &workflow_id).await })
     })
     .await?;
-    let document = document.ok_or_else(|| not_found(&workflow_id))?;
+    let (_, document) = document.ok_or_else(|| not_found(&workflow_id))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 

@@ -24,7 +24,7 @@ const RECORD: &str = "jsonb_build_object(
     'index', h.index, 'stepId', h.step_id, 'type', h.type, 'status', h.status,
     'startedAt', to_char(h.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
     'finishedAt', to_char(h.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-    'error', h.error)";
+    'error', h.error, 'emailId', h.email_id)";
 
 /// A page of the space's workflows, by slug, with the total.
 pub async fn page(
@@ -40,12 +40,20 @@ pub async fn page(
     page_of_docs(client, &count_sql, &rows_sql, &params, (limit, offset)).await
 }
 
-/// One workflow of the space.
-pub async fn workflow(client: &Client, w: &str, space_id: &str, workflow_id: &str) -> Result<Option<Value>, ApiError> {
+/// One workflow of the space, named by its id or its slug (an id wins), with its id.
+pub async fn workflow(
+    client: &Client,
+    w: &str,
+    space_id: &str,
+    id_or_slug: &str,
+) -> Result<Option<(String, Value)>, ApiError> {
     let statement = client
-        .prepare_cached(&format!("SELECT doc FROM {w}.workflows WHERE space_id = $1 AND workflow_id = $2"))
+        .prepare_cached(&format!(
+            "SELECT workflow_id, doc FROM {w}.workflows WHERE space_id = $1 AND (workflow_id = $2 OR slug = $2)
+             ORDER BY workflow_id = $2 DESC LIMIT 1"
+        ))
         .await?;
-    Ok(client.query_opt(&statement, &[&space_id, &workflow_id]).await?.map(|row| row.get(0)))
+    Ok(client.query_opt(&statement, &[&space_id, &id_or_slug]).await?.map(|row| (row.get(0), row.get(1))))
 }
 
 /// The workflow's counts (`stats::document`); `None` when the space has no such workflow.
@@ -53,9 +61,10 @@ pub async fn stats(
     client: &Client,
     (w, m): (&str, &str),
     space_id: &str,
-    workflow_id: &str,
+    id_or_slug: &str,
 ) -> Result<Option<Value>, ApiError> {
-    let Some(workflow) = workflow(client, w, space_id, workflow_id).await? else { return Ok(None) };
+    let Some((workflow_id, workflow)) = workflow(client, w, space_id, id_or_slug).await? else { return Ok(None) };
+    let workflow_id = workflow_id.as_str();
     let mut counters = Counters::default();
     let statement =
         client.prepare_cached(&format!("SELECT status, total FROM {w}.run_counts WHERE workflow_id = $1")).await?;
@@ -100,12 +109,10 @@ pub async fn runs(
     client: &Client,
     w: &str,
     space_id: &str,
-    (workflow_id, statuses): (&str, &[String]),
+    (id_or_slug, statuses): (&str, &[String]),
     (limit, offset): (i64, i64),
 ) -> Result<Option<(i64, Vec<Value>)>, ApiError> {
-    if workflow(client, w, space_id, workflow_id).await?.is_none() {
-        return Ok(None);
-    }
+    let Some((workflow_id, _)) = workflow(client, w, space_id, id_or_slug).await? else { return Ok(None) };
     let count_sql = format!(
         "SELECT COALESCE(sum(total), 0)::bigint FROM {w}.run_counts WHERE workflow_id = $1 AND status = ANY($2)"
     );
@@ -123,12 +130,10 @@ pub async fn run(
     client: &Client,
     w: &str,
     space_id: &str,
-    (workflow_id, run_id): (&str, &str),
+    (id_or_slug, run_id): (&str, &str),
     before: Option<i32>,
 ) -> Result<Option<Option<Value>>, ApiError> {
-    if workflow(client, w, space_id, workflow_id).await?.is_none() {
-        return Ok(None);
-    }
+    let Some((workflow_id, _)) = workflow(client, w, space_id, id_or_slug).await? else { return Ok(None) };
     let statement = client
         .prepare_cached(&format!(
             "SELECT {RUN}, r.step_count FROM {w}.runs r

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use actix_web::HttpRequest;
 use deadpool_postgres::Pool;
 
-use crate::http::bearer_token;
+use crate::http::{Credential, bearer_token};
 use crate::ratelimit::{Bucket, RateLimiter};
 use domain::catalog::{self, CATALOG, KeyIdentity, Membership};
 pub use domain::roles::{Permission, Role};
@@ -125,7 +125,11 @@ impl Authenticator {
     /// [`Self::identify`], counting the request in `bucket` (the operations that choose the
     /// AI bucket by their body).
     async fn identify_in(&self, req: &HttpRequest, bucket: Bucket) -> Result<Arc<KeyIdentity>, ApiError> {
-        let token = bearer_token(req);
+        let credential = bearer_token(req);
+        let token = match credential {
+            Credential::Bearer(token) => Some(token),
+            Credential::Missing | Credential::Malformed => None,
+        };
         let key_hash = token.map(sha256_hex);
         let subject = match &key_hash {
             Some(hash) => hash.clone(),
@@ -133,7 +137,12 @@ impl Authenticator {
         };
         self.rate_limiter.check(bucket, &subject).await?;
         let (Some(token), Some(key_hash)) = (token, key_hash) else {
-            return Err(ApiError::missing_api_key());
+            return Err(match credential {
+                Credential::Malformed => {
+                    ApiError::invalid_api_key("the Authorization header must be `Authorization: Bearer <key>`")
+                }
+                _ => ApiError::missing_api_key(),
+            });
         };
         if !token.starts_with(KEY_PREFIX) || !token.contains('_') || token.len() > 512 {
             return Err(ApiError::invalid_api_key("invalid key"));

@@ -109,13 +109,37 @@ where
 
 /// Fallback for every request no route took: 405 with `Allow` for a known path, 404
 /// otherwise.
+/// A browser (`Accept: text/html`) that opens a cut or malformed address under `/forms/` or
+/// `/emails/` (links in mail) gets a page.
 pub async fn fallback(req: HttpRequest) -> HttpResponse {
     let error = match routes::allowed_methods(req.path()) {
         Some(methods) => ApiError::method_not_allowed().with_header("Allow", methods.join(", ")),
         None => ApiError::route_not_found(),
     };
-    error_response(&error)
+    let browser = under_public_pages(req.path()) && crate::pages::wants_html(&req, false);
+    crate::pages::answer(browser, Err(error))
 }
+
+/// Whether `path` (with the `/v1` prefix) is below `/forms/` or `/emails/`, where people
+/// open links from mail.
+fn under_public_pages(path: &str) -> bool {
+    ["/forms/", "/emails/"].iter().any(|prefix| {
+        path.strip_prefix(routes::API_PREFIX)
+            .and_then(|rest| rest.strip_prefix(prefix))
+            .is_some_and(|rest| !rest.is_empty())
+    })
+}
+
+/// The operations people reach from mail or a web page, which answer a browser with pages.
+const PUBLIC_PAGES: &[&str] = &[
+    "unsubscribeEmail",
+    "getUnsubscribePage",
+    "updateEmailPreferences",
+    "followEmailLink",
+    "fetchEmailOpenPixel",
+    "submitForm",
+    "confirmFormSubmission",
+];
 
 /// Middleware: refuses, before any handler runs, a request whose path parameters or query
 /// string hold what the store cannot hold (see [`platform::storable`]): 400 `invalid_character`
@@ -141,7 +165,10 @@ pub(crate) async fn storable_input_middleware(
         query.iter().map(|(name, value)| (name.as_str(), value.as_str())),
     ));
     if let Err(error) = platform::storable::reject(issues) {
-        let response = error_response(&error);
+        let public = routes::find(req.method().as_str(), req.path())
+            .is_some_and(|operation| PUBLIC_PAGES.contains(&operation.id));
+        let browser = public && crate::pages::wants_html(req.request(), false);
+        let response = crate::pages::answer(browser, Err(error));
         return Ok(req.into_response(response).map_into_right_body());
     }
     Ok(next.call(req).await?.map_into_left_body())
@@ -307,10 +334,30 @@ pub fn page_body(items: Vec<Value>, pagination: Value, warnings: &[Warning]) -> 
 }
 
 /// The bearer credential of a request, if any.
-pub(crate) fn bearer_token(req: &HttpRequest) -> Option<&str> {
-    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?.trim();
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())
+pub(crate) fn bearer_token(req: &HttpRequest) -> Credential<'_> {
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        return Credential::Missing;
+    };
+    let value = value.to_str().map(str::trim).unwrap_or_default();
+    if value.is_empty() {
+        return Credential::Missing;
+    }
+    match value.split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() => {
+            Credential::Bearer(token.trim())
+        }
+        _ => Credential::Malformed,
+    }
+}
+
+/// What a request's `Authorization` header carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Credential<'a> {
+    /// No header (or an empty one).
+    Missing,
+    /// A header that is not `Bearer <key>` (a bare key, another scheme, no key after `Bearer`).
+    Malformed,
+    Bearer(&'a str),
 }
 
 /// Registers every operation of `tier` (from the route table) with its handler; an operation

@@ -133,6 +133,15 @@ impl Message {
                 "Link expired",
                 "This confirmation link has expired. Submit the form again to get a new one.".to_owned(),
             ),
+            (_, Some(Code::RouteNotFound)) => (
+                "Page not found",
+                "There is nothing at this address. If you followed a link from an email, it may have \
+                 been cut off by your mail program: open it again from the email, or copy the whole address."
+                    .to_owned(),
+            ),
+            (_, Some(Code::MethodNotAllowed)) => {
+                ("Page not available", "This address cannot be opened this way.".to_owned())
+            }
             (_, Some(Code::FormNotFound)) => ("Form not found", "This form does not exist (any more).".to_owned()),
             (_, Some(Code::FormDisabled)) => ("Form closed", "This form is not accepting submissions.".to_owned()),
             (StatusCode::TOO_MANY_REQUESTS, _) => {

@@ -97,8 +97,11 @@ pub const OPERATIONS: &[Operation] = &[
     operation("followEmailLink", "GET", "/emails/{id}/click", Command),
     operation("fetchEmailOpenPixel", "GET", "/emails/{id}/open", Command),
     operation("submitForm", "POST", "/forms/{id}/submit", Command),
-    // A GET that writes (D7): the split deployment's nginx sends `/v1/forms/` to the command
-    // service.
+    // The space's forms (read permission), to learn a form's id and its public URLs.
+    operation("listForms", "GET", "/forms", Query),
+    operation("getForm", "GET", "/forms/{id}", Query),
+    // A GET that writes (D7): the split deployment's nginx sends `/v1/forms/{id}/confirm/` to
+    // the command service.
     operation("confirmFormSubmission", "GET", "/forms/{id}/confirm/{token}", Command),
     operation("listSegments", "GET", "/segments", Query),
     operation("createSegment", "POST", "/segments", Command),

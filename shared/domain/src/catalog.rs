@@ -339,6 +339,25 @@ pub async fn resource_by_id(
     Ok(row.map(|row| (row.get(0), row.get(1), row.get(2))))
 }
 
+/// The id of the space's resource of `kind` named by `id_or_slug`: its id, or the slug its
+/// definition carries (an id wins).
+pub async fn resource_id_of(
+    client: &impl GenericClient,
+    schema: &str,
+    (kind, space_id): (&str, &str),
+    id_or_slug: &str,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT resource_id FROM {schema}.resources
+             WHERE kind = $1 AND space_id = $2 AND (resource_id = $3 OR definition ->> 'slug' = $3)
+             ORDER BY resource_id = $3 DESC LIMIT 1"
+        ))
+        .await?;
+    let row = client.query_opt(&statement, &[&kind, &space_id, &id_or_slug]).await?;
+    Ok(row.map(|row| row.get(0)))
+}
+
 /// What [`email_template`] finds: the template's revision and definition, and the definitions
 /// of its sender, the sender's domain, its topic, the space's email allowance and its send
 /// policy (each `None` when missing).

@@ -5,9 +5,22 @@
 //!
 //! # Plain words
 //!
-//! A filter is one or more conditions joined by `and` and `or`. `and` binds tighter than `or`,
-//! so `a or b and c` means `a or (b and c)`. Parentheses group and `not` negates what follows
-//! it: `not (plan is pro or plan is team)`. Keywords are case-insensitive.
+//! A filter is one or more conditions joined by `and`, `or` and commas. `and` binds tighter
+//! than `or`, so `a or b and c` means `a or (b and c)`. A comma is an `and` that binds looser
+//! than both: the text is a list of requirements separated by commas, all of which must hold.
+//! So `a or b, c` means `(a or b) and c`, and `a, b or c and d` means `a and (b or (c and d))`:
+//!
+//! ```text
+//! plan is pro or plan is enterprise, subscribed to newsletter
+//!   = (plan is pro or plan is enterprise) and subscribed to newsletter
+//! ```
+//!
+//! `, and` reads as a comma (`a, b, and c`). `, or` is refused as ambiguous, the comma already
+//! meaning `and`: write `or` without the comma and group with parentheses. A comma with no
+//! condition after it (`plan is pro,`) is refused too. Parentheses group, with the same rules
+//! inside, and `not` negates what follows it: `not (plan is pro or plan is team)`. Keywords are
+//! case-insensitive (`Plan IS pro OR Enterprise, SUBSCRIBED TO newsletter`); fields and values
+//! keep their case.
 //!
 //! A condition is a field, a comparison and, for most comparisons, a value:
 //!
@@ -31,6 +44,37 @@
 //! The `is` before `greater than`, `more than`, `above`, `over`, `less than`, `below`, `under`,
 //! `at least` and `at most` may be left out (`age over 30`).
 //!
+//! ## Lists of values
+//!
+//! After the value of `is` (`equals`, `=`), `contains`, `starts with` or `ends with`, an `or`
+//! followed by a value standing alone (a value followed by the end, a comma, `)`, `and` or
+//! `or`) repeats the field and the comparison:
+//!
+//! ```text
+//! plan is pro or enterprise               = plan is pro or plan is enterprise
+//! email ends with @acme.com or @acme.org  = email ends with @acme.com or email ends with @acme.org
+//! ```
+//!
+//! Such a list is one condition, so `and`, commas and `not` take it whole: `plan is pro or
+//! enterprise and country is fr` means `(plan is pro or plan is enterprise) and country is fr`,
+//! and `not plan is pro or team` means `not (plan is pro or plan is team)`. A word that is a
+//! contact fact on its own stays that fact: `plan is pro or opened` is `plan is pro or opened
+//! an email`; quote it (`or "opened"`) to make it a value.
+//!
+//! `is one of` (and `is not one of`) separates its values with commas and may end them with
+//! `or`: `country is one of fr, de or uk` and `country is one of fr, de, or uk` both list `fr`,
+//! `de` and `uk`. A comma in such a list separates values until a condition or a contact fact
+//! starts after it, which ends the list: `country is one of fr, de, plan is pro` means `country
+//! is one of fr, de and plan is pro`, and `country is one of fr, de, subscribed to newsletter`
+//! likewise. A value standing alone after a comma stays in the list, even `opened` or `clicked`
+//! (`tags is one of new, opened`); write `and opened` for the contact fact.
+//!
+//! The other comparisons take one value each. After a negative comparison an `or` list is
+//! refused rather than guessed, since `plan is not free or trial` could mean neither value or
+//! either: write `plan is not one of free, trial` for neither. `plan is pro and enterprise` is
+//! refused too, a field cannot equal two values; the message suggests `plan is pro or
+//! enterprise`.
+//!
 //! A field is a dot-separated path into the document (`address.country`). Write it bare, or
 //! quoted when it has spaces or reads as a keyword (`"first name" is Ada`).
 //!
@@ -52,7 +96,13 @@
 //! (`is`, `is not`, `contains`, `starts with`, `ends with`, `is greater than`, `is at least`,
 //! `is less than`, `is at most`, `is set`, `is not set`, `is one of`), parentheses around every
 //! nested group, `not (...)` for a negation, and quotes only where a bare token would read
-//! differently. [`parse_plain`] reads it back to an equal filter.
+//! differently; no commas between conditions and no lists after `or`. [`parse_plain`] reads it
+//! back to an equal filter.
+//!
+//! Text that is not in the language is refused with a [`FilterError`] that says what was
+//! expected, what was found and where, as a 1-based character position (for `plan is pro and
+//! enterprise`: expected a condition after `and`, found the lone value `enterprise` at
+//! character 17, then what to write instead).
 //!
 //! ## Contact facts (segments)
 //!
@@ -259,7 +309,7 @@ pub fn parse_plain(text: &str) -> Result<Filter, FilterError> {
         return Err(FilterError::new("the requirements are empty; expected a condition such as `plan is pro`"));
     }
     let mut parser = Parser { tokens, next: 0, nesting: 0, end_position: text.chars().count() + 1 };
-    let filter = parser.or_expression()?;
+    let filter = parser.expression()?;
     if let Some(token) = parser.peek() {
         return Err(match &token.kind {
             TokenKind::Close => {
@@ -465,6 +515,25 @@ impl Op {
             Op::Exists => "exists",
             Op::NotExists => "not_exists",
             Op::In(_) => "in",
+        }
+    }
+
+    /// The same comparison with the value `text` instead (added to the list for `in`); `exists`
+    /// and `not_exists` have no value to replace.
+    fn with_value(&self, text: &str, quoted: bool) -> Op {
+        let scalar = || if quoted { Scalar::String(text.to_owned()) } else { bare_scalar(text) };
+        match self {
+            Op::Eq(_) => Op::Eq(scalar()),
+            Op::Ne(_) => Op::Ne(scalar()),
+            Op::Contains(_) => Op::Contains(scalar()),
+            Op::StartsWith(_) => Op::StartsWith(text.to_owned()),
+            Op::EndsWith(_) => Op::EndsWith(text.to_owned()),
+            Op::Gt(_) => Op::Gt(scalar()),
+            Op::Gte(_) => Op::Gte(scalar()),
+            Op::Lt(_) => Op::Lt(scalar()),
+            Op::Lte(_) => Op::Lte(scalar()),
+            Op::Exists | Op::NotExists => self.clone(),
+            Op::In(values) => Op::In(values.iter().cloned().chain([scalar()]).collect()),
         }
     }
 
@@ -1056,10 +1125,17 @@ fn read_quoted(chars: &[char], open: usize) -> Result<(String, usize), FilterErr
 // ---------------------------------------------------------------------------------------------
 // Plain words: grammar.
 //
+//     expression     := or_expression ("," ["and"] or_expression)*
 //     or_expression  := and_expression ("or" and_expression)*
 //     and_expression := unary ("and" unary)*
-//     unary          := "not" unary | "(" or_expression ")" | condition
-//     condition      := field comparison
+//     unary          := "not" unary | "(" expression ")" | contact_fact | condition
+//     condition      := field comparison ("or" lone_value)*
+//
+// The comma is an `and` of the lowest precedence, as people write a list of requirements
+// (`plan is pro or plan is team, subscribed to news`). A comma inside `is one of` separates
+// values unless a condition starts after it, and a lone value (a value followed by the end,
+// `,`, `)`, `and` or `or`) after `or` repeats the condition's field and comparison unless it
+// starts a contact fact (`opened`): what parsed before these forms existed parses the same.
 
 struct Parser {
     tokens: Vec<Token>,
@@ -1069,7 +1145,41 @@ struct Parser {
     end_position: usize,
 }
 
+/// A value standing alone where a condition could start (`enterprise` in `plan is pro or
+/// enterprise`).
+struct LoneValue {
+    text: String,
+    quoted: bool,
+    /// The 1-based character position of the value.
+    position: usize,
+    /// The value as an error message shows it.
+    shown: String,
+}
+
 impl Parser {
+    /// Requirements separated by commas, all of which hold: `a or b, c` is `(a or b) and c`.
+    /// `, and` reads as `,`; `, or` is refused, since the comma already means `and`.
+    fn expression(&mut self) -> Result<Filter, FilterError> {
+        let mut parts = vec![self.or_expression()?];
+        while let Some(Token { kind: TokenKind::Comma, position }) = self.peek().cloned() {
+            self.next += 1;
+            let and = self.eat_keyword("and");
+            let after_comma = format!("a condition such as `plan is pro` after the `,` at character {position}");
+            if !and && self.keyword_at(0, "or") {
+                return Err(FilterError::new(format!(
+                    "{}; a comma means `and`, so `, or` is ambiguous: write `or` without the comma and group \
+                     with parentheses, as in `(plan is pro or plan is team), subscribed to news`",
+                    self.expected(&after_comma)
+                )));
+            }
+            if self.peek().is_none_or(|token| token.kind == TokenKind::Close) {
+                return Err(self.expected(&after_comma));
+            }
+            parts.push(self.or_expression()?);
+        }
+        Ok(all_of(parts))
+    }
+
     fn or_expression(&mut self) -> Result<Filter, FilterError> {
         let mut parts = vec![self.and_expression()?];
         while self.eat_keyword("or") {
@@ -1096,7 +1206,7 @@ impl Parser {
         if let Some(Token { kind: TokenKind::Open, position }) = self.peek().cloned() {
             self.next += 1;
             self.enter()?;
-            let inner = self.or_expression()?;
+            let inner = self.expression()?;
             if self.peek().is_some_and(|token| token.kind == TokenKind::Close) {
                 self.next += 1;
             } else {
@@ -1259,11 +1369,47 @@ impl Parser {
         let field =
             FieldPath::parse(&name).map_err(|error| FilterError::new(format!("{error} (at character {position})")))?;
         let (op, negated) = self.comparison(&name)?;
-        let op = checked_op(op).map_err(|message| {
+        let in_condition = |message: String| {
             FilterError::new(format!("{message} (in the condition on `{name}` at character {position})"))
-        })?;
-        let condition = Filter::Condition(Condition { field, op });
-        Ok(if negated { Filter::Not(Box::new(condition)) } else { condition })
+        };
+        let first = Condition { field, op: checked_op(op).map_err(in_condition)? };
+        let takes_value = !matches!(first.op, Op::Exists | Op::NotExists);
+        // `plan is pro or enterprise`: each lone value after `or` repeats the field and comparison.
+        let mut values_written: Vec<String> = value_words(&first.op).into_iter().collect();
+        let mut alternatives = Vec::new();
+        while takes_value
+            && self.keyword_at(0, "or")
+            && let Some(value) = self.lone_value(1)
+        {
+            if negated || !matches!(first.op, Op::Eq(_) | Op::Contains(_) | Op::StartsWith(_) | Op::EndsWith(_)) {
+                return Err(or_list_refusal(&first, negated, &value));
+            }
+            self.next += 1;
+            let (text, quoted) = self.value_token("`or`")?;
+            let op = checked_op(first.op.with_value(&text, quoted)).map_err(in_condition)?;
+            values_written.push(value.written());
+            alternatives.push(Filter::Condition(Condition { field: first.field.clone(), op }));
+        }
+        // `plan is pro and enterprise`: a lone value where a condition must come.
+        let joiner = match self.peek() {
+            Some(Token { kind: TokenKind::Comma, .. }) if self.keyword_at(1, "and") => Some(("`, and`", 2)),
+            Some(Token { kind: TokenKind::Comma, .. }) => Some(("`,`", 1)),
+            _ if self.keyword_at(0, "and") => Some(("`and`", 1)),
+            _ => None,
+        };
+        if takes_value
+            && let Some((joiner, skip)) = joiner
+            && let Some(value) = self.lone_value(skip)
+        {
+            return Err(lone_value_refusal(joiner, &first, negated, &values_written, &value));
+        }
+        let condition = Filter::Condition(first);
+        let condition = if negated { Filter::Not(Box::new(condition)) } else { condition };
+        Ok(if alternatives.is_empty() {
+            condition
+        } else {
+            any_of(std::iter::once(condition).chain(alternatives).collect())
+        })
     }
 
     /// The comparison after a field, and whether the condition is negated (`does not
@@ -1397,13 +1543,99 @@ impl Parser {
         Ok(None)
     }
 
+    /// The values of `one of`: `a, b, c`, `a, b or c` or `a, b, or c`. A comma followed by a
+    /// value standing alone separates values, as it always did (even `opened`); one followed
+    /// by a condition, a contact fact or `and` ends the list and joins what follows. After the
+    /// value of an `or`, a comma always ends the list.
     fn list(&mut self) -> Result<Vec<Scalar>, FilterError> {
         let mut values = vec![self.scalar("`one of`")?];
-        while self.peek().is_some_and(|token| token.kind == TokenKind::Comma) {
-            self.next += 1;
-            values.push(self.scalar("`,`")?);
+        let mut after_or = false;
+        loop {
+            let comma = self.peek().is_some_and(|token| token.kind == TokenKind::Comma);
+            if comma && !after_or && self.value_alone_at(1) {
+                self.next += 1;
+                values.push(self.scalar("`,`")?);
+            } else if comma && !after_or && self.keyword_at(1, "or") && self.lone_value(2).is_some() {
+                self.next += 2;
+                values.push(self.scalar("`or`")?);
+                after_or = true;
+            } else if comma
+                && !after_or
+                && !self.keyword_at(1, "and")
+                && !self.keyword_at(1, "or")
+                && !self.condition_at(1)
+            {
+                // Not a value alone either: read it as one, to say what is wrong with it.
+                self.next += 1;
+                values.push(self.scalar("`,`")?);
+            } else if !comma && self.keyword_at(0, "or") && self.lone_value(1).is_some() {
+                self.next += 1;
+                values.push(self.scalar("`or`")?);
+                after_or = true;
+            } else {
+                return Ok(values);
+            }
         }
-        Ok(values)
+    }
+
+    /// Whether the token at `offset` is a value standing alone: a quoted text or a bare word
+    /// (not `and`, `or` or `not`) followed by the end, `,`, `)`, `and` or `or`.
+    fn value_alone_at(&self, offset: usize) -> bool {
+        let value = match self.tokens.get(self.next + offset).map(|token| &token.kind) {
+            Some(TokenKind::Quoted(_)) => true,
+            Some(TokenKind::Word(word)) => !is_connective(word) && !word.eq_ignore_ascii_case("not"),
+            _ => false,
+        };
+        let alone = match self.tokens.get(self.next + offset + 1).map(|token| &token.kind) {
+            None | Some(TokenKind::Comma | TokenKind::Close) => true,
+            Some(TokenKind::Word(word)) => is_connective(word),
+            Some(_) => false,
+        };
+        value && alone
+    }
+
+    /// The value standing alone at `offset` where no condition or contact fact starts: `opened`
+    /// alone stays the contact fact it always was.
+    fn lone_value(&mut self, offset: usize) -> Option<LoneValue> {
+        if !self.value_alone_at(offset) || self.condition_at(offset) {
+            return None;
+        }
+        let token = self.tokens.get(self.next + offset)?;
+        let (text, quoted) = match &token.kind {
+            TokenKind::Quoted(text) => (text.clone(), true),
+            TokenKind::Word(word) => (word.clone(), false),
+            _ => return None,
+        };
+        Some(LoneValue { text, quoted, position: token.position, shown: token.kind.to_string() })
+    }
+
+    /// Whether a condition starts at `offset`: `(`, `not`, a contact fact (a malformed one too,
+    /// so that its own error is the one reported) or a field followed by a comparison. The
+    /// contact facts are recognised by reading one and going back, so that this stays what
+    /// [`Parser::unary`] accepts.
+    fn condition_at(&mut self, offset: usize) -> bool {
+        let start = self.next;
+        self.next += offset;
+        let starts = match self.peek().map(|token| &token.kind) {
+            None => false,
+            Some(TokenKind::Open) => true,
+            Some(_) if self.keyword_at(0, "not") => true,
+            Some(kind) => {
+                let field = match kind {
+                    TokenKind::Quoted(_) => true,
+                    TokenKind::Word(word) => !is_connective(word),
+                    _ => false,
+                };
+                let comparison = match self.tokens.get(self.next + 1).map(|token| &token.kind) {
+                    Some(TokenKind::Symbol(_)) => true,
+                    Some(TokenKind::Word(word)) => is_comparison_word(word),
+                    _ => false,
+                };
+                (field && comparison) || !matches!(self.contact_fact(), Ok(None))
+            }
+        };
+        self.next = start;
+        starts
     }
 
     /// A value: quoted text is a string, a bare token a boolean, number or string.
@@ -1486,6 +1718,74 @@ fn is_comparison_word(word: &str) -> bool {
     ]
     .iter()
     .any(|keyword| keyword.eq_ignore_ascii_case(word))
+}
+
+/// The refusal of `or <value>` after a comparison that takes no list of values (`plan is not
+/// free or trial`, `age > 30 or 40`), with what to write instead.
+fn or_list_refusal(first: &Condition, negated: bool, value: &LoneValue) -> FilterError {
+    let field = plain_text(first.field.as_str());
+    let written = value.written();
+    let hint = match (&first.op, negated) {
+        // People mean neither value, while two negative conditions joined by `or` hold for
+        // almost everyone: refused rather than read one way or the other.
+        (Op::Ne(excluded), false) => format!(
+            "a negative comparison takes one value: to exclude both, write `{field} is not one of {}, {written}`",
+            describe_scalar(excluded)
+        ),
+        (Op::Contains(_), true) => format!(
+            "a negative comparison takes one value: to exclude both, write `not ({} or {written})`",
+            describe_condition(first)
+        ),
+        _ => format!(
+            "only `is`, `contains`, `starts with`, `ends with` and `is one of` take more values after `or`: \
+             repeat the field and comparison, as in `{field} {} {written}`",
+            comparison_words(&first.op, negated)
+        ),
+    };
+    FilterError::new(format!(
+        "expected a condition after `or`, found the lone value {} at character {}; {hint}",
+        value.shown, value.position
+    ))
+}
+
+/// The refusal of a lone value after `and` or a comma (`plan is pro and enterprise`), with what
+/// to write instead; `values_written` are the condition's values so far, as written.
+fn lone_value_refusal(
+    joiner: &str,
+    first: &Condition,
+    negated: bool,
+    values_written: &[String],
+    value: &LoneValue,
+) -> FilterError {
+    let field = plain_text(first.field.as_str());
+    let comparison = comparison_words(&first.op, negated);
+    let written = value.written();
+    let hint = match (&first.op, negated) {
+        (Op::Eq(_), false) => format!(
+            "a field cannot equal two values: to match either, write `{field} is {} or {written}`",
+            values_written.join(" or ")
+        ),
+        (Op::Ne(_), false) => {
+            format!("to exclude both values, write `{field} is not one of {}, {written}`", values_written.join(", "))
+        }
+        (Op::In(_), _) => {
+            format!("to list another value, write `{field} {comparison} {}, {written}`", values_written.join(", "))
+        }
+        _ => format!(
+            "{joiner} joins conditions: repeat the field and comparison, as in `{field} {comparison} {written}`"
+        ),
+    };
+    FilterError::new(format!(
+        "expected a condition after {joiner}, found the lone value {} at character {}; {hint}",
+        value.shown, value.position
+    ))
+}
+
+impl LoneValue {
+    /// The value as plain words write it: as typed when bare, quoted when it needs quotes.
+    fn written(&self) -> String {
+        if self.quoted { plain_text(&self.text) } else { self.text.clone() }
+    }
 }
 
 /// Seconds in one `unit` (singular or plural).
@@ -1572,23 +1872,54 @@ fn describe_condition(condition: &Condition) -> String {
         return "has email consent".to_owned();
     }
     let field = plain_text(condition.field.as_str());
-    let comparison = match &condition.op {
-        Op::Eq(value) => format!("is {}", describe_scalar(value)),
-        Op::Ne(value) => format!("is not {}", describe_scalar(value)),
-        Op::Contains(value) => format!("contains {}", describe_scalar(value)),
-        Op::StartsWith(text) => format!("starts with {}", plain_text(text)),
-        Op::EndsWith(text) => format!("ends with {}", plain_text(text)),
-        Op::Gt(value) => format!("is greater than {}", describe_scalar(value)),
-        Op::Gte(value) => format!("is at least {}", describe_scalar(value)),
-        Op::Lt(value) => format!("is less than {}", describe_scalar(value)),
-        Op::Lte(value) => format!("is at most {}", describe_scalar(value)),
-        Op::Exists => "is set".to_owned(),
-        Op::NotExists => "is not set".to_owned(),
-        Op::In(values) => {
-            format!("is one of {}", values.iter().map(describe_scalar).collect::<Vec<_>>().join(", "))
-        }
-    };
-    format!("{field} {comparison}")
+    let comparison = comparison_words(&condition.op, false);
+    match value_words(&condition.op) {
+        Some(value) => format!("{field} {comparison} {value}"),
+        None => format!("{field} {comparison}"),
+    }
+}
+
+/// The canonical words of a comparison, or of its negation where the language has words for it
+/// (`does not contain`, `is not one of`, `is not greater than`; the parser negates no `starts
+/// with` or `ends with`).
+fn comparison_words(op: &Op, negated: bool) -> &'static str {
+    match (op, negated) {
+        (Op::Eq(_), false) | (Op::Ne(_), true) => "is",
+        (Op::Ne(_), false) | (Op::Eq(_), true) => "is not",
+        (Op::Contains(_), false) => "contains",
+        (Op::Contains(_), true) => "does not contain",
+        (Op::StartsWith(_), _) => "starts with",
+        (Op::EndsWith(_), _) => "ends with",
+        (Op::Gt(_), false) => "is greater than",
+        (Op::Gt(_), true) => "is not greater than",
+        (Op::Gte(_), false) => "is at least",
+        (Op::Gte(_), true) => "is not at least",
+        (Op::Lt(_), false) => "is less than",
+        (Op::Lt(_), true) => "is not less than",
+        (Op::Lte(_), false) => "is at most",
+        (Op::Lte(_), true) => "is not at most",
+        (Op::Exists, false) | (Op::NotExists, true) => "is set",
+        (Op::NotExists, false) | (Op::Exists, true) => "is not set",
+        (Op::In(_), false) => "is one of",
+        (Op::In(_), true) => "is not one of",
+    }
+}
+
+/// The canonical words of a comparison's value (values, for `in`); none for `exists` and
+/// `not_exists`.
+fn value_words(op: &Op) -> Option<String> {
+    match op {
+        Op::Eq(value)
+        | Op::Ne(value)
+        | Op::Contains(value)
+        | Op::Gt(value)
+        | Op::Gte(value)
+        | Op::Lt(value)
+        | Op::Lte(value) => Some(describe_scalar(value)),
+        Op::StartsWith(text) | Op::EndsWith(text) => Some(plain_text(text)),
+        Op::Exists | Op::NotExists => None,
+        Op::In(values) => Some(values.iter().map(describe_scalar).collect::<Vec<_>>().join(", ")),
+    }
 }
 
 fn describe_scalar(value: &Scalar) -> String {
@@ -1930,6 +2261,248 @@ mod tests {
         for (input, expected) in cases {
             assert_eq!(parse_error(input), expected, "{input:?}");
         }
+    }
+
+    #[test]
+    fn given_commas_between_conditions_when_parsed_then_they_are_an_and_looser_than_or() {
+        let a = condition("a", Op::Eq(number(1)));
+        let b = condition("b", Op::Eq(number(2)));
+        let c = condition("c", Op::Eq(number(3)));
+        let d = condition("d", Op::Eq(number(4)));
+        let newsletter = condition("subscriptions.newsletter", Op::Eq(text("subscribed")));
+
+        assert_eq!(
+            parsed("plan is pro or plan is enterprise, subscribed to newsletter"),
+            Filter::All(vec![
+                Filter::Any(vec![
+                    condition("plan", Op::Eq(text("pro"))),
+                    condition("plan", Op::Eq(text("enterprise")))
+                ]),
+                newsletter,
+            ])
+        );
+        assert_eq!(
+            parsed("a is 1 or b is 2, c is 3"),
+            parsed("(a is 1 or b is 2) and c is 3"),
+            "the comma binds looser than `or`"
+        );
+        assert_eq!(
+            parsed("a is 1, b is 2 or c is 3 and d is 4"),
+            Filter::All(vec![a.clone(), Filter::Any(vec![b.clone(), Filter::All(vec![c.clone(), d])])])
+        );
+        assert_eq!(parsed("a is 1, b is 2, c is 3"), Filter::All(vec![a.clone(), b.clone(), c.clone()]));
+        assert_eq!(parsed("a is 1, b is 2, and c is 3"), parsed("a is 1, b is 2, c is 3"), "`, and` is a comma");
+        assert_eq!(parsed("a is 1 and b is 2, c is 3"), Filter::All(vec![a.clone(), b.clone(), c.clone()]));
+        assert_eq!(
+            parsed("(a is 1, b is 2) or c is 3"),
+            Filter::Any(vec![Filter::All(vec![a.clone(), b.clone()]), c.clone()]),
+            "the same rules inside parentheses"
+        );
+        assert_eq!(
+            parsed("not a is 1, b is 2"),
+            Filter::All(vec![Filter::Not(Box::new(a)), b]),
+            "not binds tighter than the comma"
+        );
+        assert_eq!(
+            parsed("performed purchase in the last 30 days, has email consent, opened"),
+            Filter::All(vec![
+                performed("purchase", 1, Some(30 * 86_400)),
+                condition("consent.email", Op::Eq(Scalar::Bool(true))),
+                parsed("opened"),
+            ])
+        );
+    }
+
+    #[test]
+    fn given_an_or_list_of_values_when_parsed_then_it_is_the_spelled_out_conditions() {
+        let cases = [
+            ("plan is pro or enterprise", "plan is pro or plan is enterprise"),
+            ("plan = pro or enterprise or team", "plan is pro or plan is enterprise or plan is team"),
+            ("plan equals pro or 'big corp'", "plan is pro or plan is \"big corp\""),
+            ("age is 30 or 40", "age is 30 or age is 40"),
+            ("tags contains vip or beta", "tags contains vip or tags contains beta"),
+            ("phone starts with +44 or +33", "phone starts with +44 or phone starts with +33"),
+            ("zip starts with 75 or 92", "zip starts with \"75\" or zip starts with \"92\""),
+            ("email ends with @acme.com or @acme.org", "email ends with @acme.com or email ends with @acme.org"),
+            ("plan is pro or enterprise and country is fr", "(plan is pro or plan is enterprise) and country is fr"),
+            ("country is fr and plan is pro or enterprise", "country is fr and (plan is pro or plan is enterprise)"),
+            ("not plan is pro or team", "not (plan is pro or plan is team)"),
+            ("(plan is pro or enterprise)", "plan is pro or plan is enterprise"),
+            ("plan is pro or \"opened\"", "plan is pro or plan is opened"),
+        ];
+        for (input, spelled_out) in cases {
+            assert_eq!(parsed(input), parsed(spelled_out), "{input}");
+        }
+        assert_eq!(
+            parsed("plan is pro or enterprise"),
+            Filter::Any(vec![condition("plan", Op::Eq(text("pro"))), condition("plan", Op::Eq(text("enterprise")))])
+        );
+        assert_eq!(
+            parsed("plan is pro or opened"),
+            Filter::Any(vec![condition("plan", Op::Eq(text("pro"))), parsed("opened an email")]),
+            "a contact fact on its own stays that fact"
+        );
+        assert_eq!(parsed("plan is pro or clicked, plan is set"), parsed("(plan is pro or clicked) and plan is set"));
+    }
+
+    #[test]
+    fn given_commas_in_a_one_of_list_when_parsed_then_a_condition_after_a_comma_ends_the_list() {
+        let fr_de = condition("country", Op::In(vec![text("fr"), text("de")]));
+        assert_eq!(
+            parsed("country is one of fr, de, subscribed to newsletter"),
+            Filter::All(vec![fr_de.clone(), condition("subscriptions.newsletter", Op::Eq(text("subscribed")))])
+        );
+        assert_eq!(
+            parsed("country is one of fr, de, plan is pro"),
+            Filter::All(vec![fr_de.clone(), condition("plan", Op::Eq(text("pro")))])
+        );
+        assert_eq!(
+            parsed("country is one of fr, de, and plan is pro"),
+            parsed("country is one of fr, de, plan is pro")
+        );
+        for (input, spelled_out) in [
+            ("country is one of fr, de, has email consent", "country is one of fr, de and has email consent"),
+            ("country is one of fr, de, not plan is pro", "country is one of fr, de and not (plan is pro)"),
+            ("country is one of fr, de, (a is 1 or b is 2)", "country is one of fr, de and (a is 1 or b is 2)"),
+            ("country is one of fr, de, performed purchase", "country is one of fr, de and performed purchase"),
+            ("country is one of fr, de, has not opened", "country is one of fr, de and has not opened"),
+            ("country is one of fr, de or uk", "country is one of fr, de, uk"),
+            ("country is one of fr, de, or uk", "country is one of fr, de, uk"),
+            ("country is one of fr or de or uk", "country is one of fr, de, uk"),
+            ("country is not one of fr, de or uk", "not (country is one of fr, de, uk)"),
+            ("country is one of fr, de or uk, plan is pro", "country is one of fr, de, uk and plan is pro"),
+        ] {
+            assert_eq!(parsed(input), parsed(spelled_out), "{input}");
+        }
+        assert_eq!(
+            parsed("tags is one of new, opened"),
+            condition("tags", Op::In(vec![text("new"), text("opened")])),
+            "a value standing alone after a comma stays in the list, as it always did"
+        );
+        assert_eq!(
+            parsed("tags is one of new or opened"),
+            Filter::Any(vec![condition("tags", Op::In(vec![text("new")])), parsed("opened")]),
+            "as `or opened` always was the contact fact"
+        );
+    }
+
+    #[test]
+    fn given_keywords_in_any_case_with_commas_and_or_lists_when_parsed_then_values_keep_their_case() {
+        assert_eq!(
+            parsed("Plan IS pro OR Enterprise, SUBSCRIBED TO newsletter"),
+            Filter::All(vec![
+                Filter::Any(vec![
+                    condition("Plan", Op::Eq(text("pro"))),
+                    condition("Plan", Op::Eq(text("Enterprise")))
+                ]),
+                condition("subscriptions.newsletter", Op::Eq(text("subscribed"))),
+            ])
+        );
+        assert_eq!(
+            parsed("Country IS ONE OF FR, De OR uk, AND Has Email Consent"),
+            Filter::All(vec![
+                condition("Country", Op::In(vec![text("FR"), text("De"), text("uk")])),
+                condition("consent.email", Op::Eq(Scalar::Bool(true))),
+            ])
+        );
+    }
+
+    #[test]
+    fn given_text_that_still_does_not_parse_when_parsed_then_the_error_says_what_was_expected_and_where() {
+        let cases = [
+            (
+                "Pro and enterprise customers who get the newsletter",
+                "expected `is`, `equals`, `contains`, `starts with`, `ends with`, `exists` or a comparison such as `>` after the field `Pro`, found `and` at character 5",
+            ),
+            (
+                "plan is pro,",
+                "expected a condition such as `plan is pro` after the `,` at character 12, found the end of the text",
+            ),
+            (
+                "(plan is pro, )",
+                "expected a condition such as `plan is pro` after the `,` at character 13, found `)` at character 15",
+            ),
+            (
+                "plan is pro, or plan is team",
+                "expected a condition such as `plan is pro` after the `,` at character 12, found `or` at character 14; a comma means `and`, so `, or` is ambiguous: write `or` without the comma and group with parentheses, as in `(plan is pro or plan is team), subscribed to news`",
+            ),
+            (
+                "plan is pro and enterprise",
+                "expected a condition after `and`, found the lone value `enterprise` at character 17; a field cannot equal two values: to match either, write `plan is pro or enterprise`",
+            ),
+            (
+                "plan is pro or team and enterprise",
+                "expected a condition after `and`, found the lone value `enterprise` at character 25; a field cannot equal two values: to match either, write `plan is pro or team or enterprise`",
+            ),
+            (
+                "plan is pro, enterprise",
+                "expected a condition after `,`, found the lone value `enterprise` at character 14; a field cannot equal two values: to match either, write `plan is pro or enterprise`",
+            ),
+            (
+                "plan is not free or trial",
+                "expected a condition after `or`, found the lone value `trial` at character 21; a negative comparison takes one value: to exclude both, write `plan is not one of free, trial`",
+            ),
+            (
+                "plan != free and 'free trial'",
+                "expected a condition after `and`, found the lone value \"free trial\" at character 18; to exclude both values, write `plan is not one of free, \"free trial\"`",
+            ),
+            (
+                "name does not contain test or demo",
+                "expected a condition after `or`, found the lone value `demo` at character 31; a negative comparison takes one value: to exclude both, write `not (name contains test or demo)`",
+            ),
+            (
+                "age > 30 or 40",
+                "expected a condition after `or`, found the lone value `40` at character 13; only `is`, `contains`, `starts with`, `ends with` and `is one of` take more values after `or`: repeat the field and comparison, as in `age is greater than 40`",
+            ),
+            (
+                "tags contains vip and beta",
+                "expected a condition after `and`, found the lone value `beta` at character 23; `and` joins conditions: repeat the field and comparison, as in `tags contains beta`",
+            ),
+            (
+                "country is one of fr and de",
+                "expected a condition after `and`, found the lone value `de` at character 26; to list another value, write `country is one of fr, de`",
+            ),
+            (
+                "country is not one of fr, de, and uk",
+                "expected a condition after `, and`, found the lone value `uk` at character 35; to list another value, write `country is not one of fr, de, uk`",
+            ),
+            (
+                "country is one of fr, de, or plan is pro",
+                "expected a condition such as `plan is pro` after the `,` at character 25, found `or` at character 27; a comma means `and`, so `, or` is ambiguous: write `or` without the comma and group with parentheses, as in `(plan is pro or plan is team), subscribed to news`",
+            ),
+            ("plan is pro or null", "`null` at character 16 is not a value; use `is set` or `is not set`, or quote it"),
+            (
+                "company is set or acme",
+                "expected `is`, `equals`, `contains`, `starts with`, `ends with`, `exists` or a comparison such as `>` after the field `acme`, found the end of the text",
+            ),
+            (
+                "country is one of fr, de, has performed",
+                "expected the name of an event after `performed`, found the end of the text",
+            ),
+        ];
+
+        for (input, expected) in cases {
+            assert_eq!(parse_error(input), expected, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn given_commas_and_or_lists_when_described_then_the_canonical_words_read_back_the_same() {
+        for input in [
+            "plan is pro or enterprise, subscribed to newsletter",
+            "country is one of fr, de, opened, plan is pro or team",
+            "tags is one of a, b or c, not (email ends with @acme.com or @acme.org), has email consent",
+            "Plan IS pro OR Enterprise, SUBSCRIBED TO newsletter",
+        ] {
+            let filter = parsed(input);
+            let described = describe(&filter);
+            assert!(!described.contains(", subscribed") && !described.contains(", has"), "{described}");
+            assert_eq!(parsed(&described), filter, "{input} -> {described}");
+        }
+        assert_eq!(
+            describe(&parsed("plan is pro or enterprise, subscribed to newsletter")),
+            "(plan is pro or plan is enterprise) and subscribed to newsletter"
+        );
     }
 
     #[test]

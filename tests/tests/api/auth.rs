@@ -26,6 +26,22 @@ async fn missing_and_unknown_keys_are_401_invalid_api_key() {
         assert_eq!(unknown.body["error"]["message"], "invalid key");
         assert_eq!(challenge(&unknown).as_deref(), Some("Bearer realm=\"api\", error=\"invalid_token\""), "key {key}");
     }
+    // A header that is not `Bearer <key>` says what it should look like, with the same code.
+    for header in [
+        ALPHA_MEMBER.to_owned(),
+        format!("Token {ALPHA_MEMBER}"),
+        "Bearer ".to_owned(),
+        "Basic Zm9vOmJhcg==".to_owned(),
+    ] {
+        let bare = app.send(app.request(reqwest::Method::GET, "/me", None).header("authorization", &header)).await;
+        assert_eq!(bare.status, 401, "{header}");
+        assert_eq!(bare.code(), "invalid_api_key", "{header}");
+        assert_eq!(
+            bare.body["error"]["message"], "the Authorization header must be `Authorization: Bearer <key>`",
+            "{header}"
+        );
+        assert_eq!(challenge(&bare).as_deref(), Some("Bearer realm=\"api\", error=\"invalid_token\""), "{header}");
+    }
     let create = app.post("/schemas/contacts/records", "sk_test_unknown_key_00000000000000", &json!({})).await;
     assert_eq!(create.status, 401);
     let no_key = app.send(app.request(reqwest::Method::POST, "/schemas/contacts/records", None).json(&json!({}))).await;

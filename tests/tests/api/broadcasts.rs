@@ -74,6 +74,11 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
     }
     let other = app.get(&format!("/broadcasts/{WEEKLY_BROADCAST}"), ALPHA_ADMIN).await;
     assert_eq!(other.code(), "broadcast_not_found", "another space sees none of it");
+    // The workspace file's slug names it too, in the caller's space only.
+    let by_slug = app.get("/broadcasts/weekly", MAIL_KEY).await;
+    assert_eq!((by_slug.status, &by_slug.body["data"]), (200, &weekly.body["data"]), "{:?}", by_slug.body);
+    let other = app.get("/broadcasts/weekly", ALPHA_ADMIN).await;
+    assert_eq!(other.code(), "broadcast_not_found", "another space's slug names nothing here");
 
     // Three subscribers through the form (subscribed and consenting), one of them suppressed;
     // a consenting contact who never subscribed is not in the topic's audience.
@@ -101,6 +106,10 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
 
     let run = finished_run(&app, WEEKLY_BROADCAST, &run_id, WAIT).await;
     assert_eq!(run["status"], "completed", "{run}");
+    let by_slug = app.get(&format!("/broadcasts/weekly/runs/{run_id}"), MAIL_KEY).await;
+    assert_eq!((by_slug.status, &by_slug.body["data"]["id"]), (200, &json!(run_id)), "{:?}", by_slug.body);
+    let runs = app.get("/broadcasts/weekly/runs", MAIL_KEY).await;
+    assert_eq!(runs.body["data"][0]["id"], json!(run_id), "{:?}", runs.body);
     assert_eq!(run["counts"]["audience"], 3, "{run}");
     assert_eq!(run["counts"]["sent"], 2, "{run}");
     assert_eq!(run["counts"]["skipped"]["suppressed"], 1, "{run}");

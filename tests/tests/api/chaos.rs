@@ -466,8 +466,9 @@ struct Operation {
 }
 
 /// Sends one operation under `Idempotency-Key: key` until it gets a final answer, retrying the
-/// same request after transport errors, 5xx, 429 and idempotency conflicts. (Event fires and
-/// single suppressions take no key: a fire's retry is deduplicated by its `eventId`.)
+/// same request on exactly the answers docs/operations.md ("What a client retries") names: no
+/// answer, 502, 503, 504, 429 (after `Retry-After`) and 409 `idempotency_conflict`. (Event
+/// fires and single suppressions take no key: a fire's retry is deduplicated by its `eventId`.)
 async fn call(
     http: &reqwest::Client,
     method: reqwest::Method,
@@ -485,9 +486,16 @@ async fn call(
         if !body.is_null() {
             request = request.json(body);
         }
+        let mut wait = pause;
         match request.send().await {
             Ok(response) => {
                 let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|value| value.trim().parse::<u64>().ok());
+                wait = wait.max(Duration::from_secs(retry_after.unwrap_or(0)));
                 let answer: Value = response.json().await.unwrap_or(Value::Null);
                 let code = answer["error"]["code"].as_str().unwrap_or_default().to_owned();
                 history.push(format!("{status} {code}"));
@@ -499,7 +507,9 @@ async fn call(
                     (409, "suppression_already_exists") if history.len() > 1 => {
                         return (history, Outcome::Acknowledged(answer));
                     }
-                    (409, "idempotency_conflict" | "idempotency_admission_busy") | (429, _) | (500.., _) => {}
+                    (409, "idempotency_conflict")
+                    | (429, "idempotency_admission_busy" | "rate_limit_exceeded")
+                    | (502..=504, _) => {}
                     _ => return (history, Outcome::Refused(status, answer)),
                 }
             }
@@ -508,7 +518,7 @@ async fn call(
         if started.elapsed() > GIVE_UP_AFTER {
             return (history, Outcome::Unknown);
         }
-        tokio::time::sleep(pause).await;
+        tokio::time::sleep(wait).await;
         pause = (pause * 2).min(Duration::from_secs(1));
     }
 }

@@ -126,3 +126,94 @@ async fn the_platform_cli_reports_plans_and_applies_a_workflow_a_running_node_se
     assert_eq!(steps, ["start", "pause"], "{run}");
     assert!(node.0.try_wait().expect("the node's state").is_none(), "the same node served it all, never restarted");
 }
+
+/// Output an operator reads must not carry what the file keeps secret.
+fn assert_shows_no_secret(output: &str, file_secrets: &[&str]) {
+    for secret in file_secrets {
+        assert!(!output.contains(secret), "the output shows a secret of the file:\n{output}");
+    }
+    for material in ["-----BEGIN", "PRIVATE KEY", "Ciphertext(", "Sealed {", "whsec_"] {
+        let shown = output.lines().any(|line| line.contains(material) && !line.contains(" signs with whsec_"));
+        assert!(!shown, "the output shows key material ({material}):\n{output}");
+    }
+    // Fields holding secrets are named, their values not shown.
+    for field in ["wrappedKey", "privateKey", "ciphertext", "signing\"", "key_hash", "personal", "secret:"] {
+        for line in output.lines().filter(|line| line.contains(field)) {
+            assert!(line.contains("(not shown)") || line.contains("(changed)"), "{field} is shown: {line}\n{output}");
+        }
+    }
+    // A byte array as a debug dump prints one small number per line.
+    let numbers = output.lines().filter(|line| line.trim().trim_end_matches(',').parse::<u8>().is_ok()).count();
+    assert!(numbers < 4, "the output dumps bytes:\n{output}");
+    let data_dir = std::env::current_dir().expect("the working directory").join("data");
+    assert!(!output.contains(&data_dir.display().to_string()), "the output names a server path:\n{output}");
+}
+
+#[tokio::test]
+async fn apply_names_what_it_touches_by_kind_slug_and_id_and_shows_no_secret() {
+    let database_url = create_database().await;
+    let mut workspace: Value = serde_json::from_str(&crate::email::mail_workspace(100)).expect("JSON");
+    let mail = |workspace: &mut Value| {
+        let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+        spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space").clone()
+    };
+    let mut space = mail(&mut workspace);
+    space["webhooks"] = json!([{"id": "wh_cli", "url": "https://hooks.example.com/in", "trigger": "contact upserted",
+        "schema": "people", "integrationVendorName": "Acme"}]);
+    let write = |workspace: &Value, space: &Value| {
+        let mut workspace = workspace.clone();
+        let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+        *spaces.iter_mut().find(|other| other["slug"] == "mail").expect("the mail space") = space.clone();
+        let file = std::env::temp_dir().join(format!("cli-secrets-{}.json", uuid::Uuid::now_v7().simple()));
+        std::fs::write(&file, workspace.to_string()).expect("the workspace file");
+        file
+    };
+    let secrets = [crate::email::MAIL_KEY, "MIIE"];
+    let file = write(&workspace, &space);
+    let file_arg = file.to_str().expect("UTF-8");
+
+    // The dry run names every resource it would create, with its id, and shows no secret.
+    let dry_run = run_binary("platform", &["apply", file_arg, "--dry-run"], &database_url);
+    let dry_text = text(&dry_run);
+    assert!(dry_run.status.success(), "{dry_text}");
+    for line in [
+        &format!("would create form \"signup\": {}", crate::email::SIGNUP_FORM),
+        "would create webhook: wh_cli",
+        "would create template \"newsletter\": tpl_",
+        "would create domain \"main\": dom_",
+        "would create api key \"mail admin\": key_",
+    ] {
+        assert!(dry_text.contains(line), "the dry run names {line:?}:\n{dry_text}");
+    }
+    assert!(dry_text.contains("privateKey\": \"(not shown)\""), "the DKIM key is named, not shown:\n{dry_text}");
+    assert!(dry_text.contains("secret: (not shown)"), "the webhook's secret is named, not shown:\n{dry_text}");
+    assert_shows_no_secret(&dry_text, &secrets);
+
+    // The apply names them too; its only secret is the webhook's, generated and shown once.
+    let applied = run_binary("platform", &["apply", file_arg], &database_url);
+    let applied_text = text(&applied);
+    assert!(applied.status.success(), "{applied_text}");
+    assert!(
+        applied_text.contains(&format!("created form \"signup\": {}", crate::email::SIGNUP_FORM)),
+        "{applied_text}"
+    );
+    assert!(applied_text.contains("webhook wh_cli of Acme signs with whsec_"), "{applied_text}");
+    assert_shows_no_secret(&applied_text, &secrets);
+
+    // A changed URL and a changed key: the diff names the fields, a secret only as changed.
+    space["webhooks"][0]["url"] = json!("https://hooks.example.com/moved");
+    let mut changed = workspace.clone();
+    let users = changed["users"].as_array_mut().expect("users");
+    let admin = users.iter_mut().find(|user| user["email"] == "admin@mail.test").expect("the mail admin");
+    admin["apiKeys"][0]["secret"] = json!("sk_test_mail_admin_rotated_00000009");
+    let file = write(&changed, &space);
+    let dry_run = run_binary("platform", &["apply", file.to_str().expect("UTF-8"), "--dry-run"], &database_url);
+    let dry_text = text(&dry_run);
+    assert!(dry_run.status.success(), "{dry_text}");
+    assert!(dry_text.contains("would change webhook: wh_cli"), "{dry_text}");
+    assert!(dry_text.lines().any(|line| line.starts_with('+') && line.contains("/moved")), "{dry_text}");
+    assert!(dry_text.contains("would change api key \"mail admin\": key_"), "{dry_text}");
+    let changed_hash = dry_text.lines().any(|line| line.starts_with('+') && line.contains("key_hash: (changed)"));
+    assert!(changed_hash, "the key's hash is named as changed:\n{dry_text}");
+    assert_shows_no_secret(&dry_text, &[crate::email::MAIL_KEY, "sk_test_mail_admin_rotated_00000009", "MIIE"]);
+}

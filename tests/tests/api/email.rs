@@ -414,7 +414,8 @@ async fn marketing_mail_shows_its_unsubscribe_link_unless_the_template_places_it
     });
     let parsed = command_service::authoring::parse(&clash).expect("the workspace parses");
     let log = platform::log::EventLog::start(app.pool.clone(), 16);
-    let refused = command_service::authoring::apply(&app.pool, &log, &parsed).await.expect_err("refused");
+    let refused =
+        command_service::authoring::apply(&app.pool, &log, &parsed, Default::default()).await.expect_err("refused");
     assert!(format!("{refused:#}").contains("unsubscribe link's variable"), "{refused:#}");
 }
 
@@ -933,6 +934,49 @@ async fn a_live_apply_that_changes_a_kept_template_does_not_stop_form_submission
     let messages = sink.wait_for(2, WAIT).await;
     let second = messages.iter().find(|message| message["rcptTo"] == json!(["two@example.com"])).expect("sent");
     assert_eq!(second["headers"]["subject"][0], "Please confirm: Newsletter signup");
+}
+
+#[tokio::test]
+async fn a_form_is_found_through_the_api_and_submitted_by_its_id() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    // The read permission lists the space's forms by slug, each with its id and public URLs.
+    let list = app.get("/forms", MAIL_READER).await;
+    assert_eq!(list.status, 200, "{:?}", list.body);
+    let forms = list.body["data"].as_array().expect("forms");
+    let slugs: Vec<&str> = forms.iter().filter_map(|form| form["slug"].as_str()).collect();
+    assert_eq!(slugs, ["closed", "quick", "signup"]);
+    assert_eq!(list.body["pagination"]["totalCount"], 3);
+    let signup = forms.iter().find(|form| form["slug"] == "signup").expect("signup");
+    assert_eq!(signup["id"], SIGNUP_FORM);
+    assert_eq!(signup["submitUrl"], format!("https://api.example.test/v1/forms/{SIGNUP_FORM}/submit"));
+    assert_eq!(signup["confirmUrl"], format!("https://api.example.test/v1/forms/{SIGNUP_FORM}/confirm/{{token}}"));
+    assert_eq!((&signup["doubleOptIn"], &signup["enabled"]), (&json!(true), &json!(true)));
+    assert_eq!(signup["fields"], json!({"email_address": "email", "first_name": "firstName"}));
+    let closed = forms.iter().find(|form| form["slug"] == "closed").expect("closed");
+    assert_eq!((&closed["enabled"], &closed["confirmUrl"]), (&json!(false), &Value::Null));
+    let one = app.get(&format!("/forms/{SIGNUP_FORM}"), MAIL_READER).await;
+    assert_eq!((one.status, &one.body["data"]), (200, signup), "{:?}", one.body);
+    // Another space's key does not see it.
+    let elsewhere = app.get(&format!("/forms/{SIGNUP_FORM}"), ALPHA_MEMBER).await;
+    assert_eq!((elsewhere.status, elsewhere.code().as_str()), (404, Some("form_not_found")), "{:?}", elsewhere.body);
+    let none = app.get("/forms", ALPHA_MEMBER).await;
+    assert_eq!(none.body["data"], json!([]), "{:?}", none.body);
+    // The public submit takes the id, and says so to a caller that sends the slug.
+    let by_slug = post_form_json(&app, "signup", &json!({"email_address": "eve@example.com"}), None).await;
+    assert_eq!((by_slug.status, by_slug.code().as_str()), (404, Some("form_not_found")));
+    let message = by_slug.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("not its slug") && message.contains("GET /forms"), "{message}");
+    // Submitted at the URL the API gave, the confirmation mail links to its confirmUrl.
+    let path = signup["submitUrl"].as_str().and_then(|url| url.split("/v1").nth(1)).expect("a path").to_owned();
+    let submitted = app
+        .send(app.request(reqwest::Method::POST, &path, None).json(&json!({"email_address": "eve@example.com"})))
+        .await;
+    assert_eq!(submitted.status, 200, "{:?}", submitted.body);
+    let messages = sink.wait_for(1, WAIT).await;
+    let link = confirmation_path(&messages[0]);
+    let prefix = signup["confirmUrl"].as_str().and_then(|url| url.split("/v1").nth(1)).expect("a path");
+    assert!(link.starts_with(prefix.trim_end_matches("{token}")), "{link} is not {prefix}");
 }
 
 #[tokio::test]
@@ -1627,7 +1671,7 @@ async fn a_send_policy_that_cannot_hold_is_refused_at_apply_naming_the_problem()
         ),
     ] {
         let workspace = command_service::authoring::parse(&policy_workspace(&policy)).expect("parses");
-        let refused = command_service::authoring::plan(&app.pool, &workspace).await.err();
+        let refused = command_service::authoring::plan(&app.pool, &workspace, Default::default()).await.err();
         let message = refused.map(|error| format!("{error:#}")).unwrap_or_default();
         assert!(message.contains(problem), "{policy}: {message}");
     }
@@ -1646,10 +1690,18 @@ async fn marketing_mail_without_a_postal_address_is_refused_at_apply_and_the_spa
         }
         command_service::authoring::parse(&workspace.to_string()).expect("parses")
     };
-    let refused = command_service::authoring::plan(&app.pool, &without(None)).await.err();
+    let refused = command_service::authoring::plan(&app.pool, &without(None), Default::default()).await.err();
     let message = refused.map(|error| format!("{error:#}")).unwrap_or_default();
     assert!(message.contains("postal address") && message.contains("\"hello\""), "{message}");
-    assert!(command_service::authoring::plan(&app.pool, &without(Some("Mail Ltd, 2 High Street, York"))).await.is_ok());
-    let short = command_service::authoring::plan(&app.pool, &without(Some("x"))).await.err();
+    assert!(
+        command_service::authoring::plan(
+            &app.pool,
+            &without(Some("Mail Ltd, 2 High Street, York")),
+            Default::default()
+        )
+        .await
+        .is_ok()
+    );
+    let short = command_service::authoring::plan(&app.pool, &without(Some("x")), Default::default()).await.err();
     assert!(short.is_some_and(|error| format!("{error:#}").contains("5 to 300 characters")));
 }

@@ -452,7 +452,9 @@ impl TestApp {
     pub(crate) async fn apply_workspace(&self, text: &str, wait: bool) -> command_service::authoring::ApplyReport {
         let workspace = command_service::authoring::parse(text).expect("workspace parses");
         let event_log = platform::log::EventLog::start(self.pool.clone(), 16);
-        let report = command_service::authoring::apply(&self.pool, &event_log, &workspace).await.expect("apply");
+        // The test apps allow loopback webhook targets (their receivers listen there).
+        let rules = command_service::authoring::Rules { allow_loopback_webhooks: true };
+        let report = command_service::authoring::apply(&self.pool, &event_log, &workspace, rules).await.expect("apply");
         if wait {
             command_service::authoring::wait_for_catalog(&self.pool, report.position, Duration::from_secs(20))
                 .await

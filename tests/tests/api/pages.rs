@@ -217,12 +217,25 @@ async fn a_recipient_unsubscribes_changes_preferences_and_sees_pages_for_bad_lin
         {"goto": format!("{}/forms/{QUICK_FORM}/confirm/not-a-token", node.base)}, {"capture": "wrong-link"},
         {"goto": format!("{}/emails/em_unknown/unsubscribe", node.base)}, {"capture": "unknown-email"},
         {"goto": format!("file://{}", bad_form.display())}, {"click": "form button"}, {"capture": "bad-post"},
+        {"goto": format!("{}/forms/{QUICK_FORM}/confirm/", node.base)}, {"capture": "cut-confirm"},
+        {"goto": format!("{}/emails/{email_id}/unsub", node.base)}, {"capture": "cut-unsubscribe"},
+        {"goto": format!("{}/forms/{QUICK_FORM}/submit", node.base)}, {"capture": "submit-opened"},
+        {"goto": format!("{}/emails/em_%00/unsubscribe", node.base)}, {"capture": "malformed"},
     ]))
     .await;
     assert_eq!(captures[0]["title"], "Link not valid", "{}", text(&captures[0]));
     assert_eq!(captures[1]["title"], "Link not found", "{}", text(&captures[1]));
     assert_eq!(captures[2]["title"], "Please check what you sent", "{}", text(&captures[2]));
     assert!(text(&captures[2]).contains("email: An email address is required."), "{}", text(&captures[2]));
+    // Cut and malformed addresses under /forms/ and /emails/ are pages too, not JSON.
+    assert_eq!(captures[3]["title"], "Page not found", "{}", text(&captures[3]));
+    assert!(text(&captures[3]).contains("cut off by your mail program"), "{}", text(&captures[3]));
+    assert_eq!(captures[4]["title"], "Page not found", "{}", text(&captures[4]));
+    assert_eq!(captures[5]["title"], "Page not available", "{}", text(&captures[5]));
+    assert_eq!(captures[6]["title"], "Please check what you sent", "{}", text(&captures[6]));
+    for capture in &captures[3..] {
+        assert!(!text(capture).contains("\"error\""), "a page, not JSON: {}", text(capture));
+    }
 }
 
 /// The contact's latest subscription status to the topic, from its subscriptions stream.

@@ -144,6 +144,34 @@ async fn a_segment_is_made_from_text_once_and_its_membership_follows_the_records
 }
 
 #[tokio::test]
+async fn a_segment_takes_the_forms_people_type_commas_or_lists_and_any_case() {
+    let app = TestApp::spawn().await;
+    contact(&app, "pro@acme.com", "pro").await;
+    contact(&app, "pro@beta.com", "pro").await;
+    contact(&app, "pro@other.com", "pro").await;
+    contact(&app, "free@acme.com", "free").await;
+    let typed = "plan IS pro, email ENDS WITH @acme.com OR @beta.com";
+    let response = define(&app, ALPHA_ADMIN, "Pro at Acme or Beta", typed).await;
+    assert_eq!(response.status, 201, "{:?}", response.body);
+    let id = response.body["data"]["id"].as_str().expect("id").to_owned();
+    // The description is the canonical words of what was understood.
+    assert_eq!(
+        response.body["data"]["description"],
+        "plan is pro and (email ends with @acme.com or email ends with @beta.com)",
+        "{:?}",
+        response.body
+    );
+    let mut found = members(&app, ALPHA_ADMIN, &id).await;
+    found.sort();
+    assert_eq!(found, ["pro@acme.com", "pro@beta.com"]);
+    // Still a grammar: what it cannot read is refused with where and what it expected.
+    let refused = define(&app, ALPHA_ADMIN, "x", "plan is pro and free").await;
+    assert_eq!((refused.status, refused.code().as_str()), (422, Some("ai_generation_failed")), "{:?}", refused.body);
+    let message = refused.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("at character 17") && message.contains("plan is pro or free"), "{message}");
+}
+
+#[tokio::test]
 async fn membership_follows_subscriptions_events_and_time_and_a_rebuild_gives_the_same() {
     let app = TestApp::spawn().await;
     app.apply_workspace(&mail_workspace(100), true).await;

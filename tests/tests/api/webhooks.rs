@@ -325,6 +325,63 @@ async fn integration_owned_webhooks_are_listed_but_cannot_be_changed() {
     let got = receiver.wait_for("vendor", 1, WAIT).await;
     assert_eq!(got[0]["body"]["data"]["email"], "vendor@example.com");
     assert_eq!(got[0]["verifiedWith"], json!([0]), "the integration verifies with the secret the apply showed");
+
+    // Taken out of the file, the next apply deletes it (its secret's key shredded): it is gone
+    // from the API and delivers no more.
+    let removed = app.apply_workspace(WORKSPACE, true).await;
+    assert!(removed.events >= 1, "the apply deleted the webhook");
+    app.wait_for_projections().await;
+    let gone = app.get("/webhooks/wh_vendor", ALPHA_ADMIN).await;
+    assert_eq!((gone.status, gone.code().as_str()), (404, Some("webhook_not_found")), "{:?}", gone.body);
+    let keys = app.query_i64("SELECT count(*) FROM subject_keys WHERE subject_id LIKE '%wh_vendor%'").await;
+    assert_eq!(keys, 0, "the secret's key is shredded");
+    app.create_contact(&json!({"email": "after@example.com"})).await;
+    app.wait_for_projections().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received("vendor").await.len(), 1, "no delivery after its removal");
+    // Applying without it again appends nothing; declaring the removed id again is refused.
+    assert_eq!(app.apply_workspace(WORKSPACE, true).await.events, 0);
+    let parsed = command_service::authoring::parse(&workspace).expect("parses");
+    let rules = command_service::authoring::Rules { allow_loopback_webhooks: true };
+    let again = command_service::authoring::plan(&app.pool, &parsed, rules).await.err().map(|e| e.to_string());
+    assert!(again.as_deref().is_some_and(|message| message.contains("give it a new id")), "{again:?}");
+}
+
+#[tokio::test]
+async fn apply_holds_workspace_webhooks_to_the_targets_post_webhooks_allows() {
+    let app = TestApp::spawn().await;
+    let with_url = |url: &str| {
+        let workspace = WORKSPACE.replacen(
+            "\"aiCredits\": 100,",
+            &format!("\"aiCredits\": 100, \"webhooks\": [{{\"id\": \"wh_inward\", \"url\": \"{url}\", \"trigger\": \"contact upserted\", \"schema\": \"contacts\", \"integrationVendorName\": \"Acme\"}}],"),
+            1,
+        );
+        command_service::authoring::parse(&workspace)
+    };
+    let strict = command_service::authoring::Rules { allow_loopback_webhooks: false };
+    let loose = command_service::authoring::Rules { allow_loopback_webhooks: true };
+    for (url, rules, refused) in [
+        ("http://127.0.0.1:9/hook", strict, Some("loopback")),
+        ("http://localhost:9/hook", strict, Some("loopback")),
+        ("http://127.0.0.1:9/hook", loose, None),
+        ("http://10.1.2.3/hook", loose, Some("private")),
+        ("http://169.254.169.254/latest/meta-data", loose, Some("metadata")),
+        ("https://hooks.example.com/in", strict, None),
+    ] {
+        // The file's own check refuses what no deployment allows; the plan, what this one does not.
+        let planned = match with_url(url) {
+            Ok(workspace) => command_service::authoring::plan(&app.pool, &workspace, rules).await.map(|_| ()),
+            Err(error) => Err(error),
+        };
+        match refused {
+            Some(word) => {
+                let message = planned.err().map(|error| error.to_string()).unwrap_or_default();
+                assert!(message.contains("wh_inward") && message.contains(word), "{url}: {message}");
+            }
+            None => assert!(planned.is_ok(), "{url} is allowed"),
+        }
+    }
+    assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE stream_id = 'webhook-wh_inward'").await, 0);
 }
 
 #[tokio::test]

@@ -173,8 +173,16 @@ async fn a_journey_runs_every_step_kind_through_real_mail_and_a_real_webhook_rec
     for (index, ((step, kind), (got_step, got_kind, status))) in expected.iter().zip(&got).enumerate() {
         assert_eq!((got_step.as_str(), got_kind.as_str(), status.as_str()), (*step, *kind, "completed"), "{run}");
         assert_eq!(run["history"][index]["index"], index + 1);
+        if *kind != "send_email" {
+            assert_eq!(run["history"][index]["emailId"], Value::Null, "only a send step names an email: {run}");
+        }
     }
     assert_eq!(run["nextHistoryBeforeIndex"], Value::Null);
+    // The completed send step names its email, whose story is the one delivered.
+    let email_id = run["history"][3]["emailId"].as_str().expect("a completed send step names its email").to_owned();
+    let story = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
+    assert_eq!(story.status, 200, "{:?}", story.body);
+    assert_eq!(story.body["data"]["origin"]["workflowId"], workflow.as_str(), "{:?}", story.body);
 
     // The email went out once, signed; the contact was updated, subscribed and unsubscribed.
     let messages = sink.wait_for(1, WAIT).await;
@@ -276,7 +284,8 @@ async fn a_paused_workflow_holds_its_runs_and_triggers_and_lets_them_go_on_at_un
     assert_eq!((paused.status, &paused.body["data"]["status"]), (200, &json!("paused")), "{:?}", paused.body);
     let replayed = post(&app, &format!("/workflows/{workflow}/pause"), Some("pause-1"), None).await;
     assert_eq!(replayed.header("idempotent-replay"), Some("true"));
-    let again = post(&app, &format!("/workflows/{workflow}/pause"), Some("pause-2"), None).await;
+    // The slug names the workflow as its id does.
+    let again = post(&app, "/workflows/sleeper/pause", Some("pause-2"), None).await;
     assert_eq!((again.status, &again.body["data"]["status"]), (200, &json!("paused")), "pausing twice changes nothing");
     // A trigger during the pause is accepted and waits.
     let second = post(&app, "/workflows/sleep-hook", Some("during"), Some(&json!({}))).await;
@@ -302,8 +311,20 @@ async fn a_paused_workflow_holds_its_runs_and_triggers_and_lets_them_go_on_at_un
     assert_eq!(second_run["status"], "exited", "{second_run}");
     let replayed = post(&app, &format!("/workflows/{workflow}/unpause"), Some("unpause-1"), None).await;
     assert_eq!(replayed.header("idempotent-replay"), Some("true"));
-    let live = post(&app, &format!("/workflows/{workflow}/unpause"), Some("unpause-2"), None).await;
+    let live = post(&app, "/workflows/sleeper/unpause", Some("unpause-2"), None).await;
     assert_eq!(live.body["data"]["status"], "published", "unpausing a live workflow changes nothing");
+    let by_id = app.get(&format!("/workflows/{workflow}"), MAIL_KEY).await;
+    for path in
+        ["/workflows/sleeper".to_owned(), "/workflows/sleeper/stats".to_owned(), "/workflows/sleeper/runs".to_owned()]
+    {
+        let by_slug = app.get(&path, MAIL_KEY).await;
+        assert_eq!(by_slug.status, 200, "{path}: {:?}", by_slug.body);
+    }
+    assert_eq!(app.get("/workflows/sleeper", MAIL_KEY).await.body["data"], by_id.body["data"]);
+    let run = app.get(&format!("/workflows/sleeper/runs/{first_id}"), MAIL_KEY).await;
+    assert_eq!(run.body["data"]["id"], json!(first_id), "{:?}", run.body);
+    let elsewhere = app.get("/workflows/sleeper", ALPHA_ADMIN).await;
+    assert_eq!(elsewhere.code(), "workflow_not_found", "another space's slug names nothing here");
 }
 
 #[tokio::test]
@@ -323,6 +344,9 @@ async fn triggers_are_refused_with_the_contracts_answers() {
         (format!("/workflows/{live}"), "workflow_not_found"),
         ("/workflows/draft-hook".to_owned(), "workflow_not_published"),
         (format!("/workflows/{draft}/pause"), "workflow_not_published"),
+        ("/workflows/draft/pause".to_owned(), "workflow_not_published"),
+        // The trigger's path is the incoming-webhook step's reference id, never the slug (D10).
+        ("/workflows/live".to_owned(), "workflow_not_found"),
         ("/workflows/wf_nope/pause".to_owned(), "workflow_not_found"),
     ] {
         let refused = post(&app, &path, None, Some(&json!({}))).await;
@@ -419,7 +443,8 @@ async fn an_apply_refuses_a_bad_graph_naming_the_step() {
         let text = workspace(workflows);
         let parsed = command_service::authoring::parse(&text).expect("the file parses");
         let log = platform::log::EventLog::start(app.pool.clone(), 4);
-        let refused = command_service::authoring::apply(&app.pool, &log, &parsed).await.expect_err("refused");
+        let refused =
+            command_service::authoring::apply(&app.pool, &log, &parsed, Default::default()).await.expect_err("refused");
         let message = format!("{refused:#}");
         assert!(message.contains(named), "{named}: {message}");
         assert!(message.contains("workflow \"bad\""), "{message}");

@@ -272,6 +272,25 @@ pub fn topic_document(id: &str, topic: &TopicDef) -> Value {
     json!({ "id": id, "slug": topic.slug, "name": topic.name, "description": topic.description })
 }
 
+/// A form's public document, with the public URLs under `public_base_url` (with `/v1`) that
+/// a page posts to and that a confirmation email links to (`{token}` stands for the token).
+pub fn form_document(id: &str, form: &FormDef, public_base_url: &str) -> Value {
+    let base = public_base_url.trim_end_matches('/');
+    json!({
+        "id": id,
+        "slug": form.slug,
+        "name": form.name,
+        "enabled": form.enabled,
+        "schemaId": form.schema_id,
+        "fields": form.fields,
+        "topicIds": form.topic_ids,
+        "doubleOptIn": form.double_opt_in,
+        "confirmationTemplateId": form.confirmation_template_id,
+        "submitUrl": format!("{base}/forms/{id}/submit"),
+        "confirmUrl": form.double_opt_in.then(|| format!("{base}/forms/{id}/confirm/{{token}}")),
+    })
+}
+
 pub fn template_document(id: &str, revision: i64, template: &TemplateDef) -> Value {
     let expected: serde_json::Map<String, Value> = template
         .data
