@@ -254,7 +254,8 @@ fn hidden_and_text(event: &LogEvent) -> (Vec<(String, String)>, String) {
         let name = trimmed.split_once(':').map(|(name, _)| name.trim()).unwrap_or_default();
         // A sealed value (`field: Some(` then `Sealed {` ... `},` then `),`): one line.
         if trimmed.ends_with(": Some(") && lines.get(index + 1).is_some_and(|next| next.trim() == "Sealed {") {
-            let end = (index + 2..lines.len()).find(|&at| lines[at].trim() == "),").unwrap_or(lines.len() - 1);
+            let closes = |at: &usize| lines[*at].starts_with(&format!("{indent})"));
+            let end = (index + 2..lines.len()).find(closes).unwrap_or(lines.len() - 1);
             let value = lines[index..=end].join("\n");
             text.push_str(&format!("{indent}{name}: {},\n", placeholder(hidden.len())));
             hidden.push((name.to_owned(), value));
@@ -824,5 +825,59 @@ pub async fn wait_for_catalog(pool: &Pool, position: i64, timeout: Duration) -> 
             anyhow::bail!("the catalog read model did not reach position {position}; is a projector running?");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn webhook(url: &str, secret: &[u8]) -> LogEvent {
+        LogEvent::WebhookCreated(proto::WebhookCreated {
+            webhook_id: "wh_1".into(),
+            url: url.into(),
+            secret: Some(proto::Sealed {
+                body: Some(proto::sealed::Body::Ciphertext(secret.to_vec())),
+                subject_id: "webhook-wh_1".into(),
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_sealed_field_is_one_line_not_shown_and_marked_changed_only_when_it_changed() {
+        let (none, text) = describe_change(None, &webhook("https://a.example", &[1, 2, 3]));
+        assert!(none.is_none());
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        let at = lines.iter().position(|line| *line == "secret: (not shown),").expect("the secret's line");
+        assert!(lines[at + 1].starts_with("integration_vendor_name"), "the sealed value is one line:\n{text}");
+        assert!(!text.contains("Ciphertext") && !text.contains("subject_id"), "{text}");
+
+        let before = webhook("https://a.example", &[1, 2, 3]);
+        let (old, new) = describe_change(Some(&before), &webhook("https://b.example", &[1, 2, 3]));
+        assert!(new.contains("secret: (not shown)") && old.is_some_and(|old| old.contains("secret: (not shown)")));
+        let (_, new) = describe_change(Some(&before), &webhook("https://a.example", &[9, 9, 9]));
+        assert!(new.contains("secret: (changed)"), "{new}");
+    }
+
+    #[test]
+    fn secrets_in_an_authored_definition_are_named_not_shown() {
+        let resource = |private: &str| {
+            LogEvent::ResourceDefined(proto::ResourceDefined {
+                kind: "domain".into(),
+                resource_id: "dom_1".into(),
+                definition_json:
+                    serde_json::json!({"slug": "main", "dkim": {"privateKey": private, "wrappedKey": "AAAA",
+                    "publicKey": "MIIB"}})
+                    .to_string(),
+                revision: 1,
+                ..Default::default()
+            })
+        };
+        let (_, text) = describe_change(None, &resource("c2VjcmV0"));
+        assert!(text.contains("\"privateKey\": \"(not shown)\"") && text.contains("\"wrappedKey\": \"(not shown)\""));
+        assert!(text.contains("MIIB") && !text.contains("c2VjcmV0") && !text.contains("AAAA"), "{text}");
+        let (_, text) = describe_change(Some(&resource("c2VjcmV0")), &resource("b3RoZXI="));
+        assert!(text.contains("\"privateKey\": \"(changed)\"") && text.contains("\"wrappedKey\": \"(not shown)\""));
     }
 }

@@ -160,7 +160,10 @@ async fn load_owned(ctx: &Ctx<'_>, caller: &Caller, webhook_id: &str) -> Result<
     if let Some(vendor) = &webhook.integration_vendor_name {
         return Err(ApiError::conflict(
             Code::WebhookIntegrationOwned,
-            format!("webhook {webhook_id} is owned by the {vendor} integration; change it there"),
+            format!(
+                "webhook {webhook_id} is owned by the {vendor} integration: change it there, or in the workspace \
+                 file that declares it (an apply without it deletes it)"
+            ),
         ));
     }
     Ok((version, webhook))
