@@ -49,16 +49,6 @@ pub(crate) async fn request_id_middleware(
     Ok(response)
 }
 
-/// The answer to an error: its status, its headers (`Retry-After`, `Allow`) and the
-/// contract's envelope.
-pub(crate) fn error_response(error: &ApiError) -> HttpResponse {
-    let mut response = HttpResponse::build(error.status());
-    for (name, value) in error.headers() {
-        response.insert_header((*name, value.as_str()));
-    }
-    response.json(error.body())
-}
-
 /// An [`ApiError`] as actix answers it (what a handler's `Err` becomes, see [`answering`]).
 #[derive(Debug)]
 pub struct Failure(pub ApiError);
@@ -75,7 +65,7 @@ impl actix_web::ResponseError for Failure {
     }
 
     fn error_response(&self) -> HttpResponse {
-        error_response(&self.0)
+        crate::envelope::error_response(&self.0)
     }
 }
 

@@ -4,6 +4,7 @@
 //! readiness, metrics).
 
 pub mod auth;
+mod envelope;
 pub mod http;
 pub mod ops;
 pub mod pages;

@@ -257,7 +257,7 @@ pub fn answer(browser: bool, result: Result<HttpResponse, ApiError>) -> HttpResp
             }
             respond(builder, Message::for_error(&error).page())
         }
-        Err(error) => crate::http::error_response(&error),
+        Err(error) => crate::envelope::error_response(&error),
     }
 }
 
