@@ -29,7 +29,12 @@ async fn main() -> anyhow::Result<()> {
             application.run_until_stopped().await?;
         }
         Command::Apply(arguments) => command_service::cli::apply(arguments, &settings).await?,
-        Command::Import(arguments) => command_service::imports::cli::import(arguments, &settings).await?,
+        Command::Import(arguments) => {
+            let code = command_service::imports::cli::import(arguments, &settings).await?;
+            if code != std::process::ExitCode::SUCCESS {
+                return Err(anyhow::anyhow!("the import did not succeed"));
+            }
+        }
     }
     Ok(())
 }

@@ -61,7 +61,31 @@ pub struct Import {
     part_rows: usize,
 }
 
-pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result<()> {
+/// How the command ends: 0 when rows were imported (some may have failed), 1 on an error or
+/// when every row failed, 2 when the file and the settings were refused before any row was
+/// stored (an unknown column, a column mapped twice, no identity column).
+pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result<std::process::ExitCode> {
+    match import_file(arguments, settings).await {
+        Err(error) => match error.downcast::<Refused>() {
+            Ok(Refused(refusal)) => {
+                eprintln!("refused, nothing was stored: {}", refusal.message());
+                for issue in refusal.issues() {
+                    eprintln!("  {}: {}", issue.key.as_deref().unwrap_or("-"), issue.message);
+                }
+                Ok(std::process::ExitCode::from(2))
+            }
+            Err(error) => Err(error),
+        },
+        Ok(code) => Ok(code),
+    }
+}
+
+/// The settings or the file refused before any row was stored.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.message())]
+struct Refused(platform::error::ApiError);
+
+async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Result<std::process::ExitCode> {
     let file = std::fs::File::open(&arguments.file).with_context(|| format!("opening {}", arguments.file.display()))?;
     let metadata = file.metadata()?;
     let format = match arguments.format.as_deref() {
@@ -101,8 +125,12 @@ pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result
         consent_label: arguments.consent.clone(),
         columns,
     };
+    domain::imports::check_columns(&import_settings, &context.schema.schema_type, &context.attributes)
+        .map_err(Refused)?;
     let refused = |failed: store::Failed| anyhow::anyhow!("{failed}; pass another --id");
-    store::create(&client, (&space_id, &import_id), &context.schema, &import_settings, None).await.map_err(refused)?;
+    store::create(&mut client, (&space_id, &import_id), &context.schema, &import_settings, None)
+        .await
+        .map_err(refused)?;
     eprintln!("import {import_id}: {} into {} ({})", arguments.file.display(), arguments.schema, format.as_str());
 
     let mut progress = platform::progress::Progress::new("storing the file", metadata.len(), "bytes");
@@ -113,6 +141,7 @@ pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result
         stored: 0,
         starts: Vec::new(),
         most_rows: arguments.part_rows.max(1),
+        check: (&import_settings, &context),
     };
     match format {
         Format::Csv => split_csv(file, std::fs::File::open(&arguments.file)?, &mut parts, &mut progress).await?,
@@ -125,7 +154,7 @@ pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result
     store::close(&mut client, (&space_id, &import_id), total_parts).await.map_err(refused)?;
     if arguments.no_wait {
         println!("stored {total_parts} parts; follow it with GET /v1/imports/{import_id}");
-        return Ok(());
+        return Ok(std::process::ExitCode::SUCCESS);
     }
     follow(&client, &space_id, &import_id, &starts).await
 }
@@ -138,12 +167,20 @@ struct Parts<'a> {
     stored: usize,
     starts: Vec<i64>,
     most_rows: usize,
+    /// What a CSV part's header is checked against before the part is stored.
+    check: (&'a Settings, &'a domain::catalog::WriteContext),
 }
 
 impl Parts<'_> {
     async fn store(&mut self, body: &[u8], rows: usize) -> anyhow::Result<()> {
         std::str::from_utf8(body)
             .with_context(|| format!("part {} of the file is not UTF-8", self.starts.len() + 1))?;
+        let (settings, context) = self.check;
+        if let Some(headers) = domain::imports::parse::headers(settings.format, body).map_err(anyhow::Error::msg)? {
+            let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+            domain::imports::check_header(&headers, settings, &context.schema.schema_type, &context.attributes)
+                .map_err(Refused)?;
+        }
         let part = i32::try_from(self.starts.len() + 1)?;
         self.starts.push(i64::try_from(self.stored)?);
         self.stored += rows;
@@ -228,7 +265,12 @@ async fn split_lines(
 }
 
 /// Follows the worker until every row has its result, then prints the summary.
-async fn follow(client: &impl GenericClient, space_id: &str, import_id: &str, starts: &[i64]) -> anyhow::Result<()> {
+async fn follow(
+    client: &impl GenericClient,
+    space_id: &str,
+    import_id: &str,
+    starts: &[i64],
+) -> anyhow::Result<std::process::ExitCode> {
     let document = |client| domain::imports::status::document(client, space_id, import_id);
     let first = document(client).await?.context("the import vanished")?;
     let total = first["rows"]["total"].as_u64().unwrap_or(0);
@@ -258,7 +300,7 @@ async fn summary(
     import_id: &str,
     status: &Value,
     starts: &[i64],
-) -> anyhow::Result<()> {
+) -> anyhow::Result<std::process::ExitCode> {
     let rows = &status["rows"];
     println!(
         "import {import_id}: {} rows: {} created, {} updated, {} unchanged, {} failed",
@@ -290,7 +332,12 @@ async fn summary(
     if failed_total > SHOWN_FAILURES {
         println!("  ... and {} more: GET /v1/imports/{import_id}/rows?status=failed", failed_total - SHOWN_FAILURES);
     }
-    Ok(())
+    let total = rows["total"].as_i64().unwrap_or(0);
+    if total > 0 && failed_total == total {
+        eprintln!("every row failed: nothing was imported");
+        return Ok(std::process::ExitCode::FAILURE);
+    }
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// An id for the file as it is now: its path, size and modification time.

@@ -46,9 +46,10 @@ pub async fn create(
     check_id(&import_id)?;
     let settings = imports::parse_settings(body)?;
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &settings.schema).await?;
-    let client = state.pool.get().await?;
+    imports::check_columns(&settings, &context.schema.schema_type, &context.attributes)?;
+    let mut client = state.pool.get().await?;
     let created =
-        store::create(&client, (caller.space_id(), &import_id), &context.schema, &settings, Some(caller.key_id()))
+        store::create(&mut client, (caller.space_id(), &import_id), &context.schema, &settings, Some(caller.key_id()))
             .await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let document = domain::imports::status::document(&client, caller.space_id(), &import_id)
@@ -105,6 +106,12 @@ pub async fn put_part(
     let context = write_contexts::at_edge(&state, Kind::Record, space_id, &schema_id).await?;
     let rows = imports::parse::read_part(settings.format, &body, &settings.columns, &context.attributes)
         .map_err(|message| ApiError::bad_request(Code::InvalidBody, message))?;
+    if let Some(headers) = imports::parse::headers(settings.format, &body)
+        .map_err(|message| ApiError::bad_request(Code::InvalidBody, message))?
+    {
+        let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+        imports::check_header(&headers, &settings, &context.schema.schema_type, &context.attributes)?;
+    }
     let rows_count = i32::try_from(rows.len()).unwrap_or(i32::MAX);
     let mut client = state.pool.get().await?;
     let (status, rows_count) =

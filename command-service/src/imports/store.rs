@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 pub(crate) enum Refused {
     #[error("no import {0:?} in this space")]
     NotFound(String),
-    #[error("import {0:?} exists with other settings; choose another import id")]
+    #[error("import {0:?} exists with other settings and has written rows; choose another import id")]
     OtherSettings(String),
     #[error("part {part} of import {import_id:?} was received with another body")]
     OtherBody { import_id: String, part: i32 },
@@ -57,9 +57,11 @@ impl From<Failed> for ApiError {
     }
 }
 
-/// Creates the import; `true` when it is new, `false` when it exists with these settings.
+/// Creates the import; `true` when it is new (or started again: it existed with other
+/// settings and had written no row, so its parts and results were dropped), `false` when it
+/// exists with these settings.
 pub(crate) async fn create(
-    client: &impl GenericClient,
+    client: &mut deadpool_postgres::Client,
     (space_id, import_id): (&str, &str),
     schema: &SchemaEntry,
     settings: &Settings,
@@ -97,9 +99,62 @@ pub(crate) async fn create(
         .map(|row| row.get(0));
     match stored {
         Some(stored) if stored == digest => Ok(false),
-        Some(_) => Err(Refused::OtherSettings(import_id.to_owned()).into()),
+        Some(_) => start_again(client, (space_id, import_id), schema, (&document, &digest), actor_key_id).await,
         None => Err(Refused::NotFound(import_id.to_owned()).into()),
     }
+}
+
+/// Replaces the settings of an import that wrote no row (every row failed, or none was
+/// decided yet), dropping its parts and row results: the caller fixes its settings and sends
+/// the file again under the same id. Taken under the worker's lock, so no part is decided
+/// meanwhile; an import that wrote a row keeps its settings (409).
+async fn start_again(
+    client: &mut deadpool_postgres::Client,
+    (space_id, import_id): (&str, &str),
+    schema: &SchemaEntry,
+    (document, digest): (&serde_json::Value, &Vec<u8>),
+    actor_key_id: Option<&str>,
+) -> Result<bool, Failed> {
+    let transaction = client.transaction().await?;
+    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&domain::imports::WORKER_LOCK]).await?;
+    let written: bool = transaction
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM import_parts WHERE space_id = $1 AND import_id = $2
+                            AND (created > 0 OR updated > 0))
+                 OR EXISTS (SELECT 1 FROM import_rows WHERE space_id = $1 AND import_id = $2
+                            AND status IN ('created', 'updated'))",
+            &[&space_id, &import_id],
+        )
+        .await?
+        .get(0);
+    if written {
+        return Err(Refused::OtherSettings(import_id.to_owned()).into());
+    }
+    for table in ["import_rows", "import_parts"] {
+        transaction
+            .execute(&format!("DELETE FROM {table} WHERE space_id = $1 AND import_id = $2"), &[&space_id, &import_id])
+            .await?;
+    }
+    transaction
+        .execute(
+            "UPDATE imports SET schema_id = $3, schema_type = $4, format = $5, settings = $6, settings_digest = $7,
+                    actor_key_id = $8, created_at_ms = $9, parts_total = NULL, closed_at_ms = NULL
+             WHERE space_id = $1 AND import_id = $2",
+            &[
+                &space_id,
+                &import_id,
+                &schema.schema_id,
+                &schema.schema_type,
+                &document["format"].as_str(),
+                document,
+                digest,
+                &actor_key_id,
+                &platform::time::now_millis(),
+            ],
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok(true)
 }
 
 /// The import's schema and settings.

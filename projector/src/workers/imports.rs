@@ -36,7 +36,7 @@ const POLL: Duration = Duration::from_millis(500);
 /// fails with `concurrent_modification`.
 const ATTEMPTS: u8 = 5;
 /// One process at a time decides parts.
-const LOCK: i64 = 0x696d_706f_7274; // "import"
+const LOCK: i64 = domain::imports::WORKER_LOCK;
 
 pub struct Imports {
     pool: Pool,

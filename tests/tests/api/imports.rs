@@ -116,10 +116,12 @@ async fn a_csv_of_ten_thousand_rows_gives_each_row_its_result_and_a_second_impor
     let created = create_import(&app, "members-1", &settings).await;
     assert_eq!(created.status, 201, "{:?}", created.body);
     assert_eq!(created.body["data"]["status"], "receiving");
-    // The same create again is the same import; other settings under its id are refused.
+    // The same create again is the same import. Other settings under its id start it again
+    // while it has written nothing (a fixed column map, say); once it has, they are refused.
     assert_eq!(create_import(&app, "members-1", &settings).await.status, 200);
     let other = create_import(&app, "members-1", &json!({"schema": "members", "format": "ndjson"})).await;
-    assert_eq!((other.status, other.code().clone()), (409, json!("import_conflict")));
+    assert_eq!((other.status, &other.body["data"]["format"]), (201, &json!("ndjson")), "{:?}", other.body);
+    assert_eq!(create_import(&app, "members-1", &settings).await.status, 201, "and back, as nothing was written");
 
     let (first, second, fresh) = file();
     let part = put(&app, "/imports/members-1/parts/1", "text/csv", first.clone()).await;
@@ -141,6 +143,8 @@ async fn a_csv_of_ten_thousand_rows_gives_each_row_its_result_and_a_second_impor
     assert_eq!((late.status, late.code().clone()), (409, json!("import_conflict")));
 
     let import = completed(&app, "members-1").await;
+    let other = create_import(&app, "members-1", &json!({"schema": "members", "format": "ndjson"})).await;
+    assert_eq!((other.status, other.code().clone()), (409, json!("import_conflict")), "it has written rows");
     let created_rows = fresh + 3; // the new addresses, dup, sup, consent
     assert_eq!(
         import["rows"],
@@ -473,4 +477,79 @@ async fn the_import_command_streams_a_csv_in_parts_cut_at_record_boundaries_and_
     assert!(again.status.success());
     assert!(String::from_utf8_lossy(&again.stdout).contains("24 created"));
     assert_eq!(app.query_i64("SELECT count(*) FROM events").await, events);
+}
+
+#[tokio::test]
+async fn columns_are_checked_before_any_row_is_stored_and_a_fixed_import_starts_again_under_its_id() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let issue_key = |response: &TestResponse| response.body["error"]["issues"][0]["key"].as_str().map(str::to_owned);
+    // The column map names a field the schema does not have, or one field twice: 400 at create.
+    let typo = json!({"schema": "members", "format": "csv", "columns": {"E-mail": "emial"}});
+    let refused = create_import(&app, "guarded", &typo).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("unknown_attribute")), "{:?}", refused.body);
+    assert_eq!(issue_key(&refused).as_deref(), Some("columns.E-mail"));
+    assert!(refused.body["error"]["message"].as_str().is_some_and(|m| m.contains("firstName")), "{:?}", refused.body);
+    let twice = json!({"schema": "members", "format": "csv", "columns": {"A": "email", "B": "email"}});
+    let refused = create_import(&app, "guarded", &twice).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("invalid_field")), "{:?}", refused.body);
+    let unknown_schema = create_import(&app, "guarded", &json!({"schema": "nope", "format": "csv"})).await;
+    assert_eq!(unknown_schema.status, 404, "{:?}", unknown_schema.body);
+    assert_eq!(app.query_i64("SELECT count(*) FROM imports").await, 0, "nothing was stored");
+
+    // A part whose header has a column that fills nothing, or no identity: 400 naming it.
+    let plain = json!({"schema": "members", "format": "csv"});
+    assert_eq!(create_import(&app, "guarded", &plain).await.status, 201);
+    let file = "Email Address,firstName,plan\nada@example.com,Ada,basic\n".to_owned();
+    let refused = put(&app, "/imports/guarded/parts/1", "text/csv", file.clone()).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("unknown_attribute")), "{:?}", refused.body);
+    assert_eq!(issue_key(&refused).as_deref(), Some("Email Address"));
+    let message = refused.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("\"Email Address\"") && message.contains("--column"), "{message}");
+    let anonymous = put(&app, "/imports/guarded/parts/1", "text/csv", "firstName,plan\nAda,basic\n".to_owned()).await;
+    assert_eq!((anonymous.status, anonymous.code().as_str()), (400, Some("missing_field")), "{:?}", anonymous.body);
+    assert_eq!(app.query_i64("SELECT count(*) FROM import_parts").await, 0, "no part was stored");
+
+    // Fixed, under the same id: it starts again with the new map and imports the file.
+    let fixed = json!({"schema": "members", "format": "csv", "columns": {"Email Address": "email"}});
+    assert_eq!(create_import(&app, "guarded", &fixed).await.status, 201);
+    assert_eq!(put(&app, "/imports/guarded/parts/1", "text/csv", file).await.status, 202);
+    assert_eq!(app.post("/imports/guarded/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    let import = completed(&app, "guarded").await;
+    assert_eq!(import["rows"]["created"], 1, "{import:?}");
+}
+
+#[tokio::test]
+async fn the_import_command_refuses_a_file_it_cannot_map_with_exit_2_and_fails_when_every_row_fails() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let dir = scratch_dir("import-guard");
+    let run = |path: std::path::PathBuf, extra: Vec<&'static str>| {
+        let database_url = app.database_url.clone();
+        tokio::task::spawn_blocking(move || {
+            let path = path.display().to_string();
+            let mut arguments = vec!["import", path.as_str(), "--schema", "members", "--space", "alpha"];
+            arguments.extend(extra);
+            run_binary("platform", &arguments, &database_url)
+        })
+    };
+    let typo = dir.join("typo.csv");
+    std::fs::write(&typo, "E-mail,plan\nada@example.com,basic\nbob@example.com,basic\n").expect("written");
+    let refused = run(typo.clone(), vec![]).await.expect("ran");
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("\"E-mail\"") && stderr.contains("nothing was stored"), "{stderr}");
+    assert_eq!(app.query_i64("SELECT count(*) FROM import_parts").await, 0);
+    // The same command with the column mapped: the same import (its id comes from the file)
+    // starts again and imports both rows.
+    let fixed = run(typo, vec!["--column", "E-mail=email"]).await.expect("ran");
+    let stdout = String::from_utf8_lossy(&fixed.stdout).into_owned();
+    assert!(fixed.status.success(), "{stdout}{}", String::from_utf8_lossy(&fixed.stderr));
+    assert!(stdout.contains("2 rows: 2 created"), "{stdout}");
+    // Every row failing is a failure of the command.
+    let all_fail = dir.join("all-fail.csv");
+    std::fs::write(&all_fail, "email,age\ncarl@example.com,old\ndora@example.com,young\n").expect("written");
+    let failed = run(all_fail, vec![]).await.expect("ran");
+    assert_eq!(failed.status.code(), Some(1), "{}", String::from_utf8_lossy(&failed.stdout));
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("every row failed"));
 }

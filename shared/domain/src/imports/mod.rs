@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use platform::error::{ApiError, Code, Issue};
 use serde_json::{Map, Value};
 
+use crate::catalog::AttributeEntry;
+
 /// How an import's parts are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -51,6 +53,11 @@ pub struct Settings {
     /// here fills the key of its own name.
     pub columns: BTreeMap<String, Option<String>>,
 }
+
+/// The advisory lock the `imports` worker holds while it decides a part (one process at a
+/// time), which an import started again under its id takes too, so no part is decided while
+/// its import is replaced.
+pub const WORKER_LOCK: i64 = 0x696d_706f_7274; // "import"
 
 /// Rows a part may hold.
 pub const MAX_PART_ROWS: usize = 100_000;
@@ -154,6 +161,120 @@ pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
         return Err(ApiError::bad_request(Code::InvalidField, "columns applies to csv imports only"));
     }
     Ok(Settings { schema, format, file_name, consent_label, columns })
+}
+
+/// The keys a row of a schema of `schema_type` may fill: the record's `id` (to match it by),
+/// its writable platform fields (the identities), its writable attributes and, for contacts,
+/// `topics`.
+fn fillable(key: &str, schema_type: &str, attributes: &[AttributeEntry]) -> bool {
+    key == "id"
+        || crate::records::base_attributes(schema_type).iter().any(|(base, _, writable)| *writable && *base == key)
+        || attributes.iter().any(|attribute| attribute.key == key && crate::catalog::is_writable(&attribute.definition))
+        || (schema_type == "contact" && key == parse::TOPICS)
+}
+
+/// What the schema's rows may fill, for a message: its identities and attributes.
+fn fillable_list(schema_type: &str, attributes: &[AttributeEntry]) -> String {
+    let base = crate::records::base_attributes(schema_type).iter().filter(|(_, _, writable)| *writable);
+    let mut keys: Vec<&str> = std::iter::once("id").chain(base.map(|(key, _, _)| *key)).collect();
+    keys.extend(
+        attributes
+            .iter()
+            .filter(|a| crate::catalog::is_writable(&a.definition))
+            .map(|attribute| attribute.key.as_str()),
+    );
+    if schema_type == "contact" {
+        keys.push(parse::TOPICS);
+    }
+    keys.join(", ")
+}
+
+fn refused(issues: Vec<Issue>) -> Result<(), ApiError> {
+    let Some(first) = issues.first() else { return Ok(()) };
+    let (code, message) = (first.code.unwrap_or(Code::InvalidField), first.message.clone());
+    Err(ApiError::bad_request(code, message).with_issues(issues))
+}
+
+/// Checks an import's column map against its schema before anything is stored: every column
+/// fills a key rows may fill (400 `unknown_attribute` naming `columns.<header>`), and no two
+/// columns fill the same key (400 `invalid_field`).
+pub fn check_columns(settings: &Settings, schema_type: &str, attributes: &[AttributeEntry]) -> Result<(), ApiError> {
+    let mut issues = Vec::new();
+    let mut filled: BTreeMap<&str, &str> = BTreeMap::new();
+    for (header, key) in &settings.columns {
+        let Some(key) = key else { continue };
+        if !fillable(key, schema_type, attributes) {
+            issues.push(Issue::coded(
+                format!("columns.{header}"),
+                Code::UnknownAttribute,
+                format!(
+                    "column {header:?} is mapped to {key:?}, which is not a field of this schema (it has: {})",
+                    fillable_list(schema_type, attributes)
+                ),
+            ));
+        }
+        if let Some(other) = filled.insert(key, header) {
+            issues.push(Issue::coded(
+                format!("columns.{header}"),
+                Code::InvalidField,
+                format!("columns {other:?} and {header:?} both fill {key:?}; map one of them elsewhere or to null"),
+            ));
+        }
+    }
+    refused(issues)
+}
+
+/// Checks a CSV part's header against the import's column map and schema before any of its
+/// rows is stored: every column fills a key rows may fill or is ignored (400
+/// `unknown_attribute` naming the column), no two columns fill the same key (400
+/// `invalid_field`), and one fills an identity the rows are matched by (400 `missing_field`).
+/// NDJSON parts name their keys per row, which the rows' own checks refuse.
+pub fn check_header(
+    headers: &[&str],
+    settings: &Settings,
+    schema_type: &str,
+    attributes: &[AttributeEntry],
+) -> Result<(), ApiError> {
+    let mut issues = Vec::new();
+    let mut filled: BTreeMap<String, &str> = BTreeMap::new();
+    for header in headers {
+        let header = header.trim();
+        let key = match settings.columns.get(header) {
+            Some(None) => continue,
+            Some(Some(key)) => key.clone(),
+            None => header.to_owned(),
+        };
+        if !fillable(&key, schema_type, attributes) {
+            issues.push(Issue::coded(
+                header,
+                Code::UnknownAttribute,
+                format!(
+                    "column {header:?} fills no field of this schema (it has: {}): map it to one (columns {{\"{header}\": \"email\"}}, \
+                     or --column \"{header}=email\"), or ignore it (null, or --column \"{header}=\")",
+                    fillable_list(schema_type, attributes)
+                ),
+            ));
+        } else if let Some(other) = filled.insert(key.clone(), header) {
+            issues.push(Issue::coded(
+                header,
+                Code::InvalidField,
+                format!("columns {other:?} and {header:?} both fill {key:?}; map one of them elsewhere or ignore it"),
+            ));
+        }
+    }
+    let identities: Vec<&str> =
+        std::iter::once("id").chain(crate::records::decide::identity_keys(schema_type).iter().copied()).collect();
+    if issues.is_empty() && !identities.iter().any(|identity| filled.contains_key(*identity)) {
+        issues.push(Issue::coded(
+            "columns",
+            Code::MissingField,
+            format!(
+                "no column fills {}: each row is matched by one of them (map a column to it)",
+                identities.join(", ")
+            ),
+        ));
+    }
+    refused(issues)
 }
 
 impl Settings {

@@ -47,6 +47,18 @@ pub fn read_part(
     Ok(rows)
 }
 
+/// A CSV part's header cells (`None` for NDJSON, whose rows name their own keys).
+pub fn headers(format: Format, body: &[u8]) -> Result<Option<Vec<String>>, String> {
+    if format != Format::Csv {
+        return Ok(None);
+    }
+    let text = std::str::from_utf8(body).map_err(|error| format!("the part is not UTF-8: {error}"))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(text.as_bytes());
+    let headers = reader.headers().map_err(|error| format!("the CSV header cannot be read: {error}"))?;
+    Ok(Some(headers.iter().map(str::to_owned).collect()))
+}
+
 fn ndjson(text: &str) -> Vec<Row> {
     let mut rows = Vec::new();
     for (index, line) in text.lines().enumerate() {
