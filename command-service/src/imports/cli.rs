@@ -50,6 +50,13 @@ pub struct Import {
     /// A CSV column's key, as `Header=key` (repeatable); `Header=` ignores the column.
     #[arg(long = "column")]
     columns: Vec<String>,
+    /// The CSV delimiter: `,` `;` or `tab` (by default found in the header line).
+    #[arg(long)]
+    delimiter: Option<String>,
+    /// The file's encoding when it has no byte order mark: `utf-8` (the default) or
+    /// `windows-1252` (`latin1`), what Excel saves on Windows. UTF-16 is read from its mark.
+    #[arg(long)]
+    encoding: Option<String>,
     /// The import's id (default: derived from the file, so a rerun resumes).
     #[arg(long)]
     id: Option<String>,
@@ -88,13 +95,39 @@ struct Refused(platform::error::ApiError);
 async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Result<std::process::ExitCode> {
     let file = std::fs::File::open(&arguments.file).with_context(|| format!("opening {}", arguments.file.display()))?;
     let metadata = file.metadata()?;
+    let extension = arguments.file.extension().and_then(|extension| extension.to_str()).map(str::to_ascii_lowercase);
+    if matches!(extension.as_deref(), Some("xlsx" | "xls" | "ods")) && arguments.format.is_none() {
+        bail!(
+            "spreadsheet files are not read: save the sheet as CSV (in Excel: File > Save As > CSV UTF-8) and import that"
+        );
+    }
     let format = match arguments.format.as_deref() {
         Some(format) => Format::parse(format).context("--format is csv or ndjson")?,
-        None => match arguments.file.extension().and_then(|extension| extension.to_str()) {
+        None => match extension.as_deref() {
             Some("ndjson" | "jsonl") => Format::Ndjson,
             _ => Format::Csv,
         },
     };
+    let encoding = match arguments.encoding.as_deref() {
+        Some(encoding) => domain::imports::Encoding::parse(encoding)
+            .context("--encoding is utf-8 or windows-1252 (latin1); UTF-16 is read from its byte order mark")?,
+        None => domain::imports::Encoding::Utf8,
+    };
+    let delimiter = match arguments.delimiter.as_deref() {
+        Some(delimiter) => {
+            Some(domain::imports::parse_delimiter(delimiter).context("--delimiter is \",\", \";\" or tab")?)
+        }
+        None => None,
+    };
+    if format == Format::Ndjson && delimiter.is_some() {
+        bail!("--delimiter applies to CSV files only");
+    }
+    // A UTF-16 file (its byte order mark says so) is read as UTF-8, written beside it first.
+    let utf8_copy = utf16_as_utf8(&arguments.file)?;
+    let source = utf8_copy.as_ref().map_or(arguments.file.clone(), |copy| copy.path().to_path_buf());
+    if encoding == domain::imports::Encoding::Utf8 {
+        check_utf8(&source)?;
+    }
     let mut columns = std::collections::BTreeMap::new();
     for column in &arguments.columns {
         let (header, key) = column.split_once('=').context("--column is Header=key (Header= ignores it)")?;
@@ -124,6 +157,8 @@ async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Resul
         file_name: arguments.file.file_name().and_then(|name| name.to_str()).map(str::to_owned),
         consent_label: arguments.consent.clone(),
         columns,
+        encoding,
+        delimiter,
     };
     domain::imports::check_columns(&import_settings, &context.schema.schema_type, &context.attributes)
         .map_err(Refused)?;
@@ -133,6 +168,8 @@ async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Resul
         .map_err(refused)?;
     eprintln!("import {import_id}: {} into {} ({})", arguments.file.display(), arguments.schema, format.as_str());
 
+    let file = std::fs::File::open(&source).with_context(|| format!("opening {}", source.display()))?;
+    let metadata = file.metadata()?;
     let mut progress = platform::progress::Progress::new("storing the file", metadata.len(), "bytes");
     let mut parts = Parts {
         client: &mut client,
@@ -142,9 +179,10 @@ async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Resul
         starts: Vec::new(),
         most_rows: arguments.part_rows.max(1),
         check: (&import_settings, &context),
+        lines_before: 0,
     };
     match format {
-        Format::Csv => split_csv(file, std::fs::File::open(&arguments.file)?, &mut parts, &mut progress).await?,
+        Format::Csv => split_csv(file, std::fs::File::open(&source)?, &mut parts, &mut progress).await?,
         Format::Ndjson => split_lines(file, &mut parts, &mut progress).await?,
     }
     progress.finish(metadata.len());
@@ -169,14 +207,37 @@ struct Parts<'a> {
     most_rows: usize,
     /// What a CSV part's header is checked against before the part is stored.
     check: (&'a Settings, &'a domain::catalog::WriteContext),
+    /// Lines of the file before the current part's rows (its header's, then each stored part's).
+    lines_before: usize,
 }
 
 impl Parts<'_> {
-    async fn store(&mut self, body: &[u8], rows: usize) -> anyhow::Result<()> {
-        std::str::from_utf8(body)
-            .with_context(|| format!("part {} of the file is not UTF-8", self.starts.len() + 1))?;
+    /// Stores a part: `header_lines` lines of header (none for NDJSON), then its rows.
+    async fn store(&mut self, body: &[u8], rows: usize, header_lines: usize) -> anyhow::Result<()> {
         let (settings, context) = self.check;
-        if let Some(headers) = domain::imports::parse::headers(settings.format, body).map_err(anyhow::Error::msg)? {
+        if let Err(message) = domain::imports::parse::decode(body, settings.encoding) {
+            // The part's line, as the file's.
+            let line = message
+                .strip_prefix("line ")
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|line| line.parse::<usize>().ok());
+            let message = match line {
+                Some(line) if line > header_lines => {
+                    message.replacen(&format!("line {line} "), &format!("line {} ", self.lines_before + line), 1)
+                }
+                _ => message,
+            };
+            return Err(Refused(platform::error::ApiError::bad_request(
+                platform::error::Code::InvalidBody,
+                format!("{message}; nothing of the file was imported"),
+            ))
+            .into());
+        }
+        if self.lines_before == 0 {
+            self.lines_before = header_lines;
+        }
+        self.lines_before += body.iter().filter(|byte| **byte == b'\n').count().saturating_sub(header_lines);
+        if let Some(headers) = domain::imports::parse::headers(settings, body).map_err(anyhow::Error::msg)? {
             let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
             domain::imports::check_header(&headers, settings, &context.schema.schema_type, &context.attributes)
                 .map_err(Refused)?;
@@ -225,7 +286,8 @@ async fn split_csv(
             let length = usize::try_from(end - start)?;
             part.resize(header.len() + length, 0);
             bytes.read_exact(&mut part[header.len()..])?;
-            parts.store(&part, rows).await?;
+            let header_lines = header.iter().filter(|byte| **byte == b'\n').count();
+            parts.store(&part, rows, header_lines).await?;
             progress.set(end);
             (start, rows) = (end, 0);
         }
@@ -253,7 +315,7 @@ async fn split_lines(
             rows += 1;
         }
         if rows > 0 && (length == 0 || rows >= parts.most_rows || part.len() >= PART_BYTES) {
-            parts.store(&part, rows).await?;
+            parts.store(&part, rows, 0).await?;
             progress.set(read);
             part.clear();
             rows = 0;
@@ -338,6 +400,88 @@ async fn summary(
         return Ok(std::process::ExitCode::FAILURE);
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// A copy, in UTF-8, of a file that starts with a UTF-16 byte order mark (removed when
+/// dropped); `None` for any other file, which is read as it is.
+fn utf16_as_utf8(path: &Path) -> anyhow::Result<Option<TemporaryFile>> {
+    use std::io::Write;
+    let mut file = std::fs::File::open(path)?;
+    let mut start = [0_u8; 3];
+    let read = file.read(&mut start)?;
+    let encoding = match encoding_rs::Encoding::for_bom(&start[..read]) {
+        Some((encoding, _)) if encoding != encoding_rs::UTF_8 => encoding,
+        _ => return Ok(None),
+    };
+    file.seek(SeekFrom::Start(0))?;
+    let copy = TemporaryFile(std::env::temp_dir().join(format!("import-{}.csv", uuid::Uuid::now_v7().simple())));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(copy.path())?);
+    let mut decoder = encoding.new_decoder_with_bom_removal();
+    let (mut input, mut text) = (vec![0_u8; 64 * 1024], String::with_capacity(128 * 1024));
+    loop {
+        let read = file.read(&mut input)?;
+        let last = read == 0;
+        text.clear();
+        let (_, _, had_errors) = decoder.decode_to_string(&input[..read], &mut text, last);
+        anyhow::ensure!(!had_errors, "the file starts as {} but is not valid {}", encoding.name(), encoding.name());
+        out.write_all(text.as_bytes())?;
+        if last {
+            out.flush()?;
+            return Ok(Some(copy));
+        }
+    }
+}
+
+/// A file removed when dropped.
+struct TemporaryFile(PathBuf);
+
+impl TemporaryFile {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TemporaryFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Checks, before any part is stored, that a file read as UTF-8 is UTF-8: a refusal names
+/// the first line that is not, and the setting that reads it otherwise.
+fn check_utf8(path: &Path) -> anyhow::Result<()> {
+    let mut file = BufReader::new(std::fs::File::open(path)?);
+    let (mut line, mut carried) = (1_usize, Vec::new());
+    let mut chunk = vec![0_u8; 64 * 1024];
+    loop {
+        let read = file.read(&mut chunk)?;
+        carried.extend_from_slice(&chunk[..read]);
+        let (valid, error) = match std::str::from_utf8(&carried) {
+            Ok(_) => (carried.len(), None),
+            Err(error) => (error.valid_up_to(), Some(error)),
+        };
+        line += carried[..valid].iter().filter(|byte| **byte == b'\n').count();
+        match error {
+            // A character cut by the chunk's end: read on.
+            Some(error) if error.error_len().is_none() && read > 0 => {
+                carried.drain(..valid);
+            }
+            Some(_) => {
+                return Err(Refused(platform::error::ApiError::bad_request(
+                    platform::error::Code::InvalidBody,
+                    format!(
+                        "line {line} of the file is not UTF-8: if it was saved by Excel or another Windows \
+                         program, it is probably windows-1252: pass --encoding windows-1252"
+                    ),
+                ))
+                .into());
+            }
+            None => carried.clear(),
+        }
+        if read == 0 {
+            return Ok(());
+        }
+    }
 }
 
 /// An id for the file as it is now: its path, size and modification time.

@@ -104,9 +104,9 @@ pub async fn put_part(
     }
     let body = api::http::read_bytes(&req, payload).await?;
     let context = write_contexts::at_edge(&state, Kind::Record, space_id, &schema_id).await?;
-    let rows = imports::parse::read_part(settings.format, &body, &settings.columns, &context.attributes)
+    let rows = imports::parse::read_part(&settings, &body, &context.attributes)
         .map_err(|message| ApiError::bad_request(Code::InvalidBody, message))?;
-    if let Some(headers) = imports::parse::headers(settings.format, &body)
+    if let Some(headers) = imports::parse::headers(&settings, &body)
         .map_err(|message| ApiError::bad_request(Code::InvalidBody, message))?
     {
         let headers: Vec<&str> = headers.iter().map(String::as_str).collect();

@@ -109,7 +109,7 @@ impl Imports {
             })
             .collect();
         let attributes = context.as_ref().map(|context| context.attributes.as_slice()).unwrap_or_default();
-        let rows = match parse::read_part(settings.format, body, &settings.columns, attributes) {
+        let rows = match parse::read_part(settings, body, attributes) {
             Ok(rows) => rows,
             Err(message) => {
                 // The intake read it; only a changed parser could refuse it now.

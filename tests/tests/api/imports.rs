@@ -159,16 +159,17 @@ async fn a_csv_of_ten_thousand_rows_gives_each_row_its_result_and_a_second_impor
     assert_eq!(
         codes,
         [
-            (4, "invalid_attribute_value".to_owned()),
-            (5, "required_attribute_missing".to_owned()),
-            (9, "missing_field".to_owned())
+            // As a spreadsheet numbers them: the header is row 1.
+            (5, "invalid_attribute_value".to_owned()),
+            (6, "required_attribute_missing".to_owned()),
+            (10, "missing_field".to_owned())
         ]
     );
     assert_eq!(failed[0]["key"], json!({"field": "email", "value": "bad-age@example.com"}));
     let updated = rows(&app, "members-1", "updated").await;
     let updated_at: Vec<(i64, i64)> =
         updated.iter().map(|row| (row["part"].as_i64().unwrap_or(0), row["row"].as_i64().unwrap_or(0))).collect();
-    assert_eq!(updated_at, [(1, 1), (1, 2), (1, 3), (2, 5_000)]);
+    assert_eq!(updated_at, [(1, 2), (1, 3), (1, 4), (2, 5_001)]);
     let created = rows(&app, "members-1", "created").await;
     assert_eq!(created.len(), created_rows);
     let sup = created.iter().find(|row| row["key"]["value"] == "sup@example.com").expect("the suppressed row");
@@ -456,7 +457,8 @@ async fn the_import_command_streams_a_csv_in_parts_cut_at_record_boundaries_and_
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("25 rows: 24 created, 0 updated, 0 unchanged, 1 failed"), "{stdout}");
-    assert!(stdout.contains("row 17 (email no-plan@example.com): required_attribute_missing"), "{stdout}");
+    // Rows as a spreadsheet shows the file: the header is row 1 (and a multi-line record one row).
+    assert!(stdout.contains("row 18 (email no-plan@example.com): required_attribute_missing"), "{stdout}");
     assert_eq!(app.query_i64("SELECT count(*) FROM import_parts").await, 7);
     let import_id: String = {
         let (client, connection) =
@@ -466,7 +468,7 @@ async fn the_import_command_streams_a_csv_in_parts_cut_at_record_boundaries_and_
     };
     let multi = rows(&app, &import_id, "created").await;
     let multi = multi.iter().find(|row| row["key"]["value"] == "multi@example.com").expect("the multi-line row");
-    assert_eq!((&multi["part"], &multi["row"]), (&json!(1), &json!(3)));
+    assert_eq!((&multi["part"], &multi["row"]), (&json!(1), &json!(4)));
     let record =
         app.get(&format!("/schemas/members/records/{}", multi["recordId"].as_str().unwrap_or("")), ALPHA_ADMIN).await;
     assert_eq!(record.body["data"]["firstName"], "Line one,\nLine two");
@@ -552,4 +554,96 @@ async fn the_import_command_refuses_a_file_it_cannot_map_with_exit_2_and_fails_w
     let failed = run(all_fail, vec![]).await.expect("ran");
     assert_eq!(failed.status.code(), Some(1), "{}", String::from_utf8_lossy(&failed.stdout));
     assert!(String::from_utf8_lossy(&failed.stderr).contains("every row failed"));
+}
+
+/// An Excel export from much of Europe: `;`-separated, in windows-1252, with CRLF.
+fn excel_export() -> Vec<u8> {
+    let mut file = b"email;firstName;plan\r\n".to_vec();
+    file.extend_from_slice(b"jose@example.com;Jos\xe9;basic\r\n");
+    file.extend_from_slice(b"chloe@example.com;\"Chlo\xeb; \x80\";basic\r\n");
+    file
+}
+
+#[tokio::test]
+async fn a_semicolon_windows_1252_file_and_a_utf16_file_import_through_the_api() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let put_bytes = |path: String, body: Vec<u8>| {
+        app.send(
+            app.request(reqwest::Method::PUT, &path, Some(ALPHA_ADMIN)).header("content-type", "text/csv").body(body),
+        )
+    };
+    // Read as UTF-8 (the default), the part is refused naming its line and the setting.
+    assert_eq!(create_import(&app, "excel", &json!({"schema": "members", "format": "csv"})).await.status, 201);
+    let refused = put_bytes("/imports/excel/parts/1".to_owned(), excel_export()).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("invalid_body")), "{:?}", refused.body);
+    let message = refused.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("line 2") && message.contains("windows-1252"), "{message}");
+    // With its encoding, and the delimiter found in the header.
+    let settings = json!({"schema": "members", "format": "csv", "encoding": "windows-1252"});
+    assert_eq!(create_import(&app, "excel", &settings).await.status, 201, "started again: nothing was written");
+    assert_eq!(put_bytes("/imports/excel/parts/1".to_owned(), excel_export()).await.status, 202);
+    assert_eq!(app.post("/imports/excel/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    assert_eq!(completed(&app, "excel").await["rows"]["created"], 2);
+    let created = rows(&app, "excel", "created").await;
+    let chloe = created.iter().find(|row| row["key"]["value"] == "chloe@example.com").expect("chloe");
+    let record =
+        app.get(&format!("/schemas/members/records/{}", chloe["recordId"].as_str().unwrap_or("")), ALPHA_ADMIN).await;
+    assert_eq!(record.body["data"]["firstName"], "Chloë; €", "{:?}", record.body);
+
+    // UTF-16 with its byte order mark needs no setting.
+    let mut utf16 = vec![0xff, 0xfe];
+    for unit in "email,firstName,plan\r\nzoe@example.com,Zoë,basic\r\n".encode_utf16() {
+        utf16.extend_from_slice(&unit.to_le_bytes());
+    }
+    assert_eq!(create_import(&app, "utf16", &json!({"schema": "members", "format": "csv"})).await.status, 201);
+    assert_eq!(put_bytes("/imports/utf16/parts/1".to_owned(), utf16).await.status, 202);
+    assert_eq!(app.post("/imports/utf16/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    assert_eq!(completed(&app, "utf16").await["rows"]["created"], 1);
+    // A spreadsheet is one clear answer.
+    let xlsx = create_import(&app, "sheet", &json!({"schema": "members", "format": "xlsx"})).await;
+    assert_eq!(xlsx.status, 400);
+    assert_eq!(xlsx.body["error"]["issues"].as_array().map(Vec::len), Some(1), "{:?}", xlsx.body);
+    assert!(xlsx.body["error"]["message"].as_str().is_some_and(|m| m.contains("save the sheet as CSV")));
+}
+
+#[tokio::test]
+async fn the_import_command_reads_an_excel_export_given_its_encoding() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let dir = scratch_dir("import-excel");
+    let path = dir.join("export.csv");
+    std::fs::write(&path, excel_export()).expect("written");
+    let run = |extra: Vec<&'static str>| {
+        let (database_url, path) = (app.database_url.clone(), path.display().to_string());
+        tokio::task::spawn_blocking(move || {
+            let mut arguments = vec!["import", path.as_str(), "--schema", "members", "--space", "alpha"];
+            arguments.extend(extra);
+            run_binary("platform", &arguments, &database_url)
+        })
+    };
+    let refused = run(vec![]).await.expect("ran");
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("line 2 of the file is not UTF-8") && stderr.contains("--encoding windows-1252"),
+        "{stderr}"
+    );
+    let imported = run(vec!["--encoding", "windows-1252"]).await.expect("ran");
+    let stdout = String::from_utf8_lossy(&imported.stdout).into_owned();
+    assert!(imported.status.success(), "{stdout}{}", String::from_utf8_lossy(&imported.stderr));
+    assert!(stdout.contains("2 rows: 2 created"), "{stdout}");
+    let sheet = dir.join("export.xlsx");
+    std::fs::write(&sheet, b"PK\x03\x04").expect("written");
+    let output = tokio::task::spawn_blocking({
+        let database_url = app.database_url.clone();
+        move || {
+            let sheet = sheet.display().to_string();
+            run_binary("platform", &["import", &sheet, "--schema", "members", "--space", "alpha"], &database_url)
+        }
+    })
+    .await
+    .expect("ran");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("save the sheet as CSV"));
 }

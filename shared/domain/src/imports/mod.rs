@@ -39,6 +39,52 @@ impl Format {
     }
 }
 
+/// How an import's parts are encoded when they carry no byte order mark (with one, UTF-8 and
+/// UTF-16 are read whatever this says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    #[default]
+    Utf8,
+    /// What Excel and other Windows programs save in western Europe and the Americas
+    /// (`windows-1252`; `latin1` and `iso-8859-1` name it too, as the WHATWG encodings do).
+    Windows1252,
+}
+
+impl Encoding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Utf8 => "utf-8",
+            Encoding::Windows1252 => "windows-1252",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.to_ascii_lowercase().as_str() {
+            "utf-8" | "utf8" => Some(Encoding::Utf8),
+            "windows-1252" | "cp1252" | "latin1" | "latin-1" | "iso-8859-1" => Some(Encoding::Windows1252),
+            _ => None,
+        }
+    }
+}
+
+/// A CSV delimiter as given: `,` `;` or a tab (`\t` or `tab`).
+pub fn parse_delimiter(text: &str) -> Option<u8> {
+    match text {
+        "," => Some(b','),
+        ";" => Some(b';'),
+        "\t" | "\\t" | "tab" => Some(b'\t'),
+        _ => None,
+    }
+}
+
+fn delimiter_text(delimiter: u8) -> &'static str {
+    match delimiter {
+        b';' => ";",
+        b'\t' => "\t",
+        _ => ",",
+    }
+}
+
 /// What an import is told when it is created.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -52,6 +98,10 @@ pub struct Settings {
     /// CSV header -> the key it fills (`None`: the column is ignored). A header not named
     /// here fills the key of its own name.
     pub columns: BTreeMap<String, Option<String>>,
+    /// How parts without a byte order mark are encoded.
+    pub encoding: Encoding,
+    /// A CSV part's delimiter; `None`: found in its header line (`,` `;` or tab).
+    pub delimiter: Option<u8>,
 }
 
 /// The advisory lock the `imports` worker holds while it decides a part (one process at a
@@ -79,15 +129,53 @@ pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
     let mut file_name = None;
     let mut consent_label = None;
     let mut columns = BTreeMap::new();
+    let mut encoding = Encoding::default();
+    let mut delimiter = None;
+    let mut format_given = false;
     for (key, value) in body {
         match key.as_str() {
             "schema" => match value {
                 Value::String(text) if !text.is_empty() => schema = Some(text),
                 _ => issues.push(Issue::coded("schema", Code::InvalidField, "schema must be a schema id or slug")),
             },
-            "format" => match value.as_str().and_then(Format::parse) {
-                Some(parsed) => format = Some(parsed),
-                None => issues.push(Issue::coded("format", Code::InvalidField, "format must be csv or ndjson")),
+            "format" => {
+                format_given = true;
+                match value.as_str() {
+                    Some(text) if Format::parse(text).is_some() => format = Format::parse(text),
+                    Some(text) if ["xlsx", "xls", "ods"].contains(&text.to_ascii_lowercase().as_str()) => {
+                        issues.push(Issue::coded(
+                            "format",
+                            Code::InvalidField,
+                            format!(
+                                "{text} files are not read: save the sheet as CSV (in Excel: File > Save As > CSV \
+                                 UTF-8) and import that with format csv"
+                            ),
+                        ))
+                    }
+                    _ => issues.push(Issue::coded("format", Code::InvalidField, "format must be csv or ndjson")),
+                }
+            }
+            "encoding" => match value {
+                Value::Null => {}
+                _ => match value.as_str().and_then(Encoding::parse) {
+                    Some(parsed) => encoding = parsed,
+                    None => issues.push(Issue::coded(
+                        "encoding",
+                        Code::InvalidField,
+                        "encoding must be utf-8 or windows-1252 (latin1); UTF-16 is read from its byte order mark",
+                    )),
+                },
+            },
+            "delimiter" => match value {
+                Value::Null => {}
+                _ => match value.as_str().and_then(parse_delimiter) {
+                    Some(parsed) => delimiter = Some(parsed),
+                    None => issues.push(Issue::coded(
+                        "delimiter",
+                        Code::InvalidField,
+                        "delimiter must be \",\", \";\" or \"\\t\" (a tab); leave it out to find it from the header",
+                    )),
+                },
             },
             "fileName" => match value {
                 Value::Null => {}
@@ -148,7 +236,7 @@ pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
             if schema.is_none() {
                 issues.push(Issue::coded("schema", Code::MissingField, "schema is required"));
             }
-            if format.is_none() {
+            if format.is_none() && !format_given {
                 issues.push(Issue::coded("format", Code::MissingField, "format is required (csv or ndjson)"));
             }
             let first = &issues[0];
@@ -157,10 +245,10 @@ pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
             return Err(ApiError::bad_request(code, message).with_issues(issues));
         }
     };
-    if format == Format::Ndjson && !columns.is_empty() {
-        return Err(ApiError::bad_request(Code::InvalidField, "columns applies to csv imports only"));
+    if format == Format::Ndjson && (!columns.is_empty() || delimiter.is_some()) {
+        return Err(ApiError::bad_request(Code::InvalidField, "columns and delimiter apply to csv imports only"));
     }
-    Ok(Settings { schema, format, file_name, consent_label, columns })
+    Ok(Settings { schema, format, file_name, consent_label, columns, encoding, delimiter })
 }
 
 /// The keys a row of a schema of `schema_type` may fill: the record's `id` (to match it by),
@@ -279,14 +367,23 @@ pub fn check_header(
 
 impl Settings {
     /// The settings as stored and shown: `schema` as the id it resolved to.
+    /// `encoding` and `delimiter` appear only when given (so the documents, and digests, of
+    /// imports made before them stay the same).
     pub fn document(&self, schema_id: &str) -> Value {
-        serde_json::json!({
+        let mut document = serde_json::json!({
             "schema": schema_id,
             "format": self.format.as_str(),
             "fileName": self.file_name,
             "consent": self.consent_label.as_ref().map(|label| serde_json::json!({"label": label})),
             "columns": (!self.columns.is_empty()).then_some(&self.columns),
-        })
+        });
+        if self.encoding != Encoding::Utf8 {
+            document["encoding"] = Value::from(self.encoding.as_str());
+        }
+        if let Some(delimiter) = self.delimiter {
+            document["delimiter"] = Value::from(delimiter_text(delimiter));
+        }
+        document
     }
 
     /// The settings back from their stored document.
@@ -303,6 +400,8 @@ impl Settings {
                     columns.iter().map(|(header, key)| (header.clone(), key.as_str().map(str::to_owned))).collect()
                 })
                 .unwrap_or_default(),
+            encoding: document.get("encoding").and_then(Value::as_str).and_then(Encoding::parse).unwrap_or_default(),
+            delimiter: document.get("delimiter").and_then(Value::as_str).and_then(parse_delimiter),
         })
     }
 }
@@ -324,6 +423,10 @@ mod tests {
             settings(json!({"schema": "contacts", "format": "xml"})).expect_err("refused").code(),
             Some(Code::InvalidField)
         );
+        // A spreadsheet is one clear error, not also "format is required".
+        let xlsx = settings(json!({"schema": "contacts", "format": "xlsx"})).expect_err("refused");
+        assert_eq!(xlsx.issues().len(), 1, "{:?}", xlsx.issues());
+        assert!(xlsx.message().contains("save the sheet as CSV"), "{}", xlsx.message());
         let error = settings(json!({"schema": "contacts", "format": "csv", "consnt": {}})).expect_err("refused");
         assert_eq!(error.code(), Some(Code::UnknownField));
     }
@@ -343,11 +446,17 @@ mod tests {
     fn settings_round_trip_through_their_document() {
         let parsed = settings(json!({
             "schema": "contacts", "format": "csv", "fileName": "list.csv",
-            "consent": {"label": "listmonk export"}, "columns": {"E-mail": "email", "junk": null}
+            "consent": {"label": "listmonk export"}, "columns": {"E-mail": "email", "junk": null},
+            "encoding": "latin1", "delimiter": ";"
         }))
         .expect("valid settings");
+        assert_eq!((parsed.encoding, parsed.delimiter), (Encoding::Windows1252, Some(b';')));
         let back = Settings::from_document(&parsed.document("sch_1")).expect("valid settings");
         assert_eq!(back, Settings { schema: "sch_1".to_owned(), ..parsed });
+        // Without them, the document is what it was before they existed (its digest too).
+        let plain = settings(json!({"schema": "contacts", "format": "csv"})).expect("valid settings");
+        let document = plain.document("sch_1");
+        assert!(document.get("encoding").is_none() && document.get("delimiter").is_none(), "{document}");
     }
 
     #[test]

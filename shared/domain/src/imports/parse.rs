@@ -2,20 +2,19 @@
 //! one. A CSV cell is typed by the attribute its column fills (numbers, booleans, lists split
 //! on `;`); an empty cell is absent, not null, so a sparse file never clears a value.
 
-use std::collections::BTreeMap;
-
 use platform::error::Code;
 use serde_json::{Map, Number, Value};
 
-use super::{Format, MAX_PART_ROWS};
+use super::{Encoding, Format, MAX_PART_ROWS, Settings};
 use crate::attributes::attribute_type;
 use crate::catalog::AttributeEntry;
 
 /// The key of a row that lists the topics it subscribes to.
 pub const TOPICS: &str = "topics";
 
-/// One row of a part: its number (a CSV part's data rows from 1, an NDJSON part's lines from
-/// 1) and its input, or the error that makes it fail without being decided.
+/// One row of a part: its number as a spreadsheet shows it (a CSV part's header is row 1, its
+/// first data row 2; an NDJSON part's lines from 1) and its input, or the error that makes it
+/// fail without being decided.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub number: i32,
@@ -28,18 +27,13 @@ pub struct RowError {
     pub message: String,
 }
 
-/// Reads a part. `Err` (the whole part refused) when it is not UTF-8, a CSV part has no
-/// header, or it holds more than [`MAX_PART_ROWS`] rows.
-pub fn read_part(
-    format: Format,
-    body: &[u8],
-    columns: &BTreeMap<String, Option<String>>,
-    attributes: &[AttributeEntry],
-) -> Result<Vec<Row>, String> {
-    let text = std::str::from_utf8(body).map_err(|error| format!("the part is not UTF-8: {error}"))?;
-    let rows = match format {
-        Format::Ndjson => ndjson(text),
-        Format::Csv => csv(text, columns, attributes)?,
+/// Reads a part. `Err` (the whole part refused) when it cannot be decoded in the import's
+/// encoding, a CSV part has no header, or it holds more than [`MAX_PART_ROWS`] rows.
+pub fn read_part(settings: &Settings, body: &[u8], attributes: &[AttributeEntry]) -> Result<Vec<Row>, String> {
+    let text = decode(body, settings.encoding)?;
+    let rows = match settings.format {
+        Format::Ndjson => ndjson(&text),
+        Format::Csv => csv(&text, settings, attributes)?,
     };
     if rows.len() > MAX_PART_ROWS {
         return Err(format!("a part holds at most {MAX_PART_ROWS} rows; this one has {}", rows.len()));
@@ -48,15 +42,70 @@ pub fn read_part(
 }
 
 /// A CSV part's header cells (`None` for NDJSON, whose rows name their own keys).
-pub fn headers(format: Format, body: &[u8]) -> Result<Option<Vec<String>>, String> {
-    if format != Format::Csv {
+pub fn headers(settings: &Settings, body: &[u8]) -> Result<Option<Vec<String>>, String> {
+    if settings.format != Format::Csv {
         return Ok(None);
     }
-    let text = std::str::from_utf8(body).map_err(|error| format!("the part is not UTF-8: {error}"))?;
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(text.as_bytes());
+    let text = decode(body, settings.encoding)?;
+    let mut reader = csv_reader(&text, settings.delimiter);
     let headers = reader.headers().map_err(|error| format!("the CSV header cannot be read: {error}"))?;
     Ok(Some(headers.iter().map(str::to_owned).collect()))
+}
+
+/// A part's text: UTF-8 or UTF-16 when it starts with their byte order mark (which is
+/// dropped), else `encoding`. Text that is not valid UTF-8 is refused naming its line and the
+/// setting that reads it otherwise; windows-1252 reads any bytes.
+pub fn decode(body: &[u8], encoding: Encoding) -> Result<std::borrow::Cow<'_, str>, String> {
+    if let Some((bom, _)) = encoding_rs::Encoding::for_bom(body)
+        && bom != encoding_rs::UTF_8
+    {
+        let (text, had_errors) = bom.decode_with_bom_removal(body);
+        if had_errors {
+            return Err(format!("the part is not valid {}: it starts with its byte order mark", bom.name()));
+        }
+        return Ok(text);
+    }
+    match encoding {
+        Encoding::Windows1252 => Ok(encoding_rs::WINDOWS_1252.decode_without_bom_handling(body).0),
+        Encoding::Utf8 => {
+            let body = body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body);
+            std::str::from_utf8(body).map(std::borrow::Cow::Borrowed).map_err(|error| {
+                let line = body[..error.valid_up_to()].iter().filter(|byte| **byte == b'\n').count() + 1;
+                format!(
+                    "line {line} is not UTF-8 (byte {} of the part): if the file was saved by Excel or another \
+                     Windows program, it is probably windows-1252: set encoding to windows-1252 \
+                     (--encoding windows-1252)",
+                    error.valid_up_to() + 1
+                )
+            })
+        }
+    }
+}
+
+/// The delimiter of a CSV text: the one given, or the one of `,` `;` and tab that its header
+/// line holds most of outside quotes (`,` when none).
+pub fn delimiter(text: &str, given: Option<u8>) -> u8 {
+    if let Some(given) = given {
+        return given;
+    }
+    let (mut counts, mut quoted) = ([0usize; 3], false);
+    for byte in text.bytes() {
+        match byte {
+            b'"' => quoted = !quoted,
+            b'\n' | b'\r' if !quoted => break,
+            b',' if !quoted => counts[0] += 1,
+            b';' if !quoted => counts[1] += 1,
+            b'\t' if !quoted => counts[2] += 1,
+            _ => {}
+        }
+    }
+    let best = (0..3).max_by_key(|&index| (counts[index], std::cmp::Reverse(index))).unwrap_or(0);
+    if counts[best] == 0 { b',' } else { [b',', b';', b'\t'][best] }
+}
+
+fn csv_reader(text: &str, given: Option<u8>) -> csv::Reader<&[u8]> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    csv::ReaderBuilder::new().flexible(true).delimiter(delimiter(text, given)).from_reader(text.as_bytes())
 }
 
 fn ndjson(text: &str) -> Vec<Row> {
@@ -90,13 +139,9 @@ fn storable_object(value: Value) -> Result<Map<String, Value>, RowError> {
     }
 }
 
-fn csv(
-    text: &str,
-    columns: &BTreeMap<String, Option<String>>,
-    attributes: &[AttributeEntry],
-) -> Result<Vec<Row>, String> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(text.as_bytes());
+fn csv(text: &str, settings: &Settings, attributes: &[AttributeEntry]) -> Result<Vec<Row>, String> {
+    let columns = &settings.columns;
+    let mut reader = csv_reader(text, settings.delimiter);
     let headers = reader.headers().map_err(|error| format!("the CSV header cannot be read: {error}"))?.clone();
     if headers.is_empty() || headers.iter().all(str::is_empty) {
         return Err("a CSV part starts with its header row".to_owned());
@@ -113,7 +158,8 @@ fn csv(
         .collect();
     let mut rows = Vec::new();
     for (index, record) in reader.records().enumerate() {
-        let number = i32::try_from(index + 1).unwrap_or(i32::MAX);
+        // As a spreadsheet numbers it: the header is row 1.
+        let number = i32::try_from(index + 2).unwrap_or(i32::MAX);
         let input = match record {
             Err(error) => {
                 Err(RowError { code: Code::InvalidBody, message: format!("the row cannot be read: {error}") })
@@ -158,7 +204,22 @@ fn typed_cell(key: &str, cell: &str, attributes: &[AttributeEntry]) -> Value {
             "false" | "no" | "0" => Some(Value::Bool(false)),
             _ => None,
         },
-        "multiselect" => Some(Value::Array(list(cell))),
+        // An option written in another case is the option (`Pro` for `pro`).
+        "select" => crate::attributes::options(&attribute.definition)
+            .into_iter()
+            .find(|option| option.eq_ignore_ascii_case(trimmed))
+            .map(|option| Value::String(option.to_owned())),
+        "multiselect" => {
+            let options = crate::attributes::options(&attribute.definition);
+            let canonical = |item: Value| match item
+                .as_str()
+                .and_then(|text| options.iter().find(|option| option.eq_ignore_ascii_case(text)))
+            {
+                Some(option) => Value::String((*option).to_owned()),
+                None => item,
+            };
+            Some(Value::Array(list(cell).into_iter().map(canonical).collect()))
+        }
         "json" => serde_json::from_str(cell).ok(),
         _ => None,
     };
@@ -172,6 +233,8 @@ fn list(cell: &str) -> Vec<Value> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use serde_json::json;
 
@@ -188,6 +251,18 @@ mod tests {
         .collect()
     }
 
+    fn settings(format: Format, columns: BTreeMap<String, Option<String>>) -> Settings {
+        Settings {
+            schema: "contacts".to_owned(),
+            format,
+            file_name: None,
+            consent_label: None,
+            columns,
+            encoding: Encoding::Utf8,
+            delimiter: None,
+        }
+    }
+
     fn inputs(rows: &[Row]) -> Vec<Result<Value, Code>> {
         rows.iter().map(|row| row.input.clone().map(Value::Object).map_err(|error| error.code)).collect()
     }
@@ -197,7 +272,8 @@ mod tests {
         let body = "email,age,score,newsletter,tags,firstName,topics\n\
                     ada@example.com,36,4.5,yes,a;b,\"Ada, Countess\",news; offers\n\
                     bob@example.com,,,,,,\n";
-        let rows = read_part(Format::Csv, body.as_bytes(), &BTreeMap::new(), &attributes()).expect("the part reads");
+        let rows =
+            read_part(&settings(Format::Csv, BTreeMap::new()), body.as_bytes(), &attributes()).expect("the part reads");
         assert_eq!(
             inputs(&rows),
             [
@@ -206,13 +282,14 @@ mod tests {
                 Ok(json!({"email": "bob@example.com"})),
             ]
         );
-        assert_eq!(rows.iter().map(|row| row.number).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(rows.iter().map(|row| row.number).collect::<Vec<_>>(), [2, 3], "the header is row 1");
     }
 
     #[test]
     fn a_bad_cell_stays_text_for_the_record_rules_and_a_short_row_fails_alone() {
         let body = "email,age\na@example.com,old\nb@example.com\nc@example.com,3\n";
-        let rows = read_part(Format::Csv, body.as_bytes(), &BTreeMap::new(), &attributes()).expect("the part reads");
+        let rows =
+            read_part(&settings(Format::Csv, BTreeMap::new()), body.as_bytes(), &attributes()).expect("the part reads");
         assert_eq!(
             inputs(&rows),
             [
@@ -227,14 +304,15 @@ mod tests {
     fn columns_rename_and_drop_headers() {
         let columns = BTreeMap::from([("E-mail".to_owned(), Some("email".to_owned())), ("junk".to_owned(), None)]);
         let body = "\u{feff}E-mail,junk\na@example.com,x\n";
-        let rows = read_part(Format::Csv, body.as_bytes(), &columns, &attributes()).expect("the part reads");
+        let rows =
+            read_part(&settings(Format::Csv, columns.clone()), body.as_bytes(), &attributes()).expect("the part reads");
         assert_eq!(inputs(&rows), [Ok(json!({"email": "a@example.com"}))]);
     }
 
     #[test]
     fn ndjson_rows_are_numbered_by_line_and_bad_lines_fail_alone() {
         let body = "{\"email\": \"a@example.com\"}\n\nnot json\n[1]\n{\"email\": \"b@example.com\"}";
-        let rows = read_part(Format::Ndjson, body.as_bytes(), &BTreeMap::new(), &[]).expect("the part reads");
+        let rows = read_part(&settings(Format::Ndjson, BTreeMap::new()), body.as_bytes(), &[]).expect("the part reads");
         assert_eq!(rows.iter().map(|row| row.number).collect::<Vec<_>>(), [1, 3, 4, 5]);
         assert_eq!(
             inputs(&rows),
@@ -250,14 +328,62 @@ mod tests {
     #[test]
     fn a_row_holding_a_nul_fails_alone() {
         let body = "email,firstName\na@example.com,A\u{0}da\nb@example.com,Bob\n";
-        let rows = read_part(Format::Csv, body.as_bytes(), &BTreeMap::new(), &attributes()).expect("the part reads");
+        let rows =
+            read_part(&settings(Format::Csv, BTreeMap::new()), body.as_bytes(), &attributes()).expect("the part reads");
         assert_eq!(inputs(&rows)[0], Err(Code::InvalidCharacter));
         assert!(inputs(&rows)[1].is_ok());
     }
 
     #[test]
     fn a_part_that_is_not_utf8_or_has_no_header_is_refused_whole() {
-        assert!(read_part(Format::Csv, b"\xff\xfe", &BTreeMap::new(), &[]).is_err());
-        assert!(read_part(Format::Csv, b"", &BTreeMap::new(), &[]).is_err());
+        let error =
+            read_part(&settings(Format::Csv, BTreeMap::new()), b"email\na\xff@x.com\n", &[]).expect_err("refused");
+        assert!(error.starts_with("line 2 is not UTF-8") && error.contains("windows-1252"), "{error}");
+        assert!(read_part(&settings(Format::Csv, BTreeMap::new()), b"", &[]).is_err());
+    }
+
+    #[test]
+    fn the_delimiter_is_found_in_the_header_or_given() {
+        assert_eq!(delimiter("email;name;\"a,b\"\nx,y,z", None), b';');
+        assert_eq!(delimiter("email\tname\n", None), b'\t');
+        assert_eq!(delimiter("\"e;mail\",name\n", None), b',', "quoted delimiters do not count");
+        assert_eq!(delimiter("email\n", None), b',');
+        assert_eq!(delimiter("email;name\n", Some(b',')), b',');
+        let body = "email;firstName\nada@example.com;\"Ada; Countess\"\n";
+        let rows = read_part(&settings(Format::Csv, BTreeMap::new()), body.as_bytes(), &attributes()).expect("reads");
+        assert_eq!(inputs(&rows), [Ok(json!({"email": "ada@example.com", "firstName": "Ada; Countess"}))]);
+    }
+
+    #[test]
+    fn windows_1252_and_utf16_files_are_read_as_their_text() {
+        let windows = b"email;firstName\r\njose@example.com;Jos\xe9 \x80\r\n";
+        let mut latin = settings(Format::Csv, BTreeMap::new());
+        latin.encoding = Encoding::Windows1252;
+        let rows = read_part(&latin, windows, &attributes()).expect("reads");
+        assert_eq!(inputs(&rows), [Ok(json!({"email": "jose@example.com", "firstName": "José €"}))]);
+        assert!(read_part(&settings(Format::Csv, BTreeMap::new()), windows, &attributes()).is_err());
+        let mut utf16 = vec![0xff, 0xfe];
+        for unit in "email,firstName\nzoe@example.com,Zoë\n".encode_utf16() {
+            utf16.extend_from_slice(&unit.to_le_bytes());
+        }
+        let rows = read_part(&settings(Format::Csv, BTreeMap::new()), &utf16, &attributes()).expect("reads");
+        assert_eq!(inputs(&rows), [Ok(json!({"email": "zoe@example.com", "firstName": "Zoë"}))]);
+    }
+
+    #[test]
+    fn select_options_match_in_any_case_and_become_the_option() {
+        let attributes = vec![
+            AttributeEntry {
+                key: "plan".to_owned(),
+                definition: json!({"type": "select", "options": ["pro", "free"]}),
+            },
+            AttributeEntry {
+                key: "tags".to_owned(),
+                definition: json!({"type": "multiselect", "options": ["a", "B"]}),
+            },
+        ];
+        let body = "email,plan,tags\nx@example.com,Pro,A;b;c\n";
+        let rows = read_part(&settings(Format::Csv, BTreeMap::new()), body.as_bytes(), &attributes).expect("reads");
+        assert_eq!(inputs(&rows), [Ok(json!({"email": "x@example.com", "plan": "pro", "tags": ["a", "B", "c"]}))]);
     }
 }

@@ -45,6 +45,8 @@ pub async fn document(
         "fileName": settings["fileName"],
         "consent": settings["consent"],
         "columns": settings["columns"],
+        "encoding": settings.get("encoding").and_then(Value::as_str).unwrap_or("utf-8"),
+        "delimiter": settings["delimiter"],
         "status": status,
         "createdAt": format_millis(row.get(2)),
         "completedAt": completed_at,
