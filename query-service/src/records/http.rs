@@ -35,19 +35,49 @@ pub async fn list(
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
-    let page = PageRequest::parse(&query_pairs(&req))?;
+    let query = query_pairs(&req);
+    let page = PageRequest::parse(&query)?;
+    let identity = identity_filter(&query);
     let (caller, token) = authorize_read(&state, &req).await?;
     let schema_ref = path.into_inner();
     let (limit, offset) = (page.limit(), page.offset());
-    let sql = |models: &Consistent| store::page_sql(&models.schema(CATALOG), &models.schema(RECORDS));
-    let (rows, consistent) =
-        consistent_rows(&state, &caller, token, &[CATALOG, RECORDS], sql, &[&schema_ref, &limit, &offset]).await?;
+    let (rows, consistent) = match &identity {
+        None => {
+            let sql = |models: &Consistent| store::page_sql(&models.schema(CATALOG), &models.schema(RECORDS));
+            consistent_rows(&state, &caller, token, &[CATALOG, RECORDS], sql, &[&schema_ref, &limit, &offset]).await?
+        }
+        Some((kinds, values)) => {
+            let sql = |models: &Consistent| store::by_identity_sql(&models.schema(CATALOG), &models.schema(RECORDS));
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&schema_ref, kinds, values];
+            consistent_rows(&state, &caller, token, &[CATALOG, RECORDS], sql, &params).await?
+        }
+    };
     let first = rows.first().ok_or_else(|| ApiError::unavailable("the page query returned no row"))?;
     record_schema(first.get(CHECK_WIDTH), &schema_ref)?;
     let total = first.get::<_, Option<i64>>(CHECK_WIDTH + 1).unwrap_or(0);
-    let items: Vec<Value> = rows.iter().filter_map(|row| row.get::<_, Option<Value>>(CHECK_WIDTH + 2)).collect();
+    let items: Vec<Value> = rows
+        .iter()
+        .filter_map(|row| row.get::<_, Option<Value>>(CHECK_WIDTH + 2))
+        // A record found by identity is the only one: on page 1.
+        .filter(|_| identity.is_none() || offset == 0)
+        .collect();
     let pagination = page.pagination(items.len(), total);
     Ok(respond(&consistent, page.warnings.clone(), |warnings| page_body(items, pagination, warnings)))
+}
+
+/// The identities a list is narrowed to (`email`, `userId`, `phone`, `externalId`; all given
+/// must be the one record's), as the identity index holds them: trimmed, and an email
+/// lowercase. `None` without any.
+fn identity_filter(query: &[(String, String)]) -> Option<(Vec<String>, Vec<String>)> {
+    let (kinds, values): (Vec<String>, Vec<String>) = ["email", "userId", "phone", "externalId"]
+        .into_iter()
+        .filter_map(|key| api::query::query_value(query, key).map(|value| (key, value)))
+        .map(|(key, value)| {
+            let value = if key == "email" { value.trim().to_lowercase() } else { value.trim().to_owned() };
+            (key.to_owned(), value)
+        })
+        .unzip();
+    (!kinds.is_empty()).then_some((kinds, values))
 }
 
 /// One statement: the consistency check, the schema and the record.

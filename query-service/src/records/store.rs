@@ -30,6 +30,24 @@ pub(crate) fn page_sql(catalog: &str, records: &str) -> String {
     )
 }
 
+/// The record of schema `$4` (id or slug) in space `$3` that has every identity `$5[i]`
+/// (`email`, `userId`, `phone`, `externalId`) with the value `$6[i]` (as stored), with the
+/// consistency check: after its columns, the schema's type (null when it does not exist), the
+/// number found (0 or 1) and the document (null when none). Found through the write side's
+/// identity index (`record_identities`), read from the records read model.
+pub(crate) fn by_identity_sql(catalog: &str, records: &str) -> String {
+    let schema_id = schema_id_subquery(catalog, "$3", "$4");
+    let found = format!(
+        "SELECT r.doc FROM {records}.records r WHERE r.record_id IN (
+             SELECT i.record_id FROM record_identities i
+             JOIN unnest($5::text[], $6::text[]) AS w (kind, value) ON i.kind = w.kind AND i.value = w.value
+             WHERE i.space_id = $3 AND i.schema_id = {schema_id}
+             GROUP BY i.record_id HAVING count(*) = cardinality($5::text[]))"
+    );
+    let check = check_with(&format!("{}, (SELECT count(*) FROM ({found}) f)", schema_type_column(catalog)));
+    format!("WITH c AS ({check}) SELECT c.*, p.doc FROM c LEFT JOIN LATERAL ({found}) p ON true")
+}
+
 /// The read columns of record `$5` of schema `$4` (id or slug) in space `$3`: the schema's
 /// type (null when it does not exist) and the record's document (null when there is none).
 pub(crate) fn record_columns(catalog: &str, records: &str) -> String {

@@ -316,3 +316,42 @@ async fn writes_resolve_the_schema_in_the_documented_order() {
         .json(&json!({"company": "Acme"}));
     assert_eq!(app.send(request).await.code(), "invalid_idempotency_key");
 }
+
+#[tokio::test]
+async fn a_contact_is_found_by_its_identity_and_nothing_else_is() {
+    let app = TestApp::spawn().await;
+    let ada =
+        app.create_contact(&json!({"email": "Ada@Example.com", "userId": "u-ada", "phone": "+1 415 555 0100"})).await;
+    app.create_contact(&json!({"email": "bob@example.com"})).await;
+    let app = &app;
+    let find = |query: &str| {
+        let path = format!("/schemas/contacts/records?{query}");
+        async move { app.get(&path, ALPHA_ADMIN).await }
+    };
+    for query in ["email=ada@example.com", "email=%20ADA@EXAMPLE.COM", "userId=u-ada", "phone=%2B1%20415%20555%200100"]
+    {
+        let found = find(query).await;
+        assert_eq!(found.status, 200, "{query}: {:?}", found.body);
+        assert_eq!(found.body["data"].as_array().map(Vec::len), Some(1), "{query}: {:?}", found.body);
+        assert_eq!(found.body["data"][0]["id"], ada["id"], "{query}");
+        assert_eq!(found.body["pagination"]["totalCount"], 1, "{query}");
+    }
+    for query in ["email=nobody@example.com", "userId=U-ADA", "email=ada@example.com&offset=1"] {
+        let found = find(query).await;
+        assert_eq!(
+            (found.status, found.body["data"].as_array().map(Vec::len)),
+            (200, Some(0)),
+            "{query}: {:?}",
+            found.body
+        );
+    }
+    // Several identities: the record that has all of them.
+    let both = find("email=ada@example.com&userId=u-ada").await;
+    assert_eq!(both.body["data"][0]["id"], ada["id"], "{:?}", both.body);
+    let mixed = find("email=bob@example.com&userId=u-ada").await;
+    assert_eq!(mixed.body["data"], json!([]), "{:?}", mixed.body);
+    // Another space's key finds nothing by it.
+    let elsewhere = app.get("/schemas/contacts/records?email=ada@example.com", MULTI_BETA).await;
+    assert!(elsewhere.status == 404 || elsewhere.body["data"] == json!([]), "{:?}", elsewhere.body);
+    assert!(!elsewhere.body.to_string().contains("u-ada"), "{:?}", elsewhere.body);
+}

@@ -323,6 +323,12 @@ pub fn check_header(
     schema_type: &str,
     attributes: &[AttributeEntry],
 ) -> Result<(), ApiError> {
+    if headers.iter().any(|header| !platform::storable::is_storable(header)) {
+        return Err(ApiError::bad_request(
+            Code::InvalidCharacter,
+            "a column name of the header holds a NUL character, which cannot be stored",
+        ));
+    }
     let mut issues = Vec::new();
     let mut filled: BTreeMap<String, &str> = BTreeMap::new();
     for header in headers {
