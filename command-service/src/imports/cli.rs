@@ -25,6 +25,9 @@ use super::store;
 const PART_BYTES: usize = 4 * 1024 * 1024;
 /// A part's row bound.
 const PART_ROWS: usize = 20_000;
+/// The most one row of a file may take: far beyond what its cells may hold (a `text` value is
+/// at most 65,536 characters), and refused before its part is stored.
+const ROW_BYTES: u64 = 1024 * 1024;
 /// Failed rows the summary lists.
 const SHOWN_FAILURES: i64 = 20;
 
@@ -127,6 +130,9 @@ async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Resul
     let source = utf8_copy.as_ref().map_or(arguments.file.clone(), |copy| copy.path().to_path_buf());
     if encoding == domain::imports::Encoding::Utf8 {
         check_utf8(&source)?;
+    }
+    if format == Format::Csv {
+        check_rows(&source)?;
     }
     let mut columns = std::collections::BTreeMap::new();
     for column in &arguments.columns {
@@ -482,6 +488,33 @@ fn check_utf8(path: &Path) -> anyhow::Result<()> {
             return Ok(());
         }
     }
+}
+
+/// Checks, before any part is stored, that no row of a CSV file takes more than [`ROW_BYTES`]
+/// (a cell of megabytes is a mistake, and would sit in memory on every side).
+fn check_rows(path: &Path) -> anyhow::Result<()> {
+    let file = BufReader::new(std::fs::File::open(path)?);
+    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(file);
+    let mut record = csv::ByteRecord::new();
+    let (mut previous_end, mut row) = (0_u64, 0_u64);
+    while reader.read_byte_record(&mut record)? {
+        row += 1;
+        let end = reader.position().byte();
+        if end - previous_end > ROW_BYTES {
+            return Err(Refused(platform::error::ApiError::bad_request(
+                platform::error::Code::ValueTooLong,
+                format!(
+                    "row {row} of the file takes {} MB; a row is at most 1 MB (a text cell holds at most {} \
+                     characters)",
+                    (end - previous_end).div_ceil(1024 * 1024),
+                    domain::attributes::MAX_TEXT
+                ),
+            ))
+            .into());
+        }
+        previous_end = end;
+    }
+    Ok(())
 }
 
 /// An id for the file as it is now: its path, size and modification time.

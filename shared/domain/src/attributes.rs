@@ -30,8 +30,65 @@ pub fn writable_value(attributes: &[AttributeEntry], key: &str, value: Value) ->
             format!("{key} is evaluated or aggregated by the platform and cannot be written"),
         ));
     }
+    if let Some(limit) = too_long(&attribute.definition, &value) {
+        return Err(Issue::coded(key, Code::ValueTooLong, format!("{key} is longer than {limit}")));
+    }
     normalize_value(&attribute.definition, value)
         .map_err(|message| Issue::coded(key, Code::InvalidAttributeValue, format!("{key} {message}")))
+}
+
+/// The most a value of each attribute type may hold, whatever door writes it (the API's
+/// create, upsert and PATCH, an import, a form, a journey's update step): a `string` 4,096
+/// characters, a `text` 65,536, an `email` 254, a `phone` 64, a `select` 1,024, a
+/// `multiselect` 1,000 choices of 1,024 characters, a `json` value 65,536 bytes as JSON.
+pub const MAX_STRING: usize = 4_096;
+pub const MAX_TEXT: usize = 65_536;
+pub const MAX_EMAIL: usize = 254;
+pub const MAX_PHONE: usize = 64;
+pub const MAX_CHOICE: usize = 1_024;
+pub const MAX_CHOICES: usize = 1_000;
+pub const MAX_JSON_BYTES: usize = 65_536;
+
+/// The limit a value of the definition's type goes beyond, as words, if it does.
+pub fn too_long(definition: &Value, value: &Value) -> Option<String> {
+    let chars =
+        |value: &Value, max: usize| value.as_str().is_some_and(|text| text.len() > max && text.chars().count() > max);
+    match attribute_type(definition) {
+        "string" => chars(value, MAX_STRING).then(|| format!("{MAX_STRING} characters")),
+        "text" => chars(value, MAX_TEXT).then(|| format!("{MAX_TEXT} characters")),
+        "email" => chars(value, MAX_EMAIL).then(|| format!("{MAX_EMAIL} characters")),
+        "phone" => chars(value, MAX_PHONE).then(|| format!("{MAX_PHONE} characters")),
+        "select" => chars(value, MAX_CHOICE).then(|| format!("{MAX_CHOICE} characters")),
+        "multiselect" => match value {
+            Value::Array(items) if items.len() > MAX_CHOICES => Some(format!("{MAX_CHOICES} choices")),
+            Value::Array(items) => {
+                items.iter().any(|item| chars(item, MAX_CHOICE)).then(|| format!("{MAX_CHOICE} characters a choice"))
+            }
+            _ => None,
+        },
+        "number" | "integer" | "boolean" | "date" | "datetime" | "evaluated" => None,
+        // json, and any other: the value as JSON text.
+        _ => json_longer_than(value, MAX_JSON_BYTES).then(|| format!("{MAX_JSON_BYTES} bytes as JSON")),
+    }
+}
+
+/// Whether `value` written as JSON takes more than `max` bytes (counted without writing it
+/// out whole).
+fn json_longer_than(value: &Value, max: usize) -> bool {
+    struct Counter {
+        written: usize,
+        max: usize,
+    }
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.written += bytes.len();
+            if self.written > self.max { Err(std::io::Error::other("over")) } else { Ok(bytes.len()) }
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    serde_json::to_writer(Counter { written: 0, max }, value).is_err()
 }
 
 /// The definition's stored type (`json` when it names none).
@@ -175,5 +232,25 @@ mod tests {
         assert!(normalize_phone("+1 (555) 010-2030").is_ok());
         assert!(normalize_phone("call me").is_err());
         assert!(normalize_phone("12").is_err());
+    }
+
+    #[test]
+    fn every_type_has_a_maximum_and_a_value_beyond_it_is_named() {
+        let long = |n: usize| Value::String("é".repeat(n));
+        assert_eq!(too_long(&json!({"type": "string"}), &long(MAX_STRING)), None);
+        assert_eq!(too_long(&json!({"type": "string"}), &long(MAX_STRING + 1)).as_deref(), Some("4096 characters"));
+        assert!(too_long(&json!({"type": "text"}), &long(MAX_STRING + 1)).is_none());
+        assert!(too_long(&json!({"type": "text"}), &long(MAX_TEXT + 1)).is_some());
+        assert!(too_long(&json!({"type": "email"}), &long(255)).is_some());
+        let many = Value::Array(vec![json!("a"); MAX_CHOICES + 1]);
+        assert_eq!(too_long(&json!({"type": "multiselect"}), &many).as_deref(), Some("1000 choices"));
+        let big = json!({"blob": "x".repeat(MAX_JSON_BYTES)});
+        assert!(too_long(&json!({"type": "json"}), &big).is_some());
+        assert!(too_long(&json!({"type": "json"}), &json!({"small": [1, 2, 3]})).is_none());
+        assert!(too_long(&json!({"type": "number"}), &json!(1e300)).is_none());
+        let attributes = [AttributeEntry { key: "bio".to_owned(), definition: json!({"type": "string"}) }];
+        let issue = writable_value(&attributes, "bio", long(5_000)).expect_err("too long");
+        assert_eq!((issue.key.as_deref(), issue.code), (Some("bio"), Some(Code::ValueTooLong)));
+        assert_eq!(issue.message, "bio is longer than 4096 characters");
     }
 }

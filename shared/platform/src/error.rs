@@ -78,6 +78,7 @@ codes! {
     UnknownAttribute = "unknown_attribute",
     AttributeNotWritable = "attribute_not_writable",
     InvalidAttributeValue = "invalid_attribute_value",
+    ValueTooLong = "value_too_long",
     ConcurrentModification = "concurrent_modification",
     RecordDeletionPending = "record_deletion_pending",
     RecordDeletionNotFound = "record_deletion_not_found",

@@ -647,3 +647,47 @@ async fn the_import_command_reads_an_excel_export_given_its_encoding() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("save the sheet as CSV"));
 }
+
+#[tokio::test]
+async fn a_cell_beyond_its_types_maximum_fails_its_row_and_a_file_with_a_huge_row_is_refused_whole() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    // Through the API: the row fails with value_too_long; the others are imported.
+    assert_eq!(create_import(&app, "long", &json!({"schema": "members", "format": "csv"})).await.status, 201);
+    let file = format!("email,firstName,plan\nok@example.com,Ok,basic\nlong@example.com,{},basic\n", "x".repeat(5_000));
+    assert_eq!(put(&app, "/imports/long/parts/1", "text/csv", file).await.status, 202);
+    assert_eq!(app.post("/imports/long/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    assert_eq!(completed(&app, "long").await["rows"]["created"], 1);
+    let failed = rows(&app, "long", "failed").await;
+    assert_eq!((&failed[0]["row"], &failed[0]["error"]["code"]), (&json!(3), &json!("value_too_long")), "{failed:?}");
+
+    // Through the command: a 50 MB cell is refused before anything is stored.
+    let path = scratch_dir("import-huge").join("huge.csv");
+    {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path).expect("created"));
+        out.write_all(b"email,firstName,plan\nfirst@example.com,First,basic\nhuge@example.com,").expect("written");
+        let chunk = vec![b'x'; 1024 * 1024];
+        for _ in 0..50 {
+            out.write_all(&chunk).expect("written");
+        }
+        out.write_all(b",basic\n").expect("written");
+    }
+    let parts_before = app.query_i64("SELECT count(*) FROM import_parts").await;
+    let output = tokio::task::spawn_blocking({
+        let database_url = app.database_url.clone();
+        move || {
+            let path = path.display().to_string();
+            run_binary("platform", &["import", &path, "--schema", "members", "--space", "alpha"], &database_url)
+        }
+    })
+    .await
+    .expect("ran");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("row 3 of the file takes 51 MB") || stderr.contains("row 3 of the file takes 50 MB"),
+        "{stderr}"
+    );
+    assert_eq!(app.query_i64("SELECT count(*) FROM import_parts").await, parts_before, "nothing was stored");
+}

@@ -355,3 +355,44 @@ async fn a_contact_is_found_by_its_identity_and_nothing_else_is() {
     assert!(elsewhere.status == 404 || elsewhere.body["data"] == json!([]), "{:?}", elsewhere.body);
     assert!(!elsewhere.body.to_string().contains("u-ada"), "{:?}", elsewhere.body);
 }
+
+#[tokio::test]
+async fn a_value_beyond_its_types_maximum_is_refused_naming_the_field_and_the_limit() {
+    let app = TestApp::spawn().await;
+    let long = "x".repeat(70_000);
+    for (method, path) in [
+        (reqwest::Method::POST, "/schemas/contacts/records"),
+        (reqwest::Method::POST, "/schemas/contacts/records/upsert"),
+    ] {
+        let response = app
+            .send(
+                app.request(method, path, Some(ALPHA_ADMIN))
+                    .json(&json!({"email": "long@example.com", "firstName": long})),
+            )
+            .await;
+        assert_eq!(
+            (response.status, response.code().as_str()),
+            (400, Some("value_too_long")),
+            "{path}: {:?}",
+            response.body
+        );
+        let issue = &response.body["error"]["issues"][0];
+        assert_eq!(issue["key"], "firstName", "{path}");
+        assert!(issue["message"].as_str().is_some_and(|m| m.contains("4096 characters")), "{issue}");
+    }
+    let contact = app.create_contact(&json!({"email": "short@example.com", "firstName": "Ada"})).await;
+    let patch = app
+        .send(
+            app.request(
+                reqwest::Method::PATCH,
+                &format!("/schemas/contacts/records/{}", contact["id"].as_str().unwrap_or("")),
+                Some(ALPHA_ADMIN),
+            )
+            .json(&json!({"firstName": long})),
+        )
+        .await;
+    assert_eq!((patch.status, patch.code().as_str()), (400, Some("value_too_long")), "{:?}", patch.body);
+    let kept =
+        app.get(&format!("/schemas/contacts/records/{}", contact["id"].as_str().unwrap_or("")), ALPHA_ADMIN).await;
+    assert_eq!(kept.body["data"]["firstName"], "Ada");
+}
