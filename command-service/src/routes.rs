@@ -18,6 +18,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "updateRecord" => web::patch().to(answering(records::http::update)),
         "deleteRecord" => web::delete().to(answering(records::http::delete)),
         "createImport" => web::put().to(answering(imports::http::create)),
+        "deleteImport" => web::delete().to(answering(imports::http::delete)),
         "putImportPart" => web::put().to(answering(imports::http::put_part)),
         "completeImport" => web::post().to(answering(imports::http::complete)),
         "createSuppression" => web::post().to(answering(suppressions::http::create)),

@@ -23,6 +23,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "getRecordAuditTrail" => web::get().to(answering(audit::http::get)),
         "getRecordDeletion" => web::get().to(answering(deletions::http::get)),
         "getImport" => web::get().to(answering(imports::http::get)),
+        "listImports" => web::get().to(answering(imports::http::list)),
         "listImportRows" => web::get().to(answering(imports::http::rows)),
         "listSuppressions" => web::get().to(answering(suppressions::http::list)),
         "listEvents" => web::get().to(answering(events::http::list)),

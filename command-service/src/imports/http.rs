@@ -58,6 +58,20 @@ pub async fn create(
     Ok(HttpResponse::build(status).json(json!({ "data": document })))
 }
 
+/// `DELETE /imports/{importId}`: abandons an import that is not completed (its parts and row
+/// results dropped; records its rows wrote stay).
+pub async fn delete(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
+    let import_id = path.into_inner();
+    let mut client = state.pool.get().await?;
+    store::delete(&mut client, (caller.space_id(), &import_id)).await?;
+    Ok(HttpResponse::Ok().json(json!({"data": {"id": import_id, "deleted": true}})))
+}
+
 /// The media types a part of each format may be sent as.
 fn accepts(format: Format, req: &HttpRequest) -> bool {
     let media_type = req

@@ -20,6 +20,8 @@ pub(crate) enum Refused {
     OtherBody { import_id: String, part: i32 },
     #[error("import {0:?} is complete; it takes no more parts")]
     Closed(String),
+    #[error("import {0:?} is completed; its results are kept until they expire")]
+    Completed(String),
     #[error("part {part} of import {import_id:?} was sent twice at once; retry")]
     SentTwice { import_id: String, part: i32 },
     #[error("import {import_id:?} was completed with {total} parts")]
@@ -155,6 +157,39 @@ async fn start_again(
         .await?;
     transaction.commit().await?;
     Ok(true)
+}
+
+/// Drops an import that is not completed (abandoned): its parts, its row results and itself,
+/// under the worker's lock, so no part of it is being decided. Records its rows already wrote
+/// stay. `Err` 404 when unknown, 409 when completed (its results are kept until they expire).
+pub(crate) async fn delete(
+    client: &mut deadpool_postgres::Client,
+    (space_id, import_id): (&str, &str),
+) -> Result<(), Failed> {
+    let transaction = client.transaction().await?;
+    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&domain::imports::WORKER_LOCK]).await?;
+    let Some(row) = transaction
+        .query_opt(
+            "SELECT i.parts_total IS NOT NULL AND NOT EXISTS (
+                 SELECT 1 FROM import_parts p WHERE p.space_id = i.space_id AND p.import_id = i.import_id
+                 AND p.body IS NOT NULL)
+             FROM imports i WHERE i.space_id = $1 AND i.import_id = $2 FOR UPDATE",
+            &[&space_id, &import_id],
+        )
+        .await?
+    else {
+        return Err(Refused::NotFound(import_id.to_owned()).into());
+    };
+    if row.get::<_, bool>(0) {
+        return Err(Refused::Completed(import_id.to_owned()).into());
+    }
+    for table in ["import_rows", "import_parts", "imports"] {
+        transaction
+            .execute(&format!("DELETE FROM {table} WHERE space_id = $1 AND import_id = $2"), &[&space_id, &import_id])
+            .await?;
+    }
+    transaction.commit().await?;
+    Ok(())
 }
 
 /// The import's schema and settings.

@@ -27,6 +27,38 @@ pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<Sta
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 
+/// `GET /imports`: the space's imports, newest first, a page at a time by a cursor.
+pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+    let (caller, token) = authorize_read(&state, &req).await?;
+    let query = query_pairs(&req);
+    let (limit, warnings) = api::pagination::parse_limit(&query, 100)?;
+    let after = match query_value(&query, "cursor") {
+        None => None,
+        Some(raw) => {
+            Some(domain::imports::status::parse_cursor(raw).map(|(at, id)| (at, id.to_owned())).ok_or_else(|| {
+                ApiError::bad_request(Code::InvalidCursor, "cursor must be a nextCursor this list returned")
+            })?)
+        }
+    };
+    let space_id = caller.space_id().to_owned();
+    let ((items, next_cursor), consistent) = consistent_read(&state, &caller, token, &[], |client, _| {
+        let (space_id, after) = (space_id.clone(), after.clone());
+        Box::pin(async move {
+            let after = after.as_ref().map(|(at, id)| (*at, id.as_str()));
+            Ok(domain::imports::status::page(client, &space_id, after, limit).await?)
+        })
+    })
+    .await?;
+    Ok(respond(&consistent, warnings, |warnings| {
+        let pagination = json!({"limit": limit, "hasMore": next_cursor.is_some(), "nextCursor": next_cursor});
+        let mut body = json!({"data": items, "pagination": pagination});
+        if !warnings.is_empty() {
+            body["warnings"] = json!(warnings);
+        }
+        body
+    }))
+}
+
 const STATUSES: &[&str] = &["created", "updated", "unchanged", "failed"];
 
 /// A position in the rows: `<part>.<row>`, the last row of the previous page.

@@ -50,7 +50,9 @@ pub const OPERATIONS: &[Operation] = &[
     operation("getRecordAuditTrail", "GET", "/schemas/{schema}/records/{id}/audit-trail", Query),
     operation("getRecordDeletion", "GET", "/record-deletions/{operationId}", Query),
     // Bulk imports (not in the contract; see docs/decisions.md).
+    operation("listImports", "GET", "/imports", Query),
     operation("createImport", "PUT", "/imports/{importId}", Command),
+    operation("deleteImport", "DELETE", "/imports/{importId}", Command),
     operation("getImport", "GET", "/imports/{importId}", Query),
     operation("putImportPart", "PUT", "/imports/{importId}/parts/{part}", Command),
     operation("completeImport", "POST", "/imports/{importId}/complete", Command),

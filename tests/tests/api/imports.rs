@@ -691,3 +691,55 @@ async fn a_cell_beyond_its_types_maximum_fails_its_row_and_a_file_with_a_huge_ro
     );
     assert_eq!(app.query_i64("SELECT count(*) FROM import_parts").await, parts_before, "nothing was stored");
 }
+
+#[tokio::test]
+async fn imports_are_listed_newest_first_and_one_not_completed_can_be_abandoned() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let settings = json!({"schema": "members", "format": "csv"});
+    for id in ["first", "second", "third"] {
+        assert_eq!(create_import(&app, id, &settings).await.status, 201);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let page = app.get("/imports?limit=2", ALPHA_ADMIN).await;
+    assert_eq!(page.status, 200, "{:?}", page.body);
+    let ids = |page: &TestResponse| -> Vec<String> {
+        page.body["data"].as_array().into_iter().flatten().filter_map(|i| i["id"].as_str().map(str::to_owned)).collect()
+    };
+    assert_eq!(ids(&page), ["third", "second"]);
+    assert_eq!(page.body["data"][0]["status"], "receiving");
+    let cursor = page.body["pagination"]["nextCursor"].as_str().expect("more").to_owned();
+    let next = app.get(&format!("/imports?limit=2&cursor={cursor}"), ALPHA_ADMIN).await;
+    assert_eq!((ids(&next), &next.body["pagination"]["hasMore"]), (vec!["first".to_owned()], &json!(false)));
+    let bad = app.get("/imports?cursor=nope", ALPHA_ADMIN).await;
+    assert_eq!((bad.status, bad.code().as_str()), (400, Some("invalid_cursor")));
+    let elsewhere = app.get("/imports", MULTI_BETA).await;
+    assert!(elsewhere.status == 200 && elsewhere.body["data"] == json!([]), "{:?}", elsewhere.body);
+
+    // One still receiving is abandoned: gone, parts and all; its id is free again.
+    assert_eq!(
+        put(&app, "/imports/second/parts/1", "text/csv", "email,plan\nx@example.com,basic\n".to_owned()).await.status,
+        202
+    );
+    let delete =
+        |id: &str| app.send(app.request(reqwest::Method::DELETE, &format!("/imports/{id}"), Some(ALPHA_ADMIN)));
+    let deleted = delete("second").await;
+    assert_eq!(
+        (deleted.status, &deleted.body["data"]),
+        (200, &json!({"id": "second", "deleted": true})),
+        "{:?}",
+        deleted.body
+    );
+    assert_eq!(app.get("/imports/second", ALPHA_ADMIN).await.status, 404);
+    assert_eq!(delete("second").await.status, 404);
+    assert_eq!(app.query_i64("SELECT count(*) FROM import_parts WHERE import_id = 'second'").await, 0);
+    // A completed one keeps its results.
+    assert_eq!(
+        put(&app, "/imports/third/parts/1", "text/csv", "email,plan\ny@example.com,basic\n".to_owned()).await.status,
+        202
+    );
+    assert_eq!(app.post("/imports/third/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    completed(&app, "third").await;
+    let kept = delete("third").await;
+    assert_eq!((kept.status, kept.code().as_str()), (409, Some("import_conflict")), "{:?}", kept.body);
+}
