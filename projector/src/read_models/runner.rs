@@ -42,7 +42,8 @@ pub(crate) async fn ensure_initialized(pool: &Pool) -> anyhow::Result<()> {
     for model in super::ALL {
         let transaction = client.transaction().await?;
         transaction.execute("SELECT pg_advisory_xact_lock(727002)", &[]).await?;
-        let exists = transaction.query_opt("SELECT 1 FROM projections WHERE name = $1", &[&model.name()]).await?;
+        let exists =
+            transaction.query_opt("SELECT 1 FROM projections WHERE name = $1 LIMIT 1", &[&model.name()]).await?;
         if exists.is_none() {
             transaction.batch_execute(&super::create_version_sql(model, &schema_name(model.name(), 1))).await?;
             transaction

@@ -172,4 +172,10 @@ async fn rebuild_prints_plain_progress_lines_when_not_on_a_terminal() {
     assert!(printed.contains(&format!("rebuilding records: {head} of {head} events")), "{printed}");
     assert!(printed.contains("switched readers to records version 2"), "{printed}");
     assert!(!printed.contains('\r') && !printed.contains("\u{1b}["), "no terminal drawing in a pipe: {printed:?}");
+    // The retired version's row stays beside the new one; starting a process again (which
+    // migrates and sees every read model initialized) still works.
+    let versions = app.query_i64("SELECT count(*) FROM projections WHERE name = 'records'").await;
+    assert_eq!(versions, 2, "the live version and the retired one");
+    let migrated = run(&app, "projector", &["migrate"]);
+    assert!(migrated.status.success(), "a start after a rebuild: {}", text(&migrated));
 }
