@@ -78,9 +78,12 @@ pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result
     match import_file(arguments, settings).await {
         Err(error) => match error.downcast::<Refused>() {
             Ok(Refused(refusal)) => {
-                eprintln!("refused, nothing was stored: {}", refusal.message());
+                eprintln!("refused, nothing was stored:");
+                if refusal.issues().is_empty() {
+                    eprintln!("  {}", refusal.message());
+                }
                 for issue in refusal.issues() {
-                    eprintln!("  {}: {}", issue.key.as_deref().unwrap_or("-"), issue.message);
+                    eprintln!("  {}", issue.message);
                 }
                 Ok(std::process::ExitCode::from(2))
             }

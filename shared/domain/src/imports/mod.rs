@@ -333,18 +333,15 @@ pub fn check_header(
     let mut filled: BTreeMap<String, &str> = BTreeMap::new();
     for header in headers {
         let header = header.trim();
-        let key = match settings.columns.get(header) {
-            Some(None) => continue,
-            Some(Some(key)) => key.clone(),
-            None => header.to_owned(),
-        };
+        let Some(key) = parse::column_key(header, &settings.columns, attributes) else { continue };
         if !fillable(&key, schema_type, attributes) {
             issues.push(Issue::coded(
                 header,
                 Code::UnknownAttribute,
                 format!(
-                    "column {header:?} fills no field of this schema (it has: {}): map it to one (columns {{\"{header}\": \"email\"}}, \
-                     or --column \"{header}=email\"), or ignore it (null, or --column \"{header}=\")",
+                    "column {header:?} fills no field of this schema (it has: {}): map it to one (columns \
+                     {{\"{header}\": \"<field>\"}}, or --column \"{header}=<field>\"), or ignore it (null, or --column \
+                     \"{header}=\")",
                     fillable_list(schema_type, attributes)
                 ),
             ));

@@ -5,6 +5,8 @@
 use platform::error::Code;
 use serde_json::{Map, Number, Value};
 
+use std::collections::BTreeMap;
+
 use super::{Encoding, Format, MAX_PART_ROWS, Settings};
 use crate::attributes::attribute_type;
 use crate::catalog::AttributeEntry;
@@ -146,16 +148,7 @@ fn csv(text: &str, settings: &Settings, attributes: &[AttributeEntry]) -> Result
     if headers.is_empty() || headers.iter().all(str::is_empty) {
         return Err("a CSV part starts with its header row".to_owned());
     }
-    let keys: Vec<Option<String>> = headers
-        .iter()
-        .map(|header| {
-            let header = header.trim();
-            match columns.get(header) {
-                Some(target) => target.clone(),
-                None => Some(header.to_owned()),
-            }
-        })
-        .collect();
+    let keys: Vec<Option<String>> = headers.iter().map(|header| column_key(header, columns, attributes)).collect();
     let mut rows = Vec::new();
     for (index, record) in reader.records().enumerate() {
         // As a spreadsheet numbers it: the header is row 1.
@@ -183,6 +176,37 @@ fn csv(text: &str, settings: &Settings, attributes: &[AttributeEntry]) -> Result
         rows.push(Row { number, input });
     }
     Ok(rows)
+}
+
+/// The key a CSV column fills: the one its header is mapped to (`None`: ignored), else the
+/// field its header names, matched without regard to case, spaces, `_` and `-` when it is not
+/// a field's exact key (`Email` fills `email`, `First name` fills `firstName`), else the
+/// header itself (which the header's check refuses).
+pub fn column_key(
+    header: &str,
+    columns: &BTreeMap<String, Option<String>>,
+    attributes: &[AttributeEntry],
+) -> Option<String> {
+    let header = header.trim();
+    if let Some(target) = columns.get(header) {
+        return target.clone();
+    }
+    let loose = |text: &str| -> String {
+        text.chars().filter(|c| !matches!(c, ' ' | '_' | '-')).flat_map(char::to_lowercase).collect()
+    };
+    let fields = ["id", "userId", "email", "phone", "externalId", TOPICS]
+        .into_iter()
+        .chain(attributes.iter().map(|attribute| attribute.key.as_str()));
+    let fields: Vec<&str> = fields.collect();
+    if fields.contains(&header) {
+        return Some(header.to_owned());
+    }
+    let wanted = loose(header);
+    let mut matching = fields.iter().filter(|field| loose(field) == wanted);
+    match (matching.next(), matching.next()) {
+        (Some(field), None) => Some((*field).to_owned()),
+        _ => Some(header.to_owned()),
+    }
 }
 
 /// A CSV cell as the JSON value its key takes. A cell that is not of its attribute's type, or
@@ -233,8 +257,6 @@ fn list(cell: &str) -> Vec<Value> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
     use serde_json::json;
 
@@ -385,5 +407,18 @@ mod tests {
         let body = "email,plan,tags\nx@example.com,Pro,A;b;c\n";
         let rows = read_part(&settings(Format::Csv, BTreeMap::new()), body.as_bytes(), &attributes).expect("reads");
         assert_eq!(inputs(&rows), [Ok(json!({"email": "x@example.com", "plan": "pro", "tags": ["a", "B", "c"]}))]);
+    }
+
+    #[test]
+    fn a_header_names_its_field_in_any_case_and_spacing_unless_mapped() {
+        let none = BTreeMap::new();
+        let key = |header: &str| column_key(header, &none, &attributes());
+        assert_eq!(key("Email").as_deref(), Some("email"));
+        assert_eq!(key("E-mail").as_deref(), Some("email"));
+        assert_eq!(key("First name").as_deref(), Some("firstName"));
+        assert_eq!(key("first_name").as_deref(), Some("firstName"));
+        assert_eq!(key("Email Address").as_deref(), Some("Email Address"), "no field by that name: refused later");
+        let mapped = BTreeMap::from([("Email".to_owned(), None)]);
+        assert_eq!(column_key("Email", &mapped, &attributes()), None, "an ignored column stays ignored");
     }
 }
