@@ -30,9 +30,6 @@ pub fn writable_value(attributes: &[AttributeEntry], key: &str, value: Value) ->
             format!("{key} is evaluated or aggregated by the platform and cannot be written"),
         ));
     }
-    if let Some(limit) = too_long(&attribute.definition, &value) {
-        return Err(Issue::coded(key, Code::ValueTooLong, format!("{key} is longer than {limit}")));
-    }
     normalize_value(&attribute.definition, value)
         .map_err(|message| Issue::coded(key, Code::InvalidAttributeValue, format!("{key} {message}")))
 }
@@ -89,6 +86,17 @@ fn json_longer_than(value: &Value, max: usize) -> bool {
         }
     }
     serde_json::to_writer(Counter { written: 0, max }, value).is_err()
+}
+
+/// [`writable_value`] for a record (a contact or an object), whose values are bounded by
+/// their type's maximum (400 `value_too_long`). An event's input is bounded as a whole instead
+/// (`event_input_too_large`, the contract's).
+pub fn writable_record_value(attributes: &[AttributeEntry], key: &str, value: Value) -> Result<Value, Issue> {
+    let limit = attributes.iter().find(|a| a.key == key).and_then(|a| too_long(&a.definition, &value));
+    if let Some(limit) = limit {
+        return Err(Issue::coded(key, Code::ValueTooLong, format!("{key} is longer than {limit}")));
+    }
+    writable_value(attributes, key, value)
 }
 
 /// The definition's stored type (`json` when it names none).
@@ -249,7 +257,8 @@ mod tests {
         assert!(too_long(&json!({"type": "json"}), &json!({"small": [1, 2, 3]})).is_none());
         assert!(too_long(&json!({"type": "number"}), &json!(1e300)).is_none());
         let attributes = [AttributeEntry { key: "bio".to_owned(), definition: json!({"type": "string"}) }];
-        let issue = writable_value(&attributes, "bio", long(5_000)).expect_err("too long");
+        let issue = writable_record_value(&attributes, "bio", long(5_000)).expect_err("too long");
+        assert!(writable_value(&attributes, "bio", long(5_000)).is_ok(), "an event's input is bounded as a whole");
         assert_eq!((issue.key.as_deref(), issue.code), (Some("bio"), Some(Code::ValueTooLong)));
         assert_eq!(issue.message, "bio is longer than 4096 characters");
     }

@@ -14,7 +14,7 @@ use platform::events::seal;
 use platform::proto;
 use serde_json::{Map, Value};
 
-use crate::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
+use crate::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_record_value};
 
 /// Why a record write is refused. The HTTP edge maps each to the contract's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -195,7 +195,7 @@ pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Resul
             }
             continue;
         }
-        match writable_value(schema.attributes, &key, value) {
+        match writable_record_value(schema.attributes, &key, value) {
             Ok(normalized) => {
                 parsed.values.insert(key, normalized);
             }
