@@ -674,21 +674,41 @@ fn children_of(pid: &str) -> Vec<String> {
 }
 
 impl PrivateCluster {
+    /// A cluster on a free port. The port is free when chosen, but another test's process
+    /// may bind it before PostgreSQL does: then it starts again on another one.
     pub(crate) fn start() -> Self {
-        let cluster = Self { dir: scratch_dir("private-pg").join("pg"), port: free_port() };
+        let dir = scratch_dir("private-pg").join("pg");
+        for _ in 0..4 {
+            let cluster = Self { dir: dir.clone(), port: free_port() };
+            match cluster.try_pg_start() {
+                Ok(()) => return cluster,
+                Err(tail) if tail.iter().any(|line| line.contains("Address already in use")) => continue,
+                Err(tail) => panic!("the private cluster started: {tail:?}"),
+            }
+        }
+        let cluster = Self { dir, port: free_port() };
         cluster.pg_start();
         cluster
     }
 
     pub(crate) fn pg_start(&self) {
+        if let Err(tail) = self.try_pg_start() {
+            panic!("the private cluster started: {tail:?}");
+        }
+    }
+
+    /// Starts the cluster; `Err` holds the end of its log.
+    fn try_pg_start(&self) -> Result<(), Vec<String>> {
         let status = std::process::Command::new("bash")
             .arg("-c")
             .arg(format!("source {PG_SCRIPT} && pg_start {} {} >/dev/null", self.dir.display(), self.port))
             .status()
             .expect("bash runs");
+        if status.success() {
+            return Ok(());
+        }
         let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(15).collect();
-        assert!(status.success(), "the private cluster started: {tail:?}");
+        Err(log.lines().rev().take(15).map(str::to_owned).collect())
     }
 
     /// kill -9 of the postmaster and every backend: a crash of the database server.
