@@ -714,7 +714,7 @@ async fn authored_webhook_streams(pool: &Pool) -> anyhow::Result<Vec<String>> {
 /// A webhook the file declared and no longer lists is deleted, as `DELETE /webhooks/{id}`
 /// deletes one: its secret's key shredded, its recorded answers blanked.
 fn plan_webhook_removal(plan: &mut Plan<'_>, stream_id: &str) {
-    let Some((version, latest)) = plan.current.get(stream_id) else { return };
+    let Some((_, latest)) = plan.current.get(stream_id) else { return };
     let (webhook_id, space_id) = match latest {
         LogEvent::WebhookDeleted(_) => return,
         LogEvent::WebhookCreated(created) => (created.webhook_id.clone(), created.space_id.clone()),
@@ -725,15 +725,7 @@ fn plan_webhook_removal(plan: &mut Plan<'_>, stream_id: &str) {
         },
     };
     let deleted = proto::WebhookDeleted { webhook_id: webhook_id.clone(), space_id, deleted_at_ms: plan.now_ms };
-    plan.streams.push(StreamAppend {
-        stream_id: stream_id.to_owned(),
-        expected: ExpectedVersion::Exactly(*version),
-        events: vec![NewEvent {
-            event: LogEvent::WebhookDeleted(deleted),
-            subject_id: None,
-            occurred_at: platform::time::from_millis(plan.now_ms),
-        }],
-    });
+    plan.ensure(stream_id.to_owned(), LogEvent::WebhookDeleted(deleted));
     plan.guards.push(crate::webhooks::store::shred_secret_key(&webhook_id));
     plan.guards.push(crate::webhooks::store::blank_recorded_secrets(&webhook_id));
 }

@@ -131,12 +131,7 @@ async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Resul
     // A UTF-16 file (its byte order mark says so) is read as UTF-8, written beside it first.
     let utf8_copy = utf16_as_utf8(&arguments.file)?;
     let source = utf8_copy.as_ref().map_or(arguments.file.clone(), |copy| copy.path().to_path_buf());
-    if encoding == domain::imports::Encoding::Utf8 {
-        check_utf8(&source)?;
-    }
-    if format == Format::Csv {
-        check_rows(&source)?;
-    }
+    check_file(&source, format, encoding == domain::imports::Encoding::Utf8)?;
     let mut columns = std::collections::BTreeMap::new();
     for column in &arguments.columns {
         let (header, key) = column.split_once('=').context("--column is Header=key (Header= ignores it)")?;
@@ -188,7 +183,6 @@ async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Resul
         starts: Vec::new(),
         most_rows: arguments.part_rows.max(1),
         check: (&import_settings, &context),
-        lines_before: 0,
     };
     match format {
         Format::Csv => split_csv(file, std::fs::File::open(&source)?, &mut parts, &mut progress).await?,
@@ -216,36 +210,12 @@ struct Parts<'a> {
     most_rows: usize,
     /// What a CSV part's header is checked against before the part is stored.
     check: (&'a Settings, &'a domain::catalog::WriteContext),
-    /// Lines of the file before the current part's rows (its header's, then each stored part's).
-    lines_before: usize,
 }
 
 impl Parts<'_> {
-    /// Stores a part: `header_lines` lines of header (none for NDJSON), then its rows.
-    async fn store(&mut self, body: &[u8], rows: usize, header_lines: usize) -> anyhow::Result<()> {
+    /// Stores a part (the file was checked whole before: see [`check_file`]).
+    async fn store(&mut self, body: &[u8], rows: usize) -> anyhow::Result<()> {
         let (settings, context) = self.check;
-        if let Err(message) = domain::imports::parse::decode(body, settings.encoding) {
-            // The part's line, as the file's.
-            let line = message
-                .strip_prefix("line ")
-                .and_then(|rest| rest.split(' ').next())
-                .and_then(|line| line.parse::<usize>().ok());
-            let message = match line {
-                Some(line) if line > header_lines => {
-                    message.replacen(&format!("line {line} "), &format!("line {} ", self.lines_before + line), 1)
-                }
-                _ => message,
-            };
-            return Err(Refused(platform::error::ApiError::bad_request(
-                platform::error::Code::InvalidBody,
-                format!("{message}; nothing of the file was imported"),
-            ))
-            .into());
-        }
-        if self.lines_before == 0 {
-            self.lines_before = header_lines;
-        }
-        self.lines_before += body.iter().filter(|byte| **byte == b'\n').count().saturating_sub(header_lines);
         if let Some(headers) = domain::imports::parse::headers(settings, body).map_err(anyhow::Error::msg)? {
             let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
             domain::imports::check_header(&headers, settings, &context.schema.schema_type, &context.attributes)
@@ -295,8 +265,7 @@ async fn split_csv(
             let length = usize::try_from(end - start)?;
             part.resize(header.len() + length, 0);
             bytes.read_exact(&mut part[header.len()..])?;
-            let header_lines = header.iter().filter(|byte| **byte == b'\n').count();
-            parts.store(&part, rows, header_lines).await?;
+            parts.store(&part, rows).await?;
             progress.set(end);
             (start, rows) = (end, 0);
         }
@@ -324,7 +293,7 @@ async fn split_lines(
             rows += 1;
         }
         if rows > 0 && (length == 0 || rows >= parts.most_rows || part.len() >= PART_BYTES) {
-            parts.store(&part, rows, 0).await?;
+            parts.store(&part, rows).await?;
             progress.set(read);
             part.clear();
             rows = 0;
@@ -456,66 +425,67 @@ impl Drop for TemporaryFile {
     }
 }
 
-/// Checks, before any part is stored, that a file read as UTF-8 is UTF-8: a refusal names
-/// the first line that is not, and the setting that reads it otherwise.
-fn check_utf8(path: &Path) -> anyhow::Result<()> {
+/// Checks the whole file before any part is stored, in one pass over its records (CSV) or
+/// lines (NDJSON): none takes more than [`ROW_BYTES`] (a cell of megabytes is a mistake, and
+/// would sit in memory on every side), and, when it is read as UTF-8, each is UTF-8 (a refusal
+/// names the line and the setting that reads the file otherwise).
+fn check_file(path: &Path, format: Format, utf8: bool) -> anyhow::Result<()> {
+    let refused = |code, message: String| Refused(platform::error::ApiError::bad_request(code, message)).into();
+    let too_long = |row: u64, bytes: u64| {
+        refused(
+            platform::error::Code::ValueTooLong,
+            format!(
+                "row {row} of the file takes {} MB; a row is at most 1 MB (a text cell holds at most {} characters)",
+                bytes.div_ceil(1024 * 1024),
+                domain::attributes::MAX_TEXT
+            ),
+        )
+    };
+    let not_utf8 = |line: u64| {
+        refused(
+            platform::error::Code::InvalidBody,
+            format!(
+                "line {line} of the file is not UTF-8: if it was saved by Excel or another Windows program, it is \
+                 probably windows-1252: pass --encoding windows-1252"
+            ),
+        )
+    };
     let mut file = BufReader::new(std::fs::File::open(path)?);
-    let (mut line, mut carried) = (1_usize, Vec::new());
-    let mut chunk = vec![0_u8; 64 * 1024];
-    loop {
-        let read = file.read(&mut chunk)?;
-        carried.extend_from_slice(&chunk[..read]);
-        let (valid, error) = match std::str::from_utf8(&carried) {
-            Ok(_) => (carried.len(), None),
-            Err(error) => (error.valid_up_to(), Some(error)),
-        };
-        line += carried[..valid].iter().filter(|byte| **byte == b'\n').count();
-        match error {
-            // A character cut by the chunk's end: read on.
-            Some(error) if error.error_len().is_none() && read > 0 => {
-                carried.drain(..valid);
+    match format {
+        Format::Csv => {
+            let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(file);
+            let mut record = csv::ByteRecord::new();
+            let (mut previous_end, mut row, mut line) = (0_u64, 0_u64, 1_u64);
+            while reader.read_byte_record(&mut record)? {
+                row += 1;
+                let end = reader.position().byte();
+                if end - previous_end > ROW_BYTES {
+                    return Err(too_long(row, end - previous_end));
+                }
+                if utf8 && std::str::from_utf8(record.as_slice()).is_err() {
+                    return Err(not_utf8(line));
+                }
+                // The next record starts on the line after this one's last (a quoted cell may
+                // hold line breaks).
+                let breaks = record.as_slice().iter().filter(|byte| **byte == b'\n').count() as u64;
+                (previous_end, line) = (end, line + 1 + breaks);
             }
-            Some(_) => {
-                return Err(Refused(platform::error::ApiError::bad_request(
-                    platform::error::Code::InvalidBody,
-                    format!(
-                        "line {line} of the file is not UTF-8: if it was saved by Excel or another Windows \
-                         program, it is probably windows-1252: pass --encoding windows-1252"
-                    ),
-                ))
-                .into());
+        }
+        Format::Ndjson => {
+            let (mut line, mut number) = (Vec::new(), 0_u64);
+            while {
+                line.clear();
+                file.read_until(b'\n', &mut line)? > 0
+            } {
+                number += 1;
+                if line.len() as u64 > ROW_BYTES {
+                    return Err(too_long(number, line.len() as u64));
+                }
+                if utf8 && std::str::from_utf8(&line).is_err() {
+                    return Err(not_utf8(number));
+                }
             }
-            None => carried.clear(),
         }
-        if read == 0 {
-            return Ok(());
-        }
-    }
-}
-
-/// Checks, before any part is stored, that no row of a CSV file takes more than [`ROW_BYTES`]
-/// (a cell of megabytes is a mistake, and would sit in memory on every side).
-fn check_rows(path: &Path) -> anyhow::Result<()> {
-    let file = BufReader::new(std::fs::File::open(path)?);
-    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(file);
-    let mut record = csv::ByteRecord::new();
-    let (mut previous_end, mut row) = (0_u64, 0_u64);
-    while reader.read_byte_record(&mut record)? {
-        row += 1;
-        let end = reader.position().byte();
-        if end - previous_end > ROW_BYTES {
-            return Err(Refused(platform::error::ApiError::bad_request(
-                platform::error::Code::ValueTooLong,
-                format!(
-                    "row {row} of the file takes {} MB; a row is at most 1 MB (a text cell holds at most {} \
-                     characters)",
-                    (end - previous_end).div_ceil(1024 * 1024),
-                    domain::attributes::MAX_TEXT
-                ),
-            ))
-            .into());
-        }
-        previous_end = end;
     }
     Ok(())
 }

@@ -117,8 +117,7 @@ async fn start_again(
     (document, digest): (&serde_json::Value, &Vec<u8>),
     actor_key_id: Option<&str>,
 ) -> Result<bool, Failed> {
-    let transaction = client.transaction().await?;
-    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&domain::imports::WORKER_LOCK]).await?;
+    let transaction = under_worker_lock(client).await?;
     let written: bool = transaction
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM import_parts WHERE space_id = $1 AND import_id = $2
@@ -132,11 +131,7 @@ async fn start_again(
     if written {
         return Err(Refused::OtherSettings(import_id.to_owned()).into());
     }
-    for table in ["import_rows", "import_parts"] {
-        transaction
-            .execute(&format!("DELETE FROM {table} WHERE space_id = $1 AND import_id = $2"), &[&space_id, &import_id])
-            .await?;
-    }
+    drop_import(&transaction, (space_id, import_id), &["import_rows", "import_parts"]).await?;
     transaction
         .execute(
             "UPDATE imports SET schema_id = $3, schema_type = $4, format = $5, settings = $6, settings_digest = $7,
@@ -159,6 +154,29 @@ async fn start_again(
     Ok(true)
 }
 
+/// A transaction holding the `imports` worker's lock: no part is decided until it ends.
+async fn under_worker_lock(
+    client: &mut deadpool_postgres::Client,
+) -> Result<deadpool_postgres::Transaction<'_>, tokio_postgres::Error> {
+    let transaction = client.transaction().await?;
+    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&domain::imports::WORKER_LOCK]).await?;
+    Ok(transaction)
+}
+
+/// Deletes the import's rows of `tables` (its row results, its parts, itself), in that order.
+async fn drop_import(
+    transaction: &deadpool_postgres::Transaction<'_>,
+    (space_id, import_id): (&str, &str),
+    tables: &[&str],
+) -> Result<(), tokio_postgres::Error> {
+    for table in tables {
+        transaction
+            .execute(&format!("DELETE FROM {table} WHERE space_id = $1 AND import_id = $2"), &[&space_id, &import_id])
+            .await?;
+    }
+    Ok(())
+}
+
 /// Drops an import that is not completed (abandoned): its parts, its row results and itself,
 /// under the worker's lock, so no part of it is being decided. Records its rows already wrote
 /// stay. `Err` 404 when unknown, 409 when completed (its results are kept until they expire).
@@ -166,8 +184,7 @@ pub(crate) async fn delete(
     client: &mut deadpool_postgres::Client,
     (space_id, import_id): (&str, &str),
 ) -> Result<(), Failed> {
-    let transaction = client.transaction().await?;
-    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&domain::imports::WORKER_LOCK]).await?;
+    let transaction = under_worker_lock(client).await?;
     let Some(row) = transaction
         .query_opt(
             "SELECT i.parts_total IS NOT NULL AND NOT EXISTS (
@@ -183,11 +200,7 @@ pub(crate) async fn delete(
     if row.get::<_, bool>(0) {
         return Err(Refused::Completed(import_id.to_owned()).into());
     }
-    for table in ["import_rows", "import_parts", "imports"] {
-        transaction
-            .execute(&format!("DELETE FROM {table} WHERE space_id = $1 AND import_id = $2"), &[&space_id, &import_id])
-            .await?;
-    }
+    drop_import(&transaction, (space_id, import_id), &["import_rows", "import_parts", "imports"]).await?;
     transaction.commit().await?;
     Ok(())
 }

@@ -49,14 +49,23 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
         })
     })
     .await?;
-    Ok(respond(&consistent, warnings, |warnings| {
-        let pagination = json!({"limit": limit, "hasMore": next_cursor.is_some(), "nextCursor": next_cursor});
-        let mut body = json!({"data": items, "pagination": pagination});
-        if !warnings.is_empty() {
-            body["warnings"] = json!(warnings);
-        }
-        body
-    }))
+    Ok(respond(&consistent, warnings, |warnings| cursor_page(items, limit, next_cursor, warnings)))
+}
+
+/// A page of a list read by cursor: `{data, pagination: {limit, hasMore, nextCursor}}`, and
+/// `warnings` when there are any.
+fn cursor_page(
+    items: Vec<Value>,
+    limit: i64,
+    next_cursor: Option<String>,
+    warnings: &[platform::error::Warning],
+) -> Value {
+    let pagination = json!({"limit": limit, "hasMore": next_cursor.is_some(), "nextCursor": next_cursor});
+    let mut body = json!({"data": items, "pagination": pagination});
+    if !warnings.is_empty() {
+        body["warnings"] = json!(warnings);
+    }
+    body
 }
 
 const STATUSES: &[&str] = &["created", "updated", "unchanged", "failed"];
@@ -141,12 +150,5 @@ pub async fn rows(
             })
         })
         .collect();
-    Ok(respond(&consistent, warnings, |warnings| {
-        let mut body =
-            json!({"data": items, "pagination": {"limit": limit, "hasMore": has_more, "nextCursor": next_cursor}});
-        if !warnings.is_empty() {
-            body["warnings"] = json!(warnings);
-        }
-        body
-    }))
+    Ok(respond(&consistent, warnings, |warnings| cursor_page(items, limit, next_cursor, warnings)))
 }

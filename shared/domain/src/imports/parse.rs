@@ -194,10 +194,14 @@ pub fn column_key(
     let loose = |text: &str| -> String {
         text.chars().filter(|c| !matches!(c, ' ' | '_' | '-')).flat_map(char::to_lowercase).collect()
     };
-    let fields = ["id", "userId", "email", "phone", "externalId", TOPICS]
-        .into_iter()
-        .chain(attributes.iter().map(|attribute| attribute.key.as_str()));
-    let fields: Vec<&str> = fields.collect();
+    // The record's id and the writable platform fields of either record type (the header's
+    // check then refuses one its schema does not have), `topics`, and the attributes.
+    let platform = ["contact", "object"].into_iter().flat_map(crate::records::base_attributes);
+    let fields: Vec<&str> = std::iter::once("id")
+        .chain(platform.filter(|(_, _, writable)| *writable).map(|(key, _, _)| *key))
+        .chain([TOPICS])
+        .chain(attributes.iter().map(|attribute| attribute.key.as_str()))
+        .collect();
     if fields.contains(&header) {
         return Some(header.to_owned());
     }
