@@ -6,7 +6,7 @@ use api::pagination::PageRequest;
 use domain::catalog::CATALOG;
 use platform::error::ApiError;
 use platform::error::Code;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::store;
 use crate::State;
@@ -29,24 +29,46 @@ fn record_schema(schema_type: Option<&str>, id_or_slug: &str) -> Result<(), ApiE
     }
 }
 
-/// One statement: the consistency check, the schema, the total and the page.
+/// One statement: the consistency check, the schema, the total and the page. Paged by offset
+/// (the contract's) or, past where offsets stop, by the `cursor` each page hands on.
 pub async fn list(
     req: HttpRequest,
     path: web::Path<String>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
-    let page = PageRequest::parse(&query)?;
     let identity = identity_filter(&query);
+    let after = match api::query::query_value(&query, "cursor").filter(|raw| !raw.is_empty()) {
+        Some(raw) if identity.is_none() => Some(parse_cursor(raw)?),
+        _ => None,
+    };
+    // With a cursor the offset is ignored.
+    let page = match &after {
+        Some(_) => PageRequest::parse(&without_offset(&query)),
+        None => PageRequest::parse(&query),
+    }
+    .map_err(|error| match error.code() {
+        Some(Code::OffsetTooLarge) => ApiError::bad_request(
+            Code::OffsetTooLarge,
+            format!("{}; page further with `cursor`, passing each page's pagination.nextCursor", error.message()),
+        ),
+        _ => error,
+    })?;
     let (caller, token) = authorize_read(&state, &req).await?;
     let schema_ref = path.into_inner();
     let (limit, offset) = (page.limit(), page.offset());
-    let (rows, consistent) = match &identity {
-        None => {
+    let (rows, consistent) = match (&identity, &after) {
+        (None, None) => {
             let sql = |models: &Consistent| store::page_sql(&models.schema(CATALOG), &models.schema(RECORDS));
             consistent_rows(&state, &caller, token, &[CATALOG, RECORDS], sql, &[&schema_ref, &limit, &offset]).await?
         }
-        Some((kinds, values)) => {
+        (None, Some((at, id))) => {
+            // One row past the page says whether there is more.
+            let sql = |models: &Consistent| store::after_sql(&models.schema(CATALOG), &models.schema(RECORDS));
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&schema_ref, &(limit + 1), at, id];
+            consistent_rows(&state, &caller, token, &[CATALOG, RECORDS], sql, &params).await?
+        }
+        (Some((kinds, values)), _) => {
             let sql = |models: &Consistent| store::by_identity_sql(&models.schema(CATALOG), &models.schema(RECORDS));
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&schema_ref, kinds, values];
             consistent_rows(&state, &caller, token, &[CATALOG, RECORDS], sql, &params).await?
@@ -55,14 +77,51 @@ pub async fn list(
     let first = rows.first().ok_or_else(|| ApiError::unavailable("the page query returned no row"))?;
     record_schema(first.get(CHECK_WIDTH), &schema_ref)?;
     let total = first.get::<_, Option<i64>>(CHECK_WIDTH + 1).unwrap_or(0);
-    let items: Vec<Value> = rows
+    let mut items: Vec<(Value, Option<String>)> = rows
         .iter()
-        .filter_map(|row| row.get::<_, Option<Value>>(CHECK_WIDTH + 2))
+        .filter_map(|row| {
+            let document = row.get::<_, Option<Value>>(CHECK_WIDTH + 2)?;
+            Some((document, identity.is_none().then(|| cursor_of(row)).flatten()))
+        })
         // A record found by identity is the only one: on page 1.
         .filter(|_| identity.is_none() || offset == 0)
         .collect();
-    let pagination = page.pagination(items.len(), total);
+    let pagination = if after.is_some() {
+        let more = i64::try_from(items.len()).unwrap_or(i64::MAX) > limit;
+        items.truncate(usize::try_from(limit).unwrap_or(0));
+        let next = if more { items.last().and_then(|(_, cursor)| cursor.clone()) } else { None };
+        json!({"limit": limit, "totalCount": total, "hasMore": more, "nextCursor": next})
+    } else {
+        let mut pagination = page.pagination(items.len(), total);
+        let rest = offset + i64::try_from(items.len()).unwrap_or(i64::MAX) < total;
+        let next = if rest { items.last().and_then(|(_, cursor)| cursor.clone()) } else { None };
+        pagination["nextCursor"] = json!(next);
+        pagination
+    };
+    let items = items.into_iter().map(|(document, _)| document).collect();
     Ok(respond(&consistent, page.warnings.clone(), |warnings| page_body(items, pagination, warnings)))
+}
+
+fn without_offset(query: &[(String, String)]) -> Vec<(String, String)> {
+    query.iter().filter(|(key, _)| key != "offset").cloned().collect()
+}
+
+/// Where the page after a row starts: `<createdAt, microseconds since the epoch>.<record id>`.
+fn cursor_of(row: &tokio_postgres::Row) -> Option<String> {
+    let at = row.get::<_, Option<chrono::DateTime<chrono::Utc>>>(CHECK_WIDTH + 3)?;
+    let id = row.get::<_, Option<String>>(CHECK_WIDTH + 4)?;
+    Some(format!("{}.{id}", at.timestamp_micros()))
+}
+
+/// A cursor read back, or 400 `invalid_cursor`.
+fn parse_cursor(raw: &str) -> Result<(chrono::DateTime<chrono::Utc>, String), ApiError> {
+    let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor must be a nextCursor this list returned");
+    let (at, id) = raw.trim().split_once('.').ok_or_else(malformed)?;
+    let at = at.parse().ok().and_then(chrono::DateTime::from_timestamp_micros).ok_or_else(malformed)?;
+    if id.is_empty() || !platform::storable::is_storable(id) {
+        return Err(malformed());
+    }
+    Ok((at, id.to_owned()))
 }
 
 /// The identities a list is narrowed to (`email`, `userId`, `phone`, `externalId`; all given

@@ -23,9 +23,27 @@ pub(crate) fn page_sql(catalog: &str, records: &str) -> String {
     ));
     format!(
         "WITH c AS ({check})
-         SELECT c.*, p.doc FROM c LEFT JOIN LATERAL (
+         SELECT c.*, p.doc, p.created_at, p.record_id FROM c LEFT JOIN LATERAL (
              SELECT doc, created_at, record_id FROM {records}.records WHERE space_id = $3 AND schema_id = {schema_id}
              ORDER BY created_at, record_id LIMIT $5 OFFSET $6) p ON true
+         ORDER BY p.created_at, p.record_id"
+    )
+}
+
+/// [`page_sql`] by position: `$5` rows after the record created at `$6` with id `$7` (in the
+/// list's order), with no limit on how far the list is paged.
+pub(crate) fn after_sql(catalog: &str, records: &str) -> String {
+    let schema_id = schema_id_subquery(catalog, "$3", "$4");
+    let check = check_with(&format!(
+        "{}, (SELECT total FROM {records}.record_counts WHERE space_id = $3 AND schema_id = {schema_id})",
+        schema_type_column(catalog)
+    ));
+    format!(
+        "WITH c AS ({check})
+         SELECT c.*, p.doc, p.created_at, p.record_id FROM c LEFT JOIN LATERAL (
+             SELECT doc, created_at, record_id FROM {records}.records
+             WHERE space_id = $3 AND schema_id = {schema_id} AND (created_at, record_id) > ($6, $7)
+             ORDER BY created_at, record_id LIMIT $5) p ON true
          ORDER BY p.created_at, p.record_id"
     )
 }

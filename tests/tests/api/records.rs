@@ -215,7 +215,10 @@ async fn list_is_ordered_by_created_at_then_id_with_counted_totals() {
     let listed: Vec<&str> =
         page.body["data"].as_array().expect("list").iter().filter_map(|r| r["id"].as_str()).collect();
     assert_eq!(listed, ids[2..5].iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(page.body["pagination"], json!({"limit": 3, "offset": 2, "totalCount": 7, "hasMore": true}));
+    let mut pagination = page.body["pagination"].clone();
+    assert!(pagination["nextCursor"].is_string(), "the cursor to go on with: {pagination}");
+    pagination.as_object_mut().map(|p| p.remove("nextCursor"));
+    assert_eq!(pagination, json!({"limit": 3, "offset": 2, "totalCount": 7, "hasMore": true}));
     let last = app.get("/schemas/contacts/records?limit=3&offset=6", ALPHA_ADMIN).await;
     assert_eq!(last.body["pagination"]["hasMore"], false);
     assert_eq!(last.body["data"].as_array().map(Vec::len), Some(1));
@@ -354,6 +357,52 @@ async fn a_contact_is_found_by_its_identity_and_nothing_else_is() {
     let elsewhere = app.get("/schemas/contacts/records?email=ada@example.com", MULTI_BETA).await;
     assert!(elsewhere.status == 404 || elsewhere.body["data"] == json!([]), "{:?}", elsewhere.body);
     assert!(!elsewhere.body.to_string().contains("u-ada"), "{:?}", elsewhere.body);
+}
+
+#[tokio::test]
+async fn a_list_is_paged_by_cursor_past_where_offsets_stop() {
+    let app = TestApp::spawn().await;
+    let mut created = Vec::new();
+    for n in 0..7 {
+        created.push(app.create_contact(&json!({"email": format!("c{n}@example.com")})).await["id"].clone());
+    }
+    // An offset page hands on the cursor of its last row while rows follow it.
+    let first = app.get("/schemas/contacts/records?limit=3", ALPHA_ADMIN).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let mut cursor = first.body["pagination"]["nextCursor"].as_str().expect("a cursor while rows follow").to_owned();
+    let mut seen: Vec<Value> = first.body["data"].as_array().cloned().unwrap_or_default();
+    // A cursor page ignores the offset (even one past 10,000) and pages to the end.
+    loop {
+        let page =
+            app.get(&format!("/schemas/contacts/records?limit=3&offset=20000&cursor={cursor}"), ALPHA_ADMIN).await;
+        assert_eq!(page.status, 200, "{:?}", page.body);
+        let pagination = &page.body["pagination"];
+        assert_eq!((&pagination["limit"], &pagination["totalCount"]), (&json!(3), &json!(7)), "{pagination}");
+        assert!(pagination.get("offset").is_none(), "a cursor page has no offset: {pagination}");
+        seen.extend(page.body["data"].as_array().cloned().unwrap_or_default());
+        match pagination["nextCursor"].as_str() {
+            Some(next) => {
+                assert_eq!(pagination["hasMore"], true);
+                cursor = next.to_owned();
+            }
+            None => {
+                assert_eq!(pagination["hasMore"], false);
+                break;
+            }
+        }
+    }
+    let ids: Vec<Value> = seen.iter().map(|record| record["id"].clone()).collect();
+    assert_eq!(ids, created, "every record once, in the list's order");
+    // The last offset page has no cursor; a malformed one is 400 invalid_cursor.
+    let last = app.get("/schemas/contacts/records?limit=3&offset=6", ALPHA_ADMIN).await;
+    assert_eq!(last.body["pagination"]["nextCursor"], Value::Null, "{:?}", last.body);
+    for bad in ["nope", "12.", "x.con_1"] {
+        let refused = app.get(&format!("/schemas/contacts/records?cursor={bad}"), ALPHA_ADMIN).await;
+        assert_eq!((refused.status, refused.code().as_str()), (400, Some("invalid_cursor")), "{bad}");
+    }
+    let far = app.get("/schemas/contacts/records?offset=10001", ALPHA_ADMIN).await;
+    assert_eq!((far.status, far.code().as_str()), (400, Some("offset_too_large")));
+    assert!(far.body["error"]["message"].as_str().is_some_and(|m| m.contains("cursor")), "{:?}", far.body);
 }
 
 #[tokio::test]

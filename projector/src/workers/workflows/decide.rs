@@ -214,6 +214,8 @@ pub(super) struct Contact {
     pub(super) consent_keys: Vec<String>,
     pub(super) subscriptions: BTreeMap<String, String>,
     pub(super) segments: BTreeSet<String>,
+    /// The contact schema's attributes, which bound what an update step writes.
+    pub(super) attributes: Vec<domain::catalog::AttributeEntry>,
 }
 
 /// What a run's contact is now.
@@ -734,6 +736,20 @@ fn execute(
                     Source::Value(value) => value.clone(),
                     Source::Input(path) => at_path(input, path).cloned().unwrap_or(Value::Null),
                 };
+                // An attribute's value is held to its type and maximum, as on every door
+                // that writes a record; the step (and the run) fails naming the field.
+                let value = if live.attributes.iter().any(|a| &a.key == key) {
+                    match domain::attributes::writable_record_value(&live.attributes, key, value) {
+                        Ok(value) => value,
+                        Err(issue) => {
+                            let code = issue.code.unwrap_or(Code::InvalidAttributeValue);
+                            tick.fail(&started, code.as_str(), issue.message, now);
+                            return Ok(true);
+                        }
+                    }
+                } else {
+                    value
+                };
                 if values.get(key) != Some(&value) {
                     values.insert(key.clone(), value);
                     changed.push(key.clone());
@@ -1226,6 +1242,10 @@ mod tests {
             consent_keys: vec!["marketingConsent".into()],
             subscriptions: BTreeMap::from([("top_news".to_owned(), "subscribed".to_owned())]),
             segments: BTreeSet::new(),
+            attributes: vec![domain::catalog::AttributeEntry {
+                key: "plan".into(),
+                definition: json!({"type": "string"}),
+            }],
         }))
     }
 
@@ -1497,6 +1517,29 @@ mod tests {
         // Already so: nothing written.
         let facts = with_contact(contact(None, json!({"plan": "pro"})));
         assert!(decided(&run, &definition, &facts, &given()).streams.is_empty());
+    }
+
+    #[test]
+    fn given_an_update_step_when_a_value_is_past_its_maximum_or_of_another_type_then_the_run_fails_naming_it() {
+        let definition = |value: Value| {
+            let set = BTreeMap::from([("plan".to_owned(), Source::Value(value))]);
+            workflow(vec![
+                step("start", StepKind::UpdateContact { set, next: next("end") }),
+                step("end", StepKind::Exit),
+            ])
+        };
+        let run = row("running", Some("start"));
+        let facts = with_contact(contact(None, json!({"plan": "free"})));
+        for (value, code) in [(json!("x".repeat(5_000)), "value_too_long"), (json!(7), "invalid_attribute_value")] {
+            let tick = decided(&run, &definition(value), &facts, &given());
+            assert!(tick.streams.is_empty(), "nothing written");
+            assert_eq!((tick.row.status.as_str(), tick.finished), ("failed", true));
+            let LogEvent::WorkflowRunFinished(ended) = tick.events.last().expect("an end") else {
+                panic!("the run ends")
+            };
+            assert_eq!(ended.error_code, code);
+            assert!(ended.error_message.contains("plan"), "{}", ended.error_message);
+        }
     }
 
     #[test]

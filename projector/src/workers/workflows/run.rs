@@ -265,12 +265,19 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
         return Ok(ContactFacts::Gone);
     }
     let catalog = live_schema(&client, "catalog").await?;
-    let consent_keys: Vec<String> = client
-        .query(&format!("SELECT key, definition FROM {catalog}.attributes WHERE schema_id = $1"), &[&state.schema_id])
-        .await?
+    let rows = client
+        .query(
+            &format!("SELECT key, definition, is_base FROM {catalog}.attributes WHERE schema_id = $1"),
+            &[&state.schema_id],
+        )
+        .await?;
+    let consent_keys: Vec<String> =
+        rows.iter().filter(|row| mail::send::is_email_consent(&row.get::<_, Value>(1))).map(|row| row.get(0)).collect();
+    // What a record write holds values to (`domain::catalog::write_context`): the custom ones.
+    let attributes: Vec<domain::catalog::AttributeEntry> = rows
         .into_iter()
-        .filter(|row| mail::send::is_email_consent(&row.get::<_, Value>(1)))
-        .map(|row| row.get(0))
+        .filter(|row| !row.get::<_, bool>(2))
+        .map(|row| domain::catalog::AttributeEntry { key: row.get(0), definition: row.get(1) })
         .collect();
     let values = state.values();
     let consent = mail::send::email_consent(&consent_keys, |key| values.get(key));
@@ -282,7 +289,16 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
         .into_iter()
         .map(|row| row.get(0))
         .collect();
-    Ok(ContactFacts::Live(Box::new(Contact { version, state, key, consent, consent_keys, subscriptions, segments })))
+    Ok(ContactFacts::Live(Box::new(Contact {
+        version,
+        state,
+        key,
+        consent,
+        consent_keys,
+        subscriptions,
+        segments,
+        attributes,
+    })))
 }
 
 /// The log event from which the state that made `gate` refuse a send to `address` held
