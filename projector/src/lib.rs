@@ -111,7 +111,7 @@ pub fn workers(
         workers.push(Arc::new(workers::engagement::Engagement::new(pool.clone(), log.clone())));
     }
     if wanted.contains(&"imports") {
-        workers.push(Arc::new(workers::imports::Imports::new(pool.clone(), log.clone())));
+        workers.push(Arc::new(workers::imports::Imports::new(pool.clone(), log.clone(), &settings.imports)));
     }
     if wanted.contains(&"email_outbox") {
         // Held sends are decided again and handed off by the processes that run the outbox.

@@ -20,7 +20,9 @@ pub(crate) enum Refused {
     OtherBody { import_id: String, part: i32 },
     #[error("import {0:?} is complete; it takes no more parts")]
     Closed(String),
-    #[error("import {0:?} is completed; its results are kept until they expire")]
+    #[error(
+        "import {0:?} is completed; it and its results are removed 30 days after it completed (APP__IMPORTS__RETENTION_SECONDS)"
+    )]
     Completed(String),
     #[error("part {part} of import {import_id:?} was sent twice at once; retry")]
     SentTwice { import_id: String, part: i32 },

@@ -38,6 +38,7 @@ pub struct Settings {
     pub forms: FormSettings,
     pub broadcasts: BroadcastSettings,
     pub workflows: WorkflowSettings,
+    pub imports: ImportSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -331,6 +332,25 @@ pub struct WorkflowSettings {
 impl Default for WorkflowSettings {
     fn default() -> Self {
         Self { lease_ms: 60_000, concurrency: 64 }
+    }
+}
+
+/// Imports (`APP__IMPORTS__*`): how long what they leave behind is kept.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ImportSettings {
+    /// `RECEIVING_EXPIRY_SECONDS`: an import never completed that received nothing (its
+    /// create, or a part) for this long is dropped as `DELETE /imports/{id}` drops one: its
+    /// parts and row results; records its rows wrote stay. 86,400: a day.
+    pub receiving_expiry_seconds: u64,
+    /// `RETENTION_SECONDS`: a completed import is removed with its row results (and the keys
+    /// of its failed rows) this long after it completed. 2,592,000: 30 days.
+    pub retention_seconds: u64,
+}
+
+impl Default for ImportSettings {
+    fn default() -> Self {
+        Self { receiving_expiry_seconds: 86_400, retention_seconds: 30 * 86_400 }
     }
 }
 

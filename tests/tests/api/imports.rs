@@ -743,3 +743,60 @@ async fn imports_are_listed_newest_first_and_one_not_completed_can_be_abandoned(
     let kept = delete("third").await;
     assert_eq!((kept.status, kept.code().as_str()), (409, Some("import_conflict")), "{:?}", kept.body);
 }
+
+#[tokio::test]
+async fn an_import_left_receiving_expires_and_a_completed_one_is_removed_after_its_retention() {
+    let app = TestApp::spawn_with(Options {
+        tweak: Some(|settings| {
+            settings.imports.receiving_expiry_seconds = 3;
+            settings.imports.retention_seconds = 6;
+        }),
+        ..Options::default()
+    })
+    .await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let app = &app;
+    let settings = json!({"schema": "members", "format": "csv"});
+    let part = |id: &str, n: u32, body: &str| {
+        let (path, body) = (format!("/imports/{id}/parts/{n}"), format!("email,plan\n{body}"));
+        async move { put(app, &path, "text/csv", body).await.status }
+    };
+    for id in ["stale", "alive", "done"] {
+        assert_eq!(create_import(app, id, &settings).await.status, 201);
+    }
+    assert_eq!(part("stale", 1, "stale@example.com,basic\n").await, 202);
+    // A row that fails keeps the key it was given until the results go.
+    assert_eq!(part("done", 1, "done@example.com,basic\nfailed@example.com,\n").await, 202);
+    assert_eq!(app.post("/imports/done/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    let done = completed(app, "done").await;
+    assert_eq!((&done["rows"]["created"], &done["rows"]["failed"]), (&json!(1), &json!(1)), "{done}");
+    // One that keeps receiving stays, however long it takes.
+    let started = Instant::now();
+    for n in 1..=6 {
+        assert_eq!(part("alive", n, &format!("alive{n}@example.com,basic\n")).await, 202);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(started.elapsed() > Duration::from_secs(5));
+    assert_eq!(app.get("/imports/alive", ALPHA_ADMIN).await.status, 200, "still receiving");
+    assert_eq!(app.get("/imports/stale", ALPHA_ADMIN).await.status, 404, "received nothing for 3 s: dropped");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.get("/imports/done", ALPHA_ADMIN).await.status != 404 {
+        assert!(Instant::now() < deadline, "the completed import outlived its retention");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for id in ["stale", "done"] {
+        let left = app
+            .query_i64(&format!(
+                "SELECT (SELECT count(*) FROM import_rows WHERE import_id = '{id}')
+                      + (SELECT count(*) FROM import_parts WHERE import_id = '{id}')"
+            ))
+            .await;
+        assert_eq!(left, 0, "{id}: parts and results (and the failed row's key) are gone");
+    }
+    assert_eq!(app.query_i64("SELECT count(*) FROM import_rows WHERE key_value = 'failed@example.com'").await, 0);
+    // The records their rows wrote stay.
+    for email in ["stale@example.com", "done@example.com"] {
+        let found = app.get(&format!("/schemas/members/records?email={email}"), ALPHA_ADMIN).await;
+        assert_eq!(found.body["data"].as_array().map(Vec::len), Some(1), "{email}: {:?}", found.body);
+    }
+}

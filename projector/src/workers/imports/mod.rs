@@ -38,17 +38,21 @@ const ATTEMPTS: u8 = 5;
 /// One process at a time decides parts.
 const LOCK: i64 = domain::imports::WORKER_LOCK;
 
+mod expiry;
+
 pub struct Imports {
     pool: Pool,
     log: EventLog,
+    expiry: expiry::Expiry,
 }
 
 impl Imports {
-    pub fn new(pool: Pool, log: EventLog) -> Self {
-        Self { pool, log }
+    pub fn new(pool: Pool, log: EventLog, settings: &platform::settings::ImportSettings) -> Self {
+        Self { pool, log, expiry: expiry::Expiry::new(settings.clone()) }
     }
 
     async fn step(&self) -> anyhow::Result<StepOutcome> {
+        self.expiry.sweep(&self.pool, platform::time::now_millis()).await?;
         let mut client = self.pool.get().await?;
         let waiting =
             client.query_opt("SELECT 1 FROM import_parts WHERE body IS NOT NULL LIMIT 1", &[]).await?.is_some();
