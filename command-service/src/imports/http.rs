@@ -118,15 +118,17 @@ pub async fn put_part(
     }
     let body = api::http::read_bytes(&req, payload).await?;
     let context = write_contexts::at_edge(&state, Kind::Record, space_id, &schema_id).await?;
-    let rows = imports::parse::read_part(&settings, &body, &context.attributes)
-        .map_err(|message| ApiError::bad_request(Code::InvalidBody, message))?;
-    if let Some(headers) = imports::parse::headers(&settings, &body)
-        .map_err(|message| ApiError::bad_request(Code::InvalidBody, message))?
-    {
+    let invalid = |message| ApiError::bad_request(Code::InvalidBody, message);
+    // The part is checked whole (its encoding, header and size) without holding its rows:
+    // they are read one at a time when they are decided.
+    let text = imports::parse::decode(&body, settings.encoding).map_err(invalid)?;
+    let rows = imports::parse::count_rows(&settings, &text).map_err(invalid)?;
+    drop(text);
+    if let Some(headers) = imports::parse::headers(&settings, &body).map_err(invalid)? {
         let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
         imports::check_header(&headers, &settings, &context.schema.schema_type, &context.attributes)?;
     }
-    let rows_count = i32::try_from(rows.len()).unwrap_or(i32::MAX);
+    let rows_count = i32::try_from(rows).unwrap_or(i32::MAX);
     let mut client = state.pool.get().await?;
     let (status, rows_count) =
         match store::store_part(&mut client, (space_id, &import_id), part, &body, rows_count).await? {

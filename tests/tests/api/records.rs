@@ -406,6 +406,27 @@ async fn a_list_is_paged_by_cursor_past_where_offsets_stop() {
 }
 
 #[tokio::test]
+async fn a_body_of_too_many_values_is_refused_before_it_is_built_and_a_refusal_lists_at_most_100_issues() {
+    let app = TestApp::spawn().await;
+    let body = |keys: usize| {
+        let members: Vec<String> = (0..keys).map(|n| format!("\"k{n}\":1")).collect();
+        format!("{{\"email\":\"many@example.com\",{}}}", members.join(","))
+    };
+    let post = |body: String| {
+        app.send(
+            app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+                .header("content-type", "application/json")
+                .body(body),
+        )
+    };
+    let huge = post(body(300_000)).await;
+    assert_eq!((huge.status, huge.code().as_str()), (413, Some("body_too_large")), "{:?}", huge.body);
+    let many = post(body(500)).await;
+    assert_eq!((many.status, many.code().as_str()), (400, Some("unknown_attribute")));
+    assert_eq!(many.body["error"]["issues"].as_array().map(Vec::len), Some(100), "the first 100 problems");
+}
+
+#[tokio::test]
 async fn a_value_beyond_its_types_maximum_is_refused_naming_the_field_and_the_limit() {
     let app = TestApp::spawn().await;
     let long = "x".repeat(70_000);

@@ -2,8 +2,8 @@
 //!
 //! A step takes one waiting part (one process at a time, by an advisory lock held for the
 //! step): the lowest part of an import whose earlier parts are all done, so a file's rows are
-//! decided in order. It reads the part's rows, skips those that already have a result, and
-//! decides the rest a wave at a time (`domain::imports::decide`): the wave's identity holders,
+//! decided in order. It reads the part's rows as it decides them (never all at once), skips
+//! those that already have a result, and decides the rest a wave at a time (`domain::imports::decide`): the wave's identity holders,
 //! records and suppressed addresses in one statement each, then one append per written row,
 //! all sent at once so the log's batcher writes them as sets. A row's result is inserted by a
 //! guard of its own append: a row has a result exactly when its write is in the log, so a step
@@ -113,39 +113,61 @@ impl Imports {
             })
             .collect();
         let attributes = context.as_ref().map(|context| context.attributes.as_slice()).unwrap_or_default();
-        let rows = match parse::read_part(settings, body, attributes) {
+        // The part's rows are read as they are decided, a wave at a time: a part of 100,000
+        // rows is never held as inputs at once.
+        let text = parse::decode(body, settings.encoding);
+        let mut rows = match text
+            .as_deref()
+            .map_err(String::clone)
+            .and_then(|text| parse::rows(settings, text, attributes))
+        {
             Ok(rows) => rows,
             Err(message) => {
                 // The intake read it; only a changed parser could refuse it now.
                 tracing::error!(import = %part.import_id, part = part.part, %message, "a stored part cannot be read");
-                Vec::new()
+                Box::new(std::iter::empty())
             }
         };
         let mut pending: VecDeque<(i32, Map<String, Value>, u8)> = VecDeque::new();
         let mut results = Vec::new();
-        for row in rows.into_iter().filter(|row| !done.contains(&row.number)) {
-            match row.input {
-                Ok(input) => pending.push_back((row.number, input, 0)),
-                Err(error) => results.push(RowResult::failed(row.number, None, error.code, error.message)),
-            }
-        }
-        let Some(context) = context else {
-            for (number, _, _) in pending.drain(..) {
-                let message = "the import's schema no longer exists".to_owned();
-                results.push(RowResult::failed(number, None, Code::SchemaNotFound, message));
-            }
-            self.record(part, results, &mut tally).await?;
-            return self.finish(part).await;
-        };
         let provenance = Provenance {
             import_id: part.import_id.clone(),
             consent_label: settings.consent_label.clone(),
             file_name: settings.file_name.clone(),
         };
-        self.record(part, std::mem::take(&mut results), &mut tally).await?;
-        while !pending.is_empty() {
+        let mut exhausted = false;
+        loop {
+            // Rows decided again come first; the wave is topped up from the part.
+            while pending.len() < WAVE {
+                let Some(row) = rows.next() else {
+                    exhausted = true;
+                    break;
+                };
+                if done.contains(&row.number) {
+                    continue;
+                }
+                match row.input {
+                    Ok(input) => pending.push_back((row.number, input, 0)),
+                    Err(error) => results.push(RowResult::failed(row.number, None, error.code, error.message)),
+                }
+            }
+            let Some(context) = &context else {
+                for (number, _, _) in pending.drain(..) {
+                    let message = "the import's schema no longer exists".to_owned();
+                    results.push(RowResult::failed(number, None, Code::SchemaNotFound, message));
+                }
+                self.record(part, std::mem::take(&mut results), &mut tally).await?;
+                if exhausted {
+                    break;
+                }
+                continue;
+            };
+            self.record(part, std::mem::take(&mut results), &mut tally).await?;
+            if pending.is_empty() {
+                break;
+            }
             let wave: Vec<_> = pending.drain(..pending.len().min(WAVE)).collect();
-            let retry = self.decide_wave(part, (&catalog, &context), &provenance, wave, &mut tally).await?;
+            let retry = self.decide_wave(part, (&catalog, context), &provenance, wave, &mut tally).await?;
             for row in retry.into_iter().rev() {
                 pending.push_front(row);
             }

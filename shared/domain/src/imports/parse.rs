@@ -30,17 +30,61 @@ pub struct RowError {
 }
 
 /// Reads a part. `Err` (the whole part refused) when it cannot be decoded in the import's
-/// encoding, a CSV part has no header, or it holds more than [`MAX_PART_ROWS`] rows.
+/// encoding, a CSV part has no header, or it holds more than [`MAX_PART_ROWS`] rows. Holds
+/// every row at once: for tests and small parts; the worker reads a part with [`rows`].
 pub fn read_part(settings: &Settings, body: &[u8], attributes: &[AttributeEntry]) -> Result<Vec<Row>, String> {
     let text = decode(body, settings.encoding)?;
+    count_rows(settings, &text)?;
+    rows(settings, &text, attributes).map(Iterator::collect)
+}
+
+/// Checks a part's text as a whole without holding its rows: a CSV part has its header, and
+/// the part holds at most [`MAX_PART_ROWS`] rows. Answers how many it holds.
+pub fn count_rows(settings: &Settings, text: &str) -> Result<usize, String> {
     let rows = match settings.format {
-        Format::Ndjson => ndjson(&text),
-        Format::Csv => csv(&text, settings, attributes)?,
+        Format::Ndjson => text.lines().filter(|line| !line.trim().is_empty()).count(),
+        Format::Csv => {
+            let mut reader = csv_reader(text, settings.delimiter);
+            check_headers(&mut reader)?;
+            let mut record = csv::ByteRecord::new();
+            let mut rows = 0;
+            // A row that cannot be read still counts: it fails alone when decided.
+            while !matches!(reader.read_byte_record(&mut record), Ok(false)) {
+                rows += 1;
+                if rows > MAX_PART_ROWS {
+                    break;
+                }
+            }
+            rows
+        }
     };
-    if rows.len() > MAX_PART_ROWS {
-        return Err(format!("a part holds at most {MAX_PART_ROWS} rows; this one has {}", rows.len()));
+    if rows > MAX_PART_ROWS {
+        return Err(format!("a part holds at most {MAX_PART_ROWS} rows; this one has more"));
     }
     Ok(rows)
+}
+
+/// A part's rows in order, one at a time (a row is built when it is reached, so a part of
+/// 100,000 rows is never held as inputs at once). `Err` when a CSV part has no header.
+pub fn rows<'a>(
+    settings: &'a Settings,
+    text: &'a str,
+    attributes: &'a [AttributeEntry],
+) -> Result<Box<dyn Iterator<Item = Row> + Send + 'a>, String> {
+    match settings.format {
+        Format::Ndjson => Ok(Box::new(ndjson(text))),
+        Format::Csv => {
+            csv(text, settings, attributes).map(|rows| Box::new(rows) as Box<dyn Iterator<Item = Row> + Send>)
+        }
+    }
+}
+
+fn check_headers(reader: &mut csv::Reader<&[u8]>) -> Result<csv::StringRecord, String> {
+    let headers = reader.headers().map_err(|error| format!("the CSV header cannot be read: {error}"))?.clone();
+    if headers.is_empty() || headers.iter().all(str::is_empty) {
+        return Err("a CSV part starts with its header row".to_owned());
+    }
+    Ok(headers)
 }
 
 /// A CSV part's header cells (`None` for NDJSON, whose rows name their own keys).
@@ -110,23 +154,17 @@ fn csv_reader(text: &str, given: Option<u8>) -> csv::Reader<&[u8]> {
     csv::ReaderBuilder::new().flexible(true).delimiter(delimiter(text, given)).from_reader(text.as_bytes())
 }
 
-fn ndjson(text: &str) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
+fn ndjson(text: &str) -> impl Iterator<Item = Row> + '_ {
+    text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()).map(|(index, line)| {
         let number = i32::try_from(index + 1).unwrap_or(i32::MAX);
-        let input = match serde_json::from_str::<Value>(line) {
+        let input = match serde_json::from_str::<Value>(line.trim()) {
             Ok(value) => storable_object(value),
             Err(error) => {
                 Err(RowError { code: Code::MalformedJson, message: format!("the line is not JSON: {error}") })
             }
         };
-        rows.push(Row { number, input });
-    }
-    rows
+        Row { number, input }
+    })
 }
 
 /// A row's input: a JSON object that holds nothing the API refuses at its edge either (a NUL,
@@ -141,16 +179,16 @@ fn storable_object(value: Value) -> Result<Map<String, Value>, RowError> {
     }
 }
 
-fn csv(text: &str, settings: &Settings, attributes: &[AttributeEntry]) -> Result<Vec<Row>, String> {
-    let columns = &settings.columns;
+fn csv<'a>(
+    text: &'a str,
+    settings: &'a Settings,
+    attributes: &'a [AttributeEntry],
+) -> Result<impl Iterator<Item = Row> + 'a, String> {
     let mut reader = csv_reader(text, settings.delimiter);
-    let headers = reader.headers().map_err(|error| format!("the CSV header cannot be read: {error}"))?.clone();
-    if headers.is_empty() || headers.iter().all(str::is_empty) {
-        return Err("a CSV part starts with its header row".to_owned());
-    }
-    let keys: Vec<Option<String>> = headers.iter().map(|header| column_key(header, columns, attributes)).collect();
-    let mut rows = Vec::new();
-    for (index, record) in reader.records().enumerate() {
+    let headers = check_headers(&mut reader)?;
+    let keys: Vec<Option<String>> =
+        headers.iter().map(|header| column_key(header, &settings.columns, attributes)).collect();
+    Ok(reader.into_records().enumerate().map(move |(index, record)| {
         // As a spreadsheet numbers it: the header is row 1.
         let number = i32::try_from(index + 2).unwrap_or(i32::MAX);
         let input = match record {
@@ -173,9 +211,8 @@ fn csv(text: &str, settings: &Settings, attributes: &[AttributeEntry]) -> Result
                 storable_object(Value::Object(input))
             }
         };
-        rows.push(Row { number, input });
-    }
-    Ok(rows)
+        Row { number, input }
+    }))
 }
 
 /// The key a CSV column fills: the one its header is mapped to (`None`: ignored), else the

@@ -171,11 +171,18 @@ pub fn shown_platform_fields(current: &RecordState) -> Value {
     serde_json::json!({"createdAt": platform::time::format_millis(current.created_at_ms)})
 }
 
+/// The most issues a refused input lists.
+pub const MAX_ISSUES: usize = 100;
+
 /// Validates a flat record input against the schema. `source` is ignored, `id` kept aside.
 pub fn parse_input(schema: &WriteSchema<'_>, input: Map<String, Value>) -> Result<Input, RecordRefusal> {
     let mut issues = Vec::new();
     let mut parsed = Input::default();
     for (key, value) in input {
+        // A refusal names the first problems, not every one of a body of thousands.
+        if issues.len() >= MAX_ISSUES {
+            break;
+        }
         match key.as_str() {
             "source" => continue,
             "id" => {
