@@ -124,6 +124,7 @@ impl Application {
         let pool = platform::db::generic_plan_pool(settings.database_url()?, settings.database.pool_size)?;
         let read_models = ReadModels::start(pool.clone(), settings.database_url()?.to_owned());
         let state = State::new(settings.clone(), pool.clone(), read_models)?;
+        api::live_load::publish(pool.clone());
         let ops = api::ops::Ops::new(pool, None);
         let address = (settings.http.host.as_str(), settings.http.port);
         let server = ApiServer::bind(

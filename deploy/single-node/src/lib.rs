@@ -65,6 +65,7 @@ impl SingleNode {
         }
         let event_log = command_state.event_log.clone();
         let readiness = projector::WorkersReadiness { health: runtime.health(), pool: projector_pool };
+        api::live_load::publish(pool.clone());
         let ops = api::ops::Ops::new(pool.clone(), Some(Arc::new(readiness)));
         let address = (settings.http.host.as_str(), settings.http.port);
         let server = ApiServer::bind(

@@ -6,6 +6,7 @@
 pub mod auth;
 mod envelope;
 pub mod http;
+pub mod live_load;
 pub mod ops;
 pub mod pages;
 pub mod pagination;

@@ -116,6 +116,9 @@ pub(crate) async fn request_metrics_middleware(
     let operation = crate::routes::find(req.method().as_str(), req.path()).map_or("unknown", |operation| operation.id);
     let started = Instant::now();
     let response = next.call(req).await?;
+    if operation != "unknown" {
+        crate::live_load::served();
+    }
     let status = response.status().as_u16().to_string();
     metrics::counter!("http_requests_total", "operation" => operation, "status" => status).increment(1);
     metrics::histogram!("http_request_duration_seconds", "operation" => operation)

@@ -346,11 +346,17 @@ pub struct ImportSettings {
     /// `RETENTION_SECONDS`: a completed import is removed with its row results (and the keys
     /// of its failed rows) this long after it completed. 2,592,000: 30 days.
     pub retention_seconds: u64,
+    /// `LIVE_YIELD`: while the API servers serve requests (the `live_load` signal), the
+    /// imports worker waits up to this many times as long as a wave took before the next one,
+    /// in proportion to the request rate (fully from 100 requests a second), so live requests
+    /// keep the machine: 3 gives an import about a quarter of its own pace under steady
+    /// traffic and full pace without any; 0 never yields.
+    pub live_yield: f64,
 }
 
 impl Default for ImportSettings {
     fn default() -> Self {
-        Self { receiving_expiry_seconds: 86_400, retention_seconds: 30 * 86_400 }
+        Self { receiving_expiry_seconds: 86_400, retention_seconds: 30 * 86_400, live_yield: 3.0 }
     }
 }
 

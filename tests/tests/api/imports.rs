@@ -800,3 +800,21 @@ async fn an_import_left_receiving_expires_and_a_completed_one_is_removed_after_i
         assert_eq!(found.body["data"].as_array().map(Vec::len), Some(1), "{email}: {:?}", found.body);
     }
 }
+
+#[tokio::test]
+async fn the_api_servers_publish_the_live_load_the_imports_worker_yields_to() {
+    let app = TestApp::spawn().await;
+    for _ in 0..20 {
+        assert_eq!(app.get("/me", ALPHA_ADMIN).await.status, 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let client = app.pool.get().await.expect("a connection");
+        let rate = api::live_load::live_rate(&client).await.expect("the live load");
+        if rate > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no live load was published after 20 requests");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -964,7 +964,7 @@ async fn a_journey_waits_for_an_open_and_resends_when_the_mail_was_not_opened() 
             {"id": "mail", "type": "send_email", "template": "promo", "next": "wait"},
             {"id": "wait", "type": "wait_for_engagement", "step": "mail", "action": "opened", "timeout": "4s",
              "onEngaged": "thanks", "onTimeout": "check"},
-            {"id": "thanks", "type": "update_contact", "set": {"firstName": {"value": "Reader"}}, "next": null},
+            {"id": "thanks", "type": "update_contact", "set": {"firstName": "Reader"}, "next": null},
             {"id": "check", "type": "branch", "arms": [{"condition": "steps.mail.opened is false", "next": "again"}],
              "default": null},
             {"id": "again", "type": "send_email", "template": "promo", "next": null}
