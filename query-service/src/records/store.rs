@@ -14,25 +14,19 @@ fn schema_id_subquery(catalog: &str, space: &str, reference: &str) -> String {
 /// A page of the records of schema `$4` (id or slug) in space `$3`, oldest first, `$5` rows
 /// from offset `$6`, with the consistency check: one row per record, or one row with a null
 /// document when the page is empty. After the check's columns: the schema's type (null when
-/// it does not exist), the total and the document.
+/// it does not exist), the total, the document, and the record's creation time and id (where
+/// the next page starts).
 pub(crate) fn page_sql(catalog: &str, records: &str) -> String {
-    let schema_id = schema_id_subquery(catalog, "$3", "$4");
-    let check = check_with(&format!(
-        "{}, (SELECT total FROM {records}.record_counts WHERE space_id = $3 AND schema_id = {schema_id})",
-        schema_type_column(catalog)
-    ));
-    format!(
-        "WITH c AS ({check})
-         SELECT c.*, p.doc, p.created_at, p.record_id FROM c LEFT JOIN LATERAL (
-             SELECT doc, created_at, record_id FROM {records}.records WHERE space_id = $3 AND schema_id = {schema_id}
-             ORDER BY created_at, record_id LIMIT $5 OFFSET $6) p ON true
-         ORDER BY p.created_at, p.record_id"
-    )
+    page_where(catalog, records, "", "LIMIT $5 OFFSET $6")
 }
 
 /// [`page_sql`] by position: `$5` rows after the record created at `$6` with id `$7` (in the
 /// list's order), with no limit on how far the list is paged.
 pub(crate) fn after_sql(catalog: &str, records: &str) -> String {
+    page_where(catalog, records, "AND (created_at, record_id) > ($6, $7)", "LIMIT $5")
+}
+
+fn page_where(catalog: &str, records: &str, condition: &str, window: &str) -> String {
     let schema_id = schema_id_subquery(catalog, "$3", "$4");
     let check = check_with(&format!(
         "{}, (SELECT total FROM {records}.record_counts WHERE space_id = $3 AND schema_id = {schema_id})",
@@ -42,8 +36,8 @@ pub(crate) fn after_sql(catalog: &str, records: &str) -> String {
         "WITH c AS ({check})
          SELECT c.*, p.doc, p.created_at, p.record_id FROM c LEFT JOIN LATERAL (
              SELECT doc, created_at, record_id FROM {records}.records
-             WHERE space_id = $3 AND schema_id = {schema_id} AND (created_at, record_id) > ($6, $7)
-             ORDER BY created_at, record_id LIMIT $5) p ON true
+             WHERE space_id = $3 AND schema_id = {schema_id} {condition}
+             ORDER BY created_at, record_id {window}) p ON true
          ORDER BY p.created_at, p.record_id"
     )
 }

@@ -154,8 +154,9 @@ impl Imports {
         };
         let mut exhausted = false;
         loop {
-            // Rows decided again come first; the wave is topped up from the part.
-            while pending.len() < WAVE {
+            // Rows decided again come first; the wave is topped up from the part (and the
+            // results of rows that cannot be read are recorded a wave at a time too).
+            while pending.len() < WAVE && results.len() < WAVE {
                 let Some(row) = rows.next() else {
                     exhausted = true;
                     break;
@@ -181,7 +182,10 @@ impl Imports {
             };
             self.record(part, std::mem::take(&mut results), &mut tally).await?;
             if pending.is_empty() {
-                break;
+                if exhausted {
+                    break;
+                }
+                continue;
             }
             let wave: Vec<_> = pending.drain(..pending.len().min(WAVE)).collect();
             let started = std::time::Instant::now();
