@@ -216,10 +216,14 @@ impl Parts<'_> {
     /// Stores a part (the file was checked whole before: see [`check_file`]).
     async fn store(&mut self, body: &[u8], rows: usize) -> anyhow::Result<()> {
         let (settings, context) = self.check;
-        if let Some(headers) = domain::imports::parse::headers(settings, body).map_err(anyhow::Error::msg)? {
-            let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-            domain::imports::check_header(&headers, settings, &context.schema.schema_type, &context.attributes)
-                .map_err(Refused)?;
+        // Every part starts with the file's header: the first one's is checked for all.
+        if self.starts.is_empty() {
+            let text = domain::imports::parse::decode(body, settings.encoding).map_err(anyhow::Error::msg)?;
+            if let Some(headers) = domain::imports::parse::headers(settings, &text).map_err(anyhow::Error::msg)? {
+                let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+                domain::imports::check_header(&headers, settings, &context.schema.schema_type, &context.attributes)
+                    .map_err(Refused)?;
+            }
         }
         let part = i32::try_from(self.starts.len() + 1)?;
         self.starts.push(i64::try_from(self.stored)?);

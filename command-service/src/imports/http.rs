@@ -123,11 +123,11 @@ pub async fn put_part(
     // they are read one at a time when they are decided.
     let text = imports::parse::decode(&body, settings.encoding).map_err(invalid)?;
     let rows = imports::parse::count_rows(&settings, &text).map_err(invalid)?;
-    drop(text);
-    if let Some(headers) = imports::parse::headers(&settings, &body).map_err(invalid)? {
+    if let Some(headers) = imports::parse::headers(&settings, &text).map_err(invalid)? {
         let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
         imports::check_header(&headers, &settings, &context.schema.schema_type, &context.attributes)?;
     }
+    drop(text);
     let rows_count = i32::try_from(rows).unwrap_or(i32::MAX);
     let mut client = state.pool.get().await?;
     let (status, rows_count) =

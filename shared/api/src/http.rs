@@ -251,8 +251,9 @@ async fn read_json_accepting(req: &HttpRequest, payload: web::Payload, accepted:
     Ok(value)
 }
 
-/// The most values (objects, arrays, members and elements) a JSON body may hold: far above
-/// any request's need (a batch of 500 events of 500 values each), and about 30 MB as a tree.
+/// The most values (objects, arrays, members and elements) a JSON body may hold: above any
+/// request's need (a full batch of 500 events still has about 500 values for each), and
+/// about 30 MB as a tree.
 pub(crate) const MAX_JSON_VALUES: usize = 250_000;
 
 /// About how many values a JSON text holds, counted without parsing it: its containers and

@@ -3,8 +3,9 @@
 //! A step takes one waiting part (one process at a time, by an advisory lock held for the
 //! step): the lowest part of an import whose earlier parts are all done, so a file's rows are
 //! decided in order. It reads the part's rows as it decides them (never all at once), skips
-//! those that already have a result, and decides the rest a wave at a time (`domain::imports::decide`): the wave's identity holders,
-//! records and suppressed addresses in one statement each, then one append per written row,
+//! those that already have a result, and decides the rest a wave at a time
+//! (`domain::imports::decide`): the wave's identity holders, records and suppressed addresses
+//! in one statement each, then one append per written row,
 //! all sent at once so the log's batcher writes them as sets. A row's result is inserted by a
 //! guard of its own append: a row has a result exactly when its write is in the log, so a step
 //! killed anywhere resumes at the first row without one, and no row is written twice. Rows that
@@ -169,24 +170,19 @@ impl Imports {
                     Err(error) => results.push(RowResult::failed(row.number, None, error.code, error.message)),
                 }
             }
-            let Some(context) = &context else {
+            if context.is_none() {
                 for (number, _, _) in pending.drain(..) {
                     let message = "the import's schema no longer exists".to_owned();
                     results.push(RowResult::failed(number, None, Code::SchemaNotFound, message));
                 }
-                self.record(part, std::mem::take(&mut results), &mut tally).await?;
+            }
+            self.record(part, std::mem::take(&mut results), &mut tally).await?;
+            let Some(context) = context.as_ref().filter(|_| !pending.is_empty()) else {
                 if exhausted {
                     break;
                 }
                 continue;
             };
-            self.record(part, std::mem::take(&mut results), &mut tally).await?;
-            if pending.is_empty() {
-                if exhausted {
-                    break;
-                }
-                continue;
-            }
             let wave: Vec<_> = pending.drain(..pending.len().min(WAVE)).collect();
             let started = std::time::Instant::now();
             let retry = self.decide_wave(part, (&catalog, context), &provenance, wave, &mut tally).await?;

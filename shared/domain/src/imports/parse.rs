@@ -29,15 +29,6 @@ pub struct RowError {
     pub message: String,
 }
 
-/// Reads a part. `Err` (the whole part refused) when it cannot be decoded in the import's
-/// encoding, a CSV part has no header, or it holds more than [`MAX_PART_ROWS`] rows. Holds
-/// every row at once: for tests and small parts; the worker reads a part with [`rows`].
-pub fn read_part(settings: &Settings, body: &[u8], attributes: &[AttributeEntry]) -> Result<Vec<Row>, String> {
-    let text = decode(body, settings.encoding)?;
-    count_rows(settings, &text)?;
-    rows(settings, &text, attributes).map(Iterator::collect)
-}
-
 /// Checks a part's text as a whole without holding its rows: a CSV part has its header, and
 /// the part holds at most [`MAX_PART_ROWS`] rows. Answers how many it holds.
 pub fn count_rows(settings: &Settings, text: &str) -> Result<usize, String> {
@@ -87,13 +78,13 @@ fn check_headers(reader: &mut csv::Reader<&[u8]>) -> Result<csv::StringRecord, S
     Ok(headers)
 }
 
-/// A CSV part's header cells (`None` for NDJSON, whose rows name their own keys).
-pub fn headers(settings: &Settings, body: &[u8]) -> Result<Option<Vec<String>>, String> {
+/// A CSV part's header cells, from its text ([`decode`]); `None` for NDJSON, whose rows name
+/// their own keys.
+pub fn headers(settings: &Settings, text: &str) -> Result<Option<Vec<String>>, String> {
     if settings.format != Format::Csv {
         return Ok(None);
     }
-    let text = decode(body, settings.encoding)?;
-    let mut reader = csv_reader(&text, settings.delimiter);
+    let mut reader = csv_reader(text, settings.delimiter);
     let headers = reader.headers().map_err(|error| format!("the CSV header cannot be read: {error}"))?;
     Ok(Some(headers.iter().map(str::to_owned).collect()))
 }
@@ -298,6 +289,13 @@ fn list(cell: &str) -> Vec<Value> {
 
 #[cfg(test)]
 mod tests {
+    /// A whole part read at once, refused as the intake refuses it.
+    fn read_part(settings: &Settings, body: &[u8], attributes: &[AttributeEntry]) -> Result<Vec<Row>, String> {
+        let text = decode(body, settings.encoding)?;
+        count_rows(settings, &text)?;
+        rows(settings, &text, attributes).map(Iterator::collect)
+    }
+
     use super::*;
     use serde_json::json;
 
