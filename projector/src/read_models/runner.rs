@@ -1,9 +1,9 @@
-//! Projecting one batch: take the lease, read the next events, check contiguity, apply them
+//! Projecting one batch: take the lease, read the next span of the log up to its head, apply it
 //! and advance the checkpoint in one transaction, then announce the progress.
 
 use anyhow::Context;
 use deadpool_postgres::{Pool, Transaction};
-use platform::log::{StoredEvent, read_after_wanting};
+use platform::log::read_wanted;
 use platform::readmodel::{PROGRESS_CHANNEL, schema_name};
 
 use super::ReadModel;
@@ -142,10 +142,9 @@ pub(crate) async fn project_in(
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<Option<(usize, i64)>> {
-    let events = read_after_wanting(transaction, checkpoint, limit, model.event_types()).await?;
-    let Some(last) = events.last() else { return Ok(None) };
-    let last_position = last.position;
-    check_contiguity(model, checkpoint, &events)?;
+    let followed = read_wanted(transaction, checkpoint, limit, model.event_types()).await?;
+    let Some(last_position) = followed.last else { return Ok(None) };
+    let events = followed.events;
     let schema = schema_name(model.name(), version);
     let targeted = faults.crash_projection.as_deref().is_none_or(|name| name == model.name());
     if let (true, Some(after)) = (targeted, faults.crash_after_events) {
@@ -154,7 +153,7 @@ pub(crate) async fn project_in(
         tracing::error!("injected fault: aborting the projector mid-batch");
         std::process::abort();
     }
-    let count = events.len();
+    let count = followed.read;
     let mut quarantine = super::quarantine::Quarantine::load(transaction, model.name(), version).await?;
     super::quarantine::apply(transaction, model, version, &schema, events, &mut quarantine).await?;
     let statement = transaction
@@ -178,21 +177,6 @@ pub(crate) async fn project_in(
     Ok(Some((count, last_position)))
 }
 
-/// A batch must start right after the checkpoint and have no holes; otherwise the projection
-/// halts loudly rather than skipping an event.
-fn check_contiguity(model: &dyn ReadModel, checkpoint: i64, events: &[StoredEvent]) -> anyhow::Result<()> {
-    for (expected, event) in (checkpoint + 1..).zip(events) {
-        if event.position != expected {
-            anyhow::bail!(
-                "hole in the log for projection {}: expected position {expected}, found {}; refusing to skip",
-                model.name(),
-                event.position
-            );
-        }
-    }
-    Ok(())
-}
-
 /// Tells readers that a projection version advanced: a NOTIFY inside `transaction`, which
 /// PostgreSQL delivers when (and only if) the transaction commits.
 pub(crate) async fn announce(
@@ -204,40 +188,4 @@ pub(crate) async fn announce(
     let payload = format!("{}:{version}:{position}", model.name());
     let statement = transaction.prepare_cached("SELECT pg_notify($1, $2)").await?;
     transaction.execute(&statement, &[&PROGRESS_CHANNEL, &payload]).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use chrono::Utc;
-
-    fn event_at(position: i64) -> StoredEvent {
-        StoredEvent {
-            position,
-            event_id: uuid::Uuid::now_v7(),
-            stream_id: "s".into(),
-            stream_version: position,
-            event_type: "X.v1".into(),
-            payload: Vec::new(),
-            space_id: None,
-            actor_key_id: None,
-            subject_id: None,
-            occurred_at: Utc::now(),
-            recorded_at: Utc::now(),
-        }
-    }
-
-    #[test]
-    fn contiguous_batches_pass() {
-        let events = vec![event_at(11), event_at(12), event_at(13)];
-        assert!(check_contiguity(crate::read_models::ALL[1], 10, &events).is_ok());
-    }
-
-    #[test]
-    fn a_hole_halts() {
-        let events = vec![event_at(11), event_at(13)];
-        let error = check_contiguity(crate::read_models::ALL[1], 10, &events).expect_err("hole");
-        assert!(error.to_string().contains("expected position 12"));
-        assert!(check_contiguity(crate::read_models::ALL[1], 9, &[event_at(11)]).is_err());
-    }
 }

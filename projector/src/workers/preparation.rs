@@ -34,7 +34,8 @@ use domain::ai::{AiError, AiProvider, FillTask};
 use futures_util::future::BoxFuture;
 use platform::events::LogEvent;
 use platform::log::{
-    AppendError, AppendRequest, EventLog, ExpectedVersion, LOG_CHANNEL, NewEvent, StoredEvent, StreamAppend, read_after,
+    AppendError, AppendRequest, EventLog, ExpectedVersion, LOG_CHANNEL, NewEvent, StoredEvent, StreamAppend,
+    read_wanted,
 };
 use platform::proto;
 use serde_json::{Map, Value};
@@ -49,6 +50,8 @@ pub(crate) const UNFIT_ATTEMPTS: usize = 3;
 pub(crate) const TRANSIENT_ATTEMPTS: usize = 4;
 /// Events read per step.
 const BATCH: i64 = 500;
+/// The events [`Preparation::handle`] acts on; others are passed over unread.
+const PREPARED: &[&str] = &["EventAccepted.v1", "RecordCreated.v1", "RecordUpdated.v1"];
 const POLL: Duration = Duration::from_millis(250);
 
 /// The preparation worker.
@@ -71,17 +74,19 @@ impl Preparation {
         let Some(lease) = crate::runtime::Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(Outcome::Idle);
         };
-        let events = read_after(lease.transaction(), lease.checkpoint, BATCH).await?;
-        let Some(mut reached) = events.first().map(|event| event.position - 1) else { return Ok(Outcome::Idle) };
+        let followed = read_wanted(lease.transaction(), lease.checkpoint, BATCH, PREPARED).await?;
+        let Some(last) = followed.last else { return Ok(Outcome::Idle) };
+        // Past every event read, unless a provider call stops the batch early.
+        let mut reached = last;
         let mut catalog = Catalog::default();
         // More may be waiting after a full read or a stop after a provider call; otherwise the
         // next notification (or the poll) wakes the worker.
-        let mut more = i64::try_from(events.len()).unwrap_or(i64::MAX) >= BATCH;
-        for stored in &events {
+        let mut more = i64::try_from(followed.read).unwrap_or(i64::MAX) >= BATCH;
+        for stored in &followed.events {
             match self.handle(stored, &mut catalog).await {
                 Ok(called) => {
-                    reached = stored.position;
                     if called {
+                        reached = stored.position;
                         more = true;
                         break;
                     }
@@ -96,7 +101,6 @@ impl Preparation {
                         &error,
                     )
                     .await?;
-                    reached = stored.position;
                 }
             }
         }

@@ -917,36 +917,54 @@ fn unavailable(error: impl std::fmt::Display) -> AppendError {
     AppendError::Unavailable(error.to_string())
 }
 
-/// Reads up to `limit` events after `position`, in position order.
-pub async fn read_after(
-    client: &impl deadpool_postgres::GenericClient,
-    position: i64,
-    limit: i64,
-) -> Result<Vec<StoredEvent>, tokio_postgres::Error> {
-    let statement = client
-        .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE position > $1 ORDER BY position LIMIT $2"))
-        .await?;
-    let rows = client.query(&statement, &[&position, &limit]).await?;
-    Ok(rows.iter().map(StoredEvent::from_row).collect())
+/// What a follower reads of the log after its checkpoint: the events of the types it wants,
+/// and how far the read reached.
+#[derive(Debug, Default)]
+pub struct Followed {
+    /// The events of the wanted types, in position order.
+    pub events: Vec<StoredEvent>,
+    /// How many positions the read passed over, wanted or not.
+    pub read: usize,
+    /// The last position the read passed over (the follower's next checkpoint), if it
+    /// passed over any.
+    pub last: Option<i64>,
 }
 
-/// [`read_after`] for a follower that reads only the `wanted` event types: every row comes,
-/// so positions and holes are seen as before, but the payloads of other types come empty,
-/// and PostgreSQL neither detoasts nor sends what the follower would pass over (a sealed
-/// email is several kilobytes; each read model reads every batch).
-pub async fn read_after_wanting(
+/// Reads the events of the `wanted` types among the (at most `limit`) positions after
+/// `position` up to the head. Every position up to the head is committed (each append moves
+/// the head under its row lock until it commits), so the follower can advance to the end of
+/// that span knowing it saw every event of its types there; the events of other types are not
+/// read at all (every read model and follower reads every span of the log, and most events
+/// are of types a follower does not read).
+pub async fn read_wanted(
     client: &impl deadpool_postgres::GenericClient,
     position: i64,
     limit: i64,
     wanted: &[&str],
-) -> Result<Vec<StoredEvent>, tokio_postgres::Error> {
-    let columns =
-        EVENT_COLUMNS.replacen("payload", "CASE WHEN event_type = ANY($3) THEN payload ELSE ''::bytea END", 1);
+) -> Result<Followed, tokio_postgres::Error> {
+    let head = client.prepare_cached("SELECT position FROM log_head").await?;
+    let Some(last) = span_end(position, client.query_one(&head, &[]).await?.get(0), limit) else {
+        return Ok(Followed::default());
+    };
     let statement = client
-        .prepare_cached(&format!("SELECT {columns} FROM events WHERE position > $1 ORDER BY position LIMIT $2"))
+        .prepare_cached(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE event_type = ANY($3) AND position > $1 AND position <= $2
+             ORDER BY position"
+        ))
         .await?;
-    let rows = client.query(&statement, &[&position, &limit, &wanted]).await?;
-    Ok(rows.iter().map(StoredEvent::from_row).collect())
+    let rows = client.query(&statement, &[&position, &last, &wanted]).await?;
+    Ok(Followed {
+        events: rows.iter().map(StoredEvent::from_row).collect(),
+        read: usize::try_from(last - position).unwrap_or(usize::MAX),
+        last: Some(last),
+    })
+}
+
+/// The last position of a follower's next span: at most `limit` positions after `position`,
+/// never past the `head`; `None` when the follower is at the head.
+fn span_end(position: i64, head: i64, limit: i64) -> Option<i64> {
+    let end = head.min(position.saturating_add(limit.max(1)));
+    (end > position).then_some(end)
 }
 
 /// Every event of the streams `stream_ids`, in log order: what a decision reads of the
@@ -965,4 +983,18 @@ pub async fn read_streams(
 /// The current head position of the log.
 pub async fn head(client: &impl deadpool_postgres::GenericClient) -> Result<i64, tokio_postgres::Error> {
     Ok(client.query_one("SELECT position FROM log_head", &[]).await?.get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::span_end;
+
+    #[test]
+    fn a_span_reaches_the_head_or_the_limit_whichever_is_first() {
+        assert_eq!(span_end(10, 100, 20), Some(30), "the limit");
+        assert_eq!(span_end(10, 15, 20), Some(15), "the head");
+        assert_eq!(span_end(10, 10, 20), None, "at the head: nothing to read");
+        assert_eq!(span_end(10, 9, 20), None, "a head read from a lagging snapshot");
+        assert_eq!(span_end(i64::MAX - 1, i64::MAX, 20), Some(i64::MAX));
+    }
 }

@@ -39,6 +39,14 @@ use crate::runtime::{Lease, LeaseName, Outcome, Worker};
 
 /// Log events read per step at most.
 const BATCH: i64 = 1_000;
+/// The events [`Follower::follow_log`] acts on; others are passed over unread.
+const FOLLOWED: &[&str] = &[
+    "EventAccepted.v1",
+    "EventReadinessChanged.v1",
+    "RecordDeletionRequested.v1",
+    "EmailOpened.v1",
+    "EmailClicked.v1",
+];
 
 pub(crate) struct Follower {
     pool: Pool,
@@ -86,14 +94,14 @@ impl Follower {
     async fn step(&self) -> anyhow::Result<Outcome> {
         let mut client = self.pool.get().await?;
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else { return Ok(Outcome::Idle) };
-        let events = platform::log::read_after(lease.transaction(), lease.checkpoint, BATCH).await?;
-        let full = events.len() as i64 >= BATCH;
-        let last = events.last().map_or(lease.checkpoint, |event| event.position);
-        if !events.is_empty() {
-            self.follow_log(lease.transaction(), &events).await?;
+        let followed = platform::log::read_wanted(lease.transaction(), lease.checkpoint, BATCH, FOLLOWED).await?;
+        let full = followed.read as i64 >= BATCH;
+        let last = followed.last.unwrap_or(lease.checkpoint);
+        if !followed.events.is_empty() {
+            self.follow_log(lease.transaction(), &followed.events).await?;
         }
         let pass = self.follow_segments(lease.transaction()).await?;
-        if events.is_empty() && matches!(pass, Pass::Skipped) {
+        if followed.read == 0 && matches!(pass, Pass::Skipped) {
             lease.rollback().await?;
             return Ok(Outcome::Idle);
         }
