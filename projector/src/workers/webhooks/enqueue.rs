@@ -8,7 +8,7 @@
 //! log position and the webhook id, so a batch that runs twice inserts nothing new. A custom
 //! filter is evaluated here: a delivery it rejects is never enqueued, sent or counted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use deadpool_postgres::{Pool, Transaction};
@@ -109,12 +109,11 @@ impl Enqueue {
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(Outcome::Idle);
         };
-        let events =
-            platform::log::read_after_wanting(lease.transaction(), lease.checkpoint, BATCH, EVENT_TYPES).await?;
-        let Some(last) = events.last().map(|event| event.position) else {
+        let followed = platform::log::read_wanted(lease.transaction(), lease.checkpoint, BATCH, EVENT_TYPES).await?;
+        let Some(last) = followed.last else {
             return Ok(Outcome::Idle);
         };
-        let (enqueued, waiting_at) = enqueue_batch(lease.transaction(), &events).await?;
+        let (enqueued, waiting_at) = enqueue_batch(lease.transaction(), &followed.events).await?;
         if enqueued > 0 {
             lease.transaction().execute("SELECT pg_notify($1, '')", &[&DELIVERIES_CHANNEL]).await?;
         }
@@ -128,7 +127,7 @@ impl Enqueue {
         }
         lease.commit(last).await?;
         metrics::counter!("webhook_deliveries_enqueued_total").increment(enqueued);
-        Ok(if i64::try_from(events.len()).unwrap_or(0) < BATCH { Outcome::Idle } else { Outcome::Progressed })
+        Ok(if i64::try_from(followed.read).unwrap_or(0) < BATCH { Outcome::Idle } else { Outcome::Progressed })
     }
 }
 
@@ -210,7 +209,21 @@ async fn enqueue_batch(transaction: &Transaction<'_>, events: &[StoredEvent]) ->
         spaces
     };
     let mut endpoints = load_endpoints(transaction, &spaces).await?;
-    let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
+    // Personal data is opened only where a delivery can be made: in a space with a webhook
+    // before the batch or one defined in it (an import into a space without webhooks opens
+    // no key here).
+    let hooked: HashSet<&str> = decoded
+        .iter()
+        .filter(|event| domain::webhooks::state::webhook_of(event).is_some())
+        .filter_map(space_of)
+        .chain(endpoints.keys().map(String::as_str))
+        .collect();
+    let subjects: Vec<String> = relevant
+        .iter()
+        .zip(&decoded)
+        .filter(|(_, event)| space_of(event).is_some_and(|space| hooked.contains(space)))
+        .filter_map(|(event, _)| event.subject_id.clone())
+        .collect();
     let keys = platform::crypto::load_keys(transaction, &subjects).await?;
     let mut deliveries = Vec::new();
     let mut replayed = 0;
