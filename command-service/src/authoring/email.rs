@@ -145,6 +145,8 @@ fn yes() -> bool {
 pub(super) struct Schemas<'a> {
     /// Schema slug → (id, type, attribute keys).
     pub by_slug: BTreeMap<&'a str, (String, &'a str, Vec<&'a str>)>,
+    /// Schema slug → its attributes with their definitions, to check values against.
+    pub attributes: BTreeMap<&'a str, Vec<domain::catalog::AttributeEntry>>,
 }
 
 impl<'a> Schemas<'a> {
@@ -158,7 +160,22 @@ impl<'a> Schemas<'a> {
                 (schema.slug.as_str(), (id, schema.schema_type.as_str(), keys))
             })
             .collect();
-        Self { by_slug }
+        let attributes = space
+            .schemas
+            .iter()
+            .map(|schema| {
+                let entries = schema
+                    .attributes
+                    .iter()
+                    .map(|attribute| domain::catalog::AttributeEntry {
+                        key: attribute.key.clone(),
+                        definition: Value::Object(attribute.definition.clone()),
+                    })
+                    .collect();
+                (schema.slug.as_str(), entries)
+            })
+            .collect();
+        Self { by_slug, attributes }
     }
 }
 

@@ -120,7 +120,15 @@ fn definition(
             _ => bail!("the space has several contact schemas (or none): name one in contactSchema"),
         },
     };
-    let resolver = Resolver { names, attributes: &attributes };
+    let definitions = names
+        .schemas
+        .by_slug
+        .iter()
+        .find(|(_, (schema_id, _, _))| *schema_id == contact_schema_id)
+        .and_then(|(slug, _)| names.schemas.attributes.get(slug))
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let resolver = Resolver { names, attributes: &attributes, definitions };
     let mut steps = Vec::new();
     let ids: Vec<String> = spec
         .steps
@@ -226,6 +234,8 @@ struct Resolver<'a> {
     names: &'a Names<'a>,
     /// The contact schema's attribute keys.
     attributes: &'a [&'a str],
+    /// The contact schema's attributes with their definitions.
+    definitions: &'a [domain::catalog::AttributeEntry],
 }
 
 /// The fields of a step beside its type and id, as authored.
@@ -470,7 +480,15 @@ impl Resolver<'_> {
                             FieldPath::parse(path).map_err(|error| anyhow::anyhow!("input path {path:?}: {error}"))?;
                             Source::Input(path.to_owned())
                         }
-                        value => Source::Value(value),
+                        value => {
+                            // A literal is held to the attribute's type and maximum now, as
+                            // the run holds it when it reaches the step.
+                            if self.definitions.iter().any(|entry| entry.key == key) {
+                                domain::attributes::writable_record_value(self.definitions, &key, value.clone())
+                                    .map_err(|issue| anyhow::anyhow!("set {key:?}: {}", issue.message))?;
+                            }
+                            Source::Value(value)
+                        }
                     };
                     set.insert(key, source);
                 }

@@ -433,6 +433,16 @@ async fn an_apply_refuses_a_bad_graph_naming_the_step() {
                     "steps": [{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": null}]}]),
             "either an event",
         ),
+        (
+            steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "u"},
+                      {"id": "u", "type": "update_contact", "set": {"newsConsent": "yes"}}])),
+            "set \"newsConsent\"",
+        ),
+        (
+            steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "u"},
+                      {"id": "u", "type": "update_contact", "set": {"firstName": "x".repeat(4_097)}}])),
+            "firstName is longer than 4096 characters",
+        ),
         (steps(json!([{"id": "a", "type": "exit"}])), "no entry"),
         (
             steps(json!([{"id": "in", "type": "incoming_webhook", "referenceId": "r", "next": "two"},
