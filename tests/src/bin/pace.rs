@@ -2,6 +2,9 @@
 //! latency), so projection lag can be measured under a steady write load.
 //!
 //! Usage: pace <url> <api key> <requests per second> <seconds>
+//!
+//! SIGINT ends the run early: no more requests are sent, and those in flight are awaited and
+//! counted (so a run can last as long as something else does).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,8 +27,13 @@ async fn main() -> anyhow::Result<()> {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let run = std::process::id();
     let mut tasks = Vec::new();
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     for index in 0..rate * seconds {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = &mut interrupted => break,
+        }
         let (client, url, key, errors, latencies) =
             (client.clone(), url.clone(), key.clone(), errors.clone(), latencies.clone());
         tasks.push(tokio::spawn(async move {
@@ -43,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }));
     }
+    let sent = tasks.len();
     for task in tasks {
         let _ = task.await;
     }
@@ -53,7 +62,7 @@ async fn main() -> anyhow::Result<()> {
         |p: f64| latencies.get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1))).copied();
     println!(
         "sent={} ok={} errors={} rate={:.1}/s p50_ms={:.2} p99_ms={:.2}",
-        rate * seconds,
+        sent,
         latencies.len(),
         errors.load(Ordering::Relaxed),
         latencies.len() as f64 / elapsed,
