@@ -109,25 +109,19 @@ fn definition(
         "draft" => Status::Draft,
         other => bail!("status {other:?} is not published or draft"),
     };
-    let mut contact_schemas = names.schemas.by_slug.values().filter(|(_, kind, _)| *kind == "contact");
-    let (contact_schema_id, attributes) = match &spec.contact_schema {
-        Some(slug) => match names.schemas.by_slug.get(slug.as_str()) {
-            Some((schema_id, "contact", keys)) => (schema_id.clone(), keys.clone()),
+    let mut contact_schemas = names.schemas.by_slug.iter().filter(|(_, (_, kind, _))| *kind == "contact");
+    let (contact_slug, (contact_schema_id, _, attributes)) = match &spec.contact_schema {
+        Some(slug) => match names.schemas.by_slug.get_key_value(slug.as_str()) {
+            Some((slug, schema @ (_, "contact", _))) => (*slug, schema),
             _ => bail!("contactSchema {slug:?} is not a contact schema of the space"),
         },
         None => match (contact_schemas.next(), contact_schemas.next()) {
-            (Some((schema_id, _, keys)), None) => (schema_id.clone(), keys.clone()),
+            (Some((slug, schema)), None) => (*slug, schema),
             _ => bail!("the space has several contact schemas (or none): name one in contactSchema"),
         },
     };
-    let definitions = names
-        .schemas
-        .by_slug
-        .iter()
-        .find(|(_, (schema_id, _, _))| *schema_id == contact_schema_id)
-        .and_then(|(slug, _)| names.schemas.attributes.get(slug))
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let (contact_schema_id, attributes) = (contact_schema_id.clone(), attributes.clone());
+    let definitions = names.schemas.attributes.get(contact_slug).map(Vec::as_slice).unwrap_or_default();
     let resolver = Resolver { names, attributes: &attributes, definitions };
     let mut steps = Vec::new();
     let ids: Vec<String> = spec

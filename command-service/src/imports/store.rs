@@ -21,7 +21,8 @@ pub(crate) enum Refused {
     #[error("import {0:?} is complete; it takes no more parts")]
     Closed(String),
     #[error(
-        "import {0:?} is completed; it and its results are removed 30 days after it completed (APP__IMPORTS__RETENTION_SECONDS)"
+        "import {0:?} is completed; it and its results are removed when their retention ends \
+         (APP__IMPORTS__RETENTION_SECONDS, 30 days by default)"
     )]
     Completed(String),
     #[error("part {part} of import {import_id:?} was sent twice at once; retry")]

@@ -13,7 +13,8 @@ pub(crate) const BATCH_SIZE: i64 = 2000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// This many events were applied; there may be more.
+    /// This many positions were passed over (their events of the model's types applied);
+    /// there may be more.
     Projected { events: usize, position: i64 },
     /// Nothing new after the checkpoint.
     CaughtUp { position: i64 },

@@ -32,14 +32,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
     let (caller, token) = authorize_read(&state, &req).await?;
     let query = query_pairs(&req);
     let (limit, warnings) = api::pagination::parse_limit(&query, 100)?;
-    let after = match query_value(&query, "cursor") {
-        None => None,
-        Some(raw) => {
-            Some(domain::imports::status::parse_cursor(raw).map(|(at, id)| (at, id.to_owned())).ok_or_else(|| {
-                ApiError::bad_request(Code::InvalidCursor, "cursor must be a nextCursor this list returned")
-            })?)
-        }
-    };
+    let after = query_value(&query, "cursor").map(platform::cursor::decode).transpose()?;
     let space_id = caller.space_id().to_owned();
     let ((items, next_cursor), consistent) = consistent_read(&state, &caller, token, &[], |client, _| {
         let (space_id, after) = (space_id.clone(), after.clone());
@@ -97,9 +90,7 @@ pub async fn rows(
     };
     let after = match query_value(&query, "cursor") {
         None => (0, 0),
-        Some(raw) => parse_cursor(raw).ok_or_else(|| {
-            ApiError::bad_request(Code::InvalidCursor, "cursor must be a nextCursor this list returned")
-        })?,
+        Some(raw) => parse_cursor(raw).ok_or_else(platform::cursor::malformed)?,
     };
     let import_id = path.into_inner();
     let space_id = caller.space_id().to_owned();

@@ -106,22 +106,18 @@ fn without_offset(query: &[(String, String)]) -> Vec<(String, String)> {
     query.iter().filter(|(key, _)| key != "offset").cloned().collect()
 }
 
-/// Where the page after a row starts: `<createdAt, microseconds since the epoch>.<record id>`.
+/// Where the page after a row starts: its creation time (microseconds since the epoch) and id.
 fn cursor_of(row: &tokio_postgres::Row) -> Option<String> {
     let at = row.get::<_, Option<chrono::DateTime<chrono::Utc>>>(CHECK_WIDTH + 3)?;
     let id = row.get::<_, Option<String>>(CHECK_WIDTH + 4)?;
-    Some(format!("{}.{id}", at.timestamp_micros()))
+    Some(platform::cursor::encode(at.timestamp_micros(), &id))
 }
 
 /// A cursor read back, or 400 `invalid_cursor`.
 fn parse_cursor(raw: &str) -> Result<(chrono::DateTime<chrono::Utc>, String), ApiError> {
-    let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor must be a nextCursor this list returned");
-    let (at, id) = raw.trim().split_once('.').ok_or_else(malformed)?;
-    let at = at.parse().ok().and_then(chrono::DateTime::from_timestamp_micros).ok_or_else(malformed)?;
-    if id.is_empty() || !platform::storable::is_storable(id) {
-        return Err(malformed());
-    }
-    Ok((at, id.to_owned()))
+    let (at, id) = platform::cursor::decode(raw)?;
+    let at = chrono::DateTime::from_timestamp_micros(at).ok_or_else(platform::cursor::malformed)?;
+    Ok((at, id))
 }
 
 /// The identities a list is narrowed to (`email`, `userId`, `phone`, `externalId`; all given

@@ -5,6 +5,7 @@
 
 pub mod batch;
 pub mod crypto;
+pub mod cursor;
 pub mod db;
 pub mod error;
 pub mod events;

@@ -299,6 +299,8 @@ pub struct StoredEvent {
 /// The columns of `events` that [`StoredEvent::from_row`] reads, in its order.
 pub const EVENT_COLUMNS: &str = "position, event_id, stream_id, stream_version, event_type, payload, space_id, \
                                  actor_key_id, subject_id, occurred_at, recorded_at";
+/// How many columns [`EVENT_COLUMNS`] names.
+const EVENT_COLUMN_COUNT: usize = 11;
 
 impl StoredEvent {
     /// A row of `SELECT {EVENT_COLUMNS}`.
@@ -942,29 +944,27 @@ pub async fn read_wanted(
     limit: i64,
     wanted: &[&str],
 ) -> Result<Followed, tokio_postgres::Error> {
-    let head = client.prepare_cached("SELECT position FROM log_head").await?;
-    let Some(last) = span_end(position, client.query_one(&head, &[]).await?.get(0), limit) else {
-        return Ok(Followed::default());
-    };
+    // One round trip: the span's end (the head, or the limit), and the wanted events in it;
+    // an empty span or one without wanted events is one row of nulls beside its end.
+    let columns = EVENT_COLUMNS.split(", ").map(|column| format!("e.{column}")).collect::<Vec<_>>().join(", ");
     let statement = client
         .prepare_cached(&format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE event_type = ANY($3) AND position > $1 AND position <= $2
-             ORDER BY position"
+            "SELECT {columns}, span.last FROM (SELECT least(position, $1::bigint + $2::bigint) AS last FROM log_head) span
+             LEFT JOIN LATERAL (SELECT {EVENT_COLUMNS} FROM events
+                                WHERE event_type = ANY($3) AND position > $1 AND position <= span.last) e ON true
+             ORDER BY e.position"
         ))
         .await?;
-    let rows = client.query(&statement, &[&position, &last, &wanted]).await?;
+    let rows = client.query(&statement, &[&position, &limit.max(1), &wanted]).await?;
+    let Some(last) = rows.first().map(|row| row.get::<_, i64>(EVENT_COLUMN_COUNT)).filter(|last| *last > position)
+    else {
+        return Ok(Followed::default());
+    };
     Ok(Followed {
-        events: rows.iter().map(StoredEvent::from_row).collect(),
+        events: rows.iter().filter(|row| row.get::<_, Option<i64>>(0).is_some()).map(StoredEvent::from_row).collect(),
         read: usize::try_from(last - position).unwrap_or(usize::MAX),
         last: Some(last),
     })
-}
-
-/// The last position of a follower's next span: at most `limit` positions after `position`,
-/// never past the `head`; `None` when the follower is at the head.
-fn span_end(position: i64, head: i64, limit: i64) -> Option<i64> {
-    let end = head.min(position.saturating_add(limit.max(1)));
-    (end > position).then_some(end)
 }
 
 /// Every event of the streams `stream_ids`, in log order: what a decision reads of the
@@ -987,14 +987,8 @@ pub async fn head(client: &impl deadpool_postgres::GenericClient) -> Result<i64,
 
 #[cfg(test)]
 mod tests {
-    use super::span_end;
-
     #[test]
-    fn a_span_reaches_the_head_or_the_limit_whichever_is_first() {
-        assert_eq!(span_end(10, 100, 20), Some(30), "the limit");
-        assert_eq!(span_end(10, 15, 20), Some(15), "the head");
-        assert_eq!(span_end(10, 10, 20), None, "at the head: nothing to read");
-        assert_eq!(span_end(10, 9, 20), None, "a head read from a lagging snapshot");
-        assert_eq!(span_end(i64::MAX - 1, i64::MAX, 20), Some(i64::MAX));
+    fn the_event_column_count_is_the_columns_named() {
+        assert_eq!(super::EVENT_COLUMNS.split(", ").count(), super::EVENT_COLUMN_COUNT);
     }
 }

@@ -45,14 +45,8 @@ pub async fn page(
     let more = rows.len() > usize::try_from(limit).unwrap_or(usize::MAX);
     let rows = &rows[..rows.len().min(usize::try_from(limit).unwrap_or(usize::MAX))];
     let next =
-        more.then(|| rows.last().map(|row| format!("{}.{}", row.get::<_, i64>(2), row.get::<_, String>(13)))).flatten();
+        more.then(|| rows.last().map(|row| platform::cursor::encode(row.get(2), row.get::<_, &str>(13)))).flatten();
     Ok((rows.iter().map(from_row).collect(), next))
-}
-
-/// A cursor of [`page`] read back: `<createdAt ms>.<import id>`.
-pub fn parse_cursor(raw: &str) -> Option<(i64, &str)> {
-    let (at, id) = raw.split_once('.')?;
-    Some((at.parse().ok()?, id))
 }
 
 fn from_row(row: &tokio_postgres::Row) -> Value {

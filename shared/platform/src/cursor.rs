@@ -1,0 +1,40 @@
+//! Keyset cursors of lists ordered by (time, id): where the next page starts, as the last
+//! row's time (an integer, in the unit the list orders by) and id, `<time>.<id>`.
+
+use crate::error::{ApiError, Code};
+
+/// The cursor after the row at `at` with id `id`.
+pub fn encode(at: i64, id: &str) -> String {
+    format!("{at}.{id}")
+}
+
+/// A cursor read back, or 400 `invalid_cursor`.
+pub fn decode(raw: &str) -> Result<(i64, String), ApiError> {
+    let (at, id) = raw.trim().split_once('.').ok_or_else(malformed)?;
+    let at = at.parse().map_err(|_| malformed())?;
+    if id.is_empty() || !crate::storable::is_storable(id) {
+        return Err(malformed());
+    }
+    Ok((at, id.to_owned()))
+}
+
+/// The refusal of a cursor no list returned.
+pub fn malformed() -> ApiError {
+    ApiError::bad_request(Code::InvalidCursor, "cursor must be a nextCursor this list returned")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_reads_back_and_a_forged_one_is_refused() {
+        assert_eq!(
+            decode(&encode(1_700_000_000_123, "imp_1.a")).expect("reads back"),
+            (1_700_000_000_123, "imp_1.a".into())
+        );
+        for raw in ["", "12", "x.imp_1", "12.", "12.a\u{0}b"] {
+            assert_eq!(decode(raw).expect_err(raw).code(), Some(Code::InvalidCursor), "{raw:?}");
+        }
+    }
+}
