@@ -199,6 +199,7 @@ async fn apply_names_what_it_touches_by_kind_slug_and_id_and_shows_no_secret() {
     );
     assert!(applied_text.contains("webhook wh_cli of Acme signs with whsec_"), "{applied_text}");
     assert_shows_no_secret(&applied_text, &secrets);
+    let _ = std::fs::remove_file(&file);
 
     // A changed URL and a changed key: the diff names the fields, a secret only as changed.
     space["webhooks"][0]["url"] = json!("https://hooks.example.com/moved");
@@ -208,6 +209,7 @@ async fn apply_names_what_it_touches_by_kind_slug_and_id_and_shows_no_secret() {
     admin["apiKeys"][0]["secret"] = json!("sk_test_mail_admin_rotated_00000009");
     let file = write(&changed, &space);
     let dry_run = run_binary("platform", &["apply", file.to_str().expect("UTF-8"), "--dry-run"], &database_url);
+    let _ = std::fs::remove_file(&file);
     let dry_text = text(&dry_run);
     assert!(dry_run.status.success(), "{dry_text}");
     assert!(dry_text.contains("would change webhook: wh_cli"), "{dry_text}");
