@@ -97,17 +97,24 @@ pub async fn run(command: Operator, settings: &Settings) -> anyhow::Result<ExitC
             let pool = platform::db::pool(settings.database_url()?, 4)?;
             let mut progress = platform::progress::Progress::new(&format!("rebuilding {name}"), 0, "events");
             let mut done = 0;
-            let report = read_models::rebuild::rebuild(&pool, read_model(&name)?, |step| match step {
-                read_models::rebuild::Step::Note(line) => progress.note(line),
-                read_models::rebuild::Step::At { position, head } => {
-                    progress.set_total(head.max(position).max(0).unsigned_abs());
-                    done = position.max(0).unsigned_abs();
-                    progress.set(done);
-                }
-            })
-            .await?;
+            let live_yield = settings.imports.live_yield;
+            let report =
+                read_models::rebuild::rebuild_yielding(&pool, read_model(&name)?, live_yield, |step| match step {
+                    read_models::rebuild::Step::Note(line) => progress.note(line),
+                    read_models::rebuild::Step::At { position, head } => {
+                        progress.set_total(head.max(position).max(0).unsigned_abs());
+                        done = position.max(0).unsigned_abs();
+                        progress.set(done);
+                    }
+                })
+                .await?;
             progress.finish(done);
-            println!("rebuilt {} events in {:.2}s", report.events, report.elapsed.as_secs_f64());
+            println!(
+                "rebuilt {} events in {:.2}s ({:.2}s of it yielding to live requests)",
+                report.events,
+                report.elapsed.as_secs_f64(),
+                report.yielded.as_secs_f64()
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -135,6 +135,7 @@ pub async fn put_part(
             Some(stored_rows) => (StatusCode::OK, stored_rows),
             None => (StatusCode::ACCEPTED, rows_count),
         };
+    platform::db::release(client, body.len());
     Ok(HttpResponse::build(status).json(json!({"data": {"importId": import_id, "part": part, "rows": rows_count}})))
 }
 

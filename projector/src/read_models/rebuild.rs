@@ -19,6 +19,8 @@ pub struct RebuildReport {
     pub version: i32,
     pub events: i64,
     pub elapsed: Duration,
+    /// How long it waited for live requests in all (see [`rebuild_yielding`]).
+    pub yielded: Duration,
 }
 
 /// What a rebuild reports as it goes.
@@ -31,13 +33,27 @@ pub enum Step<'a> {
     At { position: i64, head: i64 },
 }
 
-/// Rebuilds `projection`, calling `progress` as it goes.
+/// Rebuilds `projection` at full pace, calling `progress` as it goes.
 pub async fn rebuild(
     pool: &Pool,
     model: &dyn ReadModel,
+    progress: impl FnMut(Step<'_>),
+) -> anyhow::Result<RebuildReport> {
+    rebuild_yielding(pool, model, 0.0, progress).await
+}
+
+/// Rebuilds `projection`, calling `progress` as it goes. While the API servers serve requests,
+/// it waits after each batch up to `live_yield` times as long as the batch took, in proportion
+/// to their rate (`api::live_load`), so the live version's readers and the writers keep the
+/// machine; 0 never waits.
+pub async fn rebuild_yielding(
+    pool: &Pool,
+    model: &dyn ReadModel,
+    live_yield: f64,
     mut progress: impl FnMut(Step<'_>),
 ) -> anyhow::Result<RebuildReport> {
     let started = Instant::now();
+    let mut yielded = Duration::ZERO;
     let (live_version, version) = create_version(pool, model).await?;
     let note = format!("rebuilding {} as version {version} beside live version {live_version}", model.name());
     progress(Step::Note(&note));
@@ -48,8 +64,12 @@ pub async fn rebuild(
         platform::log::head(&client).await?
     };
     loop {
+        let batch = Instant::now();
         match project_batch(pool, model, version, &worker, &faults).await? {
-            Outcome::Projected { position, .. } => progress(Step::At { position, head }),
+            Outcome::Projected { position, .. } => {
+                progress(Step::At { position, head });
+                yielded += api::live_load::yield_to_live(pool, batch.elapsed(), live_yield).await?;
+            }
             Outcome::CaughtUp { .. } => break,
             Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,
         }
@@ -74,7 +94,7 @@ pub async fn rebuild(
     let client = pool.get().await?;
     client.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", schema_name(model.name(), live_version))).await?;
     progress(Step::Note(&format!("dropped retired version {live_version}")));
-    Ok(RebuildReport { version, events: position, elapsed })
+    Ok(RebuildReport { version, events: position, elapsed, yielded })
 }
 
 async fn create_version(pool: &Pool, model: &dyn ReadModel) -> anyhow::Result<(i32, i32)> {

@@ -8,8 +8,10 @@ use platform::readmodel::{PROGRESS_CHANNEL, schema_name};
 
 use super::ReadModel;
 
-/// Events read and applied per batch.
-pub(crate) const BATCH_SIZE: i64 = 2000;
+/// Events read and applied per batch: a batch of 2,000 left each pooled connection holding
+/// buffers of a few megabytes (its largest statement), and a rebuild or catch-up is as fast in
+/// batches of 500 (docs/benchmarks.md, issue 51).
+pub(crate) const BATCH_SIZE: i64 = 500;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

@@ -3,8 +3,9 @@
 //! command service (and the single-node process) writes it; the query service, which never
 //! writes, counts its requests without writing them.
 //! Background work that competes with requests for the machine reads the sum of the rows of
-//! the last second ([`live_rate`]) and yields in proportion (the imports worker). A server
-//! that serves nothing writes nothing.
+//! the last second ([`live_rate`]) and yields in proportion ([`yield_to_live`]: the imports
+//! worker after each wave, a read model's rebuild after each batch). A server that serves
+//! nothing writes nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -67,4 +68,51 @@ pub async fn live_rate(client: &impl GenericClient) -> Result<i64, tokio_postgre
         )
         .await?;
     Ok(row.get(0))
+}
+
+/// Waits after a step of background work that took `elapsed`, in proportion to the live load
+/// ([`pause`]); answers how long it waited.
+pub async fn yield_to_live(pool: &Pool, elapsed: Duration, factor: f64) -> anyhow::Result<Duration> {
+    if factor <= 0.0 {
+        return Ok(Duration::ZERO);
+    }
+    let live = live_rate(&pool.get().await?).await?;
+    let pause = pause(elapsed, live, factor);
+    if !pause.is_zero() {
+        tokio::time::sleep(pause).await;
+    }
+    Ok(pause)
+}
+
+/// How long to wait after a step that took `elapsed`, with the API servers serving `live`
+/// requests a second: `factor` times the step at [`FULL_LIVE`] requests a second or more, in
+/// proportion below (a poll now and then barely slows the work), at most [`MAX_PAUSE`].
+pub fn pause(elapsed: Duration, live: i64, factor: f64) -> Duration {
+    if live <= 0 || factor <= 0.0 {
+        return Duration::ZERO;
+    }
+    let share = (live as f64 / FULL_LIVE).min(1.0);
+    elapsed.mul_f64(factor.min(100.0) * share).min(MAX_PAUSE)
+}
+
+/// The live request rate at which background work yields fully.
+const FULL_LIVE: f64 = 100.0;
+
+/// The longest wait between two steps, however long a step took.
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn a_step_is_followed_by_a_pause_only_while_requests_are_served() {
+        let step = Duration::from_millis(100);
+        assert_eq!(super::pause(step, 0, 3.0), Duration::ZERO, "no live load: full pace");
+        assert_eq!(super::pause(step, 400, 3.0), Duration::from_millis(300), "busy: a quarter of its pace");
+        assert_eq!(super::pause(step, 50, 3.0), Duration::from_millis(150), "in proportion below");
+        assert_eq!(super::pause(step, 2, 3.0), Duration::from_millis(6), "a poll barely slows it");
+        assert_eq!(super::pause(step, 400, 0.0), Duration::ZERO, "never yields");
+        assert_eq!(super::pause(Duration::from_secs(5), 400, 3.0), super::MAX_PAUSE);
+    }
 }

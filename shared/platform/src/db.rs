@@ -17,6 +17,20 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
     pool_with_options(database_url, max_size, "")
 }
 
+/// Messages larger than this leave a connection's buffers as large for as long as it lives
+/// (the client's encoder and its socket's write and read buffers keep their capacity): a
+/// connection that carried one is closed instead of going back to the pool.
+pub const LARGE_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// Returns `client` to its pool, or closes it when it carried a message of `bytes` above
+/// [`LARGE_MESSAGE_BYTES`] (an import's part), so a burst of large messages does not stay in
+/// the process's memory, a few megabytes per pooled connection.
+pub fn release(client: deadpool_postgres::Client, bytes: usize) {
+    if bytes > LARGE_MESSAGE_BYTES {
+        drop(deadpool_postgres::Object::take(client));
+    }
+}
+
 /// The pool of the request-serving services (query and command): as [`pool`], and every
 /// prepared statement runs its generic plan. Their statements are parameterised lookups on
 /// indexes and inserts from parameter arrays, and PostgreSQL kept planning some of them on

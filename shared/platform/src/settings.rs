@@ -350,7 +350,8 @@ pub struct ImportSettings {
     /// imports worker waits up to this many times as long as a wave took before the next one,
     /// in proportion to the request rate (fully from 100 requests a second), so live requests
     /// keep the machine: 3 gives an import about a quarter of its own pace under steady
-    /// traffic and full pace without any; 0 never yields.
+    /// traffic and full pace without any; 0 never yields. `projector rebuild` waits the same
+    /// way after each batch.
     pub live_yield: f64,
 }
 

@@ -156,3 +156,25 @@ fn the_cycle_finder_finds_a_cycle() {
     assert_eq!(paths[1], ("super", vec!["store", "load"]));
     assert_eq!(module_of(&root, &root.join("records/mod.rs")), module("records"));
 }
+
+/// The workspace denies `unsafe` (rather than forbidding it) for one reviewed exception: the
+/// allocator tunable set at process start. Any other `unsafe` fails here, in every crate,
+/// binary and test of the workspace.
+#[test]
+fn unsafe_code_is_allowed_in_one_place_only() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+    let mut files = Vec::new();
+    for folder in ["shared", "command-service", "query-service", "projector", "deploy", "tests"] {
+        sources(&workspace.join(folder), &mut files);
+    }
+    assert!(files.len() > 100, "the tree was read: {} files", files.len());
+    let mut allowed = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("a source file");
+        let count = text.matches(&["allow(", "unsafe_code)"].concat()).count();
+        if count > 0 {
+            allowed.push((file.strip_prefix(workspace).expect("in the workspace").display().to_string(), count));
+        }
+    }
+    assert_eq!(allowed, [("shared/platform/src/process.rs".to_owned(), 1)], "where unsafe code is allowed");
+}

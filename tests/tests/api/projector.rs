@@ -109,6 +109,38 @@ fn catalog_queries(version: i32) -> Vec<String> {
         .collect()
 }
 
+/// A rebuild beside live traffic waits after each batch in proportion to the API servers'
+/// request rate, and runs at full pace when nothing is served.
+#[tokio::test]
+async fn a_rebuild_yields_to_live_requests_only_while_they_are_served() {
+    use projector::read_models::rebuild::rebuild_yielding;
+    let app = TestApp::spawn().await;
+    create_contacts(&app, 25, "yield").await;
+    app.wait_for_workers().await;
+    // The test's own server writes its rate for half a second after its last request.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let client = app.pool.get().await.expect("client");
+    client.execute("DELETE FROM live_load", &[]).await.expect("no live load");
+    let quiet = rebuild_yielding(&app.pool, read_model("records"), 3.0, |_| {}).await.expect("a quiet rebuild");
+    assert!(quiet.events > 0);
+    assert_eq!(quiet.yielded, Duration::ZERO, "nothing served: full pace");
+
+    // An API server serving 1,000 requests a second (its row kept fresh for the test).
+    client
+        .execute(
+            "INSERT INTO live_load (instance, at, per_second) VALUES ('proc_busy', now() + interval '1 hour', 1000)",
+            &[],
+        )
+        .await
+        .expect("a busy server");
+    let busy = rebuild_yielding(&app.pool, read_model("records"), 3.0, |_| {}).await.expect("a busy rebuild");
+    assert!(busy.yielded > Duration::ZERO, "it waited for live requests: {busy:?}");
+    let never =
+        rebuild_yielding(&app.pool, read_model("records"), 0.0, |_| {}).await.expect("a rebuild that never yields");
+    assert_eq!(never.yielded, Duration::ZERO, "0 never yields");
+    assert_eq!(app.query_i64("SELECT count(*) FROM projections WHERE name = 'records' AND status = 'live'").await, 1);
+}
+
 #[tokio::test]
 async fn a_rebuilt_read_model_equals_the_incrementally_built_one() {
     let app = TestApp::spawn().await;

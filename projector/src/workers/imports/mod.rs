@@ -56,15 +56,10 @@ impl Imports {
 
     /// Waits after a wave that took `elapsed` while the API processes serve requests.
     async fn yield_to_live(&self, elapsed: Duration) -> anyhow::Result<()> {
-        if self.live_yield <= 0.0 {
-            return Ok(());
-        }
-        let live = api::live_load::live_rate(&self.pool.get().await?).await?;
-        let pause = pause(elapsed, live, self.live_yield);
+        let pause = api::live_load::yield_to_live(&self.pool, elapsed, self.live_yield).await?;
         if !pause.is_zero() {
             metrics::counter!("import_live_yield_milliseconds_total")
                 .increment(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
-            tokio::time::sleep(pause).await;
         }
         Ok(())
     }
@@ -106,8 +101,10 @@ impl Imports {
         };
         let settings = Settings::from_document(&row.get::<_, Value>(5)).context("an import's settings")?;
         let body: Vec<u8> = row.get(3);
+        drop(row);
         self.decide_part(&part, &settings, &body).await?;
         transaction.commit().await?;
+        platform::db::release(client, body.len());
         Ok(StepOutcome::Progressed)
     }
 
@@ -403,23 +400,6 @@ impl Worker for Imports {
     }
 }
 
-/// How long to wait after a wave that took `elapsed`, with the API servers serving `live`
-/// requests a second: `factor` times the wave at [`FULL_LIVE`] requests a second or more, in
-/// proportion below (a poll now and then barely slows an import), at most [`MAX_PAUSE`].
-fn pause(elapsed: Duration, live: i64, factor: f64) -> Duration {
-    if live <= 0 || factor <= 0.0 {
-        return Duration::ZERO;
-    }
-    let share = (live as f64 / FULL_LIVE).min(1.0);
-    elapsed.mul_f64(factor.min(100.0) * share).min(MAX_PAUSE)
-}
-
-/// The live request rate at which the worker yields fully.
-const FULL_LIVE: f64 = 100.0;
-
-/// The longest wait between two waves, however long a wave took.
-const MAX_PAUSE: Duration = Duration::from_secs(2);
-
 /// The part a step decides.
 struct Part {
     space_id: String,
@@ -582,20 +562,4 @@ async fn read_facts(
         subscriptions = domain::email::subscriptions_of(client, &ids).await?;
     }
     Ok(Read { owners, records, suppressed, topics, subscriptions })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    #[test]
-    fn a_wave_is_followed_by_a_pause_only_while_requests_are_served() {
-        let wave = Duration::from_millis(100);
-        assert_eq!(super::pause(wave, 0, 3.0), Duration::ZERO, "no live load: full pace");
-        assert_eq!(super::pause(wave, 400, 3.0), Duration::from_millis(300), "busy: a quarter of its pace");
-        assert_eq!(super::pause(wave, 50, 3.0), Duration::from_millis(150), "in proportion below");
-        assert_eq!(super::pause(wave, 2, 3.0), Duration::from_millis(6), "a poll barely slows it");
-        assert_eq!(super::pause(wave, 400, 0.0), Duration::ZERO, "never yields");
-        assert_eq!(super::pause(Duration::from_secs(5), 400, 3.0), super::MAX_PAUSE);
-    }
 }
