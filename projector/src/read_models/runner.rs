@@ -69,8 +69,33 @@ pub async fn project_batch(
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<Outcome> {
-    let outcomes = project(pool, model, Some(version), worker, faults).await?;
+    let outcomes = project(pool, model, Some(version), worker, faults, Commit::Lazy).await?;
     Ok(outcomes.into_iter().next().unwrap_or(Outcome::Busy))
+}
+
+/// [`project_batch`], committing only once its write-ahead log is on disk: a rebuild beside
+/// live traffic pays for flushing what it wrote, where a lazy commit leaves that to the next
+/// append's commit, a live request's.
+pub async fn project_batch_flushed(
+    pool: &Pool,
+    model: &dyn ReadModel,
+    version: i32,
+    worker: &str,
+) -> anyhow::Result<Outcome> {
+    let outcomes = project(pool, model, Some(version), worker, &Faults::default(), Commit::Flushed).await?;
+    Ok(outcomes.into_iter().next().unwrap_or(Outcome::Busy))
+}
+
+/// Batches passing over this many positions or more commit once their log is flushed.
+const FLUSHED_FROM: usize = 100;
+
+/// How a projection batch commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    /// Without waiting for its WAL flush, unless it is large (see [`project`]).
+    Lazy,
+    /// Once its WAL is flushed.
+    Flushed,
 }
 
 /// Projects the next batch of every live and building version of `model` whose lease this
@@ -82,7 +107,7 @@ pub(crate) async fn project_versions(
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<bool> {
-    let outcomes = project(pool, model, None, worker, faults).await?;
+    let outcomes = project(pool, model, None, worker, faults, Commit::Lazy).await?;
     Ok(outcomes.iter().any(|outcome| {
         matches!(outcome, Outcome::Projected { events, .. } if i64::try_from(*events).unwrap_or(i64::MAX) >= BATCH_SIZE)
     }))
@@ -98,6 +123,7 @@ async fn project(
     version: Option<i32>,
     worker: &str,
     faults: &Faults,
+    commit: Commit,
 ) -> anyhow::Result<Vec<Outcome>> {
     let mut client = pool.get().await.context("connecting to project")?;
     let transaction = client.transaction().await?;
@@ -123,8 +149,15 @@ async fn project(
         // can only roll a read model back to an earlier checkpoint, from which it projects the
         // same rows again; and any later synchronous commit (an append, a worker's step)
         // flushes it first. Waiting for the flush on every batch of every read model put the
-        // disk in the projection lag and in the appends' way.
-        transaction.batch_execute("SET LOCAL synchronous_commit = off").await?;
+        // disk in the projection lag and in the appends' way. A large batch (catching up
+        // after an import, a rebuild) waits for its own flush: left to the next append, the
+        // flush of its log would be a live request's wait.
+        let large = outcomes
+            .iter()
+            .any(|outcome| matches!(outcome, Outcome::Projected { events, .. } if *events >= FLUSHED_FROM));
+        if commit == Commit::Lazy && !large {
+            transaction.batch_execute("SET LOCAL synchronous_commit = off").await?;
+        }
         transaction.commit().await.context("committing a projection batch")?;
     } else {
         transaction.rollback().await?;
