@@ -8,7 +8,7 @@ use deadpool_postgres::Pool;
 use platform::readmodel::schema_name;
 
 use super::ReadModel;
-use super::runner::{BATCH_SIZE, Faults, Outcome, announce, project_batch, project_batch_flushed, project_in};
+use super::runner::{BATCH_SIZE, Faults, Outcome, announce, project_batch, project_in};
 
 /// How long the retired version is kept after the switch, so reads already under way on it
 /// (and readers whose cached live version is still the old one) finish.
@@ -65,13 +65,7 @@ pub async fn rebuild_yielding(
     };
     loop {
         let batch = Instant::now();
-        // Yielding, a batch waits for its own log flush, so the live commits after it do not.
-        let outcome = if live_yield > 0.0 {
-            project_batch_flushed(pool, model, version, &worker).await?
-        } else {
-            project_batch(pool, model, version, &worker, &faults).await?
-        };
-        match outcome {
+        match project_batch(pool, model, version, &worker, &faults).await? {
             Outcome::Projected { position, .. } => {
                 progress(Step::At { position, head });
                 yielded += api::live_load::yield_to_live(pool, batch.elapsed(), live_yield).await?;

@@ -69,34 +69,12 @@ pub async fn project_batch(
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<Outcome> {
-    let outcomes = project(pool, model, Some(version), worker, faults, Commit::Lazy).await?;
-    Ok(outcomes.into_iter().next().unwrap_or(Outcome::Busy))
-}
-
-/// [`project_batch`], committing only once its write-ahead log is on disk: a rebuild beside
-/// live traffic pays for flushing what it wrote, where a lazy commit leaves that to the next
-/// append's commit, a live request's.
-pub async fn project_batch_flushed(
-    pool: &Pool,
-    model: &dyn ReadModel,
-    version: i32,
-    worker: &str,
-) -> anyhow::Result<Outcome> {
-    let outcomes = project(pool, model, Some(version), worker, &Faults::default(), Commit::Flushed).await?;
+    let outcomes = project(pool, model, Some(version), worker, faults).await?;
     Ok(outcomes.into_iter().next().unwrap_or(Outcome::Busy))
 }
 
 /// Batches passing over this many positions or more commit once their log is flushed.
 const FLUSHED_FROM: usize = 100;
-
-/// How a projection batch commits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Commit {
-    /// Without waiting for its WAL flush, unless it is large (see [`project`]).
-    Lazy,
-    /// Once its WAL is flushed.
-    Flushed,
-}
 
 /// Projects the next batch of every live and building version of `model` whose lease this
 /// process can take. Returns whether some version read a full batch, so that more events may
@@ -107,7 +85,7 @@ pub(crate) async fn project_versions(
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<bool> {
-    let outcomes = project(pool, model, None, worker, faults, Commit::Lazy).await?;
+    let outcomes = project(pool, model, None, worker, faults).await?;
     Ok(outcomes.iter().any(|outcome| {
         matches!(outcome, Outcome::Projected { events, .. } if i64::try_from(*events).unwrap_or(i64::MAX) >= BATCH_SIZE)
     }))
@@ -123,7 +101,6 @@ async fn project(
     version: Option<i32>,
     worker: &str,
     faults: &Faults,
-    commit: Commit,
 ) -> anyhow::Result<Vec<Outcome>> {
     let mut client = pool.get().await.context("connecting to project")?;
     let transaction = client.transaction().await?;
@@ -155,7 +132,7 @@ async fn project(
         let large = outcomes
             .iter()
             .any(|outcome| matches!(outcome, Outcome::Projected { events, .. } if *events >= FLUSHED_FROM));
-        if commit == Commit::Lazy && !large {
+        if !large {
             transaction.batch_execute("SET LOCAL synchronous_commit = off").await?;
         }
         transaction.commit().await.context("committing a projection batch")?;
