@@ -44,6 +44,15 @@ pub fn generic_plan_pool(database_url: &str, max_size: usize) -> anyhow::Result<
 
 const GENERIC_PLANS: &str = " -c plan_cache_mode=force_generic_plan";
 
+/// Every pooled connection's settings:
+/// - a stuck transaction would hold the log head lock: none may idle for long;
+/// - no JIT compilation. Every statement here is an index lookup or a write of parameter
+///   arrays, and PostgreSQL compiles a statement when its estimated cost passes a threshold:
+///   a read model's read of the log, planned before `log_head` had statistics, was estimated
+///   at millions of rows and compiled on every call, 40 to 100 ms for a read of 0.2 ms
+///   (docs/benchmarks.md, issue 51).
+const SESSION: &str = "-c idle_in_transaction_session_timeout=30000 -c jit=off";
+
 /// How long a connection may keep data unacknowledged by the server before the kernel drops
 /// it, and when idle connections are probed: a server that vanished from the network (a
 /// partitioned primary) sends no reset, so without these a connection would wait for it for
@@ -94,8 +103,7 @@ pub async fn connect(
 
 fn pool_with_options(database_url: &str, max_size: usize, options: &str) -> anyhow::Result<Pool> {
     let mut config = connection_config(database_url)?;
-    // A stuck transaction would hold the log head lock; never let one idle for long.
-    config.options(format!("-c idle_in_transaction_session_timeout=30000{options}"));
+    config.options(format!("{SESSION}{options}"));
     let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     build(Pool::builder(manager), max_size)
 }
@@ -120,7 +128,7 @@ const STANDBY_CONNECTION_AGE: Duration = Duration::from_secs(60);
 /// consistency checks hold either way. Connections live at most a minute, so reads leave the
 /// primary soon after a standby returns.
 pub fn standby_pool(read_url: &str, primary_url: &str, max_size: usize) -> anyhow::Result<Pool> {
-    let options = format!("-c idle_in_transaction_session_timeout=30000{GENERIC_PLANS}");
+    let options = format!("{SESSION}{GENERIC_PLANS}");
     let mut standby = connection_config(read_url)?;
     standby.options(&options);
     let mut primary = connection_config(primary_url)?;

@@ -949,7 +949,8 @@ pub async fn read_wanted(
     let columns = EVENT_COLUMNS.split(", ").map(|column| format!("e.{column}")).collect::<Vec<_>>().join(", ");
     let statement = client
         .prepare_cached(&format!(
-            "SELECT {columns}, span.last FROM (SELECT least(position, $1::bigint + $2::bigint) AS last FROM log_head) span
+            "SELECT {columns}, span.last
+             FROM (SELECT least(position, $1::bigint + $2::bigint) AS last FROM log_head LIMIT 1) span
              LEFT JOIN LATERAL (SELECT {EVENT_COLUMNS} FROM events
                                 WHERE event_type = ANY($3) AND position > $1 AND position <= span.last) e ON true
              ORDER BY e.position"
