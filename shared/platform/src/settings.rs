@@ -310,11 +310,14 @@ pub struct BroadcastSettings {
     /// `HANDOFFS`: messages a run hands to the relay at once (64: a hand-off mostly waits,
     /// on its claim, the relay and its outcome's commit, so more at once is more per second).
     pub handoffs: usize,
+    /// `LIVE_YIELD`: after each batch a run waits up to this many times as long as the batch
+    /// took, in proportion to the requests the API servers serve (`api::live_load`; 0: never).
+    pub live_yield: f64,
 }
 
 impl Default for BroadcastSettings {
     fn default() -> Self {
-        Self { rate_per_second: 200, batch: 200, handoffs: 64 }
+        Self { rate_per_second: 200, batch: 200, handoffs: 64, live_yield: 3.0 }
     }
 }
 

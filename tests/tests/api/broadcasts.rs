@@ -393,6 +393,67 @@ async fn a_broadcast_to_1000_contacts_killed_mid_run_reaches_every_consenting_re
     assert_eq!(unstoried, 0, "every skipped recipient's story is in the log");
 }
 
+#[tokio::test]
+async fn a_broadcast_gives_way_to_live_requests_and_still_mails_each_recipient_once() {
+    const PEOPLE: usize = 40;
+    let sink = SmtpSink::start().await;
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let ops_port = free_port();
+    let mut env = sink.process_env(2000);
+    env.extend([
+        ("APP__BROADCASTS__RATE_PER_SECOND", "0".to_owned()),
+        ("APP__BROADCASTS__BATCH", "10".to_owned()),
+        ("APP__PROJECTOR__PORT", ops_port.to_string()),
+    ]);
+    let _projector = spawn_binary("projector", &["run"], &app.database_url, &env);
+    app.apply_workspace(&crate::email::mail_workspace(1_000_000), true).await;
+    let people: Vec<(String, bool)> = (0..PEOPLE).map(|index| (format!("busy{index:02}@example.com"), true)).collect();
+    create_people(&app, people).await;
+    let segment = segment(&app, "Busy fans", "firstName is Fan").await;
+    let aimed =
+        patch(&app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment}, "scheduledAt": null})).await;
+    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
+    app.wait_for_projections().await;
+    // An API server serving 1,000 requests a second, its row kept fresh for the test.
+    let client = app.pool.get().await.expect("client");
+    client
+        .execute(
+            "INSERT INTO live_load (instance, at, per_second) VALUES ('proc_busy', now() + interval '1 hour', 1000)",
+            &[],
+        )
+        .await
+        .expect("a busy server");
+
+    let sent = send(&app, BLAST_BROADCAST, "busy").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = finished_run(&app, BLAST_BROADCAST, &run_id, Duration::from_secs(120)).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["counts"]["sent"], PEOPLE, "{run}");
+    let mut recipients: Vec<String> = sink.summary().await["rcptTo"]
+        .as_array()
+        .expect("recipients")
+        .iter()
+        .filter_map(|recipient| recipient.as_str().map(str::to_owned))
+        .collect();
+    recipients.sort();
+    recipients.dedup();
+    assert_eq!(recipients.len(), PEOPLE, "each recipient once");
+    // The run waited after its batches: the engine counts the time it gave way.
+    let metrics = reqwest::get(format!("http://127.0.0.1:{ops_port}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let yielded: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("broadcast_live_yield_milliseconds_total "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(yielded > 0.0, "the run gave way to the live requests: {yielded} ms");
+}
+
 /// The recipients of the sink's messages from the `from`th on.
 async fn recipients_since(sink: &SmtpSink, from: usize) -> Vec<String> {
     let summary = sink.summary().await;
