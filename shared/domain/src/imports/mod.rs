@@ -263,6 +263,27 @@ fn fillable(key: &str, schema_type: &str, attributes: &[AttributeEntry]) -> bool
 
 /// What the schema's rows may fill, for a message: its identities and attributes.
 fn fillable_list(schema_type: &str, attributes: &[AttributeEntry]) -> String {
+    fillable_keys(schema_type, attributes).join(", ")
+}
+
+/// The field a mistyped or differently written column most likely means ("emial", "E-Mail",
+/// "First Name"), when one is close enough to say so.
+fn closest_field<'a>(header: &str, schema_type: &str, attributes: &'a [AttributeEntry]) -> Option<&'a str> {
+    let folded =
+        |text: &str| text.chars().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect::<String>();
+    let header = folded(header);
+    if header.is_empty() {
+        return None;
+    }
+    fillable_keys(schema_type, attributes)
+        .into_iter()
+        .map(|key| (key, strsim::jaro_winkler(&header, &folded(key))))
+        .filter(|(_, score)| *score >= 0.85)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(key, _)| key)
+}
+
+fn fillable_keys<'a>(schema_type: &str, attributes: &'a [AttributeEntry]) -> Vec<&'a str> {
     let base = crate::records::base_attributes(schema_type).iter().filter(|(_, _, writable)| *writable);
     let mut keys: Vec<&str> = std::iter::once("id").chain(base.map(|(key, _, _)| *key)).collect();
     keys.extend(
@@ -274,7 +295,7 @@ fn fillable_list(schema_type: &str, attributes: &[AttributeEntry]) -> String {
     if schema_type == "contact" {
         keys.push(parse::TOPICS);
     }
-    keys.join(", ")
+    keys
 }
 
 fn refused(issues: Vec<Issue>) -> Result<(), ApiError> {
@@ -295,10 +316,16 @@ pub fn check_columns(settings: &Settings, schema_type: &str, attributes: &[Attri
             issues.push(Issue::coded(
                 format!("columns.{header}"),
                 Code::UnknownAttribute,
-                format!(
-                    "column {header:?} is mapped to {key:?}, which is not a field of this schema (it has: {})",
-                    fillable_list(schema_type, attributes)
-                ),
+                match closest_field(key, schema_type, attributes) {
+                    Some(field) => format!(
+                        "column {header:?} is mapped to {key:?}, which is not a field of this schema; did you mean \
+                         {field:?}?"
+                    ),
+                    None => format!(
+                        "column {header:?} is mapped to {key:?}, which is not a field of this schema (it has: {})",
+                        fillable_list(schema_type, attributes)
+                    ),
+                },
             ));
         }
         if let Some(other) = filled.insert(key, header) {
@@ -335,16 +362,20 @@ pub fn check_header(
         let header = header.trim();
         let Some(key) = parse::column_key(header, &settings.columns, attributes) else { continue };
         if !fillable(&key, schema_type, attributes) {
-            issues.push(Issue::coded(
-                header,
-                Code::UnknownAttribute,
-                format!(
+            let message = match closest_field(header, schema_type, attributes) {
+                Some(field) => format!(
+                    "column {header:?} fills no field of this schema; did you mean {field:?}? Map it (columns \
+                     {{\"{header}\": \"{field}\"}}, or --column \"{header}={field}\"), or ignore it (null, or --column \
+                     \"{header}=\")"
+                ),
+                None => format!(
                     "column {header:?} fills no field of this schema (it has: {}): map it to one (columns \
                      {{\"{header}\": \"<field>\"}}, or --column \"{header}=<field>\"), or ignore it (null, or --column \
                      \"{header}=\")",
                     fillable_list(schema_type, attributes)
                 ),
-            ));
+            };
+            issues.push(Issue::coded(header, Code::UnknownAttribute, message));
         } else if let Some(other) = filled.insert(key.clone(), header) {
             issues.push(Issue::coded(
                 header,
@@ -460,6 +491,29 @@ mod tests {
         let plain = settings(json!({"schema": "contacts", "format": "csv"})).expect("valid settings");
         let document = plain.document("sch_1");
         assert!(document.get("encoding").is_none() && document.get("delimiter").is_none(), "{document}");
+    }
+
+    #[test]
+    fn a_column_that_fills_no_field_names_the_field_it_most_likely_means() {
+        let attributes = ["firstName", "plan"]
+            .map(|key| AttributeEntry { key: key.to_owned(), definition: json!({"type": "string"}) })
+            .to_vec();
+        let plain = settings(json!({"schema": "contacts", "format": "csv"})).expect("valid settings");
+        for (header, meant) in
+            [("emial", "email"), ("Email Adress", "email"), ("frist_name", "firstName"), ("plna", "plan")]
+        {
+            let error = check_header(&[header], &plain, "contact", &attributes).expect_err("refused");
+            assert_eq!(error.code(), Some(Code::UnknownAttribute));
+            assert!(error.message().contains(&format!("did you mean {meant:?}")), "{header}: {}", error.message());
+        }
+        let mapped = settings(json!({"schema": "contacts", "format": "csv", "columns": {"E-mail": "emial"}}))
+            .expect("valid settings");
+        let error = check_columns(&mapped, "contact", &attributes).expect_err("refused");
+        assert!(error.message().contains("did you mean \"email\""), "{}", error.message());
+        // Nothing close: the fields are listed instead.
+        let error = check_header(&["Vorname"], &plain, "contact", &attributes).expect_err("refused");
+        assert!(!error.message().contains("did you mean"), "{}", error.message());
+        assert!(error.message().contains("it has: id, userId, email"), "{}", error.message());
     }
 
     #[test]
