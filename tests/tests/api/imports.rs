@@ -491,7 +491,13 @@ async fn columns_are_checked_before_any_row_is_stored_and_a_fixed_import_starts_
     let refused = create_import(&app, "guarded", &typo).await;
     assert_eq!((refused.status, refused.code().as_str()), (400, Some("unknown_attribute")), "{:?}", refused.body);
     assert_eq!(issue_key(&refused).as_deref(), Some("columns.E-mail"));
-    assert!(refused.body["error"]["message"].as_str().is_some_and(|m| m.contains("firstName")), "{:?}", refused.body);
+    let message = |response: &TestResponse| response.body["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message(&refused).contains("did you mean \"email\""), "{:?}", refused.body);
+    // A name close to none: the schema's fields are listed.
+    let far = json!({"schema": "members", "format": "csv", "columns": {"E-mail": "xyzzy"}});
+    let refused = create_import(&app, "guarded", &far).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("unknown_attribute")), "{:?}", refused.body);
+    assert!(message(&refused).contains("firstName"), "{:?}", refused.body);
     let twice = json!({"schema": "members", "format": "csv", "columns": {"A": "email", "B": "email"}});
     let refused = create_import(&app, "guarded", &twice).await;
     assert_eq!((refused.status, refused.code().as_str()), (400, Some("invalid_field")), "{:?}", refused.body);
