@@ -87,6 +87,14 @@ macro_rules! event_types {
                 }
             }
 
+            /// The length of [`Self::encode`]'s bytes, without encoding.
+            pub fn encoded_len(&self) -> usize {
+                match self {
+                    $(Self::$variant(message) => message.encoded_len(),)*
+                    Self::Unknown(_) => 0,
+                }
+            }
+
             pub fn decode(event_type: &str, payload: &[u8]) -> Result<Self, prost::DecodeError> {
                 Ok(match event_type {
                     $($name => Self::$variant(Message::decode(payload)?),)*

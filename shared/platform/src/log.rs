@@ -207,6 +207,11 @@ impl AppendRequest {
         Self { metadata, streams, guards }
     }
 
+    /// The encoded size of the request's events.
+    fn event_bytes(&self) -> usize {
+        self.streams.iter().flat_map(|stream| &stream.events).map(|event| event.event.encoded_len()).sum()
+    }
+
     /// A write the system makes on its own in a space (a worker's, not a caller's).
     pub fn in_space(space_id: &str, streams: Vec<StreamAppend>, guards: Vec<Guard>) -> Self {
         Self::new(Metadata::in_space(space_id), streams, guards)
@@ -359,11 +364,38 @@ impl EventLog {
     }
 }
 
+/// The most event bytes one transaction writes (unless one command alone writes more). The
+/// log's head row stays locked from the events' insert until the commit is flushed, and every
+/// other process's append waits for it: a batch of 500 rendered emails (several megabytes)
+/// held it for tens of milliseconds, which a live request beside a broadcast waited out.
+pub const BATCH_BYTES: usize = 256 * 1024;
+
 async fn run_batcher(pool: Pool, mut receiver: mpsc::Receiver<Job>, batch_max: usize) {
     let mut jobs = Vec::with_capacity(batch_max);
     while receiver.recv_many(&mut jobs, batch_max).await > 0 {
-        append_batch(&pool, std::mem::take(&mut jobs)).await;
+        for batch in by_bytes(std::mem::take(&mut jobs), BATCH_BYTES) {
+            append_batch(&pool, batch).await;
+        }
     }
+}
+
+/// Splits `jobs`, in order, into batches of at most `bytes` of events each (a command larger
+/// than that is a batch of its own).
+fn by_bytes(jobs: Vec<Job>, bytes: usize) -> Vec<Vec<Job>> {
+    let mut batches: Vec<Vec<Job>> = Vec::new();
+    let mut filled = 0;
+    for job in jobs {
+        let size = job.request.event_bytes();
+        match batches.last_mut() {
+            Some(batch) if filled + size <= bytes => batch.push(job),
+            _ => {
+                batches.push(vec![job]);
+                filled = 0;
+            }
+        }
+        filled += size;
+    }
+    batches
 }
 
 /// Row values of one event, positions assigned once the batch is known.
@@ -988,6 +1020,37 @@ pub async fn head(client: &impl deadpool_postgres::GenericClient) -> Result<i64,
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_batch_holds_at_most_its_bytes_of_events_in_order_and_a_large_command_goes_alone() {
+        use super::{AppendRequest, ExpectedVersion, Job, Metadata, StreamAppend};
+        let job = |bytes: usize| {
+            let created = crate::proto::RecordCreated { record_id: "x".repeat(bytes), ..Default::default() };
+            let stream = StreamAppend::one(
+                format!("s{bytes}"),
+                ExpectedVersion::Any,
+                crate::events::LogEvent::RecordCreated(created),
+                0,
+            );
+            let (reply, _) = tokio::sync::oneshot::channel();
+            Job { request: AppendRequest::new(Metadata::default(), vec![stream], Vec::new()), reply }
+        };
+        let shape = |batches: Vec<Vec<Job>>| -> Vec<Vec<String>> {
+            batches
+                .iter()
+                .map(|batch| batch.iter().map(|job| job.request.streams[0].stream_id.clone()).collect())
+                .collect()
+        };
+        // 102 bytes each (a tag, a length and the id): nine fit in 1,000.
+        let small: Vec<Job> = (0..10).map(|_| job(100)).collect();
+        assert_eq!(super::by_bytes(small, 1000).iter().map(Vec::len).collect::<Vec<_>>(), vec![9, 1]);
+        let mixed = vec![job(10), job(5000), job(11), job(12)];
+        assert_eq!(
+            shape(super::by_bytes(mixed, 1000)),
+            vec![vec!["s10".to_owned()], vec!["s5000".to_owned()], vec!["s11".to_owned(), "s12".to_owned()]]
+        );
+        assert!(super::by_bytes(Vec::new(), 1000).is_empty());
+    }
+
     #[test]
     fn the_event_column_count_is_the_columns_named() {
         assert_eq!(super::EVENT_COLUMNS.split(", ").count(), super::EVENT_COLUMN_COUNT);
