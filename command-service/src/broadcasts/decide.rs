@@ -145,7 +145,11 @@ fn invalid(issues: Vec<Issue>) -> Refusal {
 /// (`{"type": "segment", "segmentId": …}`), which must then match the id given.
 fn audience(value: &Value, issues: &mut Vec<Issue>) -> Option<Audience> {
     let id = |key: &str| {
-        value.get(key).and_then(Value::as_str).filter(|id| !id.trim().is_empty() && id.len() <= 100).map(str::to_owned)
+        value
+            .get(key)
+            .and_then(Value::as_str)
+            .filter(|id| !platform::storable::is_blank(id) && id.len() <= 100)
+            .map(str::to_owned)
     };
     let typed = value.get("type").map(Value::as_str);
     let fields = value.as_object().map_or(0, |object| object.len() - usize::from(typed.is_some()));
@@ -199,11 +203,11 @@ pub(crate) fn parse_update(body: &Map<String, Value>) -> Result<Update, Refusal>
     match body.get("name") {
         None => {}
         Some(Value::String(name))
-            if !name.trim().is_empty()
+            if !platform::storable::is_blank(name)
                 && name.chars().count() <= MAX_NAME_CHARS
                 && platform::storable::is_storable(name) =>
         {
-            update.name = Some(name.trim().to_owned());
+            update.name = Some(platform::storable::trimmed(name).to_owned());
         }
         Some(_) => issues.push(Issue::coded(
             "name",

@@ -67,7 +67,9 @@ pub(crate) fn parse_change(body: Map<String, Value>) -> Result<Change, Refusal> 
     }
     let text = |key: &str, issues: &mut Vec<Issue>| -> Option<String> {
         match body.get(key) {
-            Some(Value::String(value)) if !value.trim().is_empty() && value.chars().count() <= MAX_CHARS => {
+            Some(Value::String(value))
+                if !platform::storable::is_blank(value) && value.chars().count() <= MAX_CHARS =>
+            {
                 Some(value.clone())
             }
             Some(_) => {
@@ -86,7 +88,9 @@ pub(crate) fn parse_change(body: Map<String, Value>) -> Result<Change, Refusal> 
     let anonymous_id = text("anonymousId", &mut issues);
     let contact_id = match body.get("contactId") {
         Some(Value::Null) => Some(None),
-        Some(Value::String(id)) if !id.trim().is_empty() && id.chars().count() <= MAX_CHARS => Some(Some(id.clone())),
+        Some(Value::String(id)) if !platform::storable::is_blank(id) && id.chars().count() <= MAX_CHARS => {
+            Some(Some(id.clone()))
+        }
         Some(_) => {
             issues.push(Issue::coded("contactId", Code::InvalidField, "contactId must be a contact id or null"));
             None

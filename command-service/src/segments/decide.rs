@@ -70,7 +70,7 @@ fn text_field(body: &Map<String, Value>, key: &str, max: usize, issues: &mut Vec
             issues.push(Issue::coded(key, Code::MissingField, format!("{key} is required")));
             None
         }
-        Some(Value::String(text)) if text.trim().is_empty() => {
+        Some(Value::String(text)) if platform::storable::is_blank(text) => {
             issues.push(Issue::coded(key, Code::InvalidField, format!("{key} must not be blank")));
             None
         }
@@ -82,7 +82,7 @@ fn text_field(body: &Map<String, Value>, key: &str, max: usize, issues: &mut Vec
             ));
             None
         }
-        Some(Value::String(text)) => Some(text.trim().to_owned()),
+        Some(Value::String(text)) => Some(platform::storable::trimmed(text).to_owned()),
         Some(_) => {
             issues.push(Issue::coded(key, Code::InvalidField, format!("{key} must be a string")));
             None

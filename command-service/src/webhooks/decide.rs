@@ -124,7 +124,7 @@ pub(crate) fn parse_create(body: &Map<String, Value>, allow_loopback: bool) -> R
     };
     let schema = match body.get("schemaId") {
         None | Some(Value::Null) => None,
-        Some(Value::String(text)) if !text.trim().is_empty() => Some(text.clone()),
+        Some(Value::String(text)) if !platform::storable::is_blank(text) => Some(text.clone()),
         Some(_) => {
             issues.push(Issue::coded("schemaId", Code::InvalidField, "schemaId must be a schema id or slug"));
             None
@@ -330,7 +330,7 @@ fn condition(value: &Value, issues: &mut Vec<Issue>) -> Option<Condition> {
         Some("none") if fields == ["type"] => Some(Condition::None),
         Some("custom filter") if fields.iter().all(|field| ["type", "requirements"].contains(field)) => {
             match object.get("requirements").and_then(Value::as_str) {
-                Some(text) if !text.trim().is_empty() && text.chars().count() <= MAX_REQUIREMENTS_CHARS => {
+                Some(text) if !platform::storable::is_blank(text) && text.chars().count() <= MAX_REQUIREMENTS_CHARS => {
                     Some(Condition::CustomFilter { requirements: text.to_owned() })
                 }
                 _ => {
@@ -344,7 +344,9 @@ fn condition(value: &Value, issues: &mut Vec<Issue>) -> Option<Condition> {
         }
         Some("segment") if fields.iter().all(|field| ["type", "segmentId"].contains(field)) => {
             match object.get("segmentId").and_then(Value::as_str) {
-                Some(id) if !id.trim().is_empty() && platform::storable::is_storable(id) && id.len() <= 100 => {
+                Some(id)
+                    if !platform::storable::is_blank(id) && platform::storable::is_storable(id) && id.len() <= 100 =>
+                {
                     Some(Condition::Segment { segment_id: id.to_owned() })
                 }
                 _ => {

@@ -21,6 +21,29 @@ pub fn is_storable(text: &str) -> bool {
     !text.contains('\0')
 }
 
+/// Whether `text` is empty or only white space, as the OpenAPI document's `\S` patterns
+/// (ECMAScript regular expressions) judge it. Rust's own `char::is_whitespace` differs in two
+/// characters: it counts U+0085 (next line) as white space, which ECMAScript does not, and not
+/// U+FEFF (zero-width no-break space), which ECMAScript does, so a field the document calls
+/// valid would have been refused as blank.
+pub fn is_blank(text: &str) -> bool {
+    text.chars().all(is_white_space)
+}
+
+/// `text` without leading and trailing white space as [`is_blank`] judges it.
+pub fn trimmed(text: &str) -> &str {
+    text.trim_matches(is_white_space)
+}
+
+/// ECMAScript's `\s`: its WhiteSpace and LineTerminator characters.
+fn is_white_space(c: char) -> bool {
+    matches!(
+        c,
+        '\t' | '\n' | '\u{b}' | '\u{c}' | '\r' | ' ' | '\u{a0}' | '\u{1680}' | '\u{2000}'
+            ..='\u{200a}' | '\u{2028}' | '\u{2029}' | '\u{202f}' | '\u{205f}' | '\u{3000}' | '\u{feff}'
+    )
+}
+
 /// `text` with every NUL written as `\u0000`, so a message or an issue key can name it.
 pub fn escaped(text: &str) -> String {
     text.replace('\0', "\\u0000")
@@ -101,6 +124,19 @@ mod tests {
 
     fn keys(value: &Value) -> Vec<String> {
         json_issues(value).into_iter().filter_map(|issue| issue.key).collect()
+    }
+
+    #[test]
+    fn blank_means_what_the_documents_white_space_pattern_means() {
+        for blank in ["", " ", "\t\r\n", "\u{a0}\u{2003}", "\u{feff}", "\u{3000}\u{2028}"] {
+            assert!(is_blank(blank), "{blank:?}");
+        }
+        // U+0085 is white space to Rust, not to ECMAScript's \S: the document calls it a value.
+        for value in ["a", "\u{85}", " \u{85} ", "\u{200b}"] {
+            assert!(!is_blank(value), "{value:?}");
+        }
+        assert_eq!(trimmed("\u{feff} a b\u{a0}"), "a b");
+        assert_eq!(trimmed("\u{85}x"), "\u{85}x");
     }
 
     #[test]
