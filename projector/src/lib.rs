@@ -69,7 +69,7 @@ pub fn workers(
     if let Some(unknown) = wanted.iter().find(|kind| !WORKER_KINDS.contains(kind)) {
         anyhow::bail!("APP__PROJECTOR__WORKERS names {unknown:?}; the workers are all, {}", WORKER_KINDS.join(", "));
     }
-    let log = platform::log::EventLog::start(pool.clone(), settings.append.batch_max);
+    let log = platform::log::EventLog::from_settings(pool.clone(), &settings.append);
     let mut workers: Vec<Arc<dyn Worker>> = Vec::new();
     if wanted.contains(&"read_models") {
         let faults = Faults::from_settings(&settings.projector);

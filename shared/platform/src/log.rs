@@ -346,10 +346,20 @@ pub struct EventLog {
 }
 
 impl EventLog {
-    /// Starts the batcher task. `batch_max` bounds the commands grouped in one transaction.
+    /// Starts the batcher task. `batch_max` bounds the commands grouped in one transaction,
+    /// and [`BATCH_BYTES`] their events' bytes.
     pub fn start(pool: Pool, batch_max: usize) -> Self {
+        Self::start_bounded(pool, batch_max, BATCH_BYTES)
+    }
+
+    /// Starts the batcher task with the bounds of `settings` (`APP__APPEND__*`).
+    pub fn from_settings(pool: Pool, settings: &crate::settings::AppendSettings) -> Self {
+        Self::start_bounded(pool, settings.batch_max, settings.batch_bytes)
+    }
+
+    fn start_bounded(pool: Pool, batch_max: usize, batch_bytes: usize) -> Self {
         let (jobs, receiver) = mpsc::channel(batch_max.max(1) * 4);
-        tokio::spawn(run_batcher(pool, receiver, batch_max.max(1)));
+        tokio::spawn(run_batcher(pool, receiver, batch_max.max(1), batch_bytes.max(1)));
         Self { jobs }
     }
 
@@ -370,10 +380,10 @@ impl EventLog {
 /// held it for tens of milliseconds, which a live request beside a broadcast waited out.
 pub const BATCH_BYTES: usize = 256 * 1024;
 
-async fn run_batcher(pool: Pool, mut receiver: mpsc::Receiver<Job>, batch_max: usize) {
+async fn run_batcher(pool: Pool, mut receiver: mpsc::Receiver<Job>, batch_max: usize, batch_bytes: usize) {
     let mut jobs = Vec::with_capacity(batch_max);
     while receiver.recv_many(&mut jobs, batch_max).await > 0 {
-        for batch in by_bytes(std::mem::take(&mut jobs), BATCH_BYTES) {
+        for batch in by_bytes(std::mem::take(&mut jobs), batch_bytes) {
             append_batch(&pool, batch).await;
         }
     }

@@ -146,11 +146,14 @@ impl Default for ReadSettings {
 pub struct AppendSettings {
     /// `APP__APPEND__BATCH_MAX`: most commands grouped into one log transaction.
     pub batch_max: usize,
+    /// `APP__APPEND__BATCH_BYTES`: most bytes of events one log transaction writes (a command
+    /// larger than that alone); see `platform::log::BATCH_BYTES`.
+    pub batch_bytes: usize,
 }
 
 impl Default for AppendSettings {
     fn default() -> Self {
-        Self { batch_max: 256 }
+        Self { batch_max: 256, batch_bytes: crate::log::BATCH_BYTES }
     }
 }
 
