@@ -67,7 +67,7 @@ impl State {
         let ai = domain::ai::AiProvider::new(&settings.ai)?;
         let mailer = mail::mailer::Mailer::from_settings(&settings.email)?;
         let site = mail::send::Site::from_settings(&settings.email)?;
-        let event_log = EventLog::from_settings(pool.clone(), &settings.append);
+        let event_log = EventLog::start_bounded(pool.clone(), settings.append.batch_max, settings.append.batch_bytes);
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
         let claims = mail::outbox::Claims::start(pool.clone());

@@ -352,12 +352,8 @@ impl EventLog {
         Self::start_bounded(pool, batch_max, BATCH_BYTES)
     }
 
-    /// Starts the batcher task with the bounds of `settings` (`APP__APPEND__*`).
-    pub fn from_settings(pool: Pool, settings: &crate::settings::AppendSettings) -> Self {
-        Self::start_bounded(pool, settings.batch_max, settings.batch_bytes)
-    }
-
-    fn start_bounded(pool: Pool, batch_max: usize, batch_bytes: usize) -> Self {
+    /// Starts the batcher task with both bounds given (`APP__APPEND__*`).
+    pub fn start_bounded(pool: Pool, batch_max: usize, batch_bytes: usize) -> Self {
         let (jobs, receiver) = mpsc::channel(batch_max.max(1) * 4);
         tokio::spawn(run_batcher(pool, receiver, batch_max.max(1), batch_bytes.max(1)));
         Self { jobs }

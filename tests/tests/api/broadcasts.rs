@@ -414,15 +414,7 @@ async fn a_broadcast_gives_way_to_live_requests_and_still_mails_each_recipient_o
         patch(&app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment}, "scheduledAt": null})).await;
     assert_eq!(aimed.status, 200, "{:?}", aimed.body);
     app.wait_for_projections().await;
-    // An API server serving 1,000 requests a second, its row kept fresh for the test.
-    let client = app.pool.get().await.expect("client");
-    client
-        .execute(
-            "INSERT INTO live_load (instance, at, per_second) VALUES ('proc_busy', now() + interval '1 hour', 1000)",
-            &[],
-        )
-        .await
-        .expect("a busy server");
+    app.publish_busy_live_load().await;
 
     let sent = send(&app, BLAST_BROADCAST, "busy").await;
     assert_eq!(sent.status, 202, "{:?}", sent.body);

@@ -438,6 +438,19 @@ impl TestApp {
         PausedReadModel { release: Some(release), task: Some(task) }
     }
 
+    /// Makes background work see an API server serving 1,000 requests a second (`live_load`),
+    /// its row kept fresh for an hour.
+    pub(crate) async fn publish_busy_live_load(&self) {
+        let client = self.pool.get().await.expect("client");
+        client
+            .execute(
+                "INSERT INTO live_load (instance, at, per_second) VALUES ('proc_busy', now() + interval '1 hour', 1000)",
+                &[],
+            )
+            .await
+            .expect("a busy server");
+    }
+
     pub(crate) async fn query_i64(&self, sql: &str) -> i64 {
         let client = self.pool.get().await.expect("client");
         client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)

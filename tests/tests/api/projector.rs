@@ -125,14 +125,7 @@ async fn a_rebuild_yields_to_live_requests_only_while_they_are_served() {
     assert!(quiet.events > 0);
     assert_eq!(quiet.yielded, Duration::ZERO, "nothing served: full pace");
 
-    // An API server serving 1,000 requests a second (its row kept fresh for the test).
-    client
-        .execute(
-            "INSERT INTO live_load (instance, at, per_second) VALUES ('proc_busy', now() + interval '1 hour', 1000)",
-            &[],
-        )
-        .await
-        .expect("a busy server");
+    app.publish_busy_live_load().await;
     let busy = rebuild_yielding(&app.pool, read_model("records"), 3.0, |_| {}).await.expect("a busy rebuild");
     assert!(busy.yielded > Duration::ZERO, "it waited for live requests: {busy:?}");
     let never =
