@@ -15,6 +15,7 @@ Prints {"captures": [{"name", "url", "title", "text", "screenshot"}]} as JSON.
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ class Browser:
         commands_read, self.commands = os.pipe()
         self.replies, replies_write = os.pipe()
         profile = tempfile.mkdtemp(prefix="chromium-profile-")
+        self.profile = profile
 
         def wire_pipes():
             # Chromium reads commands from fd 3 and writes replies to fd 4. Every other
@@ -146,6 +148,9 @@ class Browser:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()
+        # The profile is the browser's scratch: a run leaves none behind.
+        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 def main():
