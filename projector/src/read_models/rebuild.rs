@@ -68,7 +68,13 @@ pub async fn rebuild_yielding(
         match project_batch(pool, model, version, &worker, &faults).await? {
             Outcome::Projected { position, .. } => {
                 progress(Step::At { position, head });
-                yielded += api::live_load::yield_to_live(pool, batch.elapsed(), live_yield).await?;
+                yielded += api::live_load::yield_to_live(
+                    pool,
+                    batch.elapsed(),
+                    live_yield,
+                    "rebuild_live_yield_milliseconds_total",
+                )
+                .await?;
             }
             Outcome::CaughtUp { .. } => break,
             Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,

@@ -246,20 +246,11 @@ impl Runs {
         self.hand_off(prepared).await;
         let worked = started.elapsed();
         self.keep_pace(started, pending.len()).await;
-        self.yield_to_live(worked).await?;
+        // A run gives way to live requests as an import does.
+        let live_yield = self.settings.broadcasts.live_yield;
+        api::live_load::yield_to_live(&self.pool, worked, live_yield, "broadcast_live_yield_milliseconds_total")
+            .await?;
         Ok(Outcome::Progressed)
-    }
-
-    /// Waits after a batch whose decision and hand-offs took `worked` (until the last one
-    /// started), while the API servers serve requests: a run gives way to them as an import
-    /// does.
-    async fn yield_to_live(&self, worked: Duration) -> anyhow::Result<()> {
-        let pause = api::live_load::yield_to_live(&self.pool, worked, self.settings.broadcasts.live_yield).await?;
-        if !pause.is_zero() {
-            metrics::counter!("broadcast_live_yield_milliseconds_total")
-                .increment(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
-        }
-        Ok(())
     }
 
     fn batch_size(&self) -> usize {

@@ -71,14 +71,20 @@ pub async fn live_rate(client: &impl GenericClient) -> Result<i64, tokio_postgre
 }
 
 /// Waits after a step of background work that took `elapsed`, in proportion to the live load
-/// ([`pause`]); answers how long it waited.
-pub async fn yield_to_live(pool: &Pool, elapsed: Duration, factor: f64) -> anyhow::Result<Duration> {
+/// ([`pause`]), and adds the wait to the counter `metric`; answers how long it waited.
+pub async fn yield_to_live(
+    pool: &Pool,
+    elapsed: Duration,
+    factor: f64,
+    metric: &'static str,
+) -> anyhow::Result<Duration> {
     if factor <= 0.0 {
         return Ok(Duration::ZERO);
     }
     let live = live_rate(&pool.get().await?).await?;
     let pause = pause(elapsed, live, factor);
     if !pause.is_zero() {
+        metrics::counter!(metric).increment(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
         tokio::time::sleep(pause).await;
     }
     Ok(pause)

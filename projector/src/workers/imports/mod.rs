@@ -54,16 +54,6 @@ impl Imports {
         Self { pool, log, expiry: expiry::Expiry::new(settings.clone()), live_yield: settings.live_yield }
     }
 
-    /// Waits after a wave that took `elapsed` while the API processes serve requests.
-    async fn yield_to_live(&self, elapsed: Duration) -> anyhow::Result<()> {
-        let pause = api::live_load::yield_to_live(&self.pool, elapsed, self.live_yield).await?;
-        if !pause.is_zero() {
-            metrics::counter!("import_live_yield_milliseconds_total")
-                .increment(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
-        }
-        Ok(())
-    }
-
     async fn step(&self) -> anyhow::Result<StepOutcome> {
         self.expiry.sweep(&self.pool, platform::time::now_millis()).await?;
         let mut client = self.pool.get().await?;
@@ -187,7 +177,9 @@ impl Imports {
                 pending.push_front(row);
             }
             self.save_tally(part, &tally, false).await?;
-            self.yield_to_live(started.elapsed()).await?;
+            let waited = started.elapsed();
+            api::live_load::yield_to_live(&self.pool, waited, self.live_yield, "import_live_yield_milliseconds_total")
+                .await?;
         }
         self.finish(part).await
     }
