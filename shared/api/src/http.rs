@@ -90,10 +90,32 @@ where
     F: actix_web::Handler<Args, Output = Result<R, ApiError>>,
 {
     type Output = Result<R, Failure>;
-    type Future = futures_util::future::MapErr<F::Future, fn(ApiError) -> Failure>;
+    type Future = futures_util::future::Map<
+        futures_util::future::CatchUnwind<std::panic::AssertUnwindSafe<F::Future>>,
+        fn(std::thread::Result<Result<R, ApiError>>) -> Result<R, Failure>,
+    >;
 
     fn call(&self, args: Args) -> Self::Future {
-        futures_util::TryFutureExt::map_err(self.0.call(args), Failure)
+        use futures_util::FutureExt;
+        std::panic::AssertUnwindSafe(self.0.call(args)).catch_unwind().map(answered)
+    }
+}
+
+/// A handler's answer; a handler that panicked answers 500 in the contract's envelope, with
+/// the panic logged (inside the request's span: its id, method and path), instead of leaving
+/// the connection to be dropped unanswered. Every panic on a request path is a bug; this makes
+/// each one visible to the caller and in the log.
+fn answered<R>(outcome: std::thread::Result<Result<R, ApiError>>) -> Result<R, Failure> {
+    match outcome {
+        Ok(answer) => answer.map_err(Failure),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_owned());
+            Err(Failure(ApiError::internal(&anyhow::anyhow!("the handler panicked: {message}"))))
+        }
     }
 }
 
@@ -490,5 +512,25 @@ mod tests {
         assert_eq!(super::grown(8 * 1024 * 1024, 8 * 1024 * 1024 + 1, ten), ten, "stops at the declared length");
         assert_eq!(super::grown(1024, 5000, ten), 5000, "a chunk larger than the double");
         assert_eq!(super::grown(4096, 5000, 4500), 5000, "a body longer than declared still fits");
+    }
+
+    #[actix_web::test]
+    async fn a_handler_that_panics_answers_500_in_the_envelope_and_the_server_goes_on() {
+        use actix_web::{App, test, web};
+        let app = test::init_service(
+            App::new()
+                .route(
+                    "/boom",
+                    web::get().to(super::answering(|| async { if true { panic!("boom") } else { Ok("no") } })),
+                )
+                .route("/fine", web::get().to(|| async { "fine" })),
+        )
+        .await;
+        let failed = test::call_service(&app, test::TestRequest::get().uri("/boom").to_request()).await;
+        assert_eq!(failed.status(), actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
+        let body: serde_json::Value = test::read_body_json(failed).await;
+        assert_eq!(body["error"]["code"], "internal_error", "{body}");
+        let fine = test::call_service(&app, test::TestRequest::get().uri("/fine").to_request()).await;
+        assert_eq!(fine.status(), actix_web::http::StatusCode::OK);
     }
 }

@@ -478,9 +478,7 @@ async fn a_broadcast_partly_held_and_partly_capped_killed_twice_mails_each_recip
         ("APP__EMAIL__OUTBOX_POLL_MS", "200".to_owned()),
     ]);
     let mut projector = spawn_binary("projector", &["run"], &app.database_url, &env);
-    let hour = chrono::Timelike::hour(&chrono::Utc::now());
-    let quiet = json!({"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
-                       "outcome": "hold"});
+    let (quiet, _) = crate::email::quiet_hours_around_now("hold");
     let policy = |quiet: Option<&Value>| {
         let mut policy = json!({
             "timeZone": {"attribute": "timeZone", "default": "UTC"},
@@ -856,15 +854,10 @@ async fn a_broadcast_to_three_zones_holds_the_recipients_in_their_quiet_hours_un
     let sink = SmtpSink::start().await;
     let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
     let app = TestApp::spawn_with(options).await;
-    // Quiet from an hour ago to an hour from now, local: UTC and an hour behind it are in it,
-    // twelve hours ahead is day.
-    let now = chrono::Utc::now();
-    let hour = chrono::Timelike::hour(&now);
-    let policy = json!({
-        "timeZone": {"attribute": "timeZone", "default": "UTC"},
-        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
-                       "outcome": "hold"}
-    });
+    // Quiet from the last hour to two hours from this one, local: UTC and an hour behind it
+    // are in it, twelve hours ahead is day.
+    let (quiet, end) = crate::email::quiet_hours_around_now("hold");
+    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
     app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
     crate::email::publish_dkim(&app, &sink).await;
     let zones = [("utc@example.com", "UTC"), ("behind@example.com", "Etc/GMT+1"), ("ahead@example.com", "Etc/GMT-12")];
@@ -921,9 +914,8 @@ async fn a_broadcast_to_three_zones_holds_the_recipients_in_their_quiet_hours_un
     let (utc, behind) = (held("utc@example.com").await, held("behind@example.com").await);
     let utc_story = crate::email::story_when(&app, &utc, "held").await;
     let behind_story = crate::email::story_when(&app, &behind, "held").await;
-    let local_end = |offset_hours: i64| {
-        (now + chrono::Duration::hours(1 + offset_hours)).format("%Y-%m-%dT%H:00:00.000Z").to_string()
-    };
+    let local_end =
+        |offset_hours: i64| (end + chrono::Duration::hours(offset_hours)).format("%Y-%m-%dT%H:00:00.000Z").to_string();
     assert_eq!(utc_story["notBefore"].as_str(), Some(local_end(0).as_str()), "{utc_story}");
     assert_eq!(behind_story["notBefore"].as_str(), Some(local_end(1).as_str()), "an hour later: {behind_story}");
 
@@ -973,12 +965,8 @@ async fn a_runs_delivery_log_pages_by_cursor_filters_by_status_agrees_with_its_c
     let sink = SmtpSink::start().await;
     let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
     let app = TestApp::spawn_with(options).await;
-    let hour = chrono::Timelike::hour(&chrono::Utc::now());
-    let policy = json!({
-        "timeZone": {"attribute": "timeZone", "default": "UTC"},
-        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
-                       "outcome": "hold"}
-    });
+    let (quiet, _) = crate::email::quiet_hours_around_now("hold");
+    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
     app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
     crate::email::publish_dkim(&app, &sink).await;
     // Eight mailed at once, two held in their quiet hours, one suppressed, one without consent.

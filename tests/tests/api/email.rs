@@ -1408,6 +1408,19 @@ async fn a_send_after_the_template_changed_renders_the_new_one_though_the_old_wa
     assert_eq!(subject("kept2@example.com"), "Receipt ord-1 for Bea");
 }
 
+/// Quiet hours around now in the policy's zone, with `outcome`: from the start of the last
+/// hour to two hours after the start of this one. Now is inside them and their end is at least
+/// an hour away, so a test that runs near the end of an hour does not see the clock release
+/// what it holds. Returns the window and its end (in UTC where the zone is UTC).
+pub(crate) fn quiet_hours_around_now(outcome: &str) -> (Value, chrono::DateTime<chrono::Utc>) {
+    let now = chrono::Utc::now();
+    let hour = chrono::Timelike::hour(&now);
+    let this_hour = chrono::DurationRound::duration_trunc(now, chrono::TimeDelta::hours(1)).expect("in range");
+    let window = json!({"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 2) % 24),
+                        "outcome": outcome});
+    (window, this_hour + chrono::TimeDelta::hours(2))
+}
+
 /// The mail workspace with a `timeZone` attribute on people and `policy` as the space's send
 /// policy.
 pub(crate) fn policy_workspace(policy: &Value) -> String {
@@ -1431,12 +1444,11 @@ pub(crate) fn policy_workspace_with(allowance: i64, policy: &Value) -> String {
 async fn a_send_policy_caps_and_quiets_marketing_in_the_contacts_zone_and_lets_transactional_mail_through() {
     let sink = SmtpSink::start().await;
     let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
-    // Quiet for an hour either side of now in UTC; a zone twelve hours ahead is mid-day.
-    let hour = chrono::Timelike::hour(&chrono::Utc::now());
+    // Quiet around now in UTC; a zone twelve hours ahead is mid-day.
+    let (quiet, _) = quiet_hours_around_now("skip");
     let policy = json!({
         "timeZone": {"attribute": "timeZone", "default": "UTC"},
-        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
-                       "outcome": "skip"},
+        "quietHours": quiet,
         "frequencyCaps": [{"max": 1, "per": {"hours": 24}, "outcome": "skip"}]
     });
     app.apply_workspace(&policy_workspace(&policy), true).await;
@@ -1505,13 +1517,12 @@ pub(crate) async fn story_when(app: &TestApp, email_id: &str, status: &str) -> V
 async fn a_held_send_waits_for_its_time_is_decided_again_then_and_is_sent_once_or_skipped_with_its_story() {
     let sink = SmtpSink::start().await;
     let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
-    // Quiet from an hour ago to an hour from now in UTC: held until the window ends.
+    // Quiet around now in UTC: held until the window ends.
     let now = chrono::Utc::now();
-    let hour = chrono::Timelike::hour(&now);
+    let (quiet, end) = quiet_hours_around_now("hold");
     let policy = json!({
         "timeZone": {"attribute": "timeZone", "default": "UTC"},
-        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
-                       "outcome": "hold"},
+        "quietHours": quiet,
         "frequencyCaps": [{"max": 1, "per": {"hours": 2}, "outcome": "hold"}]
     });
     app.apply_workspace(&policy_workspace(&policy), true).await;
@@ -1519,7 +1530,7 @@ async fn a_held_send_waits_for_its_time_is_decided_again_then_and_is_sent_once_o
     let promo = template_id(&app, "promo").await;
     let contact =
         |email: &str, zone: &str| json!({"data": {"contact": {"email": email, "newsConsent": true, "timeZone": zone}}});
-    let window_end = (now + chrono::Duration::hours(1)).format("%Y-%m-%dT%H:00:00.000Z").to_string();
+    let window_end = end.format("%Y-%m-%dT%H:00:00.000Z").to_string();
 
     let held = send(&app, &promo, &contact("night@example.com", "UTC"), None).await;
     assert_eq!(held.status, 200, "{:?}", held.body);
@@ -1600,12 +1611,8 @@ async fn a_held_send_waits_for_its_time_is_decided_again_then_and_is_sent_once_o
 async fn a_held_send_to_a_contact_deleted_meanwhile_is_dropped_with_its_contact_and_never_mailed() {
     let sink = SmtpSink::start().await;
     let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
-    let hour = chrono::Timelike::hour(&chrono::Utc::now());
-    let policy = json!({
-        "timeZone": {"attribute": "timeZone", "default": "UTC"},
-        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
-                       "outcome": "hold"}
-    });
+    let (quiet, _) = quiet_hours_around_now("hold");
+    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
     app.apply_workspace(&policy_workspace(&policy), true).await;
     publish_dkim(&app, &sink).await;
     let promo = template_id(&app, "promo").await;

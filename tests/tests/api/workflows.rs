@@ -1031,12 +1031,8 @@ async fn a_journey_waits_for_an_open_and_resends_when_the_mail_was_not_opened() 
 #[tokio::test]
 async fn a_journeys_send_held_by_quiet_hours_completes_its_step_and_its_email_leaves_at_its_time() {
     let sink = SmtpSink::start().await;
-    let hour = chrono::Timelike::hour(&chrono::Utc::now());
-    let policy = json!({
-        "timeZone": {"attribute": "timeZone", "default": "UTC"},
-        "quietHours": {"from": format!("{:02}:00", (hour + 23) % 24), "to": format!("{:02}:00", (hour + 1) % 24),
-                       "outcome": "hold"}
-    });
+    let (quiet, _) = crate::email::quiet_hours_around_now("hold");
+    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
     let mut workspace: Value =
         serde_json::from_str(&crate::email::policy_workspace(&policy)).expect("the workspace is JSON");
     let spaces = workspace["spaces"].as_array_mut().expect("spaces");
