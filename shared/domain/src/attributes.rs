@@ -37,7 +37,7 @@ pub fn writable_value(attributes: &[AttributeEntry], key: &str, value: Value) ->
 /// The most a value of each attribute type may hold, whatever door writes it (the API's
 /// create, upsert and PATCH, an import, a form, a journey's update step): a `string` 4,096
 /// characters, a `text` 65,536, an `email` 254, a `phone` 64, a `select` 1,024, a
-/// `multiselect` 1,000 choices of 1,024 characters, a `json` value 65,536 bytes as JSON.
+/// `multiselect` 1,000 choices of 1,024 characters, a `json` value 65,536 bytes as JSON and 32 levels of nesting.
 pub const MAX_STRING: usize = 4_096;
 pub const MAX_TEXT: usize = 65_536;
 pub const MAX_EMAIL: usize = 254;
@@ -45,6 +45,10 @@ pub const MAX_PHONE: usize = 64;
 pub const MAX_CHOICE: usize = 1_024;
 pub const MAX_CHOICES: usize = 1_000;
 pub const MAX_JSON_BYTES: usize = 65_536;
+/// How deep a `json` value may nest arrays and objects. A record's document and the answers
+/// and webhook payloads that carry it wrap the value in a few more levels, which must stay
+/// within what common JSON readers take (serde_json's 128, our own reads included).
+pub const MAX_JSON_DEPTH: usize = 32;
 
 /// The limit a value of the definition's type goes beyond, as words, if it does.
 pub fn too_long(definition: &Value, value: &Value) -> Option<String> {
@@ -92,11 +96,28 @@ fn json_longer_than(value: &Value, max: usize) -> bool {
 /// their type's maximum (400 `value_too_long`). An event's input is bounded as a whole instead
 /// (`event_input_too_large`, the contract's).
 pub fn writable_record_value(attributes: &[AttributeEntry], key: &str, value: Value) -> Result<Value, Issue> {
-    let limit = attributes.iter().find(|a| a.key == key).and_then(|a| too_long(&a.definition, &value));
-    if let Some(limit) = limit {
+    let definition = attributes.iter().find(|a| a.key == key).map(|a| &a.definition);
+    if let Some(limit) = definition.and_then(|definition| too_long(definition, &value)) {
         return Err(Issue::coded(key, Code::ValueTooLong, format!("{key} is longer than {limit}")));
     }
+    if definition.is_some_and(|definition| attribute_type(definition) == "json") && nests_deeper(&value, MAX_JSON_DEPTH)
+    {
+        return Err(Issue::coded(
+            key,
+            Code::ValueTooLong,
+            format!("{key} nests arrays and objects deeper than {MAX_JSON_DEPTH} levels"),
+        ));
+    }
     writable_value(attributes, key, value)
+}
+
+/// Whether `value` nests arrays and objects more than `max` levels deep (a scalar is level 0).
+fn nests_deeper(value: &Value, max: usize) -> bool {
+    match value {
+        Value::Array(items) => max == 0 || items.iter().any(|item| nests_deeper(item, max - 1)),
+        Value::Object(fields) => max == 0 || fields.values().any(|field| nests_deeper(field, max - 1)),
+        _ => false,
+    }
 }
 
 /// The definition's stored type (`json` when it names none).
@@ -255,6 +276,11 @@ mod tests {
         let big = json!({"blob": "x".repeat(MAX_JSON_BYTES)});
         assert!(too_long(&json!({"type": "json"}), &big).is_some());
         assert!(too_long(&json!({"type": "json"}), &json!({"small": [1, 2, 3]})).is_none());
+        let nested = |depth: usize| (0..depth).fold(json!(1), |inner, _| json!([inner]));
+        assert!(!nests_deeper(&nested(MAX_JSON_DEPTH), MAX_JSON_DEPTH));
+        assert!(nests_deeper(&nested(MAX_JSON_DEPTH + 1), MAX_JSON_DEPTH));
+        assert!(!nests_deeper(&json!({"a": {"b": [1, {"c": 2}]}}), 4));
+        assert!(nests_deeper(&json!({"a": {"b": [1, {"c": {}}]}}), 4));
         assert!(too_long(&json!({"type": "number"}), &json!(1e300)).is_none());
         let attributes = [AttributeEntry { key: "bio".to_owned(), definition: json!({"type": "string"}) }];
         let issue = writable_record_value(&attributes, "bio", long(5_000)).expect_err("too long");

@@ -685,3 +685,24 @@ async fn a_schema_change_reaches_single_fires_at_once_despite_the_cached_catalog
     assert!(third.body.to_string().contains("region"), "{:?}", third.body);
     assert_eq!(app.query_i64("SELECT count(*) FROM event_receipts WHERE event_id LIKE 'cache-%'").await, 2);
 }
+
+#[tokio::test]
+async fn an_event_with_the_largest_and_smallest_numbers_reads_back_as_written() {
+    // The database prints such a number in full (309 digits for the largest double); reading
+    // it back must give the same double, not fail the read.
+    let app = TestApp::spawn().await;
+    for amount in [f64::MAX, f64::MIN, f64::MIN_POSITIVE, 5e-324, 1.0e300, -123.456] {
+        let fired = app.post("/events/purchase", ALPHA_ADMIN, &json!({"amount": amount, "category": "books"})).await;
+        assert_eq!(fired.status, 202, "{:?}", fired.body);
+        let id = fired.body["data"]["id"].as_str().expect("id").to_owned();
+        let token = fired.header("consistency-token").unwrap_or("0").to_owned();
+        let status = app
+            .send(
+                app.request(reqwest::Method::GET, &format!("/events/purchase/{id}/status"), Some(ALPHA_ADMIN))
+                    .header("Consistency-Token", token),
+            )
+            .await;
+        assert_eq!(status.status, 200, "{amount}: {:?}", status.body);
+        assert_eq!(status.body["data"]["data"]["amount"].as_f64(), Some(amount), "{:?}", status.body);
+    }
+}

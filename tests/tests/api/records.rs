@@ -466,3 +466,45 @@ async fn a_value_beyond_its_types_maximum_is_refused_naming_the_field_and_the_li
         app.get(&format!("/schemas/contacts/records/{}", contact["id"].as_str().unwrap_or("")), ALPHA_ADMIN).await;
     assert_eq!(kept.body["data"]["firstName"], "Ada");
 }
+
+#[tokio::test]
+async fn a_json_value_nests_at_most_32_levels_and_one_that_deep_reads_back() {
+    // A body may nest 128 levels, but a record's document and the answers that carry it wrap
+    // a value in more: a value deeper than 32 levels is refused at the door, one of 32 is
+    // written and read back whole.
+    let app = TestApp::spawn().await;
+    let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("JSON");
+    let contacts = &mut workspace["spaces"][0]["schemas"][0];
+    assert_eq!(contacts["slug"], "contacts");
+    contacts["attributes"]
+        .as_array_mut()
+        .expect("attributes")
+        .push(json!({"key": "blob", "definition": {"type": "json"}}));
+    app.apply_workspace(&workspace.to_string(), true).await;
+    // Two levels (an object and an array) a step.
+    let nested = |steps: usize| (0..steps).fold(json!("core"), |inner, level| json!({format!("l{level}"): [inner]}));
+    for depth in [17, 30, 63] {
+        let refused = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({"blob": nested(depth)})).await;
+        let issue = &refused.body["error"]["issues"][0];
+        assert_eq!(
+            (refused.status, issue["code"].as_str(), issue["key"].as_str()),
+            (400, Some("value_too_long"), Some("blob")),
+            "{depth}: {:?}",
+            refused.body
+        );
+        assert!(issue["message"].as_str().is_some_and(|message| message.contains("32 levels")), "{issue}");
+    }
+    let deepest = nested(16);
+    let created = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({"blob": deepest})).await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let id = created.body["data"]["id"].as_str().expect("id").to_owned();
+    let token = created.header("consistency-token").unwrap_or("0").to_owned();
+    let read = app
+        .send(
+            app.request(reqwest::Method::GET, &format!("/schemas/contacts/records/{id}"), Some(ALPHA_ADMIN))
+                .header("Consistency-Token", token),
+        )
+        .await;
+    assert_eq!(read.status, 200, "{:?}", read.body);
+    assert_eq!(read.body["data"]["blob"], deepest, "{:?}", read.body);
+}
