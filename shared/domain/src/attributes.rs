@@ -30,6 +30,13 @@ pub fn writable_value(attributes: &[AttributeEntry], key: &str, value: Value) ->
             format!("{key} is evaluated or aggregated by the platform and cannot be written"),
         ));
     }
+    if attribute_type(&attribute.definition) == "json" && nests_deeper(&value, MAX_JSON_DEPTH) {
+        return Err(Issue::coded(
+            key,
+            Code::ValueTooLong,
+            format!("{key} nests arrays and objects deeper than {MAX_JSON_DEPTH} levels"),
+        ));
+    }
     normalize_value(&attribute.definition, value)
         .map_err(|message| Issue::coded(key, Code::InvalidAttributeValue, format!("{key} {message}")))
 }
@@ -37,7 +44,8 @@ pub fn writable_value(attributes: &[AttributeEntry], key: &str, value: Value) ->
 /// The most a value of each attribute type may hold, whatever door writes it (the API's
 /// create, upsert and PATCH, an import, a form, a journey's update step): a `string` 4,096
 /// characters, a `text` 65,536, an `email` 254, a `phone` 64, a `select` 1,024, a
-/// `multiselect` 1,000 choices of 1,024 characters, a `json` value 65,536 bytes as JSON and 32 levels of nesting.
+/// `multiselect` 1,000 choices of 1,024 characters, a `json` value 65,536 bytes as JSON and
+/// 32 levels of nesting (the nesting bounds an event's `json` values too).
 pub const MAX_STRING: usize = 4_096;
 pub const MAX_TEXT: usize = 65_536;
 pub const MAX_EMAIL: usize = 254;
@@ -96,17 +104,9 @@ fn json_longer_than(value: &Value, max: usize) -> bool {
 /// their type's maximum (400 `value_too_long`). An event's input is bounded as a whole instead
 /// (`event_input_too_large`, the contract's).
 pub fn writable_record_value(attributes: &[AttributeEntry], key: &str, value: Value) -> Result<Value, Issue> {
-    let definition = attributes.iter().find(|a| a.key == key).map(|a| &a.definition);
-    if let Some(limit) = definition.and_then(|definition| too_long(definition, &value)) {
+    let limit = attributes.iter().find(|a| a.key == key).and_then(|a| too_long(&a.definition, &value));
+    if let Some(limit) = limit {
         return Err(Issue::coded(key, Code::ValueTooLong, format!("{key} is longer than {limit}")));
-    }
-    if definition.is_some_and(|definition| attribute_type(definition) == "json") && nests_deeper(&value, MAX_JSON_DEPTH)
-    {
-        return Err(Issue::coded(
-            key,
-            Code::ValueTooLong,
-            format!("{key} nests arrays and objects deeper than {MAX_JSON_DEPTH} levels"),
-        ));
     }
     writable_value(attributes, key, value)
 }

@@ -706,3 +706,42 @@ async fn an_event_with_the_largest_and_smallest_numbers_reads_back_as_written() 
         assert_eq!(status.body["data"]["data"]["amount"].as_f64(), Some(amount), "{:?}", status.body);
     }
 }
+
+#[tokio::test]
+async fn an_event_json_value_nests_at_most_32_levels_and_one_that_deep_reads_back() {
+    let app = TestApp::spawn().await;
+    let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("JSON");
+    let purchase = &mut workspace["spaces"][0]["schemas"][4];
+    assert_eq!(purchase["slug"], "purchase");
+    purchase["attributes"]
+        .as_array_mut()
+        .expect("attributes")
+        .push(json!({"key": "trail", "definition": {"type": "json"}}));
+    app.apply_workspace(&workspace.to_string(), true).await;
+    let nested = |levels: usize| (0..levels).fold(json!(1), |inner, _| json!([inner]));
+    for levels in [33, 125] {
+        let body = json!({"amount": 1, "category": "books", "trail": nested(levels)});
+        let refused = app.post("/events/purchase", ALPHA_ADMIN, &body).await;
+        let issue = &refused.body["error"]["issues"][0];
+        assert_eq!(
+            (refused.status, issue["code"].as_str(), issue["key"].as_str()),
+            (400, Some("value_too_long"), Some("trail")),
+            "{levels}: {:?}",
+            refused.body
+        );
+    }
+    let fired = app
+        .post("/events/purchase", ALPHA_ADMIN, &json!({"amount": 1, "category": "books", "trail": nested(32)}))
+        .await;
+    assert_eq!(fired.status, 202, "{:?}", fired.body);
+    let id = fired.body["data"]["id"].as_str().expect("id").to_owned();
+    let token = fired.header("consistency-token").unwrap_or("0").to_owned();
+    let status = app
+        .send(
+            app.request(reqwest::Method::GET, &format!("/events/purchase/{id}/status"), Some(ALPHA_ADMIN))
+                .header("Consistency-Token", &token),
+        )
+        .await;
+    assert_eq!(status.status, 200, "{:?}", status.body);
+    assert_eq!(status.body["data"]["data"]["trail"], nested(32), "{:?}", status.body);
+}
