@@ -200,7 +200,8 @@ impl Loaded {
 }
 
 /// `(record id, stream version, state)` of each of `record_ids` that was ever written, from
-/// the latest event of its stream, with its data key; in one statement. Used by decisions
+/// the latest event of its stream, with its data key; in one statement, which reads one event
+/// a record (the newest, from the end of its stream's index) however long its history. Used by decisions
 /// about records and about what names them (events, aliases), and by the preparation worker.
 pub async fn load_records(
     client: &impl GenericClient,
@@ -212,9 +213,11 @@ pub async fn load_records(
     let streams: Vec<String> = record_ids.iter().map(|id| stream_id(id)).collect();
     let statement = client
         .prepare_cached(
-            "SELECT l.stream_version, l.event_type, l.payload, k.wrapped_key, l.subject_id, l.stream_id FROM (
-                 SELECT DISTINCT ON (stream_id) stream_version, event_type, payload, subject_id, stream_id FROM events
-                 WHERE stream_id = ANY($1) ORDER BY stream_id, stream_version DESC) l
+            "SELECT l.stream_version, l.event_type, l.payload, k.wrapped_key, l.subject_id, l.stream_id
+             FROM (SELECT DISTINCT unnest($1::text[])) AS s(stream_id)
+             CROSS JOIN LATERAL (
+                 SELECT stream_version, event_type, payload, subject_id, stream_id FROM events
+                 WHERE stream_id = s.stream_id ORDER BY stream_version DESC LIMIT 1) l
              LEFT JOIN subject_keys k ON k.subject_id = l.subject_id",
         )
         .await?;
