@@ -82,8 +82,9 @@ pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result
                 if refusal.issues().is_empty() {
                     eprintln!("  {}", refusal.message());
                 }
-                for issue in refusal.issues() {
-                    eprintln!("  {}", issue.message);
+                let messages: Vec<&str> = refusal.issues().iter().map(|issue| issue.message.as_str()).collect();
+                for message in once_each_field_list(&messages) {
+                    eprintln!("  {message}");
                 }
                 Ok(std::process::ExitCode::from(2))
             }
@@ -91,6 +92,31 @@ pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result
         },
         Ok(code) => Ok(code),
     }
+}
+
+/// The refusal's messages as the terminal shows them: the schema's field list, which every
+/// unknown column's message carries (each API issue stands alone), only in the first.
+fn once_each_field_list(messages: &[&str]) -> Vec<String> {
+    let mut shown: Option<&str> = None;
+    messages
+        .iter()
+        .map(|message| {
+            let list = message.find(" (it has: ").and_then(|start| {
+                let end = message[start..].find(')')? + start + 1;
+                Some((start, end))
+            });
+            match list {
+                Some((start, end)) if shown == Some(&message[start..end]) => {
+                    format!("{}{}", &message[..start], &message[end..])
+                }
+                Some((start, end)) => {
+                    shown = Some(&message[start..end]);
+                    (*message).to_owned()
+                }
+                None => (*message).to_owned(),
+            }
+        })
+        .collect()
 }
 
 /// The settings or the file refused before any row was stored.
@@ -529,5 +555,25 @@ async fn space(client: &impl GenericClient, catalog: &str, named: Option<&str>) 
             let slugs: Vec<&str> = spaces.iter().map(|(_, slug)| slug.as_str()).collect();
             bail!("name the space with --space ({})", slugs.join(", "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_schemas_field_list_is_shown_once_however_many_columns_fill_none() {
+        let messages = [
+            "column \"a\" fills no field of this schema (it has: id, email): map it",
+            "column \"emial\" fills no field of this schema; did you mean \"email\"? Map it",
+            "column \"b\" fills no field of this schema (it has: id, email): map it",
+        ];
+        assert_eq!(
+            super::once_each_field_list(&messages),
+            [
+                "column \"a\" fills no field of this schema (it has: id, email): map it",
+                "column \"emial\" fills no field of this schema; did you mean \"email\"? Map it",
+                "column \"b\" fills no field of this schema: map it",
+            ]
+        );
     }
 }
