@@ -4,7 +4,8 @@
 //! Usage: pace <url> <api key> <requests per second> <seconds>
 //!
 //! SIGINT ends the run early: no more requests are sent, and those in flight are awaited and
-//! counted (so a run can last as long as something else does).
+//! counted (so a run can last as long as something else does). `PACE_SLOW_MS=N` prints each
+//! request slower than N ms to stderr with the UTC time it was sent, to set beside a log.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +27,7 @@ async fn main() -> anyhow::Result<()> {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let run = std::process::id();
+    let slow_ms: Option<u128> = std::env::var("PACE_SLOW_MS").ok().and_then(|ms| ms.parse().ok());
     let mut tasks = Vec::new();
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
@@ -38,11 +40,20 @@ async fn main() -> anyhow::Result<()> {
             (client.clone(), url.clone(), key.clone(), errors.clone(), latencies.clone());
         tasks.push(tokio::spawn(async move {
             let sent = Instant::now();
+            let sent_at = chrono::Utc::now();
             let body = serde_json::json!({"email": format!("pace-{run}-{index}@example.com")});
             match client.post(&url).bearer_auth(&key).json(&body).send().await {
                 Ok(response) if response.status().is_success() => {
+                    let took = sent.elapsed();
+                    if slow_ms.is_some_and(|slow| took.as_millis() > slow) {
+                        eprintln!(
+                            "slow: sent {} took {:.1} ms",
+                            sent_at.format("%H:%M:%S%.3f"),
+                            took.as_secs_f64() * 1e3
+                        );
+                    }
                     if let Ok(mut latencies) = latencies.lock() {
-                        latencies.push(sent.elapsed());
+                        latencies.push(took);
                     }
                 }
                 _ => {
