@@ -695,13 +695,7 @@ async fn an_event_with_the_largest_and_smallest_numbers_reads_back_as_written() 
         let fired = app.post("/events/purchase", ALPHA_ADMIN, &json!({"amount": amount, "category": "books"})).await;
         assert_eq!(fired.status, 202, "{:?}", fired.body);
         let id = fired.body["data"]["id"].as_str().expect("id").to_owned();
-        let token = fired.header("consistency-token").unwrap_or("0").to_owned();
-        let status = app
-            .send(
-                app.request(reqwest::Method::GET, &format!("/events/purchase/{id}/status"), Some(ALPHA_ADMIN))
-                    .header("Consistency-Token", token),
-            )
-            .await;
+        let status = app.get_after(&fired, &format!("/events/purchase/{id}/status"), ALPHA_ADMIN).await;
         assert_eq!(status.status, 200, "{amount}: {:?}", status.body);
         assert_eq!(status.body["data"]["data"]["amount"].as_f64(), Some(amount), "{:?}", status.body);
     }
@@ -710,14 +704,7 @@ async fn an_event_with_the_largest_and_smallest_numbers_reads_back_as_written() 
 #[tokio::test]
 async fn an_event_json_value_nests_at_most_32_levels_and_one_that_deep_reads_back() {
     let app = TestApp::spawn().await;
-    let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("JSON");
-    let purchase = &mut workspace["spaces"][0]["schemas"][4];
-    assert_eq!(purchase["slug"], "purchase");
-    purchase["attributes"]
-        .as_array_mut()
-        .expect("attributes")
-        .push(json!({"key": "trail", "definition": {"type": "json"}}));
-    app.apply_workspace(&workspace.to_string(), true).await;
+    app.apply_with_attribute("purchase", json!({"key": "trail", "definition": {"type": "json"}})).await;
     let nested = |levels: usize| (0..levels).fold(json!(1), |inner, _| json!([inner]));
     for levels in [33, 125] {
         let body = json!({"amount": 1, "category": "books", "trail": nested(levels)});
@@ -735,13 +722,7 @@ async fn an_event_json_value_nests_at_most_32_levels_and_one_that_deep_reads_bac
         .await;
     assert_eq!(fired.status, 202, "{:?}", fired.body);
     let id = fired.body["data"]["id"].as_str().expect("id").to_owned();
-    let token = fired.header("consistency-token").unwrap_or("0").to_owned();
-    let status = app
-        .send(
-            app.request(reqwest::Method::GET, &format!("/events/purchase/{id}/status"), Some(ALPHA_ADMIN))
-                .header("Consistency-Token", &token),
-        )
-        .await;
+    let status = app.get_after(&fired, &format!("/events/purchase/{id}/status"), ALPHA_ADMIN).await;
     assert_eq!(status.status, 200, "{:?}", status.body);
     assert_eq!(status.body["data"]["data"]["trail"], nested(32), "{:?}", status.body);
 }

@@ -514,6 +514,21 @@ impl TestApp {
         self.send(self.request(reqwest::Method::GET, path, Some(key))).await
     }
 
+    /// `GET path` as `key`, consistent with `written` (a write's answer: its `Consistency-Token`).
+    pub(crate) async fn get_after(&self, written: &TestResponse, path: &str, key: &str) -> TestResponse {
+        let token = written.header("consistency-token").unwrap_or("0").to_owned();
+        self.send(self.request(reqwest::Method::GET, path, Some(key)).header("Consistency-Token", token)).await
+    }
+
+    /// Applies the test workspace with `attribute` added to schema `slug` of alpha's space.
+    pub(crate) async fn apply_with_attribute(&self, slug: &str, attribute: Value) {
+        let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("JSON");
+        let schemas = workspace["spaces"][0]["schemas"].as_array_mut().expect("schemas");
+        let schema = schemas.iter_mut().find(|schema| schema["slug"] == slug).expect("the schema");
+        schema["attributes"].as_array_mut().expect("attributes").push(attribute);
+        self.apply_workspace(&workspace.to_string(), true).await;
+    }
+
     /// `POST /schemas/contacts/records` as alpha's admin under `Idempotency-Key: idempotency_key`.
     pub(crate) async fn create_with_key(&self, idempotency_key: &str, body: &Value) -> TestResponse {
         self.send(

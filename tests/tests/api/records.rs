@@ -473,14 +473,7 @@ async fn a_json_value_nests_at_most_32_levels_and_one_that_deep_reads_back() {
     // a value in more: a value deeper than 32 levels is refused at the door, one of 32 is
     // written and read back whole.
     let app = TestApp::spawn().await;
-    let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("JSON");
-    let contacts = &mut workspace["spaces"][0]["schemas"][0];
-    assert_eq!(contacts["slug"], "contacts");
-    contacts["attributes"]
-        .as_array_mut()
-        .expect("attributes")
-        .push(json!({"key": "blob", "definition": {"type": "json"}}));
-    app.apply_workspace(&workspace.to_string(), true).await;
+    app.apply_with_attribute("contacts", json!({"key": "blob", "definition": {"type": "json"}})).await;
     // Two levels (an object and an array) a step.
     let nested = |steps: usize| (0..steps).fold(json!("core"), |inner, level| json!({format!("l{level}"): [inner]}));
     for depth in [17, 30, 63] {
@@ -498,13 +491,7 @@ async fn a_json_value_nests_at_most_32_levels_and_one_that_deep_reads_back() {
     let created = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({"blob": deepest})).await;
     assert_eq!(created.status, 201, "{:?}", created.body);
     let id = created.body["data"]["id"].as_str().expect("id").to_owned();
-    let token = created.header("consistency-token").unwrap_or("0").to_owned();
-    let read = app
-        .send(
-            app.request(reqwest::Method::GET, &format!("/schemas/contacts/records/{id}"), Some(ALPHA_ADMIN))
-                .header("Consistency-Token", token),
-        )
-        .await;
+    let read = app.get_after(&created, &format!("/schemas/contacts/records/{id}"), ALPHA_ADMIN).await;
     assert_eq!(read.status, 200, "{:?}", read.body);
     assert_eq!(read.body["data"]["blob"], deepest, "{:?}", read.body);
 }
