@@ -161,10 +161,10 @@ pub(crate) async fn storable_input_middleware(
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<actix_web::body::EitherBody<impl MessageBody>>, actix_web::Error> {
     // A request no route will take is answered 404 or 405 without touching storage.
-    if !routes::is_served(req.method().as_str(), req.path()) {
+    let Some(operation) = routes::addressed(&req).filter(|operation| operation.tier != routes::Tier::Guard) else {
         return Ok(next.call(req).await?.map_into_left_body());
-    }
-    let path_parameters = routes::path_parameters(req.path());
+    };
+    let path_parameters = routes::parameters_of(operation.path, req.path());
     let decoded: Vec<(&str, std::borrow::Cow<'_, str>)> = path_parameters
         .iter()
         .map(|(name, raw)| (*name, percent_encoding::percent_decode_str(raw).decode_utf8_lossy()))
@@ -177,8 +177,7 @@ pub(crate) async fn storable_input_middleware(
         query.iter().map(|(name, value)| (name.as_str(), value.as_str())),
     ));
     if let Err(error) = platform::storable::reject(issues) {
-        let public = routes::find(req.method().as_str(), req.path())
-            .is_some_and(|operation| PUBLIC_PAGES.contains(&operation.id));
+        let public = PUBLIC_PAGES.contains(&operation.id);
         let browser = public && crate::pages::wants_html(req.request(), false);
         let response = crate::pages::answer(browser, Err(error));
         return Ok(req.into_response(response).map_into_right_body());

@@ -113,7 +113,7 @@ pub(crate) async fn request_metrics_middleware(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let operation = crate::routes::find(req.method().as_str(), req.path()).map_or("unknown", |operation| operation.id);
+    let operation = crate::routes::addressed(&req).map_or("unknown", |operation| operation.id);
     let started = Instant::now();
     let response = next.call(req).await?;
     if operation != "unknown" {

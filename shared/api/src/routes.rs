@@ -7,6 +7,8 @@
 
 use std::sync::LazyLock;
 
+use actix_web::HttpMessage;
+
 /// Which process serves an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
@@ -141,9 +143,19 @@ fn api_path(path: &str) -> Option<&str> {
     Some(rest.strip_suffix('/').filter(|rest| !rest.is_empty()).unwrap_or(rest))
 }
 
+/// A template split into its segments once: a literal segment, or `None` for a parameter.
+struct Compiled {
+    template: &'static str,
+    parts: Vec<Option<&'static str>>,
+}
+
+/// The most segments a path under the prefix has (the empty one before its first `/`
+/// included); a longer path fits no template.
+const MAX_SEGMENTS: usize = 8;
+
 /// The distinct path templates, literal segments first: `/records/upsert` is tried before
 /// `/records/{id}`. Built once; matching is a segment comparison, no pattern compiling.
-static TEMPLATES: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+static TEMPLATES: LazyLock<Vec<Compiled>> = LazyLock::new(|| {
     let mut templates: Vec<&'static str> = Vec::new();
     for operation in OPERATIONS {
         if !templates.contains(&operation.path) {
@@ -151,32 +163,46 @@ static TEMPLATES: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
         }
     }
     templates.sort_by_key(|template| std::cmp::Reverse(template.split('/').filter(|part| !is_parameter(part)).count()));
-    templates
+    templates.into_iter().map(|template| Compiled { template, parts: compile(template) }).collect()
 });
+
+fn compile(template: &str) -> Vec<Option<&str>> {
+    template.split('/').map(|part| (!is_parameter(part)).then_some(part)).collect()
+}
 
 fn is_parameter(part: &str) -> bool {
     part.starts_with('{') && part.ends_with('}')
 }
 
-/// Whether a path (under the prefix) fits a template: as many segments, each literal equal
-/// and each parameter non-empty.
-fn fits(template: &str, rest: &str) -> bool {
-    let mut parts = template.split('/');
-    let mut segments = rest.split('/');
-    loop {
-        match (parts.next(), segments.next()) {
-            (None, None) => return true,
-            (Some(part), Some(segment)) if is_parameter(part) && !segment.is_empty() => {}
-            (Some(part), Some(segment)) if part == segment => {}
-            _ => return false,
-        }
-    }
+/// Whether a path's segments fit a template's: as many, each literal equal and each
+/// parameter non-empty.
+fn fits_parts(parts: &[Option<&str>], segments: &[&str]) -> bool {
+    parts.len() == segments.len()
+        && parts.iter().zip(segments).all(|(part, segment)| match part {
+            Some(literal) => literal == segment,
+            None => !segment.is_empty(),
+        })
 }
 
-/// The path template a request path (with the `/v1` prefix) matches, if any.
+/// Whether a path (under the prefix) fits a template.
+#[cfg(test)]
+fn fits(template: &str, rest: &str) -> bool {
+    let segments: Vec<&str> = rest.split('/').collect();
+    fits_parts(&compile(template), &segments)
+}
+
+/// The path template a request path (with the `/v1` prefix) matches, if any. The path is
+/// split once, on the stack.
 pub fn template(path: &str) -> Option<&'static str> {
     let rest = api_path(path)?;
-    TEMPLATES.iter().copied().find(|template| fits(template, rest))
+    let mut segments = [""; MAX_SEGMENTS];
+    let mut count = 0;
+    for segment in rest.split('/') {
+        *segments.get_mut(count)? = segment;
+        count += 1;
+    }
+    let segments = &segments[..count];
+    TEMPLATES.iter().find(|compiled| fits_parts(&compiled.parts, segments)).map(|compiled| compiled.template)
 }
 
 /// The operation a request (method, path with the `/v1` prefix) addresses, if any.
@@ -199,14 +225,39 @@ pub(crate) fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
 }
 
 /// Whether a handler serves the request: its operation exists and is not a guard.
+#[cfg(test)]
 pub(crate) fn is_served(method: &str, path: &str) -> bool {
     find(method, path).is_some_and(|operation| operation.tier != Tier::Guard)
 }
 
+/// The operation a request addresses, looked up once per request: the first middleware
+/// that asks ([`addressed`]) keeps the answer in the request's extensions.
+#[derive(Debug, Clone, Copy)]
+struct Addressed(Option<&'static Operation>);
+
+/// The operation a request addresses, if any (see [`find`]), looked up once per request.
+pub(crate) fn addressed(req: &actix_web::dev::ServiceRequest) -> Option<&'static Operation> {
+    if let Some(Addressed(operation)) = req.extensions().get::<Addressed>() {
+        return *operation;
+    }
+    let operation = find(req.method().as_str(), req.path());
+    req.extensions_mut().insert(Addressed(operation));
+    operation
+}
+
 /// The named parameters of a request path (with the `/v1` prefix) as sent, still
 /// percent-encoded: `[("schema", "contacts"), ("id", "con_1")]`. Empty for unknown paths.
+#[cfg(test)]
 pub(crate) fn path_parameters(path: &str) -> Vec<(&'static str, &str)> {
-    let (Some(rest), Some(template)) = (api_path(path), template(path)) else { return Vec::new() };
+    match template(path) {
+        Some(template) => parameters_of(template, path),
+        None => Vec::new(),
+    }
+}
+
+/// [`path_parameters`] for a path known to fit `template`.
+pub(crate) fn parameters_of<'a>(template: &'static str, path: &'a str) -> Vec<(&'static str, &'a str)> {
+    let Some(rest) = api_path(path) else { return Vec::new() };
     template
         .split('/')
         .zip(rest.split('/'))
@@ -237,7 +288,7 @@ mod tests {
         // Each template filled with parameter values, plus near misses: an empty segment, a
         // segment too many or too few, an encoded slash.
         let mut probes: Vec<String> = Vec::new();
-        for template in TEMPLATES.iter() {
+        for template in TEMPLATES.iter().map(|compiled| compiled.template) {
             let filled = template.split('/').map(|part| if is_parameter(part) { "x_1" } else { part });
             let filled: Vec<&str> = filled.collect();
             probes.push(filled.join("/"));
@@ -259,12 +310,23 @@ mod tests {
                     .join("/"),
             );
         }
-        for template in TEMPLATES.iter() {
-            let router = actix_web::dev::ResourceDef::new(*template);
+        for template in TEMPLATES.iter().map(|compiled| compiled.template) {
+            let router = actix_web::dev::ResourceDef::new(template);
             for probe in &probes {
                 assert_eq!(fits(template, probe), router.is_match(probe), "{template} against {probe}");
             }
         }
+        // The lookup on the stack agrees with the templates one by one.
+        for probe in &probes {
+            let path = format!("{API_PREFIX}{probe}");
+            let expected = TEMPLATES
+                .iter()
+                .map(|compiled| compiled.template)
+                .find(|template| api_path(&path).is_some_and(|rest| fits(template, rest)));
+            assert_eq!(template(&path), expected, "{probe}");
+        }
+        assert_eq!(template("/v1/a/b/c/d/e/f/g/h/i"), None, "longer than any template");
+        assert!(TEMPLATES.iter().all(|compiled| compiled.parts.len() <= MAX_SEGMENTS));
     }
 
     #[test]
