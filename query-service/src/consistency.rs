@@ -11,6 +11,7 @@ use actix_web::{HttpRequest, HttpResponse};
 use api::auth::{Caller, Permission};
 use api::pagination::Warning;
 use deadpool_postgres::Client;
+use platform::db::RawJson;
 use platform::error::ApiError;
 use platform::readmodel::{CHECK_SQL, Consistent, check_with, decode_check};
 use serde_json::Value;
@@ -284,9 +285,58 @@ pub(crate) async fn page_of_docs(
 /// A 200 with `Projection-Position`, and a warning when the read models had not caught up.
 pub fn respond(
     consistent: &Consistent,
-    mut warnings: Vec<Warning>,
+    warnings: Vec<Warning>,
     body: impl FnOnce(&[Warning]) -> Value,
 ) -> HttpResponse {
+    let warnings = with_read_warnings(consistent, warnings);
+    HttpResponse::build(StatusCode::OK)
+        .insert_header(("Projection-Position", consistent.position().to_string()))
+        .json(body(&warnings))
+}
+
+/// [`respond`] for documents read as stored: `{"data": …}` (and `pagination` when given)
+/// written around their text, which is never parsed. `data` is one document, or a page's
+/// (see [`raw_array`]).
+pub fn respond_raw(
+    consistent: &Consistent,
+    warnings: Vec<Warning>,
+    data: &str,
+    pagination: Option<&Value>,
+) -> HttpResponse {
+    let warnings = with_read_warnings(consistent, warnings);
+    let mut body = String::with_capacity(data.len() + 128);
+    body.push_str("{\"data\":");
+    body.push_str(data);
+    if let Some(pagination) = pagination {
+        body.push_str(",\"pagination\":");
+        body.push_str(&pagination.to_string());
+    }
+    if !warnings.is_empty() {
+        body.push_str(",\"warnings\":");
+        body.push_str(&serde_json::json!(warnings).to_string());
+    }
+    body.push('}');
+    HttpResponse::build(StatusCode::OK)
+        .insert_header(("Projection-Position", consistent.position().to_string()))
+        .content_type(actix_web::http::header::ContentType::json())
+        .body(body)
+}
+
+/// Documents read as stored, as one JSON array.
+pub fn raw_array<'a>(documents: impl IntoIterator<Item = &'a RawJson>) -> String {
+    let mut array = String::from("[");
+    for (index, document) in documents.into_iter().enumerate() {
+        if index > 0 {
+            array.push(',');
+        }
+        array.push_str(&document.0);
+    }
+    array.push(']');
+    array
+}
+
+/// The caller's warnings, and one more when the read did not reach what it should have.
+fn with_read_warnings(consistent: &Consistent, mut warnings: Vec<Warning>) -> Vec<Warning> {
     if let Some((model, dead_at)) = consistent.quarantined.first() {
         warnings.push(Warning {
             code: "stale_read",
@@ -314,7 +364,5 @@ pub fn respond(
             ),
         });
     }
-    HttpResponse::build(StatusCode::OK)
-        .insert_header(("Projection-Position", consistent.position().to_string()))
-        .json(body(&warnings))
+    warnings
 }

@@ -1,16 +1,17 @@
 //! `GET /schemas/{schema}/records` and `GET /schemas/{schema}/records/{id}`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use api::http::{data_body, page_body, query_pairs};
+use api::http::query_pairs;
 use api::pagination::PageRequest;
 use domain::catalog::CATALOG;
+use platform::db::RawJson;
 use platform::error::ApiError;
 use platform::error::Code;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::store;
 use crate::State;
-use crate::consistency::{authorize_read, consistent_row, consistent_rows, respond};
+use crate::consistency::{authorize_read, consistent_row, consistent_rows, raw_array, respond_raw};
 use crate::schemas::http::schema_not_found;
 use platform::readmodel::{CHECK_WIDTH, Consistent};
 
@@ -77,10 +78,10 @@ pub async fn list(
     let first = rows.first().ok_or_else(|| ApiError::unavailable("the page query returned no row"))?;
     record_schema(first.get(CHECK_WIDTH), &schema_ref)?;
     let total = first.get::<_, Option<i64>>(CHECK_WIDTH + 1).unwrap_or(0);
-    let mut items: Vec<(Value, Option<String>)> = rows
+    let mut items: Vec<(RawJson, Option<String>)> = rows
         .iter()
         .filter_map(|row| {
-            let document = row.get::<_, Option<Value>>(CHECK_WIDTH + 2)?;
+            let document = row.get::<_, Option<RawJson>>(CHECK_WIDTH + 2)?;
             Some((document, identity.is_none().then(|| cursor_of(row)).flatten()))
         })
         // A record found by identity is the only one: on page 1.
@@ -98,8 +99,8 @@ pub async fn list(
         pagination["nextCursor"] = json!(next);
         pagination
     };
-    let items = items.into_iter().map(|(document, _)| document).collect();
-    Ok(respond(&consistent, page.warnings.clone(), |warnings| page_body(items, pagination, warnings)))
+    let data = raw_array(items.iter().map(|(document, _)| document));
+    Ok(respond_raw(&consistent, page.warnings.clone(), &data, Some(&pagination)))
 }
 
 fn without_offset(query: &[(String, String)]) -> Vec<(String, String)> {
@@ -148,7 +149,7 @@ pub async fn get(
         consistent_row(&state, &caller, token, &[CATALOG, RECORDS], columns, &[&schema_ref, &record_id]).await?;
     record_schema(row.get(CHECK_WIDTH), &schema_ref)?;
     let document = row
-        .get::<_, Option<Value>>(CHECK_WIDTH + 1)
+        .get::<_, Option<RawJson>>(CHECK_WIDTH + 1)
         .ok_or_else(|| ApiError::not_found(Code::RecordNotFound, format!("no record {record_id:?} in this schema")))?;
-    Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
+    Ok(respond_raw(&consistent, Vec::new(), &document.0, None))
 }

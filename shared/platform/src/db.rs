@@ -364,7 +364,21 @@ pub fn classify(error: &tokio_postgres::Error) -> Failure {
 mod tests {
     use std::time::Duration;
 
-    use super::connection_config;
+    use tokio_postgres::types::{FromSql, Type};
+
+    use super::{RawJson, connection_config};
+
+    #[test]
+    fn raw_json_is_the_text_postgres_sent() {
+        let text = r#"{"a": [1, 2.50, "é"]}"#;
+        let jsonb = [&[1u8][..], text.as_bytes()].concat();
+        assert_eq!(RawJson::from_sql(&Type::JSONB, &jsonb).ok(), Some(RawJson(text.to_owned())));
+        assert_eq!(RawJson::from_sql(&Type::JSON, text.as_bytes()).ok(), Some(RawJson(text.to_owned())));
+        assert!(RawJson::from_sql(&Type::JSONB, b"\x02{}").is_err(), "an unknown version");
+        assert!(RawJson::from_sql(&Type::JSONB, b"").is_err());
+        assert!(RawJson::from_sql(&Type::JSON, b"\xff").is_err(), "not UTF-8");
+        assert!(RawJson::accepts(&Type::JSONB) && RawJson::accepts(&Type::JSON) && !RawJson::accepts(&Type::TEXT));
+    }
 
     #[test]
     fn a_lost_server_is_noticed_within_seconds_unless_the_url_says_otherwise() {
@@ -396,5 +410,33 @@ mod tests {
         assert!(super::is_transient(&waited));
         assert!(super::is_transient(&anyhow::Error::new(PoolError::Closed)));
         assert!(!super::is_transient(&anyhow::anyhow!("a stored part cannot be read")));
+    }
+}
+
+/// A `json` or `jsonb` value as PostgreSQL sends it, kept as text and never parsed: for a
+/// document that goes out in an answer as it is stored. The server produced the text from a
+/// value it had validated, so it is JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawJson(pub String);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for RawJson {
+    fn from_sql(
+        ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        // `jsonb`'s binary form is a version byte (1) and the text.
+        let text = if *ty == tokio_postgres::types::Type::JSONB {
+            match raw.split_first() {
+                Some((1, text)) => text,
+                _ => return Err("an unknown jsonb binary version".into()),
+            }
+        } else {
+            raw
+        };
+        Ok(Self(std::str::from_utf8(text)?.to_owned()))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        matches!(*ty, tokio_postgres::types::Type::JSON | tokio_postgres::types::Type::JSONB)
     }
 }
