@@ -52,7 +52,7 @@ pub(crate) async fn fresh(
     kind: Kind,
     space_id: &str,
     schema_ref: &str,
-) -> Result<WriteContext, ApiError> {
+) -> Result<Arc<WriteContext>, ApiError> {
     let catalog = ctx.catalog_as_last_seen().await?;
     let context = catalog::write_context(&ctx.db().await?, &catalog, space_id, schema_ref).await?;
     if let Some(context) = &context {
@@ -61,8 +61,9 @@ pub(crate) async fn fresh(
     let context = context
         .filter(|context| kind.accepts(&context.schema.schema_type))
         .ok_or_else(|| kind.not_found(schema_ref))?;
+    let context = Arc::new(context);
     if kind == Kind::Event || !context.spends_credits() {
-        kind.cache(ctx.state).put(space_id, schema_ref, context.revision, &Arc::new(context.clone()));
+        kind.cache(ctx.state).put(space_id, schema_ref, context.revision, &context);
     }
     Ok(context)
 }
@@ -73,11 +74,11 @@ pub(crate) async fn current(
     kind: Kind,
     space_id: &str,
     schema_ref: &str,
-) -> Result<WriteContext, ApiError> {
+) -> Result<Arc<WriteContext>, ApiError> {
     match kind.cache(ctx.state).get(space_id, schema_ref) {
         Some((revision, context)) => {
             ctx.kept_catalog(revision);
-            Ok(WriteContext::clone(&context))
+            Ok(context)
         }
         None => fresh(ctx, kind, space_id, schema_ref).await,
     }
@@ -91,17 +92,18 @@ pub(crate) async fn at_edge(
     kind: Kind,
     space_id: &str,
     schema_ref: &str,
-) -> Result<WriteContext, ApiError> {
+) -> Result<Arc<WriteContext>, ApiError> {
     if let Some((_, context)) = kind.cache(state).get(space_id, schema_ref) {
-        return Ok(WriteContext::clone(&context));
+        return Ok(context);
     }
     let catalog = crate::pipeline::edge_catalog(state).await?;
     let context = catalog::write_context(&state.pool.get().await?, &catalog, space_id, schema_ref)
         .await?
         .filter(|context| kind.accepts(&context.schema.schema_type))
         .ok_or_else(|| kind.not_found(schema_ref))?;
+    let context = Arc::new(context);
     if kind == Kind::Event || !context.spends_credits() {
-        kind.cache(state).put(space_id, schema_ref, context.revision, &Arc::new(context.clone()));
+        kind.cache(state).put(space_id, schema_ref, context.revision, &context);
     }
     Ok(context)
 }

@@ -66,10 +66,10 @@ async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<C
 async fn admitted(
     state: &State,
     caller: Caller,
-    context: catalog::WriteContext,
+    context: std::sync::Arc<catalog::WriteContext>,
     revision: Option<i64>,
 ) -> Result<Context, ApiError> {
-    let catalog::WriteContext { schema, attributes, credits, .. } = context;
+    let catalog::WriteContext { schema, attributes, credits, .. } = std::sync::Arc::unwrap_or_clone(context);
     let scopes = domain::admission::scopes(&state.settings.events.admission, caller.space_id(), &schema.schema_id);
     if state.new_admission_scopes(&scopes) {
         let client = state.pool.get().await?;

@@ -113,7 +113,7 @@ fn page(title: &str, text: &str) -> Answer {
 struct Submission {
     space_id: String,
     form: FormDef,
-    context: WriteContext,
+    context: std::sync::Arc<WriteContext>,
     planned: PlannedUpsert,
     subscribed: BTreeMap<String, String>,
     /// The confirmation email's template and what its send is decided on, when one is due

@@ -6,6 +6,8 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::{Caller, Permission};
+use std::sync::Arc;
+
 use domain::catalog::WriteContext;
 use domain::records::{RecordState, record_document};
 use platform::crypto::DataKey;
@@ -45,13 +47,13 @@ struct CreateRecord<'a> {
 }
 
 impl Command for CreateRecord<'_> {
-    type Loaded = WriteContext;
+    type Loaded = Arc<WriteContext>;
 
-    async fn load(&self, ctx: &Ctx<'_>) -> Result<WriteContext, ApiError> {
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Arc<WriteContext>, ApiError> {
         context(ctx, self.caller.space_id(), &self.schema_ref).await
     }
 
-    fn decide(&self, context: WriteContext, given: &Given<'_>) -> Result<Decided, ApiError> {
+    fn decide(&self, context: Arc<WriteContext>, given: &Given<'_>) -> Result<Decided, ApiError> {
         let schema = write_schema(&context, self.caller.space_id());
         check_credits(&schema, context.credits)?;
         let input = parse_input(&schema, self.input.clone())?;
@@ -93,7 +95,7 @@ struct UpsertRecord<'a> {
 }
 
 impl Command for UpsertRecord<'_> {
-    type Loaded = (WriteContext, UpsertLoaded);
+    type Loaded = (Arc<WriteContext>, UpsertLoaded);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
         let context = context(ctx, self.caller.space_id(), &self.schema_ref).await?;
@@ -146,7 +148,7 @@ struct UpdateRecord<'a> {
 }
 
 impl Command for UpdateRecord<'_> {
-    type Loaded = (WriteContext, Input, (i64, RecordState, Option<DataKey>), Owners);
+    type Loaded = (Arc<WriteContext>, Input, (i64, RecordState, Option<DataKey>), Owners);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
         let context = context(ctx, self.caller.space_id(), &self.schema_ref).await?;
@@ -203,7 +205,7 @@ struct DeleteRecord<'a> {
 }
 
 impl Command for DeleteRecord<'_> {
-    type Loaded = (WriteContext, i64);
+    type Loaded = (Arc<WriteContext>, i64);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
         let context = context(ctx, self.caller.space_id(), &self.schema_ref).await?;

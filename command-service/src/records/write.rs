@@ -118,13 +118,21 @@ pub(crate) fn decide_upsert(
 }
 
 /// The catalog context of a record write to `schema_ref`: kept by this process, or read now.
-pub(crate) async fn context(ctx: &Ctx<'_>, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+pub(crate) async fn context(
+    ctx: &Ctx<'_>,
+    space_id: &str,
+    schema_ref: &str,
+) -> Result<std::sync::Arc<WriteContext>, ApiError> {
     write_contexts::current(ctx, Kind::Record, space_id, schema_ref).await
 }
 
 /// The contact or object schema `schema_ref` (id or slug) of the space, its attributes and
 /// the space's AI credits, read from the catalog now; 404 `schema_not_found` otherwise.
-pub(crate) async fn write_context(ctx: &Ctx<'_>, space_id: &str, schema_ref: &str) -> Result<WriteContext, ApiError> {
+pub(crate) async fn write_context(
+    ctx: &Ctx<'_>,
+    space_id: &str,
+    schema_ref: &str,
+) -> Result<std::sync::Arc<WriteContext>, ApiError> {
     write_contexts::fresh(ctx, Kind::Record, space_id, schema_ref).await
 }
 

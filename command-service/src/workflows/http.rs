@@ -42,7 +42,7 @@ struct TriggerWorkflow<'a> {
 struct Trigger {
     found: Arc<Found>,
     /// The contact's schema and what its upsert read, when the input names a contact.
-    contact: Option<(domain::catalog::WriteContext, UpsertLoaded)>,
+    contact: Option<(std::sync::Arc<domain::catalog::WriteContext>, UpsertLoaded)>,
 }
 
 impl Command for TriggerWorkflow<'_> {
