@@ -47,6 +47,8 @@ pub struct State {
     pub site: mail::send::Site,
     /// Hand-off claims, made together with those of concurrent sends.
     pub claims: mail::outbox::Claims,
+    /// Clicks and opens taken in, together with those of concurrent requests.
+    pub engagement: engagement::store::Inbox,
     /// Event admission scopes whose rows this process knows exist.
     admission_scopes: std::sync::Mutex<std::collections::HashSet<String>>,
     /// What record creates read from the catalog, kept until the catalog changes.
@@ -71,6 +73,7 @@ impl State {
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
         let claims = mail::outbox::Claims::start(pool.clone());
+        let engagement = engagement::store::Inbox::start(pool.clone());
         let beat = platform::liveness::Beat::start(settings.database_url()?.to_owned(), "command-service");
         Ok(web::Data::new(Self {
             pool,
@@ -82,6 +85,7 @@ impl State {
             mailer,
             site,
             claims,
+            engagement,
             admission_scopes: Default::default(),
             write_contexts: Default::default(),
             event_contexts: Default::default(),

@@ -17,7 +17,7 @@ use domain::engagement::{self, Request};
 use mail::tracking::Checked;
 use platform::error::{ApiError, Code};
 
-use super::store::{self, Hit};
+use super::store::Hit;
 use crate::State;
 
 /// A transparent 1×1 GIF.
@@ -92,9 +92,16 @@ async fn record(state: &State, req: &HttpRequest, email_id: &str, fetched: Fetch
             ("click", engagement::click_request(&request), Some(link), link_id)
         }
     };
-    let hit =
-        Hit { email_id, kind, link, link_id: &link_id, signal: actor.signal(), at_ms: platform::time::now_millis() };
-    let client = state.pool.get().await?;
-    store::take_in(&client, &hit).await?;
-    Ok(())
+    let hit = Hit {
+        email_id: email_id.to_owned(),
+        kind,
+        link,
+        link_id,
+        signal: actor.signal(),
+        at_ms: platform::time::now_millis(),
+    };
+    state.engagement.take_in(hit).await.map_err(|error| {
+        tracing::warn!(%error, "a click or an open could not be taken in");
+        ApiError::unavailable("the click or open could not be recorded; retry shortly")
+    })
 }

@@ -388,3 +388,43 @@ async fn segments_gain_a_contact_on_its_open_or_click_and_lose_it_when_the_windo
     wait_for_members(&app, MAIL_KEY, &recent, &[]).await;
     assert!(members(&app, MAIL_KEY, &sunset).await.is_empty());
 }
+
+/// Clicks and opens of concurrent requests are inserted in one statement: each hit answered
+/// is a row of the inbox, once, and a hit whose statement fails is answered with the error,
+/// never as stored.
+#[tokio::test]
+async fn concurrent_hits_are_taken_in_together_and_each_answered_hit_is_stored_once() {
+    use command_service::engagement::store::{Hit, Inbox};
+    // No projector: the engagement worker would drain the inbox while it is counted.
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let inbox = Inbox::start(app.pool.clone());
+    let email_id = format!("em_{}", uuid::Uuid::now_v7().simple());
+    let hit = |index: i64| Hit {
+        email_id: email_id.clone(),
+        kind: if index % 2 == 0 { "click" } else { "open" },
+        link: (index % 2 == 0).then(|| index.to_be_bytes().to_vec()),
+        link_id: if index % 2 == 0 { format!("link-{index}") } else { String::new() },
+        signal: "",
+        at_ms: index,
+    };
+    let answers = futures_util::future::join_all((0..300).map(|index| inbox.take_in(hit(index)))).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let client = app.pool.get().await.expect("a connection");
+    let rows = client
+        .query("SELECT at_ms, kind, link FROM engagement_inbox WHERE email_id = $1 ORDER BY at_ms", &[&email_id])
+        .await
+        .expect("the inbox");
+    let stored: Vec<(i64, String, Option<Vec<u8>>)> =
+        rows.iter().map(|row| (row.get(0), row.get(1), row.get(2))).collect();
+    let expected: Vec<(i64, String, Option<Vec<u8>>)> =
+        (0..300).map(&hit).map(|hit| (hit.at_ms, hit.kind.to_owned(), hit.link)).collect();
+    assert_eq!(stored, expected, "every hit once, as taken in");
+
+    // A statement the database refuses (a NUL cannot be stored in text) stores nothing and
+    // answers its hit with the error.
+    let refused = Hit { email_id: "em_\0".to_owned(), ..hit(300) };
+    assert!(inbox.take_in(refused).await.is_err());
+    let count: i64 =
+        client.query_one("SELECT count(*) FROM engagement_inbox WHERE at_ms = 300", &[]).await.expect("a count").get(0);
+    assert_eq!(count, 0);
+}
