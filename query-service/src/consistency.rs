@@ -11,7 +11,6 @@ use actix_web::{HttpRequest, HttpResponse};
 use api::auth::{Caller, Permission};
 use api::pagination::Warning;
 use deadpool_postgres::Client;
-use platform::db::RawJson;
 use platform::error::ApiError;
 use platform::readmodel::{CHECK_SQL, Consistent, check_with, decode_check};
 use serde_json::Value;
@@ -294,9 +293,8 @@ pub fn respond(
         .json(body(&warnings))
 }
 
-/// [`respond`] for documents read as stored: `{"data": …}` (and `pagination` when given)
-/// written around their text, which is never parsed. `data` is one document, or a page's
-/// (see [`raw_array`]).
+/// [`respond`] for documents read as stored, whose text is never parsed
+/// ([`api::http::raw_body`]): `data` is one document, or a page's ([`api::http::raw_array`]).
 pub fn respond_raw(
     consistent: &Consistent,
     warnings: Vec<Warning>,
@@ -304,35 +302,10 @@ pub fn respond_raw(
     pagination: Option<&Value>,
 ) -> HttpResponse {
     let warnings = with_read_warnings(consistent, warnings);
-    let mut body = String::with_capacity(data.len() + 128);
-    body.push_str("{\"data\":");
-    body.push_str(data);
-    if let Some(pagination) = pagination {
-        body.push_str(",\"pagination\":");
-        body.push_str(&pagination.to_string());
-    }
-    if !warnings.is_empty() {
-        body.push_str(",\"warnings\":");
-        body.push_str(&serde_json::json!(warnings).to_string());
-    }
-    body.push('}');
     HttpResponse::build(StatusCode::OK)
         .insert_header(("Projection-Position", consistent.position().to_string()))
         .content_type(actix_web::http::header::ContentType::json())
-        .body(body)
-}
-
-/// Documents read as stored, as one JSON array.
-pub fn raw_array<'a>(documents: impl IntoIterator<Item = &'a RawJson>) -> String {
-    let mut array = String::from("[");
-    for (index, document) in documents.into_iter().enumerate() {
-        if index > 0 {
-            array.push(',');
-        }
-        array.push_str(&document.0);
-    }
-    array.push(']');
-    array
+        .body(api::http::raw_body(data, pagination, &warnings))
 }
 
 /// The caller's warnings, and one more when the read did not reach what it should have.

@@ -60,5 +60,5 @@ async fn take_in(pool: &Pool, hits: &[Hit]) -> anyhow::Result<Vec<()>> {
     let signals: Vec<&str> = hits.iter().map(|hit| hit.signal).collect();
     let at: Vec<i64> = hits.iter().map(|hit| hit.at_ms).collect();
     client.execute(&statement, &[&email_ids, &kinds, &links, &link_ids, &signals, &at]).await?;
-    Ok(hits.iter().map(|_| ()).collect())
+    Ok(vec![(); hits.len()])
 }

@@ -3,11 +3,11 @@
 //! /schemas/{schema}/records/{id}`. Each decides on the record's stream (and the identity
 //! guards), and appends at its version.
 
+use std::sync::Arc;
+
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::{Caller, Permission};
-use std::sync::Arc;
-
 use domain::catalog::WriteContext;
 use domain::records::{RecordState, record_document};
 use platform::crypto::DataKey;

@@ -1,7 +1,7 @@
 //! `GET /schemas/{schema}/records` and `GET /schemas/{schema}/records/{id}`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use api::http::query_pairs;
+use api::http::{query_pairs, raw_array};
 use api::pagination::PageRequest;
 use domain::catalog::CATALOG;
 use platform::db::RawJson;
@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::store;
 use crate::State;
-use crate::consistency::{authorize_read, consistent_row, consistent_rows, raw_array, respond_raw};
+use crate::consistency::{authorize_read, consistent_row, consistent_rows, respond_raw};
 use crate::schemas::http::schema_not_found;
 use platform::readmodel::{CHECK_WIDTH, Consistent};
 
@@ -99,7 +99,7 @@ pub async fn list(
         pagination["nextCursor"] = json!(next);
         pagination
     };
-    let data = raw_array(items.iter().map(|(document, _)| document));
+    let data = raw_array(items.iter().map(|(document, _)| document.0.as_str()));
     Ok(respond_raw(&consistent, page.warnings.clone(), &data, Some(&pagination)))
 }
 

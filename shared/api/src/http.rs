@@ -161,7 +161,7 @@ pub(crate) async fn storable_input_middleware(
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<actix_web::body::EitherBody<impl MessageBody>>, actix_web::Error> {
     // A request no route will take is answered 404 or 405 without touching storage.
-    let Some(operation) = routes::addressed(&req).filter(|operation| operation.tier != routes::Tier::Guard) else {
+    let Some(operation) = routes::addressed(&req).filter(|operation| routes::serves(operation)) else {
         return Ok(next.call(req).await?.map_into_left_body());
     };
     let path_parameters = routes::parameters_of(operation.path, req.path());
@@ -398,6 +398,37 @@ pub fn page_body(items: Vec<Value>, pagination: Value, warnings: &[Warning]) -> 
     body
 }
 
+/// [`data_body`] (with `pagination`: [`page_body`]) around JSON text that is sent as it is,
+/// never parsed: a stored document, or a page of them ([`raw_array`]).
+pub fn raw_body(data: &str, pagination: Option<&Value>, warnings: &[Warning]) -> String {
+    let mut body = String::with_capacity(data.len() + 128);
+    body.push_str("{\"data\":");
+    body.push_str(data);
+    if let Some(pagination) = pagination {
+        body.push_str(",\"pagination\":");
+        body.push_str(&pagination.to_string());
+    }
+    if !warnings.is_empty() {
+        body.push_str(",\"warnings\":");
+        body.push_str(&json!(warnings).to_string());
+    }
+    body.push('}');
+    body
+}
+
+/// JSON texts as one JSON array, for [`raw_body`].
+pub fn raw_array<'a>(documents: impl IntoIterator<Item = &'a str>) -> String {
+    let mut array = String::from("[");
+    for (index, document) in documents.into_iter().enumerate() {
+        if index > 0 {
+            array.push(',');
+        }
+        array.push_str(document);
+    }
+    array.push(']');
+    array
+}
+
 /// The bearer credential of a request, if any.
 pub(crate) fn bearer_token(req: &HttpRequest) -> Credential<'_> {
     let Some(value) = req.headers().get(header::AUTHORIZATION) else {
@@ -496,6 +527,26 @@ impl ApiServer {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_raw_body_is_the_envelope_data_body_and_page_body_build() {
+        use super::{Warning, data_body, page_body, raw_array, raw_body};
+        use serde_json::{Value, json};
+        let warnings = [Warning { code: "stale_read", message: "behind".to_owned() }];
+        let parsed = |text: String| serde_json::from_str::<Value>(&text).expect("JSON");
+        let document = r#"{"id": "con_1", "name": "Zoë \"Q\""}"#;
+        let value: Value = serde_json::from_str(document).expect("a document");
+        for warnings in [&warnings[..], &[]] {
+            assert_eq!(parsed(raw_body(document, None, warnings)), data_body(value.clone(), warnings));
+            let pagination = json!({"limit": 2, "hasMore": false});
+            let page = raw_array([document, document]);
+            assert_eq!(
+                parsed(raw_body(&page, Some(&pagination), warnings)),
+                page_body(vec![value.clone(), value.clone()], pagination, warnings)
+            );
+        }
+        assert_eq!(raw_array([]), "[]");
+    }
+
     #[test]
     fn a_bodys_values_are_counted_outside_strings() {
         assert_eq!(super::json_values(br#"{"a": 1, "b": [1, 2, 3]}"#), 6);

@@ -224,10 +224,9 @@ pub(crate) fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
     )
 }
 
-/// Whether a handler serves the request: its operation exists and is not a guard.
-#[cfg(test)]
-pub(crate) fn is_served(method: &str, path: &str) -> bool {
-    find(method, path).is_some_and(|operation| operation.tier != Tier::Guard)
+/// Whether a handler serves an operation: every one but a guard.
+pub(crate) fn serves(operation: &Operation) -> bool {
+    operation.tier != Tier::Guard
 }
 
 /// The operation a request addresses, looked up once per request: the first middleware
@@ -245,17 +244,8 @@ pub(crate) fn addressed(req: &actix_web::dev::ServiceRequest) -> Option<&'static
     operation
 }
 
-/// The named parameters of a request path (with the `/v1` prefix) as sent, still
-/// percent-encoded: `[("schema", "contacts"), ("id", "con_1")]`. Empty for unknown paths.
-#[cfg(test)]
-pub(crate) fn path_parameters(path: &str) -> Vec<(&'static str, &str)> {
-    match template(path) {
-        Some(template) => parameters_of(template, path),
-        None => Vec::new(),
-    }
-}
-
-/// [`path_parameters`] for a path known to fit `template`.
+/// The named parameters of a request path (with the `/v1` prefix) that fits `template`, as
+/// sent, still percent-encoded: `[("schema", "contacts"), ("id", "con_1")]`.
 pub(crate) fn parameters_of<'a>(template: &'static str, path: &'a str) -> Vec<(&'static str, &'a str)> {
     let Some(rest) = api_path(path) else { return Vec::new() };
     template
@@ -331,6 +321,7 @@ mod tests {
 
     #[test]
     fn path_parameters_are_named_by_the_template() {
+        let path_parameters = |path| template(path).map(|template| parameters_of(template, path)).unwrap_or_default();
         assert_eq!(
             path_parameters("/v1/schemas/contacts/records/con_%00"),
             [("schema", "contacts"), ("id", "con_%00")]
@@ -345,6 +336,7 @@ mod tests {
         assert_eq!(allowed_methods("/v1/schemas/contacts/records"), Some(vec!["GET", "POST"]));
         assert_eq!(allowed_methods("/v1/events/ev_1"), Some(vec!["POST"]), "the guards' methods are refused");
         assert_eq!(allowed_methods("/v1/nothing"), None);
+        let is_served = |method, path| find(method, path).is_some_and(serves);
         assert!(is_served("POST", "/v1/events/order-placed"));
         assert!(!is_served("PATCH", "/v1/events/ev_1"), "a guard");
         assert!(!is_served("PUT", "/v1/me"));

@@ -360,6 +360,34 @@ pub fn classify(error: &tokio_postgres::Error) -> Failure {
     }
 }
 
+/// A `json` or `jsonb` value as PostgreSQL sends it, kept as text and never parsed: for a
+/// document that goes out in an answer as it is stored. The server produced the text from a
+/// value it had validated, so it is JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawJson(pub String);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for RawJson {
+    fn from_sql(
+        ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        // `jsonb`'s binary form is a version byte (1) and the text.
+        let text = if *ty == tokio_postgres::types::Type::JSONB {
+            match raw.split_first() {
+                Some((1, text)) => text,
+                _ => return Err("an unknown jsonb binary version".into()),
+            }
+        } else {
+            raw
+        };
+        Ok(Self(std::str::from_utf8(text)?.to_owned()))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        matches!(*ty, tokio_postgres::types::Type::JSON | tokio_postgres::types::Type::JSONB)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -410,33 +438,5 @@ mod tests {
         assert!(super::is_transient(&waited));
         assert!(super::is_transient(&anyhow::Error::new(PoolError::Closed)));
         assert!(!super::is_transient(&anyhow::anyhow!("a stored part cannot be read")));
-    }
-}
-
-/// A `json` or `jsonb` value as PostgreSQL sends it, kept as text and never parsed: for a
-/// document that goes out in an answer as it is stored. The server produced the text from a
-/// value it had validated, so it is JSON.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawJson(pub String);
-
-impl<'a> tokio_postgres::types::FromSql<'a> for RawJson {
-    fn from_sql(
-        ty: &tokio_postgres::types::Type,
-        raw: &'a [u8],
-    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        // `jsonb`'s binary form is a version byte (1) and the text.
-        let text = if *ty == tokio_postgres::types::Type::JSONB {
-            match raw.split_first() {
-                Some((1, text)) => text,
-                _ => return Err("an unknown jsonb binary version".into()),
-            }
-        } else {
-            raw
-        };
-        Ok(Self(std::str::from_utf8(text)?.to_owned()))
-    }
-
-    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
-        matches!(*ty, tokio_postgres::types::Type::JSON | tokio_postgres::types::Type::JSONB)
     }
 }
