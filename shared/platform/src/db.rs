@@ -44,6 +44,18 @@ pub fn generic_plan_pool(database_url: &str, max_size: usize) -> anyhow::Result<
 
 const GENERIC_PLANS: &str = " -c plan_cache_mode=force_generic_plan";
 
+/// Planner settings for a transaction whose statements all find their rows by key (a key
+/// column, or a join to `unnest` of parameter arrays): sent first with `SET LOCAL`, they hold
+/// its plans to index lookups. Without them a plan made while a table was small (statistics
+/// from before a burst of writes, or a connection's cached generic plan) scans the whole
+/// table once it has grown: measured, the log's stream update of every append batch scanned
+/// all 10,000 rows of a young `streams` table, and the workflow engine's claim and row update
+/// all of `workflow_runs`, together half the cluster's CPU per run when 10,000 waits ended at
+/// once (docs/benchmarks.md, issue 52). The append transactions, and the claims of the
+/// workflow engine and the webhook deliveries, send them.
+pub const KEYED_PLANS: &str =
+    "SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
+
 /// Every pooled connection's settings:
 /// - a stuck transaction would hold the log head lock: none may idle for long;
 /// - no JIT compilation. Every statement here is an index lookup or a write of parameter

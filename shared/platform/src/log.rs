@@ -496,10 +496,17 @@ async fn write_pipelined(
     requests: &[AppendRequest],
 ) -> Result<BatchOutcome, Fallback> {
     let transaction = client.transaction().await.map_err(|error| Fallback::Fail(unavailable(error)))?;
-    let staged = futures_util::future::join_all(
-        requests.iter().enumerate().map(|(index, request)| stage_request(&transaction, request, index)),
-    )
-    .await;
+    // The plan settings (`db::KEYED_PLANS`) go out first, pipelined with the statements
+    // (polled first, sent first).
+    let (keyed, staged) = tokio::join!(
+        transaction.batch_execute(crate::db::KEYED_PLANS),
+        futures_util::future::join_all(requests.iter().enumerate().map(|(index, request)| stage_request(
+            &transaction,
+            request,
+            index
+        )),)
+    );
+    keyed.map_err(|error| Fallback::Fail(unavailable(error)))?;
     let mut rows_per_request = Vec::with_capacity(requests.len());
     for outcome in staged {
         match outcome {
@@ -519,6 +526,7 @@ async fn write_isolated(
     requests: &[AppendRequest],
 ) -> Result<BatchOutcome, AppendError> {
     let transaction = client.transaction().await.map_err(unavailable)?;
+    transaction.batch_execute(crate::db::KEYED_PLANS).await.map_err(unavailable)?;
     let mut outcomes: Vec<Option<Result<(), AppendError>>> = Vec::with_capacity(requests.len());
     let mut rows_per_request: Vec<Vec<PendingRow>> = Vec::with_capacity(requests.len());
     for (index, request) in requests.iter().enumerate() {
@@ -662,7 +670,11 @@ async fn write_set(
         let params: Vec<&(dyn ToSql + Sync)> = columns.iter().map(SetColumn::param).collect();
         transaction.execute(&statement, &params).await
     }));
-    let (created, advanced, extended, guarded) = tokio::join!(create, advance, extend, guards);
+    // The plan settings (`db::KEYED_PLANS`) go out first, pipelined with the statements
+    // (polled first, sent first).
+    let (keyed, created, advanced, extended, guarded) =
+        tokio::join!(transaction.batch_execute(crate::db::KEYED_PLANS), create, advance, extend, guards);
+    keyed.map_err(|error| Fallback::Fail(unavailable(error)))?;
 
     // Any failure, refused or not, goes to the command-at-a-time path, which tells whose it
     // was (after one failed statement the others fail as the transaction is aborted).

@@ -293,10 +293,10 @@ impl Inner {
         // the claims (serialised between processes) cheap.
         let lock = transaction.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
         let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&CLAIM_LOCK];
-        tokio::try_join!(
-            transaction.batch_execute("SET LOCAL synchronous_commit = off"),
-            transaction.execute(&lock, &lock_params)
-        )?;
+        // Its statements find rows by key and by the partial indexes of due and leased rows:
+        // `KEYED_PLANS` keeps them to those, whatever the table's statistics say.
+        let settings = format!("SET LOCAL synchronous_commit = off; {}", platform::db::KEYED_PLANS);
+        tokio::try_join!(transaction.batch_execute(&settings), transaction.execute(&lock, &lock_params))?;
         let per_webhook = self.settings.per_webhook_concurrency.max(1);
         let rows = transaction.query(&claim, &[&token, &limit, &per_webhook, &lease]).await?;
         transaction.commit().await?;

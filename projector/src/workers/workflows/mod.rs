@@ -96,9 +96,15 @@ impl Engine {
         let first = self.0.slots.clone().acquire_owned().await?;
         let free = self.0.slots.available_permits() + 1;
         let token = Uuid::now_v7();
-        let client = self.0.pool.get().await?;
-        // The claim returns what each run's first tick reads.
-        let statement = client
+        let mut client = self.0.pool.get().await?;
+        // The claim returns what each run's first tick reads. Its statement finds rows by key
+        // and by the index of due times: `KEYED_PLANS` keeps it to those whatever the table's
+        // statistics say (a plan made while the table was small joined the claimed runs by a
+        // scan of all of it). A claim is no acknowledgement, so its commit does not wait for
+        // the disk: a transition it leads to is appended with a flush, which makes the claim
+        // before it durable too, and a claim lost in a crash only lets its runs be claimed again.
+        let transaction = client.transaction().await?;
+        let statement = transaction
             .prepare_cached(&format!(
                 "UPDATE workflow_runs r SET lease_token = $1, lease_until = clock_timestamp() + make_interval(secs => $3)
                  WHERE r.run_id IN (
@@ -110,7 +116,11 @@ impl Engine {
             ))
             .await?;
         let limit = i64::try_from(free).unwrap_or(1);
-        let rows = client.query(&statement, &[&token, &limit, &self.0.lease().as_secs_f64()]).await?;
+        let settings = format!("SET LOCAL synchronous_commit = off; {}", platform::db::KEYED_PLANS);
+        let lease = self.0.lease().as_secs_f64();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&token, &limit, &lease];
+        let (_, rows) = tokio::try_join!(transaction.batch_execute(&settings), transaction.query(&statement, &params))?;
+        transaction.commit().await?;
         drop(client);
         let claimed = rows.len();
         let mut first = Some(first);
