@@ -1035,6 +1035,25 @@ pub async fn read_streams(
     Ok(rows.iter().map(StoredEvent::from_row).collect())
 }
 
+/// The events of each stream after its given version, in log order: what a follower that
+/// keeps a stream's fold between its steps reads of it (0 reads the whole stream).
+pub async fn read_streams_after(
+    client: &impl deadpool_postgres::GenericClient,
+    stream_ids: &[String],
+    after_versions: &[i64],
+) -> Result<Vec<StoredEvent>, tokio_postgres::Error> {
+    let columns = EVENT_COLUMNS.split(", ").map(|column| format!("e.{column}")).collect::<Vec<_>>().join(", ");
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT {columns} FROM unnest($1::text[], $2::bigint[]) AS a(stream_id, after)
+             JOIN events e ON e.stream_id = a.stream_id AND e.stream_version > a.after
+             ORDER BY e.position"
+        ))
+        .await?;
+    let rows = client.query(&statement, &[&stream_ids, &after_versions]).await?;
+    Ok(rows.iter().map(StoredEvent::from_row).collect())
+}
+
 /// The current head position of the log.
 pub async fn head(client: &impl deadpool_postgres::GenericClient) -> Result<i64, tokio_postgres::Error> {
     Ok(client.query_one("SELECT position FROM log_head", &[]).await?.get(0))

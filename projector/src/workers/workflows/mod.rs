@@ -59,6 +59,9 @@ pub(crate) struct Inner {
     /// Definitions by (workflow, revision): immutable once appended.
     definitions: Mutex<HashMap<(String, i64), Arc<WorkflowDef>>>,
     slots: Arc<Semaphore>,
+    /// Emails' hand-offs under way or waiting for a relay connection: two per pooled
+    /// connection, so every connection has the next message ready and no more are held.
+    handoffs: Arc<Semaphore>,
 }
 
 impl Inner {
@@ -89,6 +92,7 @@ impl Engine {
             site,
             definitions: Mutex::default(),
             slots: Arc::new(Semaphore::new(settings.workflows.concurrency.max(1))),
+            handoffs: Arc::new(Semaphore::new(2 * usize::try_from(settings.email.pool_size.max(1)).unwrap_or(1))),
         })))
     }
 

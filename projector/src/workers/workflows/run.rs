@@ -146,8 +146,14 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
             Err(error) => return Err(error.into()),
         }
         if let Some(prepared) = email {
+            // The run waits here (in its slot) while every hand-off permit is taken, so that
+            // rendered messages do not pile up in memory when the relay is slower than the runs.
+            let permit = inner.handoffs.clone().acquire_owned().await?;
             let inner = inner.clone();
-            tokio::spawn(async move { hand_off(&inner, &prepared).await });
+            tokio::spawn(async move {
+                hand_off(&inner, &prepared).await;
+                drop(permit);
+            });
         }
         let Some(call) = tick.call.take() else { return Ok(()) };
         // The attempt is committed as going out (the run keeps its lease): now it goes.

@@ -1,6 +1,8 @@
 //! What a click or an open records, from the email's stream and what the request showed
 //! (pure): whether it is the first of its kind, and whose it was.
 
+use std::collections::BTreeMap;
+
 use platform::events::LogEvent;
 use platform::proto;
 
@@ -18,8 +20,9 @@ pub struct History {
     pub sent_at_ms: Option<i64>,
     /// Opens so far, by whose.
     pub opened: Seen,
-    /// Clicks so far: the link, whose, and when.
-    pub clicks: Vec<Click>,
+    /// Clicks so far, by link: whose, and the latest. A summary, not the clicks themselves,
+    /// so a history stays the size of the email's links however often they are clicked.
+    pub links: BTreeMap<String, Clicked>,
     /// What sent the email: each open and click carries it.
     pub source: proto::EmailSource,
 }
@@ -44,18 +47,25 @@ impl Seen {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct Click {
-    pub link_id: String,
-    pub machine: bool,
-    pub at_ms: i64,
+/// A link's clicks so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Clicked {
+    pub seen: Seen,
+    /// The latest click's time.
+    pub last_at_ms: i64,
 }
 
 impl History {
     /// Folds an email's stream (its events with their stream versions, in order); `None`
     /// when it holds no `EmailScheduled`.
     pub fn fold(events: impl IntoIterator<Item = (i64, LogEvent)>) -> Option<Self> {
-        let mut history: Option<Self> = None;
+        Self::fold_onto(None, events)
+    }
+
+    /// Folds the events after `history`'s version onto it (or, with none, the stream from
+    /// its start): the worker keeps histories between its batches and reads only what was
+    /// appended since.
+    pub fn fold_onto(mut history: Option<Self>, events: impl IntoIterator<Item = (i64, LogEvent)>) -> Option<Self> {
         for (version, event) in events {
             if let LogEvent::EmailScheduled(scheduled) = &event {
                 history = Some(Self {
@@ -76,16 +86,23 @@ impl History {
             found.version = version;
             match event {
                 LogEvent::EmailSent(sent) => found.sent_at_ms = Some(sent.sent_at_ms),
-                LogEvent::EmailOpened(opened) => found.opened.mark(!opened.machine.is_empty()),
-                LogEvent::EmailClicked(clicked) => found.clicks.push(Click {
-                    link_id: clicked.link_id,
-                    machine: !clicked.machine.is_empty(),
-                    at_ms: clicked.at_ms,
-                }),
-                _ => {}
+                other => found.mark(&other),
             }
         }
         history
+    }
+
+    /// Counts an open or a click.
+    fn mark(&mut self, event: &LogEvent) {
+        match event {
+            LogEvent::EmailOpened(opened) => self.opened.mark(!opened.machine.is_empty()),
+            LogEvent::EmailClicked(clicked) => {
+                let link = self.links.entry(clicked.link_id.clone()).or_default();
+                link.seen.mark(!clicked.machine.is_empty());
+                link.last_at_ms = link.last_at_ms.max(clicked.at_ms);
+            }
+            _ => {}
+        }
     }
 }
 
@@ -115,12 +132,9 @@ pub fn open(history: &History, actor: Actor) -> Verdict {
 /// click may still be a scanner's, by its timing).
 pub fn click(history: &History, link_id: &str, actor: Actor, now_ms: i64) -> Verdict {
     let other_link_clicked_at_ms =
-        history.clicks.iter().filter(|click| click.link_id != link_id).map(|click| click.at_ms).max();
+        history.links.iter().filter(|(id, _)| id.as_str() != link_id).map(|(_, link)| link.last_at_ms).max();
     let timing = Timing { now_ms, sent_at_ms: history.sent_at_ms, other_link_clicked_at_ms };
-    let mut seen = Seen::default();
-    for click in history.clicks.iter().filter(|click| click.link_id == link_id) {
-        seen.mark(click.machine);
-    }
+    let seen = history.links.get(link_id).map(|link| link.seen).unwrap_or_default();
     let actor = if actor == Actor::Human { super::click_timing(&timing) } else { actor };
     verdict(actor, seen)
 }
@@ -130,15 +144,7 @@ impl History {
     /// it, so the next decision of the same email sees it.
     pub fn record(&mut self, event: &LogEvent) {
         self.version += 1;
-        match event {
-            LogEvent::EmailOpened(opened) => self.opened.mark(!opened.machine.is_empty()),
-            LogEvent::EmailClicked(clicked) => self.clicks.push(Click {
-                link_id: clicked.link_id.clone(),
-                machine: !clicked.machine.is_empty(),
-                at_ms: clicked.at_ms,
-            }),
-            _ => {}
-        }
+        self.mark(event);
     }
 }
 
@@ -237,5 +243,52 @@ mod tests {
         assert_eq!(click(&history, "l2", person(), 60_500), Verdict { first: true, machine: "link_burst" });
         history.record(&LogEvent::EmailOpened(proto::EmailOpened::default()));
         assert_eq!(open(&history, person()), Verdict { first: false, machine: "" });
+    }
+
+    #[test]
+    fn a_history_folded_in_parts_decides_as_the_whole_stream_does() {
+        let scheduled = LogEvent::EmailScheduled(proto::EmailScheduled {
+            email_id: "em_1".into(),
+            space_id: "spc_1".into(),
+            contact_id: "con_1".into(),
+            ..Default::default()
+        });
+        let events: Vec<(i64, LogEvent)> = [
+            scheduled,
+            sent(0),
+            clicked("l1", "", 60_000),
+            clicked("l2", "head", 70_000),
+            clicked("l1", "", 400_000),
+            LogEvent::EmailOpened(proto::EmailOpened { machine: "privacy_proxy".into(), ..Default::default() }),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(at, event)| (at as i64 + 1, event))
+        .collect();
+        let whole = History::fold(events.clone()).expect("a scheduled email");
+        for split in 1..events.len() {
+            let (before, after) = events.split_at(split);
+            let kept = History::fold(before.to_vec());
+            let parts = History::fold_onto(kept, after.to_vec()).expect("a scheduled email");
+            assert_eq!(parts.version, whole.version, "split at {split}");
+            for (link, at) in [("l1", 400_500), ("l2", 400_500), ("l3", 900_000)] {
+                assert_eq!(
+                    click(&parts, link, person(), at),
+                    click(&whole, link, person(), at),
+                    "{link}, split at {split}"
+                );
+            }
+            assert_eq!(open(&parts, person()), open(&whole, person()));
+            assert_eq!(
+                open(&parts, Actor::Machine(Signal::PrivacyProxy)),
+                open(&whole, Actor::Machine(Signal::PrivacyProxy))
+            );
+        }
+        // Clicked twice, one link is one entry: the history grows with links, not clicks.
+        assert_eq!(whole.links.len(), 2);
+        assert_eq!(whole.links["l1"].last_at_ms, 400_000);
+        // A click on l3 at 400,500 comes 500 ms after l1's latest click (its first, at 60,000,
+        // is long past): the burst rule sees each other link's latest click.
+        assert_eq!(click(&whole, "l3", person(), 400_500), Verdict { first: true, machine: "link_burst" });
     }
 }
