@@ -177,7 +177,7 @@ type Decided = (Vec<Append>, Vec<i64>, Vec<(String, History)>);
 async fn decide(
     client: &impl GenericClient,
     hits: Vec<Hit>,
-    kept: BTreeMap<String, History>,
+    mut kept: BTreeMap<String, History>,
 ) -> anyhow::Result<Decided> {
     let mut by_email: BTreeMap<String, Vec<Hit>> = BTreeMap::new();
     for hit in hits {
@@ -192,7 +192,6 @@ async fn decide(
         let event = stored.decode()?;
         events.entry(email_id).or_default().push((stored.stream_version, event));
     }
-    let mut kept = kept;
     let histories: BTreeMap<String, History> = by_email
         .keys()
         .filter_map(|email_id| {

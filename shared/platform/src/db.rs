@@ -44,6 +44,13 @@ pub fn generic_plan_pool(database_url: &str, max_size: usize) -> anyhow::Result<
 
 const GENERIC_PLANS: &str = " -c plan_cache_mode=force_generic_plan";
 
+// One text for both settings below (`concat!` takes literals only).
+macro_rules! keyed_plans {
+    () => {
+        "SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+    };
+}
+
 /// Planner settings for a transaction whose statements all find their rows by key (a key
 /// column, or a join to `unnest` of parameter arrays): sent first with `SET LOCAL`, they hold
 /// its plans to index lookups. Without them a plan made while a table was small (statistics
@@ -53,8 +60,12 @@ const GENERIC_PLANS: &str = " -c plan_cache_mode=force_generic_plan";
 /// all of `workflow_runs`, together half the cluster's CPU per run when 10,000 waits ended at
 /// once (docs/benchmarks.md, issue 52). The append transactions, and the claims of the
 /// workflow engine and the webhook deliveries, send them.
-pub const KEYED_PLANS: &str =
-    "SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
+pub const KEYED_PLANS: &str = keyed_plans!();
+
+/// A claim's settings: [`KEYED_PLANS`], and a commit that does not wait for the disk (a claim
+/// acknowledges nothing; the work it leads to is appended with a flush that makes it durable
+/// too, and a claim lost in a crash only lets its rows be claimed again).
+pub const CLAIM_SETTINGS: &str = concat!("SET LOCAL synchronous_commit = off; ", keyed_plans!());
 
 /// Every pooled connection's settings:
 /// - a stuck transaction would hold the log head lock: none may idle for long;

@@ -294,9 +294,11 @@ impl Inner {
         let lock = transaction.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
         let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&CLAIM_LOCK];
         // Its statements find rows by key and by the partial indexes of due and leased rows:
-        // `KEYED_PLANS` keeps them to those, whatever the table's statistics say.
-        let settings = format!("SET LOCAL synchronous_commit = off; {}", platform::db::KEYED_PLANS);
-        tokio::try_join!(transaction.batch_execute(&settings), transaction.execute(&lock, &lock_params))?;
+        // `db::CLAIM_SETTINGS` keeps them to those, whatever the table's statistics say.
+        tokio::try_join!(
+            transaction.batch_execute(platform::db::CLAIM_SETTINGS),
+            transaction.execute(&lock, &lock_params)
+        )?;
         let per_webhook = self.settings.per_webhook_concurrency.max(1);
         let rows = transaction.query(&claim, &[&token, &limit, &per_webhook, &lease]).await?;
         transaction.commit().await?;

@@ -102,11 +102,9 @@ impl Engine {
         let token = Uuid::now_v7();
         let mut client = self.0.pool.get().await?;
         // The claim returns what each run's first tick reads. Its statement finds rows by key
-        // and by the index of due times: `KEYED_PLANS` keeps it to those whatever the table's
-        // statistics say (a plan made while the table was small joined the claimed runs by a
-        // scan of all of it). A claim is no acknowledgement, so its commit does not wait for
-        // the disk: a transition it leads to is appended with a flush, which makes the claim
-        // before it durable too, and a claim lost in a crash only lets its runs be claimed again.
+        // and by the index of due times; `db::CLAIM_SETTINGS` keeps it to those whatever the
+        // table's statistics say (a plan made while the table was small joined the claimed
+        // runs by a scan of all of it), and its commit does not wait for the disk.
         let transaction = client.transaction().await?;
         let statement = transaction
             .prepare_cached(&format!(
@@ -120,10 +118,12 @@ impl Engine {
             ))
             .await?;
         let limit = i64::try_from(free).unwrap_or(1);
-        let settings = format!("SET LOCAL synchronous_commit = off; {}", platform::db::KEYED_PLANS);
         let lease = self.0.lease().as_secs_f64();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&token, &limit, &lease];
-        let (_, rows) = tokio::try_join!(transaction.batch_execute(&settings), transaction.query(&statement, &params))?;
+        let (_, rows) = tokio::try_join!(
+            transaction.batch_execute(platform::db::CLAIM_SETTINGS),
+            transaction.query(&statement, &params)
+        )?;
         transaction.commit().await?;
         drop(client);
         let claimed = rows.len();
