@@ -40,7 +40,7 @@ pub struct State {
     pub read_models: ReadModels,
     pub settings: Settings,
     /// The AI provider (custom-filter webhook conditions).
-    pub ai: domain::ai::AiProvider,
+    pub ai: ai_provider::AiProvider,
     /// Where sends are handed off: the SMTP relay, or `.eml` files.
     pub mailer: mail::mailer::Mailer,
     /// Where sends' links point, and the keys that sign and check tracking links.
@@ -66,7 +66,7 @@ pub struct State {
 
 impl State {
     pub fn new(settings: Settings, pool: Pool, read_models: ReadModels) -> anyhow::Result<web::Data<Self>> {
-        let ai = domain::ai::AiProvider::new(&settings.ai)?;
+        let ai = ai_provider::AiProvider::new(&settings.ai)?;
         let mailer = mail::mailer::Mailer::from_settings(&settings.email)?;
         let site = mail::send::Site::from_settings(&settings.email)?;
         let event_log = EventLog::start_bounded(pool.clone(), settings.append.batch_max, settings.append.batch_bytes);

@@ -333,7 +333,7 @@ pub(crate) async fn authored_id(
 ) -> Result<String, ApiError> {
     let catalog = edge_catalog(state).await?;
     let client = state.pool.get().await?;
-    Ok(domain::catalog::resource_id_of(&client, &catalog, (kind, space_id), &id_or_slug).await?.unwrap_or(id_or_slug))
+    Ok(reads::catalog::resource_id_of(&client, &catalog, (kind, space_id), &id_or_slug).await?.unwrap_or(id_or_slug))
 }
 
 /// Authenticates and authorizes a command (`permission`, in the request's bucket).

@@ -54,7 +54,7 @@ pub(crate) async fn fresh(
     schema_ref: &str,
 ) -> Result<Arc<WriteContext>, ApiError> {
     let catalog = ctx.catalog_as_last_seen().await?;
-    let context = catalog::write_context(&ctx.db().await?, &catalog, space_id, schema_ref).await?;
+    let context = reads::catalog::write_context(&ctx.db().await?, &catalog, space_id, schema_ref).await?;
     if let Some(context) = &context {
         ctx.saw_catalog(context.revision);
     }
@@ -97,7 +97,7 @@ pub(crate) async fn at_edge(
         return Ok(context);
     }
     let catalog = crate::pipeline::edge_catalog(state).await?;
-    let context = catalog::write_context(&state.pool.get().await?, &catalog, space_id, schema_ref)
+    let context = reads::catalog::write_context(&state.pool.get().await?, &catalog, space_id, schema_ref)
         .await?
         .filter(|context| kind.accepts(&context.schema.schema_type))
         .ok_or_else(|| kind.not_found(schema_ref))?;

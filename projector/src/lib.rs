@@ -57,7 +57,7 @@ pub(crate) const WORKER_KINDS: [&str; 13] = [
 pub fn workers(
     settings: &Settings,
     pool: &Pool,
-    provider: domain::ai::AiProvider,
+    provider: ai_provider::AiProvider,
     process: &str,
 ) -> anyhow::Result<Vec<Arc<dyn Worker>>> {
     let selection = settings.projector.workers.trim();
@@ -193,7 +193,7 @@ impl Application {
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
         let database_url = settings.database_url()?.to_owned();
         let pool = platform::db::pool(&database_url, POOL_SIZE)?;
-        let provider = domain::ai::AiProvider::new(&settings.ai)?;
+        let provider = ai_provider::AiProvider::new(&settings.ai)?;
         let process = format!("projector-{}", std::process::id());
         let runtime = Runtime::new(database_url, workers(settings, &pool, provider, &process)?);
         let readiness = WorkersReadiness { health: runtime.health(), pool: pool.clone() };

@@ -47,7 +47,7 @@ async fn audience_found(
         Audience::Topic { topic_id } => {
             let catalog = ctx.catalog().await?;
             let client = ctx.db().await?;
-            let topic = domain::catalog::resource_by_id(&client, &catalog, "topic", topic_id).await?;
+            let topic = reads::catalog::resource_by_id(&client, &catalog, "topic", topic_id).await?;
             Ok((found(topic.is_some_and(|(owner, _, _)| owner == space_id)), None))
         }
     }

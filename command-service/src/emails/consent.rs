@@ -23,7 +23,7 @@ pub(crate) async fn set_email_consent(
     now: i64,
 ) -> Result<Option<Write>, ApiError> {
     let client = ctx.db().await?;
-    let loaded = domain::records::load_records(&client, &[contact_id.to_owned()])
+    let loaded = reads::records::load_records(&client, &[contact_id.to_owned()])
         .await
         .map_err(|error| ApiError::internal(&error))?
         .into_iter()

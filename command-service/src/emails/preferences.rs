@@ -140,14 +140,14 @@ impl Command for ChangePreferences {
         let (space_id, contact_id) = (&email.scheduled.space_id, &email.scheduled.contact_id);
         let catalog = ctx.catalog().await?;
         let client = ctx.db().await?;
-        let topics: BTreeMap<String, String> = domain::email::topics(&client, &catalog, space_id)
+        let topics: BTreeMap<String, String> = reads::email::topics(&client, &catalog, space_id)
             .await
             .map_err(|error| ApiError::internal(&error))?
             .into_iter()
             .map(|(topic_id, topic)| (topic_id, topic.name))
             .collect();
         let subscribed =
-            domain::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?;
+            reads::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?;
         drop(client);
         if let Choice::Topics(chosen) = &self.choice {
             let unknown: Vec<Issue> = chosen

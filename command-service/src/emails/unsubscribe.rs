@@ -72,7 +72,7 @@ impl PageFacts {
             false => topic_name(ctx, &scheduled.topic_id).await?,
         };
         let catalog = ctx.catalog().await?;
-        let (sender, address) = domain::email::parties(&ctx.db().await?, &catalog, scheduled)
+        let (sender, address) = reads::email::parties(&ctx.db().await?, &catalog, scheduled)
             .await
             .map_err(|error| ApiError::internal(&error))?;
         Ok(Self { topic_name, sender, recipient: address.as_deref().map(api::pages::mask_address) })
@@ -201,7 +201,7 @@ pub(crate) fn unsubscribed(email_id: &str, email: &Email, now: i64) -> StreamApp
 /// The name of a topic, for a page (`None` when the catalog no longer has it).
 pub(crate) async fn topic_name(ctx: &Ctx<'_>, topic_id: &str) -> Result<Option<String>, ApiError> {
     let catalog = ctx.catalog().await?;
-    let found = domain::catalog::resource_by_id(&ctx.db().await?, &catalog, TOPIC, topic_id).await?;
+    let found = reads::catalog::resource_by_id(&ctx.db().await?, &catalog, TOPIC, topic_id).await?;
     Ok(found.and_then(|(_, _, definition)| definition.get("name").and_then(|name| name.as_str()).map(str::to_owned)))
 }
 

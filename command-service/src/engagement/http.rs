@@ -13,10 +13,11 @@
 use actix_web::http::Method;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, web};
-use domain::engagement::{self, Request};
+use domain::engagement;
 use mail::tracking::Checked;
 use platform::error::{ApiError, Code};
 
+use super::signals::{self, Request};
 use super::store::Hit;
 use crate::State;
 
@@ -85,11 +86,11 @@ async fn record(state: &State, req: &HttpRequest, email_id: &str, fetched: Fetch
         client: crate::forms::decide::client_ip(peer, forwarded, &state.settings.http.trusted_proxies),
     };
     let (kind, actor, link, link_id) = match fetched {
-        Fetched::Open => ("open", engagement::open(&request), None, String::new()),
+        Fetched::Open => ("open", signals::open(&request), None, String::new()),
         Fetched::Click { url } => {
             let link_id = platform::crypto::keyed_digest("tracking-link", url)?[..32].to_owned();
             let link = engagement::seal_inbox_link(email_id, url)?;
-            ("click", engagement::click_request(&request), Some(link), link_id)
+            ("click", signals::click_request(&request), Some(link), link_id)
         }
     };
     let hit = Hit {

@@ -452,7 +452,7 @@ impl Command for FireEvent<'_> {
         // A kept context's credits are stale: an event that needs preparation reads them now.
         if ctx.kept() && !parsed.pending_keys.is_empty() {
             let catalog = ctx.catalog().await?;
-            context.credits = catalog::credits(&ctx.db().await?, &catalog, space_id).await?;
+            context.credits = reads::catalog::credits(&ctx.db().await?, &catalog, space_id).await?;
         }
         let candidate = candidate(0, parsed)?;
         let optimistic = ctx.attempt() == 0 && candidate.input.subject().is_none() && !self.admission_refused.get();

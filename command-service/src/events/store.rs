@@ -63,7 +63,7 @@ pub(crate) async fn load_subjects(
     client: &impl GenericClient,
     record_ids: &[String],
 ) -> anyhow::Result<HashMap<String, Loaded>> {
-    let loaded = domain::records::load_records(client, record_ids).await?;
+    let loaded = reads::records::load_records(client, record_ids).await?;
     Ok(loaded.into_iter().map(|(record_id, _, record)| (record_id, record)).collect())
 }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use domain::catalog::{self, WriteContext};
+use domain::catalog::WriteContext;
 use domain::email::resources::{FORM, FormDef};
 use domain::records::RecordState;
 use mail::{outbox, send};
@@ -62,7 +62,7 @@ async fn find_form(
         return Err(not_found(form_id));
     }
     let (space_id, _, definition) =
-        catalog::resource_by_id(client, catalog, FORM, form_id).await?.ok_or_else(|| not_found(form_id))?;
+        reads::catalog::resource_by_id(client, catalog, FORM, form_id).await?.ok_or_else(|| not_found(form_id))?;
     let form: FormDef = serde_json::from_value(definition)
         .map_err(|error| ApiError::internal(&anyhow::anyhow!("form {form_id}: {error}")))?;
     Ok((space_id, form))
@@ -164,10 +164,10 @@ impl Command for SubmitForm<'_> {
         let contact = &planned.record;
         let address = contact.personal.as_ref().and_then(|personal| personal.email.clone()).unwrap_or_default();
         let client = ctx.db().await?;
-        let subscribed = domain::email::subscriptions(&client, &contact.record_id)
+        let subscribed = reads::email::subscriptions(&client, &contact.record_id)
             .await
             .map_err(|error| ApiError::internal(&error))?;
-        let suppressed = domain::email::is_suppressed(&client, &space_id, &address).await?;
+        let suppressed = reads::email::is_suppressed(&client, &space_id, &address).await?;
         // What decided a suppression, for the story of a confirmation it refuses.
         let suppressed_by = if suppressed {
             let refused = [mail::skipped::Refused {
@@ -468,7 +468,7 @@ impl Command for ConfirmSubmission {
             ));
         }
         let subscribed =
-            domain::email::subscriptions(&db, &contact_id).await.map_err(|error| ApiError::internal(&error))?;
+            reads::email::subscriptions(&db, &contact_id).await.map_err(|error| ApiError::internal(&error))?;
         drop(db);
         let source = Source { kind: "confirmation", id: &self.form_id };
         let consent =

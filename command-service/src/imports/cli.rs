@@ -177,7 +177,7 @@ async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Resul
         .await?
         .context("the catalog has no live version: run migrate and apply a workspace first")?;
     let space_id = space(&client, &catalog, arguments.space.as_deref()).await?;
-    let context = domain::catalog::write_context(&client, &catalog, &space_id, &arguments.schema)
+    let context = reads::catalog::write_context(&client, &catalog, &space_id, &arguments.schema)
         .await?
         .filter(|context| context.schema.schema_type != "event")
         .with_context(|| format!("no contact or object schema {:?} in the space", arguments.schema))?;
@@ -244,8 +244,8 @@ impl Parts<'_> {
         let (settings, context) = self.check;
         // Every part starts with the file's header: the first one's is checked for all.
         if self.starts.is_empty() {
-            let text = domain::imports::parse::decode(body, settings.encoding).map_err(anyhow::Error::msg)?;
-            if let Some(headers) = domain::imports::parse::headers(settings, &text).map_err(anyhow::Error::msg)? {
+            let text = import_file::decode(body, settings.encoding).map_err(anyhow::Error::msg)?;
+            if let Some(headers) = import_file::headers(settings, &text).map_err(anyhow::Error::msg)? {
                 let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
                 domain::imports::check_header(&headers, settings, &context.schema.schema_type, &context.attributes)
                     .map_err(Refused)?;
@@ -341,7 +341,7 @@ async fn follow(
     import_id: &str,
     starts: &[i64],
 ) -> anyhow::Result<std::process::ExitCode> {
-    let document = |client| domain::imports::status::document(client, space_id, import_id);
+    let document = |client| reads::imports::document(client, space_id, import_id);
     let first = document(client).await?.context("the import vanished")?;
     let total = first["rows"]["total"].as_u64().unwrap_or(0);
     let mut progress = platform::progress::Progress::new("importing", total, "rows");

@@ -52,9 +52,8 @@ pub async fn create(
         store::create(&mut client, (caller.space_id(), &import_id), &context.schema, &settings, Some(caller.key_id()))
             .await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    let document = domain::imports::status::document(&client, caller.space_id(), &import_id)
-        .await?
-        .ok_or_else(|| not_found(&import_id))?;
+    let document =
+        reads::imports::document(&client, caller.space_id(), &import_id).await?.ok_or_else(|| not_found(&import_id))?;
     Ok(HttpResponse::build(status).json(json!({ "data": document })))
 }
 
@@ -121,9 +120,9 @@ pub async fn put_part(
     let invalid = |message| ApiError::bad_request(Code::InvalidBody, message);
     // The part is checked whole (its encoding, header and size) without holding its rows:
     // they are read one at a time when they are decided.
-    let text = imports::parse::decode(&body, settings.encoding).map_err(invalid)?;
-    let rows = imports::parse::count_rows(&settings, &text).map_err(invalid)?;
-    if let Some(headers) = imports::parse::headers(&settings, &text).map_err(invalid)? {
+    let text = import_file::decode(&body, settings.encoding).map_err(invalid)?;
+    let rows = import_file::count_rows(&settings, &text).map_err(invalid)?;
+    if let Some(headers) = import_file::headers(&settings, &text).map_err(invalid)? {
         let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
         imports::check_header(&headers, &settings, &context.schema.schema_type, &context.attributes)?;
     }
@@ -172,6 +171,6 @@ pub async fn complete(
     let mut client = state.pool.get().await?;
     store::close(&mut client, (space_id, &import_id), parts).await?;
     let document =
-        domain::imports::status::document(&client, space_id, &import_id).await?.ok_or_else(|| not_found(&import_id))?;
+        reads::imports::document(&client, space_id, &import_id).await?.ok_or_else(|| not_found(&import_id))?;
     Ok(HttpResponse::Ok().json(json!({ "data": document })))
 }

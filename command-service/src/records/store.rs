@@ -1,7 +1,8 @@
 //! Record state and identity owners for decisions.
 
-pub use domain::records::write::{claim, identity_owners, release, store_key};
-pub use domain::records::{Loaded, load_records, stream_id};
+pub use domain::records::write::{claim, release, store_key};
+pub use domain::records::{Loaded, stream_id};
+pub use reads::records::{identity_owners, load_records};
 
 use platform::error::Code;
 use platform::log::{AppendError, Guard};

@@ -9,9 +9,9 @@ use std::cell::OnceCell;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use ai_provider::AiError;
 use api::auth::{Caller, Permission};
 use api::ratelimit::Bucket;
-use domain::ai::AiError;
 use filter::Filter;
 use platform::error::{ApiError, Code};
 use platform::events::LogEvent;

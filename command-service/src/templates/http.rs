@@ -123,12 +123,12 @@ impl Command for SendTemplate<'_> {
         let values = contact.values();
         let recipient = RecipientFacts {
             suppressed: match &address {
-                Some(address) => domain::email::is_suppressed(&client, space_id, address).await?,
+                Some(address) => reads::email::is_suppressed(&client, space_id, address).await?,
                 None => false,
             },
             consent: send::email_consent(&consent_keys, |key| values.get(key)),
             subscription: match &authored.template.topic_id {
-                Some(topic_id) => domain::email::subscriptions(&client, &contact.record_id)
+                Some(topic_id) => reads::email::subscriptions(&client, &contact.record_id)
                     .await
                     .map_err(|error| ApiError::internal(&error))?
                     .remove(topic_id),

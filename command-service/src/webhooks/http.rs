@@ -9,9 +9,9 @@ use std::cell::OnceCell;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use ai_provider::AiError;
 use api::auth::{Caller, Permission};
 use api::ratelimit::Bucket;
-use domain::ai::AiError;
 use domain::webhooks::signing::Secret;
 use domain::webhooks::state::{Counters, no_condition};
 use platform::error::{ApiError, Code, Issue};
@@ -104,7 +104,7 @@ async fn resolve_condition(
         return Ok(resolved.clone());
     }
     let catalog = ctx.catalog().await?;
-    let credits = domain::catalog::credits(&ctx.db().await?, &catalog, caller.space_id()).await?;
+    let credits = reads::catalog::credits(&ctx.db().await?, &catalog, caller.space_id()).await?;
     if credits <= 0 {
         return Err(ApiError::new(
             StatusCode::PAYMENT_REQUIRED,

@@ -1,10 +1,11 @@
 //! What webhook decisions load, and the guards their appends carry.
 
 use deadpool_postgres::GenericClient;
-use domain::catalog::{self, SchemaEntry};
-pub use domain::webhooks::state::{Counters, WebhookState, load, secret_subject, stream_id};
+use domain::catalog::SchemaEntry;
+pub use domain::webhooks::state::{Counters, WebhookState, secret_subject, stream_id};
 use platform::error::Code;
 use platform::log::{AppendError, Guard};
+pub use reads::webhooks::load;
 
 /// The schema `reference` (id or slug) of the space, from catalog version schema `catalog`.
 pub async fn schema(
@@ -13,7 +14,7 @@ pub async fn schema(
     space_id: &str,
     reference: &str,
 ) -> Result<Option<SchemaEntry>, tokio_postgres::Error> {
-    catalog::find_schema(client, catalog, space_id, reference).await
+    reads::catalog::find_schema(client, catalog, space_id, reference).await
 }
 
 /// The data key of a webhook's secrets, if it still has one.
@@ -76,7 +77,11 @@ pub async fn counters(client: &impl GenericClient, webhook_id: &str) -> Result<C
     let statement = client
         .prepare_cached(&format!("SELECT {} FROM webhook_counters WHERE webhook_id = $1", Counters::COLUMNS))
         .await?;
-    Ok(client.query_opt(&statement, &[&webhook_id]).await?.map(|row| Counters::from_row(&row, 0)).unwrap_or_default())
+    Ok(client
+        .query_opt(&statement, &[&webhook_id])
+        .await?
+        .map(|row| reads::webhooks::counters(&row, 0))
+        .unwrap_or_default())
 }
 
 /// The state of one delivery of the webhook (`pending`, `delivered`, `failed`, `dropped`).

@@ -32,7 +32,7 @@ impl SingleNode {
         projector::migrate(&pool).await.context("migrating")?;
         let projector_pool = platform::db::pool(&database_url, projector::POOL_SIZE)?;
         let read_pool = platform::db::generic_plan_pool(&database_url, settings.database.pool_size)?;
-        let provider = domain::ai::AiProvider::new(&settings.ai)?;
+        let provider = ai_provider::AiProvider::new(&settings.ai)?;
         let process = format!("single-node-{}", std::process::id());
         let workers = projector::workers(&settings, &projector_pool, provider, &process)?;
         let runtime = projector::runtime::Runtime::new(database_url.clone(), workers);

@@ -193,7 +193,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
             }
             LogEvent::EventReadinessChanged(changed) if changed.state == "ready" => {
                 // The acceptance is earlier in the log, on the event's own stream.
-                let accepted = domain::business_events::accepted(transaction, &changed.id).await?;
+                let accepted = reads::business_events::accepted(transaction, &changed.id).await?;
                 if let Some(accepted) = accepted.filter(|accepted| !accepted.contact_id.is_empty()) {
                     batch.touch(&accepted.contact_id, &accepted.space_id, now_ms, event.position);
                     batch.performed.push((

@@ -25,7 +25,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, event: &Stored
     // the same rows.
     let decoded = event.decode()?;
     let Some(webhook_id) = domain::webhooks::state::webhook_of(&decoded) else { return Ok(()) };
-    let (_, state) = domain::webhooks::state::load_at(transaction, webhook_id, event.position).await?;
+    let (_, state) = reads::webhooks::load_at(transaction, webhook_id, event.position).await?;
     let Some(webhook) = state else { return Ok(()) };
     if webhook.deleted {
         let statement = transaction

@@ -27,10 +27,10 @@
 
 use std::time::Duration;
 
+use ai_provider::{AiError, AiProvider, FillTask};
 use anyhow::Context;
 use backon::BackoffBuilder;
 use deadpool_postgres::{GenericClient, Pool};
-use domain::ai::{AiError, AiProvider, FillTask};
 use futures_util::future::BoxFuture;
 use platform::events::LogEvent;
 use platform::log::{
@@ -340,7 +340,7 @@ async fn fill_record(
     if catalog.auto_filled(&client, &schema_id).await?.is_empty() {
         return Ok(false);
     }
-    let latest = domain::records::load_records(&client, std::slice::from_ref(&record_id)).await?.pop();
+    let latest = reads::records::load_records(&client, std::slice::from_ref(&record_id)).await?.pop();
     let Some((_, version, domain::records::Loaded::Live { state, key })) = latest else { return Ok(false) };
     let definitions: Vec<(String, Value)> = catalog
         .auto_filled(&client, &state.schema_id)

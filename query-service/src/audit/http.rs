@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::http::{page_body, query_pairs};
 use api::pagination::PageRequest;
-use domain::catalog::{self, CATALOG};
+use domain::catalog::CATALOG;
 use domain::records::CHANNELS;
 use platform::error::{ApiError, Code};
 use serde_json::Value;
@@ -43,7 +43,7 @@ pub async fn get(
     let (context, consistent) = consistent_read(&state, &caller, token, &[CATALOG], |client, models| {
         let c = models.schema(CATALOG);
         let (space_id, schema_ref) = (space_id.clone(), schema_ref.clone());
-        Box::pin(async move { Ok(catalog::write_context(client, &c, &space_id, &schema_ref).await?) })
+        Box::pin(async move { Ok(reads::catalog::write_context(client, &c, &space_id, &schema_ref).await?) })
     })
     .await?;
     let domain::catalog::WriteContext { schema, attributes, .. } =

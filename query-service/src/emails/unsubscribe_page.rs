@@ -35,15 +35,15 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     }
     let scheduled = scheduled.ok_or_else(not_found)?;
     let catalog = state.read_models.current(&[CATALOG]).await?.schema(CATALOG);
-    let topics = domain::email::topics(&client, &catalog, &scheduled.space_id)
+    let topics = reads::email::topics(&client, &catalog, &scheduled.space_id)
         .await
         .map_err(|error| ApiError::internal(&error))?;
-    let subscriptions = domain::email::subscriptions(&client, &scheduled.contact_id)
+    let subscriptions = reads::email::subscriptions(&client, &scheduled.contact_id)
         .await
         .map_err(|error| ApiError::internal(&error))?;
     // Who it is from and to whom it went: the sender's name, the address masked.
     let (sender, address) =
-        domain::email::parties(&client, &catalog, &scheduled).await.map_err(|error| ApiError::internal(&error))?;
+        reads::email::parties(&client, &catalog, &scheduled).await.map_err(|error| ApiError::internal(&error))?;
     let recipient = address.as_deref().map(api::pages::mask_address);
     drop(client);
     let mut choices = Vec::new();

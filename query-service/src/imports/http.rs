@@ -20,7 +20,7 @@ pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<Sta
     let space_id = caller.space_id().to_owned();
     let (document, consistent) = consistent_read(&state, &caller, token, &[], |client, _| {
         let (space_id, import_id) = (space_id.clone(), import_id.clone());
-        Box::pin(async move { Ok(domain::imports::status::document(client, &space_id, &import_id).await?) })
+        Box::pin(async move { Ok(reads::imports::document(client, &space_id, &import_id).await?) })
     })
     .await?;
     let document = document.ok_or_else(|| not_found(&import_id))?;
@@ -38,7 +38,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
         let (space_id, after) = (space_id.clone(), after.clone());
         Box::pin(async move {
             let after = after.as_ref().map(|(at, id)| (*at, id.as_str()));
-            Ok(domain::imports::status::page(client, &space_id, after, limit).await?)
+            Ok(reads::imports::page(client, &space_id, after, limit).await?)
         })
     })
     .await?;

@@ -1,7 +1,7 @@
 //! Reads of schemas and attributes from catalog version schema `catalog`.
 
 use deadpool_postgres::Client;
-use domain::catalog::{self, SchemaEntry};
+use domain::catalog::SchemaEntry;
 use platform::error::ApiError;
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
@@ -34,7 +34,7 @@ pub async fn find(
     space_id: &str,
     schema_ref: &str,
 ) -> Result<Option<SchemaEntry>, ApiError> {
-    Ok(catalog::find_schema(client, catalog, space_id, schema_ref).await?)
+    Ok(reads::catalog::find_schema(client, catalog, space_id, schema_ref).await?)
 }
 
 /// The schema `schema_ref` and a page of its attributes (base first, then custom).
@@ -54,8 +54,10 @@ pub async fn attributes(
         ))
         .await?;
     let rows_params: [&(dyn ToSql + Sync); 4] = [&space_id, &schema_ref, &limit, &offset];
-    let (schema, rows) =
-        tokio::join!(catalog::find_schema(client, catalog, space_id, schema_ref), client.query(&rows, &rows_params));
+    let (schema, rows) = tokio::join!(
+        reads::catalog::find_schema(client, catalog, space_id, schema_ref),
+        client.query(&rows, &rows_params)
+    );
     let items: Vec<Value> = rows?.into_iter().map(|row| row.get(0)).collect();
     Ok((schema?, items))
 }

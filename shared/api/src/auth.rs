@@ -11,7 +11,7 @@ use deadpool_postgres::Pool;
 
 use crate::http::{Credential, bearer_token};
 use crate::ratelimit::{Bucket, RateLimiter};
-use domain::catalog::{self, CATALOG, KeyIdentity, Membership};
+use domain::catalog::{CATALOG, KeyIdentity, Membership};
 pub use domain::roles::{Permission, Role};
 use platform::error::ApiError;
 use platform::ids::sha256_hex;
@@ -153,7 +153,7 @@ impl Authenticator {
         let models = self.read_models.wait_for(&[CATALOG], 0, Duration::from_secs(2)).await?;
         let schema = models.schema(CATALOG);
         let client = self.pool.get().await?;
-        let mut found = catalog::find_key(&client, &schema, &key_hash).await?;
+        let mut found = reads::catalog::find_key(&client, &schema, &key_hash).await?;
         drop(client);
         if found.is_none()
             && let Some(primary) = &self.primary
@@ -189,7 +189,7 @@ impl Authenticator {
     async fn find_on_primary(&self, primary: &Pool, schema: &str, key_hash: &str) -> Option<KeyIdentity> {
         let looked_up = async {
             let client = primary.get().await.map_err(anyhow::Error::from)?;
-            anyhow::Ok(catalog::find_key(&client, schema, key_hash).await?)
+            anyhow::Ok(reads::catalog::find_key(&client, schema, key_hash).await?)
         };
         looked_up.await.unwrap_or_else(|error| {
             tracing::warn!(error = %error, "a key unknown to the standby could not be looked up on the primary");

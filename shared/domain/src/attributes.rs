@@ -127,7 +127,7 @@ pub fn attribute_type(definition: &Value) -> &str {
 
 /// Checks `value` against the definition's type and returns it normalised (datetimes in
 /// UTC with milliseconds, emails trimmed and lowercased). `Err` is a message for the caller.
-pub(crate) fn normalize_value(definition: &Value, value: Value) -> Result<Value, String> {
+pub fn normalize_value(definition: &Value, value: Value) -> Result<Value, String> {
     if value.is_null() {
         return Ok(Value::Null);
     }

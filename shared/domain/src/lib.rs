@@ -1,11 +1,11 @@
 //! The rules of the product that more than one service needs: the catalog (schemas,
 //! attributes, roles), records and their keys, suppressions, event admission, workflow
-//! definitions, AI auto-fill and AI-defined filters, webhook rules, state and signing, and the
-//! authored email resources. Above the platform and the filter language; no HTTP framework,
-//! no mail stack.
+//! definitions, webhook rules, state and signing, the authored email resources, engagement
+//! and the send decision. Above the platform and the filter language; rules only: no runtime,
+//! database, HTTP client, file format or mail stack (what feeds them is `reads`', the AI
+//! provider `ai-provider`'s, an import file's reading `import-file`'s).
 
 pub mod admission;
-pub mod ai;
 pub mod attributes;
 pub mod business_events;
 pub mod catalog;

@@ -52,7 +52,7 @@ impl Authored {
         space_id: &str,
         template_id: &str,
     ) -> anyhow::Result<Option<Self>> {
-        let found = domain::catalog::email_template(client, catalog, space_id, template_id).await?;
+        let found = reads::catalog::email_template(client, catalog, space_id, template_id).await?;
         let Some(found) = found else { return Ok(None) };
         let template: TemplateDef = definition(Some(found.template), "the template")?;
         // Only the footer's wording needs the topic: without it, the footer names the sender.

@@ -13,6 +13,7 @@ pub mod ids;
 pub mod liveness;
 pub mod log;
 pub mod process;
+#[cfg(feature = "progress")]
 pub mod progress;
 pub mod readmodel;
 pub mod settings;

@@ -64,6 +64,9 @@ impl StreamAppend {
     }
 }
 
+/// A guard's statement parameter.
+pub type Param = Box<dyn ToSql + Send + Sync>;
+
 /// A write-side claim run inside the command's savepoint (for example a unique identity).
 /// A unique violation, or a row count other than the one required, fails the command with
 /// `conflict`.

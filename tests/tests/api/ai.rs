@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use domain::ai::{AiError, AiProvider, FillTask};
+use ai_provider::{AiError, AiProvider, FillTask};
 use platform::settings::AiSettings;
 use serde_json::{Map, Value, json};
 

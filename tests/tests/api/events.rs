@@ -488,8 +488,11 @@ async fn a_pending_event_is_absent_from_the_list_until_ready() {
     assert_eq!(list.body["data"], json!([]));
     // Prepare it now, as the worker would, and project.
     let log = platform::log::EventLog::start(app.pool.clone(), 4);
-    let preparation =
-        projector::workers::preparation::Preparation::new(app.pool.clone(), log, domain::ai::AiProvider::Deterministic);
+    let preparation = projector::workers::preparation::Preparation::new(
+        app.pool.clone(),
+        log,
+        ai_provider::AiProvider::Deterministic,
+    );
     while projector::runtime::Worker::step(&preparation).await.expect("prepares")
         == projector::runtime::Outcome::Progressed
     {}

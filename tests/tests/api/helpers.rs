@@ -364,7 +364,7 @@ impl TestApp {
         let shutdown = tokio_util::sync::CancellationToken::new();
         if options.projector {
             let projector_pool = platform::db::pool(&database_url, projector::POOL_SIZE).expect("pool");
-            let provider = domain::ai::AiProvider::new(&settings.ai).expect("AI provider");
+            let provider = ai_provider::AiProvider::new(&settings.ai).expect("AI provider");
             let workers =
                 projector::workers(&settings, &projector_pool, provider, "test-projector").expect("the workers");
             let runtime = projector::runtime::Runtime::new(database_url.clone(), workers);

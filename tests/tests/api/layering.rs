@@ -10,6 +10,9 @@ const CRATES: &[&str] = &[
     "shared/platform/src",
     "shared/filter/src",
     "shared/domain/src",
+    "shared/reads/src",
+    "shared/ai-provider/src",
+    "shared/import-file/src",
     "shared/mail/src",
     "shared/api/src",
     "command-service/src",
@@ -155,6 +158,52 @@ fn the_cycle_finder_finds_a_cycle() {
     assert_eq!(paths[0], ("crate", vec!["records", "write"]));
     assert_eq!(paths[1], ("super", vec!["store", "load"]));
     assert_eq!(module_of(&root, &root.join("records/mod.rs")), module("records"));
+}
+
+/// The crates a package links (normal dependencies, its own features only), by name, as
+/// `cargo tree` resolves them from the lock file.
+fn linked(package: &str) -> BTreeSet<String> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = std::process::Command::new(cargo)
+        .args(["tree", "--offline", "--locked", "-e", "normal", "--prefix", "none", "-p", package])
+        .current_dir(workspace)
+        .output()
+        .expect("cargo tree runs");
+    assert!(output.status.success(), "cargo tree -p {package}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// `domain` is the rules: no runtime, database, HTTP client, file format or bot
+/// list in its manifest (the reads are `reads`', the AI provider `ai-provider`'s, an import
+/// file's reading `import-file`'s, a hit's request signals the command service's). And the
+/// query service, which answers GETs, links none of what only writes and workers use.
+#[test]
+fn domain_holds_rules_only_and_the_query_service_links_no_client_file_reader_or_bot_list() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+    let manifest = std::fs::read_to_string(workspace.join("shared/domain/Cargo.toml")).expect("domain's manifest");
+    let dependencies = manifest.split("[dependencies]").nth(1).expect("a dependencies table");
+    let dependencies = dependencies.split("\n[").next().unwrap_or_default();
+    let named: BTreeSet<&str> = dependencies
+        .lines()
+        .filter_map(|line| line.split(['=', '.']).next().map(str::trim))
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .collect();
+    assert!(named.contains("serde_json"), "the manifest was read: {named:?}");
+    for crate_name in
+        ["tokio", "tokio-postgres", "deadpool-postgres", "reqwest", "actix-web", "csv", "encoding_rs", "isbot"]
+    {
+        assert!(!named.contains(crate_name), "domain depends on {crate_name}");
+    }
+    let query_service = linked("query-service");
+    assert!(query_service.contains("actix-web"), "the tree was read: {} crates", query_service.len());
+    for crate_name in ["reqwest", "isbot", "indicatif", "ai-provider", "import-file"] {
+        assert!(!query_service.contains(crate_name), "the query service links {crate_name}");
+    }
+    assert!(linked("command-service").contains("isbot"), "the check can see a crate that is linked");
 }
 
 /// The workspace denies `unsafe` (rather than forbidding it) for one reviewed exception: the

@@ -253,6 +253,6 @@ async fn subscription(node: &Node, contact_id: &str, topic_id: &str) -> String {
     }
     let pool = platform::db::pool(&node.database_url, 1).expect("a pool");
     let client = pool.get().await.expect("a client");
-    let subscriptions = domain::email::subscriptions(&client, contact_id).await.expect("subscriptions");
+    let subscriptions = reads::email::subscriptions(&client, contact_id).await.expect("subscriptions");
     subscriptions.get(topic_id).cloned().unwrap_or_default()
 }

@@ -193,7 +193,7 @@ async fn a_journey_runs_every_step_kind_through_real_mail_and_a_real_webhook_rec
     let contact = app.get(&format!("/schemas/people/records/{contact_id}"), MAIL_KEY).await;
     assert_eq!(contact.body["data"]["firstName"], "Ada", "{:?}", contact.body);
     let client = app.pool.get().await.expect("client");
-    let subscriptions = domain::email::subscriptions(&client, &contact_id).await.expect("subscriptions");
+    let subscriptions = reads::email::subscriptions(&client, &contact_id).await.expect("subscriptions");
     assert_eq!(subscriptions.values().collect::<Vec<_>>(), ["unsubscribed"]);
     assert_eq!(receiver.received("crm").await.len(), 1, "the call was made once");
 

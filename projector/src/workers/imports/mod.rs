@@ -18,11 +18,12 @@ use std::time::Duration;
 use anyhow::Context;
 use deadpool_postgres::{GenericClient, Pool};
 use domain::catalog::WriteContext;
+use domain::imports::Settings;
 use domain::imports::decide::{self, Checked, Facts, Key, Outcome, Provenance};
-use domain::imports::{Settings, parse};
 use domain::records::decide::WriteSchema;
 use domain::records::write::identity_values;
 use futures_util::future::BoxFuture;
+use import_file as parse;
 use platform::error::{Code, Warning};
 use platform::log::{AppendError, AppendRequest, EventLog, Guard, Metadata, SetValue};
 use serde_json::{Map, Value, json};
@@ -103,7 +104,7 @@ impl Imports {
         let catalog = platform::readmodel::live_schema(&client, domain::catalog::CATALOG)
             .await?
             .context("the catalog has no live version")?;
-        let context = domain::catalog::write_context(&client, &catalog, &part.space_id, &part.schema_id).await?;
+        let context = reads::catalog::write_context(&client, &catalog, &part.space_id, &part.schema_id).await?;
         let mut tally = Tally::default();
         let done: HashSet<i32> = client
             .query(
@@ -521,11 +522,11 @@ async fn read_facts(
 ) -> anyhow::Result<Read> {
     let values: BTreeSet<(&'static str, String)> = rows.iter().flat_map(|row| identity_values(&row.input)).collect();
     let values: Vec<(&str, String)> = values.into_iter().collect();
-    let owners = domain::records::write::identity_owners(client, schema.space_id, schema.schema_id, &values).await?;
+    let owners = reads::records::identity_owners(client, schema.space_id, schema.schema_id, &values).await?;
     let ids: BTreeSet<String> =
         owners.values().cloned().chain(rows.iter().filter_map(|row| row.input.id.clone())).collect();
     let ids: Vec<String> = ids.into_iter().collect();
-    let records = domain::records::load_records(client, &ids)
+    let records = reads::records::load_records(client, &ids)
         .await?
         .into_iter()
         .map(|(record_id, version, loaded)| (record_id, (version, loaded)))
@@ -546,12 +547,12 @@ async fn read_facts(
     };
     let (mut topics, mut subscriptions) = (BTreeMap::new(), BTreeMap::new());
     if rows.iter().any(|row| !row.topics.is_empty()) {
-        for (topic_id, topic) in domain::email::topics(client, catalog, schema.space_id).await? {
+        for (topic_id, topic) in reads::email::topics(client, catalog, schema.space_id).await? {
             topics.insert(topic.slug, topic_id.clone());
             topics.insert(topic.name, topic_id.clone());
             topics.insert(topic_id.clone(), topic_id);
         }
-        subscriptions = domain::email::subscriptions_of(client, &ids).await?;
+        subscriptions = reads::email::subscriptions_of(client, &ids).await?;
     }
     Ok(Read { owners, records, suppressed, topics, subscriptions })
 }

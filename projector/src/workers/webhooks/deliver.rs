@@ -500,7 +500,7 @@ impl Inner {
     /// Pauses the webhook with a reason the owner sees on GET, unless it is no longer live.
     async fn pause(&self, delivery: &Claimed, reason: &str, detail: &str) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
-        let (version, current) = domain::webhooks::state::load(&client, &delivery.webhook_id).await?;
+        let (version, current) = reads::webhooks::load(&client, &delivery.webhook_id).await?;
         drop(client);
         if !current.is_some_and(|webhook| webhook.live && !webhook.deleted) {
             return Ok(());

@@ -491,7 +491,7 @@ async fn fold_webhook(
         return Ok(false);
     }
     let Some(webhook_id) = domain::webhooks::state::webhook_of(event) else { return Ok(false) };
-    let (_, state) = domain::webhooks::state::load_at(transaction, webhook_id, stored.position).await?;
+    let (_, state) = reads::webhooks::load_at(transaction, webhook_id, stored.position).await?;
     let Some(state) = state else { return Ok(true) };
     match event {
         LogEvent::WebhookCreated(created) => {
@@ -626,7 +626,7 @@ async fn occurrence(
             fired(accepted, None, stored.subject_id.clone(), keys, accepted.received_at_ms)?
         }
         LogEvent::EventReadinessChanged(changed) if changed.state == "ready" => {
-            let Some(accepted) = domain::business_events::accepted(transaction, &changed.id).await? else {
+            let Some(accepted) = reads::business_events::accepted(transaction, &changed.id).await? else {
                 return Ok(None);
             };
             fired(&accepted, Some(changed), stored.subject_id.clone(), keys, changed.changed_at_ms)?

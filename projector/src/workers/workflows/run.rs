@@ -186,7 +186,7 @@ async fn load(inner: &Inner, row: &Row, definition: &WorkflowDef, facts: &mut Fa
         }
         Need::Suppression(address) => {
             let client = inner.pool.get().await?;
-            let suppressed = domain::email::is_suppressed(&client, &row.space_id, &address).await?;
+            let suppressed = reads::email::is_suppressed(&client, &row.space_id, &address).await?;
             facts.suppressed.insert(address, suppressed);
         }
         Need::Engagement(email_ids) => {
@@ -265,7 +265,7 @@ async fn definition(inner: &Inner, workflow_id: &str, revision: i64) -> anyhow::
 async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts> {
     let Some(contact_id) = &row.contact_id else { return Ok(ContactFacts::None) };
     let client = inner.pool.get().await?;
-    let loaded = domain::records::load_records(&client, std::slice::from_ref(contact_id)).await?.pop();
+    let loaded = reads::records::load_records(&client, std::slice::from_ref(contact_id)).await?.pop();
     let Some((_, version, Loaded::Live { state, key })) = loaded else { return Ok(ContactFacts::Gone) };
     if state.personal.is_none() {
         return Ok(ContactFacts::Gone);
@@ -279,7 +279,7 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
         .await?;
     let consent_keys: Vec<String> =
         rows.iter().filter(|row| mail::send::is_email_consent(&row.get::<_, Value>(1))).map(|row| row.get(0)).collect();
-    // What a record write holds values to (`domain::catalog::write_context`): the custom ones.
+    // What a record write holds values to (`reads::catalog::write_context`): the custom ones.
     let attributes: Vec<domain::catalog::AttributeEntry> = rows
         .into_iter()
         .filter(|row| !row.get::<_, bool>(2))
@@ -287,7 +287,7 @@ async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts>
         .collect();
     let values = state.values();
     let consent = mail::send::email_consent(&consent_keys, |key| values.get(key));
-    let subscriptions = domain::email::subscriptions(&client, contact_id).await?;
+    let subscriptions = reads::email::subscriptions(&client, contact_id).await?;
     let segments_schema = live_schema(&client, "segments").await?;
     let segments = client
         .query(&format!("SELECT segment_id FROM {segments_schema}.members WHERE contact_id = $1"), &[contact_id])

@@ -18,7 +18,7 @@ use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value};
 
-use super::parse::TOPICS;
+use super::TOPICS;
 use crate::records::decide::{
     Input, Match, Owners, UpdateDecision, WriteSchema, decide_create, decide_update, identity_keys, live_target,
     match_upsert, parse_input,

@@ -3,8 +3,6 @@
 //! takes imports and parts in, the projector's `imports` worker decides their rows.
 
 pub mod decide;
-pub mod parse;
-pub mod status;
 
 use std::collections::BTreeMap;
 
@@ -258,7 +256,7 @@ fn fillable(key: &str, schema_type: &str, attributes: &[AttributeEntry]) -> bool
     key == "id"
         || crate::records::base_attributes(schema_type).iter().any(|(base, _, writable)| *writable && *base == key)
         || attributes.iter().any(|attribute| attribute.key == key && crate::catalog::is_writable(&attribute.definition))
-        || (schema_type == "contact" && key == parse::TOPICS)
+        || (schema_type == "contact" && key == TOPICS)
 }
 
 /// What the schema's rows may fill, for a message: its identities and attributes.
@@ -293,7 +291,7 @@ fn fillable_keys<'a>(schema_type: &str, attributes: &'a [AttributeEntry]) -> Vec
             .map(|attribute| attribute.key.as_str()),
     );
     if schema_type == "contact" {
-        keys.push(parse::TOPICS);
+        keys.push(TOPICS);
     }
     keys
 }
@@ -360,7 +358,7 @@ pub fn check_header(
     let mut filled: BTreeMap<String, &str> = BTreeMap::new();
     for header in headers {
         let header = header.trim();
-        let Some(key) = parse::column_key(header, &settings.columns, attributes) else { continue };
+        let Some(key) = column_key(header, &settings.columns, attributes) else { continue };
         if !fillable(&key, schema_type, attributes) {
             let message = match closest_field(header, schema_type, attributes) {
                 Some(field) => format!(
@@ -437,6 +435,44 @@ impl Settings {
             encoding: document.get("encoding").and_then(Value::as_str).and_then(Encoding::parse).unwrap_or_default(),
             delimiter: document.get("delimiter").and_then(Value::as_str).and_then(parse_delimiter),
         })
+    }
+}
+
+/// The key of a row that lists the topics it subscribes to.
+pub const TOPICS: &str = "topics";
+
+/// The key a CSV column fills: the one its header is mapped to (`None`: ignored), else the
+/// field its header names, matched without regard to case, spaces, `_` and `-` when it is not
+/// a field's exact key (`Email` fills `email`, `First name` fills `firstName`), else the
+/// header itself (which the header's check refuses).
+pub fn column_key(
+    header: &str,
+    columns: &BTreeMap<String, Option<String>>,
+    attributes: &[AttributeEntry],
+) -> Option<String> {
+    let header = header.trim();
+    if let Some(target) = columns.get(header) {
+        return target.clone();
+    }
+    let loose = |text: &str| -> String {
+        text.chars().filter(|c| !matches!(c, ' ' | '_' | '-')).flat_map(char::to_lowercase).collect()
+    };
+    // The record's id and the writable platform fields of either record type (the header's
+    // check then refuses one its schema does not have), `topics`, and the attributes.
+    let platform = ["contact", "object"].into_iter().flat_map(crate::records::base_attributes);
+    let fields: Vec<&str> = std::iter::once("id")
+        .chain(platform.filter(|(_, _, writable)| *writable).map(|(key, _, _)| *key))
+        .chain([TOPICS])
+        .chain(attributes.iter().map(|attribute| attribute.key.as_str()))
+        .collect();
+    if fields.contains(&header) {
+        return Some(header.to_owned());
+    }
+    let wanted = loose(header);
+    let mut matching = fields.iter().filter(|field| loose(field) == wanted);
+    match (matching.next(), matching.next()) {
+        (Some(field), None) => Some((*field).to_owned()),
+        _ => Some(header.to_owned()),
     }
 }
 

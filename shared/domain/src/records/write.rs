@@ -2,16 +2,13 @@
 //! the import worker: the streams and guards of a create or an update (with the subject's data
 //! key and its personal data sealed), and the identity claims that keep identities unique.
 
-use deadpool_postgres::GenericClient;
-use tokio_postgres::types::ToSql;
-
 use platform::crypto::{self, DataKey};
 use platform::error::Code;
 use platform::events::LogEvent;
-use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
+use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, Param, SetValue, StreamAppend};
 use platform::proto::Sealed;
 
-use super::decide::{Change, CreateDecision, Identity, Input, Owners};
+use super::decide::{Change, CreateDecision, Identity, Input};
 use super::stream_id;
 
 /// Identity values of the input, to look up their holders.
@@ -121,32 +118,6 @@ pub fn encrypt_personal(
     Ok((key, guard))
 }
 
-/// Who holds each of `identities` (`(key, value)`) in the schema.
-pub async fn identity_owners(
-    client: &impl GenericClient,
-    space_id: &str,
-    schema_id: &str,
-    identities: &[(&str, String)],
-) -> Result<Owners, tokio_postgres::Error> {
-    if identities.is_empty() {
-        return Ok(Owners::new());
-    }
-    let kinds: Vec<&str> = identities.iter().map(|(kind, _)| *kind).collect();
-    let values: Vec<&str> = identities.iter().map(|(_, value)| value.as_str()).collect();
-    // One primary-key probe per identity: the fence (OFFSET 0) keeps the planner from
-    // probing on (space, schema) alone and filtering, as it does while the table has no
-    // statistics.
-    let statement = client
-        .prepare_cached(
-            "SELECT i.kind, i.value, i.record_id FROM unnest($3::text[], $4::text[]) AS q(kind, value)
-             CROSS JOIN LATERAL (SELECT * FROM record_identities i WHERE i.space_id = $1 AND i.schema_id = $2
-                                 AND i.kind = q.kind AND i.value = q.value OFFSET 0) i",
-        )
-        .await?;
-    let rows = client.query(&statement, &[&space_id, &schema_id, &kinds, &values]).await?;
-    Ok(rows.into_iter().map(|row| ((row.get(0), row.get(1)), row.get(2))).collect())
-}
-
 /// The guard claiming `identity` for the record: its uniqueness within the schema.
 pub fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Guard {
     Guard::unique(
@@ -168,12 +139,7 @@ pub fn claim(space_id: &str, schema_id: &str, record_id: &str, identity: &Identi
 }
 
 /// The parameters of the identity guards: `(space, schema, kind, value, record)`.
-fn identity_params(
-    space_id: &str,
-    schema_id: &str,
-    record_id: &str,
-    identity: &Identity,
-) -> Vec<Box<dyn ToSql + Sync + Send>> {
+fn identity_params(space_id: &str, schema_id: &str, record_id: &str, identity: &Identity) -> Vec<Param> {
     vec![
         Box::new(space_id.to_owned()),
         Box::new(schema_id.to_owned()),

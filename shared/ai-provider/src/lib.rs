@@ -42,7 +42,7 @@ use chrono::NaiveDate;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::attributes::{attribute_type, normalize_value, options};
+use domain::attributes::{attribute_type, normalize_value, options};
 use filter::{self, Filter, MAX_CONDITIONS, MAX_DEPTH};
 use platform::settings::{AiSettings, ProviderKind};
 use secrecy::{ExposeSecret, SecretString};

@@ -1,18 +1,14 @@
-//! A part's body read into rows: each row the flat input an upsert takes, or why it cannot be
+//! An import's file (decision: its own crate, so the CSV and text-decoding crates are linked only by
+//! the tiers that read files). A part's body read into rows: each row the flat input an upsert takes, or why it cannot be
 //! one. A CSV cell is typed by the attribute its column fills (numbers, booleans, lists split
 //! on `;`); an empty cell is absent, not null, so a sparse file never clears a value.
 
 use platform::error::Code;
 use serde_json::{Map, Number, Value};
 
-use std::collections::BTreeMap;
-
-use super::{Encoding, Format, MAX_PART_ROWS, Settings};
-use crate::attributes::attribute_type;
-use crate::catalog::AttributeEntry;
-
-/// The key of a row that lists the topics it subscribes to.
-pub const TOPICS: &str = "topics";
+use domain::attributes::attribute_type;
+use domain::catalog::AttributeEntry;
+use domain::imports::{Encoding, Format, MAX_PART_ROWS, Settings, TOPICS, column_key};
 
 /// One row of a part: its number as a spreadsheet shows it (a CSV part's header is row 1, its
 /// first data row 2; an NDJSON part's lines from 1) and its input, or the error that makes it
@@ -206,41 +202,6 @@ fn csv<'a>(
     }))
 }
 
-/// The key a CSV column fills: the one its header is mapped to (`None`: ignored), else the
-/// field its header names, matched without regard to case, spaces, `_` and `-` when it is not
-/// a field's exact key (`Email` fills `email`, `First name` fills `firstName`), else the
-/// header itself (which the header's check refuses).
-pub fn column_key(
-    header: &str,
-    columns: &BTreeMap<String, Option<String>>,
-    attributes: &[AttributeEntry],
-) -> Option<String> {
-    let header = header.trim();
-    if let Some(target) = columns.get(header) {
-        return target.clone();
-    }
-    let loose = |text: &str| -> String {
-        text.chars().filter(|c| !matches!(c, ' ' | '_' | '-')).flat_map(char::to_lowercase).collect()
-    };
-    // The record's id and the writable platform fields of either record type (the header's
-    // check then refuses one its schema does not have), `topics`, and the attributes.
-    let platform = ["contact", "object"].into_iter().flat_map(crate::records::base_attributes);
-    let fields: Vec<&str> = std::iter::once("id")
-        .chain(platform.filter(|(_, _, writable)| *writable).map(|(key, _, _)| *key))
-        .chain([TOPICS])
-        .chain(attributes.iter().map(|attribute| attribute.key.as_str()))
-        .collect();
-    if fields.contains(&header) {
-        return Some(header.to_owned());
-    }
-    let wanted = loose(header);
-    let mut matching = fields.iter().filter(|field| loose(field) == wanted);
-    match (matching.next(), matching.next()) {
-        (Some(field), None) => Some((*field).to_owned()),
-        _ => Some(header.to_owned()),
-    }
-}
-
 /// A CSV cell as the JSON value its key takes. A cell that is not of its attribute's type, or
 /// whose key is no attribute, stays a string: the record rules then refuse the row, naming
 /// the key as a single upsert would.
@@ -261,12 +222,12 @@ fn typed_cell(key: &str, cell: &str, attributes: &[AttributeEntry]) -> Value {
             _ => None,
         },
         // An option written in another case is the option (`Pro` for `pro`).
-        "select" => crate::attributes::options(&attribute.definition)
+        "select" => domain::attributes::options(&attribute.definition)
             .into_iter()
             .find(|option| option.eq_ignore_ascii_case(trimmed))
             .map(|option| Value::String(option.to_owned())),
         "multiselect" => {
-            let options = crate::attributes::options(&attribute.definition);
+            let options = domain::attributes::options(&attribute.definition);
             let canonical = |item: Value| match item
                 .as_str()
                 .and_then(|text| options.iter().find(|option| option.eq_ignore_ascii_case(text)))
@@ -298,6 +259,7 @@ mod tests {
 
     use super::*;
     use serde_json::json;
+    use std::collections::BTreeMap;
 
     fn attributes() -> Vec<AttributeEntry> {
         [
