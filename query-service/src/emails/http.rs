@@ -169,14 +169,12 @@ impl Export {
         let mut out = Vec::with_capacity(rows.len() * 256);
         match self.format {
             Format::Csv => {
-                let mut writer = csv::Writer::from_writer(&mut out);
                 if std::mem::take(&mut self.header) {
-                    writer.write_record(log::CSV_HEADER)?;
+                    log::write_csv_record(&mut out, log::CSV_HEADER);
                 }
                 for (row, _, _) in &rows {
-                    writer.write_record(log::csv_record(row))?;
+                    log::write_csv_record(&mut out, log::csv_record(row));
                 }
-                writer.flush()?;
             }
             _ => {
                 for (row, _, _) in &rows {
