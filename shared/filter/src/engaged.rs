@@ -4,10 +4,9 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{
-    FilterError, MAX_FIELD_PATH_CHARS, MAX_VALUE_CHARS, MAX_WINDOW_SECONDS, Parser, Token, TokenKind, json_kind,
-    plain_text, window_words,
-};
+use crate::describe::{plain_text, window_words};
+use crate::json::json_kind;
+use crate::{FilterError, MAX_FIELD_PATH_CHARS, MAX_VALUE_CHARS, MAX_WINDOW_SECONDS};
 
 /// `opened ...` or `clicked ...`: the contact opened (or clicked a link in) an email of the
 /// source, within the window ending at the evaluation time when there is one. A machine's
@@ -58,7 +57,7 @@ pub struct Engagement {
 }
 
 impl Action {
-    fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             Action::Opened => "opened",
             Action::Clicked => "clicked",
@@ -91,7 +90,7 @@ impl Engaged {
     }
 
     /// Whether one counted engagement lies in the window ending at `now_ms`.
-    pub(super) fn holds(&self, engagements: &[Engagement], now_ms: i64) -> bool {
+    pub(crate) fn holds(&self, engagements: &[Engagement], now_ms: i64) -> bool {
         engagements.iter().filter(|engagement| self.counts_kind(engagement)).any(|engagement| {
             engagement.at_ms <= now_ms
                 && self.window_ms().is_none_or(|window| engagement.at_ms > now_ms.saturating_sub(window))
@@ -99,7 +98,7 @@ impl Engaged {
     }
 
     /// The moments after `now_ms` at which a counted engagement enters or leaves the window.
-    pub(super) fn changes(&self, engagements: &[Engagement], now_ms: i64) -> Option<i64> {
+    pub(crate) fn changes(&self, engagements: &[Engagement], now_ms: i64) -> Option<i64> {
         engagements
             .iter()
             .filter(|engagement| self.counts_kind(engagement))
@@ -111,7 +110,7 @@ impl Engaged {
             .min()
     }
 
-    pub(super) fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let mut inner = Map::new();
         match &self.source {
             Source::Any => {}
@@ -144,7 +143,7 @@ impl Engaged {
         Value::Object(outer)
     }
 
-    pub(super) fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let source = match &self.source {
             Source::Any => String::new(),
             Source::Broadcast(id) => format!(" from broadcast {}", plain_text(id)),
@@ -179,7 +178,7 @@ impl Engaged {
 
 /// Checks what the types leave open: names within bounds, a window within bounds, a link text
 /// only on clicks.
-fn checked(engaged: Engaged) -> Result<Engaged, String> {
+pub(crate) fn checked(engaged: Engaged) -> Result<Engaged, String> {
     let names: Vec<&String> = match &engaged.source {
         Source::Any => Vec::new(),
         Source::Broadcast(id) | Source::Template(id) => vec![id],
@@ -208,7 +207,7 @@ fn checked(engaged: Engaged) -> Result<Engaged, String> {
 }
 
 /// Reads the JSON form `{"opened": {...}}` or `{"clicked": {...}}` (the inner object).
-pub(super) fn read(action: Action, value: &Value, at: &str) -> Result<Engaged, FilterError> {
+pub(crate) fn read(action: Action, value: &Value, at: &str) -> Result<Engaged, FilterError> {
     let Value::Object(object) = value else {
         return Err(FilterError::new(format!(
             "`{at}`: expected an object such as {{\"from\": {{\"broadcast\": \"spring-sale\"}}, \"withinSeconds\": \
@@ -269,127 +268,6 @@ fn read_source(value: &Value, at: &str) -> Result<Source, FilterError> {
             Ok(Source::Workflow { workflow: text("workflow")?.unwrap_or_default(), step: text("step")? })
         }
         _ => Err(expected()),
-    }
-}
-
-impl Parser {
-    /// The phrases `opened`, `has opened`, `clicked`, `has clicked` and their negations `did
-    /// not open`, `has not opened`, `did not click`, `has not clicked`, when they begin here.
-    /// A field of one of those names followed by a comparison is still a condition (`opened
-    /// is true`).
-    pub(super) fn engaged_fact(&mut self) -> Result<Option<super::Filter>, FilterError> {
-        let action_at = |parser: &Self, offset: usize| {
-            if parser.keyword_at(offset, "opened") {
-                Some(Action::Opened)
-            } else if parser.keyword_at(offset, "clicked") {
-                Some(Action::Clicked)
-            } else {
-                None
-            }
-        };
-        let comparison_follows = |parser: &Self, offset: usize| {
-            matches!(parser.tokens.get(parser.next + offset),
-                Some(Token { kind: TokenKind::Word(word), .. }) if super::is_comparison_word(word))
-        };
-        let (action, skip, negated) = if let Some(action) = action_at(self, 0) {
-            if comparison_follows(self, 1) {
-                return Ok(None);
-            }
-            (action, 1, false)
-        } else if self.keyword_at(0, "has") && action_at(self, 1).is_some() {
-            (action_at(self, 1).unwrap_or(Action::Opened), 2, false)
-        } else if self.keyword_at(0, "has") && self.keyword_at(1, "not") && action_at(self, 2).is_some() {
-            (action_at(self, 2).unwrap_or(Action::Opened), 3, true)
-        } else if self.keyword_at(0, "did") && self.keyword_at(1, "not") && self.keyword_at(2, "open") {
-            (Action::Opened, 3, true)
-        } else if self.keyword_at(0, "did") && self.keyword_at(1, "not") && self.keyword_at(2, "click") {
-            (Action::Clicked, 3, true)
-        } else {
-            return Ok(None);
-        };
-        let position = self.peek().map_or(self.end_position, |token| token.position);
-        self.next += skip;
-        let engaged = self.engaged(action)?;
-        let engaged = checked(engaged).map_err(|message| {
-            FilterError::new(format!("{message} (in `{}` at character {position})", action.word()))
-        })?;
-        let fact = super::Filter::Engaged(engaged);
-        Ok(Some(if negated { super::Filter::Not(Box::new(fact)) } else { fact }))
-    }
-
-    /// After the verb: for clicks `[a link | any link | link] [containing <text>] [in]`, then
-    /// `[an email | any email | email] [from <source>] [<window>] [including machines]`.
-    fn engaged(&mut self, action: Action) -> Result<Engaged, FilterError> {
-        let mut link_contains = None;
-        if action == Action::Clicked {
-            if (self.keyword_at(0, "a") || self.keyword_at(0, "any")) && self.keyword_at(1, "link") {
-                self.next += 2;
-            } else {
-                self.eat_keyword("link");
-            }
-            if self.eat_keyword("containing") {
-                link_contains = Some(self.name("the text of a link after `containing`")?);
-            }
-            if self.keyword_at(0, "in") && !self.keyword_at(1, "the") {
-                self.next += 1;
-                if !self.email_words() {
-                    return Err(self.expected("`an email` after `in`"));
-                }
-            }
-        }
-        self.email_words();
-        let source = if self.eat_keyword("from") { self.source()? } else { Source::Any };
-        let within_seconds = self.window()?;
-        let machines = self.keyword_at(0, "including") && self.keyword_at(1, "machines");
-        if machines {
-            self.next += 2;
-        }
-        Ok(Engaged { action, source, link_contains, within_seconds, machines })
-    }
-
-    /// `an email`, `any email` or `email`, when they come next.
-    fn email_words(&mut self) -> bool {
-        if (self.keyword_at(0, "an") || self.keyword_at(0, "any")) && self.keyword_at(1, "email") {
-            self.next += 2;
-            true
-        } else {
-            self.eat_keyword("email")
-        }
-    }
-
-    /// After `from`: `broadcast <id>`, `template <id>`, `workflow <id> [step <id>]` or
-    /// `step <id> of workflow <id>`.
-    fn source(&mut self) -> Result<Source, FilterError> {
-        if self.eat_keyword("broadcast") {
-            return Ok(Source::Broadcast(self.name("a broadcast after `from broadcast`")?));
-        }
-        if self.eat_keyword("template") {
-            return Ok(Source::Template(self.name("a template after `from template`")?));
-        }
-        if self.eat_keyword("workflow") {
-            let workflow = self.name("a workflow after `from workflow`")?;
-            let step = if self.eat_keyword("step") { Some(self.name("a step after `step`")?) } else { None };
-            return Ok(Source::Workflow { workflow, step });
-        }
-        if self.eat_keyword("step") {
-            let step = self.name("a step after `from step`")?;
-            self.expect_keyword("of", "the step")?;
-            self.expect_keyword("workflow", "of")?;
-            let workflow = self.name("a workflow after `of workflow`")?;
-            return Ok(Source::Workflow { workflow, step: Some(step) });
-        }
-        Err(self.expected("`broadcast`, `template`, `workflow` or `step` after `from`"))
-    }
-
-    /// A name or a text: a bare word (not `and` or `or`) or a quoted text.
-    fn name(&mut self, what: &str) -> Result<String, FilterError> {
-        let name = match self.peek() {
-            Some(Token { kind: TokenKind::Word(word), .. }) if !super::is_connective(word) => word.clone(),
-            Some(Token { kind: TokenKind::Quoted(text), .. }) => text.clone(),
-            _ => return Err(self.expected(what)),
-        };
-        self.next += 1;
-        Ok(name)
     }
 }
 
