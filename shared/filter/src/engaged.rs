@@ -1,6 +1,6 @@
 //! Engagement facts: `opened` and `clicked` (see the crate documentation, "Engagement"): the
 //! type, its JSON form, its plain words, and its evaluation against a contact's opens and
-//! clicks.
+//! clicks. Reading its phrases is the parser's (`parser/engaged.rs`).
 
 use serde_json::{Map, Value, json};
 
