@@ -1,6 +1,7 @@
 //! Integration tests against a real PostgreSQL started by `scripts/test`.
 
 mod ai;
+mod architecture;
 mod audit;
 mod auth;
 mod authoring;

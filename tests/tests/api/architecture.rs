@@ -1,0 +1,172 @@
+//! ARCHITECTURE.md's code map held to the tree: every file or folder it names exists, and its
+//! table of which crate uses which is exactly what the crates' `Cargo.toml` files list.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").to_path_buf()
+}
+
+/// The text of a `## ` section of ARCHITECTURE.md, up to the next one.
+fn section(title: &str) -> String {
+    let text = std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let start = text.find(&format!("\n## {title}\n")).unwrap_or_else(|| panic!("a section {title:?}"));
+    let rest = &text[start + 1..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |end| end + 3);
+    rest[..end].to_owned()
+}
+
+/// The code spans of `text`.
+fn spans(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+/// Whether a code span names a file or folder: a relative path of plain characters ending in
+/// `/` or a known extension.
+fn names_a_path(span: &str) -> bool {
+    let plain = !span.is_empty() && span.chars().all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c));
+    let extension = [".rs", ".sql", ".toml", ".sh", ".proto", ".template", ".md", ".json"];
+    plain && !span.starts_with(['.', '/']) && (span.ends_with('/') || extension.iter().any(|ext| span.ends_with(ext)))
+}
+
+/// Every file and folder under `root`, as paths relative to it.
+fn tree(root: &Path, prefix: &Path, found: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name == "target" || name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let relative = prefix.join(&name);
+        found.push(relative.clone());
+        if entry.path().is_dir() {
+            tree(&entry.path(), &relative, found);
+        }
+    }
+}
+
+/// The code map's bullets: each one's folder (from its first span, nested bullets under their
+/// parent's) and the spans of its text, up to the next bullet.
+fn bullets(map: &str) -> Vec<(String, Vec<String>)> {
+    let mut found: Vec<(String, Vec<String>)> = Vec::new();
+    let mut parents: Vec<(usize, String)> = Vec::new();
+    for line in map.lines() {
+        let depth = line.len() - line.trim_start().len();
+        if let Some(item) = line.trim_start().strip_prefix("- `") {
+            let head = item.split('`').next().unwrap_or_default().to_owned();
+            parents.retain(|(parent, _)| *parent < depth);
+            let folder = match parents.last() {
+                Some((_, parent)) if head.ends_with('/') => format!("{parent}{head}"),
+                Some((_, parent)) => parent.clone(),
+                None => head.clone(),
+            };
+            if head.ends_with('/') {
+                parents.push((depth, folder.clone()));
+            }
+            found.push((folder, Vec::new()));
+        }
+        let bullet = line.trim_start().starts_with("- `");
+        if let Some((_, named)) = found.last_mut() {
+            // A bullet's own head is its folder, not a path named under it.
+            let spans = spans(line).into_iter().skip(usize::from(bullet));
+            named.extend(spans.filter(|span| names_a_path(span)).map(str::to_owned));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_path_the_code_map_names_exists() {
+    let workspace = workspace();
+    let map = section("Code map");
+    let bullets = bullets(&map);
+    assert!(bullets.len() >= 10, "the code map's bullets were read: {bullets:?}");
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for (folder, named) in &bullets {
+        let root = workspace.join(folder);
+        assert!(root.is_dir(), "the code map's folder {folder} does not exist");
+        let mut under = Vec::new();
+        tree(&root, Path::new(""), &mut under);
+        for path in named {
+            let wanted = Path::new(path.trim_end_matches('/'));
+            // A path from the repository's root, from the bullet's folder, or the tail of a
+            // path under that folder (`decide.rs` of a capability, `workers/imports/`).
+            let exists = workspace.join(wanted).exists()
+                || root.join(wanted).exists()
+                || under.iter().any(|found| found.ends_with(wanted));
+            if !exists {
+                missing.push(format!("{path} (under {folder})"));
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 100, "the code map's paths were read: {checked}");
+    assert!(missing.is_empty(), "the code map names paths that do not exist: {missing:?}");
+}
+
+/// The workspace crates' folders, by package name.
+fn crates() -> BTreeMap<String, PathBuf> {
+    let workspace = workspace();
+    let manifest = std::fs::read_to_string(workspace.join("Cargo.toml")).expect("the workspace manifest");
+    let members = manifest.split("members = [").nth(1).and_then(|rest| rest.split(']').next()).expect("members");
+    members
+        .split(',')
+        .map(|member| member.trim().trim_matches('"'))
+        .filter(|member| !member.is_empty())
+        .map(|member| {
+            let text = std::fs::read_to_string(workspace.join(member).join("Cargo.toml")).expect("a member manifest");
+            let name = text
+                .lines()
+                .find_map(|line| line.strip_prefix("name = "))
+                .map(|name| name.trim_matches('"').to_owned())
+                .expect("a package name");
+            (name, workspace.join(member))
+        })
+        .collect()
+}
+
+/// The workspace crates a manifest lists under `[dependencies]`.
+fn uses(folder: &Path, crates: &BTreeMap<String, PathBuf>) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(folder.join("Cargo.toml")).expect("a manifest");
+    let dependencies = text.split("\n[dependencies]\n").nth(1).unwrap_or_default();
+    let dependencies = dependencies.split("\n[").next().unwrap_or_default();
+    dependencies
+        .lines()
+        .filter_map(|line| line.split(['.', '=', ' ']).next())
+        .filter(|name| crates.contains_key(*name))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_code_maps_crate_table_is_what_the_manifests_list() {
+    let crates = crates();
+    assert!(crates.contains_key("domain") && crates.contains_key("query-service"), "{crates:?}");
+    let map = section("Code map");
+    let mut table: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in map.lines().map(str::trim).filter(|line| line.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').collect();
+        let [name, used] = cells[..] else { panic!("a row of two cells: {line}") };
+        let name = spans(name).first().map(|name| (*name).to_owned()).expect("a crate's name");
+        table.insert(name, spans(used).into_iter().map(str::to_owned).collect());
+    }
+    let expected: BTreeSet<&String> = crates.keys().filter(|name| *name != "tests").collect();
+    assert_eq!(table.keys().collect::<BTreeSet<_>>(), expected, "the table has a row for every crate but the tests'");
+    for (name, used) in &table {
+        assert_eq!(&uses(&crates[name], &crates), used, "what {name} uses, by its Cargo.toml");
+    }
+}
+
+#[test]
+fn the_checks_see_a_missing_path_and_a_wrong_edge() {
+    let bullets = bullets("- `shared/` — crates\n  - `domain/` — `catalog.rs` and `gone.rs`\n- `tests/` — `a/`");
+    assert_eq!(bullets[1], ("shared/domain/".to_owned(), vec!["catalog.rs".to_owned(), "gone.rs".to_owned()]));
+    assert_eq!(bullets[2].0, "tests/");
+    assert!(!workspace().join("shared/domain/src/gone.rs").exists());
+    let crates = crates();
+    assert!(!uses(&crates["filter"], &crates).contains("platform"), "filter uses nothing of ours");
+    assert!(uses(&crates["query-service"], &crates).contains("reads"));
+    assert!(!uses(&crates["projector"], &crates).contains("mail-parser"), "a crate of ours only");
+}
