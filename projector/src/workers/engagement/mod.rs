@@ -2,25 +2,24 @@
 //! `engagement_inbox` to their emails' streams.
 //!
 //! A step takes the oldest rows once 200 wait or the oldest has waited 50 ms (one process
-//! at a time, by an advisory lock held for the step), reads their emails' streams and their recipients' data keys in one statement each,
-//! and decides each row in order with `domain::engagement::history` (the first of its kind,
-//! a person's or a machine's: the signal the request gave, or a scanner's timing). Each email's
+//! at a time, by an advisory lock held for the step), reads their emails' streams and their
+//! recipients' data keys in one statement each, and decides each row in order (`decide.rs`,
+//! pure, with `domain::engagement::history`: the first of its kind, a person's or a machine's:
+//! the signal the request gave, or a scanner's timing). Each email's
 //! `EmailOpened` and `EmailClicked` are appended at the stream's version read, with the
 //! deletion of their rows as guards, so a row becomes an event exactly once across kill -9
 //! and any number of processes: an append that lost a race leaves its rows for the next step.
 //! A row of an unknown email, or of an erased contact, is deleted without an event.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Pool};
-use domain::engagement::Actor;
-use domain::engagement::history::{self, History};
+use domain::engagement::history::History;
 use futures_util::future::BoxFuture;
-use platform::error::Code;
+use platform::crypto::Keys;
 use platform::events::LogEvent;
-use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
-use platform::proto;
+use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, StreamAppend};
 
 use crate::runtime::{Outcome, Worker};
 
@@ -36,16 +35,9 @@ const GATHER_MS: i64 = 50;
 /// the same streams).
 const LOCK: i64 = 0x656e_6761_6765; // "engage"
 
-/// A row of `engagement_inbox`.
-struct Hit {
-    id: i64,
-    email_id: String,
-    kind: String,
-    link: Option<Vec<u8>>,
-    link_id: String,
-    signal: String,
-    at_ms: i64,
-}
+mod decide;
+
+use decide::{Decided, EmailAppend, Hit, Taken};
 
 /// Histories kept between steps at most; past it the worker starts over (each is the size of
 /// its email's links).
@@ -112,21 +104,35 @@ impl Engagement {
             )
             .await?
             .into_iter()
-            .map(|row| Hit {
-                id: row.get(0),
-                email_id: row.get(1),
-                kind: row.get(2),
-                link: row.get(3),
-                link_id: row.get(4),
-                signal: row.get(5),
-                at_ms: row.get(6),
+            .map(|row| {
+                let email_id: String = row.get(1);
+                let taken = if row.get::<_, &str>(2) == "click" {
+                    let link: Option<&[u8]> = row.get(3);
+                    let url = link.and_then(|sealed| domain::engagement::open_inbox_link(&email_id, sealed).ok());
+                    Taken::Click { link_id: row.get(4), url }
+                } else {
+                    Taken::Open
+                };
+                Hit { id: row.get(0), email_id, taken, signal: row.get(5), at_ms: row.get(6) }
             })
             .collect();
         if hits.is_empty() {
             return Ok(Outcome::Idle);
         }
         let kept = self.kept(hits.iter().map(|hit| hit.email_id.clone()));
-        let (appends, dropped, histories) = decide(&transaction, hits, kept).await?;
+        let (histories, keys) = load(&transaction, &hits, kept).await?;
+        let keyed = histories
+            .values()
+            .filter(|history| keys.get(&history.contact_id).is_some())
+            .map(|history| history.contact_id.clone())
+            .collect();
+        let Decided { appends, dropped, unreadable, histories } = decide::decide(hits, histories, &keyed);
+        for (row, email_id) in unreadable {
+            // Only this system writes rows; one it cannot read (a master key replaced
+            // meanwhile) must not hold up every click after it.
+            tracing::error!(row, email = %email_id, "a click's target cannot be opened; dropped");
+        }
+        let appends = appends.into_iter().map(|append| sealed(append, &keys)).collect::<anyhow::Result<Vec<_>>>()?;
         if !dropped.is_empty() {
             transaction.execute("DELETE FROM engagement_inbox WHERE id = ANY($1)", &[&dropped]).await?;
         }
@@ -165,131 +171,57 @@ impl Engagement {
     }
 }
 
-/// An email's append with what it adds to the engagement counter: (kind, signal) per event.
-type Append = (String, AppendRequest, Vec<(&'static str, &'static str)>);
-
-/// What a step decided: one append per email (with its id), the rows to drop (unknown email,
-/// erased contact), and each decided email's history once its append is committed.
-type Decided = (Vec<Append>, Vec<i64>, Vec<(String, History)>);
-
-/// Decides the rows against their emails' streams, as `kept` histories (a previous step's)
-/// and the events appended after them tell.
-async fn decide(
+/// Each hit's email's history: a kept one (a previous step's) with the events appended after
+/// it, or the whole stream; and the data keys of their contacts. One statement each.
+async fn load(
     client: &impl GenericClient,
-    hits: Vec<Hit>,
+    hits: &[Hit],
     mut kept: BTreeMap<String, History>,
-) -> anyhow::Result<Decided> {
-    let mut by_email: BTreeMap<String, Vec<Hit>> = BTreeMap::new();
-    for hit in hits {
-        by_email.entry(hit.email_id.clone()).or_default().push(hit);
-    }
-    let streams: Vec<String> = by_email.keys().map(|email_id| domain::email::stream_id(email_id)).collect();
+) -> anyhow::Result<(BTreeMap<String, History>, Keys)> {
+    let emails: BTreeSet<&str> = hits.iter().map(|hit| hit.email_id.as_str()).collect();
+    let streams: Vec<String> = emails.iter().map(|email_id| domain::email::stream_id(email_id)).collect();
     let after: Vec<i64> =
-        by_email.keys().map(|email_id| kept.get(email_id).map_or(0, |history| history.version)).collect();
+        emails.iter().map(|email_id| kept.get(*email_id).map_or(0, |history| history.version)).collect();
     let mut events: BTreeMap<String, Vec<(i64, LogEvent)>> = BTreeMap::new();
     for stored in platform::log::read_streams_after(client, &streams, &after).await? {
         let Some(email_id) = stored.stream_id.strip_prefix("email-").map(str::to_owned) else { continue };
         let event = stored.decode()?;
         events.entry(email_id).or_default().push((stored.stream_version, event));
     }
-    let histories: BTreeMap<String, History> = by_email
-        .keys()
+    let histories: BTreeMap<String, History> = emails
+        .into_iter()
         .filter_map(|email_id| {
             let appended = events.remove(email_id).unwrap_or_default();
-            History::fold_onto(kept.remove(email_id), appended).map(|history| (email_id.clone(), history))
+            History::fold_onto(kept.remove(email_id), appended).map(|history| (email_id.to_owned(), history))
         })
         .collect();
     let contacts: Vec<String> =
         histories.values().map(|history| history.contact_id.clone()).collect::<HashSet<_>>().into_iter().collect();
     let keys = platform::crypto::load_keys(client, &contacts).await?;
-    let mut appends = Vec::new();
-    let mut dropped = Vec::new();
-    let mut decided = Vec::new();
-    for (email_id, hits) in by_email {
-        let Some(mut history) = histories.get(&email_id).cloned() else {
-            dropped.extend(hits.iter().map(|hit| hit.id));
-            continue;
-        };
-        let Some(key) = keys.get(&history.contact_id) else {
-            dropped.extend(hits.iter().map(|hit| hit.id));
-            continue;
-        };
-        let version = history.version;
-        let mut new_events = Vec::with_capacity(hits.len());
-        let mut guards = Vec::with_capacity(hits.len());
-        let mut counted = Vec::with_capacity(hits.len());
-        for hit in &hits {
-            let actor = Actor::from_signal(&hit.signal);
-            let (event, kind, machine) = if hit.kind == "click" {
-                let url = hit.link.as_deref().map(|sealed| domain::engagement::open_inbox_link(&email_id, sealed));
-                let Some(Ok(url)) = url else {
-                    // Only this system writes rows; one it cannot read (a master key replaced
-                    // meanwhile) must not hold up every click after it.
-                    tracing::error!(row = hit.id, email = %email_id, "a click's target cannot be opened; dropped");
-                    dropped.push(hit.id);
-                    continue;
-                };
-                let verdict = history::click(&history, &hit.link_id, actor, hit.at_ms);
-                let mut link = platform::events::seal(&history.contact_id, &proto::ClickedLink { url });
-                platform::events::encrypt(&mut link, key)?;
-                let event = LogEvent::EmailClicked(proto::EmailClicked {
-                    email_id: email_id.clone(),
-                    space_id: history.space_id.clone(),
-                    contact_id: history.contact_id.clone(),
-                    link: Some(link),
-                    link_id: hit.link_id.clone(),
-                    first: verdict.first,
-                    machine: verdict.machine.to_owned(),
-                    at_ms: hit.at_ms,
-                    source: Some(history.source.clone()),
-                });
-                (event, "click", verdict.machine)
-            } else {
-                let verdict = history::open(&history, actor);
-                let event = LogEvent::EmailOpened(proto::EmailOpened {
-                    email_id: email_id.clone(),
-                    space_id: history.space_id.clone(),
-                    contact_id: history.contact_id.clone(),
-                    first: verdict.first,
-                    machine: verdict.machine.to_owned(),
-                    at_ms: hit.at_ms,
-                    source: Some(history.source.clone()),
-                });
-                (event, "open", verdict.machine)
-            };
-            history.record(&event);
-            new_events.push(NewEvent {
-                event,
-                subject_id: Some(history.contact_id.clone()),
-                occurred_at: platform::time::from_millis(hit.at_ms),
-            });
-            guards.push(taken(hit.id));
-            counted.push((kind, if machine.is_empty() { "none" } else { machine }));
-        }
-        if new_events.is_empty() {
-            decided.push((email_id, history));
-            continue;
-        }
-        let stream = StreamAppend {
-            stream_id: domain::email::stream_id(&email_id),
-            expected: ExpectedVersion::Exactly(version),
-            events: new_events,
-        };
-        let request = AppendRequest::in_space(&history.space_id, vec![stream], guards);
-        appends.push((email_id.clone(), request, counted));
-        decided.push((email_id, history));
-    }
-    Ok((appends, dropped, decided))
+    Ok((histories, keys))
 }
 
-/// The row's deletion, in the append of its event: a row becomes an event once.
-fn taken(id: i64) -> Guard {
-    Guard::exactly_one(
-        "DELETE FROM engagement_inbox WHERE id = $1",
-        vec![Box::new(id)],
-        AppendError::Conflict { code: Code::OperationTaken, message: "the hit was already recorded".to_owned() },
-    )
-    .with_set("DELETE FROM engagement_inbox WHERE id = ANY($1::bigint[])", vec![SetValue::BigInt(id)])
+/// An email's append with what it adds to the engagement counter: (kind, signal) per event.
+type Append = (String, AppendRequest, Vec<(&'static str, &'static str)>);
+
+/// An email's append as the log takes it, each click's link encrypted under the contact's key:
+/// the email, the request and what it adds to the engagement counter.
+fn sealed(append: EmailAppend, keys: &Keys) -> anyhow::Result<Append> {
+    let EmailAppend { email_id, space_id, contact_id, version, mut events, guards, counted } = append;
+    let key = keys.get(&contact_id).ok_or_else(|| anyhow::anyhow!("no data key for {contact_id}"))?;
+    for new in &mut events {
+        if let LogEvent::EmailClicked(clicked) = &mut new.event
+            && let Some(link) = clicked.link.as_mut()
+        {
+            platform::events::encrypt(link, key)?;
+        }
+    }
+    let stream = StreamAppend {
+        stream_id: domain::email::stream_id(&email_id),
+        expected: ExpectedVersion::Exactly(version),
+        events,
+    };
+    Ok((email_id, AppendRequest::in_space(&space_id, vec![stream], guards), counted))
 }
 
 impl Worker for Engagement {
