@@ -1,0 +1,330 @@
+//! The append batcher: one task per process groups concurrent commands into one transaction
+//! (bounded by commands and by bytes), writes it in one of three ways (the set form, pipelined,
+//! a savepoint per command), and notifies followers after the commit.
+
+use deadpool_postgres::{Pool, Transaction};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+
+use super::append::{AppendError, AppendRequest, Appended, ExpectedVersion};
+use super::commit::{BatchOutcome, Fallback, PendingRow, finish_batch, pending_rows, unavailable};
+use super::set_form::{SetBatch, write_set};
+
+/// The channel notified (after commit, once per batch) with the new head position.
+pub const LOG_CHANNEL: &str = "log_appended";
+
+struct Job {
+    request: AppendRequest,
+    reply: oneshot::Sender<Result<Appended, AppendError>>,
+}
+
+/// Handle to this process's append batcher.
+#[derive(Clone)]
+pub struct EventLog {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl EventLog {
+    /// Starts the batcher task. `batch_max` bounds the commands grouped in one transaction,
+    /// and [`BATCH_BYTES`] their events' bytes.
+    pub fn start(pool: Pool, batch_max: usize) -> Self {
+        Self::start_bounded(pool, batch_max, BATCH_BYTES)
+    }
+
+    /// Starts the batcher task with both bounds given (`APP__APPEND__*`).
+    pub fn start_bounded(pool: Pool, batch_max: usize, batch_bytes: usize) -> Self {
+        let (jobs, receiver) = mpsc::channel(batch_max.max(1) * 4);
+        tokio::spawn(run_batcher(pool, receiver, batch_max.max(1), batch_bytes.max(1)));
+        Self { jobs }
+    }
+
+    #[tracing::instrument(skip_all, fields(streams = request.streams.len()))]
+    pub async fn append(&self, request: AppendRequest) -> Result<Appended, AppendError> {
+        let (reply, outcome) = oneshot::channel();
+        self.jobs
+            .send(Job { request, reply })
+            .await
+            .map_err(|_| AppendError::Unavailable("the append batcher has stopped".to_owned()))?;
+        outcome.await.map_err(|_| AppendError::OutcomeUnknown("the append batcher stopped mid-append".to_owned()))?
+    }
+}
+
+/// The most event bytes one transaction writes (unless one command alone writes more). The
+/// log's head row stays locked from the events' insert until the commit is flushed, and every
+/// other process's append waits for it: a batch of 500 rendered emails (several megabytes)
+/// held it for tens of milliseconds, which a live request beside a broadcast waited out.
+pub const BATCH_BYTES: usize = 256 * 1024;
+
+async fn run_batcher(pool: Pool, mut receiver: mpsc::Receiver<Job>, batch_max: usize, batch_bytes: usize) {
+    let mut jobs = Vec::with_capacity(batch_max);
+    while receiver.recv_many(&mut jobs, batch_max).await > 0 {
+        for batch in by_bytes(std::mem::take(&mut jobs), batch_bytes) {
+            append_batch(&pool, batch).await;
+        }
+    }
+}
+
+/// Splits `jobs`, in order, into batches of at most `bytes` of events each (a command larger
+/// than that is a batch of its own).
+fn by_bytes(jobs: Vec<Job>, bytes: usize) -> Vec<Vec<Job>> {
+    if jobs.len() <= 1 {
+        // A lone command (most live requests) is a batch whatever its size: nothing to measure.
+        return if jobs.is_empty() { Vec::new() } else { vec![jobs] };
+    }
+    let mut batches: Vec<Vec<Job>> = Vec::new();
+    let mut filled = 0;
+    for job in jobs {
+        let size = job.request.event_bytes();
+        match batches.last_mut() {
+            Some(batch) if filled + size <= bytes => batch.push(job),
+            _ => {
+                batches.push(vec![job]);
+                filled = 0;
+            }
+        }
+        filled += size;
+    }
+    batches
+}
+
+async fn append_batch(pool: &Pool, jobs: Vec<Job>) {
+    let started = std::time::Instant::now();
+    metrics::histogram!("append_batch_commands").record(jobs.len() as f64);
+    let mut requests = Vec::with_capacity(jobs.len());
+    let mut replies = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        requests.push(job.request);
+        replies.push(job.reply);
+    }
+    let outcomes = match write_batch(pool, &requests).await {
+        Ok((outcomes, head)) => {
+            if head > 0 {
+                notify_appended(pool, head).await;
+            }
+            outcomes
+        }
+        Err(error) => requests.iter().map(|_| Err(error.clone())).collect(),
+    };
+    metrics::histogram!("append_batch_seconds").record(started.elapsed().as_secs_f64());
+    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+        if let Err(error) = &outcome {
+            let kind = match error {
+                AppendError::WrongVersion { .. } | AppendError::Conflict { .. } => "refused",
+                AppendError::Refused(_) | AppendError::Failed(_) => "failed",
+                AppendError::Unavailable(_) | AppendError::OutcomeUnknown(_) => "unavailable",
+            };
+            metrics::counter!("append_failures_total", "kind" => kind).increment(1);
+        }
+        let _ = reply.send(outcome);
+    }
+}
+
+/// Notifies followers after the commit, once per batch (never inside the append transaction).
+async fn notify_appended(pool: &Pool, head: i64) {
+    let Ok(client) = pool.get().await else { return };
+    let payload = head.to_string();
+    let notified = async {
+        let statement = client.prepare_cached("SELECT pg_notify($1, $2)").await?;
+        client.execute(&statement, &[&LOG_CHANNEL, &payload]).await
+    };
+    if let Err(error) = notified.await {
+        tracing::warn!(%error, "could not notify followers; they fall back to polling");
+    }
+}
+
+/// Writes a batch. The fast path writes the whole batch with one statement per table (see
+/// [`SetBatch`]) when every command allows it, and otherwise sends every command's statements
+/// at once (pipelined); neither uses savepoints. If any command is refused (lost race, guard
+/// conflict) the transaction is rolled back and the batch is written again with a savepoint
+/// per command, so only the refused commands fail.
+async fn write_batch(pool: &Pool, requests: &[AppendRequest]) -> Result<BatchOutcome, AppendError> {
+    let mut client = pool.get().await.map_err(|error| AppendError::Unavailable(error.to_string()))?;
+    let first_try = match SetBatch::of(requests) {
+        Some(batch) => write_set(&mut client, requests, batch).await,
+        None => write_pipelined(&mut client, requests).await,
+    };
+    match first_try {
+        Ok(outcome) => Ok(outcome),
+        Err(Fallback::Isolate) => write_isolated(&mut client, requests).await,
+        Err(Fallback::Fail(error)) => Err(error),
+    }
+}
+
+async fn write_pipelined(
+    client: &mut deadpool_postgres::Client,
+    requests: &[AppendRequest],
+) -> Result<BatchOutcome, Fallback> {
+    let transaction = client.transaction().await.map_err(|error| Fallback::Fail(unavailable(error)))?;
+    // The plan settings (`db::KEYED_PLANS`) go out first, pipelined with the statements
+    // (polled first, sent first).
+    let (keyed, staged) = tokio::join!(
+        transaction.batch_execute(crate::db::KEYED_PLANS),
+        futures_util::future::join_all(requests.iter().enumerate().map(|(index, request)| stage_request(
+            &transaction,
+            request,
+            index
+        )),)
+    );
+    keyed.map_err(|error| Fallback::Fail(unavailable(error)))?;
+    let mut rows_per_request = Vec::with_capacity(requests.len());
+    for outcome in staged {
+        match outcome {
+            Ok(rows) => rows_per_request.push(rows),
+            Err(_) => {
+                let _ = transaction.rollback().await;
+                return Err(Fallback::Isolate);
+            }
+        }
+    }
+    let outcomes = rows_per_request.iter().map(|_| Some(Ok(()))).collect();
+    finish_batch(transaction, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
+}
+
+async fn write_isolated(
+    client: &mut deadpool_postgres::Client,
+    requests: &[AppendRequest],
+) -> Result<BatchOutcome, AppendError> {
+    let transaction = client.transaction().await.map_err(unavailable)?;
+    transaction.batch_execute(crate::db::KEYED_PLANS).await.map_err(unavailable)?;
+    let mut outcomes: Vec<Option<Result<(), AppendError>>> = Vec::with_capacity(requests.len());
+    let mut rows_per_request: Vec<Vec<PendingRow>> = Vec::with_capacity(requests.len());
+    for (index, request) in requests.iter().enumerate() {
+        transaction.batch_execute("SAVEPOINT command").await.map_err(unavailable)?;
+        match stage_request(&transaction, request, index).await {
+            Ok(rows) => {
+                transaction.batch_execute("RELEASE SAVEPOINT command").await.map_err(unavailable)?;
+                rows_per_request.push(rows);
+                outcomes.push(Some(Ok(())));
+            }
+            Err(Staging::Refused(error)) => {
+                transaction.batch_execute("ROLLBACK TO SAVEPOINT command").await.map_err(unavailable)?;
+                rows_per_request.push(Vec::new());
+                outcomes.push(Some(Err(error)));
+            }
+            Err(Staging::Failed(error)) => return Err(unavailable(error)),
+        }
+    }
+    finish_batch(transaction, requests, outcomes, rows_per_request).await
+}
+
+enum Staging {
+    /// The command is refused (lost race, guard conflict); the batch goes on.
+    Refused(AppendError),
+    /// The transaction is unusable; the whole batch fails.
+    Failed(tokio_postgres::Error),
+}
+
+impl From<tokio_postgres::Error> for Staging {
+    /// A transient failure makes the transaction unusable for everyone in the batch; any other
+    /// failure is this command's own (a refused value, a defect) and fails only it (its
+    /// savepoint is rolled back).
+    fn from(error: tokio_postgres::Error) -> Self {
+        match crate::db::classify(&error) {
+            crate::db::Failure::Transient => Self::Failed(error),
+            crate::db::Failure::Refused => Self::Refused(AppendError::Refused(error.to_string())),
+            crate::db::Failure::Defect => Self::Refused(AppendError::Failed(format!("{error:#}"))),
+        }
+    }
+}
+
+fn is_unique_violation(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&SqlState::UNIQUE_VIOLATION)
+}
+
+async fn stage_request(
+    transaction: &Transaction<'_>,
+    request: &AppendRequest,
+    metadata_index: usize,
+) -> Result<Vec<PendingRow>, Staging> {
+    let mut rows = Vec::new();
+    for stream in &request.streams {
+        let count = stream.events.len() as i64;
+        if count == 0 {
+            continue;
+        }
+        let wrong_version = || Staging::Refused(AppendError::WrongVersion { stream_id: stream.stream_id.clone() });
+        let first_version = match stream.expected {
+            ExpectedVersion::NoStream => {
+                let statement =
+                    transaction.prepare_cached("INSERT INTO streams (stream_id, version) VALUES ($1, $2)").await?;
+                match transaction.execute(&statement, &[&stream.stream_id, &count]).await {
+                    Ok(_) => 1,
+                    Err(error) if is_unique_violation(&error) => return Err(wrong_version()),
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            ExpectedVersion::Exactly(version) => {
+                let statement = transaction
+                    .prepare_cached("UPDATE streams SET version = $3 WHERE stream_id = $1 AND version = $2")
+                    .await?;
+                let updated =
+                    transaction.execute(&statement, &[&stream.stream_id, &version, &(version + count)]).await?;
+                if updated != 1 {
+                    return Err(wrong_version());
+                }
+                version + 1
+            }
+            ExpectedVersion::Any => {
+                let statement = transaction
+                    .prepare_cached(
+                        "INSERT INTO streams (stream_id, version) VALUES ($1, $2)
+                         ON CONFLICT (stream_id) DO UPDATE SET version = streams.version + EXCLUDED.version
+                         RETURNING version",
+                    )
+                    .await?;
+                let row = transaction.query_one(&statement, &[&stream.stream_id, &count]).await?;
+                row.get::<_, i64>(0) - count + 1
+            }
+        };
+        rows.extend(pending_rows(stream, first_version, metadata_index));
+    }
+    for guard in &request.guards {
+        let params: Vec<&(dyn ToSql + Sync)> = guard.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+        let statement = transaction.prepare_cached(guard.sql).await?;
+        match transaction.execute(&statement, &params).await {
+            Ok(rows) if guard.expect_rows.is_some_and(|expected| expected != rows) => {
+                return Err(Staging::Refused(guard.conflict.clone()));
+            }
+            Ok(_) => {}
+            Err(error) if is_unique_violation(&error) => return Err(Staging::Refused(guard.conflict.clone())),
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_batch_holds_at_most_its_bytes_of_events_in_order_and_a_large_command_goes_alone() {
+        use super::Job;
+        use crate::log::{AppendRequest, ExpectedVersion, Metadata, StreamAppend};
+        let job = |bytes: usize| {
+            let created = crate::proto::RecordCreated { record_id: "x".repeat(bytes), ..Default::default() };
+            let stream = StreamAppend::one(
+                format!("s{bytes}"),
+                ExpectedVersion::Any,
+                crate::events::LogEvent::RecordCreated(created),
+                0,
+            );
+            let (reply, _) = tokio::sync::oneshot::channel();
+            Job { request: AppendRequest::new(Metadata::default(), vec![stream], Vec::new()), reply }
+        };
+        let shape = |batches: Vec<Vec<Job>>| -> Vec<Vec<String>> {
+            batches
+                .iter()
+                .map(|batch| batch.iter().map(|job| job.request.streams[0].stream_id.clone()).collect())
+                .collect()
+        };
+        // 102 bytes each (a tag, a length and the id): nine fit in 1,000.
+        let small: Vec<Job> = (0..10).map(|_| job(100)).collect();
+        assert_eq!(super::by_bytes(small, 1000).iter().map(Vec::len).collect::<Vec<_>>(), vec![9, 1]);
+        let mixed = vec![job(10), job(5000), job(11), job(12)];
+        assert_eq!(
+            shape(super::by_bytes(mixed, 1000)),
+            vec![vec!["s10".to_owned()], vec!["s5000".to_owned()], vec!["s11".to_owned(), "s12".to_owned()]]
+        );
+        assert!(super::by_bytes(Vec::new(), 1000).is_empty());
+    }
+}

@@ -1,0 +1,195 @@
+//! The end that every way of writing a batch shares: the rows of its events, numbered from each
+//! stream's first new version, and the one statement that takes their positions and inserts
+//! them, then the commit.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Transaction;
+use uuid::Uuid;
+
+use super::append::{AppendError, AppendRequest, Appended, Metadata, StreamAppend};
+
+/// Row values of one event, positions assigned once the batch is known.
+pub(super) struct PendingRow {
+    event_id: Uuid,
+    stream_id: String,
+    stream_version: i64,
+    event_type: String,
+    payload: Vec<u8>,
+    metadata_index: usize,
+    subject_id: Option<String>,
+    occurred_at: DateTime<Utc>,
+}
+
+pub(super) type BatchOutcome = (Vec<Result<Appended, AppendError>>, i64);
+
+pub(super) enum Fallback {
+    /// Some command was refused; write again with a savepoint per command.
+    Isolate,
+    Fail(AppendError),
+}
+
+/// The rows of a stream's events, from `first_version` on.
+pub(super) fn pending_rows(stream: &StreamAppend, first_version: i64, metadata_index: usize) -> Vec<PendingRow> {
+    stream
+        .events
+        .iter()
+        .enumerate()
+        .map(|(offset, event)| PendingRow {
+            event_id: Uuid::now_v7(),
+            stream_id: stream.stream_id.clone(),
+            stream_version: first_version + offset as i64,
+            event_type: event.event.event_type().to_owned(),
+            payload: event.event.encode(),
+            metadata_index,
+            subject_id: event.subject_id.clone(),
+            occurred_at: event.occurred_at,
+        })
+        .collect()
+}
+
+/// Takes the positions, inserts the events and records each key's last position in one
+/// statement (so the counter row is locked only from here to COMMIT), then commits.
+pub(super) async fn finish_batch(
+    transaction: Transaction<'_>,
+    requests: &[AppendRequest],
+    outcomes: Vec<Option<Result<(), AppendError>>>,
+    rows_per_request: Vec<Vec<PendingRow>>,
+) -> Result<BatchOutcome, AppendError> {
+    let total: i64 = rows_per_request.iter().map(|rows| rows.len() as i64).sum();
+    // Each command's last event, as an ordinal (1-based) within the batch.
+    let mut last_ordinals = vec![0_i64; requests.len()];
+    let mut head = 0;
+    if total > 0 {
+        let mut columns = Columns::default();
+        let mut ordinal = 0;
+        for (index, rows) in rows_per_request.into_iter().enumerate() {
+            for row in rows {
+                let metadata = &requests[row.metadata_index].metadata;
+                columns.push(row, metadata);
+                ordinal += 1;
+                last_ordinals[index] = ordinal;
+            }
+        }
+        let mut key_latest: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+        for (request, ordinal) in requests.iter().zip(&last_ordinals) {
+            if let Some(key_id) = request.metadata.actor_key_id.as_deref().filter(|_| *ordinal > 0) {
+                let entry = key_latest.entry(key_id).or_insert(0);
+                *entry = (*entry).max(*ordinal);
+            }
+        }
+        let keys: Vec<&str> = key_latest.keys().copied().collect();
+        let key_ordinals: Vec<i64> = key_latest.values().copied().collect();
+        head = columns.insert(&transaction, total, &keys, &key_ordinals).await.map_err(unavailable)?;
+    }
+    transaction.commit().await.map_err(|error| {
+        if error.as_db_error().is_some() { unavailable(error) } else { AppendError::OutcomeUnknown(error.to_string()) }
+    })?;
+    let first = head - total;
+    let outcomes = outcomes
+        .into_iter()
+        .zip(last_ordinals)
+        .map(|(outcome, ordinal)| match outcome {
+            Some(Ok(())) => Ok(Appended { last_position: if ordinal > 0 { first + ordinal } else { 0 } }),
+            Some(Err(error)) => Err(error),
+            None => Err(AppendError::Unavailable("not attempted".to_owned())),
+        })
+        .collect();
+    Ok((outcomes, head))
+}
+
+#[derive(Default)]
+struct Columns {
+    event_id: Vec<Uuid>,
+    stream_id: Vec<String>,
+    stream_version: Vec<i64>,
+    event_type: Vec<String>,
+    payload: Vec<Vec<u8>>,
+    space_id: Vec<Option<String>>,
+    actor_key_id: Vec<Option<String>>,
+    actor_user_id: Vec<Option<String>>,
+    request_id: Vec<Option<String>>,
+    idempotency_key: Vec<Option<String>>,
+    subject_id: Vec<Option<String>>,
+    occurred_at: Vec<DateTime<Utc>>,
+}
+
+impl Columns {
+    fn push(&mut self, row: PendingRow, metadata: &Metadata) {
+        self.event_id.push(row.event_id);
+        self.stream_id.push(row.stream_id);
+        self.stream_version.push(row.stream_version);
+        self.event_type.push(row.event_type);
+        self.payload.push(row.payload);
+        self.space_id.push(metadata.space_id.clone());
+        self.actor_key_id.push(metadata.actor_key_id.clone());
+        self.actor_user_id.push(metadata.actor_user_id.clone());
+        self.request_id.push(metadata.request_id.clone());
+        self.idempotency_key.push(metadata.idempotency_key.clone());
+        self.subject_id.push(row.subject_id);
+        self.occurred_at.push(row.occurred_at);
+    }
+
+    /// Advances the head by `total`, inserts the events at the positions that frees, and
+    /// records each key's last position (`key_ordinals` are 1-based within the batch).
+    /// Returns the new head.
+    async fn insert(
+        &self,
+        transaction: &Transaction<'_>,
+        total: i64,
+        keys: &[&str],
+        key_ordinals: &[i64],
+    ) -> Result<i64, tokio_postgres::Error> {
+        let statement = transaction
+            .prepare_cached(
+                "WITH head AS (
+                     UPDATE log_head SET position = position + $14 RETURNING position - $14 AS base
+                 ),
+                 inserted AS (
+                     INSERT INTO events (position, event_id, stream_id, stream_version, event_type, payload, space_id,
+                         actor_key_id, actor_user_id, request_id, idempotency_key, subject_id, occurred_at)
+                     SELECT head.base + e.ordinal, e.event_id, e.stream_id, e.stream_version, e.event_type,
+                            e.payload, e.space_id, e.actor_key_id, e.actor_user_id, e.request_id,
+                            e.idempotency_key, e.subject_id, e.occurred_at
+                     FROM head, unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::bytea[], $6::text[],
+                         $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::timestamptz[])
+                         WITH ORDINALITY AS e(event_id, stream_id, stream_version, event_type, payload, space_id,
+                         actor_key_id, actor_user_id, request_id, idempotency_key, subject_id, occurred_at, ordinal)
+                     RETURNING position
+                 ),
+                 keys AS (
+                     INSERT INTO key_positions (key_id, position)
+                     SELECT k.key_id, head.base + k.ordinal FROM head, unnest($13::text[], $15::bigint[]) AS k(key_id, ordinal)
+                     ON CONFLICT (key_id) DO UPDATE SET position = GREATEST(key_positions.position, EXCLUDED.position)
+                 )
+                 SELECT max(position) FROM inserted",
+            )
+            .await?;
+        let row = transaction
+            .query_one(
+                &statement,
+                &[
+                    &self.event_id,
+                    &self.stream_id,
+                    &self.stream_version,
+                    &self.event_type,
+                    &self.payload,
+                    &self.space_id,
+                    &self.actor_key_id,
+                    &self.actor_user_id,
+                    &self.request_id,
+                    &self.idempotency_key,
+                    &self.subject_id,
+                    &self.occurred_at,
+                    &keys,
+                    &total,
+                    &key_ordinals,
+                ],
+            )
+            .await?;
+        Ok(row.get::<_, Option<i64>>(0).unwrap_or(0))
+    }
+}
+
+pub(super) fn unavailable(error: impl std::fmt::Display) -> AppendError {
+    AppendError::Unavailable(error.to_string())
+}
