@@ -229,3 +229,139 @@ impl From<anyhow::Error> for AppendError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{AppendError, AppendRequest, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend};
+    use crate::error::Code;
+    use crate::events::LogEvent;
+
+    fn conflict() -> AppendError {
+        AppendError::Conflict { code: Code::IdentifierConflict, message: "taken".to_owned() }
+    }
+
+    fn created(record_id: &str) -> NewEvent {
+        let created = crate::proto::RecordCreated { record_id: record_id.to_owned(), ..Default::default() };
+        NewEvent { event: LogEvent::RecordCreated(created), subject_id: None, occurred_at: crate::time::from_millis(0) }
+    }
+
+    #[test]
+    fn a_unique_guard_requires_no_row_count_and_an_exactly_one_guard_requires_one() {
+        let unique = Guard::unique("INSERT INTO a VALUES ($1)", vec![Box::new("x".to_owned())], conflict());
+        assert_eq!(unique.expect_rows, None);
+        assert!(unique.set.is_none());
+        assert_eq!((unique.sql, unique.params.len()), ("INSERT INTO a VALUES ($1)", 1));
+        let one =
+            Guard::exactly_one("UPDATE a SET b = $2 WHERE c = $1", vec![Box::new(1_i64), Box::new(2_i64)], conflict());
+        assert_eq!(one.expect_rows, Some(1));
+        assert!(one.set.is_none());
+        assert_eq!(one.params.len(), 2);
+        assert!(matches!(one.conflict, AppendError::Conflict { code: Code::IdentifierConflict, .. }));
+    }
+
+    #[test]
+    fn a_stream_at_guard_requires_one_row_and_fails_as_stream_moved_naming_the_stream() {
+        let guard = Guard::stream_at("rec_1", 3);
+        assert_eq!(guard.expect_rows, Some(1));
+        assert_eq!(guard.params.len(), 2);
+        assert!(guard.set.is_none());
+        match guard.conflict {
+            AppendError::Conflict { code, message } => {
+                assert_eq!(code, Code::StreamMoved);
+                assert!(message.starts_with("rec_1 "), "{message}");
+            }
+            other => panic!("a stream_at guard conflicts as stream_moved, not {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_set_form_expects_the_rows_its_guard_expects() {
+        let row = || vec![SetValue::Text(Some("x".to_owned())), SetValue::BigInt(7)];
+        let unique = Guard::unique("INSERT 1", Vec::new(), conflict()).with_set("INSERT SET", row());
+        let set = unique.set.as_ref().expect("a set form");
+        assert_eq!((set.sql, set.row.len(), set.expect_rows), ("INSERT SET", 2, None));
+        assert_eq!(unique.expect_rows, None);
+
+        let one = Guard::exactly_one("UPDATE 1", Vec::new(), conflict()).with_set("UPDATE SET", row());
+        let set = one.set.as_ref().expect("a set form");
+        assert_eq!((set.sql, set.expect_rows), ("UPDATE SET", Some(1)));
+        assert_eq!(one.expect_rows, Some(1));
+        assert!(matches!(set.row[1], SetValue::BigInt(7)));
+    }
+
+    #[test]
+    fn a_counting_set_form_expects_its_own_rows_and_leaves_the_guards_count_alone() {
+        let one = Guard::exactly_one("UPDATE 1", Vec::new(), conflict()).with_set_counting(
+            "UPDATE SET",
+            vec![SetValue::Int(1)],
+            3,
+        );
+        assert_eq!(one.set.as_ref().and_then(|set| set.expect_rows), Some(3));
+        assert_eq!(one.expect_rows, Some(1));
+        let unique = Guard::unique("INSERT 1", Vec::new(), conflict()).with_set_counting(
+            "INSERT SET",
+            vec![SetValue::Int(1)],
+            2,
+        );
+        assert_eq!(unique.set.as_ref().and_then(|set| set.expect_rows), Some(2));
+        assert_eq!(unique.expect_rows, None);
+    }
+
+    #[test]
+    fn a_requests_event_bytes_are_the_encoded_lengths_of_all_its_streams_events() {
+        let first = StreamAppend {
+            stream_id: "a".to_owned(),
+            expected: ExpectedVersion::Any,
+            events: vec![created("r1"), created(&"x".repeat(100))],
+        };
+        let second = StreamAppend {
+            stream_id: "b".to_owned(),
+            expected: ExpectedVersion::NoStream,
+            events: vec![created("r333"), NewEvent { event: LogEvent::Unknown("Future.v9".to_owned()), ..created("") }],
+        };
+        let encoded: usize =
+            [&first, &second].iter().flat_map(|stream| &stream.events).map(|e| e.event.encode().len()).sum();
+        let request = AppendRequest::new(Metadata::default(), vec![first, second], Vec::new());
+        // A tag and a length before each id: 4 + 102 + 6, and nothing for an unknown event.
+        assert_eq!(request.event_bytes(), 112);
+        assert_eq!(request.event_bytes(), encoded);
+        assert_eq!(AppendRequest::new(Metadata::default(), Vec::new(), Vec::new()).event_bytes(), 0);
+    }
+
+    #[test]
+    fn a_write_in_a_space_carries_the_space_and_nothing_of_a_caller() {
+        let request = AppendRequest::in_space("spc_1", Vec::new(), vec![Guard::stream_at("s", 0)]);
+        assert_eq!(request.metadata.space_id.as_deref(), Some("spc_1"));
+        assert_eq!(request.metadata.actor_key_id, None);
+        assert_eq!(request.metadata.actor_user_id, None);
+        assert_eq!(request.metadata.request_id, None);
+        assert_eq!(request.metadata.idempotency_key, None);
+        assert_eq!(request.guards.len(), 1);
+    }
+
+    #[test]
+    fn one_event_on_a_stream_is_about_no_subject_and_occurs_at_the_given_millisecond() {
+        let event = created("r1").event;
+        let stream =
+            StreamAppend::one("rec_1".to_owned(), ExpectedVersion::Exactly(4), event.clone(), 1_700_000_000_123);
+        assert_eq!((stream.stream_id.as_str(), stream.expected), ("rec_1", ExpectedVersion::Exactly(4)));
+        assert_eq!(stream.events.len(), 1);
+        assert_eq!(stream.events[0].event, event);
+        assert_eq!(stream.events[0].subject_id, None);
+        assert_eq!(stream.events[0].occurred_at.timestamp_millis(), 1_700_000_000_123);
+    }
+
+    #[test]
+    fn no_connection_from_the_pool_is_unavailable_even_under_context_and_any_other_failure_a_defect() {
+        use deadpool_postgres::{PoolError, TimeoutType};
+        assert!(matches!(AppendError::from(PoolError::Timeout(TimeoutType::Wait)), AppendError::Unavailable(_)));
+        assert!(matches!(AppendError::from(PoolError::Closed), AppendError::Unavailable(_)));
+        let waited = anyhow::Error::new(PoolError::Timeout(TimeoutType::Wait)).context("an append");
+        assert!(matches!(AppendError::from(waited), AppendError::Unavailable(_)));
+        let defect = anyhow::anyhow!("no such column").context("staging a guard");
+        match AppendError::from(defect) {
+            AppendError::Failed(message) => assert_eq!(message, "staging a guard: no such column"),
+            other => panic!("a failure that is not the database's is a defect, not {other:?}"),
+        }
+    }
+}

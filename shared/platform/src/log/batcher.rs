@@ -327,4 +327,77 @@ mod tests {
         );
         assert!(super::by_bytes(Vec::new(), 1000).is_empty());
     }
+
+    /// A command of one stream `s{index}` whose one event takes `id_bytes + 2` bytes (a tag, a
+    /// length and the id, below 128 bytes), or more above.
+    fn job(index: usize, id_bytes: usize) -> super::Job {
+        use crate::log::{AppendRequest, ExpectedVersion, Metadata, StreamAppend};
+        let created = crate::proto::RecordCreated { record_id: "x".repeat(id_bytes), ..Default::default() };
+        let event = crate::events::LogEvent::RecordCreated(created);
+        let stream = StreamAppend::one(format!("s{index}"), ExpectedVersion::Any, event, 0);
+        let (reply, _) = tokio::sync::oneshot::channel();
+        super::Job { request: AppendRequest::new(Metadata::default(), vec![stream], Vec::new()), reply }
+    }
+
+    /// A command that appends no event (its guards alone).
+    fn eventless(index: usize) -> super::Job {
+        use crate::log::{AppendRequest, ExpectedVersion, Metadata, StreamAppend};
+        let stream =
+            StreamAppend { stream_id: format!("s{index}"), expected: ExpectedVersion::Any, events: Vec::new() };
+        let (reply, _) = tokio::sync::oneshot::channel();
+        super::Job { request: AppendRequest::new(Metadata::default(), vec![stream], Vec::new()), reply }
+    }
+
+    fn names(batches: &[Vec<super::Job>]) -> Vec<Vec<String>> {
+        batches.iter().map(|batch| batch.iter().map(|job| job.request.streams[0].stream_id.clone()).collect()).collect()
+    }
+
+    #[test]
+    fn a_batch_never_exceeds_its_byte_limit_unless_one_job_does_and_no_job_is_lost_or_reordered() {
+        // Sizes from a fixed linear congruential sequence, small and large mixed.
+        let mut seed: u64 = 7;
+        let mut next = || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as usize
+        };
+        for limit in [1, 50, 300, 1000, 4096] {
+            let sizes: Vec<usize> =
+                (0..200).map(|_| if next() % 10 == 0 { next() % 3000 } else { next() % 120 }).collect();
+            let jobs: Vec<super::Job> = sizes.iter().enumerate().map(|(index, size)| job(index, *size)).collect();
+            let bytes: Vec<usize> = jobs.iter().map(|job| job.request.event_bytes()).collect();
+            let batches = super::by_bytes(jobs, limit);
+            let order: Vec<String> = names(&batches).into_iter().flatten().collect();
+            assert_eq!(order, (0..sizes.len()).map(|index| format!("s{index}")).collect::<Vec<_>>(), "limit {limit}");
+            let mut at = 0;
+            for (number, batch) in batches.iter().enumerate() {
+                assert!(!batch.is_empty(), "limit {limit}: an empty batch");
+                let filled: usize = bytes[at..at + batch.len()].iter().sum();
+                assert!(filled <= limit || batch.len() == 1, "limit {limit}: batch {number} holds {filled} bytes");
+                at += batch.len();
+                // A batch closes only when the next job would not fit: none is smaller than it must be.
+                if at < bytes.len() {
+                    assert!(filled + bytes[at] > limit, "limit {limit}: batch {number} closed with room for the next");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_is_filled_up_to_exactly_its_byte_limit() {
+        // 50 bytes each.
+        let batches = super::by_bytes(vec![job(0, 48), job(1, 48), job(2, 48)], 100);
+        assert_eq!(names(&batches), vec![vec!["s0".to_owned(), "s1".to_owned()], vec!["s2".to_owned()]]);
+        let batches = super::by_bytes(vec![job(0, 48), job(1, 48), job(2, 48)], 99);
+        assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn a_lone_command_is_a_batch_whatever_its_size_and_commands_without_events_weigh_nothing() {
+        assert_eq!(names(&super::by_bytes(vec![job(0, 5000)], 10)), vec![vec!["s0".to_owned()]]);
+        let batches = super::by_bytes((0..5).map(eventless).collect(), 1);
+        assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), vec![5]);
+        // A command without events joins a full batch; one with events after it does not.
+        let batches = super::by_bytes(vec![job(0, 98), eventless(1), job(2, 1)], 100);
+        assert_eq!(names(&batches), vec![vec!["s0".to_owned(), "s1".to_owned()], vec!["s2".to_owned()]]);
+    }
 }

@@ -193,3 +193,79 @@ impl Columns {
 pub(super) fn unavailable(error: impl std::fmt::Display) -> AppendError {
     AppendError::Unavailable(error.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Columns, pending_rows};
+    use crate::events::LogEvent;
+    use crate::log::{ExpectedVersion, Metadata, NewEvent, StreamAppend};
+
+    fn stream() -> StreamAppend {
+        let event = |record_id: &str, subject: Option<&str>, at_ms: i64| NewEvent {
+            event: LogEvent::RecordCreated(crate::proto::RecordCreated {
+                record_id: record_id.to_owned(),
+                ..Default::default()
+            }),
+            subject_id: subject.map(str::to_owned),
+            occurred_at: crate::time::from_millis(at_ms),
+        };
+        StreamAppend {
+            stream_id: "rec_1".to_owned(),
+            expected: ExpectedVersion::Exactly(4),
+            events: vec![
+                event("a", Some("con_1"), 10),
+                event("b", None, 20),
+                NewEvent { event: LogEvent::Unknown("Future.v9".to_owned()), ..event("", Some("con_2"), 30) },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_streams_rows_are_numbered_from_its_first_version_and_carry_the_commands_index() {
+        let stream = stream();
+        let rows = pending_rows(&stream, 5, 2);
+        assert_eq!(rows.iter().map(|row| row.stream_version).collect::<Vec<_>>(), vec![5, 6, 7]);
+        assert!(rows.iter().all(|row| row.metadata_index == 2 && row.stream_id == "rec_1"));
+        for (row, event) in rows.iter().zip(&stream.events) {
+            assert_eq!(row.event_type, event.event.event_type());
+            assert_eq!(row.payload, event.event.encode());
+            assert_eq!(row.subject_id, event.subject_id);
+            assert_eq!(row.occurred_at, event.occurred_at);
+        }
+        assert_eq!(rows[2].event_type, "Future.v9");
+        let ids: std::collections::HashSet<_> = rows.iter().map(|row| row.event_id).collect();
+        assert_eq!(ids.len(), 3, "every event has an id of its own");
+        assert_eq!(pending_rows(&stream, 1, 0)[0].stream_version, 1);
+        let empty = StreamAppend { events: Vec::new(), ..stream };
+        assert!(pending_rows(&empty, 1, 0).is_empty());
+    }
+
+    #[test]
+    fn the_columns_of_a_batch_take_each_rows_values_and_its_commands_metadata() {
+        let stream = stream();
+        let caller = Metadata {
+            space_id: Some("spc_1".to_owned()),
+            actor_key_id: Some("key_1".to_owned()),
+            actor_user_id: Some("usr_1".to_owned()),
+            request_id: Some("req_1".to_owned()),
+            idempotency_key: Some("idem_1".to_owned()),
+        };
+        let worker = Metadata::in_space("spc_2");
+        let mut columns = Columns::default();
+        let mut rows = pending_rows(&stream, 5, 0).into_iter();
+        columns.push(rows.next().expect("a row"), &caller);
+        columns.push(rows.next().expect("a row"), &worker);
+        assert_eq!(columns.stream_version, vec![5, 6]);
+        assert_eq!(columns.stream_id, vec!["rec_1".to_owned(), "rec_1".to_owned()]);
+        assert_eq!(columns.event_type, vec!["RecordCreated.v1".to_owned(), "RecordCreated.v1".to_owned()]);
+        assert_eq!(columns.payload[1], stream.events[1].event.encode());
+        assert_eq!(columns.subject_id, vec![Some("con_1".to_owned()), None]);
+        assert_eq!(columns.occurred_at, vec![crate::time::from_millis(10), crate::time::from_millis(20)]);
+        assert_eq!(columns.space_id, vec![Some("spc_1".to_owned()), Some("spc_2".to_owned())]);
+        assert_eq!(columns.actor_key_id, vec![Some("key_1".to_owned()), None]);
+        assert_eq!(columns.actor_user_id, vec![Some("usr_1".to_owned()), None]);
+        assert_eq!(columns.request_id, vec![Some("req_1".to_owned()), None]);
+        assert_eq!(columns.idempotency_key, vec![Some("idem_1".to_owned()), None]);
+        assert_eq!(columns.event_id.len(), 2);
+    }
+}

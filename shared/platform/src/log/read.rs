@@ -145,4 +145,49 @@ mod tests {
     fn the_event_column_count_is_the_columns_named() {
         assert_eq!(super::EVENT_COLUMNS.split(", ").count(), super::EVENT_COLUMN_COUNT);
     }
+
+    fn stored(event_type: &str, payload: Vec<u8>) -> super::StoredEvent {
+        super::StoredEvent {
+            position: 7,
+            event_id: uuid::Uuid::nil(),
+            stream_id: "rec_1".to_owned(),
+            stream_version: 2,
+            event_type: event_type.to_owned(),
+            payload,
+            space_id: None,
+            actor_key_id: None,
+            subject_id: None,
+            occurred_at: crate::time::from_millis(0),
+            recorded_at: crate::time::from_millis(0),
+        }
+    }
+
+    #[test]
+    fn the_event_columns_are_the_stored_events_fields_in_their_order() {
+        // The fields as Debug prints them: `StoredEvent { position: 7, event_id: .., ... }`.
+        let printed = format!("{:?}", stored("RecordCreated.v1", Vec::new()));
+        let fields: Vec<&str> = printed
+            .trim_start_matches("StoredEvent { ")
+            .split(", ")
+            .filter_map(|field| field.split_once(": ").map(|(name, _)| name))
+            .collect();
+        assert_eq!(fields.len(), super::EVENT_COLUMN_COUNT, "{printed}");
+        assert_eq!(super::EVENT_COLUMNS.split(", ").collect::<Vec<_>>(), fields);
+    }
+
+    #[test]
+    fn a_stored_event_decodes_its_payload_and_names_its_type_and_position_when_it_cannot() {
+        use crate::events::LogEvent;
+        let event = LogEvent::RecordCreated(crate::proto::RecordCreated {
+            record_id: "rec_1".to_owned(),
+            ..Default::default()
+        });
+        let decoded = stored(event.event_type(), event.encode()).decode().expect("decodes");
+        assert_eq!(decoded, event);
+        // A length longer than the bytes that follow it.
+        let error = stored("RecordCreated.v1", vec![0x0a, 0x05, b'r']).decode().expect_err("a truncated payload");
+        assert_eq!(error.to_string(), "decoding RecordCreated.v1 at position 7");
+        let unknown = stored("Future.v9", vec![0x0a, 0x05, b'r']).decode().expect("an unknown type is not an error");
+        assert_eq!(unknown, LogEvent::Unknown("Future.v9".to_owned()));
+    }
 }

@@ -229,3 +229,162 @@ async fn refuse(transaction: Transaction<'_>) -> Result<BatchOutcome, Fallback> 
     let _ = transaction.rollback().await;
     Err(Fallback::Isolate)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{SetBatch, SetColumn};
+    use crate::error::Code;
+    use crate::log::{AppendError, AppendRequest, ExpectedVersion, Guard, Metadata, NewEvent, SetValue, StreamAppend};
+
+    fn stream(stream_id: &str, expected: ExpectedVersion, events: usize) -> StreamAppend {
+        let event = NewEvent {
+            event: crate::events::LogEvent::RecordCreated(crate::proto::RecordCreated::default()),
+            subject_id: None,
+            occurred_at: crate::time::from_millis(0),
+        };
+        StreamAppend { stream_id: stream_id.to_owned(), expected, events: vec![event; events] }
+    }
+
+    fn request(streams: Vec<StreamAppend>, guards: Vec<Guard>) -> AppendRequest {
+        AppendRequest::new(Metadata::default(), streams, guards)
+    }
+
+    fn conflict() -> AppendError {
+        AppendError::Conflict { code: Code::IdentifierConflict, message: "taken".to_owned() }
+    }
+
+    fn claim(sql: &'static str, row: Vec<SetValue>) -> Guard {
+        Guard::exactly_one("UPDATE one", Vec::new(), conflict()).with_set(sql, row)
+    }
+
+    fn unique(sql: &'static str, row: Vec<SetValue>) -> Guard {
+        Guard::unique("INSERT one", Vec::new(), conflict()).with_set(sql, row)
+    }
+
+    fn texts(column: &SetColumn) -> Vec<Option<String>> {
+        match column {
+            SetColumn::Text(values) => values.clone(),
+            _ => panic!("not a text column"),
+        }
+    }
+
+    fn big_ints(column: &SetColumn) -> Vec<i64> {
+        match column {
+            SetColumn::BigInt(values) => values.clone(),
+            _ => panic!("not a bigint column"),
+        }
+    }
+
+    #[test]
+    fn a_set_batch_takes_one_statement_per_form_in_order_of_first_appearance_with_the_rows_summed() {
+        let text = |value: &str| SetValue::Text(Some(value.to_owned()));
+        let requests = vec![
+            request(
+                Vec::new(),
+                vec![
+                    claim("CLAIM", vec![text("a"), SetValue::BigInt(1)]),
+                    Guard::exactly_one("UPDATE one", Vec::new(), conflict()).with_set_counting(
+                        "RELEASE",
+                        vec![SetValue::BigInt(9)],
+                        3,
+                    ),
+                ],
+            ),
+            request(Vec::new(), vec![claim("CLAIM", vec![text("b"), SetValue::BigInt(2)])]),
+        ];
+        let batch = SetBatch::of(&requests).expect("every guard has a set form");
+        let forms: Vec<(&str, usize, Option<u64>)> =
+            batch.guards.iter().map(|(sql, columns, rows)| (*sql, columns.len(), *rows)).collect();
+        assert_eq!(forms, vec![("CLAIM", 2, Some(2)), ("RELEASE", 1, Some(3))]);
+        let claims = &batch.guards[0].1;
+        assert_eq!(texts(&claims[0]), vec![Some("a".to_owned()), Some("b".to_owned())]);
+        assert_eq!(big_ints(&claims[1]), vec![1, 2]);
+        assert_eq!(big_ints(&batch.guards[1].1[0]), vec![9]);
+    }
+
+    #[test]
+    fn a_set_form_with_a_uniqueness_only_guard_expects_any_number_of_rows() {
+        for guards in [
+            vec![unique("CLAIM", vec![SetValue::Int(1)]), claim("CLAIM", vec![SetValue::Int(2)])],
+            vec![claim("CLAIM", vec![SetValue::Int(1)]), unique("CLAIM", vec![SetValue::Int(2)])],
+        ] {
+            let batch = SetBatch::of(&[request(Vec::new(), guards)]).expect("a set form");
+            assert_eq!(batch.guards.len(), 1);
+            assert_eq!(batch.guards[0].2, None);
+        }
+        let counted = SetBatch::of(&[request(Vec::new(), vec![claim("CLAIM", vec![SetValue::Int(1)])])]);
+        assert_eq!(counted.expect("a set form").guards[0].2, Some(1));
+    }
+
+    #[test]
+    fn there_is_no_set_batch_when_a_stream_repeats_or_a_guard_has_no_set_form_or_a_row_does_not_fit_its_form() {
+        let any = ExpectedVersion::Any;
+        let across = [request(vec![stream("s", any, 1)], Vec::new()), request(vec![stream("s", any, 2)], Vec::new())];
+        assert!(SetBatch::of(&across).is_none(), "a stream in two commands");
+        let within = [request(vec![stream("s", any, 1), stream("s", ExpectedVersion::Exactly(1), 1)], Vec::new())];
+        assert!(SetBatch::of(&within).is_none(), "a stream twice in one command");
+        let bare = [request(Vec::new(), vec![Guard::unique("INSERT one", Vec::new(), conflict())])];
+        assert!(SetBatch::of(&bare).is_none(), "a guard without a set form");
+        let wider = [request(
+            Vec::new(),
+            vec![claim("CLAIM", vec![SetValue::Int(1)]), claim("CLAIM", vec![SetValue::Int(2), SetValue::Int(3)])],
+        )];
+        assert!(SetBatch::of(&wider).is_none(), "a row wider than its form's");
+        let retyped = [
+            request(Vec::new(), vec![claim("CLAIM", vec![SetValue::Int(1)])]),
+            request(Vec::new(), vec![claim("CLAIM", vec![SetValue::BigInt(1)])]),
+        ];
+        assert!(SetBatch::of(&retyped).is_none(), "a value of another type than its column's");
+        // A stream named again without events is not written, so it does not repeat.
+        let empty = [request(vec![stream("s", any, 1)], Vec::new()), request(vec![stream("s", any, 0)], Vec::new())];
+        assert!(SetBatch::of(&empty).is_some());
+    }
+
+    #[test]
+    fn a_set_batch_sorts_the_streams_by_what_they_expect_and_skips_those_without_events() {
+        let requests = [
+            request(
+                vec![
+                    stream("a", ExpectedVersion::NoStream, 1),
+                    stream("b", ExpectedVersion::Exactly(4), 2),
+                    stream("e", ExpectedVersion::Any, 0),
+                ],
+                Vec::new(),
+            ),
+            request(vec![stream("c", ExpectedVersion::Any, 1), stream("d", ExpectedVersion::NoStream, 3)], Vec::new()),
+        ];
+        let batch = SetBatch::of(&requests).expect("no stream repeats");
+        assert_eq!(batch.created, vec![(0, 0), (1, 1)]);
+        assert_eq!(batch.advanced, vec![(0, 1, 4)]);
+        assert_eq!(batch.extended, vec![(1, 0)]);
+        assert!(batch.guards.is_empty());
+    }
+
+    #[test]
+    fn a_set_column_takes_only_values_of_its_first_values_type_and_binds_as_that_types_array() {
+        use tokio_postgres::types::Type;
+        let cases = [
+            (SetValue::Text(None), Type::TEXT_ARRAY, SetValue::BigInt(1)),
+            (SetValue::BigInt(1), Type::INT8_ARRAY, SetValue::Int(1)),
+            (SetValue::Int(1), Type::INT4_ARRAY, SetValue::BigInt(1)),
+            (SetValue::Bytes(vec![1]), Type::BYTEA_ARRAY, SetValue::Text(None)),
+            (SetValue::Json(serde_json::json!({"a": 1})), Type::JSONB_ARRAY, SetValue::Text(Some("{}".to_owned()))),
+            (SetValue::Uuid(uuid::Uuid::nil()), Type::UUID_ARRAY, SetValue::Text(None)),
+        ];
+        for (first, array, other) in cases {
+            let mut column = SetColumn::of(&first);
+            assert!(column.push(&first), "{first:?} goes into its own column");
+            assert!(column.push(&first));
+            assert!(!column.push(&other), "{other:?} is refused by a column of {first:?}");
+            let mut out = Default::default();
+            assert!(column.param().to_sql_checked(&array, &mut out).is_ok(), "{first:?} binds as {array}");
+            let mut out = Default::default();
+            assert!(column.param().to_sql_checked(&Type::TEXT, &mut out).is_err(), "{first:?} binds as an array");
+        }
+        let mut ints = SetColumn::of(&SetValue::Int(0));
+        for value in [3, 1, 2] {
+            assert!(ints.push(&SetValue::Int(value)));
+        }
+        assert!(matches!(&ints, SetColumn::Int(values) if values == &[3, 1, 2]), "values are kept in order");
+    }
+}
