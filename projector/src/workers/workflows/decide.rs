@@ -179,6 +179,46 @@ pub(super) struct InFlight {
     pub(super) attempting: bool,
 }
 
+/// A run's status (`workflow_runs.status`, and a finished run's `WorkflowRunFinished.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RunStatus {
+    /// Requested, not started.
+    Waiting,
+    Running,
+    /// In a wait step, due at its end (or woken by what it waits for).
+    Sleeping,
+    Completed,
+    Exited,
+    Failed,
+}
+
+impl RunStatus {
+    /// The status as the database and the log hold it.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Waiting => "waiting",
+            RunStatus::Running => "running",
+            RunStatus::Sleeping => "sleeping",
+            RunStatus::Completed => "completed",
+            RunStatus::Exited => "exited",
+            RunStatus::Failed => "failed",
+        }
+    }
+
+    /// The status a row holds; one of no known value is an error.
+    pub(super) fn parse(text: &str) -> anyhow::Result<Self> {
+        Ok(match text {
+            "waiting" => RunStatus::Waiting,
+            "running" => RunStatus::Running,
+            "sleeping" => RunStatus::Sleeping,
+            "completed" => RunStatus::Completed,
+            "exited" => RunStatus::Exited,
+            "failed" => RunStatus::Failed,
+            other => anyhow::bail!("a workflow run's status {other:?} is none the engine knows"),
+        })
+    }
+}
+
 /// A run's row as a tick reads it and writes it back.
 #[derive(Clone)]
 pub(super) struct Row {
@@ -187,7 +227,7 @@ pub(super) struct Row {
     pub(super) space_id: String,
     pub(super) revision: i64,
     pub(super) contact_id: Option<String>,
-    pub(super) status: String,
+    pub(super) status: RunStatus,
     pub(super) step_id: Option<String>,
     pub(super) step_count: i32,
     pub(super) version: i64,
@@ -400,7 +440,7 @@ impl Tick {
         self.row.in_flight = None;
         self.row.waiting_schema = None;
         self.row.matched_event = None;
-        self.row.status = "running".to_owned();
+        self.row.status = RunStatus::Running;
         self.row.step_id = next.map(str::to_owned);
     }
 
@@ -415,17 +455,17 @@ impl Tick {
     }
 
     /// Ends the run.
-    fn end(&mut self, status: &str, error: Option<(&str, String)>, now: i64) {
+    fn end(&mut self, status: RunStatus, error: Option<(&str, String)>, now: i64) {
         let (error_code, error_message) = error.unwrap_or_default();
         self.push(LogEvent::WorkflowRunFinished(proto::WorkflowRunFinished {
             run_id: self.row.run_id.clone(),
             space_id: self.space(),
-            status: status.to_owned(),
+            status: status.as_str().to_owned(),
             error_code: error_code.to_owned(),
             error_message: error_message.chars().take(ERROR_MAX_CHARS).collect(),
             at_ms: now,
         }));
-        self.row.status = status.to_owned();
+        self.row.status = status;
         self.row.in_flight = None;
         self.row.waiting_schema = None;
         self.row.step_id = None;
@@ -436,7 +476,7 @@ impl Tick {
     /// Fails `started` and the run.
     fn fail(&mut self, started: &InFlight, code: &str, message: String, now: i64) {
         self.finish(started, "failed", Some((code, message.clone())), None, now);
-        self.end("failed", Some((code, message)), now);
+        self.end(RunStatus::Failed, Some((code, message)), now);
     }
 }
 
@@ -464,16 +504,16 @@ fn transition(
     let paused = row.control_paused;
     let input = opened.input.clone();
     let mut tick = Tick::new(row, opened.outputs.clone());
-    if tick.row.status == "completed" || tick.row.status == "exited" || tick.row.status == "failed" {
+    if matches!(tick.row.status, RunStatus::Completed | RunStatus::Exited | RunStatus::Failed) {
         tick.finished = true;
         return Ok(tick);
     }
     // The contact's key is gone: the contact was erased, and its run with it.
     let Some(input) = input else {
-        tick.end("exited", Some(("contact_erased", "the run's contact was erased".to_owned())), now);
+        tick.end(RunStatus::Exited, Some(("contact_erased", "the run's contact was erased".to_owned())), now);
         return Ok(tick);
     };
-    let started_waiting = tick.row.status == "waiting";
+    let started_waiting = tick.row.status == RunStatus::Waiting;
     if paused {
         // Stopped before its next step; a run that has not started only waits longer.
         if !started_waiting && !tick.row.paused {
@@ -503,13 +543,13 @@ fn transition(
         if tick.finished || tick.call.is_some() || tick.due_ms.is_some() {
             break;
         }
-        if tick.row.status == "waiting" {
+        if tick.row.status == RunStatus::Waiting {
             tick.push(LogEvent::WorkflowRunStarted(proto::WorkflowRunStarted {
                 run_id: tick.row.run_id.clone(),
                 space_id: tick.space(),
                 at_ms: now,
             }));
-            tick.row.status = "running".to_owned();
+            tick.row.status = RunStatus::Running;
             // The entry is the run's first record: the trigger, as a journey shows it.
             tick.row.step_id = Some(definition.entry.clone());
             continue;
@@ -522,7 +562,7 @@ fn transition(
                     in_flight.step_id
                 )));
             };
-            match (&step.kind, tick.row.status.as_str()) {
+            match (&step.kind, tick.row.status) {
                 (StepKind::Wait { next, .. }, _) => tick.finish(&in_flight, "completed", None, next.as_deref(), now),
                 (StepKind::WaitForEvent { on_event, on_timeout, .. }, _) => match tick.row.matched_event.clone() {
                     Some(event_id) => {
@@ -578,12 +618,12 @@ fn transition(
                 }
             }
             if tick.row.step_id.is_none() && tick.row.in_flight.is_none() && !tick.finished {
-                tick.end("completed", None, now);
+                tick.end(RunStatus::Completed, None, now);
             }
             continue;
         }
         let Some(step_id) = tick.row.step_id.clone() else {
-            tick.end("completed", None, now);
+            tick.end(RunStatus::Completed, None, now);
             continue;
         };
         let Some(step) = definition.step(&step_id) else {
@@ -606,7 +646,11 @@ fn transition(
                     continue;
                 }
                 ContactFacts::Gone => {
-                    tick.end("exited", Some(("contact_erased", "the run's contact was deleted".to_owned())), now);
+                    tick.end(
+                        RunStatus::Exited,
+                        Some(("contact_erased", "the run's contact was deleted".to_owned())),
+                        now,
+                    );
                     continue;
                 }
                 ContactFacts::Live(_) => {}
@@ -614,7 +658,7 @@ fn transition(
         }
         let effect = execute(&mut tick, step, &input, facts, (given, allowance_refused))?;
         if tick.row.step_id.is_none() && tick.row.in_flight.is_none() && !tick.finished {
-            tick.end("completed", None, now);
+            tick.end(RunStatus::Completed, None, now);
         }
         if effect {
             break;
@@ -718,7 +762,7 @@ fn execute(
         StepKind::Exit => {
             let started = tick.start(step, now);
             tick.finish(&started, "completed", None, None, now);
-            tick.end("exited", None, now);
+            tick.end(RunStatus::Exited, None, now);
         }
         StepKind::SendEmail { template_id, next } => {
             let ContactFacts::Live(contact) = facts.contact()? else { return Ok(false) };
@@ -875,7 +919,7 @@ fn sleep(tick: &mut Tick, started: InFlight, until: i64, event_schema_id: Option
     tick.new_wait = event_schema_id.is_some();
     tick.row.waiting_schema = event_schema_id;
     tick.row.matched_event = None;
-    tick.row.status = "sleeping".to_owned();
+    tick.row.status = RunStatus::Sleeping;
     tick.row.in_flight = Some(started);
     tick.due_ms = Some(until);
 }
@@ -1137,7 +1181,7 @@ fn finish_call(given: &Given<'_>, tick: &mut Tick, in_flight: &InFlight, outcome
     // Refused, or retried to the end of the schedule: the step and the run fail.
     let failure = ("webhook_call_failed", error);
     tick.finish_with(in_flight, "failed", Some(failure.clone()), (String::new(), Some(answer(status))), None, now);
-    tick.end("failed", Some(failure), now);
+    tick.end(RunStatus::Failed, Some(failure), now);
 }
 
 /// The guard that parks a run only while its workflow is still paused (an unpause that
@@ -1183,14 +1227,14 @@ mod tests {
     }
 
     /// A run of the contact `con_1`, `status`, at `step_id`, with nothing in flight.
-    fn row(status: &str, step_id: Option<&str>) -> Row {
+    fn row(status: RunStatus, step_id: Option<&str>) -> Row {
         Row {
             run_id: "run_1".into(),
             workflow_id: "wf_1".into(),
             space_id: "spc_1".into(),
             revision: 1,
             contact_id: Some("con_1".into()),
-            status: status.into(),
+            status,
             step_id: step_id.map(str::to_owned),
             step_count: 1,
             version: 2,
@@ -1207,7 +1251,7 @@ mod tests {
     }
 
     /// `row` with `step_id` in flight since the run's second step.
-    fn in_flight(status: &str, step: &Step, attempt: u32, attempting: bool) -> Row {
+    fn in_flight(status: RunStatus, step: &Step, attempt: u32, attempting: bool) -> Row {
         let mut row = row(status, Some(&step.id));
         row.in_flight = Some(InFlight {
             index: 2,
@@ -1318,7 +1362,7 @@ mod tests {
     fn given_a_new_run_when_decided_then_it_starts_at_the_entry_and_sleeps_in_its_first_wait() {
         let definition =
             workflow(vec![entry("wait"), step("wait", StepKind::Wait { wait: Wait::For { ms: 60_000 }, next: None })]);
-        let tick = decided(&row("waiting", None), &definition, &Facts::default(), &given());
+        let tick = decided(&row(RunStatus::Waiting, None), &definition, &Facts::default(), &given());
         assert_eq!(events(&tick), ["run started", "started start", "completed start", "started wait", "sleeping"]);
         assert_eq!((tick.row.status.as_str(), tick.due_ms, tick.finished), ("sleeping", Some(NOW + 60_000), false));
         assert_eq!(tick.row.in_flight.as_ref().map(|in_flight| in_flight.step_id.as_str()), Some("wait"));
@@ -1328,7 +1372,7 @@ mod tests {
     fn given_a_sleeping_wait_when_due_then_it_completes_and_a_run_with_no_next_step_completes() {
         let wait = step("wait", StepKind::Wait { wait: Wait::For { ms: 60_000 }, next: None });
         let definition = workflow(vec![entry("wait"), wait.clone()]);
-        let tick = decided(&in_flight("sleeping", &wait, 0, false), &definition, &Facts::default(), &given());
+        let tick = decided(&in_flight(RunStatus::Sleeping, &wait, 0, false), &definition, &Facts::default(), &given());
         assert_eq!(events(&tick), ["completed wait", "run completed"]);
         assert!(tick.finished && tick.due_ms.is_none() && tick.row.in_flight.is_none());
     }
@@ -1336,9 +1380,9 @@ mod tests {
     #[test]
     fn given_a_finished_run_when_decided_then_nothing_happens() {
         let definition = workflow(vec![entry("end"), step("end", StepKind::Exit)]);
-        for status in ["completed", "exited", "failed"] {
+        for status in [RunStatus::Completed, RunStatus::Exited, RunStatus::Failed] {
             let tick = decided(&row(status, None), &definition, &Facts::default(), &given());
-            assert!(tick.finished && tick.events.is_empty(), "{status}");
+            assert!(tick.finished && tick.events.is_empty(), "{}", status.as_str());
         }
     }
 
@@ -1346,7 +1390,7 @@ mod tests {
     fn given_a_wait_until_a_date_attribute_when_decided_then_it_needs_the_contact_and_sleeps_until_the_date() {
         let wait = Wait::UntilAttribute { attribute: "renewsOn".into(), offset_ms: -86_400_000 };
         let definition = workflow(vec![step("start", StepKind::Wait { wait, next: None })]);
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         assert_eq!(needs(&run, &definition, &Facts::default(), &given()), Need::Contact);
         let facts = with_contact(contact(Some("ada@example.test"), json!({"renewsOn": "2030-01-02"})));
         let tick = decided(&run, &definition, &facts, &given());
@@ -1372,7 +1416,7 @@ mod tests {
             step("pro", StepKind::Exit),
             step("other", StepKind::Exit),
         ]);
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let pro = with_contact(contact(None, json!({"plan": "pro"})));
         assert_eq!(finished(&decided(&run, &definition, &pro, &given()), "start").next_step_id, "pro");
         let free = with_contact(contact(None, json!({"plan": "free"})));
@@ -1386,7 +1430,7 @@ mod tests {
             step("again", StepKind::Goto { target: "start".into(), max_passes: 2, next: next("end") }),
             step("end", StepKind::Exit),
         ]);
-        let tick = decided(&row("running", Some("start")), &definition, &Facts::default(), &given());
+        let tick = decided(&row(RunStatus::Running, Some("start")), &definition, &Facts::default(), &given());
         let gotos = events(&tick).iter().filter(|event| *event == "started again").count();
         assert_eq!(gotos, 3, "two passes back, then on");
         assert_eq!(tick.row.passes.get("again"), Some(&2));
@@ -1399,7 +1443,7 @@ mod tests {
             entry("again"),
             step("again", StepKind::Goto { target: "start".into(), max_passes: 10_000, next: None }),
         ]);
-        let tick = decided(&row("running", Some("start")), &definition, &Facts::default(), &given());
+        let tick = decided(&row(RunStatus::Running, Some("start")), &definition, &Facts::default(), &given());
         let started = events(&tick).iter().filter(|event| event.starts_with("started")).count();
         assert_eq!(started, STEPS_PER_TICK);
         assert_eq!((tick.finished, tick.due_ms), (false, Some(NOW)));
@@ -1408,7 +1452,7 @@ mod tests {
     #[test]
     fn given_a_run_at_its_step_limit_when_decided_then_its_next_step_and_the_run_fail() {
         let definition = workflow(vec![entry("end"), step("end", StepKind::Exit)]);
-        let mut run = row("running", Some("start"));
+        let mut run = row(RunStatus::Running, Some("start"));
         run.step_count = domain::workflows::MAX_STEP_COUNT;
         let tick = decided(&run, &definition, &Facts::default(), &given());
         assert_eq!(events(&tick), ["started start", "failed start", "run failed"]);
@@ -1418,7 +1462,7 @@ mod tests {
     #[test]
     fn given_a_paused_workflow_when_decided_then_a_started_run_parks_under_a_guard_and_resumes_on_unpause() {
         let definition = workflow(vec![entry("end"), step("end", StepKind::Exit)]);
-        let mut run = row("running", Some("start"));
+        let mut run = row(RunStatus::Running, Some("start"));
         run.control_paused = true;
         let parked = decided(&run, &definition, &Facts::default(), &given());
         assert_eq!(events(&parked), ["paused"]);
@@ -1428,7 +1472,7 @@ mod tests {
         run.paused = true;
         assert!(decided(&run, &definition, &Facts::default(), &given()).events.is_empty());
         // A run that has not started waits without an event.
-        let mut waiting = row("waiting", None);
+        let mut waiting = row(RunStatus::Waiting, None);
         waiting.control_paused = true;
         assert!(decided(&waiting, &definition, &Facts::default(), &given()).events.is_empty());
         // Unpaused: resumed, and on.
@@ -1441,7 +1485,7 @@ mod tests {
     #[test]
     fn given_a_step_that_needs_a_contact_when_the_run_has_none_or_it_is_gone_then_it_fails_or_exits() {
         let definition = workflow(vec![step("start", StepKind::Subscribe { topic_id: "top_news".into(), next: None })]);
-        let mut run = row("running", Some("start"));
+        let mut run = row(RunStatus::Running, Some("start"));
         let gone = decided(&run, &definition, &with_contact(ContactFacts::Gone), &given());
         assert_eq!(events(&gone), ["run exited"]);
         run.contact_id = None;
@@ -1453,7 +1497,7 @@ mod tests {
     #[test]
     fn given_a_send_step_when_its_template_is_gone_then_the_step_and_the_run_fail() {
         let definition = workflow(vec![step("start", StepKind::SendEmail { template_id: "tpl_1".into(), next: None })]);
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let mut facts = with_contact(contact(Some("ada@example.test"), json!({})));
         assert_eq!(needs(&run, &definition, &facts, &given()), Need::Template("tpl_1".into()));
         facts.templates.insert("tpl_1".into(), None);
@@ -1472,7 +1516,7 @@ mod tests {
         facts.templates.insert("tpl_1".into(), Some(authored()));
         facts.suppressed.insert("ada@example.test".into(), false);
         let given = Given { allowance_refused: true, ..given() };
-        let tick = decided(&row("running", Some("start")), &definition, &facts, &given);
+        let tick = decided(&row(RunStatus::Running, Some("start")), &definition, &facts, &given);
         let skipped = finished(&tick, "start");
         assert_eq!((skipped.status.as_str(), skipped.gate.as_str()), ("skipped", Gate::Allowance.as_str()));
         assert_eq!(skipped.next_step_id, "end");
@@ -1507,7 +1551,7 @@ mod tests {
             step("start", StepKind::UpdateContact { set: set.clone(), next: next("end") }),
             step("end", StepKind::Exit),
         ]);
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let facts = with_contact(contact(None, json!({"plan": "free"})));
         let tick = decided(&run, &definition, &facts, &given());
         assert_eq!(tick.streams.len(), 1);
@@ -1528,7 +1572,7 @@ mod tests {
                 step("end", StepKind::Exit),
             ])
         };
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let facts = with_contact(contact(None, json!({"plan": "free"})));
         for (value, code) in [(json!("x".repeat(5_000)), "value_too_long"), (json!(7), "invalid_attribute_value")] {
             let tick = decided(&run, &definition(value), &facts, &given());
@@ -1546,7 +1590,7 @@ mod tests {
     fn given_a_subscribe_step_when_the_contact_is_not_subscribed_then_a_subscription_change_is_written() {
         let subscribe =
             |topic: &str| workflow(vec![step("start", StepKind::Subscribe { topic_id: topic.into(), next: None })]);
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let facts = with_contact(contact(None, json!({})));
         let tick = decided(&run, &subscribe("top_offers"), &facts, &given());
         let LogEvent::SubscriptionChanged(changed) = &tick.streams[0].events[0].event else { panic!("a subscription") };
@@ -1564,7 +1608,7 @@ mod tests {
             "start",
             StepKind::CallWebhook { url: "https://hooks.example.test/x".into(), next: None },
         )]);
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let mut facts = with_contact(contact(None, json!({})));
         assert_eq!(needs(&run, &definition, &facts, &given()), Need::Secret);
         facts.secret = Some(None);
@@ -1584,18 +1628,21 @@ mod tests {
         let delivered =
             CallOutcome { result: AttemptResult::Delivered { status: 200 }, body: Some(json!({"ok": true})) };
         let given_outcome = |outcome| Given { call_outcome: Some(outcome), ..given() };
-        let done = decided(&in_flight("running", &call, 1, true), &definition, &facts, &given_outcome(&delivered));
+        let done =
+            decided(&in_flight(RunStatus::Running, &call, 1, true), &definition, &facts, &given_outcome(&delivered));
         assert_eq!(events(&done), ["completed start", "run completed"]);
         assert_eq!(done.outputs.get("start"), Some(&json!({"status": 200, "body": {"ok": true}})));
         let busy = CallOutcome {
             result: AttemptResult::Retryable { status: Some(503), error: "HTTP 503".into(), retry_after: None },
             body: None,
         };
-        let retried = decided(&in_flight("running", &call, 1, true), &definition, &facts, &given_outcome(&busy));
+        let retried =
+            decided(&in_flight(RunStatus::Running, &call, 1, true), &definition, &facts, &given_outcome(&busy));
         assert!(retried.events.is_empty());
         assert_eq!(retried.due_ms, Some(NOW + 1000));
         assert_eq!(retried.row.in_flight.as_ref().map(|in_flight| in_flight.attempting), Some(false));
-        let exhausted = decided(&in_flight("running", &call, 3, true), &definition, &facts, &given_outcome(&busy));
+        let exhausted =
+            decided(&in_flight(RunStatus::Running, &call, 3, true), &definition, &facts, &given_outcome(&busy));
         assert_eq!(events(&exhausted), ["failed start", "run failed"]);
         assert_eq!(finished(&exhausted, "start").error_code, "webhook_call_failed");
     }
@@ -1604,7 +1651,7 @@ mod tests {
     fn given_a_call_found_going_out_without_an_outcome_when_decided_then_it_is_outcome_unknown_and_never_repeated() {
         let call = step("start", StepKind::CallWebhook { url: "https://hooks.example.test/x".into(), next: None });
         let definition = workflow(vec![call.clone()]);
-        let tick = decided(&in_flight("running", &call, 1, true), &definition, &Facts::default(), &given());
+        let tick = decided(&in_flight(RunStatus::Running, &call, 1, true), &definition, &Facts::default(), &given());
         assert_eq!(finished(&tick, "start").status, "outcome_unknown");
         assert!(tick.call.is_none());
     }
@@ -1621,12 +1668,13 @@ mod tests {
             },
         );
         let definition = workflow(vec![wait.clone(), step("thanks", StepKind::Exit), step("remind", StepKind::Exit)]);
-        let mut matched = in_flight("sleeping", &wait, 0, false);
+        let mut matched = in_flight(RunStatus::Sleeping, &wait, 0, false);
         matched.matched_event = Some("evt_1".into());
         let tick_matched = decided(&matched, &definition, &Facts::default(), &given());
         assert_eq!(finished(&tick_matched, "start").next_step_id, "thanks");
         assert_eq!(tick_matched.outputs.get("start"), Some(&json!({"eventId": "evt_1"})));
-        let timed_out = decided(&in_flight("sleeping", &wait, 0, false), &definition, &Facts::default(), &given());
+        let timed_out =
+            decided(&in_flight(RunStatus::Sleeping, &wait, 0, false), &definition, &Facts::default(), &given());
         let finished_step = finished(&timed_out, "start");
         assert_eq!((finished_step.status.as_str(), finished_step.next_step_id.as_str()), ("timed_out", "remind"));
     }
@@ -1643,7 +1691,7 @@ mod tests {
             },
         )]);
         let facts = with_contact(contact(None, json!({})));
-        let tick = decided(&row("running", Some("start")), &definition, &facts, &given());
+        let tick = decided(&row(RunStatus::Running, Some("start")), &definition, &facts, &given());
         assert!(tick.new_wait);
         assert_eq!(tick.row.waiting_schema.as_deref(), Some("sch_purchase"));
         assert_eq!(tick.due_ms, Some(NOW + 1000));
@@ -1685,7 +1733,7 @@ mod tests {
     #[test]
     fn given_a_send_step_when_the_contact_has_no_address_or_it_is_suppressed_then_the_step_is_skipped_and_the_run_goes_on()
      {
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let mut facts = with_contact(contact(None, json!({})));
         facts.templates.insert("tpl_1".into(), Some(authored()));
         let no_address = decided(&run, &send_step(), &facts, &given());
@@ -1715,7 +1763,7 @@ mod tests {
     #[test]
     fn given_a_send_step_when_every_gate_passes_then_the_email_is_scheduled_with_its_outbox_row_and_the_transition_ends()
      {
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let keyring = platform::crypto::Keyring::from_hex(platform::crypto::TEST_MASTER_KEY).expect("a keyring");
         let (key, _) = keyring.generate("con_1").expect("a data key");
         let mut live = contact(Some("ada@example.test"), json!({"firstName": "Ada"}));
@@ -1748,7 +1796,7 @@ mod tests {
         let definition =
             workflow(vec![step("start", StepKind::Unsubscribe { topic_id: "top_news".into(), next: None })]);
         let facts = with_contact(contact(None, json!({})));
-        let tick = decided(&row("running", Some("start")), &definition, &facts, &given());
+        let tick = decided(&row(RunStatus::Running, Some("start")), &definition, &facts, &given());
         let LogEvent::SubscriptionChanged(changed) = &tick.streams[0].events[0].event else { panic!("a subscription") };
         assert_eq!((changed.topic_id.as_str(), changed.status.as_str()), ("top_news", "unsubscribed"));
     }
@@ -1758,7 +1806,7 @@ mod tests {
         let definition = workflow(vec![entry("end"), step("end", StepKind::Exit)]);
         let erased = Opened { input: None, outputs: BTreeMap::new() };
         let Decided::Tick(tick) =
-            decide((&row("running", Some("start")), &erased), &definition, &Facts::default(), &given())
+            decide((&row(RunStatus::Running, Some("start")), &erased), &definition, &Facts::default(), &given())
                 .expect("decides")
         else {
             panic!("the decision needed a fact")
@@ -1806,7 +1854,7 @@ mod tests {
     fn given_a_wait_for_an_open_when_it_starts_then_an_earlier_open_ends_it_at_once_and_otherwise_it_sleeps_on_the_email()
      {
         let (definition, _) = waits_for_open();
-        let run = with_outputs(row("running", Some("wait")), json!({"mail": {"emailId": "em_1"}}));
+        let run = with_outputs(row(RunStatus::Running, Some("wait")), json!({"mail": {"emailId": "em_1"}}));
         assert_eq!(needs(&run, &definition, &Facts::default(), &given()), Need::Engagement(vec!["em_1".to_owned()]));
         let tick = decided(&run, &definition, &engaged(false, true), &given());
         assert_eq!(events(&tick), ["started wait", "sleeping"], "a click is not an open");
@@ -1816,7 +1864,7 @@ mod tests {
         assert_eq!(events(&tick)[..2], ["started wait", "completed wait"]);
         assert_eq!(finished(&tick, "wait").next_step_id, "thanks");
         // Its send was skipped: no email to open, only the timeout ends the wait.
-        let tick = decided(&row("running", Some("wait")), &definition, &Facts::default(), &given());
+        let tick = decided(&row(RunStatus::Running, Some("wait")), &definition, &Facts::default(), &given());
         assert_eq!(
             (events(&tick), tick.row.waiting_schema),
             (vec!["started wait".to_owned(), "sleeping".to_owned()], None)
@@ -1827,7 +1875,7 @@ mod tests {
     fn given_a_sleeping_wait_for_an_open_when_it_wakes_then_a_match_goes_on_engaged_and_a_timeout_asks_the_log_again() {
         let (definition, wait) = waits_for_open();
         let outputs = json!({"mail": {"emailId": "em_1"}});
-        let mut matched = with_outputs(in_flight("sleeping", &wait, 0, false), outputs.clone());
+        let mut matched = with_outputs(in_flight(RunStatus::Sleeping, &wait, 0, false), outputs.clone());
         matched.matched_event = Some("em_1".into());
         let tick = decided(&matched, &definition, &Facts::default(), &given());
         assert_eq!(
@@ -1835,7 +1883,7 @@ mod tests {
             ("completed", "thanks")
         );
         assert_eq!(tick.outputs.get("wait"), Some(&json!({"emailId": "em_1"})));
-        let due = with_outputs(in_flight("sleeping", &wait, 0, false), outputs);
+        let due = with_outputs(in_flight(RunStatus::Sleeping, &wait, 0, false), outputs);
         assert_eq!(needs(&due, &definition, &Facts::default(), &given()), Need::Engagement(vec!["em_1".to_owned()]));
         let timed_out = decided(&due, &definition, &engaged(false, false), &given());
         assert_eq!(
@@ -1858,7 +1906,7 @@ mod tests {
             step("thanks", StepKind::Exit),
             step("again", StepKind::Exit),
         ]);
-        let run = with_outputs(row("running", Some("start")), json!({"mail": {"emailId": "em_1"}}));
+        let run = with_outputs(row(RunStatus::Running, Some("start")), json!({"mail": {"emailId": "em_1"}}));
         let facts =
             |opened| Facts { engagement: engaged(opened, false).engagement, ..with_contact(contact(None, json!({}))) };
         let contact_only = with_contact(contact(None, json!({})));
@@ -1888,7 +1936,7 @@ mod tests {
 
     #[test]
     fn given_a_send_step_under_a_full_frequency_cap_then_it_asks_for_the_sends_and_names_the_one_that_filled_it() {
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let mut facts = capped_facts("skip");
         let since_ms = given().now - 86_400_000;
         assert_eq!(needs(&run, &send_step(), &facts, &given()), Need::MarketingSends { since_ms });
@@ -1907,7 +1955,7 @@ mod tests {
 
     #[test]
     fn given_a_send_step_under_a_full_cap_whose_outcome_is_hold_then_its_email_is_stored_held_and_the_run_goes_on() {
-        let run = row("running", Some("start"));
+        let run = row(RunStatus::Running, Some("start"));
         let mut facts = capped_facts("hold");
         let filled_at = given().now - 3_600_000;
         facts.sent = Some(vec![mail::send::Sent { at_ms: filled_at, topic_id: None, position: 9 }]);

@@ -29,7 +29,8 @@ use uuid::Uuid;
 
 use super::Inner;
 use super::decide::{
-    Call, CallOutcome, Contact, ContactFacts, Decided, Engaged, Facts, Given, Need, Row, Tick, decide, open, subject,
+    Call, CallOutcome, Contact, ContactFacts, Decided, Engaged, Facts, Given, Need, Row, RunStatus, Tick, decide, open,
+    subject,
 };
 use crate::workers::outbound::{AttemptResult, classify, describe, retry_after};
 
@@ -71,7 +72,7 @@ impl Row {
             space_id: row.get(2),
             revision: row.get(3),
             contact_id,
-            status: row.get(5),
+            status: RunStatus::parse(row.get(5))?,
             step_id: row.get(6),
             step_count: row.get(7),
             version: row.get(8),
@@ -401,7 +402,7 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
     let set_row = vec![
         SetValue::Text(Some(row.run_id.clone())),
         SetValue::Uuid(token),
-        SetValue::Text(Some(row.status.clone())),
+        SetValue::Text(Some(row.status.as_str().to_owned())),
         SetValue::Text(row.step_id.clone()),
         SetValue::Int(row.step_count),
         SetValue::BigInt(tick.base_version + count),
@@ -431,7 +432,7 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
             vec![
                 Box::new(row.run_id.clone()),
                 Box::new(token),
-                Box::new(row.status.clone()),
+                Box::new(row.status.as_str().to_owned()),
                 Box::new(row.step_id.clone()),
                 Box::new(row.step_count),
                 Box::new(tick.base_version + count),
