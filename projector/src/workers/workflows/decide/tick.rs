@@ -1,0 +1,305 @@
+//! The transition a decision builds ([`Tick`]): the run's row (with its status and the step in
+//! flight) as it reads it and writes it back, the events and other streams' appends, and how
+//! a step starts and finishes and a run ends.
+
+use std::collections::BTreeMap;
+
+use domain::workflows::Step;
+use mail::outbox::Prepared;
+use mail::send::Gate;
+use platform::events::LogEvent;
+use platform::log::{Guard, StreamAppend};
+use platform::proto;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The longest error message kept.
+const ERROR_MAX_CHARS: usize = 500;
+
+/// The step started and not finished: a sleeping wait, or a webhook call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct InFlight {
+    pub(crate) index: i32,
+    pub(crate) step_id: String,
+    pub(crate) step_type: String,
+    pub(crate) started_at_ms: i64,
+    /// A webhook call's attempts so far.
+    #[serde(default)]
+    pub(crate) attempt: u32,
+    /// A webhook call's attempt is going out (committed before it does).
+    #[serde(default)]
+    pub(crate) attempting: bool,
+}
+
+/// A run's status (`workflow_runs.status`, and a finished run's `WorkflowRunFinished.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunStatus {
+    /// Requested, not started.
+    Waiting,
+    Running,
+    /// In a wait step, due at its end (or woken by what it waits for).
+    Sleeping,
+    Completed,
+    Exited,
+    Failed,
+}
+
+impl RunStatus {
+    /// The status as the database and the log hold it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Waiting => "waiting",
+            RunStatus::Running => "running",
+            RunStatus::Sleeping => "sleeping",
+            RunStatus::Completed => "completed",
+            RunStatus::Exited => "exited",
+            RunStatus::Failed => "failed",
+        }
+    }
+
+    /// The status a row holds; one of no known value is an error.
+    pub(crate) fn parse(text: &str) -> anyhow::Result<Self> {
+        Ok(match text {
+            "waiting" => RunStatus::Waiting,
+            "running" => RunStatus::Running,
+            "sleeping" => RunStatus::Sleeping,
+            "completed" => RunStatus::Completed,
+            "exited" => RunStatus::Exited,
+            "failed" => RunStatus::Failed,
+            other => anyhow::bail!("a workflow run's status {other:?} is none the engine knows"),
+        })
+    }
+}
+
+/// A run's row as a tick reads it and writes it back.
+#[derive(Clone)]
+pub(crate) struct Row {
+    pub(crate) run_id: String,
+    pub(crate) workflow_id: String,
+    pub(crate) space_id: String,
+    pub(crate) revision: i64,
+    pub(crate) contact_id: Option<String>,
+    pub(crate) status: RunStatus,
+    pub(crate) step_id: Option<String>,
+    pub(crate) step_count: i32,
+    pub(crate) version: i64,
+    pub(crate) paused: bool,
+    pub(crate) in_flight: Option<InFlight>,
+    pub(crate) waiting_schema: Option<String>,
+    pub(crate) matched_event: Option<String>,
+    pub(crate) passes: BTreeMap<String, u32>,
+    pub(crate) input: Vec<u8>,
+    pub(crate) outputs: Option<Vec<u8>>,
+    /// The workflow's pause control, read with the row.
+    pub(crate) control_paused: bool,
+    /// The data key that seals the run's input and outputs (none: erased), read with the row.
+    pub(crate) keys: platform::crypto::Keys,
+}
+
+/// A webhook call to make after the transition that starts (or retries) it is committed.
+pub(crate) struct Call {
+    pub(crate) url: String,
+    pub(crate) body: Vec<u8>,
+    pub(crate) call_id: String,
+    pub(crate) secret: Option<domain::webhooks::signing::Secret>,
+}
+
+/// One transition being built.
+pub(crate) struct Tick {
+    pub(crate) row: Row,
+    /// The row's version before this transition.
+    pub(crate) base_version: i64,
+    pub(crate) events: Vec<LogEvent>,
+    pub(crate) streams: Vec<StreamAppend>,
+    pub(crate) guards: Vec<Guard>,
+    /// When the run is due next (`None`: not due, parked or finished).
+    pub(crate) due_ms: Option<i64>,
+    pub(crate) finished: bool,
+    /// A `wait_for_event` begins: only events after this transition count.
+    pub(crate) new_wait: bool,
+    pub(crate) outputs: BTreeMap<String, Value>,
+    pub(crate) outputs_changed: bool,
+    pub(crate) call: Option<Call>,
+    pub(crate) email: Option<Prepared>,
+}
+
+/// Opens a sealed JSON value of the run (its input or outputs); `None` when its key is gone.
+fn open_json(sealed: &[u8], keys: &platform::crypto::Keys, input: bool) -> anyhow::Result<Option<Value>> {
+    if sealed.is_empty() {
+        return Ok(Some(Value::Null));
+    }
+    let sealed = proto::Sealed::decode(sealed)?;
+    let json = if input {
+        platform::events::open::<proto::WorkflowInput>(Some(&sealed), keys)?.map(|input| input.json)
+    } else {
+        platform::events::open::<proto::WorkflowStepOutput>(Some(&sealed), keys)?.map(|output| output.json)
+    };
+    Ok(match json {
+        Some(json) => Some(serde_json::from_str(&json)?),
+        None => None,
+    })
+}
+
+/// The run's sealed data, opened once per tick (a decision made again after loading a fact
+/// reads it from here).
+pub(crate) struct Opened {
+    /// The run's input; `None` when its key is gone (the contact was erased).
+    pub(crate) input: Option<Value>,
+    /// The outputs of the steps so far, by step id.
+    pub(crate) outputs: BTreeMap<String, Value>,
+}
+
+/// Opens the run's input and outputs with its data key.
+pub(crate) fn open(row: &Row) -> anyhow::Result<Opened> {
+    let input = open_json(&row.input, &row.keys, true)?;
+    let outputs = match &row.outputs {
+        Some(sealed) => open_json(sealed, &row.keys, false)?.and_then(|value| serde_json::from_value(value).ok()),
+        None => Some(BTreeMap::new()),
+    }
+    .unwrap_or_default();
+    Ok(Opened { input, outputs })
+}
+
+/// The subject whose key seals the run's data.
+pub(crate) fn subject(row: &Row) -> String {
+    row.contact_id.clone().unwrap_or_else(|| row.run_id.clone())
+}
+
+impl Tick {
+    pub(super) fn new(row: Row, outputs: BTreeMap<String, Value>) -> Self {
+        let base_version = row.version;
+        Self {
+            row,
+            base_version,
+            events: Vec::new(),
+            streams: Vec::new(),
+            guards: Vec::new(),
+            due_ms: None,
+            finished: false,
+            new_wait: false,
+            outputs,
+            outputs_changed: false,
+            call: None,
+            email: None,
+        }
+    }
+
+    pub(super) fn space(&self) -> String {
+        self.row.space_id.clone()
+    }
+
+    pub(super) fn push(&mut self, event: LogEvent) {
+        self.events.push(event);
+    }
+
+    /// Starts `step` as execution `step_count + 1`.
+    pub(super) fn start(&mut self, step: &Step, now: i64) -> InFlight {
+        self.row.step_count += 1;
+        let started = InFlight {
+            index: self.row.step_count,
+            step_id: step.id.clone(),
+            step_type: step.kind.type_name().to_owned(),
+            started_at_ms: now,
+            attempt: 0,
+            attempting: false,
+        };
+        self.push(LogEvent::WorkflowStepStarted(proto::WorkflowStepStarted {
+            run_id: self.row.run_id.clone(),
+            space_id: self.space(),
+            index: started.index,
+            step_id: step.id.clone(),
+            step_type: started.step_type.clone(),
+            at_ms: now,
+        }));
+        started
+    }
+
+    /// Finishes `started` with `status` and goes to `next`.
+    pub(super) fn finish(
+        &mut self,
+        started: &InFlight,
+        status: &str,
+        error: Option<(&str, String)>,
+        next: Option<&str>,
+        now: i64,
+    ) {
+        self.finish_with(started, status, error, (String::new(), None), next, now);
+    }
+
+    pub(super) fn finish_with(
+        &mut self,
+        started: &InFlight,
+        status: &str,
+        error: Option<(&str, String)>,
+        (email_id, output): (String, Option<Value>),
+        next: Option<&str>,
+        now: i64,
+    ) {
+        let (error_code, error_message) = error.map_or((String::new(), String::new()), |(code, message)| {
+            (code.to_owned(), message.chars().take(ERROR_MAX_CHARS).collect())
+        });
+        if let Some(output) = &output {
+            self.outputs.insert(started.step_id.clone(), output.clone());
+            self.outputs_changed = true;
+        }
+        self.push(LogEvent::WorkflowStepFinished(proto::WorkflowStepFinished {
+            run_id: self.row.run_id.clone(),
+            space_id: self.space(),
+            index: started.index,
+            step_id: started.step_id.clone(),
+            step_type: started.step_type.clone(),
+            status: status.to_owned(),
+            error_code,
+            error_message,
+            email_id,
+            // Outputs are kept sealed in the run's row; the log records that there was one.
+            output: None,
+            next_step_id: next.unwrap_or_default().to_owned(),
+            started_at_ms: started.started_at_ms,
+            at_ms: now,
+            gate: String::new(),
+        }));
+        self.row.in_flight = None;
+        self.row.waiting_schema = None;
+        self.row.matched_event = None;
+        self.row.status = RunStatus::Running;
+        self.row.step_id = next.map(str::to_owned);
+    }
+
+    /// Finishes `started` as `skipped`: the send's `gate` refused it (its code and reason, the
+    /// gate, and the email whose story says so); the run goes on to `next`.
+    pub(super) fn skip(&mut self, started: &InFlight, (gate, email_id): (Gate, &str), next: Option<&str>, now: i64) {
+        self.finish(started, "skipped", Some((gate.code().as_str(), gate.reason().to_owned())), next, now);
+        if let Some(LogEvent::WorkflowStepFinished(finished)) = self.events.last_mut() {
+            finished.gate = gate.as_str().to_owned();
+            finished.email_id = email_id.to_owned();
+        }
+    }
+
+    /// Ends the run.
+    pub(super) fn end(&mut self, status: RunStatus, error: Option<(&str, String)>, now: i64) {
+        let (error_code, error_message) = error.unwrap_or_default();
+        self.push(LogEvent::WorkflowRunFinished(proto::WorkflowRunFinished {
+            run_id: self.row.run_id.clone(),
+            space_id: self.space(),
+            status: status.as_str().to_owned(),
+            error_code: error_code.to_owned(),
+            error_message: error_message.chars().take(ERROR_MAX_CHARS).collect(),
+            at_ms: now,
+        }));
+        self.row.status = status;
+        self.row.in_flight = None;
+        self.row.waiting_schema = None;
+        self.row.step_id = None;
+        self.finished = true;
+        self.due_ms = None;
+    }
+
+    /// Fails `started` and the run.
+    pub(super) fn fail(&mut self, started: &InFlight, code: &str, message: String, now: i64) {
+        self.finish(started, "failed", Some((code, message.clone())), None, now);
+        self.end(RunStatus::Failed, Some((code, message)), now);
+    }
+}
