@@ -234,7 +234,7 @@ impl Command for SubmitForm<'_> {
         let token_ttl_hours = i64::try_from(self.token_ttl_hours).unwrap_or(168);
         let expires_at_ms = now + token_ttl_hours * 3_600_000;
         if pending {
-            let token = decide::new_token();
+            let token = new_token();
             token_digest =
                 platform::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
             guards.push(Guard::exactly_one(
@@ -565,4 +565,24 @@ async fn confirm_link(
     let digest = platform::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
     let command = ConfirmSubmission { form_id, digest, json: wants_json(req), decided_form: Default::default() };
     pipeline::execute(state, req, Actor::Public, Protection::Unkeyed, command).await
+}
+
+/// A fresh double opt-in token: 32 random bytes, URL-safe base64.
+fn new_token() -> String {
+    use base64::Engine;
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_double_opt_in_token_is_fresh_each_time_and_43_characters() {
+        assert_ne!(new_token(), new_token());
+        assert_eq!(new_token().len(), 43);
+    }
 }
