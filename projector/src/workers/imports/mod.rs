@@ -19,14 +19,14 @@ use anyhow::Context;
 use deadpool_postgres::{GenericClient, Pool};
 use domain::catalog::WriteContext;
 use domain::imports::Settings;
-use domain::imports::decide::{self, Checked, Facts, Key, Outcome, Provenance};
+use domain::imports::decide::{self, Checked, Facts, Provenance};
 use domain::records::decide::WriteSchema;
 use domain::records::write::identity_values;
 use futures_util::future::BoxFuture;
 use import_file as parse;
-use platform::error::{Code, Warning};
-use platform::log::{AppendError, AppendRequest, EventLog, Guard, Metadata, SetValue};
-use serde_json::{Map, Value, json};
+use platform::error::Code;
+use platform::log::{AppendRequest, EventLog, Metadata};
+use serde_json::{Map, Value};
 
 use crate::runtime::{Outcome as StepOutcome, Worker};
 
@@ -34,13 +34,13 @@ use crate::runtime::{Outcome as StepOutcome, Worker};
 const WAVE: usize = 1_000;
 /// How long to sleep when no part waits.
 const POLL: Duration = Duration::from_millis(500);
-/// Lost races (a concurrent write to the same record or identity) a row may have before it
-/// fails with `concurrent_modification`.
-const ATTEMPTS: u8 = 5;
 /// One process at a time decides parts.
 const LOCK: i64 = domain::imports::WORKER_LOCK;
 
 mod expiry;
+mod wave;
+
+use wave::{RowResult, Settled, Sorted, Tally};
 
 pub struct Imports {
     pool: Pool,
@@ -223,25 +223,8 @@ impl Imports {
             subscriptions: &read.subscriptions,
         };
         let outcomes = decide::decide_wave(&schema, provenance, checked, &facts, platform::time::now_millis());
-        let mut retry = Vec::new();
-        let mut appends = Vec::new();
-        for ((number, raw, attempts), outcome) in kept.into_iter().zip(outcomes) {
-            match outcome {
-                Outcome::Deferred => retry.push((number, raw, attempts)),
-                Outcome::Unchanged { record_id, key, warnings } => {
-                    results.push(RowResult::written(number, "unchanged", record_id, key, &warnings));
-                }
-                Outcome::Failed { key, code, message } => results.push(RowResult::failed(number, key, code, message)),
-                Outcome::Created { record_id, key, warnings, writes } => {
-                    let result = RowResult::written(number, "created", record_id, key, &warnings);
-                    appends.push(((number, raw, attempts), result, writes));
-                }
-                Outcome::Updated { record_id, key, warnings, writes } => {
-                    let result = RowResult::written(number, "updated", record_id, key, &warnings);
-                    appends.push(((number, raw, attempts), result, writes));
-                }
-            }
-        }
+        let Sorted { mut retry, results: decided, appends } = wave::sort(kept, outcomes);
+        results.extend(decided);
         self.record(part, results, tally).await?;
         let metadata = Metadata {
             space_id: Some(part.space_id.clone()),
@@ -250,28 +233,18 @@ impl Imports {
         };
         let sent = futures_util::future::join_all(appends.into_iter().map(|(row, result, writes)| {
             let mut guards = writes.guards;
-            guards.push(result.guard(part));
+            guards.push(result.guard(&part.space_id, &part.import_id, part.part));
             let request = AppendRequest::new(metadata.clone(), writes.streams, guards);
             async move { (row, result, self.log.append(request).await) }
         }))
         .await;
         let mut lost = Vec::new();
-        for ((number, raw, attempts), result, appended) in sent {
-            match appended {
-                Ok(_) => tally.count(result.status),
-                // Another write to the record or the identity came between: decide it again.
-                Err(AppendError::WrongVersion { .. })
-                | Err(AppendError::Conflict { code: Code::IdentifierConflict | Code::StreamMoved, .. }) => {
-                    if attempts + 1 >= ATTEMPTS {
-                        let message = "the record kept changing while the row was imported".to_owned();
-                        lost.push(RowResult::failed(number, result.key(), Code::ConcurrentModification, message));
-                    } else {
-                        retry.push((number, raw, attempts + 1));
-                    }
-                }
-                // The row's result exists: another step wrote it (it cannot, under the lock).
-                Err(AppendError::Conflict { code: Code::OperationTaken, .. }) => {}
-                Err(error) => return Err(error.into()),
+        for (row, result, appended) in sent {
+            match wave::settle(row, &result, appended.map(drop))? {
+                Settled::Counted(status) => tally.count(status),
+                Settled::Again(row) => retry.push(row),
+                Settled::Lost(failed) => lost.push(failed),
+                Settled::Taken => {}
             }
         }
         self.record(part, lost, tally).await?;
@@ -400,106 +373,6 @@ struct Part {
     part: i32,
     schema_id: String,
     actor_key_id: Option<String>,
-}
-
-/// A row's result, as `import_rows` holds it.
-struct RowResult {
-    number: i32,
-    status: &'static str,
-    record_id: Option<String>,
-    key: Key,
-    code: Option<Code>,
-    message: Option<String>,
-    warnings: Value,
-}
-
-impl RowResult {
-    fn failed(number: i32, key: Key, code: Code, message: String) -> Self {
-        Self {
-            number,
-            status: "failed",
-            record_id: None,
-            key,
-            code: Some(code),
-            message: Some(message),
-            warnings: json!([]),
-        }
-    }
-
-    fn written(number: i32, status: &'static str, record_id: String, key: Key, warnings: &[Warning]) -> Self {
-        Self { number, status, record_id: Some(record_id), key, code: None, message: None, warnings: json!(warnings) }
-    }
-
-    fn key(&self) -> Key {
-        self.key.clone()
-    }
-
-    /// The guard that inserts the result in the row's own append.
-    fn guard(&self, part: &Part) -> Guard {
-        let text = |value: Option<&str>| SetValue::Text(value.map(str::to_owned));
-        let (field, value) = match &self.key {
-            Some((field, value)) => (Some(*field), Some(value.as_str())),
-            None => (None, None),
-        };
-        Guard::unique(
-            "INSERT INTO import_rows (space_id, import_id, part, row_number, status, record_id, key_field, key_value,
-                                      code, message, warnings)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, NULL, $9)",
-            vec![
-                Box::new(part.space_id.clone()),
-                Box::new(part.import_id.clone()),
-                Box::new(part.part),
-                Box::new(self.number),
-                Box::new(self.status.to_owned()),
-                Box::new(self.record_id.clone()),
-                Box::new(field.map(str::to_owned)),
-                Box::new(value.map(str::to_owned)),
-                Box::new(self.warnings.clone()),
-            ],
-            AppendError::Conflict { code: Code::OperationTaken, message: "the row has its result".to_owned() },
-        )
-        .with_set(
-            "INSERT INTO import_rows (space_id, import_id, part, row_number, status, record_id, key_field, key_value,
-                                      warnings)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[], $6::text[], $7::text[],
-                                  $8::text[], $9::jsonb[])",
-            vec![
-                text(Some(&part.space_id)),
-                text(Some(&part.import_id)),
-                SetValue::Int(part.part),
-                SetValue::Int(self.number),
-                text(Some(self.status)),
-                text(self.record_id.as_deref()),
-                text(field),
-                text(value),
-                SetValue::Json(self.warnings.clone()),
-            ],
-        )
-    }
-}
-
-/// Rows of a part by result.
-#[derive(Debug, Default)]
-struct Tally {
-    created: i32,
-    updated: i32,
-    unchanged: i32,
-    failed: i32,
-}
-
-impl Tally {
-    fn count(&mut self, status: &str) {
-        self.add(status, 1);
-    }
-
-    fn add(&mut self, status: &str, rows: i32) {
-        match status {
-            "created" => self.created += rows,
-            "updated" => self.updated += rows,
-            "unchanged" => self.unchanged += rows,
-            _ => self.failed += rows,
-        }
-    }
 }
 
 /// What a wave decides on (see [`Facts`]).
