@@ -7,6 +7,11 @@
 //! buckets and caps of the fleet, space and schema), in one transaction; so a lost race, a
 //! refused admission or an aborted batch leaves nothing behind. `Idempotency-Key` plays no
 //! part here.
+//!
+//! Long because it still holds, beside the handlers, the decisions of a fire and of a batch
+//! (each item's check against its receipt, the abort plan of `onError: abort`); they belong
+//! in `decide.rs`, as pure functions the handlers call, and move there with the other
+//! commands' decisions.
 
 use platform::error::Code;
 use std::cell::Cell;

@@ -1,5 +1,7 @@
 //! ARCHITECTURE.md's code map held to the tree: every file or folder it names exists, and its
-//! table of which crate uses which is exactly what the crates' `Cargo.toml` files list.
+//! table of which crate uses which is exactly what the crates' `Cargo.toml` files list. And
+//! files one reader can hold: no source file's code runs past 800 lines unless its top says
+//! why.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -169,4 +171,47 @@ fn the_checks_see_a_missing_path_and_a_wrong_edge() {
     assert!(!uses(&crates["filter"], &crates).contains("platform"), "filter uses nothing of ours");
     assert!(uses(&crates["query-service"], &crates).contains("reads"));
     assert!(!uses(&crates["projector"], &crates).contains("mail-parser"), "a crate of ours only");
+}
+
+/// Lines of code a source file may hold (its unit tests not counted) without saying why.
+const LONGEST: usize = 800;
+
+/// What a longer file's top says (in its first 20 lines): `Long because …`.
+const LONG_BECAUSE: &str = "Long because";
+
+/// The lines of `text` before its unit tests.
+fn code_lines(text: &str) -> usize {
+    text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default().lines().count()
+}
+
+#[test]
+fn no_source_file_runs_past_800_lines_of_code_unless_its_top_says_why() {
+    let workspace = workspace();
+    let mut files = Vec::new();
+    for folder in ["shared", "command-service", "query-service", "projector", "deploy"] {
+        tree(&workspace.join(folder), Path::new(folder), &mut files);
+    }
+    let sources: Vec<&PathBuf> = files
+        .iter()
+        .filter(|file| file.extension().is_some_and(|extension| extension == "rs"))
+        .filter(|file| file.file_name().is_some_and(|name| name != "tests.rs"))
+        .collect();
+    assert!(sources.len() > 200, "the tree was read: {} files", sources.len());
+    let mut long = Vec::new();
+    for file in sources {
+        let text = std::fs::read_to_string(workspace.join(file)).expect("a source file");
+        let lines = code_lines(&text);
+        let says_why = text.lines().take(20).any(|line| line.contains(LONG_BECAUSE));
+        if lines > LONGEST && !says_why {
+            long.push(format!("{} ({lines} lines)", file.display()));
+        }
+    }
+    assert!(long.is_empty(), "files past {LONGEST} lines of code whose top does not say why: {long:?}");
+}
+
+#[test]
+fn a_files_code_is_counted_without_its_unit_tests() {
+    let text = "fn a() {}\nfn b() {}\n#[cfg(test)]\nmod tests {\n    fn c() {}\n}\n";
+    assert_eq!(code_lines(text), 2);
+    assert_eq!(code_lines("fn a() {}\n"), 1);
 }
