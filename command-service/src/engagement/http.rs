@@ -13,7 +13,6 @@
 use actix_web::http::Method;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, web};
-use domain::engagement;
 use mail::tracking::Checked;
 use platform::error::{ApiError, Code};
 
@@ -89,7 +88,7 @@ async fn record(state: &State, req: &HttpRequest, email_id: &str, fetched: Fetch
         Fetched::Open => ("open", signals::open(&request), None, String::new()),
         Fetched::Click { url } => {
             let link_id = platform::crypto::keyed_digest("tracking-link", url)?[..32].to_owned();
-            let link = engagement::seal_inbox_link(email_id, url)?;
+            let link = mail::inbox::seal_inbox_link(email_id, url)?;
             ("click", signals::click_request(&request), Some(link), link_id)
         }
     };

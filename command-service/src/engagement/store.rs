@@ -9,7 +9,7 @@ pub struct Hit {
     pub email_id: String,
     /// `open` or `click`.
     pub kind: &'static str,
-    /// A click's target, sealed (`domain::engagement::seal_inbox_link`).
+    /// A click's target, sealed (`mail::inbox::seal_inbox_link`).
     pub link: Option<Vec<u8>>,
     pub link_id: String,
     /// What the request alone gave away (`head`, `no_user_agent`, `privacy_proxy`,

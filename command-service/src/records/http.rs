@@ -65,7 +65,8 @@ impl Command for CreateRecord<'_> {
             record_document(&decision.event, &Default::default()).map_err(|error| ApiError::internal(&error))?;
         let body = api::http::data_body(document, &[]);
         let Write { stream, guards, .. } =
-            create_write(schema.space_id, schema.schema_id, decision).map_err(crate::edge::append_error)?;
+            create_write(schema.space_id, schema.schema_id, decision, &mut platform::fresh::Drawn)
+                .map_err(crate::edge::append_error)?;
         Ok(Decided::Append(Decision::one(stream, guards, StatusCode::CREATED, body)))
     }
 }

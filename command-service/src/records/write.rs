@@ -9,6 +9,7 @@ use domain::records::RecordState;
 pub(crate) use domain::records::write::{Write, create_write, identity_values, update_write};
 use platform::crypto::DataKey;
 use platform::error::ApiError;
+use platform::fresh::Drawn;
 use platform::ids::new_id;
 use platform::log::AppendError;
 use serde_json::{Map, Value};
@@ -102,7 +103,7 @@ pub(crate) fn decide_upsert(
                 });
             };
             let (record, warnings) = (change.state.clone(), change.warnings.clone());
-            let write = update_write(schema.space_id, schema.schema_id, (version, key), *change);
+            let write = update_write(schema.space_id, schema.schema_id, (version, key), *change, &mut Drawn);
             Ok(PlannedUpsert { status: StatusCode::OK, record, warnings, write: Some(write), key: None })
         }
         None => {
@@ -111,7 +112,7 @@ pub(crate) fn decide_upsert(
             let record = RecordState::from_created(&decision.event, &Default::default())
                 .map_err(|error| ApiError::internal(&error))?;
             let warnings = decision.warnings.clone();
-            let write = create_write(schema.space_id, schema.schema_id, decision);
+            let write = create_write(schema.space_id, schema.schema_id, decision, &mut Drawn);
             Ok(PlannedUpsert { status: StatusCode::CREATED, record, warnings, write: Some(write), key: None })
         }
     }
@@ -191,7 +192,7 @@ pub(crate) fn decide_record_update(
         UpdateDecision::Unchanged => Ok(None),
         UpdateDecision::Changed(change) => {
             let body = api::http::data_body(change.state.document(), &change.warnings);
-            let write = update_write(schema.space_id, schema.schema_id, (version, key), *change)
+            let write = update_write(schema.space_id, schema.schema_id, (version, key), *change, &mut Drawn)
                 .map_err(crate::edge::append_error)?;
             Ok(Some((write, body)))
         }

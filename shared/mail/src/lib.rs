@@ -6,6 +6,7 @@
 pub mod dkim;
 pub(crate) mod dkim_sign;
 pub mod footer;
+pub mod inbox;
 pub mod mailer;
 pub mod message;
 pub mod outbox;

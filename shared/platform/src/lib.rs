@@ -9,6 +9,7 @@ pub mod cursor;
 pub mod db;
 pub mod error;
 pub mod events;
+pub mod fresh;
 pub mod ids;
 pub mod liveness;
 pub mod log;

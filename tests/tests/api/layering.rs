@@ -177,7 +177,7 @@ fn linked(package: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// `domain` is the rules: no runtime, database, HTTP client, file format or bot
+/// `domain` is the rules: no runtime, database, HTTP client, randomness, file format or bot
 /// list in its manifest (the reads are `reads`', the AI provider `ai-provider`'s, an import
 /// file's reading `import-file`'s, a hit's request signals the command service's). And the
 /// query service, which answers GETs, links none of what only writes and workers use.
@@ -194,7 +194,7 @@ fn domain_holds_rules_only_and_the_query_service_links_no_client_file_reader_or_
         .collect();
     assert!(named.contains("serde_json"), "the manifest was read: {named:?}");
     for crate_name in
-        ["tokio", "tokio-postgres", "deadpool-postgres", "reqwest", "actix-web", "csv", "encoding_rs", "isbot"]
+        ["tokio", "tokio-postgres", "deadpool-postgres", "reqwest", "actix-web", "rand", "csv", "encoding_rs", "isbot"]
     {
         assert!(!named.contains(crate_name), "domain depends on {crate_name}");
     }

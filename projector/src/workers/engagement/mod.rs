@@ -108,7 +108,7 @@ impl Engagement {
                 let email_id: String = row.get(1);
                 let taken = if row.get::<_, &str>(2) == "click" {
                     let link: Option<&[u8]> = row.get(3);
-                    let url = link.and_then(|sealed| domain::engagement::open_inbox_link(&email_id, sealed).ok());
+                    let url = link.and_then(|sealed| mail::inbox::open_inbox_link(&email_id, sealed).ok());
                     Taken::Click { link_id: row.get(4), url }
                 } else {
                     Taken::Open

@@ -25,6 +25,7 @@ use domain::records::write::identity_values;
 use futures_util::future::BoxFuture;
 use import_file as parse;
 use platform::error::Code;
+use platform::fresh::Drawn;
 use platform::log::{AppendRequest, EventLog, Metadata};
 use serde_json::{Map, Value};
 
@@ -222,7 +223,8 @@ impl Imports {
             topics: &read.topics,
             subscriptions: &read.subscriptions,
         };
-        let outcomes = decide::decide_wave(&schema, provenance, checked, &facts, platform::time::now_millis());
+        let outcomes =
+            decide::decide_wave(&schema, provenance, checked, &facts, (platform::time::now_millis(), &mut Drawn));
         let Sorted { mut retry, results: decided, appends } = wave::sort(kept, outcomes);
         results.extend(decided);
         self.record(part, results, tally).await?;

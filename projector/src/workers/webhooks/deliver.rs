@@ -615,7 +615,7 @@ mod tests {
 
     #[test]
     fn during_a_rotation_both_secrets_sign_and_the_captured_one_comes_first() {
-        let (old, new) = (Secret::generate(), Secret::generate());
+        let (old, new) = (Secret::from_random([1; 32]), Secret::from_random([2; 32]));
         let now = Utc::now();
         let later = Some(now + chrono::Duration::hours(1));
         let earlier = Some(now - chrono::Duration::hours(1));
@@ -640,7 +640,7 @@ mod tests {
 
     #[test]
     fn an_erased_subject_drops_the_delivery() {
-        let secrets = vec![(1, Secret::generate(), None)];
+        let secrets = vec![(1, Secret::from_random([1; 32]), None)];
         assert!(matches!(
             plan_send(&Keys::default(), Some("con_1"), b"sealed".to_vec(), Some(&secrets), 1, Utc::now()),
             Plan::Drop("the data subject was erased")

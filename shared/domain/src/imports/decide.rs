@@ -25,6 +25,7 @@ use crate::records::decide::{
 };
 use crate::records::write::{Write, create_write, update_write};
 use crate::records::{Loaded, RecordState};
+use platform::fresh::Fresh;
 
 /// The import the writes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,7 +172,7 @@ pub fn decide_wave(
     provenance: &Provenance,
     rows: Vec<Checked>,
     facts: &Facts<'_>,
-    now_ms: i64,
+    (now_ms, fresh): (i64, &mut dyn Fresh),
 ) -> Vec<Outcome> {
     let mut taken_values: HashSet<(&'static str, String)> = HashSet::new();
     let mut taken_records: HashSet<String> = HashSet::new();
@@ -212,7 +213,7 @@ pub fn decide_wave(
                 continue;
             }
         };
-        outcomes.push(decide_row(schema, provenance, (input, topic_ids), key, target, facts, now_ms));
+        outcomes.push(decide_row(schema, provenance, (input, topic_ids), (key, target), facts, (now_ms, fresh)));
     }
     outcomes
 }
@@ -261,10 +262,9 @@ fn decide_row(
     schema: &WriteSchema<'_>,
     provenance: &Provenance,
     (input, topic_ids): (Input, Vec<&String>),
-    key: Key,
-    target: Match,
+    (key, target): (Key, Match),
     facts: &Facts<'_>,
-    now_ms: i64,
+    (now_ms, fresh): (i64, &mut dyn Fresh),
 ) -> Outcome {
     let failed = |key: Key, code: Code, message: String| Outcome::Failed { key, code, message };
     let refused = |key: Key, refusal: crate::records::decide::RecordRefusal| Outcome::Failed {
@@ -290,7 +290,7 @@ fn decide_row(
                     change.event.import = Some(provenance.proto());
                     change.event.change_source = "import".to_owned();
                     change.event.change_source_id.clone_from(&provenance.import_id);
-                    match update_write(schema.space_id, schema.schema_id, (version, data_key), change) {
+                    match update_write(schema.space_id, schema.schema_id, (version, data_key), change, fresh) {
                         Ok(write) => Some(write),
                         Err(error) => return failed(key, Code::InternalError, error.to_string()),
                     }
@@ -302,7 +302,7 @@ fn decide_row(
             }
         }
         Match::New => {
-            let record_id = platform::ids::new_id(if schema.schema_type == "contact" { "con" } else { "obj" });
+            let record_id = fresh.id(if schema.schema_type == "contact" { "con" } else { "obj" });
             let email = input.identity("email").map(str::to_owned);
             let mut decision = match decide_create(schema, input, facts.owners, &record_id, now_ms) {
                 Ok(decision) => decision,
@@ -314,7 +314,7 @@ fn decide_row(
             let mut warnings = suppressed(facts, email.as_deref());
             warnings.extend(decision.warnings.iter().cloned());
             let subscriptions = subscribe(facts, provenance, (schema.space_id, &record_id), &topic_ids, now_ms);
-            match create_write(schema.space_id, schema.schema_id, decision) {
+            match create_write(schema.space_id, schema.schema_id, decision, fresh) {
                 Ok(write) => match Writes::of(Some(write), subscriptions) {
                     Some(writes) => Outcome::Created { record_id, key, warnings, writes },
                     None => failed(key, Code::InternalError, "a create writes its record".to_owned()),
@@ -339,6 +339,7 @@ fn suppressed(facts: &Facts<'_>, email: Option<&str>) -> Vec<Warning> {
 mod tests {
     use super::*;
     use crate::catalog::AttributeEntry;
+    use platform::fresh::Counted;
     use serde_json::json;
 
     fn attributes() -> Vec<AttributeEntry> {
@@ -373,10 +374,9 @@ mod tests {
         }
     }
 
-    /// Creates generate data keys under the process's master key.
-    fn install_keyring() {
-        let keyring = platform::crypto::Keyring::from_hex(&"ab".repeat(32));
-        platform::crypto::install(keyring.expect("a 64-hex-digit key is a master key"));
+    /// New ids and data keys, the same on every run, with no keyring installed.
+    fn fresh() -> Counted {
+        Counted::new().expect("the test keyring")
     }
 
     fn schema(attributes: &[AttributeEntry]) -> WriteSchema<'_> {
@@ -429,10 +429,9 @@ mod tests {
         ];
         let checked =
             rows.into_iter().map(|value| check(&schema, &provenance, row(value)).expect("the row checks")).collect();
-        install_keyring();
         let known = Known::default();
         let facts = known.facts();
-        let outcomes = decide_wave(&schema, &provenance, checked, &facts, 1_000);
+        let outcomes = decide_wave(&schema, &provenance, checked, &facts, (1_000, &mut fresh()));
         let kinds: Vec<&str> = outcomes
             .iter()
             .map(|outcome| match outcome {
@@ -446,7 +445,6 @@ mod tests {
 
     #[test]
     fn an_imported_create_names_its_import_and_a_suppressed_address_is_reported() {
-        install_keyring();
         let attributes = attributes();
         let schema = schema(&attributes);
         let provenance = provenance(Some("listmonk export"));
@@ -454,7 +452,8 @@ mod tests {
         let known = Known { suppressed: HashSet::from(["s@example.com".to_owned()]), ..Known::default() };
         let facts = known.facts();
         let Some(Outcome::Created { warnings, writes, .. }) =
-            decide_wave(&schema, &provenance, vec![checked.expect("the row checks")], &facts, 1_000).pop()
+            decide_wave(&schema, &provenance, vec![checked.expect("the row checks")], &facts, (1_000, &mut fresh()))
+                .pop()
         else {
             panic!("a new address is created");
         };
@@ -468,7 +467,6 @@ mod tests {
 
     #[test]
     fn topics_resolve_by_slug_and_an_unknown_one_fails_its_row() {
-        install_keyring();
         let attributes = attributes();
         let schema = schema(&attributes);
         let provenance = provenance(Some("signup form"));
@@ -481,7 +479,7 @@ mod tests {
         let topics = BTreeMap::from([("news".to_owned(), "top_1".to_owned()), ("News".to_owned(), "top_1".to_owned())]);
         let known = Known { topics, ..Known::default() };
         let facts = known.facts();
-        let mut outcomes = decide_wave(&schema, &provenance, checked, &facts, 1_000).into_iter();
+        let mut outcomes = decide_wave(&schema, &provenance, checked, &facts, (1_000, &mut fresh())).into_iter();
         let Some(Outcome::Created { writes, .. }) = outcomes.next() else { panic!("the first row is created") };
         // One subscription for the topic named twice, on the contact's subscriptions stream.
         assert_eq!(writes.streams.len(), 2);

@@ -2,9 +2,10 @@
 //! the import worker: the streams and guards of a create or an update (with the subject's data
 //! key and its personal data sealed), and the identity claims that keep identities unique.
 
-use platform::crypto::{self, DataKey};
+use platform::crypto::DataKey;
 use platform::error::Code;
 use platform::events::LogEvent;
+use platform::fresh::Fresh;
 use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, Param, SetValue, StreamAppend};
 use platform::proto::Sealed;
 
@@ -47,10 +48,15 @@ impl Write {
 }
 
 /// The write of a new record (its personal data encrypted under a fresh key).
-pub fn create_write(space_id: &str, schema_id: &str, decision: CreateDecision) -> Result<Write, AppendError> {
+pub fn create_write(
+    space_id: &str,
+    schema_id: &str,
+    decision: CreateDecision,
+    fresh: &mut dyn Fresh,
+) -> Result<Write, AppendError> {
     let mut decision = decision;
     let record_id = decision.event.record_id.clone();
-    let (key, key_guard) = encrypt_personal(&mut decision.event.personal, None, &record_id, space_id)?;
+    let (key, key_guard) = encrypt_personal(&mut decision.event.personal, (None, fresh), &record_id, space_id)?;
     let guards = decision
         .identities
         .iter()
@@ -76,10 +82,11 @@ pub fn update_write(
     schema_id: &str,
     (version, key): (i64, Option<DataKey>),
     change: Change,
+    fresh: &mut dyn Fresh,
 ) -> Result<Write, AppendError> {
     let Change { mut event, state: new_state, claims, releases, .. } = change;
     let record_id = new_state.record_id.clone();
-    let (key, key_guard) = encrypt_personal(&mut event.personal, key, &record_id, space_id)?;
+    let (key, key_guard) = encrypt_personal(&mut event.personal, (key, fresh), &record_id, space_id)?;
     let guards = releases
         .iter()
         .map(|identity| release(space_id, schema_id, &record_id, identity))
@@ -96,11 +103,11 @@ pub fn update_write(
 }
 
 /// Encrypts a record event's personal data under the record's data key. A record without a
-/// key (a new one, or one written before encryption) gets a fresh key, stored by the returned
-/// guard in the same transaction as the event.
+/// key (a new one, or one written before encryption) gets a fresh key from `fresh`, stored by
+/// the returned guard in the same transaction as the event.
 pub fn encrypt_personal(
     personal: &mut Option<Sealed>,
-    key: Option<DataKey>,
+    (key, fresh): (Option<DataKey>, &mut dyn Fresh),
     record_id: &str,
     space_id: &str,
 ) -> Result<(DataKey, Option<Guard>), AppendError> {
@@ -108,7 +115,7 @@ pub fn encrypt_personal(
     let (key, guard) = match key {
         Some(key) => (key, None),
         None => {
-            let (key, wrapped) = crypto::keyring().and_then(|keyring| keyring.generate(record_id)).map_err(failed)?;
+            let (key, wrapped) = fresh.data_key(record_id).map_err(failed)?;
             (key, Some(store_key(record_id, space_id, wrapped)))
         }
     };

@@ -5,7 +5,6 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{KeyInit, Mac};
-use rand::RngCore;
 
 type Hmac = hmac::Hmac<sha2::Sha256>;
 
@@ -20,11 +19,9 @@ const ALLOWED_LEN: std::ops::RangeInclusive<usize> = 24..=64;
 pub struct Secret(Vec<u8>);
 
 impl Secret {
-    /// A new random secret of 32 bytes.
-    pub fn generate() -> Self {
-        let mut bytes = vec![0; GENERATED_LEN];
-        rand::rng().fill_bytes(&mut bytes);
-        Self(bytes)
+    /// A new secret of the 32 random bytes the caller drew (`platform::fresh::random_bytes`).
+    pub fn from_random(bytes: [u8; GENERATED_LEN]) -> Self {
+        Self(bytes.to_vec())
     }
 
     /// Reads `whsec_<base64>`; `None` when the text is not a secret.
@@ -98,22 +95,22 @@ mod tests {
 
     #[test]
     fn every_input_changes_the_signature() {
-        let secret = Secret::generate();
+        let secret = Secret::from_random([1; 32]);
         let base = secret.sign("msg_1", 1, b"{}");
         assert_ne!(base, secret.sign("msg_2", 1, b"{}"));
         assert_ne!(base, secret.sign("msg_1", 2, b"{}"));
         assert_ne!(base, secret.sign("msg_1", 1, b"{ }"));
-        assert_ne!(base, Secret::generate().sign("msg_1", 1, b"{}"));
+        assert_ne!(base, Secret::from_random([2; 32]).sign("msg_1", 1, b"{}"));
     }
 
     #[test]
     fn generated_secrets_round_trip_and_stay_out_of_debug() {
-        let secret = Secret::generate();
+        let secret = Secret::from_random([7; 32]);
         let shown = secret.reveal();
         assert!(shown.starts_with("whsec_"));
         assert_eq!(Secret::parse(&shown), Some(secret.clone()));
         assert_eq!(format!("{secret:?}"), "Secret(..)");
-        assert_ne!(Secret::generate(), secret);
+        assert_ne!(Secret::from_random([8; 32]), secret);
     }
 
     #[test]
@@ -125,7 +122,7 @@ mod tests {
 
     #[test]
     fn a_rotation_signs_with_each_secret_in_order() {
-        let (current, previous) = (Secret::generate(), Secret::generate());
+        let (current, previous) = (Secret::from_random([3; 32]), Secret::from_random([4; 32]));
         let header = signature_header([&current, &previous], "msg_1", 7, b"{}");
         let parts: Vec<&str> = header.split(' ').collect();
         assert_eq!(parts, [current.sign("msg_1", 7, b"{}"), previous.sign("msg_1", 7, b"{}")]);

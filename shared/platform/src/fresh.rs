@@ -1,0 +1,91 @@
+//! What a decision draws that is new each time it decides: ids, data keys and random bytes.
+//! A decision is given a [`Fresh`] rather than reaching for the process's id source or
+//! keyring, so the same inputs decide the same: the process gives [`Drawn`] (time-ordered
+//! ids, keys from the installed keyring, the system's randomness), a test [`Counted`] (ids
+//! numbered in order, keys under a keyring of its own).
+
+use crate::crypto::{DataKey, Keyring};
+
+/// The source of a decision's new values.
+pub trait Fresh {
+    /// A new id with `prefix` (`con`, `obj`, `em`, ...).
+    fn id(&mut self, prefix: &str) -> String;
+
+    /// A new data key for `subject_id`, with its wrapped form to store.
+    fn data_key(&mut self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)>;
+}
+
+/// The process's new values: [`crate::ids::new_id`] and the installed keyring.
+pub struct Drawn;
+
+impl Fresh for Drawn {
+    fn id(&mut self, prefix: &str) -> String {
+        crate::ids::new_id(prefix)
+    }
+
+    fn data_key(&mut self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)> {
+        crate::crypto::keyring()?.generate(subject_id)
+    }
+}
+
+/// New values for tests: ids `<prefix>_1`, `<prefix>_2`, ... in the order they are drawn
+/// (one count for every prefix), and keys under [`crate::crypto::TEST_MASTER_KEY`], with no
+/// keyring installed.
+pub struct Counted {
+    drawn: u64,
+    keyring: Keyring,
+}
+
+impl Counted {
+    pub fn new() -> anyhow::Result<Self> {
+        Ok(Self { drawn: 0, keyring: Keyring::from_hex(crate::crypto::TEST_MASTER_KEY)? })
+    }
+}
+
+impl Fresh for Counted {
+    fn id(&mut self, prefix: &str) -> String {
+        self.drawn += 1;
+        format!("{prefix}_{}", self.drawn)
+    }
+
+    fn data_key(&mut self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)> {
+        self.keyring.generate(subject_id)
+    }
+}
+
+/// `N` bytes from the system's randomness (a secret's, a token's).
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    use rand::RngCore;
+    let mut bytes = [0u8; N];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counted_ids_are_numbered_in_the_order_drawn_and_the_same_on_every_run() {
+        let mut first = Counted::new().expect("a test keyring");
+        let mut second = Counted::new().expect("a test keyring");
+        let drawn = [first.id("con"), first.id("em"), first.id("con")];
+        assert_eq!(drawn, ["con_1", "em_2", "con_3"]);
+        assert_eq!([second.id("con"), second.id("em"), second.id("con")], drawn);
+    }
+
+    #[test]
+    fn a_counted_data_key_opens_with_the_test_master_key_for_its_subject_only() {
+        let (key, wrapped) = Counted::new().expect("a test keyring").data_key("con_1").expect("a data key");
+        let keyring = Keyring::from_hex(crate::crypto::TEST_MASTER_KEY).expect("the test key");
+        let sealed = key.encrypt("con_1", b"ada").expect("sealed");
+        let unwrapped = keyring.unwrap_key("con_1", &wrapped).expect("the key unwraps for its subject");
+        assert_eq!(unwrapped.decrypt("con_1", &sealed).expect("opened"), b"ada");
+        assert!(keyring.unwrap_key("con_2", &wrapped).is_err(), "bound to its subject");
+    }
+
+    #[test]
+    fn random_bytes_differ_each_time() {
+        assert_ne!(random_bytes::<32>(), random_bytes::<32>());
+    }
+}
