@@ -217,7 +217,7 @@ fn signing(
         }
         None if kept.is_some() => Ok((kept, None)),
         None if calls => {
-            let secret = domain::webhooks::signing::Secret::from_random(platform::fresh::random_bytes()).reveal();
+            let secret = domain::webhooks::signing::Secret::from_random(platform::crypto::random_bytes()).reveal();
             Ok((Some(domain::workflows::seal_secret(keyring, workflow_id, &secret)?), Some(secret)))
         }
         None => Ok((None, None)),

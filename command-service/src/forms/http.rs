@@ -570,10 +570,7 @@ async fn confirm_link(
 /// A fresh double opt-in token: 32 random bytes, URL-safe base64.
 fn new_token() -> String {
     use base64::Engine;
-    use rand::RngCore;
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(platform::crypto::random_bytes::<32>())
 }
 
 #[cfg(test)]

@@ -288,7 +288,7 @@ fn seal_secret(
             (key, Some(store::store_secret_key(webhook_id, space_id, wrapped)))
         }
     };
-    let secret = Secret::from_random(platform::fresh::random_bytes());
+    let secret = Secret::from_random(platform::crypto::random_bytes());
     let mut sealed = platform::events::seal(&subject, &proto::WebhookSecret { secret: secret.reveal() });
     platform::events::encrypt(&mut sealed, &key).map_err(|error| internal(&error))?;
     Ok((secret, sealed, guard))

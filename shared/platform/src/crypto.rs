@@ -92,8 +92,7 @@ impl Keyring {
 
     /// A fresh data key for `subject_id` and its wrapped form, to be stored.
     pub fn generate(&self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)> {
-        let mut bytes = [0u8; KEY_LEN];
-        rand::rng().fill_bytes(&mut bytes);
+        let bytes: [u8; KEY_LEN] = random_bytes();
         let wrapped = encrypt(&self.master, subject_id.as_bytes(), &bytes)?;
         let key = DataKey { cipher: Box::new(Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&bytes))) };
         Ok((key, wrapped))
@@ -119,6 +118,13 @@ impl DataKey {
     }
 }
 
+/// `N` bytes from the system's randomness (a key's, a nonce's, a secret's, a token's).
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes
+}
+
 /// Installs the process-wide keyring (the first installation wins).
 pub fn install(keyring: Keyring) {
     let _ = KEYRING.set(keyring);
@@ -141,8 +147,7 @@ pub fn keyed_digest(purpose: &str, text: &str) -> anyhow::Result<String> {
 
 /// `nonce || ciphertext+tag`, with `aad` authenticated.
 fn encrypt(cipher: &Aes256Gcm, aad: &[u8], plaintext: &[u8]) -> anyhow::Result<Vec<u8>> {
-    let mut nonce = [0u8; NONCE_LEN];
-    rand::rng().fill_bytes(&mut nonce);
+    let nonce: [u8; NONCE_LEN] = random_bytes();
     // Fails only for inputs beyond GCM's length limit (64 GiB).
     let sealed = cipher
         .encrypt(Nonce::from_slice(&nonce), Payload { msg: plaintext, aad })
@@ -205,6 +210,11 @@ pub async fn load_keys(client: &impl GenericClient, subject_ids: &[String]) -> a
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_bytes_differ_each_time() {
+        assert_ne!(random_bytes::<32>(), random_bytes::<32>());
+    }
 
     #[test]
     fn data_keys_round_trip_and_are_bound_to_their_subject() {

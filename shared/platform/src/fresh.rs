@@ -1,7 +1,7 @@
-//! What a decision draws that is new each time it decides: ids, data keys and random bytes.
+//! What a decision draws that is new each time it decides: ids and data keys.
 //! A decision is given a [`Fresh`] rather than reaching for the process's id source or
 //! keyring, so the same inputs decide the same: the process gives [`Drawn`] (time-ordered
-//! ids, keys from the installed keyring, the system's randomness), a test [`Counted`] (ids
+//! ids, keys from the installed keyring), a test [`Counted`] (ids
 //! numbered in order, keys under a keyring of its own).
 
 use crate::crypto::{DataKey, Keyring};
@@ -53,14 +53,6 @@ impl Fresh for Counted {
     }
 }
 
-/// `N` bytes from the system's randomness (a secret's, a token's).
-pub fn random_bytes<const N: usize>() -> [u8; N] {
-    use rand::RngCore;
-    let mut bytes = [0u8; N];
-    rand::rng().fill_bytes(&mut bytes);
-    bytes
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,10 +74,5 @@ mod tests {
         let unwrapped = keyring.unwrap_key("con_1", &wrapped).expect("the key unwraps for its subject");
         assert_eq!(unwrapped.decrypt("con_1", &sealed).expect("opened"), b"ada");
         assert!(keyring.unwrap_key("con_2", &wrapped).is_err(), "bound to its subject");
-    }
-
-    #[test]
-    fn random_bytes_differ_each_time() {
-        assert_ne!(random_bytes::<32>(), random_bytes::<32>());
     }
 }

@@ -58,7 +58,7 @@ pub(super) fn plan_webhook(
         None => {
             let subject = domain::webhooks::state::secret_subject(&spec.id);
             let (key, wrapped) = platform::crypto::keyring()?.generate(&subject)?;
-            let secret = domain::webhooks::signing::Secret::from_random(platform::fresh::random_bytes());
+            let secret = domain::webhooks::signing::Secret::from_random(platform::crypto::random_bytes());
             let mut sealed = seal(&subject, &proto::WebhookSecret { secret: secret.reveal() });
             platform::events::encrypt(&mut sealed, &key)?;
             let schema_id =

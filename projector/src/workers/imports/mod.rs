@@ -27,7 +27,7 @@ use import_file as parse;
 use platform::error::Code;
 use platform::fresh::Drawn;
 use platform::log::{AppendRequest, EventLog, Metadata};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::runtime::{Outcome as StepOutcome, Worker};
 
@@ -41,7 +41,7 @@ const LOCK: i64 = domain::imports::WORKER_LOCK;
 mod expiry;
 mod wave;
 
-use wave::{RowResult, Settled, Sorted, Tally};
+use wave::{Row, RowResult, Settled, Sorted, Tally};
 
 pub struct Imports {
     pool: Pool,
@@ -135,7 +135,7 @@ impl Imports {
                 Box::new(std::iter::empty())
             }
         };
-        let mut pending: VecDeque<(i32, Map<String, Value>, u8)> = VecDeque::new();
+        let mut pending: VecDeque<Row> = VecDeque::new();
         let mut results = Vec::new();
         let provenance = Provenance {
             import_id: part.import_id.clone(),
@@ -193,9 +193,9 @@ impl Imports {
         part: &Part,
         (catalog, context): (&str, &WriteContext),
         provenance: &Provenance,
-        wave: Vec<(i32, Map<String, Value>, u8)>,
+        wave: Vec<Row>,
         tally: &mut Tally,
-    ) -> anyhow::Result<Vec<(i32, Map<String, Value>, u8)>> {
+    ) -> anyhow::Result<Vec<Row>> {
         let schema = WriteSchema {
             schema_id: &context.schema.schema_id,
             space_id: &part.space_id,
