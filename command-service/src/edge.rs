@@ -27,6 +27,7 @@ impl From<crate::suppressions::decide::Refusal> for ApiError {
             Refusal::Invalid { code, message, issues } => ApiError::bad_request(code, message).with_issues(issues),
             Refusal::NotFound(_) => ApiError::not_found(Code::SuppressionNotFound, message),
             Refusal::NotRemovable => ApiError::conflict(Code::SuppressionNotRemovable, message),
+            Refusal::Unreadable(message) => ApiError::internal(&anyhow::anyhow!(message)),
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod authoring;
 pub mod broadcasts;
 pub mod canonical;
 pub mod cli;
+pub mod decision;
 pub mod echo;
 pub mod edge;
 pub mod emails;
@@ -225,6 +226,10 @@ mod tests {
             let path = entry.expect("an entry").path();
             path.is_dir().then_some(path)
         });
+        let decision = std::fs::read_to_string(source.join("decision.rs")).expect("decision.rs");
+        for word in DECISIONS_DO_NOT_NAME {
+            assert!(!decision.contains(word), "decision.rs mentions {word}");
+        }
         for folder in folders {
             let capability = folder.file_name().unwrap_or_default().to_string_lossy().into_owned();
             for (file, forbidden) in [("decide.rs", DECISIONS_DO_NOT_NAME), ("store.rs", &["actix"][..])] {

@@ -35,8 +35,10 @@ use platform::log::{AppendError, AppendRequest, Appended, Guard, Metadata, Strea
 use serde_json::{Map, Value};
 
 use crate::State;
+use crate::decision::{self, Body, Decide, Outcome, Reply, Status, Writes};
 use crate::edge::append_error;
 use crate::idempotency::{self, Admission, Claim};
+use platform::fresh::Drawn;
 
 /// How often a command whose append lost a race is decided again, by default.
 pub(crate) const ATTEMPTS: usize = 3;
@@ -59,8 +61,72 @@ pub enum Protection<'a> {
     Unkeyed,
 }
 
-/// A command of the API: what it reads and how it decides.
-pub trait Command {
+/// A command of the API, the shell around its decision ([`Decide`], in the capability's
+/// `decide.rs`): what it reads, and how its outcome is appended and answered.
+pub trait Command: Decide<Refusal: Into<ApiError>> {
+    /// Reads what the decision needs through `ctx` (fresh reads only).
+    fn load(&self, ctx: &Ctx<'_>) -> impl Future<Output = Result<Self::Loaded, ApiError>>;
+
+    /// The decided outcome as the pipeline appends and answers it (with the work that follows
+    /// the append, if any).
+    fn answer(&self, outcome: Self::Outcome, shell: &Shell<'_>) -> Result<Decided, ApiError>;
+
+    /// What a refused append means for this command. By default a lost race (a stream not at
+    /// its loaded version, a moved catalog or authored resource) is decided again, and any
+    /// other failure is the contract's answer to it.
+    fn refused(&self, error: AppendError) -> Refusal {
+        Refusal::default_for(error)
+    }
+
+    /// How often the command is decided when its appends keep losing races.
+    fn attempts(&self) -> usize {
+        ATTEMPTS
+    }
+
+    /// The answer when every attempt lost a race.
+    fn lost_too_often(&self) -> ApiError {
+        ApiError::conflict(
+            Code::ConcurrentModification,
+            "the resource kept changing while this write was applied; retry",
+        )
+    }
+}
+
+/// What the shell's [`Command::answer`] is given.
+pub struct Shell<'a> {
+    /// The operation's id (`Operation-Id`).
+    pub operation_id: &'a str,
+    /// The idempotency claim, for an outcome whose completion another party records (an
+    /// email's hand-off).
+    pub claim: Option<&'a Claim>,
+}
+
+/// The common outcome, appended and answered as it is.
+impl From<Outcome> for Decided {
+    fn from(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Append(Writes { streams, guards, reply, space_id }) => {
+                Decided::Append(Decision { streams, guards, answer: reply.into(), space_id, then: None })
+            }
+            Outcome::Answer(reply) => Decided::Answer(reply.into()),
+            Outcome::Again => Decided::Again,
+        }
+    }
+}
+
+impl From<Reply> for Answer {
+    fn from(reply: Reply) -> Self {
+        let status = match reply.status {
+            Status::Ok => StatusCode::OK,
+            Status::Created => StatusCode::CREATED,
+            Status::Accepted => StatusCode::ACCEPTED,
+        };
+        Self { status, body: reply.body }
+    }
+}
+
+/// A command still deciding in its shell (to be moved behind [`Command`]).
+pub trait Legacy {
     /// The state the decision needs.
     type Loaded;
 
@@ -88,6 +154,33 @@ pub trait Command {
             Code::ConcurrentModification,
             "the resource kept changing while this write was applied; retry",
         )
+    }
+}
+
+impl<C: Command> Legacy for C {
+    type Loaded = C::Loaded;
+
+    fn load(&self, ctx: &Ctx<'_>) -> impl Future<Output = Result<Self::Loaded, ApiError>> {
+        Command::load(self, ctx)
+    }
+
+    fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
+        let mut fresh = Drawn;
+        let mut decided = decision::Given { now_ms: given.now_ms, operation_id: given.operation_id, fresh: &mut fresh };
+        let outcome = Decide::decide(self, loaded, &mut decided).map_err(Into::into)?;
+        self.answer(outcome, &Shell { operation_id: given.operation_id, claim: given.claim })
+    }
+
+    fn refused(&self, error: AppendError) -> Refusal {
+        Command::refused(self, error)
+    }
+
+    fn attempts(&self) -> usize {
+        Command::attempts(self)
+    }
+
+    fn lost_too_often(&self) -> ApiError {
+        Command::lost_too_often(self)
     }
 }
 
@@ -167,13 +260,6 @@ impl Decision {
 pub struct Answer {
     pub status: StatusCode,
     pub body: Body,
-}
-
-#[derive(Debug, Clone)]
-pub enum Body {
-    Json(Value),
-    /// A page for a browser (public forms and links): `text/html`, never recorded.
-    Html(String),
 }
 
 impl Answer {
@@ -363,7 +449,7 @@ pub(crate) fn request_bucket(req: &HttpRequest) -> impl FnOnce(Result<&Map<Strin
 
 /// Runs `command`: admits it (or answers a replay), then loads, decides and appends it, again
 /// when its append lost a race, and answers.
-pub async fn execute<C: Command>(
+pub async fn execute<C: Legacy>(
     state: &web::Data<State>,
     req: &HttpRequest,
     actor: Actor<'_>,
@@ -392,7 +478,7 @@ pub async fn execute<C: Command>(
     }
 }
 
-async fn attempts<C: Command>(
+async fn attempts<C: Legacy>(
     state: &web::Data<State>,
     req: &HttpRequest,
     actor: &Actor<'_>,

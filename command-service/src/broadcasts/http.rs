@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use super::decide::{self, AudienceFound, Update};
 use super::store::{self, Loaded};
 use crate::State;
-use crate::pipeline::{self, Actor, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
+use crate::pipeline::{self, Actor, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
 
 /// Whether `audience` names a live segment or a topic of the space, and the guard that keeps a
 /// segment's stream where it was read (its deletion meanwhile makes the command decide again).
@@ -111,7 +111,7 @@ struct UpdateBroadcast<'a> {
     update: Update,
 }
 
-impl Command for UpdateBroadcast<'_> {
+impl Legacy for UpdateBroadcast<'_> {
     type Loaded = Option<(Loaded, AudienceFound, Option<Guard>)>;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
@@ -184,7 +184,7 @@ struct SendBroadcast<'a> {
     broadcast_id: String,
 }
 
-impl Command for SendBroadcast<'_> {
+impl Legacy for SendBroadcast<'_> {
     type Loaded = Option<(Loaded, AudienceFound, Option<Guard>)>;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {

@@ -26,7 +26,7 @@ use serde_json::{Map, Value, json};
 use super::consent::{Source, set_email_consent, subscription_changes};
 use super::unsubscribe::{self, Email};
 use crate::State;
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection};
+use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection};
 use crate::records::write::Write;
 
 /// What the recipient chose.
@@ -131,7 +131,7 @@ struct ChangePreferences {
     browser: bool,
 }
 
-impl Command for ChangePreferences {
+impl Legacy for ChangePreferences {
     type Loaded = Loaded;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Loaded, ApiError> {

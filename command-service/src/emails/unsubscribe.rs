@@ -23,7 +23,7 @@ use serde_json::json;
 
 use super::consent::{Source, set_email_consent, subscription_changes};
 use crate::State;
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection};
+use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection};
 use crate::records::write::Write;
 
 /// What the email's stream says.
@@ -126,7 +126,7 @@ impl Unsubscribe {
     }
 }
 
-impl Command for Unsubscribe {
+impl Legacy for Unsubscribe {
     /// The email, (for an email without a topic) the contact's consent withdrawn, and what a
     /// page names.
     type Loaded = (Email, Option<Write>, PageFacts);

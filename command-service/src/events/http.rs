@@ -39,7 +39,7 @@ use crate::events::store::{
     ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, admission_guard, admission_state,
     ensure_scopes, find_receipts, load_subjects, receipts_guard, subjects_guard,
 };
-use crate::pipeline::{self, ATTEMPTS, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
+use crate::pipeline::{self, ATTEMPTS, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
 use crate::write_contexts::{self, Kind};
 
 /// The most events in one batch.
@@ -446,7 +446,7 @@ struct Fire {
     admission: Option<Vec<crate::events::decide::ScopeState>>,
 }
 
-impl Command for FireEvent<'_> {
+impl Legacy for FireEvent<'_> {
     type Loaded = Fire;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Fire, ApiError> {

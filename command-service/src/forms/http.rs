@@ -35,7 +35,7 @@ use super::decide;
 use super::store::{self, Token};
 use crate::State;
 use crate::emails::consent::{Source, set_email_consent, subscription_changes};
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
+use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
 use crate::records::decide::WriteSchema;
 use crate::records::write::{PlannedUpsert, Write, plan_upsert, write_context};
 use crate::templates::decide::{consent_keys, render_context};
@@ -138,7 +138,7 @@ struct SubmitForm<'a> {
     site: &'a mail::send::Site,
 }
 
-impl Command for SubmitForm<'_> {
+impl Legacy for SubmitForm<'_> {
     type Loaded = Submission;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Submission, ApiError> {
@@ -449,7 +449,7 @@ impl ConfirmSubmission {
     }
 }
 
-impl Command for ConfirmSubmission {
+impl Legacy for ConfirmSubmission {
     type Loaded = Confirmation;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Confirmation, ApiError> {

@@ -18,7 +18,7 @@ use super::decide::{Alias, Change, Contact, Decision as Outcome, Given as Facts,
 use super::store::{self, CAPACITY, OPERATION_TAKEN, REVISION_MOVED};
 use crate::State;
 use crate::events::store::SUBJECT_DELETING;
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
+use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
 
 fn source_unavailable(source_id: &str) -> ApiError {
     ApiError::new(
@@ -41,7 +41,7 @@ struct ChangeIdentity<'a> {
     capacity: platform::settings::IdentityCapacity,
 }
 
-impl Command for ChangeIdentity<'_> {
+impl Legacy for ChangeIdentity<'_> {
     type Loaded = (Option<Recorded>, Alias, Option<Contact>);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {

@@ -22,7 +22,7 @@ use super::write::{
     load_upsert, write_schema,
 };
 use crate::State;
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
+use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
 use crate::records::decide::{Input, Owners, check_credits, decide_create, parse_input};
 use crate::records::store::{deletion_guards, stream_id};
 use crate::write_contexts::{self, Kind};
@@ -46,7 +46,7 @@ struct CreateRecord<'a> {
     input: Map<String, Value>,
 }
 
-impl Command for CreateRecord<'_> {
+impl Legacy for CreateRecord<'_> {
     type Loaded = Arc<WriteContext>;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Arc<WriteContext>, ApiError> {
@@ -95,7 +95,7 @@ struct UpsertRecord<'a> {
     input: Map<String, Value>,
 }
 
-impl Command for UpsertRecord<'_> {
+impl Legacy for UpsertRecord<'_> {
     type Loaded = (Arc<WriteContext>, UpsertLoaded);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
@@ -148,7 +148,7 @@ struct UpdateRecord<'a> {
     input: Map<String, Value>,
 }
 
-impl Command for UpdateRecord<'_> {
+impl Legacy for UpdateRecord<'_> {
     type Loaded = (Arc<WriteContext>, Input, (i64, RecordState, Option<DataKey>), Owners);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
@@ -205,7 +205,7 @@ struct DeleteRecord<'a> {
     record_id: String,
 }
 
-impl Command for DeleteRecord<'_> {
+impl Legacy for DeleteRecord<'_> {
     type Loaded = (Arc<WriteContext>, i64);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {

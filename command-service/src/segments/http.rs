@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use super::decide::{self, NewSegment, Vocabulary};
 use super::store::{load, not_found, stream_id, vocabulary};
 use crate::State;
-use crate::pipeline::{self, Actor, Command, Ctx, Decided, Decision, Given, Protection};
+use crate::pipeline::{self, Actor, Ctx, Decided, Decision, Given, Legacy, Protection};
 
 /// `POST /segments`: the filter is made once per request (kept across attempts).
 struct CreateSegment<'a> {
@@ -32,7 +32,7 @@ struct CreateSegment<'a> {
     filter: OnceCell<Filter>,
 }
 
-impl Command for CreateSegment<'_> {
+impl Legacy for CreateSegment<'_> {
     type Loaded = (Vocabulary, Filter);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
@@ -113,7 +113,7 @@ struct DeleteSegment<'a> {
     segment_id: String,
 }
 
-impl Command for DeleteSegment<'_> {
+impl Legacy for DeleteSegment<'_> {
     type Loaded = Option<(i64, String)>;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {

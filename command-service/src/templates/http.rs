@@ -29,7 +29,7 @@ use serde_json::{Map, Value, json};
 use super::decide;
 use crate::State;
 use crate::edge::append_error;
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Refusal};
+use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
 use crate::records::decide::WriteSchema;
 use crate::records::write::{PlannedUpsert, plan_upsert};
 
@@ -88,7 +88,7 @@ struct SendTemplate<'a> {
     site: &'a mail::send::Site,
 }
 
-impl Command for SendTemplate<'_> {
+impl Legacy for SendTemplate<'_> {
     type Loaded = Loaded;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Loaded, ApiError> {

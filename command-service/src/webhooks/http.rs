@@ -24,7 +24,7 @@ use serde_json::{Map, Value, json};
 use super::decide::{self, Condition, NewWebhook, Update};
 use super::store::{self, WebhookState};
 use crate::State;
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection, Then};
+use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Then};
 
 /// Authenticates (in the bucket the body asks for) and reads the body.
 async fn prelude(
@@ -183,7 +183,7 @@ struct ReplayDelivery<'a> {
     delivery_id: String,
 }
 
-impl Command for ReplayDelivery<'_> {
+impl Legacy for ReplayDelivery<'_> {
     type Loaded = ();
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<(), ApiError> {
@@ -236,7 +236,7 @@ struct TestWebhook<'a> {
     webhook_id: String,
 }
 
-impl Command for TestWebhook<'_> {
+impl Legacy for TestWebhook<'_> {
     type Loaded = ();
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<(), ApiError> {
@@ -301,7 +301,7 @@ struct CreateWebhook<'a> {
     condition: OnceCell<Resolved>,
 }
 
-impl Command for CreateWebhook<'_> {
+impl Legacy for CreateWebhook<'_> {
     type Loaded = (String, Resolved);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
@@ -366,7 +366,7 @@ struct UpdateWebhook<'a> {
     condition: OnceCell<Resolved>,
 }
 
-impl Command for UpdateWebhook<'_> {
+impl Legacy for UpdateWebhook<'_> {
     type Loaded = (i64, WebhookState, Update, Option<Resolved>, Counters);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
@@ -450,7 +450,7 @@ struct DeleteWebhook<'a> {
     webhook_id: String,
 }
 
-impl Command for DeleteWebhook<'_> {
+impl Legacy for DeleteWebhook<'_> {
     type Loaded = i64;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<i64, ApiError> {
@@ -494,7 +494,7 @@ struct RotateSecret<'a> {
     grace_ms: i64,
 }
 
-impl Command for RotateSecret<'_> {
+impl Legacy for RotateSecret<'_> {
     type Loaded = (i64, Option<platform::crypto::DataKey>);
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {

@@ -23,7 +23,7 @@ use serde_json::Value;
 use super::decide::{self, Input, PauseChange, Refusal, requested_run};
 use super::store::{self, Found, NewRun};
 use crate::State;
-use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Given, Protection};
+use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection};
 use crate::records::decide::WriteSchema;
 use crate::records::write::{UpsertLoaded, Write, decide_upsert, load_upsert, write_context};
 
@@ -45,7 +45,7 @@ struct Trigger {
     contact: Option<(std::sync::Arc<domain::catalog::WriteContext>, UpsertLoaded)>,
 }
 
-impl Command for TriggerWorkflow<'_> {
+impl Legacy for TriggerWorkflow<'_> {
     type Loaded = Trigger;
 
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Trigger, ApiError> {
@@ -193,7 +193,7 @@ struct SetPaused<'a> {
     pause: bool,
 }
 
-impl Command for SetPaused<'_> {
+impl Legacy for SetPaused<'_> {
     /// The workflow, and its stream's version and pause.
     type Loaded = (Found, i64, bool);
 
