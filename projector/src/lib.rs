@@ -247,7 +247,13 @@ mod tests {
                 }
             }
         }
-        for expected in ["workflows/decide/mod.rs", "workflows/decide/steps/call.rs", "engagement/decide.rs"] {
+        for expected in [
+            "workflows/decide/mod.rs",
+            "workflows/decide/steps/call.rs",
+            "engagement/decide.rs",
+            "webhooks/decide.rs",
+            "broadcasts/decide.rs",
+        ] {
             assert!(files.contains(&workers.join(expected)), "{expected} was not found among {files:?}");
         }
         for file in &files {
@@ -266,6 +272,9 @@ mod tests {
                 "rand::",
                 "new_id",
                 "keyring",
+                "email_subject",
+                "keyed_digest",
+                "random_bytes",
             ] {
                 assert!(!code.contains(word), "{} mentions {word}", file.display());
             }

@@ -13,17 +13,12 @@ use serde_json::{Value, json};
 
 use domain::attributes::normalize_email;
 
+pub(crate) use super::NewSuppression;
 use super::store::{key_guard, removal_guard, stream_id};
 use crate::decision::{Decide, Given, Outcome, Reply};
 
 /// Items a batch takes.
 const BATCH_MAX: usize = 100;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NewSuppression {
-    pub identifier: String,
-    pub reason: String,
-}
 
 /// Why a suppression write is refused. The HTTP edge maps each to the contract's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

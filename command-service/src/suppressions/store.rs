@@ -6,7 +6,7 @@ use platform::events::LogEvent;
 use platform::log::{AppendError, Guard};
 use platform::proto;
 
-use super::decide::NewSuppression;
+use super::NewSuppression;
 
 pub fn stream_id(suppression_id: &str) -> String {
     format!("suppression/{suppression_id}")

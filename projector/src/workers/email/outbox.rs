@@ -129,15 +129,7 @@ impl Outbox {
                 }
             }
             Err(parties) => {
-                let event = platform::events::LogEvent::EmailFailed(platform::proto::EmailFailed {
-                    email_id: parties.email_id.clone(),
-                    space_id: parties.space_id.clone(),
-                    contact_id: parties.contact_id.clone(),
-                    code: "recipient_erased".to_owned(),
-                    message: "the contact was deleted before the email left".to_owned(),
-                    permanent: true,
-                    failed_at_ms: platform::time::now_millis(),
-                });
+                let event = outbox::erased(&parties, platform::time::now_millis());
                 outbox::record(&self.log, &parties, lease, event).await?;
             }
         }

@@ -17,11 +17,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use domain::webhooks::signing::{Secret, signature_header};
-use domain::webhooks::state::{secret_subject, stream_id};
+use domain::webhooks::state::secret_subject;
 use domain::webhooks::target;
 use platform::crypto::Keys;
-use platform::events::LogEvent;
-use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, NewEvent, StreamAppend};
+use platform::log::{AppendError, AppendRequest, EventLog};
 use platform::proto;
 use platform::settings::WebhookSettings;
 use prost::Message;
@@ -29,6 +28,7 @@ use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
+use super::decide::{Next, Plan, VersionedSecret, next_state, pause, plan_send};
 use super::enqueue::DELIVERIES_CHANNEL;
 use crate::runtime::{Outcome, Worker};
 use crate::workers::outbound::{AttemptResult, classify, describe, retry_after};
@@ -40,10 +40,6 @@ const CLAIM_MAX: usize = 256;
 const LEASE_MARGIN: Duration = Duration::from_secs(30);
 /// The advisory lock that serialises claims between processes.
 const CLAIM_LOCK: i64 = 7_305_001;
-
-/// A webhook's secret of one version, and until when it still signs as the previous secret
-/// of a rotation (set on the version that replaced it).
-type VersionedSecret = (i32, Secret, Option<DateTime<Utc>>);
 
 /// A claimed delivery, ready to attempt or to drop.
 struct Claimed {
@@ -58,13 +54,6 @@ struct Claimed {
     attempt_base: i32,
     created_at: DateTime<Utc>,
     plan: Plan,
-}
-
-enum Plan {
-    /// Send `body`, signed with `secrets`.
-    Send { body: Vec<u8>, secrets: Vec<Secret> },
-    /// Not sent, for this reason.
-    Drop(&'static str),
 }
 
 /// An attempt's outcome, on its way to the recorder.
@@ -421,7 +410,10 @@ impl Inner {
             // of a paused webhook, which drops it.
             self.pause(delivery, "gone", "the receiver answered 410 Gone").await?;
         }
-        let (state, next_delay, status, error) = self.next_state(delivery, result);
+        let retry = usize::try_from(delivery.attempts - delivery.attempt_base - 1).unwrap_or(0);
+        let jitter = rand::rng().random_range(0.8..1.2);
+        let Next { state, delay: next_delay, status, error } =
+            next_state(&self.settings.retry_schedule_ms, retry, result, jitter);
         let outcome = AttemptOutcome {
             delivery_id: delivery.delivery_id.clone(),
             lease_token: delivery.lease_token,
@@ -457,32 +449,6 @@ impl Inner {
         Ok(())
     }
 
-    /// The delivery's state after an attempt, the delay before the next one (if any), and the
-    /// status and error to record.
-    fn next_state(
-        &self,
-        delivery: &Claimed,
-        result: &AttemptResult,
-    ) -> (&'static str, Option<Duration>, Option<u16>, Option<String>) {
-        match result {
-            AttemptResult::Delivered { status } => ("delivered", None, Some(*status), None),
-            AttemptResult::Gone => ("failed", None, Some(410), Some("HTTP 410 Gone: the webhook is paused".to_owned())),
-            AttemptResult::Rejected { status, error } => ("failed", None, *status, Some(error.clone())),
-            AttemptResult::Retryable { status, error, retry_after } => {
-                let retry = usize::try_from(delivery.attempts - delivery.attempt_base - 1).unwrap_or(0);
-                match self.settings.retry_schedule_ms.get(retry) {
-                    Some(delay) => {
-                        let jitter = rand::rng().random_range(0.8..1.2);
-                        let delay = Duration::from_millis(*delay).mul_f64(jitter);
-                        let delay = retry_after.map_or(delay, |asked| asked.max(delay));
-                        ("pending", Some(delay), *status, Some(error.clone()))
-                    }
-                    None => ("failed", None, *status, Some(format!("{error} (retries exhausted)"))),
-                }
-            }
-        }
-    }
-
     async fn drop_delivery(&self, delivery: &Claimed, reason: &str) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
         client
@@ -505,75 +471,15 @@ impl Inner {
         if !current.is_some_and(|webhook| webhook.live && !webhook.deleted) {
             return Ok(());
         }
-        let now = platform::time::now_millis();
-        let paused = proto::WebhookPaused {
-            webhook_id: delivery.webhook_id.clone(),
-            space_id: delivery.space_id.clone(),
-            reason: reason.to_owned(),
-            detail: detail.to_owned(),
-            paused_at_ms: now,
-        };
-        let request = AppendRequest::in_space(
-            &delivery.space_id,
-            vec![StreamAppend {
-                stream_id: stream_id(&delivery.webhook_id),
-                expected: ExpectedVersion::Exactly(version),
-                events: vec![NewEvent {
-                    event: LogEvent::WebhookPaused(paused),
-                    subject_id: None,
-                    occurred_at: platform::time::from_millis(now),
-                }],
-            }],
-            Vec::new(),
-        );
+        let stream =
+            pause(&delivery.webhook_id, &delivery.space_id, version, (reason, detail), platform::time::now_millis());
+        let request = AppendRequest::in_space(&delivery.space_id, vec![stream], Vec::new());
         match self.log.append(request).await {
             // Changed meanwhile (its owner, or another worker pausing it): nothing to do.
             Ok(_) | Err(AppendError::WrongVersion { .. }) => Ok(()),
             Err(error) => Err(error.into()),
         }
     }
-}
-
-/// How to send a claimed delivery of a live webhook, or why not: its body opens with its
-/// subject's key (gone once the subject is erased), and it is signed with the secret captured
-/// at enqueue plus, during a rotation's grace period (at `now`), the one on the other side of
-/// it.
-fn plan_send(
-    keys: &Keys,
-    subject: Option<&str>,
-    body: Vec<u8>,
-    secrets: Option<&Vec<VersionedSecret>>,
-    version: i32,
-    now: DateTime<Utc>,
-) -> Plan {
-    let body = match subject {
-        None => body,
-        Some(subject) => match keys.get(subject).map(|key| key.decrypt(subject, &body)) {
-            Some(Ok(body)) => body,
-            Some(Err(_)) => return Plan::Drop("the payload could not be opened"),
-            None => return Plan::Drop("the data subject was erased"),
-        },
-    };
-    let Some(secrets) = secrets else { return Plan::Drop("the webhook's secrets are gone") };
-    let in_grace = |until: &Option<DateTime<Utc>>| until.is_some_and(|until| until > now);
-    let mut chosen = Vec::new();
-    for (secret_version, secret, previous_valid_until) in secrets {
-        let captured = *secret_version == version;
-        // The secret that replaced the captured one, while the captured one is still valid.
-        let newer = *secret_version == version + 1 && in_grace(previous_valid_until);
-        // The captured secret replaced an older one that is still valid.
-        let older =
-            *secret_version == version - 1 && secrets.iter().any(|(v, _, until)| *v == version && in_grace(until));
-        if captured {
-            chosen.insert(0, secret.clone());
-        } else if newer || older {
-            chosen.push(secret.clone());
-        }
-    }
-    if chosen.is_empty() {
-        return Plan::Drop("the webhook's secrets are gone");
-    }
-    Plan::Send { body, secrets: chosen }
 }
 
 impl Worker for Deliver {
@@ -606,44 +512,5 @@ impl Worker for Deliver {
             metrics::gauge!("webhook_deliveries_due").set(due as f64);
             Ok(None)
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn during_a_rotation_both_secrets_sign_and_the_captured_one_comes_first() {
-        let (old, new) = (Secret::from_random([1; 32]), Secret::from_random([2; 32]));
-        let now = Utc::now();
-        let later = Some(now + chrono::Duration::hours(1));
-        let earlier = Some(now - chrono::Duration::hours(1));
-        let in_grace = vec![(1, old.clone(), None), (2, new.clone(), later)];
-        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&in_grace), 1, now)
-        else {
-            panic!("sent")
-        };
-        assert_eq!(secrets, vec![old.clone(), new.clone()]);
-        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&in_grace), 2, now)
-        else {
-            panic!("sent")
-        };
-        assert_eq!(secrets, vec![new.clone(), old.clone()]);
-        let after_grace = vec![(1, old.clone(), None), (2, new.clone(), earlier)];
-        let Plan::Send { secrets, .. } = plan_send(&Keys::default(), None, b"{}".to_vec(), Some(&after_grace), 2, now)
-        else {
-            panic!("sent")
-        };
-        assert_eq!(secrets, vec![new], "after the grace period only the captured secret signs");
-    }
-
-    #[test]
-    fn an_erased_subject_drops_the_delivery() {
-        let secrets = vec![(1, Secret::from_random([1; 32]), None)];
-        assert!(matches!(
-            plan_send(&Keys::default(), Some("con_1"), b"sealed".to_vec(), Some(&secrets), 1, Utc::now()),
-            Plan::Drop("the data subject was erased")
-        ));
     }
 }

@@ -8,18 +8,19 @@
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use serde_json::{Value, json};
-use tokio_postgres::types::ToSql;
 use uuid::Uuid;
+
+mod decide;
+
+use decide::outcome_append;
+pub use decide::{Bounce, NewSuppression, Settle, answer, erased, hard_bounce, outcome_event, settle, unknown};
 
 use crate::mailer::{Mailer, Outcome};
 use crate::message::{self, Outgoing};
 use domain::email::resources::{DomainDef, SenderDef};
 use platform::error::Code;
 use platform::events::LogEvent;
-use platform::log::{
-    AppendError, AppendRequest, Appended, EventLog, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend,
-};
+use platform::log::{AppendError, AppendRequest, Appended, EventLog, Guard, SetValue, StreamAppend};
 use platform::proto;
 
 /// The row that the send's append inserts (and how it will complete the idempotency claim).
@@ -167,15 +168,6 @@ async fn claim_set(pool: &Pool, jobs: &[(String, Duration)]) -> anyhow::Result<V
     Ok(leases)
 }
 
-/// The answer of a send once its outcome is known: `{data: {emailId, status, error}}`.
-pub fn answer(email_id: &str, failure: Option<(&str, &str)>) -> Value {
-    json!({ "data": {
-        "emailId": email_id,
-        "status": if failure.is_some() { "failed" } else { "sent" },
-        "error": failure.map(|(code, message)| json!({ "code": code, "message": message })),
-    }})
-}
-
 /// Who an email concerns, for its outcome events.
 #[derive(Debug, Clone)]
 pub struct Parties {
@@ -183,70 +175,6 @@ pub struct Parties {
     pub space_id: String,
     pub contact_id: String,
     pub message_id: String,
-}
-
-/// What to record for an outcome: `None` for one the outbox worker retries later (refused for
-/// now, or the relay unreachable, while `retry` says so).
-pub(crate) fn outcome_event(parties: &Parties, outcome: &Outcome, retry: bool, now_ms: i64) -> Option<LogEvent> {
-    let failed = |code: &str, message: &str, permanent: bool| {
-        LogEvent::EmailFailed(proto::EmailFailed {
-            email_id: parties.email_id.clone(),
-            space_id: parties.space_id.clone(),
-            contact_id: parties.contact_id.clone(),
-            code: code.to_owned(),
-            message: message.to_owned(),
-            permanent,
-            failed_at_ms: now_ms,
-        })
-    };
-    match outcome {
-        Outcome::Accepted { reply } => Some(LogEvent::EmailSent(proto::EmailSent {
-            email_id: parties.email_id.clone(),
-            space_id: parties.space_id.clone(),
-            contact_id: parties.contact_id.clone(),
-            message_id: parties.message_id.clone(),
-            relay_reply: reply.clone(),
-            sent_at_ms: now_ms,
-        })),
-        Outcome::Rejected { permanent: true, reply, .. } => Some(failed("relay_rejected", reply, true)),
-        Outcome::Rejected { permanent: false, .. } | Outcome::Unreachable { .. } if retry => None,
-        Outcome::Rejected { permanent: false, reply, .. } => Some(failed("relay_rejected", reply, false)),
-        Outcome::Unreachable { message } => Some(failed("relay_unavailable", message, false)),
-        Outcome::Unknown { message } => Some(unknown(parties, message, now_ms)),
-    }
-}
-
-pub fn unknown(parties: &Parties, reason: &str, now_ms: i64) -> LogEvent {
-    LogEvent::EmailOutcomeUnknown(proto::EmailOutcomeUnknown {
-        email_id: parties.email_id.clone(),
-        space_id: parties.space_id.clone(),
-        contact_id: parties.contact_id.clone(),
-        reason: reason.to_owned(),
-        at_ms: now_ms,
-    })
-}
-
-/// The row's final state and the answer of a recorded outcome event.
-fn settled(event: &LogEvent) -> (&'static str, Option<Value>) {
-    match event {
-        LogEvent::EmailSent(sent) => ("sent", Some(answer(&sent.email_id, None))),
-        LogEvent::EmailFailed(failed) => {
-            ("failed", Some(answer(&failed.email_id, Some((failed.code.as_str(), failed.message.as_str())))))
-        }
-        _ => ("unknown", None),
-    }
-}
-
-/// A mailbox the relay says does not exist (a hard bounce at the relay): 550, 551 or 553.
-pub fn hard_bounce(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Rejected { permanent: true, code: Some(550 | 551 | 553), .. })
-}
-
-/// A hard bounce at the relay: the address to suppress and the enhanced status of the
-/// refusal (empty when it carried none).
-pub struct Bounce {
-    pub address: String,
-    pub status: String,
 }
 
 /// Records a final outcome under the lease: the event on the email's stream, the row's state
@@ -287,117 +215,34 @@ async fn append_outcome(
     bounce: Option<&Bounce>,
     suppress: bool,
 ) -> Result<Appended, AppendError> {
-    let (state, answer) = settled(&event);
-    let error = match &event {
-        LogEvent::EmailFailed(failed) => Some(failed.message.clone()),
-        LogEvent::EmailOutcomeUnknown(unknown) => Some(unknown.reason.clone()),
+    let now = chrono::Utc::now();
+    let suppression = match (bounce, suppress) {
+        (Some(bounce), true) => Some(drawn_suppression(&bounce.address)?),
         _ => None,
     };
-    let row = vec![
-        SetValue::Text(Some(lease.email_id.clone())),
-        SetValue::Uuid(lease.token),
-        SetValue::Text(Some(state.to_owned())),
-        SetValue::Text(error.clone()),
-    ];
-    let mut guards = vec![
-        Guard::exactly_one(
-            "UPDATE email_outbox SET state = $3, leased_until = NULL, last_error = $4
-         WHERE email_id = $1 AND lease_token = $2 AND state = 'attempting'",
-            vec![Box::new(lease.email_id.clone()), Box::new(lease.token), Box::new(state), Box::new(error)],
-            AppendError::Conflict {
-                code: Code::IdempotencyConflict,
-                message: "the hand-off's lease was lost".to_owned(),
-            },
-        )
-        .with_set(
-            "UPDATE email_outbox o SET state = w.state, leased_until = NULL, last_error = w.last_error
-         FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[]) AS w(email_id, token, state, last_error)
-         WHERE o.email_id = w.email_id AND o.lease_token = w.token AND o.state = 'attempting'",
-            row,
-        ),
-    ];
-    if let (Some((scope_key, claim_token)), Some(answer)) = (&lease.claim, answer) {
-        let params: Vec<Box<dyn ToSql + Send + Sync>> =
-            vec![Box::new(scope_key.clone()), Box::new(*claim_token), Box::new(answer)];
-        guards.push(Guard::unique(
-            "UPDATE idempotency_records SET state = 'completed', status = 200, response = $3, completed_at = now()
-             WHERE scope_key = $1 AND claim_token = $2 AND state IN ('processing', 'unresolved')",
-            params,
-            AppendError::Failed("could not record the send's answer".to_owned()),
-        ));
-    }
-    let now = chrono::Utc::now();
-    let mut events = vec![NewEvent { event, subject_id: Some(parties.contact_id.clone()), occurred_at: now }];
-    let mut streams = Vec::new();
-    if let Some(bounce) = bounce {
-        let at_ms = now.timestamp_millis();
-        events.push(NewEvent {
-            event: LogEvent::EmailBounced(proto::EmailBounced {
-                email_id: parties.email_id.clone(),
-                space_id: parties.space_id.clone(),
-                contact_id: parties.contact_id.clone(),
-                kind: "hard".to_owned(),
-                diagnostic: "the relay refused the mailbox".to_owned(),
-                at_ms,
-                status: bounce.status.clone(),
-                source: "relay".to_owned(),
-            }),
-            subject_id: Some(parties.contact_id.clone()),
-            occurred_at: now,
-        });
-        if suppress {
-            let (stream, guard) = provider_suppression(&parties.space_id, &bounce.address, "bounce", now)?;
-            streams.push(stream);
-            guards.push(guard);
-        }
-    }
-    streams.insert(
-        0,
-        StreamAppend { stream_id: domain::email::stream_id(&parties.email_id), expected: ExpectedVersion::Any, events },
-    );
+    let (streams, guards) = outcome_append(parties, lease, event, bounce, suppression, now);
     event_log.append(AppendRequest::in_space(&parties.space_id, streams, guards)).await
 }
 
-/// A provider suppression (`reason` `bounce` or `complaint`) of `address` in the space, and
-/// the claim of its key (refused with `suppression_already_exists` when the address has a
-/// suppression of that reason).
+/// A provider suppression (`reason` `bounce` or `complaint`) of `address` in the space under
+/// a new id, and the claim of its key (see [`decide::provider_suppression`]).
 pub fn provider_suppression(
     space_id: &str,
     address: &str,
     reason: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(StreamAppend, Guard), AppendError> {
-    let suppression_id = platform::ids::new_id("sup");
-    let identifier = address.to_lowercase();
-    let added = proto::SuppressionAdded {
-        suppression_id: suppression_id.clone(),
-        space_id: space_id.to_owned(),
-        reason: reason.to_owned(),
-        created_at_ms: now.timestamp_millis(),
-        personal: Some(platform::events::seal(
-            &suppression_id,
-            &proto::SuppressionPersonal { identifier: identifier.clone() },
-        )),
-        source: "provider".to_owned(),
-    };
-    let subject = domain::suppressions::subject_of(&added).map_err(AppendError::from)?;
-    let guard = Guard::unique(
-        "INSERT INTO suppression_keys (scope, identifier, reason, suppression_id) VALUES ($1, $2, $3, $4)",
-        vec![
-            Box::new(space_id.to_owned()),
-            Box::new(identifier),
-            Box::new(reason.to_owned()),
-            Box::new(suppression_id.clone()),
-        ],
-        AppendError::Conflict { code: Code::SuppressionAlreadyExists, message: "already suppressed".to_owned() },
-    );
-    let stream = StreamAppend {
-        stream_id: format!("suppression/{suppression_id}"),
-        expected: ExpectedVersion::NoStream,
-        events: vec![NewEvent { event: LogEvent::SuppressionAdded(added), subject_id: subject, occurred_at: now }],
-    };
-    Ok((stream, guard))
+    let suppression = drawn_suppression(address)?;
+    Ok(decide::provider_suppression(space_id, reason, suppression, now))
 }
+
+/// A new provider suppression's id, normalized identifier and subject.
+fn drawn_suppression(address: &str) -> Result<decide::NewSuppression, AppendError> {
+    let identifier = address.to_lowercase();
+    let subject_id = platform::crypto::email_subject(&identifier).map_err(AppendError::from)?;
+    Ok(decide::NewSuppression { suppression_id: platform::ids::new_id("sup"), identifier, subject_id })
+}
+
 /// Puts a hand-off the relay refused for now (or could not be reached for) back in the queue
 /// after `delay`, under its lease.
 pub(crate) async fn retry_later(pool: &Pool, lease: &Lease, delay: Duration, error: &str) -> anyhow::Result<()> {
@@ -463,29 +308,24 @@ pub async fn hand_off(
             reply: format!("the message could not be built: {error:#}"),
         },
     };
-    let outcome = redact(outcome, &prepared.outgoing.to);
-    let bounce = hard_bounce(&outcome).then(|| Bounce {
-        address: prepared.outgoing.to.clone(),
-        status: match &outcome {
-            Outcome::Rejected { reply, .. } => crate::enhanced_status(reply).unwrap_or_default(),
-            _ => String::new(),
-        },
-    });
-    let delay = retry_schedule.and_then(|schedule| usize::try_from(lease.attempts).ok().and_then(|n| schedule.get(n)));
-    let Some(event) = outcome_event(&prepared.parties, &outcome, delay.is_some(), platform::time::now_millis()) else {
-        let error = match &outcome {
-            Outcome::Rejected { reply, .. } => reply.clone(),
-            Outcome::Unreachable { message } => message.clone(),
-            _ => String::new(),
-        };
-        let delay = Duration::from_millis(delay.copied().unwrap_or(0));
-        return match retry_later(pool, lease, delay, &error).await {
-            Ok(()) => Handed::Retry,
-            Err(error) => {
-                tracing::warn!(error = %format!("{error:#}"), email = %lease.email_id, "could not queue a hand-off again");
-                Handed::Lost
-            }
-        };
+    let settled = settle(
+        &prepared.parties,
+        outcome,
+        &prepared.outgoing.to,
+        (lease.attempts, retry_schedule),
+        platform::time::now_millis(),
+    );
+    let (event, bounce) = match settled {
+        Settle::Record { event, bounce } => (*event, bounce),
+        Settle::Retry { delay, error } => {
+            return match retry_later(pool, lease, delay, &error).await {
+                Ok(()) => Handed::Retry,
+                Err(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), email = %lease.email_id, "could not queue a hand-off again");
+                    Handed::Lost
+                }
+            };
+        }
     };
     metrics::histogram!("email_handoff_phase_seconds", "phase" => "relay").record(relayed.elapsed().as_secs_f64());
     let recording = std::time::Instant::now();
@@ -500,36 +340,6 @@ pub async fn hand_off(
     }
 }
 
-/// A relay's reply often quotes the recipient's address; what is recorded in the clear (the
-/// log's outcome events, the outbox row, webhook payloads) must not hold it, so it is
-/// replaced by `<recipient>`.
-fn redact(outcome: Outcome, address: &str) -> Outcome {
-    let scrub = |text: String| {
-        if address.is_empty() {
-            return text;
-        }
-        let (lower, needle) = (text.to_lowercase(), address.to_lowercase());
-        let mut out = String::with_capacity(text.len());
-        let mut rest = 0;
-        for (start, _) in lower.match_indices(&needle) {
-            if let (Some(before), Some(_)) = (text.get(rest..start), text.get(start..start + needle.len())) {
-                out.push_str(before);
-                out.push_str("<recipient>");
-                rest = start + needle.len();
-            }
-        }
-        out.push_str(text.get(rest..).unwrap_or_default());
-        out
-    };
-    match outcome {
-        Outcome::Accepted { reply } => Outcome::Accepted { reply: scrub(reply) },
-        Outcome::Rejected { permanent, code, reply } => Outcome::Rejected { permanent, code, reply: scrub(reply) },
-        Outcome::Unreachable { message } => Outcome::Unreachable { message: scrub(message) },
-        Outcome::Unknown { message } => Outcome::Unknown { message: scrub(message) },
-    }
-}
-
-/// The latest definition of an authored resource, from its authoring stream.
 async fn authored<T: serde::de::DeserializeOwned>(
     client: &impl deadpool_postgres::GenericClient,
     kind: &str,
@@ -617,86 +427,4 @@ pub async fn prepare_from_log(
     let dated = released_at_ms.unwrap_or(event.scheduled_at_ms);
     let outgoing = Outgoing::new(email_id, &sender, &domain, &content, (dated, marketing), public_base_url);
     Ok(Ok(Prepared { parties, outgoing, domain_id: sender.domain_id.clone(), domain }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn relay_replies_lose_the_recipients_address() {
-        let reply = "550 5.1.1 <Ada@Example.com>: unknown; ada@example.com".to_owned();
-        let rejected = Outcome::Rejected { permanent: true, code: Some(550), reply };
-        assert_eq!(
-            redact(rejected, "ada@example.com"),
-            Outcome::Rejected {
-                permanent: true,
-                code: Some(550),
-                reply: "550 5.1.1 <<recipient>>: unknown; <recipient>".into()
-            }
-        );
-        let accepted = Outcome::Accepted { reply: "250 queued".into() };
-        assert_eq!(redact(accepted.clone(), "ada@example.com"), accepted);
-    }
-
-    fn parties() -> Parties {
-        Parties {
-            email_id: "em_1".into(),
-            space_id: "spc_1".into(),
-            contact_id: "con_1".into(),
-            message_id: "<em_1@example.test>".into(),
-        }
-    }
-
-    fn rejected(permanent: bool, code: u16) -> Outcome {
-        Outcome::Rejected { permanent, code: Some(code), reply: format!("{code} no") }
-    }
-
-    #[test]
-    fn given_an_accepted_message_when_recorded_then_it_is_sent_with_the_relays_reply() {
-        let event = outcome_event(&parties(), &Outcome::Accepted { reply: "250 queued".into() }, true, 7);
-        let Some(LogEvent::EmailSent(sent)) = event else { panic!("sent: {event:?}") };
-        assert_eq!(
-            (sent.relay_reply.as_str(), sent.sent_at_ms, sent.message_id.as_str()),
-            ("250 queued", 7, "<em_1@example.test>")
-        );
-        assert_eq!(settled(&LogEvent::EmailSent(sent)).0, "sent");
-    }
-
-    #[test]
-    fn given_a_refusal_for_now_or_no_relay_when_retries_remain_then_nothing_is_recorded_yet() {
-        let unreachable = Outcome::Unreachable { message: "connection refused".into() };
-        assert!(outcome_event(&parties(), &rejected(false, 451), true, 7).is_none());
-        assert!(outcome_event(&parties(), &unreachable, true, 7).is_none());
-        let Some(LogEvent::EmailFailed(failed)) = outcome_event(&parties(), &rejected(false, 451), false, 7) else {
-            panic!("failed once retries are over")
-        };
-        assert_eq!((failed.code.as_str(), failed.permanent), ("relay_rejected", false));
-        let Some(LogEvent::EmailFailed(failed)) = outcome_event(&parties(), &unreachable, false, 7) else {
-            panic!("failed once retries are over")
-        };
-        assert_eq!((failed.code.as_str(), failed.message.as_str()), ("relay_unavailable", "connection refused"));
-        assert_eq!(settled(&LogEvent::EmailFailed(failed)).0, "failed");
-    }
-
-    #[test]
-    fn given_a_permanent_refusal_when_recorded_then_it_fails_at_once_and_only_a_mailbox_refusal_is_a_hard_bounce() {
-        let Some(LogEvent::EmailFailed(failed)) = outcome_event(&parties(), &rejected(true, 554), true, 7) else {
-            panic!("a permanent refusal is never retried")
-        };
-        assert!(failed.permanent);
-        for code in [550, 551, 553] {
-            assert!(hard_bounce(&rejected(true, code)), "{code}");
-        }
-        assert!(!hard_bounce(&rejected(true, 554)), "a policy refusal says nothing of the mailbox");
-        assert!(!hard_bounce(&rejected(false, 550)), "not while the relay may still take it");
-    }
-
-    #[test]
-    fn given_an_exchange_broken_after_the_content_when_recorded_then_the_outcome_is_unknown() {
-        let event = outcome_event(&parties(), &Outcome::Unknown { message: "reset".into() }, true, 7);
-        let Some(LogEvent::EmailOutcomeUnknown(unknown)) = event else { panic!("unknown: {event:?}") };
-        assert_eq!((unknown.reason.as_str(), unknown.at_ms), ("reset", 7));
-        assert_eq!(settled(&LogEvent::EmailOutcomeUnknown(unknown)), ("unknown", None));
-    }
 }

@@ -1,0 +1,366 @@
+//! A run's batch decided: which pending recipients get their email (scheduled for the
+//! hand-off, or held for later by the send policy) and which are skipped, and the stories of
+//! the skipped ones. Pure: the step loads the recipients and what decided each refusal, draws
+//! the ids through a `Fresh`, reads the clock, and appends.
+
+use mail::outbox::{self, Prepared};
+use mail::send::{Authored, EmailTo, Gate, Site, Verdict, allowance_guard, schedule};
+use mail::skipped::DecidedBy;
+use platform::error::Code;
+use platform::fresh::Fresh;
+use platform::log::{AppendError, AppendRequest, Guard, SetValue, StreamAppend};
+
+use crate::workers::email::recipients::{Allowed, Recipients};
+
+/// A sending run as a step reads it.
+pub(super) struct Run {
+    pub run_id: String,
+    pub broadcast_id: String,
+    pub space_id: String,
+    pub template_id: String,
+    pub sender_id: Option<String>,
+}
+
+/// Recipients the decision refused: the gate, and the log position that decided when the
+/// decision knows it.
+pub(super) type Skipped = Vec<(String, Gate, Option<i64>)>;
+
+/// The reason a refused recipient is counted under in its run.
+pub(crate) fn reason(gate: Gate) -> &'static str {
+    match gate {
+        Gate::Consent | Gate::Topic => "not_subscribed",
+        gate => gate.as_str(),
+    }
+}
+
+/// What a step decides on.
+pub(super) struct Step<'a> {
+    pub run: &'a Run,
+    pub authored: &'a Authored,
+    pub recipients: &'a Recipients,
+    pub site: &'a Site,
+    pub now: i64,
+}
+
+/// A batch decided: one append per recipient let through (with the email to hand off, when
+/// not held), and the recipients refused.
+pub(super) struct Batch {
+    pub appends: Vec<(String, AppendRequest, Option<Prepared>)>,
+    pub skipped: Skipped,
+}
+
+/// Decides each of the run's `pending` recipients, as every send is decided
+/// (`mail::send::decide`).
+pub(super) fn decide_batch(step: Step<'_>, pending: &[String], fresh: &mut dyn Fresh) -> anyhow::Result<Batch> {
+    let Step { run, authored, recipients, site, now } = step;
+    let public_base_url = &site.base_url;
+    let mut skipped: Skipped = Vec::new();
+    let mut appends = Vec::new();
+    for contact_id in pending {
+        let held = match mail::send::decide(&recipients.facts(authored, contact_id, now)) {
+            Verdict::Send => None,
+            Verdict::Skip { gate, decided_by } => {
+                skipped.push((contact_id.clone(), gate, decided_by));
+                continue;
+            }
+            Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
+        };
+        let Some(Allowed { contact, address, key }) = recipients.allowed(contact_id) else {
+            skipped.push((contact_id.clone(), Gate::Gone, None));
+            continue;
+        };
+        let context = serde_json::json!({ authored.template.recipient.clone(): contact.document });
+        let email_id = fresh.id("em");
+        let rendered = match mail::send::render_email(authored, &email_id, context, site) {
+            Ok(rendered) => rendered,
+            Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
+        };
+        let to = EmailTo { space_id: &run.space_id, contact_id, address, key };
+        let scheduled = schedule(
+            &email_id,
+            authored,
+            to,
+            &rendered,
+            mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id),
+            (now, public_base_url),
+        )?;
+        // A held recipient's email is stored now and decided again at its time by the held
+        // sends worker; the others are handed off after the batch.
+        let (stream, mut guards, email) = match held {
+            None => {
+                let mut guards = vec![
+                    outbox::insert_guard(&email_id, &run.space_id, None),
+                    recipient_moved(&run.run_id, contact_id, &email_id, "scheduled"),
+                ];
+                guards.extend(scheduled.guards);
+                (scheduled.stream, guards, Some(scheduled.prepared))
+            }
+            Some((until_ms, gate)) => {
+                let held = scheduled.hold(until_ms, gate, now);
+                (held.stream, vec![held.guard, recipient_moved(&run.run_id, contact_id, &email_id, "held")], None)
+            }
+        };
+        if let Some(allowance) = &authored.allowance {
+            guards.push(allowance_guard(&run.space_id, now, allowance.monthly));
+        }
+        let request = AppendRequest::in_space(&run.space_id, vec![stream], guards);
+        appends.push((contact_id.clone(), request, email));
+    }
+    Ok(Batch { appends, skipped })
+}
+
+/// The stories of the refused recipients: each one's `EmailSkipped` (with the log event that
+/// decided, `found` in the same order) and the guard moving them all to `skipped`, and how
+/// many they are.
+pub(super) fn skip_stories(
+    run: &Run,
+    authored: &Authored,
+    skipped: &Skipped,
+    found: Vec<Option<DecidedBy>>,
+    now: i64,
+    fresh: &mut dyn Fresh,
+) -> (Vec<StreamAppend>, Guard, usize) {
+    let origin = mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id);
+    let mut streams = Vec::with_capacity(skipped.len());
+    let (mut contact_ids, mut reasons, mut email_ids) = (Vec::new(), Vec::new(), Vec::new());
+    for ((contact_id, gate, _), by) in skipped.iter().zip(found) {
+        let email_id = fresh.id("em");
+        streams.push(mail::skipped::skipped(mail::skipped::Skip {
+            email_id: &email_id,
+            space_id: &run.space_id,
+            authored,
+            contact_id,
+            origin,
+            gate: *gate,
+            decided_by: by.as_ref(),
+            at_ms: now,
+        }));
+        contact_ids.push(contact_id.clone());
+        reasons.push(reason(*gate).to_owned());
+        email_ids.push(email_id);
+    }
+    let count = contact_ids.len();
+    let moved = Guard {
+        sql: "UPDATE broadcast_recipients r SET state = 'skipped', reason = s.reason, email_id = s.email_id, counted = false
+              FROM unnest($2::text[], $3::text[], $4::text[]) AS s(contact_id, reason, email_id)
+              WHERE r.run_id = $1 AND r.contact_id = s.contact_id AND r.state = 'pending'",
+        params: vec![Box::new(run.run_id.clone()), Box::new(contact_ids), Box::new(reasons), Box::new(email_ids)],
+        conflict: AppendError::Conflict {
+            code: Code::OperationTaken,
+            message: "a recipient was already decided".to_owned(),
+        },
+        expect_rows: Some(u64::try_from(count).unwrap_or(u64::MAX)),
+        set: None,
+    };
+    (streams, moved, count)
+}
+
+/// Moves the recipient from `pending` to `state` (`scheduled` or `held`) with its email, in
+/// the email's append: a recipient decided before (by a process that died after its append)
+/// refuses it.
+fn recipient_moved(run_id: &str, contact_id: &str, email_id: &str, state: &str) -> Guard {
+    let row = [run_id, contact_id, email_id, state].map(|value| SetValue::Text(Some(value.to_owned()))).to_vec();
+    Guard::exactly_one(
+        "UPDATE broadcast_recipients SET state = $4, email_id = $3
+         WHERE run_id = $1 AND contact_id = $2 AND state = 'pending'",
+        vec![
+            Box::new(run_id.to_owned()),
+            Box::new(contact_id.to_owned()),
+            Box::new(email_id.to_owned()),
+            Box::new(state.to_owned()),
+        ],
+        AppendError::Conflict { code: Code::OperationTaken, message: "the recipient was already decided".to_owned() },
+    )
+    .with_set(
+        "UPDATE broadcast_recipients r SET state = w.state, email_id = w.email_id
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS w(run_id, contact_id, email_id, state)
+         WHERE r.run_id = w.run_id AND r.contact_id = w.contact_id AND r.state = 'pending'",
+        row,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::email::recipients::Contact;
+    use domain::email::resources::{DomainDef, SenderDef};
+    use platform::crypto::Keyring;
+    use platform::crypto::Keys;
+    use platform::events::LogEvent;
+    use platform::fresh::Counted;
+    use serde_json::Value;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+
+    const TOPIC: &str = "top_news";
+
+    /// Given one contact `con_1` of schema `contacts` with `document`, consent attribute
+    /// `emailOk`, topic status `status`, a data key, and no suppression.
+    fn given(document: Value, status: Option<&str>) -> Recipients {
+        let mut recipients = Recipients::default();
+        recipients.contacts.insert("con_1".to_owned(), Contact { schema_id: "contacts".to_owned(), document });
+        let topics = status.map(|status| (TOPIC.to_owned(), status.to_owned())).into_iter().collect();
+        recipients.subscriptions.insert("con_1".to_owned(), topics);
+        recipients.consent_keys.insert("contacts".to_owned(), vec!["emailOk".to_owned()]);
+        let keyring = Keyring::from_hex(&"ab".repeat(32)).expect("a key");
+        let (key, _) = keyring.generate("con_1").expect("a data key");
+        recipients.keys.insert("con_1".to_owned(), key);
+        recipients
+    }
+
+    fn authored(topic: Option<&str>) -> Authored {
+        let template = domain::email::resources::TemplateDef {
+            slug: "t".into(),
+            name: "T".into(),
+            kind: "marketing".into(),
+            topic_id: topic.map(str::to_owned),
+            sender_id: "snd_1".into(),
+            subject: "S".into(),
+            html: String::new(),
+            text: String::new(),
+            recipient: "contact".into(),
+            data: BTreeMap::new(),
+            tracking: None,
+        };
+        let sender = SenderDef {
+            slug: "s".into(),
+            from_name: "S".into(),
+            from_address: "s@example.test".into(),
+            domain_id: "dom_1".into(),
+            reply_to: None,
+            postal_address: None,
+        };
+        let key = domain::email::resources::StoredKey {
+            selector: "s1".into(),
+            public_key: String::new(),
+            wrapped_key: String::new(),
+            private_key: String::new(),
+        };
+        let domain = DomainDef { slug: "d".into(), name: "example.test".into(), dkim: key, return_path: String::new() };
+        Authored {
+            template_id: "tpl_1".into(),
+            revision: 1,
+            template,
+            sender_id: "snd_1".into(),
+            sender,
+            domain,
+            topic: None,
+            allowance: None,
+            policy: None,
+        }
+    }
+
+    /// The decision on `con_1` for a marketing template of topic `topic`: the address it is
+    /// sent to, or the gate that refused it.
+    fn verdict<'a>(recipients: &'a Recipients, topic: Option<&str>) -> Result<&'a str, Gate> {
+        decided(recipients, topic, "con_1")
+    }
+
+    fn decided<'a>(recipients: &'a Recipients, topic: Option<&str>, contact_id: &str) -> Result<&'a str, Gate> {
+        let authored = authored(topic);
+        match mail::send::decide(&recipients.facts(&authored, contact_id, 0)) {
+            Verdict::Send => recipients.allowed(contact_id).map(|allowed| allowed.address).ok_or(Gate::Gone),
+            Verdict::Skip { gate, .. } | Verdict::Hold { gate, .. } => Err(gate),
+        }
+    }
+
+    #[test]
+    fn given_a_consenting_subscribed_contact_when_checked_then_it_is_sent_to_its_address() {
+        let recipients = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
+        assert_eq!(verdict(&recipients, Some(TOPIC)), Ok("ada@example.test"));
+        assert_eq!(verdict(&recipients, None), Ok("ada@example.test"), "a template without a topic asks consent only");
+    }
+
+    #[test]
+    fn given_a_contact_deleted_or_erased_since_the_snapshot_when_checked_then_it_is_gone() {
+        let recipients = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
+        assert_eq!(decided(&recipients, None, "con_2"), Err(Gate::Gone), "not in the read model");
+        let mut erased = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
+        erased.keys = Keys::default();
+        assert_eq!(verdict(&erased, None), Err(Gate::Gone), "its data key is destroyed");
+    }
+
+    #[test]
+    fn given_no_address_or_a_suppressed_one_when_checked_then_the_reason_says_which() {
+        let no_address = given(json!({"emailOk": true}), Some("subscribed"));
+        assert_eq!(verdict(&no_address, None), Err(Gate::NoAddress));
+        let mut suppressed = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
+        suppressed.suppressed.insert("ada@example.test".to_owned());
+        assert_eq!(verdict(&suppressed, None), Err(Gate::Suppressed));
+    }
+
+    #[test]
+    fn given_consent_missing_withdrawn_or_unknown_when_checked_then_the_consent_gate_refuses_it() {
+        let withdrawn = given(json!({"email": "ada@example.test", "emailOk": false}), Some("subscribed"));
+        assert_eq!(verdict(&withdrawn, None), Err(Gate::Consent));
+        let unset = given(json!({"email": "ada@example.test"}), Some("subscribed"));
+        assert_eq!(verdict(&unset, None), Err(Gate::Consent));
+        let mut no_consent_attribute = given(json!({"email": "ada@example.test", "emailOk": true}), None);
+        no_consent_attribute.consent_keys.clear();
+        assert_eq!(
+            verdict(&no_consent_attribute, None),
+            Err(Gate::Consent),
+            "a schema without consent is never mailed"
+        );
+    }
+
+    #[test]
+    fn given_a_topic_when_the_contact_is_not_subscribed_to_it_then_it_is_skipped() {
+        for status in [None, Some("unsubscribed"), Some("pending")] {
+            let recipients = given(json!({"email": "ada@example.test", "emailOk": true}), status);
+            assert_eq!(verdict(&recipients, Some(TOPIC)), Err(Gate::Topic), "{status:?}");
+        }
+    }
+
+    fn run() -> Run {
+        Run {
+            run_id: "run_1".into(),
+            broadcast_id: "bc_1".into(),
+            space_id: "spc_1".into(),
+            template_id: "tpl_1".into(),
+            sender_id: None,
+        }
+    }
+
+    static SITE: std::sync::LazyLock<Site> = std::sync::LazyLock::new(|| Site {
+        base_url: "https://api.example.test".to_owned(),
+        links: mail::tracking::Links::derive(|_| [7; 32], 1, &[]),
+    });
+
+    #[test]
+    fn a_batch_schedules_the_recipients_let_through_and_skips_the_rest_with_their_gate() {
+        let mut recipients = given(json!({"email": "ada@example.test", "emailOk": true}), Some("subscribed"));
+        // con_2 has an address, consent and a key, but is not subscribed to the topic.
+        let con_2 = json!({"email": "bob@example.test", "emailOk": true});
+        recipients.contacts.insert("con_2".into(), Contact { schema_id: "contacts".into(), document: con_2 });
+        let keyring = Keyring::from_hex(&"ab".repeat(32)).expect("a key");
+        recipients.keys.insert("con_2".into(), keyring.generate("con_2").expect("a data key").0);
+        let authored = authored(Some(TOPIC));
+        let (run, pending) = (run(), ["con_1".to_owned(), "con_2".to_owned(), "con_3".to_owned()]);
+        let step = Step { run: &run, authored: &authored, recipients: &recipients, site: &SITE, now: 5 };
+        let mut fresh = Counted::new().expect("test keys");
+        let Batch { appends, skipped } = decide_batch(step, &pending, &mut fresh).expect("decided");
+        assert_eq!(appends.len(), 1);
+        let (contact_id, request, prepared) = &appends[0];
+        assert_eq!(contact_id, "con_1");
+        assert_eq!(request.streams[0].stream_id, "email-em_1", "its email id was drawn from the Fresh");
+        assert!(matches!(request.streams[0].events[0].event, LogEvent::EmailScheduled(_)));
+        assert_eq!(prepared.as_ref().map(|prepared| prepared.outgoing.to.as_str()), Some("ada@example.test"));
+        let gates: Vec<(&str, Gate)> = skipped.iter().map(|(contact, gate, _)| (contact.as_str(), *gate)).collect();
+        assert_eq!(gates, [("con_2", Gate::Topic), ("con_3", Gate::Gone)]);
+    }
+
+    #[test]
+    fn the_skipped_get_one_story_each_and_move_together() {
+        let authored = authored(None);
+        let skipped: Skipped = vec![("con_1".into(), Gate::Consent, None), ("con_2".into(), Gate::Suppressed, None)];
+        let mut fresh = Counted::new().expect("test keys");
+        let (streams, moved, count) = skip_stories(&run(), &authored, &skipped, vec![None, None], 5, &mut fresh);
+        assert_eq!(count, 2);
+        let ids: Vec<&str> = streams.iter().map(|stream| stream.stream_id.as_str()).collect();
+        assert_eq!(ids, ["email-em_1", "email-em_2"]);
+        assert!(streams.iter().all(|stream| matches!(stream.events[0].event, LogEvent::EmailSkipped(_))));
+        assert_eq!(moved.expect_rows, Some(2));
+        assert_eq!([reason(Gate::Consent), reason(Gate::Suppressed)], ["not_subscribed", "suppressed"]);
+    }
+}
