@@ -35,10 +35,25 @@ impl From<crate::suppressions::decide::Refusal> for ApiError {
 /// A refused webhook write as the contract answers it.
 impl From<crate::webhooks::decide::Refusal> for ApiError {
     fn from(refusal: crate::webhooks::decide::Refusal) -> Self {
+        use crate::webhooks::decide::Refusal;
+        use actix_web::http::StatusCode;
+        let message = refusal.to_string();
         match refusal {
-            crate::webhooks::decide::Refusal::Invalid { message, issues } => {
+            Refusal::Invalid { message, issues } => {
                 ApiError::bad_request(Code::InvalidWebhook, message).with_issues(issues)
             }
+            Refusal::NotFound(_) => ApiError::not_found(Code::WebhookNotFound, message),
+            Refusal::IntegrationOwned { .. } => ApiError::conflict(Code::WebhookIntegrationOwned, message),
+            Refusal::SchemaNotFound(_) => ApiError::not_found(Code::SchemaNotFound, message),
+            Refusal::DeliveryNotFound(_) => ApiError::not_found(Code::WebhookDeliveryNotFound, message),
+            Refusal::DeliveryPending(_) => ApiError::conflict(Code::WebhookDeliveryPending, message),
+            Refusal::NoCredits => ApiError::new(StatusCode::PAYMENT_REQUIRED, Some(Code::InsufficientCredits), message),
+            Refusal::FilterNotOnData | Refusal::FilterNotMade(_) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Some(Code::AiGenerationFailed), message.clone())
+                    .with_issues(vec![Issue::coded("condition.requirements", Code::AiGenerationFailed, message)])
+            }
+            Refusal::KeptChanging => ApiError::conflict(Code::ConcurrentModification, message),
+            Refusal::Failed(message) => ApiError::internal(&anyhow::anyhow!(message)),
         }
     }
 }
@@ -123,7 +138,13 @@ impl From<crate::identities::decide::Refusal> for ApiError {
             Refusal::OperationIdConflict
             | Refusal::AliasErased
             | Refusal::RevisionConflict { .. }
-            | Refusal::ContactDeletionPending(_) => ApiError::conflict(code, message),
+            | Refusal::ContactDeletionPending(_)
+            | Refusal::ContactBeingDeleted
+            | Refusal::KeptChanging => ApiError::conflict(code, message),
+            Refusal::SourceUnavailable(_) => ApiError::new(actix_web::http::StatusCode::FORBIDDEN, Some(code), message),
+            Refusal::CapacityExhausted { .. } => {
+                ApiError::new(actix_web::http::StatusCode::TOO_MANY_REQUESTS, Some(code), message)
+            }
         }
     }
 }

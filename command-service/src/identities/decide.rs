@@ -1,10 +1,16 @@
 //! The identity-binding decision: validating a change, and deciding it against what is
 //! recorded (an earlier operation with the same id), the alias's state and the contact's.
-//! Pure: every fact comes in as an argument.
+//! Pure: every fact comes in as an argument (the keyed digests naming the alias and the body
+//! are computed by the shell).
 
 use platform::error::{Code, Issue};
+use platform::events::LogEvent;
+use platform::log::{ExpectedVersion, NewEvent, StreamAppend};
 use platform::proto;
+use platform::settings::IdentityCapacity;
 use serde_json::{Map, Value, json};
+
+use crate::decision::{self, Decide, Outcome, Reply};
 
 /// The six fields of an identity change, and no others.
 pub(crate) const FIELDS: [&str; 6] =
@@ -44,6 +50,21 @@ pub enum Refusal {
     /// No such contact in the subject schema of the caller's space (404).
     #[error("no contact {contact_id:?} in schema {schema_id:?}")]
     ContactNotFound { contact_id: String, schema_id: String },
+    /// No enabled contact track of the space has the source and uses the subject schema (403).
+    #[error(
+        "identity source {0:?} is unavailable: no enabled contact track with this sourceId uses that contact \
+         schema"
+    )]
+    SourceUnavailable(String),
+    /// The space holds as many aliases or identity changes as it may (429).
+    #[error("the space's identity capacity is exhausted ({aliases} aliases, {changes} identity changes)")]
+    CapacityExhausted { aliases: i64, changes: i64 },
+    /// The contact's deletion started while the change was appended (409).
+    #[error("the contact is being deleted")]
+    ContactBeingDeleted,
+    /// Every attempt lost a race with another change of the alias (409).
+    #[error("the alias kept changing while this change was applied; retry")]
+    KeptChanging,
 }
 
 impl Refusal {
@@ -55,6 +76,10 @@ impl Refusal {
             Self::RevisionConflict { .. } => Code::AliasRevisionConflict,
             Self::ContactDeletionPending(_) => Code::RecordDeletionPending,
             Self::ContactNotFound { .. } => Code::RecordNotFound,
+            Self::SourceUnavailable(_) => Code::IdentitySourceUnavailable,
+            Self::CapacityExhausted { .. } => Code::IdentityCapacityExhausted,
+            Self::ContactBeingDeleted => Code::RecordDeletionPending,
+            Self::KeptChanging => Code::ConcurrentModification,
         }
     }
 }
@@ -241,9 +266,66 @@ pub fn decide(change: &Change, given: Given<'_>) -> Result<Decision, Refusal> {
     Ok(Decision::Change { event, result, expected_revision: given.alias.revision })
 }
 
+/// `POST /event-identities`: binds the alias to a contact, or removes its binding, at the
+/// alias's revision.
+pub(crate) struct ChangeIdentity {
+    pub space_id: String,
+    pub change: Change,
+    /// The keyed digest of the change's body (a replay of the operationId has the same).
+    pub body_digest: String,
+    /// The keyed digest naming the alias.
+    pub alias: String,
+    /// The space's identity capacity, which the append's guards keep.
+    pub capacity: IdentityCapacity,
+}
+
+impl Decide for ChangeIdentity {
+    /// The operation recorded under the change's operationId, the alias, and the contact to
+    /// bind to (loaded only when no operation is recorded).
+    type Loaded = (Option<Recorded>, Alias, Option<Contact>);
+    type Outcome = Outcome;
+    type Refusal = Refusal;
+
+    fn decide(
+        &self,
+        (recorded, alias, contact): Self::Loaded,
+        given: &mut decision::Given<'_>,
+    ) -> Result<Outcome, Refusal> {
+        let (space_id, change) = (self.space_id.as_str(), &self.change);
+        let previous = alias.contact_id.clone();
+        let facts = Given {
+            space_id,
+            alias_digest: &self.alias,
+            body_digest: &self.body_digest,
+            recorded,
+            alias,
+            contact,
+            now_ms: given.now_ms,
+        };
+        let (event, result, revision) = match decide(change, facts)? {
+            Decision::Replay(result) => return Ok(Outcome::Answer(Reply::ok(json!({ "data": result })))),
+            Decision::Change { event, result, expected_revision } => (event, result, expected_revision),
+        };
+        let guards =
+            super::store::guards(self.capacity, space_id, change, &self.alias, &self.body_digest, &result, revision);
+        let stream = StreamAppend {
+            stream_id: format!("alias/{space_id}/{}", self.alias),
+            expected: if revision == 0 { ExpectedVersion::NoStream } else { ExpectedVersion::Exactly(revision) },
+            events: vec![NewEvent {
+                subject_id: change.contact_id.clone().or(previous),
+                occurred_at: platform::time::from_millis(event.changed_at_ms),
+                event: LogEvent::EventIdentityChanged(event),
+            }],
+        };
+        Ok(Outcome::one(stream, guards, Reply::ok(json!({ "data": result }))))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::harness::{NOW_MS, given as scenario};
+    use crate::decision::{Body, Status};
 
     fn body(value: Value) -> Map<String, Value> {
         match value {
@@ -384,5 +466,70 @@ mod tests {
         assert_eq!(decide(&change(Some("con_1"), 0), given(new(), Some(Contact::Missing))), Err(missing.clone()));
         let elsewhere = Some(Contact::Live { space_id: "spc_2".into(), schema_id: "sch_1".into() });
         assert_eq!(decide(&change(Some("con_1"), 0), given(new(), elsewhere)), Err(missing));
+    }
+
+    fn command(contact_id: Option<&str>, expected_revision: i64) -> ChangeIdentity {
+        ChangeIdentity {
+            space_id: "spc_1".into(),
+            change: change(contact_id, expected_revision),
+            body_digest: "body".into(),
+            alias: "digest".into(),
+            capacity: IdentityCapacity::default(),
+        }
+    }
+
+    #[test]
+    fn a_binding_appends_the_aliases_next_revision_on_its_stream_and_answers_the_result() {
+        let reply = scenario((None, Alias::default(), live())).when(&command(Some("con_1"), 0)).then_events(&[
+            LogEvent::EventIdentityChanged(proto::EventIdentityChanged {
+                space_id: "spc_1".into(),
+                source_id: "src_web".into(),
+                subject_schema_id: "sch_1".into(),
+                alias_digest: "digest".into(),
+                operation_id: "0192f3a4-1111-7000-8000-000000000001".into(),
+                contact_id: "con_1".into(),
+                previous_contact_id: String::new(),
+                revision: 1,
+                changed_at_ms: NOW_MS,
+            }),
+        ]);
+        assert_eq!(reply.status, Status::Ok);
+        let result = json!({"identityRevision": "1", "affectedSubjectIds": ["con_1"], "isDuplicate": false});
+        assert_eq!(reply.body, Body::Json(json!({ "data": result })));
+        let Outcome::Append(writes) =
+            scenario((None, Alias::default(), live())).when(&command(Some("con_1"), 0)).decided()
+        else {
+            panic!("an append")
+        };
+        let stream = &writes.streams[0];
+        assert_eq!((stream.stream_id.as_str(), stream.expected), ("alias/spc_1/digest", ExpectedVersion::NoStream));
+        assert_eq!(stream.events[0].subject_id.as_deref(), Some("con_1"));
+        assert!(!writes.guards.is_empty(), "the operation, the alias and the capacity are claimed");
+    }
+
+    #[test]
+    fn an_unbinding_is_about_the_contact_it_was_bound_to_at_the_aliases_revision() {
+        let bound = Alias { contact_id: Some("con_0".into()), revision: 3, erased: false };
+        let Outcome::Append(writes) = scenario((None, bound, None)).when(&command(None, 3)).decided() else {
+            panic!("an append")
+        };
+        let stream = &writes.streams[0];
+        assert_eq!(stream.expected, ExpectedVersion::Exactly(3));
+        assert_eq!(stream.events[0].subject_id.as_deref(), Some("con_0"));
+    }
+
+    #[test]
+    fn a_repeated_operation_answers_its_result_and_a_stale_revision_or_reused_operation_id_is_refused() {
+        let recorded = Recorded { body_digest: "body".into(), result: json!({"identityRevision": "1"}) };
+        let at_one = Alias { revision: 1, ..Alias::default() };
+        let reply = scenario((Some(recorded), at_one.clone(), None)).when(&command(Some("con_1"), 0)).then_answers();
+        assert_eq!(reply.body, Body::Json(json!({"data": {"identityRevision": "1", "isDuplicate": true}})));
+        let reused = Recorded { body_digest: "another body".into(), result: json!({}) };
+        scenario((Some(reused), at_one.clone(), None))
+            .when(&command(Some("con_1"), 0))
+            .then_refused(Refusal::OperationIdConflict);
+        scenario((None, at_one, live()))
+            .when(&command(Some("con_1"), 0))
+            .then_refused(Refusal::RevisionConflict { current: 1 });
     }
 }

@@ -3,6 +3,8 @@
 use deadpool_postgres::GenericClient;
 use domain::catalog::SchemaEntry;
 pub use domain::webhooks::state::{Counters, WebhookState, secret_subject, stream_id};
+/// The data key of a webhook's secrets, as its decisions name it.
+pub(crate) use platform::crypto::DataKey;
 use platform::error::Code;
 use platform::log::{AppendError, Guard};
 pub use reads::webhooks::load;
@@ -18,10 +20,7 @@ pub async fn schema(
 }
 
 /// The data key of a webhook's secrets, if it still has one.
-pub(crate) async fn secret_key(
-    client: &impl GenericClient,
-    webhook_id: &str,
-) -> anyhow::Result<Option<platform::crypto::DataKey>> {
+pub(crate) async fn secret_key(client: &impl GenericClient, webhook_id: &str) -> anyhow::Result<Option<DataKey>> {
     let subject = secret_subject(webhook_id);
     let keys = platform::crypto::load_keys(client, std::slice::from_ref(&subject)).await?;
     Ok(keys.get(&subject).cloned())
