@@ -12,22 +12,13 @@ use serde_json::{Map, Value, json};
 
 use crate::decision::{self, Decide, Outcome, Reply};
 
+pub use super::{Alias, Change, Contact, Recorded};
+
 /// The six fields of an identity change, and no others.
 pub(crate) const FIELDS: [&str; 6] =
     ["sourceId", "subjectSchemaId", "anonymousId", "contactId", "operationId", "expectedAliasRevision"];
 /// The most characters a text field may have.
 const MAX_CHARS: usize = 256;
-
-/// A validated identity change.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
-    pub source_id: String,
-    pub subject_schema_id: String,
-    pub anonymous_id: String,
-    pub contact_id: Option<String>,
-    pub operation_id: String,
-    pub expected_revision: i64,
-}
 
 /// Why an identity change is refused. The HTTP edge maps each to the contract's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -162,32 +153,6 @@ pub(crate) fn parse_change(body: Map<String, Value>) -> Result<Change, Refusal> 
             Err(Refusal::Invalid { message, issues })
         }
     }
-}
-
-/// An operation already applied under the change's operationId: its body digest and result.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Recorded {
-    pub body_digest: String,
-    pub result: Value,
-}
-
-/// The alias as the write side holds it (a new alias is at revision 0, bound to nobody).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Alias {
-    pub contact_id: Option<String>,
-    pub revision: i64,
-    pub erased: bool,
-}
-
-/// What the write side knows of the contact a change binds to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Contact {
-    /// A live record, in this space and schema.
-    Live { space_id: String, schema_id: String },
-    /// Its deletion has started.
-    Deleting,
-    /// Never written, deleted, or another kind of record.
-    Missing,
 }
 
 /// The facts a change is decided on.

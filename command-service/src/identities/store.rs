@@ -6,7 +6,7 @@ use platform::error::Code;
 use platform::log::{AppendError, Guard};
 use serde_json::Value;
 
-use super::decide::{Alias, Change, Contact, Recorded};
+use super::{Alias, Change, Contact, Recorded};
 use crate::events::store::{load_subjects, subjects_guard};
 
 /// Labels of the guards' refusals.
