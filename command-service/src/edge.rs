@@ -123,6 +123,10 @@ impl From<crate::segments::decide::Refusal> for ApiError {
             }
             Refusal::Unusable(_) => ApiError::unprocessable(Code::AiGenerationFailed, message.clone())
                 .with_issues(vec![Issue::coded("definition", Code::AiGenerationFailed, message)]),
+            Refusal::NoCredits => {
+                ApiError::new(actix_web::http::StatusCode::PAYMENT_REQUIRED, Some(Code::InsufficientCredits), message)
+            }
+            Refusal::NotFound(_) => ApiError::not_found(Code::SegmentNotFound, message),
         }
     }
 }
@@ -145,6 +149,21 @@ impl From<crate::identities::decide::Refusal> for ApiError {
             Refusal::CapacityExhausted { .. } => {
                 ApiError::new(actix_web::http::StatusCode::TOO_MANY_REQUESTS, Some(code), message)
             }
+        }
+    }
+}
+
+/// A refused record write as the contract answers it: a record rule's refusal as the domain
+/// answers it (`RecordRefusal`, which the import worker shares).
+impl From<crate::records::decide::Refusal> for ApiError {
+    fn from(refusal: crate::records::decide::Refusal) -> Self {
+        use crate::records::decide::Refusal;
+        let message = refusal.to_string();
+        match refusal {
+            Refusal::Record(refusal) => ApiError::from(refusal),
+            Refusal::KeptChanging => ApiError::conflict(Code::ConcurrentModification, message),
+            Refusal::Unreadable(message) => ApiError::internal(&anyhow::anyhow!(message)),
+            Refusal::Unwritable(error) => append_error(error),
         }
     }
 }

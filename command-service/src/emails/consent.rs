@@ -9,7 +9,8 @@ use serde_json::{Map, Value};
 
 use crate::pipeline::Ctx;
 use crate::records::decide::WriteSchema;
-use crate::records::write::{Write, plan_update, write_context};
+use crate::records::load::{plan_update, write_context};
+use crate::records::write::Write;
 use crate::templates::decide::consent_keys;
 
 /// Sets the email consent attributes of the contact's schema to `consented`, carried by

@@ -36,8 +36,9 @@ use super::store::{self, Token};
 use crate::State;
 use crate::emails::consent::{Source, set_email_consent, subscription_changes};
 use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
-use crate::records::decide::WriteSchema;
-use crate::records::write::{PlannedUpsert, Write, plan_upsert, write_context};
+use crate::records::decide::{PlannedUpsert, WriteSchema};
+use crate::records::load::{plan_upsert, write_context};
+use crate::records::write::Write;
 use crate::templates::decide::{consent_keys, render_context};
 use crate::templates::http::{Authored, EmailTo, load_authored};
 

@@ -1,13 +1,19 @@
-//! The segment decision: validating a create body, and resolving the filter the AI provider
+//! The segment decisions: validating a create body, resolving the filter the AI provider
 //! made against the space's catalog (event and topic slugs to ids, `has email consent` to the
-//! contact schemas' consent attributes, and every other field to a contact field that exists).
-//! Pure: the catalog comes in as an argument.
+//! contact schemas' consent attributes, and every other field to a contact field that exists),
+//! creating a segment and deleting one. Pure: the catalog and the filter come in as arguments.
 
+use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use filter::{CONSENT_EMAIL, Condition, Engaged, FieldPath, Filter, Op, SUBSCRIPTIONS, Scalar, Source};
 use platform::error::{Code, Issue};
-use serde_json::{Map, Value};
+use platform::events::LogEvent;
+use platform::log::{ExpectedVersion, StreamAppend};
+use platform::proto;
+use serde_json::{Map, Value, json};
+
+use crate::decision::{Decide, Given, Outcome, Reply};
 
 /// The fields a create accepts.
 pub(crate) const CREATE_FIELDS: [&str; 2] = ["name", "definition"];
@@ -58,6 +64,17 @@ pub enum Refusal {
     /// `ai_generation_failed`); nothing is spent or written.
     #[error("the definition could not be turned into a segment: {0}")]
     Unusable(String),
+    /// The space has no AI credits left (402 `insufficient_credits`).
+    #[error("the space has no AI credits left; defining a segment needs one")]
+    NoCredits,
+    /// No live segment with this id in the caller's space (404 `segment_not_found`).
+    #[error("no segment {0:?} in this space")]
+    NotFound(String),
+}
+
+/// The log stream of a segment.
+pub fn stream_id(segment_id: &str) -> String {
+    format!("segment-{segment_id}")
 }
 
 fn invalid(issues: Vec<Issue>) -> Refusal {
@@ -195,9 +212,87 @@ fn consent_condition(key: &str) -> Result<Filter, Refusal> {
     Ok(Filter::Condition(Condition { field, op: Op::Eq(Scalar::Bool(true)) }))
 }
 
+/// `POST /segments`: the filter is made once per request (kept across attempts).
+pub(crate) struct CreateSegment {
+    pub space_id: String,
+    pub new: NewSegment,
+    /// The filter the AI provider made of the definition: the shell's load asks for it once
+    /// and keeps it here for a later attempt.
+    pub filter: OnceCell<Filter>,
+}
+
+impl Decide for CreateSegment {
+    /// The space's vocabulary and the filter the AI provider made.
+    type Loaded = (Vocabulary, Filter);
+    type Outcome = Outcome;
+    type Refusal = Refusal;
+
+    fn decide(&self, (vocabulary, filter): Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+        let space_id = self.space_id.as_str();
+        let description = filter::describe(&filter);
+        let resolved = resolve(filter, &vocabulary)?;
+        let segment_id = given.fresh.id("seg");
+        let event = LogEvent::SegmentCreated(proto::SegmentCreated {
+            segment_id: segment_id.clone(),
+            space_id: space_id.to_owned(),
+            name: self.new.name.clone(),
+            definition: self.new.definition.clone(),
+            description: description.clone(),
+            filter_json: resolved.to_json().to_string(),
+            created_at_ms: given.now_ms,
+        });
+        // Membership is computed by the projector; a read with the Consistency-Token of
+        // this answer shows it.
+        let document = json!({
+            "id": segment_id,
+            "name": self.new.name,
+            "definition": self.new.definition,
+            "description": description,
+            "createdAt": platform::time::format_millis(given.now_ms),
+            "memberCount": null,
+        });
+        let body = api::http::data_body(document, &[]);
+        let stream = StreamAppend::one(stream_id(&segment_id), ExpectedVersion::NoStream, event, given.now_ms);
+        let guards = vec![domain::admission::spend_guard(space_id, 1)];
+        Ok(Outcome::one(stream, guards, Reply::created(body)))
+    }
+}
+
+/// `DELETE /segments/{id}`.
+pub(crate) struct DeleteSegment {
+    pub space_id: String,
+    pub segment_id: String,
+}
+
+impl Decide for DeleteSegment {
+    /// The segment's stream version and space, when it exists and is not deleted.
+    type Loaded = Option<(i64, String)>;
+    type Outcome = Outcome;
+    type Refusal = Refusal;
+
+    fn decide(&self, loaded: Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+        let (space_id, segment_id) = (self.space_id.as_str(), self.segment_id.as_str());
+        // A concurrent delete that won leaves this one to find the segment gone: 404.
+        let version = match loaded {
+            Some((version, owner)) if owner == space_id => version,
+            _ => return Err(Refusal::NotFound(segment_id.to_owned())),
+        };
+        let body = api::http::data_body(json!({"id": segment_id, "deleted": true}), &[]);
+        let event = LogEvent::SegmentDeleted(proto::SegmentDeleted {
+            segment_id: segment_id.to_owned(),
+            space_id: space_id.to_owned(),
+            deleted_at_ms: given.now_ms,
+        });
+        let stream = StreamAppend::one(stream_id(segment_id), ExpectedVersion::Exactly(version), event, given.now_ms);
+        Ok(Outcome::one(stream, Vec::new(), Reply::ok(body)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::Status;
+    use crate::decision::harness::{NOW_MS, given};
     use serde_json::json;
 
     fn vocabulary() -> Vocabulary {
@@ -265,6 +360,71 @@ mod tests {
         ] {
             assert!(matches!(resolved(text), Err(Refusal::Unusable(_))), "{text}");
         }
+    }
+
+    fn new_segment() -> NewSegment {
+        NewSegment { name: "Buyers".into(), definition: "performed purchase".into() }
+    }
+
+    fn create() -> CreateSegment {
+        CreateSegment { space_id: "spc_1".into(), new: new_segment(), filter: OnceCell::new() }
+    }
+
+    #[test]
+    fn a_segment_is_created_under_a_fresh_id_with_its_resolved_filter_and_spends_a_credit() {
+        let filter = filter::parse_plain("performed purchase").expect("parses");
+        let description = filter::describe(&filter);
+        let outcome = given((vocabulary(), filter.clone())).when(&create()).decided();
+        assert_eq!(
+            outcome.events(),
+            [&LogEvent::SegmentCreated(proto::SegmentCreated {
+                segment_id: "seg_1".into(),
+                space_id: "spc_1".into(),
+                name: "Buyers".into(),
+                definition: "performed purchase".into(),
+                description: description.clone(),
+                filter_json: resolve(filter, &vocabulary()).expect("resolves").to_json().to_string(),
+                created_at_ms: NOW_MS,
+            })]
+        );
+        let Outcome::Append(writes) = &outcome else { panic!("an append") };
+        assert_eq!(writes.streams[0].stream_id, "segment-seg_1");
+        assert!(matches!(writes.streams[0].expected, ExpectedVersion::NoStream));
+        assert_eq!(writes.guards.len(), 1, "the credit it spends");
+        let reply = outcome.reply().expect("a reply");
+        assert_eq!(reply.status, Status::Created);
+        assert_eq!(
+            reply.json(),
+            &json!({"data": {
+                "id": "seg_1",
+                "name": "Buyers",
+                "definition": "performed purchase",
+                "description": description,
+                "createdAt": platform::time::format_millis(NOW_MS),
+                "memberCount": null,
+            }})
+        );
+    }
+
+    #[test]
+    fn a_filter_naming_what_the_space_lacks_is_refused_and_writes_nothing() {
+        let filter = filter::parse_plain("performed refund").expect("parses");
+        given((vocabulary(), filter))
+            .when(&create())
+            .then_refused(Refusal::Unusable("there is no event schema \"refund\" in this space".into()));
+    }
+
+    #[test]
+    fn a_segment_of_the_space_is_deleted_at_its_version_and_any_other_is_not_found() {
+        let delete = |space: &str| DeleteSegment { space_id: space.into(), segment_id: "seg_1".into() };
+        let reply =
+            given(Some((2, "spc_1".to_owned()))).when(&delete("spc_1")).then_events(&[LogEvent::SegmentDeleted(
+                proto::SegmentDeleted { segment_id: "seg_1".into(), space_id: "spc_1".into(), deleted_at_ms: NOW_MS },
+            )]);
+        assert_eq!(reply, Reply::ok(json!({"data": {"id": "seg_1", "deleted": true}})));
+        let not_found = Refusal::NotFound("seg_1".into());
+        given(Some((2, "spc_1".to_owned()))).when(&delete("spc_2")).then_refused(not_found.clone());
+        given(None).when(&delete("spc_1")).then_refused(not_found);
     }
 
     #[test]

@@ -4,16 +4,12 @@
 use std::collections::BTreeSet;
 
 use deadpool_postgres::GenericClient;
-use platform::error::{ApiError, Code};
+use platform::error::ApiError;
 use platform::events::LogEvent;
 use serde_json::Value;
 
-use super::decide::{ContactSchema, Vocabulary};
-
-/// The log stream of a segment.
-pub fn stream_id(segment_id: &str) -> String {
-    format!("segment-{segment_id}")
-}
+pub use super::decide::stream_id;
+use super::decide::{ContactSchema, Refusal, Vocabulary};
 
 /// The space's vocabulary and remaining credits, from catalog version `catalog`, in one
 /// statement.
@@ -118,5 +114,5 @@ pub(crate) async fn load_live(client: &impl GenericClient, space_id: &str, segme
 }
 
 pub(crate) fn not_found(segment_id: &str) -> ApiError {
-    ApiError::not_found(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space"))
+    Refusal::NotFound(segment_id.to_owned()).into()
 }

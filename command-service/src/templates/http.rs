@@ -30,8 +30,8 @@ use super::decide;
 use crate::State;
 use crate::edge::append_error;
 use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
-use crate::records::decide::WriteSchema;
-use crate::records::write::{PlannedUpsert, plan_upsert};
+use crate::records::decide::{PlannedUpsert, WriteSchema};
+use crate::records::load::plan_upsert;
 
 /// The template of the caller's space with its sender, domain and the space's allowance: kept
 /// by this process since an earlier send at the catalog's revision, or read now in one

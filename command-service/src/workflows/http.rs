@@ -24,8 +24,9 @@ use super::decide::{self, Input, PauseChange, Refusal, requested_run};
 use super::store::{self, Found, NewRun};
 use crate::State;
 use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection};
-use crate::records::decide::WriteSchema;
-use crate::records::write::{UpsertLoaded, Write, decide_upsert, load_upsert, write_context};
+use crate::records::decide::{UpsertLoaded, WriteSchema, decide_upsert};
+use crate::records::load::{load_upsert, write_context};
+use crate::records::write::Write;
 
 fn internal(error: &anyhow::Error) -> ApiError {
     ApiError::internal(error)
@@ -90,7 +91,7 @@ impl Legacy for TriggerWorkflow<'_> {
         let (contact_id, key) = match contact {
             Some((context, loaded)) => {
                 let schema = write_schema(&context, space_id);
-                let planned = decide_upsert(&schema, loaded, now)?;
+                let planned = decide_upsert(&schema, loaded, now, &mut platform::fresh::Drawn)?;
                 let contact_id = planned.record.record_id.clone();
                 let key = match planned.write {
                     Some(write) => {

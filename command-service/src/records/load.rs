@@ -1,0 +1,129 @@
+//! What record writes load through the pipeline's fresh reads, shared by every command that
+//! writes records (the record endpoints, template sends, forms, emails, workflows): the
+//! catalog context of the schema, the record a write addresses and the holders of its
+//! identities; and, for the commands that plan a record write while they load, the planning
+//! on what was read (the decisions are in `decide`).
+
+use std::sync::Arc;
+
+use domain::catalog::WriteContext;
+use domain::records::RecordState;
+use platform::error::ApiError;
+use platform::fresh::Drawn;
+use serde_json::{Map, Value};
+
+use super::decide::{
+    Input, Match, Owners, PlannedUpsert, Target, UpsertLoaded, WriteSchema, check_echoed, decide_record_update,
+    decide_upsert, live_target, match_upsert, parse_input, shown_platform_fields,
+};
+use super::store::{Loaded, identity_owners, load_records};
+use super::write::{Write, identity_values};
+use crate::pipeline::Ctx;
+use crate::write_contexts::{self, Kind};
+
+/// Reads what an upsert of `input` in `schema` (rule 3 of the contract's record rules) decides
+/// on: the holders of its identities, and the record they (or its `id`) select.
+pub(crate) async fn load_upsert(
+    ctx: &Ctx<'_>,
+    schema: &WriteSchema<'_>,
+    input: Map<String, Value>,
+) -> Result<UpsertLoaded, ApiError> {
+    let input = parse_input(schema, input)?;
+    let client = ctx.db().await?;
+    let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
+    let target = match &input.id {
+        Some(record_id) => Match::Existing(record_id.clone()),
+        None => {
+            let holders: Vec<String> = owners.values().cloned().collect();
+            let states: Vec<RecordState> = load_records(&client, &holders)
+                .await?
+                .into_iter()
+                .filter_map(|(_, _, loaded)| match loaded {
+                    Loaded::Live { state, .. } => Some(state),
+                    _ => None,
+                })
+                .collect();
+            match_upsert(schema.schema_type, &input, &owners, &states)
+        }
+    };
+    let target = match target {
+        Match::Existing(record_id) => Some(load_in_schema(&client, schema, &record_id).await?),
+        Match::New => None,
+    };
+    Ok(UpsertLoaded { input, owners, target })
+}
+
+/// The catalog context of a record write to `schema_ref`: kept by this process, or read now.
+pub(crate) async fn context(ctx: &Ctx<'_>, space_id: &str, schema_ref: &str) -> Result<Arc<WriteContext>, ApiError> {
+    write_contexts::current(ctx, Kind::Record, space_id, schema_ref).await
+}
+
+/// The contact or object schema `schema_ref` (id or slug) of the space, its attributes and
+/// the space's AI credits, read from the catalog now; 404 `schema_not_found` otherwise.
+pub(crate) async fn write_context(
+    ctx: &Ctx<'_>,
+    space_id: &str,
+    schema_ref: &str,
+) -> Result<Arc<WriteContext>, ApiError> {
+    write_contexts::fresh(ctx, Kind::Record, space_id, schema_ref).await
+}
+
+/// Decides an upsert on what it reads now (see [`load_upsert`] and
+/// [`decide_upsert`](super::decide::decide_upsert)), with the process's new ids and keys.
+pub(crate) async fn plan_upsert(
+    ctx: &Ctx<'_>,
+    schema: &WriteSchema<'_>,
+    input: Map<String, Value>,
+    now: i64,
+) -> Result<PlannedUpsert, ApiError> {
+    let loaded = load_upsert(ctx, schema, input).await?;
+    Ok(decide_upsert(schema, loaded, now, &mut Drawn)?)
+}
+
+/// Decides an update of the live record `record_id` of `schema` with `input` (rule 6)
+/// without appending it, on what it reads now; `None` when nothing changes.
+pub(crate) async fn plan_update(
+    ctx: &Ctx<'_>,
+    schema: &WriteSchema<'_>,
+    record_id: &str,
+    input: Map<String, Value>,
+    now: i64,
+) -> Result<Option<Write>, ApiError> {
+    let (input, target, owners) = load_update(ctx, schema, record_id, input).await?;
+    let decided = decide_record_update(schema, input, target, &owners, now, &mut Drawn)?;
+    Ok(decided.map(|(write, _)| write))
+}
+
+/// What an update reads: the input, the record (stream version, state, data key) and the
+/// holders of the identities the input sets.
+pub(crate) async fn load_update(
+    ctx: &Ctx<'_>,
+    schema: &WriteSchema<'_>,
+    record_id: &str,
+    mut input: Map<String, Value>,
+) -> Result<(Input, Target, Owners), ApiError> {
+    // The body may be the record as read: its `createdAt` is taken when unchanged, its
+    // `updatedAt` ignored.
+    let echoed = crate::echo::take_echoed(&mut input, &["createdAt"], &["updatedAt"]);
+    let input = parse_input(schema, input)?;
+    let client = ctx.db().await?;
+    let target = load_in_schema(&client, schema, record_id).await?;
+    check_echoed(&crate::echo::changed(&echoed, &shown_platform_fields(&target.1)))?;
+    let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
+    Ok((input, target, owners))
+}
+
+/// The record's stream version, state and data key, if it is a live record of `schema`;
+/// else 404, or 409 while its deletion is under way.
+pub(crate) async fn load_in_schema(
+    client: &deadpool_postgres::Client,
+    schema: &WriteSchema<'_>,
+    record_id: &str,
+) -> Result<Target, ApiError> {
+    let loaded = load_records(client, &[record_id.to_owned()])
+        .await?
+        .into_iter()
+        .find(|(id, _, _)| id == record_id)
+        .map(|(_, version, loaded)| (version, loaded));
+    Ok(live_target(schema, record_id, loaded)?)
+}
