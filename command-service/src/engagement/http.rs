@@ -16,7 +16,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use mail::tracking::Checked;
 use platform::error::{ApiError, Code};
 
-use super::signals::{self, Request};
+use super::decide::{self as signals, Request};
 use super::store::Hit;
 use crate::State;
 

@@ -5,5 +5,5 @@
 //! open is lost, and the projector's `engagement` worker appends it to the email's stream.
 
 pub mod http;
-pub mod signals;
+pub mod decide;
 pub mod store;
