@@ -168,6 +168,45 @@ impl From<crate::records::decide::Refusal> for ApiError {
     }
 }
 
+/// A refused import request as the contract answers it.
+impl From<crate::imports::decide::Refusal> for ApiError {
+    fn from(refusal: crate::imports::decide::Refusal) -> Self {
+        use crate::imports::decide::Refusal;
+        let message = refusal.to_string();
+        match refusal {
+            Refusal::NotFound(_) => ApiError::not_found(Code::ImportNotFound, message),
+            Refusal::InvalidId | Refusal::InvalidPart => ApiError::bad_request(Code::InvalidId, message),
+            Refusal::WrongMediaType { .. } => ApiError::new(
+                actix_web::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Some(Code::UnsupportedMediaType),
+                message,
+            ),
+            Refusal::Unreadable(_) => ApiError::bad_request(Code::InvalidBody, message),
+            Refusal::UnknownField(_) => ApiError::bad_request(Code::UnknownField, message),
+            Refusal::MissingParts => ApiError::bad_request(Code::MissingField, message),
+            Refusal::InvalidParts => ApiError::bad_request(Code::InvalidField, message),
+            Refusal::OtherSettings(_)
+            | Refusal::OtherBody { .. }
+            | Refusal::Closed(_)
+            | Refusal::Completed(_)
+            | Refusal::SentTwice { .. }
+            | Refusal::CompletedWith { .. }
+            | Refusal::PartsMissing { .. } => ApiError::conflict(Code::ImportConflict, message),
+        }
+    }
+}
+
+/// An import write that failed: the database's answer, or the refusal.
+impl From<crate::imports::store::Failed> for ApiError {
+    fn from(failed: crate::imports::store::Failed) -> Self {
+        use crate::imports::store::Failed;
+        match failed {
+            Failed::Database(error) => error.into(),
+            Failed::Refusal(refusal) => refusal.into(),
+        }
+    }
+}
+
 /// Turns a failed append into the contract's answer.
 pub(crate) fn append_error(error: AppendError) -> ApiError {
     match error {

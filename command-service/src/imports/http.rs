@@ -6,30 +6,21 @@
 //! decided later by the projector's `imports` worker; `GET /imports/{importId}` follows them.
 
 use actix_web::http::StatusCode;
+use actix_web::http::header::CONTENT_TYPE;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::Permission;
-use domain::imports::{self, Format};
-use platform::error::{ApiError, Code};
+use domain::imports;
+use platform::error::ApiError;
 use serde_json::json;
 
-use super::store::{self, Refused};
+use super::decide::{self, Refusal};
+use super::store;
 use crate::State;
 use crate::pipeline;
 use crate::write_contexts::{self, Kind};
 
 fn not_found(import_id: &str) -> ApiError {
-    Refused::NotFound(import_id.to_owned()).into()
-}
-
-fn check_id(import_id: &str) -> Result<(), ApiError> {
-    if imports::valid_import_id(import_id) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(
-            Code::InvalidId,
-            "an import id is 1 to 128 letters, digits and . _ : - (chosen by the caller, so a retry is safe)",
-        ))
-    }
+    Refusal::NotFound(import_id.to_owned()).into()
 }
 
 /// `PUT /imports/{importId}`: creates the import (201), or answers the existing one when the
@@ -43,7 +34,7 @@ pub async fn create(
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let body = api::http::read_json_object(&req, payload).await?;
     let import_id = path.into_inner();
-    check_id(&import_id)?;
+    decide::check_id(&import_id)?;
     let settings = imports::parse_settings(body)?;
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &settings.schema).await?;
     imports::check_columns(&settings, &context.schema.schema_type, &context.attributes)?;
@@ -71,23 +62,6 @@ pub async fn delete(
     Ok(HttpResponse::Ok().json(json!({"data": {"id": import_id, "deleted": true}})))
 }
 
-/// The media types a part of each format may be sent as.
-fn accepts(format: Format, req: &HttpRequest) -> bool {
-    let media_type = req
-        .headers()
-        .get(actix_web::http::header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .map(|value| value.trim().to_ascii_lowercase())
-        .unwrap_or_default();
-    match format {
-        Format::Csv => media_type == "text/csv",
-        Format::Ndjson => {
-            ["application/x-ndjson", "application/jsonl", "application/json-lines"].contains(&media_type.as_str())
-        }
-    }
-}
-
 /// `PUT /imports/{importId}/parts/{part}`: stores one part (202), or answers the stored one
 /// when the body is the same (200). The whole part is refused (400) when it cannot be read as
 /// the import's format; a row that cannot is a failed row of the import.
@@ -99,25 +73,14 @@ pub async fn put_part(
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let (import_id, part) = path.into_inner();
-    let part: i32 = part.parse().ok().filter(|part| (1..=imports::MAX_PARTS).contains(part)).ok_or_else(|| {
-        ApiError::bad_request(Code::InvalidId, format!("a part number is 1 to {}", imports::MAX_PARTS))
-    })?;
+    let part = decide::part_number(&part)?;
     let space_id = caller.space_id();
     let (schema_id, settings) = store::load(&state.pool.get().await?, space_id, &import_id).await?;
-    if !accepts(settings.format, &req) {
-        let wanted = match settings.format {
-            Format::Csv => "text/csv",
-            Format::Ndjson => "application/x-ndjson",
-        };
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Some(Code::UnsupportedMediaType),
-            format!("import {import_id:?} takes {} parts; send Content-Type: {wanted}", settings.format.as_str()),
-        ));
-    }
+    let content_type = req.headers().get(CONTENT_TYPE).and_then(|value| value.to_str().ok());
+    decide::check_media_type(&import_id, settings.format, content_type)?;
     let body = api::http::read_bytes(&req, payload).await?;
     let context = write_contexts::at_edge(&state, Kind::Record, space_id, &schema_id).await?;
-    let invalid = |message| ApiError::bad_request(Code::InvalidBody, message);
+    let invalid = Refusal::Unreadable;
     // The part is checked whole (its encoding, header and size) without holding its rows:
     // they are read one at a time when they are decided.
     let text = import_file::decode(&body, settings.encoding).map_err(invalid)?;
@@ -149,24 +112,7 @@ pub async fn complete(
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let body = api::http::read_json_object(&req, payload).await?;
     let import_id = path.into_inner();
-    if let Some(other) = body.keys().find(|key| *key != "parts") {
-        return Err(ApiError::bad_request(Code::UnknownField, format!("{other} is not a field of a completion")));
-    }
-    let parts = match body.get("parts") {
-        Some(value) => {
-            // JSON Schema's integers include 2.0.
-            let whole = value.as_f64().filter(|n| n.fract() == 0.0 && n.abs() < 1e9).map(|n| n as i64);
-            value
-                .as_i64()
-                .or(whole)
-                .and_then(|n| i32::try_from(n).ok())
-                .filter(|n| (1..=imports::MAX_PARTS).contains(n))
-        }
-        None => {
-            return Err(ApiError::bad_request(Code::MissingField, "parts (how many parts the import has) is required"));
-        }
-    }
-    .ok_or_else(|| ApiError::bad_request(Code::InvalidField, format!("parts must be 1 to {}", imports::MAX_PARTS)))?;
+    let parts = decide::completion_parts(&body)?;
     let space_id = caller.space_id();
     let mut client = state.pool.get().await?;
     store::close(&mut client, (space_id, &import_id), parts).await?;

@@ -1,7 +1,8 @@
-//! Bulk imports: the intake of an import and its parts (`http`), and the operator's
-//! `import` command (`cli`). The rules live in
+//! Bulk imports: the intake of an import and its parts (`http`, its request checks and
+//! refusals in `decide`), and the operator's `import` command (`cli`). The rules live in
 //! `domain::imports`; the rows are decided by the projector's `imports` worker.
 
 pub mod cli;
+pub(crate) mod decide;
 pub mod http;
-mod store;
+pub(crate) mod store;

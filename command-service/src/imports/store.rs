@@ -6,43 +6,10 @@
 use deadpool_postgres::GenericClient;
 use domain::catalog::SchemaEntry;
 use domain::imports::Settings;
-use platform::error::{ApiError, Code};
+use platform::error::ApiError;
 use sha2::{Digest, Sha256};
 
-/// Why the intake refuses a write to an import (409 `import_conflict`, or 404).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum Refused {
-    #[error("no import {0:?} in this space")]
-    NotFound(String),
-    #[error("import {0:?} exists with other settings and has written rows; choose another import id")]
-    OtherSettings(String),
-    #[error("part {part} of import {import_id:?} was received with another body")]
-    OtherBody { import_id: String, part: i32 },
-    #[error("import {0:?} is complete; it takes no more parts")]
-    Closed(String),
-    #[error(
-        "import {0:?} is completed; it and its results are removed when their retention ends \
-         (APP__IMPORTS__RETENTION_SECONDS, 30 days by default)"
-    )]
-    Completed(String),
-    #[error("part {part} of import {import_id:?} was sent twice at once; retry")]
-    SentTwice { import_id: String, part: i32 },
-    #[error("import {import_id:?} was completed with {total} parts")]
-    CompletedWith { import_id: String, total: i32 },
-    #[error(
-        "import {import_id:?} has {received} parts (up to part {highest}); send parts 1 to {parts} before completing"
-    )]
-    PartsMissing { import_id: String, received: i64, highest: i32, parts: i32 },
-}
-
-impl From<Refused> for ApiError {
-    fn from(refused: Refused) -> Self {
-        match refused {
-            Refused::NotFound(_) => ApiError::not_found(Code::ImportNotFound, refused.to_string()),
-            _ => ApiError::conflict(Code::ImportConflict, refused.to_string()),
-        }
-    }
-}
+use super::decide::Refusal;
 
 /// A database failure, or a refusal.
 #[derive(Debug, thiserror::Error)]
@@ -50,16 +17,7 @@ pub(crate) enum Failed {
     #[error(transparent)]
     Database(#[from] tokio_postgres::Error),
     #[error(transparent)]
-    Refused(#[from] Refused),
-}
-
-impl From<Failed> for ApiError {
-    fn from(failed: Failed) -> Self {
-        match failed {
-            Failed::Database(error) => error.into(),
-            Failed::Refused(refused) => refused.into(),
-        }
-    }
+    Refusal(#[from] Refusal),
 }
 
 /// Creates the import; `true` when it is new (or started again: it existed with other
@@ -105,7 +63,7 @@ pub(crate) async fn create(
     match stored {
         Some(stored) if stored == digest => Ok(false),
         Some(_) => start_again(client, (space_id, import_id), schema, (&document, &digest), actor_key_id).await,
-        None => Err(Refused::NotFound(import_id.to_owned()).into()),
+        None => Err(Refusal::NotFound(import_id.to_owned()).into()),
     }
 }
 
@@ -132,7 +90,7 @@ async fn start_again(
         .await?
         .get(0);
     if written {
-        return Err(Refused::OtherSettings(import_id.to_owned()).into());
+        return Err(Refusal::OtherSettings(import_id.to_owned()).into());
     }
     drop_import(&transaction, (space_id, import_id), &["import_rows", "import_parts"]).await?;
     transaction
@@ -198,10 +156,10 @@ pub(crate) async fn delete(
         )
         .await?
     else {
-        return Err(Refused::NotFound(import_id.to_owned()).into());
+        return Err(Refusal::NotFound(import_id.to_owned()).into());
     };
     if row.get::<_, bool>(0) {
-        return Err(Refused::Completed(import_id.to_owned()).into());
+        return Err(Refusal::Completed(import_id.to_owned()).into());
     }
     drop_import(&transaction, (space_id, import_id), &["import_rows", "import_parts", "imports"]).await?;
     transaction.commit().await?;
@@ -220,7 +178,7 @@ pub(crate) async fn load(
             &[&space_id, &import_id],
         )
         .await?
-        .ok_or_else(|| Refused::NotFound(import_id.to_owned()))?;
+        .ok_or_else(|| Refusal::NotFound(import_id.to_owned()))?;
     let settings = Settings::from_document(&row.get::<_, serde_json::Value>(1))
         .ok_or_else(|| ApiError::internal(&anyhow::anyhow!("import {import_id} has unreadable settings")))?;
     Ok((row.get(0), settings))
@@ -244,7 +202,7 @@ pub(crate) async fn store_part(
             &[&space_id, &import_id],
         )
         .await?
-        .ok_or_else(|| Refused::NotFound(import_id.to_owned()))?
+        .ok_or_else(|| Refusal::NotFound(import_id.to_owned()))?
         .get(0);
     let existing = transaction
         .query_opt(
@@ -255,8 +213,8 @@ pub(crate) async fn store_part(
     let import_id = import_id.to_owned();
     match existing {
         Some(row) if row.get::<_, Vec<u8>>(0) == digest => return Ok(Some(row.get(1))),
-        Some(_) => return Err(Refused::OtherBody { import_id, part }.into()),
-        None if closed => return Err(Refused::Closed(import_id).into()),
+        Some(_) => return Err(Refusal::OtherBody { import_id, part }.into()),
+        None if closed => return Err(Refusal::Closed(import_id).into()),
         None => {}
     }
     // A concurrent upload of the same part loses here: it is told to retry, and its retry is
@@ -269,7 +227,7 @@ pub(crate) async fn store_part(
         )
         .await?;
     if inserted == 0 {
-        return Err(Refused::SentTwice { import_id, part }.into());
+        return Err(Refusal::SentTwice { import_id, part }.into());
     }
     transaction.commit().await?;
     Ok(None)
@@ -290,7 +248,7 @@ pub(crate) async fn close(
             &[&space_id, &import_id],
         )
         .await?
-        .ok_or_else(|| Refused::NotFound(import_id.to_owned()))?
+        .ok_or_else(|| Refusal::NotFound(import_id.to_owned()))?
         .get(0);
     let row = transaction
         .query_one(
@@ -302,9 +260,9 @@ pub(crate) async fn close(
     let import_id = import_id.to_owned();
     match total {
         Some(total) if total == parts => return Ok(()),
-        Some(total) => return Err(Refused::CompletedWith { import_id, total }.into()),
+        Some(total) => return Err(Refusal::CompletedWith { import_id, total }.into()),
         None if received != i64::from(parts) || highest != parts => {
-            return Err(Refused::PartsMissing { import_id, received, highest, parts }.into());
+            return Err(Refusal::PartsMissing { import_id, received, highest, parts }.into());
         }
         None => {}
     }
