@@ -66,7 +66,17 @@ impl From<crate::events::decide::EventRefusal> for ApiError {
         match refusal {
             EventRefusal::Invalid { code, message, issues } => ApiError::bad_request(code, message).with_issues(issues),
             EventRefusal::TooLarge(_) => ApiError::bad_request(code, message),
-            EventRefusal::IdConflict(_) | EventRefusal::Erased(_) => ApiError::conflict(code, message),
+            EventRefusal::NoCredits => ApiError::insufficient_credits(),
+            EventRefusal::SubjectNotFound { .. } => ApiError::not_found(code, message),
+            EventRefusal::IdConflict(_)
+            | EventRefusal::Erased(_)
+            | EventRefusal::SubjectDeletionPending { .. }
+            | EventRefusal::SubjectDeleting
+            | EventRefusal::BatchSubjectDeleting
+            | EventRefusal::Concurrent
+            | EventRefusal::BatchConcurrent => ApiError::conflict(code, message),
+            EventRefusal::NotAdmitted(refusal) => refusal.into(),
+            EventRefusal::Unsealable(message) => ApiError::internal(&anyhow::anyhow!(message)),
         }
     }
 }
@@ -203,6 +213,40 @@ impl From<crate::imports::store::Failed> for ApiError {
         match failed {
             Failed::Database(error) => error.into(),
             Failed::Refusal(refusal) => refusal.into(),
+        }
+    }
+}
+
+/// A refused recipient action on an email (unsubscribe, preferences) as the contract answers it.
+impl From<crate::emails::decide::Refusal> for ApiError {
+    fn from(refusal: crate::emails::decide::Refusal) -> Self {
+        use crate::emails::decide::Refusal;
+        let (code, message) = (refusal.code(), refusal.to_string());
+        match refusal {
+            Refusal::EmailNotFound(_) => ApiError::not_found(code, message),
+            Refusal::Invalid { message, issues } => ApiError::bad_request(code, message).with_issues(issues),
+            Refusal::PreferencesKeptChanging | Refusal::RecipientKeptChanging => ApiError::conflict(code, message),
+        }
+    }
+}
+
+/// A refused form submission or confirmation as the contract answers it.
+impl From<crate::forms::decide::Refusal> for ApiError {
+    fn from(refusal: crate::forms::decide::Refusal) -> Self {
+        use crate::forms::decide::Refusal;
+        use actix_web::http::StatusCode;
+        let (code, message) = (refusal.code(), refusal.to_string());
+        match refusal {
+            Refusal::Invalid { message, issues } => ApiError::bad_request(code, message).with_issues(issues),
+            Refusal::FormNotFound(_) | Refusal::LinkNotFound => ApiError::not_found(code, message),
+            Refusal::Disabled => ApiError::new(StatusCode::FORBIDDEN, Some(code), message),
+            Refusal::RateLimited { retry_after, .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, Some(code), message)
+                    .with_header("Retry-After", retry_after)
+            }
+            Refusal::LinkExpired => ApiError::new(StatusCode::GONE, Some(code), message),
+            Refusal::SubmissionKeptChanging | Refusal::ConfirmationKeptChanging => ApiError::conflict(code, message),
+            Refusal::Internal(message) => ApiError::internal(&anyhow::anyhow!(message)),
         }
     }
 }

@@ -3,5 +3,6 @@
 //! the consent and subscription changes email actions make.
 
 pub mod consent;
+pub mod decide;
 pub mod preferences;
 pub mod unsubscribe;

@@ -12,26 +12,17 @@
 //! with a page saying what happened, with a link back to the preferences; a mail client's
 //! one-click POST gets the JSON it always got.
 
-use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use domain::email::resources::TOPIC;
-use platform::error::{ApiError, Code};
+use platform::error::ApiError;
 use platform::events::LogEvent;
-use platform::log::{ExpectedVersion, NewEvent, StreamAppend};
 use platform::proto;
-use serde_json::json;
 
-use super::consent::{Source, set_email_consent, subscription_changes};
+use super::consent::set_email_consent;
+use super::decide::{Email, PageFacts, Refusal, Source, Unsubscribe};
 use crate::State;
-use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection};
-use crate::records::write::Write;
-
-/// What the email's stream says.
-pub(crate) struct Email {
-    pub version: i64,
-    pub scheduled: proto::EmailScheduled,
-    pub unsubscribed: bool,
-}
+use crate::decision::Outcome;
+use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Shell};
 
 /// The email's stream, folded; `None` for an unknown email.
 pub(crate) async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>, ApiError> {
@@ -55,15 +46,6 @@ pub(crate) async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>,
     Ok(found)
 }
 
-/// What the page after an unsubscription names: the email's topic, its sender and the
-/// address it went to (masked).
-#[derive(Default)]
-pub(crate) struct PageFacts {
-    pub topic_name: Option<String>,
-    pub sender: Option<String>,
-    pub recipient: Option<String>,
-}
-
 impl PageFacts {
     /// The facts of `scheduled` a page names (one catalog read and one key read).
     pub(crate) async fn load(ctx: &Ctx<'_>, scheduled: &proto::EmailScheduled) -> Result<Self, ApiError> {
@@ -77,62 +59,11 @@ impl PageFacts {
             .map_err(|error| ApiError::internal(&error))?;
         Ok(Self { topic_name, sender, recipient: address.as_deref().map(api::pages::mask_address) })
     }
-
-    /// "Email from S to a***@example.com." when either is known.
-    pub(crate) fn parties_line(&self) -> Option<String> {
-        match (&self.sender, &self.recipient) {
-            (None, None) => None,
-            (Some(sender), Some(recipient)) => Some(format!("Email from {sender} to {recipient}.")),
-            (Some(sender), None) => Some(format!("Email from {sender}.")),
-            (None, Some(recipient)) => Some(format!("Email to {recipient}.")),
-        }
-    }
 }
 
-fn answer(email_id: &str, topic_id: &str, page: Option<&PageFacts>) -> Answer {
-    let topic = (!topic_id.is_empty()).then_some(topic_id);
-    if let Some(facts) = page {
-        let text = match &facts.topic_name {
-            Some(name) => format!("You will no longer receive emails about {name}."),
-            None => "You will no longer receive marketing email from us.".to_owned(),
-        };
-        let parties = facts.parties_line();
-        let lines: Vec<&str> = parties.iter().map(String::as_str).chain([text.as_str()]).collect();
-        let message = api::pages::Message::success("You are unsubscribed", &lines)
-            .with_link("unsubscribe", "Change your other email preferences");
-        return Answer::html(StatusCode::OK, message.page());
-    }
-    Answer::json(
-        StatusCode::OK,
-        json!({ "data": {
-            "emailId": email_id,
-            "unsubscribed": true,
-            "scope": if topic.is_some() { "topic" } else { "marketing" },
-            "topicId": topic,
-        }}),
-    )
-}
-
-struct Unsubscribe {
-    email_id: String,
-    /// Answer a page (a browser), not JSON.
-    browser: bool,
-}
-
-impl Unsubscribe {
-    /// The answer: for a browser a page naming the topic left, the sender and the address.
-    fn answer(&self, topic_id: &str, page: &PageFacts) -> Answer {
-        answer(&self.email_id, topic_id, self.browser.then_some(page))
-    }
-}
-
-impl Legacy for Unsubscribe {
-    /// The email, (for an email without a topic) the contact's consent withdrawn, and what a
-    /// page names.
-    type Loaded = (Email, Option<Write>, PageFacts);
-
+impl Command for Unsubscribe {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
-        let Some(email) = load(ctx, &self.email_id).await? else { return Err(not_found(&self.email_id)) };
+        let Some(email) = load(ctx, &self.email_id).await? else { return Ok(None) };
         let scheduled = &email.scheduled;
         let consent = match (email.unsubscribed, scheduled.topic_id.is_empty()) {
             (false, true) => {
@@ -146,55 +77,15 @@ impl Legacy for Unsubscribe {
             true => PageFacts::load(ctx, scheduled).await?,
             false => PageFacts::default(),
         };
-        Ok((email, consent, page))
+        Ok(Some((email, consent, page)))
     }
 
-    fn decide(&self, (email, consent, page): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
-        let (email_id, scheduled, now) = (&self.email_id, &email.scheduled, given.now_ms);
-        if email.unsubscribed {
-            return Ok(Decided::Answer(self.answer(&scheduled.topic_id, &page)));
-        }
-        let mut streams = Vec::new();
-        let mut guards = Vec::new();
-        if let Some(write) = consent {
-            streams.push(write.stream);
-            guards.extend(write.guards);
-        }
-        if !scheduled.topic_id.is_empty() {
-            let topics = [&scheduled.topic_id];
-            let source = Source { kind: "unsubscribe", id: email_id };
-            let parties = (scheduled.space_id.as_str(), scheduled.contact_id.as_str());
-            streams.extend(subscription_changes(parties, &topics, "unsubscribed", source, now));
-        }
-        streams.push(unsubscribed(email_id, &email, now));
-        let answer = self.answer(&scheduled.topic_id, &page);
-        Ok(Decided::Append(Decision::new(streams, guards, answer).in_space(&scheduled.space_id)))
+    fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
+        Ok(outcome.into())
     }
 
     fn lost_too_often(&self) -> ApiError {
-        ApiError::conflict(Code::ConcurrentModification, "the email's recipient kept changing; retry")
-    }
-}
-
-/// The email's `EmailUnsubscribed`: an opt-out made through it (the one-click link, or the
-/// preference page), appended at the email's version so it is recorded once.
-pub(crate) fn unsubscribed(email_id: &str, email: &Email, now: i64) -> StreamAppend {
-    let scheduled = &email.scheduled;
-    let unsubscribed = proto::EmailUnsubscribed {
-        email_id: email_id.to_owned(),
-        space_id: scheduled.space_id.clone(),
-        contact_id: scheduled.contact_id.clone(),
-        topic_id: scheduled.topic_id.clone(),
-        at_ms: now,
-    };
-    StreamAppend {
-        stream_id: domain::email::stream_id(email_id),
-        expected: ExpectedVersion::Exactly(email.version),
-        events: vec![NewEvent {
-            event: LogEvent::EmailUnsubscribed(unsubscribed),
-            subject_id: Some(scheduled.contact_id.clone()),
-            occurred_at: platform::time::from_millis(now),
-        }],
+        Refusal::RecipientKeptChanging.into()
     }
 }
 
@@ -217,6 +108,7 @@ pub async fn post(path: web::Path<String>, state: web::Data<State>, req: HttpReq
     api::pages::answer(browser, result)
 }
 
+/// 404 `email_not_found`.
 pub(crate) fn not_found(email_id: &str) -> ApiError {
-    ApiError::not_found(Code::EmailNotFound, format!("no email {email_id:?}"))
+    Refusal::EmailNotFound(email_id.to_owned()).into()
 }

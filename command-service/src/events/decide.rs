@@ -1,13 +1,25 @@
 //! Business event decisions: normalising a fire input against the event schema, what makes
-//! two fires the same occurrence, and which admission limit refuses an occurrence. Pure:
-//! every fact comes in as an argument.
+//! two fires the same occurrence, which admission limit refuses an occurrence, and what a
+//! fire appends (the decision a single fire and every item of a batch share). Pure: every
+//! fact comes in as an argument.
+
+use std::cell::Cell;
+use std::collections::HashMap;
 
 use domain::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
-use domain::catalog::AttributeEntry;
+use domain::catalog::{self, AttributeEntry, SchemaEntry};
+use domain::records::Loaded;
 use platform::error::Code;
 use platform::error::Issue;
+use platform::events::LogEvent;
+use platform::fresh::Fresh;
+use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
+use platform::proto;
 use platform::settings::ScopeLimits;
 use serde_json::{Map, Value, json};
+
+use crate::decision::{Decide, Given, Outcome, Reply};
+use crate::events::store::{NewReceipt, Receipt, ScopeState, admission_guard, receipts_guard, subjects_guard};
 
 /// The normalised input of one event may not exceed this (the contract: 256 KiB).
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
@@ -118,11 +130,10 @@ fn parse_occurred_at(value: Value, now_ms: i64) -> Result<Option<i64>, Issue> {
     Ok(Some(ms))
 }
 
-/// Why a fire is refused (admission aside: see [`AdmissionRefusal`]). The HTTP edge maps each to the
-/// contract's answer.
+/// Why a fire is refused. The HTTP edge maps each to the contract's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum EventRefusal {
-    /// The input does not fit the event schema; `issues` names every problem (400).
+    /// The input (or a batch's body) does not fit; `issues` names every problem (400).
     #[error("{message}")]
     Invalid { code: Code, message: String, issues: Vec<Issue> },
     /// The normalised input is over 256 KiB (400).
@@ -134,6 +145,33 @@ pub(crate) enum EventRefusal {
     /// The occurrence's subject was erased (409).
     #[error("the occurrence {0:?} was erased; it cannot be accepted again")]
     Erased(String),
+    /// The event needs preparation and the space has no AI credits (402).
+    #[error("the space has no AI credits left; add credits before writing to a schema with AI auto-fill")]
+    NoCredits,
+    /// The subject the event names is not a record of that kind in the space (404).
+    #[error("no {kind} {id:?} in this space")]
+    SubjectNotFound { kind: &'static str, id: String },
+    /// The subject the event names is being deleted (409).
+    #[error("{kind} {id:?} is being deleted; it accepts no more events")]
+    SubjectDeletionPending { kind: &'static str, id: String },
+    /// The subject's deletion started before the append (409).
+    #[error("the event's subject is being deleted; it accepts no more events")]
+    SubjectDeleting,
+    /// A subject of an aborting batch's deletion started before its append (409).
+    #[error("a subject of this batch is being deleted; it accepts no more events")]
+    BatchSubjectDeleting,
+    /// The occurrence is not admitted (429, with `Retry-After`).
+    #[error("{}", .0.message())]
+    NotAdmitted(AdmissionRefusal),
+    /// Every attempt lost the race for the eventId (409).
+    #[error("this eventId was being fired concurrently; retry")]
+    Concurrent,
+    /// Every attempt of an aborting batch lost a race for its eventIds (409).
+    #[error("eventIds of this batch were being fired concurrently; retry")]
+    BatchConcurrent,
+    /// The event's data could not be sealed under its subject's key (500).
+    #[error("{0}")]
+    Unsealable(String),
 }
 
 impl EventRefusal {
@@ -143,6 +181,27 @@ impl EventRefusal {
             Self::TooLarge(_) => Code::EventInputTooLarge,
             Self::IdConflict(_) => Code::EventIdConflict,
             Self::Erased(_) => Code::EventErased,
+            Self::NoCredits => Code::InsufficientCredits,
+            Self::SubjectNotFound { .. } => Code::RecordNotFound,
+            Self::SubjectDeletionPending { .. } | Self::SubjectDeleting | Self::BatchSubjectDeleting => {
+                Code::RecordDeletionPending
+            }
+            Self::NotAdmitted(refusal) => refusal.code(),
+            Self::Concurrent | Self::BatchConcurrent => Code::ConcurrentModification,
+            Self::Unsealable(_) => Code::InternalError,
+        }
+    }
+
+    /// An invalid input or batch body with no issue list.
+    pub(crate) fn invalid(code: Code, message: impl Into<String>) -> Self {
+        Self::Invalid { code, message: message.into(), issues: Vec::new() }
+    }
+
+    /// When to retry a refused admission.
+    pub(crate) fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            Self::NotAdmitted(refusal) => Some(refusal.retry_after_ms()),
+            _ => None,
         }
     }
 }
@@ -274,16 +333,6 @@ pub(crate) fn compare_with_receipt(input_digest: Option<&str>, subject_erased: b
     }
 }
 
-/// A scope's admission state as the database holds it, refilled to now.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct ScopeState {
-    pub limits: ScopeLimits,
-    /// Tokens available now (after refill, capped at the burst).
-    pub tokens: f64,
-    pub pending: i64,
-    pub receipts: i64,
-}
-
 /// Why an occurrence is not admitted, and when to retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AdmissionRefusal {
@@ -360,9 +409,277 @@ pub(crate) fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Opti
     None
 }
 
+/// A generated eventId: a UUID (version 4) made of a fresh id, hashed so that it carries
+/// nothing of when it was drawn.
+pub(crate) fn generated_event_id(fresh: &mut dyn Fresh) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(fresh.id("evt").as_bytes());
+    let mut bytes = [0_u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
+}
+
+/// What every fire of a request decides on: the space, the event schema (its id, revision
+/// and attributes), the space's AI credits and the admission scopes.
+#[derive(Clone)]
+pub(crate) struct FireContext {
+    pub space_id: String,
+    pub schema: SchemaEntry,
+    pub attributes: Vec<AttributeEntry>,
+    pub credits: i64,
+    pub scopes: Vec<(String, ScopeLimits)>,
+    /// The catalog revision a context from the process cache was read at: the fire appends
+    /// only if the catalog is still there (`catalog::revision_guard`).
+    pub revision: Option<i64>,
+}
+
+impl FireContext {
+    /// What an input is parsed against.
+    pub(crate) fn event_schema(&self) -> EventSchema<'_> {
+        EventSchema { attributes: &self.attributes }
+    }
+}
+
+/// A valid item, ready to be decided: its input and the keyed digest of its normalised
+/// payload.
+pub(crate) struct Candidate {
+    pub index: usize,
+    pub input: FireInput,
+    pub digest: String,
+}
+
+fn duplicate(receipt: &Receipt) -> Value {
+    let mut body = receipt.receipt.clone();
+    body["isDuplicate"] = Value::Bool(true);
+    body
+}
+
+/// How an item stands against the receipt held under its eventId: the original receipt (a
+/// duplicate), or why it is refused.
+pub(crate) fn against_receipt(candidate: &Candidate, receipt: &Receipt) -> Result<Value, EventRefusal> {
+    match compare_with_receipt(receipt.input_digest.as_deref(), receipt.subject_erased, &candidate.digest) {
+        Earlier::Duplicate => Ok(duplicate(receipt)),
+        Earlier::Conflict => Err(EventRefusal::IdConflict(candidate.input.event_id.clone())),
+        Earlier::Erased => Err(EventRefusal::Erased(candidate.input.event_id.clone())),
+    }
+}
+
+/// The live subject record the input names (`None`: no subject), or why the item cannot
+/// name it. Its data key (absent for a record written before encryption) seals the event.
+fn live_subject<'a>(
+    input: &FireInput,
+    space_id: &str,
+    subjects: &'a HashMap<String, Loaded>,
+) -> Result<Option<&'a Loaded>, EventRefusal> {
+    let (id, kind) = match (&input.contact_id, &input.object_id) {
+        (Some(id), _) => (id, "contact"),
+        (None, Some(id)) => (id, "object"),
+        (None, None) => return Ok(None),
+    };
+    match subjects.get(id) {
+        Some(live @ Loaded::Live { state, .. }) if state.space_id == space_id && state.schema_type == kind => {
+            Ok(Some(live))
+        }
+        Some(Loaded::Deleting { .. }) => Err(EventRefusal::SubjectDeletionPending { kind, id: id.clone() }),
+        _ => Err(EventRefusal::SubjectNotFound { kind, id: id.clone() }),
+    }
+}
+
+/// The log event and receipt of a new occurrence whose subject (if any) is in `subjects`.
+pub(crate) fn new_occurrence(
+    context: &FireContext,
+    candidate: &Candidate,
+    subjects: &HashMap<String, Loaded>,
+    now_ms: i64,
+    fresh: &mut dyn Fresh,
+) -> Result<(StreamAppend, NewReceipt), EventRefusal> {
+    let subject = live_subject(&candidate.input, &context.space_id, subjects)?;
+    accepted(context, candidate, subject, now_ms, fresh)
+}
+
+/// The log event and receipt of a new occurrence; refused when it needs preparation and the
+/// space has no credits (a duplicate recovers its receipt whatever the credits).
+fn accepted(
+    context: &FireContext,
+    Candidate { input, digest, .. }: &Candidate,
+    subject: Option<&Loaded>,
+    now_ms: i64,
+    fresh: &mut dyn Fresh,
+) -> Result<(StreamAppend, NewReceipt), EventRefusal> {
+    if !input.pending_keys.is_empty() && context.credits <= 0 {
+        return Err(EventRefusal::NoCredits);
+    }
+    let id = fresh.id("ev");
+    let values = Value::Object(input.values.clone()).to_string();
+    let subject_id = input.subject().map(str::to_owned);
+    let mut data =
+        platform::events::seal(subject_id.as_deref().unwrap_or(&id), &proto::EventData { values_json: values });
+    if let Some(Loaded::Live { key: Some(key), .. }) = subject {
+        platform::events::encrypt(&mut data, key).map_err(|error| EventRefusal::Unsealable(format!("{error:#}")))?;
+    }
+    let occurred_at_ms = input.occurred_at_ms.unwrap_or(now_ms);
+    let event = proto::EventAccepted {
+        id: id.clone(),
+        space_id: context.space_id.clone(),
+        schema_id: context.schema.schema_id.clone(),
+        event_id: input.event_id.clone(),
+        occurred_at_ms,
+        received_at_ms: now_ms,
+        contact_id: input.contact_id.clone().unwrap_or_default(),
+        object_id: input.object_id.clone().unwrap_or_default(),
+        definition_revision: context.schema.revision,
+        readiness: input.readiness().to_owned(),
+        data: Some(data),
+        pending_keys: input.pending_keys.clone(),
+    };
+    let receipt = json!({
+        "accepted": 1,
+        "id": id,
+        "eventId": input.event_id,
+        "isDuplicate": false,
+        "readinessAtAcceptance": input.readiness(),
+    });
+    let stream = StreamAppend {
+        stream_id: domain::business_events::stream_id(&id),
+        expected: ExpectedVersion::NoStream,
+        events: vec![NewEvent {
+            event: LogEvent::EventAccepted(event),
+            subject_id: subject_id.clone(),
+            occurred_at: platform::time::from_millis(occurred_at_ms),
+        }],
+    };
+    let new_receipt = NewReceipt {
+        event_id: input.event_id.clone(),
+        id,
+        input_digest: digest.clone(),
+        subject_id,
+        receipt,
+        pending: !input.pending_keys.is_empty(),
+    };
+    Ok((stream, new_receipt))
+}
+
+/// The streams and guards of some new occurrences, appended all or nothing.
+pub(crate) fn acceptance_parts(
+    context: &FireContext,
+    new: Vec<(StreamAppend, NewReceipt)>,
+) -> (Vec<StreamAppend>, Vec<Guard>) {
+    let (streams, receipts): (Vec<StreamAppend>, Vec<NewReceipt>) = new.into_iter().unzip();
+    let count = receipts.len() as i64;
+    let pending = receipts.iter().filter(|receipt| receipt.pending).count() as i64;
+    let subjects: Vec<String> = receipts.iter().filter_map(|receipt| receipt.subject_id.clone()).collect();
+    let mut guards: Vec<Guard> = vec![receipts_guard(&context.space_id, &context.schema.schema_id, &receipts)];
+    if !subjects.is_empty() {
+        guards.push(subjects_guard(subjects));
+    }
+    guards.push(admission_guard(&context.scopes, count, pending));
+    guards.extend(context.revision.map(catalog::revision_guard));
+    (streams, guards)
+}
+
+/// What one fire comes to.
+pub(crate) enum Fired {
+    /// The same occurrence as the receipt held under its eventId: that receipt (with
+    /// `isDuplicate`); nothing is admitted.
+    Duplicate(Value),
+    /// A new occurrence: its stream and receipt.
+    New(StreamAppend, NewReceipt),
+}
+
+/// What a fire is decided on beside its context.
+pub(crate) struct Known<'a> {
+    /// The receipt held under its eventId, if any.
+    pub receipt: Option<&'a Receipt>,
+    /// The records events name.
+    pub subjects: &'a HashMap<String, Loaded>,
+    /// The admission state of its scopes, once an append was refused admission.
+    pub admission: Option<&'a [ScopeState]>,
+}
+
+/// The decision of one fire (a single one, or an item of a batch): a duplicate of the receipt
+/// held under its eventId, or a new occurrence if admission (when its state is known) lets it
+/// in.
+pub(crate) fn decide_fire(
+    context: &FireContext,
+    candidate: &Candidate,
+    known: Known<'_>,
+    now_ms: i64,
+    fresh: &mut dyn Fresh,
+) -> Result<Fired, EventRefusal> {
+    if let Some(receipt) = known.receipt {
+        return against_receipt(candidate, receipt).map(Fired::Duplicate);
+    }
+    if let Some(scopes) = known.admission
+        && let Some((_, refusal)) = first_refusal(scopes, &[!candidate.input.pending_keys.is_empty()])
+    {
+        return Err(EventRefusal::NotAdmitted(refusal));
+    }
+    let (stream, receipt) = new_occurrence(context, candidate, known.subjects, now_ms, fresh)?;
+    Ok(Fired::New(stream, receipt))
+}
+
+/// `POST /events/{schema}`: a single fire. The first attempt at an occurrence about no record
+/// appends before anything is looked up: its receipt's unique key and its admission guard
+/// refuse exactly what the lookup would have found (a taken eventId) or admission would
+/// refuse, and whatever is refused is decided again from the lookup. One round trip and one
+/// transaction less per fire.
+pub(crate) struct FireEvent {
+    pub space_id: String,
+    pub schema_ref: String,
+    pub input: Map<String, Value>,
+    /// An append was refused admission: the next attempt looks the receipt up (a duplicate
+    /// costs nothing, even with an empty bucket) and reads the admission state.
+    pub admission_refused: Cell<bool>,
+}
+
+/// What a fire decides on.
+pub(crate) struct Fire {
+    pub context: FireContext,
+    /// The parsed input; a generated eventId is drawn when the fire is decided (until then
+    /// it is empty, which names no receipt).
+    pub candidate: Candidate,
+    /// Receipts and subjects; `None`: not looked up (the optimistic first attempt).
+    pub lookups: Option<(HashMap<String, Receipt>, HashMap<String, Loaded>)>,
+    pub admission: Option<Vec<ScopeState>>,
+}
+
+impl Decide for FireEvent {
+    type Loaded = Fire;
+    type Outcome = Outcome;
+    type Refusal = EventRefusal;
+
+    fn decide(&self, fire: Fire, given: &mut Given<'_>) -> Result<Outcome, EventRefusal> {
+        let Fire { context, mut candidate, lookups, admission } = fire;
+        if candidate.input.generated_event_id {
+            candidate.input.event_id = generated_event_id(given.fresh);
+        }
+        let no_subjects = HashMap::new();
+        let (receipts, subjects) =
+            lookups.as_ref().map_or((None, &no_subjects), |(receipts, subjects)| (Some(receipts), subjects));
+        let known = Known {
+            receipt: receipts.and_then(|receipts| receipts.get(&candidate.input.event_id)),
+            subjects,
+            admission: admission.as_deref(),
+        };
+        match decide_fire(&context, &candidate, known, given.now_ms, given.fresh) {
+            Ok(Fired::Duplicate(receipt)) => Ok(Outcome::Answer(Reply::accepted(json!({ "data": receipt })))),
+            Ok(Fired::New(stream, receipt)) => {
+                let body = json!({ "data": receipt.receipt });
+                let (streams, guards) = acceptance_parts(&context, vec![(stream, receipt)]);
+                Ok(Outcome::append(streams, guards, Reply::accepted(body)))
+            }
+            // Without its receipt looked up, a refusal may be a duplicate's: decide again.
+            Err(_) if lookups.is_none() => Ok(Outcome::Again),
+            Err(refusal) => Err(refusal),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::Status;
+    use crate::decision::harness::{NOW_MS, given};
 
     fn attributes() -> Vec<AttributeEntry> {
         vec![
@@ -487,5 +804,111 @@ mod tests {
         assert_eq!((refusal.code(), refusal.retry_after_ms()), (Code::EventRateLimited, 1200));
         assert_eq!(AdmissionRefusal::BacklogFull.retry_after_ms(), 30_000);
         assert_eq!(AdmissionRefusal::ReceiptLimit.retry_after_ms(), 3_600_000);
+    }
+
+    fn context(credits: i64) -> FireContext {
+        FireContext {
+            space_id: "spc_1".into(),
+            schema: SchemaEntry {
+                schema_id: "sch_1".into(),
+                slug: "signup".into(),
+                schema_type: "event".into(),
+                doc: Value::Null,
+                attribute_count: 5,
+                revision: 3,
+            },
+            attributes: attributes(),
+            credits,
+            scopes: Vec::new(),
+            revision: None,
+        }
+    }
+
+    /// A fire of `input` as its shell loads it (a generated eventId still empty), looked up
+    /// with `receipts` unless `None`.
+    fn fire(input: Value, receipts: Option<HashMap<String, Receipt>>) -> Fire {
+        let context = context(5);
+        let Value::Object(input) = input else { panic!("object") };
+        let input = parse_fire(context.event_schema(), input, NOW_MS, String::new).expect("valid");
+        let candidate = Candidate { index: 0, input, digest: "digest".into() };
+        let lookups = receipts.map(|receipts| (receipts, HashMap::new()));
+        Fire { context, candidate, lookups, admission: None }
+    }
+
+    fn command() -> FireEvent {
+        FireEvent {
+            space_id: "spc_1".into(),
+            schema_ref: "signup".into(),
+            input: Map::new(),
+            admission_refused: Cell::new(false),
+        }
+    }
+
+    #[test]
+    fn a_new_fire_is_accepted_under_fresh_ids_with_a_generated_event_id() {
+        let loaded = fire(json!({"amount": 5, "summary": "given"}), None);
+        let values = Value::Object(loaded.candidate.input.values.clone()).to_string();
+        let event_id = &generated_event_id(&mut platform::fresh::Counted::new().expect("the test keys"));
+        assert_eq!(uuid::Uuid::parse_str(event_id).map(|uuid| uuid.get_version_num()).ok(), Some(4));
+        let reply = given(loaded).when(&command()).then_events(&[LogEvent::EventAccepted(proto::EventAccepted {
+            id: "ev_2".into(),
+            space_id: "spc_1".into(),
+            schema_id: "sch_1".into(),
+            event_id: event_id.into(),
+            occurred_at_ms: NOW_MS,
+            received_at_ms: NOW_MS,
+            contact_id: String::new(),
+            object_id: String::new(),
+            definition_revision: 3,
+            readiness: "ready".into(),
+            data: Some(platform::events::seal("ev_2", &proto::EventData { values_json: values })),
+            pending_keys: Vec::new(),
+        })]);
+        assert_eq!(reply.status, Status::Accepted);
+        assert_eq!(
+            reply.json(),
+            &json!({"data": {"accepted": 1, "id": "ev_2", "eventId": event_id, "isDuplicate": false,
+                             "readinessAtAcceptance": "ready"}})
+        );
+    }
+
+    #[test]
+    fn a_retry_answers_the_original_receipt_and_changed_input_is_refused() {
+        let receipt = |digest: &str| Receipt {
+            id: "ev_0".into(),
+            input_digest: Some(digest.into()),
+            receipt: json!({"accepted": 1, "id": "ev_0", "eventId": "e1", "isDuplicate": false}),
+            subject_erased: false,
+        };
+        let held = |digest: &str| Some(HashMap::from([("e1".to_owned(), receipt(digest))]));
+        let input = json!({"eventId": "e1", "amount": 5, "summary": "given"});
+        let reply = given(fire(input.clone(), held("digest"))).when(&command()).then_answers();
+        assert_eq!((reply.status, &reply.json()["data"]["isDuplicate"]), (Status::Accepted, &json!(true)));
+        assert_eq!(reply.json()["data"]["id"], "ev_0");
+        given(fire(input, held("other"))).when(&command()).then_refused(EventRefusal::IdConflict("e1".into()));
+    }
+
+    #[test]
+    fn a_fire_is_refused_without_credits_a_subject_or_admission() {
+        let mut no_credits = fire(json!({"eventId": "e1", "amount": 5}), Some(HashMap::new()));
+        no_credits.context.credits = 0;
+        given(no_credits).when(&command()).then_refused(EventRefusal::NoCredits);
+        let about =
+            fire(json!({"eventId": "e1", "amount": 5, "summary": "s", "contactId": "con_1"}), Some(HashMap::new()));
+        given(about)
+            .when(&command())
+            .then_refused(EventRefusal::SubjectNotFound { kind: "contact", id: "con_1".into() });
+        let mut refused = fire(json!({"eventId": "e1", "amount": 5, "summary": "s"}), Some(HashMap::new()));
+        refused.admission = Some(vec![scope(0.0, 0, 0)]);
+        given(refused)
+            .when(&command())
+            .then_refused(EventRefusal::NotAdmitted(AdmissionRefusal::RateLimited { retry_after_ms: 200 }));
+    }
+
+    #[test]
+    fn a_refusal_before_the_lookup_is_decided_again() {
+        let mut optimistic = fire(json!({"eventId": "e1", "amount": 5}), None);
+        optimistic.context.credits = 0;
+        assert!(matches!(given(optimistic).when(&command()).decided(), Outcome::Again));
     }
 }

@@ -8,10 +8,8 @@
 //! refused admission or an aborted batch leaves nothing behind. `Idempotency-Key` plays no
 //! part here.
 //!
-//! Long because it still holds, beside the handlers, the decisions of a fire and of a batch
-//! (each item's check against its receipt, the abort plan of `onError: abort`); they belong
-//! in `decide.rs`, as pure functions the handlers call, and move there with the other
-//! commands' decisions.
+//! A fire's decision (and each batch item's) is [`crate::events::decide::decide_fire`]; this
+//! module loads what it needs, and runs a batch's rounds and appends.
 
 use platform::error::Code;
 use std::cell::Cell;
@@ -20,42 +18,34 @@ use std::collections::HashMap;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::{Caller, Permission};
-use domain::catalog::{self, AttributeEntry, SchemaEntry};
+use domain::catalog;
 use domain::records::Loaded;
-use platform::crypto::DataKey;
 use platform::error::ApiError;
-use platform::events::LogEvent;
-use platform::ids::new_id;
-use platform::log::{AppendError, AppendRequest, Appended, ExpectedVersion, Guard, NewEvent, StreamAppend};
-use platform::proto;
-use platform::settings::ScopeLimits;
-use serde_json::{Map, Value, json};
+use platform::fresh::Drawn;
+use platform::log::{AppendError, AppendRequest, Appended, StreamAppend};
+use serde_json::{Value, json};
 
 use crate::State;
+use crate::decision;
 use crate::events::decide::{
-    AdmissionRefusal, Earlier, EventRefusal, EventSchema, FireInput, compare_with_receipt, first_refusal, parse_fire,
+    Candidate, EventRefusal, Fire, FireContext, FireEvent, FireInput, Fired, Known, acceptance_parts, against_receipt,
+    decide_fire, first_refusal, generated_event_id, parse_fire,
 };
 use crate::events::store::{
-    ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, admission_guard, admission_state,
-    ensure_scopes, find_receipts, load_subjects, receipts_guard, subjects_guard,
+    ADMISSION_REFUSED, EVENT_ID_TAKEN, NewReceipt, Receipt, SUBJECT_DELETING, admission_state, ensure_scopes,
+    find_receipts, load_subjects,
 };
-use crate::pipeline::{self, ATTEMPTS, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
+use crate::pipeline::{self, ATTEMPTS, Actor, Command, Ctx, Protection, Refusal, Shell};
 use crate::write_contexts::{self, Kind};
 
 /// The most events in one batch.
 pub(crate) const MAX_BATCH: usize = 500;
 
-/// What every fire needs, loaded once per request.
-#[derive(Clone)]
+/// What every fire of a batch needs, loaded once per request: the caller (whose write the
+/// append records) and what its fires decide on.
 struct Context {
     caller: Caller,
-    schema: SchemaEntry,
-    attributes: Vec<AttributeEntry>,
-    credits: i64,
-    scopes: Vec<(String, ScopeLimits)>,
-    /// The catalog revision a context from the process cache was read at: the fire appends
-    /// only if the catalog is still there (`catalog::revision_guard`).
-    revision: Option<i64>,
+    fire: FireContext,
 }
 
 /// A batch's context, read at the edge; its appends carry the catalog revision guard.
@@ -63,47 +53,44 @@ async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<C
     let caller = pipeline::authorize(req, state, Permission::Write).await?;
     let context = write_contexts::at_edge(state, Kind::Event, caller.space_id(), schema_ref).await?;
     let revision = context.revision;
-    admitted(state, caller, context, Some(revision)).await
+    let fire = admitted(state, caller.space_id(), context, Some(revision)).await?;
+    Ok(Context { caller, fire })
 }
 
 /// A fire's context from a catalog context: its admission scopes, created when new.
 /// `revision` is the catalog revision the fire must append at (a cached context), if any.
 async fn admitted(
     state: &State,
-    caller: Caller,
+    space_id: &str,
     context: std::sync::Arc<catalog::WriteContext>,
     revision: Option<i64>,
-) -> Result<Context, ApiError> {
+) -> Result<FireContext, ApiError> {
     let catalog::WriteContext { schema, attributes, credits, .. } = std::sync::Arc::unwrap_or_clone(context);
-    let scopes = domain::admission::scopes(&state.settings.events.admission, caller.space_id(), &schema.schema_id);
+    let scopes = domain::admission::scopes(&state.settings.events.admission, space_id, &schema.schema_id);
     if state.new_admission_scopes(&scopes) {
         let client = state.pool.get().await?;
         ensure_scopes(&client, &scopes).await?;
     }
-    Ok(Context { caller, schema, attributes, credits, scopes, revision })
+    Ok(FireContext { space_id: space_id.to_owned(), schema, attributes, credits, scopes, revision })
 }
 
-fn parse_item(context: &Context, input: Map<String, Value>, now_ms: i64) -> Result<FireInput, ApiError> {
-    let schema = EventSchema { attributes: &context.attributes };
-    Ok(parse_fire(schema, input, now_ms, || uuid::Uuid::new_v4().to_string())?)
-}
-
-/// A valid item, ready to be decided.
-struct Candidate {
-    index: usize,
-    input: FireInput,
-    digest: String,
-}
-
-/// A batch item parsed into a candidate.
-fn parse_candidate(context: &Context, index: usize, item: Value, now_ms: i64) -> Result<Candidate, ApiError> {
+/// A batch item parsed into a candidate (a generated eventId drawn now), or what became of it.
+fn parse_candidate(context: &FireContext, index: usize, item: Value, now_ms: i64) -> Result<Candidate, Outcome> {
     let input = match item {
         Value::Object(input) => input,
-        _ => return Err(ApiError::bad_request(Code::InvalidEventInput, "each event must be a JSON object")),
+        _ => {
+            return Err(Outcome::Refused(EventRefusal::invalid(
+                Code::InvalidEventInput,
+                "each event must be a JSON object",
+            )));
+        }
     };
-    candidate(index, parse_item(context, input, now_ms)?)
+    let input = parse_fire(context.event_schema(), input, now_ms, || generated_event_id(&mut Drawn))
+        .map_err(Outcome::Refused)?;
+    candidate(index, input).map_err(Outcome::Failed)
 }
 
+/// A parsed input with the keyed digest of its normalised payload.
 fn candidate(index: usize, input: FireInput) -> Result<Candidate, ApiError> {
     let canonical = crate::canonical::canonical_json(&input.normalized());
     let digest =
@@ -114,167 +101,40 @@ fn candidate(index: usize, input: FireInput) -> Result<Candidate, ApiError> {
 /// What became of one item.
 enum Outcome {
     /// Accepted now or earlier (`receipt` carries `isDuplicate`).
-    Accepted {
-        receipt: Value,
-        position: i64,
-    },
-    Failed {
-        error: ApiError,
-        retry_after_ms: Option<u64>,
-    },
+    Accepted { receipt: Value, position: i64 },
+    /// Refused (an admission refusal says when to retry).
+    Refused(EventRefusal),
+    /// Its append failed.
+    Failed(ApiError),
 }
 
-impl Outcome {
-    fn failed(error: ApiError) -> Self {
-        Self::Failed { error, retry_after_ms: None }
+impl From<Result<Value, EventRefusal>> for Outcome {
+    /// An item decided on its receipt.
+    fn from(decided: Result<Value, EventRefusal>) -> Self {
+        match decided {
+            Ok(receipt) => Self::Accepted { receipt, position: 0 },
+            Err(refusal) => Self::Refused(refusal),
+        }
     }
-
-    fn refused(refusal: AdmissionRefusal) -> Self {
-        Self::Failed { error: ApiError::from(refusal), retry_after_ms: Some(refusal.retry_after_ms()) }
-    }
-}
-
-fn duplicate(receipt: &Receipt) -> Value {
-    let mut body = receipt.receipt.clone();
-    body["isDuplicate"] = Value::Bool(true);
-    body
-}
-
-/// How an item stands against the receipt held under its eventId, if any.
-fn against_receipt(candidate: &Candidate, receipt: &Receipt) -> Outcome {
-    match compare_with_receipt(receipt.input_digest.as_deref(), receipt.subject_erased, &candidate.digest) {
-        Earlier::Duplicate => Outcome::Accepted { receipt: duplicate(receipt), position: 0 },
-        Earlier::Conflict => Outcome::failed(EventRefusal::IdConflict(candidate.input.event_id.clone()).into()),
-        Earlier::Erased => Outcome::failed(EventRefusal::Erased(candidate.input.event_id.clone()).into()),
-    }
-}
-
-/// The subject's data key (`None`: no subject, or a record written before encryption), or
-/// why the item cannot name it.
-fn check_subject(
-    input: &FireInput,
-    space_id: &str,
-    subjects: &HashMap<String, Loaded>,
-) -> Result<Option<DataKey>, ApiError> {
-    let (id, kind) = match (&input.contact_id, &input.object_id) {
-        (Some(id), _) => (id, "contact"),
-        (None, Some(id)) => (id, "object"),
-        (None, None) => return Ok(None),
-    };
-    match subjects.get(id) {
-        Some(Loaded::Live { state, key }) if state.space_id == space_id && state.schema_type == kind => Ok(key.clone()),
-        Some(Loaded::Deleting { .. }) => Err(ApiError::conflict(
-            Code::RecordDeletionPending,
-            format!("{kind} {id:?} is being deleted; it accepts no more events"),
-        )),
-        _ => Err(ApiError::not_found(Code::RecordNotFound, format!("no {kind} {id:?} in this space"))),
-    }
-}
-
-/// The log event and receipt of a new occurrence whose subject (if any) is in `subjects`.
-fn new_occurrence(
-    context: &Context,
-    candidate: &Candidate,
-    subjects: &HashMap<String, Loaded>,
-    now_ms: i64,
-) -> Result<(StreamAppend, NewReceipt), ApiError> {
-    let key = check_subject(&candidate.input, context.caller.space_id(), subjects)?;
-    accepted(context, &candidate.input, &candidate.digest, key.as_ref(), now_ms)
-}
-
-/// The log event and receipt of a new occurrence; 402 when it needs preparation and the
-/// space has no credits (a duplicate recovers its receipt whatever the credits).
-fn accepted(
-    context: &Context,
-    input: &FireInput,
-    digest: &str,
-    key: Option<&DataKey>,
-    now_ms: i64,
-) -> Result<(StreamAppend, NewReceipt), ApiError> {
-    if !input.pending_keys.is_empty() && context.credits <= 0 {
-        return Err(ApiError::insufficient_credits());
-    }
-    let id = new_id("ev");
-    let values = Value::Object(input.values.clone()).to_string();
-    let subject = input.subject().map(str::to_owned);
-    let mut data = platform::events::seal(subject.as_deref().unwrap_or(&id), &proto::EventData { values_json: values });
-    if let Some(key) = key {
-        platform::events::encrypt(&mut data, key).map_err(|error| ApiError::internal(&error))?;
-    }
-    let occurred_at_ms = input.occurred_at_ms.unwrap_or(now_ms);
-    let event = proto::EventAccepted {
-        id: id.clone(),
-        space_id: context.caller.space_id().to_owned(),
-        schema_id: context.schema.schema_id.clone(),
-        event_id: input.event_id.clone(),
-        occurred_at_ms,
-        received_at_ms: now_ms,
-        contact_id: input.contact_id.clone().unwrap_or_default(),
-        object_id: input.object_id.clone().unwrap_or_default(),
-        definition_revision: context.schema.revision,
-        readiness: input.readiness().to_owned(),
-        data: Some(data),
-        pending_keys: input.pending_keys.clone(),
-    };
-    let receipt = json!({
-        "accepted": 1,
-        "id": id,
-        "eventId": input.event_id,
-        "isDuplicate": false,
-        "readinessAtAcceptance": input.readiness(),
-    });
-    let stream = StreamAppend {
-        stream_id: domain::business_events::stream_id(&id),
-        expected: ExpectedVersion::NoStream,
-        events: vec![NewEvent {
-            event: LogEvent::EventAccepted(event),
-            subject_id: subject.clone(),
-            occurred_at: platform::time::from_millis(occurred_at_ms),
-        }],
-    };
-    let new_receipt = NewReceipt {
-        event_id: input.event_id.clone(),
-        id,
-        input_digest: digest.to_owned(),
-        subject_id: subject,
-        receipt,
-        pending: !input.pending_keys.is_empty(),
-    };
-    Ok((stream, new_receipt))
 }
 
 /// The append of some new occurrences, all or nothing.
 fn acceptance(req: &HttpRequest, context: &Context, new: Vec<(StreamAppend, NewReceipt)>) -> AppendRequest {
-    let (streams, guards) = acceptance_parts(context, new);
+    let (streams, guards) = acceptance_parts(&context.fire, new);
     AppendRequest::new(crate::edge::metadata(req, &context.caller, None), streams, guards)
-}
-
-/// The streams and guards of some new occurrences.
-fn acceptance_parts(context: &Context, new: Vec<(StreamAppend, NewReceipt)>) -> (Vec<StreamAppend>, Vec<Guard>) {
-    let (streams, receipts): (Vec<StreamAppend>, Vec<NewReceipt>) = new.into_iter().unzip();
-    let count = receipts.len() as i64;
-    let pending = receipts.iter().filter(|receipt| receipt.pending).count() as i64;
-    let subjects: Vec<String> = receipts.iter().filter_map(|receipt| receipt.subject_id.clone()).collect();
-    let mut guards: Vec<Guard> = vec![receipts_guard(context.caller.space_id(), &context.schema.schema_id, &receipts)];
-    if !subjects.is_empty() {
-        guards.push(subjects_guard(subjects));
-    }
-    guards.push(admission_guard(&context.scopes, count, pending));
-    guards.extend(context.revision.map(catalog::revision_guard));
-    (streams, guards)
 }
 
 /// Receipts and subjects of `candidates`, in two statements.
 async fn lookups(
     state: &State,
-    context: &Context,
+    context: &FireContext,
     candidates: &[&Candidate],
 ) -> Result<(HashMap<String, Receipt>, HashMap<String, Loaded>), ApiError> {
     let client = state.pool.get().await?;
     let event_ids: Vec<String> = candidates.iter().map(|c| c.input.event_id.clone()).collect();
     let subject_ids: Vec<String> = candidates.iter().filter_map(|c| c.input.subject().map(str::to_owned)).collect();
     let (receipts, subjects) = tokio::join!(
-        find_receipts(&client, context.caller.space_id(), &context.schema.schema_id, &event_ids),
+        find_receipts(&client, &context.space_id, &context.schema.schema_id, &event_ids),
         load_subjects(&client, &subject_ids)
     );
     Ok((receipts?, subjects.map_err(|error| ApiError::internal(&error))?))
@@ -314,13 +174,7 @@ async fn accept_each(
             todo = accept_round(req, state, context, todo, optimistic && attempt == 0, &mut outcomes).await?;
         }
         for candidate in todo {
-            outcomes.insert(
-                candidate.index,
-                Outcome::failed(ApiError::conflict(
-                    Code::ConcurrentModification,
-                    "this eventId was being fired concurrently; retry",
-                )),
-            );
+            outcomes.insert(candidate.index, Outcome::Refused(EventRefusal::Concurrent));
         }
     }
     Ok(outcomes)
@@ -340,21 +194,21 @@ async fn accept_round<'a>(
     outcomes: &mut HashMap<usize, Outcome>,
 ) -> Result<Vec<&'a Candidate>, ApiError> {
     let (receipts, subjects) =
-        if optimistic { (HashMap::new(), HashMap::new()) } else { lookups(state, context, &todo).await? };
+        if optimistic { (HashMap::new(), HashMap::new()) } else { lookups(state, &context.fire, &todo).await? };
     let now_ms = platform::time::now_millis();
     let mut appending = Vec::new();
     let mut again = Vec::new();
     for candidate in todo {
-        if let Some(receipt) = receipts.get(&candidate.input.event_id) {
-            outcomes.insert(candidate.index, against_receipt(candidate, receipt));
-            continue;
-        }
-        match new_occurrence(context, candidate, &subjects, now_ms) {
-            Ok(new) => appending.push((candidate, new)),
+        let known = Known { receipt: receipts.get(&candidate.input.event_id), subjects: &subjects, admission: None };
+        match decide_fire(&context.fire, candidate, known, now_ms, &mut Drawn) {
+            Ok(Fired::Duplicate(receipt)) => {
+                outcomes.insert(candidate.index, Outcome::Accepted { receipt, position: 0 });
+            }
+            Ok(Fired::New(stream, receipt)) => appending.push((candidate, (stream, receipt))),
             // Without its receipt looked up, a refusal may be a duplicate's: decide again.
             Err(_) if optimistic => again.push(candidate),
-            Err(error) => {
-                outcomes.insert(candidate.index, Outcome::failed(error));
+            Err(refusal) => {
+                outcomes.insert(candidate.index, Outcome::Refused(refusal));
             }
         }
     }
@@ -387,22 +241,18 @@ async fn accept_round<'a>(
             Err(AppendError::Conflict { code: EVENT_ID_TAKEN, .. }) => again.push(candidate),
             Err(AppendError::Conflict { code: ADMISSION_REFUSED, .. }) => refused.push(candidate),
             Err(AppendError::Conflict { code: SUBJECT_DELETING, .. }) => {
-                let error = ApiError::conflict(
-                    Code::RecordDeletionPending,
-                    "the event's subject is being deleted; it accepts no more events",
-                );
-                outcomes.insert(candidate.index, Outcome::failed(error));
+                outcomes.insert(candidate.index, Outcome::Refused(EventRefusal::SubjectDeleting));
             }
             Err(error) => {
-                outcomes.insert(candidate.index, Outcome::failed(crate::edge::append_error(error)));
+                outcomes.insert(candidate.index, Outcome::Failed(crate::edge::append_error(error)));
             }
         }
     }
     if optimistic && !refused.is_empty() {
-        let (receipts, _) = lookups(state, context, &refused).await?;
+        let (receipts, _) = lookups(state, &context.fire, &refused).await?;
         refused.retain(|candidate| match receipts.get(&candidate.input.event_id) {
             Some(receipt) => {
-                outcomes.insert(candidate.index, against_receipt(candidate, receipt));
+                outcomes.insert(candidate.index, against_receipt(candidate, receipt).into());
                 false
             }
             None => true,
@@ -410,11 +260,11 @@ async fn accept_round<'a>(
     }
     if !refused.is_empty() {
         let client = state.pool.get().await?;
-        let scopes = admission_state(&client, &context.scopes).await?;
+        let scopes = admission_state(&client, &context.fire.scopes).await?;
         for candidate in refused {
             match first_refusal(&scopes, &[!candidate.input.pending_keys.is_empty()]) {
                 Some((_, refusal)) => {
-                    outcomes.insert(candidate.index, Outcome::refused(refusal));
+                    outcomes.insert(candidate.index, Outcome::Refused(EventRefusal::NotAdmitted(refusal)));
                 }
                 // Capacity came back since: decide it again.
                 None => again.push(candidate),
@@ -424,36 +274,13 @@ async fn accept_round<'a>(
     Ok(again)
 }
 
-/// A single fire. The first attempt at an occurrence about no record appends before anything
-/// is looked up: its receipt's unique key and its admission guard refuse exactly what the
-/// lookup would have found (a taken eventId) or admission would refuse, and whatever is
-/// refused is decided again from the lookup. One round trip and one transaction less per fire.
-struct FireEvent<'a> {
-    caller: &'a Caller,
-    schema_ref: String,
-    input: Map<String, Value>,
-    /// An append was refused admission: the next attempt looks the receipt up (a duplicate
-    /// costs nothing, even with an empty bucket) and reads the admission state.
-    admission_refused: Cell<bool>,
-}
-
-/// What a fire decides on.
-struct Fire {
-    context: Context,
-    candidate: Candidate,
-    /// `None`: not looked up (the optimistic first attempt).
-    lookups: Option<(HashMap<String, Receipt>, HashMap<String, Loaded>)>,
-    admission: Option<Vec<crate::events::decide::ScopeState>>,
-}
-
-impl Legacy for FireEvent<'_> {
-    type Loaded = Fire;
-
+impl Command for FireEvent {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Fire, ApiError> {
-        let space_id = self.caller.space_id();
+        let space_id = &self.space_id;
         let context = write_contexts::current(ctx, Kind::Event, space_id, &self.schema_ref).await?;
-        let mut context = admitted(ctx.state, self.caller.clone(), context, None).await?;
-        let parsed = parse_item(&context, self.input.clone(), platform::time::now_millis())?;
+        let mut context = admitted(ctx.state, space_id, context, None).await?;
+        // A generated eventId is drawn when the fire is decided.
+        let parsed = parse_fire(context.event_schema(), self.input.clone(), platform::time::now_millis(), String::new)?;
         // A kept context's credits are stale: an event that needs preparation reads them now.
         if ctx.kept() && !parsed.pending_keys.is_empty() {
             let catalog = ctx.catalog().await?;
@@ -472,34 +299,8 @@ impl Legacy for FireEvent<'_> {
         Ok(Fire { context, candidate, lookups, admission })
     }
 
-    fn decide(&self, fire: Fire, given: &Given<'_>) -> Result<Decided, ApiError> {
-        let Fire { context, candidate, lookups, admission } = fire;
-        let (receipts, subjects) =
-            lookups.as_ref().map_or((None, None), |(receipts, subjects)| (Some(receipts), Some(subjects)));
-        if let Some(receipt) = receipts.and_then(|receipts| receipts.get(&candidate.input.event_id)) {
-            return match against_receipt(&candidate, receipt) {
-                Outcome::Accepted { receipt, .. } => {
-                    Ok(Decided::Answer(Answer::json(StatusCode::ACCEPTED, json!({ "data": receipt }))))
-                }
-                Outcome::Failed { error, .. } => Err(error),
-            };
-        }
-        if let Some(scopes) = &admission
-            && let Some((_, refusal)) = first_refusal(scopes, &[!candidate.input.pending_keys.is_empty()])
-        {
-            return Err(refusal.into());
-        }
-        let no_subjects = HashMap::new();
-        match new_occurrence(&context, &candidate, subjects.unwrap_or(&no_subjects), given.now_ms) {
-            Ok((stream, receipt)) => {
-                let body = json!({ "data": receipt.receipt });
-                let (streams, guards) = acceptance_parts(&context, vec![(stream, receipt)]);
-                Ok(Decided::Append(Decision::new(streams, guards, Answer::json(StatusCode::ACCEPTED, body))))
-            }
-            // Without its receipt looked up, a refusal may be a duplicate's: decide again.
-            Err(_) if lookups.is_none() => Ok(Decided::Again),
-            Err(error) => Err(error),
-        }
+    fn answer(&self, outcome: decision::Outcome, _: &Shell<'_>) -> Result<pipeline::Decided, ApiError> {
+        Ok(outcome.into())
     }
 
     fn refused(&self, error: AppendError) -> Refusal {
@@ -509,10 +310,7 @@ impl Legacy for FireEvent<'_> {
                 self.admission_refused.set(true);
                 Refusal::Again
             }
-            AppendError::Conflict { code: SUBJECT_DELETING, .. } => Refusal::Fail(ApiError::conflict(
-                Code::RecordDeletionPending,
-                "the event's subject is being deleted; it accepts no more events",
-            )),
+            AppendError::Conflict { code: SUBJECT_DELETING, .. } => Refusal::Fail(EventRefusal::SubjectDeleting.into()),
             error => Refusal::default_for(error),
         }
     }
@@ -523,7 +321,7 @@ impl Legacy for FireEvent<'_> {
     }
 
     fn lost_too_often(&self) -> ApiError {
-        ApiError::conflict(Code::ConcurrentModification, "this eventId was being fired concurrently; retry")
+        EventRefusal::Concurrent.into()
     }
 }
 
@@ -539,7 +337,8 @@ pub async fn fire(
     // The schema is checked before the body, as the contract's order says.
     write_contexts::at_edge(&state, Kind::Event, caller.space_id(), &schema_ref).await?;
     let input = api::http::read_json_object(&req, payload).await?;
-    let command = FireEvent { caller: &caller, schema_ref, input, admission_refused: Cell::new(false) };
+    let space_id = caller.space_id().to_owned();
+    let command = FireEvent { space_id, schema_ref, input, admission_refused: Cell::new(false) };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 
@@ -550,34 +349,32 @@ enum OnError {
     Abort,
 }
 
-fn parse_batch(body: Value) -> Result<(Vec<Value>, OnError), ApiError> {
+fn parse_batch(body: Value) -> Result<(Vec<Value>, OnError), EventRefusal> {
     let Value::Object(mut body) = body else {
-        return Err(ApiError::bad_request(Code::InvalidBody, "the request body must be a JSON object"));
+        return Err(EventRefusal::invalid(Code::InvalidBody, "the request body must be a JSON object"));
     };
     let on_error = match body.remove("onError") {
         None | Some(Value::Null) => OnError::Continue,
         Some(Value::String(mode)) if mode == "continue" => OnError::Continue,
         Some(Value::String(mode)) if mode == "abort" => OnError::Abort,
-        Some(_) => return Err(ApiError::bad_request(Code::InvalidBatch, "onError must be \"continue\" or \"abort\"")),
+        Some(_) => return Err(EventRefusal::invalid(Code::InvalidBatch, "onError must be \"continue\" or \"abort\"")),
     };
     let events = match body.remove("events") {
         Some(Value::Array(events)) => events,
-        Some(_) => return Err(ApiError::bad_request(Code::InvalidBatch, "events must be an array of event inputs")),
+        Some(_) => return Err(EventRefusal::invalid(Code::InvalidBatch, "events must be an array of event inputs")),
         None => {
-            return Err(ApiError::bad_request(Code::InvalidBatch, "events is required: an array of 1 to 500 inputs"));
+            return Err(EventRefusal::invalid(Code::InvalidBatch, "events is required: an array of 1 to 500 inputs"));
         }
     };
     if let Some(key) = body.keys().next() {
-        return Err(ApiError::bad_request(
+        return Err(EventRefusal::invalid(
             Code::InvalidBatch,
             format!("unknown field {key:?}; a batch has events and onError"),
         ));
     }
     if events.is_empty() || events.len() > MAX_BATCH {
-        return Err(ApiError::bad_request(
-            Code::InvalidBatchSize,
-            format!("a batch has 1 to {MAX_BATCH} events; got {}", events.len()),
-        ));
+        let message = format!("a batch has 1 to {MAX_BATCH} events; got {}", events.len());
+        return Err(EventRefusal::invalid(Code::InvalidBatchSize, message));
     }
     Ok((events, on_error))
 }
@@ -591,6 +388,12 @@ fn accepted_item(index: usize, receipt: &Value) -> Value {
         "isDuplicate": receipt["isDuplicate"],
         "readinessAtAcceptance": receipt["readinessAtAcceptance"],
     })
+}
+
+/// A refused item: its error, and when to retry a refused admission.
+fn refused_item(index: usize, refusal: EventRefusal) -> Value {
+    let retry_after_ms = refusal.retry_after_ms();
+    failed_item(index, &ApiError::from(refusal), retry_after_ms)
 }
 
 fn failed_item(index: usize, error: &ApiError, retry_after_ms: Option<u64>) -> Value {
@@ -627,10 +430,10 @@ async fn batch_continue(
     let mut outcomes = HashMap::new();
     let mut candidates = Vec::new();
     for (index, event) in events.into_iter().enumerate() {
-        match parse_candidate(context, index, event, now_ms) {
+        match parse_candidate(&context.fire, index, event, now_ms) {
             Ok(candidate) => candidates.push(candidate),
-            Err(error) => {
-                outcomes.insert(index, Outcome::failed(error));
+            Err(outcome) => {
+                outcomes.insert(index, outcome);
             }
         }
     }
@@ -644,9 +447,13 @@ async fn batch_continue(
                 position = position.max(at);
                 results.push(accepted_item(index, &receipt));
             }
-            Some(Outcome::Failed { error, retry_after_ms }) => {
+            Some(Outcome::Refused(refusal)) => {
                 failed += 1;
-                results.push(failed_item(index, &error, retry_after_ms));
+                results.push(refused_item(index, refusal));
+            }
+            Some(Outcome::Failed(error)) => {
+                failed += 1;
+                results.push(failed_item(index, &error, None));
             }
             None => {
                 failed += 1;
@@ -688,17 +495,17 @@ async fn batch_abort(
     let mut candidates = Vec::new();
     let mut invalid = None;
     for (index, event) in events.into_iter().enumerate() {
-        match parse_candidate(context, index, event, now_ms) {
+        match parse_candidate(&context.fire, index, event, now_ms) {
             Ok(candidate) => candidates.push(candidate),
-            Err(error) => {
-                invalid = Some((index, Outcome::failed(error)));
+            Err(outcome) => {
+                invalid = Some((index, outcome));
                 break;
             }
         }
     }
     for _ in 0..ATTEMPTS {
         let refs: Vec<&Candidate> = candidates.iter().collect();
-        let (receipts, subjects) = lookups(state, context, &refs).await?;
+        let (receipts, subjects) = lookups(state, &context.fire, &refs).await?;
         let mut planned: Vec<Planned> = Vec::new();
         let mut new = Vec::new();
         let mut new_indexes = Vec::new();
@@ -706,34 +513,28 @@ async fn batch_abort(
         let mut failure = None;
         for candidate in &candidates {
             let event_id = candidate.input.event_id.as_str();
-            if let Some(receipt) = receipts.get(event_id) {
-                match against_receipt(candidate, receipt) {
-                    Outcome::Accepted { receipt, .. } => planned.push(Planned::Existing(receipt)),
-                    failed => {
-                        failure = Some((candidate.index, failed));
-                        break;
-                    }
-                }
-                continue;
-            }
-            if let Some(&first) = firsts.get(event_id) {
+            let receipt = receipts.get(event_id);
+            if receipt.is_none()
+                && let Some(&first) = firsts.get(event_id)
+            {
                 if candidates[first].digest == candidate.digest {
                     planned.push(Planned::RepeatOf(first));
                     continue;
                 }
-                failure =
-                    Some((candidate.index, Outcome::failed(EventRefusal::IdConflict(event_id.to_owned()).into())));
+                failure = Some((candidate.index, Outcome::Refused(EventRefusal::IdConflict(event_id.to_owned()))));
                 break;
             }
-            match new_occurrence(context, candidate, &subjects, now_ms) {
-                Ok(item) => {
+            let known = Known { receipt, subjects: &subjects, admission: None };
+            match decide_fire(&context.fire, candidate, known, now_ms, &mut Drawn) {
+                Ok(Fired::Duplicate(receipt)) => planned.push(Planned::Existing(receipt)),
+                Ok(Fired::New(stream, receipt)) => {
                     firsts.insert(event_id, candidate.index);
-                    planned.push(Planned::New(item.1.receipt.clone()));
+                    planned.push(Planned::New(receipt.receipt.clone()));
                     new_indexes.push((candidate.index, !candidate.input.pending_keys.is_empty()));
-                    new.push(item);
+                    new.push((stream, receipt));
                 }
-                Err(error) => {
-                    failure = Some((candidate.index, Outcome::failed(error)));
+                Err(refusal) => {
+                    failure = Some((candidate.index, Outcome::Refused(refusal)));
                     break;
                 }
             }
@@ -746,20 +547,18 @@ async fn batch_abort(
                 Err(AppendError::Conflict { code: EVENT_ID_TAKEN, .. }) => continue,
                 Err(AppendError::Conflict { code: ADMISSION_REFUSED, .. }) => {
                     let client = state.pool.get().await?;
-                    let scopes = admission_state(&client, &context.scopes).await?;
+                    let scopes = admission_state(&client, &context.fire.scopes).await?;
                     let needs: Vec<bool> = new_indexes.iter().map(|(_, needs)| *needs).collect();
                     match first_refusal(&scopes, &needs) {
-                        Some((ordinal, refusal)) => Some((new_indexes[ordinal].0, Outcome::refused(refusal))),
+                        Some((ordinal, refusal)) => {
+                            Some((new_indexes[ordinal].0, Outcome::Refused(EventRefusal::NotAdmitted(refusal))))
+                        }
                         None => continue,
                     }
                 }
                 Err(AppendError::Conflict { code: SUBJECT_DELETING, .. }) => {
-                    let error = ApiError::conflict(
-                        Code::RecordDeletionPending,
-                        "a subject of this batch is being deleted; it accepts no more events",
-                    );
                     let index = first_deleting(state, &candidates).await?.unwrap_or(0);
-                    Some((index, Outcome::failed(error)))
+                    Some((index, Outcome::Refused(EventRefusal::BatchSubjectDeleting)))
                 }
                 Err(error) => return Err(crate::edge::append_error(error)),
             },
@@ -769,7 +568,7 @@ async fn batch_abort(
             None => abort_success(&planned, 0),
         });
     }
-    Err(ApiError::conflict(Code::ConcurrentModification, "eventIds of this batch were being fired concurrently; retry"))
+    Err(EventRefusal::BatchConcurrent.into())
 }
 
 /// The index of the first candidate whose subject's deletion has started.
@@ -826,7 +625,8 @@ fn abort_failure(planned: &[Planned], failed_index: usize, outcome: Outcome) -> 
         }
     }
     let failed = match outcome {
-        Outcome::Failed { error, retry_after_ms } => failed_item(failed_index, &error, retry_after_ms),
+        Outcome::Refused(refusal) => refused_item(failed_index, refusal),
+        Outcome::Failed(error) => failed_item(failed_index, &error, None),
         Outcome::Accepted { .. } => json!({ "index": failed_index, "status": "failed" }),
     };
     results.push(failed);

@@ -10,7 +10,15 @@ use platform::log::{AppendError, Guard, SetValue};
 use platform::settings::ScopeLimits;
 use serde_json::{Value, json};
 
-use crate::events::decide::ScopeState;
+/// A scope's admission state as the database holds it, refilled to now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ScopeState {
+    pub limits: ScopeLimits,
+    /// Tokens available now (after refill, capped at the burst).
+    pub tokens: f64,
+    pub pending: i64,
+    pub receipts: i64,
+}
 
 /// A receipt already held under an eventId.
 #[derive(Debug, Clone)]

@@ -1,11 +1,77 @@
-//! The pure parts of a form submission: who the client is, and what the fields become.
+//! Form decisions: who the client is, what the fields become, what a submission appends
+//! (the contact, its subscriptions, the confirmation token and email) and what following the
+//! confirmation link does. Pure: the form, the contact's upsert, its subscriptions and the
+//! confirmation's template are loaded by the shell (`http.rs`), which draws the token too.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use domain::catalog::AttributeEntry;
+use domain::catalog::{AttributeEntry, WriteContext};
 use domain::email::resources::FormDef;
-use platform::error::{ApiError, Code, Issue};
-use serde_json::{Map, Value};
+use domain::records::RecordState;
+use domain::records::write::Write;
+use mail::outbox::{self, Prepared};
+use mail::send::{self, Authored, EmailTo};
+use platform::error::{Code, Issue};
+use platform::events::LogEvent;
+use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
+use platform::proto;
+use serde_json::{Map, Value, json};
+
+use super::store::{DataKey, confirm_guard, token_guard};
+use crate::decision::{Decide, Given, Outcome, Reply, Status};
+use crate::emails::decide::{Source, subscription_changes};
+use crate::templates::decide::render_context;
+
+/// Why a submission or a confirmation is refused. The HTTP edge maps each to the contract's
+/// answer (a page for a browser).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The submission lacks what the form needs; `issues` names it (400).
+    #[error("{message}")]
+    Invalid { message: String, issues: Vec<Issue> },
+    /// No such form (404).
+    #[error("no form {0:?}; a form is named by its id (frm_...), not its slug: GET /forms lists them")]
+    FormNotFound(String),
+    /// The form is switched off (403).
+    #[error("this form is not accepting submissions")]
+    Disabled,
+    /// A limiter is used up (429, with `Retry-After`, an HTTP date: when its window resets).
+    #[error("{what}: at most {allowed} per {window_seconds} s; retry after the window resets")]
+    RateLimited { what: String, allowed: u32, window_seconds: u64, retry_after: String },
+    /// No confirmation token of the form is this link's (404).
+    #[error("this confirmation link is not valid")]
+    LinkNotFound,
+    /// The link expired unconfirmed (410).
+    #[error("this confirmation link has expired; submit the form again")]
+    LinkExpired,
+    /// Every attempt at a submission lost a race (409).
+    #[error("the contact kept changing while the submission was applied; retry")]
+    SubmissionKeptChanging,
+    /// Every attempt at a confirmation lost a race (409).
+    #[error("the contact kept changing; follow the link again")]
+    ConfirmationKeptChanging,
+    /// What the submission appends could not be built (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Refusal {
+    pub fn code(&self) -> Code {
+        match self {
+            Self::Invalid { .. } => Code::InvalidFormSubmission,
+            Self::FormNotFound(_) => Code::FormNotFound,
+            Self::Disabled => Code::FormDisabled,
+            Self::RateLimited { .. } => Code::RateLimitExceeded,
+            Self::LinkNotFound => Code::ConfirmationNotFound,
+            Self::LinkExpired => Code::ConfirmationExpired,
+            Self::SubmissionKeptChanging | Self::ConfirmationKeptChanging => Code::ConcurrentModification,
+            Self::Internal(_) => Code::InternalError,
+        }
+    }
+}
 
 /// The client's address: the peer's, or, when the peer is a trusted proxy, the address its
 /// `X-Forwarded-For` names (the rightmost one that is not itself a trusted proxy).
@@ -27,7 +93,7 @@ pub(crate) fn contact_input(
     fields: &Map<String, Value>,
     attributes: &[AttributeEntry],
     urlencoded: bool,
-) -> Result<Map<String, Value>, ApiError> {
+) -> Result<Map<String, Value>, Refusal> {
     let mut input = Map::new();
     for (field, target) in &form.fields {
         let Some(value) = fields.get(field) else { continue };
@@ -51,11 +117,10 @@ pub(crate) fn contact_input(
     }
     if input.get("email").is_none_or(|email| email.as_str().is_none_or(|email| email.trim().is_empty())) {
         let field = form.fields.iter().find(|(_, target)| *target == "email").map_or("email", |(field, _)| field);
-        return Err(ApiError::bad_request(
-            Code::InvalidFormSubmission,
-            format!("{field} (an email address) is required"),
-        )
-        .with_issues(vec![Issue::for_key(field, "an email address is required")]));
+        return Err(Refusal::Invalid {
+            message: format!("{field} (an email address) is required"),
+            issues: vec![Issue::for_key(field, "an email address is required")],
+        });
     }
     Ok(input)
 }
@@ -73,11 +138,302 @@ fn typed(kind: &str, text: &str) -> Value {
     }
 }
 
+pub(crate) fn submission_stream(submission_id: &str) -> String {
+    format!("form-submission-{submission_id}")
+}
+
+/// A success page (what a browser that posted a form, or followed a link, is shown).
+fn page(title: &str, text: &str) -> Reply {
+    Reply::page(Status::Ok, api::pages::Message::success(title, &[text]).page())
+}
+
+/// The form's topics the contact is not subscribed to yet.
+pub(crate) fn new_topics<'a>(form: &'a FormDef, subscribed: &BTreeMap<String, String>) -> Vec<&'a String> {
+    form.topic_ids.iter().filter(|topic| subscribed.get(*topic).map(String::as_str) != Some("subscribed")).collect()
+}
+
+/// Whether a submission waits for confirmation: double opt-in, and something to confirm.
+pub(crate) fn pending(form: &FormDef, subscribed: &BTreeMap<String, String>) -> bool {
+    form.double_opt_in && (!new_topics(form, subscribed).is_empty() || form.topic_ids.is_empty())
+}
+
+/// `POST /forms/{formId}/submit`: a submission, public (the tenant is the form's).
+pub(crate) struct SubmitForm<'a> {
+    pub form_id: String,
+    pub fields: Map<String, Value>,
+    pub urlencoded: bool,
+    pub token_ttl_hours: u64,
+    /// Where the confirmation link points.
+    pub site: &'a send::Site,
+}
+
+/// What a submission decides on.
+pub(crate) struct Submission {
+    pub space_id: String,
+    pub form: FormDef,
+    pub context: Arc<WriteContext>,
+    /// The contact as the submission's upsert leaves it.
+    pub contact: RecordState,
+    /// The upsert's write (none when the contact is unchanged).
+    pub write: Option<Write>,
+    /// The data key of an unchanged contact (a write carries its own).
+    pub key: Option<DataKey>,
+    pub subscribed: BTreeMap<String, String>,
+    /// The confirmation email's template and what its send is decided on, when one is due
+    /// (double opt-in, and the confirmation limiters passed).
+    pub confirmation: Option<ConfirmationEmail>,
+    /// The double opt-in token (drawn by the shell when the submission is pending).
+    pub token: Option<Token>,
+}
+
+/// A confirmation email as its send decision reads it.
+pub(crate) struct ConfirmationEmail {
+    pub authored: Arc<Authored>,
+    pub suppressed: bool,
+    /// The suppression's addition, when suppressed.
+    pub suppressed_by: Option<mail::skipped::DecidedBy>,
+}
+
+/// A double opt-in token: what the link carries, and its keyed digest (all that is stored).
+pub(crate) struct Token {
+    pub token: String,
+    pub digest: String,
+}
+
+/// A submission decided: its appends and answer, and the confirmation email to hand off once
+/// appended.
+pub(crate) struct Submitted {
+    pub outcome: Outcome,
+    pub confirmation: Option<Prepared>,
+}
+
+impl Decide for SubmitForm<'_> {
+    type Loaded = Submission;
+    type Outcome = Submitted;
+    type Refusal = Refusal;
+
+    fn decide(&self, loaded: Submission, given: &mut Given<'_>) -> Result<Submitted, Refusal> {
+        let Submission { space_id, form, context, contact, write, key, subscribed, confirmation, token } = loaded;
+        let (form_id, now) = (&self.form_id, given.now_ms);
+        let contact_id = contact.record_id.clone();
+        let address = contact.personal.as_ref().and_then(|personal| personal.email.clone()).unwrap_or_default();
+        let new_topics = new_topics(&form, &subscribed);
+        let pending = pending(&form, &subscribed);
+        let submission_id = given.fresh.id("sub");
+        let mut streams = Vec::new();
+        let mut guards: Vec<Guard> = Vec::new();
+        let mut contact_key = key;
+        if let Some(write) = write {
+            let write = write.carried_by("form", form_id);
+            let Write { stream, guards: write_guards, key } = write;
+            contact_key = Some(key);
+            streams.push(stream);
+            guards.extend(write_guards);
+        }
+        let status = if pending { "pending" } else { "subscribed" };
+        let source = Source { kind: "form", id: form_id };
+        streams.extend(subscription_changes((&space_id, &contact_id), &new_topics, status, source, now));
+        let mut token_digest = String::new();
+        let mut confirmation_email = None;
+        let token_ttl_hours = i64::try_from(self.token_ttl_hours).unwrap_or(168);
+        let expires_at_ms = now + token_ttl_hours * 3_600_000;
+        if pending {
+            let Token { token, digest } =
+                token.ok_or_else(|| Refusal::Internal("a pending submission has no token".to_owned()))?;
+            token_digest = digest;
+            guards.push(token_guard(&token_digest, form_id, &submission_id, (&space_id, &contact_id), expires_at_ms));
+            if let (Some(confirmation), Some(key)) = (&confirmation, contact_key.as_ref()) {
+                let authored = &confirmation.authored;
+                let email_id = given.fresh.id("em");
+                // A confirmation is decided as transactional mail: it asks for the consent
+                // marketing mail needs.
+                let facts = send::Facts {
+                    kind: send::Kind::Transactional,
+                    topic_id: None,
+                    contact: Some(send::Contact {
+                        address: Some(address.as_str()),
+                        suppressed: confirmation.suppressed,
+                        ..send::Contact::default()
+                    }),
+                    policy: None,
+                    allowance_refused: false,
+                    now_ms: now,
+                };
+                match send::decide(&facts) {
+                    send::Verdict::Send => {
+                        let confirm_url =
+                            format!("{}/forms/{form_id}/confirm/{token}", self.site.base_url.trim_end_matches('/'));
+                        let keys: Vec<String> =
+                            context.attributes.iter().map(|attribute| attribute.key.clone()).collect();
+                        let documents =
+                            [(authored.template.recipient.clone(), (contact.document(), keys))].into_iter().collect();
+                        let mut render_with = render_context(&documents);
+                        if let Some(values) = render_with.as_object_mut() {
+                            values.insert("confirmUrl".to_owned(), Value::String(confirm_url));
+                            values.insert("form".to_owned(), json!({"id": form_id, "name": form.name}));
+                        }
+                        let rendered =
+                            send::render_email(authored, &email_id, render_with, self.site).map_err(|error| {
+                                Refusal::Internal(format!(
+                                    "form {form_id}: the confirmation template does not render: {error}"
+                                ))
+                            })?;
+                        let to = EmailTo { space_id: &space_id, contact_id: &contact_id, address: &address, key };
+                        let origin = send::Origin::form(form_id);
+                        let scheduled =
+                            send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.site.base_url))
+                                .map_err(|error| Refusal::Internal(format!("{error:#}")))?;
+                        guards.push(outbox::insert_guard(&email_id, &space_id, None));
+                        guards.extend(scheduled.guards);
+                        streams.push(scheduled.stream);
+                        confirmation_email = Some(scheduled.prepared);
+                    }
+                    send::Verdict::Skip { gate, .. } | send::Verdict::Hold { gate, .. } => {
+                        streams.push(mail::skipped::skipped(mail::skipped::Skip {
+                            email_id: &email_id,
+                            space_id: &space_id,
+                            authored,
+                            contact_id: &contact_id,
+                            origin: send::Origin::form(form_id),
+                            gate,
+                            decided_by: confirmation.suppressed_by.as_ref().filter(|_| gate == send::Gate::Suppressed),
+                            at_ms: now,
+                        }));
+                    }
+                }
+            }
+        }
+        let submitted = proto::FormSubmitted {
+            submission_id: submission_id.clone(),
+            form_id: form_id.clone(),
+            space_id: space_id.clone(),
+            contact_id: contact_id.clone(),
+            pending,
+            topic_ids: form.topic_ids.clone(),
+            token_digest,
+            expires_at_ms: if pending { expires_at_ms } else { 0 },
+            at_ms: now,
+        };
+        streams.push(StreamAppend {
+            stream_id: submission_stream(&submission_id),
+            expected: ExpectedVersion::NoStream,
+            events: vec![NewEvent {
+                event: LogEvent::FormSubmitted(submitted),
+                subject_id: Some(contact_id.clone()),
+                occurred_at: platform::time::from_millis(now),
+            }],
+        });
+        let reply = if self.urlencoded {
+            let text = if pending {
+                "Thank you. Please check your inbox and follow the link to confirm."
+            } else {
+                "Thank you. You are subscribed."
+            };
+            page(&form.name, text)
+        } else {
+            let status = if pending { "pending_confirmation" } else { "subscribed" };
+            Reply::ok(json!({"data": {"submissionId": submission_id, "status": status}}))
+        };
+        let outcome = Outcome::append(streams, guards, reply).in_space(&space_id);
+        Ok(Submitted { outcome, confirmation: confirmation_email })
+    }
+}
+
+/// `GET /forms/{formId}/confirm/{token}`: following the confirmation link.
+pub(crate) struct ConfirmSubmission {
+    pub form_id: String,
+    /// The keyed digest of the link's token.
+    pub digest: String,
+    pub json: bool,
+    /// The answer of the last decision that appended, for the shell to give when a
+    /// concurrent confirmation won the race.
+    pub decided: RefCell<Option<Reply>>,
+}
+
+impl ConfirmSubmission {
+    /// The answer to a confirmation (the first, or any after it).
+    pub(crate) fn confirmed(&self, form: &FormDef) -> Reply {
+        if self.json {
+            Reply::ok(json!({"data": {"formId": self.form_id, "status": "confirmed"}}))
+        } else {
+            page(&form.name, "Your subscription is confirmed. Thank you.")
+        }
+    }
+}
+
+/// What a confirmation decides on: the form's token with the link's digest.
+pub(crate) enum Confirmation {
+    /// No token of the form has the digest.
+    Unknown,
+    /// The token expired unconfirmed.
+    Expired,
+    /// Confirmed before: a success again (D7).
+    Done(FormDef),
+    Open {
+        space_id: String,
+        form: FormDef,
+        submission_id: String,
+        contact_id: String,
+        /// The contact's email consent granted (none when it holds already).
+        consent: Option<Write>,
+        subscribed: BTreeMap<String, String>,
+    },
+}
+
+impl Decide for ConfirmSubmission {
+    type Loaded = Confirmation;
+    type Outcome = Outcome;
+    type Refusal = Refusal;
+
+    fn decide(&self, loaded: Confirmation, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+        let (space_id, form, submission_id, contact_id, consent, subscribed) = match loaded {
+            Confirmation::Unknown => return Err(Refusal::LinkNotFound),
+            Confirmation::Expired => return Err(Refusal::LinkExpired),
+            Confirmation::Done(form) => return Ok(Outcome::Answer(self.confirmed(&form))),
+            Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed } => {
+                (space_id, form, submission_id, contact_id, consent, subscribed)
+            }
+        };
+        let now = given.now_ms;
+        let mut streams = Vec::new();
+        let mut guards = vec![confirm_guard(&self.digest)];
+        if let Some(write) = consent {
+            streams.push(write.stream);
+            guards.extend(write.guards);
+        }
+        let source = Source { kind: "confirmation", id: &self.form_id };
+        streams.extend(subscription_changes(
+            (&space_id, &contact_id),
+            &new_topics(&form, &subscribed),
+            "subscribed",
+            source,
+            now,
+        ));
+        let confirmed_event = proto::SubmissionConfirmed {
+            submission_id: submission_id.clone(),
+            form_id: self.form_id.clone(),
+            space_id: space_id.clone(),
+            contact_id: contact_id.clone(),
+            at_ms: now,
+        };
+        streams.push(StreamAppend {
+            stream_id: submission_stream(&submission_id),
+            expected: ExpectedVersion::Any,
+            events: vec![NewEvent {
+                event: LogEvent::SubmissionConfirmed(confirmed_event),
+                subject_id: Some(contact_id.clone()),
+                occurred_at: platform::time::from_millis(now),
+            }],
+        });
+        Ok(Outcome::append(streams, guards, self.confirmed(&form)).in_space(&space_id))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-    use std::collections::BTreeMap;
+    use crate::decision::Body;
+    use crate::decision::harness::{NOW_MS, given};
 
     #[test]
     fn forwarded_for_counts_only_behind_a_trusted_proxy() {
@@ -119,6 +475,178 @@ mod tests {
         assert_eq!(Value::Object(input), json!({"email": "a@example.com", "consent": true, "age": 42}));
         let missing = json!({"email_address": " ", "age": "1"});
         let error = contact_input(&form, missing.as_object().expect("object"), &attributes, true).err();
-        assert_eq!(error.and_then(|error| error.code()), Some(Code::InvalidFormSubmission));
+        assert_eq!(error.as_ref().map(Refusal::code), Some(Code::InvalidFormSubmission));
+        assert_eq!(
+            error,
+            Some(Refusal::Invalid {
+                message: "email_address (an email address) is required".into(),
+                issues: vec![Issue::for_key("email_address", "an email address is required")],
+            })
+        );
+    }
+
+    fn form(double_opt_in: bool) -> FormDef {
+        FormDef {
+            slug: "news".into(),
+            name: "Newsletter".into(),
+            schema_id: "sch_1".into(),
+            fields: BTreeMap::from([("email".into(), "email".into())]),
+            topic_ids: vec!["top_a".into()],
+            double_opt_in,
+            confirmation_template_id: None,
+            enabled: true,
+        }
+    }
+
+    fn site() -> send::Site {
+        send::Site {
+            base_url: "https://mail.test/v1".into(),
+            links: mail::tracking::Links::derive(|_| [7; 32], 1, &[]),
+        }
+    }
+
+    /// A submission by an existing, unchanged contact that is subscribed to nothing yet.
+    fn submission(double_opt_in: bool, token: Option<Token>) -> Submission {
+        let record = domain::records::RecordState {
+            record_id: "con_1".into(),
+            space_id: "spc_1".into(),
+            schema_id: "sch_1".into(),
+            schema_type: "contact".into(),
+            source: "api".into(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            personal: Some(proto::RecordPersonal { email: Some("a@example.com".into()), ..Default::default() }),
+        };
+        let context = WriteContext {
+            schema: domain::catalog::SchemaEntry {
+                schema_id: "sch_1".into(),
+                slug: "contacts".into(),
+                schema_type: "contact".into(),
+                doc: Value::Null,
+                attribute_count: 0,
+                revision: 1,
+            },
+            attributes: Vec::new(),
+            credits: 0,
+            revision: 1,
+        };
+        Submission {
+            space_id: "spc_1".into(),
+            form: form(double_opt_in),
+            context: Arc::new(context),
+            contact: record,
+            write: None,
+            key: None,
+            subscribed: BTreeMap::new(),
+            confirmation: None,
+            token,
+        }
+    }
+
+    fn subscription(status: &str, source: &str) -> LogEvent {
+        LogEvent::SubscriptionChanged(proto::SubscriptionChanged {
+            space_id: "spc_1".into(),
+            contact_id: "con_1".into(),
+            topic_id: "top_a".into(),
+            status: status.into(),
+            source: source.into(),
+            source_id: "frm_1".into(),
+            at_ms: NOW_MS,
+        })
+    }
+
+    fn submitted(pending: bool, token_digest: &str, expires_at_ms: i64) -> LogEvent {
+        LogEvent::FormSubmitted(proto::FormSubmitted {
+            submission_id: "sub_1".into(),
+            form_id: "frm_1".into(),
+            space_id: "spc_1".into(),
+            contact_id: "con_1".into(),
+            pending,
+            topic_ids: vec!["top_a".into()],
+            token_digest: token_digest.into(),
+            expires_at_ms,
+            at_ms: NOW_MS,
+        })
+    }
+
+    fn events(outcome: &Outcome) -> Vec<LogEvent> {
+        outcome.events().into_iter().cloned().collect()
+    }
+
+    #[test]
+    fn a_submission_without_double_opt_in_subscribes_at_once() {
+        let site = site();
+        let command = SubmitForm {
+            form_id: "frm_1".into(),
+            fields: Map::new(),
+            urlencoded: false,
+            token_ttl_hours: 24,
+            site: &site,
+        };
+        let Submitted { outcome, confirmation } = given(submission(false, None)).when(&command).decided();
+        assert!(confirmation.is_none());
+        assert_eq!(events(&outcome), [subscription("subscribed", "form"), submitted(false, "", 0)]);
+        let Outcome::Append(writes) = outcome else { panic!("appended") };
+        assert_eq!(writes.space_id.as_deref(), Some("spc_1"));
+        assert_eq!(writes.reply, Reply::ok(json!({"data": {"submissionId": "sub_1", "status": "subscribed"}})));
+    }
+
+    #[test]
+    fn a_double_opt_in_submission_waits_under_its_token_and_a_browser_gets_a_page() {
+        let site = site();
+        let command = SubmitForm {
+            form_id: "frm_1".into(),
+            fields: Map::new(),
+            urlencoded: true,
+            token_ttl_hours: 24,
+            site: &site,
+        };
+        let token = Token { token: "tok".into(), digest: "digest".into() };
+        let Submitted { outcome, .. } = given(submission(true, Some(token))).when(&command).decided();
+        let expires_at_ms = NOW_MS + 24 * 3_600_000;
+        assert_eq!(events(&outcome), [subscription("pending", "form"), submitted(true, "digest", expires_at_ms)]);
+        let Outcome::Append(writes) = outcome else { panic!("appended") };
+        assert_eq!(writes.guards.len(), 1, "the token's insert");
+        let Body::Html(page) = &writes.reply.body else { panic!("a page") };
+        assert!(page.contains("follow the link to confirm"), "{page}");
+        let untokened = given(submission(true, None)).when(&command);
+        assert!(matches!(untokened.0, Err(Refusal::Internal(_))));
+    }
+
+    fn confirm(json: bool) -> ConfirmSubmission {
+        ConfirmSubmission { form_id: "frm_1".into(), digest: "digest".into(), json, decided: RefCell::new(None) }
+    }
+
+    #[test]
+    fn following_the_link_confirms_once_and_again_is_a_success() {
+        let open = Confirmation::Open {
+            space_id: "spc_1".into(),
+            form: form(true),
+            submission_id: "sub_1".into(),
+            contact_id: "con_1".into(),
+            consent: None,
+            subscribed: BTreeMap::from([("top_a".to_owned(), "pending".to_owned())]),
+        };
+        let reply = given(open).when(&confirm(true)).then_events(&[
+            subscription("subscribed", "confirmation"),
+            LogEvent::SubmissionConfirmed(proto::SubmissionConfirmed {
+                submission_id: "sub_1".into(),
+                form_id: "frm_1".into(),
+                space_id: "spc_1".into(),
+                contact_id: "con_1".into(),
+                at_ms: NOW_MS,
+            }),
+        ]);
+        let confirmed = Reply::ok(json!({"data": {"formId": "frm_1", "status": "confirmed"}}));
+        assert_eq!(reply, confirmed);
+        assert_eq!(given(Confirmation::Done(form(true))).when(&confirm(true)).decided().reply(), Some(&confirmed));
+        let page = given(Confirmation::Done(form(true))).when(&confirm(false)).decided();
+        assert!(matches!(page.reply().map(|reply| &reply.body), Some(Body::Html(_))));
+    }
+
+    #[test]
+    fn an_unknown_or_expired_link_is_refused() {
+        given(Confirmation::Unknown).when(&confirm(false)).then_refused(Refusal::LinkNotFound);
+        given(Confirmation::Expired).when(&confirm(false)).then_refused(Refusal::LinkExpired);
     }
 }

@@ -1,6 +1,11 @@
-//! The form's reads: a confirmation token.
+//! The form's write side: confirmation tokens, read by their digest, and the guards that
+//! insert and confirm them.
 
 use deadpool_postgres::GenericClient;
+/// A contact's data key, which seals the confirmation email sent to it.
+pub(crate) use platform::crypto::DataKey;
+use platform::error::Code;
+use platform::log::{AppendError, Guard};
 
 /// A confirmation token of a form, as found by its digest.
 pub(crate) struct Token {
@@ -30,4 +35,38 @@ pub(crate) async fn token(
         done: row.get(2),
         expired: row.get(3),
     }))
+}
+
+/// Inserts a submission's token (by its digest), bound to the form and expiring at
+/// `expires_at_ms`.
+pub(crate) fn token_guard(
+    digest: &str,
+    form_id: &str,
+    submission_id: &str,
+    (space_id, contact_id): (&str, &str),
+    expires_at_ms: i64,
+) -> Guard {
+    Guard::exactly_one(
+        "INSERT INTO form_tokens (token_digest, form_id, submission_id, space_id, contact_id, expires_at)
+         VALUES ($1, $2, $3, $4, $5, to_timestamp($6::bigint / 1000.0))",
+        vec![
+            Box::new(digest.to_owned()),
+            Box::new(form_id.to_owned()),
+            Box::new(submission_id.to_owned()),
+            Box::new(space_id.to_owned()),
+            Box::new(contact_id.to_owned()),
+            Box::new(expires_at_ms),
+        ],
+        AppendError::Conflict { code: Code::IdempotencyConflict, message: "the token is taken".to_owned() },
+    )
+}
+
+/// Confirms the token once: a second confirmation (a concurrent one) fails the append with
+/// `concurrent_modification`.
+pub(crate) fn confirm_guard(digest: &str) -> Guard {
+    Guard::exactly_one(
+        "UPDATE form_tokens SET confirmed_at = now() WHERE token_digest = $1 AND confirmed_at IS NULL",
+        vec![Box::new(digest.to_owned())],
+        AppendError::Conflict { code: Code::ConcurrentModification, message: "confirmed meanwhile".to_owned() },
+    )
 }
