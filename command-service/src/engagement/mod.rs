@@ -4,6 +4,6 @@
 //! concurrent requests in one statement) before it is answered, so no acknowledged click or
 //! open is lost, and the projector's `engagement` worker appends it to the email's stream.
 
-pub mod http;
 pub mod decide;
+pub mod http;
 pub mod store;
