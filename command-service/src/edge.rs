@@ -27,6 +27,7 @@ impl From<crate::suppressions::decide::Refusal> for ApiError {
             Refusal::Invalid { code, message, issues } => ApiError::bad_request(code, message).with_issues(issues),
             Refusal::NotFound(_) => ApiError::not_found(Code::SuppressionNotFound, message),
             Refusal::NotRemovable => ApiError::conflict(Code::SuppressionNotRemovable, message),
+            Refusal::KeptChanging => ApiError::conflict(Code::ConcurrentModification, message),
             Refusal::Unreadable(message) => ApiError::internal(&anyhow::anyhow!(message)),
         }
     }
@@ -175,6 +176,20 @@ impl From<crate::records::decide::Refusal> for ApiError {
             Refusal::Unreadable(message) => ApiError::internal(&anyhow::anyhow!(message)),
             Refusal::Unwritable(error) => append_error(error),
         }
+    }
+}
+
+/// A tracking link this service did not issue, or one changed: 404 `link_not_found`.
+impl From<crate::engagement::decide::Forged> for ApiError {
+    fn from(forged: crate::engagement::decide::Forged) -> Self {
+        ApiError::not_found(Code::LinkNotFound, forged.to_string())
+    }
+}
+
+/// A write to a schema the space does not have: 404 `schema_not_found`.
+impl From<crate::write_contexts::UnknownSchema> for ApiError {
+    fn from(unknown: crate::write_contexts::UnknownSchema) -> Self {
+        ApiError::not_found(Code::SchemaNotFound, unknown.to_string())
     }
 }
 

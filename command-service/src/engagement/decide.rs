@@ -8,6 +8,12 @@ use std::sync::LazyLock;
 
 use domain::engagement::{Actor, Signal, Timing, click_timing};
 
+/// A tracking link this service did not issue, or one changed in any way: it never
+/// redirects and counts nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("this link was not issued by this service, or was changed")]
+pub struct Forged;
+
 /// What a tracking request showed. Nothing of it is stored: only the verdict is.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Request<'a> {

@@ -14,7 +14,7 @@ use actix_web::http::Method;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, web};
 use mail::tracking::Checked;
-use platform::error::{ApiError, Code};
+use platform::error::ApiError;
 
 use super::decide::{self as signals, Request};
 use super::store::Hit;
@@ -69,7 +69,7 @@ pub async fn open(path: web::Path<String>, state: web::Data<State>, req: HttpReq
 }
 
 fn forged() -> ApiError {
-    ApiError::not_found(Code::LinkNotFound, "this link was not issued by this service, or was changed")
+    signals::Forged.into()
 }
 
 /// Takes the click or the open in: what the request alone shows of whose it was (its

@@ -35,6 +35,9 @@ pub enum Refusal {
          suppressions cannot"
     )]
     NotRemovable,
+    /// A batch whose suppressions kept changing while it was applied (409).
+    #[error("the suppressions kept changing while this batch was applied; retry")]
+    KeptChanging,
     /// A stored suppression that cannot be read back (500).
     #[error("{0}")]
     Unreadable(String),
@@ -46,6 +49,7 @@ impl Refusal {
             Self::Invalid { code, .. } => *code,
             Self::NotFound(_) => Code::SuppressionNotFound,
             Self::NotRemovable => Code::SuppressionNotRemovable,
+            Self::KeptChanging => Code::ConcurrentModification,
             Self::Unreadable(_) => Code::InternalError,
         }
     }

@@ -69,10 +69,7 @@ fn batch_refused(error: AppendError) -> Lost {
 }
 
 fn lost_too_often() -> ApiError {
-    ApiError::conflict(
-        Code::ConcurrentModification,
-        "the suppressions kept changing while this batch was applied; retry",
-    )
+    Refusal::KeptChanging.into()
 }
 
 impl Command for CreateSuppression {
