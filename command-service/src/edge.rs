@@ -106,6 +106,7 @@ impl From<crate::broadcasts::decide::Refusal> for ApiError {
             Refusal::RunActive => ApiError::conflict(Code::BroadcastRunActive, message),
             Refusal::AudienceNotFound(Audience::Segment { .. }) => ApiError::not_found(Code::SegmentNotFound, message),
             Refusal::AudienceNotFound(Audience::Topic { .. }) => ApiError::not_found(Code::TopicNotFound, message),
+            Refusal::Failed(message) => ApiError::internal(&anyhow::anyhow!(message)),
         }
     }
 }
@@ -119,6 +120,28 @@ impl From<crate::workflows::decide::Refusal> for ApiError {
             Refusal::NotFound(_) => ApiError::not_found(Code::WorkflowNotFound, message),
             Refusal::NotPublished(_) => ApiError::conflict(Code::WorkflowNotPublished, message),
             Refusal::InvalidInput(_) => ApiError::bad_request(Code::InvalidWorkflowInput, message),
+            Refusal::Record(refusal) => refusal.into(),
+            Refusal::Failed(message) => ApiError::internal(&anyhow::anyhow!(message)),
+        }
+    }
+}
+
+/// A refused template send as the contract answers it.
+impl From<crate::templates::decide::Refusal> for ApiError {
+    fn from(refusal: crate::templates::decide::Refusal) -> Self {
+        use crate::templates::decide::Refusal;
+        use actix_web::http::StatusCode;
+        let (code, message) = (refusal.code(), refusal.to_string());
+        match refusal {
+            Refusal::NotFound(_) => ApiError::not_found(code, message),
+            Refusal::ContentNotAccepted(_) | Refusal::UnknownField(_) => ApiError::bad_request(code, message),
+            Refusal::InvalidData { message, issues } => ApiError::bad_request(code, message).with_issues(issues),
+            Refusal::Gate(mail::send::Gate::NoAddress) => ApiError::bad_request(code, message),
+            Refusal::Gate(_) => ApiError::unprocessable(code, message),
+            Refusal::RenderFailed(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Some(code), message),
+            Refusal::EmailLimitReached => ApiError::new(StatusCode::PAYMENT_REQUIRED, Some(code), message),
+            Refusal::Record(refusal) => refusal.into(),
+            Refusal::Failed(message) => ApiError::internal(&anyhow::anyhow!(message)),
         }
     }
 }

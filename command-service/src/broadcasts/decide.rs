@@ -1,11 +1,16 @@
 //! The broadcast decisions: validating an update body, updating a broadcast and requesting
 //! its run, on the broadcast as the log holds it. Pure.
 
-use domain::email::broadcasts::apply_update;
+use domain::email::broadcasts::{apply_update, document, stream_id};
 use domain::email::resources::{Audience, BroadcastDef};
 use platform::error::{Code, Issue};
+use platform::events::LogEvent;
+use platform::log::{ExpectedVersion, Guard, StreamAppend};
 use platform::proto;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
+
+use super::store::{self, Current, Loaded};
+use crate::decision::{Decide, Given, Outcome, Reply};
 
 /// The fields an update accepts.
 pub(crate) const UPDATE_FIELDS: [&str; 3] = ["name", "audience", "scheduledAt"];
@@ -44,6 +49,9 @@ pub enum Refusal {
     /// `topic_not_found`).
     #[error("no {} {:?} in this space", kind(.0), id(.0))]
     AudienceNotFound(Audience),
+    /// A decision that cannot be made on what was loaded (500).
+    #[error("{0}")]
+    Failed(String),
 }
 
 fn kind(audience: &Audience) -> &'static str {
@@ -58,15 +66,6 @@ fn id(audience: &Audience) -> &str {
         Audience::Segment { segment_id } => segment_id,
         Audience::Topic { topic_id } => topic_id,
     }
-}
-
-/// A broadcast as the log holds it when a command is decided.
-#[derive(Debug, Clone)]
-pub struct Current {
-    /// The authored definition with every update the log holds folded over it, in log order.
-    pub definition: BroadcastDef,
-    /// Whether a run is scheduled or sending.
-    pub run_active: bool,
 }
 
 /// What a command knows of an audience it names.
@@ -246,6 +245,104 @@ pub fn start_at(scheduled_at_ms: Option<i64>, now: i64) -> i64 {
     scheduled_at_ms.filter(|at| *at > now).unwrap_or(now)
 }
 
+/// The broadcast's own stream at the version it was loaded at, and its authoring stream
+/// unchanged.
+fn at_loaded(broadcast_id: &str, loaded: &Loaded, event: LogEvent, now: i64) -> (StreamAppend, Guard) {
+    let expected = match loaded.version {
+        0 => ExpectedVersion::NoStream,
+        version => ExpectedVersion::Exactly(version),
+    };
+    let stream = StreamAppend::one(stream_id(broadcast_id), expected, event, now);
+    (stream, Guard::stream_at(&store::authored_stream(broadcast_id), loaded.authored_version))
+}
+
+/// The broadcast from the log (`None`: not one of the space's), what is known of the audience
+/// the command checks, and the guard that keeps a segment audience's stream where it was read.
+pub(crate) type Broadcast = Option<(Loaded, AudienceFound, Option<Guard>)>;
+
+/// `PATCH /broadcasts/{id}`.
+pub(crate) struct UpdateBroadcast {
+    pub space_id: String,
+    pub broadcast_id: String,
+    pub update: Update,
+}
+
+impl Decide for UpdateBroadcast {
+    type Loaded = Broadcast;
+    type Outcome = Outcome;
+    type Refusal = Refusal;
+
+    fn decide(&self, loaded: Broadcast, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+        let (space_id, broadcast_id) = (self.space_id.as_str(), self.broadcast_id.as_str());
+        let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
+        if let Some(current) = current {
+            check_echoed(&self.update, &document(broadcast_id, &current.definition, given.now_ms))?;
+        }
+        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
+        let (event, next) = decide_update(broadcast_id, space_id, current, &self.update, found, given.now_ms)?;
+        let Some((loaded, _, audience_guard)) = loaded else {
+            return Err(Refusal::Failed("an update decided without its broadcast".to_owned()));
+        };
+        let body = api::http::data_body(document(broadcast_id, &next, given.now_ms), &[]);
+        let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastUpdated(event), given.now_ms);
+        let guards = [store::no_active_run(broadcast_id), authored].into_iter().chain(audience_guard).collect();
+        Ok(Outcome::one(stream, guards, Reply::ok(body)))
+    }
+}
+
+/// A run as the API shows it when it was just requested.
+fn requested_run(run: &proto::BroadcastRunRequested, audience: &Audience) -> Value {
+    json!({
+        "id": run.run_id,
+        "broadcastId": run.broadcast_id,
+        "status": "scheduled",
+        "templateId": run.template_id,
+        "senderId": Some(&run.sender_id).filter(|id| !id.is_empty()),
+        "audience": audience,
+        "startAt": platform::time::format_millis(run.start_at_ms),
+        "requestedAt": platform::time::format_millis(run.requested_at_ms),
+        "startedAt": null,
+        "finishedAt": null,
+        "error": null,
+        "counts": {"audience": null, "pending": 0, "queued": 0, "held": 0, "sent": 0, "failed": 0, "outcomeUnknown": 0,
+                   "bounced": 0, "complained": 0, "unsubscribed": 0, "opened": 0, "clicked": 0,
+                   "openRate": null, "clickRate": null,
+                   "skipped": {"notSubscribed": 0, "suppressed": 0, "allowance": 0, "noAddress": 0, "gone": 0,
+                               "frequencyCap": 0, "quietHours": 0}},
+    })
+}
+
+/// `POST /broadcasts/{id}/send`.
+pub(crate) struct SendBroadcast {
+    pub space_id: String,
+    pub broadcast_id: String,
+}
+
+impl Decide for SendBroadcast {
+    type Loaded = Broadcast;
+    type Outcome = Outcome;
+    type Refusal = Refusal;
+
+    fn decide(&self, loaded: Broadcast, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+        let (space_id, broadcast_id) = (self.space_id.as_str(), self.broadcast_id.as_str());
+        let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
+        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
+        let run_id = given.fresh.id("bcr");
+        let run = decide_send(broadcast_id, space_id, current, found, (&run_id, given.now_ms))?;
+        let Some((loaded, _, audience_guard)) = loaded else {
+            return Err(Refusal::Failed("a send decided without its broadcast".to_owned()));
+        };
+        let audience = &loaded.current.definition.audience;
+        let body = api::http::data_body(requested_run(&run, audience), &[]);
+        let audience = serde_json::to_value(audience).map_err(|error| Refusal::Failed(format!("{error:#}")))?;
+        let mut guards = store::run_guards(&run, audience);
+        let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastRunRequested(run), given.now_ms);
+        guards.push(authored);
+        guards.extend(audience_guard);
+        Ok(Outcome::one(stream, guards, Reply::accepted(body)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,5 +447,92 @@ mod tests {
         assert_eq!(start_at(Some(5_000), 1_000), 5_000);
         assert_eq!(start_at(Some(500), 1_000), 1_000);
         assert_eq!(start_at(None, 1_000), 1_000);
+    }
+
+    use crate::decision::harness::{NOW_MS, given};
+    use crate::decision::{Outcome, Status};
+
+    fn loaded(run_active: bool, found: AudienceFound) -> Broadcast {
+        Some((Loaded { current: current(run_active), version: 2, authored_version: 5 }, found, None))
+    }
+
+    fn update(value: Value) -> UpdateBroadcast {
+        UpdateBroadcast {
+            space_id: "spc_1".into(),
+            broadcast_id: "bc_1".into(),
+            update: parse_update(&body(value)).expect("valid"),
+        }
+    }
+
+    fn send() -> SendBroadcast {
+        SendBroadcast { space_id: "spc_1".into(), broadcast_id: "bc_1".into() }
+    }
+
+    #[test]
+    fn given_a_broadcast_when_updated_then_the_update_is_appended_at_its_version_and_answered_folded() {
+        let reply = given(loaded(false, AudienceFound::Yes)).when(&update(json!({"name": "Relaunch"}))).then_events(&[
+            LogEvent::BroadcastUpdated(proto::BroadcastUpdated {
+                broadcast_id: "bc_1".into(),
+                space_id: "spc_1".into(),
+                name: Some("Relaunch".into()),
+                audience: None,
+                scheduled_at_set: false,
+                scheduled_at_ms: 0,
+                updated_at_ms: NOW_MS,
+            }),
+        ]);
+        assert_eq!(reply.status, Status::Ok);
+        assert_eq!(reply.json()["data"]["name"], "Relaunch");
+        assert_eq!(reply.json()["data"]["templateId"], "tpl_1");
+        let Outcome::Append(writes) =
+            given(loaded(false, AudienceFound::Yes)).when(&update(json!({"name": "Relaunch"}))).decided()
+        else {
+            panic!("appended")
+        };
+        assert_eq!(writes.streams[0].expected, ExpectedVersion::Exactly(2));
+        let sqls: Vec<_> = writes.guards.iter().map(|guard| guard.sql).collect();
+        let authored = Guard::stream_at(&store::authored_stream("bc_1"), 5);
+        assert_eq!(sqls, [store::no_active_run("bc_1").sql, authored.sql]);
+    }
+
+    #[test]
+    fn given_no_broadcast_an_active_run_or_a_missing_audience_when_updated_then_refused() {
+        given(None).when(&update(json!({"name": "New"}))).then_refused(Refusal::NotFound("bc_1".into()));
+        given(loaded(true, AudienceFound::Yes)).when(&update(json!({"name": "New"}))).then_refused(Refusal::RunActive);
+        let to_segment = update(json!({"audience": {"segmentId": "seg_9"}}));
+        given(loaded(false, AudienceFound::No))
+            .when(&to_segment)
+            .then_refused(Refusal::AudienceNotFound(Audience::Segment { segment_id: "seg_9".into() }));
+    }
+
+    #[test]
+    fn given_a_broadcast_when_sent_then_a_run_is_requested_under_a_drawn_id() {
+        let reply =
+            given(loaded(false, AudienceFound::Yes)).when(&send()).then_events(&[LogEvent::BroadcastRunRequested(
+                proto::BroadcastRunRequested {
+                    run_id: "bcr_1".into(),
+                    broadcast_id: "bc_1".into(),
+                    space_id: "spc_1".into(),
+                    template_id: "tpl_1".into(),
+                    sender_id: String::new(),
+                    audience: Some(Audience::Topic { topic_id: "top_1".into() }.to_proto()),
+                    start_at_ms: NOW_MS,
+                    requested_at_ms: NOW_MS,
+                },
+            )]);
+        assert_eq!(reply.status, Status::Accepted);
+        assert_eq!(
+            (&reply.json()["data"]["id"], &reply.json()["data"]["status"], &reply.json()["data"]["senderId"]),
+            (&json!("bcr_1"), &json!("scheduled"), &Value::Null)
+        );
+    }
+
+    #[test]
+    fn given_an_active_run_or_a_gone_audience_when_sent_then_refused() {
+        given(loaded(true, AudienceFound::Yes)).when(&send()).then_refused(Refusal::RunActive);
+        given(loaded(false, AudienceFound::No))
+            .when(&send())
+            .then_refused(Refusal::AudienceNotFound(Audience::Topic { topic_id: "top_1".into() }));
+        given(None).when(&send()).then_refused(Refusal::NotFound("bc_1".into()));
     }
 }

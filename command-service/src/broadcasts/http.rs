@@ -8,21 +8,18 @@
 //! a run is scheduled or sending, an update is refused, and so is another send (409
 //! `broadcast_run_active`), by a guard that holds even against a concurrent request.
 
-use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use api::auth::{Caller, Permission};
-use domain::email::broadcasts::{document, stream_id};
+use api::auth::Permission;
 use domain::email::resources::{Audience, BROADCAST};
 use platform::error::{ApiError, Code};
-use platform::events::LogEvent;
-use platform::log::{AppendError, ExpectedVersion, Guard, StreamAppend};
-use platform::proto;
-use serde_json::{Value, json};
+use platform::log::{AppendError, Guard};
+use serde_json::Value;
 
-use super::decide::{self, AudienceFound, Update};
-use super::store::{self, Loaded};
+use super::decide::{self, AudienceFound, Broadcast, SendBroadcast, UpdateBroadcast};
+use super::store;
 use crate::State;
-use crate::pipeline::{self, Actor, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
+use crate::decision::Outcome;
+use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Refusal, Shell};
 
 /// Whether `audience` names a live segment or a topic of the space, and the guard that keeps a
 /// segment's stream where it was read (its deletion meanwhile makes the command decide again).
@@ -68,7 +65,7 @@ async fn load_with_audience(
     space_id: &str,
     broadcast_id: &str,
     checked: Checked<'_>,
-) -> Result<Option<(Loaded, AudienceFound, Option<Guard>)>, ApiError> {
+) -> Result<Broadcast, ApiError> {
     let client = ctx.db().await?;
     let loaded = store::load(&client, space_id, broadcast_id).await.map_err(|error| ApiError::internal(&error))?;
     drop(client);
@@ -84,17 +81,6 @@ async fn load_with_audience(
     Ok(Some((loaded, found, guard)))
 }
 
-/// The broadcast's own stream at the version it was loaded at, and its authoring stream
-/// unchanged.
-fn at_loaded(broadcast_id: &str, loaded: &Loaded, event: LogEvent, now: i64) -> (StreamAppend, Guard) {
-    let expected = match loaded.version {
-        0 => ExpectedVersion::NoStream,
-        version => ExpectedVersion::Exactly(version),
-    };
-    let stream = StreamAppend::one(stream_id(broadcast_id), expected, event, now);
-    (stream, Guard::stream_at(&store::authored_stream(broadcast_id), loaded.authored_version))
-}
-
 /// A guard that names the run-active conflict answers 409 `broadcast_run_active`.
 fn refused(error: AppendError) -> Refusal {
     match error {
@@ -105,35 +91,14 @@ fn refused(error: AppendError) -> Refusal {
     }
 }
 
-struct UpdateBroadcast<'a> {
-    caller: &'a Caller,
-    broadcast_id: String,
-    update: Update,
-}
-
-impl Legacy for UpdateBroadcast<'_> {
-    type Loaded = Option<(Loaded, AudienceFound, Option<Guard>)>;
-
-    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+impl Command for UpdateBroadcast {
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Broadcast, ApiError> {
         let audience = Checked::Named(self.update.audience.as_ref());
-        load_with_audience(ctx, self.caller.space_id(), &self.broadcast_id, audience).await
+        load_with_audience(ctx, &self.space_id, &self.broadcast_id, audience).await
     }
 
-    fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
-        let (space_id, broadcast_id) = (self.caller.space_id(), self.broadcast_id.as_str());
-        let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
-        if let Some(current) = current {
-            decide::check_echoed(&self.update, &document(broadcast_id, &current.definition, given.now_ms))?;
-        }
-        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
-        let (event, next) = decide::decide_update(broadcast_id, space_id, current, &self.update, found, given.now_ms)?;
-        let Some((loaded, _, audience_guard)) = loaded else {
-            return Err(ApiError::internal(&anyhow::anyhow!("an update decided without its broadcast")));
-        };
-        let body = api::http::data_body(document(broadcast_id, &next, given.now_ms), &[]);
-        let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastUpdated(event), given.now_ms);
-        let guards = [store::no_active_run(broadcast_id), authored].into_iter().chain(audience_guard).collect();
-        Ok(Decided::Append(Decision::one(stream, guards, StatusCode::OK, body)))
+    fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
+        Ok(outcome.into())
     }
 
     fn refused(&self, error: AppendError) -> Refusal {
@@ -152,62 +117,18 @@ pub async fn update(
         pipeline::authorize_with_body(&req, payload, &state, Permission::Write, pipeline::request_bucket(&req)).await?;
     let update = decide::parse_update(&body)?;
     let broadcast_id = pipeline::authored_id(&state, (BROADCAST, caller.space_id()), path.into_inner()).await?;
-    let command = UpdateBroadcast { caller: &caller, broadcast_id, update };
+    let command = UpdateBroadcast { space_id: caller.space_id().to_owned(), broadcast_id, update };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
-/// A run as the API shows it when it was just requested.
-fn requested_run(run: &proto::BroadcastRunRequested, audience: &Audience) -> Value {
-    json!({
-        "id": run.run_id,
-        "broadcastId": run.broadcast_id,
-        "status": "scheduled",
-        "templateId": run.template_id,
-        "senderId": Some(&run.sender_id).filter(|id| !id.is_empty()),
-        "audience": audience,
-        "startAt": platform::time::format_millis(run.start_at_ms),
-        "requestedAt": platform::time::format_millis(run.requested_at_ms),
-        "startedAt": null,
-        "finishedAt": null,
-        "error": null,
-        "counts": {"audience": null, "pending": 0, "queued": 0, "held": 0, "sent": 0, "failed": 0, "outcomeUnknown": 0,
-                   "bounced": 0, "complained": 0, "unsubscribed": 0, "opened": 0, "clicked": 0,
-                   "openRate": null, "clickRate": null,
-                   "skipped": {"notSubscribed": 0, "suppressed": 0, "allowance": 0, "noAddress": 0, "gone": 0,
-                               "frequencyCap": 0, "quietHours": 0}},
-    })
-}
-
-struct SendBroadcast<'a> {
-    caller: &'a Caller,
-    broadcast_id: String,
-}
-
-impl Legacy for SendBroadcast<'_> {
-    type Loaded = Option<(Loaded, AudienceFound, Option<Guard>)>;
-
-    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
-        load_with_audience(ctx, self.caller.space_id(), &self.broadcast_id, Checked::Own).await
+impl Command for SendBroadcast {
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Broadcast, ApiError> {
+        load_with_audience(ctx, &self.space_id, &self.broadcast_id, Checked::Own).await
     }
 
-    fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
-        let (space_id, broadcast_id) = (self.caller.space_id(), self.broadcast_id.as_str());
-        let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
-        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
-        let run_id = platform::ids::new_id("bcr");
-        let run = decide::decide_send(broadcast_id, space_id, current, found, (&run_id, given.now_ms))?;
-        let Some((loaded, _, audience_guard)) = loaded else {
-            return Err(ApiError::internal(&anyhow::anyhow!("a send decided without its broadcast")));
-        };
-        let audience = &loaded.current.definition.audience;
-        let body = api::http::data_body(requested_run(&run, audience), &[]);
-        let audience = serde_json::to_value(audience).map_err(|error| ApiError::internal(&error.into()))?;
-        let mut guards = store::run_guards(&run, audience);
-        let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastRunRequested(run), given.now_ms);
-        guards.push(authored);
-        guards.extend(audience_guard);
-        Ok(Decided::Append(Decision::one(stream, guards, StatusCode::ACCEPTED, body)))
+    fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
+        Ok(outcome.into())
     }
 
     fn refused(&self, error: AppendError) -> Refusal {
@@ -223,6 +144,6 @@ pub async fn send(
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let broadcast_id = pipeline::authored_id(&state, (BROADCAST, caller.space_id()), path.into_inner()).await?;
-    let command = SendBroadcast { caller: &caller, broadcast_id };
+    let command = SendBroadcast { space_id: caller.space_id().to_owned(), broadcast_id };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }

@@ -9,11 +9,18 @@ use platform::error::Code;
 use platform::events::LogEvent;
 use platform::log::{AppendError, Guard};
 
-use super::decide::Current;
-
 /// The stream the operator's apply writes a broadcast's definition to.
 pub(crate) fn authored_stream(broadcast_id: &str) -> String {
     crate::authoring::resource_stream(BROADCAST, broadcast_id)
+}
+
+/// A broadcast as the log holds it when a command is decided.
+#[derive(Debug, Clone)]
+pub struct Current {
+    /// The authored definition with every update the log holds folded over it, in log order.
+    pub definition: BroadcastDef,
+    /// Whether a run is scheduled or sending.
+    pub run_active: bool,
 }
 
 /// A broadcast of the caller's space as the log holds it.

@@ -1,29 +1,83 @@
-//! The pure parts of a send: what the body may hold, the context it must give, and who may
-//! receive marketing mail.
+//! The pure parts of a send: what the body may hold, the context it must give, who may
+//! receive marketing mail, and the transactional send's decision.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use domain::catalog::AttributeEntry;
 use domain::email::resources::TemplateDef;
-use mail::send::Gate;
-use platform::error::{ApiError, Code, Issue};
-use serde_json::{Map, Value};
+use mail::outbox::Prepared;
+use mail::send::{self, Authored, EmailTo, Gate, Site};
+use platform::error::{Code, Issue};
+use platform::log::{Guard, StreamAppend};
+use serde_json::{Map, Value, json};
+
+use crate::decision::{Decide, Given, Outcome, Reply};
+use crate::records::decide::{self as records, PlannedUpsert};
 
 /// Fields a caller might try in order to replace stored content; refused with 400.
 const CONTENT_FIELDS: &[&str] = &["subject", "html", "text", "body", "content", "from", "sender", "to", "replyTo"];
 
+/// Why a template send is refused. The HTTP edge maps each to the contract's answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    /// No such template in the caller's space (404 `template_not_found`).
+    #[error("no template {0:?} in this space")]
+    NotFound(String),
+    /// The body names a content field (400 `template_content_not_accepted`).
+    #[error("{0:?} cannot be given: the stored template's content is sent as authored")]
+    ContentNotAccepted(String),
+    /// The body has a field other than `data` (400 `unknown_field`).
+    #[error("unknown field {0:?}; the body is {{data: {{...}}}}")]
+    UnknownField(String),
+    /// The context is not what the template expects; `issues` names the keys (400
+    /// `invalid_template_data`).
+    #[error("{message}")]
+    InvalidData { message: String, issues: Vec<Issue> },
+    /// The send decision refused the recipient (D9, D11): a contact without an address is a
+    /// 400 `recipient_missing`, every other gate 422 with its code; nothing was sent.
+    #[error("{}; nothing was sent", .0.reason())]
+    Gate(Gate),
+    /// The template does not render with this context (422 `template_render_failed`).
+    #[error("the template does not render: {0}")]
+    RenderFailed(String),
+    /// The space's allowance of the month is used up (402 `email_limit_reached`).
+    #[error("the space's email allowance for this month is used up; nothing was sent")]
+    EmailLimitReached,
+    /// A context record's write could not be assembled (the record write's answer).
+    #[error(transparent)]
+    Record(#[from] records::Refusal),
+    /// A send that cannot be decided on what was loaded, or whose content cannot be sealed
+    /// (500).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Refusal {
+    /// The contract's code of the refusal.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::NotFound(_) => Code::TemplateNotFound,
+            Self::ContentNotAccepted(_) => Code::TemplateContentNotAccepted,
+            Self::UnknownField(_) => Code::UnknownField,
+            Self::InvalidData { .. } => Code::InvalidTemplateData,
+            Self::Gate(gate) => gate.code(),
+            Self::RenderFailed(_) => Code::TemplateRenderFailed,
+            Self::EmailLimitReached => Code::EmailLimitReached,
+            Self::Record(records::Refusal::Record(refusal)) => refusal.code(),
+            Self::Record(records::Refusal::KeptChanging) => Code::ConcurrentModification,
+            Self::Record(_) | Self::Failed(_) => Code::InternalError,
+        }
+    }
+}
+
 /// The context of a send body `{data: {<key>: {...}}}`: each key's record input.
-pub fn context(body: &Map<String, Value>) -> Result<BTreeMap<String, Map<String, Value>>, ApiError> {
+pub fn context(body: &Map<String, Value>) -> Result<BTreeMap<String, Map<String, Value>>, Refusal> {
     if let Some(field) = body.keys().find(|key| CONTENT_FIELDS.contains(&key.as_str())) {
-        return Err(ApiError::bad_request(
-            Code::TemplateContentNotAccepted,
-            format!("{field:?} cannot be given: the stored template's content is sent as authored"),
-        ));
+        return Err(Refusal::ContentNotAccepted(field.clone()));
     }
     if let Some(field) = body.keys().find(|key| *key != "data") {
-        return Err(ApiError::bad_request(
-            Code::UnknownField,
-            format!("unknown field {field:?}; the body is {{data: {{...}}}}"),
-        ));
+        return Err(Refusal::UnknownField(field.clone()));
     }
     let Some(Value::Object(data)) = body.get("data") else {
         return Err(invalid("data", "data must be an object of context records, one per key the template expects"));
@@ -36,16 +90,15 @@ pub fn context(body: &Map<String, Value>) -> Result<BTreeMap<String, Map<String,
         .collect()
 }
 
-fn invalid(field: &str, message: &str) -> ApiError {
-    ApiError::bad_request(Code::InvalidTemplateData, message.to_owned())
-        .with_issues(vec![Issue::for_key(field, message)])
+fn invalid(field: &str, message: &str) -> Refusal {
+    Refusal::InvalidData { message: message.to_owned(), issues: vec![Issue::for_key(field, message)] }
 }
 
 /// Every key the template expects is given, and nothing else.
 pub(crate) fn check_keys(
     template: &TemplateDef,
     context: &BTreeMap<String, Map<String, Value>>,
-) -> Result<(), ApiError> {
+) -> Result<(), Refusal> {
     let mut issues = Vec::new();
     for key in context.keys().filter(|key| !template.data.contains_key(*key)) {
         let expected: Vec<&str> = template.data.keys().map(String::as_str).collect();
@@ -63,19 +116,7 @@ pub(crate) fn check_keys(
     if issues.is_empty() {
         return Ok(());
     }
-    Err(ApiError::bad_request(Code::InvalidTemplateData, "the context does not match what the template expects")
-        .with_issues(issues))
-}
-
-/// A send the decision refused, answered as a template send refuses (D9, D11): a contact
-/// without an address is a 400 `recipient_missing`, every other gate 422 with its code; nothing
-/// was sent.
-pub fn refusal(gate: Gate) -> ApiError {
-    let message = format!("{}; nothing was sent", gate.reason());
-    match gate {
-        Gate::NoAddress => ApiError::bad_request(gate.code(), message),
-        gate => ApiError::unprocessable(gate.code(), message),
-    }
+    Err(Refusal::InvalidData { message: "the context does not match what the template expects".to_owned(), issues })
 }
 
 /// The keys of a contact schema's email consent attributes.
@@ -99,6 +140,155 @@ pub(crate) fn render_context(documents: &BTreeMap<String, (Value, Vec<String>)>)
         context.insert(key.clone(), Value::Object(document));
     }
     Value::Object(context)
+}
+
+/// A context record planned: its upsert, the schema's attribute keys and attributes.
+pub(crate) struct Planned {
+    pub upsert: PlannedUpsert,
+    pub attributes: Vec<AttributeEntry>,
+}
+
+/// What is known about the recipient, as the send decision reads it.
+pub(crate) struct RecipientFacts {
+    pub address: Option<String>,
+    pub suppressed: bool,
+    pub consent: Option<bool>,
+    pub subscription: Option<String>,
+    /// The value of the send policy's time-zone attribute.
+    pub zone: Option<String>,
+    /// Its marketing sends within the policy's caps' windows.
+    pub sent: Vec<send::Sent>,
+}
+
+/// What a send decides on.
+pub(crate) struct Loaded {
+    pub authored: Arc<Authored>,
+    pub planned: BTreeMap<String, Planned>,
+    pub recipient: RecipientFacts,
+}
+
+/// `POST /templates/{templateId}/send`.
+pub(crate) struct SendTemplate<'a> {
+    pub space_id: String,
+    pub template_id: String,
+    pub context: BTreeMap<String, Map<String, Value>>,
+    /// Where the unsubscribe and tracking links point.
+    pub site: &'a Site,
+}
+
+/// What a send decided.
+pub(crate) enum Sent {
+    /// Held by the send policy: stored now, decided again at its time; the answer is final
+    /// (the claim completes with it).
+    Held(Outcome),
+    /// Appended, then handed to the relay inline.
+    HandOff(Box<HandOff>),
+}
+
+/// A send to append and hand off. The append also inserts the email's outbox row (after
+/// `guards`, before `allowance`), which holds the send's claim: the hand-off records the
+/// answer.
+pub(crate) struct HandOff {
+    pub streams: Vec<StreamAppend>,
+    /// The context records' guards and the email's own.
+    pub guards: Vec<Guard>,
+    /// The count against the space's allowance, when it has one.
+    pub allowance: Option<Guard>,
+    pub email_id: String,
+    /// What the hand-off sends.
+    pub prepared: Prepared,
+}
+
+impl Decide for SendTemplate<'_> {
+    type Loaded = Loaded;
+    type Outcome = Sent;
+    type Refusal = Refusal;
+
+    fn decide(&self, loaded: Loaded, given: &mut Given<'_>) -> Result<Sent, Refusal> {
+        let Loaded { authored, planned, recipient } = loaded;
+        let (space_id, now) = (self.space_id.as_str(), given.now_ms);
+        let template = &authored.template;
+        let facts = send::Facts {
+            kind: send::Kind::of(&template.kind),
+            topic_id: template.topic_id.as_deref(),
+            contact: Some(send::Contact {
+                address: recipient.address.as_deref(),
+                suppressed: recipient.suppressed,
+                consent: recipient.consent,
+                subscription: recipient.subscription.as_deref(),
+                zone: recipient.zone.as_deref(),
+                sent: &recipient.sent,
+            }),
+            policy: authored.policy.as_ref(),
+            allowance_refused: false,
+            now_ms: now,
+        };
+        let held = match send::decide(&facts) {
+            send::Verdict::Send => None,
+            send::Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
+            send::Verdict::Skip { gate, .. } => return Err(Refusal::Gate(gate)),
+        };
+        let address = recipient.address.unwrap_or_default();
+        let documents: BTreeMap<String, (Value, Vec<String>)> = planned
+            .iter()
+            .map(|(key, planned)| {
+                let keys = planned.attributes.iter().map(|attribute| attribute.key.clone()).collect();
+                (key.clone(), (planned.upsert.record.document(), keys))
+            })
+            .collect();
+        let email_id = given.fresh.id("em");
+        let rendered = send::render_email(&authored, &email_id, render_context(&documents), self.site)
+            .map_err(Refusal::RenderFailed)?;
+        // The content is sealed under the contact's data key: the key its write carries, or
+        // the one it already has.
+        let mut streams = Vec::new();
+        let mut guards: Vec<Guard> = Vec::new();
+        let mut contact = None;
+        for (key, planned) in planned {
+            let is_recipient = key == template.recipient;
+            let record_id = planned.upsert.record.record_id.clone();
+            match planned.upsert.write {
+                Some(write) => {
+                    let write = write.map_err(records::Refusal::Unwritable)?;
+                    if is_recipient {
+                        contact = Some((record_id, write.key.clone()));
+                    }
+                    streams.push(write.stream);
+                    guards.extend(write.guards);
+                }
+                None if is_recipient => contact = planned.upsert.key.map(|key| (record_id, key)),
+                None => {}
+            }
+        }
+        let Some((contact_id, contact_key)) = contact else {
+            return Err(Refusal::Failed("the recipient has no data key".to_owned()));
+        };
+        let to = EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key };
+        let scheduled =
+            send::schedule(&email_id, &authored, to, &rendered, send::Origin::template(), (now, &self.site.base_url))
+                .map_err(|error| Refusal::Failed(format!("{error:#}")))?;
+        let allowance =
+            authored.allowance.as_ref().map(|allowance| send::allowance_guard(space_id, now, allowance.monthly));
+        if let Some((until_ms, gate)) = held {
+            // Held by the send policy: stored now, decided again at `until_ms`; the answer is
+            // final (the claim completes with it).
+            let held = scheduled.hold(until_ms, gate, now);
+            streams.push(held.stream);
+            guards.push(held.guard);
+            guards.extend(allowance);
+            let body = json!({"data": {
+                "emailId": email_id,
+                "status": "held",
+                "notBefore": platform::time::format_millis(until_ms),
+                "gate": gate.as_str(),
+                "error": null,
+            }});
+            return Ok(Sent::Held(Outcome::append(streams, guards, Reply::ok(body))));
+        }
+        streams.push(scheduled.stream);
+        guards.extend(scheduled.guards);
+        Ok(Sent::HandOff(Box::new(HandOff { streams, guards, allowance, email_id, prepared: scheduled.prepared })))
+    }
 }
 
 #[cfg(test)]
@@ -127,26 +317,13 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_send_answers_with_its_gates_code_and_a_missing_address_is_a_bad_request() {
-        assert_eq!(refusal(Gate::NoAddress).status().as_u16(), 400);
-        assert_eq!(refusal(Gate::NoAddress).code(), Some(Code::RecipientMissing));
-        for gate in [Gate::Suppressed, Gate::Consent, Gate::Topic, Gate::FrequencyCap, Gate::QuietHours] {
-            assert_eq!(refusal(gate).status().as_u16(), 422, "{gate:?}");
-            assert_eq!(refusal(gate).code(), Some(gate.code()));
-        }
-    }
-
-    #[test]
     fn the_body_is_data_only_and_its_keys_are_the_templates() {
         let body = |value: Value| value.as_object().cloned().unwrap_or_default();
-        let refused = context(&body(json!({"data": {}, "subject": "x"}))).err().and_then(|e| e.code());
+        let refused = context(&body(json!({"data": {}, "subject": "x"}))).err().map(|e| e.code());
         assert_eq!(refused, Some(Code::TemplateContentNotAccepted));
+        assert_eq!(context(&body(json!({"data": {}, "other": 1}))).err().map(|e| e.code()), Some(Code::UnknownField));
         assert_eq!(
-            context(&body(json!({"data": {}, "other": 1}))).err().and_then(|e| e.code()),
-            Some(Code::UnknownField)
-        );
-        assert_eq!(
-            context(&body(json!({"data": {"contact": 1}}))).err().and_then(|e| e.code()),
+            context(&body(json!({"data": {"contact": 1}}))).err().map(|e| e.code()),
             Some(Code::InvalidTemplateData)
         );
         let given = context(&body(json!({"data": {"contact": {"email": "a@example.com"}}}))).expect("valid");
@@ -154,5 +331,191 @@ mod tests {
         let extra = context(&body(json!({"data": {"contact": {}, "order": {}}}))).expect("valid");
         assert!(check_keys(&template("transactional", None), &extra).is_err());
         assert!(check_keys(&template("transactional", None), &BTreeMap::new()).is_err());
+    }
+
+    use crate::decision::Status;
+    use crate::decision::harness::{self, NOW_MS};
+    use domain::email::resources::{AllowanceDef, DomainDef, SenderDef, StoredKey};
+    use domain::records::RecordState;
+    use platform::events::LogEvent;
+    use platform::fresh::{Counted, Fresh};
+    use platform::proto;
+
+    #[test]
+    fn the_refusals_read_as_the_contract_words_them() {
+        let unknown = Refusal::UnknownField("other".into());
+        assert_eq!(unknown.to_string(), "unknown field \"other\"; the body is {data: {...}}");
+        let content = Refusal::ContentNotAccepted("subject".into());
+        assert_eq!(
+            content.to_string(),
+            "\"subject\" cannot be given: the stored template's content is sent as authored"
+        );
+        let gate = Refusal::Gate(Gate::NoAddress);
+        assert_eq!(gate.to_string(), format!("{}; nothing was sent", Gate::NoAddress.reason()));
+        let body = |value: Value| value.as_object().cloned().unwrap_or_default();
+        let Err(Refusal::InvalidData { message, issues }) = context(&body(json!({"data": {"contact": 1}}))) else {
+            panic!("refused");
+        };
+        assert_eq!(message, "each context value is an object of the record's fields");
+        assert_eq!(issues, [Issue::for_key("data.contact", message.as_str())]);
+    }
+
+    fn site() -> Site {
+        Site {
+            base_url: "https://api.example.test/v1".into(),
+            links: mail::tracking::Links::derive(|_| [7; 32], 1, &[]),
+        }
+    }
+
+    fn authored(subject: &str) -> Arc<Authored> {
+        let sender = SenderDef {
+            slug: "s".into(),
+            from_name: "S".into(),
+            from_address: "s@example.test".into(),
+            domain_id: "dom_1".into(),
+            reply_to: None,
+            postal_address: None,
+        };
+        let dkim = StoredKey {
+            selector: "s1".into(),
+            public_key: String::new(),
+            wrapped_key: String::new(),
+            private_key: String::new(),
+        };
+        let domain = DomainDef { slug: "d".into(), name: "example.test".into(), dkim, return_path: String::new() };
+        Arc::new(Authored {
+            template_id: "tpl_1".into(),
+            revision: 3,
+            template: TemplateDef { subject: subject.into(), ..template("transactional", None) },
+            sender_id: "snd_1".into(),
+            sender,
+            domain,
+            topic: None,
+            allowance: Some(AllowanceDef { monthly: 100 }),
+            policy: None,
+        })
+    }
+
+    /// An unchanged contact `con_1` with `address`, and what is known of it.
+    fn loaded(subject: &str, address: Option<&str>, suppressed: bool) -> Loaded {
+        let (key, _) = Counted::new().expect("the test keys").data_key("con_1").expect("a data key");
+        let record = RecordState {
+            record_id: "con_1".into(),
+            space_id: "spc_1".into(),
+            schema_id: "sch_1".into(),
+            schema_type: "contact".into(),
+            source: "api".into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            personal: Some(proto::RecordPersonal {
+                user_id: None,
+                email: address.map(str::to_owned),
+                phone: None,
+                external_id: None,
+                values_json: "{}".into(),
+            }),
+        };
+        let upsert = PlannedUpsert { status: Status::Ok, record, warnings: Vec::new(), write: None, key: Some(key) };
+        Loaded {
+            authored: authored(subject),
+            planned: BTreeMap::from([("contact".to_owned(), Planned { upsert, attributes: Vec::new() })]),
+            recipient: RecipientFacts {
+                address: address.map(str::to_owned),
+                suppressed,
+                consent: None,
+                subscription: None,
+                zone: None,
+                sent: Vec::new(),
+            },
+        }
+    }
+
+    fn send_template(site: &Site) -> SendTemplate<'_> {
+        SendTemplate { space_id: "spc_1".into(), template_id: "tpl_1".into(), context: BTreeMap::new(), site }
+    }
+
+    #[test]
+    fn given_a_reachable_contact_when_sent_then_the_email_is_scheduled_under_a_drawn_id_and_handed_off() {
+        let site = site();
+        let sent = harness::given(loaded("Hello {{ contact.email }}", Some("ada@example.test"), false))
+            .when(&send_template(&site))
+            .decided();
+        let Sent::HandOff(hand_off) = sent else { panic!("handed off, not held") };
+        let HandOff { streams, guards, allowance, email_id, prepared } = *hand_off;
+        assert_eq!(email_id, "em_1");
+        assert_eq!(streams.len(), 1, "the contact is unchanged: the email's stream alone");
+        let [event] = streams[0].events.as_slice() else { panic!("one event") };
+        let LogEvent::EmailScheduled(scheduled) = &event.event else { panic!("scheduled: {event:?}") };
+        assert_eq!(
+            (scheduled.email_id.as_str(), scheduled.contact_id.as_str(), scheduled.template_id.as_str()),
+            ("em_1", "con_1", "tpl_1")
+        );
+        assert_eq!(
+            (scheduled.template_revision, scheduled.scheduled_at_ms, scheduled.origin.as_str()),
+            (3, NOW_MS, "template")
+        );
+        assert!(scheduled.content.is_some(), "the content is sealed");
+        assert!(guards.is_empty(), "a transactional email counts against no frequency cap");
+        assert_eq!(allowance.map(|guard| guard.sql), Some(send::allowance_guard("spc_1", NOW_MS, 100).sql));
+        assert_eq!((prepared.parties.email_id.as_str(), prepared.parties.contact_id.as_str()), ("em_1", "con_1"));
+    }
+
+    #[test]
+    fn given_a_contact_without_an_address_or_suppressed_when_sent_then_the_gate_refuses() {
+        let site = site();
+        harness::given(loaded("Hi", None, false))
+            .when(&send_template(&site))
+            .then_refused(Refusal::Gate(Gate::NoAddress));
+        harness::given(loaded("Hi", Some("ada@example.test"), true))
+            .when(&send_template(&site))
+            .then_refused(Refusal::Gate(Gate::Suppressed));
+    }
+
+    #[test]
+    fn given_a_template_that_does_not_render_when_sent_then_it_is_refused_before_anything_is_written() {
+        let site = site();
+        let refused = harness::given(loaded("Hello {{ contact.email", Some("ada@example.test"), false))
+            .when(&send_template(&site))
+            .0
+            .err();
+        assert!(matches!(&refused, Some(Refusal::RenderFailed(_))), "{refused:?}");
+        assert_eq!(refused.map(|refusal| refusal.code()), Some(Code::TemplateRenderFailed));
+    }
+
+    #[test]
+    fn given_quiet_hours_when_a_marketing_email_is_sent_then_it_is_held_and_answered_at_once() {
+        let site = site();
+        let mut loaded = loaded("Hi", Some("ada@example.test"), false);
+        let mut marketing = (*loaded.authored).clone();
+        marketing.template.kind = "marketing".into();
+        let quiet = json!({"timeZone": {"default": "UTC"}, "quietHours": {"fromMinute": 900, "toMinute": 1020, "outcome": "hold"}});
+        marketing.policy = Some(serde_json::from_value(quiet).expect("a policy"));
+        loaded.authored = Arc::new(marketing);
+        loaded.recipient.consent = Some(true);
+        let Sent::Held(outcome) = harness::given(loaded).when(&send_template(&site)).decided() else {
+            panic!("held, not handed off")
+        };
+        let until_ms = NOW_MS + 3_600_000;
+        let events = outcome.events();
+        let [LogEvent::EmailScheduled(scheduled), LogEvent::EmailHeld(held)] = events.as_slice() else {
+            panic!("scheduled, then held: {events:?}")
+        };
+        assert_eq!((scheduled.email_id.as_str(), scheduled.kind.as_str()), ("em_1", "marketing"));
+        assert_eq!((held.email_id.as_str(), held.not_before_ms, held.at_ms), ("em_1", until_ms, NOW_MS));
+        let reply = outcome.reply().expect("a reply");
+        assert_eq!(reply.status, Status::Ok);
+        assert_eq!(
+            reply.json(),
+            &json!({"data": {
+                "emailId": "em_1",
+                "status": "held",
+                "notBefore": platform::time::format_millis(until_ms),
+                "gate": Gate::QuietHours.as_str(),
+                "error": null,
+            }})
+        );
+        let Outcome::Append(writes) = &outcome else { panic!("appended") };
+        let allowance = send::allowance_guard("spc_1", NOW_MS, 100).sql;
+        assert_eq!(writes.guards.last().map(|guard| guard.sql), Some(allowance), "counted against the allowance");
     }
 }

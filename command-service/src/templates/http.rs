@@ -17,20 +17,18 @@ use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use api::auth::{Caller, Permission};
-use domain::catalog::AttributeEntry;
+use api::auth::Permission;
 use mail::outbox;
 use mail::send;
 pub use mail::send::{Authored, EmailTo, Scheduled};
 use platform::error::{ApiError, Code};
-use platform::log::{AppendError, Guard};
-use serde_json::{Map, Value, json};
+use platform::log::AppendError;
+use serde_json::Value;
 
-use super::decide;
+use super::decide::{self, HandOff, Loaded, Planned, RecipientFacts, SendTemplate, Sent};
 use crate::State;
-use crate::edge::append_error;
-use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection, Refusal};
-use crate::records::decide::{PlannedUpsert, WriteSchema};
+use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Protection, Refusal, Shell};
+use crate::records::decide::WriteSchema;
 use crate::records::load::plan_upsert;
 
 /// The template of the caller's space with its sender, domain and the space's allowance: kept
@@ -45,9 +43,7 @@ pub(crate) async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &s
     let authored = Authored::load(&ctx.db().await?, &catalog, space_id, template_id)
         .await
         .map_err(|error| ApiError::internal(&error))?
-        .ok_or_else(|| {
-            ApiError::not_found(Code::TemplateNotFound, format!("no template {template_id:?} in this space"))
-        })?;
+        .ok_or_else(|| decide::Refusal::NotFound(template_id.to_owned()))?;
     let authored = Arc::new(authored);
     if let Some(revision) = ctx.catalog_revision_seen() {
         ctx.state.templates.put(space_id, template_id, revision, &authored);
@@ -55,44 +51,9 @@ pub(crate) async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &s
     Ok(authored)
 }
 
-/// A context record planned: its upsert, the schema's attribute keys and attributes.
-struct Planned {
-    upsert: PlannedUpsert,
-    attributes: Vec<AttributeEntry>,
-}
-
-/// What is known about the recipient, as the send decision reads it.
-struct RecipientFacts {
-    address: Option<String>,
-    suppressed: bool,
-    consent: Option<bool>,
-    subscription: Option<String>,
-    /// The value of the send policy's time-zone attribute.
-    zone: Option<String>,
-    /// Its marketing sends within the policy's caps' windows.
-    sent: Vec<send::Sent>,
-}
-
-/// What a send decides on.
-struct Loaded {
-    authored: Arc<Authored>,
-    planned: BTreeMap<String, Planned>,
-    recipient: RecipientFacts,
-}
-
-struct SendTemplate<'a> {
-    caller: &'a Caller,
-    template_id: String,
-    context: BTreeMap<String, Map<String, Value>>,
-    /// Where the unsubscribe and tracking links point.
-    site: &'a mail::send::Site,
-}
-
-impl Legacy for SendTemplate<'_> {
-    type Loaded = Loaded;
-
+impl Command for SendTemplate<'_> {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Loaded, ApiError> {
-        let space_id = self.caller.space_id();
+        let space_id = self.space_id.as_str();
         let authored = load_authored(ctx, space_id, &self.template_id).await?;
         decide::check_keys(&authored.template, &self.context)?;
         let now = platform::time::now_millis();
@@ -156,112 +117,26 @@ impl Legacy for SendTemplate<'_> {
         Ok(Loaded { authored, planned, recipient })
     }
 
-    fn decide(&self, loaded: Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
-        let Loaded { authored, planned, recipient } = loaded;
-        let (space_id, now) = (self.caller.space_id(), given.now_ms);
-        let template = &authored.template;
-        let facts = send::Facts {
-            kind: send::Kind::of(&template.kind),
-            topic_id: template.topic_id.as_deref(),
-            contact: Some(send::Contact {
-                address: recipient.address.as_deref(),
-                suppressed: recipient.suppressed,
-                consent: recipient.consent,
-                subscription: recipient.subscription.as_deref(),
-                zone: recipient.zone.as_deref(),
-                sent: &recipient.sent,
-            }),
-            policy: authored.policy.as_ref(),
-            allowance_refused: false,
-            now_ms: now,
-        };
-        let held = match send::decide(&facts) {
-            send::Verdict::Send => None,
-            send::Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
-            send::Verdict::Skip { gate, .. } => return Err(decide::refusal(gate)),
-        };
-        let address = recipient.address.unwrap_or_default();
-        let documents: BTreeMap<String, (Value, Vec<String>)> = planned
-            .iter()
-            .map(|(key, planned)| {
-                let keys = planned.attributes.iter().map(|attribute| attribute.key.clone()).collect();
-                (key.clone(), (planned.upsert.record.document(), keys))
-            })
-            .collect();
-        let email_id = platform::ids::new_id("em");
-        let rendered = send::render_email(&authored, &email_id, decide::render_context(&documents), self.site)
-            .map_err(|error| {
-                ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    Some(Code::TemplateRenderFailed),
-                    format!("the template does not render: {error}"),
-                )
-            })?;
-        // The content is sealed under the contact's data key: the key its write carries, or
-        // the one it already has.
-        let mut streams = Vec::new();
-        let mut guards: Vec<Guard> = Vec::new();
-        let mut contact = None;
-        for (key, planned) in planned {
-            let is_recipient = key == template.recipient;
-            let record_id = planned.upsert.record.record_id.clone();
-            match planned.upsert.write {
-                Some(write) => {
-                    let write = write.map_err(append_error)?;
-                    if is_recipient {
-                        contact = Some((record_id, write.key.clone()));
-                    }
-                    streams.push(write.stream);
-                    guards.extend(write.guards);
-                }
-                None if is_recipient => contact = planned.upsert.key.map(|key| (record_id, key)),
-                None => {}
+    fn answer(&self, sent: Sent, shell: &Shell<'_>) -> Result<Decided, ApiError> {
+        match sent {
+            Sent::Held(outcome) => Ok(outcome.into()),
+            Sent::HandOff(hand_off) => {
+                let HandOff { streams, mut guards, allowance, email_id, prepared } = *hand_off;
+                // The outbox row holds the send's claim: the hand-off records the answer.
+                guards.push(outbox::insert_guard(&email_id, &self.space_id, shell.claim.map(|claim| claim.parts())));
+                guards.extend(allowance);
+                let decision = Decision::new(streams, guards, Answer::json(StatusCode::OK, Value::Null));
+                Ok(Decided::Append(decision.then(super::hand_off::now(prepared))))
             }
         }
-        let Some((contact_id, contact_key)) = contact else {
-            return Err(ApiError::internal(&anyhow::anyhow!("the recipient has no data key")));
-        };
-        let to = EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key };
-        let scheduled =
-            send::schedule(&email_id, &authored, to, &rendered, send::Origin::template(), (now, &self.site.base_url))
-                .map_err(|error| ApiError::internal(&error))?;
-        if let Some((until_ms, gate)) = held {
-            // Held by the send policy: stored now, decided again at `until_ms`; the answer is
-            // final (the claim completes with it).
-            let held = scheduled.hold(until_ms, gate, now);
-            streams.push(held.stream);
-            guards.push(held.guard);
-            if let Some(allowance) = &authored.allowance {
-                guards.push(send::allowance_guard(space_id, now, allowance.monthly));
-            }
-            let body = json!({"data": {
-                "emailId": email_id,
-                "status": "held",
-                "notBefore": platform::time::format_millis(until_ms),
-                "gate": gate.as_str(),
-                "error": null,
-            }});
-            return Ok(Decided::Append(Decision::new(streams, guards, Answer::json(StatusCode::OK, body))));
-        }
-        streams.push(scheduled.stream);
-        guards.extend(scheduled.guards);
-        // The outbox row holds the send's claim: the hand-off records the answer.
-        guards.push(outbox::insert_guard(&email_id, space_id, given.claim.map(|claim| claim.parts())));
-        if let Some(allowance) = &authored.allowance {
-            guards.push(send::allowance_guard(space_id, now, allowance.monthly));
-        }
-        let decision = Decision::new(streams, guards, Answer::json(StatusCode::OK, Value::Null));
-        Ok(Decided::Append(decision.then(super::hand_off::now(scheduled.prepared))))
     }
 
     fn refused(&self, error: AppendError) -> Refusal {
         match error {
             AppendError::Conflict { code: Code::IdentifierConflict, .. } => Refusal::Again,
-            AppendError::Conflict { code: Code::EmailLimitReached, .. } => Refusal::Fail(ApiError::new(
-                StatusCode::PAYMENT_REQUIRED,
-                Some(Code::EmailLimitReached),
-                "the space's email allowance for this month is used up; nothing was sent",
-            )),
+            AppendError::Conflict { code: Code::EmailLimitReached, .. } => {
+                Refusal::Fail(decide::Refusal::EmailLimitReached.into())
+            }
             error => Refusal::default_for(error),
         }
     }
@@ -284,7 +159,29 @@ pub async fn send(
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let body = api::http::read_json_object(&req, payload).await?;
     let context = decide::context(&body)?;
-    let command = SendTemplate { caller: &caller, template_id: path.into_inner(), context, site: &state.site };
+    let command = SendTemplate {
+        space_id: caller.space_id().to_owned(),
+        template_id: path.into_inner(),
+        context,
+        site: &state.site,
+    };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::templates::decide::Refusal;
+    use mail::send::Gate;
+
+    #[test]
+    fn a_refused_send_answers_with_its_gates_code_and_a_missing_address_is_a_bad_request() {
+        assert_eq!(ApiError::from(Refusal::Gate(Gate::NoAddress)).status().as_u16(), 400);
+        assert_eq!(ApiError::from(Refusal::Gate(Gate::NoAddress)).code(), Some(Code::RecipientMissing));
+        for gate in [Gate::Suppressed, Gate::Consent, Gate::Topic, Gate::FrequencyCap, Gate::QuietHours] {
+            assert_eq!(ApiError::from(Refusal::Gate(gate)).status().as_u16(), 422, "{gate:?}");
+            assert_eq!(ApiError::from(Refusal::Gate(gate)).code(), Some(gate.code()));
+        }
+    }
 }

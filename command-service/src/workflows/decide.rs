@@ -1,11 +1,23 @@
 //! The workflow decisions: reading a trigger's input, and whether a workflow takes a run or
 //! changes its pause. Pure.
 
-use domain::workflows::{MAX_INPUT_BYTES, Status, WorkflowDef};
+use std::sync::Arc;
+
+use domain::catalog::WriteContext;
+use domain::workflows::{MAX_INPUT_BYTES, Status, WorkflowDef, run_stream_id, stream_id};
+use platform::events::LogEvent;
+use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
+use platform::proto;
+use prost::Message;
 use serde_json::{Map, Value, json};
 
+use super::store::{self, Found, NewRun};
+use crate::decision::{Decide, Given, Outcome, Reply};
+use crate::records::decide::{self as records, UpsertLoaded, WriteSchema, decide_upsert};
+use crate::records::write::Write;
+
 /// Why a workflow request is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Refusal {
     /// No such workflow (or reference id) in the caller's space (404 `workflow_not_found`).
     #[error("no workflow {0:?} in this space")]
@@ -16,6 +28,19 @@ pub enum Refusal {
     /// The input is not a run's input (400 `invalid_workflow_input`).
     #[error("{0}")]
     InvalidInput(String),
+    /// The contact a trigger names cannot be written: a record rule's refusal, a new contact
+    /// that cannot be read back, a write that cannot be assembled (the record write's answer).
+    #[error(transparent)]
+    Record(#[from] records::Refusal),
+    /// The run's input could not be sealed (500).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Refusal {
+    fn failed(error: &anyhow::Error) -> Self {
+        Self::Failed(format!("{error:#}"))
+    }
 }
 
 /// A trigger's body read: the run's input, and the contact's record input when it names one.
@@ -105,6 +130,149 @@ pub(crate) fn requested_run(
     })
 }
 
+/// The contact schema of a trigger and the space it is in, as the record rules take it.
+pub(crate) fn write_schema<'a>(context: &'a WriteContext, space_id: &'a str) -> WriteSchema<'a> {
+    WriteSchema {
+        schema_id: &context.schema.schema_id,
+        space_id,
+        schema_type: &context.schema.schema_type,
+        attributes: &context.attributes,
+    }
+}
+
+/// `POST /workflows/{referenceId}`.
+pub(crate) struct TriggerWorkflow {
+    pub space_id: String,
+    pub reference_id: String,
+    pub input: Input,
+}
+
+/// What a trigger decides on.
+pub(crate) struct Trigger {
+    pub found: Arc<Found>,
+    /// The contact's schema and what its upsert read, when the input names a contact.
+    pub contact: Option<(Arc<WriteContext>, UpsertLoaded)>,
+}
+
+impl Decide for TriggerWorkflow {
+    type Loaded = Trigger;
+    type Outcome = Outcome;
+    type Refusal = Refusal;
+
+    fn decide(&self, trigger: Trigger, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+        let Trigger { found, contact } = trigger;
+        let (space_id, now) = (self.space_id.as_str(), given.now_ms);
+        let run_id = given.fresh.id("run");
+        let mut streams = Vec::new();
+        let mut guards: Vec<Guard> = Vec::new();
+        // The key the input is sealed under: the contact's, or one of the run's own.
+        let (contact_id, key) = match contact {
+            Some((context, loaded)) => {
+                let schema = write_schema(&context, space_id);
+                let planned = decide_upsert(&schema, loaded, now, given.fresh)?;
+                let contact_id = planned.record.record_id.clone();
+                let key = match planned.write {
+                    Some(write) => {
+                        let Write { stream, guards: write_guards, key } =
+                            write.map_err(records::Refusal::Unwritable)?;
+                        streams.push(stream);
+                        guards.extend(write_guards);
+                        Some(key)
+                    }
+                    None => planned.key,
+                };
+                (Some(contact_id), key)
+            }
+            None => (None, None),
+        };
+        let subject = contact_id.clone().unwrap_or_else(|| run_id.clone());
+        let key = match key {
+            Some(key) => key,
+            None => {
+                let (key, wrapped) = given.fresh.data_key(&subject).map_err(|error| Refusal::failed(&error))?;
+                guards.push(crate::records::store::store_key(&subject, space_id, wrapped));
+                key
+            }
+        };
+        let mut input = platform::events::seal(&subject, &proto::WorkflowInput { json: self.input.input.to_string() });
+        platform::events::encrypt(&mut input, &key).map_err(|error| Refusal::failed(&error))?;
+        guards.push(store::insert_run(NewRun {
+            run_id: &run_id,
+            workflow_id: &found.workflow_id,
+            space_id,
+            revision: found.revision,
+            contact_id: contact_id.as_deref(),
+            input: input.encode_to_vec(),
+            requested_at_ms: now,
+        }));
+        let requested = proto::WorkflowRunRequested {
+            run_id: run_id.clone(),
+            workflow_id: found.workflow_id.clone(),
+            space_id: space_id.to_owned(),
+            workflow_revision: found.revision,
+            trigger: "webhook".to_owned(),
+            trigger_id: self.reference_id.clone(),
+            contact_id: contact_id.clone().unwrap_or_default(),
+            input: Some(input),
+            requested_at_ms: now,
+        };
+        streams.push(StreamAppend {
+            stream_id: run_stream_id(&run_id),
+            expected: ExpectedVersion::NoStream,
+            events: vec![NewEvent {
+                event: LogEvent::WorkflowRunRequested(requested),
+                subject_id: contact_id.clone(),
+                occurred_at: platform::time::from_millis(now),
+            }],
+        });
+        let run = requested_run(&run_id, &found.workflow_id, contact_id.as_deref(), &self.reference_id, now);
+        Ok(Outcome::append(streams, guards, Reply::accepted(api::http::data_body(run, &[]))))
+    }
+}
+
+/// `POST /workflows/{id}/pause` (`pause`) and `/unpause`.
+pub(crate) struct SetPaused {
+    pub space_id: String,
+    pub workflow_id: String,
+    pub pause: bool,
+}
+
+impl Decide for SetPaused {
+    /// The workflow, and its stream's version and pause.
+    type Loaded = (Found, i64, bool);
+    type Outcome = Outcome;
+    type Refusal = Refusal;
+
+    fn decide(&self, (found, version, paused): Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+        let (workflow_id, space_id, now) = (&self.workflow_id, self.space_id.as_str(), given.now_ms);
+        let change = decide_pause(workflow_id, &found.definition, paused, self.pause)?;
+        let document = found.definition.document(workflow_id, found.revision, self.pause);
+        let body = api::http::data_body(document, &[]);
+        if change == PauseChange::Same {
+            return Ok(Outcome::Answer(Reply::ok(body)));
+        }
+        let event = match self.pause {
+            true => LogEvent::WorkflowPaused(proto::WorkflowPaused {
+                workflow_id: workflow_id.clone(),
+                space_id: space_id.to_owned(),
+                at_ms: now,
+            }),
+            false => LogEvent::WorkflowUnpaused(proto::WorkflowUnpaused {
+                workflow_id: workflow_id.clone(),
+                space_id: space_id.to_owned(),
+                at_ms: now,
+            }),
+        };
+        let expected = if version == 0 { ExpectedVersion::NoStream } else { ExpectedVersion::Exactly(version) };
+        let stream = StreamAppend::one(stream_id(workflow_id), expected, event, now);
+        let mut guards = vec![store::control(workflow_id, space_id, self.pause)];
+        if !self.pause {
+            guards.push(store::wake_parked(workflow_id));
+        }
+        Ok(Outcome::one(stream, guards, Reply::ok(body)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +323,182 @@ mod tests {
         assert_eq!(decide_pause("wf_1", &published, true, true), Ok(PauseChange::Same));
         assert_eq!(decide_pause("wf_1", &published, true, false), Ok(PauseChange::Change));
         assert_eq!(decide_pause("wf_1", &published, false, false), Ok(PauseChange::Same));
+    }
+
+    use crate::decision::harness::{NOW_MS, given};
+    use crate::decision::{Body, Status as ReplyStatus};
+    use domain::catalog::{AttributeEntry, SchemaEntry};
+    use platform::error::Code;
+
+    fn found(status: Status) -> Found {
+        Found { workflow_id: "wf_1".into(), revision: 4, definition: definition(status) }
+    }
+
+    fn trigger(contact: Option<Map<String, Value>>) -> TriggerWorkflow {
+        let input = json!({"plan": "pro", "contact": contact.clone()});
+        TriggerWorkflow { space_id: "spc_1".into(), reference_id: "ref".into(), input: Input { input, contact } }
+    }
+
+    fn requested(outcome: &Outcome) -> proto::WorkflowRunRequested {
+        match outcome.events().last() {
+            Some(LogEvent::WorkflowRunRequested(requested)) => (*requested).clone(),
+            other => panic!("a run requested, not {other:?}"),
+        }
+    }
+
+    fn guard_sqls(outcome: &Outcome) -> Vec<&'static str> {
+        match outcome {
+            Outcome::Append(writes) => writes.guards.iter().map(|guard| guard.sql).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The SQL of the guard that stores a subject's wrapped data key.
+    fn store_key_sql() -> &'static str {
+        crate::records::store::store_key("x", "spc_1", Vec::new()).sql
+    }
+
+    #[test]
+    fn given_a_published_workflow_when_triggered_without_a_contact_then_the_run_is_requested_under_a_key_of_its_own() {
+        let loaded = Trigger { found: Arc::new(found(Status::Published)), contact: None };
+        let outcome = given(loaded).when(&trigger(None)).decided();
+        let requested = requested(&outcome);
+        assert_eq!(outcome.events().len(), 1);
+        assert_eq!(
+            (requested.run_id.as_str(), requested.workflow_id.as_str(), requested.space_id.as_str()),
+            ("run_1", "wf_1", "spc_1")
+        );
+        assert_eq!(
+            (requested.workflow_revision, requested.trigger.as_str(), requested.trigger_id.as_str()),
+            (4, "webhook", "ref")
+        );
+        assert_eq!((requested.contact_id.as_str(), requested.requested_at_ms), ("", NOW_MS));
+        assert!(requested.input.is_some(), "the input is sealed");
+        let Outcome::Append(writes) = &outcome else { panic!("appended") };
+        assert_eq!(writes.streams[0].stream_id, run_stream_id("run_1"));
+        assert_eq!(writes.streams[0].events[0].subject_id, None);
+        let run_row = store::insert_run(NewRun {
+            run_id: "run_1",
+            workflow_id: "wf_1",
+            space_id: "spc_1",
+            revision: 4,
+            contact_id: None,
+            input: Vec::new(),
+            requested_at_ms: NOW_MS,
+        });
+        assert_eq!(guard_sqls(&outcome), [store_key_sql(), run_row.sql], "the run's own key, then its row");
+        let reply = outcome.reply().expect("a reply");
+        assert_eq!(reply.status, ReplyStatus::Accepted);
+        let expected = requested_run("run_1", "wf_1", None, "ref", NOW_MS);
+        assert_eq!(reply.body, Body::Json(json!({ "data": expected })));
+    }
+
+    fn contact_context(attributes: Vec<AttributeEntry>) -> Arc<WriteContext> {
+        Arc::new(WriteContext {
+            schema: SchemaEntry {
+                schema_id: "sch_1".into(),
+                slug: "contacts".into(),
+                schema_type: "contact".into(),
+                doc: json!({}),
+                attribute_count: attributes.len() as i64,
+                revision: 1,
+            },
+            attributes,
+            credits: 0,
+            revision: 1,
+        })
+    }
+
+    fn upsert_loaded(context: &WriteContext, input: &Map<String, Value>) -> UpsertLoaded {
+        let schema = write_schema(context, "spc_1");
+        let input = crate::records::decide::parse_input(&schema, input.clone()).expect("valid input");
+        UpsertLoaded { input, owners: Default::default(), target: None }
+    }
+
+    #[test]
+    fn given_a_new_contact_when_triggered_then_the_contact_is_created_and_the_input_sealed_under_its_key() {
+        let contact = body(json!({"email": "ada@example.com"}));
+        let context = contact_context(Vec::new());
+        let loaded = upsert_loaded(&context, &contact);
+        let trigger_loaded = Trigger { found: Arc::new(found(Status::Published)), contact: Some((context, loaded)) };
+        let outcome = given(trigger_loaded).when(&trigger(Some(contact))).decided();
+        let events = outcome.events();
+        let [LogEvent::RecordCreated(created), LogEvent::WorkflowRunRequested(requested)] = events.as_slice() else {
+            panic!("the contact's creation, then the run: {events:?}");
+        };
+        assert_eq!((created.record_id.as_str(), created.created_at_ms), ("con_2", NOW_MS), "drawn after the run's id");
+        assert_eq!((requested.run_id.as_str(), requested.contact_id.as_str()), ("run_1", "con_2"));
+        let Outcome::Append(writes) = &outcome else { panic!("appended") };
+        assert_eq!(writes.streams[1].events[0].subject_id.as_deref(), Some("con_2"));
+        let sqls = guard_sqls(&outcome);
+        assert_eq!(sqls.iter().filter(|sql| **sql == store_key_sql()).count(), 1, "only the contact's key is stored");
+        let reply = outcome.reply().expect("a reply");
+        assert_eq!(reply.json()["data"]["contactId"], "con_2");
+    }
+
+    #[test]
+    fn given_a_contact_missing_a_required_attribute_when_triggered_then_the_record_refusal_answers() {
+        let contact = body(json!({"email": "ada@example.com"}));
+        let required = AttributeEntry { key: "plan".into(), definition: json!({"type": "string", "required": true}) };
+        let context = contact_context(vec![required]);
+        let loaded = upsert_loaded(&context, &contact);
+        let trigger_loaded = Trigger { found: Arc::new(found(Status::Published)), contact: Some((context, loaded)) };
+        let refused = given(trigger_loaded).when(&trigger(Some(contact))).0.err();
+        assert!(
+            matches!(
+                refused,
+                Some(Refusal::Record(records::Refusal::Record(records::RecordRefusal::Invalid {
+                    code: Code::RequiredAttributeMissing,
+                    ..
+                })))
+            ),
+            "{refused:?}"
+        );
+    }
+
+    fn set_paused(pause: bool) -> SetPaused {
+        SetPaused { space_id: "spc_1".into(), workflow_id: "wf_1".into(), pause }
+    }
+
+    #[test]
+    fn given_a_running_workflow_when_paused_then_the_pause_is_appended_at_its_version() {
+        let reply = given((found(Status::Published), 3, false)).when(&set_paused(true)).then_events(&[
+            LogEvent::WorkflowPaused(proto::WorkflowPaused {
+                workflow_id: "wf_1".into(),
+                space_id: "spc_1".into(),
+                at_ms: NOW_MS,
+            }),
+        ]);
+        assert_eq!(reply.status, ReplyStatus::Ok);
+        assert_eq!(reply.json()["data"]["status"], "paused");
+        let outcome = given((found(Status::Published), 3, false)).when(&set_paused(true)).decided();
+        let Outcome::Append(writes) = &outcome else { panic!("appended") };
+        assert_eq!(writes.streams[0].expected, ExpectedVersion::Exactly(3));
+        assert_eq!(guard_sqls(&outcome), [store::control("wf_1", "spc_1", true).sql]);
+    }
+
+    #[test]
+    fn given_a_paused_workflow_when_unpaused_then_its_parked_runs_are_woken() {
+        let outcome = given((found(Status::Published), 0, true)).when(&set_paused(false)).decided();
+        assert_eq!(
+            outcome.events(),
+            [&LogEvent::WorkflowUnpaused(proto::WorkflowUnpaused {
+                workflow_id: "wf_1".into(),
+                space_id: "spc_1".into(),
+                at_ms: NOW_MS,
+            })]
+        );
+        let Outcome::Append(writes) = &outcome else { panic!("appended") };
+        assert_eq!(writes.streams[0].expected, ExpectedVersion::NoStream);
+        assert_eq!(guard_sqls(&outcome), [store::control("wf_1", "spc_1", false).sql, store::wake_parked("wf_1").sql]);
+    }
+
+    #[test]
+    fn given_a_workflow_already_so_when_paused_then_it_answers_without_appending_and_a_draft_is_refused() {
+        let reply = given((found(Status::Published), 3, true)).when(&set_paused(true)).then_answers();
+        assert_eq!((reply.status, &reply.json()["data"]["status"]), (ReplyStatus::Ok, &json!("paused")));
+        given((found(Status::Draft), 0, false))
+            .when(&set_paused(true))
+            .then_refused(Refusal::NotPublished("wf_1".into()));
     }
 }

@@ -9,48 +9,25 @@
 
 use std::sync::Arc;
 
-use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use api::auth::{Caller, Permission};
-use domain::workflows::{run_stream_id, stream_id};
+use api::auth::Permission;
 use platform::error::ApiError;
-use platform::events::LogEvent;
-use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
-use platform::proto;
-use prost::Message;
 use serde_json::Value;
 
-use super::decide::{self, Input, PauseChange, Refusal, requested_run};
-use super::store::{self, Found, NewRun};
+use super::decide::{self, Refusal, SetPaused, Trigger, TriggerWorkflow, write_schema};
+use super::store::{self, Found};
 use crate::State;
-use crate::pipeline::{self, Actor, Answer, Ctx, Decided, Decision, Given, Legacy, Protection};
-use crate::records::decide::{UpsertLoaded, WriteSchema, decide_upsert};
+use crate::decision::Outcome;
+use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Shell};
 use crate::records::load::{load_upsert, write_context};
-use crate::records::write::Write;
 
 fn internal(error: &anyhow::Error) -> ApiError {
     ApiError::internal(error)
 }
 
-/// `POST /workflows/{referenceId}`.
-struct TriggerWorkflow<'a> {
-    caller: &'a Caller,
-    reference_id: String,
-    input: Input,
-}
-
-/// What a trigger decides on.
-struct Trigger {
-    found: Arc<Found>,
-    /// The contact's schema and what its upsert read, when the input names a contact.
-    contact: Option<(std::sync::Arc<domain::catalog::WriteContext>, UpsertLoaded)>,
-}
-
-impl Legacy for TriggerWorkflow<'_> {
-    type Loaded = Trigger;
-
+impl Command for TriggerWorkflow {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Trigger, ApiError> {
-        let space_id = self.caller.space_id();
+        let space_id = self.space_id.as_str();
         let found = match ctx.state.workflows.get(space_id, &self.reference_id) {
             Some((revision, found)) => {
                 ctx.kept_catalog(revision);
@@ -81,76 +58,8 @@ impl Legacy for TriggerWorkflow<'_> {
         Ok(Trigger { found, contact })
     }
 
-    fn decide(&self, trigger: Trigger, given: &Given<'_>) -> Result<Decided, ApiError> {
-        let Trigger { found, contact } = trigger;
-        let (space_id, now) = (self.caller.space_id(), given.now_ms);
-        let run_id = platform::ids::new_id("run");
-        let mut streams = Vec::new();
-        let mut guards: Vec<Guard> = Vec::new();
-        // The key the input is sealed under: the contact's, or one of the run's own.
-        let (contact_id, key) = match contact {
-            Some((context, loaded)) => {
-                let schema = write_schema(&context, space_id);
-                let planned = decide_upsert(&schema, loaded, now, &mut platform::fresh::Drawn)?;
-                let contact_id = planned.record.record_id.clone();
-                let key = match planned.write {
-                    Some(write) => {
-                        let Write { stream, guards: write_guards, key } = write.map_err(crate::edge::append_error)?;
-                        streams.push(stream);
-                        guards.extend(write_guards);
-                        Some(key)
-                    }
-                    None => planned.key,
-                };
-                (Some(contact_id), key)
-            }
-            None => (None, None),
-        };
-        let subject = contact_id.clone().unwrap_or_else(|| run_id.clone());
-        let key = match key {
-            Some(key) => key,
-            None => {
-                let (key, wrapped) = platform::crypto::keyring()
-                    .and_then(|keyring| keyring.generate(&subject))
-                    .map_err(|error| internal(&error))?;
-                guards.push(crate::records::store::store_key(&subject, space_id, wrapped));
-                key
-            }
-        };
-        let mut input = platform::events::seal(&subject, &proto::WorkflowInput { json: self.input.input.to_string() });
-        platform::events::encrypt(&mut input, &key).map_err(|error| internal(&error))?;
-        guards.push(store::insert_run(NewRun {
-            run_id: &run_id,
-            workflow_id: &found.workflow_id,
-            space_id,
-            revision: found.revision,
-            contact_id: contact_id.as_deref(),
-            input: input.encode_to_vec(),
-            requested_at_ms: now,
-        }));
-        let requested = proto::WorkflowRunRequested {
-            run_id: run_id.clone(),
-            workflow_id: found.workflow_id.clone(),
-            space_id: space_id.to_owned(),
-            workflow_revision: found.revision,
-            trigger: "webhook".to_owned(),
-            trigger_id: self.reference_id.clone(),
-            contact_id: contact_id.clone().unwrap_or_default(),
-            input: Some(input),
-            requested_at_ms: now,
-        };
-        streams.push(StreamAppend {
-            stream_id: run_stream_id(&run_id),
-            expected: ExpectedVersion::NoStream,
-            events: vec![NewEvent {
-                event: LogEvent::WorkflowRunRequested(requested),
-                subject_id: contact_id.clone(),
-                occurred_at: platform::time::from_millis(now),
-            }],
-        });
-        let run = requested_run(&run_id, &found.workflow_id, contact_id.as_deref(), &self.reference_id, now);
-        let answer = Answer::json(StatusCode::ACCEPTED, api::http::data_body(run, &[]));
-        Ok(Decided::Append(Decision::new(streams, guards, answer)))
+    fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
+        Ok(outcome.into())
     }
 
     fn refused(&self, error: platform::log::AppendError) -> pipeline::Refusal {
@@ -160,15 +69,6 @@ impl Legacy for TriggerWorkflow<'_> {
             }
             error => pipeline::Refusal::default_for(error),
         }
-    }
-}
-
-fn write_schema<'a>(context: &'a domain::catalog::WriteContext, space_id: &'a str) -> WriteSchema<'a> {
-    WriteSchema {
-        schema_id: &context.schema.schema_id,
-        space_id,
-        schema_type: &context.schema.schema_type,
-        attributes: &context.attributes,
     }
 }
 
@@ -182,26 +82,16 @@ pub async fn trigger(
     let (caller, body) =
         pipeline::authorize_with_body(&req, payload, &state, Permission::Write, pipeline::request_bucket(&req)).await?;
     let input = decide::parse_input(body.clone())?;
-    let command = TriggerWorkflow { caller: &caller, reference_id: path.into_inner(), input };
+    let command = TriggerWorkflow { space_id: caller.space_id().to_owned(), reference_id: path.into_inner(), input };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
-/// `POST /workflows/{id}/pause` (`pause`) and `/unpause`.
-struct SetPaused<'a> {
-    caller: &'a Caller,
-    workflow_id: String,
-    pause: bool,
-}
-
-impl Legacy for SetPaused<'_> {
-    /// The workflow, and its stream's version and pause.
-    type Loaded = (Found, i64, bool);
-
-    async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
+impl Command for SetPaused {
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<(Found, i64, bool), ApiError> {
         let catalog = ctx.catalog().await?;
         let client = ctx.db().await?;
-        let found = store::by_id(&client, &catalog, self.caller.space_id(), &self.workflow_id)
+        let found = store::by_id(&client, &catalog, &self.space_id, &self.workflow_id)
             .await
             .map_err(|error| internal(&error))?
             .ok_or_else(|| Refusal::NotFound(self.workflow_id.clone()))?;
@@ -210,33 +100,8 @@ impl Legacy for SetPaused<'_> {
         Ok((found, version, paused))
     }
 
-    fn decide(&self, (found, version, paused): Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
-        let (workflow_id, space_id, now) = (&self.workflow_id, self.caller.space_id(), given.now_ms);
-        let change = decide::decide_pause(workflow_id, &found.definition, paused, self.pause)?;
-        let document = found.definition.document(workflow_id, found.revision, self.pause);
-        let body = api::http::data_body(document, &[]);
-        if change == PauseChange::Same {
-            return Ok(Decided::Answer(Answer::json(StatusCode::OK, body)));
-        }
-        let event = match self.pause {
-            true => LogEvent::WorkflowPaused(proto::WorkflowPaused {
-                workflow_id: workflow_id.clone(),
-                space_id: space_id.to_owned(),
-                at_ms: now,
-            }),
-            false => LogEvent::WorkflowUnpaused(proto::WorkflowUnpaused {
-                workflow_id: workflow_id.clone(),
-                space_id: space_id.to_owned(),
-                at_ms: now,
-            }),
-        };
-        let expected = if version == 0 { ExpectedVersion::NoStream } else { ExpectedVersion::Exactly(version) };
-        let stream = StreamAppend::one(stream_id(workflow_id), expected, event, now);
-        let mut guards = vec![store::control(workflow_id, space_id, self.pause)];
-        if !self.pause {
-            guards.push(store::wake_parked(workflow_id));
-        }
-        Ok(Decided::Append(Decision::one(stream, guards, StatusCode::OK, body)))
+    fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
+        Ok(outcome.into())
     }
 }
 
@@ -249,7 +114,7 @@ async fn set_paused(
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let workflow_id =
         pipeline::authored_id(&state, (domain::workflows::WORKFLOW, caller.space_id()), path.into_inner()).await?;
-    let command = SetPaused { caller: &caller, workflow_id, pause };
+    let command = SetPaused { space_id: caller.space_id().to_owned(), workflow_id, pause };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }
 

@@ -214,9 +214,9 @@ fn email_consent_is_given_only_when_every_consent_attribute_is_true() {
 fn every_send_path_asks_the_decision_and_none_decides_a_gate_of_its_own() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     for path in [
-        "command-service/src/templates/http.rs",
+        "command-service/src/templates/decide.rs",
         "command-service/src/forms/http.rs",
-        "projector/src/workers/broadcasts.rs",
+        "projector/src/workers/broadcasts/mod.rs",
         "projector/src/workers/workflows/decide/steps/send_email.rs",
     ] {
         let source = std::fs::read_to_string(root.join(path)).expect("a send path");
