@@ -140,6 +140,7 @@ impl From<crate::templates::decide::Refusal> for ApiError {
             Refusal::Gate(_) => ApiError::unprocessable(code, message),
             Refusal::RenderFailed(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Some(code), message),
             Refusal::EmailLimitReached => ApiError::new(StatusCode::PAYMENT_REQUIRED, Some(code), message),
+            Refusal::KeptChanging => ApiError::conflict(code, message),
             Refusal::Record(refusal) => refusal.into(),
             Refusal::Failed(message) => ApiError::internal(&anyhow::anyhow!(message)),
         }

@@ -9,9 +9,12 @@
 //!    only fresh reads: the log's streams (with their versions), the write side's guard
 //!    tables (written in the append transactions themselves), and the catalog, whose
 //!    revision is remembered and guards the append.
-//! 4. **Decide** ([`Command::decide`]): a pure function of the loaded state, the command and
-//!    the time; the streams to append (each at the version it was loaded at), the guards,
-//!    and the answer.
+//! 4. **Decide** ([`Decide::decide`], in the capability's `decide.rs`): a pure function of
+//!    the loaded state, the command and what it is [`Given`] (the time, the operation's id,
+//!    new ids and data keys); the streams to append (each at the version it was loaded at),
+//!    the guards and the reply, as data, or a refusal, which `edge.rs` answers. The shell
+//!    ([`Command::answer`]) turns the outcome into the HTTP answer and the work that follows
+//!    the append.
 //! 5. **Append** once: the decision's streams and guards, the catalog revision guard, and the
 //!    idempotent completion (the answer recorded in the same transaction).
 //! 6. **Again** when the append lost a race ([`Command::refused`]: a stream moved on, the
@@ -35,7 +38,7 @@ use platform::log::{AppendError, AppendRequest, Appended, Guard, Metadata, Strea
 use serde_json::{Map, Value};
 
 use crate::State;
-use crate::decision::{self, Body, Decide, Outcome, Reply, Status, Writes};
+use crate::decision::{Body, Decide, Given, Outcome, Reply, Status, Writes};
 use crate::edge::append_error;
 use crate::idempotency::{self, Admission, Claim};
 use platform::fresh::Drawn;
@@ -123,76 +126,6 @@ impl From<Reply> for Answer {
         };
         Self { status, body: reply.body }
     }
-}
-
-/// A command still deciding in its shell (to be moved behind [`Command`]).
-pub trait Legacy {
-    /// The state the decision needs.
-    type Loaded;
-
-    /// Reads what the decision needs through `ctx` (fresh reads only).
-    fn load(&self, ctx: &Ctx<'_>) -> impl Future<Output = Result<Self::Loaded, ApiError>>;
-
-    /// The decision: no IO. Refusals are errors in the contract's envelope.
-    fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError>;
-
-    /// What a refused append means for this command. By default a lost race (a stream not at
-    /// its loaded version, a moved catalog or authored resource) is decided again, and any
-    /// other failure is the contract's answer to it.
-    fn refused(&self, error: AppendError) -> Refusal {
-        Refusal::default_for(error)
-    }
-
-    /// How often the command is decided when its appends keep losing races.
-    fn attempts(&self) -> usize {
-        ATTEMPTS
-    }
-
-    /// The answer when every attempt lost a race.
-    fn lost_too_often(&self) -> ApiError {
-        ApiError::conflict(
-            Code::ConcurrentModification,
-            "the resource kept changing while this write was applied; retry",
-        )
-    }
-}
-
-impl<C: Command> Legacy for C {
-    type Loaded = C::Loaded;
-
-    fn load(&self, ctx: &Ctx<'_>) -> impl Future<Output = Result<Self::Loaded, ApiError>> {
-        Command::load(self, ctx)
-    }
-
-    fn decide(&self, loaded: Self::Loaded, given: &Given<'_>) -> Result<Decided, ApiError> {
-        let mut fresh = Drawn;
-        let mut decided = decision::Given { now_ms: given.now_ms, operation_id: given.operation_id, fresh: &mut fresh };
-        let outcome = Decide::decide(self, loaded, &mut decided).map_err(Into::into)?;
-        self.answer(outcome, &Shell { operation_id: given.operation_id, claim: given.claim })
-    }
-
-    fn refused(&self, error: AppendError) -> Refusal {
-        Command::refused(self, error)
-    }
-
-    fn attempts(&self) -> usize {
-        Command::attempts(self)
-    }
-
-    fn lost_too_often(&self) -> ApiError {
-        Command::lost_too_often(self)
-    }
-}
-
-/// What the decision is given beside the loaded state.
-pub struct Given<'a> {
-    /// The time of the decision, in milliseconds since the epoch.
-    pub now_ms: i64,
-    /// The operation's id (`Operation-Id`).
-    pub operation_id: &'a str,
-    /// The idempotency claim, for a decision whose completion another party records (an
-    /// email's hand-off).
-    pub claim: Option<&'a Claim>,
 }
 
 /// What a command decided.
@@ -449,7 +382,7 @@ pub(crate) fn request_bucket(req: &HttpRequest) -> impl FnOnce(Result<&Map<Strin
 
 /// Runs `command`: admits it (or answers a replay), then loads, decides and appends it, again
 /// when its append lost a race, and answers.
-pub async fn execute<C: Legacy>(
+pub async fn execute<C: Command>(
     state: &web::Data<State>,
     req: &HttpRequest,
     actor: Actor<'_>,
@@ -478,7 +411,7 @@ pub async fn execute<C: Legacy>(
     }
 }
 
-async fn attempts<C: Legacy>(
+async fn attempts<C: Command>(
     state: &web::Data<State>,
     req: &HttpRequest,
     actor: &Actor<'_>,
@@ -489,9 +422,15 @@ async fn attempts<C: Legacy>(
     let public = matches!(actor, Actor::Public);
     for attempt in 0..command.attempts().max(1) {
         let ctx = Ctx::new(state, req, actor, attempt);
-        let given = Given { now_ms: platform::time::now_millis(), operation_id, claim };
         let decided = match command.load(&ctx).await {
-            Ok(loaded) => command.decide(loaded, &given),
+            Ok(loaded) => {
+                let mut fresh = Drawn;
+                let mut given = Given { now_ms: platform::time::now_millis(), operation_id, fresh: &mut fresh };
+                match command.decide(loaded, &mut given) {
+                    Ok(outcome) => command.answer(outcome, &Shell { operation_id, claim }),
+                    Err(refusal) => Err(refusal.into()),
+                }
+            }
             Err(error) => Err(error),
         };
         if ctx.torn.get() {

@@ -44,6 +44,9 @@ pub enum Refusal {
     /// The space's allowance of the month is used up (402 `email_limit_reached`).
     #[error("the space's email allowance for this month is used up; nothing was sent")]
     EmailLimitReached,
+    /// The context records kept changing while the send was applied (409).
+    #[error("the context records kept changing while the send was applied; retry")]
+    KeptChanging,
     /// A context record's write could not be assembled (the record write's answer).
     #[error(transparent)]
     Record(#[from] records::Refusal),
@@ -64,6 +67,7 @@ impl Refusal {
             Self::Gate(gate) => gate.code(),
             Self::RenderFailed(_) => Code::TemplateRenderFailed,
             Self::EmailLimitReached => Code::EmailLimitReached,
+            Self::KeptChanging => Code::ConcurrentModification,
             Self::Record(records::Refusal::Record(refusal)) => refusal.code(),
             Self::Record(records::Refusal::KeptChanging) => Code::ConcurrentModification,
             Self::Record(_) | Self::Failed(_) => Code::InternalError,

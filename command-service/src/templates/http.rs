@@ -142,10 +142,7 @@ impl Command for SendTemplate<'_> {
     }
 
     fn lost_too_often(&self) -> ApiError {
-        ApiError::conflict(
-            Code::ConcurrentModification,
-            "the context records kept changing while the send was applied; retry",
-        )
+        decide::Refusal::KeptChanging.into()
     }
 }
 
