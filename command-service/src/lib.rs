@@ -199,11 +199,16 @@ mod tests {
         }
     }
 
-    /// What a decision may not name: HTTP, the database, waiting, an HTTP client, or a source of
+    /// What a decision may not name: HTTP (and the envelope: a refusal is its own type, answered
+    /// in `edge.rs`), the database, waiting, an HTTP client, or a source of
     /// ids, keys, randomness or time (they are given, so a decision called twice with the same
     /// inputs decides the same).
     const DECISIONS_DO_NOT_NAME: &[&str] = &[
         "actix",
+        "StatusCode",
+        "HttpRequest",
+        "HttpResponse",
+        "ApiError",
         "deadpool",
         "tokio_postgres",
         ".await",
