@@ -409,14 +409,9 @@ pub(crate) fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Opti
     None
 }
 
-/// A generated eventId: a UUID (version 4) made of a fresh id, hashed so that it carries
-/// nothing of when it was drawn.
+/// A generated eventId: a random UUID (version 4).
 pub(crate) fn generated_event_id(fresh: &mut dyn Fresh) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(fresh.id("evt").as_bytes());
-    let mut bytes = [0_u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
+    fresh.uuid().to_string()
 }
 
 /// What every fire of a request decides on: the space, the event schema (its id, revision

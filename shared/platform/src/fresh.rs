@@ -13,6 +13,10 @@ pub trait Fresh {
 
     /// A new data key for `subject_id`, with its wrapped form to store.
     fn data_key(&mut self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)>;
+
+    /// A new random UUID (version 4), for an id the contract says is a UUID (a generated
+    /// eventId).
+    fn uuid(&mut self) -> uuid::Uuid;
 }
 
 /// The process's new values: [`crate::ids::new_id`] and the installed keyring.
@@ -26,11 +30,15 @@ impl Fresh for Drawn {
     fn data_key(&mut self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)> {
         crate::crypto::keyring()?.generate(subject_id)
     }
+
+    fn uuid(&mut self) -> uuid::Uuid {
+        uuid::Uuid::new_v4()
+    }
 }
 
 /// New values for tests: ids `<prefix>_1`, `<prefix>_2`, ... in the order they are drawn
-/// (one count for every prefix), and keys under [`crate::crypto::TEST_MASTER_KEY`], with no
-/// keyring installed.
+/// (one count for every prefix, and for UUIDs), and keys under
+/// [`crate::crypto::TEST_MASTER_KEY`], with no keyring installed.
 pub struct Counted {
     drawn: u64,
     keyring: Keyring,
@@ -51,6 +59,12 @@ impl Fresh for Counted {
     fn data_key(&mut self, subject_id: &str) -> anyhow::Result<(DataKey, Vec<u8>)> {
         self.keyring.generate(subject_id)
     }
+
+    /// A version 4 UUID whose random bits are the count.
+    fn uuid(&mut self) -> uuid::Uuid {
+        self.drawn += 1;
+        uuid::Builder::from_random_bytes(u128::from(self.drawn).to_be_bytes()).into_uuid()
+    }
 }
 
 #[cfg(test)]
@@ -64,6 +78,8 @@ mod tests {
         let drawn = [first.id("con"), first.id("em"), first.id("con")];
         assert_eq!(drawn, ["con_1", "em_2", "con_3"]);
         assert_eq!([second.id("con"), second.id("em"), second.id("con")], drawn);
+        let uuid = first.uuid();
+        assert_eq!((uuid.get_version_num(), uuid.as_u128() & 0xff), (4, 4), "the fourth value drawn");
     }
 
     #[test]
