@@ -149,6 +149,14 @@ impl Outcome {
     }
 }
 
+/// A write to a schema the space does not have (of the kind the write needs).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no {what} {schema_ref:?}")]
+pub(crate) struct UnknownSchema {
+    pub what: &'static str,
+    pub schema_ref: String,
+}
+
 /// A decision's tests: `given(loaded).when(&command)`, then what it decided or why it refused,
 /// with the time fixed and ids counted (`<prefix>_1`, `<prefix>_2`, ...).
 #[cfg(test)]

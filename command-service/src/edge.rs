@@ -211,8 +211,8 @@ impl From<crate::engagement::decide::Forged> for ApiError {
 }
 
 /// A write to a schema the space does not have: 404 `schema_not_found`.
-impl From<crate::write_contexts::UnknownSchema> for ApiError {
-    fn from(unknown: crate::write_contexts::UnknownSchema) -> Self {
+impl From<crate::decision::UnknownSchema> for ApiError {
+    fn from(unknown: crate::decision::UnknownSchema) -> Self {
         ApiError::not_found(Code::SchemaNotFound, unknown.to_string())
     }
 }

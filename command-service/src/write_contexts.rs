@@ -10,6 +10,8 @@ use std::sync::Arc;
 use domain::catalog::{self, WriteContext};
 use platform::error::ApiError;
 
+use crate::decision::UnknownSchema;
+
 use crate::State;
 use crate::pipeline::Ctx;
 
@@ -41,14 +43,6 @@ impl Kind {
         };
         UnknownSchema { what, schema_ref: schema_ref.to_owned() }.into()
     }
-}
-
-/// A write to a schema the space does not have (of the kind the write needs).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("no {what} {schema_ref:?}")]
-pub(crate) struct UnknownSchema {
-    what: &'static str,
-    schema_ref: String,
 }
 
 /// The context of a write to `schema_ref` read from the catalog now, in one statement with

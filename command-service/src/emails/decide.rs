@@ -312,8 +312,8 @@ pub fn parse(fields: &Map<String, Value>, urlencoded: bool) -> Result<Choice, Re
     Ok(if leave_all { Choice::LeaveAll } else { Choice::Topics(topics) })
 }
 
-/// What a preference change decides on.
-pub(crate) struct Recipient {
+/// What a preference change decides on: the email, the topics and the consent.
+pub(crate) struct Preferences {
     pub email: Email,
     /// The space's topics: id → name.
     pub topics: BTreeMap<String, String>,
@@ -333,12 +333,12 @@ pub(crate) struct ChangePreferences {
 
 impl Decide for ChangePreferences {
     /// The recipient, `None` when the email is unknown.
-    type Loaded = Option<Recipient>;
+    type Loaded = Option<Preferences>;
     type Outcome = Outcome;
     type Refusal = Refusal;
 
     fn decide(&self, loaded: Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
-        let Some(Recipient { email, topics, subscribed, consent }) = loaded else {
+        let Some(Preferences { email, topics, subscribed, consent }) = loaded else {
             return Err(Refusal::EmailNotFound(self.email_id.clone()));
         };
         let unknown = self.choice.unknown_topics(&topics);
@@ -529,8 +529,8 @@ mod tests {
         assert!(page.contains("Email from Acme.") && page.contains("emails about News"), "{page}");
     }
 
-    fn recipient(subscribed: &[(&str, &str)]) -> Option<Recipient> {
-        Some(Recipient {
+    fn recipient(subscribed: &[(&str, &str)]) -> Option<Preferences> {
+        Some(Preferences {
             email: email("top_a", false),
             topics: [("top_a".to_owned(), "News".to_owned()), ("top_b".to_owned(), "Offers".to_owned())].into(),
             subscribed: subscribed.iter().map(|(topic, status)| ((*topic).to_owned(), (*status).to_owned())).collect(),

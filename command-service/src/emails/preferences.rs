@@ -22,14 +22,14 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use platform::error::ApiError;
 
 use super::consent::set_email_consent;
-use super::decide::{ChangePreferences, Recipient, Refusal, Source, parse};
+use super::decide::{ChangePreferences, Preferences, Refusal, Source, parse};
 use super::unsubscribe;
 use crate::State;
 use crate::decision::Outcome;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Shell};
 
 impl Command for ChangePreferences {
-    async fn load(&self, ctx: &Ctx<'_>) -> Result<Option<Recipient>, ApiError> {
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Option<Preferences>, ApiError> {
         let Some(email) = unsubscribe::load(ctx, &self.email_id).await? else { return Ok(None) };
         let (space_id, contact_id) = (&email.scheduled.space_id, &email.scheduled.contact_id);
         let catalog = ctx.catalog().await?;
@@ -51,7 +51,7 @@ impl Command for ChangePreferences {
             }
             None => None,
         };
-        Ok(Some(Recipient { email, topics, subscribed, consent }))
+        Ok(Some(Preferences { email, topics, subscribed, consent }))
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {

@@ -215,8 +215,8 @@ fn every_send_path_asks_the_decision_and_none_decides_a_gate_of_its_own() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     for path in [
         "command-service/src/templates/decide.rs",
-        "command-service/src/forms/http.rs",
-        "projector/src/workers/broadcasts/mod.rs",
+        "command-service/src/forms/decide.rs",
+        "projector/src/workers/broadcasts/decide.rs",
         "projector/src/workers/workflows/decide/steps/send_email.rs",
     ] {
         let source = std::fs::read_to_string(root.join(path)).expect("a send path");
