@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 use super::store::{self, Found, NewRun};
 use crate::decision::{Decide, Given, Outcome, Reply};
-use crate::records::decide::{self as records, UpsertLoaded, WriteSchema, decide_upsert};
+use crate::records::decide::{self as records, UpsertLoaded, decide_upsert, write_schema};
 use crate::records::write::Write;
 
 /// Why a workflow request is refused.
@@ -128,16 +128,6 @@ pub(crate) fn requested_run(
         "currentStepId": null,
         "error": null,
     })
-}
-
-/// The contact schema of a trigger and the space it is in, as the record rules take it.
-pub(crate) fn write_schema<'a>(context: &'a WriteContext, space_id: &'a str) -> WriteSchema<'a> {
-    WriteSchema {
-        schema_id: &context.schema.schema_id,
-        space_id,
-        schema_type: &context.schema.schema_type,
-        attributes: &context.attributes,
-    }
 }
 
 /// `POST /workflows/{referenceId}`.

@@ -14,11 +14,12 @@ use api::auth::Permission;
 use platform::error::ApiError;
 use serde_json::Value;
 
-use super::decide::{self, Refusal, SetPaused, Trigger, TriggerWorkflow, write_schema};
+use super::decide::{self, Refusal, SetPaused, Trigger, TriggerWorkflow};
 use super::store::{self, Found};
 use crate::State;
 use crate::decision::Outcome;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Shell};
+use crate::records::decide::write_schema;
 use crate::records::load::{load_upsert, write_context};
 
 fn internal(error: &anyhow::Error) -> ApiError {
