@@ -20,7 +20,9 @@ use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
 
-use super::store::{DataKey, confirm_guard, token_guard};
+use platform::crypto::DataKey;
+
+use super::store::{confirm_guard, token_guard};
 use crate::decision::{Decide, Given, Outcome, Reply, Status};
 use crate::emails::decide::{Source, subscription_changes};
 use crate::templates::decide::render_context;

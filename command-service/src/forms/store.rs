@@ -2,8 +2,6 @@
 //! insert and confirm them.
 
 use deadpool_postgres::GenericClient;
-/// A contact's data key, which seals the confirmation email sent to it.
-pub(crate) use platform::crypto::DataKey;
 use platform::error::Code;
 use platform::log::{AppendError, Guard};
 

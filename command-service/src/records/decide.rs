@@ -16,7 +16,9 @@ use platform::fresh::Fresh;
 use platform::log::{AppendError, ExpectedVersion, NewEvent, StreamAppend};
 use serde_json::{Map, Value};
 
-use super::store::{DataKey, deletion_guards, stream_id};
+use platform::crypto::DataKey;
+
+use super::store::{deletion_guards, stream_id};
 use super::write::{Write, create_write, update_write};
 use crate::decision::{Body, Decide, Given, Outcome, Reply, Status};
 

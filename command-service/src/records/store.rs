@@ -2,8 +2,6 @@
 
 pub use domain::records::write::{claim, release, store_key};
 pub use domain::records::{Loaded, stream_id};
-/// The key a record's personal data is sealed under, as the store loads it.
-pub use platform::crypto::DataKey;
 pub use reads::records::{identity_owners, load_records};
 
 use platform::error::Code;

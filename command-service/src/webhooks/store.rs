@@ -3,8 +3,7 @@
 use deadpool_postgres::GenericClient;
 use domain::catalog::SchemaEntry;
 pub use domain::webhooks::state::{Counters, WebhookState, secret_subject, stream_id};
-/// The data key of a webhook's secrets, as its decisions name it.
-pub(crate) use platform::crypto::DataKey;
+use platform::crypto::DataKey;
 use platform::error::Code;
 use platform::log::{AppendError, Guard};
 pub use reads::webhooks::load;

@@ -15,7 +15,9 @@ use platform::log::{ExpectedVersion, Guard, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
 
-use super::store::{self, Counters, DataKey, WebhookState};
+use platform::crypto::DataKey;
+
+use super::store::{self, Counters, WebhookState};
 use crate::decision::{Decide, Given, Outcome, Reply};
 
 mod input;
