@@ -84,6 +84,9 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "WorkflowRunPaused.v1",
     "WorkflowRunResumed.v1",
     "WorkflowRunFinished.v1",
+    // A send step's held email skipped when it was decided again: the step's counts move it
+    // from `completed` to `skipped`, so they agree with the step's delivery log.
+    "EmailSkipped.v1",
 ];
 
 fn at(ms: i64) -> chrono::DateTime<chrono::Utc> {
@@ -114,9 +117,18 @@ fn step_error_of(finished: &platform::proto::WorkflowStepFinished) -> Option<Val
 /// whatever the batch holds. The fold is what applying the events one by one would leave.
 pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[StoredEvent]) -> anyhow::Result<()> {
     let mut runs = Vec::new();
+    let mut late_skips: BTreeMap<(String, String, String), i64> = BTreeMap::new();
     for event in events.iter().filter(|event| EVENT_TYPES.contains(&event.event_type.as_str())) {
         let decoded = event.decode()?;
         match decoded {
+            LogEvent::EmailSkipped(skipped) => {
+                if let Some(step) = late_skip(event.stream_version, &skipped) {
+                    for measure in step.measures() {
+                        *late_skips.entry((step.workflow_id.clone(), step.step_id.clone(), measure.0)).or_default() +=
+                            measure.1;
+                    }
+                }
+            }
             LogEvent::ResourceDefined(resource) if resource.kind == WORKFLOW => {
                 define(transaction, s, &resource).await?
             }
@@ -126,6 +138,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
             other => runs.push(other),
         }
     }
+    write_step_counts(transaction, s, late_skips).await?;
     if runs.is_empty() {
         return Ok(());
     }
@@ -134,6 +147,63 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         fold.apply(event);
     }
     fold.write(transaction, s).await
+}
+
+/// A send step's email that was held, then skipped when it was decided again: the step had
+/// finished `completed` (its email stored), and now counts as a skip by the gate that refused.
+#[derive(Debug, PartialEq, Eq)]
+struct LateSkip {
+    workflow_id: String,
+    step_id: String,
+    gate: String,
+}
+
+impl LateSkip {
+    /// The moves in the step's counters: out of `completed`, into `skipped` and its reason.
+    fn measures(&self) -> [(String, i64); 3] {
+        [("completed".to_owned(), -1), ("skipped".to_owned(), 1), (format!("skipped:{}", self.gate), 1)]
+    }
+}
+
+/// The late skip `skipped` records, if it is one: a journey's email whose stream began with
+/// its `EmailScheduled` (a send refused at once begins its stream with `EmailSkipped`, and
+/// its step finished `skipped`).
+fn late_skip(stream_version: i64, skipped: &platform::proto::EmailSkipped) -> Option<LateSkip> {
+    let source = skipped.source.as_ref()?;
+    (stream_version > 1 && source.origin == "workflow" && !source.parent_id.is_empty()).then(|| LateSkip {
+        workflow_id: source.parent_id.clone(),
+        step_id: source.step_id.clone(),
+        gate: skipped.gate.clone(),
+    })
+}
+
+/// Adds `deltas` ((workflow, step, measure) → change) to the step counters, in one statement.
+async fn write_step_counts(
+    transaction: &Transaction<'_>,
+    s: &str,
+    deltas: BTreeMap<(String, String, String), i64>,
+) -> anyhow::Result<()> {
+    if deltas.is_empty() {
+        return Ok(());
+    }
+    let (mut workflow_ids, mut step_ids, mut measures, mut totals) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for ((workflow_id, step_id, measure), total) in deltas {
+        workflow_ids.push(workflow_id);
+        step_ids.push(step_id);
+        measures.push(measure);
+        totals.push(total);
+    }
+    let statement = transaction
+        .prepare_cached(&format!(
+            "WITH counted AS (
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+                     AS c(workflow_id, step_id, measure, n))
+             {}",
+            ADD_STEP_COUNTS.replace("{s}", s)
+        ))
+        .await?;
+    transaction.execute(&statement, &[&workflow_ids, &step_ids, &measures, &totals]).await?;
+    Ok(())
 }
 
 async fn define(
@@ -648,4 +718,38 @@ async fn set_paused(transaction: &Transaction<'_>, s: &str, workflow_id: &str, p
 read_model! {
     /// Workflows, their runs and their step histories.
     Workflows = "workflows", batch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use platform::proto::{EmailSkipped, EmailSource};
+
+    fn skipped(origin: &str) -> EmailSkipped {
+        EmailSkipped {
+            gate: "suppressed".to_owned(),
+            source: Some(EmailSource {
+                origin: origin.to_owned(),
+                source_id: "run_1".to_owned(),
+                parent_id: "wf_1".to_owned(),
+                step_id: "welcome".to_owned(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_journeys_held_email_skipped_later_moves_its_step_from_completed_to_skipped_by_its_gate() {
+        let late = late_skip(3, &skipped("workflow")).expect("a late skip");
+        assert_eq!(late, LateSkip { workflow_id: "wf_1".into(), step_id: "welcome".into(), gate: "suppressed".into() });
+        assert_eq!(
+            late.measures(),
+            [("completed".to_owned(), -1), ("skipped".to_owned(), 1), ("skipped:suppressed".to_owned(), 1)]
+        );
+        // Refused at once: the step finished `skipped` and counted it already.
+        assert_eq!(late_skip(1, &skipped("workflow")), None);
+        // A broadcast's held email is counted by its run.
+        assert_eq!(late_skip(3, &skipped("broadcast")), None);
+    }
 }

@@ -1028,9 +1028,9 @@ async fn a_journey_waits_for_an_open_and_resends_when_the_mail_was_not_opened() 
     assert_eq!((messages.len(), to_bea), (3, 2), "Bea's reminder, no second mail for Ada");
 }
 
-#[tokio::test]
-async fn a_journeys_send_held_by_quiet_hours_completes_its_step_and_its_email_leaves_at_its_time() {
-    let sink = SmtpSink::start().await;
+/// A journey whose send step's email quiet hours hold (a run triggered for a consenting
+/// contact in UTC): the app, the workflow, the contact and the held email.
+async fn held_journey_send(sink: &SmtpSink) -> (TestApp, String, String, String) {
     let (quiet, _) = crate::email::quiet_hours_around_now("hold");
     let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
     let mut workspace: Value =
@@ -1044,9 +1044,9 @@ async fn a_journeys_send_held_by_quiet_hours_completes_its_step_and_its_email_le
             {"id": "mail", "type": "send_email", "template": "promo", "next": null}
         ]
     }]);
-    let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
+    let app = TestApp::spawn_with(Options { email: Some(test_email(sink)), ..Options::default() }).await;
     app.apply_workspace(&workspace.to_string(), true).await;
-    publish_dkim(&app, &sink).await;
+    publish_dkim(&app, sink).await;
     let workflow = workflow_id(&app, "promote").await;
     let ada = app
         .post(
@@ -1074,6 +1074,14 @@ async fn a_journeys_send_held_by_quiet_hours_completes_its_step_and_its_email_le
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(sink.messages().await.is_empty(), "nothing leaves before its time");
 
+    (app, workflow, ada, email_id)
+}
+
+#[tokio::test]
+async fn a_journeys_send_held_by_quiet_hours_completes_its_step_and_its_email_leaves_at_its_time() {
+    let sink = SmtpSink::start().await;
+    let (app, workflow, ada, email_id) = held_journey_send(&sink).await;
+
     // Day where the contact is now, and its time comes: it leaves, once.
     change(&app, &ada, &json!({"timeZone": "Etc/GMT-12"})).await;
     app.wait_for_projections().await;
@@ -1083,6 +1091,37 @@ async fn a_journeys_send_held_by_quiet_hours_completes_its_step_and_its_email_le
     let stats = app.get(&format!("/workflows/{workflow}/stats"), MAIL_KEY).await;
     let emails = &stats.body["data"]["steps"][1]["emails"];
     assert_eq!((emails["held"].as_i64(), emails["sent"].as_i64()), (Some(0), Some(1)), "{:?}", stats.body);
+}
+
+#[tokio::test]
+async fn a_journeys_held_send_skipped_at_its_time_counts_as_its_steps_skip_in_the_stats_and_the_log() {
+    let sink = SmtpSink::start().await;
+    let (app, workflow, _, email_id) = held_journey_send(&sink).await;
+    let suppressed = app
+        .post("/contacts/suppressions", MAIL_KEY, &json!({"identifier": "ada@example.com", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    app.wait_for_projections().await;
+    crate::email::make_due(&app, &email_id).await;
+    let story = crate::email::story_when(&app, &email_id, "skipped").await;
+    let last = story["timeline"].as_array().and_then(|timeline| timeline.last()).cloned().unwrap_or_default();
+    assert_eq!(last["gate"], "suppressed", "{story}");
+
+    let stats = app.get(&format!("/workflows/{workflow}/stats"), MAIL_KEY).await;
+    let step = &stats.body["data"]["steps"][1];
+    assert_eq!(
+        (&step["entered"], &step["completed"], &step["inProgress"]),
+        (&json!(1), &json!(0), &json!(0)),
+        "the step's email was not sent: {step}"
+    );
+    assert_eq!(step["skipped"], json!({"total": 1, "byReason": {"suppressed": 1}}), "{step}");
+    assert_eq!((&step["emails"]["scheduled"], &step["emails"]["held"]), (&json!(0), &json!(0)), "{step}");
+    // The delivery log of the step agrees.
+    let skipped = app.get(&format!("/emails?workflowId={workflow}&stepId=mail&status=skipped"), MAIL_KEY).await;
+    assert_eq!(skipped.body["data"].as_array().map(Vec::len), Some(1), "{:?}", skipped.body);
+    let rows = app.get(&format!("/emails?workflowId={workflow}&stepId=mail"), MAIL_KEY).await;
+    assert_eq!(rows.body["data"].as_array().map(Vec::len), Some(1), "{:?}", rows.body);
+    assert!(sink.messages().await.is_empty(), "a suppressed address is never mailed");
 }
 
 /// The log position of version `version` of `stream_id`.
