@@ -129,6 +129,12 @@ pub(crate) struct PageFacts {
 }
 
 impl PageFacts {
+    /// Whom a person leaving everything stops hearing from: the sender by name, when the
+    /// catalog still has it.
+    pub(crate) fn sender_name(&self) -> String {
+        self.sender.as_ref().map_or_else(|| "this sender".to_owned(), |sender| sender.clone())
+    }
+
     /// "Email from S to a***@example.com." when either is known.
     pub(crate) fn parties_line(&self) -> Option<String> {
         match (&self.sender, &self.recipient) {
@@ -145,7 +151,7 @@ fn unsubscribe_reply(email_id: &str, topic_id: &str, page: Option<&PageFacts>) -
     if let Some(facts) = page {
         let text = match &facts.topic_name {
             Some(name) => format!("You will no longer receive emails about {name}."),
-            None => "You will no longer receive marketing email from us.".to_owned(),
+            None => format!("You will no longer receive marketing email from {}.", facts.sender_name()),
         };
         let parties = facts.parties_line();
         let lines: Vec<&str> = parties.iter().map(String::as_str).chain([text.as_str()]).collect();
@@ -322,6 +328,8 @@ pub(crate) struct Preferences {
     /// The consent change the choice needs (granted or withdrawn), when it changes anything
     /// (not loaded when a chosen topic is unknown).
     pub consent: Option<Write>,
+    /// What the page after the change names (loaded for a browser).
+    pub page: PageFacts,
 }
 
 /// `POST /emails/{emailId}/preferences`: the recipient's choices from the preference page.
@@ -338,7 +346,7 @@ impl Decide for ChangePreferences {
     type Refusal = Refusal;
 
     fn decide(&self, loaded: Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
-        let Some(Preferences { email, topics, subscribed, consent }) = loaded else {
+        let Some(Preferences { email, topics, subscribed, consent, page }) = loaded else {
             return Err(Refusal::EmailNotFound(self.email_id.clone()));
         };
         let unknown = self.choice.unknown_topics(&topics);
@@ -364,7 +372,7 @@ impl Decide for ChangePreferences {
         let mut after: BTreeMap<&String, bool> =
             topics.keys().map(|topic_id| (topic_id, is_subscribed(topic_id))).collect();
         after.extend(wanted.iter().map(|(topic_id, want)| (*topic_id, *want)));
-        let reply = self.reply(&topics, &after);
+        let reply = self.reply(&topics, &after, &page);
         let mut streams = Vec::new();
         let mut guards = Vec::new();
         if let Some(write) = consent {
@@ -394,7 +402,7 @@ impl Decide for ChangePreferences {
 
 impl ChangePreferences {
     /// The answer: every topic of the space with its status after the change.
-    fn reply(&self, topics: &BTreeMap<String, String>, after: &BTreeMap<&String, bool>) -> Reply {
+    fn reply(&self, topics: &BTreeMap<String, String>, after: &BTreeMap<&String, bool>, page: &PageFacts) -> Reply {
         let status = |subscribed: bool| if subscribed { "subscribed" } else { "unsubscribed" };
         if self.browser {
             let kept: Vec<&str> = after
@@ -405,7 +413,7 @@ impl ChangePreferences {
             let (title, text) = match (&self.choice, kept.is_empty()) {
                 (Choice::LeaveAll, _) => (
                     "You are unsubscribed from everything",
-                    "You will no longer receive marketing email from us.".to_owned(),
+                    format!("You will no longer receive marketing email from {}.", page.sender_name()),
                 ),
                 (Choice::Topics(_), true) => {
                     ("Your preferences are saved", "You are not subscribed to any topic.".to_owned())
@@ -414,8 +422,10 @@ impl ChangePreferences {
                     ("Your preferences are saved", format!("You are subscribed to: {}.", kept.join(", ")))
                 }
             };
-            let message = api::pages::Message::success(title, &[text.as_str()])
-                .with_link("unsubscribe", "Back to your email preferences");
+            let parties = page.parties_line();
+            let lines: Vec<&str> = parties.iter().map(String::as_str).chain([text.as_str()]).collect();
+            let message =
+                api::pages::Message::success(title, &lines).with_link("unsubscribe", "Back to your email preferences");
             return Reply::page(Status::Ok, message.page());
         }
         let subscriptions: Map<String, Value> =
@@ -535,7 +545,20 @@ mod tests {
             topics: [("top_a".to_owned(), "News".to_owned()), ("top_b".to_owned(), "Offers".to_owned())].into(),
             subscribed: subscribed.iter().map(|(topic, status)| ((*topic).to_owned(), (*status).to_owned())).collect(),
             consent: None,
+            page: PageFacts { topic_name: Some("News".into()), sender: Some("Acme".into()), recipient: None },
         })
+    }
+
+    #[test]
+    fn leaving_everything_in_a_browser_names_the_sender_left() {
+        let command = ChangePreferences { email_id: "em_1".into(), choice: Choice::LeaveAll, browser: true };
+        let outcome = given(recipient(&[("top_a", "subscribed")])).when(&command).decided();
+        let Outcome::Append(writes) = outcome else { panic!("appended") };
+        let Body::Html(page) = &writes.reply.body else { panic!("a page") };
+        assert!(page.contains("no longer receive marketing email from Acme."), "{page}");
+        assert!(!page.contains("from us"), "{page}");
+        let unknown_sender = PageFacts::default();
+        assert_eq!(unknown_sender.sender_name(), "this sender");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use platform::error::ApiError;
 
 use super::consent::set_email_consent;
-use super::decide::{ChangePreferences, Preferences, Refusal, Source, parse};
+use super::decide::{ChangePreferences, PageFacts, Preferences, Refusal, Source, parse};
 use super::unsubscribe;
 use crate::State;
 use crate::decision::Outcome;
@@ -51,7 +51,11 @@ impl Command for ChangePreferences {
             }
             None => None,
         };
-        Ok(Some(Preferences { email, topics, subscribed, consent }))
+        let page = match self.browser {
+            true => PageFacts::load(ctx, &email.scheduled).await?,
+            false => PageFacts::default(),
+        };
+        Ok(Some(Preferences { email, topics, subscribed, consent, page }))
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {

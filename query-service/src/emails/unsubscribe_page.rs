@@ -27,10 +27,12 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     }
     let client = state.pool.get().await?;
     let events = platform::log::read_streams(&client, &[domain::email::stream_id(email_id)]).await?;
-    let mut scheduled = None;
+    let (mut scheduled, mut unsubscribed) = (None, false);
     for stored in &events {
-        if let LogEvent::EmailScheduled(event) = stored.decode().map_err(|error| ApiError::internal(&error))? {
-            scheduled = Some(event);
+        match stored.decode().map_err(|error| ApiError::internal(&error))? {
+            LogEvent::EmailScheduled(event) => scheduled = Some(event),
+            LogEvent::EmailUnsubscribed(_) => unsubscribed = true,
+            _ => {}
         }
     }
     let scheduled = scheduled.ok_or_else(not_found)?;
@@ -57,15 +59,20 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     }
     // Relative to this page's own URL (`…/emails/{emailId}/unsubscribe`), so the forms post
     // to the origin the person is on, whatever proxy is in front.
+    // Someone who already left what the one-click button leaves is told so, and not offered
+    // the button again: the email's topic, or (for an email without one) marketing email
+    // through this very email.
+    let (notice, already_left) = match &this_topic {
+        Some((name, false)) => (Some(format!("You are not subscribed to {name}.")), true),
+        Some((_, true)) => (None, false),
+        None if unsubscribed => (Some("You are unsubscribed from marketing email.".to_owned()), true),
+        None => (None, false),
+    };
     Ok(Preferences {
         unsubscribe_action: "unsubscribe".to_owned(),
         preferences_action: "preferences".to_owned(),
-        // Someone who already left the email's topic is told so; the button stays (pressing
-        // it again changes nothing).
-        notice: this_topic
-            .as_ref()
-            .filter(|(_, subscribed)| !subscribed)
-            .map(|(name, _)| format!("You are not subscribed to {name}.")),
+        notice,
+        already_left,
         this_topic: this_topic.map(|(name, _)| name),
         topics: choices,
         sender,

@@ -205,6 +205,9 @@ pub struct Preferences {
     pub preferences_action: String,
     /// The name of the email's topic, when it has one.
     pub this_topic: Option<String>,
+    /// The recipient already left what the one-click button leaves (the email's topic, or for
+    /// an email without one, marketing email through it): the button is not offered again.
+    pub already_left: bool,
     pub topics: Vec<TopicChoice>,
     /// A line at the top (for example after everything was left).
     pub notice: Option<String>,
@@ -228,20 +231,25 @@ pub fn mask_address(address: &str) -> String {
 
 impl Preferences {
     pub fn response(&self) -> HttpResponse {
-        let page = render(
+        respond(HttpResponse::build(StatusCode::OK), self.page())
+    }
+
+    /// The page's HTML.
+    fn page(&self) -> String {
+        render(
             "preferences.html",
             minijinja::context! {
                 title => "Email preferences",
                 unsubscribe_action => &self.unsubscribe_action,
                 preferences_action => &self.preferences_action,
                 this_topic => &self.this_topic,
+                already_left => self.already_left,
                 topics => minijinja::Value::from(minijinja::value::Serde(&self.topics)),
                 notice => &self.notice,
                 sender => &self.sender,
                 recipient => &self.recipient,
             },
-        );
-        respond(HttpResponse::build(StatusCode::OK), page)
+        )
     }
 }
 
@@ -327,11 +335,22 @@ mod tests {
                 subscribed: true,
             }],
             notice: None,
+            already_left: false,
             sender: Some("Tom & Jerry".to_owned()),
             recipient: Some(mask_address("ada@example.com")),
+        };
+        assert_eq!(preferences.response().status(), StatusCode::OK);
+        assert!(preferences.page().contains("Unsubscribe from News &lt;weekly&gt;</button>"));
+        // Left already: told so, and the button that would leave again is not offered.
+        let left = Preferences {
+            notice: Some("You are not subscribed to News.".to_owned()),
+            already_left: true,
+            ..preferences
         }
-        .response();
-        assert_eq!(preferences.status(), StatusCode::OK);
+        .page();
+        assert!(left.contains("You are not subscribed to News."), "{left}");
+        assert!(!left.contains("Unsubscribe from News"), "{left}");
+        assert!(left.contains("Unsubscribe from all"), "{left}");
     }
 
     #[test]
