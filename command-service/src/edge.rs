@@ -138,6 +138,16 @@ impl From<crate::templates::decide::Refusal> for ApiError {
             Refusal::InvalidData { message, issues } => ApiError::bad_request(code, message).with_issues(issues),
             Refusal::Gate(mail::send::Gate::NoAddress) => ApiError::bad_request(code, message),
             Refusal::Gate(_) => ApiError::unprocessable(code, message),
+            Refusal::Policy { reason, .. } => {
+                let detail = format!(
+                    "{}; a send is allowed from {}",
+                    reason.description,
+                    platform::time::format_millis(reason.allowed_at_ms)
+                );
+                ApiError::unprocessable(code, message)
+                    .with_issues(vec![platform::error::Issue::coded(reason.rule, code, detail)])
+                    .with_field("notBefore", serde_json::json!(platform::time::format_millis(reason.allowed_at_ms)))
+            }
             Refusal::RenderFailed(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Some(code), message),
             Refusal::EmailLimitReached => ApiError::new(StatusCode::PAYMENT_REQUIRED, Some(code), message),
             Refusal::KeptChanging => ApiError::conflict(code, message),

@@ -544,12 +544,29 @@ fn send_policy(
         bail!("sendPolicy.timeZone.default {:?} is not an IANA time zone name", spec.time_zone.default);
     }
     if let Some(attribute) = &spec.time_zone.attribute {
-        let found = schemas
+        let definitions: Vec<&Value> = schemas
             .by_slug
-            .values()
-            .any(|(_, schema_type, keys)| *schema_type == "contact" && keys.contains(&attribute.as_str()));
-        if !found {
+            .iter()
+            .filter(|(_, (_, schema_type, _))| *schema_type == "contact")
+            .filter_map(|(slug, _)| schemas.attributes.get(slug))
+            .flatten()
+            .filter(|entry| entry.key == *attribute)
+            .map(|entry| &entry.definition)
+            .collect();
+        if definitions.is_empty() {
             bail!("sendPolicy.timeZone.attribute {attribute:?} is not an attribute of a contact schema of the space");
+        }
+        // Its values are checked as zones when written, so a value that is no zone is refused
+        // at its write rather than found at a send.
+        if let Some(other) = definitions
+            .iter()
+            .map(|definition| domain::attributes::attribute_type(definition))
+            .find(|kind| *kind != "timezone")
+        {
+            bail!(
+                "sendPolicy.timeZone.attribute {attribute:?} is of type {other}; declare it {{\"type\": \"timezone\"}} \
+                 so that each value written is checked as an IANA time zone name"
+            );
         }
     }
     let quiet_hours = spec

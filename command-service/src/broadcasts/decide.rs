@@ -307,8 +307,8 @@ fn requested_run(run: &proto::BroadcastRunRequested, audience: &Audience) -> Val
         "counts": {"audience": null, "pending": 0, "queued": 0, "held": 0, "sent": 0, "failed": 0, "outcomeUnknown": 0,
                    "bounced": 0, "complained": 0, "unsubscribed": 0, "opened": 0, "clicked": 0,
                    "openRate": null, "clickRate": null,
-                   "skipped": {"notSubscribed": 0, "suppressed": 0, "allowance": 0, "noAddress": 0, "gone": 0,
-                               "frequencyCap": 0, "quietHours": 0}},
+                   "skipped": {"noConsent": 0, "notSubscribed": 0, "suppressed": 0, "allowance": 0, "noAddress": 0,
+                               "gone": 0, "frequencyCap": 0, "quietHours": 0}},
     })
 }
 

@@ -299,6 +299,8 @@ impl Decide for SubmitForm<'_> {
                             origin: send::Origin::form(form_id),
                             gate,
                             decided_by: confirmation.suppressed_by.as_ref().filter(|_| gate == send::Gate::Suppressed),
+                            recipient: Some((address.as_str(), key)),
+                            zone: None,
                             at_ms: now,
                         }));
                     }

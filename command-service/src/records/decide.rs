@@ -19,6 +19,7 @@ use serde_json::{Map, Value};
 use platform::crypto::DataKey;
 
 use super::store::{deletion_guards, stream_id};
+use super::topics::{self, TopicFacts, Wanted};
 use super::write::{Write, create_write, update_write};
 use crate::decision::{Body, Decide, Given, Outcome, Reply, Status};
 
@@ -148,20 +149,34 @@ pub(crate) fn decide_record_update(
     }
 }
 
+/// A contact write's `topics` decided for contact `contact_id`: the subscription changes to
+/// append with the record's write (none without `topics`, or when nothing changes).
+fn topic_changes(
+    wanted: Option<&Wanted>,
+    facts: Option<&TopicFacts>,
+    (space_id, contact_id): (&str, &str),
+    given: &Given<'_>,
+) -> Result<Option<StreamAppend>, Refusal> {
+    let (Some(wanted), Some(facts)) = (wanted, facts) else { return Ok(None) };
+    Ok(topics::decide(wanted, facts, (space_id, contact_id), given.operation_id, given.now_ms)?)
+}
+
 /// `POST /schemas/{schema}/records`: strict create.
 pub(crate) struct CreateRecord {
     pub space_id: String,
     pub schema_ref: String,
     pub input: Map<String, Value>,
+    /// A contact's `topics`, taken out of the input at the edge.
+    pub topics: Option<Wanted>,
 }
 
 impl Decide for CreateRecord {
-    /// The schema's catalog context.
-    type Loaded = Arc<WriteContext>;
+    /// The schema's catalog context, and the topics when the write names some.
+    type Loaded = (Arc<WriteContext>, Option<TopicFacts>);
     type Outcome = Outcome;
     type Refusal = Refusal;
 
-    fn decide(&self, context: Arc<WriteContext>, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+    fn decide(&self, (context, topic_facts): Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let schema = write_schema(&context, &self.space_id);
         check_credits(&schema, context.credits)?;
         let input = parse_input(&schema, self.input.clone())?;
@@ -173,7 +188,10 @@ impl Decide for CreateRecord {
         let body = api::http::data_body(document, &[]);
         let Write { stream, guards, .. } =
             create_write(schema.space_id, schema.schema_id, decision, given.fresh).map_err(Refusal::Unwritable)?;
-        Ok(Outcome::one(stream, guards, Reply::created(body)))
+        let subscriptions =
+            topic_changes(self.topics.as_ref(), topic_facts.as_ref(), (&self.space_id, &record_id), given)?;
+        let streams = std::iter::once(stream).chain(subscriptions).collect();
+        Ok(Outcome::append(streams, guards, Reply::created(body)))
     }
 }
 
@@ -182,21 +200,34 @@ pub(crate) struct UpsertRecord {
     pub space_id: String,
     pub schema_ref: String,
     pub input: Map<String, Value>,
+    /// A contact's `topics`, taken out of the input at the edge.
+    pub topics: Option<Wanted>,
 }
 
 impl Decide for UpsertRecord {
-    /// The schema's catalog context and what the upsert reads.
-    type Loaded = (Arc<WriteContext>, UpsertLoaded);
+    /// The schema's catalog context, what the upsert reads, and the topics when the write
+    /// names some (with the matched contact's subscriptions).
+    type Loaded = (Arc<WriteContext>, UpsertLoaded, Option<TopicFacts>);
     type Outcome = Outcome;
     type Refusal = Refusal;
 
-    fn decide(&self, (context, loaded): Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+    fn decide(&self, (context, loaded, topic_facts): Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let schema = write_schema(&context, &self.space_id);
         let planned = decide_upsert(&schema, loaded, given.now_ms, given.fresh)?;
         let body = api::http::data_body(planned.record.document(), &planned.warnings);
-        let Some(write) = planned.write else { return Ok(Outcome::Answer(Reply::ok(body))) };
-        let Write { stream, guards, .. } = write.map_err(Refusal::Unwritable)?;
-        Ok(Outcome::one(stream, guards, Reply { status: planned.status, body: Body::Json(body) }))
+        let contact_id = planned.record.record_id.clone();
+        let subscriptions =
+            topic_changes(self.topics.as_ref(), topic_facts.as_ref(), (&self.space_id, &contact_id), given)?;
+        let reply = Reply { status: planned.status, body: Body::Json(body) };
+        let (mut streams, guards) = match planned.write {
+            Some(write) => {
+                let Write { stream, guards, .. } = write.map_err(Refusal::Unwritable)?;
+                (vec![stream], guards)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        streams.extend(subscriptions);
+        Ok(Outcome::batch(streams, guards, reply))
     }
 }
 
@@ -206,26 +237,34 @@ pub(crate) struct UpdateRecord {
     pub schema_ref: String,
     pub record_id: String,
     pub input: Map<String, Value>,
+    /// A contact's `topics`, taken out of the input at the edge.
+    pub topics: Option<Wanted>,
 }
 
 impl Decide for UpdateRecord {
-    /// The schema's catalog context, the input, the record and the holders of the identities
-    /// the input sets.
-    type Loaded = (Arc<WriteContext>, Input, Target, Owners);
+    /// The schema's catalog context, the input, the record, the holders of the identities the
+    /// input sets, and the topics when the write names some (with the contact's
+    /// subscriptions).
+    type Loaded = (Arc<WriteContext>, Input, Target, Owners, Option<TopicFacts>);
     type Outcome = Outcome;
     type Refusal = Refusal;
 
     fn decide(
         &self,
-        (context, input, target, owners): Self::Loaded,
+        (context, input, target, owners, topic_facts): Self::Loaded,
         given: &mut Given<'_>,
     ) -> Result<Outcome, Refusal> {
         let schema = write_schema(&context, &self.space_id);
         let unchanged = api::http::data_body(target.1.document(), &[]);
-        match decide_record_update(&schema, input, target, &owners, given.now_ms, given.fresh)? {
-            None => Ok(Outcome::Answer(Reply::ok(unchanged))),
-            Some((Write { stream, guards, .. }, body)) => Ok(Outcome::one(stream, guards, Reply::ok(body))),
-        }
+        let subscriptions =
+            topic_changes(self.topics.as_ref(), topic_facts.as_ref(), (&self.space_id, &self.record_id), given)?;
+        let (mut streams, guards, reply) =
+            match decide_record_update(&schema, input, target, &owners, given.now_ms, given.fresh)? {
+                None => (Vec::new(), Vec::new(), Reply::ok(unchanged)),
+                Some((Write { stream, guards, .. }, body)) => (vec![stream], guards, Reply::ok(body)),
+            };
+        streams.extend(subscriptions);
+        Ok(Outcome::batch(streams, guards, reply))
     }
 }
 
@@ -356,8 +395,9 @@ mod tests {
             space_id: "spc_1".into(),
             schema_ref: "contacts".into(),
             input: input(json!({"email": "Ada@Example.com", "plan": "pro"})),
+            topics: None,
         };
-        let outcome = given(contacts()).when(&command).decided();
+        let outcome = given((contacts(), None)).when(&command).decided();
         let event = created(&outcome);
         assert_eq!((event.record_id.as_str(), event.space_id.as_str()), ("con_1", "spc_1"));
         assert_eq!((event.source.as_str(), event.created_at_ms), ("api", NOW_MS));
@@ -378,25 +418,27 @@ mod tests {
             space_id: "spc_1".into(),
             schema_ref: "contacts".into(),
             input: input(value),
+            topics: None,
         };
         let auto_filled = context(json!({"summary": {"type": "string", "autoFill": true}}), 0);
-        given(auto_filled)
+        given((auto_filled, None))
             .when(&create(json!({"email": "a@b.io"})))
             .then_refused(Refusal::Record(RecordRefusal::InsufficientCredits));
-        let refused = given(contacts()).when(&create(json!({"email": "nope"}))).0.err().expect("refused");
+        let refused = given((contacts(), None)).when(&create(json!({"email": "nope"}))).0.err().expect("refused");
         assert!(matches!(refused, Refusal::Record(RecordRefusal::Invalid { .. })), "{refused:?}");
     }
 
     #[test]
     fn an_upsert_creates_a_new_record_updates_a_matched_one_and_answers_an_unchanged_one() {
-        let command = UpsertRecord { space_id: "spc_1".into(), schema_ref: "contacts".into(), input: Map::new() };
+        let command =
+            UpsertRecord { space_id: "spc_1".into(), schema_ref: "contacts".into(), input: Map::new(), topics: None };
         let schema_context = contacts();
         let schema = write_schema(&schema_context, "spc_1");
         let parse = |value: Value| parse_input(&schema, input(value)).expect("valid");
 
         let new =
             UpsertLoaded { input: parse(json!({"email": "new@example.com"})), owners: Owners::new(), target: None };
-        let outcome = given((contacts(), new)).when(&command).decided();
+        let outcome = given((contacts(), new, None)).when(&command).decided();
         assert_eq!(created(&outcome).record_id, "con_1");
         assert_eq!(outcome.reply().expect("a reply").status, Status::Created);
 
@@ -405,8 +447,9 @@ mod tests {
             owners: Owners::from([(("email".into(), "ada@example.com".into()), "con_ada".into())]),
             target: Some((3, ada(), None)),
         };
-        let outcome =
-            given((contacts(), matched(json!({"email": "ada@example.com", "plan": "pro"})))).when(&command).decided();
+        let outcome = given((contacts(), matched(json!({"email": "ada@example.com", "plan": "pro"})), None))
+            .when(&command)
+            .decided();
         let event = updated(&outcome);
         assert_eq!((event.record_id.as_str(), event.updated_at_ms), ("con_ada", NOW_MS));
         assert_eq!(event.changed_keys, ["plan"]);
@@ -414,7 +457,7 @@ mod tests {
         let reply = outcome.reply().expect("a reply");
         assert_eq!((reply.status, &reply.json()["data"]["plan"]), (Status::Ok, &json!("pro")));
 
-        let reply = given((contacts(), matched(json!({"email": "ada@example.com", "plan": "free"}))))
+        let reply = given((contacts(), matched(json!({"email": "ada@example.com", "plan": "free"})), None))
             .when(&command)
             .then_answers();
         assert_eq!(reply, Reply::ok(api::http::data_body(ada().document(), &[])));
@@ -427,11 +470,12 @@ mod tests {
             schema_ref: "contacts".into(),
             record_id: "con_ada".into(),
             input: Map::new(),
+            topics: None,
         };
         let schema_context = contacts();
         let schema = write_schema(&schema_context, "spc_1");
         let parse = |value: Value| parse_input(&schema, input(value)).expect("valid");
-        let outcome = given((contacts(), parse(json!({"plan": "pro"})), (5, ada(), None), Owners::new()))
+        let outcome = given((contacts(), parse(json!({"plan": "pro"})), (5, ada(), None), Owners::new(), None))
             .when(&command)
             .decided();
         let event = updated(&outcome);
@@ -440,7 +484,7 @@ mod tests {
         assert!(matches!(writes.streams[0].expected, ExpectedVersion::Exactly(5)));
         assert_eq!(writes.guards.len(), 1, "a record without a data key gets one");
         assert_eq!(writes.reply.json()["data"]["plan"], "pro");
-        let reply = given((contacts(), parse(json!({"plan": "free"})), (5, ada(), None), Owners::new()))
+        let reply = given((contacts(), parse(json!({"plan": "free"})), (5, ada(), None), Owners::new(), None))
             .when(&command)
             .then_answers();
         assert_eq!(reply.json()["data"]["id"], "con_ada");
@@ -456,8 +500,9 @@ mod tests {
             schema_ref: "contacts".into(),
             record_id: "con_ada".into(),
             input: Map::new(),
+            topics: None,
         };
-        let refused = given((required.clone(), cleared, (5, ada(), None), Owners::new())).when(&command).0.err();
+        let refused = given((required.clone(), cleared, (5, ada(), None), Owners::new(), None)).when(&command).0.err();
         assert!(
             matches!(
                 refused,
@@ -484,5 +529,48 @@ mod tests {
         assert_eq!(reply.status, Status::Ok);
         assert_eq!(reply.json()["data"]["operationId"], "op_test");
         assert_eq!(reply.json()["data"]["status"], "pending");
+    }
+
+    #[test]
+    fn a_contact_write_with_topics_appends_its_subscriptions_with_the_record_or_alone_when_unchanged() {
+        let facts =
+            TopicFacts { by_reference: [("news".to_owned(), "top_1".to_owned())].into(), current: Default::default() };
+        let wanted = |body: Value| {
+            let mut body = input(body);
+            Wanted::take("contact", &mut body).expect("valid")
+        };
+        let create = CreateRecord {
+            space_id: "spc_1".into(),
+            schema_ref: "contacts".into(),
+            input: input(json!({"email": "new@example.com"})),
+            topics: wanted(json!({"topics": ["news"]})),
+        };
+        let outcome = given((contacts(), Some(facts.clone()))).when(&create).decided();
+        let streams: Vec<&str> = appended(&outcome).streams.iter().map(|stream| stream.stream_id.as_str()).collect();
+        assert_eq!(streams, [stream_id("con_1").as_str(), "subscriptions-con_1"]);
+        let [_, LogEvent::SubscriptionChanged(changed)] = outcome.events()[..] else { panic!("a subscription") };
+        assert_eq!(
+            (changed.topic_id.as_str(), changed.status.as_str(), changed.source.as_str(), changed.source_id.as_str()),
+            ("top_1", "subscribed", "api", "op_test")
+        );
+
+        let schema_context = contacts();
+        let schema = write_schema(&schema_context, "spc_1");
+        let unchanged = UpsertLoaded {
+            input: parse_input(&schema, input(json!({"email": "ada@example.com", "plan": "free"}))).expect("valid"),
+            owners: Owners::from([(("email".into(), "ada@example.com".into()), "con_ada".into())]),
+            target: Some((3, ada(), None)),
+        };
+        let command = UpsertRecord {
+            space_id: "spc_1".into(),
+            schema_ref: "contacts".into(),
+            input: Map::new(),
+            topics: wanted(json!({"topics": {"news": "subscribed"}})),
+        };
+        let outcome = given((contacts(), unchanged, Some(facts))).when(&command).decided();
+        let writes = appended(&outcome);
+        let streams: Vec<&str> = writes.streams.iter().map(|stream| stream.stream_id.as_str()).collect();
+        assert_eq!(streams, ["subscriptions-con_ada"], "the record is unchanged; its subscription is new");
+        assert_eq!(writes.reply.status, Status::Ok);
     }
 }

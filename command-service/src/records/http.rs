@@ -10,7 +10,8 @@ use platform::log::AppendError;
 use serde_json::Value;
 
 use super::decide::{CreateRecord, DeleteRecord, Refusal, UpdateRecord, UpsertRecord, check_credits, write_schema};
-use super::load::{context, load_in_schema, load_update, load_upsert};
+use super::load::{context, load_in_schema, load_topics, load_update, load_upsert};
+use super::topics::Wanted;
 use crate::State;
 use crate::decision::Outcome;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Refusal as Lost, Shell};
@@ -30,7 +31,12 @@ fn lost_too_often() -> ApiError {
 
 impl Command for CreateRecord {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
-        context(ctx, &self.space_id, &self.schema_ref).await
+        let context = context(ctx, &self.space_id, &self.schema_ref).await?;
+        let topics = match &self.topics {
+            Some(_) => Some(load_topics(ctx, &self.space_id, None).await?),
+            None => None,
+        };
+        Ok((context, topics))
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
@@ -46,12 +52,13 @@ pub async fn create(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let input = api::http::read_json_object(&req, payload).await?;
+    let mut input = api::http::read_json_object(&req, payload).await?;
     let schema_ref = path.into_inner();
     // The schema is resolved before the idempotency claim, as for every record write.
-    write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
+    let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
     let body = Value::Object(input.clone());
-    let command = CreateRecord { space_id: caller.space_id().to_owned(), schema_ref, input };
+    let topics = Wanted::take(&context.schema.schema_type, &mut input)?;
+    let command = CreateRecord { space_id: caller.space_id().to_owned(), schema_ref, input, topics };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
@@ -61,7 +68,14 @@ impl Command for UpsertRecord {
         let schema = write_schema(&context, &self.space_id);
         check_credits(&schema, context.credits).map_err(Refusal::from)?;
         let loaded = load_upsert(ctx, &schema, self.input.clone()).await?;
-        Ok((context, loaded))
+        let topics = match &self.topics {
+            Some(_) => {
+                let contact_id = loaded.target.as_ref().map(|(_, record, _)| record.record_id.as_str());
+                Some(load_topics(ctx, &self.space_id, contact_id).await?)
+            }
+            None => None,
+        };
+        Ok((context, loaded, topics))
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
@@ -85,11 +99,12 @@ pub async fn upsert(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let input = api::http::read_json_object(&req, payload).await?;
+    let mut input = api::http::read_json_object(&req, payload).await?;
     let schema_ref = path.into_inner();
-    write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
+    let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
     let body = Value::Object(input.clone());
-    let command = UpsertRecord { space_id: caller.space_id().to_owned(), schema_ref, input };
+    let topics = Wanted::take(&context.schema.schema_type, &mut input)?;
+    let command = UpsertRecord { space_id: caller.space_id().to_owned(), schema_ref, input, topics };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
@@ -99,7 +114,11 @@ impl Command for UpdateRecord {
         let schema = write_schema(&context, &self.space_id);
         check_credits(&schema, context.credits).map_err(Refusal::from)?;
         let (input, target, owners) = load_update(ctx, &schema, &self.record_id, self.input.clone()).await?;
-        Ok((context, input, target, owners))
+        let topics = match &self.topics {
+            Some(_) => Some(load_topics(ctx, &self.space_id, Some(&self.record_id)).await?),
+            None => None,
+        };
+        Ok((context, input, target, owners, topics))
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
@@ -127,7 +146,9 @@ pub async fn update(
     let mut input = api::http::read_json_object(&req, payload).await?;
     // The path id overrides a body id.
     input.remove("id");
-    let command = UpdateRecord { space_id: caller.space_id().to_owned(), schema_ref, record_id, input };
+    let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
+    let topics = Wanted::take(&context.schema.schema_type, &mut input)?;
+    let command = UpdateRecord { space_id: caller.space_id().to_owned(), schema_ref, record_id, input, topics };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 

@@ -17,6 +17,7 @@ use super::decide::{
     decide_upsert, live_target, match_upsert, parse_input, shown_platform_fields,
 };
 use super::store::{Loaded, identity_owners, load_records};
+use super::topics::TopicFacts;
 use super::write::{Write, identity_values};
 use crate::pipeline::Ctx;
 use crate::write_contexts::{self, Kind};
@@ -111,6 +112,32 @@ pub(crate) async fn load_update(
     check_echoed(&crate::echo::changed(&echoed, &shown_platform_fields(&target.1)))?;
     let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
     Ok((input, target, owners))
+}
+
+/// What a write's `topics` decides on: the space's topics by slug, name and id, and the
+/// contact's subscriptions (none for a new contact).
+pub(crate) async fn load_topics(
+    ctx: &Ctx<'_>,
+    space_id: &str,
+    contact_id: Option<&str>,
+) -> Result<TopicFacts, ApiError> {
+    let catalog = ctx.catalog().await?;
+    let client = ctx.db().await?;
+    let mut by_reference = std::collections::BTreeMap::new();
+    for (topic_id, topic) in
+        reads::email::topics(&client, &catalog, space_id).await.map_err(|error| ApiError::internal(&error))?
+    {
+        by_reference.insert(topic.slug, topic_id.clone());
+        by_reference.insert(topic.name, topic_id.clone());
+        by_reference.insert(topic_id.clone(), topic_id);
+    }
+    let current = match contact_id {
+        Some(contact_id) => {
+            reads::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?
+        }
+        None => std::collections::BTreeMap::new(),
+    };
+    Ok(TopicFacts { by_reference, current })
 }
 
 /// The record's stream version, state and data key, if it is a live record of `schema`;

@@ -7,4 +7,5 @@ pub mod decide;
 pub mod http;
 pub mod load;
 pub mod store;
+pub mod topics;
 pub mod write;

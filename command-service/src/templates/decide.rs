@@ -38,6 +38,15 @@ pub enum Refusal {
     /// 400 `recipient_missing`, every other gate 422 with its code; nothing was sent.
     #[error("{}; nothing was sent", .0.reason())]
     Gate(Gate),
+    /// The space's send policy skips the send (422 `frequency_capped` or `quiet_hours`):
+    /// which rule, and when a send would be allowed.
+    #[error(
+        "{}: {}; a send is allowed from {}; nothing was sent",
+        .gate.reason(),
+        .reason.description,
+        platform::time::format_millis(.reason.allowed_at_ms)
+    )]
+    Policy { gate: Gate, reason: send::SkipReason },
     /// The template does not render with this context (422 `template_render_failed`).
     #[error("the template does not render: {0}")]
     RenderFailed(String),
@@ -64,7 +73,7 @@ impl Refusal {
             Self::ContentNotAccepted(_) => Code::TemplateContentNotAccepted,
             Self::UnknownField(_) => Code::UnknownField,
             Self::InvalidData { .. } => Code::InvalidTemplateData,
-            Self::Gate(gate) => gate.code(),
+            Self::Gate(gate) | Self::Policy { gate, .. } => gate.code(),
             Self::RenderFailed(_) => Code::TemplateRenderFailed,
             Self::EmailLimitReached => Code::EmailLimitReached,
             Self::KeptChanging => Code::ConcurrentModification,
@@ -227,10 +236,20 @@ impl Decide for SendTemplate<'_> {
             allowance_refused: false,
             now_ms: now,
         };
+        let zone = send::zone_used(&facts);
         let held = match send::decide(&facts) {
             send::Verdict::Send => None,
             send::Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
-            send::Verdict::Skip { gate, .. } => return Err(Refusal::Gate(gate)),
+            send::Verdict::Skip { gate, .. } => {
+                let explained = authored.policy.as_ref().and_then(|policy| {
+                    let zone = policy.time_zone.resolve(recipient.zone.as_deref());
+                    policy.explain_skip(zone, now, &recipient.sent)
+                });
+                return Err(match explained {
+                    Some(reason) => Refusal::Policy { gate, reason },
+                    None => Refusal::Gate(gate),
+                });
+            }
         };
         let address = recipient.address.unwrap_or_default();
         let documents: BTreeMap<String, (Value, Vec<String>)> = planned
@@ -270,7 +289,8 @@ impl Decide for SendTemplate<'_> {
         let to = EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key };
         let scheduled =
             send::schedule(&email_id, &authored, to, &rendered, send::Origin::template(), (now, &self.site.base_url))
-                .map_err(|error| Refusal::Failed(format!("{error:#}")))?;
+                .map_err(|error| Refusal::Failed(format!("{error:#}")))?
+                .decided_in(zone.as_ref());
         let allowance =
             authored.allowance.as_ref().map(|allowance| send::allowance_guard(space_id, now, allowance.monthly));
         if let Some((until_ms, gate)) = held {
@@ -521,5 +541,44 @@ mod tests {
         let Outcome::Append(writes) = &outcome else { panic!("appended") };
         let allowance = send::allowance_guard("spc_1", NOW_MS, 100).sql;
         assert_eq!(writes.guards.last().map(|guard| guard.sql), Some(allowance), "counted against the allowance");
+    }
+
+    #[test]
+    fn given_a_frequency_cap_that_skips_when_a_marketing_email_is_sent_then_the_refusal_names_the_rule_and_when() {
+        let site = site();
+        let mut loaded = loaded("Hi", Some("ada@example.test"), false);
+        let mut marketing = (*loaded.authored).clone();
+        marketing.template.kind = "marketing".into();
+        let policy = json!({"timeZone": {"default": "UTC"},
+                            "frequencyCaps": [{"max": 2, "window": {"hours": 24}, "outcome": "skip"}]});
+        marketing.policy = Some(serde_json::from_value(policy).expect("a policy"));
+        loaded.authored = Arc::new(marketing);
+        loaded.recipient.consent = Some(true);
+        let hour = 3_600_000;
+        loaded.recipient.sent =
+            (1..=2).map(|n| send::Sent { at_ms: NOW_MS - n * hour, topic_id: None, position: n }).collect();
+        let allowed_at_ms = NOW_MS + 22 * hour;
+        let reason = send::SkipReason {
+            rule: "sendPolicy.frequencyCaps[0]".into(),
+            description: "at most 2 marketing emails per 24 hours".into(),
+            allowed_at_ms,
+        };
+        let refusal = Refusal::Policy { gate: Gate::FrequencyCap, reason };
+        harness::given(loaded).when(&send_template(&site)).then_refused(refusal.clone());
+        let allowed_at = platform::time::format_millis(allowed_at_ms);
+        let answer = platform::error::ApiError::from(refusal);
+        assert_eq!(answer.status().as_u16(), 422);
+        assert_eq!(
+            answer.body(),
+            json!({"error": {
+                "type": "invalid_request_error",
+                "code": "frequency_capped",
+                "message": format!("a frequency cap of the space's send policy is reached for this contact: at most 2 \
+                                    marketing emails per 24 hours; a send is allowed from {allowed_at}; nothing was sent"),
+                "issues": [{"key": "sendPolicy.frequencyCaps[0]", "code": "frequency_capped",
+                            "message": format!("at most 2 marketing emails per 24 hours; a send is allowed from {allowed_at}")}],
+                "notBefore": allowed_at,
+            }})
+        );
     }
 }

@@ -6,9 +6,10 @@
 //!
 //! Each row also keeps what the delivery log filters and shows beside the story: its status,
 //! the broadcast run or the workflow and step that sent it, whether a person opened it,
-//! clicked in it or unsubscribed through it, and the address it was sent to (opened from the
-//! sealed content with the contact's key when it is scheduled; none for a send refused before
-//! it was rendered, or once the contact is erased).
+//! clicked in it or unsubscribed through it, and the address it was sent (or refused) to
+//! (opened with the contact's key from the sealed content when it is scheduled, or from the
+//! sealed recipient of a send refused before it was rendered; none once the contact is
+//! erased).
 //!
 //! Beside the stories, the counts of each broadcast run and each workflow send step
 //! (`email_counts`): every event adds the difference it makes to its email's tally
@@ -112,11 +113,13 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
             rows.insert(row.story.id.clone(), row);
         }
     }
-    // The addresses of the emails scheduled in this batch, opened with their contacts' keys.
+    // The addresses of the emails scheduled or refused in this batch, opened with their
+    // contacts' keys.
     let scheduled_contacts: Vec<String> = decoded
         .iter()
         .filter_map(|(_, event)| match event {
             LogEvent::EmailScheduled(scheduled) => Some(scheduled.contact_id.clone()),
+            LogEvent::EmailSkipped(skipped) if skipped.recipient.is_some() => Some(skipped.contact_id.clone()),
             _ => None,
         })
         .collect();
@@ -151,6 +154,11 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
                 let content: Option<platform::proto::EmailContent> =
                     platform::events::open(scheduled.content.as_ref(), &keys)?;
                 content.map(|content| content.to_address)
+            }
+            LogEvent::EmailSkipped(skipped) if skipped.recipient.is_some() => {
+                let recipient: Option<platform::proto::EmailRecipient> =
+                    platform::events::open(skipped.recipient.as_ref(), &keys)?;
+                recipient.map(|recipient| recipient.address)
             }
             _ => current.as_ref().and_then(|row| row.address.clone()),
         };

@@ -21,7 +21,8 @@ const RUN: &str = "jsonb_build_object(
     'error', r.error,
     'counts', jsonb_build_object(
         'audience', r.audience_count,
-        'pending', GREATEST(COALESCE(r.audience_count, 0) - r.skipped_not_subscribed - r.skipped_suppressed
+        'pending', GREATEST(COALESCE(r.audience_count, 0) - r.skipped_no_consent - r.skipped_not_subscribed
+            - r.skipped_suppressed
             - r.skipped_allowance - r.skipped_no_address - r.skipped_gone - r.skipped_frequency_cap
             - r.skipped_quiet_hours - COALESCE(c.scheduled, 0), 0),
         'queued', GREATEST(COALESCE(c.scheduled - c.sent - c.failed - c.outcome_unknown - c.held, 0), 0),
@@ -37,6 +38,7 @@ const RUN: &str = "jsonb_build_object(
         'openRate', CASE WHEN c.sent > c.bounced THEN round(c.opened::numeric / (c.sent - c.bounced), 4) END,
         'clickRate', CASE WHEN c.sent > c.bounced THEN round(c.clicked::numeric / (c.sent - c.bounced), 4) END,
         'skipped', jsonb_build_object(
+            'noConsent', r.skipped_no_consent,
             'notSubscribed', r.skipped_not_subscribed,
             'suppressed', r.skipped_suppressed,
             'allowance', r.skipped_allowance,

@@ -50,6 +50,8 @@ pub const MAX_STRING: usize = 4_096;
 pub const MAX_TEXT: usize = 65_536;
 pub const MAX_EMAIL: usize = 254;
 pub const MAX_PHONE: usize = 64;
+/// The longest IANA time zone name is 32 characters (`America/Argentina/ComodRivadavia`).
+pub const MAX_ZONE: usize = 64;
 pub const MAX_CHOICE: usize = 1_024;
 pub const MAX_CHOICES: usize = 1_000;
 pub const MAX_JSON_BYTES: usize = 65_536;
@@ -67,6 +69,7 @@ pub fn too_long(definition: &Value, value: &Value) -> Option<String> {
         "text" => chars(value, MAX_TEXT).then(|| format!("{MAX_TEXT} characters")),
         "email" => chars(value, MAX_EMAIL).then(|| format!("{MAX_EMAIL} characters")),
         "phone" => chars(value, MAX_PHONE).then(|| format!("{MAX_PHONE} characters")),
+        "timezone" => chars(value, MAX_ZONE).then(|| format!("{MAX_ZONE} characters")),
         "select" => chars(value, MAX_CHOICE).then(|| format!("{MAX_CHOICE} characters")),
         "multiselect" => match value {
             Value::Array(items) if items.len() > MAX_CHOICES => Some(format!("{MAX_CHOICES} choices")),
@@ -143,6 +146,13 @@ pub fn normalize_value(definition: &Value, value: Value) -> Result<Value, String
         "phone" => match value.as_str() {
             Some(text) => normalize_phone(text).map(Value::String),
             None => Err("must be a phone number string".to_owned()),
+        },
+        // Written in its canonical spelling (`asia/kolkata` is `Asia/Kolkata`).
+        "timezone" => match value.as_str().and_then(crate::email::send::policy::zone) {
+            Some(zone) => Ok(Value::String(zone.name().to_owned())),
+            None => Err("must be an IANA time zone name like Europe/Berlin (a UTC offset such as +05:30 is not a \
+                         zone: name the place, for example Asia/Kolkata)"
+                .to_owned()),
         },
         "number" => match value {
             Value::Number(_) => Ok(value),
@@ -287,5 +297,17 @@ mod tests {
         assert!(writable_value(&attributes, "bio", long(5_000)).is_ok(), "an event's input is bounded as a whole");
         assert_eq!((issue.key.as_deref(), issue.code), (Some("bio"), Some(Code::ValueTooLong)));
         assert_eq!(issue.message, "bio is longer than 4096 characters");
+    }
+
+    #[test]
+    fn a_timezone_value_is_an_iana_name_written_in_its_canonical_spelling() {
+        let zone = json!({"type": "timezone"});
+        assert_eq!(normalize_value(&zone, json!("asia/kolkata")), Ok(json!("Asia/Kolkata")));
+        assert_eq!(normalize_value(&zone, json!("Europe/Berlin")), Ok(json!("Europe/Berlin")));
+        for refused in [json!("+05:30"), json!("Mars/Olympus"), json!("UTC+5"), json!(5.5)] {
+            let error = normalize_value(&zone, refused.clone()).expect_err("refused");
+            assert!(error.starts_with("must be an IANA time zone name"), "{refused}: {error}");
+        }
+        assert!(too_long(&zone, &json!("x".repeat(65))).is_some());
     }
 }

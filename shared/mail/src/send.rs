@@ -140,8 +140,9 @@ fn render_untracked(
     Ok(rendered)
 }
 
+pub use domain::email::send::policy::SkipReason;
 pub use domain::email::send::{
-    Contact, Facts, Gate, Kind, SendPolicy, Sent, Verdict, decide, email_consent, is_email_consent,
+    Contact, Facts, Gate, Kind, SendPolicy, Sent, Verdict, ZoneUsed, decide, email_consent, is_email_consent, zone_used,
 };
 
 /// Who an email goes to: the contact, its address and its data key.
@@ -159,9 +160,23 @@ pub struct Scheduled {
     pub stream: StreamAppend,
     pub guards: Vec<Guard>,
     pub prepared: Prepared,
+    /// The zone the send policy decided it in ([`Scheduled::decided_in`]).
+    zone: Option<proto::PolicyZone>,
 }
 
 impl Scheduled {
+    /// Records the zone the send policy decided the email in (`zone_used` of its facts) on
+    /// its `EmailScheduled` and, when it is held, its `EmailHeld`.
+    pub fn decided_in(mut self, zone: Option<&ZoneUsed>) -> Self {
+        self.zone = zone.map(ZoneUsed::to_proto);
+        for event in &mut self.stream.events {
+            if let LogEvent::EmailScheduled(scheduled) = &mut event.event {
+                scheduled.zone.clone_from(&self.zone);
+            }
+        }
+        self
+    }
+
     /// Holds the email until `until_ms` (the send decision's `Hold`): `EmailHeld` follows its
     /// `EmailScheduled`, and it is not counted against the frequency caps until it is released.
     /// Its outbox row must be inserted `held` ([`crate::outbox::held_guard`]) and it is not
@@ -176,6 +191,7 @@ impl Scheduled {
                 gate: gate.as_str().to_owned(),
                 not_before_ms: until_ms,
                 at_ms: now_ms,
+                zone: self.zone.clone(),
             }),
             subject_id: Some(parties.contact_id.clone()),
             occurred_at: platform::time::from_millis(now_ms),
@@ -258,6 +274,7 @@ pub fn schedule(
         form_id: origin.source_id.to_owned(),
         parent_id: origin.parent_id.to_owned(),
         step_id: origin.step_id.to_owned(),
+        zone: None,
     };
     let stream = StreamAppend {
         stream_id: domain::email::stream_id(email_id),
@@ -291,7 +308,7 @@ pub fn schedule(
     } else {
         Vec::new()
     };
-    Ok(Scheduled { stream, guards, prepared })
+    Ok(Scheduled { stream, guards, prepared, zone: None })
 }
 
 /// Records a marketing email in `marketing_sends`, in its append, for the frequency caps.

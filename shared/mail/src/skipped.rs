@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use deadpool_postgres::GenericClient;
-use platform::crypto::Keys;
+use platform::crypto::{DataKey, Keys};
 use platform::events::LogEvent;
 use platform::log::{ExpectedVersion, NewEvent, StoredEvent, StreamAppend};
 use platform::proto;
@@ -40,6 +40,11 @@ pub struct Skip<'a> {
     pub origin: Origin<'a>,
     pub gate: Gate,
     pub decided_by: Option<&'a DecidedBy>,
+    /// The address the send was refused for and the contact's data key that seals it; `None`
+    /// when either is missing (the delivery log then shows no address).
+    pub recipient: Option<(&'a str, &'a DataKey)>,
+    /// The zone the send policy read (`send::zone_used`), recorded for its gates.
+    pub zone: Option<&'a crate::send::ZoneUsed>,
     pub at_ms: i64,
 }
 
@@ -77,6 +82,11 @@ pub fn skipped_after(skip: Skip<'_>) -> StreamAppend {
         decided_by_type,
         decided_by_at_ms,
         at_ms: skip.at_ms,
+        recipient: skip.recipient.and_then(|(address, key)| sealed_recipient(skip.contact_id, address, key)),
+        zone: skip
+            .zone
+            .filter(|_| matches!(skip.gate, Gate::FrequencyCap | Gate::QuietHours))
+            .map(crate::send::ZoneUsed::to_proto),
     };
     StreamAppend {
         stream_id: domain::email::stream_id(skip.email_id),
@@ -87,6 +97,18 @@ pub fn skipped_after(skip: Skip<'_>) -> StreamAppend {
             occurred_at: platform::time::from_millis(skip.at_ms),
         }],
     }
+}
+
+/// `address` sealed under the contact's key; `None` for an empty address, or when it cannot
+/// be sealed (a key that does not encrypt: the story then names no address rather than keep
+/// it in the clear).
+fn sealed_recipient(contact_id: &str, address: &str, key: &DataKey) -> Option<proto::Sealed> {
+    if address.is_empty() {
+        return None;
+    }
+    let mut sealed = platform::events::seal(contact_id, &proto::EmailRecipient { address: address.to_owned() });
+    platform::events::encrypt(&mut sealed, key).ok()?;
+    Some(sealed)
 }
 
 /// What to look up for one refusal: the contact, the gate that refused, the address, the
@@ -267,6 +289,22 @@ mod tests {
 
     fn position(by: anyhow::Result<Option<DecidedBy>>) -> Option<i64> {
         by.expect("reads").map(|by| by.position)
+    }
+
+    #[test]
+    fn a_skipped_sends_address_is_sealed_under_the_contacts_key_and_opens_only_with_it() {
+        let keyring = platform::crypto::Keyring::from_hex(&"11".repeat(32)).expect("a keyring");
+        let key = keyring.system_key("test");
+        let sealed = sealed_recipient("con_1", "ada@example.com", &key).expect("sealed");
+        assert!(matches!(sealed.body, Some(proto::sealed::Body::Ciphertext(_))), "never in the clear");
+        let mut keys = Keys::default();
+        keys.insert("con_1".into(), key);
+        let opened: Option<proto::EmailRecipient> = platform::events::open(Some(&sealed), &keys).expect("opens");
+        assert_eq!(opened.map(|recipient| recipient.address).as_deref(), Some("ada@example.com"));
+        let erased: Option<proto::EmailRecipient> =
+            platform::events::open(Some(&sealed), &Keys::default()).expect("no error");
+        assert_eq!(erased, None, "an erased contact's address is gone");
+        assert_eq!(sealed_recipient("con_1", "", &keyring.system_key("test")), None, "no address, nothing sealed");
     }
 
     #[test]

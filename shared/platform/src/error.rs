@@ -211,6 +211,9 @@ pub struct ApiError {
     message: String,
     issues: Vec<Issue>,
     headers: Vec<(&'static str, String)>,
+    /// Fields of the error object beside the contract's (`notBefore` of a send the send
+    /// policy refused), each documented in `ErrorDetail`.
+    fields: Vec<(&'static str, serde_json::Value)>,
     /// The contract lets an unconfirmed idempotent outcome (503) omit `type`.
     omit_type: bool,
     /// A write whose persistence could not be confirmed (its commit broke off): under an
@@ -226,6 +229,7 @@ impl ApiError {
             message: message.into(),
             issues: Vec::new(),
             headers: Vec::new(),
+            fields: Vec::new(),
             omit_type: false,
             unconfirmed: false,
         }
@@ -327,6 +331,12 @@ impl ApiError {
         self
     }
 
+    /// Adds field `name` to the error object (documented in `ErrorDetail`).
+    pub fn with_field(mut self, name: &'static str, value: serde_json::Value) -> Self {
+        self.fields.push((name, value));
+        self
+    }
+
     pub fn with_header(mut self, name: &'static str, value: String) -> Self {
         self.headers.push((name, value));
         self
@@ -363,6 +373,9 @@ impl ApiError {
         }
         if !self.issues.is_empty() {
             error["issues"] = json!(self.issues);
+        }
+        for (name, value) in &self.fields {
+            error[*name] = value.clone();
         }
         json!({ "error": error })
     }

@@ -342,7 +342,7 @@ async fn a_broadcast_to_1000_contacts_killed_mid_run_reaches_every_consenting_re
     let consenting = PEOPLE - UNSUBSCRIBED - SUPPRESSED;
     assert_eq!(run["status"], "completed", "{run}");
     assert_eq!(run["counts"]["audience"], PEOPLE, "{run}");
-    assert_eq!(run["counts"]["skipped"]["notSubscribed"], UNSUBSCRIBED, "{run}");
+    assert_eq!(run["counts"]["skipped"]["noConsent"], UNSUBSCRIBED, "{run}");
     assert_eq!(run["counts"]["skipped"]["suppressed"], SUPPRESSED, "{run}");
     let unknown = run["counts"]["outcomeUnknown"].as_u64().expect("a count");
     assert_eq!(run["counts"]["sent"].as_u64().expect("a count") + unknown, consenting as u64, "{run}");
@@ -1042,11 +1042,17 @@ async fn a_runs_delivery_log_pages_by_cursor_filters_by_status_agrees_with_its_c
     let mut gates: Vec<&str> = skipped.iter().filter_map(|row| row["gate"].as_str()).collect();
     gates.sort_unstable();
     assert_eq!(gates, ["consent", "suppressed"]);
+    let skips = &run["counts"]["skipped"];
     assert_eq!(
-        (run["counts"]["skipped"]["suppressed"].as_u64(), run["counts"]["skipped"]["notSubscribed"].as_u64()),
-        (Some(1), Some(1))
+        (skips["suppressed"].as_u64(), skips["noConsent"].as_u64(), skips["notSubscribed"].as_u64()),
+        (Some(1), Some(1), Some(0)),
+        "never consenting is counted apart from leaving a topic: {skips}"
     );
-    assert!(skipped.iter().all(|row| row["error"]["code"].is_string() && row["address"].is_null()));
+    assert!(skipped.iter().all(|row| row["error"]["code"].is_string()), "{skipped:?}");
+    // Who was skipped, by address.
+    let mut addresses: Vec<&str> = skipped.iter().filter_map(|row| row["address"].as_str()).collect();
+    addresses.sort_unstable();
+    assert_eq!(addresses, ["log10@example.com", "log11@example.com"], "{skipped:?}");
     assert_eq!(with("sent,held").await.len(), 10);
     assert_eq!(with("sent&status=skipped").await.len(), 10, "status repeated");
 
@@ -1076,12 +1082,17 @@ async fn a_runs_delivery_log_pages_by_cursor_filters_by_status_agrees_with_its_c
     assert!(lines[0].starts_with("emailId,contactId,address,status,gate,errorCode"), "{}", lines[0]);
     assert_eq!(lines.len(), 11, "a header and ten rows: {csv}");
     assert_eq!(lines.iter().filter(|line| line.contains(",sent,")).count(), 8, "{csv}");
-    assert!(lines.iter().any(|line| line.contains("suppressed,recipient_suppressed")), "{csv}");
+    assert!(
+        lines.iter().any(|line| line.contains("log10@example.com,skipped,suppressed,recipient_suppressed")),
+        "{csv}"
+    );
+    assert!(lines.iter().any(|line| line.contains("log11@example.com,skipped,consent,")), "{csv}");
     let (content_type, ndjson) = export("application/x-ndjson").await;
     assert_eq!(content_type, "application/x-ndjson");
     let parsed: Vec<Value> = ndjson.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect();
     assert_eq!(parsed.len(), 10);
     crate::helpers::assert_conforms("EmailSummary", &parsed);
+    assert!(parsed.iter().all(|row| row["address"].is_string()), "every row names its address: {parsed:?}");
 
     // A cursor pages only its own request; the log needs a scope; another space sees nothing.
     let first = app.get(&format!("/emails?broadcastRunId={run_id}&limit=1"), MAIL_KEY).await;

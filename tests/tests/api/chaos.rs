@@ -616,7 +616,7 @@ fn chaos_workspace(call_url: &str) -> String {
     mail["schemas"][0]["attributes"]
         .as_array_mut()
         .expect("attributes")
-        .push(json!({"key": "timeZone", "definition": {"type": "string"}}));
+        .push(json!({"key": "timeZone", "definition": {"type": "timezone"}}));
     let hour = chrono::Timelike::hour(&chrono::Utc::now());
     mail["sendPolicy"] = json!({
         "timeZone": {"attribute": "timeZone", "default": "Etc/GMT-12"},

@@ -1435,7 +1435,7 @@ pub(crate) fn policy_workspace_with(allowance: i64, policy: &Value) -> String {
     space["schemas"][0]["attributes"]
         .as_array_mut()
         .expect("attributes")
-        .push(json!({"key": "timeZone", "definition": {"type": "string"}}));
+        .push(json!({"key": "timeZone", "definition": {"type": "timezone"}}));
     space["sendPolicy"] = policy.clone();
     workspace.to_string()
 }
@@ -1457,18 +1457,41 @@ async fn a_send_policy_caps_and_quiets_marketing_in_the_contacts_zone_and_lets_t
     let contact =
         |email: &str, zone: &str| json!({"data": {"contact": {"email": email, "newsConsent": true, "timeZone": zone}}});
 
-    // Quiet in UTC (the zone given, and the default for a contact without one or with a zone
-    // that is no zone); not in a zone twelve hours ahead.
-    for (email, zone) in [("utc@example.com", "UTC"), ("none@example.com", ""), ("mars@example.com", "Mars/Olympus")] {
-        let quiet = send(&app, &promo, &contact(email, zone), None).await;
+    // Quiet in UTC (the zone given in any letter case, and the default for a contact without
+    // one); not in a zone twelve hours ahead.
+    let none = json!({"data": {"contact": {"email": "none@example.com", "newsConsent": true}}});
+    for (body, zone) in
+        [(contact("utc@example.com", "UTC"), "UTC"), (none, "none"), (contact("low@example.com", "utc"), "utc")]
+    {
+        let quiet = send(&app, &promo, &body, None).await;
         assert_eq!((quiet.status, quiet.code().as_str()), (422, Some("quiet_hours")), "{zone}: {:?}", quiet.body);
+        // The refusal names the rule and when a send would be allowed.
+        assert_eq!(quiet.body["error"]["issues"][0]["key"], "sendPolicy.quietHours", "{:?}", quiet.body);
+        assert!(quiet.body["error"]["notBefore"].is_string(), "{:?}", quiet.body);
     }
+    // A value that is no time zone is refused where it is written, never read as the default.
+    for zone in ["Mars/Olympus", "+05:30"] {
+        let refused = send(&app, &promo, &contact("mars@example.com", zone), None).await;
+        assert_eq!(refused.status, 400, "{zone}: {:?}", refused.body);
+        let issue = &refused.body["error"]["issues"][0];
+        assert_eq!(
+            (issue["key"].as_str(), issue["code"].as_str()),
+            (Some("timeZone"), Some("invalid_attribute_value"))
+        );
+        assert!(issue["message"].as_str().is_some_and(|m| m.contains("IANA time zone")), "{:?}", refused.body);
+    }
+    let stored = app
+        .post("/schemas/people/records", MAIL_KEY, &json!({"email": "kol@example.com", "timeZone": "asia/kolkata"}))
+        .await;
+    assert_eq!(stored.status, 201, "{:?}", stored.body);
+    assert_eq!(stored.body["data"]["timeZone"], "Asia/Kolkata", "stored as the zone spells it: {:?}", stored.body);
     let ahead = send(&app, &promo, &contact("ahead@example.com", "Etc/GMT-12"), None).await;
     assert_eq!(ahead.status, 200, "{:?}", ahead.body);
     assert_eq!(ahead.body["data"]["status"], "sent", "{:?}", ahead.body);
     // One marketing email a day: the second is capped; transactional mail is exempt from both.
     let capped = send(&app, &promo, &contact("ahead@example.com", "Etc/GMT-12"), None).await;
     assert_eq!((capped.status, capped.code().as_str()), (422, Some("frequency_capped")), "{:?}", capped.body);
+    assert_eq!(capped.body["error"]["issues"][0]["key"], "sendPolicy.frequencyCaps[0]", "{:?}", capped.body);
     let receipt = template_id(&app, "receipt").await;
     let mut body = receipt_body("ahead@example.com", "Ada");
     body["data"]["contact"]["timeZone"] = json!("UTC");
@@ -1486,6 +1509,73 @@ async fn a_send_policy_caps_and_quiets_marketing_in_the_contacts_zone_and_lets_t
     app.apply_workspace(&workspace.to_string(), true).await;
     let again = send(&app, &promo, &contact("ahead@example.com", "UTC"), None).await;
     assert_eq!(again.status, 200, "the policy is gone: {:?}", again.body);
+}
+
+#[tokio::test]
+async fn a_contact_made_through_the_api_joins_a_topic_in_its_write_and_gets_its_first_marketing_mail() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let newsletter = template_id(&app, "newsletter").await;
+    let to = |id: &str| json!({"data": {"contact": {"id": id}}});
+
+    // Consent alone: the newsletter's topic still refuses it.
+    let dev =
+        app.post("/schemas/people/records", MAIL_KEY, &json!({"email": "dev@example.com", "newsConsent": true})).await;
+    assert_eq!(dev.status, 201, "{:?}", dev.body);
+    let dev = dev.body["data"]["id"].as_str().expect("id").to_owned();
+    let refused = send(&app, &newsletter, &to(&dev), None).await;
+    assert_eq!((refused.status, refused.code().as_str()), (422, Some("recipient_not_subscribed")));
+
+    // The same write with its topic (by slug): the first marketing send goes.
+    let request = app.request(reqwest::Method::PATCH, &format!("/schemas/people/records/{dev}"), Some(MAIL_KEY));
+    let joined = app.send(request.json(&json!({"topics": ["news"]}))).await;
+    assert_eq!(joined.status, 200, "{:?}", joined.body);
+    assert!(joined.body["data"].get("topics").is_none(), "topics are no attribute of the record: {:?}", joined.body);
+    let sent = send(&app, &newsletter, &to(&dev), None).await;
+    assert_eq!((sent.status, sent.body["data"]["status"].as_str()), (200, Some("sent")), "{:?}", sent.body);
+    assert_eq!(sink.wait_for(1, WAIT).await[0]["rcptTo"][0], "dev@example.com");
+
+    // Created with consent and its topic (by name) in one request: reachable at once.
+    let ada = app
+        .post(
+            "/schemas/people/records",
+            MAIL_KEY,
+            &json!({"email": "ada@example.com", "newsConsent": true, "topics": ["News"]}),
+        )
+        .await;
+    assert_eq!(ada.status, 201, "{:?}", ada.body);
+    let ada = ada.body["data"]["id"].as_str().expect("id").to_owned();
+    assert_eq!(send(&app, &newsletter, &to(&ada), None).await.status, 200);
+
+    // The provenance: an API write, by its operation, in the audit trail.
+    app.wait_for_projections().await;
+    let trail = app.get(&format!("/schemas/people/records/{ada}/audit-trail"), MAIL_KEY).await;
+    let entries = trail.body["data"].as_array().cloned().unwrap_or_default();
+    let subscribed = entries.iter().find(|entry| entry["type"] == "subscription_changed").expect("a subscription");
+    assert_eq!((&subscribed["status"], &subscribed["source"]), (&json!("subscribed"), &json!("api")), "{subscribed}");
+    assert!(subscribed["sourceId"].as_str().is_some_and(|id| id.starts_with("op_")), "{subscribed}");
+
+    // Left through an upsert's object form: the newsletter is refused again.
+    let left = app
+        .post(
+            "/schemas/people/records/upsert",
+            MAIL_KEY,
+            &json!({"email": "ada@example.com", "topics": {"news": "unsubscribed"}}),
+        )
+        .await;
+    assert_eq!(left.status, 200, "{:?}", left.body);
+    let refused = send(&app, &newsletter, &to(&ada), None).await;
+    assert_eq!((refused.status, refused.code().as_str()), (422, Some("recipient_not_subscribed")));
+
+    // An unknown topic refuses the whole write, naming it; nothing is stored.
+    let unknown = app
+        .post("/schemas/people/records", MAIL_KEY, &json!({"email": "nope@example.com", "topics": ["news", "nope"]}))
+        .await;
+    assert_eq!((unknown.status, unknown.code().as_str()), (400, Some("invalid_field")), "{:?}", unknown.body);
+    let issue = &unknown.body["error"]["issues"][0];
+    assert_eq!((issue["key"].as_str(), issue["code"].as_str()), (Some("topics.nope"), Some("topic_not_found")));
+    let listed = app.get("/schemas/people/records?email=nope@example.com", MAIL_KEY).await;
+    assert_eq!(listed.body["data"], json!([]), "{:?}", listed.body);
 }
 
 /// Makes held email `email_id` due now, as if its time had come.
@@ -1656,6 +1746,7 @@ async fn a_send_policy_that_cannot_hold_is_refused_at_apply_naming_the_problem()
     for (policy, problem) in [
         (json!({"timeZone": {"default": "Mars/Olympus"}}), "not an IANA time zone name"),
         (json!({"timeZone": {"default": "UTC", "attribute": "shoeSize"}}), "not an attribute of a contact schema"),
+        (json!({"timeZone": {"default": "UTC", "attribute": "firstName"}}), "declare it {\"type\": \"timezone\"}"),
         (
             json!({"timeZone": {"default": "UTC"}, "quietHours": {"from": "25:00", "to": "08:00", "outcome": "skip"}}),
             "HH:MM",

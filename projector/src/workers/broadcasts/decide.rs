@@ -28,7 +28,8 @@ pub(super) type Skipped = Vec<(String, Gate, Option<i64>)>;
 /// The reason a refused recipient is counted under in its run.
 pub(crate) fn reason(gate: Gate) -> &'static str {
     match gate {
-        Gate::Consent | Gate::Topic => "not_subscribed",
+        Gate::Consent => "no_consent",
+        Gate::Topic => "not_subscribed",
         gate => gate.as_str(),
     }
 }
@@ -57,7 +58,9 @@ pub(super) fn decide_batch(step: Step<'_>, pending: &[String], fresh: &mut dyn F
     let mut skipped: Skipped = Vec::new();
     let mut appends = Vec::new();
     for contact_id in pending {
-        let held = match mail::send::decide(&recipients.facts(authored, contact_id, now)) {
+        let facts = recipients.facts(authored, contact_id, now);
+        let zone = mail::send::zone_used(&facts);
+        let held = match mail::send::decide(&facts) {
             Verdict::Send => None,
             Verdict::Skip { gate, decided_by } => {
                 skipped.push((contact_id.clone(), gate, decided_by));
@@ -83,7 +86,8 @@ pub(super) fn decide_batch(step: Step<'_>, pending: &[String], fresh: &mut dyn F
             &rendered,
             mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id),
             (now, public_base_url),
-        )?;
+        )?
+        .decided_in(zone.as_ref());
         // A held recipient's email is stored now and decided again at its time by the held
         // sends worker; the others are handed off after the batch.
         let (stream, mut guards, email) = match held {
@@ -114,7 +118,7 @@ pub(super) fn decide_batch(step: Step<'_>, pending: &[String], fresh: &mut dyn F
 /// many they are.
 pub(super) fn skip_stories(
     run: &Run,
-    authored: &Authored,
+    (authored, recipients): (&Authored, &Recipients),
     skipped: &Skipped,
     found: Vec<Option<DecidedBy>>,
     now: i64,
@@ -125,6 +129,7 @@ pub(super) fn skip_stories(
     let (mut contact_ids, mut reasons, mut email_ids) = (Vec::new(), Vec::new(), Vec::new());
     for ((contact_id, gate, _), by) in skipped.iter().zip(found) {
         let email_id = fresh.id("em");
+        let zone = mail::send::zone_used(&recipients.facts(authored, contact_id, now));
         streams.push(mail::skipped::skipped(mail::skipped::Skip {
             email_id: &email_id,
             space_id: &run.space_id,
@@ -133,6 +138,8 @@ pub(super) fn skip_stories(
             origin,
             gate: *gate,
             decided_by: by.as_ref(),
+            recipient: recipients.sealable(contact_id),
+            zone: zone.as_ref(),
             at_ms: now,
         }));
         contact_ids.push(contact_id.clone());
@@ -351,16 +358,33 @@ mod tests {
     }
 
     #[test]
-    fn the_skipped_get_one_story_each_and_move_together() {
+    fn the_skipped_get_one_story_each_naming_the_address_sealed_and_move_together() {
         let authored = authored(None);
+        let recipients = given(json!({"email": "ada@example.test"}), None);
         let skipped: Skipped = vec![("con_1".into(), Gate::Consent, None), ("con_2".into(), Gate::Suppressed, None)];
         let mut fresh = Counted::new().expect("test keys");
-        let (streams, moved, count) = skip_stories(&run(), &authored, &skipped, vec![None, None], 5, &mut fresh);
+        let (streams, moved, count) =
+            skip_stories(&run(), (&authored, &recipients), &skipped, vec![None, None], 5, &mut fresh);
         assert_eq!(count, 2);
         let ids: Vec<&str> = streams.iter().map(|stream| stream.stream_id.as_str()).collect();
         assert_eq!(ids, ["email-em_1", "email-em_2"]);
-        assert!(streams.iter().all(|stream| matches!(stream.events[0].event, LogEvent::EmailSkipped(_))));
+        let addresses: Vec<Option<String>> = streams
+            .iter()
+            .map(|stream| match &stream.events[0].event {
+                LogEvent::EmailSkipped(skipped) => {
+                    let opened: Option<platform::proto::EmailRecipient> =
+                        platform::events::open(skipped.recipient.as_ref(), &recipients.keys).expect("opens");
+                    opened.map(|recipient| recipient.address)
+                }
+                other => panic!("an EmailSkipped was expected: {other:?}"),
+            })
+            .collect();
+        assert_eq!(addresses, [Some("ada@example.test".to_owned()), None], "con_2 is not in the batch's contacts");
         assert_eq!(moved.expect_rows, Some(2));
-        assert_eq!([reason(Gate::Consent), reason(Gate::Suppressed)], ["not_subscribed", "suppressed"]);
+        assert_eq!(
+            [reason(Gate::Consent), reason(Gate::Topic), reason(Gate::Suppressed)],
+            ["no_consent", "not_subscribed", "suppressed"],
+            "never consenting is counted apart from leaving a topic"
+        );
     }
 }

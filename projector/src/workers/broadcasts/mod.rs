@@ -345,7 +345,7 @@ impl Runs {
             .collect();
         let found = mail::skipped::decided_by(&client, &run.space_id, &refused, &recipients.keys).await?;
         drop(client);
-        let (streams, moved, count) = skip_stories(run, authored, &skipped, found, now, &mut Drawn);
+        let (streams, moved, count) = skip_stories(run, (authored, recipients), &skipped, found, now, &mut Drawn);
         match self.log.append(AppendRequest::in_space(&run.space_id, streams, vec![moved])).await {
             Ok(_) => Ok(count),
             Err(error) => {
@@ -418,6 +418,7 @@ pub(crate) async fn count_skipped(transaction: &Transaction<'_>, run_id: &str) -
                  WHERE run_id = $1 AND state = 'skipped' AND NOT counted
                  RETURNING reason)
              UPDATE broadcast_runs SET
+                 skipped_no_consent = skipped_no_consent + (SELECT count(*) FROM moved WHERE reason = 'no_consent'),
                  skipped_not_subscribed = skipped_not_subscribed
                      + (SELECT count(*) FROM moved WHERE reason = 'not_subscribed'),
                  skipped_suppressed = skipped_suppressed + (SELECT count(*) FROM moved WHERE reason = 'suppressed'),

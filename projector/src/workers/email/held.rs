@@ -217,11 +217,12 @@ impl Held {
             let Some(Some(authored)) = templates.get(email.template_id.as_str()) else {
                 // The template is gone: the email was rendered and stored, and its policy can
                 // no longer be read; it goes as it was held for.
-                decided.push((email, Decided::Release));
+                decided.push((email, Decided::Release, None));
                 continue;
             };
-            let verdict = mail::send::decide(&recipients.facts(authored, &email.contact_id, now));
-            let outcome = match verdict {
+            let facts = recipients.facts(authored, &email.contact_id, now);
+            let zone = mail::send::zone_used(&facts);
+            let outcome = match mail::send::decide(&facts) {
                 Verdict::Send => {
                     // Counted against the caps of the contact's next email in this batch.
                     let sent = Sent { at_ms: now, topic_id: email.topic_id.clone(), position: 0 };
@@ -231,7 +232,7 @@ impl Held {
                 Verdict::Hold { until_ms, gate } => Decided::Hold { until_ms, gate },
                 Verdict::Skip { gate, decided_by } => Decided::Skip { gate, filled_by: decided_by },
             };
-            decided.push((email, outcome));
+            decided.push((email, outcome, zone));
         }
         let stories = self.stories(&client, space_id, &templates, &recipients, &decided, now).await?;
         drop(client);
@@ -239,7 +240,8 @@ impl Held {
         let (mut released, mut held, mut untils, mut skipped, mut reasons) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut sent_contacts, mut sent_topics) = (Vec::new(), Vec::new());
-        for (email, outcome) in &decided {
+        for (email, outcome, zone) in &decided {
+            let zone = zone.as_ref().map(mail::send::ZoneUsed::to_proto);
             let (event, id) = match outcome {
                 Decided::Release => {
                     released.push(email.email_id.clone());
@@ -250,6 +252,7 @@ impl Held {
                         space_id: space_id.to_owned(),
                         contact_id: email.contact_id.clone(),
                         at_ms: now,
+                        zone,
                     });
                     (event, &email.email_id)
                 }
@@ -263,6 +266,7 @@ impl Held {
                         gate: gate.as_str().to_owned(),
                         not_before_ms: *until_ms,
                         at_ms: now,
+                        zone,
                     });
                     (event, &email.email_id)
                 }
@@ -307,13 +311,13 @@ impl Held {
         space_id: &str,
         templates: &HashMap<&str, Option<Authored>>,
         recipients: &Recipients,
-        decided: &[(&Due, Decided)],
+        decided: &[(&Due, Decided, Option<mail::send::ZoneUsed>)],
         now: i64,
     ) -> anyhow::Result<Vec<StreamAppend>> {
         let no_keys: Vec<String> = Vec::new();
-        let refused: Vec<(&Due, &Authored, mail::skipped::Refused<'_>)> = decided
+        let refused: Vec<(&Due, &Authored, mail::skipped::Refused<'_>, Option<&mail::send::ZoneUsed>)> = decided
             .iter()
-            .filter_map(|(email, outcome)| {
+            .filter_map(|(email, outcome, zone)| {
                 let Decided::Skip { gate, filled_by } = outcome else { return None };
                 // A contact deleted meanwhile: its emails' stories went with it, so none is
                 // written again (the row is `skipped` all the same).
@@ -335,18 +339,18 @@ impl Held {
                         .unwrap_or(&no_keys),
                     filled_by: *filled_by,
                 };
-                Some((*email, authored, refused))
+                Some((*email, authored, refused, zone.as_ref()))
             })
             .collect();
         if refused.is_empty() {
             return Ok(Vec::new());
         }
-        let asked: Vec<mail::skipped::Refused<'_>> = refused.iter().map(|(_, _, refused)| *refused).collect();
+        let asked: Vec<mail::skipped::Refused<'_>> = refused.iter().map(|(_, _, refused, _)| *refused).collect();
         let found = mail::skipped::decided_by(client, space_id, &asked, &recipients.keys).await?;
         Ok(refused
             .iter()
             .zip(found)
-            .map(|((email, authored, refused), by)| {
+            .map(|((email, authored, refused, zone), by)| {
                 let (kind, source, parent, step) = &email.origin;
                 mail::skipped::skipped_after(mail::skipped::Skip {
                     email_id: &email.email_id,
@@ -356,6 +360,9 @@ impl Held {
                     origin: Origin { kind, source_id: source, parent_id: parent, step_id: step },
                     gate: refused.gate,
                     decided_by: by.as_ref(),
+                    // Its `EmailScheduled` named the address.
+                    recipient: None,
+                    zone: *zone,
                     at_ms: now,
                 })
             })

@@ -129,6 +129,13 @@ impl Recipients {
         Facts { kind: Kind::of(&template.kind), topic_id, contact, policy, allowance_refused: false, now_ms }
     }
 
+    /// The address of `contact_id` and its data key, to seal the address in a refused send's
+    /// story; `None` without either.
+    pub(crate) fn sealable(&self, contact_id: &str) -> Option<(&str, &DataKey)> {
+        let address = self.contacts.get(contact_id)?.document.get("email").and_then(Value::as_str)?;
+        Some((address, self.keys.get(contact_id)?))
+    }
+
     /// What the email of a recipient the decision let through is built from.
     pub(crate) fn allowed(&self, contact_id: &str) -> Option<Allowed<'_>> {
         let contact = self.contacts.get(contact_id)?;

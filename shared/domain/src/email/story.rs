@@ -54,6 +54,16 @@ fn some(text: &str) -> Option<&str> {
     Some(text).filter(|text| !text.is_empty())
 }
 
+/// A timeline entry of `kind` at `at_ms`, with the zone the send policy decided in when it
+/// read one (`source` `invalid` flags a contact value that is not a time zone).
+fn decision_entry(kind: &str, at_ms: i64, zone: Option<&platform::proto::PolicyZone>) -> Value {
+    let mut entry = json!({"type": kind, "at": format_millis(at_ms)});
+    if let Some(zone) = zone {
+        entry["zone"] = json!({"name": zone.name, "source": zone.source});
+    }
+    entry
+}
+
 fn origin(scheduled: &platform::proto::EmailScheduled) -> Value {
     origin_of(&scheduled.origin, &scheduled.form_id, &scheduled.parent_id, &scheduled.step_id)
 }
@@ -87,7 +97,7 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
             sent_at: None,
             unsubscribed: false,
             engagement: Engagement::default(),
-            timeline: vec![json!({"type": "scheduled", "at": at})],
+            timeline: vec![decision_entry("scheduled", scheduled.scheduled_at_ms, scheduled.zone.as_ref())],
         });
     }
     let mut story = match (story, event) {
@@ -111,14 +121,16 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
             let not_before = format_millis(held.not_before_ms);
             story.status = "held".to_owned();
             story.not_before = Some(not_before.clone());
-            story.timeline.push(json!({"type": "held", "at": format_millis(held.at_ms), "gate": held.gate,
-                                       "notBefore": not_before}));
+            let mut entry = decision_entry("held", held.at_ms, held.zone.as_ref());
+            entry["gate"] = json!(held.gate);
+            entry["notBefore"] = json!(not_before);
+            story.timeline.push(entry);
             return Some(story);
         }
         LogEvent::EmailReleased(released) if story.status == "held" => {
             story.status = "scheduled".to_owned();
             story.not_before = None;
-            story.timeline.push(json!({"type": "released", "at": format_millis(released.at_ms)}));
+            story.timeline.push(decision_entry("released", released.at_ms, released.zone.as_ref()));
             return Some(story);
         }
         _ => {}
@@ -228,13 +240,11 @@ fn skipped_entry(skipped: &platform::proto::EmailSkipped) -> Value {
             "at": format_millis(skipped.decided_by_at_ms),
         })
     });
-    json!({
-        "type": "skipped",
-        "at": format_millis(skipped.at_ms),
-        "gate": skipped.gate,
-        "error": {"code": skipped.code, "message": skipped.message},
-        "decidedBy": decided_by,
-    })
+    let mut entry = decision_entry("skipped", skipped.at_ms, skipped.zone.as_ref());
+    entry["gate"] = json!(skipped.gate);
+    entry["error"] = json!({"code": skipped.code, "message": skipped.message});
+    entry["decidedBy"] = json!(decided_by);
+    entry
 }
 
 /// What one email adds to the counts of what sent it: each field 0 or 1. The `emails` read
@@ -490,6 +500,47 @@ mod tests {
             "only a held send can be refused later"
         );
         assert_eq!(apply(sent_story.clone(), &held(5)).map(|story| story.status), Some("sent".to_owned()));
+    }
+
+    #[test]
+    fn each_decision_of_the_send_policy_names_the_zone_it_read_and_flags_a_value_that_is_no_zone() {
+        let zone = |name: &str, source: &str| Some(proto::PolicyZone { name: name.into(), source: source.into() });
+        let LogEvent::EmailScheduled(mut first) = scheduled("broadcast") else { panic!("scheduled") };
+        first.zone = zone("Europe/Berlin", "invalid");
+        let held = LogEvent::EmailHeld(proto::EmailHeld {
+            gate: "quiet_hours".into(),
+            not_before_ms: 9_000,
+            at_ms: 1_000,
+            zone: zone("Europe/Berlin", "invalid"),
+            ..Default::default()
+        });
+        let released = LogEvent::EmailReleased(proto::EmailReleased {
+            at_ms: 9_000,
+            zone: zone("Asia/Kolkata", "contact"),
+            ..Default::default()
+        });
+        let story = fold(&[LogEvent::EmailScheduled(first), held, released]).expect("a story");
+        let zones: Vec<(&str, &str, &str)> = story
+            .timeline
+            .iter()
+            .map(|entry| {
+                (
+                    entry["type"].as_str().unwrap_or_default(),
+                    entry["zone"]["name"].as_str().unwrap_or_default(),
+                    entry["zone"]["source"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            zones,
+            [
+                ("scheduled", "Europe/Berlin", "invalid"),
+                ("held", "Europe/Berlin", "invalid"),
+                ("released", "Asia/Kolkata", "contact")
+            ]
+        );
+        let plain = fold(&[scheduled("template")]).expect("a story");
+        assert_eq!(plain.timeline[0].get("zone"), None, "no policy, no zone");
     }
 
     #[test]

@@ -178,6 +178,30 @@ impl Verdict {
     }
 }
 
+/// The zone the space's send policy decides a marketing send in, by its IANA name, and
+/// where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneUsed {
+    pub name: String,
+    pub source: policy::ZoneSource,
+}
+
+impl ZoneUsed {
+    /// As the log records it.
+    pub fn to_proto(&self) -> platform::proto::PolicyZone {
+        platform::proto::PolicyZone { name: self.name.clone(), source: self.source.as_str().to_owned() }
+    }
+}
+
+/// The zone the send policy reads for the send of `facts`: `None` for transactional mail,
+/// without a policy, or when the contact is gone.
+pub fn zone_used(facts: &Facts<'_>) -> Option<ZoneUsed> {
+    let policy = facts.policy.filter(|_| facts.kind == Kind::Marketing)?;
+    let contact = facts.contact.as_ref()?;
+    let (tz, source) = policy.time_zone.explain(contact.zone);
+    Some(ZoneUsed { name: tz.name().to_owned(), source })
+}
+
 /// The send decision (see the module's documentation for the order of the gates).
 pub fn decide(facts: &Facts<'_>) -> Verdict {
     let Some(contact) = &facts.contact else { return Verdict::skip(Gate::Gone) };

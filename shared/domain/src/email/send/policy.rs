@@ -81,16 +81,52 @@ pub struct Sent {
     pub position: i64,
 }
 
-/// The zone named `name` (an IANA name), if it is one.
+/// The zone named `name` (an IANA name, in any letter case: `asia/kolkata` is
+/// `Asia/Kolkata`), if it is one. A UTC offset (`+05:30`) is not a zone: it knows no daylight
+/// saving time.
 pub fn zone(name: &str) -> Option<Tz> {
-    name.parse().ok()
+    name.parse().ok().or_else(|| {
+        let name = name.trim();
+        chrono_tz::TZ_VARIANTS.iter().find(|tz| tz.name().eq_ignore_ascii_case(name)).copied()
+    })
+}
+
+/// Where the zone a send was decided in came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZoneSource {
+    /// The contact's zone attribute.
+    Contact,
+    /// The policy's default: the contact has no value.
+    Default,
+    /// The policy's default, because the contact's value is not a time zone (flagged in the
+    /// email's story).
+    Invalid,
+}
+
+impl ZoneSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ZoneSource::Contact => "contact",
+            ZoneSource::Default => "default",
+            ZoneSource::Invalid => "invalid",
+        }
+    }
 }
 
 impl ZoneRule {
     /// The recipient's zone: its attribute's value when that names a zone, else the default
     /// (UTC if even that does not parse, which apply prevents).
     pub fn resolve(&self, recipient_zone: Option<&str>) -> Tz {
-        recipient_zone.and_then(zone).or_else(|| zone(&self.default)).unwrap_or(Tz::UTC)
+        self.explain(recipient_zone).0
+    }
+
+    /// [`ZoneRule::resolve`], with where the zone came from.
+    pub fn explain(&self, recipient_zone: Option<&str>) -> (Tz, ZoneSource) {
+        let default = zone(&self.default).unwrap_or(Tz::UTC);
+        match recipient_zone.filter(|value| !value.trim().is_empty()) {
+            None => (default, ZoneSource::Default),
+            Some(value) => zone(value).map_or((default, ZoneSource::Invalid), |tz| (tz, ZoneSource::Contact)),
+        }
     }
 }
 
@@ -307,15 +343,74 @@ impl SendPolicy {
             return Ruling::Skip { rule: Rule::QuietHours, filled_by: None };
         }
         let capped_until = reached.iter().map(|(_, (allows, _))| *allows).max();
-        let mut until = capped_until.unwrap_or(now_ms);
-        let mut rule = Rule::FrequencyCap;
-        if let Some(end) = quiet.and_then(|quiet| quiet.ends_after(tz, until)) {
-            until = end;
-            if capped_until.is_none() {
-                rule = Rule::QuietHours;
-            }
-        }
+        let until = self.allowed_from(tz, capped_until.unwrap_or(now_ms));
+        let rule = if capped_until.is_none() { Rule::QuietHours } else { Rule::FrequencyCap };
         if until == now_ms { Ruling::Allow } else { Ruling::Hold { until_ms: until, rule } }
+    }
+
+    /// The first instant from `at_ms` that is outside the quiet hours.
+    fn allowed_from(&self, tz: Tz, at_ms: i64) -> i64 {
+        self.quiet_hours.as_ref().and_then(|quiet| quiet.ends_after(tz, at_ms)).unwrap_or(at_ms)
+    }
+
+    /// Why the policy skips a send at `now_ms` (a [`Ruling::Skip`]), for the refusal's answer:
+    /// the rule by its place in the workspace file, in words, and the first instant every rule
+    /// would allow the send (past every reached cap's window, then past the quiet hours).
+    /// `None` when the policy does not skip it.
+    pub fn explain_skip(&self, tz: Tz, now_ms: i64, sent: &[Sent]) -> Option<SkipReason> {
+        let reached: Vec<(usize, &Cap, i64)> = self
+            .frequency_caps
+            .iter()
+            .enumerate()
+            .filter_map(|(index, cap)| cap.reached(tz, now_ms, sent).map(|(allows, _)| (index, cap, allows)))
+            .collect();
+        let allowed_at_ms = self.allowed_from(tz, reached.iter().map(|(_, _, allows)| *allows).max().unwrap_or(now_ms));
+        if let Some((index, cap, _)) = reached.iter().find(|(_, cap, _)| cap.outcome == Outcome::Skip) {
+            return Some(SkipReason {
+                rule: format!("sendPolicy.frequencyCaps[{index}]"),
+                description: cap.describe(),
+                allowed_at_ms,
+            });
+        }
+        let quiet = self.quiet_hours.as_ref().filter(|quiet| quiet.outcome == Outcome::Skip)?;
+        quiet.is_quiet(tz, now_ms).then(|| SkipReason {
+            rule: "sendPolicy.quietHours".to_owned(),
+            description: format!(
+                "no marketing email from {} to {} in the contact's time zone ({tz})",
+                clock(quiet.from_minute),
+                clock(quiet.to_minute)
+            ),
+            allowed_at_ms,
+        })
+    }
+}
+
+/// A skip by the send policy, explained: which rule (`sendPolicy.frequencyCaps[1]`,
+/// `sendPolicy.quietHours`), what it says, and when a send would be allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkipReason {
+    pub rule: String,
+    pub description: String,
+    pub allowed_at_ms: i64,
+}
+
+/// `minute` after midnight as `HH:MM`.
+fn clock(minute: u32) -> String {
+    format!("{:02}:{:02}", minute / 60, minute % 60)
+}
+
+impl Cap {
+    /// The cap in words: "at most 3 marketing emails of topic top_1 per 7 days".
+    fn describe(&self) -> String {
+        let topic = self.topic_id.as_ref().map(|topic| format!(" of topic {topic}")).unwrap_or_default();
+        let window = match self.window {
+            Window::Hours(1) => "hour".to_owned(),
+            Window::Hours(hours) => format!("{hours} hours"),
+            Window::Days(1) => "day (the contact's calendar day)".to_owned(),
+            Window::Days(days) => format!("{days} days (the contact's calendar days)"),
+        };
+        let emails = if self.max == 1 { "email" } else { "emails" };
+        format!("at most {} marketing {emails}{topic} per {window}", self.max)
     }
 }
 
@@ -558,5 +653,58 @@ mod tests {
         assert!(cap.reached(tokyo, 1_779_982_200_000, &sent).is_none());
         let (allows, _) = cap.reached(Tz::UTC, 1_779_982_200_000, &sent).expect("reached in UTC");
         assert_eq!(allows, 1_780_012_800_000, "midnight UTC of the 29th");
+    }
+
+    #[test]
+    fn a_skip_names_its_rule_by_its_place_in_the_file_and_when_a_send_would_be_allowed() {
+        let at = 1_779_982_200_000; // 2026-05-28T15:30Z
+        let sent: Vec<Sent> =
+            (1..=3).map(|n| Sent { at_ms: at - n * HOUR, topic_id: Some("top_1".into()), position: n }).collect();
+        let policy = SendPolicy {
+            time_zone: ZoneRule { attribute: None, default: "UTC".into() },
+            // Quiet from 20:00 to 07:00: a send allowed by the caps at 18:30 is allowed then.
+            quiet_hours: Some(QuietHours { from_minute: 20 * 60, to_minute: 7 * 60, outcome: Outcome::Hold }),
+            frequency_caps: vec![
+                Cap { max: 10, window: Window::Days(1), topic_id: None, outcome: Outcome::Hold },
+                Cap { max: 3, window: Window::Hours(6), topic_id: Some("top_1".into()), outcome: Outcome::Skip },
+            ],
+        };
+        let reason = policy.explain_skip(Tz::UTC, at, &sent).expect("skipped");
+        assert_eq!(reason.rule, "sendPolicy.frequencyCaps[1]");
+        assert_eq!(reason.description, "at most 3 marketing emails of topic top_1 per 6 hours");
+        // The oldest of the three (12:30Z) leaves the 6-hour window at 18:30Z.
+        assert_eq!(reason.allowed_at_ms, at + 3 * HOUR);
+        assert!(matches!(policy.rule(Tz::UTC, at, &sent), Ruling::Skip { rule: Rule::FrequencyCap, .. }));
+
+        // Within the window late in the day, the quiet hours push it to the next morning.
+        let late = at + 2 * HOUR; // 17:30Z: the cap allows at 18:30Z; quiet from 20:00
+        let late_sent: Vec<Sent> =
+            (1..=3).map(|n| Sent { at_ms: late - 5 * HOUR + n * MINUTE, topic_id: None, position: n }).collect();
+        let quiet_skip = SendPolicy {
+            quiet_hours: Some(QuietHours { from_minute: 17 * 60, to_minute: 7 * 60, outcome: Outcome::Skip }),
+            frequency_caps: Vec::new(),
+            ..policy.clone()
+        };
+        let reason = quiet_skip.explain_skip(Tz::UTC, late, &late_sent).expect("quiet");
+        assert_eq!(reason.rule, "sendPolicy.quietHours");
+        assert_eq!(reason.description, "no marketing email from 17:00 to 07:00 in the contact's time zone (UTC)");
+        assert_eq!(reason.allowed_at_ms, 1_780_038_000_000, "07:00Z the next day");
+        assert_eq!(policy.explain_skip(Tz::UTC, at, &[]), None, "nothing skips an uncapped send by day");
+    }
+
+    #[test]
+    fn a_zone_is_an_iana_name_in_any_case_and_anything_else_falls_back_flagged() {
+        assert_eq!(zone("asia/kolkata"), Some(Tz::Asia__Kolkata));
+        assert_eq!(zone("EUROPE/BERLIN"), Some(Tz::Europe__Berlin));
+        assert_eq!(zone(" America/New_York "), Some(Tz::America__New_York));
+        for not_a_zone in ["Mars/Olympus", "+05:30", "UTC+5:30", "", "Asia"] {
+            assert_eq!(zone(not_a_zone), None, "{not_a_zone:?}");
+        }
+        let rule = ZoneRule { attribute: Some("timeZone".into()), default: "Europe/Berlin".into() };
+        assert_eq!(rule.explain(Some("asia/kolkata")), (Tz::Asia__Kolkata, ZoneSource::Contact));
+        assert_eq!(rule.explain(None), (Tz::Europe__Berlin, ZoneSource::Default));
+        assert_eq!(rule.explain(Some("")), (Tz::Europe__Berlin, ZoneSource::Default));
+        assert_eq!(rule.explain(Some("+05:30")), (Tz::Europe__Berlin, ZoneSource::Invalid));
+        assert_eq!(rule.explain(Some("Mars/Olympus")), (Tz::Europe__Berlin, ZoneSource::Invalid));
     }
 }

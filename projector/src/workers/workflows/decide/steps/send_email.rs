@@ -65,7 +65,7 @@ fn send_email(
         }
         _ => &[],
     };
-    let verdict = mail::send::decide(&mail::send::Facts {
+    let send_facts = mail::send::Facts {
         kind: mail::send::Kind::of(&template.kind),
         topic_id: template.topic_id.as_deref(),
         contact: Some(mail::send::Contact {
@@ -88,8 +88,9 @@ fn send_email(
         policy: authored.policy.as_ref(),
         allowance_refused,
         now_ms: now,
-    });
-    let held = match verdict {
+    };
+    let zone = mail::send::zone_used(&send_facts);
+    let held = match mail::send::decide(&send_facts) {
         Verdict::Send => None,
         Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
         Verdict::Skip { gate: Gate::NoAddress, .. } => {
@@ -98,16 +99,17 @@ fn send_email(
             return Ok(false);
         }
         Verdict::Skip { gate: Gate::Allowance, .. } => {
-            skip_send(tick, (started, next), (Gate::Allowance, None), (authored, &email_id, contact), now);
+            let refused = (authored, email_id.as_str(), contact, address.as_deref());
+            skip_send(tick, (started, next), (Gate::Allowance, None), (refused, None), now);
             return Ok(true);
         }
         Verdict::Skip { gate, decided_by: filled_by } => {
-            let address = address.unwrap_or_default();
             let Some(decided_by) = facts.decided_by.get(gate.as_str()) else {
-                let topic_id = template.topic_id.clone();
+                let (address, topic_id) = (address.unwrap_or_default(), template.topic_id.clone());
                 return Err(Stop::Needs(Need::DecidedBy { gate, address, topic_id, filled_by }));
             };
-            skip_send(tick, (started, next), (gate, decided_by.as_ref()), (authored, &email_id, contact), now);
+            let refused = (authored, email_id.as_str(), contact, address.as_deref());
+            skip_send(tick, (started, next), (gate, decided_by.as_ref()), (refused, zone.as_ref()), now);
             return Ok(true);
         }
     };
@@ -149,7 +151,8 @@ fn send_email(
         &rendered,
         mail::send::Origin::workflow(&tick.row.workflow_id, &tick.row.run_id, &started.step_id),
         (now, &given.site.base_url),
-    )?;
+    )?
+    .decided_in(zone.as_ref());
     if let Some(allowance) = &authored.allowance {
         tick.guards.push(allowance_guard(&tick.row.space_id, now, allowance.monthly));
     }
@@ -180,7 +183,10 @@ fn skip_send(
     tick: &mut Tick,
     (started, next): (&InFlight, Option<&str>),
     (gate, decided_by): (Gate, Option<&DecidedBy>),
-    (authored, email_id, contact): (&Authored, &str, &Contact),
+    ((authored, email_id, contact, address), zone): (
+        (&Authored, &str, &Contact, Option<&str>),
+        Option<&mail::send::ZoneUsed>,
+    ),
     now: i64,
 ) {
     let row = &tick.row;
@@ -192,6 +198,8 @@ fn skip_send(
         origin: mail::send::Origin::workflow(&row.workflow_id, &row.run_id, &started.step_id),
         gate,
         decided_by,
+        recipient: address.zip(contact.key.as_ref()),
+        zone,
         at_ms: now,
     }));
     tick.skip(started, (gate, email_id), next, now);
