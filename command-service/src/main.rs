@@ -1,5 +1,7 @@
 //! The command service process: `serve`, or `apply <workspace.json>` (`command_service::cli`).
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 use command_service::Application;
 
@@ -19,7 +21,7 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let settings = platform::process::start("info")?;
     match cli.command {
@@ -29,12 +31,7 @@ async fn main() -> anyhow::Result<()> {
             application.run_until_stopped().await?;
         }
         Command::Apply(arguments) => command_service::cli::apply(arguments, &settings).await?,
-        Command::Import(arguments) => {
-            let code = command_service::imports::cli::import(arguments, &settings).await?;
-            if code != std::process::ExitCode::SUCCESS {
-                return Err(anyhow::anyhow!("the import did not succeed"));
-            }
-        }
+        Command::Import(arguments) => return Ok(command_service::imports::cli::import(arguments, &settings).await),
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

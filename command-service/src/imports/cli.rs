@@ -1,33 +1,36 @@
-//! `import <file> --schema <slug>`: the operator's bulk import. Streams the file (CSV with its
-//! header, or NDJSON) into the import tables in parts of at most [`PART_BYTES`] and
-//! [`PART_ROWS`], each cut at a row boundary and given the header again, so a file of any size
-//! never sits in memory; then completes the import and follows the `imports` worker with a
-//! progress bar until every row has its result, and prints a summary with the failed rows.
+//! `import <file> --schema <slug>`: the operator's bulk import. Checks the arguments, the
+//! schema and the whole file first, so that whatever refuses it does so before anything is
+//! stored; then streams the file (CSV with its header, or NDJSON) into the import tables in
+//! parts of at most [`PART_BYTES`] and [`PART_ROWS`], each cut at a row boundary and given the
+//! header again, so a file of any size never sits in memory; then completes the import and
+//! follows the `imports` worker with a progress bar until every row has its result, and prints
+//! a summary with the failed rows. Its exit code says how it ended ([`Outcome::exit_code`]).
 //!
 //! The import id defaults to one derived from the file's path, size and modification time, so
 //! running the same command again after an interruption resumes the same import (parts already
 //! stored are skipped), and a changed file is a new import.
 
+use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use deadpool_postgres::GenericClient;
 use domain::imports::{Format, Settings};
 use platform::settings::Settings as AppSettings;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::file::{self, CsvHead, TemporaryFile};
 use super::store;
 
 /// A part's size bound: well under the API's body limit, and what the importer holds at once.
 const PART_BYTES: usize = 4 * 1024 * 1024;
 /// A part's row bound.
 const PART_ROWS: usize = 20_000;
-/// The most one row of a file may take: far beyond what its cells may hold (a `text` value is
-/// at most 65,536 characters), and refused before its part is stored.
-const ROW_BYTES: u64 = 1024 * 1024;
 /// Failed rows the summary lists.
 const SHOWN_FAILURES: i64 = 20;
 
@@ -53,7 +56,8 @@ pub struct Import {
     /// A CSV column's key, as `Header=key` (repeatable); `Header=` ignores the column.
     #[arg(long = "column")]
     columns: Vec<String>,
-    /// The CSV delimiter: `,` `;` or `tab` (by default found in the header line).
+    /// The CSV delimiter: `,` `;` or `tab` (by default named by the file's `sep=` first line,
+    /// as Excel writes it, or found in the header line).
     #[arg(long)]
     delimiter: Option<String>,
     /// The file's encoding when it has no byte order mark: `utf-8` (the default) or
@@ -71,26 +75,168 @@ pub struct Import {
     part_rows: usize,
 }
 
-/// How the command ends: 0 when rows were imported (some may have failed), 1 on an error or
-/// when every row failed, 2 when the file and the settings were refused before any row was
-/// stored (an unknown column, a column mapped twice, no identity column).
-pub async fn import(arguments: Import, settings: &AppSettings) -> anyhow::Result<std::process::ExitCode> {
-    match import_file(arguments, settings).await {
-        Err(error) => match error.downcast::<Refused>() {
-            Ok(Refused(refusal)) => {
+/// How the command ended, as its exit code tells a script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Every row has its result and some were imported (others may have failed).
+    Imported,
+    /// The file is stored and the import completed, not followed (`--no-wait`).
+    Stored,
+    /// Every row failed: nothing was imported.
+    EveryRowFailed,
+    /// Refused, or not read, before anything was stored.
+    NothingStored,
+    /// Stopped on an error after the import was created; what was stored stays.
+    Stopped,
+    /// Interrupted (Ctrl-C).
+    Interrupted,
+}
+
+impl Outcome {
+    /// 0 when rows were imported (or stored, with `--no-wait`), 1 when every row failed, 2
+    /// when nothing was stored (the file, the arguments or the import's state refused, or the
+    /// file or the database could not be read), 3 when it stopped on an error once the import
+    /// was created, 130 when interrupted (as a shell reports Ctrl-C).
+    fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Imported | Outcome::Stored => 0,
+            Outcome::EveryRowFailed => 1,
+            Outcome::NothingStored => 2,
+            Outcome::Stopped => 3,
+            Outcome::Interrupted => 130,
+        }
+    }
+}
+
+/// Runs the import and says how it ended (see [`Outcome::exit_code`]). Ctrl-C stops the
+/// command, not the import: what it leaves is printed.
+pub async fn import(arguments: Import, settings: &AppSettings) -> std::process::ExitCode {
+    let stage = RefCell::new(Stage::Checking);
+    // The import's future is dropped with this block, before anything is printed (a progress
+    // bar it holds is left as it was).
+    let ended = tokio::select! {
+        biased;
+        Ok(()) = tokio::signal::ctrl_c() => None,
+        ended = import_file(arguments, settings, &stage) => Some(ended),
+    };
+    let outcome = match ended {
+        None => {
+            eprintln!("{}", interrupted(&stage.borrow()));
+            Outcome::Interrupted
+        }
+        Some(Ok(outcome)) => outcome,
+        Some(Err(stop)) => stop.report(),
+    };
+    std::process::ExitCode::from(outcome.exit_code())
+}
+
+/// Where the command is, for what an interruption leaves behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stage {
+    /// Reading the arguments, the schema and the file: nothing is stored.
+    Checking,
+    /// Storing the file into the import: `parts` of its parts are in.
+    Storing { import_id: String, parts: usize },
+    /// The file is stored and the import completed: the imports worker decides its rows.
+    Following { import_id: String },
+}
+
+/// What Ctrl-C at `stage` leaves, in a sentence for the terminal.
+fn interrupted(stage: &Stage) -> String {
+    match stage {
+        Stage::Checking => "interrupted: nothing was stored".to_owned(),
+        Stage::Storing { import_id, parts: 0 } => format!(
+            "interrupted before import {import_id} held any of the file; run the same command again to store it and \
+             follow the import (left empty, it is dropped after a day)"
+        ),
+        Stage::Storing { import_id, parts } => format!(
+            "interrupted while storing the file: import {import_id} holds {} of it, whose rows are decided on the \
+             server; run the same command again to store the rest and follow the import (left unfinished, it is \
+             dropped after a day)",
+            match parts {
+                1 => "1 part".to_owned(),
+                parts => format!("{parts} parts"),
+            }
+        ),
+        Stage::Following { import_id } => format!(
+            "interrupted: import {import_id} goes on on the server; run the same command again to follow it (or GET \
+             /v1/imports/{import_id})"
+        ),
+    }
+}
+
+/// Why the command stopped before its end.
+#[derive(Debug)]
+enum Stop {
+    /// The arguments, the file or the import's state refused before anything was stored: what
+    /// to show, a line each.
+    Refused(Vec<String>),
+    /// Stopped before anything was stored: the file or the database could not be read.
+    NotStored(anyhow::Error),
+    /// Stopped on an error after the import was created: the whole sentence to show.
+    Stopped(String),
+}
+
+impl Stop {
+    fn refused(message: impl Into<String>) -> Self {
+        Stop::Refused(vec![message.into()])
+    }
+
+    /// A refusal of the API's rules: its issues' messages (the schema's field list once), or
+    /// its message.
+    fn from_api(refusal: &platform::error::ApiError) -> Self {
+        let messages: Vec<&str> = refusal.issues().iter().map(|issue| issue.message.as_str()).collect();
+        if messages.is_empty() {
+            return Stop::refused(refusal.message());
+        }
+        Stop::Refused(once_each_field_list(&messages))
+    }
+
+    fn report(self) -> Outcome {
+        match self {
+            Stop::Refused(messages) => {
                 eprintln!("refused, nothing was stored:");
-                if refusal.issues().is_empty() {
-                    eprintln!("  {}", refusal.message());
-                }
-                let messages: Vec<&str> = refusal.issues().iter().map(|issue| issue.message.as_str()).collect();
-                for message in once_each_field_list(&messages) {
+                for message in messages {
                     eprintln!("  {message}");
                 }
-                Ok(std::process::ExitCode::from(2))
+                Outcome::NothingStored
             }
-            Err(error) => Err(error),
-        },
-        Ok(code) => Ok(code),
+            Stop::NotStored(error) => {
+                eprintln!("stopped, nothing was stored: {error:#}");
+                Outcome::NothingStored
+            }
+            Stop::Stopped(message) => {
+                eprintln!("{message}");
+                Outcome::Stopped
+            }
+        }
+    }
+}
+
+impl From<anyhow::Error> for Stop {
+    fn from(error: anyhow::Error) -> Self {
+        Stop::NotStored(error)
+    }
+}
+
+impl From<tokio_postgres::Error> for Stop {
+    fn from(error: tokio_postgres::Error) -> Self {
+        Stop::NotStored(error.into())
+    }
+}
+
+impl From<file::Rejected> for Stop {
+    fn from(rejected: file::Rejected) -> Self {
+        match rejected {
+            file::Rejected::Refused(message) => Stop::refused(message),
+            file::Rejected::Unreadable(error) => Stop::NotStored(error),
+        }
+    }
+}
+
+impl From<std::io::Error> for Stop {
+    fn from(error: std::io::Error) -> Self {
+        Stop::NotStored(error.into())
     }
 }
 
@@ -119,60 +265,86 @@ fn once_each_field_list(messages: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// The settings or the file refused before any row was stored.
-#[derive(Debug, thiserror::Error)]
-#[error("{}", .0.message())]
-struct Refused(platform::error::ApiError);
+/// What the arguments say, read before anything else.
+#[derive(Debug)]
+struct Options {
+    format: Format,
+    encoding: domain::imports::Encoding,
+    delimiter: Option<u8>,
+    columns: std::collections::BTreeMap<String, Option<String>>,
+}
 
-async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Result<std::process::ExitCode> {
-    let file = std::fs::File::open(&arguments.file).with_context(|| format!("opening {}", arguments.file.display()))?;
-    let metadata = file.metadata()?;
+/// Reads the arguments; a spreadsheet, or an option out of its values, is refused.
+fn options(arguments: &Import) -> Result<Options, Stop> {
     let extension = arguments.file.extension().and_then(|extension| extension.to_str()).map(str::to_ascii_lowercase);
     if matches!(extension.as_deref(), Some("xlsx" | "xls" | "ods")) && arguments.format.is_none() {
-        bail!(
-            "spreadsheet files are not read: save the sheet as CSV (in Excel: File > Save As > CSV UTF-8) and import that"
-        );
+        return Err(Stop::refused(
+            "spreadsheet files are not read: save the sheet as CSV (in Excel: File > Save As > CSV UTF-8) and import \
+             that",
+        ));
     }
     let format = match arguments.format.as_deref() {
-        Some(format) => Format::parse(format).context("--format is csv or ndjson")?,
+        Some(format) => Format::parse(format).ok_or_else(|| Stop::refused("--format is csv or ndjson"))?,
         None => match extension.as_deref() {
             Some("ndjson" | "jsonl") => Format::Ndjson,
             _ => Format::Csv,
         },
     };
     let encoding = match arguments.encoding.as_deref() {
-        Some(encoding) => domain::imports::Encoding::parse(encoding)
-            .context("--encoding is utf-8 or windows-1252 (latin1); UTF-16 is read from its byte order mark")?,
+        Some(encoding) => domain::imports::Encoding::parse(encoding).ok_or_else(|| {
+            Stop::refused("--encoding is utf-8 or windows-1252 (latin1); UTF-16 is read from its byte order mark")
+        })?,
         None => domain::imports::Encoding::Utf8,
     };
     let delimiter = match arguments.delimiter.as_deref() {
-        Some(delimiter) => {
-            Some(domain::imports::parse_delimiter(delimiter).context("--delimiter is \",\", \";\" or tab")?)
-        }
+        Some(delimiter) => Some(
+            domain::imports::parse_delimiter(delimiter)
+                .ok_or_else(|| Stop::refused("--delimiter is \",\", \";\" or tab"))?,
+        ),
         None => None,
     };
     if format == Format::Ndjson && delimiter.is_some() {
-        bail!("--delimiter applies to CSV files only");
+        return Err(Stop::refused("--delimiter applies to CSV files only"));
     }
-    // A UTF-16 file (its byte order mark says so) is read as UTF-8, written beside it first.
-    let utf8_copy = utf16_as_utf8(&arguments.file)?;
-    let source = utf8_copy.as_ref().map_or(arguments.file.clone(), |copy| copy.path().to_path_buf());
-    check_file(&source, format, encoding == domain::imports::Encoding::Utf8)?;
     let mut columns = std::collections::BTreeMap::new();
     for column in &arguments.columns {
-        let (header, key) = column.split_once('=').context("--column is Header=key (Header= ignores it)")?;
+        let (header, key) =
+            column.split_once('=').ok_or_else(|| Stop::refused("--column is Header=key (Header= ignores it)"))?;
         columns.insert(header.to_owned(), (!key.is_empty()).then(|| key.to_owned()));
     }
     if format == Format::Ndjson && !columns.is_empty() {
-        bail!("--column applies to CSV files only");
+        return Err(Stop::refused("--column applies to CSV files only"));
     }
-    let import_id = match &arguments.id {
-        Some(id) => id.clone(),
-        None => derived_id(&arguments.file, &metadata)?,
-    };
-    anyhow::ensure!(domain::imports::valid_import_id(&import_id), "--id is 1 to 128 letters, digits and . _ : -");
+    if let Some(id) = &arguments.id
+        && !domain::imports::valid_import_id(id)
+    {
+        return Err(Stop::refused("--id is 1 to 128 letters, digits and . _ : -"));
+    }
+    Ok(Options { format, encoding, delimiter, columns })
+}
+
+/// The import checked whole, ready to be stored: nothing is stored yet.
+struct Prepared {
+    client: deadpool_postgres::Client,
+    space_id: String,
+    import_id: String,
+    schema: domain::catalog::SchemaEntry,
+    settings: Settings,
+    /// The file read: the one named, or its UTF-8 copy (kept until the parts are stored).
+    source: PathBuf,
+    _utf8_copy: Option<TemporaryFile>,
+    /// A CSV file's layout and the bytes every part starts with.
+    head: Option<CsvHead>,
+}
+
+/// Checks everything that can refuse the import before any of it is stored: the arguments,
+/// the space and the schema, the column map, the file's header and each of its rows.
+async fn prepare(arguments: &Import, settings: &AppSettings) -> Result<Prepared, Stop> {
+    let options = options(arguments)?;
+    let metadata =
+        std::fs::metadata(&arguments.file).with_context(|| format!("cannot read {}", arguments.file.display()))?;
     let pool = platform::db::pool(settings.database_url()?, 2)?;
-    let mut client = pool.get().await?;
+    let client = pool.get().await.context("cannot reach the database")?;
     let catalog = platform::readmodel::live_schema(&client, domain::catalog::CATALOG)
         .await?
         .context("the catalog has no live version: run migrate and apply a workspace first")?;
@@ -180,50 +352,144 @@ async fn import_file(arguments: Import, settings: &AppSettings) -> anyhow::Resul
     let context = reads::catalog::write_context(&client, &catalog, &space_id, &arguments.schema)
         .await?
         .filter(|context| context.schema.schema_type != "event")
-        .with_context(|| format!("no contact or object schema {:?} in the space", arguments.schema))?;
+        .ok_or_else(|| Stop::refused(format!("no contact or object schema {:?} in the space", arguments.schema)))?;
     let import_settings = Settings {
         schema: context.schema.schema_id.clone(),
-        format,
+        format: options.format,
         file_name: arguments.file.file_name().and_then(|name| name.to_str()).map(str::to_owned),
         consent_label: arguments.consent.clone(),
-        columns,
-        encoding,
-        delimiter,
+        columns: options.columns,
+        encoding: options.encoding,
+        delimiter: options.delimiter,
     };
     domain::imports::check_columns(&import_settings, &context.schema.schema_type, &context.attributes)
-        .map_err(Refused)?;
-    let refused = |failed: store::Failed| anyhow::anyhow!("{failed}; pass another --id");
-    store::create(&mut client, (&space_id, &import_id), &context.schema, &import_settings, None)
+        .map_err(|refusal| Stop::from_api(&refusal))?;
+    // A UTF-16 file (its byte order mark says so) is read as UTF-8, written beside it first.
+    let utf8_copy = file::utf16_as_utf8(&arguments.file)?;
+    let source = utf8_copy.as_ref().map_or(arguments.file.clone(), |copy| copy.path().to_path_buf());
+    let utf8 = options.encoding == domain::imports::Encoding::Utf8;
+    let head = match options.format {
+        Format::Csv => Some(file::csv_head(&source, options.delimiter, utf8)?),
+        Format::Ndjson => None,
+    };
+    if let Some(head) = &head {
+        // The header as the server reads each part's: the same reading, the same rules.
+        let text = import_file::decode(&head.prefix, options.encoding).map_err(Stop::refused)?;
+        if let Some(headers) = import_file::headers(&import_settings, &text).map_err(Stop::refused)? {
+            let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+            domain::imports::check_header(&headers, &import_settings, &context.schema.schema_type, &context.attributes)
+                .map_err(|refusal| Stop::from_api(&refusal))?;
+        }
+    }
+    // The whole file, on a thread of its own so that Ctrl-C is heard meanwhile.
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let _cancel_when_dropped = CancelWhenDropped(cancelled.clone());
+    let (path, layout) = (source.clone(), head.as_ref().map(|head| head.layout));
+    tokio::task::spawn_blocking(move || file::check_rows(&path, layout, utf8, &cancelled))
         .await
-        .map_err(refused)?;
+        .context("checking the file")??;
+    let import_id = match &arguments.id {
+        Some(id) => id.clone(),
+        None => derived_id(&arguments.file, &metadata)?,
+    };
+    Ok(Prepared {
+        client,
+        space_id,
+        import_id,
+        schema: context.schema,
+        settings: import_settings,
+        source,
+        _utf8_copy: utf8_copy,
+        head,
+    })
+}
+
+/// Sets its flag when dropped: a check on a blocking thread then stops at its next row.
+struct CancelWhenDropped(Arc<AtomicBool>);
+
+impl Drop for CancelWhenDropped {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+async fn import_file(arguments: Import, settings: &AppSettings, stage: &RefCell<Stage>) -> Result<Outcome, Stop> {
+    let Prepared { mut client, space_id, import_id, schema, settings: import_settings, source, _utf8_copy, head } =
+        prepare(&arguments, settings).await?;
+    // From here on an interruption may leave the import behind (its create may be committed).
+    *stage.borrow_mut() = Stage::Storing { import_id: import_id.clone(), parts: 0 };
+    let created = store::create(&mut client, (&space_id, &import_id), &schema, &import_settings, None).await.map_err(
+        |failed| match failed {
+            store::Failed::Refusal(refusal) => Stop::refused(format!("{refusal} (--id)")),
+            // Its commit may have been lost with the connection: the import may exist.
+            failed => stopped_storing(&import_id, failed.into(), true),
+        },
+    )?;
+    let format = import_settings.format;
     eprintln!("import {import_id}: {} into {} ({})", arguments.file.display(), arguments.schema, format.as_str());
 
-    let file = std::fs::File::open(&source).with_context(|| format!("opening {}", source.display()))?;
-    let metadata = file.metadata()?;
-    let mut progress = platform::progress::Progress::new("storing the file", metadata.len(), "bytes");
     let mut parts = Parts {
         client: &mut client,
         space_id: &space_id,
         import_id: &import_id,
         stored: 0,
         starts: Vec::new(),
+        stored_now: 0,
         most_rows: arguments.part_rows.max(1),
-        check: (&import_settings, &context),
+        stage,
     };
-    match format {
-        Format::Csv => split_csv(file, std::fs::File::open(&source)?, &mut parts, &mut progress).await?,
-        Format::Ndjson => split_lines(file, &mut parts, &mut progress).await?,
+    let stored = store_file(&source, head.as_ref(), &mut parts).await;
+    let (starts, stored_now) = (std::mem::take(&mut parts.starts), parts.stored_now);
+    let total_parts = match stored {
+        Ok(total_parts) => total_parts,
+        Err(error) => return Err(stopped_storing(&import_id, error, created || stored_now > 0)),
+    };
+    if let Err(failed) = store::close(&mut client, (&space_id, &import_id), total_parts).await {
+        return Err(stopped_storing(&import_id, failed.into(), created || stored_now > 0));
     }
-    progress.finish(metadata.len());
-    let starts = parts.starts;
-    let total_parts = i32::try_from(starts.len())?;
-    anyhow::ensure!(total_parts > 0, "the file holds no rows");
-    store::close(&mut client, (&space_id, &import_id), total_parts).await.map_err(refused)?;
+    *stage.borrow_mut() = Stage::Following { import_id: import_id.clone() };
     if arguments.no_wait {
         println!("stored {total_parts} parts; follow it with GET /v1/imports/{import_id}");
-        return Ok(std::process::ExitCode::SUCCESS);
+        return Ok(Outcome::Stored);
     }
-    follow(&client, &space_id, &import_id, &starts).await
+    follow(&client, &space_id, &import_id, &starts).await.map_err(|error| {
+        Stop::Stopped(format!(
+            "import {import_id}: following it failed: {error:#}; it goes on on the server: run the same command \
+             again to follow it"
+        ))
+    })
+}
+
+/// Why storing the file stopped. A refusal of the import's state (a part stored before with
+/// another body, an import completed with other parts) when this run stored nothing is a
+/// refusal: the file is not the one the import holds.
+fn stopped_storing(import_id: &str, error: anyhow::Error, stored_something: bool) -> Stop {
+    match error.downcast_ref::<store::Failed>() {
+        Some(store::Failed::Refusal(refusal)) if !stored_something => Stop::refused(format!(
+            "{refusal}: this file is not the one import {import_id} was given; pass another --id"
+        )),
+        Some(store::Failed::Refusal(refusal)) => {
+            Stop::Stopped(format!("import {import_id} stopped: {refusal}; pass another --id"))
+        }
+        _ => Stop::Stopped(format!(
+            "import {import_id} stopped: {error:#}; what was stored stays: run the same command again to go on"
+        )),
+    }
+}
+
+/// Stores the file in parts, with a progress bar; answers how many parts it has.
+async fn store_file(source: &Path, head: Option<&CsvHead>, parts: &mut Parts<'_>) -> anyhow::Result<i32> {
+    let length = std::fs::metadata(source)?.len();
+    let mut progress = platform::progress::Progress::new("storing the file", length, "bytes");
+    match head {
+        Some(head) => split_csv(source, head, parts, &mut progress).await?,
+        None => split_lines(std::fs::File::open(source)?, parts, &mut progress).await?,
+    }
+    progress.finish(length);
+    let total_parts = i32::try_from(parts.starts.len())?;
+    // The check found rows; a file emptied since has none.
+    anyhow::ensure!(total_parts > 0, "the file holds no rows any more");
+    Ok(total_parts)
 }
 
 /// Where the parts go, and the first data row of each (for the summary's row numbers).
@@ -233,68 +499,62 @@ struct Parts<'a> {
     import_id: &'a str,
     stored: usize,
     starts: Vec<i64>,
+    /// Parts this run stored (a rerun finds the others stored).
+    stored_now: usize,
     most_rows: usize,
-    /// What a CSV part's header is checked against before the part is stored.
-    check: (&'a Settings, &'a domain::catalog::WriteContext),
+    stage: &'a RefCell<Stage>,
 }
 
 impl Parts<'_> {
-    /// Stores a part (the file was checked whole before: see [`check_file`]).
+    /// Stores a part (the file was checked whole before: see [`prepare`]).
     async fn store(&mut self, body: &[u8], rows: usize) -> anyhow::Result<()> {
-        let (settings, context) = self.check;
-        // Every part starts with the file's header: the first one's is checked for all.
-        if self.starts.is_empty() {
-            let text = import_file::decode(body, settings.encoding).map_err(anyhow::Error::msg)?;
-            if let Some(headers) = import_file::headers(settings, &text).map_err(anyhow::Error::msg)? {
-                let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-                domain::imports::check_header(&headers, settings, &context.schema.schema_type, &context.attributes)
-                    .map_err(Refused)?;
-            }
-        }
         let part = i32::try_from(self.starts.len() + 1)?;
         self.starts.push(i64::try_from(self.stored)?);
         self.stored += rows;
         let rows = i32::try_from(rows)?;
-        store::store_part(self.client, (self.space_id, self.import_id), part, body, rows)
-            .await
-            .map_err(|failed| anyhow::anyhow!("{failed}: the file changed since; pass another --id"))?;
+        let stored_before = store::store_part(self.client, (self.space_id, self.import_id), part, body, rows).await?;
+        if stored_before.is_none() {
+            self.stored_now += 1;
+        }
+        *self.stage.borrow_mut() = Stage::Storing { import_id: self.import_id.to_owned(), parts: self.starts.len() };
         Ok(())
     }
 }
 
-/// Cuts a CSV file at record boundaries (a quoted field may hold line breaks), each part with
-/// the header in front. `bytes` is the file opened again (its own offset), to read each part's
-/// bytes from.
+/// Cuts a CSV file at record boundaries (a quoted field may hold line breaks, so the records
+/// are read with the file's delimiter), each part with the file's head (its `sep=` line and
+/// header) in front.
 async fn split_csv(
-    file: std::fs::File,
-    mut bytes: std::fs::File,
+    source: &Path,
+    head: &CsvHead,
     parts: &mut Parts<'_>,
     progress: &mut platform::progress::Progress,
 ) -> anyhow::Result<()> {
-    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(BufReader::new(file));
+    let data_at = u64::try_from(head.prefix.len())?;
+    let mut file = std::fs::File::open(source)?;
+    file.seek(SeekFrom::Start(data_at))?;
+    let mut bytes = std::fs::File::open(source)?;
+    let mut reader = file::csv_records(BufReader::new(file), head.layout.delimiter);
     let mut record = csv::ByteRecord::new();
-    anyhow::ensure!(reader.read_byte_record(&mut record)?, "the file is empty; a CSV file starts with its header");
-    let header_end = reader.position().byte();
-    let mut header = vec![0; usize::try_from(header_end)?];
-    bytes.read_exact(&mut header)?;
-    if !header.ends_with(b"\n") {
-        header.push(b'\n');
+    let mut prefix = head.prefix.clone();
+    if !prefix.ends_with(b"\n") {
+        prefix.push(b'\n');
     }
-    let (mut start, mut rows) = (header_end, 0);
-    let mut part = Vec::with_capacity(PART_BYTES + header.len());
+    let (mut start, mut rows) = (data_at, 0);
+    let mut part = Vec::with_capacity(PART_BYTES + prefix.len());
     loop {
         let more = reader.read_byte_record(&mut record)?;
-        let end = reader.position().byte();
+        let end = data_at + reader.position().byte();
         if more {
             rows += 1;
         }
         if rows > 0 && (!more || rows >= parts.most_rows || usize::try_from(end - start)? >= PART_BYTES) {
             part.clear();
-            part.extend_from_slice(&header);
+            part.extend_from_slice(&prefix);
             bytes.seek(SeekFrom::Start(start))?;
             let length = usize::try_from(end - start)?;
-            part.resize(header.len() + length, 0);
-            bytes.read_exact(&mut part[header.len()..])?;
+            part.resize(prefix.len() + length, 0);
+            bytes.read_exact(&mut part[prefix.len()..])?;
             parts.store(&part, rows).await?;
             progress.set(end);
             (start, rows) = (end, 0);
@@ -340,7 +600,7 @@ async fn follow(
     space_id: &str,
     import_id: &str,
     starts: &[i64],
-) -> anyhow::Result<std::process::ExitCode> {
+) -> anyhow::Result<Outcome> {
     let document = |client| reads::imports::document(client, space_id, import_id);
     let first = document(client).await?.context("the import vanished")?;
     let total = first["rows"]["total"].as_u64().unwrap_or(0);
@@ -370,7 +630,7 @@ async fn summary(
     import_id: &str,
     status: &Value,
     starts: &[i64],
-) -> anyhow::Result<std::process::ExitCode> {
+) -> anyhow::Result<Outcome> {
     let rows = &status["rows"];
     println!(
         "import {import_id}: {} rows: {} created, {} updated, {} unchanged, {} failed",
@@ -391,12 +651,9 @@ async fn summary(
             (Some(field), Some(value)) => format!(" ({field} {value})"),
             _ => String::new(),
         };
-        println!(
-            "  row {}{key}: {}: {}",
-            start + i64::from(number),
-            row.get::<_, Option<&str>>(2).unwrap_or(""),
-            row.get::<_, Option<&str>>(3).unwrap_or("")
-        );
+        let code = row.get::<_, Option<&str>>(2).unwrap_or("");
+        let message = row_message(code, row.get::<_, Option<&str>>(3).unwrap_or(""));
+        println!("  row {}{key}: {code}: {message}", start + i64::from(number));
     }
     let failed_total = rows["failed"].as_i64().unwrap_or(0);
     if failed_total > SHOWN_FAILURES {
@@ -405,119 +662,20 @@ async fn summary(
     let total = rows["total"].as_i64().unwrap_or(0);
     if total > 0 && failed_total == total {
         eprintln!("every row failed: nothing was imported");
-        return Ok(std::process::ExitCode::FAILURE);
+        return Ok(Outcome::EveryRowFailed);
     }
-    Ok(std::process::ExitCode::SUCCESS)
+    Ok(Outcome::Imported)
 }
 
-/// A copy, in UTF-8, of a file that starts with a UTF-16 byte order mark (removed when
-/// dropped); `None` for any other file, which is read as it is.
-fn utf16_as_utf8(path: &Path) -> anyhow::Result<Option<TemporaryFile>> {
-    use std::io::Write;
-    let mut file = std::fs::File::open(path)?;
-    let mut start = [0_u8; 3];
-    let read = file.read(&mut start)?;
-    let encoding = match encoding_rs::Encoding::for_bom(&start[..read]) {
-        Some((encoding, _)) if encoding != encoding_rs::UTF_8 => encoding,
-        _ => return Ok(None),
-    };
-    file.seek(SeekFrom::Start(0))?;
-    let copy = TemporaryFile(std::env::temp_dir().join(format!("import-{}.csv", uuid::Uuid::now_v7().simple())));
-    let mut out = std::io::BufWriter::new(std::fs::File::create(copy.path())?);
-    let mut decoder = encoding.new_decoder_with_bom_removal();
-    let (mut input, mut text) = (vec![0_u8; 64 * 1024], String::with_capacity(128 * 1024));
-    loop {
-        let read = file.read(&mut input)?;
-        let last = read == 0;
-        text.clear();
-        let (_, _, had_errors) = decoder.decode_to_string(&input[..read], &mut text, last);
-        anyhow::ensure!(!had_errors, "the file starts as {} but is not valid {}", encoding.name(), encoding.name());
-        out.write_all(text.as_bytes())?;
-        if last {
-            out.flush()?;
-            return Ok(Some(copy));
-        }
+/// A failed row's message as the command shows it: where the API's message names a setting of
+/// the import, the command names its own option.
+fn row_message(code: &str, message: &str) -> String {
+    if code == platform::error::Code::ConsentSourceRequired.as_str() {
+        return "the row grants consent or subscribes to topics, and no consent source was given: pass --consent \
+                \"<source>\" (how and when these people agreed)"
+            .to_owned();
     }
-}
-
-/// A file removed when dropped.
-struct TemporaryFile(PathBuf);
-
-impl TemporaryFile {
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TemporaryFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Checks the whole file before any part is stored, in one pass over its records (CSV) or
-/// lines (NDJSON): none takes more than [`ROW_BYTES`] (a cell of megabytes is a mistake, and
-/// would sit in memory on every side), and, when it is read as UTF-8, each is UTF-8 (a refusal
-/// names the line and the setting that reads the file otherwise).
-fn check_file(path: &Path, format: Format, utf8: bool) -> anyhow::Result<()> {
-    let refused = |code, message: String| Refused(platform::error::ApiError::bad_request(code, message)).into();
-    let too_long = |row: u64, bytes: u64| {
-        refused(
-            platform::error::Code::ValueTooLong,
-            format!(
-                "row {row} of the file takes {} MB; a row is at most 1 MB (a text cell holds at most {} characters)",
-                bytes.div_ceil(1024 * 1024),
-                domain::attributes::MAX_TEXT
-            ),
-        )
-    };
-    let not_utf8 = |line: u64| {
-        refused(
-            platform::error::Code::InvalidBody,
-            format!(
-                "line {line} of the file is not UTF-8: if it was saved by Excel or another Windows program, it is \
-                 probably windows-1252: pass --encoding windows-1252"
-            ),
-        )
-    };
-    let mut file = BufReader::new(std::fs::File::open(path)?);
-    match format {
-        Format::Csv => {
-            let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(file);
-            let mut record = csv::ByteRecord::new();
-            let (mut previous_end, mut row, mut line) = (0_u64, 0_u64, 1_u64);
-            while reader.read_byte_record(&mut record)? {
-                row += 1;
-                let end = reader.position().byte();
-                if end - previous_end > ROW_BYTES {
-                    return Err(too_long(row, end - previous_end));
-                }
-                if utf8 && std::str::from_utf8(record.as_slice()).is_err() {
-                    return Err(not_utf8(line));
-                }
-                // The next record starts on the line after this one's last (a quoted cell may
-                // hold line breaks).
-                let breaks = record.as_slice().iter().filter(|byte| **byte == b'\n').count() as u64;
-                (previous_end, line) = (end, line + 1 + breaks);
-            }
-        }
-        Format::Ndjson => {
-            let (mut line, mut number) = (Vec::new(), 0_u64);
-            while {
-                line.clear();
-                file.read_until(b'\n', &mut line)? > 0
-            } {
-                number += 1;
-                if line.len() as u64 > ROW_BYTES {
-                    return Err(too_long(number, line.len() as u64));
-                }
-                if utf8 && std::str::from_utf8(&line).is_err() {
-                    return Err(not_utf8(number));
-                }
-            }
-        }
-    }
-    Ok(())
+    message.to_owned()
 }
 
 /// An id for the file as it is now: its path, size and modification time.
@@ -537,29 +695,129 @@ fn derived_id(path: &Path, metadata: &std::fs::Metadata) -> anyhow::Result<Strin
 }
 
 /// The space named (slug or id), or the only one.
-async fn space(client: &impl GenericClient, catalog: &str, named: Option<&str>) -> anyhow::Result<String> {
+async fn space(client: &impl GenericClient, catalog: &str, named: Option<&str>) -> Result<String, Stop> {
     let spaces: Vec<(String, String)> = client
         .query(&format!("SELECT space_id, slug FROM {catalog}.spaces ORDER BY slug"), &[])
-        .await?
+        .await
+        .context("reading the spaces")?
         .into_iter()
         .map(|row| (row.get(0), row.get(1)))
         .collect();
+    let slugs = || spaces.iter().map(|(_, slug)| slug.as_str()).collect::<Vec<_>>().join(", ");
     match named {
         Some(named) => spaces
             .iter()
             .find(|(id, slug)| id == named || slug == named)
             .map(|(id, _)| id.clone())
-            .with_context(|| format!("no space {named:?}")),
+            .ok_or_else(|| Stop::refused(format!("no space {named:?}: --space is one of {}", slugs()))),
         None if spaces.len() == 1 => Ok(spaces[0].0.clone()),
-        None => {
-            let slugs: Vec<&str> = spaces.iter().map(|(_, slug)| slug.as_str()).collect();
-            bail!("name the space with --space ({})", slugs.join(", "))
-        }
+        None => Err(Stop::refused(format!("name the space with --space ({})", slugs()))),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        import: Import,
+    }
+
+    fn arguments(line: &[&str]) -> Import {
+        use clap::Parser;
+        Command::try_parse_from(std::iter::once("import").chain(line.iter().copied())).expect("valid arguments").import
+    }
+
+    /// The refusal's lines, or why it is no refusal.
+    fn refused<T: std::fmt::Debug>(result: Result<T, Stop>) -> Vec<String> {
+        match result {
+            Err(Stop::Refused(messages)) => messages,
+            other => panic!("not a refusal: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_way_the_command_ends_has_its_exit_code() {
+        let codes = [
+            Outcome::Imported,
+            Outcome::Stored,
+            Outcome::EveryRowFailed,
+            Outcome::NothingStored,
+            Outcome::Stopped,
+            Outcome::Interrupted,
+        ]
+        .map(Outcome::exit_code);
+        assert_eq!(codes, [0, 0, 1, 2, 3, 130]);
+        // Whatever stops it before anything is stored is exit 2, refused or not read.
+        assert_eq!(Stop::refused("a refusal").report(), Outcome::NothingStored);
+        assert_eq!(Stop::NotStored(anyhow::anyhow!("no database")).report(), Outcome::NothingStored);
+        assert_eq!(Stop::Stopped("import x stopped".to_owned()).report(), Outcome::Stopped);
+    }
+
+    #[test]
+    fn a_spreadsheet_and_options_out_of_their_values_are_refused_before_anything_is_read() {
+        let sheet = refused(options(&arguments(&["people.xlsx", "--schema", "contacts"])));
+        assert!(sheet[0].contains("save the sheet as CSV"), "{sheet:?}");
+        for (line, expected) in [
+            (&["people.csv", "--schema", "contacts", "--format", "xml"][..], "--format is csv or ndjson"),
+            (&["people.csv", "--schema", "contacts", "--encoding", "ebcdic"], "--encoding is utf-8"),
+            (&["people.csv", "--schema", "contacts", "--delimiter", "|"], "--delimiter is"),
+            (&["people.csv", "--schema", "contacts", "--column", "Email"], "--column is Header=key"),
+            (&["people.ndjson", "--schema", "contacts", "--column", "a=b"], "applies to CSV files only"),
+            (&["people.csv", "--schema", "contacts", "--id", "a/b"], "--id is 1 to 128"),
+        ] {
+            let messages = refused(options(&arguments(line)));
+            assert!(messages[0].contains(expected), "{line:?}: {messages:?}");
+        }
+        let read = options(&arguments(&["people.csv", "--schema", "contacts", "--delimiter", ";"])).expect("options");
+        assert_eq!((read.format, read.delimiter), (Format::Csv, Some(b';')));
+    }
+
+    #[test]
+    fn ctrl_c_says_what_it_leaves_at_each_stage() {
+        assert_eq!(interrupted(&Stage::Checking), "interrupted: nothing was stored");
+        let creating = interrupted(&Stage::Storing { import_id: "file-people-1".to_owned(), parts: 0 });
+        assert!(creating.starts_with("interrupted before import file-people-1 held any of the file"), "{creating}");
+        let storing = interrupted(&Stage::Storing { import_id: "file-people-1".to_owned(), parts: 1 });
+        assert!(storing.contains("import file-people-1 holds 1 part of it"), "{storing}");
+        assert!(storing.contains("run the same command again to store the rest"), "{storing}");
+        let following = interrupted(&Stage::Following { import_id: "file-people-1".to_owned() });
+        assert_eq!(
+            following,
+            "interrupted: import file-people-1 goes on on the server; run the same command again to follow it (or \
+             GET /v1/imports/file-people-1)"
+        );
+    }
+
+    #[test]
+    fn a_row_without_a_consent_source_names_the_commands_option() {
+        let message = row_message(
+            "consent_source_required",
+            "the row grants consent or subscribes to topics, and the import states no consent source (consent.label)",
+        );
+        assert!(message.contains("--consent \"<source>\"") && !message.contains("consent.label"), "{message}");
+        assert_eq!(row_message("missing_field", "no key"), "no key");
+    }
+
+    #[test]
+    fn a_conflict_with_what_the_import_holds_is_a_refusal_when_this_run_stored_nothing() {
+        let conflict = || {
+            anyhow::Error::from(store::Failed::Refusal(super::super::decide::Refusal::OtherBody {
+                import_id: "weekly".to_owned(),
+                part: 1,
+            }))
+        };
+        let messages = refused(Err::<(), _>(stopped_storing("weekly", conflict(), false)));
+        assert!(messages[0].ends_with("pass another --id"), "{messages:?}");
+        assert!(matches!(stopped_storing("weekly", conflict(), true), Stop::Stopped(_)));
+        let Stop::Stopped(message) = stopped_storing("weekly", anyhow::anyhow!("connection reset"), true) else {
+            panic!("stopped")
+        };
+        assert!(message.contains("run the same command again"), "{message}");
+    }
+
     #[test]
     fn the_schemas_field_list_is_shown_once_however_many_columns_fill_none() {
         let messages = [

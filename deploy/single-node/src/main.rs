@@ -49,7 +49,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     match cli.command.unwrap_or(Command::Serve(cli.serve)) {
         Command::Serve(serve) => serve_until_stopped(serve, settings).await?,
         Command::Apply(arguments) => command_service::cli::apply(arguments, &settings).await?,
-        Command::Import(arguments) => return command_service::imports::cli::import(arguments, &settings).await,
+        Command::Import(arguments) => return Ok(command_service::imports::cli::import(arguments, &settings).await),
         Command::Operator(command) => return projector::cli::run(command, &settings).await,
     }
     Ok(ExitCode::SUCCESS)

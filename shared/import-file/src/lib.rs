@@ -25,30 +25,52 @@ pub struct RowError {
     pub message: String,
 }
 
-/// Checks a part's text as a whole without holding its rows: a CSV part has its header, and
-/// the part holds at most [`MAX_PART_ROWS`] rows. Answers how many it holds.
+/// Checks a part's text as a whole without holding its rows: a CSV part has its header (after
+/// a `sep=` line, if any, that agrees with the delimiter given) and leaves no quoted cell open
+/// (which would take every line after it), and the part holds at most [`MAX_PART_ROWS`] rows.
+/// Answers how many it holds.
 pub fn count_rows(settings: &Settings, text: &str) -> Result<usize, String> {
     let rows = match settings.format {
         Format::Ndjson => text.lines().filter(|line| !line.trim().is_empty()).count(),
         Format::Csv => {
-            let mut reader = csv_reader(text, settings.delimiter);
+            let (body, layout) = csv_body(text, settings.delimiter)?;
+            let mut reader = csv_reader(body, layout.delimiter);
             check_headers(&mut reader)?;
             let mut record = csv::ByteRecord::new();
             let mut rows = 0;
+            // Where the last record read starts (the header's at 0), and its row number.
+            let (mut last_start, mut last_row, mut next_start) = (0, 1, reader.position().byte());
             // A row that cannot be read still counts: it fails alone when decided.
             while !matches!(reader.read_byte_record(&mut record), Ok(false)) {
                 rows += 1;
+                (last_start, last_row, next_start) = (next_start, rows + 1, reader.position().byte());
                 if rows > MAX_PART_ROWS {
                     break;
                 }
+            }
+            if rows > MAX_PART_ROWS {
+                return Err(too_many_rows());
+            }
+            // Only the last record can hold a quote never closed: it runs to the end.
+            let start = layout.header_at.saturating_add(usize::try_from(last_start).unwrap_or(usize::MAX));
+            let (before, last) = text.as_bytes().split_at(start.min(text.len()));
+            let mut scan = QuoteScan::new(layout.delimiter);
+            scan.feed(last);
+            if let Some(open) = scan.open_quote() {
+                let line = 1 + line_breaks(before) + open.line_breaks;
+                return Err(unclosed_quote(last_row as u64, line, "the part"));
             }
             rows
         }
     };
     if rows > MAX_PART_ROWS {
-        return Err(format!("a part holds at most {MAX_PART_ROWS} rows; this one has more"));
+        return Err(too_many_rows());
     }
     Ok(rows)
+}
+
+fn too_many_rows() -> String {
+    format!("a part holds at most {MAX_PART_ROWS} rows; this one has more")
 }
 
 /// A part's rows in order, one at a time (a row is built when it is reached, so a part of
@@ -80,7 +102,8 @@ pub fn headers(settings: &Settings, text: &str) -> Result<Option<Vec<String>>, S
     if settings.format != Format::Csv {
         return Ok(None);
     }
-    let mut reader = csv_reader(text, settings.delimiter);
+    let (body, layout) = csv_body(text, settings.delimiter)?;
+    let mut reader = csv_reader(body, layout.delimiter);
     let headers = reader.headers().map_err(|error| format!("the CSV header cannot be read: {error}"))?;
     Ok(Some(headers.iter().map(str::to_owned).collect()))
 }
@@ -115,14 +138,68 @@ pub fn decode(body: &[u8], encoding: Encoding) -> Result<std::borrow::Cow<'_, st
     }
 }
 
-/// The delimiter of a CSV text: the one given, or the one of `,` `;` and tab that its header
-/// line holds most of outside quotes (`,` when none).
-pub fn delimiter(text: &str, given: Option<u8>) -> u8 {
-    if let Some(given) = given {
-        return given;
+/// How a CSV text is laid out before its rows: its delimiter, and where its header starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CsvLayout {
+    pub delimiter: u8,
+    /// The header's byte offset: after a UTF-8 byte order mark and a `sep=` line.
+    pub header_at: usize,
+    /// The header's line (1, or 2 after a `sep=` line).
+    pub header_line: u64,
+}
+
+/// The layout of a CSV text (its start is enough: the first line or two). A first line
+/// `sep=X`, as Excel writes and reads it, names the delimiter, and the header is the next line;
+/// otherwise the delimiter is the one given, or the one of `,` `;` and tab that the header line
+/// holds most of outside quotes (`,` when none). `Err` when a `sep=` line and the given
+/// delimiter disagree.
+pub fn csv_layout(text: &[u8], given: Option<u8>) -> Result<CsvLayout, String> {
+    let bom = if text.starts_with(b"\xef\xbb\xbf") { 3 } else { 0 };
+    let Some((named, length)) = separator_line(&text[bom..]) else {
+        let delimiter = given.unwrap_or_else(|| delimiter(&text[bom..]));
+        return Ok(CsvLayout { delimiter, header_at: bom, header_line: 1 });
+    };
+    match given {
+        Some(given) if given != named => Err(format!(
+            "the first line, sep={}, names {} as the delimiter, but the delimiter given is {}: leave the \
+             delimiter (--delimiter) out, or remove that line",
+            char::from(named),
+            delimiter_name(named),
+            delimiter_name(given)
+        )),
+        _ => Ok(CsvLayout { delimiter: named, header_at: bom + length, header_line: 2 }),
     }
+}
+
+/// Excel's first line `sep=X`: the delimiter it names (one ASCII character other than a quote)
+/// and the bytes the line takes with its line break.
+fn separator_line(text: &[u8]) -> Option<(u8, usize)> {
+    let rest = text.strip_prefix(b"sep=")?;
+    let (&named, after) = rest.split_first()?;
+    if !(named.is_ascii_graphic() || named == b'\t') || named == b'"' {
+        return None;
+    }
+    let line_break = match after {
+        [] => 0,
+        [b'\r', b'\n', ..] => 2,
+        [b'\n' | b'\r', ..] => 1,
+        _ => return None,
+    };
+    Some((named, 5 + line_break))
+}
+
+fn delimiter_name(delimiter: u8) -> String {
+    match delimiter {
+        b'\t' => "a tab".to_owned(),
+        other => format!("\"{}\"", char::from(other)),
+    }
+}
+
+/// The delimiter that a CSV text's first line holds most of outside quotes, of `,` `;` and tab
+/// (`,` when none).
+fn delimiter(text: &[u8]) -> u8 {
     let (mut counts, mut quoted) = ([0usize; 3], false);
-    for byte in text.bytes() {
+    for &byte in text {
         match byte {
             b'"' => quoted = !quoted,
             b'\n' | b'\r' if !quoted => break,
@@ -136,9 +213,91 @@ pub fn delimiter(text: &str, given: Option<u8>) -> u8 {
     if counts[best] == 0 { b',' } else { [b',', b';', b'\t'][best] }
 }
 
-fn csv_reader(text: &str, given: Option<u8>) -> csv::Reader<&[u8]> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    csv::ReaderBuilder::new().flexible(true).delimiter(delimiter(text, given)).from_reader(text.as_bytes())
+/// A CSV text from its header on (after a byte order mark and a `sep=` line), and its layout.
+fn csv_body(text: &str, given: Option<u8>) -> Result<(&[u8], CsvLayout), String> {
+    let layout = csv_layout(text.as_bytes(), given)?;
+    Ok((text.as_bytes().get(layout.header_at..).unwrap_or_default(), layout))
+}
+
+fn csv_reader(body: &[u8], delimiter: u8) -> csv::Reader<&[u8]> {
+    csv::ReaderBuilder::new().flexible(true).delimiter(delimiter).from_reader(body)
+}
+
+/// Follows CSV quoting (RFC 4180, as the `csv` crate reads it) over a text fed in pieces, to
+/// find a quoted cell the text never closes: such a cell would take every line after it.
+#[derive(Debug, Clone)]
+pub struct QuoteScan {
+    delimiter: u8,
+    state: QuoteState,
+    /// Bytes and line breaks fed so far.
+    read: u64,
+    line_breaks: u64,
+    /// Where the quoted cell being read opened.
+    opened: OpenQuote,
+}
+
+/// The quote that opens a cell: its byte offset in the text scanned, and the line breaks before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpenQuote {
+    pub offset: u64,
+    pub line_breaks: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QuoteState {
+    /// At the start of a cell, where a quote opens a quoted cell.
+    CellStart,
+    /// In a cell that did not start with a quote: quotes in it are text.
+    Plain,
+    Quoted,
+    /// A quote inside a quoted cell: a second one is a quote of the text, anything else ends
+    /// the quoted part.
+    QuoteInQuoted,
+}
+
+impl QuoteScan {
+    pub fn new(delimiter: u8) -> Self {
+        Self { delimiter, state: QuoteState::CellStart, read: 0, line_breaks: 0, opened: OpenQuote::default() }
+    }
+
+    pub fn feed(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            let ends_cell = byte == self.delimiter || byte == b'\n' || byte == b'\r';
+            self.state = match (self.state, byte) {
+                (QuoteState::CellStart, b'"') => {
+                    self.opened = OpenQuote { offset: self.read, line_breaks: self.line_breaks };
+                    QuoteState::Quoted
+                }
+                (QuoteState::Quoted, b'"') => QuoteState::QuoteInQuoted,
+                (QuoteState::Quoted, _) => QuoteState::Quoted,
+                (QuoteState::QuoteInQuoted, b'"') => QuoteState::Quoted,
+                (_, _) if ends_cell => QuoteState::CellStart,
+                (_, _) => QuoteState::Plain,
+            };
+            self.read += 1;
+            if byte == b'\n' {
+                self.line_breaks += 1;
+            }
+        }
+    }
+
+    /// The quote that opens a cell the text fed so far leaves open, if one does.
+    pub fn open_quote(&self) -> Option<OpenQuote> {
+        (self.state == QuoteState::Quoted).then_some(self.opened)
+    }
+}
+
+fn line_breaks(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|byte| **byte == b'\n').count() as u64
+}
+
+/// The refusal of a text whose quoted cell is never closed, naming the row and the line where
+/// it opens (`whole`: "the file" or "the part").
+pub fn unclosed_quote(row: u64, line: u64, whole: &str) -> String {
+    format!(
+        "row {row} of {whole} (line {line}) opens a quoted cell that is never closed, so every line after it \
+         would be read into that cell: close the quote, or write a quote inside a cell as two (\"\")"
+    )
 }
 
 fn ndjson(text: &str) -> impl Iterator<Item = Row> + '_ {
@@ -171,7 +330,8 @@ fn csv<'a>(
     settings: &'a Settings,
     attributes: &'a [AttributeEntry],
 ) -> Result<impl Iterator<Item = Row> + 'a, String> {
-    let mut reader = csv_reader(text, settings.delimiter);
+    let (body, layout) = csv_body(text, settings.delimiter)?;
+    let mut reader = csv_reader(body, layout.delimiter);
     let headers = check_headers(&mut reader)?;
     let keys: Vec<Option<String>> =
         headers.iter().map(|header| column_key(header, &settings.columns, attributes)).collect();
@@ -182,10 +342,19 @@ fn csv<'a>(
             Err(error) => {
                 Err(RowError { code: Code::InvalidBody, message: format!("the row cannot be read: {error}") })
             }
-            Ok(record) if record.len() != keys.len() => Err(RowError {
-                code: Code::InvalidBody,
-                message: format!("the row has {} fields; the header has {}", record.len(), keys.len()),
-            }),
+            Ok(record) if record.len() != keys.len() => {
+                // A quote opened and closed rows later takes the rows between into one cell.
+                let spans_lines = record.iter().any(|cell| cell.contains(['\n', '\r']));
+                let hint = if spans_lines {
+                    ": a quoted cell of it holds line breaks, so a quote may be missing or extra"
+                } else {
+                    ""
+                };
+                Err(RowError {
+                    code: Code::InvalidBody,
+                    message: format!("the row has {} fields; the header has {}{hint}", record.len(), keys.len()),
+                })
+            }
             Ok(record) => {
                 let mut input = Map::new();
                 for (key, cell) in keys.iter().zip(record.iter()) {
@@ -365,16 +534,97 @@ mod tests {
         assert!(read_part(&settings(Format::Csv, BTreeMap::new()), b"", &[]).is_err());
     }
 
+    fn found_delimiter(text: &str, given: Option<u8>) -> u8 {
+        csv_layout(text.as_bytes(), given).map(|layout| layout.delimiter).unwrap_or_default()
+    }
+
     #[test]
     fn the_delimiter_is_found_in_the_header_or_given() {
-        assert_eq!(delimiter("email;name;\"a,b\"\nx,y,z", None), b';');
-        assert_eq!(delimiter("email\tname\n", None), b'\t');
-        assert_eq!(delimiter("\"e;mail\",name\n", None), b',', "quoted delimiters do not count");
-        assert_eq!(delimiter("email\n", None), b',');
-        assert_eq!(delimiter("email;name\n", Some(b',')), b',');
+        assert_eq!(found_delimiter("email;name;\"a,b\"\nx,y,z", None), b';');
+        assert_eq!(found_delimiter("email\tname\n", None), b'\t');
+        assert_eq!(found_delimiter("\"e;mail\",name\n", None), b',', "quoted delimiters do not count");
+        assert_eq!(found_delimiter("email\n", None), b',');
+        assert_eq!(found_delimiter("email;name\n", Some(b',')), b',');
         let body = "email;firstName\nada@example.com;\"Ada; Countess\"\n";
         let rows = read_part(&settings(Format::Csv, BTreeMap::new()), body.as_bytes(), &attributes()).expect("reads");
         assert_eq!(inputs(&rows), [Ok(json!({"email": "ada@example.com", "firstName": "Ada; Countess"}))]);
+    }
+
+    #[test]
+    fn an_excel_sep_line_names_the_delimiter_and_the_header_is_the_next_line() {
+        let plain = settings(Format::Csv, BTreeMap::new());
+        // The header holds more commas than semicolons: the sep line decides.
+        let body = "\u{feff}sep=;\r\nemail;firstName,middle\r\nada@example.com;Ada, Lovelace\r\n";
+        let rows = read_part(&plain, body.as_bytes(), &attributes()).expect("the part reads");
+        assert_eq!(inputs(&rows), [Ok(json!({"email": "ada@example.com", "firstName,middle": "Ada, Lovelace"}))]);
+        assert_eq!(rows[0].number, 2, "the header is row 1, as Excel shows the file");
+        assert_eq!(headers(&plain, body).expect("read"), Some(vec!["email".to_owned(), "firstName,middle".to_owned()]));
+        let layout = csv_layout(b"sep=\t\nemail\tname\n", None).expect("a layout");
+        assert_eq!(layout, CsvLayout { delimiter: b'\t', header_at: 6, header_line: 2 });
+        // The same delimiter given agrees with it; another is refused, naming both.
+        assert_eq!(csv_layout(b"sep=;\nemail;name\n", Some(b';')).map(|layout| layout.delimiter), Ok(b';'));
+        let conflict = csv_layout(b"sep=;\nemail;name\n", Some(b',')).expect_err("refused");
+        assert!(conflict.contains("sep=;") && conflict.contains("--delimiter"), "{conflict}");
+        // Only a line of exactly sep and one character is one.
+        for header in ["sep=;;\n", "sep=\n", "sep=\"\n", "Sep=;\n", "separator\n"] {
+            assert_eq!(csv_layout(header.as_bytes(), None).map(|layout| layout.header_at), Ok(0), "{header:?}");
+        }
+    }
+
+    #[test]
+    fn a_quote_never_closed_refuses_the_part_naming_the_row_and_line_where_it_opens() {
+        let plain = settings(Format::Csv, BTreeMap::new());
+        let body = "email,firstName\n\
+                    a@example.com,\"Ann\nof two lines\"\n\
+                    b@example.com,\"Bob\n\
+                    c@example.com,Cy\n\
+                    d@example.com,Di\n";
+        let error = read_part(&plain, body.as_bytes(), &attributes()).expect_err("refused");
+        assert!(error.starts_with("row 3 of the part (line 4) opens a quoted cell that is never closed"), "{error}");
+        // After a sep line, the row is the same and the line one further.
+        let error = read_part(&plain, format!("sep=,\n{body}").as_bytes(), &attributes()).expect_err("refused");
+        assert!(error.starts_with("row 3 of the part (line 5)"), "{error}");
+        let crlf = body.replace('\n', "\r\n");
+        let error = read_part(&plain, crlf.as_bytes(), &attributes()).expect_err("refused");
+        assert!(error.starts_with("row 3 of the part (line 4)"), "{error}");
+        let error = read_part(&plain, b"email,\"firstName\na@example.com,Ann\n", &[]).expect_err("refused");
+        assert!(error.starts_with("row 1 of the part (line 1)"), "{error}");
+        // Quotes inside cells are text, and doubled quotes inside quoted cells are quotes.
+        let fine = "email,firstName\na@example.com,5\" screen\nb@example.com,\"say \"\"hi\"\"\"\n";
+        let rows = read_part(&plain, fine.as_bytes(), &attributes()).expect("the part reads");
+        assert_eq!(
+            inputs(&rows),
+            [
+                Ok(json!({"email": "a@example.com", "firstName": "5\" screen"})),
+                Ok(json!({"email": "b@example.com", "firstName": "say \"hi\""}))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_quote_scan_fed_in_pieces_finds_what_it_finds_whole() {
+        let text = b"a;\"b\"\"\nc\";d\ne;\"f\r\ng";
+        let mut whole = QuoteScan::new(b';');
+        whole.feed(text);
+        let mut pieces = QuoteScan::new(b';');
+        text.chunks(1).for_each(|piece| pieces.feed(piece));
+        assert_eq!(whole.open_quote(), Some(OpenQuote { offset: 14, line_breaks: 2 }));
+        assert_eq!(pieces.open_quote(), whole.open_quote());
+        let mut closed = QuoteScan::new(b';');
+        closed.feed(b"a;\"b\";c\n");
+        assert_eq!(closed.open_quote(), None);
+    }
+
+    #[test]
+    fn a_row_whose_quotes_join_lines_says_so_when_its_fields_do_not_match_the_header() {
+        let body =
+            "email,firstName,plan\na@example.com,\"Ann,basic\nb@example.com,Bob\",basic,x\nc@example.com,Cy,basic\n";
+        let rows =
+            read_part(&settings(Format::Csv, BTreeMap::new()), body.as_bytes(), &attributes()).expect("the part reads");
+        let error = rows[0].input.clone().expect_err("the joined row fails");
+        assert_eq!(error.code, Code::InvalidBody);
+        assert!(error.message.contains("a quote may be missing or extra"), "{}", error.message);
+        assert!(rows[1].input.is_ok());
     }
 
     #[test]

@@ -655,6 +655,138 @@ async fn the_import_command_reads_an_excel_export_given_its_encoding() {
 }
 
 #[tokio::test]
+async fn every_refusal_of_the_import_command_exits_2_and_leaves_no_import_behind() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let dir = scratch_dir("import-refusals");
+    let write = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).expect("written");
+        path.display().to_string()
+    };
+    let run = |file: String, schema: &'static str, extra: &'static [&'static str]| {
+        let database_url = app.database_url.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut arguments = vec!["import", file.as_str(), "--schema", schema, "--space", "alpha"];
+            arguments.extend(extra);
+            run_binary("platform", &arguments, &database_url)
+        })
+    };
+    let refused = |case: &'static str, output: std::process::Output, expected: &str| {
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(2), "{case}: {stderr}");
+        assert!(stderr.contains("refused, nothing was stored") && stderr.contains(expected), "{case}: {stderr}");
+    };
+    let no_import_is_left = || async {
+        let listed = app.get("/imports", ALPHA_ADMIN).await;
+        assert_eq!((listed.status, &listed.body["data"]), (200, &json!([])), "an import is left: {:?}", listed.body);
+        assert_eq!(app.query_i64("SELECT count(*) FROM imports").await, 0);
+    };
+    // A header the schema does not take, and a file that is not in the encoding it is read
+    // in: refused, and nothing is left behind.
+    let typo = write("typo.csv", b"Emial,plan\nada@example.com,basic\n");
+    refused("a typo'd column", run(typo, "members", &[]).await.expect("ran"), "did you mean \"email\"");
+    let excel = write("excel.csv", &excel_export());
+    refused("a bad encoding", run(excel, "members", &[]).await.expect("ran"), "--encoding windows-1252");
+    no_import_is_left().await;
+
+    // Everything else that stops the command before it stores anything is exit 2 too.
+    let quote =
+        b"email,firstName,plan\nada@example.com,Ada,basic\nbob@example.com,\"Bob,basic\ncarl@example.com,Carl,basic\n";
+    let people = write("people.csv", b"email,plan\nada@example.com,basic\n");
+    let cases = [
+        ("a column mapped to a typo", people.clone(), "members", &["--column", "email=emial"][..], "did you mean"),
+        (
+            "a quote never closed",
+            write("quote.csv", quote),
+            "members",
+            &[][..],
+            "row 3 of the file (line 3) opens a quoted cell that is never closed",
+        ),
+        ("an empty file", write("empty.csv", b""), "members", &[][..], "the file is empty"),
+        ("a header without rows", write("header.csv", b"email,plan\n"), "members", &[][..], "no rows"),
+        ("a spreadsheet", write("sheet.xlsx", b"PK\x03\x04"), "members", &[][..], "save the sheet as CSV"),
+        ("an unknown schema", people, "nope", &[][..], "no contact or object schema \"nope\""),
+    ];
+    for (case, file, schema, extra, expected) in cases {
+        refused(case, run(file, schema, extra).await.expect("ran"), expected);
+    }
+    let missing = run(dir.join("missing.csv").display().to_string(), "members", &[]).await.expect("ran");
+    let stderr = String::from_utf8_lossy(&missing.stderr).into_owned();
+    assert_eq!(missing.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("stopped, nothing was stored: cannot read") && stderr.contains("missing.csv"), "{stderr}");
+    no_import_is_left().await;
+
+    // Excel's sep= line names the delimiter; a row that grants consent without a source names
+    // the option that gives one.
+    let excel = write(
+        "sep.csv",
+        b"sep=;\r\nemail;firstName;plan;emailConsent\r\nada@example.com;Ada, Countess;basic;\r\n\
+          bob@example.com;Bob;basic;\r\ncarl@example.com;Carl;basic;true\r\n",
+    );
+    let output = run(excel, "members", &[]).await.expect("ran");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("3 rows: 2 created, 0 updated, 0 unchanged, 1 failed"), "{stdout}");
+    assert!(
+        stdout.contains("row 4 (email carl@example.com): consent_source_required:")
+            && stdout.contains("pass --consent \"<source>\""),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn ctrl_c_while_the_import_command_follows_says_the_import_goes_on_and_exits_130() {
+    // No imports worker: the command follows an import whose rows stay pending.
+    let app = TestApp::spawn_with(Options {
+        tweak: Some(|settings| settings.projector.workers = "read_models".to_owned()),
+        ..Options::default()
+    })
+    .await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let path = scratch_dir("import-interrupted").join("people.csv");
+    std::fs::write(&path, "email,plan\nada@example.com,basic\n").expect("written");
+    let mut command = std::process::Command::new(binaries_dir().join("platform"));
+    command
+        .args(["import", &path.display().to_string(), "--schema", "members", "--space", "alpha"])
+        .env("APP__DATABASE__URL", &app.database_url)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = ChildGuard(command.spawn().expect("the command started"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.query_i64("SELECT count(*) FROM imports WHERE parts_total IS NOT NULL").await == 0 {
+        assert!(Instant::now() < deadline, "the command did not complete the import");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Completed: the command now follows it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = std::process::Command::new("kill").args(["-INT", &child.0.id().to_string()]).status().expect("kill");
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().expect("the command's state") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the command did not stop on Ctrl-C");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().expect("piped"), &mut stderr).expect("stderr");
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    let import_id = app.query_string("SELECT import_id FROM imports").await;
+    assert!(
+        stderr.contains(&format!(
+            "interrupted: import {import_id} goes on on the server; run the same command again to follow it"
+        )),
+        "{stderr}"
+    );
+    let import = app.get(&format!("/imports/{import_id}"), ALPHA_ADMIN).await;
+    assert_eq!((import.status, &import.body["data"]["rows"]["total"]), (200, &json!(1)), "{:?}", import.body);
+}
+
+#[tokio::test]
 async fn a_cell_beyond_its_types_maximum_fails_its_row_and_a_file_with_a_huge_row_is_refused_whole() {
     let app = TestApp::spawn().await;
     app.apply_workspace(&workspace_with_members(), true).await;
