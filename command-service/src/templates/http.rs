@@ -12,6 +12,7 @@
 //!    200 `{emailId, status, error}`. A hand-off whose end is unknown answers 503
 //!    `idempotency_outcome_unknown` and is never retried blindly.
 
+use domain::email::resources::TEMPLATE;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -156,12 +157,9 @@ pub async fn send(
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let body = api::http::read_json_object(&req, payload).await?;
     let context = decide::context(&body)?;
-    let command = SendTemplate {
-        space_id: caller.space_id().to_owned(),
-        template_id: path.into_inner(),
-        context,
-        site: &state.site,
-    };
+    // The template by its id or its slug, as broadcasts and workflows are named.
+    let template_id = pipeline::authored_id(&state, (TEMPLATE, caller.space_id()), path.into_inner()).await?;
+    let command = SendTemplate { space_id: caller.space_id().to_owned(), template_id, context, site: &state.site };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }

@@ -1545,7 +1545,8 @@ async fn a_contact_made_through_the_api_joins_a_topic_in_its_write_and_gets_its_
         .await;
     assert_eq!(ada.status, 201, "{:?}", ada.body);
     let ada = ada.body["data"]["id"].as_str().expect("id").to_owned();
-    assert_eq!(send(&app, &newsletter, &to(&ada), None).await.status, 200);
+    // A template is named by its id or, as here, its slug.
+    assert_eq!(send(&app, "newsletter", &to(&ada), None).await.status, 200);
 
     // The provenance: an API write, by its operation, in the audit trail.
     app.wait_for_projections().await;
