@@ -14,8 +14,8 @@ use platform::error::{Code, Issue};
 use platform::log::StreamAppend;
 use serde_json::{Map, Value};
 
-use super::decide::RecordRefusal;
 use crate::emails::decide::{Source, subscription_changes};
+use domain::records::decide::RecordRefusal;
 
 /// The key of a contact write that holds its topics.
 pub(crate) const TOPICS: &str = "topics";
