@@ -45,6 +45,9 @@ pub async fn apply(arguments: Apply, settings: &Settings) -> anyhow::Result<()> 
     for (email, name, secret) in &report.generated_keys {
         println!("generated key {name:?} for {email}: {secret}  (shown once; only its hash is stored)");
     }
+    for (space, slug, secret) in &report.generated_write_keys {
+        println!("generated write key {slug:?} of space {space}: {secret}  (shown once; only its hash is stored)");
+    }
     for (webhook_id, vendor, secret) in &report.generated_webhook_secrets {
         println!("webhook {webhook_id} of {vendor} signs with {secret}  (shown once; give it to {vendor})");
     }
@@ -80,6 +83,9 @@ fn print_dry_run(planned: &authoring::Planned) {
     let report = &planned.report;
     for (email, name, _) in &report.generated_keys {
         println!("a key {name:?} would be generated for {email}");
+    }
+    for (space, slug, _) in &report.generated_write_keys {
+        println!("a write key {slug:?} of space {space} would get a secret");
     }
     for (webhook_id, vendor, _) in &report.generated_webhook_secrets {
         println!("webhook {webhook_id} of {vendor} would get a signing secret");

@@ -126,6 +126,40 @@ impl From<crate::workflows::decide::Refusal> for ApiError {
     }
 }
 
+/// A refused ingest request: 401 for its key (with the Basic challenge Segment's clients
+/// expect), 400 for its body.
+impl From<crate::ingest::decide::Intake> for ApiError {
+    fn from(refusal: crate::ingest::decide::Intake) -> Self {
+        use crate::ingest::decide::Intake;
+        let (code, message) = (refusal.code(), refusal.to_string());
+        match refusal {
+            Intake::NoKey | Intake::UnknownKey => {
+                ApiError::new(actix_web::http::StatusCode::UNAUTHORIZED, Some(code), message)
+                    .with_header("WWW-Authenticate", "Basic realm=\"ingest\"".to_owned())
+            }
+            Intake::NoType(index) | Intake::MessageTooLarge { index, .. } => ApiError::bad_request(
+                code,
+                message.clone(),
+            )
+            .with_issues(vec![platform::error::Issue::coded(format!("batch[{index}]"), code, message)]),
+            _ => ApiError::bad_request(code, message),
+        }
+    }
+}
+
+/// A message the ingest could not apply, as the pipeline answers it (the failures list keeps
+/// its code and message).
+impl From<crate::ingest::decide::Refusal> for ApiError {
+    fn from(refusal: crate::ingest::decide::Refusal) -> Self {
+        use crate::ingest::decide::Refusal;
+        match refusal {
+            Refusal::Record(refusal) => refusal.into(),
+            Refusal::AliasErased => ApiError::conflict(Code::AliasErased, refusal.to_string()),
+            Refusal::Unwritable(message) => ApiError::internal(&anyhow::anyhow!(message)),
+        }
+    }
+}
+
 /// A refused template send as the contract answers it.
 impl From<crate::templates::decide::Refusal> for ApiError {
     fn from(refusal: crate::templates::decide::Refusal) -> Self {

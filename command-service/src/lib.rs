@@ -15,6 +15,7 @@ pub mod forms;
 pub mod idempotency;
 pub mod identities;
 pub mod imports;
+pub mod ingest;
 pub mod pipeline;
 pub mod records;
 pub mod routes;
@@ -63,6 +64,8 @@ pub struct State {
     pub templates: domain::catalog::Kept<mail::send::Authored>,
     /// This instance's heartbeat; its idempotency claims name it.
     pub beat: platform::liveness::Beat,
+    /// The ingest's write keys, looked up by hash and kept for a moment.
+    pub write_keys: ingest::keys::WriteKeys,
 }
 
 impl State {
@@ -93,6 +96,7 @@ impl State {
             workflows: Default::default(),
             templates: Default::default(),
             beat,
+            write_keys: Default::default(),
         }))
     }
 

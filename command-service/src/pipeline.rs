@@ -53,6 +53,9 @@ pub enum Actor<'a> {
     /// A public endpoint (no key): the tenant is the addressed resource's, which the decision
     /// names ([`Decision::in_space`]).
     Public,
+    /// A write key of the Segment-compatible ingest (`write_key_id`), acting in its space: its
+    /// writes are recorded as the write key's.
+    WriteKey { space_id: &'a str, write_key_id: &'a str },
 }
 
 /// Whether `Idempotency-Key` protects a command, and the body identity it is claimed with.
@@ -266,7 +269,9 @@ impl<'a> Ctx<'a> {
     pub fn caller(&self) -> Result<&'a Caller, ApiError> {
         match self.actor {
             Actor::Key(caller) => Ok(caller),
-            Actor::Public => Err(ApiError::internal(&anyhow::anyhow!("a public command asked for its caller"))),
+            Actor::Public | Actor::WriteKey { .. } => {
+                Err(ApiError::internal(&anyhow::anyhow!("a command without an API key asked for its caller")))
+            }
         }
     }
 
@@ -401,14 +406,30 @@ pub async fn execute<C: Command>(
         _ => (None, platform::ids::new_id("op")),
     };
     let outcome = attempts(state, req, &actor, claim.as_ref(), &operation_id, &command).await;
+    let public = !matches!(actor, Actor::Key(_));
+    let outcome =
+        outcome.map(|(answer, appended)| respond(&answer, (!public).then_some(operation_id.as_str()), appended));
     match actor {
         Actor::Key(_) => {
             let unconfirmed = outcome.as_ref().err().is_some_and(ApiError::is_unconfirmed);
             idempotency::finish(state, claim.as_ref(), &operation_id, outcome, unconfirmed).await
         }
         // A public answer carries no Operation-Id: nobody can reconcile with it.
-        Actor::Public => outcome,
+        Actor::Public | Actor::WriteKey { .. } => outcome,
     }
+}
+
+/// Runs `command` without idempotency (as [`execute`] runs an unkeyed one) and gives its
+/// answer as data, with where its append landed: for a caller that answers for many commands
+/// at once (the ingest's messages).
+pub(crate) async fn run<C: Command>(
+    state: &web::Data<State>,
+    req: &HttpRequest,
+    actor: Actor<'_>,
+    command: C,
+) -> Result<(Answer, Option<Appended>), ApiError> {
+    let operation_id = platform::ids::new_id("op");
+    attempts(state, req, &actor, None, &operation_id, &command).await
 }
 
 async fn attempts<C: Command>(
@@ -418,8 +439,7 @@ async fn attempts<C: Command>(
     claim: Option<&Claim>,
     operation_id: &str,
     command: &C,
-) -> Result<HttpResponse, ApiError> {
-    let public = matches!(actor, Actor::Public);
+) -> Result<(Answer, Option<Appended>), ApiError> {
     for attempt in 0..command.attempts().max(1) {
         let ctx = Ctx::new(state, req, actor, attempt);
         let decided = match command.load(&ctx).await {
@@ -447,7 +467,7 @@ async fn attempts<C: Command>(
                 if let (Some(claim), Body::Json(body)) = (claim, &answer.body) {
                     claim.record(state, answer.status, body).await?;
                 }
-                return Ok(respond(&answer, (!public).then_some(operation_id), None));
+                return Ok((answer, None));
             }
             Err(error) if ctx.kept.get() && error.status().is_client_error() => {
                 if catalog_moved(&ctx).await? {
@@ -474,6 +494,12 @@ async fn attempts<C: Command>(
         let metadata = match actor {
             Actor::Key(caller) => crate::edge::metadata(req, caller, claim.map(|claim| claim.key.clone())),
             Actor::Public => Metadata { space_id, ..Metadata::default() },
+            Actor::WriteKey { space_id, write_key_id } => Metadata {
+                space_id: Some((*space_id).to_owned()),
+                actor_key_id: Some((*write_key_id).to_owned()),
+                request_id: Some(api::http::request_id(req)),
+                ..Metadata::default()
+            },
         };
         let appended = state.event_log.append(AppendRequest::new(metadata, streams, guards)).await;
         let appended = match appended {
@@ -486,22 +512,20 @@ async fn attempts<C: Command>(
                     continue;
                 }
                 Refusal::Fail(error) => return Err(error),
-                Refusal::Answer(answer) => return Ok(respond(&answer, (!public).then_some(operation_id), None)),
+                Refusal::Answer(answer) => return Ok((answer, None)),
             },
         };
         return match then {
-            None => Ok(respond(&answer, (!public).then_some(operation_id), Some(appended))),
-            Some(Then::Answer(answer)) => {
-                Ok(respond(&answer(appended), (!public).then_some(operation_id), Some(appended)))
-            }
+            None => Ok((answer, Some(appended))),
+            Some(Then::Answer(answer)) => Ok((answer(appended), Some(appended))),
             Some(Then::Detach(effect)) => {
                 tokio::spawn(effect(state.clone()));
-                Ok(respond(&answer, (!public).then_some(operation_id), Some(appended)))
+                Ok((answer, Some(appended)))
             }
             Some(Then::Finish(effect)) => {
                 let (answer, recorded) = effect(state.clone()).await?;
                 // The token covers the effect's outcome too (a bounce's suppression, for one).
-                Ok(respond(&answer, (!public).then_some(operation_id), Some(recorded.max(appended))))
+                Ok((answer, Some(recorded.max(appended))))
             }
         };
     }

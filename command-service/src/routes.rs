@@ -6,8 +6,8 @@ use api::http::answering;
 use api::routes::Tier;
 
 use crate::{
-    broadcasts, emails, engagement, events, forms, identities, imports, records, segments, suppressions, templates,
-    webhooks, workflows,
+    broadcasts, emails, engagement, events, forms, identities, imports, ingest, records, segments, suppressions,
+    templates, webhooks, workflows,
 };
 
 /// The handler of a command operation, by its operation id.
@@ -49,6 +49,13 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "triggerWorkflow" => web::post().to(answering(workflows::http::trigger)),
         "pauseWorkflow" => web::post().to(answering(workflows::http::pause)),
         "unpauseWorkflow" => web::post().to(answering(workflows::http::unpause)),
+        "ingestBatch" => web::post().to(answering(ingest::http::batch)),
+        "ingestIdentify" => web::post().to(answering(ingest::http::identify)),
+        "ingestTrack" => web::post().to(answering(ingest::http::track)),
+        "ingestPage" => web::post().to(answering(ingest::http::page)),
+        "ingestScreen" => web::post().to(answering(ingest::http::screen)),
+        "ingestGroup" => web::post().to(answering(ingest::http::group)),
+        "ingestAlias" => web::post().to(answering(ingest::http::alias)),
         _ => return None,
     })
 }

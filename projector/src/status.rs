@@ -39,6 +39,9 @@ pub struct Status {
     pub workflow_runs: Vec<Count>,
     /// Record deletions not completed yet, by state (`pending`, `blocked`).
     pub record_deletions: Vec<Count>,
+    /// Messages of the Segment-compatible ingest not applied in the last 24 hours (listed by
+    /// `GET /v1/ingest-failures`).
+    pub ingest_failures: i64,
     pub database_bytes: i64,
     pub largest_tables: Vec<Table>,
     /// What each named projector process reports on `/health/ready`.
@@ -242,6 +245,7 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
             )
             .await?,
     );
+    let ingest_failures = reads::ingest::recent_count(client).await?;
     let database_bytes: i64 = client.query_one("SELECT pg_database_size(current_database())", &[]).await?.get(0);
     let largest_tables = client
         .query(
@@ -268,6 +272,7 @@ pub async fn read(client: &impl GenericClient, processes: &[String]) -> anyhow::
         broadcast_runs,
         workflow_runs,
         record_deletions,
+        ingest_failures,
         database_bytes,
         largest_tables,
         processes: Vec::new(),
@@ -316,6 +321,12 @@ fn problems(status: &Status) -> Vec<String> {
     for letters in &status.dead_letters {
         problems
             .push(format!("{} holds {} open dead letters (projector dead-letters list)", letters.name, letters.open));
+    }
+    if status.ingest_failures > 0 {
+        problems.push(format!(
+            "{} ingest messages were not applied in the last 24 hours (GET /v1/ingest-failures says why)",
+            status.ingest_failures
+        ));
     }
     for process in &status.processes {
         if process["ready"] != true {
@@ -387,6 +398,7 @@ pub fn render(status: &Status) -> String {
         "record deletions open: {}",
         if deletions.is_empty() { "none".to_owned() } else { deletions.join(", ") }
     );
+    let _ = writeln!(out, "ingest messages not applied (24 h): {}", status.ingest_failures);
     let _ = writeln!(out, "\ndatabase: {}", megabytes(status.database_bytes));
     for table in &status.largest_tables {
         let _ = writeln!(out, "  {:<40} {}", table.name, megabytes(table.bytes));

@@ -11,6 +11,7 @@ pub mod email;
 pub mod emails;
 pub mod events;
 pub mod imports;
+pub mod ingest;
 pub mod me;
 pub mod records;
 pub mod reference;

@@ -6,7 +6,7 @@ use api::http::answering;
 use api::routes::Tier;
 
 use crate::{
-    audit, broadcasts, deletions, email, emails, events, imports, me, records, schemas, segments, suppressions,
+    audit, broadcasts, deletions, email, emails, events, imports, ingest, me, records, schemas, segments, suppressions,
     webhooks, workflows,
 };
 
@@ -25,6 +25,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "getImport" => web::get().to(answering(imports::http::get)),
         "listImports" => web::get().to(answering(imports::http::list)),
         "listImportRows" => web::get().to(answering(imports::http::rows)),
+        "listIngestFailures" => web::get().to(answering(ingest::http::list)),
         "listSuppressions" => web::get().to(answering(suppressions::http::list)),
         "listEvents" => web::get().to(answering(events::http::list)),
         "getEventStatus" => web::get().to(answering(events::http::status)),

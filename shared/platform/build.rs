@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "platform/events/v1/segments.proto",
         "platform/events/v1/broadcasts.proto",
         "platform/events/v1/workflows.proto",
+        "platform/events/v1/ingest.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={root}/{file}");

@@ -1,7 +1,7 @@
 //! The workspace file: spaces with what is authored in them, and users with their
 //! memberships and API keys. JSON; unknown fields are rejected so typos fail loudly.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
@@ -92,6 +92,9 @@ pub struct SpaceSpec {
     pub contact_tracks: Vec<ResourceSpec>,
     #[serde(default)]
     pub suppressions: Vec<SuppressionSpec>,
+    /// The credentials of the Segment-compatible ingest, with what their messages write.
+    #[serde(default)]
+    pub write_keys: Vec<WriteKeySpec>,
     /// Webhooks an integration owns: listed and readable through the API, never changed
     /// there.
     #[serde(default)]
@@ -337,6 +340,58 @@ fn check_slug(kind: &str, slug: &str) -> anyhow::Result<()> {
         && slug.len() <= 64
         && slug.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
     if valid { Ok(()) } else { bail!("{kind} slug {slug:?} must be lowercase letters, digits, - and _") }
+}
+
+/// A write key as the workspace file declares it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WriteKeySpec {
+    pub slug: String,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The secret (`wk_` and at least 21 more characters). Absent, with `secrets` absent too:
+    /// one is generated at the first apply and printed once.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// Several secrets at once, each accepted: a rotation adds the new one beside the old,
+    /// and removes the old once every client sends the new.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// The contact schema (slug) identifies write and every message's contact is found in.
+    pub contact_schema: String,
+    /// The namespace of its anonymous ids (a contact track's `sourceId`, shared with `POST
+    /// /event-identities`); the write key's slug by default.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// A track's event name → the event schema (slug) it is recorded under; a name not
+    /// listed goes to the schema whose slug is the name (or the name as a slug).
+    #[serde(default)]
+    pub events: BTreeMap<String, String>,
+    /// The event schema (slug) pages are recorded under (default: one with slug `page`).
+    #[serde(default)]
+    pub page: Option<String>,
+    /// The event schema (slug) screens are recorded under (default: one with slug `screen`).
+    #[serde(default)]
+    pub screen: Option<String>,
+    /// What a group joins: the object schema its `groupId` names a record of, and the contact
+    /// attribute that holds that record's id.
+    #[serde(default)]
+    pub group: Option<GroupSpec>,
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GroupSpec {
+    pub schema: String,
+    pub contact_attribute: String,
 }
 
 #[cfg(test)]

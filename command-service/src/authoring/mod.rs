@@ -4,6 +4,7 @@
 mod apply;
 mod email;
 mod format;
+mod ingest;
 mod workflows;
 
 pub use apply::{ApplyReport, Change, Rules, Touched, apply, commit, describe_change, plan, wait_for_catalog};

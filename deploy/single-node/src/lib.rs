@@ -20,6 +20,8 @@ pub struct SingleNode {
     shutdown: CancellationToken,
     /// Keys with a secret in the applied workspace file: `(name, secret)`.
     pub workspace_keys: Vec<(String, String)>,
+    /// The workspace's write keys (the Segment-compatible ingest's): slug, secret.
+    pub workspace_write_keys: Vec<(String, String)>,
 }
 
 impl SingleNode {
@@ -41,6 +43,7 @@ impl SingleNode {
         let command_state = command_service::State::new(settings.clone(), pool.clone(), read_models.clone())?;
         let query_state = query_service::State::new(settings.clone(), read_pool, read_models);
         let mut workspace_keys = Vec::new();
+        let mut workspace_write_keys = Vec::new();
         let mut applied = None;
         if let Some(text) = workspace {
             let parsed = command_service::authoring::parse(text)?;
@@ -61,6 +64,16 @@ impl SingleNode {
             }
             for (email, name, secret) in report.generated_keys {
                 workspace_keys.push((format!("{name} ({email})"), secret));
+            }
+            for space in &parsed.spaces {
+                for key in space.write_keys.iter().filter(|key| key.enabled) {
+                    for secret in key.secret.iter().chain(key.secrets.iter().take(1)).take(1) {
+                        workspace_write_keys.push((key.slug.clone(), secret.clone()));
+                    }
+                }
+            }
+            for (_, slug, secret) in report.generated_write_keys {
+                workspace_write_keys.push((slug, secret));
             }
         }
         let event_log = command_state.event_log.clone();
@@ -85,7 +98,7 @@ impl SingleNode {
             }
             None => None,
         };
-        let node = Self { server, runtime, inbound, shutdown, workspace_keys };
+        let node = Self { server, runtime, inbound, shutdown, workspace_keys, workspace_write_keys };
         if let Some(position) = applied {
             node.wait_for_catalog(&pool, position).await?;
         }

@@ -67,6 +67,9 @@ async fn serve_until_stopped(serve: Serve, settings: platform::settings::Setting
     for (name, secret) in &node.workspace_keys {
         println!("API key {name}: {secret}");
     }
+    for (slug, secret) in &node.workspace_write_keys {
+        println!("Write key {slug} (for Segment and RudderStack SDKs, host http://{host}:{port}): {secret}");
+    }
     println!("Try: curl -H 'Authorization: Bearer <key>' http://{host}:{port}/v1/me");
     println!(
         "Operator commands: scripts/platform status | apply FILE [--dry-run] | import FILE --schema SLUG | rebuild NAME \

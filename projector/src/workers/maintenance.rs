@@ -40,6 +40,8 @@ impl Maintenance {
         client.execute("DELETE FROM projection_batches WHERE committed_at < now() - interval '1 day'", &[]).await?;
         let (purged, released) = purge_and_reconcile(&client).await?;
         client.execute("DELETE FROM inbound_reports WHERE received_at < now() - interval '30 days'", &[]).await?;
+        // The ingest's failed messages (the callers' data) go after 30 days.
+        client.execute("DELETE FROM ingest_failures WHERE received_at < now() - interval '30 days'", &[]).await?;
         client
             .execute(
                 "DELETE FROM soft_bounces WHERE bounced_at < now() - make_interval(secs => $1)",

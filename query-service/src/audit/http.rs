@@ -13,7 +13,7 @@ use platform::error::{ApiError, Code};
 use serde_json::Value;
 
 use super::store;
-use super::trail::{email_entries, record_history, suppression_entries, workflow_entries};
+use super::trail::{email_entries, ingest_entries, record_history, suppression_entries, workflow_entries};
 use crate::State;
 use crate::consistency::{authorize_read, consistent_read, respond};
 use crate::schemas::http::schema_not_found;
@@ -25,8 +25,9 @@ pub async fn get(
 ) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let page = PageRequest::parse(&query)?;
-    // The communication channels, and `workflow` for the journeys a contact went through.
-    let channels: Vec<&str> = CHANNELS.iter().copied().chain(["workflow"]).collect();
+    // The communication channels, `workflow` for the journeys a contact went through, and
+    // `ingest` for what the Segment-compatible ingest kept of its messages.
+    let channels: Vec<&str> = CHANNELS.iter().copied().chain(["workflow", "ingest"]).collect();
     let channel = match api::http::query_value(&query, "channel") {
         Some(channel) if channels.contains(&channel) => Some(channel.to_owned()),
         Some(other) => {
@@ -76,6 +77,7 @@ pub async fn get(
     let mut entries = history.entries;
     entries.extend(email_entries(&record_events, &keys, &space_id)?);
     entries.extend(workflow_entries(&record_events, &space_id)?);
+    entries.extend(ingest_entries(&record_events, &keys, &space_id)?);
     entries.extend(suppression_entries(&suppression_events, &space_id)?);
     // Newest first: log order, reversed.
     entries.sort_by_key(|entry| std::cmp::Reverse(entry.0));

@@ -224,6 +224,29 @@ pub(crate) fn email_entries(
     Ok(entries)
 }
 
+/// The ingest entries among a contact's events (channel `ingest`): each message of the
+/// Segment-compatible ingest whose traits or properties no attribute held, with what it kept
+/// (opened with the contact's key: `null` once erased).
+pub(crate) fn ingest_entries(
+    events: &[StoredEvent],
+    keys: &platform::crypto::Keys,
+    space_id: &str,
+) -> anyhow::Result<Vec<(i64, Value)>> {
+    let mut entries = Vec::new();
+    for event in events {
+        let LogEvent::IngestMessageKept(kept) = event.decode()? else { continue };
+        if kept.space_id != space_id {
+            continue;
+        }
+        let data = platform::events::open::<platform::proto::IngestKeptData>(kept.data.as_ref(), keys)?;
+        let kept_values = data.and_then(|data| serde_json::from_str::<Value>(&data.json).ok());
+        let details = json!({"writeKeyId": kept.write_key_id, "messageId": kept.message_id,
+                             "messageType": kept.message_type, "kept": kept_values});
+        entries.push((event.position, entry(event, "ingest_message", "ingest", details)));
+    }
+    Ok(entries)
+}
+
 /// The workflow entries among a contact's events: the runs bound to it and their steps.
 pub(crate) fn workflow_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
     let mut entries = Vec::new();

@@ -165,6 +165,12 @@ impl Authenticator {
         found.ok_or_else(|| ApiError::invalid_api_key("invalid key"))
     }
 
+    /// Counts a request of a credential that is no API key (a write key, by `subject`) in
+    /// `bucket`: 429 `rate_limit_exceeded` with `Retry-After` over its budget.
+    pub async fn count(&self, bucket: Bucket, subject: &str) -> Result<(), ApiError> {
+        self.rate_limiter.check(bucket, subject).await
+    }
+
     /// Authenticates, resolves the space and checks the permission.
     pub async fn authorize(&self, req: &HttpRequest, permission: Permission) -> Result<Caller, ApiError> {
         self.authorize_in(req, permission, Bucket::for_request(req)).await

@@ -23,6 +23,8 @@ pub enum Bucket {
     Write,
     /// LLM-backed operations.
     Ai,
+    /// The Segment-compatible ingest, per write key.
+    Ingest,
 }
 
 impl Bucket {
@@ -31,6 +33,7 @@ impl Bucket {
             Self::Read => "read",
             Self::Write => "write",
             Self::Ai => "ai",
+            Self::Ingest => "ingest",
         }
     }
 
@@ -60,6 +63,7 @@ pub fn budget(limits: &RateLimits, bucket: Bucket) -> (u32, Duration) {
         Bucket::Read => (limits.read_per_second, Duration::from_secs(1)),
         Bucket::Write => (limits.write_per_second, Duration::from_secs(1)),
         Bucket::Ai => (limits.ai_per_minute, Duration::from_secs(60)),
+        Bucket::Ingest => (limits.ingest_per_second, Duration::from_secs(1)),
     }
 }
 

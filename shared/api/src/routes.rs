@@ -127,6 +127,16 @@ pub const OPERATIONS: &[Operation] = &[
     operation("unpauseWorkflow", "POST", "/workflows/{id}/unpause", Command),
     operation("listWorkflowRuns", "GET", "/workflows/{id}/runs", Query),
     operation("getWorkflowRun", "GET", "/workflows/{id}/runs/{runId}", Query),
+    // The Segment HTTP Tracking API (not in the contract; docs/decisions.md, Ingest), with a
+    // write key instead of an API key.
+    operation("ingestBatch", "POST", "/batch", Command),
+    operation("ingestIdentify", "POST", "/identify", Command),
+    operation("ingestTrack", "POST", "/track", Command),
+    operation("ingestPage", "POST", "/page", Command),
+    operation("ingestScreen", "POST", "/screen", Command),
+    operation("ingestGroup", "POST", "/group", Command),
+    operation("ingestAlias", "POST", "/alias", Command),
+    operation("listIngestFailures", "GET", "/ingest-failures", Query),
 ];
 
 /// The API prefix every path lives under.

@@ -12,6 +12,7 @@ pub mod catalog;
 pub mod email;
 pub mod engagement;
 pub mod imports;
+pub mod ingest;
 pub mod records;
 pub mod roles;
 pub mod suppressions;

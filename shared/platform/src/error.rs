@@ -143,6 +143,9 @@ codes! {
     ImportNotFound = "import_not_found",
     ImportConflict = "import_conflict",
     ConsentSourceRequired = "consent_source_required",
+    InvalidWriteKey = "invalid_write_key",
+    BatchTooLarge = "batch_too_large",
+    MessageTooLarge = "message_too_large",
     }
     internal {
     OperationTaken = "operation_taken",

@@ -58,6 +58,8 @@ pub enum LogEvent {
     BroadcastRunRequested(proto::BroadcastRunRequested),
     WorkflowPaused(proto::WorkflowPaused),
     WorkflowUnpaused(proto::WorkflowUnpaused),
+    IngestMessageKept(proto::IngestMessageKept),
+    IngestMessagesRefused(proto::IngestMessagesRefused),
     WorkflowRunRequested(proto::WorkflowRunRequested),
     WorkflowRunStarted(proto::WorkflowRunStarted),
     WorkflowStepStarted(proto::WorkflowStepStarted),
@@ -184,6 +186,8 @@ event_types! {
     WorkflowRunPaused => "WorkflowRunPaused.v1",
     WorkflowRunResumed => "WorkflowRunResumed.v1",
     WorkflowRunFinished => "WorkflowRunFinished.v1",
+    IngestMessageKept => "IngestMessageKept.v1",
+    IngestMessagesRefused => "IngestMessagesRefused.v1",
 }
 
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the

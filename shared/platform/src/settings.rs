@@ -621,6 +621,9 @@ pub struct RateLimits {
     pub read_per_second: u32,
     pub write_per_second: u32,
     pub ai_per_minute: u32,
+    /// `INGEST_PER_SECOND`: requests of one write key to the Segment-compatible ingest (each a
+    /// batch of up to 500 KB of messages).
+    pub ingest_per_second: u32,
     /// `ENABLED`: off only for measuring the limiter's own cost.
     pub enabled: bool,
     /// `RESERVE_MAX`: the most tokens one reservation takes (see `ratelimit::chunk`); 1
@@ -629,9 +632,17 @@ pub struct RateLimits {
 }
 
 impl Default for RateLimits {
-    /// The contract's values: read 100/s, write 25/s, ai 10 per 60 s.
+    /// The contract's values: read 100/s, write 25/s, ai 10 per 60 s; and ingest 200/s per
+    /// write key (Segment's clients send a batch at a time).
     fn default() -> Self {
-        Self { read_per_second: 100, write_per_second: 25, ai_per_minute: 10, enabled: true, reserve_max: 1000 }
+        Self {
+            read_per_second: 100,
+            write_per_second: 25,
+            ai_per_minute: 10,
+            ingest_per_second: 200,
+            enabled: true,
+            reserve_max: 1000,
+        }
     }
 }
 

@@ -167,6 +167,39 @@ pub async fn resource_by_id(
 
 /// The id of the space's resource of `kind` named by `id_or_slug`: its id, or the slug its
 /// definition carries (an id wins).
+/// The `write_key` resource one of whose secrets hashes to `key_hash`: its id, space and
+/// definition (a withdrawn key holds no hash, so it is never found).
+pub async fn find_write_key(
+    client: &impl GenericClient,
+    schema: &str,
+    key_hash: &str,
+) -> Result<Option<(String, String, Value)>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT resource_id, space_id, definition FROM {schema}.resources
+             WHERE kind = 'write_key' AND definition -> 'keyHashes' ? $1 LIMIT 1"
+        ))
+        .await?;
+    let row = client.query_opt(&statement, &[&key_hash]).await?;
+    Ok(row.map(|row| (row.get(0), row.get(1), row.get(2))))
+}
+
+/// The slugs of the space's schemas of `schema_type`, each to its id.
+pub async fn schema_slugs(
+    client: &impl GenericClient,
+    schema: &str,
+    space_id: &str,
+    schema_type: &str,
+) -> Result<std::collections::BTreeMap<String, String>, tokio_postgres::Error> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT slug, schema_id FROM {schema}.schemas WHERE space_id = $1 AND schema_type = $2"
+        ))
+        .await?;
+    let rows = client.query(&statement, &[&space_id, &schema_type]).await?;
+    Ok(rows.into_iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
 pub async fn resource_id_of(
     client: &impl GenericClient,
     schema: &str,

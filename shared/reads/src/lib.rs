@@ -8,5 +8,6 @@ pub mod business_events;
 pub mod catalog;
 pub mod email;
 pub mod imports;
+pub mod ingest;
 pub mod records;
 pub mod webhooks;

@@ -325,6 +325,7 @@ pub(crate) fn unlimited() -> platform::settings::RateLimits {
         read_per_second: 1_000_000,
         write_per_second: 1_000_000,
         ai_per_minute: 1_000_000,
+        ingest_per_second: 1_000_000,
         ..Default::default()
     }
 }

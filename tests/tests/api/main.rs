@@ -28,6 +28,7 @@ mod idempotency;
 mod identities;
 mod imports;
 mod inbound;
+mod ingest;
 mod layering;
 mod log;
 mod operations;

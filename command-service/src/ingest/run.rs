@@ -1,0 +1,422 @@
+//! A request's messages applied: split into clusters of messages that share an identity
+//! (`domain::ingest::clusters`), each cluster's messages one after another, clusters side by
+//! side; each message through the command pipeline as the commands of `decide` and the
+//! events' own `FireEvent`, so their appends are grouped into shared transactions with every
+//! other write of the moment (group commit). What could not be applied is recorded in one
+//! append with its reasons.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actix_web::HttpRequest;
+use actix_web::http::StatusCode;
+use actix_web::web;
+use domain::catalog::WriteContext;
+use domain::ingest::{Kind, Message};
+use domain::records::decide::{live_target, parse_input};
+use domain::records::write::identity_values;
+use futures_util::StreamExt;
+use platform::error::{ApiError, Code};
+use serde_json::{Map, Value, json};
+
+use super::decide::{Found, JoinGroup, Joined, RecordRefusals, Refused, Resolve, contact_input};
+use super::keys::WriteKey;
+use crate::State;
+use crate::decision::Body;
+use crate::events::decide::FireEvent;
+use crate::pipeline::{self, Actor, Command, Ctx, Decided, Refusal as Lost, Shell};
+use crate::records::decide::write_schema;
+use crate::write_contexts::{self, Kind as ContextKind};
+
+/// Clusters applied at once, at most.
+const CLUSTERS_AT_ONCE: usize = 16;
+
+/// What became of one message.
+pub(crate) enum Applied {
+    Done,
+    /// Not applied, with its reason: kept and listed.
+    Refused(Refused),
+    /// Not admitted now (the space's event rate, a full backlog): the request answers 429 and
+    /// the client sends it again.
+    Later(ApiError),
+}
+
+/// What a request's messages came to.
+pub(crate) struct Report {
+    pub applied: usize,
+    pub refused: Vec<(usize, Refused)>,
+    /// The first refusal of admission, when a message was not admitted.
+    pub later: Option<ApiError>,
+}
+
+/// Applies `messages` (index → message, or why it could not be read) with `key`.
+pub(crate) async fn apply(
+    state: &web::Data<State>,
+    req: &HttpRequest,
+    key: Arc<WriteKey>,
+    messages: Vec<Result<Message, Refused>>,
+) -> Result<Report, ApiError> {
+    let mut report = Report { applied: 0, refused: Vec::new(), later: None };
+    let mut readable: Vec<(usize, Arc<Message>)> = Vec::new();
+    for (index, message) in messages.into_iter().enumerate() {
+        match message {
+            Ok(message) => readable.push((index, Arc::new(message))),
+            Err(refused) => report.refused.push((index, refused)),
+        }
+    }
+    let slugs = event_schema_slugs(state, &key.space_id).await?;
+    let refs: Vec<&Message> = readable.iter().map(|(_, message)| &**message).collect();
+    let clusters = domain::ingest::clusters(&refs);
+    let slugs = &slugs;
+    let key = &key;
+    let readable = &readable;
+    let results: Vec<Vec<(usize, Applied)>> =
+        futures_util::stream::iter(clusters.into_iter().map(|cluster| async move {
+            let mut outcomes = Vec::with_capacity(cluster.len());
+            for position in cluster {
+                let (index, message) = &readable[position];
+                let applied = apply_one(state, req, key, message, slugs).await;
+                outcomes.push((*index, applied));
+            }
+            outcomes
+        }))
+        .buffer_unordered(CLUSTERS_AT_ONCE)
+        .collect()
+        .await;
+    for (index, applied) in results.into_iter().flatten() {
+        match applied {
+            Applied::Done => report.applied += 1,
+            Applied::Refused(refused) => report.refused.push((index, refused)),
+            Applied::Later(error) => {
+                report.later.get_or_insert(error);
+            }
+        }
+    }
+    report.refused.sort_by_key(|(index, _)| *index);
+    Ok(report)
+}
+
+/// The slugs of the space's event schemas, to their ids.
+async fn event_schema_slugs(state: &State, space_id: &str) -> Result<BTreeMap<String, String>, ApiError> {
+    let catalog = pipeline::edge_catalog(state).await?;
+    let client = state.pool.get().await?;
+    Ok(reads::catalog::schema_slugs(&client, &catalog, space_id, "event").await?)
+}
+
+/// A pipeline answer or error as what became of a message.
+fn refused_by(error: &ApiError) -> Applied {
+    if error.status() == StatusCode::TOO_MANY_REQUESTS {
+        return Applied::Later(error.clone());
+    }
+    Applied::Refused(Refused::new(error.code().unwrap_or(Code::InternalError), error.message().to_owned()))
+}
+
+fn json_of(answer: &pipeline::Answer) -> Option<&Value> {
+    match &answer.body {
+        Body::Json(body) => Some(body),
+        Body::Html(_) => None,
+    }
+}
+
+async fn apply_one(
+    state: &web::Data<State>,
+    req: &HttpRequest,
+    key: &Arc<WriteKey>,
+    message: &Arc<Message>,
+    slugs: &BTreeMap<String, String>,
+) -> Applied {
+    let actor = || Actor::WriteKey { space_id: &key.space_id, write_key_id: &key.id };
+    // An event's schema, and the properties none of its attributes hold, before its contact:
+    // they are kept with the contact's step.
+    let event = match message.kind {
+        Kind::Track | Kind::Page | Kind::Screen => match event_input(state, key, message, slugs).await {
+            Ok(event) => Some(event),
+            Err(applied) => return applied,
+        },
+        _ => None,
+    };
+    let kept = event.as_ref().map(|(_, _, kept)| kept.clone()).unwrap_or_default();
+    let resolve = Resolve { key: Arc::clone(key), message: Arc::clone(message), kept };
+    let contact_id = match pipeline::run(state, req, actor(), resolve).await {
+        Ok((answer, _)) => match json_of(&answer).and_then(|body| body["contactId"].as_str()) {
+            Some(contact_id) => contact_id.to_owned(),
+            None => return Applied::Refused(Refused::new(Code::InternalError, "the contact step answered no contact")),
+        },
+        Err(error) => return refused_by(&error),
+    };
+    match message.kind {
+        Kind::Identify | Kind::Alias => Applied::Done,
+        Kind::Track | Kind::Page | Kind::Screen => {
+            let Some((schema_id, mut input, _)) = event else { return Applied::Done };
+            input.insert("contactId".to_owned(), Value::String(contact_id));
+            let fire = FireEvent {
+                space_id: key.space_id.clone(),
+                schema_ref: schema_id,
+                input,
+                admission_refused: Cell::new(false),
+            };
+            match pipeline::run(state, req, actor(), fire).await {
+                Ok(_) => Applied::Done,
+                Err(error) => refused_by(&error),
+            }
+        }
+        Kind::Group => {
+            if key.group.is_none() {
+                return Applied::Refused(Refused::new(
+                    Code::SchemaNotFound,
+                    format!("write key {:?} names no group schema: declare `group` on it to take groups", key.slug),
+                ));
+            }
+            let join = JoinGroup { key: Arc::clone(key), message: Arc::clone(message), contact_id };
+            match pipeline::run(state, req, actor(), join).await {
+                Ok(_) => Applied::Done,
+                Err(error) => refused_by(&error),
+            }
+        }
+    }
+}
+
+/// The event a track, page or screen fires: its schema (id), its input (`eventId` the
+/// message's id, `occurredAt` its timestamp, the attributes its properties fill) and the
+/// properties no attribute holds.
+async fn event_input(
+    state: &State,
+    key: &WriteKey,
+    message: &Message,
+    slugs: &BTreeMap<String, String>,
+) -> Result<(String, Map<String, Value>, Map<String, Value>), Applied> {
+    let not_found = |reason: String| Applied::Refused(Refused::new(Code::SchemaNotFound, reason));
+    let schema_id = match message.kind {
+        Kind::Track => {
+            let event = message.event.as_deref().unwrap_or_default();
+            domain::ingest::event_schema_for(event, &key.events, slugs).cloned().ok_or_else(|| {
+                not_found(format!(
+                    "no event schema records {event:?}: name one for it in the write key's `events`, or define one \
+                     with slug {:?}",
+                    domain::ingest::slug_of(event)
+                ))
+            })?
+        }
+        Kind::Page => key.page_schema_id.clone().or_else(|| slugs.get("page").cloned()).ok_or_else(|| {
+            not_found("no event schema records pages: name one in the write key's `page`, or define one with slug \"page\"".to_owned())
+        })?,
+        _ => key.screen_schema_id.clone().or_else(|| slugs.get("screen").cloned()).ok_or_else(|| {
+            not_found(
+                "no event schema records screens: name one in the write key's `screen`, or define one with slug \"screen\""
+                    .to_owned(),
+            )
+        })?,
+    };
+    let context = write_contexts::at_edge(state, ContextKind::Event, &key.space_id, &schema_id)
+        .await
+        .map_err(|error| refused_by(&error))?;
+    let mut properties = message.properties.clone();
+    // A page's or a screen's own fields, beside its properties (Segment's page shape).
+    if matches!(message.kind, Kind::Page | Kind::Screen) {
+        for (field, value) in [("name", &message.name), ("category", &message.category)] {
+            if let Some(value) = value {
+                properties.entry(field.to_owned()).or_insert_with(|| Value::String(value.clone()));
+            }
+        }
+    }
+    let (mut input, kept) = domain::ingest::matched(&properties, &context.attributes, &[]);
+    input.insert("eventId".to_owned(), Value::String(message.message_id.clone()));
+    if let Some(at_ms) = message.timestamp_ms {
+        input.insert("occurredAt".to_owned(), Value::String(platform::time::format_millis(at_ms)));
+    }
+    Ok((schema_id, input, kept))
+}
+
+impl Command for Resolve {
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Found, ApiError> {
+        let (key, message) = (&*self.key, &*self.message);
+        let context: Arc<WriteContext> =
+            write_contexts::current(ctx, ContextKind::Record, &key.space_id, &key.contact_schema_id).await?;
+        let schema = write_schema(&context, &key.space_id);
+        let (raw, mut kept) = contact_input(message, &context);
+        kept.extend(self.kept.clone());
+        let input = parse_input(&schema, raw).map_err(super::decide::Refusal::from)?;
+        let client = ctx.db().await?;
+        let owners =
+            reads::records::identity_owners(&client, &key.space_id, &key.contact_schema_id, &identity_values(&input))
+                .await?;
+        let anonymous = match message.kind {
+            Kind::Alias => message.previous_id.as_deref(),
+            _ => message.anonymous_id.as_deref(),
+        };
+        let alias = match anonymous {
+            Some(anonymous) => {
+                let digest = platform::crypto::keyed_digest("alias", &format!("{}\0{anonymous}", key.source))
+                    .map_err(|error| ApiError::internal(&error))?;
+                let alias = crate::identities::store::load_alias(&client, &key.space_id, &digest).await?;
+                Some((digest, alias))
+            }
+            None => None,
+        };
+        let holder = |identity: &str, value: Option<&str>| -> Option<String> {
+            owners.get(&(identity.to_owned(), value?.to_owned())).cloned()
+        };
+        let by_user_id = holder("userId", message.user_id.as_deref());
+        let by_email_id = match message.kind {
+            Kind::Identify => holder("email", input.identity("email")),
+            _ => None,
+        };
+        let by_alias_id = alias.as_ref().and_then(|(_, alias)| alias.contact_id.clone());
+        let wanted: Vec<String> = [&by_user_id, &by_alias_id, &by_email_id].into_iter().flatten().cloned().collect();
+        let mut loaded: BTreeMap<String, (i64, domain::records::Loaded)> =
+            reads::records::load_records(&client, &wanted)
+                .await
+                .map_err(|error| ApiError::internal(&error))?
+                .into_iter()
+                .map(|(id, version, loaded)| (id, (version, loaded)))
+                .collect();
+        // The userId's holder under deletion refuses the message (its identity is still claimed).
+        let by_user = match &by_user_id {
+            Some(id) => Some(live_target(&schema, id, loaded.remove(id)).map_err(super::decide::Refusal::from)?),
+            None => None,
+        };
+        let mut target =
+            |id: &Option<String>| id.as_ref().and_then(|id| live_target(&schema, id, loaded.remove(id)).ok());
+        let by_alias = target(&by_alias_id);
+        let by_email = target(&by_email_id);
+        Ok(Found {
+            context,
+            input,
+            kept,
+            owners,
+            by_user,
+            alias,
+            by_alias,
+            by_email,
+            capacity: ctx.state.settings.identity,
+        })
+    }
+
+    fn answer(&self, outcome: crate::decision::Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
+        Ok(outcome.into())
+    }
+
+    fn refused(&self, error: platform::log::AppendError) -> Lost {
+        ingest_lost(error)
+    }
+}
+
+/// A lost race of a contact step (an identity claimed, the alias moved on, a stream moved):
+/// decide again on what is there now.
+fn ingest_lost(error: platform::log::AppendError) -> Lost {
+    use platform::log::AppendError;
+    match error {
+        AppendError::Conflict {
+            code: Code::IdentifierConflict | Code::AliasRevisionConflict | Code::OperationTaken,
+            ..
+        } => Lost::Again,
+        error => Lost::default_for(error),
+    }
+}
+
+impl Command for JoinGroup {
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Joined, ApiError> {
+        let (key, message) = (&*self.key, &*self.message);
+        let Some((object_schema_id, contact_attribute)) = &key.group else {
+            return Err(ApiError::internal(&anyhow::anyhow!("a group join without a group schema")));
+        };
+        let object_context = write_contexts::current(ctx, ContextKind::Record, &key.space_id, object_schema_id).await?;
+        let contact_context =
+            write_contexts::current(ctx, ContextKind::Record, &key.space_id, &key.contact_schema_id).await?;
+        let object_schema = write_schema(&object_context, &key.space_id);
+        let (mut raw, _) = domain::ingest::matched(&message.traits, &object_context.attributes, &[]);
+        raw.insert("externalId".to_owned(), Value::String(message.group_id.clone().unwrap_or_default()));
+        let input = parse_input(&object_schema, raw).map_err(super::decide::Refusal::from)?;
+        let client = ctx.db().await?;
+        let owners =
+            reads::records::identity_owners(&client, &key.space_id, object_schema_id, &identity_values(&input)).await?;
+        let object_id = owners.get(&("externalId".to_owned(), message.group_id.clone().unwrap_or_default())).cloned();
+        let ids: Vec<String> = object_id.iter().cloned().chain([self.contact_id.clone()]).collect();
+        let mut loaded: BTreeMap<String, (i64, domain::records::Loaded)> = reads::records::load_records(&client, &ids)
+            .await
+            .map_err(|error| ApiError::internal(&error))?
+            .into_iter()
+            .map(|(id, version, loaded)| (id, (version, loaded)))
+            .collect();
+        let object = match &object_id {
+            Some(id) => Some(live_target(&object_schema, id, loaded.remove(id)).map_err(super::decide::Refusal::from)?),
+            None => None,
+        };
+        let contact_schema = write_schema(&contact_context, &key.space_id);
+        let contact = live_target(&contact_schema, &self.contact_id, loaded.remove(&self.contact_id))
+            .map_err(super::decide::Refusal::from)?;
+        Ok(Joined {
+            object_context,
+            contact_context,
+            input,
+            owners,
+            object,
+            contact,
+            contact_attribute: contact_attribute.clone(),
+        })
+    }
+
+    fn answer(&self, outcome: crate::decision::Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
+        Ok(outcome.into())
+    }
+
+    fn refused(&self, error: platform::log::AppendError) -> Lost {
+        ingest_lost(error)
+    }
+}
+
+impl Command for RecordRefusals {
+    async fn load(&self, _: &Ctx<'_>) -> Result<(), ApiError> {
+        Ok(())
+    }
+
+    fn answer(&self, outcome: crate::decision::Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
+        Ok(outcome.into())
+    }
+}
+
+/// Records what could not be applied, in one append; the messages are the request's items,
+/// as sent.
+pub(crate) async fn record_refusals(
+    state: &web::Data<State>,
+    req: &HttpRequest,
+    key: &WriteKey,
+    refused: &[(usize, Refused)],
+    items: &[Value],
+    kinds: &[Option<Kind>],
+) -> Result<(), ApiError> {
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let rows = refused
+        .iter()
+        .map(|(index, refusal)| {
+            let item = items.get(*index).cloned().unwrap_or(Value::Null);
+            let message_id = item.get("messageId").and_then(Value::as_str).unwrap_or_default().to_owned();
+            let kind = kinds.get(*index).copied().flatten().map_or("unknown", Kind::as_str).to_owned();
+            (message_id, kind, refusal.clone(), item)
+        })
+        .collect();
+    let command = RecordRefusals { space_id: key.space_id.clone(), write_key_id: key.id.clone(), rows };
+    let actor = Actor::WriteKey { space_id: &key.space_id, write_key_id: &key.id };
+    pipeline::run(state, req, actor, command).await?;
+    Ok(())
+}
+
+/// The JSON of a report's failures, as the answer lists them.
+pub(crate) fn failures_json(refused: &[(usize, Refused)], items: &[Value]) -> Value {
+    Value::Array(
+        refused
+            .iter()
+            .map(|(index, refusal)| {
+                json!({
+                    "index": index,
+                    "messageId": items.get(*index).and_then(|item| item.get("messageId")).cloned().unwrap_or(Value::Null),
+                    "code": refusal.code.as_str(),
+                    "message": refusal.reason,
+                })
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,307 @@
+//! The Segment-compatible ingest (`POST /v1/batch` and the single-message paths), driven over
+//! real HTTP as Segment's clients drive it: write keys (HTTP Basic or `writeKey`), gzip bodies,
+//! the limits, what each message type writes, the failures list, and a batch sent again.
+
+use std::io::Write;
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::helpers::{ALPHA_ADMIN, TestApp, TestResponse, WORKSPACE};
+
+/// Alpha's write key in [`ingest_workspace`].
+pub(crate) const WRITE_KEY: &str = "wk_test_alpha_website_000000000001";
+/// A second secret of the same write key (a rotation under way).
+const ROTATED_KEY: &str = "wk_test_alpha_website_rotated_0002";
+
+/// The test workspace with a write key in alpha: its contacts (with a `companyId` a group
+/// sets), `Order Completed` recorded as a purchase, pages under a `page` event schema, groups
+/// as companies.
+pub(crate) fn ingest_workspace() -> String {
+    let mut workspace: Value = serde_json::from_str(WORKSPACE).expect("the workspace is JSON");
+    let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+    let alpha = spaces.iter_mut().find(|space| space["slug"] == "alpha").expect("alpha");
+    let schemas = alpha["schemas"].as_array_mut().expect("schemas");
+    let contacts = schemas.iter_mut().find(|schema| schema["slug"] == "contacts").expect("contacts");
+    contacts["attributes"]
+        .as_array_mut()
+        .expect("attributes")
+        .push(json!({"key": "companyId", "definition": {"type": "string"}}));
+    schemas.push(json!({"slug": "page", "name": "Page viewed", "type": "event", "attributes": [
+        {"key": "name", "definition": {"type": "string"}},
+        {"key": "url", "definition": {"type": "string"}},
+        {"key": "path", "definition": {"type": "string"}},
+        {"key": "referrer", "definition": {"type": "string"}}
+    ]}));
+    alpha["writeKeys"] = json!([{
+        "slug": "website", "name": "Website", "secrets": [WRITE_KEY, ROTATED_KEY],
+        "contactSchema": "contacts", "events": {"Order Completed": "purchase"},
+        "group": {"schema": "companies", "contactAttribute": "companyId"}
+    }]);
+    workspace.to_string()
+}
+
+pub(crate) async fn ingest_app() -> TestApp {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&ingest_workspace(), true).await;
+    app
+}
+
+/// `POST /v1/{path}` with `body`, the write key sent as Segment's clients send it.
+pub(crate) async fn ingest(app: &TestApp, path: &str, key: &str, body: &Value) -> TestResponse {
+    let request = app.request(reqwest::Method::POST, path, None).basic_auth(key, Some("")).json(body);
+    app.send(request).await
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(bytes).expect("compressed");
+    encoder.finish().expect("finished")
+}
+
+/// The contacts of alpha holding `user_id`.
+async fn contacts_of(app: &TestApp, query: &str) -> Vec<Value> {
+    app.wait_for_projections().await;
+    let listed = app.get(&format!("/schemas/contacts/records?{query}"), ALPHA_ADMIN).await;
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    listed.body["data"].as_array().cloned().unwrap_or_default()
+}
+
+/// The ready events of event schema `schema` in alpha (the last 7 days).
+async fn events_of(app: &TestApp, schema: &str) -> Vec<Value> {
+    app.wait_for_projections().await;
+    let listed = app.get(&format!("/events?schema={schema}&limit=200"), ALPHA_ADMIN).await;
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    listed.body["data"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn identify_track_page_group_and_alias_write_one_contact_found_by_either_id() {
+    let app = ingest_app().await;
+    // A visitor, known only by the browser's anonymous id: a page view and a track create them.
+    let visit = ingest(
+        &app,
+        "/page",
+        WRITE_KEY,
+        &json!({"anonymousId": "anon-1", "messageId": "m-page", "name": "Pricing",
+                "properties": {"url": "https://example.com/pricing", "path": "/pricing", "utm": "spring"}}),
+    )
+    .await;
+    assert_eq!(visit.status, 200, "{:?}", visit.body);
+    assert_eq!(visit.body["success"], true);
+    assert_eq!(visit.body["data"]["applied"], 1, "{:?}", visit.body);
+    let batch = json!({"batch": [
+        {"type": "track", "anonymousId": "anon-1", "messageId": "m-track-1", "event": "Order Completed",
+         "timestamp": "2026-12-01T10:00:00.000Z", "properties": {"amount": 42.5, "item": "book", "coupon": "X1"}},
+        // Signing up: the alias joins the visitor to the user.
+        {"type": "alias", "previousId": "anon-1", "userId": "user-1", "messageId": "m-alias"},
+        {"type": "identify", "userId": "user-1", "messageId": "m-identify",
+         "traits": {"email": "Ada@Example.com", "first_name": "Ada", "plan": "pro", "favouriteColour": "green"}},
+        {"type": "group", "userId": "user-1", "groupId": "acme", "messageId": "m-group",
+         "traits": {"name": "Acme Inc", "industry": "retail"}},
+        {"type": "track", "userId": "user-1", "messageId": "m-track-2", "event": "Order Completed",
+         "properties": {"amount": 10, "item": "pen"}}
+    ]});
+    let answer = ingest(&app, "/batch", WRITE_KEY, &batch).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    assert_eq!(
+        (&answer.body["data"]["applied"], &answer.body["data"]["failed"]),
+        (&json!(5), &json!(0)),
+        "{:?}",
+        answer.body
+    );
+
+    // One contact, found by either id: the user's email, first name and plan from the traits.
+    let users = contacts_of(&app, "userId=user-1").await;
+    assert_eq!(users.len(), 1, "{users:?}");
+    let ada = &users[0];
+    assert_eq!(
+        (&ada["email"], &ada["firstName"], &ada["plan"], &ada["source"]),
+        (&json!("ada@example.com"), &json!("Ada"), &json!("pro"), &json!("ingest")),
+        "{ada}"
+    );
+    let contact_id = ada["id"].as_str().expect("an id").to_owned();
+    assert_eq!(contacts_of(&app, "limit=200").await.len(), 1, "the visitor and the user are one contact");
+    // The group: the company record, and the contact names it.
+    let companies = app.get("/schemas/companies/records?limit=10", ALPHA_ADMIN).await;
+    let acme = &companies.body["data"][0];
+    assert_eq!((&acme["externalId"], &acme["name"]), (&json!("acme"), &json!("Acme Inc")), "{:?}", companies.body);
+    assert_eq!(ada["companyId"], acme["id"], "{ada}");
+    // Both purchases and the page view are the contact's, before the alias and after it.
+    let purchases = events_of(&app, "purchase").await;
+    assert_eq!(purchases.len(), 2, "{purchases:?}");
+    assert!(purchases.iter().all(|event| event["contactId"] == contact_id.as_str()), "{purchases:?}");
+    let first = purchases.iter().find(|event| event["eventId"] == "m-track-1").expect("the first purchase");
+    assert_eq!((&first["occurredAt"], &first["data"]["amount"]), (&json!("2026-12-01T10:00:00.000Z"), &json!(42.5)));
+    let pages = events_of(&app, "page").await;
+    assert_eq!(pages.len(), 1, "{pages:?}");
+    assert_eq!((&pages[0]["contactId"], &pages[0]["data"]["name"]), (&json!(contact_id), &json!("Pricing")));
+    assert_eq!(pages[0]["data"]["path"], "/pricing");
+
+    // What no attribute holds is kept with its message in the contact's audit trail.
+    let trail =
+        app.get(&format!("/schemas/contacts/records/{contact_id}/audit-trail?channel=ingest"), ALPHA_ADMIN).await;
+    assert_eq!(trail.status, 200, "{:?}", trail.body);
+    let kept: Vec<(Value, Value)> = trail.body["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|entry| (entry["messageId"].clone(), entry["kept"].clone()))
+        .collect();
+    for (message_id, kept_values) in [
+        ("m-identify", json!({"favouriteColour": "green"})),
+        ("m-track-1", json!({"coupon": "X1"})),
+        ("m-page", json!({"utm": "spring"})),
+    ] {
+        assert!(kept.contains(&(json!(message_id), kept_values.clone())), "{message_id}: {kept:?}");
+    }
+    crate::helpers::assert_conforms("AuditTrailEntry", trail.body["data"].as_array().expect("entries"));
+}
+
+#[tokio::test]
+async fn a_batch_sent_again_records_nothing_twice_and_a_bad_message_is_kept_not_lost() {
+    let app = ingest_app().await;
+    let batch = json!({"writeKey": WRITE_KEY, "batch": [
+        {"type": "identify", "userId": "user-2", "messageId": "r-1", "traits": {"email": "bo@example.com"}},
+        {"type": "track", "userId": "user-2", "messageId": "r-2", "event": "Order Completed", "properties": {"amount": 5}},
+        // No schema records this name: kept, with why, and the others applied.
+        {"type": "track", "userId": "user-2", "messageId": "r-3", "event": "Refund Issued", "properties": {"amount": 5}},
+        // A value its attribute does not take.
+        {"type": "identify", "userId": "user-3", "messageId": "r-4", "traits": {"age": "old"}},
+        {"type": "track", "messageId": "r-5", "event": "Order Completed"}
+    ]});
+    // The key in the body, as some clients send it.
+    let first = app.send(app.request(reqwest::Method::POST, "/batch", None).json(&batch)).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    assert_eq!(
+        (&first.body["data"]["applied"], &first.body["data"]["failed"]),
+        (&json!(2), &json!(3)),
+        "{:?}",
+        first.body
+    );
+    let codes: Vec<(&str, &str)> = first.body["data"]["failures"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|failure| Some((failure["messageId"].as_str()?, failure["code"].as_str()?)))
+        .collect();
+    assert_eq!(codes, [("r-3", "schema_not_found"), ("r-4", "invalid_attribute_value"), ("r-5", "missing_field")]);
+    // Sent again (a client that did not hear the answer): nothing is recorded twice.
+    let again = app.send(app.request(reqwest::Method::POST, "/batch", None).json(&batch)).await;
+    assert_eq!(again.status, 200, "{:?}", again.body);
+    assert_eq!(contacts_of(&app, "userId=user-2").await.len(), 1);
+    assert_eq!(events_of(&app, "purchase").await.len(), 1, "r-2 once");
+    // The failures list: each kept message once, with its write key, why and the message.
+    let failures = app.get("/ingest-failures?writeKey=website", ALPHA_ADMIN).await;
+    assert_eq!(failures.status, 200, "{:?}", failures.body);
+    let listed = failures.body["data"].as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    let refund = listed.iter().find(|failure| failure["messageId"] == "r-3").expect("r-3");
+    assert_eq!((&refund["type"], &refund["code"]), (&json!("track"), &json!("schema_not_found")));
+    assert_eq!(refund["message"]["event"], "Refund Issued", "the message as sent: {refund}");
+    assert!(refund["reason"].as_str().is_some_and(|reason| reason.contains("refund-issued")), "{refund}");
+    crate::helpers::assert_conforms("IngestFailure", &listed);
+    let paged = app.get("/ingest-failures?limit=1", ALPHA_ADMIN).await;
+    let cursor = paged.body["pagination"]["nextCursor"].as_str().expect("a next page").to_owned();
+    let next = app.get(&format!("/ingest-failures?limit=2&cursor={cursor}"), ALPHA_ADMIN).await;
+    assert_eq!(next.body["data"].as_array().map(Vec::len), Some(2), "{:?}", next.body);
+    // Another space sees none of them.
+    let elsewhere = app.get("/ingest-failures", crate::helpers::MULTI_BETA).await;
+    assert_eq!(elsewhere.body["data"], json!([]), "{:?}", elsewhere.body);
+}
+
+#[tokio::test]
+async fn the_door_takes_gzip_and_refuses_what_segment_refuses_with_the_error_envelope() {
+    let app = ingest_app().await;
+    let raw = |path: &str| app.request(reqwest::Method::POST, path, None);
+    // Gzip, as rudder-sdk-python sends every batch; the rotated secret is taken too.
+    let batch = json!({"batch": [{"type": "identify", "userId": "zipped", "messageId": "z-1"}]});
+    let zipped = raw("/batch")
+        .basic_auth(ROTATED_KEY, Some(""))
+        .header("Content-Type", "application/json")
+        .header("Content-Encoding", "gzip")
+        .body(gzip(batch.to_string().as_bytes()));
+    let answer = app.send(zipped).await;
+    assert_eq!((answer.status, &answer.body["data"]["applied"]), (200, &json!(1)), "{:?}", answer.body);
+
+    // A gzip bomb: a small body that would unfold far past the batch's limit.
+    let bomb = gzip(&vec![b' '; 4 * 1024 * 1024]);
+    assert!(bomb.len() < 100 * 1024);
+    let refused =
+        app.send(raw("/batch").basic_auth(WRITE_KEY, Some("")).header("Content-Encoding", "gzip").body(bomb)).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("batch_too_large")), "{:?}", refused.body);
+    let big = json!({"batch": [{"type": "track", "userId": "u", "event": "x", "properties": {"blob": "x".repeat(600 * 1024)}}]});
+    let refused = ingest(&app, "/batch", WRITE_KEY, &big).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("batch_too_large")));
+    let one_big = json!({"batch": [{"type": "track", "userId": "u", "event": "x", "properties": {"blob": "x".repeat(40 * 1024)}}]});
+    let refused = ingest(&app, "/batch", WRITE_KEY, &one_big).await;
+    assert_eq!((refused.status, refused.code().as_str()), (400, Some("message_too_large")), "{:?}", refused.body);
+    assert_eq!(refused.body["error"]["issues"][0]["key"], "batch[0]");
+    let untyped = ingest(&app, "/batch", WRITE_KEY, &json!({"batch": [{"userId": "u", "event": "x"}]})).await;
+    assert_eq!((untyped.status, untyped.code().as_str()), (400, Some("invalid_batch")));
+    let not_json = app.send(raw("/batch").basic_auth(WRITE_KEY, Some("")).body("{batch")).await;
+    assert_eq!((not_json.status, not_json.code().as_str()), (400, Some("malformed_json")));
+    let no_batch = ingest(&app, "/batch", WRITE_KEY, &json!({"messages": []})).await;
+    assert_eq!((no_batch.status, no_batch.code().as_str()), (400, Some("invalid_body")));
+
+    // Keys: none, an unknown one, an API key; and a write key is no API key elsewhere.
+    let none = app.send(raw("/track").json(&json!({"userId": "u", "event": "x"}))).await;
+    assert_eq!((none.status, none.code().as_str()), (401, Some("invalid_write_key")), "{:?}", none.body);
+    assert_eq!(none.header("www-authenticate"), Some("Basic realm=\"ingest\""));
+    let unknown = ingest(&app, "/track", "wk_nobody_000000000000000000", &json!({"userId": "u", "event": "x"})).await;
+    assert_eq!((unknown.status, unknown.code().as_str()), (401, Some("invalid_write_key")));
+    let api_key = ingest(&app, "/track", ALPHA_ADMIN, &json!({"userId": "u", "event": "x"})).await;
+    assert_eq!(api_key.status, 401, "an API key is no write key: {:?}", api_key.body);
+    for path in ["/me", "/schemas/contacts/records", "/ingest-failures"] {
+        let refused = app.send(app.request(reqwest::Method::GET, path, Some(WRITE_KEY))).await;
+        assert_eq!(refused.status, 401, "{path}: a write key only sends");
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{WRITE_KEY}:"));
+        let refused = app
+            .send(app.request(reqwest::Method::GET, path, None).header("Authorization", format!("Basic {basic}")))
+            .await;
+        assert_eq!(refused.status, 401, "{path}: as Basic too");
+    }
+    let created = app
+        .send(
+            app.request(reqwest::Method::POST, "/schemas/contacts/records", Some(WRITE_KEY))
+                .json(&json!({"email": "x@y.z"})),
+        )
+        .await;
+    assert_eq!(created.status, 401, "{:?}", created.body);
+}
+
+#[tokio::test]
+async fn an_alias_between_two_known_contacts_moves_the_anonymous_id_to_the_users_and_keeps_the_others_past() {
+    let app = ingest_app().await;
+    let batch = json!({"batch": [
+        {"type": "track", "anonymousId": "anon-9", "messageId": "a-1", "event": "Order Completed", "properties": {"amount": 1}},
+        {"type": "identify", "userId": "user-9", "messageId": "a-2", "traits": {"email": "cy@example.com"}}
+    ]});
+    assert_eq!(ingest(&app, "/batch", WRITE_KEY, &batch).await.status, 200);
+    let visitor = contacts_of(&app, "limit=10")
+        .await
+        .into_iter()
+        .find(|contact| contact["userId"].is_null())
+        .expect("the visitor");
+    let user = contacts_of(&app, "userId=user-9").await.remove(0);
+    let merged =
+        ingest(&app, "/alias", WRITE_KEY, &json!({"previousId": "anon-9", "userId": "user-9", "messageId": "a-3"}))
+            .await;
+    assert_eq!(merged.status, 200, "{:?}", merged.body);
+    // The anonymous id now finds the user's contact.
+    let later = ingest(
+        &app,
+        "/track",
+        WRITE_KEY,
+        &json!({"anonymousId": "anon-9", "messageId": "a-4", "event": "Order Completed", "properties": {"amount": 2}}),
+    )
+    .await;
+    assert_eq!(later.status, 200, "{:?}", later.body);
+    let purchases = events_of(&app, "purchase").await;
+    let owner = |event_id: &str| {
+        purchases.iter().find(|event| event["eventId"] == event_id).map(|event| event["contactId"].clone())
+    };
+    assert_eq!(owner("a-1"), Some(visitor["id"].clone()), "the visitor keeps its past");
+    assert_eq!(owner("a-4"), Some(user["id"].clone()), "the alias moved to the user");
+    assert_eq!(contacts_of(&app, "limit=10").await.len(), 2, "nothing deleted, nothing copied");
+}
