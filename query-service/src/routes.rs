@@ -201,4 +201,28 @@ mod tests {
         named.sort_unstable();
         assert_eq!(listed, named, "the lists paged by cursor");
     }
+
+    /// The operations scripts/fuzz counts as the contract's (the 58 of decisions D1 and the two
+    /// guards): each is in the document, so every other one, an extension, gets the fuzzer's
+    /// positive pass.
+    #[test]
+    fn the_fuzzers_contract_operations_are_the_contracts_58_and_its_guards() {
+        let listed: Vec<&str> = include_str!("../../tests/fuzz/contract-operations")
+            .lines()
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .collect();
+        assert_eq!(listed.len(), 60, "58 operations and 2 guards");
+        let mut unique = listed.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), listed.len(), "each once");
+        for id in &listed {
+            assert!(api::routes::OPERATIONS.iter().any(|operation| operation.id == *id), "{id} is an operation");
+        }
+        let guards = api::routes::OPERATIONS.iter().filter(|operation| operation.tier == Tier::Guard);
+        assert!(guards.into_iter().all(|guard| listed.contains(&guard.id)), "the guards are the contract's");
+        let extensions = api::routes::OPERATIONS.iter().filter(|operation| !listed.contains(&operation.id)).count();
+        assert_eq!(extensions, api::routes::OPERATIONS.len() - 60);
+        assert!(extensions > 0, "extensions exist to fuzz");
+    }
 }
