@@ -19,6 +19,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The migrations are embedded (refinery): a new file must rebuild the crate.
     println!("cargo:rerun-if-changed=migrations");
     let descriptors = protox::compile(files, [root])?;
+    // The descriptors themselves too, so a tool can show any event by its fields' names
+    // (`proto::FILE_DESCRIPTOR_SET`).
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out_dir.join("events.descriptors"), protox::prost::Message::encode_to_vec(&descriptors))?;
     prost_build::Config::new().compile_fds(descriptors)?;
     Ok(())
 }

@@ -352,6 +352,25 @@ mod tests {
         value.as_object().cloned().expect("an object")
     }
 
+    /// What the OpenAPI document shows a caller sending is what the update takes: every
+    /// example of `PATCH /broadcasts/{id}`'s body parses, with no field refused.
+    #[test]
+    fn the_documents_update_examples_are_taken() {
+        let document: Value =
+            serde_json::from_str(include_str!("../../../docs/openapi.json")).expect("the document is JSON");
+        let examples = document
+            .pointer("/paths/~1broadcasts~1{id}/patch/requestBody/content/application~1json/examples")
+            .and_then(Value::as_object)
+            .expect("the update's examples");
+        assert!(!examples.is_empty());
+        for (name, example) in examples {
+            let value = body(example["value"].clone());
+            if let Err(refusal) = parse_update(&value) {
+                panic!("the example {name:?} is refused: {refusal:?}");
+            }
+        }
+    }
+
     #[test]
     fn given_an_update_when_parsed_then_each_field_is_checked() {
         let update =

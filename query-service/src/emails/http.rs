@@ -39,10 +39,7 @@ pub(crate) async fn get(
 pub(crate) async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let request = Request::parse(&query)?;
-    let cursor = api::query::query_value(&query, "cursor")
-        .filter(|raw| !raw.trim().is_empty())
-        .map(|raw| Cursor::decode(raw, &request))
-        .transpose()?;
+    let cursor = api::pagination::given_cursor(&query).map(|raw| Cursor::decode(raw, &request)).transpose()?;
     let page = PageRequest::parse(&query)?;
     let format = Format::accepted(&req);
     let (caller, token) = authorize_read(&state, &req).await?;

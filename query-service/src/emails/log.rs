@@ -139,7 +139,7 @@ impl Cursor {
     /// The cursor `text`, which must have been issued for `request`.
     pub(crate) fn decode(text: &str, request: &Request) -> Result<Self, ApiError> {
         let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
-        let bytes = URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| malformed())?;
+        let bytes = api::pagination::opaque_cursor_bytes(text).ok_or_else(malformed)?;
         let cursor: Self = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
         if !platform::storable::is_storable(&cursor.after_id) || cursor.position().is_none() {
             return Err(malformed());

@@ -49,7 +49,7 @@ impl Cursor {
 
     pub(crate) fn decode(text: &str) -> Result<Self, ApiError> {
         let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
-        let bytes = URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| malformed())?;
+        let bytes = api::pagination::opaque_cursor_bytes(text).ok_or_else(malformed)?;
         let cursor: Self = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
         // A cursor is the caller's input too: what it holds must be storable and in range.
         let in_range = |micros: i64| (MIN_MICROS..=MAX_MICROS).contains(&micros);
@@ -110,7 +110,7 @@ pub(crate) fn resolve_window(query: &[(String, String)], now: DateTime<Utc>) -> 
     let explicit_limit = query_value(query, "limit").is_some();
     let from = query_value(query, "from").map(|raw| parse_time("from", raw)).transpose()?;
     let to = query_value(query, "to").map(|raw| parse_time("to", raw)).transpose()?;
-    let cursor = query_value(query, "cursor").filter(|raw| !raw.is_empty()).map(Cursor::decode).transpose()?;
+    let cursor = api::pagination::given_cursor(query).map(Cursor::decode).transpose()?;
     if let Some(cursor) = cursor {
         if from.is_some_and(|from| micros(from) != cursor.from) {
             return Err(other_request("from"));

@@ -32,7 +32,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
     let (caller, token) = authorize_read(&state, &req).await?;
     let query = query_pairs(&req);
     let (limit, warnings) = api::pagination::parse_limit(&query, 100)?;
-    let after = query_value(&query, "cursor").map(platform::cursor::decode).transpose()?;
+    let after = api::pagination::given_cursor(&query).map(platform::cursor::decode).transpose()?;
     let space_id = caller.space_id().to_owned();
     let ((items, next_cursor), consistent) = consistent_read(&state, &caller, token, &[], |client, _| {
         let (space_id, after) = (space_id.clone(), after.clone());
@@ -63,10 +63,19 @@ fn cursor_page(
 
 const STATUSES: &[&str] = &["created", "updated", "unchanged", "failed"];
 
-/// A position in the rows: `<part>.<row>`, the last row of the previous page.
-fn parse_cursor(raw: &str) -> Option<(i32, i32)> {
+/// What a rows cursor looks like (the document's `pattern`): the empty value (the first
+/// page) or `<part>.<row>`, digits only; [`parse_cursor`] reads nothing else.
+pub const ROWS_CURSOR_PATTERN: &str = r"^([0-9]+\.[0-9]+)?$";
+
+/// A position in the rows: `<part>.<row>`, the last row of the previous page, exactly as
+/// given.
+pub(crate) fn parse_cursor(raw: &str) -> Option<(i32, i32)> {
+    let number = |text: &str| {
+        let digits = !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit());
+        digits.then(|| text.parse::<i32>().ok()).flatten()
+    };
     let (part, row) = raw.split_once('.')?;
-    Some((part.parse().ok().filter(|part| *part >= 0)?, row.parse().ok().filter(|row| *row >= 0)?))
+    Some((number(part)?, number(row)?))
 }
 
 pub async fn rows(
@@ -88,7 +97,7 @@ pub async fn rows(
             ));
         }
     };
-    let after = match query_value(&query, "cursor") {
+    let after = match api::pagination::given_cursor(&query) {
         None => (0, 0),
         Some(raw) => parse_cursor(raw).ok_or_else(platform::cursor::malformed)?,
     };

@@ -39,7 +39,7 @@ pub async fn list(
 ) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let identity = identity_filter(&query);
-    let after = match api::query::query_value(&query, "cursor").filter(|raw| !raw.is_empty()) {
+    let after = match api::pagination::given_cursor(&query) {
         Some(raw) if identity.is_none() => Some(parse_cursor(raw)?),
         _ => None,
     };

@@ -49,9 +49,8 @@ struct DeliveryCursor {
 }
 
 fn decode_cursor(text: &str) -> Result<(chrono::DateTime<chrono::Utc>, String), ApiError> {
-    use base64::Engine;
     let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| malformed())?;
+    let bytes = api::pagination::opaque_cursor_bytes(text).ok_or_else(malformed)?;
     let cursor: DeliveryCursor = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
     let at = chrono::DateTime::from_timestamp_micros(cursor.t).ok_or_else(malformed)?;
     if !platform::storable::is_storable(&cursor.i) {
@@ -78,8 +77,7 @@ pub async fn deliveries(
 ) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let (limit, warnings) = api::pagination::parse_limit(&query, DELIVERIES_MAX_LIMIT)?;
-    let after =
-        api::query::query_value(&query, "cursor").filter(|raw| !raw.is_empty()).map(decode_cursor).transpose()?;
+    let after = api::pagination::given_cursor(&query).map(decode_cursor).transpose()?;
     let webhook_id = path.into_inner();
     let (caller, token) = authorize_read(&state, &req).await?;
     let space_id = caller.space_id().to_owned();

@@ -83,6 +83,29 @@ impl PageRequest {
     }
 }
 
+/// The `cursor` of a list paged by cursor, as given: `None` when there is none or it is empty.
+/// An empty cursor asks for the first page (a client's loop that starts with an empty cursor,
+/// `?cursor=`), on every such list alike; the OpenAPI document's cursor patterns admit it.
+/// Anything else is the list's to read exactly as given: no white space is trimmed.
+pub fn given_cursor(query: &[(String, String)]) -> Option<&str> {
+    crate::query::query_value(query, "cursor").filter(|raw| !raw.is_empty())
+}
+
+/// What an opaque cursor looks like (the document's `pattern` of the lists that issue one):
+/// the empty value (the first page) or URL-safe base64, without padding, of a JSON object,
+/// whose text therefore starts `eyJ` (`{"`). [`opaque_cursor_bytes`] reads nothing else.
+pub const OPAQUE_CURSOR_PATTERN: &str = "^(eyJ[A-Za-z0-9_-]*)?$";
+
+/// The JSON bytes of an opaque cursor (see [`OPAQUE_CURSOR_PATTERN`]), or `None` when the
+/// text is not of that form.
+pub fn opaque_cursor_bytes(text: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
+    if !text.starts_with("eyJ") {
+        return None;
+    }
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text).ok()
+}
+
 /// `limit` from query pairs: `DEFAULT_LIMIT` when absent, clamped to `1..=max_limit` with a
 /// warning, 400 `invalid_query_parameter` when it is not an integer.
 pub fn parse_limit(query: &[(String, String)], max_limit: i64) -> Result<(i64, Vec<Warning>), ApiError> {
@@ -174,6 +197,18 @@ mod tests {
         let error = PageRequest::parse(&query(&[("offset", "362881000000000000000000")])).expect_err("too large");
         assert_eq!(error.code(), Some(Code::OffsetTooLarge));
         assert_eq!(PageRequest::parse(&query(&[("offset", "+7")])).expect("signed").offset(), 7);
+    }
+
+    #[test]
+    fn an_empty_cursor_is_the_first_page_and_an_opaque_one_is_read_as_given() {
+        assert_eq!(given_cursor(&query(&[("cursor", "")])), None);
+        assert_eq!(given_cursor(&query(&[])), None);
+        assert_eq!(given_cursor(&query(&[("cursor", " ")])), Some(" "), "white space is not trimmed");
+        assert_eq!(opaque_cursor_bytes("eyJhIjoxfQ").as_deref(), Some(&br#"{"a":1}"#[..]));
+        // White space around it, padding, another alphabet, or JSON that is not an object.
+        for text in [" eyJhIjoxfQ", "eyJhIjoxfQ ", "eyJhIjoxfQ==", "eyJhIjoxfQ+/", "WzEsIngiXQ", "bnVsbA", "null", ""] {
+            assert_eq!(opaque_cursor_bytes(text), None, "{text:?}");
+        }
     }
 
     #[test]

@@ -221,17 +221,14 @@ pub fn find(method: &str, path: &str) -> Option<&'static Operation> {
     OPERATIONS.iter().find(|operation| operation.path == template && operation.method == method)
 }
 
-/// The methods a known request path serves, for `Allow` on a 405: a guard's method is
-/// refused, so it is not named (RFC 9110 §10.2.1: `Allow` lists the supported methods).
+/// The methods of a known request path, for `Allow` on a 405: every method the OpenAPI
+/// document lists for its template, the guards' included. The contract defines `PATCH` and
+/// `DELETE` on `/events/{schema}` as operations (whose answer is always 405), so the document
+/// lists them and `Allow` names them too: a client, or a checker, comparing the two sees one
+/// set of methods (RFC 9110 §10.2.1: `Allow` advertises the target's methods).
 pub(crate) fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
     let template = template(path)?;
-    Some(
-        OPERATIONS
-            .iter()
-            .filter(|operation| operation.path == template && operation.tier != Tier::Guard)
-            .map(|operation| operation.method)
-            .collect(),
-    )
+    Some(OPERATIONS.iter().filter(|operation| operation.path == template).map(|operation| operation.method).collect())
 }
 
 /// Whether a handler serves an operation: every one but a guard.
@@ -344,7 +341,11 @@ mod tests {
     #[test]
     fn methods_guards_and_served_operations() {
         assert_eq!(allowed_methods("/v1/schemas/contacts/records"), Some(vec!["GET", "POST"]));
-        assert_eq!(allowed_methods("/v1/events/ev_1"), Some(vec!["POST"]), "the guards' methods are refused");
+        assert_eq!(
+            allowed_methods("/v1/events/ev_1"),
+            Some(vec!["POST", "PATCH", "DELETE"]),
+            "the guards' methods are listed, as the document lists them"
+        );
         assert_eq!(allowed_methods("/v1/nothing"), None);
         let is_served = |method, path| find(method, path).is_some_and(serves);
         assert!(is_served("POST", "/v1/events/order-placed"));

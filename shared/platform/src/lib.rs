@@ -26,4 +26,8 @@ pub mod time;
 pub mod proto {
     #![allow(clippy::all, missing_docs)]
     include!(concat!(env!("OUT_DIR"), "/platform.events.v1.rs"));
+
+    /// The encoded `FileDescriptorSet` of the same schemas: every message's fields by name and
+    /// type, for tools that show an event as a person reads it (`apply --dry-run`).
+    pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/events.descriptors"));
 }

@@ -186,7 +186,7 @@ async fn apply_names_what_it_touches_by_kind_slug_and_id_and_shows_no_secret() {
         assert!(dry_text.contains(line), "the dry run names {line:?}:\n{dry_text}");
     }
     assert!(dry_text.contains("privateKey\": \"(not shown)\""), "the DKIM key is named, not shown:\n{dry_text}");
-    assert!(dry_text.contains("secret: (not shown)"), "the webhook's secret is named, not shown:\n{dry_text}");
+    assert!(dry_text.contains(r#""secret": "(not shown)""#), "the webhook's secret is named, not shown:\n{dry_text}");
     assert_shows_no_secret(&dry_text, &secrets);
 
     // The apply names them too; its only secret is the webhook's, generated and shown once.
@@ -215,7 +215,7 @@ async fn apply_names_what_it_touches_by_kind_slug_and_id_and_shows_no_secret() {
     assert!(dry_text.contains("would change webhook: wh_cli"), "{dry_text}");
     assert!(dry_text.lines().any(|line| line.starts_with('+') && line.contains("/moved")), "{dry_text}");
     assert!(dry_text.contains("would change api key \"mail admin\": key_"), "{dry_text}");
-    let changed_hash = dry_text.lines().any(|line| line.starts_with('+') && line.contains("key_hash: (changed)"));
+    let changed_hash = dry_text.lines().any(|line| line.starts_with('+') && line.contains(r#""keyHash": "(changed)""#));
     assert!(changed_hash, "the key's hash is named as changed:\n{dry_text}");
     assert_shows_no_secret(&dry_text, &[crate::email::MAIL_KEY, "sk_test_mail_admin_rotated_00000009", "MIIE"]);
 }

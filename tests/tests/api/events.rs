@@ -549,8 +549,12 @@ async fn the_list_pages_by_cursor_in_occurred_at_order() {
 
     let first = app.get("/events?schema=signup&limit=2", ALPHA_ADMIN).await;
     let cursor = first.body["pagination"]["nextCursor"].as_str().expect("cursor").to_owned();
+    let empty = app.get("/events?schema=signup&limit=2&cursor=", ALPHA_ADMIN).await;
+    assert_eq!((empty.status, &empty.body["data"]), (200, &first.body["data"]), "an empty cursor is the first page");
     for (query, code) in [
         (format!("schema=signup&cursor={cursor}&limit=3"), "invalid_cursor"),
+        (format!("schema=signup&cursor=%20{cursor}"), "invalid_cursor"),
+        ("schema=signup&cursor=null".to_owned(), "invalid_cursor"),
         (format!("schema=purchase&cursor={cursor}"), "invalid_cursor"),
         ("schema=signup&cursor=garbage!".to_owned(), "invalid_cursor"),
         ("schema=signup&from=yesterday".to_owned(), "invalid_time_range"),

@@ -851,6 +851,18 @@ async fn imports_are_listed_newest_first_and_one_not_completed_can_be_abandoned(
     assert_eq!((ids(&next), &next.body["pagination"]["hasMore"]), (vec!["first".to_owned()], &json!(false)));
     let bad = app.get("/imports?cursor=nope", ALPHA_ADMIN).await;
     assert_eq!((bad.status, bad.code().as_str()), (400, Some("invalid_cursor")));
+    // An empty cursor is the first page, as on every list paged by cursor; white space is no
+    // cursor (the document's pattern admits neither `null` nor it).
+    let empty = app.get("/imports?limit=2&cursor=", ALPHA_ADMIN).await;
+    assert_eq!((empty.status, ids(&empty)), (200, ids(&page)));
+    for spoiled in ["%20", "null", &format!("%20{cursor}")] {
+        let refused = app.get(&format!("/imports?cursor={spoiled}"), ALPHA_ADMIN).await;
+        assert_eq!((refused.status, refused.code().as_str()), (400, Some("invalid_cursor")), "{spoiled}");
+    }
+    let rows = app.get("/imports/third/rows?cursor=", ALPHA_ADMIN).await;
+    assert_eq!((rows.status, &rows.body["data"]), (200, &json!([])), "{:?}", rows.body);
+    let rows = app.get("/imports/third/rows?cursor=%2B1.1", ALPHA_ADMIN).await;
+    assert_eq!((rows.status, rows.code().as_str()), (400, Some("invalid_cursor")));
     let elsewhere = app.get("/imports", MULTI_BETA).await;
     assert!(elsewhere.status == 200 && elsewhere.body["data"] == json!([]), "{:?}", elsewhere.body);
 

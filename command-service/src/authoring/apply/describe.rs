@@ -2,8 +2,11 @@
 //! appended, with secrets, key material and sealed data not shown, and the named resources
 //! created, changed or removed.
 
+use std::sync::LazyLock;
+
 use platform::events::LogEvent;
-use serde_json::Value;
+use prost_reflect::{DescriptorPool, DynamicMessage, Kind, MapKey, ReflectMessage, Value as Field};
+use serde_json::{Map, Value};
 
 /// One stream an apply appends to: what its latest event was and what is appended.
 #[derive(Debug, Clone)]
@@ -61,16 +64,25 @@ pub(super) fn touched(event: &LogEvent, existed: bool) -> Option<Touched> {
 const NOT_SHOWN: &str = "(not shown)";
 const CHANGED: &str = "(changed)";
 
-/// Fields of an authored definition that hold secrets or key material.
+/// Fields (of an authored definition, or of an event by their JSON names) that hold secrets or
+/// key material.
 const SECRET_KEYS: &[&str] = &["signing", "wrappedKey", "privateKey", "ciphertext", "secret", "keyHash"];
 
-/// Fields of an event (as its debug text names them) that hold secrets or key material.
-const SECRET_FIELDS: &[&str] = &["key_hash", "wrapped_key", "secret", "ciphertext"];
+/// The message that holds personal data sealed under a data subject's key: never shown.
+const SEALED: &str = "platform.events.v1.Sealed";
+
+/// The package of the log's event messages.
+const EVENTS_PACKAGE: &str = "platform.events.v1";
+
+/// The log's event schemas, read once from the descriptors the build compiled them to.
+static EVENT_SCHEMAS: LazyLock<Option<DescriptorPool>> =
+    LazyLock::new(|| DescriptorPool::decode(platform::proto::FILE_DESCRIPTOR_SET).ok());
 
 /// The stream's latest event and the event appended, as text for a person comparing them:
-/// fields one per line, an authored definition as indented JSON, and what must not be shown
-/// (secrets, key material, ciphertext, sealed personal data) replaced by `(not shown)`, or by
-/// `(changed)` in the new event when it differs from before.
+/// indented JSON, one field per line (an authored definition as its JSON, under a line naming
+/// the resource), and what must not be shown (secrets, key material, ciphertext, sealed
+/// personal data) replaced by `(not shown)`, or by `(changed)` in the new event when it
+/// differs from before.
 pub fn describe_change(before: Option<&LogEvent>, after: &LogEvent) -> (Option<String>, String) {
     let before = before.map(hidden_and_text);
     let (hidden_after, text_after) = hidden_and_text(after);
@@ -113,45 +125,108 @@ fn hidden_and_text(event: &LogEvent) -> (Vec<(String, String)>, String) {
             format!("{} {} (revision {})\n{definition}\n", resource.kind, resource.resource_id, resource.revision);
         return (hidden, text);
     }
-    let debug = format!("{event:#?}");
-    let lines: Vec<&str> = debug.lines().collect();
-    let mut text = String::new();
-    let mut index = 0;
-    while index < lines.len() {
-        let line = lines[index];
-        let trimmed = line.trim();
-        let indent = &line[..line.len() - line.trim_start().len()];
-        let name = trimmed.split_once(':').map(|(name, _)| name.trim()).unwrap_or_default();
-        // A sealed value (`field: Some(` then `Sealed {` ... `},` then `),`): one line.
-        if trimmed.ends_with(": Some(") && lines.get(index + 1).is_some_and(|next| next.trim() == "Sealed {") {
-            let closes = |at: &usize| lines[*at].starts_with(&format!("{indent})"));
-            let end = (index + 2..lines.len()).find(closes).unwrap_or(lines.len() - 1);
-            let value = lines[index..=end].join("\n");
-            text.push_str(&format!("{indent}{name}: {},\n", placeholder(hidden.len())));
-            hidden.push((name.to_owned(), value));
-            index = end + 1;
+    let json = event_json(event, &mut hidden);
+    (hidden, format!("{}\n", serde_json::to_string_pretty(&json).unwrap_or_default()))
+}
+
+/// An event as JSON, read by its schema: every field by its JSON name (a oneof's members and
+/// optional fields only when set, a message field that is not set `null`), a text field that
+/// holds JSON (`definitionJson`) as that JSON, and what must not be shown as a placeholder.
+fn event_json(event: &LogEvent, hidden: &mut Vec<(String, String)>) -> Value {
+    let name = event.event_type();
+    let descriptor = EVENT_SCHEMAS.as_ref().and_then(|schemas| {
+        let message = name.strip_suffix(".v1").unwrap_or(name);
+        schemas.get_message_by_name(&format!("{EVENTS_PACKAGE}.{message}"))
+    });
+    let Some(message) = descriptor.and_then(|descriptor| DynamicMessage::decode(descriptor, &event.encode()[..]).ok())
+    else {
+        // A type this build has no schema for (the log's `Unknown`): its name is all there is.
+        return serde_json::json!({ "eventType": name });
+    };
+    message_json(&message, hidden)
+}
+
+fn message_json(message: &DynamicMessage, hidden: &mut Vec<(String, String)>) -> Value {
+    let mut object = Map::new();
+    for field in message.descriptor().fields() {
+        let set = message.has_field(&field);
+        if field.containing_oneof().is_some() && !set {
             continue;
         }
-        // A list of byte values, or a secret field: one line, its value not shown.
-        let bytes = trimmed.ends_with(": [")
-            && lines.get(index + 1).is_some_and(|next| next.trim().trim_end_matches(',').parse::<u8>().is_ok());
-        if SECRET_FIELDS.contains(&name) || bytes {
-            let end = if trimmed.ends_with('[') {
-                (index + 1..lines.len()).find(|&at| lines[at].trim().starts_with(']')).unwrap_or(lines.len() - 1)
-            } else {
-                index
-            };
-            let value = lines[index..=end].join("\n");
-            text.push_str(&format!("{indent}{name}: {},\n", placeholder(hidden.len())));
-            hidden.push((name.to_owned(), value));
-            index = end + 1;
-            continue;
-        }
-        text.push_str(line);
-        text.push('\n');
-        index += 1;
+        let name = field.json_name().to_owned();
+        let single_message = !field.is_list() && !field.is_map() && field.kind().as_message().is_some();
+        let value = if single_message && !set {
+            Value::Null
+        } else {
+            field_json(&name, &field.kind(), &message.get_field(&field), hidden)
+        };
+        object.insert(name, value);
     }
-    (hidden, text)
+    Value::Object(object)
+}
+
+/// One field's value; `kind` is the field's type (a list's or map's items' for their items).
+fn field_json(name: &str, kind: &Kind, value: &Field, hidden: &mut Vec<(String, String)>) -> Value {
+    let sealed = matches!(value, Field::Message(message) if message.descriptor().full_name() == SEALED);
+    if SECRET_KEYS.contains(&name) || sealed {
+        return hide(name, value, hidden);
+    }
+    match value {
+        Field::Bool(flag) => Value::Bool(*flag),
+        Field::I32(number) => Value::from(*number),
+        Field::I64(number) => Value::from(*number),
+        Field::U32(number) => Value::from(*number),
+        Field::U64(number) => Value::from(*number),
+        Field::F32(number) => Value::from(*number),
+        Field::F64(number) => Value::from(*number),
+        Field::String(text) if name.ends_with("Json") => match serde_json::from_str::<Value>(text) {
+            Ok(mut json) => {
+                hide_json(&mut json, hidden);
+                json
+            }
+            Err(_) => Value::String(text.clone()),
+        },
+        Field::String(text) => Value::String(text.clone()),
+        // Bytes are key material or ciphertext, never text to read.
+        Field::Bytes(_) => hide(name, value, hidden),
+        Field::EnumNumber(number) => kind
+            .as_enum()
+            .and_then(|descriptor| descriptor.get_value(*number))
+            .map_or_else(|| Value::from(*number), |value| Value::String(value.name().to_owned())),
+        Field::Message(message) => message_json(message, hidden),
+        Field::List(items) => Value::Array(items.iter().map(|item| field_json(name, kind, item, hidden)).collect()),
+        Field::Map(entries) => {
+            let value_kind = kind.as_message().map(|entry| entry.map_entry_value_field().kind());
+            let mut sorted: Vec<(String, &Field)> = entries.iter().map(|(key, item)| (map_key(key), item)).collect();
+            sorted.sort_by(|a, b| a.0.cmp(&b.0));
+            let object = sorted
+                .into_iter()
+                .map(|(key, item)| {
+                    let item = field_json(name, value_kind.as_ref().unwrap_or(kind), item, hidden);
+                    (key, item)
+                })
+                .collect();
+            Value::Object(object)
+        }
+    }
+}
+
+/// A placeholder for `value`, which is kept (as text) to tell whether an apply changes it.
+fn hide(name: &str, value: &Field, hidden: &mut Vec<(String, String)>) -> Value {
+    let shown = Value::String(placeholder(hidden.len()));
+    hidden.push((name.to_owned(), format!("{value:?}")));
+    shown
+}
+
+fn map_key(key: &MapKey) -> String {
+    match key {
+        MapKey::Bool(flag) => flag.to_string(),
+        MapKey::I32(number) => number.to_string(),
+        MapKey::I64(number) => number.to_string(),
+        MapKey::U32(number) => number.to_string(),
+        MapKey::U64(number) => number.to_string(),
+        MapKey::String(text) => text.clone(),
+    }
 }
 
 /// Replaces the values of [`SECRET_KEYS`] in an authored definition by placeholders.
@@ -190,20 +265,94 @@ mod tests {
         })
     }
 
+    /// The description as JSON, which it must be.
+    fn parsed(text: &str) -> Value {
+        serde_json::from_str(text).unwrap_or_else(|error| panic!("not JSON ({error}):\n{text}"))
+    }
+
     #[test]
     fn a_sealed_field_is_one_line_not_shown_and_marked_changed_only_when_it_changed() {
         let (none, text) = describe_change(None, &webhook("https://a.example", &[1, 2, 3]));
         assert!(none.is_none());
-        let lines: Vec<&str> = text.lines().map(str::trim).collect();
-        let at = lines.iter().position(|line| *line == "secret: (not shown),").expect("the secret's line");
-        assert!(lines[at + 1].starts_with("integration_vendor_name"), "the sealed value is one line:\n{text}");
-        assert!(!text.contains("Ciphertext") && !text.contains("subject_id"), "{text}");
+        assert_eq!(parsed(&text)["secret"], "(not shown)", "{text}");
+        assert!(text.lines().any(|line| line.trim() == r#""secret": "(not shown)","#), "one line:\n{text}");
+        assert!(!text.contains("iphertext") && !text.contains("subject"), "{text}");
 
         let before = webhook("https://a.example", &[1, 2, 3]);
         let (old, new) = describe_change(Some(&before), &webhook("https://b.example", &[1, 2, 3]));
-        assert!(new.contains("secret: (not shown)") && old.is_some_and(|old| old.contains("secret: (not shown)")));
+        assert_eq!(parsed(&new)["secret"], "(not shown)");
+        assert_eq!(parsed(&old.expect("a stream that existed"))["secret"], "(not shown)");
         let (_, new) = describe_change(Some(&before), &webhook("https://a.example", &[9, 9, 9]));
-        assert!(new.contains("secret: (changed)"), "{new}");
+        assert_eq!(parsed(&new)["secret"], "(changed)", "{new}");
+    }
+
+    /// `--dry-run` promises indented JSON: every event an apply appends reads as JSON, its
+    /// fields by their JSON names one per line, whatever the resource (the webhook's, the
+    /// key's and the user's events were a Rust debug dump).
+    #[test]
+    fn every_event_an_apply_appends_is_indented_json() {
+        let sealed = |subject: &str| proto::Sealed {
+            body: Some(proto::sealed::Body::Clear(b"ada@example.com".to_vec())),
+            subject_id: subject.into(),
+        };
+        let events = [
+            LogEvent::SpaceDefined(proto::SpaceDefined {
+                space_id: "spc_1".into(),
+                slug: "alpha".into(),
+                name: "Alpha".into(),
+            }),
+            LogEvent::UserDefined(proto::UserDefined { user_id: "usr_1".into(), personal: Some(sealed("usr_1")) }),
+            LogEvent::MembershipGranted(proto::MembershipGranted {
+                user_id: "usr_1".into(),
+                space_id: "spc_1".into(),
+                role: "admin".into(),
+            }),
+            LogEvent::MembershipRevoked(proto::MembershipRevoked { user_id: "usr_1".into(), space_id: "spc_1".into() }),
+            LogEvent::ApiKeyIssued(proto::ApiKeyIssued {
+                key_id: "key_1".into(),
+                name: "ci".into(),
+                key_hash: "5e884898da28047151d0e56f8dc62927".into(),
+                ..Default::default()
+            }),
+            LogEvent::ApiKeyRevoked(proto::ApiKeyRevoked { key_id: "key_1".into() }),
+            LogEvent::SchemaDefined(proto::SchemaDefined {
+                schema_id: "sch_1".into(),
+                slug: "contacts".into(),
+                attributes: vec![proto::AttributeDefinition {
+                    key: "plan".into(),
+                    definition_json: r#"{"type":"string","signing":"s3cret"}"#.into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            LogEvent::AiCreditsSet(proto::AiCreditsSet { space_id: "spc_1".into(), balance: 100 }),
+            webhook("https://a.example", &[1, 2, 3]),
+            LogEvent::WebhookUpdated(proto::WebhookUpdated {
+                webhook_id: "wh_1".into(),
+                url: Some("https://b.example".into()),
+                ..Default::default()
+            }),
+            LogEvent::WebhookDeleted(proto::WebhookDeleted { webhook_id: "wh_1".into(), ..Default::default() }),
+        ];
+        for event in &events {
+            let (_, text) = describe_change(None, event);
+            let json = parsed(&text);
+            let object = json.as_object().unwrap_or_else(|| panic!("an object:\n{text}"));
+            let indented = serde_json::to_string_pretty(&json).expect("JSON");
+            assert_eq!(text, format!("{indented}\n"), "indented JSON, one field per line");
+            assert!(!object.is_empty() && object.keys().all(|key| !key.contains('_')), "JSON names:\n{text}");
+            assert!(!text.contains("ada@example.com") && !text.contains("s3cret"), "{text}");
+        }
+        let (_, schema) = describe_change(None, &events[6]);
+        let attribute = &parsed(&schema)["attributes"][0];
+        assert_eq!(attribute["definitionJson"], serde_json::json!({"type": "string", "signing": "(not shown)"}));
+        let (_, key) = describe_change(None, &events[4]);
+        assert_eq!(parsed(&key)["keyHash"], "(not shown)");
+        let (_, user) = describe_change(None, &events[1]);
+        assert_eq!(parsed(&user)["personal"], "(not shown)");
+        let (_, updated) = describe_change(None, &events[9]);
+        assert_eq!(parsed(&updated)["url"], "https://b.example");
+        assert!(parsed(&updated).get("status").is_none(), "an optional field not set is left out:\n{updated}");
     }
 
     #[test]
