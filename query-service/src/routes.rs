@@ -129,7 +129,8 @@ mod tests {
         let keyset = |text: &str| platform::cursor::decode(text).is_ok();
         let rows = |text: &str| imports::http::parse_cursor(text).is_some();
         type Reader<'a> = &'a dyn Fn(&str) -> bool;
-        let readers: [(&str, &str, Reader<'_>, String); 6] = [
+        let failures = |text: &str| ingest::http::parse_cursor(text).is_some();
+        let readers: [(&str, &str, Reader<'_>, String); 7] = [
             ("listEvents", api::pagination::OPAQUE_CURSOR_PATTERN, &opaque, "eyJhIjoxfQ".to_owned()),
             ("listWebhookDeliveries", api::pagination::OPAQUE_CURSOR_PATTERN, &opaque, "eyJ0IjoxfQ".to_owned()),
             ("listEmails", api::pagination::OPAQUE_CURSOR_PATTERN, &opaque, "eyJhIjoxLCJpIjoiZW1fMSJ9".to_owned()),
@@ -141,6 +142,7 @@ mod tests {
             ),
             ("listImports", platform::cursor::PATTERN, &keyset, platform::cursor::encode(1_795_867_169_300, "imp.1 a")),
             ("listImportRows", imports::http::ROWS_CURSOR_PATTERN, &rows, "3.17".to_owned()),
+            ("listIngestFailures", ingest::http::CURSOR_PATTERN, &failures, "1234".to_owned()),
         ];
         let probes = [
             "",

@@ -11,12 +11,22 @@ use serde_json::json;
 use crate::State;
 use crate::consistency::{authorize_read, consistent_read, respond};
 
+/// The form of this list's cursor: a failure's id, or empty for the first page.
+pub const CURSOR_PATTERN: &str = "^([1-9][0-9]{0,17})?$";
+
+/// A failure's id as this list's cursor names it: digits only, no sign or space.
+pub fn parse_cursor(text: &str) -> Option<i64> {
+    (text.len() <= 18 && !text.starts_with('0') && text.bytes().all(|byte| byte.is_ascii_digit()))
+        .then(|| text.parse().ok())
+        .flatten()
+}
+
 pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     let (caller, token) = authorize_read(&state, &req).await?;
     let query = query_pairs(&req);
     let (limit, warnings) = api::pagination::parse_limit(&query, 100)?;
-    let after = match query_value(&query, "cursor") {
-        Some(cursor) => Some(cursor.parse::<i64>().ok().filter(|id| *id > 0).ok_or_else(|| {
+    let after = match api::pagination::given_cursor(&query) {
+        Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
             ApiError::bad_request(Code::InvalidCursor, "cursor is the nextCursor of an earlier page of this list")
         })?),
         None => None,
