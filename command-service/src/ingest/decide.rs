@@ -74,6 +74,10 @@ pub enum Intake {
     NoKey,
     #[error("unknown write key (an API key is not one: write keys are declared in the workspace file)")]
     UnknownKey,
+    /// The one message of a single-message path cannot be read (its fields' shapes, the ids
+    /// its type needs): the request is the message, so it is refused, not kept.
+    #[error("{}", .0.reason)]
+    Unreadable(Refused),
 }
 
 impl Intake {
@@ -86,6 +90,7 @@ impl Intake {
             Self::NoType(_) => Code::InvalidBatch,
             Self::MessageTooLarge { .. } => Code::MessageTooLarge,
             Self::NoKey | Self::UnknownKey => Code::InvalidWriteKey,
+            Self::Unreadable(refused) => refused.code,
         }
     }
 }

@@ -87,7 +87,7 @@ async fn receive(
             return Err(Intake::MessageTooLarge { index, limit: MAX_MESSAGE_BYTES }.into());
         }
     }
-    let messages = items
+    let messages: Vec<_> = items
         .iter()
         .zip(&kinds)
         .map(|(item, kind)| {
@@ -95,6 +95,13 @@ async fn receive(
             domain::ingest::read(kind, item, || uuid::Uuid::new_v4().to_string())
         })
         .collect();
+    // A single message that cannot be read is the request's own fault: refused whole. In a
+    // batch it is one message among others: kept, and listed in the answer's failures.
+    if path_kind.is_some()
+        && let Some(Err(refused)) = messages.first()
+    {
+        return Err(Intake::Unreadable(refused.clone()).into());
+    }
     let report = run::apply(&state, &req, key.clone(), messages).await?;
     run::record_refusals(&state, &req, &key, &report.refused, &items, &kinds).await?;
     if let Some(later) = report.later {

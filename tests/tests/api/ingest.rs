@@ -243,6 +243,11 @@ async fn the_door_takes_gzip_and_refuses_what_segment_refuses_with_the_error_env
     assert_eq!((not_json.status, not_json.code().as_str()), (400, Some("malformed_json")));
     let no_batch = ingest(&app, "/batch", WRITE_KEY, &json!({"messages": []})).await;
     assert_eq!((no_batch.status, no_batch.code().as_str()), (400, Some("invalid_body")));
+    // A single-message path's message that cannot be read is the request's fault: 400.
+    let nameless = ingest(&app, "/track", WRITE_KEY, &json!({"userId": "u", "messageId": "no-name"})).await;
+    assert_eq!((nameless.status, nameless.code().as_str()), (400, Some("missing_field")), "{:?}", nameless.body);
+    let shapeless = ingest(&app, "/identify", WRITE_KEY, &json!({"userId": "u", "traits": "tall"})).await;
+    assert_eq!((shapeless.status, shapeless.code().as_str()), (400, Some("invalid_field")), "{:?}", shapeless.body);
 
     // Keys: none, an unknown one, an API key; and a write key is no API key elsewhere.
     let none = app.send(raw("/track").json(&json!({"userId": "u", "event": "x"}))).await;
@@ -304,4 +309,197 @@ async fn an_alias_between_two_known_contacts_moves_the_anonymous_id_to_the_users
     assert_eq!(owner("a-1"), Some(visitor["id"].clone()), "the visitor keeps its past");
     assert_eq!(owner("a-4"), Some(user["id"].clone()), "the alias moved to the user");
     assert_eq!(contacts_of(&app, "limit=10").await.len(), 2, "nothing deleted, nothing copied");
+}
+
+/// The host a Segment client is given: the command service's origin (it posts to
+/// `<host>/v1/batch`).
+fn sdk_host(app: &TestApp) -> String {
+    app.command_url.trim_end_matches('/').trim_end_matches("/v1").to_owned()
+}
+
+/// Runs a client script; its JSON summary's `errors` must be empty.
+async fn run_client(program: &str, script: &str, args: &[&str], env: &[(&str, String)]) {
+    let mut command = std::process::Command::new(program);
+    command.arg(script).args(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("the client ran")
+        .unwrap_or_else(|error| panic!("running {program} {script}: {error}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{script}: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("{script} printed no summary: {stdout}"));
+    assert_eq!(summary["errors"], json!([]), "{script}: every message accepted");
+}
+
+#[tokio::test]
+async fn the_published_python_and_node_clients_write_contacts_events_and_groups_as_teams_send_them() {
+    let app = ingest_app().await;
+    let host = sdk_host(&app);
+    let python = std::env::var("TEST_PYTHON").expect("TEST_PYTHON names the tests' Python (see scripts/pyenv.sh)");
+    let node_modules =
+        std::env::var("TEST_NODE_MODULES").expect("TEST_NODE_MODULES names the Node client (see scripts/nodeenv.sh)");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/ingest");
+    run_client(&python, &format!("{root}/python_sdks.py"), &[&host, WRITE_KEY, "sdk"], &[]).await;
+    run_client("node", &format!("{root}/node_sdk.mjs"), &[&host, WRITE_KEY, "sdk"], &[("NODE_PATH", node_modules)])
+        .await;
+
+    // segment-analytics-python: the identify's traits (a folded key, one kept apart).
+    let py = contacts_of(&app, "userId=py-sdk").await;
+    assert_eq!(py.len(), 1, "{py:?}");
+    assert_eq!(
+        (&py[0]["email"], &py[0]["firstName"], &py[0]["plan"]),
+        (&json!("py-sdk@example.com"), &json!("Py"), &json!("pro"))
+    );
+    let rudder = contacts_of(&app, "userId=rd-sdk").await;
+    assert_eq!(rudder.len(), 1, "rudder-sdk-python's gzip batches: {rudder:?}");
+    let node = contacts_of(&app, "userId=node-sdk").await;
+    assert_eq!(node.len(), 1, "@segment/analytics-node: {node:?}");
+    assert_eq!(node[0]["email"], "node-sdk@example.com");
+    // Every track once, the retried batch's too, on its contact.
+    let purchases = events_of(&app, "purchase").await;
+    let mut event_ids: Vec<&str> = purchases.iter().filter_map(|event| event["eventId"].as_str()).collect();
+    event_ids.sort_unstable();
+    assert_eq!(event_ids, ["sdk-n2", "sdk-r2", "sdk-retried", "sdk-s2"], "{purchases:?}");
+    let on = |event_id: &str| {
+        purchases.iter().find(|event| event["eventId"] == event_id).map(|event| event["contactId"].clone())
+    };
+    assert_eq!(on("sdk-s2"), Some(py[0]["id"].clone()));
+    assert_eq!(on("sdk-n2"), Some(node[0]["id"].clone()));
+    // Pages by the anonymous id the identify bound land on the known contact.
+    let pages = events_of(&app, "page").await;
+    let page = |event_id: &str| {
+        pages.iter().find(|event| event["eventId"] == event_id).map(|event| event["contactId"].clone())
+    };
+    assert_eq!(page("sdk-s3"), Some(py[0]["id"].clone()), "{pages:?}");
+    assert_eq!(page("sdk-n3"), Some(node[0]["id"].clone()), "{pages:?}");
+    assert_eq!(page("sdk-r3"), Some(rudder[0]["id"].clone()), "{pages:?}");
+    // Groups: the companies, and the contacts name them.
+    let companies = app.get("/schemas/companies/records?limit=10", ALPHA_ADMIN).await;
+    let company = |external: &str| {
+        companies.body["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|company| company["externalId"] == external)
+            .map(|company| company["id"].clone())
+    };
+    assert_eq!(company("acme-sdk"), Some(py[0]["companyId"].clone()));
+    assert_eq!(company("globex-sdk"), Some(node[0]["companyId"].clone()));
+    // The aliases: an anonymous id joined later finds the user.
+    for (anonymous, user) in [("later-py-sdk", &py[0]), ("later-node-sdk", &node[0])] {
+        let message_id = format!("after-{anonymous}");
+        let body = json!({"anonymousId": anonymous, "messageId": message_id, "event": "Order Completed", "properties": {"amount": 1}});
+        assert_eq!(ingest(&app, "/track", WRITE_KEY, &body).await.status, 200);
+        let purchases = events_of(&app, "purchase").await;
+        let found =
+            purchases.iter().find(|event| event["eventId"] == message_id.as_str()).map(|event| &event["contactId"]);
+        assert_eq!(found, Some(&user["id"]), "{anonymous}");
+    }
+    assert_eq!(app.get("/ingest-failures", ALPHA_ADMIN).await.body["data"], json!([]), "nothing refused");
+}
+
+#[tokio::test]
+async fn a_command_service_killed_mid_batch_loses_and_duplicates_nothing_a_client_was_told_was_taken() {
+    const BATCHES: usize = 24;
+    const PER_BATCH: usize = 40;
+    const USERS: usize = 15;
+    let app = ingest_app().await;
+    // The write key's bucket and event admission raised far above the load (their contract
+    // values would answer 429 within the first batches, which the client would retry forever).
+    let mut settings = vec![("APP__RATE_LIMITS__INGEST_PER_SECOND".to_owned(), "1000000".to_owned())];
+    for scope in ["FLEET", "SPACE", "SCHEMA"] {
+        for (limit, value) in
+            [("RATE", "1000000000"), ("BURST", "1000000000"), ("PENDING", "1000000000"), ("RECEIPTS", "1000000000000")]
+        {
+            settings.push((format!("APP__EVENTS__ADMISSION__{scope}__{limit}"), value.to_owned()));
+        }
+    }
+    let env: Vec<(&str, String)> = settings.iter().map(|(key, value)| (key.as_str(), value.clone())).collect();
+    let (mut processes, urls) = crate::helpers::spawn_servers(&app, "command-service", &["serve"], 1, &env).await;
+    let url = std::sync::Arc::new(std::sync::Mutex::new(urls[0].clone()));
+    // A client as Segment's: each batch posted until it is answered 200, then the next.
+    let client = {
+        let (http, url) = (app.http.clone(), std::sync::Arc::clone(&url));
+        tokio::spawn(async move {
+            let (mut taken, mut failed_attempts) = (0usize, 0usize);
+            for batch in 0..BATCHES {
+                let messages: Vec<Value> = (0..PER_BATCH)
+                    .map(|index| {
+                        json!({"type": "track", "userId": format!("killed-{}", (batch * PER_BATCH + index) % USERS),
+                               "messageId": format!("k-{batch}-{index}"), "event": "Order Completed",
+                               "properties": {"amount": index, "item": "mug", "category": "books"}})
+                    })
+                    .collect();
+                let body = json!({"batch": messages});
+                loop {
+                    let target = url.lock().map(|url| url.clone()).unwrap_or_default();
+                    let sent = http
+                        .post(format!("{target}/batch"))
+                        .basic_auth(WRITE_KEY, Some(""))
+                        .json(&body)
+                        .timeout(std::time::Duration::from_secs(10))
+                        .send()
+                        .await;
+                    match sent {
+                        Ok(response) if response.status().as_u16() == 200 => {
+                            let answer: Value = response.json().await.unwrap_or_default();
+                            assert_eq!(answer["data"]["applied"], json!(PER_BATCH), "every message applied: {answer}");
+                            taken += PER_BATCH;
+                            break;
+                        }
+                        _ => {
+                            failed_attempts += 1;
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            }
+            (taken, failed_attempts)
+        })
+    };
+    // Killed with SIGKILL once some batches are taken, mid-request (the client sends the next
+    // batch at once), then started again on a new port.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while app.query_i64("SELECT count(*) FROM events WHERE event_type = 'EventAccepted.v1'").await
+        < (5 * PER_BATCH) as i64
+    {
+        assert!(std::time::Instant::now() < deadline, "the first batches were not taken");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let killed = processes.remove(0);
+    drop(killed);
+    let (restarted, urls) = crate::helpers::spawn_servers(&app, "command-service", &["serve"], 1, &env).await;
+    if let Ok(mut current) = url.lock() {
+        current.clone_from(&urls[0]);
+    }
+    let (taken, failed_attempts) = client.await.expect("the client finished");
+    drop(restarted);
+    assert_eq!(taken, BATCHES * PER_BATCH, "every batch was answered 200 in the end");
+    assert!(failed_attempts > 0, "the kill cut a request off");
+    // Every message the client was told was taken is on the log once: no loss, no duplicate.
+    let events = app.query_i64("SELECT count(*) FROM events WHERE event_type = 'EventAccepted.v1'").await;
+    let receipts = app.query_i64("SELECT count(*) FROM event_receipts").await;
+    let client = app.pool.get().await.expect("a client");
+    let rows = client.query("SELECT event_id FROM event_receipts", &[]).await.expect("receipts");
+    let present: std::collections::HashSet<String> = rows.iter().map(|row| row.get(0)).collect();
+    let missing: Vec<String> = (0..BATCHES)
+        .flat_map(|batch| (0..PER_BATCH).map(move |index| format!("k-{batch}-{index}")))
+        .filter(|id| !present.contains(id))
+        .take(20)
+        .collect();
+    assert_eq!(events, (BATCHES * PER_BATCH) as i64, "receipts {receipts}; missing {missing:?}");
+    let contacts = app.query_i64("SELECT count(*) FROM events WHERE event_type = 'RecordCreated.v1'").await;
+    assert_eq!(contacts, USERS as i64, "one contact per userId, however often its batch was sent");
 }
