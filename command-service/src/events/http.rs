@@ -17,13 +17,13 @@ use std::collections::HashMap;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use api::auth::{Caller, Permission};
+use api::auth::Permission;
 use domain::catalog;
 use domain::records::Loaded;
 use platform::error::ApiError;
 use platform::fresh::Drawn;
-use platform::log::{AppendError, AppendRequest, Appended, StreamAppend};
-use serde_json::{Value, json};
+use platform::log::{AppendError, AppendRequest, Appended, Metadata, StreamAppend};
+use serde_json::{Map, Value, json};
 
 use crate::State;
 use crate::decision;
@@ -41,20 +41,65 @@ use crate::write_contexts::{self, Kind};
 /// The most events in one batch.
 pub(crate) const MAX_BATCH: usize = 500;
 
-/// What every fire of a batch needs, loaded once per request: the caller (whose write the
-/// append records) and what its fires decide on.
+/// What every fire of a batch needs, loaded once per request: who writes (what its appends
+/// record) and what its fires decide on.
 struct Context {
-    caller: Caller,
+    metadata: Metadata,
     fire: FireContext,
 }
 
 /// A batch's context, read at the edge; its appends carry the catalog revision guard.
 async fn context(req: &HttpRequest, state: &State, schema_ref: &str) -> Result<Context, ApiError> {
     let caller = pipeline::authorize(req, state, Permission::Write).await?;
-    let context = write_contexts::at_edge(state, Kind::Event, caller.space_id(), schema_ref).await?;
+    let metadata = crate::edge::metadata(req, &caller, None);
+    context_of(state, metadata, (caller.space_id(), schema_ref)).await
+}
+
+/// The context of fires by `metadata`'s writer in event schema `schema_ref` of `space_id`.
+async fn context_of(
+    state: &State,
+    metadata: Metadata,
+    (space_id, schema_ref): (&str, &str),
+) -> Result<Context, ApiError> {
+    let context = write_contexts::at_edge(state, Kind::Event, space_id, schema_ref).await?;
     let revision = context.revision;
-    let fire = admitted(state, caller.space_id(), context, Some(revision)).await?;
-    Ok(Context { caller, fire })
+    let fire = admitted(state, space_id, context, Some(revision)).await?;
+    Ok(Context { metadata, fire })
+}
+
+/// Fires `inputs` (event inputs of event schema `schema_ref` of `space_id`) for a writer that
+/// is no API key (the ingest's write key, named by `metadata`), each on its own as a batch with
+/// `onError: continue` fires its items (receipts and subjects looked up for all at once, the
+/// new ones appended together when all are admitted): each one's receipt, or why it was not
+/// accepted (an admission refusal is a 429 with its `Retry-After`).
+pub(crate) async fn fire_each(
+    state: &State,
+    metadata: Metadata,
+    (space_id, schema_ref): (&str, &str),
+    inputs: Vec<Map<String, Value>>,
+) -> Result<Vec<Result<Value, ApiError>>, ApiError> {
+    let context = context_of(state, metadata, (space_id, schema_ref)).await?;
+    let count = inputs.len();
+    let now_ms = platform::time::now_millis();
+    let mut outcomes = HashMap::new();
+    let mut candidates = Vec::new();
+    for (index, input) in inputs.into_iter().enumerate() {
+        match parse_candidate(&context.fire, index, Value::Object(input), now_ms) {
+            Ok(candidate) => candidates.push(candidate),
+            Err(outcome) => {
+                outcomes.insert(index, outcome);
+            }
+        }
+    }
+    outcomes.extend(accept_each(state, &context, candidates).await?);
+    Ok((0..count)
+        .map(|index| match outcomes.remove(&index) {
+            Some(Outcome::Accepted { receipt, .. }) => Ok(receipt),
+            Some(Outcome::Refused(refusal)) => Err(refusal.into()),
+            Some(Outcome::Failed(error)) => Err(error),
+            None => Err(ApiError::internal(&anyhow::anyhow!("event {index} of a fire produced no outcome"))),
+        })
+        .collect())
 }
 
 /// A fire's context from a catalog context: its admission scopes, created when new.
@@ -119,9 +164,9 @@ impl From<Result<Value, EventRefusal>> for Outcome {
 }
 
 /// The append of some new occurrences, all or nothing.
-fn acceptance(req: &HttpRequest, context: &Context, new: Vec<(StreamAppend, NewReceipt)>) -> AppendRequest {
+fn acceptance(context: &Context, new: Vec<(StreamAppend, NewReceipt)>) -> AppendRequest {
     let (streams, guards) = acceptance_parts(&context.fire, new);
-    AppendRequest::new(crate::edge::metadata(req, &context.caller, None), streams, guards)
+    AppendRequest::new(context.metadata.clone(), streams, guards)
 }
 
 /// Receipts and subjects of `candidates`, in two statements.
@@ -144,7 +189,6 @@ async fn lookups(
 /// Candidates sharing an eventId are decided one after another, so a repeat inside a batch
 /// is a duplicate of (or a conflict with) the first.
 async fn accept_each(
-    req: &HttpRequest,
     state: &State,
     context: &Context,
     candidates: Vec<Candidate>,
@@ -171,7 +215,7 @@ async fn accept_each(
             if todo.is_empty() {
                 break;
             }
-            todo = accept_round(req, state, context, todo, optimistic && attempt == 0, &mut outcomes).await?;
+            todo = accept_round(state, context, todo, optimistic && attempt == 0, &mut outcomes).await?;
         }
         for candidate in todo {
             outcomes.insert(candidate.index, Outcome::Refused(EventRefusal::Concurrent));
@@ -186,7 +230,6 @@ async fn accept_each(
 /// is decided again, and a refused admission is checked against the receipts before it
 /// answers 429 (a duplicate costs nothing, even with an empty bucket).
 async fn accept_round<'a>(
-    req: &HttpRequest,
     state: &State,
     context: &Context,
     todo: Vec<&'a Candidate>,
@@ -218,7 +261,7 @@ async fn accept_round<'a>(
     if appending.len() > 1 {
         let new: Vec<(StreamAppend, NewReceipt)> =
             appending.iter().map(|(_, (stream, receipt))| (stream.clone(), receipt.clone())).collect();
-        if let Ok(Appended { last_position }) = state.event_log.append(acceptance(req, context, new)).await {
+        if let Ok(Appended { last_position }) = state.event_log.append(acceptance(context, new)).await {
             for (candidate, (_, receipt)) in appending {
                 outcomes
                     .insert(candidate.index, Outcome::Accepted { receipt: receipt.receipt, position: last_position });
@@ -228,7 +271,7 @@ async fn accept_round<'a>(
     }
     let appends = appending.into_iter().map(|(candidate, new)| {
         let receipt = new.1.receipt.clone();
-        let request = acceptance(req, context, vec![new]);
+        let request = acceptance(context, vec![new]);
         async move { (candidate, receipt, state.event_log.append(request).await) }
     });
     let results = futures_util::future::join_all(appends).await;
@@ -414,17 +457,12 @@ pub async fn batch(
     let context = context(&req, &state, &path).await?;
     let (events, on_error) = parse_batch(api::http::read_json(&req, payload).await?)?;
     match on_error {
-        OnError::Continue => batch_continue(&req, &state, &context, events).await,
-        OnError::Abort => batch_abort(&req, &state, &context, events).await,
+        OnError::Continue => batch_continue(&state, &context, events).await,
+        OnError::Abort => batch_abort(&state, &context, events).await,
     }
 }
 
-async fn batch_continue(
-    req: &HttpRequest,
-    state: &State,
-    context: &Context,
-    events: Vec<Value>,
-) -> Result<HttpResponse, ApiError> {
+async fn batch_continue(state: &State, context: &Context, events: Vec<Value>) -> Result<HttpResponse, ApiError> {
     let count = events.len();
     let now_ms = platform::time::now_millis();
     let mut outcomes = HashMap::new();
@@ -437,7 +475,7 @@ async fn batch_continue(
             }
         }
     }
-    outcomes.extend(accept_each(req, state, context, candidates).await?);
+    outcomes.extend(accept_each(state, context, candidates).await?);
     let mut results = Vec::with_capacity(count);
     let (mut accepted, mut failed, mut position) = (0, 0, 0);
     for index in 0..count {
@@ -484,12 +522,7 @@ enum Planned {
     RepeatOf(usize),
 }
 
-async fn batch_abort(
-    req: &HttpRequest,
-    state: &State,
-    context: &Context,
-    events: Vec<Value>,
-) -> Result<HttpResponse, ApiError> {
+async fn batch_abort(state: &State, context: &Context, events: Vec<Value>) -> Result<HttpResponse, ApiError> {
     let now_ms = platform::time::now_millis();
     // Validation stops at the first invalid item: later ones are not attempted.
     let mut candidates = Vec::new();
@@ -542,7 +575,7 @@ async fn batch_abort(
         let failure = match failure.or_else(|| invalid.take()) {
             Some(failure) => Some(failure),
             None if new.is_empty() => None,
-            None => match state.event_log.append(acceptance(req, context, new)).await {
+            None => match state.event_log.append(acceptance(context, new)).await {
                 Ok(appended) => return Ok(abort_success(&planned, appended.last_position)),
                 Err(AppendError::Conflict { code: EVENT_ID_TAKEN, .. }) => continue,
                 Err(AppendError::Conflict { code: ADMISSION_REFUSED, .. }) => {
