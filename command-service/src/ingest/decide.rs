@@ -22,7 +22,9 @@ use std::sync::Arc;
 use domain::catalog::WriteContext;
 pub use domain::ingest::Refused;
 use domain::ingest::{Kind, Message};
-use domain::records::decide::{Input, Owners, RecordRefusal, UpdateDecision, decide_create, decide_update};
+use domain::records::decide::{
+    Input, Owners, RecordRefusal, UpdateDecision, WriteSchema, decide_create, decide_update,
+};
 use domain::records::write::{Write, create_write, update_write};
 use platform::crypto::DataKey;
 use platform::error::Code;
@@ -250,6 +252,41 @@ fn bind_alias(
     (stream, guards)
 }
 
+/// A record of `schema` (in `space_id`) as the ingest writes it: `input` over the record
+/// `target` (none when nothing changes), carried by the message `message_id`.
+fn update_of(
+    (space_id, schema): (&str, &WriteSchema<'_>),
+    (version, current, data_key): &Target,
+    (input, owners): (Input, &Owners),
+    message_id: &str,
+    given: &mut Given<'_>,
+) -> Result<Option<Write>, Refusal> {
+    match decide_update(schema, current, input, owners, given.now_ms)? {
+        UpdateDecision::Unchanged => Ok(None),
+        UpdateDecision::Changed(change) => {
+            let write = update_write(space_id, schema.schema_id, (*version, data_key.clone()), *change, given.fresh)
+                .map_err(|error| Refusal::Unwritable(error.to_string()))?;
+            Ok(Some(write.carried_by("ingest", message_id)))
+        }
+    }
+}
+
+/// A new record `record_id` of `schema` with `input`, created by the message `message_id`
+/// (`source: ingest`).
+fn create_of(
+    (space_id, schema): (&str, &WriteSchema<'_>),
+    record_id: &str,
+    (input, owners): (Input, &Owners),
+    message_id: &str,
+    given: &mut Given<'_>,
+) -> Result<Write, Refusal> {
+    let mut decision = decide_create(schema, input, owners, record_id, given.now_ms)?;
+    decision.event.source = "ingest".to_owned();
+    decision.event.source_id = message_id.to_owned();
+    create_write(space_id, schema.schema_id, decision, given.fresh)
+        .map_err(|error| Refusal::Unwritable(error.to_string()))
+}
+
 impl Decide for Resolve {
     type Loaded = Found;
     type Outcome = Outcome;
@@ -264,22 +301,14 @@ impl Decide for Resolve {
         let now = given.now_ms;
         let mut streams = Vec::new();
         let mut guards = Vec::new();
+        let space = (key.space_id.as_str(), &schema);
+        let input = (found.input.clone(), &found.owners);
         let (contact_id, data_key, created) = match choose(message, &found) {
-            Choice::Existing((version, current, data_key)) => {
-                let contact_id = current.record_id.clone();
-                let data_key = match decide_update(&schema, current, found.input.clone(), &found.owners, now)? {
-                    UpdateDecision::Unchanged => data_key.clone(),
-                    UpdateDecision::Changed(change) => {
-                        let write = update_write(
-                            &key.space_id,
-                            &key.contact_schema_id,
-                            (*version, data_key.clone()),
-                            *change,
-                            given.fresh,
-                        )
-                        .map_err(|error| Refusal::Unwritable(error.to_string()))?
-                        .carried_by("ingest", &message.message_id);
-                        let Write { stream, guards: claims, key: written_with } = write;
+            Choice::Existing(target) => {
+                let contact_id = target.1.record_id.clone();
+                let data_key = match update_of(space, target, input, &message.message_id, given)? {
+                    None => target.2.clone(),
+                    Some(Write { stream, guards: claims, key: written_with }) => {
                         streams.push(stream);
                         guards.extend(claims);
                         Some(written_with)
@@ -289,12 +318,8 @@ impl Decide for Resolve {
             }
             Choice::New => {
                 let contact_id = given.fresh.id("con");
-                let mut decision = decide_create(&schema, found.input.clone(), &found.owners, &contact_id, now)?;
-                decision.event.source = "ingest".to_owned();
-                decision.event.source_id.clone_from(&self.message.message_id);
-                let write = create_write(&key.space_id, &key.contact_schema_id, decision, given.fresh)
-                    .map_err(|error| Refusal::Unwritable(error.to_string()))?;
-                let Write { stream, guards: claims, key: written_with } = write;
+                let Write { stream, guards: claims, key: written_with } =
+                    create_of(space, &contact_id, input, &message.message_id, given)?;
                 streams.push(stream);
                 guards.extend(claims);
                 (contact_id, Some(written_with), true)
@@ -346,57 +371,30 @@ impl Decide for JoinGroup {
 
     fn decide(&self, joined: Joined, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let key = &*self.key;
-        let now = given.now_ms;
         let object_schema = write_schema(&joined.object_context, &key.space_id);
         let mut streams = Vec::new();
         let mut guards = Vec::new();
-        let object_id = match &joined.object {
-            Some((version, current, data_key)) => {
-                if let UpdateDecision::Changed(change) =
-                    decide_update(&object_schema, current, joined.input.clone(), &joined.owners, now)?
-                {
-                    let write = update_write(
-                        &key.space_id,
-                        object_schema.schema_id,
-                        (*version, data_key.clone()),
-                        *change,
-                        given.fresh,
-                    )
-                    .map_err(|error| Refusal::Unwritable(error.to_string()))?
-                    .carried_by("ingest", &self.message.message_id);
-                    streams.push(write.stream);
-                    guards.extend(write.guards);
-                }
-                current.record_id.clone()
+        let message_id = &self.message.message_id;
+        let input = (joined.input.clone(), &joined.owners);
+        let (object_id, object_write) = match &joined.object {
+            Some(target) => {
+                let write = update_of((&key.space_id, &object_schema), target, input, message_id, given)?;
+                (target.1.record_id.clone(), write)
             }
             None => {
                 let object_id = given.fresh.id("obj");
-                let mut decision =
-                    decide_create(&object_schema, joined.input.clone(), &joined.owners, &object_id, now)?;
-                decision.event.source = "ingest".to_owned();
-                decision.event.source_id.clone_from(&self.message.message_id);
-                let write = create_write(&key.space_id, object_schema.schema_id, decision, given.fresh)
-                    .map_err(|error| Refusal::Unwritable(error.to_string()))?;
-                streams.push(write.stream);
-                guards.extend(write.guards);
-                object_id
+                let write = create_of((&key.space_id, &object_schema), &object_id, input, message_id, given)?;
+                (object_id, Some(write))
             }
         };
         let contact_schema = write_schema(&joined.contact_context, &key.space_id);
-        let (version, current, data_key) = &joined.contact;
         let mut values = Map::new();
         values.insert(joined.contact_attribute.clone(), Value::String(object_id.clone()));
         let input = domain::records::decide::parse_input(&contact_schema, values)?;
-        if let UpdateDecision::Changed(change) = decide_update(&contact_schema, current, input, &Owners::new(), now)? {
-            let write = update_write(
-                &key.space_id,
-                contact_schema.schema_id,
-                (*version, data_key.clone()),
-                *change,
-                given.fresh,
-            )
-            .map_err(|error| Refusal::Unwritable(error.to_string()))?
-            .carried_by("ingest", &self.message.message_id);
+        let owners = Owners::new();
+        let contact_write =
+            update_of((&key.space_id, &contact_schema), &joined.contact, (input, &owners), message_id, given)?;
+        for write in object_write.into_iter().chain(contact_write) {
             streams.push(write.stream);
             guards.extend(write.guards);
         }
@@ -493,5 +491,163 @@ impl Decide for RecordRefusals {
             set: None,
         };
         Ok(Outcome::one(stream, vec![guard], Reply::ok(json!({"recorded": self.rows.len()}))).in_space(&self.space_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::harness::given;
+    use domain::catalog::{AttributeEntry, SchemaEntry};
+    use domain::records::RecordState;
+    use domain::records::decide::parse_input;
+    use std::collections::BTreeMap;
+
+    fn key() -> Arc<WriteKey> {
+        Arc::new(WriteKey {
+            id: "wrk_1".into(),
+            space_id: "spc_1".into(),
+            slug: "web".into(),
+            source: "web".into(),
+            contact_schema_id: "sch_c".into(),
+            events: BTreeMap::new(),
+            page_schema_id: None,
+            screen_schema_id: None,
+            group: None,
+        })
+    }
+
+    fn context() -> Arc<WriteContext> {
+        Arc::new(WriteContext {
+            schema: SchemaEntry {
+                schema_id: "sch_c".into(),
+                slug: "contacts".into(),
+                schema_type: "contact".into(),
+                doc: json!({}),
+                attribute_count: 1,
+                revision: 1,
+            },
+            attributes: vec![AttributeEntry { key: "plan".into(), definition: json!({"type": "string"}) }],
+            credits: 0,
+            revision: 1,
+        })
+    }
+
+    fn message(kind: Kind, user: Option<&str>, anonymous: Option<&str>) -> Arc<Message> {
+        let item = json!({"messageId": "m-1", "userId": user, "anonymousId": anonymous, "previousId": anonymous,
+                          "event": "Signed Up", "traits": {"plan": "pro", "shoe": 42}});
+        Arc::new(domain::ingest::read(kind, &item, || "g".to_owned()).expect("a message"))
+    }
+
+    /// A live contact `id` holding `user_id`.
+    fn contact(id: &str, user_id: Option<&str>) -> Target {
+        let state = RecordState {
+            record_id: id.into(),
+            space_id: "spc_1".into(),
+            schema_id: "sch_c".into(),
+            schema_type: "contact".into(),
+            source: "api".into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            personal: Some(proto::RecordPersonal {
+                user_id: user_id.map(str::to_owned),
+                values_json: "{}".into(),
+                ..Default::default()
+            }),
+        };
+        (2, state, None)
+    }
+
+    fn found(message: &Message, by_user: Option<Target>, alias: Option<(Option<&str>, Option<Target>)>) -> Found {
+        let context = context();
+        let (raw, kept) = contact_input(message, &context);
+        let input = parse_input(&write_schema(&context, "spc_1"), raw).expect("valid");
+        let (alias, by_alias) = match alias {
+            Some((bound, target)) => (
+                Some((
+                    "digest".to_owned(),
+                    Alias { contact_id: bound.map(str::to_owned), revision: i64::from(bound.is_some()), erased: false },
+                )),
+                target,
+            ),
+            None => (None, None),
+        };
+        Found {
+            context,
+            input,
+            kept,
+            owners: Owners::new(),
+            by_user,
+            alias,
+            by_alias,
+            by_email: None,
+            capacity: platform::settings::IdentityCapacity::default(),
+        }
+    }
+
+    fn resolve(message: Arc<Message>) -> Resolve {
+        Resolve { key: key(), message, kept: Map::new() }
+    }
+
+    fn types(outcome: &Outcome) -> Vec<&str> {
+        outcome.events().iter().map(|event| event.event_type()).collect()
+    }
+
+    #[test]
+    fn given_an_unknown_visitor_when_identified_then_a_contact_is_created_with_its_user_id_and_the_alias_bound() {
+        let identify = message(Kind::Identify, Some("u-1"), Some("a-1"));
+        let outcome = given(found(&identify, None, Some((None, None)))).when(&resolve(identify)).decided();
+        assert_eq!(types(&outcome), ["RecordCreated.v1", "EventIdentityChanged.v1", "IngestMessageKept.v1"]);
+        let LogEvent::RecordCreated(created) = outcome.events()[0] else { panic!("created") };
+        assert_eq!((created.source.as_str(), created.source_id.as_str()), ("ingest", "m-1"));
+        let LogEvent::EventIdentityChanged(bound) = outcome.events()[1] else { panic!("bound") };
+        assert_eq!((bound.contact_id.as_str(), bound.revision), ("con_1", 1));
+        assert_eq!(outcome.reply().expect("a reply").json(), &json!({"contactId": "con_1", "created": true}));
+    }
+
+    #[test]
+    fn given_a_visitor_known_by_its_anonymous_id_when_it_signs_up_then_its_contact_takes_the_user_id() {
+        let alias = message(Kind::Alias, Some("u-1"), Some("a-1"));
+        let outcome = given(found(&alias, None, Some((Some("con_anon"), Some(contact("con_anon", None))))))
+            .when(&resolve(alias))
+            .decided();
+        assert_eq!(types(&outcome), ["RecordUpdated.v1"], "the alias names it already");
+        let LogEvent::RecordUpdated(updated) = outcome.events()[0] else { panic!("updated") };
+        assert_eq!((updated.record_id.as_str(), updated.change_source.as_str()), ("con_anon", "ingest"));
+        assert_eq!(updated.changed_keys, ["userId"]);
+    }
+
+    #[test]
+    fn given_both_ids_known_when_aliased_then_the_users_contact_survives_and_the_alias_moves_to_it() {
+        let alias = message(Kind::Alias, Some("u-1"), Some("a-1"));
+        let found = found(
+            &alias,
+            Some(contact("con_user", Some("u-1"))),
+            Some((Some("con_anon"), Some(contact("con_anon", None)))),
+        );
+        let outcome = given(found).when(&resolve(alias)).decided();
+        assert_eq!(types(&outcome), ["EventIdentityChanged.v1"], "nothing else is written: no merge of data");
+        let LogEvent::EventIdentityChanged(moved) = outcome.events()[0] else { panic!("moved") };
+        assert_eq!(
+            (moved.contact_id.as_str(), moved.previous_contact_id.as_str(), moved.revision),
+            ("con_user", "con_anon", 2)
+        );
+    }
+
+    #[test]
+    fn given_an_anonymous_id_of_another_user_when_a_new_user_is_seen_then_a_contact_of_its_own_is_made() {
+        let track = message(Kind::Track, Some("u-2"), Some("a-1"));
+        let found = found(&track, None, Some((Some("con_other"), Some(contact("con_other", Some("u-1"))))));
+        let outcome = given(found).when(&resolve(track)).decided();
+        assert_eq!(types(&outcome), ["RecordCreated.v1", "EventIdentityChanged.v1"], "a shared device's second user");
+        let erased = Found {
+            alias: Some(("digest".to_owned(), Alias { contact_id: None, revision: 3, erased: true })),
+            ..found_of_erased()
+        };
+        given(erased).when(&resolve(message(Kind::Track, None, Some("a-1")))).then_refused(Refusal::AliasErased);
+    }
+
+    fn found_of_erased() -> Found {
+        found(&message(Kind::Track, None, Some("a-1")), None, None)
     }
 }

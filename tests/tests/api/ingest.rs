@@ -208,6 +208,15 @@ async fn a_batch_sent_again_records_nothing_twice_and_a_bad_message_is_kept_not_
     // Another space sees none of them.
     let elsewhere = app.get("/ingest-failures", crate::helpers::MULTI_BETA).await;
     assert_eq!(elsewhere.body["data"], json!([]), "{:?}", elsewhere.body);
+    // The operator's status counts them and says where to look.
+    let output = crate::helpers::run_binary("projector", &["status", "--json"], &app.database_url);
+    let status: Value = serde_json::from_slice(&output.stdout).expect("the status as JSON");
+    assert_eq!(status["ingestFailures"], 3, "{status}");
+    let problems = status["problems"].as_array().cloned().unwrap_or_default();
+    assert!(
+        problems.iter().any(|problem| problem.as_str().is_some_and(|p| p.contains("/v1/ingest-failures"))),
+        "{problems:?}"
+    );
 }
 
 #[tokio::test]
