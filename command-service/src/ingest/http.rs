@@ -126,11 +126,31 @@ fn items_of(value: Value, path_kind: Option<Kind>) -> Result<Vec<Value>, Intake>
     let Value::Object(mut body) = value else {
         return Err(Intake::Shape("the request body must be a JSON object".to_owned()));
     };
+    // The request's own fields are held to their types (a message's are read per message).
+    if body.get("writeKey").is_some_and(|key| !key.is_string()) {
+        return Err(Intake::Shape("writeKey must be a string: the write key".to_owned()));
+    }
+    // The key is never kept with a message (a message that is not applied is listed as sent,
+    // to anyone who may read the space): browsers send it in each message's body.
+    body.remove("writeKey");
     if path_kind.is_some() {
         return Ok(vec![Value::Object(body)]);
     }
+    if body.get("sentAt").is_some_and(|sent| !sent.is_string()) {
+        return Err(Intake::Shape("sentAt must be a string: when the batch was sent (ISO 8601)".to_owned()));
+    }
+    if body.get("context").is_some_and(|context| !context.is_object()) {
+        return Err(Intake::Shape("context must be an object".to_owned()));
+    }
     match body.remove("batch") {
-        Some(Value::Array(items)) => Ok(items),
+        Some(Value::Array(mut items)) => {
+            for item in &mut items {
+                if let Value::Object(message) = item {
+                    message.remove("writeKey");
+                }
+            }
+            Ok(items)
+        }
         Some(_) => Err(Intake::Shape("batch must be an array of messages".to_owned())),
         None => Err(Intake::Shape("batch is required: an array of messages (identify, track, page, ...)".to_owned())),
     }

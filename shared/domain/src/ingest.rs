@@ -132,7 +132,10 @@ pub fn read(kind: Kind, item: &Value, generated_id: impl FnOnce() -> String) -> 
     let Value::Object(fields) = item else { return Err(invalid("a message is a JSON object")) };
     let message_id = match fields.get("messageId") {
         None | Some(Value::Null) => generated_id(),
-        other => id_of(other).ok_or_else(|| invalid("messageId must be a non-empty string"))?,
+        Some(text @ Value::String(_)) => {
+            id_of(Some(text)).ok_or_else(|| invalid("messageId must be a non-empty string"))?
+        }
+        Some(_) => return Err(invalid("messageId must be a string")),
     };
     if message_id.chars().count() > 512 {
         return Err(invalid("messageId must be at most 512 characters"));
@@ -146,6 +149,17 @@ pub fn read(kind: Kind, item: &Value, generated_id: impl FnOnce() -> String) -> 
         ),
         Some(_) => return Err(invalid("timestamp must be an ISO 8601 date-time string")),
     };
+    // Each field the message schema names holds its type, whatever the message's type uses.
+    for name in ["userId", "anonymousId", "groupId", "previousId"] {
+        if fields.get(name).is_some_and(|id| !(id.is_string() || id.is_number() || id.is_null())) {
+            return Err(invalid(&format!("{name} must be a string or a number")));
+        }
+    }
+    for name in ["event", "name", "category"] {
+        if fields.get(name).is_some_and(|text| !(text.is_string() || text.is_null())) {
+            return Err(invalid(&format!("{name} must be a string")));
+        }
+    }
     let traits = object_of(fields.get("traits")).map_err(|()| invalid("traits must be an object"))?;
     let properties = object_of(fields.get("properties")).map_err(|()| invalid("properties must be an object"))?;
     let message = Message {
@@ -330,6 +344,11 @@ mod tests {
             (Kind::Identify, json!({"userId": "u", "traits": []}), Code::InvalidField),
             (Kind::Identify, json!({"userId": "u", "timestamp": "yesterday"}), Code::InvalidField),
             (Kind::Identify, json!("a string"), Code::InvalidField),
+            // A field the type does not use still holds the schema's type.
+            (Kind::Identify, json!({"userId": "u", "previousId": {}}), Code::InvalidField),
+            (Kind::Alias, json!({"userId": "u", "previousId": "a", "groupId": [1]}), Code::InvalidField),
+            (Kind::Page, json!({"userId": "u", "event": true}), Code::InvalidField),
+            (Kind::Identify, json!({"userId": "u", "messageId": 7}), Code::InvalidField),
         ] {
             let refused = read(kind, &item, || "g".to_owned()).expect_err("refused");
             assert_eq!(refused.code, code, "{item}: {refused:?}");

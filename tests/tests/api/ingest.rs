@@ -164,8 +164,10 @@ async fn a_batch_sent_again_records_nothing_twice_and_a_bad_message_is_kept_not_
     let batch = json!({"writeKey": WRITE_KEY, "batch": [
         {"type": "identify", "userId": "user-2", "messageId": "r-1", "traits": {"email": "bo@example.com"}},
         {"type": "track", "userId": "user-2", "messageId": "r-2", "event": "Order Completed", "properties": {"amount": 5}},
-        // No schema records this name: kept, with why, and the others applied.
-        {"type": "track", "userId": "user-2", "messageId": "r-3", "event": "Refund Issued", "properties": {"amount": 5}},
+        // No schema records this name: kept, with why, and the others applied. The key a
+        // browser repeats in each message is not kept with it.
+        {"type": "track", "userId": "user-2", "messageId": "r-3", "event": "Refund Issued", "properties": {"amount": 5},
+         "writeKey": WRITE_KEY},
         // A value its attribute does not take.
         {"type": "identify", "userId": "user-3", "messageId": "r-4", "traits": {"age": "old"}},
         {"type": "track", "messageId": "r-5", "event": "Order Completed"}
@@ -201,6 +203,7 @@ async fn a_batch_sent_again_records_nothing_twice_and_a_bad_message_is_kept_not_
     assert_eq!(refund["message"]["event"], "Refund Issued", "the message as sent: {refund}");
     assert!(refund["reason"].as_str().is_some_and(|reason| reason.contains("refund-issued")), "{refund}");
     crate::helpers::assert_conforms("IngestFailure", &listed);
+    assert!(!failures.body.to_string().contains(WRITE_KEY), "no write key is listed: {listed:?}");
     let paged = app.get("/ingest-failures?limit=1", ALPHA_ADMIN).await;
     let cursor = paged.body["pagination"]["nextCursor"].as_str().expect("a next page").to_owned();
     let next = app.get(&format!("/ingest-failures?limit=2&cursor={cursor}"), ALPHA_ADMIN).await;
@@ -257,6 +260,28 @@ async fn the_door_takes_gzip_and_refuses_what_segment_refuses_with_the_error_env
     assert_eq!((nameless.status, nameless.code().as_str()), (400, Some("missing_field")), "{:?}", nameless.body);
     let shapeless = ingest(&app, "/identify", WRITE_KEY, &json!({"userId": "u", "traits": "tall"})).await;
     assert_eq!((shapeless.status, shapeless.code().as_str()), (400, Some("invalid_field")), "{:?}", shapeless.body);
+
+    // The request's own fields are held to their types.
+    let numbered = ingest(&app, "/identify", WRITE_KEY, &json!({"userId": "u", "writeKey": 42})).await;
+    assert_eq!((numbered.status, numbered.code().as_str()), (400, Some("invalid_body")), "{:?}", numbered.body);
+    for (field, value) in [("context", json!([null])), ("sentAt", json!(5)), ("writeKey", json!({"key": WRITE_KEY}))] {
+        let mut body = json!({"batch": [{"type": "identify", "userId": "typed"}]});
+        body[field] = value;
+        let refused = ingest(&app, "/batch", WRITE_KEY, &body).await;
+        assert_eq!(
+            (refused.status, refused.code().as_str()),
+            (400, Some("invalid_body")),
+            "{field}: {:?}",
+            refused.body
+        );
+    }
+    // A single message kept as sent, less the key in its body (as analytics.js sends it).
+    let kept = json!({"writeKey": WRITE_KEY, "userId": "u", "event": "Refund Issued", "messageId": "kept-1"});
+    let answer = app.send(raw("/track").json(&kept)).await;
+    assert_eq!((answer.status, &answer.body["data"]["failed"]), (200, &json!(1)), "{:?}", answer.body);
+    let failures = app.get("/ingest-failures", ALPHA_ADMIN).await;
+    assert_eq!(failures.body["data"][0]["message"]["event"], "Refund Issued", "{:?}", failures.body);
+    assert!(!failures.body.to_string().contains(WRITE_KEY), "no write key is listed: {:?}", failures.body);
 
     // Keys: none, an unknown one, an API key; and a write key is no API key elsewhere.
     let none = app.send(raw("/track").json(&json!({"userId": "u", "event": "x"}))).await;
@@ -511,4 +536,43 @@ async fn a_command_service_killed_mid_batch_loses_and_duplicates_nothing_a_clien
     assert_eq!(events, (BATCHES * PER_BATCH) as i64, "receipts {receipts}; missing {missing:?}");
     let contacts = app.query_i64("SELECT count(*) FROM events WHERE event_type = 'RecordCreated.v1'").await;
     assert_eq!(contacts, USERS as i64, "one contact per userId, however often its batch was sent");
+}
+
+#[tokio::test]
+async fn each_write_key_has_its_own_ingest_bucket_and_a_limited_client_is_told_when_to_retry() {
+    let limits = platform::settings::RateLimits { ingest_per_second: 2, ..crate::helpers::unlimited() };
+    let app = TestApp::spawn_with(crate::helpers::Options { limits: Some(limits), ..Default::default() }).await;
+    app.apply_workspace(&ingest_workspace(), true).await;
+    let message = |n: u32| json!({"type": "identify", "userId": format!("limit-{n}"), "traits": {"email": format!("limit{n}@example.com")}});
+    // A burst inside one second of the clock: the window is a second, shared by every instance.
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|since| since.as_millis() % 1000)
+        .unwrap_or(0);
+    tokio::time::sleep(std::time::Duration::from_millis(u64::try_from(1020 - millis).unwrap_or(0))).await;
+    let mut statuses = Vec::new();
+    let mut limited = None;
+    for n in 0..3 {
+        let response = ingest(&app, "/identify", WRITE_KEY, &message(n)).await;
+        if response.status == 429 {
+            limited = Some(response);
+        } else {
+            statuses.push(response.status);
+        }
+    }
+    assert_eq!(statuses, vec![200, 200], "two messages fit the window");
+    let limited = limited.expect("the third request is limited");
+    assert_eq!(limited.code(), "rate_limit_exceeded", "{:?}", limited.body);
+    let retry_after = limited.header("retry-after").expect("Retry-After");
+    let reset = chrono::DateTime::parse_from_rfc2822(retry_after).expect("an HTTP date");
+    let wait = reset.timestamp_millis() - chrono::Utc::now().timestamp_millis();
+    assert!((-1000..=1000).contains(&wait), "the window resets within a second: {retry_after}");
+    // The ingest bucket is not the API key's: the admin's writes still go through.
+    let created = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({"email": "beside@example.com"})).await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    // The next window opens the bucket again, and the limited message was not taken.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(ingest(&app, "/identify", WRITE_KEY, &message(3)).await.status, 200);
+    let found = contacts_of(&app, "userId=limit-2").await;
+    assert!(found.is_empty(), "a refused request writes nothing: {found:?}");
 }
