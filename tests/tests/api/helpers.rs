@@ -181,8 +181,29 @@ pub(crate) async fn spawn_servers(
     (processes, urls)
 }
 
+/// A port for a process the test starts, free when chosen: below the kernel's range of
+/// ephemeral ports, where no `bind` to port 0 and no outgoing connection is given it in the
+/// moment before the process binds it (a projector's operations endpoint, bound to port 0,
+/// once took a command service's port chosen by binding 0 and answered its requests 404),
+/// and never the same twice in one test process.
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    use rand::Rng;
+    static HANDED: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let top = ephemeral.saturating_sub(1).max(20_100);
+    let mut handed = HANDED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut rng = rand::rng();
+    for _ in 0..10_000 {
+        let port = rng.random_range(20_000..=top);
+        if !handed.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed.push(port);
+            return port;
+        }
+    }
+    panic!("no free port between 20000 and {top}")
 }
 
 #[derive(Debug)]
