@@ -169,6 +169,9 @@ impl From<crate::templates::decide::Refusal> for ApiError {
         match refusal {
             Refusal::NotFound(_) => ApiError::not_found(code, message),
             Refusal::ContentNotAccepted(_) | Refusal::UnknownField(_) => ApiError::bad_request(code, message),
+            Refusal::InvalidField { field, message } => ApiError::bad_request(code, message.clone())
+                .with_issues(vec![platform::error::Issue::for_key(field, message)]),
+            Refusal::ContactNotFound(_) => ApiError::not_found(code, message),
             Refusal::InvalidData { message, issues } => ApiError::bad_request(code, message).with_issues(issues),
             Refusal::Gate(mail::send::Gate::NoAddress) => ApiError::bad_request(code, message),
             Refusal::Gate(_) => ApiError::unprocessable(code, message),

@@ -15,11 +15,11 @@ use domain::email::send::policy::{Cap, MAX_CAPS, Outcome, QuietHours, SendPolicy
 use mail::dkim;
 use mail::{footer, render};
 use platform::events::LogEvent;
-use platform::ids::derived_id;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::format::{ResourceSpec, SpaceSpec, TrackingSpec};
+pub(super) use super::format::{Schemas, resource_id};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -82,6 +82,15 @@ struct TemplateSpec {
     /// Absent fields: the kind's default (marketing mail tracked, transactional not).
     #[serde(default)]
     tracking: Option<TrackingSpec>,
+    /// The tag of this content (subject, html, text); absent: the space's default.
+    #[serde(default)]
+    locale: Option<String>,
+    /// Variants by locale, each with its own subject, html and text.
+    #[serde(default)]
+    locales: BTreeMap<String, super::content::VariantSpec>,
+    /// The slug of the layout its bodies are rendered into.
+    #[serde(default)]
+    layout: Option<String>,
 }
 
 fn default_recipient() -> String {
@@ -141,49 +150,6 @@ fn yes() -> bool {
     true
 }
 
-/// What the email resources of a space refer to elsewhere in the file.
-pub(super) struct Schemas<'a> {
-    /// Schema slug → (id, type, attribute keys).
-    pub by_slug: BTreeMap<&'a str, (String, &'a str, Vec<&'a str>)>,
-    /// Schema slug → its attributes with their definitions, to check values against.
-    pub attributes: BTreeMap<&'a str, Vec<domain::catalog::AttributeEntry>>,
-}
-
-impl<'a> Schemas<'a> {
-    pub(super) fn of(space: &'a SpaceSpec) -> Self {
-        let by_slug = space
-            .schemas
-            .iter()
-            .map(|schema| {
-                let id = derived_id("sch", &["schema", &space.slug, &schema.slug]);
-                let keys = schema.attributes.iter().map(|attribute| attribute.key.as_str()).collect();
-                (schema.slug.as_str(), (id, schema.schema_type.as_str(), keys))
-            })
-            .collect();
-        let attributes = space
-            .schemas
-            .iter()
-            .map(|schema| {
-                let entries = schema
-                    .attributes
-                    .iter()
-                    .map(|attribute| domain::catalog::AttributeEntry {
-                        key: attribute.key.clone(),
-                        definition: Value::Object(attribute.definition.clone()),
-                    })
-                    .collect();
-                (schema.slug.as_str(), entries)
-            })
-            .collect();
-        Self { by_slug, attributes }
-    }
-}
-
-/// The id of a resource of `kind` (its fixed id, or one derived from the space and slug).
-pub(super) fn resource_id(kind: &str, prefix: &str, space_slug: &str, resource: &ResourceSpec) -> String {
-    resource.id.clone().unwrap_or_else(|| derived_id(prefix, &[kind, space_slug, &resource.slug]))
-}
-
 fn spec<T: serde::de::DeserializeOwned>(kind: &str, resource: &ResourceSpec) -> anyhow::Result<T> {
     serde_json::from_value(Value::Object(resource.fields.clone()))
         .with_context(|| format!("{kind} {:?} is not valid", resource.slug))
@@ -228,7 +194,8 @@ pub(super) fn definitions(
         ids(TOPIC, "top", &space.slug, &space.topics),
         ids(TEMPLATE, "tpl", &space.slug, &space.templates),
     );
-    let mut out = Vec::new();
+    let content = super::content::Content::of(space, &schemas)?;
+    let mut out = content.definitions()?;
     let mut domain_names = BTreeMap::new();
     // Sender id -> whether its marketing mail has a postal address to print.
     let mut postal_senders: BTreeMap<String, bool> = BTreeMap::new();
@@ -323,15 +290,16 @@ pub(super) fn definitions(
                 input.sender
             );
         }
-        for (part, source) in [("subject", &input.subject), ("html", &input.html), ("text", &input.text)] {
-            render::check(source)
-                .map_err(|error| anyhow::anyhow!("{owner}: its {part} is not valid Liquid: {error}"))?;
-        }
         let mut data = BTreeMap::new();
         for (key, expected) in &input.data {
-            // A marketing template's context holds the unsubscribe link under this name.
-            if input.kind == "marketing" && key == footer::UNSUBSCRIBE_VARIABLE {
-                bail!("{owner}: data key {key:?} is the unsubscribe link's variable; name the key otherwise");
+            // A marketing template's context holds the footer's values under these names.
+            let footer_variables =
+                [footer::UNSUBSCRIBE_VARIABLE, mail::send::POSTAL_VARIABLE, mail::send::SUBSCRIBED_TO_VARIABLE];
+            if input.kind == "marketing" && footer_variables.contains(&key.as_str()) {
+                bail!("{owner}: data key {key:?} is a variable of the marketing footer; name the key otherwise");
+            }
+            if key == render::CONTENT_VARIABLE && input.layout.is_some() {
+                bail!("{owner}: data key {key:?} is where its layout holds the body; name the key otherwise");
             }
             let (schema_id, schema_type, _) = schemas.by_slug.get(expected.schema.as_str()).with_context(|| {
                 format!("{owner}: data key {key:?} names schema {:?}, which the space does not define", expected.schema)
@@ -354,7 +322,14 @@ pub(super) fn definitions(
         template_kinds.insert(id.clone(), input.kind.clone());
         template_shapes.insert(id.clone(), (input.kind.clone(), data.len() == 1));
         let tracking = input.tracking.unwrap_or_default().or(TrackingDef::default_for(&input.kind)).and(space_tracking);
-        let definition = TemplateDef {
+        let shapes = data
+            .iter()
+            .map(|(key, context): (&String, &ContextKey)| {
+                (key.clone(), (context.schema_slug.clone(), context.schema_type.clone()))
+            })
+            .collect();
+        let sample = super::content::sample_context(&schemas, &shapes, input.kind == "marketing");
+        let mut definition = TemplateDef {
             slug: resource.slug.clone(),
             name: input.name,
             kind: input.kind,
@@ -366,7 +341,14 @@ pub(super) fn definitions(
             recipient: input.recipient,
             data,
             tracking: Some(tracking),
+            locale: None,
+            locales: BTreeMap::new(),
+            locale_attribute: None,
+            layout_id: None,
+            partials: BTreeMap::new(),
         };
+        let variants = (input.locale.as_deref(), input.locales, input.layout.as_deref());
+        content.complete(&owner, &mut definition, variants, &sample)?;
         out.push((TEMPLATE, id, serde_json::to_value(definition)?));
     }
     for resource in &space.forms {

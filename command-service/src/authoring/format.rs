@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use anyhow::{Context, bail};
+use platform::ids::derived_id;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -72,8 +73,18 @@ pub struct SpaceSpec {
     /// templates would track (absent fields stay on).
     #[serde(default)]
     pub email_tracking: Option<TrackingSpec>,
+    /// The contact attribute that holds a contact's locale, and the default tag:
+    /// `{"attribute": "language", "default": "en"}`.
+    #[serde(default)]
+    pub locale: Option<LocaleSpec>,
     #[serde(default)]
     pub schemas: Vec<SchemaSpec>,
+    /// Blocks of content templates render with `{% render 'slug' %}`.
+    #[serde(default)]
+    pub partials: Vec<ResourceSpec>,
+    /// Frames around template bodies, holding them at `{{ content }}`.
+    #[serde(default)]
+    pub layouts: Vec<ResourceSpec>,
     #[serde(default)]
     pub templates: Vec<ResourceSpec>,
     #[serde(default)]
@@ -99,6 +110,15 @@ pub struct SpaceSpec {
     /// there.
     #[serde(default)]
     pub webhooks: Vec<WebhookSpec>,
+}
+
+/// `locale` of a space: the contact attribute that holds a contact's locale, and the tag of
+/// contacts without one (and of templates that name none).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LocaleSpec {
+    pub attribute: String,
+    pub default: String,
 }
 
 /// An integration-owned webhook. Created once with a fresh secret; a later apply changes its
@@ -392,6 +412,49 @@ fn enabled() -> bool {
 pub struct GroupSpec {
     pub schema: String,
     pub contact_attribute: String,
+}
+
+/// What the email resources of a space refer to elsewhere in the file.
+pub(super) struct Schemas<'a> {
+    /// Schema slug → (id, type, attribute keys).
+    pub by_slug: BTreeMap<&'a str, (String, &'a str, Vec<&'a str>)>,
+    /// Schema slug → its attributes with their definitions, to check values against.
+    pub attributes: BTreeMap<&'a str, Vec<domain::catalog::AttributeEntry>>,
+}
+
+impl<'a> Schemas<'a> {
+    pub(super) fn of(space: &'a SpaceSpec) -> Self {
+        let by_slug = space
+            .schemas
+            .iter()
+            .map(|schema| {
+                let id = derived_id("sch", &["schema", &space.slug, &schema.slug]);
+                let keys = schema.attributes.iter().map(|attribute| attribute.key.as_str()).collect();
+                (schema.slug.as_str(), (id, schema.schema_type.as_str(), keys))
+            })
+            .collect();
+        let attributes = space
+            .schemas
+            .iter()
+            .map(|schema| {
+                let entries = schema
+                    .attributes
+                    .iter()
+                    .map(|attribute| domain::catalog::AttributeEntry {
+                        key: attribute.key.clone(),
+                        definition: Value::Object(attribute.definition.clone()),
+                    })
+                    .collect();
+                (schema.slug.as_str(), entries)
+            })
+            .collect();
+        Self { by_slug, attributes }
+    }
+}
+
+/// The id of a resource of `kind` (its fixed id, or one derived from the space and slug).
+pub(super) fn resource_id(kind: &str, prefix: &str, space_slug: &str, resource: &ResourceSpec) -> String {
+    resource.id.clone().unwrap_or_else(|| derived_id(prefix, &[kind, space_slug, &resource.slug]))
 }
 
 #[cfg(test)]

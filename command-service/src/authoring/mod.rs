@@ -2,6 +2,7 @@
 //! The format is documented in `docs/workspace-file.md`.
 
 mod apply;
+mod content;
 mod email;
 mod format;
 mod ingest;

@@ -269,10 +269,12 @@ pub fn parse(fields: &Map<String, Value>, urlencoded: bool) -> Result<Choice, Re
                 Err(issue) => issues.push(issue),
             }
         }
+        // The page posts every topic's choice with either button; they are held to the
+        // form's shape with both (a topic the space no longer has does not stop leaving all).
         return match (action, issues.is_empty()) {
-            ("unsubscribe_all", _) => Ok(Choice::LeaveAll),
+            ("unsubscribe_all", true) => Ok(Choice::LeaveAll),
             ("save", true) => Ok(Choice::Topics(topics)),
-            ("save", false) => Err(invalid(issues)),
+            ("save" | "unsubscribe_all", false) => Err(invalid(issues)),
             (other, _) => Err(invalid(vec![Issue::for_key(
                 "action",
                 format!("action must be \"save\" or \"unsubscribe_all\"; got {other:?}"),
@@ -293,6 +295,11 @@ pub fn parse(fields: &Map<String, Value>, urlencoded: bool) -> Result<Choice, Re
     let mut topics = BTreeMap::new();
     match fields.get("topics") {
         None => {}
+        // As documented (at least one): `{"topics": {}, "unsubscribeAll": true}` is refused,
+        // not read as leaving everything.
+        Some(Value::Object(given)) if given.is_empty() => {
+            issues.push(Issue::for_key("topics", "topics names no topic; name at least one, or leave it out"));
+        }
         Some(Value::Object(given)) => {
             for (topic_id, value) in given {
                 let key = format!("topics.{topic_id}");
@@ -458,6 +465,8 @@ mod tests {
         assert_eq!(code(json!({"action": "save", "top_a": "maybe"}), true), Some(Code::InvalidPreferences));
         assert_eq!(code(json!({"action": "save", "colour": "red"}), true), Some(Code::InvalidPreferences));
         assert_eq!(code(json!({"action": "shout"}), true), Some(Code::InvalidPreferences));
+        let junk = json!({"action": "unsubscribe_all", "top_a": "\u{1a}u"});
+        assert_eq!(code(junk, true), Some(Code::InvalidPreferences));
     }
 
     #[test]
@@ -472,6 +481,7 @@ mod tests {
             json!({"topics": []}),
             json!({"topics": {"top_a": true}}),
             json!({"topics": {"top_a": "subscribed"}, "unsubscribeAll": true}),
+            json!({"topics": {}, "unsubscribeAll": true}),
             json!({"topics": {"top_a": "subscribed"}, "colour": "red"}),
         ] {
             let refused = parse(&fields(invalid.clone()), false).expect_err("refused");

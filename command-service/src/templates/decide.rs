@@ -30,6 +30,13 @@ pub enum Refusal {
     /// The body has a field other than `data` (400 `unknown_field`).
     #[error("unknown field {0:?}; the body is {{data: {{...}}}}")]
     UnknownField(String),
+    /// A preview's field is not what it may be (400 `invalid_field`).
+    #[error("{message}")]
+    InvalidField { field: String, message: String },
+    /// A preview's `contactId` is no contact of the template's recipient schema in the space
+    /// (404 `record_not_found`).
+    #[error("no contact {0:?} of the template's recipient schema in this space")]
+    ContactNotFound(String),
     /// The context is not what the template expects; `issues` names the keys (400
     /// `invalid_template_data`).
     #[error("{message}")]
@@ -72,6 +79,8 @@ impl Refusal {
             Self::NotFound(_) => Code::TemplateNotFound,
             Self::ContentNotAccepted(_) => Code::TemplateContentNotAccepted,
             Self::UnknownField(_) => Code::UnknownField,
+            Self::InvalidField { .. } => Code::InvalidField,
+            Self::ContactNotFound(_) => Code::RecordNotFound,
             Self::InvalidData { .. } => Code::InvalidTemplateData,
             Self::Gate(gate) | Self::Policy { gate, .. } => gate.code(),
             Self::RenderFailed(_) => Code::TemplateRenderFailed,
@@ -337,6 +346,7 @@ mod tests {
                 ContextKey { schema_id: "sch_1".into(), schema_slug: "contacts".into(), schema_type: "contact".into() },
             )]),
             tracking: None,
+            ..Default::default()
         }
     }
 
@@ -417,6 +427,7 @@ mod tests {
             topic: None,
             allowance: Some(AllowanceDef { monthly: 100 }),
             policy: None,
+            parts: Default::default(),
         })
     }
 

@@ -5,3 +5,4 @@
 pub mod decide;
 pub mod hand_off;
 pub mod http;
+pub mod preview;

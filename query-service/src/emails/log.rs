@@ -176,12 +176,21 @@ pub(crate) fn row(mut story: Value, address: Option<String>) -> Value {
         "failed" => (None, last("failed").map(|entry| entry["error"].clone())),
         _ => (None, None),
     };
+    with_content_fields(&mut story);
     if let Some(object) = story.as_object_mut() {
         object.insert("address".to_owned(), address.map_or(Value::Null, Value::String));
         object.insert("gate".to_owned(), gate.unwrap_or(Value::Null));
         object.insert("error".to_owned(), error.unwrap_or(Value::Null));
     }
     story
+}
+
+/// A story stored before emails recorded their locale and parts gets them empty.
+pub(crate) fn with_content_fields(story: &mut Value) {
+    if let Some(object) = story.as_object_mut() {
+        object.entry("locale").or_insert(Value::Null);
+        object.entry("parts").or_insert_with(|| Value::Array(Vec::new()));
+    }
 }
 
 /// Appends `fields` to `out` as one CSV record, as RFC 4180 and the `csv` crate's writer
@@ -207,7 +216,7 @@ pub(crate) fn write_csv_record<S: AsRef<str>>(out: &mut Vec<u8>, fields: impl In
 }
 
 /// The CSV header, in the order of [`csv_record`].
-pub(crate) const CSV_HEADER: [&str; 23] = [
+pub(crate) const CSV_HEADER: [&str; 25] = [
     "emailId",
     "contactId",
     "address",
@@ -219,6 +228,8 @@ pub(crate) const CSV_HEADER: [&str; 23] = [
     "scheduledAt",
     "sentAt",
     "templateId",
+    "templateRevision",
+    "locale",
     "kind",
     "origin",
     "broadcastRunId",
@@ -257,6 +268,8 @@ pub(crate) fn csv_record(row: &Value) -> Vec<String> {
         text(&row["scheduledAt"]),
         text(&row["sentAt"]),
         text(&row["templateId"]),
+        text(&row["templateRevision"]),
+        text(&row["locale"]["tag"]),
         text(&row["kind"]),
         text(&row["origin"]["type"]),
         text(&row["origin"]["broadcastRunId"]),

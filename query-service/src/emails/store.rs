@@ -95,6 +95,7 @@ pub(crate) async fn email(client: &Client, m: &str, space_id: &str, email_id: &s
     else {
         return Ok(None);
     };
+    super::log::with_content_fields(&mut story);
     let clicked = |entry: &Value| entry["type"] == "clicked";
     if story["timeline"].as_array().is_some_and(|timeline| timeline.iter().any(clicked)) {
         let targets = targets(client, email_id, story["contactId"].as_str().unwrap_or_default()).await?;

@@ -84,6 +84,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation("listTemplates", "GET", "/templates", Query),
     operation("getTemplate", "GET", "/templates/{id}", Query),
     operation("sendTemplate", "POST", "/templates/{id}/send", Command),
+    operation("previewTemplate", "POST", "/templates/{id}/preview", Command),
     operation("listDomains", "GET", "/domains", Query),
     operation("getDomain", "GET", "/domains/{id}", Query),
     operation("listSenders", "GET", "/senders", Query),

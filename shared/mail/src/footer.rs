@@ -140,6 +140,7 @@ mod tests {
             subject: "S".to_owned(),
             html: format!("<p><a href=\"{URL}\">Leave</a></p>"),
             text: "News".to_owned(),
+            ..Rendered::default()
         };
         add(&mut rendered, URL, "News", None);
         assert_eq!(rendered.html, format!("<p><a href=\"{URL}\">Leave</a></p>"));
@@ -150,6 +151,7 @@ mod tests {
             subject: String::new(),
             html: format!("<a href=\"{}\">x</a>", escape_html(url)),
             text: url.into(),
+            ..Rendered::default()
         };
         let before = escaped.clone();
         add(&mut escaped, url, "News", None);
@@ -160,7 +162,7 @@ mod tests {
     fn the_senders_postal_address_is_in_every_part_once_even_where_the_template_placed_the_link() {
         let postal = postal_line("Example Team", "1 Main Street\nSpringfield, IL 62701\n");
         assert_eq!(postal, "Example Team, 1 Main Street, Springfield, IL 62701");
-        let mut footed = Rendered { subject: String::new(), html: "<p>News</p>".into(), text: "News".into() };
+        let mut footed = Rendered { html: "<p>News</p>".into(), text: "News".into(), ..Rendered::default() };
         add(&mut footed, URL, "News", Some(&postal));
         assert!(footed.html.contains(&format!(">{postal}</p>\n<p style=")), "above the link: {}", footed.html);
         assert!(footed.text.contains(&format!("-- \n{postal}\nYou receive this")), "{}", footed.text);
@@ -168,6 +170,7 @@ mod tests {
             subject: String::new(),
             html: format!("<p><a href=\"{URL}\">Leave</a></p>"),
             text: format!("Leave: {URL}"),
+            ..Rendered::default()
         };
         add(&mut linked, URL, "News", Some(&postal));
         assert!(linked.html.ends_with(&format!("{postal}</p>")), "{}", linked.html);

@@ -28,6 +28,8 @@ pub struct Outgoing {
     pub return_path: String,
     /// The sending domain: the right side of the Message-ID and the DKIM `d=`.
     pub domain: String,
+    /// The language tag of its content (`Content-Language`), when its template names one.
+    pub language: Option<String>,
 }
 
 impl Outgoing {
@@ -54,7 +56,14 @@ impl Outgoing {
             unsubscribe_url: marketing.then(|| unsubscribe_url(public_base_url, email_id)),
             return_path: domain.return_path.clone(),
             domain: domain.name.clone(),
+            language: None,
         }
+    }
+
+    /// The message says its content is in `tag` (`Content-Language`, RFC 3282).
+    pub fn in_language(mut self, tag: Option<&str>) -> Self {
+        self.language = tag.filter(|tag| !tag.is_empty()).map(str::to_owned);
+        self
     }
 }
 
@@ -80,6 +89,21 @@ struct ListUnsubscribe(String);
 impl Header for ListUnsubscribe {
     fn name() -> HeaderName {
         HeaderName::new_from_ascii_str("List-Unsubscribe")
+    }
+    fn parse(text: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(Self(text.to_owned()))
+    }
+    fn display(&self) -> HeaderValue {
+        HeaderValue::new(Self::name(), self.0.clone())
+    }
+}
+
+#[derive(Clone)]
+struct ContentLanguage(String);
+
+impl Header for ContentLanguage {
+    fn name() -> HeaderName {
+        HeaderName::new_from_ascii_str("Content-Language")
     }
     fn parse(text: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         Ok(Self(text.to_owned()))
@@ -135,6 +159,11 @@ pub fn build(outgoing: &Outgoing, signing: &Signing<'_>) -> anyhow::Result<Signe
     if let Some(url) = &outgoing.unsubscribe_url {
         builder = builder.header(ListUnsubscribe(format!("<{url}>"))).header(ListUnsubscribePost);
         headers.extend(["List-Unsubscribe", "List-Unsubscribe-Post"]);
+    }
+    if let Some(language) = &outgoing.language {
+        // A canonical tag is ASCII letters, digits and `-` (`domain::email::locale`).
+        builder = builder.header(ContentLanguage(language.clone()));
+        headers.push("Content-Language");
     }
     let message =
         builder.multipart(MultiPart::alternative_plain_html(outgoing.text.to_owned(), outgoing.html.to_owned()))?;

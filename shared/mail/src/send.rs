@@ -13,7 +13,8 @@ use serde_json::Value;
 use super::tracking::{self, Links, Track};
 use super::{footer, message, render};
 use crate::outbox::{Parties, Prepared};
-use domain::email::resources::{AllowanceDef, DomainDef, SenderDef, TemplateDef, TopicDef};
+use domain::email::locale;
+use domain::email::resources::{AllowanceDef, DomainDef, LAYOUT, PARTIAL, PartDef, SenderDef, TemplateDef, TopicDef};
 use platform::error::Code;
 use platform::events::LogEvent;
 use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
@@ -35,6 +36,82 @@ pub struct Authored {
     pub allowance: Option<AllowanceDef>,
     /// The space's send policy, if it has one (marketing mail only).
     pub policy: Option<domain::email::send::SendPolicy>,
+    /// The layout and the partials the template renders.
+    pub parts: Parts,
+}
+
+/// A partial or a layout as a send reads it: its id, its revision and its definition.
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub id: String,
+    pub revision: i64,
+    pub def: PartDef,
+}
+
+/// The layout and the partials a template renders, each at its current revision.
+#[derive(Debug, Clone, Default)]
+pub struct Parts {
+    pub layout: Option<Part>,
+    pub partials: Vec<Part>,
+}
+
+impl Parts {
+    /// From the catalog's rows (`{kind, id, revision, definition}`), checked against what
+    /// the template names: a part it names and the catalog lacks is an error.
+    fn from_rows(template: &TemplateDef, rows: Vec<Value>) -> anyhow::Result<Self> {
+        let mut parts = Self::default();
+        for row in rows {
+            let part = Part {
+                id: row["id"].as_str().unwrap_or_default().to_owned(),
+                revision: row["revision"].as_i64().unwrap_or_default(),
+                def: definition(Some(row["definition"].clone()), "a partial or layout")?,
+            };
+            match row["kind"].as_str() {
+                Some(LAYOUT) => parts.layout = Some(part),
+                _ => parts.partials.push(part),
+            }
+        }
+        parts.partials.sort_by(|a, b| a.def.slug.cmp(&b.def.slug));
+        if template.layout_id.is_some() != parts.layout.is_some() {
+            anyhow::bail!("the template's layout {:?} is missing", template.layout_id);
+        }
+        for id in template.partials.values() {
+            if !parts.partials.iter().any(|part| &part.id == id) {
+                anyhow::bail!("the template's partial {id} is missing");
+            }
+        }
+        Ok(parts)
+    }
+
+    /// The partials in the variant for `tag`, as HTML bodies and as text bodies render them.
+    fn for_locale(&self, tag: Option<&str>) -> (render::Partials, render::Partials) {
+        let (mut html, mut text) = (render::Partials::default(), render::Partials::default());
+        for part in &self.partials {
+            let (html_source, text_source) = part.def.variant(tag);
+            let key = format!("{}@{}:{}|", part.id, part.revision, tag.unwrap_or_default());
+            html.key.push_str(&key);
+            text.key.push_str(&key);
+            html.sources.push((part.def.slug.clone(), html_source.to_owned()));
+            text.sources.push((part.def.slug.clone(), text_source.to_owned()));
+        }
+        text.key.push_str("text");
+        (html, text)
+    }
+
+    /// Each part as the email records it: kind, id and revision.
+    pub fn revisions(&self) -> Vec<proto::PartRevision> {
+        let layout = self.layout.iter().map(|part| (LAYOUT, part));
+        let partials = self.partials.iter().map(|part| (PARTIAL, part));
+        layout
+            .chain(partials)
+            .map(|(kind, part)| proto::PartRevision {
+                kind: kind.to_owned(),
+                id: part.id.clone(),
+                slug: part.def.slug.clone(),
+                revision: part.revision,
+            })
+            .collect()
+    }
 }
 
 fn definition<T: serde::de::DeserializeOwned>(found: Option<serde_json::Value>, what: &str) -> anyhow::Result<T> {
@@ -61,12 +138,13 @@ impl Authored {
             template_id: template_id.to_owned(),
             revision: found.revision,
             sender_id: template.sender_id.clone(),
-            template,
             sender: definition(found.sender, "the template's sender")?,
             domain: definition(found.domain, "the sender's domain")?,
             topic,
             allowance: found.allowance.and_then(|allowance| serde_json::from_value(allowance).ok()),
             policy: found.policy.map(|policy| definition(Some(policy), "the space's send policy")).transpose()?,
+            parts: Parts::from_rows(&template, found.parts)?,
+            template,
         }))
     }
 
@@ -92,52 +170,169 @@ impl Site {
 }
 
 /// Renders the template for email `email_id` against `context` (an object: context key →
-/// value). Marketing mail also gets `unsubscribeUrl` (the URL of its `List-Unsubscribe`), and
-/// a footer with that link in each part that does not show it ([`footer::add`]); it says
+/// value), in the variant of the recipient's locale ([`locale_of`]), its body inside its
+/// layout. Marketing mail also gets `unsubscribeUrl` (the URL of its `List-Unsubscribe`),
+/// `postalAddress` and `subscribedTo` (what a layout's footer shows), and a footer with the
+/// link and the address in each part that does not show them ([`footer::add`]); it says
 /// the recipient subscribed to the topic, or to mail from the sender (the one that sends it,
-/// so a broadcast's own sender is named). Transactional mail renders as authored. Then, as
-/// the template's tracking says, the HTML part's links become tracking links and it gets the
-/// open pixel ([`tracking::rewrite`]; the platform's own links stay as they are). The error
-/// names the problem.
+/// so a broadcast's own sender is named). Transactional mail renders as authored. The HTML
+/// says its language and direction ([`with_language`]). Then, as the template's tracking
+/// says, the HTML part's links become tracking links and it gets the open pixel
+/// ([`tracking::rewrite`]; the platform's own links stay as they are). The error names the
+/// problem.
 pub fn render_email(
     authored: &Authored,
     email_id: &str,
     context: Value,
     site: &Site,
 ) -> Result<render::Rendered, String> {
-    let mut rendered = render_untracked(authored, email_id, context, &site.base_url)?;
+    let locale = locale_of(&authored.template, &context);
+    render_in(authored, email_id, context, site, locale)
+}
+
+/// [`render_email`] in a locale chosen by the caller (a preview's).
+pub fn render_in(
+    authored: &Authored,
+    email_id: &str,
+    context: Value,
+    site: &Site,
+    locale: Wanted,
+) -> Result<render::Rendered, String> {
+    let mut rendered = render_untracked(authored, email_id, context, &site.base_url, locale)?;
     let tracking = authored.template.tracking();
     let track = Track { clicks: tracking.clicks, opens: tracking.opens };
     rendered.html = tracking::rewrite(&rendered.html, email_id, &site.base_url, &site.links, track);
     Ok(rendered)
 }
 
+/// The email id a preview renders with: what `unsubscribeUrl` shows in place of a sent
+/// email's.
+pub const PREVIEW_EMAIL_ID: &str = "preview";
+
+/// What a send of the template would render for `context`, in `locale`: the same variant,
+/// layout, partials and footer, with its links as written (no tracking links, no open pixel)
+/// and `unsubscribeUrl` naming [`PREVIEW_EMAIL_ID`]. Sends, counts and tracks nothing.
+pub fn preview(authored: &Authored, context: Value, site: &Site, locale: Wanted) -> Result<render::Rendered, String> {
+    render_untracked(authored, PREVIEW_EMAIL_ID, context, &site.base_url, locale)
+}
+
+/// The locale a reader asks for: a canonical tag, a value that is not one, or none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wanted {
+    Tag(String),
+    Invalid(String),
+    None,
+}
+
+/// The recipient's locale as the template's space names it: the value of the locale
+/// attribute in the recipient's record.
+pub fn locale_of(template: &TemplateDef, context: &Value) -> Wanted {
+    let value = template
+        .locale_attribute
+        .as_deref()
+        .and_then(|attribute| context.get(&template.recipient)?.get(attribute)?.as_str());
+    match value.map(str::trim).filter(|value| !value.is_empty()) {
+        None => Wanted::None,
+        Some(value) => match locale::normalize(value) {
+            Some(tag) => Wanted::Tag(tag),
+            None => Wanted::Invalid(value.to_owned()),
+        },
+    }
+}
+
+/// The Liquid variables of a marketing mail's footer, beside `unsubscribeUrl`.
+pub const POSTAL_VARIABLE: &str = "postalAddress";
+pub const SUBSCRIBED_TO_VARIABLE: &str = "subscribedTo";
+
 fn render_untracked(
     authored: &Authored,
     email_id: &str,
     mut context: Value,
     public_base_url: &str,
+    wanted: Wanted,
 ) -> Result<render::Rendered, String> {
     let template = &authored.template;
-    if !authored.is_marketing() {
-        return render::render(&template.subject, &template.html, &template.text, &context);
-    }
-    let url = message::unsubscribe_url(public_base_url, email_id);
-    if let Some(values) = context.as_object_mut() {
-        values.insert(footer::UNSUBSCRIBE_VARIABLE.to_owned(), Value::String(url.clone()));
-    }
-    let mut rendered = render::render(&template.subject, &template.html, &template.text, &context)?;
-    let subscribed_to = match &authored.topic {
-        Some(topic) => topic.name.clone(),
-        None => format!("email from {}", authored.sender.from_name),
+    let tag = match &wanted {
+        Wanted::Tag(tag) => Some(tag.as_str()),
+        _ => None,
     };
-    let postal = authored
-        .sender
-        .postal_address
-        .as_deref()
-        .map(|address| footer::postal_line(&authored.sender.from_name, address));
-    footer::add(&mut rendered, &url, &subscribed_to, postal.as_deref());
+    let (chosen, matched, (subject, html, text)) = template.variant(tag);
+    let (html_partials, text_partials) = authored.parts.for_locale(chosen);
+    let sources = render::Sources {
+        subject,
+        html,
+        text,
+        layout: authored.parts.layout.as_ref().map(|layout| layout.def.variant(chosen)),
+        html_partials: &html_partials,
+        text_partials: &text_partials,
+    };
+    let locale = chosen.map(|tag| render::LocaleUsed {
+        tag: tag.to_owned(),
+        source: match (&wanted, matched) {
+            (Wanted::Invalid(_), _) => "invalid",
+            (_, matched) => matched.as_str(),
+        },
+    });
+    let mut rendered = if authored.is_marketing() {
+        let url = message::unsubscribe_url(public_base_url, email_id);
+        let subscribed_to = match &authored.topic {
+            Some(topic) => topic.name.clone(),
+            None => format!("email from {}", authored.sender.from_name),
+        };
+        let postal = authored
+            .sender
+            .postal_address
+            .as_deref()
+            .map(|address| footer::postal_line(&authored.sender.from_name, address));
+        if let Some(values) = context.as_object_mut() {
+            values.insert(footer::UNSUBSCRIBE_VARIABLE.to_owned(), Value::String(url.clone()));
+            values.insert(POSTAL_VARIABLE.to_owned(), Value::String(postal.clone().unwrap_or_default()));
+            values.insert(SUBSCRIBED_TO_VARIABLE.to_owned(), Value::String(subscribed_to.clone()));
+        }
+        let mut rendered = render::render(&sources, &context)?;
+        footer::add(&mut rendered, &url, &subscribed_to, postal.as_deref());
+        rendered
+    } else {
+        render::render(&sources, &context)?
+    };
+    if let Some(locale) = &locale {
+        rendered.html = with_language(&rendered.html, &locale.tag);
+    }
+    rendered.locale = locale;
     Ok(rendered)
+}
+
+/// `html` saying it is written in `tag`, and in which direction: `lang` and `dir` on its
+/// `<html>` element (each unless it has one), or a fragment wrapped in a `<div>` that says
+/// them.
+pub fn with_language(html: &str, tag: &str) -> String {
+    let dir = locale::direction(tag);
+    // ASCII lowercasing keeps every byte offset, so a position found in it is one in `html`.
+    let lowercase = html.to_ascii_lowercase();
+    let element = lowercase
+        .find("<html")
+        .filter(|at| lowercase[at + 5..].starts_with(|c: char| c == '>' || c.is_ascii_whitespace()));
+    let Some(at) = element else {
+        if html.trim().is_empty() {
+            return html.to_owned();
+        }
+        return format!("<div lang=\"{tag}\" dir=\"{dir}\">{html}</div>");
+    };
+    let end = lowercase[at..].find('>').map_or(lowercase.len(), |end| at + end);
+    let attributes = &lowercase[at + 5..end];
+    let has = |name: &str| {
+        attributes
+            .split(|c: char| c.is_ascii_whitespace())
+            .any(|attribute| attribute == name || attribute.starts_with(&format!("{name}=")))
+    };
+    let mut added = String::new();
+    if !has("lang") {
+        added.push_str(&format!(" lang=\"{tag}\""));
+    }
+    if !has("dir") {
+        added.push_str(&format!(" dir=\"{dir}\""));
+    }
+    format!("{}{added}{}", &html[..at + 5], &html[at + 5..])
 }
 
 pub use domain::email::send::policy::SkipReason;
@@ -275,6 +470,9 @@ pub fn schedule(
         parent_id: origin.parent_id.to_owned(),
         step_id: origin.step_id.to_owned(),
         zone: None,
+        locale: rendered.locale.as_ref().map(|locale| locale.tag.clone()).unwrap_or_default(),
+        locale_source: rendered.locale.as_ref().map(|locale| locale.source.to_owned()).unwrap_or_default(),
+        parts: authored.parts.revisions(),
     };
     let stream = StreamAppend {
         stream_id: domain::email::stream_id(email_id),
@@ -299,7 +497,8 @@ pub fn schedule(
             &content,
             (now, authored.is_marketing()),
             public_base_url,
-        ),
+        )
+        .in_language(rendered.locale.as_ref().map(|locale| locale.tag.as_str())),
         domain_id: authored.sender.domain_id.clone(),
         domain: authored.domain.clone(),
     };

@@ -228,6 +228,9 @@ pub struct EmailTemplateRow {
     pub topic: Option<Value>,
     pub allowance: Option<Value>,
     pub policy: Option<Value>,
+    /// The partials and the layout the template names (`partials` and `layoutId` of its
+    /// definition): each `{kind, id, revision, definition}`.
+    pub parts: Vec<Value>,
 }
 
 /// A template of the space with, in the same statement, its sender, the sender's domain, its
@@ -241,7 +244,16 @@ pub async fn email_template(
 ) -> Result<Option<EmailTemplateRow>, tokio_postgres::Error> {
     let statement = client
         .prepare_cached(&format!(
-            "SELECT t.revision, t.definition, s.definition, d.definition, tp.definition, a.definition, p.definition
+            "SELECT t.revision, t.definition, s.definition, d.definition, tp.definition, a.definition, p.definition,
+                    (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                                'kind', r.kind, 'id', r.resource_id, 'revision', r.revision,
+                                'definition', r.definition)), '[]'::jsonb)
+                     FROM {schema}.resources r
+                     WHERE r.space_id = t.space_id
+                       AND ((r.kind = 'layout' AND r.resource_id = t.definition->>'layoutId')
+                         OR (r.kind = 'partial' AND r.resource_id IN (
+                                SELECT jsonb_each_text.value FROM jsonb_each_text(
+                                    COALESCE(t.definition->'partials', '{{}}'::jsonb))))))
              FROM {schema}.resources t
              LEFT JOIN {schema}.resources s
                ON s.kind = 'sender' AND s.space_id = t.space_id AND s.resource_id = t.definition->>'senderId'
@@ -265,5 +277,9 @@ pub async fn email_template(
         topic: row.get(4),
         allowance: row.get(5),
         policy: row.get(6),
+        parts: match row.get::<_, Value>(7) {
+            Value::Array(parts) => parts,
+            _ => Vec::new(),
+        },
     }))
 }

@@ -10,6 +10,7 @@ mod broadcasts;
 mod chaos;
 mod cli;
 mod consistency;
+mod content;
 mod deployment;
 mod dns_server;
 mod email;

@@ -228,6 +228,7 @@ mod tests {
             recipient: "contact".into(),
             data: BTreeMap::new(),
             tracking: None,
+            ..Default::default()
         };
         let sender = SenderDef {
             slug: "s".into(),
@@ -254,6 +255,7 @@ mod tests {
             topic: None,
             allowance: None,
             policy: None,
+            parts: Default::default(),
         }
     }
 

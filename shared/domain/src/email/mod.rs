@@ -3,6 +3,7 @@
 //! and whether an address is suppressed. Making and sending mail is the `mail` crate's.
 
 pub mod broadcasts;
+pub mod locale;
 pub mod resources;
 pub mod send;
 pub mod story;

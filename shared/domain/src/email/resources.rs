@@ -16,6 +16,10 @@ pub const BROADCAST: &str = "broadcast";
 /// The space's send policy (`domain::email::send::SendPolicy`), one per space, its id the
 /// space's.
 pub const SEND_POLICY: &str = "send_policy";
+/// A reusable block of content, rendered with Liquid's `{% render 'slug' %}` ([`PartDef`]).
+pub const PARTIAL: &str = "partial";
+/// A frame around a template's body, which it holds at `{{ content }}` ([`PartDef`]).
+pub const LAYOUT: &str = "layout";
 
 /// A domain's signing key as stored in its definition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,7 +83,7 @@ pub struct ContextKey {
     pub schema_type: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateDef {
     pub slug: String,
@@ -100,9 +104,87 @@ pub struct TemplateDef {
     /// default ([`TemplateDef::tracking`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracking: Option<TrackingDef>,
+    /// The tag of the default variant (`subject`, `html`, `text` above): the template's
+    /// `locale`, else the space's default. Absent when neither names one: the mail then
+    /// says no language.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locale: Option<String>,
+    /// The other variants, by canonical tag.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub locales: BTreeMap<String, Variant>,
+    /// The contact attribute that holds a contact's locale (the space's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locale_attribute: Option<String>,
+    /// The layout its bodies are rendered into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout_id: Option<String>,
+    /// Every partial its variants and its layout render, directly or through another
+    /// partial: slug → id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub partials: BTreeMap<String, String>,
+}
+
+/// One locale's content of a template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Variant {
+    pub subject: String,
+    pub html: String,
+    pub text: String,
+}
+
+/// A partial or a layout: its default content and its variants by canonical tag. A
+/// partial's `text` is what a text body or a subject renders (its HTML by default); a
+/// layout holds the template's rendered body at `{{ content }}` in both.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PartDef {
+    pub slug: String,
+    pub html: String,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub locales: BTreeMap<String, PartVariant>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PartVariant {
+    pub html: String,
+    pub text: String,
+}
+
+impl PartDef {
+    /// The HTML and text of the variant for `tag`, by the same chain as the template's.
+    pub fn variant(&self, tag: Option<&str>) -> (&str, &str) {
+        let chosen = tag.and_then(|tag| {
+            let (tag, matched) = super::locale::pick(Some(tag), "", self.locales.keys().map(String::as_str));
+            (matched != super::locale::Matched::Default).then_some(tag)
+        });
+        match chosen.and_then(|tag| self.locales.get(tag)) {
+            Some(variant) => (&variant.html, &variant.text),
+            None => (&self.html, &self.text),
+        }
+    }
 }
 
 impl TemplateDef {
+    /// The variant a contact whose locale is `wanted` (canonical) reads: its tag (`None` when
+    /// the template names no locale), how it matched, and its content.
+    pub fn variant(&self, wanted: Option<&str>) -> (Option<&str>, super::locale::Matched, (&str, &str, &str)) {
+        let default = (self.subject.as_str(), self.html.as_str(), self.text.as_str());
+        let Some(default_tag) = self.locale.as_deref() else {
+            return (None, super::locale::Matched::Default, default);
+        };
+        let (tag, matched) = super::locale::pick(wanted, default_tag, self.locales.keys().map(String::as_str));
+        let content = match self.locales.get(tag) {
+            Some(variant) if tag != default_tag => {
+                (variant.subject.as_str(), variant.html.as_str(), variant.text.as_str())
+            }
+            _ => default,
+        };
+        (Some(tag), matched, content)
+    }
+
     /// What its mail tracks: as authored, or by default opens and clicks in marketing mail
     /// and nothing in transactional mail.
     pub fn tracking(&self) -> TrackingDef {

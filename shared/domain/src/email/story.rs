@@ -28,6 +28,14 @@ pub struct Story {
     pub id: String,
     pub template_id: String,
     pub template_revision: i64,
+    /// The locale of the variant it was rendered in, `{tag, source}` (`source`: `exact`,
+    /// `language`, `default` or `invalid`); null when its template names no locale, and for a
+    /// send refused before it was rendered.
+    #[serde(default)]
+    pub locale: Option<Value>,
+    /// The layout and partials it was rendered with: `{kind, id, slug, revision}` each.
+    #[serde(default)]
+    pub parts: Vec<Value>,
     /// `transactional` or `marketing`.
     pub kind: String,
     pub topic_id: Option<String>,
@@ -87,6 +95,13 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
             id: scheduled.email_id.clone(),
             template_id: scheduled.template_id.clone(),
             template_revision: scheduled.template_revision,
+            locale: some(&scheduled.locale)
+                .map(|tag| json!({"tag": tag, "source": some(&scheduled.locale_source).unwrap_or("default")})),
+            parts: scheduled
+                .parts
+                .iter()
+                .map(|part| json!({"kind": part.kind, "id": part.id, "slug": part.slug, "revision": part.revision}))
+                .collect(),
             kind: scheduled.kind.clone(),
             topic_id: some(&scheduled.topic_id).map(str::to_owned),
             contact_id: scheduled.contact_id.clone(),
@@ -217,6 +232,8 @@ fn skipped_story(skipped: &platform::proto::EmailSkipped) -> Story {
         id: skipped.email_id.clone(),
         template_id: skipped.template_id.clone(),
         template_revision: skipped.template_revision,
+        locale: None,
+        parts: Vec::new(),
         kind: skipped.kind.clone(),
         topic_id: some(&skipped.topic_id).map(str::to_owned),
         contact_id: skipped.contact_id.clone(),

@@ -425,6 +425,7 @@ pub async fn prepare_from_log(
     let Some(content) = content else { return Ok(Err(parties)) };
     let marketing = event.kind == "marketing";
     let dated = released_at_ms.unwrap_or(event.scheduled_at_ms);
-    let outgoing = Outgoing::new(email_id, &sender, &domain, &content, (dated, marketing), public_base_url);
+    let outgoing = Outgoing::new(email_id, &sender, &domain, &content, (dated, marketing), public_base_url)
+        .in_language(Some(&event.locale));
     Ok(Ok(Prepared { parties, outgoing, domain_id: sender.domain_id.clone(), domain }))
 }

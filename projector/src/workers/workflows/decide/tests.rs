@@ -516,6 +516,7 @@ fn authored() -> Authored {
         topic: None,
         allowance: None,
         policy: None,
+        parts: Default::default(),
     }
 }
 
