@@ -36,6 +36,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "testWebhook" => web::post().to(answering(webhooks::http::test)),
         "sendTemplate" => web::post().to(answering(templates::http::send)),
         "previewTemplate" => web::post().to(answering(templates::preview::preview)),
+        "testTemplate" => web::post().to(answering(templates::test_send::test)),
         "unsubscribeEmail" => web::post().to(emails::unsubscribe::post),
         "updateEmailPreferences" => web::post().to(emails::preferences::post),
         // `HEAD` too: link scanners ask with it, and it counts as a machine's.

@@ -6,3 +6,4 @@ pub mod decide;
 pub mod hand_off;
 pub mod http;
 pub mod preview;
+pub mod test_send;

@@ -102,50 +102,8 @@ impl Decide for PreviewTemplate<'_> {
     type Refusal = Refusal;
 
     fn decide(&self, loaded: Loaded, _: &mut Given<'_>) -> Result<Outcome, Refusal> {
-        let Loaded { authored, contact, attributes } = loaded;
-        let template = &authored.template;
-        let mut issues = Vec::new();
-        for key in self.request.data.keys().filter(|key| !template.data.contains_key(*key)) {
-            issues.push(Issue::for_key(format!("data.{key}"), "the template expects no such key"));
-        }
-        if contact.is_some() && self.request.data.contains_key(&template.recipient) {
-            let message = "give the recipient's data or contactId, not both";
-            issues.push(Issue::for_key(format!("data.{}", template.recipient), message));
-        }
-        let mut documents = BTreeMap::new();
-        for (key, expected) in &template.data {
-            let keys = attributes.get(key).cloned().unwrap_or_default();
-            let document = match (&contact, self.request.data.get(key)) {
-                (Some(contact), _) if *key == template.recipient => contact.clone(),
-                (_, Some(fields)) => {
-                    let mut document = fields.clone();
-                    for field in record_fields(&expected.schema_type) {
-                        document.entry(*field).or_insert(Value::Null);
-                    }
-                    Value::Object(document)
-                }
-                _ => {
-                    let message = if *key == template.recipient {
-                        "give contactId or the recipient's fields under this key"
-                    } else {
-                        "the template expects a record under this key"
-                    };
-                    issues.push(Issue::for_key(format!("data.{key}"), message));
-                    continue;
-                }
-            };
-            documents.insert(key.clone(), (document, keys));
-        }
-        if !issues.is_empty() {
-            let message = "the context does not match what the template expects".to_owned();
-            return Err(Refusal::InvalidData { message, issues });
-        }
-        let context = render_context(&documents);
-        let wanted = match &self.request.locale {
-            Some(tag) => Wanted::Tag(tag.clone()),
-            None => send::locale_of(template, &context),
-        };
-        let rendered = send::preview(&authored, context, self.site, wanted).map_err(Refusal::RenderFailed)?;
+        let rendered = render(&loaded, &self.request, self.site)?;
+        let authored = &loaded.authored;
         let parts: Vec<Value> = authored
             .parts
             .revisions()
@@ -164,43 +122,96 @@ impl Decide for PreviewTemplate<'_> {
     }
 }
 
-impl Command for PreviewTemplate<'_> {
-    async fn load(&self, ctx: &Ctx<'_>) -> Result<Loaded, ApiError> {
-        let space_id = self.space_id.as_str();
-        let authored = super::http::load_authored(ctx, space_id, &self.template_id).await?;
-        let mut attributes = BTreeMap::new();
-        for (key, expected) in &authored.template.data {
-            let context =
-                crate::write_contexts::current(ctx, crate::write_contexts::Kind::Record, space_id, &expected.schema_id)
-                    .await?;
-            attributes.insert(key.clone(), context.attributes.iter().map(|attribute| attribute.key.clone()).collect());
-        }
-        let contact = match &self.request.contact_id {
-            None => None,
-            Some(contact_id) => {
-                let recipient_schema =
-                    authored.template.data.get(&authored.template.recipient).map(|key| &key.schema_id);
-                let loaded = reads::records::load_records(&ctx.db().await?, std::slice::from_ref(contact_id))
-                    .await
-                    .map_err(|error| ApiError::internal(&error))?;
-                let state = loaded.into_iter().find_map(|(_, _, loaded)| match loaded {
-                    domain::records::Loaded::Live { state, .. }
-                        if state.space_id == space_id && Some(&state.schema_id) == recipient_schema =>
-                    {
-                        Some(state)
-                    }
-                    _ => None,
-                });
-                let Some(state) = state else { return Err(Refusal::ContactNotFound(contact_id.clone()).into()) };
-                Some(state.document())
+/// What the template renders for the request's data in its locale, as a preview shows it
+/// (and a test send sends it): the keys checked against the template's, the documents made,
+/// the variant chosen.
+pub fn render(loaded: &Loaded, request: &Request, site: &Site) -> Result<mail::render::Rendered, Refusal> {
+    let Loaded { authored, contact, attributes } = loaded;
+    let template = &authored.template;
+    let mut issues = Vec::new();
+    for key in request.data.keys().filter(|key| !template.data.contains_key(*key)) {
+        issues.push(Issue::for_key(format!("data.{key}"), "the template expects no such key"));
+    }
+    if contact.is_some() && request.data.contains_key(&template.recipient) {
+        let message = "give the recipient's data or contactId, not both";
+        issues.push(Issue::for_key(format!("data.{}", template.recipient), message));
+    }
+    let mut documents = BTreeMap::new();
+    for (key, expected) in &template.data {
+        let keys = attributes.get(key).cloned().unwrap_or_default();
+        let document = match (contact, request.data.get(key)) {
+            (Some(contact), _) if *key == template.recipient => contact.clone(),
+            (_, Some(fields)) => {
+                let mut document = fields.clone();
+                for field in record_fields(&expected.schema_type) {
+                    document.entry(*field).or_insert(Value::Null);
+                }
+                Value::Object(document)
+            }
+            _ => {
+                let message = if *key == template.recipient {
+                    "give contactId or the recipient's fields under this key"
+                } else {
+                    "the template expects a record under this key"
+                };
+                issues.push(Issue::for_key(format!("data.{key}"), message));
+                continue;
             }
         };
-        Ok(Loaded { authored, contact, attributes })
+        documents.insert(key.clone(), (document, keys));
+    }
+    if !issues.is_empty() {
+        let message = "the context does not match what the template expects".to_owned();
+        return Err(Refusal::InvalidData { message, issues });
+    }
+    let context = render_context(&documents);
+    let wanted = match &request.locale {
+        Some(tag) => Wanted::Tag(tag.clone()),
+        None => send::locale_of(template, &context),
+    };
+    send::preview(authored, context, site, wanted).map_err(Refusal::RenderFailed)
+}
+
+impl Command for PreviewTemplate<'_> {
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Loaded, ApiError> {
+        load(ctx, &self.space_id, &self.template_id, &self.request).await
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
         Ok(outcome.into())
     }
+}
+
+/// The template, the named contact's current document and each key's attribute keys.
+pub async fn load(ctx: &Ctx<'_>, space_id: &str, template_id: &str, request: &Request) -> Result<Loaded, ApiError> {
+    let authored = super::http::load_authored(ctx, space_id, template_id).await?;
+    let mut attributes = BTreeMap::new();
+    for (key, expected) in &authored.template.data {
+        let context =
+            crate::write_contexts::current(ctx, crate::write_contexts::Kind::Record, space_id, &expected.schema_id)
+                .await?;
+        attributes.insert(key.clone(), context.attributes.iter().map(|attribute| attribute.key.clone()).collect());
+    }
+    let contact = match &request.contact_id {
+        None => None,
+        Some(contact_id) => {
+            let recipient_schema = authored.template.data.get(&authored.template.recipient).map(|key| &key.schema_id);
+            let loaded = reads::records::load_records(&ctx.db().await?, std::slice::from_ref(contact_id))
+                .await
+                .map_err(|error| ApiError::internal(&error))?;
+            let state = loaded.into_iter().find_map(|(_, _, loaded)| match loaded {
+                domain::records::Loaded::Live { state, .. }
+                    if state.space_id == space_id && Some(&state.schema_id) == recipient_schema =>
+                {
+                    Some(state)
+                }
+                _ => None,
+            });
+            let Some(state) = state else { return Err(Refusal::ContactNotFound(contact_id.clone()).into()) };
+            Some(state.document())
+        }
+    };
+    Ok(Loaded { authored, contact, attributes })
 }
 
 #[tracing::instrument(skip_all, fields(template = %path.as_str()))]

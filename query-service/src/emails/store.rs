@@ -93,7 +93,7 @@ pub(crate) async fn email(client: &Client, m: &str, space_id: &str, email_id: &s
     let Some(mut story) =
         client.query_opt(&statement, &[&space_id, &email_id]).await?.map(|row| row.get::<_, Value>(0))
     else {
-        return Ok(None);
+        return test_email(client, space_id, email_id).await;
     };
     super::log::with_content_fields(&mut story);
     let clicked = |entry: &Value| entry["type"] == "clicked";
@@ -103,6 +103,29 @@ pub(crate) async fn email(client: &Client, m: &str, space_id: &str, email_id: &s
             let url = entry["linkId"].as_str().and_then(|link_id| targets.get(link_id)).cloned();
             entry["url"] = url.map_or(Value::Null, Value::String);
         }
+    }
+    Ok(Some(story))
+}
+
+/// The story of a test send of the space, folded from its stream (test sends are no
+/// contact's email, so the read model keeps none); `contactId` is null when given data
+/// rendered it.
+async fn test_email(client: &Client, space_id: &str, email_id: &str) -> Result<Option<Value>, ApiError> {
+    let stream = domain::email::stream_id(email_id);
+    let events = platform::log::read_streams(client, &[stream]).await?;
+    let events: Vec<LogEvent> = events
+        .iter()
+        .map(|stored| stored.decode())
+        .collect::<Result<_, _>>()
+        .map_err(|error| ApiError::internal(&error))?;
+    let of_space = events.iter().any(|event| match event {
+        LogEvent::EmailTestRequested(requested) => requested.space_id == space_id,
+        _ => false,
+    });
+    let Some(story) = domain::email::story::test_story(&events).filter(|_| of_space) else { return Ok(None) };
+    let mut story = serde_json::to_value(story).map_err(|error| ApiError::internal(&error.into()))?;
+    if story["contactId"] == "" {
+        story["contactId"] = Value::Null;
     }
     Ok(Some(story))
 }

@@ -25,6 +25,8 @@ pub enum Bucket {
     Ai,
     /// The Segment-compatible ingest, per write key.
     Ingest,
+    /// Test sends of templates (`POST /templates/{id}/test`), per API key.
+    TestSend,
 }
 
 impl Bucket {
@@ -34,6 +36,7 @@ impl Bucket {
             Self::Write => "write",
             Self::Ai => "ai",
             Self::Ingest => "ingest",
+            Self::TestSend => "test_send",
         }
     }
 
@@ -64,6 +67,7 @@ pub fn budget(limits: &RateLimits, bucket: Bucket) -> (u32, Duration) {
         Bucket::Write => (limits.write_per_second, Duration::from_secs(1)),
         Bucket::Ai => (limits.ai_per_minute, Duration::from_secs(60)),
         Bucket::Ingest => (limits.ingest_per_second, Duration::from_secs(1)),
+        Bucket::TestSend => (limits.test_sends_per_minute, Duration::from_secs(60)),
     }
 }
 

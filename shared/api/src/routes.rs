@@ -85,6 +85,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation("getTemplate", "GET", "/templates/{id}", Query),
     operation("sendTemplate", "POST", "/templates/{id}/send", Command),
     operation("previewTemplate", "POST", "/templates/{id}/preview", Command),
+    operation("testTemplate", "POST", "/templates/{id}/test", Command),
     operation("listDomains", "GET", "/domains", Query),
     operation("getDomain", "GET", "/domains/{id}", Query),
     operation("listSenders", "GET", "/senders", Query),

@@ -30,6 +30,8 @@ pub struct Outgoing {
     pub domain: String,
     /// The language tag of its content (`Content-Language`), when its template names one.
     pub language: Option<String>,
+    /// A test send of its template: marked `X-Test-Send: true`, and no `List-Unsubscribe`.
+    pub test: bool,
 }
 
 impl Outgoing {
@@ -57,7 +59,15 @@ impl Outgoing {
             return_path: domain.return_path.clone(),
             domain: domain.name.clone(),
             language: None,
+            test: false,
         }
+    }
+
+    /// A test send's message (`POST /templates/{id}/test`).
+    pub fn as_test(mut self) -> Self {
+        self.test = true;
+        self.unsubscribe_url = None;
+        self
     }
 
     /// The message says its content is in `tag` (`Content-Language`, RFC 3282).
@@ -113,6 +123,25 @@ impl Header for ContentLanguage {
     }
 }
 
+/// The mark of a test send.
+#[derive(Clone)]
+struct TestSend;
+
+impl Header for TestSend {
+    fn name() -> HeaderName {
+        HeaderName::new_from_ascii_str(TEST_HEADER)
+    }
+    fn parse(_: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(Self)
+    }
+    fn display(&self) -> HeaderValue {
+        HeaderValue::new(Self::name(), "true".to_owned())
+    }
+}
+
+/// The header that marks a test send: `X-Test-Send: true`.
+pub const TEST_HEADER: &str = "X-Test-Send";
+
 #[derive(Clone)]
 struct ListUnsubscribePost;
 
@@ -159,6 +188,10 @@ pub fn build(outgoing: &Outgoing, signing: &Signing<'_>) -> anyhow::Result<Signe
     if let Some(url) = &outgoing.unsubscribe_url {
         builder = builder.header(ListUnsubscribe(format!("<{url}>"))).header(ListUnsubscribePost);
         headers.extend(["List-Unsubscribe", "List-Unsubscribe-Post"]);
+    }
+    if outgoing.test {
+        builder = builder.header(TestSend);
+        headers.push(TEST_HEADER);
     }
     if let Some(language) = &outgoing.language {
         // A canonical tag is ASCII letters, digits and `-` (`domain::email::locale`).

@@ -624,6 +624,9 @@ pub struct RateLimits {
     /// `INGEST_PER_SECOND`: requests of one write key to the Segment-compatible ingest (each a
     /// batch of up to 500 KB of messages).
     pub ingest_per_second: u32,
+    /// `TEST_SENDS_PER_MINUTE`: test sends of templates by one API key (each a real message to
+    /// an address the caller gives).
+    pub test_sends_per_minute: u32,
     /// `ENABLED`: off only for measuring the limiter's own cost.
     pub enabled: bool,
     /// `RESERVE_MAX`: the most tokens one reservation takes (see `ratelimit::chunk`); 1
@@ -640,6 +643,7 @@ impl Default for RateLimits {
             write_per_second: 25,
             ai_per_minute: 10,
             ingest_per_second: 200,
+            test_sends_per_minute: 10,
             enabled: true,
             reserve_max: 1000,
         }

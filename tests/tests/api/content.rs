@@ -390,3 +390,100 @@ async fn a_preview_renders_what_a_send_would_for_a_contact_or_for_data_and_sends
     let log = app.get(&format!("/emails?contactId={jurgen}"), MAIL_KEY).await;
     assert_eq!(log.body["data"].as_array().map(Vec::len), Some(0), "{:?}", log.body);
 }
+
+#[tokio::test]
+async fn a_test_send_is_one_real_message_marked_as_a_test_that_nothing_counts() {
+    let sink = SmtpSink::start().await;
+    let app = content_app(&sink).await;
+    let jurgen = reader(&app, "de@example.com", "Jürgen", Some("de")).await;
+    app.wait_for_workers().await;
+    let test = |body: Value| {
+        let app = &app;
+        async move { app.post("/templates/newsletter/test", MAIL_KEY, &body).await }
+    };
+    let sent = test(json!({"to": "qa@team.example", "contactId": jurgen})).await;
+    assert_eq!((sent.status, &sent.body["data"]["status"]), (200, &json!("sent")), "{:?}", sent.body);
+    let email_id = sent.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+    let message = &sink.wait_for(1, WAIT).await[0];
+    assert_eq!(message["rcptTo"], json!(["qa@team.example"]));
+    assert_eq!(header(message, "x-test-send"), "true");
+    assert_eq!(message["headers"]["list-unsubscribe"], Value::Null, "a test unsubscribes no one");
+    assert_eq!(header(message, "subject"), "Neuigkeiten für Jürgen: Grüße!");
+    assert_eq!(header(message, "content-language"), "de");
+    assert_eq!(message["dkim"]["valid"], true, "{}", message["dkim"]);
+    let signed = message["dkim"]["signedHeaders"].as_array().cloned().unwrap_or_default();
+    assert!(signed.contains(&json!("x-test-send")), "the mark is signed: {signed:?}");
+    let html = message["html"].as_str().unwrap_or_default();
+    assert!(html.contains("https://api.example.test/v1/emails/preview/unsubscribe") && !html.contains("/t/"), "{html}");
+    // Its story says it is a test, to whom (masked) and from which key.
+    let story = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
+    assert_eq!(story.status, 200, "{:?}", story.body);
+    let data = &story.body["data"];
+    assert_eq!(data["origin"]["type"], "test", "{data}");
+    assert_eq!(data["origin"]["to"], "q***@team.example", "{data}");
+    assert_eq!((&data["status"], &data["contactId"]), (&json!("sent"), &json!(jurgen)), "{data}");
+    assert_eq!(data["locale"], json!({"tag": "de", "source": "exact"}));
+    assert_conforms("EmailStory", std::slice::from_ref(data));
+    let other = app.get(&format!("/emails/{email_id}"), ALPHA_ADMIN).await;
+    assert_eq!(other.status, 404, "another space sees no test of this one");
+    // Given data renders too; its story names no contact.
+    let given = test(json!({"to": "qa@team.example", "data": {"contact": {"firstName": "Kim"}}, "locale": "ja"})).await;
+    assert_eq!(given.body["data"]["status"], "sent", "{:?}", given.body);
+    let given_id = given.body["data"]["emailId"].as_str().expect("emailId");
+    let story = app.get(&format!("/emails/{given_id}"), MAIL_KEY).await;
+    assert_eq!(story.body["data"]["contactId"], Value::Null, "{:?}", story.body);
+    // A suppressed address is refused; a bad body is a 400.
+    let suppressed = app
+        .post("/contacts/suppressions", MAIL_KEY, &json!({"identifier": "gone@team.example", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    let refused = test(json!({"to": "gone@team.example", "contactId": jurgen})).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_suppressed")), "{:?}", refused.body);
+    for (body, code) in [
+        (json!({"contactId": jurgen}), "invalid_field"),
+        (json!({"to": "not an address", "contactId": jurgen}), "invalid_field"),
+        (json!({"to": "qa@team.example", "contactId": jurgen, "bcc": "x@example.com"}), "unknown_field"),
+    ] {
+        let refused = test(body.clone()).await;
+        assert_eq!((refused.status, refused.code().clone()), (400, json!(code)), "{body}: {:?}", refused.body);
+    }
+    // Nothing counts it: not the delivery log, the contact's emails or webhooks' sources.
+    app.wait_for_projections().await;
+    let log = app.get("/emails", MAIL_KEY).await;
+    assert_eq!(log.body["data"].as_array().map(Vec::len), Some(0), "{:?}", log.body);
+    let scheduled = app.query_i64("SELECT count(*) FROM events WHERE event_type = 'EmailScheduled.v1'").await;
+    assert_eq!(scheduled, 0, "a test is no contact's email");
+    assert_eq!(sink.messages().await.len(), 2, "the refused tests sent nothing");
+}
+
+#[tokio::test]
+async fn test_sends_are_limited_per_key_and_a_limited_caller_is_told_when_to_retry() {
+    let sink = SmtpSink::start().await;
+    let limits = platform::settings::RateLimits { test_sends_per_minute: 2, ..crate::helpers::unlimited() };
+    let app =
+        TestApp::spawn_with(Options { email: Some(test_email(&sink)), limits: Some(limits), ..Options::default() })
+            .await;
+    app.apply_workspace(&content_workspace(|_| {}), true).await;
+    publish_dkim(&app, &sink).await;
+    let body = json!({"to": "qa@team.example", "data": {"contact": {"firstName": "Kim"}}});
+    let mut statuses = Vec::new();
+    let mut limited = None;
+    // A fixed window of a minute: five at once cross at most one boundary, so at most four pass.
+    for _ in 0..5 {
+        let response = app.post("/templates/newsletter/test", MAIL_KEY, &body).await;
+        statuses.push(response.status);
+        if response.status == 429 {
+            limited = Some(response);
+        }
+    }
+    let limited = limited.unwrap_or_else(|| panic!("no test send was limited: {statuses:?}"));
+    assert_eq!(limited.code(), &json!("rate_limit_exceeded"), "{:?}", limited.body);
+    assert!(limited.header("retry-after").is_some(), "{:?}", limited.headers);
+    let passed = statuses.iter().filter(|status| **status == 200).count();
+    assert!((2..=4).contains(&passed), "{statuses:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.messages().await.len(), passed, "a limited test sends nothing");
+    // Other writes of the key are not in the test bucket.
+    let preview = preview(&app, "newsletter", &json!({"data": {"contact": {"firstName": "Kim"}}})).await;
+    assert_eq!(preview.status, 200, "{:?}", preview.body);
+}

@@ -347,6 +347,7 @@ pub(crate) fn unlimited() -> platform::settings::RateLimits {
         write_per_second: 1_000_000,
         ai_per_minute: 1_000_000,
         ingest_per_second: 1_000_000,
+        test_sends_per_minute: 1_000_000,
         ..Default::default()
     }
 }

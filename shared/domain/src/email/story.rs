@@ -223,6 +223,56 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
     Some(story)
 }
 
+/// The story of a test send (`POST /templates/{id}/test`), from its stream: origin `test`
+/// with the key that asked and the masked address, then what the relay answered. Never in the
+/// emails read model; the query service folds it from the log.
+pub fn test_story(events: &[LogEvent]) -> Option<Story> {
+    let mut story = None;
+    for event in events {
+        match (event, &mut story) {
+            (LogEvent::EmailTestRequested(requested), None) => {
+                story = Some(Story {
+                    id: requested.email_id.clone(),
+                    template_id: requested.template_id.clone(),
+                    template_revision: requested.template_revision,
+                    locale: some(&requested.locale).map(|tag| {
+                        json!({"tag": tag, "source": some(&requested.locale_source).unwrap_or("default")})
+                    }),
+                    parts: requested
+                        .parts
+                        .iter()
+                        .map(|part| json!({"kind": part.kind, "id": part.id, "slug": part.slug, "revision": part.revision}))
+                        .collect(),
+                    kind: requested.kind.clone(),
+                    topic_id: some(&requested.topic_id).map(str::to_owned),
+                    contact_id: requested.contact_id.clone(),
+                    origin: json!({"type": "test", "keyId": some(&requested.key_id), "to": requested.to_masked}),
+                    status: "scheduled".to_owned(),
+                    scheduled_at: format_millis(requested.at_ms),
+                    not_before: None,
+                    sent_at: None,
+                    unsubscribed: false,
+                    engagement: Engagement::default(),
+                    timeline: vec![json!({"type": "scheduled", "at": format_millis(requested.at_ms)})],
+                });
+            }
+            (LogEvent::EmailTestSent(sent), Some(story)) if story.status == "scheduled" => {
+                let at = format_millis(sent.at_ms);
+                story.status.clone_from(&sent.status);
+                let mut entry = json!({"type": sent.status, "at": at});
+                if sent.status == "sent" {
+                    story.sent_at = Some(at);
+                } else {
+                    entry["error"] = json!({"code": sent.error_code, "message": sent.error_message});
+                }
+                story.timeline.push(entry);
+            }
+            _ => {}
+        }
+    }
+    story
+}
+
 /// The story of a send a gate refused: `skipped`, with the gate, the refusal and the fact
 /// that decided (its log position, type and time; null when no event decided).
 fn skipped_story(skipped: &platform::proto::EmailSkipped) -> Story {

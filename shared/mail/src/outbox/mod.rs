@@ -340,6 +340,34 @@ pub async fn hand_off(
     }
 }
 
+/// Builds, signs and hands a test send's message to the relay inline (no outbox row: a test
+/// send is answered with its outcome and never retried). Its status (`sent`, `failed` or
+/// `outcome_unknown`) and, unless sent, the error's code and message, the relay's reply
+/// without the address.
+pub async fn hand_off_test(
+    mailer: &Mailer,
+    email_id: &str,
+    (domain_id, domain): (&str, &DomainDef),
+    outgoing: &Outgoing,
+) -> (&'static str, Option<(String, String)>) {
+    let built = platform::crypto::keyring()
+        .and_then(|keyring| crate::dkim::open(keyring, domain_id, &domain.dkim))
+        .and_then(|pem| message::build(outgoing, &message::Signing { selector: &domain.dkim.selector, pem: &pem }));
+    let outcome = match built {
+        Ok(message) => mailer.send(email_id, &message).await,
+        Err(error) => {
+            let reply = format!("the message could not be built: {error:#}");
+            Outcome::Rejected { permanent: true, code: None, reply }
+        }
+    };
+    match decide::redact(outcome, &outgoing.to) {
+        Outcome::Accepted { .. } => ("sent", None),
+        Outcome::Rejected { reply, .. } => ("failed", Some(("relay_rejected".to_owned(), reply))),
+        Outcome::Unreachable { message } => ("failed", Some(("relay_unavailable".to_owned(), message))),
+        Outcome::Unknown { message } => ("outcome_unknown", Some(("outcome_unknown".to_owned(), message))),
+    }
+}
+
 async fn authored<T: serde::de::DeserializeOwned>(
     client: &impl deadpool_postgres::GenericClient,
     kind: &str,
