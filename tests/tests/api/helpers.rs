@@ -136,6 +136,40 @@ pub(crate) fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &
     ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {name}: {error}")))
 }
 
+/// [`spawn_binary`] with its output kept in a file (its `warn` and worse, or what `TEST_LOG`
+/// asks for), for a test to show when it fails: the child and the file.
+pub(crate) fn spawn_binary_logged(
+    name: &str,
+    args: &[&str],
+    database_url: &str,
+    env: &[(&str, String)],
+) -> (ChildGuard, PathBuf) {
+    let path = std::env::temp_dir().join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple()));
+    let log = std::fs::File::create(&path).unwrap_or_else(|error| panic!("creating {}: {error}", path.display()));
+    let mut command = Command::new(binaries_dir().join(name));
+    command
+        .args(args)
+        .env("APP__DATABASE__URL", database_url)
+        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
+        .env("RUST_LOG", child_log_filter())
+        .env("APP__PROJECTOR__PORT", "0")
+        .env("APP__RATE_LIMITS__READ_PER_SECOND", "1000000")
+        .env("APP__RATE_LIMITS__WRITE_PER_SECOND", "1000000");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let stderr = log.try_clone().unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    command.stdout(Stdio::from(log)).stderr(Stdio::from(stderr));
+    (ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {name}: {error}"))), path)
+}
+
+/// The last `lines` lines of a log file (for a failure's message).
+pub(crate) fn log_tail(path: &std::path::Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|error| format!("({}: {error})", path.display()));
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
 /// Runs one of the built binaries to its end against `database_url` (a command such as
 /// `projector migrate` or `command-service apply`), with the test master key.
 pub(crate) fn run_binary(name: &str, args: &[&str], database_url: &str) -> std::process::Output {

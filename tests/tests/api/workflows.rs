@@ -595,7 +595,8 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
         ("APP__WEBHOOKS__ATTEMPT_TIMEOUT_MS", "2000".to_owned()),
         ("APP__WORKFLOWS__LEASE_MS", "3000".to_owned()),
     ]);
-    let projector = spawn_binary("projector", &["run"], &app.database_url, &env);
+    // Each projector's output is kept: a stall shows what the last one said.
+    let (projector, mut projector_log) = spawn_binary_logged("projector", &["run"], &app.database_url, &env);
     let steps: Vec<Value> = vec![
         json!({"id": "start", "type": "incoming_webhook", "referenceId": "kill-hook"}),
         json!({"id": "nap", "type": "wait", "duration": "1s"}),
@@ -625,7 +626,7 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
                 .push(app.query_i64("SELECT count(*) FROM workflow_runs WHERE finished_at IS NULL").await);
             projector.0.kill().expect("kill -9 the projector");
             let _ = projector.0.wait();
-            projector = spawn_binary("projector", &["run"], &app.database_url, &env);
+            (projector, projector_log) = spawn_binary_logged("projector", &["run"], &app.database_url, &env);
         }
         if batch == 8 {
             // Once the command service, mid-way through the triggers.
@@ -663,7 +664,7 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
         }
     }
     // The last projector runs on until the test ends.
-    let _projector = projector;
+    let mut projector = projector;
     assert!(cut < 100, "only requests in flight at the kill fail ({cut})");
     assert!(unfinished_at_kills.iter().all(|runs| *runs > 0), "each kill came mid-run: {unfinished_at_kills:?}");
 
@@ -674,7 +675,26 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
         if open == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "{open} runs are still unfinished");
+        if Instant::now() >= deadline {
+            let client = app.pool.get().await.expect("client");
+            let stuck: Vec<String> = client
+                .query(
+                    "SELECT status || ' at ' || coalesce(step_id, '-') || ': ' || count(*) FROM workflow_runs
+                     WHERE finished_at IS NULL GROUP BY status, step_id",
+                    &[],
+                )
+                .await
+                .expect("the unfinished runs")
+                .into_iter()
+                .map(|row| row.get(0))
+                .collect();
+            let exited = projector.0.try_wait().ok().flatten();
+            panic!(
+                "{open} runs are still unfinished ({stuck:?}); the projector {}; its log ends:\n{}",
+                exited.map_or("is running".to_owned(), |status| format!("exited: {status}")),
+                log_tail(&projector_log, 60)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let client = app.pool.get().await.expect("client");
