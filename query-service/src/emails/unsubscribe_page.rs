@@ -17,7 +17,17 @@ use crate::State;
 
 pub(crate) async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<State>) -> HttpResponse {
     let browser = api::pages::wants_html(&req, false);
-    api::pages::answer(browser, page(&path.into_inner(), &state).await)
+    let email_id = path.into_inner();
+    if browser && email_id == domain::email::PREVIEW_EMAIL_ID {
+        // The link of a preview or a test send: the person is a sender checking their mail.
+        let lines = [
+            "This is the unsubscribe link of a preview or a test send, which unsubscribes no one.",
+            "In an email sent to a contact, it opens the page where the recipient leaves this topic, \
+             changes their subscriptions or leaves everything.",
+        ];
+        return api::pages::Message::success("A preview's unsubscribe link", &lines).response();
+    }
+    api::pages::answer(browser, page(&email_id, &state).await)
 }
 
 async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {

@@ -205,9 +205,7 @@ pub fn render_in(
     Ok(rendered)
 }
 
-/// The email id a preview renders with: what `unsubscribeUrl` shows in place of a sent
-/// email's.
-pub const PREVIEW_EMAIL_ID: &str = "preview";
+pub use domain::email::PREVIEW_EMAIL_ID;
 
 /// What a send of the template would render for `context`, in `locale`: the same variant,
 /// layout, partials and footer, with its links as written (no tracking links, no open pixel)

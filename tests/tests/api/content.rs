@@ -415,6 +415,17 @@ async fn a_test_send_is_one_real_message_marked_as_a_test_that_nothing_counts() 
     assert!(signed.contains(&json!("x-test-send")), "the mark is signed: {signed:?}");
     let html = message["html"].as_str().unwrap_or_default();
     assert!(html.contains("https://api.example.test/v1/emails/preview/unsubscribe") && !html.contains("/t/"), "{html}");
+    // Its unsubscribe link tells a person it unsubscribes no one; an API client gets a 404.
+    let page = app
+        .request(reqwest::Method::GET, "/emails/preview/unsubscribe", None)
+        .header("Accept", "text/html")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(page.status().as_u16(), 200);
+    assert!(page.text().await.unwrap_or_default().contains("unsubscribes no one"));
+    let json_client = app.get("/emails/preview/unsubscribe", MAIL_KEY).await;
+    assert_eq!(json_client.code(), &json!("email_not_found"), "{:?}", json_client.body);
     // Its story says it is a test, to whom (masked) and from which key.
     let story = app.get(&format!("/emails/{email_id}"), MAIL_KEY).await;
     assert_eq!(story.status, 200, "{:?}", story.body);

@@ -8,6 +8,10 @@ pub mod resources;
 pub mod send;
 pub mod story;
 
+/// The email id a preview and a test send render with: what their `unsubscribeUrl` shows in
+/// place of a sent email's (it unsubscribes no one; its page says so).
+pub const PREVIEW_EMAIL_ID: &str = "preview";
+
 /// An email's stream.
 pub fn stream_id(email_id: &str) -> String {
     format!("email-{email_id}")
