@@ -341,17 +341,17 @@ impl Content {
 
     /// The partials of `template` in the variant for `tag`, as sends render them.
     fn partials_for(&self, template: &TemplateDef, tag: Option<&str>) -> (Partials, Partials) {
-        let (mut html, mut text) = (Partials::default(), Partials::default());
-        for slug in template.partials.keys() {
-            let Some((_, def)) = self.partials.get(slug) else { continue };
-            let (html_source, text_source) = def.variant(tag);
-            html.sources.push((slug.clone(), html_source.to_owned()));
-            text.sources.push((slug.clone(), text_source.to_owned()));
-        }
+        let sources: Vec<(&str, &str, &str)> = template
+            .partials
+            .keys()
+            .filter_map(|slug| {
+                let (_, def) = self.partials.get(slug)?;
+                let (html, text) = def.variant(tag);
+                Some((slug.as_str(), html, text))
+            })
+            .collect();
         // Keyed by the sources themselves: nothing here has a revision yet.
-        html.key = format!("apply:{:?}", html.sources);
-        text.key = format!("apply:{:?}|text", text.sources);
-        (html, text)
+        Partials::pair(&format!("apply:{sources:?}"), sources)
     }
 }
 
@@ -430,22 +430,23 @@ pub(super) fn sample_context(
 ) -> Value {
     let mut context = Map::new();
     for (key, (slug, schema_type)) in data {
-        let mut document = Map::new();
-        for attribute in schemas.attributes.get(slug.as_str()).into_iter().flatten() {
-            document.insert(attribute.key.clone(), sample_value(&attribute.definition));
-        }
-        document.insert("id".into(), json!(if schema_type == "contact" { "con_sample" } else { "obj_sample" }));
-        document.insert("source".into(), json!("api"));
-        if schema_type == "contact" {
-            document.insert("userId".into(), json!("user-1"));
-            document.insert("email".into(), json!("sample@example.com"));
-            document.insert("phone".into(), json!("+15555550100"));
-        } else {
-            document.insert("externalId".into(), json!("sample-1"));
-        }
-        document.insert("createdAt".into(), json!("2026-01-15T09:30:00.000Z"));
-        document.insert("updatedAt".into(), json!("2026-01-15T09:30:00.000Z"));
-        context.insert(key.clone(), Value::Object(document));
+        let values: Map<String, Value> = schemas
+            .attributes
+            .get(slug.as_str())
+            .into_iter()
+            .flatten()
+            .map(|attribute| (attribute.key.clone(), sample_value(&attribute.definition)))
+            .collect();
+        // Shaped by the record's own document, as a send renders it.
+        let personal = platform::proto::RecordPersonal {
+            user_id: Some("user-1".to_owned()),
+            email: Some("sample@example.com".to_owned()),
+            phone: Some("+15555550100".to_owned()),
+            external_id: Some("sample-1".to_owned()),
+            values_json: Value::Object(values).to_string(),
+        };
+        let sample = domain::records::RecordState::unstored(schema_type, personal);
+        context.insert(key.clone(), sample.document());
     }
     context.insert("input".into(), json!({}));
     context.insert("confirmUrl".into(), json!("https://confirm.invalid/sample"));

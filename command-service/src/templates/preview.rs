@@ -86,16 +86,6 @@ pub struct Loaded {
     pub attributes: BTreeMap<String, Vec<String>>,
 }
 
-/// The fields a record document has beyond its attributes (`domain::records::RecordState::
-/// document`), null in a document made from given data.
-fn record_fields(schema_type: &str) -> &'static [&'static str] {
-    if schema_type == "contact" {
-        &["id", "source", "userId", "email", "phone", "createdAt", "updatedAt"]
-    } else {
-        &["id", "source", "externalId", "createdAt", "updatedAt"]
-    }
-}
-
 impl Decide for PreviewTemplate<'_> {
     type Loaded = Loaded;
     type Outcome = Outcome;
@@ -104,12 +94,8 @@ impl Decide for PreviewTemplate<'_> {
     fn decide(&self, loaded: Loaded, _: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let rendered = render(&loaded, &self.request, self.site)?;
         let authored = &loaded.authored;
-        let parts: Vec<Value> = authored
-            .parts
-            .revisions()
-            .into_iter()
-            .map(|part| json!({"kind": part.kind, "id": part.id, "slug": part.slug, "revision": part.revision}))
-            .collect();
+        let parts: Vec<Value> =
+            authored.parts.revisions().into_iter().map(|part| domain::email::story::part_document(&part)).collect();
         Ok(Outcome::Answer(Reply::ok(json!({"data": {
             "templateId": authored.template_id,
             "templateRevision": authored.revision,
@@ -141,13 +127,7 @@ pub fn render(loaded: &Loaded, request: &Request, site: &Site) -> Result<mail::r
         let keys = attributes.get(key).cloned().unwrap_or_default();
         let document = match (contact, request.data.get(key)) {
             (Some(contact), _) if *key == template.recipient => contact.clone(),
-            (_, Some(fields)) => {
-                let mut document = fields.clone();
-                for field in record_fields(&expected.schema_type) {
-                    document.entry(*field).or_insert(Value::Null);
-                }
-                Value::Object(document)
-            }
+            (_, Some(fields)) => domain::records::unstored_document(&expected.schema_type, fields),
             _ => {
                 let message = if *key == template.recipient {
                     "give contactId or the recipient's fields under this key"

@@ -17,6 +17,20 @@ pub struct Partials {
     pub sources: Vec<(String, String)>,
 }
 
+impl Partials {
+    /// The partials of one locale, `(slug, html, text)` each, as an HTML body renders them and
+    /// as a subject or a text body does, under `key` (which must name exactly these sources).
+    pub fn pair<'a>(key: &str, parts: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> (Self, Self) {
+        let (mut html, mut text) = (Self { key: key.to_owned(), ..Self::default() }, Self::default());
+        text.key = format!("{key}|text");
+        for (slug, html_source, text_source) in parts {
+            html.sources.push((slug.to_owned(), html_source.to_owned()));
+            text.sources.push((slug.to_owned(), text_source.to_owned()));
+        }
+        (html, text)
+    }
+}
+
 /// Parsers built with a set of partials, by the set's key; emptied when it grows past this
 /// many (a space's partials change rarely, and each set is a handful of locales).
 const CACHED_PARSERS: usize = 64;

@@ -6,6 +6,8 @@
 //! outbox row (`outbox::insert_guard`) and, when the space has an allowance, the count
 //! against it ([`allowance_guard`]).
 
+use std::collections::BTreeMap;
+
 use deadpool_postgres::GenericClient;
 
 use serde_json::Value;
@@ -53,6 +55,9 @@ pub struct Part {
 pub struct Parts {
     pub layout: Option<Part>,
     pub partials: Vec<Part>,
+    /// The partials as each locale of the template renders them, made once when the template
+    /// is loaded rather than for each recipient ([`Parts::for_locale`]).
+    by_tag: BTreeMap<Option<String>, (render::Partials, render::Partials)>,
 }
 
 impl Parts {
@@ -80,22 +85,33 @@ impl Parts {
                 anyhow::bail!("the template's partial {id} is missing");
             }
         }
+        // A send renders in the template's default tag or one of its variants' (or none).
+        let tags = std::iter::once(template.locale.clone()).chain(template.locales.keys().cloned().map(Some));
+        parts.by_tag = tags.map(|tag| (tag.clone(), parts.made_for(tag.as_deref()))).collect();
         Ok(parts)
     }
 
-    /// The partials in the variant for `tag`, as HTML bodies and as text bodies render them.
-    fn for_locale(&self, tag: Option<&str>) -> (render::Partials, render::Partials) {
-        let (mut html, mut text) = (render::Partials::default(), render::Partials::default());
-        for part in &self.partials {
-            let (html_source, text_source) = part.def.variant(tag);
-            let key = format!("{}@{}:{}|", part.id, part.revision, tag.unwrap_or_default());
-            html.key.push_str(&key);
-            text.key.push_str(&key);
-            html.sources.push((part.def.slug.clone(), html_source.to_owned()));
-            text.sources.push((part.def.slug.clone(), text_source.to_owned()));
+    /// The partials in the variant for `tag`, keyed by their ids, revisions and the tag.
+    fn made_for(&self, tag: Option<&str>) -> (render::Partials, render::Partials) {
+        let key: String = self
+            .partials
+            .iter()
+            .map(|part| format!("{}@{}:{}|", part.id, part.revision, tag.unwrap_or_default()))
+            .collect();
+        let sources = self.partials.iter().map(|part| {
+            let (html, text) = part.def.variant(tag);
+            (part.def.slug.as_str(), html, text)
+        });
+        render::Partials::pair(&key, sources)
+    }
+
+    /// The partials in the variant for `tag`, as HTML bodies and as text bodies render them:
+    /// made when the template was loaded, or now for parts made by hand.
+    fn for_locale(&self, tag: Option<&str>) -> std::borrow::Cow<'_, (render::Partials, render::Partials)> {
+        match self.by_tag.get(&tag.map(str::to_owned)) {
+            Some(made) => std::borrow::Cow::Borrowed(made),
+            None => std::borrow::Cow::Owned(self.made_for(tag)),
         }
-        text.key.push_str("text");
-        (html, text)
     }
 
     /// Each part as the email records it: kind, id and revision.
@@ -255,14 +271,15 @@ fn render_untracked(
         _ => None,
     };
     let (chosen, matched, (subject, html, text)) = template.variant(tag);
-    let (html_partials, text_partials) = authored.parts.for_locale(chosen);
+    let partials = authored.parts.for_locale(chosen);
+    let (html_partials, text_partials) = (&partials.0, &partials.1);
     let sources = render::Sources {
         subject,
         html,
         text,
         layout: authored.parts.layout.as_ref().map(|layout| layout.def.variant(chosen)),
-        html_partials: &html_partials,
-        text_partials: &text_partials,
+        html_partials,
+        text_partials,
     };
     let locale = chosen.map(|tag| render::LocaleUsed {
         tag: tag.to_owned(),

@@ -116,8 +116,9 @@ fn child_log_filter() -> String {
     }
 }
 
-/// Starts one of the built binaries with the database URL and extra environment.
-pub(crate) fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str, String)]) -> ChildGuard {
+/// One of the built binaries with the database URL, the test master key, the children's log
+/// filter and extra environment.
+fn binary_command(name: &str, args: &[&str], database_url: &str, env: &[(&str, String)]) -> Command {
     let mut command = Command::new(binaries_dir().join(name));
     command
         .args(args)
@@ -130,6 +131,12 @@ pub(crate) fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &
     for (key, value) in env {
         command.env(key, value);
     }
+    command
+}
+
+/// Starts one of the built binaries with the database URL and extra environment.
+pub(crate) fn spawn_binary(name: &str, args: &[&str], database_url: &str, env: &[(&str, String)]) -> ChildGuard {
+    let mut command = binary_command(name, args, database_url, env);
     if std::env::var("TEST_LOG").is_err() {
         command.stdout(Stdio::null()).stderr(Stdio::null());
     }
@@ -146,19 +153,8 @@ pub(crate) fn spawn_binary_logged(
 ) -> (ChildGuard, PathBuf) {
     let path = std::env::temp_dir().join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple()));
     let log = std::fs::File::create(&path).unwrap_or_else(|error| panic!("creating {}: {error}", path.display()));
-    let mut command = Command::new(binaries_dir().join(name));
-    command
-        .args(args)
-        .env("APP__DATABASE__URL", database_url)
-        .env("APP__MASTER_KEY", platform::crypto::TEST_MASTER_KEY)
-        .env("RUST_LOG", child_log_filter())
-        .env("APP__PROJECTOR__PORT", "0")
-        .env("APP__RATE_LIMITS__READ_PER_SECOND", "1000000")
-        .env("APP__RATE_LIMITS__WRITE_PER_SECOND", "1000000");
-    for (key, value) in env {
-        command.env(key, value);
-    }
     let stderr = log.try_clone().unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    let mut command = binary_command(name, args, database_url, env);
     command.stdout(Stdio::from(log)).stderr(Stdio::from(stderr));
     (ChildGuard(command.spawn().unwrap_or_else(|error| panic!("starting {name}: {error}"))), path)
 }

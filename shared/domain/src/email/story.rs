@@ -58,6 +58,11 @@ pub struct Story {
     pub timeline: Vec<Value>,
 }
 
+/// A layout or partial an email was rendered with, as its story (and a preview) shows it.
+pub fn part_document(part: &platform::proto::PartRevision) -> Value {
+    json!({"kind": part.kind, "id": part.id, "slug": part.slug, "revision": part.revision})
+}
+
 fn some(text: &str) -> Option<&str> {
     Some(text).filter(|text| !text.is_empty())
 }
@@ -97,11 +102,7 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
             template_revision: scheduled.template_revision,
             locale: some(&scheduled.locale)
                 .map(|tag| json!({"tag": tag, "source": some(&scheduled.locale_source).unwrap_or("default")})),
-            parts: scheduled
-                .parts
-                .iter()
-                .map(|part| json!({"kind": part.kind, "id": part.id, "slug": part.slug, "revision": part.revision}))
-                .collect(),
+            parts: scheduled.parts.iter().map(part_document).collect(),
             kind: scheduled.kind.clone(),
             topic_id: some(&scheduled.topic_id).map(str::to_owned),
             contact_id: scheduled.contact_id.clone(),
@@ -235,14 +236,9 @@ pub fn test_story(events: &[LogEvent]) -> Option<Story> {
                     id: requested.email_id.clone(),
                     template_id: requested.template_id.clone(),
                     template_revision: requested.template_revision,
-                    locale: some(&requested.locale).map(|tag| {
-                        json!({"tag": tag, "source": some(&requested.locale_source).unwrap_or("default")})
-                    }),
-                    parts: requested
-                        .parts
-                        .iter()
-                        .map(|part| json!({"kind": part.kind, "id": part.id, "slug": part.slug, "revision": part.revision}))
-                        .collect(),
+                    locale: some(&requested.locale)
+                        .map(|tag| json!({"tag": tag, "source": some(&requested.locale_source).unwrap_or("default")})),
+                    parts: requested.parts.iter().map(part_document).collect(),
                     kind: requested.kind.clone(),
                     topic_id: some(&requested.topic_id).map(str::to_owned),
                     contact_id: requested.contact_id.clone(),

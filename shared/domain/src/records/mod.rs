@@ -133,6 +133,22 @@ impl RecordState {
         }
     }
 
+    /// A record of `schema_type` made of `personal` alone (no stored identity, space or
+    /// schema): what a template renders for data that is not stored (a preview's, `apply`'s
+    /// sample), shaped as [`Self::document`] shapes a stored one.
+    pub fn unstored(schema_type: &str, personal: proto::RecordPersonal) -> Self {
+        Self {
+            record_id: String::new(),
+            space_id: String::new(),
+            schema_id: String::new(),
+            schema_type: schema_type.to_owned(),
+            source: String::new(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            personal: Some(personal),
+        }
+    }
+
     /// The record document: platform fields with custom values flattened beside them.
     pub fn document(&self) -> Value {
         let personal = self.personal.as_ref();
@@ -153,6 +169,19 @@ impl RecordState {
         document.insert("updatedAt".into(), json!(format_millis(self.updated_at_ms)));
         Value::Object(document)
     }
+}
+
+/// The document of a record that is not stored, of `schema_type`, from `fields` as given:
+/// every platform field of [`RecordState::document`] present (null unless given), the given
+/// fields beside them.
+pub fn unstored_document(schema_type: &str, fields: &Map<String, Value>) -> Value {
+    let mut document = match RecordState::unstored(schema_type, proto::RecordPersonal::default()).document() {
+        Value::Object(document) => document,
+        _ => Map::new(),
+    };
+    document.values_mut().for_each(|value| *value = Value::Null);
+    document.extend(fields.clone());
+    Value::Object(document)
 }
 
 /// The record document of a create event, its personal data opened with `keys`.
