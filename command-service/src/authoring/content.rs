@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, bail};
 use domain::email::locale;
-use domain::email::resources::{LAYOUT, PARTIAL, PartDef, PartVariant, TemplateDef, Variant};
+use domain::email::resources::{LAYOUT, PARTIAL, PageTextDef, PartDef, PartVariant, TemplateDef, Variant};
 use mail::render::{self, Partials, Sources};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -154,6 +154,27 @@ impl Content {
             layouts.insert(resource.slug.clone(), (id, def));
         }
         Ok(Self { locale, partials, layouts })
+    }
+
+    /// The space's locale setting and page text, checked (each locale's tag, keys and
+    /// sentences); `None` when the space has neither and never had.
+    pub(super) fn page_text(&self, space: &SpaceSpec, had_one: bool) -> anyhow::Result<Option<PageTextDef>> {
+        if self.locale.is_none() && space.page_text.is_empty() && !had_one {
+            return Ok(None);
+        }
+        let mut locales = BTreeMap::new();
+        for (given, text) in &space.page_text {
+            let owner = format!("pageText.{given}");
+            let canonical = tag(given, &owner)?;
+            if let Some(why) = api::page_text::check(text) {
+                bail!("{owner}: {why}");
+            }
+            if locales.insert(canonical, text.clone()).is_some() {
+                bail!("{owner}: the locale is given twice");
+            }
+        }
+        let (locale_attribute, default_locale) = self.locale.clone().unzip();
+        Ok(Some(PageTextDef { locale_attribute, default_locale, locales }))
     }
 
     /// The definitions (kind, id, JSON) of the partials and layouts.

@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
+use domain::email::locale;
 use domain::email::resources::{
     ALLOWANCE, AllowanceDef, Audience, BROADCAST, BroadcastDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef,
-    SEND_POLICY, SENDER, SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef, TrackingDef,
+    PAGE_TEXT, SEND_POLICY, SENDER, SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef, TopicText, TrackingDef,
 };
 use domain::email::send::policy::{Cap, MAX_CAPS, Outcome, QuietHours, SendPolicy, Window, ZoneRule};
 use mail::dkim;
@@ -54,6 +55,17 @@ struct SenderSpec {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct TopicSpec {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    /// Its name and description in other locales.
+    #[serde(default)]
+    locales: BTreeMap<String, TopicTextSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TopicTextSpec {
     name: String,
     #[serde(default)]
     description: Option<String>,
@@ -264,7 +276,20 @@ pub(super) fn definitions(
     }
     for resource in &space.topics {
         let input: TopicSpec = spec(TOPIC, resource)?;
-        let definition = TopicDef { slug: resource.slug.clone(), name: input.name, description: input.description };
+        let owner = format!("topic {:?}", resource.slug);
+        let mut locales = BTreeMap::new();
+        for (given, text) in input.locales {
+            let tag = locale::normalize(&given)
+                .with_context(|| format!("{owner}: locale {given:?} is not a BCP 47 tag (such as de, pt-BR)"))?;
+            if text.name.trim().is_empty() {
+                bail!("{owner}, locale {given:?}: the name is empty");
+            }
+            if locales.insert(tag, TopicText { name: text.name, description: text.description }).is_some() {
+                bail!("{owner}: locale {given:?} is given twice");
+            }
+        }
+        let definition =
+            TopicDef { slug: resource.slug.clone(), name: input.name, description: input.description, locales };
         out.push((TOPIC, topic_ids[resource.slug.as_str()].clone(), serde_json::to_value(definition)?));
     }
     // The space's switch: what it turns off, no template tracks.
@@ -436,6 +461,9 @@ pub(super) fn definitions(
             scheduled_at_ms,
         };
         out.push((BROADCAST, resource_id(BROADCAST, "bc", &space.slug, resource), serde_json::to_value(definition)?));
+    }
+    if let Some(page_text) = content.page_text(space, previous(PAGE_TEXT, space_id).is_some())? {
+        out.push((PAGE_TEXT, space_id.to_owned(), serde_json::to_value(page_text)?));
     }
     if let Some(policy) = send_policy(space, &schemas, &topic_ids, previous(SEND_POLICY, space_id).is_some())? {
         out.push((SEND_POLICY, space_id.to_owned(), serde_json::to_value(policy)?));

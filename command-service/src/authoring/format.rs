@@ -77,6 +77,9 @@ pub struct SpaceSpec {
     /// `{"attribute": "language", "default": "en"}`.
     #[serde(default)]
     pub locale: Option<LocaleSpec>,
+    /// The words of the recipient pages per locale: tag → page text key → text.
+    #[serde(default)]
+    pub page_text: BTreeMap<String, BTreeMap<String, String>>,
     #[serde(default)]
     pub schemas: Vec<SchemaSpec>,
     /// Blocks of content templates render with `{% render 'slug' %}`.

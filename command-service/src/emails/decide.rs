@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use api::page_text::PageText;
 use domain::records::write::Write;
 use platform::error::{Code, Issue};
 use platform::events::LogEvent;
@@ -120,44 +121,51 @@ pub(crate) fn unsubscribed(email_id: &str, email: &Email, now: i64) -> StreamApp
 }
 
 /// What the page after an unsubscription names: the email's topic, its sender and the
-/// address it went to (masked).
+/// address it went to (masked), in the words of the recipient's locale.
 #[derive(Default)]
 pub(crate) struct PageFacts {
+    /// The email's topic, named in the page's locale.
     pub topic_name: Option<String>,
+    /// Every topic of the space by id, named in the page's locale.
+    pub topic_names: BTreeMap<String, String>,
     pub sender: Option<String>,
     pub recipient: Option<String>,
+    pub text: PageText,
 }
 
 impl PageFacts {
     /// Whom a person leaving everything stops hearing from: the sender by name, when the
     /// catalog still has it.
     pub(crate) fn sender_name(&self) -> String {
-        self.sender.as_ref().map_or_else(|| "this sender".to_owned(), |sender| sender.clone())
+        self.sender.clone().unwrap_or_else(|| self.text.get("sender.unknown").to_owned())
     }
 
     /// "Email from S to a***@example.com." when either is known.
     pub(crate) fn parties_line(&self) -> Option<String> {
-        match (&self.sender, &self.recipient) {
-            (None, None) => None,
-            (Some(sender), Some(recipient)) => Some(format!("Email from {sender} to {recipient}.")),
-            (Some(sender), None) => Some(format!("Email from {sender}.")),
-            (None, Some(recipient)) => Some(format!("Email to {recipient}.")),
-        }
+        self.text.parties(self.sender.as_deref(), self.recipient.as_deref())
+    }
+
+    /// A success page in the recipient's words: the parties' line, then `text`, and a link
+    /// back to the preference page.
+    fn page(&self, title: &str, text: &str, link: &str) -> Reply {
+        let parties = self.parties_line();
+        let lines: Vec<&str> = parties.iter().map(String::as_str).chain([text]).collect();
+        let message = api::pages::Message::success(title, &lines)
+            .with_link("unsubscribe", self.text.get(link))
+            .in_language_of(&self.text);
+        Reply::page(Status::Ok, message.page())
     }
 }
 
 fn unsubscribe_reply(email_id: &str, topic_id: &str, page: Option<&PageFacts>) -> Reply {
     let topic = (!topic_id.is_empty()).then_some(topic_id);
     if let Some(facts) = page {
+        let words = &facts.text;
         let text = match &facts.topic_name {
-            Some(name) => format!("You will no longer receive emails about {name}."),
-            None => format!("You will no longer receive marketing email from {}.", facts.sender_name()),
+            Some(name) => words.fill("unsubscribed.topic", &[("topic", name)]),
+            None => words.fill("unsubscribed.marketing", &[("sender", &facts.sender_name())]),
         };
-        let parties = facts.parties_line();
-        let lines: Vec<&str> = parties.iter().map(String::as_str).chain([text.as_str()]).collect();
-        let message = api::pages::Message::success("You are unsubscribed", &lines)
-            .with_link("unsubscribe", "Change your other email preferences");
-        return Reply::page(Status::Ok, message.page());
+        return facts.page(words.get("unsubscribed.title"), &text, "unsubscribed.link");
     }
     Reply::ok(json!({ "data": {
         "emailId": email_id,
@@ -412,28 +420,25 @@ impl ChangePreferences {
     fn reply(&self, topics: &BTreeMap<String, String>, after: &BTreeMap<&String, bool>, page: &PageFacts) -> Reply {
         let status = |subscribed: bool| if subscribed { "subscribed" } else { "unsubscribed" };
         if self.browser {
+            let words = &page.text;
             let kept: Vec<&str> = after
                 .iter()
                 .filter(|(_, subscribed)| **subscribed)
-                .filter_map(|(topic_id, _)| topics.get(*topic_id).map(String::as_str))
+                .filter_map(|(topic_id, _)| {
+                    page.topic_names.get(*topic_id).or_else(|| topics.get(*topic_id)).map(String::as_str)
+                })
                 .collect();
             let (title, text) = match (&self.choice, kept.is_empty()) {
                 (Choice::LeaveAll, _) => (
-                    "You are unsubscribed from everything",
-                    format!("You will no longer receive marketing email from {}.", page.sender_name()),
+                    words.get("saved.leftAllTitle"),
+                    words.fill("unsubscribed.marketing", &[("sender", &page.sender_name())]),
                 ),
-                (Choice::Topics(_), true) => {
-                    ("Your preferences are saved", "You are not subscribed to any topic.".to_owned())
-                }
+                (Choice::Topics(_), true) => (words.get("saved.title"), words.get("saved.none").to_owned()),
                 (Choice::Topics(_), false) => {
-                    ("Your preferences are saved", format!("You are subscribed to: {}.", kept.join(", ")))
+                    (words.get("saved.title"), words.fill("saved.some", &[("topics", &kept.join(", "))]))
                 }
             };
-            let parties = page.parties_line();
-            let lines: Vec<&str> = parties.iter().map(String::as_str).chain([text.as_str()]).collect();
-            let message =
-                api::pages::Message::success(title, &lines).with_link("unsubscribe", "Back to your email preferences");
-            return Reply::page(Status::Ok, message.page());
+            return page.page(title, &text, "saved.link");
         }
         let subscriptions: Map<String, Value> =
             after.iter().map(|(topic_id, subscribed)| ((*topic_id).clone(), json!(status(*subscribed)))).collect();
@@ -541,7 +546,7 @@ mod tests {
     #[test]
     fn a_browser_is_answered_with_a_page_naming_the_parties() {
         let command = Unsubscribe { email_id: "em_1".into(), browser: true };
-        let page = PageFacts { topic_name: Some("News".into()), sender: Some("Acme".into()), recipient: None };
+        let page = PageFacts { topic_name: Some("News".into()), sender: Some("Acme".into()), ..PageFacts::default() };
         let outcome = given(Some((email("", false), None, page))).when(&command).decided();
         let Outcome::Append(writes) = outcome else { panic!("appended") };
         assert_eq!(writes.space_id.as_deref(), Some("spc_1"));
@@ -555,7 +560,7 @@ mod tests {
             topics: [("top_a".to_owned(), "News".to_owned()), ("top_b".to_owned(), "Offers".to_owned())].into(),
             subscribed: subscribed.iter().map(|(topic, status)| ((*topic).to_owned(), (*status).to_owned())).collect(),
             consent: None,
-            page: PageFacts { topic_name: Some("News".into()), sender: Some("Acme".into()), recipient: None },
+            page: PageFacts { topic_name: Some("News".into()), sender: Some("Acme".into()), ..PageFacts::default() },
         })
     }
 

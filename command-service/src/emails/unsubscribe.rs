@@ -12,8 +12,10 @@
 //! with a page saying what happened, with a link back to the preferences; a mail client's
 //! one-click POST gets the JSON it always got.
 
+use std::collections::BTreeMap;
+
 use actix_web::{HttpRequest, HttpResponse, web};
-use domain::email::resources::TOPIC;
+use api::page_text::PageText;
 use platform::error::ApiError;
 use platform::events::LogEvent;
 use platform::proto;
@@ -47,17 +49,29 @@ pub(crate) async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>,
 }
 
 impl PageFacts {
-    /// The facts of `scheduled` a page names (one catalog read and one key read).
+    /// The facts of `scheduled` a page names, in the words of the locale the email was
+    /// written in (catalog reads of the space's topics, its page text and the sender, and a
+    /// key read).
     pub(crate) async fn load(ctx: &Ctx<'_>, scheduled: &proto::EmailScheduled) -> Result<Self, ApiError> {
-        let topic_name = match scheduled.topic_id.is_empty() {
-            true => None,
-            false => topic_name(ctx, &scheduled.topic_id).await?,
-        };
         let catalog = ctx.catalog().await?;
-        let (sender, address) = reads::email::parties(&ctx.db().await?, &catalog, scheduled)
+        let client = ctx.db().await?;
+        let internal = |error: anyhow::Error| ApiError::internal(&error);
+        let page_text = reads::email::page_text(&client, &catalog, &scheduled.space_id).await.map_err(internal)?;
+        let text = PageText::of(&page_text, Some(scheduled.locale.as_str()).filter(|tag| !tag.is_empty()));
+        let topic_names: BTreeMap<String, String> = reads::email::topics(&client, &catalog, &scheduled.space_id)
             .await
-            .map_err(|error| ApiError::internal(&error))?;
-        Ok(Self { topic_name, sender, recipient: address.as_deref().map(api::pages::mask_address) })
+            .map_err(internal)?
+            .iter()
+            .map(|(topic_id, topic)| (topic_id.clone(), text.topic(topic).0.to_owned()))
+            .collect();
+        let (sender, address) = reads::email::parties(&client, &catalog, scheduled).await.map_err(internal)?;
+        Ok(Self {
+            topic_name: topic_names.get(&scheduled.topic_id).cloned(),
+            topic_names,
+            sender,
+            recipient: address.as_deref().map(api::pages::mask_address),
+            text,
+        })
     }
 }
 
@@ -87,13 +101,6 @@ impl Command for Unsubscribe {
     fn lost_too_often(&self) -> ApiError {
         Refusal::RecipientKeptChanging.into()
     }
-}
-
-/// The name of a topic, for a page (`None` when the catalog no longer has it).
-pub(crate) async fn topic_name(ctx: &Ctx<'_>, topic_id: &str) -> Result<Option<String>, ApiError> {
-    let catalog = ctx.catalog().await?;
-    let found = reads::catalog::resource_by_id(&ctx.db().await?, &catalog, TOPIC, topic_id).await?;
-    Ok(found.and_then(|(_, _, definition)| definition.get("name").and_then(|name| name.as_str()).map(str::to_owned)))
 }
 
 #[tracing::instrument(skip_all, fields(email = %path.as_str()))]

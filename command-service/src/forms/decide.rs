@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use api::page_text::PageText;
 use domain::catalog::{AttributeEntry, WriteContext};
-use domain::email::resources::FormDef;
+use domain::email::resources::{FormDef, PageTextDef};
 use domain::records::RecordState;
 use domain::records::write::Write;
 use mail::outbox::{self, Prepared};
@@ -144,9 +145,11 @@ pub(crate) fn submission_stream(submission_id: &str) -> String {
     format!("form-submission-{submission_id}")
 }
 
-/// A success page (what a browser that posted a form, or followed a link, is shown).
-fn page(title: &str, text: &str) -> Reply {
-    Reply::page(Status::Ok, api::pages::Message::success(title, &[text]).page())
+/// A success page (what a browser that posted a form, or followed a link, is shown): the
+/// sentence of `key` in the submitter's words.
+fn page(title: &str, words: &PageText, key: &str) -> Reply {
+    let message = api::pages::Message::success(title, &[words.get(key)]).in_language_of(words);
+    Reply::page(Status::Ok, message.page())
 }
 
 /// The form's topics the contact is not subscribed to yet.
@@ -186,6 +189,8 @@ pub(crate) struct Submission {
     pub confirmation: Option<ConfirmationEmail>,
     /// The double opt-in token (drawn by the shell when the submission is pending).
     pub token: Option<Token>,
+    /// The space's page text, for the submitter's pages in the contact's locale.
+    pub page_text: PageTextDef,
 }
 
 /// A confirmation email as its send decision reads it.
@@ -215,8 +220,11 @@ impl Decide for SubmitForm<'_> {
     type Refusal = Refusal;
 
     fn decide(&self, loaded: Submission, given: &mut Given<'_>) -> Result<Submitted, Refusal> {
-        let Submission { space_id, form, context, contact, write, key, subscribed, confirmation, token } = loaded;
+        let Submission { space_id, form, context, contact, write, key, subscribed, confirmation, token, page_text } =
+            loaded;
         let (form_id, now) = (&self.form_id, given.now_ms);
+        // The submitter's pages speak the contact's locale, as the space has words for it.
+        let words = PageText::of(&page_text, page_text.locale_in(&contact.document()).as_deref());
         let contact_id = contact.record_id.clone();
         let address = contact.personal.as_ref().and_then(|personal| personal.email.clone()).unwrap_or_default();
         let new_topics = new_topics(&form, &subscribed);
@@ -243,7 +251,8 @@ impl Decide for SubmitForm<'_> {
             let Token { token, digest } =
                 token.ok_or_else(|| Refusal::Internal("a pending submission has no token".to_owned()))?;
             token_digest = digest;
-            guards.push(token_guard(&token_digest, form_id, &submission_id, (&space_id, &contact_id), expires_at_ms));
+            let expiry = (expires_at_ms, words.lang());
+            guards.push(token_guard(&token_digest, form_id, &submission_id, (&space_id, &contact_id), expiry));
             if let (Some(confirmation), Some(key)) = (&confirmation, contact_key.as_ref()) {
                 let authored = &confirmation.authored;
                 let email_id = given.fresh.id("em");
@@ -328,12 +337,7 @@ impl Decide for SubmitForm<'_> {
             }],
         });
         let reply = if self.urlencoded {
-            let text = if pending {
-                "Thank you. Please check your inbox and follow the link to confirm."
-            } else {
-                "Thank you. You are subscribed."
-            };
-            page(&form.name, text)
+            page(&form.name, &words, if pending { "form.pending" } else { "form.subscribed" })
         } else {
             let status = if pending { "pending_confirmation" } else { "subscribed" };
             Reply::ok(json!({"data": {"submissionId": submission_id, "status": status}}))
@@ -355,12 +359,12 @@ pub(crate) struct ConfirmSubmission {
 }
 
 impl ConfirmSubmission {
-    /// The answer to a confirmation (the first, or any after it).
-    pub(crate) fn confirmed(&self, form: &FormDef) -> Reply {
+    /// The answer to a confirmation (the first, or any after it), a page in `words`.
+    pub(crate) fn confirmed(&self, form: &FormDef, words: &PageText) -> Reply {
         if self.json {
             Reply::ok(json!({"data": {"formId": self.form_id, "status": "confirmed"}}))
         } else {
-            page(&form.name, "Your subscription is confirmed. Thank you.")
+            page(&form.name, words, "form.confirmed")
         }
     }
 }
@@ -371,8 +375,8 @@ pub(crate) enum Confirmation {
     Unknown,
     /// The token expired unconfirmed.
     Expired,
-    /// Confirmed before: a success again (D7).
-    Done(FormDef),
+    /// Confirmed before: a success again (D7), in the submitter's words.
+    Done(FormDef, PageText),
     Open {
         space_id: String,
         form: FormDef,
@@ -381,6 +385,8 @@ pub(crate) enum Confirmation {
         /// The contact's email consent granted (none when it holds already).
         consent: Option<Write>,
         subscribed: BTreeMap<String, String>,
+        /// The words of the submitter's pages.
+        words: PageText,
     },
 }
 
@@ -390,12 +396,12 @@ impl Decide for ConfirmSubmission {
     type Refusal = Refusal;
 
     fn decide(&self, loaded: Confirmation, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
-        let (space_id, form, submission_id, contact_id, consent, subscribed) = match loaded {
+        let (space_id, form, submission_id, contact_id, consent, subscribed, words) = match loaded {
             Confirmation::Unknown => return Err(Refusal::LinkNotFound),
             Confirmation::Expired => return Err(Refusal::LinkExpired),
-            Confirmation::Done(form) => return Ok(Outcome::Answer(self.confirmed(&form))),
-            Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed } => {
-                (space_id, form, submission_id, contact_id, consent, subscribed)
+            Confirmation::Done(form, words) => return Ok(Outcome::Answer(self.confirmed(&form, &words))),
+            Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed, words } => {
+                (space_id, form, submission_id, contact_id, consent, subscribed, words)
             }
         };
         let now = given.now_ms;
@@ -429,7 +435,7 @@ impl Decide for ConfirmSubmission {
                 occurred_at: platform::time::from_millis(now),
             }],
         });
-        Ok(Outcome::append(streams, guards, self.confirmed(&form)).in_space(&space_id))
+        Ok(Outcome::append(streams, guards, self.confirmed(&form, &words)).in_space(&space_id))
     }
 }
 
@@ -544,6 +550,7 @@ mod tests {
             subscribed: BTreeMap::new(),
             confirmation: None,
             token,
+            page_text: PageTextDef::default(),
         }
     }
 
@@ -630,6 +637,7 @@ mod tests {
             contact_id: "con_1".into(),
             consent: None,
             subscribed: BTreeMap::from([("top_a".to_owned(), "pending".to_owned())]),
+            words: PageText::default(),
         };
         let reply = given(open).when(&confirm(true)).then_events(&[
             subscription("subscribed", "confirmation"),
@@ -643,9 +651,65 @@ mod tests {
         ]);
         let confirmed = Reply::ok(json!({"data": {"formId": "frm_1", "status": "confirmed"}}));
         assert_eq!(reply, confirmed);
-        assert_eq!(given(Confirmation::Done(form(true))).when(&confirm(true)).decided().reply(), Some(&confirmed));
-        let page = given(Confirmation::Done(form(true))).when(&confirm(false)).decided();
+        let done = || Confirmation::Done(form(true), PageText::default());
+        assert_eq!(given(done()).when(&confirm(true)).decided().reply(), Some(&confirmed));
+        let page = given(done()).when(&confirm(false)).decided();
         assert!(matches!(page.reply().map(|reply| &reply.body), Some(Body::Html(_))));
+    }
+
+    /// The space's page text: `language` holds the locale; German words for the form's pages.
+    fn german() -> PageTextDef {
+        PageTextDef {
+            locale_attribute: Some("language".into()),
+            default_locale: Some("en".into()),
+            locales: BTreeMap::from([(
+                "de".to_owned(),
+                BTreeMap::from([
+                    (
+                        "form.pending".to_owned(),
+                        "Danke. Bitte bestätigen Sie den Link in Ihrem Posteingang.".to_owned(),
+                    ),
+                    ("form.confirmed".to_owned(), "Ihr Abonnement ist bestätigt.".to_owned()),
+                ]),
+            )]),
+        }
+    }
+
+    #[test]
+    fn a_submitters_pages_speak_the_contacts_locale_and_the_token_keeps_it() {
+        let site = site();
+        let command = SubmitForm {
+            form_id: "frm_1".into(),
+            fields: Map::new(),
+            urlencoded: true,
+            token_ttl_hours: 24,
+            site: &site,
+        };
+        let token = || Some(Token { token: "tok".into(), digest: "digest".into() });
+        let mut loaded = submission(true, token());
+        loaded.page_text = german();
+        let mut personal = loaded.contact.personal.clone().unwrap_or_default();
+        personal.values_json = json!({"language": "de-CH"}).to_string();
+        loaded.contact.personal = Some(personal);
+        let Submitted { outcome, .. } = given(loaded).when(&command).decided();
+        let Outcome::Append(writes) = outcome else { panic!("appended") };
+        let Body::Html(page) = &writes.reply.body else { panic!("a page") };
+        assert!(page.contains("<html lang=\"de\" dir=\"ltr\">"), "{page}");
+        assert!(page.contains("Bitte bestätigen"), "{page}");
+        // The token keeps the page's locale for the confirmation link.
+        let params = format!("{:?}", writes.guards[0].params);
+        assert!(params.contains("\"de\""), "{params}");
+        // A contact without a locale: the space's default, English here.
+        let mut plain = submission(true, token());
+        plain.page_text = german();
+        let Submitted { outcome, .. } = given(plain).when(&command).decided();
+        let Outcome::Append(writes) = outcome else { panic!("appended") };
+        let Body::Html(page) = &writes.reply.body else { panic!("a page") };
+        assert!(page.contains("<html lang=\"en\"") && page.contains("follow the link to confirm"), "{page}");
+        let words = PageText::of(&german(), Some("de"));
+        let page = given(Confirmation::Done(form(true), words)).when(&confirm(false)).decided();
+        let Some(Body::Html(page)) = page.reply().map(|reply| &reply.body) else { panic!("a page") };
+        assert!(page.contains("Ihr Abonnement ist bestätigt."), "{page}");
     }
 
     #[test]

@@ -19,7 +19,8 @@
 use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use domain::email::resources::{FORM, FormDef};
+use api::page_text::PageText;
+use domain::email::resources::{FORM, FormDef, PageTextDef};
 use mail::send;
 use platform::error::{ApiError, Code};
 use platform::log::AppendError;
@@ -72,6 +73,12 @@ async fn edge_form(state: &State, form_id: &str) -> Result<(String, FormDef), Ap
 async fn load_form(ctx: &Ctx<'_>, form_id: &str) -> Result<(String, FormDef), ApiError> {
     let catalog = ctx.catalog().await?;
     find_form(&ctx.db().await?, &catalog, form_id).await
+}
+
+/// The space's page text (its pages' words per locale, and its locale setting).
+async fn page_text(ctx: &Ctx<'_>, space_id: &str) -> Result<PageTextDef, ApiError> {
+    let catalog = ctx.catalog().await?;
+    reads::email::page_text(&ctx.db().await?, &catalog, space_id).await.map_err(|error| ApiError::internal(&error))
 }
 
 /// Counts one against a limiter; 429 `rate_limit_exceeded` with `Retry-After` when used up.
@@ -168,7 +175,8 @@ impl Command for SubmitForm<'_> {
             }
             false => None,
         };
-        Ok(Submission { space_id, form, context, contact, write, key, subscribed, confirmation, token })
+        let page_text = page_text(ctx, &space_id).await?;
+        Ok(Submission { space_id, form, context, contact, write, key, subscribed, confirmation, token, page_text })
     }
 
     fn answer(&self, Submitted { outcome, confirmation }: Submitted, _: &Shell<'_>) -> Result<Decided, ApiError> {
@@ -238,24 +246,27 @@ impl Command for ConfirmSubmission {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Confirmation, ApiError> {
         let (space_id, form) = load_form(ctx, &self.form_id).await?;
         let db = ctx.db().await?;
-        let Some(store::Token { submission_id, contact_id, done, expired }) =
+        let Some(store::Token { submission_id, contact_id, done, expired, locale }) =
             store::token(&db, &self.digest, &self.form_id).await?
         else {
             return Ok(Confirmation::Unknown);
         };
+        drop(db);
+        // The page speaks the language the submitter's first page did.
+        let words = PageText::of(&page_text(ctx, &space_id).await?, locale.as_deref());
         if done {
-            return Ok(Confirmation::Done(form));
+            return Ok(Confirmation::Done(form, words));
         }
         if expired {
             return Ok(Confirmation::Expired);
         }
-        let subscribed =
-            reads::email::subscriptions(&db, &contact_id).await.map_err(|error| ApiError::internal(&error))?;
-        drop(db);
+        let subscribed = reads::email::subscriptions(&ctx.db().await?, &contact_id)
+            .await
+            .map_err(|error| ApiError::internal(&error))?;
         let source = Source { kind: "confirmation", id: &self.form_id };
         let consent =
             set_email_consent(ctx, (&space_id, &contact_id), true, source, platform::time::now_millis()).await?;
-        Ok(Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed })
+        Ok(Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed, words })
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {

@@ -12,6 +12,8 @@ pub(crate) struct Token {
     /// Confirmed already.
     pub(crate) done: bool,
     pub(crate) expired: bool,
+    /// The locale of the submitter's pages, chosen at the submission.
+    pub(crate) locale: Option<String>,
 }
 
 /// The token of `form_id` whose digest is `digest`, if any.
@@ -22,7 +24,7 @@ pub(crate) async fn token(
 ) -> Result<Option<Token>, tokio_postgres::Error> {
     let row = client
         .query_opt(
-            "SELECT submission_id, contact_id, confirmed_at IS NOT NULL, expires_at < now() FROM form_tokens
+            "SELECT submission_id, contact_id, confirmed_at IS NOT NULL, expires_at < now(), locale FROM form_tokens
              WHERE token_digest = $1 AND form_id = $2",
             &[&digest, &form_id],
         )
@@ -32,21 +34,22 @@ pub(crate) async fn token(
         contact_id: row.get(1),
         done: row.get(2),
         expired: row.get(3),
+        locale: row.get(4),
     }))
 }
 
-/// Inserts a submission's token (by its digest), bound to the form and expiring at
-/// `expires_at_ms`.
+/// Inserts a submission's token (by its digest), bound to the form, expiring at
+/// `expires_at_ms`, with the locale of the submitter's pages.
 pub(crate) fn token_guard(
     digest: &str,
     form_id: &str,
     submission_id: &str,
     (space_id, contact_id): (&str, &str),
-    expires_at_ms: i64,
+    (expires_at_ms, locale): (i64, &str),
 ) -> Guard {
     Guard::exactly_one(
-        "INSERT INTO form_tokens (token_digest, form_id, submission_id, space_id, contact_id, expires_at)
-         VALUES ($1, $2, $3, $4, $5, to_timestamp($6::bigint / 1000.0))",
+        "INSERT INTO form_tokens (token_digest, form_id, submission_id, space_id, contact_id, expires_at, locale)
+         VALUES ($1, $2, $3, $4, $5, to_timestamp($6::bigint / 1000.0), $7)",
         vec![
             Box::new(digest.to_owned()),
             Box::new(form_id.to_owned()),
@@ -54,6 +57,7 @@ pub(crate) fn token_guard(
             Box::new(space_id.to_owned()),
             Box::new(contact_id.to_owned()),
             Box::new(expires_at_ms),
+            Box::new(locale.to_owned()),
         ],
         AppendError::Conflict { code: Code::IdempotencyConflict, message: "the token is taken".to_owned() },
     )

@@ -8,6 +8,7 @@
 //! `email_not_found`, as a page for a browser and as the JSON envelope for an API client.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use api::page_text::PageText;
 use api::pages::{Preferences, TopicChoice};
 use domain::catalog::CATALOG;
 use platform::error::{ApiError, Code};
@@ -57,15 +58,22 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     let (sender, address) =
         reads::email::parties(&client, &catalog, &scheduled).await.map_err(|error| ApiError::internal(&error))?;
     let recipient = address.as_deref().map(api::pages::mask_address);
+    // The page speaks the language the email was written in.
+    let page_text = reads::email::page_text(&client, &catalog, &scheduled.space_id)
+        .await
+        .map_err(|error| ApiError::internal(&error))?;
+    let text = PageText::of(&page_text, Some(scheduled.locale.as_str()).filter(|tag| !tag.is_empty()));
     drop(client);
     let mut choices = Vec::new();
     let mut this_topic = None;
-    for (topic_id, topic) in topics {
-        let subscribed = subscriptions.get(&topic_id).map(String::as_str) == Some("subscribed");
-        if topic_id == scheduled.topic_id {
-            this_topic = Some((topic.name.clone(), subscribed));
+    for (topic_id, topic) in &topics {
+        let subscribed = subscriptions.get(topic_id).map(String::as_str) == Some("subscribed");
+        let (name, description) = text.topic(topic);
+        if *topic_id == scheduled.topic_id {
+            this_topic = Some((name.to_owned(), subscribed));
         }
-        choices.push(TopicChoice { id: topic_id, name: topic.name, description: topic.description, subscribed });
+        let (name, description) = (name.to_owned(), description.map(str::to_owned));
+        choices.push(TopicChoice { id: topic_id.clone(), name, description, subscribed });
     }
     // Relative to this page's own URL (`…/emails/{emailId}/unsubscribe`), so the forms post
     // to the origin the person is on, whatever proxy is in front.
@@ -73,9 +81,9 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     // the button again: the email's topic, or (for an email without one) marketing email
     // through this very email.
     let (notice, already_left) = match &this_topic {
-        Some((name, false)) => (Some(format!("You are not subscribed to {name}.")), true),
+        Some((name, false)) => (Some(text.fill("preferences.leftTopic", &[("topic", name)])), true),
         Some((_, true)) => (None, false),
-        None if unsubscribed => (Some("You are unsubscribed from marketing email.".to_owned()), true),
+        None if unsubscribed => (Some(text.get("preferences.leftMarketing").to_owned()), true),
         None => (None, false),
     };
     Ok(Preferences {
@@ -87,6 +95,7 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
         topics: choices,
         sender,
         recipient,
+        text,
     }
     .response())
 }

@@ -17,6 +17,8 @@ use sha2::Digest;
 
 use platform::error::{ApiError, Code};
 
+use crate::page_text::PageText;
+
 const STYLE: &str = include_str!("../pages/style.css");
 
 static TEMPLATES: LazyLock<minijinja::Environment<'static>> = LazyLock::new(|| {
@@ -94,6 +96,9 @@ pub struct Message {
     pub paragraphs: Vec<String>,
     pub link: Option<Link>,
     issues: Vec<PageIssue>,
+    /// The language the page is in (`<html lang>`) and its direction.
+    lang: String,
+    dir: &'static str,
 }
 
 impl Message {
@@ -105,7 +110,16 @@ impl Message {
             paragraphs: paragraphs.iter().map(|text| (*text).to_owned()).collect(),
             link: None,
             issues: Vec::new(),
+            lang: "en".to_owned(),
+            dir: "ltr",
         }
+    }
+
+    /// The page says it is in the language of `text` (which its sentences came from).
+    pub fn in_language_of(mut self, text: &PageText) -> Self {
+        self.lang = text.lang().to_owned();
+        self.dir = text.dir();
+        self
     }
 
     pub fn with_link(mut self, href: impl Into<String>, text: impl Into<String>) -> Self {
@@ -163,7 +177,15 @@ impl Message {
             .iter()
             .map(|issue| PageIssue { field: issue.key.clone(), message: sentence(&issue.message) })
             .collect();
-        Self { status: error.status(), title: title.to_owned(), paragraphs: vec![text], link: None, issues }
+        Self {
+            status: error.status(),
+            title: title.to_owned(),
+            paragraphs: vec![text],
+            link: None,
+            issues,
+            lang: "en".to_owned(),
+            dir: "ltr",
+        }
     }
 
     /// The page as HTML.
@@ -177,6 +199,8 @@ impl Message {
                 paragraphs => &self.paragraphs,
                 issues => minijinja::Value::from(minijinja::value::Serde(&self.issues)),
                 link => minijinja::Value::from(minijinja::value::Serde(&self.link)),
+                lang => &self.lang,
+                dir => self.dir,
             },
         )
     }
@@ -215,6 +239,8 @@ pub struct Preferences {
     pub sender: Option<String>,
     /// The address the email went to, masked ([`mask_address`]); `None` once erased.
     pub recipient: Option<String>,
+    /// The words of the page, in the recipient's locale (topics come named in it).
+    pub text: PageText,
 }
 
 /// An address as a page shows it to whoever holds the link: its first character, `***`, and
@@ -236,18 +262,25 @@ impl Preferences {
 
     /// The page's HTML.
     fn page(&self) -> String {
+        let text = &self.text;
+        let words: std::collections::BTreeMap<&str, &str> =
+            crate::page_text::ENTRIES.iter().map(|entry| (entry.key, text.get(entry.key))).collect();
+        let topic = |key: &str| self.this_topic.as_deref().map(|name| text.fill(key, &[("topic", name)]));
         render(
             "preferences.html",
             minijinja::context! {
-                title => "Email preferences",
+                title => text.get("preferences.title"),
+                t => minijinja::Value::from(minijinja::value::Serde(&words)),
+                lang => text.lang(),
+                dir => text.dir(),
                 unsubscribe_action => &self.unsubscribe_action,
                 preferences_action => &self.preferences_action,
-                this_topic => &self.this_topic,
+                this_topic_line => topic("preferences.thisTopic"),
+                leave_topic => topic("preferences.leaveTopic"),
                 already_left => self.already_left,
                 topics => minijinja::Value::from(minijinja::value::Serde(&self.topics)),
                 notice => &self.notice,
-                sender => &self.sender,
-                recipient => &self.recipient,
+                parties => text.parties(self.sender.as_deref(), self.recipient.as_deref()),
             },
         )
     }
@@ -338,6 +371,7 @@ mod tests {
             already_left: false,
             sender: Some("Tom & Jerry".to_owned()),
             recipient: Some(mask_address("ada@example.com")),
+            text: PageText::default(),
         };
         assert_eq!(preferences.response().status(), StatusCode::OK);
         assert!(preferences.page().contains("Unsubscribe from News &lt;weekly&gt;</button>"));

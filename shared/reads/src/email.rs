@@ -64,6 +64,20 @@ pub async fn topics(
     Ok(topics)
 }
 
+/// The space's page text and locale setting as catalog version `catalog` holds them (none:
+/// the platform's English for everyone).
+pub async fn page_text(
+    client: &impl deadpool_postgres::GenericClient,
+    catalog: &str,
+    space_id: &str,
+) -> anyhow::Result<resources::PageTextDef> {
+    match crate::catalog::resource_by_id(client, catalog, resources::PAGE_TEXT, space_id).await? {
+        Some((_, _, definition)) => serde_json::from_value(definition)
+            .map_err(|error| anyhow::anyhow!("the page text of space {space_id}: {error}")),
+        None => Ok(resources::PageTextDef::default()),
+    }
+}
+
 /// Who an email is from and to, as its pages name them: the sender's name (from catalog
 /// version `catalog`; `None` once the sender is gone) and the address it went to (opened from
 /// the email with its contact's key; `None` once the contact is erased).

@@ -498,3 +498,123 @@ async fn test_sends_are_limited_per_key_and_a_limited_caller_is_told_when_to_ret
     let preview = preview(&app, "newsletter", &json!({"data": {"contact": {"firstName": "Kim"}}})).await;
     assert_eq!(preview.status, 200, "{:?}", preview.body);
 }
+
+/// The page text of the content space: German and Arabic words for the recipient pages, and
+/// the news topic named in both.
+fn localized_pages(space: &mut Value) {
+    space["pageText"] = json!({
+        "de": {
+            "preferences.title": "E-Mail-Einstellungen",
+            "preferences.leaveTopic": "Von {topic} abmelden",
+            "preferences.leaveAll": "Von allem abmelden",
+            "parties.fromTo": "E-Mail von {sender} an {recipient}.",
+            "unsubscribed.title": "Sie sind abgemeldet",
+            "unsubscribed.topic": "Sie erhalten keine E-Mails mehr zu {topic}.",
+            "form.pending": "Danke! Bitte bestätigen Sie über den Link in Ihrem Posteingang.",
+            "form.confirmed": "Ihr Abonnement ist bestätigt. Danke!"
+        },
+        "ar": {"preferences.title": "إعدادات البريد الإلكتروني", "preferences.leaveAll": "إلغاء الاشتراك من الكل"}
+    });
+    space["topics"][0]["locales"] = json!({
+        "de": {"name": "Neuigkeiten", "description": "Produktneuigkeiten"},
+        "ar": {"name": "الأخبار"}
+    });
+    // The double opt-in form takes the contact's language too.
+    let forms = space["forms"].as_array_mut().expect("forms");
+    let signup = forms.iter_mut().find(|form| form["slug"] == "signup").expect("the signup form");
+    signup["fields"]["language"] = json!("language");
+}
+
+/// A page as a browser gets it.
+async fn page(app: &TestApp, method: reqwest::Method, path: &str, form: Option<&[(&str, &str)]>) -> (u16, String) {
+    let mut request = app.request(method, path, None).header("Accept", "text/html");
+    if let Some(fields) = form {
+        request = request.form(fields);
+    }
+    let response = request.send().await.expect("answered");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("a page"))
+}
+
+#[tokio::test]
+async fn a_recipients_pages_speak_the_language_of_their_mail_with_english_for_what_the_space_does_not_give() {
+    let sink = SmtpSink::start().await;
+    let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
+    app.apply_workspace(&content_workspace(localized_pages), true).await;
+    publish_dkim(&app, &sink).await;
+    let template = crate::email::template_id(&app, "newsletter").await;
+    let mut pages = Vec::new();
+    for (email, language) in
+        [("de@example.com", Some("de-DE")), ("ar@example.com", Some("ar")), ("en@example.com", None)]
+    {
+        reader(&app, email, "Kim", language).await;
+        let sent = crate::email::send(&app, &template, &json!({"data": {"contact": {"email": email}}}), None).await;
+        assert_eq!(sent.body["data"]["status"], "sent", "{:?}", sent.body);
+        let email_id = sent.body["data"]["emailId"].as_str().expect("emailId").to_owned();
+        let (status, preferences) =
+            page(&app, reqwest::Method::GET, &format!("/emails/{email_id}/unsubscribe"), None).await;
+        assert_eq!(status, 200, "{preferences}");
+        pages.push((email_id, preferences));
+    }
+    // German: the space's words, the topic's German name, English for what it does not give.
+    let (german_email, german) = &pages[0];
+    assert!(german.contains("<html lang=\"de\" dir=\"ltr\">"), "{german}");
+    assert!(german.contains("<h1>E-Mail-Einstellungen</h1>"), "{german}");
+    assert!(german.contains("E-Mail von Équipe Exemple an d***@example.com."), "{german}");
+    assert!(german.contains("Von Neuigkeiten abmelden</button>"), "{german}");
+    assert!(german.contains("<legend>Neuigkeiten</legend>") && german.contains("Produktneuigkeiten"), "{german}");
+    assert!(german.contains("Save my preferences"), "the English stands for a key not given: {german}");
+    // Arabic: right to left, the topic's Arabic name with its English description.
+    let (_, arabic) = &pages[1];
+    assert!(arabic.contains("<html lang=\"ar\" dir=\"rtl\">"), "{arabic}");
+    assert!(arabic.contains("إعدادات البريد الإلكتروني") && arabic.contains("<legend>الأخبار</legend>"), "{arabic}");
+    assert!(arabic.contains("Product news"), "{arabic}");
+    // No locale: the platform's English.
+    let (_, english) = &pages[2];
+    assert!(english.contains("<html lang=\"en\" dir=\"ltr\">") && english.contains("<h1>Email preferences</h1>"));
+    assert!(english.contains("Unsubscribe from News</button>"), "{english}");
+    // Pressing the button: the page after it speaks German too.
+    let (status, left) = page(
+        &app,
+        reqwest::Method::POST,
+        &format!("/emails/{german_email}/unsubscribe"),
+        Some(&[("List-Unsubscribe", "One-Click")]),
+    )
+    .await;
+    assert_eq!(status, 200, "{left}");
+    assert!(left.contains("<html lang=\"de\"") && left.contains("<h1>Sie sind abgemeldet</h1>"), "{left}");
+    assert!(left.contains("Sie erhalten keine E-Mails mehr zu Neuigkeiten."), "{left}");
+    assert!(left.contains("Change your other email preferences"), "{left}");
+
+    // A double opt-in form: its thanks and its confirmation page in the submitter's language.
+    let (status, thanks) = page(
+        &app,
+        reqwest::Method::POST,
+        &format!("/forms/{}/submit", crate::email::SIGNUP_FORM),
+        Some(&[("email_address", "neu@example.com"), ("first_name", "Uwe"), ("language", "de")]),
+    )
+    .await;
+    assert_eq!(status, 200, "{thanks}");
+    assert!(thanks.contains("<html lang=\"de\"") && thanks.contains("Bitte bestätigen Sie"), "{thanks}");
+    let message = sink.wait_for(4, WAIT).await.into_iter().find(|message| message["rcptTo"][0] == "neu@example.com");
+    let path = crate::email::confirmation_path(&message.expect("the confirmation mail"));
+    let (status, confirmed) = page(&app, reqwest::Method::GET, &path, None).await;
+    assert_eq!(status, 200, "{confirmed}");
+    assert!(
+        confirmed.contains("<html lang=\"de\"") && confirmed.contains("Ihr Abonnement ist bestätigt."),
+        "{confirmed}"
+    );
+
+    // `apply` refuses page text it could not show, naming the locale and the key.
+    let refused = refusal(
+        &app,
+        &content_workspace(|space| {
+            localized_pages(space);
+            space["pageText"]["de"]["preferences.leaveTopic"] = json!("Von {thema} abmelden");
+        }),
+    )
+    .await;
+    assert!(refused.contains("pageText.de") && refused.contains("{thema}") && refused.contains("{topic}"), "{refused}");
+    let refused = refusal(&app, &content_workspace(|space| space["pageText"] = json!({"de": {"title": "x"}}))).await;
+    assert!(refused.contains("\"title\" is no page text key"), "{refused}");
+}

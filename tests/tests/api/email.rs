@@ -908,7 +908,7 @@ fn trusting_loopback(settings: &mut platform::settings::Settings) {
 }
 
 /// The path (under `/v1`) of the confirmation link in a message's text part.
-fn confirmation_path(message: &Value) -> String {
+pub(crate) fn confirmation_path(message: &Value) -> String {
     let text = message["text"].as_str().expect("a text part");
     let url = text.split_whitespace().find(|word| word.contains("/confirm/")).expect("a confirmation link");
     url.split("/v1").nth(1).expect("under the public base URL").to_owned()

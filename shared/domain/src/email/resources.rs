@@ -20,6 +20,9 @@ pub const SEND_POLICY: &str = "send_policy";
 pub const PARTIAL: &str = "partial";
 /// A frame around a template's body, which it holds at `{{ content }}` ([`PartDef`]).
 pub const LAYOUT: &str = "layout";
+/// The words of the space's recipient pages in its locales ([`PageTextDef`]), one per space,
+/// its id the space's.
+pub const PAGE_TEXT: &str = "page_text";
 
 /// A domain's signing key as stored in its definition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +74,80 @@ pub struct TopicDef {
     pub name: String,
     #[serde(default)]
     pub description: Option<String>,
+    /// Its name and description in other locales, by canonical tag.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub locales: BTreeMap<String, TopicText>,
+}
+
+/// A topic's name and description in one locale.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicText {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+impl TopicDef {
+    /// Its name and description as a page in locale `tag` shows them: the variant of the
+    /// exact tag, else of its language, else its own.
+    pub fn in_locale(&self, tag: &str) -> (&str, Option<&str>) {
+        let (picked, _) = crate::email::locale::pick(Some(tag), "", self.locales.keys().map(String::as_str));
+        match self.locales.get(picked) {
+            Some(text) => (&text.name, text.description.as_deref().or(self.description.as_deref())),
+            None => (&self.name, self.description.as_deref()),
+        }
+    }
+}
+
+/// The space's locale setting as its recipient pages read it, and the words of those pages
+/// the space gives per locale (key → text; the platform's English stands for a key not
+/// given). Stored whenever the space names a locale attribute or gives page text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PageTextDef {
+    /// The contact attribute that holds a contact's locale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locale_attribute: Option<String>,
+    /// The tag of contacts without a locale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_locale: Option<String>,
+    /// Canonical tag → page text key → text.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub locales: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// The language of the platform's own page text, which every other falls back to.
+pub const PAGE_FALLBACK_LOCALE: &str = "en";
+
+impl PageTextDef {
+    /// The locale a page for a reader of `wanted` (the locale of the email the page belongs
+    /// to, or the contact's) is shown in: the space's text of the exact tag, else of its
+    /// language; failing both, the same for the space's default locale; failing that, the
+    /// platform's English.
+    pub fn locale_for(&self, wanted: Option<&str>) -> &str {
+        use crate::email::locale::{Matched, pick};
+        let given = || self.locales.keys().map(String::as_str);
+        for wanted in [wanted, self.default_locale.as_deref()].into_iter().flatten() {
+            let (tag, matched) = pick(Some(wanted), PAGE_FALLBACK_LOCALE, given());
+            if matched != Matched::Default {
+                return tag;
+            }
+        }
+        PAGE_FALLBACK_LOCALE
+    }
+
+    /// The text the space gives in `tag` (empty for the platform's English unless given).
+    pub fn text_of(&self, tag: &str) -> Option<&BTreeMap<String, String>> {
+        self.locales.get(tag)
+    }
+
+    /// The locale held by a contact document's locale attribute, canonical (`None` when the
+    /// space names no attribute, or the value is absent or no tag).
+    pub fn locale_in(&self, document: &Value) -> Option<String> {
+        let attribute = self.locale_attribute.as_deref()?;
+        crate::email::locale::normalize(document.get(attribute)?.as_str()?)
+    }
 }
 
 /// What a template expects under one context key: a record of this schema.
@@ -351,7 +428,13 @@ pub fn sender_document(id: &str, sender: &SenderDef) -> Value {
 }
 
 pub fn topic_document(id: &str, topic: &TopicDef) -> Value {
-    json!({ "id": id, "slug": topic.slug, "name": topic.name, "description": topic.description })
+    json!({
+        "id": id,
+        "slug": topic.slug,
+        "name": topic.name,
+        "description": topic.description,
+        "locales": topic.locales,
+    })
 }
 
 /// A form's public document, with the public URLs under `public_base_url` (with `/v1`) that
