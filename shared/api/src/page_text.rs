@@ -215,6 +215,21 @@ mod tests {
     }
 
     #[test]
+    fn the_demo_speaks_every_sentence_in_each_of_its_languages() {
+        let demo: serde_json::Value =
+            serde_json::from_str(include_str!("../../../deploy/demo-workspace.json")).expect("the demo is JSON");
+        let spaces = demo["spaces"].as_array().expect("spaces");
+        let text = spaces.iter().find_map(|space| space["pageText"].as_object()).expect("the demo gives page text");
+        for (tag, given) in text {
+            let given: BTreeMap<String, String> = serde_json::from_value(given.clone()).expect("key to text");
+            assert_eq!(check(&given), None, "{tag}");
+            let missing: Vec<&str> =
+                ENTRIES.iter().map(|entry| entry.key).filter(|key| !given.contains_key(*key)).collect();
+            assert!(missing.is_empty(), "the demo's {tag} lacks {missing:?}: its pages would mix in English");
+        }
+    }
+
+    #[test]
     fn a_space_text_is_refused_for_an_unknown_key_an_unknown_value_or_an_open_brace() {
         let one = |key: &str, text: &str| check(&BTreeMap::from([(key.to_owned(), text.to_owned())]));
         assert!(one("preferences.titel", "x").is_some_and(|why| why.contains("no page text key")));
