@@ -7,14 +7,17 @@
 //! matches the claim token, so an acknowledged write and its recorded response cannot
 //! diverge. Errors raised after the claim are recorded too and replayed.
 //!
-//! Each claim names the instance that made it (its `platform::liveness` heartbeat). A claim
-//! left `processing` by an instance that died is reconciled once that instance has stopped
-//! beating for `liveness::DEAD_AFTER` (seconds), or, whoever owns it, once it is older than
-//! `CLAIM_TIMEOUT`: the next request with the key marks it `unresolved` (409
-//! `idempotency_outcome_unknown`), and the projector's maintenance worker
-//! (`projector::workers::maintenance::purge_and_reconcile`) releases unresolved claims whose
-//! operation appended nothing, so the key can run again. The takeover changes nothing the stalled claimant could still commit: its
-//! completion guard no longer matches a `processing` row with its token, so its append fails.
+//! Each claim names the instance that made it (its `platform::liveness` heartbeat). While it
+//! runs, a retry is answered 409 `idempotency_conflict` with `Retry-After`. A claim left
+//! `processing` by an instance that stopped beating for `liveness::DEAD_AFTER`, or, whoever
+//! owns it, older than `CLAIM_TIMEOUT`, or left `unresolved`, is settled by the next request
+//! with the key from what its operation left ([`take_over`]): nothing, and the request runs
+//! the operation; a send still being handed off, and it waits for the recorded answer; else
+//! 409 `idempotency_outcome_unknown`. The takeover changes nothing the stalled claimant could
+//! still commit: its completion guard (or, for a send, [`Claim::held`]) no longer matches a
+//! `processing` row with its token, so its append fails. The projector's maintenance worker
+//! (`projector::workers::maintenance::purge_and_reconcile`) still releases unresolved claims
+//! whose operation appended nothing that no request came back for.
 
 use platform::error::Code;
 use std::time::Duration;
@@ -40,7 +43,8 @@ static EXISTING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT body_hash, operation_id, state, status, response, claim_token,
                 claimed_at < now() - make_interval(secs => $2)
-                OR (claimed_at < now() - make_interval(secs => $3) AND {})
+                OR (claimed_at < now() - make_interval(secs => $3) AND {}),
+                owner
          FROM idempotency_records WHERE scope_key = $1",
         platform::liveness::owner_is_dead("$3")
     )
@@ -162,24 +166,14 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
                 Code::IdempotencyConflict,
                 "an operation with this key is still processing; retry later with the same key and body",
             )
+            .with_header("Retry-After", RETRY_AFTER_SECONDS.to_owned())
             .with_header("Operation-Id", operation_id)),
+            // Its holder is dead (or stuck past the timeout), or its outcome was left
+            // unresolved: settled from what it left.
             _ => {
-                if record_state == "processing" {
-                    let token: Uuid = row.get(5);
-                    client
-                        .execute(
-                            "UPDATE idempotency_records SET state = 'unresolved'
-                             WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
-                            &[&claim.scope_key, &token],
-                        )
-                        .await?;
-                }
-                Err(conflict(
-                    Code::IdempotencyOutcomeUnknown,
-                    "the outcome of the operation with this key is unresolved; inspect the affected resource before \
-                     acting",
-                )
-                .with_header("Operation-Id", operation_id))
+                drop(client);
+                let held = Held { token: row.get(5), owner: row.get(7), operation_id };
+                take_over(state, &claim, held, record_state == "processing").await
             }
         }
     };
@@ -207,7 +201,152 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
     }
 }
 
+/// What a retry is told to wait before it comes again while a claim is settled.
+const RETRY_AFTER_SECONDS: &str = "1";
+
+/// The claim a request found, held by another (dead, stuck or unresolved) operation.
+struct Held {
+    token: Uuid,
+    owner: Option<Uuid>,
+    operation_id: String,
+}
+
+/// The outbox row that holds a claim (a keyed template send's email), as a takeover sees it.
+#[derive(Debug, Clone, Copy)]
+struct HandedTo<'a> {
+    state: &'a str,
+    /// The process holding the row still beats.
+    owner_alive: bool,
+    /// The row is held by the process that made the claim (its own inline hand-off).
+    owner_is_claimant: bool,
+}
+
+/// What a request does with a claim it may take over.
+#[derive(Debug, PartialEq, Eq)]
+enum Settling {
+    /// The operation wrote nothing: run it under the claim.
+    Run,
+    /// A send whose hand-off will record its answer: 409 `idempotency_conflict`, come again.
+    Wait,
+    /// A send whose answer cannot be rebuilt (the relay may have it): 409
+    /// `idempotency_outcome_unknown`.
+    Unknown,
+}
+
+/// The settling of a claim held by an operation that is dead, stuck or left unresolved,
+/// from the outbox row that holds it, if any. A pending email is handed off by the outbox
+/// worker (a dead process's at once), which records the answer. An attempting one records it
+/// only while a live process is in its exchange: not when its holder is dead (the worker
+/// settles it as unknown), and not when it is the claimant's own hand-off of a claim left
+/// unresolved (that hand-off already answered that its outcome is unknown).
+fn settling(handed: Option<HandedTo<'_>>, unresolved: bool) -> Settling {
+    match handed {
+        None => Settling::Run,
+        Some(HandedTo { state: "pending", .. }) => Settling::Wait,
+        Some(HandedTo { state: "attempting", owner_alive: true, owner_is_claimant })
+            if !(unresolved && owner_is_claimant) =>
+        {
+            Settling::Wait
+        }
+        Some(_) => Settling::Unknown,
+    }
+}
+
+/// Settles the claim of an operation whose holder is dead (or stuck past [`CLAIM_TIMEOUT`]),
+/// or whose outcome was left unresolved, from what the operation left ([`settling`]). Every
+/// append made under a claim either records the answer in its own transaction (the claim is
+/// then `completed`, never here) or, for a template send, hands the claim to the email's
+/// outbox row in its transaction (the row's hand-off records the answer). No such row: the
+/// operation wrote nothing, and this request takes the claim over (a fresh token: a holder
+/// that is alive after all can no longer complete or append under it) and runs it, with the
+/// operation's id.
+///
+/// The takeover locks the claim's row before it looks for the outbox row, and a send's
+/// append holds that row too ([`Claim::held`]): a holder's append and a takeover are ordered,
+/// and whichever comes second sees the other.
+async fn take_over(state: &State, claim: &Claim, held: Held, processing: bool) -> Result<Admission, ApiError> {
+    let Held { token: held_token, owner: held_owner, operation_id } = held;
+    let mut client = state.pool.get().await?;
+    let transaction = client.transaction().await?;
+    let taken = transaction
+        .execute(
+            "UPDATE idempotency_records SET claim_token = $3, owner = $4, claimed_at = now(), state = 'processing'
+             WHERE scope_key = $1 AND claim_token = $2 AND state IN ('processing', 'unresolved')",
+            &[&claim.scope_key, &held_token, &claim.claim_token, &state.beat.id()],
+        )
+        .await?;
+    let settling_now = || {
+        conflict(Code::IdempotencyConflict, "the operation with this key is being settled; retry with the same key")
+            .with_header("Retry-After", RETRY_AFTER_SECONDS.to_owned())
+            .with_header("Operation-Id", operation_id.clone())
+    };
+    if taken != 1 {
+        // Completed or taken over meanwhile: the retry sees which.
+        return Err(settling_now());
+    }
+    let statement = transaction.prepare_cached(&HANDED_TO).await?;
+    let dead_after = platform::liveness::DEAD_AFTER.as_secs_f64();
+    let row = transaction.query_opt(&statement, &[&claim.scope_key, &held_token, &dead_after, &held_owner]).await?;
+    let handed =
+        row.as_ref().map(|row| HandedTo { state: row.get(0), owner_alive: row.get(1), owner_is_claimant: row.get(2) });
+    match settling(handed, !processing) {
+        Settling::Run => {
+            transaction.commit().await?;
+            tracing::info!(operation_id = %operation_id, "took over the idempotency claim of an operation that wrote nothing");
+            Ok(Admission::Claimed(Claim { operation_id, ..claim.clone() }))
+        }
+        Settling::Wait => {
+            transaction.rollback().await?;
+            Err(settling_now())
+        }
+        Settling::Unknown => {
+            transaction.rollback().await?;
+            if processing {
+                client
+                    .execute(
+                        "UPDATE idempotency_records SET state = 'unresolved'
+                         WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+                        &[&claim.scope_key, &held_token],
+                    )
+                    .await?;
+            }
+            Err(conflict(
+                Code::IdempotencyOutcomeUnknown,
+                "the outcome of the operation with this key is unresolved; inspect the affected resource before \
+                 acting",
+            )
+            .with_header("Operation-Id", operation_id))
+        }
+    }
+}
+
+/// The outbox row holding a claim ($1 scope, $2 token): its state, whether its holder beats
+/// ($3: `DEAD_AFTER`), and whether its holder is the claimant ($4).
+static HANDED_TO: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT state, owner IS NOT NULL AND NOT {}, owner IS NOT DISTINCT FROM $4
+         FROM email_outbox WHERE claim_scope_key = $1 AND claim_token = $2",
+        platform::liveness::owner_is_dead("$3")
+    )
+});
+
 impl Claim {
+    /// The guard of an append whose answer is recorded after it (a send's, by its hand-off):
+    /// the claim is still this operation's. It holds the claim's row until the append
+    /// commits, so a takeover ([`take_over`]) waits for it and then sees the send; and an
+    /// append after a takeover fails instead of sending twice.
+    pub fn held(&self) -> Guard {
+        Guard::exactly_one(
+            "UPDATE idempotency_records SET owner = owner
+             WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+            vec![Box::new(self.scope_key.clone()), Box::new(self.claim_token)],
+            AppendError::Conflict {
+                code: Code::IdempotencyOutcomeUnknown,
+                message: "the claim on this idempotency key was taken over; inspect the affected resource".to_owned(),
+            },
+        )
+    }
+
     /// The claim's row and token, for a completion recorded later (a send's outcome).
     pub fn parts(&self) -> (String, Uuid) {
         (self.scope_key.clone(), self.claim_token)
@@ -346,5 +485,33 @@ pub async fn finish(
             Err(error.with_header("Operation-Id", operation_id.to_owned()))
         }
         (Err(error), None) => Err(error.with_header("Operation-Id", operation_id.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(state: &str, owner_alive: bool, owner_is_claimant: bool) -> Option<HandedTo<'_>> {
+        Some(HandedTo { state, owner_alive, owner_is_claimant })
+    }
+
+    #[test]
+    fn a_claim_is_run_again_only_when_nothing_was_written_and_waited_for_only_while_an_answer_comes() {
+        // No send holds the claim: the operation wrote nothing.
+        assert_eq!(settling(None, false), Settling::Run);
+        assert_eq!(settling(None, true), Settling::Run);
+        // A pending send is handed off by the worker, which records the answer.
+        assert_eq!(settling(row("pending", false, true), false), Settling::Wait);
+        assert_eq!(settling(row("pending", true, true), true), Settling::Wait);
+        // An exchange in progress in a live process ends with an answer...
+        assert_eq!(settling(row("attempting", true, true), false), Settling::Wait);
+        assert_eq!(settling(row("attempting", true, false), true), Settling::Wait, "the worker's retry");
+        // ... not one whose process died, nor the claimant's own that already answered unknown.
+        assert_eq!(settling(row("attempting", false, true), false), Settling::Unknown);
+        assert_eq!(settling(row("attempting", true, true), true), Settling::Unknown);
+        // Ended without an answer.
+        assert_eq!(settling(row("unknown", true, true), false), Settling::Unknown);
+        assert_eq!(settling(row("sent", true, false), true), Settling::Unknown);
     }
 }

@@ -483,13 +483,16 @@ async fn attempts<C: Command>(
             return Err(ApiError::internal(&anyhow::anyhow!("an idempotent command's answer follows its append")));
         }
         let effect_completes = matches!(then, Some(Then::Finish(_)));
-        if let (Some(claim), false) = (claim, effect_completes) {
-            match &answer.body {
+        match (claim, effect_completes) {
+            (Some(claim), false) => match &answer.body {
                 Body::Json(body) => guards.push(claim.completion(answer.status, body)),
                 Body::Html(_) => {
                     return Err(ApiError::internal(&anyhow::anyhow!("an idempotent command answered a page")));
                 }
-            }
+            },
+            // The effect records the answer (a send's hand-off); the append holds the claim.
+            (Some(claim), true) => guards.push(claim.held()),
+            (None, _) => {}
         }
         let metadata = match actor {
             Actor::Key(caller) => crate::edge::metadata(req, caller, claim.map(|claim| claim.key.clone())),

@@ -187,11 +187,15 @@ pub struct Application {
     server: actix_web::dev::Server,
     port: u16,
     shutdown: CancellationToken,
+    /// The process's heartbeat: the outbox rows and leases its workers take name it, so
+    /// another process takes them over within seconds of its death.
+    _beat: platform::liveness::Beat,
 }
 
 impl Application {
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
         let database_url = settings.database_url()?.to_owned();
+        let beat = platform::liveness::Beat::start(database_url.clone(), "projector");
         let pool = platform::db::pool(&database_url, POOL_SIZE)?;
         let provider = ai_provider::AiProvider::new(&settings.ai)?;
         let process = format!("projector-{}", std::process::id());
@@ -199,7 +203,7 @@ impl Application {
         let readiness = WorkersReadiness { health: runtime.health(), pool: pool.clone() };
         let ops = api::ops::Ops::new(pool, Some(Arc::new(readiness)));
         let (server, port) = ops_server(settings, ops)?;
-        Ok(Self { runtime, server, port, shutdown: CancellationToken::new() })
+        Ok(Self { runtime, server, port, shutdown: CancellationToken::new(), _beat: beat })
     }
 
     /// The port of the operations endpoints.
@@ -210,7 +214,7 @@ impl Application {
     /// Runs until SIGTERM or SIGINT (which stop the operations server) or until the shutdown
     /// token is cancelled; then stops the workers, whose leases end with their transactions.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Self { runtime, server, shutdown, .. } = self;
+        let Self { runtime, server, shutdown, _beat, .. } = self;
         let handle = server.handle();
         let workers = tokio::spawn(runtime.run(shutdown.clone()));
         tokio::select! {

@@ -2,7 +2,7 @@
 //! template sends over real SMTP to a loopback sink (`tests/email/smtp_sink.py`) that checks
 //! each DKIM signature with dkimpy against the domain's published key.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -580,6 +580,114 @@ async fn an_accepted_send_is_handed_off_exactly_once_when_the_command_service_di
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(sink.messages().await.len(), SENDS, "replays send nothing");
+}
+
+/// Sends with `key` through the process at `url`, in the background.
+fn send_in_flight(app: &TestApp, url: &str, template: &str, key: &str, to: &str) -> tokio::task::JoinHandle<()> {
+    let request = app
+        .http
+        .post(format!("{url}/templates/{template}/send"))
+        .bearer_auth(MAIL_KEY)
+        .header("Idempotency-Key", key)
+        .json(&receipt_body(to, "Gone"));
+    tokio::spawn(async move {
+        let _ = request.send().await;
+    })
+}
+
+/// Retries `key` through the live app until it is no longer told to come again; the answer.
+async fn retry_until_settled(app: &TestApp, template: &str, key: &str, to: &str, killed_at: Instant) -> TestResponse {
+    loop {
+        let retry = app
+            .send(
+                app.request(reqwest::Method::POST, &format!("/templates/{template}/send"), Some(MAIL_KEY))
+                    .header("Idempotency-Key", key)
+                    .json(&receipt_body(to, "Gone")),
+            )
+            .await;
+        if retry.code() != "idempotency_conflict" {
+            return retry;
+        }
+        assert_eq!(retry.header("retry-after"), Some("1"), "told when to come again");
+        // The dead process is noticed within DEAD_AFTER (5 s), its row taken over at the
+        // outbox worker's next poll: well within the 10 s a client may wait.
+        assert!(killed_at.elapsed() < Duration::from_secs(10), "{key} still waits after {:?}", killed_at.elapsed());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_send_claim_dies_with_its_holder_and_a_retry_gets_its_answer_within_seconds() {
+    let sink = SmtpSink::start().await;
+    // A grace and a lease far longer than the wait: only the holder's death can end it.
+    let email = platform::settings::EmailSettings { handoff_grace_ms: 120_000, ..test_email(&sink) };
+    let app = mail_app_with(&sink, 100, email).await;
+    let receipt = template_id(&app, "receipt").await;
+    // 1. A sender that dies between its append and its hand-off: the email is pending under
+    // a dead process, handed off by the outbox worker at once, and the retry replays "sent".
+    let port = free_port();
+    let env = [
+        ("APP__HTTP__PORT", port.to_string()),
+        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
+        ("APP__EMAIL__HANDOFF_DELAY_MS", "60000".to_owned()),
+    ];
+    let mut doomed = spawn_binary("command-service", &["serve"], &app.database_url, &env);
+    let url = format!("http://127.0.0.1:{port}/v1");
+    crate::log::wait_until_listening(&app.http, &url).await;
+    let in_flight = send_in_flight(&app, &url, &receipt, "died-pending", "pending@example.com");
+    wait_for_outbox_row(&app, "died-pending", "pending").await;
+    doomed.0.kill().expect("kill -9");
+    let killed_at = Instant::now();
+    in_flight.await.expect("joins");
+    let replayed = retry_until_settled(&app, &receipt, "died-pending", "pending@example.com", killed_at).await;
+    assert_eq!((replayed.status, replayed.header("idempotent-replay")), (200, Some("true")), "{:?}", replayed.body);
+    assert_eq!(replayed.body["data"]["status"], "sent");
+    assert_eq!(sink.wait_for(1, WAIT).await.len(), 1, "sent once");
+
+    // 2. A sender that dies in the middle of its SMTP exchange: the relay may have the
+    // message, so it is never sent again; the row is settled as unknown at once (not when its
+    // lease of a minute runs out), and the retry is told the outcome is unknown.
+    sink.clear().await;
+    sink.set_mode(json!({"mode": "delayData", "seconds": 60})).await;
+    let port = free_port();
+    let env = [("APP__HTTP__PORT", port.to_string()), ("APP__EMAIL__RELAY_URL", sink.relay_url())];
+    let mut doomed = spawn_binary("command-service", &["serve"], &app.database_url, &env);
+    let url = format!("http://127.0.0.1:{port}/v1");
+    crate::log::wait_until_listening(&app.http, &url).await;
+    let in_flight = send_in_flight(&app, &url, &receipt, "died-attempting", "attempting@example.com");
+    wait_for_outbox_row(&app, "died-attempting", "attempting").await;
+    doomed.0.kill().expect("kill -9");
+    let killed_at = Instant::now();
+    in_flight.await.expect("joins");
+    let unknown = retry_until_settled(&app, &receipt, "died-attempting", "attempting@example.com", killed_at).await;
+    assert_eq!(
+        (unknown.status, unknown.code().as_str()),
+        (409, Some("idempotency_outcome_unknown")),
+        "{:?}",
+        unknown.body
+    );
+    let state = app
+        .query_i64("SELECT count(*) FROM email_outbox WHERE state = 'unknown' AND claim_scope_key IS NOT NULL")
+        .await;
+    assert_eq!(state, 1, "settled as unknown");
+    sink.set_mode(json!({"mode": "accept"})).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // The sink may keep what the dead exchange had sent it (as a relay might): one copy at most.
+    let copies = sink.messages().await.len();
+    assert!(copies <= 1, "never handed off again: {copies} copies");
+}
+
+/// Waits until the email sent under `key` has its outbox row in `state`.
+async fn wait_for_outbox_row(app: &TestApp, key: &str, state: &str) {
+    let sql = format!(
+        "SELECT count(*) FROM email_outbox o JOIN idempotency_records r ON r.scope_key = o.claim_scope_key
+         WHERE r.idempotency_key = '{key}' AND o.state = '{state}'"
+    );
+    let deadline = Instant::now() + WAIT;
+    while app.query_i64(&sql).await == 0 {
+        assert!(Instant::now() < deadline, "the send under {key} did not reach {state}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

@@ -156,7 +156,7 @@ async fn replays_survive_a_restart_and_come_from_any_instance() {
 async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expire() {
     let app = TestApp::spawn().await;
     let body = json!({"email": "stale@example.com"});
-    // A claim still processing answers idempotency_conflict.
+    // A claim still processing answers idempotency_conflict, and when to come again.
     let first = app.create_with_key("key-s", &body).await;
     assert_eq!(first.status, 201);
     let client = app.pool.get().await.expect("client");
@@ -166,12 +166,23 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
         .expect("simulate an unfinished claim");
     let processing = app.create_with_key("key-s", &body).await;
     assert_eq!(processing.code(), "idempotency_conflict");
+    assert_eq!(processing.header("retry-after"), Some("1"));
     // An operation of a live instance (this one, which beats) is not taken over while it runs
-    // long...
+    // long.
     let aged = "UPDATE idempotency_records SET claimed_at = now() - interval '30 seconds' WHERE idempotency_key = $1";
     client.execute(aged, &[&"key-s"]).await.expect("age");
     assert_eq!(app.create_with_key("key-s", &body).await.code(), "idempotency_conflict", "its owner beats");
-    // ... but once its owner stops beating, the outcome is unresolved.
+    // A send whose hand-off ended without recording its answer cannot be rebuilt: the
+    // outcome is unknown (a claim handed to an outbox row that is no longer pending).
+    client
+        .execute(
+            "INSERT INTO email_outbox (email_id, space_id, state, claim_scope_key, claim_token)
+             SELECT 'em_faked', 'spc_alpha', 'unknown', scope_key, claim_token FROM idempotency_records
+             WHERE idempotency_key = 'key-s'",
+            &[],
+        )
+        .await
+        .expect("a send that ended unknown");
     client
         .execute("UPDATE idempotency_records SET owner = gen_random_uuid() WHERE idempotency_key = 'key-s'", &[])
         .await
@@ -179,7 +190,7 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
     let unresolved = app.create_with_key("key-s", &body).await;
     assert_eq!((unresolved.status, unresolved.code().as_str()), (409, Some("idempotency_outcome_unknown")));
     assert_eq!(app.create_with_key("key-s", &body).await.code(), "idempotency_outcome_unknown", "kept");
-    // Past the claim timeout an operation is presumed abandoned even if its owner beats.
+    // The same holds past the claim timeout, whoever owns the claim.
     let slow = json!({"email": "slow@example.com"});
     assert_eq!(app.create_with_key("key-t", &slow).await.status, 201);
     client
@@ -190,6 +201,15 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
         )
         .await
         .expect("simulate an operation stuck for five minutes");
+    client
+        .execute(
+            "INSERT INTO email_outbox (email_id, space_id, state, claim_scope_key, claim_token)
+             SELECT 'em_faked_2', 'spc_alpha', 'sent', scope_key, claim_token FROM idempotency_records
+             WHERE idempotency_key = 'key-t'",
+            &[],
+        )
+        .await
+        .expect("a send that ended");
     assert_eq!(app.create_with_key("key-t", &slow).await.code(), "idempotency_outcome_unknown");
     // Here the claims did append (we faked their state), so reconciliation keeps them.
     projector::workers::maintenance::purge_and_reconcile(&app.pool.get().await.expect("client"))
@@ -228,7 +248,7 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
 }
 
 #[tokio::test]
-async fn a_claim_of_an_instance_killed_mid_operation_is_settled_in_seconds_and_the_key_runs_again() {
+async fn a_claim_of_an_instance_killed_mid_operation_is_taken_over_in_seconds_and_the_key_runs_again() {
     let app = TestApp::spawn().await;
     let port = free_port();
     let mut doomed =
@@ -259,27 +279,81 @@ async fn a_claim_of_an_instance_killed_mid_operation_is_settled_in_seconds_and_t
     assert!(in_flight.await.expect("joins").is_err(), "the caller never got an answer");
     // Its server session, waiting on the lock, never receives a COMMIT: it rolls back.
     hold.rollback().await.expect("releases");
-    // A retry through a live instance meets the claim: still processing, until the killed
-    // instance has missed its beats; then the outcome is unresolved, long before the minute
-    // after which any claim would be.
+    // A retry through a live instance meets the claim, told to come again in a second, until
+    // the killed instance has missed its beats; then the retry finds that the operation wrote
+    // nothing, takes the claim over and runs it, long before the minute after which any
+    // claim would be.
     let first_retry = app.create_with_key("key-k", &body).await;
     assert_eq!(first_retry.code(), "idempotency_conflict", "{} {:?}", first_retry.status, first_retry.body);
-    loop {
+    assert_eq!(first_retry.header("retry-after"), Some("1"));
+    let ran = loop {
         let retry = app.create_with_key("key-k", &body).await;
-        if retry.code() == "idempotency_outcome_unknown" {
-            break;
+        if retry.code() != "idempotency_conflict" {
+            break retry;
         }
-        assert_eq!(retry.code(), "idempotency_conflict", "{:?}", retry.body);
-        assert!(killed_at.elapsed() < Duration::from_secs(25), "settled within the dead-after bound and a beat");
+        assert!(killed_at.elapsed() < Duration::from_secs(10), "taken over within the dead-after bound and a beat");
         tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    };
     let settled_after = killed_at.elapsed();
-    assert!(settled_after >= Duration::from_secs(5), "not before the owner missed its beats: {settled_after:?}");
-    // The killed operation appended nothing, so reconciliation releases the key, and it runs.
-    projector::workers::maintenance::purge_and_reconcile(&app.pool.get().await.expect("client"))
+    assert_eq!(ran.status, 201, "{:?}", ran.body);
+    assert!(settled_after >= Duration::from_secs(3), "not before the owner missed its beats: {settled_after:?}");
+    assert_eq!(ran.header("operation-id"), first_retry.header("operation-id"), "the operation keeps its id");
+    let replayed = app.create_with_key("key-k", &body).await;
+    assert_eq!((replayed.status, replayed.header("idempotent-replay")), (201, Some("true")));
+    assert_eq!(record_count(&app).await, 1);
+}
+
+#[tokio::test]
+async fn a_holder_presumed_dead_while_alive_cannot_complete_after_its_claim_was_taken_over() {
+    let app = TestApp::spawn().await;
+    let mut holder = app.pool.get().await.expect("client");
+    let hold = holder.transaction().await.expect("begins");
+    // The holder's append waits at its first write (the contact's identity), before the
+    // guard that completes its claim.
+    hold.batch_execute("LOCK TABLE record_identities IN EXCLUSIVE MODE").await.expect("locks");
+    let body = json!({"email": "stalled@example.com"});
+    let first = {
+        let request = app
+            .request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+            .header("Idempotency-Key", "key-z")
+            .json(&body);
+        tokio::spawn(async move { request.send().await.map(|response| response.status().as_u16()) })
+    };
+    let token = "SELECT claim_token::text FROM idempotency_records WHERE idempotency_key = 'key-z'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let held = loop {
+        if let Some(row) = app.pool.get().await.expect("client").query_opt(token, &[]).await.expect("reads") {
+            break row.get::<_, String>(0);
+        }
+        assert!(Instant::now() < deadline, "the operation was claimed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The holder stalls (waiting on the lock) and is presumed dead: a retry takes the claim over.
+    let client = app.pool.get().await.expect("client");
+    client
+        .execute(
+            "UPDATE idempotency_records SET owner = gen_random_uuid(), claimed_at = now() - interval '10 seconds'
+             WHERE idempotency_key = 'key-z'",
+            &[],
+        )
         .await
-        .expect("reconcile");
-    assert_eq!(app.create_with_key("key-k", &body).await.status, 201);
+        .expect("presumed dead");
+    let retry = {
+        let request = app
+            .request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
+            .header("Idempotency-Key", "key-z")
+            .json(&body);
+        tokio::spawn(async move { request.send().await.map(|response| response.status().as_u16()) })
+    };
+    while client.query_one(token, &[]).await.expect("reads").get::<_, String>(0) == held {
+        assert!(Instant::now() < deadline, "the claim was taken over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hold.rollback().await.expect("releases");
+    // Both appends go ahead: the retry's runs, the stalled holder's fails on its claim.
+    let (first, retry) =
+        (first.await.expect("joins").expect("answered"), retry.await.expect("joins").expect("answered"));
+    assert_eq!((first, retry), (409, 201), "the holder learns its outcome is not its own; the retry ran");
     assert_eq!(record_count(&app).await, 1);
 }
 

@@ -4,8 +4,13 @@
 //!   before its hand-off, or the relay refused it for now): claimed under a lease, rebuilt
 //!   from the log (its content opened with the contact's key) and handed off, with retries on
 //!   the configured schedule while the relay refuses for now or cannot be reached;
-//! - an email `attempting` whose lease ran out (a hand-off died midway): the relay may have
-//!   accepted it, so it is never sent again; `EmailOutcomeUnknown` is recorded.
+//! - an email `attempting` whose lease ran out, or whose holder stopped beating (a hand-off
+//!   died midway): the relay may have accepted it, so it is never sent again;
+//!   `EmailOutcomeUnknown` is recorded.
+//!
+//! A pending email of a process that stopped beating (`platform::liveness`) is due at once,
+//! not after the grace, and an attempting one is settled without waiting out its lease: the
+//! work of a dead process is taken over within `DEAD_AFTER` and a poll.
 //!
 //! An email whose contact was erased before it left fails with `recipient_erased`.
 
@@ -23,6 +28,32 @@ use crate::runtime::{Outcome, Worker};
 
 /// Emails handed off at once by one step.
 const BATCH: i64 = 16;
+
+/// Attempting emails whose lease ran out or whose holder is dead ($4: `DEAD_AFTER`), leased
+/// to this process ($1 token, $2 lease seconds, $5 owner), at most $3.
+static SETTLE_ABANDONED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "UPDATE email_outbox o SET lease_token = $1, leased_until = now() + make_interval(secs => $2), owner = $5
+         FROM (SELECT email_id FROM email_outbox
+               WHERE state = 'attempting' AND (leased_until < now() OR {})
+               ORDER BY leased_until LIMIT $3 FOR UPDATE SKIP LOCKED) due
+         WHERE o.email_id = due.email_id
+         RETURNING o.email_id, o.claim_scope_key, o.claim_token, o.attempts",
+        platform::liveness::owner_is_dead("$4")
+    )
+});
+
+/// Pending emails due: a retry whose time came, a first hand-off past the grace ($1 seconds)
+/// the inline path has, or one whose appender is dead ($3: `DEAD_AFTER`); at most $2.
+static DUE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT email_id FROM email_outbox
+         WHERE state = 'pending' AND next_attempt_at <= now()
+           AND (attempts > 0 OR created_at < now() - make_interval(secs => $1) OR {})
+         ORDER BY next_attempt_at LIMIT $2",
+        platform::liveness::owner_is_dead("$3")
+    )
+});
 
 pub(crate) struct Outbox {
     pool: Pool,
@@ -51,20 +82,15 @@ impl Outbox {
         Ok(if progressed { Outcome::Progressed } else { Outcome::Idle })
     }
 
-    /// Takes over hand-offs whose lease ran out and records their outcome as unknown.
+    /// Takes over hand-offs whose lease ran out or whose holder died, and records their
+    /// outcome as unknown.
     async fn settle_abandoned(&self) -> anyhow::Result<usize> {
         let client = self.pool.get().await?;
         let token = Uuid::now_v7();
-        let rows = client
-            .query(
-                "UPDATE email_outbox o SET lease_token = $1, leased_until = now() + make_interval(secs => $2)
-                 FROM (SELECT email_id FROM email_outbox WHERE state = 'attempting' AND leased_until < now()
-                       ORDER BY leased_until LIMIT $3 FOR UPDATE SKIP LOCKED) due
-                 WHERE o.email_id = due.email_id
-                 RETURNING o.email_id, o.claim_scope_key, o.claim_token, o.attempts",
-                &[&token, &self.lease.as_secs_f64(), &BATCH],
-            )
-            .await?;
+        let statement = client.prepare_cached(&SETTLE_ABANDONED).await?;
+        let dead_after = platform::liveness::DEAD_AFTER.as_secs_f64();
+        let owner = platform::liveness::process_id();
+        let rows = client.query(&statement, &[&token, &self.lease.as_secs_f64(), &BATCH, &dead_after, &owner]).await?;
         drop(client);
         for row in &rows {
             let lease = Lease {
@@ -96,15 +122,9 @@ impl Outbox {
     async fn claim_due(&self) -> anyhow::Result<Vec<Lease>> {
         let client = self.pool.get().await?;
         let grace = Duration::from_millis(self.settings.handoff_grace_ms).as_secs_f64();
-        let rows = client
-            .query(
-                "SELECT email_id FROM email_outbox
-                 WHERE state = 'pending' AND next_attempt_at <= now()
-                   AND (attempts > 0 OR created_at < now() - make_interval(secs => $1))
-                 ORDER BY next_attempt_at LIMIT $2",
-                &[&grace, &BATCH],
-            )
-            .await?;
+        let statement = client.prepare_cached(&DUE).await?;
+        let dead_after = platform::liveness::DEAD_AFTER.as_secs_f64();
+        let rows = client.query(&statement, &[&grace, &BATCH, &dead_after]).await?;
         drop(client);
         let mut leases = Vec::new();
         for row in rows {

@@ -23,25 +23,35 @@ use platform::events::LogEvent;
 use platform::log::{AppendError, AppendRequest, Appended, EventLog, Guard, SetValue, StreamAppend};
 use platform::proto;
 
-/// The row that the send's append inserts (and how it will complete the idempotency claim).
+/// The row that the send's append inserts (and how it will complete the idempotency claim),
+/// held by this process until its first hand-off.
 pub fn insert_guard(email_id: &str, space_id: &str, claim: Option<(String, Uuid)>) -> Guard {
     let (scope_key, claim_token) = claim.unzip();
+    let owner = platform::liveness::process_id();
     let row = vec![
         SetValue::Text(Some(email_id.to_owned())),
         SetValue::Text(Some(space_id.to_owned())),
         SetValue::Text(scope_key.clone()),
         SetValue::Text(claim_token.map(|token| token.to_string())),
+        SetValue::Text(owner.map(|owner| owner.to_string())),
     ];
     Guard::exactly_one(
-        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token) VALUES ($1, $2, $3, $4)
+        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token, owner) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (email_id) DO NOTHING",
-        vec![Box::new(email_id.to_owned()), Box::new(space_id.to_owned()), Box::new(scope_key), Box::new(claim_token)],
+        vec![
+            Box::new(email_id.to_owned()),
+            Box::new(space_id.to_owned()),
+            Box::new(scope_key),
+            Box::new(claim_token),
+            Box::new(owner),
+        ],
         AppendError::Conflict { code: Code::IdempotencyConflict, message: "the email id is already taken".to_owned() },
     )
     .with_set(
-        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token)
-         SELECT w.email_id, w.space_id, w.scope_key, w.token::uuid
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS w(email_id, space_id, scope_key, token)
+        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token, owner)
+         SELECT w.email_id, w.space_id, w.scope_key, w.token::uuid, w.owner::uuid
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+             AS w(email_id, space_id, scope_key, token, owner)
          ON CONFLICT (email_id) DO NOTHING",
         row,
     )
@@ -90,13 +100,14 @@ pub async fn claim(pool: &Pool, email_id: &str, lease: Duration) -> anyhow::Resu
     let statement = client
         .prepare_cached(
             "UPDATE email_outbox SET state = 'attempting', lease_token = $2,
-                 leased_until = now() + make_interval(secs => $3), attempts = attempts + 1
+                 leased_until = now() + make_interval(secs => $3), attempts = attempts + 1, owner = $4
              WHERE email_id = $1 AND state = 'pending'
              RETURNING claim_scope_key, claim_token, attempts - 1",
         )
         .await?;
     let token = Uuid::now_v7();
-    let row = client.query_opt(&statement, &[&email_id, &token, &lease.as_secs_f64()]).await?;
+    let owner = platform::liveness::process_id();
+    let row = client.query_opt(&statement, &[&email_id, &token, &lease.as_secs_f64(), &owner]).await?;
     metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
     Ok(row.map(|row| Lease {
         email_id: email_id.to_owned(),
@@ -143,7 +154,7 @@ async fn claim_set(pool: &Pool, jobs: &[(String, Duration)]) -> anyhow::Result<V
     let statement = client
         .prepare_cached(
             "UPDATE email_outbox o SET state = 'attempting', lease_token = w.token,
-                 leased_until = now() + make_interval(secs => w.secs), attempts = o.attempts + 1
+                 leased_until = now() + make_interval(secs => w.secs), attempts = o.attempts + 1, owner = $4
              FROM unnest($1::text[], $2::uuid[], $3::float8[]) AS w(email_id, token, secs)
              WHERE o.email_id = w.email_id AND o.state = 'pending'
              RETURNING o.email_id, o.lease_token, o.claim_scope_key, o.claim_token, o.attempts - 1",
@@ -152,7 +163,8 @@ async fn claim_set(pool: &Pool, jobs: &[(String, Duration)]) -> anyhow::Result<V
     let tokens: Vec<Uuid> = jobs.iter().map(|_| Uuid::now_v7()).collect();
     let ids: Vec<&str> = jobs.iter().map(|(email_id, _)| email_id.as_str()).collect();
     let seconds: Vec<f64> = jobs.iter().map(|(_, lease)| lease.as_secs_f64()).collect();
-    let rows = client.query(&statement, &[&ids, &tokens, &seconds]).await?;
+    let owner = platform::liveness::process_id();
+    let rows = client.query(&statement, &[&ids, &tokens, &seconds, &owner]).await?;
     let mut leases: Vec<Option<Lease>> = jobs.iter().map(|_| None).collect();
     for row in rows {
         let token: Uuid = row.get(1);
