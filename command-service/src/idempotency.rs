@@ -183,21 +183,38 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
         Ok(Err(error)) => Err(error),
         Err(_) => {
             // The claim statement may still complete in the database after we gave up on it;
-            // nobody will run that operation, so withdraw the claim (by its token) once the
-            // database gets to it, and the caller's retry executes instead of meeting it.
-            let pool = state.pool.clone();
-            let (scope_key, token) = (claim.scope_key.clone(), claim.claim_token);
-            tokio::spawn(async move {
-                let Ok(client) = pool.get().await else { return };
-                let _ = client
-                    .execute(
-                        "DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
-                        &[&scope_key, &token],
-                    )
-                    .await;
-            });
+            // nobody will run that operation, so withdraw the claim (by its token) once it is
+            // there, and the caller's retry executes instead of meeting it.
+            tokio::spawn(withdraw(state.pool.clone(), claim));
             Err(busy())
         }
+    }
+}
+
+/// Withdraws the claim of an admission that gave up waiting for it: every second until its
+/// row is found and deleted, or [`CLAIM_TIMEOUT`] passes. One attempt is not enough: the
+/// claim statement may land after a first delete found nothing (it waited behind another
+/// transaction's claim of the key), and the database may be away when the delete is due;
+/// either way the claim would stand, held by this live process, and every retry would meet
+/// `idempotency_conflict` until the timeout.
+async fn withdraw(pool: deadpool_postgres::Pool, claim: Claim) {
+    let deadline = std::time::Instant::now() + CLAIM_TIMEOUT;
+    loop {
+        if let Ok(client) = pool.get().await {
+            let deleted = client
+                .execute(
+                    "DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+                    &[&claim.scope_key, &claim.claim_token],
+                )
+                .await;
+            if deleted.is_ok_and(|rows| rows == 1) {
+                return;
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -519,15 +519,7 @@ async fn an_accepted_send_is_handed_off_exactly_once_when_the_command_service_di
     let app = mail_app(&sink, 100).await;
     let receipt = template_id(&app, "receipt").await;
     // A command service that pauses between the append and the hand-off, killed in that pause.
-    let port = free_port();
-    let env = [
-        ("APP__HTTP__PORT", port.to_string()),
-        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
-        ("APP__EMAIL__HANDOFF_DELAY_MS", "60000".to_owned()),
-    ];
-    let mut doomed = spawn_binary("command-service", &["serve"], &app.database_url, &env);
-    let url = format!("http://127.0.0.1:{port}/v1");
-    crate::log::wait_until_listening(&app.http, &url).await;
+    let (mut doomed, url) = sender_process(&app, &sink, Some(60_000)).await;
     const SENDS: usize = 5;
     let in_flight: Vec<_> = (0..SENDS)
         .map(|index| {
@@ -582,6 +574,20 @@ async fn an_accepted_send_is_handed_off_exactly_once_when_the_command_service_di
     assert_eq!(sink.messages().await.len(), SENDS, "replays send nothing");
 }
 
+/// A command service of its own process relaying to `sink`, pausing `handoff_delay_ms`
+/// between a send's append and its hand-off; the process and its base URL.
+async fn sender_process(app: &TestApp, sink: &SmtpSink, handoff_delay_ms: Option<u64>) -> (ChildGuard, String) {
+    let port = free_port();
+    let mut env = vec![("APP__HTTP__PORT", port.to_string()), ("APP__EMAIL__RELAY_URL", sink.relay_url())];
+    if let Some(delay) = handoff_delay_ms {
+        env.push(("APP__EMAIL__HANDOFF_DELAY_MS", delay.to_string()));
+    }
+    let process = spawn_binary("command-service", &["serve"], &app.database_url, &env);
+    let url = format!("http://127.0.0.1:{port}/v1");
+    crate::log::wait_until_listening(&app.http, &url).await;
+    (process, url)
+}
+
 /// Sends with `key` through the process at `url`, in the background.
 fn send_in_flight(app: &TestApp, url: &str, template: &str, key: &str, to: &str) -> tokio::task::JoinHandle<()> {
     let request = app
@@ -625,15 +631,7 @@ async fn a_send_claim_dies_with_its_holder_and_a_retry_gets_its_answer_within_se
     let receipt = template_id(&app, "receipt").await;
     // 1. A sender that dies between its append and its hand-off: the email is pending under
     // a dead process, handed off by the outbox worker at once, and the retry replays "sent".
-    let port = free_port();
-    let env = [
-        ("APP__HTTP__PORT", port.to_string()),
-        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
-        ("APP__EMAIL__HANDOFF_DELAY_MS", "60000".to_owned()),
-    ];
-    let mut doomed = spawn_binary("command-service", &["serve"], &app.database_url, &env);
-    let url = format!("http://127.0.0.1:{port}/v1");
-    crate::log::wait_until_listening(&app.http, &url).await;
+    let (mut doomed, url) = sender_process(&app, &sink, Some(60_000)).await;
     let in_flight = send_in_flight(&app, &url, &receipt, "died-pending", "pending@example.com");
     wait_for_outbox_row(&app, "died-pending", "pending").await;
     doomed.0.kill().expect("kill -9");
@@ -649,11 +647,7 @@ async fn a_send_claim_dies_with_its_holder_and_a_retry_gets_its_answer_within_se
     // lease of a minute runs out), and the retry is told the outcome is unknown.
     sink.clear().await;
     sink.set_mode(json!({"mode": "delayData", "seconds": 60})).await;
-    let port = free_port();
-    let env = [("APP__HTTP__PORT", port.to_string()), ("APP__EMAIL__RELAY_URL", sink.relay_url())];
-    let mut doomed = spawn_binary("command-service", &["serve"], &app.database_url, &env);
-    let url = format!("http://127.0.0.1:{port}/v1");
-    crate::log::wait_until_listening(&app.http, &url).await;
+    let (mut doomed, url) = sender_process(&app, &sink, None).await;
     let in_flight = send_in_flight(&app, &url, &receipt, "died-attempting", "attempting@example.com");
     wait_for_outbox_row(&app, "died-attempting", "attempting").await;
     doomed.0.kill().expect("kill -9");

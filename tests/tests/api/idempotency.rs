@@ -581,6 +581,53 @@ async fn a_stalled_admission_answers_429_and_leaves_no_claim_behind() {
 }
 
 #[tokio::test]
+async fn a_claim_that_lands_after_its_admission_gave_up_is_withdrawn_and_the_retry_runs() {
+    let app = TestApp::spawn().await;
+    // The calling key's scope, from a claim of its own.
+    assert_eq!(app.create_with_key("probe", &json!({"email": "probe@example.com"})).await.status, 201);
+    let client = app.pool.get().await.expect("client");
+    let probe = client
+        .query_one("SELECT key_id, method, path FROM idempotency_records WHERE idempotency_key = 'probe'", &[])
+        .await
+        .expect("the probe's claim");
+    let (key_id, method, path): (String, String, String) = (probe.get(0), probe.get(1), probe.get(2));
+    // Another transaction claims the key and stays open: the admission's claim statement waits
+    // behind it, and gives up (429) while it waits.
+    let (locker, connection) =
+        tokio_postgres::connect(&app.database_url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    locker.batch_execute("BEGIN").await.expect("begins");
+    locker
+        .execute(
+            "INSERT INTO idempotency_records (scope_key, key_id, method, path, idempotency_key, body_hash,
+                 operation_id, claim_token, state)
+             VALUES (encode(sha256(convert_to($1 || chr(31) || $2 || chr(31) || $3 || chr(31) || 'late', 'UTF8')), 'hex'),
+                     $1, $2, $3, 'late', 'x', 'op_other', gen_random_uuid(), 'processing')",
+            &[&key_id, &method, &path],
+        )
+        .await
+        .expect("a claim of the same key, not committed");
+    let body = json!({"email": "late@example.com"});
+    let busy = app.create_with_key("late", &body).await;
+    assert_eq!((busy.status, busy.code().as_str()), (429, Some("idempotency_admission_busy")), "{:?}", busy.body);
+    // That transaction ends without its claim: the admission's claim lands now, after its
+    // first withdrawal found nothing to delete.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    locker.batch_execute("ROLLBACK").await.expect("rolls back");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let retry = app.create_with_key("late", &body).await;
+        if retry.status == 201 {
+            break;
+        }
+        assert_eq!(retry.code().as_str(), Some("idempotency_conflict"), "{:?}", retry.body);
+        assert!(Instant::now() < deadline, "the claim that landed late was never withdrawn");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(record_count(&app).await, 2);
+}
+
+#[tokio::test]
 async fn a_transient_failure_that_wrote_nothing_releases_the_claim() {
     let app = TestApp::spawn().await;
     // The log refuses every append for a while (as a database out of resources would: the
