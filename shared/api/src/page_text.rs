@@ -143,12 +143,29 @@ impl PageText {
         }
     }
 
-    /// The sentence of `key` with its values filled in.
+    /// The sentence of `key` with its values filled in, in one pass: a value that itself
+    /// holds braces (a sender named `{recipient}`) is shown as it is.
     pub fn fill(&self, key: &str, values: &[(&str, &str)]) -> String {
-        let mut text = self.get(key).to_owned();
-        for (name, value) in values {
-            text = text.replace(&format!("{{{name}}}"), value);
+        let mut text = String::new();
+        let mut rest = self.get(key);
+        while let Some(start) = rest.find('{') {
+            let after = &rest[start + 1..];
+            let value = after
+                .find('}')
+                .and_then(|end| values.iter().find(|(name, _)| *name == &after[..end]).map(|(_, value)| (end, value)));
+            match value {
+                Some((end, value)) => {
+                    text.push_str(&rest[..start]);
+                    text.push_str(value);
+                    rest = &after[end + 1..];
+                }
+                None => {
+                    text.push_str(&rest[..=start]);
+                    rest = after;
+                }
+            }
         }
+        text.push_str(rest);
         text
     }
 
@@ -260,5 +277,9 @@ mod tests {
         let filled = german.fill("preferences.leaveTopic", &[("topic", "News")]);
         assert_eq!(filled, "Unsubscribe from News");
         assert_eq!(german.parties(Some("Acme"), None).as_deref(), Some("Email from Acme."));
+        // Values are filled in one pass: one that holds braces stays as it is.
+        let odd = german.parties(Some("{recipient}"), Some("a***@example.com"));
+        assert_eq!(odd.as_deref(), Some("Email from {recipient} to a***@example.com."));
+        assert_eq!(german.fill("preferences.leaveTopic", &[]), "Unsubscribe from {topic}");
     }
 }
