@@ -34,12 +34,10 @@ impl Command for ChangePreferences {
         let (space_id, contact_id) = (&email.scheduled.space_id, &email.scheduled.contact_id);
         let catalog = ctx.catalog().await?;
         let client = ctx.db().await?;
-        let topics: BTreeMap<String, String> = reads::email::topics(&client, &catalog, space_id)
-            .await
-            .map_err(|error| ApiError::internal(&error))?
-            .into_iter()
-            .map(|(topic_id, topic)| (topic_id, topic.name))
-            .collect();
+        let defined =
+            reads::email::topics(&client, &catalog, space_id).await.map_err(|error| ApiError::internal(&error))?;
+        let topics: BTreeMap<String, String> =
+            defined.iter().map(|(topic_id, topic)| (topic_id.clone(), topic.name.clone())).collect();
         let subscribed =
             reads::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?;
         drop(client);
@@ -52,7 +50,7 @@ impl Command for ChangePreferences {
             None => None,
         };
         let page = match self.browser {
-            true => PageFacts::load(ctx, &email.scheduled).await?,
+            true => PageFacts::with_topics(ctx, &email.scheduled, &defined).await?,
             false => PageFacts::default(),
         };
         Ok(Some(Preferences { email, topics, subscribed, consent, page }))

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::page_text::PageText;
+use domain::email::resources::TopicDef;
 use platform::error::ApiError;
 use platform::events::LogEvent;
 use platform::proto;
@@ -50,20 +51,29 @@ pub(crate) async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>,
 
 impl PageFacts {
     /// The facts of `scheduled` a page names, in the words of the locale the email was
-    /// written in (catalog reads of the space's topics, its page text and the sender, and a
-    /// key read).
+    /// written in: [`PageFacts::with_topics`] after reading the space's topics.
     pub(crate) async fn load(ctx: &Ctx<'_>, scheduled: &proto::EmailScheduled) -> Result<Self, ApiError> {
+        let catalog = ctx.catalog().await?;
+        let topics = reads::email::topics(&ctx.db().await?, &catalog, &scheduled.space_id)
+            .await
+            .map_err(|error| ApiError::internal(&error))?;
+        Self::with_topics(ctx, scheduled, &topics).await
+    }
+
+    /// The facts of `scheduled` a page names, the space's `topics` given (catalog reads of
+    /// its page text and the sender, and a key read).
+    pub(crate) async fn with_topics(
+        ctx: &Ctx<'_>,
+        scheduled: &proto::EmailScheduled,
+        topics: &[(String, TopicDef)],
+    ) -> Result<Self, ApiError> {
         let catalog = ctx.catalog().await?;
         let client = ctx.db().await?;
         let internal = |error: anyhow::Error| ApiError::internal(&error);
         let page_text = reads::email::page_text(&client, &catalog, &scheduled.space_id).await.map_err(internal)?;
         let text = PageText::of(&page_text, Some(scheduled.locale.as_str()).filter(|tag| !tag.is_empty()));
-        let topic_names: BTreeMap<String, String> = reads::email::topics(&client, &catalog, &scheduled.space_id)
-            .await
-            .map_err(internal)?
-            .iter()
-            .map(|(topic_id, topic)| (topic_id.clone(), text.topic(topic).0.to_owned()))
-            .collect();
+        let topic_names: BTreeMap<String, String> =
+            topics.iter().map(|(topic_id, topic)| (topic_id.clone(), text.topic(topic).0.to_owned())).collect();
         let (sender, address) = reads::email::parties(&client, &catalog, scheduled).await.map_err(internal)?;
         Ok(Self {
             topic_name: topic_names.get(&scheduled.topic_id).cloned(),

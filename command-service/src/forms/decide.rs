@@ -508,6 +508,11 @@ mod tests {
         }
     }
 
+    /// A submission of form `frm_1` (a form post from a page when `urlencoded`).
+    fn submit(site: &send::Site, urlencoded: bool) -> SubmitForm<'_> {
+        SubmitForm { form_id: "frm_1".into(), fields: Map::new(), urlencoded, token_ttl_hours: 24, site }
+    }
+
     fn site() -> send::Site {
         send::Site {
             base_url: "https://mail.test/v1".into(),
@@ -587,13 +592,7 @@ mod tests {
     #[test]
     fn a_submission_without_double_opt_in_subscribes_at_once() {
         let site = site();
-        let command = SubmitForm {
-            form_id: "frm_1".into(),
-            fields: Map::new(),
-            urlencoded: false,
-            token_ttl_hours: 24,
-            site: &site,
-        };
+        let command = submit(&site, false);
         let Submitted { outcome, confirmation } = given(submission(false, None)).when(&command).decided();
         assert!(confirmation.is_none());
         assert_eq!(events(&outcome), [subscription("subscribed", "form"), submitted(false, "", 0)]);
@@ -605,13 +604,7 @@ mod tests {
     #[test]
     fn a_double_opt_in_submission_waits_under_its_token_and_a_browser_gets_a_page() {
         let site = site();
-        let command = SubmitForm {
-            form_id: "frm_1".into(),
-            fields: Map::new(),
-            urlencoded: true,
-            token_ttl_hours: 24,
-            site: &site,
-        };
+        let command = submit(&site, true);
         let token = Token { token: "tok".into(), digest: "digest".into() };
         let Submitted { outcome, .. } = given(submission(true, Some(token))).when(&command).decided();
         let expires_at_ms = NOW_MS + 24 * 3_600_000;
@@ -678,13 +671,7 @@ mod tests {
     #[test]
     fn a_submitters_pages_speak_the_contacts_locale_and_the_token_keeps_it() {
         let site = site();
-        let command = SubmitForm {
-            form_id: "frm_1".into(),
-            fields: Map::new(),
-            urlencoded: true,
-            token_ttl_hours: 24,
-            site: &site,
-        };
+        let command = submit(&site, true);
         let token = || Some(Token { token: "tok".into(), digest: "digest".into() });
         let mut loaded = submission(true, token());
         loaded.page_text = german();

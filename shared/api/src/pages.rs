@@ -110,8 +110,8 @@ impl Message {
             paragraphs: paragraphs.iter().map(|text| (*text).to_owned()).collect(),
             link: None,
             issues: Vec::new(),
-            lang: "en".to_owned(),
-            dir: "ltr",
+            lang: PageText::default().lang().to_owned(),
+            dir: PageText::default().dir(),
         }
     }
 
@@ -183,8 +183,8 @@ impl Message {
             paragraphs: vec![text],
             link: None,
             issues,
-            lang: "en".to_owned(),
-            dir: "ltr",
+            lang: PageText::default().lang().to_owned(),
+            dir: PageText::default().dir(),
         }
     }
 

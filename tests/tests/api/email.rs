@@ -588,17 +588,31 @@ async fn sender_process(app: &TestApp, sink: &SmtpSink, handoff_delay_ms: Option
     (process, url)
 }
 
-/// Sends with `key` through the process at `url`, in the background.
-fn send_in_flight(app: &TestApp, url: &str, template: &str, key: &str, to: &str) -> tokio::task::JoinHandle<()> {
+/// Sends `template` to `to` under `key` through a sender process of its own
+/// ([`sender_process`]), and kills that process (kill -9) once the email's outbox row is in
+/// `state`; when it was killed.
+async fn sender_killed_at(
+    app: &TestApp,
+    sink: &SmtpSink,
+    handoff_delay_ms: Option<u64>,
+    (template, key, to): (&str, &str, &str),
+    state: &str,
+) -> Instant {
+    let (mut doomed, url) = sender_process(app, sink, handoff_delay_ms).await;
     let request = app
         .http
         .post(format!("{url}/templates/{template}/send"))
         .bearer_auth(MAIL_KEY)
         .header("Idempotency-Key", key)
         .json(&receipt_body(to, "Gone"));
-    tokio::spawn(async move {
+    let in_flight = tokio::spawn(async move {
         let _ = request.send().await;
-    })
+    });
+    wait_for_outbox_row(app, key, state).await;
+    doomed.0.kill().expect("kill -9");
+    let killed_at = Instant::now();
+    in_flight.await.expect("joins");
+    killed_at
 }
 
 /// Retries `key` through the live app until it is no longer told to come again; the answer.
@@ -631,12 +645,8 @@ async fn a_send_claim_dies_with_its_holder_and_a_retry_gets_its_answer_within_se
     let receipt = template_id(&app, "receipt").await;
     // 1. A sender that dies between its append and its hand-off: the email is pending under
     // a dead process, handed off by the outbox worker at once, and the retry replays "sent".
-    let (mut doomed, url) = sender_process(&app, &sink, Some(60_000)).await;
-    let in_flight = send_in_flight(&app, &url, &receipt, "died-pending", "pending@example.com");
-    wait_for_outbox_row(&app, "died-pending", "pending").await;
-    doomed.0.kill().expect("kill -9");
-    let killed_at = Instant::now();
-    in_flight.await.expect("joins");
+    let killed_at =
+        sender_killed_at(&app, &sink, Some(60_000), (&receipt, "died-pending", "pending@example.com"), "pending").await;
     let replayed = retry_until_settled(&app, &receipt, "died-pending", "pending@example.com", killed_at).await;
     assert_eq!((replayed.status, replayed.header("idempotent-replay")), (200, Some("true")), "{:?}", replayed.body);
     assert_eq!(replayed.body["data"]["status"], "sent");
@@ -647,12 +657,9 @@ async fn a_send_claim_dies_with_its_holder_and_a_retry_gets_its_answer_within_se
     // lease of a minute runs out), and the retry is told the outcome is unknown.
     sink.clear().await;
     sink.set_mode(json!({"mode": "delayData", "seconds": 60})).await;
-    let (mut doomed, url) = sender_process(&app, &sink, None).await;
-    let in_flight = send_in_flight(&app, &url, &receipt, "died-attempting", "attempting@example.com");
-    wait_for_outbox_row(&app, "died-attempting", "attempting").await;
-    doomed.0.kill().expect("kill -9");
-    let killed_at = Instant::now();
-    in_flight.await.expect("joins");
+    let killed_at =
+        sender_killed_at(&app, &sink, None, (&receipt, "died-attempting", "attempting@example.com"), "attempting")
+            .await;
     let unknown = retry_until_settled(&app, &receipt, "died-attempting", "attempting@example.com", killed_at).await;
     assert_eq!(
         (unknown.status, unknown.code().as_str()),
