@@ -39,10 +39,9 @@ pub async fn list(
 ) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(&req);
     let identity = identity_filter(&query);
-    let after = match api::pagination::given_cursor(&query) {
-        Some(raw) if identity.is_none() => Some(parse_cursor(raw)?),
-        _ => None,
-    };
+    // A malformed cursor is refused whatever else is given; a well-formed one is ignored
+    // beside an identity filter (its answer is one record at most).
+    let after = api::pagination::given_cursor(&query).map(parse_cursor).transpose()?.filter(|_| identity.is_none());
     // With a cursor the offset is ignored.
     let page = match &after {
         Some(_) => PageRequest::parse(&without_offset(&query)),

@@ -399,6 +399,10 @@ async fn a_list_is_paged_by_cursor_past_where_offsets_stop() {
     for bad in ["nope", "12.", "x.con_1"] {
         let refused = app.get(&format!("/schemas/contacts/records?cursor={bad}"), ALPHA_ADMIN).await;
         assert_eq!((refused.status, refused.code().as_str()), (400, Some("invalid_cursor")), "{bad}");
+        // Beside an identity filter, which ignores a cursor, a malformed one is refused too.
+        let filtered =
+            app.get(&format!("/schemas/contacts/records?email=a@example.com&cursor={bad}"), ALPHA_ADMIN).await;
+        assert_eq!((filtered.status, filtered.code().as_str()), (400, Some("invalid_cursor")), "{bad}");
     }
     let far = app.get("/schemas/contacts/records?offset=10001", ALPHA_ADMIN).await;
     assert_eq!((far.status, far.code().as_str()), (400, Some("offset_too_large")));
