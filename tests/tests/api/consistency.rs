@@ -27,7 +27,12 @@ async fn create_then_get_and_list_sees_the_write_every_time() {
 
 #[tokio::test]
 async fn a_consistency_token_lets_another_key_read_the_write() {
-    let app = TestApp::spawn_with(Options::without_projector()).await;
+    // The read is sent before any projector exists, so without the wait it would answer 404 at
+    // once; the wait is long enough that a projector started on a loaded machine (a process
+    // start, its catch-up and, on a standby, the replay) arrives within it.
+    let options =
+        Options { consistency_wait: Some(std::time::Duration::from_secs(30)), ..Options::without_projector() };
+    let app = TestApp::spawn_with(options).await;
     let created = app.post("/schemas/contacts/records", ALPHA_ADMIN, &json!({"email": "token@example.com"})).await;
     assert_eq!(created.status, 201);
     let id = created.body["data"]["id"].as_str().expect("id").to_owned();
