@@ -12,7 +12,9 @@ use domain::email::resources::{
     ALLOWANCE, AllowanceDef, Audience, BROADCAST, BroadcastDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef,
     PAGE_TEXT, SEND_POLICY, SENDER, SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef, TopicText, TrackingDef,
 };
-use domain::email::send::policy::{Cap, MAX_CAPS, Outcome, QuietHours, SendPolicy, Window, ZoneRule};
+use domain::email::send::policy::{
+    Cap, MAX_CAPS, MAX_WINDOW_DAYS, MAX_WINDOW_HOURS, Outcome, QuietHours, SendPolicy, Window, ZoneRule,
+};
 use mail::dkim;
 use mail::{footer, render};
 use platform::events::LogEvent;
@@ -599,9 +601,9 @@ fn send_policy(
             bail!("{owner}.max must be at least 1");
         }
         let window = match (cap.per.hours, cap.per.days) {
-            (Some(hours @ 1..=8_760), None) => Window::Hours(hours),
-            (None, Some(days @ 1..=366)) => Window::Days(days),
-            _ => bail!("{owner}.per is {{\"hours\": 1..8760}} or {{\"days\": 1..366}}"),
+            (Some(hours @ 1..=MAX_WINDOW_HOURS), None) => Window::Hours(hours),
+            (None, Some(days @ 1..=MAX_WINDOW_DAYS)) => Window::Days(days),
+            _ => bail!("{owner}.per is {{\"hours\": 1..{MAX_WINDOW_HOURS}}} or {{\"days\": 1..{MAX_WINDOW_DAYS}}}"),
         };
         let topic_id = cap.topic.as_deref().map(|slug| lookup(topic_ids, "topic", slug, &owner)).transpose()?.cloned();
         frequency_caps.push(Cap { max: cap.max, window, topic_id, outcome: cap.outcome });

@@ -289,7 +289,14 @@ impl Decide for SubmitForm<'_> {
                                     "form {form_id}: the confirmation template does not render: {error}"
                                 ))
                             })?;
-                        let to = EmailTo { space_id: &space_id, contact_id: &contact_id, address: &address, key };
+                        // Transactional: not counted by the caps, so it follows no send.
+                        let to = EmailTo {
+                            space_id: &space_id,
+                            contact_id: &contact_id,
+                            address: &address,
+                            key,
+                            follows: None,
+                        };
                         let origin = send::Origin::form(form_id);
                         let scheduled =
                             send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.site.base_url))

@@ -246,6 +246,7 @@ impl Decide for SendTemplate<'_> {
             now_ms: now,
         };
         let zone = send::zone_used(&facts);
+        let follows = send::follows(&facts);
         let held = match send::decide(&facts) {
             send::Verdict::Send => None,
             send::Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
@@ -295,7 +296,7 @@ impl Decide for SendTemplate<'_> {
         let Some((contact_id, contact_key)) = contact else {
             return Err(Refusal::Failed("the recipient has no data key".to_owned()));
         };
-        let to = EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key };
+        let to = EmailTo { space_id, contact_id: &contact_id, address: &address, key: &contact_key, follows };
         let scheduled =
             send::schedule(&email_id, &authored, to, &rendered, send::Origin::template(), (now, &self.site.base_url))
                 .map_err(|error| Refusal::Failed(format!("{error:#}")))?
@@ -567,7 +568,7 @@ mod tests {
         loaded.recipient.consent = Some(true);
         let hour = 3_600_000;
         loaded.recipient.sent =
-            (1..=2).map(|n| send::Sent { at_ms: NOW_MS - n * hour, topic_id: None, position: n }).collect();
+            (1..=2).map(|n| send::Sent { at_ms: NOW_MS - n * hour, topic_id: None, position: n, seq: n }).collect();
         let allowed_at_ms = NOW_MS + 22 * hour;
         let reason = send::SkipReason {
             rule: "sendPolicy.frequencyCaps[0]".into(),

@@ -3,7 +3,8 @@
 //! past their 24 hours, unresolved idempotency claims that provably wrote nothing, event
 //! receipts past their retention, inbound report digests past the time a sender retries
 //! (30 days), soft bounces past the soft-bounce window, and a loud report of open dead
-//! letters.
+//! letters. Once a day (the first pass of each UTC day): marketing sends older than any
+//! frequency cap can count.
 
 use std::time::Duration;
 
@@ -15,6 +16,9 @@ use crate::runtime::{Lease, LeaseName, Outcome, Worker};
 const INTERVAL: Duration = Duration::from_secs(60);
 /// Receipts retired per statement.
 const RETIRE_STEP: i64 = 10_000;
+/// Marketing sends pruned per statement.
+const PRUNE_STEP: i64 = 10_000;
+const DAY_SECONDS: i64 = 86_400;
 
 /// Maintenance's lease and checkpoint name; its checkpoint holds the time of its last run,
 /// not a log position.
@@ -60,7 +64,15 @@ impl Maintenance {
             tracing::info!(purged, released, retired, "maintenance pass");
         }
         report_dead_letters(&client).await?;
-        lease.commit(chrono::Utc::now().timestamp()).await?;
+        let now = chrono::Utc::now().timestamp();
+        // The checkpoint holds the time of the last pass: a new day prunes once.
+        if lease.checkpoint.div_euclid(DAY_SECONDS) != now.div_euclid(DAY_SECONDS) {
+            let pruned = prune_marketing_sends(&client, now * 1000).await?;
+            if pruned > 0 {
+                tracing::info!(pruned, "old marketing sends pruned");
+            }
+        }
+        lease.commit(now).await?;
         Ok(Outcome::Idle)
     }
 }
@@ -109,6 +121,27 @@ pub async fn purge_and_reconcile(client: &impl GenericClient) -> anyhow::Result<
         .await?;
     client.execute("DELETE FROM process_beats WHERE beat_at < now() - interval '1 day'", &[]).await?;
     Ok((purged, released))
+}
+
+/// Deletes the marketing sends recorded before any frequency cap can count them at `now_ms`
+/// (the longest window a cap may have, `Window::longest_lookback_ms`), a step at a time.
+/// Returns how many went.
+pub async fn prune_marketing_sends(client: &impl GenericClient, now_ms: i64) -> anyhow::Result<u64> {
+    let before = now_ms - domain::email::send::policy::Window::longest_lookback_ms();
+    let statement = client
+        .prepare_cached(
+            "DELETE FROM marketing_sends WHERE ctid = ANY(ARRAY(
+                 SELECT ctid FROM marketing_sends WHERE at_ms < $1 LIMIT $2))",
+        )
+        .await?;
+    let mut pruned = 0;
+    loop {
+        let step = client.execute(&statement, &[&before, &PRUNE_STEP]).await?;
+        pruned += step;
+        if step < PRUNE_STEP as u64 {
+            return Ok(pruned);
+        }
+    }
 }
 
 /// Retires receipts accepted more than `retention` ago whose preparation is over, at most

@@ -361,6 +361,11 @@ pub struct EmailTo<'a> {
     pub contact_id: &'a str,
     pub address: &'a str,
     pub key: &'a platform::crypto::DataKey,
+    /// The place of the contact's last marketing send as a decision under frequency caps read
+    /// it ([`last_seq`] of what [`marketing_sends`] returned), or `None` when the decision read
+    /// none (no caps). A marketing email's append takes the next place, and fails
+    /// `stream_moved` (decide again) when another send took it first.
+    pub follows: Option<i64>,
 }
 
 /// A rendered email ready to append: its `EmailScheduled` stream, the guards every such
@@ -518,38 +523,81 @@ pub fn schedule(
         domain: authored.domain.clone(),
     };
     let guards = if authored.is_marketing() {
-        vec![marketing_send_guard(to.contact_id, email_id, template.topic_id.as_deref(), now)]
+        vec![marketing_send_guard(to.contact_id, email_id, template.topic_id.as_deref(), now, to.follows)]
     } else {
         Vec::new()
     };
     Ok(Scheduled { stream, guards, prepared, zone: None })
 }
 
-/// Records a marketing email in `marketing_sends`, in its append, for the frequency caps.
-fn marketing_send_guard(contact_id: &str, email_id: &str, topic_id: Option<&str>, at_ms: i64) -> Guard {
+/// Records a marketing email in `marketing_sends`, in its append, for the frequency caps: as
+/// the contact's send after `follows` (see [`EmailTo::follows`]), so that of two sends decided
+/// from the same reading only the first to commit is recorded and the other fails
+/// `stream_moved`.
+fn marketing_send_guard(
+    contact_id: &str,
+    email_id: &str,
+    topic_id: Option<&str>,
+    at_ms: i64,
+    follows: Option<i64>,
+) -> Guard {
     let topic_id = topic_id.unwrap_or_default().to_owned();
+    // 0: no place (a send decided without caps); places start at 1.
+    let seq = follows.map_or(0, |last| last + 1);
     let row = vec![
         SetValue::Text(Some(contact_id.to_owned())),
         SetValue::BigInt(at_ms),
         SetValue::Text(Some(email_id.to_owned())),
         SetValue::Text(Some(topic_id.clone())),
+        SetValue::BigInt(seq),
     ];
-    Guard::unique(
-        "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id) VALUES ($1, $2, $3, $4)
-         ON CONFLICT DO NOTHING",
-        vec![Box::new(contact_id.to_owned()), Box::new(at_ms), Box::new(email_id.to_owned()), Box::new(topic_id)],
-        AppendError::Conflict { code: Code::OperationTaken, message: "the send is recorded".to_owned() },
+    Guard::exactly_one(
+        "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id, seq)
+         VALUES ($1, $2, $3, $4, NULLIF($5::bigint, 0)) ON CONFLICT DO NOTHING",
+        vec![
+            Box::new(contact_id.to_owned()),
+            Box::new(at_ms),
+            Box::new(email_id.to_owned()),
+            Box::new(topic_id),
+            Box::new(seq),
+        ],
+        sends_moved(contact_id),
     )
     .with_set(
-        "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id)
-         SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) ON CONFLICT DO NOTHING",
+        "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id, seq)
+         SELECT c, a, e, t, NULLIF(s, 0) FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[])
+             AS w(c, a, e, t, s)
+         ON CONFLICT DO NOTHING",
         row,
     )
 }
 
+/// The conflict of a marketing send whose place in the contact's sends another send took
+/// since the decision read them: decide again.
+pub fn sends_moved(contact_id: &str) -> AppendError {
+    AppendError::Conflict {
+        code: Code::StreamMoved,
+        message: format!("contact {contact_id} was sent marketing email while this send was decided; decide again"),
+    }
+}
+
+/// The place of the newest of `sent` (0 when there is none): what a send decided from them
+/// follows.
+pub fn last_seq(sent: &[domain::email::send::Sent]) -> i64 {
+    sent.iter().map(|sent| sent.seq).max().unwrap_or(0)
+}
+
+/// What a marketing send decided from `facts` follows ([`EmailTo::follows`]): the newest of the
+/// contact's sends the decision read when the policy has frequency caps, else `None`.
+pub fn follows(facts: &Facts<'_>) -> Option<i64> {
+    let read = facts.policy.and_then(SendPolicy::lookback_ms).is_some();
+    read.then(|| facts.contact.as_ref().map_or(0, |contact| last_seq(contact.sent)))
+}
+
 /// A contact's marketing sends since `since_ms` as the frequency caps count them, each with
-/// the log position of its `EmailScheduled`: contact → sends, one statement for all of
-/// `contact_ids`.
+/// the log position of its `EmailScheduled`, and its newest send whenever it was (whose place
+/// a send decided from them follows; the caps count only what their windows hold): contact →
+/// sends, one statement for all of `contact_ids`.
 pub async fn marketing_sends(
     client: &impl GenericClient,
     contact_ids: &[String],
@@ -557,10 +605,12 @@ pub async fn marketing_sends(
 ) -> Result<std::collections::HashMap<String, Vec<domain::email::send::Sent>>, tokio_postgres::Error> {
     let statement = client
         .prepare_cached(
-            "SELECT m.contact_id, m.at_ms, m.topic_id, COALESCE(e.position, 0)
+            "SELECT m.contact_id, m.at_ms, m.topic_id, COALESCE(e.position, 0), COALESCE(m.seq, 0)
              FROM marketing_sends m
              LEFT JOIN events e ON e.stream_id = 'email-' || m.email_id AND e.stream_version = 1
-             WHERE m.contact_id = ANY($1) AND m.at_ms > $2",
+             WHERE m.contact_id = ANY($1)
+               AND (m.at_ms > $2
+                    OR m.seq = (SELECT max(n.seq) FROM marketing_sends n WHERE n.contact_id = m.contact_id))",
         )
         .await?;
     let mut sends: std::collections::HashMap<String, Vec<domain::email::send::Sent>> = Default::default();
@@ -570,6 +620,7 @@ pub async fn marketing_sends(
             at_ms: row.get(1),
             topic_id: (!topic_id.is_empty()).then_some(topic_id),
             position: row.get(3),
+            seq: row.get(4),
         });
     }
     Ok(sends)

@@ -1110,3 +1110,91 @@ async fn a_runs_delivery_log_pages_by_cursor_filters_by_status_agrees_with_its_c
     let elsewhere = app.get(&format!("/emails?broadcastRunId={run_id}"), crate::helpers::ALPHA_ADMIN).await;
     assert_eq!(elsewhere.body["data"], json!([]), "{:?}", elsewhere.body);
 }
+
+#[tokio::test]
+async fn a_journey_and_a_broadcast_racing_for_the_same_contacts_pass_a_cap_of_one_once_per_contact() {
+    // One news email a day, the rest skipped. A broadcast to every subscriber and a journey
+    // that mails the same newsletter on a purchase, started at the same moment for each
+    // subscriber: each contact gets exactly one, and the send that lost the race is decided
+    // again and skipped by the cap, with its story (none is lost, none goes twice).
+    const PEOPLE: usize = 40;
+    let sink = SmtpSink::start().await;
+    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    let policy = json!({
+        "timeZone": {"attribute": "timeZone", "default": "UTC"},
+        "frequencyCaps": [{"max": 1, "per": {"days": 1}, "topic": "news", "outcome": "skip"}]
+    });
+    let mut workspace: Value =
+        serde_json::from_str(&crate::email::policy_workspace(&policy)).expect("the workspace is JSON");
+    let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+    let mail = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
+    mail["workflows"] = json!([{
+        "slug": "thanks", "name": "Thanks",
+        "triggers": [{"event": "purchase", "reentry": "always"}],
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "thanks-hook", "next": "mail"},
+            {"id": "mail", "type": "send_email", "template": "newsletter", "next": null}
+        ]
+    }]);
+    app.apply_workspace(&workspace.to_string(), true).await;
+    crate::email::publish_dkim(&app, &sink).await;
+    let addresses: Vec<String> = (0..PEOPLE).map(|index| format!("racer{index}@example.com")).collect();
+    let mut contacts = Vec::new();
+    for address in &addresses {
+        let body = json!({"email": address, "newsConsent": true, "topics": ["news"]});
+        let made = app.post("/schemas/people/records", MAIL_KEY, &body).await;
+        assert_eq!(made.status, 201, "{:?}", made.body);
+        contacts.push(made.body["data"]["id"].as_str().expect("id").to_owned());
+    }
+    app.wait_for_projections().await;
+
+    let bodies: Vec<Value> = contacts.iter().map(|contact| json!({"contactId": contact, "amount": 1})).collect();
+    let purchases =
+        futures_util::future::join_all(bodies.iter().map(|body| app.post("/events/purchase", MAIL_KEY, body)));
+    let (sent, purchases) = tokio::join!(send(&app, WEEKLY_BROADCAST, "weekly-race"), purchases);
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    assert!(
+        purchases.iter().all(|fired| fired.status == 202),
+        "{:?}",
+        purchases.iter().map(|p| &p.body).collect::<Vec<_>>()
+    );
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = finished_run(&app, WEEKLY_BROADCAST, &run_id, WAIT).await;
+    let workflow = app.get("/workflows", MAIL_KEY).await.body["data"][0]["id"].as_str().expect("workflow").to_owned();
+    let deadline = Instant::now() + WAIT;
+    let mail_step = loop {
+        let stats = app.get(&format!("/workflows/{workflow}/stats"), MAIL_KEY).await;
+        assert_eq!(stats.status, 200, "{:?}", stats.body);
+        let steps = stats.body["data"]["steps"].as_array().cloned().unwrap_or_default();
+        let step = steps.into_iter().find(|step| step["stepId"] == "mail").unwrap_or_default();
+        let done = step["completed"].as_u64().unwrap_or(0) + step["skipped"]["total"].as_u64().unwrap_or(0);
+        if done == PEOPLE as u64 {
+            break step;
+        }
+        assert!(Instant::now() < deadline, "the journey's runs did not all pass the step: {}", stats.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    let messages = sink.wait_for(PEOPLE, WAIT).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let messages = if sink.messages().await.len() > messages.len() { sink.messages().await } else { messages };
+    for address in &addresses {
+        let to = messages.iter().filter(|message| message["rcptTo"][0] == address.as_str()).count();
+        assert_eq!(to, 1, "{address} is sent the news once: {run} {mail_step}");
+    }
+    let broadcast_skipped = run["counts"]["skipped"]["frequencyCap"].as_u64().unwrap_or(0);
+    let journey_skipped = mail_step["skipped"]["byReason"]["frequency_cap"].as_u64().unwrap_or(0);
+    assert_eq!(
+        broadcast_skipped + journey_skipped,
+        PEOPLE as u64,
+        "each loser is skipped by the cap: {run} {mail_step}"
+    );
+    assert_eq!(
+        run["counts"]["sent"].as_u64().unwrap_or(0) + mail_step["completed"].as_u64().unwrap_or(0),
+        PEOPLE as u64,
+        "{run} {mail_step}"
+    );
+    let recorded = app.query_i64("SELECT count(*) FROM marketing_sends").await;
+    assert_eq!(recorded, PEOPLE as i64, "one counted send per contact");
+}

@@ -1623,6 +1623,54 @@ async fn a_send_policy_caps_and_quiets_marketing_in_the_contacts_zone_and_lets_t
 }
 
 #[tokio::test]
+async fn two_marketing_sends_to_one_contact_at_the_same_moment_cannot_both_pass_a_cap_of_one() {
+    // Each contact is sent the promo twice at once: both decisions read no send today, but
+    // only the first append takes the contact's next place; the other decides again and is
+    // capped.
+    const PEOPLE: usize = 20;
+    let sink = SmtpSink::start().await;
+    let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
+    let policy = json!({
+        "timeZone": {"attribute": "timeZone", "default": "UTC"},
+        "frequencyCaps": [{"max": 1, "per": {"hours": 24}, "outcome": "skip"}]
+    });
+    app.apply_workspace(&policy_workspace(&policy), true).await;
+    publish_dkim(&app, &sink).await;
+    let promo = template_id(&app, "promo").await;
+    let mut contacts = Vec::new();
+    for index in 0..PEOPLE {
+        let made = app
+            .post(
+                "/schemas/people/records",
+                MAIL_KEY,
+                &json!({"email": format!("twice{index}@example.com"), "newsConsent": true}),
+            )
+            .await;
+        assert_eq!(made.status, 201, "{:?}", made.body);
+        contacts.push(made.body["data"]["id"].as_str().expect("id").to_owned());
+    }
+    let bodies: Vec<Value> = contacts.iter().map(|id| json!({"data": {"contact": {"id": id}}})).collect();
+    let answers = futures_util::future::join_all(
+        bodies.iter().flat_map(|body| [send(&app, &promo, body, None), send(&app, &promo, body, None)]),
+    )
+    .await;
+    for (index, pair) in answers.chunks(2).enumerate() {
+        let mut outcomes: Vec<(u16, String)> =
+            pair.iter().map(|answer| (answer.status, answer.code().as_str().unwrap_or("sent").to_owned())).collect();
+        outcomes.sort();
+        assert_eq!(
+            outcomes,
+            vec![(200, "sent".to_owned()), (422, "frequency_capped".to_owned())],
+            "contact {index}: {:?}",
+            pair.iter().map(|answer| &answer.body).collect::<Vec<_>>()
+        );
+    }
+    assert_eq!(sink.wait_for(PEOPLE, WAIT).await.len(), PEOPLE);
+    let recorded = app.query_i64("SELECT count(*) FROM marketing_sends").await;
+    assert_eq!(recorded, PEOPLE as i64, "one counted send per contact");
+}
+
+#[tokio::test]
 async fn a_contact_made_through_the_api_joins_a_topic_in_its_write_and_gets_its_first_marketing_mail() {
     let sink = SmtpSink::start().await;
     let app = mail_app(&sink, 100).await;

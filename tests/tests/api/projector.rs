@@ -202,3 +202,48 @@ async fn batch_history_older_than_a_day_is_pruned() {
     assert_eq!(app.query_i64("SELECT count(*) FROM projection_batches WHERE worker = 'old'").await, 0);
     assert_eq!(app.query_i64("SELECT count(*) FROM projection_batches WHERE worker <> 'old'").await, recent);
 }
+
+#[tokio::test]
+async fn marketing_sends_older_than_any_cap_counts_are_pruned_once_a_day() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let day = 86_400_000_i64;
+    let now = platform::time::now_millis();
+    // A year and four days ago is past the longest window a cap may have (366 calendar days
+    // and two for zones); a year ago is within it.
+    let longest = domain::email::send::policy::Window::longest_lookback_ms();
+    assert_eq!(longest, 368 * day);
+    app.query_i64(&format!(
+        "WITH sends AS (INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id, seq)
+                        VALUES ('rec_a', {old}, 'em_old', '', 1), ('rec_a', {kept}, 'em_kept', '', 2)
+                        RETURNING 1)
+         SELECT count(*) FROM sends",
+        old = now - 369 * day,
+        kept = now - 365 * day,
+    ))
+    .await;
+    let maintenance = projector::workers::maintenance::Maintenance::new(
+        app.pool.clone(),
+        Duration::from_secs(3600),
+        Duration::from_secs(7 * 24 * 3600),
+    );
+    // A pass earlier today: this pass leaves them for tomorrow's first.
+    app.query_i64(&format!(
+        "WITH saved AS (INSERT INTO worker_checkpoints (name, position) VALUES ('maintenance', {today})
+                        ON CONFLICT (name) DO UPDATE SET position = EXCLUDED.position RETURNING 1)
+         SELECT count(*) FROM saved",
+        today = chrono::Utc::now().timestamp()
+    ))
+    .await;
+    projector::runtime::Worker::step(&maintenance).await.expect("a maintenance pass");
+    assert_eq!(app.query_i64("SELECT count(*) FROM marketing_sends").await, 2, "not twice in a day");
+    // The last pass was yesterday: the first pass of the day prunes.
+    app.query_i64(&format!(
+        "WITH saved AS (UPDATE worker_checkpoints SET position = {yesterday} WHERE name = 'maintenance' RETURNING 1)
+         SELECT count(*) FROM saved",
+        yesterday = chrono::Utc::now().timestamp() - 86_400
+    ))
+    .await;
+    projector::runtime::Worker::step(&maintenance).await.expect("a maintenance pass");
+    let left = app.query_i64("SELECT count(*) FROM marketing_sends WHERE email_id = 'em_kept'").await;
+    assert_eq!((app.query_i64("SELECT count(*) FROM marketing_sends").await, left), (1, 1));
+}

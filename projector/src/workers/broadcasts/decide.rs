@@ -60,6 +60,7 @@ pub(super) fn decide_batch(step: Step<'_>, pending: &[String], fresh: &mut dyn F
     for contact_id in pending {
         let facts = recipients.facts(authored, contact_id, now);
         let zone = mail::send::zone_used(&facts);
+        let follows = mail::send::follows(&facts);
         let held = match mail::send::decide(&facts) {
             Verdict::Send => None,
             Verdict::Skip { gate, decided_by } => {
@@ -78,7 +79,7 @@ pub(super) fn decide_batch(step: Step<'_>, pending: &[String], fresh: &mut dyn F
             Ok(rendered) => rendered,
             Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
         };
-        let to = EmailTo { space_id: &run.space_id, contact_id, address, key };
+        let to = EmailTo { space_id: &run.space_id, contact_id, address, key, follows };
         let scheduled = schedule(
             &email_id,
             authored,

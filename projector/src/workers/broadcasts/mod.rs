@@ -298,6 +298,11 @@ impl Runs {
                 }
                 // Already decided by an earlier attempt: nothing to do.
                 Err(AppendError::Conflict { code: Code::OperationTaken, .. }) => {}
+                // The contact was sent marketing email since the batch read its sends (a journey,
+                // a template send): the next step decides it from a new reading.
+                Err(AppendError::Conflict { code: Code::StreamMoved, .. }) => {
+                    tracing::debug!(run = %run.run_id, contact = %contact_id, "a recipient is decided again");
+                }
                 Err(error) => {
                     tracing::warn!(run = %run.run_id, contact = %contact_id, %error, "a recipient stays pending for a later step");
                 }

@@ -79,11 +79,28 @@ struct Due {
     origin: (String, String, String, String),
 }
 
+/// How many times a batch is decided when contacts are sent marketing email meanwhile.
+const DECIDE_ATTEMPTS: usize = 3;
+
+/// Whether `error` is an append refused because a contact's marketing sends moved.
+fn sends_moved(error: &anyhow::Error) -> bool {
+    matches!(error.downcast_ref::<AppendError>(), Some(AppendError::Conflict { code: Code::StreamMoved, .. }))
+}
+
 /// What the decision came to for one email.
 enum Decided {
-    Release,
-    Hold { until_ms: i64, gate: Gate },
-    Skip { gate: Gate, filled_by: Option<i64> },
+    /// Released as the contact's marketing send at place `seq` (0: none, no caps).
+    Release {
+        seq: i64,
+    },
+    Hold {
+        until_ms: i64,
+        gate: Gate,
+    },
+    Skip {
+        gate: Gate,
+        filled_by: Option<i64>,
+    },
 }
 
 impl Held {
@@ -189,8 +206,22 @@ impl Held {
         Ok(due)
     }
 
-    /// Decides the space's due emails again and records the outcomes in one append.
+    /// Decides the space's due emails again and records the outcomes in one append; when a
+    /// contact was sent marketing email since the decision read its sends, decides again from
+    /// a new reading (a few times, then the lease runs out and a later step does).
     async fn decide_space(&self, space_id: &str, emails: &[Due], token: Uuid) -> anyhow::Result<()> {
+        for _ in 1..DECIDE_ATTEMPTS {
+            match self.decide_space_once(space_id, emails, token).await {
+                Err(error) if sends_moved(&error) => {
+                    tracing::debug!(space = %space_id, error = %format!("{error:#}"), "held sends decided again");
+                }
+                other => return other,
+            }
+        }
+        self.decide_space_once(space_id, emails, token).await
+    }
+
+    async fn decide_space_once(&self, space_id: &str, emails: &[Due], token: Uuid) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
         let (Some(catalog), Some(segments)) =
             (live_schema(&client, "catalog").await?, live_schema(&client, "segments").await?)
@@ -217,17 +248,19 @@ impl Held {
             let Some(Some(authored)) = templates.get(email.template_id.as_str()) else {
                 // The template is gone: the email was rendered and stored, and its policy can
                 // no longer be read; it goes as it was held for.
-                decided.push((email, Decided::Release, None));
+                decided.push((email, Decided::Release { seq: 0 }, None));
                 continue;
             };
             let facts = recipients.facts(authored, &email.contact_id, now);
             let zone = mail::send::zone_used(&facts);
+            let seq = mail::send::follows(&facts).map_or(0, |last| last + 1);
             let outcome = match mail::send::decide(&facts) {
                 Verdict::Send => {
-                    // Counted against the caps of the contact's next email in this batch.
-                    let sent = Sent { at_ms: now, topic_id: email.topic_id.clone(), position: 0 };
+                    // Counted against the caps of the contact's next email in this batch, which
+                    // takes the place after it.
+                    let sent = Sent { at_ms: now, topic_id: email.topic_id.clone(), position: 0, seq };
                     recipients.sent.entry(email.contact_id.clone()).or_default().push(sent);
-                    Decided::Release
+                    Decided::Release { seq }
                 }
                 Verdict::Hold { until_ms, gate } => Decided::Hold { until_ms, gate },
                 Verdict::Skip { gate, decided_by } => Decided::Skip { gate, filled_by: decided_by },
@@ -239,14 +272,15 @@ impl Held {
         let mut streams = stories;
         let (mut released, mut held, mut untils, mut skipped, mut reasons) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut sent_contacts, mut sent_topics) = (Vec::new(), Vec::new());
+        let (mut sent_contacts, mut sent_topics, mut sent_seqs) = (Vec::new(), Vec::new(), Vec::new());
         for (email, outcome, zone) in &decided {
             let zone = zone.as_ref().map(mail::send::ZoneUsed::to_proto);
             let (event, id) = match outcome {
-                Decided::Release => {
+                Decided::Release { seq } => {
                     released.push(email.email_id.clone());
                     sent_contacts.push(email.contact_id.clone());
                     sent_topics.push(email.topic_id.clone().unwrap_or_default());
+                    sent_seqs.push(*seq);
                     let event = LogEvent::EmailReleased(proto::EmailReleased {
                         email_id: email.email_id.clone(),
                         space_id: space_id.to_owned(),
@@ -289,7 +323,7 @@ impl Held {
         let guards = outcome_guards(
             token,
             now,
-            (&released, &sent_contacts, &sent_topics),
+            (&released, &sent_contacts, &sent_topics, &sent_seqs),
             (&held, &untils),
             (&skipped, &reasons),
         );
@@ -419,7 +453,7 @@ fn chunks(due: Vec<Due>) -> Vec<(String, Vec<Due>)> {
 fn outcome_guards(
     token: Uuid,
     now: i64,
-    (released, contacts, topics): (&[String], &[String], &[String]),
+    (released, contacts, topics, seqs): (&[String], &[String], &[String], &[i64]),
     (held, untils): (&[String], &[i64]),
     (skipped, reasons): (&[String], &[String]),
 ) -> Vec<Guard> {
@@ -439,13 +473,27 @@ fn outcome_guards(
             expect_rows: count(released),
             set: None,
         });
-        guards.push(Guard::unique(
-            "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id)
-             SELECT c, $2, e, t FROM unnest($1::text[], $3::text[], $4::text[]) AS w(c, e, t)
-             ON CONFLICT DO NOTHING",
-            vec![Box::new(contacts.to_vec()), Box::new(now), Box::new(released.to_vec()), Box::new(topics.to_vec())],
-            lost(),
-        ));
+        // Each at the place its decision gave it: a send another worker recorded for the contact
+        // since this batch read its sends takes the place first, and the batch decides again.
+        guards.push(Guard {
+            sql: "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id, seq)
+                  SELECT c, $2, e, t, NULLIF(s, 0) FROM unnest($1::text[], $3::text[], $4::text[], $5::bigint[])
+                      AS w(c, e, t, s)
+                  ON CONFLICT DO NOTHING",
+            params: vec![
+                Box::new(contacts.to_vec()),
+                Box::new(now),
+                Box::new(released.to_vec()),
+                Box::new(topics.to_vec()),
+                Box::new(seqs.to_vec()),
+            ],
+            conflict: AppendError::Conflict {
+                code: Code::StreamMoved,
+                message: "a contact was sent marketing email while its held emails were decided".to_owned(),
+            },
+            expect_rows: count(released),
+            set: None,
+        });
         guards.push(Guard::unique(
             "UPDATE broadcast_recipients SET state = 'scheduled' WHERE email_id = ANY($1) AND state = 'held'",
             vec![Box::new(released.to_vec())],

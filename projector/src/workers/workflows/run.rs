@@ -102,6 +102,10 @@ pub(super) async fn back_off(pool: &Pool, run_id: &str, token: Uuid) {
         .await;
 }
 
+/// How many times a transition is decided again at once when the contact's marketing sends
+/// moved under it.
+const MOVED_RETRIES: u32 = 3;
+
 /// Advances a claimed run by one transition (two around a webhook call), from the row its
 /// claim returned.
 pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> anyhow::Result<()> {
@@ -110,6 +114,7 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
     let mut claimed = Some(claimed);
     let mut outcome: Option<CallOutcome> = None;
     let mut allowance_refused = false;
+    let mut moved = 0;
     loop {
         let row = match claimed.take() {
             Some(row) => row,
@@ -136,6 +141,12 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
             // The month's allowance ran out since the gate was read: the send is skipped.
             Err(AppendError::Conflict { code: Code::EmailLimitReached, .. }) if !allowance_refused => {
                 allowance_refused = true;
+                continue;
+            }
+            // The contact was sent marketing email since its sends were read: decide again now,
+            // from a new reading (a few times, then as any lost race).
+            Err(AppendError::Conflict { code: Code::StreamMoved, .. }) if moved < MOVED_RETRIES => {
+                moved += 1;
                 continue;
             }
             // The contact changed meanwhile, or the lease was lost: decide again later.

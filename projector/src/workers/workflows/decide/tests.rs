@@ -734,7 +734,7 @@ fn given_a_send_step_under_a_full_frequency_cap_then_it_asks_for_the_sends_and_n
     let mut facts = capped_facts("skip");
     let since_ms = given().now - 86_400_000;
     assert_eq!(needs(&run, &send_step(), &facts, &given()), Need::MarketingSends { since_ms });
-    facts.sent = Some(vec![mail::send::Sent { at_ms: given().now - 3_600_000, topic_id: None, position: 9 }]);
+    facts.sent = Some(vec![mail::send::Sent { at_ms: given().now - 3_600_000, topic_id: None, position: 9, seq: 1 }]);
     let need = Need::DecidedBy {
         gate: Gate::FrequencyCap,
         address: "ada@example.test".into(),
@@ -752,7 +752,7 @@ fn given_a_send_step_under_a_full_cap_whose_outcome_is_hold_then_its_email_is_st
     let run = row(RunStatus::Running, Some("start"));
     let mut facts = capped_facts("hold");
     let filled_at = given().now - 3_600_000;
-    facts.sent = Some(vec![mail::send::Sent { at_ms: filled_at, topic_id: None, position: 9 }]);
+    facts.sent = Some(vec![mail::send::Sent { at_ms: filled_at, topic_id: None, position: 9, seq: 1 }]);
     let tick = decided(&run, &send_step(), &facts, &given());
     assert!(tick.email.is_none(), "nothing is handed off now");
     let step = finished(&tick, "start");

@@ -72,13 +72,37 @@ pub enum Window {
 /// The most rules a policy holds.
 pub const MAX_CAPS: usize = 10;
 
-/// A marketing email the contact was sent (scheduled to send): when, its topic, and the log
-/// position of its `EmailScheduled`.
+/// The longest window of hours a cap may have (a year).
+pub const MAX_WINDOW_HOURS: u32 = 8_760;
+
+/// The longest window of calendar days a cap may have.
+pub const MAX_WINDOW_DAYS: u32 = 366;
+
+impl Window {
+    /// How far back a cap with this window counts ([`SendPolicy::lookback_ms`]): a
+    /// calendar-day window reaches back its days and two more, for zones.
+    pub fn lookback_ms(self) -> i64 {
+        match self {
+            Window::Hours(hours) => i64::from(hours) * 3_600_000,
+            Window::Days(days) => (i64::from(days) + 2) * 86_400_000,
+        }
+    }
+
+    /// The longest any cap may look back: a marketing send older than this counts for none.
+    pub fn longest_lookback_ms() -> i64 {
+        Window::Hours(MAX_WINDOW_HOURS).lookback_ms().max(Window::Days(MAX_WINDOW_DAYS).lookback_ms())
+    }
+}
+
+/// A marketing email the contact was sent (scheduled to send): when, its topic, the log
+/// position of its `EmailScheduled`, and its place among the contact's marketing sends (0 for
+/// one decided without caps, which has none).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sent {
     pub at_ms: i64,
     pub topic_id: Option<String>,
     pub position: i64,
+    pub seq: i64,
 }
 
 /// The zone named `name` (an IANA name, in any letter case: `asia/kolkata` is
@@ -315,13 +339,7 @@ impl SendPolicy {
     /// How far back the caps count (sends before `now - lookback` never count); `None`
     /// without caps. A calendar-day window reaches back its days and two more, for zones.
     pub fn lookback_ms(&self) -> Option<i64> {
-        self.frequency_caps
-            .iter()
-            .map(|cap| match cap.window {
-                Window::Hours(hours) => i64::from(hours) * 3_600_000,
-                Window::Days(days) => (i64::from(days) + 2) * 86_400_000,
-            })
-            .max()
+        self.frequency_caps.iter().map(|cap| cap.window.lookback_ms()).max()
     }
 
     /// A cap whose outcome is skip and that is reached skips the send; quiet hours now with
@@ -567,7 +585,7 @@ mod tests {
             let sent: Vec<Sent> = ago
                 .iter()
                 .enumerate()
-                .map(|(position, ago)| Sent { at_ms: now - ago * MINUTE, topic_id: None, position: position as i64 })
+                .map(|(position, ago)| Sent { at_ms: now - ago * MINUTE, topic_id: None, position: position as i64, seq: position as i64 })
                 .collect();
             match cap.reached(tz, now, &sent) {
                 None => prop_assert!(cap.in_window(tz, now, &sent).len() < max as usize),
@@ -598,7 +616,7 @@ mod tests {
                 frequency_caps: vec![Cap { max, window: Window::Hours(hours), topic_id: None, outcome: Outcome::Hold }],
             };
             let sent: Vec<Sent> =
-                ago.iter().map(|ago| Sent { at_ms: now - ago * MINUTE, topic_id: None, position: 1 }).collect();
+                ago.iter().map(|ago| Sent { at_ms: now - ago * MINUTE, topic_id: None, position: 1, seq: 1 }).collect();
             match policy.rule(tz, now, &sent) {
                 Ruling::Allow => {
                     prop_assert!(!quiet(from, to).is_quiet(tz, now));
@@ -648,7 +666,7 @@ mod tests {
         // Tokyo (+9): one send a day. Sent at 2026-05-28T14:00Z (23:00 in Tokyo, the 28th);
         // at 15:30Z it is 00:30 on the 29th in Tokyo: a new day, allowed; in UTC, still the 28th.
         let cap = Cap { max: 1, window: Window::Days(1), topic_id: None, outcome: Outcome::Hold };
-        let sent = [Sent { at_ms: 1_779_976_800_000, topic_id: None, position: 1 }];
+        let sent = [Sent { at_ms: 1_779_976_800_000, topic_id: None, position: 1, seq: 1 }];
         let tokyo = zone("Asia/Tokyo").expect("a zone");
         assert!(cap.reached(tokyo, 1_779_982_200_000, &sent).is_none());
         let (allows, _) = cap.reached(Tz::UTC, 1_779_982_200_000, &sent).expect("reached in UTC");
@@ -658,8 +676,9 @@ mod tests {
     #[test]
     fn a_skip_names_its_rule_by_its_place_in_the_file_and_when_a_send_would_be_allowed() {
         let at = 1_779_982_200_000; // 2026-05-28T15:30Z
-        let sent: Vec<Sent> =
-            (1..=3).map(|n| Sent { at_ms: at - n * HOUR, topic_id: Some("top_1".into()), position: n }).collect();
+        let sent: Vec<Sent> = (1..=3)
+            .map(|n| Sent { at_ms: at - n * HOUR, topic_id: Some("top_1".into()), position: n, seq: n })
+            .collect();
         let policy = SendPolicy {
             time_zone: ZoneRule { attribute: None, default: "UTC".into() },
             // Quiet from 20:00 to 07:00: a send allowed by the caps at 18:30 is allowed then.
@@ -678,8 +697,9 @@ mod tests {
 
         // Within the window late in the day, the quiet hours push it to the next morning.
         let late = at + 2 * HOUR; // 17:30Z: the cap allows at 18:30Z; quiet from 20:00
-        let late_sent: Vec<Sent> =
-            (1..=3).map(|n| Sent { at_ms: late - 5 * HOUR + n * MINUTE, topic_id: None, position: n }).collect();
+        let late_sent: Vec<Sent> = (1..=3)
+            .map(|n| Sent { at_ms: late - 5 * HOUR + n * MINUTE, topic_id: None, position: n, seq: n })
+            .collect();
         let quiet_skip = SendPolicy {
             quiet_hours: Some(QuietHours { from_minute: 17 * 60, to_minute: 7 * 60, outcome: Outcome::Skip }),
             frequency_caps: Vec::new(),

@@ -39,7 +39,7 @@ fn utc_policy() -> SendPolicy {
 }
 
 fn sent(at_ms: i64, position: i64) -> Sent {
-    Sent { at_ms, topic_id: Some("top_news".into()), position }
+    Sent { at_ms, topic_id: Some("top_news".into()), position, seq: position }
 }
 
 #[test]
@@ -158,7 +158,7 @@ fn given_a_topic_cap_when_other_topics_were_sent_then_they_do_not_count() {
     let mut policy = utc_policy();
     policy.frequency_caps =
         vec![Cap { max: 1, window: Window::Days(7), topic_id: Some("top_news".into()), outcome: Outcome::Skip }];
-    let other = [Sent { at_ms: NOW - HOUR, topic_id: Some("top_offers".into()), position: 3 }];
+    let other = [Sent { at_ms: NOW - HOUR, topic_id: Some("top_offers".into()), position: 3, seq: 3 }];
     assert_eq!(decide(&marketing(Some(Contact { sent: &other, ..consenting() }), Some(&policy))), Verdict::Send);
     let news = [sent(NOW - HOUR, 4)];
     assert_eq!(

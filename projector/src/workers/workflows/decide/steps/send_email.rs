@@ -90,6 +90,7 @@ fn send_email(
         now_ms: now,
     };
     let zone = mail::send::zone_used(&send_facts);
+    let follows = mail::send::follows(&send_facts);
     let held = match mail::send::decide(&send_facts) {
         Verdict::Send => None,
         Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
@@ -143,7 +144,7 @@ fn send_email(
         }
     };
     let contact_id = contact.state.record_id.clone();
-    let to = EmailTo { space_id: &tick.row.space_id, contact_id: &contact_id, address: &address, key };
+    let to = EmailTo { space_id: &tick.row.space_id, contact_id: &contact_id, address: &address, key, follows };
     let scheduled = schedule(
         &email_id,
         authored,
