@@ -206,11 +206,19 @@ impl deadpool_postgres::Connect for PreferStandby {
 /// applied yet, one process at a time. A migration that was applied and has changed since
 /// (its checksum differs) fails loudly: applied migrations are never edited.
 pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
+    migrate_until(pool, None).await
+}
+
+/// [`migrate`], stopping after migration `version` when one is given: what an earlier release
+/// left, for the tests that upgrade such a database.
+pub async fn migrate_until(pool: &Pool, version: Option<i32>) -> anyhow::Result<()> {
     let mut client = pool.get().await.context("connecting to migrate")?;
     client.execute("SELECT pg_advisory_lock(727001)", &[]).await?;
     let outcome = async {
         adopt_earlier_history(&mut client).await?;
+        let target = version.map_or(refinery::Target::Latest, refinery::Target::Version);
         let report = embedded::migrations::runner()
+            .set_target(target)
             .set_abort_divergent(true)
             .set_abort_missing(true)
             .run_async(&mut **client)

@@ -259,3 +259,44 @@ async fn an_idle_connection_still_carries_a_post_after_the_old_five_second_limit
     let (status, _) = post_on(&mut stream, &address, path, r#"{"email":"second@keepalive.io"}"#).await;
     assert_eq!(status, 201, "the reused connection carried the second POST");
 }
+
+#[tokio::test]
+async fn an_upgrade_orders_the_marketing_sends_an_earlier_release_recorded() {
+    // A database as the release before the caps' guard left it, with sends recorded; the
+    // upgrade gives each contact's sends their order by time, and the guard holds at once.
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let name = format!("earlier_{}", uuid::Uuid::now_v7().simple());
+    app.pool.get().await.expect("client").batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create");
+    let url = app
+        .database_url
+        .replace(&app.database_url[app.database_url.rfind("dbname=").expect("dbname")..], &format!("dbname={name}"));
+    let pool = platform::db::pool(&url, 2).expect("a pool");
+    platform::db::migrate_until(&pool, Some(31)).await.expect("the earlier release's migrations");
+    let client = pool.get().await.expect("client");
+    client
+        .batch_execute(
+            "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id) VALUES
+                 ('rec_a', 3000, 'em_3', ''), ('rec_a', 1000, 'em_1', 'top_1'), ('rec_b', 500, 'em_b', ''),
+                 ('rec_a', 2000, 'em_2', '')",
+        )
+        .await
+        .expect("sends of the earlier release");
+    drop(client);
+    platform::db::migrate(&pool).await.expect("the upgrade");
+    let client = pool.get().await.expect("client");
+    let rows = client
+        .query("SELECT contact_id, email_id, seq FROM marketing_sends ORDER BY contact_id, at_ms", &[])
+        .await
+        .expect("sends");
+    let ordered: Vec<(String, String, Option<i64>)> =
+        rows.iter().map(|row| (row.get(0), row.get(1), row.get(2))).collect();
+    let expected = [("rec_a", "em_1", 1), ("rec_a", "em_2", 2), ("rec_a", "em_3", 3), ("rec_b", "em_b", 1)]
+        .map(|(contact, email, seq)| (contact.to_owned(), email.to_owned(), Some(seq)));
+    assert_eq!(ordered, expected);
+    // The next send decided from that reading takes the place after the newest; a second one
+    // decided from the same reading cannot.
+    let next = "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id, seq)
+                VALUES ('rec_a', 4000, $1, '', 4) ON CONFLICT DO NOTHING";
+    assert_eq!(client.execute(next, &[&"em_4"]).await.expect("insert"), 1);
+    assert_eq!(client.execute(next, &[&"em_4b"]).await.expect("insert"), 0);
+}
