@@ -84,6 +84,7 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "WorkflowRunPaused.v1",
     "WorkflowRunResumed.v1",
     "WorkflowRunFinished.v1",
+    "WorkflowRunAdvanced.v1",
     // A send step's held email skipped when it was decided again: the step's counts move it
     // from `completed` to `skipped`, so they agree with the step's delivery log.
     "EmailSkipped.v1",
@@ -135,7 +136,8 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
             LogEvent::WorkflowPaused(paused) => set_paused(transaction, s, &paused.workflow_id, true).await?,
             LogEvent::WorkflowUnpaused(unpaused) => set_paused(transaction, s, &unpaused.workflow_id, false).await?,
             LogEvent::ResourceDefined(_) => {}
-            other => runs.push(other),
+            // A transition's changes, each as the event it would have been on its own.
+            other => runs.extend(domain::workflows::changes(other)),
         }
     }
     write_step_counts(transaction, s, late_skips).await?;
@@ -751,5 +753,87 @@ mod tests {
         assert_eq!(late_skip(1, &skipped("workflow")), None);
         // A broadcast's held email is counted by its run.
         assert_eq!(late_skip(3, &skipped("broadcast")), None);
+    }
+
+    /// A history record as the test compares it: index, step, finished status.
+    type Kept = (i32, String, Option<String>);
+
+    /// What folding `events` leaves for run `run_1`: its status, step count, current step and
+    /// end, and its history records.
+    fn folded(events: Vec<LogEvent>) -> (String, i32, Option<String>, Option<String>, Vec<Kept>) {
+        let mut fold = Fold::default();
+        let requested = platform::proto::WorkflowRunRequested {
+            run_id: "run_1".into(),
+            workflow_id: "wf_1".into(),
+            space_id: "spc_1".into(),
+            ..Default::default()
+        };
+        fold.apply(LogEvent::WorkflowRunRequested(requested));
+        for event in events {
+            for change in domain::workflows::changes(event) {
+                fold.apply(change);
+            }
+        }
+        let run = &fold.runs["run_1"];
+        let records = fold
+            .records
+            .iter()
+            .map(|((_, index), record)| {
+                (*index, record.step_id.clone(), record.finished.as_ref().map(|finished| finished.status.clone()))
+            })
+            .collect();
+        let finished = run.finished_at.map(|at| at.to_rfc3339());
+        (run.status.clone(), run.step_count, run.current_step_id.clone(), finished, records)
+    }
+
+    #[test]
+    fn a_transition_as_one_event_folds_as_its_changes_appended_one_by_one_did() {
+        use platform::proto::{WorkflowRunFinished, WorkflowStepFinished, WorkflowStepStarted};
+        let step = |index: i32, id: &str| WorkflowStepStarted {
+            run_id: "run_1".into(),
+            space_id: "spc_1".into(),
+            index,
+            step_id: id.into(),
+            step_type: "wait".into(),
+            at_ms: 1_000,
+        };
+        let finished = |index: i32, id: &str, next: &str| WorkflowStepFinished {
+            run_id: "run_1".into(),
+            space_id: "spc_1".into(),
+            index,
+            step_id: id.into(),
+            status: "completed".into(),
+            next_step_id: next.into(),
+            started_at_ms: 1_000,
+            at_ms: 2_000,
+            ..Default::default()
+        };
+        let changes = vec![
+            LogEvent::WorkflowStepFinished(finished(1, "nap", "out")),
+            LogEvent::WorkflowStepStarted(step(2, "out")),
+            LogEvent::WorkflowStepFinished(finished(2, "out", "")),
+            LogEvent::WorkflowRunFinished(WorkflowRunFinished {
+                run_id: "run_1".into(),
+                space_id: "spc_1".into(),
+                status: "exited".into(),
+                at_ms: 2_000,
+                ..Default::default()
+            }),
+        ];
+        let first = LogEvent::WorkflowStepStarted(step(1, "nap"));
+        // An earlier release appended each change as its own event; this one appends the
+        // transition as one. Both fold the same.
+        let one_by_one = folded([vec![first.clone()], changes.clone()].concat());
+        let wrapped = domain::workflows::transition("run_1", "spc_1", changes);
+        assert_eq!(wrapped.len(), 1);
+        assert!(matches!(wrapped[0], LogEvent::WorkflowRunAdvanced(_)));
+        let as_one = folded([vec![first], wrapped].concat());
+        assert_eq!(as_one, one_by_one);
+        assert_eq!(as_one.0, "exited");
+        assert_eq!(as_one.1, 2);
+        assert_eq!(
+            as_one.4,
+            vec![(1, "nap".into(), Some("completed".into())), (2, "out".into(), Some("completed".into()))]
+        );
     }
 }

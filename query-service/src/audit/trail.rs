@@ -251,7 +251,28 @@ pub(crate) fn ingest_entries(
 pub(crate) fn workflow_entries(events: &[StoredEvent], space_id: &str) -> anyhow::Result<Vec<(i64, Value)>> {
     let mut entries = Vec::new();
     for event in events {
-        let (kind, space, details) = match event.decode()? {
+        // A transition that changed the run several times is one log event: an entry per
+        // change, the first named by the event and each later one by the event and its place,
+        // pushed latest first so that the trail's newest-first order (a stable sort by
+        // position) shows them as it shows separate events.
+        let changes = domain::workflows::changes(event.decode()?);
+        for (place, change) in changes.into_iter().enumerate().rev() {
+            if let Some((kind, details)) = workflow_entry(change, space_id) {
+                let mut entry = entry(event, kind, "workflow", details);
+                if place > 0 {
+                    entry["id"] = Value::String(format!("{}_{place}", entry_id(event)));
+                }
+                entries.push((event.position, entry));
+            }
+        }
+    }
+    Ok(entries)
+}
+
+/// The kind and details of a workflow entry for `event`, when it is one of `space_id`'s.
+fn workflow_entry(event: LogEvent, space_id: &str) -> Option<(&'static str, Value)> {
+    {
+        let (kind, space, details) = match event {
             LogEvent::WorkflowRunRequested(e) => (
                 "workflow_run_requested",
                 e.space_id,
@@ -276,13 +297,10 @@ pub(crate) fn workflow_entries(events: &[StoredEvent], space_id: &str) -> anyhow
                 json!({"runId": e.run_id, "status": e.status,
                        "error": (!e.error_code.is_empty()).then(|| json!({"code": e.error_code, "message": e.error_message}))}),
             ),
-            _ => continue,
+            _ => return None,
         };
-        if space == space_id {
-            entries.push((event.position, entry(event, kind, "workflow", details)));
-        }
+        (space == space_id).then_some((kind, details))
     }
-    Ok(entries)
 }
 
 /// An entry of `kind` on `channel` about `event`, with `details` beside the common fields.

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use filter::Filter;
+use platform::events::LogEvent;
 
 /// The resource kind of workflows in the catalog.
 pub const WORKFLOW: &str = "workflow";
@@ -538,6 +539,76 @@ pub fn run_stream_id(run_id: &str) -> String {
     format!("workflow-run-{run_id}")
 }
 
+/// A transition's changes as the log keeps them: a single change as its own event, several as
+/// one `WorkflowRunAdvanced` holding them in order (one log event per transition, however
+/// many steps it passed). Changes that are not a run's (none today) are kept as they are.
+pub fn transition(run_id: &str, space_id: &str, changes: Vec<LogEvent>) -> Vec<LogEvent> {
+    use platform::proto::workflow_run_change::Change;
+    if changes.len() < 2 {
+        return changes;
+    }
+    let mut wrapped = Vec::with_capacity(changes.len());
+    for event in changes {
+        wrapped.push(match event {
+            LogEvent::WorkflowRunStarted(e) => Change::RunStarted(e),
+            LogEvent::WorkflowStepStarted(e) => Change::StepStarted(e),
+            LogEvent::WorkflowRunSleeping(e) => Change::RunSleeping(e),
+            LogEvent::WorkflowStepFinished(e) => Change::StepFinished(e),
+            LogEvent::WorkflowRunPaused(e) => Change::RunPaused(e),
+            LogEvent::WorkflowRunResumed(e) => Change::RunResumed(e),
+            LogEvent::WorkflowRunFinished(e) => Change::RunFinished(e),
+            other => return unwrappable(run_id, space_id, wrapped, other),
+        });
+    }
+    vec![advanced(run_id, space_id, wrapped)]
+}
+
+/// The events of a transition that holds a change no `WorkflowRunAdvanced` carries: what was
+/// wrapped so far as one event, then that change on its own.
+fn unwrappable(
+    run_id: &str,
+    space_id: &str,
+    wrapped: Vec<platform::proto::workflow_run_change::Change>,
+    other: LogEvent,
+) -> Vec<LogEvent> {
+    let mut events: Vec<LogEvent> = changes(advanced(run_id, space_id, wrapped));
+    events.push(other);
+    events
+}
+
+fn advanced(run_id: &str, space_id: &str, changes: Vec<platform::proto::workflow_run_change::Change>) -> LogEvent {
+    LogEvent::WorkflowRunAdvanced(platform::proto::WorkflowRunAdvanced {
+        run_id: run_id.to_owned(),
+        space_id: space_id.to_owned(),
+        changes: changes
+            .into_iter()
+            .map(|change| platform::proto::WorkflowRunChange { change: Some(change) })
+            .collect(),
+    })
+}
+
+/// The changes a log event made to runs, in order: a `WorkflowRunAdvanced`'s, each as the
+/// event it would have been on its own; any other event as itself.
+pub fn changes(event: LogEvent) -> Vec<LogEvent> {
+    use platform::proto::workflow_run_change::Change;
+    let LogEvent::WorkflowRunAdvanced(advanced) = event else { return vec![event] };
+    advanced
+        .changes
+        .into_iter()
+        .filter_map(|change| {
+            Some(match change.change? {
+                Change::RunStarted(e) => LogEvent::WorkflowRunStarted(e),
+                Change::StepStarted(e) => LogEvent::WorkflowStepStarted(e),
+                Change::RunSleeping(e) => LogEvent::WorkflowRunSleeping(e),
+                Change::StepFinished(e) => LogEvent::WorkflowStepFinished(e),
+                Change::RunPaused(e) => LogEvent::WorkflowRunPaused(e),
+                Change::RunResumed(e) => LogEvent::WorkflowRunResumed(e),
+                Change::RunFinished(e) => LogEvent::WorkflowRunFinished(e),
+            })
+        })
+        .collect()
+}
+
 /// The email id of the `send_email` execution `index` of a run: the same for every attempt at
 /// that execution, so it is scheduled at most once (its stream is new).
 pub fn email_id(run_id: &str, index: i32) -> String {
@@ -579,6 +650,41 @@ pub fn condition_document(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transition_of_several_changes_is_one_event_that_gives_them_back_in_order() {
+        use platform::proto::{WorkflowRunFinished, WorkflowRunSleeping, WorkflowStepStarted};
+        let started = LogEvent::WorkflowStepStarted(WorkflowStepStarted {
+            run_id: "run_1".into(),
+            index: 2,
+            step_id: "nap".into(),
+            ..Default::default()
+        });
+        let sleeping =
+            LogEvent::WorkflowRunSleeping(WorkflowRunSleeping { run_id: "run_1".into(), ..Default::default() });
+        let ended = LogEvent::WorkflowRunFinished(WorkflowRunFinished {
+            run_id: "run_1".into(),
+            status: "completed".into(),
+            ..Default::default()
+        });
+        // One change stays its own event.
+        assert_eq!(transition("run_1", "spc_1", vec![ended.clone()]), vec![ended.clone()]);
+        assert!(transition("run_1", "spc_1", Vec::new()).is_empty());
+        let made = vec![started, sleeping, ended];
+        let wrapped = transition("run_1", "spc_1", made.clone());
+        assert_eq!(wrapped.len(), 1);
+        let LogEvent::WorkflowRunAdvanced(advanced) = &wrapped[0] else { panic!("one WorkflowRunAdvanced") };
+        assert_eq!(
+            (advanced.run_id.as_str(), advanced.space_id.as_str(), advanced.changes.len()),
+            ("run_1", "spc_1", 3)
+        );
+        // Stored and read back, it gives the changes in their order.
+        let stored = LogEvent::decode(wrapped[0].event_type(), &wrapped[0].encode()).expect("decodes");
+        assert_eq!(changes(stored), made);
+        // Any other event is its own change.
+        let other = LogEvent::Unknown("Later.v1".into());
+        assert_eq!(changes(other.clone()), vec![other]);
+    }
 
     #[test]
     fn given_a_contacts_runs_when_a_trigger_fires_then_its_reentry_rule_decides_whether_a_run_starts() {

@@ -70,6 +70,7 @@ pub enum LogEvent {
     WorkflowRunPaused(proto::WorkflowRunPaused),
     WorkflowRunResumed(proto::WorkflowRunResumed),
     WorkflowRunFinished(proto::WorkflowRunFinished),
+    WorkflowRunAdvanced(proto::WorkflowRunAdvanced),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -190,6 +191,7 @@ event_types! {
     WorkflowRunPaused => "WorkflowRunPaused.v1",
     WorkflowRunResumed => "WorkflowRunResumed.v1",
     WorkflowRunFinished => "WorkflowRunFinished.v1",
+    WorkflowRunAdvanced => "WorkflowRunAdvanced.v1",
     IngestMessageKept => "IngestMessageKept.v1",
     IngestMessagesRefused => "IngestMessagesRefused.v1",
 }

@@ -200,8 +200,28 @@ async fn a_journey_runs_every_step_kind_through_real_mail_and_a_real_webhook_rec
     // The journey is in the contact's audit trail.
     let trail = app.get(&format!("/schemas/people/records/{contact_id}/audit-trail?channel=workflow"), MAIL_KEY).await;
     assert_eq!(trail.status, 200, "{:?}", trail.body);
-    assert!(!trail.body["data"].as_array().expect("entries").is_empty(), "{:?}", trail.body);
-    assert_conforms("AuditTrailEntry", trail.body["data"].as_array().expect("entries"));
+    let entries = trail.body["data"].as_array().expect("entries");
+    assert_conforms("AuditTrailEntry", entries);
+    // Each of the run's changes, newest first, though a transition is one log event.
+    let shown: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|entry| (entry["type"].as_str().unwrap_or_default(), entry["stepId"].as_str().unwrap_or_default()))
+        .collect();
+    let mut wanted = vec![("workflow_run_finished", "")];
+    wanted.extend(expected.iter().rev().map(|(step, _)| ("workflow_step_finished", *step)));
+    wanted.push(("workflow_run_requested", ""));
+    assert_eq!(shown, wanted, "{:?}", trail.body);
+    let ids: std::collections::BTreeSet<&str> = entries.iter().filter_map(|entry| entry["id"].as_str()).collect();
+    assert_eq!(ids.len(), entries.len(), "every entry has an id of its own: {:?}", trail.body);
+    // The run's log: one event per transition, not one per change (23 changes here).
+    let stream = format!("workflow-run-{run_id}");
+    let events = client
+        .query("SELECT event_type FROM events WHERE stream_id = $1 ORDER BY stream_version", &[&stream])
+        .await
+        .expect("the run's events");
+    let types: Vec<String> = events.iter().map(|row| row.get(0)).collect();
+    assert!(types.len() <= 10, "a transition is one event: {types:?}");
+    assert!(types.iter().any(|kind| kind == "WorkflowRunAdvanced.v1"), "{types:?}");
     let runs = app.get(&format!("/workflows/{workflow}/runs?status=completed"), MAIL_KEY).await;
     assert_eq!(runs.body["pagination"]["totalCount"], 1, "{:?}", runs.body);
 }

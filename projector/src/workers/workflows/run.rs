@@ -393,7 +393,9 @@ async fn send(inner: &Inner, call: &Call) -> CallOutcome {
 /// Appends the transition with the row's update under the run's lease.
 async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), AppendError> {
     let row = &tick.row;
-    let count = i64::try_from(tick.events.len()).unwrap_or(0);
+    // One log event per transition, however many changes it made.
+    let events = domain::workflows::transition(&row.run_id, &row.space_id, std::mem::take(&mut tick.events));
+    let count = i64::try_from(events.len()).unwrap_or(0);
     let outputs = if tick.outputs_changed {
         let Some(key) = row.keys.get(&subject(row)) else {
             return Err(AppendError::Failed(format!("run {} has no data key", row.run_id)));
@@ -486,18 +488,14 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
     );
     guards.extend(std::mem::take(&mut tick.guards));
     let mut streams = std::mem::take(&mut tick.streams);
-    if !tick.events.is_empty() {
+    if !events.is_empty() {
+        let occurred_at = platform::time::from_millis(platform::time::now_millis());
         streams.push(StreamAppend {
             stream_id: run_stream_id(&row.run_id),
             expected: ExpectedVersion::Exactly(tick.base_version),
-            events: tick
-                .events
-                .iter()
-                .map(|event| NewEvent {
-                    event: event.clone(),
-                    subject_id: row.contact_id.clone(),
-                    occurred_at: platform::time::from_millis(platform::time::now_millis()),
-                })
+            events: events
+                .into_iter()
+                .map(|event| NewEvent { event, subject_id: row.contact_id.clone(), occurred_at })
                 .collect(),
         });
     }
