@@ -51,15 +51,19 @@ async fn both_services_report_live_ready_and_metrics_outside_v1() {
     }
 }
 
+/// A new empty database beside the app's, named from `prefix`: its URL.
+async fn empty_database(app: &TestApp, prefix: &str) -> String {
+    let name = format!("{prefix}_{}", uuid::Uuid::now_v7().simple());
+    app.pool.get().await.expect("client").batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create");
+    let at = app.database_url.rfind("dbname=").expect("dbname");
+    format!("{}dbname={name}", &app.database_url[..at])
+}
+
 #[tokio::test]
 async fn readiness_fails_while_the_database_is_not_migrated() {
     let app = TestApp::spawn_with(Options::without_projector()).await;
     // A database nobody migrated.
-    let name = format!("bare_{}", uuid::Uuid::now_v7().simple());
-    app.pool.get().await.expect("client").batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create");
-    let bare = app
-        .database_url
-        .replace(&app.database_url[app.database_url.rfind("dbname=").expect("dbname")..], &format!("dbname={name}"));
+    let bare = empty_database(&app, "bare").await;
     let query =
         query_service::Application::build(platform::settings::Settings::for_database(&bare)).await.expect("builds");
     let origin = format!("http://127.0.0.1:{}", query.port());
@@ -265,11 +269,7 @@ async fn an_upgrade_orders_the_marketing_sends_an_earlier_release_recorded() {
     // A database as the release before the caps' guard left it, with sends recorded; the
     // upgrade gives each contact's sends their order by time, and the guard holds at once.
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    let name = format!("earlier_{}", uuid::Uuid::now_v7().simple());
-    app.pool.get().await.expect("client").batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create");
-    let url = app
-        .database_url
-        .replace(&app.database_url[app.database_url.rfind("dbname=").expect("dbname")..], &format!("dbname={name}"));
+    let url = empty_database(&app, "earlier").await;
     let pool = platform::db::pool(&url, 2).expect("a pool");
     platform::db::migrate_until(&pool, Some(31)).await.expect("the earlier release's migrations");
     let client = pool.get().await.expect("client");
