@@ -8,7 +8,7 @@ use serde_json::{Map, Number, Value};
 
 use domain::attributes::attribute_type;
 use domain::catalog::AttributeEntry;
-use domain::imports::{Encoding, Format, MAX_PART_ROWS, Settings, TOPICS, column_key};
+use domain::imports::{Encoding, Format, MAX_PART_ROWS, MAX_ROW_BYTES, Settings, TOPICS, column_key};
 
 /// One row of a part: its number as a spreadsheet shows it (a CSV part's header is row 1, its
 /// first data row 2; an NDJSON part's lines from 1) and its input, or the error that makes it
@@ -27,11 +27,22 @@ pub struct RowError {
 
 /// Checks a part's text as a whole without holding its rows: a CSV part has its header (after
 /// a `sep=` line, if any, that agrees with the delimiter given) and leaves no quoted cell open
-/// (which would take every line after it), and the part holds at most [`MAX_PART_ROWS`] rows.
-/// Answers how many it holds.
+/// (which would take every line after it), the part holds at most [`MAX_PART_ROWS`] rows, and
+/// no row takes more than [`MAX_ROW_BYTES`]. Answers how many it holds.
 pub fn count_rows(settings: &Settings, text: &str) -> Result<usize, String> {
     let rows = match settings.format {
-        Format::Ndjson => text.lines().filter(|line| !line.trim().is_empty()).count(),
+        Format::Ndjson => {
+            let mut rows = 0;
+            for (index, line) in text.lines().enumerate() {
+                if line.len() > MAX_ROW_BYTES {
+                    return Err(row_too_long(index + 1, line.len()));
+                }
+                if !line.trim().is_empty() {
+                    rows += 1;
+                }
+            }
+            rows
+        }
         Format::Csv => {
             let (body, layout) = csv_body(text, settings.delimiter)?;
             let mut reader = csv_reader(body, layout.delimiter);
@@ -44,6 +55,10 @@ pub fn count_rows(settings: &Settings, text: &str) -> Result<usize, String> {
             while !matches!(reader.read_byte_record(&mut record), Ok(false)) {
                 rows += 1;
                 (last_start, last_row, next_start) = (next_start, rows + 1, reader.position().byte());
+                let bytes = usize::try_from(next_start.saturating_sub(last_start)).unwrap_or(usize::MAX);
+                if bytes > MAX_ROW_BYTES {
+                    return Err(row_too_long(last_row, bytes));
+                }
                 if rows > MAX_PART_ROWS {
                     break;
                 }
@@ -67,6 +82,16 @@ pub fn count_rows(settings: &Settings, text: &str) -> Result<usize, String> {
         return Err(too_many_rows());
     }
     Ok(rows)
+}
+
+/// Row `row` (a line of an NDJSON part, a row of a CSV part as a spreadsheet numbers it)
+/// takes `bytes`, over [`MAX_ROW_BYTES`].
+fn row_too_long(row: usize, bytes: usize) -> String {
+    format!(
+        "row {row} of the part takes {} bytes; a row is at most {MAX_ROW_BYTES} bytes (1 MB), and nothing of the part \
+         was stored",
+        bytes
+    )
 }
 
 fn too_many_rows() -> String {
@@ -499,6 +524,26 @@ mod tests {
         let rows =
             read_part(&settings(Format::Csv, columns.clone()), body.as_bytes(), &attributes()).expect("the part reads");
         assert_eq!(inputs(&rows), [Ok(json!({"email": "a@example.com"}))]);
+    }
+
+    #[test]
+    fn a_row_over_one_megabyte_refuses_the_part_naming_the_row() {
+        let long = "x".repeat(MAX_ROW_BYTES);
+        // An NDJSON line just at the limit is read; one byte more refuses the part.
+        let at_limit = format!("{{\"email\": \"a@example.com\"}}\n{}", &long[..MAX_ROW_BYTES]);
+        let ndjson = settings(Format::Ndjson, BTreeMap::new());
+        assert_eq!(count_rows(&ndjson, &at_limit), Ok(2));
+        let over = format!("{{\"email\": \"a@example.com\"}}\n\n{{\"firstName\": \"{long}\"}}\n");
+        let refused = count_rows(&ndjson, &over).expect_err("a line over 1 MB");
+        assert!(refused.starts_with("row 3 of the part takes 1048593 bytes"), "{refused}");
+        // A CSV row as a spreadsheet numbers it (the header is row 1).
+        let csv = settings(Format::Csv, BTreeMap::new());
+        let body = format!("email,firstName\na@example.com,Ada\nb@example.com,\"{long}\"\nc@example.com,Cy\n");
+        let refused = count_rows(&csv, &body).expect_err("a row over 1 MB");
+        assert!(refused.starts_with("row 3 of the part takes"), "{refused}");
+        assert!(refused.contains("at most 1048576 bytes (1 MB)"), "{refused}");
+        let fine = format!("email,firstName\na@example.com,\"{}\"\n", &long[..MAX_ROW_BYTES - 100]);
+        assert_eq!(count_rows(&csv, &fine), Ok(1));
     }
 
     #[test]

@@ -278,6 +278,26 @@ async fn an_import_without_a_consent_source_grants_no_consent_and_an_unknown_imp
     assert_eq!(app.get("/imports/nd-1", MULTI_BETA).await.status, 404);
 }
 
+#[tokio::test]
+async fn an_ndjson_line_over_one_megabyte_refuses_its_part_before_anything_is_stored() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    let created = create_import(&app, "long-1", &json!({"schema": "members", "format": "ndjson"})).await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let long = json!({"email": "long@example.com", "plan": "basic", "firstName": "x".repeat(1024 * 1024)});
+    let body = format!("{}\n{long}\n", json!({"email": "short@example.com", "plan": "basic"}));
+    let refused = put(&app, "/imports/long-1/parts/1", "application/x-ndjson", body).await;
+    assert_eq!(refused.status, 400, "{:?}", refused.body);
+    let message = refused.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("row 2 of the part") && message.contains("1 MB"), "{message}");
+    // Nothing of the part was stored: the import has no part, and the same part number takes
+    // a corrected body.
+    let stored = app.query_i64("SELECT count(*) FROM import_parts").await;
+    assert_eq!(stored, 0);
+    let fixed = format!("{}\n", json!({"email": "short@example.com", "plan": "basic"}));
+    assert_eq!(put(&app, "/imports/long-1/parts/1", "application/x-ndjson", fixed).await.status, 202);
+}
+
 /// The members workspace as a file, for the `apply` of a process-level test.
 fn members_workspace_file() -> std::path::PathBuf {
     let path = scratch_dir("imports-workspace").join("workspace.json");

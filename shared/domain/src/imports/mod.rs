@@ -109,6 +109,9 @@ pub const WORKER_LOCK: i64 = 0x696d_706f_7274; // "import"
 
 /// Rows a part may hold.
 pub const MAX_PART_ROWS: usize = 100_000;
+/// The bytes one row may take (an NDJSON line, a CSV record): a row of megabytes is a mistake,
+/// and would sit in memory on every side.
+pub const MAX_ROW_BYTES: usize = 1024 * 1024;
 /// Parts an import may have.
 pub const MAX_PARTS: i32 = 100_000;
 const MAX_LABEL: usize = 200;
