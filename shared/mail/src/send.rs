@@ -574,7 +574,7 @@ fn marketing_send_guard(
 
 /// The conflict of a marketing send whose place in the contact's sends another send took
 /// since the decision read them: decide again.
-pub fn sends_moved(contact_id: &str) -> AppendError {
+fn sends_moved(contact_id: &str) -> AppendError {
     AppendError::Conflict {
         code: Code::StreamMoved,
         message: format!("contact {contact_id} was sent marketing email while this send was decided; decide again"),

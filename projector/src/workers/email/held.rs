@@ -83,7 +83,7 @@ struct Due {
 const DECIDE_ATTEMPTS: usize = 3;
 
 /// Whether `error` is an append refused because a contact's marketing sends moved.
-fn sends_moved(error: &anyhow::Error) -> bool {
+fn is_sends_moved(error: &anyhow::Error) -> bool {
     matches!(error.downcast_ref::<AppendError>(), Some(AppendError::Conflict { code: Code::StreamMoved, .. }))
 }
 
@@ -212,7 +212,7 @@ impl Held {
     async fn decide_space(&self, space_id: &str, emails: &[Due], token: Uuid) -> anyhow::Result<()> {
         for _ in 1..DECIDE_ATTEMPTS {
             match self.decide_space_once(space_id, emails, token).await {
-                Err(error) if sends_moved(&error) => {
+                Err(error) if is_sends_moved(&error) => {
                     tracing::debug!(space = %space_id, error = %format!("{error:#}"), "held sends decided again");
                 }
                 other => return other,
