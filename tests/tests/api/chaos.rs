@@ -394,6 +394,7 @@ impl Prober {
                     subject: identifier,
                     attempts,
                     history,
+                    began,
                     took: began.elapsed(),
                     outcome,
                 });
@@ -460,6 +461,8 @@ struct Operation {
     attempts: u32,
     /// What each attempt got.
     history: Vec<String>,
+    /// When the first attempt was sent.
+    began: Instant,
     /// From the first attempt to the final answer.
     took: Duration,
     outcome: Outcome,
@@ -539,7 +542,7 @@ where
             let started = Instant::now();
             let (history, outcome) = call(&http, method, &url, auth, &key, &body).await;
             let attempts = u32::try_from(history.len()).unwrap_or(u32::MAX);
-            done.push(Operation { kind, subject, attempts, history, took: started.elapsed(), outcome });
+            done.push(Operation { kind, subject, attempts, history, began: started, took: started.elapsed(), outcome });
         }
         done
     })
@@ -1503,8 +1506,15 @@ async fn harness(ha: bool) {
             .iter()
             .map(|(answer, count)| if *count == 1 { (*answer).to_owned() } else { format!("{answer} ×{count}") })
             .collect();
+        // When it began, on the clock of the faults' list (negative: before the first fault's
+        // window opened), so the fault it met can be read off.
+        let began = if op.began >= started {
+            op.began.duration_since(started).as_secs_f64()
+        } else {
+            -started.duration_since(op.began).as_secs_f64()
+        };
         format!(
-            "{} {} took {:.1} s over {} attempts ({outcome}): {}",
+            "{} {} began at {began:.1} s, took {:.1} s over {} attempts ({outcome}): {}",
             op.kind,
             op.subject,
             op.took.as_secs_f64(),

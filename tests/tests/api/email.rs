@@ -678,6 +678,136 @@ async fn a_send_claim_dies_with_its_holder_and_a_retry_gets_its_answer_within_se
     assert!(copies <= 1, "never handed off again: {copies} copies");
 }
 
+/// A command service of its own process relaying to `sink`, whose database sits behind a
+/// fault proxy, pausing `handoff_delay_ms` before each hand-off: the process, its base URL
+/// and the proxy.
+async fn proxied_sender(
+    app: &TestApp,
+    sink: &SmtpSink,
+    handoff_delay_ms: u64,
+) -> (ChildGuard, String, crate::fault_proxy::FaultProxy) {
+    let cluster_port: u16 = app
+        .database_url
+        .split_whitespace()
+        .find_map(|part| part.strip_prefix("port="))
+        .and_then(|port| port.parse().ok())
+        .expect("the cluster's port");
+    let proxy = crate::fault_proxy::FaultProxy::start(cluster_port).await;
+    let proxied = app.database_url.replace(&format!("port={cluster_port}"), &format!("port={}", proxy.port()));
+    let port = free_port();
+    let env = [
+        ("APP__HTTP__PORT", port.to_string()),
+        ("APP__EMAIL__RELAY_URL", sink.relay_url()),
+        ("APP__EMAIL__HANDOFF_DELAY_MS", handoff_delay_ms.to_string()),
+    ];
+    let sender = spawn_binary("command-service", &["serve"], &proxied, &env);
+    let url = format!("http://127.0.0.1:{port}/v1");
+    crate::log::wait_until_listening(&app.http, &url).await;
+    (sender, url, proxy)
+}
+
+#[tokio::test]
+async fn a_live_sender_that_lost_its_database_after_the_relay_took_the_message_records_it_sent() {
+    use crate::fault_proxy::Fault;
+    let sink = SmtpSink::start().await;
+    // A grace far longer than the test: the outbox worker leaves the sender's email alone.
+    let email = platform::settings::EmailSettings { handoff_grace_ms: 120_000, ..test_email(&sink) };
+    let app = mail_app_with(&sink, 100, email).await;
+    let receipt = template_id(&app, "receipt").await;
+    // The relay holds DATA 1 s, so the exchange is under way when the database goes. (The cut
+    // stays shorter than `DEAD_AFTER`: the sender must not be presumed dead, which is
+    // another test's case.)
+    let (_sender, url, proxy) = proxied_sender(&app, &sink, 0).await;
+    sink.set_mode(json!({"mode": "delayData", "seconds": 1})).await;
+    let request = app
+        .http
+        .post(format!("{url}/templates/{receipt}/send"))
+        .bearer_auth(MAIL_KEY)
+        .header("Idempotency-Key", "cut-after-relay")
+        .json(&receipt_body("cut@example.com", "Cut"));
+    let in_flight = tokio::spawn(async move {
+        let response = request.send().await.expect("an answer");
+        (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null))
+    });
+    wait_for_outbox_row(&app, "cut-after-relay", "attempting").await;
+    // The database goes away mid-exchange and stays away after the relay accepted.
+    proxy.set(Fault::Cut);
+    assert_eq!(sink.wait_for(1, WAIT).await.len(), 1, "the relay took the message");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let attempting = app.query_i64("SELECT count(*) FROM email_outbox WHERE state = 'attempting'").await;
+    assert_eq!(attempting, 1, "nothing can be recorded while the database is away");
+    proxy.set(Fault::Pass);
+    // The sender, alive all along, records what it knows once the database is back: the
+    // caller gets "sent", not an unknown outcome, and the email is not left to its lease.
+    let (status, body) = in_flight.await.expect("joins");
+    assert_eq!((status, &body["data"]["status"]), (200, &json!("sent")), "{body}");
+    let sent = app.query_i64("SELECT count(*) FROM email_outbox WHERE state = 'sent'").await;
+    assert_eq!(sent, 1, "recorded sent");
+    let replayed = send(&app, &receipt, &receipt_body("cut@example.com", "Cut"), Some("cut-after-relay")).await;
+    assert_eq!((replayed.status, replayed.header("idempotent-replay")), (200, Some("true")), "{:?}", replayed.body);
+    assert_eq!(replayed.body["data"]["status"], "sent");
+    sink.set_mode(json!({"mode": "accept"})).await;
+    assert_eq!(sink.messages().await.len(), 1, "sent once");
+}
+
+#[tokio::test]
+async fn a_hand_off_claim_whose_answer_was_lost_is_given_back_and_the_send_goes_out() {
+    use crate::fault_proxy::Fault;
+    let sink = SmtpSink::start().await;
+    // A grace far longer than the test: only the sender giving its claim back lets the
+    // outbox worker hand the email off within it.
+    let email = platform::settings::EmailSettings { handoff_grace_ms: 120_000, ..test_email(&sink) };
+    let app = mail_app_with(&sink, 100, email).await;
+    let receipt = template_id(&app, "receipt").await;
+    let (_sender, url, proxy) = proxied_sender(&app, &sink, 1_000).await;
+    let body = receipt_body("lost-claim@example.com", "Lost");
+    let request = app
+        .http
+        .post(format!("{url}/templates/{receipt}/send"))
+        .bearer_auth(MAIL_KEY)
+        .header("Idempotency-Key", "lost-claim")
+        .json(&body);
+    let in_flight = tokio::spawn(async move { request.send().await.map(|response| response.status().as_u16()) });
+    // The email is appended, pending; its row is locked so the sender's claim waits on it.
+    wait_for_outbox_row(&app, "lost-claim", "pending").await;
+    let mut holder = app.pool.get().await.expect("client");
+    let lock = holder.transaction().await.expect("begins");
+    lock.execute("SELECT 1 FROM email_outbox WHERE state = 'pending' FOR UPDATE", &[]).await.expect("locks");
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE email_outbox%attempting%'";
+    let deadline = Instant::now() + WAIT;
+    while app.query_i64(waiting).await == 0 {
+        assert!(Instant::now() < deadline, "the sender's claim waits on the row");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its connection is cut while the claim waits, so the sender never hears that it was
+    // made; then the claim goes through on the server.
+    proxy.set(Fault::Cut);
+    assert_eq!(in_flight.await.expect("joins").expect("an answer"), 503, "the sender could not tell");
+    lock.commit().await.expect("unlocks");
+    let attempting = "SELECT count(*) FROM email_outbox WHERE state = 'attempting'";
+    let deadline = Instant::now() + WAIT;
+    while app.query_i64(attempting).await == 0 {
+        assert!(Instant::now() < deadline, "the claim was made");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.set(Fault::Pass);
+    let back = Instant::now();
+    // The sender, alive, gives the claim back once its database is back; the outbox worker
+    // hands the email off; the retry gets "sent", not an unknown outcome after a lease.
+    let settled = loop {
+        let retry = send(&app, &receipt, &body, Some("lost-claim")).await;
+        if retry.code() != "idempotency_conflict" {
+            break retry;
+        }
+        assert!(back.elapsed() < Duration::from_secs(10), "settled within seconds: {:?}", retry.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!((settled.status, settled.header("idempotent-replay")), (200, Some("true")), "{:?}", settled.body);
+    assert_eq!(settled.body["data"]["status"], "sent");
+    assert_eq!(sink.wait_for(1, WAIT).await.len(), 1, "sent once");
+}
+
 /// Waits until the email sent under `key` has its outbox row in `state`.
 async fn wait_for_outbox_row(app: &TestApp, key: &str, state: &str) {
     let sql = format!(

@@ -30,7 +30,7 @@ use crate::runtime::{Outcome, Worker};
 const BATCH: i64 = 16;
 
 /// Attempting emails whose lease ran out or whose holder is dead ($4: `DEAD_AFTER`), leased
-/// to this process ($1 token, $2 lease seconds, $5 owner), at most $3.
+/// to this process for their settling ($1 token, $2 lease seconds, $5 owner), at most $3.
 static SETTLE_ABANDONED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "UPDATE email_outbox o SET lease_token = $1, leased_until = now() + make_interval(secs => $2), owner = $5
@@ -90,7 +90,11 @@ impl Outbox {
         let statement = client.prepare_cached(&SETTLE_ABANDONED).await?;
         let dead_after = platform::liveness::DEAD_AFTER.as_secs_f64();
         let owner = platform::liveness::process_id();
-        let rows = client.query(&statement, &[&token, &self.lease.as_secs_f64(), &BATCH, &dead_after, &owner]).await?;
+        // Settling is one append, so its lease is short: if this process loses the answer
+        // of this statement, or its append stalls, another takes the email over within
+        // seconds instead of after a hand-off's whole lease.
+        let settle_lease = platform::liveness::DEAD_AFTER.as_secs_f64();
+        let rows = client.query(&statement, &[&token, &settle_lease, &BATCH, &dead_after, &owner]).await?;
         drop(client);
         for row in &rows {
             let lease = Lease {
@@ -137,9 +141,20 @@ impl Outbox {
     }
 
     async fn hand_off(&self, lease: &Lease) -> anyhow::Result<()> {
-        let client = self.pool.get().await?;
-        let prepared = outbox::prepare_from_log(&client, &lease.email_id, &self.settings.public_base_url, None).await?;
-        drop(client);
+        let prepared = async {
+            let client = self.pool.get().await?;
+            outbox::prepare_from_log(&client, &lease.email_id, &self.settings.public_base_url, None).await
+        }
+        .await;
+        let prepared = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                // Nothing was handed over: give the email back rather than hold it to the
+                // lease's end (a retry of its send would wait that long).
+                outbox::release(&self.pool, lease).await;
+                return Err(error);
+            }
+        };
         match prepared {
             Ok(prepared) => {
                 let schedule = Some(self.settings.retry_schedule_ms.as_slice());

@@ -94,8 +94,21 @@ pub struct Lease {
 }
 
 /// Claims a `pending` email for `lease`; `None` when another hand-off has it or it is done.
+/// When the claim's answer is lost (the database went away), the claim may have been made
+/// all the same: it is withdrawn in the background ([`unclaim`]), so the email is not left
+/// `attempting` under a live process that is not handing it off.
 pub async fn claim(pool: &Pool, email_id: &str, lease: Duration) -> anyhow::Result<Option<Lease>> {
     let started = std::time::Instant::now();
+    let token = Uuid::now_v7();
+    let claimed = claim_one(pool, email_id, lease, token).await;
+    if claimed.is_err() {
+        tokio::spawn(unclaim(pool.clone(), email_id.to_owned(), token));
+    }
+    metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
+    claimed
+}
+
+async fn claim_one(pool: &Pool, email_id: &str, lease: Duration, token: Uuid) -> anyhow::Result<Option<Lease>> {
     let client = pool.get().await?;
     let statement = client
         .prepare_cached(
@@ -105,10 +118,8 @@ pub async fn claim(pool: &Pool, email_id: &str, lease: Duration) -> anyhow::Resu
              RETURNING claim_scope_key, claim_token, attempts - 1",
         )
         .await?;
-    let token = Uuid::now_v7();
     let owner = platform::liveness::process_id();
     let row = client.query_opt(&statement, &[&email_id, &token, &lease.as_secs_f64(), &owner]).await?;
-    metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
     Ok(row.map(|row| Lease {
         email_id: email_id.to_owned(),
         token,
@@ -117,13 +128,81 @@ pub async fn claim(pool: &Pool, email_id: &str, lease: Duration) -> anyhow::Resu
     }))
 }
 
+/// How long a live process keeps trying to settle a hand-off it holds while the database is
+/// away (record its outcome, queue it again, or withdraw a claim whose answer was lost),
+/// before it leaves the row to its lease's end. Shorter than any lease
+/// (`Settings::email_lease` is at least 30 s), so a settling that gives up is still settled
+/// by the outbox worker.
+const SETTLE_PERSISTENCE: Duration = Duration::from_secs(25);
+
+/// Retries `attempt` while it fails for a reason that may pass (`transient`), for
+/// [`SETTLE_PERSISTENCE`] at most: 100 ms after the first failure, doubling to 2 s.
+async fn persist<T, E, Fut>(
+    what: &str,
+    email_id: &str,
+    transient: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = std::time::Instant::now() + SETTLE_PERSISTENCE;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match attempt().await {
+            Err(error) if transient(&error) && std::time::Instant::now() + pause < deadline => {
+                tracing::warn!(error = %error, email = %email_id, "could not {what}; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Withdraws a claim of `email_id` under `token` whose answer was lost, if it was made: the
+/// email goes back to `pending`, due at once (nothing was handed over under it). Tries every
+/// second for [`SETTLE_PERSISTENCE`]: the claim may commit after its answer was lost, and the
+/// database may be away when the withdrawal is due.
+async fn unclaim(pool: Pool, email_id: String, token: Uuid) {
+    let deadline = std::time::Instant::now() + SETTLE_PERSISTENCE;
+    loop {
+        if let Ok(client) = pool.get().await {
+            let withdrawn = client
+                .execute(
+                    "UPDATE email_outbox SET state = 'pending', lease_token = NULL, leased_until = NULL,
+                         next_attempt_at = now()
+                     WHERE email_id = $1 AND lease_token = $2 AND state = 'attempting'",
+                    &[&email_id, &token],
+                )
+                .await;
+            if withdrawn.is_ok_and(|rows| rows == 1) {
+                tracing::info!(email = %email_id, "withdrew a hand-off's claim whose answer was lost");
+                return;
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Gives back a claimed hand-off that did not start (its message could not be prepared):
+/// `pending` again, due at once, so no live process holds an email it is not handing off.
+pub async fn release(pool: &Pool, lease: &Lease) {
+    unclaim(pool.clone(), lease.email_id.clone(), lease.token).await;
+}
+
 /// Hand-off claims made together (`platform::batch`): the claims that concurrent hand-offs of a
 /// process ask for while one statement runs are made by the next, in one transaction. Each
 /// email is still claimed only when its own hand-off is about to start, so what a claim means
 /// does not change ([`claim`]); only the commits are shared.
 #[derive(Clone)]
 pub struct Claims {
-    batcher: platform::batch::Batcher<(String, Duration), Option<Lease>>,
+    batcher: platform::batch::Batcher<(String, Duration, Uuid), Option<Lease>>,
+    pool: Pool,
 }
 
 /// Claims made in one statement at most.
@@ -131,25 +210,31 @@ const CLAIMS_PER_STATEMENT: usize = 256;
 
 impl Claims {
     pub fn start(pool: Pool) -> Self {
+        let batch_pool = pool.clone();
         let batcher = platform::batch::Batcher::start(CLAIMS_PER_STATEMENT, move |jobs| {
-            let pool = pool.clone();
+            let pool = batch_pool.clone();
             async move { claim_set(&pool, &jobs).await }
         });
-        Self { batcher }
+        Self { batcher, pool }
     }
 
-    /// [`claim`], made with the claims other hand-offs ask for meanwhile.
+    /// [`claim`], made with the claims other hand-offs ask for meanwhile (and, like it,
+    /// withdrawn when its answer is lost).
     pub async fn claim(&self, email_id: &str, lease: Duration) -> anyhow::Result<Option<Lease>> {
         let started = std::time::Instant::now();
-        let claimed = self.batcher.call((email_id.to_owned(), lease)).await;
+        let token = Uuid::now_v7();
+        let claimed = self.batcher.call((email_id.to_owned(), lease, token)).await;
+        if claimed.is_err() {
+            tokio::spawn(unclaim(self.pool.clone(), email_id.to_owned(), token));
+        }
         metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
         Ok(claimed?)
     }
 }
 
-/// Claims every job's email that is `pending`, each with a token of its own; each job's lease,
+/// Claims every job's email that is `pending`, each with the job's token; each job's lease,
 /// in the jobs' order (`None`: not pending, or another job of the statement claimed it).
-async fn claim_set(pool: &Pool, jobs: &[(String, Duration)]) -> anyhow::Result<Vec<Option<Lease>>> {
+async fn claim_set(pool: &Pool, jobs: &[(String, Duration, Uuid)]) -> anyhow::Result<Vec<Option<Lease>>> {
     let client = pool.get().await?;
     let statement = client
         .prepare_cached(
@@ -160,9 +245,9 @@ async fn claim_set(pool: &Pool, jobs: &[(String, Duration)]) -> anyhow::Result<V
              RETURNING o.email_id, o.lease_token, o.claim_scope_key, o.claim_token, o.attempts - 1",
         )
         .await?;
-    let tokens: Vec<Uuid> = jobs.iter().map(|_| Uuid::now_v7()).collect();
-    let ids: Vec<&str> = jobs.iter().map(|(email_id, _)| email_id.as_str()).collect();
-    let seconds: Vec<f64> = jobs.iter().map(|(_, lease)| lease.as_secs_f64()).collect();
+    let tokens: Vec<Uuid> = jobs.iter().map(|(_, _, token)| *token).collect();
+    let ids: Vec<&str> = jobs.iter().map(|(email_id, _, _)| email_id.as_str()).collect();
+    let seconds: Vec<f64> = jobs.iter().map(|(_, lease, _)| lease.as_secs_f64()).collect();
     let owner = platform::liveness::process_id();
     let rows = client.query(&statement, &[&ids, &tokens, &seconds, &owner]).await?;
     let mut leases: Vec<Option<Lease>> = jobs.iter().map(|_| None).collect();
@@ -204,6 +289,23 @@ pub async fn record(
 /// suppression of the address in the email's space (not removable through the API), unless
 /// the address has one already.
 async fn record_with(
+    event_log: &EventLog,
+    parties: &Parties,
+    lease: &Lease,
+    event: LogEvent,
+    bounce: Option<&Bounce>,
+) -> Result<Appended, AppendError> {
+    // The outcome is known: while the database is away, keep trying to record it rather than
+    // leave the email `attempting` under this live process until its lease ends (an append
+    // that did commit makes the next one fail: the lease's row is no longer `attempting`).
+    let transient = |error: &AppendError| matches!(error, AppendError::Unavailable(_) | AppendError::OutcomeUnknown(_));
+    persist("record a hand-off's outcome", &lease.email_id, transient, || {
+        record_once(event_log, parties, lease, event.clone(), bounce)
+    })
+    .await
+}
+
+async fn record_once(
     event_log: &EventLog,
     parties: &Parties,
     lease: &Lease,
@@ -256,8 +358,12 @@ fn drawn_suppression(address: &str) -> Result<decide::NewSuppression, AppendErro
 }
 
 /// Puts a hand-off the relay refused for now (or could not be reached for) back in the queue
-/// after `delay`, under its lease.
+/// after `delay`, under its lease (tried again while the database is away).
 pub(crate) async fn retry_later(pool: &Pool, lease: &Lease, delay: Duration, error: &str) -> anyhow::Result<()> {
+    persist("queue a hand-off again", &lease.email_id, |_| true, || retry_later_once(pool, lease, delay, error)).await
+}
+
+async fn retry_later_once(pool: &Pool, lease: &Lease, delay: Duration, error: &str) -> anyhow::Result<()> {
     let client = pool.get().await?;
     client
         .execute(
