@@ -107,6 +107,9 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
         )
         .with_header("Retry-After", "1".to_owned())
     };
+    // Set while the claim's statement is out and its answer not in: if the connection fails
+    // meanwhile, the claim may have been made all the same.
+    let unconfirmed = std::sync::atomic::AtomicBool::new(false);
     let attempt = async {
         let client = state.pool.get().await?;
         let insert = client
@@ -116,6 +119,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processing', $9) ON CONFLICT (scope_key) DO NOTHING",
             )
             .await?;
+        unconfirmed.store(true, std::sync::atomic::Ordering::Relaxed);
         let inserted = client
             .execute(
                 &insert,
@@ -132,6 +136,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
                 ],
             )
             .await?;
+        unconfirmed.store(false, std::sync::atomic::Ordering::Relaxed);
         if inserted == 1 {
             return Ok(Admission::Claimed(claim.clone()));
         }
@@ -179,7 +184,14 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
     };
     match tokio::time::timeout(ADMISSION_WAIT, attempt).await {
         Ok(Ok(admission)) => Ok(admission),
-        Ok(Err(error)) if error.status() == StatusCode::SERVICE_UNAVAILABLE => Err(busy()),
+        Ok(Err(error)) if error.status() == StatusCode::SERVICE_UNAVAILABLE => {
+            // The connection failed; if it did while the claim statement was out, the claim
+            // may have been made (its answer lost): withdraw it as below.
+            if unconfirmed.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::spawn(withdraw(state.pool.clone(), claim));
+            }
+            Err(busy())
+        }
         Ok(Err(error)) => Err(error),
         Err(_) => {
             // The claim statement may still complete in the database after we gave up on it;
@@ -191,7 +203,8 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
     }
 }
 
-/// Withdraws the claim of an admission that gave up waiting for it: every second until its
+/// Withdraws the claim of an admission that gave up waiting for it, or whose connection failed
+/// while its claim statement was out: every second until its
 /// row is found and deleted, or [`CLAIM_TIMEOUT`] passes. One attempt is not enough: the
 /// claim statement may land after a first delete found nothing (it waited behind another
 /// transaction's claim of the key), and the database may be away when the delete is due;

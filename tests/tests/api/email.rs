@@ -774,7 +774,8 @@ async fn a_hand_off_claim_whose_answer_was_lost_is_given_back_and_the_send_goes_
     let lock = holder.transaction().await.expect("begins");
     lock.execute("SELECT 1 FROM email_outbox WHERE state = 'pending' FOR UPDATE", &[]).await.expect("locks");
     let waiting = "SELECT count(*) FROM pg_stat_activity
-                   WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE email_outbox%attempting%'";
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'
+                     AND query LIKE 'UPDATE email_outbox%attempting%'";
     let deadline = Instant::now() + WAIT;
     while app.query_i64(waiting).await == 0 {
         assert!(Instant::now() < deadline, "the sender's claim waits on the row");

@@ -423,6 +423,86 @@ async fn a_claim_the_database_could_not_settle_is_settled_when_it_comes_back() {
 }
 
 #[tokio::test]
+async fn a_claim_made_after_its_connection_failed_is_withdrawn_and_the_retry_executes() {
+    use crate::fault_proxy::{Fault, FaultProxy};
+    let app = TestApp::spawn().await;
+    let cluster_port: u16 = app
+        .database_url
+        .split_whitespace()
+        .find_map(|part| part.strip_prefix("port="))
+        .and_then(|port| port.parse().ok())
+        .expect("the cluster's port");
+    let proxy = FaultProxy::start(cluster_port).await;
+    let proxied = app.database_url.replace(&format!("port={cluster_port}"), &format!("port={}", proxy.port()));
+    let port = free_port();
+    let _instance = spawn_binary("command-service", &["serve"], &proxied, &[("APP__HTTP__PORT", port.to_string())]);
+    let url = format!("http://127.0.0.1:{port}/v1");
+    wait_until_listening(&app.http, &url).await;
+    // An uncommitted claim of the same key (its scope as admission computes it, from a probe's
+    // row) makes the instance's claim statement wait in the database, past its parsing.
+    assert_eq!(app.create_with_key("probe", &json!({"email": "probe@example.com"})).await.status, 201);
+    let mut holder = app.pool.get().await.expect("client");
+    let probe = holder
+        .query_one("SELECT key_id, method, path FROM idempotency_records WHERE idempotency_key = 'probe'", &[])
+        .await
+        .expect("the probe's claim");
+    let (key_id, method, path): (String, String, String) = (probe.get(0), probe.get(1), probe.get(2));
+    let scope = platform::ids::sha256_hex(&format!("{key_id}\u{1f}{method}\u{1f}{path}\u{1f}key-l"));
+    let hold = holder.transaction().await.expect("begins");
+    hold.execute(
+        "INSERT INTO idempotency_records (scope_key, key_id, method, path, idempotency_key, body_hash, operation_id,
+             claim_token, state)
+         SELECT $1, key_id, method, path, 'key-l', body_hash, 'op_blocker', gen_random_uuid(), 'processing'
+         FROM idempotency_records WHERE idempotency_key = 'probe'",
+        &[&scope],
+    )
+    .await
+    .expect("blocks");
+    let body = json!({"email": "lost-claim@example.com"});
+    let request = app
+        .http
+        .post(format!("{url}/schemas/contacts/records"))
+        .bearer_auth(ALPHA_ADMIN)
+        .header("Idempotency-Key", "key-l")
+        .json(&body);
+    let in_flight = tokio::spawn(async move { request.send().await.map(|response| response.status().as_u16()) });
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'
+                     AND query LIKE 'INSERT INTO idempotency_records%'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.query_i64(waiting).await == 0 {
+        assert!(Instant::now() < deadline, "the claim waits on the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its connection is cut while the statement waits (the instance never hears of the
+    // claim), then the statement goes through on the server: a claim held by a live instance
+    // that is not running its operation.
+    proxy.set(Fault::Cut);
+    assert_eq!(in_flight.await.expect("joins").expect("an answer"), 429, "admission could not tell");
+    hold.rollback().await.expect("unlocks");
+    let claimed = "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'key-l' AND state = 'processing'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.query_i64(claimed).await == 0 {
+        assert!(Instant::now() < deadline, "the claim was made");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.set(Fault::Pass);
+    let back = Instant::now();
+    // The instance withdraws it once its database is back: the retry executes within
+    // seconds, not after the claim timeout of a minute.
+    let settled = loop {
+        let retry = app.create_with_key("key-l", &body).await;
+        if retry.code() != "idempotency_conflict" {
+            break retry;
+        }
+        assert!(back.elapsed() < Duration::from_secs(10), "withdrawn within seconds: {:?}", retry.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(settled.status, 201, "the key executed: {:?}", settled.body);
+    assert_eq!(record_count(&app).await, 2, "the probe and the retried create");
+}
+
+#[tokio::test]
 async fn patch_ignores_the_idempotency_key() {
     let app = TestApp::spawn().await;
     let record = app.create_contact(&json!({"email": "patch-idem@example.com"})).await;
