@@ -231,6 +231,23 @@ async fn stale_claims_become_unresolved_then_reconciled_and_completed_ones_expir
         .await
         .expect("reconcile");
     assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'key-n'").await, 0);
+    // Each claim is looked at on the passes of the day after its claim, not every pass for
+    // ever: one from two days ago is kept as it is (the contract keeps unresolved claims).
+    client
+        .execute(
+            "INSERT INTO idempotency_records (scope_key, key_id, method, path, idempotency_key, body_hash,
+                 operation_id, claim_token, state, claimed_at)
+             SELECT 'scope-o', key_id, method, path, 'key-o', body_hash, 'op_old', gen_random_uuid(), 'unresolved',
+                 now() - interval '2 days'
+             FROM idempotency_records WHERE idempotency_key = 'key-t'",
+            &[],
+        )
+        .await
+        .expect("an unresolved claim of two days ago that wrote nothing");
+    projector::workers::maintenance::purge_and_reconcile(&app.pool.get().await.expect("client"))
+        .await
+        .expect("reconcile");
+    assert_eq!(app.query_i64("SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'key-o'").await, 1);
     // Completed records expire after 24 hours; then the key executes again.
     let expiring = json!({"email": "expiring@example.com"});
     assert_eq!(app.create_with_key("key-e", &expiring).await.status, 201);

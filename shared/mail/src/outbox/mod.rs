@@ -136,7 +136,8 @@ async fn claim_one(pool: &Pool, email_id: &str, lease: Duration, token: Uuid) ->
 const SETTLE_PERSISTENCE: Duration = Duration::from_secs(25);
 
 /// Retries `attempt` while it fails for a reason that may pass (`transient`), for
-/// [`SETTLE_PERSISTENCE`] at most: 100 ms after the first failure, doubling to 2 s.
+/// [`SETTLE_PERSISTENCE`] at most: 100 ms after the first failure, doubling to 500 ms (a try
+/// while the database is away fails at once; the one after its return should not wait long).
 async fn persist<T, E, Fut>(
     what: &str,
     email_id: &str,
@@ -154,7 +155,7 @@ where
             Err(error) if transient(&error) && std::time::Instant::now() + pause < deadline => {
                 tracing::warn!(error = %error, email = %email_id, "could not {what}; trying again");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
+                pause = (pause * 2).min(Duration::from_millis(500));
             }
             other => return other,
         }
