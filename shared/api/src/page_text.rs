@@ -169,8 +169,13 @@ impl PageText {
         text
     }
 
-    /// "Email from S to a***@example.com." as far as either is known.
+    /// "Email from S to a***@example.com." as far as either is known. Each value is isolated
+    /// (U+2068 … U+2069, the plain-text `<bdi>`), so a name or an address in the other
+    /// direction from the sentence's keeps its own order and does not pull the words around
+    /// it: an address in an Arabic sentence, an Arabic name in an English one.
     pub fn parties(&self, sender: Option<&str>, recipient: Option<&str>) -> Option<String> {
+        let (sender, recipient) = (sender.map(isolate), recipient.map(isolate));
+        let (sender, recipient) = (sender.as_deref(), recipient.as_deref());
         match (sender, recipient) {
             (None, None) => None,
             (Some(sender), Some(recipient)) => {
@@ -185,6 +190,11 @@ impl PageText {
     pub fn topic<'a>(&self, topic: &'a TopicDef) -> (&'a str, Option<&'a str>) {
         topic.in_locale(&self.lang)
     }
+}
+
+/// `value` as a first-strong isolate: U+2068 before it, U+2069 after.
+fn isolate(value: &str) -> String {
+    format!("\u{2068}{value}\u{2069}")
 }
 
 #[cfg(test)]
@@ -276,10 +286,10 @@ mod tests {
         assert_eq!(PageText::of(&PageTextDef::default(), Some("de")).get("preferences.title"), "Email preferences");
         let filled = german.fill("preferences.leaveTopic", &[("topic", "News")]);
         assert_eq!(filled, "Unsubscribe from News");
-        assert_eq!(german.parties(Some("Acme"), None).as_deref(), Some("Email from Acme."));
+        assert_eq!(german.parties(Some("Acme"), None).as_deref(), Some("Email from \u{2068}Acme\u{2069}."));
         // Values are filled in one pass: one that holds braces stays as it is.
         let odd = german.parties(Some("{recipient}"), Some("a***@example.com"));
-        assert_eq!(odd.as_deref(), Some("Email from {recipient} to a***@example.com."));
+        assert_eq!(odd.as_deref(), Some("Email from \u{2068}{recipient}\u{2069} to \u{2068}a***@example.com\u{2069}."));
         assert_eq!(german.fill("preferences.leaveTopic", &[]), "Unsubscribe from {topic}");
     }
 }

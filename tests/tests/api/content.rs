@@ -560,7 +560,10 @@ async fn a_recipients_pages_speak_the_language_of_their_mail_with_english_for_wh
     let (german_email, german) = &pages[0];
     assert!(german.contains("<html lang=\"de\" dir=\"ltr\">"), "{german}");
     assert!(german.contains("<h1>E-Mail-Einstellungen</h1>"), "{german}");
-    assert!(german.contains("E-Mail von Équipe Exemple an d***@example.com."), "{german}");
+    assert!(
+        german.contains("E-Mail von \u{2068}Équipe Exemple\u{2069} an \u{2068}d***@example.com\u{2069}."),
+        "{german}"
+    );
     assert!(german.contains("Von Neuigkeiten abmelden</button>"), "{german}");
     assert!(german.contains("<legend>Neuigkeiten</legend>") && german.contains("Produktneuigkeiten"), "{german}");
     assert!(german.contains("Save my preferences"), "the English stands for a key not given: {german}");
@@ -569,6 +572,8 @@ async fn a_recipients_pages_speak_the_language_of_their_mail_with_english_for_wh
     assert!(arabic.contains("<html lang=\"ar\" dir=\"rtl\">"), "{arabic}");
     assert!(arabic.contains("إعدادات البريد الإلكتروني") && arabic.contains("<legend>الأخبار</legend>"), "{arabic}");
     assert!(arabic.contains("Product news"), "{arabic}");
+    // The address, written left to right, is isolated in the right-to-left sentence.
+    assert!(arabic.contains("\u{2068}a***@example.com\u{2069}"), "{arabic}");
     // No locale: the platform's English.
     let (_, english) = &pages[2];
     assert!(english.contains("<html lang=\"en\" dir=\"ltr\">") && english.contains("<h1>Email preferences</h1>"));

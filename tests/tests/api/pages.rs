@@ -152,7 +152,10 @@ async fn a_recipient_unsubscribes_changes_preferences_and_sees_pages_for_bad_lin
     assert_eq!(captures[0]["title"], "Email preferences");
     assert!(preferences.contains("Unsubscribe from News"), "{preferences}");
     // It names the sender and the address it is for, masked.
-    assert!(preferences.contains("Email from Example Team to p***@example.com."), "{preferences}");
+    assert!(
+        preferences.contains("Email from \u{2068}Example Team\u{2069} to \u{2068}p***@example.com\u{2069}."),
+        "{preferences}"
+    );
     assert!(!preferences.contains("pia@example.com"), "{preferences}");
     assert!(
         preferences.contains("Your subscriptions") && preferences.contains("Unsubscribe from all"),
@@ -161,7 +164,10 @@ async fn a_recipient_unsubscribes_changes_preferences_and_sees_pages_for_bad_lin
     let unsubscribed = text(&captures[1]);
     assert!(unsubscribed.contains("You are unsubscribed"), "{unsubscribed}");
     assert!(unsubscribed.contains("You will no longer receive emails about News."), "{unsubscribed}");
-    assert!(unsubscribed.contains("Email from Example Team to p***@example.com."), "{unsubscribed}");
+    assert!(
+        unsubscribed.contains("Email from \u{2068}Example Team\u{2069} to \u{2068}p***@example.com\u{2069}."),
+        "{unsubscribed}"
+    );
     let status = subscription(&node, &contact_id, &topic_id).await;
     assert_eq!(status, "unsubscribed", "the press left the topic");
 
