@@ -211,24 +211,13 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
 /// either way the claim would stand, held by this live process, and every retry would meet
 /// `idempotency_conflict` until the timeout.
 async fn withdraw(pool: deadpool_postgres::Pool, claim: Claim) {
-    let deadline = std::time::Instant::now() + CLAIM_TIMEOUT;
-    loop {
-        if let Ok(client) = pool.get().await {
-            let deleted = client
-                .execute(
-                    "DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
-                    &[&claim.scope_key, &claim.claim_token],
-                )
-                .await;
-            if deleted.is_ok_and(|rows| rows == 1) {
-                return;
-            }
-        }
-        if std::time::Instant::now() >= deadline {
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    platform::db::until_one_row(
+        &pool,
+        "DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+        &[&claim.scope_key, &claim.claim_token],
+        CLAIM_TIMEOUT,
+    )
+    .await;
 }
 
 /// What a retry is told to wait before it comes again while a claim is settled.

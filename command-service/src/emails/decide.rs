@@ -551,7 +551,7 @@ mod tests {
         let Outcome::Append(writes) = outcome else { panic!("appended") };
         assert_eq!(writes.space_id.as_deref(), Some("spc_1"));
         let Body::Html(page) = &writes.reply.body else { panic!("a page") };
-        assert!(page.contains("Email from Acme.") && page.contains("emails about News"), "{page}");
+        assert!(page.contains("Email from \u{2068}Acme\u{2069}.") && page.contains("emails about News"), "{page}");
     }
 
     fn recipient(subscribed: &[(&str, &str)]) -> Option<Preferences> {

@@ -31,6 +31,29 @@ pub fn release(client: deadpool_postgres::Client, bytes: usize) {
     }
 }
 
+/// Runs `sql` every second until it changes exactly one row, or `for_at_most` passes; whether
+/// it did. For undoing a claim whose answer was lost: its statement may commit after the error
+/// was seen, and the database may be away when the undoing is due, so one try is not enough.
+pub async fn until_one_row(
+    pool: &Pool,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    for_at_most: Duration,
+) -> bool {
+    let deadline = std::time::Instant::now() + for_at_most;
+    loop {
+        if let Ok(client) = pool.get().await
+            && client.execute(sql, params).await.is_ok_and(|rows| rows == 1)
+        {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// The pool of the request-serving services (query and command): as [`pool`], and every
 /// prepared statement runs its generic plan. Their statements are parameterised lookups on
 /// indexes and inserts from parameter arrays, and PostgreSQL kept planning some of them on

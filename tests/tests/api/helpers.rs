@@ -504,6 +504,29 @@ impl TestApp {
             .expect("a busy server");
     }
 
+    /// Waits (20 s at most) until `sql`, a count, finds something; `what` names it if not.
+    pub(crate) async fn wait_for_count(&self, sql: &str, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.query_i64(sql).await == 0 {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A fault proxy in front of the app's database, and the database URL through it (for a
+    /// process of its own whose database a test cuts or holds).
+    pub(crate) async fn database_behind_proxy(&self) -> (crate::fault_proxy::FaultProxy, String) {
+        let cluster_port: u16 = self
+            .database_url
+            .split_whitespace()
+            .find_map(|part| part.strip_prefix("port="))
+            .and_then(|port| port.parse().ok())
+            .expect("the cluster's port");
+        let proxy = crate::fault_proxy::FaultProxy::start(cluster_port).await;
+        let proxied = self.database_url.replace(&format!("port={cluster_port}"), &format!("port={}", proxy.port()));
+        (proxy, proxied)
+    }
+
     pub(crate) async fn query_i64(&self, sql: &str) -> i64 {
         let client = self.pool.get().await.expect("client");
         client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)

@@ -376,16 +376,9 @@ async fn a_holder_presumed_dead_while_alive_cannot_complete_after_its_claim_was_
 
 #[tokio::test]
 async fn a_claim_the_database_could_not_settle_is_settled_when_it_comes_back() {
-    use crate::fault_proxy::{Fault, FaultProxy};
+    use crate::fault_proxy::Fault;
     let app = TestApp::spawn().await;
-    let cluster_port: u16 = app
-        .database_url
-        .split_whitespace()
-        .find_map(|part| part.strip_prefix("port="))
-        .and_then(|port| port.parse().ok())
-        .expect("the cluster's port");
-    let proxy = FaultProxy::start(cluster_port).await;
-    let proxied = app.database_url.replace(&format!("port={cluster_port}"), &format!("port={}", proxy.port()));
+    let (proxy, proxied) = app.database_behind_proxy().await;
     let port = free_port();
     let _instance = spawn_binary("command-service", &["serve"], &proxied, &[("APP__HTTP__PORT", port.to_string())]);
     let url = format!("http://127.0.0.1:{port}/v1");
@@ -441,16 +434,9 @@ async fn a_claim_the_database_could_not_settle_is_settled_when_it_comes_back() {
 
 #[tokio::test]
 async fn a_claim_made_after_its_connection_failed_is_withdrawn_and_the_retry_executes() {
-    use crate::fault_proxy::{Fault, FaultProxy};
+    use crate::fault_proxy::Fault;
     let app = TestApp::spawn().await;
-    let cluster_port: u16 = app
-        .database_url
-        .split_whitespace()
-        .find_map(|part| part.strip_prefix("port="))
-        .and_then(|port| port.parse().ok())
-        .expect("the cluster's port");
-    let proxy = FaultProxy::start(cluster_port).await;
-    let proxied = app.database_url.replace(&format!("port={cluster_port}"), &format!("port={}", proxy.port()));
+    let (proxy, proxied) = app.database_behind_proxy().await;
     let port = free_port();
     let _instance = spawn_binary("command-service", &["serve"], &proxied, &[("APP__HTTP__PORT", port.to_string())]);
     let url = format!("http://127.0.0.1:{port}/v1");
@@ -486,11 +472,7 @@ async fn a_claim_made_after_its_connection_failed_is_withdrawn_and_the_retry_exe
     let waiting = "SELECT count(*) FROM pg_stat_activity
                    WHERE datname = current_database() AND wait_event_type = 'Lock'
                      AND query LIKE 'INSERT INTO idempotency_records%'";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.query_i64(waiting).await == 0 {
-        assert!(Instant::now() < deadline, "the claim waits on the lock");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.wait_for_count(waiting, "the claim waits on the lock").await;
     // Its connection is cut while the statement waits (the instance never hears of the
     // claim), then the statement goes through on the server: a claim held by a live instance
     // that is not running its operation.
@@ -498,11 +480,7 @@ async fn a_claim_made_after_its_connection_failed_is_withdrawn_and_the_retry_exe
     assert_eq!(in_flight.await.expect("joins").expect("an answer"), 429, "admission could not tell");
     hold.rollback().await.expect("unlocks");
     let claimed = "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'key-l' AND state = 'processing'";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.query_i64(claimed).await == 0 {
-        assert!(Instant::now() < deadline, "the claim was made");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.wait_for_count(claimed, "the claim was made").await;
     proxy.set(Fault::Pass);
     let back = Instant::now();
     // The instance withdraws it once its database is back: the retry executes within

@@ -167,26 +167,16 @@ where
 /// second for [`SETTLE_PERSISTENCE`]: the claim may commit after its answer was lost, and the
 /// database may be away when the withdrawal is due.
 async fn unclaim(pool: Pool, email_id: String, token: Uuid) {
-    let deadline = std::time::Instant::now() + SETTLE_PERSISTENCE;
-    loop {
-        if let Ok(client) = pool.get().await {
-            let withdrawn = client
-                .execute(
-                    "UPDATE email_outbox SET state = 'pending', lease_token = NULL, leased_until = NULL,
-                         next_attempt_at = now()
-                     WHERE email_id = $1 AND lease_token = $2 AND state = 'attempting'",
-                    &[&email_id, &token],
-                )
-                .await;
-            if withdrawn.is_ok_and(|rows| rows == 1) {
-                tracing::info!(email = %email_id, "withdrew a hand-off's claim whose answer was lost");
-                return;
-            }
-        }
-        if std::time::Instant::now() >= deadline {
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    let withdrawn = platform::db::until_one_row(
+        &pool,
+        "UPDATE email_outbox SET state = 'pending', lease_token = NULL, leased_until = NULL, next_attempt_at = now()
+         WHERE email_id = $1 AND lease_token = $2 AND state = 'attempting'",
+        &[&email_id, &token],
+        SETTLE_PERSISTENCE,
+    )
+    .await;
+    if withdrawn {
+        tracing::info!(email = %email_id, "withdrew a hand-off's claim whose answer was lost");
     }
 }
 
