@@ -614,6 +614,9 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
         ("APP__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned()),
         ("APP__WEBHOOKS__ATTEMPT_TIMEOUT_MS", "2000".to_owned()),
         ("APP__WORKFLOWS__LEASE_MS", "3000".to_owned()),
+        // What the engine and the outbox did, so that a stall in a full run can be read: once
+        // (2026-12-02) half the runs stood still for four minutes, with nothing at warn.
+        ("RUST_LOG", "warn,projector::workers::workflows=debug,mail=info".to_owned()),
     ]);
     // Each projector's output is kept: a stall shows what the last one said.
     let (projector, mut projector_log) = spawn_binary_logged("projector", &["run"], &app.database_url, &env);
@@ -708,9 +711,24 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
                 .into_iter()
                 .map(|row| row.get(0))
                 .collect();
+            // What the database was doing for this test's processes: a wait on a lock or a
+            // statement that never ends, or nothing (the stall is in a process).
+            let activity: Vec<String> = client
+                .query(
+                    "SELECT coalesce(wait_event_type || '/' || wait_event, state, '-') || ': ' || left(query, 80)
+                     FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+                       AND state <> 'idle'",
+                    &[],
+                )
+                .await
+                .expect("the database's activity")
+                .into_iter()
+                .map(|row| row.get(0))
+                .collect();
             let exited = projector.0.try_wait().ok().flatten();
             panic!(
-                "{open} runs are still unfinished ({stuck:?}); the projector {}; its log ends:\n{}",
+                "{open} runs are still unfinished ({stuck:?}); the database's busy sessions: {activity:?}; the \
+                 projector {}; its log ends:\n{}",
                 exited.map_or("is running".to_owned(), |status| format!("exited: {status}")),
                 log_tail(&projector_log, 60)
             );

@@ -59,6 +59,13 @@ pub(crate) struct Inner {
     /// Definitions by (workflow, revision): immutable once appended.
     definitions: Mutex<HashMap<(String, i64), Arc<WorkflowDef>>>,
     slots: Arc<Semaphore>,
+    /// The lease tokens of this process's claims with runs still being advanced, and how many
+    /// each still has. A run leased under one of them is never claimed again by this process,
+    /// even once its lease ran out: on a machine too busy to advance a claim's runs within
+    /// the lease, claiming them again made every transition find its lease lost, over and
+    /// over, and the runs stood still. (Another process still takes them over when their
+    /// lease runs out, as it must for a process that stalled or died.)
+    in_flight: Arc<Mutex<HashMap<Uuid, usize>>>,
     /// Emails' hand-offs under way or waiting for a relay connection: two per pooled
     /// connection, so every connection has the next message ready and no more are held.
     handoffs: Arc<Semaphore>,
@@ -92,6 +99,7 @@ impl Engine {
             site,
             definitions: Mutex::default(),
             slots: Arc::new(Semaphore::new(settings.workflows.concurrency.max(1))),
+            in_flight: Arc::default(),
             handoffs: Arc::new(Semaphore::new(2 * usize::try_from(settings.email.pool_size.max(1)).unwrap_or(1))),
         })))
     }
@@ -112,6 +120,7 @@ impl Engine {
                  WHERE r.run_id IN (
                      SELECT run_id FROM workflow_runs
                      WHERE due_at <= clock_timestamp() AND (lease_until IS NULL OR lease_until < clock_timestamp())
+                       AND (lease_token IS NULL OR lease_token <> ALL($4::uuid[]))
                      ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED)
                  RETURNING {}",
                 run::ROW
@@ -119,7 +128,9 @@ impl Engine {
             .await?;
         let limit = i64::try_from(free).unwrap_or(1);
         let lease = self.0.lease().as_secs_f64();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&token, &limit, &lease];
+        let mine: Vec<Uuid> =
+            self.0.in_flight.lock().map(|tokens| tokens.keys().copied().collect()).unwrap_or_default();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&token, &limit, &lease, &mine];
         let (_, rows) = tokio::try_join!(
             transaction.batch_execute(platform::db::CLAIM_SETTINGS),
             transaction.query(&statement, &params)
@@ -127,6 +138,11 @@ impl Engine {
         transaction.commit().await?;
         drop(client);
         let claimed = rows.len();
+        if claimed > 0
+            && let Ok(mut tokens) = self.0.in_flight.lock()
+        {
+            tokens.insert(token, claimed);
+        }
         let mut first = Some(first);
         for row in &rows {
             let permit = match first.take() {
@@ -136,7 +152,9 @@ impl Engine {
             let inner = self.0.clone();
             let run_id: String = row.get(0);
             let read = decide::Row::read(row);
+            let done = InFlight { tokens: inner.in_flight.clone(), token };
             tokio::spawn(async move {
+                let _done = done;
                 let advanced = match read {
                     Ok(row) => run::advance(&inner, row, token).await,
                     Err(error) => Err(error),
@@ -149,6 +167,26 @@ impl Engine {
             });
         }
         Ok(if claimed >= free { Outcome::Progressed } else { Outcome::Idle })
+    }
+}
+
+/// One run of a claim being advanced; when the last is done (or its task is gone), the
+/// claim's token leaves [`Inner::in_flight`].
+struct InFlight {
+    tokens: Arc<Mutex<HashMap<Uuid, usize>>>,
+    token: Uuid,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut tokens) = self.tokens.lock()
+            && let Some(left) = tokens.get_mut(&self.token)
+        {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                tokens.remove(&self.token);
+            }
+        }
     }
 }
 
