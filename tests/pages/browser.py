@@ -7,9 +7,14 @@ STEPS.json: {"shots": DIR, "steps": [...]}, each step one of
   {"goto": URL}                      open a page and wait until it has loaded
   {"click": SELECTOR}                press the element with the mouse (a real click at its
                                      centre); when it submits a form, wait for the next page
-  {"capture": NAME}                  record the page's URL, title and visible text, and a
-                                     screenshot DIR/NAME.png
-Prints {"captures": [{"name", "url", "title", "text", "screenshot"}]} as JSON.
+  {"wait": EXPRESSION}               evaluate the JavaScript expression until it is true (a page
+                                     that renders after loading), for up to "seconds" (30)
+  {"capture": NAME}                  record the page's URL, title and visible text, the requests
+                                     it made since it was opened ({"url", "blocked": the reason
+                                     the browser refused it, as "csp", or null}), and a screenshot
+                                     DIR/NAME.png; with "html": true, its DOM as HTML too
+Prints {"captures": [{"name", "url", "title", "text", "requests", "screenshot"[, "html"]}]}
+as JSON.
 """
 
 import base64
@@ -53,9 +58,11 @@ class Browser:
         self.buffer = b""
         self.next_id = 0
         self.events = []
+        self.requests = []
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         self.call("Page.enable", session=True)
+        self.call("Network.enable", session=True)
 
     def send(self, method, params, session):
         self.next_id += 1
@@ -74,7 +81,15 @@ class Browser:
                 raise SystemExit("chromium closed the pipe")
             self.buffer += chunk
         message, self.buffer = self.buffer.split(b"\0", 1)
-        return json.loads(message)
+        message = json.loads(message)
+        method, params = message.get("method"), message.get("params", {})
+        if method == "Network.requestWillBeSent":
+            self.requests.append({"id": params["requestId"], "url": params["request"]["url"], "blocked": None})
+        elif method == "Network.loadingFailed" and params.get("blockedReason"):
+            for request in self.requests:
+                if request["id"] == params["requestId"]:
+                    request["blocked"] = params["blockedReason"]
+        return message
 
     def call(self, method, params=None, session=False):
         wanted = self.send(method, params, session)
@@ -104,8 +119,16 @@ class Browser:
 
     def goto(self, url):
         self.events.clear()
+        self.requests.clear()
         self.call("Page.navigate", {"url": url}, session=True)
         self.wait_for("Page.loadEventFired")
+
+    def wait(self, expression, seconds):
+        deadline = time.monotonic() + seconds
+        while not self.evaluate(f"!!({expression})"):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{expression} was not true within {seconds} s on {self.evaluate('location.href')}")
+            time.sleep(0.2)
 
     def click(self, selector):
         point = self.evaluate(
@@ -126,18 +149,22 @@ class Browser:
         if submits:
             self.wait_for("Page.loadEventFired")
 
-    def capture(self, name, shots):
+    def capture(self, name, shots, html):
         path = os.path.join(shots, f"{name}.png")
         data = self.call("Page.captureScreenshot", {"format": "png"}, session=True)["data"]
         with open(path, "wb") as file:
             file.write(base64.b64decode(data))
-        return {
+        captured = {
             "name": name,
             "url": self.evaluate("location.href"),
             "title": self.evaluate("document.title"),
             "text": self.evaluate("document.body ? document.body.innerText : ''"),
+            "requests": [{"url": r["url"], "blocked": r["blocked"]} for r in self.requests],
             "screenshot": path,
         }
+        if html:
+            captured["html"] = self.evaluate("document.documentElement.outerHTML")
+        return captured
 
     def close(self):
         try:
@@ -164,8 +191,10 @@ def main():
                 browser.goto(step["goto"])
             elif "click" in step:
                 browser.click(step["click"])
+            elif "wait" in step:
+                browser.wait(step["wait"], step.get("seconds", TIMEOUT))
             elif "capture" in step:
-                captures.append(browser.capture(step["capture"], script["shots"]))
+                captures.append(browser.capture(step["capture"], script["shots"], step.get("html", False)))
             else:
                 raise SystemExit(f"unknown step {step}")
     finally:

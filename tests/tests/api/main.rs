@@ -7,6 +7,7 @@ mod auth;
 mod authoring;
 mod backup;
 mod broadcasts;
+mod browser;
 mod chaos;
 mod cli;
 mod consistency;

@@ -5,57 +5,12 @@
 //! again, each a page that says so and a change the API sees; a wrong confirmation link and a
 //! bad form post are pages too; no screenshot is blank.
 
-use std::process::Command;
-
 use serde_json::{Value, json};
 
+use crate::browser::{browse, text};
 use crate::email::{MAIL_KEY, QUICK_FORM, mail_workspace};
 use crate::helpers::*;
 use crate::log::wait_until_listening;
-
-/// Runs the browser steps; the captures, by name.
-async fn browse(steps: Value) -> Vec<Value> {
-    let shots = scratch_dir("page-shots");
-    let file = shots.join("steps.json");
-    let script = json!({"shots": shots.display().to_string(), "steps": steps});
-    std::fs::write(&file, script.to_string()).expect("the steps");
-    let python = std::env::var("TEST_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/pages/browser.py"))
-            .arg(&file)
-            .output()
-            .expect("the browser driver ran")
-    })
-    .await
-    .expect("joined");
-    assert!(output.status.success(), "the browser failed: {}", String::from_utf8_lossy(&output.stdout));
-    let result: Value = serde_json::from_slice(&output.stdout).expect("the driver prints JSON");
-    let captures = result["captures"].as_array().expect("captures").clone();
-    for capture in &captures {
-        assert_not_blank(capture["screenshot"].as_str().expect("a screenshot"));
-    }
-    captures
-}
-
-/// A screenshot has text on it: more than one colour, and some share of the page drawn.
-fn assert_not_blank(path: &str) {
-    let python = std::env::var("TEST_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let stats = Command::new(python)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/reference/png_stats.py"))
-        .arg(path)
-        .output()
-        .expect("png_stats ran");
-    assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
-    let stats: Value = serde_json::from_slice(&stats.stdout).expect("stats are JSON");
-    let colours = stats["colours"].as_u64().unwrap_or(0);
-    let drawn = stats["notBackground"].as_f64().unwrap_or(0.0);
-    assert!(colours > 10 && drawn > 0.005, "{path} is close to blank: {stats}");
-}
-
-fn text(capture: &Value) -> &str {
-    capture["text"].as_str().unwrap_or_default()
-}
 
 struct Node {
     base: String,

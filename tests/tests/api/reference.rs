@@ -2,31 +2,12 @@
 //! scripts/test): every operation of the document is rendered, nothing is loaded from another
 //! host, and a screenshot of it is not blank.
 
-use std::process::Command;
+use serde_json::{Value, json};
 
-use serde_json::Value;
-
+use crate::browser::{browse, png_stats};
 use crate::helpers::*;
 
 const DOCUMENT: &str = include_str!("../../../docs/openapi.json");
-
-/// Runs headless Chromium on `url` with `args` (`--dump-dom`, `--screenshot=...`): its stdout.
-fn chromium(url: &str, args: &[&str]) -> String {
-    let binary = std::env::var("TEST_CHROMIUM").unwrap_or_else(|_| "chromium".to_owned());
-    let profile = scratch_dir("chromium-profile");
-    let output = Command::new(&binary)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"])
-        .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        // Virtual time runs the page's scripts and timers to quiescence, up to this budget.
-        .arg("--virtual-time-budget=30000")
-        .args(args)
-        .arg(url)
-        .output()
-        .unwrap_or_else(|error| panic!("starting {binary} (scripts/test installs Debian's chromium): {error}"));
-    assert!(output.status.success(), "{binary} failed: {}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
 
 #[tokio::test]
 async fn the_reference_page_renders_every_operation_from_our_own_origin() {
@@ -40,12 +21,6 @@ async fn the_reference_page_renders_every_operation_from_our_own_origin() {
     assert_eq!(bundle.status(), 200);
     assert!(bundle.bytes().await.expect("bundle").len() > 100_000, "the renderer's bundle is served by the service");
 
-    let dom = tokio::task::spawn_blocking({
-        let url = format!("{origin}/docs");
-        move || chromium(&url, &["--dump-dom"])
-    })
-    .await
-    .expect("chromium ran");
     let document: Value = serde_json::from_str(DOCUMENT).expect("the document is JSON");
     let mut operations = Vec::new();
     for item in document["paths"].as_object().expect("paths").values() {
@@ -56,32 +31,36 @@ async fn the_reference_page_renders_every_operation_from_our_own_origin() {
         }
     }
     assert_eq!(operations.len(), api::routes::OPERATIONS.len());
+
+    // Redoc renders after the page has loaded: wait until it has drawn every operation.
+    let rendered = format!("document.querySelectorAll('[id^=\"operation/\"]').length >= {}", operations.len());
+    let captures = browse(json!([
+        {"goto": format!("{origin}/docs")},
+        {"wait": rendered, "seconds": 120},
+        {"capture": "docs", "html": true},
+    ]))
+    .await;
+    let capture = &captures[0];
+    let dom = capture["html"].as_str().expect("the DOM");
     let missing: Vec<&String> =
         operations.iter().filter(|id| !dom.contains(&format!("id=\"operation/{id}\""))).collect();
     assert!(missing.is_empty(), "operations not rendered: {missing:?} (page of {} bytes)", dom.len());
-    let external: Vec<&str> = dom
-        .match_indices("src=\"http")
-        .map(|(at, _)| &dom[at..dom.len().min(at + 80)])
-        .filter(|source| !source.starts_with(&format!("src=\"{origin}")))
-        .collect();
+    // What the page asked for: our origin only. Redoc's footer asks for its logo from its CDN;
+    // the page's policy (img-src 'self') refuses it, so it never leaves the browser.
+    let requests = capture["requests"].as_array().expect("requests");
+    let url = |request: &Value| request["url"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        requests.iter().any(|r| url(r).ends_with("/docs/redoc.standalone.js")),
+        "the renderer was loaded: {requests:?}"
+    );
+    let ours = |address: &str| {
+        [format!("{origin}/"), format!("blob:{origin}/")].iter().any(|prefix| address.starts_with(prefix.as_str()))
+            || address.starts_with("data:")
+    };
+    let external: Vec<&Value> = requests.iter().filter(|r| !ours(&url(r)) && r["blocked"].is_null()).collect();
     assert!(external.is_empty(), "the page loads from another host: {external:?}");
 
-    let shot = scratch_dir("reference-screenshot").join("docs.png");
-    tokio::task::spawn_blocking({
-        let (url, argument) = (format!("{origin}/docs"), format!("--screenshot={}", shot.display()));
-        move || chromium(&url, &["--hide-scrollbars", "--window-size=1280,900", &argument])
-    })
-    .await
-    .expect("chromium ran");
-    let python = std::env::var("TEST_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let stats = Command::new(python)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/reference/png_stats.py"))
-        .arg(&shot)
-        .output()
-        .expect("png_stats ran");
-    assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
-    let stats: Value = serde_json::from_slice(&stats.stdout).expect("stats are JSON");
-    assert_eq!((stats["width"].as_u64(), stats["height"].as_u64()), (Some(1280), Some(900)), "{stats}");
+    let stats = png_stats(capture["screenshot"].as_str().expect("a screenshot"));
     let colours = stats["colours"].as_u64().unwrap_or(0);
     let drawn = stats["notBackground"].as_f64().unwrap_or(0.0);
     assert!(colours > 50 && drawn > 0.1, "the screenshot is close to blank: {stats}");
