@@ -8,11 +8,13 @@ STEPS.json: {"shots": DIR, "steps": [...]}, each step one of
   {"click": SELECTOR}                press the element with the mouse (a real click at its
                                      centre); when it submits a form, wait for the next page
   {"wait": EXPRESSION}               evaluate the JavaScript expression until it is true (a page
-                                     that renders after loading), for up to "seconds" (30)
+                                     that renders after loading)
   {"capture": NAME}                  record the page's URL, title and visible text, the requests
                                      it made since it was opened ({"url", "blocked": the reason
                                      the browser refused it, as "csp", or null}), and a screenshot
                                      DIR/NAME.png; with "html": true, its DOM as HTML too
+Every step may take "seconds" (30 by default): Chromium must answer all of the step within it
+(a page whose scripts keep the browser busy for long, on a loaded machine, needs more).
 Prints {"captures": [{"name", "url", "title", "text", "requests", "screenshot"[, "html"]}]}
 as JSON.
 """
@@ -56,6 +58,7 @@ class Browser:
         os.close(commands_read)
         os.close(replies_write)
         self.buffer = b""
+        self.step(TIMEOUT)
         self.next_id = 0
         self.events = []
         self.requests = []
@@ -72,10 +75,10 @@ class Browser:
         os.write(self.commands, json.dumps(message).encode() + b"\0")
         return self.next_id
 
-    def receive(self, deadline):
+    def receive(self, awaited):
         while b"\0" not in self.buffer:
-            if time.monotonic() > deadline:
-                raise SystemExit("chromium did not answer in time")
+            if time.monotonic() > self.deadline:
+                raise SystemExit(f"chromium did not answer {awaited} within the step's {self.seconds} s")
             chunk = os.read(self.replies, 1 << 16)
             if not chunk:
                 raise SystemExit("chromium closed the pipe")
@@ -93,9 +96,8 @@ class Browser:
 
     def call(self, method, params=None, session=False):
         wanted = self.send(method, params, session)
-        deadline = time.monotonic() + TIMEOUT
         while True:
-            message = self.receive(deadline)
+            message = self.receive(method)
             if message.get("id") == wanted:
                 if "error" in message:
                     raise SystemExit(f"{method} failed: {message['error']}")
@@ -103,13 +105,12 @@ class Browser:
             self.events.append(message)
 
     def wait_for(self, event):
-        deadline = time.monotonic() + TIMEOUT
         while True:
             for index, message in enumerate(self.events):
                 if message.get("method") == event:
                     del self.events[: index + 1]
                     return message
-            self.events.append(self.receive(deadline))
+            self.events.append(self.receive(event))
 
     def evaluate(self, expression):
         result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=True)
@@ -123,11 +124,15 @@ class Browser:
         self.call("Page.navigate", {"url": url}, session=True)
         self.wait_for("Page.loadEventFired")
 
-    def wait(self, expression, seconds):
-        deadline = time.monotonic() + seconds
+    def step(self, seconds):
+        """Starts a step: every call of it must be answered within `seconds` of now."""
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+
+    def wait(self, expression):
         while not self.evaluate(f"!!({expression})"):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{expression} was not true within {seconds} s on {self.evaluate('location.href')}")
+            if time.monotonic() > self.deadline:
+                raise SystemExit(f"{expression} was not true within {self.seconds} s")
             time.sleep(0.2)
 
     def click(self, selector):
@@ -187,17 +192,19 @@ def main():
     captures = []
     try:
         for step in script["steps"]:
+            browser.step(step.get("seconds", TIMEOUT))
             if "goto" in step:
                 browser.goto(step["goto"])
             elif "click" in step:
                 browser.click(step["click"])
             elif "wait" in step:
-                browser.wait(step["wait"], step.get("seconds", TIMEOUT))
+                browser.wait(step["wait"])
             elif "capture" in step:
                 captures.append(browser.capture(step["capture"], script["shots"], step.get("html", False)))
             else:
                 raise SystemExit(f"unknown step {step}")
     finally:
+        browser.step(TIMEOUT)
         browser.close()
     print(json.dumps({"captures": captures}))
 

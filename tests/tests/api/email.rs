@@ -686,17 +686,11 @@ async fn proxied_sender(
     sink: &SmtpSink,
     handoff_delay_ms: u64,
 ) -> (ChildGuard, String, crate::fault_proxy::FaultProxy) {
-    let (proxy, proxied) = app.database_behind_proxy().await;
-    let port = free_port();
-    let env = [
-        ("APP__HTTP__PORT", port.to_string()),
+    app.command_service_behind_proxy(&[
         ("APP__EMAIL__RELAY_URL", sink.relay_url()),
         ("APP__EMAIL__HANDOFF_DELAY_MS", handoff_delay_ms.to_string()),
-    ];
-    let sender = spawn_binary("command-service", &["serve"], &proxied, &env);
-    let url = format!("http://127.0.0.1:{port}/v1");
-    crate::log::wait_until_listening(&app.http, &url).await;
-    (sender, url, proxy)
+    ])
+    .await
 }
 
 #[tokio::test]

@@ -527,6 +527,22 @@ impl TestApp {
         (proxy, proxied)
     }
 
+    /// A command service of its own process whose database sits behind a fault proxy, with
+    /// `env` besides its port: the process, its base URL and the proxy.
+    pub(crate) async fn command_service_behind_proxy(
+        &self,
+        env: &[(&str, String)],
+    ) -> (ChildGuard, String, crate::fault_proxy::FaultProxy) {
+        let (proxy, proxied) = self.database_behind_proxy().await;
+        let port = free_port();
+        let mut env = env.to_vec();
+        env.push(("APP__HTTP__PORT", port.to_string()));
+        let instance = spawn_binary("command-service", &["serve"], &proxied, &env);
+        let url = format!("http://127.0.0.1:{port}/v1");
+        crate::log::wait_until_listening(&self.http, &url).await;
+        (instance, url, proxy)
+    }
+
     pub(crate) async fn query_i64(&self, sql: &str) -> i64 {
         let client = self.pool.get().await.expect("client");
         client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)

@@ -378,11 +378,7 @@ async fn a_holder_presumed_dead_while_alive_cannot_complete_after_its_claim_was_
 async fn a_claim_the_database_could_not_settle_is_settled_when_it_comes_back() {
     use crate::fault_proxy::Fault;
     let app = TestApp::spawn().await;
-    let (proxy, proxied) = app.database_behind_proxy().await;
-    let port = free_port();
-    let _instance = spawn_binary("command-service", &["serve"], &proxied, &[("APP__HTTP__PORT", port.to_string())]);
-    let url = format!("http://127.0.0.1:{port}/v1");
-    wait_until_listening(&app.http, &url).await;
+    let (_instance, url, proxy) = app.command_service_behind_proxy(&[]).await;
     let mut holder = app.pool.get().await.expect("client");
     let hold = holder.transaction().await.expect("begins");
     hold.batch_execute("LOCK TABLE log_head IN EXCLUSIVE MODE").await.expect("locks");
@@ -436,11 +432,7 @@ async fn a_claim_the_database_could_not_settle_is_settled_when_it_comes_back() {
 async fn a_claim_made_after_its_connection_failed_is_withdrawn_and_the_retry_executes() {
     use crate::fault_proxy::Fault;
     let app = TestApp::spawn().await;
-    let (proxy, proxied) = app.database_behind_proxy().await;
-    let port = free_port();
-    let _instance = spawn_binary("command-service", &["serve"], &proxied, &[("APP__HTTP__PORT", port.to_string())]);
-    let url = format!("http://127.0.0.1:{port}/v1");
-    wait_until_listening(&app.http, &url).await;
+    let (_instance, url, proxy) = app.command_service_behind_proxy(&[]).await;
     // An uncommitted claim of the same key (its scope as admission computes it, from a probe's
     // row) makes the instance's claim statement wait in the database, past its parsing.
     assert_eq!(app.create_with_key("probe", &json!({"email": "probe@example.com"})).await.status, 201);

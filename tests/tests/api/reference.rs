@@ -32,12 +32,14 @@ async fn the_reference_page_renders_every_operation_from_our_own_origin() {
     }
     assert_eq!(operations.len(), api::routes::OPERATIONS.len());
 
-    // Redoc renders after the page has loaded: wait until it has drawn every operation.
+    // Redoc renders after the page has loaded: wait until it has drawn every operation. Its
+    // scripts keep the browser busy for seconds on a quiet machine, and for tens of seconds
+    // beside a full test run on two cores, so each step has minutes.
     let rendered = format!("document.querySelectorAll('[id^=\"operation/\"]').length >= {}", operations.len());
     let captures = browse(json!([
-        {"goto": format!("{origin}/docs")},
-        {"wait": rendered, "seconds": 120},
-        {"capture": "docs", "html": true},
+        {"goto": format!("{origin}/docs"), "seconds": 180},
+        {"wait": rendered, "seconds": 180},
+        {"capture": "docs", "html": true, "seconds": 180},
     ]))
     .await;
     let capture = &captures[0];
