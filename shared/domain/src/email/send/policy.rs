@@ -276,7 +276,10 @@ impl Cap {
     fn in_window<'a>(&self, tz: Tz, at_ms: i64, sent: &'a [Sent]) -> Vec<&'a Sent> {
         let mut counted: Vec<&Sent> = sent
             .iter()
-            .filter(|sent| self.counts(sent) && sent.at_ms <= at_ms)
+            // A send recorded after `at_ms` counts too: another process decided it after this
+            // decision's clock was read (or on a clock a little ahead), and it went out all the
+            // same. Leaving it out let two sends read from the same moment both pass a cap.
+            .filter(|sent| self.counts(sent))
             .filter(|sent| match self.window {
                 Window::Hours(hours) => sent.at_ms > at_ms - i64::from(hours) * 3_600_000,
                 Window::Days(days) => {
@@ -659,6 +662,20 @@ mod tests {
         let kiritimati = zone("Pacific/Kiritimati").expect("a zone");
         let quiet = quiet(9 * 60, 12 * 60);
         assert_eq!(quiet.ends_after(kiritimati, 1_780_000_000_000), Some(1_780_005_600_000));
+    }
+
+    #[test]
+    fn a_send_recorded_after_the_decisions_clock_counts_against_the_cap() {
+        // A journey read the clock, then the contact's sends: a broadcast's send, decided a few
+        // milliseconds later, is among them. It fills the cap as any earlier send would.
+        let now = 1_779_982_200_000;
+        let sent = [Sent { at_ms: now + 40, topic_id: None, position: 9, seq: 1 }];
+        for window in [Window::Days(1), Window::Hours(24)] {
+            let cap = Cap { max: 1, window, topic_id: None, outcome: Outcome::Skip };
+            let (allows, filled) = cap.reached(Tz::UTC, now, &sent).expect("the cap is reached");
+            assert_eq!(filled.position, 9);
+            assert!(allows > now + 40, "allowed only after the later send leaves the window");
+        }
     }
 
     #[test]
