@@ -290,8 +290,9 @@ fn render_untracked(
     });
     let mut rendered = if authored.is_marketing() {
         let url = message::unsubscribe_url(public_base_url, email_id);
+        // The topic's name in the mail's language, as its preference page shows it.
         let subscribed_to = match &authored.topic {
-            Some(topic) => topic.name.clone(),
+            Some(topic) => chosen.map_or_else(|| topic.name.clone(), |tag| topic.in_locale(tag).0.to_owned()),
             None => format!("email from {}", authored.sender.from_name),
         };
         let postal = authored

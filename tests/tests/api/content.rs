@@ -519,6 +519,10 @@ fn localized_pages(space: &mut Value) {
         "de": {"name": "Neuigkeiten", "description": "Produktneuigkeiten"},
         "ar": {"name": "الأخبار"}
     });
+    // The German layout names the topic the mail came under.
+    space["layouts"][0]["locales"]["de"]["text"] = json!(
+        "{{ content }}\n\n-- \nSie erhalten dies zu {{ subscribedTo }}.\n{{ postalAddress }}\nAbmelden: {{ unsubscribeUrl }}"
+    );
     // The double opt-in form takes the contact's language too.
     let forms = space["forms"].as_array_mut().expect("forms");
     let signup = forms.iter_mut().find(|form| form["slug"] == "signup").expect("the signup form");
@@ -567,6 +571,11 @@ async fn a_recipients_pages_speak_the_language_of_their_mail_with_english_for_wh
     assert!(german.contains("Von Neuigkeiten abmelden</button>"), "{german}");
     assert!(german.contains("<legend>Neuigkeiten</legend>") && german.contains("Produktneuigkeiten"), "{german}");
     assert!(german.contains("Save my preferences"), "the English stands for a key not given: {german}");
+    // The mail itself names the topic as its page does.
+    let messages = sink.wait_for(3, WAIT).await;
+    let mail = messages.iter().find(|message| message["rcptTo"][0] == "de@example.com").expect("the German mail");
+    let text = mail["text"].as_str().unwrap_or_default();
+    assert!(text.contains("Sie erhalten dies zu Neuigkeiten."), "{text}");
     // Arabic: right to left, the topic's Arabic name with its English description.
     let (_, arabic) = &pages[1];
     assert!(arabic.contains("<html lang=\"ar\" dir=\"rtl\">"), "{arabic}");
