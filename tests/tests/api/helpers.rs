@@ -548,6 +548,13 @@ impl TestApp {
         client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)
     }
 
+    /// The first column of every row of `sql`, as text.
+    pub(crate) async fn query_strings(&self, sql: &str) -> Vec<String> {
+        let client = self.pool.get().await.expect("client");
+        let rows = client.query(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}"));
+        rows.into_iter().map(|row| row.get(0)).collect()
+    }
+
     pub(crate) async fn query_string(&self, sql: &str) -> String {
         let client = self.pool.get().await.expect("client");
         client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)

@@ -699,32 +699,21 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
             break;
         }
         if Instant::now() >= deadline {
-            let client = app.pool.get().await.expect("client");
-            let stuck: Vec<String> = client
-                .query(
+            let stuck = app
+                .query_strings(
                     "SELECT status || ' at ' || coalesce(step_id, '-') || ': ' || count(*) FROM workflow_runs
                      WHERE finished_at IS NULL GROUP BY status, step_id",
-                    &[],
                 )
-                .await
-                .expect("the unfinished runs")
-                .into_iter()
-                .map(|row| row.get(0))
-                .collect();
+                .await;
             // What the database was doing for this test's processes: a wait on a lock or a
             // statement that never ends, or nothing (the stall is in a process).
-            let activity: Vec<String> = client
-                .query(
+            let activity = app
+                .query_strings(
                     "SELECT coalesce(wait_event_type || '/' || wait_event, state, '-') || ': ' || left(query, 80)
                      FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
                        AND state <> 'idle'",
-                    &[],
                 )
-                .await
-                .expect("the database's activity")
-                .into_iter()
-                .map(|row| row.get(0))
-                .collect();
+                .await;
             let exited = projector.0.try_wait().ok().flatten();
             panic!(
                 "{open} runs are still unfinished ({stuck:?}); the database's busy sessions: {activity:?}; the \
