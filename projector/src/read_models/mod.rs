@@ -5,9 +5,9 @@
 
 /// Declares a read model: the unit type `$model` named `$name`, with the module's `DDL` and
 /// `apply`: set-based over the whole batch (`batch`) or event by event over the module's
-/// `EVENT_TYPES` (`each`).
+/// `EVENT_TYPES` (`each`); with `read_indexes = X`, `X` holds its read indexes.
 macro_rules! read_model {
-    ($(#[$meta:meta])* $model:ident = $name:expr, $mode:ident) => {
+    ($(#[$meta:meta])* $model:ident = $name:expr, $mode:ident $(, read_indexes = $indexes:expr)?) => {
         $(#[$meta])*
         pub(crate) struct $model;
 
@@ -19,6 +19,10 @@ macro_rules! read_model {
             fn ddl(&self) -> &'static str {
                 DDL
             }
+
+            $(fn read_indexes(&self) -> &'static str {
+                $indexes
+            })?
 
             fn event_types(&self) -> &'static [&'static str] {
                 EVENT_TYPES
@@ -70,6 +74,14 @@ pub trait ReadModel: Send + Sync + 'static {
     /// The tables of one version, with `{s}` standing for the version's schema.
     fn ddl(&self) -> &'static str;
 
+    /// Indexes that only readers use, never [`ReadModel::apply`] (with `{s}` as in `ddl`). A
+    /// rebuild builds them once its version has caught up, before readers switch to it: built
+    /// over the finished tables, they cost a fraction of keeping them on every batch. A
+    /// version created otherwise (the first) has them from the start.
+    fn read_indexes(&self) -> &'static str {
+        ""
+    }
+
     /// The event types it reads; it is given the payloads of these alone.
     fn event_types(&self) -> &'static [&'static str];
 
@@ -109,8 +121,19 @@ pub fn names() -> String {
 }
 
 /// The statements that create one version of `model` in `schema`.
+/// A version's schema and tables, with its read indexes (see [`ReadModel::read_indexes`]).
 pub(crate) fn create_version_sql(model: &dyn ReadModel, schema: &str) -> String {
+    format!("{}\n{}", create_tables_sql(model, schema), read_indexes_sql(model, schema))
+}
+
+/// A version's schema and tables without its read indexes: what a rebuild starts from.
+pub(crate) fn create_tables_sql(model: &dyn ReadModel, schema: &str) -> String {
     format!("CREATE SCHEMA {schema};\n{}", model.ddl().replace("{s}", schema))
+}
+
+/// A version's read indexes (see [`ReadModel::read_indexes`]).
+pub(crate) fn read_indexes_sql(model: &dyn ReadModel, schema: &str) -> String {
+    model.read_indexes().replace("{s}", schema)
 }
 
 /// Applies a set-based read model's batch, naming the batch in the error.

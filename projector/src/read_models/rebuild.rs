@@ -8,7 +8,7 @@ use deadpool_postgres::Pool;
 use platform::readmodel::schema_name;
 
 use super::ReadModel;
-use super::runner::{BATCH_SIZE, Faults, Outcome, announce, project_batch, project_in};
+use super::runner::{Faults, Outcome, REBUILD_BATCH_SIZE, announce, project_batch_of, project_in};
 
 /// How long the retired version is kept after the switch, so reads already under way on it
 /// (and readers whose cached live version is still the old one) finish.
@@ -65,7 +65,7 @@ pub async fn rebuild_yielding(
     };
     loop {
         let batch = Instant::now();
-        match project_batch(pool, model, version, &worker, &faults).await? {
+        match project_batch_of(pool, model, version, REBUILD_BATCH_SIZE, &worker, &faults).await? {
             Outcome::Projected { position, .. } => {
                 progress(Step::At { position, head });
                 yielded += api::live_load::yield_to_live(
@@ -80,6 +80,7 @@ pub async fn rebuild_yielding(
             Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
+    build_read_indexes(pool, model, version).await?;
     // Fresh tables have no planner statistics; without them the first queries on the new
     // version can choose sequential scans.
     {
@@ -122,7 +123,7 @@ async fn create_version(pool: &Pool, model: &dyn ReadModel) -> anyhow::Result<(i
         .query_one("SELECT max(version) + 1 FROM projections WHERE name = $1", &[&model.name()])
         .await?
         .get(0);
-    transaction.batch_execute(&super::create_version_sql(model, &schema_name(model.name(), next))).await?;
+    transaction.batch_execute(&super::create_tables_sql(model, &schema_name(model.name(), next))).await?;
     transaction
         .execute(
             "INSERT INTO projections (name, version, position, status) VALUES ($1, $2, 0, 'building')",
@@ -131,6 +132,24 @@ async fn create_version(pool: &Pool, model: &dyn ReadModel) -> anyhow::Result<(i
         .await?;
     transaction.commit().await?;
     Ok((live, next))
+}
+
+/// Builds the read indexes of the version being built (see [`ReadModel::read_indexes`]) under
+/// its lease, so no batch writes its tables meanwhile (another process's batches skip a
+/// version whose lease is held, and none holds one table while waiting for another).
+async fn build_read_indexes(pool: &Pool, model: &dyn ReadModel, version: i32) -> anyhow::Result<()> {
+    let indexes = super::read_indexes_sql(model, &schema_name(model.name(), version));
+    if indexes.trim().is_empty() {
+        return Ok(());
+    }
+    let mut client = pool.get().await?;
+    let transaction = client.transaction().await?;
+    transaction
+        .execute("SELECT 1 FROM projections WHERE name = $1 AND version = $2 FOR UPDATE", &[&model.name(), &version])
+        .await?;
+    transaction.batch_execute(&indexes).await?;
+    transaction.commit().await?;
+    Ok(())
 }
 
 /// Locks both versions (waiting out batches in flight), brings the new one to the head of
@@ -151,7 +170,7 @@ async fn switch(pool: &Pool, model: &dyn ReadModel, live: i32, next: i32, worker
         .map(|row| row.get::<_, i64>(1))
         .context("the version being built disappeared")?;
     while let Some((_, last)) =
-        project_in(&transaction, model, next, position, BATCH_SIZE, worker, &Faults::default()).await?
+        project_in(&transaction, model, next, position, REBUILD_BATCH_SIZE, worker, &Faults::default()).await?
     {
         position = last;
     }

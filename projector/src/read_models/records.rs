@@ -15,7 +15,6 @@ CREATE TABLE {s}.records (
     created_at timestamptz NOT NULL,
     doc jsonb NOT NULL
 );
-CREATE INDEX ON {s}.records (space_id, schema_id, created_at, record_id);
 CREATE TABLE {s}.record_counts (
     space_id text NOT NULL,
     schema_id text NOT NULL,
@@ -23,6 +22,9 @@ CREATE TABLE {s}.record_counts (
     PRIMARY KEY (space_id, schema_id)
 );
 ";
+
+/// The list's order; `apply` reads records by id alone.
+const READ_INDEXES: &str = "CREATE INDEX ON {s}.records (space_id, schema_id, created_at, record_id);";
 
 /// Event types this projection reads; everything else is skipped without decoding.
 pub(super) const EVENT_TYPES: &[&str] = &["RecordCreated.v1", "RecordUpdated.v1", "RecordDeletionRequested.v1"];
@@ -122,5 +124,5 @@ async fn insert_records(
 
 read_model! {
     /// Contact and object records, with per-schema counters for list totals.
-    Records = "records", batch
+    Records = "records", batch, read_indexes = READ_INDEXES
 }

@@ -23,7 +23,6 @@ CREATE TABLE {s}.workflows (
     paused boolean NOT NULL DEFAULT false,
     doc jsonb NOT NULL
 );
-CREATE INDEX ON {s}.workflows (space_id, slug);
 CREATE TABLE {s}.workflow_counts (space_id text PRIMARY KEY, total bigint NOT NULL);
 CREATE TABLE {s}.runs (
     run_id text PRIMARY KEY,
@@ -40,8 +39,6 @@ CREATE TABLE {s}.runs (
     current_step_id text,
     error jsonb
 );
-CREATE INDEX ON {s}.runs (workflow_id, requested_at DESC, run_id DESC);
-CREATE INDEX ON {s}.runs (workflow_id, status, requested_at DESC, run_id DESC);
 CREATE TABLE {s}.run_counts (
     workflow_id text NOT NULL,
     status text NOT NULL,
@@ -70,6 +67,14 @@ CREATE TABLE {s}.history (
     email_id text,
     PRIMARY KEY (run_id, index)
 );
+";
+
+/// A workflow by its slug, and the runs lists' orders; `apply` reads workflows and runs by id
+/// alone.
+const READ_INDEXES: &str = "
+CREATE INDEX ON {s}.workflows (space_id, slug);
+CREATE INDEX ON {s}.runs (workflow_id, requested_at DESC, run_id DESC);
+CREATE INDEX ON {s}.runs (workflow_id, status, requested_at DESC, run_id DESC);
 ";
 
 pub(super) const EVENT_TYPES: &[&str] = &[
@@ -424,6 +429,10 @@ impl Fold {
         let mut new = NewRuns::default();
         let mut changed = ChangedRuns::default();
         let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
+        // Every run a history record of the batch belongs to, with its workflow (the counters'
+        // key), so the history's statements join an array, not the runs table.
+        let owners: (Vec<String>, Vec<String>) =
+            self.runs.iter().map(|(run_id, run)| (run_id.clone(), run.workflow_id.clone())).unzip();
         for (run_id, mut run) in self.runs {
             if !run.changed {
                 continue;
@@ -444,7 +453,7 @@ impl Fold {
         new.write(transaction, s).await?;
         changed.write(transaction, s).await?;
         write_counts(transaction, s, counts).await?;
-        write_history(transaction, s, self.records).await
+        write_history(transaction, s, self.records, &owners).await
     }
 }
 
@@ -589,11 +598,13 @@ const ADD_STEP_COUNTS: &str = "INSERT INTO {s}.step_counts (workflow_id, step_id
 /// Writes the batch's history records: started ones where absent, finished ones over what is
 /// there (keeping its start). Each record written for the first time counts as a step
 /// `entered`, each finished one under its status (a skipped one also under its reason), in
-/// the same statements: a record is written once, so it is counted once.
+/// the same statements: a record is written once, so it is counted once. `owners` holds each
+/// record's run (as run ids and their workflows' ids).
 async fn write_history(
     transaction: &Transaction<'_>,
     s: &str,
     records: BTreeMap<(String, i32), Record>,
+    owners: &(Vec<String>, Vec<String>),
 ) -> anyhow::Result<()> {
     let (mut started, mut finished) = (HistoryColumns::default(), HistoryColumns::default());
     for ((run_id, index), record) in records {
@@ -610,12 +621,13 @@ async fn write_history(
                      ON CONFLICT (run_id, index) DO NOTHING RETURNING run_id, step_id),
                  counted AS (
                      SELECT r.workflow_id, a.step_id, 'entered' AS measure, count(*) AS n
-                     FROM added a JOIN {s}.runs r USING (run_id) GROUP BY r.workflow_id, a.step_id)
+                     FROM added a JOIN unnest($10::text[], $11::text[]) AS r(run_id, workflow_id) USING (run_id)
+                     GROUP BY r.workflow_id, a.step_id)
                  {}",
                 ADD_STEP_COUNTS.replace("{s}", s)
             ))
             .await?;
-        started.execute(transaction, &statement).await?;
+        started.execute(transaction, &statement, owners).await?;
     }
     if !finished.run_ids.is_empty() {
         let statement = transaction
@@ -635,12 +647,13 @@ async fn write_history(
                          WHERE status = 'skipped' AND reason IS NOT NULL),
                  counted AS (
                      SELECT r.workflow_id, m.step_id, m.measure, count(*) AS n
-                     FROM measures m JOIN {s}.runs r USING (run_id) GROUP BY r.workflow_id, m.step_id, m.measure)
+                     FROM measures m JOIN unnest($10::text[], $11::text[]) AS r(run_id, workflow_id) USING (run_id)
+                     GROUP BY r.workflow_id, m.step_id, m.measure)
                  {}",
                 ADD_STEP_COUNTS.replace("{s}", s)
             ))
             .await?;
-        finished.execute(transaction, &statement).await?;
+        finished.execute(transaction, &statement, owners).await?;
     }
     Ok(())
 }
@@ -680,6 +693,7 @@ impl HistoryColumns {
         &self,
         transaction: &Transaction<'_>,
         statement: &tokio_postgres::Statement,
+        owners: &(Vec<String>, Vec<String>),
     ) -> anyhow::Result<()> {
         transaction
             .execute(
@@ -694,6 +708,8 @@ impl HistoryColumns {
                     &self.finished_at,
                     &self.errors,
                     &self.email_ids,
+                    &owners.0,
+                    &owners.1,
                 ],
             )
             .await?;
@@ -719,7 +735,7 @@ async fn set_paused(transaction: &Transaction<'_>, s: &str, workflow_id: &str, p
 
 read_model! {
     /// Workflows, their runs and their step histories.
-    Workflows = "workflows", batch
+    Workflows = "workflows", batch, read_indexes = READ_INDEXES
 }
 
 #[cfg(test)]

@@ -555,6 +555,20 @@ impl TestApp {
         rows.into_iter().map(|row| row.get(0)).collect()
     }
 
+    /// The definitions of the indexes of version `version` of read model `name`, its schema's
+    /// name replaced by `{s}`, sorted.
+    pub(crate) async fn index_definitions(&self, name: &str, version: i32) -> Vec<String> {
+        let schema = platform::readmodel::schema_name(name, version);
+        let mut definitions: Vec<String> = self
+            .query_strings(&format!("SELECT indexdef FROM pg_indexes WHERE schemaname = '{schema}'"))
+            .await
+            .into_iter()
+            .map(|definition| definition.replace(&schema, "{s}"))
+            .collect();
+        definitions.sort();
+        definitions
+    }
+
     pub(crate) async fn query_string(&self, sql: &str) -> String {
         let client = self.pool.get().await.expect("client");
         client.query_one(sql, &[]).await.unwrap_or_else(|error| panic!("{sql}: {error}")).get(0)

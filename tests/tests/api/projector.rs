@@ -145,6 +145,8 @@ async fn a_rebuilt_read_model_equals_the_incrementally_built_one() {
     let before_records = snapshot(&app, &records_queries(1).iter().map(String::as_str).collect::<Vec<_>>()).await;
     let before_catalog = snapshot(&app, &catalog_queries(1).iter().map(String::as_str).collect::<Vec<_>>()).await;
     assert_eq!(before_records[0].len(), 26);
+    let indexes_before = [app.index_definitions("records", 1).await, app.index_definitions("catalog", 1).await];
+    assert!(indexes_before[0].iter().any(|index| index.contains("(space_id, schema_id, created_at, record_id)")));
 
     let mut lines = Vec::new();
     let report = projector::read_models::rebuild::rebuild(&app.pool, read_model("records"), |step| {
@@ -162,6 +164,10 @@ async fn a_rebuilt_read_model_equals_the_incrementally_built_one() {
     projector::read_models::rebuild::rebuild(&app.pool, read_model("catalog"), |_| {}).await.expect("rebuild catalog");
     let after_catalog = snapshot(&app, &catalog_queries(2).iter().map(String::as_str).collect::<Vec<_>>()).await;
     assert_eq!(before_catalog, after_catalog);
+    // A rebuild builds the indexes only readers use once it has caught up: the new versions
+    // have every index the first ones were created with.
+    let indexes_after = [app.index_definitions("records", 2).await, app.index_definitions("catalog", 2).await];
+    assert_eq!(indexes_before, indexes_after);
 
     assert_eq!(app.query_i64("SELECT count(*) FROM projections WHERE status = 'live' AND version = 2").await, 2);
     assert_eq!(

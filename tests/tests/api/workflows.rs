@@ -850,8 +850,11 @@ async fn a_rebuild_of_the_workflows_read_model_gives_the_same_runs_and_histories
     app.wait_for_projections().await;
     let before = workflows_snapshot(&app).await;
     assert!(before.iter().filter(|row| row.contains("\"step_id\"")).count() >= 3, "histories were projected");
+    let indexes = app.index_definitions("workflows", 1).await;
+    assert!(indexes.iter().any(|index| index.contains("(workflow_id, status, requested_at DESC, run_id DESC)")));
     projector::read_models::rebuild::rebuild(&app.pool, read_model("workflows"), |_| {}).await.expect("rebuild");
     assert_eq!(workflows_snapshot(&app).await, before, "a rebuild gives the same workflows, runs and histories");
+    assert_eq!(app.index_definitions("workflows", 2).await, indexes, "the lists' indexes are built after the rebuild");
 }
 
 #[tokio::test]
