@@ -95,20 +95,34 @@ pub async fn run(command: Operator, settings: &Settings) -> anyhow::Result<ExitC
         }
         Operator::Rebuild { name } => {
             let pool = platform::db::pool(settings.database_url()?, 4)?;
-            let mut progress = platform::progress::Progress::new(&format!("rebuilding {name}"), 0, "events");
+            // The progress ends when readers switch, so its rate is the rebuild's own, not
+            // diluted by the retired version's grace period that follows.
+            let mut progress = Some(platform::progress::Progress::new(&format!("rebuilding {name}"), 0, "events"));
             let mut done = 0;
             let live_yield = settings.imports.live_yield;
             let report =
                 read_models::rebuild::rebuild_yielding(&pool, read_model(&name)?, live_yield, |step| match step {
-                    read_models::rebuild::Step::Note(line) => progress.note(line),
+                    read_models::rebuild::Step::Note(line) => match &progress {
+                        Some(bar) => bar.note(line),
+                        None => eprintln!("{line}"),
+                    },
+                    read_models::rebuild::Step::Switched => {
+                        if let Some(bar) = progress.take() {
+                            bar.finish(done);
+                        }
+                    }
                     read_models::rebuild::Step::At { position, head } => {
-                        progress.set_total(head.max(position).max(0).unsigned_abs());
                         done = position.max(0).unsigned_abs();
-                        progress.set(done);
+                        if let Some(bar) = progress.as_mut() {
+                            bar.set_total(head.max(position).max(0).unsigned_abs());
+                            bar.set(done);
+                        }
                     }
                 })
                 .await?;
-            progress.finish(done);
+            if let Some(bar) = progress {
+                bar.finish(done);
+            }
             println!(
                 "rebuilt {} events in {:.2}s ({:.2}s of it yielding to live requests)",
                 report.events,

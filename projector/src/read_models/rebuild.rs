@@ -31,6 +31,9 @@ pub enum Step<'a> {
     /// The new version has reached `position`, of a log whose head was `head` when the
     /// rebuild began (after each batch).
     At { position: i64, head: i64 },
+    /// Readers switched to the new version; what follows is the retired version's grace
+    /// period and its drop.
+    Switched,
 }
 
 /// Rebuilds `projection` at full pace, calling `progress` as it goes.
@@ -91,6 +94,7 @@ pub async fn rebuild_yielding(
     }
     let position = switch(pool, model, live_version, version, &worker).await?;
     let elapsed = started.elapsed();
+    progress(Step::Switched);
     let note = format!(
         "switched readers to {} version {version} at position {position} after {:.2}s",
         model.name(),

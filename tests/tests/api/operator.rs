@@ -175,6 +175,11 @@ async fn rebuild_prints_plain_progress_lines_when_not_on_a_terminal() {
     let printed = text(&output);
     assert!(printed.contains(&format!("rebuilding records: {head} of {head} events")), "{printed}");
     assert!(printed.contains("switched readers to records version 2"), "{printed}");
+    // The last progress line (with the rebuild's rate) is printed when readers switch, before
+    // the retired version's grace period.
+    let finished = printed.find(&format!("rebuilding records: {head} of {head} events"));
+    let dropped = printed.find("dropped retired version");
+    assert!(finished.is_some() && dropped.is_some() && finished < dropped, "{printed}");
     assert!(!printed.contains('\r') && !printed.contains("\u{1b}["), "no terminal drawing in a pipe: {printed:?}");
     // The retired version's row stays beside the new one; starting a process again (which
     // migrates and sees every read model initialized) still works.
