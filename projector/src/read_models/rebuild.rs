@@ -8,7 +8,7 @@ use deadpool_postgres::Pool;
 use platform::readmodel::schema_name;
 
 use super::ReadModel;
-use super::runner::{Faults, Outcome, REBUILD_BATCH_SIZE, announce, project_batch_of, project_in};
+use super::runner::{BATCH_SIZE, Faults, Outcome, REBUILD_BATCH_SIZE, announce, project_batch_of, project_in};
 
 /// How long the retired version is kept after the switch, so reads already under way on it
 /// (and readers whose cached live version is still the old one) finish.
@@ -66,18 +66,23 @@ pub async fn rebuild_yielding(
         let client = pool.get().await?;
         platform::log::head(&client).await?
     };
+    // While it yields to live requests, a rebuild takes the live projection's batches: a
+    // smaller commit is a shorter wait for the live writes queued behind its flush.
+    let mut size = REBUILD_BATCH_SIZE;
     loop {
         let batch = Instant::now();
-        match project_batch_of(pool, model, version, REBUILD_BATCH_SIZE, &worker, &faults).await? {
+        match project_batch_of(pool, model, version, size, &worker, &faults).await? {
             Outcome::Projected { position, .. } => {
                 progress(Step::At { position, head });
-                yielded += api::live_load::yield_to_live(
+                let paused = api::live_load::yield_to_live(
                     pool,
                     batch.elapsed(),
                     live_yield,
                     "rebuild_live_yield_milliseconds_total",
                 )
                 .await?;
+                yielded += paused;
+                size = if paused.is_zero() { REBUILD_BATCH_SIZE } else { BATCH_SIZE };
             }
             Outcome::CaughtUp { .. } => break,
             Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,

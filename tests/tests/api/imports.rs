@@ -991,3 +991,31 @@ async fn the_api_servers_publish_the_live_load_the_imports_worker_yields_to() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test]
+async fn while_live_requests_are_served_an_import_appends_its_rows_in_small_waves() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    app.publish_busy_live_load().await;
+    let settings = json!({"schema": "members", "format": "csv", "fileName": "busy.csv"});
+    assert_eq!(create_import(&app, "busy", &settings).await.status, 201);
+    let file: String = std::iter::once("email,plan\n".to_owned())
+        .chain((0..300).map(|index| format!("busy-{index}@example.com,basic\n")))
+        .collect();
+    let part = put(&app, "/imports/busy/parts/1", "text/csv", file).await;
+    assert_eq!(part.status, 202, "{:?}", part.body);
+    assert_eq!(app.post("/imports/busy/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    let import = completed(&app, "busy").await;
+    assert_eq!(import["rows"]["created"], 300, "{import:?}");
+    // The log's batcher groups a wave's appends into transactions: alone, the 300 rows are one
+    // wave and go in transactions of up to 300; beside live requests, no transaction holds the
+    // log's head for more than a wave of 100.
+    let waves = app
+        .query_strings(
+            "SELECT count(*)::text FROM events WHERE event_type = 'RecordCreated.v1' GROUP BY xmin::text ORDER BY 1",
+        )
+        .await;
+    let sizes: Vec<i64> = waves.iter().filter_map(|size| size.parse().ok()).collect();
+    assert_eq!(sizes.iter().sum::<i64>(), 300, "{sizes:?}");
+    assert!(sizes.iter().all(|size| *size <= 100), "waves of at most 100 rows: {sizes:?}");
+}
