@@ -120,8 +120,8 @@ pub fn names() -> String {
     ALL.iter().map(|model| model.name()).collect::<Vec<_>>().join(", ")
 }
 
-/// The statements that create one version of `model` in `schema`.
-/// A version's schema and tables, with its read indexes (see [`ReadModel::read_indexes`]).
+/// The statements that create one version of `model` in `schema`: its schema and tables, with
+/// its read indexes (see [`ReadModel::read_indexes`]).
 pub(crate) fn create_version_sql(model: &dyn ReadModel, schema: &str) -> String {
     format!("{}\n{}", create_tables_sql(model, schema), read_indexes_sql(model, schema))
 }

@@ -66,9 +66,8 @@ pub async fn rebuild_yielding(
         let client = pool.get().await?;
         platform::log::head(&client).await?
     };
-    // While it yields to live requests, a rebuild takes the live projection's batches: a
-    // smaller commit is a shorter wait for the live writes queued behind its flush.
-    let mut size = REBUILD_BATCH_SIZE;
+    // While it yields to live requests, a rebuild takes the live projection's batches.
+    let mut size = api::live_load::first_step(pool, live_yield, REBUILD_BATCH_SIZE, BATCH_SIZE).await?;
     loop {
         let batch = Instant::now();
         match project_batch_of(pool, model, version, size, &worker, &faults).await? {
@@ -82,7 +81,7 @@ pub async fn rebuild_yielding(
                 )
                 .await?;
                 yielded += paused;
-                size = if paused.is_zero() { REBUILD_BATCH_SIZE } else { BATCH_SIZE };
+                size = api::live_load::next_step(paused, REBUILD_BATCH_SIZE, BATCH_SIZE);
             }
             Outcome::CaughtUp { .. } => break,
             Outcome::Busy => tokio::time::sleep(Duration::from_millis(10)).await,

@@ -90,6 +90,22 @@ pub async fn yield_to_live(
     Ok(pause)
 }
 
+/// The size of background work's next step: `live` after a step it paused after (it yields
+/// to live requests: a smaller step's commit is a shorter wait for the live writes queued
+/// behind it), `quiet` otherwise.
+pub fn next_step<T>(paused: Duration, quiet: T, live: T) -> T {
+    if paused.is_zero() { quiet } else { live }
+}
+
+/// The size of background work's first step, by whether it would yield now (see
+/// [`next_step`]); with `factor` 0 it never yields.
+pub async fn first_step<T>(pool: &Pool, factor: f64, quiet: T, live: T) -> anyhow::Result<T> {
+    if factor <= 0.0 {
+        return Ok(quiet);
+    }
+    Ok(if live_rate(&pool.get().await?).await? > 0 { live } else { quiet })
+}
+
 /// How long to wait after a step that took `elapsed`, with the API servers serving `live`
 /// requests a second: `factor` times the step at [`FULL_LIVE`] requests a second or more, in
 /// proportion below (a poll now and then barely slows the work), at most [`MAX_PAUSE`].
@@ -110,6 +126,12 @@ const MAX_PAUSE: Duration = Duration::from_secs(2);
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    #[test]
+    fn a_step_after_a_pause_is_the_smaller_one() {
+        assert_eq!(super::next_step(Duration::ZERO, 1_000, 100), 1_000, "quiet: the full step");
+        assert_eq!(super::next_step(Duration::from_millis(5), 1_000, 100), 100, "it yielded: the live step");
+    }
 
     #[test]
     fn a_step_is_followed_by_a_pause_only_while_requests_are_served() {

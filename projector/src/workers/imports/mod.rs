@@ -150,7 +150,7 @@ impl Imports {
             file_name: settings.file_name.clone(),
         };
         let mut exhausted = false;
-        let mut wave_size = self.first_wave_size().await?;
+        let mut wave_size = api::live_load::first_step(&self.pool, self.live_yield, WAVE, LIVE_WAVE).await?;
         loop {
             // Rows decided again come first; the wave is topped up from the part (and the
             // results of rows that cannot be read are recorded a wave at a time too).
@@ -194,20 +194,9 @@ impl Imports {
                 "import_live_yield_milliseconds_total",
             )
             .await?;
-            // It paused exactly when live requests are served.
-            wave_size = if paused.is_zero() { WAVE } else { LIVE_WAVE };
+            wave_size = api::live_load::next_step(paused, WAVE, LIVE_WAVE);
         }
         self.finish(part).await
-    }
-
-    /// The size of a part's first wave: [`LIVE_WAVE`] while the worker yields to live requests,
-    /// else [`WAVE`]. (After each wave, whether it paused says the same.)
-    async fn first_wave_size(&self) -> anyhow::Result<usize> {
-        if self.live_yield <= 0.0 {
-            return Ok(WAVE);
-        }
-        let live = api::live_load::live_rate(&self.pool.get().await?).await?;
-        Ok(if live > 0 { LIVE_WAVE } else { WAVE })
     }
 
     /// Decides one wave and appends its writes; answers the rows to decide again (deferred,
