@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
-use domain::email::locale;
 use domain::email::resources::{
     ALLOWANCE, AllowanceDef, Audience, BROADCAST, BroadcastDef, ContextKey, DOMAIN, DomainDef, FORM, FormDef,
     PAGE_TEXT, SEND_POLICY, SENDER, SenderDef, TEMPLATE, TOPIC, TemplateDef, TopicDef, TopicText, TrackingDef,
@@ -15,6 +14,7 @@ use domain::email::resources::{
 use domain::email::send::policy::{
     Cap, MAX_CAPS, MAX_WINDOW_DAYS, MAX_WINDOW_HOURS, Outcome, QuietHours, SendPolicy, Window, ZoneRule,
 };
+use domain::email::{experiments, locale};
 use mail::dkim;
 use mail::{footer, render};
 use platform::events::LogEvent;
@@ -147,6 +147,39 @@ struct BroadcastSpec {
     /// RFC 3339.
     #[serde(default)]
     scheduled_at: Option<String>,
+    #[serde(default)]
+    experiment: Option<ExperimentSpec>,
+}
+
+/// A broadcast's experiment as the workspace file writes it (slugs and durations); stored as
+/// a `domain::email::experiments::ExperimentDef` (ids and milliseconds).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ExperimentSpec {
+    test_share: u8,
+    variants: Vec<VariantSpec>,
+    #[serde(default)]
+    control: Option<String>,
+    #[serde(default)]
+    metric: Option<String>,
+    /// A duration (`30m`, `4h`, `2d`).
+    wait: String,
+    #[serde(default)]
+    without_clear_winner: Option<experiments::Fallback>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct VariantSpec {
+    id: String,
+    #[serde(default)]
+    subject: Option<String>,
+    /// A marketing template's slug.
+    #[serde(default)]
+    template: Option<String>,
+    /// A sender's slug.
+    #[serde(default)]
+    sender: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -171,6 +204,75 @@ fn spec<T: serde::de::DeserializeOwned>(kind: &str, resource: &ResourceSpec) -> 
 
 fn lookup<'b>(ids: &'b BTreeMap<&str, String>, kind: &str, slug: &str, owner: &str) -> anyhow::Result<&'b String> {
     ids.get(slug).with_context(|| format!("{owner} names {kind} {slug:?}, which the space does not define"))
+}
+
+/// The ids a broadcast's experiment resolves its slugs to, and the templates' shapes.
+struct ExperimentIds<'a> {
+    templates: &'a BTreeMap<&'a str, String>,
+    shapes: &'a BTreeMap<String, (String, bool)>,
+    senders: &'a BTreeMap<&'a str, String>,
+}
+
+/// A broadcast's experiment checked (`ExperimentDef::check`, and each variant's template,
+/// sender and subject against the space) with its slugs resolved to ids.
+fn experiment(
+    spec: ExperimentSpec,
+    ids: &ExperimentIds<'_>,
+    (postal_senders, localized): (&BTreeMap<String, bool>, &std::collections::BTreeSet<String>),
+    (broadcast_template, owner): (&str, &str),
+) -> anyhow::Result<experiments::ExperimentDef> {
+    let metric = match spec.metric.as_deref() {
+        None | Some("clicks") => experiments::Metric::Clicks,
+        Some("opens") => experiments::Metric::Opens,
+        Some(other) => bail!("{owner}: experiment.metric is \"clicks\" or \"opens\", not {other:?}"),
+    };
+    let wait_ms = domain::workflows::parse_duration(&spec.wait)
+        .map_err(|error| anyhow::anyhow!("{owner}: experiment.wait {:?}: {error}", spec.wait))?;
+    let mut variants = Vec::with_capacity(spec.variants.len());
+    for (index, variant) in spec.variants.into_iter().enumerate() {
+        let field = format!("{owner}: experiment.variants[{index}]");
+        let template_id = variant
+            .template
+            .as_deref()
+            .map(|slug| lookup(ids.templates, "template", slug, &field))
+            .transpose()?
+            .cloned();
+        if let Some(id) = &template_id {
+            match ids.shapes.get(id) {
+                Some((kind, single_key)) if kind == "marketing" && *single_key => {}
+                _ => bail!("{field}: its template must be a marketing template whose only data key is its recipient"),
+            }
+        }
+        let sender_id =
+            variant.sender.as_deref().map(|slug| lookup(ids.senders, "sender", slug, &field)).transpose()?.cloned();
+        if sender_id.as_ref().is_some_and(|id| postal_senders.get(id) != Some(&true)) {
+            bail!("{field}: its sender has no postal address for the footer of marketing mail (CAN-SPAM)");
+        }
+        if variant.subject.is_some() && localized.contains(template_id.as_deref().unwrap_or(broadcast_template)) {
+            bail!(
+                "{field}: its template has language variants, whose subjects a variant's subject would replace; \
+                   make a template for the variant instead"
+            );
+        }
+        variants.push(experiments::VariantDef { id: variant.id, subject: variant.subject, template_id, sender_id });
+    }
+    let definition = experiments::ExperimentDef {
+        test_share: spec.test_share,
+        variants,
+        control: spec.control,
+        metric,
+        wait_ms,
+        without_clear_winner: spec.without_clear_winner.unwrap_or_default(),
+    };
+    // The file writes the wait as a duration.
+    definition.check().map_err(|invalid| {
+        anyhow::anyhow!(
+            "{owner}: {} {}",
+            invalid.field.replace("experiment.waitMs", "experiment.wait"),
+            invalid.message
+        )
+    })?;
+    Ok(definition)
 }
 
 /// A postal address as the footer prints it: one to five lines, 5 to 300 characters, no
@@ -298,6 +400,8 @@ pub(super) fn definitions(
     let space_tracking = space.email_tracking.unwrap_or_default().or(TrackingDef { clicks: true, opens: true });
     let mut template_kinds = BTreeMap::new();
     let mut template_shapes: BTreeMap<String, (String, bool)> = BTreeMap::new();
+    // Templates with language variants: a broadcast experiment's subject cannot replace theirs.
+    let mut localized = std::collections::BTreeSet::new();
     for resource in &space.templates {
         let input: TemplateSpec = spec(TEMPLATE, resource)?;
         let owner = format!("template {:?}", resource.slug);
@@ -376,6 +480,9 @@ pub(super) fn definitions(
         };
         let variants = (input.locale.as_deref(), input.locales, input.layout.as_deref());
         content.complete(&owner, &mut definition, variants, &sample)?;
+        if !definition.locales.is_empty() {
+            localized.insert(id.clone());
+        }
         out.push((TEMPLATE, id, serde_json::to_value(definition)?));
     }
     for resource in &space.forms {
@@ -454,6 +561,13 @@ pub(super) fn definitions(
                     .with_context(|| format!("{owner}: scheduledAt {text:?} is not an RFC 3339 time"))
             })
             .transpose()?;
+        let experiment = input
+            .experiment
+            .map(|spec| {
+                let ids = ExperimentIds { templates: &template_ids, shapes: &template_shapes, senders: &sender_ids };
+                experiment(spec, &ids, (&postal_senders, &localized), (&template_id, &owner))
+            })
+            .transpose()?;
         let definition = BroadcastDef {
             slug: resource.slug.clone(),
             name: input.name,
@@ -461,6 +575,7 @@ pub(super) fn definitions(
             sender_id,
             audience,
             scheduled_at_ms,
+            experiment,
         };
         out.push((BROADCAST, resource_id(BROADCAST, "bc", &space.slug, resource), serde_json::to_value(definition)?));
     }

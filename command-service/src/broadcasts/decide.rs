@@ -15,7 +15,7 @@ use crate::decision::{Decide, Given, Outcome, Reply};
 /// The fields an update accepts.
 pub(crate) const UPDATE_FIELDS: [&str; 3] = ["name", "audience", "scheduledAt"];
 /// Fields of the broadcast as returned that an update takes when they are unchanged.
-pub(crate) const FIXED_FIELDS: [&str; 4] = ["id", "slug", "templateId", "senderId"];
+pub(crate) const FIXED_FIELDS: [&str; 5] = ["id", "slug", "templateId", "senderId", "experiment"];
 /// Fields of the broadcast as returned that the server keeps: an update ignores them.
 pub(crate) const KEPT_FIELDS: [&str; 1] = ["updatedAt"];
 /// The most characters of a broadcast's name.
@@ -133,6 +133,12 @@ pub(crate) fn decide_send(
         audience: Some(definition.audience.to_proto()),
         start_at_ms: start_at(definition.scheduled_at_ms, now),
         requested_at_ms: now,
+        experiment_json: match &definition.experiment {
+            Some(experiment) => {
+                serde_json::to_string(experiment).map_err(|error| Refusal::Failed(error.to_string()))?
+            }
+            None => String::new(),
+        },
     })
 }
 
@@ -308,7 +314,10 @@ fn requested_run(run: &proto::BroadcastRunRequested, audience: &Audience) -> Val
                    "bounced": 0, "complained": 0, "unsubscribed": 0, "opened": 0, "clicked": 0,
                    "openRate": null, "clickRate": null,
                    "skipped": {"noConsent": 0, "notSubscribed": 0, "suppressed": 0, "allowance": 0, "noAddress": 0,
-                               "gone": 0, "frequencyCap": 0, "quietHours": 0}},
+                               "gone": 0, "frequencyCap": 0, "quietHours": 0, "experimentStopped": 0}},
+        "experiment": serde_json::from_str::<Value>(&run.experiment_json).ok().map(|definition| json!({
+            "phase": null, "definition": definition, "decideAt": null, "winner": null, "verdict": null,
+        })),
     })
 }
 
@@ -406,6 +415,7 @@ mod tests {
                 sender_id: None,
                 audience: Audience::Topic { topic_id: "top_1".into() },
                 scheduled_at_ms: None,
+                experiment: None,
             },
             run_active,
         }
@@ -537,6 +547,7 @@ mod tests {
                     audience: Some(Audience::Topic { topic_id: "top_1".into() }.to_proto()),
                     start_at_ms: NOW_MS,
                     requested_at_ms: NOW_MS,
+                    experiment_json: String::new(),
                 },
             )]);
         assert_eq!(reply.status, Status::Accepted);

@@ -93,8 +93,8 @@ pub(crate) fn run_guards(run: &platform::proto::BroadcastRunRequested, audience:
     vec![
         Guard::unique(
             "INSERT INTO broadcast_runs
-                 (run_id, broadcast_id, space_id, template_id, sender_id, audience, start_at, requested_at)
-             VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8)",
+                 (run_id, broadcast_id, space_id, template_id, sender_id, audience, start_at, requested_at, experiment)
+             VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, $7, $8, NULLIF($9, '')::jsonb)",
             vec![
                 Box::new(run.run_id.clone()),
                 Box::new(run.broadcast_id.clone()),
@@ -104,6 +104,7 @@ pub(crate) fn run_guards(run: &platform::proto::BroadcastRunRequested, audience:
                 Box::new(audience),
                 Box::new(start_at),
                 Box::new(platform::time::from_millis(run.requested_at_ms)),
+                Box::new(run.experiment_json.clone()),
             ],
             run_active(),
         ),

@@ -1,8 +1,9 @@
 //! Reads of the `broadcasts` read model, and of the broadcast engine's runs and recipients.
 
 use deadpool_postgres::Client;
+use domain::email::experiments::ExperimentDef;
 use platform::error::ApiError;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio_postgres::types::ToSql;
 
 use crate::consistency::page_of_docs;
@@ -24,7 +25,7 @@ const RUN: &str = "jsonb_build_object(
         'pending', GREATEST(COALESCE(r.audience_count, 0) - r.skipped_no_consent - r.skipped_not_subscribed
             - r.skipped_suppressed
             - r.skipped_allowance - r.skipped_no_address - r.skipped_gone - r.skipped_frequency_cap
-            - r.skipped_quiet_hours - COALESCE(c.scheduled, 0), 0),
+            - r.skipped_quiet_hours - r.skipped_experiment_stopped - COALESCE(c.scheduled, 0), 0),
         'queued', GREATEST(COALESCE(c.scheduled - c.sent - c.failed - c.outcome_unknown - c.held, 0), 0),
         'held', COALESCE(c.held, 0),
         'sent', COALESCE(c.sent, 0),
@@ -45,7 +46,14 @@ const RUN: &str = "jsonb_build_object(
             'noAddress', r.skipped_no_address,
             'gone', r.skipped_gone,
             'frequencyCap', r.skipped_frequency_cap,
-            'quietHours', r.skipped_quiet_hours)))";
+            'quietHours', r.skipped_quiet_hours,
+            'experimentStopped', r.skipped_experiment_stopped)),
+    'experiment', CASE WHEN r.experiment IS NOT NULL THEN jsonb_build_object(
+        'phase', r.phase,
+        'definition', r.experiment,
+        'decideAt', to_char(r.decide_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+        'winner', r.winner,
+        'verdict', r.verdict) END)";
 
 /// The rows [`RUN`] reads: `broadcast_runs r` and its counts in `{m}.email_counts c`.
 fn run_from(m: &str) -> String {
@@ -116,5 +124,40 @@ pub async fn run(
     let statement = client
         .prepare_cached(&format!("SELECT {RUN} FROM {} WHERE r.broadcast_id = $1 AND r.run_id = $2", run_from(m)))
         .await?;
-    Ok(Some(client.query_opt(&statement, &[&broadcast_id, &run_id]).await?.map(|row| row.get::<_, Value>(0))))
+    let Some(mut document) =
+        client.query_opt(&statement, &[&broadcast_id, &run_id]).await?.map(|row| row.get::<_, Value>(0))
+    else {
+        return Ok(Some(None));
+    };
+    experiment_results(client, m, run_id, &mut document).await?;
+    Ok(Some(Some(document)))
+}
+
+/// Adds each variant's figures so far to the experiment of run `document` (one statement for
+/// all variants): the test's recipients, delivered mail and engagement by the metric, with
+/// machines' engagement apart.
+async fn experiment_results(client: &Client, m: &str, run_id: &str, document: &mut Value) -> Result<(), ApiError> {
+    let Some(experiment) = document.get_mut("experiment").filter(|experiment| experiment.is_object()) else {
+        return Ok(());
+    };
+    let Ok(definition) = serde_json::from_value::<ExperimentDef>(experiment["definition"].clone()) else {
+        return Ok(());
+    };
+    let tallies = reads::experiments::tallies(client, m, run_id, &definition.metric).await?;
+    let results: Vec<Value> = definition
+        .variants
+        .iter()
+        .map(|variant| {
+            let tally = tallies.get(&variant.id).copied().unwrap_or_default();
+            json!({
+                "variant": variant.id,
+                "recipients": tally.recipients,
+                "delivered": tally.delivered,
+                "engaged": tally.engaged,
+                "machine": tally.machine,
+            })
+        })
+        .collect();
+    experiment["results"] = Value::Array(results);
+    Ok(())
 }

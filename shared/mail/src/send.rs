@@ -436,23 +436,30 @@ pub struct Origin<'a> {
     pub parent_id: &'a str,
     /// The workflow's send step.
     pub step_id: &'a str,
+    /// A broadcast experiment's variant (empty otherwise).
+    pub variant: &'a str,
 }
 
 impl<'a> Origin<'a> {
     pub fn template() -> Self {
-        Self { kind: "template", source_id: "", parent_id: "", step_id: "" }
+        Self { kind: "template", source_id: "", parent_id: "", step_id: "", variant: "" }
     }
 
     pub fn form(form_id: &'a str) -> Self {
-        Self { kind: "form_confirmation", source_id: form_id, parent_id: "", step_id: "" }
+        Self { kind: "form_confirmation", source_id: form_id, parent_id: "", step_id: "", variant: "" }
     }
 
     pub fn broadcast(broadcast_id: &'a str, run_id: &'a str) -> Self {
-        Self { kind: "broadcast", source_id: run_id, parent_id: broadcast_id, step_id: "" }
+        Self { kind: "broadcast", source_id: run_id, parent_id: broadcast_id, step_id: "", variant: "" }
     }
 
     pub fn workflow(workflow_id: &'a str, run_id: &'a str, step_id: &'a str) -> Self {
-        Self { kind: "workflow", source_id: run_id, parent_id: workflow_id, step_id }
+        Self { kind: "workflow", source_id: run_id, parent_id: workflow_id, step_id, variant: "" }
+    }
+
+    /// This origin, for an experiment's `variant`.
+    pub fn with_variant(self, variant: &'a str) -> Self {
+        Self { variant, ..self }
     }
 }
 
@@ -490,6 +497,7 @@ pub fn schedule(
         form_id: origin.source_id.to_owned(),
         parent_id: origin.parent_id.to_owned(),
         step_id: origin.step_id.to_owned(),
+        variant: origin.variant.to_owned(),
         zone: None,
         locale: rendered.locale.as_ref().map(|locale| locale.tag.clone()).unwrap_or_default(),
         locale_source: rendered.locale.as_ref().map(|locale| locale.source.to_owned()).unwrap_or_default(),

@@ -74,6 +74,7 @@ pub fn skipped_after(skip: Skip<'_>) -> StreamAppend {
             source_id: origin.source_id.to_owned(),
             parent_id: origin.parent_id.to_owned(),
             step_id: origin.step_id.to_owned(),
+            variant: origin.variant.to_owned(),
         }),
         gate: skip.gate.as_str().to_owned(),
         code: skip.gate.code().as_str().to_owned(),

@@ -7,6 +7,7 @@
 pub mod business_events;
 pub mod catalog;
 pub mod email;
+pub mod experiments;
 pub mod imports;
 pub mod ingest;
 pub mod records;

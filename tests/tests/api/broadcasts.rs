@@ -20,11 +20,11 @@ async fn with_key(app: &TestApp, method: reqwest::Method, path: &str, key: &str,
     app.send(request).await
 }
 
-async fn send(app: &TestApp, broadcast_id: &str, key: &str) -> TestResponse {
+pub(crate) async fn send(app: &TestApp, broadcast_id: &str, key: &str) -> TestResponse {
     with_key(app, reqwest::Method::POST, &format!("/broadcasts/{broadcast_id}/send"), key, None).await
 }
 
-async fn patch(app: &TestApp, broadcast_id: &str, key: &str, body: &Value) -> TestResponse {
+pub(crate) async fn patch(app: &TestApp, broadcast_id: &str, key: &str, body: &Value) -> TestResponse {
     with_key(app, reqwest::Method::PATCH, &format!("/broadcasts/{broadcast_id}"), key, Some(body)).await
 }
 
@@ -254,7 +254,7 @@ async fn a_broadcast_is_read_changed_and_sent_to_its_topic_once_per_consenting_s
 }
 
 /// Creates `count` people in the mail space, eight requests at a time.
-async fn create_people(app: &TestApp, emails: Vec<(String, bool)>) {
+pub(crate) async fn create_people(app: &TestApp, emails: Vec<(String, bool)>) {
     let chunks: Vec<Vec<(String, bool)>> = emails.chunks(emails.len().div_ceil(8).max(1)).map(<[_]>::to_vec).collect();
     let tasks: Vec<_> = chunks
         .into_iter()
@@ -628,7 +628,7 @@ async fn skipped_story(app: &TestApp, run_id: &str) -> Value {
 }
 
 /// A segment of the mail space defined by `definition`.
-async fn segment(app: &TestApp, name: &str, definition: &str) -> String {
+pub(crate) async fn segment(app: &TestApp, name: &str, definition: &str) -> String {
     let created = app.post("/segments", MAIL_KEY, &json!({"name": name, "definition": definition})).await;
     assert_eq!(created.status, 201, "{:?}", created.body);
     created.body["data"]["id"].as_str().expect("id").to_owned()

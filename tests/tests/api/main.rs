@@ -21,6 +21,7 @@ mod engagement;
 mod erasure;
 mod errors;
 mod events;
+mod experiments;
 mod fake_ai;
 mod fault_proxy;
 mod ha;

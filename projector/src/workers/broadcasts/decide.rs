@@ -13,12 +13,38 @@ use platform::log::{AppendError, AppendRequest, Guard, SetValue, StreamAppend};
 use crate::workers::email::recipients::{Allowed, Recipients};
 
 /// A sending run as a step reads it.
+#[derive(Clone)]
 pub(super) struct Run {
     pub run_id: String,
     pub broadcast_id: String,
     pub space_id: String,
     pub template_id: String,
     pub sender_id: Option<String>,
+    /// The experiment's variant this batch sends (its template, sender and subject are the
+    /// fields above), if the run has an experiment.
+    pub variant: Option<String>,
+    /// The variant's subject, replacing the template's.
+    pub subject: Option<String>,
+}
+
+impl Run {
+    /// The run as it sends `variant` of its experiment.
+    pub(super) fn for_variant(&self, variant: &domain::email::experiments::VariantDef) -> Self {
+        Self {
+            run_id: self.run_id.clone(),
+            broadcast_id: self.broadcast_id.clone(),
+            space_id: self.space_id.clone(),
+            template_id: variant.template_id.clone().unwrap_or_else(|| self.template_id.clone()),
+            sender_id: variant.sender_id.clone().or_else(|| self.sender_id.clone()),
+            variant: Some(variant.id.clone()),
+            subject: variant.subject.clone(),
+        }
+    }
+
+    fn origin(&self) -> mail::send::Origin<'_> {
+        mail::send::Origin::broadcast(&self.broadcast_id, &self.run_id)
+            .with_variant(self.variant.as_deref().unwrap_or(""))
+    }
 }
 
 /// Recipients the decision refused: the gate, and the log position that decided when the
@@ -80,15 +106,8 @@ pub(super) fn decide_batch(step: Step<'_>, pending: &[String], fresh: &mut dyn F
             Err(error) => anyhow::bail!("template {} does not render: {error}", run.template_id),
         };
         let to = EmailTo { space_id: &run.space_id, contact_id, address, key, follows };
-        let scheduled = schedule(
-            &email_id,
-            authored,
-            to,
-            &rendered,
-            mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id),
-            (now, public_base_url),
-        )?
-        .decided_in(zone.as_ref());
+        let scheduled = schedule(&email_id, authored, to, &rendered, run.origin(), (now, public_base_url))?
+            .decided_in(zone.as_ref());
         // A held recipient's email is stored now and decided again at its time by the held
         // sends worker; the others are handed off after the batch.
         let (stream, mut guards, email) = match held {
@@ -125,7 +144,7 @@ pub(super) fn skip_stories(
     now: i64,
     fresh: &mut dyn Fresh,
 ) -> (Vec<StreamAppend>, Guard, usize) {
-    let origin = mail::send::Origin::broadcast(&run.broadcast_id, &run.run_id);
+    let origin = run.origin();
     let mut streams = Vec::with_capacity(skipped.len());
     let (mut contact_ids, mut reasons, mut email_ids) = (Vec::new(), Vec::new(), Vec::new());
     for ((contact_id, gate, _), by) in skipped.iter().zip(found) {
@@ -329,6 +348,8 @@ mod tests {
             space_id: "spc_1".into(),
             template_id: "tpl_1".into(),
             sender_id: None,
+            variant: None,
+            subject: None,
         }
     }
 

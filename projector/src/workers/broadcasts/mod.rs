@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
+use domain::email::experiments::ExperimentDef;
 use domain::email::resources::{Audience, DomainDef, SenderDef};
 use futures_util::future::BoxFuture;
 use mail::mailer::Mailer;
@@ -43,6 +44,7 @@ use crate::timers::{Handled, Timer, TimerHandler};
 use crate::workers::email::recipients::Recipients;
 
 mod decide;
+mod experiment;
 
 pub(crate) use decide::reason;
 use decide::{Batch, Run, Skipped, Step, decide_batch, skip_stories};
@@ -58,14 +60,16 @@ impl Starter {
         let Some(run_id) = timer.payload.get("runId").and_then(Value::as_str) else { return Ok(Handled::Done) };
         let row = transaction
             .query_opt(
-                "SELECT space_id, audience, broadcast_id FROM broadcast_runs WHERE run_id = $1 AND status = 'scheduled'
-                 FOR UPDATE",
+                "SELECT space_id, audience, broadcast_id, experiment FROM broadcast_runs
+                 WHERE run_id = $1 AND status = 'scheduled' FOR UPDATE",
                 &[&run_id],
             )
             .await?;
         let Some(row) = row else { return Ok(Handled::Done) };
         let (space_id, audience, broadcast_id): (String, Value, String) = (row.get(0), row.get(1), row.get(2));
         let audience: Audience = serde_json::from_value(audience)?;
+        let experiment: Option<ExperimentDef> =
+            row.get::<_, Option<Value>>(3).map(serde_json::from_value).transpose()?;
         let Some(segments) = live_schema(transaction, "segments").await? else {
             return Ok(Handled::Retry("the segments read model has no live version yet".to_owned()));
         };
@@ -84,47 +88,16 @@ impl Starter {
         if reached < requested_at {
             return Ok(Handled::RetryAt(chrono::Utc::now() + chrono::Duration::milliseconds(100)));
         }
-        let (snapshot, found) = match &audience {
-            Audience::Segment { segment_id } => {
-                let exists = transaction
-                    .query_one(
-                        &format!(
-                            "SELECT EXISTS (SELECT 1 FROM {segments}.segments WHERE segment_id = $1 AND space_id = $2)"
-                        ),
-                        &[segment_id, &space_id],
-                    )
-                    .await?
-                    .get::<_, bool>(0);
-                let inserted = transaction
-                    .execute(
-                        &format!(
-                            "INSERT INTO broadcast_recipients (run_id, contact_id)
-                             SELECT $1, contact_id FROM {segments}.members WHERE segment_id = $2 ON CONFLICT DO NOTHING"
-                        ),
-                        &[&run_id, segment_id],
-                    )
-                    .await?;
-                (inserted, exists)
-            }
-            Audience::Topic { topic_id } => {
-                let inserted = transaction
-                    .execute(
-                        &format!(
-                            "INSERT INTO broadcast_recipients (run_id, contact_id)
-                             SELECT $1, contact_id FROM {segments}.contacts
-                             WHERE space_id = $2 AND doc IS NOT NULL AND subscriptions ->> $3 = 'subscribed'
-                             ON CONFLICT DO NOTHING"
-                        ),
-                        &[&run_id, &space_id, topic_id],
-                    )
-                    .await?;
-                (inserted, true)
-            }
-        };
+        let (snapshot, found) = snapshot(transaction, run_id, &space_id, &audience, &segments).await?;
         if found {
+            // With an experiment, the test share is drawn and sent first.
+            if let Some(experiment) = &experiment {
+                experiment::split(transaction, (&broadcast_id, run_id), experiment).await?;
+            }
             transaction
                 .execute(
-                    "UPDATE broadcast_runs SET status = 'sending', started_at = clock_timestamp(), audience_count = $2
+                    "UPDATE broadcast_runs SET status = 'sending', started_at = clock_timestamp(), audience_count = $2,
+                         phase = CASE WHEN experiment IS NULL THEN NULL ELSE 'test' END
                      WHERE run_id = $1",
                     &[&run_id, &i32::try_from(snapshot).unwrap_or(i32::MAX)],
                 )
@@ -143,6 +116,55 @@ impl Starter {
         }
         Ok(Handled::Done)
     }
+}
+
+/// Adds the contacts of `audience` (as the `segments` read model's version `segments` holds
+/// them) to run `run_id`'s recipients, in `transaction`: those already there stay as they are.
+/// Returns how many were added, and whether the audience exists.
+pub(super) async fn snapshot(
+    transaction: &Transaction<'_>,
+    run_id: &str,
+    space_id: &str,
+    audience: &Audience,
+    segments: &str,
+) -> anyhow::Result<(u64, bool)> {
+    Ok(match audience {
+        Audience::Segment { segment_id } => {
+            let exists = transaction
+                .query_one(
+                    &format!(
+                        "SELECT EXISTS (SELECT 1 FROM {segments}.segments WHERE segment_id = $1 AND space_id = $2)"
+                    ),
+                    &[segment_id, &space_id],
+                )
+                .await?
+                .get::<_, bool>(0);
+            let inserted = transaction
+                .execute(
+                    &format!(
+                        "INSERT INTO broadcast_recipients (run_id, contact_id)
+                         SELECT $1, contact_id FROM {segments}.members WHERE segment_id = $2 ON CONFLICT DO NOTHING"
+                    ),
+                    &[&run_id, segment_id],
+                )
+                .await?;
+            (inserted, exists)
+        }
+        Audience::Topic { topic_id } => {
+            let inserted = transaction
+                .execute(
+                    &format!(
+                        "INSERT INTO broadcast_recipients (run_id, contact_id)
+                         SELECT $1, contact_id FROM {segments}.contacts
+                         WHERE space_id = $2 AND doc IS NOT NULL AND subscriptions ->> $3 = 'subscribed'
+                         ON CONFLICT DO NOTHING"
+                    ),
+                    &[&run_id, &space_id, topic_id],
+                )
+                .await?;
+            (inserted, true)
+        }
+    })
 }
 
 impl TimerHandler for Starter {
@@ -203,7 +225,8 @@ impl Runs {
         transaction.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await?;
         let row = transaction
             .query_opt(
-                "SELECT run_id, space_id, template_id, sender_id, broadcast_id FROM broadcast_runs WHERE status = 'sending'
+                "SELECT run_id, space_id, template_id, sender_id, broadcast_id, phase, experiment, winner
+                 FROM broadcast_runs WHERE status = 'sending' AND phase IS DISTINCT FROM 'wait'
                  ORDER BY started_at LIMIT 1 FOR UPDATE SKIP LOCKED",
                 &[],
             )
@@ -215,18 +238,37 @@ impl Runs {
             template_id: row.get(2),
             sender_id: row.get(3),
             broadcast_id: row.get(4),
+            variant: None,
+            subject: None,
         };
+        let phase: Option<String> = row.get(5);
+        let experiment: Option<ExperimentDef> =
+            row.get::<_, Option<Value>>(6).map(serde_json::from_value).transpose()?;
+        let winner: Option<String> = row.get(7);
+        let testing = phase.as_deref() == Some("test");
         let batch = i64::try_from(self.batch_size()).unwrap_or(200);
-        let pending: Vec<String> = transaction
-            .query(
-                "SELECT contact_id FROM broadcast_recipients WHERE run_id = $1 AND state = 'pending'
-                 ORDER BY contact_id LIMIT $2",
-                &[&run.run_id, &batch],
-            )
+        // While an experiment tests, only its test recipients are sent; the rest wait for the
+        // verdict.
+        let pending_sql = if testing {
+            "SELECT contact_id, variant FROM broadcast_recipients WHERE run_id = $1 AND state = 'pending'
+             AND variant IS NOT NULL ORDER BY contact_id LIMIT $2"
+        } else {
+            "SELECT contact_id, variant FROM broadcast_recipients WHERE run_id = $1 AND state = 'pending'
+             ORDER BY contact_id LIMIT $2"
+        };
+        let pending: Vec<(String, Option<String>)> = transaction
+            .query(pending_sql, &[&run.run_id, &batch])
             .await?
             .into_iter()
-            .map(|row| row.get(0))
+            .map(|row| (row.get(0), row.get(1)))
             .collect();
+        if pending.is_empty() && testing {
+            if let Some(experiment) = &experiment {
+                experiment::wait(&transaction, &run.run_id, experiment).await?;
+            }
+            transaction.commit().await?;
+            return Ok(Outcome::Progressed);
+        }
         if pending.is_empty() {
             transaction
                 .execute(
@@ -237,7 +279,15 @@ impl Runs {
             transaction.commit().await?;
             return Ok(Outcome::Progressed);
         }
-        let (prepared, _) = self.send_batch(&run, &pending).await?;
+        let mut prepared = Vec::new();
+        for (variant, contacts) in by_variant(&pending, winner.as_deref()) {
+            let variant = variant.and_then(|id| experiment.as_ref()?.variants.iter().find(|variant| variant.id == id));
+            let run = match variant {
+                Some(variant) => run.for_variant(variant),
+                None => run.clone(),
+            };
+            prepared.extend(self.send_batch(&run, &contacts).await?.0);
+        }
         count_skipped(&transaction, &run.run_id).await?;
         transaction.commit().await?;
         self.hand_off(prepared).await;
@@ -376,6 +426,11 @@ impl Runs {
             let (sender, domain) = sender_of(&client, &catalog, &run.space_id, sender_id).await?;
             (authored.sender_id, authored.sender, authored.domain) = (sender_id.clone(), sender, domain);
         }
+        // An experiment's variant may replace the subject (of a template without language
+        // variants: the workspace's apply refuses it otherwise).
+        if let Some(subject) = &run.subject {
+            authored.template.subject = subject.clone();
+        }
         let lookback = authored.policy.as_ref().and_then(mail::send::SendPolicy::lookback_ms);
         let recipients = Recipients::load(&client, (&catalog, &segments), &run.space_id, pending, lookback).await?;
         Ok((authored, recipients))
@@ -440,6 +495,23 @@ pub(crate) async fn count_skipped(transaction: &Transaction<'_>, run_id: &str) -
     Ok(())
 }
 
+/// A batch's recipients by the variant each is sent: a test recipient's own, else the run's
+/// winner (`None` without an experiment), in the batch's order within each.
+fn by_variant<'a>(
+    pending: &'a [(String, Option<String>)],
+    winner: Option<&'a str>,
+) -> Vec<(Option<&'a str>, Vec<String>)> {
+    let mut groups: Vec<(Option<&str>, Vec<String>)> = Vec::new();
+    for (contact_id, variant) in pending {
+        let variant = variant.as_deref().or(winner);
+        match groups.iter_mut().find(|(group, _)| *group == variant) {
+            Some((_, contacts)) => contacts.push(contact_id.clone()),
+            None => groups.push((variant, vec![contact_id.clone()])),
+        }
+    }
+    groups
+}
+
 /// A sender of the space and its domain, from catalog version schema `catalog`.
 async fn sender_of(
     client: &impl GenericClient,
@@ -496,10 +568,12 @@ impl Worker for Runs {
     }
 }
 
-/// The engine's workers: the run starter (on the timers) and the run sender.
+/// The engine's workers: the run starter and the experiments' verdicts (on the timers), and
+/// the run sender.
 pub fn workers(pool: &Pool, log: &EventLog, settings: &Settings) -> anyhow::Result<Vec<Arc<dyn Worker>>> {
     Ok(vec![
         Arc::new(crate::timers::TimerWorker::new(pool.clone(), Arc::new(Starter))),
+        Arc::new(crate::timers::TimerWorker::new(pool.clone(), Arc::new(experiment::Verdicts::new(log.clone())))),
         Arc::new(Runs::new(pool.clone(), log.clone(), settings)?),
     ])
 }

@@ -39,6 +39,7 @@ pub fn document(broadcast_id: &str, definition: &BroadcastDef, updated_at_ms: i6
         "senderId": definition.sender_id,
         "audience": definition.audience,
         "scheduledAt": definition.scheduled_at_ms.map(platform::time::format_millis),
+        "experiment": definition.experiment,
         "updatedAt": platform::time::format_millis(updated_at_ms),
     })
 }
@@ -55,6 +56,7 @@ mod tests {
             sender_id: None,
             audience: Audience::Topic { topic_id: "top_1".into() },
             scheduled_at_ms: Some(1_000),
+            experiment: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! and whether an address is suppressed. Making and sending mail is the `mail` crate's.
 
 pub mod broadcasts;
+pub mod experiments;
 pub mod locale;
 pub mod resources;
 pub mod send;

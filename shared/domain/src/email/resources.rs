@@ -358,6 +358,9 @@ pub struct BroadcastDef {
     /// When a send starts its run (Unix milliseconds); `None`: at once.
     #[serde(default)]
     pub scheduled_at_ms: Option<i64>,
+    /// A test of variants on a share of the audience before the winner goes to the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<super::experiments::ExperimentDef>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -78,13 +78,17 @@ fn decision_entry(kind: &str, at_ms: i64, zone: Option<&platform::proto::PolicyZ
 }
 
 fn origin(scheduled: &platform::proto::EmailScheduled) -> Value {
-    origin_of(&scheduled.origin, &scheduled.form_id, &scheduled.parent_id, &scheduled.step_id)
+    origin_of(&scheduled.origin, &scheduled.form_id, &scheduled.parent_id, &scheduled.step_id, &scheduled.variant)
 }
 
-fn origin_of(kind: &str, source: &str, parent: &str, step: &str) -> Value {
+fn origin_of(kind: &str, source: &str, parent: &str, step: &str, variant: &str) -> Value {
     let (source, parent, step) = (some(source), some(parent), some(step));
     match kind {
         "form_confirmation" => json!({"type": kind, "formId": source}),
+        // A run with an experiment names the variant each email was sent.
+        "broadcast" if !variant.is_empty() => {
+            json!({"type": kind, "broadcastId": parent, "broadcastRunId": source, "variant": variant})
+        }
         "broadcast" => json!({"type": kind, "broadcastId": parent, "broadcastRunId": source}),
         "workflow" => json!({"type": kind, "workflowId": parent, "workflowRunId": source, "stepId": step}),
         _ => json!({"type": if kind.is_empty() { "template" } else { kind }}),
@@ -283,7 +287,7 @@ fn skipped_story(skipped: &platform::proto::EmailSkipped) -> Story {
         kind: skipped.kind.clone(),
         topic_id: some(&skipped.topic_id).map(str::to_owned),
         contact_id: skipped.contact_id.clone(),
-        origin: origin_of(&source.origin, &source.source_id, &source.parent_id, &source.step_id),
+        origin: origin_of(&source.origin, &source.source_id, &source.parent_id, &source.step_id, &source.variant),
         status: "skipped".to_owned(),
         scheduled_at: at,
         not_before: None,

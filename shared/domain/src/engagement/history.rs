@@ -78,6 +78,7 @@ impl History {
                         source_id: scheduled.form_id.clone(),
                         parent_id: scheduled.parent_id.clone(),
                         step_id: scheduled.step_id.clone(),
+                        variant: scheduled.variant.clone(),
                     },
                     ..Self::default()
                 });
