@@ -220,11 +220,20 @@ pub struct ProjectorSettings {
     /// crash-recovery test sets it.
     pub crash_after_events: Option<usize>,
     pub crash_projection: Option<String>,
+    /// `APP__PROJECTOR__CRASH_AFTER_VERDICT`: abort the whole process right after a broadcast
+    /// experiment's verdict is appended, before it is applied. Only the kill test sets it.
+    pub crash_after_verdict: bool,
 }
 
 impl Default for ProjectorSettings {
     fn default() -> Self {
-        Self { workers: "all".to_owned(), port: 8081, crash_after_events: None, crash_projection: None }
+        Self {
+            workers: "all".to_owned(),
+            port: 8081,
+            crash_after_events: None,
+            crash_projection: None,
+            crash_after_verdict: false,
+        }
     }
 }
 

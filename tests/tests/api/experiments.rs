@@ -262,3 +262,137 @@ async fn a_workspace_experiment_that_breaks_a_rule_is_refused_naming_the_field()
         assert!(format!("{refused:#}").contains(expected), "{change}: {refused:#}");
     }
 }
+
+/// The run's phase as the engine holds it.
+async fn phase(app: &TestApp, run_id: &str) -> Option<String> {
+    let client = app.pool.get().await.expect("client");
+    client
+        .query_one("SELECT phase FROM broadcast_runs WHERE run_id = $1", &[&run_id])
+        .await
+        .expect("the run's row")
+        .get(0)
+}
+
+/// Waits until the sink has accepted `count` messages.
+async fn accepted(sink: &SmtpSink, count: u64, what: &str) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let accepted = sink.summary().await["accepted"].as_u64().unwrap_or(0);
+        if accepted >= count {
+            return accepted;
+        }
+        assert!(Instant::now() < deadline, "{what}: only {accepted} accepted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_experiment_killed_in_its_test_send_at_its_verdict_and_in_its_winner_send_mails_each_recipient_once() {
+    const PEOPLE: usize = 400;
+    let sink = SmtpSink::start().await;
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let mut env = sink.process_env(2000);
+    env.extend([
+        ("APP__BROADCASTS__RATE_PER_SECOND", "100".to_owned()),
+        ("APP__BROADCASTS__BATCH", "20".to_owned()),
+        ("APP__BROADCASTS__HANDOFFS", "8".to_owned()),
+    ]);
+    let mut first = spawn_binary("projector", &["run"], &app.database_url, &env);
+    app.apply_workspace(&experiment_workspace("send_best"), true).await;
+    publish_dkim(&app, &sink).await;
+    let run_id = start_run(&app, PEOPLE).await;
+
+    // 1. Killed in the test send.
+    accepted(&sink, 30, "the test send did not get going").await;
+    first.0.kill().expect("kill -9");
+    assert_eq!(phase(&app, &run_id).await.as_deref(), Some("test"), "the kill came in the test send");
+    let mut crash_env = env.clone();
+    crash_env.push(("APP__PROJECTOR__CRASH_AFTER_VERDICT", "true".to_owned()));
+    let mut second = spawn_binary("projector", &["run"], &app.database_url, &crash_env);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while phase(&app, &run_id).await.as_deref() != Some("wait") {
+        assert!(Instant::now() < deadline, "the test send did not end");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tested = app
+        .query_i64(&format!(
+            "SELECT count(*) FROM broadcast_recipients WHERE run_id = '{run_id}' AND variant IS NOT NULL"
+        ))
+        .await;
+
+    // 2. Dies between the verdict's append and its application: the verdict is in the log,
+    // the run still waits.
+    end_wait(&app, &run_id).await;
+    let deadline = Instant::now() + WAIT;
+    while second.0.try_wait().expect("the projector's status").is_none() {
+        assert!(Instant::now() < deadline, "the projector did not reach its verdict");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let verdicts = format!(
+        "SELECT count(*) FROM events WHERE event_type = 'BroadcastExperimentDecided.v1' AND stream_id = 'broadcast-run-{run_id}'"
+    );
+    assert_eq!(app.query_i64(&verdicts).await, 1, "the verdict was recorded before the crash");
+    assert_eq!(phase(&app, &run_id).await.as_deref(), Some("wait"), "and not applied");
+
+    // 3. The next process applies the recorded verdict, and is killed in the winner send.
+    let mut third = spawn_binary("projector", &["run"], &app.database_url, &env);
+    let at_verdict = sink.summary().await["accepted"].as_u64().unwrap_or(0);
+    accepted(&sink, at_verdict + 30, "the winner send did not get going").await;
+    third.0.kill().expect("kill -9");
+    assert_eq!(phase(&app, &run_id).await.as_deref(), Some("winner"), "the kill came in the winner send");
+    let _fourth = spawn_binary("projector", &["run"], &app.database_url, &env);
+
+    let run = run_until(&app, &run_id, "its end", |run| {
+        run["status"] == "completed" && run["counts"]["queued"] == 0 && run["counts"]["pending"] == 0
+    })
+    .await;
+    assert_eq!(app.query_i64(&verdicts).await, 1, "the verdict is recorded once");
+    // No clicks: no clear winner, and `send_best` sends the leader (the first on a tie).
+    assert_eq!(
+        (run["experiment"]["winner"].as_str(), run["experiment"]["verdict"]["rule"].as_str()),
+        (Some("a"), Some("send_best")),
+        "{run}"
+    );
+    let unknown = run["counts"]["outcomeUnknown"].as_u64().expect("a count");
+    let sent = run["counts"]["sent"].as_u64().expect("a count");
+    assert_eq!(sent + unknown, PEOPLE as u64, "every recipient was sent or its hand-off left unknown: {run}");
+    // In flight at each of the two kills: at most its hand-offs (8) and the outbox worker's
+    // batch it took over (16).
+    assert!(unknown <= 48, "{run}");
+
+    let summary = sink.summary().await;
+    let recipients: Vec<&str> =
+        summary["rcptTo"].as_array().expect("recipients").iter().filter_map(Value::as_str).collect();
+    let mut unique = recipients.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), recipients.len(), "no recipient was mailed twice");
+    assert!(recipients.len() as u64 >= PEOPLE as u64 - unknown, "{} of {PEOPLE}", recipients.len());
+    // A test recipient got its variant's mail; the rest got the winner's.
+    let messages = sink.wait_for(recipients.len(), WAIT).await;
+    let client = app.pool.get().await.expect("client");
+    let variants: BTreeMap<String, Option<String>> = client
+        .query(
+            "SELECT email_id, variant FROM broadcast_recipients WHERE run_id = $1 AND email_id IS NOT NULL",
+            &[&run_id],
+        )
+        .await
+        .expect("the recipients")
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let mut rest = 0;
+    for message in &messages {
+        let variant = variants.get(&email_id_of(message)).expect("a recipient's email");
+        let expected = match variant.as_deref() {
+            Some("b") => "Deal B",
+            Some(_) => "Deal A",
+            None => {
+                rest += 1;
+                "Deal A"
+            }
+        };
+        assert_eq!(message["headers"]["subject"][0], expected, "{variant:?}");
+    }
+    assert!(tested > 0 && rest > 0 && rest + tested as usize >= messages.len(), "{tested} tested, {rest} of the rest");
+}

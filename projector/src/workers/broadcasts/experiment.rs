@@ -107,11 +107,13 @@ pub(super) async fn wait(
 /// Decides runs' experiments when their wait ends.
 pub(crate) struct Verdicts {
     log: EventLog,
+    /// `APP__PROJECTOR__CRASH_AFTER_VERDICT`: the kill test's fault.
+    crash_after_verdict: bool,
 }
 
 impl Verdicts {
-    pub(crate) fn new(log: EventLog) -> Self {
-        Self { log }
+    pub(crate) fn new(log: EventLog, crash_after_verdict: bool) -> Self {
+        Self { log, crash_after_verdict }
     }
 
     async fn decide(&self, transaction: &Transaction<'_>, timer: &Timer) -> anyhow::Result<Handled> {
@@ -203,6 +205,12 @@ impl Verdicts {
                 if let Err(error) = self.log.append(AppendRequest::in_space(&space_id, vec![stream], Vec::new())).await
                 {
                     tracing::info!(run = %run_id, %error, "the verdict was recorded before; applying the recorded one");
+                }
+                if self.crash_after_verdict {
+                    tracing::error!(
+                        "injected fault: aborting the projector between a verdict's append and its application"
+                    );
+                    std::process::abort();
                 }
                 match self.recorded(transaction, run_id).await? {
                     Some(decided) => decided,

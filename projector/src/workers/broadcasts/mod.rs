@@ -573,7 +573,10 @@ impl Worker for Runs {
 pub fn workers(pool: &Pool, log: &EventLog, settings: &Settings) -> anyhow::Result<Vec<Arc<dyn Worker>>> {
     Ok(vec![
         Arc::new(crate::timers::TimerWorker::new(pool.clone(), Arc::new(Starter))),
-        Arc::new(crate::timers::TimerWorker::new(pool.clone(), Arc::new(experiment::Verdicts::new(log.clone())))),
+        Arc::new(crate::timers::TimerWorker::new(
+            pool.clone(),
+            Arc::new(experiment::Verdicts::new(log.clone(), settings.projector.crash_after_verdict)),
+        )),
         Arc::new(Runs::new(pool.clone(), log.clone(), settings)?),
     ])
 }
