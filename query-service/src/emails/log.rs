@@ -216,7 +216,7 @@ pub(crate) fn write_csv_record<S: AsRef<str>>(out: &mut Vec<u8>, fields: impl In
 }
 
 /// The CSV header, in the order of [`csv_record`].
-pub(crate) const CSV_HEADER: [&str; 25] = [
+pub(crate) const CSV_HEADER: [&str; 26] = [
     "emailId",
     "contactId",
     "address",
@@ -235,6 +235,7 @@ pub(crate) const CSV_HEADER: [&str; 25] = [
     "broadcastRunId",
     "workflowId",
     "stepId",
+    "variant",
     "unsubscribed",
     "opens",
     "humanOpens",
@@ -275,6 +276,7 @@ pub(crate) fn csv_record(row: &Value) -> Vec<String> {
         text(&row["origin"]["broadcastRunId"]),
         text(&row["origin"]["workflowId"]),
         text(&row["origin"]["stepId"]),
+        text(&row["origin"]["variant"]),
         text(&row["unsubscribed"]),
         text(&engagement["opens"]),
         text(&engagement["humanOpens"]),

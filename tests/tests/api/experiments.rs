@@ -208,6 +208,25 @@ async fn an_experiment_tests_two_subjects_decides_on_peoples_clicks_and_sends_th
     let rest_story =
         app.get(&format!("/emails/{}", email_id_of(rest_mail.expect("a mail of the rest"))), MAIL_KEY).await;
     assert_eq!(rest_story.body["data"]["origin"]["variant"], "b", "{:?}", rest_story.body);
+    // The delivery log's export names each email's variant.
+    let csv = app
+        .request(reqwest::Method::GET, &format!("/emails?broadcastRunId={run_id}"), Some(MAIL_KEY))
+        .header("Accept", "text/csv")
+        .send()
+        .await
+        .expect("answered")
+        .text()
+        .await
+        .expect("a body");
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    let column = header.iter().position(|name| *name == "variant").expect("a variant column");
+    let mut exported = BTreeMap::new();
+    for line in lines {
+        *exported.entry(line.split(',').nth(column).unwrap_or_default().to_owned()).or_insert(0) += 1;
+    }
+    assert_eq!(exported.get("a"), Some(&a.len()), "{exported:?}");
+    assert_eq!(exported.get("b"), Some(&(PEOPLE - a.len())), "the test's b and the rest: {exported:?}");
     let recorded = app
         .query_i64(&format!(
             "SELECT count(*) FROM events WHERE event_type = 'BroadcastExperimentDecided.v1' AND stream_id = 'broadcast-run-{run_id}'"
