@@ -70,5 +70,5 @@ async fn the_demo_workspace_applies_and_its_key_works() {
     let me = app.get("/me", "sk_demo_0123456789abcdefghijklmnop").await;
     assert_eq!(me.status, 200);
     assert_eq!(me.body["data"]["space"]["slug"], "demo");
-    assert_eq!(app.query_i64("SELECT count(*) FROM rm_catalog_v1.resources WHERE kind = 'template'").await, 3);
+    assert_eq!(app.query_i64("SELECT count(*) FROM rm_catalog_v1.resources WHERE kind = 'template'").await, 4);
 }

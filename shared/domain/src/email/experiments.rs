@@ -363,7 +363,10 @@ fn wilson(n: f64, x: f64) -> [f64; 2] {
     let denominator = 1.0 + z2 / n;
     let centre = (p + z2 / (2.0 * n)) / denominator;
     let half = Z_95 * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / denominator;
-    [(centre - half).max(0.0), (centre + half).min(1.0)]
+    // At no success (or all) the bound is 0 (or 1) exactly, not a rounding error away.
+    let low = if x <= 0.0 { 0.0 } else { (centre - half).max(0.0) };
+    let high = if x >= n { 1.0 } else { (centre + half).min(1.0) };
+    [low, high]
 }
 
 /// The two-sided two-proportion z-test with a pooled variance: `(z, p)`. With nothing to
@@ -488,6 +491,9 @@ mod tests {
         let verdict = decide(&experiment(&["a", "b", "c"], Fallback::SendBest), &[Tally::default(); 3]);
         assert_eq!((verdict.leader.as_str(), verdict.winner.as_deref(), verdict.clear), ("a", Some("a"), false));
         assert!(verdict.variants.iter().all(|figures| figures.rate == 0.0 && figures.interval == [0.0, 0.0]));
+        let none = decide(&experiment(&["a", "b"], Fallback::Stop), &[tally(48, 0), tally(6, 6)]);
+        assert_eq!(none.variants[0].interval[0], 0.0, "no engagement: the lower bound is 0 exactly");
+        assert_eq!(none.variants[1].interval[1], 1.0, "all engaged: the upper bound is 1 exactly");
         assert!(verdict.comparisons.iter().all(|comparison| comparison.p_value == 1.0 && comparison.z == 0.0));
     }
 
