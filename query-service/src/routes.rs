@@ -52,6 +52,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "getBroadcast" => web::get().to(answering(broadcasts::http::get)),
         "listBroadcastRuns" => web::get().to(answering(broadcasts::http::runs)),
         "getBroadcastRun" => web::get().to(answering(broadcasts::http::run)),
+        "listBroadcastRunLinks" => web::get().to(answering(broadcasts::http::links)),
         "listWorkflows" => web::get().to(answering(workflows::http::list)),
         "getWorkflow" => web::get().to(answering(workflows::http::get)),
         "getWorkflowStats" => web::get().to(answering(workflows::http::stats)),

@@ -161,11 +161,28 @@ struct ExperimentSpec {
     #[serde(default)]
     control: Option<String>,
     #[serde(default)]
-    metric: Option<String>,
+    metric: Option<MetricSpec>,
     /// A duration (`30m`, `4h`, `2d`).
     wait: String,
     #[serde(default)]
     without_clear_winner: Option<experiments::Fallback>,
+}
+
+/// `"clicks"`, `"opens"`, or `{"conversion": <event schema slug>, "within": <duration>}`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MetricSpec {
+    Named(String),
+    Conversion(ConversionSpec),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ConversionSpec {
+    /// An event schema's slug.
+    conversion: String,
+    /// The window after each send, a duration.
+    within: String,
 }
 
 #[derive(Deserialize)]
@@ -211,6 +228,8 @@ struct ExperimentIds<'a> {
     templates: &'a BTreeMap<&'a str, String>,
     shapes: &'a BTreeMap<String, (String, bool)>,
     senders: &'a BTreeMap<&'a str, String>,
+    /// The space's event schemas: slug → id.
+    events: &'a BTreeMap<&'a str, String>,
 }
 
 /// A broadcast's experiment checked (`ExperimentDef::check`, and each variant's template,
@@ -221,10 +240,24 @@ fn experiment(
     (postal_senders, localized): (&BTreeMap<String, bool>, &std::collections::BTreeSet<String>),
     (broadcast_template, owner): (&str, &str),
 ) -> anyhow::Result<experiments::ExperimentDef> {
-    let metric = match spec.metric.as_deref() {
-        None | Some("clicks") => experiments::Metric::Clicks,
-        Some("opens") => experiments::Metric::Opens,
-        Some(other) => bail!("{owner}: experiment.metric is \"clicks\" or \"opens\", not {other:?}"),
+    let metric = match spec.metric {
+        None => experiments::Metric::Clicks,
+        Some(MetricSpec::Named(name)) => match name.as_str() {
+            "clicks" => experiments::Metric::Clicks,
+            "opens" => experiments::Metric::Opens,
+            other => bail!(
+                "{owner}: experiment.metric is \"clicks\", \"opens\" or {{\"conversion\": <event schema>, \"within\": \
+                 <duration>}}, not {other:?}"
+            ),
+        },
+        Some(MetricSpec::Conversion(conversion)) => {
+            let schema_id =
+                lookup(ids.events, "event schema", &conversion.conversion, &format!("{owner}: experiment.metric"))?;
+            let window_ms = domain::workflows::parse_duration(&conversion.within).map_err(|error| {
+                anyhow::anyhow!("{owner}: experiment.metric.within {:?}: {error}", conversion.within)
+            })?;
+            experiments::Metric::Conversion { schema_id: schema_id.clone(), window_ms }
+        }
     };
     let wait_ms = domain::workflows::parse_duration(&spec.wait)
         .map_err(|error| anyhow::anyhow!("{owner}: experiment.wait {:?}: {error}", spec.wait))?;
@@ -266,9 +299,10 @@ fn experiment(
     };
     // The file writes the wait as a duration.
     definition.check().map_err(|invalid| {
+        let field = invalid.field.replace("experiment.waitMs", "experiment.wait");
         anyhow::anyhow!(
             "{owner}: {} {}",
-            invalid.field.replace("experiment.waitMs", "experiment.wait"),
+            field.replace("experiment.metric.windowMs", "experiment.metric.within"),
             invalid.message
         )
     })?;
@@ -301,6 +335,12 @@ pub(super) fn definitions(
     previous: impl Fn(&str, &str) -> Option<Value>,
 ) -> anyhow::Result<Vec<(&'static str, String, Value)>> {
     let schemas = Schemas::of(space);
+    let event_schemas: BTreeMap<&str, String> = schemas
+        .by_slug
+        .iter()
+        .filter(|(_, (_, schema_type, _))| *schema_type == "event")
+        .map(|(slug, (id, _, _))| (*slug, id.clone()))
+        .collect();
     fn ids<'s>(kind: &str, prefix: &str, space: &str, list: &'s [ResourceSpec]) -> BTreeMap<&'s str, String> {
         list.iter().map(|resource| (resource.slug.as_str(), resource_id(kind, prefix, space, resource))).collect()
     }
@@ -564,7 +604,12 @@ pub(super) fn definitions(
         let experiment = input
             .experiment
             .map(|spec| {
-                let ids = ExperimentIds { templates: &template_ids, shapes: &template_shapes, senders: &sender_ids };
+                let ids = ExperimentIds {
+                    templates: &template_ids,
+                    shapes: &template_shapes,
+                    senders: &sender_ids,
+                    events: &event_schemas,
+                };
                 experiment(spec, &ids, (&postal_senders, &localized), (&template_id, &owner))
             })
             .transpose()?;

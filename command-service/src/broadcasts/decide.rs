@@ -1,7 +1,10 @@
 //! The broadcast decisions: validating an update body, updating a broadcast and requesting
 //! its run, on the broadcast as the log holds it. Pure.
 
+use std::collections::BTreeMap;
+
 use domain::email::broadcasts::{apply_update, document, stream_id};
+use domain::email::experiments::{ExperimentDef, Metric};
 use domain::email::resources::{Audience, BroadcastDef};
 use platform::error::{Code, Issue};
 use platform::events::LogEvent;
@@ -13,21 +16,24 @@ use super::store::{self, Current, Loaded};
 use crate::decision::{Decide, Given, Outcome, Reply};
 
 /// The fields an update accepts.
-pub(crate) const UPDATE_FIELDS: [&str; 3] = ["name", "audience", "scheduledAt"];
+pub(crate) const UPDATE_FIELDS: [&str; 4] = ["name", "audience", "scheduledAt", "experiment"];
 /// Fields of the broadcast as returned that an update takes when they are unchanged.
-pub(crate) const FIXED_FIELDS: [&str; 5] = ["id", "slug", "templateId", "senderId", "experiment"];
+pub(crate) const FIXED_FIELDS: [&str; 4] = ["id", "slug", "templateId", "senderId"];
 /// Fields of the broadcast as returned that the server keeps: an update ignores them.
 pub(crate) const KEPT_FIELDS: [&str; 1] = ["updatedAt"];
 /// The most characters of a broadcast's name.
 pub(crate) const MAX_NAME_CHARS: usize = 200;
 
 /// A validated update: each field present only when the caller sent it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Update {
     pub name: Option<String>,
     pub audience: Option<Audience>,
     /// `Some(None)` clears the schedule.
     pub scheduled_at_ms: Option<Option<i64>>,
+    /// `Some(None)` removes the experiment; a new one is checked by itself here and against
+    /// the space's templates and senders by [`check_experiment`].
+    pub experiment: Option<Option<ExperimentDef>>,
     /// The fixed fields the body echoed from the broadcast as returned, checked unchanged
     /// against the broadcast by [`check_echoed`].
     pub echoed: Map<String, Value>,
@@ -101,6 +107,13 @@ pub(crate) fn decide_update(
         scheduled_at_set: update.scheduled_at_ms.is_some(),
         scheduled_at_ms: update.scheduled_at_ms.flatten().unwrap_or(0),
         updated_at_ms: now,
+        experiment_set: update.experiment.is_some(),
+        experiment_json: match update.experiment.as_ref().and_then(Option::as_ref) {
+            Some(experiment) => {
+                serde_json::to_string(experiment).map_err(|error| Refusal::Failed(error.to_string()))?
+            }
+            None => String::new(),
+        },
     };
     let next = apply_update(current.definition.clone(), &event);
     Ok((event, next))
@@ -236,14 +249,141 @@ pub(crate) fn parse_update(body: &Map<String, Value>) -> Result<Update, Refusal>
         },
         Some(_) => issues.push(Issue::coded("scheduledAt", Code::InvalidField, "scheduledAt must be a string or null")),
     }
-    if issues.is_empty() && update.name.is_none() && update.audience.is_none() && update.scheduled_at_ms.is_none() {
+    match body.get("experiment") {
+        None => {}
+        Some(Value::Null) => update.experiment = Some(None),
+        Some(value) => match experiment(value) {
+            Ok(experiment) => update.experiment = Some(Some(experiment)),
+            Err(issue) => issues.push(issue),
+        },
+    }
+    let nothing = update.name.is_none()
+        && update.audience.is_none()
+        && update.scheduled_at_ms.is_none()
+        && update.experiment.is_none();
+    if issues.is_empty() && nothing {
         issues.push(Issue {
             key: None,
             code: Some(Code::MissingField),
-            message: "an update needs at least one of name, audience, scheduledAt".to_owned(),
+            message: "an update needs at least one of name, audience, scheduledAt, experiment".to_owned(),
         });
     }
     if issues.is_empty() { Ok(update) } else { Err(invalid(issues)) }
+}
+
+/// An experiment as `GET /broadcasts/{id}` shows it (ids and milliseconds), checked by itself
+/// (`ExperimentDef::check`): the issue names the field that breaks a rule.
+fn experiment(value: &Value) -> Result<ExperimentDef, Issue> {
+    let experiment: ExperimentDef = serde_json::from_value(value.clone()).map_err(|error| {
+        Issue::coded(
+            "experiment",
+            Code::InvalidField,
+            format!("experiment must be an experiment as GET /broadcasts/{{id}} shows it, or null: {error}"),
+        )
+    })?;
+    experiment.check().map_err(|invalid| Issue::coded(&invalid.field, Code::InvalidField, invalid.message))?;
+    if let Metric::Conversion { schema_id, .. } = &experiment.metric
+        && !platform::storable::is_storable(schema_id)
+    {
+        return Err(Issue::coded("experiment.metric.schemaId", Code::InvalidField, "names no event schema"));
+    }
+    for (index, variant) in experiment.variants.iter().enumerate() {
+        let fields = [
+            ("subject", variant.subject.as_deref()),
+            ("templateId", variant.template_id.as_deref()),
+            ("senderId", variant.sender_id.as_deref()),
+        ];
+        for (field, text) in fields {
+            if text.is_some_and(|text| !platform::storable::is_storable(text) || text.chars().any(char::is_control)) {
+                let key = format!("experiment.variants[{index}].{field}");
+                return Err(Issue::coded(&key, Code::InvalidField, format!("{key} holds a control character")));
+            }
+        }
+    }
+    if experiment.control.as_deref().is_some_and(|control| !platform::storable::is_storable(control)) {
+        return Err(Issue::coded("experiment.control", Code::InvalidField, "experiment.control is not a variant"));
+    }
+    Ok(experiment)
+}
+
+/// What the space holds of a template an experiment names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TemplateFacts {
+    /// A marketing template whose only data key is its recipient: one a broadcast can send.
+    pub broadcastable: bool,
+    /// It has language variants, whose subjects a variant's subject would replace.
+    pub localized: bool,
+}
+
+/// What the space holds of the templates and senders an update's experiment names (absent:
+/// not one of the space's), and whether the broadcast's own template has language variants.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ExperimentFacts {
+    pub templates: BTreeMap<String, TemplateFacts>,
+    /// Each sender's: whether it has the postal address marketing mail's footer needs.
+    pub senders: BTreeMap<String, bool>,
+    pub own_template_localized: bool,
+    /// A conversion metric's schema is an event schema of the space.
+    pub conversion_schema_found: bool,
+}
+
+/// Refuses an experiment whose variants name a template or sender the space does not have or
+/// cannot send a broadcast with, or replace the subject of a template with language variants,
+/// as the workspace file's apply does; the issue names the variant's field.
+pub(crate) fn check_experiment(experiment: &ExperimentDef, facts: &ExperimentFacts) -> Result<(), Refusal> {
+    let mut issues = Vec::new();
+    for (index, variant) in experiment.variants.iter().enumerate() {
+        let field = |name: &str| format!("experiment.variants[{index}].{name}");
+        let template = variant.template_id.as_ref().map(|id| (id, facts.templates.get(id)));
+        match template {
+            Some((id, None)) => issues.push(Issue::coded(
+                field("templateId"),
+                Code::InvalidField,
+                format!("no template {id:?} in this space"),
+            )),
+            Some((_, Some(facts))) if !facts.broadcastable => issues.push(Issue::coded(
+                field("templateId"),
+                Code::InvalidField,
+                "a variant's template must be a marketing template whose only data key is its recipient",
+            )),
+            _ => {}
+        }
+        if let Some(id) = &variant.sender_id {
+            match facts.senders.get(id) {
+                None => issues.push(Issue::coded(
+                    field("senderId"),
+                    Code::InvalidField,
+                    format!("no sender {id:?} in this space"),
+                )),
+                Some(false) => issues.push(Issue::coded(
+                    field("senderId"),
+                    Code::InvalidField,
+                    "a variant's sender needs a postal address for the footer of marketing mail (CAN-SPAM)",
+                )),
+                Some(true) => {}
+            }
+        }
+        let localized = match template {
+            Some((_, Some(facts))) => facts.localized,
+            Some((_, None)) => false,
+            None => facts.own_template_localized,
+        };
+        if variant.subject.is_some() && localized {
+            issues.push(Issue::coded(
+                field("subject"),
+                Code::InvalidField,
+                "the template has language variants, whose subjects a variant's subject would replace; \
+                 use a template of its own for the variant",
+            ));
+        }
+    }
+    if let Metric::Conversion { schema_id, .. } = &experiment.metric
+        && !facts.conversion_schema_found
+    {
+        let message = format!("no event schema {schema_id:?} in this space");
+        issues.push(Issue::coded("experiment.metric.schemaId", Code::InvalidField, message));
+    }
+    if issues.is_empty() { Ok(()) } else { Err(invalid(issues)) }
 }
 
 /// When a run requested at `now` starts: at the schedule when it is still ahead, else at once.
@@ -263,8 +403,9 @@ fn at_loaded(broadcast_id: &str, loaded: &Loaded, event: LogEvent, now: i64) -> 
 }
 
 /// The broadcast from the log (`None`: not one of the space's), what is known of the audience
-/// the command checks, and the guard that keeps a segment audience's stream where it was read.
-pub(crate) type Broadcast = Option<(Loaded, AudienceFound, Option<Guard>)>;
+/// the command checks, the guard that keeps a segment audience's stream where it was read, and
+/// what the space holds of what an update's experiment names.
+pub(crate) type Broadcast = Option<(Loaded, AudienceFound, Option<Guard>, ExperimentFacts)>;
 
 /// `PATCH /broadcasts/{id}`.
 pub(crate) struct UpdateBroadcast {
@@ -280,13 +421,16 @@ impl Decide for UpdateBroadcast {
 
     fn decide(&self, loaded: Broadcast, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let (space_id, broadcast_id) = (self.space_id.as_str(), self.broadcast_id.as_str());
-        let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
+        let current = loaded.as_ref().map(|(loaded, _, _, _)| &loaded.current);
         if let Some(current) = current {
             check_echoed(&self.update, &document(broadcast_id, &current.definition, given.now_ms))?;
         }
-        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
+        if let (Some(Some(experiment)), Some((_, _, _, facts))) = (&self.update.experiment, &loaded) {
+            check_experiment(experiment, facts)?;
+        }
+        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _, _)| *found);
         let (event, next) = decide_update(broadcast_id, space_id, current, &self.update, found, given.now_ms)?;
-        let Some((loaded, _, audience_guard)) = loaded else {
+        let Some((loaded, _, audience_guard, _)) = loaded else {
             return Err(Refusal::Failed("an update decided without its broadcast".to_owned()));
         };
         let body = api::http::data_body(document(broadcast_id, &next, given.now_ms), &[]);
@@ -334,11 +478,11 @@ impl Decide for SendBroadcast {
 
     fn decide(&self, loaded: Broadcast, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let (space_id, broadcast_id) = (self.space_id.as_str(), self.broadcast_id.as_str());
-        let current = loaded.as_ref().map(|(loaded, _, _)| &loaded.current);
-        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _)| *found);
+        let current = loaded.as_ref().map(|(loaded, _, _, _)| &loaded.current);
+        let found = loaded.as_ref().map_or(AudienceFound::Yes, |(_, found, _, _)| *found);
         let run_id = given.fresh.id("bcr");
         let run = decide_send(broadcast_id, space_id, current, found, (&run_id, given.now_ms))?;
-        let Some((loaded, _, audience_guard)) = loaded else {
+        let Some((loaded, _, audience_guard, _)) = loaded else {
             return Err(Refusal::Failed("a send decided without its broadcast".to_owned()));
         };
         let audience = &loaded.current.definition.audience;
@@ -482,7 +626,11 @@ mod tests {
     use crate::decision::{Outcome, Status};
 
     fn loaded(run_active: bool, found: AudienceFound) -> Broadcast {
-        Some((Loaded { current: current(run_active), version: 2, authored_version: 5 }, found, None))
+        loaded_with(run_active, found, ExperimentFacts::default())
+    }
+
+    fn loaded_with(run_active: bool, found: AudienceFound, facts: ExperimentFacts) -> Broadcast {
+        Some((Loaded { current: current(run_active), version: 2, authored_version: 5 }, found, None, facts))
     }
 
     fn update(value: Value) -> UpdateBroadcast {
@@ -508,6 +656,8 @@ mod tests {
                 scheduled_at_set: false,
                 scheduled_at_ms: 0,
                 updated_at_ms: NOW_MS,
+                experiment_set: false,
+                experiment_json: String::new(),
             }),
         ]);
         assert_eq!(reply.status, Status::Ok);
@@ -564,5 +714,110 @@ mod tests {
             .when(&send())
             .then_refused(Refusal::AudienceNotFound(Audience::Topic { topic_id: "top_1".into() }));
         given(None).when(&send()).then_refused(Refusal::NotFound("bc_1".into()));
+    }
+
+    fn experiment_body(variants: Value) -> Value {
+        json!({"experiment": {"testShare": 20, "variants": variants, "control": null, "metric": {"type": "opens"},
+                              "waitMs": 3_600_000, "withoutClearWinner": "send_best"}})
+    }
+
+    fn facts() -> ExperimentFacts {
+        ExperimentFacts {
+            templates: BTreeMap::from([
+                ("tpl_2".to_owned(), TemplateFacts { broadcastable: true, localized: false }),
+                ("tpl_de".to_owned(), TemplateFacts { broadcastable: true, localized: true }),
+                ("tpl_tx".to_owned(), TemplateFacts { broadcastable: false, localized: false }),
+            ]),
+            senders: BTreeMap::from([("snd_ok".to_owned(), true), ("snd_bare".to_owned(), false)]),
+            own_template_localized: false,
+            conversion_schema_found: false,
+        }
+    }
+
+    #[test]
+    fn given_an_experiment_as_shown_when_updated_then_it_is_appended_and_the_broadcast_shows_it() {
+        let body = experiment_body(json!([{"id": "a", "subject": "One"}, {"id": "b", "templateId": "tpl_2",
+                                            "senderId": "snd_ok"}]));
+        let reply = given(loaded_with(false, AudienceFound::Yes, facts())).when(&update(body.clone())).decided();
+        let reply = reply.reply().cloned().expect("a reply");
+        assert_eq!(reply.status, Status::Ok, "{}", reply.json());
+        assert_eq!(reply.json()["data"]["experiment"], body["experiment"], "shown as sent");
+        let Outcome::Append(writes) =
+            given(loaded_with(false, AudienceFound::Yes, facts())).when(&update(body)).decided()
+        else {
+            panic!("appended")
+        };
+        let LogEvent::BroadcastUpdated(event) = &writes.streams[0].events[0].event else { panic!("an update") };
+        assert!(event.experiment_set);
+        let folded = apply_update(current(false).definition, event);
+        assert_eq!(folded.experiment.map(|experiment| experiment.variants.len()), Some(2), "the fold keeps it");
+        let removed = given(loaded(false, AudienceFound::Yes)).when(&update(json!({"experiment": null}))).decided();
+        assert_eq!(removed.reply().expect("a reply").json()["data"]["experiment"], Value::Null);
+    }
+
+    #[test]
+    fn given_an_experiment_that_breaks_a_rule_when_parsed_then_the_field_is_named() {
+        let cases = [
+            (json!({"experiment": {"testShare": 70}}), "experiment"),
+            (experiment_body(json!([{"id": "a"}])), "experiment.variants"),
+            (experiment_body(json!([{"id": "A"}, {"id": "b"}])), "experiment.variants[0].id"),
+            (
+                experiment_body(json!([{"id": "a", "subject": "x\r\nBcc: y"}, {"id": "b"}])),
+                "experiment.variants[0].subject",
+            ),
+        ];
+        for (body, key) in cases {
+            let Err(Refusal::Invalid { issues, .. }) = parse_update(&self::body(body.clone())) else {
+                panic!("refused: {body}")
+            };
+            assert_eq!(issues[0].key.as_deref(), Some(key), "{body}");
+        }
+        let mut conversion = experiment_body(json!([{"id": "a"}, {"id": "b"}]));
+        conversion["experiment"]["metric"] = json!({"type": "conversion", "schemaId": "sch_1", "windowMs": 7_200_000});
+        let Err(Refusal::Invalid { issues, .. }) = parse_update(&body(conversion)) else { panic!("refused") };
+        assert_eq!(issues[0].key.as_deref(), Some("experiment.metric.windowMs"), "a window longer than the wait");
+    }
+
+    #[test]
+    fn given_variants_naming_what_the_space_cannot_send_when_updated_then_each_is_refused_by_field() {
+        let body = experiment_body(json!([
+            {"id": "a", "templateId": "tpl_nope"},
+            {"id": "b", "templateId": "tpl_tx", "senderId": "snd_bare"},
+            {"id": "c", "templateId": "tpl_de", "subject": "Hallo"},
+            {"id": "d", "senderId": "snd_nope"},
+        ]));
+        let refused =
+            given(loaded_with(false, AudienceFound::Yes, facts())).when(&update(body)).0.err().expect("refused");
+        let Refusal::Invalid { issues, .. } = refused else { panic!("invalid: {refused:?}") };
+        let keys: Vec<_> = issues.iter().filter_map(|issue| issue.key.as_deref()).collect();
+        assert_eq!(
+            keys,
+            [
+                "experiment.variants[0].templateId",
+                "experiment.variants[1].templateId",
+                "experiment.variants[1].senderId",
+                "experiment.variants[2].subject",
+                "experiment.variants[3].senderId",
+            ]
+        );
+        let mut conversion = experiment_body(json!([{"id": "a"}, {"id": "b"}]));
+        conversion["experiment"]["metric"] = json!({"type": "conversion", "schemaId": "sch_1", "windowMs": 3_600_000});
+        let refused = given(loaded_with(false, AudienceFound::Yes, facts()))
+            .when(&update(conversion.clone()))
+            .0
+            .err()
+            .expect("refused");
+        let Refusal::Invalid { issues, .. } = refused else { panic!("invalid: {refused:?}") };
+        assert_eq!(issues[0].key.as_deref(), Some("experiment.metric.schemaId"), "not an event schema of the space");
+        let found = ExperimentFacts { conversion_schema_found: true, ..facts() };
+        given(loaded_with(false, AudienceFound::Yes, found)).when(&update(conversion)).decided();
+        let own_localized = ExperimentFacts { own_template_localized: true, ..facts() };
+        let subject = experiment_body(json!([{"id": "a"}, {"id": "b", "subject": "New"}]));
+        let refused = given(loaded_with(false, AudienceFound::Yes, own_localized))
+            .when(&update(subject))
+            .0
+            .err()
+            .expect("refused");
+        assert!(matches!(refused, Refusal::Invalid { .. }), "the broadcast's own template has language variants");
     }
 }

@@ -10,12 +10,13 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::Permission;
-use domain::email::resources::{Audience, BROADCAST};
+use domain::email::experiments::{ExperimentDef, Metric};
+use domain::email::resources::{Audience, BROADCAST, SenderDef, TemplateDef};
 use platform::error::{ApiError, Code};
 use platform::log::{AppendError, Guard};
 use serde_json::Value;
 
-use super::decide::{self, AudienceFound, Broadcast, SendBroadcast, UpdateBroadcast};
+use super::decide::{self, AudienceFound, Broadcast, ExperimentFacts, SendBroadcast, TemplateFacts, UpdateBroadcast};
 use super::store;
 use crate::State;
 use crate::decision::Outcome;
@@ -58,13 +59,52 @@ enum Checked<'a> {
     Own,
 }
 
+/// What the space's catalog holds of the templates and senders `experiment` names, and of the
+/// broadcast's own template (`own_template`).
+async fn experiment_facts(
+    ctx: &Ctx<'_>,
+    space_id: &str,
+    experiment: &ExperimentDef,
+    own_template: &str,
+) -> Result<ExperimentFacts, ApiError> {
+    let catalog = ctx.catalog().await?;
+    let client = ctx.db().await?;
+    let mut facts = ExperimentFacts::default();
+    let named = experiment.variants.iter().filter_map(|variant| variant.template_id.as_deref());
+    for template_id in named.chain([own_template]) {
+        let found = reads::catalog::resource_by_id(&client, &catalog, "template", template_id).await?;
+        let Some((_, _, definition)) = found.filter(|(owner, _, _)| owner == space_id) else { continue };
+        let Ok(template) = serde_json::from_value::<TemplateDef>(definition) else { continue };
+        let template_facts = TemplateFacts {
+            broadcastable: template.kind == "marketing" && template.data.len() == 1,
+            localized: !template.locales.is_empty(),
+        };
+        if template_id == own_template {
+            facts.own_template_localized = template_facts.localized;
+        }
+        facts.templates.insert(template_id.to_owned(), template_facts);
+    }
+    for sender_id in experiment.variants.iter().filter_map(|variant| variant.sender_id.as_deref()) {
+        let found = reads::catalog::resource_by_id(&client, &catalog, "sender", sender_id).await?;
+        let Some((_, _, definition)) = found.filter(|(owner, _, _)| owner == space_id) else { continue };
+        let Ok(sender) = serde_json::from_value::<SenderDef>(definition) else { continue };
+        facts.senders.insert(sender_id.to_owned(), sender.postal_address.is_some());
+    }
+    if let Metric::Conversion { schema_id, .. } = &experiment.metric {
+        let schema = reads::catalog::find_schema(&client, &catalog, space_id, schema_id).await?;
+        facts.conversion_schema_found =
+            schema.is_some_and(|schema| schema.schema_id == *schema_id && schema.schema_type == "event");
+    }
+    Ok(facts)
+}
+
 /// The broadcast from the log (`None`: not one of the space's), and what is known of the
-/// audience the command checks.
+/// audience the command checks and of what an update's `experiment` names.
 async fn load_with_audience(
     ctx: &Ctx<'_>,
     space_id: &str,
     broadcast_id: &str,
-    checked: Checked<'_>,
+    (checked, experiment): (Checked<'_>, Option<&ExperimentDef>),
 ) -> Result<Broadcast, ApiError> {
     let client = ctx.db().await?;
     let loaded = store::load(&client, space_id, broadcast_id).await.map_err(|error| ApiError::internal(&error))?;
@@ -78,7 +118,11 @@ async fn load_with_audience(
         Some(audience) => audience_found(ctx, space_id, audience).await?,
         None => (AudienceFound::Yes, None),
     };
-    Ok(Some((loaded, found, guard)))
+    let facts = match experiment {
+        Some(experiment) => experiment_facts(ctx, space_id, experiment, &loaded.current.definition.template_id).await?,
+        None => ExperimentFacts::default(),
+    };
+    Ok(Some((loaded, found, guard, facts)))
 }
 
 /// A guard that names the run-active conflict answers 409 `broadcast_run_active`.
@@ -94,7 +138,8 @@ fn refused(error: AppendError) -> Refusal {
 impl Command for UpdateBroadcast {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Broadcast, ApiError> {
         let audience = Checked::Named(self.update.audience.as_ref());
-        load_with_audience(ctx, &self.space_id, &self.broadcast_id, audience).await
+        let experiment = self.update.experiment.as_ref().and_then(Option::as_ref);
+        load_with_audience(ctx, &self.space_id, &self.broadcast_id, (audience, experiment)).await
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
@@ -124,7 +169,7 @@ pub async fn update(
 
 impl Command for SendBroadcast {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Broadcast, ApiError> {
-        load_with_audience(ctx, &self.space_id, &self.broadcast_id, Checked::Own).await
+        load_with_audience(ctx, &self.space_id, &self.broadcast_id, (Checked::Own, None)).await
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {

@@ -1,4 +1,4 @@
-//! `GET /emails/{emailId}/click?url=…&sig=…` and `GET /emails/{emailId}/open?sig=…` (and
+//! `GET /emails/{emailId}/click?url=…&n=…&sig=…` and `GET /emails/{emailId}/open?sig=…` (and
 //! `HEAD`): public, no API key and no request limiter; the tenant is the email's.
 //!
 //! The link's signature is checked first (a link the system did not issue, or one changed in
@@ -27,7 +27,12 @@ const PIXEL: &[u8] = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xf
 /// What was fetched.
 enum Fetched<'a> {
     Open,
-    Click { url: &'a str },
+    /// A click of `url`, the `position`th tracked link of the email (none in links sent
+    /// before positions were numbered).
+    Click {
+        url: &'a str,
+        position: Option<u32>,
+    },
 }
 
 #[tracing::instrument(skip_all, fields(email = %path.as_str()))]
@@ -37,10 +42,16 @@ pub async fn click(path: web::Path<String>, state: web::Data<State>, req: HttpRe
     let query = api::query::query_pairs(&req);
     let url = api::query::query_value(&query, "url").unwrap_or_default();
     let signature = api::query::query_value(&query, "sig").unwrap_or_default();
-    if state.site.links.verify_click(&email_id, url, signature) != Checked::Valid {
+    // A position that is not a number is no link this system issued.
+    let position = match api::query::query_value(&query, "n").map(str::parse::<u32>) {
+        None => None,
+        Some(Ok(position)) if position > 0 => Some(position),
+        Some(_) => return api::pages::answer(browser, Err(forged())),
+    };
+    if state.site.links.verify_click(&email_id, url, position, signature) != Checked::Valid {
         return api::pages::answer(browser, Err(forged()));
     }
-    let result = record(&state, &req, &email_id, Fetched::Click { url }).await.map(|()| {
+    let result = record(&state, &req, &email_id, Fetched::Click { url, position }).await.map(|()| {
         HttpResponse::Found()
             .insert_header((header::LOCATION, mail::tracking::redirect_location(url)))
             .insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-store")))
@@ -84,12 +95,18 @@ async fn record(state: &State, req: &HttpRequest, email_id: &str, fetched: Fetch
         user_agent: req.headers().get(header::USER_AGENT).and_then(|value| value.to_str().ok()),
         client: crate::forms::decide::client_ip(peer, forwarded, &state.settings.http.trusted_proxies),
     };
-    let (kind, actor, link, link_id) = match fetched {
-        Fetched::Open => ("open", signals::open(&request), None, String::new()),
-        Fetched::Click { url } => {
-            let link_id = platform::crypto::keyed_digest("tracking-link", url)?[..32].to_owned();
+    let (kind, actor, link, link_id, link_position) = match fetched {
+        Fetched::Open => ("open", signals::open(&request), None, String::new(), 0),
+        Fetched::Click { url, position } => {
+            // A link is its position and target: the same target twice in one email is two
+            // links, each with its own first click.
+            let identity = match position {
+                Some(position) => format!("{position} {url}"),
+                None => url.to_owned(),
+            };
+            let link_id = platform::crypto::keyed_digest("tracking-link", &identity)?[..32].to_owned();
             let link = mail::inbox::seal_inbox_link(email_id, url)?;
-            ("click", signals::click_request(&request), Some(link), link_id)
+            ("click", signals::click_request(&request), Some(link), link_id, position.unwrap_or(0))
         }
     };
     let hit = Hit {
@@ -97,6 +114,7 @@ async fn record(state: &State, req: &HttpRequest, email_id: &str, fetched: Fetch
         kind,
         link,
         link_id,
+        link_position: link_position as i32,
         signal: actor.signal(),
         at_ms: platform::time::now_millis(),
     };

@@ -12,6 +12,8 @@ pub struct Hit {
     /// A click's target, sealed (`mail::inbox::seal_inbox_link`).
     pub link: Option<Vec<u8>>,
     pub link_id: String,
+    /// A click's link position (from 1); 0 for an open or a link sent without one.
+    pub link_position: i32,
     /// What the request alone gave away (`head`, `no_user_agent`, `privacy_proxy`,
     /// `known_bot`), empty for what looked like a person.
     pub signal: &'static str,
@@ -49,16 +51,18 @@ async fn take_in(pool: &Pool, hits: &[Hit]) -> anyhow::Result<Vec<()>> {
     let client = pool.get().await?;
     let statement = client
         .prepare_cached(
-            "INSERT INTO engagement_inbox (email_id, kind, link, link_id, signal, at_ms)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[])",
+            "INSERT INTO engagement_inbox (email_id, kind, link, link_id, link_position, signal, at_ms)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int[], $6::text[],
+                                  $7::bigint[])",
         )
         .await?;
     let email_ids: Vec<&str> = hits.iter().map(|hit| hit.email_id.as_str()).collect();
     let kinds: Vec<&str> = hits.iter().map(|hit| hit.kind).collect();
     let links: Vec<Option<&[u8]>> = hits.iter().map(|hit| hit.link.as_deref()).collect();
     let link_ids: Vec<&str> = hits.iter().map(|hit| hit.link_id.as_str()).collect();
+    let positions: Vec<i32> = hits.iter().map(|hit| hit.link_position).collect();
     let signals: Vec<&str> = hits.iter().map(|hit| hit.signal).collect();
     let at: Vec<i64> = hits.iter().map(|hit| hit.at_ms).collect();
-    client.execute(&statement, &[&email_ids, &kinds, &links, &link_ids, &signals, &at]).await?;
+    client.execute(&statement, &[&email_ids, &kinds, &links, &link_ids, &positions, &signals, &at]).await?;
     Ok(vec![(); hits.len()])
 }

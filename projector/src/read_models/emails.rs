@@ -15,6 +15,13 @@
 //! (`email_counts`): every event adds the difference it makes to its email's tally
 //! (`story::Tally`), so an email counts once per fact. Counts hold no personal data and stay
 //! when a contact is erased.
+//!
+//! And the clicks of each link of those buckets (`link_counts`), by the experiment variant
+//! that sent the email (and whether in the test or as the winner) and the link's position
+//! among its tracked links: every click, and
+//! the link's first click in an email (its unique clickers), a person's and a machine's
+//! apart. No target is kept: `GET /broadcasts/{id}/runs/{runId}/links` opens one clicker's
+//! from the log to name the link.
 
 use std::collections::BTreeMap;
 
@@ -64,6 +71,19 @@ CREATE TABLE {s}.email_counts (
     clicked bigint NOT NULL DEFAULT 0,
     held bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (bucket_kind, bucket_id)
+);
+CREATE TABLE {s}.link_counts (
+    bucket_kind text NOT NULL,
+    bucket_id text NOT NULL,
+    variant text NOT NULL,
+    cohort text NOT NULL,
+    position integer NOT NULL,
+    space_id text NOT NULL,
+    clicks bigint NOT NULL,
+    clickers bigint NOT NULL,
+    machine_clicks bigint NOT NULL,
+    machine_clickers bigint NOT NULL,
+    PRIMARY KEY (bucket_kind, bucket_id, variant, cohort, position)
 );
 ";
 
@@ -130,6 +150,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
     };
     let mut erased: Vec<String> = Vec::new();
     let mut counts: Counts = BTreeMap::new();
+    let mut links: LinkCounts = BTreeMap::new();
     for (stored, event) in &decoded {
         if let LogEvent::RecordDeletionRequested(requested) = event {
             erased.push(requested.record_id.clone());
@@ -165,6 +186,17 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         if let Some(story) = story::apply(current.map(|row| row.story), event) {
             if let Some(bucket) = story::bucket(&story) {
                 let delta = Tally::of(Some(&story)).minus(&before);
+                if let LogEvent::EmailClicked(clicked) = event
+                    && clicked.link_position > 0
+                {
+                    let text = |key: &str| story.origin[key].as_str().unwrap_or_default().to_owned();
+                    let key =
+                        (bucket.0, bucket.1.clone(), text("variant"), text("cohort"), clicked.link_position as i32);
+                    let sum = links.entry(key).or_insert_with(|| (space_id.clone(), [0; 4]));
+                    let person = usize::from(!clicked.machine.is_empty()) * 2;
+                    sum.1[person] += 1;
+                    sum.1[person + 1] += i64::from(clicked.first);
+                }
                 let sum = counts.entry(bucket).or_insert_with(|| (space_id.clone(), [0; 10]));
                 for (total, change) in sum.1.iter_mut().zip(delta) {
                     *total += change;
@@ -177,6 +209,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         }
     }
     write_counts(transaction, s, &counts).await?;
+    write_link_counts(transaction, s, &links).await?;
     let changed: Vec<&Row> = rows.values().filter(|row| row.changed).collect();
     if !changed.is_empty() {
         let ids: Vec<&str> = changed.iter().map(|row| row.story.id.as_str()).collect();
@@ -302,6 +335,56 @@ async fn write_counts(transaction: &Transaction<'_>, s: &str, counts: &Counts) -
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&kinds, &ids, &spaces];
     params.extend(columns.iter().map(|column| column as &(dyn tokio_postgres::types::ToSql + Sync)));
     transaction.execute(&statement, &params).await?;
+    Ok(())
+}
+
+/// Changes to the clicks of each link: (kind, id, variant, cohort, position) → (space,
+/// [clicks, clickers, machine clicks, machine clickers]).
+type LinkCounts = BTreeMap<(&'static str, String, String, String, i32), (String, [i64; 4])>;
+
+/// Adds the batch's clicks to the links' counts, one statement for all links.
+async fn write_link_counts(transaction: &Transaction<'_>, s: &str, links: &LinkCounts) -> anyhow::Result<()> {
+    if links.is_empty() {
+        return Ok(());
+    }
+    let kinds: Vec<&str> = links.keys().map(|key| key.0).collect();
+    let ids: Vec<&str> = links.keys().map(|key| key.1.as_str()).collect();
+    let variants: Vec<&str> = links.keys().map(|key| key.2.as_str()).collect();
+    let cohorts: Vec<&str> = links.keys().map(|key| key.3.as_str()).collect();
+    let positions: Vec<i32> = links.keys().map(|key| key.4).collect();
+    let spaces: Vec<&str> = links.values().map(|(space, _)| space.as_str()).collect();
+    let column = |field: usize| -> Vec<i64> { links.values().map(|(_, delta)| delta[field]).collect() };
+    let statement = transaction
+        .prepare_cached(&format!(
+            "INSERT INTO {s}.link_counts (bucket_kind, bucket_id, variant, cohort, position, space_id, clicks,
+                                          clickers, machine_clicks, machine_clickers)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[],
+                                  $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])
+             ON CONFLICT (bucket_kind, bucket_id, variant, cohort, position) DO UPDATE SET
+                 clicks = link_counts.clicks + EXCLUDED.clicks,
+                 clickers = link_counts.clickers + EXCLUDED.clickers,
+                 machine_clicks = link_counts.machine_clicks + EXCLUDED.machine_clicks,
+                 machine_clickers = link_counts.machine_clickers + EXCLUDED.machine_clickers"
+        ))
+        .await?;
+    let (clicks, clickers, machine_clicks, machine_clickers) = (column(0), column(1), column(2), column(3));
+    transaction
+        .execute(
+            &statement,
+            &[
+                &kinds,
+                &ids,
+                &variants,
+                &cohorts,
+                &positions,
+                &spaces,
+                &clicks,
+                &clickers,
+                &machine_clicks,
+                &machine_clickers,
+            ],
+        )
+        .await?;
     Ok(())
 }
 

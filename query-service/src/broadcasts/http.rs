@@ -1,5 +1,5 @@
-//! `GET /broadcasts`, `GET /broadcasts/{id}`, `GET /broadcasts/{id}/runs` and
-//! `GET /broadcasts/{id}/runs/{runId}`.
+//! `GET /broadcasts`, `GET /broadcasts/{id}`, `GET /broadcasts/{id}/runs`,
+//! `GET /broadcasts/{id}/runs/{runId}` and `GET /broadcasts/{id}/runs/{runId}/links`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::http::{data_body, page_body, query_pairs};
@@ -13,6 +13,8 @@ use crate::consistency::{authorize_read, consistent_read, respond};
 const BROADCASTS: &str = "broadcasts";
 /// The read model that counts a run's emails.
 const EMAILS: &str = "emails";
+/// The read model of business events, where an experiment's conversions are found.
+const EVENTS: &str = "events";
 
 fn not_found(broadcast_id: &str) -> ApiError {
     ApiError::not_found(Code::BroadcastNotFound, format!("no broadcast {broadcast_id:?} in this space"))
@@ -72,13 +74,33 @@ pub async fn run(
     path: web::Path<(String, String)>,
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
+    of_run(req, path, state, store::OfRun::Run).await
+}
+
+/// The clicks of each link of a run, by cohort, variant and position.
+pub async fn links(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    of_run(req, path, state, store::OfRun::Links).await
+}
+
+/// What `read` shows of a run of the broadcast.
+async fn of_run(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<State>,
+    read: store::OfRun,
+) -> Result<HttpResponse, ApiError> {
     let (broadcast_id, run_id) = path.into_inner();
     let (caller, token) = authorize_read(&state, &req).await?;
     let space_id = caller.space_id().to_owned();
-    let (found, consistent) = consistent_read(&state, &caller, token, &[BROADCASTS, EMAILS], |client, models| {
-        let (b, m) = (models.schema(BROADCASTS), models.schema(EMAILS));
+    let models = [BROADCASTS, EMAILS, EVENTS];
+    let (found, consistent) = consistent_read(&state, &caller, token, &models, |client, models| {
+        let (b, m, v) = (models.schema(BROADCASTS), models.schema(EMAILS), models.schema(EVENTS));
         let (space_id, broadcast_id, run_id) = (space_id.clone(), broadcast_id.clone(), run_id.clone());
-        Box::pin(async move { store::run(client, (&b, &m), &space_id, (&broadcast_id, &run_id)).await })
+        Box::pin(async move { store::of_run(client, (&b, &m, &v), &space_id, (&broadcast_id, &run_id), read).await })
     })
     .await?;
     let document = found.ok_or_else(|| not_found(&broadcast_id))?.ok_or_else(|| {

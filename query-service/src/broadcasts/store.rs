@@ -3,6 +3,7 @@
 use deadpool_postgres::Client;
 use domain::email::experiments::ExperimentDef;
 use platform::error::ApiError;
+use platform::events::LogEvent;
 use serde_json::{Value, json};
 use tokio_postgres::types::ToSql;
 
@@ -112,11 +113,36 @@ pub async fn runs(
     page_of_docs(client, count_sql, &rows_sql, &params, (limit, offset)).await.map(Some)
 }
 
+/// What a read shows of a run.
+#[derive(Debug, Clone, Copy)]
+pub enum OfRun {
+    /// The run with its counts (and its experiment's figures).
+    Run,
+    /// Its links' clicks.
+    Links,
+}
+
+/// What `read` shows of a run of the broadcast; `None` when the space has no such broadcast,
+/// `Some(None)` when the broadcast has no such run.
+/// `schemas`: the live schemas of the `broadcasts`, `emails` and `events` read models.
+pub async fn of_run(
+    client: &Client,
+    (b, m, v): (&str, &str, &str),
+    space_id: &str,
+    ids: (&str, &str),
+    read: OfRun,
+) -> Result<Option<Option<Value>>, ApiError> {
+    match read {
+        OfRun::Run => run(client, (b, m, v), space_id, ids).await,
+        OfRun::Links => Ok(links(client, (b, m), space_id, ids).await?.map(|found| found.map(Value::Array))),
+    }
+}
+
 /// A run of the broadcast; `None` when the space has no such broadcast, `Some(None)` when the
 /// broadcast has no such run.
 pub async fn run(
     client: &Client,
-    (b, m): (&str, &str),
+    (b, m, v): (&str, &str, &str),
     space_id: &str,
     (id_or_slug, run_id): (&str, &str),
 ) -> Result<Option<Option<Value>>, ApiError> {
@@ -129,21 +155,26 @@ pub async fn run(
     else {
         return Ok(Some(None));
     };
-    experiment_results(client, m, run_id, &mut document).await?;
+    experiment_results(client, (m, v), run_id, &mut document).await?;
     Ok(Some(Some(document)))
 }
 
 /// Adds each variant's figures so far to the experiment of run `document` (one statement for
 /// all variants): the test's recipients, delivered mail and engagement by the metric, with
 /// machines' engagement apart.
-async fn experiment_results(client: &Client, m: &str, run_id: &str, document: &mut Value) -> Result<(), ApiError> {
+async fn experiment_results(
+    client: &Client,
+    schemas: (&str, &str),
+    run_id: &str,
+    document: &mut Value,
+) -> Result<(), ApiError> {
     let Some(experiment) = document.get_mut("experiment").filter(|experiment| experiment.is_object()) else {
         return Ok(());
     };
     let Ok(definition) = serde_json::from_value::<ExperimentDef>(experiment["definition"].clone()) else {
         return Ok(());
     };
-    let tallies = reads::experiments::tallies(client, m, run_id, &definition.metric).await?;
+    let tallies = reads::experiments::tallies(client, schemas, run_id, &definition.metric).await?;
     let results: Vec<Value> = definition
         .variants
         .iter()
@@ -160,4 +191,99 @@ async fn experiment_results(client: &Client, m: &str, run_id: &str, document: &m
         .collect();
     experiment["results"] = Value::Array(results);
     Ok(())
+}
+
+/// The clicks of each link of a run, by variant then position: every click and each link's
+/// unique clickers, a person's and a machine's apart, as the `emails` read model counts them
+/// (`link_counts`). `None` when the space has no such broadcast, `Some(None)` when the broadcast
+/// has no such run.
+pub async fn links(
+    client: &Client,
+    (b, m): (&str, &str),
+    space_id: &str,
+    (id_or_slug, run_id): (&str, &str),
+) -> Result<Option<Option<Vec<Value>>>, ApiError> {
+    let Some((broadcast_id, _)) = broadcast(client, b, space_id, id_or_slug).await? else { return Ok(None) };
+    let statement = client
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM broadcast_runs WHERE broadcast_id = $1 AND run_id = $2)")
+        .await?;
+    if !client.query_one(&statement, &[&broadcast_id, &run_id]).await?.get::<_, bool>(0) {
+        return Ok(Some(None));
+    }
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT variant, cohort, position, clicks, clickers, machine_clicks, machine_clickers
+             FROM {m}.link_counts
+             WHERE bucket_kind = 'broadcast_run' AND bucket_id = $1
+             ORDER BY cohort = 'winner', variant, position"
+        ))
+        .await?;
+    let mut links = Vec::new();
+    for row in client.query(&statement, &[&run_id]).await? {
+        let (variant, cohort, position): (String, String, i32) = (row.get(0), row.get(1), row.get(2));
+        let url = link_target(client, m, run_id, &variant, position).await?;
+        let some = |text: String| Some(text).filter(|text| !text.is_empty());
+        links.push(json!({
+            "variant": some(variant),
+            "cohort": some(cohort),
+            "position": position,
+            "url": url,
+            "clicks": row.get::<_, i64>(3),
+            "uniqueClicks": row.get::<_, i64>(4),
+            "machine": {"clicks": row.get::<_, i64>(5), "uniqueClicks": row.get::<_, i64>(6)},
+        }));
+    }
+    Ok(Some(Some(links)))
+}
+
+/// What names a link: the target of the link at `position` as one clicker's email of the run
+/// (and variant) had it, opened from the log with that contact's key, without its query and
+/// fragment (where a target carries what differs per recipient). Nothing is kept in the
+/// clear: the counts hold no target. `None` once every clicker's contact is erased.
+async fn link_target(
+    client: &Client,
+    m: &str,
+    run_id: &str,
+    variant: &str,
+    position: i32,
+) -> Result<Option<String>, ApiError> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT email_id, contact_id FROM {m}.emails
+             WHERE broadcast_run_id = $1 AND COALESCE(doc -> 'origin' ->> 'variant', '') = $2
+               AND doc -> 'timeline' @> $3
+             LIMIT 1"
+        ))
+        .await?;
+    let clicked = json!([{"type": "clicked", "link": position}]);
+    let Some(row) = client.query_opt(&statement, &[&run_id, &variant, &clicked]).await? else { return Ok(None) };
+    let (email_id, contact_id): (String, String) = (row.get(0), row.get(1));
+    let keys = platform::crypto::load_keys(client, &[contact_id]).await?;
+    for stored in platform::log::read_streams(client, &[domain::email::stream_id(&email_id)]).await? {
+        let event = stored.decode().map_err(|error| ApiError::internal(&error))?;
+        if let LogEvent::EmailClicked(clicked) = event
+            && i64::from(clicked.link_position) == i64::from(position)
+            && let Some(link) = platform::events::open::<platform::proto::ClickedLink>(clicked.link.as_ref(), &keys)?
+        {
+            return Ok(Some(without_query(&link.url)));
+        }
+    }
+    Ok(None)
+}
+
+/// `target` without its query and fragment.
+fn without_query(target: &str) -> String {
+    target.split(['?', '#']).next().unwrap_or_default().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_is_named_without_what_differs_per_recipient() {
+        assert_eq!(without_query("https://shop.example/sale?uid=42&utm=x#top"), "https://shop.example/sale");
+        assert_eq!(without_query("https://shop.example/sale#top"), "https://shop.example/sale");
+        assert_eq!(without_query("https://shop.example/"), "https://shop.example/");
+    }
 }

@@ -161,7 +161,8 @@ impl Cursor {
 }
 
 /// A row of the log: the email's story without its timeline, with the address it was sent to
-/// and, from the timeline, the gate that holds or refused it and the error that failed it.
+/// and, from the timeline, the gate that holds or refused it, the error that failed it and the
+/// links a person clicked (their positions among the email's tracked links, ascending).
 pub(crate) fn row(mut story: Value, address: Option<String>) -> Value {
     let timeline = story.as_object_mut().and_then(|story| story.remove("timeline")).unwrap_or(Value::Null);
     let status = story["status"].as_str().unwrap_or_default().to_owned();
@@ -176,11 +177,21 @@ pub(crate) fn row(mut story: Value, address: Option<String>) -> Value {
         "failed" => (None, last("failed").map(|entry| entry["error"].clone())),
         _ => (None, None),
     };
+    let mut links: Vec<u64> = timeline
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|entry| entry["type"] == "clicked" && entry["machine"].is_null())
+        .filter_map(|entry| entry["link"].as_u64())
+        .collect();
+    links.sort_unstable();
+    links.dedup();
     with_content_fields(&mut story);
     if let Some(object) = story.as_object_mut() {
         object.insert("address".to_owned(), address.map_or(Value::Null, Value::String));
         object.insert("gate".to_owned(), gate.unwrap_or(Value::Null));
         object.insert("error".to_owned(), error.unwrap_or(Value::Null));
+        object.insert("linksClicked".to_owned(), json!(links));
     }
     story
 }
@@ -216,7 +227,7 @@ pub(crate) fn write_csv_record<S: AsRef<str>>(out: &mut Vec<u8>, fields: impl In
 }
 
 /// The CSV header, in the order of [`csv_record`].
-pub(crate) const CSV_HEADER: [&str; 26] = [
+pub(crate) const CSV_HEADER: [&str; 28] = [
     "emailId",
     "contactId",
     "address",
@@ -236,6 +247,7 @@ pub(crate) const CSV_HEADER: [&str; 26] = [
     "workflowId",
     "stepId",
     "variant",
+    "cohort",
     "unsubscribed",
     "opens",
     "humanOpens",
@@ -243,6 +255,7 @@ pub(crate) const CSV_HEADER: [&str; 26] = [
     "humanClicks",
     "firstOpenedAt",
     "firstClickedAt",
+    "linksClicked",
 ];
 
 /// A row as a CSV record. Free text that a spreadsheet would take for a formula (a relay's
@@ -277,6 +290,7 @@ pub(crate) fn csv_record(row: &Value) -> Vec<String> {
         text(&row["origin"]["workflowId"]),
         text(&row["origin"]["stepId"]),
         text(&row["origin"]["variant"]),
+        text(&row["origin"]["cohort"]),
         text(&row["unsubscribed"]),
         text(&engagement["opens"]),
         text(&engagement["humanOpens"]),
@@ -284,6 +298,13 @@ pub(crate) fn csv_record(row: &Value) -> Vec<String> {
         text(&engagement["humanClicks"]),
         text(&engagement["firstOpenedAt"]),
         text(&engagement["firstClickedAt"]),
+        row["linksClicked"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|position| position.to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
     ]
 }
 
@@ -363,6 +384,19 @@ mod tests {
             (&json!("quiet_hours"), &Value::Null, &json!("ada@example.com"))
         );
         assert_eq!(csv_record(&row)[7], "2026-11-28T07:00:00.000Z");
+    }
+
+    #[test]
+    fn a_row_lists_the_links_a_person_clicked_once_each_and_not_a_machines() {
+        let story = json!({"id": "em_1", "status": "sent", "engagement": {}, "origin": {"type": "broadcast"},
+            "timeline": [{"type": "clicked", "link": 3, "machine": "right_after_delivery"},
+                         {"type": "clicked", "link": 2, "machine": null},
+                         {"type": "clicked", "link": null, "machine": null},
+                         {"type": "clicked", "link": 1, "machine": null},
+                         {"type": "clicked", "link": 2, "machine": null}]});
+        let row = row(story, None);
+        assert_eq!(row["linksClicked"], json!([1, 2]));
+        assert_eq!(csv_record(&row).last().map(String::as_str), Some("1 2"));
     }
 
     #[test]

@@ -120,6 +120,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation("sendBroadcast", "POST", "/broadcasts/{id}/send", Command),
     operation("listBroadcastRuns", "GET", "/broadcasts/{id}/runs", Query),
     operation("getBroadcastRun", "GET", "/broadcasts/{id}/runs/{runId}", Query),
+    operation("listBroadcastRunLinks", "GET", "/broadcasts/{id}/runs/{runId}/links", Query),
     operation("listWorkflows", "GET", "/workflows", Query),
     operation("getWorkflow", "GET", "/workflows/{id}", Query),
     operation("getWorkflowStats", "GET", "/workflows/{id}/stats", Query),

@@ -438,28 +438,30 @@ pub struct Origin<'a> {
     pub step_id: &'a str,
     /// A broadcast experiment's variant (empty otherwise).
     pub variant: &'a str,
+    /// The variant is sent as the experiment's winner, not in its test.
+    pub winner: bool,
 }
 
 impl<'a> Origin<'a> {
     pub fn template() -> Self {
-        Self { kind: "template", source_id: "", parent_id: "", step_id: "", variant: "" }
+        Self { kind: "template", source_id: "", parent_id: "", step_id: "", variant: "", winner: false }
     }
 
     pub fn form(form_id: &'a str) -> Self {
-        Self { kind: "form_confirmation", source_id: form_id, parent_id: "", step_id: "", variant: "" }
+        Self { kind: "form_confirmation", source_id: form_id, parent_id: "", step_id: "", variant: "", winner: false }
     }
 
     pub fn broadcast(broadcast_id: &'a str, run_id: &'a str) -> Self {
-        Self { kind: "broadcast", source_id: run_id, parent_id: broadcast_id, step_id: "", variant: "" }
+        Self { kind: "broadcast", source_id: run_id, parent_id: broadcast_id, step_id: "", variant: "", winner: false }
     }
 
     pub fn workflow(workflow_id: &'a str, run_id: &'a str, step_id: &'a str) -> Self {
-        Self { kind: "workflow", source_id: run_id, parent_id: workflow_id, step_id, variant: "" }
+        Self { kind: "workflow", source_id: run_id, parent_id: workflow_id, step_id, variant: "", winner: false }
     }
 
-    /// This origin, for an experiment's `variant`.
-    pub fn with_variant(self, variant: &'a str) -> Self {
-        Self { variant, ..self }
+    /// This origin, for an experiment's `variant`, sent in its test or as its `winner`.
+    pub fn with_variant(self, variant: &'a str, winner: bool) -> Self {
+        Self { variant, winner, ..self }
     }
 }
 
@@ -498,6 +500,7 @@ pub fn schedule(
         parent_id: origin.parent_id.to_owned(),
         step_id: origin.step_id.to_owned(),
         variant: origin.variant.to_owned(),
+        experiment_winner: origin.winner,
         zone: None,
         locale: rendered.locale.as_ref().map(|locale| locale.tag.clone()).unwrap_or_default(),
         locale_source: rendered.locale.as_ref().map(|locale| locale.source.to_owned()).unwrap_or_default(),

@@ -75,6 +75,7 @@ pub fn skipped_after(skip: Skip<'_>) -> StreamAppend {
             parent_id: origin.parent_id.to_owned(),
             step_id: origin.step_id.to_owned(),
             variant: origin.variant.to_owned(),
+            experiment_winner: origin.winner,
         }),
         gate: skip.gate.as_str().to_owned(),
         code: skip.gate.code().as_str().to_owned(),

@@ -1,10 +1,13 @@
 //! Click and open tracking, pure. Before an email's content is sealed, the links of its HTML
 //! part are rewritten to signed links under the public base URL that redirect to the
 //! original target ([`rewrite`]), and a one-pixel image whose fetch is an open is added
-//! at the end of the body. A link carries its target in the clear and a keyed MAC over the
-//! email and the target ([`Links::click`]), so following one needs no database read, and a
-//! link the system did not issue (another target, another email, a changed or truncated
-//! signature) never redirects ([`Links::verify_click`]): there is no open redirect.
+//! at the end of the body. A link carries its target in the clear, its position among the
+//! email's tracked links (`n`, from 1: what per-link results count by, the same for every
+//! recipient of a template whatever their rendered targets) and a keyed MAC over the email,
+//! the target and the position ([`Links::click`]), so following one needs no database read,
+//! and a link the system did not issue (another target, another email, another position, a
+//! changed or truncated signature) never redirects ([`Links::verify_click`]): there is no
+//! open redirect. Links sent before positions were numbered carry none and still check.
 //!
 //! Keys are numbered and derived from the master key; a link names the number of the key
 //! that signed it, so rotating to a new number leaves the links already sent working while
@@ -73,12 +76,12 @@ impl Links {
         Self::derive(|purpose| keyring.derive_key(purpose), settings.tracking_key, &settings.tracking_keys_accepted)
     }
 
-    /// The tracking link of `target` in email `email_id`, under `base_url` (the public base
-    /// URL, `…/v1`).
-    pub fn click(&self, base_url: &str, email_id: &str, target: &str) -> String {
-        let signature = self.signature(&self.signing, "click", email_id, target);
+    /// The tracking link of `target`, the `position`th tracked link (from 1) of email
+    /// `email_id`, under `base_url` (the public base URL, `…/v1`).
+    pub fn click(&self, base_url: &str, email_id: &str, target: &str, position: u32) -> String {
+        let signature = self.signature(&self.signing, "click", email_id, target, Some(position));
         format!(
-            "{}/emails/{}/click?url={}&sig={signature}",
+            "{}/emails/{}/click?url={}&n={position}&sig={signature}",
             base_url.trim_end_matches('/'),
             utf8_percent_encode(email_id, COMPONENT),
             utf8_percent_encode(target, COMPONENT),
@@ -87,7 +90,7 @@ impl Links {
 
     /// The open pixel's URL of email `email_id`.
     pub fn open(&self, base_url: &str, email_id: &str) -> String {
-        let signature = self.signature(&self.signing, "open", email_id, "");
+        let signature = self.signature(&self.signing, "open", email_id, "", None);
         format!(
             "{}/emails/{}/open?sig={signature}",
             base_url.trim_end_matches('/'),
@@ -95,24 +98,26 @@ impl Links {
         )
     }
 
-    /// Whether `signature` is this system's for a click of `target` in email `email_id`.
-    pub fn verify_click(&self, email_id: &str, target: &str, signature: &str) -> Checked {
-        self.verify("click", email_id, target, signature)
+    /// Whether `signature` is this system's for a click of `target` at `position` in email
+    /// `email_id` (a link sent before positions were numbered has none).
+    pub fn verify_click(&self, email_id: &str, target: &str, position: Option<u32>, signature: &str) -> Checked {
+        self.verify("click", email_id, target, position, signature)
     }
 
     /// Whether `signature` is this system's for the open pixel of email `email_id`.
     pub fn verify_open(&self, email_id: &str, signature: &str) -> Checked {
-        self.verify("open", email_id, "", signature)
+        self.verify("open", email_id, "", None, signature)
     }
 
     /// `<number>.<MAC>`: the MAC (truncated HMAC-SHA256, base64url) over what the link is,
-    /// the email and the target, each length-prefixed so no two inputs share bytes.
-    fn signature(&self, key: &LinkKey, what: &str, email_id: &str, target: &str) -> String {
-        let tag = mac(key, what, email_id, target).finalize().into_bytes();
+    /// the email, the target and the position if any, each length-prefixed so no two inputs
+    /// share bytes.
+    fn signature(&self, key: &LinkKey, what: &str, email_id: &str, target: &str, position: Option<u32>) -> String {
+        let tag = mac(key, what, email_id, target, position).finalize().into_bytes();
         format!("{}.{}", key.number, URL_SAFE_NO_PAD.encode(&tag[..TAG_BYTES]))
     }
 
-    fn verify(&self, what: &str, email_id: &str, target: &str, signature: &str) -> Checked {
+    fn verify(&self, what: &str, email_id: &str, target: &str, position: Option<u32>, signature: &str) -> Checked {
         let Some((number, tag)) = signature.split_once('.') else { return Checked::Forged };
         let Ok(number) = number.parse::<u32>() else { return Checked::Forged };
         let Some(key) = std::iter::once(&self.signing).chain(&self.accepted).find(|key| key.number == number) else {
@@ -123,18 +128,19 @@ impl Links {
             return Checked::Forged;
         }
         // Compared in constant time.
-        match mac(key, what, email_id, target).verify_truncated_left(&tag) {
+        match mac(key, what, email_id, target, position).verify_truncated_left(&tag) {
             Ok(()) => Checked::Valid,
             Err(_) => Checked::Forged,
         }
     }
 }
 
-fn mac(key: &LinkKey, what: &str, email_id: &str, target: &str) -> Hmac {
+fn mac(key: &LinkKey, what: &str, email_id: &str, target: &str, position: Option<u32>) -> Hmac {
     let Ok(mut mac) = <Hmac as KeyInit>::new_from_slice(&key.secret) else {
         unreachable!("HMAC takes a key of any length")
     };
-    for part in [what, email_id, target] {
+    let position = position.map(|position| position.to_string());
+    for part in [what, email_id, target].into_iter().chain(position.as_deref()) {
         mac.update(&(part.len() as u64).to_be_bytes());
         mac.update(part.as_bytes());
     }
@@ -150,9 +156,10 @@ pub struct Track {
 
 /// `html` (an email's HTML part) with its links rewritten to tracking links of email
 /// `email_id` and the open pixel before the end of its body (or at its end), as `track`
-/// asks. Left as authored: links that are not `http(s)` (`mailto:`, `tel:`, anchors,
-/// relative links), links to the platform's own pages under `base_url` (the unsubscribe and
-/// preference links), and links marked `data-track="false"`. Entities in `href` are
+/// asks, numbered from 1 in document order. Left as authored (and not numbered): links that
+/// are not `http(s)` (`mailto:`, `tel:`, anchors, relative links), links to the platform's
+/// own pages under `base_url` (the unsubscribe and preference links), and links marked
+/// `data-track="false"`. Entities in `href` are
 /// decoded: `&amp;` in the markup is `&` in the target. HTML that does not parse as far as
 /// the rewriter needs is returned unchanged (an email is never refused for its markup).
 pub fn rewrite(html: &str, email_id: &str, base_url: &str, links: &Links, track: Track) -> String {
@@ -161,6 +168,7 @@ pub fn rewrite(html: &str, email_id: &str, base_url: &str, links: &Links, track:
     }
     let own = base_url.trim_end_matches('/');
     let mut saw_body = false;
+    let mut numbered = 0u32;
     let pixel = track.opens.then(|| {
         format!(
             "<img src=\"{}\" width=\"1\" height=\"1\" alt=\"\" style=\"display:block;width:1px;height:1px;border:0\">",
@@ -177,7 +185,8 @@ pub fn rewrite(html: &str, email_id: &str, base_url: &str, links: &Links, track:
             let Some(raw) = element.get_attribute("href") else { return Ok(()) };
             let target = html_escape::decode_html_entities(raw.trim()).into_owned();
             if is_tracked(&target, own) {
-                element.set_attribute("href", &escape_html(&links.click(base_url, email_id, &target)))?;
+                numbered += 1;
+                element.set_attribute("href", &escape_html(&links.click(base_url, email_id, &target, numbered)))?;
             }
             Ok(())
         }))
@@ -254,36 +263,81 @@ mod tests {
         let target = query(&href, "url").expect("a target");
         assert_eq!(target, "https://shop.example.test/p?a=1&b=2", "entities are decoded before signing");
         let signature = query(&href, "sig").expect("a signature");
-        assert_eq!(keys.verify_click("em_1", &target, &signature), Checked::Valid);
+        assert_eq!(query(&href, "n").as_deref(), Some("1"), "the first tracked link");
+        assert_eq!(keys.verify_click("em_1", &target, Some(1), &signature), Checked::Valid);
         assert!(out.ends_with(">Buy</a></p>"), "{out}");
+    }
+
+    #[test]
+    fn given_several_links_when_rewritten_then_tracked_ones_are_numbered_in_document_order() {
+        let keys = links(1, &[]);
+        let html = concat!(
+            r#"<a href="https://a.test/">A</a><a href="mailto:x@a.test">M</a>"#,
+            r#"<a href="https://a.test/" data-track="false">Kept</a><a href="https://b.test/">B</a>"#,
+            r#"<a href="https://a.test/">A again</a>"#,
+        );
+        let out = rewrite(html, "em_1", BASE, &keys, Track { clicks: true, opens: false });
+        let numbers: Vec<(String, String)> = out
+            .split("href=\"")
+            .skip(1)
+            .filter_map(|rest| {
+                let href = html_escape::decode_html_entities(&rest[..rest.find('"')?]).into_owned();
+                Some((query(&href, "url")?, query(&href, "n")?))
+            })
+            .collect();
+        let expected = [("https://a.test/", "1"), ("https://b.test/", "2"), ("https://a.test/", "3")];
+        assert_eq!(
+            numbers,
+            expected.map(|(url, n)| (url.to_owned(), n.to_owned())).to_vec(),
+            "a repeated target is a link of its own; skipped links take no number"
+        );
+    }
+
+    #[test]
+    fn given_a_link_sent_before_positions_when_checked_then_it_still_redirects_and_no_position_can_be_added() {
+        let keys = links(1, &[]);
+        let old = keys.signature(&keys.signing, "click", "em_1", "https://shop.example.test/", None);
+        assert_eq!(keys.verify_click("em_1", "https://shop.example.test/", None, &old), Checked::Valid);
+        assert_eq!(keys.verify_click("em_1", "https://shop.example.test/", Some(1), &old), Checked::Forged);
+        let new = query(&keys.click(BASE, "em_1", "https://shop.example.test/", 2), "sig").expect("a signature");
+        assert_eq!(keys.verify_click("em_1", "https://shop.example.test/", Some(3), &new), Checked::Forged);
+        assert_eq!(keys.verify_click("em_1", "https://shop.example.test/", None, &new), Checked::Forged);
     }
 
     #[test]
     fn given_any_change_to_a_link_when_checked_then_it_is_forged() {
         let keys = links(1, &[]);
-        let link = keys.click(BASE, "em_1", "https://shop.example.test/");
+        let link = keys.click(BASE, "em_1", "https://shop.example.test/", 1);
         let signature = query(&link, "sig").expect("a signature");
-        assert_eq!(keys.verify_click("em_1", "https://shop.example.test/", &signature), Checked::Valid);
+        assert_eq!(keys.verify_click("em_1", "https://shop.example.test/", Some(1), &signature), Checked::Valid);
         assert_eq!(
-            keys.verify_click("em_1", "https://evil.example.test/", &signature),
+            keys.verify_click("em_1", "https://evil.example.test/", Some(1), &signature),
             Checked::Forged,
             "another target"
         );
         assert_eq!(
-            keys.verify_click("em_2", "https://shop.example.test/", &signature),
+            keys.verify_click("em_2", "https://shop.example.test/", Some(1), &signature),
             Checked::Forged,
             "another email"
         );
         let truncated = &signature[..signature.len() - 2];
-        assert_eq!(keys.verify_click("em_1", "https://shop.example.test/", truncated), Checked::Forged, "truncated");
+        assert_eq!(
+            keys.verify_click("em_1", "https://shop.example.test/", Some(1), truncated),
+            Checked::Forged,
+            "truncated"
+        );
         let mut changed = signature.clone().into_bytes();
         let last = changed.len() - 1;
         changed[last] = if changed[last] == b'A' { b'B' } else { b'A' };
         let changed = String::from_utf8(changed).expect("ascii");
-        assert_eq!(keys.verify_click("em_1", "https://shop.example.test/", &changed), Checked::Forged, "changed");
+        assert_eq!(
+            keys.verify_click("em_1", "https://shop.example.test/", Some(1), &changed),
+            Checked::Forged,
+            "changed"
+        );
         for nonsense in ["", "1", "1.", ".abc", "x.abc", "99.AAAAAAAAAAAAAAAAAAAAAA", "1.!!!"] {
             assert_eq!(
-                keys.verify_click("em_1", "https://shop.example.test/", nonsense),
+                keys.verify_click("em_1", "https://shop.example.test/", Some(1), nonsense),
                 Checked::Forged,
                 "{nonsense}"
             );
@@ -291,21 +345,21 @@ mod tests {
         let open = query(&keys.open(BASE, "em_1"), "sig").expect("a signature");
         assert_eq!(keys.verify_open("em_1", &open), Checked::Valid);
         assert_eq!(keys.verify_open("em_2", &open), Checked::Forged);
-        assert_eq!(keys.verify_click("em_1", "", &open), Checked::Forged, "an open's signature is no click's");
+        assert_eq!(keys.verify_click("em_1", "", None, &open), Checked::Forged, "an open's signature is no click's");
     }
 
     #[test]
     fn given_a_rotation_when_checked_then_old_links_work_while_their_key_is_accepted() {
         let before = links(1, &[]);
-        let link = before.click(BASE, "em_1", "https://shop.example.test/");
+        let link = before.click(BASE, "em_1", "https://shop.example.test/", 1);
         let signature = query(&link, "sig").expect("a signature");
         let rotated = links(2, &[1]);
         assert!(
-            query(&rotated.click(BASE, "em_1", "https://shop.example.test/"), "sig").expect("sig").starts_with("2.")
+            query(&rotated.click(BASE, "em_1", "https://shop.example.test/", 1), "sig").expect("sig").starts_with("2.")
         );
-        assert_eq!(rotated.verify_click("em_1", "https://shop.example.test/", &signature), Checked::Valid);
+        assert_eq!(rotated.verify_click("em_1", "https://shop.example.test/", Some(1), &signature), Checked::Valid);
         let retired = links(2, &[]);
-        assert_eq!(retired.verify_click("em_1", "https://shop.example.test/", &signature), Checked::Forged);
+        assert_eq!(retired.verify_click("em_1", "https://shop.example.test/", Some(1), &signature), Checked::Forged);
     }
 
     #[test]

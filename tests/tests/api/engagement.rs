@@ -404,6 +404,7 @@ async fn concurrent_hits_are_taken_in_together_and_each_answered_hit_is_stored_o
         kind: if index % 2 == 0 { "click" } else { "open" },
         link: (index % 2 == 0).then(|| index.to_be_bytes().to_vec()),
         link_id: if index % 2 == 0 { format!("link-{index}") } else { String::new() },
+        link_position: if index % 2 == 0 { 1 } else { 0 },
         signal: "",
         at_ms: index,
     };

@@ -1,7 +1,7 @@
 //! Broadcast experiments: a run tests its variants on a share of the audience over real SMTP,
 //! people click the tracked links of the mail they received (and a link checker follows
 //! others), the verdict is decided on people's clicks alone and recorded once, and the winner
-//! goes to the rest, each recipient mailed once.
+//! goes to the rest, each recipient mailed once; each link's clicks are read per variant.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -9,15 +9,18 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::broadcasts::{create_people, patch, segment, send};
-use crate::email::{BLAST_BROADCAST, MAIL_KEY, email_id_of, mail_workspace_with_promo, publish_dkim, test_email};
+use crate::email::{
+    BLAST_BROADCAST, MAIL_KEY, email_id_of, mail_workspace_with_promo, publish_dkim, template_id, test_email,
+};
 use crate::engagement::{get, local, tracked};
 use crate::helpers::*;
 use crate::smtp_sink::SmtpSink;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// The mail workspace whose promo template has one tracked link and whose blast broadcast
-/// tests two subjects on half its audience, with `fallback` when neither wins clearly.
+/// The mail workspace whose promo template has two tracked links (the second with a personal
+/// query) and whose blast broadcast tests two subjects on half its audience, with `fallback`
+/// when neither wins clearly.
 fn experiment_workspace(fallback: &str) -> String {
     experiment_workspace_with(fallback, |_| {})
 }
@@ -25,8 +28,10 @@ fn experiment_workspace(fallback: &str) -> String {
 /// [`experiment_workspace`] with its experiment changed by `change`.
 fn experiment_workspace_with(fallback: &str, change: impl FnOnce(&mut Value)) -> String {
     let workspace = mail_workspace_with_promo(|promo| {
-        promo["html"] =
-            json!("<html><body><p><a href=\"https://shop.example.com/deal\">See the deal</a></p></body></html>");
+        promo["html"] = json!(concat!(
+            "<html><body><p><a href=\"https://shop.example.com/deal\">See the deal</a></p>",
+            "<p><a href=\"https://shop.example.com/account?who={{ contact.email }}\">Your account</a></p></body></html>"
+        ));
     });
     let mut workspace: Value = serde_json::from_str(&workspace).expect("JSON");
     let space = workspace["spaces"]
@@ -167,6 +172,14 @@ async fn an_experiment_tests_two_subjects_decides_on_peoples_clicks_and_sends_th
         let answer = checker.head(link).header("User-Agent", "LinkChecker/1.0").send().await.expect("HEAD");
         assert_eq!(answer.status(), 302);
     }
+    // Five of b's clickers open their account too, twice, after the 2 s that would make a
+    // second link a burst.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    for message in b.iter().take(5) {
+        for _ in 0..2 {
+            assert_eq!(get(&app, &tracked(message, "click?")[1]).await.status(), 302);
+        }
+    }
     let live = run(&app, &run_id).await;
     let results = &live["experiment"]["results"];
     assert_eq!(results[0]["variant"], "a", "{live}");
@@ -208,6 +221,52 @@ async fn an_experiment_tests_two_subjects_decides_on_peoples_clicks_and_sends_th
     let rest_story =
         app.get(&format!("/emails/{}", email_id_of(rest_mail.expect("a mail of the rest"))), MAIL_KEY).await;
     assert_eq!(rest_story.body["data"]["origin"]["variant"], "b", "{:?}", rest_story.body);
+    assert_eq!(rest_story.body["data"]["origin"]["cohort"], "winner", "{:?}", rest_story.body);
+
+    // Three of the rest click the deal, once their mail is older than a scanner's window.
+    let rest: Vec<&Value> = everything
+        .iter()
+        .filter(|message| !tested_subjects.contains_key(message["rcptTo"][0].as_str().unwrap_or("")))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    for message in rest.iter().take(3) {
+        assert_eq!(get(&app, &tracked(message, "click?")[0]).await.status(), 302);
+    }
+    app.wait_for_workers().await;
+    // Each link's clicks, by cohort and variant: people's apart from the checker's, a link
+    // named by its target without the query that differs per recipient.
+    let links = app.get(&format!("/broadcasts/{BLAST_BROADCAST}/runs/{run_id}/links"), MAIL_KEY).await;
+    assert_eq!(links.status, 200, "{:?}", links.body);
+    let rows = links.body["data"].as_array().expect("links").clone();
+    assert_conforms("BroadcastRunLink", &rows);
+    // (cohort, variant, position, url, clicks, unique clicks, machines' clicks, machines' unique)
+    let figures: Vec<Value> = rows
+        .iter()
+        .map(|row| {
+            json!([
+                row["cohort"],
+                row["variant"],
+                row["position"],
+                row["url"],
+                row["clicks"],
+                row["uniqueClicks"],
+                row["machine"]["clicks"],
+                row["machine"]["uniqueClicks"]
+            ])
+        })
+        .collect();
+    let (deal, account) = ("https://shop.example.com/deal", "https://shop.example.com/account");
+    let checked = a.len() - 6;
+    let expected = vec![
+        json!(["test", "a", 1, deal, 6, 6, checked, checked]),
+        json!(["test", "b", 1, deal, 20, 20, 0, 0]),
+        json!(["test", "b", 2, account, 10, 5, 0, 0]),
+        json!(["winner", "b", 1, deal, 3, 3, 0, 0]),
+    ];
+    assert_eq!(figures, expected, "{rows:?}");
+    let unknown = app.get(&format!("/broadcasts/{BLAST_BROADCAST}/runs/bcr_nope/links"), MAIL_KEY).await;
+    assert_eq!(unknown.status, 404, "{:?}", unknown.body);
+    assert_eq!(unknown.body["error"]["code"], "broadcast_run_not_found");
     // The delivery log's export names each email's variant.
     let csv = app
         .request(reqwest::Method::GET, &format!("/emails?broadcastRunId={run_id}"), Some(MAIL_KEY))
@@ -218,15 +277,27 @@ async fn an_experiment_tests_two_subjects_decides_on_peoples_clicks_and_sends_th
         .text()
         .await
         .expect("a body");
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
-    let column = header.iter().position(|name| *name == "variant").expect("a variant column");
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let header = reader.headers().expect("a header").clone();
+    let column = |name: &str| header.iter().position(|field| field == name).expect("a column");
+    let (variant, cohort, links_clicked) = (column("variant"), column("cohort"), column("linksClicked"));
     let mut exported = BTreeMap::new();
-    for line in lines {
-        *exported.entry(line.split(',').nth(column).unwrap_or_default().to_owned()).or_insert(0) += 1;
+    let mut clicked = BTreeMap::new();
+    for record in reader.records() {
+        let record = record.expect("a CSV record");
+        *exported.entry((record[cohort].to_owned(), record[variant].to_owned())).or_insert(0) += 1;
+        *clicked.entry(record[links_clicked].to_owned()).or_insert(0) += 1;
     }
-    assert_eq!(exported.get("a"), Some(&a.len()), "{exported:?}");
-    assert_eq!(exported.get("b"), Some(&(PEOPLE - a.len())), "the test's b and the rest: {exported:?}");
+    let tested_b = b.len();
+    let expected = BTreeMap::from([
+        (("test".to_owned(), "a".to_owned()), a.len()),
+        (("test".to_owned(), "b".to_owned()), tested_b),
+        (("winner".to_owned(), "b".to_owned()), PEOPLE - a.len() - tested_b),
+    ]);
+    assert_eq!(exported, expected, "each email's variant and cohort");
+    let expected =
+        BTreeMap::from([(String::new(), PEOPLE - 6 - 20 - 3), ("1".to_owned(), 6 + 15 + 3), ("1 2".to_owned(), 5)]);
+    assert_eq!(clicked, expected, "the links each person clicked, the checker's left out");
     let recorded = app
         .query_i64(&format!(
             "SELECT count(*) FROM events WHERE event_type = 'BroadcastExperimentDecided.v1' AND stream_id = 'broadcast-run-{run_id}'"
@@ -414,4 +485,125 @@ async fn an_experiment_killed_in_its_test_send_at_its_verdict_and_in_its_winner_
         assert_eq!(message["headers"]["subject"][0], expected, "{variant:?}");
     }
     assert!(tested > 0 && rest > 0 && rest + tested as usize >= messages.len(), "{tested} tested, {rest} of the rest");
+}
+
+#[tokio::test]
+async fn an_experiment_changed_by_patch_is_checked_against_the_space_and_taken_by_the_next_run() {
+    let sink = SmtpSink::start().await;
+    let app = experiment_app(&sink, "stop").await;
+    let shown = app.get(&format!("/broadcasts/{BLAST_BROADCAST}"), MAIL_KEY).await;
+    assert_eq!(shown.status, 200, "{:?}", shown.body);
+    let mut experiment = shown.body["data"]["experiment"].clone();
+    let (newsletter, receipt) = (template_id(&app, "newsletter").await, template_id(&app, "receipt").await);
+
+    // What the space cannot send with is refused, naming the variant's field.
+    for (index, (variant, expected)) in [
+        (json!({"id": "c", "templateId": receipt}), "experiment.variants[2].templateId"),
+        (json!({"id": "c", "templateId": "tpl_not_here"}), "experiment.variants[2].templateId"),
+        (json!({"id": "c", "senderId": "snd_not_here"}), "experiment.variants[2].senderId"),
+        (json!({"id": "C"}), "experiment.variants[2].id"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut broken = experiment.clone();
+        broken["variants"].as_array_mut().expect("variants").push(variant.clone());
+        let refused = patch(&app, BLAST_BROADCAST, &format!("broken-{index}"), &json!({"experiment": broken})).await;
+        assert_eq!(refused.status, 400, "{variant}: {:?}", refused.body);
+        assert_eq!(refused.body["error"]["code"], "invalid_broadcast", "{:?}", refused.body);
+        let issues = refused.body["error"]["issues"].as_array().into_iter().flatten();
+        let keys: Vec<&str> = issues.filter_map(|issue| issue["key"].as_str()).collect();
+        assert!(keys.contains(&expected), "{variant}: {expected} in {:?}", refused.body);
+    }
+
+    // A third variant on another template, a smaller share and a longer wait.
+    experiment["testShare"] = json!(10);
+    experiment["waitMs"] = json!(7_200_000);
+    experiment["variants"].as_array_mut().expect("variants").push(json!({"id": "c", "templateId": newsletter}));
+    let changed = patch(&app, BLAST_BROADCAST, "change", &json!({"experiment": experiment})).await;
+    assert_eq!(changed.status, 200, "{:?}", changed.body);
+    assert_eq!(changed.body["data"]["experiment"], experiment, "answered as changed");
+    let removed = patch(&app, BLAST_BROADCAST, "remove", &json!({"experiment": null})).await;
+    assert_eq!(removed.body["data"]["experiment"], Value::Null, "{:?}", removed.body);
+    let back = patch(&app, BLAST_BROADCAST, "back", &json!({"experiment": experiment})).await;
+    assert_eq!(back.status, 200, "{:?}", back.body);
+    app.wait_for_projections().await;
+    let read = app.get(&format!("/broadcasts/{BLAST_BROADCAST}"), MAIL_KEY).await;
+    assert_eq!(read.body["data"]["experiment"], experiment, "the read model folds the update");
+
+    // The next run tests what the PATCH set.
+    create_people(&app, (0..20).map(|index| (format!("pat{index:03}@example.com"), true)).collect()).await;
+    let segment_id = segment(&app, "Fans", "firstName is Fan").await;
+    let aimed = patch(&app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment_id}})).await;
+    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
+    app.wait_for_projections().await;
+    let sent = send(&app, BLAST_BROADCAST, "go").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    assert_eq!(sent.body["data"]["experiment"]["definition"], experiment, "{:?}", sent.body);
+    // While it runs, the experiment cannot change.
+    let active = patch(&app, BLAST_BROADCAST, "late", &json!({"experiment": null})).await;
+    assert_eq!((active.status, &active.body["error"]["code"]), (409, &json!("broadcast_run_active")));
+}
+
+#[tokio::test]
+async fn an_experiment_by_conversions_counts_the_events_within_the_window_after_each_send() {
+    const PEOPLE: usize = 200;
+    let sink = SmtpSink::start().await;
+    let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::default() }).await;
+    let workspace = experiment_workspace_with("stop", |experiment| {
+        experiment["metric"] = json!({"conversion": "purchase", "within": "1m"});
+    });
+    app.apply_workspace(&workspace, true).await;
+    publish_dkim(&app, &sink).await;
+    let run_id = start_run(&app, PEOPLE).await;
+    let waiting = run_until(&app, &run_id, "its wait with every test mail sent", test_sent).await;
+    assert_eq!(waiting["experiment"]["definition"]["metric"]["type"], "conversion", "{waiting}");
+    let tested = waiting["counts"]["sent"].as_u64().expect("sent") as usize;
+    let test_mail = sink.wait_for(tested, WAIT).await;
+    // Each test recipient's contact, by the subject (the variant) it was sent.
+    let mut contacts: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for message in &test_mail {
+        let story = app.get(&format!("/emails/{}", email_id_of(message)), MAIL_KEY).await;
+        let contact = story.body["data"]["contactId"].as_str().expect("a contact").to_owned();
+        let subject = message["headers"]["subject"][0].as_str().expect("a subject").to_owned();
+        contacts.entry(subject).or_default().push(contact);
+    }
+    let (a, b) = (&contacts["Deal A"], &contacts["Deal B"]);
+    assert!(a.len() >= 25 && b.len() >= 35, "an even split: {} and {}", a.len(), b.len());
+
+    // 6 of a's recipients buy, 30 of b's; 10 more of a's bought an hour before the send, which
+    // does not count.
+    let fire = |contact: &String, occurred: Option<String>| {
+        let mut body = json!({"contactId": contact, "amount": 1});
+        if let Some(at) = occurred {
+            body["occurredAt"] = json!(at);
+        }
+        body
+    };
+    let before = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let bodies: Vec<Value> = a
+        .iter()
+        .take(6)
+        .map(|contact| fire(contact, None))
+        .chain(a.iter().skip(6).take(10).map(|contact| fire(contact, Some(before.clone()))))
+        .chain(b.iter().take(30).map(|contact| fire(contact, None)))
+        .collect();
+    for body in &bodies {
+        let fired = app.post("/events/purchase", MAIL_KEY, body).await;
+        assert_eq!(fired.status, 202, "{:?}", fired.body);
+    }
+    app.wait_for_workers().await;
+    let live = run(&app, &run_id).await;
+    let results = &live["experiment"]["results"];
+    assert_eq!((&results[0]["engaged"], &results[1]["engaged"]), (&json!(6), &json!(30)), "{live}");
+
+    end_wait(&app, &run_id).await;
+    let finished = run_until(&app, &run_id, "its end", |run| run["status"] == "completed").await;
+    let experiment = &finished["experiment"];
+    assert_eq!(experiment["winner"], "b", "{finished}");
+    let verdict = &experiment["verdict"];
+    let figures = |index: usize, field: &str| verdict["variants"][index][field].as_i64().unwrap_or(-1);
+    assert_eq!((figures(0, "engaged"), figures(1, "engaged")), (6, 30), "{verdict}");
+    assert_eq!((figures(0, "machine"), figures(1, "machine")), (0, 0), "{verdict}");
+    assert_eq!(verdict["metric"], "conversion", "{verdict}");
 }

@@ -25,11 +25,13 @@ pub(super) struct Run {
     pub variant: Option<String>,
     /// The variant's subject, replacing the template's.
     pub subject: Option<String>,
+    /// The variant is sent as the experiment's winner (to the rest), not in its test.
+    pub winner: bool,
 }
 
 impl Run {
-    /// The run as it sends `variant` of its experiment.
-    pub(super) fn for_variant(&self, variant: &domain::email::experiments::VariantDef) -> Self {
+    /// The run as it sends `variant` of its experiment, in its test or as its `winner`.
+    pub(super) fn for_variant(&self, variant: &domain::email::experiments::VariantDef, winner: bool) -> Self {
         Self {
             run_id: self.run_id.clone(),
             broadcast_id: self.broadcast_id.clone(),
@@ -38,12 +40,13 @@ impl Run {
             sender_id: variant.sender_id.clone().or_else(|| self.sender_id.clone()),
             variant: Some(variant.id.clone()),
             subject: variant.subject.clone(),
+            winner,
         }
     }
 
     fn origin(&self) -> mail::send::Origin<'_> {
         mail::send::Origin::broadcast(&self.broadcast_id, &self.run_id)
-            .with_variant(self.variant.as_deref().unwrap_or(""))
+            .with_variant(self.variant.as_deref().unwrap_or(""), self.winner)
     }
 }
 
@@ -350,6 +353,7 @@ mod tests {
             sender_id: None,
             variant: None,
             subject: None,
+            winner: false,
         }
     }
 

@@ -133,9 +133,11 @@ impl Verdicts {
         let audience: domain::email::resources::Audience = serde_json::from_value(row.get(3))?;
         let decide_at: chrono::DateTime<chrono::Utc> = row.get(4);
         let due: Option<i64> = row.get(5);
-        let (Some(emails), Some(segments)) =
-            (live_schema(transaction, "emails").await?, live_schema(transaction, "segments").await?)
-        else {
+        let (Some(emails), Some(segments), Some(events)) = (
+            live_schema(transaction, "emails").await?,
+            live_schema(transaction, "segments").await?,
+            live_schema(transaction, "events").await?,
+        ) else {
             return Ok(Handled::Retry("a read model the verdict reads has no live version yet".to_owned()));
         };
         let decided = match self.recorded(transaction, run_id).await? {
@@ -144,7 +146,7 @@ impl Verdicts {
                 // The figures count every open and click taken by the end of the wait: once the
                 // engagement worker has appended them all, the log's head then is the verdict's
                 // due position (kept on the run, so a retry waits for the same one), and the
-                // `emails` read model must have applied that far.
+                // `emails` read model (and for conversions, `events`) must have applied that far.
                 let waiting = transaction
                     .query_one(
                         "SELECT EXISTS (SELECT 1 FROM engagement_inbox WHERE at_ms <= $1)",
@@ -166,17 +168,22 @@ impl Verdicts {
                         .await?
                         .get(0),
                 };
+                let read = match experiment.metric {
+                    experiments::Metric::Conversion { .. } => vec!["emails", "events"],
+                    experiments::Metric::Clicks | experiments::Metric::Opens => vec!["emails"],
+                };
                 let reached: i64 = transaction
                     .query_one(
-                        "SELECT COALESCE((SELECT position FROM projections WHERE name = 'emails' AND status = 'live'), 0)",
-                        &[],
+                        "SELECT COALESCE(min(position), 0) FROM projections WHERE name = ANY($1) AND status = 'live'",
+                        &[&read],
                     )
                     .await?
                     .get(0);
                 if reached < due {
                     return Ok(Handled::RetryAt(chrono::Utc::now() + chrono::Duration::milliseconds(200)));
                 }
-                let tallies = reads::experiments::tallies(transaction, &emails, run_id, &experiment.metric).await?;
+                let tallies =
+                    reads::experiments::tallies(transaction, (&emails, &events), run_id, &experiment.metric).await?;
                 let ordered: Vec<experiments::Tally> = experiment
                     .variants
                     .iter()

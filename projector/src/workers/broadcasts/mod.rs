@@ -240,6 +240,7 @@ impl Runs {
             broadcast_id: row.get(4),
             variant: None,
             subject: None,
+            winner: false,
         };
         let phase: Option<String> = row.get(5);
         let experiment: Option<ExperimentDef> =
@@ -280,10 +281,10 @@ impl Runs {
             return Ok(Outcome::Progressed);
         }
         let mut prepared = Vec::new();
-        for (variant, contacts) in by_variant(&pending, winner.as_deref()) {
+        for ((variant, as_winner), contacts) in by_variant(&pending, winner.as_deref()) {
             let variant = variant.and_then(|id| experiment.as_ref()?.variants.iter().find(|variant| variant.id == id));
             let run = match variant {
-                Some(variant) => run.for_variant(variant),
+                Some(variant) => run.for_variant(variant, as_winner),
                 None => run.clone(),
             };
             prepared.extend(self.send_batch(&run, &contacts).await?.0);
@@ -495,15 +496,19 @@ pub(crate) async fn count_skipped(transaction: &Transaction<'_>, run_id: &str) -
     Ok(())
 }
 
-/// A batch's recipients by the variant each is sent: a test recipient's own, else the run's
-/// winner (`None` without an experiment), in the batch's order within each.
-fn by_variant<'a>(
-    pending: &'a [(String, Option<String>)],
-    winner: Option<&'a str>,
-) -> Vec<(Option<&'a str>, Vec<String>)> {
-    let mut groups: Vec<(Option<&str>, Vec<String>)> = Vec::new();
+/// What a group of a batch is sent: the experiment's variant (`None` without an experiment),
+/// and whether as the winner.
+type Sent<'a> = (Option<&'a str>, bool);
+
+/// A batch's recipients by the variant each is sent and whether as the winner: a test
+/// recipient's own, else the run's winner, in the batch's order within each.
+fn by_variant<'a>(pending: &'a [(String, Option<String>)], winner: Option<&'a str>) -> Vec<(Sent<'a>, Vec<String>)> {
+    let mut groups: Vec<(Sent<'_>, Vec<String>)> = Vec::new();
     for (contact_id, variant) in pending {
-        let variant = variant.as_deref().or(winner);
+        let variant = match variant.as_deref() {
+            Some(tested) => (Some(tested), false),
+            None => (winner, winner.is_some()),
+        };
         match groups.iter_mut().find(|(group, _)| *group == variant) {
             Some((_, contacts)) => contacts.push(contact_id.clone()),
             None => groups.push((variant, vec![contact_id.clone()])),

@@ -77,7 +77,7 @@ struct Due {
     template_id: String,
     topic_id: Option<String>,
     /// Kind, source, parent, step and experiment variant, as its `EmailScheduled` names them.
-    origin: (String, String, String, String, String),
+    origin: (String, String, String, String, String, bool),
 }
 
 /// How many times a batch is decided when contacts are sent marketing email meanwhile.
@@ -201,7 +201,14 @@ impl Held {
                 contact_id: event.contact_id,
                 template_id: event.template_id,
                 topic_id: Some(event.topic_id).filter(|topic| !topic.is_empty()),
-                origin: (event.origin, event.form_id, event.parent_id, event.step_id, event.variant),
+                origin: (
+                    event.origin,
+                    event.form_id,
+                    event.parent_id,
+                    event.step_id,
+                    event.variant,
+                    event.experiment_winner,
+                ),
             });
         }
         Ok(due)
@@ -386,13 +393,20 @@ impl Held {
             .iter()
             .zip(found)
             .map(|((email, authored, refused, zone), by)| {
-                let (kind, source, parent, step, variant) = &email.origin;
+                let (kind, source, parent, step, variant, winner) = &email.origin;
                 mail::skipped::skipped_after(mail::skipped::Skip {
                     email_id: &email.email_id,
                     space_id,
                     authored,
                     contact_id: &email.contact_id,
-                    origin: Origin { kind, source_id: source, parent_id: parent, step_id: step, variant },
+                    origin: Origin {
+                        kind,
+                        source_id: source,
+                        parent_id: parent,
+                        step_id: step,
+                        variant,
+                        winner: *winner,
+                    },
                     gate: refused.gate,
                     decided_by: by.as_ref(),
                     // Its `EmailScheduled` named the address.

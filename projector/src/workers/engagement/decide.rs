@@ -27,11 +27,13 @@ pub(super) struct Hit {
 /// What a hit was.
 pub(super) enum Taken {
     Open,
-    /// A click on link `link_id`; `url` is its target, `None` when the sealed target could not
-    /// be opened (a master key replaced meanwhile).
+    /// A click on link `link_id`, the `position`th tracked link of its email (0: unknown);
+    /// `url` is its target, `None` when the sealed target could not be opened (a master key
+    /// replaced meanwhile).
     Click {
         link_id: String,
         url: Option<String>,
+        position: u32,
     },
 }
 
@@ -92,7 +94,7 @@ pub(super) fn decide(hits: Vec<Hit>, mut histories: BTreeMap<String, History>, k
                     decided.unreadable.push((hit.id, email_id.clone()));
                     continue;
                 }
-                Taken::Click { link_id, url: Some(url) } => {
+                Taken::Click { link_id, url: Some(url), position } => {
                     let verdict = history::click(&history, &link_id, actor, hit.at_ms);
                     let link = platform::events::seal(&history.contact_id, &proto::ClickedLink { url });
                     let event = LogEvent::EmailClicked(proto::EmailClicked {
@@ -105,6 +107,7 @@ pub(super) fn decide(hits: Vec<Hit>, mut histories: BTreeMap<String, History>, k
                         machine: verdict.machine.to_owned(),
                         at_ms: hit.at_ms,
                         source,
+                        link_position: position,
                     });
                     (event, "click", verdict.machine)
                 }
@@ -180,7 +183,7 @@ mod tests {
     }
 
     fn click(id: i64, email_id: &str, link_id: &str, url: Option<&str>, at_ms: i64) -> Hit {
-        let taken = Taken::Click { link_id: link_id.to_owned(), url: url.map(str::to_owned) };
+        let taken = Taken::Click { link_id: link_id.to_owned(), url: url.map(str::to_owned), position: 1 };
         Hit { id, email_id: email_id.to_owned(), taken, signal: String::new(), at_ms }
     }
 

@@ -99,7 +99,8 @@ impl Engagement {
         }
         let hits: Vec<Hit> = transaction
             .query(
-                "SELECT id, email_id, kind, link, link_id, signal, at_ms FROM engagement_inbox ORDER BY id LIMIT $1",
+                "SELECT id, email_id, kind, link, link_id, signal, at_ms, link_position
+                 FROM engagement_inbox ORDER BY id LIMIT $1",
                 &[&BATCH],
             )
             .await?
@@ -109,7 +110,8 @@ impl Engagement {
                 let taken = if row.get::<_, &str>(2) == "click" {
                     let link: Option<&[u8]> = row.get(3);
                     let url = link.and_then(|sealed| mail::inbox::open_inbox_link(&email_id, sealed).ok());
-                    Taken::Click { link_id: row.get(4), url }
+                    let position = u32::try_from(row.get::<_, i32>(7)).unwrap_or_default();
+                    Taken::Click { link_id: row.get(4), url, position }
                 } else {
                     Taken::Open
                 };

@@ -26,6 +26,11 @@ pub fn apply_update(mut definition: BroadcastDef, update: &proto::BroadcastUpdat
     if update.scheduled_at_set {
         definition.scheduled_at_ms = Some(update.scheduled_at_ms).filter(|at| *at > 0);
     }
+    if update.experiment_set {
+        // An experiment the log holds was checked when it was appended; one that no longer
+        // reads (never written so) leaves none rather than a broken one.
+        definition.experiment = serde_json::from_str(&update.experiment_json).ok();
+    }
     definition
 }
 

@@ -169,6 +169,11 @@ impl ExperimentDef {
             if !WINDOW_MS.contains(window_ms) {
                 return Err(invalid("experiment.metric.windowMs", "must be from one minute to 30 days"));
             }
+            // The verdict counts a test recipient's conversions within the window after its
+            // send: every window must have closed by the end of the wait.
+            if *window_ms > self.wait_ms {
+                return Err(invalid("experiment.metric.windowMs", "must not be longer than the wait"));
+            }
         }
         Ok(())
     }
@@ -544,6 +549,14 @@ mod tests {
         assert_eq!(
             refused(&|d| d.metric = Metric::Conversion { schema_id: "order".into(), window_ms: 0 }),
             "experiment.metric.windowMs"
+        );
+        let longer_than_the_wait = |d: &mut ExperimentDef| {
+            d.metric = Metric::Conversion { schema_id: "order".into(), window_ms: d.wait_ms + 1 };
+        };
+        assert_eq!(refused(&longer_than_the_wait), "experiment.metric.windowMs");
+        assert_eq!(
+            refused(&|d| d.metric = Metric::Conversion { schema_id: String::new(), window_ms: 60_000 }),
+            "experiment.metric.schemaId"
         );
     }
 

@@ -78,16 +78,19 @@ fn decision_entry(kind: &str, at_ms: i64, zone: Option<&platform::proto::PolicyZ
 }
 
 fn origin(scheduled: &platform::proto::EmailScheduled) -> Value {
-    origin_of(&scheduled.origin, &scheduled.form_id, &scheduled.parent_id, &scheduled.step_id, &scheduled.variant)
+    let variant = (scheduled.variant.as_str(), scheduled.experiment_winner);
+    origin_of(&scheduled.origin, &scheduled.form_id, &scheduled.parent_id, &scheduled.step_id, variant)
 }
 
-fn origin_of(kind: &str, source: &str, parent: &str, step: &str, variant: &str) -> Value {
+fn origin_of(kind: &str, source: &str, parent: &str, step: &str, (variant, winner): (&str, bool)) -> Value {
     let (source, parent, step) = (some(source), some(parent), some(step));
     match kind {
         "form_confirmation" => json!({"type": kind, "formId": source}),
-        // A run with an experiment names the variant each email was sent.
+        // A run with an experiment names the variant each email was sent, and whether in the
+        // test or as the winner to the rest (`cohort`).
         "broadcast" if !variant.is_empty() => {
-            json!({"type": kind, "broadcastId": parent, "broadcastRunId": source, "variant": variant})
+            let cohort = if winner { "winner" } else { "test" };
+            json!({"type": kind, "broadcastId": parent, "broadcastRunId": source, "variant": variant, "cohort": cohort})
         }
         "broadcast" => json!({"type": kind, "broadcastId": parent, "broadcastRunId": source}),
         "workflow" => json!({"type": kind, "workflowId": parent, "workflowRunId": source, "stepId": step}),
@@ -210,8 +213,11 @@ pub fn apply(story: Option<Story>, event: &LogEvent) -> Option<Story> {
                 engagement.human_clicks += 1;
                 engagement.first_clicked_at.get_or_insert_with(|| at.clone());
             }
-            let entry =
-                json!({"type": "clicked", "at": at, "linkId": clicked.link_id, "machine": some(&clicked.machine)});
+            // `link`: the link's position among the email's tracked links (null for a link sent
+            // before positions were numbered).
+            let link = (clicked.link_position > 0).then_some(clicked.link_position);
+            let entry = json!({"type": "clicked", "at": at, "linkId": clicked.link_id, "link": link,
+                               "machine": some(&clicked.machine)});
             (None, clicked.first.then_some(entry))
         }
         _ => (None, None),
@@ -287,7 +293,13 @@ fn skipped_story(skipped: &platform::proto::EmailSkipped) -> Story {
         kind: skipped.kind.clone(),
         topic_id: some(&skipped.topic_id).map(str::to_owned),
         contact_id: skipped.contact_id.clone(),
-        origin: origin_of(&source.origin, &source.source_id, &source.parent_id, &source.step_id, &source.variant),
+        origin: origin_of(
+            &source.origin,
+            &source.source_id,
+            &source.parent_id,
+            &source.step_id,
+            (&source.variant, source.experiment_winner),
+        ),
         status: "skipped".to_owned(),
         scheduled_at: at,
         not_before: None,

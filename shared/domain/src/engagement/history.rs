@@ -79,6 +79,7 @@ impl History {
                         parent_id: scheduled.parent_id.clone(),
                         step_id: scheduled.step_id.clone(),
                         variant: scheduled.variant.clone(),
+                        experiment_winner: scheduled.experiment_winner,
                     },
                     ..Self::default()
                 });
