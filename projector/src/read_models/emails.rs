@@ -72,7 +72,11 @@ CREATE TABLE {s}.email_counts (
     held bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (bucket_kind, bucket_id)
 );
-CREATE TABLE {s}.link_counts (
+";
+
+/// The per-link counts, added after the read model's first release.
+const ADDITIONS: &str = "
+CREATE TABLE IF NOT EXISTS {s}.link_counts (
     bucket_kind text NOT NULL,
     bucket_id text NOT NULL,
     variant text NOT NULL,
@@ -390,5 +394,5 @@ async fn write_link_counts(transaction: &Transaction<'_>, s: &str, links: &LinkC
 
 read_model! {
     /// Each email's story.
-    Emails = "emails", batch
+    Emails = "emails", batch, additions = ADDITIONS
 }

@@ -5,9 +5,11 @@
 
 /// Declares a read model: the unit type `$model` named `$name`, with the module's `DDL` and
 /// `apply`: set-based over the whole batch (`batch`) or event by event over the module's
-/// `EVENT_TYPES` (`each`); with `read_indexes = X`, `X` holds its read indexes.
+/// `EVENT_TYPES` (`each`); with `read_indexes = X`, `X` holds its read indexes; with
+/// `additions = Y`, `Y` holds the tables added since its first release.
 macro_rules! read_model {
-    ($(#[$meta:meta])* $model:ident = $name:expr, $mode:ident $(, read_indexes = $indexes:expr)?) => {
+    ($(#[$meta:meta])* $model:ident = $name:expr, $mode:ident $(, read_indexes = $indexes:expr)?
+     $(, additions = $additions:expr)?) => {
         $(#[$meta])*
         pub(crate) struct $model;
 
@@ -22,6 +24,10 @@ macro_rules! read_model {
 
             $(fn read_indexes(&self) -> &'static str {
                 $indexes
+            })?
+
+            $(fn additions(&self) -> &'static str {
+                $additions
             })?
 
             fn event_types(&self) -> &'static [&'static str] {
@@ -82,6 +88,15 @@ pub trait ReadModel: Send + Sync + 'static {
         ""
     }
 
+    /// Tables added to the read model since versions of it were first made, each `CREATE
+    /// TABLE IF NOT EXISTS` (with `{s}` as in `ddl`) and filled only by events that came with
+    /// them (so a version made before holds what a rebuild would): part of every new version,
+    /// and added to the versions that exist when a projector starts ([`runner::ensure_initialized`]),
+    /// so an upgrade needs no rebuild for them.
+    fn additions(&self) -> &'static str {
+        ""
+    }
+
     /// The event types it reads; it is given the payloads of these alone.
     fn event_types(&self) -> &'static [&'static str];
 
@@ -128,7 +143,12 @@ pub(crate) fn create_version_sql(model: &dyn ReadModel, schema: &str) -> String 
 
 /// A version's schema and tables without its read indexes: what a rebuild starts from.
 pub(crate) fn create_tables_sql(model: &dyn ReadModel, schema: &str) -> String {
-    format!("CREATE SCHEMA {schema};\n{}", model.ddl().replace("{s}", schema))
+    format!("CREATE SCHEMA {schema};\n{}\n{}", model.ddl().replace("{s}", schema), additions_sql(model, schema))
+}
+
+/// The tables added since the read model's first release (see [`ReadModel::additions`]).
+pub(crate) fn additions_sql(model: &dyn ReadModel, schema: &str) -> String {
+    model.additions().replace("{s}", schema)
 }
 
 /// A version's read indexes (see [`ReadModel::read_indexes`]).

@@ -39,7 +39,8 @@ impl Faults {
     }
 }
 
-/// Creates version 1 of every projection that has no version yet.
+/// Creates version 1 of every projection that has no version yet, and adds the tables added
+/// since to the versions that exist ([`super::ReadModel::additions`]).
 pub(crate) async fn ensure_initialized(pool: &Pool) -> anyhow::Result<()> {
     let mut client = pool.get().await?;
     for model in super::ALL {
@@ -55,6 +56,19 @@ pub(crate) async fn ensure_initialized(pool: &Pool) -> anyhow::Result<()> {
                     &[&model.name()],
                 )
                 .await?;
+        } else if !model.additions().is_empty() {
+            let versions =
+                transaction.query("SELECT version FROM projections WHERE name = $1", &[&model.name()]).await?;
+            for row in versions {
+                let schema = schema_name(model.name(), row.get(0));
+                let exists = transaction
+                    .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&schema])
+                    .await?
+                    .get::<_, bool>(0);
+                if exists {
+                    transaction.batch_execute(&super::additions_sql(model, &schema)).await?;
+                }
+            }
         }
         transaction.commit().await?;
     }

@@ -47,6 +47,24 @@ async fn a_projector_killed_mid_batch_resumes_without_loss_or_double_effect() {
 }
 
 #[tokio::test]
+async fn a_version_made_before_a_table_was_added_gets_it_when_a_projector_starts() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let client = app.pool.get().await.expect("a connection");
+    let schema: String = client
+        .query_one("SELECT 'rm_emails_v' || version FROM projections WHERE name = 'emails' AND status = 'live'", &[])
+        .await
+        .expect("the live version")
+        .get(0);
+    // As a version made before the per-link counts were added.
+    client.batch_execute(&format!("DROP TABLE {schema}.link_counts")).await.expect("dropped");
+    let exists = format!("SELECT to_regclass('{schema}.link_counts') IS NOT NULL");
+    assert!(!client.query_one(&exists, &[]).await.expect("asked").get::<_, bool>(0));
+    projector::migrate(&app.pool).await.expect("a projector's start");
+    assert!(client.query_one(&exists, &[]).await.expect("asked").get::<_, bool>(0), "added to the live version");
+    projector::migrate(&app.pool).await.expect("a second start changes nothing");
+}
+
+#[tokio::test]
 async fn two_projector_processes_never_apply_the_same_batch() {
     let app = TestApp::spawn_with(Options::without_projector()).await;
     let _first = spawn_binary("projector", &["run"], &app.database_url, &[]);
