@@ -315,8 +315,27 @@ async fn an_experiment_without_a_clear_winner_stops_and_the_rest_gets_nothing() 
     let waiting = run_until(&app, &run_id, "its wait with every test mail sent", test_sent).await;
     let tested = waiting["counts"]["sent"].as_u64().expect("sent") as usize;
     assert!(tested > 0 && tested < PEOPLE, "{waiting}");
-    // Nobody clicks: too few engaged recipients for the test.
+    // Nobody clicks: too few engaged recipients for the test. While the emails read model
+    // holds a dead letter of the space (its later events held until an operator retries it),
+    // the verdict waits rather than decide on figures that may be short.
+    let client = app.pool.get().await.expect("a connection");
+    let quarantined = client
+        .execute(
+            "INSERT INTO projection_dead_letters (name, version, position, space_key, event_type, error)
+             SELECT 'emails', p.version, (SELECT position FROM log_head), r.space_id, 'EmailClicked.v1', 'planted'
+             FROM projections p, broadcast_runs r WHERE p.name = 'emails' AND p.status = 'live' AND r.run_id = $1",
+            &[&run_id],
+        )
+        .await
+        .expect("a dead letter");
+    assert_eq!(quarantined, 1);
     end_wait(&app, &run_id).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(run(&app, &run_id).await["experiment"]["phase"], "wait", "no verdict on held figures");
+    client
+        .execute("UPDATE projection_dead_letters SET resolved_at = now() WHERE error = 'planted'", &[])
+        .await
+        .expect("resolved");
     let finished = run_until(&app, &run_id, "its end", |run| run["status"] == "completed").await;
     let experiment = &finished["experiment"];
     assert_eq!((experiment["phase"].as_str(), &experiment["winner"]), (Some("stopped"), &Value::Null), "{finished}");

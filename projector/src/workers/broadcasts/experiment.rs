@@ -182,6 +182,27 @@ impl Verdicts {
                 if reached < due {
                     return Ok(Handled::RetryAt(chrono::Utc::now() + chrono::Duration::milliseconds(200)));
                 }
+                // A read model that quarantined one of the space's events holds the space's later
+                // ones until an operator retries it: its figures would be short, so the verdict
+                // waits for the retry rather than decide on them.
+                let held = transaction
+                    .query_one(
+                        "SELECT EXISTS (
+                             SELECT 1 FROM projection_dead_letters d
+                             JOIN projections p ON p.name = d.name AND p.version = d.version AND p.status = 'live'
+                             WHERE d.name = ANY($1) AND d.space_key = $2 AND d.resolved_at IS NULL)",
+                        &[&read, &space_id],
+                    )
+                    .await?
+                    .get::<_, bool>(0);
+                if held {
+                    tracing::warn!(
+                        run = %run_id,
+                        "the verdict waits: a read model it reads holds a dead letter of the run's space \
+                         (projector dead-letters list)"
+                    );
+                    return Ok(Handled::RetryAt(chrono::Utc::now() + chrono::Duration::seconds(5)));
+                }
                 let tallies =
                     reads::experiments::tallies(transaction, (&emails, &events), run_id, &experiment.metric).await?;
                 let ordered: Vec<experiments::Tally> = experiment
