@@ -197,6 +197,9 @@ struct VariantSpec {
     /// A sender's slug.
     #[serde(default)]
     sender: Option<String>,
+    /// The preview text after the subject.
+    #[serde(default)]
+    preheader: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -281,13 +284,20 @@ fn experiment(
         if sender_id.as_ref().is_some_and(|id| postal_senders.get(id) != Some(&true)) {
             bail!("{field}: its sender has no postal address for the footer of marketing mail (CAN-SPAM)");
         }
-        if variant.subject.is_some() && localized.contains(template_id.as_deref().unwrap_or(broadcast_template)) {
+        let rewords = variant.subject.is_some() || variant.preheader.is_some();
+        if rewords && localized.contains(template_id.as_deref().unwrap_or(broadcast_template)) {
             bail!(
-                "{field}: its template has language variants, whose subjects a variant's subject would replace; \
-                   make a template for the variant instead"
+                "{field}: its template has language variants, in whose languages a variant's subject or preheader \
+                   would not be; make a template for the variant instead"
             );
         }
-        variants.push(experiments::VariantDef { id: variant.id, subject: variant.subject, template_id, sender_id });
+        variants.push(experiments::VariantDef {
+            id: variant.id,
+            subject: variant.subject,
+            template_id,
+            sender_id,
+            preheader: variant.preheader,
+        });
     }
     let definition = experiments::ExperimentDef {
         test_share: spec.test_share,

@@ -290,6 +290,7 @@ fn experiment(value: &Value) -> Result<ExperimentDef, Issue> {
     for (index, variant) in experiment.variants.iter().enumerate() {
         let fields = [
             ("subject", variant.subject.as_deref()),
+            ("preheader", variant.preheader.as_deref()),
             ("templateId", variant.template_id.as_deref()),
             ("senderId", variant.sender_id.as_deref()),
         ];
@@ -368,12 +369,15 @@ pub(crate) fn check_experiment(experiment: &ExperimentDef, facts: &ExperimentFac
             Some((_, None)) => false,
             None => facts.own_template_localized,
         };
-        if variant.subject.is_some() && localized {
+        let reworded = [("subject", variant.subject.is_some()), ("preheader", variant.preheader.is_some())];
+        for (name, _) in reworded.into_iter().filter(|(_, set)| *set && localized) {
             issues.push(Issue::coded(
-                field("subject"),
+                field(name),
                 Code::InvalidField,
-                "the template has language variants, whose subjects a variant's subject would replace; \
-                 use a template of its own for the variant",
+                format!(
+                    "the template has language variants, in whose languages a variant's {name} would not be; \
+                     use a template of its own for the variant"
+                ),
             ));
         }
     }

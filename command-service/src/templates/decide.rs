@@ -429,6 +429,7 @@ mod tests {
             allowance: Some(AllowanceDef { monthly: 100 }),
             policy: None,
             parts: Default::default(),
+            preheader: None,
         })
     }
 

@@ -40,6 +40,8 @@ pub struct Authored {
     pub policy: Option<domain::email::send::SendPolicy>,
     /// The layout and the partials the template renders.
     pub parts: Parts,
+    /// Preview text for the start of the HTML body (a broadcast experiment's variant sets it).
+    pub preheader: Option<String>,
 }
 
 /// A partial or a layout as a send reads it: its id, its revision and its definition.
@@ -161,6 +163,7 @@ impl Authored {
             policy: found.policy.map(|policy| definition(Some(policy), "the space's send policy")).transpose()?,
             parts: Parts::from_rows(&template, found.parts)?,
             template,
+            preheader: None,
         }))
     }
 
@@ -215,6 +218,9 @@ pub fn render_in(
     locale: Wanted,
 ) -> Result<render::Rendered, String> {
     let mut rendered = render_untracked(authored, email_id, context, &site.base_url, locale)?;
+    if let Some(preheader) = &authored.preheader {
+        rendered.html = render::with_preheader(&rendered.html, preheader);
+    }
     let tracking = authored.template.tracking();
     let track = Track { clicks: tracking.clicks, opens: tracking.opens };
     rendered.html = tracking::rewrite(&rendered.html, email_id, &site.base_url, &site.links, track);

@@ -45,7 +45,7 @@ fn experiment_workspace_with(fallback: &str, change: impl FnOnce(&mut Value)) ->
         .expect("the blast broadcast");
     blast["experiment"] = json!({
         "testShare": 50,
-        "variants": [{"id": "a", "subject": "Deal A"}, {"id": "b", "subject": "Deal B"}],
+        "variants": [{"id": "a", "subject": "Deal A"}, {"id": "b", "subject": "Deal B", "preheader": "Ends <Sunday>"}],
         "control": "a",
         "metric": "clicks",
         "wait": "1m",
@@ -153,6 +153,9 @@ async fn an_experiment_tests_two_subjects_decides_on_peoples_clicks_and_sends_th
     let (a, b) = (by_variant("Deal A"), by_variant("Deal B"));
     assert_eq!(a.len() + b.len(), tested, "every test mail is one variant's");
     assert!(a.len() >= 25 && b.len() >= 25, "an even split: {} and {}", a.len(), b.len());
+    // Only b's mail opens with its preheader, hidden.
+    let opens = |message: &Value| message["html"].as_str().unwrap_or_default().contains(">Ends &lt;Sunday&gt;</div>");
+    assert!(b.iter().all(|message| opens(message)) && !a.iter().any(|message| opens(message)));
     // Each mail's story names the variant it was sent.
     for (message, variant) in [(a[0], "a"), (b[0], "b")] {
         let story = app.get(&format!("/emails/{}", email_id_of(message)), MAIL_KEY).await;

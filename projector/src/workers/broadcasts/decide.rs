@@ -25,6 +25,8 @@ pub(super) struct Run {
     pub variant: Option<String>,
     /// The variant's subject, replacing the template's.
     pub subject: Option<String>,
+    /// The variant's preheader.
+    pub preheader: Option<String>,
     /// The variant is sent as the experiment's winner (to the rest), not in its test.
     pub winner: bool,
 }
@@ -40,6 +42,7 @@ impl Run {
             sender_id: variant.sender_id.clone().or_else(|| self.sender_id.clone()),
             variant: Some(variant.id.clone()),
             subject: variant.subject.clone(),
+            preheader: variant.preheader.clone(),
             winner,
         }
     }
@@ -279,6 +282,7 @@ mod tests {
             allowance: None,
             policy: None,
             parts: Default::default(),
+            preheader: None,
         }
     }
 
@@ -353,6 +357,7 @@ mod tests {
             sender_id: None,
             variant: None,
             subject: None,
+            preheader: None,
             winner: false,
         }
     }

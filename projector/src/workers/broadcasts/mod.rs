@@ -240,6 +240,7 @@ impl Runs {
             broadcast_id: row.get(4),
             variant: None,
             subject: None,
+            preheader: None,
             winner: false,
         };
         let phase: Option<String> = row.get(5);
@@ -427,11 +428,12 @@ impl Runs {
             let (sender, domain) = sender_of(&client, &catalog, &run.space_id, sender_id).await?;
             (authored.sender_id, authored.sender, authored.domain) = (sender_id.clone(), sender, domain);
         }
-        // An experiment's variant may replace the subject (of a template without language
-        // variants: the workspace's apply refuses it otherwise).
+        // An experiment's variant may replace the subject and set a preheader (of a template
+        // without language variants: the workspace's apply refuses them otherwise).
         if let Some(subject) = &run.subject {
             authored.template.subject = subject.clone();
         }
+        authored.preheader = run.preheader.clone();
         let lookback = authored.policy.as_ref().and_then(mail::send::SendPolicy::lookback_ms);
         let recipients = Recipients::load(&client, (&catalog, &segments), &run.space_id, pending, lookback).await?;
         Ok((authored, recipients))

@@ -25,6 +25,8 @@ pub const TEST_SHARE: std::ops::RangeInclusive<u8> = 1..=50;
 pub const WAIT_MS: std::ops::RangeInclusive<i64> = 60_000..=30 * 24 * 3_600_000;
 /// The conversion window after a recipient's send: a minute to 30 days.
 pub const WINDOW_MS: std::ops::RangeInclusive<i64> = 60_000..=30 * 24 * 3_600_000;
+/// The longest preheader a variant may set, in characters (clients show 40 to 140).
+pub const MAX_PREHEADER_CHARS: usize = 200;
 /// The test's significance level before the correction for several comparisons.
 pub const ALPHA: f64 = 0.05;
 /// The fewest engaged, and the fewest not engaged, recipients each variant needs for the
@@ -63,6 +65,10 @@ pub struct VariantDef {
     pub template_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sender_id: Option<String>,
+    /// The preview text mail clients show after the subject: hidden text at the start of the
+    /// HTML body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preheader: Option<String>,
 }
 
 /// What a variant is judged by.
@@ -149,6 +155,11 @@ impl ExperimentDef {
             if variant.subject.as_deref().is_some_and(|subject| subject.trim().is_empty() || subject.len() > 998) {
                 let message = "must not be blank or longer than 998 bytes";
                 return Err(invalid(format!("experiment.variants[{index}].subject"), message));
+            }
+            let preheader = variant.preheader.as_deref();
+            if preheader.is_some_and(|text| text.trim().is_empty() || text.chars().count() > MAX_PREHEADER_CHARS) {
+                let message = format!("must not be blank or longer than {MAX_PREHEADER_CHARS} characters");
+                return Err(invalid(format!("experiment.variants[{index}].preheader"), message));
             }
         }
         if let Some(control) = &self.control
@@ -395,7 +406,7 @@ mod tests {
     use super::*;
 
     fn variant(id: &str) -> VariantDef {
-        VariantDef { id: id.into(), subject: None, template_id: None, sender_id: None }
+        VariantDef { id: id.into(), subject: None, template_id: None, sender_id: None, preheader: None }
     }
 
     fn experiment(ids: &[&str], fallback: Fallback) -> ExperimentDef {
@@ -536,6 +547,8 @@ mod tests {
         assert_eq!(refused(&|d| d.variants[1].id = "a".into()), "experiment.variants[1].id");
         assert_eq!(refused(&|d| d.variants[0].id = "Big A".into()), "experiment.variants[0].id");
         assert_eq!(refused(&|d| d.variants[1].subject = Some("  ".into())), "experiment.variants[1].subject");
+        assert_eq!(refused(&|d| d.variants[1].preheader = Some(" ".into())), "experiment.variants[1].preheader");
+        assert_eq!(refused(&|d| d.variants[0].preheader = Some("x".repeat(201))), "experiment.variants[0].preheader");
         assert_eq!(refused(&|d| d.control = Some("z".into())), "experiment.control");
         assert_eq!(
             refused(&|d| {

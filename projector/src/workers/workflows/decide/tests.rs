@@ -517,6 +517,7 @@ fn authored() -> Authored {
         allowance: None,
         policy: None,
         parts: Default::default(),
+        preheader: None,
     }
 }
 
