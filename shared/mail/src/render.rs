@@ -265,14 +265,12 @@ pub fn with_preheader(html: &str, preheader: &str) -> String {
         escape_html(preheader)
     );
     let mut saw_body = false;
-    let settings = lol_html::RewriteStrSettings::new().append_element_content_handler(lol_html::element!(
-        "body",
-        |element| {
+    let settings =
+        lol_html::RewriteStrSettings::new().append_element_content_handler(lol_html::element!("body", |element| {
             saw_body = true;
             element.prepend(&hidden, lol_html::html_content::ContentType::Html);
             Ok(())
-        }
-    ));
+        }));
     match lol_html::rewrite_str(html, settings) {
         Ok(rewritten) if saw_body => rewritten,
         _ => format!("{hidden}{html}"),
@@ -286,10 +284,7 @@ mod tests {
     #[test]
     fn a_preheader_opens_the_body_hidden_and_escaped() {
         let document = with_preheader("<html><body class=\"x\"><p>Hi</p></body></html>", "20% <off> & more");
-        assert!(
-            document.starts_with("<html><body class=\"x\"><div style=\"display:none;"),
-            "{document}"
-        );
+        assert!(document.starts_with("<html><body class=\"x\"><div style=\"display:none;"), "{document}");
         assert!(document.contains(">20% &lt;off&gt; &amp; more</div><p>Hi</p></body></html>"), "{document}");
         let fragment = with_preheader("<p>Hi</p>", "Soon");
         assert!(fragment.starts_with("<div style=\"display:none;") && fragment.ends_with(">Soon</div><p>Hi</p>"));
