@@ -108,12 +108,7 @@ pub(crate) fn decide_update(
         scheduled_at_ms: update.scheduled_at_ms.flatten().unwrap_or(0),
         updated_at_ms: now,
         experiment_set: update.experiment.is_some(),
-        experiment_json: match update.experiment.as_ref().and_then(Option::as_ref) {
-            Some(experiment) => {
-                serde_json::to_string(experiment).map_err(|error| Refusal::Failed(error.to_string()))?
-            }
-            None => String::new(),
-        },
+        experiment_json: experiment_json(update.experiment.as_ref().and_then(Option::as_ref))?,
     };
     let next = apply_update(current.definition.clone(), &event);
     Ok((event, next))
@@ -146,12 +141,14 @@ pub(crate) fn decide_send(
         audience: Some(definition.audience.to_proto()),
         start_at_ms: start_at(definition.scheduled_at_ms, now),
         requested_at_ms: now,
-        experiment_json: match &definition.experiment {
-            Some(experiment) => {
-                serde_json::to_string(experiment).map_err(|error| Refusal::Failed(error.to_string()))?
-            }
-            None => String::new(),
-        },
+        experiment_json: experiment_json(definition.experiment.as_ref())?,
+    })
+}
+
+/// An experiment as the log carries it (JSON; empty for none).
+fn experiment_json(experiment: Option<&ExperimentDef>) -> Result<String, Refusal> {
+    experiment.map_or(Ok(String::new()), |experiment| {
+        serde_json::to_string(experiment).map_err(|error| Refusal::Failed(error.to_string()))
     })
 }
 
