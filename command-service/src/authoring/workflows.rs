@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, bail};
 use domain::workflows::{
-    Arm, Reentry, Source, Status, Step, StepKind, StoredSecret, Trigger, TriggerOn, WORKFLOW, Wait, WorkflowDef, check,
-    parse_duration,
+    Arm, InFlightRule, Reentry, Source, Status, Step, StepKind, StoredSecret, Trigger, TriggerOn, WORKFLOW, Wait,
+    WorkflowDef, check, parse_duration,
 };
 use filter::{CONSENT_EMAIL, FieldPath, Filter};
 use serde::Deserialize;
@@ -32,6 +32,34 @@ struct WorkflowSpec {
     #[serde(default)]
     triggers: Vec<TriggerSpec>,
     steps: Vec<Map<String, Value>>,
+    /// What publishing a new revision does with the runs in flight (default `pin`).
+    #[serde(default)]
+    in_flight: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MigrateSpec {
+    #[serde(default)]
+    steps: BTreeMap<String, String>,
+    #[serde(default)]
+    replan: BTreeSet<String>,
+}
+
+/// `inFlight`: `"pin"`, `"exit"` or `{"migrate": {"steps": {<old>: <new>}, "replan": [<new wait>]}}`.
+fn in_flight_rule(value: Option<Value>) -> anyhow::Result<InFlightRule> {
+    const SHAPE: &str = "inFlight must be \"pin\", \"exit\" or {\"migrate\": {\"steps\": {<old step>: <new step>}, \"replan\": [<wait step>]}}";
+    Ok(match value {
+        None => InFlightRule::Pin,
+        Some(Value::String(text)) if text == "pin" => InFlightRule::Pin,
+        Some(Value::String(text)) if text == "exit" => InFlightRule::Exit,
+        Some(Value::Object(mut map)) if map.len() == 1 && map.contains_key("migrate") => {
+            let spec: MigrateSpec =
+                serde_json::from_value(map.remove("migrate").unwrap_or_default()).with_context(|| SHAPE)?;
+            InFlightRule::Migrate { steps: spec.steps, replan: spec.replan }
+        }
+        Some(_) => bail!(SHAPE),
+    })
 }
 
 fn published() -> String {
@@ -189,6 +217,7 @@ fn definition(
         steps,
         triggers,
         signing,
+        in_flight: in_flight_rule(spec.in_flight)?,
     };
     check(&definition)?;
     Ok((definition, generated))

@@ -295,6 +295,7 @@ mod tests {
             steps: Vec::new(),
             triggers: Vec::new(),
             signing: None,
+            in_flight: domain::workflows::InFlightRule::Pin,
         }
     }
 

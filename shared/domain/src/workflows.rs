@@ -17,6 +17,11 @@ use serde_json::{Map, Value, json};
 use filter::Filter;
 use platform::events::LogEvent;
 
+mod revisions;
+pub use revisions::{
+    Active, InFlightRule, Unmapped, attribute_wait, check_in_flight, exited_by, holds_runs, replanned_until, target,
+};
+
 /// The resource kind of workflows in the catalog.
 pub const WORKFLOW: &str = "workflow";
 /// The most steps a workflow may have.
@@ -51,6 +56,10 @@ pub struct WorkflowDef {
     /// the master key wraps (absent when the workflow calls no webhook).
     #[serde(default)]
     pub signing: Option<StoredSecret>,
+    /// What publishing this revision does with the runs in flight on earlier ones (absent:
+    /// `pin`, as definitions made before the rule existed read).
+    #[serde(default, skip_serializing_if = "InFlightRule::is_pin")]
+    pub in_flight: InFlightRule,
 }
 
 /// A secret kept encrypted in a definition: the wrapped data key and the ciphertext, base64.
@@ -557,6 +566,7 @@ pub fn transition(run_id: &str, space_id: &str, changes: Vec<LogEvent>) -> Vec<L
             LogEvent::WorkflowRunPaused(e) => Change::RunPaused(e),
             LogEvent::WorkflowRunResumed(e) => Change::RunResumed(e),
             LogEvent::WorkflowRunFinished(e) => Change::RunFinished(e),
+            LogEvent::WorkflowRunMigrated(e) => Change::RunMigrated(e),
             other => return unwrappable(run_id, space_id, wrapped, other),
         });
     }
@@ -604,6 +614,7 @@ pub fn changes(event: LogEvent) -> Vec<LogEvent> {
                 Change::RunPaused(e) => LogEvent::WorkflowRunPaused(e),
                 Change::RunResumed(e) => LogEvent::WorkflowRunResumed(e),
                 Change::RunFinished(e) => LogEvent::WorkflowRunFinished(e),
+                Change::RunMigrated(e) => LogEvent::WorkflowRunMigrated(e),
             })
         })
         .collect()
@@ -717,6 +728,7 @@ mod tests {
             steps,
             triggers: Vec::new(),
             signing: None,
+            in_flight: InFlightRule::Pin,
         }
     }
 

@@ -72,6 +72,7 @@ pub enum LogEvent {
     WorkflowRunResumed(proto::WorkflowRunResumed),
     WorkflowRunFinished(proto::WorkflowRunFinished),
     WorkflowRunAdvanced(proto::WorkflowRunAdvanced),
+    WorkflowRunMigrated(proto::WorkflowRunMigrated),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -194,6 +195,7 @@ event_types! {
     WorkflowRunResumed => "WorkflowRunResumed.v1",
     WorkflowRunFinished => "WorkflowRunFinished.v1",
     WorkflowRunAdvanced => "WorkflowRunAdvanced.v1",
+    WorkflowRunMigrated => "WorkflowRunMigrated.v1",
     IngestMessageKept => "IngestMessageKept.v1",
     IngestMessagesRefused => "IngestMessagesRefused.v1",
 }

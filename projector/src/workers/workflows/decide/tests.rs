@@ -32,6 +32,7 @@ fn workflow(steps: Vec<Step>) -> WorkflowDef {
         steps,
         triggers: Vec::new(),
         signing: None,
+        in_flight: domain::workflows::InFlightRule::Pin,
     }
 }
 
