@@ -41,6 +41,9 @@ pub async fn apply(arguments: Apply, settings: &Settings) -> anyhow::Result<()> 
     let report = authoring::commit(&event_log, planned).await?;
     progress.finish(events);
     print_resources(&resources, false);
+    for line in &report.runs_in_flight {
+        println!("{line}");
+    }
     println!("applied {} events (log position {})", report.events, report.position);
     for (email, name, secret) in &report.generated_keys {
         println!("generated key {name:?} for {email}: {secret}  (shown once; only its hash is stored)");
@@ -92,6 +95,9 @@ fn print_dry_run(planned: &authoring::Planned) {
     }
     for (workflow_id, _) in &report.generated_workflow_secrets {
         println!("workflow {workflow_id} would get a signing secret");
+    }
+    for line in &report.runs_in_flight {
+        println!("{line}");
     }
     let streams: std::collections::BTreeSet<&str> = changes.iter().map(|change| change.stream_id.as_str()).collect();
     println!("dry run: {} events would be appended to {} streams; nothing was written", changes.len(), streams.len());

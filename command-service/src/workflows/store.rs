@@ -112,7 +112,9 @@ pub(crate) struct NewRun<'a> {
 }
 
 /// The engine's row of a new run, `waiting` and due at once, at version 1 of its stream (with
-/// a set form, so a batch of triggers inserts its rows in one statement).
+/// a set form, so a batch of triggers inserts its rows in one statement). A run requested on a
+/// revision that a later publish moved runs from (the trigger read a catalog that had not
+/// caught up) is marked to move too.
 pub(crate) fn insert_run(run: NewRun<'_>) -> Guard {
     let row = vec![
         SetValue::Text(Some(run.run_id.to_owned())),
@@ -125,8 +127,9 @@ pub(crate) fn insert_run(run: NewRun<'_>) -> Guard {
     ];
     Guard::exactly_one(
         "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
-             input, requested_at)
-         VALUES ($1, $2, $3, $4, $5, 'waiting', 1, clock_timestamp(), $6, to_timestamp($7::bigint / 1000.0))",
+             input, requested_at, migrate_to)
+         VALUES ($1, $2, $3, $4, $5, 'waiting', 1, clock_timestamp(), $6, to_timestamp($7::bigint / 1000.0),
+             (SELECT c.moved_to FROM workflow_controls c WHERE c.workflow_id = $2 AND c.moved_to > $4::bigint))",
         vec![
             Box::new(run.run_id.to_owned()),
             Box::new(run.workflow_id.to_owned()),
@@ -140,9 +143,10 @@ pub(crate) fn insert_run(run: NewRun<'_>) -> Guard {
     )
     .with_set(
         "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
-             input, requested_at)
+             input, requested_at, migrate_to)
          SELECT u.run_id, u.workflow_id, u.space_id, u.revision, u.contact_id, 'waiting', 1, clock_timestamp(),
-                u.input, to_timestamp(u.requested_at_ms::bigint / 1000.0)
+                u.input, to_timestamp(u.requested_at_ms::bigint / 1000.0),
+                (SELECT c.moved_to FROM workflow_controls c WHERE c.workflow_id = u.workflow_id AND c.moved_to > u.revision)
          FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bigint[])
              AS u(run_id, workflow_id, space_id, revision, contact_id, input, requested_at_ms)",
         row,

@@ -32,6 +32,7 @@ mod identities;
 mod imports;
 mod inbound;
 mod ingest;
+mod journeys_changed;
 mod layering;
 mod log;
 mod operations;

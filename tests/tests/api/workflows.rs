@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const SECRET: &str = "whsec_BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
 
 /// The mail space's workspace with a `hello` template and `workflows` added.
-fn workspace(workflows: Value) -> String {
+pub(crate) fn workspace(workflows: Value) -> String {
     let mut workspace: Value = serde_json::from_str(&mail_workspace(1_000)).expect("the workspace is JSON");
     let spaces = workspace["spaces"].as_array_mut().expect("spaces");
     let mail = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
@@ -31,7 +31,7 @@ fn workspace(workflows: Value) -> String {
 }
 
 /// An app whose engine sends into `sink` and may call loopback receivers, with `workflows`.
-async fn app_with(sink: &SmtpSink, workflows: Value) -> TestApp {
+pub(crate) async fn app_with(sink: &SmtpSink, workflows: Value) -> TestApp {
     let options = Options {
         email: Some(test_email(sink)),
         webhooks: Some(platform::settings::WebhookSettings { retry_schedule_ms: vec![100, 100], ..test_webhooks() }),
@@ -43,7 +43,7 @@ async fn app_with(sink: &SmtpSink, workflows: Value) -> TestApp {
     app
 }
 
-async fn post(app: &TestApp, path: &str, key: Option<&str>, body: Option<&Value>) -> TestResponse {
+pub(crate) async fn post(app: &TestApp, path: &str, key: Option<&str>, body: Option<&Value>) -> TestResponse {
     let mut request = app.request(reqwest::Method::POST, path, Some(MAIL_KEY));
     if let Some(key) = key {
         request = request.header("Idempotency-Key", key);
@@ -54,7 +54,7 @@ async fn post(app: &TestApp, path: &str, key: Option<&str>, body: Option<&Value>
     app.send(request).await
 }
 
-async fn workflow_id(app: &TestApp, slug: &str) -> String {
+pub(crate) async fn workflow_id(app: &TestApp, slug: &str) -> String {
     let list = app.get("/workflows", MAIL_KEY).await;
     assert_eq!(list.status, 200, "{:?}", list.body);
     list.body["data"]

@@ -7,6 +7,7 @@
 //! `describe.rs`, what an apply changes, as a person reads it.
 
 mod describe;
+mod in_flight;
 mod resources;
 mod webhooks;
 
@@ -49,6 +50,9 @@ pub struct ApplyReport {
     /// Signing secrets generated for workflows that call webhooks: `(workflow id, secret)`,
     /// shown once for the receivers to verify the calls.
     pub generated_workflow_secrets: Vec<(String, String)>,
+    /// What happens to the runs in flight of each workflow the apply publishes a new revision
+    /// of (its `inFlight` rule), one line per workflow with runs in flight.
+    pub runs_in_flight: Vec<String>,
 }
 
 /// The latest event and version of every authoring stream.
@@ -408,6 +412,7 @@ pub async fn plan(pool: &Pool, workspace: &Workspace, rules: Rules) -> anyhow::R
         }
     }
 
+    report.runs_in_flight = in_flight::plan_in_flight(pool, &mut plan).await?;
     report.events = plan.streams.iter().map(|stream| stream.events.len()).sum();
     let (streams, guards) = (plan.streams, plan.guards);
     Ok(Planned { current, streams, guards, report })

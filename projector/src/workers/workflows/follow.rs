@@ -367,8 +367,9 @@ impl Follower {
         };
         let guards = vec![Guard::exactly_one(
             "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
-                     input, requested_at)
-                 VALUES ($1, $2, $3, $4, $5, 'waiting', 1, clock_timestamp(), $6, clock_timestamp())",
+                     input, requested_at, migrate_to)
+                 VALUES ($1, $2, $3, $4, $5, 'waiting', 1, clock_timestamp(), $6, clock_timestamp(),
+                     (SELECT c.moved_to FROM workflow_controls c WHERE c.workflow_id = $2 AND c.moved_to > $4::bigint))",
             vec![
                 Box::new(run_id.clone()),
                 Box::new(workflow_id.to_owned()),

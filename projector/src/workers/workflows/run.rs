@@ -45,7 +45,8 @@ const NEEDS_MAX: usize = 8;
 pub(super) const ROW: &str = "r.run_id, r.workflow_id, r.space_id, r.revision, r.contact_id, r.status, r.step_id,
     r.step_count, r.version, r.paused, r.in_flight, r.waiting_schema, r.matched_event, r.passes, r.input, r.outputs,
     COALESCE((SELECT c.paused FROM workflow_controls c WHERE c.workflow_id = r.workflow_id), false),
-    (SELECT k.wrapped_key FROM subject_keys k WHERE k.subject_id = COALESCE(r.contact_id, r.run_id))";
+    (SELECT k.wrapped_key FROM subject_keys k WHERE k.subject_id = COALESCE(r.contact_id, r.run_id)),
+    r.migrate_to";
 
 /// The run's row under the lease `token` (see [`ROW`]).
 async fn load_row(client: &impl GenericClient, run_id: &str, token: Uuid) -> anyhow::Result<Option<Row>> {
@@ -85,6 +86,7 @@ impl Row {
             outputs: row.get(15),
             control_paused: row.get(16),
             keys,
+            migrate_to: row.get(18),
         })
     }
 }
@@ -125,6 +127,10 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
             }
         };
         let definition = definition(inner, &row.workflow_id, row.revision).await?;
+        let newer = match row.migrate_to {
+            Some(to) if to > row.revision => Some((to, self::definition(inner, &row.workflow_id, to).await?)),
+            _ => None,
+        };
         let given = Given {
             now: platform::time::now_millis(),
             jitter: rand::random_range(0.8..1.2),
@@ -132,6 +138,7 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
             call_outcome: outcome.as_ref(),
             retry_schedule_ms: &inner.settings.webhooks.retry_schedule_ms,
             site: &inner.site,
+            newer: newer.as_ref().map(|(to, definition)| (*to, definition.as_ref())),
         };
         let mut tick = decided(inner, &row, &definition, &given).await?;
         outcome = None;
@@ -407,8 +414,16 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
     } else {
         row.outputs.clone()
     };
-    let in_flight =
-        row.in_flight.as_ref().map(serde_json::to_value).transpose().map_err(|e| AppendError::Failed(e.to_string()))?;
+    // A step in flight keeps when it is due, so that a move to a newer revision keeps it.
+    let in_flight = row
+        .in_flight
+        .clone()
+        .map(|mut step| {
+            step.until_ms = tick.due_ms.or(step.until_ms);
+            serde_json::to_value(step)
+        })
+        .transpose()
+        .map_err(|e| AppendError::Failed(e.to_string()))?;
     let passes = serde_json::to_value(&row.passes).map_err(|error| AppendError::Failed(error.to_string()))?;
     // The set form's row: the same values, with sentinels for what an array cannot hold as
     // SQL NULL (no due time: -1; no call in flight: JSON null; no outputs: empty bytes).
@@ -428,12 +443,16 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
         SetValue::Bytes(outputs.clone().unwrap_or_default()),
         SetValue::Int(i32::from(tick.finished)),
         SetValue::Int(i32::from(tick.call.is_some())),
+        SetValue::BigInt(row.revision),
+        SetValue::BigInt(tick.migrated_to.unwrap_or(0)),
     ];
     let mut guards: Vec<Guard> = Vec::new();
     guards.push(
         Guard::exactly_one(
             "UPDATE workflow_runs SET status = $3, step_id = $4, step_count = $5, version = $6,
-             due_at = CASE WHEN $7::bigint IS NULL THEN NULL ELSE to_timestamp($7::bigint / 1000.0) END,
+             due_at = CASE WHEN migrate_to > GREATEST($16::bigint, $17::bigint) AND NOT $14 THEN clock_timestamp()
+                           WHEN $7::bigint IS NULL THEN NULL ELSE to_timestamp($7::bigint / 1000.0) END,
+             revision = $16, migrate_to = CASE WHEN migrate_to > GREATEST($16::bigint, $17::bigint) THEN migrate_to END,
              paused = $8, in_flight = $9, waiting_schema = $10,
              waiting_after = CASE WHEN $11 THEN (SELECT position FROM log_head)
                                   WHEN $10::text IS NULL THEN NULL ELSE waiting_after END,
@@ -459,6 +478,9 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
                 Box::new(tick.finished),
                 // A call keeps its lease while it goes out; every other transition gives it back.
                 Box::new(tick.call.is_some()),
+                Box::new(row.revision),
+                // The mark this transition handled; a newer one keeps the run due.
+                Box::new(tick.migrated_to.unwrap_or(0)),
             ],
             AppendError::Conflict {
                 code: Code::ConcurrentModification,
@@ -468,7 +490,11 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
         .with_set(
             "UPDATE workflow_runs r SET status = u.status, step_id = u.step_id, step_count = u.step_count,
              version = u.version,
-             due_at = CASE WHEN u.due_ms < 0 THEN NULL ELSE to_timestamp(u.due_ms::bigint / 1000.0) END,
+             due_at = CASE WHEN r.migrate_to > GREATEST(u.revision, u.migrated_to) AND u.finished = 0
+                               THEN clock_timestamp()
+                           WHEN u.due_ms < 0 THEN NULL ELSE to_timestamp(u.due_ms::bigint / 1000.0) END,
+             revision = u.revision,
+             migrate_to = CASE WHEN r.migrate_to > GREATEST(u.revision, u.migrated_to) THEN r.migrate_to END,
              paused = u.paused = 1, in_flight = NULLIF(u.in_flight, 'null'::jsonb), waiting_schema = u.waiting_schema,
              waiting_after = CASE WHEN u.new_wait = 1 THEN (SELECT position FROM log_head)
                                   WHEN u.waiting_schema IS NULL THEN NULL ELSE r.waiting_after END,
@@ -479,9 +505,9 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
              lease_until = CASE WHEN u.keep_lease = 1 THEN r.lease_until END
          FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::int4[], $6::bigint[], $7::bigint[],
                      $8::int4[], $9::jsonb[], $10::text[], $11::int4[], $12::jsonb[], $13::bytea[], $14::int4[],
-                     $15::int4[])
+                     $15::int4[], $16::bigint[], $17::bigint[])
              AS u(run_id, token, status, step_id, step_count, version, due_ms, paused, in_flight, waiting_schema,
-                  new_wait, passes, outputs, finished, keep_lease)
+                  new_wait, passes, outputs, finished, keep_lease, revision, migrated_to)
          WHERE r.run_id = u.run_id AND r.lease_token = u.token",
             set_row,
         ),

@@ -206,8 +206,20 @@ impl From<tokio_postgres::Error> for AppendError {
         match crate::db::classify(&error) {
             crate::db::Failure::Transient => Self::Unavailable(error.to_string()),
             crate::db::Failure::Refused => Self::Refused(error.to_string()),
-            crate::db::Failure::Defect => Self::Failed(format!("{error:#}")),
+            crate::db::Failure::Defect => Self::Failed(described(&error)),
         }
+    }
+}
+
+/// A database error as a person can act on it: the server's code, message and detail (the
+/// driver's own text is only "db error").
+pub(super) fn described(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => {
+            let detail = db.detail().map(|detail| format!(" ({detail})")).unwrap_or_default();
+            format!("{} {}{detail}", db.code().code(), db.message())
+        }
+        None => format!("{error:#}"),
     }
 }
 

@@ -223,7 +223,7 @@ impl From<tokio_postgres::Error> for Staging {
         match crate::db::classify(&error) {
             crate::db::Failure::Transient => Self::Failed(error),
             crate::db::Failure::Refused => Self::Refused(AppendError::Refused(error.to_string())),
-            crate::db::Failure::Defect => Self::Refused(AppendError::Failed(format!("{error:#}"))),
+            crate::db::Failure::Defect => Self::Refused(AppendError::Failed(super::append::described(&error))),
         }
     }
 }

@@ -108,6 +108,9 @@ pub(crate) struct Given<'a> {
     /// The base of the links in email (`APP__EMAIL__PUBLIC_BASE_URL`) and the keys that sign
     /// tracking links.
     pub(crate) site: &'a mail::send::Site,
+    /// The revision a newer publish moves the run to, with its definition (the run's
+    /// `migrate_to`).
+    pub(crate) newer: Option<(i64, &'a domain::workflows::WorkflowDef)>,
 }
 
 /// Why a transition was not made: a fact is missing, or the run is broken.

@@ -17,6 +17,7 @@
 //! ends. The step files use those two and never this file.
 
 mod facts;
+mod migrate;
 mod steps;
 mod tick;
 
@@ -74,6 +75,25 @@ fn transition(
         tick.end(RunStatus::Exited, Some(("contact_erased", "the run's contact was erased".to_owned())), now);
         return Ok(tick);
     };
+    // A newer revision moves the run first (a call's outcome is recorded on the step that made
+    // the call, and the move waits for the next transition; so does a call whose outcome a
+    // crash hid).
+    let mut definition = definition;
+    let calling = given.call_outcome.is_some() || tick.row.in_flight.as_ref().is_some_and(|step| step.attempting);
+    if let Some((to_revision, newer)) = given.newer
+        && to_revision > tick.row.revision
+        && !calling
+    {
+        match migrate::migrate(&mut tick, (definition, newer, to_revision), facts, now)? {
+            migrate::Outcome::Exited => return Ok(tick),
+            migrate::Outcome::Moved => definition = newer,
+            migrate::Outcome::Stays => {}
+        }
+        // A run in a wait that goes on sleeps again until its time (a pause applies then).
+        if tick.due_ms.is_some() {
+            return Ok(tick);
+        }
+    }
     let started_waiting = tick.row.status == RunStatus::Waiting;
     if paused {
         // Stopped before its next step; a run that has not started only waits longer.

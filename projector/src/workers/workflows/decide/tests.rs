@@ -61,6 +61,7 @@ fn row(status: RunStatus, step_id: Option<&str>) -> Row {
         outputs: None,
         control_paused: false,
         keys: platform::crypto::Keys::default(),
+        migrate_to: None,
     }
 }
 
@@ -74,6 +75,7 @@ fn in_flight(status: RunStatus, step: &Step, attempt: u32, attempting: bool) -> 
         started_at_ms: NOW - 1000,
         attempt,
         attempting,
+        until_ms: Some(NOW + 3_600_000),
     });
     row
 }
@@ -123,6 +125,7 @@ fn given() -> Given<'static> {
         call_outcome: None,
         retry_schedule_ms: SCHEDULE,
         site: &SITE,
+        newer: None,
     }
 }
 
@@ -154,6 +157,12 @@ fn events(tick: &Tick) -> Vec<String> {
             LogEvent::WorkflowRunSleeping(_) => "sleeping".to_owned(),
             LogEvent::WorkflowRunPaused(_) => "paused".to_owned(),
             LogEvent::WorkflowRunResumed(_) => "resumed".to_owned(),
+            LogEvent::WorkflowRunMigrated(moved) => {
+                format!(
+                    "migrated {}->{} {}->{}",
+                    moved.from_revision, moved.to_revision, moved.from_step_id, moved.to_step_id
+                )
+            }
             other => other.event_type().to_owned(),
         })
         .collect()
@@ -768,4 +777,193 @@ fn given_a_send_step_under_a_full_cap_whose_outcome_is_hold_then_its_email_is_st
     assert_eq!((output["status"].as_str(), output["emailId"].as_str()), (Some("held"), Some(step.email_id.as_str())));
     assert!(tick.guards.iter().any(|guard| guard.sql.contains("'held'")), "its outbox row is held");
     assert!(!tick.guards.iter().any(|guard| guard.sql.contains("marketing_sends")), "not counted until released");
+}
+
+mod migration {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use domain::workflows::InFlightRule;
+
+    use super::*;
+
+    fn nap(id: &str, ms: i64, then: Option<&str>) -> Step {
+        step(id, StepKind::Wait { wait: Wait::For { ms }, next: then.map(str::to_owned) })
+    }
+
+    fn migrate(steps: &[(&str, &str)], replan: &[&str]) -> InFlightRule {
+        InFlightRule::Migrate {
+            steps: steps.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect::<BTreeMap<_, _>>(),
+            replan: replan.iter().map(|id| (*id).to_owned()).collect::<BTreeSet<_>>(),
+        }
+    }
+
+    fn revision_2(steps: Vec<Step>, rule: InFlightRule) -> WorkflowDef {
+        WorkflowDef { in_flight: rule, ..workflow(steps) }
+    }
+
+    /// `row` marked to move to revision 2 (its in-flight step, if any, its last execution).
+    fn moving(row: &mut Row) -> &mut Row {
+        row.migrate_to = Some(2);
+        if let Some(in_flight) = &row.in_flight {
+            row.step_count = in_flight.index;
+        }
+        row
+    }
+
+    fn given_newer(newer: &WorkflowDef) -> Given<'_> {
+        Given { newer: Some((2, newer)), ..given() }
+    }
+
+    #[test]
+    fn given_a_run_sleeping_in_a_mapped_wait_when_migrated_then_it_keeps_its_due_time_on_the_new_revision() {
+        let old_wait = nap("three_days", 3 * 86_400_000, None);
+        let old = workflow(vec![entry("three_days"), old_wait.clone()]);
+        let new = revision_2(
+            vec![entry("one_day"), nap("one_day", 86_400_000, Some("bye")), step("bye", StepKind::Exit)],
+            migrate(&[("three_days", "one_day")], &[]),
+        );
+        let mut run = in_flight(RunStatus::Sleeping, &old_wait, 0, false);
+        moving(&mut run);
+        let tick = decided(&run, &old, &Facts::default(), &given_newer(&new));
+        assert_eq!(
+            events(&tick),
+            ["migrated 1->2 three_days->one_day", "migrated three_days", "started one_day", "sleeping"]
+        );
+        assert_eq!(tick.row.revision, 2);
+        assert_eq!(tick.migrated_to, Some(2));
+        // The due time it had, not the new wait's length from now.
+        assert_eq!(tick.due_ms, Some(NOW + 3_600_000));
+        let moved = tick.row.in_flight.as_ref().expect("in flight");
+        assert_eq!((moved.step_id.as_str(), moved.index, moved.started_at_ms), ("one_day", 3, NOW - 1000));
+    }
+
+    #[test]
+    fn given_a_replanned_wait_when_migrated_then_it_counts_from_when_the_run_entered_and_may_end_at_once() {
+        let old_wait = nap("three_days", 3 * 86_400_000, None);
+        let old = workflow(vec![entry("three_days"), old_wait.clone()]);
+        let new = revision_2(
+            vec![entry("short"), nap("short", 500, Some("bye")), step("bye", StepKind::Exit)],
+            migrate(&[("three_days", "short")], &["short"]),
+        );
+        let mut run = in_flight(RunStatus::Sleeping, &old_wait, 0, false);
+        moving(&mut run);
+        // Entered 1 s ago, now a 0.5 s wait: it ends in this transition and the run goes on.
+        let tick = decided(&run, &old, &Facts::default(), &given_newer(&new));
+        assert_eq!(
+            events(&tick),
+            [
+                "migrated 1->2 three_days->short",
+                "migrated three_days",
+                "started short",
+                "completed short",
+                "started bye",
+                "completed bye",
+                "run exited"
+            ]
+        );
+        let LogEvent::WorkflowRunMigrated(moved) = &tick.events[0] else { panic!("a migration first") };
+        assert!(moved.replanned);
+        assert_eq!(moved.until_ms, NOW - 500);
+    }
+
+    #[test]
+    fn given_a_run_about_to_execute_a_step_when_migrated_then_it_executes_the_mapped_step_of_any_type() {
+        let old = workflow(vec![entry("old_send"), step("old_send", StepKind::Exit)]);
+        let new = revision_2(vec![entry("nap"), nap("nap", 60_000, None)], migrate(&[("old_send", "nap")], &[]));
+        let mut run = row(RunStatus::Running, Some("old_send"));
+        moving(&mut run);
+        let tick = decided(&run, &old, &Facts::default(), &given_newer(&new));
+        assert_eq!(events(&tick), ["migrated 1->2 old_send->nap", "started nap", "sleeping"]);
+        assert_eq!(tick.due_ms, Some(NOW + 60_000));
+    }
+
+    #[test]
+    fn given_a_run_not_started_when_migrated_then_it_starts_at_the_new_entry() {
+        let old = workflow(vec![entry("a"), step("a", StepKind::Exit)]);
+        let new = revision_2(vec![entry("b"), nap("b", 60_000, None)], migrate(&[], &[]));
+        let mut run = row(RunStatus::Waiting, None);
+        moving(&mut run);
+        let tick = decided(&run, &old, &Facts::default(), &given_newer(&new));
+        assert_eq!(
+            events(&tick),
+            ["migrated 1->2 ->", "run started", "started start", "completed start", "started b", "sleeping"]
+        );
+    }
+
+    #[test]
+    fn given_exit_when_a_sleeping_run_is_decided_then_its_step_and_the_run_end_exited_naming_the_revision() {
+        let old_wait = nap("wait", 86_400_000, None);
+        let old = workflow(vec![entry("wait"), old_wait.clone()]);
+        let new = revision_2(vec![entry("wait"), old_wait.clone()], InFlightRule::Exit);
+        let mut run = in_flight(RunStatus::Sleeping, &old_wait, 0, false);
+        moving(&mut run);
+        let tick = decided(&run, &old, &Facts::default(), &given_newer(&new));
+        assert_eq!(events(&tick), ["exited wait", "run exited"]);
+        let LogEvent::WorkflowRunFinished(ended) = &tick.events[1] else { panic!("the run ends") };
+        assert_eq!(ended.error_code, "workflow_revised");
+        assert!(ended.error_message.contains("revision 2"), "{}", ended.error_message);
+        assert!(tick.finished);
+        assert_eq!(tick.row.revision, 1, "an exited run ends on its own revision");
+    }
+
+    #[test]
+    fn given_exit_when_a_run_that_has_not_started_is_decided_then_it_starts_on_the_new_revision() {
+        let old = workflow(vec![entry("a"), step("a", StepKind::Exit)]);
+        let new = revision_2(vec![entry("b"), nap("b", 60_000, None)], InFlightRule::Exit);
+        let mut run = row(RunStatus::Waiting, None);
+        run.step_count = 0;
+        moving(&mut run);
+        let tick = decided(&run, &old, &Facts::default(), &given_newer(&new));
+        assert_eq!(
+            events(&tick),
+            ["migrated 1->2 ->", "run started", "started start", "completed start", "started b", "sleeping"]
+        );
+        assert_eq!(tick.row.revision, 2);
+    }
+
+    #[test]
+    fn given_a_migration_whose_wait_ends_into_a_send_the_allowance_refused_then_the_send_is_skipped() {
+        let old_wait = nap("nap", 3_600_000, None);
+        let old = workflow(vec![entry("nap"), old_wait.clone()]);
+        let send = step("mail", StepKind::SendEmail { template_id: "tpl_1".into(), next: None });
+        let new = revision_2(
+            vec![entry("short"), nap("short", 500, Some("mail")), send],
+            migrate(&[("nap", "short")], &["short"]),
+        );
+        let mut run = in_flight(RunStatus::Sleeping, &old_wait, 0, false);
+        moving(&mut run);
+        let mut facts = with_contact(contact(Some("ada@example.test"), json!({})));
+        facts.templates.insert("tpl_1".into(), Some(authored()));
+        facts.suppressed.insert("ada@example.test".into(), false);
+        let given = Given { allowance_refused: true, ..given_newer(&new) };
+        let tick = decided(&run, &old, &facts, &given);
+        assert!(events(&tick).contains(&"skipped mail".to_owned()), "{:?}", events(&tick));
+        assert_eq!(tick.row.revision, 2);
+    }
+
+    #[test]
+    fn given_a_step_with_no_place_when_decided_then_the_run_stays_on_its_revision_and_sleeps_on() {
+        let old_wait = nap("gone", 86_400_000, None);
+        let old = workflow(vec![entry("gone"), old_wait.clone()]);
+        let new = revision_2(vec![entry("other"), nap("other", 1000, None)], migrate(&[], &[]));
+        let mut run = in_flight(RunStatus::Sleeping, &old_wait, 0, false);
+        moving(&mut run);
+        let tick = decided(&run, &old, &Facts::default(), &given_newer(&new));
+        assert!(tick.events.is_empty(), "{:?}", events(&tick));
+        assert_eq!((tick.row.revision, tick.migrated_to, tick.due_ms), (1, Some(2), Some(NOW + 3_600_000)));
+    }
+
+    #[test]
+    fn given_a_call_whose_outcome_just_came_when_decided_then_the_move_waits_for_the_next_transition() {
+        let call = step("call", StepKind::CallWebhook { url: "https://hooks.example.test/x".into(), next: None });
+        let old = workflow(vec![entry("call"), call.clone()]);
+        let new = revision_2(vec![entry("call"), call.clone()], InFlightRule::Exit);
+        let mut run = in_flight(RunStatus::Running, &call, 1, true);
+        moving(&mut run);
+        let outcome = CallOutcome { result: AttemptResult::Delivered { status: 200 }, body: None };
+        let given = Given { call_outcome: Some(&outcome), ..given_newer(&new) };
+        let tick = decided(&run, &old, &Facts::default(), &given);
+        assert!(!events(&tick).iter().any(|event| event.starts_with("run exited")), "{:?}", events(&tick));
+        assert_eq!(tick.migrated_to, None);
+    }
 }

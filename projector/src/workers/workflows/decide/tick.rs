@@ -31,6 +31,10 @@ pub(crate) struct InFlight {
     /// A webhook call's attempt is going out (committed before it does).
     #[serde(default)]
     pub(crate) attempting: bool,
+    /// When the run is due in this step (a wait's end, a call's next attempt), kept so that a
+    /// migration to a newer revision keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) until_ms: Option<i64>,
 }
 
 /// A run's status (`workflow_runs.status`, and a finished run's `WorkflowRunFinished.status`).
@@ -96,6 +100,9 @@ pub(crate) struct Row {
     pub(crate) control_paused: bool,
     /// The data key that seals the run's input and outputs (none: erased), read with the row.
     pub(crate) keys: platform::crypto::Keys,
+    /// The revision a newer publish moves the run to (its `inFlight` rule), until the run has
+    /// moved.
+    pub(crate) migrate_to: Option<i64>,
 }
 
 /// A webhook call to make after the transition that starts (or retries) it is committed.
@@ -123,6 +130,8 @@ pub(crate) struct Tick {
     pub(crate) outputs_changed: bool,
     pub(crate) call: Option<Call>,
     pub(crate) email: Option<Prepared>,
+    /// The move to a newer revision this transition handled (its mark is cleared with it).
+    pub(crate) migrated_to: Option<i64>,
 }
 
 /// Opens a sealed JSON value of the run (its input or outputs); `None` when its key is gone.
@@ -183,6 +192,7 @@ impl Tick {
             outputs_changed: false,
             call: None,
             email: None,
+            migrated_to: None,
         }
     }
 
@@ -204,6 +214,7 @@ impl Tick {
             started_at_ms: now,
             attempt: 0,
             attempting: false,
+            until_ms: None,
         };
         self.push(LogEvent::WorkflowStepStarted(proto::WorkflowStepStarted {
             run_id: self.row.run_id.clone(),

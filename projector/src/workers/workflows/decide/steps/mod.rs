@@ -9,6 +9,8 @@ mod entry_exit;
 mod send_email;
 mod wait;
 
+pub(super) use wait::parse_date;
+
 use domain::workflows::{Step, StepKind};
 use serde_json::Value;
 

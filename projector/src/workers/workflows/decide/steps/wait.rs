@@ -153,7 +153,7 @@ fn sleep(tick: &mut Tick, started: InFlight, until: i64, event_schema_id: Option
 }
 
 /// A date attribute's value in Unix milliseconds (`YYYY-MM-DD`, or an RFC 3339 time).
-fn parse_date(text: &str) -> Option<i64> {
+pub(in super::super) fn parse_date(text: &str) -> Option<i64> {
     if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
         return Some(at.timestamp_millis());
     }
