@@ -56,6 +56,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "listWorkflows" => web::get().to(answering(workflows::http::list)),
         "getWorkflow" => web::get().to(answering(workflows::http::get)),
         "getWorkflowStats" => web::get().to(answering(workflows::http::stats)),
+        "listWorkflowRevisions" => web::get().to(answering(workflows::http::revisions)),
         "listWorkflowRuns" => web::get().to(answering(workflows::http::runs)),
         "getWorkflowRun" => web::get().to(answering(workflows::http::run)),
         _ => return None,

@@ -6,7 +6,7 @@
 /// Declares a read model: the unit type `$model` named `$name`, with the module's `DDL` and
 /// `apply`: set-based over the whole batch (`batch`) or event by event over the module's
 /// `EVENT_TYPES` (`each`); with `read_indexes = X`, `X` holds its read indexes; with
-/// `additions = Y`, `Y` holds the tables added since its first release.
+/// `additions = Y`, `Y` holds what was added since its first release.
 macro_rules! read_model {
     ($(#[$meta:meta])* $model:ident = $name:expr, $mode:ident $(, read_indexes = $indexes:expr)?
      $(, additions = $additions:expr)?) => {
@@ -88,11 +88,13 @@ pub trait ReadModel: Send + Sync + 'static {
         ""
     }
 
-    /// Tables added to the read model since versions of it were first made, each `CREATE
-    /// TABLE IF NOT EXISTS` (with `{s}` as in `ddl`) and filled only by events that came with
-    /// them (so a version made before holds what a rebuild would): part of every new version,
-    /// and added to the versions that exist when a projector starts ([`runner::ensure_initialized`]),
-    /// so an upgrade needs no rebuild for them.
+    /// What was added to the read model since versions of it were first made (with `{s}` as in
+    /// `ddl`): part of every new version, and run on the versions that exist when a projector
+    /// starts ([`runner::ensure_initialized`]), so an upgrade needs no rebuild for it. Each
+    /// statement is idempotent (`CREATE TABLE IF NOT EXISTS`, `ADD COLUMN IF NOT EXISTS`,
+    /// `CREATE INDEX IF NOT EXISTS`, a fill that finds nothing left to fill). A version made
+    /// before holds what a rebuild would: what was added is filled only by events that came
+    /// with it, or filled in by the additions themselves from what the log and the engine hold.
     fn additions(&self) -> &'static str {
         ""
     }

@@ -1,14 +1,16 @@
 //! The workflows read model: each workflow as authored with its pause state and API document,
-//! each run with its status, and each run's step history (one record per execution, from its
-//! `WorkflowStepStarted` and `WorkflowStepFinished`). One read model, so that one consistency
-//! check covers a workflow and its runs. Totals are maintained counters. Every fold takes its
-//! times from the events' own fields, so a rebuild gives the same rows.
+//! each of its revisions with its `inFlight` rule, each run with its status and the revision it
+//! follows (with its migrations to newer ones), and each run's step history (one record per
+//! execution, from its `WorkflowStepStarted` and `WorkflowStepFinished`). One read model, so
+//! that one consistency check covers a workflow and its runs. Totals are maintained counters.
+//! Every fold takes its times from the events' own fields (a revision's, from the stored time
+//! of the event that defines it), so a rebuild gives the same rows.
 
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Transaction;
-use domain::workflows::{WORKFLOW, WorkflowDef};
+use domain::workflows::{Status, WORKFLOW, WorkflowDef};
 use platform::events::LogEvent;
 use platform::log::StoredEvent;
 use serde_json::{Value, json};
@@ -38,6 +40,7 @@ CREATE TABLE {s}.runs (
     step_count integer NOT NULL DEFAULT 0,
     current_step_id text,
     error jsonb
+    -- and `revision`, `migrations`: see ADDITIONS.
 );
 CREATE TABLE {s}.run_counts (
     workflow_id text NOT NULL,
@@ -69,13 +72,88 @@ CREATE TABLE {s}.history (
 );
 ";
 
-/// A workflow by its slug, and the runs lists' orders; `apply` reads workflows and runs by id
-/// alone.
+/// A workflow by its slug, the runs lists' orders, and the open runs of each revision by step
+/// (`GET /workflows/{id}/revisions`); `apply` reads workflows and runs by id alone. The last
+/// is also in [`ADDITIONS`], which gives it to the versions made before it (named, so that
+/// either statement finds the other's index).
 const READ_INDEXES: &str = "
 CREATE INDEX ON {s}.workflows (space_id, slug);
 CREATE INDEX ON {s}.runs (workflow_id, requested_at DESC, run_id DESC);
 CREATE INDEX ON {s}.runs (workflow_id, status, requested_at DESC, run_id DESC);
+CREATE INDEX IF NOT EXISTS runs_open_by_revision ON {s}.runs (workflow_id, revision, current_step_id)
+    WHERE status IN ('waiting', 'running', 'sleeping');
 ";
+
+/// What revisions added, part of every new version and run on the versions that exist when a
+/// projector starts (so each statement is idempotent):
+///
+/// - each run's `revision` (the one it follows: requested under, or migrated to) and its
+///   `migrations` (`{fromRevision, toRevision, fromStepId, toStepId, replanned, at}` in
+///   order);
+/// - `revisions`: each revision of each workflow as defined, with its `inFlight` rule (as the
+///   API shows it) and the time of its definition;
+/// - `revision_run_counts`: runs by revision and status, kept like `run_counts`;
+/// - the index of open runs by revision and step (see [`READ_INDEXES`]).
+///
+/// A version made before holds no revision, so the last statements fill in what the log and
+/// the engine already know: a run's revision from the engine's own row of it (which holds the
+/// revision the run follows); the current revision of each workflow from the workflow row,
+/// defined when the workflow's authoring stream last changed; and, on the first start (while
+/// `revision_run_counts` is empty), the earlier revisions that runs follow, with the counts.
+/// Such a revision took runs, so it was published, and it was defined before any revision
+/// could move runs, so its rule is `pin`; its time is that of the definition at its revision's
+/// place in the authoring stream, where that stream holds definitions alone (each defines the
+/// revision after the one before it). A revision that took no run and is not the current one
+/// is not filled in: only a rebuild, which reads every definition, gives it.
+const ADDITIONS: &str = r#"
+ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS revision bigint;
+ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS migrations jsonb NOT NULL DEFAULT '[]';
+CREATE TABLE IF NOT EXISTS {s}.revisions (
+    workflow_id text NOT NULL,
+    revision bigint NOT NULL,
+    space_id text NOT NULL,
+    -- `published` or `draft`, as authored.
+    status text NOT NULL,
+    -- `{"runs": "pin"}`, `{"runs": "exit"}` or `{"runs": "migrate", "steps": {..}, "replan": [..]}`.
+    in_flight jsonb NOT NULL,
+    defined_at timestamptz NOT NULL,
+    PRIMARY KEY (workflow_id, revision)
+);
+CREATE TABLE IF NOT EXISTS {s}.revision_run_counts (
+    workflow_id text NOT NULL,
+    revision bigint NOT NULL,
+    status text NOT NULL,
+    total bigint NOT NULL,
+    PRIMARY KEY (workflow_id, revision, status)
+);
+CREATE INDEX IF NOT EXISTS runs_open_by_revision ON {s}.runs (workflow_id, revision, current_step_id)
+    WHERE status IN ('waiting', 'running', 'sleeping');
+UPDATE {s}.runs r SET revision = w.revision FROM public.workflow_runs w
+    WHERE r.revision IS NULL AND w.run_id = r.run_id;
+INSERT INTO {s}.revisions (workflow_id, revision, space_id, status, in_flight, defined_at)
+    SELECT w.workflow_id, w.revision, w.space_id, w.definition ->> 'status',
+        COALESCE(w.definition -> 'inFlight', '{"runs": "pin"}'), d.defined_at
+    FROM {s}.workflows w
+    CROSS JOIN LATERAL (
+        SELECT max(e.occurred_at) AS defined_at FROM public.events e
+        WHERE e.stream_id = 'authoring/workflow/' || w.workflow_id AND e.event_type = 'ResourceDefined.v1') d
+    WHERE d.defined_at IS NOT NULL
+        AND NOT EXISTS (SELECT 1 FROM {s}.revisions v WHERE v.workflow_id = w.workflow_id AND v.revision = w.revision)
+    ON CONFLICT (workflow_id, revision) DO NOTHING;
+INSERT INTO {s}.revisions (workflow_id, revision, space_id, status, in_flight, defined_at)
+    SELECT f.workflow_id, f.revision, f.space_id, 'published', '{"runs": "pin"}', e.occurred_at
+    FROM (SELECT DISTINCT workflow_id, revision, space_id FROM {s}.runs
+          WHERE revision IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.revision_run_counts)) f
+    JOIN public.events e ON e.stream_id = 'authoring/workflow/' || f.workflow_id AND e.stream_version = f.revision
+        AND e.event_type = 'ResourceDefined.v1'
+    WHERE NOT EXISTS (
+        SELECT 1 FROM public.events o WHERE o.stream_id = e.stream_id AND o.event_type <> 'ResourceDefined.v1')
+    ON CONFLICT (workflow_id, revision) DO NOTHING;
+INSERT INTO {s}.revision_run_counts (workflow_id, revision, status, total)
+    SELECT workflow_id, revision, status, count(*) FROM {s}.runs
+    WHERE revision IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.revision_run_counts)
+    GROUP BY workflow_id, revision, status;
+"#;
 
 pub(super) const EVENT_TYPES: &[&str] = &[
     "ResourceDefined.v1",
@@ -90,6 +168,7 @@ pub(super) const EVENT_TYPES: &[&str] = &[
     "WorkflowRunResumed.v1",
     "WorkflowRunFinished.v1",
     "WorkflowRunAdvanced.v1",
+    "WorkflowRunMigrated.v1",
     // A send step's held email skipped when it was decided again: the step's counts move it
     // from `completed` to `skipped`, so they agree with the step's delivery log.
     "EmailSkipped.v1",
@@ -136,7 +215,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
                 }
             }
             LogEvent::ResourceDefined(resource) if resource.kind == WORKFLOW => {
-                define(transaction, s, &resource).await?
+                define(transaction, s, &resource, event.occurred_at).await?
             }
             LogEvent::WorkflowPaused(paused) => set_paused(transaction, s, &paused.workflow_id, true).await?,
             LogEvent::WorkflowUnpaused(unpaused) => set_paused(transaction, s, &unpaused.workflow_id, false).await?,
@@ -213,10 +292,13 @@ async fn write_step_counts(
     Ok(())
 }
 
+/// Writes a workflow's new definition over its row, and its revision, defined at `defined_at`
+/// (the time of the event that defines it).
 async fn define(
     transaction: &Transaction<'_>,
     s: &str,
     resource: &platform::proto::ResourceDefined,
+    defined_at: DateTime<Utc>,
 ) -> anyhow::Result<()> {
     let definition: WorkflowDef = serde_json::from_str(&resource.definition_json)?;
     let paused: bool = transaction
@@ -243,6 +325,24 @@ async fn define(
             &[&resource.resource_id, &resource.space_id, &definition.slug, &resource.revision, &stored, &doc],
         )
         .await?;
+    let statement = transaction
+        .prepare_cached(&format!(
+            "INSERT INTO {s}.revisions (workflow_id, revision, space_id, status, in_flight, defined_at)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (workflow_id, revision) DO NOTHING"
+        ))
+        .await?;
+    let status = match definition.status {
+        Status::Published => "published",
+        Status::Draft => "draft",
+    };
+    let in_flight = serde_json::to_value(&definition.in_flight)?;
+    transaction
+        .execute(
+            &statement,
+            &[&resource.resource_id, &resource.revision, &resource.space_id, &status, &in_flight, &defined_at],
+        )
+        .await?;
     Ok(())
 }
 
@@ -254,12 +354,35 @@ struct Run {
     /// What a run the batch requested is inserted with.
     requested: Option<platform::proto::WorkflowRunRequested>,
     status: String,
+    /// The revision it follows: the one it was requested under, or the last it migrated to.
+    /// `None` only for a run stored before runs kept their revision whose revision the
+    /// engine's table did not give either; such a run is in no revision's counters.
+    revision: Option<i64>,
+    /// Its revision before the batch: with `initial`, where the revision counters hold it.
+    initial_revision: Option<i64>,
+    /// Its moves to newer revisions, in order, as the API shows them.
+    migrations: Vec<Value>,
     started_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
     error: Option<Value>,
     step_count: i32,
     current_step_id: Option<String>,
     changed: bool,
+}
+
+impl Run {
+    /// The run's move between the revision counters (by revision and status): out of where it
+    /// was counted before the batch (-1), into where the batch leaves it (+1). A migration
+    /// moves it between revisions as a change of status moves it within one; a run the batch
+    /// requested counts under the revision it was requested under.
+    fn revision_moves(&self) -> Vec<((i64, String), i64)> {
+        let before = self.initial_revision.zip(self.initial.clone());
+        let after = self.revision.map(|revision| (revision, self.status.clone()));
+        if before == after {
+            return Vec::new();
+        }
+        before.map(|held| (held, -1)).into_iter().chain(after.map(|held| (held, 1))).collect()
+    }
 }
 
 /// A history record as the batch leaves it.
@@ -296,6 +419,7 @@ fn run_of(event: &LogEvent) -> Option<&str> {
         LogEvent::WorkflowRunPaused(event) => &event.run_id,
         LogEvent::WorkflowRunResumed(event) => &event.run_id,
         LogEvent::WorkflowRunFinished(event) => &event.run_id,
+        LogEvent::WorkflowRunMigrated(event) => &event.run_id,
         _ => return None,
     })
 }
@@ -313,7 +437,7 @@ impl Fold {
         let statement = transaction
             .prepare_cached(&format!(
                 "SELECT r.run_id, r.workflow_id, r.status, r.started_at, r.finished_at, r.error, r.step_count,
-                        r.current_step_id
+                        r.current_step_id, r.revision, r.migrations
                  FROM unnest($1::text[]) AS q(run_id)
                  CROSS JOIN LATERAL (SELECT * FROM {s}.runs WHERE run_id = q.run_id OFFSET 0) r"
             ))
@@ -321,6 +445,11 @@ impl Fold {
         let mut fold = Fold::default();
         for row in transaction.query(&statement, &[&ids]).await? {
             let status: String = row.get(2);
+            let revision: Option<i64> = row.get(8);
+            let migrations = match row.get::<_, Value>(9) {
+                Value::Array(migrations) => migrations,
+                _ => Vec::new(),
+            };
             fold.runs.insert(
                 row.get(0),
                 Run {
@@ -328,6 +457,9 @@ impl Fold {
                     initial: Some(status.clone()),
                     requested: None,
                     status,
+                    revision,
+                    initial_revision: revision,
+                    migrations,
                     started_at: row.get(3),
                     finished_at: row.get(4),
                     error: row.get(5),
@@ -349,6 +481,9 @@ impl Fold {
                     initial: None,
                     requested: None,
                     status: "waiting".to_owned(),
+                    revision: Some(requested.workflow_revision),
+                    initial_revision: None,
+                    migrations: Vec::new(),
                     started_at: None,
                     finished_at: None,
                     error: None,
@@ -399,8 +534,34 @@ impl Fold {
                 let error = error_of(&finished.error_code, &finished.error_message);
                 self.set_status(&finished.run_id, &finished.status, None, Some((finished.at_ms, error)));
             }
+            LogEvent::WorkflowRunMigrated(migrated) => self.migrate(&migrated),
             _ => {}
         }
+    }
+
+    /// Moves a run to the revision it migrated to, at the step it goes to there: the step in
+    /// flight's own end (`migrated`) and the next step's start follow as events of their own.
+    /// A run moves to a revision once, so a move it has made already changes nothing.
+    fn migrate(&mut self, migrated: &platform::proto::WorkflowRunMigrated) {
+        let Some(run) = self.runs.get_mut(&migrated.run_id) else { return };
+        if run.migrations.iter().any(|migration| migration["toRevision"] == migrated.to_revision) {
+            return;
+        }
+        let step_id = |id: &str| Some(id.to_owned()).filter(|id| !id.is_empty());
+        run.migrations.push(json!({
+            "fromRevision": migrated.from_revision,
+            "toRevision": migrated.to_revision,
+            "fromStepId": step_id(&migrated.from_step_id),
+            "toStepId": step_id(&migrated.to_step_id),
+            "replanned": migrated.replanned,
+            "at": platform::time::format_millis(migrated.at_ms),
+        }));
+        run.revision = Some(migrated.to_revision);
+        // A run that had not started has no step to go to: it starts at the new entry.
+        if let Some(to_step_id) = step_id(&migrated.to_step_id) {
+            run.current_step_id = Some(to_step_id);
+        }
+        run.changed = true;
     }
 
     /// Moves a run to `status`, with its start or its end; a finished run stays finished.
@@ -429,6 +590,7 @@ impl Fold {
         let mut new = NewRuns::default();
         let mut changed = ChangedRuns::default();
         let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
+        let mut revision_counts: BTreeMap<(String, i64, String), i64> = BTreeMap::new();
         // Every run a history record of the batch belongs to, with its workflow (the counters'
         // key), so the history's statements join an array, not the runs table.
         let owners: (Vec<String>, Vec<String>) =
@@ -445,6 +607,9 @@ impl Fold {
             } else {
                 *counts.entry((run.workflow_id.clone(), run.status.clone())).or_default() += 1;
             }
+            for ((revision, status), delta) in run.revision_moves() {
+                *revision_counts.entry((run.workflow_id.clone(), revision, status)).or_default() += delta;
+            }
             match run.requested.take() {
                 Some(requested) => new.push(run_id, requested, run),
                 None => changed.push(run_id, run),
@@ -453,6 +618,7 @@ impl Fold {
         new.write(transaction, s).await?;
         changed.write(transaction, s).await?;
         write_counts(transaction, s, counts).await?;
+        write_revision_counts(transaction, s, revision_counts).await?;
         write_history(transaction, s, self.records, &owners).await
     }
 }
@@ -467,6 +633,8 @@ struct ChangedRuns {
     errors: Vec<Option<Value>>,
     step_counts: Vec<i32>,
     current_step_ids: Vec<Option<String>>,
+    revisions: Vec<Option<i64>>,
+    migrations: Vec<Value>,
 }
 
 impl ChangedRuns {
@@ -478,6 +646,8 @@ impl ChangedRuns {
         self.errors.push(run.error);
         self.step_counts.push(run.step_count);
         self.current_step_ids.push(run.current_step_id);
+        self.revisions.push(run.revision);
+        self.migrations.push(Value::Array(run.migrations));
     }
 
     async fn write(&self, transaction: &Transaction<'_>, s: &str) -> anyhow::Result<()> {
@@ -487,9 +657,12 @@ impl ChangedRuns {
         let statement = transaction
             .prepare_cached(&format!(
                 "UPDATE {s}.runs r SET status = u.status, started_at = u.started_at, finished_at = u.finished_at,
-                     error = u.error, step_count = u.step_count, current_step_id = u.current_step_id
+                     error = u.error, step_count = u.step_count, current_step_id = u.current_step_id,
+                     revision = u.revision, migrations = u.migrations
                  FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::jsonb[], $6::int4[],
-                     $7::text[]) AS u(run_id, status, started_at, finished_at, error, step_count, current_step_id)
+                     $7::text[], $8::int8[], $9::jsonb[])
+                     AS u(run_id, status, started_at, finished_at, error, step_count, current_step_id, revision,
+                         migrations)
                  WHERE r.run_id = u.run_id"
             ))
             .await?;
@@ -497,7 +670,7 @@ impl ChangedRuns {
         Ok(())
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 7] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 9] {
         [
             &self.run_ids,
             &self.statuses,
@@ -506,6 +679,8 @@ impl ChangedRuns {
             &self.errors,
             &self.step_counts,
             &self.current_step_ids,
+            &self.revisions,
+            &self.migrations,
         ]
     }
 }
@@ -540,10 +715,10 @@ impl NewRuns {
         let statement = transaction
             .prepare_cached(&format!(
                 "INSERT INTO {s}.runs (run_id, status, started_at, finished_at, error, step_count, current_step_id,
-                     workflow_id, space_id, contact_id, trigger_type, trigger_id, requested_at)
+                     revision, migrations, workflow_id, space_id, contact_id, trigger_type, trigger_id, requested_at)
                  SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::jsonb[],
-                     $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],
-                     $13::timestamptz[])
+                     $6::int4[], $7::text[], $8::int8[], $9::jsonb[], $10::text[], $11::text[], $12::text[],
+                     $13::text[], $14::text[], $15::timestamptz[])
                  ON CONFLICT (run_id) DO NOTHING"
             ))
             .await?;
@@ -586,6 +761,36 @@ async fn write_counts(
         ))
         .await?;
     transaction.execute(&statement, &[&workflow_ids, &statuses, &deltas]).await?;
+    Ok(())
+}
+
+/// Adds the batch's net moves between revisions and statuses to the revision counters, in one
+/// statement.
+async fn write_revision_counts(
+    transaction: &Transaction<'_>,
+    s: &str,
+    counts: BTreeMap<(String, i64, String), i64>,
+) -> anyhow::Result<()> {
+    let (mut workflow_ids, mut revisions, mut statuses, mut deltas) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for ((workflow_id, revision, status), delta) in counts {
+        if delta != 0 {
+            workflow_ids.push(workflow_id);
+            revisions.push(revision);
+            statuses.push(status);
+            deltas.push(delta);
+        }
+    }
+    if workflow_ids.is_empty() {
+        return Ok(());
+    }
+    let statement = transaction
+        .prepare_cached(&format!(
+            "INSERT INTO {s}.revision_run_counts (workflow_id, revision, status, total)
+             SELECT * FROM unnest($1::text[], $2::int8[], $3::text[], $4::bigint[])
+             ON CONFLICT (workflow_id, revision, status) DO UPDATE SET total = revision_run_counts.total + EXCLUDED.total"
+        ))
+        .await?;
+    transaction.execute(&statement, &[&workflow_ids, &revisions, &statuses, &deltas]).await?;
     Ok(())
 }
 
@@ -734,8 +939,8 @@ async fn set_paused(transaction: &Transaction<'_>, s: &str, workflow_id: &str, p
 }
 
 read_model! {
-    /// Workflows, their runs and their step histories.
-    Workflows = "workflows", batch, read_indexes = READ_INDEXES
+    /// Workflows and their revisions, their runs and their step histories.
+    Workflows = "workflows", batch, read_indexes = READ_INDEXES, additions = ADDITIONS
 }
 
 #[cfg(test)]
@@ -774,14 +979,15 @@ mod tests {
     /// A history record as the test compares it: index, step, finished status.
     type Kept = (i32, String, Option<String>);
 
-    /// What folding `events` leaves for run `run_1`: its status, step count, current step and
-    /// end, and its history records.
-    fn folded(events: Vec<LogEvent>) -> (String, i32, Option<String>, Option<String>, Vec<Kept>) {
+    /// The fold of run `run_1` of workflow `wf_1`, requested in the batch under revision 1,
+    /// then `events` (a transition's as its changes).
+    fn fold_of(events: Vec<LogEvent>) -> Fold {
         let mut fold = Fold::default();
         let requested = platform::proto::WorkflowRunRequested {
             run_id: "run_1".into(),
             workflow_id: "wf_1".into(),
             space_id: "spc_1".into(),
+            workflow_revision: 1,
             ..Default::default()
         };
         fold.apply(LogEvent::WorkflowRunRequested(requested));
@@ -790,6 +996,13 @@ mod tests {
                 fold.apply(change);
             }
         }
+        fold
+    }
+
+    /// What folding `events` leaves for run `run_1`: its status, step count, current step and
+    /// end, and its history records.
+    fn folded(events: Vec<LogEvent>) -> (String, i32, Option<String>, Option<String>, Vec<Kept>) {
+        let fold = fold_of(events);
         let run = &fold.runs["run_1"];
         let records = fold
             .records
@@ -851,5 +1064,196 @@ mod tests {
             as_one.4,
             vec![(1, "nap".into(), Some("completed".into())), (2, "out".into(), Some("completed".into()))]
         );
+    }
+
+    fn started(index: i32, id: &str, step_type: &str) -> LogEvent {
+        LogEvent::WorkflowStepStarted(platform::proto::WorkflowStepStarted {
+            run_id: "run_1".into(),
+            space_id: "spc_1".into(),
+            index,
+            step_id: id.into(),
+            step_type: step_type.into(),
+            at_ms: 1_000,
+        })
+    }
+
+    fn finished(index: i32, id: &str, status: &str, next: &str) -> LogEvent {
+        LogEvent::WorkflowStepFinished(platform::proto::WorkflowStepFinished {
+            run_id: "run_1".into(),
+            space_id: "spc_1".into(),
+            index,
+            step_id: id.into(),
+            step_type: "wait".into(),
+            status: status.into(),
+            next_step_id: next.into(),
+            started_at_ms: 1_000,
+            at_ms: 2_000,
+            ..Default::default()
+        })
+    }
+
+    fn run_finished(status: &str, error_code: &str) -> LogEvent {
+        LogEvent::WorkflowRunFinished(platform::proto::WorkflowRunFinished {
+            run_id: "run_1".into(),
+            space_id: "spc_1".into(),
+            status: status.into(),
+            error_code: error_code.into(),
+            error_message: if error_code.is_empty() { String::new() } else { format!("ended by {error_code}") },
+            at_ms: 9_000,
+        })
+    }
+
+    fn run_started() -> LogEvent {
+        LogEvent::WorkflowRunStarted(platform::proto::WorkflowRunStarted {
+            run_id: "run_1".into(),
+            space_id: "spc_1".into(),
+            at_ms: 1_000,
+        })
+    }
+
+    fn sleeping() -> LogEvent {
+        LogEvent::WorkflowRunSleeping(platform::proto::WorkflowRunSleeping {
+            run_id: "run_1".into(),
+            space_id: "spc_1".into(),
+            ..Default::default()
+        })
+    }
+
+    /// Run `run_1`'s move from revision 1 to 2, from step `from` to step `to`, at 5 s.
+    fn migrated(from: &str, to: &str, replanned: bool) -> platform::proto::WorkflowRunMigrated {
+        platform::proto::WorkflowRunMigrated {
+            run_id: "run_1".into(),
+            space_id: "spc_1".into(),
+            from_revision: 1,
+            to_revision: 2,
+            from_step_id: from.into(),
+            to_step_id: to.into(),
+            replanned,
+            until_ms: if replanned { 7_000 } else { 0 },
+            at_ms: 5_000,
+        }
+    }
+
+    #[test]
+    fn a_run_migrated_in_its_wait_follows_the_new_revision_from_the_step_it_moved_to() {
+        // As the engine appends a migrating transition: the move, the end of the step in
+        // flight (`migrated`), the start of the step it moved to; then the run sleeps there.
+        let transition = domain::workflows::transition(
+            "run_1",
+            "spc_1",
+            vec![
+                LogEvent::WorkflowRunMigrated(migrated("nap", "long-nap", true)),
+                finished(1, "nap", "migrated", "long-nap"),
+                started(2, "long-nap", "wait"),
+            ],
+        );
+        let mut events = vec![run_started(), started(1, "nap", "wait"), sleeping()];
+        events.extend(transition);
+        events.push(sleeping());
+        let fold = fold_of(events.clone());
+        let run = &fold.runs["run_1"];
+        assert_eq!(
+            (run.status.as_str(), run.revision, run.current_step_id.as_deref()),
+            ("sleeping", Some(2), Some("long-nap"))
+        );
+        assert_eq!(
+            run.migrations,
+            vec![json!({"fromRevision": 1, "toRevision": 2, "fromStepId": "nap", "toStepId": "long-nap",
+                        "replanned": true, "at": "1970-01-01T00:00:05.000Z"})]
+        );
+        // Its wait ends on the new revision and it completes there.
+        events.extend([finished(2, "long-nap", "completed", ""), run_finished("completed", "")]);
+        let (status, step_count, current_step_id, _, records) = folded(events.clone());
+        assert_eq!((status.as_str(), step_count, current_step_id), ("completed", 2, None));
+        assert_eq!(
+            records,
+            vec![(1, "nap".into(), Some("migrated".into())), (2, "long-nap".into(), Some("completed".into()))]
+        );
+        let fold = fold_of(events);
+        let run = &fold.runs["run_1"];
+        assert_eq!((run.revision, run.migrations.len()), (Some(2), 1));
+        // Requested in the batch: counted once, under the revision it ends on.
+        assert_eq!(run.revision_moves(), vec![((2, "completed".to_owned()), 1)]);
+    }
+
+    #[test]
+    fn a_run_migrated_before_it_started_has_no_steps_in_its_move_and_a_repeated_move_changes_nothing() {
+        let move_once = LogEvent::WorkflowRunMigrated(migrated("", "", false));
+        let fold = fold_of(vec![move_once.clone(), move_once]);
+        let run = &fold.runs["run_1"];
+        assert_eq!((run.status.as_str(), run.revision, run.current_step_id.as_deref()), ("waiting", Some(2), None));
+        assert_eq!(
+            run.migrations,
+            vec![json!({"fromRevision": 1, "toRevision": 2, "fromStepId": null, "toStepId": null,
+                        "replanned": false, "at": "1970-01-01T00:00:05.000Z"})]
+        );
+    }
+
+    #[test]
+    fn a_run_about_to_execute_a_step_goes_to_the_step_it_maps_to() {
+        // Paused before `send`: it moves to `welcome` of the new revision, which it executes next.
+        let events = vec![
+            run_started(),
+            started(1, "start", "incoming_webhook"),
+            finished(1, "start", "completed", "send"),
+            LogEvent::WorkflowRunMigrated(migrated("send", "welcome", false)),
+        ];
+        let (status, _, current_step_id, _, _) = folded(events);
+        assert_eq!((status.as_str(), current_step_id.as_deref()), ("running", Some("welcome")));
+    }
+
+    #[test]
+    fn a_run_a_new_revision_ended_is_exited_with_workflow_revised_on_its_own_revision() {
+        let events =
+            vec![run_started(), started(1, "nap", "wait"), sleeping(), run_finished("exited", "workflow_revised")];
+        let fold = fold_of(events);
+        let run = &fold.runs["run_1"];
+        assert_eq!((run.status.as_str(), run.revision, run.current_step_id.as_deref()), ("exited", Some(1), None));
+        assert_eq!(run.error, Some(json!({"code": "workflow_revised", "message": "ended by workflow_revised"})));
+        assert!(run.migrations.is_empty());
+        assert_eq!(run.revision_moves(), vec![((1, "exited".to_owned()), 1)]);
+    }
+
+    #[test]
+    fn a_stored_runs_migration_moves_its_count_from_its_old_revision_to_its_new_one() {
+        let stored = |status: &str, revision: Option<i64>| Run {
+            workflow_id: "wf_1".into(),
+            initial: Some(status.into()),
+            requested: None,
+            status: status.into(),
+            revision,
+            initial_revision: revision,
+            migrations: Vec::new(),
+            started_at: None,
+            finished_at: None,
+            error: None,
+            step_count: 1,
+            current_step_id: Some("nap".into()),
+            changed: false,
+        };
+        let mut fold = Fold::default();
+        fold.runs.insert("run_1".into(), stored("sleeping", Some(1)));
+        fold.apply(LogEvent::WorkflowRunMigrated(migrated("nap", "nap", false)));
+        fold.apply(finished(1, "nap", "migrated", "nap"));
+        assert_eq!(
+            fold.runs["run_1"].revision_moves(),
+            vec![((1, "sleeping".to_owned()), -1), ((2, "running".to_owned()), 1)]
+        );
+        // A change of status alone moves it within its revision; none leaves the counters as they are.
+        let mut fold = Fold::default();
+        fold.runs.insert("run_1".into(), stored("sleeping", Some(1)));
+        fold.apply(finished(1, "nap", "completed", "next"));
+        assert_eq!(
+            fold.runs["run_1"].revision_moves(),
+            vec![((1, "sleeping".to_owned()), -1), ((1, "running".to_owned()), 1)]
+        );
+        assert_eq!(stored("sleeping", Some(1)).revision_moves(), Vec::new());
+        // A run stored without a revision is in no revision's counters until it moves to one.
+        let mut fold = Fold::default();
+        fold.runs.insert("run_1".into(), stored("sleeping", None));
+        fold.apply(finished(1, "nap", "completed", "next"));
+        assert_eq!(fold.runs["run_1"].revision_moves(), Vec::new());
+        fold.apply(LogEvent::WorkflowRunMigrated(migrated("next", "next", false)));
+        assert_eq!(fold.runs["run_1"].revision_moves(), vec![((2, "running".to_owned()), 1)]);
     }
 }

@@ -1,5 +1,6 @@
-//! The workflow reads: the space's workflows, one workflow, its counts, a workflow's runs (newest first,
-//! filtered by status) and one run with a window of its step history.
+//! The workflow reads: the space's workflows, one workflow (with its revisions), its counts, its
+//! revisions, a workflow's runs (newest first, filtered by status) and one run with a window of
+//! its step history.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::http::{data_body, page_body, query_pairs};
@@ -67,16 +68,36 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
     Ok(respond(&consistent, page.warnings.clone(), |warnings| page_body(items, pagination, warnings)))
 }
 
+/// The workflow, with its revisions (as `revisions` answers them).
 pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
     let workflow_id = path.into_inner();
     let (caller, token) = authorize_read(&state, &req).await?;
     let space_id = caller.space_id().to_owned();
     let (document, consistent) = consistent_read(&state, &caller, token, &[WORKFLOWS], |client, models| {
         let (w, space_id, workflow_id) = (models.schema(WORKFLOWS), space_id.clone(), workflow_id.clone());
-        Box::pin(async move { store::workflow(client, &w, &space_id, &workflow_id).await })
+        Box::pin(async move { store::workflow_with_revisions(client, &w, &space_id, &workflow_id).await })
     })
     .await?;
-    let (_, document) = document.ok_or_else(|| not_found(&workflow_id))?;
+    let document = document.ok_or_else(|| not_found(&workflow_id))?;
+    Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
+}
+
+/// The workflow's revisions, newest first: each as defined, whether it is the current one or
+/// still holds runs, and where its open runs are.
+pub async fn revisions(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let workflow_id = path.into_inner();
+    let (caller, token) = authorize_read(&state, &req).await?;
+    let space_id = caller.space_id().to_owned();
+    let (document, consistent) = consistent_read(&state, &caller, token, &[WORKFLOWS], |client, models| {
+        let (w, space_id, workflow_id) = (models.schema(WORKFLOWS), space_id.clone(), workflow_id.clone());
+        Box::pin(async move { store::revisions(client, &w, &space_id, &workflow_id).await })
+    })
+    .await?;
+    let document = document.ok_or_else(|| not_found(&workflow_id))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 

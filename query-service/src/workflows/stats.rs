@@ -1,7 +1,7 @@
-//! A workflow's counts as `GET /workflows/{id}/stats` shows them: its runs by status, and per
-//! step (in the definition's order) how many runs entered it, finished it under each status,
-//! skipped it by reason, and for a send step what became of its emails. Pure: the counters
-//! come in as the read models keep them.
+//! A workflow's counts as `GET /workflows/{id}/stats` shows them: its runs by status (in all,
+//! and by the revision they follow), and per step (in the definition's order) how many runs
+//! entered it, finished it under each status, skipped it by reason, and for a send step what
+//! became of its emails. Pure: the counters come in as the read models keep them.
 
 use std::collections::BTreeMap;
 
@@ -9,12 +9,14 @@ use serde_json::{Map, Value, json};
 
 /// The statuses a run is counted under.
 const RUN_STATUSES: [&str; 6] = ["waiting", "running", "sleeping", "completed", "exited", "failed"];
-/// The statuses a finished step is counted under, with the names the API shows.
-const STEP_STATUSES: [(&str, &str); 4] = [
+/// The statuses a finished step is counted under, with the names the API shows. `migrated`: the
+/// run moved to a newer revision while in the step.
+const STEP_STATUSES: [(&str, &str); 5] = [
     ("completed", "completed"),
     ("failed", "failed"),
     ("outcome_unknown", "outcomeUnknown"),
     ("timed_out", "timedOut"),
+    ("migrated", "migrated"),
 ];
 /// The email counters, as `email_counts` names its columns and as the API shows them.
 pub(super) const EMAIL_FIELDS: [(&str, &str); 10] = [
@@ -35,6 +37,8 @@ pub(super) const EMAIL_FIELDS: [(&str, &str); 10] = [
 pub(super) struct Counters {
     /// Runs by status.
     pub runs: BTreeMap<String, i64>,
+    /// Revision → the runs that follow it, by status.
+    pub by_revision: BTreeMap<i64, BTreeMap<String, i64>>,
     /// (step, measure) → total: `entered`, a finished status, `skipped:<reason>`.
     pub steps: BTreeMap<(String, String), i64>,
     /// Send step → its email counters, by column name.
@@ -60,11 +64,23 @@ pub(super) fn email_counts(counters: Option<&BTreeMap<String, i64>>) -> Value {
     Value::Object(out)
 }
 
-/// The stats document of the workflow `document` (as `GET /workflows/{id}` shows it).
-pub(super) fn document(workflow: &Value, counters: &Counters) -> Value {
+/// Runs by status, every status shown (zero until one is counted).
+fn runs_by_status(counts: &BTreeMap<String, i64>) -> Value {
     let runs: Map<String, Value> = RUN_STATUSES
         .iter()
-        .map(|status| ((*status).to_owned(), json!(counters.runs.get(*status).copied().unwrap_or(0))))
+        .map(|status| ((*status).to_owned(), json!(counts.get(*status).copied().unwrap_or(0))))
+        .collect();
+    Value::Object(runs)
+}
+
+/// The stats document of the workflow `document` (as `GET /workflows/{id}` shows it).
+pub(super) fn document(workflow: &Value, counters: &Counters) -> Value {
+    let runs = runs_by_status(&counters.runs);
+    // Keyed by the revision's number, as JSON keys are strings.
+    let by_revision: Map<String, Value> = counters
+        .by_revision
+        .iter()
+        .map(|(revision, counts)| (revision.to_string(), json!({"runs": runs_by_status(counts)})))
         .collect();
     let steps: Vec<Value> = workflow["steps"]
         .as_array()
@@ -96,7 +112,7 @@ pub(super) fn document(workflow: &Value, counters: &Counters) -> Value {
             Value::Object(out)
         })
         .collect();
-    json!({"workflowId": workflow["id"], "runs": runs, "steps": steps})
+    json!({"workflowId": workflow["id"], "runs": runs, "byRevision": by_revision, "steps": steps})
 }
 
 #[cfg(test)]
@@ -113,6 +129,11 @@ mod tests {
         let step = |id: &str, measure: &str| (id.to_owned(), measure.to_owned());
         let counters = Counters {
             runs: [("completed".to_owned(), 3), ("sleeping".to_owned(), 1)].into(),
+            by_revision: [
+                (1, [("completed".to_owned(), 3), ("sleeping".to_owned(), 0)].into()),
+                (2, [("sleeping".to_owned(), 1)].into()),
+            ]
+            .into(),
             steps: [
                 (step("in", "entered"), 4),
                 (step("in", "completed"), 4),
@@ -121,8 +142,9 @@ mod tests {
                 (step("send", "skipped"), 2),
                 (step("send", "skipped:consent"), 1),
                 (step("send", "skipped:suppressed"), 1),
-                (step("pause", "entered"), 2),
+                (step("pause", "entered"), 3),
                 (step("pause", "completed"), 1),
+                (step("pause", "migrated"), 1),
             ]
             .into(),
             emails: [(
@@ -145,7 +167,15 @@ mod tests {
         assert_eq!((&send["entered"], &send["completed"], &send["inProgress"]), (&json!(4), &json!(2), &json!(0)));
         assert_eq!(send["emails"]["openRate"], json!(1.0), "one opened of one delivered");
         assert_eq!(send["emails"]["clicked"], json!(0));
-        assert_eq!(stats["steps"][2]["inProgress"], json!(1), "one run still waits");
+        assert_eq!(stats["steps"][2]["inProgress"], json!(1), "one run still waits; one left it for a new revision");
+        assert_eq!(stats["steps"][2]["migrated"], json!(1));
+        assert_eq!(
+            stats["byRevision"],
+            json!({
+                "1": {"runs": {"waiting": 0, "running": 0, "sleeping": 0, "completed": 3, "exited": 0, "failed": 0}},
+                "2": {"runs": {"waiting": 0, "running": 0, "sleeping": 1, "completed": 0, "exited": 0, "failed": 0}},
+            })
+        );
         assert!(stats["steps"][0]["emails"].is_null(), "only send steps have emails");
     }
 

@@ -1,11 +1,12 @@
-//! Reads of the `workflows` read model: the space's workflows, one workflow, a workflow's
-//! runs and one run with a window of its step history.
+//! Reads of the `workflows` read model: the space's workflows, one workflow with its
+//! revisions, a workflow's runs and one run with a window of its step history.
 
 use deadpool_postgres::Client;
 use platform::error::ApiError;
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
 
+use super::revisions::{self, OpenRuns, Revision};
 use super::stats::{self, Counters};
 use super::window::{next_before, window};
 use crate::consistency::page_of_docs;
@@ -17,7 +18,8 @@ const RUN: &str = "jsonb_build_object(
     'requestedAt', to_char(r.requested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
     'startedAt', to_char(r.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
     'finishedAt', to_char(r.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-    'stepCount', r.step_count, 'currentStepId', r.current_step_id, 'error', r.error)";
+    'stepCount', r.step_count, 'currentStepId', r.current_step_id, 'error', r.error,
+    'revision', r.revision, 'migrations', r.migrations)";
 
 /// A history record as the API shows it, from `h`.
 const RECORD: &str = "jsonb_build_object(
@@ -56,6 +58,55 @@ pub async fn workflow(
     Ok(client.query_opt(&statement, &[&space_id, &id_or_slug]).await?.map(|row| (row.get(0), row.get(1))))
 }
 
+/// One workflow of the space (as [`workflow`] finds it) with its `revisions`.
+pub async fn workflow_with_revisions(
+    client: &Client,
+    w: &str,
+    space_id: &str,
+    id_or_slug: &str,
+) -> Result<Option<Value>, ApiError> {
+    let Some((workflow_id, mut document)) = workflow(client, w, space_id, id_or_slug).await? else { return Ok(None) };
+    document["revisions"] = revisions_of(client, w, &workflow_id).await?;
+    Ok(Some(document))
+}
+
+/// The revisions of one workflow of the space (`revisions::document`); `None` when the space
+/// has no such workflow.
+pub async fn revisions(client: &Client, w: &str, space_id: &str, id_or_slug: &str) -> Result<Option<Value>, ApiError> {
+    let Some((workflow_id, _)) = workflow(client, w, space_id, id_or_slug).await? else { return Ok(None) };
+    revisions_of(client, w, &workflow_id).await.map(Some)
+}
+
+/// The workflow's revisions with their open runs, by step.
+async fn revisions_of(client: &Client, w: &str, workflow_id: &str) -> Result<Value, ApiError> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT revision, status, in_flight,
+                    to_char(defined_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
+             FROM {w}.revisions WHERE workflow_id = $1"
+        ))
+        .await?;
+    let defined: Vec<Revision> = client
+        .query(&statement, &[&workflow_id])
+        .await?
+        .iter()
+        .map(|row| Revision { revision: row.get(0), status: row.get(1), in_flight: row.get(2), defined_at: row.get(3) })
+        .collect();
+    // The statuses of `runs_open_by_revision`'s predicate, so that this reads that index.
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT revision, current_step_id, count(*) FROM {w}.runs
+             WHERE workflow_id = $1 AND status IN ('waiting', 'running', 'sleeping') AND revision IS NOT NULL
+             GROUP BY revision, current_step_id"
+        ))
+        .await?;
+    let mut open_runs = OpenRuns::new();
+    for row in client.query(&statement, &[&workflow_id]).await? {
+        open_runs.entry(row.get(0)).or_default().insert(row.get(1), row.get(2));
+    }
+    Ok(revisions::document(defined, &open_runs))
+}
+
 /// The workflow's counts (`stats::document`); `None` when the space has no such workflow.
 pub async fn stats(
     client: &Client,
@@ -70,6 +121,12 @@ pub async fn stats(
         client.prepare_cached(&format!("SELECT status, total FROM {w}.run_counts WHERE workflow_id = $1")).await?;
     for row in client.query(&statement, &[&workflow_id]).await? {
         counters.runs.insert(row.get(0), row.get(1));
+    }
+    let statement = client
+        .prepare_cached(&format!("SELECT revision, status, total FROM {w}.revision_run_counts WHERE workflow_id = $1"))
+        .await?;
+    for row in client.query(&statement, &[&workflow_id]).await? {
+        counters.by_revision.entry(row.get(0)).or_default().insert(row.get(1), row.get(2));
     }
     let statement = client
         .prepare_cached(&format!("SELECT step_id, measure, total FROM {w}.step_counts WHERE workflow_id = $1"))

@@ -124,6 +124,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation("listWorkflows", "GET", "/workflows", Query),
     operation("getWorkflow", "GET", "/workflows/{id}", Query),
     operation("getWorkflowStats", "GET", "/workflows/{id}/stats", Query),
+    operation("listWorkflowRevisions", "GET", "/workflows/{id}/revisions", Query),
     // `{id}` is the reference id of the workflow's incoming-webhook step (D10).
     operation("triggerWorkflow", "POST", "/workflows/{id}", Command),
     operation("pauseWorkflow", "POST", "/workflows/{id}/pause", Command),

@@ -820,6 +820,11 @@ async fn workflows_snapshot(app: &TestApp) -> Vec<String> {
         format!("SELECT to_jsonb(r)::text FROM {s}.runs r ORDER BY run_id"),
         format!("SELECT to_jsonb(c)::text FROM {s}.run_counts c WHERE total <> 0 ORDER BY workflow_id, status"),
         format!("SELECT to_jsonb(h)::text FROM {s}.history h ORDER BY run_id, index"),
+        format!("SELECT to_jsonb(v)::text FROM {s}.revisions v ORDER BY workflow_id, revision"),
+        format!(
+            "SELECT to_jsonb(c)::text FROM {s}.revision_run_counts c WHERE total <> 0
+             ORDER BY workflow_id, revision, status"
+        ),
     ] {
         rows.extend(client.query(&sql, &[]).await.expect("snapshot").iter().map(|row| row.get::<_, String>(0)));
     }
@@ -855,6 +860,169 @@ async fn a_rebuild_of_the_workflows_read_model_gives_the_same_runs_and_histories
     projector::read_models::rebuild::rebuild(&app.pool, read_model("workflows"), |_| {}).await.expect("rebuild");
     assert_eq!(workflows_snapshot(&app).await, before, "a rebuild gives the same workflows, runs and histories");
     assert_eq!(app.index_definitions("workflows", 2).await, indexes, "the lists' indexes are built after the rebuild");
+}
+
+/// A workflow whose runs sleep an hour in `nap`, named `name` (a new name, a new revision).
+fn napper(name: &str) -> Value {
+    json!([{
+        "slug": "napper", "name": name,
+        "steps": [
+            {"id": "start", "type": "incoming_webhook", "referenceId": "nap-hook", "next": "nap"},
+            {"id": "nap", "type": "wait", "duration": "1h", "next": "done"},
+            {"id": "done", "type": "exit"}
+        ]
+    }])
+}
+
+/// Starts a run of the napper and waits until it sleeps in `nap`; returns its id.
+async fn nap(app: &TestApp, workflow_id: &str) -> String {
+    let started = post(app, "/workflows/nap-hook", None, Some(&json!({}))).await;
+    assert_eq!(started.status, 202, "{:?}", started.body);
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    wait_for_run(app, workflow_id, &run_id, |run| run["status"] == "sleeping" && run["currentStepId"] == "nap").await;
+    run_id
+}
+
+/// The napper under two revisions (the default rule, `pin`): two runs sleeping on revision 1,
+/// one on revision 2. Returns the workflow's id and the runs' ids by revision.
+async fn napper_under_two_revisions(app: &TestApp) -> (String, Vec<String>, Vec<String>) {
+    let workflow = workflow_id(app, "napper").await;
+    let first = vec![nap(app, &workflow).await, nap(app, &workflow).await];
+    app.apply_workspace(&workspace(napper("Napper, renamed")), true).await;
+    let second = vec![nap(app, &workflow).await];
+    app.wait_for_projections().await;
+    (workflow, first, second)
+}
+
+/// Runs by status as `stats` shows them, with `sleeping` runs and none of another status.
+fn sleeping_runs(sleeping: i64) -> Value {
+    json!({"waiting": 0, "running": 0, "sleeping": sleeping, "completed": 0, "exited": 0, "failed": 0})
+}
+
+#[tokio::test]
+async fn runs_of_an_earlier_revision_stay_on_it_and_its_revision_drains_beside_the_current_one() {
+    let sink = SmtpSink::start().await;
+    let app = app_with(&sink, napper("Napper")).await;
+    let (workflow, first, second) = napper_under_two_revisions(&app).await;
+
+    // Each run shows the revision it follows; none moved.
+    let page = app.get(&format!("/workflows/{workflow}/runs"), MAIL_KEY).await;
+    assert_eq!(page.status, 200, "{:?}", page.body);
+    assert_conforms("WorkflowRunPage", std::slice::from_ref(&page.body));
+    let runs = page.body["data"].as_array().expect("runs");
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    for run in runs {
+        let revision = if second.iter().any(|id| run["id"] == id.as_str()) { 2 } else { 1 };
+        assert_eq!((&run["revision"], &run["migrations"]), (&json!(revision), &json!([])), "{run}");
+    }
+    let one = app.get(&format!("/workflows/{workflow}/runs/{}", first[0]), MAIL_KEY).await;
+    assert_eq!((&one.body["data"]["revision"], &one.body["data"]["migrations"]), (&json!(1), &json!([])));
+    assert_conforms("WorkflowRunWithHistory", std::slice::from_ref(&one.body["data"]));
+
+    // A paused workflow's new run waits at no step: it counts as not started.
+    let paused = post(&app, &format!("/workflows/{workflow}/pause"), None, None).await;
+    assert_eq!(paused.status, 200, "{:?}", paused.body);
+    let held = post(&app, "/workflows/nap-hook", None, Some(&json!({}))).await;
+    assert_eq!(held.status, 202, "{:?}", held.body);
+    let held_id = held.body["data"]["id"].as_str().expect("run id").to_owned();
+    wait_for_run(&app, &workflow, &held_id, |run| run["status"] == "waiting").await;
+
+    // Revision 2 is current; revision 1 drains, its two runs in its wait.
+    let listed = app.get(&format!("/workflows/{workflow}/revisions"), MAIL_KEY).await;
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    let revisions = listed.body["data"].as_array().expect("revisions").clone();
+    assert_conforms("WorkflowRevision", &revisions);
+    let shown = |revision: &Value| {
+        json!({
+            "revision": revision["revision"], "status": revision["status"], "inFlight": revision["inFlight"],
+            "state": revision["state"], "openRuns": revision["openRuns"], "notStarted": revision["notStarted"],
+            "steps": revision["steps"],
+        })
+    };
+    assert_eq!(
+        revisions.iter().map(shown).collect::<Vec<_>>(),
+        [
+            json!({"revision": 2, "status": "published", "inFlight": {"runs": "pin"}, "state": "current",
+                   "openRuns": 2, "notStarted": 1, "steps": {"nap": 1}}),
+            json!({"revision": 1, "status": "published", "inFlight": {"runs": "pin"}, "state": "draining",
+                   "openRuns": 2, "notStarted": 0, "steps": {"nap": 2}}),
+        ]
+    );
+    let defined = |index: usize| revisions[index]["definedAt"].as_str().expect("definedAt").to_owned();
+    assert!(defined(1) < defined(0), "revision 1 was defined before revision 2: {revisions:?}");
+    // The workflow shows the same revisions, by its id or its slug.
+    for path in [format!("/workflows/{workflow}"), "/workflows/napper".to_owned()] {
+        let workflow = app.get(&path, MAIL_KEY).await;
+        assert_eq!(workflow.status, 200, "{:?}", workflow.body);
+        assert_eq!(
+            (&workflow.body["data"]["revision"], &workflow.body["data"]["name"]),
+            (&json!(2), &json!("Napper, renamed"))
+        );
+        assert_eq!(workflow.body["data"]["revisions"], json!(revisions), "{path}");
+        assert_conforms("WorkflowWithRevisions", std::slice::from_ref(&workflow.body["data"]));
+    }
+    let by_slug = app.get("/workflows/napper/revisions", MAIL_KEY).await;
+    assert_eq!(by_slug.body["data"], json!(revisions));
+    // The list of workflows does not carry them.
+    let list = app.get("/workflows", MAIL_KEY).await;
+    assert!(list.body["data"][0].get("revisions").is_none(), "{:?}", list.body);
+
+    // The counts by revision.
+    let stats = app.get(&format!("/workflows/{workflow}/stats"), MAIL_KEY).await;
+    assert_eq!(stats.status, 200, "{:?}", stats.body);
+    assert_conforms("WorkflowStats", std::slice::from_ref(&stats.body["data"]));
+    let mut waiting = sleeping_runs(1);
+    waiting["waiting"] = json!(1);
+    assert_eq!(stats.body["data"]["byRevision"], json!({"1": {"runs": sleeping_runs(2)}, "2": {"runs": waiting}}));
+    assert_eq!(stats.body["data"]["runs"]["sleeping"], 3);
+
+    for (path, key) in [
+        ("/workflows/wf_missing/revisions".to_owned(), MAIL_KEY),
+        (format!("/workflows/{workflow}/revisions"), ALPHA_ADMIN),
+    ] {
+        let missing = app.get(&path, key).await;
+        assert_eq!(missing.status, 404, "{path}: {:?}", missing.body);
+        assert_eq!(missing.code(), "workflow_not_found", "{path}");
+    }
+}
+
+/// The rows revisions added to the workflows read model, in order.
+async fn revision_rows(app: &TestApp) -> Vec<String> {
+    let client = app.pool.get().await.expect("client");
+    let mut rows = Vec::new();
+    for sql in [
+        "SELECT to_jsonb(v)::text FROM rm_workflows_v1.revisions v ORDER BY workflow_id, revision",
+        "SELECT to_jsonb(c)::text FROM rm_workflows_v1.revision_run_counts c WHERE total <> 0
+         ORDER BY workflow_id, revision, status",
+        "SELECT jsonb_build_array(run_id, revision, migrations)::text FROM rm_workflows_v1.runs ORDER BY run_id",
+    ] {
+        rows.extend(client.query(sql, &[]).await.expect("rows").iter().map(|row| row.get::<_, String>(0)));
+    }
+    rows
+}
+
+#[tokio::test]
+async fn a_version_made_before_revisions_gets_them_from_the_engine_and_the_log_when_a_projector_starts() {
+    let sink = SmtpSink::start().await;
+    let app = app_with(&sink, napper("Napper")).await;
+    napper_under_two_revisions(&app).await;
+    let folded = revision_rows(&app).await;
+    assert_eq!(folded.iter().filter(|row| row.contains("\"defined_at\"")).count(), 2, "{folded:?}");
+    // As the version was before revisions: no revision tables, no run revisions.
+    let client = app.pool.get().await.expect("client");
+    client
+        .batch_execute(
+            "DROP TABLE rm_workflows_v1.revisions, rm_workflows_v1.revision_run_counts;
+             ALTER TABLE rm_workflows_v1.runs DROP COLUMN revision, DROP COLUMN migrations;",
+        )
+        .await
+        .expect("the version as it was");
+    projector::migrate(&app.pool).await.expect("a projector's start");
+    assert_eq!(revision_rows(&app).await, folded, "the start fills in what the fold would have written");
+    let indexes = app.index_definitions("workflows", 1).await;
+    assert!(indexes.iter().any(|index| index.contains("runs_open_by_revision")), "{indexes:?}");
+    projector::migrate(&app.pool).await.expect("a second start");
+    assert_eq!(revision_rows(&app).await, folded, "a second start changes nothing");
 }
 
 #[tokio::test]
