@@ -109,8 +109,7 @@ pub(crate) fn decide_pause(
 
 /// A run as the API shows it when it was just requested.
 pub(crate) fn requested_run(
-    run_id: &str,
-    workflow_id: &str,
+    (run_id, workflow_id, revision): (&str, &str, i64),
     contact_id: Option<&str>,
     reference_id: &str,
     requested_at_ms: i64,
@@ -118,6 +117,8 @@ pub(crate) fn requested_run(
     json!({
         "id": run_id,
         "workflowId": workflow_id,
+        "revision": revision,
+        "migrations": [],
         "status": "waiting",
         "contactId": contact_id,
         "trigger": {"type": "webhook", "id": reference_id},
@@ -215,7 +216,12 @@ impl Decide for TriggerWorkflow {
                 occurred_at: platform::time::from_millis(now),
             }],
         });
-        let run = requested_run(&run_id, &found.workflow_id, contact_id.as_deref(), &self.reference_id, now);
+        let run = requested_run(
+            (&run_id, &found.workflow_id, found.revision),
+            contact_id.as_deref(),
+            &self.reference_id,
+            now,
+        );
         Ok(Outcome::append(streams, guards, Reply::accepted(api::http::data_body(run, &[]))))
     }
 }
@@ -380,7 +386,7 @@ mod tests {
         assert_eq!(guard_sqls(&outcome), [store_key_sql(), run_row.sql], "the run's own key, then its row");
         let reply = outcome.reply().expect("a reply");
         assert_eq!(reply.status, ReplyStatus::Accepted);
-        let expected = requested_run("run_1", "wf_1", None, "ref", NOW_MS);
+        let expected = requested_run(("run_1", "wf_1", 4), None, "ref", NOW_MS);
         assert_eq!(reply.body, Body::Json(json!({ "data": expected })));
     }
 
