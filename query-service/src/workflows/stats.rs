@@ -10,13 +10,15 @@ use serde_json::{Map, Value, json};
 /// The statuses a run is counted under.
 const RUN_STATUSES: [&str; 6] = ["waiting", "running", "sleeping", "completed", "exited", "failed"];
 /// The statuses a finished step is counted under, with the names the API shows. `migrated`: the
-/// run moved to a newer revision while in the step.
-const STEP_STATUSES: [(&str, &str); 5] = [
+/// run moved to a newer revision while in the step; `exited`: a newer revision's `exit` ended the
+/// run while in it.
+const STEP_STATUSES: [(&str, &str); 6] = [
     ("completed", "completed"),
     ("failed", "failed"),
     ("outcome_unknown", "outcomeUnknown"),
     ("timed_out", "timedOut"),
     ("migrated", "migrated"),
+    ("exited", "exited"),
 ];
 /// The email counters, as `email_counts` names its columns and as the API shows them.
 pub(super) const EMAIL_FIELDS: [(&str, &str); 10] = [
@@ -142,9 +144,10 @@ mod tests {
                 (step("send", "skipped"), 2),
                 (step("send", "skipped:consent"), 1),
                 (step("send", "skipped:suppressed"), 1),
-                (step("pause", "entered"), 3),
+                (step("pause", "entered"), 4),
                 (step("pause", "completed"), 1),
                 (step("pause", "migrated"), 1),
+                (step("pause", "exited"), 1),
             ]
             .into(),
             emails: [(
@@ -167,8 +170,12 @@ mod tests {
         assert_eq!((&send["entered"], &send["completed"], &send["inProgress"]), (&json!(4), &json!(2), &json!(0)));
         assert_eq!(send["emails"]["openRate"], json!(1.0), "one opened of one delivered");
         assert_eq!(send["emails"]["clicked"], json!(0));
-        assert_eq!(stats["steps"][2]["inProgress"], json!(1), "one run still waits; one left it for a new revision");
-        assert_eq!(stats["steps"][2]["migrated"], json!(1));
+        assert_eq!(
+            stats["steps"][2]["inProgress"],
+            json!(1),
+            "one run still waits; one left it for a new revision, one was ended by one"
+        );
+        assert_eq!((&stats["steps"][2]["migrated"], &stats["steps"][2]["exited"]), (&json!(1), &json!(1)));
         assert_eq!(
             stats["byRevision"],
             json!({

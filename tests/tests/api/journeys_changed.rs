@@ -106,6 +106,20 @@ async fn wait_until(app: &TestApp, sql: &str, expected: i64, within: Duration) {
     }
 }
 
+/// Waits until the outbox has handed off every email (each ends `sent` or `unknown`), so the
+/// log stops growing and the read models can catch up with it.
+async fn settle_outbox(app: &TestApp) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let open = app.query_i64("SELECT count(*) FROM email_outbox WHERE state IN ('pending', 'attempting')").await;
+        if open == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{open} emails are still being handed off");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 fn runs_at(workflow_id: &str, condition: &str) -> String {
     format!("SELECT count(*) FROM workflow_runs WHERE workflow_id = '{workflow_id}' AND {condition}")
 }
@@ -195,6 +209,7 @@ async fn a_thousand_waiting_runs_move_to_a_migrated_revision_while_a_pinned_jour
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), RUNS + 1, "one mail per moved run");
+    settle_outbox(&app).await;
     assert_eq!(history_statuses(&app, &moved_id, "migrated").await, ["nap: 1000"]);
     assert_eq!(history_statuses(&app, &moved_id, "completed").await, ["mail: 1001", "short: 1001", "start: 1001"]);
     assert_eq!(app.query_i64(&runs_at(&pinned_id, "status = 'sleeping' AND revision = 1")).await, RUNS as i64);
@@ -243,6 +258,19 @@ async fn a_thousand_waiting_runs_move_to_a_migrated_revision_while_a_pinned_jour
     assert_eq!(run.body["data"]["status"], "exited", "{:?}", run.body);
     assert_eq!(run.body["data"]["error"]["code"], "workflow_revised", "{:?}", run.body);
     assert_eq!(sink.message_ids().await.len(), RUNS + 2, "the exited runs sent nothing");
+
+    // The reads say so: the pinned journey's first revision ended by the exit, the moved
+    // journey's first revision drained.
+    let stats = app.get(&format!("/workflows/{pinned_id}/stats"), MAIL_KEY).await;
+    assert_eq!(stats.body["data"]["byRevision"]["1"]["runs"]["exited"], json!(RUNS), "{:?}", stats.body);
+    let revisions = app.get(&format!("/workflows/{moved_id}/revisions"), MAIL_KEY).await;
+    let states: Vec<(Value, Value, Value)> = revisions.body["data"]
+        .as_array()
+        .expect("revisions")
+        .iter()
+        .map(|revision| (revision["revision"].clone(), revision["state"].clone(), revision["openRuns"].clone()))
+        .collect();
+    assert_eq!(states, [(json!(2), json!("current"), json!(0)), (json!(1), json!("drained"), json!(0))]);
 }
 
 #[tokio::test]
@@ -300,6 +328,7 @@ async fn kill_9_of_the_engine_mid_migration_and_mid_exit_moves_every_run_once_an
     // Every run ends on exactly one revision: the moved ones completed on 2, the ended ones exited on 1.
     assert_eq!(app.query_i64(&runs_at(&moved_id, "status = 'completed' AND revision = 2")).await, RUNS as i64);
     assert_eq!(app.query_i64(&runs_at(&ended_id, "status = 'exited' AND revision = 1")).await, RUNS as i64);
+    settle_outbox(&app).await;
     // Each moved once (one `migrated` record per run), each exited once.
     assert_eq!(history_statuses(&app, &moved_id, "migrated").await, [format!("nap: {RUNS}")]);
     assert_eq!(history_statuses(&app, &ended_id, "exited").await, [format!("nap: {RUNS}")]);
@@ -315,15 +344,6 @@ async fn kill_9_of_the_engine_mid_migration_and_mid_exit_moves_every_run_once_an
     assert_eq!(most, 1, "no run moved twice");
 
     // Each mail was handed off once: sent or unknown, never two.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let open = app.query_i64("SELECT count(*) FROM email_outbox WHERE state IN ('pending', 'attempting')").await;
-        if open == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{open} emails are still being handed off");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
     let settled = app.query_i64("SELECT count(*) FROM email_outbox WHERE state IN ('sent', 'unknown')").await;
     assert_eq!(settled, RUNS as i64, "one email per moved run, none for the exited ones");
     let mut ids = sink.message_ids().await;
