@@ -92,7 +92,7 @@ CREATE INDEX IF NOT EXISTS runs_open_by_revision ON {s}.runs (workflow_id, revis
 /// projector starts (so each statement is idempotent):
 ///
 /// - each run's `revision` (the one it follows: requested under, or migrated to) and its
-///   `migrations` (`{fromRevision, toRevision, fromStepId, toStepId, replanned, at}` in
+///   `migrations` (`{fromRevision, toRevision, fromStepId, toStepId, replanned, until, at}` in
 ///   order);
 /// - `revisions`: each revision of each workflow as defined, with its `inFlight` rule (as the
 ///   API shows it) and the time of its definition;
@@ -529,6 +529,9 @@ impl Fold {
             "fromStepId": step_id(&migrated.from_step_id),
             "toStepId": step_id(&migrated.to_step_id),
             "replanned": migrated.replanned,
+            // When the wait it moved in ends now (kept or planned again); null when it moved
+            // between steps.
+            "until": (migrated.until_ms > 0).then(|| platform::time::format_millis(migrated.until_ms)),
             "at": platform::time::format_millis(migrated.at_ms),
         }));
         run.revision = Some(migrated.to_revision);
@@ -835,7 +838,7 @@ mod tests {
         assert_eq!(
             run.migrations,
             vec![json!({"fromRevision": 1, "toRevision": 2, "fromStepId": "nap", "toStepId": "long-nap",
-                        "replanned": true, "at": "1970-01-01T00:00:05.000Z"})]
+                        "replanned": true, "until": "1970-01-01T00:00:07.000Z", "at": "1970-01-01T00:00:05.000Z"})]
         );
         // Its wait ends on the new revision and it completes there.
         events.extend([finished(2, "long-nap", "completed", ""), run_finished("completed", "")]);
@@ -861,7 +864,7 @@ mod tests {
         assert_eq!(
             run.migrations,
             vec![json!({"fromRevision": 1, "toRevision": 2, "fromStepId": null, "toStepId": null,
-                        "replanned": false, "at": "1970-01-01T00:00:05.000Z"})]
+                        "replanned": false, "until": null, "at": "1970-01-01T00:00:05.000Z"})]
         );
     }
 
