@@ -110,7 +110,15 @@ CREATE INDEX IF NOT EXISTS runs_open_by_revision ON {s}.runs (workflow_id, revis
 /// revision after the one before it). A revision that took no run and is not the current one
 /// is not filled in: only a rebuild, which reads every definition, gives it.
 const ADDITIONS: &str = r#"
-ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS revision bigint;
+-- A version made before revisions: the column is added and filled from the engine's rows once
+-- (not a scan of every run at each start).
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                   WHERE table_schema = '{s}' AND table_name = 'runs' AND column_name = 'revision') THEN
+        ALTER TABLE {s}.runs ADD COLUMN revision bigint;
+        UPDATE {s}.runs r SET revision = w.revision FROM public.workflow_runs w WHERE w.run_id = r.run_id;
+    END IF;
+END $$;
 ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS migrations jsonb NOT NULL DEFAULT '[]';
 CREATE TABLE IF NOT EXISTS {s}.revisions (
     workflow_id text NOT NULL,
@@ -132,8 +140,6 @@ CREATE TABLE IF NOT EXISTS {s}.revision_run_counts (
 );
 CREATE INDEX IF NOT EXISTS runs_open_by_revision ON {s}.runs (workflow_id, revision, current_step_id)
     WHERE status IN ('waiting', 'running', 'sleeping');
-UPDATE {s}.runs r SET revision = w.revision FROM public.workflow_runs w
-    WHERE r.revision IS NULL AND w.run_id = r.run_id;
 INSERT INTO {s}.revisions (workflow_id, revision, space_id, status, in_flight, defined_at)
     SELECT w.workflow_id, w.revision, w.space_id, w.definition ->> 'status',
         COALESCE(w.definition -> 'inFlight', '{"runs": "pin"}'), d.defined_at
