@@ -1,4 +1,5 @@
-//! `apply <workspace.json> [--dry-run] [--wait]`, the operator command of the command service,
+//! `apply <workspace.json> [--dry-run [--replay DURATION]] [--wait]`, the operator command of the
+//! command service,
 //! as clap `Args` and one function, so the `command-service` binary and the `platform` binary
 //! (what `scripts/start` builds) carry it from one implementation.
 
@@ -19,11 +20,31 @@ pub struct Apply {
     /// Print what the apply would change, stream by stream, and write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// With `--dry-run`: replay each workflow the file defines or changes against the last
+    /// DURATION of its space's log (`30d`, `12h`, `90m`; at most `366d`), and print what it would
+    /// have done.
+    /// The `platform` binary runs it (the replay is the engine's).
+    #[arg(long, requires = "dry_run", value_name = "DURATION", value_parser = replay_window)]
+    replay: Option<Duration>,
+}
+
+impl Apply {
+    /// The window `--replay` asks for.
+    pub fn replay(&self) -> Option<Duration> {
+        self.replay
+    }
+}
+
+/// A window such as `30d`, `12h` or `90m` (`domain::workflows::parse_replay_window`).
+fn replay_window(text: &str) -> Result<Duration, String> {
+    let ms = domain::workflows::parse_replay_window(text)?;
+    Ok(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
 /// Plans the workspace file against the log, then prints the plan (`--dry-run`) or appends it.
-pub async fn apply(arguments: Apply, settings: &Settings) -> anyhow::Result<()> {
-    let Apply { file, wait, dry_run } = arguments;
+/// A dry run returns the workflows the file defines or changes (what `--replay` replays).
+pub async fn apply(arguments: Apply, settings: &Settings) -> anyhow::Result<Vec<authoring::PlannedWorkflow>> {
+    let Apply { file, wait, dry_run, replay: _ } = arguments;
     let text = std::fs::read_to_string(&file)
         .map_err(|error| anyhow::anyhow!("reading the workspace file {}: {error}", file.display()))?;
     let workspace = authoring::parse(&text)?;
@@ -32,7 +53,7 @@ pub async fn apply(arguments: Apply, settings: &Settings) -> anyhow::Result<()> 
     let planned = authoring::plan(&pool, &workspace, authoring::Rules::of(settings)).await?;
     if dry_run {
         print_dry_run(&planned);
-        return Ok(());
+        return Ok(planned.workflows());
     }
     let resources = planned.resources();
     let event_log = platform::log::EventLog::start(pool.clone(), 1);
@@ -60,7 +81,7 @@ pub async fn apply(arguments: Apply, settings: &Settings) -> anyhow::Result<()> 
     if wait && report.position > 0 {
         authoring::wait_for_catalog(&pool, report.position, Duration::from_secs(30)).await?;
     }
-    Ok(())
+    Ok(Vec::new())
 }
 
 /// What an apply would append, stream by stream: a new stream with its first event, a changed

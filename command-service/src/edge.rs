@@ -120,6 +120,8 @@ impl From<crate::workflows::decide::Refusal> for ApiError {
             Refusal::NotFound(_) => ApiError::not_found(Code::WorkflowNotFound, message),
             Refusal::NotPublished(_) => ApiError::conflict(Code::WorkflowNotPublished, message),
             Refusal::InvalidInput(_) => ApiError::bad_request(Code::InvalidWorkflowInput, message),
+            Refusal::InvalidReplay(_) => ApiError::bad_request(Code::InvalidField, message),
+            Refusal::UnknownField(_) => ApiError::bad_request(Code::UnknownField, message),
             Refusal::Record(refusal) => refusal.into(),
             Refusal::Failed(message) => ApiError::internal(&anyhow::anyhow!(message)),
         }

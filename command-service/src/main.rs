@@ -30,7 +30,14 @@ async fn main() -> anyhow::Result<ExitCode> {
             tracing::info!(port = application.port(), "command service listening");
             application.run_until_stopped().await?;
         }
-        Command::Apply(arguments) => command_service::cli::apply(arguments, &settings).await?,
+        Command::Apply(arguments) => {
+            // The replay is the workflow engine's: the `platform` binary carries both.
+            anyhow::ensure!(
+                arguments.replay().is_none(),
+                "--replay runs in the platform binary (scripts/platform apply FILE --dry-run --replay 30d)"
+            );
+            command_service::cli::apply(arguments, &settings).await?;
+        }
         Command::Import(arguments) => return Ok(command_service::imports::cli::import(arguments, &settings).await),
     }
     Ok(ExitCode::SUCCESS)

@@ -51,6 +51,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "triggerWorkflow" => web::post().to(answering(workflows::http::trigger)),
         "pauseWorkflow" => web::post().to(answering(workflows::http::pause)),
         "unpauseWorkflow" => web::post().to(answering(workflows::http::unpause)),
+        "requestWorkflowReplay" => web::post().to(answering(workflows::http::replay)),
         "ingestBatch" => web::post().to(answering(ingest::http::batch)),
         "ingestIdentify" => web::post().to(answering(ingest::http::identify)),
         "ingestTrack" => web::post().to(answering(ingest::http::track)),

@@ -138,3 +138,34 @@ fn read_model(name: &str) -> anyhow::Result<&'static dyn read_models::ReadModel>
     read_models::by_name(name)
         .ok_or_else(|| anyhow::anyhow!("unknown read model {name:?}; known: {}", read_models::names()))
 }
+
+/// Replays each workflow (space, id, definition JSON) against the last `window` of its space's
+/// log and prints what it would have done (`platform apply FILE --dry-run --replay 30d`).
+pub async fn replay(
+    workflows: Vec<(String, String, String)>,
+    window: std::time::Duration,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    use crate::workers::workflows::replay;
+    if workflows.is_empty() {
+        println!("replay: the file defines or changes no workflow; nothing to replay");
+        return Ok(());
+    }
+    let pool = platform::db::pool(settings.database_url()?, 2)?;
+    let to_ms = platform::time::now_millis();
+    let from_ms = to_ms - i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+    for (space_id, workflow_id, definition_json) in workflows {
+        let definition: domain::workflows::WorkflowDef = serde_json::from_str(&definition_json)?;
+        let request = replay::Request {
+            space_id: &space_id,
+            workflow_id: &workflow_id,
+            definition: &definition,
+            from_ms,
+            to_ms,
+            until_position: None,
+        };
+        let (report, elapsed) = replay::replay(&pool, settings, request).await?;
+        print!("{}", replay::describe(&definition.slug, &workflow_id, &report, elapsed));
+    }
+    Ok(())
+}

@@ -59,6 +59,7 @@ pub fn handler(operation_id: &str) -> Option<Route> {
         "listWorkflowRevisions" => web::get().to(answering(workflows::http::revisions)),
         "listWorkflowRuns" => web::get().to(answering(workflows::http::runs)),
         "getWorkflowRun" => web::get().to(answering(workflows::http::run)),
+        "getWorkflowReplay" => web::get().to(answering(workflows::http::replay)),
         _ => return None,
     })
 }

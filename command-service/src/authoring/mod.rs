@@ -8,6 +8,8 @@ mod format;
 mod ingest;
 mod workflows;
 
-pub use apply::{ApplyReport, Change, Rules, Touched, apply, commit, describe_change, plan, wait_for_catalog};
+pub use apply::{
+    ApplyReport, Change, PlannedWorkflow, Rules, Touched, apply, commit, describe_change, plan, wait_for_catalog,
+};
 pub(crate) use apply::{Planned, resource_stream};
 pub use format::parse;

@@ -28,6 +28,12 @@ pub enum Refusal {
     /// The input is not a run's input (400 `invalid_workflow_input`).
     #[error("{0}")]
     InvalidInput(String),
+    /// A replay request's field is not what it may be (400 `invalid_field`).
+    #[error("{0}")]
+    InvalidReplay(String),
+    /// A replay request names a field it has not (400 `unknown_field`).
+    #[error("unknown field {0:?}; a replay request takes window")]
+    UnknownField(String),
     /// The contact a trigger names cannot be written: a record rule's refusal, a new contact
     /// that cannot be read back, a write that cannot be assembled (the record write's answer).
     #[error(transparent)]
@@ -223,6 +229,57 @@ impl Decide for TriggerWorkflow {
             now,
         );
         Ok(Outcome::append(streams, guards, Reply::accepted(api::http::data_body(run, &[]))))
+    }
+}
+
+/// Reads a replay request's body: `window` (a duration such as `30d`, `12h` or `1w`; default
+/// `30d`), and nothing else. Answers the window in milliseconds.
+pub(crate) fn parse_replay(body: &Map<String, Value>) -> Result<i64, Refusal> {
+    if let Some(unknown) = body.keys().find(|key| key.as_str() != "window") {
+        return Err(Refusal::UnknownField(unknown.clone()));
+    }
+    let window = match body.get("window") {
+        None | Some(Value::Null) => domain::workflows::REPLAY_WINDOW_DEFAULT,
+        Some(Value::String(window)) => window.as_str(),
+        Some(_) => return Err(Refusal::InvalidReplay("window must be a duration such as 30d, 12h or 1w".to_owned())),
+    };
+    domain::workflows::parse_replay_window(window)
+        .map_err(|message| Refusal::InvalidReplay(format!("window: {message}")))
+}
+
+/// `POST /workflows/{id}/replays`: a dry run of the workflow's current revision (a draft or a
+/// published one) against the last `window_ms` of its space's log. The request is on the log;
+/// the projector's `workflow_replays` worker runs it and appends its report.
+pub(crate) struct RequestReplay {
+    pub space_id: String,
+    pub workflow_id: String,
+    pub window_ms: i64,
+}
+
+impl Decide for RequestReplay {
+    type Loaded = Found;
+    type Outcome = Outcome;
+    type Refusal = Refusal;
+
+    fn decide(&self, found: Found, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
+        let now = given.now_ms;
+        let replay_id = given.fresh.id("wrp");
+        let requested = proto::WorkflowReplayRequested {
+            replay_id: replay_id.clone(),
+            workflow_id: self.workflow_id.clone(),
+            space_id: self.space_id.clone(),
+            revision: found.revision,
+            from_ms: now - self.window_ms,
+            to_ms: now,
+        };
+        let document = domain::workflows::replay_document(&requested, None);
+        let stream = StreamAppend::one(
+            domain::workflows::replay_stream_id(&replay_id),
+            ExpectedVersion::NoStream,
+            LogEvent::WorkflowReplayRequested(requested),
+            now,
+        );
+        Ok(Outcome::one(stream, Vec::new(), Reply::accepted(api::http::data_body(document, &[]))))
     }
 }
 

@@ -1,5 +1,5 @@
-//! `POST /workflows/{referenceId}`, `POST /workflows/{id}/pause` and `POST
-//! /workflows/{id}/unpause`, on the command pipeline.
+//! `POST /workflows/{referenceId}`, `POST /workflows/{id}/pause`, `POST
+//! /workflows/{id}/unpause` and `POST /workflows/{id}/replays`, on the command pipeline.
 //!
 //! A trigger decides on the workflow as the catalog holds it (its revision guards the append)
 //! and, when the input names a contact, on the contact as its stream holds it (upserted like a
@@ -14,7 +14,7 @@ use api::auth::Permission;
 use platform::error::ApiError;
 use serde_json::Value;
 
-use super::decide::{self, Refusal, SetPaused, Trigger, TriggerWorkflow};
+use super::decide::{self, Refusal, RequestReplay, SetPaused, Trigger, TriggerWorkflow};
 use super::store::{self, Found};
 use crate::State;
 use crate::decision::Outcome;
@@ -135,4 +135,38 @@ pub async fn unpause(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     set_paused(req, path, state, false).await
+}
+
+impl Command for RequestReplay {
+    async fn load(&self, ctx: &Ctx<'_>) -> Result<Found, ApiError> {
+        let catalog = ctx.catalog().await?;
+        let client = ctx.db().await?;
+        let found = store::by_id(&client, &catalog, &self.space_id, &self.workflow_id)
+            .await
+            .map_err(|error| internal(&error))?
+            .ok_or_else(|| Refusal::NotFound(self.workflow_id.clone()))?;
+        Ok(found)
+    }
+
+    fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
+        Ok(outcome.into())
+    }
+}
+
+/// `POST /workflows/{id}/replays`: asks for a dry run of the workflow against its space's log.
+#[tracing::instrument(skip_all, fields(workflow = %path.as_str()))]
+pub async fn replay(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let (caller, body) =
+        pipeline::authorize_with_body(&req, payload, &state, Permission::Write, pipeline::request_bucket(&req)).await?;
+    let window_ms = decide::parse_replay(&body)?;
+    let workflow_id =
+        pipeline::authored_id(&state, (domain::workflows::WORKFLOW, caller.space_id()), path.into_inner()).await?;
+    let command = RequestReplay { space_id: caller.space_id().to_owned(), workflow_id, window_ms };
+    let body = Value::Object(body);
+    pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }

@@ -48,7 +48,17 @@ async fn main() -> anyhow::Result<ExitCode> {
     let settings = platform::process::start("warn")?;
     match cli.command.unwrap_or(Command::Serve(cli.serve)) {
         Command::Serve(serve) => serve_until_stopped(serve, settings).await?,
-        Command::Apply(arguments) => command_service::cli::apply(arguments, &settings).await?,
+        Command::Apply(arguments) => {
+            let replay = arguments.replay();
+            let workflows = command_service::cli::apply(arguments, &settings).await?;
+            if let Some(window) = replay {
+                let workflows = workflows
+                    .into_iter()
+                    .map(|planned| (planned.space_id, planned.workflow_id, planned.definition_json))
+                    .collect();
+                projector::cli::replay(workflows, window, &settings).await?;
+            }
+        }
         Command::Import(arguments) => return Ok(command_service::imports::cli::import(arguments, &settings).await),
         Command::Operator(command) => return projector::cli::run(command, &settings).await,
     }
@@ -72,7 +82,7 @@ async fn serve_until_stopped(serve: Serve, settings: platform::settings::Setting
     }
     println!("Try: curl -H 'Authorization: Bearer <key>' http://{host}:{port}/v1/me");
     println!(
-        "Operator commands: scripts/platform status | apply FILE [--dry-run] | import FILE --schema SLUG | rebuild NAME \
+        "Operator commands: scripts/platform status | apply FILE [--dry-run [--replay 30d]] | import FILE --schema SLUG | rebuild NAME \
          | dead-letters list"
     );
     println!(

@@ -1,6 +1,6 @@
 //! The workflow reads: the space's workflows, one workflow (with its revisions), its counts, its
-//! revisions, a workflow's runs (newest first, filtered by status) and one run with a window of
-//! its step history.
+//! revisions, a workflow's runs (newest first, filtered by status), one run with a window of
+//! its step history, and a replay of the workflow (from its stream in the log).
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::http::{data_body, page_body, query_pairs};
@@ -163,5 +163,26 @@ pub async fn run(
     let document = found
         .ok_or_else(|| not_found(&workflow_id))?
         .ok_or_else(|| ApiError::not_found(Code::WorkflowRunNotFound, format!("no run {run_id:?} of this workflow")))?;
+    Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
+}
+
+/// A replay of the workflow: `running` until its report is on the log.
+pub async fn replay(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<State>,
+) -> Result<HttpResponse, ApiError> {
+    let (workflow_id, replay_id) = path.into_inner();
+    let (caller, token) = authorize_read(&state, &req).await?;
+    let space_id = caller.space_id().to_owned();
+    let (found, consistent) = consistent_read(&state, &caller, token, &[WORKFLOWS], |client, models| {
+        let (w, space_id, workflow_id, replay_id) =
+            (models.schema(WORKFLOWS), space_id.clone(), workflow_id.clone(), replay_id.clone());
+        Box::pin(async move { store::replay(client, &w, &space_id, (&workflow_id, &replay_id)).await })
+    })
+    .await?;
+    let document = found.ok_or_else(|| not_found(&workflow_id))?.ok_or_else(|| {
+        ApiError::not_found(Code::WorkflowReplayNotFound, format!("no replay {replay_id:?} of this workflow"))
+    })?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }

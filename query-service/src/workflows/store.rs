@@ -213,3 +213,27 @@ pub async fn run(
     document["nextHistoryBeforeIndex"] = serde_json::json!(next_before((from, to)));
     Ok(Some(Some(document)))
 }
+
+/// Replay `replay_id` of workflow `id_or_slug`, from its stream in the log (its request, then
+/// its report): `None` when the workflow is not in the space, `Some(None)` when the replay is
+/// not one of its.
+pub async fn replay(
+    client: &Client,
+    w: &str,
+    space_id: &str,
+    (id_or_slug, replay_id): (&str, &str),
+) -> Result<Option<Option<Value>>, ApiError> {
+    use platform::events::LogEvent;
+    let Some((workflow_id, _)) = workflow(client, w, space_id, id_or_slug).await? else { return Ok(None) };
+    let stream = domain::workflows::replay_stream_id(replay_id);
+    let (mut requested, mut finished) = (None, None);
+    for stored in platform::log::read_streams(client, &[stream]).await? {
+        match stored.decode().map_err(|error| ApiError::internal(&error))? {
+            LogEvent::WorkflowReplayRequested(event) => requested = Some(event),
+            LogEvent::WorkflowReplayFinished(event) => finished = Some(event),
+            _ => {}
+        }
+    }
+    let requested = requested.filter(|event| event.workflow_id == workflow_id && event.space_id == space_id);
+    Ok(Some(requested.map(|event| domain::workflows::replay_document(&event, finished.as_ref()))))
+}

@@ -131,6 +131,8 @@ pub const OPERATIONS: &[Operation] = &[
     operation("unpauseWorkflow", "POST", "/workflows/{id}/unpause", Command),
     operation("listWorkflowRuns", "GET", "/workflows/{id}/runs", Query),
     operation("getWorkflowRun", "GET", "/workflows/{id}/runs/{runId}", Query),
+    operation("requestWorkflowReplay", "POST", "/workflows/{id}/replays", Command),
+    operation("getWorkflowReplay", "GET", "/workflows/{id}/replays/{replayId}", Query),
     // The Segment HTTP Tracking API (not in the contract; docs/decisions.md, Ingest), with a
     // write key instead of an API key.
     operation("ingestBatch", "POST", "/batch", Command),

@@ -17,7 +17,11 @@ use serde_json::{Map, Value, json};
 use filter::Filter;
 use platform::events::LogEvent;
 
+mod replays;
 mod revisions;
+pub use replays::{
+    REPLAY_WINDOW_DEFAULT, REPLAY_WINDOW_MAX_MS, parse_replay_window, replay_document, replay_stream_id,
+};
 pub use revisions::{
     Active, InFlightRule, Unmapped, attribute_wait, check_in_flight, exited_by, holds_runs, replanned_until, target,
 };

@@ -139,6 +139,7 @@ codes! {
     WorkflowNotFound = "workflow_not_found",
     WorkflowNotPublished = "workflow_not_published",
     WorkflowRunNotFound = "workflow_run_not_found",
+    WorkflowReplayNotFound = "workflow_replay_not_found",
     InvalidWorkflowInput = "invalid_workflow_input",
     ImportNotFound = "import_not_found",
     ImportConflict = "import_conflict",

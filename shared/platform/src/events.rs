@@ -73,6 +73,8 @@ pub enum LogEvent {
     WorkflowRunFinished(proto::WorkflowRunFinished),
     WorkflowRunAdvanced(proto::WorkflowRunAdvanced),
     WorkflowRunMigrated(proto::WorkflowRunMigrated),
+    WorkflowReplayRequested(proto::WorkflowReplayRequested),
+    WorkflowReplayFinished(proto::WorkflowReplayFinished),
     /// A type this build does not know (written by a newer build); projections skip it.
     Unknown(String),
 }
@@ -196,6 +198,8 @@ event_types! {
     WorkflowRunFinished => "WorkflowRunFinished.v1",
     WorkflowRunAdvanced => "WorkflowRunAdvanced.v1",
     WorkflowRunMigrated => "WorkflowRunMigrated.v1",
+    WorkflowReplayRequested => "WorkflowReplayRequested.v1",
+    WorkflowReplayFinished => "WorkflowReplayFinished.v1",
     IngestMessageKept => "IngestMessageKept.v1",
     IngestMessagesRefused => "IngestMessagesRefused.v1",
 }

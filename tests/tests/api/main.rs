@@ -33,6 +33,7 @@ mod imports;
 mod inbound;
 mod ingest;
 mod journeys_changed;
+mod journeys_replay;
 mod layering;
 mod log;
 mod operations;

@@ -144,6 +144,25 @@ impl Planned {
             .collect()
     }
 
+    /// The workflows the apply defines or changes, each with the definition it would append
+    /// (what `apply --dry-run --replay` replays).
+    pub fn workflows(&self) -> Vec<PlannedWorkflow> {
+        self.streams
+            .iter()
+            .flat_map(|stream| &stream.events)
+            .filter_map(|new| match &new.event {
+                LogEvent::ResourceDefined(defined) if defined.kind == domain::workflows::WORKFLOW => {
+                    Some(PlannedWorkflow {
+                        space_id: defined.space_id.clone(),
+                        workflow_id: defined.resource_id.clone(),
+                        definition_json: defined.definition_json.clone(),
+                    })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Every named resource the apply creates, changes or removes: its kind, slug and id.
     pub fn resources(&self) -> Vec<Touched> {
         self.streams
@@ -154,6 +173,14 @@ impl Planned {
             })
             .collect()
     }
+}
+
+/// A workflow an apply defines or changes, with the definition it would append.
+#[derive(Debug, Clone)]
+pub struct PlannedWorkflow {
+    pub space_id: String,
+    pub workflow_id: String,
+    pub definition_json: String,
 }
 
 /// What an apply holds the file to beyond its own checks: the deployment's rules, as the API

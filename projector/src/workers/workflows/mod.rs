@@ -18,6 +18,8 @@
 
 mod decide;
 mod follow;
+pub mod replay;
+mod replays;
 mod run;
 
 use std::collections::HashMap;
@@ -37,11 +39,12 @@ use follow::Follower;
 
 use crate::runtime::{Outcome, Worker};
 
-/// The workflow workers: the engine and its log follower.
+/// The workflow workers: the engine, its log follower, and the replays' worker.
 pub fn workers(pool: &Pool, log: &EventLog, settings: &Settings) -> anyhow::Result<Vec<Arc<dyn Worker>>> {
     Ok(vec![
         Arc::new(Engine::new(pool.clone(), log.clone(), settings)?),
         Arc::new(Follower::new(pool.clone(), log.clone())),
+        Arc::new(replays::Replays::new(pool.clone(), log.clone(), settings)),
     ])
 }
 

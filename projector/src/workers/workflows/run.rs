@@ -261,17 +261,7 @@ async fn definition(inner: &Inner, workflow_id: &str, revision: i64) -> anyhow::
         return Ok(found);
     }
     let client = inner.pool.get().await?;
-    let stream = format!("authoring/{}/{workflow_id}", domain::workflows::WORKFLOW);
-    let events = platform::log::read_streams(&client, &[stream]).await?;
-    let found = events
-        .iter()
-        .filter_map(|stored| match stored.decode() {
-            Ok(LogEvent::ResourceDefined(resource)) if resource.revision == revision => Some(resource),
-            _ => None,
-        })
-        .next_back()
-        .ok_or_else(|| anyhow::anyhow!("workflow {workflow_id} has no revision {revision}"))?;
-    let definition: Arc<WorkflowDef> = Arc::new(serde_json::from_str(&found.definition_json)?);
+    let definition = Arc::new(definition_at(&client, workflow_id, revision).await?);
     if let Ok(mut cache) = inner.definitions.lock() {
         if cache.len() > 10_000 {
             cache.clear();
@@ -281,49 +271,108 @@ async fn definition(inner: &Inner, workflow_id: &str, revision: i64) -> anyhow::
     Ok(definition)
 }
 
+/// Revision `revision` of workflow `workflow_id`, from its authoring stream.
+pub(super) async fn definition_at(
+    client: &impl GenericClient,
+    workflow_id: &str,
+    revision: i64,
+) -> anyhow::Result<WorkflowDef> {
+    let stream = format!("authoring/{}/{workflow_id}", domain::workflows::WORKFLOW);
+    let events = platform::log::read_streams(client, &[stream]).await?;
+    let found = events
+        .iter()
+        .filter_map(|stored| match stored.decode() {
+            Ok(LogEvent::ResourceDefined(resource)) if resource.revision == revision => Some(resource),
+            _ => None,
+        })
+        .next_back()
+        .ok_or_else(|| anyhow::anyhow!("workflow {workflow_id} has no revision {revision}"))?;
+    Ok(serde_json::from_str(&found.definition_json)?)
+}
+
 async fn contact_facts(inner: &Inner, row: &Row) -> anyhow::Result<ContactFacts> {
     let Some(contact_id) = &row.contact_id else { return Ok(ContactFacts::None) };
     let client = inner.pool.get().await?;
-    let loaded = reads::records::load_records(&client, std::slice::from_ref(contact_id)).await?.pop();
-    let Some((_, version, Loaded::Live { state, key })) = loaded else { return Ok(ContactFacts::Gone) };
-    if state.personal.is_none() {
-        return Ok(ContactFacts::Gone);
+    let mut found = contacts_facts(&client, std::slice::from_ref(contact_id)).await?;
+    Ok(found.remove(contact_id).unwrap_or(ContactFacts::Gone))
+}
+
+/// What steps read of each contact (its record, consent, subscriptions and segments), in a
+/// few statements for all of them: the engine asks for one, a replay for a batch. A contact
+/// being deleted or erased is `Gone`.
+pub(super) async fn contacts_facts(
+    client: &impl GenericClient,
+    contact_ids: &[String],
+) -> anyhow::Result<BTreeMap<String, ContactFacts>> {
+    let mut facts = BTreeMap::new();
+    if contact_ids.is_empty() {
+        return Ok(facts);
     }
-    let catalog = live_schema(&client, "catalog").await?;
+    let catalog = live_schema(client, "catalog").await?;
+    let segments_schema = live_schema(client, "segments").await?;
+    let mut live = Vec::new();
+    for (contact_id, version, loaded) in reads::records::load_records(client, contact_ids).await? {
+        match loaded {
+            Loaded::Live { state, key } if state.personal.is_some() => live.push((contact_id, version, state, key)),
+            _ => {
+                facts.insert(contact_id, ContactFacts::Gone);
+            }
+        }
+    }
+    let schema_ids: Vec<String> = live
+        .iter()
+        .map(|(_, _, state, _)| state.schema_id.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let rows = client
         .query(
-            &format!("SELECT key, definition, is_base FROM {catalog}.attributes WHERE schema_id = $1"),
-            &[&state.schema_id],
+            &format!("SELECT schema_id, key, definition, is_base FROM {catalog}.attributes WHERE schema_id = ANY($1)"),
+            &[&schema_ids],
         )
         .await?;
-    let consent_keys: Vec<String> =
-        rows.iter().filter(|row| mail::send::is_email_consent(&row.get::<_, Value>(1))).map(|row| row.get(0)).collect();
-    // What a record write holds values to (`reads::catalog::write_context`): the custom ones.
-    let attributes: Vec<domain::catalog::AttributeEntry> = rows
-        .into_iter()
-        .filter(|row| !row.get::<_, bool>(2))
-        .map(|row| domain::catalog::AttributeEntry { key: row.get(0), definition: row.get(1) })
-        .collect();
-    let values = state.values();
-    let consent = mail::send::email_consent(&consent_keys, |key| values.get(key));
-    let subscriptions = reads::email::subscriptions(&client, contact_id).await?;
-    let segments_schema = live_schema(&client, "segments").await?;
-    let segments = client
-        .query(&format!("SELECT segment_id FROM {segments_schema}.members WHERE contact_id = $1"), &[contact_id])
+    // By schema: the keys of its email consent attributes, and what a record write holds
+    // values to (`reads::catalog::write_context`): the custom attributes.
+    let mut schemas: BTreeMap<String, (Vec<String>, Vec<domain::catalog::AttributeEntry>)> = BTreeMap::new();
+    for row in rows {
+        let (consent_keys, attributes) = schemas.entry(row.get(0)).or_default();
+        let (key, definition): (String, Value) = (row.get(1), row.get(2));
+        if mail::send::is_email_consent(&definition) {
+            consent_keys.push(key.clone());
+        }
+        if !row.get::<_, bool>(3) {
+            attributes.push(domain::catalog::AttributeEntry { key, definition });
+        }
+    }
+    let live_ids: Vec<String> = live.iter().map(|(contact_id, ..)| contact_id.clone()).collect();
+    let mut subscriptions = reads::email::subscriptions_of(client, &live_ids).await?;
+    let mut segments: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for row in client
+        .query(
+            &format!("SELECT contact_id, segment_id FROM {segments_schema}.members WHERE contact_id = ANY($1)"),
+            &[&live_ids],
+        )
         .await?
-        .into_iter()
-        .map(|row| row.get(0))
-        .collect();
-    Ok(ContactFacts::Live(Box::new(Contact {
-        version,
-        state,
-        key,
-        consent,
-        consent_keys,
-        subscriptions,
-        segments,
-        attributes,
-    })))
+    {
+        segments.entry(row.get(0)).or_default().insert(row.get(1));
+    }
+    for (contact_id, version, state, key) in live {
+        let (consent_keys, attributes) = schemas.get(&state.schema_id).cloned().unwrap_or_default();
+        let values = state.values();
+        let consent = mail::send::email_consent(&consent_keys, |key| values.get(key));
+        let contact = Contact {
+            version,
+            key,
+            consent,
+            consent_keys,
+            subscriptions: subscriptions.remove(&contact_id).unwrap_or_default(),
+            segments: segments.remove(&contact_id).unwrap_or_default(),
+            attributes,
+            state,
+        };
+        facts.insert(contact_id, ContactFacts::Live(Box::new(contact)));
+    }
+    Ok(facts)
 }
 
 /// The log event from which the state that made `gate` refuse a send to `address` held

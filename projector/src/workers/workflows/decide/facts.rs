@@ -126,6 +126,7 @@ impl From<anyhow::Error> for Stop {
 }
 
 /// A contact as steps read it.
+#[derive(Clone)]
 pub(crate) struct Contact {
     pub(crate) version: i64,
     pub(crate) state: RecordState,
@@ -140,6 +141,7 @@ pub(crate) struct Contact {
 }
 
 /// What a run's contact is now.
+#[derive(Clone)]
 pub(crate) enum ContactFacts {
     /// The run has none.
     None,

@@ -29,7 +29,7 @@ use platform::proto;
 
 use facts::Stop;
 pub(super) use facts::{CallOutcome, Contact, ContactFacts, Engaged, Facts, Given, Need};
-use tick::Opened;
+pub(super) use tick::Opened;
 pub(super) use tick::{Call, Row, RunStatus, Tick, open, subject};
 
 /// Steps one transition executes at most (a loop of steps without effects is bounded by its
