@@ -165,7 +165,7 @@ pub async fn replay(
             until_position: None,
         };
         let (report, elapsed) = replay::replay(&pool, settings, request).await?;
-        print!("{}", replay::describe(&definition.slug, &workflow_id, &report, elapsed));
+        print!("{}", replay::describe(&definition, &workflow_id, &report, elapsed));
     }
     Ok(())
 }

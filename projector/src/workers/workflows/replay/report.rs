@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use domain::workflows::WorkflowDef;
 use serde::Serialize;
 
 use super::Elapsed;
@@ -48,7 +49,8 @@ pub struct StepCounts {
 }
 
 /// A report as the operator command prints it.
-pub fn describe(slug: &str, workflow_id: &str, report: &Report, elapsed: Elapsed) -> String {
+pub fn describe(definition: &WorkflowDef, workflow_id: &str, report: &Report, elapsed: Elapsed) -> String {
+    let slug = &definition.slug;
     use std::fmt::Write;
     let mut out = String::new();
     let list = |counts: &BTreeMap<String, u64>| -> String {
@@ -80,7 +82,11 @@ pub fn describe(slug: &str, workflow_id: &str, report: &Report, elapsed: Elapsed
         list(&report.skips),
         report.calls
     );
-    for (step_id, counts) in &report.steps {
+    // Steps in the definition's order.
+    let order = |step_id: &str| definition.steps.iter().position(|step| step.id == step_id).unwrap_or(usize::MAX);
+    let mut steps: Vec<(&String, &StepCounts)> = report.steps.iter().collect();
+    steps.sort_by_key(|(step_id, _)| order(step_id));
+    for (step_id, counts) in steps {
         let _ = writeln!(
             out,
             "  step {step_id}: started {}, completed {}, skipped {}, failed {}",
