@@ -35,12 +35,12 @@ async fn replay(
     settings: &Settings,
     text: &str,
     from_ms: i64,
-) -> Vec<projector::workers::workflows::replay::Report> {
+) -> std::collections::BTreeMap<String, projector::workers::workflows::replay::Report> {
     use projector::workers::workflows::replay;
     let workspace = command_service::authoring::parse(text).expect("the file parses");
     let rules = command_service::authoring::Rules { allow_loopback_webhooks: true };
     let planned = command_service::authoring::plan(&app.pool, &workspace, rules).await.expect("the plan");
-    let mut reports = Vec::new();
+    let mut reports = std::collections::BTreeMap::new();
     for workflow in planned.workflows() {
         let definition: domain::workflows::WorkflowDef =
             serde_json::from_str(&workflow.definition_json).expect("a definition");
@@ -53,7 +53,7 @@ async fn replay(
             until_position: None,
         };
         let (report, _) = replay::replay(&app.pool, settings, request).await.expect("the replay");
-        reports.push(report);
+        reports.insert(definition.slug.clone(), report);
     }
     reports
 }
@@ -126,7 +126,7 @@ async fn a_replay_of_a_live_journey_tells_what_it_did_and_a_draft_what_it_would_
     };
     let copy = replay(&app, &settings, &text_same, from_ms).await;
     assert_eq!(copy.len(), 1, "{copy:?}");
-    let copy = &copy[0];
+    let copy = &copy["buyers-copy"];
     assert_eq!(copy.entered, 10, "{copy:?}");
     assert_eq!(copy.held_back, 1, "{copy:?}");
     assert_eq!(copy.at_step, [("nap".to_owned(), 10)].into_iter().collect(), "{copy:?}");
@@ -147,7 +147,7 @@ async fn a_replay_of_a_live_journey_tells_what_it_did_and_a_draft_what_it_would_
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let reports = replay(&app, &settings, &draft, from_ms).await;
     assert_eq!(reports.len(), 1, "{reports:?}");
-    let changed = &reports[0];
+    let changed = &reports["buyers"];
     assert_eq!((changed.entered, changed.completed), (10, 10), "{changed:?}");
     assert!(changed.at_step.is_empty(), "{changed:?}");
     assert_eq!(changed.sends, 12, "{changed:?}");
@@ -346,9 +346,114 @@ async fn a_replay_ends_waits_for_events_as_the_live_journey_did() {
     copy[0]["slug"] = json!("again-copy");
     copy[0]["steps"][0]["referenceId"] = json!("again-copy-hook");
     let reports = replay(&app, &settings, &workspace(copy), from_ms).await;
-    let report = &reports[0];
+    let report = &reports["again-copy"];
     assert_eq!((report.entered, report.held_back, report.completed), (4, 2, 2), "{report:?}");
     assert_eq!(report.at_step, [("ordered".to_owned(), 2)].into_iter().collect(), "{report:?}");
     assert_eq!((report.sends, report.steps["thanks"].completed), (2, 2), "{report:?}");
     assert_eq!(report.steps["ordered"].completed, 2, "{report:?}");
+}
+
+#[tokio::test]
+async fn a_replay_starts_runs_on_segment_entries_as_the_live_journey_did() {
+    let sink = SmtpSink::start().await;
+    let from_ms = platform::time::now_millis() - 1_000;
+    let app = app_with(&sink, json!([])).await;
+    let defined = app.post("/segments", MAIL_KEY, &json!({"name": "Adas", "definition": "firstName is Ada"})).await;
+    assert_eq!(defined.status, 201, "{:?}", defined.body);
+    let segment = defined.body["data"]["id"].as_str().expect("segment id").to_owned();
+    let journey = |slug: &str| {
+        json!({"slug": slug, "name": slug, "triggers": [{"segment": segment}],
+               "steps": [{"id": "start", "type": "incoming_webhook", "referenceId": format!("{slug}-hook"), "next": "nap"},
+                         {"id": "nap", "type": "wait", "duration": "1h"}]})
+    };
+    app.apply_workspace(&workspace(json!([journey("adas")])), true).await;
+    let adas = workflow_id(&app, "adas").await;
+    app.wait_for_workers().await;
+    // Two Adas enter the segment; a Bob does not.
+    for (index, name) in ["Ada", "Ada", "Bob"].into_iter().enumerate() {
+        let body = json!({"email": format!("seg{index}@example.com"), "firstName": name});
+        let made = app.post("/schemas/people/records", MAIL_KEY, &body).await;
+        assert_eq!(made.status, 201, "{:?}", made.body);
+    }
+    let sleeping = format!("SELECT count(*) FROM workflow_runs WHERE workflow_id = '{adas}' AND status = 'sleeping'");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while app.query_i64(&sleeping).await < 2 {
+        assert!(std::time::Instant::now() < deadline, "the Adas did not enter the journey");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    app.wait_for_workers().await;
+    assert_eq!(app.query_i64(&sleeping).await, 2);
+
+    let reports =
+        replay(&app, &settings_for(&app, &sink), &workspace(json!([journey("adas"), journey("adas-copy")])), from_ms)
+            .await;
+    let copy = &reports["adas-copy"];
+    assert_eq!(copy.entered, 2, "{copy:?}");
+    assert_eq!(copy.at_step, [("nap".to_owned(), 2)].into_iter().collect(), "{copy:?}");
+}
+
+#[tokio::test]
+async fn a_replay_starts_runs_on_events_ready_after_their_preparation_with_their_prepared_values() {
+    use crate::fake_ai::{FakeAi, Mode};
+    let sink = SmtpSink::start().await;
+    let fake = FakeAi::start().await;
+    fake.set_mode(Mode::Answer(json!("games")));
+    // The purchase's category is filled in by the AI provider: its events are ready only once
+    // prepared, and the journey branches on the prepared value.
+    let journey = |slug: &str| {
+        json!({"slug": slug, "name": slug, "triggers": [{"event": "purchase", "reentry": "always"}],
+               "steps": [{"id": "start", "type": "incoming_webhook", "referenceId": format!("{slug}-hook"), "next": "route"},
+                         {"id": "route", "type": "branch",
+                          "arms": [{"condition": "input.event.data.category is games", "next": "mail"}], "default": null},
+                         {"id": "mail", "type": "send_email", "template": "hello", "next": null}]})
+    };
+    let text = |journeys: Value| {
+        let mut workspace: Value = serde_json::from_str(&workspace(journeys)).expect("JSON");
+        let spaces = workspace["spaces"].as_array_mut().expect("spaces");
+        let mail = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
+        let schemas = mail["schemas"].as_array_mut().expect("schemas");
+        let purchase = schemas.iter_mut().find(|schema| schema["slug"] == "purchase").expect("purchase");
+        purchase["attributes"].as_array_mut().expect("attributes").push(json!(
+            {"key": "category", "definition": {"type": "string", "autoFill": {"enabled": true, "prompt": "Classify"}}}
+        ));
+        workspace.to_string()
+    };
+    let ai =
+        platform::settings::AiSettings::openai(&fake.url, "test-model", Some("sk-fake"), Duration::from_millis(2_000));
+    let options = Options { email: Some(test_email(&sink)), ai: Some(ai), ..Options::default() };
+    let from_ms = platform::time::now_millis() - 1_000;
+    let app = TestApp::spawn_with(options).await;
+    app.apply_workspace(&text(json!([journey("gamers")])), true).await;
+    crate::email::publish_dkim(&app, &sink).await;
+    let gamers = workflow_id(&app, "gamers").await;
+    for index in 0..3 {
+        let body = json!({"email": format!("gamer{index}@example.com"), "firstName": "G"});
+        let made = app.post("/schemas/people/records", MAIL_KEY, &body).await;
+        assert_eq!(made.status, 201, "{:?}", made.body);
+        let contact = made.body["data"]["id"].as_str().expect("id").to_owned();
+        let fired = app.post("/events/purchase", MAIL_KEY, &json!({"contactId": contact, "amount": 9})).await;
+        assert_eq!(fired.status, 202, "{:?}", fired.body);
+        assert_eq!(fired.body["data"]["readinessAtAcceptance"], "pending", "{:?}", fired.body);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let done = format!("SELECT count(*) FROM workflow_runs WHERE workflow_id = '{gamers}' AND status = 'completed'");
+    while app.query_i64(&done).await < 3 {
+        assert!(std::time::Instant::now() < deadline, "the prepared purchases did not run the journey");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    app.wait_for_workers().await;
+    assert_eq!(app.query_i64("SELECT count(*) FROM email_outbox").await, 3, "the live journey took the branch");
+
+    let reports =
+        replay(&app, &settings_for(&app, &sink), &text(json!([journey("gamers"), journey("gamers-copy")])), from_ms)
+            .await;
+    let copy = &reports["gamers-copy"];
+    assert_eq!((copy.entered, copy.completed, copy.sends), (3, 3, 3), "{copy:?}");
+    assert_eq!(copy.steps["mail"].completed, 3, "the prepared category took the branch: {copy:?}");
+}
+
+fn settings_for(app: &TestApp, sink: &SmtpSink) -> Settings {
+    let mut settings = Settings::for_database(&app.database_url);
+    settings.email = test_email(sink);
+    settings
 }

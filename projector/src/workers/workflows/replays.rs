@@ -110,12 +110,14 @@ impl Worker for Replays {
         "workflow_replays".to_owned()
     }
 
+    // Requests are rare: a poll each second costs one read of the log's new span, where waking
+    // on every append would cost a transaction per append under a busy log.
     fn channels(&self) -> &'static [&'static str] {
-        &[platform::log::LOG_CHANNEL]
+        &[]
     }
 
     fn poll_interval(&self) -> Duration {
-        Duration::from_millis(500)
+        Duration::from_secs(1)
     }
 
     fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {

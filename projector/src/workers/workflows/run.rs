@@ -176,7 +176,12 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
         }
         let Some(call) = tick.call.take() else { return Ok(()) };
         // The attempt is committed as going out (the run keeps its lease): now it goes.
-        outcome = Some(send(inner, &call).await);
+        let sent = send(inner, &call).await;
+        if let AttemptResult::Retryable { status, error, .. } = &sent.result {
+            // A retry goes out with the same `webhook-id`: a receiver sees it again.
+            tracing::debug!(run = %run_id, call = %call.call_id, ?status, %error, "a workflow call's attempt failed");
+        }
+        outcome = Some(sent);
     }
 }
 
