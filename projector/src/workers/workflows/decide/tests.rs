@@ -43,25 +43,11 @@ fn entry(then: &str) -> Step {
 /// A run of the contact `con_1`, `status`, at `step_id`, with nothing in flight.
 fn row(status: RunStatus, step_id: Option<&str>) -> Row {
     Row {
-        run_id: "run_1".into(),
-        workflow_id: "wf_1".into(),
-        space_id: "spc_1".into(),
-        revision: 1,
-        contact_id: Some("con_1".into()),
         status,
         step_id: step_id.map(str::to_owned),
         step_count: 1,
         version: 2,
-        paused: false,
-        in_flight: None,
-        waiting_schema: None,
-        matched_event: None,
-        passes: BTreeMap::new(),
-        input: Vec::new(),
-        outputs: None,
-        control_paused: false,
-        keys: platform::crypto::Keys::default(),
-        migrate_to: None,
+        ..Row::requested("run_1", "wf_1", "spc_1", Some("con_1".into()))
     }
 }
 

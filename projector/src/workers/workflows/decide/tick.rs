@@ -105,6 +105,34 @@ pub(crate) struct Row {
     pub(crate) migrate_to: Option<i64>,
 }
 
+impl Row {
+    /// A run just requested of `workflow_id`'s first revision, not started, with no data of
+    /// its own (what a replay starts, and what the decision tests build on).
+    pub(crate) fn requested(run_id: &str, workflow_id: &str, space_id: &str, contact_id: Option<String>) -> Self {
+        Row {
+            run_id: run_id.to_owned(),
+            workflow_id: workflow_id.to_owned(),
+            space_id: space_id.to_owned(),
+            revision: 1,
+            contact_id,
+            status: RunStatus::Waiting,
+            step_id: None,
+            step_count: 0,
+            version: 1,
+            paused: false,
+            in_flight: None,
+            waiting_schema: None,
+            matched_event: None,
+            passes: BTreeMap::new(),
+            input: Vec::new(),
+            outputs: None,
+            control_paused: false,
+            keys: platform::crypto::Keys::default(),
+            migrate_to: None,
+        }
+    }
+}
+
 /// A webhook call to make after the transition that starts (or retries) it is committed.
 pub(crate) struct Call {
     pub(crate) url: String,

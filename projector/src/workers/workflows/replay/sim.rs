@@ -312,16 +312,23 @@ impl<'a> Sim<'a> {
 
     /// Ends the waits of `contact_id`'s runs for `waiting` that began before `position`.
     fn wake_waiting(&mut self, contact_id: &str, waiting: &str, matched: &str, (position, at): (i64, i64)) {
-        for run_id in self.by_contact.get(contact_id).cloned().unwrap_or_default() {
-            let Some(run) = self.runs.get(&run_id) else { continue };
-            let row = &run.row;
-            if row.status == RunStatus::Sleeping
-                && row.waiting_schema.as_deref() == Some(waiting)
-                && row.matched_event.is_none()
-                && run.waiting_after < position
-            {
-                self.wake(&run_id, at, Some(matched));
-            }
+        let waiting_runs: Vec<String> = self
+            .by_contact
+            .get(contact_id)
+            .into_iter()
+            .flatten()
+            .filter(|run_id| {
+                self.runs.get(*run_id).is_some_and(|run| {
+                    run.row.status == RunStatus::Sleeping
+                        && run.row.waiting_schema.as_deref() == Some(waiting)
+                        && run.row.matched_event.is_none()
+                        && run.waiting_after < position
+                })
+            })
+            .cloned()
+            .collect();
+        for run_id in waiting_runs {
+            self.wake(&run_id, at, Some(matched));
         }
     }
 
@@ -358,27 +365,7 @@ impl<'a> Sim<'a> {
             self.entered_once.insert(contact_id.clone());
             self.by_contact.entry(contact_id.clone()).or_default().push(run_id.clone());
         }
-        let row = Row {
-            run_id: run_id.clone(),
-            workflow_id: self.request.workflow_id.to_owned(),
-            space_id: self.request.space_id.to_owned(),
-            revision: 1,
-            contact_id,
-            status: RunStatus::Waiting,
-            step_id: None,
-            step_count: 0,
-            version: 1,
-            paused: false,
-            in_flight: None,
-            waiting_schema: None,
-            matched_event: None,
-            passes: BTreeMap::new(),
-            input: Vec::new(),
-            outputs: None,
-            control_paused: false,
-            keys: platform::crypto::Keys::default(),
-            migrate_to: None,
-        };
+        let row = Row::requested(&run_id, self.request.workflow_id, self.request.space_id, contact_id);
         let opened = Opened { input: Some(input), outputs: BTreeMap::new() };
         self.runs.insert(run_id.clone(), SimRun { row, opened, waiting_after: 0, timer: None });
         self.report.peak_open = self.report.peak_open.max(self.runs.len() as u64);
@@ -436,8 +423,9 @@ impl<'a> Sim<'a> {
             };
             self.count(&tick, now);
             let called = tick.call.take().is_some();
-            run.row = tick.row.clone();
-            run.row.version = tick.base_version + tick.events.len() as i64;
+            let version = tick.base_version + tick.events.len() as i64;
+            run.row = tick.row;
+            run.row.version = version;
             if let Some(in_flight) = &mut run.row.in_flight {
                 in_flight.until_ms = tick.due_ms.or(in_flight.until_ms);
             }
