@@ -4,7 +4,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Number, Value, json};
 
-use crate::{Engaged, Engagement, MAX_FIELD_PATH_CHARS, from_json};
+use crate::{Engaged, Engagement, FilterError, MAX_FIELD_PATH_CHARS, from_json};
 
 /// A filter over JSON documents. Those that [`parse_plain`](crate::parse_plain) and [`from_json`] return are
 /// within the limits and normalised (no `All` directly inside an `All`, no `Any` directly
@@ -81,14 +81,6 @@ pub enum Scalar {
 /// A dot-separated path into a document (`address.country`), checked by [`FieldPath::parse`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FieldPath(pub(crate) String);
-
-/// Why a text or a JSON expression is not a filter; the message says what was expected and
-/// where (a character position in plain words, a path such as `filter.all[1].op` in JSON).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct FilterError {
-    message: String,
-}
 
 impl Filter {
     /// The JSON form, as [`from_json`] reads it.
@@ -276,15 +268,5 @@ impl FieldPath {
 
     pub fn segments(&self) -> impl Iterator<Item = &str> {
         self.0.split('.')
-    }
-}
-
-impl FilterError {
-    pub(crate) fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into() }
-    }
-
-    pub fn message(&self) -> &str {
-        &self.message
     }
 }

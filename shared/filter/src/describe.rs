@@ -3,7 +3,10 @@
 
 use crate::ast::number_in_text;
 use crate::lexer::is_word_char;
-use crate::{CONSENT_EMAIL, Condition, Filter, Op, Performed, SUBSCRIBED, SUBSCRIPTIONS, Scalar, describe};
+use crate::{
+    Action, CONSENT_EMAIL, Condition, Engaged, Filter, Op, Performed, SUBSCRIBED, SUBSCRIPTIONS, Scalar, Source,
+    describe,
+};
 
 /// The words that [`describe`] quotes when a field or string value is one of them, since the
 /// parser could read them as part of a comparison.
@@ -160,6 +163,41 @@ pub(crate) fn plain_text(text: &str) -> String {
         || RESERVED_WORDS.iter().any(|word| word.eq_ignore_ascii_case(text))
         || number_in_text(text).is_some();
     if needs_quotes { format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\"")) } else { text.to_owned() }
+}
+
+impl Engaged {
+    /// The plain words of an engagement fact.
+    pub(crate) fn describe(&self) -> String {
+        let source = match &self.source {
+            Source::Any => String::new(),
+            Source::Broadcast(id) => format!(" from broadcast {}", plain_text(id)),
+            Source::Template(id) => format!(" from template {}", plain_text(id)),
+            Source::Workflow { workflow, step: None } => format!(" from workflow {}", plain_text(workflow)),
+            Source::Workflow { workflow, step: Some(step) } => {
+                format!(" from step {} of workflow {}", plain_text(step), plain_text(workflow))
+            }
+        };
+        let mut words = match self.action {
+            Action::Opened => format!("opened an email{source}"),
+            Action::Clicked => {
+                let mut words = "clicked a link".to_owned();
+                if let Some(text) = &self.link_contains {
+                    words.push_str(&format!(" containing {}", plain_text(text)));
+                }
+                if !source.is_empty() {
+                    words.push_str(&format!(" in an email{source}"));
+                }
+                words
+            }
+        };
+        if let Some(seconds) = self.within_seconds {
+            words.push_str(&window_words(seconds));
+        }
+        if self.machines {
+            words.push_str(" including machines");
+        }
+        words
+    }
 }
 
 #[cfg(test)]

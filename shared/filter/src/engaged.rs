@@ -1,12 +1,11 @@
 //! Engagement facts: `opened` and `clicked` (see the crate documentation, "Engagement"): the
-//! type, its JSON form, its plain words, and its evaluation against a contact's opens and
-//! clicks. Reading its phrases is the parser's (`parser/engaged.rs`).
+//! type, its JSON form, its checks, and its evaluation against a contact's opens and clicks.
+//! Reading its phrases is the parser's (`parser/engaged.rs`), reading its JSON form
+//! `json.rs`'s, its plain words `describe.rs`'s.
 
 use serde_json::{Map, Value, json};
 
-use crate::describe::{plain_text, window_words};
-use crate::json::json_kind;
-use crate::{FilterError, MAX_FIELD_PATH_CHARS, MAX_VALUE_CHARS, MAX_WINDOW_SECONDS};
+use crate::{MAX_FIELD_PATH_CHARS, MAX_VALUE_CHARS, MAX_WINDOW_SECONDS};
 
 /// `opened ...` or `clicked ...`: the contact opened (or clicked a link in) an email of the
 /// source, within the window ending at the evaluation time when there is one. A machine's
@@ -142,38 +141,6 @@ impl Engaged {
         outer.insert(self.action.word().to_owned(), Value::Object(inner));
         Value::Object(outer)
     }
-
-    pub(crate) fn describe(&self) -> String {
-        let source = match &self.source {
-            Source::Any => String::new(),
-            Source::Broadcast(id) => format!(" from broadcast {}", plain_text(id)),
-            Source::Template(id) => format!(" from template {}", plain_text(id)),
-            Source::Workflow { workflow, step: None } => format!(" from workflow {}", plain_text(workflow)),
-            Source::Workflow { workflow, step: Some(step) } => {
-                format!(" from step {} of workflow {}", plain_text(step), plain_text(workflow))
-            }
-        };
-        let mut words = match self.action {
-            Action::Opened => format!("opened an email{source}"),
-            Action::Clicked => {
-                let mut words = "clicked a link".to_owned();
-                if let Some(text) = &self.link_contains {
-                    words.push_str(&format!(" containing {}", plain_text(text)));
-                }
-                if !source.is_empty() {
-                    words.push_str(&format!(" in an email{source}"));
-                }
-                words
-            }
-        };
-        if let Some(seconds) = self.within_seconds {
-            words.push_str(&window_words(seconds));
-        }
-        if self.machines {
-            words.push_str(" including machines");
-        }
-        words
-    }
 }
 
 /// Checks what the types leave open: names within bounds, a window within bounds, a link text
@@ -204,71 +171,6 @@ pub(crate) fn checked(engaged: Engaged) -> Result<Engaged, String> {
         return Err(format!("a window is from 1 second to {MAX_WINDOW_SECONDS} seconds (ten years)"));
     }
     Ok(engaged)
-}
-
-/// Reads the JSON form `{"opened": {...}}` or `{"clicked": {...}}` (the inner object).
-pub(crate) fn read(action: Action, value: &Value, at: &str) -> Result<Engaged, FilterError> {
-    let Value::Object(object) = value else {
-        return Err(FilterError::new(format!(
-            "`{at}`: expected an object such as {{\"from\": {{\"broadcast\": \"spring-sale\"}}, \"withinSeconds\": \
-             604800}}, found {}",
-            json_kind(value)
-        )));
-    };
-    let allowed: &[&str] = match action {
-        Action::Opened => &["from", "withinSeconds", "includeMachines"],
-        Action::Clicked => &["from", "linkContains", "withinSeconds", "includeMachines"],
-    };
-    if let Some(unknown) = object.keys().find(|key| !allowed.contains(&key.as_str())) {
-        return Err(FilterError::new(format!("`{at}`: unknown key `{unknown}`; expected {}", allowed.join(", "))));
-    }
-    let source = match object.get("from") {
-        None | Some(Value::Null) => Source::Any,
-        Some(from) => read_source(from, &format!("{at}.from"))?,
-    };
-    let link_contains = match object.get("linkContains") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(text)) => Some(text.clone()),
-        Some(_) => return Err(FilterError::new(format!("`{at}.linkContains`: expected text"))),
-    };
-    let within_seconds = match object.get("withinSeconds") {
-        None | Some(Value::Null) => None,
-        Some(value) => Some(value.as_u64().ok_or_else(|| {
-            FilterError::new(format!("`{at}.withinSeconds`: expected a whole number from 1 to {MAX_WINDOW_SECONDS}"))
-        })?),
-    };
-    let machines = match object.get("includeMachines") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(flag)) => *flag,
-        Some(_) => return Err(FilterError::new(format!("`{at}.includeMachines`: expected true or false"))),
-    };
-    checked(Engaged { action, source, link_contains, within_seconds, machines })
-        .map_err(|message| FilterError::new(format!("`{at}`: {message}")))
-}
-
-fn read_source(value: &Value, at: &str) -> Result<Source, FilterError> {
-    let expected = || {
-        FilterError::new(format!(
-            "`{at}`: expected one of {{\"broadcast\": <id>}}, {{\"template\": <id>}}, {{\"workflow\": <id>}} or \
-             {{\"workflow\": <id>, \"step\": <id>}}"
-        ))
-    };
-    let Value::Object(object) = value else { return Err(expected()) };
-    let text = |key: &str| match object.get(key) {
-        Some(Value::String(text)) => Ok(Some(text.clone())),
-        None => Ok(None),
-        Some(_) => Err(FilterError::new(format!("`{at}.{key}`: expected text"))),
-    };
-    let keys: Vec<&str> = object.keys().map(String::as_str).collect();
-    match keys.as_slice() {
-        ["broadcast"] => Ok(Source::Broadcast(text("broadcast")?.unwrap_or_default())),
-        ["template"] => Ok(Source::Template(text("template")?.unwrap_or_default())),
-        ["workflow"] => Ok(Source::Workflow { workflow: text("workflow")?.unwrap_or_default(), step: None }),
-        ["step", "workflow"] | ["workflow", "step"] => {
-            Ok(Source::Workflow { workflow: text("workflow")?.unwrap_or_default(), step: text("step")? })
-        }
-        _ => Err(expected()),
-    }
 }
 
 #[cfg(test)]

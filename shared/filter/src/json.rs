@@ -5,8 +5,8 @@ use serde_json::{Map, Value};
 
 use crate::checks::{checked_op, checked_performed};
 use crate::{
-    Action, Condition, FieldPath, Filter, FilterError, MAX_AT_LEAST, MAX_CONDITIONS, MAX_DEPTH, MAX_WINDOW_SECONDS, Op,
-    Performed, Scalar, all_of, any_of, engaged,
+    Action, Condition, Engaged, FieldPath, Filter, FilterError, MAX_AT_LEAST, MAX_CONDITIONS, MAX_DEPTH,
+    MAX_WINDOW_SECONDS, Op, Performed, Scalar, Source, all_of, any_of, engaged,
 };
 
 pub(crate) fn read_expression(
@@ -60,7 +60,7 @@ pub(crate) fn read_expression(
                 return Err(FilterError::new(format!("`{at}`: the filter has more than {MAX_CONDITIONS} conditions")));
             }
             let action = if key == "opened" { Action::Opened } else { Action::Clicked };
-            engaged::read(action, inner, &format!("{at}.{key}")).map(Filter::Engaged)
+            read_engaged(action, inner, &format!("{at}.{key}")).map(Filter::Engaged)
         }
         other => Err(FilterError::new(format!(
             "`{at}`: unknown key `{other}`; expected all, any, not, performed, opened, clicked, or a condition with \
@@ -213,6 +213,71 @@ pub(crate) fn json_kind(value: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+/// Reads the JSON form `{"opened": {...}}` or `{"clicked": {...}}` (the inner object).
+fn read_engaged(action: Action, value: &Value, at: &str) -> Result<Engaged, FilterError> {
+    let Value::Object(object) = value else {
+        return Err(FilterError::new(format!(
+            "`{at}`: expected an object such as {{\"from\": {{\"broadcast\": \"spring-sale\"}}, \"withinSeconds\": \
+             604800}}, found {}",
+            json_kind(value)
+        )));
+    };
+    let allowed: &[&str] = match action {
+        Action::Opened => &["from", "withinSeconds", "includeMachines"],
+        Action::Clicked => &["from", "linkContains", "withinSeconds", "includeMachines"],
+    };
+    if let Some(unknown) = object.keys().find(|key| !allowed.contains(&key.as_str())) {
+        return Err(FilterError::new(format!("`{at}`: unknown key `{unknown}`; expected {}", allowed.join(", "))));
+    }
+    let source = match object.get("from") {
+        None | Some(Value::Null) => Source::Any,
+        Some(from) => read_source(from, &format!("{at}.from"))?,
+    };
+    let link_contains = match object.get("linkContains") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(text.clone()),
+        Some(_) => return Err(FilterError::new(format!("`{at}.linkContains`: expected text"))),
+    };
+    let within_seconds = match object.get("withinSeconds") {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(value.as_u64().ok_or_else(|| {
+            FilterError::new(format!("`{at}.withinSeconds`: expected a whole number from 1 to {MAX_WINDOW_SECONDS}"))
+        })?),
+    };
+    let machines = match object.get("includeMachines") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(flag)) => *flag,
+        Some(_) => return Err(FilterError::new(format!("`{at}.includeMachines`: expected true or false"))),
+    };
+    engaged::checked(Engaged { action, source, link_contains, within_seconds, machines })
+        .map_err(|message| FilterError::new(format!("`{at}`: {message}")))
+}
+
+fn read_source(value: &Value, at: &str) -> Result<Source, FilterError> {
+    let expected = || {
+        FilterError::new(format!(
+            "`{at}`: expected one of {{\"broadcast\": <id>}}, {{\"template\": <id>}}, {{\"workflow\": <id>}} or \
+             {{\"workflow\": <id>, \"step\": <id>}}"
+        ))
+    };
+    let Value::Object(object) = value else { return Err(expected()) };
+    let text = |key: &str| match object.get(key) {
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        None => Ok(None),
+        Some(_) => Err(FilterError::new(format!("`{at}.{key}`: expected text"))),
+    };
+    let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    match keys.as_slice() {
+        ["broadcast"] => Ok(Source::Broadcast(text("broadcast")?.unwrap_or_default())),
+        ["template"] => Ok(Source::Template(text("template")?.unwrap_or_default())),
+        ["workflow"] => Ok(Source::Workflow { workflow: text("workflow")?.unwrap_or_default(), step: None }),
+        ["step", "workflow"] | ["workflow", "step"] => {
+            Ok(Source::Workflow { workflow: text("workflow")?.unwrap_or_default(), step: text("step")? })
+        }
+        _ => Err(expected()),
     }
 }
 

@@ -198,13 +198,15 @@ mod ast;
 mod checks;
 mod describe;
 mod engaged;
+mod error;
 mod eval;
 mod json;
 mod lexer;
 mod parser;
 
-pub use ast::{Condition, Facts, FieldPath, Filter, FilterError, Op, Performed, Scalar};
+pub use ast::{Condition, Facts, FieldPath, Filter, Op, Performed, Scalar};
 pub use engaged::{Action, Engaged, Engagement, Source};
+pub use error::FilterError;
 use serde_json::Value;
 
 use crate::checks::check_limits;
