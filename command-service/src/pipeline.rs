@@ -23,7 +23,103 @@
 //!
 //! So freshness, idempotency and the contract's answers to a failed append are decided here,
 //! once. Read models other than the catalog are never read on the write path: a command
-//! decides on the log (see ARCHITECTURE.md, "Deciding on fresh state").
+//! decides on the log (below, "Deciding on fresh state").
+//!
+//! # Life of a write
+//!
+//! Every command goes through one pipeline (`command-service/src/pipeline.rs`, in the manner of
+//! cqrs-es's `execute`), but three: the items of an event batch (commands of their own); an
+//! import's intake (`imports/http.rs` and the operator's `import`: the settings and parts go into
+//! `imports` and `import_parts`, tables of the command side, not the log; the projector's
+//! `imports` worker appends each row's write, see Imports); and the clicks and opens of tracking
+//! links (`engagement/http.rs`: public, with no key, claim or
+//! catalog, answered with a redirect or an image once taken into `engagement_inbox`, one
+//! committed row, inserted with the hits of concurrent requests; the projector's `engagement` worker appends them to the log, see Engagement). A handler authorizes and parses at the edge into a `Command`; the
+//! pipeline admits it under `Idempotency-Key`, runs the command's `load` (through `Ctx`, which
+//! gives fresh reads only: see Deciding on fresh state), then its pure `Decide::decide` (in the
+//! capability's `decide.rs`, given the time, the operation's id and a `Fresh`), turns the outcome
+//! into the answer (`Command::answer`; a refusal becomes the envelope in `edge.rs`), appends the
+//! decision once with its guards, the catalog revision guard and the idempotent completion,
+//! decides again when the append lost a race (`Command::refused`: a stream not at its loaded
+//! version, a moved catalog or authored resource, a taken uniqueness claim), and answers with
+//! `Operation-Id` and `Consistency-Token`. The pipeline knows no capability: work after an
+//! acknowledged append is the decision's `Then`, a closure the capability supplies (the inline
+//! hand-off of a template send, `templates/hand_off.rs`, whose outcome is the answer; a form's
+//! confirmation email, handed off after the answer), and the kept catalog contexts it prunes
+//! when the catalog moves on are the list `State::kept` names. A handler returns
+//! `Result<HttpResponse, ApiError>`; the route table registers it through `api::http::answering`,
+//! which answers an `Err` in the contract's envelope, and a handler that panics with 500
+//! `internal_error` (the panic logged in the request's span) instead of a dropped connection. The one exception is an event batch, whose items are
+//! commands of their own with per-item outcomes (`events/http.rs`): it reads its catalog
+//! context at the edge and appends each item (or the whole batch, with `onError: abort`) with
+//! the same catalog revision guard, the same decision as a single fire (`events/decide.rs`) and
+//! the same refusal mapping.
+//!
+//! `POST /v1/schemas/contacts/records`:
+//! 1. `request_id_middleware` gives the request an id (its tracing span covers the request);
+//!    `request_metrics_middleware` will count it under its operation id (`createRecord`, from
+//!    the route table, looked up once and kept in the request's extensions for the middleware
+//!    after it); `storable_input_middleware` refuses a NUL in a path or query parameter.
+//! 2. `Authenticator::authorize` counts the request in its rate-limit bucket, hashes the bearer
+//!    key, looks it up in the catalog read model (cached for `APP__AUTH__CACHE_MILLIS`, default
+//!    500 ms, so a revoked key stops working everywhere at most that long after the catalog read
+//!    model has the revocation: well within a second of the apply on a machine that is not
+//!    saturated), resolves the space, checks `write`.
+//! 3. `read_json_object` enforces 10 MB, at most 250,000 JSON values (counted on the bytes
+//!    before the body is parsed), `application/json`, UTF-8, no content encoding, and
+//!    refuses a NUL anywhere in the body (400 `invalid_character`, naming the field). The
+//!    schema is resolved (`write_contexts::at_edge`) before any claim: an unknown schema records
+//!    nothing.
+//! 4. The pipeline claims the `Idempotency-Key` if one was sent. The command's `load` takes the
+//!    schema and its attributes from the process's write-context cache
+//!    (`domain::catalog::WriteContexts`), or reads them (with the space's credits and the
+//!    catalog's revision) from the catalog in one statement. A schema with AI auto-fill is
+//!    always read afresh, for its credits. Either way `Ctx` remembers the catalog revision.
+//! 5. `records::decide::decide_create` (pure) validates, applies defaults, and returns the
+//!    `RecordCreated` event and the identities it claims — or a `RecordRefusal`, which its
+//!    `From` impl beside it (`domain::records::decide`) turns into the contract's envelope.
+//! 6. `EventLog::append` queues the command; the batcher writes it (stream version, the identity
+//!    guards from `records/store.rs`, the data key, the idempotency outcome, the catalog
+//!    revision guard, events, the key's latest position) in one transaction and answers with
+//!    its position. If the revision guard refuses (the catalog changed since the context was
+//!    read), or the decision on a kept context refused the input while the catalog has moved
+//!    on, the pipeline drops the kept contexts of older revisions and decides again on a fresh
+//!    read: the cache never answers for a catalog that has changed.
+//! 7. 201 with the record, `Operation-Id`, and `Consistency-Token` (the log position).
+//!
+//! # Deciding on fresh state
+//!
+//! **Architecture Invariant: a command decides on state at least as new as every write
+//! acknowledged before it, and appends only if that state has not moved.** What a command
+//! reads comes through the pipeline's `Ctx`, and is one of three kinds:
+//!
+//! - **The log's streams**, read directly (`platform::log::read_streams`, the record loader, a
+//!   webhook's or segment's fold): as new as every acknowledged write by construction. The
+//!   append goes at the loaded version of the stream it writes (`ExpectedVersion::Exactly`),
+//!   and a stream it only read is held where it was by `Guard::stream_at`; so two concurrent
+//!   PATCHes are ordered (the second is decided again on the first's result), and a broadcast
+//!   updated while it is sent goes out wholly before or wholly after the update.
+//! - **The write side's guard tables** (`record_identities`, suppression keys, receipts,
+//!   `broadcast_runs`, `form_tokens`, the outbox, idempotency records): written in the append
+//!   transactions themselves, so they too hold every acknowledged write.
+//! - **Authored catalog data**, the one read model a command may read, at whatever position it
+//!   has reached (`Ctx::catalog`), because it is guarded: the catalog's revision is read first
+//!   (or in the same statement as the data) and the append carries
+//!   `catalog::revision_guard`, so a decision on a catalog that changed meanwhile is decided
+//!   again. The operator's apply with `--wait` (and the single node's apply at start) returns
+//!   only once the catalog holds what it wrote, so an acknowledged authoring change is never
+//!   missed. A running system follows an apply without a restart: the caches of authored data
+//!   are keyed by what they hold (`catalog::WriteContexts` by catalog revision, the workflow
+//!   engine's definitions by workflow revision, parsed Liquid templates and DKIM signers by
+//!   their source), and the one kept by time, API-key lookups, expires after
+//!   `APP__AUTH__CACHE_MILLIS` (500 ms).
+//!
+//! **Architecture Invariant: no command reads another read model.** No module of the command
+//! service but `pipeline.rs` touches `ReadModels` (a unit test reads the sources to hold this),
+//! and checks at the edge (before a claim) read the catalog only. Background work that must act
+//! on a read model as of a command's position waits for it: a broadcast run's start snapshots
+//! its audience from the `segments` read model only once that model has applied the run's
+//! request.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;

@@ -23,6 +23,62 @@
 //!
 //! Every worker reports its health: last success, lag to the head of the log, last error and
 //! since when it has been failing.
+//!
+//! # The worker runtime
+//!
+//! Every background job of the projector is a `Worker` (`projector/src/runtime.rs`): `step()`
+//! does one bounded unit of work and says `Progressed` or `Idle`. The runtime drives each worker
+//! in a task: after `Progressed` it steps again at once; after `Idle` it sleeps until a NOTIFY on
+//! one of the worker's channels (one LISTEN connection per channel per process) or its poll
+//! interval. A worker that follows the log says `Progressed` only when it read a full batch;
+//! a notification that arrives during a step is kept, so the next wait ends at once. After a
+//! failure it waits a jittered exponential backoff (`backon`, 100 ms to 30 s)
+//! and steps again; a failure on a database that is away (`platform::db::is_transient`: a
+//! restart, a failover) is logged as a warning for the first 30 s of a worker's failing, as an
+//! error after that, and any other failure as an error at once. On shutdown (SIGTERM or SIGINT) no new step starts, and a step in flight has
+//! 10 s to finish; a step's database work is one transaction, so a step cut short rolls back.
+//!
+//! - **Leases.** Work that one process at a time must do holds a lease for the length of its
+//!   step: the worker's checkpoint row, locked `FOR UPDATE SKIP LOCKED` in the step's
+//!   transaction (`Lease`, rows of `worker_checkpoints`; a read model's version rows in
+//!   `projections`). Another process finds it locked and stays idle; a process that dies
+//!   releases it with its connection, so another takes over at once. The checkpoint commits
+//!   with the step's database effects. A lease's transaction may wait on an outside party (the
+//!   AI provider), so it lifts the pool's idle-in-transaction limit, which protects append
+//!   transactions (they never hold a lease). A step may hold its lease's connection while it
+//!   uses others: the projector's pool is sized for every worker stepping at once.
+//! - **Workers.** One per read model (`read_model:<name>`, projecting every live or building
+//!   version), `preparation`, `eraser`, `maintenance` (each minute: rate windows, batch
+//!   history, idempotency purge and reconciliation, receipt retirement, the dead-letter report;
+//!   once a day the marketing sends no cap can count),
+//!   `webhook_enqueue` and `webhook_delivery` (see Webhook delivery), `email_outbox` with
+//!   `email_held` (both chosen by `email_outbox`) and `domain_checks` (see Email), and `timers:<kind>` for each kind of timer
+//!   (`timers:segment_windows`, see Segments), `timers:broadcast_runs` and
+//!   `timers:broadcast_experiments` with `broadcast_runs` (see Broadcasts), and `workflow_runs` with `workflow_events` (see
+//!   Workflows). `APP__PROJECTOR__WORKERS` (`all`, or a list of
+//!   `read_models`, `preparation`, `eraser`, `maintenance`, `webhook_enqueue`,
+//!   `webhook_delivery`, `email_outbox`, `domain_checks`, `segment_windows`, `broadcasts`,
+//!   `workflows`, `engagement`, `imports`) chooses a
+//!   process's workers, so a deployment can run, say, two read-model processes and one for
+//!   side effects.
+//! - **Timers.** The due-time scheduler (`projector/src/timers.rs`): rows of `timers` (kind,
+//!   key unique within the kind, due time, payload, attempts), scheduled in the transaction of
+//!   the state change that needs them. A `TimerWorker` claims the due timers of its kind `FOR
+//!   UPDATE SKIP LOCKED`, hands each to its handler inside a savepoint, and deletes it or moves
+//!   it to its next attempt (jittered exponential backoff, 1 s to an hour) in the same
+//!   transaction. Segment windows and broadcast starts are timers; workflow waits are the due
+//!   times of the workflow run queue (see Workflows).
+//!   Webhook deliveries are not: an attempt waits on a receiver for up to its timeout, which a
+//!   timer's claim transaction must not hold, so the delivery outbox is its own queue (below).
+//! - **Lanes.** Workers that name the same lane take turns: one step of the lane at a time in
+//!   a process (a fair semaphore). The read models share the lane `read_models`: when every
+//!   model stepped on every notification, each append cost five small projection
+//!   transactions, and record creates fell by about a quarter on two cores; taking turns,
+//!   a model's next batch holds what arrived meanwhile, and a quiet system still projects on
+//!   the first wake-up. Side-effect workers have no lane (a slow AI call must not hold reads
+//!   back).
+//! - **Health.** The runtime records each worker's last success, lag to the log head, last
+//!   error and since when it has been failing, and exports steps, failures and lag as metrics.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,61 @@
 //! What every read shares: authorising it, reading consistently with the caller's last write
 //! (read-your-writes), an offset page of documents, and the answer with its position and warnings.
+//!
+//! # Life of a read
+//!
+//! `GET /v1/schemas/contacts/records/{id}`: the handler (`records/http.rs`) authorises (`read`)
+//! and calls `consistency::consistent_row` with the read models it needs and the read's
+//! columns. The check (`platform::readmodel::CHECK_SQL`: the key's last write, the live versions
+//! and positions, the space's open dead letters, the log head) and the read (the schema's type
+//! and the record's document, as subqueries) are **one statement** (`check_with`), so one
+//! snapshot answers both; a page of records joins the check laterally with its rows
+//! (`consistent_rows`), and the events list and an event's status are one statement each too
+//! (the check, the schema by id or slug, and the page or the event). A record's document (or a
+//! page of them) goes out as PostgreSQL sent its text (`platform::db::RawJson`, written into the
+//! envelope by `consistency::respond_raw`), never parsed on the way. Other reads use
+//! `consistent_read`: the check and the read's own statements pipelined on one connection.
+//! When the read models have reached the caller's write the answer is sent at once, with
+//! `Projection-Position`; otherwise the read gives its connection back, waits (bounded, woken
+//! by `projection_progress`) and reads again, or answers with a `stale_read` warning. A waiting
+//! read holds no connection, so reads waiting after a burst of writes cannot starve the pool. A
+//! `Consistency-Token` beyond the head of the log (no write returned it) is answered with
+//! `stale_read` as soon as the caller's own last write is read, never before.
+//!
+//! **Reads on a hot standby.** With `APP__DATABASE__READ_URL` set, the query service reads from
+//! a physical streaming replica of the database (PostgreSQL's own replication; the read models,
+//! their checkpoints in `projections` and the log replicate in the same WAL, so a standby's read
+//! model never shows data beyond its checkpoint). Three things stay on the primary: rate-limit
+//! reservations (the only writes a GET makes); the caller's last write (`key_positions`) and the
+//! head of the log, read once per request before the check (`consistency::Anchor`; the anchors
+//! of concurrent reads are read in one statement by `consistency::Anchors`, each read asking
+//! before the statement that answers it starts), because the
+//! standby's copies may lag, and deciding on them would skip the wait for a write the caller has
+//! just made, or take a token the standby has not replayed yet for one beyond the log. The check
+//! and the read then run on the standby and wait, within the same bound, until its read models
+//! reach that position, answering `stale_read` past the bound as on the primary. A key the
+//! standby's catalog does not know is looked up on the primary before it is refused
+//! (`Authenticator::on_standby`), so a key works as soon as it is created, as without a
+//! standby; a revoked key may work on a lagging standby for as long as its lag (beside the
+//! authenticator's one-second cache). A standby
+//! refuses `LISTEN` and gets no notifications, so there `ReadModels::start_on_standby` follows
+//! positions by polling: a refresh every 500 ms, and a waiting read looks again every 5 ms.
+//! Projection batches commit asynchronously and reach a standby when the primary flushes their
+//! WAL, so a primary with standbys runs `wal_writer_delay = 10ms` (docs/operations.md). Each
+//! read therefore costs the primary one indexed lookup (plus a share of a reservation); the
+//! check, the read and any waiting run on the standby. scripts/test starts a cluster with a
+//! standby after the suite and runs the read-your-writes, consistency and pagination tests a
+//! second time with every query service on it (`TEST_QUERY_ON_REPLICA`), and `tests/tests/api/replica.rs`
+//! pauses replay to show a read waits for the standby, a token carries across keys there and a
+//! key created meanwhile authenticates.
+//!
+//! The query and command services' pools run generic plans (`platform::db::generic_plan_pool`):
+//! their statements are keyed lookups and inserts from arrays, which PostgreSQL otherwise
+//! re-planned on every execution, at more cost than executing them. Every pool runs without JIT
+//! compilation (`jit=off`): PostgreSQL compiles a statement whose estimated cost passes a
+//! threshold, and a misestimated read of the log was compiled on every call, at a hundred times
+//! the cost of the read. Pools default to twice the
+//! machine's cores (at least 4): more connections at work than cores only move the queue from
+//! the pool into the kernel's scheduler.
 
 use platform::error::Code;
 use std::future::Future;

@@ -270,7 +270,7 @@ impl Decide for UpdateRecord {
 
 /// `DELETE /schemas/{schema}/records/{id}`: starts the deletion operation and answers 200 with
 /// it while `pending`. The record leaves every read at once; its erasure is proven when the
-/// operation reaches `completed` (see ARCHITECTURE.md, Erasure). Does not honour
+/// operation reaches `completed` (see the projector's eraser, "Erasure"). Does not honour
 /// `Idempotency-Key`: a repeated DELETE gets 409 while pending and 404 afterwards.
 pub(crate) struct DeleteRecord {
     pub space_id: String,

@@ -2,6 +2,34 @@
 //! `rm_<name>_v<version>`) and how the log's events change them; `runner` projects a batch,
 //! `quarantine` keeps a poison event from stopping one, `rebuild` builds a new version beside
 //! the live one, and `worker` runs each read model on the worker runtime.
+//!
+//! # Life of a log event
+//!
+//! 1. Appended at position P in a transaction that also records `key_positions[key] = P`.
+//! 2. `NOTIFY log_appended` wakes the workers that follow the log in every projector process (or
+//!    their 250 ms poll finds it).
+//! 3. A read model's worker locks the checkpoint rows of its live and building versions `FOR
+//!    UPDATE SKIP LOCKED` in one statement (the leases; another process's rows are skipped)
+//!    and, for each version it holds, reads the span of up to 500 positions after the
+//!    checkpoint, no further than the head: only the events of the types the read model reads,
+//!    through the index `events (event_type, position)` (`log::read_wanted`; the webhook enqueue,
+//!    the workflows' follower and preparation read the same way). Every position up to the head
+//!    is committed, so the span holds every event of those types; it applies them (holding back events of
+//!    quarantined spaces, dead-lettering an event that cannot be applied: see Poison events),
+//!    advances the checkpoint, records the batch in `projection_batches` (with when the step began
+//!    and when it committed, which the benchmark uses to split the lag) and issues `NOTIFY
+//!    projection_progress`, all in one transaction (PostgreSQL delivers the notification only
+//!    when it commits). That transaction commits with `synchronous_commit = off`: what it
+//!    writes is derived from the log and checkpointed with it, so a database crash can only
+//!    take a read model back to an earlier checkpoint, from which it projects the same rows
+//!    again, and the next synchronous commit of anyone (an append, a worker's step) flushes it
+//!    first. A batch of 100 positions or more (catching up on an import) and a rebuild's batch
+//!    wait for their own flush instead (a rebuild's full batches are such), so that a live request's commit does not flush their log.
+//!    The read models of a process share a lane (below), so under load each batch
+//!    gathers the events that arrived while the others projected.
+//! 4. A GET by the same key reads `key_positions`, waits until the read models it uses have
+//!    reached P (woken by the progress notification), and answers with `Projection-Position`.
+//!    Another key can pass `Consistency-Token: P` for the same guarantee.
 
 /// Declares a read model: the unit type `$model` named `$name`, with the module's `DDL` and
 /// `apply`: set-based over the whole batch (`batch`) or event by event over the module's

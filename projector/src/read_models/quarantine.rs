@@ -25,6 +25,46 @@
 //! A failure of every event of a batch in several spaces is not a poison event but a systemic
 //! fault (a missing table, a broken deployment): the batch is rolled back and retried, and
 //! the projection halts loudly instead of quarantining everyone.
+//!
+//! # Poison events: dead letters and per-space quarantine
+//!
+//! One event that a read model cannot apply (a defect in a projection, or an event that should
+//! never have been accepted) must not stop that read model for every space. The projector
+//! (`projector/src/read_models/quarantine.rs`) applies each batch inside a savepoint. When the batch fails
+//! for a reason that is not transient (the SQLSTATE class says so; a decode error is never
+//! transient), it rolls back to the savepoint and applies the batch event by event, each in a
+//! savepoint of its own. An event that fails is recorded in `projection_dead_letters` (read
+//! model, version, position, space, event type, error) and its **space is quarantined** in that
+//! version: from then on the version holds back the space's later events (they stay in the log,
+//! unapplied) and goes on with every other space; the checkpoint advances as usual. Holding the
+//! space's later events, not only the poison, keeps each record's history in order: nothing is
+//! applied on top of a missing event, as a Kafka consumer stops one partition, not the topic.
+//!
+//! - **Erasure still holds.** The events of a record's deletion (requested, blocked, completed)
+//!   are applied even in a quarantined space: they only remove data or report on its removal. The
+//!   eraser counts a version as having passed a deletion only if its checkpoint is past it *and*
+//!   the deletion event itself is not a dead letter (otherwise the deletion becomes `blocked`,
+//!   naming the dead letter).
+//! - **Read-your-writes still holds.** The consistency check (`platform::readmodel::CHECK_SQL`)
+//!   also returns, per read model, the first open dead letter of the caller's space (or of
+//!   events without a space). A quarantined model counts as being just before its dead letter:
+//!   `Projection-Position` says so, a write after it is never reported as reached, the read
+//!   answers at once (waiting cannot help) with a `stale_read` warning that names the position.
+//!   Other spaces' reads are unaffected.
+//! - **Loud.** Each dead letter is logged at error when recorded and again every maintenance
+//!   pass (each minute) while open; `projector dead-letters list` shows them.
+//! - **Retry after a fix.** `projector dead-letters retry <name> [--space <id>]` takes the
+//!   projection's checkpoint rows `FOR UPDATE` (the lease: the projector waits meanwhile), marks
+//!   the space's dead letters resolved, reads the space's events from the first dead letter up
+//!   to the checkpoint from the log and applies them in order by the same rule. What fails again
+//!   is reopened, with the rest of the space still held. Deletion events applied early are
+//!   applied again, which changes nothing.
+//! - **Deterministic.** A rebuild applies the same rule from position 0, so it reaches the same
+//!   dead letters in its new version and the same rows for every other space (tested).
+//! - **Systemic failures are not poison.** If every event of a batch fails and the failures span
+//!   three or more spaces, the batch is rolled back and retried instead (a missing table or a
+//!   broken deployment must halt loudly, not quarantine everyone). Transient failures
+//!   (connection, serialization, resources) always fail the whole batch, which is retried.
 
 use std::collections::BTreeMap;
 

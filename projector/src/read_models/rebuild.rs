@@ -1,5 +1,21 @@
 //! Rebuilding a read model with no downtime: build a new version from position 0 beside the
 //! live one, then, once it has caught up, switch readers to it in one transaction.
+//!
+//! # Rebuild
+//!
+//! `projector rebuild <name>` creates version N+1 in a new schema (`rm_<name>_v<N+1>`), without
+//! the indexes only readers use (`ReadModel::read_indexes`), projects it from position 0 beside
+//! the live version in batches of 2,000 (500 while it yields to live requests, as the imports
+//! worker's waves shrink; `api::live_load::next_step`) (with a progress bar, rate and time left on a
+//! terminal, `platform::progress`, and a plain line every 2 s otherwise; after each batch it
+//! yields to live requests as the imports worker does, `api::live_load::yield_to_live` with
+//! `APP__IMPORTS__LIVE_YIELD`), builds those indexes under the version's lease once it has
+//! caught up, then in one transaction
+//! locks both checkpoint rows, brings the new version to the head of the log, retires the old
+//! one and makes the new one live. Readers pick up the switch within 500 ms; the retired
+//! schema is dropped after a grace period. A table added to a read model later (`ReadModel::additions`, `CREATE TABLE IF
+//! NOT EXISTS`, filled only by events that came with it) is part of every new version and is
+//! added to the existing versions when a projector starts, so it needs no rebuild.
 
 use std::time::{Duration, Instant};
 

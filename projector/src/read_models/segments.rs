@@ -10,7 +10,7 @@
 //! is evaluated as of that event's recording time, so a rebuild from the log gives the same
 //! membership. A `performed ... in the last` window that opens or closes with no new event is
 //! brought into the log by the `segment_windows` timer, which this model schedules for the
-//! earliest such moment of each contact (see ARCHITECTURE.md, "Segments").
+//! earliest such moment of each contact (see `workers/segments.rs`, "Segments").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

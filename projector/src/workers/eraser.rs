@@ -15,6 +15,48 @@
 //! (failing on an event, or a rebuild that was abandoned), becomes `blocked` with the reason;
 //! it completes by itself once that projection passes the position or the abandoned version
 //! is dropped.
+//!
+//! # Erasure (crypto-shredding)
+//!
+//! The log is append-only, so personal data is made unreadable instead of deleted.
+//!
+//! - **Keys.** When a record is created, the command service makes a 256-bit data key, encrypts
+//!   the record's `Sealed` personal data with AES-256-GCM under it (the subject id is bound in
+//!   as associated data), and stores the key wrapped by the master key (`APP__MASTER_KEY`) in
+//!   `subject_keys`, by a guard in the same transaction as the `RecordCreated` event. Later
+//!   writes load the key with the record's state (one statement) and encrypt with it. Readers
+//!   (projections, the audit trail) load the keys of the subjects in what they read; a seal
+//!   whose key is gone opens as "erased", the same way on every replay.
+//! - **Request.** `DELETE` appends `RecordDeletionRequested` to the record's stream at its
+//!   current version (so it wins or loses cleanly against a concurrent write), inserts the
+//!   operation into `record_deletions` and deletes the record's `record_identities` rows, all in
+//!   one transaction. From then on the record's latest event says it is being deleted: writes,
+//!   upserts by id and a second DELETE get 409 `record_deletion_pending`; reads no longer find it
+//!   (the records projection deletes its row); its identity values are free for new records.
+//! - **Erase and prove.** The eraser (a worker of its own on the runtime, under the lease
+//!   `eraser`; any number of projector processes may run it) takes open operations and (1) deletes the subject key, the
+//!   identity rows and blanks recorded idempotent responses about the record, committing that
+//!   first; (2) checks that every projection version that can hold data, `live` and `building`
+//!   ones and `retired` ones whose schema still exists, has passed the deletion's position;
+//!   (3) appends `RecordDeletionCompleted` (ids and positions only) with a guard moving the
+//!   operation to `completed`, so exactly one completion is recorded. The `deletions` read
+//!   model serves `GET /record-deletions/{operationId}`.
+//! - **Blocked.** If step 2 keeps failing for longer than `APP__ERASURE__BLOCKED_AFTER_MILLIS`
+//!   (60 s), the eraser appends `RecordDeletionBlocked` with the reason (which read model,
+//!   version and position). This is the "unresolved work" here: a projection failing on an
+//!   event, or a rebuild abandoned half-way. It needs no separate reconciliation step: once the
+//!   projection is repaired and passes the position, or the abandoned version is dropped, the
+//!   next pass completes the operation. The key is already gone while blocked.
+//! - **What is proven, and what is not.** The test suite dumps the whole database with
+//!   `pg_dump` after completion and finds neither the address nor the name, in text or as
+//!   bytea hex. Outside that proof: dead row versions stay in table files until (auto)vacuum
+//!   and in WAL and backups until they rotate; the erased subject's ciphertext stays in the log
+//!   forever, unreadable without the destroyed key. Suppression entries for the contact's
+//!   address are kept on purpose: they exist to keep honouring a "do not contact" and must
+//!   outlive the contact. The body hash of an idempotency record is a SHA-256 of the request,
+//!   not the request.
+//! - **Replay.** A rebuild after erasure projects the record with empty personal fields and
+//!   then deletes it at its deletion event: the same read models as before (tested).
 
 use platform::error::Code;
 use std::time::Duration;

@@ -14,6 +14,17 @@
 //! - workflow entries (channel `workflow`), from the runs bound to the contact:
 //!   `workflow_run_requested`, `workflow_step_finished` (each step a journey executed for the
 //!   contact, with its status) and `workflow_run_finished`.
+//!
+//! # Audit trail
+//!
+//! `GET /schemas/{schema}/records/{id}/audit-trail` is answered from the log (as are an email's
+//! story, `GET /emails/{id}`, from the email's stream, and the preference page behind an
+//! unsubscribe link, from the contact's subscriptions stream; every other read is a read
+//! model's): the record's events through the subject index, decrypted with its key, give consent-field
+//! changes (attributes whose definition has `consent: {channel}`); the addresses it has held
+//! give the subjects of its suppressions' events. Entries are ordered newest first by log
+//! position and paginated in memory: a contact's history is small, and the cost grows with it,
+//! not with the log.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

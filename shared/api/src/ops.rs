@@ -2,6 +2,42 @@
 //! answers), `/health/ready` (the database is reachable and migrated, plus whatever the
 //! process adds: the projector reports each worker's lag and health), and `/metrics` in
 //! Prometheus text format. Also the request metrics middleware.
+//!
+//! # Operations endpoints and shutdown
+//!
+//! Every process serves, outside `/v1`: `/health/live` (it answers), `/health/ready` (the
+//! database is reachable and has every migration; the projector and single node also report
+//! each worker's health and the open dead letters, and are not ready while a worker has been
+//! failing for more than 30 s) and `/metrics` (Prometheus text: requests by operation and
+//! status with latency histograms, append batch sizes, latency and failures, rate-limit and
+//! admission refusals, worker steps, failures and lag, due timers, open erasures and dead
+//! letters). The projector serves them on `APP__PROJECTOR__PORT`.
+//!
+//! `projector status` (or `platform status`) is the operator's view of a running system in one
+//! command (`projector/src/status.rs`), read from the database: the log head and the age of its last
+//! event; every read-model version and checkpointed worker with its position, lag and health
+//! (`ok`, `catching_up`, `stalled` when it has not moved for 30 s while behind an event recorded
+//! 30 s ago or more, so a rested follower is not stalled the moment an event arrives, `halted`; the
+//! eraser and maintenance keep no log position, so they have no lag); open dead letters by read
+//! model; the email outbox by state; pending webhook deliveries by webhook with the oldest's
+//! age; timers and how many are due; broadcast runs in progress with their recipients by state;
+//! workflow runs in progress by status; record deletions not completed, by state; the
+//! database's size and its largest tables. `--process <origin>` adds what each named projector process reports on
+//! `/health/ready` (every worker of that process, with steps, failures and lag). `--json` prints
+//! the same for scripts, and the exit status is 1 when something needs attention (a stalled or
+//! halted follower, a dead letter, a blocked record deletion, a process not ready).
+//!
+//! On SIGTERM or SIGINT a service stops accepting connections and gives requests in flight up
+//! to `APP__HTTP__SHUTDOWN_TIMEOUT_MILLIS` to finish; a request's append is awaited by its
+//! handler, so the append batcher holds nothing unacknowledged when the server has drained.
+//! The projector (and single node) then stops its workers, whose leases end with their
+//! transactions.
+//!
+//! Idle client connections are kept `APP__HTTP__KEEP_ALIVE_SECONDS` (75 s), longer than nginx
+//! keeps its upstream connections (60 s) and than common client pools keep theirs, so the
+//! service is never the side that closes a connection a client has just chosen to reuse (a POST
+//! sent on a connection the server is closing gets no answer, and the client cannot tell whether
+//! it was applied).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

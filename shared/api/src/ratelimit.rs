@@ -1,6 +1,31 @@
 //! Per-key request buckets (the contract's RateLimits): independent fixed windows counted in
 //! PostgreSQL, so every instance of a tier shares one budget. The window boundaries come
 //! from the database's clock, so instances with drifting clocks still count the same window.
+//!
+//! # Rate-limit windows
+//!
+//! Each request is counted, before authentication, in its bucket (read for GET, write for other
+//! methods, ai for LLM-backed operations) under its subject: the SHA-256 of the bearer
+//! credential, or `ip:<address>` without one. The counter is one row per (bucket, subject,
+//! window) in the UNLOGGED table `rate_windows`, advanced by one upsert whose window index is
+//! computed from the database clock, so every instance of a tier (and instances with drifting
+//! clocks) count the same fixed window, and two command services share one write budget.
+//!
+//! A process reserves tokens from that row and keeps them in a short-lived lease: one token per
+//! upsert for budgets up to 1,000 per window, so the contract's read (100/s), write (25/s) and
+//! AI (10/min) budgets are exact across any number of processes (N concurrent requests within
+//! the budget all pass and the next does not) and every such request is one statement; larger
+//! configured budgets reserve more at a time (up to `APP__RATE_LIMITS__RESERVE_MAX`). The upsert
+//! adds the whole chunk and grants what still fits under the budget, so the budget is never
+//! exceeded however many processes reserve; tokens a process holds unused when the window ends
+//! are lost, which can only refuse a few requests early, and a reservation that comes back empty
+//! still passes while this process holds unused tokens. A process that learns a window is spent
+//! refuses further requests in it without a round trip.
+//! The lease is a cache of a reservation, not a budget of its own: the shared row stays the
+//! truth. Past the limit the answer is 429 `rate_limit_exceeded` with `Retry-After` set to the
+//! window's end as an HTTP date. UNLOGGED means no WAL per request; a database crash resets the
+//! current windows, which only ever lets a few extra requests through. The projector purges
+//! ended windows every minute. Costs are measured in `docs/benchmarks.md`.
 
 use platform::error::Code;
 use std::collections::HashMap;

@@ -139,7 +139,7 @@
 //! So `has not opened in the last 90 days` is the sunset rule, and `clicked a link containing
 //! pricing in an email from broadcast spring-sale` finds who looked at prices. By default only
 //! a person's opens and clicks count: a privacy proxy's prefetch and a link scanner's fetch
-//! are recorded but flagged as a machine's (see ARCHITECTURE.md, "Engagement"). Names are
+//! are recorded but flagged as a machine's (see the projector's engagement worker, "Engagement"). Names are
 //! slugs or ids; the service resolves them to ids when the filter is made.
 //!
 //! # JSON form

@@ -207,7 +207,7 @@ event_types! {
 /// Wraps a subject's personal data in the clear. Decisions build events with this; the
 /// write path then encrypts the seals of erasable subjects with [`encrypt`] before appending.
 /// Seals left in the clear are those of subjects with no erasure through the API (users
-/// authored in the workspace file, suppression entries; see ARCHITECTURE.md).
+/// authored in the workspace file, suppression entries; see the `log` module's documentation).
 pub fn seal<M: Message>(subject_id: &str, personal: &M) -> proto::Sealed {
     proto::Sealed {
         body: Some(proto::sealed::Body::Clear(personal.encode_to_vec())),

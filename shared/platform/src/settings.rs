@@ -1,9 +1,9 @@
 //! Typed settings of every component, loaded once with figment: the defaults below (the only
 //! place a default is written), then an optional TOML file named by `APP_CONFIG`, then
-//! environment variables with the `APP__` prefix and `__` between levels
-//! (`APP__DATABASE__URL`, `APP__RATE_LIMITS__READ_PER_SECOND`,
+//! environment variables with the `APP__` prefix and `__` between levels (`APP__DATABASE__URL`,
 //! `APP__EVENTS__ADMISSION__FLEET__RATE`). `RUST_LOG` sets the log filter. No other module
-//! reads the environment: what a component needs is passed to it from here.
+//! reads the environment: what a component needs is passed to it from here. Secrets (the
+//! database URL, the master key, the AI key) are `secrecy` strings that never print.
 
 use std::time::Duration;
 

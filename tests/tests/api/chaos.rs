@@ -12,6 +12,58 @@
 //! skipped), and then alone (`.config/nextest.toml` gives it every test thread): `scripts/test`
 //! runs it in a short form (`CHAOS_SECONDS`, 40 by default); `scripts/chaos` runs the long form
 //! and prints the counts kept in `docs/benchmarks.md`. `CHAOS_SEED` replays a schedule of faults.
+//!
+//! # The invariants under faults, together
+//!
+//! Each invariant above has its own kill test; `tests/tests/api/chaos.rs` breaks the whole
+//! deployment at once. It starts two command services, two query services and two projector
+//! processes behind nginx (`deploy/nginx.conf.template`, two servers per upstream) on a
+//! PostgreSQL cluster of its own with default durability, which every service reaches through a
+//! TCP proxy that can hold every chunk (150 ms) or reset every connection. Seven clients write
+//! through nginx (record creates and upserts, event fires and batches, suppressions, template
+//! sends, workflow triggers), each operation retried as it was first sent after a transport
+//! error, a 5xx, a 429 or `idempotency_conflict`: under its `Idempotency-Key`, or, where the
+//! contract takes none, deduplicated by its `eventId` (a fire) or found already made (a
+//! suppression's retry that meets `suppression_already_exists`), while a broadcast to 200
+//! contacts runs under a send policy (30 of them capped by a promo sent before the faults, 30 in
+//! their quiet hours and held), an eighth client follows the tracking links of its mail as it arrives (each
+//! request a click of its own), and 20 erasures requested beforehand complete. Meanwhile, in each started minute and at
+//! random moments (`CHAOS_SEED` replays them), one process of each kind is killed with SIGKILL
+//! and started again, the postmaster and its backends are killed with SIGKILL and restarted,
+//! and the proxy delays, and at another moment cuts, every database connection for 3 s; the
+//! links to the SMTP relay and to the webhook receivers, each behind a proxy of its own, are
+//! held (every chunk 2.5 s, beyond the services' timeouts) for 4 s and cut for 3 s. Once the workers have drained, the
+//! checker compares what each client was told with what the API then serves: each acknowledged
+//! write present (read back by id and found once in its list), nothing duplicated, each email
+//! and broadcast message at the relay at most once (exactly once when recorded `sent`), each
+//! capped or held fan with its story in the run's delivery log and no message from the run, each
+//! workflow call under one `webhook-id` (repeats under it allowed, as for webhooks), each click answered 302 in the log (and no more clicks there than
+//! requests sent), each acknowledged create delivered to its webhook under one id,
+//! every read model at the head with no dead letter, and `projector status` clean. An
+//! operation whose claim was left by a killed process answers `idempotency_outcome_unknown`
+//! after 60 s and counts as unknown; such writes may or may not exist, but never twice.
+//! It runs only with `CHAOS=1` and then alone (`.config/nextest.toml`): `scripts/test` runs it
+//! after the suite for 40 s; `scripts/chaos [seconds] [seed]` runs it at length, and its counts
+//! are in `docs/benchmarks.md`.
+//!
+//! The same load and checker run on the HA deployment (`chaos::no_failover_loses_an_acknowledged_write`,
+//! `tests/tests/api/ha.rs` over `scripts/ha.sh`): pg_auto_failover's monitor, a primary and a
+//! synchronous standby, each server in a network namespace of its own, the services listing both
+//! nodes (`target_session_attrs=read-write`; the query services read from whichever is the
+//! standby). In each round, beside the process kills and the link faults, the primary's machine
+//! is killed for good (every process of its namespace, SIGKILL) and a new server replaces it
+//! 12 s later; the primary is cut off from everyone (its link down: packets vanish, no reset)
+//! for 15 s while it runs, then rejoins as a standby; and the monitor switches over under the
+//! load. A probe writes a suppression through nginx every 100 ms during each of these and the
+//! report gives the longest time without an acknowledged write. `scripts/test` runs it for
+//! 30 s after the other; `scripts/chaos ha [seconds] [seed]` at length.
+//!
+//! - **Architecture Invariant: no service decides who is primary.** The HA engine
+//!   (pg_auto_failover) does; the services only list every node and connect to the one that
+//!   takes writes (`target_session_attrs=read-write`), with connect, keepalive and TCP user
+//!   timeouts (`platform::db::connection_config`) so that a vanished server is noticed within
+//!   seconds. Nothing of ours is kept per server: positions, leases, claims and timers are rows
+//!   of the replicated database, so they carry over a failover as they are.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::Command;

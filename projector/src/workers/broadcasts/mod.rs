@@ -21,6 +21,79 @@
 //!   one whose hand-off a dead process left is finished by the email outbox worker, which
 //!   never sends an email twice. The pace is at most `APP__BROADCASTS__RATE_PER_SECOND`
 //!   recipients a second. A run with no `pending` recipient left is `completed`.
+//!
+//! # Broadcasts
+//!
+//! A broadcast is authored (`shared/domain/src/email/resources.rs`, `BroadcastDef`: a marketing
+//! template whose only data key is its recipient, an audience, an optional sender and schedule);
+//! `PATCH /broadcasts/{id}` appends `BroadcastUpdated`, and the `broadcasts` read model folds
+//! those over the authored definition in log order (`shared/domain/src/email/broadcasts.rs`). The
+//! commands fold the same from the log (`command-service/src/broadcasts/store.rs`: the authoring
+//! stream and the broadcast's own, in one statement) and append at the broadcast stream's
+//! version with the authoring stream held, so a send right after a PATCH takes the PATCH's
+//! audience whatever the read models' lag.
+//!
+//! **A run** is requested by `POST /broadcasts/{id}/send`: `BroadcastRunRequested` is appended
+//! with two guards, the run's row in `broadcast_runs` (a unique index allows one `scheduled` or
+//! `sending` run per broadcast, so a concurrent second send fails its append: 409) and its
+//! `broadcast_runs` timer, due at the start. The engine (`projector/src/workers/broadcasts/`)
+//! then works from its own tables, like the webhook and email outboxes:
+//!
+//! 1. **Start** (the timer's handler, in the timer's transaction): once the live `segments`
+//!    read model has applied the run's request (the last event of the broadcast's stream while
+//!    a run is active; until then the timer is tried again 100 ms later), the audience is
+//!    snapshotted into `broadcast_recipients` (the segment's members, or the topic's subscribed
+//!    contacts, from that read model) and the run becomes `sending`. Both commit or neither.
+//! 2. **Send** (worker `broadcast_runs`): a step locks one sending run `FOR UPDATE SKIP LOCKED`
+//!    and takes a batch of its `pending` recipients. It loads what the checks need in a few
+//!    set-wise statements (documents and subscriptions from the segments read model, where the
+//!    snapshot came from, so a recipient is missing only when deleted since; consent attributes
+//!    from the catalog; suppressions; data keys), asks the send decision about each recipient
+//!    (`Recipients::facts`), appends the stories of those it refuses in one append (their
+//!    `EmailSkipped`, with the log events that decided, and their move to `skipped`, marked not
+//!    counted yet), renders each one let through, and appends each email with three guards: the outbox row, the allowance
+//!    count, and `pending → scheduled` of the recipient. The appends go concurrently, so the
+//!    batcher writes them in few transactions. A recipient decided before (by a process that
+//!    died after its append) fails its guard: no email is appended twice. The batch's emails
+//!    are then handed to the relay (`outbox::claim` and `hand_off`), a bounded number at once
+//!    across steps: a step returns once its last hand-off has started, so the next batch is
+//!    decided while this one is sent. Each email is claimed only when its hand-off starts; one
+//!    a dead process left is finished by the email outbox worker, which never sends twice. The
+//!    step sleeps to keep the configured pace, and then yields to live requests as an import's
+//!    wave does (`APP__BROADCASTS__LIVE_YIELD` times the batch's time, in proportion to the
+//!    `live_load` rate).
+//!    A recipient the send policy holds gets its email stored `held` (see Engagement, held
+//!    sends) and moves to `held`; the held sends worker moves it to `scheduled` or `skipped` at
+//!    its time.
+//! 3. A run with no `pending` recipient left is `completed`. Its counts are kept, never
+//!    counted at request time: the skips by reason in `broadcast_runs` (each step counts the
+//!    run's skipped recipients not counted yet, in its transaction, which holds the run's row:
+//!    its own, and any a process that died after their append left; an append never touches the
+//!    run's row, which the step holds while it waits on the append), and its
+//!    emails in the `emails` read model's `email_counts` (see Engagement); `pending` is the
+//!    audience less both, `held` the emails the policy holds now, `queued` the emails
+//!    scheduled without an outcome yet, held ones left out.
+//!
+//! **An experiment** (`BroadcastDef::experiment`, the pure rules in
+//! `shared/domain/src/email/experiments.rs`, the engine's part in
+//! `projector/src/workers/broadcasts/experiment.rs`) rides on the same steps. The run's request
+//! carries the broadcast's experiment. At the start, each recipient of the snapshot is drawn into
+//! the test with a variant, or into the rest, from a digest of the broadcast, the run and the
+//! contact, and the run's phase is `test`: its steps take test recipients only, each batch sent
+//! per variant (its template, sender and subject) with the variant on every `EmailScheduled` and
+//! `EmailSkipped`. With no test recipient pending, the phase is `wait` and a
+//! `broadcast_experiments` timer is due at the end of the wait. Its handler waits until every open and
+//! click taken by then is in the log, the `emails` read model (and for a conversion metric, `events`) has applied it, and
+//! neither holds an open dead letter of the space (whose later events it would be holding), then reads each variant's
+//! figures in one statement grouped by variant (`reads::experiments::tallies`, shared with the run's read),
+//! decides, and appends `BroadcastExperimentDecided` as the only event of `broadcast-run-<runId>`
+//! (expected not to exist, so the verdict is recorded once; a timer fired again after a crash
+//! applies the recorded one). Applied in the timer's transaction, the phase becomes `winner`:
+//! contacts who joined the audience since the start are added to the rest, and the steps send
+//! the rest the winner (`experiment_winner` on their emails: `origin.cohort`). Without a winner, the rest is skipped as
+//! `experiment_stopped` and the run completes. A variant's subject, template, sender and preheader replace the broadcast's
+//! in `Run::for_variant` and the batch's load; a `PATCH` of the broadcast changes the experiment the next run takes
+//! (`command-service/src/broadcasts/decide.rs`: `check_experiment` on what the catalog holds of the named templates, senders and event schema).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -11,6 +11,70 @@
 //! killed anywhere resumes at the first row without one, and no row is written twice. Rows that
 //! write nothing (unchanged, failed) get their results in one statement. Once every row has
 //! one, the part's body is dropped.
+//!
+//! # Imports
+//!
+//! An import (`docs/decisions.md`, Bulk imports) brings a file of records in: through the API
+//! (`PUT /imports/{id}`, its parts, `POST .../complete`) or the operator's `platform import`,
+//! which writes the same tables directly.
+//!
+//! **Taking it in** (`command-service/src/imports/`). The create checks the column map against
+//! the schema (`domain::imports::check_columns`) and stores the settings in `imports` with their
+//! digest (a repeat compares it; other settings start an import that wrote no record again,
+//! under the worker's advisory lock). A part is checked whole at the edge without building its
+//! rows (`import-file`: decoded from UTF-8, UTF-16 by its mark or windows-1252, its
+//! delimiter named by Excel's `sep=` first line or found in the header, no quoted cell left
+//! open, its rows counted, at most 100,000; the header checked by
+//! `check_header` before anything is stored; a row that cannot be read fails later, alone) and stored in `import_parts` with its digest, under a `FOR SHARE`
+//! lock of the import's row that `complete` takes `FOR UPDATE`, so no part lands after the
+//! import is closed. `GET /imports` lists the space's imports and `DELETE /imports/{id}` drops
+//! one not completed (under the same lock). The CLI first checks everything that can refuse the
+//! import, before it creates it: the column map, the header (read as the intake reads a part's),
+//! then the whole file on a blocking thread (UTF-8, no row over 1 MB, no quoted cell left open;
+//! a UTF-16 file is read through a UTF-8 copy), so a refusal leaves nothing behind; then it cuts
+//! a file of any size at record boundaries (the `csv` reader's byte positions, with the file's
+//! delimiter; line ends for NDJSON) into parts of at most 4 MB or 20,000 rows, each with the
+//! file's `sep=` line and header, holding one part at a time.
+//!
+//! **Deciding rows** (`projector/src/workers/imports/`, worker `imports`, one process at a
+//! time by an advisory lock held for a step). A step takes the lowest waiting part of an import
+//! whose earlier parts are done, so a file's rows are decided in order. It reads the rows as it
+//! decides them (`parse::rows`, an iterator: never a whole part at once), skips those with a
+//! result (`import_rows`), and decides the rest in waves of 1,000 (100 while it yields to live
+//! requests, below) (`domain::imports::decide`, pure): each row checked (the record rules' validation, a key to
+//! be matched by, a consent source for any consent it grants), then matched and decided as an
+//! upsert on what the wave read in one statement each: the identity holders, their records
+//! (stream version, state, data key), and the suppressed addresses. A row that shares an
+//! identity value or a record with an earlier row of the wave waits for the next wave, which
+//! reads what the earlier one wrote. Each written row is its own append (its stream at the
+//! version read, its identity claims and key guard, and the guard inserting its result),
+//! all sent at once: the log's batcher groups them into transactions and, their guards having
+//! set forms, writes each group with one statement per table; one row's lost race fails only
+//! that row, which is decided again (five times at most, then `concurrent_modification`).
+//! Rows that write nothing (unchanged, failed) get their results in one statement. Each wave
+//! updates the part's counts; the last sets them from the results, drops the part's body and
+//! stamps `done_at_ms`. The same worker sweeps what imports leave behind (`imports/expiry.rs`,
+//! at most every minute, under its lock): one never completed that received nothing for
+//! `APP__IMPORTS__RECEIVING_EXPIRY_SECONDS`, and one completed `APP__IMPORTS__RETENTION_SECONDS`
+//! ago, are dropped with their parts and row results. After each wave the worker yields to
+//! live requests: every command service (and the single-node process) writes its request rate
+//! to `live_load` (`api::live_load`, every half second in which it served some), and the worker waits up to
+//! `APP__IMPORTS__LIVE_YIELD` times the wave's time in proportion to the rate. Meanwhile its
+//! waves are of 100 rows: the batcher's transactions of a wave hold the log's head until they
+//! commit, and live appends wait behind them.
+//!
+//! **Exactly once across kill -9.** A row's result is inserted by its own append's guard, so a
+//! row has a result exactly when its write is in the log; a step killed anywhere (or a
+//! database restart) leaves the part's body, and the next step resumes at the first row without
+//! a result. Rows that wrote nothing are decided again to the same answer. The process-level
+//! test kills the worker and then PostgreSQL mid-import and counts records, `RecordCreated`
+//! events, identities and `contact upserted` deliveries: each exactly once per row.
+//!
+//! **Provenance.** The appends carry the import's key in their metadata (none for the CLI) and
+//! `RecordCreated/RecordUpdated.import` (id, consent label, file name); creates have
+//! `source: import`. The audit trail shows it on consent entries (`importSource`). A row's
+//! topics become `SubscriptionChanged` (source `import`) on the contact's subscriptions stream,
+//! in the row's append, for each topic the wave read it was not subscribed to.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::time::Duration;

@@ -15,6 +15,145 @@
 //! Waits are due times of the run queue itself (`workflow_runs.due_at`), not rows of the
 //! runtime's `timers`: a step may call a webhook, and a timer's claim transaction must not be
 //! held across an outside call (the reason the webhook outbox is a queue of its own too).
+//!
+//! # Workflows
+//!
+//! A workflow is authored (`command-service/src/authoring/workflows.rs`: the graph checked by
+//! `domain::workflows::check`, references resolved to ids, branch conditions parsed into the
+//! filter language, a signing secret sealed under a data key of its own) and held by the catalog
+//! as `domain::workflows::WorkflowDef`. The API pauses and unpauses it on stream
+//! `workflow-<id>` (with the engine's `workflow_controls` row in the same append), and triggers
+//! runs (`command-service/src/workflows/`): `WorkflowRunRequested` on the run's stream
+//! `workflow-run-<runId>`, the contact the input names upserted in the same append, the input
+//! sealed under the contact's data key (or a key of the run's own), and the engine's row in
+//! `workflow_runs`, due at once.
+//!
+//! **The engine** (`projector/src/workers/workflows/`) runs each run as a process manager over
+//! the log. Worker `workflow_runs` (any number of processes) claims due rows with a lease (a
+//! token and a time, like the webhook outbox: a step may wait on a receiver) and advances each
+//! in a task of its own, at most 1,024 per process (`APP__WORKFLOWS__CONCURRENCY`: their
+//! transitions are appended together, so many runs falling due at once make few large batches).
+//! A process never claims again a run it is still advancing, even once its lease ran out (it
+//! keeps its claims' tokens while their tasks run): on a machine too busy to finish within the
+//! lease, claiming them again made every transition lose its lease, and runs stood still.
+//! Another process does take such a run over when its lease runs out. The claim is a transaction of its own whose commit does not wait for the disk (the transition
+//! it leads to is appended with a flush), and it sends `platform::db::KEYED_PLANS` (as the log's
+//! append transactions and the webhook claim do) so that its plan stays an index lookup however
+//! stale the table's statistics. A run's email hand-off waits for one of two permits per relay
+//! connection, so rendered messages do not pile up when the relay is slower than the runs. A
+//! tick has the command side's shape:
+//!
+//! 1. **Load** (`run.rs`): the row (with the pause control and the run's data key), the
+//!    definition at the run's revision (from its authoring stream, kept per revision).
+//! 2. **Decide** (`decide/`, pure and synchronous, with given/when/then tests for every step
+//!    kind, branches, loop bounds, pauses and calls): `decide(row, definition, facts, given)`
+//!    executes steps until one must wait, writes to another stream, or the run ends. A step
+//!    that reaches for a fact not loaded yet (the contact: its record and subscriptions from
+//!    the log, memberships from the `segments` read model; a send step's template with its
+//!    sender, domain and allowance; whether the address is suppressed; the workflow's signing
+//!    secret) gets `Decided::Needs`; `run.rs` loads that one fact and decides again from the
+//!    start, so a fact is read once per tick and only when a step needs it. `now`, the retry
+//!    jitter and a call's outcome are given, not read.
+//! 3. **Append** the transition, in one transaction: the run's changes at the stream's version
+//!    (`WorkflowRunStarted`, `WorkflowStepStarted`/`Finished`, `WorkflowRunSleeping`, `Paused`,
+//!    `Resumed`, `Finished`) as one log event, `WorkflowRunAdvanced`, holding them in order when
+//!    there are several (`domain::workflows::transition`; readers unwrap it with `changes`, and an
+//!    earlier release's separate events fold the same), the other streams' events (`EmailScheduled` with its outbox row and
+//!    allowance count, `RecordUpdated` at the record's version, `SubscriptionChanged`) and the
+//!    row's update under the lease.
+//! 4. **Effects** once it is committed: an email's hand-off (the outbox worker is its backstop),
+//!    or a webhook call (`workers/outbound.rs`, the client and answer rules webhook delivery
+//!    uses too), whose outcome is given to the next decision.
+//!
+//! So each transition happens once, however many processes race, and a crash anywhere leaves
+//! the run where the log says.
+//!
+//! - **Effects at most once per (run, index).** An email's id is derived from (run, index) and
+//!   its stream is new, so it is scheduled once (or, refused by a gate, skipped once: the
+//!   decision asks for the fact that decided, `Need::DecidedBy`, and the transition appends the
+//!   email's `EmailSkipped` with the step's `skipped` record, which names the email); its hand-off is the outbox's (never twice). A
+//!   record change goes at the record's version with the step's record. A webhook call is two
+//!   transitions: the start, with the attempt marked going out, is committed before the request;
+//!   the outcome after. A claimed run whose call is marked going out with no outcome lost it in a
+//!   crash: the step is `outcome_unknown` and the run goes on, never calling again. The call's
+//!   `webhook-id` is derived from (run, index) too, the same for every attempt.
+//! - **Waits** are the run's `due_at`: a `wait` until its time, a `wait_for_event` until its
+//!   timeout. Worker `workflow_events` (one process at a time, by its lease) follows the log: an
+//!   event that becomes ready for a contact ends the waits for its schema that began before it
+//!   (`waiting_after`, the log head when the wait's transition was appended), and starts the
+//!   runs of workflows it triggers (run ids derived from (workflow, event), so a batch followed
+//!   twice starts nothing twice); a contact's deletion makes its runs due, and the engine ends
+//!   them (`exited`, `contact_erased`). Waits are not rows of the runtime's `timers`: a step may
+//!   call a webhook, which a timer's claim transaction must not wait on.
+//! - **Engagement.** A send step's output is its `emailId`. A `wait_for_engagement` asks the
+//!   log first (`Need::Engagement`: the email's stream, a person's `EmailOpened` or
+//!   `EmailClicked`) and goes on at once when the person already did; otherwise it sleeps with
+//!   `waiting_schema` `opened:<emailId>` (or `clicked:`), which the follower matches on a
+//!   person's open or click after the wait began, as it matches events. At the timeout the
+//!   engine asks the log once more, so an open recorded while the wait was being committed is
+//!   not missed. A branch whose condition reads `steps.<id>.opened` or `.clicked` loads the same
+//!   fact and sees it in the send step's output.
+//! - **Segment triggers.** Membership is a read model, not a log event, so the `segments` read
+//!   model records each join as an entry `(segment, log position of the change that made the
+//!   contact a member, contact)` in the same transaction as its checkpoint. The same follower
+//!   follows, per published workflow and segment it triggers on, the entries after a position
+//!   of its own (`workflow_segment_triggers.through`, starting at the position of the definition
+//!   that published the trigger, so members from before start nothing) up to the position the
+//!   read model has reached, and starts a run per entry under the trigger's re-entry rule, its
+//!   id derived from (workflow, segment, contact, position). An entry is never split across
+//!   steps and a repeat starts nothing twice. A contact that enters and leaves between two
+//!   steps of the follower still has its entry. A rebuild of `segments` records the same entries
+//!   at the same positions, except where batching evaluated a contact at a later change of the
+//!   same batch: such an entry can start a second run when the rebuild goes live past the
+//!   trigger's position (a re-entry rule other than `always` holds it back).
+//! - **Re-entry** is read from the engine's own rows: `once` holds a start back when
+//!   `workflow_runs` has any run of the workflow for the contact, `once_at_a_time` when one is
+//!   unfinished, whatever started it (the API's trigger inserts its row in the append that
+//!   requests the run, the follower in its own). The follower is the only process that starts
+//!   trigger runs, so the rule is checked in log order; a trigger through the API at the same
+//!   moment is not serialised with that check (it is an explicit request and always runs).
+//! - **Pause.** While `workflow_controls.paused`, a run that becomes due is parked (`paused`,
+//!   not due; `WorkflowRunPaused` when it had started) by a guard that holds the control row
+//!   `FOR SHARE`, so an unpause committing meanwhile is never missed; the unpause's append makes
+//!   every parked run due at once, so a wait that elapsed meanwhile completes at once.
+//! - **Revisions.** A run follows the revision it was requested on. A new revision's `inFlight`
+//!   rule (`domain::workflows::InFlightRule`: `pin`, `exit`, `migrate` with a step mapping) says
+//!   what happens to the runs of earlier ones. The apply that publishes it counts their open
+//!   runs by step from `workflow_runs`, refuses a mapping that leaves a step holding runs
+//!   without a place (`check_in_flight`), and, for `exit` and `migrate`, marks the rows
+//!   (`migrate_to`, due at once; a wait's due time is kept in `in_flight.untilMs`) and records the
+//!   revision in `workflow_controls.moved_to`, so a run inserted later on an earlier revision (a
+//!   trigger that read a stale catalog) is marked too. The engine's next transition of a marked
+//!   run decides the move first (`decide/migrate.rs`: `WorkflowRunMigrated`, the step in flight
+//!   ending `migrated`, its target started with the due time kept or planned again; or the run
+//!   ending `exited`, `workflow_revised`), at the run's stream version: a run moves once, and a
+//!   webhook call in flight finishes on its own step before the run moves. The `workflows` read
+//!   model keeps each revision and each run's revision and migrations (`GET
+//!   /workflows/{id}/revisions`).
+//! - **Replay.** `workflows/replay/` plays a definition over a window of its space's log with
+//!   the engine's own `decide` and no effect (`platform apply FILE --dry-run --replay 30d`): the
+//!   follower's rules (ready events, segment entries, deletions, engagement) and the engine's
+//!   due times on the log's clock, the facts loaded as the engine's shell loads them
+//!   (`run::contacts_facts`, set-wise per batch), runs kept in memory and dropped when they end.
+//!   Through the API (`POST /workflows/{id}/replays`) the request is a log event
+//!   (`WorkflowReplayRequested`); the `workflow_replays` worker (`workflows/replays.rs`) runs it
+//!   up to the request's position and appends `WorkflowReplayFinished` at version 2 of the
+//!   replay's stream (once, whoever runs it); `GET /workflows/{id}/replays/{replayId}` reads that
+//!   stream from the log.
+//! - **Erasure.** A run's input and step outputs are sealed under its contact's data key:
+//!   erasing the contact shreds them, and a run that finds its input unreadable ends.
+//! - **Read models.** The `workflows` read model holds the definitions with their pause state,
+//!   and each run with its step history; the history is the `WorkflowStepStarted` and
+//!   `WorkflowStepFinished` changes of the run (on their own or inside `WorkflowRunAdvanced`),
+//!   so a rebuild gives the same runs and histories. The audit trail gives an entry per change;
+//!   a later change of one event has the event's entry id with `_` and its place.
+//!   A batch's run events are folded in memory per run and per history record (what applying
+//!   them one by one would leave) and written set-wise: six statements per batch, whatever
+//!   it holds. The statements that write history records also count them in `step_counts`
+//!   (workflow, step, measure): a record written for the first time is a step `entered`, a
+//!   finished one counts under its status and a skipped one under its reason (the gate, or the
+//!   error code). `GET /workflows/{id}/stats` reads those with `run_counts` and, for send
+//!   steps, the `emails` read model's counters, in the definition's step order.
 
 mod decide;
 mod follow;
