@@ -89,15 +89,14 @@ fn every_path_the_code_map_names_exists() {
     for (folder, named) in &bullets {
         let root = workspace.join(folder);
         assert!(root.is_dir(), "the code map's folder {folder} does not exist");
-        let mut under = Vec::new();
-        tree(&root, Path::new(""), &mut under);
         for path in named {
             let wanted = Path::new(path.trim_end_matches('/'));
-            // A path from the repository's root, from the bullet's folder, or the tail of a
-            // path under that folder (`decide.rs` of a capability, `workers/imports/`).
-            let exists = workspace.join(wanted).exists()
-                || root.join(wanted).exists()
-                || under.iter().any(|found| found.ends_with(wanted));
+            // Under the bullet's folder (or its crate's `src/`), or a path from the
+            // repository's root; a bare name from the root (`decide.rs`) would pass wherever
+            // some file of that name exists, so it must be under the folder.
+            let exists = root.join(wanted).exists()
+                || root.join("src").join(wanted).exists()
+                || (path.contains('/') && workspace.join(wanted).exists());
             if !exists {
                 missing.push(format!("{path} (under {folder})"));
             }
@@ -171,6 +170,53 @@ fn the_checks_see_a_missing_path_and_a_wrong_edge() {
     assert!(!uses(&crates["filter"], &crates).contains("platform"), "filter uses nothing of ours");
     assert!(uses(&crates["query-service"], &crates).contains("reads"));
     assert!(!uses(&crates["projector"], &crates).contains("mail-parser"), "a crate of ours only");
+}
+
+/// ARCHITECTURE.md is a bird's-eye map one can read whole: the detail is in module docs.
+const ARCHITECTURE_LINES: usize = 400;
+
+#[test]
+fn architecture_md_is_short_and_every_test_its_invariants_name_exists() {
+    let text = std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let lines = text.lines().count();
+    assert!(lines <= ARCHITECTURE_LINES, "ARCHITECTURE.md has {lines} lines (at most {ARCHITECTURE_LINES})");
+    let invariants = section("Invariants");
+    let mut named = 0;
+    for span in spans(&invariants) {
+        let is_name = |part: &str| {
+            !part.is_empty() && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        // `module::test_name`: a test of the integration binary; a bare `test_name`: a unit test
+        // the sentence names with its file, looked for in every source file.
+        let (file, name) = match span.split_once("::") {
+            Some((module, name))
+                if is_name(module)
+                    && is_name(name)
+                    && workspace().join(format!("tests/tests/api/{module}.rs")).is_file() =>
+            {
+                (Some(workspace().join(format!("tests/tests/api/{module}.rs"))), name)
+            }
+            None if is_name(span) && span.contains('_') && span.len() > 20 => (None, span),
+            _ => continue,
+        };
+        let wanted = format!("fn {name}()");
+        let found = match file {
+            Some(file) => std::fs::read_to_string(&file).unwrap_or_default().contains(&wanted),
+            None => {
+                let mut files = Vec::new();
+                for folder in ["shared", "command-service", "query-service", "projector"] {
+                    tree(&workspace().join(folder), Path::new(folder), &mut files);
+                }
+                files
+                    .iter()
+                    .filter(|file| file.extension().is_some_and(|extension| extension == "rs"))
+                    .any(|file| std::fs::read_to_string(workspace().join(file)).unwrap_or_default().contains(&wanted))
+            }
+        };
+        assert!(found, "ARCHITECTURE.md's invariants name {span}, which is no test");
+        named += 1;
+    }
+    assert!(named >= 20, "the invariants' tests were read: {named}");
 }
 
 /// Lines of code a source file may hold (its unit tests not counted) without saying why.
