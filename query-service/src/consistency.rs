@@ -68,7 +68,7 @@ use api::auth::{Caller, Permission};
 use api::pagination::Warning;
 use deadpool_postgres::Client;
 use platform::error::ApiError;
-use platform::readmodel::{CHECK_SQL, Consistent, check_with, decode_check};
+use platform::readmodel::{CHECK_SQL, Check, Consistent, check_with, decode_check};
 use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -102,6 +102,43 @@ pub fn consistency_token(req: &HttpRequest) -> Result<i64, ApiError> {
     Ok(token)
 }
 
+/// One attempt of a consistent read against the read-model versions guessed (its own copy of
+/// them): the decoded consistency check (of the same snapshot as the read, or an older one)
+/// and the read's result.
+type Attempt<'c, T> = Pin<Box<dyn Future<Output = Result<(Check, Result<T, ApiError>), ApiError>> + 'c>>;
+
+/// The read-your-writes loop every consistent read runs: `attempt` against the versions
+/// guessed, on a connection of its own that it gives back before any wait (waiting readers
+/// would starve the pool, their own refreshes included); once the check says the read models
+/// have reached the caller's write (or can reach no further, or the bound has passed), the
+/// attempt's result is the answer; otherwise it waits, woken by progress notifications, and
+/// tries again. A read that failed is answered only if its check settles: one against
+/// versions that have just been retired is tried again.
+async fn until_consistent<'c, T, A>(
+    state: &State,
+    caller: &Caller,
+    token: i64,
+    models: &[&str],
+    attempt: A,
+) -> Result<(T, Consistent), ApiError>
+where
+    A: Fn(Consistent) -> Attempt<'c, T>,
+{
+    let deadline = Instant::now() + state.settings.consistency_wait();
+    let anchor = Anchor::read(state, caller).await?;
+    let mut guess = state.read_models.current(models).await?;
+    loop {
+        let (check, result) = attempt(guess.clone()).await?;
+        match settle(state, models, token, anchor, &guess, check, deadline) {
+            Settled::Answer(consistent) => return Ok((result?, consistent)),
+            Settled::Wait(attainable) => {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                guess = state.read_models.wait_for(models, attainable, remaining).await?;
+            }
+        }
+    }
+}
+
 /// Reads consistently with the caller's last write, in one round trip when the read models
 /// are up to date: the check (the key's last position, the live versions and positions) is
 /// sent first and `read` right after it on the same connection, so the read's snapshot is at
@@ -119,26 +156,18 @@ where
     F: for<'a> Fn(&'a Client, &'a Consistent) -> ReadFuture<'a, T>,
 {
     let names: Vec<&str> = models.to_vec();
-    let deadline = Instant::now() + state.settings.consistency_wait();
-    let anchor = Anchor::read(state, caller).await?;
-    let mut guess = state.read_models.current(models).await?;
-    loop {
-        // A connection per attempt: a read that waits for the read models must not hold one
-        // while it waits (waiting readers would starve the pool, their own refreshes included).
-        let client = state.pool.get().await?;
-        let check = client.prepare_cached(CHECK_SQL).await?;
-        let (key_id, space_id) = (caller.key_id(), caller.space_id());
-        let check_params: [&(dyn ToSql + Sync); 3] = [&key_id, &names, &space_id];
-        let (checked, result) = tokio::join!(client.query_one(&check, &check_params), read(&client, &guess));
-        drop(client);
-        match settle(state, models, token, anchor, &guess, &checked?, deadline) {
-            Settled::Answer(consistent) => return Ok((result?, consistent)),
-            Settled::Wait(attainable) => {
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                guess = state.read_models.wait_for(models, attainable, remaining).await?;
-            }
-        }
-    }
+    let (key_id, space_id) = (caller.key_id(), caller.space_id());
+    let (read, names) = (&read, &names);
+    until_consistent(state, caller, token, models, |guess| {
+        Box::pin(async move {
+            let client = state.pool.get().await?;
+            let check = client.prepare_cached(CHECK_SQL).await?;
+            let check_params: [&(dyn ToSql + Sync); 3] = [&key_id, names, &space_id];
+            let (checked, result) = tokio::join!(client.query_one(&check, &check_params), read(&client, &guess));
+            Ok((decode_check(&checked?), result))
+        })
+    })
+    .await
 }
 
 /// Reads consistently with the caller's last write in one statement: the check and the read
@@ -177,27 +206,20 @@ where
     F: Fn(&Consistent) -> String,
 {
     let names: Vec<&str> = models.to_vec();
-    let deadline = Instant::now() + state.settings.consistency_wait();
-    let anchor = Anchor::read(state, caller).await?;
-    let mut guess = state.read_models.current(models).await?;
-    loop {
-        // A connection per attempt, not held while waiting (see consistent_read).
-        let client = state.pool.get().await?;
-        let statement = client.prepare_cached(&sql(&guess)).await?;
-        let (key_id, space_id) = (caller.key_id(), caller.space_id());
-        let mut all_params: Vec<&(dyn ToSql + Sync)> = vec![&key_id, &names, &space_id];
-        all_params.extend_from_slice(params);
-        let rows = client.query(&statement, &all_params).await?;
-        drop(client);
-        let first = rows.first().ok_or_else(|| ApiError::unavailable("the consistency check returned no row"))?;
-        match settle(state, models, token, anchor, &guess, first, deadline) {
-            Settled::Answer(consistent) => return Ok((rows, consistent)),
-            Settled::Wait(attainable) => {
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                guess = state.read_models.wait_for(models, attainable, remaining).await?;
-            }
-        }
-    }
+    let (key_id, space_id) = (caller.key_id(), caller.space_id());
+    let (sql, names) = (&sql, &names);
+    until_consistent(state, caller, token, models, |guess| {
+        Box::pin(async move {
+            let client = state.pool.get().await?;
+            let statement = client.prepare_cached(&sql(&guess)).await?;
+            let mut all_params: Vec<&(dyn ToSql + Sync)> = vec![&key_id, names, &space_id];
+            all_params.extend_from_slice(params);
+            let rows = client.query(&statement, &all_params).await?;
+            let first = rows.first().ok_or_else(|| ApiError::unavailable("the consistency check returned no row"))?;
+            Ok((decode_check(first), Ok(rows)))
+        })
+    })
+    .await
 }
 
 /// What a read on a standby must know as of the request, from the primary: the caller's last
@@ -279,10 +301,9 @@ fn settle(
     token: i64,
     anchor: Anchor,
     guess: &Consistent,
-    checked: &Row,
+    mut check: Check,
     deadline: Instant,
 ) -> Settled {
-    let mut check = decode_check(checked);
     check.key_position = check.key_position.max(anchor.key_position);
     check.head = check.head.max(anchor.head);
     state.read_models.observe(&check.models);
