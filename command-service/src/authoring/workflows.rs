@@ -233,21 +233,30 @@ fn signing(
 ) -> anyhow::Result<(Option<StoredSecret>, Option<String>)> {
     let kept = kept.and_then(|kept| kept.signing.clone());
     let keyring = platform::crypto::keyring()?;
+    let subject = domain::workflows::secret_subject(workflow_id);
+    let seal = |secret: &str| -> anyhow::Result<StoredSecret> {
+        let (key, wrapped) = keyring.generate(&subject)?;
+        domain::workflows::seal_secret(&key, &wrapped, workflow_id, secret)
+    };
+    let open = |stored: &StoredSecret| -> anyhow::Result<String> {
+        let key = keyring.unwrap_key(&subject, &domain::workflows::wrapped_key(stored)?)?;
+        domain::workflows::open_secret(&key, workflow_id, stored)
+    };
     match given {
         Some(secret) => {
             domain::webhooks::signing::Secret::parse(secret)
                 .with_context(|| "signingSecret must be whsec_ and the base64 of 24 to 64 bytes")?;
             if let Some(kept) = &kept
-                && domain::workflows::open_secret(keyring, workflow_id, kept).ok().as_deref() == Some(secret)
+                && open(kept).ok().as_deref() == Some(secret)
             {
                 return Ok((Some(kept.clone()), None));
             }
-            Ok((Some(domain::workflows::seal_secret(keyring, workflow_id, secret)?), None))
+            Ok((Some(seal(secret)?), None))
         }
         None if kept.is_some() => Ok((kept, None)),
         None if calls => {
             let secret = domain::webhooks::signing::Secret::from_random(platform::crypto::random_bytes()).reveal();
-            Ok((Some(domain::workflows::seal_secret(keyring, workflow_id, &secret)?), Some(secret)))
+            Ok((Some(seal(&secret)?), Some(secret)))
         }
         None => Ok((None, None)),
     }

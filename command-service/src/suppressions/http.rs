@@ -136,7 +136,7 @@ pub(crate) async fn batch_create(
 
 /// A loaded suppression with its identifier's subject.
 fn current((version, added): (i64, SuppressionAdded)) -> Result<Current, ApiError> {
-    let subject_id = domain::suppressions::subject_of(&added).map_err(|error| ApiError::internal(&error))?;
+    let subject_id = super::subject_of(&added).map_err(|error| ApiError::internal(&error))?;
     Ok(Current { version, added, subject_id })
 }
 

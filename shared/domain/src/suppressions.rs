@@ -22,14 +22,6 @@ pub fn removable(added: &proto::SuppressionAdded) -> bool {
     !added.space_id.is_empty() && API_REASONS.contains(&added.reason.as_str())
 }
 
-/// The subject a suppression's log events are about: its email address, as a keyed digest
-/// (see [`platform::crypto::Keyring::email_subject`]), so a contact's audit trail finds them.
-pub fn subject_of(added: &proto::SuppressionAdded) -> anyhow::Result<Option<String>> {
-    let personal: Option<proto::SuppressionPersonal> =
-        open(added.personal.as_ref(), &platform::crypto::Keys::default())?;
-    personal.map(|personal| platform::crypto::email_subject(&personal.identifier)).transpose()
-}
-
 /// The suppression document; `None` when its personal data is gone.
 pub fn suppression_document(added: &proto::SuppressionAdded) -> anyhow::Result<Option<Value>> {
     let personal: Option<proto::SuppressionPersonal> =

@@ -511,35 +511,41 @@ pub fn parse_duration(text: &str) -> Result<i64, DefinitionError> {
         .ok_or_else(|| DefinitionError(format!("{text:?} is longer than ten years")))
 }
 
-fn secret_subject(workflow_id: &str) -> String {
+/// The data subject a workflow's signing secret is sealed for: its data key is generated and
+/// unwrapped for it by the shell, which holds the keyring.
+pub fn secret_subject(workflow_id: &str) -> String {
     format!("workflow-{workflow_id}")
 }
 
-/// A signing secret sealed under a data key of its own that `keyring` wraps.
+/// A signing secret sealed under `key`, a data key of its own for [`secret_subject`];
+/// `wrapped` is that key as the master key wrapped it.
 pub fn seal_secret(
-    keyring: &platform::crypto::Keyring,
+    key: &platform::crypto::DataKey,
+    wrapped: &[u8],
     workflow_id: &str,
     secret: &str,
 ) -> anyhow::Result<StoredSecret> {
     use base64::Engine;
-    let subject = secret_subject(workflow_id);
-    let (key, wrapped) = keyring.generate(&subject)?;
-    let ciphertext = key.encrypt(&subject, secret.as_bytes())?;
+    let ciphertext = key.encrypt(&secret_subject(workflow_id), secret.as_bytes())?;
     let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
-    Ok(StoredSecret { wrapped_key: encode(&wrapped), ciphertext: encode(&ciphertext) })
+    Ok(StoredSecret { wrapped_key: encode(wrapped), ciphertext: encode(&ciphertext) })
 }
 
-/// A workflow's signing secret, in the clear.
+/// The wrapped data key of a stored secret, for the shell to unwrap.
+pub fn wrapped_key(stored: &StoredSecret) -> anyhow::Result<Vec<u8>> {
+    use base64::Engine;
+    Ok(base64::engine::general_purpose::STANDARD.decode(&stored.wrapped_key)?)
+}
+
+/// A workflow's signing secret, in the clear, opened with its unwrapped data key.
 pub fn open_secret(
-    keyring: &platform::crypto::Keyring,
+    key: &platform::crypto::DataKey,
     workflow_id: &str,
     stored: &StoredSecret,
 ) -> anyhow::Result<String> {
     use base64::Engine;
-    let subject = secret_subject(workflow_id);
-    let decode = |text: &str| base64::engine::general_purpose::STANDARD.decode(text);
-    let key = keyring.unwrap_key(&subject, &decode(&stored.wrapped_key)?)?;
-    Ok(String::from_utf8(key.decrypt(&subject, &decode(&stored.ciphertext)?)?)?)
+    let ciphertext = base64::engine::general_purpose::STANDARD.decode(&stored.ciphertext)?;
+    Ok(String::from_utf8(key.decrypt(&secret_subject(workflow_id), &ciphertext)?)?)
 }
 
 /// The log stream of a workflow's API-made state (pause, unpause).

@@ -94,7 +94,7 @@ impl Plan<'_> {
         let occurred_at = platform::time::from_millis(self.now_ms);
         // Suppressions are about their email address (for audit trails).
         let subject_id = match &event {
-            LogEvent::SuppressionAdded(added) => domain::suppressions::subject_of(added).ok().flatten(),
+            LogEvent::SuppressionAdded(added) => crate::suppressions::subject_of(added).ok().flatten(),
             _ => None,
         };
         self.streams.push(StreamAppend {

@@ -249,7 +249,9 @@ async fn load(inner: &Inner, row: &Row, definition: &WorkflowDef, facts: &mut Fa
             facts.secret = Some(match &definition.signing {
                 Some(stored) => {
                     let keyring = platform::crypto::keyring()?;
-                    let secret = domain::workflows::open_secret(keyring, &row.workflow_id, stored)?;
+                    let subject = domain::workflows::secret_subject(&row.workflow_id);
+                    let key = keyring.unwrap_key(&subject, &domain::workflows::wrapped_key(stored)?)?;
+                    let secret = domain::workflows::open_secret(&key, &row.workflow_id, stored)?;
                     domain::webhooks::signing::Secret::parse(&secret)
                 }
                 None => None,
