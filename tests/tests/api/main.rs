@@ -42,6 +42,7 @@ mod pages;
 mod poison;
 mod projector;
 mod properties;
+mod purity;
 mod ratelimit;
 mod receiver;
 mod records;
