@@ -143,3 +143,77 @@ impl Recipients {
         Some(Allowed { contact, address, key: self.keys.get(contact_id)? })
     }
 }
+
+/// What the decisions' tests of a batch are given: one contact and one marketing template.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::collections::BTreeMap;
+
+    use domain::email::resources::{DomainDef, SenderDef};
+    use mail::send::Authored;
+    use platform::crypto::Keyring;
+    use serde_json::Value;
+
+    use super::{Contact, Recipients};
+
+    pub(crate) const TOPIC: &str = "top_news";
+
+    /// Given one contact `con_1` of schema `contacts` with `document`, consent attribute
+    /// `emailOk`, topic status `status`, a data key, and no suppression.
+    pub(crate) fn given(document: Value, status: Option<&str>) -> Recipients {
+        let mut recipients = Recipients::default();
+        recipients.contacts.insert("con_1".to_owned(), Contact { schema_id: "contacts".to_owned(), document });
+        let topics = status.map(|status| (TOPIC.to_owned(), status.to_owned())).into_iter().collect();
+        recipients.subscriptions.insert("con_1".to_owned(), topics);
+        recipients.consent_keys.insert("contacts".to_owned(), vec!["emailOk".to_owned()]);
+        let keyring = Keyring::from_hex(&"ab".repeat(32)).expect("a key");
+        let (key, _) = keyring.generate("con_1").expect("a data key");
+        recipients.keys.insert("con_1".to_owned(), key);
+        recipients
+    }
+
+    pub(crate) fn authored(topic: Option<&str>) -> Authored {
+        let template = domain::email::resources::TemplateDef {
+            slug: "t".into(),
+            name: "T".into(),
+            kind: "marketing".into(),
+            topic_id: topic.map(str::to_owned),
+            sender_id: "snd_1".into(),
+            subject: "S".into(),
+            html: String::new(),
+            text: String::new(),
+            recipient: "contact".into(),
+            data: BTreeMap::new(),
+            tracking: None,
+            ..Default::default()
+        };
+        let sender = SenderDef {
+            slug: "s".into(),
+            from_name: "S".into(),
+            from_address: "s@example.test".into(),
+            domain_id: "dom_1".into(),
+            reply_to: None,
+            postal_address: None,
+        };
+        let key = domain::email::resources::StoredKey {
+            selector: "s1".into(),
+            public_key: String::new(),
+            wrapped_key: String::new(),
+            private_key: String::new(),
+        };
+        let domain = DomainDef { slug: "d".into(), name: "example.test".into(), dkim: key, return_path: String::new() };
+        Authored {
+            template_id: "tpl_1".into(),
+            revision: 1,
+            template,
+            sender_id: "snd_1".into(),
+            sender,
+            domain,
+            topic: None,
+            allowance: None,
+            policy: None,
+            parts: Default::default(),
+            preheader: None,
+        }
+    }
+}

@@ -13,13 +13,17 @@
 //! - **skip**: `EmailSkipped` ends the email's stream (the gate and the fact that decided),
 //!   the row `skipped`, a broadcast recipient `skipped` and counted into its run.
 //!
+//! The decision and the append it makes are `decide.rs`'s (pure, with given/when/then tests);
+//! this file is its shell: the lease, the loads, the stories of skipped emails, the append and
+//! the hand-offs.
+//!
 //! The batch's outcomes are one append per space, guarded by the lease token: a lease that
 //! ran out (a process killed mid-step) makes the append fail, and the next lease decides the
 //! rows again, so each held email is released, held again or skipped exactly once per time.
 //! Within a batch, the emails of one contact are decided in order and a released one counts
 //! against the caps of the next.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,24 +31,23 @@ use deadpool_postgres::{GenericClient, Pool};
 use futures_util::future::{BoxFuture, join_all};
 use mail::mailer::Mailer;
 use mail::outbox;
-use mail::send::{Authored, Gate, Origin, Sent, Verdict};
+use mail::send::{Authored, Gate, Origin};
 use platform::error::Code;
 use platform::events::LogEvent;
-use platform::log::{AppendError, AppendRequest, EventLog, ExpectedVersion, Guard, NewEvent, StreamAppend};
-use platform::proto;
+use platform::log::{AppendError, AppendRequest, EventLog, StreamAppend};
 use platform::readmodel::live_schema;
 use platform::settings::Settings;
 use serde_json::Value;
 use uuid::Uuid;
 
+mod decide;
+
 use super::recipients::Recipients;
 use crate::runtime::{Outcome, Worker};
+use decide::{Appends, Decided, Due, chunks};
 
 /// Held emails leased by one step at most.
 const BATCH: i64 = 2_000;
-/// Held emails decided together (one load of their facts, one append); a step decides its
-/// chunks concurrently, each contact's emails in one chunk.
-const CHUNK: usize = 500;
 
 pub(crate) struct Held {
     pool: Pool,
@@ -69,39 +72,12 @@ struct HandOffs {
     public_base_url: String,
 }
 
-/// A due held email, as its lease and its `EmailScheduled` tell it.
-struct Due {
-    email_id: String,
-    space_id: String,
-    contact_id: String,
-    template_id: String,
-    topic_id: Option<String>,
-    /// Kind, source, parent, step and experiment variant, as its `EmailScheduled` names them.
-    origin: (String, String, String, String, String, bool),
-}
-
 /// How many times a batch is decided when contacts are sent marketing email meanwhile.
 const DECIDE_ATTEMPTS: usize = 3;
 
 /// Whether `error` is an append refused because a contact's marketing sends moved.
 fn is_sends_moved(error: &anyhow::Error) -> bool {
     matches!(error.downcast_ref::<AppendError>(), Some(AppendError::Conflict { code: Code::StreamMoved, .. }))
-}
-
-/// What the decision came to for one email.
-enum Decided {
-    /// Released as the contact's marketing send at place `seq` (0: none, no caps).
-    Release {
-        seq: i64,
-    },
-    Hold {
-        until_ms: i64,
-        gate: Gate,
-    },
-    Skip {
-        gate: Gate,
-        filled_by: Option<i64>,
-    },
 }
 
 impl Held {
@@ -251,90 +227,10 @@ impl Held {
         let contact_ids: Vec<String> = emails.iter().map(|email| email.contact_id.clone()).collect();
         let mut recipients = Recipients::load(&client, (&catalog, &segments), space_id, &contact_ids, lookback).await?;
         let now = platform::time::now_millis();
-        let mut decided = Vec::with_capacity(emails.len());
-        for email in emails {
-            let Some(Some(authored)) = templates.get(email.template_id.as_str()) else {
-                // The template is gone: the email was rendered and stored, and its policy can
-                // no longer be read; it goes as it was held for.
-                decided.push((email, Decided::Release { seq: 0 }, None));
-                continue;
-            };
-            let facts = recipients.facts(authored, &email.contact_id, now);
-            let zone = mail::send::zone_used(&facts);
-            let seq = mail::send::follows(&facts).map_or(0, |last| last + 1);
-            let outcome = match mail::send::decide(&facts) {
-                Verdict::Send => {
-                    // Counted against the caps of the contact's next email in this batch, which
-                    // takes the place after it.
-                    let sent = Sent { at_ms: now, topic_id: email.topic_id.clone(), position: 0, seq };
-                    recipients.sent.entry(email.contact_id.clone()).or_default().push(sent);
-                    Decided::Release { seq }
-                }
-                Verdict::Hold { until_ms, gate } => Decided::Hold { until_ms, gate },
-                Verdict::Skip { gate, decided_by } => Decided::Skip { gate, filled_by: decided_by },
-            };
-            decided.push((email, outcome, zone));
-        }
+        let decided = decide::decide(emails, &templates, &mut recipients, now);
         let stories = self.stories(&client, space_id, &templates, &recipients, &decided, now).await?;
         drop(client);
-        let mut streams = stories;
-        let (mut released, mut held, mut untils, mut skipped, mut reasons) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut sent_contacts, mut sent_topics, mut sent_seqs) = (Vec::new(), Vec::new(), Vec::new());
-        for (email, outcome, zone) in &decided {
-            let zone = zone.as_ref().map(mail::send::ZoneUsed::to_proto);
-            let (event, id) = match outcome {
-                Decided::Release { seq } => {
-                    released.push(email.email_id.clone());
-                    sent_contacts.push(email.contact_id.clone());
-                    sent_topics.push(email.topic_id.clone().unwrap_or_default());
-                    sent_seqs.push(*seq);
-                    let event = LogEvent::EmailReleased(proto::EmailReleased {
-                        email_id: email.email_id.clone(),
-                        space_id: space_id.to_owned(),
-                        contact_id: email.contact_id.clone(),
-                        at_ms: now,
-                        zone,
-                    });
-                    (event, &email.email_id)
-                }
-                Decided::Hold { until_ms, gate } => {
-                    held.push(email.email_id.clone());
-                    untils.push(*until_ms);
-                    let event = LogEvent::EmailHeld(proto::EmailHeld {
-                        email_id: email.email_id.clone(),
-                        space_id: space_id.to_owned(),
-                        contact_id: email.contact_id.clone(),
-                        gate: gate.as_str().to_owned(),
-                        not_before_ms: *until_ms,
-                        at_ms: now,
-                        zone,
-                    });
-                    (event, &email.email_id)
-                }
-                Decided::Skip { gate, .. } => {
-                    skipped.push(email.email_id.clone());
-                    reasons.push(crate::workers::broadcasts::reason(*gate).to_owned());
-                    continue;
-                }
-            };
-            streams.push(StreamAppend {
-                stream_id: domain::email::stream_id(id),
-                expected: ExpectedVersion::Any,
-                events: vec![NewEvent {
-                    event,
-                    subject_id: Some(email.contact_id.clone()),
-                    occurred_at: platform::time::from_millis(now),
-                }],
-            });
-        }
-        let guards = outcome_guards(
-            token,
-            now,
-            (&released, &sent_contacts, &sent_topics, &sent_seqs),
-            (&held, &untils),
-            (&skipped, &reasons),
-        );
+        let Appends { streams, guards, released } = decide::appends(space_id, &decided, stories, token, now);
         self.log.append(AppendRequest::in_space(space_id, streams, guards)).await?;
         for email_id in released {
             // A full queue leaves the email to the outbox worker (it is `pending` and old).
@@ -444,109 +340,6 @@ impl Held {
     }
 }
 
-/// The step's emails in chunks of one space and at most [`CHUNK`] emails (more only for one
-/// contact's), each contact's emails in one chunk and in their order, so the releases of a
-/// contact are decided one after another.
-fn chunks(due: Vec<Due>) -> Vec<(String, Vec<Due>)> {
-    let mut by_contact: BTreeMap<(String, String), Vec<Due>> = BTreeMap::new();
-    for email in due {
-        by_contact.entry((email.space_id.clone(), email.contact_id.clone())).or_default().push(email);
-    }
-    let mut chunks: Vec<(String, Vec<Due>)> = Vec::new();
-    for ((space_id, _), emails) in by_contact {
-        match chunks.last_mut() {
-            Some((space, chunk)) if *space == space_id && chunk.len() < CHUNK => chunk.extend(emails),
-            _ => chunks.push((space_id, emails)),
-        }
-    }
-    chunks
-}
-
-/// The guards of a batch's outcomes, each under the batch's lease `token`: released rows back
-/// to `pending` and counted against the caps, held ones moved on, skipped ones `skipped`; a
-/// broadcast recipient follows its email.
-fn outcome_guards(
-    token: Uuid,
-    now: i64,
-    (released, contacts, topics, seqs): (&[String], &[String], &[String], &[i64]),
-    (held, untils): (&[String], &[i64]),
-    (skipped, reasons): (&[String], &[String]),
-) -> Vec<Guard> {
-    let lost = || AppendError::Conflict {
-        code: Code::OperationTaken,
-        message: "the lease on a held email ran out".to_owned(),
-    };
-    let count = |ids: &[String]| Some(u64::try_from(ids.len()).unwrap_or(u64::MAX));
-    let mut guards = Vec::new();
-    if !released.is_empty() {
-        guards.push(Guard {
-            sql: "UPDATE email_outbox SET state = 'pending', next_attempt_at = now(), leased_until = NULL,
-                      lease_token = NULL
-                  WHERE email_id = ANY($1) AND lease_token = $2 AND state = 'held'",
-            params: vec![Box::new(released.to_vec()), Box::new(token)],
-            conflict: lost(),
-            expect_rows: count(released),
-            set: None,
-        });
-        // Each at the place its decision gave it: a send another worker recorded for the contact
-        // since this batch read its sends takes the place first, and the batch decides again.
-        guards.push(Guard {
-            sql: "INSERT INTO marketing_sends (contact_id, at_ms, email_id, topic_id, seq)
-                  SELECT c, $2, e, t, NULLIF(s, 0) FROM unnest($1::text[], $3::text[], $4::text[], $5::bigint[])
-                      AS w(c, e, t, s)
-                  ON CONFLICT DO NOTHING",
-            params: vec![
-                Box::new(contacts.to_vec()),
-                Box::new(now),
-                Box::new(released.to_vec()),
-                Box::new(topics.to_vec()),
-                Box::new(seqs.to_vec()),
-            ],
-            conflict: AppendError::Conflict {
-                code: Code::StreamMoved,
-                message: "a contact was sent marketing email while its held emails were decided".to_owned(),
-            },
-            expect_rows: count(released),
-            set: None,
-        });
-        guards.push(Guard::unique(
-            "UPDATE broadcast_recipients SET state = 'scheduled' WHERE email_id = ANY($1) AND state = 'held'",
-            vec![Box::new(released.to_vec())],
-            lost(),
-        ));
-    }
-    if !held.is_empty() {
-        guards.push(Guard {
-            sql: "UPDATE email_outbox o SET next_attempt_at = to_timestamp(w.until_ms / 1000.0), leased_until = NULL,
-                      lease_token = NULL
-                  FROM unnest($1::text[], $3::bigint[]) AS w(email_id, until_ms)
-                  WHERE o.email_id = w.email_id AND o.lease_token = $2 AND o.state = 'held'",
-            params: vec![Box::new(held.to_vec()), Box::new(token), Box::new(untils.to_vec())],
-            conflict: lost(),
-            expect_rows: count(held),
-            set: None,
-        });
-    }
-    if !skipped.is_empty() {
-        guards.push(Guard {
-            sql: "UPDATE email_outbox SET state = 'skipped', leased_until = NULL, lease_token = NULL
-                  WHERE email_id = ANY($1) AND lease_token = $2 AND state = 'held'",
-            params: vec![Box::new(skipped.to_vec()), Box::new(token)],
-            conflict: lost(),
-            expect_rows: count(skipped),
-            set: None,
-        });
-        guards.push(Guard::unique(
-            "UPDATE broadcast_recipients r SET state = 'skipped', reason = w.reason, counted = false
-             FROM unnest($1::text[], $2::text[]) AS w(email_id, reason)
-             WHERE r.email_id = w.email_id AND r.state = 'held'",
-            vec![Box::new(skipped.to_vec()), Box::new(reasons.to_vec())],
-            lost(),
-        ));
-    }
-    guards
-}
-
 impl HandOffs {
     async fn hand_off(&self, email_id: &str, released_at_ms: i64) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
@@ -586,38 +379,5 @@ impl Worker for Held {
             metrics::gauge!("email_held").set(held as f64);
             Ok(None)
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn due(space: &str, contact: &str, email: &str) -> Due {
-        Due {
-            email_id: email.to_owned(),
-            space_id: space.to_owned(),
-            contact_id: contact.to_owned(),
-            template_id: "tpl_1".to_owned(),
-            topic_id: None,
-            origin: Default::default(),
-        }
-    }
-
-    #[test]
-    fn a_steps_chunks_keep_one_space_each_contacts_emails_together_and_in_order_and_stay_bounded() {
-        let mut emails = vec![due("spc_b", "con_1", "em_b1")];
-        for index in 0..CHUNK {
-            emails.push(due("spc_a", &format!("con_{index:04}"), &format!("em_{index:04}")));
-        }
-        emails.push(due("spc_a", "con_0000", "em_again"));
-        let chunks = chunks(emails);
-        let sizes: Vec<(&str, usize)> = chunks.iter().map(|(space, emails)| (space.as_str(), emails.len())).collect();
-        assert_eq!(sizes, [("spc_a", CHUNK), ("spc_a", 1), ("spc_b", 1)], "bounded, and one space each");
-        let first: Vec<&str> = chunks[0].1.iter().take(2).map(|email| email.email_id.as_str()).collect();
-        assert_eq!(first, ["em_0000", "em_again"], "in their order");
-        let many: Vec<Due> = (0..CHUNK * 2 + 1).map(|i| due("spc_a", &format!("c{i:05}"), &format!("e{i}"))).collect();
-        let sizes: Vec<usize> = super::chunks(many).iter().map(|(_, emails)| emails.len()).collect();
-        assert_eq!(sizes, [CHUNK, CHUNK, 1]);
     }
 }
