@@ -157,6 +157,13 @@ pub(crate) struct UnknownSchema {
     pub schema_ref: String,
 }
 
+/// A write to a schema the space does not have: 404 `schema_not_found`.
+impl platform::refusal::Refusal for UnknownSchema {
+    fn code(&self) -> platform::error::Code {
+        platform::error::Code::SchemaNotFound
+    }
+}
+
 /// A decision's tests: `given(loaded).when(&command)`, then what it decided or why it refused,
 /// with the time fixed and ids counted (`<prefix>_1`, `<prefix>_2`, ...).
 #[cfg(test)]

@@ -142,7 +142,7 @@ pub enum Admission {
 }
 
 fn conflict(code: Code, message: &str) -> ApiError {
-    ApiError::conflict(code, message)
+    ApiError::of(code, message)
 }
 
 /// Claims the operation, or answers from (or about) an earlier one with the same key.
@@ -152,9 +152,9 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
     };
     let key = header
         .to_str()
-        .map_err(|_| ApiError::bad_request(Code::InvalidIdempotencyKey, "Idempotency-Key must be visible ASCII"))?;
+        .map_err(|_| ApiError::of(Code::InvalidIdempotencyKey, "Idempotency-Key must be visible ASCII"))?;
     if key.is_empty() || key.chars().count() > MAX_KEY_LENGTH {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::of(
             Code::InvalidIdempotencyKey,
             format!("Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters; got {}", key.chars().count()),
         ));
@@ -170,9 +170,8 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
         key: key.to_owned(),
     };
     let busy = || {
-        ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            Some(Code::IdempotencyAdmissionBusy),
+        ApiError::of(
+            Code::IdempotencyAdmissionBusy,
             "the operation could not be admitted right now; retry with the same key and body",
         )
         .with_header("Retry-After", "1".to_owned())
@@ -218,9 +217,8 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
         };
         let (stored_hash, operation_id, record_state): (String, String, String) = (row.get(0), row.get(1), row.get(2));
         if stored_hash != body_hash {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Some(Code::IdempotencyKeyReused),
+            return Err(ApiError::of(
+                Code::IdempotencyKeyReused,
                 "this Idempotency-Key was used with a different body; use a new key for a new operation",
             )
             .with_header("Operation-Id", operation_id));
@@ -549,9 +547,8 @@ pub async fn finish(
         (Err(error), Some(claim)) if unconfirmed => {
             claim.mark_unresolved(state).await;
             let _ = error;
-            Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Some(Code::IdempotencyOutcomeUnknown),
+            Err(ApiError::of_second(
+                Code::IdempotencyOutcomeUnknown,
                 "the outcome could not be confirmed; keep the Operation-Id, the key and the body, and reconcile \
                  before a new operation",
             )

@@ -203,34 +203,6 @@ mod tests {
         }
     }
 
-    /// A refusal's status and body are chosen in one place, `edge.rs`: no other file builds a
-    /// client error. The pipeline's own answers (a lost race, the idempotency contract's) are
-    /// in `pipeline.rs` and `idempotency.rs`; the operator's `import` command reports its
-    /// refusals on the command line (`imports/cli.rs`).
-    #[test]
-    fn refusals_are_answered_in_edge_rs() {
-        let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let answering = ["edge.rs", "pipeline.rs", "idempotency.rs", "imports/cli.rs"];
-        for path in sources(&source) {
-            let name = path.strip_prefix(&source).expect("under src").to_string_lossy().replace('\\', "/");
-            if answering.contains(&name.as_str()) {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).expect("a source file");
-            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
-            for built in [
-                "ApiError::bad_request",
-                "ApiError::not_found",
-                "ApiError::conflict",
-                "ApiError::unprocessable",
-                "ApiError::insufficient_credits",
-                "ApiError::value_not_storable",
-            ] {
-                assert!(!code.contains(built), "{name} builds a refusal ({built}) outside edge.rs");
-            }
-        }
-    }
-
     /// Capabilities without a decision of their own, and why.
     const NO_DECISION: &[(&str, &str)] = &[(
         "authoring",

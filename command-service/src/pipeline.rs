@@ -135,7 +135,6 @@ use serde_json::{Map, Value};
 
 use crate::State;
 use crate::decision::{Body, Decide, Given, Outcome, Reply, Status, Writes};
-use crate::edge::append_error;
 use crate::idempotency::{self, Admission, Claim};
 use platform::fresh::Drawn;
 
@@ -187,10 +186,7 @@ pub trait Command: Decide<Refusal: Into<ApiError>> {
 
     /// The answer when every attempt lost a race.
     fn lost_too_often(&self) -> ApiError {
-        ApiError::conflict(
-            Code::ConcurrentModification,
-            "the resource kept changing while this write was applied; retry",
-        )
+        ApiError::of(Code::ConcurrentModification, "the resource kept changing while this write was applied; retry")
     }
 }
 
@@ -321,7 +317,7 @@ impl Refusal {
         match error {
             AppendError::WrongVersion { .. } => Self::Again,
             AppendError::Conflict { code: Code::CatalogMoved | Code::StreamMoved, .. } => Self::Again,
-            error => Self::Fail(append_error(error)),
+            error => Self::Fail(error.into()),
         }
     }
 }

@@ -93,10 +93,7 @@ pub fn consistency_token(req: &HttpRequest) -> Result<i64, ApiError> {
     let token = match req.headers().get(CONSISTENCY_TOKEN) {
         None => 0,
         Some(value) => value.to_str().ok().and_then(|text| text.trim().parse::<i64>().ok()).ok_or_else(|| {
-            ApiError::bad_request(
-                Code::InvalidConsistencyToken,
-                "Consistency-Token must be a log position (an integer)",
-            )
+            ApiError::of(Code::InvalidConsistencyToken, "Consistency-Token must be a log position (an integer)")
         })?,
     };
     Ok(token)

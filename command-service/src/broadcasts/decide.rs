@@ -497,6 +497,31 @@ impl Decide for SendBroadcast {
     }
 }
 
+/// A refused broadcast update as the contract answers it.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        match self {
+            Self::Invalid { .. } => Code::InvalidBroadcast,
+            Self::NotFound(_) => Code::BroadcastNotFound,
+            Self::RunActive => Code::BroadcastRunActive,
+            Self::AudienceNotFound(Audience::Segment { .. }) => Code::SegmentNotFound,
+            Self::AudienceNotFound(Audience::Topic { .. }) => Code::TopicNotFound,
+            Self::Failed(_) => Code::InternalError,
+        }
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::Invalid { issues, .. } => issues.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        matches!(self, Self::Failed(_))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

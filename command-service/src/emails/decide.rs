@@ -450,6 +450,20 @@ impl ChangePreferences {
     }
 }
 
+/// A refused recipient action on an email (unsubscribe, preferences) as the contract answers it.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        Refusal::code(self)
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::Invalid { issues, .. } => issues.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

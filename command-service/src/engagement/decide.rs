@@ -79,6 +79,13 @@ pub fn click_request(request: &Request<'_>) -> Actor {
     Actor::Human
 }
 
+/// A tracking link this service did not issue, or one changed: 404 `link_not_found`.
+impl platform::refusal::Refusal for Forged {
+    fn code(&self) -> platform::error::Code {
+        platform::error::Code::LinkNotFound
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -670,6 +670,48 @@ impl Decide for FireEvent {
     }
 }
 
+/// A refused fire as the contract answers it: an occurrence not admitted with `Retry-After`.
+impl platform::refusal::Refusal for EventRefusal {
+    fn code(&self) -> Code {
+        EventRefusal::code(self)
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::Invalid { issues, .. } => issues.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Self::NotAdmitted(refusal) => platform::refusal::Refusal::headers(refusal),
+            _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        matches!(self, Self::Unsealable(_))
+    }
+}
+
+impl std::fmt::Display for AdmissionRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message())
+    }
+}
+
+/// An occurrence not admitted: 429 with `Retry-After` in whole seconds (at least 1).
+impl platform::refusal::Refusal for AdmissionRefusal {
+    fn code(&self) -> Code {
+        AdmissionRefusal::code(*self)
+    }
+
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        vec![("Retry-After", self.retry_after_ms().div_ceil(1000).max(1).to_string())]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

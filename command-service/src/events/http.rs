@@ -287,7 +287,7 @@ async fn accept_round<'a>(
                 outcomes.insert(candidate.index, Outcome::Refused(EventRefusal::SubjectDeleting));
             }
             Err(error) => {
-                outcomes.insert(candidate.index, Outcome::Failed(crate::edge::append_error(error)));
+                outcomes.insert(candidate.index, Outcome::Failed(error.into()));
             }
         }
     }
@@ -593,7 +593,7 @@ async fn batch_abort(state: &State, context: &Context, events: Vec<Value>) -> Re
                     let index = first_deleting(state, &candidates).await?.unwrap_or(0);
                     Some((index, Outcome::Refused(EventRefusal::BatchSubjectDeleting)))
                 }
-                Err(error) => return Err(crate::edge::append_error(error)),
+                Err(error) => return Err(error.into()),
             },
         };
         return Ok(match failure {

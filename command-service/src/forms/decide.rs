@@ -446,6 +446,31 @@ impl Decide for ConfirmSubmission {
     }
 }
 
+/// A refused form submission or confirmation as the contract answers it.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        Refusal::code(self)
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::Invalid { issues, .. } => issues.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Self::RateLimited { retry_after, .. } => vec![("Retry-After", retry_after.clone())],
+            _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        matches!(self, Self::Internal(_))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

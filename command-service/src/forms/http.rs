@@ -164,7 +164,7 @@ impl Command for SubmitForm<'_> {
         // A contact write that could not be assembled (its data key or its sealing failed)
         // fails the submission here, once the limiters have counted it.
         let PlannedUpsert { record: contact, write, key, .. } = planned;
-        let write = write.transpose().map_err(crate::edge::append_error)?;
+        let write = write.transpose().map_err(ApiError::from)?;
         // A pending submission's double opt-in token: drawn now, stored only by its digest.
         let token = match pending {
             true => {

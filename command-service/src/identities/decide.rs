@@ -286,6 +286,20 @@ impl Decide for ChangeIdentity {
     }
 }
 
+/// A refused identity change as the contract answers it.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        Refusal::code(self)
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::Invalid { issues, .. } => issues.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

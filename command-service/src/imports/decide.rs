@@ -5,6 +5,7 @@
 //! the import row's lock (`store.rs`).
 
 use domain::imports::{self, Format};
+use platform::error::Code;
 use serde_json::{Map, Value};
 
 /// Why the intake refuses a request. The HTTP edge maps each to the contract's answer: a
@@ -98,6 +99,28 @@ pub(crate) fn completion_parts(body: &Map<String, Value>) -> Result<i32, Refusal
         .and_then(|n| i32::try_from(n).ok())
         .filter(|n| (1..=imports::MAX_PARTS).contains(n))
         .ok_or(Refusal::InvalidParts)
+}
+
+/// A refused import request as the contract answers it.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        match self {
+            Self::NotFound(_) => Code::ImportNotFound,
+            Self::InvalidId | Self::InvalidPart => Code::InvalidId,
+            Self::WrongMediaType { .. } => Code::UnsupportedMediaType,
+            Self::Unreadable(_) => Code::InvalidBody,
+            Self::UnknownField(_) => Code::UnknownField,
+            Self::MissingParts => Code::MissingField,
+            Self::InvalidParts => Code::InvalidField,
+            Self::OtherSettings(_)
+            | Self::OtherBody { .. }
+            | Self::Closed(_)
+            | Self::Completed(_)
+            | Self::SentTwice { .. }
+            | Self::CompletedWith { .. }
+            | Self::PartsMissing { .. } => Code::ImportConflict,
+        }
+    }
 }
 
 #[cfg(test)]

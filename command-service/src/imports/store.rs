@@ -275,3 +275,20 @@ pub(crate) async fn close(
     transaction.commit().await?;
     Ok(())
 }
+
+/// An import write that failed: the database's answer, or the refusal.
+impl platform::refusal::Refusal for Failed {
+    fn code(&self) -> platform::error::Code {
+        match self {
+            Self::Database(_) => platform::error::Code::InternalError,
+            Self::Refusal(refusal) => platform::refusal::Refusal::code(refusal),
+        }
+    }
+
+    fn into_failure(self) -> Result<platform::refusal::Failure, Self> {
+        match self {
+            Self::Database(error) => Ok(platform::refusal::Failure::Database(error)),
+            other => Err(other),
+        }
+    }
+}

@@ -494,6 +494,53 @@ impl Decide for RecordRefusals {
     }
 }
 
+/// A refused ingest request: 401 for its key (with the Basic challenge Segment's clients
+/// expect), 400 for its body, the message it names as its issue.
+impl platform::refusal::Refusal for Intake {
+    fn code(&self) -> Code {
+        Intake::code(self)
+    }
+
+    fn issues(&self) -> Vec<platform::error::Issue> {
+        match self {
+            Self::NoType(index) | Self::MessageTooLarge { index, .. } => {
+                vec![platform::error::Issue::coded(format!("batch[{index}]"), Intake::code(self), self.to_string())]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Self::NoKey | Self::UnknownKey => vec![("WWW-Authenticate", "Basic realm=\"ingest\"".to_owned())],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// A message the ingest could not apply, as the pipeline answers it (the failures list keeps
+/// its code and message).
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        match self {
+            Self::Record(refusal) => refusal.code(),
+            Self::AliasErased => Code::AliasErased,
+            Self::Unwritable(_) => Code::InternalError,
+        }
+    }
+
+    fn issues(&self) -> Vec<platform::error::Issue> {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::issues(refusal),
+            _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        matches!(self, Self::Unwritable(_))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -312,6 +312,37 @@ impl Decide for DeleteRecord {
     }
 }
 
+/// A refused record write as the contract answers it: a record rule's refusal as the domain
+/// answers it (`RecordRefusal`, which the import worker shares), a write that could not be
+/// assembled as its failed append is.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> platform::error::Code {
+        match self {
+            Self::Record(refusal) => refusal.code(),
+            Self::KeptChanging => platform::error::Code::ConcurrentModification,
+            Self::Unreadable(_) | Self::Unwritable(_) => platform::error::Code::InternalError,
+        }
+    }
+
+    fn issues(&self) -> Vec<platform::error::Issue> {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::issues(refusal),
+            _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        matches!(self, Self::Unreadable(_))
+    }
+
+    fn into_failure(self) -> Result<platform::refusal::Failure, Self> {
+        match self {
+            Self::Unwritable(error) => Ok(platform::refusal::Failure::Append(error)),
+            other => Err(other),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -288,6 +288,26 @@ impl Decide for DeleteSegment {
     }
 }
 
+/// A refused segment as the contract answers it.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        match self {
+            Self::Invalid { .. } => Code::InvalidSegment,
+            Self::Unusable(_) => Code::AiGenerationFailed,
+            Self::NoCredits => Code::InsufficientCredits,
+            Self::NotFound(_) => Code::SegmentNotFound,
+        }
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::Invalid { issues, .. } => issues.clone(),
+            Self::Unusable(_) => vec![Issue::coded("definition", Code::AiGenerationFailed, self.to_string())],
+            _ => Vec::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -380,6 +380,24 @@ impl Decide for DeleteSuppression {
     }
 }
 
+/// A refused suppression write as the contract answers it.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        Refusal::code(self)
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::Invalid { issues, .. } => issues.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        matches!(self, Self::Unreadable(_))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

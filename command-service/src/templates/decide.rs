@@ -325,6 +325,56 @@ impl Decide for SendTemplate<'_> {
     }
 }
 
+/// A refused template send as the contract answers it: a gate's refusal with its code, the
+/// send policy's with the rule and when a send is allowed, a context record's write as the
+/// record write's refusal is.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        Refusal::code(self)
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::InvalidField { field, message } => vec![Issue::for_key(field, message)],
+            Self::InvalidData { issues, .. } => issues.clone(),
+            Self::Policy { reason, .. } => {
+                let detail = format!(
+                    "{}; a send is allowed from {}",
+                    reason.description,
+                    platform::time::format_millis(reason.allowed_at_ms)
+                );
+                vec![Issue::coded(reason.rule.clone(), Refusal::code(self), detail)]
+            }
+            Self::Record(refusal) => platform::refusal::Refusal::issues(refusal),
+            _ => Vec::new(),
+        }
+    }
+
+    fn fields(&self) -> Vec<(&'static str, Value)> {
+        match self {
+            Self::Policy { reason, .. } => {
+                vec![("notBefore", json!(platform::time::format_millis(reason.allowed_at_ms)))]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::is_defect(refusal),
+            Self::Failed(_) => true,
+            _ => false,
+        }
+    }
+
+    fn into_failure(self) -> Result<platform::refusal::Failure, Self> {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::into_failure(refusal).map_err(Self::Record),
+            other => Err(other),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

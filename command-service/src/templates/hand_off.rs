@@ -20,9 +20,8 @@ pub fn now(prepared: Prepared) -> Then {
             match hand_off(&state, &prepared).await {
                 Some((body, recorded)) => Ok((Answer::json(StatusCode::OK, body), recorded)),
                 // Stored, but the relay may or may not have the message: never "retry".
-                None => Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Some(Code::OutcomeUnknown),
+                None => Err(ApiError::of(
+                    Code::OutcomeUnknown,
                     "the email was stored but its hand-off's outcome is unknown; it is never sent again blindly: \
                      reconcile before a new send",
                 )

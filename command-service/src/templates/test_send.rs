@@ -177,7 +177,7 @@ impl Command for TestSend<'_> {
                     .event_log
                     .append(AppendRequest::in_space(&space_id, vec![stream], Vec::new()))
                     .await
-                    .map_err(crate::edge::append_error)?;
+                    .map_err(ApiError::from)?;
                 let error = error.map(|(code, message)| json!({"code": code, "message": message}));
                 let body = json!({"data": {"emailId": email_id, "status": status, "error": error}});
                 Ok((Answer::json(StatusCode::OK, body), appended))

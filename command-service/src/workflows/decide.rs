@@ -326,6 +326,45 @@ impl Decide for SetPaused {
     }
 }
 
+/// A refused workflow request as the contract answers it (a contact's write as the record
+/// write's refusal is).
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> platform::error::Code {
+        use platform::error::Code;
+        match self {
+            Self::NotFound(_) => Code::WorkflowNotFound,
+            Self::NotPublished(_) => Code::WorkflowNotPublished,
+            Self::InvalidInput(_) => Code::InvalidWorkflowInput,
+            Self::InvalidReplay(_) => Code::InvalidField,
+            Self::UnknownField(_) => Code::UnknownField,
+            Self::Record(refusal) => platform::refusal::Refusal::code(refusal),
+            Self::Failed(_) => Code::InternalError,
+        }
+    }
+
+    fn issues(&self) -> Vec<platform::error::Issue> {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::issues(refusal),
+            _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::is_defect(refusal),
+            Self::Failed(_) => true,
+            _ => false,
+        }
+    }
+
+    fn into_failure(self) -> Result<platform::refusal::Failure, Self> {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::into_failure(refusal).map_err(Self::Record),
+            other => Err(other),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

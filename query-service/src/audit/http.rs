@@ -31,7 +31,7 @@ pub async fn get(
     let channel = match api::http::query_value(&query, "channel") {
         Some(channel) if channels.contains(&channel) => Some(channel.to_owned()),
         Some(other) => {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::of(
                 Code::InvalidQueryParameter,
                 format!("channel must be one of {}; got {other:?}", channels.join(", ")),
             ));
@@ -50,7 +50,7 @@ pub async fn get(
     let domain::catalog::WriteContext { schema, attributes, .. } =
         context.ok_or_else(|| schema_not_found(&schema_ref))?;
     if schema.schema_type != "contact" {
-        return Err(ApiError::not_found(
+        return Err(ApiError::of(
             Code::SchemaNotFound,
             format!("{schema_ref:?} is not a contact schema; audit trails exist for contacts only"),
         ));
@@ -66,7 +66,7 @@ pub async fn get(
     let client = state.pool.get().await?;
     let (record_events, keys) = store::record_events(&client, &record_id).await?;
     let history = record_history(&record_events, &keys, &space_id, &schema.schema_id, &consent)?
-        .ok_or_else(|| ApiError::not_found(Code::RecordNotFound, format!("no record {record_id:?} in this schema")))?;
+        .ok_or_else(|| ApiError::of(Code::RecordNotFound, format!("no record {record_id:?} in this schema")))?;
     let subjects = history
         .emails
         .iter()

@@ -17,7 +17,7 @@ const EMAILS: &str = "emails";
 const EVENTS: &str = "events";
 
 fn not_found(broadcast_id: &str) -> ApiError {
-    ApiError::not_found(Code::BroadcastNotFound, format!("no broadcast {broadcast_id:?} in this space"))
+    ApiError::of(Code::BroadcastNotFound, format!("no broadcast {broadcast_id:?} in this space"))
 }
 
 pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
@@ -103,8 +103,8 @@ async fn of_run(
         Box::pin(async move { store::of_run(client, (&b, &m, &v), &space_id, (&broadcast_id, &run_id), read).await })
     })
     .await?;
-    let document = found.ok_or_else(|| not_found(&broadcast_id))?.ok_or_else(|| {
-        ApiError::not_found(Code::BroadcastRunNotFound, format!("no run {run_id:?} of this broadcast"))
-    })?;
+    let document = found
+        .ok_or_else(|| not_found(&broadcast_id))?
+        .ok_or_else(|| ApiError::of(Code::BroadcastRunNotFound, format!("no run {run_id:?} of this broadcast")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }

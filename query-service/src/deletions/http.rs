@@ -23,7 +23,7 @@ pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<Sta
     })
     .await?;
     let document: Value = row.ok_or_else(|| {
-        ApiError::not_found(Code::RecordDeletionNotFound, format!("no record deletion {operation_id:?} in this space"))
+        ApiError::of(Code::RecordDeletionNotFound, format!("no record deletion {operation_id:?} in this space"))
     })?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }

@@ -112,8 +112,7 @@ async fn get(
         })
     })
     .await?;
-    let row =
-        row.ok_or_else(|| ApiError::not_found(kind.not_found, format!("no {} {id:?} in this space", kind.noun)))?;
+    let row = row.ok_or_else(|| ApiError::of(kind.not_found, format!("no {} {id:?} in this space", kind.noun)))?;
     let document = document(&state, kind, row, &checks)?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }

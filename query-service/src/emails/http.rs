@@ -28,8 +28,8 @@ pub(crate) async fn get(
         Box::pin(async move { store::email(client, &m, &space_id, &email_id).await })
     })
     .await?;
-    let document = document
-        .ok_or_else(|| ApiError::not_found(Code::EmailNotFound, format!("no email {email_id:?} in this space")))?;
+    let document =
+        document.ok_or_else(|| ApiError::of(Code::EmailNotFound, format!("no email {email_id:?} in this space")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 

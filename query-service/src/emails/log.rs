@@ -52,7 +52,7 @@ impl Request {
     pub(crate) fn parse(query: &[(String, String)]) -> Result<Self, ApiError> {
         let value =
             |name: &str| query_value(query, name).map(str::trim).filter(|value| !value.is_empty()).map(str::to_owned);
-        let invalid = |message: String| ApiError::bad_request(Code::InvalidQueryParameter, message);
+        let invalid = |message: String| ApiError::of(Code::InvalidQueryParameter, message);
         let scope = Scope {
             contact_id: value("contactId"),
             broadcast_run_id: value("broadcastRunId"),
@@ -138,14 +138,14 @@ impl Cursor {
 
     /// The cursor `text`, which must have been issued for `request`.
     pub(crate) fn decode(text: &str, request: &Request) -> Result<Self, ApiError> {
-        let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
+        let malformed = || ApiError::of(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
         let bytes = api::pagination::opaque_cursor_bytes(text).ok_or_else(malformed)?;
         let cursor: Self = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
         if !platform::storable::is_storable(&cursor.after_id) || cursor.position().is_none() {
             return Err(malformed());
         }
         if cursor.request != request.fingerprint() {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::of(
                 Code::InvalidCursor,
                 "this cursor was issued for another request; keep contactId, broadcastRunId, workflowId, stepId and \
                  status fixed while paging",

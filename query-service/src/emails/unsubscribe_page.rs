@@ -32,7 +32,7 @@ pub(crate) async fn get(req: HttpRequest, path: web::Path<String>, state: web::D
 }
 
 async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
-    let not_found = || ApiError::not_found(Code::EmailNotFound, format!("no email {email_id:?}"));
+    let not_found = || ApiError::of(Code::EmailNotFound, format!("no email {email_id:?}"));
     if !email_id.starts_with("em_") || !platform::storable::is_storable(email_id) {
         return Err(not_found());
     }

@@ -23,7 +23,7 @@ fn event_schema(row: &Row, id_or_slug: &str) -> Result<(String, String), ApiErro
     let at = |offset: usize| SCHEMA_AT + offset;
     match row.get::<_, Option<&str>>(at(2)) {
         Some("event") => Ok((row.get(at(0)), row.get(at(1)))),
-        Some(_) => Err(ApiError::not_found(Code::SchemaNotFound, format!("{id_or_slug:?} is not an event schema"))),
+        Some(_) => Err(ApiError::of(Code::SchemaNotFound, format!("{id_or_slug:?} is not an event schema"))),
         None => Err(schema_not_found(id_or_slug)),
     }
 }
@@ -44,7 +44,7 @@ pub async fn status(
     let document = event_document(row)
         .filter(|event| event.schema_id == schema_id)
         .map(|event| event.document)
-        .ok_or_else(|| ApiError::not_found(Code::EventNotFound, format!("no event {event_id:?} in this schema")))?;
+        .ok_or_else(|| ApiError::of(Code::EventNotFound, format!("no event {event_id:?} in this schema")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 
@@ -57,7 +57,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
     let schema_ref = query_value(&query, "schema")
         .filter(|value| !value.trim().is_empty())
         .ok_or_else(|| {
-            ApiError::bad_request(Code::InvalidQueryParameter, "schema is required: the id or slug of an event schema")
+            ApiError::of(Code::InvalidQueryParameter, "schema is required: the id or slug of an event schema")
         })?
         .to_owned();
     let now = Utc::now();

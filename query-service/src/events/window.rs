@@ -48,7 +48,7 @@ impl Cursor {
     }
 
     pub(crate) fn decode(text: &str) -> Result<Self, ApiError> {
-        let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
+        let malformed = || ApiError::of(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
         let bytes = api::pagination::opaque_cursor_bytes(text).ok_or_else(malformed)?;
         let cursor: Self = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
         // A cursor is the caller's input too: what it holds must be storable and in range.
@@ -83,16 +83,16 @@ impl Window {
 }
 
 fn other_request(what: &str) -> ApiError {
-    ApiError::bad_request(
+    ApiError::of(
         Code::InvalidCursor,
         format!("this cursor was issued for another {what}; keep schema, from, to and limit fixed while paging"),
     )
 }
 
 fn parse_time(name: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
-    DateTime::parse_from_rfc3339(raw.trim()).map(|at| at.with_timezone(&Utc)).map_err(|_| {
-        ApiError::bad_request(Code::InvalidTimeRange, format!("{name} must be an RFC 3339 date-time; got {raw:?}"))
-    })
+    DateTime::parse_from_rfc3339(raw.trim())
+        .map(|at| at.with_timezone(&Utc))
+        .map_err(|_| ApiError::of(Code::InvalidTimeRange, format!("{name} must be an RFC 3339 date-time; got {raw:?}")))
 }
 
 pub(crate) fn micros(at: DateTime<Utc>) -> i64 {
@@ -101,7 +101,7 @@ pub(crate) fn micros(at: DateTime<Utc>) -> i64 {
 
 fn from_micros(value: i64) -> Result<DateTime<Utc>, ApiError> {
     DateTime::from_timestamp_micros(value)
-        .ok_or_else(|| ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given"))
+        .ok_or_else(|| ApiError::of(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given"))
 }
 
 /// Resolves `from`, `to`, `limit` and `cursor` of a list request at `now`.
@@ -133,7 +133,7 @@ pub(crate) fn resolve_window(query: &[(String, String)], now: DateTime<Utc>) -> 
     let to = to.unwrap_or(now);
     let mut from = from.unwrap_or(to - Duration::days(DEFAULT_WINDOW_DAYS));
     if from >= to {
-        return Err(ApiError::bad_request(Code::InvalidTimeRange, "from must be earlier than to"));
+        return Err(ApiError::of(Code::InvalidTimeRange, "from must be earlier than to"));
     }
     if to - from > Duration::days(MAX_WINDOW_DAYS) {
         from = to - Duration::days(MAX_WINDOW_DAYS);

@@ -11,7 +11,7 @@ use crate::State;
 use crate::consistency::{authorize_read, consistent_read, respond};
 
 fn not_found(import_id: &str) -> ApiError {
-    ApiError::not_found(Code::ImportNotFound, format!("no import {import_id:?} in this space"))
+    ApiError::of(Code::ImportNotFound, format!("no import {import_id:?} in this space"))
 }
 
 pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<State>) -> Result<HttpResponse, ApiError> {
@@ -91,7 +91,7 @@ pub async fn rows(
         None => None,
         Some(status) if STATUSES.contains(&status) => Some(status.to_owned()),
         Some(other) => {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::of(
                 Code::InvalidQueryParameter,
                 format!("status must be one of {}; got {other:?}", STATUSES.join(", ")),
             ));

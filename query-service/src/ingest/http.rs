@@ -27,7 +27,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
     let (limit, warnings) = api::pagination::parse_limit(&query, 100)?;
     let after = match api::pagination::given_cursor(&query) {
         Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
-            ApiError::bad_request(Code::InvalidCursor, "cursor is the nextCursor of an earlier page of this list")
+            ApiError::of(Code::InvalidCursor, "cursor is the nextCursor of an earlier page of this list")
         })?),
         None => None,
     };

@@ -21,7 +21,7 @@ const RECORDS: &str = "records";
 /// the type of the schema named, `None` when there is none.
 fn record_schema(schema_type: Option<&str>, id_or_slug: &str) -> Result<(), ApiError> {
     match schema_type {
-        Some("event") => Err(ApiError::not_found(
+        Some("event") => Err(ApiError::of(
             Code::SchemaNotFound,
             format!("{id_or_slug:?} is an event schema; records live in contact and object schemas"),
         )),
@@ -48,7 +48,7 @@ pub async fn list(
         None => PageRequest::parse(&query),
     }
     .map_err(|error| match error.code() {
-        Some(Code::OffsetTooLarge) => ApiError::bad_request(
+        Some(Code::OffsetTooLarge) => ApiError::of(
             Code::OffsetTooLarge,
             format!("{}; page further with `cursor`, passing each page's pagination.nextCursor", error.message()),
         ),
@@ -149,6 +149,6 @@ pub async fn get(
     record_schema(row.get(CHECK_WIDTH), &schema_ref)?;
     let document = row
         .get::<_, Option<RawJson>>(CHECK_WIDTH + 1)
-        .ok_or_else(|| ApiError::not_found(Code::RecordNotFound, format!("no record {record_id:?} in this schema")))?;
+        .ok_or_else(|| ApiError::of(Code::RecordNotFound, format!("no record {record_id:?} in this schema")))?;
     Ok(respond_raw(&consistent, Vec::new(), &document.0, None))
 }

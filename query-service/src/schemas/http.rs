@@ -20,7 +20,7 @@ fn parse_types(query: &[(String, String)]) -> Result<Vec<String>, ApiError> {
         // refused rather than read as "no filter".
         for value in value.split(',').map(str::trim) {
             if !SCHEMA_TYPES.contains(&value) {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::of(
                     Code::InvalidQueryParameter,
                     format!("{key} must be contact, object or event; got {value:?}"),
                 ));
@@ -53,7 +53,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
 }
 
 pub fn schema_not_found(id_or_slug: &str) -> ApiError {
-    ApiError::not_found(Code::SchemaNotFound, format!("no schema {id_or_slug:?} in this space"))
+    ApiError::of(Code::SchemaNotFound, format!("no schema {id_or_slug:?} in this space"))
 }
 
 pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<State>) -> Result<HttpResponse, ApiError> {

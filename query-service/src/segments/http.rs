@@ -14,7 +14,7 @@ const SEGMENTS: &str = "segments";
 pub(crate) const CONTACTS_PAGE_CAP: i64 = 100;
 
 fn not_found(segment_id: &str) -> ApiError {
-    ApiError::not_found(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space"))
+    ApiError::of(Code::SegmentNotFound, format!("no segment {segment_id:?} in this space"))
 }
 
 pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpResponse, ApiError> {

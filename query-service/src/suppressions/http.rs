@@ -21,7 +21,7 @@ pub async fn list(req: HttpRequest, state: web::Data<State>) -> Result<HttpRespo
     let identifier = api::http::query_value(&query, "identifier")
         .map(|value| {
             domain::attributes::normalize_email(value).map_err(|_| {
-                ApiError::bad_request(
+                ApiError::of(
                     Code::InvalidQueryParameter,
                     format!("identifier must be an email address; got {:?}", platform::storable::escaped(value)),
                 )

@@ -34,9 +34,8 @@ pub async fn get(req: HttpRequest, path: web::Path<String>, state: web::Data<Sta
         Box::pin(async move { store::get(client, &w, &space_id, &webhook_id).await })
     })
     .await?;
-    let document = document.ok_or_else(|| {
-        ApiError::not_found(Code::WebhookNotFound, format!("no webhook {webhook_id:?} in this space"))
-    })?;
+    let document = document
+        .ok_or_else(|| ApiError::of(Code::WebhookNotFound, format!("no webhook {webhook_id:?} in this space")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 
@@ -49,7 +48,7 @@ struct DeliveryCursor {
 }
 
 fn decode_cursor(text: &str) -> Result<(chrono::DateTime<chrono::Utc>, String), ApiError> {
-    let malformed = || ApiError::bad_request(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
+    let malformed = || ApiError::of(Code::InvalidCursor, "cursor is malformed; pass nextCursor as given");
     let bytes = api::pagination::opaque_cursor_bytes(text).ok_or_else(malformed)?;
     let cursor: DeliveryCursor = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
     let at = chrono::DateTime::from_timestamp_micros(cursor.t).ok_or_else(malformed)?;
@@ -92,9 +91,8 @@ pub async fn deliveries(
         })
     })
     .await?;
-    let mut rows = rows.ok_or_else(|| {
-        ApiError::not_found(Code::WebhookNotFound, format!("no webhook {webhook_id:?} in this space"))
-    })?;
+    let mut rows =
+        rows.ok_or_else(|| ApiError::of(Code::WebhookNotFound, format!("no webhook {webhook_id:?} in this space")))?;
     let has_more = i64::try_from(rows.len()).unwrap_or(i64::MAX) > limit;
     rows.truncate(usize::try_from(limit).unwrap_or(0));
     let next_cursor =

@@ -17,11 +17,11 @@ const EMAILS: &str = "emails";
 const STATUSES: [&str; 6] = ["waiting", "running", "sleeping", "completed", "exited", "failed"];
 
 fn not_found(workflow_id: &str) -> ApiError {
-    ApiError::not_found(Code::WorkflowNotFound, format!("no workflow {workflow_id:?} in this space"))
+    ApiError::of(Code::WorkflowNotFound, format!("no workflow {workflow_id:?} in this space"))
 }
 
 fn bad_query(message: String) -> ApiError {
-    ApiError::bad_request(Code::InvalidQueryParameter, message)
+    ApiError::of(Code::InvalidQueryParameter, message)
 }
 
 /// The statuses `status` asks for (one value, a comma list, or repeated); `None`: every one.
@@ -162,7 +162,7 @@ pub async fn run(
     .await?;
     let document = found
         .ok_or_else(|| not_found(&workflow_id))?
-        .ok_or_else(|| ApiError::not_found(Code::WorkflowRunNotFound, format!("no run {run_id:?} of this workflow")))?;
+        .ok_or_else(|| ApiError::of(Code::WorkflowRunNotFound, format!("no run {run_id:?} of this workflow")))?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }
 
@@ -182,7 +182,7 @@ pub async fn replay(
     })
     .await?;
     let document = found.ok_or_else(|| not_found(&workflow_id))?.ok_or_else(|| {
-        ApiError::not_found(Code::WorkflowReplayNotFound, format!("no replay {replay_id:?} of this workflow"))
+        ApiError::of(Code::WorkflowReplayNotFound, format!("no replay {replay_id:?} of this workflow"))
     })?;
     Ok(respond(&consistent, Vec::new(), |warnings| data_body(document, warnings)))
 }

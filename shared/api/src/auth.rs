@@ -41,7 +41,7 @@ pub(crate) fn resolve_space(identity: &KeyIdentity) -> Result<Membership, ApiErr
         None => match identity.memberships.as_slice() {
             [only] => Ok(only.clone()),
             [] => Err(ApiError::forbidden("the key's owner has no membership in any space")),
-            _ => Err(ApiError::bad_request(
+            _ => Err(ApiError::of(
                 Code::UnknownSpace,
                 "the key is not bound to a space and its owner belongs to several; use a key bound to one space",
             )),

@@ -193,7 +193,7 @@ pub async fn read_json_object(req: &HttpRequest, payload: web::Payload) -> Resul
 fn json_object(value: Value) -> Result<Map<String, Value>, ApiError> {
     match value {
         Value::Object(object) => Ok(object),
-        _ => Err(ApiError::bad_request(Code::InvalidBody, "the request body must be a JSON object")),
+        _ => Err(ApiError::of(Code::InvalidBody, "the request body must be a JSON object")),
     }
 }
 
@@ -254,20 +254,18 @@ async fn read_json_accepting(req: &HttpRequest, payload: web::Payload, accepted:
     check_content_headers(req, accepted)?;
     let bytes = read_body(req, payload).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(Code::MalformedJson, "the request body is empty; send a JSON object"));
+        return Err(ApiError::of(Code::MalformedJson, "the request body is empty; send a JSON object"));
     }
     // Bounded before it is built: a 10 MB body of a million tiny values would take a gigabyte
     // as a tree.
     if json_values(&bytes) > MAX_JSON_VALUES {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            Some(Code::BodyTooLarge),
+        return Err(ApiError::of(
+            Code::BodyTooLarge,
             format!("the request body holds more than {MAX_JSON_VALUES} JSON values; send fewer at once"),
         ));
     }
-    let value: Value = serde_json::from_slice(&bytes).map_err(|error| {
-        ApiError::bad_request(Code::MalformedJson, format!("the request body is not valid JSON: {error}"))
-    })?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|error| ApiError::of(Code::MalformedJson, format!("the request body is not valid JSON: {error}")))?;
     drop(bytes);
     platform::storable::reject(platform::storable::json_issues(&value))?;
     Ok(value)
@@ -334,11 +332,11 @@ fn check_content_headers(req: &HttpRequest, accepted: &str) -> Result<(), ApiErr
 }
 
 fn unsupported(message: String) -> ApiError {
-    ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, Some(Code::UnsupportedMediaType), message)
+    ApiError::of(Code::UnsupportedMediaType, message)
 }
 
 fn too_large() -> ApiError {
-    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, Some(Code::BodyTooLarge), "the request body is larger than 10 MB")
+    ApiError::of(Code::BodyTooLarge, "the request body is larger than 10 MB")
 }
 
 /// Reads a body of at most [`MAX_BODY_BYTES`]. The buffer grows by doubling, never past the
@@ -356,9 +354,8 @@ async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<Vec<u
     let ceiling = declared.unwrap_or(MAX_BODY_BYTES);
     let mut body = Vec::with_capacity(ceiling.min(64 * 1024));
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|error| {
-            ApiError::bad_request(Code::InvalidBody, format!("the request body could not be read: {error}"))
-        })?;
+        let chunk = chunk
+            .map_err(|error| ApiError::of(Code::InvalidBody, format!("the request body could not be read: {error}")))?;
         let length = body.len() + chunk.len();
         if length > MAX_BODY_BYTES {
             return Err(too_large());

@@ -420,15 +420,15 @@ mod tests {
 
     #[test]
     fn an_error_page_keeps_the_status_and_names_each_field() {
-        let error = ApiError::bad_request(Code::InvalidFormSubmission, "the submission is not valid")
+        let error = ApiError::of(Code::InvalidFormSubmission, "the submission is not valid")
             .with_issues(vec![Issue::for_key("email", "email is required")]);
         let message = Message::for_error(&error);
         assert_eq!(message.status, StatusCode::BAD_REQUEST);
         let page = message.page();
         assert!(page.contains("<strong>email</strong>: Email is required."), "{page}");
-        let expired = Message::for_error(&ApiError::new(StatusCode::GONE, Some(Code::ConfirmationExpired), "x"));
+        let expired = Message::for_error(&ApiError::of(Code::ConfirmationExpired, "x"));
         assert_eq!((expired.status, expired.title.as_str()), (StatusCode::GONE, "Link expired"));
-        let limited = ApiError::new(StatusCode::TOO_MANY_REQUESTS, Some(Code::RateLimitExceeded), "slow down")
+        let limited = ApiError::of(Code::RateLimitExceeded, "slow down")
             .with_header("Retry-After", "Thu, 01 Jan 2099 00:00:00 GMT".to_owned());
         let response = answer(true, Err(limited));
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);

@@ -56,7 +56,7 @@ impl PageRequest {
             Some(raw) => {
                 let requested = parse_integer("offset", raw)?;
                 if requested > MAX_OFFSET {
-                    return Err(ApiError::bad_request(
+                    return Err(ApiError::of(
                         Code::OffsetTooLarge,
                         format!("offset must be at most {MAX_OFFSET}; got {requested}"),
                     ));
@@ -134,7 +134,7 @@ fn parse_integer(name: &str, raw: &str) -> Result<i64, ApiError> {
     let text = raw.trim();
     let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
     if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::of(
             Code::InvalidQueryParameter,
             format!("{name} must be an integer; got {:?}", platform::storable::escaped(raw)),
         ));

@@ -33,7 +33,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix_web::HttpRequest;
-use actix_web::http::StatusCode;
 use chrono::{TimeZone, Utc};
 use deadpool_postgres::Pool;
 
@@ -221,9 +220,8 @@ impl RateLimiter {
 fn exceeded(bucket: Bucket, allowed: u32, window_ms: i64, window_index: i64) -> ApiError {
     metrics::counter!("rate_limit_refusals_total", "bucket" => bucket.name()).increment(1);
     let reset = Utc.timestamp_millis_opt((window_index + 1) * window_ms).single().unwrap_or_else(Utc::now);
-    ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        Some(Code::RateLimitExceeded),
+    ApiError::of(
+        Code::RateLimitExceeded,
         format!(
             "the {} bucket allows {allowed} requests per {window_ms} ms for this key; retry after the window resets",
             bucket.name()

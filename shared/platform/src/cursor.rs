@@ -29,7 +29,7 @@ pub fn decode(raw: &str) -> Result<(i64, String), ApiError> {
 
 /// The refusal of a cursor no list returned.
 pub fn malformed() -> ApiError {
-    ApiError::bad_request(Code::InvalidCursor, "cursor must be a nextCursor this list returned")
+    ApiError::of(Code::InvalidCursor, "cursor must be a nextCursor this list returned")
 }
 
 #[cfg(test)]

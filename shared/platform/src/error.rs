@@ -5,9 +5,10 @@ use http::StatusCode;
 use serde::Serialize;
 use serde_json::json;
 
-/// Declares [`Code`]: every code the server uses, with its wire text.
+/// Declares [`Code`]: every code the server uses, with its wire text and, for the public
+/// ones, the HTTP status it answers with.
 macro_rules! codes {
-    (public { $($public:ident = $public_text:literal,)* } internal { $($internal:ident = $internal_text:literal,)* }) => {
+    (public { $($public:ident = $public_text:literal => $status:literal,)* } internal { $($internal:ident = $internal_text:literal,)* }) => {
         /// Every error and issue code of the API (the contract's and our own), and the labels
         /// of write-side guard refusals that never leave the service (`internal`).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -28,6 +29,18 @@ macro_rules! codes {
                 }
             }
 
+            /// The HTTP status an error of this code answers with: the contract's, or ours where
+            /// it gives none. A code the contract gives two statuses has its second in
+            /// [`Code::SECOND_STATUSES`], used only where that case is built. An internal code
+            /// never reaches a client: 500 if one ever did.
+            pub fn status(self) -> StatusCode {
+                let status: u16 = match self {
+                    $(Code::$public => $status,)*
+                    $(Code::$internal => 500,)*
+                };
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
+
             /// Whether the code labels a guard refusal that handlers translate and that never
             /// reaches a client.
             pub fn is_internal(self) -> bool {
@@ -39,114 +52,114 @@ macro_rules! codes {
 
 codes! {
     public {
-    InvalidApiKey = "invalid_api_key",
-    UnknownSpace = "unknown_space",
-    RateLimitExceeded = "rate_limit_exceeded",
-    OffsetTooLarge = "offset_too_large",
-    MalformedJson = "malformed_json",
-    InvalidTimeRange = "invalid_time_range",
-    InvalidCursor = "invalid_cursor",
-    RequiredAttributeMissing = "required_attribute_missing",
-    SchemaNotFound = "schema_not_found",
-    RecordNotFound = "record_not_found",
-    SuppressionNotFound = "suppression_not_found",
-    IdentifierConflict = "identifier_conflict",
-    SuppressionAlreadyExists = "suppression_already_exists",
-    EventIdConflict = "event_id_conflict",
-    EventErased = "event_erased",
-    IdempotencyConflict = "idempotency_conflict",
-    IdempotencyOutcomeUnknown = "idempotency_outcome_unknown",
-    IdempotencyKeyReused = "idempotency_key_reused",
-    IdempotencyAdmissionBusy = "idempotency_admission_busy",
-    InsufficientCredits = "insufficient_credits",
-    EventRateLimited = "event_rate_limited",
-    EventBacklogFull = "event_backlog_full",
-    EventReceiptLimit = "event_receipt_limit",
-    RouteNotFound = "route_not_found",
-    MethodNotAllowed = "method_not_allowed",
-    UnsupportedMediaType = "unsupported_media_type",
-    BodyTooLarge = "body_too_large",
-    InvalidBody = "invalid_body",
-    InvalidQueryParameter = "invalid_query_parameter",
-    InvalidConsistencyToken = "invalid_consistency_token",
-    InvalidIdempotencyKey = "invalid_idempotency_key",
-    InvalidCharacter = "invalid_character",
-    ValueNotStorable = "value_not_storable",
-    ServiceUnavailable = "service_unavailable",
-    OutcomeUnknown = "outcome_unknown",
-    InternalError = "internal_error",
-    UnknownAttribute = "unknown_attribute",
-    AttributeNotWritable = "attribute_not_writable",
-    InvalidAttributeValue = "invalid_attribute_value",
-    ValueTooLong = "value_too_long",
-    ConcurrentModification = "concurrent_modification",
-    RecordDeletionPending = "record_deletion_pending",
-    RecordDeletionNotFound = "record_deletion_not_found",
-    UnknownField = "unknown_field",
-    InvalidIdentifier = "invalid_identifier",
-    InvalidReason = "invalid_reason",
-    InvalidId = "invalid_id",
-    InvalidBatch = "invalid_batch",
-    InvalidBatchSize = "invalid_batch_size",
-    SuppressionNotRemovable = "suppression_not_removable",
-    InvalidOccurredAt = "invalid_occurred_at",
-    InvalidEventSubject = "invalid_event_subject",
-    ReservedField = "reserved_field",
-    EventInputTooLarge = "event_input_too_large",
-    EventNotFound = "event_not_found",
-    InvalidEventInput = "invalid_event_input",
-    InvalidIdentityChange = "invalid_identity_change",
-    IdentitySourceUnavailable = "identity_source_unavailable",
-    AliasRevisionConflict = "alias_revision_conflict",
-    AliasErased = "alias_erased",
-    OperationIdConflict = "operation_id_conflict",
-    IdentityCapacityExhausted = "identity_capacity_exhausted",
-    MissingField = "missing_field",
-    InvalidField = "invalid_field",
-    InvalidWebhook = "invalid_webhook",
-    WebhookNotFound = "webhook_not_found",
-    WebhookIntegrationOwned = "webhook_integration_owned",
-    AiGenerationFailed = "ai_generation_failed",
-    WebhookDeliveryNotFound = "webhook_delivery_not_found",
-    WebhookDeliveryPending = "webhook_delivery_pending",
-    EmailLimitReached = "email_limit_reached",
-    RecipientNotSubscribed = "recipient_not_subscribed",
-    RecipientSuppressed = "recipient_suppressed",
-    FrequencyCapped = "frequency_capped",
-    QuietHours = "quiet_hours",
-    TemplateNotFound = "template_not_found",
-    DomainNotFound = "domain_not_found",
-    SenderNotFound = "sender_not_found",
-    TopicNotFound = "topic_not_found",
-    EmailNotFound = "email_not_found",
-    LinkNotFound = "link_not_found",
-    InvalidPreferences = "invalid_preferences",
-    InvalidTemplateData = "invalid_template_data",
-    TemplateContentNotAccepted = "template_content_not_accepted",
-    TemplateRenderFailed = "template_render_failed",
-    RecipientMissing = "recipient_missing",
-    FormNotFound = "form_not_found",
-    FormDisabled = "form_disabled",
-    InvalidFormSubmission = "invalid_form_submission",
-    ConfirmationNotFound = "confirmation_not_found",
-    ConfirmationExpired = "confirmation_expired",
-    SegmentNotFound = "segment_not_found",
-    InvalidSegment = "invalid_segment",
-    BroadcastNotFound = "broadcast_not_found",
-    BroadcastRunNotFound = "broadcast_run_not_found",
-    BroadcastRunActive = "broadcast_run_active",
-    InvalidBroadcast = "invalid_broadcast",
-    WorkflowNotFound = "workflow_not_found",
-    WorkflowNotPublished = "workflow_not_published",
-    WorkflowRunNotFound = "workflow_run_not_found",
-    WorkflowReplayNotFound = "workflow_replay_not_found",
-    InvalidWorkflowInput = "invalid_workflow_input",
-    ImportNotFound = "import_not_found",
-    ImportConflict = "import_conflict",
-    ConsentSourceRequired = "consent_source_required",
-    InvalidWriteKey = "invalid_write_key",
-    BatchTooLarge = "batch_too_large",
-    MessageTooLarge = "message_too_large",
+    InvalidApiKey = "invalid_api_key" => 401,
+    UnknownSpace = "unknown_space" => 400,
+    RateLimitExceeded = "rate_limit_exceeded" => 429,
+    OffsetTooLarge = "offset_too_large" => 400,
+    MalformedJson = "malformed_json" => 400,
+    InvalidTimeRange = "invalid_time_range" => 400,
+    InvalidCursor = "invalid_cursor" => 400,
+    RequiredAttributeMissing = "required_attribute_missing" => 400,
+    SchemaNotFound = "schema_not_found" => 404,
+    RecordNotFound = "record_not_found" => 404,
+    SuppressionNotFound = "suppression_not_found" => 404,
+    IdentifierConflict = "identifier_conflict" => 409,
+    SuppressionAlreadyExists = "suppression_already_exists" => 409,
+    EventIdConflict = "event_id_conflict" => 409,
+    EventErased = "event_erased" => 409,
+    IdempotencyConflict = "idempotency_conflict" => 409,
+    IdempotencyOutcomeUnknown = "idempotency_outcome_unknown" => 409,
+    IdempotencyKeyReused = "idempotency_key_reused" => 422,
+    IdempotencyAdmissionBusy = "idempotency_admission_busy" => 429,
+    InsufficientCredits = "insufficient_credits" => 402,
+    EventRateLimited = "event_rate_limited" => 429,
+    EventBacklogFull = "event_backlog_full" => 429,
+    EventReceiptLimit = "event_receipt_limit" => 429,
+    RouteNotFound = "route_not_found" => 404,
+    MethodNotAllowed = "method_not_allowed" => 405,
+    UnsupportedMediaType = "unsupported_media_type" => 415,
+    BodyTooLarge = "body_too_large" => 413,
+    InvalidBody = "invalid_body" => 400,
+    InvalidQueryParameter = "invalid_query_parameter" => 400,
+    InvalidConsistencyToken = "invalid_consistency_token" => 400,
+    InvalidIdempotencyKey = "invalid_idempotency_key" => 400,
+    InvalidCharacter = "invalid_character" => 400,
+    ValueNotStorable = "value_not_storable" => 400,
+    ServiceUnavailable = "service_unavailable" => 503,
+    OutcomeUnknown = "outcome_unknown" => 503,
+    InternalError = "internal_error" => 500,
+    UnknownAttribute = "unknown_attribute" => 400,
+    AttributeNotWritable = "attribute_not_writable" => 400,
+    InvalidAttributeValue = "invalid_attribute_value" => 400,
+    ValueTooLong = "value_too_long" => 400,
+    ConcurrentModification = "concurrent_modification" => 409,
+    RecordDeletionPending = "record_deletion_pending" => 409,
+    RecordDeletionNotFound = "record_deletion_not_found" => 404,
+    UnknownField = "unknown_field" => 400,
+    InvalidIdentifier = "invalid_identifier" => 400,
+    InvalidReason = "invalid_reason" => 400,
+    InvalidId = "invalid_id" => 400,
+    InvalidBatch = "invalid_batch" => 400,
+    InvalidBatchSize = "invalid_batch_size" => 400,
+    SuppressionNotRemovable = "suppression_not_removable" => 409,
+    InvalidOccurredAt = "invalid_occurred_at" => 400,
+    InvalidEventSubject = "invalid_event_subject" => 400,
+    ReservedField = "reserved_field" => 400,
+    EventInputTooLarge = "event_input_too_large" => 400,
+    EventNotFound = "event_not_found" => 404,
+    InvalidEventInput = "invalid_event_input" => 400,
+    InvalidIdentityChange = "invalid_identity_change" => 400,
+    IdentitySourceUnavailable = "identity_source_unavailable" => 403,
+    AliasRevisionConflict = "alias_revision_conflict" => 409,
+    AliasErased = "alias_erased" => 409,
+    OperationIdConflict = "operation_id_conflict" => 409,
+    IdentityCapacityExhausted = "identity_capacity_exhausted" => 429,
+    MissingField = "missing_field" => 400,
+    InvalidField = "invalid_field" => 400,
+    InvalidWebhook = "invalid_webhook" => 400,
+    WebhookNotFound = "webhook_not_found" => 404,
+    WebhookIntegrationOwned = "webhook_integration_owned" => 409,
+    AiGenerationFailed = "ai_generation_failed" => 422,
+    WebhookDeliveryNotFound = "webhook_delivery_not_found" => 404,
+    WebhookDeliveryPending = "webhook_delivery_pending" => 409,
+    EmailLimitReached = "email_limit_reached" => 402,
+    RecipientNotSubscribed = "recipient_not_subscribed" => 422,
+    RecipientSuppressed = "recipient_suppressed" => 422,
+    FrequencyCapped = "frequency_capped" => 422,
+    QuietHours = "quiet_hours" => 422,
+    TemplateNotFound = "template_not_found" => 404,
+    DomainNotFound = "domain_not_found" => 404,
+    SenderNotFound = "sender_not_found" => 404,
+    TopicNotFound = "topic_not_found" => 404,
+    EmailNotFound = "email_not_found" => 404,
+    LinkNotFound = "link_not_found" => 404,
+    InvalidPreferences = "invalid_preferences" => 400,
+    InvalidTemplateData = "invalid_template_data" => 400,
+    TemplateContentNotAccepted = "template_content_not_accepted" => 400,
+    TemplateRenderFailed = "template_render_failed" => 422,
+    RecipientMissing = "recipient_missing" => 400,
+    FormNotFound = "form_not_found" => 404,
+    FormDisabled = "form_disabled" => 403,
+    InvalidFormSubmission = "invalid_form_submission" => 400,
+    ConfirmationNotFound = "confirmation_not_found" => 404,
+    ConfirmationExpired = "confirmation_expired" => 410,
+    SegmentNotFound = "segment_not_found" => 404,
+    InvalidSegment = "invalid_segment" => 400,
+    BroadcastNotFound = "broadcast_not_found" => 404,
+    BroadcastRunNotFound = "broadcast_run_not_found" => 404,
+    BroadcastRunActive = "broadcast_run_active" => 409,
+    InvalidBroadcast = "invalid_broadcast" => 400,
+    WorkflowNotFound = "workflow_not_found" => 404,
+    WorkflowNotPublished = "workflow_not_published" => 409,
+    WorkflowRunNotFound = "workflow_run_not_found" => 404,
+    WorkflowReplayNotFound = "workflow_replay_not_found" => 404,
+    InvalidWorkflowInput = "invalid_workflow_input" => 400,
+    ImportNotFound = "import_not_found" => 404,
+    ImportConflict = "import_conflict" => 409,
+    ConsentSourceRequired = "consent_source_required" => 400,
+    InvalidWriteKey = "invalid_write_key" => 401,
+    BatchTooLarge = "batch_too_large" => 400,
+    MessageTooLarge = "message_too_large" => 400,
     }
     internal {
     OperationTaken = "operation_taken",
@@ -158,6 +171,15 @@ codes! {
     CatalogMoved = "catalog_moved",
     StreamMoved = "stream_moved",
     }
+}
+
+impl Code {
+    /// The codes the contract gives a second status, with it and when it is answered.
+    pub const SECOND_STATUSES: &'static [(Code, u16, &'static str)] = &[(
+        Code::IdempotencyOutcomeUnknown,
+        503,
+        "a write under an Idempotency-Key whose commit broke off: its persistence is unconfirmed",
+    )];
 }
 
 impl std::fmt::Display for Code {
@@ -226,7 +248,9 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: Option<Code>, message: impl Into<String>) -> Self {
+    /// An error with the status given here. Only this crate chooses a status apart from the
+    /// code table: for codeless errors and the few documented exceptions (a guard's conflict).
+    pub(crate) fn new(status: StatusCode, code: Option<Code>, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
@@ -249,20 +273,18 @@ impl ApiError {
         self.unconfirmed
     }
 
-    pub fn bad_request(code: Code, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, Some(code), message)
+    /// An error of `code`, answered with the status of its row in the code table
+    /// ([`Code::status`]).
+    pub fn of(code: Code, message: impl Into<String>) -> Self {
+        Self::new(code.status(), Some(code), message)
     }
 
-    pub fn not_found(code: Code, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, Some(code), message)
-    }
-
-    pub fn unprocessable(code: Code, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, Some(code), message)
-    }
-
-    pub fn conflict(code: Code, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, Some(code), message)
+    /// An error of `code` answered with the second status the contract gives it
+    /// ([`Code::SECOND_STATUSES`]; the table's own when it gives none).
+    pub fn of_second(code: Code, message: impl Into<String>) -> Self {
+        let second = Code::SECOND_STATUSES.iter().find(|(of, _, _)| *of == code);
+        let status = second.and_then(|(_, status, _)| StatusCode::from_u16(*status).ok()).unwrap_or(code.status());
+        Self::new(status, Some(code), message)
     }
 
     pub fn forbidden(message: impl Into<String>) -> Self {
@@ -272,48 +294,42 @@ impl ApiError {
     /// 401 `invalid_api_key` for a key that is unknown, revoked or malformed, with the
     /// challenge of RFC 6750 (`WWW-Authenticate: Bearer realm="api", error="invalid_token"`).
     pub fn invalid_api_key(message: &str) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, Some(Code::InvalidApiKey), message)
+        Self::of(Code::InvalidApiKey, message)
             .with_header("WWW-Authenticate", "Bearer realm=\"api\", error=\"invalid_token\"".to_owned())
     }
 
     /// 401 `invalid_api_key` without a key (`no key provided`, the contract's message), with
     /// the challenge naming the scheme (`WWW-Authenticate: Bearer realm="api"`).
     pub fn missing_api_key() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, Some(Code::InvalidApiKey), "no key provided")
+        Self::of(Code::InvalidApiKey, "no key provided")
             .with_header("WWW-Authenticate", "Bearer realm=\"api\"".to_owned())
     }
 
     pub fn insufficient_credits() -> Self {
-        Self::new(
-            StatusCode::PAYMENT_REQUIRED,
-            Some(Code::InsufficientCredits),
+        Self::of(
+            Code::InsufficientCredits,
             "the space has no AI credits left; add credits before writing to a schema with AI auto-fill",
         )
     }
 
     pub fn route_not_found() -> Self {
-        Self::new(StatusCode::NOT_FOUND, Some(Code::RouteNotFound), "no such endpoint; see /v1/openapi.json")
+        Self::of(Code::RouteNotFound, "no such endpoint; see /v1/openapi.json")
     }
 
     pub fn method_not_allowed() -> Self {
-        Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            Some(Code::MethodNotAllowed),
-            "this method is not allowed on this path",
-        )
+        Self::of(Code::MethodNotAllowed, "this method is not allowed on this path")
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, Some(Code::ServiceUnavailable), message)
+        Self::of(Code::ServiceUnavailable, message)
     }
 
     /// A value of the request that the database refused to store (found past the edge's own
     /// checks, so it is logged: the edge should learn to refuse it).
     pub fn value_not_storable(cause: &str) -> Self {
         tracing::warn!(error = cause, "the database refused a value of a request");
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            Some(Code::ValueNotStorable),
+        Self::of(
+            Code::ValueNotStorable,
             "a value of this request cannot be stored (for example a NUL character or an over-long identifier); \
              change the input",
         )
@@ -322,7 +338,7 @@ impl ApiError {
     /// A server failure. The cause is logged in full; the caller learns little.
     pub fn internal(cause: &anyhow::Error) -> Self {
         tracing::error!(error = format!("{cause:#}"), "internal error");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, Some(Code::InternalError), "internal server error")
+        Self::of(Code::InternalError, "internal server error")
     }
 
     pub fn with_issues(mut self, issues: Vec<Issue>) -> Self {
@@ -434,7 +450,7 @@ mod tests {
 
     #[test]
     fn client_errors_are_invalid_request_errors_with_issues() {
-        let error = ApiError::bad_request(Code::RequiredAttributeMissing, "plan is required")
+        let error = ApiError::of(Code::RequiredAttributeMissing, "plan is required")
             .with_issues(vec![Issue::for_key("plan", "required")]);
         assert_eq!(
             error.body(),
@@ -464,6 +480,86 @@ mod tests {
             assert!(code.is_internal());
             assert!(!document.contains(&format!("\"{code}\"")), "{code} is internal");
         }
+    }
+
+    /// The codes each response status of the document names (in its text, its examples or
+    /// its enums), following the shared responses it refers to.
+    fn documented_statuses() -> std::collections::BTreeMap<String, std::collections::BTreeSet<u16>> {
+        use serde_json::Value;
+        fn codes_in(value: &Value, responses: &Value, examples: &Value, found: &mut Vec<String>) {
+            match value {
+                Value::Object(object) => {
+                    if let Some(Value::String(reference)) = object.get("$ref") {
+                        let (shared, name) = match reference.rsplit_once('/') {
+                            Some(("#/components/responses", name)) => (responses, name),
+                            Some(("#/components/examples", name)) => (examples, name),
+                            _ => return,
+                        };
+                        if let Some(target) = shared.get(name) {
+                            codes_in(target, responses, examples, found);
+                        }
+                        return;
+                    }
+                    object.values().for_each(|value| codes_in(value, responses, examples, found));
+                }
+                Value::Array(values) => values.iter().for_each(|value| codes_in(value, responses, examples, found)),
+                Value::String(text) => {
+                    let ticked = text.split('`').skip(1).step_by(2);
+                    found.extend(ticked.chain(std::iter::once(text.as_str())).map(str::to_owned));
+                }
+                _ => {}
+            }
+        }
+        let document: Value = serde_json::from_str(include_str!("../../../docs/openapi.json")).expect("the document");
+        let (responses, examples) = (&document["components"]["responses"], &document["components"]["examples"]);
+        let mut statuses: std::collections::BTreeMap<String, std::collections::BTreeSet<u16>> = Default::default();
+        for item in document["paths"].as_object().expect("paths").values() {
+            for operation in item.as_object().expect("a path item").values() {
+                let Some(answers) = operation.get("responses").and_then(Value::as_object) else { continue };
+                for (status, answer) in answers {
+                    let Ok(status) = status.parse::<u16>() else { continue };
+                    let mut found = Vec::new();
+                    codes_in(answer, responses, examples, &mut found);
+                    for code in found {
+                        statuses.entry(code).or_default().insert(status);
+                    }
+                }
+            }
+        }
+        statuses
+    }
+
+    /// Codes that name a failed item or row inside a successful answer, never an answer's own
+    /// status.
+    const ITEM_CODES: &[Code] = &[Code::InvalidEventInput, Code::ConsentSourceRequired];
+
+    #[test]
+    fn every_codes_status_is_the_one_the_document_answers_it_with() {
+        let documented = documented_statuses();
+        assert!(documented.len() > 100, "the document's codes were read: {}", documented.len());
+        let mut wrong = Vec::new();
+        for code in Code::PUBLIC {
+            if ITEM_CODES.contains(code) {
+                continue;
+            }
+            let statuses = documented.get(code.as_str()).cloned().unwrap_or_default();
+            if !statuses.contains(&code.status().as_u16()) {
+                wrong.push(format!("{code}: the table says {}, the document {statuses:?}", code.status().as_u16()));
+            }
+        }
+        for (code, second, _) in Code::SECOND_STATUSES {
+            assert!(
+                documented.get(code.as_str()).is_some_and(|statuses| statuses.contains(second)),
+                "{code}'s second status {second} is documented"
+            );
+            assert_eq!(ApiError::of_second(*code, "x").status().as_u16(), *second);
+        }
+        assert!(wrong.is_empty(), "codes whose status the document does not give:\n{}", wrong.join("\n"));
+        assert_eq!(
+            ApiError::of(Code::FormDisabled, "x").status(),
+            StatusCode::FORBIDDEN,
+            "of answers the table's status"
+        );
     }
 
     #[test]

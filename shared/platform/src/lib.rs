@@ -17,6 +17,7 @@ pub mod process;
 #[cfg(feature = "progress")]
 pub mod progress;
 pub mod readmodel;
+pub mod refusal;
 pub mod settings;
 pub mod storable;
 pub mod telemetry;

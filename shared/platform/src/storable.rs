@@ -113,7 +113,7 @@ pub fn parameter_issues<'a>(kind: &str, parameters: impl IntoIterator<Item = (&'
 /// 400 `invalid_character` listing `issues`, or `Ok` when there are none.
 pub fn reject(issues: Vec<Issue>) -> Result<(), ApiError> {
     let Some(first) = issues.first() else { return Ok(()) };
-    Err(ApiError::bad_request(INVALID_CHARACTER, first.message.clone()).with_issues(issues))
+    Err(ApiError::of(INVALID_CHARACTER, first.message.clone()).with_issues(issues))
 }
 
 #[cfg(test)]

@@ -46,6 +46,13 @@ const NOT_IN_A_DECISION: &[(&str, &str)] = &[
     ("email_subject", "a digest under the master key: loaded by the shell"),
 ];
 
+/// What a decision of a write may not name besides: the envelope. (The query service's pure
+/// readers answer a query's refusal themselves.)
+const NOT_IN_A_WRITES_DECISION: &[(&str, &str)] = &[
+    ("StatusCode", "HTTP: a refusal's code carries its status"),
+    ("ApiError", "the envelope: a refusal is its own type (`platform::refusal::Refusal`)"),
+];
+
 /// The shells that may name `Drawn` (beside `platform::fresh`, which defines it), and why.
 const DRAWN_IN: &[(&str, &str)] = &[
     ("shared/platform/src/fresh.rs", "where it is defined"),
@@ -79,7 +86,9 @@ fn violations(files: &[(String, String)]) -> Vec<String> {
     for (path, text) in files {
         let code = code(text);
         if is_decision(path) {
-            for (word, why) in NOT_IN_A_DECISION {
+            let writes = !path.starts_with("query-service/");
+            let words = NOT_IN_A_DECISION.iter().chain(NOT_IN_A_WRITES_DECISION.iter().filter(|_| writes));
+            for (word, why) in words {
                 if code.contains(word) {
                     found.push(format!("{path} names {word} ({why})"));
                 }
@@ -136,6 +145,8 @@ fn the_check_sees_a_decision_that_reads_the_clock_and_a_handler_that_draws() {
     assert_eq!(violations(&clock).len(), 1, "{:?}", violations(&clock));
     let drawn = planted("command-service/src/forms/http.rs", "let fresh = &mut platform::fresh::Drawn;");
     assert_eq!(violations(&drawn).len(), 1);
+    let envelope = planted("command-service/src/forms/decide.rs", "Err(ApiError::of(code, message))");
+    assert_eq!(violations(&envelope).len(), 1, "a decision answers with its refusal type");
     let domain = planted("shared/domain/src/records/mod.rs", "async fn load() {}");
     assert_eq!(violations(&domain).len(), 1, "every file of domain is a decision");
     let commented = planted("shared/mail/src/outbox/decide.rs", "// the caller reads now_millis\nfn settle() {}");

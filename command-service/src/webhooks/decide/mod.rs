@@ -8,7 +8,7 @@ use std::cell::OnceCell;
 
 use domain::webhooks::signing::Secret;
 use filter::Filter;
-use platform::error::Issue;
+use platform::error::{Code, Issue};
 use platform::events::LogEvent;
 use platform::fresh::Fresh;
 use platform::log::{ExpectedVersion, Guard, StreamAppend};
@@ -451,6 +451,38 @@ impl Decide for RotateSecret {
         let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
         let body = api::http::data_body(body, &[]);
         Ok(Outcome::one(stream, key_guard.into_iter().collect(), Reply::ok(body)))
+    }
+}
+
+/// A refused webhook write as the contract answers it.
+impl platform::refusal::Refusal for Refusal {
+    fn code(&self) -> Code {
+        match self {
+            Self::Invalid { .. } => Code::InvalidWebhook,
+            Self::NotFound(_) => Code::WebhookNotFound,
+            Self::IntegrationOwned { .. } => Code::WebhookIntegrationOwned,
+            Self::SchemaNotFound(_) => Code::SchemaNotFound,
+            Self::DeliveryNotFound(_) => Code::WebhookDeliveryNotFound,
+            Self::DeliveryPending(_) => Code::WebhookDeliveryPending,
+            Self::NoCredits => Code::InsufficientCredits,
+            Self::FilterNotOnData | Self::FilterNotMade(_) => Code::AiGenerationFailed,
+            Self::KeptChanging => Code::ConcurrentModification,
+            Self::Failed(_) => Code::InternalError,
+        }
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::Invalid { issues, .. } => issues.clone(),
+            Self::FilterNotOnData | Self::FilterNotMade(_) => {
+                vec![Issue::coded("condition.requirements", Code::AiGenerationFailed, self.to_string())]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        matches!(self, Self::Failed(_))
     }
 }
 

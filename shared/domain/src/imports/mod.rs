@@ -6,7 +6,7 @@ pub mod decide;
 
 use std::collections::BTreeMap;
 
-use platform::error::{ApiError, Code, Issue};
+use platform::error::{Code, Issue};
 use serde_json::{Map, Value};
 
 use crate::catalog::AttributeEntry;
@@ -121,9 +121,40 @@ pub fn valid_import_id(id: &str) -> bool {
     (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
 }
 
+/// Why an import's settings, or a part's header, are refused: 400 with the first problem's
+/// code and message, every problem in `issues`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refused {
+    pub code: Code,
+    pub message: String,
+    pub issues: Vec<Issue>,
+}
+
+impl Refused {
+    fn new(code: Code, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), issues: Vec::new() }
+    }
+
+    fn with_issues(mut self, issues: Vec<Issue>) -> Self {
+        self.issues = issues;
+        self
+    }
+}
+
+impl platform::refusal::Refusal for Refused {
+    fn code(&self) -> Code {
+        self.code
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        self.issues.clone()
+    }
+}
+
 /// Reads the body of an import's create: `{schema, format, fileName?, consent?: {label},
 /// columns?}`. Any other field is 400 `unknown_field`.
-pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
+pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, Refused> {
     let mut issues = Vec::new();
     let mut schema = None;
     let mut format = None;
@@ -243,11 +274,11 @@ pub fn parse_settings(body: Map<String, Value>) -> Result<Settings, ApiError> {
             let first = &issues[0];
             let code = first.code.unwrap_or(Code::InvalidField);
             let message = first.message.clone();
-            return Err(ApiError::bad_request(code, message).with_issues(issues));
+            return Err(Refused::new(code, message).with_issues(issues));
         }
     };
     if format == Format::Ndjson && (!columns.is_empty() || delimiter.is_some()) {
-        return Err(ApiError::bad_request(Code::InvalidField, "columns and delimiter apply to csv imports only"));
+        return Err(Refused::new(Code::InvalidField, "columns and delimiter apply to csv imports only"));
     }
     Ok(Settings { schema, format, file_name, consent_label, columns, encoding, delimiter })
 }
@@ -299,16 +330,16 @@ fn fillable_keys<'a>(schema_type: &str, attributes: &'a [AttributeEntry]) -> Vec
     keys
 }
 
-fn refused(issues: Vec<Issue>) -> Result<(), ApiError> {
+fn refused(issues: Vec<Issue>) -> Result<(), Refused> {
     let Some(first) = issues.first() else { return Ok(()) };
     let (code, message) = (first.code.unwrap_or(Code::InvalidField), first.message.clone());
-    Err(ApiError::bad_request(code, message).with_issues(issues))
+    Err(Refused::new(code, message).with_issues(issues))
 }
 
 /// Checks an import's column map against its schema before anything is stored: every column
 /// fills a key rows may fill (400 `unknown_attribute` naming `columns.<header>`), and no two
 /// columns fill the same key (400 `invalid_field`).
-pub fn check_columns(settings: &Settings, schema_type: &str, attributes: &[AttributeEntry]) -> Result<(), ApiError> {
+pub fn check_columns(settings: &Settings, schema_type: &str, attributes: &[AttributeEntry]) -> Result<(), Refused> {
     let mut issues = Vec::new();
     let mut filled: BTreeMap<&str, &str> = BTreeMap::new();
     for (header, key) in &settings.columns {
@@ -350,9 +381,9 @@ pub fn check_header(
     settings: &Settings,
     schema_type: &str,
     attributes: &[AttributeEntry],
-) -> Result<(), ApiError> {
+) -> Result<(), Refused> {
     if headers.iter().any(|header| !platform::storable::is_storable(header)) {
-        return Err(ApiError::bad_request(
+        return Err(Refused::new(
             Code::InvalidCharacter,
             "a column name of the header holds a NUL character, which cannot be stored",
         ));
@@ -484,24 +515,24 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn settings(body: Value) -> Result<Settings, ApiError> {
+    fn settings(body: Value) -> Result<Settings, Refused> {
         parse_settings(body.as_object().cloned().unwrap_or_default())
     }
 
     #[test]
     fn settings_need_a_schema_and_a_format_and_name_unknown_fields() {
         let error = settings(json!({"format": "csv"})).expect_err("refused");
-        assert_eq!(error.code(), Some(Code::MissingField));
+        assert_eq!(error.code, Code::MissingField);
         assert_eq!(
-            settings(json!({"schema": "contacts", "format": "xml"})).expect_err("refused").code(),
-            Some(Code::InvalidField)
+            settings(json!({"schema": "contacts", "format": "xml"})).expect_err("refused").code,
+            Code::InvalidField
         );
         // A spreadsheet is one clear error, not also "format is required".
         let xlsx = settings(json!({"schema": "contacts", "format": "xlsx"})).expect_err("refused");
-        assert_eq!(xlsx.issues().len(), 1, "{:?}", xlsx.issues());
-        assert!(xlsx.message().contains("save the sheet as CSV"), "{}", xlsx.message());
+        assert_eq!(xlsx.issues.len(), 1, "{:?}", xlsx.issues);
+        assert!(xlsx.message.contains("save the sheet as CSV"), "{}", xlsx.message);
         let error = settings(json!({"schema": "contacts", "format": "csv", "consnt": {}})).expect_err("refused");
-        assert_eq!(error.code(), Some(Code::UnknownField));
+        assert_eq!(error.code, Code::UnknownField);
     }
 
     #[test]
@@ -511,7 +542,7 @@ mod tests {
         assert_eq!(ok.consent_label.as_deref(), Some("signup form 2025"));
         for bad in [json!({}), json!({"label": ""}), json!({"label": "x", "at": 1}), json!("yes")] {
             let error = settings(json!({"schema": "c", "format": "csv", "consent": bad})).expect_err("refused");
-            assert_eq!(error.code(), Some(Code::InvalidField));
+            assert_eq!(error.code, Code::InvalidField);
         }
     }
 
@@ -542,17 +573,17 @@ mod tests {
             [("emial", "email"), ("Email Adress", "email"), ("frist_name", "firstName"), ("plna", "plan")]
         {
             let error = check_header(&[header], &plain, "contact", &attributes).expect_err("refused");
-            assert_eq!(error.code(), Some(Code::UnknownAttribute));
-            assert!(error.message().contains(&format!("did you mean {meant:?}")), "{header}: {}", error.message());
+            assert_eq!(error.code, Code::UnknownAttribute);
+            assert!(error.message.contains(&format!("did you mean {meant:?}")), "{header}: {}", error.message);
         }
         let mapped = settings(json!({"schema": "contacts", "format": "csv", "columns": {"E-mail": "emial"}}))
             .expect("valid settings");
         let error = check_columns(&mapped, "contact", &attributes).expect_err("refused");
-        assert!(error.message().contains("did you mean \"email\""), "{}", error.message());
+        assert!(error.message.contains("did you mean \"email\""), "{}", error.message);
         // Nothing close: the fields are listed instead.
         let error = check_header(&["Vorname"], &plain, "contact", &attributes).expect_err("refused");
-        assert!(!error.message().contains("did you mean"), "{}", error.message());
-        assert!(error.message().contains("it has: id, userId, email"), "{}", error.message());
+        assert!(!error.message.contains("did you mean"), "{}", error.message);
+        assert!(error.message.contains("it has: id, userId, email"), "{}", error.message);
     }
 
     #[test]

@@ -50,17 +50,15 @@ impl RecordRefusal {
 }
 
 /// A refused record write as the contract answers it.
-impl From<RecordRefusal> for platform::error::ApiError {
-    fn from(refusal: RecordRefusal) -> Self {
-        use platform::error::ApiError;
-        let message = refusal.to_string();
-        match refusal {
-            RecordRefusal::Invalid { code, message, issues } => {
-                ApiError::bad_request(code, message).with_issues(issues)
-            }
-            RecordRefusal::InsufficientCredits => ApiError::insufficient_credits(),
-            RecordRefusal::NotFound(_) => ApiError::not_found(Code::RecordNotFound, message),
-            RecordRefusal::DeletionPending { .. } => ApiError::conflict(Code::RecordDeletionPending, message),
+impl platform::refusal::Refusal for RecordRefusal {
+    fn code(&self) -> Code {
+        RecordRefusal::code(self)
+    }
+
+    fn issues(&self) -> Vec<Issue> {
+        match self {
+            Self::Invalid { issues, .. } => issues.clone(),
+            _ => Vec::new(),
         }
     }
 }
