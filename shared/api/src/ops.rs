@@ -9,9 +9,9 @@
 //! database is reachable and has every migration; the projector and single node also report
 //! each worker's health and the open dead letters, and are not ready while a worker has been
 //! failing for more than 30 s) and `/metrics` (Prometheus text: requests by operation and
-//! status with latency histograms, append batch sizes, latency and failures, rate-limit and
-//! admission refusals, worker steps, failures and lag, due timers, open erasures and dead
-//! letters). The projector serves them on `APP__PROJECTOR__PORT`.
+//! status with latency histograms, append batch sizes, latency and failures, rate-limit
+//! refusals by bucket, every refusal by its code (`refusals_total`, admission's included),
+//! worker steps, failures and lag, due timers, open erasures and dead letters). The projector serves them on `APP__PROJECTOR__PORT`.
 //!
 //! `projector status` (or `platform status`) is the operator's view of a running system in one
 //! command (`projector/src/status.rs`), read from the database: the log head and the age of its last
