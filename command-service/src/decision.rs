@@ -8,6 +8,7 @@
 //! body are chosen in `edge.rs`, and the shell (`pipeline::Command`, in the capability's
 //! `http.rs`) loads what the decision needs and turns its outcome into the HTTP answer.
 
+use platform::error::Warning;
 use platform::events::LogEvent;
 use platform::fresh::Fresh;
 use platform::log::{Guard, StreamAppend};
@@ -45,9 +46,13 @@ pub enum Status {
     Accepted,
 }
 
-/// A reply's body.
+/// A reply's body: what the decision answers with, which the shell (`pipeline`) renders.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Body {
+    /// A resource's document and the warnings about it: the shell answers them in the
+    /// contract's `{data, warnings?}` envelope.
+    Data { data: Value, warnings: Vec<Warning> },
+    /// A reply only the shell reads (an ingest message's result), never a client's answer.
     Json(Value),
     /// A page for a browser (public forms and links), never recorded.
     Html(String),
@@ -61,27 +66,45 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn ok(body: Value) -> Self {
+    /// 200 with the document `data`.
+    pub fn ok(data: Value) -> Self {
+        Self { status: Status::Ok, body: Body::Data { data, warnings: Vec::new() } }
+    }
+
+    /// 201 with the document `data`.
+    pub fn created(data: Value) -> Self {
+        Self { status: Status::Created, body: Body::Data { data, warnings: Vec::new() } }
+    }
+
+    /// 202 with the document `data`.
+    pub fn accepted(data: Value) -> Self {
+        Self { status: Status::Accepted, body: Body::Data { data, warnings: Vec::new() } }
+    }
+
+    /// The same reply with `warnings` about its document.
+    pub fn with_warnings(mut self, warnings: &[Warning]) -> Self {
+        if let Body::Data { warnings: kept, .. } = &mut self.body {
+            *kept = warnings.to_vec();
+        }
+        self
+    }
+
+    /// A reply only the shell reads.
+    pub fn raw(body: Value) -> Self {
         Self { status: Status::Ok, body: Body::Json(body) }
-    }
-
-    pub fn created(body: Value) -> Self {
-        Self { status: Status::Created, body: Body::Json(body) }
-    }
-
-    pub fn accepted(body: Value) -> Self {
-        Self { status: Status::Accepted, body: Body::Json(body) }
     }
 
     pub fn page(status: Status, page: String) -> Self {
         Self { status, body: Body::Html(page) }
     }
 
-    /// The JSON body (`Null` for a page).
-    pub fn json(&self) -> &Value {
+    /// The body as the client gets it (`Null` for a page): for tests.
+    #[cfg(test)]
+    pub fn json(&self) -> Value {
         match &self.body {
-            Body::Json(body) => body,
-            Body::Html(_) => &Value::Null,
+            Body::Data { data, warnings } => api::http::data_body(data.clone(), warnings),
+            Body::Json(body) => body.clone(),
+            Body::Html(_) => Value::Null,
         }
     }
 }

@@ -219,7 +219,12 @@ impl From<Reply> for Answer {
             Status::Created => StatusCode::CREATED,
             Status::Accepted => StatusCode::ACCEPTED,
         };
-        Self { status, body: reply.body }
+        let body = match reply.body {
+            Body::Data { data, warnings } => Rendered::Json(api::http::data_body(data, &warnings)),
+            Body::Json(body) => Rendered::Json(body),
+            Body::Html(page) => Rendered::Html(page),
+        };
+        Self { status, body }
     }
 }
 
@@ -283,20 +288,27 @@ impl Decision {
     }
 }
 
-/// A command's answer.
+/// A command's answer, rendered.
 #[derive(Debug, Clone)]
 pub struct Answer {
     pub status: StatusCode,
-    pub body: Body,
+    pub body: Rendered,
+}
+
+/// An answer's body as it goes out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rendered {
+    Json(Value),
+    Html(String),
 }
 
 impl Answer {
     pub fn json(status: StatusCode, body: Value) -> Self {
-        Self { status, body: Body::Json(body) }
+        Self { status, body: Rendered::Json(body) }
     }
 
     pub fn html(status: StatusCode, page: String) -> Self {
-        Self { status, body: Body::Html(page) }
+        Self { status, body: Rendered::Html(page) }
     }
 }
 
@@ -556,7 +568,7 @@ async fn attempts<C: Command>(
             Ok(Decided::Append(decision)) => decision,
             Ok(Decided::Again) => continue,
             Ok(Decided::Answer(answer)) => {
-                if let (Some(claim), Body::Json(body)) = (claim, &answer.body) {
+                if let (Some(claim), Rendered::Json(body)) = (claim, &answer.body) {
                     claim.record(state, answer.status, body).await?;
                 }
                 return Ok((answer, None));
@@ -577,8 +589,8 @@ async fn attempts<C: Command>(
         let effect_completes = matches!(then, Some(Then::Finish(_)));
         match (claim, effect_completes) {
             (Some(claim), false) => match &answer.body {
-                Body::Json(body) => guards.push(claim.completion(answer.status, body)),
-                Body::Html(_) => {
+                Rendered::Json(body) => guards.push(claim.completion(answer.status, body)),
+                Rendered::Html(_) => {
                     return Err(ApiError::internal(&anyhow::anyhow!("an idempotent command answered a page")));
                 }
             },
@@ -663,7 +675,7 @@ pub fn respond(answer: &Answer, operation_id: Option<&str>, appended: Option<App
     }
     crate::edge::consistency_token(&mut response, appended);
     match &answer.body {
-        Body::Json(body) => response.json(body),
-        Body::Html(page) => api::pages::page_headers(&mut response).body(page.clone()),
+        Rendered::Json(body) => response.json(body),
+        Rendered::Html(page) => api::pages::page_headers(&mut response).body(page.clone()),
     }
 }

@@ -434,7 +434,7 @@ impl Decide for UpdateBroadcast {
         let Some((loaded, _, audience_guard, _)) = loaded else {
             return Err(Refusal::Failed("an update decided without its broadcast".to_owned()));
         };
-        let body = api::http::data_body(document(broadcast_id, &next, given.now_ms), &[]);
+        let body = document(broadcast_id, &next, given.now_ms);
         let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastUpdated(event), given.now_ms);
         let guards = [store::no_active_run(broadcast_id), authored].into_iter().chain(audience_guard).collect();
         Ok(Outcome::one(stream, guards, Reply::ok(body)))
@@ -487,7 +487,7 @@ impl Decide for SendBroadcast {
             return Err(Refusal::Failed("a send decided without its broadcast".to_owned()));
         };
         let audience = &loaded.current.definition.audience;
-        let body = api::http::data_body(requested_run(&run, audience), &[]);
+        let body = requested_run(&run, audience);
         let audience = serde_json::to_value(audience).map_err(|error| Refusal::Failed(format!("{error:#}")))?;
         let mut guards = store::run_guards(&run, audience);
         let (stream, authored) = at_loaded(broadcast_id, &loaded, LogEvent::BroadcastRunRequested(run), given.now_ms);

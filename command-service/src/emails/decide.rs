@@ -167,12 +167,12 @@ fn unsubscribe_reply(email_id: &str, topic_id: &str, page: Option<&PageFacts>) -
         };
         return facts.page(words.get("unsubscribed.title"), &text, "unsubscribed.link");
     }
-    Reply::ok(json!({ "data": {
+    Reply::ok(json!({
         "emailId": email_id,
         "unsubscribed": true,
         "scope": if topic.is_some() { "topic" } else { "marketing" },
         "topicId": topic,
-    }}))
+    }))
 }
 
 /// `POST /emails/{emailId}/unsubscribe`: the one-click unsubscribe.
@@ -442,11 +442,11 @@ impl ChangePreferences {
         }
         let subscriptions: Map<String, Value> =
             after.iter().map(|(topic_id, subscribed)| ((*topic_id).clone(), json!(status(*subscribed)))).collect();
-        Reply::ok(json!({"data": {
+        Reply::ok(json!({
             "emailId": self.email_id,
             "unsubscribedFromAll": self.choice == Choice::LeaveAll,
             "topics": subscriptions,
-        }}))
+        }))
     }
 }
 
@@ -550,7 +550,7 @@ mod tests {
         let reply = given(loaded)
             .when(&command)
             .then_events(&[changed("top_a", "unsubscribed", "unsubscribe"), email_unsubscribed("top_a")]);
-        let json = json!({"data": {"emailId": "em_1", "unsubscribed": true, "scope": "topic", "topicId": "top_a"}});
+        let json = json!({"emailId": "em_1", "unsubscribed": true, "scope": "topic", "topicId": "top_a"});
         assert_eq!(reply, Reply::ok(json.clone()));
         let again = given(Some((email("top_a", true), None, PageFacts::default()))).when(&command).then_answers();
         assert_eq!(again, Reply::ok(json));

@@ -657,9 +657,9 @@ impl Decide for FireEvent {
             admission: admission.as_deref(),
         };
         match decide_fire(&context, &candidate, known, given.now_ms, given.fresh) {
-            Ok(Fired::Duplicate(receipt)) => Ok(Outcome::Answer(Reply::accepted(json!({ "data": receipt })))),
+            Ok(Fired::Duplicate(receipt)) => Ok(Outcome::Answer(Reply::accepted(json!(receipt)))),
             Ok(Fired::New(stream, receipt)) => {
-                let body = json!({ "data": receipt.receipt });
+                let body = json!(receipt.receipt);
                 let (streams, guards) = acceptance_parts(&context, vec![(stream, receipt)]);
                 Ok(Outcome::append(streams, guards, Reply::accepted(body)))
             }
@@ -904,7 +904,7 @@ mod tests {
         assert_eq!(reply.status, Status::Accepted);
         assert_eq!(
             reply.json(),
-            &json!({"data": {"accepted": 1, "id": "ev_2", "eventId": event_id, "isDuplicate": false,
+            json!({"data": {"accepted": 1, "id": "ev_2", "eventId": event_id, "isDuplicate": false,
                              "readinessAtAcceptance": "ready"}})
         );
     }

@@ -347,7 +347,7 @@ impl Decide for SubmitForm<'_> {
             page(&form.name, &words, if pending { "form.pending" } else { "form.subscribed" })
         } else {
             let status = if pending { "pending_confirmation" } else { "subscribed" };
-            Reply::ok(json!({"data": {"submissionId": submission_id, "status": status}}))
+            Reply::ok(json!({"submissionId": submission_id, "status": status}))
         };
         let outcome = Outcome::append(streams, guards, reply).in_space(&space_id);
         Ok(Submitted { outcome, confirmation: confirmation_email })
@@ -369,7 +369,7 @@ impl ConfirmSubmission {
     /// The answer to a confirmation (the first, or any after it), a page in `words`.
     pub(crate) fn confirmed(&self, form: &FormDef, words: &PageText) -> Reply {
         if self.json {
-            Reply::ok(json!({"data": {"formId": self.form_id, "status": "confirmed"}}))
+            Reply::ok(json!({"formId": self.form_id, "status": "confirmed"}))
         } else {
             page(&form.name, words, "form.confirmed")
         }
@@ -630,7 +630,7 @@ mod tests {
         assert_eq!(events(&outcome), [subscription("subscribed", "form"), submitted(false, "", 0)]);
         let Outcome::Append(writes) = outcome else { panic!("appended") };
         assert_eq!(writes.space_id.as_deref(), Some("spc_1"));
-        assert_eq!(writes.reply, Reply::ok(json!({"data": {"submissionId": "sub_1", "status": "subscribed"}})));
+        assert_eq!(writes.reply, Reply::ok(json!({"submissionId": "sub_1", "status": "subscribed"})));
     }
 
     #[test]
@@ -674,7 +674,7 @@ mod tests {
                 at_ms: NOW_MS,
             }),
         ]);
-        let confirmed = Reply::ok(json!({"data": {"formId": "frm_1", "status": "confirmed"}}));
+        let confirmed = Reply::ok(json!({"formId": "frm_1", "status": "confirmed"}));
         assert_eq!(reply, confirmed);
         let done = || Confirmation::Done(form(true), PageText::default());
         assert_eq!(given(done()).when(&confirm(true)).decided().reply(), Some(&confirmed));

@@ -268,7 +268,7 @@ impl Decide for ChangeIdentity {
             now_ms: given.now_ms,
         };
         let (event, result, revision) = match decide(change, facts)? {
-            Decision::Replay(result) => return Ok(Outcome::Answer(Reply::ok(json!({ "data": result })))),
+            Decision::Replay(result) => return Ok(Outcome::Answer(Reply::ok(json!(result)))),
             Decision::Change { event, result, expected_revision } => (event, result, expected_revision),
         };
         let guards =
@@ -282,7 +282,7 @@ impl Decide for ChangeIdentity {
                 event: LogEvent::EventIdentityChanged(event),
             }],
         };
-        Ok(Outcome::one(stream, guards, Reply::ok(json!({ "data": result }))))
+        Ok(Outcome::one(stream, guards, Reply::ok(json!(result))))
     }
 }
 
@@ -474,7 +474,7 @@ mod tests {
         ]);
         assert_eq!(reply.status, Status::Ok);
         let result = json!({"identityRevision": "1", "affectedSubjectIds": ["con_1"], "isDuplicate": false});
-        assert_eq!(reply.body, Body::Json(json!({ "data": result })));
+        assert_eq!(reply.body, Body::Data { data: json!(result), warnings: Vec::new() });
         let Outcome::Append(writes) =
             scenario((None, Alias::default(), live())).when(&command(Some("con_1"), 0)).decided()
         else {
@@ -502,7 +502,10 @@ mod tests {
         let recorded = Recorded { body_digest: "body".into(), result: json!({"identityRevision": "1"}) };
         let at_one = Alias { revision: 1, ..Alias::default() };
         let reply = scenario((Some(recorded), at_one.clone(), None)).when(&command(Some("con_1"), 0)).then_answers();
-        assert_eq!(reply.body, Body::Json(json!({"data": {"identityRevision": "1", "isDuplicate": true}})));
+        assert_eq!(
+            reply.body,
+            Body::Data { data: json!({"identityRevision": "1", "isDuplicate": true}), warnings: Vec::new() }
+        );
         let reused = Recorded { body_digest: "another body".into(), result: json!({}) };
         scenario((Some(reused), at_one.clone(), None))
             .when(&command(Some("con_1"), 0))

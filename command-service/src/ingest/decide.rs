@@ -335,7 +335,7 @@ impl Decide for Resolve {
         if let Some(data_key) = &data_key {
             streams.extend(kept_stream(key, message, (&contact_id, data_key), &found.kept, now)?);
         }
-        let reply = Reply::ok(json!({"contactId": contact_id, "created": created}));
+        let reply = Reply::raw(json!({"contactId": contact_id, "created": created}));
         Ok(Outcome::batch(streams, guards, reply))
     }
 }
@@ -398,7 +398,7 @@ impl Decide for JoinGroup {
             streams.push(write.stream);
             guards.extend(write.guards);
         }
-        Ok(Outcome::batch(streams, guards, Reply::ok(json!({"objectId": object_id}))))
+        Ok(Outcome::batch(streams, guards, Reply::raw(json!({"objectId": object_id}))))
     }
 }
 
@@ -490,7 +490,7 @@ impl Decide for RecordRefusals {
             expect_rows: None,
             set: None,
         };
-        Ok(Outcome::one(stream, vec![guard], Reply::ok(json!({"recorded": self.rows.len()}))).in_space(&self.space_id))
+        Ok(Outcome::one(stream, vec![guard], Reply::raw(json!({"recorded": self.rows.len()}))).in_space(&self.space_id))
     }
 }
 
@@ -649,7 +649,7 @@ mod tests {
         assert_eq!((created.source.as_str(), created.source_id.as_str()), ("ingest", "m-1"));
         let LogEvent::EventIdentityChanged(bound) = outcome.events()[1] else { panic!("bound") };
         assert_eq!((bound.contact_id.as_str(), bound.revision), ("con_1", 1));
-        assert_eq!(outcome.reply().expect("a reply").json(), &json!({"contactId": "con_1", "created": true}));
+        assert_eq!(outcome.reply().expect("a reply").json(), json!({"contactId": "con_1", "created": true}));
     }
 
     #[test]

@@ -30,7 +30,6 @@ use serde_json::{Map, Value, json};
 use super::decide::{Found, JoinGroup, Joined, RecordRefusals, Refused, Resolve, contact_input};
 use super::keys::WriteKey;
 use crate::State;
-use crate::decision::Body;
 use crate::events::decide::FireEvent;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Refusal as Lost, Shell};
 use crate::records::decide::write_schema;
@@ -258,8 +257,8 @@ fn refused_by(error: &ApiError) -> Applied {
 
 fn json_of(answer: &pipeline::Answer) -> Option<&Value> {
     match &answer.body {
-        Body::Json(body) => Some(body),
-        Body::Html(_) => None,
+        pipeline::Rendered::Json(body) => Some(body),
+        pipeline::Rendered::Html(_) => None,
     }
 }
 

@@ -137,14 +137,14 @@ pub(crate) fn decide_record_update(
     owners: &Owners,
     now: i64,
     fresh: &mut dyn Fresh,
-) -> Result<Option<(Write, Value)>, Refusal> {
+) -> Result<Option<(Write, Reply)>, Refusal> {
     match decide_update(schema, &current, input, owners, now)? {
         UpdateDecision::Unchanged => Ok(None),
         UpdateDecision::Changed(change) => {
-            let body = api::http::data_body(change.state.document(), &change.warnings);
+            let reply = Reply::ok(change.state.document()).with_warnings(&change.warnings);
             let write = update_write(schema.space_id, schema.schema_id, (version, key), *change, fresh)
                 .map_err(Refusal::Unwritable)?;
-            Ok(Some((write, body)))
+            Ok(Some((write, reply)))
         }
     }
 }
@@ -185,7 +185,7 @@ impl Decide for CreateRecord {
         let record_id = given.fresh.id(if schema.schema_type == "contact" { "con" } else { "obj" });
         let decision = decide_create(&schema, input, &Owners::new(), &record_id, given.now_ms)?;
         let document = record_document(&decision.event, &Default::default()).map_err(unreadable)?;
-        let body = api::http::data_body(document, &[]);
+        let body = document;
         let Write { stream, guards, .. } =
             create_write(schema.space_id, schema.schema_id, decision, given.fresh).map_err(Refusal::Unwritable)?;
         let subscriptions =
@@ -214,11 +214,11 @@ impl Decide for UpsertRecord {
     fn decide(&self, (context, loaded, topic_facts): Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let schema = write_schema(&context, &self.space_id);
         let planned = decide_upsert(&schema, loaded, given.now_ms, given.fresh)?;
-        let body = api::http::data_body(planned.record.document(), &planned.warnings);
+        let document = planned.record.document();
         let contact_id = planned.record.record_id.clone();
         let subscriptions =
             topic_changes(self.topics.as_ref(), topic_facts.as_ref(), (&self.space_id, &contact_id), given)?;
-        let reply = Reply { status: planned.status, body: Body::Json(body) };
+        let reply = Reply { status: planned.status, body: Body::Data { data: document, warnings: planned.warnings } };
         let (mut streams, guards) = match planned.write {
             Some(write) => {
                 let Write { stream, guards, .. } = write.map_err(Refusal::Unwritable)?;
@@ -255,13 +255,13 @@ impl Decide for UpdateRecord {
         given: &mut Given<'_>,
     ) -> Result<Outcome, Refusal> {
         let schema = write_schema(&context, &self.space_id);
-        let unchanged = api::http::data_body(target.1.document(), &[]);
+        let unchanged = target.1.document();
         let subscriptions =
             topic_changes(self.topics.as_ref(), topic_facts.as_ref(), (&self.space_id, &self.record_id), given)?;
         let (mut streams, guards, reply) =
             match decide_record_update(&schema, input, target, &owners, given.now_ms, given.fresh)? {
                 None => (Vec::new(), Vec::new(), Reply::ok(unchanged)),
-                Some((Write { stream, guards, .. }, body)) => (vec![stream], guards, Reply::ok(body)),
+                Some((Write { stream, guards, .. }, reply)) => (vec![stream], guards, reply),
             };
         streams.extend(subscriptions);
         Ok(Outcome::batch(streams, guards, reply))
@@ -305,9 +305,7 @@ impl Decide for DeleteRecord {
             }],
         };
         let guards = deletion_guards(operation_id, record_id, space_id, &context.schema.schema_id);
-        let body = serde_json::json!({
-            "data": { "operationId": operation_id, "status": "pending", "message": domain::records::DELETION_PENDING_MESSAGE }
-        });
+        let body = serde_json::json!({ "operationId": operation_id, "status": "pending", "message": domain::records::DELETION_PENDING_MESSAGE });
         Ok(Outcome::one(stream, guards, Reply::ok(body)))
     }
 }
@@ -491,7 +489,7 @@ mod tests {
         let reply = given((contacts(), matched(json!({"email": "ada@example.com", "plan": "free"})), None))
             .when(&command)
             .then_answers();
-        assert_eq!(reply, Reply::ok(api::http::data_body(ada().document(), &[])));
+        assert_eq!(reply, Reply::ok(ada().document()));
     }
 
     #[test]

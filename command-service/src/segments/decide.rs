@@ -251,7 +251,7 @@ impl Decide for CreateSegment {
             "createdAt": platform::time::format_millis(given.now_ms),
             "memberCount": null,
         });
-        let body = api::http::data_body(document, &[]);
+        let body = document;
         let stream = StreamAppend::one(stream_id(&segment_id), ExpectedVersion::NoStream, event, given.now_ms);
         let guards = vec![domain::admission::spend_guard(space_id, 1)];
         Ok(Outcome::one(stream, guards, Reply::created(body)))
@@ -277,7 +277,7 @@ impl Decide for DeleteSegment {
             Some((version, owner)) if owner == space_id => version,
             _ => return Err(Refusal::NotFound(segment_id.to_owned())),
         };
-        let body = api::http::data_body(json!({"id": segment_id, "deleted": true}), &[]);
+        let body = json!({"id": segment_id, "deleted": true});
         let event = LogEvent::SegmentDeleted(proto::SegmentDeleted {
             segment_id: segment_id.to_owned(),
             space_id: space_id.to_owned(),
@@ -415,7 +415,7 @@ mod tests {
         assert_eq!(reply.status, Status::Created);
         assert_eq!(
             reply.json(),
-            &json!({"data": {
+            json!({"data": {
                 "id": "seg_1",
                 "name": "Buyers",
                 "definition": "performed purchase",
@@ -441,7 +441,7 @@ mod tests {
             given(Some((2, "spc_1".to_owned()))).when(&delete("spc_1")).then_events(&[LogEvent::SegmentDeleted(
                 proto::SegmentDeleted { segment_id: "seg_1".into(), space_id: "spc_1".into(), deleted_at_ms: NOW_MS },
             )]);
-        assert_eq!(reply, Reply::ok(json!({"data": {"id": "seg_1", "deleted": true}})));
+        assert_eq!(reply, Reply::ok(json!({"id": "seg_1", "deleted": true})));
         let not_found = Refusal::NotFound("seg_1".into());
         given(Some((2, "spc_1".to_owned()))).when(&delete("spc_2")).then_refused(not_found.clone());
         given(None).when(&delete("spc_1")).then_refused(not_found);

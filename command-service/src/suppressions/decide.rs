@@ -245,7 +245,7 @@ impl Decide for CreateSuppression {
 
     fn decide(&self, subject_id: String, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let Addition { stream, guard, document } = addition(&self.space_id, &self.new, &subject_id, given)?;
-        Ok(Outcome::one(stream, vec![guard], Reply::created(json!({ "data": document }))))
+        Ok(Outcome::one(stream, vec![guard], Reply::created(json!(document))))
     }
 }
 
@@ -375,7 +375,7 @@ impl Decide for DeleteSuppression {
 
     fn decide(&self, current: Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let Removal { stream, guard } = removal(&self.space_id, &self.suppression_id, current.as_ref(), given.now_ms)?;
-        let body = json!({ "data": { "id": self.suppression_id, "deleted": true } });
+        let body = json!({ "id": self.suppression_id, "deleted": true });
         Ok(Outcome::one(stream, vec![guard], Reply::ok(body)))
     }
 }
@@ -436,7 +436,7 @@ mod tests {
         let current = |added: &SuppressionAdded| Some(Current { version: 1, added: added.clone(), subject_id: None });
         let reply =
             given(current(&manual)).when(&delete("spc_1")).then_events(&[LogEvent::SuppressionRemoved(removed)]);
-        assert_eq!(reply.body, Body::Json(json!({"data": {"id": "sup_1", "deleted": true}})));
+        assert_eq!(reply.body, Body::Data { data: json!({"id": "sup_1", "deleted": true}), warnings: Vec::new() });
         given(current(&manual)).when(&delete("spc_2")).then_refused(Refusal::NotFound("sup_1".into()));
         given(None).when(&delete("spc_1")).then_refused(Refusal::NotFound("sup_1".into()));
         let bounce = decide_add("spc_1", &new("a@b.io", "bounce"), "sup_1", 0, "provider");

@@ -310,13 +310,13 @@ impl Decide for SendTemplate<'_> {
             streams.push(held.stream);
             guards.push(held.guard);
             guards.extend(allowance);
-            let body = json!({"data": {
+            let body = json!({
                 "emailId": email_id,
                 "status": "held",
                 "notBefore": platform::time::format_millis(until_ms),
                 "gate": gate.as_str(),
                 "error": null,
-            }});
+            });
             return Ok(Sent::Held(Outcome::append(streams, guards, Reply::ok(body))));
         }
         streams.push(scheduled.stream);
@@ -593,7 +593,7 @@ mod tests {
         assert_eq!(reply.status, Status::Ok);
         assert_eq!(
             reply.json(),
-            &json!({"data": {
+            json!({"data": {
                 "emailId": "em_1",
                 "status": "held",
                 "notBefore": platform::time::format_millis(until_ms),

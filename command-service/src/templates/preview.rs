@@ -96,7 +96,7 @@ impl Decide for PreviewTemplate<'_> {
         let authored = &loaded.authored;
         let parts: Vec<Value> =
             authored.parts.revisions().into_iter().map(|part| domain::email::story::part_document(&part)).collect();
-        Ok(Outcome::Answer(Reply::ok(json!({"data": {
+        Ok(Outcome::Answer(Reply::ok(json!({
             "templateId": authored.template_id,
             "templateRevision": authored.revision,
             "subject": rendered.subject,
@@ -104,7 +104,7 @@ impl Decide for PreviewTemplate<'_> {
             "text": rendered.text,
             "locale": rendered.locale.map(|locale| json!({"tag": locale.tag, "source": locale.source})),
             "parts": parts,
-        }}))))
+        }))))
     }
 }
 

@@ -139,7 +139,7 @@ impl Command for TestWebhook {
         let webhook_id = self.webhook_id.clone();
         let answer = move |appended: platform::log::Appended| {
             let delivery_id = domain::webhooks::delivery_id(appended.last_position, &webhook_id);
-            Answer::json(StatusCode::ACCEPTED, pending_delivery(&delivery_id, &webhook_id))
+            Answer::json(StatusCode::ACCEPTED, api::http::data_body(pending_delivery(&delivery_id, &webhook_id), &[]))
         };
         let decision = Decision::one(stream, Vec::new(), StatusCode::ACCEPTED, Value::Null);
         Ok(Decided::Append(decision.then(Then::Answer(Box::new(answer)))))

@@ -228,7 +228,7 @@ impl Decide for TriggerWorkflow {
             &self.reference_id,
             now,
         );
-        Ok(Outcome::append(streams, guards, Reply::accepted(api::http::data_body(run, &[]))))
+        Ok(Outcome::append(streams, guards, Reply::accepted(run)))
     }
 }
 
@@ -279,7 +279,7 @@ impl Decide for RequestReplay {
             LogEvent::WorkflowReplayRequested(requested),
             now,
         );
-        Ok(Outcome::one(stream, Vec::new(), Reply::accepted(api::http::data_body(document, &[]))))
+        Ok(Outcome::one(stream, Vec::new(), Reply::accepted(document)))
     }
 }
 
@@ -300,7 +300,7 @@ impl Decide for SetPaused {
         let (workflow_id, space_id, now) = (&self.workflow_id, self.space_id.as_str(), given.now_ms);
         let change = decide_pause(workflow_id, &found.definition, paused, self.pause)?;
         let document = found.definition.document(workflow_id, found.revision, self.pause);
-        let body = api::http::data_body(document, &[]);
+        let body = document;
         if change == PauseChange::Same {
             return Ok(Outcome::Answer(Reply::ok(body)));
         }
@@ -483,7 +483,7 @@ mod tests {
         let reply = outcome.reply().expect("a reply");
         assert_eq!(reply.status, ReplyStatus::Accepted);
         let expected = requested_run(("run_1", "wf_1", 4), None, "ref", NOW_MS);
-        assert_eq!(reply.body, Body::Json(json!({ "data": expected })));
+        assert_eq!(reply.body, Body::Data { data: json!(expected), warnings: Vec::new() });
     }
 
     fn contact_context(attributes: Vec<AttributeEntry>) -> Arc<WriteContext> {

@@ -164,7 +164,7 @@ pub(crate) fn custom_filter(filter: &Filter) -> Result<Resolved, Refusal> {
 
 /// A delivery as the owner's tools show it when it was just queued again.
 pub(crate) fn pending_delivery(delivery_id: &str, webhook_id: &str) -> Value {
-    api::http::data_body(json!({"id": delivery_id, "webhookId": webhook_id, "status": "pending"}), &[])
+    json!({"id": delivery_id, "webhookId": webhook_id, "status": "pending"})
 }
 
 /// The data key of a webhook's secrets: `key`, or a new one (when `key` is `None`) with the
@@ -304,7 +304,7 @@ impl Decide for CreateWebhook {
         let mut document = webhook.document();
         Counters::default().merge_into(&mut document);
         document["signatureVerificationSecret"] = json!(secret.reveal());
-        let body = api::http::data_body(document, &[]);
+        let body = document;
         let guards = key_guard
             .into_iter()
             .chain((resolved.credits > 0).then(|| domain::admission::spend_guard(space_id, resolved.credits)))
@@ -346,7 +346,7 @@ impl Decide for UpdateWebhook {
             // The body only echoed the webhook as shown: nothing changes.
             let mut document = current.document();
             counters.merge_into(&mut document);
-            return Ok(Outcome::Answer(Reply::ok(api::http::data_body(document, &[]))));
+            return Ok(Outcome::Answer(Reply::ok(document)));
         }
         let set_live = update.live == Some(true);
         if set_live {
@@ -374,7 +374,7 @@ impl Decide for UpdateWebhook {
             .chain(resolved.as_ref().and_then(Resolved::guard))
             .collect();
         let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
-        let body = api::http::data_body(document, &[]);
+        let body = document;
         Ok(Outcome::one(stream, guards, Reply::ok(body)))
     }
 }
@@ -402,7 +402,7 @@ impl Decide for DeleteWebhook {
         });
         let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, given.now_ms);
         let guards = vec![store::shred_secret_key(webhook_id), store::blank_recorded_secrets(webhook_id)];
-        let body = api::http::data_body(json!({"id": webhook_id, "deleted": true}), &[]);
+        let body = json!({"id": webhook_id, "deleted": true});
         Ok(Outcome::one(stream, guards, Reply::ok(body)))
     }
 }
@@ -449,7 +449,6 @@ impl Decide for RotateSecret {
             rotated_at_ms: now,
         });
         let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, now);
-        let body = api::http::data_body(body, &[]);
         Ok(Outcome::one(stream, key_guard.into_iter().collect(), Reply::ok(body)))
     }
 }
@@ -769,7 +768,10 @@ mod tests {
             }),
         ]);
         assert_eq!(reply.status, Status::Accepted);
-        assert_eq!(reply.body, Body::Json(json!({"data": {"id": "whd_1", "webhookId": "wh_1", "status": "pending"}})));
+        assert_eq!(
+            reply.body,
+            Body::Data { data: json!({"id": "whd_1", "webhookId": "wh_1", "status": "pending"}), warnings: Vec::new() }
+        );
         let not_found = Refusal::NotFound("wh_1".into());
         given(loaded(None, None)).when(&replay).then_refused(not_found.clone());
         given(loaded(Some(webhook("spc_2", None)), Some("failed"))).when(&replay).then_refused(not_found.clone());
@@ -918,7 +920,7 @@ mod tests {
             deleted_at_ms: NOW_MS,
         });
         let reply = given((2, Some(webhook("spc_1", None)))).when(&command).then_events(&[deletion]);
-        assert_eq!(reply.body, Body::Json(json!({"data": {"id": "wh_1", "deleted": true}})));
+        assert_eq!(reply.body, Body::Data { data: json!({"id": "wh_1", "deleted": true}), warnings: Vec::new() });
         let outcome = given((2, Some(webhook("spc_1", None)))).when(&command).decided();
         assert_eq!(
             (appended(&outcome).guards.len(), appended(&outcome).streams[0].expected),
@@ -954,11 +956,14 @@ mod tests {
         assert_eq!((writes.guards.len(), writes.streams[0].expected), (0, ExpectedVersion::Exactly(5)));
         assert_eq!(
             writes.reply.body,
-            Body::Json(json!({"data": {
-                "id": "wh_1",
-                "signatureVerificationSecret": secret().reveal(),
-                "updatedAt": platform::time::format_millis(NOW_MS),
-            }}))
+            Body::Data {
+                data: json!({
+                    "id": "wh_1",
+                    "signatureVerificationSecret": secret().reveal(),
+                    "updatedAt": platform::time::format_millis(NOW_MS),
+                }),
+                warnings: Vec::new()
+            }
         );
 
         let keyless = Rotating { version: 5, webhook: Some(webhook("spc_1", None)), key: None, secret: secret() };
