@@ -8,6 +8,7 @@
 //! body are chosen in `edge.rs`, and the shell (`pipeline::Command`, in the capability's
 //! `http.rs`) loads what the decision needs and turns its outcome into the HTTP answer.
 
+use domain::email::page_text::PageText;
 use platform::error::Warning;
 use platform::events::LogEvent;
 use platform::fresh::Fresh;
@@ -54,8 +55,18 @@ pub enum Body {
     Data { data: Value, warnings: Vec<Warning> },
     /// A reply only the shell reads (an ingest message's result), never a client's answer.
     Json(Value),
-    /// A page for a browser (public forms and links), never recorded.
-    Html(String),
+    /// A success page for a browser (public forms and links), never recorded.
+    Page(Box<Page>),
+}
+
+/// A success page as a decision says it: its title, its paragraphs, a link (its target and
+/// words) and the words whose language it is in; the shell renders it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    pub title: String,
+    pub paragraphs: Vec<String>,
+    pub link: Option<(String, String)>,
+    pub words: PageText,
 }
 
 /// The reply a decision gives.
@@ -94,18 +105,19 @@ impl Reply {
         Self { status: Status::Ok, body: Body::Json(body) }
     }
 
-    pub fn page(status: Status, page: String) -> Self {
-        Self { status, body: Body::Html(page) }
+    /// 200 with a success page of `title` and `paragraphs` in the language of `words`.
+    pub fn page(title: &str, paragraphs: &[&str], words: &PageText) -> Self {
+        let paragraphs = paragraphs.iter().map(|paragraph| (*paragraph).to_owned()).collect();
+        let page = Page { title: title.to_owned(), paragraphs, link: None, words: words.clone() };
+        Self { status: Status::Ok, body: Body::Page(Box::new(page)) }
     }
 
-    /// The body as the client gets it (`Null` for a page): for tests.
-    #[cfg(test)]
-    pub fn json(&self) -> Value {
-        match &self.body {
-            Body::Data { data, warnings } => api::http::data_body(data.clone(), warnings),
-            Body::Json(body) => body.clone(),
-            Body::Html(_) => Value::Null,
+    /// The same page with a link to `href` reading `text`.
+    pub fn with_link(mut self, href: &str, text: &str) -> Self {
+        if let Body::Page(page) = &mut self.body {
+            page.link = Some((href.to_owned(), text.to_owned()));
         }
+        self
     }
 }
 
@@ -262,6 +274,24 @@ pub mod harness {
                 Outcome::Answer(reply) => reply,
                 Outcome::Append(_) => panic!("appended, but only an answer was expected"),
                 Outcome::Again => panic!("asked to decide again, but an answer was expected"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::{Body, Reply};
+
+    impl Reply {
+        /// The body as the client gets it (`Null` for a page): for decisions' tests.
+        pub fn json(&self) -> Value {
+            match &self.body {
+                Body::Data { data, warnings } => api::http::data_body(data.clone(), warnings),
+                Body::Json(body) => body.clone(),
+                Body::Page(_) => Value::Null,
             }
         }
     }

@@ -222,10 +222,27 @@ impl From<Reply> for Answer {
         let body = match reply.body {
             Body::Data { data, warnings } => Rendered::Json(api::http::data_body(data, &warnings)),
             Body::Json(body) => Rendered::Json(body),
-            Body::Html(page) => Rendered::Html(page),
+            Body::Page(said) => Rendered::Html(page(&said)),
         };
         Self { status, body }
     }
+}
+
+/// A reply's page as the browser gets it (`None` for JSON): for decisions' tests.
+#[cfg(test)]
+pub(crate) fn html_of(reply: &Reply) -> Option<String> {
+    let Body::Page(said) = &reply.body else { return None };
+    Some(page(said))
+}
+
+/// A decision's success page as the browser gets it.
+pub(crate) fn page(page: &crate::decision::Page) -> String {
+    let paragraphs: Vec<&str> = page.paragraphs.iter().map(String::as_str).collect();
+    let mut message = api::pages::Message::success(&page.title, &paragraphs);
+    if let Some((href, text)) = &page.link {
+        message = message.with_link(href.as_str(), text.as_str());
+    }
+    message.in_language_of(&page.words).page()
 }
 
 /// What a command decided.

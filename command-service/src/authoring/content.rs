@@ -166,7 +166,7 @@ impl Content {
         for (given, text) in &space.page_text {
             let owner = format!("pageText.{given}");
             let canonical = tag(given, &owner)?;
-            if let Some(why) = api::page_text::check(text) {
+            if let Some(why) = domain::email::page_text::check(text) {
                 bail!("{owner}: {why}");
             }
             if locales.insert(canonical, text.clone()).is_some() {

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use api::page_text::PageText;
+use domain::email::page_text::PageText;
 use domain::records::write::Write;
 use platform::error::{Code, Issue};
 use platform::events::LogEvent;
@@ -13,7 +13,7 @@ use platform::log::{ExpectedVersion, NewEvent, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
 
-use crate::decision::{Decide, Given, Outcome, Reply, Status};
+use crate::decision::{Decide, Given, Outcome, Reply};
 
 /// Why a recipient's action is refused. The HTTP edge maps each to the contract's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -150,10 +150,7 @@ impl PageFacts {
     fn page(&self, title: &str, text: &str, link: &str) -> Reply {
         let parties = self.parties_line();
         let lines: Vec<&str> = parties.iter().map(String::as_str).chain([text]).collect();
-        let message = api::pages::Message::success(title, &lines)
-            .with_link("unsubscribe", self.text.get(link))
-            .in_language_of(&self.text);
-        Reply::page(Status::Ok, message.page())
+        Reply::page(title, &lines, &self.text).with_link("unsubscribe", self.text.get(link))
     }
 }
 
@@ -467,7 +464,6 @@ impl platform::refusal::Refusal for Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::Body;
     use crate::decision::harness::{NOW_MS, given};
 
     fn fields(value: Value) -> Map<String, Value> {
@@ -564,7 +560,7 @@ mod tests {
         let outcome = given(Some((email("", false), None, page))).when(&command).decided();
         let Outcome::Append(writes) = outcome else { panic!("appended") };
         assert_eq!(writes.space_id.as_deref(), Some("spc_1"));
-        let Body::Html(page) = &writes.reply.body else { panic!("a page") };
+        let Some(page) = crate::pipeline::html_of(&writes.reply) else { panic!("a page") };
         assert!(page.contains("Email from \u{2068}Acme\u{2069}.") && page.contains("emails about News"), "{page}");
     }
 
@@ -583,7 +579,7 @@ mod tests {
         let command = ChangePreferences { email_id: "em_1".into(), choice: Choice::LeaveAll, browser: true };
         let outcome = given(recipient(&[("top_a", "subscribed")])).when(&command).decided();
         let Outcome::Append(writes) = outcome else { panic!("appended") };
-        let Body::Html(page) = &writes.reply.body else { panic!("a page") };
+        let Some(page) = crate::pipeline::html_of(&writes.reply) else { panic!("a page") };
         assert!(page.contains("no longer receive marketing email from Acme."), "{page}");
         assert!(!page.contains("from us"), "{page}");
         let unknown_sender = PageFacts::default();

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use api::page_text::PageText;
+use domain::email::page_text::PageText;
 use domain::email::resources::TopicDef;
 use platform::error::ApiError;
 use platform::events::LogEvent;

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use api::page_text::PageText;
 use domain::catalog::{AttributeEntry, WriteContext};
+use domain::email::page_text::PageText;
 use domain::email::resources::{FormDef, PageTextDef};
 use domain::records::RecordState;
 use domain::records::write::Write;
@@ -24,7 +24,7 @@ use serde_json::{Map, Value, json};
 use platform::crypto::DataKey;
 
 use super::store::{confirm_guard, token_guard};
-use crate::decision::{Decide, Given, Outcome, Reply, Status};
+use crate::decision::{Decide, Given, Outcome, Reply};
 use crate::emails::decide::{Source, subscription_changes};
 use crate::templates::decide::render_context;
 
@@ -148,8 +148,7 @@ pub(crate) fn submission_stream(submission_id: &str) -> String {
 /// A success page (what a browser that posted a form, or followed a link, is shown): the
 /// sentence of `key` in the submitter's words.
 fn page(title: &str, words: &PageText, key: &str) -> Reply {
-    let message = api::pages::Message::success(title, &[words.get(key)]).in_language_of(words);
-    Reply::page(Status::Ok, message.page())
+    Reply::page(title, &[words.get(key)], words)
 }
 
 /// The form's topics the contact is not subscribed to yet.
@@ -474,7 +473,6 @@ impl platform::refusal::Refusal for Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::Body;
     use crate::decision::harness::{NOW_MS, given};
 
     #[test]
@@ -643,7 +641,7 @@ mod tests {
         assert_eq!(events(&outcome), [subscription("pending", "form"), submitted(true, "digest", expires_at_ms)]);
         let Outcome::Append(writes) = outcome else { panic!("appended") };
         assert_eq!(writes.guards.len(), 1, "the token's insert");
-        let Body::Html(page) = &writes.reply.body else { panic!("a page") };
+        let Some(page) = crate::pipeline::html_of(&writes.reply) else { panic!("a page") };
         assert!(page.contains("follow the link to confirm"), "{page}");
         let untokened = given(submission(true, None)).when(&command);
         assert!(matches!(untokened.0, Err(Refusal::Internal(_))));
@@ -679,7 +677,7 @@ mod tests {
         let done = || Confirmation::Done(form(true), PageText::default());
         assert_eq!(given(done()).when(&confirm(true)).decided().reply(), Some(&confirmed));
         let page = given(done()).when(&confirm(false)).decided();
-        assert!(matches!(page.reply().map(|reply| &reply.body), Some(Body::Html(_))));
+        assert!(page.reply().and_then(crate::pipeline::html_of).is_some());
     }
 
     /// The space's page text: `language` holds the locale; German words for the form's pages.
@@ -712,7 +710,7 @@ mod tests {
         loaded.contact.personal = Some(personal);
         let Submitted { outcome, .. } = given(loaded).when(&command).decided();
         let Outcome::Append(writes) = outcome else { panic!("appended") };
-        let Body::Html(page) = &writes.reply.body else { panic!("a page") };
+        let Some(page) = crate::pipeline::html_of(&writes.reply) else { panic!("a page") };
         assert!(page.contains("<html lang=\"de\" dir=\"ltr\">"), "{page}");
         assert!(page.contains("Bitte bestätigen"), "{page}");
         // The token keeps the page's locale for the confirmation link.
@@ -723,11 +721,11 @@ mod tests {
         plain.page_text = german();
         let Submitted { outcome, .. } = given(plain).when(&command).decided();
         let Outcome::Append(writes) = outcome else { panic!("appended") };
-        let Body::Html(page) = &writes.reply.body else { panic!("a page") };
+        let Some(page) = crate::pipeline::html_of(&writes.reply) else { panic!("a page") };
         assert!(page.contains("<html lang=\"en\"") && page.contains("follow the link to confirm"), "{page}");
         let words = PageText::of(&german(), Some("de"));
         let page = given(Confirmation::Done(form(true), words)).when(&confirm(false)).decided();
-        let Some(Body::Html(page)) = page.reply().map(|reply| &reply.body) else { panic!("a page") };
+        let Some(page) = page.reply().and_then(crate::pipeline::html_of) else { panic!("a page") };
         assert!(page.contains("Ihr Abonnement ist bestätigt."), "{page}");
     }
 

@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use api::page_text::PageText;
+use domain::email::page_text::PageText;
 use domain::email::resources::{FORM, FormDef, PageTextDef};
 use mail::send;
 use platform::error::{ApiError, Code};

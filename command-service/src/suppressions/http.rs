@@ -56,7 +56,7 @@ fn batch_answer(Batch { streams, guards, items }: Batch, counted: &[&str]) -> De
     }
     let failed = results.iter().filter(|result| !counted.iter().any(|s| result["status"] == *s)).count();
     summary.insert("failed".to_owned(), json!(failed));
-    let reply = Reply::ok(json!({ "data": { "results": results, "summary": summary } }));
+    let reply = Reply::ok(json!({ "results": results, "summary": summary }));
     Outcome::batch(streams, guards, reply).into()
 }
 

@@ -8,9 +8,9 @@
 //! `email_not_found`, as a page for a browser and as the JSON envelope for an API client.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use api::page_text::PageText;
 use api::pages::{Preferences, TopicChoice};
 use domain::catalog::CATALOG;
+use domain::email::page_text::PageText;
 use platform::error::{ApiError, Code};
 use platform::events::LogEvent;
 

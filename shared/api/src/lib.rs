@@ -8,7 +8,6 @@ mod envelope;
 pub mod http;
 pub mod live_load;
 pub mod ops;
-pub mod page_text;
 pub mod pages;
 pub mod pagination;
 pub mod query;

@@ -17,7 +17,7 @@ use sha2::Digest;
 
 use platform::error::{ApiError, Code};
 
-use crate::page_text::PageText;
+use domain::email::page_text::PageText;
 
 const STYLE: &str = include_str!("../pages/style.css");
 
@@ -264,7 +264,7 @@ impl Preferences {
     fn page(&self) -> String {
         let text = &self.text;
         let words: std::collections::BTreeMap<&str, &str> =
-            crate::page_text::ENTRIES.iter().map(|entry| (entry.key, text.get(entry.key))).collect();
+            domain::email::page_text::ENTRIES.iter().map(|entry| (entry.key, text.get(entry.key))).collect();
         let topic = |key: &str| self.this_topic.as_deref().map(|name| text.fill(key, &[("topic", name)]));
         render(
             "preferences.html",

@@ -51,6 +51,7 @@ const NOT_IN_A_DECISION: &[(&str, &str)] = &[
 const NOT_IN_A_WRITES_DECISION: &[(&str, &str)] = &[
     ("StatusCode", "HTTP: a refusal's code carries its status"),
     ("ApiError", "the envelope: a refusal is its own type (`platform::refusal::Refusal`)"),
+    ("api::", "the HTTP crate: a reply is a document or a page, which the shell renders"),
 ];
 
 /// The shells that may name `Drawn` (beside `platform::fresh`, which defines it), and why.
@@ -147,6 +148,8 @@ fn the_check_sees_a_decision_that_reads_the_clock_and_a_handler_that_draws() {
     assert_eq!(violations(&drawn).len(), 1);
     let envelope = planted("command-service/src/forms/decide.rs", "Err(ApiError::of(code, message))");
     assert_eq!(violations(&envelope).len(), 1, "a decision answers with its refusal type");
+    let rendered = planted("command-service/src/records/decide.rs", "Reply::ok(api::http::data_body(doc, &[]))");
+    assert_eq!(violations(&rendered).len(), 1, "a decision replies with the document, not its envelope");
     let domain = planted("shared/domain/src/records/mod.rs", "async fn load() {}");
     assert_eq!(violations(&domain).len(), 1, "every file of domain is a decision");
     let commented = planted("shared/mail/src/outbox/decide.rs", "// the caller reads now_millis\nfn settle() {}");

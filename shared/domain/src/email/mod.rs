@@ -5,6 +5,7 @@
 pub mod broadcasts;
 pub mod experiments;
 pub mod locale;
+pub mod page_text;
 pub mod resources;
 pub mod send;
 pub mod story;

@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use domain::email::locale;
-use domain::email::resources::{PAGE_FALLBACK_LOCALE, PageTextDef, TopicDef};
+use crate::email::locale;
+use crate::email::resources::{PAGE_FALLBACK_LOCALE, PageTextDef, TopicDef};
 
 /// One sentence of the pages: its key, the platform's English and the values it may name.
 pub struct Entry {
@@ -104,7 +104,7 @@ pub fn check(given: &BTreeMap<String, String>) -> Option<String> {
 
 /// The page text of one locale: the space's sentences where it gives them, else the
 /// platform's English.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageText {
     lang: String,
     given: BTreeMap<String, String>,
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn the_workspace_file_guide_lists_every_key_with_its_english() {
-        let guide = include_str!("../../../docs/workspace-file.md");
+        let guide = include_str!("../../../../docs/workspace-file.md");
         for entry in ENTRIES {
             let row = format!("| `{}` | {} |", entry.key, entry.english);
             assert!(guide.contains(&row), "docs/workspace-file.md lacks the row {row}");
@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn the_demo_speaks_every_sentence_in_each_of_its_languages() {
         let demo: serde_json::Value =
-            serde_json::from_str(include_str!("../../../deploy/demo-workspace.json")).expect("the demo is JSON");
+            serde_json::from_str(include_str!("../../../../deploy/demo-workspace.json")).expect("the demo is JSON");
         let spaces = demo["spaces"].as_array().expect("spaces");
         let text = spaces.iter().find_map(|space| space["pageText"].as_object()).expect("the demo gives page text");
         for (tag, given) in text {
