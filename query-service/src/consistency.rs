@@ -99,8 +99,8 @@ pub fn consistency_token(req: &HttpRequest) -> Result<i64, ApiError> {
     Ok(token)
 }
 
-/// One attempt of a consistent read against the read-model versions guessed (its own copy of
-/// them): the decoded consistency check (of the same snapshot as the read, or an older one)
+/// One attempt of a consistent read against the read-model versions guessed (shared with
+/// it): the decoded consistency check (of the same snapshot as the read, or an older one)
 /// and the read's result.
 type Attempt<'c, T> = Pin<Box<dyn Future<Output = Result<(Check, Result<T, ApiError>), ApiError>> + 'c>>;
 
@@ -119,18 +119,20 @@ async fn until_consistent<'c, T, A>(
     attempt: A,
 ) -> Result<(T, Consistent), ApiError>
 where
-    A: Fn(Consistent) -> Attempt<'c, T>,
+    A: Fn(std::sync::Arc<Consistent>) -> Attempt<'c, T>,
 {
     let deadline = Instant::now() + state.settings.consistency_wait();
     let anchor = Anchor::read(state, caller).await?;
-    let mut guess = state.read_models.current(models).await?;
+    // Shared with each attempt, not copied: a read is one attempt, and a copy of the
+    // versions per read cost more than the rest of its bookkeeping.
+    let mut guess = std::sync::Arc::new(state.read_models.current(models).await?);
     loop {
         let (check, result) = attempt(guess.clone()).await?;
         match settle(state, models, token, anchor, &guess, check, deadline) {
             Settled::Answer(consistent) => return Ok((result?, consistent)),
             Settled::Wait(attainable) => {
                 let remaining = deadline.saturating_duration_since(Instant::now());
-                guess = state.read_models.wait_for(models, attainable, remaining).await?;
+                guess = std::sync::Arc::new(state.read_models.wait_for(models, attainable, remaining).await?);
             }
         }
     }
