@@ -283,15 +283,16 @@ pub mod harness {
 mod tests {
     use serde_json::Value;
 
-    use super::{Body, Reply};
+    use super::Reply;
+    use crate::pipeline::{Answer, Rendered};
 
     impl Reply {
-        /// The body as the client gets it (`Null` for a page): for decisions' tests.
+        /// The body as the client gets it, rendered as the pipeline renders it (`Null` for a
+        /// page): for decisions' tests.
         pub fn json(&self) -> Value {
-            match &self.body {
-                Body::Data { data, warnings } => api::http::data_body(data.clone(), warnings),
-                Body::Json(body) => body.clone(),
-                Body::Page(_) => Value::Null,
+            match Answer::from(self.clone()).body {
+                Rendered::Json(body) => body,
+                Rendered::Html(_) => Value::Null,
             }
         }
     }
