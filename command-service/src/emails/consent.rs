@@ -1,27 +1,25 @@
 //! A contact's email consent as email actions change it: the unsubscribe link withdraws
-//! consent, a form (or its confirmation link) grants it. The subscription changes they append
-//! are built in `decide.rs`.
+//! consent, a form (or its confirmation link) grants it. This reads the contact and its
+//! schema's consent attributes; the write is decided by
+//! [`consent_write`](super::decide::consent_write), and the subscription changes that go with
+//! it are built in `decide.rs` too.
 
 use platform::error::ApiError;
 use serde_json::{Map, Value};
 
-use super::decide::Source;
+use super::decide::ConsentLoaded;
 use crate::pipeline::Ctx;
-use crate::records::decide::WriteSchema;
-use crate::records::load::{plan_update, write_context};
-use crate::records::write::Write;
+use crate::records::decide::write_schema;
+use crate::records::load::{load_update, write_context};
 use crate::templates::decide::consent_keys;
 
-/// Sets the email consent attributes of the contact's schema to `consented`, carried by
-/// `source`; `None` when the contact is gone, its schema has none, or they hold that value
-/// already.
-pub(crate) async fn set_email_consent(
+/// What setting the email consent attributes of the contact's schema to `consented` decides
+/// on; `None` when the contact is gone or its schema has none.
+pub(crate) async fn load_email_consent(
     ctx: &Ctx<'_>,
     (space_id, contact_id): (&str, &str),
     consented: bool,
-    source: Source<'_>,
-    now: i64,
-) -> Result<Option<Write>, ApiError> {
+) -> Result<Option<Box<ConsentLoaded>>, ApiError> {
     let client = ctx.db().await?;
     let loaded = reads::records::load_records(&client, &[contact_id.to_owned()])
         .await
@@ -36,12 +34,6 @@ pub(crate) async fn set_email_consent(
     if input.is_empty() {
         return Ok(None);
     }
-    let write_schema = WriteSchema {
-        schema_id: &context.schema.schema_id,
-        space_id,
-        schema_type: &context.schema.schema_type,
-        attributes: &context.attributes,
-    };
-    let write = plan_update(ctx, &write_schema, contact_id, input, now).await?;
-    Ok(write.map(|write| write.carried_by(source.kind, source.id)))
+    let (input, target, owners) = load_update(ctx, &write_schema(&context, space_id), contact_id, input).await?;
+    Ok(Some(Box::new(ConsentLoaded { space_id: space_id.to_owned(), context, input, target, owners })))
 }

@@ -1,10 +1,13 @@
 //! Recipient decisions on an email: the one-click unsubscribe and the preference page's
-//! choices (reading a choice, what it changes, and the answer, a page or JSON). Pure: the
-//! email's stream, the space's topics, the contact's subscriptions and the consent change are
-//! loaded by the shells (`unsubscribe.rs`, `preferences.rs`).
+//! choices (reading a choice, what it changes, and the answer, a page or JSON), and the email
+//! consent those actions and a form's confirmation set. Pure: the email's stream, the space's
+//! topics, the contact's subscriptions and the contact whose consent changes are loaded by the
+//! shells (`unsubscribe.rs`, `preferences.rs`, `consent.rs`).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use domain::catalog::WriteContext;
 use domain::email::page_text::PageText;
 use domain::records::write::Write;
 use platform::error::{Code, Issue};
@@ -14,9 +17,10 @@ use platform::proto;
 use serde_json::{Map, Value, json};
 
 use crate::decision::{Decide, Given, Outcome, Reply};
+use crate::records::decide::{self as records, Input, Owners, Target};
 
 /// Why a recipient's action is refused. The HTTP edge maps each to the contract's answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Refusal {
     /// No such email (404).
     #[error("no email {0:?}")]
@@ -30,6 +34,9 @@ pub enum Refusal {
     /// Every attempt at an unsubscription lost a race (409).
     #[error("the email's recipient kept changing; retry")]
     RecipientKeptChanging,
+    /// The contact's consent write could not be assembled (the record write's answer).
+    #[error(transparent)]
+    Record(#[from] records::Refusal),
 }
 
 impl Refusal {
@@ -38,6 +45,7 @@ impl Refusal {
             Self::EmailNotFound(_) => Code::EmailNotFound,
             Self::Invalid { .. } => Code::InvalidPreferences,
             Self::PreferencesKeptChanging | Self::RecipientKeptChanging => Code::ConcurrentModification,
+            Self::Record(refusal) => platform::refusal::Refusal::code(refusal),
         }
     }
 
@@ -54,6 +62,32 @@ impl Refusal {
 pub(crate) struct Source<'a> {
     pub kind: &'a str,
     pub id: &'a str,
+}
+
+/// A contact's email consent to set, as loaded: the space, the write context of the contact's
+/// schema, its consent attributes set to the wanted value (the input), the contact as it is
+/// (stream version, state, data key) and the holders of the identities the input sets (none).
+pub(crate) struct ConsentLoaded {
+    pub space_id: String,
+    pub context: Arc<WriteContext>,
+    pub input: Input,
+    pub target: Target,
+    pub owners: Owners,
+}
+
+/// The consent write `loaded` asks for, carried by `source`: `None` when nothing was loaded
+/// (the contact is gone or its schema has no consent attribute) or nothing changes. A
+/// contact without a data key gets one from `given.fresh`.
+pub(crate) fn consent_write(
+    loaded: Option<Box<ConsentLoaded>>,
+    source: Source<'_>,
+    given: &mut Given<'_>,
+) -> Result<Option<Write>, records::Refusal> {
+    let Some(loaded) = loaded else { return Ok(None) };
+    let ConsentLoaded { space_id, context, input, target, owners } = *loaded;
+    let schema = records::write_schema(&context, &space_id);
+    let decided = records::decide_record_update(&schema, input, target, &owners, given.now_ms, given.fresh)?;
+    Ok(decided.map(|(write, _)| write.carried_by(source.kind, source.id)))
 }
 
 /// The contact's subscriptions stream with `status` for each of `topic_ids`; `None` when
@@ -187,9 +221,9 @@ impl Unsubscribe {
 }
 
 impl Decide for Unsubscribe {
-    /// The email (`None` when unknown), (for an email without a topic) the contact's consent
-    /// withdrawn, and what a page names.
-    type Loaded = Option<(Email, Option<Write>, PageFacts)>;
+    /// The email (`None` when unknown), (for an email without a topic) the contact whose
+    /// consent is withdrawn, and what a page names.
+    type Loaded = Option<(Email, Option<Box<ConsentLoaded>>, PageFacts)>;
     type Outcome = Outcome;
     type Refusal = Refusal;
 
@@ -201,7 +235,8 @@ impl Decide for Unsubscribe {
         }
         let mut streams = Vec::new();
         let mut guards = Vec::new();
-        if let Some(write) = consent {
+        let source = Source { kind: "unsubscribe", id: email_id };
+        if let Some(write) = consent_write(consent, source, given)? {
             streams.push(write.stream);
             guards.extend(write.guards);
         }
@@ -337,9 +372,9 @@ pub(crate) struct Preferences {
     pub topics: BTreeMap<String, String>,
     /// The contact's subscriptions: topic id → status.
     pub subscribed: BTreeMap<String, String>,
-    /// The consent change the choice needs (granted or withdrawn), when it changes anything
+    /// The contact whose consent the choice sets (granted or withdrawn), when it sets one
     /// (not loaded when a chosen topic is unknown).
-    pub consent: Option<Write>,
+    pub consent: Option<Box<ConsentLoaded>>,
     /// What the page after the change names (loaded for a browser).
     pub page: PageFacts,
 }
@@ -387,12 +422,12 @@ impl Decide for ChangePreferences {
         let reply = self.reply(&topics, &after, &page);
         let mut streams = Vec::new();
         let mut guards = Vec::new();
-        if let Some(write) = consent {
+        let source = || Source { kind: "preferences", id: &self.email_id };
+        if let Some(write) = consent_write(consent, source(), given)? {
             streams.push(write.stream);
             guards.extend(write.guards);
         }
         let now = given.now_ms;
-        let source = || Source { kind: "preferences", id: &self.email_id };
         streams.extend(subscription_changes((space_id, contact_id), &to_subscribe, "subscribed", source(), now));
         streams.extend(subscription_changes((space_id, contact_id), &to_leave, "unsubscribed", source(), now));
         if streams.is_empty() {
@@ -456,7 +491,22 @@ impl platform::refusal::Refusal for Refusal {
     fn issues(&self) -> Vec<Issue> {
         match self {
             Self::Invalid { issues, .. } => issues.clone(),
+            Self::Record(refusal) => platform::refusal::Refusal::issues(refusal),
             _ => Vec::new(),
+        }
+    }
+
+    fn is_defect(&self) -> bool {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::is_defect(refusal),
+            _ => false,
+        }
+    }
+
+    fn into_failure(self) -> Result<platform::refusal::Failure, Self> {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::into_failure(refusal).map_err(Self::Record),
+            other => Err(other),
         }
     }
 }
@@ -551,6 +601,42 @@ mod tests {
         let again = given(Some((email("top_a", true), None, PageFacts::default()))).when(&command).then_answers();
         assert_eq!(again, Reply::ok(json));
         given(None).when(&command).then_refused(Refusal::EmailNotFound("em_1".into()));
+    }
+
+    /// Ada, a contact of a schema with the email consent attribute `news`, holding `consented`.
+    fn ada_consenting(consented: bool, wanted: bool) -> Option<Box<ConsentLoaded>> {
+        use crate::records::decide::fixtures::{ada, context, input};
+        let context = context(json!({"news": {"type": "boolean", "consent": {"channel": "email"}}}), 0);
+        let mut ada = ada();
+        if let Some(personal) = ada.personal.as_mut() {
+            personal.values_json = json!({"news": consented}).to_string();
+        }
+        let schema = records::write_schema(&context, "spc_1");
+        let input = records::parse_input(&schema, input(json!({"news": wanted}))).expect("valid");
+        let target = (3, ada, None);
+        Some(Box::new(ConsentLoaded { space_id: "spc_1".into(), context, input, target, owners: Owners::new() }))
+    }
+
+    #[test]
+    fn unsubscribing_from_an_email_without_a_topic_withdraws_the_consent_carried_by_the_email() {
+        let command = Unsubscribe { email_id: "em_1".into(), browser: false };
+        let loaded = Some((email("", false), ada_consenting(true, false), PageFacts::default()));
+        let outcome = given(loaded).when(&command).decided();
+        let events = outcome.events();
+        let [LogEvent::RecordUpdated(updated), LogEvent::EmailUnsubscribed(_)] = events[..] else {
+            panic!("the consent's update, then the email's unsubscription: {events:?}")
+        };
+        assert_eq!(
+            (updated.record_id.as_str(), updated.changed_keys.as_slice()),
+            ("con_ada", &["news".to_owned()][..])
+        );
+        assert_eq!((updated.change_source.as_str(), updated.change_source_id.as_str()), ("unsubscribe", "em_1"));
+        assert_eq!(updated.updated_at_ms, NOW_MS);
+        let Outcome::Append(writes) = &outcome else { panic!("appended") };
+        assert!(matches!(writes.streams[0].expected, ExpectedVersion::Exactly(3)), "at the version it was read at");
+        let withdrawn = Some((email("", false), ada_consenting(false, false), PageFacts::default()));
+        let outcome = given(withdrawn).when(&command).decided();
+        assert!(matches!(outcome.events()[..], [LogEvent::EmailUnsubscribed(_)]), "a withdrawn consent is not written");
     }
 
     #[test]

@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 use actix_web::{HttpRequest, HttpResponse, web};
 use platform::error::ApiError;
 
-use super::consent::set_email_consent;
-use super::decide::{ChangePreferences, PageFacts, Preferences, Refusal, Source, parse};
+use super::consent::load_email_consent;
+use super::decide::{ChangePreferences, PageFacts, Preferences, Refusal, parse};
 use super::unsubscribe;
 use crate::State;
 use crate::decision::Outcome;
@@ -43,10 +43,7 @@ impl Command for ChangePreferences {
         drop(client);
         // A choice naming a topic the space lacks is refused: its consent is not read.
         let consent = match self.choice.consent().filter(|_| self.choice.unknown_topics(&topics).is_empty()) {
-            Some(consented) => {
-                let source = Source { kind: "preferences", id: &self.email_id };
-                set_email_consent(ctx, (space_id, contact_id), consented, source, platform::time::now_millis()).await?
-            }
+            Some(consented) => load_email_consent(ctx, (space_id, contact_id), consented).await?,
             None => None,
         };
         let page = match self.browser {

@@ -21,8 +21,8 @@ use platform::error::ApiError;
 use platform::events::LogEvent;
 use platform::proto;
 
-use super::consent::set_email_consent;
-use super::decide::{Email, PageFacts, Refusal, Source, Unsubscribe};
+use super::consent::load_email_consent;
+use super::decide::{Email, PageFacts, Refusal, Unsubscribe};
 use crate::State;
 use crate::decision::Outcome;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Shell};
@@ -90,11 +90,7 @@ impl Command for Unsubscribe {
         let Some(email) = load(ctx, &self.email_id).await? else { return Ok(None) };
         let scheduled = &email.scheduled;
         let consent = match (email.unsubscribed, scheduled.topic_id.is_empty()) {
-            (false, true) => {
-                let now = platform::time::now_millis();
-                let source = Source { kind: "unsubscribe", id: &self.email_id };
-                set_email_consent(ctx, (&scheduled.space_id, &scheduled.contact_id), false, source, now).await?
-            }
+            (false, true) => load_email_consent(ctx, (&scheduled.space_id, &scheduled.contact_id), false).await?,
             _ => None,
         };
         let page = match self.browser {

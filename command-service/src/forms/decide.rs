@@ -25,12 +25,13 @@ use platform::crypto::DataKey;
 
 use super::store::{confirm_guard, token_guard};
 use crate::decision::{Decide, Given, Outcome, Reply};
-use crate::emails::decide::{Source, subscription_changes};
+use crate::emails::decide::{ConsentLoaded, Source, consent_write, subscription_changes};
+use crate::records::decide as records;
 use crate::templates::decide::render_context;
 
 /// Why a submission or a confirmation is refused. The HTTP edge maps each to the contract's
 /// answer (a page for a browser).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Refusal {
     /// The submission lacks what the form needs; `issues` names it (400).
     #[error("{message}")]
@@ -59,6 +60,9 @@ pub enum Refusal {
     /// What the submission appends could not be built (500).
     #[error("{0}")]
     Internal(String),
+    /// The contact's write could not be assembled (the record write's answer).
+    #[error(transparent)]
+    Record(#[from] records::Refusal),
 }
 
 impl Refusal {
@@ -72,6 +76,7 @@ impl Refusal {
             Self::LinkExpired => Code::ConfirmationExpired,
             Self::SubmissionKeptChanging | Self::ConfirmationKeptChanging => Code::ConcurrentModification,
             Self::Internal(_) => Code::InternalError,
+            Self::Record(refusal) => platform::refusal::Refusal::code(refusal),
         }
     }
 }
@@ -388,8 +393,9 @@ pub(crate) enum Confirmation {
         form: FormDef,
         submission_id: String,
         contact_id: String,
-        /// The contact's email consent granted (none when it holds already).
-        consent: Option<Write>,
+        /// The contact whose email consent is granted (none when it is gone or its schema
+        /// has no consent attribute).
+        consent: Option<Box<ConsentLoaded>>,
         subscribed: BTreeMap<String, String>,
         /// The words of the submitter's pages.
         words: PageText,
@@ -413,11 +419,11 @@ impl Decide for ConfirmSubmission {
         let now = given.now_ms;
         let mut streams = Vec::new();
         let mut guards = vec![confirm_guard(&self.digest)];
-        if let Some(write) = consent {
+        let source = Source { kind: "confirmation", id: &self.form_id };
+        if let Some(write) = consent_write(consent, source, given)? {
             streams.push(write.stream);
             guards.extend(write.guards);
         }
-        let source = Source { kind: "confirmation", id: &self.form_id };
         streams.extend(subscription_changes(
             (&space_id, &contact_id),
             &new_topics(&form, &subscribed),
@@ -454,6 +460,7 @@ impl platform::refusal::Refusal for Refusal {
     fn issues(&self) -> Vec<Issue> {
         match self {
             Self::Invalid { issues, .. } => issues.clone(),
+            Self::Record(refusal) => platform::refusal::Refusal::issues(refusal),
             _ => Vec::new(),
         }
     }
@@ -466,7 +473,17 @@ impl platform::refusal::Refusal for Refusal {
     }
 
     fn is_defect(&self) -> bool {
-        matches!(self, Self::Internal(_))
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::is_defect(refusal),
+            other => matches!(other, Self::Internal(_)),
+        }
+    }
+
+    fn into_failure(self) -> Result<platform::refusal::Failure, Self> {
+        match self {
+            Self::Record(refusal) => platform::refusal::Refusal::into_failure(refusal).map_err(Self::Record),
+            other => Err(other),
+        }
     }
 }
 

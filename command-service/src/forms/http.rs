@@ -33,8 +33,7 @@ use super::decide::{
 use super::store;
 use crate::State;
 use crate::decision::Outcome;
-use crate::emails::consent::set_email_consent;
-use crate::emails::decide::Source;
+use crate::emails::consent::load_email_consent;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Refusal as Lost, Shell};
 use crate::records::decide::{PlannedUpsert, WriteSchema};
 use crate::records::load::{plan_upsert, write_context};
@@ -263,9 +262,7 @@ impl Command for ConfirmSubmission {
         let subscribed = reads::email::subscriptions(&ctx.db().await?, &contact_id)
             .await
             .map_err(|error| ApiError::internal(&error))?;
-        let source = Source { kind: "confirmation", id: &self.form_id };
-        let consent =
-            set_email_consent(ctx, (&space_id, &contact_id), true, source, platform::time::now_millis()).await?;
+        let consent = load_email_consent(ctx, (&space_id, &contact_id), true).await?;
         Ok(Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed, words })
     }
 

@@ -341,16 +341,15 @@ impl platform::refusal::Refusal for Refusal {
     }
 }
 
+/// A write context and a contact for the decisions' tests that write records.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
-    use crate::decision::harness::{NOW_MS, given};
     use domain::catalog::{AttributeEntry, SchemaEntry};
-    use platform::error::Code;
     use platform::proto;
     use serde_json::json;
 
-    fn context(attributes: Value, credits: i64) -> Arc<WriteContext> {
+    pub(crate) fn context(attributes: Value, credits: i64) -> Arc<WriteContext> {
         let attributes = attributes
             .as_object()
             .expect("attributes")
@@ -372,15 +371,15 @@ mod tests {
         })
     }
 
-    fn contacts() -> Arc<WriteContext> {
+    pub(crate) fn contacts() -> Arc<WriteContext> {
         context(json!({"plan": {"type": "string"}}), 0)
     }
 
-    fn input(value: Value) -> Map<String, Value> {
+    pub(crate) fn input(value: Value) -> Map<String, Value> {
         value.as_object().cloned().expect("an object")
     }
 
-    fn ada() -> RecordState {
+    pub(crate) fn ada() -> RecordState {
         RecordState {
             record_id: "con_ada".into(),
             space_id: "spc_1".into(),
@@ -396,6 +395,16 @@ mod tests {
             }),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{ada, contacts, context, input};
+    use super::*;
+    use crate::decision::harness::{NOW_MS, given};
+    use platform::error::Code;
+    use platform::proto;
+    use serde_json::json;
 
     fn created(outcome: &Outcome) -> &proto::RecordCreated {
         match outcome.events()[..] {

@@ -13,12 +13,12 @@ use platform::fresh::Drawn;
 use serde_json::{Map, Value};
 
 use super::decide::{
-    Input, Match, Owners, PlannedUpsert, Target, UpsertLoaded, WriteSchema, check_echoed, decide_record_update,
-    decide_upsert, live_target, match_upsert, parse_input, shown_platform_fields,
+    Input, Match, Owners, PlannedUpsert, Target, UpsertLoaded, WriteSchema, check_echoed, decide_upsert, live_target,
+    match_upsert, parse_input, shown_platform_fields,
 };
 use super::store::{Loaded, identity_owners, load_records};
 use super::topics::TopicFacts;
-use super::write::{Write, identity_values};
+use super::write::identity_values;
 use crate::pipeline::Ctx;
 use crate::write_contexts::{self, Kind};
 
@@ -79,20 +79,6 @@ pub(crate) async fn plan_upsert(
 ) -> Result<PlannedUpsert, ApiError> {
     let loaded = load_upsert(ctx, schema, input).await?;
     Ok(decide_upsert(schema, loaded, now, &mut Drawn)?)
-}
-
-/// Decides an update of the live record `record_id` of `schema` with `input` (rule 6)
-/// without appending it, on what it reads now; `None` when nothing changes.
-pub(crate) async fn plan_update(
-    ctx: &Ctx<'_>,
-    schema: &WriteSchema<'_>,
-    record_id: &str,
-    input: Map<String, Value>,
-    now: i64,
-) -> Result<Option<Write>, ApiError> {
-    let (input, target, owners) = load_update(ctx, schema, record_id, input).await?;
-    let decided = decide_record_update(schema, input, target, &owners, now, &mut Drawn)?;
-    Ok(decided.map(|(write, _)| write))
 }
 
 /// What an update reads: the input, the record (stream version, state, data key) and the
