@@ -11,7 +11,6 @@ use super::decide::ConsentLoaded;
 use crate::pipeline::Ctx;
 use crate::records::decide::write_schema;
 use crate::records::load::{load_update, write_context};
-use crate::templates::decide::consent_keys;
 
 /// What setting the email consent attributes of the contact's schema to `consented` decides
 /// on; `None` when the contact is gone or its schema has none.
@@ -30,7 +29,7 @@ pub(crate) async fn load_email_consent(
     let Some((_, _, domain::records::Loaded::Live { state: record, .. })) = loaded else { return Ok(None) };
     let context = write_context(ctx, space_id, &record.schema_id).await?;
     let input: Map<String, Value> =
-        consent_keys(&context.attributes).into_iter().map(|key| (key, Value::Bool(consented))).collect();
+        mail::send::consent_keys(&context.attributes).into_iter().map(|key| (key, Value::Bool(consented))).collect();
     if input.is_empty() {
         return Ok(None);
     }

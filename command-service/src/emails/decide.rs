@@ -4,6 +4,8 @@
 //! topics, the contact's subscriptions and the contact whose consent changes are loaded by the
 //! shells (`unsubscribe.rs`, `preferences.rs`, `consent.rs`).
 
+pub(crate) mod subscriptions;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -18,6 +20,7 @@ use serde_json::{Map, Value, json};
 
 use crate::decision::{Decide, Given, Outcome, Reply};
 use crate::records::decide::{self as records, Input, Owners, Target};
+pub(crate) use subscriptions::{Source, subscription_changes};
 
 /// Why a recipient's action is refused. The HTTP edge maps each to the contract's answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -56,14 +59,6 @@ impl Refusal {
     }
 }
 
-/// What carried a consent or subscription change: `form`, `confirmation`, `preferences` or
-/// `unsubscribe`, and the form or email that did.
-#[derive(Clone, Copy)]
-pub(crate) struct Source<'a> {
-    pub kind: &'a str,
-    pub id: &'a str,
-}
-
 /// A contact's email consent to set, as loaded: the space, the write context of the contact's
 /// schema, its consent attributes set to the wanted value (the input), the contact as it is
 /// (stream version, state, data key) and the holders of the identities the input sets (none).
@@ -88,41 +83,6 @@ pub(crate) fn consent_write(
     let schema = records::write_schema(&context, &space_id);
     let decided = records::decide_record_update(&schema, input, target, &owners, given.now_ms, given.fresh)?;
     Ok(decided.map(|(write, _)| write.carried_by(source.kind, source.id)))
-}
-
-/// The contact's subscriptions stream with `status` for each of `topic_ids`; `None` when
-/// there are none.
-pub(crate) fn subscription_changes(
-    (space_id, contact_id): (&str, &str),
-    topic_ids: &[&String],
-    status: &str,
-    source: Source<'_>,
-    now: i64,
-) -> Option<StreamAppend> {
-    if topic_ids.is_empty() {
-        return None;
-    }
-    let events = topic_ids
-        .iter()
-        .map(|topic_id| NewEvent {
-            event: LogEvent::SubscriptionChanged(proto::SubscriptionChanged {
-                space_id: space_id.to_owned(),
-                contact_id: contact_id.to_owned(),
-                topic_id: (*topic_id).clone(),
-                status: status.to_owned(),
-                source: source.kind.to_owned(),
-                source_id: source.id.to_owned(),
-                at_ms: now,
-            }),
-            subject_id: Some(contact_id.to_owned()),
-            occurred_at: platform::time::from_millis(now),
-        })
-        .collect();
-    Some(StreamAppend {
-        stream_id: domain::email::subscriptions_stream(contact_id),
-        expected: ExpectedVersion::Any,
-        events,
-    })
 }
 
 /// What the email's stream says.

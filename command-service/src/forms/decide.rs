@@ -25,7 +25,8 @@ use platform::crypto::DataKey;
 
 use super::store::{confirm_guard, token_guard};
 use crate::decision::{Decide, Given, Outcome, Reply};
-use crate::emails::decide::{ConsentLoaded, Source, consent_write, subscription_changes};
+use crate::emails::decide::subscriptions::{Source, subscription_changes};
+use crate::emails::decide::{ConsentLoaded, consent_write};
 use crate::records::decide as records;
 use crate::templates::decide::render_context;
 

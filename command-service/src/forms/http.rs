@@ -37,7 +37,6 @@ use crate::emails::consent::load_email_consent;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Refusal as Lost, Shell};
 use crate::records::decide::{PlannedUpsert, WriteSchema};
 use crate::records::load::{plan_upsert, write_context};
-use crate::templates::decide::consent_keys;
 use crate::templates::http::load_authored;
 
 /// The form and its space from catalog version `catalog`; 404 `form_not_found` when unknown.
@@ -112,7 +111,7 @@ impl Command for SubmitForm<'_> {
         };
         let mut input = decide::contact_input(&form, &self.fields, &context.attributes, self.urlencoded)?;
         if !form.double_opt_in {
-            for key in consent_keys(&context.attributes) {
+            for key in send::consent_keys(&context.attributes) {
                 input.insert(key, Value::Bool(true));
             }
         }
@@ -123,7 +122,7 @@ impl Command for SubmitForm<'_> {
         let subscribed = reads::email::subscriptions(&client, &contact.record_id)
             .await
             .map_err(|error| ApiError::internal(&error))?;
-        let suppressed = reads::email::is_suppressed(&client, &space_id, &address).await?;
+        let suppressed = mail::facts::suppressed(&client, &space_id, &[&address]).await?.contains(&address);
         // What decided a suppression, for the story of a confirmation it refuses.
         let suppressed_by = if suppressed {
             let refused = [mail::skipped::Refused {

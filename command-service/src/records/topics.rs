@@ -14,7 +14,7 @@ use platform::error::{Code, Issue};
 use platform::log::StreamAppend;
 use serde_json::{Map, Value};
 
-use crate::emails::decide::{Source, subscription_changes};
+use crate::emails::decide::subscriptions::{Source, subscription_changes};
 use domain::records::decide::RecordRefusal;
 
 /// The key of a contact write that holds its topics.

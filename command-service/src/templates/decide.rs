@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use domain::catalog::AttributeEntry;
+use domain::catalog::{AttributeEntry, WriteContext};
 use domain::email::resources::TemplateDef;
+use mail::facts::SendFacts;
 use mail::outbox::Prepared;
 use mail::send::{self, Authored, EmailTo, Gate, Site};
 use platform::error::{Code, Issue};
@@ -13,7 +14,7 @@ use platform::log::{Guard, StreamAppend};
 use serde_json::{Map, Value, json};
 
 use crate::decision::{Decide, Given, Outcome, Reply};
-use crate::records::decide::{self as records, PlannedUpsert};
+use crate::records::decide::{self as records, PlannedUpsert, UpsertLoaded};
 
 /// Fields a caller might try in order to replace stored content; refused with 400.
 const CONTENT_FIELDS: &[&str] = &["subject", "html", "text", "body", "content", "from", "sender", "to", "replyTo"];
@@ -141,15 +142,6 @@ pub(crate) fn check_keys(
     Err(Refusal::InvalidData { message: "the context does not match what the template expects".to_owned(), issues })
 }
 
-/// The keys of a contact schema's email consent attributes.
-pub fn consent_keys(attributes: &[domain::catalog::AttributeEntry]) -> Vec<String> {
-    attributes
-        .iter()
-        .filter(|attribute| mail::send::is_email_consent(&attribute.definition))
-        .map(|attribute| attribute.key.clone())
-        .collect()
-}
-
 /// The Liquid context: each key's record document, with every attribute of its schema
 /// present (null when unset) so a template may name any of them.
 pub(crate) fn render_context(documents: &BTreeMap<String, (Value, Vec<String>)>) -> Value {
@@ -164,28 +156,76 @@ pub(crate) fn render_context(documents: &BTreeMap<String, (Value, Vec<String>)>)
     Value::Object(context)
 }
 
-/// A context record planned: its upsert, the schema's attribute keys and attributes.
-pub(crate) struct Planned {
-    pub upsert: PlannedUpsert,
-    pub attributes: Vec<AttributeEntry>,
+/// A context record as loaded: its schema's write context and what its upsert reads.
+pub(crate) struct ContextRecord {
+    pub context: Arc<WriteContext>,
+    pub upsert: UpsertLoaded,
 }
 
-/// What is known about the recipient, as the send decision reads it.
+/// A context record planned: its upsert and its schema's attributes.
+struct Planned {
+    upsert: PlannedUpsert,
+    attributes: Vec<AttributeEntry>,
+}
+
+/// What is read about the recipient before its upsert is decided, for every contact and
+/// address it may turn out to be: the contact its identities (or `id`) matched, or a new
+/// one, which has no subscriptions and no sends; the address the send gives, or the one the
+/// contact has.
+#[derive(Default)]
 pub(crate) struct RecipientFacts {
-    pub address: Option<String>,
-    pub suppressed: bool,
-    pub consent: Option<bool>,
-    pub subscription: Option<String>,
-    /// The value of the send policy's time-zone attribute.
-    pub zone: Option<String>,
-    /// Its marketing sends within the policy's caps' windows.
-    pub sent: Vec<send::Sent>,
+    /// The contact the recipient's upsert matched.
+    pub matched: Option<String>,
+    /// The addresses the facts were read for.
+    pub addresses: Vec<String>,
+    pub facts: SendFacts,
+}
+
+impl RecipientFacts {
+    /// The recipient the send's upsert decided (`planned`, whose attribute values are
+    /// `values`) as the send decision reads it: a decided address the facts were not read
+    /// for is a defect.
+    fn contact<'a>(
+        &'a self,
+        planned: &'a Planned,
+        values: &'a Map<String, Value>,
+        authored: &'a Authored,
+    ) -> Result<send::Contact<'a>, Refusal> {
+        let RecipientFacts { matched, addresses, facts } = self;
+        let record = &planned.upsert.record;
+        let address = record.personal.as_ref().and_then(|personal| personal.email.as_deref());
+        if let Some(address) = address.filter(|address| !addresses.iter().any(|read| read == address)) {
+            return Err(Refusal::Failed(format!("the recipient's address {address:?} was not read")));
+        }
+        // A new contact has no subscriptions and no sends.
+        let known = matched.as_deref() == Some(record.record_id.as_str());
+        let zone_attribute = authored.policy.as_ref().and_then(|policy| policy.time_zone.attribute.as_ref());
+        Ok(send::Contact {
+            address,
+            suppressed: address.is_some_and(|address| facts.suppressed.contains(address)),
+            consent: send::email_consent(&send::consent_keys(&planned.attributes), |key| values.get(key)),
+            subscription: match (&authored.template.topic_id, known) {
+                (Some(topic_id), true) => facts
+                    .subscriptions
+                    .get(&record.record_id)
+                    .and_then(|topics| topics.get(topic_id))
+                    .map(String::as_str),
+                _ => None,
+            },
+            zone: zone_attribute.and_then(|attribute| values.get(attribute)).and_then(Value::as_str),
+            sent: match known {
+                true => facts.sent.get(&record.record_id).map(Vec::as_slice).unwrap_or_default(),
+                false => &[],
+            },
+        })
+    }
 }
 
 /// What a send decides on.
 pub(crate) struct Loaded {
     pub authored: Arc<Authored>,
-    pub planned: BTreeMap<String, Planned>,
+    /// Each key's context record.
+    pub context: BTreeMap<String, ContextRecord>,
     pub recipient: RecipientFacts,
 }
 
@@ -227,33 +267,39 @@ impl Decide for SendTemplate<'_> {
     type Refusal = Refusal;
 
     fn decide(&self, loaded: Loaded, given: &mut Given<'_>) -> Result<Sent, Refusal> {
-        let Loaded { authored, planned, recipient } = loaded;
+        let Loaded { authored, context, recipient } = loaded;
         let (space_id, now) = (self.space_id.as_str(), given.now_ms);
         let template = &authored.template;
+        // Each context record is upserted as a record write is; AI auto-fill needs credits.
+        let mut planned = BTreeMap::new();
+        for (key, ContextRecord { context, upsert }) in context {
+            let schema = records::write_schema(&context, space_id);
+            records::check_credits(&schema, context.credits).map_err(records::Refusal::from)?;
+            let upsert = records::decide_upsert(&schema, upsert, now, given.fresh)?;
+            planned.insert(key, Planned { upsert, attributes: context.attributes.clone() });
+        }
+        let Some(planned_recipient) = planned.get(&template.recipient) else {
+            return Err(Refusal::Failed("the template's recipient key was not given".to_owned()));
+        };
+        let values = planned_recipient.upsert.record.values();
         let facts = send::Facts {
             kind: send::Kind::of(&template.kind),
             topic_id: template.topic_id.as_deref(),
-            contact: Some(send::Contact {
-                address: recipient.address.as_deref(),
-                suppressed: recipient.suppressed,
-                consent: recipient.consent,
-                subscription: recipient.subscription.as_deref(),
-                zone: recipient.zone.as_deref(),
-                sent: &recipient.sent,
-            }),
+            contact: Some(recipient.contact(planned_recipient, &values, &authored)?),
             policy: authored.policy.as_ref(),
             allowance_refused: false,
             now_ms: now,
         };
         let zone = send::zone_used(&facts);
         let follows = send::follows(&facts);
+        let contact = facts.contact.as_ref();
         let held = match send::decide(&facts) {
             send::Verdict::Send => None,
             send::Verdict::Hold { until_ms, gate } => Some((until_ms, gate)),
             send::Verdict::Skip { gate, .. } => {
                 let explained = authored.policy.as_ref().and_then(|policy| {
-                    let zone = policy.time_zone.resolve(recipient.zone.as_deref());
-                    policy.explain_skip(zone, now, &recipient.sent)
+                    let zone = policy.time_zone.resolve(contact.and_then(|contact| contact.zone));
+                    policy.explain_skip(zone, now, contact.map(|contact| contact.sent).unwrap_or_default())
                 });
                 return Err(match explained {
                     Some(reason) => Refusal::Policy { gate, reason },
@@ -261,7 +307,7 @@ impl Decide for SendTemplate<'_> {
                 });
             }
         };
-        let address = recipient.address.unwrap_or_default();
+        let address = contact.and_then(|contact| contact.address).unwrap_or_default().to_owned();
         let documents: BTreeMap<String, (Value, Vec<String>)> = planned
             .iter()
             .map(|(key, planned)| {
@@ -483,7 +529,16 @@ mod tests {
         })
     }
 
-    /// An unchanged contact `con_1` with `address`, and what is known of it.
+    /// The contacts schema, with the email consent attribute `news`.
+    fn contacts() -> Arc<WriteContext> {
+        crate::records::decide::fixtures::context(
+            json!({"news": {"type": "boolean", "consent": {"channel": "email"}}}),
+            0,
+        )
+    }
+
+    /// A contact `con_1` with `address` who consented, matched by a send that changes nothing,
+    /// and the send facts read for it: `suppressed` when its address is.
     fn loaded(subject: &str, address: Option<&str>, suppressed: bool) -> Loaded {
         let (key, _) = Counted::new().expect("the test keys").data_key("con_1").expect("a data key");
         let record = RecordState {
@@ -499,21 +554,21 @@ mod tests {
                 email: address.map(str::to_owned),
                 phone: None,
                 external_id: None,
-                values_json: "{}".into(),
+                values_json: json!({"news": true}).to_string(),
             }),
         };
-        let upsert = PlannedUpsert { status: Status::Ok, record, warnings: Vec::new(), write: None, key: Some(key) };
+        let context = contacts();
+        let input = records::parse_input(&records::write_schema(&context, "spc_1"), Map::new()).expect("valid");
+        let upsert = UpsertLoaded { input, owners: Default::default(), target: Some((4, record, Some(key))) };
+        let addresses: Vec<String> = address.map(str::to_owned).into_iter().collect();
+        let facts = SendFacts {
+            suppressed: addresses.iter().filter(|_| suppressed).cloned().collect(),
+            ..SendFacts::default()
+        };
         Loaded {
             authored: authored(subject),
-            planned: BTreeMap::from([("contact".to_owned(), Planned { upsert, attributes: Vec::new() })]),
-            recipient: RecipientFacts {
-                address: address.map(str::to_owned),
-                suppressed,
-                consent: None,
-                subscription: None,
-                zone: None,
-                sent: Vec::new(),
-            },
+            context: BTreeMap::from([("contact".to_owned(), ContextRecord { context, upsert })]),
+            recipient: RecipientFacts { matched: Some("con_1".into()), addresses, facts },
         }
     }
 
@@ -558,6 +613,59 @@ mod tests {
             .then_refused(Refusal::Gate(Gate::Suppressed));
     }
 
+    /// A send whose context names a contact nobody holds yet: a new contact, with the send
+    /// facts read for the address it gives.
+    fn new_contact(address: &str, suppressed: bool) -> Loaded {
+        let context = contacts();
+        let schema = records::write_schema(&context, "spc_1");
+        let input = records::parse_input(&schema, crate::records::decide::fixtures::input(json!({"email": address})))
+            .expect("valid");
+        let upsert = UpsertLoaded { input, owners: Default::default(), target: None };
+        let addresses = vec![address.to_lowercase()];
+        let facts = SendFacts {
+            suppressed: addresses.iter().filter(|_| suppressed).cloned().collect(),
+            ..SendFacts::default()
+        };
+        Loaded {
+            authored: authored("Hi"),
+            context: BTreeMap::from([("contact".to_owned(), ContextRecord { context, upsert })]),
+            recipient: RecipientFacts { matched: None, addresses, facts },
+        }
+    }
+
+    #[test]
+    fn given_a_new_contact_when_sent_then_it_is_created_under_a_drawn_id_with_the_email_in_one_append() {
+        let site = site();
+        let sent = harness::given(new_contact("Grace@Example.test", false)).when(&send_template(&site)).decided();
+        let Sent::HandOff(hand_off) = sent else { panic!("handed off, not held") };
+        let events: Vec<&LogEvent> =
+            hand_off.streams.iter().flat_map(|stream| &stream.events).map(|new| &new.event).collect();
+        let [LogEvent::RecordCreated(created), LogEvent::EmailScheduled(scheduled)] = events[..] else {
+            panic!("the contact created, then the email scheduled: {events:?}")
+        };
+        assert_eq!((created.record_id.as_str(), created.created_at_ms), ("con_1", NOW_MS));
+        assert_eq!((scheduled.email_id.as_str(), scheduled.contact_id.as_str()), ("em_2", "con_1"));
+        harness::given(new_contact("grace@example.test", true))
+            .when(&send_template(&site))
+            .then_refused(Refusal::Gate(Gate::Suppressed));
+    }
+
+    #[test]
+    fn given_no_credits_for_auto_fill_or_an_address_not_read_when_sent_then_nothing_is_decided() {
+        let site = site();
+        let mut loaded = new_contact("grace@example.test", false);
+        let auto_filled = json!({"summary": {"type": "string", "autoFill": true}});
+        if let Some(record) = loaded.context.get_mut("contact") {
+            record.context = crate::records::decide::fixtures::context(auto_filled, 0);
+        }
+        let refusal = records::Refusal::Record(records::RecordRefusal::InsufficientCredits);
+        harness::given(loaded).when(&send_template(&site)).then_refused(Refusal::Record(refusal));
+        let mut unread = new_contact("grace@example.test", false);
+        unread.recipient.addresses.clear();
+        let refused = harness::given(unread).when(&send_template(&site)).0.err();
+        assert!(matches!(&refused, Some(Refusal::Failed(message)) if message.contains("was not read")), "{refused:?}");
+    }
+
     #[test]
     fn given_a_template_that_does_not_render_when_sent_then_it_is_refused_before_anything_is_written() {
         let site = site();
@@ -578,7 +686,6 @@ mod tests {
         let quiet = json!({"timeZone": {"default": "UTC"}, "quietHours": {"fromMinute": 900, "toMinute": 1020, "outcome": "hold"}});
         marketing.policy = Some(serde_json::from_value(quiet).expect("a policy"));
         loaded.authored = Arc::new(marketing);
-        loaded.recipient.consent = Some(true);
         let Sent::Held(outcome) = harness::given(loaded).when(&send_template(&site)).decided() else {
             panic!("held, not handed off")
         };
@@ -616,10 +723,9 @@ mod tests {
                             "frequencyCaps": [{"max": 2, "window": {"hours": 24}, "outcome": "skip"}]});
         marketing.policy = Some(serde_json::from_value(policy).expect("a policy"));
         loaded.authored = Arc::new(marketing);
-        loaded.recipient.consent = Some(true);
         let hour = 3_600_000;
-        loaded.recipient.sent =
-            (1..=2).map(|n| send::Sent { at_ms: NOW_MS - n * hour, topic_id: None, position: n, seq: n }).collect();
+        let sent = (1..=2).map(|n| send::Sent { at_ms: NOW_MS - n * hour, topic_id: None, position: n, seq: n });
+        loaded.recipient.facts.sent.insert("con_1".into(), sent.collect());
         let allowed_at_ms = NOW_MS + 22 * hour;
         let reason = send::SkipReason {
             rule: "sendPolicy.frequencyCaps[0]".into(),

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::Permission;
+use mail::facts::{Asked, SendFacts};
 use mail::outbox;
 use mail::send;
 pub use mail::send::{Authored, EmailTo, Scheduled};
@@ -26,11 +27,12 @@ use platform::error::{ApiError, Code};
 use platform::log::AppendError;
 use serde_json::Value;
 
-use super::decide::{self, HandOff, Loaded, Planned, RecipientFacts, SendTemplate, Sent};
+use super::decide::{self, ContextRecord, HandOff, Loaded, RecipientFacts, SendTemplate, Sent};
 use crate::State;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Protection, Refusal, Shell};
-use crate::records::decide::WriteSchema;
-use crate::records::load::plan_upsert;
+use crate::records::decide::{UpsertLoaded, write_schema};
+use crate::records::load::load_upsert;
+use crate::write_contexts::{self, Kind};
 
 /// The template of the caller's space with its sender, domain and the space's allowance: kept
 /// by this process since an earlier send at the catalog's revision, or read now in one
@@ -57,65 +59,18 @@ impl Command for SendTemplate<'_> {
         let space_id = self.space_id.as_str();
         let authored = load_authored(ctx, space_id, &self.template_id).await?;
         decide::check_keys(&authored.template, &self.context)?;
-        let now = platform::time::now_millis();
-        let mut planned = BTreeMap::new();
+        let mut context = BTreeMap::new();
         for (key, expected) in &authored.template.data {
-            let context =
-                crate::write_contexts::current(ctx, crate::write_contexts::Kind::Record, space_id, &expected.schema_id)
-                    .await?;
-            let schema = WriteSchema {
-                schema_id: &context.schema.schema_id,
-                space_id,
-                schema_type: &context.schema.schema_type,
-                attributes: &context.attributes,
-            };
-            // A context record is a record write: AI auto-fill needs credits, as on an upsert.
-            crate::records::decide::check_credits(&schema, context.credits)?;
+            let schema_context = write_contexts::current(ctx, Kind::Record, space_id, &expected.schema_id).await?;
             let input = self.context.get(key).cloned().unwrap_or_default();
-            let upsert = plan_upsert(ctx, &schema, input, now).await?;
-            planned.insert(key.clone(), Planned { upsert, attributes: context.attributes.clone() });
+            let upsert = load_upsert(ctx, &write_schema(&schema_context, space_id), input).await?;
+            context.insert(key.clone(), ContextRecord { context: schema_context, upsert });
         }
-        let Some(recipient) = planned.get(&authored.template.recipient) else {
-            return Err(ApiError::internal(&anyhow::anyhow!("the recipient key was not planned")));
+        let recipient = match context.get(&authored.template.recipient) {
+            Some(recipient) => recipient_facts(ctx, space_id, &authored, &recipient.upsert).await?,
+            None => RecipientFacts::default(),
         };
-        let contact = &recipient.upsert.record;
-        let address = contact.personal.as_ref().and_then(|personal| personal.email.clone());
-        let client = ctx.db().await?;
-        let consent_keys = decide::consent_keys(&recipient.attributes);
-        let values = contact.values();
-        let recipient = RecipientFacts {
-            suppressed: match &address {
-                Some(address) => reads::email::is_suppressed(&client, space_id, address).await?,
-                None => false,
-            },
-            consent: send::email_consent(&consent_keys, |key| values.get(key)),
-            subscription: match &authored.template.topic_id {
-                Some(topic_id) => reads::email::subscriptions(&client, &contact.record_id)
-                    .await
-                    .map_err(|error| ApiError::internal(&error))?
-                    .remove(topic_id),
-                None => None,
-            },
-            zone: authored
-                .policy
-                .as_ref()
-                .and_then(|policy| policy.time_zone.attribute.as_ref())
-                .and_then(|attribute| values.get(attribute))
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            sent: match authored.policy.as_ref().and_then(send::SendPolicy::lookback_ms) {
-                Some(lookback) if authored.template.kind == "marketing" => {
-                    let since = platform::time::now_millis() - lookback;
-                    send::marketing_sends(&client, std::slice::from_ref(&contact.record_id), since)
-                        .await?
-                        .remove(&contact.record_id)
-                        .unwrap_or_default()
-                }
-                _ => Vec::new(),
-            },
-            address,
-        };
-        Ok(Loaded { authored, planned, recipient })
+        Ok(Loaded { authored, context, recipient })
     }
 
     fn answer(&self, sent: Sent, shell: &Shell<'_>) -> Result<Decided, ApiError> {
@@ -145,6 +100,36 @@ impl Command for SendTemplate<'_> {
     fn lost_too_often(&self) -> ApiError {
         decide::Refusal::KeptChanging.into()
     }
+}
+
+/// What the send decision reads about the recipient whose upsert read `upsert`: the send
+/// facts of the contact it matched and of the addresses it may have (the one given, the one
+/// the contact has), in one statement per kind.
+async fn recipient_facts(
+    ctx: &Ctx<'_>,
+    space_id: &str,
+    authored: &Authored,
+    upsert: &UpsertLoaded,
+) -> Result<RecipientFacts, ApiError> {
+    let target = upsert.target.as_ref().map(|(_, record, _)| record);
+    let matched = target.map(|record| record.record_id.clone());
+    let mut addresses: Vec<String> = upsert.input.identity("email").map(str::to_owned).into_iter().collect();
+    addresses.extend(target.and_then(|record| record.personal.as_ref()?.email.clone()));
+    addresses.dedup();
+    let template = &authored.template;
+    let lookback =
+        authored.policy.as_ref().and_then(send::SendPolicy::lookback_ms).filter(|_| template.kind == "marketing");
+    let contact_ids: Vec<String> = matched.iter().cloned().collect();
+    let asked: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    let asked = Asked {
+        space_id,
+        contact_ids: &contact_ids,
+        addresses: &asked,
+        subscriptions: template.topic_id.is_some(),
+        sends_since_ms: lookback.map(|lookback| platform::time::now_millis() - lookback),
+    };
+    let facts = SendFacts::load(&ctx.db().await?, asked).await.map_err(|error| ApiError::internal(&error))?;
+    Ok(RecipientFacts { matched, addresses, facts })
 }
 
 #[tracing::instrument(skip_all, fields(template = %path.as_str()))]

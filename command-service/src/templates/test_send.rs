@@ -142,7 +142,8 @@ impl Decide for TestSend<'_> {
 impl Command for TestSend<'_> {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Loaded, ApiError> {
         let preview = preview::load(ctx, &self.space_id, &self.template_id, &self.request.render).await?;
-        let suppressed = reads::email::is_suppressed(&ctx.db().await?, &self.space_id, &self.request.to).await?;
+        let to = self.request.to.as_str();
+        let suppressed = mail::facts::suppressed(&ctx.db().await?, &self.space_id, &[to]).await?.contains(to);
         Ok(Loaded { preview, suppressed })
     }
 

@@ -20,8 +20,11 @@
 //!    (`domain::catalog::Kept`, `WriteContexts`) or from one catalog statement each; as for a
 //!    record create, the append then carries the revision guard, and a catalog that moved on
 //!    drops the kept entries and the send is decided again on a fresh read. The context
-//!    records are upserted by identity precedence with the record write path's own decision
-//!    (`records::load::plan_upsert`), decided together but not yet appended.
+//!    records are loaded as an upsert loads them (`records::load::load_upsert`) and upserted
+//!    by identity precedence in the send's decision with the record write path's own
+//!    (`records::decide::decide_upsert`), decided together but not yet appended. The
+//!    recipient's send facts (`facts.rs`) are read for the contact its identities matched
+//!    and for each address it may have; the decision picks those of the contact it decided.
 //! 2. The recipient (the template's `recipient` key) is checked: suppressions of the space and
 //!    global ones for every template; the email consent attributes and, for a topic, a
 //!    `subscribed` topic status for marketing (422s, nothing written, D9).
@@ -174,6 +177,7 @@
 
 pub mod dkim;
 pub(crate) mod dkim_sign;
+pub mod facts;
 pub mod footer;
 pub mod inbox;
 pub mod mailer;

@@ -359,7 +359,8 @@ pub fn with_language(html: &str, tag: &str) -> String {
 
 pub use domain::email::send::policy::SkipReason;
 pub use domain::email::send::{
-    Contact, Facts, Gate, Kind, SendPolicy, Sent, Verdict, ZoneUsed, decide, email_consent, is_email_consent, zone_used,
+    Contact, Facts, Gate, Kind, SendPolicy, Sent, Verdict, ZoneUsed, consent_keys, decide, email_consent,
+    is_email_consent, zone_used,
 };
 
 /// Who an email goes to: the contact, its address and its data key.
@@ -610,38 +611,6 @@ pub fn last_seq(sent: &[domain::email::send::Sent]) -> i64 {
 pub fn follows(facts: &Facts<'_>) -> Option<i64> {
     let read = facts.policy.and_then(SendPolicy::lookback_ms).is_some();
     read.then(|| facts.contact.as_ref().map_or(0, |contact| last_seq(contact.sent)))
-}
-
-/// A contact's marketing sends since `since_ms` as the frequency caps count them, each with
-/// the log position of its `EmailScheduled`, and its newest send whenever it was (whose place
-/// a send decided from them follows; the caps count only what their windows hold): contact →
-/// sends, one statement for all of `contact_ids`.
-pub async fn marketing_sends(
-    client: &impl GenericClient,
-    contact_ids: &[String],
-    since_ms: i64,
-) -> Result<std::collections::HashMap<String, Vec<domain::email::send::Sent>>, tokio_postgres::Error> {
-    let statement = client
-        .prepare_cached(
-            "SELECT m.contact_id, m.at_ms, m.topic_id, COALESCE(e.position, 0), COALESCE(m.seq, 0)
-             FROM marketing_sends m
-             LEFT JOIN events e ON e.stream_id = 'email-' || m.email_id AND e.stream_version = 1
-             WHERE m.contact_id = ANY($1)
-               AND (m.at_ms > $2
-                    OR m.seq = (SELECT max(n.seq) FROM marketing_sends n WHERE n.contact_id = m.contact_id))",
-        )
-        .await?;
-    let mut sends: std::collections::HashMap<String, Vec<domain::email::send::Sent>> = Default::default();
-    for row in client.query(&statement, &[&contact_ids, &since_ms]).await? {
-        let topic_id: String = row.get(2);
-        sends.entry(row.get(0)).or_default().push(domain::email::send::Sent {
-            at_ms: row.get(1),
-            topic_id: (!topic_id.is_empty()).then_some(topic_id),
-            position: row.get(3),
-            seq: row.get(4),
-        });
-    }
-    Ok(sends)
 }
 
 /// Counts one email against the month's allowance, refused (`email_limit_reached`) once it

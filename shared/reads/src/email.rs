@@ -1,5 +1,5 @@
-//! What email decisions and pages read: a contact's subscriptions, whether an address is
-//! suppressed, the space's topics, and who an email is from and to.
+//! What email decisions and pages read: a contact's subscriptions, the space's topics, and who
+//! an email is from and to (whether an address is suppressed: `mail::facts`).
 
 use domain::email::resources;
 use domain::email::subscriptions_stream;
@@ -27,20 +27,6 @@ pub async fn subscriptions_of(
         }
     }
     Ok(status)
-}
-
-/// Whether an address is suppressed in the space or globally (any reason).
-pub async fn is_suppressed(
-    client: &impl deadpool_postgres::GenericClient,
-    space_id: &str,
-    address: &str,
-) -> Result<bool, tokio_postgres::Error> {
-    let statement = client
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = $2)",
-        )
-        .await?;
-    Ok(client.query_one(&statement, &[&space_id, &address]).await?.get(0))
 }
 
 /// The space's topics as catalog version `catalog` holds them, by name (then id).

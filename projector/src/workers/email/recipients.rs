@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use deadpool_postgres::GenericClient;
+use mail::facts::{Asked, SendFacts};
 use mail::send::{Authored, Facts, Kind};
 use platform::crypto::{DataKey, Keys};
 use serde_json::Value;
@@ -71,37 +72,24 @@ impl Recipients {
                 Contact { schema_id: row.get::<_, Option<String>>(1).unwrap_or_default(), document: row.get(2) },
             );
         }
-        let schema_ids: Vec<&String> = recipients.contacts.values().map(|contact| &contact.schema_id).collect();
-        for row in client
-            .query(
-                &format!("SELECT schema_id, key, definition FROM {catalog}.attributes WHERE schema_id = ANY($1)"),
-                &[&schema_ids],
-            )
-            .await?
-        {
-            if mail::send::is_email_consent(&row.get::<_, Value>(2)) {
-                recipients.consent_keys.entry(row.get(0)).or_default().push(row.get(1));
-            }
-        }
+        let schema_ids: Vec<&str> = recipients.contacts.values().map(|contact| contact.schema_id.as_str()).collect();
+        recipients.consent_keys = mail::facts::consent_keys(client, catalog, &schema_ids).await?;
         let addresses: Vec<&str> = recipients
             .contacts
             .values()
             .filter_map(|contact| contact.document.get("email").and_then(Value::as_str))
             .collect();
-        recipients.suppressed = client
-            .query(
-                "SELECT identifier FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = ANY($2)",
-                &[&space_id, &addresses],
-            )
-            .await?
-            .into_iter()
-            .map(|row| row.get(0))
-            .collect();
+        // Their topic statuses came with the documents: the facts read the rest.
+        let asked = Asked {
+            space_id,
+            contact_ids,
+            addresses: &addresses,
+            subscriptions: false,
+            sends_since_ms: lookback_ms.map(|lookback| platform::time::now_millis() - lookback),
+        };
+        let SendFacts { suppressed, sent, .. } = SendFacts::load(client, asked).await?;
+        (recipients.suppressed, recipients.sent) = (suppressed, sent);
         recipients.keys = platform::crypto::load_keys(client, contact_ids).await?;
-        if let Some(lookback) = lookback_ms {
-            let since = platform::time::now_millis() - lookback;
-            recipients.sent = mail::send::marketing_sends(client, contact_ids, since).await?;
-        }
         Ok(recipients)
     }
 

@@ -484,19 +484,7 @@ async fn read_facts(
         .map(|(record_id, version, loaded)| (record_id, (version, loaded)))
         .collect();
     let emails: Vec<&str> = values.iter().filter(|(key, _)| *key == "email").map(|(_, value)| value.as_str()).collect();
-    let suppressed = if emails.is_empty() {
-        HashSet::new()
-    } else {
-        client
-            .query(
-                "SELECT DISTINCT identifier FROM suppression_keys WHERE scope IN ($1, 'global') AND identifier = ANY($2)",
-                &[&schema.space_id, &emails],
-            )
-            .await?
-            .into_iter()
-            .map(|row| row.get(0))
-            .collect()
-    };
+    let suppressed = mail::facts::suppressed(client, schema.space_id, &emails).await?;
     let (mut topics, mut subscriptions) = (BTreeMap::new(), BTreeMap::new());
     if rows.iter().any(|row| !row.topics.is_empty()) {
         for (topic_id, topic) in reads::email::topics(client, catalog, schema.space_id).await? {

@@ -210,7 +210,7 @@ async fn load(inner: &Inner, row: &Row, definition: &WorkflowDef, facts: &mut Fa
         }
         Need::Suppression(address) => {
             let client = inner.pool.get().await?;
-            let suppressed = reads::email::is_suppressed(&client, &row.space_id, &address).await?;
+            let suppressed = mail::facts::suppressed(&client, &row.space_id, &[&address]).await?.contains(&address);
             facts.suppressed.insert(address, suppressed);
         }
         Need::Engagement(email_ids) => {
@@ -242,7 +242,7 @@ async fn load(inner: &Inner, row: &Row, definition: &WorkflowDef, facts: &mut Fa
         Need::MarketingSends { since_ms } => {
             let client = inner.pool.get().await?;
             let contact_id = row.contact_id.clone().unwrap_or_default();
-            let mut sent = mail::send::marketing_sends(&client, std::slice::from_ref(&contact_id), since_ms).await?;
+            let mut sent = mail::facts::marketing_sends(&client, std::slice::from_ref(&contact_id), since_ms).await?;
             facts.sent = Some(sent.remove(&contact_id).unwrap_or_default());
         }
         Need::Secret => {

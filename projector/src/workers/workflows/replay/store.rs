@@ -85,7 +85,8 @@ impl Store {
                 if self.facts.suppressed.len() >= CACHED_MAX {
                     self.facts.suppressed.clear();
                 }
-                let suppressed = reads::email::is_suppressed(client, request.space_id, &address).await?;
+                let suppressed =
+                    mail::facts::suppressed(client, request.space_id, &[&address]).await?.contains(&address);
                 self.facts.suppressed.insert(address, suppressed);
             }
             Need::Engagement(email_ids) => {

@@ -119,6 +119,15 @@ pub fn email_consent<'v>(consent_keys: &[String], value_of: impl Fn(&str) -> Opt
     Some(consent_keys.iter().all(|key| value_of(key) == Some(&Value::Bool(true))))
 }
 
+/// The keys of the email consent attributes among `attributes` (a schema's).
+pub fn consent_keys(attributes: &[crate::catalog::AttributeEntry]) -> Vec<String> {
+    attributes
+        .iter()
+        .filter(|attribute| is_email_consent(&attribute.definition))
+        .map(|attribute| attribute.key.clone())
+        .collect()
+}
+
 /// Whether an attribute of definition `definition` is an email consent attribute
 /// (`consent.channel` is `email`).
 pub fn is_email_consent(definition: &Value) -> bool {
