@@ -1,7 +1,8 @@
 //! Form decisions: who the client is, what the fields become, what a submission appends
 //! (the contact, its subscriptions, the confirmation token and email) and what following the
-//! confirmation link does. Pure: the form, the contact's upsert, its subscriptions and the
-//! confirmation's template are loaded by the shell (`http.rs`), which draws the token too.
+//! confirmation link does. Pure: the form, what the contact's upsert reads, its
+//! subscriptions and the confirmation's template are loaded by the shell (`http.rs`); the
+//! decision upserts the contact and draws the token through what it is given.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -11,7 +12,6 @@ use std::sync::Arc;
 use domain::catalog::{AttributeEntry, WriteContext};
 use domain::email::page_text::PageText;
 use domain::email::resources::{FormDef, PageTextDef};
-use domain::records::RecordState;
 use domain::records::write::Write;
 use mail::outbox::{self, Prepared};
 use mail::send::{self, Authored, EmailTo};
@@ -21,13 +21,11 @@ use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
 
-use platform::crypto::DataKey;
-
 use super::store::{confirm_guard, token_guard};
 use crate::decision::{Decide, Given, Outcome, Reply};
 use crate::emails::decide::subscriptions::{Source, subscription_changes};
 use crate::emails::decide::{ConsentLoaded, consent_write};
-use crate::records::decide as records;
+use crate::records::decide::{self as records, PlannedUpsert, UpsertLoaded};
 use crate::templates::decide::render_context;
 
 /// Why a submission or a confirmation is refused. The HTTP edge maps each to the contract's
@@ -177,23 +175,26 @@ pub(crate) struct SubmitForm<'a> {
     pub site: &'a send::Site,
 }
 
-/// What a submission decides on.
+/// What a submission decides on: the form, and what a submission to it reads when the form
+/// accepts submissions (not loaded for a form switched off).
 pub(crate) struct Submission {
     pub space_id: String,
     pub form: FormDef,
+    pub open: Option<Box<Open>>,
+}
+
+/// What a submission to a form that accepts them reads.
+pub(crate) struct Open {
+    /// The write context of the form's contact schema.
     pub context: Arc<WriteContext>,
-    /// The contact as the submission's upsert leaves it.
-    pub contact: RecordState,
-    /// The upsert's write (none when the contact is unchanged).
-    pub write: Option<Write>,
-    /// The data key of an unchanged contact (a write carries its own).
-    pub key: Option<DataKey>,
+    /// What the contact's upsert reads: the form's fields as its input, the holders of its
+    /// identities and the contact they select.
+    pub upsert: UpsertLoaded,
+    /// The selected contact's topic statuses (none for a new contact).
     pub subscribed: BTreeMap<String, String>,
     /// The confirmation email's template and what its send is decided on, when one is due
     /// (double opt-in, and the confirmation limiters passed).
     pub confirmation: Option<ConfirmationEmail>,
-    /// The double opt-in token (drawn by the shell when the submission is pending).
-    pub token: Option<Token>,
     /// The space's page text, for the submitter's pages in the contact's locale.
     pub page_text: PageTextDef,
 }
@@ -201,15 +202,11 @@ pub(crate) struct Submission {
 /// A confirmation email as its send decision reads it.
 pub(crate) struct ConfirmationEmail {
     pub authored: Arc<Authored>,
+    /// The address the facts were read for (the one the form gives).
+    pub address: String,
     pub suppressed: bool,
     /// The suppression's addition, when suppressed.
     pub suppressed_by: Option<mail::skipped::DecidedBy>,
-}
-
-/// A double opt-in token: what the link carries, and its keyed digest (all that is stored).
-pub(crate) struct Token {
-    pub token: String,
-    pub digest: String,
 }
 
 /// A submission decided: its appends and answer, and the confirmation email to hand off once
@@ -225,9 +222,25 @@ impl Decide for SubmitForm<'_> {
     type Refusal = Refusal;
 
     fn decide(&self, loaded: Submission, given: &mut Given<'_>) -> Result<Submitted, Refusal> {
-        let Submission { space_id, form, context, contact, write, key, subscribed, confirmation, token, page_text } =
-            loaded;
+        let Submission { space_id, form, open } = loaded;
+        if !form.enabled {
+            return Err(Refusal::Disabled);
+        }
+        let Some(open) = open else {
+            return Err(Refusal::Internal("an open form's submission was not read".to_owned()));
+        };
+        let Open { context, mut upsert, subscribed, confirmation, page_text } = *open;
         let (form_id, now) = (&self.form_id, given.now_ms);
+        // Without double opt-in, a submission is the contact's consent to email.
+        if !form.double_opt_in {
+            for key in send::consent_keys(&context.attributes) {
+                upsert.input.values.insert(key, Value::Bool(true));
+            }
+        }
+        let schema = records::write_schema(&context, &space_id);
+        let PlannedUpsert { record: contact, write, key, .. } =
+            records::decide_upsert(&schema, upsert, now, given.fresh)?;
+        let write = write.transpose().map_err(records::Refusal::Unwritable)?;
         // The submitter's pages speak the contact's locale, as the space has words for it.
         let words = PageText::of(&page_text, page_text.locale_in(&contact.document()).as_deref());
         let contact_id = contact.record_id.clone();
@@ -253,12 +266,19 @@ impl Decide for SubmitForm<'_> {
         let token_ttl_hours = i64::try_from(self.token_ttl_hours).unwrap_or(168);
         let expires_at_ms = now + token_ttl_hours * 3_600_000;
         if pending {
-            let Token { token, digest } =
-                token.ok_or_else(|| Refusal::Internal("a pending submission has no token".to_owned()))?;
+            // The double opt-in token: drawn now, stored only by its digest.
+            let (token, digest) =
+                given.fresh.token("form-token").map_err(|error| Refusal::Internal(format!("{error:#}")))?;
             token_digest = digest;
             let expiry = (expires_at_ms, words.lang());
             guards.push(token_guard(&token_digest, form_id, &submission_id, (&space_id, &contact_id), expiry));
             if let (Some(confirmation), Some(key)) = (&confirmation, contact_key.as_ref()) {
+                if confirmation.address != address {
+                    let read = &confirmation.address;
+                    return Err(Refusal::Internal(format!(
+                        "the confirmation's facts were read for {read:?}, not {address:?}"
+                    )));
+                }
                 let authored = &confirmation.authored;
                 let email_id = given.fresh.id("em");
                 // A confirmation is decided as transactional mail: it asks for the consent
@@ -568,8 +588,10 @@ mod tests {
         }
     }
 
-    /// A submission by an existing, unchanged contact that is subscribed to nothing yet.
-    fn submission(double_opt_in: bool, token: Option<Token>) -> Submission {
+    /// A submission of `a@example.com` by an existing contact that holds that address and is
+    /// subscribed to nothing yet, to a form whose schema has the email consent attribute
+    /// `news`.
+    fn submission(double_opt_in: bool) -> Submission {
         let record = domain::records::RecordState {
             record_id: "con_1".into(),
             space_id: "spc_1".into(),
@@ -580,31 +602,30 @@ mod tests {
             updated_at_ms: 0,
             personal: Some(proto::RecordPersonal { email: Some("a@example.com".into()), ..Default::default() }),
         };
-        let context = WriteContext {
-            schema: domain::catalog::SchemaEntry {
-                schema_id: "sch_1".into(),
-                slug: "contacts".into(),
-                schema_type: "contact".into(),
-                doc: Value::Null,
-                attribute_count: 0,
-                revision: 1,
-            },
-            attributes: Vec::new(),
-            credits: 0,
-            revision: 1,
-        };
-        Submission {
-            space_id: "spc_1".into(),
-            form: form(double_opt_in),
-            context: Arc::new(context),
-            contact: record,
-            write: None,
-            key: None,
+        let news = json!({"news": {"type": "boolean", "consent": {"channel": "email"}}});
+        let context = crate::records::decide::fixtures::context(news, 0);
+        let schema = records::write_schema(&context, "spc_1");
+        let input = crate::records::decide::fixtures::input(json!({"email": "a@example.com"}));
+        let input = records::parse_input(&schema, input).expect("valid");
+        let upsert = UpsertLoaded { input, owners: Default::default(), target: Some((2, record, None)) };
+        let open = Open {
+            context,
+            upsert,
             subscribed: BTreeMap::new(),
             confirmation: None,
-            token,
             page_text: PageTextDef::default(),
-        }
+        };
+        Submission { space_id: "spc_1".into(), form: form(double_opt_in), open: Some(Box::new(open)) }
+    }
+
+    fn open(submission: &mut Submission) -> &mut Open {
+        submission.open.as_deref_mut().expect("an open form's submission")
+    }
+
+    /// The digest of the token a test's decision draws second (after the submission's id).
+    fn token_digest() -> String {
+        let keyring = platform::crypto::Keyring::from_hex(platform::crypto::TEST_MASTER_KEY).expect("the test keyring");
+        keyring.digest("form-token", "token_2")
     }
 
     fn subscription(status: &str, source: &str) -> LogEvent {
@@ -641,9 +662,16 @@ mod tests {
     fn a_submission_without_double_opt_in_subscribes_at_once() {
         let site = site();
         let command = submit(&site, false);
-        let Submitted { outcome, confirmation } = given(submission(false, None)).when(&command).decided();
+        let Submitted { outcome, confirmation } = given(submission(false)).when(&command).decided();
         assert!(confirmation.is_none());
-        assert_eq!(events(&outcome), [subscription("subscribed", "form"), submitted(false, "", 0)]);
+        let [LogEvent::RecordUpdated(consented), subscribed, form_submitted] = &events(&outcome)[..] else {
+            panic!("the consent, the subscription and the submission: {:?}", events(&outcome))
+        };
+        assert_eq!(
+            (consented.changed_keys.as_slice(), consented.change_source.as_str()),
+            (&["news".to_owned()][..], "form")
+        );
+        assert_eq!([subscribed, form_submitted], [&subscription("subscribed", "form"), &submitted(false, "", 0)]);
         let Outcome::Append(writes) = outcome else { panic!("appended") };
         assert_eq!(writes.space_id.as_deref(), Some("spc_1"));
         assert_eq!(writes.reply, Reply::ok(json!({"submissionId": "sub_1", "status": "subscribed"})));
@@ -653,16 +681,20 @@ mod tests {
     fn a_double_opt_in_submission_waits_under_its_token_and_a_browser_gets_a_page() {
         let site = site();
         let command = submit(&site, true);
-        let token = Token { token: "tok".into(), digest: "digest".into() };
-        let Submitted { outcome, .. } = given(submission(true, Some(token))).when(&command).decided();
+        let Submitted { outcome, .. } = given(submission(true)).when(&command).decided();
         let expires_at_ms = NOW_MS + 24 * 3_600_000;
-        assert_eq!(events(&outcome), [subscription("pending", "form"), submitted(true, "digest", expires_at_ms)]);
+        // No consent is written: it waits for the confirmation.
+        assert_eq!(
+            events(&outcome),
+            [subscription("pending", "form"), submitted(true, &token_digest(), expires_at_ms)]
+        );
         let Outcome::Append(writes) = outcome else { panic!("appended") };
         assert_eq!(writes.guards.len(), 1, "the token's insert");
         let Some(page) = crate::pipeline::html_of(&writes.reply) else { panic!("a page") };
         assert!(page.contains("follow the link to confirm"), "{page}");
-        let untokened = given(submission(true, None)).when(&command);
-        assert!(matches!(untokened.0, Err(Refusal::Internal(_))));
+        let mut off = submission(true);
+        off.form.enabled = false;
+        given(off).when(&command).then_refused(Refusal::Disabled);
     }
 
     fn confirm(json: bool) -> ConfirmSubmission {
@@ -720,12 +752,13 @@ mod tests {
     fn a_submitters_pages_speak_the_contacts_locale_and_the_token_keeps_it() {
         let site = site();
         let command = submit(&site, true);
-        let token = || Some(Token { token: "tok".into(), digest: "digest".into() });
-        let mut loaded = submission(true, token());
-        loaded.page_text = german();
-        let mut personal = loaded.contact.personal.clone().unwrap_or_default();
-        personal.values_json = json!({"language": "de-CH"}).to_string();
-        loaded.contact.personal = Some(personal);
+        let mut loaded = submission(true);
+        open(&mut loaded).page_text = german();
+        if let Some((_, contact, _)) = open(&mut loaded).upsert.target.as_mut() {
+            let mut personal = contact.personal.clone().unwrap_or_default();
+            personal.values_json = json!({"language": "de-CH"}).to_string();
+            contact.personal = Some(personal);
+        }
         let Submitted { outcome, .. } = given(loaded).when(&command).decided();
         let Outcome::Append(writes) = outcome else { panic!("appended") };
         let Some(page) = crate::pipeline::html_of(&writes.reply) else { panic!("a page") };
@@ -735,8 +768,8 @@ mod tests {
         let params = format!("{:?}", writes.guards[0].params);
         assert!(params.contains("\"de\""), "{params}");
         // A contact without a locale: the space's default, English here.
-        let mut plain = submission(true, token());
-        plain.page_text = german();
+        let mut plain = submission(true);
+        open(&mut plain).page_text = german();
         let Submitted { outcome, .. } = given(plain).when(&command).decided();
         let Outcome::Append(writes) = outcome else { panic!("appended") };
         let Some(page) = crate::pipeline::html_of(&writes.reply) else { panic!("a page") };

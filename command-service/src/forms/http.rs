@@ -24,19 +24,17 @@ use domain::email::resources::{FORM, FormDef, PageTextDef};
 use mail::send;
 use platform::error::{ApiError, Code};
 use platform::log::AppendError;
-use serde_json::Value;
 
 use super::decide::{
-    self, ConfirmSubmission, Confirmation, ConfirmationEmail, Refusal, Submission, SubmitForm, Submitted, Token,
-    pending,
+    self, ConfirmSubmission, Confirmation, ConfirmationEmail, Open, Refusal, Submission, SubmitForm, Submitted,
 };
 use super::store;
 use crate::State;
 use crate::decision::Outcome;
 use crate::emails::consent::load_email_consent;
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Refusal as Lost, Shell};
-use crate::records::decide::{PlannedUpsert, WriteSchema};
-use crate::records::load::{plan_upsert, write_context};
+use crate::records::decide::write_schema;
+use crate::records::load::{load_upsert, write_context};
 use crate::templates::http::load_authored;
 
 /// The form and its space from catalog version `catalog`; 404 `form_not_found` when unknown.
@@ -99,50 +97,25 @@ impl Command for SubmitForm<'_> {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Submission, ApiError> {
         let form_id = &self.form_id;
         let (space_id, form) = load_form(ctx, form_id).await?;
+        // A form switched off reads nothing more: its decision refuses the submission.
         if !form.enabled {
-            return Err(Refusal::Disabled.into());
+            return Ok(Submission { space_id, form, open: None });
         }
         let context = write_context(ctx, &space_id, &form.schema_id).await?;
-        let schema = WriteSchema {
-            schema_id: &context.schema.schema_id,
-            space_id: &space_id,
-            schema_type: &context.schema.schema_type,
-            attributes: &context.attributes,
-        };
-        let mut input = decide::contact_input(&form, &self.fields, &context.attributes, self.urlencoded)?;
-        if !form.double_opt_in {
-            for key in send::consent_keys(&context.attributes) {
-                input.insert(key, Value::Bool(true));
-            }
-        }
-        let planned = plan_upsert(ctx, &schema, input, platform::time::now_millis()).await?;
-        let contact = &planned.record;
-        let address = contact.personal.as_ref().and_then(|personal| personal.email.clone()).unwrap_or_default();
+        let input = decide::contact_input(&form, &self.fields, &context.attributes, self.urlencoded)?;
+        let upsert = load_upsert(ctx, &write_schema(&context, &space_id), input).await?;
+        // The contact the submission selects, or a new one; the address the form gives.
+        let matched = upsert.target.as_ref().map(|(_, record, _)| record.record_id.clone());
+        let address = upsert.input.identity("email").unwrap_or_default().to_owned();
         let client = ctx.db().await?;
-        let subscribed = reads::email::subscriptions(&client, &contact.record_id)
-            .await
-            .map_err(|error| ApiError::internal(&error))?;
-        let suppressed = mail::facts::suppressed(&client, &space_id, &[&address]).await?.contains(&address);
-        // What decided a suppression, for the story of a confirmation it refuses.
-        let suppressed_by = if suppressed {
-            let refused = [mail::skipped::Refused {
-                contact_id: &contact.record_id,
-                gate: send::Gate::Suppressed,
-                address: &address,
-                topic_id: None,
-                consent_keys: &[],
-                filled_by: None,
-            }];
-            let found = mail::skipped::decided_by(&client, &space_id, &refused, &platform::crypto::Keys::default())
-                .await
-                .map_err(|error| ApiError::internal(&error))?;
-            found.into_iter().next().flatten()
-        } else {
-            None
+        let subscribed = match &matched {
+            Some(contact_id) => {
+                reads::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?
+            }
+            None => Default::default(),
         };
         drop(client);
-        let pending = pending(&form, &subscribed);
-        let confirmation = match (&form.confirmation_template_id, pending) {
+        let confirmation = match (&form.confirmation_template_id, decide::pending(&form, &subscribed)) {
             (Some(template_id), true) => {
                 let authored = load_authored(ctx, &space_id, template_id).await?;
                 let limits = &ctx.state.settings.forms;
@@ -155,26 +128,14 @@ impl Command for SubmitForm<'_> {
                 limit(ctx.state, &per_recipient, limits.confirmations_per_recipient, window, what).await?;
                 let what = "confirmation emails of this form";
                 limit(ctx.state, &per_form, limits.confirmations_per_form, window, what).await?;
-                Some(ConfirmationEmail { authored, suppressed, suppressed_by })
+                let (suppressed, suppressed_by) = suppression(ctx, &space_id, matched.as_deref(), &address).await?;
+                Some(ConfirmationEmail { authored, address, suppressed, suppressed_by })
             }
             _ => None,
         };
-        // A contact write that could not be assembled (its data key or its sealing failed)
-        // fails the submission here, once the limiters have counted it.
-        let PlannedUpsert { record: contact, write, key, .. } = planned;
-        let write = write.transpose().map_err(ApiError::from)?;
-        // A pending submission's double opt-in token: drawn now, stored only by its digest.
-        let token = match pending {
-            true => {
-                let token = new_token();
-                let digest =
-                    platform::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
-                Some(Token { token, digest })
-            }
-            false => None,
-        };
         let page_text = page_text(ctx, &space_id).await?;
-        Ok(Submission { space_id, form, context, contact, write, key, subscribed, confirmation, token, page_text })
+        let open = Open { context, upsert, subscribed, confirmation, page_text };
+        Ok(Submission { space_id, form, open: Some(Box::new(open)) })
     }
 
     fn answer(&self, Submitted { outcome, confirmation }: Submitted, _: &Shell<'_>) -> Result<Decided, ApiError> {
@@ -311,19 +272,28 @@ async fn confirm_link(
     pipeline::execute(state, req, Actor::Public, Protection::Unkeyed, command).await
 }
 
-/// A fresh double opt-in token: 32 random bytes, URL-safe base64.
-fn new_token() -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(platform::crypto::random_bytes::<32>())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_double_opt_in_token_is_fresh_each_time_and_43_characters() {
-        assert_ne!(new_token(), new_token());
-        assert_eq!(new_token().len(), 43);
+/// Whether `address` is suppressed, and, when it is, what decided it (for the story of the
+/// confirmation it refuses; `contact_id` is the contact the submission selects).
+async fn suppression(
+    ctx: &Ctx<'_>,
+    space_id: &str,
+    contact_id: Option<&str>,
+    address: &str,
+) -> Result<(bool, Option<mail::skipped::DecidedBy>), ApiError> {
+    let client = ctx.db().await?;
+    if !mail::facts::suppressed(&client, space_id, &[address]).await?.contains(address) {
+        return Ok((false, None));
     }
+    let refused = [mail::skipped::Refused {
+        contact_id: contact_id.unwrap_or_default(),
+        gate: send::Gate::Suppressed,
+        address,
+        topic_id: None,
+        consent_keys: &[],
+        filled_by: None,
+    }];
+    let found = mail::skipped::decided_by(&client, space_id, &refused, &platform::crypto::Keys::default())
+        .await
+        .map_err(|error| ApiError::internal(&error))?;
+    Ok((true, found.into_iter().next().flatten()))
 }

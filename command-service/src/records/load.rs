@@ -1,20 +1,18 @@
 //! What record writes load through the pipeline's fresh reads, shared by every command that
 //! writes records (the record endpoints, template sends, forms, emails, workflows): the
 //! catalog context of the schema, the record a write addresses and the holders of its
-//! identities; and, for the commands that plan a record write while they load, the planning
-//! on what was read (the decisions are in `decide`).
+//! identities. The decisions are in `decide`.
 
 use std::sync::Arc;
 
 use domain::catalog::WriteContext;
 use domain::records::RecordState;
 use platform::error::ApiError;
-use platform::fresh::Drawn;
 use serde_json::{Map, Value};
 
 use super::decide::{
-    Input, Match, Owners, PlannedUpsert, Target, UpsertLoaded, WriteSchema, check_echoed, decide_upsert, live_target,
-    match_upsert, parse_input, shown_platform_fields,
+    Input, Match, Owners, Target, UpsertLoaded, WriteSchema, check_echoed, live_target, match_upsert, parse_input,
+    shown_platform_fields,
 };
 use super::store::{Loaded, identity_owners, load_records};
 use super::topics::TopicFacts;
@@ -67,18 +65,6 @@ pub(crate) async fn write_context(
     schema_ref: &str,
 ) -> Result<Arc<WriteContext>, ApiError> {
     write_contexts::fresh(ctx, Kind::Record, space_id, schema_ref).await
-}
-
-/// Decides an upsert on what it reads now (see [`load_upsert`] and
-/// [`decide_upsert`](super::decide::decide_upsert)), with the process's new ids and keys.
-pub(crate) async fn plan_upsert(
-    ctx: &Ctx<'_>,
-    schema: &WriteSchema<'_>,
-    input: Map<String, Value>,
-    now: i64,
-) -> Result<PlannedUpsert, ApiError> {
-    let loaded = load_upsert(ctx, schema, input).await?;
-    Ok(decide_upsert(schema, loaded, now, &mut Drawn)?)
 }
 
 /// What an update reads: the input, the record (stream version, state, data key) and the

@@ -1,4 +1,4 @@
-//! What a decision draws that is new each time it decides: ids and data keys.
+//! What a decision draws that is new each time it decides: ids, data keys and secret tokens.
 //! A decision is given a [`Fresh`] rather than reaching for the process's id source or
 //! keyring, so the same inputs decide the same: the process gives [`Drawn`] (time-ordered
 //! ids, keys from the installed keyring), a test [`Counted`] (ids
@@ -17,6 +17,11 @@ pub trait Fresh {
     /// A new random UUID (version 4), for an id the contract says is a UUID (a generated
     /// eventId).
     fn uuid(&mut self) -> uuid::Uuid;
+
+    /// A new secret token (a link's: 32 random bytes, base64url without padding) and its
+    /// keyed digest for `purpose` ([`crate::crypto::Keyring::digest`]), the only form of it
+    /// stored.
+    fn token(&mut self, purpose: &str) -> anyhow::Result<(String, String)>;
 }
 
 /// The process's new values: [`crate::ids::new_id`] and the installed keyring.
@@ -33,6 +38,13 @@ impl Fresh for Drawn {
 
     fn uuid(&mut self) -> uuid::Uuid {
         uuid::Uuid::new_v4()
+    }
+
+    fn token(&mut self, purpose: &str) -> anyhow::Result<(String, String)> {
+        use base64::Engine;
+        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(crate::crypto::random_bytes::<32>());
+        let digest = crate::crypto::keyring()?.digest(purpose, &token);
+        Ok((token, digest))
     }
 }
 
@@ -65,11 +77,31 @@ impl Fresh for Counted {
         self.drawn += 1;
         uuid::Builder::from_random_bytes(u128::from(self.drawn).to_be_bytes()).into_uuid()
     }
+
+    /// `token_<n>`, digested under the test keyring.
+    fn token(&mut self, purpose: &str) -> anyhow::Result<(String, String)> {
+        self.drawn += 1;
+        let token = format!("token_{}", self.drawn);
+        let digest = self.keyring.digest(purpose, &token);
+        Ok((token, digest))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drawn_token_is_fresh_each_time_43_characters_and_stored_by_its_keyed_digest() {
+        crate::crypto::install(Keyring::from_hex(crate::crypto::TEST_MASTER_KEY).expect("a test keyring"));
+        let (first, digest) = Drawn.token("form-token").expect("a token");
+        let (second, _) = Drawn.token("form-token").expect("a token");
+        assert_ne!(first, second);
+        assert_eq!(first.len(), 43);
+        assert!(first.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_'), "{first}");
+        assert_eq!(digest, crate::crypto::keyed_digest("form-token", &first).expect("a digest"));
+        assert_ne!(digest, crate::crypto::keyed_digest("other", &first).expect("a digest"), "bound to its purpose");
+    }
 
     #[test]
     fn counted_ids_are_numbered_in_the_order_drawn_and_the_same_on_every_run() {
