@@ -8,6 +8,7 @@ use domain::email::experiments::{ExperimentDef, Metric};
 use domain::email::resources::{Audience, BroadcastDef};
 use platform::error::{Code, Issue};
 use platform::events::LogEvent;
+use platform::ids::SpaceId;
 use platform::log::{ExpectedVersion, Guard, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
@@ -410,7 +411,7 @@ pub(crate) type Broadcast = Option<(Loaded, AudienceFound, Option<Guard>, Experi
 
 /// `PATCH /broadcasts/{id}`.
 pub(crate) struct UpdateBroadcast {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub broadcast_id: String,
     pub update: Update,
 }
@@ -468,7 +469,7 @@ fn requested_run(run: &proto::BroadcastRunRequested, audience: &Audience) -> Val
 
 /// `POST /broadcasts/{id}/send`.
 pub(crate) struct SendBroadcast {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub broadcast_id: String,
 }
 

@@ -162,7 +162,7 @@ pub async fn update(
         pipeline::authorize_with_body(&req, payload, &state, Permission::Write, pipeline::request_bucket(&req)).await?;
     let update = decide::parse_update(&body)?;
     let broadcast_id = pipeline::authored_id(&state, (BROADCAST, caller.space_id()), path.into_inner()).await?;
-    let command = UpdateBroadcast { space_id: caller.space_id().to_owned(), broadcast_id, update };
+    let command = UpdateBroadcast { space_id: caller.space_id().into(), broadcast_id, update };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
@@ -189,6 +189,6 @@ pub async fn send(
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let broadcast_id = pipeline::authored_id(&state, (BROADCAST, caller.space_id()), path.into_inner()).await?;
-    let command = SendBroadcast { space_id: caller.space_id().to_owned(), broadcast_id };
+    let command = SendBroadcast { space_id: caller.space_id().into(), broadcast_id };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }

@@ -34,5 +34,5 @@ pub(crate) async fn load_email_consent(
         return Ok(None);
     }
     let (input, target, owners) = load_update(ctx, &write_schema(&context, space_id), contact_id, input).await?;
-    Ok(Some(Box::new(ConsentLoaded { space_id: space_id.to_owned(), context, input, target, owners })))
+    Ok(Some(Box::new(ConsentLoaded { space_id: space_id.into(), context, input, target, owners })))
 }

@@ -14,6 +14,7 @@ use domain::email::page_text::PageText;
 use domain::records::write::Write;
 use platform::error::{Code, Issue};
 use platform::events::LogEvent;
+use platform::ids::{EmailId, SpaceId};
 use platform::log::{ExpectedVersion, NewEvent, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
@@ -63,7 +64,7 @@ impl Refusal {
 /// schema, its consent attributes set to the wanted value (the input), the contact as it is
 /// (stream version, state, data key) and the holders of the identities the input sets (none).
 pub(crate) struct ConsentLoaded {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub context: Arc<WriteContext>,
     pub input: Input,
     pub target: Target,
@@ -168,7 +169,7 @@ fn unsubscribe_reply(email_id: &str, topic_id: &str, page: Option<&PageFacts>) -
 
 /// `POST /emails/{emailId}/unsubscribe`: the one-click unsubscribe.
 pub(crate) struct Unsubscribe {
-    pub email_id: String,
+    pub email_id: EmailId,
     /// Answer a page (a browser), not JSON.
     pub browser: bool,
 }
@@ -188,7 +189,9 @@ impl Decide for Unsubscribe {
     type Refusal = Refusal;
 
     fn decide(&self, loaded: Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
-        let Some((email, consent, page)) = loaded else { return Err(Refusal::EmailNotFound(self.email_id.clone())) };
+        let Some((email, consent, page)) = loaded else {
+            return Err(Refusal::EmailNotFound(self.email_id.to_string()));
+        };
         let (email_id, scheduled, now) = (&self.email_id, &email.scheduled, given.now_ms);
         if email.unsubscribed {
             return Ok(Outcome::Answer(self.reply(&scheduled.topic_id, &page)));
@@ -341,7 +344,7 @@ pub(crate) struct Preferences {
 
 /// `POST /emails/{emailId}/preferences`: the recipient's choices from the preference page.
 pub(crate) struct ChangePreferences {
-    pub email_id: String,
+    pub email_id: EmailId,
     pub choice: Choice,
     pub browser: bool,
 }
@@ -354,7 +357,7 @@ impl Decide for ChangePreferences {
 
     fn decide(&self, loaded: Self::Loaded, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
         let Some(Preferences { email, topics, subscribed, consent, page }) = loaded else {
-            return Err(Refusal::EmailNotFound(self.email_id.clone()));
+            return Err(Refusal::EmailNotFound(self.email_id.to_string()));
         };
         let unknown = self.choice.unknown_topics(&topics);
         if !unknown.is_empty() {

@@ -78,7 +78,7 @@ pub async fn post(
         }
         let (fields, urlencoded) = api::http::read_form_or_json(&req, payload).await?;
         let choice = parse(&fields, urlencoded)?;
-        let command = ChangePreferences { email_id, choice, browser };
+        let command = ChangePreferences { email_id: email_id.into(), choice, browser };
         pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, command).await
     }
     .await;

@@ -116,7 +116,14 @@ pub async fn post(path: web::Path<String>, state: web::Data<State>, req: HttpReq
     let result = if !platform::storable::is_storable(&email_id) || !email_id.starts_with("em_") {
         Err(not_found(&email_id))
     } else {
-        pipeline::execute(&state, &req, Actor::Public, Protection::Unkeyed, Unsubscribe { email_id, browser }).await
+        pipeline::execute(
+            &state,
+            &req,
+            Actor::Public,
+            Protection::Unkeyed,
+            Unsubscribe { email_id: email_id.into(), browser },
+        )
+        .await
     };
     api::pages::answer(browser, result)
 }

@@ -13,6 +13,7 @@ use platform::error::Code;
 use platform::error::Issue;
 use platform::events::LogEvent;
 use platform::fresh::Fresh;
+use platform::ids::SpaceId;
 use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use platform::settings::ScopeLimits;
@@ -418,7 +419,7 @@ pub(crate) fn generated_event_id(fresh: &mut dyn Fresh) -> String {
 /// and attributes), the space's AI credits and the admission scopes.
 #[derive(Clone)]
 pub(crate) struct FireContext {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub schema: SchemaEntry,
     pub attributes: Vec<AttributeEntry>,
     pub credits: i64,
@@ -515,7 +516,7 @@ fn accepted(
     let occurred_at_ms = input.occurred_at_ms.unwrap_or(now_ms);
     let event = proto::EventAccepted {
         id: id.clone(),
-        space_id: context.space_id.clone(),
+        space_id: context.space_id.clone().into(),
         schema_id: context.schema.schema_id.clone(),
         event_id: input.event_id.clone(),
         occurred_at_ms,
@@ -619,7 +620,7 @@ pub(crate) fn decide_fire(
 /// refuse, and whatever is refused is decided again from the lookup. One round trip and one
 /// transaction less per fire.
 pub(crate) struct FireEvent {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub schema_ref: String,
     pub input: Map<String, Value>,
     /// An append was refused admission: the next attempt looks the receipt up (a duplicate

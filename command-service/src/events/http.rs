@@ -116,7 +116,7 @@ async fn admitted(
         let client = state.pool.get().await?;
         ensure_scopes(&client, &scopes).await?;
     }
-    Ok(FireContext { space_id: space_id.to_owned(), schema, attributes, credits, scopes, revision })
+    Ok(FireContext { space_id: space_id.into(), schema, attributes, credits, scopes, revision })
 }
 
 /// A batch item parsed into a candidate (a generated eventId drawn now), or what became of it.
@@ -381,7 +381,7 @@ pub async fn fire(
     write_contexts::at_edge(&state, Kind::Event, caller.space_id(), &schema_ref).await?;
     let input = api::http::read_json_object(&req, payload).await?;
     let space_id = caller.space_id().to_owned();
-    let command = FireEvent { space_id, schema_ref, input, admission_refused: Cell::new(false) };
+    let command = FireEvent { space_id: space_id.into(), schema_ref, input, admission_refused: Cell::new(false) };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 

@@ -17,6 +17,7 @@ use mail::outbox::{self, Prepared};
 use mail::send::{self, Authored, EmailTo};
 use platform::error::{Code, Issue};
 use platform::events::LogEvent;
+use platform::ids::{ContactId, SpaceId};
 use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
@@ -178,7 +179,7 @@ pub(crate) struct SubmitForm<'a> {
 /// What a submission decides on: the form, and what a submission to it reads when the form
 /// accepts submissions (not loaded for a form switched off).
 pub(crate) struct Submission {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub form: FormDef,
     pub open: Option<Box<Open>>,
 }
@@ -351,7 +352,7 @@ impl Decide for SubmitForm<'_> {
         let submitted = proto::FormSubmitted {
             submission_id: submission_id.clone(),
             form_id: form_id.clone(),
-            space_id: space_id.clone(),
+            space_id: space_id.clone().into(),
             contact_id: contact_id.clone(),
             pending,
             topic_ids: form.topic_ids.clone(),
@@ -410,10 +411,10 @@ pub(crate) enum Confirmation {
     /// Confirmed before: a success again (D7), in the submitter's words.
     Done(FormDef, PageText),
     Open {
-        space_id: String,
+        space_id: SpaceId,
         form: FormDef,
         submission_id: String,
-        contact_id: String,
+        contact_id: ContactId,
         /// The contact whose email consent is granted (none when it is gone or its schema
         /// has no consent attribute).
         consent: Option<Box<ConsentLoaded>>,
@@ -455,8 +456,8 @@ impl Decide for ConfirmSubmission {
         let confirmed_event = proto::SubmissionConfirmed {
             submission_id: submission_id.clone(),
             form_id: self.form_id.clone(),
-            space_id: space_id.clone(),
-            contact_id: contact_id.clone(),
+            space_id: space_id.clone().into(),
+            contact_id: contact_id.clone().into(),
             at_ms: now,
         };
         streams.push(StreamAppend {
@@ -464,7 +465,7 @@ impl Decide for ConfirmSubmission {
             expected: ExpectedVersion::Any,
             events: vec![NewEvent {
                 event: LogEvent::SubmissionConfirmed(confirmed_event),
-                subject_id: Some(contact_id.clone()),
+                subject_id: Some(contact_id.clone().into()),
                 occurred_at: platform::time::from_millis(now),
             }],
         });

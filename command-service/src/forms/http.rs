@@ -99,7 +99,7 @@ impl Command for SubmitForm<'_> {
         let (space_id, form) = load_form(ctx, form_id).await?;
         // A form switched off reads nothing more: its decision refuses the submission.
         if !form.enabled {
-            return Ok(Submission { space_id, form, open: None });
+            return Ok(Submission { space_id: space_id.into(), form, open: None });
         }
         let context = write_context(ctx, &space_id, &form.schema_id).await?;
         let input = decide::contact_input(&form, &self.fields, &context.attributes, self.urlencoded)?;
@@ -135,7 +135,7 @@ impl Command for SubmitForm<'_> {
         };
         let page_text = page_text(ctx, &space_id).await?;
         let open = Open { context, upsert, subscribed, confirmation, page_text };
-        Ok(Submission { space_id, form, open: Some(Box::new(open)) })
+        Ok(Submission { space_id: space_id.into(), form, open: Some(Box::new(open)) })
     }
 
     fn answer(&self, Submitted { outcome, confirmation }: Submitted, _: &Shell<'_>) -> Result<Decided, ApiError> {
@@ -223,7 +223,15 @@ impl Command for ConfirmSubmission {
             .await
             .map_err(|error| ApiError::internal(&error))?;
         let consent = load_email_consent(ctx, (&space_id, &contact_id), true).await?;
-        Ok(Confirmation::Open { space_id, form, submission_id, contact_id, consent, subscribed, words })
+        Ok(Confirmation::Open {
+            space_id: space_id.into(),
+            form,
+            submission_id,
+            contact_id: contact_id.into(),
+            consent,
+            subscribed,
+            words,
+        })
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {

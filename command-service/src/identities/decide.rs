@@ -5,6 +5,7 @@
 
 use platform::error::{Code, Issue};
 use platform::events::LogEvent;
+use platform::ids::SpaceId;
 use platform::log::{ExpectedVersion, NewEvent, StreamAppend};
 use platform::proto;
 use platform::settings::IdentityCapacity;
@@ -234,7 +235,7 @@ pub fn decide(change: &Change, given: Given<'_>) -> Result<Decision, Refusal> {
 /// `POST /event-identities`: binds the alias to a contact, or removes its binding, at the
 /// alias's revision.
 pub(crate) struct ChangeIdentity {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub change: Change,
     /// The keyed digest of the change's body (a replay of the operationId has the same).
     pub body_digest: String,

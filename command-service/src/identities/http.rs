@@ -81,7 +81,7 @@ pub async fn change(
     )?;
     let alias = platform::crypto::keyed_digest("alias", &format!("{}\0{}", change.source_id, change.anonymous_id))?;
     let command = ChangeIdentity {
-        space_id: caller.space_id().to_owned(),
+        space_id: caller.space_id().into(),
         change,
         body_digest,
         alias,

@@ -29,6 +29,7 @@ use domain::records::write::{Write, create_write, update_write};
 use platform::crypto::DataKey;
 use platform::error::Code;
 use platform::events::LogEvent;
+use platform::ids::SpaceId;
 use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
@@ -429,7 +430,7 @@ pub fn contact_input(message: &Message, context: &WriteContext) -> (Map<String, 
 /// as sent, recorded in one append (`IngestMessagesRefused` on the log, the messages beside
 /// it in `ingest_failures`, a message listed once however often it is sent again).
 pub(crate) struct RecordRefusals {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub write_key_id: String,
     pub rows: Vec<(String, String, Refused, Value)>,
 }
@@ -451,7 +452,7 @@ impl Decide for RecordRefusals {
             })
             .collect();
         let event = proto::IngestMessagesRefused {
-            space_id: self.space_id.clone(),
+            space_id: self.space_id.clone().into(),
             write_key_id: self.write_key_id.clone(),
             messages,
             at_ms: given.now_ms,

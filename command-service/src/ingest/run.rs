@@ -288,7 +288,7 @@ async fn apply_one(
             let Some(Event { schema_id, mut input, .. }) = event else { return Applied::Done };
             input.insert("contactId".to_owned(), Value::String(contact_id));
             let fire = FireEvent {
-                space_id: key.space_id.clone(),
+                space_id: key.space_id.clone().into(),
                 schema_ref: schema_id,
                 input,
                 admission_refused: Cell::new(false),
@@ -535,7 +535,7 @@ pub(crate) async fn record_refusals(
             (message_id, kind, refusal.clone(), item)
         })
         .collect();
-    let command = RecordRefusals { space_id: key.space_id.clone(), write_key_id: key.id.clone(), rows };
+    let command = RecordRefusals { space_id: key.space_id.clone().into(), write_key_id: key.id.clone(), rows };
     let actor = Actor::WriteKey { space_id: &key.space_id, write_key_id: &key.id };
     pipeline::run(state, req, actor, command).await?;
     Ok(())

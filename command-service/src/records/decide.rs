@@ -13,6 +13,7 @@ use domain::records::{RecordState, record_document};
 use platform::error::Warning;
 use platform::events::LogEvent;
 use platform::fresh::Fresh;
+use platform::ids::SpaceId;
 use platform::log::{AppendError, ExpectedVersion, NewEvent, StreamAppend};
 use serde_json::{Map, Value};
 
@@ -163,7 +164,7 @@ fn topic_changes(
 
 /// `POST /schemas/{schema}/records`: strict create.
 pub(crate) struct CreateRecord {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub schema_ref: String,
     pub input: Map<String, Value>,
     /// A contact's `topics`, taken out of the input at the edge.
@@ -197,7 +198,7 @@ impl Decide for CreateRecord {
 
 /// `POST /schemas/{schema}/records/upsert`.
 pub(crate) struct UpsertRecord {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub schema_ref: String,
     pub input: Map<String, Value>,
     /// A contact's `topics`, taken out of the input at the edge.
@@ -233,7 +234,7 @@ impl Decide for UpsertRecord {
 
 /// `PATCH /schemas/{schema}/records/{id}` (does not honour `Idempotency-Key`).
 pub(crate) struct UpdateRecord {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub schema_ref: String,
     pub record_id: String,
     pub input: Map<String, Value>,
@@ -273,7 +274,7 @@ impl Decide for UpdateRecord {
 /// operation reaches `completed` (see the projector's eraser, "Erasure"). Does not honour
 /// `Idempotency-Key`: a repeated DELETE gets 409 while pending and 404 afterwards.
 pub(crate) struct DeleteRecord {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub schema_ref: String,
     pub record_id: String,
 }

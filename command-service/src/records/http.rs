@@ -58,7 +58,7 @@ pub async fn create(
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
     let body = Value::Object(input.clone());
     let topics = Wanted::take(&context.schema.schema_type, &mut input)?;
-    let command = CreateRecord { space_id: caller.space_id().to_owned(), schema_ref, input, topics };
+    let command = CreateRecord { space_id: caller.space_id().into(), schema_ref, input, topics };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
@@ -104,7 +104,7 @@ pub async fn upsert(
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
     let body = Value::Object(input.clone());
     let topics = Wanted::take(&context.schema.schema_type, &mut input)?;
-    let command = UpsertRecord { space_id: caller.space_id().to_owned(), schema_ref, input, topics };
+    let command = UpsertRecord { space_id: caller.space_id().into(), schema_ref, input, topics };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
@@ -148,7 +148,7 @@ pub async fn update(
     input.remove("id");
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
     let topics = Wanted::take(&context.schema.schema_type, &mut input)?;
-    let command = UpdateRecord { space_id: caller.space_id().to_owned(), schema_ref, record_id, input, topics };
+    let command = UpdateRecord { space_id: caller.space_id().into(), schema_ref, record_id, input, topics };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 
@@ -177,6 +177,6 @@ pub async fn delete(
 ) -> Result<HttpResponse, ApiError> {
     let (schema_ref, record_id) = path.into_inner();
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let command = DeleteRecord { space_id: caller.space_id().to_owned(), schema_ref, record_id };
+    let command = DeleteRecord { space_id: caller.space_id().into(), schema_ref, record_id };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use filter::{CONSENT_EMAIL, Condition, Engaged, FieldPath, Filter, Op, SUBSCRIPTIONS, Scalar, Source};
 use platform::error::{Code, Issue};
 use platform::events::LogEvent;
+use platform::ids::SpaceId;
 use platform::log::{ExpectedVersion, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
@@ -214,7 +215,7 @@ fn consent_condition(key: &str) -> Result<Filter, Refusal> {
 
 /// `POST /segments`: the filter is made once per request (kept across attempts).
 pub(crate) struct CreateSegment {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub new: NewSegment,
     /// The filter the AI provider made of the definition: the shell's load asks for it once
     /// and keeps it here for a later attempt.
@@ -260,7 +261,7 @@ impl Decide for CreateSegment {
 
 /// `DELETE /segments/{id}`.
 pub(crate) struct DeleteSegment {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub segment_id: String,
 }
 

@@ -57,7 +57,7 @@ pub async fn create(
     let (caller, body) =
         pipeline::authorize_with_body(&req, payload, &state, Permission::Write, |_| Bucket::Ai).await?;
     let new = decide::parse_create(&body)?;
-    let command = CreateSegment { space_id: caller.space_id().to_owned(), new, filter: OnceCell::new() };
+    let command = CreateSegment { space_id: caller.space_id().into(), new, filter: OnceCell::new() };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
@@ -79,6 +79,6 @@ pub async fn delete(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let command = DeleteSegment { space_id: caller.space_id().to_owned(), segment_id: path.into_inner() };
+    let command = DeleteSegment { space_id: caller.space_id().into(), segment_id: path.into_inner() };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }

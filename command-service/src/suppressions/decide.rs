@@ -7,6 +7,7 @@ use domain::suppressions::{API_REASONS, removable, scope, suppression_document};
 use platform::error::Code;
 use platform::error::Issue;
 use platform::events::{LogEvent, seal};
+use platform::ids::SpaceId;
 use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto::{self, SuppressionAdded};
 use serde_json::{Value, json};
@@ -233,7 +234,7 @@ fn removal(space_id: &str, suppression_id: &str, current: Option<&Current>, now_
 /// `POST /contacts/suppressions`: one suppression. The identifier and reason are unique in
 /// the space by the append's guard.
 pub(crate) struct CreateSuppression {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub new: NewSuppression,
 }
 
@@ -273,7 +274,7 @@ pub(crate) struct Batch {
 /// `POST /contacts/suppressions/batch`: the new suppressions; an item whose identifier and
 /// reason exist already (or repeat an earlier item) is `exists`.
 pub(crate) struct BatchCreate {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub parsed: Vec<Result<NewSuppression, Refusal>>,
 }
 
@@ -321,7 +322,7 @@ impl Decide for BatchCreate {
 /// `POST /contacts/suppressions/batch-remove`: the removals; an id repeated in the batch is
 /// not found after its first removal.
 pub(crate) struct BatchRemove {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub items: Vec<Value>,
 }
 
@@ -364,7 +365,7 @@ impl Decide for BatchRemove {
 /// `DELETE /contacts/suppressions/{id}`. One removed by someone else meanwhile is found gone
 /// when decided again.
 pub(crate) struct DeleteSuppression {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub suppression_id: String,
 }
 

@@ -91,7 +91,7 @@ pub async fn create(
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
     let body = api::http::read_json(&req, payload).await?;
-    let command = CreateSuppression { space_id: caller.space_id().to_owned(), new: parse_new(&body)? };
+    let command = CreateSuppression { space_id: caller.space_id().into(), new: parse_new(&body)? };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 
@@ -130,7 +130,7 @@ pub(crate) async fn batch_create(
     let body = api::http::read_json(&req, payload).await?;
     let items = batch_items(&body, "suppressions")?;
     let parsed = items.iter().map(parse_new).collect();
-    let command = BatchCreate { space_id: caller.space_id().to_owned(), parsed };
+    let command = BatchCreate { space_id: caller.space_id().into(), parsed };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
@@ -169,7 +169,7 @@ pub(crate) async fn batch_remove(
     let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
     let body = api::http::read_json(&req, payload).await?;
     let items = batch_items(&body, "ids")?;
-    let command = BatchRemove { space_id: caller.space_id().to_owned(), items };
+    let command = BatchRemove { space_id: caller.space_id().into(), items };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
 
@@ -192,6 +192,6 @@ pub async fn delete(
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Admin).await?;
     // The path is the whole input: the body identity of a DELETE is empty.
-    let command = DeleteSuppression { space_id: caller.space_id().to_owned(), suppression_id: path.into_inner() };
+    let command = DeleteSuppression { space_id: caller.space_id().into(), suppression_id: path.into_inner() };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }

@@ -10,6 +10,7 @@ use mail::facts::SendFacts;
 use mail::outbox::Prepared;
 use mail::send::{self, Authored, EmailTo, Gate, Site};
 use platform::error::{Code, Issue};
+use platform::ids::{EmailId, SpaceId};
 use platform::log::{Guard, StreamAppend};
 use serde_json::{Map, Value, json};
 
@@ -231,7 +232,7 @@ pub(crate) struct Loaded {
 
 /// `POST /templates/{templateId}/send`.
 pub(crate) struct SendTemplate<'a> {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub template_id: String,
     pub context: BTreeMap<String, Map<String, Value>>,
     /// Where the unsubscribe and tracking links point.
@@ -256,7 +257,7 @@ pub(crate) struct HandOff {
     pub guards: Vec<Guard>,
     /// The count against the space's allowance, when it has one.
     pub allowance: Option<Guard>,
-    pub email_id: String,
+    pub email_id: EmailId,
     /// What the hand-off sends.
     pub prepared: Prepared,
 }
@@ -367,7 +368,13 @@ impl Decide for SendTemplate<'_> {
         }
         streams.push(scheduled.stream);
         guards.extend(scheduled.guards);
-        Ok(Sent::HandOff(Box::new(HandOff { streams, guards, allowance, email_id, prepared: scheduled.prepared })))
+        Ok(Sent::HandOff(Box::new(HandOff {
+            streams,
+            guards,
+            allowance,
+            email_id: email_id.into(),
+            prepared: scheduled.prepared,
+        })))
     }
 }
 

@@ -144,7 +144,7 @@ pub async fn send(
     let context = decide::context(&body)?;
     // The template by its id or its slug, as broadcasts and workflows are named.
     let template_id = pipeline::authored_id(&state, (TEMPLATE, caller.space_id()), path.into_inner()).await?;
-    let command = SendTemplate { space_id: caller.space_id().to_owned(), template_id, context, site: &state.site };
+    let command = SendTemplate { space_id: caller.space_id().into(), template_id, context, site: &state.site };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }

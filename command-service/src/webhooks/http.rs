@@ -125,7 +125,7 @@ pub(crate) async fn replay_delivery(
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let (webhook_id, delivery_id) = path.into_inner();
-    let command = ReplayDelivery { space_id: caller.space_id().to_owned(), webhook_id, delivery_id };
+    let command = ReplayDelivery { space_id: caller.space_id().into(), webhook_id, delivery_id };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 
@@ -153,7 +153,7 @@ pub async fn test(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let command = TestWebhook { space_id: caller.space_id().to_owned(), webhook_id: path.into_inner() };
+    let command = TestWebhook { space_id: caller.space_id().into(), webhook_id: path.into_inner() };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }
 
@@ -185,7 +185,7 @@ pub async fn create(
 ) -> Result<HttpResponse, ApiError> {
     let (caller, body) = prelude(&req, payload, &state).await?;
     let new = decide::parse_create(&body, state.settings.webhooks.allow_loopback)?;
-    let command = CreateWebhook { space_id: caller.space_id().to_owned(), new, condition: OnceCell::new() };
+    let command = CreateWebhook { space_id: caller.space_id().into(), new, condition: OnceCell::new() };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
@@ -224,7 +224,7 @@ pub async fn update(
     let (caller, body) = prelude(&req, payload, &state).await?;
     let identity = Value::Object(body.clone());
     let command = UpdateWebhook {
-        space_id: caller.space_id().to_owned(),
+        space_id: caller.space_id().into(),
         webhook_id: path.into_inner(),
         input: body,
         condition: OnceCell::new(),
@@ -253,7 +253,7 @@ pub async fn delete(
     state: web::Data<State>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
-    let command = DeleteWebhook { space_id: caller.space_id().to_owned(), webhook_id: path.into_inner() };
+    let command = DeleteWebhook { space_id: caller.space_id().into(), webhook_id: path.into_inner() };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }
 
@@ -286,6 +286,6 @@ pub(crate) async fn rotate_secret(
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let grace_ms =
         i64::try_from(state.settings.webhooks.rotation_grace_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
-    let command = RotateSecret { space_id: caller.space_id().to_owned(), webhook_id: path.into_inner(), grace_ms };
+    let command = RotateSecret { space_id: caller.space_id().into(), webhook_id: path.into_inner(), grace_ms };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }

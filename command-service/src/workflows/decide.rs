@@ -6,6 +6,7 @@ use std::sync::Arc;
 use domain::catalog::WriteContext;
 use domain::workflows::{MAX_INPUT_BYTES, Status, WorkflowDef, run_stream_id, stream_id};
 use platform::events::LogEvent;
+use platform::ids::SpaceId;
 use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use prost::Message;
@@ -139,7 +140,7 @@ pub(crate) fn requested_run(
 
 /// `POST /workflows/{referenceId}`.
 pub(crate) struct TriggerWorkflow {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub reference_id: String,
     pub input: Input,
 }
@@ -251,7 +252,7 @@ pub(crate) fn parse_replay(body: &Map<String, Value>) -> Result<i64, Refusal> {
 /// published one) against the last `window_ms` of its space's log. The request is on the log;
 /// the projector's `workflow_replays` worker runs it and appends its report.
 pub(crate) struct RequestReplay {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub workflow_id: String,
     pub window_ms: i64,
 }
@@ -267,7 +268,7 @@ impl Decide for RequestReplay {
         let requested = proto::WorkflowReplayRequested {
             replay_id: replay_id.clone(),
             workflow_id: self.workflow_id.clone(),
-            space_id: self.space_id.clone(),
+            space_id: self.space_id.clone().into(),
             revision: found.revision,
             from_ms: now - self.window_ms,
             to_ms: now,
@@ -285,7 +286,7 @@ impl Decide for RequestReplay {
 
 /// `POST /workflows/{id}/pause` (`pause`) and `/unpause`.
 pub(crate) struct SetPaused {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub workflow_id: String,
     pub pause: bool,
 }

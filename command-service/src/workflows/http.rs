@@ -83,7 +83,7 @@ pub async fn trigger(
     let (caller, body) =
         pipeline::authorize_with_body(&req, payload, &state, Permission::Write, pipeline::request_bucket(&req)).await?;
     let input = decide::parse_input(body.clone())?;
-    let command = TriggerWorkflow { space_id: caller.space_id().to_owned(), reference_id: path.into_inner(), input };
+    let command = TriggerWorkflow { space_id: caller.space_id().into(), reference_id: path.into_inner(), input };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
@@ -115,7 +115,7 @@ async fn set_paused(
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let workflow_id =
         pipeline::authored_id(&state, (domain::workflows::WORKFLOW, caller.space_id()), path.into_inner()).await?;
-    let command = SetPaused { space_id: caller.space_id().to_owned(), workflow_id, pause };
+    let command = SetPaused { space_id: caller.space_id().into(), workflow_id, pause };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&Value::Null), command).await
 }
 
@@ -166,7 +166,7 @@ pub async fn replay(
     let window_ms = decide::parse_replay(&body)?;
     let workflow_id =
         pipeline::authored_id(&state, (domain::workflows::WORKFLOW, caller.space_id()), path.into_inner()).await?;
-    let command = RequestReplay { space_id: caller.space_id().to_owned(), workflow_id, window_ms };
+    let command = RequestReplay { space_id: caller.space_id().into(), workflow_id, window_ms };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }

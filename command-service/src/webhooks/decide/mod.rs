@@ -11,6 +11,7 @@ use filter::Filter;
 use platform::error::{Code, Issue};
 use platform::events::LogEvent;
 use platform::fresh::Fresh;
+use platform::ids::SpaceId;
 use platform::log::{ExpectedVersion, Guard, StreamAppend};
 use platform::proto;
 use serde_json::{Map, Value, json};
@@ -197,7 +198,7 @@ fn seal_secret(webhook_id: &str, secret: &Secret, key: &DataKey) -> Result<proto
 /// (delivered, failed or dropped) again, with the same id, URL and body, as soon as the
 /// enqueue worker has put it back in the outbox.
 pub(crate) struct ReplayDelivery {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub webhook_id: String,
     pub delivery_id: String,
 }
@@ -223,7 +224,7 @@ impl Decide for ReplayDelivery {
         }
         let event = LogEvent::WebhookDeliveryReplayRequested(proto::WebhookDeliveryReplayRequested {
             webhook_id: self.webhook_id.clone(),
-            space_id: self.space_id.clone(),
+            space_id: self.space_id.clone().into(),
             delivery_id: self.delivery_id.clone(),
             requested_at_ms: given.now_ms,
         });
@@ -236,7 +237,7 @@ impl Decide for ReplayDelivery {
 /// `POST /webhooks/{id}/test`: enqueues one `webhook.test` delivery, whose id follows from the
 /// request's position in the log.
 pub(crate) struct TestWebhook {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub webhook_id: String,
 }
 
@@ -254,7 +255,7 @@ impl Decide for TestWebhook {
         live(&self.webhook_id, &self.space_id, webhook.as_ref())?;
         let event = LogEvent::WebhookTestRequested(proto::WebhookTestRequested {
             webhook_id: self.webhook_id.clone(),
-            space_id: self.space_id.clone(),
+            space_id: self.space_id.clone().into(),
             requested_at_ms: given.now_ms,
         });
         Ok(TestRequested { stream: change(&self.webhook_id, ExpectedVersion::Any, event, given.now_ms) })
@@ -263,7 +264,7 @@ impl Decide for TestWebhook {
 
 /// `POST /webhooks`.
 pub(crate) struct CreateWebhook {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub new: NewWebhook,
     /// The custom filter made for this request, kept across its attempts (by the shell).
     pub condition: OnceCell<Resolved>,
@@ -317,7 +318,7 @@ impl Decide for CreateWebhook {
 
 /// `PATCH /webhooks/{id}`: decided on the webhook's stream, appended at its version.
 pub(crate) struct UpdateWebhook {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub webhook_id: String,
     pub input: Map<String, Value>,
     /// The custom filter made for this request, kept across its attempts (by the shell).
@@ -354,7 +355,7 @@ impl Decide for UpdateWebhook {
         }
         let event = LogEvent::WebhookUpdated(proto::WebhookUpdated {
             webhook_id: webhook_id.to_owned(),
-            space_id: self.space_id.clone(),
+            space_id: self.space_id.clone().into(),
             url: update.url.clone(),
             email_event_types_set: update.email_event_types.is_some(),
             email_event_types: update.email_event_types.clone().unwrap_or_default(),
@@ -382,7 +383,7 @@ impl Decide for UpdateWebhook {
 /// `DELETE /webhooks/{id}`: shreds the key of its secrets and blanks recorded answers that
 /// hold one.
 pub(crate) struct DeleteWebhook {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub webhook_id: String,
 }
 
@@ -397,7 +398,7 @@ impl Decide for DeleteWebhook {
         owned(webhook_id, &self.space_id, webhook.as_ref())?;
         let event = LogEvent::WebhookDeleted(proto::WebhookDeleted {
             webhook_id: webhook_id.to_owned(),
-            space_id: self.space_id.clone(),
+            space_id: self.space_id.clone().into(),
             deleted_at_ms: given.now_ms,
         });
         let stream = change(webhook_id, ExpectedVersion::Exactly(version), event, given.now_ms);
@@ -410,7 +411,7 @@ impl Decide for DeleteWebhook {
 /// `POST /webhooks/{id}/rotate-secret`: a new secret; the previous one signs too for the grace
 /// period.
 pub(crate) struct RotateSecret {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub webhook_id: String,
     pub grace_ms: i64,
 }
@@ -443,7 +444,7 @@ impl Decide for RotateSecret {
         });
         let event = LogEvent::WebhookSecretRotated(proto::WebhookSecretRotated {
             webhook_id: webhook_id.to_owned(),
-            space_id: self.space_id.clone(),
+            space_id: self.space_id.clone().into(),
             secret: Some(sealed),
             previous_valid_until_ms: now.saturating_add(self.grace_ms),
             rotated_at_ms: now,

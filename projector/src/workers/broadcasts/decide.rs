@@ -8,6 +8,7 @@ use mail::send::{Authored, EmailTo, Gate, Site, Verdict, allowance_guard, schedu
 use mail::skipped::DecidedBy;
 use platform::error::Code;
 use platform::fresh::Fresh;
+use platform::ids::{RunId, SpaceId};
 use platform::log::{AppendError, AppendRequest, Guard, SetValue, StreamAppend};
 
 use crate::workers::email::recipients::{Allowed, Recipients};
@@ -15,9 +16,9 @@ use crate::workers::email::recipients::{Allowed, Recipients};
 /// A sending run as a step reads it.
 #[derive(Clone)]
 pub(super) struct Run {
-    pub run_id: String,
+    pub run_id: RunId,
     pub broadcast_id: String,
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub template_id: String,
     pub sender_id: Option<String>,
     /// The experiment's variant this batch sends (its template, sender and subject are the

@@ -11,13 +11,14 @@ use domain::engagement::Actor;
 use domain::engagement::history::{self, History};
 use platform::error::Code;
 use platform::events::LogEvent;
+use platform::ids::{ContactId, EmailId, SpaceId};
 use platform::log::{AppendError, Guard, NewEvent, SetValue};
 use platform::proto;
 
 /// A row of `engagement_inbox`, as the decision reads it.
 pub(super) struct Hit {
     pub id: i64,
-    pub email_id: String,
+    pub email_id: EmailId,
     pub taken: Taken,
     /// The signal the request gave at the take-in (`""`: none, a person's so far).
     pub signal: String,
@@ -40,9 +41,9 @@ pub(super) enum Taken {
 /// One email's append: its events at the stream's version read, each with the deletion of its
 /// row as a guard, and what each adds to the engagement counter (kind, signal).
 pub(super) struct EmailAppend {
-    pub email_id: String,
-    pub space_id: String,
-    pub contact_id: String,
+    pub email_id: EmailId,
+    pub space_id: SpaceId,
+    pub contact_id: ContactId,
     pub version: i64,
     /// A click's link is sealed in the clear: the shell encrypts it under the contact's key.
     pub events: Vec<NewEvent>,
@@ -69,7 +70,7 @@ pub(super) struct Decided {
 pub(super) fn decide(hits: Vec<Hit>, mut histories: BTreeMap<String, History>, keyed: &HashSet<String>) -> Decided {
     let mut by_email: BTreeMap<String, Vec<Hit>> = BTreeMap::new();
     for hit in hits {
-        by_email.entry(hit.email_id.clone()).or_default().push(hit);
+        by_email.entry(hit.email_id.clone().into()).or_default().push(hit);
     }
     let mut decided = Decided::default();
     for (email_id, hits) in by_email {
@@ -136,9 +137,9 @@ pub(super) fn decide(hits: Vec<Hit>, mut histories: BTreeMap<String, History>, k
         }
         if !events.is_empty() {
             decided.appends.push(EmailAppend {
-                email_id: email_id.clone(),
-                space_id: history.space_id.clone(),
-                contact_id: history.contact_id.clone(),
+                email_id: email_id.clone().into(),
+                space_id: history.space_id.clone().into(),
+                contact_id: history.contact_id.clone().into(),
                 version,
                 events,
                 guards,
@@ -179,12 +180,12 @@ mod tests {
     }
 
     fn open(id: i64, email_id: &str, signal: &str, at_ms: i64) -> Hit {
-        Hit { id, email_id: email_id.to_owned(), taken: Taken::Open, signal: signal.to_owned(), at_ms }
+        Hit { id, email_id: email_id.to_owned().into(), taken: Taken::Open, signal: signal.to_owned(), at_ms }
     }
 
     fn click(id: i64, email_id: &str, link_id: &str, url: Option<&str>, at_ms: i64) -> Hit {
         let taken = Taken::Click { link_id: link_id.to_owned(), url: url.map(str::to_owned), position: 1 };
-        Hit { id, email_id: email_id.to_owned(), taken, signal: String::new(), at_ms }
+        Hit { id, email_id: email_id.to_owned().into(), taken, signal: String::new(), at_ms }
     }
 
     fn keyed(contacts: &[&str]) -> HashSet<String> {

@@ -286,13 +286,13 @@ impl Engagement {
                 } else {
                     Taken::Open
                 };
-                Hit { id: row.get(0), email_id, taken, signal: row.get(5), at_ms: row.get(6) }
+                Hit { id: row.get(0), email_id: email_id.into(), taken, signal: row.get(5), at_ms: row.get(6) }
             })
             .collect();
         if hits.is_empty() {
             return Ok(Outcome::Idle);
         }
-        let kept = self.kept(hits.iter().map(|hit| hit.email_id.clone()));
+        let kept = self.kept(hits.iter().map(|hit| hit.email_id.to_string()));
         let (histories, keys) = load(&transaction, &hits, kept).await?;
         let keyed = histories
             .values()
@@ -394,7 +394,7 @@ fn sealed(append: EmailAppend, keys: &Keys) -> anyhow::Result<Append> {
         expected: ExpectedVersion::Exactly(version),
         events,
     };
-    Ok((email_id, AppendRequest::in_space(&space_id, vec![stream], guards), counted))
+    Ok((email_id.into(), AppendRequest::in_space(&space_id, vec![stream], guards), counted))
 }
 
 impl Worker for Engagement {

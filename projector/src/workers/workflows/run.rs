@@ -68,7 +68,7 @@ impl Row {
             keys.insert(subject, key);
         }
         Ok(Row {
-            run_id,
+            run_id: run_id.into(),
             workflow_id: row.get(1),
             space_id: row.get(2),
             revision: row.get(3),
@@ -484,7 +484,7 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
     // The set form's row: the same values, with sentinels for what an array cannot hold as
     // SQL NULL (no due time: -1; no call in flight: JSON null; no outputs: empty bytes).
     let set_row = vec![
-        SetValue::Text(Some(row.run_id.clone())),
+        SetValue::Text(Some(row.run_id.clone().into())),
         SetValue::Uuid(token),
         SetValue::Text(Some(row.status.as_str().to_owned())),
         SetValue::Text(row.step_id.clone()),

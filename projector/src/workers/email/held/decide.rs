@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use mail::send::{Authored, Gate, Sent, Verdict, ZoneUsed};
 use platform::error::Code;
 use platform::events::LogEvent;
+use platform::ids::{ContactId, EmailId, SpaceId};
 use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, StreamAppend};
 use platform::proto;
 use uuid::Uuid;
@@ -21,9 +22,9 @@ const CHUNK: usize = 500;
 
 /// A due held email, as its lease and its `EmailScheduled` tell it.
 pub(super) struct Due {
-    pub(super) email_id: String,
-    pub(super) space_id: String,
-    pub(super) contact_id: String,
+    pub(super) email_id: EmailId,
+    pub(super) space_id: SpaceId,
+    pub(super) contact_id: ContactId,
     pub(super) template_id: String,
     pub(super) topic_id: Option<String>,
     /// Kind, source, parent, step and experiment variant, as its `EmailScheduled` names them.
@@ -71,7 +72,7 @@ pub(super) fn decide<'e>(
         let outcome = match mail::send::decide(&facts) {
             Verdict::Send => {
                 let sent = Sent { at_ms: now, topic_id: email.topic_id.clone(), position: 0, seq };
-                recipients.sent.entry(email.contact_id.clone()).or_default().push(sent);
+                recipients.sent.entry(email.contact_id.to_string()).or_default().push(sent);
                 Decided::Release { seq }
             }
             Verdict::Hold { until_ms, gate } => Decided::Hold { until_ms, gate },
@@ -109,25 +110,25 @@ pub(super) fn appends(
         let zone = zone.as_ref().map(ZoneUsed::to_proto);
         let event = match outcome {
             Decided::Release { seq } => {
-                released.push(email.email_id.clone());
-                sent_contacts.push(email.contact_id.clone());
+                released.push(email.email_id.to_string());
+                sent_contacts.push(email.contact_id.to_string());
                 sent_topics.push(email.topic_id.clone().unwrap_or_default());
                 sent_seqs.push(*seq);
                 LogEvent::EmailReleased(proto::EmailReleased {
-                    email_id: email.email_id.clone(),
+                    email_id: email.email_id.to_string(),
                     space_id: space_id.to_owned(),
-                    contact_id: email.contact_id.clone(),
+                    contact_id: email.contact_id.to_string(),
                     at_ms: now,
                     zone,
                 })
             }
             Decided::Hold { until_ms, gate } => {
-                held.push(email.email_id.clone());
+                held.push(email.email_id.to_string());
                 untils.push(*until_ms);
                 LogEvent::EmailHeld(proto::EmailHeld {
-                    email_id: email.email_id.clone(),
+                    email_id: email.email_id.to_string(),
                     space_id: space_id.to_owned(),
-                    contact_id: email.contact_id.clone(),
+                    contact_id: email.contact_id.to_string(),
                     gate: gate.as_str().to_owned(),
                     not_before_ms: *until_ms,
                     at_ms: now,
@@ -135,7 +136,7 @@ pub(super) fn appends(
                 })
             }
             Decided::Skip { gate, .. } => {
-                skipped.push(email.email_id.clone());
+                skipped.push(email.email_id.to_string());
                 reasons.push(crate::workers::broadcasts::reason(*gate).to_owned());
                 continue;
             }
@@ -145,7 +146,7 @@ pub(super) fn appends(
             expected: ExpectedVersion::Any,
             events: vec![NewEvent {
                 event,
-                subject_id: Some(email.contact_id.clone()),
+                subject_id: Some(email.contact_id.to_string()),
                 occurred_at: platform::time::from_millis(now),
             }],
         });
@@ -166,7 +167,7 @@ pub(super) fn appends(
 pub(super) fn chunks(due: Vec<Due>) -> Vec<(String, Vec<Due>)> {
     let mut by_contact: BTreeMap<(String, String), Vec<Due>> = BTreeMap::new();
     for email in due {
-        by_contact.entry((email.space_id.clone(), email.contact_id.clone())).or_default().push(email);
+        by_contact.entry((email.space_id.to_string(), email.contact_id.to_string())).or_default().push(email);
     }
     let mut chunks: Vec<(String, Vec<Due>)> = Vec::new();
     for ((space_id, _), emails) in by_contact {
@@ -275,9 +276,9 @@ mod tests {
 
     fn due(space: &str, contact: &str, email: &str) -> Due {
         Due {
-            email_id: email.to_owned(),
-            space_id: space.to_owned(),
-            contact_id: contact.to_owned(),
+            email_id: email.to_owned().into(),
+            space_id: space.to_owned().into(),
+            contact_id: contact.to_owned().into(),
             template_id: "tpl_1".to_owned(),
             topic_id: None,
             origin: Default::default(),

@@ -172,9 +172,9 @@ impl Held {
                 continue;
             };
             due.push(Due {
-                email_id: event.email_id,
-                space_id: event.space_id,
-                contact_id: event.contact_id,
+                email_id: event.email_id.into(),
+                space_id: event.space_id.into(),
+                contact_id: event.contact_id.into(),
                 template_id: event.template_id,
                 topic_id: Some(event.topic_id).filter(|topic| !topic.is_empty()),
                 origin: (
@@ -224,7 +224,7 @@ impl Held {
             .flatten()
             .find_map(|authored| authored.policy.as_ref())
             .and_then(mail::send::SendPolicy::lookback_ms);
-        let contact_ids: Vec<String> = emails.iter().map(|email| email.contact_id.clone()).collect();
+        let contact_ids: Vec<String> = emails.iter().map(|email| email.contact_id.to_string()).collect();
         let mut recipients = Recipients::load(&client, (&catalog, &segments), space_id, &contact_ids, lookback).await?;
         let now = platform::time::now_millis();
         let decided = decide::decide(emails, &templates, &mut recipients, now);
@@ -263,7 +263,7 @@ impl Held {
                     return None;
                 }
                 let authored = templates.get(email.template_id.as_str())?.as_ref()?;
-                let contact = recipients.contacts.get(&email.contact_id);
+                let contact = recipients.contacts.get(email.contact_id.as_str());
                 let refused = mail::skipped::Refused {
                     contact_id: &email.contact_id,
                     gate: *gate,

@@ -54,7 +54,7 @@ pub(super) fn migrate(
     };
     let from_revision = tick.row.revision;
     let mut migrated = proto::WorkflowRunMigrated {
-        run_id: tick.row.run_id.clone(),
+        run_id: tick.row.run_id.clone().into(),
         space_id: tick.space(),
         from_revision,
         to_revision,
@@ -155,7 +155,7 @@ fn move_in_flight(tick: &mut Tick, in_flight: &InFlight, to: &Step, until: i64, 
             tick.row.status = RunStatus::Running;
         } else {
             tick.push(LogEvent::WorkflowRunSleeping(proto::WorkflowRunSleeping {
-                run_id: tick.row.run_id.clone(),
+                run_id: tick.row.run_id.clone().into(),
                 space_id: tick.space(),
                 index: started.index,
                 until_ms: until,

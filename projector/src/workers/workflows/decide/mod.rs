@@ -99,7 +99,7 @@ fn transition(
         // Stopped before its next step; a run that has not started only waits longer.
         if !started_waiting && !tick.row.paused {
             tick.push(LogEvent::WorkflowRunPaused(proto::WorkflowRunPaused {
-                run_id: tick.row.run_id.clone(),
+                run_id: tick.row.run_id.clone().into(),
                 space_id: tick.space(),
                 at_ms: now,
             }));
@@ -113,7 +113,7 @@ fn transition(
         tick.row.paused = false;
         if !started_waiting {
             tick.push(LogEvent::WorkflowRunResumed(proto::WorkflowRunResumed {
-                run_id: tick.row.run_id.clone(),
+                run_id: tick.row.run_id.clone().into(),
                 space_id: tick.space(),
                 at_ms: now,
             }));
@@ -126,7 +126,7 @@ fn transition(
         }
         if tick.row.status == RunStatus::Waiting {
             tick.push(LogEvent::WorkflowRunStarted(proto::WorkflowRunStarted {
-                run_id: tick.row.run_id.clone(),
+                run_id: tick.row.run_id.clone().into(),
                 space_id: tick.space(),
                 at_ms: now,
             }));

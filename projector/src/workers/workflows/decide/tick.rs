@@ -8,6 +8,7 @@ use domain::workflows::Step;
 use mail::outbox::Prepared;
 use mail::send::Gate;
 use platform::events::LogEvent;
+use platform::ids::{RunId, SpaceId};
 use platform::log::{Guard, StreamAppend};
 use platform::proto;
 use prost::Message;
@@ -80,9 +81,9 @@ impl RunStatus {
 /// A run's row as a tick reads it and writes it back.
 #[derive(Clone)]
 pub(crate) struct Row {
-    pub(crate) run_id: String,
+    pub(crate) run_id: RunId,
     pub(crate) workflow_id: String,
-    pub(crate) space_id: String,
+    pub(crate) space_id: SpaceId,
     pub(crate) revision: i64,
     pub(crate) contact_id: Option<String>,
     pub(crate) status: RunStatus,
@@ -110,9 +111,9 @@ impl Row {
     /// its own (what a replay starts, and what the decision tests build on).
     pub(crate) fn requested(run_id: &str, workflow_id: &str, space_id: &str, contact_id: Option<String>) -> Self {
         Row {
-            run_id: run_id.to_owned(),
+            run_id: run_id.to_owned().into(),
             workflow_id: workflow_id.to_owned(),
-            space_id: space_id.to_owned(),
+            space_id: space_id.to_owned().into(),
             revision: 1,
             contact_id,
             status: RunStatus::Waiting,
@@ -201,7 +202,7 @@ pub(crate) fn open(row: &Row) -> anyhow::Result<Opened> {
 
 /// The subject whose key seals the run's data.
 pub(crate) fn subject(row: &Row) -> String {
-    row.contact_id.clone().unwrap_or_else(|| row.run_id.clone())
+    row.contact_id.clone().unwrap_or_else(|| row.run_id.clone().into())
 }
 
 impl Tick {
@@ -225,7 +226,7 @@ impl Tick {
     }
 
     pub(super) fn space(&self) -> String {
-        self.row.space_id.clone()
+        self.row.space_id.clone().into()
     }
 
     pub(super) fn push(&mut self, event: LogEvent) {
@@ -245,7 +246,7 @@ impl Tick {
             until_ms: None,
         };
         self.push(LogEvent::WorkflowStepStarted(proto::WorkflowStepStarted {
-            run_id: self.row.run_id.clone(),
+            run_id: self.row.run_id.clone().into(),
             space_id: self.space(),
             index: started.index,
             step_id: step.id.clone(),
@@ -284,7 +285,7 @@ impl Tick {
             self.outputs_changed = true;
         }
         self.push(LogEvent::WorkflowStepFinished(proto::WorkflowStepFinished {
-            run_id: self.row.run_id.clone(),
+            run_id: self.row.run_id.clone().into(),
             space_id: self.space(),
             index: started.index,
             step_id: started.step_id.clone(),
@@ -321,7 +322,7 @@ impl Tick {
     pub(super) fn end(&mut self, status: RunStatus, error: Option<(&str, String)>, now: i64) {
         let (error_code, error_message) = error.unwrap_or_default();
         self.push(LogEvent::WorkflowRunFinished(proto::WorkflowRunFinished {
-            run_id: self.row.run_id.clone(),
+            run_id: self.row.run_id.clone().into(),
             space_id: self.space(),
             status: status.as_str().to_owned(),
             error_code: error_code.to_owned(),

@@ -60,7 +60,7 @@ pub(super) fn start_update(
         let updated = live.state.after_update(personal, now);
         let mut event = updated.updated_event(sealed, changed, 0);
         event.change_source = "workflow".to_owned();
-        event.change_source_id.clone_from(&tick.row.run_id);
+        tick.row.run_id.as_str().clone_into(&mut event.change_source_id);
         tick.streams.push(StreamAppend {
             stream_id: domain::records::stream_id(&live.state.record_id),
             expected: ExpectedVersion::Exactly(live.version),
@@ -99,7 +99,7 @@ pub(super) fn start_subscription(
                     topic_id: topic_id.to_owned(),
                     status: status.to_owned(),
                     source: "workflow".to_owned(),
-                    source_id: tick.row.run_id.clone(),
+                    source_id: tick.row.run_id.clone().into(),
                     at_ms: now,
                 }),
                 subject_id: Some(contact_id),

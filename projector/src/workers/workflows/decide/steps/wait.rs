@@ -137,7 +137,7 @@ fn engaged_with(
 
 fn sleep(tick: &mut Tick, started: InFlight, until: i64, event_schema_id: Option<String>, now: i64) {
     tick.push(LogEvent::WorkflowRunSleeping(proto::WorkflowRunSleeping {
-        run_id: tick.row.run_id.clone(),
+        run_id: tick.row.run_id.clone().into(),
         space_id: tick.space(),
         index: started.index,
         until_ms: until,
