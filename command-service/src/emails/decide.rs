@@ -44,15 +44,6 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub fn code(&self) -> Code {
-        match self {
-            Self::EmailNotFound(_) => Code::EmailNotFound,
-            Self::Invalid { .. } => Code::InvalidPreferences,
-            Self::PreferencesKeptChanging | Self::RecipientKeptChanging => Code::ConcurrentModification,
-            Self::Record(refusal) => platform::refusal::Refusal::code(refusal),
-        }
-    }
-
     /// A preference change refused for `issues`, named by the first.
     fn invalid(issues: Vec<Issue>) -> Self {
         let message = issues.first().map_or_else(String::new, |issue| issue.message.clone());
@@ -448,7 +439,12 @@ impl ChangePreferences {
 /// A refused recipient action on an email (unsubscribe, preferences) as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {
-        Refusal::code(self)
+        match self {
+            Self::EmailNotFound(_) => Code::EmailNotFound,
+            Self::Invalid { .. } => Code::InvalidPreferences,
+            Self::PreferencesKeptChanging | Self::RecipientKeptChanging => Code::ConcurrentModification,
+            Self::Record(refusal) => platform::refusal::Refusal::code(refusal),
+        }
     }
 
     fn issues(&self) -> Vec<Issue> {
@@ -478,6 +474,7 @@ impl platform::refusal::Refusal for Refusal {
 mod tests {
     use super::*;
     use crate::decision::harness::{NOW_MS, given};
+    use platform::refusal::Refusal as _;
 
     fn fields(value: Value) -> Map<String, Value> {
         value.as_object().cloned().expect("an object")

@@ -176,23 +176,6 @@ pub(crate) enum EventRefusal {
 }
 
 impl EventRefusal {
-    pub(crate) fn code(&self) -> Code {
-        match self {
-            Self::Invalid { code, .. } => *code,
-            Self::TooLarge(_) => Code::EventInputTooLarge,
-            Self::IdConflict(_) => Code::EventIdConflict,
-            Self::Erased(_) => Code::EventErased,
-            Self::NoCredits => Code::InsufficientCredits,
-            Self::SubjectNotFound { .. } => Code::RecordNotFound,
-            Self::SubjectDeletionPending { .. } | Self::SubjectDeleting | Self::BatchSubjectDeleting => {
-                Code::RecordDeletionPending
-            }
-            Self::NotAdmitted(refusal) => refusal.code(),
-            Self::Concurrent | Self::BatchConcurrent => Code::ConcurrentModification,
-            Self::Unsealable(_) => Code::InternalError,
-        }
-    }
-
     /// An invalid input or batch body with no issue list.
     pub(crate) fn invalid(code: Code, message: impl Into<String>) -> Self {
         Self::Invalid { code, message: message.into(), issues: Vec::new() }
@@ -674,7 +657,20 @@ impl Decide for FireEvent {
 /// A refused fire as the contract answers it: an occurrence not admitted with `Retry-After`.
 impl platform::refusal::Refusal for EventRefusal {
     fn code(&self) -> Code {
-        EventRefusal::code(self)
+        match self {
+            Self::Invalid { code, .. } => *code,
+            Self::TooLarge(_) => Code::EventInputTooLarge,
+            Self::IdConflict(_) => Code::EventIdConflict,
+            Self::Erased(_) => Code::EventErased,
+            Self::NoCredits => Code::InsufficientCredits,
+            Self::SubjectNotFound { .. } => Code::RecordNotFound,
+            Self::SubjectDeletionPending { .. } | Self::SubjectDeleting | Self::BatchSubjectDeleting => {
+                Code::RecordDeletionPending
+            }
+            Self::NotAdmitted(refusal) => refusal.code(),
+            Self::Concurrent | Self::BatchConcurrent => Code::ConcurrentModification,
+            Self::Unsealable(_) => Code::InternalError,
+        }
     }
 
     fn issues(&self) -> Vec<Issue> {
@@ -718,6 +714,7 @@ mod tests {
     use super::*;
     use crate::decision::Status;
     use crate::decision::harness::{NOW_MS, given};
+    use platform::refusal::Refusal as _;
 
     fn attributes() -> Vec<AttributeEntry> {
         vec![

@@ -65,22 +65,6 @@ pub enum Refusal {
     Record(#[from] records::Refusal),
 }
 
-impl Refusal {
-    pub fn code(&self) -> Code {
-        match self {
-            Self::Invalid { .. } => Code::InvalidFormSubmission,
-            Self::FormNotFound(_) => Code::FormNotFound,
-            Self::Disabled => Code::FormDisabled,
-            Self::RateLimited { .. } => Code::RateLimitExceeded,
-            Self::LinkNotFound => Code::ConfirmationNotFound,
-            Self::LinkExpired => Code::ConfirmationExpired,
-            Self::SubmissionKeptChanging | Self::ConfirmationKeptChanging => Code::ConcurrentModification,
-            Self::Internal(_) => Code::InternalError,
-            Self::Record(refusal) => platform::refusal::Refusal::code(refusal),
-        }
-    }
-}
-
 /// The client's address: the peer's, or, when the peer is a trusted proxy, the address its
 /// `X-Forwarded-For` names (the rightmost one that is not itself a trusted proxy).
 pub(crate) fn client_ip(peer: Option<IpAddr>, forwarded_for: Option<&str>, trusted: &[IpAddr]) -> Option<IpAddr> {
@@ -476,7 +460,17 @@ impl Decide for ConfirmSubmission {
 /// A refused form submission or confirmation as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {
-        Refusal::code(self)
+        match self {
+            Self::Invalid { .. } => Code::InvalidFormSubmission,
+            Self::FormNotFound(_) => Code::FormNotFound,
+            Self::Disabled => Code::FormDisabled,
+            Self::RateLimited { .. } => Code::RateLimitExceeded,
+            Self::LinkNotFound => Code::ConfirmationNotFound,
+            Self::LinkExpired => Code::ConfirmationExpired,
+            Self::SubmissionKeptChanging | Self::ConfirmationKeptChanging => Code::ConcurrentModification,
+            Self::Internal(_) => Code::InternalError,
+            Self::Record(refusal) => platform::refusal::Refusal::code(refusal),
+        }
     }
 
     fn issues(&self) -> Vec<Issue> {
@@ -554,7 +548,7 @@ mod tests {
         assert_eq!(Value::Object(input), json!({"email": "a@example.com", "consent": true, "age": 42}));
         let missing = json!({"email_address": " ", "age": "1"});
         let error = contact_input(&form, missing.as_object().expect("object"), &attributes, true).err();
-        assert_eq!(error.as_ref().map(Refusal::code), Some(Code::InvalidFormSubmission));
+        assert_eq!(error.as_ref().map(platform::refusal::Refusal::code), Some(Code::InvalidFormSubmission));
         assert_eq!(
             error,
             Some(Refusal::Invalid {

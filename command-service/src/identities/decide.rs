@@ -59,23 +59,6 @@ pub enum Refusal {
     KeptChanging,
 }
 
-impl Refusal {
-    pub fn code(&self) -> Code {
-        match self {
-            Self::Invalid { .. } => Code::InvalidIdentityChange,
-            Self::OperationIdConflict => Code::OperationIdConflict,
-            Self::AliasErased => Code::AliasErased,
-            Self::RevisionConflict { .. } => Code::AliasRevisionConflict,
-            Self::ContactDeletionPending(_) => Code::RecordDeletionPending,
-            Self::ContactNotFound { .. } => Code::RecordNotFound,
-            Self::SourceUnavailable(_) => Code::IdentitySourceUnavailable,
-            Self::CapacityExhausted { .. } => Code::IdentityCapacityExhausted,
-            Self::ContactBeingDeleted => Code::RecordDeletionPending,
-            Self::KeptChanging => Code::ConcurrentModification,
-        }
-    }
-}
-
 /// Validates the body: exactly the six fields, with their types.
 pub(crate) fn parse_change(body: Map<String, Value>) -> Result<Change, Refusal> {
     let mut issues = Vec::new();
@@ -290,7 +273,18 @@ impl Decide for ChangeIdentity {
 /// A refused identity change as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {
-        Refusal::code(self)
+        match self {
+            Self::Invalid { .. } => Code::InvalidIdentityChange,
+            Self::OperationIdConflict => Code::OperationIdConflict,
+            Self::AliasErased => Code::AliasErased,
+            Self::RevisionConflict { .. } => Code::AliasRevisionConflict,
+            Self::ContactDeletionPending(_) => Code::RecordDeletionPending,
+            Self::ContactNotFound { .. } => Code::RecordNotFound,
+            Self::SourceUnavailable(_) => Code::IdentitySourceUnavailable,
+            Self::CapacityExhausted { .. } => Code::IdentityCapacityExhausted,
+            Self::ContactBeingDeleted => Code::RecordDeletionPending,
+            Self::KeptChanging => Code::ConcurrentModification,
+        }
     }
 
     fn issues(&self) -> Vec<Issue> {
@@ -306,6 +300,7 @@ mod tests {
     use super::*;
     use crate::decision::harness::{NOW_MS, given as scenario};
     use crate::decision::{Body, Status};
+    use platform::refusal::Refusal as _;
 
     fn body(value: Value) -> Map<String, Value> {
         match value {

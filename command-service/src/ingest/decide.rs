@@ -17,6 +17,7 @@
 //! consents, which are never moved or copied, and the alias's revision on the log records the
 //! move); when neither exists, a contact is created with the userId and the alias bound to it.
 
+use platform::refusal::Refusal as _;
 use std::sync::Arc;
 
 use domain::catalog::WriteContext;
@@ -81,21 +82,6 @@ pub enum Intake {
     /// its type needs): the request is the message, so it is refused, not kept.
     #[error("{}", .0.reason)]
     Unreadable(Refused),
-}
-
-impl Intake {
-    /// The code the refusal answers with.
-    pub fn code(&self) -> Code {
-        match self {
-            Self::TooLarge { .. } => Code::BatchTooLarge,
-            Self::Encoding(_) | Self::Shape(_) => Code::InvalidBody,
-            Self::NotJson(_) => Code::MalformedJson,
-            Self::NoType(_) => Code::InvalidBatch,
-            Self::MessageTooLarge { .. } => Code::MessageTooLarge,
-            Self::NoKey | Self::UnknownKey => Code::InvalidWriteKey,
-            Self::Unreadable(refused) => refused.code,
-        }
-    }
 }
 
 /// What a contact step found, loaded fresh.
@@ -498,8 +484,17 @@ impl Decide for RecordRefusals {
 /// A refused ingest request: 401 for its key (with the Basic challenge Segment's clients
 /// expect), 400 for its body, the message it names as its issue.
 impl platform::refusal::Refusal for Intake {
+    /// The code the refusal answers with.
     fn code(&self) -> Code {
-        Intake::code(self)
+        match self {
+            Self::TooLarge { .. } => Code::BatchTooLarge,
+            Self::Encoding(_) | Self::Shape(_) => Code::InvalidBody,
+            Self::NotJson(_) => Code::MalformedJson,
+            Self::NoType(_) => Code::InvalidBatch,
+            Self::MessageTooLarge { .. } => Code::MessageTooLarge,
+            Self::NoKey | Self::UnknownKey => Code::InvalidWriteKey,
+            Self::Unreadable(refused) => refused.code,
+        }
     }
 
     fn issues(&self) -> Vec<platform::error::Issue> {

@@ -125,6 +125,7 @@ pub(crate) fn decide(
 mod tests {
     use super::*;
     use platform::events::LogEvent;
+    use platform::refusal::Refusal as _;
     use serde_json::json;
 
     fn facts(current: &[(&str, &str)]) -> TopicFacts {

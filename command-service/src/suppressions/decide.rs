@@ -44,18 +44,6 @@ pub enum Refusal {
     Unreadable(String),
 }
 
-impl Refusal {
-    pub fn code(&self) -> Code {
-        match self {
-            Self::Invalid { code, .. } => *code,
-            Self::NotFound(_) => Code::SuppressionNotFound,
-            Self::NotRemovable => Code::SuppressionNotRemovable,
-            Self::KeptChanging => Code::ConcurrentModification,
-            Self::Unreadable(_) => Code::InternalError,
-        }
-    }
-}
-
 /// Parses `{identifier, reason}`: an email address and `manual` or `legal`.
 pub(crate) fn parse_new(value: &Value) -> Result<NewSuppression, Refusal> {
     let Some(object) = value.as_object() else {
@@ -384,7 +372,13 @@ impl Decide for DeleteSuppression {
 /// A refused suppression write as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {
-        Refusal::code(self)
+        match self {
+            Self::Invalid { code, .. } => *code,
+            Self::NotFound(_) => Code::SuppressionNotFound,
+            Self::NotRemovable => Code::SuppressionNotRemovable,
+            Self::KeptChanging => Code::ConcurrentModification,
+            Self::Unreadable(_) => Code::InternalError,
+        }
     }
 
     fn issues(&self) -> Vec<Issue> {
@@ -404,6 +398,7 @@ mod tests {
     use super::*;
     use crate::decision::harness::{NOW_MS, given};
     use crate::decision::{Body, Status};
+    use platform::refusal::Refusal as _;
     use serde_json::json;
 
     fn new(identifier: &str, reason: &str) -> NewSuppression {

@@ -74,27 +74,6 @@ pub enum Refusal {
     Failed(String),
 }
 
-impl Refusal {
-    /// The contract's code of the refusal.
-    pub fn code(&self) -> Code {
-        match self {
-            Self::NotFound(_) => Code::TemplateNotFound,
-            Self::ContentNotAccepted(_) => Code::TemplateContentNotAccepted,
-            Self::UnknownField(_) => Code::UnknownField,
-            Self::InvalidField { .. } => Code::InvalidField,
-            Self::ContactNotFound(_) => Code::RecordNotFound,
-            Self::InvalidData { .. } => Code::InvalidTemplateData,
-            Self::Gate(gate) | Self::Policy { gate, .. } => gate.code(),
-            Self::RenderFailed(_) => Code::TemplateRenderFailed,
-            Self::EmailLimitReached => Code::EmailLimitReached,
-            Self::KeptChanging => Code::ConcurrentModification,
-            Self::Record(records::Refusal::Record(refusal)) => refusal.code(),
-            Self::Record(records::Refusal::KeptChanging) => Code::ConcurrentModification,
-            Self::Record(_) | Self::Failed(_) => Code::InternalError,
-        }
-    }
-}
-
 /// The context of a send body `{data: {<key>: {...}}}`: each key's record input.
 pub fn context(body: &Map<String, Value>) -> Result<BTreeMap<String, Map<String, Value>>, Refusal> {
     if let Some(field) = body.keys().find(|key| CONTENT_FIELDS.contains(&key.as_str())) {
@@ -382,8 +361,23 @@ impl Decide for SendTemplate<'_> {
 /// send policy's with the rule and when a send is allowed, a context record's write as the
 /// record write's refusal is.
 impl platform::refusal::Refusal for Refusal {
+    /// The contract's code of the refusal.
     fn code(&self) -> Code {
-        Refusal::code(self)
+        match self {
+            Self::NotFound(_) => Code::TemplateNotFound,
+            Self::ContentNotAccepted(_) => Code::TemplateContentNotAccepted,
+            Self::UnknownField(_) => Code::UnknownField,
+            Self::InvalidField { .. } => Code::InvalidField,
+            Self::ContactNotFound(_) => Code::RecordNotFound,
+            Self::InvalidData { .. } => Code::InvalidTemplateData,
+            Self::Gate(gate) | Self::Policy { gate, .. } => gate.code(),
+            Self::RenderFailed(_) => Code::TemplateRenderFailed,
+            Self::EmailLimitReached => Code::EmailLimitReached,
+            Self::KeptChanging => Code::ConcurrentModification,
+            Self::Record(records::Refusal::Record(refusal)) => refusal.code(),
+            Self::Record(records::Refusal::KeptChanging) => Code::ConcurrentModification,
+            Self::Record(_) | Self::Failed(_) => Code::InternalError,
+        }
     }
 
     fn issues(&self) -> Vec<Issue> {
@@ -432,6 +426,7 @@ impl platform::refusal::Refusal for Refusal {
 mod tests {
     use super::*;
     use domain::email::resources::ContextKey;
+    use platform::refusal::Refusal as _;
     use serde_json::json;
 
     fn template(kind: &str, topic: Option<&str>) -> TemplateDef {

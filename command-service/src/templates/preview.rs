@@ -213,6 +213,7 @@ pub async fn preview(
 mod tests {
     use super::*;
     use platform::error::Code;
+    use platform::refusal::Refusal as _;
 
     fn body(value: Value) -> Map<String, Value> {
         value.as_object().cloned().unwrap_or_default()

@@ -213,6 +213,7 @@ pub async fn test(
 mod tests {
     use super::*;
     use platform::error::Code;
+    use platform::refusal::Refusal as _;
 
     #[test]
     fn a_test_names_an_address_and_what_a_preview_takes() {

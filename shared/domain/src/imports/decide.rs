@@ -10,6 +10,7 @@
 //!   the next wave, which reads what the earlier one wrote (a file's later row wins);
 //! - a suppressed address is imported and reported: the suppression stays.
 
+use platform::refusal::Refusal as _;
 use std::collections::{BTreeMap, HashSet};
 
 use platform::error::{Code, Warning};

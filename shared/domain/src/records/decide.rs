@@ -34,16 +34,6 @@ pub enum RecordRefusal {
 }
 
 impl RecordRefusal {
-    /// The contract's code of the refusal.
-    pub fn code(&self) -> Code {
-        match self {
-            Self::Invalid { code, .. } => *code,
-            Self::InsufficientCredits => Code::InsufficientCredits,
-            Self::NotFound(_) => Code::RecordNotFound,
-            Self::DeletionPending { .. } => Code::RecordDeletionPending,
-        }
-    }
-
     pub fn invalid(code: Code, message: String, issues: Vec<Issue>) -> Self {
         Self::Invalid { code, message, issues }
     }
@@ -51,8 +41,14 @@ impl RecordRefusal {
 
 /// A refused record write as the contract answers it.
 impl platform::refusal::Refusal for RecordRefusal {
+    /// The contract's code of the refusal.
     fn code(&self) -> Code {
-        RecordRefusal::code(self)
+        match self {
+            Self::Invalid { code, .. } => *code,
+            Self::InsufficientCredits => Code::InsufficientCredits,
+            Self::NotFound(_) => Code::RecordNotFound,
+            Self::DeletionPending { .. } => Code::RecordDeletionPending,
+        }
     }
 
     fn issues(&self) -> Vec<Issue> {
@@ -442,6 +438,7 @@ fn set_identity(personal: &mut proto::RecordPersonal, key: &str, value: Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use platform::refusal::Refusal as _;
     use serde_json::json;
 
     fn attribute(key: &str, definition: Value) -> AttributeEntry {
