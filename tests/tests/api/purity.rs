@@ -153,3 +153,58 @@ fn the_check_sees_a_decision_that_reads_the_clock_and_a_handler_that_draws() {
     let shell = planted("command-service/src/pipeline.rs", "let mut fresh = Drawn; let now = now_millis();");
     assert!(violations(&shell).is_empty(), "a listed shell draws");
 }
+
+/// Where the facts a send decides on may be read, beside `mail::facts` (the one reader every
+/// send reads its recipients' suppression, consent keys, topic statuses and marketing sends
+/// through), and why.
+const SEND_FACTS_READ_ALSO: &[(&str, &str)] = &[
+    ("shared/mail/src/facts.rs", "the one reader"),
+    ("shared/mail/src/skipped.rs", "which suppression decided a refusal (its story), not whether"),
+    ("command-service/src/suppressions/store.rs", "the suppressions capability's own rows"),
+    ("projector/src/workers/maintenance.rs", "the pruning of sends past every cap's window"),
+    (
+        "projector/src/workers/workflows/replay/store.rs",
+        "a dry run's recorded sends by email id, merged with the simulated ones",
+    ),
+];
+
+/// What reads a send fact: the two tables and the rule of which attribute is a consent key.
+const SEND_FACT_READS: &[&str] = &["FROM suppression_keys", "FROM marketing_sends", "is_email_consent("];
+
+/// Each place outside the allowed ones that reads a send fact by itself.
+fn send_fact_readers(files: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, source) in files {
+        let allowed = SEND_FACTS_READ_ALSO.iter().any(|(file, _)| file == path)
+            || path.starts_with("shared/domain/src/email/send/");
+        let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+        for read in SEND_FACT_READS {
+            if !allowed && code.contains(read) {
+                found.push(format!("{path} reads a send fact by itself ({read}); read it through mail::facts"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_send_reads_its_recipients_facts_through_the_one_reader() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+    let mut files = Vec::new();
+    for folder in ["shared", "command-service/src", "query-service/src", "projector/src"] {
+        sources(workspace, &workspace.join(folder), &mut files);
+    }
+    for (file, _) in SEND_FACTS_READ_ALSO {
+        assert!(workspace.join(file).is_file(), "the allowed reader {file} exists");
+    }
+    let found = send_fact_readers(&files);
+    assert!(found.is_empty(), "send facts are read outside the one reader:\n{}", found.join("\n"));
+    let planted = |path: &str, text: &str| vec![(path.to_owned(), text.to_owned())];
+    let own = planted(
+        "projector/src/workers/email/recipients.rs",
+        "client.query(\"SELECT identifier FROM suppression_keys WHERE identifier = ANY($1)\", &[&addresses])",
+    );
+    assert_eq!(send_fact_readers(&own).len(), 1, "a feeder's own suppression lookup is seen");
+    let rule = planted("command-service/src/forms/http.rs", "if mail::send::is_email_consent(&definition) {}");
+    assert_eq!(send_fact_readers(&rule).len(), 1, "a feeder's own consent keys are seen");
+}

@@ -338,19 +338,23 @@ pub(super) async fn contacts_facts(
             &[&schema_ids],
         )
         .await?;
-    // By schema: the keys of its email consent attributes, and what a record write holds
-    // values to (`reads::catalog::write_context`): the custom attributes.
-    let mut schemas: BTreeMap<String, (Vec<String>, Vec<domain::catalog::AttributeEntry>)> = BTreeMap::new();
+    // By schema: every attribute (whose email consent keys the send decision's rule picks),
+    // and what a record write holds values to (`reads::catalog::write_context`): the custom
+    // attributes.
+    let mut by_schema: BTreeMap<String, (Vec<domain::catalog::AttributeEntry>, Vec<domain::catalog::AttributeEntry>)> =
+        BTreeMap::new();
     for row in rows {
-        let (consent_keys, attributes) = schemas.entry(row.get(0)).or_default();
-        let (key, definition): (String, Value) = (row.get(1), row.get(2));
-        if mail::send::is_email_consent(&definition) {
-            consent_keys.push(key.clone());
-        }
+        let (all, custom) = by_schema.entry(row.get(0)).or_default();
+        let attribute = domain::catalog::AttributeEntry { key: row.get(1), definition: row.get::<_, Value>(2) };
         if !row.get::<_, bool>(3) {
-            attributes.push(domain::catalog::AttributeEntry { key, definition });
+            custom.push(attribute.clone());
         }
+        all.push(attribute);
     }
+    let schemas: BTreeMap<String, (Vec<String>, Vec<domain::catalog::AttributeEntry>)> = by_schema
+        .into_iter()
+        .map(|(schema_id, (all, custom))| (schema_id, (mail::send::consent_keys(&all), custom)))
+        .collect();
     let live_ids: Vec<String> = live.iter().map(|(contact_id, ..)| contact_id.clone()).collect();
     let mut subscriptions = reads::email::subscriptions_of(client, &live_ids).await?;
     let mut segments: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
