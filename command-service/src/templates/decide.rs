@@ -113,7 +113,7 @@ pub(crate) fn check_keys(
     for (key, expected) in template.data.iter().filter(|(key, _)| !context.contains_key(*key)) {
         issues.push(Issue::for_key(
             format!("data.{key}"),
-            format!("the template expects a {} record under {key:?}", expected.schema_slug),
+            format!("the template expects a record of schema {:?} under {key:?}", expected.schema_slug),
         ));
     }
     if issues.is_empty() {
