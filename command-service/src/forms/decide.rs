@@ -258,7 +258,9 @@ impl Decide for SubmitForm<'_> {
             let expiry = (expires_at_ms, words.lang());
             guards.push(token_guard(&token_digest, form_id, &submission_id, (&space_id, &contact_id), expiry));
             if let (Some(confirmation), Some(key)) = (&confirmation, contact_key.as_ref()) {
-                if confirmation.address != address {
+                // The contact may end without an address (the form's address held by another
+                // record, being deleted, is skipped): the send decision says `no_address`.
+                if !address.is_empty() && confirmation.address != address {
                     let read = &confirmation.address;
                     return Err(Refusal::Internal(format!(
                         "the confirmation's facts were read for {read:?}, not {address:?}"
@@ -273,7 +275,7 @@ impl Decide for SubmitForm<'_> {
                     topic_id: None,
                     contact: Some(send::Contact {
                         address: Some(address.as_str()),
-                        suppressed: confirmation.suppressed,
+                        suppressed: confirmation.suppressed && !address.is_empty(),
                         ..send::Contact::default()
                     }),
                     policy: None,
@@ -690,6 +692,29 @@ mod tests {
         let mut off = submission(true);
         off.form.enabled = false;
         given(off).when(&command).then_refused(Refusal::Disabled);
+    }
+
+    #[test]
+    fn a_submission_whose_address_another_record_holds_is_confirmed_to_no_one() {
+        // The address is held by a record being deleted: the new contact is written without
+        // it, and its confirmation is skipped at the gate, not failed.
+        let site = site();
+        let command = submit(&site, true);
+        let mut loaded = submission(true);
+        let address = "a@example.com".to_owned();
+        let open = open(&mut loaded);
+        open.upsert.target = None;
+        open.upsert.owners =
+            domain::records::decide::Owners::from([(("email".to_owned(), address.clone()), "con_other".to_owned())]);
+        let authored = crate::templates::decide::tests::authored("Confirm");
+        open.confirmation = Some(ConfirmationEmail { authored, address, suppressed: false, suppressed_by: None });
+        let Submitted { outcome, confirmation } = given(loaded).when(&command).decided();
+        assert!(confirmation.is_none(), "nothing is handed off");
+        let skipped = events(&outcome).into_iter().find_map(|event| match event {
+            LogEvent::EmailSkipped(skipped) => Some(skipped),
+            _ => None,
+        });
+        assert_eq!(skipped.map(|skipped| skipped.gate), Some(send::Gate::NoAddress.as_str().to_owned()));
     }
 
     fn confirm(json: bool) -> ConfirmSubmission {

@@ -173,7 +173,11 @@ impl RecipientFacts {
     ) -> Result<send::Contact<'a>, Refusal> {
         let RecipientFacts { matched, addresses, facts } = self;
         let record = &planned.upsert.record;
-        let address = record.personal.as_ref().and_then(|personal| personal.email.as_deref());
+        let address = record
+            .personal
+            .as_ref()
+            .and_then(|personal| personal.email.as_deref())
+            .filter(|address| !address.is_empty());
         if let Some(address) = address.filter(|address| !addresses.iter().any(|read| read == address)) {
             return Err(Refusal::Failed(format!("the recipient's address {address:?} was not read")));
         }
@@ -423,7 +427,7 @@ impl platform::refusal::Refusal for Refusal {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use domain::email::resources::ContextKey;
     use platform::refusal::Refusal as _;
@@ -500,7 +504,7 @@ mod tests {
         }
     }
 
-    fn authored(subject: &str) -> Arc<Authored> {
+    pub(crate) fn authored(subject: &str) -> Arc<Authored> {
         let sender = SenderDef {
             slug: "s".into(),
             from_name: "S".into(),
