@@ -2,11 +2,12 @@
 //!
 //! A command's [`Decide::decide`] lives in its capability's `decide.rs` and is a function of
 //! the loaded state, the command and what it is [`Given`]: the time, the operation's id and a
-//! [`Fresh`] source of new ids and data keys. It names no HTTP, database, clock or random
+//! [`Fresh`] source of new ids, data keys and tokens. It names no HTTP, database, clock or random
 //! source, so the same inputs decide the same. It answers with an outcome (the streams and
-//! guards to append and the reply, as data) or a typed refusal; the refusal's status and
-//! body are chosen in `edge.rs`, and the shell (`pipeline::Command`, in the capability's
-//! `http.rs`) loads what the decision needs and turns its outcome into the HTTP answer.
+//! guards to append and the reply, as data) or a typed refusal, which says its code and
+//! issues (`platform::refusal::Refusal`; the code table gives the status); the shell
+//! (`pipeline::Command`, in the capability's `http.rs`) loads what the decision needs and
+//! turns its outcome into the HTTP answer.
 
 use domain::email::page_text::PageText;
 use platform::error::Warning;
@@ -32,7 +33,8 @@ pub trait Decide {
     /// What the decision decided: [`Outcome`], or a capability's own when its shell does more
     /// with it.
     type Outcome;
-    /// Why the command is refused (a `thiserror` enum mapped to the contract in `edge.rs`).
+    /// Why the command is refused (a `thiserror` enum answered through its
+    /// `platform::refusal::Refusal` impl).
     type Refusal;
 
     /// The decision: no IO, nothing drawn but through `given.fresh`.

@@ -11,10 +11,10 @@
 //!    revision is remembered and guards the append.
 //! 4. **Decide** ([`Decide::decide`], in the capability's `decide.rs`): a pure function of
 //!    the loaded state, the command and what it is [`Given`] (the time, the operation's id,
-//!    new ids and data keys); the streams to append (each at the version it was loaded at),
-//!    the guards and the reply, as data, or a refusal, which `edge.rs` answers. The shell
-//!    ([`Command::answer`]) turns the outcome into the HTTP answer and the work that follows
-//!    the append.
+//!    new ids, data keys and tokens); the streams to append (each at the version it was
+//!    loaded at), the guards and the reply, as data, or a refusal, answered through its
+//!    `platform::refusal::Refusal` impl. The shell ([`Command::answer`]) turns the outcome
+//!    into the HTTP answer and the work that follows the append.
 //! 5. **Append** once: the decision's streams and guards, the catalog revision guard, and the
 //!    idempotent completion (the answer recorded in the same transaction).
 //! 6. **Again** when the append lost a race ([`Command::refused`]: a stream moved on, the
@@ -38,7 +38,8 @@
 //! pipeline admits it under `Idempotency-Key`, runs the command's `load` (through `Ctx`, which
 //! gives fresh reads only: see Deciding on fresh state), then its pure `Decide::decide` (in the
 //! capability's `decide.rs`, given the time, the operation's id and a `Fresh`), turns the outcome
-//! into the answer (`Command::answer`; a refusal becomes the envelope in `edge.rs`), appends the
+//! into the answer (`Command::answer`; a refusal becomes the envelope through its
+//! `platform::refusal::Refusal` impl), appends the
 //! decision once with its guards, the catalog revision guard and the idempotent completion,
 //! decides again when the append lost a race (`Command::refused`: a stream not at its loaded
 //! version, a moved catalog or authored resource, a taken uniqueness claim), and answers with
