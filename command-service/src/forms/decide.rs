@@ -706,7 +706,7 @@ mod tests {
         open.upsert.target = None;
         open.upsert.owners =
             domain::records::decide::Owners::from([(("email".to_owned(), address.clone()), "con_other".to_owned())]);
-        let authored = crate::templates::decide::tests::authored("Confirm");
+        let authored = crate::templates::decide::fixtures::authored("Confirm");
         open.confirmation = Some(ConfirmationEmail { authored, address, suppressed: false, suppressed_by: None });
         let Submitted { outcome, confirmation } = given(loaded).when(&command).decided();
         assert!(confirmation.is_none(), "nothing is handed off");

@@ -426,14 +426,13 @@ impl platform::refusal::Refusal for Refusal {
     }
 }
 
+/// A template and what a send reads of it, for the decisions' tests that send.
 #[cfg(test)]
-pub(crate) mod tests {
+pub(crate) mod fixtures {
     use super::*;
-    use domain::email::resources::ContextKey;
-    use platform::refusal::Refusal as _;
-    use serde_json::json;
+    use domain::email::resources::{AllowanceDef, ContextKey, DomainDef, SenderDef, StoredKey};
 
-    fn template(kind: &str, topic: Option<&str>) -> TemplateDef {
+    pub(crate) fn template(kind: &str, topic: Option<&str>) -> TemplateDef {
         TemplateDef {
             slug: "t".into(),
             name: "T".into(),
@@ -450,57 +449,6 @@ pub(crate) mod tests {
             )]),
             tracking: None,
             ..Default::default()
-        }
-    }
-
-    #[test]
-    fn the_body_is_data_only_and_its_keys_are_the_templates() {
-        let body = |value: Value| value.as_object().cloned().unwrap_or_default();
-        let refused = context(&body(json!({"data": {}, "subject": "x"}))).err().map(|e| e.code());
-        assert_eq!(refused, Some(Code::TemplateContentNotAccepted));
-        assert_eq!(context(&body(json!({"data": {}, "other": 1}))).err().map(|e| e.code()), Some(Code::UnknownField));
-        assert_eq!(
-            context(&body(json!({"data": {"contact": 1}}))).err().map(|e| e.code()),
-            Some(Code::InvalidTemplateData)
-        );
-        let given = context(&body(json!({"data": {"contact": {"email": "a@example.com"}}}))).expect("valid");
-        assert!(check_keys(&template("transactional", None), &given).is_ok());
-        let extra = context(&body(json!({"data": {"contact": {}, "order": {}}}))).expect("valid");
-        assert!(check_keys(&template("transactional", None), &extra).is_err());
-        assert!(check_keys(&template("transactional", None), &BTreeMap::new()).is_err());
-    }
-
-    use crate::decision::Status;
-    use crate::decision::harness::{self, NOW_MS};
-    use domain::email::resources::{AllowanceDef, DomainDef, SenderDef, StoredKey};
-    use domain::records::RecordState;
-    use platform::events::LogEvent;
-    use platform::fresh::{Counted, Fresh};
-    use platform::proto;
-
-    #[test]
-    fn the_refusals_read_as_the_contract_words_them() {
-        let unknown = Refusal::UnknownField("other".into());
-        assert_eq!(unknown.to_string(), "unknown field \"other\"; the body is {data: {...}}");
-        let content = Refusal::ContentNotAccepted("subject".into());
-        assert_eq!(
-            content.to_string(),
-            "\"subject\" cannot be given: the stored template's content is sent as authored"
-        );
-        let gate = Refusal::Gate(Gate::NoAddress);
-        assert_eq!(gate.to_string(), format!("{}; nothing was sent", Gate::NoAddress.reason()));
-        let body = |value: Value| value.as_object().cloned().unwrap_or_default();
-        let Err(Refusal::InvalidData { message, issues }) = context(&body(json!({"data": {"contact": 1}}))) else {
-            panic!("refused");
-        };
-        assert_eq!(message, "each context value is an object of the record's fields");
-        assert_eq!(issues, [Issue::for_key("data.contact", message.as_str())]);
-    }
-
-    fn site() -> Site {
-        Site {
-            base_url: "https://api.example.test/v1".into(),
-            links: mail::tracking::Links::derive(|_| [7; 32], 1, &[]),
         }
     }
 
@@ -533,6 +481,64 @@ pub(crate) mod tests {
             parts: Default::default(),
             preheader: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{authored, template};
+    use super::*;
+    use platform::refusal::Refusal as _;
+    use serde_json::json;
+
+    #[test]
+    fn the_body_is_data_only_and_its_keys_are_the_templates() {
+        let body = |value: Value| value.as_object().cloned().unwrap_or_default();
+        let refused = context(&body(json!({"data": {}, "subject": "x"}))).err().map(|e| e.code());
+        assert_eq!(refused, Some(Code::TemplateContentNotAccepted));
+        assert_eq!(context(&body(json!({"data": {}, "other": 1}))).err().map(|e| e.code()), Some(Code::UnknownField));
+        assert_eq!(
+            context(&body(json!({"data": {"contact": 1}}))).err().map(|e| e.code()),
+            Some(Code::InvalidTemplateData)
+        );
+        let given = context(&body(json!({"data": {"contact": {"email": "a@example.com"}}}))).expect("valid");
+        assert!(check_keys(&template("transactional", None), &given).is_ok());
+        let extra = context(&body(json!({"data": {"contact": {}, "order": {}}}))).expect("valid");
+        assert!(check_keys(&template("transactional", None), &extra).is_err());
+        assert!(check_keys(&template("transactional", None), &BTreeMap::new()).is_err());
+    }
+
+    use crate::decision::Status;
+    use crate::decision::harness::{self, NOW_MS};
+    use domain::records::RecordState;
+    use platform::events::LogEvent;
+    use platform::fresh::{Counted, Fresh};
+    use platform::proto;
+
+    #[test]
+    fn the_refusals_read_as_the_contract_words_them() {
+        let unknown = Refusal::UnknownField("other".into());
+        assert_eq!(unknown.to_string(), "unknown field \"other\"; the body is {data: {...}}");
+        let content = Refusal::ContentNotAccepted("subject".into());
+        assert_eq!(
+            content.to_string(),
+            "\"subject\" cannot be given: the stored template's content is sent as authored"
+        );
+        let gate = Refusal::Gate(Gate::NoAddress);
+        assert_eq!(gate.to_string(), format!("{}; nothing was sent", Gate::NoAddress.reason()));
+        let body = |value: Value| value.as_object().cloned().unwrap_or_default();
+        let Err(Refusal::InvalidData { message, issues }) = context(&body(json!({"data": {"contact": 1}}))) else {
+            panic!("refused");
+        };
+        assert_eq!(message, "each context value is an object of the record's fields");
+        assert_eq!(issues, [Issue::for_key("data.contact", message.as_str())]);
+    }
+
+    fn site() -> Site {
+        Site {
+            base_url: "https://api.example.test/v1".into(),
+            links: mail::tracking::Links::derive(|_| [7; 32], 1, &[]),
+        }
     }
 
     /// The contacts schema, with the email consent attribute `news`.
