@@ -109,9 +109,7 @@ impl Command for SubmitForm<'_> {
         let address = upsert.input.identity("email").unwrap_or_default().to_owned();
         let client = ctx.db().await?;
         let subscribed = match &matched {
-            Some(contact_id) => {
-                reads::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?
-            }
+            Some(contact_id) => reads::email::subscriptions(&client, contact_id).await.map_err(ApiError::from)?,
             None => Default::default(),
         };
         drop(client);
@@ -302,6 +300,6 @@ async fn suppression(
     }];
     let found = mail::skipped::decided_by(&client, space_id, &refused, &platform::crypto::Keys::default())
         .await
-        .map_err(|error| ApiError::internal(&error))?;
+        .map_err(ApiError::from)?;
     Ok((true, found.into_iter().next().flatten()))
 }

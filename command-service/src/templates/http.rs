@@ -128,7 +128,8 @@ async fn recipient_facts(
         subscriptions: template.topic_id.is_some(),
         sends_since_ms: lookback.map(|lookback| platform::time::now_millis() - lookback),
     };
-    let facts = SendFacts::load(&ctx.db().await?, asked).await.map_err(|error| ApiError::internal(&error))?;
+    // A database failure is answered as one (503, retry), not as a defect.
+    let facts = SendFacts::load(&ctx.db().await?, asked).await.map_err(ApiError::from)?;
     Ok(RecipientFacts { matched, addresses, facts })
 }
 
