@@ -107,7 +107,7 @@ async fn load_with_audience(
     (checked, experiment): (Checked<'_>, Option<&ExperimentDef>),
 ) -> Result<Broadcast, ApiError> {
     let client = ctx.db().await?;
-    let loaded = store::load(&client, space_id, broadcast_id).await.map_err(|error| ApiError::internal(&error))?;
+    let loaded = store::load(&client, space_id, broadcast_id).await.map_err(ApiError::from)?;
     drop(client);
     let Some(loaded) = loaded else { return Ok(None) };
     let audience = match checked {

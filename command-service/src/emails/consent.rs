@@ -22,7 +22,7 @@ pub(crate) async fn load_email_consent(
     let client = ctx.db().await?;
     let loaded = reads::records::load_records(&client, &[contact_id.to_owned()])
         .await
-        .map_err(|error| ApiError::internal(&error))?
+        .map_err(ApiError::from)?
         .into_iter()
         .next();
     drop(client);

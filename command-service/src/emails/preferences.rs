@@ -34,12 +34,10 @@ impl Command for ChangePreferences {
         let (space_id, contact_id) = (&email.scheduled.space_id, &email.scheduled.contact_id);
         let catalog = ctx.catalog().await?;
         let client = ctx.db().await?;
-        let defined =
-            reads::email::topics(&client, &catalog, space_id).await.map_err(|error| ApiError::internal(&error))?;
+        let defined = reads::email::topics(&client, &catalog, space_id).await.map_err(ApiError::from)?;
         let topics: BTreeMap<String, String> =
             defined.iter().map(|(topic_id, topic)| (topic_id.clone(), topic.name.clone())).collect();
-        let subscribed =
-            reads::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?;
+        let subscribed = reads::email::subscriptions(&client, contact_id).await.map_err(ApiError::from)?;
         drop(client);
         // A choice naming a topic the space lacks is refused: its consent is not read.
         let consent = match self.choice.consent().filter(|_| self.choice.unknown_topics(&topics).is_empty()) {

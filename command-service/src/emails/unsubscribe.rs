@@ -33,7 +33,7 @@ pub(crate) async fn load(ctx: &Ctx<'_>, email_id: &str) -> Result<Option<Email>,
     let events = platform::log::read_streams(&client, &[domain::email::stream_id(email_id)]).await?;
     let mut found: Option<Email> = None;
     for stored in events {
-        let event = stored.decode().map_err(|error| ApiError::internal(&error))?;
+        let event = stored.decode().map_err(ApiError::from)?;
         match (event, found.as_mut()) {
             (LogEvent::EmailScheduled(scheduled), _) => {
                 found = Some(Email { version: stored.stream_version, scheduled, unsubscribed: false });
@@ -54,9 +54,8 @@ impl PageFacts {
     /// written in: [`PageFacts::with_topics`] after reading the space's topics.
     pub(crate) async fn load(ctx: &Ctx<'_>, scheduled: &proto::EmailScheduled) -> Result<Self, ApiError> {
         let catalog = ctx.catalog().await?;
-        let topics = reads::email::topics(&ctx.db().await?, &catalog, &scheduled.space_id)
-            .await
-            .map_err(|error| ApiError::internal(&error))?;
+        let topics =
+            reads::email::topics(&ctx.db().await?, &catalog, &scheduled.space_id).await.map_err(ApiError::from)?;
         Self::with_topics(ctx, scheduled, &topics).await
     }
 

@@ -138,8 +138,7 @@ fn parse_candidate(context: &FireContext, index: usize, item: Value, now_ms: i64
 /// A parsed input with the keyed digest of its normalised payload.
 fn candidate(index: usize, input: FireInput) -> Result<Candidate, ApiError> {
     let canonical = crate::canonical::canonical_json(&input.normalized());
-    let digest =
-        platform::crypto::keyed_digest("event-input", &canonical).map_err(|error| ApiError::internal(&error))?;
+    let digest = platform::crypto::keyed_digest("event-input", &canonical).map_err(ApiError::from)?;
     Ok(Candidate { index, input, digest })
 }
 
@@ -182,7 +181,7 @@ async fn lookups(
         find_receipts(&client, &context.space_id, &context.schema.schema_id, &event_ids),
         load_subjects(&client, &subject_ids)
     );
-    Ok((receipts?, subjects.map_err(|error| ApiError::internal(&error))?))
+    Ok((receipts?, subjects.map_err(ApiError::from)?))
 }
 
 /// Accepts candidates each on its own (a single fire, or a batch with `onError: continue`).
@@ -608,7 +607,7 @@ async fn batch_abort(state: &State, context: &Context, events: Vec<Value>) -> Re
 async fn first_deleting(state: &State, candidates: &[Candidate]) -> Result<Option<usize>, ApiError> {
     let subject_ids: Vec<String> = candidates.iter().filter_map(|c| c.input.subject().map(str::to_owned)).collect();
     let client = state.pool.get().await?;
-    let subjects = load_subjects(&client, &subject_ids).await.map_err(|error| ApiError::internal(&error))?;
+    let subjects = load_subjects(&client, &subject_ids).await.map_err(ApiError::from)?;
     Ok(candidates
         .iter()
         .find(|c| c.input.subject().is_some_and(|id| !matches!(subjects.get(id), Some(Loaded::Live { .. }))))

@@ -74,7 +74,7 @@ async fn load_form(ctx: &Ctx<'_>, form_id: &str) -> Result<(String, FormDef), Ap
 /// The space's page text (its pages' words per locale, and its locale setting).
 async fn page_text(ctx: &Ctx<'_>, space_id: &str) -> Result<PageTextDef, ApiError> {
     let catalog = ctx.catalog().await?;
-    reads::email::page_text(&ctx.db().await?, &catalog, space_id).await.map_err(|error| ApiError::internal(&error))
+    reads::email::page_text(&ctx.db().await?, &catalog, space_id).await.map_err(ApiError::from)
 }
 
 /// Counts one against a limiter; 429 `rate_limit_exceeded` with `Retry-After` when used up.
@@ -117,8 +117,7 @@ impl Command for SubmitForm<'_> {
             (Some(template_id), true) => {
                 let authored = load_authored(ctx, &space_id, template_id).await?;
                 let limits = &ctx.state.settings.forms;
-                let recipient = platform::crypto::keyed_digest("form-recipient", &address)
-                    .map_err(|error| ApiError::internal(&error))?;
+                let recipient = platform::crypto::keyed_digest("form-recipient", &address).map_err(ApiError::from)?;
                 let window = limits.confirmation_window_seconds;
                 let (per_recipient, per_form) =
                     (format!("form-confirm:{form_id}:{recipient}"), format!("form-confirm:{form_id}"));
@@ -217,9 +216,7 @@ impl Command for ConfirmSubmission {
         if expired {
             return Ok(Confirmation::Expired);
         }
-        let subscribed = reads::email::subscriptions(&ctx.db().await?, &contact_id)
-            .await
-            .map_err(|error| ApiError::internal(&error))?;
+        let subscribed = reads::email::subscriptions(&ctx.db().await?, &contact_id).await.map_err(ApiError::from)?;
         let consent = load_email_consent(ctx, (&space_id, &contact_id), true).await?;
         Ok(Confirmation::Open {
             space_id: space_id.into(),
@@ -273,7 +270,7 @@ async fn confirm_link(
     if token.len() > 256 || !platform::storable::is_storable(&token) {
         return Err(Refusal::LinkNotFound.into());
     }
-    let digest = platform::crypto::keyed_digest("form-token", &token).map_err(|error| ApiError::internal(&error))?;
+    let digest = platform::crypto::keyed_digest("form-token", &token).map_err(ApiError::from)?;
     let command = ConfirmSubmission { form_id, digest, json: wants_json(req), decided: Default::default() };
     pipeline::execute(state, req, Actor::Public, Protection::Unkeyed, command).await
 }

@@ -181,8 +181,8 @@ async fn known_contacts(state: &State, key: &WriteKey, messages: &[&Message]) ->
         messages.iter().filter_map(|message| Some(("userId", message.user_id.clone()?))).collect();
     let mut digests: BTreeMap<String, String> = BTreeMap::new();
     for anonymous in messages.iter().filter_map(|message| message.anonymous_id.as_ref()) {
-        let digest = platform::crypto::keyed_digest("alias", &format!("{}\0{anonymous}", key.source))
-            .map_err(|error| ApiError::internal(&error))?;
+        let digest =
+            platform::crypto::keyed_digest("alias", &format!("{}\0{anonymous}", key.source)).map_err(ApiError::from)?;
         digests.insert(digest, anonymous.clone());
     }
     let client = state.pool.get().await?;
@@ -385,7 +385,7 @@ impl Command for Resolve {
         let alias = match anonymous {
             Some(anonymous) => {
                 let digest = platform::crypto::keyed_digest("alias", &format!("{}\0{anonymous}", key.source))
-                    .map_err(|error| ApiError::internal(&error))?;
+                    .map_err(ApiError::from)?;
                 let alias = crate::identities::store::load_alias(&client, &key.space_id, &digest).await?;
                 Some((digest, alias))
             }
@@ -404,7 +404,7 @@ impl Command for Resolve {
         let mut loaded: BTreeMap<String, (i64, domain::records::Loaded)> =
             reads::records::load_records(&client, &wanted)
                 .await
-                .map_err(|error| ApiError::internal(&error))?
+                .map_err(ApiError::from)?
                 .into_iter()
                 .map(|(id, version, loaded)| (id, (version, loaded)))
                 .collect();
@@ -472,7 +472,7 @@ impl Command for JoinGroup {
         let ids: Vec<String> = object_id.iter().cloned().chain([self.contact_id.clone()]).collect();
         let mut loaded: BTreeMap<String, (i64, domain::records::Loaded)> = reads::records::load_records(&client, &ids)
             .await
-            .map_err(|error| ApiError::internal(&error))?
+            .map_err(ApiError::from)?
             .into_iter()
             .map(|(id, version, loaded)| (id, (version, loaded)))
             .collect();

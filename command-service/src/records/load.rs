@@ -96,17 +96,13 @@ pub(crate) async fn load_topics(
     let catalog = ctx.catalog().await?;
     let client = ctx.db().await?;
     let mut by_reference = std::collections::BTreeMap::new();
-    for (topic_id, topic) in
-        reads::email::topics(&client, &catalog, space_id).await.map_err(|error| ApiError::internal(&error))?
-    {
+    for (topic_id, topic) in reads::email::topics(&client, &catalog, space_id).await.map_err(ApiError::from)? {
         by_reference.insert(topic.slug, topic_id.clone());
         by_reference.insert(topic.name, topic_id.clone());
         by_reference.insert(topic_id.clone(), topic_id);
     }
     let current = match contact_id {
-        Some(contact_id) => {
-            reads::email::subscriptions(&client, contact_id).await.map_err(|error| ApiError::internal(&error))?
-        }
+        Some(contact_id) => reads::email::subscriptions(&client, contact_id).await.map_err(ApiError::from)?,
         None => std::collections::BTreeMap::new(),
     };
     Ok(TopicFacts { by_reference, current })

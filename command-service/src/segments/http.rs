@@ -24,7 +24,7 @@ impl Command for CreateSegment {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
         let catalog = ctx.catalog().await?;
         let (vocabulary, credits) =
-            vocabulary(&ctx.db().await?, &catalog, &self.space_id).await.map_err(|error| ApiError::internal(&error))?;
+            vocabulary(&ctx.db().await?, &catalog, &self.space_id).await.map_err(ApiError::from)?;
         if credits <= 0 {
             return Err(Refusal::NoCredits.into());
         }
@@ -64,7 +64,7 @@ pub async fn create(
 
 impl Command for DeleteSegment {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
-        load(&ctx.db().await?, &self.segment_id).await.map_err(|error| ApiError::internal(&error))
+        load(&ctx.db().await?, &self.segment_id).await.map_err(ApiError::from)
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {

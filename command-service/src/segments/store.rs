@@ -107,7 +107,7 @@ pub async fn load(client: &impl GenericClient, segment_id: &str) -> anyhow::Resu
 /// A live segment of the caller's space: its stream version; 404 otherwise (also for another
 /// space's).
 pub(crate) async fn load_live(client: &impl GenericClient, space_id: &str, segment_id: &str) -> Result<i64, ApiError> {
-    match load(client, segment_id).await.map_err(|error| ApiError::internal(&error))? {
+    match load(client, segment_id).await.map_err(ApiError::from)? {
         Some((version, owner)) if owner == space_id => Ok(version),
         _ => Err(not_found(segment_id)),
     }

@@ -23,7 +23,7 @@ use crate::suppressions::store::{existing_keys, load, load_many};
 
 /// The subject of an identifier (a keyed digest, so the same address is one subject).
 fn subject(identifier: &str) -> Result<String, ApiError> {
-    platform::crypto::email_subject(identifier).map_err(|error| ApiError::internal(&error))
+    platform::crypto::email_subject(identifier).map_err(ApiError::from)
 }
 
 /// A batch's answer: per-item results and the summary counting items by the given statuses,
@@ -136,13 +136,13 @@ pub(crate) async fn batch_create(
 
 /// A loaded suppression with its identifier's subject.
 fn current((version, added): (i64, SuppressionAdded)) -> Result<Current, ApiError> {
-    let subject_id = super::subject_of(&added).map_err(|error| ApiError::internal(&error))?;
+    let subject_id = super::subject_of(&added).map_err(ApiError::from)?;
     Ok(Current { version, added, subject_id })
 }
 
 impl Command for BatchRemove {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
-        let loaded = load_many(&ctx.db().await?, &self.ids()).await.map_err(|error| ApiError::internal(&error))?;
+        let loaded = load_many(&ctx.db().await?, &self.ids()).await.map_err(ApiError::from)?;
         loaded.into_iter().map(|(id, loaded)| Ok((id, current(loaded)?))).collect()
     }
 
@@ -175,7 +175,7 @@ pub(crate) async fn batch_remove(
 
 impl Command for DeleteSuppression {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Self::Loaded, ApiError> {
-        let loaded = load(&ctx.db().await?, &self.suppression_id).await.map_err(|error| ApiError::internal(&error))?;
+        let loaded = load(&ctx.db().await?, &self.suppression_id).await.map_err(ApiError::from)?;
         loaded.map(current).transpose()
     }
 

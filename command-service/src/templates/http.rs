@@ -45,7 +45,7 @@ pub(crate) async fn load_authored(ctx: &Ctx<'_>, space_id: &str, template_id: &s
     let catalog = ctx.catalog().await?;
     let authored = Authored::load(&ctx.db().await?, &catalog, space_id, template_id)
         .await
-        .map_err(|error| ApiError::internal(&error))?
+        .map_err(ApiError::from)?
         .ok_or_else(|| decide::Refusal::NotFound(template_id.to_owned()))?;
     let authored = Arc::new(authored);
     if let Some(revision) = ctx.catalog_revision_seen() {

@@ -178,7 +178,7 @@ pub async fn load(ctx: &Ctx<'_>, space_id: &str, template_id: &str, request: &Re
             let recipient_schema = authored.template.data.get(&authored.template.recipient).map(|key| &key.schema_id);
             let loaded = reads::records::load_records(&ctx.db().await?, std::slice::from_ref(contact_id))
                 .await
-                .map_err(|error| ApiError::internal(&error))?;
+                .map_err(ApiError::from)?;
             let state = loaded.into_iter().find_map(|(_, _, loaded)| match loaded {
                 domain::records::Loaded::Live { state, .. }
                     if state.space_id == space_id && Some(&state.schema_id) == recipient_schema =>
