@@ -194,6 +194,8 @@ pub(crate) struct UnknownSchema {
     pub schema_ref: String,
 }
 
+impl platform::refusal::Answered for UnknownSchema {}
+
 /// A write to a schema the space does not have: 404 `schema_not_found`.
 impl platform::refusal::Refusal for UnknownSchema {
     fn code(&self) -> platform::error::Code {

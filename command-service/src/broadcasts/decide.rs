@@ -498,6 +498,8 @@ impl Decide for SendBroadcast {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused broadcast update as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {

@@ -436,6 +436,8 @@ impl ChangePreferences {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused recipient action on an email (unsubscribe, preferences) as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {

@@ -79,6 +79,8 @@ pub fn click_request(request: &Request<'_>) -> Actor {
     Actor::Human
 }
 
+impl platform::refusal::Answered for Forged {}
+
 /// A tracking link this service did not issue, or one changed: 404 `link_not_found`.
 impl platform::refusal::Refusal for Forged {
     fn code(&self) -> platform::error::Code {

@@ -654,6 +654,8 @@ impl Decide for FireEvent {
     }
 }
 
+impl platform::refusal::Answered for EventRefusal {}
+
 /// A refused fire as the contract answers it: an occurrence not admitted with `Retry-After`.
 impl platform::refusal::Refusal for EventRefusal {
     fn code(&self) -> Code {
@@ -697,6 +699,8 @@ impl std::fmt::Display for AdmissionRefusal {
         f.write_str(&self.message())
     }
 }
+
+impl platform::refusal::Answered for AdmissionRefusal {}
 
 /// An occurrence not admitted: 429 with `Retry-After` in whole seconds (at least 1).
 impl platform::refusal::Refusal for AdmissionRefusal {

@@ -459,6 +459,8 @@ impl Decide for ConfirmSubmission {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused form submission or confirmation as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {

@@ -270,6 +270,8 @@ impl Decide for ChangeIdentity {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused identity change as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {

@@ -10,6 +10,7 @@
 //! running the same command again after an interruption resumes the same import (parts already
 //! stored are skipped), and a changed file is a new import.
 
+use platform::refusal::answered;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -363,7 +364,7 @@ async fn prepare(arguments: &Import, settings: &AppSettings) -> Result<Prepared,
         delimiter: options.delimiter,
     };
     domain::imports::check_columns(&import_settings, &context.schema.schema_type, &context.attributes)
-        .map_err(|refusal| Stop::from_api(&refusal.into()))?;
+        .map_err(|refusal| Stop::from_api(&answered(refusal)))?;
     // A UTF-16 file (its byte order mark says so) is read as UTF-8, written beside it first.
     let utf8_copy = file::utf16_as_utf8(&arguments.file)?;
     let source = utf8_copy.as_ref().map_or(arguments.file.clone(), |copy| copy.path().to_path_buf());
@@ -378,7 +379,7 @@ async fn prepare(arguments: &Import, settings: &AppSettings) -> Result<Prepared,
         if let Some(headers) = import_file::headers(&import_settings, &text).map_err(Stop::refused)? {
             let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
             domain::imports::check_header(&headers, &import_settings, &context.schema.schema_type, &context.attributes)
-                .map_err(|refusal| Stop::from_api(&refusal.into()))?;
+                .map_err(|refusal| Stop::from_api(&answered(refusal)))?;
         }
     }
     // The whole file, on a thread of its own so that Ctrl-C is heard meanwhile.

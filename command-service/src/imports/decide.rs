@@ -101,6 +101,8 @@ pub(crate) fn completion_parts(body: &Map<String, Value>) -> Result<i32, Refusal
         .ok_or(Refusal::InvalidParts)
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused import request as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {

@@ -11,6 +11,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::Permission;
 use domain::imports;
 use platform::error::ApiError;
+use platform::refusal::answered;
 use serde_json::json;
 
 use super::decide::{self, Refusal};
@@ -35,9 +36,9 @@ pub async fn create(
     let body = api::http::read_json_object(&req, payload).await?;
     let import_id = path.into_inner();
     decide::check_id(&import_id)?;
-    let settings = imports::parse_settings(body)?;
+    let settings = imports::parse_settings(body).map_err(answered)?;
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &settings.schema).await?;
-    imports::check_columns(&settings, &context.schema.schema_type, &context.attributes)?;
+    imports::check_columns(&settings, &context.schema.schema_type, &context.attributes).map_err(answered)?;
     let mut client = state.pool.get().await?;
     let created =
         store::create(&mut client, (caller.space_id(), &import_id), &context.schema, &settings, Some(caller.key_id()))
@@ -87,7 +88,8 @@ pub async fn put_part(
     let rows = import_file::count_rows(&settings, &text).map_err(invalid)?;
     if let Some(headers) = import_file::headers(&settings, &text).map_err(invalid)? {
         let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-        imports::check_header(&headers, &settings, &context.schema.schema_type, &context.attributes)?;
+        imports::check_header(&headers, &settings, &context.schema.schema_type, &context.attributes)
+            .map_err(answered)?;
     }
     drop(text);
     let rows_count = i32::try_from(rows).unwrap_or(i32::MAX);

@@ -276,6 +276,8 @@ pub(crate) async fn close(
     Ok(())
 }
 
+impl platform::refusal::Answered for Failed {}
+
 /// An import write that failed: the database's answer, or the refusal.
 impl platform::refusal::Refusal for Failed {
     fn code(&self) -> platform::error::Code {
@@ -287,7 +289,7 @@ impl platform::refusal::Refusal for Failed {
 
     fn into_failure(self) -> Result<platform::refusal::Failure, Self> {
         match self {
-            Self::Database(error) => Ok(platform::refusal::Failure::Database(error)),
+            Self::Database(error) => Ok(platform::refusal::Failure::Database(error.into())),
             other => Err(other),
         }
     }

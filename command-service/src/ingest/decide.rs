@@ -481,6 +481,8 @@ impl Decide for RecordRefusals {
     }
 }
 
+impl platform::refusal::Answered for Intake {}
+
 /// A refused ingest request: 401 for its key (with the Basic challenge Segment's clients
 /// expect), 400 for its body, the message it names as its issue.
 impl platform::refusal::Refusal for Intake {
@@ -513,6 +515,8 @@ impl platform::refusal::Refusal for Intake {
         }
     }
 }
+
+impl platform::refusal::Answered for Refusal {}
 
 /// A message the ingest could not apply, as the pipeline answers it (the failures list keeps
 /// its code and message).

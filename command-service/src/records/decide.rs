@@ -311,6 +311,8 @@ impl Decide for DeleteRecord {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused record write as the contract answers it: a record rule's refusal as the domain
 /// answers it (`RecordRefusal`, which the import worker shares), a write that could not be
 /// assembled as its failed append is.

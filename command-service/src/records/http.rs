@@ -7,6 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use api::auth::Permission;
 use platform::error::{ApiError, Code};
 use platform::log::AppendError;
+use platform::refusal::answered;
 use serde_json::Value;
 
 use super::decide::{CreateRecord, DeleteRecord, Refusal, UpdateRecord, UpsertRecord, check_credits, write_schema};
@@ -57,7 +58,7 @@ pub async fn create(
     // The schema is resolved before the idempotency claim, as for every record write.
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
     let body = Value::Object(input.clone());
-    let topics = Wanted::take(&context.schema.schema_type, &mut input)?;
+    let topics = Wanted::take(&context.schema.schema_type, &mut input).map_err(answered)?;
     let command = CreateRecord { space_id: caller.space_id().into(), schema_ref, input, topics };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
@@ -103,7 +104,7 @@ pub async fn upsert(
     let schema_ref = path.into_inner();
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
     let body = Value::Object(input.clone());
-    let topics = Wanted::take(&context.schema.schema_type, &mut input)?;
+    let topics = Wanted::take(&context.schema.schema_type, &mut input).map_err(answered)?;
     let command = UpsertRecord { space_id: caller.space_id().into(), schema_ref, input, topics };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }
@@ -147,7 +148,7 @@ pub async fn update(
     // The path id overrides a body id.
     input.remove("id");
     let context = write_contexts::at_edge(&state, Kind::Record, caller.space_id(), &schema_ref).await?;
-    let topics = Wanted::take(&context.schema.schema_type, &mut input)?;
+    let topics = Wanted::take(&context.schema.schema_type, &mut input).map_err(answered)?;
     let command = UpdateRecord { space_id: caller.space_id().into(), schema_ref, record_id, input, topics };
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Unkeyed, command).await
 }

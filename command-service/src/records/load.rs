@@ -3,6 +3,7 @@
 //! catalog context of the schema, the record a write addresses and the holders of its
 //! identities. The decisions are in `decide`.
 
+use platform::refusal::answered;
 use std::sync::Arc;
 
 use domain::catalog::WriteContext;
@@ -27,7 +28,7 @@ pub(crate) async fn load_upsert(
     schema: &WriteSchema<'_>,
     input: Map<String, Value>,
 ) -> Result<UpsertLoaded, ApiError> {
-    let input = parse_input(schema, input)?;
+    let input = parse_input(schema, input).map_err(answered)?;
     let client = ctx.db().await?;
     let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
     let target = match &input.id {
@@ -78,10 +79,10 @@ pub(crate) async fn load_update(
     // The body may be the record as read: its `createdAt` is taken when unchanged, its
     // `updatedAt` ignored.
     let echoed = crate::echo::take_echoed(&mut input, &["createdAt"], &["updatedAt"]);
-    let input = parse_input(schema, input)?;
+    let input = parse_input(schema, input).map_err(answered)?;
     let client = ctx.db().await?;
     let target = load_in_schema(&client, schema, record_id).await?;
-    check_echoed(&crate::echo::changed(&echoed, &shown_platform_fields(&target.1)))?;
+    check_echoed(&crate::echo::changed(&echoed, &shown_platform_fields(&target.1))).map_err(answered)?;
     let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
     Ok((input, target, owners))
 }
@@ -120,5 +121,5 @@ pub(crate) async fn load_in_schema(
         .into_iter()
         .find(|(id, _, _)| id == record_id)
         .map(|(_, version, loaded)| (version, loaded));
-    Ok(live_target(schema, record_id, loaded)?)
+    live_target(schema, record_id, loaded).map_err(answered)
 }

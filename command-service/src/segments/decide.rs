@@ -289,6 +289,8 @@ impl Decide for DeleteSegment {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused segment as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {

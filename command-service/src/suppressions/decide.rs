@@ -369,6 +369,8 @@ impl Decide for DeleteSuppression {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused suppression write as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {

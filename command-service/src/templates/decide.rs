@@ -361,6 +361,8 @@ impl Decide for SendTemplate<'_> {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused template send as the contract answers it: a gate's refusal with its code, the
 /// send policy's with the rule and when a send is allowed, a context record's write as the
 /// record write's refusal is.

@@ -327,6 +327,8 @@ impl Decide for SetPaused {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused workflow request as the contract answers it (a contact's write as the record
 /// write's refusal is).
 impl platform::refusal::Refusal for Refusal {

@@ -7,6 +7,7 @@
 //! key of the run's own), so erasing the contact shreds it. Pause and unpause decide on the
 //! workflow's stream and append at its version.
 
+use platform::refusal::answered;
 use std::sync::Arc;
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -50,7 +51,7 @@ impl Command for TriggerWorkflow {
             Some(contact) => {
                 let context = write_context(ctx, space_id, &found.definition.contact_schema_id).await?;
                 let schema = write_schema(&context, space_id);
-                crate::records::decide::check_credits(&schema, context.credits)?;
+                crate::records::decide::check_credits(&schema, context.credits).map_err(answered)?;
                 let loaded = load_upsert(ctx, &schema, contact.clone()).await?;
                 Some((context, loaded))
             }

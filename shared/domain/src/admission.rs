@@ -2,9 +2,9 @@
 //! schema, a sustained rate with a burst, a cap on events pending preparation and a cap on
 //! retained receipts. Every value comes from configuration, so benchmarks can raise them.
 
-use platform::error::Code;
-use platform::log::{AppendError, Guard};
-use platform::settings::{AdmissionLimits, ScopeLimits};
+use kernel::error::Code;
+use kernel::limits::{AdmissionLimits, ScopeLimits};
+use kernel::log::{AppendError, Guard};
 
 /// The scopes an occurrence in `space_id` / `schema_id` counts against, with their limits,
 /// sorted by scope name (the order their rows are locked in).

@@ -1,12 +1,12 @@
 //! Validating one attribute value against its definition.
 
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
-use platform::error::Code;
+use kernel::error::Code;
 use serde_json::Value;
 
 use crate::catalog::AttributeEntry;
 pub use crate::catalog::{has_auto_fill, is_writable};
-use platform::error::Issue;
+use kernel::error::Issue;
 
 pub fn is_required(definition: &Value) -> bool {
     definition.get("required").and_then(Value::as_bool).unwrap_or(false)

@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use crate::roles::Role;
-use platform::error::Code;
-use platform::log::{AppendError, Guard, SetValue};
+use kernel::error::Code;
+use kernel::log::{AppendError, Guard, SetValue};
 
 pub const CATALOG: &str = "catalog";
 

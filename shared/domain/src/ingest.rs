@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::DateTime;
-use platform::error::Code;
+use kernel::error::Code;
 use serde_json::{Map, Value};
 
 use crate::catalog::AttributeEntry;

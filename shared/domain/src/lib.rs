@@ -1,7 +1,7 @@
 //! The rules of the product that more than one service needs: the catalog (schemas,
 //! attributes, roles), records and their keys, suppressions, event admission, workflow
 //! definitions, webhook rules, state and signing, the authored email resources, engagement
-//! and the send decision. Above the platform and the filter language; rules only: no runtime,
+//! and the send decision. Above the kernel and the filter language; rules only: no runtime,
 //! database, HTTP client, file format or mail stack (what feeds them is `reads`', the AI
 //! provider `ai-provider`'s, an import file's reading `import-file`'s).
 

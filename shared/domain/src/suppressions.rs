@@ -3,9 +3,9 @@
 
 use serde_json::{Value, json};
 
-use platform::events::open;
-use platform::proto;
-use platform::time::format_millis;
+use kernel::events::open;
+use kernel::proto;
+use kernel::time::format_millis;
 
 /// Reasons a caller may add and remove through the API.
 pub const API_REASONS: &[&str] = &["manual", "legal"];
@@ -24,8 +24,7 @@ pub fn removable(added: &proto::SuppressionAdded) -> bool {
 
 /// The suppression document; `None` when its personal data is gone.
 pub fn suppression_document(added: &proto::SuppressionAdded) -> anyhow::Result<Option<Value>> {
-    let personal: Option<proto::SuppressionPersonal> =
-        open(added.personal.as_ref(), &platform::crypto::Keys::default())?;
+    let personal: Option<proto::SuppressionPersonal> = open(added.personal.as_ref(), &kernel::crypto::Keys::default())?;
     Ok(personal.map(|personal| {
         json!({
             "id": added.suppression_id,

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use filter::Filter;
-use platform::events::LogEvent;
+use kernel::events::LogEvent;
 
 mod replays;
 mod revisions;
@@ -520,7 +520,7 @@ pub fn secret_subject(workflow_id: &str) -> String {
 /// A signing secret sealed under `key`, a data key of its own for [`secret_subject`];
 /// `wrapped` is that key as the master key wrapped it.
 pub fn seal_secret(
-    key: &platform::crypto::DataKey,
+    key: &kernel::crypto::DataKey,
     wrapped: &[u8],
     workflow_id: &str,
     secret: &str,
@@ -538,11 +538,7 @@ pub fn wrapped_key(stored: &StoredSecret) -> anyhow::Result<Vec<u8>> {
 }
 
 /// A workflow's signing secret, in the clear, opened with its unwrapped data key.
-pub fn open_secret(
-    key: &platform::crypto::DataKey,
-    workflow_id: &str,
-    stored: &StoredSecret,
-) -> anyhow::Result<String> {
+pub fn open_secret(key: &kernel::crypto::DataKey, workflow_id: &str, stored: &StoredSecret) -> anyhow::Result<String> {
     use base64::Engine;
     let ciphertext = base64::engine::general_purpose::STANDARD.decode(&stored.ciphertext)?;
     Ok(String::from_utf8(key.decrypt(&secret_subject(workflow_id), &ciphertext)?)?)
@@ -562,7 +558,7 @@ pub fn run_stream_id(run_id: &str) -> String {
 /// one `WorkflowRunAdvanced` holding them in order (one log event per transition, however
 /// many steps it passed). Changes that are not a run's (none today) are kept as they are.
 pub fn transition(run_id: &str, space_id: &str, changes: Vec<LogEvent>) -> Vec<LogEvent> {
-    use platform::proto::workflow_run_change::Change;
+    use kernel::proto::workflow_run_change::Change;
     if changes.len() < 2 {
         return changes;
     }
@@ -588,7 +584,7 @@ pub fn transition(run_id: &str, space_id: &str, changes: Vec<LogEvent>) -> Vec<L
 fn unwrappable(
     run_id: &str,
     space_id: &str,
-    wrapped: Vec<platform::proto::workflow_run_change::Change>,
+    wrapped: Vec<kernel::proto::workflow_run_change::Change>,
     other: LogEvent,
 ) -> Vec<LogEvent> {
     let mut events: Vec<LogEvent> = changes(advanced(run_id, space_id, wrapped));
@@ -596,21 +592,18 @@ fn unwrappable(
     events
 }
 
-fn advanced(run_id: &str, space_id: &str, changes: Vec<platform::proto::workflow_run_change::Change>) -> LogEvent {
-    LogEvent::WorkflowRunAdvanced(platform::proto::WorkflowRunAdvanced {
+fn advanced(run_id: &str, space_id: &str, changes: Vec<kernel::proto::workflow_run_change::Change>) -> LogEvent {
+    LogEvent::WorkflowRunAdvanced(kernel::proto::WorkflowRunAdvanced {
         run_id: run_id.to_owned(),
         space_id: space_id.to_owned(),
-        changes: changes
-            .into_iter()
-            .map(|change| platform::proto::WorkflowRunChange { change: Some(change) })
-            .collect(),
+        changes: changes.into_iter().map(|change| kernel::proto::WorkflowRunChange { change: Some(change) }).collect(),
     })
 }
 
 /// The changes a log event made to runs, in order: a `WorkflowRunAdvanced`'s, each as the
 /// event it would have been on its own; any other event as itself.
 pub fn changes(event: LogEvent) -> Vec<LogEvent> {
-    use platform::proto::workflow_run_change::Change;
+    use kernel::proto::workflow_run_change::Change;
     let LogEvent::WorkflowRunAdvanced(advanced) = event else { return vec![event] };
     advanced
         .changes
@@ -633,13 +626,13 @@ pub fn changes(event: LogEvent) -> Vec<LogEvent> {
 /// The email id of the `send_email` execution `index` of a run: the same for every attempt at
 /// that execution, so it is scheduled at most once (its stream is new).
 pub fn email_id(run_id: &str, index: i32) -> String {
-    format!("em_{}", &platform::ids::sha256_hex(&format!("workflow-email\u{1f}{run_id}\u{1f}{index}"))[..32])
+    format!("em_{}", &kernel::ids::sha256_hex(&format!("workflow-email\u{1f}{run_id}\u{1f}{index}"))[..32])
 }
 
 /// The delivery id (`webhook-id`) of the `call_webhook` execution `index` of a run, stable
 /// across its attempts, which receivers deduplicate on.
 pub fn call_id(run_id: &str, index: i32) -> String {
-    format!("msg_{}", &platform::ids::sha256_hex(&format!("workflow-call\u{1f}{run_id}\u{1f}{index}"))[..32])
+    format!("msg_{}", &kernel::ids::sha256_hex(&format!("workflow-call\u{1f}{run_id}\u{1f}{index}"))[..32])
 }
 
 /// The value at a dot path of a JSON document (`None` when absent).
@@ -674,7 +667,7 @@ mod tests {
 
     #[test]
     fn a_transition_of_several_changes_is_one_event_that_gives_them_back_in_order() {
-        use platform::proto::{WorkflowRunFinished, WorkflowRunSleeping, WorkflowStepStarted};
+        use kernel::proto::{WorkflowRunFinished, WorkflowRunSleeping, WorkflowStepStarted};
         let started = LogEvent::WorkflowStepStarted(WorkflowStepStarted {
             run_id: "run_1".into(),
             index: 2,

@@ -1,80 +1,45 @@
-//! A refusal as the contract answers it: the trait every decision's refusal type implements,
-//! and the one conversion of any of them (and of a failed append) into the envelope. Beside
-//! `error` (the codes and the envelope) and `log` (the append's failures), which it joins.
+//! The one conversion of any refusal (the trait is `kernel::refusal`'s, re-exported here) and
+//! of a failed append into the envelope. Beside `error` (the envelope) and `log` (the
+//! append's failures), which it joins.
 
 use http::StatusCode;
 
-use crate::error::{ApiError, Code, Issue};
+pub use kernel::refusal::*;
+
+use crate::error::{ApiError, Code};
 use crate::log::AppendError;
 
-/// A refusal as the contract answers it, whatever refused it: its code (whose status the code
-/// table gives, [`Code::status`]), its message (`Display`), and what the answer carries beside
-/// them. Every decision's refusal type implements it, and the one `From` below turns any of
-/// them into the envelope, so no service maps refusals case by case.
-pub trait Refusal: std::fmt::Display {
-    /// The error's code.
-    fn code(&self) -> Code;
-
-    /// The problems with the input, each naming the key it concerns.
-    fn issues(&self) -> Vec<Issue> {
-        Vec::new()
+/// `refusal` as the contract answers it.
+pub fn answered<R: Refusal>(refusal: R) -> ApiError {
+    let refusal = match refusal.into_failure() {
+        Ok(Failure::Append(error)) => return error.into(),
+        Ok(Failure::Database(error)) => return error.into(),
+        Err(refusal) => refusal,
+    };
+    let code = refusal.code();
+    metrics::counter!("refusals_total", "code" => code.as_str()).increment(1);
+    if refusal.is_defect() {
+        return ApiError::internal(&anyhow::anyhow!("{refusal}"));
     }
-
-    /// Headers of the answer (`Retry-After`, an authentication challenge).
-    fn headers(&self) -> Vec<(&'static str, String)> {
-        Vec::new()
+    let mut error = ApiError::of(code, refusal.to_string()).with_issues(refusal.issues());
+    for (name, value) in refusal.headers() {
+        error = error.with_header(name, value);
     }
-
-    /// Fields of the error object beside the contract's, each documented in `ErrorDetail`.
-    fn fields(&self) -> Vec<(&'static str, serde_json::Value)> {
-        Vec::new()
+    for (name, value) in refusal.fields() {
+        error = error.with_field(name, value);
     }
-
-    /// A defect of ours rather than a refusal of the request: answered 500 `internal_error`,
-    /// its message logged and not shown.
-    fn is_defect(&self) -> bool {
-        false
-    }
-
-    /// A refusal that is a failure of the write itself (an append refused or unavailable, the
-    /// database away): answered as that failure is. `Err` gives the refusal back.
-    fn into_failure(self) -> Result<Failure, Self>
-    where
-        Self: Sized,
-    {
-        Err(self)
-    }
+    error
 }
 
-/// A failure of a write that a refusal may carry ([`Refusal::into_failure`]).
-#[derive(Debug)]
-pub enum Failure {
-    /// The append failed: refused, unavailable, or its outcome unknown.
-    Append(AppendError),
-    /// The database failed a statement of the write.
-    Database(tokio_postgres::Error),
-}
+/// A refusal a service answers with `?` or `.into()`: implemented, with no body, by each of
+/// a service's refusal types beside its [`Refusal`]. (The kernel's trait cannot carry the
+/// `From` itself: this crate could not tell it apart from `ApiError`'s other conversions.) A
+/// `domain` refusal, which cannot name this crate, is answered through [`answered`].
+pub trait Answered: Refusal {}
 
-impl<R: Refusal> From<R> for ApiError {
+impl<R: Answered> From<R> for ApiError {
     fn from(refusal: R) -> Self {
-        let refusal = match refusal.into_failure() {
-            Ok(Failure::Append(error)) => return error.into(),
-            Ok(Failure::Database(error)) => return error.into(),
-            Err(refusal) => refusal,
-        };
-        let code = refusal.code();
-        metrics::counter!("refusals_total", "code" => code.as_str()).increment(1);
-        if refusal.is_defect() {
-            return Self::internal(&anyhow::anyhow!("{refusal}"));
-        }
-        let mut error = Self::of(code, refusal.to_string()).with_issues(refusal.issues());
-        for (name, value) in refusal.headers() {
-            error = error.with_header(name, value);
-        }
-        for (name, value) in refusal.fields() {
-            error = error.with_field(name, value);
-        }
-        error
+        answered(refusal)
     }
 }
 

@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+pub use kernel::limits::{AdmissionLimits, ScopeLimits};
+
 use anyhow::Context;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -655,38 +657,6 @@ impl Default for RateLimits {
             test_sends_per_minute: 10,
             enabled: true,
             reserve_max: 1000,
-        }
-    }
-}
-
-/// The limits of one scope.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ScopeLimits {
-    /// Sustained admissions per second (the token bucket's refill rate).
-    pub rate: f64,
-    /// Admissions allowed at once (the bucket's size).
-    pub burst: f64,
-    /// Events pending preparation.
-    pub pending: i64,
-    /// Receipts retained.
-    pub receipts: i64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct AdmissionLimits {
-    pub fleet: ScopeLimits,
-    pub space: ScopeLimits,
-    pub schema: ScopeLimits,
-}
-
-impl Default for AdmissionLimits {
-    /// The contract's values.
-    fn default() -> Self {
-        Self {
-            fleet: ScopeLimits { rate: 100.0, burst: 200.0, pending: 10_000, receipts: 1_000_000 },
-            space: ScopeLimits { rate: 10.0, burst: 30.0, pending: 1_000, receipts: 50_000 },
-            schema: ScopeLimits { rate: 5.0, burst: 15.0, pending: 500, receipts: 20_000 },
         }
     }
 }

@@ -1,9 +1,12 @@
 //! The purity rule, checked in one place for every crate: a decision does no IO, knows no
 //! HTTP and draws nothing (no clock, randomness, id source or keyring: the time and a `Fresh`
-//! are given). What the compiler cannot hold yet is held here by reading the sources: every
-//! `decide.rs`, every file of a `decide/` folder, every file of `domain`, and the few pure
-//! files named below. And the process's own source of ids and keys (`Drawn`) is named only by
-//! the shells listed, which hand it to decisions.
+//! are given). For `domain` the compiler holds most of it: it stands on the `kernel` alone and
+//! links no runtime, database client, HTTP crate or `platform` (`layering.rs`), so it cannot
+//! reach `Drawn`, the keyring or `now_millis`. What the compiler cannot hold (the clock through
+//! `chrono` or `std`, and every decision inside a service's crate) is held here by reading the
+//! sources: every `decide.rs`, every file of a `decide/` folder, every file of `domain`, and
+//! the few pure files named below. And the process's own source of ids and keys (`Drawn`) is
+//! named only by the shells listed, which hand it to decisions.
 
 use std::path::Path;
 

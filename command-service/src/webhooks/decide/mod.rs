@@ -454,6 +454,8 @@ impl Decide for RotateSecret {
     }
 }
 
+impl platform::refusal::Answered for Refusal {}
+
 /// A refused webhook write as the contract answers it.
 impl platform::refusal::Refusal for Refusal {
     fn code(&self) -> Code {

@@ -21,7 +21,7 @@ use mail::send::{Authored, Gate};
 use mail::skipped::{DecidedBy, Refused};
 use platform::error::Code;
 use platform::events::LogEvent;
-use platform::log::{AppendError, AppendRequest, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
+use platform::log::{AppendError, AppendRequest, Classify, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
 use platform::proto;
 use prost::Message;
 use serde_json::Value;
@@ -469,7 +469,7 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
         };
         let json = serde_json::to_string(&tick.outputs).map_err(|error| AppendError::Failed(error.to_string()))?;
         let mut sealed = platform::events::seal(&subject(row), &proto::WorkflowStepOutput { json });
-        platform::events::encrypt(&mut sealed, key)?;
+        platform::events::encrypt(&mut sealed, key).map_err(Classify::append_error)?;
         Some(sealed.encode_to_vec())
     } else {
         row.outputs.clone()
@@ -594,17 +594,17 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
 
 /// Runs guards in a transaction of their own (a transition with no event).
 async fn apply_guards_alone(inner: &Inner, guards: Vec<Guard>) -> Result<(), AppendError> {
-    let mut client = inner.pool.get().await?;
-    let transaction = client.transaction().await?;
+    let mut client = inner.pool.get().await.map_err(Classify::append_error)?;
+    let transaction = client.transaction().await.map_err(Classify::append_error)?;
     for guard in guards {
         let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
             guard.params.iter().map(|param| param.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
-        let rows = transaction.execute(guard.sql, &params).await?;
+        let rows = transaction.execute(guard.sql, &params).await.map_err(Classify::append_error)?;
         if guard.expect_rows.is_some_and(|expected| expected != rows) {
             return Err(guard.conflict);
         }
     }
-    transaction.commit().await?;
+    transaction.commit().await.map_err(Classify::append_error)?;
     Ok(())
 }
 

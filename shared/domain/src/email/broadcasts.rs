@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use super::resources::{Audience, BroadcastDef};
-use platform::proto;
+use kernel::proto;
 
 /// The timer kind that starts a run: the command service schedules it, the projector's
 /// broadcast engine handles it.
@@ -43,9 +43,9 @@ pub fn document(broadcast_id: &str, definition: &BroadcastDef, updated_at_ms: i6
         "templateId": definition.template_id,
         "senderId": definition.sender_id,
         "audience": definition.audience,
-        "scheduledAt": definition.scheduled_at_ms.map(platform::time::format_millis),
+        "scheduledAt": definition.scheduled_at_ms.map(kernel::time::format_millis),
         "experiment": definition.experiment,
-        "updatedAt": platform::time::format_millis(updated_at_ms),
+        "updatedAt": kernel::time::format_millis(updated_at_ms),
     })
 }
 

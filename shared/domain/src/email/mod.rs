@@ -26,5 +26,5 @@ pub fn subscriptions_stream(contact_id: &str) -> String {
 
 /// The month an allowance counts in, `YYYY-MM` (UTC).
 pub fn allowance_month(at_ms: i64) -> String {
-    platform::time::from_millis(at_ms).format("%Y-%m").to_string()
+    kernel::time::from_millis(at_ms).format("%Y-%m").to_string()
 }

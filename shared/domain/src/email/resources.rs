@@ -323,18 +323,18 @@ pub enum Audience {
 }
 
 impl Audience {
-    pub fn to_proto(&self) -> platform::proto::BroadcastAudience {
+    pub fn to_proto(&self) -> kernel::proto::BroadcastAudience {
         match self {
             Audience::Segment { segment_id } => {
-                platform::proto::BroadcastAudience { segment_id: segment_id.clone(), topic_id: String::new() }
+                kernel::proto::BroadcastAudience { segment_id: segment_id.clone(), topic_id: String::new() }
             }
             Audience::Topic { topic_id } => {
-                platform::proto::BroadcastAudience { segment_id: String::new(), topic_id: topic_id.clone() }
+                kernel::proto::BroadcastAudience { segment_id: String::new(), topic_id: topic_id.clone() }
             }
         }
     }
 
-    pub(crate) fn from_proto(audience: &platform::proto::BroadcastAudience) -> Option<Self> {
+    pub(crate) fn from_proto(audience: &kernel::proto::BroadcastAudience) -> Option<Self> {
         match (audience.segment_id.as_str(), audience.topic_id.as_str()) {
             ("", "") => None,
             (segment_id, "") => Some(Audience::Segment { segment_id: segment_id.to_owned() }),

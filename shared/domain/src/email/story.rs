@@ -3,8 +3,8 @@
 //! and what the recipient did (opens and clicks, people's and machines' apart). The `emails`
 //! read model keeps it; `GET /emails/{id}` answers it.
 
-use platform::events::LogEvent;
-use platform::time::format_millis;
+use kernel::events::LogEvent;
+use kernel::time::format_millis;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -59,7 +59,7 @@ pub struct Story {
 }
 
 /// A layout or partial an email was rendered with, as its story (and a preview) shows it.
-pub fn part_document(part: &platform::proto::PartRevision) -> Value {
+pub fn part_document(part: &kernel::proto::PartRevision) -> Value {
     json!({"kind": part.kind, "id": part.id, "slug": part.slug, "revision": part.revision})
 }
 
@@ -69,7 +69,7 @@ fn some(text: &str) -> Option<&str> {
 
 /// A timeline entry of `kind` at `at_ms`, with the zone the send policy decided in when it
 /// read one (`source` `invalid` flags a contact value that is not a time zone).
-fn decision_entry(kind: &str, at_ms: i64, zone: Option<&platform::proto::PolicyZone>) -> Value {
+fn decision_entry(kind: &str, at_ms: i64, zone: Option<&kernel::proto::PolicyZone>) -> Value {
     let mut entry = json!({"type": kind, "at": format_millis(at_ms)});
     if let Some(zone) = zone {
         entry["zone"] = json!({"name": zone.name, "source": zone.source});
@@ -77,7 +77,7 @@ fn decision_entry(kind: &str, at_ms: i64, zone: Option<&platform::proto::PolicyZ
     entry
 }
 
-fn origin(scheduled: &platform::proto::EmailScheduled) -> Value {
+fn origin(scheduled: &kernel::proto::EmailScheduled) -> Value {
     let variant = (scheduled.variant.as_str(), scheduled.experiment_winner);
     origin_of(&scheduled.origin, &scheduled.form_id, &scheduled.parent_id, &scheduled.step_id, variant)
 }
@@ -281,7 +281,7 @@ pub fn test_story(events: &[LogEvent]) -> Option<Story> {
 
 /// The story of a send a gate refused: `skipped`, with the gate, the refusal and the fact
 /// that decided (its log position, type and time; null when no event decided).
-fn skipped_story(skipped: &platform::proto::EmailSkipped) -> Story {
+fn skipped_story(skipped: &kernel::proto::EmailSkipped) -> Story {
     let at = format_millis(skipped.at_ms);
     let source = skipped.source.clone().unwrap_or_default();
     Story {
@@ -311,7 +311,7 @@ fn skipped_story(skipped: &platform::proto::EmailSkipped) -> Story {
 }
 
 /// The timeline's entry of a refusal: the gate, the refusal and the fact that decided.
-fn skipped_entry(skipped: &platform::proto::EmailSkipped) -> Value {
+fn skipped_entry(skipped: &kernel::proto::EmailSkipped) -> Value {
     let decided_by = (skipped.decided_by_position > 0).then(|| {
         json!({
             "position": skipped.decided_by_position,
@@ -417,7 +417,7 @@ pub fn bucket(story: &Story) -> Option<(&'static str, String)> {
 
 #[cfg(test)]
 mod tests {
-    use platform::proto;
+    use kernel::proto;
 
     use super::*;
 

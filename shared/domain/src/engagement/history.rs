@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use platform::events::LogEvent;
-use platform::proto;
+use kernel::events::LogEvent;
+use kernel::proto;
 
 use super::{Actor, Timing};
 

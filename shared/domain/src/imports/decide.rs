@@ -10,13 +10,13 @@
 //!   the next wave, which reads what the earlier one wrote (a file's later row wins);
 //! - a suppressed address is imported and reported: the suppression stays.
 
-use platform::refusal::Refusal as _;
+use kernel::refusal::Refusal as _;
 use std::collections::{BTreeMap, HashSet};
 
-use platform::error::{Code, Warning};
-use platform::events::LogEvent;
-use platform::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
-use platform::proto;
+use kernel::error::{Code, Warning};
+use kernel::events::LogEvent;
+use kernel::log::{ExpectedVersion, Guard, NewEvent, StreamAppend};
+use kernel::proto;
 use serde_json::{Map, Value};
 
 use super::TOPICS;
@@ -26,7 +26,7 @@ use crate::records::decide::{
 };
 use crate::records::write::{Write, create_write, update_write};
 use crate::records::{Loaded, RecordState};
-use platform::fresh::Fresh;
+use kernel::fresh::Fresh;
 
 /// The import the writes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,7 +249,7 @@ fn subscribe(
                 at_ms: now_ms,
             }),
             subject_id: Some(contact_id.to_owned()),
-            occurred_at: platform::time::from_millis(now_ms),
+            occurred_at: kernel::time::from_millis(now_ms),
         })
         .collect();
     (!events.is_empty()).then(|| StreamAppend {
@@ -340,7 +340,7 @@ fn suppressed(facts: &Facts<'_>, email: Option<&str>) -> Vec<Warning> {
 mod tests {
     use super::*;
     use crate::catalog::AttributeEntry;
-    use platform::fresh::Counted;
+    use kernel::fresh::Counted;
     use serde_json::json;
 
     fn attributes() -> Vec<AttributeEntry> {
@@ -459,7 +459,7 @@ mod tests {
             panic!("a new address is created");
         };
         assert_eq!(warnings.iter().map(|warning| warning.code).collect::<Vec<_>>(), ["recipient_suppressed"]);
-        let platform::events::LogEvent::RecordCreated(created) = &writes.streams[0].events[0].event else {
+        let kernel::events::LogEvent::RecordCreated(created) = &writes.streams[0].events[0].event else {
             panic!("a create appends RecordCreated");
         };
         assert_eq!(created.source, "import");

@@ -6,7 +6,7 @@ pub mod decide;
 
 use std::collections::BTreeMap;
 
-use platform::error::{Code, Issue};
+use kernel::error::{Code, Issue};
 use serde_json::{Map, Value};
 
 use crate::catalog::AttributeEntry;
@@ -142,7 +142,7 @@ impl Refused {
     }
 }
 
-impl platform::refusal::Refusal for Refused {
+impl kernel::refusal::Refusal for Refused {
     fn code(&self) -> Code {
         self.code
     }
@@ -382,7 +382,7 @@ pub fn check_header(
     schema_type: &str,
     attributes: &[AttributeEntry],
 ) -> Result<(), Refused> {
-    if headers.iter().any(|header| !platform::storable::is_storable(header)) {
+    if headers.iter().any(|header| !kernel::storable::is_storable(header)) {
         return Err(Refused::new(
             Code::InvalidCharacter,
             "a column name of the header holds a NUL character, which cannot be stored",

@@ -2,16 +2,16 @@
 //! validated against the schema, defaults apply on create, identity collisions follow the
 //! contract's rules 1 and 4. Pure: every fact comes in as an argument.
 
-use platform::error::Code;
+use kernel::error::Code;
 use std::collections::BTreeMap;
 
 use crate::catalog::AttributeEntry;
 use crate::records::{Loaded, RecordState};
-use platform::crypto::DataKey;
-use platform::error::Issue;
-use platform::error::Warning;
-use platform::events::seal;
-use platform::proto;
+use kernel::crypto::DataKey;
+use kernel::error::Issue;
+use kernel::error::Warning;
+use kernel::events::seal;
+use kernel::proto;
 use serde_json::{Map, Value};
 
 use crate::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_record_value};
@@ -40,7 +40,7 @@ impl RecordRefusal {
 }
 
 /// A refused record write as the contract answers it.
-impl platform::refusal::Refusal for RecordRefusal {
+impl kernel::refusal::Refusal for RecordRefusal {
     /// The contract's code of the refusal.
     fn code(&self) -> Code {
         match self {
@@ -162,7 +162,7 @@ pub fn live_target(
 /// The record state a write addresses, shown as the wire echoes it (`createdAt`), to
 /// compare an echoed body against.
 pub fn shown_platform_fields(current: &RecordState) -> Value {
-    serde_json::json!({"createdAt": platform::time::format_millis(current.created_at_ms)})
+    serde_json::json!({"createdAt": kernel::time::format_millis(current.created_at_ms)})
 }
 
 /// The most issues a refused input lists.
@@ -438,7 +438,7 @@ fn set_identity(personal: &mut proto::RecordPersonal, key: &str, value: Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use platform::refusal::Refusal as _;
+    use kernel::refusal::Refusal as _;
     use serde_json::json;
 
     fn attribute(key: &str, definition: Value) -> AttributeEntry {
@@ -459,7 +459,7 @@ mod tests {
 
     fn values_of(decision: &CreateDecision) -> Value {
         let personal: proto::RecordPersonal =
-            platform::events::open(decision.event.personal.as_ref(), &Default::default())
+            kernel::events::open(decision.event.personal.as_ref(), &Default::default())
                 .expect("opens")
                 .expect("present");
         serde_json::from_str(&personal.values_json).expect("json")

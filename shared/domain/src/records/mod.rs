@@ -6,10 +6,10 @@ pub mod write;
 
 use serde_json::{Map, Value, json};
 
-use platform::crypto::{DataKey, Keys};
-use platform::events::open;
-use platform::proto;
-use platform::time::format_millis;
+use kernel::crypto::{DataKey, Keys};
+use kernel::events::open;
+use kernel::proto;
+use kernel::time::format_millis;
 
 /// Base (platform) attributes of each schema type: `(key, type, writable)`.
 pub fn base_attributes(schema_type: &str) -> &'static [(&'static str, &'static str, bool)] {

@@ -2,12 +2,12 @@
 //! the import worker: the streams and guards of a create or an update (with the subject's data
 //! key and its personal data sealed), and the identity claims that keep identities unique.
 
-use platform::crypto::DataKey;
-use platform::error::Code;
-use platform::events::LogEvent;
-use platform::fresh::Fresh;
-use platform::log::{AppendError, ExpectedVersion, Guard, NewEvent, Param, SetValue, StreamAppend};
-use platform::proto::Sealed;
+use kernel::crypto::DataKey;
+use kernel::error::Code;
+use kernel::events::LogEvent;
+use kernel::fresh::Fresh;
+use kernel::log::{AppendError, ExpectedVersion, Guard, NewEvent, Param, SetValue, StreamAppend};
+use kernel::proto::Sealed;
 
 use super::decide::{Change, CreateDecision, Identity, Input};
 use super::stream_id;
@@ -63,7 +63,7 @@ pub fn create_write(
         .map(|identity| claim(space_id, schema_id, &record_id, identity))
         .chain(key_guard)
         .collect();
-    let occurred_at = platform::time::from_millis(decision.event.created_at_ms);
+    let occurred_at = kernel::time::from_millis(decision.event.created_at_ms);
     let stream = StreamAppend {
         stream_id: stream_id(&record_id),
         expected: ExpectedVersion::NoStream,
@@ -93,7 +93,7 @@ pub fn update_write(
         .chain(claims.iter().map(|identity| claim(space_id, schema_id, &record_id, identity)))
         .chain(key_guard)
         .collect();
-    let occurred_at = platform::time::from_millis(event.updated_at_ms);
+    let occurred_at = kernel::time::from_millis(event.updated_at_ms);
     let stream = StreamAppend {
         stream_id: stream_id(&record_id),
         expected: ExpectedVersion::Exactly(version),
@@ -111,7 +111,8 @@ pub fn encrypt_personal(
     record_id: &str,
     space_id: &str,
 ) -> Result<(DataKey, Option<Guard>), AppendError> {
-    let failed = AppendError::from;
+    // Drawing a key or sealing fails only for a defect of ours (no keyring, an input beyond GCM's limit).
+    let failed = |error: anyhow::Error| AppendError::Failed(format!("{error:#}"));
     let (key, guard) = match key {
         Some(key) => (key, None),
         None => {
@@ -120,7 +121,7 @@ pub fn encrypt_personal(
         }
     };
     if let Some(personal) = personal.as_mut() {
-        platform::events::encrypt(personal, &key).map_err(failed)?;
+        kernel::events::encrypt(personal, &key).map_err(failed)?;
     }
     Ok((key, guard))
 }

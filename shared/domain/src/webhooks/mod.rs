@@ -72,7 +72,7 @@ impl Trigger {
 /// The id of the delivery of the log event at `position` to webhook `webhook_id`: stable, so
 /// enqueuing again finds the same delivery, and receivers deduplicate on it (`webhook-id`).
 pub fn delivery_id(position: i64, webhook_id: &str) -> String {
-    platform::ids::derived_id("msg", &[&position.to_string(), webhook_id])
+    kernel::ids::derived_id("msg", &[&position.to_string(), webhook_id])
 }
 
 /// The email event types an `email event` webhook may ask for: what the email pipeline

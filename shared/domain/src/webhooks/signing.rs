@@ -19,7 +19,7 @@ const ALLOWED_LEN: std::ops::RangeInclusive<usize> = 24..=64;
 pub struct Secret(Vec<u8>);
 
 impl Secret {
-    /// A new secret of the 32 random bytes the caller drew (`platform::crypto::random_bytes`).
+    /// A new secret of the 32 random bytes the caller drew (`kernel::crypto::random_bytes`).
     pub fn from_random(bytes: [u8; GENERATED_LEN]) -> Self {
         Self(bytes.to_vec())
     }

@@ -4,9 +4,9 @@
 
 use serde_json::{Value, json};
 
-use platform::events::LogEvent;
-use platform::proto;
-use platform::time::format_millis;
+use kernel::events::LogEvent;
+use kernel::proto;
+use kernel::time::format_millis;
 
 use super::Trigger;
 

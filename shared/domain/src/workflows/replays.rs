@@ -2,7 +2,7 @@
 //! (`POST /workflows/{id}/replays`, and `apply --dry-run --replay`): the window it covers,
 //! its stream, and the document the API shows for it.
 
-use platform::proto::{WorkflowReplayFinished, WorkflowReplayRequested};
+use kernel::proto::{WorkflowReplayFinished, WorkflowReplayRequested};
 use serde_json::{Value, json};
 
 /// The longest window a replay covers: a year and a day.
@@ -48,21 +48,21 @@ pub fn replay_document(requested: &WorkflowReplayRequested, finished: Option<&Wo
             "failed",
             Value::Null,
             json!({"message": finished.error}),
-            json!(platform::time::format_millis(finished.at_ms)),
+            json!(kernel::time::format_millis(finished.at_ms)),
         ),
         Some(finished) => (
             "completed",
             serde_json::from_str(&finished.report_json).unwrap_or(Value::Null),
             Value::Null,
-            json!(platform::time::format_millis(finished.at_ms)),
+            json!(kernel::time::format_millis(finished.at_ms)),
         ),
     };
     json!({
         "id": requested.replay_id,
         "workflowId": requested.workflow_id,
         "revision": requested.revision,
-        "from": platform::time::format_millis(requested.from_ms),
-        "to": platform::time::format_millis(requested.to_ms),
+        "from": kernel::time::format_millis(requested.from_ms),
+        "to": kernel::time::format_millis(requested.to_ms),
         "status": status,
         "finishedAt": finished_at,
         "report": report,

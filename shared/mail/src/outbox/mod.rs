@@ -344,7 +344,7 @@ pub fn provider_suppression(
 /// A new provider suppression's id, normalized identifier and subject.
 fn drawn_suppression(address: &str) -> Result<decide::NewSuppression, AppendError> {
     let identifier = address.to_lowercase();
-    let subject_id = platform::crypto::email_subject(&identifier).map_err(AppendError::from)?;
+    let subject_id = platform::crypto::email_subject(&identifier).map_err(platform::log::Classify::append_error)?;
     Ok(decide::NewSuppression { suppression_id: platform::ids::new_id("sup"), identifier, subject_id })
 }
 

@@ -91,8 +91,8 @@ mod read;
 mod set_form;
 
 pub use append::{
-    AppendError, AppendRequest, Appended, ExpectedVersion, Guard, Metadata, NewEvent, Param, SetForm, SetValue,
-    StreamAppend,
+    AppendError, AppendRequest, Appended, Classify, ExpectedVersion, Guard, Metadata, NewEvent, Param, SetForm,
+    SetValue, StreamAppend,
 };
 pub use batcher::{BATCH_BYTES, EventLog, LOG_CHANNEL};
 pub use read::{EVENT_COLUMNS, Followed, StoredEvent, head, read_streams, read_streams_after, read_wanted};

@@ -11,7 +11,7 @@
 
 pub mod policy;
 
-use platform::error::Code;
+use kernel::error::Code;
 use serde_json::Value;
 
 pub use policy::{Outcome, Ruling, SendPolicy, Sent};
@@ -197,8 +197,8 @@ pub struct ZoneUsed {
 
 impl ZoneUsed {
     /// As the log records it.
-    pub fn to_proto(&self) -> platform::proto::PolicyZone {
-        platform::proto::PolicyZone { name: self.name.clone(), source: self.source.as_str().to_owned() }
+    pub fn to_proto(&self) -> kernel::proto::PolicyZone {
+        kernel::proto::PolicyZone { name: self.name.clone(), source: self.source.as_str().to_owned() }
     }
 }
 
