@@ -50,11 +50,8 @@
 //! when the catalog moves on are the list `State::kept` names. A handler returns
 //! `Result<HttpResponse, ApiError>`; the route table registers it through `api::http::answering`,
 //! which answers an `Err` in the contract's envelope, and a handler that panics with 500
-//! `internal_error` (the panic logged in the request's span) instead of a dropped connection. The one exception is an event batch, whose items are
-//! commands of their own with per-item outcomes (`events/http.rs`): it reads its catalog
-//! context at the edge and appends each item (or the whole batch, with `onError: abort`) with
-//! the same catalog revision guard, the same decision as a single fire (`events/decide.rs`) and
-//! the same refusal mapping.
+//! `internal_error` (the panic logged in the request's span) instead of a dropped connection. An event batch
+//! (`events/decide/batch.rs`, both `onError` modes) is a command like any other.
 //!
 //! `POST /v1/schemas/contacts/records`:
 //! 1. `request_id_middleware` gives the request an id (its tracing span covers the request);

@@ -8,9 +8,9 @@
 //! The common case takes a shorter way: a cluster of only tracks, pages and screens of a
 //! contact already known by its userId (or its bound anonymous id), with no property left
 //! over, needs no contact step; its events are fired with every other such event of the
-//! request as an event batch fires its items (`events::http::fire_each`: receipts and
-//! subjects read once for all, the new ones appended together), so a batch of 100 tracks
-//! costs about what 100 events of `POST /events/{schema}/batch` cost.
+//! request as an event batch of each schema (`events::decide::batch`, through the pipeline:
+//! receipts and subjects read once for all, the new ones appended together), so a batch of
+//! 100 tracks costs what 100 events of `POST /events/{schema}/batch` cost.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -31,6 +31,7 @@ use super::decide::{Found, JoinGroup, Joined, RecordRefusals, Refused, Resolve, 
 use super::keys::WriteKey;
 use crate::State;
 use crate::events::decide::FireEvent;
+use crate::events::decide::batch::{FireBatch, OnError};
 use crate::pipeline::{self, Actor, Command, Ctx, Decided, Refusal as Lost, Shell};
 use crate::records::decide::write_schema;
 use crate::write_contexts::{self, Kind as ContextKind};
@@ -226,18 +227,43 @@ async fn fire_known(
     }
     let mut applied = Vec::new();
     for (schema_id, (indexes, inputs)) in by_schema {
-        let metadata = platform::log::Metadata {
-            space_id: Some(key.space_id.clone()),
-            actor_key_id: Some(key.id.clone()),
-            request_id: Some(api::http::request_id(req)),
-            ..Default::default()
+        let batch = FireBatch {
+            space_id: key.space_id.clone().into(),
+            schema_ref: schema_id,
+            events: inputs.into_iter().map(Value::Object).collect(),
+            on_error: OnError::Continue,
+            admission_refused: Cell::new(false),
         };
-        let results = crate::events::http::fire_each(state, metadata, (&key.space_id, &schema_id), inputs).await?;
-        for (index, result) in indexes.into_iter().zip(results) {
-            applied.push((index, result.map_or_else(|error| refused_by(&error), |_| Applied::Done)));
+        let actor = Actor::WriteKey { space_id: &key.space_id, write_key_id: &key.id };
+        match pipeline::run(state, req, actor, batch).await {
+            Ok((answer, _)) => {
+                let results = json_of(&answer).and_then(|body| body["data"]["results"].as_array());
+                for (index, result) in indexes.into_iter().zip(results.into_iter().flatten()) {
+                    applied.push((index, item_applied(result)));
+                }
+            }
+            // The store away: the request answers it and the client sends it again.
+            Err(error) if error.status().is_server_error() => return Err(error),
+            // The schema gone, or its eventIds fired concurrently through every attempt.
+            Err(error) => applied.extend(indexes.into_iter().map(|index| (index, refused_by(&error)))),
         }
     }
     Ok(applied)
+}
+
+/// What became of an event fired as a batch's item, read from its result as the batch answers
+/// it (`{status, error?, retryAfterMilliseconds?}`).
+fn item_applied(result: &Value) -> Applied {
+    if result["status"] == "accepted" {
+        return Applied::Done;
+    }
+    let error = &result["error"];
+    let code = error["code"].as_str().and_then(Code::parse).unwrap_or(Code::InternalError);
+    let mut refused = ApiError::of(code, error["message"].as_str().unwrap_or_default());
+    if let Some(retry_ms) = result["retryAfterMilliseconds"].as_u64() {
+        refused = refused.with_header("Retry-After", retry_ms.div_ceil(1000).max(1).to_string());
+    }
+    refused_by(&refused)
 }
 
 /// The slugs of the space's event schemas, to their ids.

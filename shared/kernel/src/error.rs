@@ -21,6 +21,15 @@ macro_rules! codes {
             /// The codes a client can meet.
             pub const PUBLIC: &'static [Code] = &[$(Code::$public,)*];
 
+            /// The code whose wire text is `text` (as an answer that was rendered carries it).
+            pub fn parse(text: &str) -> Option<Code> {
+                match text {
+                    $($public_text => Some(Code::$public),)*
+                    $($internal_text => Some(Code::$internal),)*
+                    _ => None,
+                }
+            }
+
             /// The text on the wire.
             pub fn as_str(self) -> &'static str {
                 match self {
@@ -227,5 +236,19 @@ impl Issue {
 
     pub fn coded(key: impl Into<String>, code: Code, message: impl Into<String>) -> Self {
         Self { key: Some(key.into()), code: Some(code), message: message.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_reads_back_from_its_wire_text_and_nothing_else_does() {
+        for code in Code::PUBLIC.iter().chain(&[Code::StreamMoved, Code::CreditSpend]) {
+            assert_eq!(Code::parse(code.as_str()), Some(*code));
+        }
+        assert_eq!(Code::parse("no_such_code"), None);
+        assert_eq!(Code::parse(""), None);
     }
 }

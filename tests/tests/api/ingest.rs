@@ -576,3 +576,39 @@ async fn each_write_key_has_its_own_ingest_bucket_and_a_limited_client_is_told_w
     let found = contacts_of(&app, "userId=limit-2").await;
     assert!(found.is_empty(), "a refused request writes nothing: {found:?}");
 }
+
+/// The events of known contacts go as an event batch of their schema: the ones event admission
+/// lets in are written, and the request answers 429 with `Retry-After` for the rest, which the
+/// client sends again without anything being written twice.
+#[tokio::test]
+async fn tracks_of_a_known_contact_over_the_event_admission_limit_answer_429_and_the_admitted_ones_are_written_once() {
+    let open = crate::helpers::unlimited_admission().fleet;
+    let schema = platform::settings::ScopeLimits { rate: 0.01, burst: 3.0, pending: 100, receipts: 100 };
+    let admission = platform::settings::AdmissionLimits { fleet: open, space: open, schema };
+    let options = crate::helpers::Options { admission: Some(admission), ..crate::helpers::Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    app.apply_workspace(&ingest_workspace(), true).await;
+    let identify =
+        json!({"type": "identify", "userId": "user-9", "messageId": "i-9", "traits": {"email": "nine@example.com"}});
+    let known = ingest(&app, "/identify", WRITE_KEY, &identify).await;
+    assert_eq!(known.status, 200, "{:?}", known.body);
+    let tracks: Vec<Value> = (0..5)
+        .map(|n| {
+            json!({"type": "track", "userId": "user-9", "messageId": format!("t-{n}"), "event": "Order Completed",
+                   "properties": {"amount": n}})
+        })
+        .collect();
+    let batch = json!({"batch": tracks});
+    let limited = ingest(&app, "/batch", WRITE_KEY, &batch).await;
+    assert_eq!(limited.status, 429, "{:?}", limited.body);
+    assert_eq!(limited.body["error"]["code"], "event_rate_limited", "{:?}", limited.body);
+    let retry = limited.header("retry-after").and_then(|seconds| seconds.parse::<u64>().ok());
+    assert!(retry.is_some_and(|seconds| seconds >= 1), "Retry-After in seconds: {:?}", limited.header("retry-after"));
+    assert_eq!(events_of(&app, "purchase").await.len(), 3, "the burst's three are written");
+    let again = ingest(&app, "/batch", WRITE_KEY, &batch).await;
+    assert_eq!(again.status, 429, "{:?}", again.body);
+    let written = events_of(&app, "purchase").await;
+    let mut event_ids: Vec<&str> = written.iter().filter_map(|event| event["eventId"].as_str()).collect();
+    event_ids.sort_unstable();
+    assert_eq!(event_ids, ["t-0", "t-1", "t-2"], "the first three in the batch's order, each once");
+}

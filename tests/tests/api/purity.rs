@@ -61,7 +61,6 @@ const NOT_IN_A_WRITES_DECISION: &[(&str, &str)] = &[
 const DRAWN_IN: &[(&str, &str)] = &[
     ("shared/platform/src/fresh.rs", "where it is defined"),
     ("command-service/src/pipeline.rs", "the shell every command runs through gives each decision its Fresh"),
-    ("command-service/src/events/http.rs", "an event batch decides outside the pipeline (issue 73, item 1)"),
     ("projector/src/workers/imports/mod.rs", "the imports worker's shell around a wave's decision"),
     ("projector/src/workers/broadcasts/mod.rs", "the run engine's shell around a batch's decision"),
 ];

@@ -3,6 +3,8 @@
 //! fire appends (the decision a single fire and every item of a batch share). Pure: every
 //! fact comes in as an argument.
 
+pub(crate) mod batch;
+
 use std::cell::Cell;
 use std::collections::HashMap;
 
@@ -158,16 +160,13 @@ pub(crate) enum EventRefusal {
     /// The subject's deletion started before the append (409).
     #[error("the event's subject is being deleted; it accepts no more events")]
     SubjectDeleting,
-    /// A subject of an aborting batch's deletion started before its append (409).
-    #[error("a subject of this batch is being deleted; it accepts no more events")]
-    BatchSubjectDeleting,
     /// The occurrence is not admitted (429, with `Retry-After`).
     #[error("{}", .0.message())]
     NotAdmitted(AdmissionRefusal),
     /// Every attempt lost the race for the eventId (409).
     #[error("this eventId was being fired concurrently; retry")]
     Concurrent,
-    /// Every attempt of an aborting batch lost a race for its eventIds (409).
+    /// Every attempt of a batch lost a race for its eventIds (409).
     #[error("eventIds of this batch were being fired concurrently; retry")]
     BatchConcurrent,
     /// The event's data could not be sealed under its subject's key (500).
@@ -361,36 +360,52 @@ impl AdmissionRefusal {
     }
 }
 
-/// Walks new occurrences in order (`true` for one that needs preparation) against the scopes'
-/// state and returns the first that would be refused, with the reason. The receipt cap is
-/// checked first, then the backlog, then the rate, in every scope.
-pub(crate) fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Option<(usize, AdmissionRefusal)> {
+/// Admission of new occurrences taken in order (`true` for one that needs preparation)
+/// against the scopes' state: for each, the reason it would be refused once the earlier
+/// admitted ones took their share, or `None`. The receipt cap is checked first, then the
+/// backlog, then the rate, in every scope.
+pub(crate) fn admitted_each(scopes: &[ScopeState], occurrences: &[bool]) -> Vec<Option<AdmissionRefusal>> {
     let mut scopes = scopes.to_vec();
-    for (index, needs_preparation) in occurrences.iter().enumerate() {
-        if scopes.iter().any(|scope| scope.receipts + 1 > scope.limits.receipts) {
-            return Some((index, AdmissionRefusal::ReceiptLimit));
-        }
-        if *needs_preparation && scopes.iter().any(|scope| scope.pending + 1 > scope.limits.pending) {
-            return Some((index, AdmissionRefusal::BacklogFull));
-        }
-        let wait = scopes
-            .iter()
-            .filter(|scope| scope.tokens < 1.0)
-            .map(|scope| if scope.limits.rate > 0.0 { (1.0 - scope.tokens) / scope.limits.rate } else { f64::INFINITY })
-            .fold(0.0_f64, f64::max);
-        if wait > 0.0 {
-            let retry_after_ms = if wait.is_finite() { (wait * 1000.0).ceil() as u64 } else { u64::MAX / 2 };
-            return Some((index, AdmissionRefusal::RateLimited { retry_after_ms: retry_after_ms.max(1) }));
-        }
-        for scope in &mut scopes {
-            scope.tokens -= 1.0;
-            scope.receipts += 1;
-            if *needs_preparation {
-                scope.pending += 1;
+    occurrences
+        .iter()
+        .map(|&needs_preparation| {
+            let refusal = refusal_of(&scopes, needs_preparation);
+            if refusal.is_none() {
+                for scope in &mut scopes {
+                    scope.tokens -= 1.0;
+                    scope.receipts += 1;
+                    scope.pending += i64::from(needs_preparation);
+                }
             }
-        }
+            refusal
+        })
+        .collect()
+}
+
+/// Why the scopes have no room for one more occurrence, if they have none.
+fn refusal_of(scopes: &[ScopeState], needs_preparation: bool) -> Option<AdmissionRefusal> {
+    if scopes.iter().any(|scope| scope.receipts + 1 > scope.limits.receipts) {
+        return Some(AdmissionRefusal::ReceiptLimit);
+    }
+    if needs_preparation && scopes.iter().any(|scope| scope.pending + 1 > scope.limits.pending) {
+        return Some(AdmissionRefusal::BacklogFull);
+    }
+    let wait = scopes
+        .iter()
+        .filter(|scope| scope.tokens < 1.0)
+        .map(|scope| if scope.limits.rate > 0.0 { (1.0 - scope.tokens) / scope.limits.rate } else { f64::INFINITY })
+        .fold(0.0_f64, f64::max);
+    if wait > 0.0 {
+        let retry_after_ms = if wait.is_finite() { (wait * 1000.0).ceil() as u64 } else { u64::MAX / 2 };
+        return Some(AdmissionRefusal::RateLimited { retry_after_ms: retry_after_ms.max(1) });
     }
     None
+}
+
+/// The first of new occurrences taken in order ([`admitted_each`]) that would be refused, with
+/// the reason.
+pub(crate) fn first_refusal(scopes: &[ScopeState], occurrences: &[bool]) -> Option<(usize, AdmissionRefusal)> {
+    admitted_each(scopes, occurrences).into_iter().enumerate().find_map(|(index, refusal)| refusal.map(|r| (index, r)))
 }
 
 /// A generated eventId: a random UUID (version 4).
@@ -422,7 +437,6 @@ impl FireContext {
 /// A valid item, ready to be decided: its input and the keyed digest of its normalised
 /// payload.
 pub(crate) struct Candidate {
-    pub index: usize,
     pub input: FireInput,
     pub digest: String,
 }
@@ -666,9 +680,7 @@ impl platform::refusal::Refusal for EventRefusal {
             Self::Erased(_) => Code::EventErased,
             Self::NoCredits => Code::InsufficientCredits,
             Self::SubjectNotFound { .. } => Code::RecordNotFound,
-            Self::SubjectDeletionPending { .. } | Self::SubjectDeleting | Self::BatchSubjectDeleting => {
-                Code::RecordDeletionPending
-            }
+            Self::SubjectDeletionPending { .. } | Self::SubjectDeleting => Code::RecordDeletionPending,
             Self::NotAdmitted(refusal) => refusal.code(),
             Self::Concurrent | Self::BatchConcurrent => Code::ConcurrentModification,
             Self::Unsealable(_) => Code::InternalError,
@@ -869,7 +881,7 @@ mod tests {
         let context = context(5);
         let Value::Object(input) = input else { panic!("object") };
         let input = parse_fire(context.event_schema(), input, NOW_MS, String::new).expect("valid");
-        let candidate = Candidate { index: 0, input, digest: "digest".into() };
+        let candidate = Candidate { input, digest: "digest".into() };
         let lookups = receipts.map(|receipts| (receipts, HashMap::new()));
         Fire { context, candidate, lookups, admission: None }
     }
@@ -949,5 +961,139 @@ mod tests {
         let mut optimistic = fire(json!({"eventId": "e1", "amount": 5}), None);
         optimistic.context.credits = 0;
         assert!(matches!(given(optimistic).when(&command()).decided(), Outcome::Again));
+    }
+
+    fn batch_command(on_error: batch::OnError) -> batch::FireBatch {
+        batch::FireBatch {
+            space_id: "spc_1".into(),
+            schema_ref: "signup".into(),
+            events: Vec::new(),
+            on_error,
+            admission_refused: Cell::new(false),
+        }
+    }
+
+    /// A batch's item as its shell loads it: parsed, with `digest` as its input's digest.
+    fn item(input: Value, digest: &str) -> Result<Candidate, EventRefusal> {
+        let Value::Object(input) = input else { panic!("object") };
+        let input = parse_fire(context(5).event_schema(), input, NOW_MS, String::new)?;
+        Ok(Candidate { input, digest: digest.into() })
+    }
+
+    fn batch_of(items: Vec<Result<Candidate, EventRefusal>>) -> batch::Batch {
+        let held = Receipt {
+            id: "ev_0".into(),
+            input_digest: Some("d0".into()),
+            receipt: json!({"accepted": 1, "id": "ev_0", "eventId": "e0", "isDuplicate": false}),
+            subject_erased: false,
+        };
+        let receipts = HashMap::from([("e0".to_owned(), held)]);
+        batch::Batch { context: context(5), items, receipts, subjects: HashMap::new(), admission: None }
+    }
+
+    fn streams_of(outcome: &batch::BatchOutcome) -> Vec<&str> {
+        match outcome {
+            batch::BatchOutcome::Accepted { streams, .. } => {
+                streams.iter().map(|stream| stream.stream_id.as_str()).collect()
+            }
+            batch::BatchOutcome::Aborted { .. } => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_continuing_batch_appends_its_new_items_together_and_answers_each_on_its_own() {
+        let invalid = || item(json!({"summary": "no amount"}), "d4");
+        let loaded = batch_of(vec![
+            item(json!({"eventId": "e1", "amount": 1}), "d1"),
+            item(json!({"eventId": "e0", "amount": 0}), "d0"),
+            item(json!({"eventId": "e1", "amount": 1}), "d1"),
+            item(json!({"eventId": "e1", "amount": 2}), "d3"),
+            invalid(),
+            item(json!({"amount": 5}), "d5"),
+        ]);
+        let outcome = given(loaded).when(&batch_command(batch::OnError::Continue)).decided();
+        assert_eq!(
+            streams_of(&outcome),
+            ["event/ev_1", "event/ev_3"],
+            "the new occurrences, under fresh ids, in one append"
+        );
+        let batch::BatchOutcome::Accepted { items, guards, .. } = outcome else { panic!("accepted") };
+        assert!(!guards.is_empty(), "the receipts' and admission's guards");
+        let Err(invalid) = invalid() else { panic!("an invalid item") };
+        assert!(matches!(&items[0], batch::Item::New(receipt) if receipt["eventId"] == "e1"));
+        assert!(matches!(&items[1], batch::Item::Existing(receipt) if receipt["isDuplicate"] == true));
+        assert_eq!(items[2], batch::Item::RepeatOf(0), "the same input again is a duplicate of the first");
+        assert_eq!(items[3], batch::Item::Refused(EventRefusal::IdConflict("e1".into())));
+        assert_eq!(items[4], batch::Item::Refused(invalid));
+        let batch::Item::New(generated) = &items[5] else { panic!("a new occurrence") };
+        assert_eq!(
+            uuid::Uuid::parse_str(generated["eventId"].as_str().unwrap_or_default())
+                .ok()
+                .map(|id| id.get_version_num()),
+            Some(4)
+        );
+    }
+
+    #[test]
+    fn an_aborting_batch_stops_at_its_first_failing_item_and_appends_nothing() {
+        let loaded = batch_of(vec![
+            item(json!({"eventId": "e1", "amount": 1}), "d1"),
+            item(json!({"eventId": "e0", "amount": 0}), "d0"),
+            item(json!({"eventId": "e0", "amount": 9}), "d2"),
+            item(json!({"eventId": "e3", "amount": 3}), "d3"),
+        ]);
+        let outcome = given(loaded).when(&batch_command(batch::OnError::Abort)).decided();
+        let batch::BatchOutcome::Aborted { items } = outcome else { panic!("aborted") };
+        assert_eq!(items.len(), 3, "nothing after the failing item: {items:?}");
+        assert!(matches!(items[0], batch::Item::New(_)));
+        assert!(matches!(items[1], batch::Item::Existing(_)));
+        assert_eq!(items[2], batch::Item::Refused(EventRefusal::IdConflict("e0".into())));
+        let whole = batch_of(vec![item(json!({"eventId": "e1", "amount": 1}), "d1")]);
+        let outcome = given(whole).when(&batch_command(batch::OnError::Abort)).decided();
+        assert_eq!(streams_of(&outcome), ["event/ev_1"], "a batch without a failure appends");
+    }
+
+    #[test]
+    fn once_admission_refused_the_items_over_the_limit_are_refused_in_the_batchs_order() {
+        let items = || {
+            vec![
+                item(json!({"eventId": "e1", "amount": 1}), "d1"),
+                item(json!({"eventId": "e2", "amount": 2}), "d2"),
+                item(json!({"eventId": "e2", "amount": 2}), "d2"),
+                item(json!({"eventId": "e0", "amount": 0}), "d0"),
+            ]
+        };
+        let limited = || Some(vec![scope(1.5, 0, 0)]);
+        let refused =
+            batch::Item::Refused(EventRefusal::NotAdmitted(AdmissionRefusal::RateLimited { retry_after_ms: 100 }));
+        let outcome = given(batch::Batch { admission: limited(), ..batch_of(items()) })
+            .when(&batch_command(batch::OnError::Continue))
+            .decided();
+        assert_eq!(streams_of(&outcome), ["event/ev_1"], "only the admitted occurrence is appended");
+        let batch::BatchOutcome::Accepted { items: decided, .. } = outcome else { panic!("accepted") };
+        assert!(matches!(decided[0], batch::Item::New(_)));
+        assert_eq!(decided[1..3], [refused.clone(), refused.clone()], "a repeat of a refused item is refused too");
+        assert!(matches!(decided[3], batch::Item::Existing(_)), "a duplicate costs no capacity");
+
+        let outcome = given(batch::Batch { admission: limited(), ..batch_of(items()) })
+            .when(&batch_command(batch::OnError::Abort))
+            .decided();
+        let batch::BatchOutcome::Aborted { items: decided } = outcome else { panic!("aborted") };
+        assert_eq!(decided.len(), 2);
+        assert_eq!(decided[1], refused);
+    }
+
+    #[test]
+    fn admission_in_order_refuses_what_has_no_room_and_lets_later_occurrences_that_fit_in() {
+        let refusals = batch_admitted(&[scope(9.0, 2, 0)], &[true, false, true]);
+        assert_eq!(refusals, [Some(AdmissionRefusal::BacklogFull), None, Some(AdmissionRefusal::BacklogFull)]);
+        let refusals = batch_admitted(&[scope(2.0, 0, 0)], &[false, false, false]);
+        assert_eq!(refusals[..2], [None, None]);
+        assert!(matches!(refusals[2], Some(AdmissionRefusal::RateLimited { .. })));
+        assert_eq!(first_refusal(&[scope(2.0, 0, 0)], &[false, false, false]).map(|(index, _)| index), Some(2));
+    }
+
+    fn batch_admitted(scopes: &[ScopeState], occurrences: &[bool]) -> Vec<Option<AdmissionRefusal>> {
+        admitted_each(scopes, occurrences)
     }
 }
