@@ -48,20 +48,14 @@ async fn page(email_id: &str, state: &State) -> Result<HttpResponse, ApiError> {
     }
     let scheduled = scheduled.ok_or_else(not_found)?;
     let catalog = state.read_models.current(&[CATALOG]).await?.schema(CATALOG);
-    let topics = reads::email::topics(&client, &catalog, &scheduled.space_id)
-        .await
-        .map_err(|error| ApiError::internal(&error))?;
-    let subscriptions = reads::email::subscriptions(&client, &scheduled.contact_id)
-        .await
-        .map_err(|error| ApiError::internal(&error))?;
+    // A read that fails is the database's failure (503 when it is away), not a defect.
+    let topics = reads::email::topics(&client, &catalog, &scheduled.space_id).await.map_err(ApiError::from)?;
+    let subscriptions = reads::email::subscriptions(&client, &scheduled.contact_id).await.map_err(ApiError::from)?;
     // Who it is from and to whom it went: the sender's name, the address masked.
-    let (sender, address) =
-        reads::email::parties(&client, &catalog, &scheduled).await.map_err(|error| ApiError::internal(&error))?;
+    let (sender, address) = reads::email::parties(&client, &catalog, &scheduled).await.map_err(ApiError::from)?;
     let recipient = address.as_deref().map(api::pages::mask_address);
     // The page speaks the language the email was written in.
-    let page_text = reads::email::page_text(&client, &catalog, &scheduled.space_id)
-        .await
-        .map_err(|error| ApiError::internal(&error))?;
+    let page_text = reads::email::page_text(&client, &catalog, &scheduled.space_id).await.map_err(ApiError::from)?;
     let text = PageText::of(&page_text, Some(scheduled.locale.as_str()).filter(|tag| !tag.is_empty()));
     drop(client);
     let mut choices = Vec::new();
