@@ -33,7 +33,7 @@ async fn audience_found(
     match audience {
         Audience::Segment { segment_id } => {
             let client = ctx.db().await?;
-            let loaded = crate::segments::store::load(&client, segment_id).await.map_err(|e| ApiError::internal(&e))?;
+            let loaded = crate::segments::store::load(&client, segment_id).await.map_err(ApiError::from)?;
             match loaded {
                 Some((version, owner)) if owner == space_id => Ok((
                     AudienceFound::Yes,

@@ -68,12 +68,12 @@ impl PageFacts {
     ) -> Result<Self, ApiError> {
         let catalog = ctx.catalog().await?;
         let client = ctx.db().await?;
-        let internal = |error: anyhow::Error| ApiError::internal(&error);
-        let page_text = reads::email::page_text(&client, &catalog, &scheduled.space_id).await.map_err(internal)?;
+        let page_text =
+            reads::email::page_text(&client, &catalog, &scheduled.space_id).await.map_err(ApiError::from)?;
         let text = PageText::of(&page_text, Some(scheduled.locale.as_str()).filter(|tag| !tag.is_empty()));
         let topic_names: BTreeMap<String, String> =
             topics.iter().map(|(topic_id, topic)| (topic_id.clone(), text.topic(topic).0.to_owned())).collect();
-        let (sender, address) = reads::email::parties(&client, &catalog, scheduled).await.map_err(internal)?;
+        let (sender, address) = reads::email::parties(&client, &catalog, scheduled).await.map_err(ApiError::from)?;
         Ok(Self {
             topic_name: topic_names.get(&scheduled.topic_id).cloned(),
             topic_names,

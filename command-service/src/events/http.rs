@@ -41,12 +41,10 @@ use crate::write_contexts::{self, Kind};
 pub(crate) const MAX_BATCH: usize = 500;
 
 /// A fire's context from a catalog context: its admission scopes, created when new.
-/// `revision` is the catalog revision the fire must append at (a cached context), if any.
 async fn admitted(
     state: &State,
     space_id: &str,
     context: std::sync::Arc<catalog::WriteContext>,
-    revision: Option<i64>,
 ) -> Result<FireContext, ApiError> {
     let catalog::WriteContext { schema, attributes, credits, .. } = std::sync::Arc::unwrap_or_clone(context);
     let scopes = domain::admission::scopes(&state.settings.events.admission, space_id, &schema.schema_id);
@@ -54,7 +52,7 @@ async fn admitted(
         let client = state.pool.get().await?;
         ensure_scopes(&client, &scopes).await?;
     }
-    Ok(FireContext { space_id: space_id.into(), schema, attributes, credits, scopes, revision })
+    Ok(FireContext { space_id: space_id.into(), schema, attributes, credits, scopes })
 }
 
 /// A parsed input with the keyed digest of its normalised payload.
@@ -84,7 +82,7 @@ impl Command for FireEvent {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Fire, ApiError> {
         let space_id = &self.space_id;
         let context = write_contexts::current(ctx, Kind::Event, space_id, &self.schema_ref).await?;
-        let mut context = admitted(ctx.state, space_id, context, None).await?;
+        let mut context = admitted(ctx.state, space_id, context).await?;
         // A generated eventId is drawn when the fire is decided.
         let parsed = parse_fire(context.event_schema(), self.input.clone(), platform::time::now_millis(), String::new)?;
         // A kept context's credits are stale: an event that needs preparation reads them now.
@@ -224,7 +222,7 @@ impl Command for FireBatch {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Batch, ApiError> {
         let space_id = &self.space_id;
         let context = write_contexts::current(ctx, Kind::Event, space_id, &self.schema_ref).await?;
-        let mut context = admitted(ctx.state, space_id, context, None).await?;
+        let mut context = admitted(ctx.state, space_id, context).await?;
         let now_ms = platform::time::now_millis();
         let mut items = Vec::with_capacity(self.events.len());
         for event in &self.events {

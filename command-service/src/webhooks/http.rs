@@ -42,10 +42,6 @@ async fn prelude(
     .await
 }
 
-fn internal(error: &anyhow::Error) -> ApiError {
-    ApiError::internal(error)
-}
-
 /// The id of the schema `reference` names, which must fit the trigger.
 async fn resolve_schema(ctx: &Ctx<'_>, space_id: &str, new: &NewWebhook, reference: &str) -> Result<String, ApiError> {
     let catalog = ctx.catalog().await?;
@@ -94,7 +90,7 @@ async fn resolve_condition(
 
 /// The webhook's stream version and state (`None` when it was never created).
 async fn load_webhook(ctx: &Ctx<'_>, webhook_id: &str) -> Result<(i64, Option<WebhookState>), ApiError> {
-    store::load(&ctx.db().await?, webhook_id).await.map_err(|error| internal(&error))
+    store::load(&ctx.db().await?, webhook_id).await.map_err(ApiError::from)
 }
 
 fn lost_too_often() -> ApiError {
@@ -262,7 +258,7 @@ impl Command for RotateSecret {
         let (version, webhook) = load_webhook(ctx, &self.webhook_id).await?;
         // A webhook not its owner's to change is refused before its key is read.
         let key = match decide::owned(&self.webhook_id, &self.space_id, webhook.as_ref()) {
-            Ok(_) => store::secret_key(&ctx.db().await?, &self.webhook_id).await.map_err(|error| internal(&error))?,
+            Ok(_) => store::secret_key(&ctx.db().await?, &self.webhook_id).await.map_err(ApiError::from)?,
             Err(_) => None,
         };
         Ok(Rotating { version, webhook, key, secret: new_secret() })

@@ -23,10 +23,6 @@ use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Shell};
 use crate::records::decide::write_schema;
 use crate::records::load::{load_upsert, write_context};
 
-fn internal(error: &anyhow::Error) -> ApiError {
-    ApiError::internal(error)
-}
-
 impl Command for TriggerWorkflow {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Trigger, ApiError> {
         let space_id = self.space_id.as_str();
@@ -39,7 +35,7 @@ impl Command for TriggerWorkflow {
                 let catalog = ctx.catalog().await?;
                 let (revision, found) = store::by_reference(&ctx.db().await?, &catalog, space_id, &self.reference_id)
                     .await
-                    .map_err(|error| internal(&error))?;
+                    .map_err(ApiError::from)?;
                 ctx.saw_catalog(revision);
                 let found = Arc::new(found.ok_or_else(|| Refusal::NotFound(self.reference_id.clone()))?);
                 ctx.state.workflows.put(space_id, &self.reference_id, revision, &found);
@@ -95,10 +91,9 @@ impl Command for SetPaused {
         let client = ctx.db().await?;
         let found = store::by_id(&client, &catalog, &self.space_id, &self.workflow_id)
             .await
-            .map_err(|error| internal(&error))?
+            .map_err(ApiError::from)?
             .ok_or_else(|| Refusal::NotFound(self.workflow_id.clone()))?;
-        let (version, paused) =
-            store::pause_state(&client, &self.workflow_id).await.map_err(|error| internal(&error))?;
+        let (version, paused) = store::pause_state(&client, &self.workflow_id).await.map_err(ApiError::from)?;
         Ok((found, version, paused))
     }
 
@@ -144,7 +139,7 @@ impl Command for RequestReplay {
         let client = ctx.db().await?;
         let found = store::by_id(&client, &catalog, &self.space_id, &self.workflow_id)
             .await
-            .map_err(|error| internal(&error))?
+            .map_err(ApiError::from)?
             .ok_or_else(|| Refusal::NotFound(self.workflow_id.clone()))?;
         Ok(found)
     }

@@ -164,3 +164,60 @@ async fn every_path_answers_an_unserved_method_with_allow_naming_exactly_the_met
         }
     }
 }
+
+/// The statements of `text` (comments dropped) that wait on something and answer its failure
+/// as a defect: an `.await` whose result goes straight to a `map_err` naming `internal`.
+fn database_failures_answered_as_defects(text: &str) -> Vec<String> {
+    let code: String =
+        text.lines().map(|line| line.split("//").next().unwrap_or_default()).collect::<Vec<_>>().join(" ");
+    code.split(';')
+        .map(|statement| statement.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|statement| {
+            let joined = statement.replace(". ", ".").replace(" .", ".");
+            joined
+                .split(".await.map_err(")
+                .skip(1)
+                .any(|mapping| mapping.split(')').next().is_some_and(|argument| argument.contains("internal")))
+        })
+        .collect()
+}
+
+fn rust_sources(folder: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(folder).expect("a source folder") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            rust_sources(&path, found);
+        } else if path.extension().is_some_and(|extension| extension == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+/// A read the services wait on fails as the database fails: `ApiError::from` classifies it
+/// (503 when the database is away for a moment), so no handler or load answers it as a
+/// defect (500 `internal_error`). The fault harness met two that did (a workflow trigger and,
+/// before, 28 loads); this holds every service's source to it.
+#[test]
+fn no_service_answers_a_failure_it_waited_on_as_a_defect() {
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+    let mut files = Vec::new();
+    for folder in ["command-service/src", "query-service/src", "shared/api/src"] {
+        rust_sources(&workspace.join(folder), &mut files);
+    }
+    assert!(files.len() > 100, "the sources were read: {}", files.len());
+    let found: Vec<String> = files
+        .iter()
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(path).expect("a source file");
+            let shown = path.strip_prefix(workspace).unwrap_or(path).display().to_string();
+            database_failures_answered_as_defects(&text)
+                .into_iter()
+                .map(move |statement| format!("{shown}: {statement}"))
+        })
+        .collect();
+    assert!(found.is_empty(), "failures waited on answered as internal_error:\n{}", found.join("\n"));
+    let planted = "let found = store::by_reference(&client, id)\n    .await\n    .map_err(|error| internal(&error))?;\n\
+                   for stored in read_streams(&client).await? { stored.decode().map_err(|e| ApiError::internal(&e))?; }\n\
+                   let rows = client.query(&statement, &[]).await.map_err(ApiError::from)?;";
+    assert_eq!(database_failures_answered_as_defects(planted).len(), 1, "the check sees the planted one only");
+}

@@ -9,7 +9,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 
 use domain::attributes::{default_value, has_auto_fill, is_required, is_writable, writable_value};
-use domain::catalog::{self, AttributeEntry, SchemaEntry};
+use domain::catalog::{AttributeEntry, SchemaEntry};
 use domain::records::Loaded;
 use platform::error::Code;
 use platform::error::Issue;
@@ -422,9 +422,6 @@ pub(crate) struct FireContext {
     pub attributes: Vec<AttributeEntry>,
     pub credits: i64,
     pub scopes: Vec<(String, ScopeLimits)>,
-    /// The catalog revision a context from the process cache was read at: the fire appends
-    /// only if the catalog is still there (`catalog::revision_guard`).
-    pub revision: Option<i64>,
 }
 
 impl FireContext {
@@ -565,8 +562,8 @@ pub(crate) fn acceptance_parts(
     if !subjects.is_empty() {
         guards.push(subjects_guard(subjects));
     }
+    // The catalog revision guard is the pipeline's, for the revision the load read at.
     guards.push(admission_guard(&context.scopes, count, pending));
-    guards.extend(context.revision.map(catalog::revision_guard));
     (streams, guards)
 }
 
@@ -871,7 +868,6 @@ mod tests {
             attributes: attributes(),
             credits,
             scopes: Vec::new(),
-            revision: None,
         }
     }
 
