@@ -304,55 +304,41 @@ fn receipt_of(items: &[Item], index: usize) -> Option<&Value> {
     }
 }
 
-/// 200: every item's result and the summary.
-fn batch_body(items: &[Item]) -> Value {
-    let mut failed = 0;
-    let results: Vec<Value> = items
-        .iter()
-        .enumerate()
-        .map(|(index, item)| match item {
-            Item::Refused(refusal) => {
-                failed += 1;
-                refused_item(index, refusal.clone())
-            }
-            Item::RepeatOf(_) => {
-                let mut receipt = receipt_of(items, index).cloned().unwrap_or(Value::Null);
-                receipt["isDuplicate"] = Value::Bool(true);
-                accepted_item(index, &receipt)
-            }
-            Item::Existing(receipt) | Item::New(receipt) => accepted_item(index, receipt),
-        })
-        .collect();
-    let accepted = items.len() - failed;
-    json!({ "data": { "results": results, "summary": { "accepted": accepted, "failed": failed } } })
+/// The result of the item at `index`. In an aborted batch (`aborted`) its new occurrences are
+/// `rolled_back`; duplicates of receipts that existed before stay `accepted`.
+fn item_result(items: &[Item], index: usize, aborted: bool) -> Value {
+    let receipt = || receipt_of(items, index).cloned().unwrap_or(Value::Null);
+    match &items[index] {
+        Item::Refused(refusal) => refused_item(index, refusal.clone()),
+        Item::New(_) | Item::RepeatOf(_) if aborted => {
+            json!({ "index": index, "status": "rolled_back", "eventId": receipt()["eventId"] })
+        }
+        Item::RepeatOf(_) => {
+            let mut receipt = receipt();
+            receipt["isDuplicate"] = Value::Bool(true);
+            accepted_item(index, &receipt)
+        }
+        Item::Existing(receipt) | Item::New(receipt) => accepted_item(index, receipt),
+    }
 }
 
-/// 422 as a data result: earlier new acceptances are `rolled_back`, duplicates of receipts
-/// that existed before stay `accepted`, the failing item (the last) is `failed`, later items
-/// are not attempted (and not listed).
+/// Every item's result, and the summary counted from them.
+fn results(items: &[Item], aborted: bool) -> (Vec<Value>, Value) {
+    let results: Vec<Value> = (0..items.len()).map(|index| item_result(items, index, aborted)).collect();
+    let count = |status: &str| results.iter().filter(|result| result["status"] == status).count();
+    let summary = json!({ "accepted": count("accepted"), "failed": count("failed") });
+    (results, summary)
+}
+
+/// 200: every item's result and the summary.
+fn batch_body(items: &[Item]) -> Value {
+    let (results, summary) = results(items, false);
+    json!({ "data": { "results": results, "summary": summary } })
+}
+
+/// 422 as a data result: the failing item (the last) is `failed`, later items are not
+/// attempted (and not listed).
 fn aborted_body(items: &[Item]) -> Value {
-    let failed_index = items.len().saturating_sub(1);
-    let mut accepted = 0;
-    let results: Vec<Value> = items
-        .iter()
-        .enumerate()
-        .map(|(index, item)| match item {
-            Item::Existing(receipt) => {
-                accepted += 1;
-                accepted_item(index, receipt)
-            }
-            Item::New(_) | Item::RepeatOf(_) => {
-                let event_id = receipt_of(items, index).map_or(Value::Null, |receipt| receipt["eventId"].clone());
-                json!({ "index": index, "status": "rolled_back", "eventId": event_id })
-            }
-            Item::Refused(refusal) => refused_item(index, refusal.clone()),
-        })
-        .collect();
-    json!({
-        "data": {
-            "results": results,
-            "summary": { "accepted": accepted, "failed": 1 },
-            "failedIndex": failed_index,
-        }
-    })
+    let (results, summary) = results(items, true);
+    json!({ "data": { "results": results, "summary": summary, "failedIndex": items.len().saturating_sub(1) } })
 }

@@ -182,17 +182,6 @@ fn database_failures_answered_as_defects(text: &str) -> Vec<String> {
         .collect()
 }
 
-fn rust_sources(folder: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(folder).expect("a source folder") {
-        let path = entry.expect("an entry").path();
-        if path.is_dir() {
-            rust_sources(&path, found);
-        } else if path.extension().is_some_and(|extension| extension == "rs") {
-            found.push(path);
-        }
-    }
-}
-
 /// A read the services wait on fails as the database fails: `ApiError::from` classifies it
 /// (503 when the database is away for a moment), so no handler or load answers it as a
 /// defect (500 `internal_error`). The fault harness met two that did (a workflow trigger and,
@@ -202,7 +191,7 @@ fn no_service_answers_a_failure_it_waited_on_as_a_defect() {
     let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
     let mut files = Vec::new();
     for folder in ["command-service/src", "query-service/src", "shared/api/src"] {
-        rust_sources(&workspace.join(folder), &mut files);
+        crate::layering::sources(&workspace.join(folder), &mut files);
     }
     assert!(files.len() > 100, "the sources were read: {}", files.len());
     let found: Vec<String> = files

@@ -22,7 +22,8 @@ const CRATES: &[&str] = &[
 
 type Module = Vec<String>;
 
-fn sources(folder: &Path, found: &mut Vec<PathBuf>) {
+/// Every `.rs` file under `folder`.
+pub(crate) fn sources(folder: &Path, found: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(folder).expect("a source folder") {
         let path = entry.expect("an entry").path();
         if path.is_dir() {
