@@ -103,7 +103,8 @@ impl Worker for Maintenance {
 /// and releases unresolved claims whose operation appended nothing: an outcome is recorded
 /// atomically with its append, so an unresolved claim with no event appended under its key
 /// since the claim wrote nothing, and the key may run again. Also forgets the heartbeat rows
-/// of processes that stopped a day ago. Returns `(purged, released)`.
+/// of processes that stopped a day ago, and their membership of workers that share rows
+/// out (`liveness::Share`). Returns `(purged, released)`.
 pub async fn purge_and_reconcile(client: &impl GenericClient) -> anyhow::Result<(u64, u64)> {
     let purged = client
         .execute(
@@ -129,6 +130,12 @@ pub async fn purge_and_reconcile(client: &impl GenericClient) -> anyhow::Result<
         )
         .await?;
     client.execute("DELETE FROM process_beats WHERE beat_at < now() - interval '1 day'", &[]).await?;
+    client
+        .execute(
+            "DELETE FROM worker_members m WHERE NOT EXISTS (SELECT 1 FROM process_beats b WHERE b.process_id = m.process_id)",
+            &[],
+        )
+        .await?;
     Ok((purged, released))
 }
 

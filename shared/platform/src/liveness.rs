@@ -40,10 +40,64 @@ pub fn process_id() -> Option<Uuid> {
 /// The live processes are read once per statement (a hashed subplan), however many rows it
 /// tests.
 pub fn owner_is_dead(dead_after: &str) -> String {
+    is_dead("owner", dead_after)
+}
+
+/// [`owner_is_dead`] for the process named by `column`.
+pub fn is_dead(column: &str, dead_after: &str) -> String {
     format!(
-        "(owner IS NOT NULL AND owner NOT IN (SELECT b.process_id FROM process_beats b
+        "({column} IS NOT NULL AND {column} NOT IN (SELECT b.process_id FROM process_beats b
             WHERE b.beat_at >= now() - make_interval(secs => {dead_after})))"
     )
+}
+
+/// This process's share of a worker's rows: the live processes that run the worker, in the
+/// order of their ids, each take the rows whose key hashes to their place ([`Share::holds`]).
+/// Rows shared out this way need no claim of their own (no write per row): what makes the
+/// work happen once is the write it leads to (an append at a stream's version), and the share
+/// only keeps processes from deciding the same rows. While the members change (a process
+/// starts, or one dies and is noticed after [`DEAD_AFTER`]), two processes may briefly hold
+/// the same row; the second to write loses its version and writes nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// This process's place among the members, from 0.
+    pub index: i32,
+    /// How many members there are (1: this process holds every row).
+    pub of: i32,
+}
+
+impl Share {
+    /// Every row: a process that does not beat (a CLI, a test calling a worker directly).
+    pub const ALL: Share = Share { index: 0, of: 1 };
+
+    /// A SQL condition, true for the rows whose text `key` falls to the share given by the
+    /// statement's parameters `index` and `of` (`"$5"`, `"$6"`, both `int4`).
+    pub fn holds(key: &str, index: &str, of: &str) -> String {
+        format!("({of}::int4 = 1 OR (hashtext({key}) & 2147483647) % {of}::int4 = {index}::int4)")
+    }
+
+    /// Registers this process as a member of `worker` and reads its share: itself and the
+    /// members whose beat is fresh. [`Share::ALL`] in a process that does not beat.
+    pub async fn read(
+        client: &impl deadpool_postgres::GenericClient,
+        worker: &str,
+    ) -> Result<Share, tokio_postgres::Error> {
+        let Some(me) = process_id() else { return Ok(Share::ALL) };
+        let dead_after = DEAD_AFTER.as_secs_f64();
+        let row = client
+            .query_one(
+                "WITH joined AS (INSERT INTO worker_members (worker, process_id) VALUES ($1, $2)
+                                 ON CONFLICT DO NOTHING),
+                      live AS (SELECT m.process_id FROM worker_members m
+                               JOIN process_beats b ON b.process_id = m.process_id
+                               WHERE m.worker = $1 AND b.beat_at >= now() - make_interval(secs => $3)
+                               UNION SELECT $2::uuid)
+                 SELECT count(*) FILTER (WHERE process_id < $2)::int4, count(*)::int4 FROM live",
+                &[&worker, &me, &dead_after],
+            )
+            .await?;
+        Ok(Share { index: row.get(0), of: row.get(1) })
+    }
 }
 
 /// This process's heartbeat. Dropping it stops the beats (the row then ages into dead).

@@ -339,8 +339,9 @@ impl Default for BroadcastSettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct WorkflowSettings {
-    /// `LEASE_MS`: how long a claimed run is leased; a process that dies mid-step leaves its
-    /// runs to another after this long. Longer than a webhook call's timeout and margin.
+    /// `LEASE_MS`: how long a run with a webhook call out is leased to the process that
+    /// called; another process takes it over after this long, or sooner once the caller stops
+    /// beating (`liveness::DEAD_AFTER`). At least a webhook call's timeout and a margin.
     pub lease_ms: u64,
     /// `CONCURRENCY`: runs one process advances at once. Their transitions are appended
     /// together (one log transaction for up to `APP__APPEND__BATCH_MAX` of them), so more in

@@ -332,3 +332,67 @@ async fn a_process_runs_only_the_workers_it_is_configured_for() {
     assert!(!unknown.status.success());
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("nonsense"));
 }
+
+/// The rows of `keys` (text) that the share `(index, of)` holds, by `Share::holds`.
+async fn held(app: &TestApp, keys: i64, index: i32, of: i32) -> Vec<String> {
+    let client = app.pool.get().await.expect("client");
+    let sql = format!(
+        "SELECT k FROM (SELECT 'run_' || n AS k FROM generate_series(1, $1::bigint) n) keys WHERE {} ORDER BY k",
+        platform::liveness::Share::holds("k", "$2", "$3")
+    );
+    client.query(&sql, &[&keys, &index, &of]).await.expect("held").into_iter().map(|row| row.get(0)).collect()
+}
+
+#[tokio::test]
+async fn a_shared_worker_splits_its_rows_among_the_live_members_and_a_dead_ones_go_to_the_others() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    // This test's process beats, as a projector does.
+    let beat = platform::liveness::Beat::start(app.database_url.clone(), "test");
+    let me = beat.id();
+    eventually("this process's first beat", async || {
+        app.query_i64(&format!("SELECT count(*) FROM process_beats WHERE process_id = '{me}'")).await == 1
+    })
+    .await;
+    let client = app.pool.get().await.expect("client");
+    let share = async |client: &deadpool_postgres::Client| {
+        platform::liveness::Share::read(client, "shared").await.expect("share")
+    };
+    assert_eq!(share(&client).await, platform::liveness::Share { index: 0, of: 1 }, "alone: every row");
+
+    // Another member that beats, and one whose last beat is older than the dead-after bound;
+    // a process that beats but is not a member of this worker counts for nothing.
+    let (other, dead, stranger) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    client
+        .execute(
+            "INSERT INTO process_beats (process_id, role, beat_at) VALUES ($1, 'test', now()),
+                 ($2, 'test', now() - interval '6 seconds'), ($3, 'test', now())",
+            &[&other, &dead, &stranger],
+        )
+        .await
+        .expect("beats");
+    client
+        .execute(
+            "INSERT INTO worker_members (worker, process_id) VALUES ('shared', $1), ('shared', $2)",
+            &[&other, &dead],
+        )
+        .await
+        .expect("members");
+    let two = share(&client).await;
+    assert_eq!(two, platform::liveness::Share { index: i32::from(other < me), of: 2 }, "by the order of ids");
+
+    // The two live members' shares hold every row once, and neither is empty.
+    let (first, second) = (held(&app, 1000, 0, 2).await, held(&app, 1000, 1, 2).await);
+    assert!(!first.is_empty() && !second.is_empty(), "{} and {}", first.len(), second.len());
+    assert_eq!(first.len() + second.len(), 1000);
+    assert!(first.iter().all(|key| !second.contains(key)), "no row is held twice");
+    assert_eq!(held(&app, 1000, 0, 1).await.len(), 1000, "one member holds every row");
+
+    // The other member stops beating: once its beat is older than the bound, its rows are
+    // this process's again.
+    client
+        .execute("UPDATE process_beats SET beat_at = now() - interval '6 seconds' WHERE process_id = $1", &[&other])
+        .await
+        .expect("stale");
+    assert_eq!(share(&client).await, platform::liveness::Share { index: 0, of: 1 });
+    drop(beat);
+}

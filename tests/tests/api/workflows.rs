@@ -602,12 +602,18 @@ const KILL_STEPS: [(&str, &str); 5] = [
     ("done", "exit"),
 ];
 
+/// How long a call holds its run in the killed-runs test: longer than the test may take, so a
+/// call a killed process had out is taken over because the process stopped beating, never
+/// because its lease ran out.
+const KILL_CALL_LEASE: Duration = Duration::from_secs(300);
+
 #[tokio::test]
-async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service() {
+async fn a_thousand_runs_survive_kill_9_of_the_projectors_and_the_command_service() {
     const RUNS: usize = 1_000;
     let sink = SmtpSink::start().await;
     let receiver = Receiver::start().await;
-    receiver.endpoint("crm", &[SECRET], json!({"status": 200})).await;
+    // Each call is answered after a second, so a killed projector always has calls out.
+    receiver.endpoint("crm", &[SECRET], json!({"status": 200, "delaySeconds": 1})).await;
     let app = TestApp::spawn_with(Options::without_projector()).await;
     let mut env = sink.process_env(2000);
     env.extend([
@@ -618,14 +624,16 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
         // (2026-12-03, three calls sent twice), and the kills, not timeouts, are what this
         // test is about. A failed attempt is in the projector's log either way.
         ("APP__WEBHOOKS__ATTEMPT_TIMEOUT_MS", "10000".to_owned()),
-        ("APP__WORKFLOWS__LEASE_MS", "3000".to_owned()),
+        ("APP__WORKFLOWS__LEASE_MS", KILL_CALL_LEASE.as_millis().to_string()),
         // What the engine and the outbox did, so that a stall in a full run can be read: once
         // (2026-12-02) half the runs stood still for four minutes, with nothing at warn.
         ("RUST_LOG", "warn,projector::workers::workflows=debug,mail=info".to_owned()),
     ]);
-    // Each projector's output is kept: a stall shows what the last one said.
-    let (projector, mut projector_log) = spawn_binary_logged("projector", &["run"], &app.database_url, &env);
-    let mut projector_logs = vec![projector_log.clone()];
+    // Two projectors share the due runs; each one's output is kept: a stall shows what the
+    // last ones said.
+    let mut projectors: Vec<_> =
+        (0..2).map(|_| spawn_binary_logged("projector", &["run"], &app.database_url, &env)).collect();
+    let mut projector_logs: Vec<_> = projectors.iter().map(|(_, log)| log.clone()).collect();
     let steps: Vec<Value> = vec![
         json!({"id": "start", "type": "incoming_webhook", "referenceId": "kill-hook"}),
         json!({"id": "nap", "type": "wait", "duration": "1s"}),
@@ -640,23 +648,34 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
     let (mut commands, urls) = spawn_servers(&app, "command-service", &["serve"], 1, &env_commands).await;
     let mut url = urls[0].clone();
 
-    // The projector is killed three times while the runs go on: each time right after a
-    // batch of triggers was acknowledged (so runs are under way, in their wait or past it),
-    // at a random moment within the next batch.
-    let mut projector = projector;
+    // A projector is killed three times while the runs go on (one, the other, the first
+    // again): each time right after a batch of triggers was acknowledged (so runs are
+    // under way, in their wait or past it, some with a call out), at a random moment within
+    // the next batch.
     let mut unfinished_at_kills = Vec::new();
+    let mut out_at_kills = Vec::new();
     let mut acknowledged = Vec::new();
     let mut cut = 0;
     for batch in 0..RUNS / 50 {
         if [4, 11, 17].contains(&batch) {
             let pause = 50 + u64::try_from(uuid::Uuid::new_v4().as_u128() % 500).unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(pause)).await;
+            // Not before ten calls are out (the runs' waits end a second after their start):
+            // with the runs shared by hash, the one killed then has some of them.
+            let calls_out = Instant::now() + Duration::from_secs(10);
+            while app.query_i64("SELECT count(*) FROM workflow_runs WHERE lease_until > now()").await < 10
+                && Instant::now() < calls_out
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             unfinished_at_kills
                 .push(app.query_i64("SELECT count(*) FROM workflow_runs WHERE finished_at IS NULL").await);
-            projector.0.kill().expect("kill -9 the projector");
-            let _ = projector.0.wait();
-            (projector, projector_log) = spawn_binary_logged("projector", &["run"], &app.database_url, &env);
-            projector_logs.push(projector_log.clone());
+            out_at_kills.push(app.query_i64("SELECT count(*) FROM workflow_runs WHERE lease_until > now()").await);
+            let killed = &mut projectors[unfinished_at_kills.len() % 2];
+            killed.0.0.kill().expect("kill -9 a projector");
+            let _ = killed.0.0.wait();
+            *killed = spawn_binary_logged("projector", &["run"], &app.database_url, &env);
+            projector_logs.push(killed.1.clone());
         }
         if batch == 8 {
             // Once the command service, mid-way through the triggers.
@@ -693,13 +712,14 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
             }
         }
     }
-    // The last projector runs on until the test ends.
-    let mut projector = projector;
+    // The last projectors run on until the test ends.
     assert!(cut < 100, "only requests in flight at the kill fail ({cut})");
     assert!(unfinished_at_kills.iter().all(|runs| *runs > 0), "each kill came mid-run: {unfinished_at_kills:?}");
+    assert!(out_at_kills.iter().all(|calls| *calls > 0), "calls were out at each kill: {out_at_kills:?}");
 
-    // Every run finishes; every acknowledged one is among them.
-    let deadline = Instant::now() + Duration::from_secs(240);
+    // Every run finishes, well before a killed projector's calls' leases could have run out;
+    // every acknowledged one is among them.
+    let deadline = Instant::now() + KILL_CALL_LEASE / 2;
     loop {
         let open = app.query_i64("SELECT count(*) FROM workflow_runs WHERE finished_at IS NULL").await;
         if open == 0 {
@@ -721,12 +741,20 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
                        AND state <> 'idle'",
                 )
                 .await;
-            let exited = projector.0.try_wait().ok().flatten();
+            let said: Vec<String> = projectors
+                .iter_mut()
+                .map(|(projector, log)| {
+                    let exited = projector.0.try_wait().ok().flatten();
+                    format!(
+                        "a projector {}; its log ends:\n{}",
+                        exited.map_or("is running".to_owned(), |status| format!("exited: {status}")),
+                        log_tail(log, 40)
+                    )
+                })
+                .collect();
             panic!(
-                "{open} runs are still unfinished ({stuck:?}); the database's busy sessions: {activity:?}; the \
-                 projector {}; its log ends:\n{}",
-                exited.map_or("is running".to_owned(), |status| format!("exited: {status}")),
-                log_tail(&projector_log, 60)
+                "{open} runs are still unfinished ({stuck:?}); the database's busy sessions: {activity:?}; {}",
+                said.join("\n")
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -819,6 +847,71 @@ async fn a_thousand_runs_survive_kill_9_of_the_projector_and_the_command_service
         }
     }
     assert!(calls.len() + unknown_calls >= runs.len(), "every call arrived or is unknown");
+}
+
+#[tokio::test]
+async fn two_engines_that_take_the_same_runs_send_each_attempt_of_a_call_once() {
+    const RUNS: usize = 100;
+    let sink = SmtpSink::start().await;
+    let receiver = Receiver::start().await;
+    // Each call's first attempt fails: its second goes out 100 ms later, a change of the run's
+    // row alone (no event), which both engines find due.
+    receiver.endpoint("crm", &[SECRET], json!({"status": 200, "failFirst": 1})).await;
+    let steps = json!([
+        {"id": "start", "type": "incoming_webhook", "referenceId": "twice-hook", "next": "call"},
+        {"id": "call", "type": "call_webhook", "url": receiver.url("crm"), "next": "done"},
+        {"id": "done", "type": "exit"}
+    ]);
+    let app =
+        app_with(&sink, json!([{"slug": "twice", "name": "Twice", "signingSecret": SECRET, "steps": steps}])).await;
+    // A second engine in this process: the same process id as the in-process projector's, so
+    // the same share (every run), with runs in flight of its own. Nothing keeps the two from
+    // deciding the same transition but the writes' versions.
+    let mut settings = platform::settings::Settings::for_database(&app.database_url);
+    settings.webhooks = platform::settings::WebhookSettings { retry_schedule_ms: vec![100, 100], ..test_webhooks() };
+    settings.projector.workers = "workflows".to_owned();
+    let pool = platform::db::pool(&app.database_url, 8).expect("pool");
+    let provider = ai_provider::AiProvider::new(&settings.ai).expect("AI provider");
+    let workers = projector::workers(&settings, &pool, provider, "second-engine").expect("the workers");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let second =
+        tokio::spawn(projector::runtime::Runtime::new(app.database_url.clone(), workers).run(shutdown.clone()));
+
+    for index in 0..RUNS {
+        let body = json!({"n": index, "contact": {"email": format!("t{index:03}@example.com")}});
+        let started = post(&app, "/workflows/twice-hook", Some(&format!("twice-{index}")), Some(&body)).await;
+        assert_eq!(started.status, 202, "{:?}", started.body);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.query_i64("SELECT count(*) FROM workflow_runs WHERE finished_at IS NULL").await > 0 {
+        if Instant::now() >= deadline {
+            let calls = receiver.ids("crm").await;
+            let repeated: Vec<(&String, &u64)> = calls.iter().filter(|(_, attempts)| **attempts > 2).collect();
+            let open = app
+                .query_strings(
+                    "SELECT status || ' at ' || coalesce(step_id, '-') || ': ' || count(*) FROM workflow_runs
+                     WHERE finished_at IS NULL GROUP BY status, step_id",
+                )
+                .await;
+            panic!(
+                "the runs did not finish ({open:?}); {} calls went out more than twice, first {:?}",
+                repeated.len(),
+                repeated.iter().take(5).collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    second.await.expect("the second engine stops");
+    let calls = receiver.ids("crm").await;
+    assert_eq!(calls.len(), RUNS, "one call per run");
+    let repeated: Vec<(&String, &u64)> = calls.iter().filter(|(_, attempts)| **attempts != 2).collect();
+    assert!(
+        repeated.is_empty(),
+        "each call went out twice (the failed attempt and the retry), these not: {repeated:?}"
+    );
+    let statuses = app.query_strings("SELECT DISTINCT status FROM workflow_runs").await;
+    assert_eq!(statuses, vec!["exited".to_owned()]);
 }
 
 /// Every row of the `workflows` read model, as text, in a stable order.

@@ -1,12 +1,12 @@
 //! The workflow engine: runs are process managers over the log.
 //!
-//! - **Runs** ([`Engine`], worker `workflow_runs`, any number of processes): each step claims
-//!   due runs from `workflow_runs` (a lease per run: a token and a time, like the webhook
-//!   outbox, because a step may wait on a webhook receiver) and advances each in a task of its
-//!   own (`run.rs`), so a slow receiver holds back only its own run. Every transition is
-//!   appended to the run's stream at its version together with the update of its row, so a
-//!   transition happens once whichever process makes it, and a crash anywhere resumes from
-//!   what the log (and the row written with it) holds.
+//! - **Runs** ([`Engine`], worker `workflow_runs`, any number of processes): each step reads
+//!   the due runs of its process's share from `workflow_runs` (no claim is written) and
+//!   advances each in a task of its own (`run.rs`), so a slow receiver holds back only its own
+//!   run. Every transition is appended to the run's stream at its version together with the
+//!   update of its row at the row's own version, so a transition happens once whichever
+//!   process makes it, and a crash anywhere resumes from what the log (and the row written with it)
+//!   holds.
 //! - **Events** ([`Follower`], worker `workflow_events`, one process at a time by its lease):
 //!   follows the log; an event that becomes ready for a contact ends the `wait_for_event`
 //!   steps waiting for it and starts the runs of workflows it triggers; a contact's deletion
@@ -29,17 +29,27 @@
 //! `workflow_runs`, due at once.
 //!
 //! **The engine** (`projector/src/workers/workflows/`) runs each run as a process manager over
-//! the log. Worker `workflow_runs` (any number of processes) claims due rows with a lease (a
-//! token and a time, like the webhook outbox: a step may wait on a receiver) and advances each
+//! the log. Worker `workflow_runs` (any number of processes) reads due rows and advances each
 //! in a task of its own, at most 1,024 per process (`APP__WORKFLOWS__CONCURRENCY`: their
 //! transitions are appended together, so many runs falling due at once make few large batches).
-//! A process never claims again a run it is still advancing, even once its lease ran out (it
-//! keeps its claims' tokens while their tasks run): on a machine too busy to finish within the
-//! lease, claiming them again made every transition lose its lease, and runs stood still.
-//! Another process does take such a run over when its lease runs out. The claim is a transaction of its own whose commit does not wait for the disk (the transition
-//! it leads to is appended with a flush), and it sends `platform::db::KEYED_PLANS` (as the log's
-//! append transactions and the webhook claim do) so that its plan stays an index lookup however
-//! stale the table's statistics. A run's email hand-off waits for one of two permits per relay
+//! **No claim is written per run.** The processes that run the engine share the runs out by a
+//! hash of the run's id (`platform::liveness::Share`: each live member, in the order of its
+//! process id, takes its part; a member that stops beating for 5 s is dropped and its part goes
+//! to the others), and a process leaves out the runs it is advancing already (an in-memory set:
+//! they stay due until their transitions commit). What makes a transition happen once is its
+//! write: the run's stream at its version, and the row's update at the row's own version
+//! (`row_version`, which every transition's update advances, also one that appends nothing,
+//! as a call's later attempts do). Two processes that decide one run while the members change
+//! (one joined, or one is not yet seen dead) both write; the second finds the version taken,
+//! writes nothing and leaves the run alone. A transition's effects come after its commit, so the loser has
+//! none. The read sends `platform::db::KEYED_PLANS` (as the log's append transactions and the
+//! webhook claim do) so that its plan stays an index lookup however stale the table's
+//! statistics. (Until this release the read was a claim: an update of each row's lease before
+//! its transition, a fifth of the database's CPU per transition when 10,000 waits ended at
+//! once; docs/benchmarks.md.) A webhook call holds its run while it goes out: the transition
+//! that starts it writes a lease on the row naming its process (`APP__WORKFLOWS__LEASE_MS`, at
+//! least the attempt's timeout and 5 s), which no other process passes while that process beats.
+//! A run's email hand-off waits for one of two permits per relay
 //! connection, so rendered messages do not pile up when the relay is slower than the runs. A
 //! tick has the command side's shape:
 //!
@@ -60,7 +70,7 @@
 //!    there are several (`domain::workflows::transition`; readers unwrap it with `changes`, and an
 //!    earlier release's separate events fold the same), the other streams' events (`EmailScheduled` with its outbox row and
 //!    allowance count, `RecordUpdated` at the record's version, `SubscriptionChanged`) and the
-//!    row's update under the lease.
+//!    row's update at its version.
 //! 4. **Effects** once it is committed: an email's hand-off (the outbox worker is its backstop),
 //!    or a webhook call (`workers/outbound.rs`, the client and answer rules webhook delivery
 //!    uses too), whose outcome is given to the next decision.
@@ -73,9 +83,11 @@
 //!   decision asks for the fact that decided, `Need::DecidedBy`, and the transition appends the
 //!   email's `EmailSkipped` with the step's `skipped` record, which names the email); its hand-off is the outbox's (never twice). A
 //!   record change goes at the record's version with the step's record. A webhook call is two
-//!   transitions: the start, with the attempt marked going out, is committed before the request;
-//!   the outcome after. A claimed run whose call is marked going out with no outcome lost it in a
-//!   crash: the step is `outcome_unknown` and the run goes on, never calling again. The call's
+//!   transitions: the start, with the attempt marked going out and the row leased to the
+//!   process, is committed before the request; the outcome after. A run whose call is marked
+//!   going out with no outcome, found by another process once the lease ran out or its holder
+//!   stopped beating, lost it in a crash: the step is `outcome_unknown` and the run goes on,
+//!   never calling again. The call's
 //!   `webhook-id` is derived from (run, index) too, the same for every attempt.
 //! - **Waits** are the run's `due_at`: a `wait` until its time, a `wait_for_event` until its
 //!   timeout. Worker `workflow_events` (one process at a time, by its lease) follows the log: an
@@ -161,7 +173,7 @@ pub mod replay;
 mod replays;
 mod run;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -172,7 +184,6 @@ use mail::mailer::Mailer;
 use platform::log::EventLog;
 use platform::settings::Settings;
 use tokio::sync::Semaphore;
-use uuid::Uuid;
 
 use follow::Follower;
 
@@ -201,20 +212,18 @@ pub(crate) struct Inner {
     /// Definitions by (workflow, revision): immutable once appended.
     definitions: Mutex<HashMap<(String, i64), Arc<WorkflowDef>>>,
     slots: Arc<Semaphore>,
-    /// The lease tokens of this process's claims with runs still being advanced, and how many
-    /// each still has. A run leased under one of them is never claimed again by this process,
-    /// even once its lease ran out: on a machine too busy to advance a claim's runs within
-    /// the lease, claiming them again made every transition find its lease lost, over and
-    /// over, and the runs stood still. (Another process still takes them over when their
-    /// lease runs out, as it must for a process that stalled or died.)
-    in_flight: Arc<Mutex<HashMap<Uuid, usize>>>,
+    /// The runs this process is advancing. None is read again by this process until its task
+    /// is done: on a machine too busy to advance runs promptly, taking them again made every
+    /// transition lose its version to another, over and over, and the runs stood still.
+    in_flight: Arc<Mutex<HashSet<String>>>,
     /// Emails' hand-offs under way or waiting for a relay connection: two per pooled
     /// connection, so every connection has the next message ready and no more are held.
     handoffs: Arc<Semaphore>,
 }
 
 impl Inner {
-    /// How long a claimed run is leased (at least the webhook call timeout and a margin).
+    /// How long a run with a call out is leased to this process (at least the webhook call
+    /// timeout and a margin), unless the process stops beating sooner.
     pub(crate) fn lease(&self) -> Duration {
         let call = Duration::from_millis(self.settings.webhooks.attempt_timeout_ms) + Duration::from_secs(5);
         Duration::from_millis(self.settings.workflows.lease_ms).max(call)
@@ -249,42 +258,41 @@ impl Engine {
     async fn step(&self) -> anyhow::Result<Outcome> {
         let first = self.0.slots.clone().acquire_owned().await?;
         let free = self.0.slots.available_permits() + 1;
-        let token = Uuid::now_v7();
         let mut client = self.0.pool.get().await?;
-        // The claim returns what each run's first tick reads. Its statement finds rows by key
-        // and by the index of due times; `db::CLAIM_SETTINGS` keeps it to those whatever the
-        // table's statistics say (a plan made while the table was small joined the claimed
-        // runs by a scan of all of it), and its commit does not wait for the disk.
+        let share = platform::liveness::Share::read(&client, "workflow_runs").await?;
+        // The due runs of this process's share that it is not advancing already, and not held
+        // by a call going out from a live process. Reading them writes nothing: the run's
+        // transition, appended at its stream's version with the row's update at the row's
+        // version, is what makes it happen once. The statement finds rows by the index of due
+        // times; `db::KEYED_PLANS` keeps it to that whatever the table's statistics say. The
+        // runs in flight here are still due until their transitions commit, so the scan passes
+        // over them: `NOT IN` a subquery makes that a hashed lookup (`<> ALL` of the array
+        // compared each row with every id, 24 ms a read with 1,000 in flight against 1 ms).
         let transaction = client.transaction().await?;
         let statement = transaction
             .prepare_cached(&format!(
-                "UPDATE workflow_runs r SET lease_token = $1, lease_until = clock_timestamp() + make_interval(secs => $3)
-                 WHERE r.run_id IN (
-                     SELECT run_id FROM workflow_runs
-                     WHERE due_at <= clock_timestamp() AND (lease_until IS NULL OR lease_until < clock_timestamp())
-                       AND (lease_token IS NULL OR lease_token <> ALL($4::uuid[]))
-                     ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-                 RETURNING {}",
-                run::ROW
+                "SELECT {} FROM workflow_runs r
+                 WHERE r.due_at <= clock_timestamp()
+                   AND (r.lease_until IS NULL OR r.lease_until < clock_timestamp() OR {})
+                   AND r.run_id NOT IN (SELECT unnest($2::text[])) AND {}
+                 ORDER BY r.due_at LIMIT $1",
+                run::ROW,
+                platform::liveness::is_dead("r.lease_token", "$3"),
+                platform::liveness::Share::holds("r.run_id", "$4", "$5"),
             ))
             .await?;
         let limit = i64::try_from(free).unwrap_or(1);
-        let lease = self.0.lease().as_secs_f64();
-        let mine: Vec<Uuid> =
-            self.0.in_flight.lock().map(|tokens| tokens.keys().copied().collect()).unwrap_or_default();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&token, &limit, &lease, &mine];
+        let mine: Vec<String> = self.0.in_flight.lock().map(|runs| runs.iter().cloned().collect()).unwrap_or_default();
+        let dead_after = platform::liveness::DEAD_AFTER.as_secs_f64();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&limit, &mine, &dead_after, &share.index, &share.of];
         let (_, rows) = tokio::try_join!(
-            transaction.batch_execute(platform::db::CLAIM_SETTINGS),
+            transaction.batch_execute(platform::db::KEYED_PLANS),
             transaction.query(&statement, &params)
         )?;
         transaction.commit().await?;
         drop(client);
         let claimed = rows.len();
-        if claimed > 0
-            && let Ok(mut tokens) = self.0.in_flight.lock()
-        {
-            tokens.insert(token, claimed);
-        }
         let mut first = Some(first);
         for row in &rows {
             let permit = match first.take() {
@@ -293,17 +301,18 @@ impl Engine {
             };
             let inner = self.0.clone();
             let run_id: String = row.get(0);
+            // The row's version read: a failed tick backs off only a run no one moved since.
+            let version: Option<i64> = row.try_get(19).ok();
             let read = decide::Row::read(row);
-            let done = InFlight { tokens: inner.in_flight.clone(), token };
+            let done = InFlight::enter(&inner.in_flight, &run_id);
             tokio::spawn(async move {
                 let _done = done;
-                let advanced = match read {
-                    Ok(row) => run::advance(&inner, row, token).await,
-                    Err(error) => Err(error),
-                };
-                if let Err(error) = advanced {
-                    tracing::warn!(run = %run_id, error = format!("{error:#}"), "a workflow run will be tried again");
-                    run::back_off(&inner.pool, &run_id, token).await;
+                match read {
+                    Ok(row) => run::advance(&inner, row).await,
+                    Err(error) => {
+                        tracing::warn!(run = %run_id, error = format!("{error:#}"), "a workflow run will be tried again");
+                        run::back_off(&inner.pool, &run_id, version).await;
+                    }
                 }
                 drop(permit);
             });
@@ -312,22 +321,26 @@ impl Engine {
     }
 }
 
-/// One run of a claim being advanced; when the last is done (or its task is gone), the
-/// claim's token leaves [`Inner::in_flight`].
+/// A run this process is advancing: it stays out of the process's reads of due runs until
+/// its task is done (or gone).
 struct InFlight {
-    tokens: Arc<Mutex<HashMap<Uuid, usize>>>,
-    token: Uuid,
+    runs: Arc<Mutex<HashSet<String>>>,
+    run_id: String,
+}
+
+impl InFlight {
+    fn enter(runs: &Arc<Mutex<HashSet<String>>>, run_id: &str) -> Self {
+        if let Ok(mut set) = runs.lock() {
+            set.insert(run_id.to_owned());
+        }
+        Self { runs: runs.clone(), run_id: run_id.to_owned() }
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Ok(mut tokens) = self.tokens.lock()
-            && let Some(left) = tokens.get_mut(&self.token)
-        {
-            *left = left.saturating_sub(1);
-            if *left == 0 {
-                tokens.remove(&self.token);
-            }
+        if let Ok(mut runs) = self.runs.lock() {
+            runs.remove(&self.run_id);
         }
     }
 }

@@ -3,10 +3,12 @@
 //! and the definition at the run's revision (from the log), loads each fact the decision asks
 //! for (the contact, a template, a suppression, the signing secret), and appends the
 //! transition: the run's events at its stream's version, the other streams' events and their
-//! guards, and the row's update under the run's lease. Then it does what the transition
+//! guards, and the row's update at the row's version. Then it does what the transition
 //! leaves to do: an email's hand-off, or a webhook call. A call is two transitions: its start
-//! is committed before the request goes out, and its outcome after; a start found without an
-//! outcome after a crash is `outcome_unknown`, never repeated.
+//! is committed before the request goes out, with a lease on the row naming this process (so
+//! no other process decides the run while the request is out), and its outcome after; a
+//! start found without an outcome after a crash (the lease ran out, or its process stopped
+//! beating) is `outcome_unknown`, never repeated.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,7 +27,6 @@ use platform::log::{AppendError, AppendRequest, Classify, ExpectedVersion, Guard
 use platform::proto;
 use prost::Message;
 use serde_json::Value;
-use uuid::Uuid;
 
 use super::Inner;
 use super::decide::{
@@ -41,19 +42,21 @@ const ANSWER_MAX_BYTES: usize = 64 * 1024;
 const NEEDS_MAX: usize = 8;
 
 /// What a tick reads of a run (`r`, a `workflow_runs` row), with its workflow's pause control
-/// and its data key: the claim returns it, and a later tick of the same claim reads it again.
+/// and its data key: the engine's read of due runs returns it, and the tick after a call
+/// reads it again.
 pub(super) const ROW: &str = "r.run_id, r.workflow_id, r.space_id, r.revision, r.contact_id, r.status, r.step_id,
     r.step_count, r.version, r.paused, r.in_flight, r.waiting_schema, r.matched_event, r.passes, r.input, r.outputs,
     COALESCE((SELECT c.paused FROM workflow_controls c WHERE c.workflow_id = r.workflow_id), false),
     (SELECT k.wrapped_key FROM subject_keys k WHERE k.subject_id = COALESCE(r.contact_id, r.run_id)),
-    r.migrate_to";
+    r.migrate_to, r.row_version";
 
-/// The run's row under the lease `token` (see [`ROW`]).
-async fn load_row(client: &impl GenericClient, run_id: &str, token: Uuid) -> anyhow::Result<Option<Row>> {
+/// The run's row at `row_version`, the one this process's last transition wrote (see
+/// [`ROW`]); none when another process has moved the run on since.
+async fn load_row(client: &impl GenericClient, run_id: &str, row_version: i64) -> anyhow::Result<Option<Row>> {
     let statement = client
-        .prepare_cached(&format!("SELECT {ROW} FROM workflow_runs r WHERE r.run_id = $1 AND r.lease_token = $2"))
+        .prepare_cached(&format!("SELECT {ROW} FROM workflow_runs r WHERE r.run_id = $1 AND r.row_version = $2"))
         .await?;
-    client.query_opt(&statement, &[&run_id, &token]).await?.as_ref().map(Row::read).transpose()
+    client.query_opt(&statement, &[&run_id, &row_version]).await?.as_ref().map(Row::read).transpose()
 }
 
 impl Row {
@@ -87,19 +90,22 @@ impl Row {
             control_paused: row.get(16),
             keys,
             migrate_to: row.get(18),
+            row_version: row.get(19),
         })
     }
 }
 
-/// After a failed tick: the run is due again in a few seconds, its lease given back.
-pub(super) async fn back_off(pool: &Pool, run_id: &str, token: Uuid) {
+/// After a failed tick: the run is due again in a few seconds, a call's lease given back
+/// (its start then reads as `outcome_unknown`), unless another process moved the row past
+/// `row_version` meanwhile (none known: whatever its version).
+pub(super) async fn back_off(pool: &Pool, run_id: &str, row_version: Option<i64>) {
     let Ok(client) = pool.get().await else { return };
     let _ = client
         .execute(
             "UPDATE workflow_runs SET due_at = clock_timestamp() + interval '2 seconds', lease_token = NULL,
-                 lease_until = NULL
-             WHERE run_id = $1 AND lease_token = $2",
-            &[&run_id, &token],
+                 lease_until = NULL, row_version = row_version + 1
+             WHERE run_id = $1 AND ($2::bigint IS NULL OR row_version = $2)",
+            &[&run_id, &row_version],
         )
         .await;
 }
@@ -108,9 +114,20 @@ pub(super) async fn back_off(pool: &Pool, run_id: &str, token: Uuid) {
 /// moved under it.
 const MOVED_RETRIES: u32 = 3;
 
-/// Advances a claimed run by one transition (two around a webhook call), from the row its
-/// claim returned.
-pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> anyhow::Result<()> {
+/// Advances a due run by one transition (two around a webhook call), from the row the
+/// engine read. A tick that fails backs the run off, unless another process moved it on.
+pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row) {
+    let run_id = claimed.run_id.clone();
+    let mut row_version = claimed.row_version;
+    if let Err(error) = advance_from(inner, claimed, &mut row_version).await {
+        tracing::warn!(run = %run_id, error = format!("{error:#}"), "a workflow run will be tried again");
+        back_off(&inner.pool, &run_id, Some(row_version)).await;
+    }
+}
+
+/// [`advance`]; `row_version` follows the row's version through the transitions this process
+/// commits.
+async fn advance_from(inner: &Arc<Inner>, claimed: Row, row_version: &mut i64) -> anyhow::Result<()> {
     let run_id = claimed.run_id.clone();
     let run_id = run_id.as_str();
     let mut claimed = Some(claimed);
@@ -122,7 +139,7 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
             Some(row) => row,
             None => {
                 let client = inner.pool.get().await?;
-                let Some(row) = load_row(&client, run_id, token).await? else { return Ok(()) };
+                let Some(row) = load_row(&client, run_id, *row_version).await? else { return Ok(()) };
                 row
             }
         };
@@ -143,8 +160,8 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
         let mut tick = decided(inner, &row, &definition, &given).await?;
         outcome = None;
         let email = tick.email.take();
-        match append(inner, &mut tick, token).await {
-            Ok(()) => {}
+        match append(inner, &mut tick).await {
+            Ok(next) => *row_version = next,
             // The month's allowance ran out since the gate was read: the send is skipped.
             Err(AppendError::Conflict { code: Code::EmailLimitReached, .. }) if !allowance_refused => {
                 allowance_refused = true;
@@ -156,10 +173,11 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
                 moved += 1;
                 continue;
             }
-            // The contact changed meanwhile, or the lease was lost: decide again later.
+            // The contact changed meanwhile, or another process moved the run on: decide again
+            // later (the back-off leaves a run that moved alone).
             Err(error @ (AppendError::WrongVersion { .. } | AppendError::Conflict { .. })) => {
                 tracing::debug!(run = %run_id, %error, "a workflow transition lost a race");
-                back_off(&inner.pool, run_id, token).await;
+                back_off(&inner.pool, run_id, Some(*row_version)).await;
                 return Ok(());
             }
             Err(error) => return Err(error.into()),
@@ -175,7 +193,7 @@ pub(super) async fn advance(inner: &Arc<Inner>, claimed: Row, token: Uuid) -> an
             });
         }
         let Some(call) = tick.call.take() else { return Ok(()) };
-        // The attempt is committed as going out (the run keeps its lease): now it goes.
+        // The attempt is committed as going out, under this process's lease: now it goes.
         let sent = send(inner, &call).await;
         if let AttemptResult::Retryable { status, error, .. } = &sent.result {
             // A retry goes out with the same `webhook-id`: a receiver sees it again.
@@ -457,12 +475,21 @@ async fn send(inner: &Inner, call: &Call) -> CallOutcome {
     }
 }
 
-/// Appends the transition with the row's update under the run's lease.
-async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), AppendError> {
+/// Appends the transition with the row's update at the row's own version; returns the row's
+/// new version. A transition that starts a call (or a call's next attempt) leases the row to this
+/// process for the call.
+async fn append(inner: &Inner, tick: &mut Tick) -> Result<i64, AppendError> {
     let row = &tick.row;
     // One log event per transition, however many changes it made.
     let events = domain::workflows::transition(&row.run_id, &row.space_id, std::mem::take(&mut tick.events));
     let count = i64::try_from(events.len()).unwrap_or(0);
+    let next = tick.base_version + count;
+    let base_row = row.row_version;
+    // A call holds the row while it goes out: for the lease (the attempt's timeout and a
+    // margin), or until this process stops beating. No owner when the process does not beat
+    // (the lease's end alone then frees it).
+    let lease_ms = if tick.call.is_some() { i64::try_from(inner.lease().as_millis()).unwrap_or(i64::MAX) } else { 0 };
+    let owner = platform::liveness::process_id();
     let outputs = if tick.outputs_changed {
         let Some(key) = row.keys.get(&subject(row)) else {
             return Err(AppendError::Failed(format!("run {} has no data key", row.run_id)));
@@ -489,11 +516,11 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
     // SQL NULL (no due time: -1; no call in flight: JSON null; no outputs: empty bytes).
     let set_row = vec![
         SetValue::Text(Some(row.run_id.clone().into())),
-        SetValue::Uuid(token),
+        SetValue::BigInt(base_row),
         SetValue::Text(Some(row.status.as_str().to_owned())),
         SetValue::Text(row.step_id.clone()),
         SetValue::Int(row.step_count),
-        SetValue::BigInt(tick.base_version + count),
+        SetValue::BigInt(next),
         SetValue::BigInt(tick.due_ms.unwrap_or(-1)),
         SetValue::Int(i32::from(row.paused)),
         SetValue::Json(in_flight.clone().unwrap_or(Value::Null)),
@@ -502,9 +529,10 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
         SetValue::Json(passes.clone()),
         SetValue::Bytes(outputs.clone().unwrap_or_default()),
         SetValue::Int(i32::from(tick.finished)),
-        SetValue::Int(i32::from(tick.call.is_some())),
+        SetValue::BigInt(lease_ms),
         SetValue::BigInt(row.revision),
         SetValue::BigInt(tick.migrated_to.unwrap_or(0)),
+        SetValue::Uuid(owner.unwrap_or_default()),
     ];
     let mut guards: Vec<Guard> = Vec::new();
     guards.push(
@@ -518,16 +546,17 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
                                   WHEN $10::text IS NULL THEN NULL ELSE waiting_after END,
              matched_event = CASE WHEN $10::text IS NULL OR $11 THEN NULL ELSE matched_event END,
              passes = $12, outputs = $13, finished_at = CASE WHEN $14 THEN clock_timestamp() END,
-             lease_token = CASE WHEN $15 THEN lease_token END,
-             lease_until = CASE WHEN $15 THEN lease_until END
-         WHERE run_id = $1 AND lease_token = $2",
+             lease_token = CASE WHEN $15::bigint > 0 THEN $18::uuid END,
+             lease_until = CASE WHEN $15::bigint > 0 THEN clock_timestamp() + $15::bigint * interval '1 millisecond' END,
+             row_version = row_version + 1
+         WHERE run_id = $1 AND row_version = $2",
             vec![
                 Box::new(row.run_id.clone()),
-                Box::new(token),
+                Box::new(base_row),
                 Box::new(row.status.as_str().to_owned()),
                 Box::new(row.step_id.clone()),
                 Box::new(row.step_count),
-                Box::new(tick.base_version + count),
+                Box::new(next),
                 Box::new(tick.due_ms),
                 Box::new(row.paused),
                 Box::new(in_flight),
@@ -536,15 +565,16 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
                 Box::new(passes),
                 Box::new(outputs),
                 Box::new(tick.finished),
-                // A call keeps its lease while it goes out; every other transition gives it back.
-                Box::new(tick.call.is_some()),
+                // A call holds the row while it goes out; every other transition frees it.
+                Box::new(lease_ms),
                 Box::new(row.revision),
                 // The mark this transition handled; a newer one keeps the run due.
                 Box::new(tick.migrated_to.unwrap_or(0)),
+                Box::new(owner),
             ],
             AppendError::Conflict {
                 code: Code::ConcurrentModification,
-                message: "the run's lease was lost".to_owned(),
+                message: "another process moved the run on".to_owned(),
             },
         )
         .with_set(
@@ -561,14 +591,15 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
              matched_event = CASE WHEN u.waiting_schema IS NULL OR u.new_wait = 1 THEN NULL ELSE r.matched_event END,
              passes = u.passes, outputs = NULLIF(u.outputs, ''::bytea),
              finished_at = CASE WHEN u.finished = 1 THEN clock_timestamp() END,
-             lease_token = CASE WHEN u.keep_lease = 1 THEN r.lease_token END,
-             lease_until = CASE WHEN u.keep_lease = 1 THEN r.lease_until END
-         FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::int4[], $6::bigint[], $7::bigint[],
+             lease_token = CASE WHEN u.lease_ms > 0 THEN NULLIF(u.owner, '00000000-0000-0000-0000-000000000000') END,
+             lease_until = CASE WHEN u.lease_ms > 0 THEN clock_timestamp() + u.lease_ms * interval '1 millisecond' END,
+             row_version = r.row_version + 1
+         FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::int4[], $6::bigint[], $7::bigint[],
                      $8::int4[], $9::jsonb[], $10::text[], $11::int4[], $12::jsonb[], $13::bytea[], $14::int4[],
-                     $15::int4[], $16::bigint[], $17::bigint[])
-             AS u(run_id, token, status, step_id, step_count, version, due_ms, paused, in_flight, waiting_schema,
-                  new_wait, passes, outputs, finished, keep_lease, revision, migrated_to)
-         WHERE r.run_id = u.run_id AND r.lease_token = u.token",
+                     $15::bigint[], $16::bigint[], $17::bigint[], $18::uuid[])
+             AS u(run_id, base, status, step_id, step_count, version, due_ms, paused, in_flight, waiting_schema,
+                  new_wait, passes, outputs, finished, lease_ms, revision, migrated_to, owner)
+         WHERE r.run_id = u.run_id AND r.row_version = u.base",
             set_row,
         ),
     );
@@ -587,9 +618,9 @@ async fn append(inner: &Inner, tick: &mut Tick, token: Uuid) -> Result<(), Appen
     }
     if streams.is_empty() {
         // Only the row changes (a retry's due time, a run parked before it started).
-        return apply_guards_alone(inner, guards).await;
+        return apply_guards_alone(inner, guards).await.map(|()| base_row + 1);
     }
-    inner.log.append(AppendRequest::in_space(&row.space_id, streams, guards)).await.map(|_| ())
+    inner.log.append(AppendRequest::in_space(&row.space_id, streams, guards)).await.map(|_| base_row + 1)
 }
 
 /// Runs guards in a transaction of their own (a transition with no event).

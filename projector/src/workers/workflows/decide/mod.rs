@@ -192,8 +192,8 @@ fn transition(
         }
     }
     if !tick.finished && tick.due_ms.is_none() {
-        // More steps to go (or a call's outcome, which the lease keeps for this process until
-        // it runs out): due again at once.
+        // More steps to go (or a call's outcome, which the row's lease keeps for this process
+        // until it runs out or the process stops beating): due again at once.
         tick.due_ms = Some(now);
     }
     Ok(tick)

@@ -104,6 +104,10 @@ pub(crate) struct Row {
     /// The revision a newer publish moves the run to (its `inFlight` rule), until the run has
     /// moved.
     pub(crate) migrate_to: Option<i64>,
+    /// The row's own version: each transition's update of the row is made at it and adds
+    /// one, whether or not the transition appends (a call's later attempts change only the
+    /// row), so two processes never both commit one change.
+    pub(crate) row_version: i64,
 }
 
 impl Row {
@@ -130,6 +134,7 @@ impl Row {
             control_paused: false,
             keys: platform::crypto::Keys::default(),
             migrate_to: None,
+            row_version: 0,
         }
     }
 }
