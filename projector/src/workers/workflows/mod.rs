@@ -35,7 +35,7 @@
 //! **No claim is written per run.** The processes that run the engine share the runs out by a
 //! hash of the run's id (`platform::liveness::Share`: each live member, in the order of its
 //! process id, takes its part; a member that stops beating for 5 s is dropped and its part goes
-//! to the others), and a process leaves out the runs it is advancing already (an in-memory set:
+//! to the others, each of which reads the members once a second), and a process leaves out the runs it is advancing already (an in-memory set:
 //! they stay due until their transitions commit). What makes a transition happen once is its
 //! write: the run's stream at its version, and the row's update at the row's own version
 //! (`row_version`, which every transition's update advances, also one that appends nothing,
@@ -175,7 +175,7 @@ mod run;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use domain::workflows::WorkflowDef;
@@ -216,6 +216,9 @@ pub(crate) struct Inner {
     /// is done: on a machine too busy to advance runs promptly, taking them again made every
     /// transition lose its version to another, over and over, and the runs stood still.
     in_flight: Arc<Mutex<HashSet<String>>>,
+    /// This process's share of the runs and when it was read: read again once a second, not
+    /// on every step (a step follows each append's notification).
+    share: Mutex<Option<(Instant, platform::liveness::Share)>>,
     /// Emails' hand-offs under way or waiting for a relay connection: two per pooled
     /// connection, so every connection has the next message ready and no more are held.
     handoffs: Arc<Semaphore>,
@@ -251,6 +254,7 @@ impl Engine {
             definitions: Mutex::default(),
             slots: Arc::new(Semaphore::new(settings.workflows.concurrency.max(1))),
             in_flight: Arc::default(),
+            share: Mutex::default(),
             handoffs: Arc::new(Semaphore::new(2 * usize::try_from(settings.email.pool_size.max(1)).unwrap_or(1))),
         })))
     }
@@ -259,7 +263,7 @@ impl Engine {
         let first = self.0.slots.clone().acquire_owned().await?;
         let free = self.0.slots.available_permits() + 1;
         let mut client = self.0.pool.get().await?;
-        let share = platform::liveness::Share::read(&client, "workflow_runs").await?;
+        let share = self.share(&client).await?;
         // The due runs of this process's share that it is not advancing already, and not held
         // by a call going out from a live process. Reading them writes nothing: the run's
         // transition, appended at its stream's version with the row's update at the row's
@@ -320,6 +324,27 @@ impl Engine {
         Ok(if claimed >= free { Outcome::Progressed } else { Outcome::Idle })
     }
 }
+
+impl Engine {
+    /// This process's share of the runs, read at most once a second (the members change as
+    /// processes start and as their beats age past `liveness::DEAD_AFTER`, a bound of seconds).
+    async fn share(&self, client: &deadpool_postgres::Client) -> anyhow::Result<platform::liveness::Share> {
+        let kept = self.0.share.lock().ok().and_then(|kept| *kept);
+        if let Some((read_at, share)) = kept
+            && read_at.elapsed() < SHARE_FOR
+        {
+            return Ok(share);
+        }
+        let share = platform::liveness::Share::read(client, "workflow_runs").await?;
+        if let Ok(mut kept) = self.0.share.lock() {
+            *kept = Some((Instant::now(), share));
+        }
+        Ok(share)
+    }
+}
+
+/// How long the engine keeps the share it read.
+const SHARE_FOR: Duration = Duration::from_secs(1);
 
 /// A run this process is advancing: it stays out of the process's reads of due runs until
 /// its task is done (or gone).
