@@ -81,8 +81,8 @@ macro_rules! keyed_plans {
 /// table once it has grown: measured, the log's stream update of every append batch scanned
 /// all 10,000 rows of a young `streams` table, and the workflow engine's claim and row update
 /// all of `workflow_runs`, together half the cluster's CPU per run when 10,000 waits ended at
-/// once (docs/benchmarks.md, issue 52). The append transactions, and the claims of the
-/// workflow engine and the webhook deliveries, send them.
+/// once (docs/benchmarks.md, issue 52). The append transactions, the workflow engine's read
+/// of due runs and the webhook deliveries' claim send them.
 pub const KEYED_PLANS: &str = keyed_plans!();
 
 /// A claim's settings: [`KEYED_PLANS`], and a commit that does not wait for the disk (a claim

@@ -266,7 +266,7 @@ impl Engine {
         let share = self.share(&client).await?;
         // The due runs of this process's share that it is not advancing already, and not held
         // by a call going out from a live process. Reading them writes nothing: the run's
-        // transition, appended at its stream's version with the row's update at the row's
+        // transition, appended at its stream's version with the row's update at the row's own
         // version, is what makes it happen once. The statement finds rows by the index of due
         // times; `db::KEYED_PLANS` keeps it to that whatever the table's statistics say. The
         // runs in flight here are still due until their transitions commit, so the scan passes
