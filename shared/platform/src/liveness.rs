@@ -45,10 +45,13 @@ pub fn owner_is_dead(dead_after: &str) -> String {
 
 /// [`owner_is_dead`] for the process named by `column`.
 pub fn is_dead(column: &str, dead_after: &str) -> String {
-    format!(
-        "({column} IS NOT NULL AND {column} NOT IN (SELECT b.process_id FROM process_beats b
-            WHERE b.beat_at >= now() - make_interval(secs => {dead_after})))"
-    )
+    format!("({column} IS NOT NULL AND {column} NOT IN ({}))", live(dead_after))
+}
+
+/// A SQL subquery of the ids of the processes presumed alive: those whose beat is younger
+/// than the statement's parameter `dead_after` (seconds).
+fn live(dead_after: &str) -> String {
+    format!("SELECT b.process_id FROM process_beats b WHERE b.beat_at >= now() - make_interval(secs => {dead_after})")
 }
 
 /// This process's share of a worker's rows: the live processes that run the worker, in the
@@ -84,18 +87,14 @@ impl Share {
     ) -> Result<Share, tokio_postgres::Error> {
         let Some(me) = process_id() else { return Ok(Share::ALL) };
         let dead_after = DEAD_AFTER.as_secs_f64();
-        let row = client
-            .query_one(
-                "WITH joined AS (INSERT INTO worker_members (worker, process_id) VALUES ($1, $2)
-                                 ON CONFLICT DO NOTHING),
-                      live AS (SELECT m.process_id FROM worker_members m
-                               JOIN process_beats b ON b.process_id = m.process_id
-                               WHERE m.worker = $1 AND b.beat_at >= now() - make_interval(secs => $3)
-                               UNION SELECT $2::uuid)
-                 SELECT count(*) FILTER (WHERE process_id < $2)::int4, count(*)::int4 FROM live",
-                &[&worker, &me, &dead_after],
-            )
-            .await?;
+        let sql = format!(
+            "WITH joined AS (INSERT INTO worker_members (worker, process_id) VALUES ($1, $2) ON CONFLICT DO NOTHING),
+                  members AS (SELECT m.process_id FROM worker_members m
+                              WHERE m.worker = $1 AND m.process_id IN ({}) UNION SELECT $2::uuid)
+             SELECT count(*) FILTER (WHERE process_id < $2)::int4, count(*)::int4 FROM members",
+            live("$3")
+        );
+        let row = client.query_one(&sql, &[&worker, &me, &dead_after]).await?;
         Ok(Share { index: row.get(0), of: row.get(1) })
     }
 }

@@ -602,6 +602,15 @@ const KILL_STEPS: [(&str, &str); 5] = [
     ("done", "exit"),
 ];
 
+/// The unfinished runs, counted by status and step: what a test that waited in vain says.
+async fn unfinished_by_step(app: &TestApp) -> Vec<String> {
+    app.query_strings(
+        "SELECT status || ' at ' || coalesce(step_id, '-') || ': ' || count(*) FROM workflow_runs
+         WHERE finished_at IS NULL GROUP BY status, step_id",
+    )
+    .await
+}
+
 /// How long a call holds its run in the killed-runs test: longer than the test may take, so a
 /// call a killed process had out is taken over because the process stopped beating, never
 /// because its lease ran out.
@@ -726,12 +735,7 @@ async fn a_thousand_runs_survive_kill_9_of_the_projectors_and_the_command_servic
             break;
         }
         if Instant::now() >= deadline {
-            let stuck = app
-                .query_strings(
-                    "SELECT status || ' at ' || coalesce(step_id, '-') || ': ' || count(*) FROM workflow_runs
-                     WHERE finished_at IS NULL GROUP BY status, step_id",
-                )
-                .await;
+            let stuck = unfinished_by_step(&app).await;
             // What the database was doing for this test's processes: a wait on a lock or a
             // statement that never ends, or nothing (the stall is in a process).
             let activity = app
@@ -887,12 +891,7 @@ async fn two_engines_that_take_the_same_runs_send_each_attempt_of_a_call_once() 
         if Instant::now() >= deadline {
             let calls = receiver.ids("crm").await;
             let repeated: Vec<(&String, &u64)> = calls.iter().filter(|(_, attempts)| **attempts > 2).collect();
-            let open = app
-                .query_strings(
-                    "SELECT status || ' at ' || coalesce(step_id, '-') || ': ' || count(*) FROM workflow_runs
-                     WHERE finished_at IS NULL GROUP BY status, step_id",
-                )
-                .await;
+            let open = unfinished_by_step(&app).await;
             panic!(
                 "the runs did not finish ({open:?}); {} calls went out more than twice, first {:?}",
                 repeated.len(),

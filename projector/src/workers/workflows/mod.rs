@@ -306,7 +306,7 @@ impl Engine {
             let inner = self.0.clone();
             let run_id: String = row.get(0);
             // The row's version read: a failed tick backs off only a run no one moved since.
-            let version: Option<i64> = row.try_get(19).ok();
+            let version: Option<i64> = row.try_get(run::ROW_VERSION).ok();
             let read = decide::Row::read(row);
             let done = InFlight::enter(&inner.in_flight, &run_id);
             tokio::spawn(async move {

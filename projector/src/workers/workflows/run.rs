@@ -49,6 +49,8 @@ pub(super) const ROW: &str = "r.run_id, r.workflow_id, r.space_id, r.revision, r
     COALESCE((SELECT c.paused FROM workflow_controls c WHERE c.workflow_id = r.workflow_id), false),
     (SELECT k.wrapped_key FROM subject_keys k WHERE k.subject_id = COALESCE(r.contact_id, r.run_id)),
     r.migrate_to, r.row_version";
+/// The place of `r.row_version` in [`ROW`].
+pub(super) const ROW_VERSION: usize = 19;
 
 /// The run's row at `row_version`, the one this process's last transition wrote (see
 /// [`ROW`]); none when another process has moved the run on since.
@@ -90,7 +92,7 @@ impl Row {
             control_paused: row.get(16),
             keys,
             migrate_to: row.get(18),
-            row_version: row.get(19),
+            row_version: row.get(ROW_VERSION),
         })
     }
 }
