@@ -12,7 +12,9 @@ use platform::proto;
 use prost::Message;
 use serde_json::{Map, Value, json};
 
-use super::store::{self, Found, NewRun};
+use journeys::decide::{Decided, Opened, Row, Tick};
+
+use super::store::{self, FirstState, Found, NewRun};
 use crate::decision::{Decide, Given, Outcome, Reply};
 use crate::records::decide::{self as records, UpsertLoaded, decide_upsert, write_schema};
 use crate::records::write::Write;
@@ -139,10 +141,13 @@ pub(crate) fn requested_run(
 }
 
 /// `POST /workflows/{referenceId}`.
-pub(crate) struct TriggerWorkflow {
+pub(crate) struct TriggerWorkflow<'a> {
     pub space_id: SpaceId,
     pub reference_id: String,
     pub input: Input,
+    /// What the engine's decision is given besides the run (see [`first_transition`]).
+    pub site: &'a mail::send::Site,
+    pub retry_schedule_ms: &'a [u64],
 }
 
 /// What a trigger decides on.
@@ -150,15 +155,19 @@ pub(crate) struct Trigger {
     pub found: Arc<Found>,
     /// The contact's schema and what its upsert read, when the input names a contact.
     pub contact: Option<(Arc<WriteContext>, UpsertLoaded)>,
+    /// Whether the workflow is paused, once read: a first attempt does not read it and writes
+    /// a run's first transition only while the workflow is not paused (the row's guard); a
+    /// pause found there makes the next attempt read it.
+    pub paused: Option<bool>,
 }
 
-impl Decide for TriggerWorkflow {
+impl Decide for TriggerWorkflow<'_> {
     type Loaded = Trigger;
     type Outcome = Outcome;
     type Refusal = Refusal;
 
     fn decide(&self, trigger: Trigger, given: &mut Given<'_>) -> Result<Outcome, Refusal> {
-        let Trigger { found, contact } = trigger;
+        let Trigger { found, contact, paused } = trigger;
         let (space_id, now) = (self.space_id.as_str(), given.now_ms);
         let run_id = given.fresh.id("run");
         let mut streams = Vec::new();
@@ -194,15 +203,14 @@ impl Decide for TriggerWorkflow {
         };
         let mut input = platform::events::seal(&subject, &proto::WorkflowInput { json: self.input.input.to_string() });
         platform::events::encrypt(&mut input, &key).map_err(|error| Refusal::failed(&error))?;
-        guards.push(store::insert_run(NewRun {
-            run_id: &run_id,
-            workflow_id: &found.workflow_id,
-            space_id,
-            revision: found.revision,
-            contact_id: contact_id.as_deref(),
-            input: input.encode_to_vec(),
-            requested_at_ms: now,
-        }));
+        // The run's first transition, when it needs no fact and reaches nothing outside: made
+        // here with the engine's own decision and appended with the request, so a run that only
+        // starts and waits (or ends) is written once.
+        let first = match paused {
+            Some(true) => None,
+            _ => first_transition(&found, (&run_id, space_id, contact_id.as_deref()), (&subject, &key), self, now),
+        };
+        let encoded_input = input.encode_to_vec();
         let requested = proto::WorkflowRunRequested {
             run_id: run_id.clone(),
             workflow_id: found.workflow_id.clone(),
@@ -214,22 +222,131 @@ impl Decide for TriggerWorkflow {
             input: Some(input),
             requested_at_ms: now,
         };
-        streams.push(StreamAppend {
-            stream_id: run_stream_id(&run_id),
-            expected: ExpectedVersion::NoStream,
-            events: vec![NewEvent {
-                event: LogEvent::WorkflowRunRequested(requested),
-                subject_id: contact_id.clone(),
-                occurred_at: platform::time::from_millis(now),
-            }],
-        });
-        let run = requested_run(
+        let mut run = requested_run(
             (&run_id, &found.workflow_id, found.revision),
             contact_id.as_deref(),
             &self.reference_id,
             now,
         );
+        let mut events = vec![LogEvent::WorkflowRunRequested(requested)];
+        let mut first_state = None;
+        if let Some(tick) = first {
+            let (state, changes) = first_state_of(tick, now).map_err(|error| Refusal::failed(&error))?;
+            decided_run(&mut run, &state, &changes, now);
+            events.extend(domain::workflows::transition(&run_id, space_id, changes));
+            first_state = Some(state);
+        }
+        guards.push(store::insert_run(NewRun {
+            run_id: &run_id,
+            workflow_id: &found.workflow_id,
+            space_id,
+            revision: found.revision,
+            contact_id: contact_id.as_deref(),
+            input: encoded_input,
+            requested_at_ms: now,
+            first: first_state,
+        }));
+        streams.push(StreamAppend {
+            stream_id: run_stream_id(&run_id),
+            expected: ExpectedVersion::NoStream,
+            events: events
+                .into_iter()
+                .map(|event| NewEvent {
+                    event,
+                    subject_id: contact_id.clone(),
+                    occurred_at: platform::time::from_millis(now),
+                })
+                .collect(),
+        });
         Ok(Outcome::append(streams, guards, Reply::accepted(run)))
+    }
+}
+
+/// A run's first transition, decided by the engine's own decision (`journeys::decide`) as the
+/// engine would decide it at `now`: kept only when it needs no fact the engine loads (the
+/// contact's record, a template, a suppression, the signing secret, engagement; a run without
+/// a contact is known to have none) and reaches nothing
+/// outside the run (no email, no webhook call, no other stream). Otherwise, or when the
+/// decision fails, the engine makes it, as it makes every later one.
+fn first_transition(
+    found: &Found,
+    (run_id, space_id, contact_id): (&str, &str, Option<&str>),
+    (subject, key): (&str, &platform::crypto::DataKey),
+    trigger: &TriggerWorkflow<'_>,
+    now: i64,
+) -> Option<Tick> {
+    let mut row = Row::requested(run_id, &found.workflow_id, space_id, contact_id.map(str::to_owned));
+    row.revision = found.revision;
+    row.keys.insert(subject.to_owned(), key.clone());
+    let opened = Opened { input: Some(trigger.input.input.clone()), outputs: Default::default() };
+    let given = journeys::decide::Given {
+        now,
+        // A retry's delay is only drawn for a call's failed attempt, which no first transition
+        // kept here has.
+        jitter: 1.0,
+        allowance_refused: false,
+        call_outcome: None,
+        retry_schedule_ms: trigger.retry_schedule_ms,
+        site: trigger.site,
+        newer: None,
+    };
+    // A run without a contact has none to load: a branch on its input is decided here too.
+    let facts = journeys::decide::Facts {
+        contact: contact_id.is_none().then_some(journeys::decide::ContactFacts::None),
+        ..Default::default()
+    };
+    match journeys::decide::decide((&row, &opened), &found.definition, &facts, &given) {
+        Ok(Decided::Tick(tick))
+            if tick.email.is_none() && tick.call.is_none() && tick.streams.is_empty() && tick.guards.is_empty() =>
+        {
+            Some(*tick)
+        }
+        _ => None,
+    }
+}
+
+/// The row a first transition leaves, and its changes.
+fn first_state_of(mut tick: Tick, now: i64) -> anyhow::Result<(FirstState, Vec<LogEvent>)> {
+    let changes = std::mem::take(&mut tick.events);
+    let version = 1 + i64::from(!changes.is_empty());
+    let state = FirstState {
+        status: tick.row.status.as_str(),
+        step_id: tick.row.step_id.clone(),
+        step_count: tick.row.step_count,
+        version,
+        due_ms: if tick.finished { None } else { Some(tick.due_ms.unwrap_or(now)) },
+        in_flight: tick.in_flight_json()?,
+        waiting_schema: tick.row.waiting_schema.clone(),
+        new_wait: tick.new_wait,
+        passes: serde_json::to_value(&tick.row.passes)?,
+        outputs: tick.sealed_outputs()?,
+        finished: tick.finished,
+    };
+    Ok((state, changes))
+}
+
+/// The requested run's document as its first transition left it: its status, when it
+/// started (and ended), its step count, the step it is at, and a failed run's error.
+fn decided_run(run: &mut Value, state: &FirstState, changes: &[LogEvent], now: i64) {
+    let at = platform::time::format_millis(now);
+    run["status"] = json!(state.status);
+    if state.status != "waiting" {
+        run["startedAt"] = json!(at);
+    }
+    run["stepCount"] = json!(state.step_count);
+    let current = state
+        .in_flight
+        .as_ref()
+        .and_then(|step| step.get("stepId").cloned())
+        .or_else(|| state.step_id.clone().map(Value::String));
+    run["currentStepId"] = if state.finished { Value::Null } else { current.unwrap_or(Value::Null) };
+    for change in changes {
+        if let LogEvent::WorkflowRunFinished(finished) = change {
+            run["finishedAt"] = json!(at);
+            if !finished.error_code.is_empty() {
+                run["error"] = json!({"code": finished.error_code, "message": finished.error_message});
+            }
+        }
     }
 }
 
@@ -430,9 +547,22 @@ mod tests {
         Found { workflow_id: "wf_1".into(), revision: 4, definition: definition(status) }
     }
 
-    fn trigger(contact: Option<Map<String, Value>>) -> TriggerWorkflow {
+    fn site() -> mail::send::Site {
+        mail::send::Site {
+            base_url: "https://api.example.test/v1".into(),
+            links: mail::tracking::Links::derive(|_| [7; 32], 1, &[]),
+        }
+    }
+
+    fn trigger(contact: Option<Map<String, Value>>, site: &mail::send::Site) -> TriggerWorkflow<'_> {
         let input = json!({"plan": "pro", "contact": contact.clone()});
-        TriggerWorkflow { space_id: "spc_1".into(), reference_id: "ref".into(), input: Input { input, contact } }
+        TriggerWorkflow {
+            space_id: "spc_1".into(),
+            reference_id: "ref".into(),
+            input: Input { input, contact },
+            site,
+            retry_schedule_ms: &[1_000],
+        }
     }
 
     fn requested(outcome: &Outcome) -> proto::WorkflowRunRequested {
@@ -456,8 +586,8 @@ mod tests {
 
     #[test]
     fn given_a_published_workflow_when_triggered_without_a_contact_then_the_run_is_requested_under_a_key_of_its_own() {
-        let loaded = Trigger { found: Arc::new(found(Status::Published)), contact: None };
-        let outcome = given(loaded).when(&trigger(None)).decided();
+        let loaded = Trigger { found: Arc::new(found(Status::Published)), contact: None, paused: None };
+        let outcome = given(loaded).when(&trigger(None, &site())).decided();
         let requested = requested(&outcome);
         assert_eq!(outcome.events().len(), 1);
         assert_eq!(
@@ -481,12 +611,105 @@ mod tests {
             contact_id: None,
             input: Vec::new(),
             requested_at_ms: NOW_MS,
+            first: None,
         });
         assert_eq!(guard_sqls(&outcome), [store_key_sql(), run_row.sql], "the run's own key, then its row");
         let reply = outcome.reply().expect("a reply");
         assert_eq!(reply.status, ReplyStatus::Accepted);
         let expected = requested_run(("run_1", "wf_1", 4), None, "ref", NOW_MS);
         assert_eq!(reply.body, Body::Data { data: json!(expected), warnings: Vec::new() });
+    }
+
+    /// A published workflow whose entry goes on to `steps`' first.
+    fn with_steps(steps: Vec<domain::workflows::Step>) -> Found {
+        let mut definition = definition(Status::Published);
+        let first = steps.first().map(|step| step.id.clone());
+        let entry = domain::workflows::StepKind::IncomingWebhook { reference_id: "ref".into(), next: first };
+        definition.steps =
+            std::iter::once(domain::workflows::Step { id: "start".into(), kind: entry }).chain(steps).collect();
+        Found { workflow_id: "wf_1".into(), revision: 4, definition }
+    }
+
+    fn step(id: &str, kind: domain::workflows::StepKind) -> domain::workflows::Step {
+        domain::workflows::Step { id: id.into(), kind }
+    }
+
+    /// The kinds of the run stream's events and of the changes its transition holds.
+    fn run_events(outcome: &Outcome) -> Vec<String> {
+        let Outcome::Append(writes) = outcome else { return Vec::new() };
+        let stream =
+            writes.streams.iter().find(|stream| stream.stream_id == run_stream_id("run_1")).expect("the run's");
+        stream
+            .events
+            .iter()
+            .flat_map(|new| domain::workflows::changes(new.event.clone()))
+            .map(|event| event.event_type().trim_end_matches(".v1").to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn given_a_workflow_that_waits_first_when_triggered_then_the_run_starts_and_sleeps_in_the_same_append() {
+        let nap = step(
+            "nap",
+            domain::workflows::StepKind::Wait { wait: domain::workflows::Wait::For { ms: 60_000 }, next: None },
+        );
+        let loaded = Trigger { found: Arc::new(with_steps(vec![nap])), contact: None, paused: None };
+        let outcome = given(loaded).when(&trigger(None, &site())).decided();
+        assert_eq!(
+            run_events(&outcome),
+            [
+                "WorkflowRunRequested",
+                "WorkflowRunStarted",
+                "WorkflowStepStarted",
+                "WorkflowStepFinished",
+                "WorkflowStepStarted",
+                "WorkflowRunSleeping"
+            ]
+        );
+        let Outcome::Append(writes) = &outcome else { panic!("appended") };
+        assert_eq!(
+            writes.streams.iter().map(|stream| stream.events.len()).sum::<usize>(),
+            2,
+            "the request and one transition"
+        );
+        let reply = outcome.reply().expect("a reply");
+        let Body::Data { data, .. } = &reply.body else { panic!("a run") };
+        assert_eq!(
+            (&data["status"], &data["stepCount"], &data["currentStepId"], &data["finishedAt"]),
+            (&json!("sleeping"), &json!(2), &json!("nap"), &Value::Null)
+        );
+        assert_eq!(data["startedAt"], json!(platform::time::format_millis(NOW_MS)));
+    }
+
+    #[test]
+    fn given_a_workflow_that_exits_first_when_triggered_then_the_run_ends_in_the_same_append() {
+        let loaded = Trigger {
+            found: Arc::new(with_steps(vec![step("out", domain::workflows::StepKind::Exit)])),
+            contact: None,
+            paused: None,
+        };
+        let outcome = given(loaded).when(&trigger(None, &site())).decided();
+        assert_eq!(run_events(&outcome).last().map(String::as_str), Some("WorkflowRunFinished"));
+        let Some(Body::Data { data, .. }) = outcome.reply().map(|reply| &reply.body) else { panic!("a run") };
+        assert_eq!((&data["status"], &data["currentStepId"]), (&json!("exited"), &Value::Null));
+        assert_eq!(data["finishedAt"], json!(platform::time::format_millis(NOW_MS)));
+    }
+
+    #[test]
+    fn given_a_first_step_that_calls_out_or_a_paused_workflow_when_triggered_then_the_engine_starts_the_run() {
+        let url = "https://crm.example.test/hook".to_owned();
+        let send = step("call", domain::workflows::StepKind::CallWebhook { url, next: None });
+        let nap = step(
+            "nap",
+            domain::workflows::StepKind::Wait { wait: domain::workflows::Wait::For { ms: 60_000 }, next: None },
+        );
+        for (found, paused) in [(with_steps(vec![send]), None), (with_steps(vec![nap]), Some(true))] {
+            let loaded = Trigger { found: Arc::new(found), contact: None, paused };
+            let outcome = given(loaded).when(&trigger(None, &site())).decided();
+            assert_eq!(run_events(&outcome), ["WorkflowRunRequested"]);
+            let Some(Body::Data { data, .. }) = outcome.reply().map(|reply| &reply.body) else { panic!("a run") };
+            assert_eq!((&data["status"], &data["stepCount"]), (&json!("waiting"), &json!(0)));
+        }
     }
 
     fn contact_context(attributes: Vec<AttributeEntry>) -> Arc<WriteContext> {
@@ -516,8 +739,9 @@ mod tests {
         let contact = body(json!({"email": "ada@example.com"}));
         let context = contact_context(Vec::new());
         let loaded = upsert_loaded(&context, &contact);
-        let trigger_loaded = Trigger { found: Arc::new(found(Status::Published)), contact: Some((context, loaded)) };
-        let outcome = given(trigger_loaded).when(&trigger(Some(contact))).decided();
+        let trigger_loaded =
+            Trigger { found: Arc::new(found(Status::Published)), contact: Some((context, loaded)), paused: None };
+        let outcome = given(trigger_loaded).when(&trigger(Some(contact), &site())).decided();
         let events = outcome.events();
         let [LogEvent::RecordCreated(created), LogEvent::WorkflowRunRequested(requested)] = events.as_slice() else {
             panic!("the contact's creation, then the run: {events:?}");
@@ -538,8 +762,9 @@ mod tests {
         let required = AttributeEntry { key: "plan".into(), definition: json!({"type": "string", "required": true}) };
         let context = contact_context(vec![required]);
         let loaded = upsert_loaded(&context, &contact);
-        let trigger_loaded = Trigger { found: Arc::new(found(Status::Published)), contact: Some((context, loaded)) };
-        let refused = given(trigger_loaded).when(&trigger(Some(contact))).0.err();
+        let trigger_loaded =
+            Trigger { found: Arc::new(found(Status::Published)), contact: Some((context, loaded)), paused: None };
+        let refused = given(trigger_loaded).when(&trigger(Some(contact), &site())).0.err();
         assert!(
             matches!(
                 refused,

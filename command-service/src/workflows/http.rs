@@ -23,7 +23,7 @@ use crate::pipeline::{self, Actor, Command, Ctx, Decided, Protection, Shell};
 use crate::records::decide::write_schema;
 use crate::records::load::{load_upsert, write_context};
 
-impl Command for TriggerWorkflow {
+impl Command for TriggerWorkflow<'_> {
     async fn load(&self, ctx: &Ctx<'_>) -> Result<Trigger, ApiError> {
         let space_id = self.space_id.as_str();
         let found = match ctx.state.workflows.get(space_id, &self.reference_id) {
@@ -53,7 +53,13 @@ impl Command for TriggerWorkflow {
             }
             None => None,
         };
-        Ok(Trigger { found, contact })
+        // A first attempt writes the run's first transition only while the workflow is not
+        // paused (its row's guard); one that found it paused reads the pause.
+        let paused = match ctx.attempt() {
+            0 => None,
+            _ => Some(store::paused(&ctx.db().await?, &found.workflow_id).await.map_err(ApiError::from)?),
+        };
+        Ok(Trigger { found, contact, paused })
     }
 
     fn answer(&self, outcome: Outcome, _: &Shell<'_>) -> Result<Decided, ApiError> {
@@ -80,7 +86,13 @@ pub async fn trigger(
     let (caller, body) =
         pipeline::authorize_with_body(&req, payload, &state, Permission::Write, pipeline::request_bucket(&req)).await?;
     let input = decide::parse_input(body.clone())?;
-    let command = TriggerWorkflow { space_id: caller.space_id().into(), reference_id: path.into_inner(), input };
+    let command = TriggerWorkflow {
+        space_id: caller.space_id().into(),
+        reference_id: path.into_inner(),
+        input,
+        site: &state.site,
+        retry_schedule_ms: &state.settings.webhooks.retry_schedule_ms,
+    };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await
 }

@@ -4,6 +4,7 @@
 
 use deadpool_postgres::GenericClient;
 use domain::workflows::{WORKFLOW, WorkflowDef};
+use platform::error::Code;
 use platform::events::LogEvent;
 use platform::log::{AppendError, Guard, SetValue};
 use serde_json::Value;
@@ -80,6 +81,12 @@ pub(crate) async fn pause_state(client: &impl GenericClient, workflow_id: &str) 
     Ok(state)
 }
 
+/// Whether the engine's pause control of the workflow says it is paused.
+pub(crate) async fn paused(client: &impl GenericClient, workflow_id: &str) -> anyhow::Result<bool> {
+    let statement = client.prepare_cached("SELECT paused FROM workflow_controls WHERE workflow_id = $1").await?;
+    Ok(client.query_opt(&statement, &[&workflow_id]).await?.is_some_and(|row| row.get(0)))
+}
+
 /// The engine's pause control of the workflow, set in the append that pauses or unpauses it.
 pub fn control(workflow_id: &str, space_id: &str, paused: bool) -> Guard {
     Guard::exactly_one(
@@ -109,46 +116,132 @@ pub(crate) struct NewRun<'a> {
     /// The input's seal, encoded.
     pub input: Vec<u8>,
     pub requested_at_ms: i64,
+    /// Where the run's first transition, made with the request, left it; `None`: requested,
+    /// not started, due at once.
+    pub first: Option<FirstState>,
 }
 
-/// The engine's row of a new run, `waiting` and due at once, at version 1 of its stream (with
-/// a set form, so a batch of triggers inserts its rows in one statement). A run requested on a
-/// revision that a later publish moved runs from (the trigger read a catalog that had not
-/// caught up) is marked to move too.
+/// A run's row after its first transition (the engine's decision, made at the trigger).
+pub(crate) struct FirstState {
+    pub status: &'static str,
+    pub step_id: Option<String>,
+    pub step_count: i32,
+    /// The run stream's version after the request and the transition.
+    pub version: i64,
+    /// When the run is due next (`None`: finished).
+    pub due_ms: Option<i64>,
+    pub in_flight: Option<Value>,
+    pub waiting_schema: Option<String>,
+    /// A `wait_for_event` began: only events after this append count.
+    pub new_wait: bool,
+    pub passes: Value,
+    pub outputs: Option<Vec<u8>>,
+    pub finished: bool,
+}
+
+/// The engine's row of a new run (with a set form, so a batch of triggers inserts its rows in
+/// one statement): `waiting` and due at once at version 1 of its stream, or where its first
+/// transition left it. A run requested on a revision that a later publish moved runs from
+/// (the trigger read a catalog that had not caught up) is marked to move too, and is due at
+/// once unless it ended. A first transition is only written while the workflow is not paused
+/// (the engine parks a paused workflow's runs before their first step): otherwise the row is
+/// not inserted, and the trigger decides again knowing the pause.
 pub(crate) fn insert_run(run: NewRun<'_>) -> Guard {
+    let decided = run.first.is_some();
+    let first = run.first.unwrap_or(FirstState {
+        status: "waiting",
+        step_id: None,
+        step_count: 0,
+        version: 1,
+        due_ms: Some(run.requested_at_ms),
+        in_flight: None,
+        waiting_schema: None,
+        new_wait: false,
+        passes: Value::Object(serde_json::Map::new()),
+        outputs: None,
+        finished: false,
+    });
     let row = vec![
         SetValue::Text(Some(run.run_id.to_owned())),
         SetValue::Text(Some(run.workflow_id.to_owned())),
         SetValue::Text(Some(run.space_id.to_owned())),
         SetValue::BigInt(run.revision),
         SetValue::Text(run.contact_id.map(str::to_owned)),
+        SetValue::Text(Some(first.status.to_owned())),
+        SetValue::Text(first.step_id.clone()),
+        SetValue::Int(first.step_count),
+        SetValue::BigInt(first.version),
+        SetValue::BigInt(first.due_ms.unwrap_or(-1)),
+        SetValue::Json(first.in_flight.clone().unwrap_or(Value::Null)),
+        SetValue::Text(first.waiting_schema.clone()),
+        SetValue::Int(i32::from(first.new_wait)),
+        SetValue::Json(first.passes.clone()),
+        SetValue::Bytes(first.outputs.clone().unwrap_or_default()),
+        SetValue::Int(i32::from(first.finished)),
         SetValue::Bytes(run.input.clone()),
         SetValue::BigInt(run.requested_at_ms),
+        SetValue::Int(i32::from(decided)),
     ];
     Guard::exactly_one(
-        "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
-             input, requested_at, migrate_to)
-         VALUES ($1, $2, $3, $4, $5, 'waiting', 1, clock_timestamp(), $6, to_timestamp($7::bigint / 1000.0),
-             (SELECT c.moved_to FROM workflow_controls c WHERE c.workflow_id = $2 AND c.moved_to > $4::bigint))",
+        "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, step_id, step_count,
+             version, due_at, in_flight, waiting_schema, waiting_after, passes, outputs, finished_at, input,
+             requested_at, migrate_to)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9,
+                CASE WHEN m.moved_to IS NOT NULL AND NOT $16 THEN clock_timestamp()
+                     WHEN $10::bigint IS NULL THEN NULL ELSE to_timestamp($10::bigint / 1000.0) END,
+                $11, $12, CASE WHEN $13 THEN (SELECT position FROM log_head) END, $14, $15,
+                CASE WHEN $16 THEN clock_timestamp() END, $17, to_timestamp($18::bigint / 1000.0), m.moved_to
+         FROM (SELECT (SELECT c.moved_to FROM workflow_controls c
+                       WHERE c.workflow_id = $2 AND c.moved_to > $4::bigint) AS moved_to) m
+         WHERE NOT $19
+            OR NOT EXISTS (SELECT 1 FROM workflow_controls c WHERE c.workflow_id = $2 AND c.paused FOR SHARE)",
         vec![
             Box::new(run.run_id.to_owned()),
             Box::new(run.workflow_id.to_owned()),
             Box::new(run.space_id.to_owned()),
             Box::new(run.revision),
             Box::new(run.contact_id.map(str::to_owned)),
+            Box::new(first.status),
+            Box::new(first.step_id),
+            Box::new(first.step_count),
+            Box::new(first.version),
+            Box::new(first.due_ms),
+            Box::new(first.in_flight),
+            Box::new(first.waiting_schema),
+            Box::new(first.new_wait),
+            Box::new(first.passes),
+            Box::new(first.outputs),
+            Box::new(first.finished),
             Box::new(run.input),
             Box::new(run.requested_at_ms),
+            Box::new(decided),
         ],
-        AppendError::Failed("could not record the run".to_owned()),
+        AppendError::Conflict {
+            code: Code::StreamMoved,
+            message: "the workflow was paused while the run's first steps were decided".to_owned(),
+        },
     )
     .with_set(
-        "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, version, due_at,
-             input, requested_at, migrate_to)
-         SELECT u.run_id, u.workflow_id, u.space_id, u.revision, u.contact_id, 'waiting', 1, clock_timestamp(),
-                u.input, to_timestamp(u.requested_at_ms::bigint / 1000.0),
-                (SELECT c.moved_to FROM workflow_controls c WHERE c.workflow_id = u.workflow_id AND c.moved_to > u.revision)
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bigint[])
-             AS u(run_id, workflow_id, space_id, revision, contact_id, input, requested_at_ms)",
+        "INSERT INTO workflow_runs (run_id, workflow_id, space_id, revision, contact_id, status, step_id, step_count,
+             version, due_at, in_flight, waiting_schema, waiting_after, passes, outputs, finished_at, input,
+             requested_at, migrate_to)
+         SELECT u.run_id, u.workflow_id, u.space_id, u.revision, u.contact_id, u.status, u.step_id, u.step_count,
+                u.version,
+                CASE WHEN m.moved_to IS NOT NULL AND u.finished = 0 THEN clock_timestamp()
+                     WHEN u.due_ms < 0 THEN NULL ELSE to_timestamp(u.due_ms::bigint / 1000.0) END,
+                NULLIF(u.in_flight, 'null'::jsonb), u.waiting_schema,
+                CASE WHEN u.new_wait = 1 THEN (SELECT position FROM log_head) END, u.passes,
+                NULLIF(u.outputs, ''::bytea), CASE WHEN u.finished = 1 THEN clock_timestamp() END, u.input,
+                to_timestamp(u.requested_at_ms::bigint / 1000.0), m.moved_to
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[],
+                     $8::int4[], $9::bigint[], $10::bigint[], $11::jsonb[], $12::text[], $13::int4[], $14::jsonb[],
+                     $15::bytea[], $16::int4[], $17::bytea[], $18::bigint[], $19::int4[])
+             AS u(run_id, workflow_id, space_id, revision, contact_id, status, step_id, step_count, version, due_ms,
+                  in_flight, waiting_schema, new_wait, passes, outputs, finished, input, requested_at_ms, decided)
+         CROSS JOIN LATERAL (SELECT (SELECT c.moved_to FROM workflow_controls c
+                                     WHERE c.workflow_id = u.workflow_id AND c.moved_to > u.revision) AS moved_to) m
+         WHERE u.decided = 0
+            OR NOT EXISTS (SELECT 1 FROM workflow_controls c WHERE c.workflow_id = u.workflow_id AND c.paused FOR SHARE)",
         row,
     )
 }

@@ -25,27 +25,7 @@ pub(crate) fn client(timeout: Duration, allow_loopback: bool, user_agent: &str) 
         .build()
 }
 
-/// What one attempt came to.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum AttemptResult {
-    Delivered {
-        status: u16,
-    },
-    /// A failure worth retrying (network, timeout, 408, 429, 5xx), after at least
-    /// `retry_after` when the receiver asked.
-    Retryable {
-        status: Option<u16>,
-        error: String,
-        retry_after: Option<Duration>,
-    },
-    /// 410 Gone: the webhook is paused.
-    Gone,
-    /// Any other answer: failed without retry.
-    Rejected {
-        status: Option<u16>,
-        error: String,
-    },
-}
+pub(crate) use domain::webhooks::attempt::AttemptResult;
 
 /// The outcome of an answer.
 pub(crate) fn classify(status: u16, retry_after: Option<Duration>) -> AttemptResult {

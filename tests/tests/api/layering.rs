@@ -14,6 +14,7 @@ const CRATES: &[&str] = &[
     "shared/ai-provider/src",
     "shared/import-file/src",
     "shared/mail/src",
+    "shared/journeys/src",
     "shared/api/src",
     "command-service/src",
     "query-service/src",

@@ -228,6 +228,91 @@ async fn a_journey_runs_every_step_kind_through_real_mail_and_a_real_webhook_rec
 
 /// A workflow that loops `passes` times through a branch and a `goto` (no effects), then
 /// exits; its input's `stop` ends it at once.
+/// A run whose first steps need no fact and reach nothing outside is started by its trigger:
+/// the request and the first transition in one append (one transaction), the answer shows
+/// where it stands, and the engine has not touched its row. One whose first step sends is left
+/// to the engine.
+#[tokio::test]
+async fn a_run_whose_first_steps_need_nothing_is_started_in_its_triggers_own_write() {
+    let sink = SmtpSink::start().await;
+    let entry =
+        |hook: &str, next: &str| json!({"id": "start", "type": "incoming_webhook", "referenceId": hook, "next": next});
+    let journeys = json!([
+        {"slug": "napper", "name": "Napper", "steps": [
+            entry("nap-hook", "nap"), {"id": "nap", "type": "wait", "duration": "1h", "next": "done"},
+            {"id": "done", "type": "exit"}]},
+        {"slug": "quitter", "name": "Quitter", "steps": [
+            entry("quit-hook", "route"),
+            {"id": "route", "type": "branch", "arms": [{"condition": "input.plan is pro", "next": "done"}],
+             "default": "done"},
+            {"id": "done", "type": "exit"}]},
+        {"slug": "greeter", "name": "Greeter", "steps": [
+            entry("greet-hook", "hello"), {"id": "hello", "type": "send_email", "template": "hello", "next": null}]}
+    ]);
+    let app = app_with(&sink, journeys).await;
+    // What the run's stream holds: each event's type and the transaction that wrote it.
+    let written = |run_id: &str| {
+        format!(
+            "SELECT event_type || ' ' || xmin::text FROM events WHERE stream_id = 'workflow-run-{run_id}' ORDER BY position"
+        )
+    };
+
+    let napping = post(&app, "/workflows/nap-hook", None, Some(&json!({}))).await;
+    assert_eq!(napping.status, 202, "{:?}", napping.body);
+    let run = &napping.body["data"];
+    assert_eq!(
+        (&run["status"], &run["currentStepId"], &run["stepCount"]),
+        (&json!("sleeping"), &json!("nap"), &json!(2))
+    );
+    assert!(run["startedAt"].is_string() && run["finishedAt"].is_null(), "{run}");
+    let run_id = run["id"].as_str().expect("run id").to_owned();
+    let events = app.query_strings(&written(&run_id)).await;
+    let transactions: Vec<&str> = events.iter().filter_map(|event| event.split(' ').nth(1)).collect();
+    assert_eq!(events.len(), 2, "the request and its first transition: {events:?}");
+    assert!(
+        events[0].starts_with("WorkflowRunRequested") && events[1].starts_with("WorkflowRunAdvanced"),
+        "{events:?}"
+    );
+    assert_eq!(transactions[0], transactions[1], "one transaction: {events:?}");
+    let row = format!(
+        "SELECT status || ' ' || version || ' ' || row_version || ' ' || (due_at > now() + interval '59 minutes')
+         FROM workflow_runs WHERE run_id = '{run_id}'"
+    );
+    assert_eq!(app.query_strings(&row).await, ["sleeping 2 0 true"], "asleep until the wait's end, never moved since");
+    let workflow = workflow_id(&app, "napper").await;
+    let shown = wait_for_run(&app, &workflow, &run_id, |run| run["status"] == "sleeping").await;
+    assert_eq!(
+        steps(&shown),
+        [
+            ("start".into(), "incoming_webhook".into(), "completed".into()),
+            ("nap".into(), "wait".into(), "running".into())
+        ]
+    );
+
+    let quitting = post(&app, "/workflows/quit-hook", None, Some(&json!({"plan": "pro"}))).await;
+    let run = &quitting.body["data"];
+    assert_eq!((&run["status"], &run["currentStepId"], &run["stepCount"]), (&json!("exited"), &Value::Null, &json!(3)));
+    assert!(run["finishedAt"].is_string(), "{run}");
+    let quit_id = run["id"].as_str().expect("run id").to_owned();
+    let row = format!(
+        "SELECT status || ' ' || (due_at IS NULL) || ' ' || (finished_at IS NOT NULL) FROM workflow_runs WHERE run_id = '{quit_id}'"
+    );
+    assert_eq!(app.query_strings(&row).await, ["exited true true"]);
+
+    // A send needs the contact and the template: the engine decides it.
+    let body = json!({"contact": {"email": "greet@example.com", "firstName": "Grace"}});
+    let greeting = post(&app, "/workflows/greet-hook", None, Some(&body)).await;
+    assert_eq!((&greeting.body["data"]["status"], &greeting.body["data"]["stepCount"]), (&json!("waiting"), &json!(0)));
+    let greet_id = greeting.body["data"]["id"].as_str().expect("run id").to_owned();
+    let greeter = workflow_id(&app, "greeter").await;
+    let done = wait_for_run(&app, &greeter, &greet_id, finished).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let events = app.query_strings(&written(&greet_id)).await;
+    let transactions: std::collections::BTreeSet<&str> =
+        events.iter().filter_map(|event| event.split(' ').nth(1)).collect();
+    assert!(transactions.len() >= 2, "requested, then advanced by the engine: {events:?}");
+}
+
 fn looper(passes: u32) -> Value {
     json!([{
         "slug": "looper", "name": "Looper",

@@ -26,7 +26,12 @@
 //! runs (`command-service/src/workflows/`): `WorkflowRunRequested` on the run's stream
 //! `workflow-run-<runId>`, the contact the input names upserted in the same append, the input
 //! sealed under the contact's data key (or a key of the run's own), and the engine's row in
-//! `workflow_runs`, due at once.
+//! `workflow_runs`, due at once. When the run's first transition needs no fact and reaches
+//! nothing outside (it starts and waits, branches on the input, or ends), the trigger makes
+//! it with the engine's own decision (`journeys::decide`) and appends it with the request
+//! (one write per run that only starts and waits); the row then starts where it left the
+//! run, and only while the workflow is not paused (else the trigger decides again knowing the
+//! pause, and the run waits).
 //!
 //! **The engine** (`projector/src/workers/workflows/`) runs each run as a process manager over
 //! the log. Worker `workflow_runs` (any number of processes) reads due rows and advances each
@@ -55,7 +60,7 @@
 //!
 //! 1. **Load** (`run.rs`): the row (with the pause control and the run's data key), the
 //!    definition at the run's revision (from its authoring stream, kept per revision).
-//! 2. **Decide** (`decide/`, pure and synchronous, with given/when/then tests for every step
+//! 2. **Decide** (`journeys::decide`, pure and synchronous, with given/when/then tests for every step
 //!    kind, branches, loop bounds, pauses and calls): `decide(row, definition, facts, given)`
 //!    executes steps until one must wait, writes to another stream, or the run ends. A step
 //!    that reaches for a fact not loaded yet (the contact: its record and subscriptions from
@@ -136,7 +141,7 @@
 //!   (`migrate_to`, due at once; a wait's due time is kept in `in_flight.untilMs`) and records the
 //!   revision in `workflow_controls.moved_to`, so a run inserted later on an earlier revision (a
 //!   trigger that read a stale catalog) is marked too. The engine's next transition of a marked
-//!   run decides the move first (`decide/migrate.rs`: `WorkflowRunMigrated`, the step in flight
+//!   run decides the move first (`journeys`' `decide/migrate.rs`: `WorkflowRunMigrated`, the step in flight
 //!   ending `migrated`, its target started with the due time kept or planned again; or the run
 //!   ending `exited`, `workflow_revised`), at the run's stream version: a run moves once, and a
 //!   webhook call in flight finishes on its own step before the run moves. The `workflows` read
@@ -167,7 +172,6 @@
 //!   error code). `GET /workflows/{id}/stats` reads those with `run_counts` and, for send
 //!   steps, the `emails` read model's counters, in the definition's step order.
 
-mod decide;
 mod follow;
 pub mod replay;
 mod replays;
@@ -307,7 +311,7 @@ impl Engine {
             let run_id: String = row.get(0);
             // The row's version read: a failed tick backs off only a run no one moved since.
             let version: Option<i64> = row.try_get(run::ROW_VERSION).ok();
-            let read = decide::Row::read(row);
+            let read = run::read_row(row);
             let done = InFlight::enter(&inner.in_flight, &run_id);
             tokio::spawn(async move {
                 let _done = done;

@@ -1,4 +1,4 @@
-//! Advancing one run: the shell around [`super::decide`]. A tick reads the run's row (the
+//! Advancing one run: the shell around [`journeys::decide`]. A tick reads the run's row (the
 //! engine's copy of the run's stream, written with it, with the workflow's pause control)
 //! and the definition at the run's revision (from the log), loads each fact the decision asks
 //! for (the contact, a template, a suppression, the signing secret), and appends the
@@ -24,16 +24,13 @@ use mail::skipped::{DecidedBy, Refused};
 use platform::error::Code;
 use platform::events::LogEvent;
 use platform::log::{AppendError, AppendRequest, Classify, ExpectedVersion, Guard, NewEvent, SetValue, StreamAppend};
-use platform::proto;
-use prost::Message;
 use serde_json::Value;
 
 use super::Inner;
-use super::decide::{
-    Call, CallOutcome, Contact, ContactFacts, Decided, Engaged, Facts, Given, Need, Row, RunStatus, Tick, decide, open,
-    subject,
-};
 use crate::workers::outbound::{AttemptResult, classify, describe, retry_after};
+use journeys::decide::{
+    Call, CallOutcome, Contact, ContactFacts, Decided, Engaged, Facts, Given, Need, Row, RunStatus, Tick, decide, open,
+};
 
 /// The largest webhook answer body kept for later conditions.
 const ANSWER_MAX_BYTES: usize = 64 * 1024;
@@ -58,43 +55,41 @@ async fn load_row(client: &impl GenericClient, run_id: &str, row_version: i64) -
     let statement = client
         .prepare_cached(&format!("SELECT {ROW} FROM workflow_runs r WHERE r.run_id = $1 AND r.row_version = $2"))
         .await?;
-    client.query_opt(&statement, &[&run_id, &row_version]).await?.as_ref().map(Row::read).transpose()
+    client.query_opt(&statement, &[&run_id, &row_version]).await?.as_ref().map(read_row).transpose()
 }
 
-impl Row {
-    /// A row selected as [`ROW`], its data key unwrapped.
-    pub(super) fn read(row: &tokio_postgres::Row) -> anyhow::Result<Self> {
-        let run_id: String = row.get(0);
-        let contact_id: Option<String> = row.get(4);
-        let subject = contact_id.clone().unwrap_or_else(|| run_id.clone());
-        let mut keys = platform::crypto::Keys::default();
-        if let Some(wrapped) = row.get::<_, Option<Vec<u8>>>(17) {
-            let key = platform::crypto::keyring()?.unwrap_key(&subject, &wrapped)?;
-            keys.insert(subject, key);
-        }
-        Ok(Row {
-            run_id: run_id.into(),
-            workflow_id: row.get(1),
-            space_id: row.get(2),
-            revision: row.get(3),
-            contact_id,
-            status: RunStatus::parse(row.get(5))?,
-            step_id: row.get(6),
-            step_count: row.get(7),
-            version: row.get(8),
-            paused: row.get(9),
-            in_flight: row.get::<_, Option<Value>>(10).map(serde_json::from_value).transpose()?,
-            waiting_schema: row.get(11),
-            matched_event: row.get(12),
-            passes: serde_json::from_value(row.get(13))?,
-            input: row.get(14),
-            outputs: row.get(15),
-            control_paused: row.get(16),
-            keys,
-            migrate_to: row.get(18),
-            row_version: row.get(ROW_VERSION),
-        })
+/// A row selected as [`ROW`], its data key unwrapped.
+pub(super) fn read_row(row: &tokio_postgres::Row) -> anyhow::Result<Row> {
+    let run_id: String = row.get(0);
+    let contact_id: Option<String> = row.get(4);
+    let subject = contact_id.clone().unwrap_or_else(|| run_id.clone());
+    let mut keys = platform::crypto::Keys::default();
+    if let Some(wrapped) = row.get::<_, Option<Vec<u8>>>(17) {
+        let key = platform::crypto::keyring()?.unwrap_key(&subject, &wrapped)?;
+        keys.insert(subject, key);
     }
+    Ok(Row {
+        run_id: run_id.into(),
+        workflow_id: row.get(1),
+        space_id: row.get(2),
+        revision: row.get(3),
+        contact_id,
+        status: RunStatus::parse(row.get(5))?,
+        step_id: row.get(6),
+        step_count: row.get(7),
+        version: row.get(8),
+        paused: row.get(9),
+        in_flight: row.get::<_, Option<Value>>(10).map(serde_json::from_value).transpose()?,
+        waiting_schema: row.get(11),
+        matched_event: row.get(12),
+        passes: serde_json::from_value(row.get(13))?,
+        input: row.get(14),
+        outputs: row.get(15),
+        control_paused: row.get(16),
+        keys,
+        migrate_to: row.get(18),
+        row_version: row.get(ROW_VERSION),
+    })
 }
 
 /// After a failed tick: the run is due again in a few seconds, a call's lease given back
@@ -492,27 +487,9 @@ async fn append(inner: &Inner, tick: &mut Tick) -> Result<i64, AppendError> {
     // (the lease's end alone then frees it).
     let lease_ms = if tick.call.is_some() { i64::try_from(inner.lease().as_millis()).unwrap_or(i64::MAX) } else { 0 };
     let owner = platform::liveness::process_id();
-    let outputs = if tick.outputs_changed {
-        let Some(key) = row.keys.get(&subject(row)) else {
-            return Err(AppendError::Failed(format!("run {} has no data key", row.run_id)));
-        };
-        let json = serde_json::to_string(&tick.outputs).map_err(|error| AppendError::Failed(error.to_string()))?;
-        let mut sealed = platform::events::seal(&subject(row), &proto::WorkflowStepOutput { json });
-        platform::events::encrypt(&mut sealed, key).map_err(Classify::append_error)?;
-        Some(sealed.encode_to_vec())
-    } else {
-        row.outputs.clone()
-    };
+    let outputs = tick.sealed_outputs().map_err(|error| AppendError::Failed(format!("{error:#}")))?;
     // A step in flight keeps when it is due, so that a move to a newer revision keeps it.
-    let in_flight = row
-        .in_flight
-        .clone()
-        .map(|mut step| {
-            step.until_ms = tick.due_ms.or(step.until_ms);
-            serde_json::to_value(step)
-        })
-        .transpose()
-        .map_err(|e| AppendError::Failed(e.to_string()))?;
+    let in_flight = tick.in_flight_json().map_err(|e| AppendError::Failed(e.to_string()))?;
     let passes = serde_json::to_value(&row.passes).map_err(|error| AppendError::Failed(error.to_string()))?;
     // The set form's row: the same values, with sentinels for what an array cannot hold as
     // SQL NULL (no due time: -1; no call in flight: JSON null; no outputs: empty bytes).

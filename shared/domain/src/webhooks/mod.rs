@@ -3,6 +3,7 @@
 //! ask for, signing by Standard Webhooks ([`signing`], decision D4) and the rules for delivery
 //! targets ([`target`]).
 
+pub mod attempt;
 pub mod signing;
 pub mod state;
 pub mod target;

@@ -9,10 +9,10 @@ use platform::events::LogEvent;
 use platform::proto;
 use serde_json::{Value, json};
 
-use super::super::decide::{CallOutcome, ContactFacts, Decided, Engaged, Given, Opened, Row, RunStatus, Tick, decide};
 use super::store::Store;
 use super::{NEEDS_MAX, Report, Request};
 use crate::workers::outbound::AttemptResult;
+use journeys::decide::{CallOutcome, ContactFacts, Decided, Engaged, Given, Opened, Row, RunStatus, Tick, decide};
 
 /// Something at a position of the log.
 pub(super) struct Item {

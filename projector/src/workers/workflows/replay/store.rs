@@ -6,9 +6,9 @@ use std::collections::{HashMap, HashSet};
 use deadpool_postgres::GenericClient;
 use mail::send::Authored;
 
-use super::super::decide::{ContactFacts, Engaged, Facts, Need, Row};
 use super::super::run::contacts_facts;
 use super::{CACHED_MAX, Request};
+use journeys::decide::{ContactFacts, Engaged, Facts, Need, Row};
 
 /// What decisions read, loaded once and kept.
 pub(super) struct Store {

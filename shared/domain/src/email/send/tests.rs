@@ -217,7 +217,7 @@ fn every_send_path_asks_the_decision_and_none_decides_a_gate_of_its_own() {
         "command-service/src/templates/decide.rs",
         "command-service/src/forms/decide.rs",
         "projector/src/workers/broadcasts/decide.rs",
-        "projector/src/workers/workflows/decide/steps/send_email.rs",
+        "shared/journeys/src/decide/steps/send_email.rs",
     ] {
         let source = std::fs::read_to_string(root.join(path)).expect("a send path");
         assert!(source.contains("send::decide("), "{path} does not ask the send decision");

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::super::facts::{CallOutcome, ContactFacts, Facts, Given, Need, Stop};
 use super::super::tick::{Call, InFlight, Row, RunStatus, Tick};
-use crate::workers::outbound::AttemptResult;
+use domain::webhooks::attempt::AttemptResult;
 
 /// Starts a `call_webhook`: its first attempt is committed, to go out after the transition.
 pub(super) fn start(

@@ -21,26 +21,26 @@ const ERROR_MAX_CHARS: usize = 500;
 /// The step started and not finished: a sleeping wait, or a webhook call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct InFlight {
-    pub(crate) index: i32,
-    pub(crate) step_id: String,
-    pub(crate) step_type: String,
-    pub(crate) started_at_ms: i64,
+pub struct InFlight {
+    pub index: i32,
+    pub step_id: String,
+    pub step_type: String,
+    pub started_at_ms: i64,
     /// A webhook call's attempts so far.
     #[serde(default)]
-    pub(crate) attempt: u32,
+    pub attempt: u32,
     /// A webhook call's attempt is going out (committed before it does).
     #[serde(default)]
-    pub(crate) attempting: bool,
+    pub attempting: bool,
     /// When the run is due in this step (a wait's end, a call's next attempt), kept so that a
     /// migration to a newer revision keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) until_ms: Option<i64>,
+    pub until_ms: Option<i64>,
 }
 
 /// A run's status (`workflow_runs.status`, and a finished run's `WorkflowRunFinished.status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RunStatus {
+pub enum RunStatus {
     /// Requested, not started.
     Waiting,
     Running,
@@ -53,7 +53,7 @@ pub(crate) enum RunStatus {
 
 impl RunStatus {
     /// The status as the database and the log hold it.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             RunStatus::Waiting => "waiting",
             RunStatus::Running => "running",
@@ -65,7 +65,7 @@ impl RunStatus {
     }
 
     /// The status a row holds; one of no known value is an error.
-    pub(crate) fn parse(text: &str) -> anyhow::Result<Self> {
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
         Ok(match text {
             "waiting" => RunStatus::Waiting,
             "running" => RunStatus::Running,
@@ -80,40 +80,40 @@ impl RunStatus {
 
 /// A run's row as a tick reads it and writes it back.
 #[derive(Clone)]
-pub(crate) struct Row {
-    pub(crate) run_id: RunId,
-    pub(crate) workflow_id: String,
-    pub(crate) space_id: SpaceId,
-    pub(crate) revision: i64,
-    pub(crate) contact_id: Option<String>,
-    pub(crate) status: RunStatus,
-    pub(crate) step_id: Option<String>,
-    pub(crate) step_count: i32,
-    pub(crate) version: i64,
-    pub(crate) paused: bool,
-    pub(crate) in_flight: Option<InFlight>,
-    pub(crate) waiting_schema: Option<String>,
-    pub(crate) matched_event: Option<String>,
-    pub(crate) passes: BTreeMap<String, u32>,
-    pub(crate) input: Vec<u8>,
-    pub(crate) outputs: Option<Vec<u8>>,
+pub struct Row {
+    pub run_id: RunId,
+    pub workflow_id: String,
+    pub space_id: SpaceId,
+    pub revision: i64,
+    pub contact_id: Option<String>,
+    pub status: RunStatus,
+    pub step_id: Option<String>,
+    pub step_count: i32,
+    pub version: i64,
+    pub paused: bool,
+    pub in_flight: Option<InFlight>,
+    pub waiting_schema: Option<String>,
+    pub matched_event: Option<String>,
+    pub passes: BTreeMap<String, u32>,
+    pub input: Vec<u8>,
+    pub outputs: Option<Vec<u8>>,
     /// The workflow's pause control, read with the row.
-    pub(crate) control_paused: bool,
+    pub control_paused: bool,
     /// The data key that seals the run's input and outputs (none: erased), read with the row.
-    pub(crate) keys: platform::crypto::Keys,
+    pub keys: platform::crypto::Keys,
     /// The revision a newer publish moves the run to (its `inFlight` rule), until the run has
     /// moved.
-    pub(crate) migrate_to: Option<i64>,
+    pub migrate_to: Option<i64>,
     /// The row's own version: each transition's update of the row is made at it and adds
     /// one, whether or not the transition appends (a call's later attempts change only the
     /// row), so two processes never both commit one change.
-    pub(crate) row_version: i64,
+    pub row_version: i64,
 }
 
 impl Row {
     /// A run just requested of `workflow_id`'s first revision, not started, with no data of
     /// its own (what a replay starts, and what the decision tests build on).
-    pub(crate) fn requested(run_id: &str, workflow_id: &str, space_id: &str, contact_id: Option<String>) -> Self {
+    pub fn requested(run_id: &str, workflow_id: &str, space_id: &str, contact_id: Option<String>) -> Self {
         Row {
             run_id: run_id.to_owned().into(),
             workflow_id: workflow_id.to_owned(),
@@ -140,32 +140,32 @@ impl Row {
 }
 
 /// A webhook call to make after the transition that starts (or retries) it is committed.
-pub(crate) struct Call {
-    pub(crate) url: String,
-    pub(crate) body: Vec<u8>,
-    pub(crate) call_id: String,
-    pub(crate) secret: Option<domain::webhooks::signing::Secret>,
+pub struct Call {
+    pub url: String,
+    pub body: Vec<u8>,
+    pub call_id: String,
+    pub secret: Option<domain::webhooks::signing::Secret>,
 }
 
 /// One transition being built.
-pub(crate) struct Tick {
-    pub(crate) row: Row,
+pub struct Tick {
+    pub row: Row,
     /// The row's version before this transition.
-    pub(crate) base_version: i64,
-    pub(crate) events: Vec<LogEvent>,
-    pub(crate) streams: Vec<StreamAppend>,
-    pub(crate) guards: Vec<Guard>,
+    pub base_version: i64,
+    pub events: Vec<LogEvent>,
+    pub streams: Vec<StreamAppend>,
+    pub guards: Vec<Guard>,
     /// When the run is due next (`None`: not due, parked or finished).
-    pub(crate) due_ms: Option<i64>,
-    pub(crate) finished: bool,
+    pub due_ms: Option<i64>,
+    pub finished: bool,
     /// A `wait_for_event` begins: only events after this transition count.
-    pub(crate) new_wait: bool,
-    pub(crate) outputs: BTreeMap<String, Value>,
-    pub(crate) outputs_changed: bool,
-    pub(crate) call: Option<Call>,
-    pub(crate) email: Option<Prepared>,
+    pub new_wait: bool,
+    pub outputs: BTreeMap<String, Value>,
+    pub outputs_changed: bool,
+    pub call: Option<Call>,
+    pub email: Option<Prepared>,
     /// The move to a newer revision this transition handled (its mark is cleared with it).
-    pub(crate) migrated_to: Option<i64>,
+    pub migrated_to: Option<i64>,
 }
 
 /// Opens a sealed JSON value of the run (its input or outputs); `None` when its key is gone.
@@ -187,15 +187,15 @@ fn open_json(sealed: &[u8], keys: &platform::crypto::Keys, input: bool) -> anyho
 
 /// The run's sealed data, opened once per tick (a decision made again after loading a fact
 /// reads it from here).
-pub(crate) struct Opened {
+pub struct Opened {
     /// The run's input; `None` when its key is gone (the contact was erased).
-    pub(crate) input: Option<Value>,
+    pub input: Option<Value>,
     /// The outputs of the steps so far, by step id.
-    pub(crate) outputs: BTreeMap<String, Value>,
+    pub outputs: BTreeMap<String, Value>,
 }
 
 /// Opens the run's input and outputs with its data key.
-pub(crate) fn open(row: &Row) -> anyhow::Result<Opened> {
+pub fn open(row: &Row) -> anyhow::Result<Opened> {
     let input = open_json(&row.input, &row.keys, true)?;
     let outputs = match &row.outputs {
         Some(sealed) => open_json(sealed, &row.keys, false)?.and_then(|value| serde_json::from_value(value).ok()),
@@ -206,7 +206,7 @@ pub(crate) fn open(row: &Row) -> anyhow::Result<Opened> {
 }
 
 /// The subject whose key seals the run's data.
-pub(crate) fn subject(row: &Row) -> String {
+pub fn subject(row: &Row) -> String {
     row.contact_id.clone().unwrap_or_else(|| row.run_id.clone().into())
 }
 
@@ -228,6 +228,35 @@ impl Tick {
             email: None,
             migrated_to: None,
         }
+    }
+
+    /// The step in flight as the run's row keeps it: with when the run is due in it, so that
+    /// a move to a newer revision keeps that time.
+    pub fn in_flight_json(&self) -> serde_json::Result<Option<Value>> {
+        self.row
+            .in_flight
+            .clone()
+            .map(|mut step| {
+                step.until_ms = self.due_ms.or(step.until_ms);
+                serde_json::to_value(step)
+            })
+            .transpose()
+    }
+
+    /// The run's outputs as its row keeps them: sealed again under the run's data key when
+    /// this transition changed them.
+    pub fn sealed_outputs(&self) -> anyhow::Result<Option<Vec<u8>>> {
+        if !self.outputs_changed {
+            return Ok(self.row.outputs.clone());
+        }
+        let row = &self.row;
+        let Some(key) = row.keys.get(&subject(row)) else {
+            anyhow::bail!("run {} has no data key", row.run_id);
+        };
+        let json = serde_json::to_string(&self.outputs)?;
+        let mut sealed = platform::events::seal(&subject(row), &proto::WorkflowStepOutput { json });
+        platform::events::encrypt(&mut sealed, key)?;
+        Ok(Some(sealed.encode_to_vec()))
     }
 
     pub(super) fn space(&self) -> String {

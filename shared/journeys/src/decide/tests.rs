@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::tick::InFlight;
 use super::*;
-use crate::workers::outbound::AttemptResult;
+use domain::webhooks::attempt::AttemptResult;
 
 const NOW: i64 = 1_800_000_000_000;
 

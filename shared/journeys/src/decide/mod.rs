@@ -28,22 +28,22 @@ use platform::log::{AppendError, Guard};
 use platform::proto;
 
 use facts::Stop;
-pub(super) use facts::{CallOutcome, Contact, ContactFacts, Engaged, Facts, Given, Need};
-pub(super) use tick::Opened;
-pub(super) use tick::{Call, Row, RunStatus, Tick, open, subject};
+pub use facts::{CallOutcome, Contact, ContactFacts, Engaged, Facts, Given, Need};
+pub use tick::Opened;
+pub use tick::{Call, Row, RunStatus, Tick, open, subject};
 
 /// Steps one transition executes at most (a loop of steps without effects is bounded by its
 /// `goto`, and each transition by this).
 const STEPS_PER_TICK: usize = 64;
 
 /// A decision: the transition, or the fact to load first.
-pub(super) enum Decided {
+pub enum Decided {
     Tick(Box<Tick>),
     Needs(Need),
 }
 
 /// Decides the run's next transition, or names the fact it needs first.
-pub(super) fn decide(
+pub fn decide(
     (row, opened): (&Row, &Opened),
     definition: &WorkflowDef,
     facts: &Facts,

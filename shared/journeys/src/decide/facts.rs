@@ -12,37 +12,37 @@ use mail::skipped::DecidedBy;
 use platform::crypto::DataKey;
 use serde_json::Value;
 
-use crate::workers::outbound::AttemptResult;
+use domain::webhooks::attempt::AttemptResult;
 
 /// What a decision reads beyond the run's row and definition, loaded when a step reaches
 /// for it (see [`Need`]).
 #[derive(Default)]
-pub(crate) struct Facts {
+pub struct Facts {
     /// The run's contact, once a step needed it.
-    pub(crate) contact: Option<ContactFacts>,
+    pub contact: Option<ContactFacts>,
     /// Send steps' templates with their sender, domain and allowance, by template id (`None`:
     /// the template is gone).
-    pub(crate) templates: BTreeMap<String, Option<Authored>>,
+    pub templates: BTreeMap<String, Option<Authored>>,
     /// Whether an address is suppressed in the run's space.
-    pub(crate) suppressed: BTreeMap<String, bool>,
+    pub suppressed: BTreeMap<String, bool>,
     /// The secret the workflow's calls are signed with, opened (`Some(None)`: it signs
     /// nothing).
-    pub(crate) secret: Option<Option<Secret>>,
+    pub secret: Option<Option<Secret>>,
     /// What a person did with the run's emails, by email id.
-    pub(crate) engagement: BTreeMap<String, Engaged>,
+    pub engagement: BTreeMap<String, Engaged>,
     /// The fact that decided a gate's refusal, by gate (`None`: no event decided).
-    pub(crate) decided_by: BTreeMap<&'static str, Option<DecidedBy>>,
+    pub decided_by: BTreeMap<&'static str, Option<DecidedBy>>,
     /// The contact's marketing sends within the send policy's caps' windows, once a
     /// marketing send under caps needed them.
-    pub(crate) sent: Option<Vec<mail::send::Sent>>,
+    pub sent: Option<Vec<mail::send::Sent>>,
 }
 
 /// Whether a person opened an email and followed one of its links (machines' opens and
 /// clicks are left out).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Engaged {
-    pub(crate) opened: bool,
-    pub(crate) clicked: bool,
+pub struct Engaged {
+    pub opened: bool,
+    pub clicked: bool,
 }
 
 impl Engaged {
@@ -76,7 +76,7 @@ pub(super) fn email_of(outputs: &BTreeMap<String, Value>, step_id: &str) -> Opti
 
 /// A fact a decision needs before it can be made.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Need {
+pub enum Need {
     /// The run's contact: its record, consent, subscriptions and segments.
     Contact,
     /// A template, by id, with its sender, domain and the space's allowance.
@@ -95,22 +95,22 @@ pub(crate) enum Need {
 }
 
 /// What a decision is given besides the run and the facts.
-pub(crate) struct Given<'a> {
-    pub(crate) now: i64,
+pub struct Given<'a> {
+    pub now: i64,
     /// The factor a retry's delay is scaled by (0.8 to 1.2), drawn once per transition.
-    pub(crate) jitter: f64,
+    pub jitter: f64,
     /// The month's allowance refused the email this transition scheduled: the send is skipped.
-    pub(crate) allowance_refused: bool,
+    pub allowance_refused: bool,
     /// The outcome of the webhook call the run has in flight, just made.
-    pub(crate) call_outcome: Option<&'a CallOutcome>,
+    pub call_outcome: Option<&'a CallOutcome>,
     /// The delays of a call's retries (`APP__WEBHOOKS__RETRY_SCHEDULE_MS`).
-    pub(crate) retry_schedule_ms: &'a [u64],
+    pub retry_schedule_ms: &'a [u64],
     /// The base of the links in email (`APP__EMAIL__PUBLIC_BASE_URL`) and the keys that sign
     /// tracking links.
-    pub(crate) site: &'a mail::send::Site,
+    pub site: &'a mail::send::Site,
     /// The revision a newer publish moves the run to, with its definition (the run's
     /// `migrate_to`).
-    pub(crate) newer: Option<(i64, &'a domain::workflows::WorkflowDef)>,
+    pub newer: Option<(i64, &'a domain::workflows::WorkflowDef)>,
 }
 
 /// Why a transition was not made: a fact is missing, or the run is broken.
@@ -127,22 +127,22 @@ impl From<anyhow::Error> for Stop {
 
 /// A contact as steps read it.
 #[derive(Clone)]
-pub(crate) struct Contact {
-    pub(crate) version: i64,
-    pub(crate) state: RecordState,
-    pub(crate) key: Option<DataKey>,
-    pub(crate) consent: Option<bool>,
+pub struct Contact {
+    pub version: i64,
+    pub state: RecordState,
+    pub key: Option<DataKey>,
+    pub consent: Option<bool>,
     /// The keys of the contact's email consent attributes (`consent` is whether all are true).
-    pub(crate) consent_keys: Vec<String>,
-    pub(crate) subscriptions: BTreeMap<String, String>,
-    pub(crate) segments: BTreeSet<String>,
+    pub consent_keys: Vec<String>,
+    pub subscriptions: BTreeMap<String, String>,
+    pub segments: BTreeSet<String>,
     /// The contact schema's attributes, which bound what an update step writes.
-    pub(crate) attributes: Vec<domain::catalog::AttributeEntry>,
+    pub attributes: Vec<domain::catalog::AttributeEntry>,
 }
 
 /// What a run's contact is now.
 #[derive(Clone)]
-pub(crate) enum ContactFacts {
+pub enum ContactFacts {
     /// The run has none.
     None,
     /// Being deleted or erased: the run ends.
@@ -151,8 +151,8 @@ pub(crate) enum ContactFacts {
 }
 
 /// What a webhook call came to.
-pub(crate) struct CallOutcome {
-    pub(crate) result: AttemptResult,
+pub struct CallOutcome {
+    pub result: AttemptResult,
     /// The answer's body, when it is JSON.
-    pub(crate) body: Option<Value>,
+    pub body: Option<Value>,
 }
