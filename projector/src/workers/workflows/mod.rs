@@ -215,6 +215,9 @@ pub(crate) struct Inner {
     site: mail::send::Site,
     /// Definitions by (workflow, revision): immutable once appended.
     definitions: Mutex<HashMap<(String, i64), Arc<WorkflowDef>>>,
+    /// Held while a definition is read from the log, so that the runs that fall due together
+    /// for a workflow this process has not read yet read it once, not once each.
+    loading: tokio::sync::Mutex<()>,
     slots: Arc<Semaphore>,
     /// The runs this process is advancing. None is read again by this process until its task
     /// is done: on a machine too busy to advance runs promptly, taking them again made every
@@ -256,6 +259,7 @@ impl Engine {
             settings: settings.clone(),
             site,
             definitions: Mutex::default(),
+            loading: tokio::sync::Mutex::new(()),
             slots: Arc::new(Semaphore::new(settings.workflows.concurrency.max(1))),
             in_flight: Arc::default(),
             share: Mutex::default(),

@@ -279,7 +279,13 @@ async fn load(inner: &Inner, row: &Row, definition: &WorkflowDef, facts: &mut Fa
 /// The definition the run follows, from its authoring stream in the log.
 async fn definition(inner: &Inner, workflow_id: &str, revision: i64) -> anyhow::Result<Arc<WorkflowDef>> {
     let cache_key = (workflow_id.to_owned(), revision);
-    if let Some(found) = inner.definitions.lock().ok().and_then(|cache| cache.get(&cache_key).cloned()) {
+    let cached = || inner.definitions.lock().ok().and_then(|cache| cache.get(&cache_key).cloned());
+    if let Some(found) = cached() {
+        return Ok(found);
+    }
+    // One read per definition: the runs that missed it together wait for the first.
+    let _loading = inner.loading.lock().await;
+    if let Some(found) = cached() {
         return Ok(found);
     }
     let client = inner.pool.get().await?;
