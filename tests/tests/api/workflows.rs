@@ -998,6 +998,59 @@ async fn two_engines_that_take_the_same_runs_send_each_attempt_of_a_call_once() 
     assert_eq!(statuses, vec!["exited".to_owned()]);
 }
 
+/// A member of the engine that beats but never advances its share (a process id that only
+/// beats, as a process whose every slot a slow receiver holds would): its runs stay with it
+/// while they are overdue by less than the take-over bound, and then another process with
+/// free slots advances them.
+#[tokio::test]
+async fn runs_held_back_by_a_member_that_beats_but_does_not_advance_them_are_taken_over_once_overdue() {
+    const RUNS: i64 = 40;
+    let sink = SmtpSink::start().await;
+    let steps = json!([
+        {"id": "start", "type": "incoming_webhook", "referenceId": "stuck-hook", "next": "nap"},
+        {"id": "nap", "type": "wait", "duration": "1s", "next": "done"},
+        {"id": "done", "type": "exit"}
+    ]);
+    let app = app_with(&sink, json!([{"slug": "stuck", "name": "Stuck", "steps": steps}])).await;
+    let stuck = uuid::Uuid::now_v7();
+    let client = app.pool.get().await.expect("client");
+    client
+        .execute("INSERT INTO process_beats (process_id, role, beat_at) VALUES ($1, 'test', now())", &[&stuck])
+        .await
+        .expect("a beat");
+    client
+        .execute("INSERT INTO worker_members (worker, process_id) VALUES ('workflow_runs', $1)", &[&stuck])
+        .await
+        .expect("a member");
+    let beating = tokio::spawn(async move {
+        loop {
+            let _ = client.execute("UPDATE process_beats SET beat_at = now() WHERE process_id = $1", &[&stuck]).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    // The engine reads its members once a second.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for index in 0..RUNS {
+        let started = post(&app, "/workflows/stuck-hook", None, Some(&json!({"n": index}))).await;
+        assert_eq!(started.body["data"]["status"], "sleeping", "{:?}", started.body);
+    }
+    let due = Instant::now() + Duration::from_secs(1);
+    let sleeping = "SELECT count(*) FROM workflow_runs WHERE status = 'sleeping'";
+    // Five seconds after the waits ended: this process advanced its share, the other share
+    // still sleeps.
+    tokio::time::sleep_until((due + Duration::from_secs(5)).into()).await;
+    let held = app.query_i64(sleeping).await;
+    assert!(held > 0 && held < RUNS, "{held} of {RUNS} runs still sleep: the other member's share, and only it");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.query_i64(sleeping).await > 0 {
+        assert!(Instant::now() < deadline, "{} runs were never taken over", app.query_i64(sleeping).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    beating.abort();
+    let exited = app.query_i64("SELECT count(*) FROM workflow_runs WHERE status = 'exited'").await;
+    assert_eq!(exited, RUNS, "every run went on to its exit once");
+}
+
 /// Every row of the `workflows` read model, as text, in a stable order.
 async fn workflows_snapshot(app: &TestApp) -> Vec<String> {
     let client = app.pool.get().await.expect("client");

@@ -40,7 +40,9 @@
 //! **No claim is written per run.** The processes that run the engine share the runs out by a
 //! hash of the run's id (`platform::liveness::Share`: each live member, in the order of its
 //! process id, takes its part; a member that stops beating for 5 s is dropped and its part goes
-//! to the others, each of which reads the members once a second), and a process leaves out the runs it is advancing already (an in-memory set:
+//! to the others, each of which reads the members once a second; a live member that does not
+//! advance its part, every slot held by slow calls, loses the runs of it that are 10 s overdue to
+//! a process with free slots), and a process leaves out the runs it is advancing already (an in-memory set:
 //! they stay due until their transitions commit). What makes a transition happen once is its
 //! write: the run's stream at its version, and the row's update at the row's own version
 //! (`row_version`, which every transition's update advances, also one that appends nothing,
@@ -226,6 +228,8 @@ pub(crate) struct Inner {
     /// This process's share of the runs and when it was read: read again once a second, not
     /// on every step (a step follows each append's notification).
     share: Mutex<Option<(Instant, platform::liveness::Share)>>,
+    /// When this process last looked for runs overdue in other processes' shares.
+    took_over_at: Mutex<Option<Instant>>,
     /// Emails' hand-offs under way or waiting for a relay connection: two per pooled
     /// connection, so every connection has the next message ready and no more are held.
     handoffs: Arc<Semaphore>,
@@ -263,6 +267,7 @@ impl Engine {
             slots: Arc::new(Semaphore::new(settings.workflows.concurrency.max(1))),
             in_flight: Arc::default(),
             share: Mutex::default(),
+            took_over_at: Mutex::default(),
             handoffs: Arc::new(Semaphore::new(2 * usize::try_from(settings.email.pool_size.max(1)).unwrap_or(1))),
         })))
     }
@@ -298,10 +303,39 @@ impl Engine {
         let dead_after = platform::liveness::DEAD_AFTER.as_secs_f64();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
             [&limit, &mine, &dead_after, &share.index, &share.of];
-        let (_, rows) = tokio::try_join!(
+        let (_, mut rows) = tokio::try_join!(
             transaction.batch_execute(platform::db::KEYED_PLANS),
             transaction.query(&statement, &params)
         )?;
+        // A member that beats but does not advance its share (every slot held by slow calls, a
+        // process stuck) would hold its runs back for as long as it lives: a process with slots
+        // to spare takes the runs of other shares that are overdue by `TAKE_OVER_AFTER`, at
+        // most once a second. Their writes' versions keep a run that two processes decide to
+        // one transition, as in any change of the members.
+        if share.of > 1 && rows.len() < free && self.may_take_over() {
+            let statement = transaction
+                .prepare_cached(&format!(
+                    "SELECT {} FROM workflow_runs r
+                     WHERE r.due_at <= clock_timestamp() - make_interval(secs => $6)
+                       AND (r.lease_until IS NULL OR r.lease_until < clock_timestamp() OR {})
+                       AND r.run_id NOT IN (SELECT unnest($2::text[])) AND NOT {}
+                     ORDER BY r.due_at LIMIT $1",
+                    run::ROW,
+                    platform::liveness::is_dead("r.lease_token", "$3"),
+                    platform::liveness::Share::holds("r.run_id", "$4", "$5"),
+                ))
+                .await?;
+            let left = limit - i64::try_from(rows.len()).unwrap_or(limit);
+            let overdue = TAKE_OVER_AFTER.as_secs_f64();
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                [&left, &mine, &dead_after, &share.index, &share.of, &overdue];
+            let taken = transaction.query(&statement, &params).await?;
+            if !taken.is_empty() {
+                tracing::info!(runs = taken.len(), "taking over runs overdue in other processes' shares");
+                metrics::counter!("workflow_runs_taken_over_total").increment(taken.len() as u64);
+            }
+            rows.extend(taken);
+        }
         transaction.commit().await?;
         drop(client);
         let claimed = rows.len();
@@ -334,6 +368,16 @@ impl Engine {
 }
 
 impl Engine {
+    /// Whether this step may look for overdue runs of other shares: at most once a second.
+    fn may_take_over(&self) -> bool {
+        let Ok(mut last) = self.0.took_over_at.lock() else { return false };
+        if last.is_some_and(|at| at.elapsed() < SHARE_FOR) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+
     /// This process's share of the runs, read at most once a second (the members change as
     /// processes start and as their beats age past `liveness::DEAD_AFTER`, a bound of seconds).
     async fn share(&self, client: &deadpool_postgres::Client) -> anyhow::Result<platform::liveness::Share> {
@@ -353,6 +397,11 @@ impl Engine {
 
 /// How long the engine keeps the share it read.
 const SHARE_FOR: Duration = Duration::from_secs(1);
+
+/// How long a run may be overdue in another live member's share before a process with free
+/// slots takes it: twice the time a dead member takes to be noticed, so a member that keeps up
+/// is never raced for its runs.
+const TAKE_OVER_AFTER: Duration = Duration::from_secs(10);
 
 /// A run this process is advancing: it stays out of the process's reads of due runs until
 /// its task is done (or gone).
