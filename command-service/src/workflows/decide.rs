@@ -265,9 +265,9 @@ impl Decide for TriggerWorkflow<'_> {
 /// A run's first transition, decided by the engine's own decision (`journeys::decide`) as the
 /// engine would decide it at `now`: kept only when it needs no fact the engine loads (the
 /// contact's record, a template, a suppression, the signing secret, engagement; a run without
-/// a contact is known to have none) and reaches nothing
-/// outside the run (no email, no webhook call, no other stream). Otherwise, or when the
-/// decision fails, the engine makes it, as it makes every later one.
+/// a contact is known to have none) and reaches nothing outside the run (no email, no webhook
+/// call, no other stream). Otherwise, or when the decision fails, the engine makes it, as it
+/// makes every later one.
 fn first_transition(
     found: &Found,
     (run_id, space_id, contact_id): (&str, &str, Option<&str>),
