@@ -31,21 +31,38 @@ ha_node_host() {
 }
 # ha_port [N]: the monitor's port (no N) or node N's.
 ha_port() { echo "$((5430 + ${1:-0}))"; }
-ha_monitor_uri() { echo "postgres://autoctl_node@$(ha_monitor_host):$(ha_port)/pg_auto_failover?sslmode=disable"; }
+# The monitor's URI as the keepers use it. pg_autoctl 2.0 (Debian's) hands it to libpq as it
+# is and sets no timeout on an open connection, so a keeper whose call to the monitor was under
+# way when its network went silent waited until the network came back, and its primary, cut
+# off, never demoted itself (the fault harness's check of the order caught it). The URI bounds
+# that: data unacknowledged for 2 s (libpq's tcp_user_timeout is in milliseconds), or an idle
+# connection silent for 1 + 2 x 1 s, fails the call, and the keeper goes on to its partition
+# check.
+HA_MONITOR_TIMEOUTS="tcp_user_timeout=2000&keepalives=1&keepalives_idle=1&keepalives_interval=1&keepalives_count=2"
+ha_monitor_uri() {
+    echo "postgres://autoctl_node@$(ha_monitor_host):$(ha_port)/pg_auto_failover?sslmode=disable&$HA_MONITOR_TIMEOUTS"
+}
 
 # How quickly the monitor and the keepers act. A primary cut off from the monitor and from its
-# standby demotes itself after HA_PARTITION_TIMEOUT seconds; the monitor starts a failover once
-# a node missed its health checks for HA_UNHEALTHY_MS, and promotes the standby of an
-# unreachable primary only HA_DEMOTE_MS later, so the old primary is down first.
+# standby demotes itself once it has heard from neither for more than HA_PARTITION_TIMEOUT
+# seconds, counted for the standby from when its walsender gives it up (wal_sender_timeout
+# below); its keeper checks after each failed round of calls to the monitor (2.5 to 3.2 s), so
+# it is down some 3 to 5 s after the cut. The monitor starts a failover once a node has not
+# reported for HA_UNHEALTHY_MS and failed its health check (2.5 to 3.5 s after the cut), and
+# promotes the standby of an unreachable primary only HA_DEMOTE_MS later: about 7 s after the
+# cut, so the old primary is down first (the fault harness checks it after every cut).
 HA_HEALTH_PERIOD_MS="${HA_HEALTH_PERIOD_MS:-1000}"
 HA_HEALTH_TIMEOUT_MS="${HA_HEALTH_TIMEOUT_MS:-1000}"
-HA_UNHEALTHY_MS="${HA_UNHEALTHY_MS:-4000}"
-HA_DEMOTE_MS="${HA_DEMOTE_MS:-6000}"
-HA_PARTITION_TIMEOUT="${HA_PARTITION_TIMEOUT:-3}"
+HA_UNHEALTHY_MS="${HA_UNHEALTHY_MS:-2500}"
+HA_DEMOTE_MS="${HA_DEMOTE_MS:-4000}"
+HA_PARTITION_TIMEOUT="${HA_PARTITION_TIMEOUT:-2}"
 
 # The server settings every data node runs with (pg_auto_failover adds its own): a walsender
-# and a walreceiver notice a silent peer within 5 s (the default, 60 s, would keep a cut-off
-# primary believing its standby is there).
+# notices a silent standby within 2 s, and a walreceiver a silent primary within 5 s (the
+# default, 60 s, would keep a cut-off primary believing its standby is there, so its keeper
+# would not demote it). The walsender asks for a reply after half its timeout, and a standby
+# answers at once (a synchronous one replies to every flush anyway), so 2 s cuts only a
+# standby that is gone.
 #
 # A new node starts from a base backup, which begins at a checkpoint that pg_autoctl does not
 # ask to be fast: it waits for a spread one, up to checkpoint_completion_target x
@@ -54,7 +71,7 @@ HA_PARTITION_TIMEOUT="${HA_PARTITION_TIMEOUT:-3}"
 # frequent checkpoints.
 HA_CHECKPOINT_TIMEOUT="${HA_CHECKPOINT_TIMEOUT:-1min}"
 HA_NODE_SETTINGS="
-wal_sender_timeout = '5s'
+wal_sender_timeout = '2s'
 wal_receiver_timeout = '5s'
 max_connections = 400
 wal_writer_delay = '10ms'
@@ -239,7 +256,7 @@ ha_database_url() {
         hosts="${hosts:+$hosts,}$(ha_node_host "$node")"
         ports="${ports:+$ports,}$(ha_port "$node")"
     done
-    echo "host=$hosts port=$ports user=postgres dbname=platform target_session_attrs=read-write connect_timeout=3"
+    echo "host=$hosts port=$ports user=postgres dbname=platform target_session_attrs=read-write"
 }
 
 # ha_node_kill N: the machine of node N dies: every process in its namespace, SIGKILL.

@@ -13,6 +13,8 @@ mod embedded {
     refinery::embed_migrations!("migrations");
 }
 
+mod hosts;
+
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
     pool_with_options(database_url, max_size, "")
 }
@@ -102,13 +104,18 @@ const SESSION: &str = "-c idle_in_transaction_session_timeout=30000 -c jit=off";
 /// How long a connection may keep data unacknowledged by the server before the kernel drops
 /// it, and when idle connections are probed: a server that vanished from the network (a
 /// partitioned primary) sends no reset, so without these a connection would wait for it for
-/// hours.
-const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+/// hours. A live server's kernel acknowledges within milliseconds however busy PostgreSQL is,
+/// so 4 s only ever cuts a connection whose server is gone, and a request that met a cut-off
+/// primary answers 503 in time for its retry to find the new one (docs/benchmarks.md, "A
+/// client's longest wait through a failover").
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(4);
 const KEEPALIVES_IDLE: Duration = Duration::from_secs(5);
 const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(2);
 const KEEPALIVES_RETRIES: u32 = 3;
-/// How long one host may take to accept a connection before the next host of the URL is tried.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one host may take to accept a connection (the socket's, before the startup) before
+/// the next host of the URL is tried: while a primary is cut off, every new connection pays it
+/// once. 2 s is libpq's smallest and leaves room for one lost SYN.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The settings of `database_url` (libpq's key=value or URL form: several hosts with
 /// `target_session_attrs=read-write` find the primary of a failover cluster), with the
@@ -150,8 +157,47 @@ pub async fn connect(
 fn pool_with_options(database_url: &str, max_size: usize, options: &str) -> anyhow::Result<Pool> {
     let mut config = connection_config(database_url)?;
     config.options(format!("{SESSION}{options}"));
-    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let hosts = hosts::Hosts::new(&config);
+    let manager = Manager::from_connect(
+        config,
+        SkipUnreachable { hosts },
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+    );
     build(Pool::builder(manager), max_size)
+}
+
+/// A pool's connections, to the first host of the URL that takes them and not to one that has
+/// just failed to accept one ([`hosts`]).
+struct SkipUnreachable {
+    hosts: hosts::Hosts,
+}
+
+impl deadpool_postgres::Connect for SkipUnreachable {
+    fn connect(
+        &self,
+        _: &tokio_postgres::Config,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+    > {
+        Box::pin(async move {
+            let (client, connection) = self.hosts.connect().await?;
+            Ok(driven(client, connection))
+        })
+    }
+}
+
+/// `client` with a task that drives its `connection` until it ends.
+fn driven(
+    client: tokio_postgres::Client,
+    connection: tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
+    let driver = tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "a connection ended");
+        }
+    });
+    (client, driver)
 }
 
 fn build(builder: deadpool_postgres::PoolBuilder, max_size: usize) -> anyhow::Result<Pool> {
@@ -179,9 +225,10 @@ pub fn standby_pool(read_url: &str, primary_url: &str, max_size: usize) -> anyho
     standby.options(&options);
     let mut primary = connection_config(primary_url)?;
     primary.options(&options);
+    let hosts = (hosts::Hosts::new(&standby), hosts::Hosts::new(&primary));
     let manager = Manager::from_connect(
         standby,
-        PreferStandby { primary },
+        PreferStandby { standby: hosts.0, primary: hosts.1 },
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
     let too_old = deadpool_postgres::Hook::sync_fn(|_, metrics| {
@@ -195,32 +242,27 @@ pub fn standby_pool(read_url: &str, primary_url: &str, max_size: usize) -> anyho
 }
 
 struct PreferStandby {
-    primary: tokio_postgres::Config,
+    standby: hosts::Hosts,
+    primary: hosts::Hosts,
 }
 
 impl deadpool_postgres::Connect for PreferStandby {
     fn connect(
         &self,
-        standby: &tokio_postgres::Config,
+        _: &tokio_postgres::Config,
     ) -> futures_util::future::BoxFuture<
         '_,
         Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
     > {
-        let standby = standby.clone();
         Box::pin(async move {
-            let (client, connection) = match standby.connect(NoTls).await {
+            let (client, connection) = match self.standby.connect().await {
                 Ok(connected) => connected,
                 Err(error) => {
                     tracing::debug!(%error, "no standby answered; reading from the primary");
-                    self.primary.connect(NoTls).await?
+                    self.primary.connect().await?
                 }
             };
-            let driver = tokio::spawn(async move {
-                if let Err(error) = connection.await {
-                    tracing::debug!(%error, "a read connection ended");
-                }
-            });
-            Ok((client, driver))
+            Ok(driven(client, connection))
         })
     }
 }
@@ -467,8 +509,8 @@ mod tests {
         let config =
             connection_config("host=a,b port=5432,5433 user=postgres target_session_attrs=read-write").expect("parsed");
         assert_eq!(config.get_hosts().len(), 2, "every node of the URL is kept");
-        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(5)));
-        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(10)));
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(2)));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(4)));
         assert_eq!(config.get_keepalives_idle(), Duration::from_secs(5));
         assert_eq!(config.get_keepalives_interval(), Some(Duration::from_secs(2)));
         assert_eq!(config.get_keepalives_retries(), Some(3));

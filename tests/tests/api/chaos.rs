@@ -253,11 +253,19 @@ impl Deployment {
                         // Long enough for the standby to be promoted while the old primary runs.
                         tokio::task::block_in_place(|| cluster.cut(primary));
                         tokio::time::sleep(Duration::from_secs(15)).await;
-                        tokio::task::block_in_place(|| {
+                        let stopped = tokio::task::block_in_place(|| {
                             cluster.heal(primary);
                             cluster.wait_healthy();
+                            cluster.stopped_before_promotion(primary)
                         });
-                        format!("node{primary} (the primary) cut off from everyone for 15 s, then rejoined")
+                        // The old primary is down before the standby takes writes
+                        // (docs/operations.md, "Timings"): the timeouts keep that order.
+                        let stopped = stopped.unwrap_or_else(|missing| panic!("{missing}"));
+                        assert!(stopped >= 0, "node{primary} stopped {} s after the standby took writes", -stopped);
+                        format!(
+                            "node{primary} (the primary) cut off from everyone for 15 s, then rejoined; it had \
+                             stopped {stopped} s before the standby took writes"
+                        )
                     }
                     _ => {
                         tokio::task::block_in_place(|| {

@@ -110,6 +110,33 @@ impl HaCluster {
         self.run(&format!("ha_node_heal {node}"));
     }
 
+    /// How long before the monitor let another node take writes (`wait_primary` once the demote
+    /// timeout expired, in its events) `node`, cut off while primary, had stopped its
+    /// PostgreSQL (its keeper's move to `demote_timeout`, in its log), in whole seconds (both
+    /// logs have one-second times); what is missing otherwise.
+    pub(crate) fn stopped_before_promotion(&self, node: u32) -> Result<i64, String> {
+        let output = self.run(&format!(
+            r#"echo "stopped $(grep -a 'Transition complete: current state is now "demote_timeout"' "$HA_DIR/node{node}.log" | tail -n 1 | cut -c1-8)"
+               echo "promoted $(ha_monitor_sql "SELECT to_char(eventtime, 'HH24:MI:SS') FROM pgautofailover.event
+                 WHERE description LIKE '%to wait_primary and %after the demote timeout expired%'
+                 ORDER BY eventid DESC LIMIT 1")""#
+        ));
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        let time_of = |label: &str| -> Option<i64> {
+            let line = text.lines().find_map(|line| line.strip_prefix(label))?;
+            let parts: Vec<i64> = line.trim().split(':').map(str::parse).collect::<Result<_, _>>().ok()?;
+            match parts[..] {
+                [hours, minutes, seconds] => Some(hours * 3600 + minutes * 60 + seconds),
+                _ => None,
+            }
+        };
+        let stopped = time_of("stopped ").ok_or_else(|| format!("node{node} never demoted itself: {text:?}"))?;
+        let promoted = time_of("promoted ").ok_or_else(|| format!("no promotion after a demote timeout: {text:?}"))?;
+        // Across midnight, the times of day wrap.
+        let gap = (promoted - stopped).rem_euclid(86_400);
+        Ok(if gap > 43_200 { gap - 86_400 } else { gap })
+    }
+
     /// A lost server replaced, as docs/operations.md says: dropped from the monitor, and a new
     /// server (here on the same address) created from a base backup of the primary.
     pub(crate) fn replace(&self, node: u32) {
