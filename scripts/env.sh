@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# The environment of the quick start's system, in one place (sourced by scripts/start and
-# scripts/platform): where its data lives, how to reach its PostgreSQL cluster, where its mail
+# The environment of the quick start's system, in one place (sourced by scripts/start,
+# scripts/start-ha, their stops and scripts/platform): where its data lives, how to reach its PostgreSQL cluster, where its mail
 # goes and (use_master_key) its master key. DATA_DIR, PG_PORT, PORT, APP__MASTER_KEY and the
 # mail settings can be set beforehand to override them.
 
@@ -33,4 +33,22 @@ use_master_key() {
         APP__MASTER_KEY="$(cat "$DATA_DIR/master.key")"
         export APP__MASTER_KEY
     fi
+}
+
+# stop_platform: stops the platform process that scripts/start or scripts/start-ha ran (its id
+# in DATA_DIR/platform.pid) with SIGTERM, so that it finishes what is in flight; waits up to
+# 10 s for it to end.
+stop_platform() {
+    local pid
+    [ -f "$DATA_DIR/platform.pid" ] || return 0
+    pid="$(cat "$DATA_DIR/platform.pid")"
+    # Only the platform binary that was run under this id (not a process that took the id since).
+    if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "platform --workspace"; then
+        kill -TERM "$pid"
+        for _ in $(seq 1 100); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+    fi
+    rm -f "$DATA_DIR/platform.pid"
 }

@@ -199,7 +199,7 @@ ha_node_start() {
             echo "unix_socket_directories = '$HA_DIR/sockets'" >>"$dir/postgresql.conf"
         fi
         # Registers the node (the first as primary, a later one as a standby that copies the
-        # primary once it runs), then the keeper's own timeout of a network partition.
+        # primary once it runs).
         if ! ha_as_pg "$node" env PGHOST="$HA_DIR/sockets" pg_autoctl create postgres --pgdata "$dir" \
             --pgport "$(ha_port "$node")" --pgctl "$PG_BIN/pg_ctl" --listen "$host" --hostname "$host" \
             --name "node$node" --monitor "$(ha_monitor_uri)" --no-ssl --skip-pg-hba \
@@ -208,11 +208,15 @@ ha_node_start() {
             tail -n 20 "$HA_DIR/node$node.log" >&2
             return 1
         fi
-        ha_as_pg "$node" pg_autoctl config set --pgdata "$dir" timeout.network_partition_timeout \
-            "$HA_PARTITION_TIMEOUT" >/dev/null
         # (Beside the data folder: pg_rewind copies every file of it and would trip on ours.)
         touch "$HA_DIR/node$node.created"
     fi
+    # The keeper's own settings, at every start, so that a deployment created by an earlier
+    # version gets them too: its timeout of a network partition, and the monitor's URI with
+    # its connection timeouts.
+    ha_as_pg "$node" pg_autoctl config set --pgdata "$dir" timeout.network_partition_timeout \
+        "$HA_PARTITION_TIMEOUT" >/dev/null
+    ha_as_pg "$node" pg_autoctl config set --pgdata "$dir" pg_autoctl.monitor "$(ha_monitor_uri)" >/dev/null
     ha_as_pg "$node" env PGHOST="$HA_DIR/sockets" nohup pg_autoctl run --pgdata "$dir" >>"$HA_DIR/node$node.log" 2>&1 &
 }
 
