@@ -160,19 +160,21 @@ fn pool_with_options(database_url: &str, max_size: usize, options: &str) -> anyh
     let hosts = hosts::Hosts::new(&config);
     let manager = Manager::from_connect(
         config,
-        SkipUnreachable { hosts },
+        Connector { hosts, fallback: None },
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
     build(Pool::builder(manager), max_size)
 }
 
-/// A pool's connections, to the first host of the URL that takes them and not to one that has
-/// just failed to accept one ([`hosts`]).
-struct SkipUnreachable {
+/// A pool's connections: to the first host of `hosts` that takes them, never trying one that
+/// has just failed to accept one ([`hosts`]); when none does and there is a `fallback` (the
+/// standby pool's primary), to the first of its hosts that does.
+struct Connector {
     hosts: hosts::Hosts,
+    fallback: Option<hosts::Hosts>,
 }
 
-impl deadpool_postgres::Connect for SkipUnreachable {
+impl deadpool_postgres::Connect for Connector {
     fn connect(
         &self,
         _: &tokio_postgres::Config,
@@ -181,7 +183,14 @@ impl deadpool_postgres::Connect for SkipUnreachable {
         Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
     > {
         Box::pin(async move {
-            let (client, connection) = self.hosts.connect().await?;
+            let (client, connection) = match (self.hosts.connect().await, &self.fallback) {
+                (Ok(connected), _) => connected,
+                (Err(error), Some(fallback)) => {
+                    tracing::debug!(%error, "no standby answered; reading from the primary");
+                    fallback.connect().await?
+                }
+                (Err(error), None) => return Err(error),
+            };
             Ok(driven(client, connection))
         })
     }
@@ -228,7 +237,7 @@ pub fn standby_pool(read_url: &str, primary_url: &str, max_size: usize) -> anyho
     let hosts = (hosts::Hosts::new(&standby), hosts::Hosts::new(&primary));
     let manager = Manager::from_connect(
         standby,
-        PreferStandby { standby: hosts.0, primary: hosts.1 },
+        Connector { hosts: hosts.0, fallback: Some(hosts.1) },
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
     let too_old = deadpool_postgres::Hook::sync_fn(|_, metrics| {
@@ -239,32 +248,6 @@ pub fn standby_pool(read_url: &str, primary_url: &str, max_size: usize) -> anyho
         }
     });
     build(Pool::builder(manager).pre_recycle(too_old), max_size)
-}
-
-struct PreferStandby {
-    standby: hosts::Hosts,
-    primary: hosts::Hosts,
-}
-
-impl deadpool_postgres::Connect for PreferStandby {
-    fn connect(
-        &self,
-        _: &tokio_postgres::Config,
-    ) -> futures_util::future::BoxFuture<
-        '_,
-        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
-    > {
-        Box::pin(async move {
-            let (client, connection) = match self.standby.connect().await {
-                Ok(connected) => connected,
-                Err(error) => {
-                    tracing::debug!(%error, "no standby answered; reading from the primary");
-                    self.primary.connect().await?
-                }
-            };
-            Ok(driven(client, connection))
-        })
-    }
 }
 
 /// Applies the migrations (`shared/platform/migrations/V<n>__<name>.sql`, with refinery) that are not
