@@ -195,6 +195,9 @@ pub struct Shell<'a> {
     /// The idempotency claim, for an outcome whose completion another party records (an
     /// email's hand-off).
     pub claim: Option<&'a Claim>,
+    /// The service's state, for what an answer takes beyond the decision (a send's inline
+    /// hand-off holds a pool to give its claim back).
+    pub state: &'a State,
 }
 
 /// The common outcome, appended and answered as it is.
@@ -566,7 +569,7 @@ async fn attempts<C: Command>(
                 let mut fresh = Drawn;
                 let mut given = Given { now_ms: platform::time::now_millis(), operation_id, fresh: &mut fresh };
                 match command.decide(loaded, &mut given) {
-                    Ok(outcome) => command.answer(outcome, &Shell { operation_id, claim }),
+                    Ok(outcome) => command.answer(outcome, &Shell { operation_id, claim, state }),
                     Err(refusal) => Err(refusal.into()),
                 }
             }

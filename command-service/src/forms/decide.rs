@@ -313,7 +313,7 @@ impl Decide for SubmitForm<'_> {
                         let scheduled =
                             send::schedule(&email_id, authored, to, &rendered, origin, (now, &self.site.base_url))
                                 .map_err(|error| Refusal::Internal(format!("{error:#}")))?;
-                        guards.push(outbox::insert_guard(&email_id, &space_id, None));
+                        guards.push(outbox::insert_guard(&email_id, &space_id));
                         guards.extend(scheduled.guards);
                         streams.push(scheduled.stream);
                         confirmation_email = Some(scheduled.prepared);

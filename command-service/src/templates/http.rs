@@ -78,11 +78,17 @@ impl Command for SendTemplate<'_> {
             Sent::Held(outcome) => Ok(outcome.into()),
             Sent::HandOff(hand_off) => {
                 let HandOff { streams, mut guards, allowance, email_id, prepared } = *hand_off;
-                // The outbox row holds the send's claim: the hand-off records the answer.
-                guards.push(outbox::insert_guard(&email_id, &self.space_id, shell.claim.map(|claim| claim.parts())));
+                // The outbox row holds the send's claim: the hand-off records the answer. The
+                // row is claimed for this process's hand-off in the same append, so nothing is
+                // written between the append and the relay.
+                let lease = shell.state.settings.email_lease();
+                let claim = shell.claim.map(|claim| claim.parts());
+                let (row, lease) = outbox::claimed_guard(&email_id, &self.space_id, claim, lease);
+                guards.push(row);
                 guards.extend(allowance);
+                let unhanded = outbox::Unhanded::new(shell.state.pool.clone(), lease);
                 let decision = Decision::new(streams, guards, Answer::json(StatusCode::OK, Value::Null));
-                Ok(Decided::Append(decision.then(super::hand_off::now(prepared))))
+                Ok(Decided::Append(decision.then(super::hand_off::now(prepared, unhanded))))
             }
         }
     }
@@ -143,8 +149,15 @@ pub async fn send(
     let caller = pipeline::authorize(&req, &state, Permission::Write).await?;
     let body = api::http::read_json_object(&req, payload).await?;
     let context = decide::context(&body)?;
-    // The template by its id or its slug, as broadcasts and workflows are named.
-    let template_id = pipeline::authored_id(&state, (TEMPLATE, caller.space_id()), path.into_inner()).await?;
+    // The template by its id or its slug, as broadcasts and workflows are named. An id this
+    // process keeps the template of needs no lookup: a template deleted since is found gone
+    // when the send is decided again at the catalog's new revision.
+    let id_or_slug = path.into_inner();
+    let template_id = if state.templates.get(caller.space_id(), &id_or_slug).is_some() {
+        id_or_slug
+    } else {
+        pipeline::authored_id(&state, (TEMPLATE, caller.space_id()), id_or_slug).await?
+    };
     let command = SendTemplate { space_id: caller.space_id().into(), template_id, context, site: &state.site };
     let body = Value::Object(body);
     pipeline::execute(&state, &req, Actor::Key(&caller), Protection::Keyed(&body), command).await

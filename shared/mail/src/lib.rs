@@ -44,10 +44,13 @@
 //!    the DKIM body hash covers them.
 //! 4. One append holds the context records, `EmailScheduled` (stream `email-<id>`; the rendered
 //!    content and address sealed under the contact's key), the outbox row (`email_outbox`,
-//!    with the send's idempotency claim) and the allowance guard (`email_allowance_usage`, per
+//!    with the send's idempotency claim, already claimed for this process's inline hand-off:
+//!    `attempting` under a lease, so nothing is written between the append and the relay)
+//!    and the allowance guard (`email_allowance_usage`, per
 //!    space and UTC month; refused: 402). An acknowledged send is durable before any SMTP.
-//! 5. The inline hand-off claims the row (`pending` → `attempting`, committed before the relay
-//!    is contacted), builds the MIME message (multipart text and HTML, Message-ID
+//! 5. The inline hand-off, under the lease its append took (a form's confirmation, handed off
+//!    after the answer, claims its `pending` row first: `pending` → `attempting`, committed
+//!    before the relay is contacted), builds the MIME message (multipart text and HTML, Message-ID
 //!    `<emailId@domain>`, Date from the scheduling, envelope sender `bounce+<emailId>@<return
 //!    path>`, List-Unsubscribe and List-Unsubscribe-Post for marketing), signs it with DKIM
 //!    (relaxed/relaxed, over From, To, Subject, Date, Message-ID and the two List headers) and
@@ -67,21 +70,24 @@
 //! service folds its story from the stream.
 //!
 //! **The outbox worker** (`projector/src/workers/email/outbox.rs`, any number of processes)
-//! finishes what the inline path left. A row still `pending` after `HANDOFF_GRACE_MS` (the
-//! process died between the append and the hand-off) is claimed, rebuilt from the log (the
+//! finishes what the inline path left. A row still `pending` after `HANDOFF_GRACE_MS` (a
+//! form's confirmation whose process died between the append and the hand-off, or a send
+//! whose process gave back the claim its append took without handing it off) is claimed, rebuilt from the log (the
 //! content opened with the contact's key; erased: `EmailFailed{recipient_erased}`) and handed
 //! off, with retries on `RETRY_SCHEDULE_MS` while the relay refuses for now (4xx) or cannot be
 //! reached, then `EmailFailed`. A row `attempting` whose lease ran out is a hand-off that died
 //! midway: `EmailOutcomeUnknown`, never resent. So across kill -9 of any process an accepted
-//! send leaves at most once, and exactly once unless a process dies during its SMTP exchange.
+//! send leaves at most once, and exactly once unless a process dies during its SMTP exchange
+//! or, for a template send (whose append holds its claim), between its append and the relay.
 //! The idempotency claim of the send is completed by whichever hand-off records the outcome.
 //!
 //! Relay replies are recorded without the recipient's address (replaced by `<recipient>`).
 //!
 //! **The cost of a message** (what the benchmark's phase line measures, `email_handoff_phase_seconds`):
-//! its scheduling append (batched with others by the log's batcher), its claim (a committed
-//! `UPDATE`; the claims that concurrent hand-offs of a process ask for are made together in one
-//! statement, `outbox::Claims`, each still only when its own hand-off starts), building and
+//! its scheduling append (batched with others by the log's batcher), its claim (a template
+//! send's is in that append; elsewhere a committed `UPDATE`, and the claims that concurrent
+//! hand-offs of a process ask for are made together in one statement, `outbox::Claims`, each
+//! still only when its own hand-off starts), building and
 //! signing (lettre formats the MIME message; the DKIM signature, relaxed/relaxed rsa-sha256, is
 //! made by `email/dkim_sign.rs` with ring, 0.6 ms of CPU for RSA 2048), the SMTP exchange on a
 //! pooled session, and the outcome's append (batched).

@@ -514,64 +514,46 @@ async fn a_relay_rejection_is_a_failed_send_and_a_refused_mailbox_suppresses_the
 }
 
 #[tokio::test]
-async fn an_accepted_send_is_handed_off_exactly_once_when_the_command_service_dies_before_its_hand_off() {
+async fn a_confirmation_is_handed_off_exactly_once_when_the_command_service_dies_before_its_hand_off() {
     let sink = SmtpSink::start().await;
     let app = mail_app(&sink, 100).await;
-    let receipt = template_id(&app, "receipt").await;
     // A command service that pauses between the append and the hand-off, killed in that pause.
+    // A form's confirmation is handed off after the answer (the outbox row stays `pending`
+    // until its hand-off claims it), so the outbox worker sends what the dead process left.
     let (mut doomed, url) = sender_process(&app, &sink, Some(60_000)).await;
-    const SENDS: usize = 5;
-    let in_flight: Vec<_> = (0..SENDS)
-        .map(|index| {
-            let request = app
-                .http
-                .post(format!("{url}/templates/{receipt}/send"))
-                .bearer_auth(MAIL_KEY)
-                .header("Idempotency-Key", format!("crash-{index}"))
-                .json(&receipt_body(&format!("crash{index}@example.com"), "Crash"));
-            tokio::spawn(request.send())
-        })
-        .collect();
-    let deadline = std::time::Instant::now() + WAIT;
-    while app.query_i64("SELECT count(*) FROM email_outbox").await < SENDS as i64 {
-        assert!(std::time::Instant::now() < deadline, "the sends were not appended");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    const SENDS: usize = 3;
+    for index in 0..SENDS {
+        let submitted = app
+            .http
+            .post(format!("{url}/forms/{SIGNUP_FORM}/submit"))
+            .json(&json!({"email_address": format!("crash{index}@example.com"), "first_name": "Crash"}))
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(submitted.status().as_u16(), 200, "answered before the hand-off");
     }
+    let pending = app.query_i64("SELECT count(*) FROM email_outbox WHERE state = 'pending'").await;
+    assert_eq!(pending, SENDS as i64, "appended, not claimed");
     assert!(sink.messages().await.is_empty(), "nothing left before the kill");
     // The relay refuses for now at first: the outbox worker retries on its schedule.
     sink.set_mode(json!({"mode": "tempfail", "code": 451})).await;
     doomed.0.kill().expect("kill -9");
-    for task in in_flight {
-        assert!(task.await.expect("the request task").is_err(), "the killed service answered nothing");
-    }
+    let deadline = std::time::Instant::now() + WAIT;
     while sink.rejected().await.len() < SENDS {
-        assert!(std::time::Instant::now() < deadline + WAIT, "the worker did not try the orphaned sends");
+        assert!(std::time::Instant::now() < deadline, "the worker did not try the orphaned sends");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     sink.set_mode(json!({"mode": "accept"})).await;
     let messages = sink.wait_for(SENDS, WAIT).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let mut ids = sink.message_ids().await;
-    assert_eq!(ids.len(), SENDS, "each send left exactly once: {ids:?}");
+    assert_eq!(ids.len(), SENDS, "each confirmation left exactly once: {ids:?}");
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), SENDS);
     assert!(messages.iter().all(|message| message["dkim"]["valid"] == true));
-    // The outbox worker recorded each outcome as the answer of its idempotency key.
-    for index in 0..SENDS {
-        let replay = app
-            .send(
-                app.request(reqwest::Method::POST, &format!("/templates/{receipt}/send"), Some(MAIL_KEY))
-                    .header("Idempotency-Key", format!("crash-{index}"))
-                    .json(&receipt_body(&format!("crash{index}@example.com"), "Crash")),
-            )
-            .await;
-        assert_eq!(replay.status, 200, "{:?}", replay.body);
-        assert_eq!(replay.header("idempotent-replay"), Some("true"));
-        assert_eq!(replay.body["data"]["status"], "sent");
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(sink.messages().await.len(), SENDS, "replays send nothing");
+    let sent = app.query_i64("SELECT count(*) FROM email_outbox WHERE state = 'sent'").await;
+    assert_eq!(sent, SENDS as i64, "recorded sent");
 }
 
 /// A command service of its own process relaying to `sink`, pausing `handoff_delay_ms`
@@ -643,14 +625,36 @@ async fn a_send_claim_dies_with_its_holder_and_a_retry_gets_its_answer_within_se
     let email = platform::settings::EmailSettings { handoff_grace_ms: 120_000, ..test_email(&sink) };
     let app = mail_app_with(&sink, 100, email).await;
     let receipt = template_id(&app, "receipt").await;
-    // 1. A sender that dies between its append and its hand-off: the email is pending under
-    // a dead process, handed off by the outbox worker at once, and the retry replays "sent".
-    let killed_at =
-        sender_killed_at(&app, &sink, Some(60_000), (&receipt, "died-pending", "pending@example.com"), "pending").await;
-    let replayed = retry_until_settled(&app, &receipt, "died-pending", "pending@example.com", killed_at).await;
-    assert_eq!((replayed.status, replayed.header("idempotent-replay")), (200, Some("true")), "{:?}", replayed.body);
-    assert_eq!(replayed.body["data"]["status"], "sent");
-    assert_eq!(sink.wait_for(1, WAIT).await.len(), 1, "sent once");
+    // 1. A sender that dies between its append and its hand-off. Its append claimed the
+    // email for its own hand-off (the row is `attempting` in the append's own transaction:
+    // nothing is written between the append and the relay), so the email is settled as
+    // unknown once the process stops beating, never handed off by another, and the retry is
+    // told the outcome is unknown.
+    let killed_at = sender_killed_at(
+        &app,
+        &sink,
+        Some(60_000),
+        (&receipt, "died-before-relay", "before@example.com"),
+        "attempting",
+    )
+    .await;
+    let one_transaction = app
+        .query_i64(
+            "SELECT count(*) FROM email_outbox o JOIN events e
+               ON e.stream_id = 'email-' || o.email_id AND e.event_type = 'EmailScheduled.v1'
+             WHERE o.xmin = e.xmin AND o.state = 'attempting'",
+        )
+        .await;
+    assert_eq!(one_transaction, 1, "the claim is written by the scheduling append");
+    let unknown = retry_until_settled(&app, &receipt, "died-before-relay", "before@example.com", killed_at).await;
+    assert_eq!(
+        (unknown.status, unknown.code().as_str()),
+        (409, Some("idempotency_outcome_unknown")),
+        "{:?}",
+        unknown.body
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(sink.messages().await.is_empty(), "never handed off by another process");
 
     // 2. A sender that dies in the middle of its SMTP exchange: the relay may have the
     // message, so it is never sent again; the row is settled as unknown at once (not when its
@@ -670,7 +674,7 @@ async fn a_send_claim_dies_with_its_holder_and_a_retry_gets_its_answer_within_se
     let state = app
         .query_i64("SELECT count(*) FROM email_outbox WHERE state = 'unknown' AND claim_scope_key IS NOT NULL")
         .await;
-    assert_eq!(state, 1, "settled as unknown");
+    assert_eq!(state, 2, "both settled as unknown");
     sink.set_mode(json!({"mode": "accept"})).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     // The sink may keep what the dead exchange had sent it (as a relay might): one copy at most.
@@ -738,25 +742,27 @@ async fn a_live_sender_that_lost_its_database_after_the_relay_took_the_message_r
 }
 
 #[tokio::test]
-async fn a_hand_off_claim_whose_answer_was_lost_is_given_back_and_the_send_goes_out() {
+async fn a_hand_off_claim_whose_answer_was_lost_is_given_back_and_the_email_goes_out() {
     use crate::fault_proxy::Fault;
     let sink = SmtpSink::start().await;
     // A grace far longer than the test: only the sender giving its claim back lets the
     // outbox worker hand the email off within it.
     let email = platform::settings::EmailSettings { handoff_grace_ms: 120_000, ..test_email(&sink) };
     let app = mail_app_with(&sink, 100, email).await;
-    let receipt = template_id(&app, "receipt").await;
+    // A form's confirmation: appended `pending`, then claimed by the hand-off that follows
+    // the answer (a template send's append claims its row itself; see the next test).
     let (_sender, url, proxy) = proxied_sender(&app, &sink, 1_000).await;
-    let body = receipt_body("lost-claim@example.com", "Lost");
-    let request = app
+    let submitted = app
         .http
-        .post(format!("{url}/templates/{receipt}/send"))
-        .bearer_auth(MAIL_KEY)
-        .header("Idempotency-Key", "lost-claim")
-        .json(&body);
-    let in_flight = tokio::spawn(async move { request.send().await.map(|response| response.status().as_u16()) });
+        .post(format!("{url}/forms/{SIGNUP_FORM}/submit"))
+        .json(&json!({"email_address": "lost-claim@example.com", "first_name": "Lost"}))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(submitted.status().as_u16(), 200);
     // The email is appended, pending; its row is locked so the sender's claim waits on it.
-    wait_for_outbox_row(&app, "lost-claim", "pending").await;
+    let pending = "SELECT count(*) FROM email_outbox WHERE state = 'pending'";
+    app.wait_for_count(pending, "the confirmation was appended").await;
     let mut holder = app.pool.get().await.expect("client");
     let lock = holder.transaction().await.expect("begins");
     lock.execute("SELECT 1 FROM email_outbox WHERE state = 'pending' FOR UPDATE", &[]).await.expect("locks");
@@ -767,16 +773,68 @@ async fn a_hand_off_claim_whose_answer_was_lost_is_given_back_and_the_send_goes_
     // Its connection is cut while the claim waits, so the sender never hears that it was
     // made; then the claim goes through on the server.
     proxy.set(Fault::Cut);
-    assert_eq!(in_flight.await.expect("joins").expect("an answer"), 503, "the sender could not tell");
+    tokio::time::sleep(Duration::from_millis(300)).await;
     lock.commit().await.expect("unlocks");
     let attempting = "SELECT count(*) FROM email_outbox WHERE state = 'attempting'";
     app.wait_for_count(attempting, "the claim was made").await;
     proxy.set(Fault::Pass);
     let back = Instant::now();
-    // The sender, alive, gives the claim back once its database is back; the outbox worker
-    // hands the email off; the retry gets "sent", not an unknown outcome after a lease.
+    // The sender, alive, gives the claim back once its database is back, and the outbox
+    // worker hands the email off: within seconds, not after the claim's lease.
+    assert_eq!(sink.wait_for(1, Duration::from_secs(10)).await.len(), 1, "sent");
+    assert!(back.elapsed() < Duration::from_secs(10), "given back within seconds");
+    let sent = "SELECT count(*) FROM email_outbox WHERE state = 'sent'";
+    app.wait_for_count(sent, "recorded sent").await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(sink.messages().await.len(), 1, "sent once");
+}
+
+#[tokio::test]
+async fn a_send_whose_append_committed_after_its_answer_was_lost_gives_its_claim_back_and_the_email_goes_out() {
+    use crate::fault_proxy::Fault;
+    let sink = SmtpSink::start().await;
+    // A grace far longer than the test: only the sender giving back the claim its append
+    // took lets the outbox worker send the email within the test (the claim's lease is about
+    // a minute).
+    let email = platform::settings::EmailSettings { handoff_grace_ms: 120_000, ..test_email(&sink) };
+    let app = mail_app_with(&sink, 100, email).await;
+    let receipt = template_id(&app, "receipt").await;
+    // The append's commit takes two seconds (a deferred trigger on the outbox row), so the
+    // sender's connection can be cut while its COMMIT is under way: the commit lands, and the
+    // sender never hears of it.
+    let client = app.pool.get().await.expect("client");
+    client
+        .batch_execute(
+            "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON email_outbox
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+        )
+        .await
+        .expect("the trigger");
+    let (_sender, url, proxy) = proxied_sender(&app, &sink, 0).await;
+    let body = receipt_body("lost-append@example.com", "Lost");
+    let request = app
+        .http
+        .post(format!("{url}/templates/{receipt}/send"))
+        .bearer_auth(MAIL_KEY)
+        .header("Idempotency-Key", "lost-append")
+        .json(&body);
+    let in_flight = tokio::spawn(async move { request.send().await.map(|response| response.status().as_u16()) });
+    let committing = "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event = 'PgSleep' AND query ILIKE 'COMMIT%'";
+    app.wait_for_count(committing, "the sender's append is committing").await;
+    proxy.set(Fault::Cut);
+    assert_eq!(in_flight.await.expect("joins").expect("an answer"), 503, "the sender could not tell");
+    wait_for_outbox_row(&app, "lost-append", "attempting").await;
+    client.batch_execute("DROP TRIGGER slow_commit ON email_outbox").await.expect("dropped");
+    proxy.set(Fault::Pass);
+    let back = Instant::now();
+    // The sender, alive, gives back the claim its append took once its database is back; the
+    // outbox worker hands the email off; the retry gets "sent", not an unknown outcome after
+    // the claim's lease.
     let settled = loop {
-        let retry = send(&app, &receipt, &body, Some("lost-claim")).await;
+        let retry = send(&app, &receipt, &body, Some("lost-append")).await;
         if retry.code() != "idempotency_conflict" {
             break retry;
         }
@@ -786,6 +844,8 @@ async fn a_hand_off_claim_whose_answer_was_lost_is_given_back_and_the_send_goes_
     assert_eq!((settled.status, settled.header("idempotent-replay")), (200, Some("true")), "{:?}", settled.body);
     assert_eq!(settled.body["data"]["status"], "sent");
     assert_eq!(sink.wait_for(1, WAIT).await.len(), 1, "sent once");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(sink.messages().await.len(), 1, "sent once");
 }
 
 /// Waits until the email sent under `key` has its outbox row in `state`.

@@ -120,7 +120,7 @@ pub(super) fn decide_batch(step: Step<'_>, pending: &[String], fresh: &mut dyn F
         let (stream, mut guards, email) = match held {
             None => {
                 let mut guards = vec![
-                    outbox::insert_guard(&email_id, &run.space_id, None),
+                    outbox::insert_guard(&email_id, &run.space_id),
                     recipient_moved(&run.run_id, contact_id, &email_id, "scheduled"),
                 ];
                 guards.extend(scheduled.guards);

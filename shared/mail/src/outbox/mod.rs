@@ -1,6 +1,7 @@
 //! The email outbox: every accepted send has a row (`email_outbox`, inserted by a guard in
-//! the send's append). A hand-off claims the row (committed before the relay is contacted),
-//! hands the message over, and records the outcome: the log event, the row's new state and,
+//! the send's append). A hand-off holds the row's claim before the relay is contacted (a
+//! template send's append inserts the row claimed for its inline hand-off; other rows are
+//! claimed by a committed update), hands the message over, and records the outcome: the log event, the row's new state and,
 //! when the send was made under an `Idempotency-Key`, the answer a replay gives, all in one
 //! append guarded by the lease token. The inline hand-off of `POST /templates/{id}/send` and
 //! the projector's outbox worker share this.
@@ -23,20 +24,59 @@ use platform::events::LogEvent;
 use platform::log::{AppendError, AppendRequest, Appended, EventLog, Guard, SetValue, StreamAppend};
 use platform::proto;
 
-/// The row that the send's append inserts (and how it will complete the idempotency claim),
-/// held by this process until its first hand-off.
-pub fn insert_guard(email_id: &str, space_id: &str, claim: Option<(String, Uuid)>) -> Guard {
-    let (scope_key, claim_token) = claim.unzip();
+/// The row that the send's append inserts, `pending` until a hand-off claims it, naming this
+/// process (its appender) so that the outbox worker takes it at once if the process dies.
+pub fn insert_guard(email_id: &str, space_id: &str) -> Guard {
     let owner = platform::liveness::process_id();
+    let row = vec![
+        SetValue::Text(Some(email_id.to_owned())),
+        SetValue::Text(Some(space_id.to_owned())),
+        SetValue::Text(owner.map(|owner| owner.to_string())),
+    ];
+    Guard::exactly_one(
+        "INSERT INTO email_outbox (email_id, space_id, owner) VALUES ($1, $2, $3)
+         ON CONFLICT (email_id) DO NOTHING",
+        vec![Box::new(email_id.to_owned()), Box::new(space_id.to_owned()), Box::new(owner)],
+        AppendError::Conflict { code: Code::IdempotencyConflict, message: "the email id is already taken".to_owned() },
+    )
+    .with_set(
+        "INSERT INTO email_outbox (email_id, space_id, owner)
+         SELECT w.email_id, w.space_id, w.owner::uuid
+         FROM unnest($1::text[], $2::text[], $3::text[]) AS w(email_id, space_id, owner)
+         ON CONFLICT (email_id) DO NOTHING",
+        row,
+    )
+}
+
+/// The row that the send's append inserts already claimed for this process's inline
+/// hand-off: `attempting` under a new lease token for `lease`, owned by this process, so the
+/// hand-off writes nothing before the relay is contacted (the claim is folded into the
+/// scheduling append). The lease the hand-off holds, with the guard.
+///
+/// What that costs in a crash: a process that dies after the append and before its relay
+/// exchange leaves the row `attempting`, and the outbox worker settles it as
+/// `EmailOutcomeUnknown` once the owner stops beating, as it does for a hand-off that died
+/// midway; it is never sent twice. A live process that does not hand the email off (its
+/// request was dropped, the append's answer was lost) gives the row back to `pending`
+/// ([`Unhanded`]).
+pub fn claimed_guard(email_id: &str, space_id: &str, claim: Option<(String, Uuid)>, lease: Duration) -> (Guard, Lease) {
+    let token = Uuid::now_v7();
+    let (scope_key, claim_token) = claim.clone().unzip();
+    let owner = platform::liveness::process_id();
+    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
     let row = vec![
         SetValue::Text(Some(email_id.to_owned())),
         SetValue::Text(Some(space_id.to_owned())),
         SetValue::Text(scope_key.clone()),
         SetValue::Text(claim_token.map(|token| token.to_string())),
         SetValue::Text(owner.map(|owner| owner.to_string())),
+        SetValue::Text(Some(token.to_string())),
+        SetValue::BigInt(lease_ms),
     ];
-    Guard::exactly_one(
-        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token, owner) VALUES ($1, $2, $3, $4, $5)
+    let guard = Guard::exactly_one(
+        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token, owner,
+             state, lease_token, leased_until, attempts)
+         VALUES ($1, $2, $3, $4, $5, 'attempting', $6, now() + make_interval(secs => $7::bigint / 1000.0), 1)
          ON CONFLICT (email_id) DO NOTHING",
         vec![
             Box::new(email_id.to_owned()),
@@ -44,17 +84,55 @@ pub fn insert_guard(email_id: &str, space_id: &str, claim: Option<(String, Uuid)
             Box::new(scope_key),
             Box::new(claim_token),
             Box::new(owner),
+            Box::new(token),
+            Box::new(lease_ms),
         ],
         AppendError::Conflict { code: Code::IdempotencyConflict, message: "the email id is already taken".to_owned() },
     )
     .with_set(
-        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token, owner)
-         SELECT w.email_id, w.space_id, w.scope_key, w.token::uuid, w.owner::uuid
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
-             AS w(email_id, space_id, scope_key, token, owner)
+        "INSERT INTO email_outbox (email_id, space_id, claim_scope_key, claim_token, owner,
+             state, lease_token, leased_until, attempts)
+         SELECT w.email_id, w.space_id, w.scope_key, w.token::uuid, w.owner::uuid,
+             'attempting', w.lease::uuid, now() + make_interval(secs => w.lease_ms / 1000.0), 1
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
+             AS w(email_id, space_id, scope_key, token, owner, lease, lease_ms)
          ON CONFLICT (email_id) DO NOTHING",
         row,
-    )
+    );
+    (guard, Lease { email_id: email_id.to_owned(), token, claim, attempts: 0 })
+}
+
+/// A lease taken by a send's append ([`claimed_guard`]) that no hand-off has started under
+/// yet. Dropped while armed (the request was dropped, the append failed or its answer was
+/// lost, the hand-off never began), it gives the row back: `pending` and due at once, if the
+/// append committed, so the outbox worker hands the email off (nothing went to the relay
+/// under this lease). [`Unhanded::start`] disarms it as the hand-off begins.
+pub struct Unhanded {
+    pool: Pool,
+    lease: Option<Lease>,
+}
+
+impl Unhanded {
+    pub fn new(pool: Pool, lease: Lease) -> Self {
+        Self { pool, lease: Some(lease) }
+    }
+
+    /// The lease, for a hand-off about to contact the relay: from here on the row is the
+    /// hand-off's to settle.
+    pub fn start(mut self) -> Option<Lease> {
+        self.lease.take()
+    }
+}
+
+impl Drop for Unhanded {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            // The append may still be committing: `unclaim` keeps looking for the row.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(unclaim(self.pool.clone(), lease.email_id, lease.token));
+            }
+        }
+    }
 }
 
 /// The row of a held email (`send::Scheduled::hold`): `held` until `until_ms`, when the held

@@ -162,7 +162,7 @@ fn send_email(
     let output = match held {
         None => {
             tick.streams.push(scheduled.stream);
-            tick.guards.push(outbox::insert_guard(&email_id, &tick.row.space_id, None));
+            tick.guards.push(outbox::insert_guard(&email_id, &tick.row.space_id));
             tick.guards.extend(scheduled.guards);
             tick.email = Some(scheduled.prepared);
             json!({"emailId": email_id})
