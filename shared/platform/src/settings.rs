@@ -433,7 +433,8 @@ pub struct EmailSettings {
     /// production; the crash tests use it to kill a process inside that window.
     pub handoff_delay_ms: u64,
     /// `HANDOFF_GRACE_MS`: how long the outbox worker leaves a new email to the inline
-    /// hand-off of the process that appended it before taking it over.
+    /// hand-off of the process that appended it (a released held email, to the process that
+    /// released it) before taking it over.
     pub handoff_grace_ms: u64,
     /// `OUTBOX_POLL_MS`: how often the outbox worker looks for emails to finish.
     pub outbox_poll_ms: u64,

@@ -2,7 +2,8 @@
 //! worker finishes what that left, in any number of processes:
 //! - an email still `pending` after the grace period (the process that appended it died
 //!   before its hand-off, or gave back the claim its append took, or the relay refused it
-//!   for now): claimed under a lease, rebuilt
+//!   for now; a released held email counts the grace from its release, its `next_attempt_at`):
+//!   claimed under a lease, rebuilt
 //!   from the log (its content opened with the contact's key) and handed off, with retries on
 //!   the configured schedule while the relay refuses for now or cannot be reached;
 //! - an email `attempting` whose lease ran out, or whose holder stopped beating (a hand-off

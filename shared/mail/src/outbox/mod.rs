@@ -6,6 +6,7 @@
 //! append guarded by the lease token. The inline hand-off of `POST /templates/{id}/send` and
 //! the projector's outbox worker share this.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -625,6 +626,54 @@ pub async fn parties_from_log(
     Ok(scheduled_from_log(client, email_id).await?.parties)
 }
 
+/// Emails rebuilt from the log for their hand-offs, each as [`prepare_from_log`] rebuilds
+/// one, with one read of all their `EmailScheduled` events, one of their contacts' data keys,
+/// and one of each sender and domain they name. `emails`: each email's id and when it was
+/// released (held emails). An email the log holds no scheduling of is left out (logged).
+pub async fn prepare_many_from_log(
+    client: &impl deadpool_postgres::GenericClient,
+    emails: &[(String, Option<i64>)],
+    public_base_url: &str,
+) -> anyhow::Result<Vec<Result<Prepared, Parties>>> {
+    let released: HashMap<&str, Option<i64>> = emails.iter().map(|(id, at)| (id.as_str(), *at)).collect();
+    let streams: Vec<String> = emails.iter().map(|(id, _)| domain::email::stream_id(id)).collect();
+    let statement = client
+        .prepare_cached(
+            "SELECT payload FROM events WHERE stream_id = ANY($1) AND event_type = 'EmailScheduled.v1' ORDER BY position",
+        )
+        .await?;
+    let mut events = Vec::with_capacity(emails.len());
+    for row in client.query(&statement, &[&streams]).await? {
+        if let LogEvent::EmailScheduled(event) = LogEvent::decode("EmailScheduled.v1", row.get(0))? {
+            events.push(event);
+        }
+    }
+    if events.len() < emails.len() {
+        tracing::warn!(asked = emails.len(), found = events.len(), "emails without a scheduling are not handed off");
+    }
+    let contacts: Vec<String> = events.iter().map(|event| event.contact_id.clone()).collect();
+    let keys = platform::crypto::load_keys(client, &contacts).await?;
+    let mut senders: HashMap<String, (SenderDef, DomainDef)> = HashMap::new();
+    let mut prepared = Vec::with_capacity(events.len());
+    for event in events {
+        if !senders.contains_key(&event.sender_id) {
+            let sender: SenderDef = authored(client, domain::email::resources::SENDER, &event.sender_id).await?;
+            let domain: DomainDef = authored(client, domain::email::resources::DOMAIN, &sender.domain_id).await?;
+            senders.insert(event.sender_id.clone(), (sender, domain));
+        }
+        let Some((sender, domain)) = senders.get(&event.sender_id) else { continue };
+        let parties = Parties {
+            email_id: event.email_id.clone(),
+            space_id: event.space_id.clone(),
+            contact_id: event.contact_id.clone(),
+            message_id: message::message_id(&event.email_id, &domain.name),
+        };
+        let released_at_ms = released.get(event.email_id.as_str()).copied().flatten();
+        prepared.push(prepared_from(event, sender, domain, parties, &keys, public_base_url, released_at_ms)?);
+    }
+    Ok(prepared)
+}
+
 /// An email rebuilt from the log for the outbox worker: `Err` with its parties when its
 /// content is erased (the contact was deleted before it left). `released_at_ms`: when a held
 /// email was released, its message's date (else when it was scheduled).
@@ -636,11 +685,25 @@ pub async fn prepare_from_log(
 ) -> anyhow::Result<Result<Prepared, Parties>> {
     let Scheduled { event, sender, domain, parties } = scheduled_from_log(client, email_id).await?;
     let keys = platform::crypto::load_keys(client, std::slice::from_ref(&event.contact_id)).await?;
-    let content: Option<proto::EmailContent> = platform::events::open(event.content.as_ref(), &keys)?;
+    prepared_from(event, &sender, &domain, parties, &keys, public_base_url, released_at_ms)
+}
+
+/// An email's message, built from its `EmailScheduled` with its contact's data key in `keys`
+/// (`Err` with its parties when that key is destroyed).
+fn prepared_from(
+    event: proto::EmailScheduled,
+    sender: &SenderDef,
+    domain: &DomainDef,
+    parties: Parties,
+    keys: &platform::crypto::Keys,
+    public_base_url: &str,
+    released_at_ms: Option<i64>,
+) -> anyhow::Result<Result<Prepared, Parties>> {
+    let content: Option<proto::EmailContent> = platform::events::open(event.content.as_ref(), keys)?;
     let Some(content) = content else { return Ok(Err(parties)) };
     let marketing = event.kind == "marketing";
     let dated = released_at_ms.unwrap_or(event.scheduled_at_ms);
-    let outgoing = Outgoing::new(email_id, &sender, &domain, &content, (dated, marketing), public_base_url)
+    let outgoing = Outgoing::new(&parties.email_id, sender, domain, &content, (dated, marketing), public_base_url)
         .in_language(Some(&event.locale));
-    Ok(Ok(Prepared { parties, outgoing, domain_id: sender.domain_id.clone(), domain }))
+    Ok(Ok(Prepared { parties, outgoing, domain_id: sender.domain_id.clone(), domain: domain.clone() }))
 }

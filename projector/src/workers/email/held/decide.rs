@@ -94,12 +94,14 @@ pub(super) struct Appends {
     pub(super) released: Vec<String>,
 }
 
-/// What the batch's `decided` outcomes append in `space_id` under the lease `token` at `now`.
+/// What the batch's `decided` outcomes append in `space_id` under the lease `token` at `now`;
+/// a released email is left to the outbox worker from `grace_ms` after `now` (until then it is
+/// this process's hand-offs').
 pub(super) fn appends(
     space_id: &str,
     decided: &[Outcome<'_>],
     stories: Vec<StreamAppend>,
-    token: Uuid,
+    (token, grace_ms): (Uuid, i64),
     now: i64,
 ) -> Appends {
     let mut streams = stories;
@@ -153,7 +155,7 @@ pub(super) fn appends(
     }
     let guards = outcome_guards(
         token,
-        now,
+        (now, now + grace_ms),
         (&released, &sent_contacts, &sent_topics, &sent_seqs),
         (&held, &untils),
         (&skipped, &reasons),
@@ -180,11 +182,11 @@ pub(super) fn chunks(due: Vec<Due>) -> Vec<(String, Vec<Due>)> {
 }
 
 /// The guards of a batch's outcomes, each under the batch's lease `token`: released rows back
-/// to `pending` and counted against the caps, held ones moved on, skipped ones `skipped`; a
-/// broadcast recipient follows its email.
+/// to `pending` (due to the outbox worker at `handed_ms`) and counted against the caps at
+/// `now`, held ones moved on, skipped ones `skipped`; a broadcast recipient follows its email.
 fn outcome_guards(
     token: Uuid,
-    now: i64,
+    (now, handed_ms): (i64, i64),
     (released, contacts, topics, seqs): (&[String], &[String], &[String], &[i64]),
     (held, untils): (&[String], &[i64]),
     (skipped, reasons): (&[String], &[String]),
@@ -197,10 +199,10 @@ fn outcome_guards(
     let mut guards = Vec::new();
     if !released.is_empty() {
         guards.push(Guard {
-            sql: "UPDATE email_outbox SET state = 'pending', next_attempt_at = now(), leased_until = NULL,
-                      lease_token = NULL
+            sql: "UPDATE email_outbox SET state = 'pending', next_attempt_at = to_timestamp($3::bigint / 1000.0),
+                      leased_until = NULL, lease_token = NULL
                   WHERE email_id = ANY($1) AND lease_token = $2 AND state = 'held'",
-            params: vec![Box::new(released.to_vec()), Box::new(token)],
+            params: vec![Box::new(released.to_vec()), Box::new(token), Box::new(handed_ms)],
             conflict: lost(),
             expect_rows: count(released),
             set: None,
@@ -347,7 +349,7 @@ mod tests {
         let mut recipients = consenting();
         let decided = decide(&emails, &templates(None), &mut recipients, NOW);
         assert_eq!(gates(&decided), ["em_1 released at 0"]);
-        let appends = appends("spc_1", &decided, Vec::new(), Uuid::nil(), NOW);
+        let appends = appends("spc_1", &decided, Vec::new(), (Uuid::nil(), 10_000), NOW);
         assert_eq!(types(&appends), ["EmailReleased.v1"]);
         assert_eq!(appends.released, ["em_1"]);
         assert!(appends.guards[0].sql.contains("SET state = 'pending'"), "{}", appends.guards[0].sql);
@@ -362,7 +364,7 @@ mod tests {
         let decided = decide(&emails, &templates(Some(policy)), &mut consenting(), NOW);
         let noon = NOW + 2 * 3_600_000;
         assert_eq!(gates(&decided), [format!("em_1 held by quiet_hours until {noon}")]);
-        let appends = appends("spc_1", &decided, Vec::new(), Uuid::nil(), NOW);
+        let appends = appends("spc_1", &decided, Vec::new(), (Uuid::nil(), 10_000), NOW);
         assert_eq!(types(&appends), ["EmailHeld.v1"]);
         assert!(appends.released.is_empty());
         assert!(appends.guards[0].sql.contains("SET next_attempt_at"), "the row's time moves on");
@@ -375,7 +377,7 @@ mod tests {
         let emails = [held("em_1")];
         let decided = decide(&emails, &templates(None), &mut recipients, NOW);
         assert_eq!(gates(&decided), ["em_1 skipped by suppressed"]);
-        let appends = appends("spc_1", &decided, Vec::new(), Uuid::nil(), NOW);
+        let appends = appends("spc_1", &decided, Vec::new(), (Uuid::nil(), 10_000), NOW);
         assert!(types(&appends).is_empty(), "the shell loads and appends the EmailSkipped story");
         assert!(appends.guards[0].sql.contains("SET state = 'skipped'"));
     }

@@ -8,7 +8,12 @@
 //!   frequency caps from now; then queued for this process's hand-off tasks, which hand it to
 //!   the relay like a broadcast's email, a bounded number at once (the step does not wait for
 //!   them, so releases keep their time however slow the relay; one the queue cannot take, or
-//!   a dead process left, is `pending` and old, and the outbox worker finishes it);
+//!   a dead process left, is `pending`, and the outbox worker finishes it once the hand-off
+//!   grace from its release has passed). Releases
+//!   come first: while a step finds a full batch due, the hand-off tasks wait, and the
+//!   messages follow at the relay's pace once every due email is decided. A task takes its
+//!   share of the queue at once and rebuilds those messages from the log together
+//!   (`outbox::prepare_many_from_log`), then claims and sends each in turn;
 //! - **hold**: `EmailHeld` again, the row's time moved on;
 //! - **skip**: `EmailSkipped` ends the email's stream (the gate and the fact that decided),
 //!   the row `skipped`, a broadcast recipient `skipped` and counted into its run.
@@ -56,10 +61,17 @@ pub(crate) struct Held {
     poll: Duration,
     /// Released emails (id, release time) for the hand-off tasks.
     queue: tokio::sync::mpsc::Sender<(String, i64)>,
+    /// Whether due emails are waiting to be decided (the hand-off tasks wait meanwhile).
+    releasing: tokio::sync::watch::Sender<bool>,
+    /// How long a released email is this process's to hand off before the outbox worker's.
+    grace_ms: i64,
 }
 
 /// Released emails waiting for a hand-off task, at most.
 const QUEUED: usize = 100_000;
+
+/// Released emails one hand-off task takes from the queue at once, at most.
+const TAKEN: usize = 32;
 
 /// What the released emails' hand-offs share.
 struct HandOffs {
@@ -93,16 +105,32 @@ impl Held {
         });
         let (queue, released) = tokio::sync::mpsc::channel::<(String, i64)>(QUEUED);
         let released = Arc::new(tokio::sync::Mutex::new(released));
-        for _ in 0..settings.broadcasts.handoffs.max(1) {
+        let (releasing, _) = tokio::sync::watch::channel(false);
+        let tasks = settings.broadcasts.handoffs.max(1);
+        for _ in 0..tasks {
             let (handoffs, released) = (Arc::clone(&handoffs), Arc::clone(&released));
+            let mut decided = releasing.subscribe();
             tokio::spawn(async move {
+                let mut taken = Vec::with_capacity(TAKEN);
                 loop {
-                    let next = released.lock().await.recv().await;
-                    let Some((email_id, released_at_ms)) = next else { return };
-                    if let Err(error) = handoffs.hand_off(&email_id, released_at_ms).await {
-                        tracing::warn!(email = %email_id, error = %format!("{error:#}"),
-                            "a released email is left to the outbox worker");
+                    // Releases first: the tasks wait while due emails are being decided.
+                    if decided.wait_for(|releasing| !releasing).await.is_err() {
+                        return;
                     }
+                    {
+                        let mut released = released.lock().await;
+                        // Its share of what is queued, so that a few released emails are not
+                        // sent one after another by one task while the others wait.
+                        let share = (released.len() / tasks).clamp(1, TAKEN);
+                        if released.recv_many(&mut taken, share).await == 0 {
+                            return;
+                        }
+                    }
+                    if let Err(error) = handoffs.hand_off(&taken).await {
+                        tracing::warn!(emails = taken.len(), error = %format!("{error:#}"),
+                            "released emails are left to the outbox worker");
+                    }
+                    taken.clear();
                 }
             });
         }
@@ -113,13 +141,18 @@ impl Held {
             // Held sends keep their time: a due one is looked for (on its index) at least every 100 ms.
             poll: Duration::from_millis(settings.email.outbox_poll_ms.clamp(10, 100)),
             queue,
+            releasing,
+            grace_ms: i64::try_from(settings.email.handoff_grace_ms).unwrap_or(i64::MAX),
         })
     }
 
     async fn run(&self) -> anyhow::Result<Outcome> {
         let counted = self.count_runs().await?;
         let token = Uuid::now_v7();
-        let due = self.lease_due(token).await?;
+        let due = self.lease_due(token).await;
+        // A full batch: more may be due, and the hand-offs wait until a step finds fewer.
+        self.releasing.send_replace(matches!(&due, Ok(due) if due.len() >= BATCH as usize));
+        let due = due?;
         if due.is_empty() {
             return Ok(if counted { Outcome::Progressed } else { Outcome::Idle });
         }
@@ -230,10 +263,12 @@ impl Held {
         let decided = decide::decide(emails, &templates, &mut recipients, now);
         let stories = self.stories(&client, space_id, &templates, &recipients, &decided, now).await?;
         drop(client);
-        let Appends { streams, guards, released } = decide::appends(space_id, &decided, stories, token, now);
+        let Appends { streams, guards, released } =
+            decide::appends(space_id, &decided, stories, (token, self.grace_ms), now);
         self.log.append(AppendRequest::in_space(space_id, streams, guards)).await?;
         for email_id in released {
-            // A full queue leaves the email to the outbox worker (it is `pending` and old).
+            // A full queue leaves the email to the outbox worker (it is `pending`, due to it
+            // after the grace).
             if self.queue.try_send((email_id, now)).is_err() {
                 break;
             }
@@ -341,14 +376,30 @@ impl Held {
 }
 
 impl HandOffs {
-    async fn hand_off(&self, email_id: &str, released_at_ms: i64) -> anyhow::Result<()> {
+    /// Rebuilds the `released` emails' messages together, then claims and sends each in turn.
+    async fn hand_off(&self, released: &[(String, i64)]) -> anyhow::Result<()> {
+        let emails: Vec<(String, Option<i64>)> = released.iter().map(|(id, at)| (id.clone(), Some(*at))).collect();
         let client = self.pool.get().await?;
-        let prepared = outbox::prepare_from_log(&client, email_id, &self.public_base_url, Some(released_at_ms)).await?;
+        let prepared = outbox::prepare_many_from_log(&client, &emails, &self.public_base_url).await?;
         drop(client);
-        // Erased since: the outbox worker records it.
-        let Ok(prepared) = prepared else { return Ok(()) };
-        if let Some(lease) = self.claims.claim(email_id, self.lease).await? {
-            outbox::hand_off(&self.pool, &self.log, &self.mailer, &lease, &prepared, Some(&self.retry_schedule)).await;
+        // One erased since is left to the outbox worker, which records it.
+        for prepared in prepared.into_iter().flatten() {
+            match self.claims.claim(&prepared.parties.email_id, self.lease).await {
+                Ok(Some(lease)) => {
+                    outbox::hand_off(
+                        &self.pool,
+                        &self.log,
+                        &self.mailer,
+                        &lease,
+                        &prepared,
+                        Some(&self.retry_schedule),
+                    )
+                    .await;
+                }
+                Ok(None) => {}
+                Err(error) => tracing::warn!(email = %prepared.parties.email_id, error = %format!("{error:#}"),
+                    "a released email is left to the outbox worker"),
+            }
         }
         Ok(())
     }
