@@ -1992,6 +1992,8 @@ async fn a_held_send_waits_for_its_time_is_decided_again_then_and_is_sent_once_o
         .await;
     assert_eq!(moved.status, 200, "{:?}", moved.body);
     app.wait_for_projections().await;
+    // Two seconds on, so that a message dated at its scheduling would show it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     make_due(&app, &email_id).await;
     let story = story_when(&app, &email_id, "sent").await;
     let kinds: Vec<&str> =
@@ -2000,6 +2002,13 @@ async fn a_held_send_waits_for_its_time_is_decided_again_then_and_is_sent_once_o
     assert_eq!(story["notBefore"], Value::Null);
     let messages = sink.wait_for(1, WAIT).await;
     assert_eq!(messages[0]["rcptTo"][0], "night@example.com");
+    // Its message is dated at its release, not at its scheduling.
+    let instant = |text: &str| chrono::DateTime::parse_from_rfc3339(text).expect("a time").timestamp();
+    let released_at = instant(story["timeline"][3]["at"].as_str().expect("released at"));
+    let date = messages[0]["headers"]["date"][0].as_str().expect("a Date header");
+    let dated = chrono::DateTime::parse_from_rfc2822(date).expect("an RFC 5322 date").timestamp();
+    assert!((dated - released_at).abs() <= 1, "{date} is its release, {}", story["timeline"][3]["at"]);
+    assert!(dated - instant(story["timeline"][0]["at"].as_str().expect("scheduled at")) >= 2, "{date}");
 
     // Released, it counts against the cap: the next marketing send to the contact is held
     // until the released one leaves the two-hour window.

@@ -119,7 +119,9 @@ impl HaCluster {
             r#"echo "stopped $(grep -a 'Transition complete: current state is now "demote_timeout"' "$HA_DIR/node{node}.log" | tail -n 1 | cut -c1-8)"
                echo "promoted $(ha_monitor_sql "SELECT to_char(eventtime, 'HH24:MI:SS') FROM pgautofailover.event
                  WHERE description LIKE '%to wait_primary and %after the demote timeout expired%'
-                 ORDER BY eventid DESC LIMIT 1")""#
+                 ORDER BY eventid DESC LIMIT 1")"
+               echo "what node{node}'s keeper said of it:"
+               grep -a -i 'partition\|standby\|transition\|demote\|network' "$HA_DIR/node{node}.log" | tail -n 30"#
         ));
         let text = String::from_utf8_lossy(&output.stdout).to_string();
         let time_of = |label: &str| -> Option<i64> {
@@ -130,8 +132,8 @@ impl HaCluster {
                 _ => None,
             }
         };
-        let stopped = time_of("stopped ").ok_or_else(|| format!("node{node} never demoted itself: {text:?}"))?;
-        let promoted = time_of("promoted ").ok_or_else(|| format!("no promotion after a demote timeout: {text:?}"))?;
+        let stopped = time_of("stopped ").ok_or_else(|| format!("node{node} never demoted itself:\n{text}"))?;
+        let promoted = time_of("promoted ").ok_or_else(|| format!("no promotion after a demote timeout:\n{text}"))?;
         // Across midnight, the times of day wrap.
         let gap = (promoted - stopped).rem_euclid(86_400);
         Ok(if gap > 43_200 { gap - 86_400 } else { gap })

@@ -55,7 +55,7 @@
 //!    count, and `pending → scheduled` of the recipient. The appends go concurrently, so the
 //!    batcher writes them in few transactions. A recipient decided before (by a process that
 //!    died after its append) fails its guard: no email is appended twice. The batch's emails
-//!    are then handed to the relay (`outbox::claim` and `hand_off`), a bounded number at once
+//!    are then handed to the relay (`outbox::Claims` and `hand_off`), a bounded number at once
 //!    across steps: a step returns once its last hand-off has started, so the next batch is
 //!    decided while this one is sent. Each email is claimed only when its hand-off starts; one
 //!    a dead process left is finished by the email outbox worker, which never sends twice. The

@@ -16,12 +16,13 @@
 //!
 //! An email whose contact was erased before it left fails with `recipient_erased`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use futures_util::future::join_all;
 use mail::mailer::Mailer;
-use mail::outbox::{self, Handed, Lease, Parties};
+use mail::outbox::{self, Handed, Lease, Parties, Prepared};
 use platform::log::EventLog;
 use platform::settings::Settings;
 use uuid::Uuid;
@@ -80,8 +81,38 @@ impl Outbox {
         let abandoned = self.settle_abandoned().await?;
         let due = self.claim_due().await?;
         let progressed = abandoned > 0 || !due.is_empty();
-        join_all(due.iter().map(|lease| self.hand_off(lease))).await.into_iter().collect::<anyhow::Result<()>>()?;
+        let mut prepared = match self.prepare(&due).await {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                // Nothing was handed over: give the emails back rather than hold them to the
+                // lease's end (a retry of a send would wait that long).
+                join_all(due.iter().map(|lease| outbox::release(&self.pool, lease))).await;
+                return Err(error);
+            }
+        };
+        let handed = due.iter().map(|lease| self.hand_off(lease, prepared.remove(&lease.email_id)));
+        join_all(handed).await.into_iter().collect::<anyhow::Result<()>>()?;
         Ok(if progressed { Outcome::Progressed } else { Outcome::Idle })
+    }
+
+    /// The claimed emails' messages, rebuilt from the log together, by email.
+    async fn prepare(&self, due: &[Lease]) -> anyhow::Result<HashMap<String, Result<Prepared, Parties>>> {
+        if due.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let email_ids: Vec<String> = due.iter().map(|lease| lease.email_id.clone()).collect();
+        let client = self.pool.get().await?;
+        let prepared = outbox::prepare_many_from_log(&client, &email_ids, &self.settings.public_base_url).await?;
+        Ok(prepared
+            .into_iter()
+            .map(|prepared| {
+                let email_id = match &prepared {
+                    Ok(prepared) => prepared.parties.email_id.clone(),
+                    Err(parties) => parties.email_id.clone(),
+                };
+                (email_id, prepared)
+            })
+            .collect())
     }
 
     /// Takes over hand-offs whose lease ran out or whose holder died, and records their
@@ -130,32 +161,18 @@ impl Outbox {
         let grace = Duration::from_millis(self.settings.handoff_grace_ms).as_secs_f64();
         let statement = client.prepare_cached(&DUE).await?;
         let dead_after = platform::liveness::DEAD_AFTER.as_secs_f64();
-        let rows = client.query(&statement, &[&grace, &BATCH, &dead_after]).await?;
+        let email_ids: Vec<String> =
+            client.query(&statement, &[&grace, &BATCH, &dead_after]).await?.into_iter().map(|row| row.get(0)).collect();
         drop(client);
-        let mut leases = Vec::new();
-        for row in rows {
-            let email_id: String = row.get(0);
-            if let Some(lease) = outbox::claim(&self.pool, &email_id, self.lease).await? {
-                leases.push(lease);
-            }
-        }
-        Ok(leases)
+        outbox::claim_many(&self.pool, &email_ids, self.lease).await
     }
 
-    async fn hand_off(&self, lease: &Lease) -> anyhow::Result<()> {
-        let prepared = async {
-            let client = self.pool.get().await?;
-            outbox::prepare_from_log(&client, &lease.email_id, &self.settings.public_base_url, None).await
-        }
-        .await;
-        let prepared = match prepared {
-            Ok(prepared) => prepared,
-            Err(error) => {
-                // Nothing was handed over: give the email back rather than hold it to the
-                // lease's end (a retry of its send would wait that long).
-                outbox::release(&self.pool, lease).await;
-                return Err(error);
-            }
+    /// Hands off the email of `lease`, as `prepared` rebuilt it (`None`: the log holds no
+    /// scheduling of it, and it is given back).
+    async fn hand_off(&self, lease: &Lease, prepared: Option<Result<Prepared, Parties>>) -> anyhow::Result<()> {
+        let Some(prepared) = prepared else {
+            outbox::release(&self.pool, lease).await;
+            anyhow::bail!("email {} has no EmailScheduled event", lease.email_id);
         };
         match prepared {
             Ok(prepared) => {

@@ -172,41 +172,6 @@ pub struct Lease {
     pub attempts: i32,
 }
 
-/// Claims a `pending` email for `lease`; `None` when another hand-off has it or it is done.
-/// When the claim's answer is lost (the database went away), the claim may have been made
-/// all the same: it is withdrawn in the background ([`unclaim`]), so the email is not left
-/// `attempting` under a live process that is not handing it off.
-pub async fn claim(pool: &Pool, email_id: &str, lease: Duration) -> anyhow::Result<Option<Lease>> {
-    let started = std::time::Instant::now();
-    let token = Uuid::now_v7();
-    let claimed = claim_one(pool, email_id, lease, token).await;
-    if claimed.is_err() {
-        tokio::spawn(unclaim(pool.clone(), email_id.to_owned(), token));
-    }
-    metrics::histogram!("email_handoff_phase_seconds", "phase" => "claim").record(started.elapsed().as_secs_f64());
-    claimed
-}
-
-async fn claim_one(pool: &Pool, email_id: &str, lease: Duration, token: Uuid) -> anyhow::Result<Option<Lease>> {
-    let client = pool.get().await?;
-    let statement = client
-        .prepare_cached(
-            "UPDATE email_outbox SET state = 'attempting', lease_token = $2,
-                 leased_until = now() + make_interval(secs => $3), attempts = attempts + 1, owner = $4
-             WHERE email_id = $1 AND state = 'pending'
-             RETURNING claim_scope_key, claim_token, attempts - 1",
-        )
-        .await?;
-    let owner = platform::liveness::process_id();
-    let row = client.query_opt(&statement, &[&email_id, &token, &lease.as_secs_f64(), &owner]).await?;
-    Ok(row.map(|row| Lease {
-        email_id: email_id.to_owned(),
-        token,
-        claim: row.get::<_, Option<String>>(0).zip(row.get::<_, Option<Uuid>>(1)),
-        attempts: row.get(2),
-    }))
-}
-
 /// How long a live process keeps trying to settle a hand-off it holds while the database is
 /// away (record its outcome, queue it again, or withdraw a claim whose answer was lost),
 /// before it leaves the row to its lease's end. Shorter than any lease
@@ -265,10 +230,31 @@ pub async fn release(pool: &Pool, lease: &Lease) {
     unclaim(pool.clone(), lease.email_id.clone(), lease.token).await;
 }
 
+/// Claims every one of `email_ids` that is `pending`, each under a token of its own, in one
+/// statement: the leases of those claimed (one another hand-off has, or that is done, is not).
+/// When the statement's answer is lost (the database went away), the claims may have been
+/// made all the same: they are withdrawn in the background ([`unclaim`]), so no email is left
+/// `attempting` under a live process that is not handing it off.
+pub async fn claim_many(pool: &Pool, email_ids: &[String], lease: Duration) -> anyhow::Result<Vec<Lease>> {
+    if email_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let jobs: Vec<(String, Duration, Uuid)> = email_ids.iter().map(|id| (id.clone(), lease, Uuid::now_v7())).collect();
+    match claim_set(pool, &jobs).await {
+        Ok(leases) => Ok(leases.into_iter().flatten().collect()),
+        Err(error) => {
+            for (email_id, _, token) in jobs {
+                tokio::spawn(unclaim(pool.clone(), email_id, token));
+            }
+            Err(error)
+        }
+    }
+}
+
 /// Hand-off claims made together (`platform::batch`): the claims that concurrent hand-offs of a
 /// process ask for while one statement runs are made by the next, in one transaction. Each
 /// email is still claimed only when its own hand-off is about to start, so what a claim means
-/// does not change ([`claim`]); only the commits are shared.
+/// does not change ([`claim_many`]); only the commits are shared.
 #[derive(Clone)]
 pub struct Claims {
     batcher: platform::batch::Batcher<(String, Duration, Uuid), Option<Lease>>,
@@ -288,8 +274,8 @@ impl Claims {
         Self { batcher, pool }
     }
 
-    /// [`claim`], made with the claims other hand-offs ask for meanwhile (and, like it,
-    /// withdrawn when its answer is lost).
+    /// One email's claim, as [`claim_many`] makes it, made with the claims other hand-offs
+    /// ask for meanwhile (and, like it, withdrawn when its answer is lost).
     pub async fn claim(&self, email_id: &str, lease: Duration) -> anyhow::Result<Option<Lease>> {
         let started = std::time::Instant::now();
         let token = Uuid::now_v7();
@@ -574,15 +560,6 @@ async fn authored<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// An email's scheduling as the log holds it, with its sender, its domain and who it
-/// concerns (no personal data opened).
-struct Scheduled {
-    event: proto::EmailScheduled,
-    sender: SenderDef,
-    domain: DomainDef,
-    parties: Parties,
-}
-
 /// The `EmailScheduled` of email `email_id`; `None` when the log holds no such email.
 pub async fn scheduled_event(
     client: &impl deadpool_postgres::GenericClient,
@@ -600,56 +577,57 @@ pub async fn scheduled_event(
     }
 }
 
-async fn scheduled_from_log(
+/// Who an email concerns, from the log (to record its outcome without sending it): as its
+/// `EmailScheduled` and its sender's domain name it.
+pub async fn parties_from_log(
     client: &impl deadpool_postgres::GenericClient,
     email_id: &str,
-) -> anyhow::Result<Scheduled> {
+) -> anyhow::Result<Parties> {
     let event = scheduled_event(client, email_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("email {email_id} has no EmailScheduled event"))?;
     let sender: SenderDef = authored(client, domain::email::resources::SENDER, &event.sender_id).await?;
     let domain: DomainDef = authored(client, domain::email::resources::DOMAIN, &sender.domain_id).await?;
-    let parties = Parties {
+    Ok(Parties {
         email_id: email_id.to_owned(),
-        space_id: event.space_id.clone(),
-        contact_id: event.contact_id.clone(),
+        space_id: event.space_id,
+        contact_id: event.contact_id,
         message_id: message::message_id(email_id, &domain.name),
-    };
-    Ok(Scheduled { event, sender, domain, parties })
+    })
 }
 
-/// Who an email concerns, from the log (to record its outcome without sending it).
-pub async fn parties_from_log(
-    client: &impl deadpool_postgres::GenericClient,
-    email_id: &str,
-) -> anyhow::Result<Parties> {
-    Ok(scheduled_from_log(client, email_id).await?.parties)
-}
-
-/// Emails rebuilt from the log for their hand-offs, each as [`prepare_from_log`] rebuilds
-/// one, with one read of all their `EmailScheduled` events, one of their contacts' data keys,
-/// and one of each sender and domain they name. `emails`: each email's id and when it was
-/// released (held emails). An email the log holds no scheduling of is left out (logged).
+/// Emails rebuilt from the log for their hand-offs, with one read of all their
+/// `EmailScheduled` and `EmailReleased` events, one of their contacts' data keys, and one of
+/// each sender and domain they name: `Err` with its parties for one whose content is erased
+/// (its contact was deleted before it left). A released email's message is dated at its
+/// release, any other at its scheduling. An email the log holds no scheduling of is left out
+/// (logged).
 pub async fn prepare_many_from_log(
     client: &impl deadpool_postgres::GenericClient,
-    emails: &[(String, Option<i64>)],
+    email_ids: &[String],
     public_base_url: &str,
 ) -> anyhow::Result<Vec<Result<Prepared, Parties>>> {
-    let released: HashMap<&str, Option<i64>> = emails.iter().map(|(id, at)| (id.as_str(), *at)).collect();
-    let streams: Vec<String> = emails.iter().map(|(id, _)| domain::email::stream_id(id)).collect();
+    let streams: Vec<String> = email_ids.iter().map(|id| domain::email::stream_id(id)).collect();
     let statement = client
         .prepare_cached(
-            "SELECT payload FROM events WHERE stream_id = ANY($1) AND event_type = 'EmailScheduled.v1' ORDER BY position",
+            "SELECT event_type, payload FROM events
+             WHERE stream_id = ANY($1) AND event_type IN ('EmailScheduled.v1', 'EmailReleased.v1')
+             ORDER BY position",
         )
         .await?;
-    let mut events = Vec::with_capacity(emails.len());
+    let mut events = Vec::with_capacity(email_ids.len());
+    let mut released: HashMap<String, i64> = HashMap::new();
     for row in client.query(&statement, &[&streams]).await? {
-        if let LogEvent::EmailScheduled(event) = LogEvent::decode("EmailScheduled.v1", row.get(0))? {
-            events.push(event);
+        match LogEvent::decode(row.get(0), row.get(1))? {
+            LogEvent::EmailScheduled(event) => events.push(event),
+            LogEvent::EmailReleased(event) => {
+                released.insert(event.email_id, event.at_ms);
+            }
+            _ => {}
         }
     }
-    if events.len() < emails.len() {
-        tracing::warn!(asked = emails.len(), found = events.len(), "emails without a scheduling are not handed off");
+    if events.len() < email_ids.len() {
+        tracing::warn!(asked = email_ids.len(), found = events.len(), "emails without a scheduling are not handed off");
     }
     let contacts: Vec<String> = events.iter().map(|event| event.contact_id.clone()).collect();
     let keys = platform::crypto::load_keys(client, &contacts).await?;
@@ -668,24 +646,10 @@ pub async fn prepare_many_from_log(
             contact_id: event.contact_id.clone(),
             message_id: message::message_id(&event.email_id, &domain.name),
         };
-        let released_at_ms = released.get(event.email_id.as_str()).copied().flatten();
+        let released_at_ms = released.get(&event.email_id).copied();
         prepared.push(prepared_from(event, sender, domain, parties, &keys, public_base_url, released_at_ms)?);
     }
     Ok(prepared)
-}
-
-/// An email rebuilt from the log for the outbox worker: `Err` with its parties when its
-/// content is erased (the contact was deleted before it left). `released_at_ms`: when a held
-/// email was released, its message's date (else when it was scheduled).
-pub async fn prepare_from_log(
-    client: &impl deadpool_postgres::GenericClient,
-    email_id: &str,
-    public_base_url: &str,
-    released_at_ms: Option<i64>,
-) -> anyhow::Result<Result<Prepared, Parties>> {
-    let Scheduled { event, sender, domain, parties } = scheduled_from_log(client, email_id).await?;
-    let keys = platform::crypto::load_keys(client, std::slice::from_ref(&event.contact_id)).await?;
-    prepared_from(event, &sender, &domain, parties, &keys, public_base_url, released_at_ms)
 }
 
 /// An email's message, built from its `EmailScheduled` with its contact's data key in `keys`

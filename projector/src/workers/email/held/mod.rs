@@ -59,8 +59,8 @@ pub(crate) struct Held {
     log: EventLog,
     lease: Duration,
     poll: Duration,
-    /// Released emails (id, release time) for the hand-off tasks.
-    queue: tokio::sync::mpsc::Sender<(String, i64)>,
+    /// Released emails for the hand-off tasks.
+    queue: tokio::sync::mpsc::Sender<String>,
     /// Whether due emails are waiting to be decided (the hand-off tasks wait meanwhile).
     releasing: tokio::sync::watch::Sender<bool>,
     /// How long a released email is this process's to hand off before the outbox worker's.
@@ -103,7 +103,7 @@ impl Held {
             retry_schedule: settings.email.retry_schedule_ms.clone(),
             public_base_url: settings.email.public_base_url.clone(),
         });
-        let (queue, released) = tokio::sync::mpsc::channel::<(String, i64)>(QUEUED);
+        let (queue, released) = tokio::sync::mpsc::channel::<String>(QUEUED);
         let released = Arc::new(tokio::sync::Mutex::new(released));
         let (releasing, _) = tokio::sync::watch::channel(false);
         let tasks = settings.broadcasts.handoffs.max(1);
@@ -269,7 +269,7 @@ impl Held {
         for email_id in released {
             // A full queue leaves the email to the outbox worker (it is `pending`, due to it
             // after the grace).
-            if self.queue.try_send((email_id, now)).is_err() {
+            if self.queue.try_send(email_id).is_err() {
                 break;
             }
         }
@@ -377,10 +377,9 @@ impl Held {
 
 impl HandOffs {
     /// Rebuilds the `released` emails' messages together, then claims and sends each in turn.
-    async fn hand_off(&self, released: &[(String, i64)]) -> anyhow::Result<()> {
-        let emails: Vec<(String, Option<i64>)> = released.iter().map(|(id, at)| (id.clone(), Some(*at))).collect();
+    async fn hand_off(&self, released: &[String]) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
-        let prepared = outbox::prepare_many_from_log(&client, &emails, &self.public_base_url).await?;
+        let prepared = outbox::prepare_many_from_log(&client, released, &self.public_base_url).await?;
         drop(client);
         // One erased since is left to the outbox worker, which records it.
         for prepared in prepared.into_iter().flatten() {
