@@ -167,12 +167,12 @@ impl Outbox {
         outbox::claim_many(&self.pool, &email_ids, self.lease).await
     }
 
-    /// Hands off the email of `lease`, as `prepared` rebuilt it (`None`: the log holds no
-    /// scheduling of it, and it is given back).
+    /// Hands off the email of `lease`, as `prepared` rebuilt it (`None`: it could not be
+    /// rebuilt, and it is given back).
     async fn hand_off(&self, lease: &Lease, prepared: Option<Result<Prepared, Parties>>) -> anyhow::Result<()> {
         let Some(prepared) = prepared else {
             outbox::release(&self.pool, lease).await;
-            anyhow::bail!("email {} has no EmailScheduled event", lease.email_id);
+            anyhow::bail!("email {} could not be rebuilt from the log", lease.email_id);
         };
         match prepared {
             Ok(prepared) => {

@@ -600,8 +600,9 @@ pub async fn parties_from_log(
 /// `EmailScheduled` and `EmailReleased` events, one of their contacts' data keys, and one of
 /// each sender and domain they name: `Err` with its parties for one whose content is erased
 /// (its contact was deleted before it left). A released email's message is dated at its
-/// release, any other at its scheduling. An email the log holds no scheduling of is left out
-/// (logged).
+/// release, any other at its scheduling. An email that cannot be rebuilt (no scheduling in
+/// the log, a sender that cannot be read, content that cannot be opened) is left out and
+/// logged, so that it does not hold back the others.
 pub async fn prepare_many_from_log(
     client: &impl deadpool_postgres::GenericClient,
     email_ids: &[String],
@@ -631,15 +632,26 @@ pub async fn prepare_many_from_log(
     }
     let contacts: Vec<String> = events.iter().map(|event| event.contact_id.clone()).collect();
     let keys = platform::crypto::load_keys(client, &contacts).await?;
-    let mut senders: HashMap<String, (SenderDef, DomainDef)> = HashMap::new();
+    let mut senders: HashMap<String, Option<(SenderDef, DomainDef)>> = HashMap::new();
     let mut prepared = Vec::with_capacity(events.len());
     for event in events {
         if !senders.contains_key(&event.sender_id) {
-            let sender: SenderDef = authored(client, domain::email::resources::SENDER, &event.sender_id).await?;
-            let domain: DomainDef = authored(client, domain::email::resources::DOMAIN, &sender.domain_id).await?;
-            senders.insert(event.sender_id.clone(), (sender, domain));
+            let found = async {
+                let sender: SenderDef = authored(client, domain::email::resources::SENDER, &event.sender_id).await?;
+                let domain: DomainDef = authored(client, domain::email::resources::DOMAIN, &sender.domain_id).await?;
+                anyhow::Ok((sender, domain))
+            }
+            .await;
+            let found = found
+                .inspect_err(|error| {
+                    tracing::warn!(sender = %event.sender_id, error = %format!("{error:#}"),
+                    "emails of a sender that cannot be read are not handed off")
+                })
+                .ok();
+            senders.insert(event.sender_id.clone(), found);
         }
-        let Some((sender, domain)) = senders.get(&event.sender_id) else { continue };
+        // One that cannot be rebuilt is left out, and the others go.
+        let Some(Some((sender, domain))) = senders.get(&event.sender_id) else { continue };
         let parties = Parties {
             email_id: event.email_id.clone(),
             space_id: event.space_id.clone(),
@@ -647,7 +659,12 @@ pub async fn prepare_many_from_log(
             message_id: message::message_id(&event.email_id, &domain.name),
         };
         let released_at_ms = released.get(&event.email_id).copied();
-        prepared.push(prepared_from(event, sender, domain, parties, &keys, public_base_url, released_at_ms)?);
+        let email_id = event.email_id.clone();
+        match prepared_from(event, sender, domain, parties, &keys, public_base_url, released_at_ms) {
+            Ok(email) => prepared.push(email),
+            Err(error) => tracing::warn!(email = %email_id, error = %format!("{error:#}"),
+                "an email whose content cannot be opened is not handed off"),
+        }
     }
     Ok(prepared)
 }
