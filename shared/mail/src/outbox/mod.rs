@@ -586,14 +586,28 @@ pub async fn parties_from_log(
     let event = scheduled_event(client, email_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("email {email_id} has no EmailScheduled event"))?;
-    let sender: SenderDef = authored(client, domain::email::resources::SENDER, &event.sender_id).await?;
+    let (_, domain) = sender_of(client, &event.sender_id).await?;
+    Ok(parties_of(&event, &domain))
+}
+
+/// Sender `sender_id` and its domain, as the log defines them now.
+async fn sender_of(
+    client: &impl deadpool_postgres::GenericClient,
+    sender_id: &str,
+) -> anyhow::Result<(SenderDef, DomainDef)> {
+    let sender: SenderDef = authored(client, domain::email::resources::SENDER, sender_id).await?;
     let domain: DomainDef = authored(client, domain::email::resources::DOMAIN, &sender.domain_id).await?;
-    Ok(Parties {
-        email_id: email_id.to_owned(),
-        space_id: event.space_id,
-        contact_id: event.contact_id,
-        message_id: message::message_id(email_id, &domain.name),
-    })
+    Ok((sender, domain))
+}
+
+/// Who the email `event` schedules concerns, its message sent from `domain`.
+fn parties_of(event: &proto::EmailScheduled, domain: &DomainDef) -> Parties {
+    Parties {
+        email_id: event.email_id.clone(),
+        space_id: event.space_id.clone(),
+        contact_id: event.contact_id.clone(),
+        message_id: message::message_id(&event.email_id, &domain.name),
+    }
 }
 
 /// Emails rebuilt from the log for their hand-offs, with one read of all their
@@ -636,13 +650,8 @@ pub async fn prepare_many_from_log(
     let mut prepared = Vec::with_capacity(events.len());
     for event in events {
         if !senders.contains_key(&event.sender_id) {
-            let found = async {
-                let sender: SenderDef = authored(client, domain::email::resources::SENDER, &event.sender_id).await?;
-                let domain: DomainDef = authored(client, domain::email::resources::DOMAIN, &sender.domain_id).await?;
-                anyhow::Ok((sender, domain))
-            }
-            .await;
-            let found = found
+            let found = sender_of(client, &event.sender_id)
+                .await
                 .inspect_err(|error| {
                     tracing::warn!(sender = %event.sender_id, error = %format!("{error:#}"),
                     "emails of a sender that cannot be read are not handed off")
@@ -652,39 +661,31 @@ pub async fn prepare_many_from_log(
         }
         // One that cannot be rebuilt is left out, and the others go.
         let Some(Some((sender, domain))) = senders.get(&event.sender_id) else { continue };
-        let parties = Parties {
-            email_id: event.email_id.clone(),
-            space_id: event.space_id.clone(),
-            contact_id: event.contact_id.clone(),
-            message_id: message::message_id(&event.email_id, &domain.name),
+        let parties = parties_of(&event, domain);
+        let content: Option<proto::EmailContent> = match platform::events::open(event.content.as_ref(), &keys) {
+            Ok(content) => content,
+            Err(error) => {
+                tracing::warn!(email = %event.email_id, error = %format!("{error:#}"),
+                    "an email whose content cannot be opened is not handed off");
+                continue;
+            }
         };
-        let released_at_ms = released.get(&event.email_id).copied();
-        let email_id = event.email_id.clone();
-        match prepared_from(event, sender, domain, parties, &keys, public_base_url, released_at_ms) {
-            Ok(email) => prepared.push(email),
-            Err(error) => tracing::warn!(email = %email_id, error = %format!("{error:#}"),
-                "an email whose content cannot be opened is not handed off"),
-        }
+        // Its contact's key destroyed: erased.
+        let Some(content) = content else {
+            prepared.push(Err(parties));
+            continue;
+        };
+        let dated = released.get(&event.email_id).copied().unwrap_or(event.scheduled_at_ms);
+        let outgoing = Outgoing::new(
+            &event.email_id,
+            sender,
+            domain,
+            &content,
+            (dated, event.kind == "marketing"),
+            public_base_url,
+        )
+        .in_language(Some(&event.locale));
+        prepared.push(Ok(Prepared { parties, outgoing, domain_id: sender.domain_id.clone(), domain: domain.clone() }));
     }
     Ok(prepared)
-}
-
-/// An email's message, built from its `EmailScheduled` with its contact's data key in `keys`
-/// (`Err` with its parties when that key is destroyed).
-fn prepared_from(
-    event: proto::EmailScheduled,
-    sender: &SenderDef,
-    domain: &DomainDef,
-    parties: Parties,
-    keys: &platform::crypto::Keys,
-    public_base_url: &str,
-    released_at_ms: Option<i64>,
-) -> anyhow::Result<Result<Prepared, Parties>> {
-    let content: Option<proto::EmailContent> = platform::events::open(event.content.as_ref(), keys)?;
-    let Some(content) = content else { return Ok(Err(parties)) };
-    let marketing = event.kind == "marketing";
-    let dated = released_at_ms.unwrap_or(event.scheduled_at_ms);
-    let outgoing = Outgoing::new(&parties.email_id, sender, domain, &content, (dated, marketing), public_base_url)
-        .in_language(Some(&event.locale));
-    Ok(Ok(Prepared { parties, outgoing, domain_id: sender.domain_id.clone(), domain: domain.clone() }))
 }
