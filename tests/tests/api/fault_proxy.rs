@@ -17,6 +17,9 @@ pub(crate) enum Fault {
     Pass,
     /// Each chunk is held this long before it is passed on.
     Delay(Duration),
+    /// Each chunk the upstream server sends is held this long; what the client sends passes at
+    /// once (a client slow to read its answers, as a busy process is).
+    DelayAnswers(Duration),
     /// Open connections are reset, new ones are reset as soon as they are accepted.
     Cut,
 }
@@ -97,8 +100,8 @@ async fn forward(mut client: TcpStream, mut server: TcpStream, mut faults: watch
         let (mut client_read, mut client_write) = client.split();
         let (mut server_read, mut server_write) = server.split();
         let (up_faults, down_faults) = (faults.clone(), faults.clone());
-        let upstream = pump(&mut client_read, &mut server_write, &up_faults);
-        let downstream = pump(&mut server_read, &mut client_write, &down_faults);
+        let upstream = pump(&mut client_read, &mut server_write, &up_faults, false);
+        let downstream = pump(&mut server_read, &mut client_write, &down_faults, true);
         let cut = async {
             loop {
                 if faults.changed().await.is_err() || *faults.borrow() == Fault::Cut {
@@ -118,9 +121,9 @@ async fn forward(mut client: TcpStream, mut server: TcpStream, mut faults: watch
     was_cut
 }
 
-/// Copies from `from` to `to`, holding each chunk as long as the fault says, until `from` ends
-/// (then `to` is shut down) or a write fails.
-async fn pump<R, W>(from: &mut R, to: &mut W, faults: &watch::Receiver<Fault>)
+/// Copies from `from` to `to`, holding each chunk as long as the fault says (`answers`: the
+/// server's way), until `from` ends (then `to` is shut down) or a write fails.
+async fn pump<R, W>(from: &mut R, to: &mut W, faults: &watch::Receiver<Fault>, answers: bool)
 where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
@@ -135,8 +138,10 @@ where
             Ok(read) => read,
         };
         let fault = *faults.borrow();
-        if let Fault::Delay(delay) = fault {
-            tokio::time::sleep(delay).await;
+        match fault {
+            Fault::Delay(delay) => tokio::time::sleep(delay).await,
+            Fault::DelayAnswers(delay) if answers => tokio::time::sleep(delay).await,
+            _ => {}
         }
         if to.write_all(&buffer[..read]).await.is_err() {
             return;
@@ -175,6 +180,12 @@ async fn the_proxy_passes_delays_and_cuts() {
     let started = std::time::Instant::now();
     let open = round_trip(open).await.expect("passes, late");
     assert!(started.elapsed() >= Duration::from_millis(400), "held both ways: {:?}", started.elapsed());
+
+    proxy.set(Fault::DelayAnswers(Duration::from_millis(200)));
+    let started = std::time::Instant::now();
+    let open = round_trip(open).await.expect("passes, late");
+    let took = started.elapsed();
+    assert!((Duration::from_millis(200)..Duration::from_millis(400)).contains(&took), "held one way: {took:?}");
 
     proxy.set(Fault::Cut);
     let mut open = open;

@@ -153,6 +153,50 @@ async fn a_lost_race_on_a_stream_fails_only_that_command() {
     assert_eq!(versions, 2);
 }
 
+/// An appending process slow to read its answers (a busy one) does not hold the log's head:
+/// its COMMIT goes out behind the statement that takes the positions, not after that
+/// statement's answer has come back. Through a proxy that holds every answer 500 ms, the head
+/// row is seen locked for well under that; sent after the answer, the COMMIT would keep it
+/// locked at least 500 ms, and every other process's appends behind it.
+#[tokio::test]
+async fn the_log_head_is_not_held_while_its_appender_reads_the_answers() {
+    let app = TestApp::spawn().await;
+    let (proxy, proxied) = app.database_behind_proxy().await;
+    let pool = platform::db::pool(&proxied, 2).expect("a pool through the proxy");
+    let event_log = EventLog::start(pool, 64);
+    // Prepares the batch's statements while answers pass at once.
+    event_log.append(space_event("test/warm", ExpectedVersion::Any)).await.expect("appended");
+    let delay = Duration::from_millis(500);
+    proxy.set(crate::fault_proxy::Fault::DelayAnswers(delay));
+
+    let probe = app.pool.get().await.expect("client");
+    let appending = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let appended = event_log.append(space_event("test/held", ExpectedVersion::Any)).await;
+        (appended, started.elapsed())
+    });
+    // The longest run of probes that found the head row locked, from the first to the last.
+    let (mut longest, mut locked_since) = (Duration::ZERO, None);
+    while !appending.is_finished() {
+        let now = std::time::Instant::now();
+        match probe.query("SELECT position FROM log_head FOR SHARE NOWAIT", &[]).await {
+            Ok(_) => locked_since = None,
+            Err(error) if error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                let since = *locked_since.get_or_insert(now);
+                longest = longest.max(now - since);
+            }
+            Err(error) => panic!("the probe failed: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (appended, took) = appending.await.expect("the append's task");
+    appended.expect("appended through the slow answers");
+    assert!(took >= delay, "the append waited for its held answers ({took:?})");
+    assert!(longest < delay / 2, "the head stayed locked {longest:?} while its appender's answers were held {delay:?}");
+    let events = app.query_i64("SELECT count(*) FROM events WHERE stream_id = 'test/held'").await;
+    assert_eq!(events, 1);
+}
+
 /// A claim of `value` with its set form, as the record identity guards are.
 fn claim(value: &str, record_id: &str) -> Guard {
     let row = ["spc_x", "sch_x", "email", value, record_id];

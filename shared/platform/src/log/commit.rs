@@ -48,7 +48,14 @@ pub(super) fn pending_rows(stream: &StreamAppend, first_version: i64, metadata_i
 }
 
 /// Takes the positions, inserts the events and records each key's last position in one
-/// statement (so the counter row is locked only from here to COMMIT), then commits.
+/// statement (so the counter row is locked only from here to COMMIT), and commits.
+///
+/// The COMMIT goes out right behind that statement, before its answer is back: the counter
+/// row's lock is then held for the statement and the commit's flush, and never while this
+/// process reads the answer and gets round to sending the COMMIT. Under load that wait was the
+/// longest part of the hold: a process busy rendering and signing a broadcast's emails kept
+/// every other process's appends waiting on it (docs/benchmarks.md, "Live creates beside a
+/// broadcast"). See [`commit_behind`] for what each pair of answers means.
 pub(super) async fn finish_batch(
     transaction: Transaction<'_>,
     requests: &[AppendRequest],
@@ -79,11 +86,14 @@ pub(super) async fn finish_batch(
         }
         let keys: Vec<&str> = key_latest.keys().copied().collect();
         let key_ordinals: Vec<i64> = key_latest.values().copied().collect();
-        head = columns.insert(&transaction, total, &keys, &key_ordinals).await.map_err(unavailable)?;
+        let statement = Columns::prepare(&transaction).await.map_err(unavailable)?;
+        head =
+            commit_behind(&transaction, columns.insert(&transaction, &statement, total, &keys, &key_ordinals)).await?;
+        // Rolls back the empty transaction `COMMIT; BEGIN` opened (or, if the COMMIT failed, warns).
+        drop(transaction);
+    } else {
+        transaction.commit().await.map_err(commit_failed)?;
     }
-    transaction.commit().await.map_err(|error| {
-        if error.as_db_error().is_some() { unavailable(error) } else { AppendError::OutcomeUnknown(error.to_string()) }
-    })?;
     let first = head - total;
     let outcomes = outcomes
         .into_iter()
@@ -95,6 +105,47 @@ pub(super) async fn finish_batch(
         })
         .collect();
     Ok((outcomes, head))
+}
+
+/// Sends the transaction's COMMIT right behind `last`, its last statement, once that is on
+/// its way, and answers `last`'s result once both are answered:
+/// - both succeeded: committed;
+/// - the statement failed in the database: the transaction was aborted, and its COMMIT rolled
+///   it back (a definite failure);
+/// - the COMMIT failed in the database: rolled back;
+/// - either answer was lost (the connection broke): the outcome is unknown, since the COMMIT
+///   may have been carried out.
+///
+/// `last` must send its statement on its first poll (a prepared statement: tokio-postgres sends
+/// a request when its future is first polled, and in that order). If it ends on that first poll
+/// (it failed before anything was sent), nothing is pipelined, and nothing committed.
+/// The COMMIT is sent as `COMMIT; BEGIN`: the caller then drops the transaction, which rolls
+/// back what it did not see committed, here an empty transaction (a lone COMMIT would leave
+/// none, and the rollback would warn that none is in progress).
+async fn commit_behind(
+    transaction: &Transaction<'_>,
+    last: impl Future<Output = Result<i64, tokio_postgres::Error>>,
+) -> Result<i64, AppendError> {
+    let mut last = std::pin::pin!(last);
+    let first_poll = std::future::poll_fn(|context| std::task::Poll::Ready(last.as_mut().poll(context))).await;
+    if let std::task::Poll::Ready(ended) = first_poll {
+        let head = ended.map_err(unavailable)?;
+        transaction.batch_execute("COMMIT; BEGIN").await.map_err(commit_failed)?;
+        return Ok(head);
+    }
+    let (answered, committed) = tokio::join!(last, transaction.batch_execute("COMMIT; BEGIN"));
+    match (answered, committed) {
+        (Ok(head), Ok(())) => Ok(head),
+        (Err(error), _) if error.as_db_error().is_some() => Err(unavailable(error)),
+        (Err(error), _) => Err(AppendError::OutcomeUnknown(error.to_string())),
+        (Ok(_), Err(error)) => Err(commit_failed(error)),
+    }
+}
+
+/// A failed COMMIT: a refusal by the database rolled the transaction back; a lost answer
+/// leaves its outcome unknown.
+fn commit_failed(error: tokio_postgres::Error) -> AppendError {
+    if error.as_db_error().is_some() { unavailable(error) } else { AppendError::OutcomeUnknown(error.to_string()) }
 }
 
 #[derive(Default)]
@@ -129,17 +180,9 @@ impl Columns {
         self.occurred_at.push(row.occurred_at);
     }
 
-    /// Advances the head by `total`, inserts the events at the positions that frees, and
-    /// records each key's last position (`key_ordinals` are 1-based within the batch).
-    /// Returns the new head.
-    async fn insert(
-        &self,
-        transaction: &Transaction<'_>,
-        total: i64,
-        keys: &[&str],
-        key_ordinals: &[i64],
-    ) -> Result<i64, tokio_postgres::Error> {
-        let statement = transaction
+    /// The statement of [`Columns::insert`].
+    async fn prepare(transaction: &Transaction<'_>) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+        transaction
             .prepare_cached(
                 "WITH head AS (
                      UPDATE log_head SET position = position + $14 RETURNING position - $14 AS base
@@ -163,10 +206,23 @@ impl Columns {
                  )
                  SELECT max(position) FROM inserted",
             )
-            .await?;
+            .await
+    }
+
+    /// Advances the head by `total`, inserts the events at the positions that frees, and
+    /// records each key's last position (`key_ordinals` are 1-based within the batch).
+    /// Returns the new head. Sends its statement (`prepare`d) on its first poll.
+    async fn insert(
+        &self,
+        transaction: &Transaction<'_>,
+        statement: &tokio_postgres::Statement,
+        total: i64,
+        keys: &[&str],
+        key_ordinals: &[i64],
+    ) -> Result<i64, tokio_postgres::Error> {
         let row = transaction
             .query_one(
-                &statement,
+                statement,
                 &[
                     &self.event_id,
                     &self.stream_id,

@@ -3,7 +3,9 @@
 //! Positions come from the single `log_head` counter row, updated as the last statement but
 //! one before COMMIT (the event rows follow it in one INSERT). Its row lock is held until the
 //! commit is visible, so positions become visible in order and without gaps, and a follower
-//! that reads `position > checkpoint` can never miss a late commit. To win back the group
+//! that reads `position > checkpoint` can never miss a late commit. The COMMIT is sent right
+//! behind that statement, before its answer (`commit::finish_batch`), so the lock is never held
+//! while a busy appender gets round to reading answers. To win back the group
 //! commit that the lock costs, one task per process groups concurrent commands into one
 //! transaction, each inside its own savepoint, so one command's lost race fails only itself.
 //!
