@@ -235,15 +235,27 @@ ha_state() {
     ha_monitor_sql "SELECT nodename || ' ' || reportedstate || ' ' || goalstate FROM pgautofailover.node ORDER BY nodeid"
 }
 
-# ha_wait_healthy [N]: waits until N nodes (default 2) are one primary and its secondaries.
+# ha_wait_healthy [N]: waits until N nodes (default 2) are one primary and its secondaries,
+# and every secondary streams from the primary. The monitor's states alone are not enough: a
+# standby reports `secondary` before it streams from a new primary, and until one does, the
+# primary's keeper would never stop it if it were cut off (pg_autoctl counts the silence of a
+# standby only once it has seen one while it could not reach the monitor; docs/operations.md,
+# "Timings").
 ha_wait_healthy() {
-    local want="${1:-2}" state
+    local want="${1:-2}" state primary streaming
     for _ in $(seq 1 600); do
         state="$(ha_monitor_sql "SELECT count(*) FILTER (WHERE reportedstate = 'primary' AND goalstate = 'primary')
             || ' ' || count(*) FILTER (WHERE reportedstate = 'secondary' AND goalstate = 'secondary')
             FROM pgautofailover.node")"
         if [ "$state" = "1 $((want - 1))" ]; then
-            return 0
+            primary="$(ha_monitor_sql "SELECT nodehost || ' ' || nodeport FROM pgautofailover.node
+                WHERE reportedstate = 'primary' LIMIT 1")"
+            # shellcheck disable=SC2086
+            streaming="$("$PG_BIN/psql" -h ${primary% *} -p ${primary#* } -U postgres -d postgres -Atqc \
+                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'" 2>/dev/null || true)"
+            if [ "$streaming" = "$((want - 1))" ]; then
+                return 0
+            fi
         fi
         sleep 0.2
     done

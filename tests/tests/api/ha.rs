@@ -121,7 +121,7 @@ impl HaCluster {
                  WHERE description LIKE '%to wait_primary and %after the demote timeout expired%'
                  ORDER BY eventid DESC LIMIT 1")"
                echo "what node{node}'s keeper said of it:"
-               grep -a -i 'partition\|standby\|transition\|demote\|network' "$HA_DIR/node{node}.log" | tail -n 30"#
+               grep -a -i 'partition\|standby\|transition\|demote\|network\|monitor' "$HA_DIR/node{node}.log" | tail -n 80"#
         ));
         let text = String::from_utf8_lossy(&output.stdout).to_string();
         let time_of = |label: &str| -> Option<i64> {
