@@ -78,7 +78,9 @@
 //! transaction, every recorded response about the record by `{data: {id, erased: true}}`, so a
 //! replay never shows an erased record. When the connection fails
 //! during COMMIT the answer is 503 `idempotency_outcome_unknown` without `type`, and the claim is
-//! marked `unresolved` once that transaction's fate is known (the row lock).
+//! marked `unresolved` once that transaction's fate is known (the row lock), unless that
+//! transaction handed it to an email's outbox row (a template send): the hand-off records the
+//! answer, and a retry meanwhile is told to come again.
 //!
 //! Reconciliation: every minute the projector's maintenance worker deletes completed records older than 24
 //! hours (the key then executes again) and releases unresolved claims under which no event was
@@ -487,29 +489,38 @@ impl Claim {
     pub async fn release(&self, state: &State) {
         self.settle(
             state,
-            "DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+            &["DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'"],
         )
         .await;
     }
 
-    /// After the connection failed during COMMIT: wait for that transaction's fate (the row
-    /// lock) and, if it did not complete the claim, mark the outcome unresolved.
+    /// After the connection failed during COMMIT: wait for that transaction's fate (the
+    /// claim's row lock, which the append held) and, if it neither completed the claim nor
+    /// handed it to an email's outbox row, mark the outcome unresolved. A send's append that
+    /// committed leaves the claim `processing`: its email's hand-off records the answer
+    /// (`mail::outbox` gives this process's row back), and a retry meanwhile waits for it.
+    /// The outbox row is looked for in a statement after the lock is taken, so that it sees
+    /// an append that committed while this waited.
     pub(crate) async fn mark_unresolved(&self, state: &State) {
         self.settle(
             state,
-            "UPDATE idempotency_records SET state = 'unresolved'
-             WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+            &[
+                "SELECT FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 FOR UPDATE",
+                "UPDATE idempotency_records SET state = 'unresolved'
+                 WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'
+                   AND NOT EXISTS (SELECT FROM email_outbox WHERE claim_scope_key = $1 AND claim_token = $2)",
+            ],
         )
         .await;
     }
 
-    /// Runs `sql`, a statement that settles this claim only while it is still `processing`
-    /// under this token. When the database cannot take it now (the very failure that ends the
-    /// operation is often the database's), it is retried in the background every second until
-    /// the claim timeout; otherwise this live instance would leave a retry meeting
-    /// `idempotency_conflict` for the whole timeout.
-    async fn settle(&self, state: &State, sql: &'static str) {
-        if self.try_settle(&state.pool, sql).await {
+    /// Runs `statements` in one transaction, which settle this claim only while it is still
+    /// `processing` under this token. When the database cannot take them now (the very
+    /// failure that ends the operation is often the database's), they are retried in the
+    /// background every second until the claim timeout; otherwise this live instance would
+    /// leave a retry meeting `idempotency_conflict` for the whole timeout.
+    async fn settle(&self, state: &State, statements: &'static [&'static str]) {
+        if self.try_settle(&state.pool, statements).await {
             return;
         }
         let (pool, claim) = (state.pool.clone(), self.clone());
@@ -517,7 +528,7 @@ impl Claim {
             let deadline = std::time::Instant::now() + CLAIM_TIMEOUT;
             while std::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                if claim.try_settle(&pool, sql).await {
+                if claim.try_settle(&pool, statements).await {
                     return;
                 }
             }
@@ -525,9 +536,15 @@ impl Claim {
         });
     }
 
-    async fn try_settle(&self, pool: &deadpool_postgres::Pool, sql: &str) -> bool {
-        let Ok(client) = pool.get().await else { return false };
-        client.execute(sql, &[&self.scope_key, &self.claim_token]).await.is_ok()
+    async fn try_settle(&self, pool: &deadpool_postgres::Pool, statements: &[&str]) -> bool {
+        let Ok(mut client) = pool.get().await else { return false };
+        let Ok(transaction) = client.transaction().await else { return false };
+        for sql in statements {
+            if transaction.execute(*sql, &[&self.scope_key, &self.claim_token]).await.is_err() {
+                return false;
+            }
+        }
+        transaction.commit().await.is_ok()
     }
 }
 

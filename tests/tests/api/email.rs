@@ -791,6 +791,22 @@ async fn a_hand_off_claim_whose_answer_was_lost_is_given_back_and_the_email_goes
 
 #[tokio::test]
 async fn a_send_whose_append_committed_after_its_answer_was_lost_gives_its_claim_back_and_the_email_goes_out() {
+    lost_append_answer(Duration::ZERO).await;
+}
+
+/// The same when the give-back is slow: the sender's background settling of the claim, tried
+/// every second once its database is back, comes first. It must not mark the claim
+/// unresolved, since the append handed it to the email, whose hand-off records the answer;
+/// a retry then gets "sent", not `idempotency_outcome_unknown` for an email that goes out.
+#[tokio::test]
+async fn a_lost_append_answer_is_not_settled_as_unknown_while_its_email_is_given_back() {
+    lost_append_answer(Duration::from_millis(3_500)).await;
+}
+
+/// A keyed template send whose append commits while the sender's connection is cut; once the
+/// database is back, the email row is held for `give_back_after` (a lock the sender's
+/// give-back waits on), then the retry must get the replayed "sent" and the email go out once.
+async fn lost_append_answer(give_back_after: Duration) {
     use crate::fault_proxy::Fault;
     let sink = SmtpSink::start().await;
     // A grace far longer than the test: only the sender giving back the claim its append
@@ -828,6 +844,15 @@ async fn a_send_whose_append_committed_after_its_answer_was_lost_gives_its_claim
     assert_eq!(in_flight.await.expect("joins").expect("an answer"), 503, "the sender could not tell");
     wait_for_outbox_row(&app, "lost-append", "attempting").await;
     client.batch_execute("DROP TRIGGER slow_commit ON email_outbox").await.expect("dropped");
+    let holder = app.pool.get().await.expect("client");
+    let (held, holding) = tokio::sync::oneshot::channel();
+    let released = tokio::spawn(async move {
+        holder.batch_execute("BEGIN; SELECT FROM email_outbox FOR UPDATE").await.expect("the row held");
+        let _ = held.send(());
+        tokio::time::sleep(give_back_after).await;
+        holder.batch_execute("COMMIT").await.expect("released");
+    });
+    holding.await.expect("the row is held");
     proxy.set(Fault::Pass);
     let back = Instant::now();
     // The sender, alive, gives back the claim its append took once its database is back; the
@@ -843,6 +868,8 @@ async fn a_send_whose_append_committed_after_its_answer_was_lost_gives_its_claim
     };
     assert_eq!((settled.status, settled.header("idempotent-replay")), (200, Some("true")), "{:?}", settled.body);
     assert_eq!(settled.body["data"]["status"], "sent");
+    released.await.expect("joins");
+    assert!(back.elapsed() >= give_back_after, "answered only after the give-back");
     assert_eq!(sink.wait_for(1, WAIT).await.len(), 1, "sent once");
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(sink.messages().await.len(), 1, "sent once");
