@@ -117,10 +117,76 @@ pub(crate) async fn project_versions(
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<bool> {
-    let outcomes = project(pool, model, None, BATCH_SIZE, worker, faults).await?;
+    // A crash injected mid-batch needs a batch to crash in, even one without events.
+    let idle = if faults.crash_after_events.is_none() { pass_over_idle(pool, model, worker).await? } else { None };
+    let outcomes = match idle {
+        Some(outcomes) => outcomes,
+        None => project(pool, model, None, BATCH_SIZE, worker, faults).await?,
+    };
     Ok(outcomes.iter().any(|outcome| {
         matches!(outcome, Outcome::Projected { events, .. } if i64::try_from(*events).unwrap_or(i64::MAX) >= BATCH_SIZE)
     }))
+}
+
+/// Passes over the spans after the checkpoints of `model`'s live and building versions that
+/// hold none of its events, in one statement: it reads each version's span (up to
+/// [`BATCH_SIZE`] positions, no further than the head), and for a span without an event of
+/// the model's types it takes the checkpoint row's lease (`FOR UPDATE SKIP LOCKED`, only if
+/// the checkpoint has not moved), advances it, records the batch and announces the progress,
+/// as a batch would, and commits without waiting for its flush (see [`project`]). Most
+/// appends hold events of one or two read models' types, and each of the others committed a
+/// transaction of eight statements per append to pass over them (docs/benchmarks.md, issue
+/// 70: "Live creates beside a broadcast"). Returns the outcome of every version when none
+/// is left with events to apply (each passed over or caught up), else `None`: a batch
+/// transaction must apply them.
+async fn pass_over_idle(pool: &Pool, model: &dyn ReadModel, worker: &str) -> anyhow::Result<Option<Vec<Outcome>>> {
+    let client = pool.get().await.context("connecting to project")?;
+    let statement = client
+        .prepare_cached(
+            "WITH span AS (
+                 SELECT p.version, p.position AS checkpoint, least(h.position, p.position + $2) AS last
+                 FROM projections p, (SELECT position FROM log_head LIMIT 1) h
+                 WHERE p.name = $1 AND p.status IN ('live', 'building')),
+             idle AS (
+                 SELECT s.version, s.checkpoint, s.last FROM span s
+                 WHERE s.last > s.checkpoint AND NOT EXISTS (
+                     SELECT FROM events e
+                     WHERE e.event_type = ANY($3) AND e.position > s.checkpoint AND e.position <= s.last)),
+             leased AS (
+                 SELECT p.version, i.checkpoint, i.last FROM projections p JOIN idle i ON i.version = p.version
+                 WHERE p.name = $1 AND p.position = i.checkpoint
+                 FOR UPDATE OF p SKIP LOCKED),
+             advanced AS (
+                 UPDATE projections p SET position = l.last, updated_at = now() FROM leased l
+                 WHERE p.name = $1 AND p.version = l.version
+                 RETURNING p.version, l.checkpoint, l.last),
+             recorded AS (
+                 INSERT INTO projection_batches
+                     (name, version, first_position, last_position, worker, started_at, committed_at)
+                 SELECT $1, version, checkpoint + 1, last, $4, now(), clock_timestamp() FROM advanced)
+             SELECT s.version, s.checkpoint, s.last, a.version IS NOT NULL,
+                    CASE WHEN a.version IS NOT NULL
+                         THEN pg_notify($5, $1::text || ':' || a.version || ':' || a.last) END,
+                    set_config('synchronous_commit', 'off', true)
+             FROM span s LEFT JOIN advanced a ON a.version = s.version
+             ORDER BY s.version",
+        )
+        .await?;
+    let rows = client
+        .query(&statement, &[&model.name(), &BATCH_SIZE, &model.event_types(), &worker, &PROGRESS_CHANNEL])
+        .await?;
+    let mut outcomes = Vec::with_capacity(rows.len());
+    for row in rows {
+        let (checkpoint, last, advanced): (i64, i64, bool) = (row.get(1), row.get(2), row.get(3));
+        outcomes.push(if advanced {
+            Outcome::Projected { events: usize::try_from(last - checkpoint).unwrap_or(usize::MAX), position: last }
+        } else if last <= checkpoint {
+            Outcome::CaughtUp { position: checkpoint }
+        } else {
+            return Ok(None);
+        });
+    }
+    Ok(Some(outcomes))
 }
 
 /// One transaction: lock the checkpoint rows of the live and building versions of `model`
