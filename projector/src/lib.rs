@@ -74,8 +74,15 @@ pub fn workers(
     let mut workers: Vec<Arc<dyn Worker>> = Vec::new();
     if wanted.contains(&"read_models") {
         let faults = Faults::from_settings(&settings.projector);
+        let idle = Arc::new(read_models::runner::IdlePasses::new(&read_models::ALL));
         for model in read_models::ALL {
-            workers.push(Arc::new(ReadModelWorker::new(pool.clone(), model, process.to_owned(), faults.clone())));
+            workers.push(Arc::new(ReadModelWorker::new(
+                pool.clone(),
+                model,
+                process.to_owned(),
+                faults.clone(),
+                idle.clone(),
+            )));
         }
     }
     if wanted.contains(&"preparation") {

@@ -109,16 +109,16 @@ pub(crate) async fn project_batch_of(
 const FLUSHED_FROM: usize = 100;
 
 /// Projects the next batch of every live and building version of `model` whose lease this
-/// process can take. Returns whether some version read a full batch, so that more events may
-/// be waiting.
+/// process can take, unless `idle` already holds every version's outcome (a pass over spans
+/// without its events, [`IdlePasses`]). Returns whether some version read a full batch, so
+/// that more events may be waiting.
 pub(crate) async fn project_versions(
     pool: &Pool,
     model: &dyn ReadModel,
+    idle: Option<Vec<Outcome>>,
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<bool> {
-    // A crash injected mid-batch needs a batch to crash in, even one without events.
-    let idle = if faults.crash_after_events.is_none() { pass_over_idle(pool, model, worker).await? } else { None };
     let outcomes = match idle {
         Some(outcomes) => outcomes,
         None => project(pool, model, None, BATCH_SIZE, worker, faults).await?,
@@ -128,65 +128,135 @@ pub(crate) async fn project_versions(
     }))
 }
 
-/// Passes over the spans after the checkpoints of `model`'s live and building versions that
-/// hold none of its events, in one statement: it reads each version's span (up to
-/// [`BATCH_SIZE`] positions, no further than the head), and for a span without an event of
-/// the model's types it takes the checkpoint row's lease (`FOR UPDATE SKIP LOCKED`, only if
-/// the checkpoint has not moved), advances it, records the batch and announces the progress,
-/// as a batch would, and commits without waiting for its flush (see [`project`]). Most
-/// appends hold events of one or two read models' types, and each of the others committed a
-/// transaction of eight statements per append to pass over them (docs/benchmarks.md, issue
-/// 70: "Live creates beside a broadcast"). Returns the outcome of every version when none
-/// is left with events to apply (each passed over or caught up), else `None`: a batch
-/// transaction must apply them.
-async fn pass_over_idle(pool: &Pool, model: &dyn ReadModel, worker: &str) -> anyhow::Result<Option<Vec<Outcome>>> {
+/// The read models of one process passing over their idle spans together. Most appends hold
+/// events of one or two read models' types, and each of the others committed a batch of eight
+/// statements per append to pass over them (docs/benchmarks.md, issue 70: "Live creates beside
+/// a broadcast"). One statement now passes over every read model's span that holds none of
+/// its events ([`pass_over_idle`]); the read models that have events to apply go on to their
+/// batch transactions.
+///
+/// The read models take turns in their lane, and each is woken by every append. The first to
+/// step runs the pass and the others take its outcome for them, if the pass started after
+/// their previous step ended: an append whose notification woke a read model committed before
+/// that notification arrived, which was after its previous step began, so such a pass saw
+/// it; a notification that arrives later wakes the read model again, and its next step runs
+/// a new pass.
+pub(crate) struct IdlePasses {
+    /// Every read model of the process, its event types as pairs, for the statement.
+    names: Vec<&'static str>,
+    pair_names: Vec<&'static str>,
+    pair_types: Vec<&'static str>,
+    last: tokio::sync::Mutex<Option<IdlePass>>,
+}
+
+/// One pass: when it started, and each read model's outcome (`None`: it has events to apply).
+struct IdlePass {
+    started: std::time::Instant,
+    outcomes: std::collections::HashMap<&'static str, Vec<Outcome>>,
+}
+
+impl IdlePasses {
+    pub(crate) fn new(models: &[&'static dyn ReadModel]) -> Self {
+        let names = models.iter().map(|model| model.name()).collect();
+        let (pair_names, pair_types) = models
+            .iter()
+            .flat_map(|model| model.event_types().iter().map(move |event_type| (model.name(), *event_type)))
+            .unzip();
+        Self { names, pair_names, pair_types, last: tokio::sync::Mutex::new(None) }
+    }
+
+    /// The outcome of every version of `model` from a pass that started after `since` (its
+    /// previous step's end; `None` before its first), running a new pass when the last one is
+    /// older. `None` when the read model has events to apply in a batch of its own.
+    pub(crate) async fn outcome(
+        &self,
+        pool: &Pool,
+        model: &dyn ReadModel,
+        since: Option<std::time::Instant>,
+        worker: &str,
+    ) -> anyhow::Result<Option<Vec<Outcome>>> {
+        let mut last = self.last.lock().await;
+        let fresh = matches!((&*last, since), (Some(pass), Some(since)) if pass.started > since);
+        if !fresh {
+            let started = std::time::Instant::now();
+            let outcomes = pass_over_idle(pool, self, worker).await?;
+            *last = Some(IdlePass { started, outcomes });
+        }
+        Ok(last.as_mut().and_then(|pass| pass.outcomes.remove(model.name())))
+    }
+}
+
+/// Passes over the spans after the checkpoints of every live and building version of the read
+/// models of `passes` that hold none of their events, in one statement: it reads each
+/// version's span (up to [`BATCH_SIZE`] positions, no further than the head), and for a span
+/// without an event of the read model's types it takes the checkpoint row's lease (`FOR
+/// UPDATE SKIP LOCKED`, only if the checkpoint has not moved), advances it, records the batch
+/// and announces the progress, as a batch would, and commits without waiting for its flush
+/// (see [`project`]). Returns the outcomes of each read model none of whose versions is left
+/// with events to apply (each passed over or caught up).
+async fn pass_over_idle(
+    pool: &Pool,
+    passes: &IdlePasses,
+    worker: &str,
+) -> anyhow::Result<std::collections::HashMap<&'static str, Vec<Outcome>>> {
     let client = pool.get().await.context("connecting to project")?;
     let statement = client
         .prepare_cached(
-            "WITH span AS (
-                 SELECT p.version, p.position AS checkpoint, least(h.position, p.position + $2) AS last
+            "WITH wanted AS (SELECT * FROM unnest($2::text[], $3::text[]) AS w(name, event_type)),
+             span AS (
+                 SELECT p.name, p.version, p.position AS checkpoint, least(h.position, p.position + $4) AS last
                  FROM projections p, (SELECT position FROM log_head LIMIT 1) h
-                 WHERE p.name = $1 AND p.status IN ('live', 'building')),
+                 WHERE p.name = ANY($1) AND p.status IN ('live', 'building')),
              idle AS (
-                 SELECT s.version, s.checkpoint, s.last FROM span s
+                 SELECT s.name, s.version, s.checkpoint, s.last FROM span s
                  WHERE s.last > s.checkpoint AND NOT EXISTS (
-                     SELECT FROM events e
-                     WHERE e.event_type = ANY($3) AND e.position > s.checkpoint AND e.position <= s.last)),
+                     SELECT FROM wanted w JOIN events e ON e.event_type = w.event_type
+                     WHERE w.name = s.name AND e.position > s.checkpoint AND e.position <= s.last)),
              leased AS (
-                 SELECT p.version, i.checkpoint, i.last FROM projections p JOIN idle i ON i.version = p.version
-                 WHERE p.name = $1 AND p.position = i.checkpoint
+                 SELECT p.name, p.version, i.checkpoint, i.last
+                 FROM projections p JOIN idle i ON i.name = p.name AND i.version = p.version
+                 WHERE p.position = i.checkpoint
                  FOR UPDATE OF p SKIP LOCKED),
              advanced AS (
                  UPDATE projections p SET position = l.last, updated_at = now() FROM leased l
-                 WHERE p.name = $1 AND p.version = l.version
-                 RETURNING p.version, l.checkpoint, l.last),
+                 WHERE p.name = l.name AND p.version = l.version
+                 RETURNING p.name, p.version, l.checkpoint, l.last),
              recorded AS (
                  INSERT INTO projection_batches
                      (name, version, first_position, last_position, worker, started_at, committed_at)
-                 SELECT $1, version, checkpoint + 1, last, $4, now(), clock_timestamp() FROM advanced)
-             SELECT s.version, s.checkpoint, s.last, a.version IS NOT NULL,
-                    CASE WHEN a.version IS NOT NULL
-                         THEN pg_notify($5, $1::text || ':' || a.version || ':' || a.last) END,
+                 SELECT name, version, checkpoint + 1, last, $5, now(), clock_timestamp() FROM advanced)
+             SELECT s.name, s.checkpoint, s.last, a.name IS NOT NULL,
+                    CASE WHEN a.name IS NOT NULL
+                         THEN pg_notify($6, a.name || ':' || a.version || ':' || a.last) END,
                     set_config('synchronous_commit', 'off', true)
-             FROM span s LEFT JOIN advanced a ON a.version = s.version
-             ORDER BY s.version",
+             FROM span s LEFT JOIN advanced a ON a.name = s.name AND a.version = s.version
+             ORDER BY s.name, s.version",
         )
         .await?;
     let rows = client
-        .query(&statement, &[&model.name(), &BATCH_SIZE, &model.event_types(), &worker, &PROGRESS_CHANNEL])
+        .query(
+            &statement,
+            &[&passes.names, &passes.pair_names, &passes.pair_types, &BATCH_SIZE, &worker, &PROGRESS_CHANNEL],
+        )
         .await?;
-    let mut outcomes = Vec::with_capacity(rows.len());
+    let mut outcomes: std::collections::HashMap<&'static str, Vec<Outcome>> = std::collections::HashMap::new();
+    let mut busy = std::collections::HashSet::new();
     for row in rows {
+        let name: &str = row.get(0);
+        let Some(name) = passes.names.iter().copied().find(|known| *known == name) else { continue };
         let (checkpoint, last, advanced): (i64, i64, bool) = (row.get(1), row.get(2), row.get(3));
-        outcomes.push(if advanced {
+        let outcome = if advanced {
             Outcome::Projected { events: usize::try_from(last - checkpoint).unwrap_or(usize::MAX), position: last }
         } else if last <= checkpoint {
             Outcome::CaughtUp { position: checkpoint }
         } else {
-            return Ok(None);
-        });
+            busy.insert(name);
+            continue;
+        };
+        outcomes.entry(name).or_default().push(outcome);
     }
-    Ok(Some(outcomes))
+    outcomes.retain(|name, _| !busy.contains(name));
+    Ok(outcomes)
 }
 
 /// One transaction: lock the checkpoint rows of the live and building versions of `model`

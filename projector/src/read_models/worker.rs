@@ -1,14 +1,15 @@
 //! A read model on the worker runtime: each step projects the next batch of every version of
 //! it that is live or being built (each version's checkpoint row is its lease).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
 use platform::log::LOG_CHANNEL;
 
 use super::ReadModel;
-use super::runner::{Faults, project_versions};
+use super::runner::{Faults, IdlePasses, project_versions};
 use crate::runtime::{Outcome, Worker};
 
 /// How long an idle read model waits for a notification before looking at the log again.
@@ -20,18 +21,41 @@ pub(crate) struct ReadModelWorker {
     /// This process, as recorded in the batch history.
     process: String,
     faults: Faults,
+    /// The pass over idle spans this process's read models share.
+    idle: Arc<IdlePasses>,
+    /// When this worker's previous step ended.
+    stepped: std::sync::Mutex<Option<Instant>>,
 }
 
 impl ReadModelWorker {
-    pub(crate) fn new(pool: Pool, model: &'static dyn ReadModel, process: String, faults: Faults) -> Self {
-        Self { pool, model, process, faults }
+    pub(crate) fn new(
+        pool: Pool,
+        model: &'static dyn ReadModel,
+        process: String,
+        faults: Faults,
+        idle: Arc<IdlePasses>,
+    ) -> Self {
+        Self { pool, model, process, faults, idle, stepped: std::sync::Mutex::new(None) }
     }
 
-    /// One batch of every version this process can lease. `Idle` unless a batch was full:
-    /// a notification that arrives meanwhile wakes the worker again at once.
+    /// One batch of every version this process can lease, unless the process's pass over
+    /// idle spans passed over them all. `Idle` unless a batch was full: a notification that
+    /// arrives meanwhile wakes the worker again at once.
     async fn project(&self) -> anyhow::Result<Outcome> {
-        let more = project_versions(&self.pool, self.model, &self.process, &self.faults).await?;
-        Ok(if more { Outcome::Progressed } else { Outcome::Idle })
+        let since = *self.stepped.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let more = self.project_since(since).await;
+        *self.stepped.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        Ok(if more? { Outcome::Progressed } else { Outcome::Idle })
+    }
+
+    async fn project_since(&self, since: Option<Instant>) -> anyhow::Result<bool> {
+        // A crash injected mid-batch needs a batch to crash in, even one without events.
+        let idle = if self.faults.crash_after_events.is_none() {
+            self.idle.outcome(&self.pool, self.model, since, &self.process).await?
+        } else {
+            None
+        };
+        project_versions(&self.pool, self.model, idle, &self.process, &self.faults).await
     }
 }
 
