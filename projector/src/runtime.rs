@@ -225,7 +225,10 @@ impl Runtime {
                     tokio::select! {
                         () = stop.cancelled() => return,
                         received = notifications.recv() => match received {
-                            Some(_) => wakes.iter().for_each(|wake| wake.notify_one()),
+                            Some(_) => {
+                                notified(channel);
+                                wakes.iter().for_each(|wake| wake.notify_one());
+                            }
                             None => return,
                         },
                     }
@@ -239,6 +242,21 @@ impl Runtime {
             let _ = task.await;
         }
     }
+}
+
+/// When this process last received a notification on each channel it listens to.
+static NOTIFIED: Mutex<BTreeMap<&'static str, Instant>> = Mutex::new(BTreeMap::new());
+
+/// Records that a notification on `channel` arrived now, before the workers it wakes are woken.
+fn notified(channel: &'static str) {
+    NOTIFIED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(channel, Instant::now());
+}
+
+/// When this process last received a notification on `channel` (`None`: not since it started,
+/// or it does not listen to it). A step that began after a notification's wake-up sees this at
+/// least as late as that notification's arrival.
+pub(crate) fn last_notified(channel: &str) -> Option<Instant> {
+    NOTIFIED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(channel).copied()
 }
 
 async fn drive(

@@ -136,11 +136,11 @@ pub(crate) async fn project_versions(
 /// batch transactions.
 ///
 /// The read models take turns in their lane, and each is woken by every append. The first to
-/// step runs the pass and the others take its outcome for them, if the pass started after
-/// their previous step ended: an append whose notification woke a read model committed before
-/// that notification arrived, which was after its previous step began, so such a pass saw
-/// it; a notification that arrives later wakes the read model again, and its next step runs
-/// a new pass.
+/// step runs the pass, and the others take its outcome for them (once each) if it started
+/// after the process last received an append's notification: every append whose notification
+/// woke them committed before the notification arrived, so the pass saw it. A notification
+/// that arrives later makes the next step run a new pass, and wakes the read models again.
+/// A read model whose outcome was taken, or whose pass is older, runs a new pass.
 pub(crate) struct IdlePasses {
     /// Every read model of the process, its event types as pairs, for the statement.
     names: Vec<&'static str>,
@@ -149,10 +149,11 @@ pub(crate) struct IdlePasses {
     last: tokio::sync::Mutex<Option<IdlePass>>,
 }
 
-/// One pass: when it started, and each read model's outcome (`None`: it has events to apply).
+/// One pass: when it started, and the outcomes of the read models not taken yet (`None`: it has
+/// events to apply).
 struct IdlePass {
     started: std::time::Instant,
-    outcomes: std::collections::HashMap<&'static str, Vec<Outcome>>,
+    outcomes: std::collections::HashMap<&'static str, Option<Vec<Outcome>>>,
 }
 
 impl IdlePasses {
@@ -165,24 +166,22 @@ impl IdlePasses {
         Self { names, pair_names, pair_types, last: tokio::sync::Mutex::new(None) }
     }
 
-    /// The outcome of every version of `model` from a pass that started after `since` (its
-    /// previous step's end; `None` before its first), running a new pass when the last one is
-    /// older. `None` when the read model has events to apply in a batch of its own.
-    pub(crate) async fn outcome(
-        &self,
-        pool: &Pool,
-        model: &dyn ReadModel,
-        since: Option<std::time::Instant>,
-        worker: &str,
-    ) -> anyhow::Result<Option<Vec<Outcome>>> {
+    /// The outcome of every version of `model` from a pass that started after the last
+    /// notification of an append arrived and whose outcome for `model` was not taken yet,
+    /// running a new pass otherwise. `None` when the read model has events to apply in a batch
+    /// of its own.
+    pub(crate) async fn outcome(&self, pool: &Pool, model: &dyn ReadModel) -> anyhow::Result<Option<Vec<Outcome>>> {
         let mut last = self.last.lock().await;
-        let fresh = matches!((&*last, since), (Some(pass), Some(since)) if pass.started > since);
+        let notified = crate::runtime::last_notified(platform::log::LOG_CHANNEL);
+        let fresh = last.as_ref().is_some_and(|pass| {
+            pass.outcomes.contains_key(model.name()) && notified.is_none_or(|notified| pass.started > notified)
+        });
         if !fresh {
             let started = std::time::Instant::now();
-            let outcomes = pass_over_idle(pool, self, worker).await?;
+            let outcomes = pass_over_idle(pool, self).await?;
             *last = Some(IdlePass { started, outcomes });
         }
-        Ok(last.as_mut().and_then(|pass| pass.outcomes.remove(model.name())))
+        Ok(last.as_mut().and_then(|pass| pass.outcomes.remove(model.name())).flatten())
     }
 }
 
@@ -190,15 +189,17 @@ impl IdlePasses {
 /// models of `passes` that hold none of their events, in one statement: it reads each
 /// version's span (up to [`BATCH_SIZE`] positions, no further than the head), and for a span
 /// without an event of the read model's types it takes the checkpoint row's lease (`FOR
-/// UPDATE SKIP LOCKED`, only if the checkpoint has not moved), advances it, records the batch
-/// and announces the progress, as a batch would, and commits without waiting for its flush
-/// (see [`project`]). Returns the outcomes of each read model none of whose versions is left
-/// with events to apply (each passed over or caught up).
+/// UPDATE SKIP LOCKED`, only if the checkpoint has not moved), advances it and announces the
+/// progress, as a batch would, and commits without waiting for its flush (see [`project`]).
+/// It records no batch in `projection_batches`: that history is of the spans whose events a
+/// read model applied (when each step began and committed, and that no event was applied
+/// twice), and a span without its events has none; recording them was nine rows of every
+/// append. Returns the outcomes of each read model none of whose versions is left with events
+/// to apply (each passed over or caught up), and `None` for the others.
 async fn pass_over_idle(
     pool: &Pool,
     passes: &IdlePasses,
-    worker: &str,
-) -> anyhow::Result<std::collections::HashMap<&'static str, Vec<Outcome>>> {
+) -> anyhow::Result<std::collections::HashMap<&'static str, Option<Vec<Outcome>>>> {
     let client = pool.get().await.context("connecting to project")?;
     let statement = client
         .prepare_cached(
@@ -220,27 +221,20 @@ async fn pass_over_idle(
              advanced AS (
                  UPDATE projections p SET position = l.last, updated_at = now() FROM leased l
                  WHERE p.name = l.name AND p.version = l.version
-                 RETURNING p.name, p.version, l.checkpoint, l.last),
-             recorded AS (
-                 INSERT INTO projection_batches
-                     (name, version, first_position, last_position, worker, started_at, committed_at)
-                 SELECT name, version, checkpoint + 1, last, $5, now(), clock_timestamp() FROM advanced)
+                 RETURNING p.name, p.version, l.checkpoint, l.last)
              SELECT s.name, s.checkpoint, s.last, a.name IS NOT NULL,
                     CASE WHEN a.name IS NOT NULL
-                         THEN pg_notify($6, a.name || ':' || a.version || ':' || a.last) END,
+                         THEN pg_notify($5, a.name || ':' || a.version || ':' || a.last) END,
                     set_config('synchronous_commit', 'off', true)
              FROM span s LEFT JOIN advanced a ON a.name = s.name AND a.version = s.version
              ORDER BY s.name, s.version",
         )
         .await?;
     let rows = client
-        .query(
-            &statement,
-            &[&passes.names, &passes.pair_names, &passes.pair_types, &BATCH_SIZE, &worker, &PROGRESS_CHANNEL],
-        )
+        .query(&statement, &[&passes.names, &passes.pair_names, &passes.pair_types, &BATCH_SIZE, &PROGRESS_CHANNEL])
         .await?;
-    let mut outcomes: std::collections::HashMap<&'static str, Vec<Outcome>> = std::collections::HashMap::new();
-    let mut busy = std::collections::HashSet::new();
+    let mut outcomes: std::collections::HashMap<&'static str, Option<Vec<Outcome>>> =
+        passes.names.iter().map(|name| (*name, Some(Vec::new()))).collect();
     for row in rows {
         let name: &str = row.get(0);
         let Some(name) = passes.names.iter().copied().find(|known| *known == name) else { continue };
@@ -250,12 +244,13 @@ async fn pass_over_idle(
         } else if last <= checkpoint {
             Outcome::CaughtUp { position: checkpoint }
         } else {
-            busy.insert(name);
+            outcomes.insert(name, None);
             continue;
         };
-        outcomes.entry(name).or_default().push(outcome);
+        if let Some(Some(versions)) = outcomes.get_mut(name) {
+            versions.push(outcome);
+        }
     }
-    outcomes.retain(|name, _| !busy.contains(name));
     Ok(outcomes)
 }
 

@@ -2,7 +2,7 @@
 //! it that is live or being built (each version's checkpoint row is its lease).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
@@ -23,8 +23,6 @@ pub(crate) struct ReadModelWorker {
     faults: Faults,
     /// The pass over idle spans this process's read models share.
     idle: Arc<IdlePasses>,
-    /// When this worker's previous step ended.
-    stepped: std::sync::Mutex<Option<Instant>>,
 }
 
 impl ReadModelWorker {
@@ -35,27 +33,21 @@ impl ReadModelWorker {
         faults: Faults,
         idle: Arc<IdlePasses>,
     ) -> Self {
-        Self { pool, model, process, faults, idle, stepped: std::sync::Mutex::new(None) }
+        Self { pool, model, process, faults, idle }
     }
 
     /// One batch of every version this process can lease, unless the process's pass over
     /// idle spans passed over them all. `Idle` unless a batch was full: a notification that
     /// arrives meanwhile wakes the worker again at once.
     async fn project(&self) -> anyhow::Result<Outcome> {
-        let since = *self.stepped.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let more = self.project_since(since).await;
-        *self.stepped.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
-        Ok(if more? { Outcome::Progressed } else { Outcome::Idle })
-    }
-
-    async fn project_since(&self, since: Option<Instant>) -> anyhow::Result<bool> {
         // A crash injected mid-batch needs a batch to crash in, even one without events.
         let idle = if self.faults.crash_after_events.is_none() {
-            self.idle.outcome(&self.pool, self.model, since, &self.process).await?
+            self.idle.outcome(&self.pool, self.model).await?
         } else {
             None
         };
-        project_versions(&self.pool, self.model, idle, &self.process, &self.faults).await
+        let more = project_versions(&self.pool, self.model, idle, &self.process, &self.faults).await?;
+        Ok(if more { Outcome::Progressed } else { Outcome::Idle })
     }
 }
 
