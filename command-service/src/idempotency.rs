@@ -80,7 +80,8 @@
 //! during COMMIT the answer is 503 `idempotency_outcome_unknown` without `type`, and the claim is
 //! marked `unresolved` once that transaction's fate is known (the row lock), unless that
 //! transaction handed it to an email's outbox row (a template send): the hand-off records the
-//! answer, and a retry meanwhile is told to come again.
+//! answer, and a retry meanwhile is told to come again, for 5 s after the database is back at
+//! most (`HANDOFF_GRACE`), then the claim is marked `unresolved` all the same.
 //!
 //! Reconciliation: every minute the projector's maintenance worker deletes completed records older than 24
 //! hours (the key then executes again) and releases unresolved claims under which no event was
@@ -109,6 +110,13 @@ pub(crate) const MAX_KEY_LENGTH: usize = 256;
 /// A `processing` claim older than this is presumed abandoned even if its instance still
 /// beats (an operation stuck that long will not be answered).
 pub(crate) const CLAIM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long, once its database is back, a send whose append's answer was lost leaves its
+/// email's hand-off to record the answer before it marks the outcome unresolved
+/// ([`Claim::mark_unresolved`]): a retry waits that long for the answer at most, not the claim
+/// timeout, when the hand-off cannot record it (its own give-back stuck on a database that
+/// went away again).
+const HANDOFF_GRACE: Duration = Duration::from_secs(5);
 /// The existing claim of a key, and whether it is presumed abandoned: older than
 /// `CLAIM_TIMEOUT` ($2), or older than `DEAD_AFTER` ($3) with an instance that stopped beating.
 static EXISTING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -495,23 +503,76 @@ impl Claim {
     }
 
     /// After the connection failed during COMMIT: wait for that transaction's fate (the
-    /// claim's row lock, which the append held) and, if it neither completed the claim nor
-    /// handed it to an email's outbox row, mark the outcome unresolved. A send's append that
-    /// committed leaves the claim `processing`: its email's hand-off records the answer
-    /// (`mail::outbox` gives this process's row back), and a retry meanwhile waits for it.
-    /// The outbox row is looked for in a statement after the lock is taken, so that it sees
-    /// an append that committed while this waited.
+    /// claim's row lock, which the append held) and, if it did not complete the claim, mark the
+    /// outcome unresolved. A send's append that committed hands the claim to its email's outbox
+    /// row, whose hand-off records the answer (`mail::outbox` gives this process's row back,
+    /// and the outbox worker sends it): the claim is left `processing` for that, and a retry
+    /// meanwhile waits for the answer, for [`HANDOFF_GRACE`] after the database is back; a
+    /// hand-off that has not recorded it by then leaves the outcome unresolved. The outbox row
+    /// is looked for in a statement after the lock is taken, so that it sees an append that
+    /// committed while this waited. Tried every second in the background until the claim
+    /// timeout, like [`Claim::settle`].
     pub(crate) async fn mark_unresolved(&self, state: &State) {
-        self.settle(
-            state,
-            &[
-                "SELECT FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 FOR UPDATE",
+        let mut handed_since = None;
+        if self.try_mark_unresolved(&state.pool, &mut handed_since).await {
+            return;
+        }
+        let (pool, claim) = (state.pool.clone(), self.clone());
+        tokio::spawn(async move {
+            let deadline = std::time::Instant::now() + CLAIM_TIMEOUT;
+            while std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if claim.try_mark_unresolved(&pool, &mut handed_since).await {
+                    return;
+                }
+            }
+            tracing::warn!(operation_id = %claim.operation_id, "could not settle an idempotency claim; it times out");
+        });
+    }
+
+    /// One try of [`Claim::mark_unresolved`]: whether the claim is settled (completed, taken
+    /// over, or now unresolved). `handed_since` is when a try first saw the claim handed to an
+    /// outbox row.
+    async fn try_mark_unresolved(
+        &self,
+        pool: &deadpool_postgres::Pool,
+        handed_since: &mut Option<std::time::Instant>,
+    ) -> bool {
+        let Ok(mut client) = pool.get().await else { return false };
+        let Ok(transaction) = client.transaction().await else { return false };
+        let key: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&self.scope_key, &self.claim_token];
+        let Ok(claim) = transaction
+            .query_opt(
+                "SELECT state = 'processing' FROM idempotency_records
+                 WHERE scope_key = $1 AND claim_token = $2 FOR UPDATE",
+                &key,
+            )
+            .await
+        else {
+            return false;
+        };
+        if !claim.is_some_and(|row| row.get::<_, bool>(0)) {
+            return true;
+        }
+        let Ok(handed) = transaction
+            .query_one("SELECT EXISTS (SELECT FROM email_outbox WHERE claim_scope_key = $1 AND claim_token = $2)", &key)
+            .await
+        else {
+            return false;
+        };
+        if handed.get::<_, bool>(0)
+            && handed_since.get_or_insert_with(std::time::Instant::now).elapsed() < HANDOFF_GRACE
+        {
+            return false;
+        }
+        let marked = transaction
+            .execute(
                 "UPDATE idempotency_records SET state = 'unresolved'
-                 WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'
-                   AND NOT EXISTS (SELECT FROM email_outbox WHERE claim_scope_key = $1 AND claim_token = $2)",
-            ],
-        )
-        .await;
+                 WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+                &key,
+            )
+            .await;
+        marked.is_ok() && transaction.commit().await.is_ok()
     }
 
     /// Runs `statements` in one transaction, which settle this claim only while it is still
