@@ -495,11 +495,7 @@ impl Claim {
     /// Releases the claim of an operation that wrote nothing because the service was
     /// unavailable, so a retry with the same key executes instead of replaying the failure.
     pub async fn release(&self, state: &State) {
-        self.settle(
-            state,
-            &["DELETE FROM idempotency_records WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'"],
-        )
-        .await;
+        self.settle(state, Settlement::Release).await;
     }
 
     /// After the connection failed during COMMIT: wait for that transaction's fate (the
@@ -510,11 +506,18 @@ impl Claim {
     /// meanwhile waits for the answer, for [`HANDOFF_GRACE`] after the database is back; a
     /// hand-off that has not recorded it by then leaves the outcome unresolved. The outbox row
     /// is looked for in a statement after the lock is taken, so that it sees an append that
-    /// committed while this waited. Tried every second in the background until the claim
-    /// timeout, like [`Claim::settle`].
+    /// committed while this waited.
     pub(crate) async fn mark_unresolved(&self, state: &State) {
-        let mut handed_since = None;
-        if self.try_mark_unresolved(&state.pool, &mut handed_since).await {
+        self.settle(state, Settlement::Unresolved { handed_since: None }).await;
+    }
+
+    /// Settles this claim while it is still `processing` under this token ([`Settlement`]).
+    /// When the database cannot take it now (the very failure that ends the operation is often
+    /// the database's), or a send's hand-off is still given its grace, it is tried again in the
+    /// background every second until the claim timeout; otherwise this live instance would
+    /// leave a retry meeting `idempotency_conflict` for the whole timeout.
+    async fn settle(&self, state: &State, mut settlement: Settlement) {
+        if self.try_settle(&state.pool, &mut settlement).await {
             return;
         }
         let (pool, claim) = (state.pool.clone(), self.clone());
@@ -522,7 +525,7 @@ impl Claim {
             let deadline = std::time::Instant::now() + CLAIM_TIMEOUT;
             while std::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                if claim.try_mark_unresolved(&pool, &mut handed_since).await {
+                if claim.try_settle(&pool, &mut settlement).await {
                     return;
                 }
             }
@@ -530,17 +533,25 @@ impl Claim {
         });
     }
 
-    /// One try of [`Claim::mark_unresolved`]: whether the claim is settled (completed, taken
-    /// over, or now unresolved). `handed_since` is when a try first saw the claim handed to an
-    /// outbox row.
-    async fn try_mark_unresolved(
-        &self,
-        pool: &deadpool_postgres::Pool,
-        handed_since: &mut Option<std::time::Instant>,
-    ) -> bool {
+    /// One try of [`Claim::settle`]: whether the claim is settled (released, completed, taken
+    /// over, or now unresolved).
+    async fn try_settle(&self, pool: &deadpool_postgres::Pool, settlement: &mut Settlement) -> bool {
         let Ok(mut client) = pool.get().await else { return false };
-        let Ok(transaction) = client.transaction().await else { return false };
         let key: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&self.scope_key, &self.claim_token];
+        let handed_since = match settlement {
+            Settlement::Release => {
+                return client
+                    .execute(
+                        "DELETE FROM idempotency_records
+                         WHERE scope_key = $1 AND claim_token = $2 AND state = 'processing'",
+                        &key,
+                    )
+                    .await
+                    .is_ok();
+            }
+            Settlement::Unresolved { handed_since } => handed_since,
+        };
+        let Ok(transaction) = client.transaction().await else { return false };
         let Ok(claim) = transaction
             .query_opt(
                 "SELECT state = 'processing' FROM idempotency_records
@@ -574,39 +585,16 @@ impl Claim {
             .await;
         marked.is_ok() && transaction.commit().await.is_ok()
     }
+}
 
-    /// Runs `statements` in one transaction, which settle this claim only while it is still
-    /// `processing` under this token. When the database cannot take them now (the very
-    /// failure that ends the operation is often the database's), they are retried in the
-    /// background every second until the claim timeout; otherwise this live instance would
-    /// leave a retry meeting `idempotency_conflict` for the whole timeout.
-    async fn settle(&self, state: &State, statements: &'static [&'static str]) {
-        if self.try_settle(&state.pool, statements).await {
-            return;
-        }
-        let (pool, claim) = (state.pool.clone(), self.clone());
-        tokio::spawn(async move {
-            let deadline = std::time::Instant::now() + CLAIM_TIMEOUT;
-            while std::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                if claim.try_settle(&pool, statements).await {
-                    return;
-                }
-            }
-            tracing::warn!(operation_id = %claim.operation_id, "could not settle an idempotency claim; it times out");
-        });
-    }
-
-    async fn try_settle(&self, pool: &deadpool_postgres::Pool, statements: &[&str]) -> bool {
-        let Ok(mut client) = pool.get().await else { return false };
-        let Ok(transaction) = client.transaction().await else { return false };
-        for sql in statements {
-            if transaction.execute(*sql, &[&self.scope_key, &self.claim_token]).await.is_err() {
-                return false;
-            }
-        }
-        transaction.commit().await.is_ok()
-    }
+/// How a live instance settles a claim its operation could not ([`Claim::settle`]).
+enum Settlement {
+    /// Delete it: the operation wrote nothing.
+    Release,
+    /// Mark it unresolved once its append's fate is known, unless the append handed it to an
+    /// email's outbox row, whose hand-off is given [`HANDOFF_GRACE`] from `handed_since` (when
+    /// a try first saw that row) to record the answer.
+    Unresolved { handed_since: Option<std::time::Instant> },
 }
 
 /// Finishes a claimed operation's answer: records errors raised after the claim so they are
