@@ -32,9 +32,14 @@ pub(crate) fn deletion_guards(operation_id: &str, record_id: &str, space_id: &st
             vec![Box::new(record_id.clone())],
             AppendError::Conflict { code: Code::RecordDeletionPending, message: String::new() },
         ),
+        // The eraser is told in the same transaction (the channel is
+        // `domain::records::DELETIONS_CHANNEL`): a notification is delivered on commit or not
+        // at all. Deletions are rare, so the commit's notification lock costs the log nothing.
         Guard::exactly_one(
-            "INSERT INTO record_deletions (operation_id, record_id, space_id, schema_id, state)
-             VALUES ($1, $2, $3, $4, 'pending') ON CONFLICT (record_id) DO NOTHING",
+            "WITH requested AS (
+                 INSERT INTO record_deletions (operation_id, record_id, space_id, schema_id, state)
+                 VALUES ($1, $2, $3, $4, 'pending') ON CONFLICT (record_id) DO NOTHING RETURNING operation_id)
+             SELECT pg_notify('record_deletion_requested', operation_id) FROM requested",
             vec![Box::new(operation_id), Box::new(record_id.clone()), Box::new(space_id), Box::new(schema_id)],
             AppendError::Conflict {
                 code: Code::RecordDeletionPending,

@@ -9,7 +9,10 @@
 //! operation always means the key is gone. Several projector processes may run the eraser:
 //! the guard on `record_deletions` lets exactly one completion (or block) through.
 //!
-//! It runs on the worker runtime under the lease `eraser`, woken by every append.
+//! It runs on the worker runtime under the lease `eraser`. It looks for open operations when a
+//! deletion's request notifies it (in the request's transaction), when a read model reports
+//! progress, and every [`RECHECK`] (a notification lost while its listener reconnected); a
+//! wake-up after a look that found none, with no request since, runs no statement.
 //!
 //! An operation that waits longer than the configured time, because a projection is stuck
 //! (failing on an event, or a rebuild that was abandoned), becomes `blocked` with the reason;
@@ -273,26 +276,53 @@ async fn append(
 /// not a log position.
 pub(crate) const LEASE: &str = "eraser";
 
+/// How long a look that found no open operation stands for, when no request notified since.
+const RECHECK: Duration = Duration::from_secs(10);
+
 /// The eraser on the worker runtime.
 pub(crate) struct Eraser {
     pool: Pool,
     log: EventLog,
     blocked_after: Duration,
     lease: crate::runtime::LeaseName,
+    /// When the last look that found no open operation began (`None`: one was open).
+    none_open: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Eraser {
     pub(crate) fn new(pool: Pool, log: EventLog, blocked_after: Duration) -> Self {
-        Self { pool, log, blocked_after, lease: crate::runtime::LeaseName::new(LEASE) }
+        Self {
+            pool,
+            log,
+            blocked_after,
+            lease: crate::runtime::LeaseName::new(LEASE),
+            none_open: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether the last look found no open operation, began after the last request's
+    /// notification arrived, and is younger than [`RECHECK`]: then nothing can be open but an
+    /// operation whose notification was lost.
+    fn none_open_still(&self) -> bool {
+        let none_open = *self.none_open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let requested = crate::runtime::last_notified(domain::records::DELETIONS_CHANNEL);
+        none_open
+            .is_some_and(|looked| looked.elapsed() < RECHECK && requested.is_none_or(|requested| requested < looked))
     }
 
     async fn pass(&self) -> anyhow::Result<crate::runtime::Outcome> {
+        if self.none_open_still() {
+            return Ok(crate::runtime::Outcome::Idle);
+        }
         let mut client = self.pool.get().await?;
-        // Woken by every append and projection batch: most passes find nothing open, which
-        // one statement on the partial index of open operations answers without the lease.
+        // One statement on the partial index of open operations, without the lease.
+        let looked = std::time::Instant::now();
         let open =
             client.prepare_cached("SELECT EXISTS (SELECT 1 FROM record_deletions WHERE state <> 'completed')").await?;
-        if !client.query_one(&open, &[]).await?.get::<_, bool>(0) {
+        metrics::counter!("eraser_looks_total").increment(1);
+        let any_open = client.query_one(&open, &[]).await?.get::<_, bool>(0);
+        *self.none_open.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = (!any_open).then_some(looked);
+        if !any_open {
             return Ok(crate::runtime::Outcome::Idle);
         }
         let Some(lease) = crate::runtime::Lease::acquire(&mut client, &self.lease).await? else {
@@ -312,7 +342,7 @@ impl crate::runtime::Worker for Eraser {
     }
 
     fn channels(&self) -> &'static [&'static str] {
-        &[platform::log::LOG_CHANNEL, platform::readmodel::PROGRESS_CHANNEL]
+        &[domain::records::DELETIONS_CHANNEL, platform::readmodel::PROGRESS_CHANNEL]
     }
 
     fn poll_interval(&self) -> Duration {

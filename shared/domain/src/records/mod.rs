@@ -201,6 +201,10 @@ pub const BLANK_IDEMPOTENT_RESPONSES: &str = "UPDATE idempotency_records
      SET response = jsonb_build_object('data', jsonb_build_object('id', $1::text, 'erased', true))
      WHERE response -> 'data' ->> 'id' = $1::text AND NOT (response -> 'data' ? 'erased')";
 
+/// The channel a deletion request notifies, in its own transaction, so that the eraser looks
+/// for open operations when one was requested rather than after every append.
+pub const DELETIONS_CHANNEL: &str = "record_deletion_requested";
+
 /// The log stream of a record.
 pub fn stream_id(record_id: &str) -> String {
     format!("record/{record_id}")
