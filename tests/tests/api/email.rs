@@ -556,6 +556,72 @@ async fn a_confirmation_is_handed_off_exactly_once_when_the_command_service_dies
     assert_eq!(sent, SENDS as i64, "recorded sent");
 }
 
+/// An email the outbox cannot rebuild from the log (here, one the log never scheduled: a
+/// defect) is given back for a later attempt on the retry schedule, with the reason, and the
+/// emails claimed beside it go out: it neither fails the worker's steps (whose backoff would
+/// hold every later email back) nor is claimed again at once in each step.
+#[tokio::test]
+async fn an_email_the_outbox_cannot_rebuild_is_deferred_and_the_others_go_out() {
+    let sink = SmtpSink::start().await;
+    let email = platform::settings::EmailSettings { retry_schedule_ms: vec![60_000], ..test_email(&sink) };
+    let app = mail_app_with(&sink, 100, email).await;
+    // Confirmations left `pending` by a process killed before its hand-offs.
+    let (mut doomed, url) = sender_process(&app, &sink, Some(60_000)).await;
+    const SENDS: usize = 3;
+    for index in 0..SENDS {
+        let submitted = app
+            .http
+            .post(format!("{url}/forms/{SIGNUP_FORM}/submit"))
+            .json(&json!({"email_address": format!("beside{index}@example.com"), "first_name": "Beside"}))
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(submitted.status().as_u16(), 200);
+    }
+    doomed.0.kill().expect("kill -9");
+    app.query_i64(
+        "WITH added AS (INSERT INTO email_outbox (email_id, space_id, created_at)
+                        SELECT 'em_never_scheduled', space_id, now() - interval '1 minute'
+                        FROM email_outbox LIMIT 1 RETURNING 1)
+         SELECT count(*) FROM added",
+    )
+    .await;
+
+    sink.wait_for(SENDS, WAIT).await;
+    let deadline = Instant::now() + WAIT;
+    let (state, attempts, deferred_for, error) = loop {
+        let row = app
+            .query_string(
+                "SELECT state || '|' || attempts || '|' || extract(epoch FROM next_attempt_at - now())::int
+                        || '|' || coalesce(last_error, '')
+                 FROM email_outbox WHERE email_id = 'em_never_scheduled'",
+            )
+            .await;
+        let parts: Vec<String> = row.splitn(4, '|').map(str::to_owned).collect();
+        if parts[1] != "0" && parts[0] == "pending" {
+            break (
+                parts[0].clone(),
+                parts[1].parse::<i64>().expect("attempts"),
+                parts[2].parse::<i64>().expect("secs"),
+                parts[3].clone(),
+            );
+        }
+        assert!(Instant::now() < deadline, "the email was never tried: {row}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(state, "pending");
+    assert_eq!(attempts, 1, "tried once, not in every step");
+    assert!(deferred_for > 30, "given back for the schedule's minute, not due at once: {deferred_for} s");
+    assert!(error.contains("could not be rebuilt"), "{error}");
+    // Still deferred a moment later: not claimed again in the steps since.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let attempts =
+        app.query_i64("SELECT attempts::bigint FROM email_outbox WHERE email_id = 'em_never_scheduled'").await;
+    assert_eq!(attempts, 1);
+    let sent = app.query_i64("SELECT count(*) FROM email_outbox WHERE state = 'sent'").await;
+    assert_eq!(sent, SENDS as i64, "the others went out and were recorded");
+}
+
 /// A command service of its own process relaying to `sink`, pausing `handoff_delay_ms`
 /// between a send's append and its hand-off; the process and its base URL.
 async fn sender_process(app: &TestApp, sink: &SmtpSink, handoff_delay_ms: Option<u64>) -> (ChildGuard, String) {

@@ -168,11 +168,17 @@ impl Outbox {
     }
 
     /// Hands off the email of `lease`, as `prepared` rebuilt it (`None`: it could not be
-    /// rebuilt, and it is given back).
+    /// rebuilt, and it is given back for a later attempt, on the retry schedule).
     async fn hand_off(&self, lease: &Lease, prepared: Option<Result<Prepared, Parties>>) -> anyhow::Result<()> {
         let Some(prepared) = prepared else {
-            outbox::release(&self.pool, lease).await;
-            anyhow::bail!("email {} could not be rebuilt from the log", lease.email_id);
+            // Not this step's failure: the other emails went on, and failing the step would
+            // hold every later one back by the worker's backoff while this one came back
+            // first in each step.
+            let schedule = &self.settings.retry_schedule_ms;
+            outbox::defer(&self.pool, lease, schedule, "the email could not be rebuilt from the log").await?;
+            metrics::counter!("email_outbox_unbuildable_total").increment(1);
+            tracing::error!(email = %lease.email_id, attempts = lease.attempts + 1, "an email could not be rebuilt from the log; deferred");
+            return Ok(());
         };
         match prepared {
             Ok(prepared) => {

@@ -415,6 +415,21 @@ fn drawn_suppression(address: &str) -> Result<decide::NewSuppression, AppendErro
 
 /// Puts a hand-off the relay refused for now (or could not be reached for) back in the queue
 /// after `delay`, under its lease (tried again while the database is away).
+/// Gives back a claimed email that could not be rebuilt from the log (a defect, or a
+/// definition that no longer reads): `pending` again after the delay `retry_schedule` gives
+/// its attempt (the schedule's last delay once it is spent, a minute without one), with
+/// `reason` in `last_error`. It is tried again then, and neither fails the step that claimed
+/// it nor comes back at once to be claimed in every step.
+pub async fn defer(pool: &Pool, lease: &Lease, retry_schedule: &[u64], reason: &str) -> anyhow::Result<()> {
+    let delay_ms = usize::try_from(lease.attempts)
+        .ok()
+        .and_then(|attempts| retry_schedule.get(attempts))
+        .or(retry_schedule.last())
+        .copied()
+        .unwrap_or(60_000);
+    retry_later(pool, lease, Duration::from_millis(delay_ms), reason).await
+}
+
 pub(crate) async fn retry_later(pool: &Pool, lease: &Lease, delay: Duration, error: &str) -> anyhow::Result<()> {
     persist("queue a hand-off again", &lease.email_id, |_| true, || retry_later_once(pool, lease, delay, error)).await
 }
