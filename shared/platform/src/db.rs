@@ -87,6 +87,11 @@ macro_rules! keyed_plans {
 /// of due runs and the webhook deliveries' claim send them.
 pub const KEYED_PLANS: &str = keyed_plans!();
 
+/// [`KEYED_PLANS`] with the `BEGIN` before them: a transaction opened by its first
+/// statements, pipelined with the rest instead of a round trip of its own (the log's set
+/// writes).
+pub const BEGIN_KEYED: &str = concat!("BEGIN; ", keyed_plans!());
+
 /// A claim's settings: [`KEYED_PLANS`], and a commit that does not wait for the disk (a claim
 /// acknowledges nothing; the work it leads to is appended with a flush that makes it durable
 /// too, and a claim lost in a crash only lets its rows be claimed again).

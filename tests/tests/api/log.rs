@@ -212,6 +212,34 @@ async fn the_log_head_is_not_held_while_its_appender_reads_the_answers() {
     assert_eq!(events, 1);
 }
 
+/// A batch written set-wise opens its transaction with its first statements: its `BEGIN` is
+/// not a round trip of its own, after which the transaction would sit open while the appender
+/// waits for a core to send the rest. With every answer from PostgreSQL held, an append
+/// takes three of them (the staging statements with the `BEGIN`, the positions with the
+/// `COMMIT`, the followers' notification), where it took four.
+#[tokio::test]
+async fn a_set_write_sends_its_begin_with_its_first_statements() {
+    let app = TestApp::spawn().await;
+    let (proxy, proxied) = app.database_behind_proxy().await;
+    // One connection: the write and the notification after it use the one that prepared the
+    // statements.
+    let pool = platform::db::pool(&proxied, 1).expect("a pool through the proxy");
+    let event_log = EventLog::start(pool, 64);
+    event_log.append(space_event("test/warm", ExpectedVersion::Any)).await.expect("appended");
+    let delay = Duration::from_millis(500);
+    proxy.set(crate::fault_proxy::Fault::DelayAnswers(delay));
+    let started = std::time::Instant::now();
+    event_log.append(space_event("test/begun", ExpectedVersion::Any)).await.expect("appended");
+    let took = started.elapsed();
+    assert!(took >= delay * 3, "every answer was held ({took:?})");
+    assert!(took < delay * 7 / 2, "the append waited {took:?} for answers held {delay:?} each: four round trips");
+    assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE stream_id = 'test/begun'").await, 1);
+    // The connection went back to the pool outside a transaction.
+    proxy.set(crate::fault_proxy::Fault::Pass);
+    event_log.append(space_event("test/after", ExpectedVersion::Any)).await.expect("appended after");
+    assert_eq!(app.query_i64("SELECT count(*) FROM events WHERE stream_id = 'test/after'").await, 1);
+}
+
 /// A claim of `value` with its set form, as the record identity guards are.
 fn claim(value: &str, record_id: &str) -> Guard {
     let row = ["spc_x", "sch_x", "email", value, record_id];

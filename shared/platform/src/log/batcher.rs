@@ -8,7 +8,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::append::{AppendError, AppendRequest, Appended, ExpectedVersion};
-use super::commit::{BatchOutcome, Fallback, PendingRow, finish_batch, pending_rows, unavailable};
+use super::commit::{BatchOutcome, Ending, Fallback, PendingRow, finish_batch, pending_rows, unavailable};
 use super::set_form::{SetBatch, write_set};
 
 /// The channel notified (after commit, once per batch) with the new head position.
@@ -139,15 +139,42 @@ async fn notify_appended(pool: &Pool, head: i64) {
 /// conflict) the transaction is rolled back and the batch is written again with a savepoint
 /// per command, so only the refused commands fail.
 async fn write_batch(pool: &Pool, requests: &[AppendRequest]) -> Result<BatchOutcome, AppendError> {
-    let mut client = pool.get().await.map_err(|error| AppendError::Unavailable(error.to_string()))?;
+    let client = pool.get().await.map_err(|error| AppendError::Unavailable(error.to_string()))?;
+    let mut connection = Unended(Some(client));
+    let client = connection.0.as_mut().ok_or_else(|| AppendError::Unavailable("no connection".to_owned()))?;
     let first_try = match SetBatch::of(requests) {
-        Some(batch) => write_set(&mut client, requests, batch).await,
-        None => write_pipelined(&mut client, requests).await,
+        Some(batch) => write_set(client, requests, batch).await,
+        None => write_pipelined(client, requests).await,
     };
-    match first_try {
+    let written = match first_try {
         Ok(outcome) => Ok(outcome),
-        Err(Fallback::Isolate) => write_isolated(&mut client, requests).await,
+        Err(Fallback::Isolate) => write_isolated(client, requests).await,
         Err(Fallback::Fail(error)) => Err(error),
+    };
+    if written.is_ok() {
+        connection.ended();
+    }
+    written
+}
+
+/// A connection carrying a batch: unless the write ended (its transaction committed, or rolled
+/// back with the batch's outcome known), it is closed rather than pooled. A set write opens
+/// its transaction with its first statements and ends it itself, so a write stopped on the
+/// way (a failure, a dropped future) could otherwise leave the next user of the connection
+/// inside it.
+struct Unended(Option<deadpool_postgres::Client>);
+
+impl Unended {
+    fn ended(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unended {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
     }
 }
 
@@ -178,7 +205,7 @@ async fn write_pipelined(
         }
     }
     let outcomes = rows_per_request.iter().map(|_| Some(Ok(()))).collect();
-    finish_batch(transaction, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
+    finish_batch(&transaction, Ending::Held, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
 }
 
 async fn write_isolated(
@@ -205,7 +232,7 @@ async fn write_isolated(
             Err(Staging::Failed(error)) => return Err(unavailable(error)),
         }
     }
-    finish_batch(transaction, requests, outcomes, rows_per_request).await
+    finish_batch(&transaction, Ending::Held, requests, outcomes, rows_per_request).await
 }
 
 enum Staging {

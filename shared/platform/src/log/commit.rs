@@ -3,7 +3,7 @@
 //! them, then the commit.
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::Transaction;
+use deadpool_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::append::{AppendError, AppendRequest, Appended, Metadata, StreamAppend};
@@ -47,6 +47,35 @@ pub(super) fn pending_rows(stream: &StreamAppend, first_version: i64, metadata_i
         .collect()
 }
 
+/// How a batch's transaction ends: the statement that commits it, and the one that rolls it
+/// back when its last statement could not even be sent.
+#[derive(Clone, Copy)]
+pub(super) enum Ending {
+    /// A transaction opened by `client.transaction()`, which the caller drops afterwards: it is
+    /// committed with `COMMIT; BEGIN`, so that the drop rolls back an empty transaction instead
+    /// of warning that none is in progress.
+    Held,
+    /// A transaction opened with its first statements (`BEGIN` pipelined with them, see
+    /// [`super::set_form::write_set`]): plain `COMMIT` and `ROLLBACK`.
+    Begun,
+}
+
+impl Ending {
+    fn commit(self) -> &'static str {
+        match self {
+            Self::Held => "COMMIT; BEGIN",
+            Self::Begun => "COMMIT",
+        }
+    }
+
+    fn rollback(self) -> &'static str {
+        match self {
+            Self::Held => "ROLLBACK; BEGIN",
+            Self::Begun => "ROLLBACK",
+        }
+    }
+}
+
 /// Takes the positions, inserts the events and records each key's last position in one
 /// statement (so the counter row is locked only from here to COMMIT), and commits.
 ///
@@ -55,9 +84,11 @@ pub(super) fn pending_rows(stream: &StreamAppend, first_version: i64, metadata_i
 /// process reads the answer and gets round to sending the COMMIT. Under load that wait was the
 /// longest part of the hold: a process busy rendering and signing a broadcast's emails kept
 /// every other process's appends waiting on it (docs/benchmarks.md, "Live creates beside a
-/// broadcast"). See [`commit_behind`] for what each pair of answers means.
+/// broadcast"). See [`commit_behind`] for what each pair of answers means. On every path the
+/// transaction is over when this returns, or its connection is broken.
 pub(super) async fn finish_batch(
-    transaction: Transaction<'_>,
+    client: &impl GenericClient,
+    ending: Ending,
     requests: &[AppendRequest],
     outcomes: Vec<Option<Result<(), AppendError>>>,
     rows_per_request: Vec<Vec<PendingRow>>,
@@ -86,13 +117,16 @@ pub(super) async fn finish_batch(
         }
         let keys: Vec<&str> = key_latest.keys().copied().collect();
         let key_ordinals: Vec<i64> = key_latest.values().copied().collect();
-        let statement = Columns::prepare(&transaction).await.map_err(unavailable)?;
-        head =
-            commit_behind(&transaction, columns.insert(&transaction, &statement, total, &keys, &key_ordinals)).await?;
-        // Rolls back the empty transaction `COMMIT; BEGIN` opened (or, if the COMMIT failed, warns).
-        drop(transaction);
+        let statement = match Columns::prepare(client).await {
+            Ok(statement) => statement,
+            Err(error) => {
+                let _ = client.batch_execute(ending.rollback()).await;
+                return Err(unavailable(error));
+            }
+        };
+        head = commit_behind(client, ending, columns.insert(client, &statement, total, &keys, &key_ordinals)).await?;
     } else {
-        transaction.commit().await.map_err(commit_failed)?;
+        client.batch_execute(ending.commit()).await.map_err(commit_failed)?;
     }
     let first = head - total;
     let outcomes = outcomes
@@ -118,22 +152,27 @@ pub(super) async fn finish_batch(
 ///
 /// `last` must send its statement on its first poll (a prepared statement: tokio-postgres sends
 /// a request when its future is first polled, and in that order). If it ends on that first poll
-/// (it failed before anything was sent), nothing is pipelined, and nothing committed.
-/// The COMMIT is sent as `COMMIT; BEGIN`: the caller then drops the transaction, which rolls
-/// back what it did not see committed, here an empty transaction (a lone COMMIT would leave
-/// none, and the rollback would warn that none is in progress).
+/// (it failed before anything was sent), nothing is pipelined: it commits what succeeded, and
+/// rolls back after a failure.
 async fn commit_behind(
-    transaction: &Transaction<'_>,
+    client: &impl GenericClient,
+    ending: Ending,
     last: impl Future<Output = Result<i64, tokio_postgres::Error>>,
 ) -> Result<i64, AppendError> {
     let mut last = std::pin::pin!(last);
     let first_poll = std::future::poll_fn(|context| std::task::Poll::Ready(last.as_mut().poll(context))).await;
     if let std::task::Poll::Ready(ended) = first_poll {
-        let head = ended.map_err(unavailable)?;
-        transaction.batch_execute("COMMIT; BEGIN").await.map_err(commit_failed)?;
+        let head = match ended {
+            Ok(head) => head,
+            Err(error) => {
+                let _ = client.batch_execute(ending.rollback()).await;
+                return Err(unavailable(error));
+            }
+        };
+        client.batch_execute(ending.commit()).await.map_err(commit_failed)?;
         return Ok(head);
     }
-    let (answered, committed) = tokio::join!(last, transaction.batch_execute("COMMIT; BEGIN"));
+    let (answered, committed) = tokio::join!(last, client.batch_execute(ending.commit()));
     match (answered, committed) {
         (Ok(head), Ok(())) => Ok(head),
         (Err(error), _) if error.as_db_error().is_some() => Err(unavailable(error)),
@@ -181,8 +220,8 @@ impl Columns {
     }
 
     /// The statement of [`Columns::insert`].
-    async fn prepare(transaction: &Transaction<'_>) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
-        transaction
+    async fn prepare(client: &impl GenericClient) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+        client
             .prepare_cached(
                 "WITH head AS (
                      UPDATE log_head SET position = position + $14 RETURNING position - $14 AS base
@@ -214,13 +253,13 @@ impl Columns {
     /// Returns the new head. Sends its statement (`prepare`d) on its first poll.
     async fn insert(
         &self,
-        transaction: &Transaction<'_>,
+        client: &impl GenericClient,
         statement: &tokio_postgres::Statement,
         total: i64,
         keys: &[&str],
         key_ordinals: &[i64],
     ) -> Result<i64, tokio_postgres::Error> {
-        let row = transaction
+        let row = client
             .query_one(
                 statement,
                 &[

@@ -2,12 +2,11 @@
 //! written with one statement per table (the streams of each kind, the guards of each set form)
 //! instead of one per command.
 
-use deadpool_postgres::Transaction;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::append::{AppendRequest, ExpectedVersion, SetValue};
-use super::commit::{BatchOutcome, Fallback, PendingRow, finish_batch, pending_rows, unavailable};
+use super::commit::{BatchOutcome, Ending, Fallback, PendingRow, finish_batch, pending_rows, unavailable};
 
 /// The values of one column of a set form, as the array parameter the statement takes.
 enum SetColumn {
@@ -127,7 +126,12 @@ pub(super) async fn write_set(
     requests: &[AppendRequest],
     batch: SetBatch,
 ) -> Result<BatchOutcome, Fallback> {
-    let transaction = client.transaction().await.map_err(|error| Fallback::Fail(unavailable(error)))?;
+    // The transaction is opened by its first statements: its BEGIN goes out with them (it is
+    // polled first, so sent first), not as a round trip of its own, after which the
+    // transaction would sit idle while this process waits for a core to send the rest. Every
+    // path below ends it (COMMIT or ROLLBACK) or leaves its connection broken, and the caller
+    // closes a connection whose write did not end (`batcher::write_batch`).
+    let client: &deadpool_postgres::Client = client;
     let stream = |(index, stream_index): (usize, usize)| &requests[index].streams[stream_index];
     let created_ids: Vec<&str> = batch.created.iter().map(|at| stream(*at).stream_id.as_str()).collect();
     let created_counts: Vec<i64> = batch.created.iter().map(|at| stream(*at).events.len() as i64).collect();
@@ -143,47 +147,50 @@ pub(super) async fn write_set(
         if created_ids.is_empty() {
             return Ok(0);
         }
-        let statement = transaction
+        let statement = client
             .prepare_cached("INSERT INTO streams (stream_id, version) SELECT * FROM unnest($1::text[], $2::bigint[])")
             .await?;
-        transaction.execute(&statement, &[&created_ids, &created_counts]).await
+        client.execute(&statement, &[&created_ids, &created_counts]).await
     };
     let advance = async {
         if advanced_ids.is_empty() {
             return Ok(0);
         }
-        let statement = transaction
+        let statement = client
             .prepare_cached(
                 "UPDATE streams s SET version = v.next FROM unnest($1::text[], $2::bigint[], $3::bigint[])
                      AS v(stream_id, expected, next)
                  WHERE s.stream_id = v.stream_id AND s.version = v.expected",
             )
             .await?;
-        transaction.execute(&statement, &[&advanced_ids, &advanced_from, &advanced_to]).await
+        client.execute(&statement, &[&advanced_ids, &advanced_from, &advanced_to]).await
     };
     let extend = async {
         if extended_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let statement = transaction
+        let statement = client
             .prepare_cached(
                 "INSERT INTO streams (stream_id, version) SELECT * FROM unnest($1::text[], $2::bigint[])
                  ON CONFLICT (stream_id) DO UPDATE SET version = streams.version + EXCLUDED.version
                  RETURNING stream_id, version",
             )
             .await?;
-        transaction.query(&statement, &[&extended_ids, &extended_counts]).await
+        client.query(&statement, &[&extended_ids, &extended_counts]).await
     };
     let guards = futures_util::future::join_all(batch.guards.iter().map(|(sql, columns, _)| async {
-        let statement = transaction.prepare_cached(sql).await?;
+        let statement = client.prepare_cached(sql).await?;
         let params: Vec<&(dyn ToSql + Sync)> = columns.iter().map(SetColumn::param).collect();
-        transaction.execute(&statement, &params).await
+        client.execute(&statement, &params).await
     }));
     // The plan settings (`db::KEYED_PLANS`) go out first, pipelined with the statements
     // (polled first, sent first).
-    let (keyed, created, advanced, extended, guarded) =
-        tokio::join!(transaction.batch_execute(crate::db::KEYED_PLANS), create, advance, extend, guards);
-    keyed.map_err(|error| Fallback::Fail(unavailable(error)))?;
+    let (begun, created, advanced, extended, guarded) =
+        tokio::join!(client.batch_execute(crate::db::BEGIN_KEYED), create, advance, extend, guards);
+    if let Err(error) = begun {
+        let _ = client.batch_execute("ROLLBACK").await;
+        return Err(Fallback::Fail(unavailable(error)));
+    }
 
     // Any failure, refused or not, goes to the command-at-a-time path, which tells whose it
     // was (after one failed statement the others fail as the transaction is aborted).
@@ -197,7 +204,7 @@ pub(super) async fn write_set(
             .zip(&batch.guards)
             .any(|(rows, (_, _, expected))| rows.is_none() || expected.is_some_and(|expected| Some(expected) != *rows))
     {
-        return refuse(transaction).await;
+        return refuse(client).await;
     }
     let extended_versions: std::collections::HashMap<String, i64> =
         extended.unwrap_or_default().iter().map(|row| (row.get(0), row.get(1))).collect();
@@ -214,19 +221,19 @@ pub(super) async fn write_set(
                 ExpectedVersion::Exactly(version) => version + 1,
                 ExpectedVersion::Any => match extended_versions.get(&stream.stream_id) {
                     Some(version) => version - count + 1,
-                    None => return refuse(transaction).await,
+                    None => return refuse(client).await,
                 },
             };
             rows_per_request[index].extend(pending_rows(stream, first_version, index));
         }
     }
     let outcomes = rows_per_request.iter().map(|_| Some(Ok(()))).collect();
-    finish_batch(transaction, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
+    finish_batch(client, Ending::Begun, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
 }
 
 /// Rolls back a batch that some command refused, to write it again a command at a time.
-async fn refuse(transaction: Transaction<'_>) -> Result<BatchOutcome, Fallback> {
-    let _ = transaction.rollback().await;
+async fn refuse(client: &deadpool_postgres::Client) -> Result<BatchOutcome, Fallback> {
+    client.batch_execute("ROLLBACK").await.map_err(|error| Fallback::Fail(unavailable(error)))?;
     Err(Fallback::Isolate)
 }
 
