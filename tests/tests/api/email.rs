@@ -522,16 +522,7 @@ async fn a_confirmation_is_handed_off_exactly_once_when_the_command_service_dies
     // until its hand-off claims it), so the outbox worker sends what the dead process left.
     let (mut doomed, url) = sender_process(&app, &sink, Some(60_000)).await;
     const SENDS: usize = 3;
-    for index in 0..SENDS {
-        let submitted = app
-            .http
-            .post(format!("{url}/forms/{SIGNUP_FORM}/submit"))
-            .json(&json!({"email_address": format!("crash{index}@example.com"), "first_name": "Crash"}))
-            .send()
-            .await
-            .expect("an answer");
-        assert_eq!(submitted.status().as_u16(), 200, "answered before the hand-off");
-    }
+    submit_signups(&app, &url, "crash", SENDS).await;
     let pending = app.query_i64("SELECT count(*) FROM email_outbox WHERE state = 'pending'").await;
     assert_eq!(pending, SENDS as i64, "appended, not claimed");
     assert!(sink.messages().await.is_empty(), "nothing left before the kill");
@@ -556,6 +547,21 @@ async fn a_confirmation_is_handed_off_exactly_once_when_the_command_service_dies
     assert_eq!(sent, SENDS as i64, "recorded sent");
 }
 
+/// Submits the signup form `count` times through the command service at `url`, as
+/// `{prefix}{n}@example.com`; each is answered before its confirmation's hand-off.
+async fn submit_signups(app: &TestApp, url: &str, prefix: &str, count: usize) {
+    for index in 0..count {
+        let submitted = app
+            .http
+            .post(format!("{url}/forms/{SIGNUP_FORM}/submit"))
+            .json(&json!({"email_address": format!("{prefix}{index}@example.com"), "first_name": "Signup"}))
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(submitted.status().as_u16(), 200, "answered before the hand-off");
+    }
+}
+
 /// An email the outbox cannot rebuild from the log (here, one the log never scheduled: a
 /// defect) is given back for a later attempt on the retry schedule, with the reason, and the
 /// emails claimed beside it go out: it neither fails the worker's steps (whose backoff would
@@ -568,16 +574,7 @@ async fn an_email_the_outbox_cannot_rebuild_is_deferred_and_the_others_go_out() 
     // Confirmations left `pending` by a process killed before its hand-offs.
     let (mut doomed, url) = sender_process(&app, &sink, Some(60_000)).await;
     const SENDS: usize = 3;
-    for index in 0..SENDS {
-        let submitted = app
-            .http
-            .post(format!("{url}/forms/{SIGNUP_FORM}/submit"))
-            .json(&json!({"email_address": format!("beside{index}@example.com"), "first_name": "Beside"}))
-            .send()
-            .await
-            .expect("an answer");
-        assert_eq!(submitted.status().as_u16(), 200);
-    }
+    submit_signups(&app, &url, "beside", SENDS).await;
     doomed.0.kill().expect("kill -9");
     app.query_i64(
         "WITH added AS (INSERT INTO email_outbox (email_id, space_id, created_at)

@@ -183,8 +183,8 @@ pub(super) async fn write_set(
         let params: Vec<&(dyn ToSql + Sync)> = columns.iter().map(SetColumn::param).collect();
         client.execute(&statement, &params).await
     }));
-    // The plan settings (`db::KEYED_PLANS`) go out first, pipelined with the statements
-    // (polled first, sent first).
+    // The BEGIN and the plan settings (`db::BEGIN_KEYED`) go out first, pipelined with the
+    // statements (polled first, sent first).
     let (begun, created, advanced, extended, guarded) =
         tokio::join!(client.batch_execute(crate::db::BEGIN_KEYED), create, advance, extend, guards);
     if let Err(error) = begun {
