@@ -121,32 +121,40 @@ async fn forward(mut client: TcpStream, mut server: TcpStream, mut faults: watch
     was_cut
 }
 
-/// Copies from `from` to `to`, holding each chunk as long as the fault says (`answers`: the
-/// server's way), until `from` ends (then `to` is shut down) or a write fails.
+/// Copies from `from` to `to`, passing each chunk on as long after it arrived as the fault
+/// says (`answers`: the server's way), until `from` ends (then `to` is shut down) or a write
+/// fails. Chunks are read as they come, so a delay holds each one that long from its arrival
+/// (a round trip takes one delay however many chunks its answers come in), not one delay
+/// after another.
 async fn pump<R, W>(from: &mut R, to: &mut W, faults: &watch::Receiver<Fault>, answers: bool)
 where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let mut buffer = vec![0u8; 16 * 1024];
-    loop {
-        let read = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => {
-                let _ = to.shutdown().await;
+    let (arrivals, mut arrived) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let reading = async move {
+        let mut buffer = vec![0u8; 16 * 1024];
+        while let Ok(read) = from.read(&mut buffer).await {
+            if read == 0 || arrivals.send((tokio::time::Instant::now(), buffer[..read].to_vec())).is_err() {
                 return;
             }
-            Ok(read) => read,
-        };
-        let fault = *faults.borrow();
-        match fault {
-            Fault::Delay(delay) => tokio::time::sleep(delay).await,
-            Fault::DelayAnswers(delay) if answers => tokio::time::sleep(delay).await,
-            _ => {}
         }
-        if to.write_all(&buffer[..read]).await.is_err() {
-            return;
+    };
+    let writing = async move {
+        while let Some((at, chunk)) = arrived.recv().await {
+            let fault = *faults.borrow();
+            match fault {
+                Fault::Delay(delay) => tokio::time::sleep_until(at + delay).await,
+                Fault::DelayAnswers(delay) if answers => tokio::time::sleep_until(at + delay).await,
+                _ => {}
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
         }
-    }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(reading, writing);
 }
 
 #[tokio::test]

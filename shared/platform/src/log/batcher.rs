@@ -2,13 +2,13 @@
 //! (bounded by commands and by bytes), writes it in one of three ways (the set form, pipelined,
 //! a savepoint per command), and notifies followers after the commit.
 
-use deadpool_postgres::{Pool, Transaction};
+use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::append::{AppendError, AppendRequest, Appended, ExpectedVersion};
-use super::commit::{BatchOutcome, Ending, Fallback, PendingRow, finish_batch, pending_rows, unavailable};
+use super::commit::{BatchOutcome, Fallback, PendingRow, finish_batch, pending_rows, unavailable};
 use super::set_form::{SetBatch, write_set};
 
 /// The channel notified (after commit, once per batch) with the new head position.
@@ -139,9 +139,8 @@ async fn notify_appended(pool: &Pool, head: i64) {
 /// conflict) the transaction is rolled back and the batch is written again with a savepoint
 /// per command, so only the refused commands fail.
 async fn write_batch(pool: &Pool, requests: &[AppendRequest]) -> Result<BatchOutcome, AppendError> {
-    let client = pool.get().await.map_err(|error| AppendError::Unavailable(error.to_string()))?;
-    let mut connection = Unended(Some(client));
-    let client = connection.0.as_mut().ok_or_else(|| AppendError::Unavailable("no connection".to_owned()))?;
+    let mut connection = Unended(Some(pool.get().await.map_err(|error| AppendError::Unavailable(error.to_string()))?));
+    let client = connection.client();
     let first_try = match SetBatch::of(requests) {
         Some(batch) => write_set(client, requests, batch).await,
         None => write_pipelined(client, requests).await,
@@ -158,13 +157,18 @@ async fn write_batch(pool: &Pool, requests: &[AppendRequest]) -> Result<BatchOut
 }
 
 /// A connection carrying a batch: unless the write ended (its transaction committed, or rolled
-/// back with the batch's outcome known), it is closed rather than pooled. A set write opens
-/// its transaction with its first statements and ends it itself, so a write stopped on the
-/// way (a failure, a dropped future) could otherwise leave the next user of the connection
-/// inside it.
+/// back with the batch's outcome known), it is closed rather than pooled. A write opens its
+/// transaction with its first statements (`db::BEGIN_KEYED`, no round trip of its own) and
+/// ends it itself, so a write stopped on the way (a failure, a panic) could otherwise leave
+/// the next user of the connection inside it.
 struct Unended(Option<deadpool_postgres::Client>);
 
 impl Unended {
+    fn client(&mut self) -> &mut deadpool_postgres::Client {
+        self.0.as_mut().expect("the connection is held until the write ends")
+    }
+
+    /// Returns the connection to its pool.
     fn ended(&mut self) {
         self.0 = None;
     }
@@ -182,57 +186,55 @@ async fn write_pipelined(
     client: &mut deadpool_postgres::Client,
     requests: &[AppendRequest],
 ) -> Result<BatchOutcome, Fallback> {
-    let transaction = client.transaction().await.map_err(|error| Fallback::Fail(unavailable(error)))?;
-    // The plan settings (`db::KEYED_PLANS`) go out first, pipelined with the statements
-    // (polled first, sent first).
-    let (keyed, staged) = tokio::join!(
-        transaction.batch_execute(crate::db::KEYED_PLANS),
-        futures_util::future::join_all(requests.iter().enumerate().map(|(index, request)| stage_request(
-            &transaction,
-            request,
-            index
-        )),)
+    let client: &deadpool_postgres::Client = client;
+    // The BEGIN and the plan settings (`db::BEGIN_KEYED`) go out first, pipelined with the
+    // statements (polled first, sent first).
+    let (begun, staged) = tokio::join!(
+        client.batch_execute(crate::db::BEGIN_KEYED),
+        futures_util::future::join_all(
+            requests.iter().enumerate().map(|(index, request)| stage_request(client, request, index))
+        )
     );
-    keyed.map_err(|error| Fallback::Fail(unavailable(error)))?;
+    begun.map_err(|error| Fallback::Fail(unavailable(error)))?;
     let mut rows_per_request = Vec::with_capacity(requests.len());
     for outcome in staged {
         match outcome {
             Ok(rows) => rows_per_request.push(rows),
             Err(_) => {
-                let _ = transaction.rollback().await;
+                client.batch_execute("ROLLBACK").await.map_err(|error| Fallback::Fail(unavailable(error)))?;
                 return Err(Fallback::Isolate);
             }
         }
     }
     let outcomes = rows_per_request.iter().map(|_| Some(Ok(()))).collect();
-    finish_batch(&transaction, Ending::Held, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
+    finish_batch(client, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
 }
 
 async fn write_isolated(
     client: &mut deadpool_postgres::Client,
     requests: &[AppendRequest],
 ) -> Result<BatchOutcome, AppendError> {
-    let transaction = client.transaction().await.map_err(unavailable)?;
-    transaction.batch_execute(crate::db::KEYED_PLANS).await.map_err(unavailable)?;
+    let client: &deadpool_postgres::Client = client;
+    client.batch_execute(crate::db::BEGIN_KEYED).await.map_err(unavailable)?;
     let mut outcomes: Vec<Option<Result<(), AppendError>>> = Vec::with_capacity(requests.len());
     let mut rows_per_request: Vec<Vec<PendingRow>> = Vec::with_capacity(requests.len());
     for (index, request) in requests.iter().enumerate() {
-        transaction.batch_execute("SAVEPOINT command").await.map_err(unavailable)?;
-        match stage_request(&transaction, request, index).await {
+        client.batch_execute("SAVEPOINT command").await.map_err(unavailable)?;
+        match stage_request(client, request, index).await {
             Ok(rows) => {
-                transaction.batch_execute("RELEASE SAVEPOINT command").await.map_err(unavailable)?;
+                client.batch_execute("RELEASE SAVEPOINT command").await.map_err(unavailable)?;
                 rows_per_request.push(rows);
                 outcomes.push(Some(Ok(())));
             }
             Err(Staging::Refused(error)) => {
-                transaction.batch_execute("ROLLBACK TO SAVEPOINT command").await.map_err(unavailable)?;
+                client.batch_execute("ROLLBACK TO SAVEPOINT command").await.map_err(unavailable)?;
                 rows_per_request.push(Vec::new());
                 outcomes.push(Some(Err(error)));
             }
             Err(Staging::Failed(error)) => return Err(unavailable(error)),
         }
     }
-    finish_batch(&transaction, Ending::Held, requests, outcomes, rows_per_request).await
+    finish_batch(client, requests, outcomes, rows_per_request).await
 }
 
 enum Staging {
@@ -260,7 +262,7 @@ fn is_unique_violation(error: &tokio_postgres::Error) -> bool {
 }
 
 async fn stage_request(
-    transaction: &Transaction<'_>,
+    client: &deadpool_postgres::Client,
     request: &AppendRequest,
     metadata_index: usize,
 ) -> Result<Vec<PendingRow>, Staging> {
@@ -274,33 +276,32 @@ async fn stage_request(
         let first_version = match stream.expected {
             ExpectedVersion::NoStream => {
                 let statement =
-                    transaction.prepare_cached("INSERT INTO streams (stream_id, version) VALUES ($1, $2)").await?;
-                match transaction.execute(&statement, &[&stream.stream_id, &count]).await {
+                    client.prepare_cached("INSERT INTO streams (stream_id, version) VALUES ($1, $2)").await?;
+                match client.execute(&statement, &[&stream.stream_id, &count]).await {
                     Ok(_) => 1,
                     Err(error) if is_unique_violation(&error) => return Err(wrong_version()),
                     Err(error) => return Err(error.into()),
                 }
             }
             ExpectedVersion::Exactly(version) => {
-                let statement = transaction
+                let statement = client
                     .prepare_cached("UPDATE streams SET version = $3 WHERE stream_id = $1 AND version = $2")
                     .await?;
-                let updated =
-                    transaction.execute(&statement, &[&stream.stream_id, &version, &(version + count)]).await?;
+                let updated = client.execute(&statement, &[&stream.stream_id, &version, &(version + count)]).await?;
                 if updated != 1 {
                     return Err(wrong_version());
                 }
                 version + 1
             }
             ExpectedVersion::Any => {
-                let statement = transaction
+                let statement = client
                     .prepare_cached(
                         "INSERT INTO streams (stream_id, version) VALUES ($1, $2)
                          ON CONFLICT (stream_id) DO UPDATE SET version = streams.version + EXCLUDED.version
                          RETURNING version",
                     )
                     .await?;
-                let row = transaction.query_one(&statement, &[&stream.stream_id, &count]).await?;
+                let row = client.query_one(&statement, &[&stream.stream_id, &count]).await?;
                 row.get::<_, i64>(0) - count + 1
             }
         };
@@ -308,8 +309,8 @@ async fn stage_request(
     }
     for guard in &request.guards {
         let params: Vec<&(dyn ToSql + Sync)> = guard.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
-        let statement = transaction.prepare_cached(guard.sql).await?;
-        match transaction.execute(&statement, &params).await {
+        let statement = client.prepare_cached(guard.sql).await?;
+        match client.execute(&statement, &params).await {
             Ok(rows) if guard.expect_rows.is_some_and(|expected| expected != rows) => {
                 return Err(Staging::Refused(guard.conflict.clone()));
             }

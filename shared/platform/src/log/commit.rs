@@ -3,7 +3,6 @@
 //! them, then the commit.
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::append::{AppendError, AppendRequest, Appended, Metadata, StreamAppend};
@@ -47,35 +46,6 @@ pub(super) fn pending_rows(stream: &StreamAppend, first_version: i64, metadata_i
         .collect()
 }
 
-/// How a batch's transaction ends: the statement that commits it, and the one that rolls it
-/// back when its last statement could not even be sent.
-#[derive(Clone, Copy)]
-pub(super) enum Ending {
-    /// A transaction opened by `client.transaction()`, which the caller drops afterwards: it is
-    /// committed with `COMMIT; BEGIN`, so that the drop rolls back an empty transaction instead
-    /// of warning that none is in progress.
-    Held,
-    /// A transaction opened with its first statements (`BEGIN` pipelined with them, see
-    /// [`super::set_form::write_set`]): plain `COMMIT` and `ROLLBACK`.
-    Begun,
-}
-
-impl Ending {
-    fn commit(self) -> &'static str {
-        match self {
-            Self::Held => "COMMIT; BEGIN",
-            Self::Begun => "COMMIT",
-        }
-    }
-
-    fn rollback(self) -> &'static str {
-        match self {
-            Self::Held => "ROLLBACK; BEGIN",
-            Self::Begun => "ROLLBACK",
-        }
-    }
-}
-
 /// Takes the positions, inserts the events and records each key's last position in one
 /// statement (so the counter row is locked only from here to COMMIT), and commits.
 ///
@@ -84,11 +54,11 @@ impl Ending {
 /// process reads the answer and gets round to sending the COMMIT. Under load that wait was the
 /// longest part of the hold: a process busy rendering and signing a broadcast's emails kept
 /// every other process's appends waiting on it (docs/benchmarks.md, "Live creates beside a
-/// broadcast"). See [`commit_behind`] for what each pair of answers means. On every path the
-/// transaction is over when this returns, or its connection is broken.
+/// broadcast"). See [`commit_behind`] for what each pair of answers means. The transaction is
+/// one a write opened with `db::BEGIN_KEYED`; on every path it is over when this returns, or
+/// its connection is broken.
 pub(super) async fn finish_batch(
-    client: &impl GenericClient,
-    ending: Ending,
+    client: &deadpool_postgres::Client,
     requests: &[AppendRequest],
     outcomes: Vec<Option<Result<(), AppendError>>>,
     rows_per_request: Vec<Vec<PendingRow>>,
@@ -120,13 +90,13 @@ pub(super) async fn finish_batch(
         let statement = match Columns::prepare(client).await {
             Ok(statement) => statement,
             Err(error) => {
-                let _ = client.batch_execute(ending.rollback()).await;
+                let _ = client.batch_execute("ROLLBACK").await;
                 return Err(unavailable(error));
             }
         };
-        head = commit_behind(client, ending, columns.insert(client, &statement, total, &keys, &key_ordinals)).await?;
+        head = commit_behind(client, columns.insert(client, &statement, total, &keys, &key_ordinals)).await?;
     } else {
-        client.batch_execute(ending.commit()).await.map_err(commit_failed)?;
+        client.batch_execute("COMMIT").await.map_err(commit_failed)?;
     }
     let first = head - total;
     let outcomes = outcomes
@@ -155,8 +125,7 @@ pub(super) async fn finish_batch(
 /// (it failed before anything was sent), nothing is pipelined: it commits what succeeded, and
 /// rolls back after a failure.
 async fn commit_behind(
-    client: &impl GenericClient,
-    ending: Ending,
+    client: &deadpool_postgres::Client,
     last: impl Future<Output = Result<i64, tokio_postgres::Error>>,
 ) -> Result<i64, AppendError> {
     let mut last = std::pin::pin!(last);
@@ -165,14 +134,14 @@ async fn commit_behind(
         let head = match ended {
             Ok(head) => head,
             Err(error) => {
-                let _ = client.batch_execute(ending.rollback()).await;
+                let _ = client.batch_execute("ROLLBACK").await;
                 return Err(unavailable(error));
             }
         };
-        client.batch_execute(ending.commit()).await.map_err(commit_failed)?;
+        client.batch_execute("COMMIT").await.map_err(commit_failed)?;
         return Ok(head);
     }
-    let (answered, committed) = tokio::join!(last, client.batch_execute(ending.commit()));
+    let (answered, committed) = tokio::join!(last, client.batch_execute("COMMIT"));
     match (answered, committed) {
         (Ok(head), Ok(())) => Ok(head),
         (Err(error), _) if error.as_db_error().is_some() => Err(unavailable(error)),
@@ -220,7 +189,7 @@ impl Columns {
     }
 
     /// The statement of [`Columns::insert`].
-    async fn prepare(client: &impl GenericClient) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+    async fn prepare(client: &deadpool_postgres::Client) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
         client
             .prepare_cached(
                 "WITH head AS (
@@ -253,7 +222,7 @@ impl Columns {
     /// Returns the new head. Sends its statement (`prepare`d) on its first poll.
     async fn insert(
         &self,
-        client: &impl GenericClient,
+        client: &deadpool_postgres::Client,
         statement: &tokio_postgres::Statement,
         total: i64,
         keys: &[&str],

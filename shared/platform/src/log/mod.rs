@@ -5,9 +5,9 @@
 //! commit is visible, so positions become visible in order and without gaps, and a follower
 //! that reads `position > checkpoint` can never miss a late commit. The COMMIT is sent right
 //! behind that statement, before its answer (`commit::finish_batch`), so the lock is never held
-//! while a busy appender gets round to reading answers. A batch written set-wise sends its
-//! `BEGIN` with its first statements (`set_form::write_set`), so an append is two round trips:
-//! the staging statements, then the positions with the COMMIT. To win back the group
+//! while a busy appender gets round to reading answers. A batch sends its `BEGIN` with its
+//! first statements (`db::BEGIN_KEYED`), so a set-wise append is two round trips: the staging
+//! statements, then the positions with the COMMIT. To win back the group
 //! commit that the lock costs, one task per process groups concurrent commands into one
 //! transaction, each inside its own savepoint, so one command's lost race fails only itself.
 //!

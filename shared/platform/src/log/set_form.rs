@@ -6,7 +6,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::append::{AppendRequest, ExpectedVersion, SetValue};
-use super::commit::{BatchOutcome, Ending, Fallback, PendingRow, finish_batch, pending_rows, unavailable};
+use super::commit::{BatchOutcome, Fallback, PendingRow, finish_batch, pending_rows, unavailable};
 
 /// The values of one column of a set form, as the array parameter the statement takes.
 enum SetColumn {
@@ -130,7 +130,8 @@ pub(super) async fn write_set(
     // polled first, so sent first), not as a round trip of its own, after which the
     // transaction would sit idle while this process waits for a core to send the rest. Every
     // path below ends it (COMMIT or ROLLBACK) or leaves its connection broken, and the caller
-    // closes a connection whose write did not end (`batcher::write_batch`).
+    // closes a connection whose write did not end (`batcher::write_batch`). The other ways of
+    // writing a batch open theirs the same way.
     let client: &deadpool_postgres::Client = client;
     let stream = |(index, stream_index): (usize, usize)| &requests[index].streams[stream_index];
     let created_ids: Vec<&str> = batch.created.iter().map(|at| stream(*at).stream_id.as_str()).collect();
@@ -228,7 +229,7 @@ pub(super) async fn write_set(
         }
     }
     let outcomes = rows_per_request.iter().map(|_| Some(Ok(()))).collect();
-    finish_batch(client, Ending::Begun, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
+    finish_batch(client, requests, outcomes, rows_per_request).await.map_err(Fallback::Fail)
 }
 
 /// Rolls back a batch that some command refused, to write it again a command at a time.
