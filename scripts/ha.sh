@@ -43,26 +43,30 @@ ha_monitor_uri() {
     echo "postgres://autoctl_node@$(ha_monitor_host):$(ha_port)/pg_auto_failover?sslmode=disable&$HA_MONITOR_TIMEOUTS"
 }
 
-# How quickly the monitor and the keepers act. A primary cut off from the monitor and from its
-# standby demotes itself once it has heard from neither for more than HA_PARTITION_TIMEOUT
-# seconds, counted for the standby from when its walsender gives it up (wal_sender_timeout
-# below); its keeper checks after each failed round of calls to the monitor (2.5 to 3.2 s), so
-# it is down some 3 to 5 s after the cut. The monitor starts a failover once a node has not
-# reported for HA_UNHEALTHY_MS and failed its health check (2.5 to 3.5 s after the cut), and
-# promotes the standby of an unreachable primary only HA_DEMOTE_MS later: about 7 s after the
-# cut, so the old primary is down first (the fault harness checks it after every cut).
+# How quickly the monitor and the keepers act (docs/operations.md, "Timings"). A primary cut
+# off from the monitor and from its standby demotes itself once it has heard from neither for
+# more than HA_PARTITION_TIMEOUT seconds (whole seconds: 1 to 2), counted for the standby from
+# the last check at which its keeper still saw the walsender (wal_sender_timeout below); the
+# keeper checks after each failed call to the monitor, about every 2 s, so it is down some 3
+# to 5 s after the cut. The monitor starts a failover once a node has not reported for
+# HA_UNHEALTHY_MS and failed its health check (2.5 to 3.5 s after the cut), and promotes the
+# standby of an unreachable primary only HA_DEMOTE_MS later: about 7 s after the cut, so the
+# old primary is down first (the fault harness checks it after every cut).
 HA_HEALTH_PERIOD_MS="${HA_HEALTH_PERIOD_MS:-1000}"
 HA_HEALTH_TIMEOUT_MS="${HA_HEALTH_TIMEOUT_MS:-1000}"
 HA_UNHEALTHY_MS="${HA_UNHEALTHY_MS:-2500}"
 HA_DEMOTE_MS="${HA_DEMOTE_MS:-4000}"
-HA_PARTITION_TIMEOUT="${HA_PARTITION_TIMEOUT:-2}"
+HA_PARTITION_TIMEOUT="${HA_PARTITION_TIMEOUT:-1}"
 
 # The server settings every data node runs with (pg_auto_failover adds its own): a walsender
-# notices a silent standby within 2 s, and a walreceiver a silent primary within 5 s (the
+# gives up a silent standby after 3 s, and a walreceiver a silent primary after 5 s (the
 # default, 60 s, would keep a cut-off primary believing its standby is there, so its keeper
-# would not demote it). The walsender asks for a reply after half its timeout, and a standby
-# answers at once (a synchronous one replies to every flush anyway), so 2 s cuts only a
-# standby that is gone.
+# would not demote it). A keeper counts its standby's silence only from a check at which it
+# could not reach the monitor and still saw the walsender, and its first check after a cut
+# can come 2 s after it (a call under way on an open connection fails by its keepalives): at
+# 2 s the walsender was gone by then under load, and that primary never demoted itself. The
+# walsender asks for a reply after half its timeout, and a standby answers at once (a
+# synchronous one replies to every flush anyway), so 3 s cuts only a standby that is gone.
 #
 # A new node starts from a base backup, which begins at a checkpoint that pg_autoctl does not
 # ask to be fast: it waits for a spread one, up to checkpoint_completion_target x
@@ -71,7 +75,7 @@ HA_PARTITION_TIMEOUT="${HA_PARTITION_TIMEOUT:-2}"
 # frequent checkpoints.
 HA_CHECKPOINT_TIMEOUT="${HA_CHECKPOINT_TIMEOUT:-1min}"
 HA_NODE_SETTINGS="
-wal_sender_timeout = '2s'
+wal_sender_timeout = '3s'
 wal_receiver_timeout = '5s'
 max_connections = 400
 wal_writer_delay = '10ms'
