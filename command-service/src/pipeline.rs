@@ -204,9 +204,14 @@ pub struct Shell<'a> {
 impl From<Outcome> for Decided {
     fn from(outcome: Outcome) -> Self {
         match outcome {
-            Outcome::Append(Writes { streams, guards, reply, space_id }) => {
-                Decided::Append(Decision { streams, guards, answer: reply.into(), space_id, then: None })
-            }
+            Outcome::Append(Writes { streams, guards, reply, space_id }) => Decided::Append(Decision {
+                streams,
+                guards,
+                answer: reply.into(),
+                space_id,
+                then: None,
+                unwritten: None,
+            }),
             Outcome::Answer(reply) => Decided::Answer(reply.into()),
             Outcome::Again => Decided::Again,
         }
@@ -266,6 +271,9 @@ pub struct Decision {
     space_id: Option<String>,
     /// Work after the append that the answer waits for or leaves running.
     then: Option<Then>,
+    /// Called when the append is refused for certain (anything but an unknown outcome): it
+    /// wrote nothing, so what the decision set up for its rows can stand down.
+    unwritten: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// Work a command does once its append is acknowledged.
@@ -286,7 +294,7 @@ pub(crate) type Effect<T> = Box<dyn FnOnce(web::Data<State>) -> futures_util::fu
 
 impl Decision {
     pub fn new(streams: Vec<StreamAppend>, guards: Vec<Guard>, answer: Answer) -> Self {
-        Self { streams, guards, answer, space_id: None, then: None }
+        Self { streams, guards, answer, space_id: None, then: None, unwritten: None }
     }
 
     /// One stream change answered with `status` and `body`.
@@ -302,6 +310,12 @@ impl Decision {
 
     pub fn then(mut self, then: Then) -> Self {
         self.then = Some(then);
+        self
+    }
+
+    /// `hook` runs when the append is refused for certain: anything but an unknown outcome.
+    pub fn if_unwritten(mut self, hook: impl FnOnce() + Send + 'static) -> Self {
+        self.unwritten = Some(Box::new(hook));
         self
     }
 }
@@ -599,7 +613,7 @@ async fn attempts<C: Command>(
             }
             Err(error) => return Err(error),
         };
-        let Decision { streams, mut guards, answer, space_id, then } = decision;
+        let Decision { streams, mut guards, answer, space_id, then, unwritten } = decision;
         guards.extend(ctx.catalog_revision.get().map(domain::catalog::revision_guard));
         if claim.is_some() && matches!(then, Some(Then::Answer(_))) {
             return Err(ApiError::internal(&anyhow::anyhow!("an idempotent command's answer follows its append")));
@@ -629,16 +643,24 @@ async fn attempts<C: Command>(
         let appended = state.event_log.append(AppendRequest::new(metadata, streams, guards)).await;
         let appended = match appended {
             Ok(appended) => appended,
-            Err(error) => match command.refused(error) {
-                Refusal::Again => {
-                    if ctx.kept.get() {
-                        catalog_moved(&ctx).await?;
-                    }
-                    continue;
+            Err(error) => {
+                // The log's errors other than an unknown outcome are refusals: nothing written.
+                if !matches!(error, AppendError::OutcomeUnknown(_))
+                    && let Some(unwritten) = unwritten
+                {
+                    unwritten();
                 }
-                Refusal::Fail(error) => return Err(error),
-                Refusal::Answer(answer) => return Ok((answer, None)),
-            },
+                match command.refused(error) {
+                    Refusal::Again => {
+                        if ctx.kept.get() {
+                            catalog_moved(&ctx).await?;
+                        }
+                        continue;
+                    }
+                    Refusal::Fail(error) => return Err(error),
+                    Refusal::Answer(answer) => return Ok((answer, None)),
+                }
+            }
         };
         return match then {
             None => Ok((answer, Some(appended))),

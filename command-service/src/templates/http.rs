@@ -87,7 +87,8 @@ impl Command for SendTemplate<'_> {
                 guards.push(row);
                 guards.extend(allowance);
                 let unhanded = outbox::Unhanded::new(shell.state.pool.clone(), lease);
-                let decision = Decision::new(streams, guards, Answer::json(StatusCode::OK, Value::Null));
+                let decision = Decision::new(streams, guards, Answer::json(StatusCode::OK, Value::Null))
+                    .if_unwritten(unhanded.on_refusal());
                 Ok(Decided::Append(decision.then(super::hand_off::now(prepared, unhanded))))
             }
         }

@@ -443,6 +443,27 @@ async fn suppressions_block_every_send_and_the_allowance_runs_out() {
     assert_eq!(sink.messages().await.len(), 2);
 }
 
+/// A send whose append the database refuses (here the allowance's guard) wrote no outbox row:
+/// the lease it set up for its hand-off stands down at once, rather than looking for the row to
+/// give back for 25 s (which a lost race, decided again, would leave behind at every try).
+#[tokio::test]
+async fn a_send_the_database_refuses_leaves_no_hand_off_to_give_back() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 1).await;
+    let receipt = template_id(&app, "receipt").await;
+    let sent = send(&app, &receipt, &receipt_body("g@example.com", "G"), None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let over = send(&app, &receipt, &receipt_body("h@example.com", "H"), None).await;
+    assert_eq!((over.status, over.code().clone()), (402, json!("email_limit_reached")), "{:?}", over.body);
+    let origin = app.command_url.trim_end_matches("/v1");
+    let metrics = app.http.get(format!("{origin}/metrics")).send().await.expect("sent").text().await.expect("text");
+    let given_back = metrics.lines().find_map(|line| line.strip_prefix("email_handoffs_given_back_total "));
+    assert_eq!(given_back, None, "no hand-off's lease was given back:\n{metrics}");
+    // The refused send left no row, and the one sent is settled.
+    let rows = app.query_i64("SELECT count(*) FROM email_outbox").await;
+    assert_eq!(rows, 1);
+}
+
 #[tokio::test]
 async fn bad_bodies_are_refused_and_a_replayed_key_sends_nothing_new() {
     let sink = SmtpSink::start().await;

@@ -7,6 +7,8 @@
 //! the projector's outbox worker share this.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -104,18 +106,22 @@ pub fn claimed_guard(email_id: &str, space_id: &str, claim: Option<(String, Uuid
 }
 
 /// A lease taken by a send's append ([`claimed_guard`]) that no hand-off has started under
-/// yet. Dropped while armed (the request was dropped, the append failed or its answer was
-/// lost, the hand-off never began), it gives the row back: `pending` and due at once, if the
-/// append committed, so the outbox worker hands the email off (nothing went to the relay
-/// under this lease). [`Unhanded::start`] disarms it as the hand-off begins.
+/// yet. Dropped while armed (the request was dropped, the append's answer was lost, the
+/// hand-off never began), it gives the row back: `pending` and due at once, if the append
+/// committed, so the outbox worker hands the email off (nothing went to the relay under this
+/// lease). [`Unhanded::start`] disarms it as the hand-off begins; the hook
+/// [`Unhanded::on_refusal`] gives, called once the append is known not to have been written
+/// (the database refused it), disarms it too: there is no row to give back, and looking for
+/// one would poll for [`SETTLE_PERSISTENCE`] in vain.
 pub struct Unhanded {
     pool: Pool,
     lease: Option<Lease>,
+    refused: Arc<AtomicBool>,
 }
 
 impl Unhanded {
     pub fn new(pool: Pool, lease: Lease) -> Self {
-        Self { pool, lease: Some(lease) }
+        Self { pool, lease: Some(lease), refused: Arc::default() }
     }
 
     /// The lease, for a hand-off about to contact the relay: from here on the row is the
@@ -123,15 +129,24 @@ impl Unhanded {
     pub fn start(mut self) -> Option<Lease> {
         self.lease.take()
     }
+
+    /// What to call when the append that would have written the row was refused for certain.
+    pub fn on_refusal(&self) -> impl FnOnce() + Send + 'static {
+        let refused = self.refused.clone();
+        move || refused.store(true, Ordering::Release)
+    }
 }
 
 impl Drop for Unhanded {
     fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            // The append may still be committing: `unclaim` keeps looking for the row.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(unclaim(self.pool.clone(), lease.email_id, lease.token));
-            }
+        let Some(lease) = self.lease.take() else { return };
+        if self.refused.load(Ordering::Acquire) {
+            return;
+        }
+        // The append may still be committing: `unclaim` keeps looking for the row.
+        metrics::counter!("email_handoffs_given_back_total").increment(1);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(unclaim(self.pool.clone(), lease.email_id, lease.token));
         }
     }
 }
