@@ -3,8 +3,9 @@
 //! message on a warm session costs two round trips (envelope, then content) instead of
 //! lettre's pooled five (NOOP, MAIL, RCPT, DATA, content).
 //!
-//! Built on lettre's connection, which does TLS, EHLO, AUTH, reply parsing and dot-stuffing;
-//! this module adds the session pool, the pipelining and the time limits. Every phase is
+//! Built on lettre's connection, which does STARTTLS, EHLO, AUTH, reply parsing and
+//! dot-stuffing; this module adds the session pool, the pipelining, the time limits, and the
+//! socket every session runs on (TCP_NODELAY, and an implicit TLS session's handshake). Every phase is
 //! bounded, so one hand-off stays well inside the lease that holds its email
 //! (`Settings::email_lease`): connecting with TLS and AUTH three `TIMEOUT_MS`, the envelope
 //! one, the content and its reply three (eight in all when a stale pooled session is
@@ -15,17 +16,24 @@
 //! sent), and a session that went stale while pooled is replaced once. After the content
 //! started, a broken exchange is "unknown".
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use lettre::address::Envelope;
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
-use lettre::transport::smtp::client::{AsyncSmtpConnection, Certificate, Tls, TlsParameters};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, AsyncTokioStream, Certificate, TlsParameters};
 use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Rcpt};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::timeout;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
 /// What the relay made of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,8 +59,64 @@ const IDLE_MAX: Duration = Duration::from_secs(30);
 struct Target {
     host: String,
     port: u16,
-    tls: Tls,
+    security: Security,
     credentials: Option<Credentials>,
+}
+
+/// How a session is secured.
+enum Security {
+    /// Clear text.
+    Plain,
+    /// STARTTLS, required: never clear text after the greeting.
+    StartTls(TlsParameters),
+    /// TLS from the first byte (SMTPS), which this module opens on its own socket: lettre's
+    /// would open the socket itself, with Nagle's algorithm on. The roots are lettre's (the
+    /// public roots of `webpki-roots`) and the CA file's certificates.
+    Wrapped { config: Arc<ClientConfig>, name: ServerName<'static> },
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Plain => formatter.write_str("Plain"),
+            Self::StartTls(parameters) => write!(formatter, "StartTls({})", parameters.domain()),
+            Self::Wrapped { name, .. } => write!(formatter, "Wrapped({name:?})"),
+        }
+    }
+}
+
+/// An implicit TLS session on our socket, as lettre's connection takes a stream.
+#[derive(Debug)]
+struct WrappedStream(tokio_rustls::client::TlsStream<TcpStream>);
+
+impl AsyncRead for WrappedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        context: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(context, buf)
+    }
+}
+
+impl AsyncWrite for WrappedStream {
+    fn poll_write(mut self: Pin<&mut Self>, context: &mut TaskContext<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(context, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, context: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(context)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, context: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(context)
+    }
+}
+
+impl AsyncTokioStream for WrappedStream {
+    fn peer_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.0.get_ref().0.peer_addr()
+    }
 }
 
 pub(crate) struct Relay {
@@ -146,33 +210,29 @@ impl Relay {
     /// A new session: connected, TLS as the URL asks, capabilities read, AUTH done.
     async fn connect(&self) -> anyhow::Result<Session> {
         let target = &self.target;
-        let mut connection = match &target.tls {
-            // lettre opens a TLS-wrapped session's socket itself (with Nagle's algorithm on).
-            Tls::Wrapper(parameters) => AsyncSmtpConnection::connect_tokio1(
-                (target.host.as_str(), target.port),
-                Some(self.timeout),
-                &self.hello,
-                Some(parameters.clone()),
-                None,
-            )
+        let stream = timeout(self.timeout, TcpStream::connect((target.host.as_str(), target.port)))
             .await
-            .context("connecting to the relay")?,
-            _ => {
-                let stream = timeout(self.timeout, TcpStream::connect((target.host.as_str(), target.port)))
+            .map_err(|_| anyhow::anyhow!("connecting to the relay timed out"))?
+            .context("connecting to the relay")?;
+        // lettre writes a message's closing `.` on its own after the content. With Nagle's
+        // algorithm that write waits until the relay acknowledges the content, and a relay
+        // waiting for the `.` delays its acknowledgement (40 ms on Linux): every message would
+        // wait that long. Hence a socket of our own, for every kind of session.
+        stream.set_nodelay(true).context("setting TCP_NODELAY")?;
+        let mut connection = match &target.security {
+            Security::Wrapped { config, name } => {
+                let tls = tokio_rustls::TlsConnector::from(config.clone())
+                    .connect(name.clone(), stream)
                     .await
-                    .map_err(|_| anyhow::anyhow!("connecting to the relay timed out"))?
-                    .context("connecting to the relay")?;
-                // lettre writes a message's closing `.` on its own after the content. With
-                // Nagle's algorithm that write waits until the relay acknowledges the content,
-                // and a relay waiting for the `.` delays its acknowledgement (40 ms on Linux):
-                // every message would wait that long.
-                stream.set_nodelay(true).context("setting TCP_NODELAY")?;
-                AsyncSmtpConnection::connect_with_transport(Box::new(stream), &self.hello)
-                    .await
-                    .context("connecting to the relay")?
+                    .context("TLS with the relay")?;
+                AsyncSmtpConnection::connect_with_transport(Box::new(WrappedStream(tls)), &self.hello).await
             }
-        };
-        if let Tls::Required(parameters) = &target.tls {
+            Security::Plain | Security::StartTls(_) => {
+                AsyncSmtpConnection::connect_with_transport(Box::new(stream), &self.hello).await
+            }
+        }
+        .context("connecting to the relay")?;
+        if let Security::StartTls(parameters) = &target.security {
             connection.starttls(parameters.clone(), &self.hello).await.context("STARTTLS")?;
         }
         // lettre keeps only the extensions it knows, and PIPELINING is not one: ask again
@@ -292,39 +352,63 @@ fn target(url: &str, ca_file: Option<&str>) -> anyhow::Result<Target> {
     let parsed = url::Url::parse(url).context("APP__EMAIL__RELAY_URL")?;
     let host = parsed.host_str().context("APP__EMAIL__RELAY_URL: no host")?.to_owned();
     let tls_query = parsed.query_pairs().find(|(key, _)| key == "tls").map(|(_, value)| value.into_owned());
+    let ca_pem = ca_file
+        .map(|ca_file| std::fs::read(ca_file).with_context(|| format!("APP__EMAIL__RELAY_CA_FILE: reading {ca_file}")))
+        .transpose()?;
     let parameters = || -> anyhow::Result<TlsParameters> {
-        let Some(ca_file) = ca_file else {
+        let Some(pem) = &ca_pem else {
             return TlsParameters::new(host.clone()).context("APP__EMAIL__RELAY_URL: the TLS parameters");
         };
-        let pem = std::fs::read(ca_file).with_context(|| format!("APP__EMAIL__RELAY_CA_FILE: reading {ca_file}"))?;
-        let certificate = Certificate::from_pem(&pem).context("APP__EMAIL__RELAY_CA_FILE: not a PEM certificate")?;
+        let certificate = Certificate::from_pem(pem).context("APP__EMAIL__RELAY_CA_FILE: not a PEM certificate")?;
         TlsParameters::builder(host.clone())
             .add_root_certificate(certificate)
             .build_rustls()
             .context("APP__EMAIL__RELAY_CA_FILE: the TLS parameters")
     };
-    let (default_port, tls) = match (parsed.scheme(), tls_query.as_deref()) {
+    let wrapped = || -> anyhow::Result<Security> {
+        let mut roots = RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(pem) = &ca_pem {
+            let certificates: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<_, _>>()
+                .context("APP__EMAIL__RELAY_CA_FILE: not a PEM certificate")?;
+            anyhow::ensure!(!certificates.is_empty(), "APP__EMAIL__RELAY_CA_FILE: not a PEM certificate");
+            for certificate in certificates {
+                roots.add(certificate).context("APP__EMAIL__RELAY_CA_FILE: the TLS parameters")?;
+            }
+        }
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("the TLS parameters")?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::try_from(host.clone())
+            .map_err(|_| anyhow::anyhow!("APP__EMAIL__RELAY_URL: {host:?} is not a name TLS can verify"))?;
+        Ok(Security::Wrapped { config: Arc::new(config), name })
+    };
+    let (default_port, security) = match (parsed.scheme(), tls_query.as_deref()) {
         ("smtp", None) => {
             if ca_file.is_some() {
                 anyhow::bail!(
                     "APP__EMAIL__RELAY_CA_FILE is set but the relay URL has no TLS (smtps:// or ?tls=required)"
                 )
             }
-            (25, Tls::None)
+            (25, Security::Plain)
         }
-        ("smtp", Some("required")) => (587, Tls::Required(parameters()?)),
+        ("smtp", Some("required")) => (587, Security::StartTls(parameters()?)),
         ("smtp", Some("opportunistic")) => anyhow::bail!(
             "APP__EMAIL__RELAY_URL: tls=opportunistic would send in clear text to a relay without STARTTLS; \
              use tls=required or smtps://"
         ),
-        ("smtps", _) => (465, Tls::Wrapper(parameters()?)),
+        ("smtps", _) => (465, wrapped()?),
         (scheme, tls) => anyhow::bail!(
             "APP__EMAIL__RELAY_URL: unknown scheme {scheme:?} or tls={tls:?}: use smtp://, smtp://…?tls=required or smtps://"
         ),
     };
     let decoded = |text: &str| percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned();
     let credentials = parsed.password().map(|password| Credentials::new(decoded(parsed.username()), decoded(password)));
-    Ok(Target { port: parsed.port().unwrap_or(default_port), host, tls, credentials })
+    Ok(Target { port: parsed.port().unwrap_or(default_port), host, security, credentials })
 }
 
 #[cfg(test)]

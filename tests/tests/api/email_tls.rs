@@ -59,9 +59,12 @@ async fn a_relay_that_cannot_prove_itself_fails_the_send_and_nothing_goes_in_cle
     let (cert, key) = self_signed("relay");
     let (other, _) = self_signed("someone-else");
     // A certificate the mailer does not trust: the public roots and another certificate.
-    for (ca_file, what) in [(None, "the public roots"), (Some(&other), "another certificate")] {
-        let sink = SmtpSink::start_tls("starttls", &cert, &key).await;
-        let url = format!("smtp://127.0.0.1:{}?tls=required", sink.smtp_port());
+    let trusts = [(None, "the public roots"), (Some(&other), "another certificate")];
+    let modes = [("starttls", "smtp://127.0.0.1:{port}?tls=required"), ("implicit", "smtps://127.0.0.1:{port}")];
+    for ((ca_file, trust), (mode, url)) in trusts.into_iter().flat_map(|trust| modes.map(|mode| (trust, mode))) {
+        let what = format!("{mode}, trusting {trust}");
+        let sink = SmtpSink::start_tls(mode, &cert, &key).await;
+        let url = url.replace("{port}", &sink.smtp_port().to_string());
         let app = mail_app_with(&sink, 100, email_settings(&sink, url, ca_file)).await;
         let receipt = template_id(&app, "receipt").await;
         let failed = send(&app, &receipt, &receipt_body("mitm@example.com", "Mo"), None).await;
