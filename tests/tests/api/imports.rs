@@ -278,6 +278,50 @@ async fn an_import_without_a_consent_source_grants_no_consent_and_an_unknown_imp
     assert_eq!(app.get("/imports/nd-1", MULTI_BETA).await.status, 404);
 }
 
+/// The worker decides the next wave while a wave's appends are written. A row of the next wave
+/// about a contact the wave in flight changes must wait for it: decided on what it read before,
+/// a row that sets a plan back would find it unchanged, and the contact would keep the earlier
+/// row's plan. Here every contact is set to `pro` and back to `basic`, twice, a thousand rows
+/// apart: every row updates, and every contact ends `basic`.
+#[tokio::test]
+async fn rows_of_one_contact_in_consecutive_waves_are_applied_in_the_files_order() {
+    // Waves of a thousand from the first: the worker does not yield to this test's requests.
+    let app = TestApp::spawn_with(Options {
+        tweak: Some(|settings| settings.imports.live_yield = 0.0),
+        ..Options::default()
+    })
+    .await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    const CONTACTS: usize = 1_000;
+    let block = |plan: &str| (0..CONTACTS).map(|i| format!(",c{i}@example.com,,,,{plan},,")).collect::<Vec<_>>();
+    let settings = json!({"schema": "members", "format": "csv"});
+    for (id, blocks) in [("plans-0", vec!["basic"]), ("plans-1", vec!["pro", "basic", "pro", "basic"])] {
+        assert_eq!(create_import(&app, id, &settings).await.status, 201);
+        let rows: Vec<String> = blocks.iter().flat_map(|plan| block(plan)).collect();
+        let part =
+            put(&app, &format!("/imports/{id}/parts/1"), "text/csv", format!("{HEADER}\n{}\n", rows.join("\n"))).await;
+        assert_eq!(part.status, 202, "{:?}", part.body);
+        let closed = app.post(&format!("/imports/{id}/complete"), ALPHA_ADMIN, &json!({"parts": 1})).await;
+        assert_eq!(closed.status, 200, "{:?}", closed.body);
+        completed(&app, id).await;
+    }
+    let import = completed(&app, "plans-1").await;
+    let total = 4 * CONTACTS;
+    assert_eq!(
+        import["rows"],
+        json!({"total": total, "pending": 0, "created": 0, "updated": total, "unchanged": 0, "failed": 0}),
+        "{import:?}"
+    );
+    app.wait_for_workers().await;
+    let created = rows(&app, "plans-0", "created").await;
+    assert_eq!(created.len(), CONTACTS);
+    for row in [&created[0], &created[CONTACTS / 2], &created[CONTACTS - 1]] {
+        let id = row["recordId"].as_str().unwrap_or_default();
+        let record = app.get(&format!("/schemas/members/records/{id}"), ALPHA_ADMIN).await;
+        assert_eq!(record.body["data"]["plan"], "basic", "{row}: {:?}", record.body);
+    }
+}
+
 #[tokio::test]
 async fn an_ndjson_line_over_one_megabyte_refuses_its_part_before_anything_is_stored() {
     let app = TestApp::spawn().await;

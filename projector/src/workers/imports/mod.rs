@@ -51,7 +51,12 @@
 //! all sent at once: the log's batcher groups them into transactions and, their guards having
 //! set forms, writes each group with one statement per table; one row's lost race fails only
 //! that row, which is decided again (five times at most, then `concurrent_modification`).
-//! Rows that write nothing (unchanged, failed) get their results in one statement. Each wave
+//! Rows that write nothing (unchanged, failed) get their results in one statement. At full
+//! pace the next wave is decided while a wave's appends are written, so that deciding and
+//! writing use the two cores together: its rows that touch what the appends write (one of
+//! their identity values, or a record they write or whose value they may give up), and every
+//! later row that touches one of those, wait for a later wave (`wave::waiting`); and when a row
+//! in flight loses a race, the wave decided beside it is decided again after that row. Each wave
 //! updates the part's counts; the last sets them from the results, drops the part's body and
 //! stamps `done_at_ms`. The same worker sweeps what imports leave behind (`imports/expiry.rs`,
 //! at most every minute, under its lock): one never completed that received nothing for
@@ -83,7 +88,7 @@ use anyhow::Context;
 use deadpool_postgres::{GenericClient, Pool};
 use domain::catalog::WriteContext;
 use domain::imports::Settings;
-use domain::imports::decide::{self, Checked, Facts, Provenance};
+use domain::imports::decide::{self, Checked, Facts, Provenance, Writes};
 use domain::records::decide::WriteSchema;
 use domain::records::write::identity_values;
 use futures_util::future::BoxFuture;
@@ -112,7 +117,7 @@ const LOCK: i64 = domain::imports::WORKER_LOCK;
 mod expiry;
 mod wave;
 
-use wave::{Row, RowResult, Settled, Sorted, Tally};
+use wave::{Busy, Row, RowKeys, RowResult, Settled, Sorted, Tally};
 
 pub struct Imports {
     pool: Pool,
@@ -215,10 +220,13 @@ impl Imports {
         };
         let mut exhausted = false;
         let mut wave_size = api::live_load::first_step(&self.pool, self.live_yield, WAVE, LIVE_WAVE).await?;
+        // The wave decided beside the last one's appends, to append next.
+        let mut decided: Option<Decided> = None;
         loop {
-            // Rows decided again come first; the wave is topped up from the part (and the
-            // results of rows that cannot be read are recorded a wave at a time too).
-            while pending.len() < WAVE && results.len() < WAVE {
+            // Rows decided again come first; the rows are topped up from the part to two waves
+            // (the one to decide now and the one to decide beside its appends), and the
+            // results of rows that cannot be read are recorded a wave at a time too.
+            while pending.len() < 2 * WAVE && results.len() < WAVE {
                 let Some(row) = rows.next() else {
                     exhausted = true;
                     break;
@@ -238,17 +246,59 @@ impl Imports {
                 }
             }
             self.record(part, std::mem::take(&mut results), &mut tally).await?;
-            let Some(context) = context.as_ref().filter(|_| !pending.is_empty()) else {
+            let Some(context) = context.as_ref() else {
                 if exhausted {
                     break;
                 }
                 continue;
             };
-            let wave: Vec<_> = pending.drain(..pending.len().min(wave_size)).collect();
             let started = std::time::Instant::now();
-            let retry = self.decide_wave(part, (&catalog, context), &provenance, wave, &mut tally).await?;
-            for row in retry.into_iter().rev() {
-                pending.push_front(row);
+            let mut current = match decided.take() {
+                Some(current) => current,
+                None if pending.is_empty() => {
+                    if exhausted {
+                        break;
+                    }
+                    continue;
+                }
+                None => {
+                    let wave: Vec<_> = pending.drain(..pending.len().min(wave_size)).collect();
+                    let mut current = self.decide_wave(part, (&catalog, context), &provenance, wave, None).await?;
+                    requeue(&mut pending, std::mem::take(&mut current.later));
+                    current
+                }
+            };
+            self.record(part, std::mem::take(&mut current.results), &mut tally).await?;
+            // While this wave's appends are written, the next wave is decided (at full pace
+            // only: while live requests are served, one wave at a time), on what the appends
+            // cannot change: its rows that touch them wait (`wave::waiting`).
+            let next_wave: Option<Vec<Row>> =
+                (wave_size == WAVE && !pending.is_empty()).then(|| pending.drain(..pending.len().min(WAVE)).collect());
+            let busy = &current.busy;
+            let (written, next) = tokio::join!(self.write_wave(part, std::mem::take(&mut current.appends)), async {
+                match next_wave {
+                    Some(wave) => {
+                        Some(self.decide_wave(part, (&catalog, context), &provenance, wave, Some(busy)).await)
+                    }
+                    None => None,
+                }
+            });
+            let written = written?;
+            for status in written.counted {
+                tally.count(status);
+            }
+            self.record(part, written.lost, &mut tally).await?;
+            match next.transpose()? {
+                // A row of this wave lost a race and is decided again: the next wave, decided
+                // before that, is decided again after it.
+                Some(next) if !written.again.is_empty() => {
+                    requeue(&mut pending, written.again.into_iter().chain(next.rows).collect());
+                }
+                Some(mut next) => {
+                    requeue(&mut pending, std::mem::take(&mut next.later));
+                    decided = Some(next);
+                }
+                None => requeue(&mut pending, written.again),
             }
             self.save_tally(part, &tally, false).await?;
             let paused = api::live_load::yield_to_live(
@@ -263,22 +313,26 @@ impl Imports {
         self.finish(part).await
     }
 
-    /// Decides one wave and appends its writes; answers the rows to decide again (deferred,
-    /// or lost a race), in order.
+    /// Decides one wave: the results of its rows that write nothing, the appends of those that
+    /// write, and the rows to decide in a later wave. `in_flight`: what a wave still appending
+    /// writes, when this one is decided beside it; its rows that touch that wait.
     async fn decide_wave(
         &self,
         part: &Part,
         (catalog, context): (&str, &WriteContext),
         provenance: &Provenance,
         wave: Vec<Row>,
-        tally: &mut Tally,
-    ) -> anyhow::Result<Vec<Row>> {
+        in_flight: Option<&Busy>,
+    ) -> anyhow::Result<Decided> {
         let schema = WriteSchema {
             schema_id: &context.schema.schema_id,
             space_id: &part.space_id,
             schema_type: &context.schema.schema_type,
             attributes: &context.attributes,
         };
+        // Beside a wave in flight, the rows are kept whole: if that wave has rows to decide
+        // again, this one is decided again after them.
+        let rows = if in_flight.is_some() { wave.clone() } else { Vec::new() };
         let mut results = Vec::new();
         let mut checked = Vec::new();
         let mut kept = Vec::new();
@@ -293,18 +347,30 @@ impl Imports {
         }
         let client = self.pool.get().await?;
         let read = read_facts(&client, catalog, &schema, &checked).await?;
-        let facts = Facts {
-            owners: &read.owners,
-            records: &read.records,
-            suppressed: &read.suppressed,
-            topics: &read.topics,
-            subscriptions: &read.subscriptions,
-        };
-        let outcomes =
-            decide::decide_wave(&schema, provenance, checked, &facts, (platform::time::now_millis(), &mut Drawn));
-        let Sorted { mut retry, results: decided, appends } = wave::sort(kept, outcomes);
-        results.extend(decided);
-        self.record(part, results, tally).await?;
+        drop(client);
+        let mut keys: Vec<RowKeys> = checked.iter().map(|row| RowKeys::of(&row.input, &read.owners)).collect();
+        let mut later = Vec::new();
+        if let Some(busy) = in_flight {
+            let waits = wave::waiting(&keys, busy);
+            let (mut going, mut going_rows, mut going_keys) = (Vec::new(), Vec::new(), Vec::new());
+            for (((row, raw), row_keys), waits) in checked.into_iter().zip(kept).zip(keys).zip(waits) {
+                if waits {
+                    later.push(raw);
+                } else {
+                    going.push(row);
+                    going_rows.push(raw);
+                    going_keys.push(row_keys);
+                }
+            }
+            (checked, kept, keys) = (going, going_rows, going_keys);
+        }
+        Ok(decided(&schema, provenance, &read, (checked, kept, keys), Parts { results, later, rows }))
+    }
+
+    /// Appends a decided wave's writes, each row its own append, all sent at once; answers
+    /// the statuses of the rows written, the results of rows that lost too many races, and
+    /// the rows to decide again (lost a race), in order.
+    async fn write_wave(&self, part: &Part, appends: Vec<(Row, RowResult, Writes)>) -> anyhow::Result<Written> {
         let metadata = Metadata {
             space_id: Some(part.space_id.clone()),
             actor_key_id: part.actor_key_id.clone(),
@@ -317,18 +383,17 @@ impl Imports {
             async move { (row, result, self.log.append(request).await) }
         }))
         .await;
-        let mut lost = Vec::new();
+        let mut written = Written::default();
         for (row, result, appended) in sent {
             match wave::settle(row, &result, appended.map(drop))? {
-                Settled::Counted(status) => tally.count(status),
-                Settled::Again(row) => retry.push(row),
-                Settled::Lost(failed) => lost.push(failed),
+                Settled::Counted(status) => written.counted.push(status),
+                Settled::Again(row) => written.again.push(row),
+                Settled::Lost(failed) => written.lost.push(failed),
                 Settled::Taken => {}
             }
         }
-        self.record(part, lost, tally).await?;
-        retry.sort_by_key(|(number, _, _)| *number);
-        Ok(retry)
+        written.again.sort_by_key(|(number, _, _)| *number);
+        Ok(written)
     }
 
     /// Inserts the results of rows that write nothing.
@@ -443,6 +508,82 @@ impl Worker for Imports {
     fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
         Box::pin(async { Ok(None) })
     }
+}
+
+/// A wave decided and not yet appended.
+struct Decided {
+    /// The results of its rows that write nothing (unchanged, failed).
+    results: Vec<RowResult>,
+    /// Its rows that write, each with its result (inserted by its append's guard) and writes.
+    appends: Vec<(Row, RowResult, Writes)>,
+    /// Its rows to decide in a later wave, in order: deferred by the decision, or waiting for
+    /// the wave in flight.
+    later: Vec<Row>,
+    /// What its appends write (and its deferred rows will), for the wave decided beside them.
+    busy: Busy,
+    /// All its rows, when it was decided beside a wave in flight (else none).
+    rows: Vec<Row>,
+}
+
+/// What became of a wave's appends.
+#[derive(Default)]
+struct Written {
+    /// The statuses of the rows written.
+    counted: Vec<&'static str>,
+    /// The rows to decide again (each lost a race), in order.
+    again: Vec<Row>,
+    /// The results of rows that lost too many races.
+    lost: Vec<RowResult>,
+}
+
+/// Puts `rows` (earlier in the part than any row left in `pending`) back at its front, in order.
+fn requeue(pending: &mut VecDeque<Row>, mut rows: Vec<Row>) {
+    rows.sort_by_key(|(number, _, _)| *number);
+    for row in rows.into_iter().rev() {
+        pending.push_front(row);
+    }
+}
+
+/// What a wave's decision adds its outcomes to: the results and later rows so far, and the
+/// wave's rows when it was decided beside a wave in flight.
+struct Parts {
+    results: Vec<RowResult>,
+    later: Vec<Row>,
+    rows: Vec<Row>,
+}
+
+/// The decision of a wave's rows that go ahead (checked, as read, with their keys), on what
+/// the wave read.
+fn decided(
+    schema: &WriteSchema<'_>,
+    provenance: &Provenance,
+    read: &Read,
+    (checked, kept, keys): (Vec<Checked>, Vec<Row>, Vec<RowKeys>),
+    Parts { mut results, mut later, rows }: Parts,
+) -> Decided {
+    let facts = Facts {
+        owners: &read.owners,
+        records: &read.records,
+        suppressed: &read.suppressed,
+        topics: &read.topics,
+        subscriptions: &read.subscriptions,
+    };
+    let outcomes = decide::decide_wave(schema, provenance, checked, &facts, (platform::time::now_millis(), &mut Drawn));
+    let mut busy = Busy::default();
+    for (keys, outcome) in keys.into_iter().zip(&outcomes) {
+        match outcome {
+            decide::Outcome::Created { record_id, .. } | decide::Outcome::Updated { record_id, .. } => {
+                busy.add(&keys.with_record(record_id));
+            }
+            decide::Outcome::Deferred => busy.add(&keys),
+            decide::Outcome::Unchanged { .. } | decide::Outcome::Failed { .. } => {}
+        }
+    }
+    let Sorted { retry, results: decided, appends } = wave::sort(kept, outcomes);
+    results.extend(decided);
+    later.extend(retry);
+    later.sort_by_key(|(number, _, _)| *number);
+    Decided { results, appends, later, busy, rows }
 }
 
 /// The part a step decides.

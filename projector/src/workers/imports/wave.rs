@@ -3,7 +3,11 @@
 //! as a count, a retry or a failure; a row's result with the guard that inserts it; a part's
 //! tally.
 
+use std::collections::HashSet;
+
 use domain::imports::decide::{Key, Outcome, Writes};
+use domain::records::decide::{Input, Owners};
+use domain::records::write::identity_values;
 use platform::error::{Code, Warning};
 use platform::log::{AppendError, Guard, SetValue};
 use serde_json::{Map, Value, json};
@@ -121,6 +125,70 @@ impl Tally {
             _ => self.failed += rows,
         }
     }
+}
+
+/// What a row touches: its identity values, and the records it names (its `id`, and the holders
+/// of its values as the wave read them).
+#[derive(Debug, Default, Clone)]
+pub(super) struct RowKeys {
+    values: Vec<(&'static str, String)>,
+    records: Vec<String>,
+}
+
+impl RowKeys {
+    pub(super) fn of(input: &Input, owners: &Owners) -> Self {
+        let values = identity_values(input);
+        let records = values
+            .iter()
+            .filter_map(|(kind, value)| owners.get(&((*kind).to_owned(), value.clone())).cloned())
+            .chain(input.id.clone())
+            .collect();
+        Self { values, records }
+    }
+
+    /// Also the record the row's outcome writes (a new record's id).
+    pub(super) fn with_record(mut self, record_id: &str) -> Self {
+        self.records.push(record_id.to_owned());
+        self
+    }
+}
+
+/// The identity values and records of the rows a wave still appending writes (or leaves to
+/// the next wave), which the next wave, decided meanwhile, must not decide on yet.
+#[derive(Debug, Default)]
+pub(super) struct Busy {
+    values: HashSet<(&'static str, String)>,
+    records: HashSet<String>,
+}
+
+impl Busy {
+    pub(super) fn add(&mut self, keys: &RowKeys) {
+        self.values.extend(keys.values.iter().cloned());
+        self.records.extend(keys.records.iter().cloned());
+    }
+
+    fn touches(&self, keys: &RowKeys) -> bool {
+        keys.values.iter().any(|value| self.values.contains(value))
+            || keys.records.iter().any(|record| self.records.contains(record))
+    }
+}
+
+/// Which rows of a wave decided while `busy`'s wave is still appending wait until it is written:
+/// each row that touches what it writes, and each later row that touches a waiting one (so a
+/// file's rows of one contact keep their order). What a row read of a contact the wave in
+/// flight does not touch cannot change by it: its writes claim only its rows' values and
+/// change only its rows' records, and a value it gives up was held by one of those records.
+pub(super) fn waiting(keys: &[RowKeys], busy: &Busy) -> Vec<bool> {
+    let mut held = Busy::default();
+    keys.iter()
+        .map(|keys| {
+            let waits = busy.touches(keys) || held.touches(keys);
+            if waits {
+                held.add(keys);
+            }
+            waits
+        })
+        .collect()
 }
 
 /// A wave's outcomes, sorted.
@@ -258,6 +326,45 @@ mod tests {
         assert!(matches!(settle(row(2), &result, Err(existed)), Ok(Settled::Taken)));
         let broken = AppendError::Failed("the disk is full".into());
         assert!(matches!(settle(row(2), &result, Err(broken)), Err(AppendError::Failed(_))));
+    }
+
+    fn keys(values: &[&str], records: &[&str]) -> RowKeys {
+        RowKeys {
+            values: values.iter().map(|value| ("email", (*value).to_owned())).collect(),
+            records: records.iter().map(|record| (*record).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn given_a_wave_in_flight_when_the_next_is_decided_then_rows_touching_it_and_their_followers_wait() {
+        let mut busy = Busy::default();
+        busy.add(&keys(&["a@x"], &["rec_a"]));
+        busy.add(&keys(&["b@x"], &[]));
+        let next = [
+            keys(&["c@x"], &[]),            // independent
+            keys(&["a@x"], &[]),            // claims a value the wave in flight writes
+            keys(&["d@x"], &["rec_a"]),     // names a record it writes (another value of it)
+            keys(&["e@x"], &["rec_e"]),     // independent
+            keys(&["f@x", "c@x"], &[]),     // shares a value with an earlier row that goes ahead
+            keys(&["g@x"], &["rec_d_new"]), // independent
+            keys(&["d@x"], &[]),            // shares a value with a waiting row: keeps its order
+            keys(&[], &["rec_e"]),          // shares a record with an earlier row that goes ahead
+        ];
+        assert_eq!(waiting(&next, &busy), [false, true, true, false, false, false, true, false]);
+        assert_eq!(waiting(&next, &Busy::default()), [false; 8], "nothing in flight: nothing waits");
+    }
+
+    #[test]
+    fn a_rows_keys_are_its_values_their_holders_and_its_id() {
+        let input = Input {
+            identities: vec![("email", Some("a@x".to_owned())), ("phone", None)],
+            values: Map::new(),
+            id: Some("rec_id".to_owned()),
+        };
+        let owners: Owners = [(("email".to_owned(), "a@x".to_owned()), "rec_holder".to_owned())].into();
+        let keys = RowKeys::of(&input, &owners).with_record("rec_new");
+        assert_eq!(keys.values, [("email", "a@x".to_owned())]);
+        assert_eq!(keys.records, ["rec_holder", "rec_id", "rec_new"]);
     }
 
     #[test]
