@@ -5,8 +5,8 @@
 //!
 //! Built on lettre's connection, which does STARTTLS, EHLO, AUTH, reply parsing and
 //! dot-stuffing; this module adds the session pool, the pipelining, the time limits, and the
-//! socket every session runs on (TCP_NODELAY, and an implicit TLS session's handshake). Every phase is
-//! bounded, so one hand-off stays well inside the lease that holds its email
+//! socket every session runs on (TCP_NODELAY, and an implicit TLS session's handshake).
+//! Every phase is bounded, so one hand-off stays well inside the lease that holds its email
 //! (`Settings::email_lease`): connecting with TLS and AUTH three `TIMEOUT_MS`, the envelope
 //! one, the content and its reply three (eight in all when a stale pooled session is
 //! replaced).
@@ -352,11 +352,16 @@ fn target(url: &str, ca_file: Option<&str>) -> anyhow::Result<Target> {
     let parsed = url::Url::parse(url).context("APP__EMAIL__RELAY_URL")?;
     let host = parsed.host_str().context("APP__EMAIL__RELAY_URL: no host")?.to_owned();
     let tls_query = parsed.query_pairs().find(|(key, _)| key == "tls").map(|(_, value)| value.into_owned());
-    let ca_pem = ca_file
-        .map(|ca_file| std::fs::read(ca_file).with_context(|| format!("APP__EMAIL__RELAY_CA_FILE: reading {ca_file}")))
-        .transpose()?;
+    // Read only for a URL with TLS: without, the file is refused for that, below.
+    let ca_pem = || {
+        ca_file
+            .map(|ca_file| {
+                std::fs::read(ca_file).with_context(|| format!("APP__EMAIL__RELAY_CA_FILE: reading {ca_file}"))
+            })
+            .transpose()
+    };
     let parameters = || -> anyhow::Result<TlsParameters> {
-        let Some(pem) = &ca_pem else {
+        let Some(pem) = &ca_pem()? else {
             return TlsParameters::new(host.clone()).context("APP__EMAIL__RELAY_URL: the TLS parameters");
         };
         let certificate = Certificate::from_pem(pem).context("APP__EMAIL__RELAY_CA_FILE: not a PEM certificate")?;
@@ -368,7 +373,7 @@ fn target(url: &str, ca_file: Option<&str>) -> anyhow::Result<Target> {
     let wrapped = || -> anyhow::Result<Security> {
         let mut roots = RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        if let Some(pem) = &ca_pem {
+        if let Some(pem) = &ca_pem()? {
             let certificates: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
                 .collect::<Result<_, _>>()
                 .context("APP__EMAIL__RELAY_CA_FILE: not a PEM certificate")?;
@@ -625,7 +630,8 @@ mod tests {
         assert!(new("smtp://relay.test:2525?tls=required").is_ok());
         assert!(new("smtps://relay.test").is_ok());
         let with_ca = Relay::new("smtp://relay.test:25", Some("/nonexistent.pem"), "h", Duration::from_secs(1), 1);
-        assert!(with_ca.is_err(), "a CA file without TLS");
+        let refused = with_ca.err().map(|error| format!("{error:#}")).unwrap_or_default();
+        assert!(refused.contains("has no TLS"), "a CA file without TLS: {refused}");
         let target = target("smtp://us%40er:p%3Ass@relay.test", None).expect("parses");
         assert_eq!(target.port, 25);
         assert!(target.credentials.is_some());
