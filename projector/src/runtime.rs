@@ -34,8 +34,9 @@
 //! a notification that arrives during a step is kept, so the next wait ends at once. After a
 //! failure it waits a jittered exponential backoff (`backon`, 100 ms to 30 s)
 //! and steps again; a failure on a database that is away (`platform::db::is_transient`: a
-//! restart, a failover) is logged as a warning for the first 30 s of a worker's failing, as an
-//! error after that, and any other failure as an error at once. On shutdown (SIGTERM or SIGINT) no new step starts, and a step in flight has
+//! restart, a failover) is logged as a warning for the first 30 s of a worker's failing, and
+//! meanwhile waits at most 1 s, so that every worker steps again within a second of the
+//! database's return; after that it is an error, and so is any other failure at once. On shutdown (SIGTERM or SIGINT) no new step starts, and a step in flight has
 //! 10 s to finish; a step's database work is one transaction, so a step cut short rolls back.
 //!
 //! - **Leases.** Work that one process at a time must do holds a lease for the length of its
@@ -183,6 +184,18 @@ pub(crate) fn failure_backoff() -> backon::ExponentialBuilder {
         .with_max_delay(Duration::from_secs(30))
         .with_jitter()
         .without_max_times()
+}
+
+/// The longest a worker waits between steps that fail on a database briefly away.
+const TRANSIENT_RETRY: Duration = Duration::from_secs(1);
+
+/// The wait after a failed step: the backoff's, but at most [`TRANSIENT_RETRY`] while the
+/// database is briefly away (`transient`: for the first [`TRANSIENT_GRACE`] of failing on it).
+/// A failover keeps every worker failing for seconds; doubling waits would leave a worker
+/// asleep for up to as long again after the database is back, and what waits on it (a send's
+/// answer that its hand-off records, a webhook, a journey's timer) with it.
+pub(crate) fn failure_delay(backoff: Duration, transient: bool) -> Duration {
+    if transient { backoff.min(TRANSIENT_RETRY) } else { backoff }
 }
 
 /// Runs a set of workers until shutdown.
@@ -338,8 +351,10 @@ async fn drive(
                     tracing::error!(worker = %name, error = %message, "a worker step failed; retrying after a backoff");
                 }
                 metrics::counter!("worker_failures_total", "worker" => name.clone()).increment(1);
-                let delay =
-                    backoff.get_or_insert_with(|| failure_backoff().build()).next().unwrap_or(Duration::from_secs(30));
+                let delay = failure_delay(
+                    backoff.get_or_insert_with(|| failure_backoff().build()).next().unwrap_or(Duration::from_secs(30)),
+                    platform::db::is_transient(&error) && !lasting,
+                );
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = tokio::time::sleep(delay) => {}
@@ -430,4 +445,19 @@ pub(crate) async fn lag_behind(pool: &Pool, position_sql: &str, name: &str) -> a
     let client = pool.get().await?;
     let row = client.query_opt(&format!("SELECT (SELECT position FROM log_head) - ({position_sql})"), &[&name]).await?;
     Ok(row.and_then(|row| row.get::<_, Option<i64>>(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::failure_delay;
+
+    #[test]
+    fn a_step_failing_on_a_database_briefly_away_waits_at_most_a_second_and_other_failures_back_off() {
+        let doubled = Duration::from_millis(6_400);
+        assert_eq!(failure_delay(doubled, true), Duration::from_secs(1), "a failover: back within a second");
+        assert_eq!(failure_delay(Duration::from_millis(200), true), Duration::from_millis(200));
+        assert_eq!(failure_delay(doubled, false), doubled, "any other failure, or a lasting one: the backoff");
+    }
 }
