@@ -8,6 +8,14 @@
 //! be safe for whoever relies on this: the idempotency claims do, because a taken-over
 //! claim's completion guard no longer matches and its append fails.
 //!
+//! "Older" is measured twice: by the wall, and by the database's available time, a clock in
+//! the table `beat_clock` that each beat advances by the time since the last beat of any
+//! process, at most [`CLOCK_STEP`]. While the database is away nobody can beat, so the clock
+//! stands still: a process that was beating when the database went is not presumed dead the
+//! moment it is back (by the wall, every process would be after a failover of over
+//! [`DEAD_AFTER`]), but once the others have beaten for the bound without it. A process that
+//! died during the outage is presumed dead at most [`DEAD_AFTER`] after the database is back.
+//!
 //! The row is left behind when the process stops; the maintenance worker deletes rows that
 //! have not beaten for a day.
 
@@ -22,6 +30,11 @@ pub(crate) const BEAT_INTERVAL: Duration = Duration::from_secs(1);
 /// a minute (the work a dead process held is taken over within this bound and a worker's
 /// poll).
 pub const DEAD_AFTER: Duration = Duration::from_secs(5);
+/// The most one beat advances the database's available time: the time since the last beat
+/// of any process counts only up to this much. Beats come every [`BEAT_INTERVAL`] from each
+/// process, so a longer gap means nobody could beat (the database was away); counting a
+/// little of it leaves a live process [`DEAD_AFTER`] less this to beat again after an outage.
+pub const CLOCK_STEP: Duration = Duration::from_millis(1_500);
 
 /// This process's id, once it beats.
 static PROCESS: std::sync::OnceLock<Uuid> = std::sync::OnceLock::new();
@@ -49,9 +62,14 @@ pub fn is_dead(column: &str, dead_after: &str) -> String {
 }
 
 /// A SQL subquery of the ids of the processes presumed alive: those whose beat is younger
-/// than the statement's parameter `dead_after` (seconds).
+/// than the statement's parameter `dead_after` (seconds) by the wall or by the database's
+/// available time (the clock of the module's doc).
 fn live(dead_after: &str) -> String {
-    format!("SELECT b.process_id FROM process_beats b WHERE b.beat_at >= now() - make_interval(secs => {dead_after})")
+    format!(
+        "SELECT b.process_id FROM process_beats b
+         WHERE b.beat_at >= now() - make_interval(secs => {dead_after})
+            OR b.available_at > (SELECT c.available FROM beat_clock c) - {dead_after}"
+    )
 }
 
 /// This process's share of a worker's rows: the live processes that run the worker, in the
@@ -139,15 +157,21 @@ async fn beat_on_one_connection(database_url: &str, id: Uuid, role: &str) -> any
     let driver = tokio::spawn(connection);
     let statement = client
         .prepare(
-            "INSERT INTO process_beats (process_id, role) VALUES ($1, $2)
-             ON CONFLICT (process_id) DO UPDATE SET beat_at = now()",
+            "WITH tick AS (
+                 UPDATE beat_clock SET
+                     available = available + least(greatest(extract(epoch FROM now() - ticked_at)::float8, 0), $3),
+                     ticked_at = greatest(ticked_at, now())
+                 RETURNING available)
+             INSERT INTO process_beats (process_id, role, available_at) VALUES ($1, $2, (SELECT available FROM tick))
+             ON CONFLICT (process_id) DO UPDATE SET beat_at = now(), available_at = EXCLUDED.available_at",
         )
         .await;
+    let step = CLOCK_STEP.as_secs_f64();
     let result = async {
         let statement = statement?;
         loop {
             // A beat that hangs is a lost connection: start again on a new one.
-            tokio::time::timeout(DEAD_AFTER, client.execute(&statement, &[&id, &role])).await??;
+            tokio::time::timeout(DEAD_AFTER, client.execute(&statement, &[&id, &role, &step])).await??;
             tokio::time::sleep(BEAT_INTERVAL).await;
         }
     }

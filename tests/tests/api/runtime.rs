@@ -396,3 +396,64 @@ async fn a_shared_worker_splits_its_rows_among_the_live_members_and_a_dead_ones_
     assert_eq!(share(&client).await, platform::liveness::Share { index: 0, of: 1 });
     drop(beat);
 }
+
+/// Whether the process `id` is presumed dead, by `liveness::is_dead` and `DEAD_AFTER`.
+async fn presumed_dead(client: &deadpool_postgres::Client, id: uuid::Uuid) -> bool {
+    let sql = format!("SELECT {}", platform::liveness::is_dead("$1::uuid", "$2"));
+    let dead_after = platform::liveness::DEAD_AFTER.as_secs_f64();
+    client.query_one(&sql, &[&id, &dead_after]).await.expect("liveness").get(0)
+}
+
+#[tokio::test]
+async fn a_process_that_beat_until_the_database_went_away_is_not_presumed_dead_when_it_comes_back() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let beat = platform::liveness::Beat::start(app.database_url.clone(), "test");
+    let me = beat.id();
+    eventually("this process's first beat", async || {
+        app.query_i64(&format!("SELECT count(*) FROM process_beats WHERE process_id = '{me}'")).await == 1
+    })
+    .await;
+    let client = app.pool.get().await.expect("client");
+    // The database was away for 8 s, and another process beat last as it went: nobody could
+    // beat since, so the clock stands where that beat read it.
+    let other = uuid::Uuid::now_v7();
+    let reading: f64 = client
+        .query_one(
+            "WITH away AS (UPDATE beat_clock SET ticked_at = now() - interval '8 seconds' RETURNING available)
+             INSERT INTO process_beats (process_id, role, beat_at, available_at)
+             SELECT $1, 'test', now() - interval '8 seconds', available FROM away
+             RETURNING available_at",
+            &[&other],
+        )
+        .await
+        .expect("the other process's last beat")
+        .get(0);
+    let back = Instant::now();
+    // This process beats again: the clock moves by one step, not by the 8 s.
+    eventually("a beat after the outage", async || {
+        app.query_i64(&format!("SELECT count(*) FROM beat_clock WHERE available > {reading}")).await == 1
+    })
+    .await;
+    let step: f64 = client.query_one("SELECT available FROM beat_clock", &[]).await.expect("clock").get(0);
+    assert!(
+        step - reading <= platform::liveness::CLOCK_STEP.as_secs_f64() + 0.5,
+        "the clock moved {} s",
+        step - reading
+    );
+    assert!(!presumed_dead(&client, other).await, "8 s old by the wall, but the database was away for them");
+    // Once this process has beaten for the bound without it, the other is presumed dead.
+    let deadline = back + Duration::from_secs(20);
+    while !presumed_dead(&client, other).await {
+        assert!(Instant::now() < deadline, "never presumed dead");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = back.elapsed();
+    let least = platform::liveness::DEAD_AFTER - platform::liveness::CLOCK_STEP;
+    assert!(
+        after >= least - Duration::from_millis(100),
+        "presumed dead after {after:?}, before the others beat {least:?}"
+    );
+    // A process this one beat beside all along stays alive.
+    assert!(!presumed_dead(&client, me).await);
+    drop(beat);
+}
