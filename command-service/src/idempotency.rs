@@ -45,26 +45,28 @@
 //! its own, so a busy pool never delays a beat; the rows it claims name it
 //! (`liveness::process_id`). A missing row, or one 5 s old both by the wall and by the database's
 //! available time (a clock the beats advance, which stands still while the database is away: a
-//! failover does not make every live process look dead), means the process is gone: a retry after a
-//! kill -9 is settled within seconds, and the outbox worker takes a dead process's email rows at
-//! once (a pending one is handed off, an attempting one settled as unknown). A process that stalls
-//! past the bound while alive is safe to presume dead: its claims' completion guards (and a send's
-//! `Claim::held`) no longer match, so its appends are refused, and its hand-off's outcome append
-//! fails on the lease token. The maintenance worker deletes rows that stopped beating a day ago. A
-//! live instance whose operation failed because its database went away cannot settle the claim at
-//! that moment either (release it, or mark it unresolved); it retries that statement every second
-//! in the background until the claim timeout, so the retry after the outage executes (or learns the
-//! outcome is unresolved) within seconds of the database's return. If admission cannot reach the
-//! database within 2 s, or its connection fails while the claim statement is out, the answer is 429
-//! `idempotency_admission_busy` with `Retry-After`, and the claim it may still have left behind is
-//! withdrawn by its token, tried every second until the row is found and deleted (the claim may
-//! land after a first try found nothing, or the database may be away), so the retry executes. A
-//! live process holding an email row it is not handing off does the same (`mail::outbox`): a claim
-//! whose answer was lost is given back by its token (the row `pending` again, due at once), an
-//! outcome it knows (the relay took the message) is recorded once the database is back, retried for
-//! 25 s, and the outbox worker settles an abandoned row under a lease of 5 s, not a hand-off's; so
-//! no live process keeps a send's retry waiting for a lease. A suppression batch appends all its
-//! items in one transaction, so its recorded outcome covers the whole batch.
+//! failover does not make every live process look dead), means the process is gone; a process
+//! started in a killed one's slot (`liveness::slot`) deletes its row as it first beats. So a retry
+//! after a kill -9 is settled within seconds, and the outbox worker takes a dead process's email
+//! rows at once (a pending one is handed off, an attempting one settled as unknown). A process that
+//! stalls past the bound while alive is safe to presume dead: its claims' completion guards (and a
+//! send's `Claim::held`) no longer match, so its appends are refused, and its hand-off's outcome
+//! append fails on the lease token. The maintenance worker deletes rows that stopped beating a day
+//! ago. A live instance whose operation failed because its database went away cannot settle the
+//! claim at that moment either (release it, or mark it unresolved); it retries that statement every
+//! second in the background until the claim timeout, so the retry after the outage executes (or
+//! learns the outcome is unresolved) within seconds of the database's return. If admission cannot
+//! reach the database within 2 s, or its connection fails while the claim statement is out, the
+//! answer is 429 `idempotency_admission_busy` with `Retry-After`, and the claim it may still have
+//! left behind is withdrawn by its token, tried every second until the row is found and deleted
+//! (the claim may land after a first try found nothing, or the database may be away), so the retry
+//! executes. A live process holding an email row it is not handing off does the same
+//! (`mail::outbox`): a claim whose answer was lost is given back by its token (the row `pending`
+//! again, due at once), an outcome it knows (the relay took the message) is recorded once the
+//! database is back, retried for 25 s, and the outbox worker settles an abandoned row under a lease
+//! of 5 s, not a hand-off's; so no live process keeps a send's retry waiting for a lease. A
+//! suppression batch appends all its items in one transaction, so its recorded outcome covers the
+//! whole batch.
 //!
 //! The outcome is recorded **in the same transaction as the operation's append**, by a guard
 //! that updates the row only if it is still `processing` with this claim's token; so an

@@ -136,16 +136,20 @@ impl Application {
         api::live_load::publish(pool.clone());
         let ops = api::ops::Ops::new(pool, None);
         let address = (settings.http.host.as_str(), settings.http.port);
+        let served = state.clone();
         let server = ApiServer::bind(
             address,
             settings.server_timeouts(),
             ops,
             |_| {},
             move |config| {
-                config.app_data(state.clone());
+                config.app_data(served.clone());
                 configure(config);
             },
         )?;
+        // The listener is this process's: no earlier process in its slot is alive.
+        let instance = settings.instance.as_deref();
+        state.beat.fills(platform::liveness::slot(instance, "command-service", settings.http.port, server.port()));
         Ok(Self { server })
     }
 

@@ -210,6 +210,8 @@ impl Application {
         let readiness = WorkersReadiness { health: runtime.health(), pool: pool.clone() };
         let ops = api::ops::Ops::new(pool, Some(Arc::new(readiness)));
         let (server, port) = ops_server(settings, ops)?;
+        // The listener is this process's: no earlier process in its slot is alive.
+        beat.fills(platform::liveness::slot(settings.instance.as_deref(), "projector", settings.projector.port, port));
         Ok(Self { runtime, server, port, shutdown: CancellationToken::new(), _beat: beat })
     }
 

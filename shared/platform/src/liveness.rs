@@ -16,6 +16,11 @@
 //! [`DEAD_AFTER`]), but once the others have beaten for the bound without it. A process that
 //! died during the outage is presumed dead at most [`DEAD_AFTER`] after the database is back.
 //!
+//! A process that knows the slot it fills (its role, host and fixed port, or `APP__INSTANCE`:
+//! [`slot`], [`Beat::fills`]) deletes, in its next beat, the rows of the processes that filled
+//! that slot before. A row that is missing means dead, so what a killed process held is taken
+//! over as soon as its replacement beats, not after [`DEAD_AFTER`].
+//!
 //! The row is left behind when the process stops; the maintenance worker deletes rows that
 //! have not beaten for a day.
 
@@ -38,6 +43,28 @@ pub const CLOCK_STEP: Duration = Duration::from_millis(1_500);
 
 /// This process's id, once it beats.
 static PROCESS: std::sync::OnceLock<Uuid> = std::sync::OnceLock::new();
+/// The slot this process fills, once it is known ([`Beat::fills`]).
+static SLOT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// Wakes the beats when the slot becomes known, so that the earlier processes' rows go at once.
+static SLOT_KNOWN: tokio::sync::Notify = tokio::sync::Notify::const_new();
+/// Whether a beat has deleted the rows of the slot's earlier processes: done once, so that two
+/// live processes given one slot by mistake do not keep deleting each other's rows.
+static SLOT_TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The slot of a process of `role` that listens on `port`, asked for as `configured_port`:
+/// `configured` (`APP__INSTANCE`) if set; else `role@host:port` when the port was fixed (a
+/// port picked at random names no slot a replacement would fill) and the host has a name.
+pub fn slot(configured: Option<&str>, role: &str, configured_port: u16, port: u16) -> Option<String> {
+    if let Some(configured) = configured.map(str::trim).filter(|name| !name.is_empty()) {
+        return Some(configured.to_owned());
+    }
+    if configured_port == 0 {
+        return None;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let host = host.trim();
+    (!host.is_empty()).then(|| format!("{role}@{host}:{port}"))
+}
 
 /// The id of this process's [`Beat`], which the rows it claims name as their owner; `None`
 /// in a process that does not beat (a CLI, a test calling functions directly), whose rows
@@ -144,6 +171,18 @@ impl Beat {
     pub fn id(&self) -> Uuid {
         self.id
     }
+
+    /// Names the slot this process fills ([`slot`]), once it holds what makes the slot its
+    /// own (its listener: a process still alive in the slot would hold the port). The next
+    /// beat, at once, deletes the rows of the processes that filled the slot before, so what
+    /// they held is taken over now. A process fills the first slot it names.
+    pub fn fills(&self, slot: Option<String>) {
+        if let Some(slot) = slot
+            && SLOT.set(slot).is_ok()
+        {
+            SLOT_KNOWN.notify_waiters();
+        }
+    }
 }
 
 impl Drop for Beat {
@@ -157,22 +196,37 @@ async fn beat_on_one_connection(database_url: &str, id: Uuid, role: &str) -> any
     let driver = tokio::spawn(connection);
     let statement = client
         .prepare(
-            "WITH tick AS (
+            "WITH earlier AS (DELETE FROM process_beats WHERE $5 AND instance = $4 AND process_id <> $1),
+                  tick AS (
                  UPDATE beat_clock SET
                      available = available + least(greatest(extract(epoch FROM now() - ticked_at)::float8, 0), $3),
                      ticked_at = greatest(ticked_at, now())
                  RETURNING available)
-             INSERT INTO process_beats (process_id, role, available_at) VALUES ($1, $2, (SELECT available FROM tick))
-             ON CONFLICT (process_id) DO UPDATE SET beat_at = now(), available_at = EXCLUDED.available_at",
+             INSERT INTO process_beats (process_id, role, available_at, instance)
+             VALUES ($1, $2, (SELECT available FROM tick), $4)
+             ON CONFLICT (process_id) DO UPDATE
+             SET beat_at = now(), available_at = EXCLUDED.available_at, instance = EXCLUDED.instance",
         )
         .await;
     let step = CLOCK_STEP.as_secs_f64();
     let result = async {
         let statement = statement?;
         loop {
+            let slot = SLOT.get();
+            let take = slot.is_some() && !SLOT_TAKEN.load(std::sync::atomic::Ordering::Acquire);
             // A beat that hangs is a lost connection: start again on a new one.
-            tokio::time::timeout(DEAD_AFTER, client.execute(&statement, &[&id, &role, &step])).await??;
-            tokio::time::sleep(BEAT_INTERVAL).await;
+            tokio::time::timeout(DEAD_AFTER, client.execute(&statement, &[&id, &role, &step, &slot, &take])).await??;
+            if take {
+                SLOT_TAKEN.store(true, std::sync::atomic::Ordering::Release);
+                tracing::info!(
+                    slot = slot.map(String::as_str),
+                    "took this process's slot over from its earlier processes"
+                );
+            }
+            tokio::select! {
+                () = tokio::time::sleep(BEAT_INTERVAL) => {}
+                () = SLOT_KNOWN.notified(), if SLOT.get().is_none() => {}
+            }
         }
     }
     .await;

@@ -19,6 +19,12 @@ use serde::{Deserialize, Serialize};
 #[serde(default)]
 pub struct Settings {
     pub database: DatabaseSettings,
+    /// `APP__INSTANCE`: the slot this process fills, for a deployment that starts a killed
+    /// process again under another host name or port. Unset: `<role>@<host name>:<port>` when
+    /// the port is fixed, none when it is picked at random. A process that starts in a slot
+    /// takes over at once what the slot's earlier process held (`platform::liveness`), so two
+    /// live processes must never share one.
+    pub instance: Option<String>,
     /// `APP__MASTER_KEY`: 64 hex characters (`openssl rand -hex 32`). It wraps every data
     /// subject's key, so losing it loses all personal data in the log. Required.
     #[serde(skip_serializing)]

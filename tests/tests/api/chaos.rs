@@ -855,8 +855,15 @@ async fn harness(ha: bool) {
         env
     };
     let (command_ports, query_ports) = ([free_port(), free_port()], [free_port(), free_port()]);
-    let projectors: Vec<Slot> =
-        (0..2).map(|_| Slot::start("projector", &["run"], common.clone(), &services_url)).collect();
+    // Each projector's slot, which its replacement after a kill fills (its port is picked at
+    // random, so it names none of its own).
+    let projectors: Vec<Slot> = (0..2)
+        .map(|slot| {
+            let mut env = common.clone();
+            env.push(("APP__INSTANCE", format!("chaos-projector-{slot}")));
+            Slot::start("projector", &["run"], env, &services_url)
+        })
+        .collect();
     let commands: Vec<Slot> = command_ports
         .iter()
         .map(|port| Slot::start("command-service", &["serve"], served(*port), &services_url))

@@ -643,7 +643,16 @@ async fn an_email_the_outbox_cannot_rebuild_is_deferred_and_the_others_go_out() 
 /// A command service of its own process relaying to `sink`, pausing `handoff_delay_ms`
 /// between a send's append and its hand-off; the process and its base URL.
 async fn sender_process(app: &TestApp, sink: &SmtpSink, handoff_delay_ms: Option<u64>) -> (ChildGuard, String) {
-    let port = free_port();
+    sender_process_on(app, sink, handoff_delay_ms, free_port()).await
+}
+
+/// [`sender_process`] listening on `port`.
+async fn sender_process_on(
+    app: &TestApp,
+    sink: &SmtpSink,
+    handoff_delay_ms: Option<u64>,
+    port: u16,
+) -> (ChildGuard, String) {
     let mut env = vec![("APP__HTTP__PORT", port.to_string()), ("APP__EMAIL__RELAY_URL", sink.relay_url())];
     if let Some(delay) = handoff_delay_ms {
         env.push(("APP__EMAIL__HANDOFF_DELAY_MS", delay.to_string()));
@@ -773,6 +782,69 @@ async fn a_send_claim_dies_with_its_holder_and_a_retry_gets_its_answer_within_se
     // The sink may keep what the dead exchange had sent it (as a relay might): one copy at most.
     let copies = sink.messages().await.len();
     assert!(copies <= 1, "never handed off again: {copies} copies");
+}
+
+#[tokio::test]
+async fn a_claim_of_a_killed_process_is_taken_over_as_soon_as_its_replacement_listens_in_its_place() {
+    let sink = SmtpSink::start().await;
+    let email = platform::settings::EmailSettings { handoff_grace_ms: 120_000, ..test_email(&sink) };
+    let app = mail_app_with(&sink, 100, email).await;
+    let receipt = template_id(&app, "receipt").await;
+    // A sender on a fixed port dies between its append and its hand-off, holding the claim.
+    let port = free_port();
+    let (mut doomed, url) = sender_process_on(&app, &sink, Some(60_000), port).await;
+    let request = app
+        .http
+        .post(format!("{url}/templates/{receipt}/send"))
+        .bearer_auth(MAIL_KEY)
+        .header("Idempotency-Key", "replaced")
+        .json(&receipt_body("replaced@example.com", "Gone"));
+    let in_flight = tokio::spawn(async move {
+        let _ = request.send().await;
+    });
+    wait_for_outbox_row(&app, "replaced", "attempting").await;
+    doomed.0.kill().expect("kill -9");
+    in_flight.await.expect("joins");
+    // Its last beat is made to look fresh for an hour: by its beats alone, it would keep the
+    // claim that long.
+    let owner = app
+        .query_strings(
+            "SELECT o.owner::text FROM email_outbox o JOIN idempotency_records r ON r.scope_key = o.claim_scope_key
+             WHERE r.idempotency_key = 'replaced'",
+        )
+        .await
+        .remove(0);
+    let fresh = app
+        .query_i64(&format!(
+            "WITH fresh AS (UPDATE process_beats SET beat_at = now() + interval '1 hour',
+                     available_at = (SELECT available + 3600 FROM beat_clock)
+                 WHERE process_id = '{owner}' RETURNING 1)
+             SELECT count(*) FROM fresh"
+        ))
+        .await;
+    assert_eq!(fresh, 1, "the dead sender's beat");
+    let retry = || {
+        app.request(reqwest::Method::POST, &format!("/templates/{receipt}/send"), Some(MAIL_KEY))
+            .header("Idempotency-Key", "replaced")
+            .json(&receipt_body("replaced@example.com", "Gone"))
+    };
+    assert_eq!(app.send(retry()).await.code().as_str(), Some("idempotency_conflict"), "held by a live-looking process");
+    // Its replacement listens on its port: the slot is its own, and the dead one's row goes.
+    let killed_at = Instant::now();
+    let (_replacement, _) = sender_process_on(&app, &sink, None, port).await;
+    let gone = format!("SELECT count(*) FROM process_beats WHERE process_id = '{owner}'");
+    let deadline = Instant::now() + WAIT;
+    while app.query_i64(&gone).await != 0 {
+        assert!(Instant::now() < deadline, "the replacement never took the slot over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let settled = retry_until_settled(&app, &receipt, "replaced", "replaced@example.com", killed_at).await;
+    assert_eq!(
+        (settled.status, settled.code().as_str()),
+        (409, Some("idempotency_outcome_unknown")),
+        "{:?}",
+        settled.body
+    );
 }
 
 /// A command service of its own process relaying to `sink`, whose database sits behind a
