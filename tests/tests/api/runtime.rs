@@ -343,16 +343,23 @@ async fn held(app: &TestApp, keys: i64, index: i32, of: i32) -> Vec<String> {
     client.query(&sql, &[&keys, &index, &of]).await.expect("held").into_iter().map(|row| row.get(0)).collect()
 }
 
-#[tokio::test]
-async fn a_shared_worker_splits_its_rows_among_the_live_members_and_a_dead_ones_go_to_the_others() {
+/// An app without a projector, and this test's process beating as a projector does, once its
+/// first beat is in.
+async fn beating_app() -> (TestApp, platform::liveness::Beat) {
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    // This test's process beats, as a projector does.
     let beat = platform::liveness::Beat::start(app.database_url.clone(), "test");
     let me = beat.id();
     eventually("this process's first beat", async || {
         app.query_i64(&format!("SELECT count(*) FROM process_beats WHERE process_id = '{me}'")).await == 1
     })
     .await;
+    (app, beat)
+}
+
+#[tokio::test]
+async fn a_shared_worker_splits_its_rows_among_the_live_members_and_a_dead_ones_go_to_the_others() {
+    let (app, beat) = beating_app().await;
+    let me = beat.id();
     let client = app.pool.get().await.expect("client");
     let share = async |client: &deadpool_postgres::Client| {
         platform::liveness::Share::read(client, "shared").await.expect("share")
@@ -406,13 +413,8 @@ async fn presumed_dead(client: &deadpool_postgres::Client, id: uuid::Uuid) -> bo
 
 #[tokio::test]
 async fn a_process_that_beat_until_the_database_went_away_is_not_presumed_dead_when_it_comes_back() {
-    let app = TestApp::spawn_with(Options::without_projector()).await;
-    let beat = platform::liveness::Beat::start(app.database_url.clone(), "test");
+    let (app, beat) = beating_app().await;
     let me = beat.id();
-    eventually("this process's first beat", async || {
-        app.query_i64(&format!("SELECT count(*) FROM process_beats WHERE process_id = '{me}'")).await == 1
-    })
-    .await;
     let client = app.pool.get().await.expect("client");
     // The database was away for 8 s, and another process beat last as it went: nobody could
     // beat since, so the clock stands where that beat read it.
