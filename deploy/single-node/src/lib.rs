@@ -81,17 +81,22 @@ impl SingleNode {
         api::live_load::publish(pool.clone());
         let ops = api::ops::Ops::new(pool.clone(), Some(Arc::new(readiness)));
         let address = (settings.http.host.as_str(), settings.http.port);
+        let served = command_state.clone();
         let server = ApiServer::bind(
             address,
             settings.server_timeouts(),
             ops,
             query_service::reference::configure,
             move |config| {
-                config.app_data(command_state.clone()).app_data(query_state.clone());
+                config.app_data(served.clone()).app_data(query_state.clone());
                 command_service::configure(config);
                 query_service::configure(config);
             },
         )?;
+        // The listener is this process's: no earlier process in its slot is alive.
+        let slot =
+            platform::liveness::slot(settings.instance.as_deref(), "platform", settings.http.port, server.port());
+        command_state.beat.fills(slot);
         let inbound = match settings.inbound.port {
             Some(port) => {
                 Some(projector::inbound::Listener::bind(pool.clone(), event_log, &settings.inbound, port).await?)
