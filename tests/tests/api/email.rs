@@ -670,10 +670,22 @@ async fn sender_killed_at(
     app: &TestApp,
     sink: &SmtpSink,
     handoff_delay_ms: Option<u64>,
-    (template, key, to): (&str, &str, &str),
+    send: (&str, &str, &str),
     state: &str,
 ) -> Instant {
-    let (mut doomed, url) = sender_process(app, sink, handoff_delay_ms).await;
+    sender_killed_on(app, sink, handoff_delay_ms, send, state, free_port()).await
+}
+
+/// [`sender_killed_at`] with the sender listening on `port`.
+async fn sender_killed_on(
+    app: &TestApp,
+    sink: &SmtpSink,
+    handoff_delay_ms: Option<u64>,
+    (template, key, to): (&str, &str, &str),
+    state: &str,
+    port: u16,
+) -> Instant {
+    let (mut doomed, url) = sender_process_on(app, sink, handoff_delay_ms, port).await;
     let request = app
         .http
         .post(format!("{url}/templates/{template}/send"))
@@ -792,19 +804,8 @@ async fn a_claim_of_a_killed_process_is_taken_over_as_soon_as_its_replacement_li
     let receipt = template_id(&app, "receipt").await;
     // A sender on a fixed port dies between its append and its hand-off, holding the claim.
     let port = free_port();
-    let (mut doomed, url) = sender_process_on(&app, &sink, Some(60_000), port).await;
-    let request = app
-        .http
-        .post(format!("{url}/templates/{receipt}/send"))
-        .bearer_auth(MAIL_KEY)
-        .header("Idempotency-Key", "replaced")
-        .json(&receipt_body("replaced@example.com", "Gone"));
-    let in_flight = tokio::spawn(async move {
-        let _ = request.send().await;
-    });
-    wait_for_outbox_row(&app, "replaced", "attempting").await;
-    doomed.0.kill().expect("kill -9");
-    in_flight.await.expect("joins");
+    let send = (receipt.as_str(), "replaced", "replaced@example.com");
+    sender_killed_on(&app, &sink, Some(60_000), send, "attempting", port).await;
     // Its last beat is made to look fresh for an hour: by its beats alone, it would keep the
     // claim that long.
     let owner = app
