@@ -69,7 +69,9 @@ async fn contacts_of(app: &TestApp, query: &str) -> Vec<Value> {
 
 /// The ready events of event schema `schema` in alpha (the last 7 days).
 async fn events_of(app: &TestApp, schema: &str) -> Vec<Value> {
-    app.wait_for_projections().await;
+    // The list holds ready events: an event is ready once the preparation worker has appended
+    // its change, after the append that accepted it.
+    app.wait_for_workers().await;
     let listed = app.get(&format!("/events?schema={schema}&limit=200"), ALPHA_ADMIN).await;
     assert_eq!(listed.status, 200, "{:?}", listed.body);
     listed.body["data"].as_array().cloned().unwrap_or_default()
