@@ -428,13 +428,36 @@ impl<'c> Lease<'c> {
         Ok(())
     }
 
-    /// Stores `checkpoint` and commits the step.
+    /// Stores `checkpoint` and commits the step, once its log is flushed.
     pub async fn commit(self, checkpoint: i64) -> anyhow::Result<()> {
         let save = self
             .transaction
             .prepare_cached("UPDATE worker_checkpoints SET position = $2, updated_at = now() WHERE name = $1")
             .await?;
         self.transaction.execute(&save, &[&self.name, &checkpoint]).await?;
+        self.transaction.commit().await?;
+        Ok(())
+    }
+
+    /// Stores `checkpoint` after a step that passed over its span: it wrote nothing and did
+    /// nothing outside its transaction (no append, no call). It commits without waiting for
+    /// its log's flush, as a read model's pass over a span without its events does: most
+    /// appends are passed over by most workers, and each such commit waited for a flush of
+    /// its own, queued with the appends' (docs/benchmarks.md, issue 70: "A pass over a span
+    /// waits for no flush"). A crash of PostgreSQL before the WAL writer flushes it (within a
+    /// second) loses only the checkpoint's advance, and the worker passes over the same span
+    /// again; any later commit that waits for its flush flushes it first. The caller says so:
+    /// the transaction cannot tell by itself (its lease's row lock already gave it an id).
+    pub async fn pass_over(self, checkpoint: i64) -> anyhow::Result<()> {
+        let save = self
+            .transaction
+            .prepare_cached("UPDATE worker_checkpoints SET position = $2, updated_at = now() WHERE name = $1")
+            .await?;
+        let saved: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&self.name, &checkpoint];
+        tokio::try_join!(
+            self.transaction.batch_execute("SET LOCAL synchronous_commit = off"),
+            self.transaction.execute(&save, &saved)
+        )?;
         self.transaction.commit().await?;
         Ok(())
     }

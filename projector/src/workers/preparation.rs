@@ -82,12 +82,15 @@ impl Preparation {
         // More may be waiting after a full read or a stop after a provider call; otherwise the
         // next notification (or the poll) wakes the worker.
         let mut more = i64::try_from(followed.read).unwrap_or(i64::MAX) >= BATCH;
+        // Whether the step did anything: called the provider, appended, or recorded a dead letter.
+        let mut acted = false;
         for stored in &followed.events {
             match self.handle(stored, &mut catalog).await {
                 Ok(called) => {
                     if called {
                         reached = stored.position;
                         more = true;
+                        acted = true;
                         break;
                     }
                 }
@@ -101,10 +104,15 @@ impl Preparation {
                         &error,
                     )
                     .await?;
+                    acted = true;
                 }
             }
         }
-        lease.commit(reached).await?;
+        if acted {
+            lease.commit(reached).await?
+        } else {
+            lease.pass_over(reached).await?
+        }
         Ok(if more { Outcome::Progressed } else { Outcome::Idle })
     }
 

@@ -430,6 +430,90 @@ async fn deliveries_are_signed_verified_by_the_reference_implementation_and_coun
     wait_for_webhook(&app, deletes["id"].as_str().expect("id"), |w| w["totalCalls"] == 1).await;
 }
 
+/// The checkpoints worker `name` stored after row `after` of `checkpoint_commits`: each
+/// position, and whether its commit waited for the log's flush.
+async fn checkpoint_commits(app: &TestApp, name: &str, after: i64) -> Vec<(i64, String)> {
+    let client = app.pool.get().await.expect("client");
+    let rows = client
+        .query(
+            "SELECT position, synchronous FROM checkpoint_commits WHERE name = $1 AND id > $2 ORDER BY id",
+            &[&name, &after],
+        )
+        .await
+        .expect("the commits noted");
+    rows.into_iter().map(|row| (row.get(0), row.get(1))).collect()
+}
+
+#[tokio::test]
+async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_one_that_writes_waits() {
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    // The suite's cluster commits without waiting for flushes; this database waits, as a
+    // deployment's does. Each checkpoint a worker stores is noted with the commit setting its
+    // transaction had then.
+    let name = app.query_strings("SELECT current_database()::text").await.remove(0);
+    app.pool
+        .get()
+        .await
+        .expect("client")
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET synchronous_commit = on;
+             CREATE TABLE checkpoint_commits (id bigserial, name text, position bigint, synchronous text);
+             CREATE FUNCTION note_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+                 INSERT INTO checkpoint_commits (name, position, synchronous)
+                 VALUES (NEW.name, NEW.position, current_setting('synchronous_commit'));
+                 RETURN NEW; END $$;
+             CREATE TRIGGER note_checkpoint AFTER UPDATE ON worker_checkpoints
+                 FOR EACH ROW EXECUTE FUNCTION note_checkpoint();"
+        ))
+        .await
+        .expect("the trigger");
+    // The projector connects after the change, so its sessions wait for flushes by default.
+    let mut settings = platform::settings::Settings::for_database(&app.database_url);
+    settings.webhooks = test_webhooks();
+    let pool = platform::db::pool(&app.database_url, projector::POOL_SIZE).expect("pool");
+    let provider = ai_provider::AiProvider::new(&settings.ai).expect("AI provider");
+    let workers = projector::workers(&settings, &pool, provider, "flushes").expect("the workers");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(projector::runtime::Runtime::new(app.database_url.clone(), workers).run(shutdown.clone()));
+    let last_noted = async || app.query_i64("SELECT COALESCE(max(id), 0) FROM checkpoint_commits").await;
+    let head = async || app.query_i64("SELECT position FROM log_head").await;
+
+    // The workspace's own definitions first (their steps write endpoints).
+    wait_until_settled(&app).await;
+    // No webhook: a create gives the worker nothing to do, and its step passes over the span.
+    let before = last_noted().await;
+    app.create_contact(&json!({"email": "passed@example.com"})).await;
+    let created_at = head().await;
+    wait_until_settled(&app).await;
+    app.wait_for_workers().await;
+    for worker in ["webhook_enqueue", "preparation"] {
+        let passed = checkpoint_commits(&app, worker, before).await;
+        assert!(passed.iter().any(|(position, _)| *position >= created_at), "{worker} passed the create: {passed:?}");
+        assert!(passed.iter().all(|(_, synchronous)| synchronous == "off"), "{worker}: {passed:?}");
+    }
+
+    // A webhook's definition: the worker enqueues nothing but writes its endpoint, so that
+    // step waits for its flush.
+    let before = last_noted().await;
+    let receiver = Receiver::start().await;
+    hook(&app, &receiver, "upserts", "contact upserted", json!({"status": 204})).await;
+    let defined_at = head().await;
+    wait_until_settled(&app).await;
+    let defined = checkpoint_commits(&app, "webhook_enqueue", before).await;
+    let step = defined.iter().find(|(position, _)| *position >= defined_at).expect("the definition's step");
+    assert_eq!(step.1, "on", "the endpoint's write waits for its flush: {defined:?}");
+
+    // A create that fires it: the step that enqueues its delivery waits for its flush.
+    let before = last_noted().await;
+    app.create_contact(&json!({"email": "fired@example.com"})).await;
+    let fired_at = head().await;
+    receiver.wait_for("upserts", 1, WAIT).await;
+    let fired = checkpoint_commits(&app, "webhook_enqueue", before).await;
+    let step = fired.iter().find(|(position, _)| *position >= fired_at).expect("the delivery's step");
+    assert_eq!(step.1, "on", "{fired:?}");
+    shutdown.cancel();
+}
+
 async fn contact_schema_id(app: &TestApp) -> String {
     let schema = app.get("/schemas/contacts", ALPHA_ADMIN).await;
     schema.body["data"]["id"].as_str().expect("schema id").to_owned()

@@ -101,11 +101,14 @@ impl Follower {
             self.follow_log(lease.transaction(), &followed.events).await?;
         }
         let pass = self.follow_segments(lease.transaction()).await?;
-        if followed.read == 0 && matches!(pass, Pass::Skipped) {
-            lease.rollback().await?;
-            return Ok(Outcome::Idle);
+        match pass {
+            Pass::Skipped if followed.read == 0 => {
+                lease.rollback().await?;
+                return Ok(Outcome::Idle);
+            }
+            Pass::Skipped if followed.events.is_empty() => lease.pass_over(last).await?,
+            _ => lease.commit(last).await?,
         }
-        lease.commit(last).await?;
         let more_entries = match pass {
             Pass::Skipped => false,
             Pass::Done { settled: Some(inputs) } => {

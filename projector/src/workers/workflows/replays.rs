@@ -46,7 +46,7 @@ impl Replays {
             return Ok(Outcome::Idle);
         };
         let Some(stored) = followed.events.first() else {
-            lease.commit(last).await?;
+            lease.pass_over(last).await?;
             return Ok(if followed.read as i64 >= SPAN { Outcome::Progressed } else { Outcome::Idle });
         };
         if let LogEvent::WorkflowReplayRequested(requested) = stored.decode()? {

@@ -81,7 +81,14 @@ impl Enqueue {
             metrics::counter!("webhook_deliveries_enqueued_total").increment(enqueued);
             return Ok(Outcome::Idle);
         }
-        lease.commit(last).await?;
+        // A webhook's definition, replay or test writes rows of this worker even when it
+        // enqueues nothing.
+        let wrote = enqueued > 0 || followed.events.iter().any(|event| event.event_type.starts_with("Webhook"));
+        if wrote {
+            lease.commit(last).await?
+        } else {
+            lease.pass_over(last).await?
+        }
         metrics::counter!("webhook_deliveries_enqueued_total").increment(enqueued);
         Ok(if i64::try_from(followed.read).unwrap_or(0) < BATCH { Outcome::Idle } else { Outcome::Progressed })
     }
