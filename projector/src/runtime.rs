@@ -439,14 +439,15 @@ impl<'c> Lease<'c> {
         Ok(())
     }
 
-    /// Stores `checkpoint` after a step that passed over its span: it wrote nothing and did
-    /// nothing outside its transaction (no append, no call). It commits without waiting for
+    /// Stores `checkpoint` after a step that passed over its span: it did nothing outside its
+    /// transaction (no append, no call), and wrote nothing in it that another process acts on
+    /// (at most the worker's own progress). It commits without waiting for
     /// its log's flush, as a read model's pass over a span without its events does: most
     /// appends are passed over by most workers, and each such commit waited for a flush of
     /// its own, queued with the appends' (docs/benchmarks.md, issue 70: "A pass over a span
     /// waits for no flush"). A crash of PostgreSQL before the WAL writer flushes it (within a
-    /// second) loses only the checkpoint's advance, and the worker passes over the same span
-    /// again; any later commit that waits for its flush flushes it first. The caller says so:
+    /// second) loses only the step (the checkpoint's advance and its own progress), and the
+    /// worker passes over the same span again; any later commit that waits for its flush flushes it first. The caller says so:
     /// the transaction cannot tell by itself (its lease's row lock already gave it an id).
     pub async fn pass_over(self, checkpoint: i64) -> anyhow::Result<()> {
         let save = self

@@ -783,6 +783,56 @@ pub(crate) fn assert_conforms(name: &str, instances: &[Value]) {
     );
 }
 
+/// Starts a projector of the test's own (every worker, with `settings`) for `app`, spawned
+/// without one, on a database whose sessions wait for their commits' flushes, as a
+/// deployment's do (the suite's cluster does not). Each checkpoint a worker stores from then
+/// on is noted in `checkpoint_commits` ([`checkpoint_commits`]) with the commit setting its
+/// transaction had. Cancel the token to stop the projector.
+pub(crate) async fn projector_noting_checkpoint_commits(
+    app: &TestApp,
+    settings: Settings,
+) -> tokio_util::sync::CancellationToken {
+    let name = app.query_strings("SELECT current_database()::text").await.remove(0);
+    app.pool
+        .get()
+        .await
+        .expect("client")
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET synchronous_commit = on;
+             CREATE TABLE checkpoint_commits (id bigserial, name text, position bigint, synchronous text);
+             CREATE FUNCTION note_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+                 INSERT INTO checkpoint_commits (name, position, synchronous)
+                 VALUES (NEW.name, NEW.position, current_setting('synchronous_commit'));
+                 RETURN NEW; END $$;
+             CREATE TRIGGER note_checkpoint AFTER UPDATE ON worker_checkpoints
+                 FOR EACH ROW EXECUTE FUNCTION note_checkpoint();"
+        ))
+        .await
+        .expect("the trigger");
+    // The projector connects after the change, so its sessions wait for flushes by default.
+    let pool = platform::db::pool(&app.database_url, projector::POOL_SIZE).expect("pool");
+    let provider = ai_provider::AiProvider::new(&settings.ai).expect("AI provider");
+    let workers = projector::workers(&settings, &pool, provider, "noting").expect("the workers");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(projector::runtime::Runtime::new(app.database_url.clone(), workers).run(shutdown.clone()));
+    shutdown
+}
+
+/// The checkpoints worker `name` stored after row `after` of `checkpoint_commits`
+/// ([`projector_noting_checkpoint_commits`]): each position, and whether its commit waited
+/// for the log's flush (`on`) or not (`off`).
+pub(crate) async fn checkpoint_commits(app: &TestApp, name: &str, after: i64) -> Vec<(i64, String)> {
+    let client = app.pool.get().await.expect("client");
+    let rows = client
+        .query(
+            "SELECT position, synchronous FROM checkpoint_commits WHERE name = $1 AND id > $2 ORDER BY id",
+            &[&name, &after],
+        )
+        .await
+        .expect("the commits noted");
+    rows.into_iter().map(|row| (row.get(0), row.get(1))).collect()
+}
+
 /// A fresh folder under `TEST_SCRATCH` (or the system's temporary folder), named after `name`.
 pub(crate) fn scratch_dir(name: &str) -> PathBuf {
     let scratch = std::env::var("TEST_SCRATCH").map(PathBuf::from).unwrap_or_else(|_| std::env::temp_dir());

@@ -430,51 +430,14 @@ async fn deliveries_are_signed_verified_by_the_reference_implementation_and_coun
     wait_for_webhook(&app, deletes["id"].as_str().expect("id"), |w| w["totalCalls"] == 1).await;
 }
 
-/// The checkpoints worker `name` stored after row `after` of `checkpoint_commits`: each
-/// position, and whether its commit waited for the log's flush.
-async fn checkpoint_commits(app: &TestApp, name: &str, after: i64) -> Vec<(i64, String)> {
-    let client = app.pool.get().await.expect("client");
-    let rows = client
-        .query(
-            "SELECT position, synchronous FROM checkpoint_commits WHERE name = $1 AND id > $2 ORDER BY id",
-            &[&name, &after],
-        )
-        .await
-        .expect("the commits noted");
-    rows.into_iter().map(|row| (row.get(0), row.get(1))).collect()
-}
-
 #[tokio::test]
 async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_one_that_writes_waits() {
     let app = TestApp::spawn_with(Options::without_projector()).await;
-    // The suite's cluster commits without waiting for flushes; this database waits, as a
-    // deployment's does. Each checkpoint a worker stores is noted with the commit setting its
-    // transaction had then.
-    let name = app.query_strings("SELECT current_database()::text").await.remove(0);
-    app.pool
-        .get()
-        .await
-        .expect("client")
-        .batch_execute(&format!(
-            "ALTER DATABASE {name} SET synchronous_commit = on;
-             CREATE TABLE checkpoint_commits (id bigserial, name text, position bigint, synchronous text);
-             CREATE FUNCTION note_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
-                 INSERT INTO checkpoint_commits (name, position, synchronous)
-                 VALUES (NEW.name, NEW.position, current_setting('synchronous_commit'));
-                 RETURN NEW; END $$;
-             CREATE TRIGGER note_checkpoint AFTER UPDATE ON worker_checkpoints
-                 FOR EACH ROW EXECUTE FUNCTION note_checkpoint();"
-        ))
-        .await
-        .expect("the trigger");
-    // The projector connects after the change, so its sessions wait for flushes by default.
-    let mut settings = platform::settings::Settings::for_database(&app.database_url);
-    settings.webhooks = test_webhooks();
-    let pool = platform::db::pool(&app.database_url, projector::POOL_SIZE).expect("pool");
-    let provider = ai_provider::AiProvider::new(&settings.ai).expect("AI provider");
-    let workers = projector::workers(&settings, &pool, provider, "flushes").expect("the workers");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(projector::runtime::Runtime::new(app.database_url.clone(), workers).run(shutdown.clone()));
+    let settings = platform::settings::Settings {
+        webhooks: test_webhooks(),
+        ..platform::settings::Settings::for_database(&app.database_url)
+    };
+    let projector = projector_noting_checkpoint_commits(&app, settings).await;
     let last_noted = async || app.query_i64("SELECT COALESCE(max(id), 0) FROM checkpoint_commits").await;
     let head = async || app.query_i64("SELECT position FROM log_head").await;
 
@@ -511,7 +474,7 @@ async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_
     let fired = checkpoint_commits(&app, "webhook_enqueue", before).await;
     let step = fired.iter().find(|(position, _)| *position >= fired_at).expect("the delivery's step");
     assert_eq!(step.1, "on", "{fired:?}");
-    shutdown.cancel();
+    projector.cancel();
 }
 
 async fn contact_schema_id(app: &TestApp) -> String {

@@ -678,6 +678,60 @@ async fn event_and_segment_triggers_start_runs_under_their_reentry_rules() {
     assert!(got.iter().all(|(_, kind, _)| kind == "event"), "{got:?}");
 }
 
+#[tokio::test]
+async fn a_segment_pass_that_starts_no_run_is_stored_without_waiting_for_its_flush() {
+    let sink = SmtpSink::start().await;
+    let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::without_projector() }).await;
+    let settings = platform::settings::Settings {
+        email: test_email(&sink),
+        ..platform::settings::Settings::for_database(&app.database_url)
+    };
+    let projector = projector_noting_checkpoint_commits(&app, settings).await;
+    app.apply_workspace(&workspace(json!([])), true).await;
+    let defined = app.post("/segments", MAIL_KEY, &json!({"name": "Adas", "definition": "firstName is Ada"})).await;
+    assert_eq!(defined.status, 201, "{:?}", defined.body);
+    let segment = defined.body["data"]["id"].as_str().expect("segment id").to_owned();
+    let greeter = json!([{"slug": "greeter", "name": "Greeter", "triggers": [{"segment": segment}],
+        "steps": [{"id": "start", "type": "incoming_webhook", "referenceId": "greet", "next": null}]}]);
+    app.apply_workspace(&workspace(greeter), true).await;
+    let greeter = workflow_id(&app, "greeter").await;
+    let follower = async |after: i64| checkpoint_commits(&app, "workflow_events", after).await;
+    let last_noted = async || app.query_i64("SELECT COALESCE(max(id), 0) FROM checkpoint_commits").await;
+    // Waits until the follower's pass over the segment's entries has reached the log's head:
+    // the step that got it there has committed (its progress is in the step's transaction).
+    let passed_head = async || {
+        let head = app.query_i64("SELECT position FROM log_head").await;
+        let deadline = Instant::now() + WAIT;
+        while app.query_i64("SELECT COALESCE(min(through), 0) FROM workflow_segment_triggers").await < head {
+            assert!(Instant::now() < deadline, "the follower's pass never reached {head}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    app.wait_for_workers().await;
+    passed_head().await;
+
+    // A create that enters no segment moves the segments read model, and the follower's pass
+    // over its entries finds none: it stores its progress without waiting for a flush.
+    let before = last_noted().await;
+    person(&app, "bob@example.com", "Bob").await;
+    app.wait_for_workers().await;
+    passed_head().await;
+    let passed = follower(before).await;
+    assert!(!passed.is_empty(), "the follower's pass ran");
+    assert!(passed.iter().all(|(_, synchronous)| synchronous == "off"), "{passed:?}");
+
+    // One that enters it starts a run: that step waits for its flush.
+    let before = last_noted().await;
+    let ada = person(&app, "ada@example.com", "Ada").await;
+    let runs = runs_of(&app, &greeter, 1).await;
+    assert_eq!(runs[0].0, ada);
+    app.wait_for_workers().await;
+    passed_head().await;
+    let entered = follower(before).await;
+    assert!(entered.iter().any(|(_, synchronous)| synchronous == "on"), "{entered:?}");
+    projector.cancel();
+}
+
 /// The killed run's steps: the entry, a wait, an email, a webhook call and the exit.
 const KILL_STEPS: [(&str, &str); 5] = [
     ("start", "incoming_webhook"),

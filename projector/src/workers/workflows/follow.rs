@@ -70,8 +70,9 @@ struct PassInputs {
 enum Pass {
     /// Nothing: its inputs were those of the last settled pass (or a read model is not live).
     Skipped,
-    /// It ran; with its inputs when it left no entries waiting.
-    Done { settled: Option<PassInputs> },
+    /// It ran; with its inputs when it left no entries waiting, and whether it found entries
+    /// (and so may have appended runs). One that found none wrote only the triggers' progress.
+    Done { settled: Option<PassInputs>, entered: bool },
 }
 
 /// Segment entries read per trigger and step at most.
@@ -106,16 +107,20 @@ impl Follower {
                 lease.rollback().await?;
                 return Ok(Outcome::Idle);
             }
-            Pass::Skipped if followed.events.is_empty() => lease.pass_over(last).await?,
+            // Nothing followed, and at most the triggers' progress written, which only this
+            // worker reads.
+            Pass::Skipped | Pass::Done { entered: false, .. } if followed.events.is_empty() => {
+                lease.pass_over(last).await?
+            }
             _ => lease.commit(last).await?,
         }
         let more_entries = match pass {
             Pass::Skipped => false,
-            Pass::Done { settled: Some(inputs) } => {
+            Pass::Done { settled: Some(inputs), .. } => {
                 *self.settled.lock().unwrap_or_else(PoisonError::into_inner) = Some(inputs);
                 false
             }
-            Pass::Done { settled: None } => true,
+            Pass::Done { settled: None, .. } => true,
         };
         Ok(if full || more_entries { Outcome::Progressed } else { Outcome::Idle })
     }
@@ -291,7 +296,7 @@ impl Follower {
                 &[&workflow_ids, &segment_ids],
             )
             .await?;
-        let mut more = false;
+        let (mut more, mut entered) = (false, false);
         for row in rows {
             let (workflow_id, segment_id, through): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
             if through >= reached {
@@ -303,6 +308,7 @@ impl Follower {
                 continue;
             };
             let (entries, done) = entries(transaction, &segments, &segment_id, (through, reached)).await?;
+            entered |= !entries.is_empty();
             for (position, contact_id) in &entries {
                 let start = Start {
                     space_id,
@@ -321,7 +327,7 @@ impl Follower {
                 .await?;
             more |= done < reached;
         }
-        Ok(Pass::Done { settled: (!more).then_some(inputs) })
+        Ok(Pass::Done { settled: (!more).then_some(inputs), entered })
     }
 
     /// Starts the run of `start.workflow` for `start.contact_id`, unless its re-entry rule
