@@ -212,6 +212,10 @@ async fn beat_on_one_connection(database_url: &str, id: Uuid, role: &str) -> any
     let result = async {
         let statement = statement?;
         loop {
+            // Taken before the beat reads the slot: a slot filled from then on (during the beat,
+            // or while it waits) wakes the wait below, so the slot is recorded at once, not a
+            // beat later (a process killed within that second would not be taken over).
+            let known = SLOT_KNOWN.notified();
             let slot = SLOT.get();
             let take = slot.is_some() && !SLOT_TAKEN.load(std::sync::atomic::Ordering::Acquire);
             // A beat that hangs is a lost connection: start again on a new one.
@@ -225,7 +229,7 @@ async fn beat_on_one_connection(database_url: &str, id: Uuid, role: &str) -> any
             }
             tokio::select! {
                 () = tokio::time::sleep(BEAT_INTERVAL) => {}
-                () = SLOT_KNOWN.notified(), if SLOT.get().is_none() => {}
+                () = known, if slot.is_none() => {}
             }
         }
     }
