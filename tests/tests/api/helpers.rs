@@ -818,6 +818,11 @@ pub(crate) async fn projector_noting_checkpoint_commits(
     shutdown
 }
 
+/// The last row of `checkpoint_commits` ([`projector_noting_checkpoint_commits`]), 0 when none.
+pub(crate) async fn last_checkpoint_commit(app: &TestApp) -> i64 {
+    app.query_i64("SELECT COALESCE(max(id), 0) FROM checkpoint_commits").await
+}
+
 /// The checkpoints worker `name` stored after row `after` of `checkpoint_commits`
 /// ([`projector_noting_checkpoint_commits`]): each position, and whether its commit waited
 /// for the log's flush (`on`) or not (`off`).

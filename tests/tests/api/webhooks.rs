@@ -438,13 +438,12 @@ async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_
         ..platform::settings::Settings::for_database(&app.database_url)
     };
     let projector = projector_noting_checkpoint_commits(&app, settings).await;
-    let last_noted = async || app.query_i64("SELECT COALESCE(max(id), 0) FROM checkpoint_commits").await;
     let head = async || app.query_i64("SELECT position FROM log_head").await;
 
     // The workspace's own definitions first (their steps write endpoints).
     wait_until_settled(&app).await;
     // No webhook: a create gives the worker nothing to do, and its step passes over the span.
-    let before = last_noted().await;
+    let before = last_checkpoint_commit(&app).await;
     app.create_contact(&json!({"email": "passed@example.com"})).await;
     let created_at = head().await;
     wait_until_settled(&app).await;
@@ -457,7 +456,7 @@ async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_
 
     // A webhook's definition: the worker enqueues nothing but writes its endpoint, so that
     // step waits for its flush.
-    let before = last_noted().await;
+    let before = last_checkpoint_commit(&app).await;
     let receiver = Receiver::start().await;
     hook(&app, &receiver, "upserts", "contact upserted", json!({"status": 204})).await;
     let defined_at = head().await;
@@ -467,7 +466,7 @@ async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_
     assert_eq!(step.1, "on", "the endpoint's write waits for its flush: {defined:?}");
 
     // A create that fires it: the step that enqueues its delivery waits for its flush.
-    let before = last_noted().await;
+    let before = last_checkpoint_commit(&app).await;
     app.create_contact(&json!({"email": "fired@example.com"})).await;
     let fired_at = head().await;
     receiver.wait_for("upserts", 1, WAIT).await;

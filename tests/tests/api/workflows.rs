@@ -696,7 +696,6 @@ async fn a_segment_pass_that_starts_no_run_is_stored_without_waiting_for_its_flu
     app.apply_workspace(&workspace(greeter), true).await;
     let greeter = workflow_id(&app, "greeter").await;
     let follower = async |after: i64| checkpoint_commits(&app, "workflow_events", after).await;
-    let last_noted = async || app.query_i64("SELECT COALESCE(max(id), 0) FROM checkpoint_commits").await;
     // Waits until the follower's pass over the segment's entries has reached the log's head:
     // the step that got it there has committed (its progress is in the step's transaction).
     let passed_head = async || {
@@ -712,7 +711,7 @@ async fn a_segment_pass_that_starts_no_run_is_stored_without_waiting_for_its_flu
 
     // A create that enters no segment moves the segments read model, and the follower's pass
     // over its entries finds none: it stores its progress without waiting for a flush.
-    let before = last_noted().await;
+    let before = last_checkpoint_commit(&app).await;
     person(&app, "bob@example.com", "Bob").await;
     app.wait_for_workers().await;
     passed_head().await;
@@ -721,7 +720,7 @@ async fn a_segment_pass_that_starts_no_run_is_stored_without_waiting_for_its_flu
     assert!(passed.iter().all(|(_, synchronous)| synchronous == "off"), "{passed:?}");
 
     // One that enters it starts a run: that step waits for its flush.
-    let before = last_noted().await;
+    let before = last_checkpoint_commit(&app).await;
     let ada = person(&app, "ada@example.com", "Ada").await;
     let runs = runs_of(&app, &greeter, 1).await;
     assert_eq!(runs[0].0, ada);
