@@ -47,7 +47,9 @@
 //!   with the step's database effects. A lease's transaction may wait on an outside party (the
 //!   AI provider), so it lifts the pool's idle-in-transaction limit, which protects append
 //!   transactions (they never hold a lease). A step may hold its lease's connection while it
-//!   uses others: the projector's pool is sized for every worker stepping at once.
+//!   uses others: the projector's pool is sized for every worker stepping at once. A follower
+//!   of the log first looks at its next span without the lease ([`look`]), and passes over one
+//!   with nothing for it in one statement ([`pass_over_looked`]).
 //! - **Workers.** One per read model (`read_model:<name>`, projecting every live or building
 //!   version), `preparation`, `eraser`, `maintenance` (each minute: rate windows, batch
 //!   history, idempotency purge and reconciliation, receipt retirement, the dead-letter report;
@@ -462,6 +464,88 @@ impl<'c> Lease<'c> {
         self.transaction.commit().await?;
         Ok(())
     }
+}
+
+/// A follower's next span, read without its lease ([`look`]).
+pub struct Look {
+    /// The stored checkpoint the span follows.
+    pub checkpoint: i64,
+    /// The span and its events of the wanted types.
+    pub followed: platform::log::Followed,
+}
+
+impl Look {
+    /// The span, if `lease` still stands at the checkpoint it was read from: what the step
+    /// under the lease would read again (the log up to a head once read never changes).
+    pub fn reuse(self, lease: &Lease<'_>) -> Option<platform::log::Followed> {
+        (self.checkpoint == lease.checkpoint).then_some(self.followed)
+    }
+}
+
+/// Reads the span after the stored checkpoint of `lease` (up to `limit` positions, no further
+/// than the head) and its events of the `wanted` types, in one statement, without the lease:
+/// what a follower looks at before it decides whether the span needs its lease at all. Most
+/// appends need nothing of most followers, and a step under the lease is a transaction of
+/// seven statements (docs/benchmarks.md, issue 70: "A follower looks before it leases").
+/// `None` until the worker's first step has created its row.
+pub async fn look(
+    client: &impl deadpool_postgres::GenericClient,
+    lease: &LeaseName,
+    limit: i64,
+    wanted: &[&str],
+) -> anyhow::Result<Option<Look>> {
+    let columns = platform::log::EVENT_COLUMNS;
+    let count = columns.split(", ").count();
+    let prefixed = columns.split(", ").map(|column| format!("e.{column}")).collect::<Vec<_>>().join(", ");
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT {prefixed}, span.last, c.position
+             FROM (SELECT position FROM worker_checkpoints WHERE name = $1) c
+             CROSS JOIN LATERAL (SELECT least(h.position, c.position + $2::bigint) AS last
+                                 FROM log_head h LIMIT 1) span
+             LEFT JOIN LATERAL (SELECT {columns} FROM events
+                                WHERE event_type = ANY($3) AND position > c.position
+                                  AND position <= span.last) e ON true
+             ORDER BY e.position"
+        ))
+        .await?;
+    let rows = client.query(&statement, &[&lease.name, &limit.max(1), &wanted]).await?;
+    let Some(first) = rows.first() else { return Ok(None) };
+    let (last, checkpoint): (i64, i64) = (first.get(count), first.get(count + 1));
+    if last <= checkpoint {
+        return Ok(Some(Look { checkpoint, followed: platform::log::Followed::default() }));
+    }
+    let events = rows
+        .iter()
+        .filter(|row| row.get::<_, Option<i64>>(0).is_some())
+        .map(platform::log::StoredEvent::from_row)
+        .collect();
+    let read = usize::try_from(last - checkpoint).unwrap_or(usize::MAX);
+    Ok(Some(Look { checkpoint, followed: platform::log::Followed { events, read, last: Some(last) } }))
+}
+
+/// Stores `to` as the checkpoint of `lease` after a [`look`] found nothing for the worker in
+/// the span after `from`, in one statement: only if the checkpoint is still `from` and no
+/// step holds the lease (`FOR UPDATE SKIP LOCKED`), and without waiting for its flush, as
+/// [`Lease::pass_over`] stores it. Returns whether it stored it; if not, the worker takes its
+/// lease as usual.
+pub async fn pass_over_looked(
+    client: &impl deadpool_postgres::GenericClient,
+    lease: &LeaseName,
+    from: i64,
+    to: i64,
+) -> anyhow::Result<bool> {
+    // The commit setting is made in the lease's row read, before the row is updated.
+    let statement = client
+        .prepare_cached(
+            "WITH leased AS (
+                 SELECT name, set_config('synchronous_commit', 'off', true) FROM worker_checkpoints
+                 WHERE name = $1 AND position = $2 FOR UPDATE SKIP LOCKED)
+             UPDATE worker_checkpoints c SET position = $3, updated_at = now() FROM leased
+             WHERE c.name = leased.name",
+        )
+        .await?;
+    Ok(client.execute(&statement, &[&lease.name, &from, &to]).await? == 1)
 }
 
 /// The head of the log less `position`.

@@ -25,6 +25,7 @@
 //! All attributes filled: `ready`, with the prepared values. `failed` and `outcome_unknown`
 //! are final: the event never appears in the list; fire it again under a new eventId.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use ai_provider::{AiError, AiProvider, FillTask};
@@ -60,21 +61,34 @@ pub struct Preparation {
     log: EventLog,
     provider: AiProvider,
     lease: crate::runtime::LeaseName,
+    /// Whether each schema looked at has an auto-fill attribute, at a catalog version and
+    /// revision.
+    filled: Mutex<Option<FilledAt>>,
 }
+
+/// The schemas' auto-fill answers, at the catalog version and revision they were read at.
+type FilledAt = ((i32, i64), std::collections::HashMap<String, bool>);
 
 impl Preparation {
     pub fn new(pool: Pool, log: EventLog, provider: AiProvider) -> Self {
-        Self { pool, log, provider, lease: crate::runtime::LeaseName::new(WORKER) }
+        Self { pool, log, provider, lease: crate::runtime::LeaseName::new(WORKER), filled: Mutex::new(None) }
     }
 
     /// Reads the next events after the checkpoint under the lease and prepares the pending
     /// ones; stops after one that called the provider, and commits the checkpoint.
     async fn prepare_next(&self) -> anyhow::Result<Outcome> {
         let mut client = self.pool.get().await?;
+        let looked = match self.look(&client).await? {
+            Looked::Done(outcome) => return Ok(outcome),
+            Looked::Lease(look) => look,
+        };
         let Some(lease) = crate::runtime::Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(Outcome::Idle);
         };
-        let followed = read_wanted(lease.transaction(), lease.checkpoint, BATCH, PREPARED).await?;
+        let followed = match looked.and_then(|look| look.reuse(&lease)) {
+            Some(followed) => followed,
+            None => read_wanted(lease.transaction(), lease.checkpoint, BATCH, PREPARED).await?,
+        };
         let Some(last) = followed.last else { return Ok(Outcome::Idle) };
         // Past every event read, unless a provider call stops the batch early.
         let mut reached = last;
@@ -116,6 +130,68 @@ impl Preparation {
         Ok(if more { Outcome::Progressed } else { Outcome::Idle })
     }
 
+    /// Looks at the next span without the lease ([`crate::runtime::look`]) and passes over
+    /// one that holds nothing to prepare: no event accepted `pending`, and every record's
+    /// schema without an auto-fill attribute (most schemas; the answer is kept while the
+    /// catalog stays at its revision). A span with anything else takes the lease.
+    async fn look(&self, client: &deadpool_postgres::Client) -> anyhow::Result<Looked> {
+        let (look, catalog) =
+            tokio::try_join!(crate::runtime::look(client, &self.lease, BATCH, PREPARED), catalog_revision(client))?;
+        let Some(look) = look else { return Ok(Looked::Lease(None)) };
+        let Some(last) = look.followed.last else { return Ok(Looked::Done(Outcome::Idle)) };
+        let Some(catalog) = catalog else { return Ok(Looked::Lease(Some(look))) };
+        for stored in &look.followed.events {
+            if self.may_prepare(client, stored, catalog).await? {
+                return Ok(Looked::Lease(Some(look)));
+            }
+        }
+        if !crate::runtime::pass_over_looked(client, &self.lease, look.checkpoint, last).await? {
+            return Ok(Looked::Lease(None));
+        }
+        Ok(Looked::Done(if i64::try_from(look.followed.read).unwrap_or(i64::MAX) >= BATCH {
+            Outcome::Progressed
+        } else {
+            Outcome::Idle
+        }))
+    }
+
+    /// Whether [`Preparation::handle`] may act on `stored` (an event it cannot read counts:
+    /// the lease's step dead-letters it).
+    async fn may_prepare(
+        &self,
+        client: &deadpool_postgres::Client,
+        stored: &StoredEvent,
+        revision: (i32, i64),
+    ) -> anyhow::Result<bool> {
+        let Ok(event) = stored.decode() else { return Ok(true) };
+        let schema_id = match event {
+            LogEvent::EventAccepted(accepted) => return Ok(accepted.readiness == "pending"),
+            LogEvent::RecordCreated(created) => created.schema_id,
+            LogEvent::RecordUpdated(updated) => updated.schema_id,
+            _ => return Ok(false),
+        };
+        let known = {
+            let cached = self.filled.lock().unwrap_or_else(PoisonError::into_inner);
+            cached.as_ref().filter(|(at, _)| *at == revision).and_then(|(_, schemas)| schemas.get(&schema_id).copied())
+        };
+        if let Some(filled) = known {
+            return Ok(filled);
+        }
+        let mut catalog = Catalog {
+            schema: Some(platform::readmodel::schema_name(domain::catalog::CATALOG, revision.0)),
+            ..Catalog::default()
+        };
+        let filled = !catalog.auto_filled(client, &schema_id).await?.is_empty();
+        let mut cached = self.filled.lock().unwrap_or_else(PoisonError::into_inner);
+        if cached.as_ref().is_none_or(|(at, _)| *at != revision) {
+            *cached = Some((revision, std::collections::HashMap::new()));
+        }
+        if let Some((_, schemas)) = cached.as_mut() {
+            schemas.insert(schema_id, filled);
+        }
+        Ok(filled)
+    }
+
     /// Prepares one event (or fills one record) if it needs it; `true` when the provider was
     /// called.
     async fn handle(&self, stored: &StoredEvent, catalog: &mut Catalog) -> anyhow::Result<bool> {
@@ -132,6 +208,23 @@ impl Preparation {
             _ => Ok(false),
         }
     }
+}
+
+/// What a look before the lease found.
+enum Looked {
+    /// The span needed nothing and was passed over (or there was none).
+    Done(Outcome),
+    /// The step takes its lease, with the span looked at if there was one.
+    Lease(Option<crate::runtime::Look>),
+}
+
+/// The live catalog's version and revision (the position of its last change), or `None` when
+/// it has no live version.
+async fn catalog_revision(client: &deadpool_postgres::Client) -> anyhow::Result<Option<(i32, i64)>> {
+    let statement =
+        client.prepare_cached("SELECT version, revision FROM projections WHERE name = $1 AND status = 'live'").await?;
+    let row = client.query_opt(&statement, &[&domain::catalog::CATALOG]).await?;
+    Ok(row.map(|row| (row.get(0), row.get(1))))
 }
 
 impl Worker for Preparation {

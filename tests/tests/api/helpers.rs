@@ -799,10 +799,12 @@ pub(crate) async fn projector_noting_checkpoint_commits(
         .expect("client")
         .batch_execute(&format!(
             "ALTER DATABASE {name} SET synchronous_commit = on;
-             CREATE TABLE checkpoint_commits (id bigserial, name text, position bigint, synchronous text);
+             CREATE TABLE checkpoint_commits (id bigserial, name text, position bigint, synchronous text,
+                                              leased boolean);
              CREATE FUNCTION note_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
-                 INSERT INTO checkpoint_commits (name, position, synchronous)
-                 VALUES (NEW.name, NEW.position, current_setting('synchronous_commit'));
+                 INSERT INTO checkpoint_commits (name, position, synchronous, leased)
+                 VALUES (NEW.name, NEW.position, current_setting('synchronous_commit'),
+                         current_setting('idle_in_transaction_session_timeout') = '0');
                  RETURN NEW; END $$;
              CREATE TRIGGER note_checkpoint AFTER UPDATE ON worker_checkpoints
                  FOR EACH ROW EXECUTE FUNCTION note_checkpoint();"
@@ -823,19 +825,32 @@ pub(crate) async fn last_checkpoint_commit(app: &TestApp) -> i64 {
     app.query_i64("SELECT COALESCE(max(id), 0) FROM checkpoint_commits").await
 }
 
+/// A checkpoint a worker stored ([`checkpoint_commits`]).
+#[derive(Debug)]
+pub(crate) struct CheckpointCommit {
+    pub(crate) position: i64,
+    /// Whether its commit waited for the log's flush (`on`) or not (`off`).
+    pub(crate) synchronous: String,
+    /// Whether it was stored by a step under the worker's lease (`runtime::Lease`, whose
+    /// transaction lifts the sessions' idle-in-transaction limit), rather than by a pass over
+    /// a span in one statement without it.
+    pub(crate) leased: bool,
+}
+
 /// The checkpoints worker `name` stored after row `after` of `checkpoint_commits`
-/// ([`projector_noting_checkpoint_commits`]): each position, and whether its commit waited
-/// for the log's flush (`on`) or not (`off`).
-pub(crate) async fn checkpoint_commits(app: &TestApp, name: &str, after: i64) -> Vec<(i64, String)> {
+/// ([`projector_noting_checkpoint_commits`]).
+pub(crate) async fn checkpoint_commits(app: &TestApp, name: &str, after: i64) -> Vec<CheckpointCommit> {
     let client = app.pool.get().await.expect("client");
     let rows = client
         .query(
-            "SELECT position, synchronous FROM checkpoint_commits WHERE name = $1 AND id > $2 ORDER BY id",
+            "SELECT position, synchronous, leased FROM checkpoint_commits WHERE name = $1 AND id > $2 ORDER BY id",
             &[&name, &after],
         )
         .await
         .expect("the commits noted");
-    rows.into_iter().map(|row| (row.get(0), row.get(1))).collect()
+    rows.into_iter()
+        .map(|row| CheckpointCommit { position: row.get(0), synchronous: row.get(1), leased: row.get(2) })
+        .collect()
 }
 
 /// A fresh folder under `TEST_SCRATCH` (or the system's temporary folder), named after `name`.

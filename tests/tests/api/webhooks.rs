@@ -431,7 +431,7 @@ async fn deliveries_are_signed_verified_by_the_reference_implementation_and_coun
 }
 
 #[tokio::test]
-async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_one_that_writes_waits() {
+async fn a_span_with_nothing_to_enqueue_is_passed_over_in_one_statement_without_waiting_for_its_flush() {
     let app = TestApp::spawn_with(Options::without_projector()).await;
     let settings = platform::settings::Settings {
         webhooks: test_webhooks(),
@@ -442,16 +442,30 @@ async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_
 
     // The workspace's own definitions first (their steps write endpoints).
     wait_until_settled(&app).await;
-    // No webhook: a create gives the worker nothing to do, and its step passes over the span.
+    // No webhook: a create gives the workers nothing to do. Each looks at the span without its
+    // lease and passes over it in one statement, without waiting for its flush.
+    let followers = ["webhook_enqueue", "preparation", "workflow_replays"];
+    let caught_up = async || {
+        let deadline = Instant::now() + WAIT;
+        let behind = "SELECT count(*) FROM unnest($1::text[]) AS w(name)
+                      LEFT JOIN worker_checkpoints c USING (name)
+                      WHERE COALESCE(c.position, 0) < (SELECT position FROM log_head)";
+        let client = app.pool.get().await.expect("client");
+        while client.query_one(behind, &[&followers.as_slice()]).await.expect("the checkpoints").get::<_, i64>(0) > 0 {
+            assert!(Instant::now() < deadline, "the followers never reached the head");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    caught_up().await;
     let before = last_checkpoint_commit(&app).await;
     app.create_contact(&json!({"email": "passed@example.com"})).await;
     let created_at = head().await;
     wait_until_settled(&app).await;
-    app.wait_for_workers().await;
-    for worker in ["webhook_enqueue", "preparation"] {
+    caught_up().await;
+    for worker in followers {
         let passed = checkpoint_commits(&app, worker, before).await;
-        assert!(passed.iter().any(|(position, _)| *position >= created_at), "{worker} passed the create: {passed:?}");
-        assert!(passed.iter().all(|(_, synchronous)| synchronous == "off"), "{worker}: {passed:?}");
+        assert!(passed.iter().any(|commit| commit.position >= created_at), "{worker} passed the create: {passed:?}");
+        assert!(passed.iter().all(|commit| commit.synchronous == "off" && !commit.leased), "{worker}: {passed:?}");
     }
 
     // A webhook's definition: the worker enqueues nothing but writes its endpoint, so that
@@ -462,8 +476,9 @@ async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_
     let defined_at = head().await;
     wait_until_settled(&app).await;
     let defined = checkpoint_commits(&app, "webhook_enqueue", before).await;
-    let step = defined.iter().find(|(position, _)| *position >= defined_at).expect("the definition's step");
-    assert_eq!(step.1, "on", "the endpoint's write waits for its flush: {defined:?}");
+    let step = defined.iter().find(|commit| commit.position >= defined_at).expect("the definition's step");
+    assert_eq!(step.synchronous, "on", "the endpoint's write waits for its flush: {defined:?}");
+    assert!(step.leased, "the definition's step takes the lease: {defined:?}");
 
     // A create that fires it: the step that enqueues its delivery waits for its flush.
     let before = last_checkpoint_commit(&app).await;
@@ -471,8 +486,8 @@ async fn a_step_that_enqueues_nothing_commits_without_waiting_for_its_flush_and_
     let fired_at = head().await;
     receiver.wait_for("upserts", 1, WAIT).await;
     let fired = checkpoint_commits(&app, "webhook_enqueue", before).await;
-    let step = fired.iter().find(|(position, _)| *position >= fired_at).expect("the delivery's step");
-    assert_eq!(step.1, "on", "{fired:?}");
+    let step = fired.iter().find(|commit| commit.position >= fired_at).expect("the delivery's step");
+    assert_eq!((step.synchronous.as_str(), step.leased), ("on", true), "{fired:?}");
     projector.cancel();
 }
 

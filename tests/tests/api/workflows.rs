@@ -717,7 +717,7 @@ async fn a_segment_pass_that_starts_no_run_is_stored_without_waiting_for_its_flu
     passed_head().await;
     let passed = follower(before).await;
     assert!(!passed.is_empty(), "the follower's pass ran");
-    assert!(passed.iter().all(|(_, synchronous)| synchronous == "off"), "{passed:?}");
+    assert!(passed.iter().all(|commit| commit.synchronous == "off"), "{passed:?}");
 
     // One that enters it starts a run: that step waits for its flush.
     let before = last_checkpoint_commit(&app).await;
@@ -727,7 +727,7 @@ async fn a_segment_pass_that_starts_no_run_is_stored_without_waiting_for_its_flu
     app.wait_for_workers().await;
     passed_head().await;
     let entered = follower(before).await;
-    assert!(entered.iter().any(|(_, synchronous)| synchronous == "on"), "{entered:?}");
+    assert!(entered.iter().any(|commit| commit.synchronous == "on"), "{entered:?}");
     projector.cancel();
 }
 

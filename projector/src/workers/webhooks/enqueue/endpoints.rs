@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{GenericClient, Transaction};
 use platform::events::LogEvent;
 use platform::log::StoredEvent;
 use platform::proto;
@@ -14,7 +14,7 @@ use super::matching::{Endpoint, filter_of};
 
 /// The endpoints of `spaces` as the last batch left them, by space and webhook id.
 pub(super) async fn load_endpoints(
-    transaction: &Transaction<'_>,
+    transaction: &impl GenericClient,
     spaces: &[String],
 ) -> anyhow::Result<HashMap<String, HashMap<String, Endpoint>>> {
     let statement = transaction

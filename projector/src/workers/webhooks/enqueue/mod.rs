@@ -30,7 +30,7 @@ use endpoints::{fold_webhook, load_endpoints};
 use matching::{Endpoint, Membership, fits, may_be_wanted};
 use payload::occurrence;
 
-use crate::runtime::{Lease, LeaseName, Outcome, Worker};
+use crate::runtime::{self, Lease, LeaseName, Outcome, Worker};
 
 /// The channel notified when deliveries are enqueued.
 pub(crate) const DELIVERIES_CHANNEL: &str = "webhook_deliveries";
@@ -62,10 +62,17 @@ impl Enqueue {
 
     async fn run(&self) -> anyhow::Result<Outcome> {
         let mut client = self.pool.get().await?;
+        let looked = match self.look(&client).await? {
+            Looked::Done(outcome) => return Ok(outcome),
+            Looked::Lease(look) => look,
+        };
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(Outcome::Idle);
         };
-        let followed = platform::log::read_wanted(lease.transaction(), lease.checkpoint, BATCH, EVENT_TYPES).await?;
+        let followed = match looked.and_then(|look| look.reuse(&lease)) {
+            Some(followed) => followed,
+            None => platform::log::read_wanted(lease.transaction(), lease.checkpoint, BATCH, EVENT_TYPES).await?,
+        };
         let Some(last) = followed.last else {
             return Ok(Outcome::Idle);
         };
@@ -91,6 +98,57 @@ impl Enqueue {
         }
         metrics::counter!("webhook_deliveries_enqueued_total").increment(enqueued);
         Ok(if i64::try_from(followed.read).unwrap_or(0) < BATCH { Outcome::Idle } else { Outcome::Progressed })
+    }
+}
+
+/// What a look before the lease found.
+enum Looked {
+    /// The span needed nothing and was passed over (or there was none).
+    Done(Outcome),
+    /// The step takes its lease, with the span looked at if there was one.
+    Lease(Option<runtime::Look>),
+}
+
+impl Enqueue {
+    /// Looks at the next span without the lease ([`runtime::look`]) and passes over one that
+    /// can enqueue nothing and writes nothing: no webhook event, and no event that a live
+    /// webhook of its space may want by its trigger (`may_be_wanted`: most spaces have none).
+    /// A space's endpoints change only by its webhook events, which this worker folds, so the
+    /// endpoints read now are those at the span. A span with anything else takes the lease.
+    async fn look(&self, client: &deadpool_postgres::Client) -> anyhow::Result<Looked> {
+        let Some(look) = runtime::look(client, &self.lease, BATCH, EVENT_TYPES).await? else {
+            return Ok(Looked::Lease(None));
+        };
+        let Some(last) = look.followed.last else { return Ok(Looked::Done(Outcome::Idle)) };
+        if look.followed.events.iter().any(|event| event.event_type.starts_with("Webhook")) {
+            return Ok(Looked::Lease(Some(look)));
+        }
+        let mut decoded = Vec::new();
+        for event in &look.followed.events {
+            // An event this worker cannot read is the lease's to dead-letter.
+            let Ok(event) = event.decode() else { return Ok(Looked::Lease(Some(look))) };
+            decoded.push(event);
+        }
+        let mut spaces: Vec<String> = decoded.iter().filter_map(space_of).map(str::to_owned).collect();
+        spaces.sort();
+        spaces.dedup();
+        if !spaces.is_empty() {
+            let endpoints = load_endpoints(client, &spaces).await?;
+            let wanted = decoded.iter().any(|event| {
+                space_of(event).and_then(|space| endpoints.get(space)).is_some_and(|hooks| may_be_wanted(hooks, event))
+            });
+            if wanted {
+                return Ok(Looked::Lease(Some(look)));
+            }
+        }
+        if !runtime::pass_over_looked(client, &self.lease, look.checkpoint, last).await? {
+            return Ok(Looked::Lease(None));
+        }
+        Ok(Looked::Done(if i64::try_from(look.followed.read).unwrap_or(0) < BATCH {
+            Outcome::Idle
+        } else {
+            Outcome::Progressed
+        }))
     }
 }
 
