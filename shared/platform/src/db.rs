@@ -87,6 +87,11 @@ macro_rules! keyed_plans {
 /// of due runs and the webhook deliveries' claim send them.
 pub const KEYED_PLANS: &str = keyed_plans!();
 
+/// [`KEYED_PLANS`] for a transaction whose statements run their generic plans, as the
+/// request-serving services' do ([`generic_plan_pool`]): for a worker's statements that
+/// PostgreSQL would otherwise plan again on every call (the segments read model's batches).
+pub const GENERIC_KEYED_PLANS: &str = concat!("SET LOCAL plan_cache_mode = force_generic_plan; ", keyed_plans!());
+
 /// [`KEYED_PLANS`] with the `BEGIN` before them: a transaction opened by its first
 /// statements, pipelined with the rest instead of a round trip of its own (the log's set
 /// writes).

@@ -320,3 +320,35 @@ async fn a_webhook_with_a_segment_condition_delivers_only_for_members() {
     assert_eq!(got[0]["body"]["data"]["email"], "pro@example.com");
     assert_eq!(got[0]["verifiedWith"], json!([0]));
 }
+
+/// The segments read model's batch statements take arrays of the batch's keys. PostgreSQL
+/// planned them again on every call; a batch now runs their generic plans, held to index
+/// lookups so that a plan made while a table was small never scans it once it has grown.
+#[tokio::test]
+async fn a_segments_batch_runs_generic_plans_held_to_index_lookups() {
+    let app = TestApp::spawn().await;
+    app.wait_for_projections().await;
+    let schema = app
+        .query_strings("SELECT 'rm_segments_v' || version FROM projections WHERE name = 'segments' AND status = 'live'")
+        .await
+        .remove(0);
+    app.pool
+        .get()
+        .await
+        .expect("client")
+        .batch_execute(&format!(
+            "CREATE TABLE batch_plans (plan_cache_mode text, enable_seqscan text);
+             CREATE FUNCTION note_plans() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+                 INSERT INTO batch_plans VALUES (current_setting('plan_cache_mode'), current_setting('enable_seqscan'));
+                 RETURN NULL; END $$;
+             CREATE TRIGGER note_plans AFTER INSERT OR UPDATE ON {schema}.contacts
+                 FOR EACH STATEMENT EXECUTE FUNCTION note_plans();"
+        ))
+        .await
+        .expect("the trigger");
+    contact(&app, "planned@example.com", "pro").await;
+    app.wait_for_projections().await;
+    let noted = app.query_strings("SELECT plan_cache_mode || ' ' || enable_seqscan FROM batch_plans").await;
+    assert!(!noted.is_empty(), "the contact's document was written");
+    assert!(noted.iter().all(|settings| settings == "force_generic_plan off"), "{noted:?}");
+}
