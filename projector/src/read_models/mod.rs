@@ -17,7 +17,7 @@
 //!    is committed, so the span holds every event of those types. Spans that hold none (most
 //!    appends concern one or two read models) are passed over for every read model of the
 //!    process in one statement that takes their leases, advances their checkpoints and
-//!    notifies, as below, but records no batch: there is nothing applied to record
+//!    notifies once for all of them, but records no batch: there is nothing applied to record
 //!    (`runner::IdlePasses`). Otherwise the read model applies them (holding back events of
 //!    quarantined spaces, dead-lettering an event that cannot be applied: see Poison events),
 //!    advances the checkpoint, records the batch in `projection_batches` (with when the step began

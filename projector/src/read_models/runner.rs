@@ -190,7 +190,9 @@ impl IdlePasses {
 /// version's span (up to [`BATCH_SIZE`] positions, no further than the head), and for a span
 /// without an event of the read model's types it takes the checkpoint row's lease (`FOR
 /// UPDATE SKIP LOCKED`, only if the checkpoint has not moved), advances it and announces the
-/// progress, as a batch would, and commits without waiting for its flush (see [`project`]).
+/// progress, as a batch would, though in one notification for all of them (the readers'
+/// [`platform::readmodel::progress_entries`]: nine notifications an append were nine
+/// wake-ups of every listener), and commits without waiting for its flush (see [`project`]).
 /// It records no batch in `projection_batches`: that history is of the spans whose events a
 /// read model applied (when each step began and committed, and that no event was applied
 /// twice), and a span without its events has none; recording them was nine rows of every
@@ -221,12 +223,14 @@ async fn pass_over_idle(
              advanced AS (
                  UPDATE projections p SET position = l.last, updated_at = now() FROM leased l
                  WHERE p.name = l.name AND p.version = l.version
-                 RETURNING p.name, p.version, l.checkpoint, l.last)
+                 RETURNING p.name, p.version, l.checkpoint, l.last),
+             announced AS (
+                 SELECT pg_notify($5, string_agg(a.name || ':' || a.version || ':' || a.last, ','))
+                 FROM advanced a HAVING count(*) > 0)
              SELECT s.name, s.checkpoint, s.last, a.name IS NOT NULL,
-                    CASE WHEN a.name IS NOT NULL
-                         THEN pg_notify($5, a.name || ':' || a.version || ':' || a.last) END,
                     set_config('synchronous_commit', 'off', true)
              FROM span s LEFT JOIN advanced a ON a.name = s.name AND a.version = s.version
+             LEFT JOIN announced ON true
              ORDER BY s.name, s.version",
         )
         .await?;

@@ -10,8 +10,23 @@ use tokio::sync::Notify;
 
 use crate::error::ApiError;
 
-/// The channel the projector notifies after each committed batch: `name:version:position`.
+/// The channel the projector notifies after each committed batch and each pass over idle spans
+/// ([`progress_entries`]).
 pub const PROGRESS_CHANNEL: &str = "projection_progress";
+
+/// The progress a `projection_progress` notification announces: `name:version:position`
+/// entries, separated by commas (a batch announces its own read model, a pass over idle spans
+/// every read model it advanced). An entry that does not read so is left out.
+pub fn progress_entries(payload: &str) -> impl Iterator<Item = (&str, i32, i64)> {
+    payload.split(',').filter_map(|entry| {
+        let mut parts = entry.split(':');
+        let (name, version, position) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        Some((name, version.parse().ok()?, position.parse().ok()?))
+    })
+}
 
 /// The live version of one read model and its checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,17 +154,15 @@ impl ReadModels {
     }
 
     fn apply_notification(&self, payload: &str) {
-        let mut parts = payload.split(':');
-        let (Some(name), Some(version), Some(position)) = (parts.next(), parts.next(), parts.next()) else {
-            return;
-        };
-        let (Ok(version), Ok(position)) = (version.parse::<i32>(), position.parse::<i64>()) else { return };
-        if let Ok(mut live) = self.live.write()
-            && let Some(current) = live.get_mut(name)
-            && current.version == version
-            && current.position < position
-        {
-            current.position = position;
+        if let Ok(mut live) = self.live.write() {
+            for (name, version, position) in progress_entries(payload) {
+                if let Some(current) = live.get_mut(name)
+                    && current.version == version
+                    && current.position < position
+                {
+                    current.position = position;
+                }
+            }
         }
         self.progress.notify_waiters();
     }
@@ -300,4 +313,23 @@ pub fn decode_check(row: &tokio_postgres::Row) -> Check {
         .map(|((name, version), position)| (name, Live { version, position }))
         .collect();
     Check { key_position: row.get(0), models, quarantined, head: row.get(5) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_entries;
+
+    #[test]
+    fn a_notification_announces_one_read_model_or_several() {
+        assert_eq!(progress_entries("records:2:41").collect::<Vec<_>>(), [("records", 2, 41)]);
+        assert_eq!(
+            progress_entries("catalog:1:41,emails:1:41,webhooks:3:40").collect::<Vec<_>>(),
+            [("catalog", 1, 41), ("emails", 1, 41), ("webhooks", 3, 40)]
+        );
+        // Entries that do not read as one are left out; the others still count.
+        assert_eq!(
+            progress_entries("records:x:41,segments:1:41:9,,emails:1:42").collect::<Vec<_>>(),
+            [("emails", 1, 42)]
+        );
+    }
 }

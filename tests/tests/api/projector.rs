@@ -271,3 +271,43 @@ async fn marketing_sends_older_than_any_cap_counts_are_pruned_once_a_day() {
     let left = app.query_i64("SELECT count(*) FROM marketing_sends WHERE email_id = 'em_kept'").await;
     assert_eq!((app.query_i64("SELECT count(*) FROM marketing_sends").await, left), (1, 1));
 }
+
+/// Most appends hold events of one or two read models' types; the others pass over the span
+/// together, and announce it in one notification rather than one each (every notification
+/// wakes every listener: the query services, the eraser).
+#[tokio::test]
+async fn a_pass_over_idle_spans_announces_every_read_model_it_advanced_in_one_notification() {
+    let app = TestApp::spawn().await;
+    app.wait_for_projections().await;
+    let mut progress = platform::db::listen(app.database_url.clone(), platform::readmodel::PROGRESS_CHANNEL);
+    // The listener sends an empty payload once it listens.
+    let listening = tokio::time::timeout(Duration::from_secs(10), progress.recv()).await.expect("listening");
+    assert_eq!(listening.as_deref(), Some(""));
+    create_contacts(&app, 1, "announced").await;
+    app.wait_for_projections().await;
+    let mut payloads = Vec::new();
+    while let Ok(Some(payload)) = tokio::time::timeout(Duration::from_millis(300), progress.recv()).await {
+        payloads.push(payload);
+    }
+    let announced: Vec<Vec<(String, i32, i64)>> = payloads
+        .iter()
+        .map(|payload| {
+            let entries: Vec<_> = platform::readmodel::progress_entries(payload)
+                .map(|(name, version, position)| (name.to_owned(), version, position))
+                .collect();
+            assert_eq!(entries.len(), payload.split(',').count(), "every entry reads: {payload}");
+            entries
+        })
+        .collect();
+    let together = announced.iter().map(Vec::len).max().unwrap_or(0);
+    assert!(together >= 5, "the idle read models announced together: {payloads:?}");
+    // Every live read model reached the create, whether announced by a batch or by the pass.
+    let head = app.query_i64("SELECT position FROM log_head").await;
+    let live = app.query_strings("SELECT name FROM projections WHERE status = 'live' ORDER BY name").await;
+    for name in &live {
+        assert!(
+            announced.iter().flatten().any(|(announced, _, position)| announced == name && *position >= head),
+            "{name} announced at the head {head}: {payloads:?}"
+        );
+    }
+}
