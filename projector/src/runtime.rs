@@ -486,7 +486,7 @@ impl Look {
 /// than the head) and its events of the `wanted` types, in one statement, without the lease:
 /// what a follower looks at before it decides whether the span needs its lease at all. Most
 /// appends need nothing of most followers, and a step under the lease is a transaction of
-/// seven statements (docs/benchmarks.md, issue 70: "A follower looks before it leases").
+/// seven statements (docs/benchmarks.md, issue 70: "Followers look before they lease").
 /// `None` until the worker's first step has created its row.
 pub async fn look(
     client: &impl deadpool_postgres::GenericClient,

@@ -154,7 +154,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
     // The batch's statements take arrays of the batch's contacts, segments and members, and
     // PostgreSQL planned four of them again on every call, since its plan for a few values
     // looked cheaper than one for any count: for a create, 0.24 ms of planning beside 0.04 ms
-    // of their execution (docs/benchmarks.md, issue 70: "A follower looks before it leases").
+    // of their execution (docs/benchmarks.md, issue 70: "Followers look before they lease").
     // Each finds its rows by key, so their generic plans are held to index lookups, as the
     // log's appends are ([`platform::db::GENERIC_KEYED_PLANS`]): a generic plan made while a
     // table was small must not scan it once it has grown.

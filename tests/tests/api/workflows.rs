@@ -679,7 +679,7 @@ async fn event_and_segment_triggers_start_runs_under_their_reentry_rules() {
 }
 
 #[tokio::test]
-async fn a_segment_pass_that_starts_no_run_is_stored_without_waiting_for_its_flush() {
+async fn a_create_that_starts_no_run_is_passed_over_by_the_follower_without_its_lease_or_a_flush() {
     let sink = SmtpSink::start().await;
     let app = TestApp::spawn_with(Options { email: Some(test_email(&sink)), ..Options::without_projector() }).await;
     let settings = platform::settings::Settings {
@@ -696,28 +696,34 @@ async fn a_segment_pass_that_starts_no_run_is_stored_without_waiting_for_its_flu
     app.apply_workspace(&workspace(greeter), true).await;
     let greeter = workflow_id(&app, "greeter").await;
     let follower = async |after: i64| checkpoint_commits(&app, "workflow_events", after).await;
-    // Waits until the follower's pass over the segment's entries has reached the log's head:
-    // the step that got it there has committed (its progress is in the step's transaction).
+    // Waits until the follower has passed the log's head, the segments read model has reached
+    // it, and the greeter's trigger is followed: from then on a step of the follower is about
+    // what comes next.
     let passed_head = async || {
         let head = app.query_i64("SELECT position FROM log_head").await;
         let deadline = Instant::now() + WAIT;
-        while app.query_i64("SELECT COALESCE(min(through), 0) FROM workflow_segment_triggers").await < head {
-            assert!(Instant::now() < deadline, "the follower's pass never reached {head}");
+        let behind = "SELECT (SELECT count(*) FROM workflow_segment_triggers) = 0
+                          OR COALESCE((SELECT position FROM worker_checkpoints WHERE name = 'workflow_events'), 0) < $1
+                          OR (SELECT position FROM projections WHERE name = 'segments' AND status = 'live') < $1";
+        let client = app.pool.get().await.expect("client");
+        while client.query_one(behind, &[&head]).await.expect("the follower").get::<_, bool>(0) {
+            assert!(Instant::now() < deadline, "the follower never passed {head}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
     app.wait_for_workers().await;
     passed_head().await;
 
-    // A create that enters no segment moves the segments read model, and the follower's pass
-    // over its entries finds none: it stores its progress without waiting for a flush.
+    // A create that enters no segment moves the segments read model, and the follower finds
+    // no entry after its triggers' progress: it passes over the create without its lease, in
+    // one statement that does not wait for a flush.
     let before = last_checkpoint_commit(&app).await;
     person(&app, "bob@example.com", "Bob").await;
     app.wait_for_workers().await;
     passed_head().await;
     let passed = follower(before).await;
-    assert!(!passed.is_empty(), "the follower's pass ran");
-    assert!(passed.iter().all(|commit| commit.synchronous == "off"), "{passed:?}");
+    assert!(!passed.is_empty(), "the follower passed over the create");
+    assert!(passed.iter().all(|commit| commit.synchronous == "off" && !commit.leased), "{passed:?}");
 
     // One that enters it starts a run: that step waits for its flush.
     let before = last_checkpoint_commit(&app).await;
@@ -727,7 +733,7 @@ async fn a_segment_pass_that_starts_no_run_is_stored_without_waiting_for_its_flu
     app.wait_for_workers().await;
     passed_head().await;
     let entered = follower(before).await;
-    assert!(entered.iter().any(|commit| commit.synchronous == "on"), "{entered:?}");
+    assert!(entered.iter().any(|commit| commit.synchronous == "on" && commit.leased), "{entered:?}");
     projector.cancel();
 }
 

@@ -55,7 +55,13 @@ pub(crate) struct Follower {
     /// The inputs of the last segment pass that left nothing waiting and was committed: a pass
     /// on the same inputs finds nothing to do, so it is skipped.
     settled: Mutex<Option<PassInputs>>,
+    /// The published segment triggers (workflow, segment) at a catalog version and revision,
+    /// for [`Follower::look`].
+    triggers: Mutex<Option<PublishedAt>>,
 }
+
+/// The published segment triggers, at the catalog version and revision they were read at.
+type PublishedAt = ((i32, i64), Vec<(String, String)>);
 
 /// What a segment pass depends on besides `workflow_segment_triggers`, which only the pass
 /// writes: the segments read model's version and position, and the catalog's version and
@@ -75,6 +81,41 @@ enum Pass {
     Done { settled: Option<PassInputs>, entered: bool },
 }
 
+/// What a look before the lease found.
+enum Looked {
+    /// The span needed nothing and was passed over (or there was none).
+    Done(Outcome),
+    /// The step takes its lease, with the span looked at if there was one.
+    Lease(Option<crate::runtime::Look>),
+}
+
+/// A published workflow's segment trigger: the workflow, the segment, the workflow's space
+/// and revision, and the trigger's re-entry rule.
+type SegmentTrigger = (String, String, String, i64, Reentry);
+
+/// The segment triggers of the published workflows, as catalog version `catalog` holds them.
+async fn published_triggers(client: &impl GenericClient, catalog: i32) -> anyhow::Result<Vec<SegmentTrigger>> {
+    let catalog = platform::readmodel::schema_name("catalog", catalog);
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT resource_id, space_id, revision, definition FROM {catalog}.resources
+             WHERE kind = $1 AND definition ->> 'status' = 'published'
+               AND jsonb_path_exists(definition, '$.triggers[*].segmentId')"
+        ))
+        .await?;
+    let mut triggers = Vec::new();
+    for row in client.query(&statement, &[&WORKFLOW]).await? {
+        let definition: WorkflowDef = serde_json::from_value(row.get::<_, Value>(3))?;
+        for trigger in definition.triggers {
+            if let TriggerOn::Segment { segment_id } = trigger.on {
+                let (workflow_id, space_id, revision): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+                triggers.push((workflow_id, segment_id, space_id, revision, trigger.reentry));
+            }
+        }
+    }
+    Ok(triggers)
+}
+
 /// Segment entries read per trigger and step at most.
 const ENTRIES: usize = 1_000;
 
@@ -89,13 +130,26 @@ struct Ready {
 
 impl Follower {
     pub(crate) fn new(pool: Pool, log: EventLog) -> Self {
-        Self { pool, log, lease: LeaseName::new("workflow_events"), settled: Mutex::new(None) }
+        Self {
+            pool,
+            log,
+            lease: LeaseName::new("workflow_events"),
+            settled: Mutex::new(None),
+            triggers: Mutex::new(None),
+        }
     }
 
     async fn step(&self) -> anyhow::Result<Outcome> {
         let mut client = self.pool.get().await?;
+        let looked = match self.look(&client).await? {
+            Looked::Done(outcome) => return Ok(outcome),
+            Looked::Lease(look) => look,
+        };
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else { return Ok(Outcome::Idle) };
-        let followed = platform::log::read_wanted(lease.transaction(), lease.checkpoint, BATCH, FOLLOWED).await?;
+        let followed = match looked.and_then(|look| look.reuse(&lease)) {
+            Some(followed) => followed,
+            None => platform::log::read_wanted(lease.transaction(), lease.checkpoint, BATCH, FOLLOWED).await?,
+        };
         let full = followed.read as i64 >= BATCH;
         let last = followed.last.unwrap_or(lease.checkpoint);
         if !followed.events.is_empty() {
@@ -123,6 +177,85 @@ impl Follower {
             Pass::Done { settled: None, .. } => true,
         };
         Ok(if full || more_entries { Outcome::Progressed } else { Outcome::Idle })
+    }
+
+    /// Looks at the next span and the segments' entries without the lease
+    /// ([`crate::runtime::look`]), and passes over a span when neither holds anything for the
+    /// follower: no event it follows, and a segment pass that would find nothing (its inputs
+    /// those of the last settled pass, or every published trigger followed, none forgotten,
+    /// and no entry after any trigger's progress). The triggers' progress then stays where it
+    /// was; the next pass under the lease reads on from it. Anything else takes the lease.
+    async fn look(&self, client: &deadpool_postgres::Client) -> anyhow::Result<Looked> {
+        let inputs = client
+            .prepare_cached(
+                "SELECT s.version, s.position, c.version, c.revision FROM projections s, projections c
+                 WHERE s.name = 'segments' AND s.status = 'live' AND c.name = 'catalog' AND c.status = 'live'",
+            )
+            .await?;
+        let (look, inputs) = tokio::try_join!(crate::runtime::look(client, &self.lease, BATCH, FOLLOWED), async {
+            Ok(client
+                .query_opt(&inputs, &[])
+                .await?
+                .map(|row| PassInputs { segments: (row.get(0), row.get(1)), catalog: (row.get(2), row.get(3)) }))
+        })?;
+        let Some(look) = look else { return Ok(Looked::Lease(None)) };
+        if !look.followed.events.is_empty() {
+            return Ok(Looked::Lease(Some(look)));
+        }
+        let settled = self.settled.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(inputs) = &inputs
+            && settled.as_ref() != Some(inputs)
+            && !self.segments_quiet(client, inputs).await?
+        {
+            return Ok(Looked::Lease(Some(look)));
+        }
+        if let Some(last) = look.followed.last
+            && !crate::runtime::pass_over_looked(client, &self.lease, look.checkpoint, last).await?
+        {
+            return Ok(Looked::Lease(None));
+        }
+        if let Some(inputs) = inputs {
+            *self.settled.lock().unwrap_or_else(PoisonError::into_inner) = Some(inputs);
+        }
+        Ok(Looked::Done(if look.followed.read as i64 >= BATCH { Outcome::Progressed } else { Outcome::Idle }))
+    }
+
+    /// Whether a segment pass on `inputs` would find nothing to do: the triggers followed are
+    /// those published (read from the catalog, kept while it stays at its revision), and no
+    /// trigger's segment has an entry after its progress up to the segments read model's
+    /// position.
+    async fn segments_quiet(&self, client: &deadpool_postgres::Client, inputs: &PassInputs) -> anyhow::Result<bool> {
+        let known = self
+            .triggers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|(at, _)| *at == inputs.catalog)
+            .map(|(_, triggers)| triggers.clone());
+        let triggers = match known {
+            Some(triggers) => triggers,
+            None => {
+                let published = published_triggers(client, inputs.catalog.0).await?;
+                let triggers: Vec<(String, String)> = published.into_iter().map(|t| (t.0, t.1)).collect();
+                *self.triggers.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((inputs.catalog, triggers.clone()));
+                triggers
+            }
+        };
+        let segments = platform::readmodel::schema_name("segments", inputs.segments.0);
+        let statement = client
+            .prepare_cached(&format!(
+                "WITH wanted AS (SELECT * FROM unnest($1::text[], $2::text[]) AS w(workflow_id, segment_id))
+                 SELECT (SELECT count(*) FROM workflow_segment_triggers) = cardinality($1::text[])
+                    AND (SELECT count(*) FROM workflow_segment_triggers JOIN wanted USING (workflow_id, segment_id))
+                        = cardinality($1::text[])
+                    AND NOT EXISTS (SELECT FROM workflow_segment_triggers t JOIN {segments}.entries e
+                                    ON e.segment_id = t.segment_id AND e.position > t.through AND e.position <= $3)"
+            ))
+            .await?;
+        let (workflow_ids, segment_ids): (Vec<&str>, Vec<&str>) =
+            triggers.iter().map(|(workflow, segment)| (workflow.as_str(), segment.as_str())).unzip();
+        Ok(client.query_one(&statement, &[&workflow_ids, &segment_ids, &inputs.segments.1]).await?.get(0))
     }
 
     /// What the log's events mean for runs: ready events and deleted contacts.
@@ -239,14 +372,15 @@ impl Follower {
     /// entered their segments, as far as the segments read model has reached. Skipped when
     /// its inputs are those of the last pass that left nothing waiting.
     async fn follow_segments(&self, transaction: &impl GenericClient) -> anyhow::Result<Pass> {
-        let Some(row) = transaction
-            .query_opt(
+        // Prepared once per connection, as are the pass's other statements: it runs after
+        // every append once a published workflow has a segment trigger.
+        let inputs = transaction
+            .prepare_cached(
                 "SELECT s.version, s.position, c.version, c.revision FROM projections s, projections c
                  WHERE s.name = 'segments' AND s.status = 'live' AND c.name = 'catalog' AND c.status = 'live'",
-                &[],
             )
-            .await?
-        else {
+            .await?;
+        let Some(row) = transaction.query_opt(&inputs, &[]).await? else {
             return Ok(Pass::Skipped);
         };
         let inputs = PassInputs { segments: (row.get(0), row.get(1)), catalog: (row.get(2), row.get(3)) };
@@ -255,35 +389,20 @@ impl Follower {
         }
         let segments = platform::readmodel::schema_name("segments", inputs.segments.0);
         let reached = inputs.segments.1;
-        let catalog = platform::readmodel::schema_name("catalog", inputs.catalog.0);
-        let statement = format!(
-            "SELECT resource_id, space_id, revision, definition FROM {catalog}.resources
-             WHERE kind = $1 AND definition ->> 'status' = 'published'
-               AND jsonb_path_exists(definition, '$.triggers[*].segmentId')"
-        );
-        let mut triggers = Vec::new();
-        for row in transaction.query(&statement, &[&WORKFLOW]).await? {
-            let definition: WorkflowDef = serde_json::from_value(row.get::<_, Value>(3))?;
-            for trigger in definition.triggers {
-                if let TriggerOn::Segment { segment_id } = trigger.on {
-                    let (workflow_id, space_id, revision): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
-                    triggers.push((workflow_id, segment_id, space_id, revision, trigger.reentry));
-                }
-            }
-        }
+        let triggers = published_triggers(transaction, inputs.catalog.0).await?;
         let workflow_ids: Vec<&str> = triggers.iter().map(|trigger| trigger.0.as_str()).collect();
         let segment_ids: Vec<&str> = triggers.iter().map(|trigger| trigger.1.as_str()).collect();
         // Triggers no longer published are forgotten; new ones start after the definition
         // that published them.
-        transaction
-            .execute(
+        let forget = transaction
+            .prepare_cached(
                 "DELETE FROM workflow_segment_triggers
                  WHERE (workflow_id, segment_id) NOT IN (SELECT * FROM unnest($1::text[], $2::text[]))",
-                &[&workflow_ids, &segment_ids],
             )
             .await?;
-        let rows = transaction
-            .query(
+        transaction.execute(&forget, &[&workflow_ids, &segment_ids]).await?;
+        let followed = transaction
+            .prepare_cached(
                 "WITH wanted AS (SELECT * FROM unnest($1::text[], $2::text[]) AS w(workflow_id, segment_id)),
                  added AS (
                      INSERT INTO workflow_segment_triggers (workflow_id, segment_id, through)
@@ -293,7 +412,12 @@ impl Follower {
                  SELECT workflow_id, segment_id, through FROM added
                  UNION ALL
                  SELECT t.workflow_id, t.segment_id, t.through FROM workflow_segment_triggers t JOIN wanted USING (workflow_id, segment_id)",
-                &[&workflow_ids, &segment_ids],
+            )
+            .await?;
+        let rows = transaction.query(&followed, &[&workflow_ids, &segment_ids]).await?;
+        let advance = transaction
+            .prepare_cached(
+                "UPDATE workflow_segment_triggers SET through = $3 WHERE workflow_id = $1 AND segment_id = $2",
             )
             .await?;
         let (mut more, mut entered) = (false, false);
@@ -319,12 +443,7 @@ impl Follower {
                 };
                 self.start(transaction, &start).await?;
             }
-            transaction
-                .execute(
-                    "UPDATE workflow_segment_triggers SET through = $3 WHERE workflow_id = $1 AND segment_id = $2",
-                    &[&workflow_id, &segment_id, &done],
-                )
-                .await?;
+            transaction.execute(&advance, &[&workflow_id, &segment_id, &done]).await?;
             more |= done < reached;
         }
         Ok(Pass::Done { settled: (!more).then_some(inputs), entered })
@@ -431,15 +550,13 @@ async fn entries(
     (through, reached): (i64, i64),
 ) -> anyhow::Result<(Vec<(i64, String)>, i64)> {
     let limit = i64::try_from(ENTRIES).unwrap_or(i64::MAX);
-    let rows = client
-        .query(
-            &format!(
-                "SELECT position, contact_id FROM {segments}.entries
-                 WHERE segment_id = $1 AND position > $2 AND position <= $3 ORDER BY position, contact_id LIMIT $4"
-            ),
-            &[&segment_id, &through, &reached, &limit],
-        )
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT position, contact_id FROM {segments}.entries
+             WHERE segment_id = $1 AND position > $2 AND position <= $3 ORDER BY position, contact_id LIMIT $4"
+        ))
         .await?;
+    let rows = client.query(&statement, &[&segment_id, &through, &reached, &limit]).await?;
     let mut entries: Vec<(i64, String)> = rows.into_iter().map(|row| (row.get(0), row.get(1))).collect();
     if entries.len() < ENTRIES {
         return Ok((entries, reached));
@@ -458,13 +575,13 @@ async fn entries(
 
 /// The runs `contact_id` has of `workflow_id`, whatever started them.
 async fn contact_runs(client: &impl GenericClient, workflow_id: &str, contact_id: &str) -> anyhow::Result<ContactRuns> {
-    let row = client
-        .query_one(
+    let statement = client
+        .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM workflow_runs WHERE workflow_id = $1 AND contact_id = $2),
                     EXISTS (SELECT 1 FROM workflow_runs WHERE workflow_id = $1 AND contact_id = $2 AND finished_at IS NULL)",
-            &[&workflow_id, &contact_id],
         )
         .await?;
+    let row = client.query_one(&statement, &[&workflow_id, &contact_id]).await?;
     Ok(ContactRuns { any: row.get(0), unfinished: row.get(1) })
 }
 

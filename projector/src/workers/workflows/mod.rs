@@ -119,8 +119,9 @@
 //!   of its own (`workflow_segment_triggers.through`, starting at the position of the definition
 //!   that published the trigger, so members from before start nothing) up to the position the
 //!   read model has reached, and starts a run per entry under the trigger's re-entry rule, its
-//!   id derived from (workflow, segment, contact, position). An entry is never split across
-//!   steps and a repeat starts nothing twice. A contact that enters and leaves between two
+//!   id derived from (workflow, segment, contact, position). A step that finds no entry after
+//!   any trigger's position passes over the log without its lease and leaves those positions
+//!   where they were. An entry is never split across steps and a repeat starts nothing twice. A contact that enters and leaves between two
 //!   steps of the follower still has its entry. A rebuild of `segments` records the same entries
 //!   at the same positions, except where batching evaluated a contact at a later change of the
 //!   same batch: such an entry can start a second run when the rebuild goes live past the
