@@ -474,11 +474,45 @@ pub struct Look {
     pub followed: platform::log::Followed,
 }
 
+/// What a follower's look before its lease found.
+pub enum Looked {
+    /// The span needed nothing and was passed over (or there was none): the step's outcome.
+    Done(Outcome),
+    /// The step takes its lease, with the span looked at if there was one.
+    Lease(Option<Look>),
+}
+
 impl Look {
-    /// The span, if `lease` still stands at the checkpoint it was read from: what the step
-    /// under the lease would read again (the log up to a head once read never changes).
-    pub fn reuse(self, lease: &Lease<'_>) -> Option<platform::log::Followed> {
-        (self.checkpoint == lease.checkpoint).then_some(self.followed)
+    /// Passes over the span in one statement ([`pass_over_looked`]): the step is done,
+    /// `Progressed` after a span as long as `limit` (more may follow). If another process
+    /// moved the checkpoint or holds the lease meanwhile, the step takes its lease instead.
+    pub async fn pass_over(
+        self,
+        client: &impl deadpool_postgres::GenericClient,
+        lease: &LeaseName,
+        limit: i64,
+    ) -> anyhow::Result<Looked> {
+        let Some(last) = self.followed.last else { return Ok(Looked::Done(Outcome::Idle)) };
+        if !pass_over_looked(client, lease, self.checkpoint, last).await? {
+            return Ok(Looked::Lease(None));
+        }
+        let full = i64::try_from(self.followed.read).unwrap_or(i64::MAX) >= limit;
+        Ok(Looked::Done(if full { Outcome::Progressed } else { Outcome::Idle }))
+    }
+}
+
+/// The span a step under `lease` follows: the one `looked` at if the lease still stands at
+/// the checkpoint it was read from (the log up to a head once read never changes), else read
+/// again under the lease.
+pub async fn followed(
+    lease: &Lease<'_>,
+    looked: Option<Look>,
+    limit: i64,
+    wanted: &[&str],
+) -> anyhow::Result<platform::log::Followed> {
+    match looked.filter(|look| look.checkpoint == lease.checkpoint) {
+        Some(look) => Ok(look.followed),
+        None => Ok(platform::log::read_wanted(lease.transaction(), lease.checkpoint, limit, wanted).await?),
     }
 }
 

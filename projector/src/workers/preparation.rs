@@ -36,12 +36,11 @@ use futures_util::future::BoxFuture;
 use platform::events::LogEvent;
 use platform::log::{
     AppendError, AppendRequest, EventLog, ExpectedVersion, LOG_CHANNEL, NewEvent, StoredEvent, StreamAppend,
-    read_wanted,
 };
 use platform::proto;
 use serde_json::{Map, Value};
 
-use crate::runtime::{Outcome, Worker};
+use crate::runtime::{Looked, Outcome, Worker};
 
 /// The lease and checkpoint of this worker.
 pub(crate) const WORKER: &str = "preparation";
@@ -85,10 +84,7 @@ impl Preparation {
         let Some(lease) = crate::runtime::Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(Outcome::Idle);
         };
-        let followed = match looked.and_then(|look| look.reuse(&lease)) {
-            Some(followed) => followed,
-            None => read_wanted(lease.transaction(), lease.checkpoint, BATCH, PREPARED).await?,
-        };
+        let followed = crate::runtime::followed(&lease, looked, BATCH, PREPARED).await?;
         let Some(last) = followed.last else { return Ok(Outcome::Idle) };
         // Past every event read, unless a provider call stops the batch early.
         let mut reached = last;
@@ -138,21 +134,15 @@ impl Preparation {
         let (look, catalog) =
             tokio::try_join!(crate::runtime::look(client, &self.lease, BATCH, PREPARED), catalog_revision(client))?;
         let Some(look) = look else { return Ok(Looked::Lease(None)) };
-        let Some(last) = look.followed.last else { return Ok(Looked::Done(Outcome::Idle)) };
-        let Some(catalog) = catalog else { return Ok(Looked::Lease(Some(look))) };
-        for stored in &look.followed.events {
-            if self.may_prepare(client, stored, catalog).await? {
-                return Ok(Looked::Lease(Some(look)));
+        if !look.followed.events.is_empty() {
+            let Some(catalog) = catalog else { return Ok(Looked::Lease(Some(look))) };
+            for stored in &look.followed.events {
+                if self.may_prepare(client, stored, catalog).await? {
+                    return Ok(Looked::Lease(Some(look)));
+                }
             }
         }
-        if !crate::runtime::pass_over_looked(client, &self.lease, look.checkpoint, last).await? {
-            return Ok(Looked::Lease(None));
-        }
-        Ok(Looked::Done(if i64::try_from(look.followed.read).unwrap_or(i64::MAX) >= BATCH {
-            Outcome::Progressed
-        } else {
-            Outcome::Idle
-        }))
+        look.pass_over(client, &self.lease, BATCH).await
     }
 
     /// Whether [`Preparation::handle`] may act on `stored` (an event it cannot read counts:
@@ -208,14 +198,6 @@ impl Preparation {
             _ => Ok(false),
         }
     }
-}
-
-/// What a look before the lease found.
-enum Looked {
-    /// The span needed nothing and was passed over (or there was none).
-    Done(Outcome),
-    /// The step takes its lease, with the span looked at if there was one.
-    Lease(Option<crate::runtime::Look>),
 }
 
 /// The live catalog's version and revision (the position of its last change), or `None` when

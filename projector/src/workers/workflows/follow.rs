@@ -35,7 +35,7 @@ use platform::proto;
 use prost::Message;
 use serde_json::{Value, json};
 
-use crate::runtime::{Lease, LeaseName, Outcome, Worker};
+use crate::runtime::{Lease, LeaseName, Looked, Outcome, Worker};
 
 /// Log events read per step at most.
 const BATCH: i64 = 1_000;
@@ -79,14 +79,6 @@ enum Pass {
     /// It ran; with its inputs when it left no entries waiting, and whether it found entries
     /// (and so may have appended runs). One that found none wrote only the triggers' progress.
     Done { settled: Option<PassInputs>, entered: bool },
-}
-
-/// What a look before the lease found.
-enum Looked {
-    /// The span needed nothing and was passed over (or there was none).
-    Done(Outcome),
-    /// The step takes its lease, with the span looked at if there was one.
-    Lease(Option<crate::runtime::Look>),
 }
 
 /// A published workflow's segment trigger: the workflow, the segment, the workflow's space
@@ -146,10 +138,7 @@ impl Follower {
             Looked::Lease(look) => look,
         };
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else { return Ok(Outcome::Idle) };
-        let followed = match looked.and_then(|look| look.reuse(&lease)) {
-            Some(followed) => followed,
-            None => platform::log::read_wanted(lease.transaction(), lease.checkpoint, BATCH, FOLLOWED).await?,
-        };
+        let followed = crate::runtime::followed(&lease, looked, BATCH, FOLLOWED).await?;
         let full = followed.read as i64 >= BATCH;
         let last = followed.last.unwrap_or(lease.checkpoint);
         if !followed.events.is_empty() {
@@ -209,15 +198,11 @@ impl Follower {
         {
             return Ok(Looked::Lease(Some(look)));
         }
-        if let Some(last) = look.followed.last
-            && !crate::runtime::pass_over_looked(client, &self.lease, look.checkpoint, last).await?
-        {
-            return Ok(Looked::Lease(None));
-        }
-        if let Some(inputs) = inputs {
+        let looked = look.pass_over(client, &self.lease, BATCH).await?;
+        if let (Looked::Done(_), Some(inputs)) = (&looked, inputs) {
             *self.settled.lock().unwrap_or_else(PoisonError::into_inner) = Some(inputs);
         }
-        Ok(Looked::Done(if look.followed.read as i64 >= BATCH { Outcome::Progressed } else { Outcome::Idle }))
+        Ok(looked)
     }
 
     /// Whether a segment pass on `inputs` would find nothing to do: the triggers followed are

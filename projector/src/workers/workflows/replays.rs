@@ -17,7 +17,7 @@ use platform::settings::Settings;
 
 use super::replay;
 use super::run::definition_at;
-use crate::runtime::{Lease, LeaseName, Outcome, Worker};
+use crate::runtime::{Lease, LeaseName, Looked, Outcome, Worker};
 
 const REQUESTED: &[&str] = &["WorkflowReplayRequested.v1"];
 /// Log positions scanned per step at most.
@@ -40,20 +40,16 @@ impl Replays {
     async fn step(&self) -> anyhow::Result<Outcome> {
         let mut client = self.pool.get().await?;
         // Most spans hold no request: passed over without the lease.
-        let looked = crate::runtime::look(&client, &self.lease, SPAN, REQUESTED).await?;
-        if let Some(look) = &looked {
-            let Some(last) = look.followed.last else { return Ok(Outcome::Idle) };
-            if look.followed.events.is_empty()
-                && crate::runtime::pass_over_looked(&client, &self.lease, look.checkpoint, last).await?
-            {
-                return Ok(if look.followed.read as i64 >= SPAN { Outcome::Progressed } else { Outcome::Idle });
-            }
-        }
-        let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else { return Ok(Outcome::Idle) };
-        let followed = match looked.and_then(|look| look.reuse(&lease)) {
-            Some(followed) => followed,
-            None => platform::log::read_wanted(lease.transaction(), lease.checkpoint, SPAN, REQUESTED).await?,
+        let looked = match crate::runtime::look(&client, &self.lease, SPAN, REQUESTED).await? {
+            Some(look) if look.followed.events.is_empty() => look.pass_over(&client, &self.lease, SPAN).await?,
+            look => Looked::Lease(look),
         };
+        let looked = match looked {
+            Looked::Done(outcome) => return Ok(outcome),
+            Looked::Lease(look) => look,
+        };
+        let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else { return Ok(Outcome::Idle) };
+        let followed = crate::runtime::followed(&lease, looked, SPAN, REQUESTED).await?;
         let Some(last) = followed.last else {
             lease.rollback().await?;
             return Ok(Outcome::Idle);

@@ -30,7 +30,7 @@ use endpoints::{fold_webhook, load_endpoints};
 use matching::{Endpoint, Membership, fits, may_be_wanted};
 use payload::occurrence;
 
-use crate::runtime::{self, Lease, LeaseName, Outcome, Worker};
+use crate::runtime::{self, Lease, LeaseName, Looked, Outcome, Worker};
 
 /// The channel notified when deliveries are enqueued.
 pub(crate) const DELIVERIES_CHANNEL: &str = "webhook_deliveries";
@@ -69,10 +69,7 @@ impl Enqueue {
         let Some(lease) = Lease::acquire(&mut client, &self.lease).await? else {
             return Ok(Outcome::Idle);
         };
-        let followed = match looked.and_then(|look| look.reuse(&lease)) {
-            Some(followed) => followed,
-            None => platform::log::read_wanted(lease.transaction(), lease.checkpoint, BATCH, EVENT_TYPES).await?,
-        };
+        let followed = runtime::followed(&lease, looked, BATCH, EVENT_TYPES).await?;
         let Some(last) = followed.last else {
             return Ok(Outcome::Idle);
         };
@@ -101,14 +98,6 @@ impl Enqueue {
     }
 }
 
-/// What a look before the lease found.
-enum Looked {
-    /// The span needed nothing and was passed over (or there was none).
-    Done(Outcome),
-    /// The step takes its lease, with the span looked at if there was one.
-    Lease(Option<runtime::Look>),
-}
-
 impl Enqueue {
     /// Looks at the next span without the lease ([`runtime::look`]) and passes over one that
     /// can enqueue nothing and writes nothing: no webhook event, and no event that a live
@@ -119,7 +108,6 @@ impl Enqueue {
         let Some(look) = runtime::look(client, &self.lease, BATCH, EVENT_TYPES).await? else {
             return Ok(Looked::Lease(None));
         };
-        let Some(last) = look.followed.last else { return Ok(Looked::Done(Outcome::Idle)) };
         if look.followed.events.iter().any(|event| event.event_type.starts_with("Webhook")) {
             return Ok(Looked::Lease(Some(look)));
         }
@@ -141,14 +129,7 @@ impl Enqueue {
                 return Ok(Looked::Lease(Some(look)));
             }
         }
-        if !runtime::pass_over_looked(client, &self.lease, look.checkpoint, last).await? {
-            return Ok(Looked::Lease(None));
-        }
-        Ok(Looked::Done(if i64::try_from(look.followed.read).unwrap_or(0) < BATCH {
-            Outcome::Idle
-        } else {
-            Outcome::Progressed
-        }))
+        look.pass_over(client, &self.lease, BATCH).await
     }
 }
 
