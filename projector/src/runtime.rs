@@ -49,7 +49,7 @@
 //!   transactions (they never hold a lease). A step may hold its lease's connection while it
 //!   uses others: the projector's pool is sized for every worker stepping at once. A follower
 //!   of the log first looks at its next span without the lease ([`look`]), and passes over one
-//!   with nothing for it in one statement ([`pass_over_looked`]).
+//!   with nothing for it in one statement ([`Look::pass_over`]).
 //! - **Workers.** One per read model (`read_model:<name>`, projecting every live or building
 //!   version), `preparation`, `eraser`, `maintenance` (each minute: rate windows, batch
 //!   history, idempotency purge and reconciliation, receipt retirement, the dead-letter report;
@@ -449,8 +449,9 @@ impl<'c> Lease<'c> {
     /// its own, queued with the appends' (docs/benchmarks.md, issue 70: "A pass over a span
     /// waits for no flush"). A crash of PostgreSQL before the WAL writer flushes it (within a
     /// second) loses only the step (the checkpoint's advance and its own progress), and the
-    /// worker passes over the same span again; any later commit that waits for its flush flushes it first. The caller says so:
-    /// the transaction cannot tell by itself (its lease's row lock already gave it an id).
+    /// worker passes over the same span again; any later commit that waits for its flush
+    /// flushes it first. The caller says so: the transaction cannot tell by itself (its
+    /// lease's row lock already gave it an id).
     pub async fn pass_over(self, checkpoint: i64) -> anyhow::Result<()> {
         let save = self
             .transaction
@@ -528,34 +529,9 @@ pub async fn look(
     limit: i64,
     wanted: &[&str],
 ) -> anyhow::Result<Option<Look>> {
-    let columns = platform::log::EVENT_COLUMNS;
-    let count = columns.split(", ").count();
-    let prefixed = columns.split(", ").map(|column| format!("e.{column}")).collect::<Vec<_>>().join(", ");
-    let statement = client
-        .prepare_cached(&format!(
-            "SELECT {prefixed}, span.last, c.position
-             FROM (SELECT position FROM worker_checkpoints WHERE name = $1) c
-             CROSS JOIN LATERAL (SELECT least(h.position, c.position + $2::bigint) AS last
-                                 FROM log_head h LIMIT 1) span
-             LEFT JOIN LATERAL (SELECT {columns} FROM events
-                                WHERE event_type = ANY($3) AND position > c.position
-                                  AND position <= span.last) e ON true
-             ORDER BY e.position"
-        ))
-        .await?;
-    let rows = client.query(&statement, &[&lease.name, &limit.max(1), &wanted]).await?;
-    let Some(first) = rows.first() else { return Ok(None) };
-    let (last, checkpoint): (i64, i64) = (first.get(count), first.get(count + 1));
-    if last <= checkpoint {
-        return Ok(Some(Look { checkpoint, followed: platform::log::Followed::default() }));
-    }
-    let events = rows
-        .iter()
-        .filter(|row| row.get::<_, Option<i64>>(0).is_some())
-        .map(platform::log::StoredEvent::from_row)
-        .collect();
-    let read = usize::try_from(last - checkpoint).unwrap_or(usize::MAX);
-    Ok(Some(Look { checkpoint, followed: platform::log::Followed { events, read, last: Some(last) } }))
+    let checkpoint = "SELECT position FROM worker_checkpoints WHERE name = $1";
+    let read = platform::log::read_wanted_after(client, checkpoint, &lease.name, limit, wanted).await?;
+    Ok(read.map(|(checkpoint, followed)| Look { checkpoint, followed }))
 }
 
 /// Stores `to` as the checkpoint of `lease` after a [`look`] found nothing for the worker in
@@ -563,7 +539,7 @@ pub async fn look(
 /// step holds the lease (`FOR UPDATE SKIP LOCKED`), and without waiting for its flush, as
 /// [`Lease::pass_over`] stores it. Returns whether it stored it; if not, the worker takes its
 /// lease as usual.
-pub async fn pass_over_looked(
+async fn pass_over_looked(
     client: &impl deadpool_postgres::GenericClient,
     lease: &LeaseName,
     from: i64,

@@ -25,7 +25,6 @@
 //! All attributes filled: `ready`, with the prepared values. `failed` and `outcome_unknown`
 //! are final: the event never appears in the list; fire it again under a new eventId.
 
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use ai_provider::{AiError, AiProvider, FillTask};
@@ -60,17 +59,20 @@ pub struct Preparation {
     log: EventLog,
     provider: AiProvider,
     lease: crate::runtime::LeaseName,
-    /// Whether each schema looked at has an auto-fill attribute, at a catalog version and
-    /// revision.
-    filled: Mutex<Option<FilledAt>>,
+    /// The catalog's auto-fill attributes as the looks before the lease read them, with the
+    /// catalog version and revision they were read at.
+    looked_catalog: tokio::sync::Mutex<Option<((i32, i64), Catalog)>>,
 }
-
-/// The schemas' auto-fill answers, at the catalog version and revision they were read at.
-type FilledAt = ((i32, i64), std::collections::HashMap<String, bool>);
 
 impl Preparation {
     pub fn new(pool: Pool, log: EventLog, provider: AiProvider) -> Self {
-        Self { pool, log, provider, lease: crate::runtime::LeaseName::new(WORKER), filled: Mutex::new(None) }
+        Self {
+            pool,
+            log,
+            provider,
+            lease: crate::runtime::LeaseName::new(WORKER),
+            looked_catalog: tokio::sync::Mutex::new(None),
+        }
     }
 
     /// Reads the next events after the checkpoint under the lease and prepares the pending
@@ -160,26 +162,16 @@ impl Preparation {
             LogEvent::RecordUpdated(updated) => updated.schema_id,
             _ => return Ok(false),
         };
-        let known = {
-            let cached = self.filled.lock().unwrap_or_else(PoisonError::into_inner);
-            cached.as_ref().filter(|(at, _)| *at == revision).and_then(|(_, schemas)| schemas.get(&schema_id).copied())
+        // Kept while the catalog stays at the revision it was read at.
+        let mut looked = self.looked_catalog.lock().await;
+        let catalog = match &mut *looked {
+            Some((at, catalog)) if *at == revision => catalog,
+            stale => {
+                let schema = platform::readmodel::schema_name(domain::catalog::CATALOG, revision.0);
+                &mut stale.insert((revision, Catalog { schema: Some(schema), ..Catalog::default() })).1
+            }
         };
-        if let Some(filled) = known {
-            return Ok(filled);
-        }
-        let mut catalog = Catalog {
-            schema: Some(platform::readmodel::schema_name(domain::catalog::CATALOG, revision.0)),
-            ..Catalog::default()
-        };
-        let filled = !catalog.auto_filled(client, &schema_id).await?.is_empty();
-        let mut cached = self.filled.lock().unwrap_or_else(PoisonError::into_inner);
-        if cached.as_ref().is_none_or(|(at, _)| *at != revision) {
-            *cached = Some((revision, std::collections::HashMap::new()));
-        }
-        if let Some((_, schemas)) = cached.as_mut() {
-            schemas.insert(schema_id, filled);
-        }
-        Ok(filled)
+        Ok(!catalog.auto_filled(client, &schema_id).await?.is_empty())
     }
 
     /// Prepares one event (or fills one record) if it needs it; `true` when the provider was

@@ -81,6 +81,20 @@ enum Pass {
     Done { settled: Option<PassInputs>, entered: bool },
 }
 
+/// What a segment pass depends on now, or `None` while the segments or the catalog read model
+/// has no live version. Prepared once per connection, as are the pass's other statements: it
+/// runs after every append.
+async fn pass_inputs(client: &impl GenericClient) -> anyhow::Result<Option<PassInputs>> {
+    let statement = client
+        .prepare_cached(
+            "SELECT s.version, s.position, c.version, c.revision FROM projections s, projections c
+             WHERE s.name = 'segments' AND s.status = 'live' AND c.name = 'catalog' AND c.status = 'live'",
+        )
+        .await?;
+    let row = client.query_opt(&statement, &[]).await?;
+    Ok(row.map(|row| PassInputs { segments: (row.get(0), row.get(1)), catalog: (row.get(2), row.get(3)) }))
+}
+
 /// A published workflow's segment trigger: the workflow, the segment, the workflow's space
 /// and revision, and the trigger's re-entry rule.
 type SegmentTrigger = (String, String, String, i64, Reentry);
@@ -175,18 +189,8 @@ impl Follower {
     /// and no entry after any trigger's progress). The triggers' progress then stays where it
     /// was; the next pass under the lease reads on from it. Anything else takes the lease.
     async fn look(&self, client: &deadpool_postgres::Client) -> anyhow::Result<Looked> {
-        let inputs = client
-            .prepare_cached(
-                "SELECT s.version, s.position, c.version, c.revision FROM projections s, projections c
-                 WHERE s.name = 'segments' AND s.status = 'live' AND c.name = 'catalog' AND c.status = 'live'",
-            )
-            .await?;
-        let (look, inputs) = tokio::try_join!(crate::runtime::look(client, &self.lease, BATCH, FOLLOWED), async {
-            Ok(client
-                .query_opt(&inputs, &[])
-                .await?
-                .map(|row| PassInputs { segments: (row.get(0), row.get(1)), catalog: (row.get(2), row.get(3)) }))
-        })?;
+        let (look, inputs) =
+            tokio::try_join!(crate::runtime::look(client, &self.lease, BATCH, FOLLOWED), pass_inputs(client))?;
         let Some(look) = look else { return Ok(Looked::Lease(None)) };
         if !look.followed.events.is_empty() {
             return Ok(Looked::Lease(Some(look)));
@@ -357,18 +361,7 @@ impl Follower {
     /// entered their segments, as far as the segments read model has reached. Skipped when
     /// its inputs are those of the last pass that left nothing waiting.
     async fn follow_segments(&self, transaction: &impl GenericClient) -> anyhow::Result<Pass> {
-        // Prepared once per connection, as are the pass's other statements: it runs after
-        // every append once a published workflow has a segment trigger.
-        let inputs = transaction
-            .prepare_cached(
-                "SELECT s.version, s.position, c.version, c.revision FROM projections s, projections c
-                 WHERE s.name = 'segments' AND s.status = 'live' AND c.name = 'catalog' AND c.status = 'live'",
-            )
-            .await?;
-        let Some(row) = transaction.query_opt(&inputs, &[]).await? else {
-            return Ok(Pass::Skipped);
-        };
-        let inputs = PassInputs { segments: (row.get(0), row.get(1)), catalog: (row.get(2), row.get(3)) };
+        let Some(inputs) = pass_inputs(transaction).await? else { return Ok(Pass::Skipped) };
         if self.settled.lock().unwrap_or_else(PoisonError::into_inner).as_ref() == Some(&inputs) {
             return Ok(Pass::Skipped);
         }

@@ -121,8 +121,8 @@
 //!   read model has reached, and starts a run per entry under the trigger's re-entry rule, its
 //!   id derived from (workflow, segment, contact, position). A step that finds no entry after
 //!   any trigger's position passes over the log without its lease and leaves those positions
-//!   where they were. An entry is never split across steps and a repeat starts nothing twice. A contact that enters and leaves between two
-//!   steps of the follower still has its entry. A rebuild of `segments` records the same entries
+//!   where they were. An entry is never split across steps and a repeat starts nothing twice.
+//!   A contact that enters and leaves between two steps of the follower still has its entry. A rebuild of `segments` records the same entries
 //!   at the same positions, except where batching evaluated a contact at a later change of the
 //!   same batch: such an entry can start a second run when the rebuild goes live past the
 //!   trigger's position (a re-entry rule other than `always` holds it back).

@@ -99,4 +99,6 @@ pub use append::{
     SetValue, StreamAppend,
 };
 pub use batcher::{BATCH_BYTES, EventLog, LOG_CHANNEL};
-pub use read::{EVENT_COLUMNS, Followed, StoredEvent, head, read_streams, read_streams_after, read_wanted};
+pub use read::{
+    EVENT_COLUMNS, Followed, StoredEvent, head, read_streams, read_streams_after, read_wanted, read_wanted_after,
+};

@@ -78,28 +78,61 @@ pub async fn read_wanted(
     limit: i64,
     wanted: &[&str],
 ) -> Result<Followed, tokio_postgres::Error> {
-    // One round trip: the span's end (the head, or the limit), and the wanted events in it;
-    // an empty span or one without wanted events is one row of nulls beside its end.
-    let columns = EVENT_COLUMNS.split(", ").map(|column| format!("e.{column}")).collect::<Vec<_>>().join(", ");
-    let statement = client
-        .prepare_cached(&format!(
-            "SELECT {columns}, span.last
-             FROM (SELECT least(position, $1::bigint + $2::bigint) AS last FROM log_head LIMIT 1) span
-             LEFT JOIN LATERAL (SELECT {EVENT_COLUMNS} FROM events
-                                WHERE event_type = ANY($3) AND position > $1 AND position <= span.last) e ON true
-             ORDER BY e.position"
-        ))
-        .await?;
+    let statement = client.prepare_cached(&span_statement("", "$1::bigint")).await?;
     let rows = client.query(&statement, &[&position, &limit.max(1), &wanted]).await?;
-    let Some(last) = rows.first().map(|row| row.get::<_, i64>(EVENT_COLUMN_COUNT)).filter(|last| *last > position)
-    else {
-        return Ok(Followed::default());
-    };
-    Ok(Followed {
-        events: rows.iter().filter(|row| row.get::<_, Option<i64>>(0).is_some()).map(StoredEvent::from_row).collect(),
-        read: usize::try_from(last - position).unwrap_or(usize::MAX),
-        last: Some(last),
-    })
+    Ok(followed_from(&rows).map(|(_, followed)| followed).unwrap_or_default())
+}
+
+/// [`read_wanted`] after a checkpoint the database keeps, read in the same statement:
+/// `checkpoint` is a query giving the `position` stored for `$1` (`key`). Returns the
+/// checkpoint and its span, or `None` when the query finds no row.
+pub async fn read_wanted_after(
+    client: &impl deadpool_postgres::GenericClient,
+    checkpoint: &str,
+    key: &str,
+    limit: i64,
+    wanted: &[&str],
+) -> Result<Option<(i64, Followed)>, tokio_postgres::Error> {
+    let from = format!("({checkpoint}) c CROSS JOIN LATERAL");
+    let statement = client.prepare_cached(&span_statement(&from, "c.position")).await?;
+    let rows = client.query(&statement, &[&key, &limit.max(1), &wanted]).await?;
+    Ok(followed_from(&rows))
+}
+
+/// One round trip: the checkpoint (`checkpoint`, an expression over `$1`, whose rows `from`
+/// gives, if any), the span's end (the head, or `$2` positions on), and the events of the
+/// types `$3` in it; an empty span or one without wanted events is one row of nulls beside
+/// its end.
+fn span_statement(from: &str, checkpoint: &str) -> String {
+    let columns = EVENT_COLUMNS.split(", ").map(|column| format!("e.{column}")).collect::<Vec<_>>().join(", ");
+    format!(
+        "SELECT {columns}, span.last, {checkpoint}
+         FROM {from} (SELECT least(position, {checkpoint} + $2::bigint) AS last FROM log_head LIMIT 1) span
+         LEFT JOIN LATERAL (SELECT {EVENT_COLUMNS} FROM events
+                            WHERE event_type = ANY($3) AND position > {checkpoint} AND position <= span.last) e ON true
+         ORDER BY e.position"
+    )
+}
+
+/// The checkpoint and span a [`span_statement`] read, `None` when it found no checkpoint.
+fn followed_from(rows: &[tokio_postgres::Row]) -> Option<(i64, Followed)> {
+    let first = rows.first()?;
+    let (last, checkpoint): (i64, i64) = (first.get(EVENT_COLUMN_COUNT), first.get(EVENT_COLUMN_COUNT + 1));
+    if last <= checkpoint {
+        return Some((checkpoint, Followed::default()));
+    }
+    Some((
+        checkpoint,
+        Followed {
+            events: rows
+                .iter()
+                .filter(|row| row.get::<_, Option<i64>>(0).is_some())
+                .map(StoredEvent::from_row)
+                .collect(),
+            read: usize::try_from(last - checkpoint).unwrap_or(usize::MAX),
+            last: Some(last),
+        },
+    ))
 }
 
 /// Every event of the streams `stream_ids`, in log order: what a decision reads of the
