@@ -394,5 +394,5 @@ async fn write_link_counts(transaction: &Transaction<'_>, s: &str, links: &LinkC
 
 read_model! {
     /// Each email's story.
-    Emails = "emails", batch, additions = ADDITIONS
+    Emails = "emails", batch, additions = ADDITIONS, keyed = true
 }

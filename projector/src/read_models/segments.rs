@@ -151,17 +151,9 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
         return Ok(());
     }
     let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
-    // The batch's statements take arrays of the batch's contacts, segments and members, and
-    // PostgreSQL planned four of them again on every call, since its plan for a few values
-    // looked cheaper than one for any count: for a create, 0.24 ms of planning beside 0.04 ms
-    // of their execution (docs/benchmarks.md, issue 70: "Followers look before they lease").
-    // Each finds its rows by key, so their generic plans are held to index lookups, as the
-    // log's appends are ([`platform::db::GENERIC_KEYED_PLANS`]): a generic plan made while a
-    // table was small must not scan it once it has grown.
-    let (_, keys) = tokio::try_join!(
-        async { transaction.batch_execute(platform::db::GENERIC_KEYED_PLANS).await.map_err(anyhow::Error::from) },
-        platform::crypto::load_keys(transaction, &subjects)
-    )?;
+    // The batch's statements take arrays of the batch's contacts, segments and members: it is
+    // a keyed read model, whose batch runs generic plans held to index lookups.
+    let keys = platform::crypto::load_keys(transaction, &subjects).await?;
     let mut batch = Batch::default();
     for event in relevant {
         let now_ms = event.recorded_at.timestamp_millis();
@@ -796,5 +788,5 @@ async fn schedule_windows(
 
 read_model! {
     /// Segments and their membership.
-    Segments = "segments", batch
+    Segments = "segments", batch, keyed = true
 }

@@ -69,28 +69,35 @@ pub fn generic_plan_pool(database_url: &str, max_size: usize) -> anyhow::Result<
 
 const GENERIC_PLANS: &str = " -c plan_cache_mode=force_generic_plan";
 
-// One text for both settings below (`concat!` takes literals only).
+// One text for the settings below (`concat!` takes literals only).
 macro_rules! keyed_plans {
     () => {
-        "SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+        "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
+         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
     };
 }
 
 /// Planner settings for a transaction whose statements all find their rows by key (a key
-/// column, or a join to `unnest` of parameter arrays): sent first with `SET LOCAL`, they hold
-/// its plans to index lookups. Without them a plan made while a table was small (statistics
-/// from before a burst of writes, or a connection's cached generic plan) scans the whole
-/// table once it has grown: measured, the log's stream update of every append batch scanned
-/// all 10,000 rows of a young `streams` table, and the workflow engine's claim and row update
-/// all of `workflow_runs`, together half the cluster's CPU per run when 10,000 waits ended at
-/// once (docs/benchmarks.md, issue 52). The append transactions, the workflow engine's read
-/// of due runs and the webhook deliveries' claim send them.
+/// column, or a join to `unnest` of parameter arrays), sent first with `SET LOCAL`:
+/// - each prepared statement runs its generic plan, planned once per connection. Given arrays
+///   of keys, PostgreSQL judged a plan for the few values at hand cheaper than one for any
+///   count and planned again on every call: the segments read model's batch (0.24 ms of
+///   planning a create beside 0.04 ms of execution), and a held send's release, whose
+///   hand-off's reads, read models' batches and appends spent a quarter of their time planning
+///   (docs/benchmarks.md, issue 70: "Followers look before they lease" and "Planned once");
+/// - the plans are held to index lookups. Without that a plan made while a table was small
+///   (statistics from before a burst of writes, or a connection's cached generic plan) scans
+///   the whole table once it has grown: measured, the log's stream update of every append
+///   batch scanned all 10,000 rows of a young `streams` table, and the workflow engine's claim
+///   and row update all of `workflow_runs`, together half the cluster's CPU per run when
+///   10,000 waits ended at once (docs/benchmarks.md, issue 52).
+///
+/// The append transactions, the keyed read models' batches, the email hand-offs' reads, the
+/// workflow engine's read of due runs and the webhook deliveries' claim send them. Never a
+/// transaction that joins two sets of its own (a `unnest` with a `RETURNING`'s rows): without
+/// hash and merge joins that join is a nested loop, quadratic in the batch (the workflows read
+/// model's rebuild took four times as long).
 pub const KEYED_PLANS: &str = keyed_plans!();
-
-/// [`KEYED_PLANS`] for a transaction whose statements run their generic plans, as the
-/// request-serving services' do ([`generic_plan_pool`]): for a worker's statements that
-/// PostgreSQL would otherwise plan again on every call (the segments read model's batches).
-pub const GENERIC_KEYED_PLANS: &str = concat!("SET LOCAL plan_cache_mode = force_generic_plan; ", keyed_plans!());
 
 /// [`KEYED_PLANS`] with the `BEGIN` before them: a transaction opened by its first
 /// statements, pipelined with the rest instead of a round trip of its own (the log's set

@@ -2365,3 +2365,60 @@ async fn marketing_mail_without_a_postal_address_is_refused_at_apply_and_the_spa
     let short = command_service::authoring::plan(&app.pool, &without(Some("x")), Default::default()).await.err();
     assert!(short.is_some_and(|error| format!("{error:#}").contains("5 to 300 characters")));
 }
+
+/// A hand-off rebuilds its emails from the log: their events, their contacts' data keys, each
+/// sender and domain, every read by key. PostgreSQL planned those reads again on every call
+/// (with a held release's read models' batches and appends, a quarter of its time in the
+/// database); they now run their generic plans, planned once per connection. Counted by
+/// `pg_stat_statements`, over eight rebuilds on one connection.
+#[tokio::test]
+async fn a_hand_offs_reads_of_the_log_are_planned_once_per_connection() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 100).await;
+    let receipt = template_id(&app, "receipt").await;
+    let mut email_ids = Vec::new();
+    for index in 0..3 {
+        let sent = send(&app, &receipt, &receipt_body(&format!("planned{index}@example.com"), "Ada"), None).await;
+        assert_eq!(sent.body["data"]["status"], "sent", "{:?}", sent.body);
+        email_ids.push(sent.body["data"]["emailId"].as_str().expect("emailId").to_owned());
+    }
+    // The rebuilds connect as a role of their own, so that the counts are theirs alone (the
+    // services' processes run the same statements as `postgres`).
+    let database = app.query_string("SELECT current_database()").await;
+    let role = format!("counted_{database}");
+    app.pool
+        .get()
+        .await
+        .expect("a connection")
+        .batch_execute(&format!(
+            "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; CREATE ROLE {role} LOGIN; GRANT postgres TO {role};"
+        ))
+        .await
+        .expect("the statements' counts and their role");
+    let url = format!("{} user={role}", app.database_url);
+    let pool = platform::db::pool(&url, 1).expect("a pool");
+    let mut client = pool.get().await.expect("a connection");
+    for _ in 0..8 {
+        let prepared = mail::outbox::prepare_many_from_log(&mut client, &email_ids, "https://api.example.test/v1")
+            .await
+            .expect("rebuilt");
+        assert_eq!(prepared.iter().filter(|prepared| prepared.is_ok()).count(), 3);
+    }
+    let counted = app
+        .query_strings(&format!(
+            "SELECT calls || ' ' || plans || ' ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 60)
+             FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid
+             WHERE r.rolname = '{role}' AND (query LIKE '%AND event_type IN%' OR query LIKE '%FROM subject_keys%'
+                   OR query LIKE '%ORDER BY stream_version DESC LIMIT%')"
+        ))
+        .await;
+    // The events, the keys, and the sender's and the domain's definitions (one statement).
+    assert_eq!(counted.len(), 3, "{counted:?}");
+    for statement in &counted {
+        let (calls, plans) = match statement.split(' ').collect::<Vec<_>>()[..] {
+            [calls, plans, ..] => (calls.parse::<i64>().expect("calls"), plans.parse::<i64>().expect("plans")),
+            _ => panic!("{statement}"),
+        };
+        assert!(calls >= 8 && plans == 1, "planned once over {calls} calls: {statement}");
+    }
+}

@@ -101,8 +101,8 @@ impl Outbox {
             return Ok(HashMap::new());
         }
         let email_ids: Vec<String> = due.iter().map(|lease| lease.email_id.clone()).collect();
-        let client = self.pool.get().await?;
-        let prepared = outbox::prepare_many_from_log(&client, &email_ids, &self.settings.public_base_url).await?;
+        let mut client = self.pool.get().await?;
+        let prepared = outbox::prepare_many_from_log(&mut client, &email_ids, &self.settings.public_base_url).await?;
         Ok(prepared
             .into_iter()
             .map(|prepared| {

@@ -577,11 +577,13 @@ async fn authored<T: serde::de::DeserializeOwned>(
     kind: &str,
     id: &str,
 ) -> anyhow::Result<T> {
-    let row = client
-        .query_opt(
+    let statement = client
+        .prepare_cached(
             "SELECT event_type, payload FROM events WHERE stream_id = $1 ORDER BY stream_version DESC LIMIT 1",
-            &[&format!("authoring/{kind}/{id}")],
         )
+        .await?;
+    let row = client
+        .query_opt(&statement, &[&format!("authoring/{kind}/{id}")])
         .await?
         .ok_or_else(|| anyhow::anyhow!("{kind} {id} is not defined"))?;
     match LogEvent::decode(row.get(0), row.get(1))? {
@@ -648,21 +650,41 @@ fn parties_of(event: &proto::EmailScheduled, domain: &DomainDef) -> Parties {
 /// the log, a sender that cannot be read, content that cannot be opened) is left out and
 /// logged, so that it does not hold back the others.
 pub async fn prepare_many_from_log(
-    client: &impl deadpool_postgres::GenericClient,
+    client: &mut deadpool_postgres::Client,
     email_ids: &[String],
     public_base_url: &str,
 ) -> anyhow::Result<Vec<Result<Prepared, Parties>>> {
+    // The reads find their rows by key. Given arrays of keys PostgreSQL planned them again on
+    // every call: in one transaction they run their generic plans, held to index lookups.
+    let transaction = client.transaction().await?;
     let streams: Vec<String> = email_ids.iter().map(|id| domain::email::stream_id(id)).collect();
-    let statement = client
+    let statement = transaction
         .prepare_cached(
             "SELECT event_type, payload FROM events
              WHERE stream_id = ANY($1) AND event_type IN ('EmailScheduled.v1', 'EmailReleased.v1')
              ORDER BY position",
         )
         .await?;
-    let mut events = Vec::with_capacity(email_ids.len());
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&streams];
+    let (_, rows) =
+        tokio::try_join!(transaction.batch_execute(platform::db::KEYED_PLANS), transaction.query(&statement, &params))?;
+    let prepared = rebuild(&transaction, rows, email_ids.len(), public_base_url).await?;
+    transaction.commit().await?;
+    Ok(prepared)
+}
+
+/// The emails of `rows` (their `EmailScheduled` and `EmailReleased` events, in the log's
+/// order) rebuilt, as [`prepare_many_from_log`] answers; `asked`: how many emails were asked
+/// for.
+async fn rebuild(
+    client: &impl deadpool_postgres::GenericClient,
+    rows: Vec<tokio_postgres::Row>,
+    asked: usize,
+    public_base_url: &str,
+) -> anyhow::Result<Vec<Result<Prepared, Parties>>> {
+    let mut events = Vec::with_capacity(asked);
     let mut released: HashMap<String, i64> = HashMap::new();
-    for row in client.query(&statement, &[&streams]).await? {
+    for row in rows {
         match LogEvent::decode(row.get(0), row.get(1))? {
             LogEvent::EmailScheduled(event) => events.push(event),
             LogEvent::EmailReleased(event) => {
@@ -671,8 +693,8 @@ pub async fn prepare_many_from_log(
             _ => {}
         }
     }
-    if events.len() < email_ids.len() {
-        tracing::warn!(asked = email_ids.len(), found = events.len(), "emails without a scheduling are not handed off");
+    if events.len() < asked {
+        tracing::warn!(asked, found = events.len(), "emails without a scheduling are not handed off");
     }
     let contacts: Vec<String> = events.iter().map(|event| event.contact_id.clone()).collect();
     let keys = platform::crypto::load_keys(client, &contacts).await?;

@@ -378,8 +378,8 @@ impl Held {
 impl HandOffs {
     /// Rebuilds the `released` emails' messages together, then claims and sends each in turn.
     async fn hand_off(&self, released: &[String]) -> anyhow::Result<()> {
-        let client = self.pool.get().await?;
-        let prepared = outbox::prepare_many_from_log(&client, released, &self.public_base_url).await?;
+        let mut client = self.pool.get().await?;
+        let prepared = outbox::prepare_many_from_log(&mut client, released, &self.public_base_url).await?;
         drop(client);
         // One erased since is left to the outbox worker, which records it.
         for prepared in prepared.into_iter().flatten() {
