@@ -125,6 +125,9 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
     let wanted: Vec<String> =
         decoded.iter().filter_map(|(_, event)| event.email_id()).map(str::to_owned).collect::<Vec<_>>();
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    // The batch's statements find their rows by key, given arrays of them: their generic
+    // plans, held to index lookups, as the segments' batch runs them.
+    transaction.batch_execute(platform::db::KEYED_PLANS).await?;
     if !wanted.is_empty() {
         let statement = transaction
             .prepare_cached(&format!(
@@ -394,5 +397,5 @@ async fn write_link_counts(transaction: &Transaction<'_>, s: &str, links: &LinkC
 
 read_model! {
     /// Each email's story.
-    Emails = "emails", batch, additions = ADDITIONS, keyed = true
+    Emails = "emails", batch, additions = ADDITIONS
 }

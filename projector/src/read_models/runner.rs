@@ -323,15 +323,7 @@ pub(crate) async fn project_in(
     worker: &str,
     faults: &Faults,
 ) -> anyhow::Result<Option<(usize, i64)>> {
-    // A keyed read model's batch runs generic plans held to index lookups: its settings go
-    // out with the read of the span.
-    let keyed = async {
-        match model.keyed() {
-            true => transaction.batch_execute(platform::db::KEYED_PLANS).await,
-            false => Ok(()),
-        }
-    };
-    let (_, followed) = tokio::try_join!(keyed, read_wanted(transaction, checkpoint, limit, model.event_types()))?;
+    let followed = read_wanted(transaction, checkpoint, limit, model.event_types()).await?;
     let Some(last_position) = followed.last else { return Ok(None) };
     let events = followed.events;
     let schema = schema_name(model.name(), version);
