@@ -125,16 +125,20 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
     let wanted: Vec<String> =
         decoded.iter().filter_map(|(_, event)| event.email_id()).map(str::to_owned).collect::<Vec<_>>();
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
-    // The batch's statements find their rows by key, given arrays of them: their generic
-    // plans, held to index lookups, as the segments' batch runs them.
-    transaction.batch_execute(platform::db::KEYED_PLANS).await?;
-    if !wanted.is_empty() {
+    // The batch's statements find their rows by key, given arrays of them: they run their
+    // generic plans, held to index lookups (`db::KEYED_PLANS`), sent with the first of them.
+    let keyed = transaction.batch_execute(platform::db::KEYED_PLANS);
+    if wanted.is_empty() {
+        keyed.await?;
+    } else {
         let statement = transaction
             .prepare_cached(&format!(
                 "SELECT email_id, space_id, position, doc FROM {s}.emails WHERE email_id = ANY($1)"
             ))
             .await?;
-        for row in transaction.query(&statement, &[&wanted]).await? {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&wanted];
+        let (_, found) = tokio::try_join!(keyed, transaction.query(&statement, &params))?;
+        for row in found {
             let story: Story = serde_json::from_value(row.get(3))?;
             let row = Row { story, space_id: row.get(1), position: row.get(2), changed: false, address: None };
             rows.insert(row.story.id.clone(), row);

@@ -153,10 +153,7 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
     let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
     // The batch's statements take arrays of the batch's contacts, segments and members, and
     // find their rows by key: they run their generic plans, held to index lookups
-    // (`db::KEYED_PLANS`), sent here rather than with the read of the span. A statement that
-    // every read model runs (that read, with its scan of the one-row `log_head`) must not get
-    // its generic plan under these settings: costed with a disabled scan, it made PostgreSQL
-    // plan that statement again on every call wherever the settings were not sent.
+    // (`db::KEYED_PLANS`), sent here, after the read of the span that every read model shares.
     let (_, keys) = tokio::try_join!(
         async { transaction.batch_execute(platform::db::KEYED_PLANS).await.map_err(anyhow::Error::from) },
         platform::crypto::load_keys(transaction, &subjects)

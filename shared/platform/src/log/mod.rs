@@ -71,9 +71,10 @@
 //! rebuilt from it.
 //!
 //! **Plans.** Every statement of an append finds its rows by key, so an append transaction first
-//! sends `platform::db::KEYED_PLANS` (sequential scans, hash and merge joins off, pipelined with
-//! its statements): a plan made while a table was small (stale statistics, or a connection's
-//! cached generic plan) cannot become a scan of the whole `streams` table once it has grown.
+//! sends `platform::db::KEYED_PLANS` (generic plans, planned once per connection in every
+//! process; sequential scans, hash and merge joins off; pipelined with its statements): a plan
+//! made while a table was small (stale statistics, or a connection's cached generic plan)
+//! cannot become a scan of the whole `streams` table once it has grown.
 //!
 //! **Notifications.** The batcher sends `NOTIFY log_appended` after COMMIT, once per batch,
 //! never inside the append transaction (that would take a global lock at commit).
