@@ -125,20 +125,16 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
     let wanted: Vec<String> =
         decoded.iter().filter_map(|(_, event)| event.email_id()).map(str::to_owned).collect::<Vec<_>>();
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
-    // The batch's statements find their rows by key, given arrays of them: they run their
-    // generic plans, held to index lookups (`db::KEYED_PLANS`), sent with the first of them.
-    let keyed = transaction.batch_execute(platform::db::KEYED_PLANS);
-    if wanted.is_empty() {
-        keyed.await?;
-    } else {
+    // The batch's statements find their rows by key, given arrays of them: the read model is
+    // keyed (`ReadModel::keyed`).
+    if !wanted.is_empty() {
         let statement = transaction
             .prepare_cached(&format!(
                 "SELECT email_id, space_id, position, doc FROM {s}.emails WHERE email_id = ANY($1)"
             ))
             .await?;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&wanted];
-        let (_, found) = tokio::try_join!(keyed, transaction.query(&statement, &params))?;
-        for row in found {
+        for row in transaction.query(&statement, &params).await? {
             let story: Story = serde_json::from_value(row.get(3))?;
             let row = Row { story, space_id: row.get(1), position: row.get(2), changed: false, address: None };
             rows.insert(row.story.id.clone(), row);
@@ -401,5 +397,5 @@ async fn write_link_counts(transaction: &Transaction<'_>, s: &str, links: &LinkC
 
 read_model! {
     /// Each email's story.
-    Emails = "emails", batch, additions = ADDITIONS
+    Emails = "emails", batch, additions = ADDITIONS, keyed = true
 }

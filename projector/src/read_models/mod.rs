@@ -38,10 +38,11 @@
 /// Declares a read model: the unit type `$model` named `$name`, with the module's `DDL` and
 /// `apply`: set-based over the whole batch (`batch`) or event by event over the module's
 /// `EVENT_TYPES` (`each`); with `read_indexes = X`, `X` holds its read indexes; with
-/// `additions = Y`, `Y` holds what was added since its first release.
+/// `additions = Y`, `Y` holds what was added since its first release; with `keyed = true`, its
+/// batch runs generic plans held to index lookups (see [`ReadModel::keyed`]).
 macro_rules! read_model {
     ($(#[$meta:meta])* $model:ident = $name:expr, $mode:ident $(, read_indexes = $indexes:expr)?
-     $(, additions = $additions:expr)?) => {
+     $(, additions = $additions:expr)? $(, keyed = $keyed:expr)?) => {
         $(#[$meta])*
         pub(crate) struct $model;
 
@@ -60,6 +61,10 @@ macro_rules! read_model {
 
             $(fn additions(&self) -> &'static str {
                 $additions
+            })?
+
+            $(fn keyed(&self) -> bool {
+                $keyed
             })?
 
             fn event_types(&self) -> &'static [&'static str] {
@@ -129,6 +134,18 @@ pub trait ReadModel: Send + Sync + 'static {
     /// with it, or filled in by the additions themselves from what the log and the engine hold.
     fn additions(&self) -> &'static str {
         ""
+    }
+
+    /// Whether every statement of its batch finds its rows by key (a key column, or a table's
+    /// key joined to `unnest` of parameter arrays) and none joins two sets of its own. Its
+    /// batch then runs its generic plans, planned once per connection and held to index
+    /// lookups (`db::KEYED_PLANS`, set for the batch alone: [`quarantine::apply`]). Given
+    /// arrays of keys, PostgreSQL planned such statements again on every call. A batch that
+    /// joins sets (the workflows' history with the runs it names) needs the hash joins those
+    /// settings forbid: with them its rebuild took four times as long (docs/benchmarks.md,
+    /// issue 70: "Planned once").
+    fn keyed(&self) -> bool {
+        false
     }
 
     /// The event types it reads; it is given the payloads of these alone.

@@ -155,10 +155,10 @@ pub async fn apply(
     if admitted.is_empty() {
         return Ok(Vec::new());
     }
-    transaction.batch_execute("SAVEPOINT batch").await?;
+    open(transaction, model, "batch").await?;
     let whole = match model.apply(transaction, schema, &admitted).await {
         Ok(()) => {
-            transaction.batch_execute("RELEASE SAVEPOINT batch").await?;
+            release(transaction, model, "batch").await?;
             return Ok(Vec::new());
         }
         // The database, not the event: the batch is retried as a whole, nothing dead-lettered.
@@ -178,10 +178,10 @@ pub async fn apply(
         if !quarantine.admits(&event) {
             continue;
         }
-        transaction.batch_execute("SAVEPOINT event").await?;
+        open(transaction, model, "event").await?;
         match model.apply(transaction, schema, std::slice::from_ref(&event)).await {
             Ok(()) => {
-                transaction.batch_execute("RELEASE SAVEPOINT event").await?;
+                release(transaction, model, "event").await?;
                 applied += 1;
             }
             Err(error) if platform::db::is_transient(&error) => return Err(error),
@@ -207,6 +207,26 @@ pub async fn apply(
     }
     record(transaction, model, version, &dead).await?;
     Ok(dead)
+}
+
+/// Opens the savepoint `name` around a batch (or one event) of `model`. A keyed read model's
+/// batch runs with `db::KEYED_PLANS`, sent in the savepoint's message; [`release`] sets them
+/// back in its own, and rolling back to the savepoint undoes them. So the statements the
+/// transaction runs after the batch, which every read model shares (its checkpoint, another
+/// version's read of its span), never get their plans under them. Neither costs a round trip.
+async fn open(transaction: &Transaction<'_>, model: &dyn ReadModel, name: &str) -> Result<(), tokio_postgres::Error> {
+    let keyed = if model.keyed() { platform::db::KEYED_PLANS } else { "" };
+    transaction.batch_execute(&format!("SAVEPOINT {name}; {keyed}")).await
+}
+
+/// Releases the savepoint [`open`] made, with the session's plan settings back.
+async fn release(
+    transaction: &Transaction<'_>,
+    model: &dyn ReadModel,
+    name: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let unkeyed = if model.keyed() { platform::db::UNKEYED_PLANS } else { "" };
+    transaction.batch_execute(&format!("RELEASE SAVEPOINT {name}; {unkeyed}")).await
 }
 
 /// Records dead letters (a retried one that fails again is reopened with its new error).

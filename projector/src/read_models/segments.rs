@@ -152,12 +152,8 @@ pub(super) async fn apply(transaction: &Transaction<'_>, s: &str, events: &[Stor
     }
     let subjects: Vec<String> = relevant.iter().filter_map(|event| event.subject_id.clone()).collect();
     // The batch's statements take arrays of the batch's contacts, segments and members, and
-    // find their rows by key: they run their generic plans, held to index lookups
-    // (`db::KEYED_PLANS`), sent here, after the read of the span that every read model shares.
-    let (_, keys) = tokio::try_join!(
-        async { transaction.batch_execute(platform::db::KEYED_PLANS).await.map_err(anyhow::Error::from) },
-        platform::crypto::load_keys(transaction, &subjects)
-    )?;
+    // find their rows by key: the read model is keyed (`ReadModel::keyed`).
+    let keys = platform::crypto::load_keys(transaction, &subjects).await?;
     let mut batch = Batch::default();
     for event in relevant {
         let now_ms = event.recorded_at.timestamp_millis();
@@ -792,5 +788,5 @@ async fn schedule_windows(
 
 read_model! {
     /// Segments and their membership.
-    Segments = "segments", batch
+    Segments = "segments", batch, keyed = true
 }

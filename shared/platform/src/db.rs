@@ -100,9 +100,14 @@ macro_rules! keyed_plans {
 /// too must not get its plan under them if it needs a scan they forbid: costed with the disabled
 /// scan, that generic plan made PostgreSQL plan the statement again on every call elsewhere on
 /// the connection (the read models' read of a span, with its scan of the one-row `log_head`,
-/// took a quiet create from 0.05 to 0.28 ms of planning). So the read models that send them do
-/// so inside their batch, after that read.
+/// took a quiet create from 0.05 to 0.28 ms of planning). So a keyed read model's batch sets
+/// them after that read, and [`UNKEYED_PLANS`] sets them back before the batch's checkpoint.
 pub const KEYED_PLANS: &str = keyed_plans!();
+
+/// [`KEYED_PLANS`] set back to the session's values (its connection's options) for the rest of
+/// the transaction.
+pub const UNKEYED_PLANS: &str = "SET LOCAL plan_cache_mode TO DEFAULT; SET LOCAL enable_seqscan TO DEFAULT; \
+                                 SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT";
 
 /// [`KEYED_PLANS`] with the `BEGIN` before them: a transaction opened by its first
 /// statements, pipelined with the rest instead of a round trip of its own (the log's set
