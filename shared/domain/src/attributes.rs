@@ -170,9 +170,11 @@ pub fn normalize_value(definition: &Value, value: Value) -> Result<Value, String
             Some(Ok(_)) => Ok(value),
             _ => Err("must be a date like 2026-11-21".to_owned()),
         },
-        "datetime" => match value.as_str().map(DateTime::parse_from_rfc3339) {
-            Some(Ok(at)) => Ok(Value::String(at.with_timezone(&Utc).to_rfc3339_opts(SecondsFormat::Millis, true))),
-            _ => Err("must be an RFC 3339 date-time like 2026-11-21T15:49:41.123Z".to_owned()),
+        "datetime" => match value.as_str().and_then(datetime) {
+            Some(at) => Ok(Value::String(at.to_rfc3339_opts(SecondsFormat::Millis, true))),
+            None => Err("must be an RFC 3339 date-time with its offset, like 2026-11-21T15:49:41.123Z, or a date \
+                         like 2026-11-21 (that day's midnight UTC)"
+                .to_owned()),
         },
         "select" => match value.as_str() {
             Some(choice) if option_allowed(definition, choice) => Ok(value),
@@ -187,6 +189,16 @@ pub fn normalize_value(definition: &Value, value: Value) -> Result<Value, String
             _ => Err(format!("must be an array of values from {}", options_text(definition))),
         },
         _ => Ok(value),
+    }
+}
+
+/// A `datetime` value: an RFC 3339 date-time, or a date alone (`2026-11-21`, as spreadsheets
+/// and CRM exports write a signup date) for that day's midnight UTC. A date and time without
+/// an offset is refused: which zone it meant cannot be told.
+fn datetime(text: &str) -> Option<DateTime<Utc>> {
+    match DateTime::parse_from_rfc3339(text) {
+        Ok(at) => Some(at.with_timezone(&Utc)),
+        Err(_) => NaiveDate::parse_from_str(text, "%Y-%m-%d").ok()?.and_hms_opt(0, 0, 0).map(|at| at.and_utc()),
     }
 }
 
@@ -261,6 +273,14 @@ mod tests {
             normalize_value(&json!({"type": "datetime"}), json!("2026-11-21T16:49:41+01:00")),
             Ok(json!("2026-11-21T15:49:41.000Z"))
         );
+        assert_eq!(
+            normalize_value(&json!({"type": "datetime"}), json!("2026-01-11")),
+            Ok(json!("2026-01-11T00:00:00.000Z"))
+        );
+        for refused in ["2026-01-11 14:30:00", "2026-02-30", "11/01/2026", "2026-01-11T14:30"] {
+            let message = normalize_value(&json!({"type": "datetime"}), json!(refused)).expect_err(refused);
+            assert!(message.contains("2026-11-21 (that day's midnight UTC)"), "{message}");
+        }
         assert!(normalize_value(&json!({"type": "select", "options": ["a", "b"]}), json!("c")).is_err());
         assert!(normalize_value(&json!({"type": "select", "options": [{"value": "a"}]}), json!("a")).is_ok());
         assert_eq!(normalize_value(&json!({"type": "boolean"}), Value::Null), Ok(Value::Null));

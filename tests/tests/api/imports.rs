@@ -18,7 +18,8 @@ fn workspace_with_members() -> String {
             { "key": "firstName", "definition": { "type": "string" } },
             { "key": "age", "definition": { "type": "integer" } },
             { "key": "plan", "definition": { "type": "string", "required": true } },
-            { "key": "emailConsent", "definition": { "type": "boolean", "consent": { "channel": "email" } } }
+            { "key": "emailConsent", "definition": { "type": "boolean", "consent": { "channel": "email" } } },
+            { "key": "joinedAt", "definition": { "type": "datetime" } }
         ]
     }));
     workspace["spaces"][0]["topics"] = json!([{ "slug": "news", "name": "News" }]);
@@ -624,6 +625,47 @@ async fn the_import_command_refuses_a_file_it_cannot_map_with_exit_2_and_fails_w
     let failed = run(all_fail, vec![]).await.expect("ran");
     assert_eq!(failed.status.code(), Some(1), "{}", String::from_utf8_lossy(&failed.stdout));
     assert!(String::from_utf8_lossy(&failed.stderr).contains("every row failed"));
+}
+
+/// A CRM export's signup column holds dates alone (`2026-01-11`), as spreadsheets write them:
+/// in a `datetime` attribute such a date is that day's midnight UTC, through an import as
+/// through a record write; a date and time without its offset, or a date in another order, is
+/// a failed row that says what is taken.
+#[tokio::test]
+async fn a_date_alone_fills_a_datetime_attribute_as_that_days_midnight_utc() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    assert_eq!(create_import(&app, "dates", &json!({"schema": "members", "format": "csv"})).await.status, 201);
+    let file = "email,plan,joinedAt\nada@example.com,basic,2026-01-11\nbob@example.com,basic,2026-01-11T09:30:00+01:00\n\
+                carl@example.com,basic,11/01/2026\ndora@example.com,basic,2026-01-11 09:30\n";
+    assert_eq!(put(&app, "/imports/dates/parts/1", "text/csv", file.to_owned()).await.status, 202);
+    assert_eq!(app.post("/imports/dates/complete", ALPHA_ADMIN, &json!({"parts": 1})).await.status, 200);
+    assert_eq!(completed(&app, "dates").await["rows"]["created"], 2);
+    for (email, joined) in
+        [("ada@example.com", "2026-01-11T00:00:00.000Z"), ("bob@example.com", "2026-01-11T08:30:00.000Z")]
+    {
+        let found = app.get(&format!("/schemas/members/records?email={email}"), ALPHA_ADMIN).await;
+        assert_eq!(found.body["data"][0]["joinedAt"], joined, "{:?}", found.body);
+    }
+    let failed = rows(&app, "dates", "failed").await;
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    for row in &failed {
+        let message = row.to_string();
+        assert!(message.contains("like 2026-11-21 (that day's midnight UTC)"), "{message}");
+    }
+    let written = app
+        .post(
+            "/schemas/members/records",
+            ALPHA_ADMIN,
+            &json!({"email": "erin@example.com", "plan": "basic", "joinedAt": "2026-02-28"}),
+        )
+        .await;
+    assert_eq!(
+        (written.status, &written.body["data"]["joinedAt"]),
+        (201, &json!("2026-02-28T00:00:00.000Z")),
+        "{:?}",
+        written.body
+    );
 }
 
 /// An Excel export from much of Europe: `;`-separated, in windows-1252, with CRLF.
