@@ -662,7 +662,10 @@ async fn summary(
     }
     let total = rows["total"].as_i64().unwrap_or(0);
     if total > 0 && failed_total == total {
-        eprintln!("every row failed: nothing was imported");
+        eprintln!(
+            "every row failed: nothing was imported. Fix the file, or the schema (then the same file again is this \
+             import again: give it a new id, --id {import_id}-2, to decide its rows anew), and run the command again"
+        );
         return Ok(Outcome::EveryRowFailed);
     }
     Ok(Outcome::Imported)

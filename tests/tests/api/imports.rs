@@ -624,7 +624,8 @@ async fn the_import_command_refuses_a_file_it_cannot_map_with_exit_2_and_fails_w
     std::fs::write(&all_fail, "email,age\ncarl@example.com,old\ndora@example.com,young\n").expect("written");
     let failed = run(all_fail, vec![]).await.expect("ran");
     assert_eq!(failed.status.code(), Some(1), "{}", String::from_utf8_lossy(&failed.stdout));
-    assert!(String::from_utf8_lossy(&failed.stderr).contains("every row failed"));
+    let stderr = String::from_utf8_lossy(&failed.stderr).into_owned();
+    assert!(stderr.contains("every row failed") && stderr.contains("--id file-all-fail-"), "{stderr}");
 }
 
 /// A CRM export's signup column holds dates alone (`2026-01-11`), as spreadsheets write them:
