@@ -849,6 +849,38 @@ async fn contact_id(app: &TestApp, email: &str) -> String {
         .to_owned()
 }
 
+/// A held email counts against the month's allowance when it is stored, so once the allowance
+/// is used up a recipient in its quiet hours cannot be held: it is skipped as `allowance`. It
+/// was decided `held` again instead, which the allowance refused again, and the run's first
+/// such recipients stayed `pending` for ever (found in the demo: 19,977 of a broadcast's
+/// recipients at night in Berlin, the run `sending` with nothing more to do).
+#[tokio::test]
+async fn a_run_in_quiet_hours_beyond_the_allowance_skips_what_it_cannot_hold_and_completes() {
+    const PEOPLE: usize = 6;
+    const ALLOWANCE: i64 = 3;
+    let sink = SmtpSink::start().await;
+    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    let (quiet, _) = crate::email::quiet_hours_around_now("hold");
+    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
+    app.apply_workspace(&crate::email::policy_workspace_with(ALLOWANCE, &policy), true).await;
+    crate::email::publish_dkim(&app, &sink).await;
+    for index in 0..PEOPLE {
+        subscribe(&app, &format!("night{index}@example.com")).await;
+    }
+    app.wait_for_projections().await;
+    let sent = send(&app, WEEKLY_BROADCAST, "weekly-night").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = finished_run(&app, WEEKLY_BROADCAST, &run_id, WAIT).await;
+    assert_eq!(run["counts"]["audience"], PEOPLE, "{run}");
+    assert_eq!(run["counts"]["held"], ALLOWANCE, "{run}");
+    assert_eq!(run["counts"]["skipped"]["allowance"], PEOPLE as i64 - ALLOWANCE, "{run}");
+    assert_eq!(run["counts"]["pending"], 0, "{run}");
+    let used = app.query_i64("SELECT coalesce(sum(used), 0)::bigint FROM email_allowance_usage").await;
+    assert_eq!(used, ALLOWANCE);
+}
+
 #[tokio::test]
 async fn a_broadcast_to_three_zones_holds_the_recipients_in_their_quiet_hours_until_their_time_and_counts_them() {
     let sink = SmtpSink::start().await;

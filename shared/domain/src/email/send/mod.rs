@@ -231,6 +231,10 @@ pub fn decide(facts: &Facts<'_>) -> Verdict {
             let zone = policy.time_zone.resolve(contact.zone);
             match policy.rule(zone, facts.now_ms, contact.sent) {
                 Ruling::Allow => {}
+                // A held email counts against the allowance when it is stored: with the
+                // allowance used up it cannot be held, and holding it again would refuse it
+                // again (a broadcast's recipients stayed pending for ever).
+                Ruling::Hold { .. } if facts.allowance_refused => return Verdict::skip(Gate::Allowance),
                 Ruling::Hold { until_ms, rule } => return Verdict::Hold { until_ms, gate: gate_of(rule) },
                 Ruling::Skip { rule, filled_by } => {
                     return Verdict::Skip { gate: gate_of(rule), decided_by: filled_by };

@@ -99,6 +99,17 @@ fn given_the_allowance_refused_the_append_when_decided_again_then_it_is_skipped_
 }
 
 #[test]
+fn given_quiet_hours_and_the_allowance_refused_the_append_when_decided_again_then_it_is_skipped_not_held() {
+    // 20:26 UTC; quiet 20:00-08:00 UTC: the send would be held, and a held email counts
+    // against the allowance when it is stored.
+    let mut policy = utc_policy();
+    policy.quiet_hours = Some(QuietHours { from_minute: 20 * 60, to_minute: 8 * 60, outcome: Outcome::Hold });
+    assert!(matches!(decide(&marketing(Some(consenting()), Some(&policy))), Verdict::Hold { .. }));
+    let refused = Facts { allowance_refused: true, ..marketing(Some(consenting()), Some(&policy)) };
+    assert_eq!(decide(&refused), skipped(Gate::Allowance));
+}
+
+#[test]
 fn given_quiet_hours_when_a_marketing_send_falls_in_them_then_it_is_held_to_their_end_or_skipped() {
     // 20:26 UTC; quiet 20:00-08:00 UTC.
     let mut policy = utc_policy();
