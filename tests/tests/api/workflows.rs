@@ -1555,10 +1555,15 @@ async fn a_journey_waits_for_an_open_and_resends_when_the_mail_was_not_opened() 
 /// A journey whose send step's email quiet hours hold (a run triggered for a consenting
 /// contact in UTC): the app, the workflow, the contact and the held email.
 async fn held_journey_send(sink: &SmtpSink) -> (TestApp, String, String, String) {
+    held_journey_send_with(sink, 1000).await
+}
+
+/// [`held_journey_send`] in a space whose monthly allowance is `allowance` emails.
+async fn held_journey_send_with(sink: &SmtpSink, allowance: i64) -> (TestApp, String, String, String) {
     let (quiet, _) = crate::email::quiet_hours_around_now("hold");
     let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
     let mut workspace: Value =
-        serde_json::from_str(&crate::email::policy_workspace(&policy)).expect("the workspace is JSON");
+        serde_json::from_str(&crate::email::policy_workspace_with(allowance, &policy)).expect("the workspace is JSON");
     let spaces = workspace["spaces"].as_array_mut().expect("spaces");
     let mail = spaces.iter_mut().find(|space| space["slug"] == "mail").expect("the mail space");
     mail["workflows"] = json!([{
@@ -1615,6 +1620,32 @@ async fn a_journeys_send_held_by_quiet_hours_completes_its_step_and_its_email_le
     let stats = app.get(&format!("/workflows/{workflow}/stats"), MAIL_KEY).await;
     let emails = &stats.body["data"]["steps"][1]["emails"];
     assert_eq!((emails["held"].as_i64(), emails["sent"].as_i64()), (Some(0), Some(1)), "{:?}", stats.body);
+}
+
+/// With the month's allowance used up (by the held email of the first run), a journey's send
+/// that quiet hours would hold cannot be held (a held email counts when it is stored): its step
+/// is skipped as the allowance's, and the run completes. It was decided `held` again, which the
+/// allowance refused again, and the run backed off and tried again for ever.
+#[tokio::test]
+async fn a_journeys_send_in_quiet_hours_beyond_the_allowance_is_skipped_and_the_run_completes() {
+    let sink = SmtpSink::start().await;
+    let (app, workflow, _, _) = held_journey_send_with(&sink, 1).await;
+    let bea = app
+        .post(
+            "/schemas/people/records",
+            MAIL_KEY,
+            &json!({"email": "bea@example.com", "newsConsent": true, "timeZone": "UTC"}),
+        )
+        .await;
+    let bea = bea.body["data"]["id"].as_str().expect("id").to_owned();
+    let started = post(&app, "/workflows/promote-hook", None, Some(&json!({"contact": {"id": bea}}))).await;
+    assert_eq!(started.status, 202, "{:?}", started.body);
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(error_of_step(&run, "mail")["code"], "email_limit_reached", "{run}");
+    let used = app.query_i64("SELECT coalesce(sum(used), 0)::bigint FROM email_allowance_usage").await;
+    assert_eq!(used, 1, "only the first run's held email counts");
 }
 
 #[tokio::test]
