@@ -323,7 +323,8 @@ impl Default for FormSettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct BroadcastSettings {
-    /// `RATE_PER_SECOND`: the most recipients a run schedules per second (0: no limit).
+    /// `RATE_PER_SECOND`: the most emails a run schedules per second (0: no limit); the
+    /// recipients it skips (no consent, the allowance used up) do not count.
     pub rate_per_second: u32,
     /// `BATCH`: recipients decided and appended together.
     pub batch: usize,

@@ -881,6 +881,35 @@ async fn a_run_in_quiet_hours_beyond_the_allowance_skips_what_it_cannot_hold_and
     assert_eq!(used, ALLOWANCE);
 }
 
+/// A run's pace (`APP__BROADCASTS__RATE_PER_SECOND`) is of the emails it schedules: the
+/// recipients it skips send nothing and are recorded at the database's pace. Here one email a
+/// second, and an allowance of one: the other 39 recipients are skipped in a few batches of
+/// one, where counting them took 39 s more.
+#[tokio::test]
+async fn a_runs_pace_counts_the_emails_it_schedules_not_the_recipients_it_skips() {
+    const PEOPLE: usize = 40;
+    let sink = SmtpSink::start().await;
+    let email = crate::email::test_email(&sink);
+    let tweak: fn(&mut platform::settings::Settings) = |settings| settings.broadcasts.rate_per_second = 1;
+    let app = TestApp::spawn_with(Options { email: Some(email), tweak: Some(tweak), ..Options::default() }).await;
+    app.apply_workspace(&crate::email::mail_workspace(1), true).await;
+    crate::email::publish_dkim(&app, &sink).await;
+    create_people(&app, (0..PEOPLE).map(|index| (format!("paced{index:02}@example.com"), true)).collect()).await;
+    let segment_id = segment(&app, "Paced", "firstName is Fan").await;
+    let aimed =
+        patch(&app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment_id}, "scheduledAt": null})).await;
+    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
+    app.wait_for_projections().await;
+    let sent = send(&app, BLAST_BROADCAST, "paced").await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let started = Instant::now();
+    let run = finished_run(&app, BLAST_BROADCAST, &run_id, Duration::from_secs(20)).await;
+    assert_eq!(run["counts"]["sent"], 1, "{run}");
+    assert_eq!(run["counts"]["skipped"]["allowance"], PEOPLE as i64 - 1, "{run}");
+    assert!(started.elapsed() < Duration::from_secs(20), "paced by the skipped recipients");
+}
+
 #[tokio::test]
 async fn a_broadcast_to_three_zones_holds_the_recipients_in_their_quiet_hours_until_their_time_and_counts_them() {
     let sink = SmtpSink::start().await;

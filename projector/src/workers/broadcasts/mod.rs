@@ -354,20 +354,24 @@ impl Runs {
             transaction.commit().await?;
             return Ok(Outcome::Progressed);
         }
-        let mut prepared = Vec::new();
+        let (mut prepared, mut scheduled) = (Vec::new(), 0);
         for ((variant, as_winner), contacts) in by_variant(&pending, winner.as_deref()) {
             let variant = variant.and_then(|id| experiment.as_ref()?.variants.iter().find(|variant| variant.id == id));
             let run = match variant {
                 Some(variant) => run.for_variant(variant, as_winner),
                 None => run.clone(),
             };
-            prepared.extend(self.send_batch(&run, &contacts).await?.0);
+            let (emails, appended) = self.send_batch(&run, &contacts).await?;
+            prepared.extend(emails);
+            scheduled += appended;
         }
         count_skipped(&transaction, &run.run_id).await?;
         transaction.commit().await?;
         self.hand_off(prepared).await;
         let worked = started.elapsed();
-        self.keep_pace(started, pending.len()).await;
+        // The pace is of emails: recipients skipped (no consent, the allowance used up) are
+        // recorded at the database's pace, not the relay's.
+        self.keep_pace(started, scheduled).await;
         // A run gives way to live requests as an import does.
         let live_yield = self.settings.broadcasts.live_yield;
         api::live_load::yield_to_live(&self.pool, worked, live_yield, "broadcast_live_yield_milliseconds_total")
@@ -396,8 +400,8 @@ impl Runs {
     }
 
     /// Decides a batch of recipients (`mail::send::decide`) and appends the emails of those it
-    /// lets through and the stories of those it refuses: what to hand off, and how many were
-    /// refused.
+    /// lets through and the stories of those it refuses: what to hand off, and how many emails
+    /// were scheduled (sent or held).
     async fn send_batch(&self, run: &Run, pending: &[String]) -> anyhow::Result<(Vec<Prepared>, usize)> {
         let (authored, recipients) = self.load(run, pending).await?;
         let now = platform::time::now_millis();
@@ -411,10 +415,13 @@ impl Runs {
                 (contact_id, self.log.append(request).await, prepared)
             }))
             .await;
-        let mut prepared = Vec::new();
+        let (mut prepared, mut scheduled) = (Vec::new(), 0);
         for (contact_id, result, email) in results {
             match result {
-                Ok(_) => prepared.extend(email),
+                Ok(_) => {
+                    scheduled += 1;
+                    prepared.extend(email);
+                }
                 Err(AppendError::Conflict { code: Code::EmailLimitReached, .. }) => {
                     let facts = Facts { allowance_refused: true, ..recipients.facts(&authored, &contact_id, now) };
                     if let Verdict::Skip { gate, decided_by } = mail::send::decide(&facts) {
@@ -433,8 +440,8 @@ impl Runs {
                 }
             }
         }
-        let stories = self.stories(run, &authored, &recipients, skipped, now).await?;
-        Ok((prepared, stories))
+        self.stories(run, &authored, &recipients, skipped, now).await?;
+        Ok((prepared, scheduled))
     }
 
     /// Records the batch's refused recipients: each one's `EmailSkipped` (with the log event
