@@ -69,11 +69,34 @@ pub fn generic_plan_pool(database_url: &str, max_size: usize) -> anyhow::Result<
 
 const GENERIC_PLANS: &str = " -c plan_cache_mode=force_generic_plan";
 
-// One text for the settings below (`concat!` takes literals only).
+// The keyed settings, named once: `$then!` gets each setting with its keyed value, and writes
+// them out (`concat!` takes literals only, so the texts below are built by macros).
+macro_rules! keyed_settings {
+    ($then:ident) => {
+        $then!(
+            plan_cache_mode = force_generic_plan,
+            enable_seqscan = off,
+            enable_hashjoin = off,
+            enable_mergejoin = off
+        )
+    };
+}
+
+macro_rules! set_keyed {
+    ($($name:ident = $value:ident),+) => {
+        concat!($("SET LOCAL ", stringify!($name), " = ", stringify!($value), "; "),+)
+    };
+}
+
+macro_rules! set_default {
+    ($($name:ident = $value:ident),+) => {
+        concat!($("SET LOCAL ", stringify!($name), " TO DEFAULT; "),+)
+    };
+}
+
 macro_rules! keyed_plans {
     () => {
-        "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
-         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+        keyed_settings!(set_keyed)
     };
 }
 
@@ -106,8 +129,7 @@ pub const KEYED_PLANS: &str = keyed_plans!();
 
 /// [`KEYED_PLANS`] set back to the session's values (its connection's options) for the rest of
 /// the transaction.
-pub const UNKEYED_PLANS: &str = "SET LOCAL plan_cache_mode TO DEFAULT; SET LOCAL enable_seqscan TO DEFAULT; \
-                                 SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT";
+pub const UNKEYED_PLANS: &str = keyed_settings!(set_default);
 
 /// [`KEYED_PLANS`] with the `BEGIN` before them: a transaction opened by its first
 /// statements, pipelined with the rest instead of a round trip of its own (the log's set
@@ -500,7 +522,22 @@ mod tests {
 
     use tokio_postgres::types::{FromSql, Type};
 
-    use super::{RawJson, connection_config};
+    use super::{BEGIN_KEYED, KEYED_PLANS, RawJson, UNKEYED_PLANS, connection_config};
+
+    #[test]
+    fn the_keyed_settings_are_set_and_set_back_by_the_same_names() {
+        assert_eq!(
+            KEYED_PLANS,
+            "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
+             SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; "
+        );
+        assert_eq!(
+            UNKEYED_PLANS,
+            "SET LOCAL plan_cache_mode TO DEFAULT; SET LOCAL enable_seqscan TO DEFAULT; \
+             SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT; "
+        );
+        assert_eq!(BEGIN_KEYED, format!("BEGIN; {KEYED_PLANS}"));
+    }
 
     #[test]
     fn raw_json_is_the_text_postgres_sent() {

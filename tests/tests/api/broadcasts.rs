@@ -762,23 +762,29 @@ async fn two_concurrent_changes_of_different_fields_both_survive() {
     assert_eq!((&read.body["data"]["name"], &read.body["data"]["scheduledAt"]), (&json!(last.0), &json!(last.1)));
 }
 
+/// Creates `people` consenting contacts (`{prefix}NN@example.com`), aims the blast broadcast at
+/// them through a segment and sends it: the run's id.
+async fn send_blast_to_consenting(app: &TestApp, prefix: &str, people: usize) -> String {
+    create_people(app, (0..people).map(|index| (format!("{prefix}{index:02}@example.com"), true)).collect()).await;
+    let segment_id = segment(app, prefix, "firstName is Fan").await;
+    let aimed =
+        patch(app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment_id}, "scheduledAt": null})).await;
+    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
+    app.wait_for_projections().await;
+    let sent = send(app, BLAST_BROADCAST, prefix).await;
+    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    sent.body["data"]["id"].as_str().expect("run id").to_owned()
+}
+
 #[tokio::test]
 async fn a_run_larger_than_the_allowance_sends_exactly_what_is_left_of_it() {
     const PEOPLE: usize = 40;
     const ALLOWANCE: i64 = 25;
     let sink = SmtpSink::start().await;
     let app = mail_app(&sink, ALLOWANCE).await;
-    create_people(&app, (0..PEOPLE).map(|index| (format!("few{index:02}@example.com"), true)).collect()).await;
-    let segment_id = segment(&app, "Few", "firstName is Fan").await;
-    let aimed =
-        patch(&app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment_id}, "scheduledAt": null})).await;
-    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
-    app.wait_for_projections().await;
     // One batch holds every recipient: counted together they do not fit, so each is counted
     // on its own and exactly the allowance is used.
-    let sent = send(&app, BLAST_BROADCAST, "over").await;
-    assert_eq!(sent.status, 202, "{:?}", sent.body);
-    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run_id = send_blast_to_consenting(&app, "few", PEOPLE).await;
     let run = finished_run(&app, BLAST_BROADCAST, &run_id, WAIT).await;
     assert_eq!(run["counts"]["audience"], PEOPLE, "{run}");
     assert_eq!(run["counts"]["sent"], ALLOWANCE, "{run}");
@@ -894,15 +900,7 @@ async fn a_runs_pace_counts_the_emails_it_schedules_not_the_recipients_it_skips(
     let app = TestApp::spawn_with(Options { email: Some(email), tweak: Some(tweak), ..Options::default() }).await;
     app.apply_workspace(&crate::email::mail_workspace(1), true).await;
     crate::email::publish_dkim(&app, &sink).await;
-    create_people(&app, (0..PEOPLE).map(|index| (format!("paced{index:02}@example.com"), true)).collect()).await;
-    let segment_id = segment(&app, "Paced", "firstName is Fan").await;
-    let aimed =
-        patch(&app, BLAST_BROADCAST, "aim", &json!({"audience": {"segmentId": segment_id}, "scheduledAt": null})).await;
-    assert_eq!(aimed.status, 200, "{:?}", aimed.body);
-    app.wait_for_projections().await;
-    let sent = send(&app, BLAST_BROADCAST, "paced").await;
-    assert_eq!(sent.status, 202, "{:?}", sent.body);
-    let run_id = sent.body["data"]["id"].as_str().expect("run id").to_owned();
+    let run_id = send_blast_to_consenting(&app, "paced", PEOPLE).await;
     let started = Instant::now();
     let run = finished_run(&app, BLAST_BROADCAST, &run_id, Duration::from_secs(20)).await;
     assert_eq!(run["counts"]["sent"], 1, "{run}");

@@ -1552,6 +1552,19 @@ async fn a_journey_waits_for_an_open_and_resends_when_the_mail_was_not_opened() 
     assert_eq!((messages.len(), to_bea), (3, 2), "Bea's reminder, no second mail for Ada");
 }
 
+/// A consenting contact in UTC at `email`, run through the `promote` journey (`workflow`) to
+/// its end: the contact's id and the finished run.
+async fn promote_in_utc(app: &TestApp, workflow: &str, email: &str) -> (String, Value) {
+    let created = app
+        .post("/schemas/people/records", MAIL_KEY, &json!({"email": email, "newsConsent": true, "timeZone": "UTC"}))
+        .await;
+    let contact = created.body["data"]["id"].as_str().expect("id").to_owned();
+    let started = post(app, "/workflows/promote-hook", None, Some(&json!({"contact": {"id": contact}}))).await;
+    assert_eq!(started.status, 202, "{:?}", started.body);
+    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
+    (contact, wait_for_run(app, workflow, &run_id, finished).await)
+}
+
 /// A journey whose send step's email quiet hours hold (a run triggered for a consenting
 /// contact in UTC): the app, the workflow, the contact and the held email.
 async fn held_journey_send(sink: &SmtpSink) -> (TestApp, String, String, String) {
@@ -1577,18 +1590,7 @@ async fn held_journey_send_with(sink: &SmtpSink, allowance: i64) -> (TestApp, St
     app.apply_workspace(&workspace.to_string(), true).await;
     publish_dkim(&app, sink).await;
     let workflow = workflow_id(&app, "promote").await;
-    let ada = app
-        .post(
-            "/schemas/people/records",
-            MAIL_KEY,
-            &json!({"email": "ada@example.com", "newsConsent": true, "timeZone": "UTC"}),
-        )
-        .await;
-    let ada = ada.body["data"]["id"].as_str().expect("id").to_owned();
-    let started = post(&app, "/workflows/promote-hook", None, Some(&json!({"contact": {"id": ada}}))).await;
-    assert_eq!(started.status, 202, "{:?}", started.body);
-    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
-    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    let (ada, run) = promote_in_utc(&app, &workflow, "ada@example.com").await;
     assert_eq!(run["status"], "completed", "the run goes on past a held send: {run}");
 
     // The step's email, from the workflow's delivery log: held until the quiet hours end.
@@ -1630,18 +1632,7 @@ async fn a_journeys_send_held_by_quiet_hours_completes_its_step_and_its_email_le
 async fn a_journeys_send_in_quiet_hours_beyond_the_allowance_is_skipped_and_the_run_completes() {
     let sink = SmtpSink::start().await;
     let (app, workflow, _, _) = held_journey_send_with(&sink, 1).await;
-    let bea = app
-        .post(
-            "/schemas/people/records",
-            MAIL_KEY,
-            &json!({"email": "bea@example.com", "newsConsent": true, "timeZone": "UTC"}),
-        )
-        .await;
-    let bea = bea.body["data"]["id"].as_str().expect("id").to_owned();
-    let started = post(&app, "/workflows/promote-hook", None, Some(&json!({"contact": {"id": bea}}))).await;
-    assert_eq!(started.status, 202, "{:?}", started.body);
-    let run_id = started.body["data"]["id"].as_str().expect("run id").to_owned();
-    let run = wait_for_run(&app, &workflow, &run_id, finished).await;
+    let (_, run) = promote_in_utc(&app, &workflow, "bea@example.com").await;
     assert_eq!(run["status"], "completed", "{run}");
     assert_eq!(error_of_step(&run, "mail")["code"], "email_limit_reached", "{run}");
     let used = app.query_i64("SELECT coalesce(sum(used), 0)::bigint FROM email_allowance_usage").await;

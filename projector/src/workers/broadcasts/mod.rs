@@ -447,7 +447,7 @@ impl Runs {
     /// Records the batch's refused recipients: each one's `EmailSkipped` (with the log event
     /// that decided, looked up for all of them at once) and its move to `skipped`, in one
     /// append. A recipient another step decided meanwhile fails the append, and the batch's
-    /// refusals stay pending for the next step. Returns how many were recorded.
+    /// refusals stay pending for the next step.
     async fn stories(
         &self,
         run: &Run,
@@ -455,9 +455,9 @@ impl Runs {
         recipients: &Recipients,
         skipped: Skipped,
         now: i64,
-    ) -> anyhow::Result<usize> {
+    ) -> anyhow::Result<()> {
         if skipped.is_empty() {
-            return Ok(0);
+            return Ok(());
         }
         let client = self.pool.get().await?;
         let no_keys: Vec<String> = Vec::new();
@@ -482,14 +482,11 @@ impl Runs {
             .collect();
         let found = mail::skipped::decided_by(&client, &run.space_id, &refused, &recipients.keys).await?;
         drop(client);
-        let (streams, moved, count) = skip_stories(run, (authored, recipients), &skipped, found, now, &mut Drawn);
-        match self.log.append(AppendRequest::in_space(&run.space_id, streams, vec![moved])).await {
-            Ok(_) => Ok(count),
-            Err(error) => {
-                tracing::warn!(run = %run.run_id, %error, "the batch's refused recipients stay pending for a later step");
-                Ok(0)
-            }
+        let (streams, moved) = skip_stories(run, (authored, recipients), &skipped, found, now, &mut Drawn);
+        if let Err(error) = self.log.append(AppendRequest::in_space(&run.space_id, streams, vec![moved])).await {
+            tracing::warn!(run = %run.run_id, %error, "the batch's refused recipients stay pending for a later step");
         }
+        Ok(())
     }
 
     /// The run's template (with the run's own sender) and what the checks read about the
