@@ -657,6 +657,14 @@ async fn attempts<C: Command>(
                         }
                         continue;
                     }
+                    // A guard's refusal (an allowance used up, say) decided on a kept context
+                    // may be the cache's: decided again on a fresh read if the catalog moved.
+                    Refusal::Fail(error) if ctx.kept.get() && error.status().is_client_error() => {
+                        if catalog_moved(&ctx).await? {
+                            continue;
+                        }
+                        return Err(error);
+                    }
                     Refusal::Fail(error) => return Err(error),
                     Refusal::Answer(answer) => return Ok((answer, None)),
                 }

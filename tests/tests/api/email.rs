@@ -443,6 +443,23 @@ async fn suppressions_block_every_send_and_the_allowance_runs_out() {
     assert_eq!(sink.messages().await.len(), 2);
 }
 
+/// An allowance raised by applying the workspace lets sends go again at once, in the process
+/// that kept the template (and the old allowance) from the send it refused.
+#[tokio::test]
+async fn a_raised_allowance_lets_the_next_send_go_in_the_process_that_kept_the_old_one() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 1).await;
+    let receipt = template_id(&app, "receipt").await;
+    let sent = send(&app, &receipt, &receipt_body("k1@example.com", "K"), None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let over = send(&app, &receipt, &receipt_body("k2@example.com", "K"), None).await;
+    assert_eq!((over.status, over.code().clone()), (402, json!("email_limit_reached")), "{:?}", over.body);
+    app.apply_workspace(&mail_workspace(5), true).await;
+    let again = send(&app, &receipt, &receipt_body("k3@example.com", "K"), None).await;
+    assert_eq!(again.status, 200, "{:?}", again.body);
+    assert_eq!(again.body["data"]["status"], "sent", "{:?}", again.body);
+}
+
 /// A send whose append the database refuses (here the allowance's guard) wrote no outbox row:
 /// the lease it set up for its hand-off stands down at once, rather than looking for the row to
 /// give back for 25 s (which a lost race, decided again, would leave behind at every try).
