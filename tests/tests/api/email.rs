@@ -443,6 +443,15 @@ async fn suppressions_block_every_send_and_the_allowance_runs_out() {
     assert_eq!(sink.messages().await.len(), 2);
 }
 
+/// Sends one receipt (answered 200) and then another, refused 402 `email_limit_reached`: an
+/// allowance of one used up. `prefix` names the two addresses.
+async fn use_up_an_allowance_of_one(app: &TestApp, receipt: &str, prefix: &str) {
+    let sent = send(app, receipt, &receipt_body(&format!("{prefix}1@example.com"), "K"), None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    let over = send(app, receipt, &receipt_body(&format!("{prefix}2@example.com"), "K"), None).await;
+    assert_eq!((over.status, over.code().clone()), (402, json!("email_limit_reached")), "{:?}", over.body);
+}
+
 /// An allowance raised by applying the workspace lets sends go again at once, in the process
 /// that kept the template (and the old allowance) from the send it refused.
 #[tokio::test]
@@ -450,10 +459,7 @@ async fn a_raised_allowance_lets_the_next_send_go_in_the_process_that_kept_the_o
     let sink = SmtpSink::start().await;
     let app = mail_app(&sink, 1).await;
     let receipt = template_id(&app, "receipt").await;
-    let sent = send(&app, &receipt, &receipt_body("k1@example.com", "K"), None).await;
-    assert_eq!(sent.status, 200, "{:?}", sent.body);
-    let over = send(&app, &receipt, &receipt_body("k2@example.com", "K"), None).await;
-    assert_eq!((over.status, over.code().clone()), (402, json!("email_limit_reached")), "{:?}", over.body);
+    use_up_an_allowance_of_one(&app, &receipt, "k").await;
     app.apply_workspace(&mail_workspace(5), true).await;
     let again = send(&app, &receipt, &receipt_body("k3@example.com", "K"), None).await;
     assert_eq!(again.status, 200, "{:?}", again.body);
@@ -468,10 +474,7 @@ async fn a_send_the_database_refuses_leaves_no_hand_off_to_give_back() {
     let sink = SmtpSink::start().await;
     let app = mail_app(&sink, 1).await;
     let receipt = template_id(&app, "receipt").await;
-    let sent = send(&app, &receipt, &receipt_body("g@example.com", "G"), None).await;
-    assert_eq!(sent.status, 200, "{:?}", sent.body);
-    let over = send(&app, &receipt, &receipt_body("h@example.com", "H"), None).await;
-    assert_eq!((over.status, over.code().clone()), (402, json!("email_limit_reached")), "{:?}", over.body);
+    use_up_an_allowance_of_one(&app, &receipt, "g").await;
     let origin = app.command_url.trim_end_matches("/v1");
     let metrics = app.http.get(format!("{origin}/metrics")).send().await.expect("sent").text().await.expect("text");
     let given_back = metrics.lines().find_map(|line| line.strip_prefix("email_handoffs_given_back_total "));
