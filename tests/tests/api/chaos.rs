@@ -78,7 +78,7 @@ use serde_json::{Value, json};
 use crate::deployment::{Nginx, start_nginx};
 use crate::email::{BLAST_BROADCAST, MAIL_KEY, mail_workspace};
 use crate::fault_proxy::{Fault, FaultProxy};
-use crate::ha::HaCluster;
+use crate::ha::{CutPrimary, HaCluster};
 use crate::helpers::*;
 use crate::receiver::Receiver;
 use crate::smtp_sink::SmtpSink;
@@ -251,21 +251,35 @@ impl Deployment {
                     }
                     FaultKind::CutPrimary => {
                         // Long enough for the standby to be promoted while the old primary runs.
+                        let cut_at = chrono::Local::now().format("%H:%M:%S").to_string();
                         tokio::task::block_in_place(|| cluster.cut(primary));
                         tokio::time::sleep(Duration::from_secs(15)).await;
                         let stopped = tokio::task::block_in_place(|| {
                             cluster.heal(primary);
                             cluster.wait_healthy();
-                            cluster.stopped_before_promotion(primary)
+                            cluster.stopped_before_promotion(primary, &cut_at)
                         });
                         // The old primary is down before the standby takes writes
-                        // (docs/operations.md, "Timings"): the timeouts keep that order.
-                        let stopped = stopped.unwrap_or_else(|missing| panic!("{missing}"));
-                        assert!(stopped >= 0, "node{primary} stopped {} s after the standby took writes", -stopped);
-                        format!(
-                            "node{primary} (the primary) cut off from everyone for 15 s, then rejoined; it had \
-                             stopped {stopped} s before the standby took writes"
-                        )
+                        // (docs/operations.md, "Timings"): the timeouts keep that order, unless its
+                        // keeper's first look found no standby, which that section describes (no
+                        // write it takes is acknowledged: its commits wait for the standby).
+                        match stopped.unwrap_or_else(|missing| panic!("{missing}")) {
+                            CutPrimary::Stopped(stopped) => {
+                                assert!(
+                                    stopped >= 0,
+                                    "node{primary} stopped {} s after the standby took writes",
+                                    -stopped
+                                );
+                                format!(
+                                    "node{primary} (the primary) cut off from everyone for 15 s, then rejoined; it \
+                                     had stopped {stopped} s before the standby took writes"
+                                )
+                            }
+                            CutPrimary::StayedUp(look) => format!(
+                                "node{primary} (the primary) cut off from everyone for 15 s, then rejoined; its \
+                                 keeper's first look found no standby ({look}), so it ran on until the network healed"
+                            ),
+                        }
                     }
                     _ => {
                         tokio::task::block_in_place(|| {
@@ -1153,7 +1167,14 @@ async fn harness(ha: bool) {
         hook_proxy,
         prober,
     };
+    // What each HA node said it was throughout, to set beside the faults if a write is lost.
+    let roles = match &deployment.database {
+        Database::Ha(cluster) => Some(cluster.watch_roles()),
+        Database::Single { .. } => None,
+    };
     let started = Instant::now();
+    // The same moment on the wall clock, to set the HA monitor's events on the faults' clock.
+    let started_wall = std::time::SystemTime::now();
     let mut faults = Vec::new();
     for (at, fault) in schedule {
         if let Some(wait) = at.checked_sub(started.elapsed()) {
@@ -1258,6 +1279,8 @@ async fn harness(ha: bool) {
     let of_kind =
         |kinds: &[&str]| -> Vec<&Operation> { operations.iter().filter(|op| kinds.contains(&op.kind)).collect() };
     let mut report: BTreeMap<&str, Counts> = BTreeMap::new();
+    // When each acknowledged write found lost had begun, to set the losses beside the faults.
+    let mut lost_began: Vec<Instant> = Vec::new();
 
     // Records: each acknowledged create is the one record with its address, and readable.
     let contacts = list_all(&http, &format!("{base}/schemas/contacts/records"), ALPHA_ADMIN).await;
@@ -1276,6 +1299,7 @@ async fn harness(ha: bool) {
             counts.present += 1;
         } else {
             counts.lost += 1;
+            lost_began.push(op.began);
             eprintln!(
                 "chaos: lost create {} ({id}): listed as {:?}, readable {readable}",
                 op.subject,
@@ -1354,6 +1378,7 @@ async fn harness(ha: bool) {
                 counts.present += 1;
             } else {
                 counts.lost += 1;
+                lost_began.push(op.began);
                 eprintln!("chaos: lost event {event_id} ({id}): status {status}, listed {:?}", events.get(&event_id));
             }
         }
@@ -1374,6 +1399,7 @@ async fn harness(ha: bool) {
             counts.present += 1;
         } else {
             counts.lost += 1;
+            lost_began.push(op.began);
             eprintln!("chaos: lost suppression {}", op.subject);
         }
     }
@@ -1404,6 +1430,7 @@ async fn harness(ha: bool) {
             }
             (state, copies) => {
                 counts.lost += 1;
+                lost_began.push(op.began);
                 eprintln!("chaos: send {} ({id}) is {state:?} with {copies} copies delivered", op.subject);
             }
         }
@@ -1489,6 +1516,7 @@ async fn harness(ha: bool) {
             Some(_) => counts.duplicated += 1,
             None => {
                 counts.lost += 1;
+                lost_began.push(op.began);
                 eprintln!("chaos: no delivery for {}", op.subject);
             }
         }
@@ -1505,6 +1533,7 @@ async fn harness(ha: bool) {
             counts.present += 1;
         } else {
             counts.lost += 1;
+            lost_began.push(op.began);
             eprintln!("chaos: run {run_id} of {} is {:?}", op.subject, runs.get(run_id));
         }
     }
@@ -1609,6 +1638,53 @@ async fn harness(ha: bool) {
         runs.len(),
     );
     println!("{printed}");
+    // Where the losses fall among the faults, and what the HA monitor and each node did around
+    // them: printed whole, and the lines within 5 s of the losses carried in the failure.
+    let mut diagnosis = String::new();
+    if !lost_began.is_empty() {
+        let on_clock = |at: Instant| {
+            if at >= started {
+                at.duration_since(started).as_secs_f64()
+            } else {
+                -started.duration_since(at).as_secs_f64()
+            }
+        };
+        let mut by_second: BTreeMap<i64, usize> = BTreeMap::new();
+        for began in &lost_began {
+            *by_second.entry(on_clock(*began).floor() as i64).or_default() += 1;
+        }
+        let seconds: Vec<String> = by_second.iter().map(|(second, lost)| format!("{second} s: {lost}")).collect();
+        diagnosis = format!("acknowledged writes found lost, by the second they began: {}", seconds.join(", "));
+        let (first, last) = (
+            by_second.keys().next().copied().unwrap_or_default() as f64 - 5.0,
+            by_second.keys().last().copied().unwrap_or_default() as f64 + 6.0,
+        );
+        // Lines that begin with their time on the faults' clock (`12.3 s: ...`), near the losses.
+        let near = |text: &str| -> String {
+            text.lines()
+                .filter(|line| {
+                    line.split(" s:")
+                        .next()
+                        .and_then(|at| at.trim().parse::<f64>().ok())
+                        .is_some_and(|at| (first..=last).contains(&at))
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let mut whole = Vec::new();
+        if let Database::Ha(cluster) = &deployment.database {
+            let epoch = started_wall.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |since| since.as_secs_f64());
+            let events = tokio::task::block_in_place(|| cluster.events(epoch));
+            diagnosis.push_str(&format!("\nthe monitor's events near them:\n{}", near(&events)));
+            whole.push(format!("the monitor's events:\n{events}"));
+        }
+        if let Some(roles) = roles {
+            let said = roles.finish(started).await;
+            diagnosis.push_str(&format!("\nwhat each node said it was near them:\n{}", near(&said)));
+            whole.push(format!("what each node said it was:\n{said}"));
+        }
+        println!("{}\n{}", diagnosis.lines().next().unwrap_or_default(), whole.join("\n"));
+    }
     if let Ok(path) = std::env::var("CHAOS_REPORT") {
         std::fs::write(path, format!("{printed}\n")).expect("the report written");
     }
@@ -1616,7 +1692,7 @@ async fn harness(ha: bool) {
     assert_eq!(dead_letters, 0, "no event was dead-lettered");
     assert!(status.status.success(), "projector status reports problems:\n{status_text}");
     for (kind, counts) in &report {
-        assert_eq!(counts.lost, 0, "{kind}: acknowledged and lost");
+        assert_eq!(counts.lost, 0, "{kind}: acknowledged and lost\n{diagnosis}");
         assert_eq!(counts.duplicated, 0, "{kind}: duplicated");
     }
     assert!(report["records created"].acknowledged > 0 && report["template sends"].acknowledged > 0, "load ran");

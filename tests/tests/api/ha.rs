@@ -3,8 +3,11 @@
 //! scripts/start-ha uses), so that a test can kill a node's machine for good, cut it off from
 //! the network, or ask the monitor for a switchover.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::helpers::{create_migrated_platform, scratch_dir};
 
@@ -111,32 +114,102 @@ impl HaCluster {
     }
 
     /// How long before the monitor let another node take writes (`wait_primary` once the demote
-    /// timeout expired, in its events) `node`, cut off while primary, had stopped its
-    /// PostgreSQL (its keeper's move to `demote_timeout`, in its log), in whole seconds (both
-    /// logs have one-second times); what is missing otherwise.
-    pub(crate) fn stopped_before_promotion(&self, node: u32) -> Result<i64, String> {
+    /// timeout expired, in its events) `node`, cut off while primary at `cut_at` (the time of
+    /// day, `HH:MM:SS`), had stopped its PostgreSQL (its keeper's move to `demote_timeout`, in
+    /// its log), in whole seconds (both logs have one-second times).
+    ///
+    /// A keeper whose first look after the cut found no standby never stops its primary
+    /// (pg_autoctl counts a standby's silence only from a look that saw one; docs/operations.md,
+    /// "Timings", says when): that is [`CutPrimary::StayedUp`], with the look. What is missing
+    /// otherwise is an error.
+    pub(crate) fn stopped_before_promotion(&self, node: u32, cut_at: &str) -> Result<CutPrimary, String> {
         let output = self.run(&format!(
             r#"echo "stopped $(grep -a 'Transition complete: current state is now "demote_timeout"' "$HA_DIR/node{node}.log" | tail -n 1 | cut -c1-8)"
                echo "promoted $(ha_monitor_sql "SELECT to_char(eventtime, 'HH24:MI:SS') FROM pgautofailover.event
                  WHERE description LIKE '%to wait_primary and %after the demote timeout expired%'
                  ORDER BY eventid DESC LIMIT 1")"
+               echo "first look $(grep -a 'Network is healthy\|Network in not healthy\|still have a standby' "$HA_DIR/node{node}.log" \
+                 | awk -v cut='{cut_at}' 'substr($0, 1, 8) >= cut' | head -n 1)"
                echo "what node{node}'s keeper said of it:"
                grep -a -i 'partition\|standby\|transition\|demote\|network\|monitor' "$HA_DIR/node{node}.log" | tail -n 80"#
         ));
         let text = String::from_utf8_lossy(&output.stdout).to_string();
+        let line_of = |label: &str| text.lines().find_map(|line| line.strip_prefix(label)).map(str::trim);
         let time_of = |label: &str| -> Option<i64> {
-            let line = text.lines().find_map(|line| line.strip_prefix(label))?;
-            let parts: Vec<i64> = line.trim().split(':').map(str::parse).collect::<Result<_, _>>().ok()?;
+            let parts: Vec<i64> = line_of(label)?.split(':').map(str::parse).collect::<Result<_, _>>().ok()?;
             match parts[..] {
                 [hours, minutes, seconds] => Some(hours * 3600 + minutes * 60 + seconds),
                 _ => None,
             }
         };
-        let stopped = time_of("stopped ").ok_or_else(|| format!("node{node} never demoted itself:\n{text}"))?;
+        let stopped = time_of("stopped ").filter(|stopped| {
+            // A demotion of an earlier cut is not this one's.
+            let cut: Vec<i64> = cut_at.split(':').filter_map(|part| part.parse().ok()).collect();
+            cut.len() == 3 && (*stopped - (cut[0] * 3600 + cut[1] * 60 + cut[2])).rem_euclid(86_400) < 43_200
+        });
+        let Some(stopped) = stopped else {
+            let look = line_of("first look ").unwrap_or_default();
+            // A look that saw a standby logs that it still has one before "Network is healthy";
+            // one that found none logs only "Network is healthy" and counts no partition.
+            if look.ends_with("Network is healthy") {
+                return Ok(CutPrimary::StayedUp(look.to_owned()));
+            }
+            return Err(format!("node{node} never demoted itself:\n{text}"));
+        };
         let promoted = time_of("promoted ").ok_or_else(|| format!("no promotion after a demote timeout:\n{text}"))?;
         // Across midnight, the times of day wrap.
         let gap = (promoted - stopped).rem_euclid(86_400);
-        Ok(if gap > 43_200 { gap - 86_400 } else { gap })
+        Ok(CutPrimary::Stopped(if gap > 43_200 { gap - 86_400 } else { gap }))
+    }
+
+    /// The monitor's events, each at its second after `epoch` (seconds since 1970): its goal
+    /// states and what the keepers reported.
+    pub(crate) fn events(&self, epoch: f64) -> String {
+        let output = self.bash(&format!(
+            "ha_monitor_sql \"SELECT to_char(extract(epoch FROM eventtime) - {epoch}, 'FM9990.0') || ' s: ' || nodename
+               || ' ' || reportedstate || '/' || goalstate || ' ' || COALESCE(reportedrepstate, '-')
+               || ' tli ' || reportedtli || ' lsn ' || reportedlsn || ': ' || description
+               FROM pgautofailover.event ORDER BY eventid\""
+        ));
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Starts watching what each node's server says it is, every 100 ms: see [`RoleWatch`].
+    pub(crate) fn watch_roles(&self) -> RoleWatch {
+        let nodes: Vec<(u32, String)> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                (
+                    *node,
+                    format!(
+                        "host=10.231.{}.{} port={} user=postgres dbname=postgres connect_timeout=1",
+                        self.index,
+                        10 + node,
+                        5430 + node
+                    ),
+                )
+            })
+            .collect();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let task = tokio::spawn({
+            let seen = Arc::clone(&seen);
+            async move {
+                let mut last: HashMap<u32, String> = HashMap::new();
+                let mut clients: HashMap<u32, tokio_postgres::Client> = HashMap::new();
+                loop {
+                    for (node, url) in &nodes {
+                        let said = role_of(&mut clients, *node, url).await;
+                        if last.get(node) != Some(&said) {
+                            seen.lock().expect("the watch's lock").push((Instant::now(), format!("node{node} {said}")));
+                            last.insert(*node, said);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+        RoleWatch { seen, task }
     }
 
     /// A lost server replaced, as docs/operations.md says: dropped from the monitor, and a new
@@ -164,4 +237,68 @@ impl Drop for HaCluster {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// What each node's server said it was, whenever that changed: a standby or a primary, whether
+/// it takes writes, and whom it waits for at a commit (`synchronous_standby_names`), or that it
+/// did not answer. Two servers that take writes at once, or a primary that acknowledges alone,
+/// show here at the moment they did.
+pub(crate) struct RoleWatch {
+    seen: Arc<Mutex<Vec<(Instant, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RoleWatch {
+    /// Every change seen, each at its time since `started` (the faults' clock).
+    pub(crate) async fn finish(self, started: Instant) -> String {
+        self.task.abort();
+        let _ = self.task.await;
+        let seen = self.seen.lock().expect("the watch's lock");
+        let lines: Vec<String> = seen
+            .iter()
+            .map(|(at, said)| {
+                let at = if *at >= started {
+                    at.duration_since(started).as_secs_f64()
+                } else {
+                    -started.duration_since(*at).as_secs_f64()
+                };
+                format!("{at:.1} s: {said}")
+            })
+            .collect();
+        lines.join("\n")
+    }
+}
+
+/// What the server of `node` says it is, over the kept connection (a new one when there is
+/// none or it failed).
+async fn role_of(clients: &mut HashMap<u32, tokio_postgres::Client>, node: u32, url: &str) -> String {
+    const SQL: &str = "SELECT CASE WHEN pg_is_in_recovery() THEN 'standby' ELSE 'primary' END
+        || CASE WHEN current_setting('default_transaction_read_only') = 'on' THEN ' read-only' ELSE ' read-write' END
+        || ' sync ' || quote_literal(current_setting('synchronous_standby_names'))";
+    if clients.get(&node).is_none_or(tokio_postgres::Client::is_closed) {
+        match tokio::time::timeout(Duration::from_secs(1), tokio_postgres::connect(url, tokio_postgres::NoTls)).await {
+            Ok(Ok((client, connection))) => {
+                tokio::spawn(connection);
+                clients.insert(node, client);
+            }
+            Ok(Err(_)) | Err(_) => return "does not answer".to_owned(),
+        }
+    }
+    let Some(client) = clients.get(&node) else { return "does not answer".to_owned() };
+    match tokio::time::timeout(Duration::from_millis(700), client.query_one(SQL, &[])).await {
+        Ok(Ok(row)) => row.get(0),
+        Ok(Err(_)) | Err(_) => {
+            clients.remove(&node);
+            "does not answer".to_owned()
+        }
+    }
+}
+
+/// What became of a primary cut off from everyone while it ran.
+pub(crate) enum CutPrimary {
+    /// Its keeper stopped it this many seconds before the standby took writes (negative: after).
+    Stopped(i64),
+    /// Its keeper's first look after the cut found no standby (what it logged), so it never
+    /// counted itself cut off and the primary ran on until the network healed.
+    StayedUp(String),
 }
