@@ -305,9 +305,76 @@ ha_node_drop() {
 # A planned switchover: the monitor makes the secondary primary and the primary its standby;
 # returns once the formation is healthy again. (pg_autoctl's own --wait fails on 2.0: it asks
 # the monitor for a group named '', so we wait on the monitor's state ourselves.)
+#
+# The primary is fenced first. pg_auto_failover 2.0's monitor can send a primary it has just
+# told to drain to `wait_primary` instead, the moment its standby leaves `secondary` for the
+# promotion ("none of the standby nodes in the quorum are healthy"; upstream issue #774, fixed
+# after 2.2): the old primary's keeper then empties `synchronous_standby_names`, cancels the
+# commits waiting for the standby, and takes writes alone for the seconds until the demote
+# timeout, while the standby is promoted. Those writes are acknowledged and lost when the old
+# primary is rewound (the HA fault harness lost 6% of a run's writes that way). So before the
+# switchover the primary takes no more writes (`default_transaction_read_only`, which the
+# services' `target_session_attrs=read-write` also reads; a write in flight answers 503 and is
+# retried), the transactions begun before that end (those still open after 2 s are ended), and
+# the standby has flushed everything; the fence is lifted on the old primary once it is a
+# standby again (a promotion lifts it on the new one).
 ha_switchover() {
-    ha_as_pg m pg_autoctl perform switchover --monitor "$(ha_monitor_uri)" --formation default --group 0 --wait 0
+    local fenced
+    fenced="$(ha_fence_primary)" || return 1
+    # shellcheck disable=SC2086
+    if ! ha_as_pg m pg_autoctl perform switchover --monitor "$(ha_monitor_uri)" --formation default --group 0 --wait 0; then
+        # Refused (the formation was not stable): the primary takes writes again.
+        ha_unfence $fenced
+        return 1
+    fi
     ha_wait_healthy "$(ha_monitor_sql "SELECT count(*) FROM pgautofailover.node")"
+    # shellcheck disable=SC2086
+    ha_unfence $fenced
+}
+
+# ha_fence_primary: the primary takes no more writes, its transactions begun before that have
+# ended, and its standbys have flushed everything (ha_switchover); prints its host and port.
+ha_fence_primary() {
+    local primary host port fenced
+    primary="$(ha_monitor_sql "SELECT nodehost || ' ' || nodeport FROM pgautofailover.node
+        WHERE reportedstate = 'primary' AND goalstate = 'primary' LIMIT 1")"
+    if [ -z "$primary" ]; then
+        echo "no primary to fence:" >&2
+        ha_state >&2
+        return 1
+    fi
+    host="${primary% *}"
+    port="${primary#* }"
+    ha_host_sql "$host" "$port" -c "ALTER SYSTEM SET default_transaction_read_only = on" -c "SELECT pg_reload_conf()" >/dev/null
+    # A backend takes the setting between two commands: from a moment after the reload on,
+    # every transaction it begins is read-only.
+    sleep 0.2
+    fenced="$(ha_host_sql "$host" "$port" -c "SELECT now()")"
+    for _ in $(seq 1 20); do
+        [ "$(ha_host_sql "$host" "$port" -c "SELECT count(*) FROM pg_stat_activity
+            WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND xact_start < '$fenced'")" = 0 ] && break
+        sleep 0.1
+    done
+    ha_host_sql "$host" "$port" -c "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+        WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND xact_start < '$fenced'" >/dev/null
+    for _ in $(seq 1 100); do
+        [ "$(ha_host_sql "$host" "$port" -c "SELECT COALESCE(bool_and(flush_lsn >= pg_current_wal_lsn()), false)
+            FROM pg_stat_replication")" = t ] && break
+        sleep 0.1
+    done
+    echo "$host $port"
+}
+
+# ha_unfence HOST PORT: the server there takes writes again when it is a primary.
+ha_unfence() {
+    ha_host_sql "$1" "$2" -c "ALTER SYSTEM RESET default_transaction_read_only" -c "SELECT pg_reload_conf()" >/dev/null
+}
+
+# ha_host_sql HOST PORT ARGS...: psql on a data node's `postgres` database.
+ha_host_sql() {
+    local host="$1" port="$2"
+    shift 2
+    "$PG_BIN/psql" -h "$host" -p "$port" -U postgres -d postgres -Atq "$@"
 }
 
 # ha_down: kills every node and the monitor (every process of their namespaces) and removes
