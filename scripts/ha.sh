@@ -346,9 +346,9 @@ ha_fence_primary() {
     host="${primary% *}"
     port="${primary#* }"
     ha_host_sql "$host" "$port" -c "ALTER SYSTEM SET default_transaction_read_only = on" -c "SELECT pg_reload_conf()" >/dev/null
-    # A backend takes the setting between two commands: from a moment after the reload on,
-    # every transaction it begins is read-only.
-    sleep 0.2
+    # The postmaster reads the file again and signals its backends; each takes the setting
+    # before its next command, so every transaction begun from then on is read-only.
+    ha_wait_setting "$host" "$port" on
     fenced="$(ha_host_sql "$host" "$port" -c "SELECT now()")"
     for _ in $(seq 1 20); do
         [ "$(ha_host_sql "$host" "$port" -c "SELECT count(*) FROM pg_stat_activity
@@ -368,6 +368,19 @@ ha_fence_primary() {
 # ha_unfence HOST PORT: the server there takes writes again when it is a primary.
 ha_unfence() {
     ha_host_sql "$1" "$2" -c "ALTER SYSTEM RESET default_transaction_read_only" -c "SELECT pg_reload_conf()" >/dev/null
+    ha_wait_setting "$1" "$2" off
+}
+
+# ha_wait_setting HOST PORT VALUE: waits (5 s at most) until a new session there has
+# `default_transaction_read_only` at VALUE: pg_reload_conf() only signals the postmaster, and a
+# session it starts before it has read the file again has the old value.
+ha_wait_setting() {
+    for _ in $(seq 1 50); do
+        [ "$(ha_host_sql "$1" "$2" -c "SHOW default_transaction_read_only")" = "$3" ] && return 0
+        sleep 0.1
+    done
+    echo "default_transaction_read_only on $1:$2 is not $3 after 5 s" >&2
+    return 1
 }
 
 # ha_host_sql HOST PORT ARGS...: psql on a data node's `postgres` database.

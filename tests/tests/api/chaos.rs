@@ -794,7 +794,7 @@ fn skipped(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -1169,7 +1169,7 @@ async fn harness(ha: bool) {
     };
     // What each HA node said it was throughout, to set beside the faults if a write is lost.
     let roles = match &deployment.database {
-        Database::Ha(cluster) => Some(cluster.watch_roles()),
+        Database::Ha(cluster) => Some(tokio::task::block_in_place(|| cluster.watch_roles())),
         Database::Single { .. } => None,
     };
     let started = Instant::now();

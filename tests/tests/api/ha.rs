@@ -176,19 +176,14 @@ impl HaCluster {
 
     /// Starts watching what each node's server says it is, every 100 ms: see [`RoleWatch`].
     pub(crate) fn watch_roles(&self) -> RoleWatch {
+        // Each node's address and port, as scripts/ha.sh gives them.
         let nodes: Vec<(u32, String)> = self
             .nodes
             .iter()
             .map(|node| {
-                (
-                    *node,
-                    format!(
-                        "host=10.231.{}.{} port={} user=postgres dbname=postgres connect_timeout=1",
-                        self.index,
-                        10 + node,
-                        5430 + node
-                    ),
-                )
+                let output = self.run(&format!("echo \"host=$(ha_node_host {node}) port=$(ha_port {node})\""));
+                let address = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+                (*node, format!("{address} user=postgres dbname=postgres connect_timeout=1"))
             })
             .collect();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -217,13 +212,9 @@ impl HaCluster {
     /// server, with what it had), dropped from the monitor, and a new server (here on the same
     /// address) created from a base backup of the primary.
     pub(crate) fn replace(&self, node: u32) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while self.primary().is_none_or(|primary| primary == node) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no node took over from node{node} within 60 s: {}",
-                self.state()
-            );
+            assert!(Instant::now() < deadline, "no node took over from node{node} within 60 s: {}", self.state());
             std::thread::sleep(Duration::from_millis(200));
         }
         self.run(&format!("ha_node_kill {node}; ha_node_drop {node}; ha_node_start {node}"));
@@ -330,8 +321,7 @@ pub(crate) enum CutPrimary {
 /// Whether this machine can run an HA cluster (root: a network namespace per server); in CI it
 /// must.
 fn ha_runs(name: &str) -> bool {
-    let root =
-        Command::new("id").arg("-u").output().is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0");
+    let root = crate::chaos::running_as_root();
     if !root {
         assert!(
             std::env::var_os("CI").is_none(),
