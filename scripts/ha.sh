@@ -254,9 +254,8 @@ ha_wait_healthy() {
         if [ "$state" = "1 $((want - 1))" ]; then
             primary="$(ha_monitor_sql "SELECT nodehost || ' ' || nodeport FROM pgautofailover.node
                 WHERE reportedstate = 'primary' LIMIT 1")"
-            # shellcheck disable=SC2086
-            streaming="$("$PG_BIN/psql" -h ${primary% *} -p ${primary#* } -U postgres -d postgres -Atqc \
-                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'" 2>/dev/null || true)"
+            streaming="$(ha_host_sql "${primary% *}" "${primary#* }" \
+                -c "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'" 2>/dev/null || true)"
             if [ "$streaming" = "$((want - 1))" ]; then
                 return 0
             fi
