@@ -69,6 +69,21 @@ pub fn generic_plan_pool(database_url: &str, max_size: usize) -> anyhow::Result<
 
 const GENERIC_PLANS: &str = " -c plan_cache_mode=force_generic_plan";
 
+/// What a process's append batcher's connection is called in `pg_stat_activity`.
+pub const LOG_APPLICATION_NAME: &str = "event-log";
+
+/// The pool of a process's append batcher ([`crate::log::EventLog::start_bounded`] says why it
+/// has one of its own): one connection, named [`LOG_APPLICATION_NAME`], running generic plans
+/// when `generic_plans` (as the request-serving services' pools do).
+pub fn log_pool(database_url: &str, generic_plans: bool) -> anyhow::Result<Pool> {
+    let options = if generic_plans { GENERIC_PLANS } else { "" };
+    named_pool(database_url, LOG_POOL_SIZE, options, Some(LOG_APPLICATION_NAME))
+}
+
+/// Connections an append batcher uses: one at a time, since it writes one batch after another
+/// and notifies after each.
+const LOG_POOL_SIZE: usize = 1;
+
 // The keyed settings, named once: `$then!` gets each setting with its keyed value, and writes
 // them out (`concat!` takes literals only, so the texts below are built by macros).
 macro_rules! keyed_settings {
@@ -204,8 +219,20 @@ pub async fn connect(
 }
 
 fn pool_with_options(database_url: &str, max_size: usize, options: &str) -> anyhow::Result<Pool> {
+    named_pool(database_url, max_size, options, None)
+}
+
+fn named_pool(
+    database_url: &str,
+    max_size: usize,
+    options: &str,
+    application_name: Option<&str>,
+) -> anyhow::Result<Pool> {
     let mut config = connection_config(database_url)?;
     config.options(format!("{SESSION}{options}"));
+    if let Some(name) = application_name {
+        config.application_name(name);
+    }
     let hosts = hosts::Hosts::new(&config);
     let manager = Manager::from_connect(
         config,
