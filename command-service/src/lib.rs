@@ -73,11 +73,11 @@ impl State {
         let ai = ai_provider::AiProvider::new(&settings.ai)?;
         let mailer = mail::mailer::Mailer::from_settings(&settings.email)?;
         let site = mail::send::Site::from_settings(&settings.email)?;
-        let event_log = EventLog::start_bounded(
-            platform::db::log_pool(settings.database_url()?, true)?,
-            settings.append.batch_max,
-            settings.append.batch_bytes,
-        );
+        let event_log = EventLog::start_own(
+            settings.database_url()?,
+            true,
+            (settings.append.batch_max, settings.append.batch_bytes),
+        )?;
         let authenticator =
             Authenticator::new(pool.clone(), read_models.clone(), settings.auth_cache_ttl(), settings.rate_limits);
         let claims = mail::outbox::Claims::start(pool.clone());

@@ -69,11 +69,11 @@ pub fn workers(
     if let Some(unknown) = wanted.iter().find(|kind| !WORKER_KINDS.contains(kind)) {
         anyhow::bail!("APP__PROJECTOR__WORKERS names {unknown:?}; the workers are all, {}", WORKER_KINDS.join(", "));
     }
-    let log = platform::log::EventLog::start_bounded(
-        platform::db::log_pool(settings.database_url()?, false)?,
-        settings.append.batch_max,
-        settings.append.batch_bytes,
-    );
+    let log = platform::log::EventLog::start_own(
+        settings.database_url()?,
+        false,
+        (settings.append.batch_max, settings.append.batch_bytes),
+    )?;
     let mut workers: Vec<Arc<dyn Worker>> = Vec::new();
     if wanted.contains(&"read_models") {
         let faults = Faults::from_settings(&settings.projector);

@@ -113,11 +113,11 @@ pub struct Inbound {
 impl Inbound {
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
         let pool = platform::db::pool(settings.database_url()?, 8)?;
-        let log = EventLog::start_bounded(
-            platform::db::log_pool(settings.database_url()?, false)?,
-            settings.append.batch_max,
-            settings.append.batch_bytes,
-        );
+        let log = EventLog::start_own(
+            settings.database_url()?,
+            false,
+            (settings.append.batch_max, settings.append.batch_bytes),
+        )?;
         let port = settings.inbound.port.unwrap_or(DEFAULT_PORT);
         let listener = Listener::bind(pool.clone(), log, &settings.inbound, port).await?;
         let (server, ops_port) = crate::ops_server(settings, api::ops::Ops::new(pool, None))?;

@@ -72,8 +72,8 @@ const GENERIC_PLANS: &str = " -c plan_cache_mode=force_generic_plan";
 /// What a process's append batcher's connection is called in `pg_stat_activity`.
 pub const LOG_APPLICATION_NAME: &str = "event-log";
 
-/// The pool of a process's append batcher ([`crate::log::EventLog::start_bounded`] says why it
-/// has one of its own): one connection, named [`LOG_APPLICATION_NAME`], running generic plans
+/// The pool of a process's append batcher ([`crate::log::EventLog::start_own`] says why it has
+/// one of its own): one connection, named [`LOG_APPLICATION_NAME`], running generic plans
 /// when `generic_plans` (as the request-serving services' pools do).
 pub fn log_pool(database_url: &str, generic_plans: bool) -> anyhow::Result<Pool> {
     let options = if generic_plans { GENERIC_PLANS } else { "" };

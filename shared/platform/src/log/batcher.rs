@@ -32,12 +32,21 @@ impl EventLog {
         Self::start_bounded(pool, batch_max, BATCH_BYTES)
     }
 
-    /// Starts the batcher task with both bounds given (`APP__APPEND__*`). A service gives it a
-    /// pool of its own ([`crate::db::log_pool`]): its transactions are the largest messages the
-    /// process sends (a wave of 1,500 released emails is a bind of about a megabyte), and
-    /// tokio-postgres keeps each connection's buffers at the largest it has sent. Sharing the
-    /// process's pool, every one of its connections came to hold them in turn: the run engine
-    /// grew by about 40 MB over a release of 50,000 held emails.
+    /// A service process's batcher, with both bounds given (`APP__APPEND__*`), on a connection
+    /// of its own ([`crate::db::log_pool`]; `generic_plans` as the process's pool): its
+    /// transactions are the largest messages the process sends (a wave of 1,500 released emails
+    /// is a bind of about a megabyte), and tokio-postgres keeps each connection's buffers at the
+    /// largest it has sent. Sharing the process's pool, every one of its connections came to hold
+    /// them in turn: the run engine grew by about 40 MB over a release of 50,000 held emails.
+    pub fn start_own(
+        database_url: &str,
+        generic_plans: bool,
+        (batch_max, batch_bytes): (usize, usize),
+    ) -> anyhow::Result<Self> {
+        Ok(Self::start_bounded(crate::db::log_pool(database_url, generic_plans)?, batch_max, batch_bytes))
+    }
+
+    /// Starts the batcher task with both bounds given (`APP__APPEND__*`) on `pool`.
     pub fn start_bounded(pool: Pool, batch_max: usize, batch_bytes: usize) -> Self {
         let (jobs, receiver) = mpsc::channel(batch_max.max(1) * 4);
         tokio::spawn(run_batcher(pool, receiver, batch_max.max(1), batch_bytes.max(1)));
