@@ -1257,3 +1257,81 @@ async fn a_journey_and_a_broadcast_racing_for_the_same_contacts_pass_a_cap_of_on
     let recorded = app.query_i64("SELECT count(*) FROM marketing_sends").await;
     assert_eq!(recorded, PEOPLE as i64, "one counted send per contact");
 }
+
+/// The outbox's statements that find rows by id probe its primary key whatever its statistics
+/// say, and the search for abandoned hand-offs reads attempting rows only. The statistics are
+/// taken while every row is sent (and kept: no autovacuum), then 100,000 pending and 100,000
+/// held rows of another space, none due, are added, as a broadcast or a held release leaves
+/// them. A plan that answered a by-id statement from the index of pending or held rows would
+/// read all of them on every call (over 1,500 pages). A broadcast held by quiet hours is then
+/// released, claimed, sent and settled beside them, and no update of the outbox reads more than
+/// a few hundred pages a call (planning included: the statistics count its catalog reads).
+#[tokio::test]
+async fn a_full_outbox_is_probed_by_id_whatever_its_statistics_say() {
+    const PEOPLE: usize = 5;
+    let sink = SmtpSink::start().await;
+    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    let (quiet, _) = crate::email::quiet_hours_around_now("hold");
+    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
+    app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
+    crate::email::publish_dkim(&app, &sink).await;
+    let client = app.pool.get().await.expect("client");
+    client
+        .batch_execute(
+            "ALTER TABLE email_outbox SET (autovacuum_enabled = false);
+             INSERT INTO email_outbox (email_id, space_id, state)
+                 SELECT 'em_sent_' || g, 'sp_filler', 'sent' FROM generate_series(1, 20000) g;
+             ANALYZE email_outbox;
+             INSERT INTO email_outbox (email_id, space_id, state, next_attempt_at)
+                 SELECT 'em_' || state || '_' || g, 'sp_filler', state, now() + interval '1 day'
+                 FROM generate_series(1, 100000) g, unnest(ARRAY['pending', 'held']) AS state;
+             CREATE EXTENSION IF NOT EXISTS pg_stat_statements;",
+        )
+        .await
+        .expect("the outbox filled");
+
+    let run_id = send_blast_to_consenting(&app, "full", PEOPLE).await;
+    let deadline = Instant::now() + WAIT;
+    let held = format!("SELECT count(*) FROM broadcast_recipients WHERE run_id = '{run_id}' AND state = 'held'");
+    while app.query_i64(&held).await < PEOPLE as i64 {
+        assert!(Instant::now() < deadline, "the recipients were never held");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Day now (the quiet hours moved later), and due in a moment, so that the counts start
+    // before the release.
+    let hour = chrono::Timelike::hour(&chrono::Utc::now());
+    let later = json!({"from": format!("{:02}:00", (hour + 4) % 24), "to": format!("{:02}:00", (hour + 5) % 24),
+                       "outcome": "hold"});
+    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": later});
+    app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
+    client
+        .execute(
+            "UPDATE email_outbox SET next_attempt_at = now() + interval '2 seconds'
+             WHERE space_id <> 'sp_filler' AND state = 'held'",
+            &[],
+        )
+        .await
+        .expect("made due");
+    let database = app.query_string("SELECT current_database()").await;
+    let this_database = format!("(SELECT oid FROM pg_database WHERE datname = '{database}')");
+    app.query_string(&format!("SELECT pg_stat_statements_reset(0, {this_database}, 0)::text")).await;
+    assert_eq!(sink.wait_for(PEOPLE, WAIT).await.len(), PEOPLE);
+    let run = finished_run(&app, BLAST_BROADCAST, &run_id, WAIT).await;
+    assert_eq!(run["counts"]["sent"], PEOPLE, "{run}");
+
+    let read = app
+        .query_strings(&format!(
+            "SELECT round((shared_blks_hit + shared_blks_read)::numeric / calls) || ' pages a call, '
+                    || calls || ' calls: ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
+             FROM pg_stat_statements
+             WHERE dbid = {this_database} AND query LIKE 'UPDATE email_outbox%'"
+        ))
+        .await;
+    // The release, the claims, the outcomes, and the worker's search for abandoned ones.
+    assert!(read.len() >= 4, "{read:#?}");
+    for statement in &read {
+        let pages: f64 = statement.split(' ').next().and_then(|pages| pages.parse().ok()).expect("pages");
+        assert!(pages < 500.0, "{read:#?}");
+    }
+}

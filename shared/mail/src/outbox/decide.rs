@@ -179,7 +179,7 @@ pub(super) fn outcome_append(
     let mut guards = vec![
         Guard::exactly_one(
             "UPDATE email_outbox SET state = $3, leased_until = NULL, last_error = $4
-         WHERE email_id = $1 AND lease_token = $2 AND state = 'attempting'",
+         WHERE email_id = $1 AND lease_token = $2 AND (state || '') = 'attempting'",
             vec![Box::new(lease.email_id.clone()), Box::new(lease.token), Box::new(state), Box::new(error)],
             AppendError::Conflict {
                 code: Code::IdempotencyConflict,
@@ -189,7 +189,7 @@ pub(super) fn outcome_append(
         .with_set(
             "UPDATE email_outbox o SET state = w.state, leased_until = NULL, last_error = w.last_error
          FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[]) AS w(email_id, token, state, last_error)
-         WHERE o.email_id = w.email_id AND o.lease_token = w.token AND o.state = 'attempting'",
+         WHERE o.email_id = w.email_id AND o.lease_token = w.token AND (o.state || '') = 'attempting'",
             row,
         ),
     ];

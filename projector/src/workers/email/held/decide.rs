@@ -201,7 +201,7 @@ fn outcome_guards(
         guards.push(Guard {
             sql: "UPDATE email_outbox SET state = 'pending', next_attempt_at = to_timestamp($3::bigint / 1000.0),
                       leased_until = NULL, lease_token = NULL
-                  WHERE email_id = ANY($1) AND lease_token = $2 AND state = 'held'",
+                  WHERE email_id = ANY($1) AND lease_token = $2 AND (state || '') = 'held'",
             params: vec![Box::new(released.to_vec()), Box::new(token), Box::new(handed_ms)],
             conflict: lost(),
             expect_rows: count(released),
@@ -239,7 +239,7 @@ fn outcome_guards(
             sql: "UPDATE email_outbox o SET next_attempt_at = to_timestamp(w.until_ms / 1000.0), leased_until = NULL,
                       lease_token = NULL
                   FROM unnest($1::text[], $3::bigint[]) AS w(email_id, until_ms)
-                  WHERE o.email_id = w.email_id AND o.lease_token = $2 AND o.state = 'held'",
+                  WHERE o.email_id = w.email_id AND o.lease_token = $2 AND (o.state || '') = 'held'",
             params: vec![Box::new(held.to_vec()), Box::new(token), Box::new(untils.to_vec())],
             conflict: lost(),
             expect_rows: count(held),
@@ -249,7 +249,7 @@ fn outcome_guards(
     if !skipped.is_empty() {
         guards.push(Guard {
             sql: "UPDATE email_outbox SET state = 'skipped', leased_until = NULL, lease_token = NULL
-                  WHERE email_id = ANY($1) AND lease_token = $2 AND state = 'held'",
+                  WHERE email_id = ANY($1) AND lease_token = $2 AND (state || '') = 'held'",
             params: vec![Box::new(skipped.to_vec()), Box::new(token)],
             conflict: lost(),
             expect_rows: count(skipped),
