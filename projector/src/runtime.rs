@@ -21,6 +21,11 @@
 //! small one per model per append, as when every model stepped on every notification);
 //! when the system is quiet a wake-up still projects at once.
 //!
+//! A worker may also have a spacing ([`Worker::spacing`]): a step that a notification woke
+//! starts no sooner than that after the last one started, so a follower of a busy log takes
+//! the appends of that time in one step. Followers whose work waits a moment without harm
+//! (preparation, the webhooks' enqueue) have [`FOLLOWER_SPACING`]; the read models have none.
+//!
 //! Every worker reports its health: last success, lag to the head of the log, last error and
 //! since when it has been failing.
 //!
@@ -128,7 +133,24 @@ pub trait Worker: Send + Sync + 'static {
     fn lane(&self) -> Option<&'static str> {
         None
     }
+
+    /// The least time from the start of one step to the start of the next that a notification
+    /// woke: a worker woken by every append of a busy log takes the appends that arrived
+    /// meanwhile in one step instead of one step each. A step after a quiet spell starts at
+    /// once; a step that found more work (`Progressed`) is followed at once. Zero (the
+    /// default): every wake-up steps.
+    fn spacing(&self) -> Duration {
+        Duration::ZERO
+    }
 }
+
+/// The spacing of the followers of the log whose work waits a moment without harm (an event's
+/// preparation, a webhook's delivery): a follower steps at most 50 times a second while
+/// appends keep coming, each step reading what arrived since the last one. While template sends
+/// kept the two cores busy, each such follower had stepped about 300 times a second, every
+/// step a read of the log and a write of its checkpoint (docs/benchmarks.md, issue 70:
+/// "Followers step at most every 20 ms").
+pub const FOLLOWER_SPACING: Duration = Duration::from_millis(20);
 
 /// One worker's health as the runtime saw it.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -285,6 +307,7 @@ async fn drive(
     let mut backoff: Option<backon::ExponentialBackoff> = None;
     let mut lag_measured = Instant::now() - LAG_INTERVAL;
     metrics::gauge!("worker_running", "worker" => name.clone()).set(1.0);
+    let spacing = worker.spacing();
     while !shutdown.is_cancelled() {
         if lag_measured.elapsed() >= LAG_INTERVAL {
             lag_measured = Instant::now();
@@ -303,6 +326,7 @@ async fn drive(
             },
             None => None,
         };
+        let step_started = Instant::now();
         let step = worker.step();
         tokio::pin!(step);
         let outcome = tokio::select! {
@@ -329,10 +353,19 @@ async fn drive(
                     tokio::task::yield_now().await;
                     continue;
                 }
-                tokio::select! {
+                let woken = tokio::select! {
                     () = shutdown.cancelled() => break,
-                    () = wake.notified() => {}
-                    () = tokio::time::sleep(worker.poll_interval()) => {}
+                    () = wake.notified() => true,
+                    () = tokio::time::sleep(worker.poll_interval()) => false,
+                };
+                let early = spacing.saturating_sub(step_started.elapsed());
+                if woken && !early.is_zero() {
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(early) => {}
+                    }
+                    // A wake-up that came meanwhile is for an append the next step reads.
+                    let _ = futures_util::FutureExt::now_or_never(wake.notified());
                 }
             }
             Err(error) => {

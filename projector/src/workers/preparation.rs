@@ -214,6 +214,10 @@ impl Worker for Preparation {
         POLL
     }
 
+    fn spacing(&self) -> Duration {
+        crate::runtime::FOLLOWER_SPACING
+    }
+
     fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
         Box::pin(self.prepare_next())
     }

@@ -109,6 +109,77 @@ async fn a_failing_worker_backs_off_reports_it_recovers_and_wakes_on_notify() {
     tokio::time::timeout(Duration::from_secs(15), running).await.expect("stops on shutdown").expect("joins");
 }
 
+/// A worker that records when each of its steps started, with a spacing of its own.
+struct Spaced {
+    spacing: Duration,
+    starts: std::sync::Mutex<Vec<Instant>>,
+}
+
+impl Worker for Spaced {
+    fn name(&self) -> String {
+        "spaced".to_owned()
+    }
+
+    fn channels(&self) -> &'static [&'static str] {
+        &["test_spaced"]
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_secs(600)
+    }
+
+    fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+        Box::pin(async {
+            self.starts.lock().expect("starts").push(Instant::now());
+            Ok(Outcome::Idle)
+        })
+    }
+
+    fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn spacing(&self) -> Duration {
+        self.spacing
+    }
+}
+
+/// A worker with a spacing, woken by a run of notifications, takes them in a few steps at
+/// least its spacing apart; the first notification after a quiet spell wakes it at once.
+#[tokio::test]
+async fn a_spaced_worker_takes_a_run_of_wake_ups_in_steps_its_spacing_apart() {
+    const SPACING: Duration = Duration::from_millis(300);
+    let app = TestApp::spawn_with(Options::without_projector()).await;
+    let spaced = Arc::new(Spaced { spacing: SPACING, starts: std::sync::Mutex::default() });
+    let runtime = Runtime::new(app.database_url.clone(), vec![spaced.clone()]);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(runtime.run(shutdown.clone()));
+    let steps = || spaced.starts.lock().expect("starts").clone();
+    // The first step, and the listener's announcement once it listens; then a quiet spell.
+    eventually("the worker has stepped", async || !steps().is_empty()).await;
+    tokio::time::sleep(SPACING * 3).await;
+    let before = steps().len();
+    let client = app.pool.get().await.expect("client");
+    let first = Instant::now();
+    for _ in 0..20 {
+        client.execute("SELECT pg_notify('test_spaced', '')", &[]).await.expect("notify");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let last = Instant::now();
+    tokio::time::sleep(SPACING * 3).await;
+    let woken: Vec<Instant> = steps().split_off(before);
+    assert!(!woken.is_empty(), "the notifications woke it");
+    assert!(woken[0] < first + SPACING, "the first wake-up after a quiet spell steps at once");
+    for pair in woken.windows(2) {
+        assert!(pair[1] - pair[0] >= SPACING - Duration::from_millis(5), "{:?} apart", pair[1] - pair[0]);
+    }
+    let allowed = ((last - first).as_millis() / SPACING.as_millis()) as usize + 2;
+    assert!(woken.len() <= allowed, "{} steps for 20 wake-ups over {:?}", woken.len(), last - first);
+    assert!(*woken.last().expect("a step") > last - SPACING, "the last wake-up was taken");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(15), running).await.expect("stops on shutdown").expect("joins");
+}
+
 /// A worker that records how many steps of its lane run at the same moment.
 struct Busy {
     name: &'static str,

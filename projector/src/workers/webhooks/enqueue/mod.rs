@@ -379,6 +379,10 @@ impl Worker for Enqueue {
         Duration::from_millis(500)
     }
 
+    fn spacing(&self) -> Duration {
+        crate::runtime::FOLLOWER_SPACING
+    }
+
     fn step(&self) -> futures_util::future::BoxFuture<'_, anyhow::Result<Outcome>> {
         Box::pin(self.run())
     }
