@@ -197,6 +197,7 @@ fn outcome_guards(
     };
     let count = |ids: &[String]| Some(u64::try_from(ids.len()).unwrap_or(u64::MAX));
     let mut guards = Vec::new();
+    // By id, the state tested through an expression: see `mail::outbox` on plans and indexes.
     if !released.is_empty() {
         guards.push(Guard {
             sql: "UPDATE email_outbox SET state = 'pending', next_attempt_at = to_timestamp($3::bigint / 1000.0),
