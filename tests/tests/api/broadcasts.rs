@@ -865,12 +865,7 @@ async fn a_run_in_quiet_hours_beyond_the_allowance_skips_what_it_cannot_hold_and
     const PEOPLE: usize = 6;
     const ALLOWANCE: i64 = 3;
     let sink = SmtpSink::start().await;
-    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
-    let app = TestApp::spawn_with(options).await;
-    let (quiet, _) = crate::email::quiet_hours_around_now("hold");
-    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
-    app.apply_workspace(&crate::email::policy_workspace_with(ALLOWANCE, &policy), true).await;
-    crate::email::publish_dkim(&app, &sink).await;
+    let (app, _) = quiet_now_app(&sink, ALLOWANCE).await;
     for index in 0..PEOPLE {
         subscribe(&app, &format!("night{index}@example.com")).await;
     }
@@ -908,17 +903,25 @@ async fn a_runs_pace_counts_the_emails_it_schedules_not_the_recipients_it_skips(
     assert!(started.elapsed() < Duration::from_secs(20), "paced by the skipped recipients");
 }
 
+/// The mail app whose space holds marketing mail in quiet hours from the last hour to two hours
+/// from this one (in each contact's `timeZone`, UTC by default), with a monthly allowance of
+/// `allowance`; and the end of those hours in UTC.
+async fn quiet_now_app(sink: &SmtpSink, allowance: i64) -> (TestApp, chrono::DateTime<chrono::Utc>) {
+    let options = Options { email: Some(crate::email::test_email(sink)), ..Options::default() };
+    let app = TestApp::spawn_with(options).await;
+    let (quiet, end) = crate::email::quiet_hours_around_now("hold");
+    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
+    app.apply_workspace(&crate::email::policy_workspace_with(allowance, &policy), true).await;
+    crate::email::publish_dkim(&app, sink).await;
+    (app, end)
+}
+
 #[tokio::test]
 async fn a_broadcast_to_three_zones_holds_the_recipients_in_their_quiet_hours_until_their_time_and_counts_them() {
     let sink = SmtpSink::start().await;
-    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
-    let app = TestApp::spawn_with(options).await;
     // Quiet from the last hour to two hours from this one, local: UTC and an hour behind it
     // are in it, twelve hours ahead is day.
-    let (quiet, end) = crate::email::quiet_hours_around_now("hold");
-    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
-    app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
-    crate::email::publish_dkim(&app, &sink).await;
+    let (app, end) = quiet_now_app(&sink, 1000).await;
     let zones = [("utc@example.com", "UTC"), ("behind@example.com", "Etc/GMT+1"), ("ahead@example.com", "Etc/GMT-12")];
     for (email, zone) in zones {
         subscribe(&app, email).await;
@@ -1022,12 +1025,7 @@ async fn a_broadcast_to_three_zones_holds_the_recipients_in_their_quiet_hours_un
 #[tokio::test]
 async fn a_runs_delivery_log_pages_by_cursor_filters_by_status_agrees_with_its_counts_and_exports_csv_and_ndjson() {
     let sink = SmtpSink::start().await;
-    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
-    let app = TestApp::spawn_with(options).await;
-    let (quiet, _) = crate::email::quiet_hours_around_now("hold");
-    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
-    app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
-    crate::email::publish_dkim(&app, &sink).await;
+    let (app, _) = quiet_now_app(&sink, 1000).await;
     // Eight mailed at once, two held in their quiet hours, one suppressed, one without consent.
     for index in 0..12 {
         let zone = if (8..10).contains(&index) { "UTC" } else { "Etc/GMT-12" };
@@ -1270,12 +1268,7 @@ async fn a_journey_and_a_broadcast_racing_for_the_same_contacts_pass_a_cap_of_on
 async fn a_full_outbox_is_probed_by_id_whatever_its_statistics_say() {
     const PEOPLE: usize = 5;
     let sink = SmtpSink::start().await;
-    let options = Options { email: Some(crate::email::test_email(&sink)), ..Options::default() };
-    let app = TestApp::spawn_with(options).await;
-    let (quiet, _) = crate::email::quiet_hours_around_now("hold");
-    let policy = json!({"timeZone": {"attribute": "timeZone", "default": "UTC"}, "quietHours": quiet});
-    app.apply_workspace(&crate::email::policy_workspace(&policy), true).await;
-    crate::email::publish_dkim(&app, &sink).await;
+    let (app, _) = quiet_now_app(&sink, 1000).await;
     let client = app.pool.get().await.expect("client");
     client
         .batch_execute(
