@@ -31,11 +31,23 @@ pub(crate) async fn load_upsert(
     let input = parse_input(schema, input).map_err(answered)?;
     let client = ctx.db().await?;
     let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
+    upsert_target(&client, schema, input, owners).await
+}
+
+/// The rest of an upsert's reads once the holders of its identities (`owners`) are known:
+/// the record they (or the input's `id`) select. A caller that reads the owners of several
+/// upserts at once, on one connection, goes on from here.
+pub(crate) async fn upsert_target(
+    client: &deadpool_postgres::Client,
+    schema: &WriteSchema<'_>,
+    input: Input,
+    owners: Owners,
+) -> Result<UpsertLoaded, ApiError> {
     let target = match &input.id {
         Some(record_id) => Match::Existing(record_id.clone()),
         None => {
             let holders: Vec<String> = owners.values().cloned().collect();
-            let states: Vec<RecordState> = load_records(&client, &holders)
+            let states: Vec<RecordState> = load_records(client, &holders)
                 .await?
                 .into_iter()
                 .filter_map(|(_, _, loaded)| match loaded {
@@ -47,7 +59,7 @@ pub(crate) async fn load_upsert(
         }
     };
     let target = match target {
-        Match::Existing(record_id) => Some(load_in_schema(&client, schema, &record_id).await?),
+        Match::Existing(record_id) => Some(load_in_schema(client, schema, &record_id).await?),
         Match::New => None,
     };
     Ok(UpsertLoaded { input, owners, target })

@@ -2,9 +2,12 @@
 //!
 //! 1. The body is `{data: {<key>: {record fields}}}`; stored content cannot be replaced.
 //! 2. Each context record is upserted by identity precedence (or its `id`), decided together.
+//!    The holders of every record's identities and the suppression of the address the
+//!    recipient's record gives are read in one exchange with the database.
 //! 3. The send decision (`mail::send::decide`) is asked about the recipient (the template's
 //!    `recipient` key): suppressions for every template, consent and the topic subscription
-//!    for marketing; a refusal answers 422 with the gate's code (D9).
+//!    for marketing; a refusal answers 422 with the gate's code (D9). A contact the recipient's
+//!    record matched has its own address, topic statuses and sends read after.
 //! 4. The template is rendered; `EmailScheduled` (content sealed under the contact's key) is
 //!    appended with the context records, the outbox row and the allowance count, in one
 //!    transaction (402 `email_limit_reached` when the month's allowance is used up).
@@ -13,7 +16,7 @@
 //!    `idempotency_outcome_unknown` and is never retried blindly.
 
 use domain::email::resources::TEMPLATE;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use actix_web::http::StatusCode;
@@ -30,9 +33,13 @@ use serde_json::Value;
 use super::decide::{self, ContextRecord, HandOff, Loaded, RecipientFacts, SendTemplate, Sent};
 use crate::State;
 use crate::pipeline::{self, Actor, Answer, Command, Ctx, Decided, Decision, Protection, Refusal, Shell};
+use crate::records::decide::parse_input;
 use crate::records::decide::{UpsertLoaded, write_schema};
-use crate::records::load::load_upsert;
+use crate::records::load::upsert_target;
 use crate::write_contexts::{self, Kind};
+use domain::records::write::identity_values;
+use platform::refusal::answered;
+use reads::records::identity_owners_of;
 
 /// The template of the caller's space with its sender, domain and the space's allowance: kept
 /// by this process since an earlier send at the catalog's revision, or read now in one
@@ -59,15 +66,43 @@ impl Command for SendTemplate<'_> {
         let space_id = self.space_id.as_str();
         let authored = load_authored(ctx, space_id, &self.template_id).await?;
         decide::check_keys(&authored.template, &self.context)?;
-        let mut context = BTreeMap::new();
+        let mut parsed = Vec::with_capacity(authored.template.data.len());
         for (key, expected) in &authored.template.data {
             let schema_context = write_contexts::current(ctx, Kind::Record, space_id, &expected.schema_id).await?;
             let input = self.context.get(key).cloned().unwrap_or_default();
-            let upsert = load_upsert(ctx, &write_schema(&schema_context, space_id), input).await?;
+            let input = parse_input(&write_schema(&schema_context, space_id), input).map_err(answered)?;
+            parsed.push((key, schema_context, input));
+        }
+        // The holders of every context record's identities (one statement for every schema) and
+        // the suppression of the address the recipient's record gives are read together: sent
+        // at once on one connection, they cost this process one exchange with the database.
+        let client = ctx.db().await?;
+        let given: Vec<&str> = parsed
+            .iter()
+            .find(|(key, _, _)| **key == authored.template.recipient)
+            .and_then(|(_, _, input)| input.identity("email"))
+            .into_iter()
+            .collect();
+        let identities: Vec<_> = parsed.iter().map(|(_, _, input)| identity_values(input)).collect();
+        let asked: Vec<(&str, &[(&str, String)])> = parsed
+            .iter()
+            .zip(&identities)
+            .map(|((_, schema_context, _), identities)| {
+                (schema_context.schema.schema_id.as_str(), identities.as_slice())
+            })
+            .collect();
+        let (owners, suppressed) = tokio::try_join!(
+            identity_owners_of(&client, space_id, &asked),
+            mail::facts::suppressed(&client, space_id, &given),
+        )?;
+        let mut context = BTreeMap::new();
+        for ((key, schema_context, input), owners) in parsed.into_iter().zip(owners) {
+            let upsert = upsert_target(&client, &write_schema(&schema_context, space_id), input, owners).await?;
             context.insert(key.clone(), ContextRecord { context: schema_context, upsert });
         }
+        drop(client);
         let recipient = match context.get(&authored.template.recipient) {
-            Some(recipient) => recipient_facts(ctx, space_id, &authored, &recipient.upsert).await?,
+            Some(recipient) => recipient_facts(ctx, space_id, &authored, &recipient.upsert, suppressed).await?,
             None => RecipientFacts::default(),
         };
         Ok(Loaded { authored, context, recipient })
@@ -110,33 +145,41 @@ impl Command for SendTemplate<'_> {
 }
 
 /// What the send decision reads about the recipient whose upsert read `upsert`: the send
-/// facts of the contact it matched and of the addresses it may have (the one given, the one
-/// the contact has), in one statement per kind.
+/// facts of the contact it matched and of the addresses it may have (the one given, whose
+/// suppressions among `given_suppressed` were read with the identities, and the one the
+/// contact has), in one statement per kind; nothing more for a new contact.
 async fn recipient_facts(
     ctx: &Ctx<'_>,
     space_id: &str,
     authored: &Authored,
     upsert: &UpsertLoaded,
+    given_suppressed: HashSet<String>,
 ) -> Result<RecipientFacts, ApiError> {
     let target = upsert.target.as_ref().map(|(_, record, _)| record);
     let matched = target.map(|record| record.record_id.clone());
-    let mut addresses: Vec<String> = upsert.input.identity("email").map(str::to_owned).into_iter().collect();
+    let given = upsert.input.identity("email");
+    let mut addresses: Vec<String> = given.map(str::to_owned).into_iter().collect();
     addresses.extend(target.and_then(|record| record.personal.as_ref()?.email.clone()));
     addresses.dedup();
     let template = &authored.template;
     let lookback =
         authored.policy.as_ref().and_then(send::SendPolicy::lookback_ms).filter(|_| template.kind == "marketing");
     let contact_ids: Vec<String> = matched.iter().cloned().collect();
-    let asked: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    let unread: Vec<&str> = addresses.iter().map(String::as_str).filter(|address| Some(*address) != given).collect();
+    if contact_ids.is_empty() && unread.is_empty() {
+        let facts = SendFacts { suppressed: given_suppressed, ..SendFacts::default() };
+        return Ok(RecipientFacts { matched, addresses, facts });
+    }
     let asked = Asked {
         space_id,
         contact_ids: &contact_ids,
-        addresses: &asked,
+        addresses: &unread,
         subscriptions: template.topic_id.is_some(),
         sends_since_ms: lookback.map(|lookback| platform::time::now_millis() - lookback),
     };
     // A database failure is answered as one (503, retry), not as a defect.
-    let facts = SendFacts::load(&ctx.db().await?, asked).await.map_err(ApiError::from)?;
+    let mut facts = SendFacts::load(&ctx.db().await?, asked).await.map_err(ApiError::from)?;
+    facts.suppressed.extend(given_suppressed);
     Ok(RecipientFacts { matched, addresses, facts })
 }
 

@@ -78,21 +78,48 @@ pub async fn identity_owners(
     schema_id: &str,
     identities: &[(&str, String)],
 ) -> Result<Owners, tokio_postgres::Error> {
-    if identities.is_empty() {
-        return Ok(Owners::new());
+    let mut owners = identity_owners_of(client, space_id, &[(schema_id, identities)]).await?;
+    Ok(owners.pop().unwrap_or_default())
+}
+
+/// Who holds each identity of each schema of `asked` (`(schema id, [(key, value)])`), in one
+/// statement for every schema: the owners in the order of `asked`.
+pub async fn identity_owners_of(
+    client: &impl GenericClient,
+    space_id: &str,
+    asked: &[(&str, &[(&str, String)])],
+) -> Result<Vec<Owners>, tokio_postgres::Error> {
+    let mut owners = vec![Owners::new(); asked.len()];
+    // Which of `asked` each probe is for, by its place in the arrays.
+    let (mut asker, mut schemas, mut kinds, mut values) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (index, (schema_id, identities)) in asked.iter().enumerate() {
+        for (kind, value) in identities.iter() {
+            asker.push(index);
+            schemas.push(*schema_id);
+            kinds.push(*kind);
+            values.push(value.as_str());
+        }
     }
-    let kinds: Vec<&str> = identities.iter().map(|(kind, _)| *kind).collect();
-    let values: Vec<&str> = identities.iter().map(|(_, value)| value.as_str()).collect();
+    if schemas.is_empty() {
+        return Ok(owners);
+    }
     // One primary-key probe per identity: the fence (OFFSET 0) keeps the planner from
     // probing on (space, schema) alone and filtering, as it does while the table has no
     // statistics.
     let statement = client
         .prepare_cached(
-            "SELECT i.kind, i.value, i.record_id FROM unnest($3::text[], $4::text[]) AS q(kind, value)
-             CROSS JOIN LATERAL (SELECT * FROM record_identities i WHERE i.space_id = $1 AND i.schema_id = $2
-                                 AND i.kind = q.kind AND i.value = q.value OFFSET 0) i",
+            "SELECT q.n, i.kind, i.value, i.record_id
+             FROM unnest($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS q(schema_id, kind, value, n)
+             CROSS JOIN LATERAL (SELECT * FROM record_identities i WHERE i.space_id = $1
+                                 AND i.schema_id = q.schema_id AND i.kind = q.kind AND i.value = q.value
+                                 OFFSET 0) i",
         )
         .await?;
-    let rows = client.query(&statement, &[&space_id, &schema_id, &kinds, &values]).await?;
-    Ok(rows.into_iter().map(|row| ((row.get(0), row.get(1)), row.get(2))).collect())
+    for row in client.query(&statement, &[&space_id, &schemas, &kinds, &values]).await? {
+        let probe = usize::try_from(row.get::<_, i64>(0) - 1).ok();
+        if let Some(owners) = probe.and_then(|probe| asker.get(probe)).and_then(|index| owners.get_mut(*index)) {
+            owners.insert((row.get(1), row.get(2)), row.get(3));
+        }
+    }
+    Ok(owners)
 }

@@ -443,6 +443,67 @@ async fn suppressions_block_every_send_and_the_allowance_runs_out() {
     assert_eq!(sink.messages().await.len(), 2);
 }
 
+/// A send that names its recipient by id is decided on the suppression of the address the
+/// contact has, as is one that gives that address; one that gives the contact a new address,
+/// on the new one. (The address a send
+/// gives is read with the identities; the contact's own only once the contact is known.)
+#[tokio::test]
+async fn a_send_reads_the_suppression_of_the_address_it_gives_or_the_one_the_contact_has() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 10).await;
+    let receipt = template_id(&app, "receipt").await;
+    let made = app.post("/schemas/people/records", MAIL_KEY, &json!({"email": "hal@example.com"})).await;
+    assert_eq!(made.status, 201, "{:?}", made.body);
+    let hal = made.body["data"]["id"].as_str().expect("id").to_owned();
+    let suppressed = app
+        .post("/contacts/suppressions", MAIL_KEY, &json!({"identifier": "hal@example.com", "reason": "manual"}))
+        .await;
+    assert_eq!(suppressed.status, 201, "{:?}", suppressed.body);
+    let order = json!({"externalId": "ord-h", "total": 1});
+    let by_id = json!({"data": {"contact": {"id": hal, "firstName": "Hal"}, "order": order}});
+    let refused = send(&app, &receipt, &by_id, None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_suppressed")), "{:?}", refused.body);
+    // The address given, which the contact already has.
+    let given = json!({"data": {"contact": {"email": "hal@example.com"}, "order": order}});
+    let refused = send(&app, &receipt, &given, None).await;
+    assert_eq!((refused.status, refused.code().clone()), (422, json!("recipient_suppressed")), "{:?}", refused.body);
+    let moved = json!({"data": {"contact": {"id": hal, "email": "hal.new@example.com"}, "order": order}});
+    let sent = send(&app, &receipt, &moved, None).await;
+    assert_eq!(sent.status, 200, "{:?}", sent.body);
+    assert_eq!(sent.body["data"]["status"], "sent", "{:?}", sent.body);
+    sink.wait_for(1, WAIT).await;
+    let messages = sink.messages().await;
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0]["rcptTo"], json!(["hal.new@example.com"]), "sent to the new address");
+}
+
+/// The holders of several upserts' identities, read in one statement, are each upsert's own:
+/// two asks in one schema do not see each other's holders, and an identity nobody holds is
+/// absent.
+#[tokio::test]
+async fn identities_read_together_are_told_apart_by_who_asked() {
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 10).await;
+    let mut ids = Vec::new();
+    for address in ["ivy@example.com", "jo@example.com"] {
+        let made = app.post("/schemas/people/records", MAIL_KEY, &json!({"email": address})).await;
+        assert_eq!(made.status, 201, "{:?}", made.body);
+        ids.push(made.body["data"]["id"].as_str().expect("id").to_owned());
+    }
+    let schema = app.query_strings("SELECT schema_id FROM record_identities WHERE value = 'ivy@example.com'").await;
+    let space = app.query_strings("SELECT space_id FROM record_identities WHERE value = 'ivy@example.com'").await;
+    let ivy = [("email", "ivy@example.com".to_owned())];
+    let jo_and_nobody = [("email", "jo@example.com".to_owned()), ("email", "nobody@example.com".to_owned())];
+    let asked: [(&str, &[(&str, String)]); 2] = [(&schema[0], &ivy), (&schema[0], &jo_and_nobody)];
+    let client = app.pool.get().await.expect("client");
+    let owners = reads::records::identity_owners_of(&client, &space[0], &asked).await.expect("read");
+    let holders = |index: usize| -> Vec<(String, String)> {
+        owners[index].iter().map(|((_, value), record)| (value.clone(), record.clone())).collect()
+    };
+    assert_eq!(holders(0), vec![("ivy@example.com".to_owned(), ids[0].clone())]);
+    assert_eq!(holders(1), vec![("jo@example.com".to_owned(), ids[1].clone())]);
+}
+
 /// Sends one receipt (answered 200) and then another, refused 402 `email_limit_reached`: an
 /// allowance of one used up. `prefix` names the two addresses.
 async fn use_up_an_allowance_of_one(app: &TestApp, receipt: &str, prefix: &str) {
