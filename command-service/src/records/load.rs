@@ -43,23 +43,29 @@ pub(crate) async fn upsert_target(
     input: Input,
     owners: Owners,
 ) -> Result<UpsertLoaded, ApiError> {
-    let target = match &input.id {
-        Some(record_id) => Match::Existing(record_id.clone()),
+    let (target, mut holders) = match &input.id {
+        Some(record_id) => (Match::Existing(record_id.clone()), Vec::new()),
         None => {
-            let holders: Vec<String> = owners.values().cloned().collect();
-            let states: Vec<RecordState> = load_records(client, &holders)
-                .await?
-                .into_iter()
+            let holders = load_records(client, &owners.values().cloned().collect::<Vec<_>>()).await?;
+            let states: Vec<RecordState> = holders
+                .iter()
                 .filter_map(|(_, _, loaded)| match loaded {
-                    Loaded::Live { state, .. } => Some(state),
+                    Loaded::Live { state, .. } => Some(state.clone()),
                     _ => None,
                 })
                 .collect();
-            match_upsert(schema.schema_type, &input, &owners, &states)
+            (match_upsert(schema.schema_type, &input, &owners, &states), holders)
         }
     };
     let target = match target {
-        Match::Existing(record_id) => Some(load_in_schema(client, schema, &record_id).await?),
+        // A holder the identities matched was read with the others: it is not read again.
+        Match::Existing(record_id) => match holders.iter().position(|(id, _, _)| *id == record_id) {
+            Some(index) => {
+                let (_, version, loaded) = holders.swap_remove(index);
+                Some(live_target(schema, &record_id, Some((version, loaded))).map_err(answered)?)
+            }
+            None => Some(load_in_schema(client, schema, &record_id).await?),
+        },
         Match::New => None,
     };
     Ok(UpsertLoaded { input, owners, target })

@@ -477,6 +477,35 @@ async fn a_send_reads_the_suppression_of_the_address_it_gives_or_the_one_the_con
     assert_eq!(messages[0]["rcptTo"], json!(["hal.new@example.com"]), "sent to the new address");
 }
 
+/// A send to known records reads each one once: the holder its identities matched is the
+/// record its upsert writes, not read a second time (counted with `pg_stat_statements`).
+#[tokio::test]
+async fn a_send_to_known_records_reads_each_of_them_once() {
+    const SENDS: i64 = 4;
+    let sink = SmtpSink::start().await;
+    let app = mail_app(&sink, 10).await;
+    let receipt = template_id(&app, "receipt").await;
+    let first = send(&app, &receipt, &receipt_body("kit@example.com", "Kit"), None).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let client = app.pool.get().await.expect("client");
+    client.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.expect("the extension");
+    let database = app.query_string("SELECT current_database()").await;
+    let this_database = format!("(SELECT oid FROM pg_database WHERE datname = '{database}')");
+    app.query_string(&format!("SELECT pg_stat_statements_reset(0, {this_database}, 0)::text")).await;
+    for _ in 0..SENDS {
+        let again = send(&app, &receipt, &receipt_body("kit@example.com", "Kit"), None).await;
+        assert_eq!(again.status, 200, "{:?}", again.body);
+    }
+    let reads = app
+        .query_i64(&format!(
+            "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements
+             WHERE dbid = {this_database} AND query LIKE 'SELECT l.stream_version, l.event_type%'"
+        ))
+        .await;
+    // The contact and the order, one read of both records' holders each a send.
+    assert_eq!(reads, 2 * SENDS, "reads of records over {SENDS} sends");
+}
+
 /// The holders of several upserts' identities, read in one statement, are each upsert's own:
 /// two asks in one schema do not see each other's holders, and an identity nobody holds is
 /// absent.
