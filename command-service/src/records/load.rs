@@ -99,9 +99,13 @@ pub(crate) async fn load_update(
     let echoed = crate::echo::take_echoed(&mut input, &["createdAt"], &["updatedAt"]);
     let input = parse_input(schema, input).map_err(answered)?;
     let client = ctx.db().await?;
-    let target = load_in_schema(&client, schema, record_id).await?;
+    // The record and the holders of the identities the input sets, sent at once on one
+    // connection: one exchange with the database.
+    let identities = identity_values(&input);
+    let (target, owners) = tokio::try_join!(load_in_schema(&client, schema, record_id), async {
+        identity_owners(&client, schema.space_id, schema.schema_id, &identities).await.map_err(ApiError::from)
+    })?;
     check_echoed(&crate::echo::changed(&echoed, &shown_platform_fields(&target.1))).map_err(answered)?;
-    let owners = identity_owners(&client, schema.space_id, schema.schema_id, &identity_values(&input)).await?;
     Ok((input, target, owners))
 }
 
