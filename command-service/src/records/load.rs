@@ -43,7 +43,7 @@ pub(crate) async fn upsert_target(
     input: Input,
     owners: Owners,
 ) -> Result<UpsertLoaded, ApiError> {
-    let (target, mut holders) = match &input.id {
+    let (target, holders) = match &input.id {
         Some(record_id) => (Match::Existing(record_id.clone()), Vec::new()),
         None => {
             let holders = load_records(client, &owners.values().cloned().collect::<Vec<_>>()).await?;
@@ -59,13 +59,10 @@ pub(crate) async fn upsert_target(
     };
     let target = match target {
         // A holder the identities matched was read with the others: it is not read again.
-        Match::Existing(record_id) => match holders.iter().position(|(id, _, _)| *id == record_id) {
-            Some(index) => {
-                let (_, version, loaded) = holders.swap_remove(index);
-                Some(live_target(schema, &record_id, Some((version, loaded))).map_err(answered)?)
-            }
-            None => Some(load_in_schema(client, schema, &record_id).await?),
-        },
+        Match::Existing(record_id) if holders.iter().any(|(id, _, _)| *id == record_id) => {
+            Some(target_among(schema, &record_id, holders)?)
+        }
+        Match::Existing(record_id) => Some(load_in_schema(client, schema, &record_id).await?),
         Match::New => None,
     };
     Ok(UpsertLoaded { input, owners, target })
@@ -138,10 +135,16 @@ pub(crate) async fn load_in_schema(
     schema: &WriteSchema<'_>,
     record_id: &str,
 ) -> Result<Target, ApiError> {
-    let loaded = load_records(client, &[record_id.to_owned()])
-        .await?
-        .into_iter()
-        .find(|(id, _, _)| id == record_id)
-        .map(|(_, version, loaded)| (version, loaded));
+    target_among(schema, record_id, load_records(client, &[record_id.to_owned()]).await?)
+}
+
+/// Record `record_id` among `loaded` (as `load_records` reads them) as [`load_in_schema`]
+/// answers it.
+fn target_among(
+    schema: &WriteSchema<'_>,
+    record_id: &str,
+    loaded: Vec<(String, i64, Loaded)>,
+) -> Result<Target, ApiError> {
+    let loaded = loaded.into_iter().find(|(id, _, _)| id == record_id).map(|(_, version, loaded)| (version, loaded));
     live_target(schema, record_id, loaded).map_err(answered)
 }

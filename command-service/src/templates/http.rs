@@ -100,9 +100,8 @@ impl Command for SendTemplate<'_> {
             let upsert = upsert_target(&client, &write_schema(&schema_context, space_id), input, owners).await?;
             context.insert(key.clone(), ContextRecord { context: schema_context, upsert });
         }
-        drop(client);
         let recipient = match context.get(&authored.template.recipient) {
-            Some(recipient) => recipient_facts(ctx, space_id, &authored, &recipient.upsert, suppressed).await?,
+            Some(recipient) => recipient_facts(&client, space_id, &authored, &recipient.upsert, suppressed).await?,
             None => RecipientFacts::default(),
         };
         Ok(Loaded { authored, context, recipient })
@@ -149,7 +148,7 @@ impl Command for SendTemplate<'_> {
 /// suppressions among `given_suppressed` were read with the identities, and the one the
 /// contact has), in one statement per kind; nothing more for a new contact.
 async fn recipient_facts(
-    ctx: &Ctx<'_>,
+    client: &deadpool_postgres::Client,
     space_id: &str,
     authored: &Authored,
     upsert: &UpsertLoaded,
@@ -178,7 +177,7 @@ async fn recipient_facts(
         sends_since_ms: lookback.map(|lookback| platform::time::now_millis() - lookback),
     };
     // A database failure is answered as one (503, retry), not as a defect.
-    let mut facts = SendFacts::load(&ctx.db().await?, asked).await.map_err(ApiError::from)?;
+    let mut facts = SendFacts::load(client, asked).await.map_err(ApiError::from)?;
     facts.suppressed.extend(given_suppressed);
     Ok(RecipientFacts { matched, addresses, facts })
 }
