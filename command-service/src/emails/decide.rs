@@ -74,7 +74,7 @@ pub(crate) fn consent_write(
     let ConsentLoaded { space_id, context, input, target, owners } = *loaded;
     let schema = records::write_schema(&context, &space_id);
     let decided = records::decide_record_update(&schema, input, target, &owners, given.now_ms, given.fresh)?;
-    Ok(decided.map(|(write, _)| write.carried_by(source.kind, source.id)))
+    Ok(decided.0.map(|write| write.carried_by(source.kind, source.id)))
 }
 
 /// What the email's stream says.

@@ -249,7 +249,7 @@ fn update_of(
     given: &mut Given<'_>,
 ) -> Result<Option<Write>, Refusal> {
     match decide_update(schema, current, input, owners, given.now_ms)? {
-        UpdateDecision::Unchanged => Ok(None),
+        UpdateDecision::Unchanged { .. } => Ok(None),
         UpdateDecision::Changed(change) => {
             let write = update_write(space_id, schema.schema_id, (*version, data_key.clone()), *change, given.fresh)
                 .map_err(|error| Refusal::Unwritable(error.to_string()))?;

@@ -105,14 +105,11 @@ pub(crate) fn decide_upsert(
     let UpsertLoaded { input, owners, target } = loaded;
     match target {
         Some((version, current, key)) => {
-            let UpdateDecision::Changed(change) = decide_update(schema, &current, input, &owners, now)? else {
-                return Ok(PlannedUpsert {
-                    status: Status::Ok,
-                    record: current,
-                    warnings: Vec::new(),
-                    write: None,
-                    key,
-                });
+            let change = match decide_update(schema, &current, input, &owners, now)? {
+                UpdateDecision::Changed(change) => change,
+                UpdateDecision::Unchanged { warnings } => {
+                    return Ok(PlannedUpsert { status: Status::Ok, record: current, warnings, write: None, key });
+                }
             };
             let (record, warnings) = (change.state.clone(), change.warnings.clone());
             let write = update_write(schema.space_id, schema.schema_id, (version, key), *change, fresh);
@@ -129,8 +126,9 @@ pub(crate) fn decide_upsert(
     }
 }
 
-/// An update decided: the write and the record after it, or `None` when nothing changes. A
-/// record without a data key gets one from `fresh`.
+/// An update decided: the write (`None` when nothing changes) and the answer, the record
+/// after it with the warnings of what was skipped. A record without a data key gets one from
+/// `fresh`.
 pub(crate) fn decide_record_update(
     schema: &WriteSchema<'_>,
     input: Input,
@@ -138,14 +136,14 @@ pub(crate) fn decide_record_update(
     owners: &Owners,
     now: i64,
     fresh: &mut dyn Fresh,
-) -> Result<Option<(Write, Reply)>, Refusal> {
+) -> Result<(Option<Write>, Reply), Refusal> {
     match decide_update(schema, &current, input, owners, now)? {
-        UpdateDecision::Unchanged => Ok(None),
+        UpdateDecision::Unchanged { warnings } => Ok((None, Reply::ok(current.document()).with_warnings(&warnings))),
         UpdateDecision::Changed(change) => {
             let reply = Reply::ok(change.state.document()).with_warnings(&change.warnings);
             let write = update_write(schema.space_id, schema.schema_id, (version, key), *change, fresh)
                 .map_err(Refusal::Unwritable)?;
-            Ok(Some((write, reply)))
+            Ok((Some(write), reply))
         }
     }
 }
@@ -256,13 +254,12 @@ impl Decide for UpdateRecord {
         given: &mut Given<'_>,
     ) -> Result<Outcome, Refusal> {
         let schema = write_schema(&context, &self.space_id);
-        let unchanged = target.1.document();
         let subscriptions =
             topic_changes(self.topics.as_ref(), topic_facts.as_ref(), (&self.space_id, &self.record_id), given)?;
         let (mut streams, guards, reply) =
             match decide_record_update(&schema, input, target, &owners, given.now_ms, given.fresh)? {
-                None => (Vec::new(), Vec::new(), Reply::ok(unchanged)),
-                Some((Write { stream, guards, .. }, reply)) => (vec![stream], guards, reply),
+                (None, reply) => (Vec::new(), Vec::new(), reply),
+                (Some(Write { stream, guards, .. }), reply) => (vec![stream], guards, reply),
             };
         streams.extend(subscriptions);
         Ok(Outcome::batch(streams, guards, reply))

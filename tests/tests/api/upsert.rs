@@ -124,6 +124,11 @@ async fn patch_keeps_omitted_clears_nulls_and_uses_the_path_id() {
     assert_eq!(collision.body["data"]["email"], "p@example.com", "the colliding field is skipped");
     assert_eq!(collision.body["data"]["firstName"], "P");
     assert_eq!(collision.body["warnings"][0]["code"], "identifier_skipped");
+    // Skipped with nothing else to change: nothing is written, and the answer still says why.
+    let only = patch(&app, id, json!({"email": "taken@example.com"})).await;
+    assert_eq!(only.status, 200, "{:?}", only.body);
+    assert_eq!(only.body["data"]["email"], "p@example.com", "the colliding field is skipped");
+    assert_eq!(only.body["warnings"][0]["code"], "identifier_skipped", "{:?}", only.body);
 
     for (body, code) in [
         (json!({"score": 1}), "attribute_not_writable"),

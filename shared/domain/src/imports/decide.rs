@@ -284,7 +284,10 @@ fn decide_row(
             let subscriptions = subscribe(facts, provenance, (schema.space_id, &record_id), &topic_ids, now_ms);
             let write = match decide_update(schema, &current, input, facts.owners, now_ms) {
                 Err(refusal) => return refused(key, refusal),
-                Ok(UpdateDecision::Unchanged) => None,
+                Ok(UpdateDecision::Unchanged { warnings: skipped }) => {
+                    warnings.extend(skipped);
+                    None
+                }
                 Ok(UpdateDecision::Changed(change)) => {
                     let mut change = *change;
                     warnings.extend(change.warnings.iter().cloned());

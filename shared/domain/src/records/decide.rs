@@ -104,8 +104,11 @@ pub struct CreateDecision {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum UpdateDecision {
-    /// Nothing changes: answer with the current record and append nothing.
-    Unchanged,
+    /// Nothing changes: answer with the current record, and the warnings of what was skipped
+    /// (an identity held by another record), and append nothing.
+    Unchanged {
+        warnings: Vec<Warning>,
+    },
     Changed(Box<Change>),
 }
 
@@ -388,7 +391,7 @@ pub fn decide_update(
         return Err(RecordRefusal::invalid(Code::RequiredAttributeMissing, message, issues));
     }
     if changed.is_empty() {
-        return Ok(UpdateDecision::Unchanged);
+        return Ok(UpdateDecision::Unchanged { warnings });
     }
     personal.values_json = Value::Object(values).to_string();
     let state = current.after_update(personal.clone(), now_ms);
@@ -645,7 +648,7 @@ mod tests {
         let same = parse_input(&schema, object(json!({"email": "A@x.io", "plan": "free"}))).expect("valid");
         assert_eq!(
             decide_update(&schema, &current, same, &Owners::new(), 5).expect("valid"),
-            UpdateDecision::Unchanged
+            UpdateDecision::Unchanged { warnings: Vec::new() }
         );
     }
 }
