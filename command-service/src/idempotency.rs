@@ -8,7 +8,8 @@
 //! diverge. Errors raised after the claim are recorded too and replayed.
 //!
 //! Each claim names the instance that made it (its `platform::liveness` heartbeat). While it
-//! runs, a retry is answered 409 `idempotency_conflict` with `Retry-After`. A claim left
+//! runs, a retry waits for it up to [`CONFLICT_WAIT`], then is answered 409
+//! `idempotency_conflict` with `Retry-After`. A claim left
 //! `processing` by an instance that stopped beating for `liveness::DEAD_AFTER`, or, whoever
 //! owns it, older than `CLAIM_TIMEOUT`, or left `unresolved`, is settled by the next request
 //! with the key from what its operation left ([`take_over`]): nothing, and the request runs
@@ -29,7 +30,9 @@
 //! below), inserted and committed with `ON CONFLICT DO NOTHING`. A request that finds an existing
 //! row answers from it: another body is 422 `idempotency_key_reused`; a completed one is replayed
 //! (status and body, `Idempotent-Replay: true`, the original `Operation-Id`); a claim still
-//! processing is 409 `idempotency_conflict` with `Retry-After: 1`. A claim whose instance is
+//! processing is looked at again every 100 ms for up to 1.5 s (an operation that ends, or a claim
+//! its holder settles, answers this request at once), then 409 `idempotency_conflict` with
+//! `Retry-After: 1`. A claim whose instance is
 //! presumed dead (it is over 5 s old and its instance has not beaten for 5 s while others did), one
 //! older than 60 s whoever holds it, and an unresolved one are settled from what the operation left
 //! (`idempotency::take_over`): an append under a claim records its answer in its own transaction,
@@ -53,12 +56,13 @@
 //! send's `Claim::held`) no longer match, so its appends are refused, and its hand-off's outcome
 //! append fails on the lease token. The maintenance worker deletes rows that stopped beating a day
 //! ago. A live instance whose operation failed because its database went away cannot settle the
-//! claim at that moment either (release it, or mark it unresolved); it retries that statement every
-//! second in the background until the claim timeout, so the retry after the outage executes (or
-//! learns the outcome is unresolved) within seconds of the database's return. If admission cannot
+//! claim at that moment either (release it, or mark it unresolved); it retries that statement in the
+//! background every 100 ms, doubling to 250 ms, until the claim timeout, so the retry after the
+//! outage (waiting on the claim as above) executes, or learns the outcome is unresolved, within a
+//! quarter of a second of the database's return. If admission cannot
 //! reach the database within 2 s, or its connection fails while the claim statement is out, the
 //! answer is 429 `idempotency_admission_busy` with `Retry-After`, and the claim it may still have
-//! left behind is withdrawn by its token, tried every second until the row is found and deleted
+//! left behind is withdrawn by its token, tried on the same pauses until the row is found and deleted
 //! (the claim may land after a first try found nothing, or the database may be away), so the retry
 //! executes. A live process holding an email row it is not handing off does the same
 //! (`mail::outbox`): a claim whose answer was lost is given back by its token (the row `pending`
@@ -180,6 +184,35 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
         operation_id: platform::ids::new_id("op"),
         key: key.to_owned(),
     };
+    // A claim held by an operation still running, or being settled, is waited for a while
+    // before the retry is told to come again: most end within it (an operation that finishes,
+    // a claim its live holder settles once its database is back), and then this request is
+    // answered from the outcome, or runs the operation, at once.
+    let since = std::time::Instant::now();
+    loop {
+        match claim_once(state, caller, (method, path, key), &body_hash, &claim).await {
+            Err(error) if error.code() == Some(Code::IdempotencyConflict) && since.elapsed() < CONFLICT_WAIT => {
+                tokio::time::sleep(CONFLICT_POLL).await;
+            }
+            answer => return answer,
+        }
+    }
+}
+
+/// How long a request waits for a claim held by another operation of its key before it
+/// answers 409 `idempotency_conflict`, looking every [`CONFLICT_POLL`].
+const CONFLICT_WAIT: Duration = Duration::from_millis(1500);
+const CONFLICT_POLL: Duration = Duration::from_millis(100);
+
+/// One try of [`admit`]: claims the operation, or answers from (or about) the claim its key
+/// has.
+async fn claim_once(
+    state: &State,
+    caller: &Caller,
+    (method, path, key): (&str, &str, &str),
+    body_hash: &str,
+    claim: &Claim,
+) -> Result<Admission, ApiError> {
     let busy = || {
         ApiError::of(
             Code::IdempotencyAdmissionBusy,
@@ -257,7 +290,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
             _ => {
                 drop(client);
                 let held = Held { token: row.get(5), owner: row.get(7), operation_id };
-                take_over(state, &claim, held, record_state == "processing").await
+                take_over(state, claim, held, record_state == "processing").await
             }
         }
     };
@@ -267,7 +300,7 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
             // The connection failed; if it did while the claim statement was out, the claim
             // may have been made (its answer lost): withdraw it as below.
             if unconfirmed.load(std::sync::atomic::Ordering::Relaxed) {
-                tokio::spawn(withdraw(state.pool.clone(), claim));
+                tokio::spawn(withdraw(state.pool.clone(), claim.clone()));
             }
             Err(busy())
         }
@@ -276,15 +309,14 @@ pub async fn admit(state: &State, req: &HttpRequest, caller: &Caller, body: &Val
             // The claim statement may still complete in the database after we gave up on it;
             // nobody will run that operation, so withdraw the claim (by its token) once it is
             // there, and the caller's retry executes instead of meeting it.
-            tokio::spawn(withdraw(state.pool.clone(), claim));
+            tokio::spawn(withdraw(state.pool.clone(), claim.clone()));
             Err(busy())
         }
     }
 }
 
 /// Withdraws the claim of an admission that gave up waiting for it, or whose connection failed
-/// while its claim statement was out: every second until its
-/// row is found and deleted, or [`CLAIM_TIMEOUT`] passes. One attempt is not enough: the
+/// while its claim statement was out: tried until its row is found and deleted, or [`CLAIM_TIMEOUT`] passes. One attempt is not enough: the
 /// claim statement may land after a first delete found nothing (it waited behind another
 /// transaction's claim of the key), and the database may be away when the delete is due;
 /// either way the claim would stand, held by this live process, and every retry would meet
@@ -515,8 +547,8 @@ impl Claim {
     /// Settles this claim while it is still `processing` under this token ([`Settlement`]).
     /// When the database cannot take it now (the very failure that ends the operation is often
     /// the database's), or a send's hand-off is still given its grace, it is tried again in the
-    /// background every second until the claim timeout; otherwise this live instance would
-    /// leave a retry meeting `idempotency_conflict` for the whole timeout.
+    /// background ([`platform::db::settling_pauses`]) until the claim timeout; otherwise this
+    /// live instance would leave a retry meeting `idempotency_conflict` for the whole timeout.
     async fn settle(&self, state: &State, mut settlement: Settlement) {
         if self.try_settle(&state.pool, &mut settlement).await {
             return;
@@ -524,8 +556,11 @@ impl Claim {
         let (pool, claim) = (state.pool.clone(), self.clone());
         tokio::spawn(async move {
             let deadline = std::time::Instant::now() + CLAIM_TIMEOUT;
-            while std::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+            for pause in platform::db::settling_pauses() {
+                if std::time::Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
                 if claim.try_settle(&pool, &mut settlement).await {
                     return;
                 }

@@ -42,7 +42,11 @@ pub(crate) async fn request_id_middleware(
     let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.path());
     // The span covers the whole request, across its awaits, without being entered on a thread
     // that may run other tasks meanwhile.
-    let mut response = tracing::Instrument::instrument(next.call(req), span).await?;
+    let started = std::time::Instant::now();
+    let mut response = tracing::Instrument::instrument(next.call(req), span.clone()).await?;
+    span.in_scope(|| {
+        tracing::debug!(status = response.status().as_u16(), took_ms = started.elapsed().as_millis(), "answered");
+    });
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(HeaderName::from_static("x-request-id"), value);
     }

@@ -33,9 +33,21 @@ pub fn release(client: deadpool_postgres::Client, bytes: usize) {
     }
 }
 
-/// Runs `sql` every second until it changes exactly one row, or `for_at_most` passes; whether
-/// it did. For undoing a claim whose answer was lost: its statement may commit after the error
-/// was seen, and the database may be away when the undoing is due, so one try is not enough.
+/// The pauses between tries of a statement that settles what a failed operation left (a claim
+/// to withdraw, release or mark unresolved, a hand-off to give back) while the database is
+/// away: 100 ms, doubling to 250 ms. A try while it is away fails at once, or within the
+/// connect timeout; the first after its return must come soon, since a client's retry of the
+/// operation waits for it (docs/benchmarks.md, "A client's longest wait through a failover").
+pub fn settling_pauses() -> impl Iterator<Item = Duration> {
+    std::iter::successors(Some(Duration::from_millis(100)), |pause| Some((*pause * 2).min(SETTLING_PAUSE_MAX)))
+}
+
+const SETTLING_PAUSE_MAX: Duration = Duration::from_millis(250);
+
+/// Runs `sql` until it changes exactly one row, or `for_at_most` passes, pausing
+/// [`settling_pauses`] between tries; whether it did. For undoing a claim whose answer was
+/// lost: its statement may commit after the error was seen, and the database may be away when
+/// the undoing is due, so one try is not enough.
 pub async fn until_one_row(
     pool: &Pool,
     sql: &str,
@@ -43,17 +55,18 @@ pub async fn until_one_row(
     for_at_most: Duration,
 ) -> bool {
     let deadline = std::time::Instant::now() + for_at_most;
-    loop {
+    for pause in settling_pauses() {
         if let Ok(client) = pool.get().await
             && client.execute(sql, params).await.is_ok_and(|rows| rows == 1)
         {
             return true;
         }
         if std::time::Instant::now() >= deadline {
-            return false;
+            break;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(pause).await;
     }
+    false
 }
 
 /// The pool of the request-serving services (query and command): as [`pool`], and every

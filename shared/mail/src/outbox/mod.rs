@@ -202,8 +202,7 @@ pub struct Lease {
 const SETTLE_PERSISTENCE: Duration = Duration::from_secs(25);
 
 /// Retries `attempt` while it fails for a reason that may pass (`transient`), for
-/// [`SETTLE_PERSISTENCE`] at most: 100 ms after the first failure, doubling to 500 ms (a try
-/// while the database is away fails at once; the one after its return should not wait long).
+/// [`SETTLE_PERSISTENCE`] at most, pausing [`platform::db::settling_pauses`] between tries.
 async fn persist<T, E, Fut>(
     what: &str,
     email_id: &str,
@@ -215,13 +214,16 @@ where
     Fut: std::future::Future<Output = Result<T, E>>,
 {
     let deadline = std::time::Instant::now() + SETTLE_PERSISTENCE;
-    let mut pause = Duration::from_millis(100);
+    let mut pauses = platform::db::settling_pauses();
     loop {
         match attempt().await {
-            Err(error) if transient(&error) && std::time::Instant::now() + pause < deadline => {
+            Err(error) if transient(&error) => {
+                let pause = pauses.next().unwrap_or(Duration::from_millis(250));
+                if std::time::Instant::now() + pause >= deadline {
+                    return Err(error);
+                }
                 tracing::warn!(error = %error, email = %email_id, "could not {what}; trying again");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
             }
             other => return other,
         }
@@ -229,8 +231,8 @@ where
 }
 
 /// Withdraws a claim of `email_id` under `token` whose answer was lost, if it was made: the
-/// email goes back to `pending`, due at once (nothing was handed over under it). Tries every
-/// second for [`SETTLE_PERSISTENCE`]: the claim may commit after its answer was lost, and the
+/// email goes back to `pending`, due at once (nothing was handed over under it). Tries for
+/// [`SETTLE_PERSISTENCE`]: the claim may commit after its answer was lost, and the
 /// database may be away when the withdrawal is due.
 async fn unclaim(pool: Pool, email_id: String, token: Uuid) {
     let withdrawn = platform::db::until_one_row(
