@@ -272,62 +272,17 @@ impl deadpool_postgres::Connect for Connector {
         Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
     > {
         Box::pin(async move {
-            let since = std::time::Instant::now();
-            loop {
-                match self.try_connect().await {
-                    Ok((client, connection)) => return Ok(driven(client, connection)),
-                    Err(error) if may_pass(&error) && since.elapsed() + CONNECT_RETRY < CONNECT_PATIENCE => {
-                        tokio::time::sleep(CONNECT_RETRY).await;
-                    }
-                    Err(error) => return Err(error),
+            let (client, connection) = match (self.hosts.connect().await, &self.fallback) {
+                (Ok(connected), _) => connected,
+                (Err(error), Some(fallback)) => {
+                    tracing::debug!(%error, "no standby answered; reading from the primary");
+                    fallback.connect().await?
                 }
-            }
+                (Err(error), None) => return Err(error),
+            };
+            Ok(driven(client, connection))
         })
     }
-}
-
-impl Connector {
-    async fn try_connect(
-        &self,
-    ) -> Result<
-        (tokio_postgres::Client, tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>),
-        tokio_postgres::Error,
-    > {
-        match (self.hosts.connect().await, &self.fallback) {
-            (Ok(connected), _) => Ok(connected),
-            (Err(error), Some(fallback)) => {
-                tracing::debug!(%error, "no standby answered; reading from the primary");
-                fallback.connect().await
-            }
-            (Err(error), None) => Err(error),
-        }
-    }
-}
-
-/// How long a pool keeps trying to open a connection while its database is away (no host
-/// takes the connection, or none takes writes yet: a restart, a failover), every
-/// [`CONNECT_RETRY`], before the error is its caller's. A request that needs a connection
-/// while the database comes back is answered as soon as it is back, instead of with a 503 and
-/// its client's pause before the retry (docs/benchmarks.md, "A client's longest wait through a
-/// failover"); one that outlasts it is still answered 503 within seconds.
-const CONNECT_PATIENCE: Duration = Duration::from_secs(2);
-const CONNECT_RETRY: Duration = Duration::from_millis(100);
-
-/// Whether a failure to connect may pass by itself: the socket could not be opened or broke
-/// off, or a server answered that it cannot take the connection now (starting up, shutting
-/// down, in recovery, not taking writes yet). Not a refused login or an unknown database.
-fn may_pass(error: &tokio_postgres::Error) -> bool {
-    if let Some(database) = error.as_db_error() {
-        return *database.code() == tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW;
-    }
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
-    while let Some(cause) = source {
-        if cause.is::<std::io::Error>() {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
 }
 
 /// `client` with a task that drives its `connection` until it ends.
@@ -608,35 +563,6 @@ mod tests {
     use tokio_postgres::types::{FromSql, Type};
 
     use super::{BEGIN_KEYED, KEYED_PLANS, RawJson, UNKEYED_PLANS, connection_config};
-
-    #[tokio::test]
-    async fn a_connection_no_server_took_may_pass_and_one_refused_by_a_server_does_not() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
-        let port = listener.local_addr().expect("its address").port();
-        drop(listener);
-        let config = connection_config(&format!("postgres://nobody@127.0.0.1:{port}/none")).expect("a URL");
-        let refused = config.connect(tokio_postgres::NoTls).await.err().expect("nothing listens");
-        assert!(super::may_pass(&refused), "{refused}");
-        // A server that answers and refuses (here: a malformed startup answer) is not waited for.
-        let answering = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
-        let answering_port = answering.local_addr().expect("its address").port();
-        tokio::spawn(async move {
-            if let Ok((mut socket, _)) = answering.accept().await {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut startup = [0_u8; 256];
-                let _ = socket.read(&mut startup).await;
-                // An ErrorResponse: severity FATAL, code 28P01 (invalid password), a message.
-                let fields = b"SFATAL\0C28P01\0Mpassword authentication failed\0\0";
-                let mut message = vec![b'E'];
-                message.extend_from_slice(&u32::try_from(fields.len() + 4).expect("small").to_be_bytes());
-                message.extend_from_slice(fields);
-                let _ = socket.write_all(&message).await;
-            }
-        });
-        let config = connection_config(&format!("postgres://nobody@127.0.0.1:{answering_port}/none")).expect("a URL");
-        let denied = config.connect(tokio_postgres::NoTls).await.err().expect("refused");
-        assert!(!super::may_pass(&denied), "{denied}");
-    }
 
     #[test]
     fn the_keyed_settings_are_set_and_set_back_by_the_same_names() {
