@@ -1106,3 +1106,29 @@ async fn while_live_requests_are_served_an_import_appends_its_rows_in_small_wave
     assert_eq!(sizes.iter().sum::<i64>(), 300, "{sizes:?}");
     assert!(sizes.iter().all(|size| *size <= 100), "waves of at most 100 rows: {sizes:?}");
 }
+
+#[tokio::test]
+async fn a_row_that_changes_nothing_but_an_address_another_contact_holds_reports_it_skipped() {
+    let app = TestApp::spawn().await;
+    app.apply_workspace(&workspace_with_members(), true).await;
+    for (user, email) in [("u-a", "a@example.com"), ("u-b", "b@example.com")] {
+        let created = app
+            .post("/schemas/members/records", ALPHA_ADMIN, &json!({"userId": user, "email": email, "plan": "basic"}))
+            .await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+    }
+    // The row finds u-b by its userId and gives it u-a's address, its plan as it is: the
+    // address is skipped (rule 4), so the row changes nothing, and says what it skipped.
+    let settings = json!({"schema": "members", "format": "csv"});
+    assert_eq!(create_import(&app, "skipped", &settings).await.status, 201);
+    let part =
+        put(&app, "/imports/skipped/parts/1", "text/csv", format!("{HEADER}\nu-b,a@example.com,,,,basic,,\n")).await;
+    assert_eq!(part.status, 202, "{:?}", part.body);
+    let closed = app.post("/imports/skipped/complete", ALPHA_ADMIN, &json!({"parts": 1})).await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    let import = completed(&app, "skipped").await;
+    assert_eq!(import["rows"]["unchanged"], 1, "{import:?}");
+    let unchanged = rows(&app, "skipped", "unchanged").await;
+    assert_eq!(unchanged[0]["warnings"][0]["code"], "identifier_skipped", "{unchanged:?}");
+    assert_eq!(unchanged[0]["key"], json!({"field": "userId", "value": "u-b"}));
+}
