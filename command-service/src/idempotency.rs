@@ -316,11 +316,11 @@ async fn claim_once(
 }
 
 /// Withdraws the claim of an admission that gave up waiting for it, or whose connection failed
-/// while its claim statement was out: tried until its row is found and deleted, or [`CLAIM_TIMEOUT`] passes. One attempt is not enough: the
-/// claim statement may land after a first delete found nothing (it waited behind another
-/// transaction's claim of the key), and the database may be away when the delete is due;
-/// either way the claim would stand, held by this live process, and every retry would meet
-/// `idempotency_conflict` until the timeout.
+/// while its claim statement was out: tried until its row is found and deleted, or
+/// [`CLAIM_TIMEOUT`] passes. One attempt is not enough: the claim statement may land after a
+/// first delete found nothing (it waited behind another transaction's claim of the key), and
+/// the database may be away when the delete is due; either way the claim would stand, held by
+/// this live process, and every retry would meet `idempotency_conflict` until the timeout.
 async fn withdraw(pool: deadpool_postgres::Pool, claim: Claim) {
     platform::db::until_one_row(
         &pool,
