@@ -391,25 +391,20 @@ async fn a_retry_that_finds_its_key_processing_is_answered_when_the_operation_en
         .execute("UPDATE idempotency_records SET state = 'processing', status = NULL, response = NULL", &[])
         .await
         .expect("an unfinished claim");
-    let retry = {
-        let request = app
-            .request(reqwest::Method::POST, "/schemas/contacts/records", Some(ALPHA_ADMIN))
-            .header("Idempotency-Key", "key-w")
-            .json(&body);
-        tokio::spawn(async move { app_response(request).await })
-    };
     // ... and ends 300 ms later: the retry is answered with its outcome, not told to come again.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    client
-        .execute(
-            "UPDATE idempotency_records SET state = 'completed', status = $1, response = $2",
-            &[&status, &response],
-        )
-        .await
-        .expect("completes");
-    let (retry_status, replayed, retry_body) = retry.await.expect("joins");
-    assert_eq!((retry_status, replayed), (201, true), "{retry_body}");
-    assert_eq!(retry_body, first.body);
+    let ends = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        client
+            .execute(
+                "UPDATE idempotency_records SET state = 'completed', status = $1, response = $2",
+                &[&status, &response],
+            )
+            .await
+            .expect("completes");
+    };
+    let (retry, ()) = tokio::join!(app.create_with_key("key-w", &body), ends);
+    assert_eq!((retry.status, retry.header("idempotent-replay")), (201, Some("true")), "{:?}", retry.body);
+    assert_eq!(retry.body, first.body);
     // One that does not end within the wait is told to come again.
     client
         .execute("UPDATE idempotency_records SET state = 'processing', status = NULL, response = NULL", &[])
@@ -421,13 +416,6 @@ async fn a_retry_that_finds_its_key_processing_is_answered_when_the_operation_en
     assert_eq!(conflict.header("retry-after"), Some("1"));
     assert!(started.elapsed() >= Duration::from_secs(1), "waited first: {:?}", started.elapsed());
     assert_eq!(record_count(&app).await, 1);
-}
-
-/// Status, whether `Idempotent-Replay: true`, and body.
-async fn app_response(request: reqwest::RequestBuilder) -> (u16, bool, Value) {
-    let response = request.send().await.expect("sent");
-    let replayed = response.headers().get("idempotent-replay").is_some_and(|value| value == "true");
-    (response.status().as_u16(), replayed, response.json().await.unwrap_or(Value::Null))
 }
 
 #[tokio::test]
