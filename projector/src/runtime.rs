@@ -3,7 +3,8 @@
 //! A [`Worker`] does one bounded unit of work per [`Worker::step`] and says whether it did
 //! anything. The runtime drives each worker in a task of its own: while it progresses it steps
 //! again at once; when it is idle it sleeps until a NOTIFY on one of its channels wakes it, or
-//! its poll interval passes (the fallback when a notification is lost); when a step fails it
+//! its poll interval passes (the fallback when a notification is lost), an interval that
+//! doubles while polls find nothing, up to the worker's idle ceiling; when a step fails it
 //! waits a jittered exponential backoff (`backon`) before the next, and is healthy again after
 //! a success. On shutdown no new step starts and a step in flight gets a bounded time to
 //! finish; a step's database work is one transaction, so one that is cut short rolls back and
@@ -35,8 +36,10 @@
 //! does one bounded unit of work and says `Progressed` or `Idle`. The runtime drives each worker
 //! in a task: after `Progressed` it steps again at once; after `Idle` it sleeps until a NOTIFY on
 //! one of the worker's channels (one LISTEN connection per channel per process) or its poll
-//! interval. A worker that follows the log says `Progressed` only when it read a full batch;
-//! a notification that arrives during a step is kept, so the next wait ends at once. After a
+//! interval, doubled after each poll that found nothing up to its idle ceiling (two seconds
+//! for the followers of the log, whose work always comes with a notification). A worker that
+//! follows the log says `Progressed` only when it read a full batch; a notification that
+//! arrives during a step is kept, so the next wait ends at once. After a
 //! failure it waits a jittered exponential backoff (`backon`, 100 ms to 30 s)
 //! and steps again; a failure on a database that is away (`platform::db::is_transient`: a
 //! restart, a failover) is logged as a warning for the first 30 s of a worker's failing, and
@@ -121,6 +124,14 @@ pub trait Worker: Send + Sync + 'static {
     /// How long to sleep when idle and no notification arrives.
     fn poll_interval(&self) -> Duration;
 
+    /// The longest an idle worker sleeps: each poll that found nothing, with no notification
+    /// meanwhile, doubles the next sleep from [`Worker::poll_interval`] up to this; work found
+    /// or a notification brings it back to the poll interval ([`idle_sleep`]). The poll
+    /// interval (the default): a worker whose work comes due by the clock polls at its pace.
+    fn idle_ceiling(&self) -> Duration {
+        self.poll_interval()
+    }
+
     /// One bounded unit of work.
     fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>>;
 
@@ -151,6 +162,11 @@ pub trait Worker: Send + Sync + 'static {
 /// step a read of the log and a write of its checkpoint (docs/benchmarks.md, issue 70:
 /// "Followers step at most every 20 ms").
 pub const FOLLOWER_SPACING: Duration = Duration::from_millis(20);
+
+/// The idle ceiling ([`Worker::idle_ceiling`]) of the followers of the log: every append
+/// notifies them (and a lost listener's reconnection wakes them), so their poll is only the
+/// fallback (docs/benchmarks.md, "An idle process polls less").
+pub const FOLLOWER_IDLE_CEILING: Duration = Duration::from_secs(2);
 
 /// One worker's health as the runtime saw it.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -308,6 +324,8 @@ async fn drive(
     let mut lag_measured = Instant::now() - LAG_INTERVAL;
     metrics::gauge!("worker_running", "worker" => name.clone()).set(1.0);
     let spacing = worker.spacing();
+    // Polls in a row that found nothing with no notification between them.
+    let mut idle_polls = 0_u32;
     while !shutdown.is_cancelled() {
         if lag_measured.elapsed() >= LAG_INTERVAL {
             lag_measured = Instant::now();
@@ -350,14 +368,17 @@ async fn drive(
                     health.steps += 1;
                 });
                 if outcome == Outcome::Progressed {
+                    idle_polls = 0;
                     tokio::task::yield_now().await;
                     continue;
                 }
+                let sleep = idle_sleep(worker.poll_interval(), worker.idle_ceiling(), idle_polls);
                 let woken = tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = wake.notified() => true,
-                    () = tokio::time::sleep(worker.poll_interval()) => false,
+                    () = tokio::time::sleep(sleep) => false,
                 };
+                idle_polls = if woken { 0 } else { idle_polls.saturating_add(1) };
                 let early = spacing.saturating_sub(step_started.elapsed());
                 if woken && !early.is_zero() {
                     tokio::select! {
@@ -399,6 +420,14 @@ async fn drive(
     }
     metrics::gauge!("worker_running", "worker" => name.clone()).set(0.0);
     tracing::info!(worker = %name, "worker stopped");
+}
+
+/// How long an idle worker sleeps after `idle_polls` polls in a row found nothing: its poll
+/// interval, doubled per such poll, at most `ceiling` (and never less than the poll). A quiet
+/// process's followers, whose work comes with a notification, poll every few seconds
+/// instead of several times a second; while work keeps coming they poll at their pace.
+pub(crate) fn idle_sleep(poll: Duration, ceiling: Duration, idle_polls: u32) -> Duration {
+    poll.saturating_mul(1_u32.checked_shl(idle_polls.min(16)).unwrap_or(u32::MAX)).min(ceiling.max(poll))
 }
 
 /// The name of a worker's lease (its row in `worker_checkpoints`). It remembers that the row
@@ -600,9 +629,76 @@ pub(crate) async fn lag_behind(pool: &Pool, position_sql: &str, name: &str) -> a
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    use super::failure_delay;
+    use futures_util::future::BoxFuture;
+    use tokio::sync::Notify;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{Health, Outcome, Worker, drive, failure_delay, idle_sleep};
+
+    #[test]
+    fn an_idle_sleep_doubles_from_the_poll_to_the_ceiling() {
+        let (poll, ceiling) = (Duration::from_millis(250), Duration::from_secs(2));
+        let sleeps: Vec<u128> = (0..6).map(|polls| idle_sleep(poll, ceiling, polls).as_millis()).collect();
+        assert_eq!(sleeps, [250, 500, 1_000, 2_000, 2_000, 2_000]);
+        assert_eq!(idle_sleep(poll, ceiling, u32::MAX), ceiling, "no overflow after a long quiet spell");
+        assert_eq!(idle_sleep(poll, poll, 5), poll, "the default ceiling: the poll's own pace");
+        assert_eq!(idle_sleep(poll, Duration::ZERO, 3), poll, "a ceiling below the poll is the poll");
+    }
+
+    /// A worker that never finds work and counts its steps.
+    struct Quiet {
+        steps: Arc<AtomicUsize>,
+    }
+
+    impl Worker for Quiet {
+        fn name(&self) -> String {
+            "quiet".to_owned()
+        }
+        fn channels(&self) -> &'static [&'static str] {
+            &[]
+        }
+        fn poll_interval(&self) -> Duration {
+            Duration::from_millis(5)
+        }
+        fn idle_ceiling(&self) -> Duration {
+            Duration::from_millis(200)
+        }
+        fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
+            self.steps.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(Outcome::Idle) })
+        }
+        fn lag(&self) -> BoxFuture<'_, anyhow::Result<Option<i64>>> {
+            Box::pin(async { Ok(None) })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idle_worker_polls_less_and_less_until_a_notification_brings_its_pace_back() {
+        let steps = Arc::new(AtomicUsize::new(0));
+        let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
+        let driven = tokio::spawn(drive(
+            Arc::new(Quiet { steps: steps.clone() }),
+            wake.clone(),
+            None,
+            Health::default(),
+            shutdown.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let quiet = steps.load(Ordering::SeqCst);
+        // Every 5 ms, a second would be some 200 polls; doubling to 200 ms, about 10.
+        assert!((3..=20).contains(&quiet), "polls in an idle second: {quiet}");
+        wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let woken = steps.load(Ordering::SeqCst) - quiet;
+        // The wake-up's step, then polls 5, 10, 20, 40 ms apart: at 200 ms apart, one.
+        assert!(woken >= 3, "polls in the 150 ms after a notification: {woken}");
+        shutdown.cancel();
+        driven.await.expect("the driver ends on shutdown");
+    }
 
     #[test]
     fn a_step_failing_on_a_database_briefly_away_waits_at_most_a_second_and_other_failures_back_off() {

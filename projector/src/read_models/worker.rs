@@ -64,6 +64,10 @@ impl Worker for ReadModelWorker {
         POLL
     }
 
+    fn idle_ceiling(&self) -> Duration {
+        crate::runtime::FOLLOWER_IDLE_CEILING
+    }
+
     fn lane(&self) -> Option<&'static str> {
         Some("read_models")
     }

@@ -214,6 +214,10 @@ impl Worker for Preparation {
         POLL
     }
 
+    fn idle_ceiling(&self) -> Duration {
+        crate::runtime::FOLLOWER_IDLE_CEILING
+    }
+
     fn spacing(&self) -> Duration {
         crate::runtime::FOLLOWER_SPACING
     }

@@ -196,10 +196,14 @@ use crate::runtime::{Outcome, Worker};
 
 /// Rows one step takes at most.
 const BATCH: i64 = 1_000;
-/// How long to sleep when the inbox is empty or still gathering.
+/// How long to sleep when the inbox is empty.
 const POLL: Duration = Duration::from_millis(100);
-/// A step waits until this many rows wait, or the oldest has waited [`GATHER_MS`]: so a
-/// click reaches the log (and webhooks, segments, journeys) within about `GATHER_MS + POLL`.
+/// The longest sleep of an inbox found empty poll after poll (`runtime::idle_sleep`): the
+/// first click after a quiet spell reaches the log within about a second, the clicks while
+/// they keep coming within about `GATHER_MS + POLL`.
+const IDLE_CEILING: Duration = Duration::from_secs(1);
+/// A step takes the inbox once this many rows wait or the oldest has waited [`GATHER_MS`]
+/// (it waits out the rest of that itself): under load, bigger batches make each append cheaper.
 const GATHER_ROWS: i64 = 200;
 const GATHER_MS: i64 = 50;
 /// The advisory lock that makes one process at a time take rows (others would only race for
@@ -250,8 +254,7 @@ impl Engagement {
 
     async fn step(&self) -> anyhow::Result<Outcome> {
         let mut client = self.pool.get().await?;
-        // One statement a poll while the inbox is empty (the usual case between hits), or
-        // while a few rows gather: under load, bigger batches make each append cheaper.
+        // One statement a poll while the inbox is empty (the usual case between hits).
         let waiting = client
             .query_one(
                 "SELECT count(*), (extract(epoch FROM clock_timestamp()) * 1000)::bigint - min(at_ms)
@@ -260,8 +263,11 @@ impl Engagement {
             )
             .await?;
         let (rows, oldest_ms): (i64, Option<i64>) = (waiting.get(0), waiting.get(1));
-        if rows < GATHER_ROWS && oldest_ms.is_none_or(|age| age < GATHER_MS) {
-            return Ok(Outcome::Idle);
+        let Some(age) = oldest_ms else { return Ok(Outcome::Idle) };
+        if rows < GATHER_ROWS && age < GATHER_MS {
+            // Rows are gathering: the step waits out the oldest one's `GATHER_MS` rather than
+            // going idle, whose sleep after a quiet spell can be a second (`IDLE_CEILING`).
+            tokio::time::sleep(Duration::from_millis(u64::try_from(GATHER_MS - age).unwrap_or(0))).await;
         }
         let transaction = client.transaction().await?;
         transaction.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await?;
@@ -408,6 +414,10 @@ impl Worker for Engagement {
 
     fn poll_interval(&self) -> Duration {
         POLL
+    }
+
+    fn idle_ceiling(&self) -> Duration {
+        IDLE_CEILING
     }
 
     fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {

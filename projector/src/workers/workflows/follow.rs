@@ -619,6 +619,10 @@ impl Worker for Follower {
         Duration::from_millis(250)
     }
 
+    fn idle_ceiling(&self) -> Duration {
+        crate::runtime::FOLLOWER_IDLE_CEILING
+    }
+
     fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {
         Box::pin(Follower::step(self))
     }

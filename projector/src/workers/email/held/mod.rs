@@ -54,6 +54,11 @@ use decide::{Appends, Decided, Due, chunks};
 /// Held emails leased by one step at most.
 const BATCH: i64 = 2_000;
 
+/// The longest sleep between polls that found nothing due (`runtime::idle_sleep`): a held
+/// email comes due by the clock, not with a notification, so the first due after a quiet spell
+/// is found within half a second of its time, and the ones after it at the poll's pace.
+const IDLE_CEILING: Duration = Duration::from_millis(500);
+
 pub(crate) struct Held {
     pool: Pool,
     log: EventLog,
@@ -415,6 +420,10 @@ impl Worker for Held {
 
     fn poll_interval(&self) -> Duration {
         self.poll
+    }
+
+    fn idle_ceiling(&self) -> Duration {
+        IDLE_CEILING
     }
 
     fn step(&self) -> BoxFuture<'_, anyhow::Result<Outcome>> {

@@ -379,6 +379,10 @@ impl Worker for Enqueue {
         Duration::from_millis(500)
     }
 
+    fn idle_ceiling(&self) -> Duration {
+        crate::runtime::FOLLOWER_IDLE_CEILING
+    }
+
     fn spacing(&self) -> Duration {
         crate::runtime::FOLLOWER_SPACING
     }
